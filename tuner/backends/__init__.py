@@ -1,0 +1,41 @@
+"""Backends: the only code that touches sysfs, NVML or amdsmi. `open_backend` picks them; core never does."""
+
+from __future__ import annotations
+
+import importlib
+
+from tuner.backends.base import Backend, CompositeBackend
+from tuner.errors import Unsupported
+
+# Vendor modules, each exposing `discover() -> Backend | None` (None when it finds no card of its vendor).
+REAL_BACKEND_MODULES = ("tuner.backends.amd", "tuner.backends.nvidia")
+
+
+def open_backend(
+    *, simulate: bool, sim_gpus: int = 1, sim_seed: int = 0, sim_vmin_mv: int | None = None
+) -> Backend:
+    """The backend for this run: the simulator when asked, else every real vendor that finds a card."""
+    if simulate:
+        from tuner.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend(gpus=sim_gpus, seed=sim_seed, vmin_mv=sim_vmin_mv)
+    found: list[Backend] = []
+    for module_name in REAL_BACKEND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:  # that vendor's backend is not built into this version
+                continue
+            raise
+        backend = module.discover()
+        if backend is not None:
+            found.append(backend)
+    if not found:
+        raise Unsupported(
+            "no supported GPU found (no AMD card with amdgpu in /sys/class/drm, no NVIDIA card via NVML)",
+            "try `tuner --simulate` to use a simulated GPU, or `tuner doctor` to see what is missing",
+        )
+    return found[0] if len(found) == 1 else CompositeBackend(found)
+
+
+__all__ = ["Backend", "CompositeBackend", "open_backend"]

@@ -1,0 +1,109 @@
+"""The backend interface: the only way the rest of the tuner reaches a GPU.
+
+A backend owns one vendor's devices. Every write goes validate -> apply -> read back -> verify; a backend raises
+a typed `TunerError` (with a one-line remedy) instead of returning a status.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from tuner.errors import UnknownDevice
+from tuner.models import Capabilities, DeviceInfo, Knob, StressTarget, Telemetry
+
+
+class Backend(ABC):
+    """One vendor's GPUs (or the simulated ones)."""
+
+    #: short name shown in `tuner list` and the doctor: "amd", "nvidia", "simulated"
+    name: str = "base"
+    simulated: bool = False
+
+    @abstractmethod
+    def devices(self) -> list[DeviceInfo]:
+        """Every device this backend drives, in a stable order."""
+
+    def device(self, device_id: str) -> DeviceInfo:
+        for dev in self.devices():
+            if dev.id == device_id:
+                return dev
+        known = ", ".join(d.id for d in self.devices()) or "none"
+        raise UnknownDevice(f"no device {device_id!r}", f"known devices: {known} (see `tuner list`)")
+
+    @abstractmethod
+    def knob(self, device_id: str) -> Knob:
+        """The undervolt knob with its current value and the device's real range."""
+
+    @abstractmethod
+    def telemetry(self, device_id: str) -> Telemetry:
+        """One sample; fields the device does not report are None."""
+
+    @abstractmethod
+    def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
+        """Validate `value` against the knob, write it, read it back and verify.
+
+        Raises OutOfRange (nothing written), PermissionDenied, Unsupported, NotApplied (the previous value was
+        restored) or DeviceLost. Returns the knob as read back.
+        """
+
+    @abstractmethod
+    def reset(self, device_id: str) -> Knob:
+        """Return the device to stock and verify it; returns the knob as read back."""
+
+    @abstractmethod
+    def capabilities(self, device_id: str) -> Capabilities:
+        """What this device supports through this backend."""
+
+    @abstractmethod
+    def stress_target(self, device_id: str) -> StressTarget:
+        """How the stress engine reaches this device (and, on simulated cards, which faults to inject)."""
+
+    def note_load(self, device_id: str, active: bool) -> None:  # noqa: B027 - optional hook
+        """Told when a stress run starts or stops on a device. Real cards measure load; the simulator needs it."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release libraries (NVML shutdown and the like)."""
+
+
+class CompositeBackend(Backend):
+    """Several vendors' backends behind one, routing by device id (a box can hold AMD and NVIDIA cards)."""
+
+    name = "composite"
+
+    def __init__(self, backends: list[Backend]):
+        self.backends = backends
+
+    def _owner(self, device_id: str) -> Backend:
+        for backend in self.backends:
+            if any(d.id == device_id for d in backend.devices()):
+                return backend
+        self.device(device_id)  # raises UnknownDevice with the list of known ids
+        raise AssertionError("unreachable")
+
+    def devices(self) -> list[DeviceInfo]:
+        return [d for b in self.backends for d in b.devices()]
+
+    def knob(self, device_id: str) -> Knob:
+        return self._owner(device_id).knob(device_id)
+
+    def telemetry(self, device_id: str) -> Telemetry:
+        return self._owner(device_id).telemetry(device_id)
+
+    def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
+        return self._owner(device_id).apply(device_id, value, allow_overvolt=allow_overvolt)
+
+    def reset(self, device_id: str) -> Knob:
+        return self._owner(device_id).reset(device_id)
+
+    def capabilities(self, device_id: str) -> Capabilities:
+        return self._owner(device_id).capabilities(device_id)
+
+    def stress_target(self, device_id: str) -> StressTarget:
+        return self._owner(device_id).stress_target(device_id)
+
+    def note_load(self, device_id: str, active: bool) -> None:
+        self._owner(device_id).note_load(device_id, active)
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()

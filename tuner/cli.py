@@ -1,0 +1,139 @@
+"""The `tuner` command line: parse arguments, open the backend, dispatch to `tuner/commands/<name>.py`.
+
+Each command module exposes `add_parser(subparsers)` (which sets `run=` as a default) and
+`run(args, ctx) -> int`. This file turns TunerError into one line on stderr and its exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from tuner import __version__, exit_codes, signals
+from tuner.context import Context
+from tuner.errors import TunerError
+
+# In the order `tuner --help` lists them. A module not built yet is skipped.
+COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "profile", "apply", "service", "doctor")
+
+DESCRIPTION = """\
+Find the lowest stable GPU voltage setting with a real training workload, and keep it.
+
+AMD cards are undervolted with a voltage offset (mV, sysfs pp_od_clk_voltage); NVIDIA cards with a locked
+maximum clock plus a positive clock offset (MHz, NVML). Stability is judged by a small GPT training run that
+checks every step for silent miscomputation, not only for crashes and NaNs.
+
+Run without a command to open the terminal UI."""
+
+EPILOG = f"""\
+examples:
+  tuner --simulate                      open the UI on a simulated GPU (no hardware touched)
+  tuner list --json                     the GPUs found, as JSON
+  tuner status --device 0000:03:00.0    one telemetry sample and the current setting
+  tuner set --device 0000:03:00.0 --offset -50    apply, then keep or revert within 15 s
+  tuner bisect --device 0000:03:00.0 --save r9700 find the lowest stable setting, save a profile
+  tuner apply r9700                     apply a saved profile (checks it is the same card)
+  tuner doctor                          check drivers, permissions and kernel settings
+
+{exit_codes.EXIT_CODE_HELP}
+
+environment:
+  XDG_CONFIG_HOME   profiles live in $XDG_CONFIG_HOME/tuner/profiles (default ~/.config)
+  XDG_STATE_HOME    journals, the unsafe list and simulated cards in $XDG_STATE_HOME/tuner (default ~/.local/state)
+  TUNER_SYSFS_ROOT  read and write sysfs under this root instead of / (fake trees, dry runs)
+  TUNER_DTYPE       the stress engine's compute dtype (bfloat16, float16, float32)
+  NO_COLOR          no colour in the UI"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line and exit 2 like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(exit_codes.USAGE, f"tuner: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _int_arg(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The simulator options, accepted before or after the command (`tuner --simulate list` or `tuner list
+    --simulate`). On subcommands their defaults are suppressed so they never overwrite the main parser's."""
+
+    def default(value):
+        return argparse.SUPPRESS if suppress else value
+
+    g = parser.add_argument_group("simulated GPU")
+    g.add_argument("--simulate", action="store_true", default=default(False),
+                   help="use simulated GPUs instead of real hardware (no root needed, nothing touched)")
+    g.add_argument("--sim-gpus", type=_int_arg, metavar="N", default=default(1),
+                   help="number of simulated cards (default 1)")
+    g.add_argument("--sim-seed", type=_int_arg, metavar="S", default=default(0),
+                   help="seed for the simulated cards' hidden limits and telemetry (default 0)")
+    g.add_argument("--sim-vmin", type=_int_arg, metavar="MV", default=default(None),
+                   help="hidden stable limit of sim0 in mV (default: drawn from the seed in -120..-30)")
+
+
+class _SubparsersWithGlobals:
+    """Wraps argparse's subparsers so every command also accepts the global options."""
+
+    def __init__(self, subparsers, parent: argparse.ArgumentParser):
+        self._subparsers, self._parent = subparsers, parent
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs["parents"] = [*kwargs.get("parents", []), self._parent]
+        return self._subparsers.add_parser(name, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="tuner",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tuner {__version__}")
+    _global_options(parser, suppress=False)
+    parent = _Parser(add_help=False)
+    _global_options(parent, suppress=True)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    wrapped = _SubparsersWithGlobals(subparsers, parent)
+    for name in COMMANDS:
+        module_name = f"tuner.commands.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:
+                continue
+            raise
+        module.add_parser(wrapped)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    ctx = Context.from_args(args)
+    signals.install()
+    try:
+        if args.command is None:
+            from tuner.app import run_app  # the UI is imported only when it is used
+
+            return run_app(ctx)
+        return args.run(args, ctx)
+    except TunerError as e:
+        print(f"tuner: error: {e.one_line()}", file=sys.stderr)
+        return e.exit_code
+    except (KeyboardInterrupt, signals.Terminated):
+        print("tuner: interrupted", file=sys.stderr)
+        return exit_codes.INTERRUPTED
+    except BrokenPipeError:
+        return exit_codes.OK  # `tuner list | head`: the reader left; not an error
+    finally:
+        ctx.close()

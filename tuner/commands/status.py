@@ -1,0 +1,60 @@
+"""`tuner status`: one telemetry sample and the knob, for one device or all."""
+
+from __future__ import annotations
+
+from tuner import exit_codes
+from tuner.commands._output import format_value, print_json
+from tuner.models import Telemetry
+
+_FIELDS = (  # (label, attribute, format)
+    ("power", "power_w", "{:.1f} W"),
+    ("edge", "temp_edge_c", "{:.0f} °C"),
+    ("hotspot", "temp_hotspot_c", "{:.0f} °C"),
+    ("memory", "temp_mem_c", "{:.0f} °C"),
+    ("core clock", "core_clock_mhz", "{:.0f} MHz"),
+    ("mem clock", "mem_clock_mhz", "{:.0f} MHz"),
+    ("voltage", "voltage_mv", "{:.0f} mV"),
+    ("utilisation", "util_pct", "{:.0f} %"),
+    ("fan", "fan_rpm", "{:.0f} rpm"),
+    ("energy", "energy_j", "{:.0f} J"),
+)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "status",
+        help="show one telemetry sample and the current setting",
+        description="Show one telemetry sample and the current undervolt setting. Figures the device does not "
+        "report are shown as 'n/a' (null in JSON).",
+    )
+    p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(run=run)
+
+
+def format_telemetry(sample: Telemetry) -> list[str]:
+    lines = []
+    for label, attr, fmt in _FIELDS:
+        value = getattr(sample, attr)
+        lines.append(f"  {label:<12} {'n/a' if value is None else fmt.format(value)}")
+    if sample.throttle_reasons:
+        lines.append(f"  {'throttling':<12} {', '.join(sample.throttle_reasons)}")
+    return lines
+
+
+def run(args, ctx) -> int:
+    backend = ctx.backend
+    devices = [backend.device(args.device)] if args.device else backend.devices()
+    report = []
+    for dev in devices:
+        report.append((dev, backend.knob(dev.id), backend.telemetry(dev.id)))
+    if args.json:
+        docs = [{"device": d.to_dict(), "knob": k.to_dict(), "telemetry": t.to_dict()} for d, k, t in report]
+        print_json(docs[0] if args.device else {"devices": docs})
+        return exit_codes.OK
+    for dev, knob, sample in report:
+        print(f"{dev.id}  {dev.label}")
+        print(f"  {'setting':<12} {format_value(knob.current, knob.unit)} (stock {format_value(knob.stock, knob.unit)},"
+              f" range {knob.min:+d}..{knob.max:+d}, step {knob.step})")
+        print("\n".join(format_telemetry(sample)))
+    return exit_codes.OK

@@ -1,0 +1,42 @@
+"""What every CLI command receives: the parsed global options and a lazily opened backend."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from tuner.backends import Backend, open_backend
+
+
+@dataclass
+class Context:
+    simulate: bool = False
+    sim_gpus: int = 1
+    sim_seed: int = 0
+    sim_vmin_mv: int | None = None
+    _backend: Backend | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Context:
+        return cls(
+            simulate=args.simulate,
+            sim_gpus=args.sim_gpus,
+            sim_seed=args.sim_seed,
+            sim_vmin_mv=args.sim_vmin,
+        )
+
+    @property
+    def backend(self) -> Backend:
+        """Opened on first use, so `tuner --version` or `tuner doctor` never need a GPU."""
+        if self._backend is None:
+            self._backend = open_backend(
+                simulate=self.simulate,
+                sim_gpus=self.sim_gpus,
+                sim_seed=self.sim_seed,
+                sim_vmin_mv=self.sim_vmin_mv,
+            )
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()

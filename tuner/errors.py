@@ -1,0 +1,61 @@
+"""Typed errors. Each carries a one-line message, a one-line remedy, and the exit code the CLI uses.
+
+Library code raises these; only the composition roots (cli, app) turn them into exit codes or dialogs.
+"""
+
+from __future__ import annotations
+
+from tuner import exit_codes
+
+
+class TunerError(Exception):
+    """Base class: something the user can act on. Never shown with a traceback."""
+
+    exit_code = exit_codes.USAGE
+
+    def __init__(self, message: str, remedy: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy
+
+    def one_line(self) -> str:
+        """The message and its remedy on one line, as the CLI prints it."""
+        return f"{self.message}; {self.remedy}" if self.remedy else self.message
+
+
+class UsageError(TunerError):
+    """Bad input from the user: nothing was changed."""
+
+    exit_code = exit_codes.USAGE
+
+
+class UnknownDevice(UsageError):
+    pass
+
+
+class OutOfRange(UsageError):
+    """A value outside the knob's range, off its step, or an overvolt without explicit permission."""
+
+
+class PermissionDenied(TunerError):
+    exit_code = exit_codes.PERMISSION
+
+
+class Unsupported(TunerError):
+    exit_code = exit_codes.UNSUPPORTED
+
+
+class NotApplied(TunerError):
+    """The write was accepted but reading back shows a different value (the previous value was restored)."""
+
+    exit_code = exit_codes.HARDWARE
+
+
+class DeviceLost(TunerError):
+    """The GPU stopped answering (NVML GpuIsLost, sysfs EPERM during reset). A trial counts this as a hard fail."""
+
+    exit_code = exit_codes.HARDWARE
+
+
+class StateError(UsageError):
+    """A state or config file could not be read; nothing was changed."""

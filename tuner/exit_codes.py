@@ -1,0 +1,19 @@
+"""Process exit codes, shared by every command and documented in `tuner --help` and the README."""
+
+OK = 0
+TEST_FAILED = 1  # a stability test (stress, bisect baseline, --verify) found the setting unstable
+USAGE = 2  # bad input: unknown device, bad number, invalid profile; nothing was changed
+PERMISSION = 3  # the OS refused (not root, file not writable)
+UNSUPPORTED = 4  # no supported GPU, or the feature is off/unsupported on this card or driver
+HARDWARE = 5  # the device did not take the setting, or was lost; it was reset to stock where possible
+INTERRUPTED = 130  # Ctrl-C / SIGTERM / SIGHUP; any unconfirmed change was reverted
+
+EXIT_CODE_HELP = """\
+exit codes:
+  0    success
+  1    stability test failed (stress, bisect baseline, apply --verify)
+  2    bad input or usage; nothing was changed
+  3    permission denied (writes need root)
+  4    unsupported hardware, driver or kernel setting
+  5    the device did not take the setting or was lost (it was reset to stock where possible)
+  130  interrupted; any unconfirmed change was reverted"""

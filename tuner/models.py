@@ -1,0 +1,146 @@
+"""The vocabulary every part of the tuner shares: a device, its undervolt knob, a telemetry sample.
+
+Plain dataclasses, no I/O. Units live in field names (`offset_mv`, `power_w`, `temp_edge_c`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+from tuner.errors import OutOfRange
+
+
+class KnobKind(str, Enum):
+    VOLTAGE_OFFSET = "voltage_offset"  # AMD: a vddgfx offset in mV; more negative is more aggressive
+    CLOCK_OFFSET = "clock_offset"  # NVIDIA: a positive graphics clock offset in MHz at a locked max clock
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Who a card is. `id` is its PCI slot (`0000:03:00.0`) for real cards, `simN` for simulated ones."""
+
+    id: str
+    vendor: str  # "amd", "nvidia" or "simulated"
+    name: str
+    pci_id: str | None = None  # vendor:device, e.g. "1002:7550"
+    subsystem_id: str | None = None  # subsystem vendor:device
+    pci_slot: str | None = None
+    vbios: str | None = None
+    driver_version: str | None = None
+    serial: str | None = None  # serial number or NVIDIA UUID, when the driver tells
+    od_format: str | None = None  # AMD overdrive table format ("rdna4", "navi1x", ...), NVML API, "simulated"
+    simulated: bool = False
+
+    @property
+    def label(self) -> str:
+        """Name as shown to people: a simulated card always says so."""
+        return f"{self.name} [SIMULATED]" if self.simulated else self.name
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What "undervolt" means on one device, with its real range.
+
+    `aggressive_direction` is -1 when lower values undervolt harder (mV offsets) and +1 when higher values do
+    (NVIDIA clock offsets). Values are integers in `unit`.
+    """
+
+    kind: KnobKind
+    unit: str  # "mV" or "MHz"
+    stock: int
+    current: int
+    min: int
+    max: int
+    step: int
+    aggressive_direction: int
+    lock_clock_mhz: int | None = None  # NVIDIA: the max graphics clock the offset is applied at
+    range_source: str = "driver"  # "driver" when read from the device, "built-in" when imposed by the tuner
+
+    def is_overvolt(self, value: int) -> bool:
+        """True when `value` is on the less efficient side of stock (more voltage than stock at a clock)."""
+        return (value - self.stock) * self.aggressive_direction < 0
+
+    def more_aggressive(self, a: int, b: int) -> bool:
+        """True when `a` undervolts harder than `b`."""
+        return (a - b) * self.aggressive_direction > 0
+
+    def shifted(self, value: int, steps: int) -> int:
+        """`value` moved by `steps` steps in the aggressive direction (negative steps back off)."""
+        return value + steps * self.step * self.aggressive_direction
+
+    def validate(self, value: int, *, allow_overvolt: bool = False) -> int:
+        """Return `value` if it may be written to this device, else raise OutOfRange with a remedy."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise OutOfRange(f"setting must be a whole number of {self.unit}, got {value!r}")
+        if not self.min <= value <= self.max:
+            raise OutOfRange(
+                f"{value:+d} {self.unit} is outside this card's range {self.min:+d}..{self.max:+d} {self.unit}",
+                f"pick a value between {self.min:+d} and {self.max:+d}",
+            )
+        if (value - self.stock) % self.step:
+            below = value - (value - self.stock) % self.step
+            raise OutOfRange(
+                f"{value:+d} {self.unit} is not on this card's {self.step} {self.unit} step",
+                f"use {below:+d} or {below + self.step:+d}",
+            )
+        if self.is_overvolt(value) and not allow_overvolt:
+            raise OutOfRange(
+                f"{value:+d} {self.unit} would raise the voltage above stock (overvolt)",
+                "pass --allow-overvolt if you really mean it",
+            )
+        return value
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        return d
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """One sample. `None` means the device does not report that figure (never a made-up 0)."""
+
+    time_s: float  # time.time() of the sample
+    power_w: float | None = None
+    temp_edge_c: float | None = None
+    temp_hotspot_c: float | None = None
+    temp_mem_c: float | None = None
+    core_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    voltage_mv: float | None = None
+    util_pct: float | None = None
+    fan_rpm: float | None = None
+    energy_j: float | None = None  # a monotonically increasing counter, when the device has one
+    throttle_reasons: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["throttle_reasons"] = list(self.throttle_reasons)
+        return d
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do on one device; the UI greys out what is missing instead of failing."""
+
+    can_apply: bool
+    can_read_voltage: bool
+    can_read_energy: bool
+    needs_root: bool
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StressTarget:
+    """How to stress one device: the engine's `--device` string, and the faults a simulated card injects."""
+
+    torch_device: str  # "cuda:0", "cpu", ...
+    pci_bus_id: str | None  # the slot the engine must report, so we know we stress the card we tune
+    fault_rate: float = 0.0  # simulated cards only: per-step probability of a silent bit flip
+    hang: bool = False  # simulated cards only: the card "hangs" at this setting
+    simulated: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA_DEVICE_ORDER=PCI_BUS_ID

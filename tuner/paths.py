@@ -1,0 +1,36 @@
+"""Where the tuner keeps things (XDG base directories, honoured when set) and where it reads sysfs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    value = os.environ.get(var)
+    # The spec says relative paths are invalid and must be ignored.
+    return Path(value) if value and os.path.isabs(value) else Path.home() / fallback
+
+
+def config_dir() -> Path:
+    """`$XDG_CONFIG_HOME/tuner`: user profiles."""
+    return _xdg("XDG_CONFIG_HOME", ".config") / "tuner"
+
+
+def state_dir() -> Path:
+    """`$XDG_STATE_HOME/tuner`: simulated card state, tuning journals, the unsafe list."""
+    return _xdg("XDG_STATE_HOME", ".local/state") / "tuner"
+
+
+def user_profiles_dir() -> Path:
+    return config_dir() / "profiles"
+
+
+def system_profiles_dir() -> Path:
+    """Profiles the boot service applies; written only as root."""
+    return Path(os.environ.get("TUNER_SYSTEM_PROFILES", "/etc/tuner/profiles"))
+
+
+def sysfs_root() -> Path:
+    """Root under which `/sys` and `/proc` are read: `TUNER_SYSFS_ROOT` lets tests and dry runs use a fake tree."""
+    return Path(os.environ.get("TUNER_SYSFS_ROOT", "/"))
