@@ -1,0 +1,16 @@
+"""Every test runs with its own XDG directories, so nothing touches the real home, /etc or another test."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path_factory, monkeypatch):
+    base = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))
+    monkeypatch.setenv("TUNER_SYSTEM_PROFILES", str(base / "etc-tuner-profiles"))
+    monkeypatch.setenv("TUNER_SYSTEMD_DIR", str(base / "systemd"))
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    yield base

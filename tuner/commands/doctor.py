@@ -1,0 +1,35 @@
+"""`tuner doctor`: environment checks, each with a one-line remedy."""
+
+from __future__ import annotations
+
+from tuner import exit_codes
+from tuner.commands._output import print_json
+from tuner.doctor import FAIL, run_checks
+
+_MARK = {"ok": "[ ok ]", "warn": "[warn]", "fail": "[FAIL]", "info": "[info]"}
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "doctor",
+        help="check drivers, kernel settings, permissions and the torch build",
+        description="Check that this machine is ready to tune: Python and packages, the torch build and the GPUs "
+        "it sees, the NVIDIA driver and persistence mode, the amdgpu overdrive bit (with the exact "
+        "ppfeaturemask to add), pp_od_clk_voltage per card, root, the kernel log, and variables that hide GPUs. "
+        "Exits 0 when nothing failed, 4 when a check failed.",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(run=run)
+
+
+def run(args, ctx) -> int:
+    checks = run_checks(simulate=ctx.simulate)
+    failed = any(c.status == FAIL for c in checks)
+    if args.json:
+        print_json({"ok": not failed, "checks": [c.to_dict() for c in checks]})
+    else:
+        for c in checks:
+            print(f"{_MARK[c.status]} {c.name}: {c.detail}")
+            if c.remedy and c.status != "ok":
+                print(f"       -> {c.remedy}")
+    return exit_codes.UNSUPPORTED if failed else exit_codes.OK

@@ -1,0 +1,247 @@
+"""`tuner doctor`: is this machine ready to tune? Each check says ok/warn/fail/info and, when not ok, one remedy.
+
+Core module: no textual, no torch (torch is probed in a subprocess). Every source of facts is injectable
+(sysfs root, NVML module, torch probe, environment, euid) so the checks run against fake trees in tests.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tuner import paths
+from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
+
+OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
+
+REQUIRED_PACKAGES = ("textual", "textual-plotext", "plotext", "psutil", "nvidia-ml-py", "tomli-w", "torch")
+HIDING_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+NVML_OFFSETS_DRIVER = 555  # nvmlDeviceSetClockOffsets
+NVML_VF_OFFSET_DRIVER = 520  # nvmlDeviceSetGpcClkVfOffset (deprecated)
+TORCH_PROBE_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail | info
+    detail: str
+    remedy: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def probe_torch() -> dict:
+    """Run `python -m tuner.engine.probe` and return its JSON (or {"error": ...})."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tuner.engine.probe"],
+            capture_output=True, text=True, timeout=TORCH_PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return {"torch": None, "error": f"probe timed out after {TORCH_PROBE_TIMEOUT_S} s"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"torch": None, "error": tail}
+
+
+def _import_nvml():
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    text = f"Python {v.major}.{v.minor}.{v.micro}"
+    if v >= (3, 11):
+        return Check("python", OK, text)
+    return Check("python", FAIL, text, "install Python 3.11 or newer")
+
+
+def check_packages() -> list[Check]:
+    checks = []
+    for dist in REQUIRED_PACKAGES:
+        try:
+            checks.append(Check(f"package {dist}", OK, importlib.metadata.version(dist)))
+        except importlib.metadata.PackageNotFoundError:
+            checks.append(Check(f"package {dist}", FAIL, "not installed", f"pip install {dist}"))
+    try:
+        checks.append(Check("package amdsmi", OK, importlib.metadata.version("amdsmi")))
+    except importlib.metadata.PackageNotFoundError:
+        checks.append(Check("package amdsmi", INFO, "not installed (optional: sysfs is used for AMD control)"))
+    return checks
+
+
+def check_torch(probe: dict, gpus_expected: bool) -> list[Check]:
+    if not probe.get("torch"):
+        return [Check("torch", FAIL, f"cannot import torch: {probe.get('error', 'unknown error')}",
+                      "install torch for your GPU (see README, 'Installing torch')")]
+    build = "ROCm " + probe["hip"] if probe.get("hip") else "CUDA " + probe["cuda"] if probe.get("cuda") else "CPU-only"
+    checks = []
+    if build == "CPU-only":
+        status = WARN if gpus_expected else INFO
+        remedy = "install a CUDA or ROCm build of torch to stress the GPU" if gpus_expected else None
+        checks.append(Check("torch build", status, f"torch {probe['torch']} (CPU-only build)", remedy))
+    else:
+        checks.append(Check("torch build", OK, f"torch {probe['torch']} ({build})"))
+    devices = probe.get("devices", [])
+    if build != "CPU-only" and not devices:
+        checks.append(Check("torch devices", FAIL, "torch sees no GPU",
+                            "check the driver, and that no *_VISIBLE_DEVICES variable hides the cards"))
+    for dev in devices:
+        cap = ".".join(map(str, dev.get("capability", [])))
+        detail = f"{dev['name']} at {dev.get('pci_bus_id') or 'unknown slot'}, capability {cap}, " \
+                 f"bf16 {'yes' if dev.get('bf16') else 'no'}"
+        checks.append(Check(f"torch device {dev['index']}", OK if dev.get("bf16") else WARN, detail,
+                            None if dev.get("bf16") else "the stress engine will use fp32 (slower, still valid)"))
+    return checks
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def check_nvidia(nvml) -> list[Check]:
+    if nvml is None:
+        return [Check("nvidia driver", INFO, "nvidia-ml-py not importable; NVIDIA cards are not looked for")]
+    try:
+        nvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return [Check("nvidia driver", INFO, f"no NVIDIA driver ({_text(e) or type(e).__name__})")]
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        major = int(driver.split(".")[0])
+        checks = []
+        if major >= NVML_OFFSETS_DRIVER:
+            checks.append(Check("nvidia driver", OK, f"driver {driver}"))
+        elif major >= NVML_VF_OFFSET_DRIVER:
+            checks.append(Check("nvidia driver", WARN, f"driver {driver} (uses the deprecated VF offset call)",
+                                f"driver {NVML_OFFSETS_DRIVER} or newer is preferred"))
+        else:
+            checks.append(Check("nvidia driver", FAIL, f"driver {driver} cannot set clock offsets",
+                                f"install NVIDIA driver {NVML_VF_OFFSET_DRIVER} or newer"))
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            try:
+                persistent = nvml.nvmlDeviceGetPersistenceMode(handle) == 1
+            except Exception:  # noqa: BLE001 - not supported on some boards
+                persistent = None
+            if persistent:
+                checks.append(Check(f"nvidia gpu {i} persistence", OK, f"{name}: persistence mode on"))
+            else:
+                checks.append(Check(f"nvidia gpu {i} persistence", WARN, f"{name}: persistence mode off",
+                                    "settings vanish when the driver unloads: `sudo nvidia-smi -pm 1`"))
+        return checks
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def ppfeaturemask_remedy(mask: int) -> str:
+    """The exact kernel parameter to add, e.g. `amdgpu.ppfeaturemask=0xfff7ffff`."""
+    return (f"add amdgpu.ppfeaturemask={mask | PP_OVERDRIVE_MASK:#010x} to the kernel command line "
+            "(e.g. GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub and reboot)")
+
+
+def check_amd(root: Path) -> list[Check]:
+    cards = amd_card_dirs(root)
+    mask = read_ppfeaturemask(root)
+    if not cards and mask is None:
+        return [Check("amdgpu", INFO, "amdgpu driver not loaded; AMD cards are not looked for")]
+    checks = []
+    if mask is not None:
+        if mask & PP_OVERDRIVE_MASK:
+            checks.append(Check("amdgpu overdrive", OK, f"ppfeaturemask {mask:#010x} has the overdrive bit"))
+        else:
+            checks.append(Check("amdgpu overdrive", FAIL, f"ppfeaturemask {mask:#010x} lacks the overdrive bit "
+                                "(0x4000)", ppfeaturemask_remedy(mask)))
+    for card in cards:
+        od = card / "pp_od_clk_voltage"
+        label = f"amd card {card.parent.name}"
+        if not od.exists():
+            remedy = ppfeaturemask_remedy(mask) if mask is not None else "enable amdgpu overdrive (ppfeaturemask)"
+            checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing (overdrive is off)", remedy))
+        elif os.access(od, os.W_OK):
+            checks.append(Check(label, OK, "pp_od_clk_voltage present and writable"))
+        else:
+            checks.append(Check(label, WARN, "pp_od_clk_voltage present but not writable",
+                                "writes need root: run `sudo tuner ...`"))
+    return checks
+
+
+def check_root(euid: int, simulate: bool) -> Check:
+    if euid == 0:
+        return Check("privileges", OK, "running as root")
+    if simulate:
+        return Check("privileges", INFO, "not root (fine for the simulated GPU)")
+    return Check("privileges", WARN, "not root: settings can be read but not applied",
+                 "run `sudo tuner ...` to apply settings")
+
+
+def check_kernel_log(root: Path, which: Callable[[str], str | None] = shutil.which) -> Check:
+    if which("journalctl"):
+        try:
+            proc = subprocess.run(["journalctl", "-k", "-n", "1", "--no-pager", "-q"],
+                                  capture_output=True, text=True, timeout=10)
+            if proc.returncode == 0 and proc.stdout.strip():
+                return Check("kernel log", OK, "readable through journalctl")
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    kmsg = root / "dev" / "kmsg"
+    if kmsg.exists() and os.access(kmsg, os.R_OK):
+        return Check("kernel log", OK, f"readable through {kmsg}")
+    return Check("kernel log", WARN, "not readable: GPU resets and Xid errors will go unseen during trials",
+                 "run as root, or add your user to the systemd-journal (or adm) group")
+
+
+def check_hidden_devices(env: Mapping[str, str]) -> list[Check]:
+    return [
+        Check(f"env {var}", WARN, f"{var}={env[var]!r} hides GPUs from the stress engine",
+              f"unset {var} unless you mean to hide cards")
+        for var in HIDING_VARIABLES if var in env
+    ]
+
+
+def run_checks(
+    backend=None,
+    *,
+    simulate: bool = False,
+    root: Path | None = None,
+    nvml=...,
+    torch_probe: Callable[[], dict] = probe_torch,
+    env: Mapping[str, str] | None = None,
+    euid: int | None = None,
+) -> list[Check]:
+    """All checks, in the order a person would fix them."""
+    root = paths.sysfs_root() if root is None else root
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    nvml = _import_nvml() if nvml is ... else nvml
+    checks = [check_python(), *check_packages()]
+    if simulate:
+        checks.append(Check("simulated gpu", INFO, "SIMULATED GPUs in use: no hardware is read or written"))
+    amd = check_amd(root)
+    nvidia = check_nvidia(nvml)
+    gpus_expected = any(c.status != INFO for c in amd + nvidia)
+    checks += check_torch(torch_probe(), gpus_expected)
+    checks += nvidia + amd
+    checks.append(check_root(euid, simulate))
+    checks.append(check_kernel_log(root))
+    checks += check_hidden_devices(env)
+    return checks

@@ -1,0 +1,40 @@
+"""`python -m tuner.engine.probe`: what this torch build sees, as one JSON document on stdout.
+
+Run by `tuner doctor` in a subprocess, so the CLI and UI processes never import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def probe() -> dict:
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - any import failure is a finding, not a crash
+        return {"torch": None, "error": f"{type(e).__name__}: {e}"}
+    devices = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            bus = None
+            if hasattr(props, "pci_bus_id"):
+                bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            with torch.cuda.device(i):
+                bf16 = bool(torch.cuda.is_bf16_supported())
+            devices.append(
+                {"index": i, "name": props.name, "capability": [props.major, props.minor],
+                 "bf16": bf16, "pci_bus_id": bus, "memory_gib": round(props.total_memory / 2**30, 1)}
+            )
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "devices": devices,
+    }
+
+
+if __name__ == "__main__":
+    json.dump(probe(), sys.stdout)
+    sys.stdout.write("\n")
