@@ -1,0 +1,101 @@
+import json
+
+import pytest
+
+from tests.cli_helpers import run_tuner
+
+
+def test_list_json_is_one_document():
+    proc = run_tuner("--simulate", "--sim-gpus", "2", "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["simulated"] is True
+    assert [d["id"] for d in doc["devices"]] == ["sim0", "sim1"]
+    assert doc["devices"][0]["knob"] == {
+        "kind": "voltage_offset", "unit": "mV", "stock": 0, "current": 0, "min": -200, "max": 0, "step": 5,
+        "aggressive_direction": -1, "lock_clock_mhz": None, "range_source": "driver",
+    }
+
+
+def test_global_options_work_after_the_command_too():
+    proc = run_tuner("list", "--simulate", "--sim-gpus", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("[SIMULATED]") == 3
+
+
+def test_status_json_has_telemetry_and_knob():
+    proc = run_tuner("--simulate", "status", "--device", "sim0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["device"]["simulated"] is True
+    assert set(doc["telemetry"]) >= {"power_w", "temp_edge_c", "temp_hotspot_c", "temp_mem_c", "core_clock_mhz",
+                                     "mem_clock_mhz", "voltage_mv", "util_pct", "fan_rpm", "energy_j"}
+
+
+def test_state_persists_between_invocations_and_reset_restores(monkeypatch):
+    from tuner.backends.simulated import SimulatedBackend
+
+    SimulatedBackend().apply("sim0", -35)  # same XDG_STATE_HOME as the subprocesses below
+    assert json.loads(run_tuner("--simulate", "status", "--device", "sim0", "--json").stdout)["knob"]["current"] == -35
+    proc = run_tuner("--simulate", "reset")
+    assert proc.returncode == 0 and "reset to stock" in proc.stdout
+    assert json.loads(run_tuner("--simulate", "status", "--device", "sim0", "--json").stdout)["knob"]["current"] == 0
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--simulate", "--sim-gpus", "0", "list"], "--sim-gpus must be 1..16"),
+    (["--simulate", "--sim-gpus", "two", "list"], "expected a whole number"),
+    (["--simulate", "status", "--device", "sim9"], "no device 'sim9'"),
+    (["--simulate", "--sim-vmin", "-500", "list"], "--sim-vmin must be between"),
+    (["--simulate", "frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    proc = run_tuner(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tuner: error:") and fragment in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unreadable_state_file_exit_2_and_untouched(tmp_path):
+    state = tmp_path / "state"
+    (state / "tuner" / "simulated" / "seed-0.json").mkdir(parents=True)
+    proc = run_tuner("--simulate", "list", env={"XDG_STATE_HOME": str(state)})
+    assert proc.returncode == 2 and "cannot read simulated GPU state" in proc.stderr
+    assert (state / "tuner" / "simulated" / "seed-0.json").is_dir()
+
+
+def test_corrupt_state_file_is_reported_and_reset(tmp_path):
+    state_file = tmp_path / "tuner" / "simulated" / "seed-0.json"
+    state_file.parent.mkdir(parents=True)
+    state_file.write_text('{"cards": {"sim0": {"offset_mv": "lots"}}}')
+    proc = run_tuner("--simulate", "list", env={"XDG_STATE_HOME": str(tmp_path)})
+    assert proc.returncode == 0
+    assert "corrupt" in proc.stderr and "Traceback" not in proc.stderr
+    assert json.loads(state_file.read_text()) == {"cards": {}}
+
+
+def test_no_gpu_without_simulate_suggests_it(tmp_path):
+    proc = run_tuner("list", env={"TUNER_SYSFS_ROOT": str(tmp_path)})
+    if proc.returncode == 0:
+        pytest.skip("this machine has a real NVIDIA GPU visible through NVML")
+    assert proc.returncode == 4
+    assert "no supported GPU found" in proc.stderr and "--simulate" in proc.stderr
+
+
+def test_version_and_help_document_exit_codes():
+    assert run_tuner("--version").stdout.startswith("tuner ")
+    help_text = run_tuner("--help").stdout
+    for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "130"):
+        assert f"  {code}" in help_text
+    assert "XDG_STATE_HOME" in help_text and "TUNER_SYSFS_ROOT" in help_text
+
+
+def test_xdg_state_home_is_honoured(tmp_path):
+    run_tuner("--simulate", "list", env={"XDG_STATE_HOME": str(tmp_path)})
+    from tuner.backends.simulated import SimulatedBackend
+
+    b = SimulatedBackend(state_path=tmp_path / "tuner" / "simulated" / "seed-0.json")
+    b.apply("sim0", -20)
+    status = run_tuner("--simulate", "status", "--json", env={"XDG_STATE_HOME": str(tmp_path)})
+    assert json.loads(status.stdout)["devices"][0]["knob"]["current"] == -20
