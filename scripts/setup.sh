@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create ./.venv and install undervolt-tuner into it (editable). `--test` adds the test tools.
+#
+# torch: by default the CPU wheel (small, enough for the simulated GPU and for the test suite). On a GPU box,
+# install the torch build for your GPU into .venv first and run with TUNER_TORCH=keep (see README).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+if [ "${1:-}" = "--test" ]; then extras="[test]"; fi
+
+[ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+pip() { .venv/bin/python -m pip --disable-pip-version-check "$@"; }
+
+torch_pin="torch==2.13.0+cpu"
+case "${TUNER_TORCH:-cpu}" in
+  keep) ;;  # use the torch already installed in .venv (CUDA or ROCm build)
+  cpu)
+    if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+      # A local wheel or mirror first (fast, offline CI); else PyTorch's CPU index. A bare `torch` from PyPI
+      # would pull a multi-GB CUDA build.
+      pip install -q "$torch_pin" 2>/dev/null \
+        || pip install -q --index-url https://download.pytorch.org/whl/cpu "$torch_pin"
+    fi ;;
+  *) echo "scripts/setup.sh: TUNER_TORCH must be 'cpu' or 'keep'" >&2; exit 2 ;;
+esac
+pip install -q -e ".${extras}"
+echo "installed: $(.venv/bin/tuner --version) in $(pwd)/.venv" >&2
