@@ -1,0 +1,81 @@
+"""The journal: durable open trials, previous-boot detection, the unsafe list."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tuner import journal
+
+
+@pytest.fixture
+def boot(tmp_path, monkeypatch):
+    root = tmp_path / "sysroot"
+    (root / "proc/sys/kernel/random").mkdir(parents=True)
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
+
+    def set_boot(boot_id: str) -> None:
+        (root / "proc/sys/kernel/random/boot_id").write_text(boot_id + "\n")
+
+    set_boot("boot-a")
+    return set_boot
+
+
+def test_no_journal_means_nothing_open(boot):
+    assert journal.trial_open_at_previous_boot() is None
+
+
+def test_open_trial_this_boot_is_not_previous_boot(boot):
+    j = journal.Journal.create("sim0", params={}, knob={})
+    j.begin_trial(-50, "coarse")
+    assert journal.trial_open_at_previous_boot() is None
+
+
+def test_open_trial_from_previous_boot_is_reported(boot):
+    j = journal.Journal.create("0000:03:00.0", params={}, knob={})
+    j.begin_trial(-60, "refine")
+    boot("boot-b")
+    trial = journal.trial_open_at_previous_boot()
+    assert trial is not None
+    assert trial["setting"] == -60 and trial["boot_id"] == "boot-a" and trial["device"] == "0000:03:00.0"
+    assert trial["phase"] == "refine" and trial["pid"] == os.getpid()
+
+
+def test_closed_trial_is_not_reported(boot):
+    j = journal.Journal.create("sim0", params={}, knob={})
+    j.begin_trial(-50, "coarse")
+    j.finish_trial({"setting": -50, "phase": "coarse", "verdict": "pass"})
+    boot("boot-b")
+    assert journal.trial_open_at_previous_boot() is None
+    doc = json.loads(journal.journal_path("sim0").read_text())
+    assert doc["trials"][0]["verdict"] == "pass" and doc["open_trial"] is None
+
+
+def test_unreadable_boot_id_counts_dead_pid(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(tmp_path / "nothing"))
+    j = journal.Journal.create("sim0", params={}, knob={})
+    j.begin_trial(-50, "coarse")
+    assert journal.trial_open_at_previous_boot() is None  # our own pid is alive
+    j.doc["open_trial"]["pid"] = 2**22 + 12345  # no such process
+    j._save()
+    assert journal.trial_open_at_previous_boot()["setting"] == -50
+
+
+def test_unsafe_list_is_append_only_and_survives_a_new_session(boot):
+    journal.add_unsafe("sim0", -90, unit="mV", kind="system-reset", reason="machine reset", edge=True)
+    journal.Journal.create("sim0", params={}, knob={})  # a new session
+    journal.add_unsafe("sim0", -70, unit="mV", kind="tool-died", reason="tool died", edge=False)
+    assert sorted(journal.unsafe_settings("sim0")) == [-90, -70]
+    assert journal.unsafe_settings("sim0")[-90]["edge"] is True
+    assert journal.unsafe_settings("sim1") == {}
+
+
+def test_corrupt_journal_is_a_state_error(boot):
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(journal.StateError):
+        journal.load("sim0")
+    assert journal.trial_open_at_previous_boot() is None
