@@ -6,8 +6,13 @@ runs can point the tuner at a fake tree. Nothing else in the tuner opens files u
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from pathlib import Path
+
+from tuner.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
+from tuner.models import Telemetry
 
 AMD_VENDOR_ID = 0x1002
 PP_OVERDRIVE_MASK = 0x4000  # bit 14 of amdgpu.ppfeaturemask (amd_shared.h)
@@ -74,3 +79,177 @@ def read_ppfeaturemask(root: Path | str) -> int | None:
 def overdrive_enabled(mask: int | None) -> bool | None:
     """True/False from the mask's bit 14; None when the mask is unknown."""
     return None if mask is None else bool(mask & PP_OVERDRIVE_MASK)
+
+
+def overdrive_remedy(root: Path | str) -> str:
+    """The exact kernel parameter to add so `pp_od_clk_voltage` appears (current mask OR 0x4000)."""
+    mask = read_ppfeaturemask(root)
+    wanted = (0xFFF7BFFF if mask is None else mask) | PP_OVERDRIVE_MASK
+    return (
+        f"add amdgpu.ppfeaturemask=0x{wanted:08x} to the kernel command line and reboot "
+        "(it enables Overdrive and taints the kernel; see docs/backends.md)"
+    )
+
+
+# --- the I/O seam -------------------------------------------------------------------------------------------------
+
+# Every file the tuner may write under a card's device directory. Anything else is a bug (tests enforce it).
+WRITABLE_FILES = frozenset({"pp_od_clk_voltage", "power_dpm_force_performance_level"})
+
+
+class KernelRejected(NotApplied):
+    """The kernel answered EINVAL: out of range, malformed, or the feature is off on this board."""
+
+
+class SysfsIO:
+    """Reads sysfs text and writes kernel commands. Tests subclass it to put a fake kernel behind the same calls.
+
+    Each command goes out in its own `os.write` on an unbuffered O_WRONLY descriptor: the kernel parses one command
+    per write, so a buffered "vo -50\\nc\\n" would arrive as one write and be rejected.
+    """
+
+    def read_text(self, path: Path) -> str:
+        try:
+            with open(path, "rb", buffering=0) as f:
+                return f.read().decode("ascii", errors="replace")
+        except OSError as e:
+            raise self._error(e, path, None) from None
+
+    def write_commands(self, path: Path, commands: list[str]) -> None:
+        if path.name not in WRITABLE_FILES:
+            raise AssertionError(f"refusing to write outside the allow-list: {path}")
+        payloads = []
+        for command in commands:
+            data = (command + "\n").encode("ascii")
+            if not 0 < len(data) <= 127:
+                raise AssertionError(f"kernel command must be 1..127 bytes: {command!r}")
+            payloads.append((command, data))
+        try:
+            fd = self._open(path)
+        except OSError as e:
+            raise self._error(e, path, None) from None
+        try:
+            for command, data in payloads:
+                try:
+                    written = self._write(fd, data)
+                except OSError as e:
+                    raise self._error(e, path, command) from None
+                if written != len(data):
+                    raise NotApplied(f"short write of {command!r} to {path}", "see `sudo dmesg | tail`")
+        finally:
+            self._close(fd)
+
+    # The three calls a fake kernel replaces.
+    def _open(self, path: Path) -> int:
+        return os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def _write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def _close(self, fd: int) -> None:
+        os.close(fd)
+
+    @staticmethod
+    def _error(e: OSError, path: Path, command: str | None) -> TunerError:
+        what = f"writing {command!r} to {path}" if command else f"opening {path}"
+        if e.errno == errno.ENOENT:
+            return Unsupported(f"{path.name} is missing: Overdrive is off on this card", str(path))
+        if e.errno == errno.EACCES or (e.errno == errno.EPERM and command is None):
+            return PermissionDenied(f"permission denied {what}", "writing GPU settings needs root: run with sudo")
+        if e.errno == errno.EPERM:
+            return DeviceLost(
+                f"the GPU refused {what} (EPERM: it is resetting or suspended)",
+                "wait for it to resume, check `sudo dmesg | tail`, then `tuner reset`",
+            )
+        if e.errno == errno.EINVAL:
+            return KernelRejected(
+                f"the kernel rejected {what} (EINVAL: out of range or unsupported on this card)",
+                "see `sudo dmesg | tail` for the reason",
+            )
+        if e.errno == errno.EROFS:
+            return PermissionDenied(f"{path} is read-only (SR-IOV virtual function?)", "run on the host")
+        return NotApplied(f"error {what}: {e.strerror}", "see `sudo dmesg | tail`")
+
+
+# --- identity and hwmon telemetry -------------------------------------------------------------------------------
+
+_PCI_SLOT = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+
+
+def read_value(path: Path) -> str | None:
+    """A sysfs attribute, stripped of whitespace and NULs; None when absent or unreadable."""
+    text = _read_text(path)
+    if text is None:
+        return None
+    text = text.strip().strip("\0").strip()
+    return text or None
+
+
+def _read_number(path: Path) -> float | None:
+    text = read_value(path)
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def pci_slot(device_dir: Path) -> str | None:
+    """`0000:03:00.0`, from the device symlink's target or, in plain trees, from uevent's PCI_SLOT_NAME."""
+    try:
+        name = device_dir.resolve().name
+        if _PCI_SLOT.fullmatch(name):
+            return name.lower()
+    except OSError:
+        pass
+    uevent = _read_text(device_dir / "uevent") or ""
+    for line in uevent.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "PCI_SLOT_NAME" and _PCI_SLOT.fullmatch(value.strip()):
+            return value.strip().lower()
+    return None
+
+
+def pci_pair(device_dir: Path, vendor_file: str, device_file: str) -> str | None:
+    """`1002:7550` from two hex attribute files (`0x1002`, `0x7550`)."""
+    vendor, device = read_value(device_dir / vendor_file), read_value(device_dir / device_file)
+    try:
+        return f"{int(vendor, 16):04x}:{int(device, 16):04x}" if vendor and device else None
+    except ValueError:
+        return None
+
+
+def hwmon_dir(device_dir: Path) -> Path | None:
+    try:
+        dirs = sorted((device_dir / "hwmon").glob("hwmon*"))
+    except OSError:
+        return None
+    return dirs[0] if dirs else None
+
+
+_TEMP_LABELS = {"edge": "temp_edge_c", "junction": "temp_hotspot_c", "mem": "temp_mem_c"}
+_TEMP_DEFAULTS = {1: "temp_edge_c", 2: "temp_hotspot_c", 3: "temp_mem_c"}
+
+
+def hwmon_telemetry(device_dir: Path, now_s: float) -> Telemetry:
+    """One sample from hwmon and the device directory; every missing file is a None, never a 0."""
+    hw = hwmon_dir(device_dir)
+    values: dict[str, float | None] = {}
+    if hw is not None:
+        mv = _read_number(hw / "in0_input")
+        values["voltage_mv"] = mv
+        power_uw = _read_number(hw / "power1_average")
+        if power_uw is None:
+            power_uw = _read_number(hw / "power1_input")
+        values["power_w"] = None if power_uw is None else round(power_uw / 1e6, 3)
+        for n in (1, 2, 3):
+            temp = _read_number(hw / f"temp{n}_input")
+            if temp is None:
+                continue
+            label = (read_value(hw / f"temp{n}_label") or "").lower()
+            values[_TEMP_LABELS.get(label, _TEMP_DEFAULTS[n])] = temp / 1000.0
+        for n, key in ((1, "core_clock_mhz"), (2, "mem_clock_mhz")):
+            hz = _read_number(hw / f"freq{n}_input")
+            values[key] = None if hz is None else round(hz / 1e6, 1)
+        values["fan_rpm"] = _read_number(hw / "fan1_input")
+    values["util_pct"] = _read_number(device_dir / "gpu_busy_percent")
+    return Telemetry(time_s=now_s, **values)

@@ -1,0 +1,201 @@
+"""A fake amdgpu kernel behind `pp_od_clk_voltage`: it parses each write the way `amdgpu_set_pp_od_clk_voltage`
+does (one command per write, 1..127 bytes, integers via kstrtol, range checks, EINVAL/EPERM), stages edits, and
+only `c` (or `r`, which falls through to commit) changes what a read shows."""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from tuner.backends import amd_od_table as od
+from tuner.backends.amd_sysfs import SysfsIO
+
+
+def _einval(why: str) -> OSError:
+    e = OSError(errno.EINVAL, f"Invalid argument ({why})")
+    return e
+
+
+def _kstrtol(token: str) -> int:
+    t = token
+    neg = t.startswith("-")
+    body = t[1:] if t[:1] in "+-" else t
+    try:
+        if body.lower().startswith("0x"):
+            value = int(body[2:], 16)
+        elif body.startswith("0") and len(body) > 1:
+            value = int(body[1:], 8)
+        else:
+            if not body.isdigit():
+                raise ValueError(token)
+            value = int(body, 10)
+    except ValueError:
+        raise _einval(f"not an integer: {token!r}") from None
+    return -value if neg else value
+
+
+class FakeOdKernel:
+    def __init__(self, text: str):
+        self.boot = od.parse_od_table(text)
+        self.staged = self.committed = self.boot
+        self.received: list[str] = []  # every write, decoded, as the kernel saw it
+        self.in_reset = False  # EPERM on every write, like amdgpu_in_reset()
+        self.reject_commit = False  # the SMU refuses the upload (EINVAL on `c`)
+        self.clamp_vo_mv: int | None = None  # firmware silently clamps vo to this floor (read-back differs)
+
+    # --- reads ---------------------------------------------------------------------------------------------------
+    def read(self) -> str:
+        text = od.render_od_table(self.committed)
+        return text.replace("OD_RANGE:", "\0" * 23 + "OD_RANGE:")  # NUL padding, as real kernels print
+
+    # --- writes --------------------------------------------------------------------------------------------------
+    def write(self, data: bytes) -> int:
+        text = data.decode("ascii", errors="replace")
+        self.received.append(text)
+        if self.in_reset:
+            raise OSError(errno.EPERM, "Operation not permitted")
+        if not 0 < len(data) <= 127:
+            raise _einval("size")
+        kind = {"s": "s", "p": "p", "m": "m", "r": "r", "c": "c"}.get(text[0])
+        if kind is None:
+            if text.startswith("vc"):
+                kind = "vc"
+            elif text.startswith("vo"):
+                kind = "vo"
+            else:
+                raise _einval("unknown command")
+        rest = text[len(kind) if kind in ("vc", "vo") else 1:]
+        params = [_kstrtol(tok) for tok in rest.replace("\n", " ").split(" ") if tok]
+        if len(params) > 64:
+            raise _einval("too many parameters")
+        getattr(self, f"_cmd_{kind}")(params)
+        return len(data)
+
+    def _range(self, name: str) -> od.Range | None:
+        return self.boot.range(name)
+
+    def _in(self, name: str, value: int) -> None:
+        r = self._range(name)
+        if r is not None and not r.lo <= value <= r.hi:
+            raise _einval(f"{name} {value} outside [{r.lo}, {r.hi}]")
+
+    def _cmd_r(self, params: list[int]) -> None:
+        self.staged = self.committed = self.boot  # restore falls through to commit (smu13/14)
+
+    def _cmd_c(self, params: list[int]) -> None:
+        if self.reject_commit:
+            raise _einval("commit refused")
+        self.committed = self.staged
+
+    def _cmd_p(self, params: list[int]) -> None:
+        raise _einval("CCLK only on Van Gogh")
+
+    def _cmd_vo(self, params: list[int]) -> None:
+        if self.boot.format not in od.VO_FORMATS or self.boot.vddgfx_offset_mv is None:
+            raise _einval("Gfx offset setting not supported")
+        if len(params) != 1:
+            raise _einval("invalid number of input parameters")
+        self._in("VDDGFX_OFFSET", params[0])  # RDNA2 prints no range and checks none
+        value = params[0] if self.clamp_vo_mv is None else max(params[0], self.clamp_vo_mv)
+        self.staged = replace(self.staged, vddgfx_offset_mv=value)
+
+    def _cmd_vc(self, params: list[int]) -> None:
+        fmt = self.boot.format
+        if fmt == od.NAVI1X:
+            if len(params) != 3 or params[0] not in (0, 1, 2):
+                raise _einval("invalid number of input parameters")
+            pt, mhz, mv = params
+            self._in(f"VDDC_CURVE_SCLK[{pt}]", mhz)
+            self._in(f"VDDC_CURVE_VOLT[{pt}]", mv)
+            curve = tuple(od.Level(p.index, mhz, mv) if p.index == pt else p for p in self.staged.vddc_curve)
+            self.staged = replace(self.staged, vddc_curve=curve)
+        elif fmt == od.RDNA3_EARLY:
+            if len(params) != 2 or not 0 <= params[0] <= 5:
+                raise _einval("invalid number of input parameters")
+            self._in("VDDC_CURVE", params[1])
+            curve = tuple(od.Level(p.index, None, params[1]) if p.index == params[0] else p
+                          for p in self.staged.vddc_curve)
+            self.staged = replace(self.staged, vddc_curve=curve)
+        else:
+            raise _einval("vc not supported on this ASIC")
+
+    def _cmd_s(self, params: list[int]) -> None:
+        fmt = self.boot.format
+        if fmt == od.RDNA4:
+            if len(params) != 1:
+                raise _einval("invalid number of input parameters")
+            self._in("SCLK_OFFSET", params[0])
+            self.staged = replace(self.staged, sclk_offset_mhz=params[0])
+        elif fmt == od.GCN:
+            if len(params) != 3 or params[0] not in {s.index for s in self.staged.sclk}:
+                raise _einval("Invalid SCLK_VDDC_TABLE index")
+            lvl, mhz, mv = params
+            self._in("SCLK", mhz)
+            self._in("VDDC", mv)
+            sclk = tuple(od.Level(lvl, mhz, mv) if s.index == lvl else s for s in self.staged.sclk)
+            self.staged = replace(self.staged, sclk=sclk)
+        else:
+            if len(params) != 2 or params[0] not in (0, 1):
+                raise _einval("invalid number of input parameters")
+            self._in("SCLK", params[1])
+            sclk = tuple(od.Level(s.index, params[1], s.mv) if s.index == params[0] else s for s in self.staged.sclk)
+            self.staged = replace(self.staged, sclk=sclk)
+
+    def _cmd_m(self, params: list[int]) -> None:
+        raise _einval("memory clock edits are not modelled by this fake")
+
+
+class FakeKernelIO(SysfsIO):
+    """SysfsIO with fake kernels behind chosen `pp_od_clk_voltage` paths; every other path is a plain file.
+
+    `log` records (path, bytes) for every write through the seam, wherever it goes, so tests can check the
+    allow-list; `kernels[path].received` shows what one card's kernel parsed.
+    """
+
+    def __init__(self, kernels: dict[Path, FakeOdKernel] | None = None):
+        self.kernels = {Path(p): k for p, k in (kernels or {}).items()}
+        self.log: list[tuple[Path, bytes]] = []
+        self.missing: set[Path] = set()  # paths that raise ENOENT (Overdrive off)
+        self.denied: set[Path] = set()  # paths that raise EACCES on open (not root)
+        self._fds: dict[int, Path] = {}
+        self._next_fd = 1000
+
+    def read_text(self, path: Path) -> str:
+        path = Path(path)
+        if path in self.missing:
+            raise self._error(OSError(errno.ENOENT, "No such file"), path, None)
+        if path in self.kernels:
+            return self.kernels[path].read()
+        return super().read_text(path)
+
+    def _open(self, path: Path) -> int:
+        path = Path(path)
+        if path in self.missing:
+            raise OSError(errno.ENOENT, "No such file")
+        if path in self.denied:
+            raise OSError(errno.EACCES, "Permission denied")
+        if path in self.kernels:
+            self._next_fd += 1
+            self._fds[self._next_fd] = path
+            return self._next_fd
+        fd = os.open(path, os.O_WRONLY)
+        self._fds[fd] = path
+        return fd
+
+    def _write(self, fd: int, data: bytes) -> int:
+        path = self._fds[fd]
+        self.log.append((path, data))
+        if path in self.kernels:
+            return self.kernels[path].write(data)
+        return os.write(fd, data)
+
+    def _close(self, fd: int) -> None:
+        path = self._fds.pop(fd)
+        if path not in self.kernels:
+            os.close(fd)
+
+    def commands(self, path: Path | None = None) -> list[str]:
+        """The commands written (newline stripped), to one path or to all."""
+        return [d.decode().rstrip("\n") for p, d in self.log if path is None or p == Path(path)]
