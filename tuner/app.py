@@ -1,27 +1,432 @@
-"""The Textual UI (placeholder until the TUI issue lands). Imported only when `tuner` runs without a command."""
+"""The Textual UI: composition root. Builds the App on a backend, owns the long jobs, and keeps the card safe.
+
+Screens (tuner/screens) only draw and ask the App to act; the App reaches hardware only inside thread workers,
+which post messages back (tuner/screens/messages.py). Stress and bisect runs belong to the App, so switching
+screens never stops them; quitting while one runs asks first, then stops it and resets the card to stock.
+"""
 
 from __future__ import annotations
 
-from textual.app import App, ComposeResult
-from textual.widgets import Footer, Header, Static
+import asyncio
+import signal
+import time
+from collections.abc import Callable, Iterable
 
-from tuner import exit_codes
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from tuner import exit_codes, ui_jobs
+from tuner.backends.base import Backend
+from tuner.errors import TunerError
+from tuner.screens import messages as msg
+from tuner.screens.bisect import BisectScreen
+from tuner.screens.dashboard import DashboardScreen
+from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
+from tuner.screens.doctor import DoctorScreen
+from tuner.screens.help import HelpScreen
+from tuner.screens.profiles import ProfilesScreen
+from tuner.screens.tune import TuneScreen
+from tuner.ui_state import BisectState, DeviceHistory, StressState
+
+SCREENS_IN_ORDER = (
+    ("1", "dashboard", "Dashboard"),
+    ("2", "tune", "Tune"),
+    ("3", "bisect", "Auto-bisect"),
+    ("4", "profiles", "Profiles"),
+    ("5", "doctor", "Doctor"),
+    ("6", "help", "Help"),
+)
+SAMPLE_INTERVAL_S = 1.0
+KEEP_TIMEOUT_S = 15.0
 
 
-class TunerApp(App):
-    BINDINGS = [("q", "quit", "Quit")]
+def describe_error(error: BaseException) -> str:
+    """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
+    if isinstance(error, TunerError):
+        return error.one_line()
+    return f"{type(error).__name__}: {error}"
 
-    def __init__(self, ctx):
+
+class TunerApp(App[int]):
+    TITLE = "tuner"
+    MODES = {
+        "dashboard": DashboardScreen,
+        "tune": TuneScreen,
+        "bisect": BisectScreen,
+        "profiles": ProfilesScreen,
+        "doctor": DoctorScreen,
+        "help": HelpScreen,
+    }
+    DEFAULT_MODE = "dashboard"
+    BINDINGS = [
+        *[
+            Binding(key, f"switch_mode('{mode}')", title.split("-")[-1].capitalize()[:6], id=f"screen.{mode}")
+            for key, mode, title in SCREENS_IN_ORDER
+        ],
+        Binding("q", "request_quit", "Quit", id="app.quit"),
+        Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True, id="app.quit_ctrl"),
+    ]
+
+    def __init__(
+        self,
+        ctx=None,
+        *,
+        backend: Backend | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sample_interval_s: float | None = SAMPLE_INTERVAL_S,
+        keep_timeout_s: float = KEEP_TIMEOUT_S,
+        doctor: Callable[[], list] | None = None,
+        repaint_interval_s: float = 0.5,
+    ) -> None:
         super().__init__()
         self.ctx = ctx
+        self.backend: Backend = backend if backend is not None else ctx.backend
+        self.clock = clock  # monotonic seconds: keep-or-revert countdowns
+        self.sample_interval_s = sample_interval_s
+        self.keep_timeout_s = keep_timeout_s
+        self.repaint_interval_s = min(max(repaint_interval_s, 0.25), 5.0)  # plots repaint at most 4 Hz
+        self._doctor = doctor
+        self.devices = self.backend.devices()
+        self.histories: dict[str, DeviceHistory] = {d.id: DeviceHistory() for d in self.devices}
+        self.stress = StressState()
+        self.bisect = BisectState()
+        self.pending = None  # the PendingChange waiting for keep-or-revert, if any
+        self.doctor_checks: list | None = None
+        self.selected_device_id = self.devices[0].id if self.devices else None
+        self._stress_job: ui_jobs.StressJob | None = None
+        self._bisect_job = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.hung_up = False
 
-    def compose(self) -> ComposeResult:
-        yield Header()
-        lines = [f"{d.id}  {d.label}" for d in self.ctx.backend.devices()]
-        yield Static("\n".join(lines))
-        yield Footer()
+    # --- life cycle ---------------------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for device in self.devices:
+            if self.histories[device.id].knob is None:
+                self.sample_now()
+                break
+        if self.sample_interval_s:
+            self.set_interval(self.sample_interval_s, self.sample_now, name="sampler")
+
+    @property
+    def simulated(self) -> bool:
+        return any(d.simulated for d in self.devices)
+
+    def device(self, device_id: str):
+        return next(d for d in self.devices if d.id == device_id)
+
+    def select_device(self, step: int) -> None:
+        ids = [d.id for d in self.devices]
+        if ids:
+            self.selected_device_id = ids[(ids.index(self.selected_device_id) + step) % len(ids)]
+
+    def jobs_running(self) -> list[str]:
+        running = []
+        if self.stress.running:
+            running.append(f"a stress run on {self.stress.device_id}")
+        if self.bisect.running:
+            running.append(f"an auto-bisect on {self.bisect.device_id}")
+        if self.pending is not None:
+            running.append(f"an unconfirmed setting on {self.pending.device_id}")
+        return running
+
+    # --- telemetry ----------------------------------------------------------------------------------------------
+    def sample_now(self) -> None:
+        self._sample()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="sampler")
+    def _sample(self) -> None:
+        samples = []
+        for device in self.devices:
+            try:
+                samples.append((device.id, self.backend.telemetry(device.id), self.backend.knob(device.id)))
+            except Exception as e:  # noqa: BLE001 - a bad sample is shown, never fatal
+                self.post_message(msg.BackendFailed(f"reading {device.id}", e))
+        self.post_message(msg.TelemetrySampled(tuple(samples)))
+
+    def on_telemetry_sampled(self, message: msg.TelemetrySampled) -> None:
+        for device_id, sample, knob in message.samples:
+            history = self.histories[device_id]
+            history.add(sample)
+            history.set_knob(knob)
+
+    def record_sample(self, device_id: str, sample, knob) -> None:
+        """Add one sample as the sampler would (tests and snapshots pre-fill history this way)."""
+        self.histories[device_id].add(sample)
+        self.histories[device_id].set_knob(knob)
+
+    def on_backend_failed(self, message: msg.BackendFailed) -> None:
+        self.notify(f"{message.what}: {describe_error(message.error)}", severity="error", timeout=10)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """One place for workers that died with an unexpected error: show it, keep running."""
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            self.notify(f"{event.worker.name}: {describe_error(event.worker.error)}", severity="error", timeout=10)
+
+    # --- manual setting: apply, keep or revert, reset ------------------------------------------------------------
+    def apply_setting(self, device_id: str, value: int) -> None:
+        if self.pending is not None:
+            self.notify("a change is already waiting for keep-or-revert", severity="warning")
+            return
+        if self.bisect.running and self.bisect.device_id == device_id:
+            self.notify("an auto-bisect is running on this card; stop it first", severity="warning")
+            return
+        self._apply(device_id, value)
+
+    @work(thread=True, exit_on_error=False, group="setting")
+    def _apply(self, device_id: str, value: int) -> None:
+        try:
+            pending = ui_jobs.pending_change(
+                self.backend, device_id, value, timeout_s=self.keep_timeout_s, clock=self.clock
+            )
+            pending.apply()
+        except Exception as e:  # noqa: BLE001 - nothing was kept; say why
+            self.post_message(msg.BackendFailed(f"apply {value:+d} on {device_id}", e))
+            return
+        self.post_message(msg.ChangeApplied(pending))
+
+    def on_change_applied(self, message: msg.ChangeApplied) -> None:
+        self.pending = message.pending
+        self.sample_now()
+        self.push_screen(KeepOrRevertDialog(message.pending), self._settle)
+
+    def _settle(self, keep: bool | None) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self._settle_in_thread(pending, bool(keep))
+
+    @work(thread=True, exit_on_error=False, group="setting")
+    def _settle_in_thread(self, pending, keep: bool) -> None:
+        try:
+            if keep:
+                pending.keep()
+            else:
+                pending.revert()
+            knob = self.backend.knob(pending.device_id)
+        except Exception as e:  # noqa: BLE001
+            self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {pending.device_id}", e))
+            return
+        self.post_message(msg.ChangeSettled(pending.device_id, knob, "kept" if keep else "reverted"))
+
+    def reset_to_stock(self, device_id: str) -> None:
+        if (self.stress.running and self.stress.device_id == device_id) or (
+            self.bisect.running and self.bisect.device_id == device_id
+        ):
+            self.notify("a job is running on this card; stop it first (stopping resets to stock)", severity="warning")
+            return
+        self._reset(device_id)
+
+    @work(thread=True, exit_on_error=False, group="setting")
+    def _reset(self, device_id: str) -> None:
+        try:
+            knob = self.backend.reset(device_id)
+        except Exception as e:  # noqa: BLE001
+            self.post_message(msg.BackendFailed(f"reset {device_id}", e))
+            return
+        self.post_message(msg.ChangeSettled(device_id, knob, "reset to stock"))
+
+    def on_change_settled(self, message: msg.ChangeSettled) -> None:
+        self.histories[message.device_id].set_knob(message.knob)
+        self.notify(f"{message.device_id}: {message.outcome}, now {message.knob.current:+d} {message.knob.unit}")
+
+    # --- stress (App-owned) -----------------------------------------------------------------------------------
+    def start_stress(self, device_id: str, preset: str, mode: str) -> None:
+        if self.stress.running or self.bisect.running:
+            self.notify("a stress run or bisect is already running", severity="warning")
+            return
+        if not ui_jobs.stress_available():
+            self.notify(ui_jobs.NOT_AVAILABLE.format(what="the stress engine client"), severity="warning")
+            return
+        setting = self.histories[device_id].knob.current if self.histories[device_id].knob else None
+        self.stress = StressState(device_id=device_id, running=True, setting=setting, preset=preset, mode=mode)
+        self.stress.write(f"starting {preset}/{mode} stress on {device_id} at {setting}")
+        self._stress_job = ui_jobs.StressJob(
+            self.backend, device_id, preset=preset, mode=mode,
+            emit=lambda event: self.post_message(msg.StressEventReceived(event)),
+        )
+        self._run_stress(self._stress_job)
+
+    @work(thread=True, exit_on_error=False, group="stress", name="stress")
+    def _run_stress(self, job) -> None:
+        try:
+            summary = job.run()
+        except Exception as e:  # noqa: BLE001
+            self.post_message(msg.BackendFailed("stress", e))
+            summary = f"error: {describe_error(e)}"
+        self.post_message(msg.StressEnded(job.device_id, summary))
+
+    def stop_stress(self) -> None:
+        if self._stress_job is not None and self.stress.running:
+            self.stress.write("stopping...")
+            self._stress_job.stop()
+
+    def on_stress_event_received(self, message: msg.StressEventReceived) -> None:
+        ui_jobs.apply_stress_event(self.stress, message.event)
+
+    def on_stress_ended(self, message: msg.StressEnded) -> None:
+        self.stress.running = False
+        self.stress.verdict = message.summary
+        self.stress.write(f"ended: {message.summary}")
+        self._stress_job = None
+        self.notify(f"stress on {message.device_id}: {message.summary}")
+        self.sample_now()
+
+    # --- bisect (App-owned) -----------------------------------------------------------------------------------
+    def start_bisect(self, device_id: str, params: dict, *, resume: bool = False) -> None:
+        if self.stress.running or self.bisect.running:
+            self.notify("a stress run or bisect is already running", severity="warning")
+            return
+        if not ui_jobs.bisect_available():
+            self.notify(ui_jobs.NOT_AVAILABLE.format(what="auto-bisect"), severity="warning")
+            return
+        try:
+            job = ui_jobs.make_bisect_job(
+                self.backend, device_id, params, resume=resume,
+                emit=lambda event: self.post_message(msg.BisectEventReceived(event)),
+            )
+        except Exception as e:  # noqa: BLE001 - bad parameters: say which
+            self.notify(describe_error(e), severity="error", timeout=10)
+            return
+        self.bisect = BisectState(device_id=device_id, running=True)
+        self._bisect_job = job
+        self._run_bisect(job, device_id)
+
+    @work(thread=True, exit_on_error=False, group="bisect", name="bisect")
+    def _run_bisect(self, job, device_id: str) -> None:
+        try:
+            result = job.run()
+            summary = ui_jobs.describe_bisect_result(result)
+        except Exception as e:  # noqa: BLE001
+            self.post_message(msg.BackendFailed("bisect", e))
+            summary = f"error: {describe_error(e)}"
+        self.post_message(msg.BisectEnded(device_id, summary))
+
+    def stop_bisect(self) -> None:
+        if self._bisect_job is not None and self.bisect.running:
+            self._bisect_job.stop()
+
+    def on_bisect_event_received(self, message: msg.BisectEventReceived) -> None:
+        ui_jobs.apply_bisect_event(self.bisect, message.event)
+
+    def on_bisect_ended(self, message: msg.BisectEnded) -> None:
+        self.bisect.running = False
+        self.bisect.current = None
+        self.bisect.version += 1
+        self._bisect_job = None
+        self.notify(f"bisect on {message.device_id}: {message.summary}")
+        self.sample_now()
+
+    # --- doctor --------------------------------------------------------------------------------------------------
+    def run_doctor(self) -> None:
+        self.doctor_checks = None
+        self._doctor_in_thread()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="doctor")
+    def _doctor_in_thread(self) -> None:
+        try:
+            if self._doctor is not None:
+                checks = self._doctor()
+            else:
+                from tuner.doctor import run_checks
+
+                checks = run_checks(self.backend, simulate=self.backend.simulated)
+        except Exception as e:  # noqa: BLE001
+            self.post_message(msg.BackendFailed("doctor", e))
+            checks = []
+        self.post_message(msg.DoctorFinished(checks))
+
+    def on_doctor_finished(self, message: msg.DoctorFinished) -> None:
+        self.doctor_checks = message.checks
+
+    # --- quitting and hang-ups -----------------------------------------------------------------------------------
+    def action_request_quit(self) -> None:
+        running = self.jobs_running()
+        if not running:
+            self.exit(exit_codes.OK)
+            return
+        question = f"Quit? This stops {' and '.join(running)} and resets the card to stock."
+        self.push_screen(ConfirmDialog(question, yes="Quit and reset", no="Stay"), self._quit_confirmed)
+
+    def _quit_confirmed(self, yes: bool | None) -> None:
+        if yes:
+            self.exit(exit_codes.OK)
+
+    def hang_up(self) -> None:
+        """SIGHUP (the SSH session went away) or SIGTERM: leave; run_app then makes the cards safe."""
+        self.hung_up = True
+        self.exit(exit_codes.INTERRUPTED)
+
+    def signal_safe_hang_up(self, *_args) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.hang_up)
+
+    def make_safe(self, wait_s: float = 30.0) -> list[str]:
+        """Stop every job, revert an unconfirmed setting and reset cards that had a job on them to stock.
+
+        Runs after the App has stopped (also after a hang-up), on the calling thread. Returns what it did.
+        """
+        done, devices_to_reset = [], set()
+        for job in (self._stress_job, self._bisect_job):
+            if job is not None:
+                job.stop()
+                devices_to_reset.add(job.device_id)
+                done.append(f"stopped {type(job).__name__} on {job.device_id}")
+        for job in (self._stress_job, self._bisect_job):
+            if job is not None:
+                job.wait(wait_s)
+        if self.pending is not None:
+            devices_to_reset.add(self.pending.device_id)
+            try:
+                self.pending.revert()
+                devices_to_reset.discard(self.pending.device_id)
+                done.append(f"reverted the unconfirmed setting on {self.pending.device_id}")
+            except Exception:  # noqa: BLE001 - fall back to a plain reset below
+                pass
+            self.pending = None
+        for device_id in sorted(devices_to_reset):
+            try:
+                self.backend.reset(device_id)
+                done.append(f"reset {device_id} to stock")
+            except Exception as e:  # noqa: BLE001
+                done.append(f"could not reset {device_id}: {describe_error(e)}")
+        return done
+
+    # --- command palette -----------------------------------------------------------------------------------------
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        for key, mode, title in SCREENS_IN_ORDER:
+            yield SystemCommand(f"Screen {key}: {title}", f"Switch to the {title} screen",
+                                lambda mode=mode: self.switch_mode(mode))
+        yield from screen_commands(screen)
+        yield SystemCommand("Quit", "Quit (asks first if a job runs; resets the card)", self.action_request_quit)
+        yield from super().get_system_commands(screen)
+
+
+def screen_commands(screen: Screen) -> Iterable[SystemCommand]:
+    """Every footer binding of the current screen, as a palette command."""
+    for binding in getattr(screen, "BINDINGS", []):
+        if isinstance(binding, Binding) and binding.description:
+            yield SystemCommand(
+                binding.description, f"key: {binding.key}",
+                lambda action=binding.action: screen.run_action(action),
+            )
 
 
 def run_app(ctx) -> int:
-    TunerApp(ctx).run()
-    return exit_codes.OK
+    app = TunerApp(ctx)
+    previous = {}
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, app.signal_safe_hang_up)
+    try:
+        result = app.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for line in app.make_safe():
+            print(f"tuner: {line}")
+    if app.hung_up:
+        return exit_codes.INTERRUPTED
+    return exit_codes.OK if result is None else result
+

@@ -1,0 +1,38 @@
+"""What every screen shares: the navigation bar, the footer, and a repaint timer that stops while hidden."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from tuner.widgets.nav_bar import NavBar
+
+
+class TunerScreen(Screen):
+    """Subclasses set TITLE, compose their body in `compose_body` and draw app state in `repaint`."""
+
+    TITLE = ""
+
+    def compose(self) -> ComposeResult:
+        yield NavBar(self.TITLE, simulated=self.app.simulated)
+        yield from self.compose_body()
+        yield Footer(compact=True)
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        self._repaint_timer = self.set_interval(self.app.repaint_interval_s, self.repaint, name="repaint")
+        self.call_after_refresh(self.repaint)
+
+    def on_screen_suspend(self) -> None:
+        self._repaint_timer.pause()
+
+    def on_screen_resume(self) -> None:
+        if hasattr(self, "_repaint_timer"):
+            self._repaint_timer.resume()
+            self.repaint()
+
+    def repaint(self) -> None:
+        """Read the App's state and update widgets (called at most 4 times a second, never while hidden)."""

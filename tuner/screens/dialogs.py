@@ -1,0 +1,119 @@
+"""Modal dialogs. Each has a safe default (Revert, No, Cancel) that Enter and Escape choose."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+DIALOG_CSS = """
+{name} {{ align: center middle; }}
+{name} > Vertical {{
+    width: 72; max-width: 100%; height: auto; border: thick $primary; background: $surface; padding: 0 1;
+}}
+{name} Horizontal {{ height: auto; align: center middle; }}
+{name} Button {{ margin: 0 1; }}
+{name} Input {{ margin: 0 0 1 0; }}
+"""
+
+
+class ConfirmDialog(ModalScreen[bool]):
+    """Yes/No; the default (focused, Escape) is No."""
+
+    DEFAULT_CSS = DIALOG_CSS.format(name="ConfirmDialog")
+    BINDINGS = [Binding("escape", "choose(False)", "No"), Binding("y", "choose(True)", "Yes"),
+                Binding("n", "choose(False)", "No")]
+
+    def __init__(self, question: str, *, yes: str = "Yes", no: str = "No") -> None:
+        super().__init__()
+        self.question, self.yes, self.no = question, yes, no
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question)
+            with Horizontal():
+                yield Button(f"{self.yes} (y)", id="yes", variant="error")
+                yield Button(f"{self.no} (n)", id="no", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_choose(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class KeepOrRevertDialog(ModalScreen[bool]):
+    """A setting was applied: keep it, or it reverts when the countdown ends. Revert is the default."""
+
+    DEFAULT_CSS = DIALOG_CSS.format(name="KeepOrRevertDialog")
+    BINDINGS = [Binding("escape", "choose(False)", "Revert"), Binding("r", "choose(False)", "Revert"),
+                Binding("k", "choose(True)", "Keep")]
+
+    def __init__(self, pending) -> None:
+        super().__init__()
+        self.pending = pending
+
+    def compose(self) -> ComposeResult:
+        p = self.pending
+        with Vertical():
+            yield Static(f"Applied {p.value:+d} on {p.device_id}. Keep this setting?", id="keep-question")
+            yield Label(id="countdown")
+            with Horizontal():
+                yield Button("Revert (r)", id="revert", variant="primary")
+                yield Button("Keep (k)", id="keep", variant="warning")
+
+    def on_mount(self) -> None:
+        self.query_one("#revert", Button).focus()
+        self._tick()
+        self.set_interval(0.25, self._tick, name="countdown")
+
+    def _tick(self) -> None:
+        if not self.is_attached or self.app.screen is not self:
+            return
+        if self.pending.expired():
+            self.dismiss(False)
+            return
+        left_s = max(0, int(self.pending.seconds_left() + 0.999))
+        self.query_one("#countdown", Label).update(f"Reverting in {left_s} s unless you keep it.")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "keep")
+
+    def action_choose(self, keep: bool) -> None:
+        self.dismiss(keep)
+
+
+class TextInputDialog(ModalScreen[str | None]):
+    """Ask for one line (a profile name, a path). Escape cancels."""
+
+    DEFAULT_CSS = DIALOG_CSS.format(name="TextInputDialog")
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, prompt: str, *, value: str = "", placeholder: str = "") -> None:
+        super().__init__()
+        self.prompt, self.value, self.placeholder = prompt, value, placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.prompt)
+            yield Input(value=self.value, placeholder=self.placeholder, id="text")
+            with Horizontal():
+                yield Button("OK", id="ok", variant="primary")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(self.query_one(Input).value.strip() or None if event.button.id == "ok" else None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,67 @@
+"""Messages thread workers post to the App. Past-tense events; payloads are immutable snapshots."""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+from tuner.models import Knob, Telemetry
+
+
+class TelemetrySampled(Message):
+    def __init__(self, samples: tuple[tuple[str, Telemetry, Knob], ...]) -> None:
+        super().__init__()
+        self.samples = samples
+
+
+class BackendFailed(Message):
+    """A backend or engine call raised; `error` is a TunerError (or anything with `one_line`) or an exception."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        super().__init__()
+        self.what, self.error = what, error
+
+
+class ChangeApplied(Message):
+    """A setting was written and read back; it now waits for keep-or-revert."""
+
+    def __init__(self, pending) -> None:
+        super().__init__()
+        self.pending = pending
+
+
+class ChangeSettled(Message):
+    """A pending change was kept or reverted (or the card was reset to stock)."""
+
+    def __init__(self, device_id: str, knob: Knob, outcome: str) -> None:
+        super().__init__()
+        self.device_id, self.knob, self.outcome = device_id, knob, outcome
+
+
+class StressEventReceived(Message):
+    def __init__(self, event) -> None:
+        super().__init__()
+        self.event = event
+
+
+class StressEnded(Message):
+    def __init__(self, device_id: str, summary: str) -> None:
+        super().__init__()
+        self.device_id, self.summary = device_id, summary
+
+
+class BisectEventReceived(Message):
+    def __init__(self, event) -> None:
+        super().__init__()
+        self.event = event
+
+
+class BisectEnded(Message):
+    def __init__(self, device_id: str, summary: str) -> None:
+        super().__init__()
+        self.device_id, self.summary = device_id, summary
+
+
+class DoctorFinished(Message):
+    def __init__(self, checks: list) -> None:
+        super().__init__()
+        self.checks = checks

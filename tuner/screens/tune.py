@@ -1,0 +1,157 @@
+"""Screen 2: set the knob by hand (keep-or-revert), reset to stock, and stress the current setting."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Log, Static
+
+from tuner.screens.base import TunerScreen
+from tuner.widgets.device_panel import setting_text
+from tuner.widgets.history_plot import HistoryPlot
+
+PRESETS = ("tiny", "small", "large")
+MODES = ("train", "gemm", "mixed")
+DETECTORS = ("reference", "canary", "gemm", "nonfinite", "kernel log")
+
+
+def clamp_target(knob, value: int) -> int:
+    """Keep a target inside the knob's range and on the safe side of stock (no overvolt from the UI)."""
+    value = max(knob.min, min(knob.max, value))
+    return knob.stock if knob.is_overvolt(value) else value
+
+
+class TuneScreen(TunerScreen):
+    TITLE = "Tune"
+    DEFAULT_CSS = """
+    TuneScreen #tune-head { height: 3; padding: 0 1; }
+    TuneScreen #stress-status { height: 2; padding: 0 1; }
+    TuneScreen #stress-plots { height: 1fr; min-height: 6; }
+    TuneScreen #stress-log { height: 6; border-top: solid $primary; }
+    """
+    BINDINGS = [
+        Binding("left", "move(-1)", "-1 step", priority=True, id="tune.down"),
+        Binding("right", "move(1)", "+1 step", priority=True, id="tune.up"),
+        Binding("pagedown", "move(-5)", "-5", priority=True, id="tune.down5"),
+        Binding("pageup", "move(5)", "+5", priority=True, id="tune.up5"),
+        Binding("a", "apply", "Apply", id="tune.apply"),
+        Binding("r", "reset", "Reset", id="tune.reset"),
+        Binding("s", "toggle_stress", "Stress", id="tune.stress"),
+        Binding("m", "cycle_mode", "Mode", id="tune.mode"),
+        Binding("p", "cycle_preset", "Preset", id="tune.preset"),
+        Binding("d", "next_device", "Device", id="tune.device"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.target: int | None = None
+        self.preset, self.mode = "tiny", "train"
+        self._log_shown = 0
+        self._log_run = None
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="tune-head")
+        yield Static(id="stress-status")
+        with Horizontal(id="stress-plots"):
+            yield HistoryPlot("loss", x_label="step", id="plot-loss")
+            yield HistoryPlot("tok/s", x_label="step", id="plot-toks")
+        log = Log(max_lines=500, id="stress-log")
+        log.can_focus = False
+        yield log
+
+    @property
+    def device_id(self) -> str | None:
+        return self.app.selected_device_id
+
+    def _knob(self):
+        return self.app.histories[self.device_id].knob if self.device_id else None
+
+    # --- actions -------------------------------------------------------------------------------------------------
+    def action_move(self, steps: int) -> None:
+        knob = self._knob()
+        if knob is None:
+            return
+        base = knob.current if self.target is None else self.target
+        self.target = clamp_target(knob, base + steps * knob.step)
+        self.repaint()
+
+    def action_apply(self) -> None:
+        knob = self._knob()
+        if knob is None or self.target is None or self.target == knob.current:
+            self.notify("move the setting with the arrow keys first, then apply", severity="warning")
+            return
+        self.app.apply_setting(self.device_id, self.target)
+
+    def action_reset(self) -> None:
+        if self.device_id:
+            self.target = None
+            self.app.reset_to_stock(self.device_id)
+
+    def action_toggle_stress(self) -> None:
+        if self.app.stress.running:
+            self.app.stop_stress()
+        elif self.device_id:
+            self.app.start_stress(self.device_id, self.preset, self.mode)
+
+    def action_cycle_mode(self) -> None:
+        self.mode = MODES[(MODES.index(self.mode) + 1) % len(MODES)]
+        self.repaint()
+
+    def action_cycle_preset(self) -> None:
+        self.preset = PRESETS[(PRESETS.index(self.preset) + 1) % len(PRESETS)]
+        self.repaint()
+
+    def action_next_device(self) -> None:
+        self.app.select_device(1)
+        self.target = None
+        self.repaint()
+
+    # --- drawing -------------------------------------------------------------------------------------------------
+    def repaint(self) -> None:
+        app = self.app
+        knob = self._knob()
+        device = app.device(self.device_id) if self.device_id else None
+        head = Text()
+        if device is None:
+            head.append("no devices")
+        else:
+            head.append(f"{device.id} · {device.label}\n", style="bold")
+            head.append(f"card now: {setting_text(knob)}\n")
+            if knob is not None:
+                target = knob.current if self.target is None else self.target
+                marker = "" if target == knob.current else "  (not applied: press a)"
+                head.append(f"target {target:+d} {knob.unit}{marker}   ", style="bold")
+                head.append(f"range {knob.min:+d}..{knob.max:+d} step {knob.step} {knob.unit}")
+        self.query_one("#tune-head", Static).update(head)
+        self._paint_stress()
+
+    def _paint_stress(self) -> None:
+        stress = self.app.stress
+        status = Text()
+        if stress.running:
+            status.append(f"stress RUNNING on {stress.device_id} ({stress.preset}/{stress.mode})", style="bold")
+        else:
+            status.append(f"stress idle · preset {self.preset} (p) · mode {self.mode} (m)")
+            if stress.verdict:
+                status.append(f" · last: {stress.verdict}")
+        status.append("\ndetectors: ")
+        for name in DETECTORS:
+            state = stress.detectors.get(name, "-")
+            status.append(f"{name} ")
+            status.append(state, style="bold reverse" if state.startswith("FAULT") else "")
+            status.append("  ")
+        self.query_one("#stress-status", Static).update(status)
+        steps = list(stress.steps)
+        xs = [s for s, _, _ in steps]
+        self.query_one("#plot-loss", HistoryPlot).show(xs, [loss for _, loss, _ in steps])
+        self.query_one("#plot-toks", HistoryPlot).show(xs, [tok for _, _, tok in steps])
+        log = self.query_one("#stress-log", Log)
+        if self._log_run is not stress:  # a new run: start the log afresh
+            self._log_run, self._log_shown = stress, 0
+            log.clear()
+        new = stress.log_written - self._log_shown
+        if new > 0:
+            log.write_lines(list(stress.log)[-min(new, len(stress.log)):])
+            self._log_shown = stress.log_written
