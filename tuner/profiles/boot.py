@@ -1,0 +1,173 @@
+"""`tuner apply --boot`: the rules that keep an undervolt from turning into a boot loop, and the systemd unit.
+
+At boot the tuner applies only a profile proven on this very card, and skips applying (saying why) when:
+- the kernel command line holds `tuner.reset` (the escape hatch when a setting crashes the machine early), or
+- the tuning journal shows a trial still open when the previous boot ended: that boot probably died testing a
+  setting, so nothing is re-applied until someone looks (control.md section 6, items 1 and 10).
+Log lines go to stderr; under systemd, stderr is captured by the journal (`journalctl -u tuner-apply`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tuner import paths
+
+UNIT_NAME = "tuner-apply.service"
+RESET_FLAG = "tuner.reset"
+DEFAULT_DISCOVERY_WAIT_S = 30.0
+DISCOVERY_INTERVAL_S = 3.0  # LACT retries 5 times at 3 s; amdgpu can take seconds to load firmware
+
+
+def log(message: str) -> None:
+    """One line to stderr, which systemd stores in the journal for this unit."""
+    print(f"tuner: boot: {message}", file=sys.stderr, flush=True)
+
+
+def systemd_dir() -> Path:
+    return Path(os.environ.get("TUNER_SYSTEMD_DIR", "/etc/systemd/system"))
+
+
+def unit_path() -> Path:
+    return systemd_dir() / UNIT_NAME
+
+
+def reset_requested() -> bool:
+    """True when the kernel command line has `tuner.reset` (or `tuner.reset=1`) as a word."""
+    try:
+        cmdline = (paths.sysfs_root() / "proc/cmdline").read_text(errors="replace")
+    except OSError:
+        return False
+    return any(word == RESET_FLAG or word.startswith(RESET_FLAG + "=") for word in cmdline.split())
+
+
+def current_boot_id() -> str | None:
+    try:
+        return (paths.sysfs_root() / "proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def open_trial_from_previous_boot() -> dict | None:
+    """The trial a previous boot left open, if any: `tuner.journal` owns the journal; until it exists this reads
+    its documented layout (`$XDG_STATE_HOME/tuner/journal/*.json`, each with `open_trial: {boot_id, ...}`)."""
+    try:
+        from tuner.journal import trial_open_at_previous_boot
+    except ModuleNotFoundError as e:
+        if e.name != "tuner.journal":
+            raise
+        return _scan_journal_files()
+    return trial_open_at_previous_boot()
+
+
+def _scan_journal_files() -> dict | None:
+    directory = paths.state_dir() / "journal"
+    try:
+        files = sorted(directory.glob("*.json"))
+    except OSError:
+        return None
+    boot_id = current_boot_id()
+    for path in files:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            # Can't tell whether a trial was open: treat it as open. Skipping an apply is always safe.
+            return {"journal": str(path), "reason": "unreadable journal"}
+        trial = doc.get("open_trial") if isinstance(doc, dict) else None
+        if isinstance(trial, dict) and trial.get("boot_id") != boot_id:
+            return {**trial, "journal": str(path)}
+    return None
+
+
+def skip_reason() -> str | None:
+    """Why this boot must not apply anything, or None."""
+    if reset_requested():
+        return f"the kernel command line contains {RESET_FLAG}; leaving the cards at stock"
+    trial = open_trial_from_previous_boot()
+    if trial is not None:
+        what = trial.get("reason") or "a tuning trial was still open when the previous boot ended"
+        where = trial.get("journal", "the tuning journal")
+        setting = f" at {trial['setting']}" if "setting" in trial else ""
+        return (f"{what}{setting} ({where}); the setting may have crashed the machine, so nothing is applied. "
+                "Finish or discard the tuning run (`tuner bisect --resume` or delete the journal) to re-enable")
+    return None
+
+
+def discover(
+    open_backend: Callable[[], object],
+    ready: Callable[[object], bool],
+    *,
+    wait_s: float,
+    interval_s: float = DISCOVERY_INTERVAL_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+):
+    """Open the backend until `ready(backend)` or `wait_s` has passed (the driver may still be probing).
+
+    Returns the last backend opened (ready or not); re-raises the last error if none could be opened.
+    """
+    deadline = clock() + wait_s
+    while True:
+        error = None
+        backend = None
+        try:
+            backend = open_backend()
+            if ready(backend):
+                return backend
+        except Exception as e:  # noqa: BLE001 - any discovery failure is retried, then re-raised
+            error = e
+        if clock() + interval_s > deadline:
+            if backend is None and error is not None:
+                raise error
+            return backend
+        log(f"waiting for the GPU driver ({error.args[0] if error else 'card not found yet'}); "
+            f"retrying in {interval_s:g} s")
+        if backend is not None and hasattr(backend, "close"):
+            backend.close()
+        sleep(interval_s)
+
+
+def unit_text(*, exec_args: list[str], environment: dict[str, str]) -> str:
+    """The systemd unit. Ordering and conditions, and why:
+    - After=systemd-modules-load.service systemd-udev-trigger.service: GPU drivers are loaded either from
+      modules-load.d or by udev coldplug; after both, the driver is loaded or loading. Probe can still take
+      seconds, which the `--boot` retry loop covers (a Condition on /sys/class/drm/card* would race it and
+      skip the unit silently).
+    - ConditionPathIsDirectory=/sys/class/drm: the DRM core registers this class; without it no GPU driver is
+      present at all, and the unit is skipped instead of failing.
+    - ConditionKernelCommandLine=!tuner.reset: the escape hatch, enforced by systemd before Python even runs.
+    """
+    def quote(word: str) -> str:
+        return shlex.quote(word).replace("%", "%%")  # systemd expands %-specifiers inside these lines
+
+    env_lines = "".join(f"Environment={quote(f'{k}={v}')}\n" for k, v in sorted(environment.items()))
+    command = " ".join(quote(a) for a in exec_args)
+    return f"""\
+# Written by `tuner service install`; remove with `tuner service uninstall`.
+# Applies the profiles in the system profile store to the cards they were proven on, once per boot.
+# Boot with `{RESET_FLAG}` on the kernel command line to skip it. Logs: journalctl -u {UNIT_NAME}
+[Unit]
+Description=Apply undervolt-tuner GPU profiles
+After=systemd-modules-load.service systemd-udev-trigger.service
+ConditionPathIsDirectory=/sys/class/drm
+ConditionKernelCommandLine=!{RESET_FLAG}
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+{env_lines}Environment=PYTHONUNBUFFERED=1
+ExecStart={command}
+TimeoutStartSec=180
+StandardOutput=journal
+StandardError=journal
+SyslogIdentifier=tuner
+
+[Install]
+WantedBy=multi-user.target
+"""

@@ -1,0 +1,62 @@
+"""Turn what the tuner knows (a device, its knob, a value, and optionally a bisect's evidence) into a Profile.
+
+The result goes through the same validation as a file read from disk, so a bisect that records something odd
+fails here, at save time, rather than when someone tries to apply the profile.
+"""
+
+from __future__ import annotations
+
+import platform
+
+from tuner import __version__
+from tuner.models import DeviceInfo, Knob
+from tuner.profiles.schema import SCHEMA_VERSION, Profile, format_created, utc_now
+
+
+def _drop_none(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def build_profile(
+    name: str,
+    device: DeviceInfo,
+    knob: Knob,
+    value: int,
+    *,
+    tuning: dict | None = None,
+    kernel: str | None = None,
+) -> Profile:
+    """A validated profile for `value` on `device`. `tuning` keys whose value is None are left out (TOML has no
+    null); `kernel` defaults to the running kernel's release."""
+    doc = {
+        "profile": {"name": name, "created": utc_now(), "tool_version": __version__, "schema": SCHEMA_VERSION},
+        "device": _drop_none({
+            "vendor": device.vendor,
+            "name": device.name,
+            "pci_id": device.pci_id,
+            "subsystem_id": device.subsystem_id,
+            "pci_slot": device.pci_slot,
+            "vbios": device.vbios,
+            "serial": device.serial,
+            "driver_version": device.driver_version,
+            "kernel": kernel if kernel is not None else platform.release(),
+            "od_format": device.od_format,
+        }),
+        "setting": _drop_none({
+            "kind": knob.kind.value,
+            "unit": knob.unit,
+            "value": value,
+            "lock_clock_mhz": knob.lock_clock_mhz,
+        }),
+    }
+    if tuning:
+        t = _drop_none(dict(tuning))
+        if "trials" in t:
+            t["trials"] = [_drop_none(dict(trial)) for trial in t["trials"]]
+            if not t["trials"]:
+                del t["trials"]
+        doc["tuning"] = t
+    return Profile.from_dict(doc)
+
+
+__all__ = ["build_profile", "format_created"]

@@ -1,0 +1,436 @@
+"""Profile schema v1: dataclasses, strict validation and TOML text.
+
+A profile is evidence: the card it was proven on, the setting, and (when it came from a bisect) the trials
+that proved it. Validation is strict because a profile can come from another machine or a stranger: every
+error names the key's path (`setting.value: expected an integer, got 'abc'`) and nothing is coerced silently.
+The schema is documented field by field in `profiles/README.md`; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from pathlib import Path
+
+import tomli_w
+
+from tuner import __version__
+from tuner.errors import UsageError
+
+SCHEMA_VERSION = 1
+MAX_PROFILE_BYTES = 256 * 1024  # a real profile is ~10 KiB even with hundreds of trials
+MAX_STRING_CHARS = 256
+MAX_TRIALS = 2000
+MAX_ABS_INT = 1_000_000
+MAX_ABS_FLOAT = 1e9
+
+VENDORS = ("amd", "nvidia", "simulated")
+KIND_UNITS = {"voltage_offset": "mV", "clock_offset": "MHz"}
+# Sanity bounds for a recorded setting, wider than any real card's range; the target card's own range is checked
+# again when applying. The sign is fixed: a profile records an undervolt, never an overvolt.
+SETTING_BOUNDS = {"voltage_offset": (-500, 0), "clock_offset": (0, 3000)}
+PHASES = ("baseline", "coarse", "refine", "confirm")
+VERDICTS = ("pass", "fail", "error")
+
+HEADER = (
+    "# undervolt-tuner profile (schema v1, described in profiles/README.md).\n"
+    "# Apply with `tuner apply FILE`; it checks that the card is the one this was proven on.\n"
+)
+
+
+class ProfileError(UsageError):
+    """A profile file or value that fails validation. Exit 2; nothing was applied or written."""
+
+
+# --- field checkers ----------------------------------------------------------------------------------------------
+# Each takes (value, path) and returns the normalised value or raises ProfileError naming `path`.
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _type_name(value) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "a table",
+            list: "an array", datetime: "a date-time"}.get(type(value), type(value).__name__)
+
+
+def _str(value, path: str) -> str:
+    if not isinstance(value, str):
+        raise ProfileError(f"{path}: expected a string, got {_type_name(value)} {_show(value)}")
+    if len(value) > MAX_STRING_CHARS:
+        raise ProfileError(f"{path}: string is {len(value)} characters long, the limit is {MAX_STRING_CHARS}")
+    if _CONTROL.search(value):
+        raise ProfileError(f"{path}: control characters are not allowed, got {_show(value)}")
+    return value
+
+
+def _int(lo: int = -MAX_ABS_INT, hi: int = MAX_ABS_INT):
+    def check(value, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProfileError(f"{path}: expected an integer, got {_type_name(value)} {_show(value)}")
+        if not lo <= value <= hi:
+            raise ProfileError(f"{path}: {_show(value)} is outside {lo}..{hi}")
+        return value
+
+    return check
+
+
+def _float(lo: float = -MAX_ABS_FLOAT, hi: float = MAX_ABS_FLOAT):
+    def check(value, path: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ProfileError(f"{path}: expected a number, got {_type_name(value)} {_show(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProfileError(f"{path}: expected a finite number, got {value}")
+        if not lo <= value <= hi:
+            raise ProfileError(f"{path}: {_show(value)} is outside {lo:g}..{hi:g}")
+        return float(value)
+
+    return check
+
+
+def _choice(options: tuple[str, ...]):
+    def check(value, path: str) -> str:
+        value = _str(value, path)
+        if value not in options:
+            raise ProfileError(f"{path}: expected one of {', '.join(options)}, got {_show(value)}")
+        return value
+
+    return check
+
+
+def _pattern(regex: str, example: str):
+    compiled = re.compile(regex)
+
+    def check(value, path: str) -> str:
+        value = _str(value, path)
+        if not compiled.fullmatch(value):
+            raise ProfileError(f"{path}: {_show(value)} is not in the form {example}")
+        return value
+
+    return check
+
+
+def _utc_datetime(value, path: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise ProfileError(f"{path}: expected a date-time like 2026-01-31T12:00:00Z, got {_type_name(value)} "
+                           f"{_show(value)}")
+    if value.tzinfo is None:
+        raise ProfileError(f"{path}: the date-time needs a time zone (write it in UTC with a trailing Z)")
+    return value.astimezone(UTC)
+
+
+_pci_pair = _pattern(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}", "1002:7550")
+_pos = _float(0.0)
+_count_int = _int(0)
+
+# --- the tables ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileMeta:
+    name: str
+    created: datetime  # UTC, whole seconds
+    tool_version: str
+    schema: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class ProfileDevice:
+    vendor: str
+    name: str
+    pci_id: str | None = None
+    subsystem_id: str | None = None
+    pci_slot: str | None = None
+    vbios: str | None = None
+    serial: str | None = None
+    driver_version: str | None = None
+    kernel: str | None = None
+    od_format: str | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.vendor == "simulated"
+
+    @property
+    def label(self) -> str:
+        """Name as shown to people; a simulated card always says so."""
+        return f"{self.name} [SIMULATED]" if self.simulated else self.name
+
+
+@dataclass(frozen=True)
+class Setting:
+    kind: str  # "voltage_offset" | "clock_offset" (tuner.models.KnobKind values)
+    unit: str  # "mV" | "MHz"
+    value: int
+    lock_clock_mhz: int | None = None  # NVIDIA: the max graphics clock the offset was proven at
+    power_limit_w: float | None = None
+
+
+@dataclass(frozen=True)
+class Trial:
+    setting: int
+    phase: str
+    verdict: str
+    reason: str | None = None
+    duration_s: float | None = None
+    tok_s: float | None = None
+    power_w: float | None = None
+    tok_per_j: float | None = None
+    max_temp_c: float | None = None
+    fault_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Tuning:
+    baseline_tok_s: float | None = None
+    tuned_tok_s: float | None = None
+    baseline_power_w: float | None = None
+    tuned_power_w: float | None = None
+    baseline_tok_per_j: float | None = None
+    tuned_tok_per_j: float | None = None
+    efficiency_gain_pct: float | None = None
+    first_failure: int | None = None
+    lowest_pass: int | None = None
+    confirmed: int | None = None
+    margin: int | None = None
+    step: int | None = None
+    resolution: int | None = None
+    trial_duration_s: float | None = None
+    confirm_duration_s: float | None = None
+    preset: str | None = None
+    mode: str | None = None
+    dtype: str | None = None
+    trials: tuple[Trial, ...] = ()
+
+
+# key -> (checker, required). Order is the order written to TOML.
+META_SPEC = {
+    "name": (lambda v, p: validate_name(_str(v, p), path=p), True),
+    "created": (_utc_datetime, True),
+    "tool_version": (_str, True),
+    "schema": (_int(1, SCHEMA_VERSION), True),
+}
+DEVICE_SPEC = {
+    "vendor": (_choice(VENDORS), True),
+    "name": (_str, True),
+    "pci_id": (_pci_pair, False),
+    "subsystem_id": (_pci_pair, False),
+    "pci_slot": (_pattern(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", "0000:03:00.0"), False),
+    "vbios": (_str, False),
+    "serial": (_str, False),
+    "driver_version": (_str, False),
+    "kernel": (_str, False),
+    "od_format": (_str, False),
+}
+SETTING_SPEC = {
+    "kind": (_choice(tuple(KIND_UNITS)), True),
+    "unit": (_choice(tuple(KIND_UNITS.values())), True),
+    "value": (_int(), True),
+    "lock_clock_mhz": (_int(1, 10_000), False),
+    "power_limit_w": (_float(1.0, 5000.0), False),
+}
+TRIAL_SPEC = {
+    "setting": (_int(), True),
+    "phase": (_choice(PHASES), True),
+    "verdict": (_choice(VERDICTS), True),
+    "reason": (_str, False),
+    "duration_s": (_pos, False),
+    "tok_s": (_pos, False),
+    "power_w": (_pos, False),
+    "tok_per_j": (_pos, False),
+    "max_temp_c": (_float(-50.0, 200.0), False),
+    "fault_step": (_count_int, False),
+}
+TUNING_SPEC = {
+    "baseline_tok_s": (_pos, False),
+    "tuned_tok_s": (_pos, False),
+    "baseline_power_w": (_pos, False),
+    "tuned_power_w": (_pos, False),
+    "baseline_tok_per_j": (_pos, False),
+    "tuned_tok_per_j": (_pos, False),
+    "efficiency_gain_pct": (_float(-1000.0, 1000.0), False),
+    "first_failure": (_int(), False),
+    "lowest_pass": (_int(), False),
+    "confirmed": (_int(), False),
+    "margin": (_count_int, False),
+    "step": (_int(1, MAX_ABS_INT), False),
+    "resolution": (_int(1, MAX_ABS_INT), False),
+    "trial_duration_s": (_pos, False),
+    "confirm_duration_s": (_pos, False),
+    "preset": (_str, False),
+    "mode": (_str, False),
+    "dtype": (_str, False),
+    "trials": (None, False),  # checked by _trials
+}
+TOP_LEVEL = ("profile", "device", "setting", "tuning")
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def validate_name(name: str, *, path: str = "name") -> str:
+    """A profile name is also a file name in the store: no separators, no `..`, 1-64 safe characters."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
+        raise ProfileError(
+            f"{path}: bad profile name {_show(name)}",
+            "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (no '/', no '..')",
+        )
+    return name
+
+
+def _table(data, path: str, spec: dict) -> dict:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a table, got {_type_name(data)} {_show(data)}")
+    for key in data:
+        if key not in spec:
+            raise ProfileError(f"{path}.{key}: unknown key", f"known keys in [{path}]: {', '.join(spec)}")
+    out = {}
+    for key, (check, required) in spec.items():
+        if key not in data:
+            if required:
+                raise ProfileError(f"{path}.{key}: missing", f"[{path}] needs {key}")
+            continue
+        out[key] = data[key] if check is None else check(data[key], f"{path}.{key}")
+    return out
+
+
+def _trials(data, path: str) -> tuple[Trial, ...]:
+    if not isinstance(data, list):
+        raise ProfileError(f"{path}: expected an array of tables ([[tuning.trials]]), got {_type_name(data)}")
+    if len(data) > MAX_TRIALS:
+        raise ProfileError(f"{path}: {len(data)} trials, the limit is {MAX_TRIALS}")
+    return tuple(Trial(**_table(t, f"{path}[{i}]", TRIAL_SPEC)) for i, t in enumerate(data))
+
+
+def _check_schema_version(data: dict) -> None:
+    """Checked before anything else, so a newer file is refused for its version, not for its new keys."""
+    meta = data.get("profile")
+    if not isinstance(meta, dict) or "schema" not in meta:
+        raise ProfileError("profile.schema: missing", "is this an undervolt-tuner profile? it needs [profile] schema = 1")
+    schema = meta["schema"]
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+        raise ProfileError(
+            f"profile.schema: this profile uses schema {schema}; tuner {__version__} reads schema {SCHEMA_VERSION}",
+            "upgrade the tuner to read it",
+        )
+
+
+@dataclass(frozen=True)
+class Profile:
+    meta: ProfileMeta
+    device: ProfileDevice
+    setting: Setting
+    tuning: Tuning | None = None
+    source: Path | None = field(default=None, compare=False)  # where it was read from, if anywhere
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @classmethod
+    def from_dict(cls, data, *, source: Path | None = None) -> Profile:
+        """Validate a parsed document. Raises ProfileError naming the first bad key's path."""
+        if not isinstance(data, dict):
+            raise ProfileError(f"expected a TOML document (a table), got {_type_name(data)}")
+        _check_schema_version(data)
+        for key in data:
+            if key not in TOP_LEVEL:
+                raise ProfileError(f"{key}: unknown section", f"a profile has [{'], ['.join(TOP_LEVEL)}]")
+        for key in ("profile", "device", "setting"):
+            if key not in data:
+                raise ProfileError(f"{key}: missing section", f"a profile needs [{key}]")
+        meta = ProfileMeta(**_table(data["profile"], "profile", META_SPEC))
+        device = ProfileDevice(**_table(data["device"], "device", DEVICE_SPEC))
+        setting = Setting(**_table(data["setting"], "setting", SETTING_SPEC))
+        _check_setting(setting)
+        tuning = None
+        if "tuning" in data:
+            raw = _table(data["tuning"], "tuning", TUNING_SPEC)
+            if "trials" in raw:
+                raw["trials"] = _trials(raw["trials"], "tuning.trials")
+            tuning = Tuning(**raw)
+        return cls(meta, device, setting, tuning, source)
+
+    @classmethod
+    def from_toml(cls, text: str, *, source: Path | None = None) -> Profile:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ProfileError(f"not valid TOML: {e}", "fix the file or export it again") from None
+        except RecursionError:  # pathologically nested arrays
+            raise ProfileError("not valid TOML: nested too deeply") from None
+        return cls.from_dict(data, source=source)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, *, source: Path | None = None) -> Profile:
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise ProfileError(f"file is larger than {MAX_PROFILE_BYTES // 1024} KiB; not a profile")
+        if b"\x00" in raw:
+            raise ProfileError("binary data (NUL bytes); a profile is a TOML text file")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ProfileError(f"not UTF-8 text (bad byte at offset {e.start}); a profile is a TOML text file") from None
+        return cls.from_toml(text, source=source)
+
+    def to_dict(self) -> dict:
+        """The TOML document as a dict; keys whose value is unknown are left out (TOML has no null)."""
+        doc = {
+            "profile": _dense(self.meta),
+            "device": _dense(self.device),
+            "setting": _dense(self.setting),
+        }
+        if self.tuning is not None:
+            tuning = _dense(self.tuning)
+            tuning.pop("trials", None)
+            if self.tuning.trials:
+                tuning["trials"] = [_dense(t) for t in self.tuning.trials]
+            doc["tuning"] = tuning
+        return doc
+
+    def to_json_dict(self) -> dict:
+        doc = self.to_dict()
+        doc["profile"]["created"] = format_created(self.meta.created)
+        return doc
+
+    def to_toml(self) -> str:
+        return HEADER + tomli_w.dumps(self.to_dict())
+
+    def renamed(self, name: str) -> Profile:
+        meta = ProfileMeta(validate_name(name, path="--name"), self.meta.created, self.meta.tool_version,
+                           self.meta.schema)
+        return Profile(meta, self.device, self.setting, self.tuning, self.source)
+
+
+def _check_setting(setting: Setting) -> None:
+    if KIND_UNITS[setting.kind] != setting.unit:
+        raise ProfileError(f"setting.unit: a {setting.kind} is in {KIND_UNITS[setting.kind]}, got {setting.unit!r}")
+    lo, hi = SETTING_BOUNDS[setting.kind]
+    if setting.kind == "voltage_offset" and setting.value > hi:
+        raise ProfileError(
+            f"setting.value: {setting.value:+d} mV would raise the voltage above stock (overvolt)",
+            "a profile records an undervolt: 0 mV or below",
+        )
+    if not lo <= setting.value <= hi:
+        raise ProfileError(f"setting.value: {setting.value:+d} {setting.unit} is outside {lo:+d}..{hi:+d} "
+                           f"{setting.unit} for a {setting.kind}")
+    if setting.lock_clock_mhz is not None and setting.kind != "clock_offset":
+        raise ProfileError("setting.lock_clock_mhz: only a clock_offset (NVIDIA) setting has a locked clock")
+
+
+def _dense(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in fields(obj) if getattr(obj, f.name) is not None}
+
+
+def format_created(created: datetime) -> str:
+    return created.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)

@@ -1,0 +1,159 @@
+"""Where profiles live, and safe reading and writing of profile files.
+
+User profiles: `$XDG_CONFIG_HOME/tuner/profiles/NAME.toml`; boot profiles: `/etc/tuner/profiles/NAME.toml`
+(`TUNER_SYSTEM_PROFILES` overrides). Files are read without following a symlink in the last path component (a
+link planted in the store must not make the tuner read, or a later overwrite clobber, some other file), only
+when they are regular files (a FIFO or /dev/zero would hang or never end), and never past the size cap.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from tuner import paths
+from tuner.atomic import write_atomic
+from tuner.errors import PermissionDenied, StateError, UsageError
+from tuner.profiles.schema import MAX_PROFILE_BYTES, Profile, ProfileError, validate_name
+
+SUFFIX = ".toml"
+
+
+def looks_like_path(name_or_path: str) -> bool:
+    """`apply PROFILE` takes a name or a path: anything with a separator or a .toml suffix is a path."""
+    return "/" in name_or_path or os.sep in name_or_path or name_or_path.endswith(SUFFIX)
+
+
+def store_dir(*, system: bool = False) -> Path:
+    return paths.system_profiles_dir() if system else paths.user_profiles_dir()
+
+
+def profile_path(name: str, *, system: bool = False) -> Path:
+    return store_dir(system=system) / f"{validate_name(name)}{SUFFIX}"
+
+
+def read_profile_file(path: Path) -> Profile:
+    """Read and validate one file; every failure is a ProfileError (exit 2) that names the file."""
+    path = Path(path)
+    try:
+        raw = _read_capped(path)
+        return Profile.from_bytes(raw, source=path)
+    except ProfileError as e:
+        raise ProfileError(f"profile {path}: {e.message}", e.remedy) from None
+
+
+def _read_capped(path: Path) -> bytes:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise ProfileError("no such file") from None
+    except PermissionError:
+        raise PermissionDenied(f"profile {path}: permission denied", "check the file's permissions") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ProfileError("is a symbolic link; the tuner does not follow links to profiles",
+                               "copy the file itself (cp -L) and use that") from None
+        raise ProfileError(f"cannot open: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ProfileError("not a regular file")
+        if st.st_size > MAX_PROFILE_BYTES:
+            raise ProfileError(f"file is {st.st_size} bytes, larger than {MAX_PROFILE_BYTES // 1024} KiB; "
+                               "not a profile")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_PROFILE_BYTES + 1)  # +1: a file that grew after fstat is still caught
+    except IsADirectoryError:
+        raise ProfileError("is a directory") from None
+    finally:
+        os.close(fd)
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by store name (user store first, then the system store) or by file path."""
+    if looks_like_path(name_or_path):
+        return read_profile_file(Path(name_or_path))
+    validate_name(name_or_path, path="profile name")
+    for system in (False, True):
+        path = profile_path(name_or_path, system=system)
+        if os.path.lexists(path):
+            return read_profile_file(path)
+    raise UsageError(f"no profile named {name_or_path!r}", "see `tuner profile list`, or give a path to a .toml file")
+
+
+def find_in_store(name: str, *, system: bool | None = None) -> Path:
+    """The store file for `name` (user first when `system` is None); UsageError when there is none."""
+    validate_name(name, path="profile name")
+    for sys_store in ((False, True) if system is None else (system,)):
+        path = profile_path(name, system=sys_store)
+        if os.path.lexists(path):
+            return path
+    where = {None: "", False: " in the user store", True: " in the system store"}[system]
+    raise UsageError(f"no profile named {name!r}{where}", "see `tuner profile list`")
+
+
+def save_profile(profile: Profile, *, overwrite: bool = False, system: bool = False) -> Path:
+    """Write `profile` to the store as NAME.toml, atomically. Refuses to replace an existing file unless
+    `overwrite`; the system store needs root (PermissionDenied otherwise)."""
+    path = profile_path(profile.name, system=system)
+    return write_profile_file(profile, path, overwrite=overwrite)
+
+
+def write_profile_file(profile: Profile, path: Path, *, overwrite: bool = False) -> Path:
+    path = Path(path)
+    if os.path.lexists(path) and not overwrite:
+        raise UsageError(f"{path} already exists; nothing was written", "pass --overwrite to replace it")
+    if os.path.isdir(path):
+        raise UsageError(f"{path} is a directory; nothing was written")
+    data = profile.to_toml().encode("utf-8")
+    try:
+        write_atomic(path, data)
+    except PermissionError:
+        hint = "run as root (sudo)" if path.is_relative_to(paths.system_profiles_dir()) else "check its permissions"
+        raise PermissionDenied(f"cannot write {path}: permission denied", hint) from None
+    except OSError as e:
+        raise StateError(f"cannot write {path}: {e.strerror}") from None
+    return path
+
+
+def delete_profile(name: str, *, system: bool = False) -> Path:
+    path = find_in_store(name, system=system)
+    try:
+        path.unlink()  # unlinks a symlink itself, never its target
+    except PermissionError:
+        raise PermissionDenied(f"cannot delete {path}: permission denied", "run as root (sudo)") from None
+    return path
+
+
+def scan(*, system: bool | None = None) -> tuple[list[Profile], list[tuple[Path, str]]]:
+    """Every valid profile in the stores (user, then system), and (path, one-line reason) for each bad file."""
+    stores = (False, True) if system is None else (system,)
+    good: list[Profile] = []
+    bad: list[tuple[Path, str]] = []
+    for sys_store in stores:
+        directory = store_dir(system=sys_store)
+        try:
+            entries = sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX) and not p.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except PermissionError:
+            bad.append((directory, "permission denied"))
+            continue
+        for path in entries:
+            try:
+                good.append(read_profile_file(path))
+            except (ProfileError, PermissionDenied) as e:
+                bad.append((path, e.one_line()))
+    return good, bad
+
+
+def list_profiles() -> list[Profile]:
+    """Valid profiles from the user store, then the system store (bad files are skipped; see `scan`)."""
+    return scan()[0]
+
+
+def is_system(profile: Profile) -> bool:
+    return profile.source is not None and profile.source.parent == paths.system_profiles_dir()
