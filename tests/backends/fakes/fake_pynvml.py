@@ -1,0 +1,288 @@
+"""A fake `pynvml` module: the names the NVIDIA backend uses, a per-device state, a log of every call, pointer
+checks where NVML takes a struct pointer, and injectable errors (NoPermission, NotSupported, FunctionNotFound,
+GpuIsLost, library missing)."""
+
+from __future__ import annotations
+
+import ctypes
+import types
+from dataclasses import dataclass, field
+
+NVML_SUCCESS = 0
+CODES = {
+    "NVML_ERROR_INVALID_ARGUMENT": 2,
+    "NVML_ERROR_NOT_SUPPORTED": 3,
+    "NVML_ERROR_NO_PERMISSION": 4,
+    "NVML_ERROR_DRIVER_NOT_LOADED": 9,
+    "NVML_ERROR_LIBRARY_NOT_FOUND": 12,
+    "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
+    "NVML_ERROR_GPU_IS_LOST": 15,
+    "NVML_ERROR_ARGUMENT_VERSION_MISMATCH": 25,
+}
+_BYREF_TYPE = type(ctypes.byref(ctypes.c_int()))
+
+
+class NVMLError(Exception):
+    _by_code: dict[int, type] = {}
+
+    def __new__(cls, value):
+        sub = NVMLError._by_code.get(value, cls) if cls is NVMLError else cls
+        obj = Exception.__new__(sub)
+        obj.value = value
+        return obj
+
+    def __init__(self, value):
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self):
+        return f"NVML error {self.value}"
+
+
+for _name, _code in CODES.items():
+    _cls_name = "NVMLError_" + "".join(w.capitalize() for w in _name.removeprefix("NVML_ERROR_").split("_"))
+    NVMLError._by_code[_code] = type(_cls_name, (NVMLError,), {})
+
+
+class c_nvmlClockOffset_t(ctypes.Structure):  # noqa: N801 - pynvml's name
+    _fields_ = [("version", ctypes.c_uint), ("type", ctypes.c_uint), ("pstate", ctypes.c_uint),
+                ("clockOffsetMHz", ctypes.c_int), ("minClockOffsetMHz", ctypes.c_int),
+                ("maxClockOffsetMHz", ctypes.c_int)]
+
+
+@dataclass
+class FakeGpu:
+    bus_id: bytes = b"00000000:2B:00.0"
+    name: str = "NVIDIA GeForce RTX 4090 (fake)"
+    offset_mhz: int = 0
+    offset_range: tuple[int, int] = (-1000, 1000)
+    locked: tuple[int, int] | None = None
+    graphics_clocks: list[int] = field(default_factory=lambda: list(range(3105, 195, -15)))
+    max_boost_mhz: int = 2520
+    persistence: int = 1
+    lost: bool = False
+    ignore_offsets: bool = False  # the driver accepts offsets but they do not stick (read-back stays put)
+
+    def __repr__(self) -> str:
+        return f"<gpu {self.bus_id.decode()}>"
+
+
+def make_fake_nvml(gpus: list[FakeGpu] | None = None, *, driver: str = "560.35.03", library: bool = True,
+                   missing: set[str] | None = None, fail: dict[str, int] | None = None):
+    """A module object standing in for pynvml. `missing`: NVML functions this driver lacks (FunctionNotFound);
+    `fail`: function name -> NVML error code to return. `m.calls` logs (name, args) of every call."""
+    m = types.ModuleType("pynvml")
+    m.gpus = gpus if gpus is not None else [FakeGpu()]
+    m.calls = []
+    m.missing = set(missing or ())
+    m.fail = dict(fail or {})
+    m.NVMLError = NVMLError
+    for name, cls in ((c.__name__, c) for c in NVMLError._by_code.values()):
+        setattr(m, name, cls)
+    m.NVML_SUCCESS = NVML_SUCCESS
+    for name, code in CODES.items():
+        setattr(m, name, code)
+    m.NVML_CLOCK_GRAPHICS, m.NVML_CLOCK_MEM, m.NVML_PSTATE_0 = 0, 2, 0
+    m.NVML_TEMPERATURE_GPU, m.NVML_FEATURE_DISABLED = 0, 0
+    m.c_nvmlClockOffset_t = c_nvmlClockOffset_t
+    m.nvmlClockOffset_v1 = 0x1000018
+    m.initialised = False
+
+    def _nvmlCheckReturn(ret):  # noqa: N802
+        if ret != NVML_SUCCESS:
+            raise NVMLError(ret)
+        return ret
+
+    m._nvmlCheckReturn = _nvmlCheckReturn
+
+    def gpu(handle) -> FakeGpu:
+        if not m.initialised:
+            raise NVMLError(1)  # Uninitialized
+        return handle
+
+    def api(fn):
+        """Log the call, honour `missing`/`fail`, refuse a lost GPU."""
+        name = fn.__name__
+
+        def wrapper(*args):
+            m.calls.append((name, args))
+            if name in m.missing:
+                raise NVMLError(CODES["NVML_ERROR_FUNCTION_NOT_FOUND"])
+            if name in m.fail:
+                raise NVMLError(m.fail[name])
+            if args and isinstance(args[0], FakeGpu) and args[0].lost:
+                raise NVMLError(CODES["NVML_ERROR_GPU_IS_LOST"])
+            return fn(*args)
+
+        wrapper.__name__ = name
+        setattr(m, name, wrapper)
+        return wrapper
+
+    @api
+    def nvmlInit():  # noqa: N802
+        if not library:
+            raise NVMLError(CODES["NVML_ERROR_LIBRARY_NOT_FOUND"])
+        m.initialised = True
+
+    @api
+    def nvmlShutdown():  # noqa: N802
+        m.initialised = False
+
+    @api
+    def nvmlSystemGetDriverVersion():  # noqa: N802
+        return driver
+
+    @api
+    def nvmlDeviceGetCount():  # noqa: N802
+        return len(m.gpus)
+
+    @api
+    def nvmlDeviceGetHandleByIndex(i):  # noqa: N802
+        return m.gpus[i]
+
+    @api
+    def nvmlDeviceGetPciInfo(h):  # noqa: N802
+        return types.SimpleNamespace(busId=gpu(h).bus_id, pciDeviceId=0x268410DE, pciSubSystemId=0x889F1043)
+
+    @api
+    def nvmlDeviceGetName(h):  # noqa: N802
+        return gpu(h).name
+
+    @api
+    def nvmlDeviceGetUUID(h):  # noqa: N802
+        return "GPU-00000000-fake"
+
+    @api
+    def nvmlDeviceGetVbiosVersion(h):  # noqa: N802
+        return "95.02.18.80.FAKE"
+
+    @api
+    def nvmlDeviceGetSupportedMemoryClocks(h):  # noqa: N802
+        return [10501, 5001, 810, 405]
+
+    @api
+    def nvmlDeviceGetSupportedGraphicsClocks(h, mem):  # noqa: N802
+        return list(gpu(h).graphics_clocks)
+
+    @api
+    def nvmlDeviceGetMaxCustomerBoostClock(h, kind):  # noqa: N802
+        return gpu(h).max_boost_mhz
+
+    @api
+    def nvmlDeviceGetMaxClockInfo(h, kind):  # noqa: N802
+        return max(gpu(h).graphics_clocks)
+
+    @api
+    def nvmlDeviceGetMinMaxClockOfPState(h, kind, pstate):  # noqa: N802
+        return min(gpu(h).graphics_clocks), max(gpu(h).graphics_clocks)
+
+    @api
+    def nvmlDeviceSetGpuLockedClocks(h, lo, hi):  # noqa: N802
+        if lo > hi:
+            raise NVMLError(CODES["NVML_ERROR_INVALID_ARGUMENT"])
+        gpu(h).locked = (lo, hi)
+
+    @api
+    def nvmlDeviceResetGpuLockedClocks(h):  # noqa: N802
+        gpu(h).locked = None
+
+    @api
+    def nvmlDeviceGetGpcClkVfOffset(h):  # noqa: N802
+        return gpu(h).offset_mhz
+
+    @api
+    def nvmlDeviceGetGpcClkMinMaxVfOffset(h):  # noqa: N802
+        return gpu(h).offset_range
+
+    @api
+    def nvmlDeviceSetGpcClkVfOffset(h, mhz):  # noqa: N802
+        g = gpu(h)
+        if not g.offset_range[0] <= mhz <= g.offset_range[1]:
+            raise NVMLError(CODES["NVML_ERROR_INVALID_ARGUMENT"])
+        if not g.ignore_offsets:
+            g.offset_mhz = mhz
+
+    @api
+    def nvmlDeviceGetPersistenceMode(h):  # noqa: N802
+        return gpu(h).persistence
+
+    @api
+    def nvmlDeviceGetPowerUsage(h):  # noqa: N802
+        return 287_500
+
+    @api
+    def nvmlDeviceGetTotalEnergyConsumption(h):  # noqa: N802
+        return 9_000_000
+
+    @api
+    def nvmlDeviceGetTemperature(h, sensor):  # noqa: N802
+        return 64
+
+    @api
+    def nvmlDeviceGetClockInfo(h, kind):  # noqa: N802
+        return 2520 if kind == 0 else 10501
+
+    @api
+    def nvmlDeviceGetUtilizationRates(h):  # noqa: N802
+        return types.SimpleNamespace(gpu=98, memory=40)
+
+    @api
+    def nvmlDeviceGetCurrentClocksEventReasons(h):  # noqa: N802
+        return 0x4
+
+    # --- raw C entry points, reached through _nvmlGetFunctionPointer ---------------------------------------------
+    def _struct(name, arg):
+        if not isinstance(arg, _BYREF_TYPE):  # a Structure by value hands NVML a garbage pointer
+            m.calls.append((name + ":NOT-A-POINTER", (arg,)))
+            return None, CODES["NVML_ERROR_INVALID_ARGUMENT"]
+        info = arg._obj
+        if info.version != m.nvmlClockOffset_v1:
+            return None, CODES["NVML_ERROR_ARGUMENT_VERSION_MISMATCH"]
+        return info, NVML_SUCCESS
+
+    def c_get_clock_offsets(h, arg):
+        info, ret = _struct("nvmlDeviceGetClockOffsets", arg)
+        m.calls.append(("nvmlDeviceGetClockOffsets", (h, info and (info.type, info.pstate))))
+        if ret or "nvmlDeviceGetClockOffsets" in m.fail:
+            return ret or m.fail["nvmlDeviceGetClockOffsets"]
+        if h.lost:
+            return CODES["NVML_ERROR_GPU_IS_LOST"]
+        info.clockOffsetMHz, (info.minClockOffsetMHz, info.maxClockOffsetMHz) = h.offset_mhz, h.offset_range
+        return NVML_SUCCESS
+
+    def c_set_clock_offsets(h, arg):
+        info, ret = _struct("nvmlDeviceSetClockOffsets", arg)
+        m.calls.append(("nvmlDeviceSetClockOffsets", (h, info and (info.type, info.pstate, info.clockOffsetMHz))))
+        if ret or "nvmlDeviceSetClockOffsets" in m.fail:
+            return ret or m.fail["nvmlDeviceSetClockOffsets"]
+        if h.lost:
+            return CODES["NVML_ERROR_GPU_IS_LOST"]
+        if not h.offset_range[0] <= info.clockOffsetMHz <= h.offset_range[1]:
+            return CODES["NVML_ERROR_INVALID_ARGUMENT"]
+        if not h.ignore_offsets:
+            h.offset_mhz = info.clockOffsetMHz
+        return NVML_SUCCESS
+
+    c_functions = {"nvmlDeviceGetClockOffsets": c_get_clock_offsets, "nvmlDeviceSetClockOffsets": c_set_clock_offsets}
+
+    def _nvmlGetFunctionPointer(name):  # noqa: N802
+        if name in m.missing or name not in c_functions:
+            raise NVMLError(CODES["NVML_ERROR_FUNCTION_NOT_FOUND"])
+        return c_functions[name]
+
+    m._nvmlGetFunctionPointer = _nvmlGetFunctionPointer
+
+    def nvmlDeviceSetClockOffsets(device, info):  # noqa: N802 - pynvml's buggy wrapper: ignores the return code
+        m.calls.append(("BUGGY pynvml.nvmlDeviceSetClockOffsets", (device,)))
+        _nvmlGetFunctionPointer("nvmlDeviceSetClockOffsets")(device, info)
+        return NVML_SUCCESS
+
+    m.nvmlDeviceSetClockOffsets = nvmlDeviceSetClockOffsets
+    return m
+
+
+def call_names(m, *, setters_only: bool = False) -> list[str]:
+    names = [name for name, _ in m.calls]
+    if setters_only:
+        names = [n for n in names if "Set" in n or "Reset" in n]
+    return names
