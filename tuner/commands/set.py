@@ -1,0 +1,138 @@
+"""`tuner set`: apply one undervolt setting, then keep it only if confirmed in time.
+
+Confirmation is read from stdin with a select()-based timeout. On a terminal the prompt counts down. When stdin is
+not a terminal it is still read: a `y`/`yes` line keeps, any other line or EOF reverts at once, and no line within
+the timeout reverts (so `echo y | tuner set ...` works and `tuner set ... </dev/null` never keeps anything). Ctrl-C,
+SIGTERM and SIGHUP revert. `--yes` keeps without asking.
+
+Exit codes: 0 kept; 2 bad value (nothing written) or not confirmed (reverted, so nothing changed); 3 permission;
+4 unsupported; 5 the card did not take it (previous value restored); 130 interrupted (reverted).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+
+from tuner import exit_codes
+from tuner.commands._output import format_value, print_json
+from tuner.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
+from tuner.errors import UsageError
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 1 <= value <= 600:
+        raise argparse.ArgumentTypeError("--keep-timeout must be 1..600 seconds")
+    return value
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "set",
+        help="apply an undervolt setting, then keep or revert it",
+        description="Apply one undervolt setting (AMD: voltage offset in mV, negative undervolts; NVIDIA: graphics "
+        "clock offset in MHz at a locked max clock, positive undervolts), read it back, and ask whether to keep "
+        "it. No answer within the timeout, EOF, Ctrl-C, SIGTERM or SIGHUP reverts to the previous value. When stdin "
+        "is not a terminal, a 'y' line on stdin keeps; anything else reverts.",
+    )
+    p.add_argument("--device", metavar="ID", help="device id from `tuner list` (optional with one GPU)")
+    p.add_argument("--offset", metavar="VALUE", type=_int, required=True,
+                   help="the setting in the knob's unit (see `tuner list`), e.g. -50")
+    p.add_argument("--yes", action="store_true", help="keep without asking (scripts)")
+    p.add_argument("--keep-timeout", metavar="S", type=_seconds, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds to wait for confirmation before reverting (default {DEFAULT_TIMEOUT_S:.0f})")
+    p.add_argument("--allow-overvolt", action="store_true",
+                   help="allow a setting on the less efficient side of stock (more voltage than stock)")
+    p.add_argument("--lock-mhz", metavar="MHZ", type=_int,
+                   help="NVIDIA: the max graphics clock to lock to (default: the card's stock max boost)")
+    p.add_argument("--json", action="store_true", help="print one JSON document (the prompt goes to stderr)")
+    p.set_defaults(run=run)
+
+
+def _ask(change: PendingChange, stream=None, out=None) -> bool:
+    """True when the user answers yes before the change expires."""
+    stream = stream or sys.stdin
+    out = out or sys.stderr
+    tty = stream.isatty()
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return False
+    shown = None
+    while not change.expired():
+        left = change.seconds_left()
+        if tty and shown != int(left + 0.999):
+            shown = int(left + 0.999)
+            out.write(f"\rkeep? [y/N], reverting in {shown:2d} s ")
+            out.flush()
+        elif shown is None:
+            shown = int(left + 0.999)
+            out.write(f"keep? [y/N], reverting in {shown} s\n")
+            out.flush()
+        ready, _, _ = select.select([fd], [], [], min(1.0, max(0.05, left)))
+        if not ready:
+            continue
+        line = os.read(fd, 256).decode(errors="replace")
+        if tty:
+            out.write("\n")
+        return line.strip().lower() in ("y", "yes")  # EOF reads b"" and is a no
+    if tty:
+        out.write("\n")
+    return False
+
+
+def run(args, ctx) -> int:
+    backend = ctx.backend
+    devices = backend.devices()
+    if args.device:
+        dev = backend.device(args.device)
+    elif len(devices) == 1:
+        dev = devices[0]
+    else:
+        raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
+    knob = backend.knob(dev.id)
+    if args.lock_mhz is not None:
+        if not hasattr(backend, "set_lock_clock") or knob.lock_clock_mhz is None:
+            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+        backend.set_lock_clock(dev.id, args.lock_mhz)
+    knob.validate(args.offset, allow_overvolt=args.allow_overvolt)  # exit 2 before anything is written
+
+    change = PendingChange(backend, dev.id, args.offset, allow_overvolt=args.allow_overvolt,
+                           timeout_s=args.keep_timeout, clock=time.monotonic)
+    with change:
+        applied = change.applied
+        lock = f" at a locked {applied.lock_clock_mhz} MHz" if applied.lock_clock_mhz else ""
+        msg = (f"{dev.id}  {dev.label}: {format_value(change.before.current, knob.unit)} -> "
+               f"{format_value(applied.current, applied.unit)}{lock} (read back)")
+        print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
+        if args.yes or _ask(change):
+            change.keep()
+    if args.json:
+        print_json({"device": dev.id, "before": change.before.to_dict(), "applied": applied.to_dict(),
+                    "kept": change.kept,
+                    "reverted_to": change.reverted_to.to_dict() if change.reverted_to else None})
+    if change.kept:
+        if not args.json:
+            print(f"kept {format_value(applied.current, applied.unit)} (not saved: it lasts until reboot or "
+                  "`tuner reset`)")
+        return exit_codes.OK
+    print(f"not confirmed: reverted to {format_value(change.reverted_to.current, knob.unit)}",
+          file=sys.stderr)
+    return exit_codes.USAGE
