@@ -92,10 +92,11 @@ def skip_reason() -> str | None:
     trial = open_trial_from_previous_boot()
     if trial is not None:
         what = trial.get("reason") or "a tuning trial was still open when the previous boot ended"
-        where = trial.get("journal", "the tuning journal")
-        setting = f" at {trial['setting']}" if "setting" in trial else ""
-        return (f"{what}{setting} ({where}); the setting may have crashed the machine, so nothing is applied. "
-                "Finish or discard the tuning run (`tuner bisect --resume` or delete the journal) to re-enable")
+        where = trial.get("journal") or paths.state_dir() / "journal"
+        detail = ", ".join(f"{k} {trial[k]}" for k in ("device", "setting", "phase") if trial.get(k) is not None)
+        return (f"{what}{f' ({detail})' if detail else ''}; that setting may have crashed the machine, so nothing "
+                f"is applied. Resume or finish the tuning run with `tuner bisect`, or remove its journal in {where}, "
+                "to re-enable")
     return None
 
 
