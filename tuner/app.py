@@ -319,6 +319,83 @@ class TunerApp(App[int]):
         self.notify(f"bisect on {message.device_id}: {message.summary}")
         self.sample_now()
 
+    # --- profiles -----------------------------------------------------------------------------------------------
+    def apply_profile(self, profile, device_id: str) -> None:
+        """The CLI's identity rules: same card applies (keep-or-revert); same model needs a verify trial; another
+        model is refused here (the CLI's --force is deliberately not offered); another vendor/knob never."""
+        import platform
+
+        from tuner.profiles.identity import Match, match_device
+
+        knob = self.histories[device_id].knob
+        if knob is None:
+            self.notify("no reading of this card yet; try again in a second", severity="warning")
+            return
+        result = match_device(profile, self.device(device_id), knob, kernel=platform.release())
+        for warning in result.warnings:
+            self.notify(warning, severity="warning", timeout=10)
+        value = profile.setting.value
+        if result.match in (Match.INCOMPATIBLE, Match.OTHER_MODEL):
+            extra = "" if result.match is Match.INCOMPATIBLE else "; the CLI's `tuner apply --force` can override"
+            self.notify(f"refusing to apply {profile.name!r} to {device_id}: {result.reason}{extra}",
+                        severity="error", timeout=12)
+            return
+        try:
+            knob.validate(value)
+        except TunerError as e:
+            self.notify(e.one_line(), severity="error", timeout=10)
+            return
+        if result.match is Match.SAME_CARD:
+            self.apply_setting(device_id, value)
+            return
+        question = (f"{profile.name!r} was proven on another card ({result.reason}). Run a "
+                    f"{ui_jobs.VERIFY_DURATION_S // 60:.0f}-minute stress trial at {value:+d} {knob.unit} on "
+                    f"{device_id}? It is kept only if it passes, else reverted.")
+        self.push_screen(ConfirmDialog(question, yes="Verify", no="Cancel"),
+                         lambda yes: yes and self.verify_profile(device_id, value))
+
+    def verify_profile(self, device_id: str, value: int) -> None:
+        if self.stress.running or self.bisect.running:
+            self.notify("a stress run or bisect is already running", severity="warning")
+            return
+        if not ui_jobs.stress_available():
+            self.notify(ui_jobs.NOT_AVAILABLE.format(what="the stress engine client (needed to verify)"),
+                        severity="warning")
+            return
+        self.stress = StressState(device_id=device_id, running=True, setting=value, preset="verify")
+        self.stress.write(f"verifying {value:+d} on {device_id}")
+        self._verify(device_id, value)
+
+    @work(thread=True, exit_on_error=False, group="stress", name="verify")
+    def _verify(self, device_id: str, value: int) -> None:
+        from tuner.profiles.verify import verify_setting
+
+        try:
+            outcome = verify_setting(self.backend, device_id, value, ui_jobs.VERIFY_DURATION_S,
+                                     on_line=lambda line: self.post_message(msg.StressEventReceived(line)))
+            summary = f"verify {outcome.verdict}" + (f" ({outcome.reason})" if outcome.reason else "")
+            summary += "; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}"
+        except Exception as e:  # noqa: BLE001
+            self.post_message(msg.BackendFailed("verify", e))
+            summary = f"error: {describe_error(e)}"
+        self.post_message(msg.StressEnded(device_id, summary))
+
+    def save_bisect_profile(self, name: str) -> None:
+        from tuner.profiles import build_profile, save_profile
+
+        state = self.bisect
+        rec = state.recommendation
+        device_id = state.device_id
+        try:
+            knob = self.backend.knob(device_id)
+            profile = build_profile(name, self.device(device_id), knob, rec.setting,
+                                    tuning=ui_jobs.tuning_from_bisect(state))
+            path = save_profile(profile)
+        except TunerError as e:
+            self.notify(e.one_line(), severity="error", timeout=10)
+            return
+        self.notify(f"saved profile {name} ({path})")
+
     # --- doctor --------------------------------------------------------------------------------------------------
     def run_doctor(self) -> None:
         self.doctor_checks = None

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 
 NOT_AVAILABLE = "{what} is not available yet in this build (module missing); nothing was started"
+VERIFY_DURATION_S = 300  # a profile proven on another card of the same model: a 5-minute trial before keeping it
 
 
 def _available(module: str) -> bool:
@@ -86,7 +87,10 @@ def describe_stress_result(result, *, stopped: bool) -> str:
 
 
 def apply_stress_event(state, event) -> None:
-    """Fold one engine event into the StressState the Tune screen shows."""
+    """Fold one engine event (or a plain log line) into the StressState the Tune screen shows."""
+    if isinstance(event, str):
+        state.write(event)
+        return
     kind = type(event).__name__.removesuffix("Event").lower()
     if kind == "step":
         state.steps.append((event.step, event.loss, event.tok_s))
@@ -173,3 +177,16 @@ def apply_bisect_event(state, event) -> None:
     elif kind == "BisectFailed":
         state.failure = str(data.get("reason") or data)
     state.version += 1
+
+
+def tuning_from_bisect(state) -> dict | None:
+    """The `[tuning]` evidence for a profile saved from the bisect screen, from what the bisect reported."""
+    rec = state.recommendation
+    if rec is None:
+        return None
+    to_tuning = getattr(rec, "tuning", None)
+    if callable(to_tuning):
+        return to_tuning()
+    if isinstance(to_tuning, dict):
+        return to_tuning
+    return None

@@ -1,15 +1,238 @@
-"""Screen 3: auto-bisect (placeholder until tuner.bisect_job lands)."""
+"""Screen 3: auto-bisect. A form with the parameters, the live trial table, progress, efficiency plot, result.
+
+The run itself belongs to the App (switching screens never stops it); this screen only asks and draws.
+"""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
-from textual.widgets import Static
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
+from tuner.durations import format_duration, parse_duration_s
+from tuner.errors import UsageError
 from tuner.screens.base import TunerScreen
+from tuner.screens.dialogs import TextInputDialog
+from tuner.widgets.history_plot import HistoryPlot
+
+# (field id, label, default text, kind) -- defaults as in `tuner bisect --help`
+FIELDS = (
+    ("step", "step", "10", "int"),
+    ("resolution", "res", "5", "int"),
+    ("margin", "margin", "10", "int"),
+    ("trial", "trial", "5m", "duration"),
+    ("confirm", "confirm", "30m", "duration"),
+    ("floor", "floor", "", "int?"),
+    ("mode", "mode", "train", "mode"),
+)
+MODES = ("train", "gemm", "mixed")
+COLUMNS = ("setting", "phase", "verdict", "reason", "tok/s", "W", "tok/J", "max °C")
+WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table
+
+
+def parse_form(values: dict[str, str]) -> dict:
+    """The form's text as bisect parameters; UsageError names the bad field."""
+    params: dict = {}
+    for field_id, label, _default, kind in FIELDS:
+        text = values.get(field_id, "").strip()
+        if kind == "duration":
+            params[f"{field_id}_s"] = parse_duration_s(text)
+        elif kind == "mode":
+            if text not in MODES:
+                raise UsageError(f"{label}: {text!r} is not a mode", f"use one of {', '.join(MODES)}")
+            params[field_id] = text
+        elif kind == "int?" and not text:
+            params[field_id] = None
+        else:
+            try:
+                params[field_id] = int(text)
+            except ValueError:
+                raise UsageError(f"{label}: expected a whole number, got {text!r}", "e.g. 10") from None
+    return params
+
+
+def _cell(value, fmt: str = "{}") -> str:
+    if value is None or value == "":
+        return "-"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def trial_cells(row: dict, unit: str) -> tuple[str, ...]:
+    verdict = str(row.get("verdict") or "-").upper()
+    return (
+        _cell(row.get("setting"), "{:+d} " + unit),
+        _cell(row.get("phase")),
+        verdict,
+        _cell(row.get("reason") or row.get("kind")),
+        _cell(row.get("tok_s"), "{:,.0f}"),
+        _cell(row.get("power_w"), "{:.0f}"),
+        _cell(row.get("tok_per_j"), "{:.2f}"),
+        _cell(row.get("max_temp_c"), "{:.0f}"),
+    )
 
 
 class BisectScreen(TunerScreen):
     TITLE = "Bisect"
+    DEFAULT_CSS = """
+    BisectScreen #bisect-form { height: 1; padding: 0 1; }
+    BisectScreen #bisect-form Label { width: auto; padding: 0 1 0 1; }
+    BisectScreen #bisect-form Input { width: 5; }
+    BisectScreen #bisect-form #in-mode { width: 6; }
+    BisectScreen #bisect-status { height: 2; padding: 0 1; }
+    BisectScreen #bisect-progress { height: 1; padding: 0 1; }
+    BisectScreen #bisect-main { height: 1fr; }
+    BisectScreen #bisect-trials { width: 1fr; }
+    BisectScreen #plot-efficiency { width: 40%; display: none; }
+    BisectScreen.-wide #plot-efficiency { display: block; }
+    BisectScreen #bisect-result { height: auto; max-height: 3; padding: 0 1; }
+    """
+    BINDINGS = [
+        Binding("b", "start", "Start", id="bisect.start"),
+        Binding("x", "stop", "Stop", id="bisect.stop"),
+        Binding("u", "resume", "Resume", id="bisect.resume"),
+        Binding("v", "save_profile", "Save profile", id="bisect.save"),
+        Binding("f", "edit_form", "Form", id="bisect.form"),
+        Binding("escape", "leave_form", "Table", show=False),
+        Binding("d", "next_device", "Device", id="bisect.device"),
+    ]
 
     def compose_body(self) -> ComposeResult:
-        yield Static("auto-bisect is not available yet in this build")
+        with Horizontal(id="bisect-form"):
+            for field_id, label, default, _kind in FIELDS:
+                yield Label(label)
+                yield Input(default, id=f"in-{field_id}", compact=True)
+        yield Static(id="bisect-status")
+        yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")
+        with Horizontal(id="bisect-main"):
+            table = DataTable(id="bisect-trials", cursor_type="row", zebra_stripes=True)
+            table.add_columns(*COLUMNS)
+            yield table
+            yield HistoryPlot("tok/J vs setting", x_label="setting", id="plot-efficiency")
+        yield Static(id="bisect-result")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._painted_version = None
+        self.query_one("#bisect-trials", DataTable).focus()
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.width >= WIDE_COLUMNS, "-wide")
+
+    # --- actions -------------------------------------------------------------------------------------------------
+    def _params(self) -> dict | None:
+        values = {f: self.query_one(f"#in-{f}", Input).value for f, *_ in FIELDS}
+        try:
+            return parse_form(values)
+        except UsageError as e:
+            self.notify(e.one_line(), severity="error", timeout=8)
+            return None
+
+    def action_start(self, resume: bool = False) -> None:
+        params = self._params()
+        if params is not None and self.app.selected_device_id:
+            self.app.start_bisect(self.app.selected_device_id, params, resume=resume)
+            self.query_one("#bisect-trials", DataTable).focus()
+
+    def on_input_submitted(self) -> None:
+        self.action_start()
+
+    def action_resume(self) -> None:
+        self.action_start(resume=True)
+
+    def action_stop(self) -> None:
+        if self.app.bisect.running:
+            self.app.stop_bisect()
+            self.notify("stopping the bisect; the card goes back to stock")
+
+    def action_edit_form(self) -> None:
+        self.query_one("#in-step", Input).focus()
+
+    def action_leave_form(self) -> None:
+        self.query_one("#bisect-trials", DataTable).focus()
+
+    def action_next_device(self) -> None:
+        if self.app.bisect.running:
+            self.notify("a bisect is running; stop it before choosing another card", severity="warning")
+            return
+        self.app.select_device(1)
+        self.repaint()
+
+    def action_save_profile(self) -> None:
+        rec = self.app.bisect.recommendation
+        if rec is None:
+            self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
+            return
+        default = f"{self.app.bisect.device_id}-{getattr(rec, 'setting', 'tuned')}".replace("+", "")
+        self.app.push_screen(
+            TextInputDialog("Save the recommended setting as profile:", value=default), self._save_as
+        )
+
+    def _save_as(self, name: str | None) -> None:
+        if name:
+            self.app.save_bisect_profile(name)
+
+    # --- drawing -------------------------------------------------------------------------------------------------
+    def repaint(self) -> None:
+        app = self.app
+        state = app.bisect
+        device_id = state.device_id or app.selected_device_id
+        knob = app.histories[device_id].knob if device_id else None
+        unit = knob.unit if knob else ""
+        status = Text()
+        if device_id:
+            status.append(f"{device_id} · {app.device(device_id).label} · {setting_text_short(knob)}\n")
+        if state.running:
+            cur = state.current or {}
+            status.append("RUNNING ", style="bold reverse")
+            if cur:
+                total = f" of ~{cur['total']}" if cur.get("total") else ""
+                status.append(f" trial {cur.get('index')}{total} at {_cell(cur.get('setting'), '{:+d} ' + unit)}")
+                if cur.get("eta_s") is not None:
+                    status.append(f" · ETA {format_duration(cur['eta_s'])}")
+        elif state.failure:
+            status.append(f"STOPPED: {state.failure}", style="bold")
+        elif state.device_id and state.trials:
+            status.append("FINISHED")
+        else:
+            status.append("idle · b start · f edit form · u resume a session")
+        self.query_one("#bisect-status", Static).update(status)
+        progress = (state.current or {}).get("progress") or 0.0
+        self.query_one("#bisect-progress", ProgressBar).update(progress=progress if state.running else 0.0)
+        if state.version == self._painted_version:
+            return
+        self._painted_version = state.version
+        table = self.query_one("#bisect-trials", DataTable)
+        table.clear()
+        for row in state.trials:
+            table.add_row(*trial_cells(row, unit))
+        done = [r for r in state.trials if r.get("tok_per_j") is not None and r.get("setting") is not None]
+        done.sort(key=lambda r: r["setting"])
+        self.query_one("#plot-efficiency", HistoryPlot).show(
+            [r["setting"] for r in done], [r["tok_per_j"] for r in done]
+        )
+        self.query_one("#bisect-result", Static).update(recommendation_text(state.recommendation, unit))
+
+
+def setting_text_short(knob) -> str:
+    if knob is None:
+        return "setting unknown"
+    return f"now {knob.current:+d} {knob.unit}" + (" (STOCK)" if knob.current == knob.stock else " (MODIFIED)")
+
+
+def recommendation_text(rec, unit: str) -> Text:
+    if rec is None:
+        return Text("")
+    text = Text("RECOMMENDED ", style="bold reverse")
+    setting = getattr(rec, "setting", None)
+    text.append(f" {_cell(setting, '{:+d} ' + unit)}")
+    for attr, label in (("confirmed", "confirmed"), ("margin", "margin"), ("gain_pct", "efficiency gain")):
+        value = getattr(rec, attr, None)
+        if value is not None:
+            text.append(f" · {label} {value}")
+    text.append("  (v: save as profile)")
+    return text

@@ -9,21 +9,26 @@ from textual.widgets import Static
 from tuner.screens.base import TunerScreen
 
 HELP_TEXT = """\
-[b]Keys[/b]  1 Dashboard  2 Tune  3 Auto-bisect  4 Profiles  5 Doctor  6 Help  q quit  ctrl+p commands
-Tune     left/right one step, pgup/pgdn five, a apply, r reset to stock, s start/stop stress,
-         m mode, p preset, d next device
-Bisect   tab between fields, enter or b start, x stop, u resume, v save as profile
-Profiles up/down select, a apply, e export, i import, del delete, enter show
-Dialogs  enter = the highlighted button; escape = the safe choice
+[b]Keys[/b] 1 Dashboard 2 Tune 3 Auto-bisect 4 Profiles 5 Doctor 6 Help
+     q quit   ctrl+p command palette (every action, by name)
+Tune      left/right one step, pgup/pgdn five, a apply, r reset to stock,
+          s start/stop stress, m mode, p preset, d next device
+Bisect    f edit the form (tab between fields, enter starts, esc leaves),
+          b start, x stop, u resume, v save the result as a profile
+Profiles  up/down select, a apply, e export, i import, del delete
+Dialogs   enter = the highlighted button; escape = the safe choice
 
 [b]Safety model[/b]
-- Every write is validated against the card's range, applied, read back and verified.
-- A manual setting must be kept within 15 s, or it reverts to the previous value by itself.
-- Stress and bisect runs keep going while you switch screens; quitting asks, then stops them
-  and resets the card to stock. An SSH hang-up does the same without asking.
-- Overvolting (above stock voltage) is never offered here; use the CLI with --allow-overvolt.
-- Profiles apply only to the card they were proven on (the CLI's identity rules).
-- State is written in words (STOCK, MODIFIED, PASS, FAIL), never by colour alone; NO_COLOR is honoured.
+- Every write is checked against the card's range, applied, read back.
+- A manual setting must be kept within 15 s, or it reverts by itself.
+- Stress and bisect runs keep going while you switch screens. Quitting
+  asks, then stops them and resets the card to stock; an SSH hang-up
+  does the same without asking.
+- Overvolting is never offered here (the CLI has --allow-overvolt).
+- Profiles apply only to the card they were proven on; another card of
+  the same model needs a passing stress trial first.
+- State is written in words (STOCK, MODIFIED, PASS, FAIL, RUNNING),
+  never by colour alone; NO_COLOR is honoured.
 """
 
 

@@ -1,0 +1,73 @@
+"""Tune: apply opens a keep-or-revert dialog whose default is Revert; the backend is what we check."""
+
+from __future__ import annotations
+
+from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
+
+
+async def _apply_minus_20(app, pilot):
+    await pilot.press("2")
+    await pilot.pause()
+    await pilot.press("left", "left", "pagedown")  # 0 -> -5 -> -10 -> -35
+    await pilot.press("right", "right", "right")  # -> -20
+    await pilot.press("a")
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    assert isinstance(app.screen, KeepOrRevertDialog)
+
+
+async def test_apply_then_timeout_reverts(app, backend, clock):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _apply_minus_20(app, pilot)
+        assert backend.knob("sim0").current == -20  # applied and read back, but not confirmed
+        clock.advance(14.0)
+        await pilot.pause(0.4)
+        assert isinstance(app.screen, KeepOrRevertDialog)
+        clock.advance(1.5)
+        await pilot.pause(0.4)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not isinstance(app.screen, KeepOrRevertDialog)
+        assert backend.knob("sim0").current == 0
+        assert app.pending is None
+
+
+async def test_apply_then_keep(app, backend):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _apply_minus_20(app, pilot)
+        await pilot.press("k")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.knob("sim0").current == -20
+        assert app.histories["sim0"].knob.current == -20
+
+
+async def test_enter_chooses_revert(app, backend):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _apply_minus_20(app, pilot)
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.knob("sim0").current == 0
+
+
+async def test_ui_never_offers_an_overvolt(app, backend):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2", "right", "pageup", "a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not isinstance(app.screen, KeepOrRevertDialog)
+        assert backend.knob("sim0").current == 0
+
+
+async def test_quit_with_unconfirmed_setting_reverts_it(app, backend):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _apply_minus_20(app, pilot)
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")
+        await pilot.pause()
+    assert backend.knob("sim0").current == -20  # the App has stopped; run_app now makes the card safe
+    done = app.make_safe()
+    assert backend.knob("sim0").current == 0, done
