@@ -1,0 +1,113 @@
+"""Profiles screen: save (from a bisect result), apply (identity rules + keep-or-revert), export, import, delete."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.profiles import build_profile, list_profiles, save_profile
+from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
+
+from tests.tui.helpers import make_app, sim_backend
+
+
+def _save(backend, name: str, value: int, *, serial: str | None = None):
+    device = backend.device("sim0")
+    if serial:
+        from dataclasses import replace
+
+        device = replace(device, serial=serial)
+    return save_profile(build_profile(name, device, backend.knob("sim0"), value))
+
+
+async def _type(pilot, text: str):
+    await pilot.press(*[("full_stop" if c == "." else "slash" if c == "/" else c) for c in text])
+
+
+@dataclass(frozen=True)
+class FakeRecommendation:
+    setting: int
+
+
+async def test_save_recommendation_as_profile(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.bisect.device_id = "sim0"
+        app.bisect.recommendation = FakeRecommendation(setting=-40)
+        await pilot.press("3", "v")
+        await pilot.pause()
+        assert isinstance(app.screen, TextInputDialog)
+        await pilot.press("ctrl+a", "ctrl+k")
+        await _type(pilot, "mycard")
+        await pilot.press("enter")
+        await pilot.pause()
+    [profile] = list_profiles()
+    assert (profile.name, profile.setting.value, profile.device.serial) == ("mycard", -40, "SIM-0000-00")
+
+
+async def test_apply_profile_on_the_same_card_then_keep(app, backend):
+    _save(backend, "mine", -25)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("4")
+        await pilot.pause()
+        assert "SAME CARD" in str(app.screen.query_one("#profile-detail").render())
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog)
+        assert backend.knob("sim0").current == -25
+        await pilot.press("k")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    assert backend.knob("sim0").current == -25
+
+
+async def test_profile_from_another_card_needs_a_trial(app, backend):
+    _save(backend, "theirs", -25, serial="SIM-9999-00")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4", "a")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)  # verify first? default No
+        await pilot.press("escape")
+        await pilot.pause()
+    assert backend.knob("sim0").current == 0
+
+
+async def test_export_delete_import(app, backend, tmp_path):
+    _save(backend, "roundtrip", -30)
+    out = tmp_path / "exported.toml"
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4", "e")
+        await pilot.pause()
+        await pilot.press("ctrl+a", "ctrl+k")
+        app.screen.query_one("Input").value = str(out)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert out.exists()
+
+        await pilot.press("delete")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")
+        await pilot.pause()
+        assert list_profiles() == []
+
+        await pilot.press("i")
+        await pilot.pause()
+        app.screen.query_one("Input").value = str(out)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert [p.name for p in list_profiles()] == ["roundtrip"]
+        assert app.screen.query_one("#profiles-table").row_count == 1
+
+
+async def test_import_of_a_bad_file_is_a_notification(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[profile]\nname = 'x'\n")
+    app = make_app(tmp_path, backend=sim_backend(tmp_path), samples=1)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("4", "i")
+        await pilot.pause()
+        app.screen.query_one("Input").value = str(bad)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert any("schema" in n.message or "missing" in n.message for n in app._notifications)
+        assert list_profiles() == []
