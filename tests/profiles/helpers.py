@@ -42,3 +42,10 @@ def tuner(capsys, *argv: str) -> tuple[int, str, str]:
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def save_and_apply(capsys, profile, *apply_args: str, gpus: int = 2):
+    from tuner.profiles import save_profile
+
+    save_profile(profile, overwrite=True)
+    return tuner(capsys, "--simulate", "--sim-gpus", str(gpus), "apply", profile.name, *apply_args)

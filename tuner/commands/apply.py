@@ -10,6 +10,7 @@ from tuner import exit_codes
 from tuner.commands._output import format_value, print_json
 from tuner.durations import parse_duration_s
 from tuner.errors import TunerError, UsageError
+from tuner.keep_or_revert import PendingChange
 from tuner.models import DeviceInfo
 from tuner.profiles import Profile, load_profile
 from tuner.profiles import boot as boot_rules
@@ -75,8 +76,9 @@ def run(args, ctx) -> int:
     _check_match(result, profile, device, force=args.force, verify=args.verify is not None)
     value = profile.setting.value
     knob.validate(value)  # range, step, no overvolt: OutOfRange (exit 2) before anything is written
-    for warning in result.warnings + _unapplied_fields(profile, knob):
+    for warning in result.warnings + _unapplied_fields(profile, knob, backend):
         print(f"tuner: warning: {warning}", file=sys.stderr)
+    _set_lock_clock(profile, device, knob, backend)
 
     if args.verify is not None:
         if not args.json:
@@ -102,23 +104,23 @@ def run(args, ctx) -> int:
 
 
 def _apply_with_confirmation(args, ctx, profile, device, result, value) -> int:
-    """The keep-or-revert prompt `tuner set` uses, when it is built into this version; otherwise ask for --yes."""
-    try:
-        from tuner.commands.set import confirm_keep
-        from tuner.keep_or_revert import PendingChange
-    except ImportError:
-        raise UsageError("applying needs --yes for now (the keep-or-revert prompt is not built into this version)",
-                         "re-run with --yes") from None
-    if not sys.stdin.isatty():
-        raise UsageError("no terminal to confirm the setting on; nothing was applied", "pass --yes")
+    """The same keep-or-revert confirmation as `tuner set`: kept only on a yes within the timeout."""
+    from tuner.commands.set import _ask  # the shared prompt (select()-based countdown on stdin)
+
     with PendingChange(ctx.backend, device.id, value) as change:
-        after = change.apply()
-        if not confirm_keep(change):
-            print(f"{device.id}  {device.label}: reverted")
-            return exit_codes.OK
-        change.keep()
-    _report(args, profile, device, result, after)
-    return exit_codes.OK
+        applied = change.applied
+        print(f"{device.id}  {device.label}: {format_value(change.before.current, applied.unit)} -> "
+              f"{format_value(applied.current, applied.unit)} from {profile.name!r} (read back)",
+              file=sys.stderr if args.json else sys.stdout, flush=True)
+        if _ask(change):
+            change.keep()
+    if change.kept:
+        _report(args, profile, device, result, applied)
+        return exit_codes.OK
+    print(f"not confirmed: reverted to {format_value(change.reverted_to.current, applied.unit)}", file=sys.stderr)
+    if args.json:
+        print_json(_doc(profile, device, result, change.reverted_to, applied=False))
+    return exit_codes.USAGE
 
 
 def _pick_device(profile: Profile, backend, device_id: str | None) -> DeviceInfo:
@@ -148,16 +150,26 @@ def _check_match(result: MatchResult, profile: Profile, device: DeviceInfo, *, f
         print(f"tuner: warning: {result.reason}", file=sys.stderr)
 
 
-def _unapplied_fields(profile: Profile, knob) -> tuple[str, ...]:
-    """Fields the backend interface cannot set yet: said out loud, never silently dropped."""
+def _unapplied_fields(profile: Profile, knob, backend) -> tuple[str, ...]:
+    """Fields the backend cannot set: said out loud, never silently dropped."""
     out = []
     s = profile.setting
-    if s.lock_clock_mhz is not None and s.lock_clock_mhz != knob.lock_clock_mhz:
+    if (s.lock_clock_mhz is not None and s.lock_clock_mhz != knob.lock_clock_mhz
+            and not hasattr(backend, "set_lock_clock")):
         out.append(f"the profile was proven at a locked max clock of {s.lock_clock_mhz} MHz, this card is at "
-                   f"{knob.lock_clock_mhz or 'no lock'}; the lock is not changed by apply")
+                   f"{knob.lock_clock_mhz or 'no lock'}, and this backend cannot change the lock")
     if s.power_limit_w is not None:
         out.append(f"the profile records a power limit of {s.power_limit_w:g} W, which apply does not set")
     return tuple(out)
+
+
+def _set_lock_clock(profile: Profile, device: DeviceInfo, knob, backend) -> None:
+    """NVIDIA: the offset was proven at a locked max clock; lock to it first, as `tuner set --lock-mhz` does."""
+    lock = profile.setting.lock_clock_mhz
+    if lock is not None and lock != knob.lock_clock_mhz and hasattr(backend, "set_lock_clock"):
+        backend.set_lock_clock(device.id, lock)
+        print(f"{device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)",
+              file=sys.stderr)
 
 
 def _doc(profile, device, result, knob, **extra) -> dict:

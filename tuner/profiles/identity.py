@@ -54,7 +54,7 @@ def _differs(a: str | None, b: str | None) -> bool:
 def match_device(profile: Profile, target: DeviceInfo, knob: Knob, *, kernel: str | None = None) -> MatchResult:
     theirs = profile.device
     if theirs.vendor != target.vendor:
-        return MatchResult(Match.INCOMPATIBLE, f"the profile is for a {theirs.vendor} card, {target.id} is "
+        return MatchResult(Match.INCOMPATIBLE, f"vendor mismatch: the profile is for {theirs.vendor}, {target.id} is "
                                                f"{target.vendor}")
     if profile.setting.kind != knob.kind.value or profile.setting.unit != knob.unit:
         return MatchResult(Match.INCOMPATIBLE, f"the profile sets a {profile.setting.kind} in {profile.setting.unit}, "

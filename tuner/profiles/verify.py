@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tuner.backends.base import Backend
 from tuner.errors import Unsupported
+from tuner.keep_or_revert import PendingChange
 from tuner.models import Knob, StressTarget
 
 # (target, duration_s, on_line) -> (verdict "pass"|"fail"|"error", reason or None)
@@ -45,25 +46,23 @@ def verify_setting(
 ) -> VerifyOutcome:
     """Apply `value` (validated, read back), stress it for `duration_s`, keep it only on a pass.
 
-    The revert is in a `finally`, so Ctrl-C or SIGTERM (`signals.Terminated`) during the trial also restores
-    the previous value before the exception goes on.
+    Ctrl-C or SIGTERM (`signals.Terminated`) during the trial also restores the previous value before the
+    exception goes on.
     """
     run_stress = run_stress or stress_client_runner
-    previous = backend.knob(device_id).current
-    backend.apply(device_id, value)
     verdict, reason = "error", "interrupted before the trial finished"
-    try:
+    # PendingChange reverts on leaving the block unless kept: on a fail, an error, Ctrl-C or SIGTERM alike, with
+    # further signals held back until the card is back.
+    with PendingChange(backend, device_id, value) as change:
         target = backend.stress_target(device_id)  # after applying: a simulated card's faults follow the setting
         backend.note_load(device_id, True)
         try:
             verdict, reason = run_stress(target, duration_s, on_line)
         finally:
             backend.note_load(device_id, False)
-    finally:
-        if verdict != "pass":
-            # allow_overvolt: restoring whatever the card had before is never a new overvolt.
-            backend.apply(device_id, previous, allow_overvolt=True)
-    return VerifyOutcome(verdict, reason, previous, backend.knob(device_id))
+        if verdict == "pass":
+            change.keep()
+    return VerifyOutcome(verdict, reason, change.previous, backend.knob(device_id))
 
 
 def stress_client_runner(target: StressTarget, duration_s: float, on_line: Callable[[str], None]):
