@@ -30,7 +30,7 @@ from tuner.backends.amd_sysfs import (
     read_value,
 )
 from tuner.backends.base import Backend
-from tuner.errors import DeviceLost, NotApplied, TunerError, Unsupported
+from tuner.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
 from tuner.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 
 OD_FILE = "pp_od_clk_voltage"
@@ -255,8 +255,8 @@ class AmdBackend(Backend):
                     f"restored {before.current:+d} mV",
                     "see `sudo dmesg | tail`; the firmware may clamp this value",
                 )
-        except DeviceLost:
-            raise  # a resetting GPU takes no writes; the trial runner must see this as it is
+        except (DeviceLost, PermissionDenied, Unsupported):
+            raise  # nothing was written (the file could not be opened), or a resetting GPU takes no writes
         except TunerError as e:
             self._restore(card, before.current, e)
             raise

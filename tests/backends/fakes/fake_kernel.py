@@ -42,7 +42,7 @@ class FakeOdKernel:
         self.staged = self.committed = self.boot
         self.received: list[str] = []  # every write, decoded, as the kernel saw it
         self.in_reset = False  # EPERM on every write, like amdgpu_in_reset()
-        self.reject_commit = False  # the SMU refuses the upload (EINVAL on `c`)
+        self.reject_commits = 0  # the SMU refuses the next N uploads (EINVAL on `c`)
         self.clamp_vo_mv: int | None = None  # firmware silently clamps vo to this floor (read-back differs)
 
     # --- reads ---------------------------------------------------------------------------------------------------
@@ -85,7 +85,8 @@ class FakeOdKernel:
         self.staged = self.committed = self.boot  # restore falls through to commit (smu13/14)
 
     def _cmd_c(self, params: list[int]) -> None:
-        if self.reject_commit:
+        if self.reject_commits > 0:
+            self.reject_commits -= 1
             raise _einval("commit refused")
         self.committed = self.staged
 
