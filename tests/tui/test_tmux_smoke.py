@@ -1,0 +1,66 @@
+"""A real terminal: `tuner --simulate` under tmux at 80x24, every screen by key, captured, then a clean quit.
+
+Set TUNER_SMOKE_CAPTURE_DIR to keep the captured panes (the report pastes them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TMUX = shutil.which("tmux")
+pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed, so there is no real terminal to test in")
+
+EXPECT = {  # key -> text that must be on that screen
+    "1": ["[1 Dashboard]", "SIMULATED", "setting +0 mV", "power W"],
+    "2": ["[2 Tune]", "target +0 mV", "detectors:"],
+    "3": ["[3 Bisect]", "setting", "verdict", "tok/J"],
+    "4": ["[4 Profiles]", "no profiles yet"],
+    "5": ["[5 Doctor]"],
+    "6": ["[6 Help]", "Safety model"],
+}
+
+
+def _tmux(sock: Path, *args: str) -> str:
+    return subprocess.run([TMUX, "-S", str(sock), *args], capture_output=True, text=True, check=True).stdout
+
+
+def _wait_for(sock: Path, texts: list[str], timeout_s: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    pane = ""
+    while time.monotonic() < deadline:
+        pane = _tmux(sock, "capture-pane", "-p", "-t", "smoke")
+        if all(t in pane for t in texts):
+            return pane
+        time.sleep(0.2)
+    raise AssertionError(f"never saw {texts!r}; last pane:\n{pane}")
+
+
+def test_tuner_simulate_under_tmux(tmp_path):
+    sock = tmp_path / "tmux.sock"
+    tuner = Path(sys.executable).with_name("tuner")
+    env_vars = " ".join(f"{k}={os.environ[k]}" for k in ("XDG_STATE_HOME", "XDG_CONFIG_HOME"))
+    command = f"env {env_vars} TERM=xterm-256color {tuner} --simulate; echo TUNER-EXIT=$?; sleep 30"
+    _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", "80", "-y", "24", command)
+    keep = os.environ.get("TUNER_SMOKE_CAPTURE_DIR")
+    try:
+        _wait_for(sock, EXPECT["1"])
+        for key, texts in EXPECT.items():
+            _tmux(sock, "send-keys", "-t", "smoke", key)
+            pane = _wait_for(sock, texts)
+            lines = pane.splitlines()
+            assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                (Path(keep) / f"screen-{key}.txt").write_text(pane)
+        _tmux(sock, "send-keys", "-t", "smoke", "q")
+        pane = _wait_for(sock, ["TUNER-EXIT=0"])
+        assert "Traceback" not in pane
+    finally:
+        subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True)
