@@ -14,7 +14,7 @@ import io
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner import paths
@@ -263,11 +263,16 @@ class AmdBackend(Backend):
         return self.knob(device_id)
 
     def _restore(self, card: _Card, previous: int, cause: TunerError) -> None:
+        # Start with `r`: a rejected `c` leaves the edits staged in the kernel, and the next `c` would commit them.
         try:
-            if previous == 0:
-                self._write(card, [od.RESET, od.COMMIT])
-            else:
-                self._write(card, [*self._commands(card, self._table(card), previous), od.COMMIT])
+            commands = [od.RESET]
+            if previous != 0:
+                table = self._table(card)
+                if table.format in od.CURVE_FORMATS:  # after `r` the card holds its stock points
+                    stock = self._stock_points(card, table)
+                    table = replace(table, vddc_curve=stock) if table.format == od.NAVI1X else replace(table, sclk=stock)
+                commands += self._commands(card, table, previous)
+            self._write(card, [*commands, od.COMMIT])
         except TunerError as e:
             raise NotApplied(
                 f"{cause.message}; restoring {previous:+d} mV also failed: {e.message}",
@@ -293,8 +298,6 @@ class AmdBackend(Backend):
         sample = hwmon_telemetry(card.dir, self._clock())
         energy = self._smi("amdsmi_get_energy_count", card.amdsmi_handle)
         if isinstance(energy, dict) and "energy_accumulator" in energy and "counter_resolution" in energy:
-            from dataclasses import replace
-
             joules = energy["energy_accumulator"] * energy["counter_resolution"] / 1e6  # resolution is in µJ
             sample = replace(sample, energy_j=round(joules, 3))
         return sample
