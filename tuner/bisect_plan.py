@@ -25,7 +25,7 @@ BASELINE, COARSE, REFINE, CONFIRM = "baseline", "coarse", "refine", "confirm"
 PHASES = (BASELINE, COARSE, REFINE, CONFIRM)
 PASS, FAIL, ERROR = "pass", "fail", "error"
 SOFTWARE_KINDS = ("nonfinite", "mismatch")
-EDGE_KINDS = ("hang", "crash", "system-reset", "device-lost", "gpu-reset")
+EDGE_KINDS = ("hang", "system-reset", "device-lost", "gpu-reset", "fallen-off-bus", "vram-lost")
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,11 @@ class PlanResult:
 
     @classmethod
     def from_record(cls, record: dict) -> PlanResult:
+        # Faults a simulated card injects come from seeded draws that repeat across settings, so their steps say
+        # nothing about software versus hardware: the same-step rule ignores them.
+        fault_step = None if record.get("injected") else record.get("fault_step")
         return cls(setting=record["setting"], phase=record["phase"], verdict=record["verdict"],
-                   kind=record.get("kind"), fault_step=record.get("fault_step"), edge=bool(record.get("edge")))
+                   kind=record.get("kind"), fault_step=fault_step, edge=bool(record.get("edge")))
 
 
 # --- decisions ----------------------------------------------------------------------------------------------------

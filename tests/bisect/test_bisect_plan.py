@@ -9,14 +9,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuner.bisect_plan import (
-    BASELINE, CONFIRM, COARSE, REFINE, BisectPlan, NextTrial, PlanParams, PlanResult, Recommend, Stop,
+    BASELINE,
+    COARSE,
+    CONFIRM,
+    REFINE,
+    BisectPlan,
+    NextTrial,
+    PlanParams,
+    PlanResult,
+    Recommend,
+    Stop,
 )
 from tuner.errors import UsageError
 from tuner.models import Knob, KnobKind
 
 
 def mv_knob(min_mv=-200, stock=0, step=5) -> Knob:
-    return Knob(KnobKind.VOLTAGE_OFFSET, "mV", stock=stock, current=stock, min=min_mv, max=0 if stock <= 0 else stock,
+    return Knob(KnobKind.VOLTAGE_OFFSET, "mV", stock=stock, current=stock, min=min_mv, max=max(0, stock),
                 step=step, aggressive_direction=-1)
 
 

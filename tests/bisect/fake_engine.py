@@ -1,0 +1,76 @@
+"""A stand-in for `tuner.stress_client.StressRun`, fast and deterministic, for driver tests.
+
+Fails (kind "mismatch", at step 2 + 10 x the fault rate) whenever the simulated card injects faults, hangs when
+it says so. Records every request it was given.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+
+@dataclass
+class FakeEngine:
+    requests: list = field(default_factory=list)
+    tok_s: float = 1000.0
+    on_start: object = None  # callable(request) run when a trial starts (tests use it to kill/stop)
+    error: bool = False
+
+    def __call__(self, request: dict, watchdog):
+        self.requests.append(request)
+        return _FakeRun(self, request)
+
+
+class _FakeRun:
+    def __init__(self, engine: FakeEngine, request: dict):
+        self.engine, self.request = engine, request
+        self._stopped = threading.Event()
+        self._result = None
+
+    def start(self) -> None:
+        if self.engine.on_start:
+            self.engine.on_start(self.request)
+
+    def events(self):
+        r = self.request
+        yield SimpleNamespace(event="start", pci_bus_id=None, repeatable=True)
+        n = 20
+        fail_step = None
+        if r["fault_rate"] > 0:
+            fail_step = 2 + int(r["fault_rate"] * 10)
+        hang = any(i.startswith("hang@") for i in r["injections"])
+        for step in range(1, n + 1):
+            if self._stopped.is_set():
+                self._result = SimpleNamespace(verdict="error", kind="stopped", reason="stopped", step=None,
+                                               steps=step, duration_s=0.1, median_tok_s=None, sensitivity="full")
+                return
+            if hang and step == 3:
+                self._result = SimpleNamespace(verdict="fail", kind="hang", reason="no heartbeat", step=3,
+                                               steps=3, duration_s=1.0, median_tok_s=self.engine.tok_s,
+                                               sensitivity="full")
+                return
+            if fail_step is not None and step == fail_step:
+                self._result = SimpleNamespace(verdict="fail", kind="mismatch", reason="loss bits differ",
+                                               step=step, steps=step, duration_s=1.0,
+                                               median_tok_s=self.engine.tok_s, sensitivity="full")
+                return
+            yield SimpleNamespace(event="step", step=step, tok_s=self.engine.tok_s)
+        if self.engine.error:
+            self._result = SimpleNamespace(verdict="error", kind="setup", reason="out of memory", step=None,
+                                           steps=0, duration_s=0.1, median_tok_s=None, sensitivity=None)
+            return
+        if r.get("record"):
+            from pathlib import Path
+
+            Path(r["record"]).write_text('{"steps": 1000}')
+        self._result = SimpleNamespace(verdict="pass", kind=None, reason="", step=None, steps=n,
+                                       duration_s=r["duration_s"], median_tok_s=self.engine.tok_s,
+                                       sensitivity="full")
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def result(self):
+        return self._result

@@ -1,0 +1,144 @@
+"""The driver with a fake engine: order of operations, journal, unsafe list, recovery, stop, outcomes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.bisect.fake_engine import FakeEngine
+from tuner import exit_codes, journal
+from tuner.backends.simulated import SimulatedBackend
+from tuner.bisect_events import BisectFailed, Recommendation, TrialFinished, TrialRecovered
+from tuner.bisect_job import BisectJob, BisectParams
+from tuner.errors import UsageError
+
+
+@pytest.fixture
+def boot(tmp_path, monkeypatch):
+    root = tmp_path / "sysroot"
+    (root / "proc/sys/kernel/random").mkdir(parents=True)
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
+
+    def set_boot(boot_id: str) -> None:
+        (root / "proc/sys/kernel/random/boot_id").write_text(boot_id + "\n")
+
+    set_boot("boot-a")
+    return set_boot
+
+
+def make(vmin=-52, **kw):
+    backend = SimulatedBackend(vmin_mv=vmin)
+    engine = FakeEngine()
+    events = []
+    params = BisectParams(trial_s=1, confirm_s=2, **kw)
+    job = BisectJob(backend, "sim0", params, events.append, engine_factory=engine)
+    return backend, engine, events, job
+
+
+def test_recommends_lowest_pass_plus_margin_and_records_everything(boot):
+    backend, engine, events, job = make()
+    outcome = job.run()
+    assert outcome.exit_code == exit_codes.OK
+    rec = outcome.recommendation
+    assert (rec.setting, rec.confirmed, rec.first_failure) == (-40, -50, -55)
+    assert [t.setting for t in outcome.trials] == [0, -10, -20, -30, -40, -50, -60, -55, -50]
+    # the baseline records the reference for as long as the confirm run; the others compare against it
+    base, *rest = engine.requests
+    assert base["record"] and base["duration_s"] == 2 and base["reference"] is None
+    assert all(r["reference"] == base["record"] and r["steps"] == 1000 for r in rest)
+    assert rest[-1]["mode"] == "mixed" and rest[-1]["duration_s"] == 2
+    assert backend.knob("sim0").current == 0
+    doc = journal.load("sim0")
+    assert doc["state"] == journal.FINISHED and doc["open_trial"] is None and len(doc["trials"]) == 9
+    assert sum(isinstance(e, TrialFinished) for e in events) == 9
+    assert isinstance(events[-1], Recommendation) and events[-1].to_json()["event"] == "recommendation"
+    assert outcome.tuning()["trials"][0]["phase"] == "baseline"
+    assert journal.unsafe_settings("sim0") == {}
+
+
+def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot):
+    # vmin -30: a -10 mV coarse step of 40 jumps straight to -70 (at or below vmin - 40: the card hangs)
+    backend, engine, events, job = make(vmin=-30, step=70, resolution=5)
+    outcome = job.run()
+    hang = [t for t in outcome.trials if t.kind == "hang"]
+    assert hang and hang[0].setting == -70 and hang[0].edge
+    assert -70 in journal.unsafe_settings("sim0")
+    assert outcome.recommendation.margin == 15 and outcome.recommendation.edge
+
+
+def test_unfinished_session_needs_resume_or_restart(boot):
+    backend, engine, events, job = make()
+    engine.on_start = lambda req: job.stop() if req["fault_rate"] == 0 and not req["record"] else None
+    outcome = job.run()
+    assert outcome.status == "stopped" and outcome.exit_code == exit_codes.INTERRUPTED
+    assert backend.knob("sim0").current == 0
+    assert journal.load("sim0")["state"] == journal.INTERRUPTED
+    with pytest.raises(UsageError, match="unfinished bisect session") as err:
+        make()[3].run()
+    assert "--resume" in err.value.one_line()
+    backend, engine, events, job = make(resume=True)
+    outcome = job.run()
+    assert outcome.recommendation.setting == -40
+    # the stopped trial was not counted: baseline + 9 - 1 trials before, all once
+    assert [t.setting for t in outcome.trials].count(-10) == 1
+
+
+def test_open_trial_of_a_dead_tool_counts_as_failure_and_is_never_tried_again(boot):
+    backend, engine, events, job = make()
+    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
+                               knob=backend.knob("sim0").to_dict())
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "tok_s": 1000.0,
+                    "power_w": 300.0, "tok_per_j": 3.3})
+    j.reference.write_text('{"steps": 1000}')
+    j.begin_trial(-30, "coarse")
+    j.doc["open_trial"]["pid"] = 2**22 + 4321  # dead
+    j._save()
+    backend, engine, events, job = make(resume=True)
+    outcome = job.run()
+    recovered = [e for e in events if isinstance(e, TrialRecovered)]
+    assert recovered and recovered[0].result.kind == "tool-died" and not recovered[0].result.edge
+    assert -30 in journal.unsafe_settings("sim0")
+    assert all(r["fault_rate"] >= 0 for r in engine.requests)
+    tried = [t.setting for t in outcome.trials if t.phase != "baseline"]
+    assert tried.count(-30) == 1  # only the recovered failure, never run again
+    assert outcome.recommendation.confirmed == -25 and outcome.recommendation.setting == -15
+
+
+def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot):
+    backend, engine, events, job = make()
+    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
+                               knob=backend.knob("sim0").to_dict())
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
+    j.reference.write_text('{"steps": 1000}')
+    j.begin_trial(-40, "coarse")
+    boot("boot-b")
+    backend, engine, events, job = make(resume=True)
+    outcome = job.run()
+    assert journal.unsafe_settings("sim0")[-40]["kind"] == "system-reset"
+    assert -40 not in [r.get("setting") for r in engine.requests]
+    assert outcome.recommendation.confirmed == -35 and outcome.recommendation.margin == 15
+    assert outcome.recommendation.setting == -20
+    # a brand-new session keeps the unsafe value out, too
+    backend, engine, events, job = make(restart=True)
+    outcome = job.run()
+    assert all(t.setting > -40 for t in outcome.trials)
+
+
+def test_a_live_session_elsewhere_is_refused(boot):
+    backend, engine, events, job = make()
+    j = journal.Journal.create("sim0", params={}, knob={})
+    j.begin_trial(-10, "coarse")
+    j.doc["open_trial"]["pid"] = os.getppid()  # alive, and not us
+    j._save()
+    with pytest.raises(UsageError, match="already running"):
+        make(resume=True)[3].run()
+
+
+def test_setup_error_is_not_blamed_on_the_voltage(boot):
+    backend, engine, events, job = make()
+    engine.error = True
+    outcome = job.run()
+    assert outcome.status == "failed" and outcome.exit_code == exit_codes.TEST_FAILED
+    assert isinstance(events[-1], BisectFailed) and events[-1].kind == "error"
+    assert outcome.trials[0].verdict == "error" and journal.unsafe_settings("sim0") == {}

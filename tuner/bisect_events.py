@@ -1,0 +1,180 @@
+"""What a trial and a bisect report while they run: frozen dataclasses with `to_json()` (the `--json` lines and
+the TUI's messages). Plus `TrialResult`, the measured outcome of one trial. No I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+
+def _clean(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One trial, measured. Verdict pass | fail | error | stopped (stopped on request; not a result)."""
+
+    setting: int
+    unit: str
+    phase: str
+    verdict: str
+    kind: str | None = None  # failure kind: mismatch, nonfinite, canary, gemm, hang, crash, device-error, kernel
+    reason: str = ""
+    fault_step: int | None = None
+    steps: int | None = None
+    duration_s: float | None = None
+    tok_s: float | None = None  # median engine throughput
+    power_w: float | None = None  # mean board power from 1 Hz telemetry
+    max_temp_c: float | None = None
+    max_temp_edge_c: float | None = None
+    max_temp_hotspot_c: float | None = None
+    max_temp_mem_c: float | None = None
+    energy_j: float | None = None
+    j_per_tok: float | None = None
+    tok_per_j: float | None = None
+    efficiency_vs_stock: float | None = None  # tok_per_j / the baseline's tok_per_j
+    edge: bool = False  # hang, machine reset, device lost: the recommendation keeps the edge margin
+    injected: bool = False  # faults were injected by the simulated card (the software-fault rule ignores them)
+    sensitivity: str | None = None  # the engine's "full" (bitwise) or "reduced" (tolerance mode)
+    kernel_log: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    started_at: float | None = None
+    simulated: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def to_record(self) -> dict:
+        return _clean(asdict(self))
+
+    @classmethod
+    def from_record(cls, record: dict) -> TrialResult:
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in record.items() if k in names}
+        for key in ("kernel_log", "warnings"):
+            kw[key] = tuple(kw.get(key) or ())
+        return cls(**kw)
+
+    def profile_trial(self) -> dict:
+        """The `[[tuning.trials]]` entry of a profile (TOML has no null: unknowns are left out)."""
+        d = {"setting": self.setting, "phase": self.phase, "verdict": self.verdict, "reason": self.reason or self.kind,
+             "duration_s": self.duration_s, "tok_s": self.tok_s, "power_w": self.power_w,
+             "tok_per_j": self.tok_per_j, "max_temp_c": self.max_temp_c, "fault_step": self.fault_step}
+        return {k: v for k, v in _clean(d).items() if v is not None}
+
+
+class _Event:
+    event = "event"
+
+    def to_json(self) -> dict:
+        return {"event": self.event, **_clean(asdict(self))}  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class SessionStarted(_Event):
+    session: str
+    device: str
+    label: str
+    unit: str
+    stock: int
+    resumed: bool
+    params: dict = field(default_factory=dict)
+    unsafe: tuple[int, ...] = ()
+    event = "session_started"
+
+
+@dataclass(frozen=True)
+class TrialRecovered(_Event):
+    """A trial left open by a dead tool or an earlier boot, now counted as a failure."""
+
+    result: TrialResult
+    event = "trial_recovered"
+
+
+@dataclass(frozen=True)
+class TrialStarted(_Event):
+    index: int
+    setting: int
+    unit: str
+    phase: str
+    duration_s: float
+    started_at: float
+    event = "trial_started"
+
+
+@dataclass(frozen=True)
+class TrialProgress(_Event):
+    setting: int
+    phase: str
+    elapsed_s: float
+    duration_s: float
+    eta_s: float  # this trial
+    step: int | None = None
+    tok_s: float | None = None
+    power_w: float | None = None
+    temp_c: float | None = None
+    eta_total_s: float | None = None  # the whole bisect, a rough guess (filled by the driver)
+    event = "trial_progress"
+
+
+@dataclass(frozen=True)
+class TrialWarning(_Event):
+    message: str
+    event = "warning"
+
+
+@dataclass(frozen=True)
+class TrialFinished(_Event):
+    index: int
+    result: TrialResult
+    event = "trial_finished"
+
+
+@dataclass(frozen=True)
+class Recommendation(_Event):
+    device: str
+    unit: str
+    setting: int
+    confirmed: int | None
+    lowest_pass: int | None
+    first_failure: int | None
+    margin: int
+    edge: bool
+    baseline_tok_s: float | None = None
+    baseline_power_w: float | None = None
+    baseline_tok_per_j: float | None = None
+    tuned_tok_s: float | None = None
+    tuned_power_w: float | None = None
+    tuned_tok_per_j: float | None = None
+    measured_at: int | None = None  # the setting the tuned figures were measured at
+    efficiency_gain_pct: float | None = None
+    event = "recommendation"
+
+
+@dataclass(frozen=True)
+class BisectFailed(_Event):
+    kind: str  # baseline-failed, software-fault, error, device-lost, not-applied
+    reason: str
+    exit_code: int
+    event = "bisect_failed"
+
+
+@dataclass(frozen=True)
+class BisectStopped(_Event):
+    reason: str
+    resumable: bool = True
+    event = "bisect_stopped"
+
+
+TrialEvent = TrialStarted | TrialProgress | TrialWarning | TrialFinished
+BisectEvent = (SessionStarted | TrialRecovered | TrialStarted | TrialProgress | TrialWarning | TrialFinished
+               | Recommendation | BisectFailed | BisectStopped)

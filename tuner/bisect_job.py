@@ -1,0 +1,398 @@
+"""The bisect driver: runs the trials the state machine (`bisect_plan`) asks for, journals every step durably,
+recovers trials left open by a dead tool or an earlier boot, and turns the outcome into a recommendation.
+
+A plain class for both the CLI and the TUI's thread worker: `BisectJob(...).run()` blocks and returns a
+`BisectOutcome`; `stop()` is thread-safe (the running engine is stopped, the card reset to stock and verified,
+the journal closed as resumable). Events go to `on_event`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from tuner import exit_codes, journal, kernel_log
+from tuner.backends.base import Backend
+from tuner.bisect_events import (
+    BisectEvent,
+    BisectFailed,
+    BisectStopped,
+    Recommendation,
+    SessionStarted,
+    TrialFinished,
+    TrialProgress,
+    TrialRecovered,
+    TrialResult,
+    TrialStarted,
+)
+from tuner.bisect_plan import (
+    BASELINE,
+    CONFIRM,
+    BisectPlan,
+    NextTrial,
+    PlanParams,
+    PlanResult,
+    Recommend,
+    Stop,
+)
+from tuner.errors import DeviceLost, NotApplied, UsageError
+from tuner.trial import STOPPED, TrialParams, WatchdogSettings, run_trial
+
+MODES = ("train", "gemm", "mixed")
+
+
+@dataclass(frozen=True)
+class BisectParams:
+    """What `tuner bisect` (or the TUI's form) asks for. Settings in the knob's unit; None = the default."""
+
+    step: int | None = None
+    resolution: int | None = None
+    margin: int | None = None
+    trial_s: float = 300.0
+    confirm_s: float = 1800.0
+    floor: int | None = None
+    mode: str = "train"
+    preset: str | None = None  # default: "tiny" when the engine runs on the CPU (simulated cards), else "small"
+    dtype: str | None = None
+    seed: int = 0
+    resume: bool = False
+    restart: bool = False
+    watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
+
+    SEARCH_KEYS = ("step", "resolution", "margin", "trial_s", "confirm_s", "floor", "mode", "preset", "dtype",
+                   "seed")
+
+    def search(self) -> dict:
+        return {k: getattr(self, k) for k in self.SEARCH_KEYS}
+
+
+@dataclass(frozen=True)
+class BisectOutcome:
+    status: str  # recommended | failed | stopped
+    exit_code: int
+    session: str | None
+    recommendation: Recommendation | None = None
+    failure: BisectFailed | None = None
+    trials: tuple[TrialResult, ...] = ()
+    params: dict = field(default_factory=dict)
+
+    @property
+    def summary(self) -> str:
+        if self.recommendation is not None:
+            r = self.recommendation
+            return f"recommend {r.setting:+d} {r.unit}"
+        if self.failure is not None:
+            return self.failure.reason
+        return "stopped; resume with --resume"
+
+    def tuning(self) -> dict | None:
+        """The `[tuning]` table of a profile saved from this outcome (None entries dropped by the profile)."""
+        r = self.recommendation
+        if r is None:
+            return None
+        p = self.params
+        return {
+            "baseline_tok_s": r.baseline_tok_s, "tuned_tok_s": r.tuned_tok_s,
+            "baseline_power_w": r.baseline_power_w, "tuned_power_w": r.tuned_power_w,
+            "baseline_tok_per_j": r.baseline_tok_per_j, "tuned_tok_per_j": r.tuned_tok_per_j,
+            "efficiency_gain_pct": r.efficiency_gain_pct, "first_failure": r.first_failure,
+            "lowest_pass": r.lowest_pass, "confirmed": r.confirmed, "margin": r.margin,
+            "step": p.get("step"), "resolution": p.get("resolution"), "trial_duration_s": p.get("trial_s"),
+            "confirm_duration_s": p.get("confirm_s"), "preset": p.get("preset"), "mode": p.get("mode"),
+            "dtype": p.get("dtype"),
+            "trials": [t.profile_trial() for t in self.trials],
+        }
+
+
+def reference_steps(path: Path) -> int | None:
+    """How many steps a recorded reference trajectory covers (the engine's documented JSON), or None."""
+    try:
+        steps = json.loads(Path(path).read_text(encoding="utf-8")).get("steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) and steps > 0 else None
+
+
+class BisectJob:
+    def __init__(self, backend: Backend, device_id: str, params: BisectParams,
+                 on_event: Callable[[BisectEvent], None] | None = None, *,
+                 engine_factory: Callable | None = None,
+                 kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None):
+        self.backend, self.device_id, self.params = backend, device_id, params
+        self._emit_cb = on_event or (lambda ev: None)
+        self._engine_factory = engine_factory
+        self._kernel_watcher_factory = kernel_watcher_factory
+        self._stop = threading.Event()
+        self._journal: journal.Journal | None = None
+        self._trial_wall_s: list[float] = []
+
+    # --- public -----------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Thread-safe: end the running trial (engine stopped, card reset and verified); run() then returns."""
+        self._stop.set()
+
+    def run(self) -> BisectOutcome:
+        device = self.backend.device(self.device_id)
+        knob = self.backend.knob(self.device_id)
+        j, params, resumed = self._open_session(device, knob)
+        self._journal = j
+        search = params
+        plan_params = PlanParams.defaults_for(knob, step=search["step"], resolution=search["resolution"],
+                                              margin=search["margin"], floor=search["floor"])
+        unsafe = journal.unsafe_settings(self.device_id)
+        plan = BisectPlan(knob, plan_params, unsafe=list(unsafe),
+                          unsafe_edge=any(e.get("edge") for e in unsafe.values()))
+        search = {**search, "step": plan_params.step, "resolution": plan_params.resolution,
+                  "margin": plan_params.margin}
+        self._emit(SessionStarted(session=j.session, device=self.device_id, label=device.label, unit=knob.unit,
+                                  stock=knob.stock, resumed=resumed, params=search, unsafe=tuple(sorted(unsafe))))
+        try:
+            return self._loop(plan, knob, j, search)
+        except BaseException:
+            # KeyboardInterrupt / Terminated in the caller's thread: run_trial already reset the card
+            if j.open_trial is not None:
+                j.abandon_trial("interrupted")
+            if j.state != journal.FINISHED:
+                j.close(journal.INTERRUPTED)
+            raise
+
+    # --- session ----------------------------------------------------------------------------------------------
+    def _open_session(self, device, knob) -> tuple[journal.Journal, dict, bool]:
+        p = self.params
+        if p.resume and p.restart:
+            raise UsageError("--resume and --restart exclude each other", "pick one")
+        if p.mode not in MODES:
+            raise UsageError(f"unknown mode {p.mode!r}", f"use one of {', '.join(MODES)}")
+        # validate the search parameters before touching anything
+        PlanParams.defaults_for(knob, step=p.step, resolution=p.resolution, margin=p.margin, floor=p.floor)
+        BisectPlan(knob, PlanParams.defaults_for(knob, step=p.step, resolution=p.resolution, margin=p.margin,
+                                                 floor=p.floor))
+        existing = journal.Journal.open_existing(self.device_id)
+        if existing is not None and existing.open_trial is not None:
+            self._check_not_running(existing)
+        if existing is not None and existing.unresolved():
+            if not (p.resume or p.restart):
+                n = len(existing.trials)
+                raise UsageError(
+                    f"an unfinished bisect session exists for {self.device_id} ({existing.session}, {n} trials "
+                    "done)", "continue it with --resume or discard it with --restart (the unsafe list is kept)")
+        self._reset_to_stock()
+        if existing is not None and existing.open_trial is not None:
+            self._recover(existing, knob, device)
+        if p.resume:
+            if existing is None or not existing.unresolved():
+                raise UsageError(f"no unfinished bisect session for {self.device_id}",
+                                 "start a new one without --resume")
+            existing.claim()
+            stored = existing.doc.get("params") or {}
+            params = {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}
+            return existing, params, True
+        if existing is not None and existing.unresolved():
+            existing.close(journal.FINISHED, outcome="discarded by --restart")
+        params = p.search()
+        if params["preset"] is None:
+            params["preset"] = "tiny" if self.backend.stress_target(self.device_id).torch_device == "cpu" else "small"
+        j = journal.Journal.create(self.device_id, params=params, knob=knob.to_dict(), serial=device.serial)
+        return j, params, False
+
+    def _check_not_running(self, existing: journal.Journal) -> None:
+        trial = existing.open_trial
+        boot = journal.current_boot_id()
+        if (trial.get("boot_id") == boot and trial.get("pid") != os.getpid()
+                and journal.pid_alive(trial.get("pid"))):
+            raise UsageError(f"a bisect is already running on {self.device_id} (pid {trial.get('pid')})",
+                             "wait for it to finish or stop it first")
+
+    def _recover(self, existing: journal.Journal, knob, device) -> None:
+        """An open trial whose process is gone: count it as a failure, and never try that value again."""
+        trial = existing.open_trial
+        boot = journal.current_boot_id()
+        setting, phase = int(trial["setting"]), trial.get("phase", "coarse")
+        rebooted = boot is not None and trial.get("boot_id") not in (None, boot)
+        if rebooted:
+            target = self.backend.stress_target(self.device_id)
+            lines = None if target.simulated else kernel_log.previous_boot_events(target.pci_bus_id)
+            kind = "system-reset"
+            reason = ("the machine froze or reset during this trial (open in an earlier boot)"
+                      + (f"; previous boot's kernel log: {lines[-1][:160]}" if lines else
+                         "; previous boot's kernel log unavailable"))
+            edge = True
+        else:
+            lines, kind, edge = None, "tool-died", False
+            reason = f"the tuner died during this trial (pid {trial.get('pid')})"
+        if phase == BASELINE and not rebooted:
+            existing.abandon_trial("the tuner died during the baseline; it runs again")
+            return
+        result = TrialResult(setting=setting, unit=knob.unit, phase=phase, verdict="fail", kind=kind,
+                             reason=reason, edge=edge, kernel_log=tuple(lines or ()),
+                             started_at=trial.get("started_at"), simulated=device.simulated)
+        existing.record_recovered(result.to_record())
+        if setting != knob.stock:
+            journal.add_unsafe(self.device_id, setting, unit=knob.unit, kind=kind, reason=reason, edge=edge,
+                               session=existing.session, serial=device.serial, kernel_log=lines)
+        self._emit(TrialRecovered(result))
+
+    def _reset_to_stock(self) -> None:
+        knob = self.backend.reset(self.device_id)
+        if knob.current != knob.stock:
+            raise NotApplied(f"{self.device_id} did not return to stock (reads {knob.current:+d} {knob.unit})",
+                             "run `tuner reset` or reboot before tuning")
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+    def _loop(self, plan: BisectPlan, knob, j: journal.Journal, search: dict) -> BisectOutcome:
+        while True:
+            results = [TrialResult.from_record(r) for r in j.trials]
+            if self._stop.is_set():
+                return self._stopped(j, results, search, "stopped on request")
+            decision = plan.decide([PlanResult.from_record(r) for r in j.trials])
+            if isinstance(decision, Recommend):
+                return self._recommend(decision, knob, j, results, search)
+            if isinstance(decision, Stop):
+                code = exit_codes.TEST_FAILED
+                failure = BisectFailed(kind=decision.kind, reason=decision.reason, exit_code=code)
+                self._emit(failure)
+                j.close(journal.FINISHED, outcome=decision.kind, reason=decision.reason)
+                return BisectOutcome("failed", code, j.session, failure=failure, trials=tuple(results),
+                                     params=search)
+            assert isinstance(decision, NextTrial)
+            if decision.setting in journal.unsafe_settings(self.device_id):  # the plan never proposes these
+                raise AssertionError(f"refusing to apply unsafe {decision.setting}")
+            outcome = self._run_one(decision, plan, knob, j, results, search)
+            if outcome is not None:
+                return outcome
+
+    def _trial_params(self, decision: NextTrial, j: journal.Journal, results: list[TrialResult],
+                      search: dict) -> TrialParams:
+        mode = search["mode"]
+        trial_s, confirm_s = float(search["trial_s"]), float(search["confirm_s"])
+        baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
+        common = dict(phase=decision.phase, preset=search["preset"], seed=int(search["seed"]),
+                      dtype=search.get("dtype"), watchdog=self.params.watchdog,
+                      baseline_tok_per_j=baseline.tok_per_j if baseline else None)
+        if decision.phase == BASELINE:
+            if mode == "gemm":  # the GEMM burn has no training trajectory to record
+                return TrialParams(duration_s=trial_s, mode=mode, **common)
+            # The engine compares only as many steps as the reference holds, so the baseline runs as long as the
+            # longest run it must cover (the confirmation, at full load; confirms run mixed, so fewer steps).
+            return TrialParams(duration_s=max(trial_s, confirm_s), mode="train", record_path=j.reference,
+                               **common)
+        reference = j.reference if mode != "gemm" and j.reference.exists() else None
+        steps = reference_steps(reference) if reference else None
+        if decision.phase == CONFIRM:
+            return TrialParams(duration_s=confirm_s, mode="gemm" if mode == "gemm" else "mixed",
+                               reference_path=reference, max_steps=steps, **common)
+        return TrialParams(duration_s=trial_s, mode=mode, reference_path=reference, max_steps=steps, **common)
+
+    def _run_one(self, decision: NextTrial, plan: BisectPlan, knob, j: journal.Journal,
+                 results: list[TrialResult], search: dict) -> BisectOutcome | None:
+        tp = self._trial_params(decision, j, results, search)
+        if decision.phase != BASELINE and tp.mode != "gemm" and tp.reference_path is None:
+            # the reference was lost (resumed on another machine, state dir cleaned): record it again
+            j.doc["trials"] = [r for r in j.trials if r.get("phase") != BASELINE]
+            j.set_field("trials", j.doc["trials"])
+            return None
+        index = len(results) + 1
+        j.begin_trial(decision.setting, decision.phase)
+        short, confirms = plan.remaining_estimate([PlanResult.from_record(r) for r in j.trials])
+        rest_s = short * float(search["trial_s"]) + confirms * float(search["confirm_s"])
+        if decision.phase != CONFIRM:
+            rest_s -= float(search["trial_s"])
+        else:
+            rest_s -= float(search["confirm_s"])
+        rest_s = max(0.0, rest_s)
+        self._emit(TrialStarted(index=index, setting=decision.setting, unit=knob.unit, phase=decision.phase,
+                                duration_s=tp.duration_s, started_at=j.open_trial["started_at"]))
+
+        def on_trial_event(ev) -> None:
+            if isinstance(ev, TrialProgress):
+                ev = replace(ev, eta_total_s=round(ev.eta_s + rest_s, 1))
+            self._emit(ev)
+
+        watcher = self._kernel_watcher_factory() if self._kernel_watcher_factory else None
+        if watcher is None and self.backend.stress_target(self.device_id).simulated:
+            watcher = kernel_log.NullWatcher()
+        try:
+            result = run_trial(self.backend, self.device_id, decision.setting, tp, on_trial_event, self._stop,
+                               engine_factory=self._engine_factory, kernel_watcher=watcher)
+        except NotApplied as e:
+            j.abandon_trial(f"not applied: {e.message}")
+            return self._hardware_failure(j, results, search, "not-applied", e.one_line())
+        except DeviceLost as e:
+            lost = TrialResult(setting=decision.setting, unit=knob.unit, phase=decision.phase, verdict="fail",
+                               kind="device-lost", reason=e.one_line(), edge=True)
+            j.finish_trial(lost.to_record())
+            if decision.setting != knob.stock:
+                journal.add_unsafe(self.device_id, decision.setting, unit=knob.unit, kind="device-lost",
+                                   reason=e.one_line(), edge=True, session=j.session)
+            self._emit(TrialFinished(index, lost))
+            return self._hardware_failure(j, [*results, lost], search, "device-lost", e.one_line())
+        if result.verdict == STOPPED:
+            j.abandon_trial("stopped")
+            return self._stopped(j, results, search, "stopped on request")
+        j.finish_trial(result.to_record())
+        if result.verdict == "fail" and result.edge and decision.setting != knob.stock:
+            journal.add_unsafe(self.device_id, decision.setting, unit=knob.unit, kind=result.kind or "hang",
+                               reason=result.reason, edge=True, session=j.session,
+                               kernel_log=list(result.kernel_log))
+        self._emit(TrialFinished(index, result))
+        return None
+
+    # --- endings ----------------------------------------------------------------------------------------------
+    def _stopped(self, j, results, search, reason: str) -> BisectOutcome:
+        j.close(journal.INTERRUPTED)
+        self._emit(BisectStopped(reason=reason, resumable=True))
+        return BisectOutcome("stopped", exit_codes.INTERRUPTED, j.session, trials=tuple(results), params=search)
+
+    def _hardware_failure(self, j, results, search, kind: str, reason: str) -> BisectOutcome:
+        failure = BisectFailed(kind=kind, reason=reason, exit_code=exit_codes.HARDWARE)
+        self._emit(failure)
+        j.close(journal.INTERRUPTED, reason=reason)
+        return BisectOutcome("failed", exit_codes.HARDWARE, j.session, failure=failure, trials=tuple(results),
+                             params=search)
+
+    def _recommend(self, d: Recommend, knob, j, results: list[TrialResult], search: dict) -> BisectOutcome:
+        baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
+        measured = _measured_near(d.setting, knob, results)
+        gain = None
+        if baseline and measured and baseline.tok_per_j and measured.tok_per_j:
+            gain = round((measured.tok_per_j / baseline.tok_per_j - 1.0) * 100.0, 2)
+        rec = Recommendation(
+            device=self.device_id, unit=knob.unit, setting=d.setting, confirmed=d.confirmed,
+            lowest_pass=d.lowest_pass, first_failure=d.first_failure, margin=d.margin, edge=d.edge,
+            baseline_tok_s=baseline.tok_s if baseline else None,
+            baseline_power_w=baseline.power_w if baseline else None,
+            baseline_tok_per_j=baseline.tok_per_j if baseline else None,
+            tuned_tok_s=measured.tok_s if measured else None, tuned_power_w=measured.power_w if measured else None,
+            tuned_tok_per_j=measured.tok_per_j if measured else None,
+            measured_at=measured.setting if measured else None, efficiency_gain_pct=gain,
+        )
+        self._emit(rec)
+        j.close(journal.FINISHED, outcome="recommended", recommendation=asdict(rec))
+        return BisectOutcome("recommended", exit_codes.OK, j.session, recommendation=rec, trials=tuple(results),
+                             params=search)
+
+    def _emit(self, event) -> None:
+        try:
+            self._emit_cb(event)
+        except Exception:  # a broken display must not leave the card undervolted
+            pass
+
+
+def _measured_near(setting: int, knob, results: list[TrialResult]) -> TrialResult | None:
+    """The passing measurement at the recommended setting (the confirm run preferred), else the nearest passing
+    one on the stock side of it (so the reported gain is never overstated)."""
+    passes = [r for r in results if r.passed and r.tok_per_j]
+    exact = [r for r in passes if r.setting == setting]
+    if exact:
+        return next((r for r in reversed(exact) if r.phase == CONFIRM), exact[-1])
+    safer = [r for r in passes if not knob.more_aggressive(r.setting, setting)]
+    if not safer:
+        return None
+    return max(safer, key=lambda r: ((r.setting - knob.stock) * knob.aggressive_direction, r.phase == CONFIRM))
+
+
+__all__ = ["BisectJob", "BisectOutcome", "BisectParams"]

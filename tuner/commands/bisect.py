@@ -1,0 +1,259 @@
+"""`tuner bisect`: find the lowest stable setting of one card, confirm it, recommend it with a margin."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+from tuner import exit_codes, signals
+from tuner.bisect_events import (
+    BisectFailed,
+    BisectStopped,
+    Recommendation,
+    SessionStarted,
+    TrialFinished,
+    TrialProgress,
+    TrialRecovered,
+    TrialResult,
+    TrialStarted,
+    TrialWarning,
+)
+from tuner.commands._output import format_table
+from tuner.durations import format_duration, parse_duration_s
+from tuner.errors import UsageError
+
+
+def _int(text: str) -> int:
+    import argparse
+
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bisect",
+        help="find the lowest stable setting, confirm it, recommend it with a margin",
+        description="Baseline at stock, coarse descent, bisection to --resolution, a long confirmation run, then "
+        "a recommendation (confirmed + --margin; 15 mV when a trial hung or crashed the machine) with the "
+        "efficiency gained. Every trial is journalled before it touches the card: after a crash or a reset, "
+        "`--resume` counts the open trial as a failure and never tries that value again. Values are in the "
+        "card's unit: mV offsets (AMD, simulated) or MHz clock offsets (NVIDIA; defaults there are clock steps).",
+    )
+    p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
+    p.add_argument("--step", type=_int, metavar="N", help="coarse step (default 10 mV; NVIDIA: 2 clock steps)")
+    p.add_argument("--resolution", type=_int, metavar="N", help="refine down to this (default 5 mV; NVIDIA: 1 step)")
+    p.add_argument("--margin", type=_int, metavar="N",
+                   help="added back to the confirmed value (default 10 mV; NVIDIA: 2 steps)")
+    p.add_argument("--trial", default="5m", metavar="DUR", help="length of each trial (default 5m; 90s, 5m, 1h)")
+    p.add_argument("--confirm", default="30m", metavar="DUR", help="length of the confirmation run (default 30m)")
+    p.add_argument("--floor", type=_int, metavar="VALUE", help="never test beyond this setting")
+    p.add_argument("--mode", choices=("train", "gemm", "mixed"), default="train",
+                   help="stress workload of the trials (default train; the confirmation runs mixed)")
+    p.add_argument("--preset", choices=("tiny", "small", "large"),
+                   help="engine model size (default: small on GPUs, tiny on the simulated card's CPU engine)")
+    p.add_argument("--save", metavar="NAME", help="save the recommendation as a profile")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue this card's unfinished session")
+    again.add_argument("--restart", action="store_true",
+                       help="discard this card's unfinished session and start again (the unsafe list is kept)")
+    p.add_argument("--yes", action="store_true", help="do not ask before changing a real card's voltage")
+    p.add_argument("--json", action="store_true", help="JSON lines events on stdout")
+    p.set_defaults(run=run)
+
+
+def _pick_device(backend, device_id: str | None):
+    if device_id:
+        return backend.device(device_id)
+    devices = backend.devices()
+    if len(devices) == 1:
+        return devices[0]
+    raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
+
+
+def _confirm_real_card(device, args) -> None:
+    if device.simulated or args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"bisect changes the voltage of {device.label} and may crash the machine",
+                         "pass --yes to run it unattended")
+    answer = input(f"Bisect will undervolt {device.label} ({device.id}) step by step; a step too far can freeze "
+                   "the machine (the tuner recovers after a reboot). Continue? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise UsageError("bisect cancelled", "pass --yes to skip this question")
+
+
+def _check_save_name(name: str | None) -> None:
+    if not name:
+        return
+    from tuner.profiles import validate_name
+    from tuner.profiles.store import profile_path
+
+    validate_name(name, path="--save")
+    if profile_path(name).exists():
+        raise UsageError(f"a profile named {name!r} already exists", "pick another --save name or delete it")
+
+
+class _Printer:
+    """Human output on stderr: a progress bar on a TTY, plain lines otherwise; one line per finished trial."""
+
+    def __init__(self, unit: str, json_lines: bool):
+        self.unit, self.json_lines = unit, json_lines
+        self.tty = sys.stderr.isatty()
+        self._bar_shown = False
+        self._lock = threading.Lock()
+        self._last_plain = 0.0
+
+    def __call__(self, event) -> None:
+        with self._lock:
+            if self.json_lines:
+                sys.stdout.write(json.dumps(event.to_json(), default=str) + "\n")
+                sys.stdout.flush()
+            self._human(event)
+
+    def _line(self, text: str) -> None:
+        if self._bar_shown:
+            sys.stderr.write("\r\033[K")
+            self._bar_shown = False
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def _v(self, value: int | None) -> str:
+        return "-" if value is None else f"{value:+d} {self.unit}"
+
+    def _human(self, ev) -> None:
+        if isinstance(ev, SessionStarted):
+            what = "resuming session" if ev.resumed else "new session"
+            unsafe = f"; unsafe (never tried): {', '.join(self._v(u) for u in ev.unsafe)}" if ev.unsafe else ""
+            p = ev.params
+            self._line(f"bisect {ev.device} {ev.label}: {what} {ev.session}; step {p.get('step')} res "
+                       f"{p.get('resolution')} margin {p.get('margin')} {ev.unit}, trial "
+                       f"{format_duration(p.get('trial_s', 0))}, confirm {format_duration(p.get('confirm_s', 0))}"
+                       f"{unsafe}")
+        elif isinstance(ev, TrialRecovered):
+            self._line(f"recovered open trial: {self._v(ev.result.setting)} {ev.result.phase} counted as FAIL "
+                       f"({ev.result.kind}): {ev.result.reason}; added to the unsafe list")
+        elif isinstance(ev, TrialStarted):
+            if not self.tty:
+                self._line(f"trial {ev.index}: {self._v(ev.setting)} {ev.phase} "
+                           f"({format_duration(ev.duration_s)}) started")
+        elif isinstance(ev, TrialProgress):
+            eta_total = "" if ev.eta_total_s is None else f"  bisect ~{format_duration(ev.eta_total_s)} left"
+            if self.tty:
+                frac = min(1.0, ev.elapsed_s / ev.duration_s) if ev.duration_s else 0.0
+                bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
+                step = "" if ev.step is None else f" step {ev.step}"
+                sys.stderr.write(f"\r\033[K[{bar}] {frac:4.0%} {self._v(ev.setting)} {ev.phase}{step}  ETA "
+                                 f"{format_duration(ev.eta_s)}{eta_total}")
+                sys.stderr.flush()
+                self._bar_shown = True
+            elif ev.elapsed_s - self._last_plain >= 30 or ev.elapsed_s < self._last_plain:
+                self._last_plain = ev.elapsed_s
+                self._line(f"  {self._v(ev.setting)} {ev.phase}: {format_duration(ev.elapsed_s)} of "
+                           f"{format_duration(ev.duration_s)}{eta_total}")
+        elif isinstance(ev, TrialWarning):
+            self._line(f"tuner: warning: {ev.message}")
+        elif isinstance(ev, TrialFinished):
+            self._last_plain = 0.0
+            self._line(f"trial {ev.index}: " + _trial_line(ev.result))
+        elif isinstance(ev, Recommendation):
+            pass  # printed with the final table
+        elif isinstance(ev, BisectFailed):
+            self._line(f"bisect failed ({ev.kind}): {ev.reason}")
+        elif isinstance(ev, BisectStopped):
+            self._line(f"bisect stopped: {ev.reason}; the card is back at stock; continue with --resume")
+
+
+def _fmt(value, spec: str) -> str | None:
+    return None if value is None else format(value, spec)
+
+
+def _trial_line(r: TrialResult) -> str:
+    figures = ", ".join(x for x in (
+        _fmt(r.tok_s, ",.0f") and f"{r.tok_s:,.0f} tok/s", _fmt(r.power_w, ".0f") and f"{r.power_w:.0f} W",
+        _fmt(r.tok_per_j, ".2f") and f"{r.tok_per_j:.2f} tok/J",
+        _fmt(r.max_temp_c, ".0f") and f"max {r.max_temp_c:.0f} °C") if x)
+    why = f" ({r.kind}: {r.reason})" if r.verdict != "pass" and r.reason else ""
+    return f"{r.setting:+d} {r.unit} {r.phase} {r.verdict.upper()}{why}" + (f"; {figures}" if figures else "")
+
+
+def _table(trials: tuple[TrialResult, ...]) -> str:
+    rows = [(f"{t.setting:+d} {t.unit}", t.phase, t.verdict.upper(), (t.kind or "") if t.verdict != "pass" else "",
+             _fmt(t.tok_s, ",.0f"), _fmt(t.power_w, ".1f"), _fmt(t.tok_per_j, ".3f"), _fmt(t.max_temp_c, ".0f"))
+            for t in trials]
+    return format_table(("setting", "phase", "verdict", "reason", "tok/s", "W", "tok/J", "max °C"), rows)
+
+
+def _recommendation_text(rec: Recommendation, label: str) -> str:
+    if rec.confirmed is None:
+        head = f"recommendation for {label}: stay at stock ({rec.setting:+d} {rec.unit}): no undervolt step passed"
+    else:
+        head = (f"recommendation for {label}: {rec.setting:+d} {rec.unit} (confirmed {rec.confirmed:+d} + "
+                f"{rec.margin} {rec.unit} margin{', edge margin: a trial hung or crashed' if rec.edge else ''}; "
+                f"first failure {'-' if rec.first_failure is None else f'{rec.first_failure:+d}'})")
+    if rec.efficiency_gain_pct is not None:
+        head += (f"\nefficiency: {rec.tuned_tok_per_j:.3f} tok/J vs {rec.baseline_tok_per_j:.3f} at stock: "
+                 f"{rec.efficiency_gain_pct:+.1f}% (measured at {rec.measured_at:+d} {rec.unit}; power "
+                 f"{rec.baseline_power_w:.0f} -> {rec.tuned_power_w:.0f} W)")
+    return head
+
+
+def run(args, ctx) -> int:
+    from tuner.bisect_job import BisectJob, BisectParams
+
+    backend = ctx.backend
+    device = _pick_device(backend, args.device)
+    knob = backend.knob(device.id)
+    _check_save_name(args.save)
+    params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin,
+                          trial_s=parse_duration_s(args.trial), confirm_s=parse_duration_s(args.confirm),
+                          floor=args.floor, mode=args.mode, preset=args.preset, resume=args.resume,
+                          restart=args.restart)
+    _confirm_real_card(device, args)
+    printer = _Printer(knob.unit, args.json)
+    job = BisectJob(backend, device.id, params, printer)
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["outcome"] = job.run()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+            box["error"] = e
+
+    worker = threading.Thread(target=work, name="bisect", daemon=True)
+    worker.start()
+    interrupted = False
+    while worker.is_alive():
+        try:
+            worker.join(0.2)
+        except (KeyboardInterrupt, signals.Terminated):
+            interrupted = True
+            job.stop()  # the worker stops the engine, resets the card, closes the journal (resumable)
+    if "error" in box:
+        raise box["error"]
+    outcome = box["outcome"]
+    if interrupted or outcome.status == "stopped":
+        if not args.json and outcome.trials:
+            print(_table(outcome.trials), file=sys.stderr)
+        return exit_codes.INTERRUPTED
+    if not args.json:
+        if outcome.trials:
+            print(_table(outcome.trials))
+        if outcome.recommendation is not None:
+            print(_recommendation_text(outcome.recommendation, device.label))
+    if outcome.recommendation is not None and args.save:
+        from tuner.profiles import build_profile, save_profile
+
+        profile = build_profile(args.save, device, knob, outcome.recommendation.setting, tuning=outcome.tuning())
+        path = save_profile(profile, overwrite=False)
+        if args.json:
+            sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path)}) + "\n")
+        else:
+            print(f"saved profile {args.save!r} to {path}")
+    return outcome.exit_code
+
+
+__all__ = ["add_parser", "run"]

@@ -1,0 +1,283 @@
+"""Watch the kernel log during a trial, and read the previous boot's log after a crash.
+
+Sources, in order of preference: `journalctl -k -f -n 0 -o short-monotonic` (only messages logged after it
+started), then `/dev/kmsg` read from its end. When neither can be read (a container, no permission) the
+watcher degrades: it says so once through `warn` and reports nothing, so the trial still runs.
+
+Only lines after `start()` count. A line naming a PCI address that is not the watched card's is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+# (kind, regex, edge): edge = the card or machine had to be reset, or fell off the bus
+PATTERNS: tuple[tuple[str, str, bool], ...] = (
+    ("xid", r"NVRM: Xid", False),
+    ("fallen-off-bus", r"fallen off the bus", True),
+    ("ring-timeout", r"ring \S+ timeout", False),
+    ("job-timeout", r"amdgpu_job_timedout", False),
+    ("gpu-reset", r"GPU reset|ring \S+ reset|device wedged|MODE1 reset|BACO reset", True),
+    ("page-fault", r"page fault|Memory access fault", False),
+    ("mes-failed", r"MES failed", False),
+    ("evict-failed", r"Failed to evict queue|Failed to suspend process|Failed to remove queue", False),
+    ("vram-lost", r"VRAM is lost", True),
+    ("illegal-opcode", r"Illegal opcode in command stream", False),
+)
+_COMPILED = tuple((kind, re.compile(rx, re.IGNORECASE), edge) for kind, rx, edge in PATTERNS)
+_PCI_RE = re.compile(r"\b[0-9a-f]{4,8}:([0-9a-f]{2}:[0-9a-f]{2})(?:\.[0-7])?\b", re.IGNORECASE)
+_XID_RE = re.compile(r"Xid \(PCI:([0-9a-f:.]+)\):\s*(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    kind: str
+    line: str
+    edge: bool
+    xid: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "line": self.line, "edge": self.edge, "xid": self.xid}
+
+
+def _bus(pci: str) -> str | None:
+    m = _PCI_RE.search(pci)
+    return m.group(1).lower() if m else None
+
+
+def classify_line(line: str, pci_bus_id: str | None = None) -> KernelEvent | None:
+    """The failure this kernel-log line reports, or None (also None when it names another card).
+
+    >>> classify_line("amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=7, emitted seq=9").kind
+    'ring-timeout'
+    >>> classify_line("NVRM: Xid (PCI:0000:2b:00): 79, pid=1, GPU has fallen off the bus.").edge
+    True
+    >>> classify_line("amdgpu 0000:04:00.0: amdgpu: GPU reset begin!", "0000:03:00.0") is None
+    True
+    """
+    for kind, rx, edge in _COMPILED:
+        if rx.search(line):
+            break
+    else:
+        return None
+    if pci_bus_id:
+        want = _bus(pci_bus_id)
+        named = {m.group(1).lower() for m in _PCI_RE.finditer(line)}
+        if want and named and want not in named:
+            return None
+    xid = None
+    m = _XID_RE.search(line)
+    if m:
+        xid = int(m.group(2))
+        if xid == 79:
+            kind, edge = "fallen-off-bus", True
+    return KernelEvent(kind, line.strip(), edge, xid)
+
+
+class KernelLogWatcher:
+    """Counts kernel-log failures from `start()` until `stop()`. Thread-safe reads of `events`.
+
+    `reader` yields log lines and is stopped by calling the function it returned with them; tests feed their own.
+    """
+
+    def __init__(self, pci_bus_id: str | None = None, *, warn: Callable[[str], None] | None = None,
+                 on_event: Callable[[KernelEvent], None] | None = None,
+                 source: Callable[[], tuple[Iterable[str], Callable[[], None]] | None] | None = None):
+        self.pci_bus_id = pci_bus_id
+        self._warn = warn or (lambda msg: None)
+        self._on_event = on_event
+        self._source = source or open_live_source
+        self._events: list[KernelEvent] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._close: Callable[[], None] | None = None
+        self.available = False
+        self.source_name = "none"
+
+    def start(self) -> KernelLogWatcher:
+        opened = self._source()
+        if opened is None:
+            self._warn("cannot read the kernel log (no journalctl access, /dev/kmsg not readable): kernel-level "
+                       "GPU errors (Xid, ring timeouts, resets) will not be seen during trials; run as root to "
+                       "watch them")
+            return self
+        lines, self._close = opened
+        self.available = True
+        self.source_name = getattr(lines, "name", "kernel log")
+        self._thread = threading.Thread(target=self._pump, args=(lines,), name="kernel-log", daemon=True)
+        self._thread.start()
+        return self
+
+    def _pump(self, lines: Iterable[str]) -> None:
+        try:
+            for line in lines:
+                event = classify_line(line, self.pci_bus_id)
+                if event is None:
+                    continue
+                with self._lock:
+                    self._events.append(event)
+                if self._on_event:
+                    self._on_event(event)
+        except (OSError, ValueError):
+            pass
+
+    def feed(self, line: str) -> KernelEvent | None:
+        """Classify and count one line (for callers that read the log themselves, and tests)."""
+        event = classify_line(line, self.pci_bus_id)
+        if event is not None:
+            with self._lock:
+                self._events.append(event)
+            if self._on_event:
+                self._on_event(event)
+        return event
+
+    @property
+    def events(self) -> list[KernelEvent]:
+        with self._lock:
+            return list(self._events)
+
+    def stop(self) -> list[KernelEvent]:
+        if self._close is not None:
+            self._close()
+            self._close = None
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+        return self.events
+
+
+class NullWatcher(KernelLogWatcher):
+    """For simulated cards: the host's kernel log says nothing about them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, source=lambda: None, **kwargs)
+
+    def start(self) -> KernelLogWatcher:
+        return self
+
+
+# --- live sources ---------------------------------------------------------------------------------------------------
+class _JournalctlLines:
+    name = "journalctl -k -f"
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def __iter__(self):
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            yield line.rstrip("\n")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _open_journalctl():
+    exe = shutil.which("journalctl")
+    if not exe:
+        return None
+    try:
+        proc = subprocess.Popen([exe, "-k", "-f", "-n", "0", "-o", "short-monotonic", "--no-pager", "-q"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace")
+    except OSError:
+        return None
+    # journalctl exits at once when it cannot read the journal (no permission, no journald)
+    time.sleep(0.2)
+    if proc.poll() is not None:
+        return None
+    lines = _JournalctlLines(proc)
+    return lines, lines.close
+
+
+class _KmsgLines:
+    name = "/dev/kmsg"
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.closed = threading.Event()
+
+    def __iter__(self):
+        while not self.closed.is_set():
+            ready, _, _ = select.select([self.fd], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                record = os.read(self.fd, 8192)
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                if e.errno == 32:  # EPIPE: records were overwritten; keep reading
+                    continue
+                return
+            text = record.decode("utf-8", "replace")
+            yield text.split(";", 1)[-1].split("\n", 1)[0]
+
+    def close(self) -> None:
+        self.closed.set()
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _open_kmsg():
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        os.lseek(fd, 0, os.SEEK_END)  # only records from now on
+        os.read(fd, 8192)  # probe readability (EAGAIN when nothing new: fine)
+    except BlockingIOError:
+        pass
+    except OSError:
+        os.close(fd)
+        return None
+    lines = _KmsgLines(fd)
+    return lines, lines.close
+
+
+def open_live_source():
+    """(lines, close) from journalctl or /dev/kmsg, or None when the kernel log cannot be read."""
+    return _open_journalctl() or _open_kmsg()
+
+
+# --- after a crash ----------------------------------------------------------------------------------------------------
+def previous_boot_events(pci_bus_id: str | None = None, *, run=subprocess.run, tail: int = 20) -> list[str] | None:
+    """GPU failure lines from the previous boot's kernel log (`journalctl -k -b -1`), or None when unavailable
+    (no persistent journal, no permission)."""
+    exe = shutil.which("journalctl")
+    if not exe:
+        return None
+    try:
+        proc = run([exe, "-k", "-b", "-1", "-o", "short-monotonic", "--no-pager", "-q"],
+                   capture_output=True, text=True, errors="replace", timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    lines = [ev.line for ev in (classify_line(ln, pci_bus_id) for ln in proc.stdout.splitlines()) if ev]
+    return lines[-tail:]
+
+
+def summarize(events: Iterable[KernelEvent]) -> str:
+    events = list(events)
+    if not events:
+        return ""
+    kinds = ", ".join(dict.fromkeys(e.kind for e in events))
+    return f"kernel log: {kinds}: {events[0].line[:160]}"

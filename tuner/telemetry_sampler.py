@@ -1,0 +1,127 @@
+"""A 1 Hz telemetry sampler for one device: a thread calling `backend.telemetry`, a ring buffer, a summary.
+
+Energy comes from the device's counter when it has one (`Telemetry.energy_j`), else from integrating power.
+A `DeviceLost` while sampling is remembered (`device_lost`) and ends sampling: the trial counts it as a failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from tuner.backends.base import Backend
+from tuner.errors import DeviceLost, TunerError
+from tuner.models import Telemetry
+
+
+@dataclass(frozen=True)
+class TelemetrySummary:
+    samples: int
+    duration_s: float
+    mean_power_w: float | None
+    max_power_w: float | None
+    max_temp_edge_c: float | None
+    max_temp_hotspot_c: float | None
+    max_temp_mem_c: float | None
+    mean_core_clock_mhz: float | None
+    mean_voltage_mv: float | None
+    energy_j: float | None
+
+    @property
+    def max_temp_c(self) -> float | None:
+        temps = [t for t in (self.max_temp_edge_c, self.max_temp_hotspot_c, self.max_temp_mem_c) if t is not None]
+        return max(temps) if temps else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["max_temp_c"] = self.max_temp_c
+        return d
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(samples: list[Telemetry]) -> TelemetrySummary:
+    def col(name: str) -> list[float]:
+        return [getattr(s, name) for s in samples if getattr(s, name) is not None]
+
+    duration_s = samples[-1].time_s - samples[0].time_s if len(samples) > 1 else 0.0
+    counters = [(s.time_s, s.energy_j) for s in samples if s.energy_j is not None]
+    energy_j: float | None = None
+    if len(counters) > 1 and counters[-1][1] >= counters[0][1]:
+        energy_j = counters[-1][1] - counters[0][1]
+    else:
+        powered = [(s.time_s, s.power_w) for s in samples if s.power_w is not None]
+        if len(powered) > 1:
+            energy_j = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(powered, powered[1:]))
+    power = col("power_w")
+    return TelemetrySummary(
+        samples=len(samples),
+        duration_s=duration_s,
+        mean_power_w=_mean(power),
+        max_power_w=max(power) if power else None,
+        max_temp_edge_c=max(col("temp_edge_c"), default=None),
+        max_temp_hotspot_c=max(col("temp_hotspot_c"), default=None),
+        max_temp_mem_c=max(col("temp_mem_c"), default=None),
+        mean_core_clock_mhz=_mean(col("core_clock_mhz")),
+        mean_voltage_mv=_mean(col("voltage_mv")),
+        energy_j=energy_j,
+    )
+
+
+class TelemetrySampler:
+    """Samples `backend.telemetry(device_id)` every `interval_s` in a daemon thread until `stop()`."""
+
+    def __init__(self, backend: Backend, device_id: str, *, interval_s: float = 1.0, maxlen: int = 4 * 3600,
+                 on_sample: Callable[[Telemetry], None] | None = None):
+        self.backend, self.device_id, self.interval_s = backend, device_id, interval_s
+        self.samples: deque[Telemetry] = deque(maxlen=maxlen)
+        self.device_lost: str | None = None
+        self.error: str | None = None
+        self._on_sample = on_sample
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
+
+    def start(self) -> TelemetrySampler:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while True:
+            self.sample_once()
+            if self.device_lost or self.error or self._stop.wait(self.interval_s):
+                return
+
+    def sample_once(self) -> Telemetry | None:
+        try:
+            sample = self.backend.telemetry(self.device_id)
+        except DeviceLost as e:
+            self.device_lost = e.message
+            return None
+        except (TunerError, OSError) as e:
+            self.error = getattr(e, "message", str(e))
+            return None
+        with self._lock:
+            self.samples.append(sample)
+        if self._on_sample:
+            self._on_sample(sample)
+        return sample
+
+    def stop(self) -> TelemetrySummary:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+        return self.summary()
+
+    def summary(self) -> TelemetrySummary:
+        with self._lock:
+            samples = list(self.samples)
+        return summarize(samples)
+
+    def latest(self) -> Telemetry | None:
+        with self._lock:
+            return self.samples[-1] if self.samples else None
