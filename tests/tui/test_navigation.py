@@ -126,3 +126,22 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert "torch" not in json.loads(out.stdout.strip().splitlines()[-1])
+
+
+async def test_no_color_is_honoured(tmp_path, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make_app(tmp_path, samples=3)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.6)
+        assert app.no_color
+        assert "STOCK" in str(app.screen.query_one("#setting").render())
+
+
+async def test_command_palette_lists_screens_and_screen_actions(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for title in ("Screen 1: Dashboard", "Screen 3: Auto-bisect", "Screen 6: Help", "Apply", "Reset", "Stress",
+                      "Quit"):
+            assert title in titles

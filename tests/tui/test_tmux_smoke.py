@@ -64,3 +64,35 @@ def test_tuner_simulate_under_tmux(tmp_path):
         assert "Traceback" not in pane
     finally:
         subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True)
+
+
+def test_ssh_hang_up_reverts_an_unconfirmed_setting(tmp_path):
+    """Apply -10 mV, leave the keep-or-revert dialog open, then SIGHUP the tuner: the card must be at stock."""
+    import json
+    import signal
+
+    import psutil
+
+    sock = tmp_path / "tmux.sock"
+    tuner = Path(sys.executable).with_name("tuner")
+    env_vars = " ".join(f"{k}={os.environ[k]}" for k in ("XDG_STATE_HOME", "XDG_CONFIG_HOME"))
+    command = f"env {env_vars} TERM=xterm-256color {tuner} --simulate; echo TUNER-EXIT=$?; sleep 30"
+    _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", "80", "-y", "24", command)
+    state = Path(os.environ["XDG_STATE_HOME"]) / "tuner" / "simulated" / "seed-0.json"
+    try:
+        _wait_for(sock, EXPECT["1"])
+        _tmux(sock, "send-keys", "-t", "smoke", "2")
+        _wait_for(sock, EXPECT["2"])
+        _tmux(sock, "send-keys", "-t", "smoke", "Left")
+        _tmux(sock, "send-keys", "-t", "smoke", "Left")
+        _wait_for(sock, ["target -10 mV"])
+        _tmux(sock, "send-keys", "-t", "smoke", "a")
+        _wait_for(sock, ["Keep this setting?"])
+        assert json.loads(state.read_text())["cards"]["sim0"]["offset_mv"] == -10
+        shell_pid = int(_tmux(sock, "list-panes", "-t", "smoke", "-F", "#{pane_pid}").strip())
+        [app_proc] = [p for p in psutil.Process(shell_pid).children(recursive=True) if "tuner" in " ".join(p.cmdline())]
+        app_proc.send_signal(signal.SIGHUP)
+        _wait_for(sock, ["TUNER-EXIT=130"])
+        assert json.loads(state.read_text())["cards"]["sim0"]["offset_mv"] == 0
+    finally:
+        subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True)
