@@ -1,0 +1,62 @@
+"""Entry point of `python -m tuner.engine`: protect stdout, parse arguments, run, exit with the verdict's code.
+
+stdout carries only protocol lines: the real stdout file descriptor is kept for the protocol and fd 1 is
+pointed at stderr, so stray prints (ours, torch's, a C library's) land in the log instead of the protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+T0 = time.monotonic()
+
+
+def _protocol_stream():
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    return proto
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tuner.engine.options import UsageProblem, parse_args
+    from tuner.engine.protocol import Emitter
+
+    argv = sys.argv[1:] if argv is None else argv
+    stream = _protocol_stream()
+    emitter = Emitter(stream, t0=T0)
+    try:
+        opts = parse_args(argv)
+    except UsageProblem as e:
+        print(f"tuner.engine: error: {e}", file=sys.stderr, flush=True)
+        emitter.emit("end", verdict="error", reason=str(e), kind="usage", step=None, steps=0, duration_s=0.0,
+                     exit_code=2)
+        return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: harmless
+    from tuner.engine.platform import prepare_environment
+
+    prepare_environment()  # before torch initialises any GPU runtime
+    from tuner.engine.runner import Engine
+
+    engine = Engine(opts, emitter)
+
+    def on_signal(signum, _frame):
+        engine.stop_signal = signal.Signals(signum).name
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    code = engine.run()
+    try:
+        stream.flush()
+    except OSError:
+        pass
+    return code

@@ -1,0 +1,306 @@
+"""Failure detectors. Each is a small unit that is given measurements and says whether they are wrong.
+
+None of them knows anything about fault injection: the runner measures, the injector (faults.py) may tamper
+with the computation, and the detectors only compare.
+
+Hard detectors return a `Finding` (the run fails):
+- NonFiniteDetector   raw per-step loss and gradient norm; the first NaN/Inf fails.   kind "nonfinite"
+- ReferenceTrajectory per-step digests vs a recorded stock run, bitwise.               kind "mismatch"
+- CanaryReplay        fixed batch through frozen initial weights, vs its first result.  kind "canary"
+- GemmCheck           the same matmul N times, each bitwise vs the first (gpu-burn).    kind "gemm"
+- device errors       CUDA/HIP runtime errors (see patterns.py).                        kind "device-error"
+The soft detector returns `SoftWarning`s (never a failure by itself; the runner schedules an extra canary):
+- SoftSignals         loss spike (rolling median + 6 MAD), gradient-norm spike, throughput drop.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import statistics
+import struct
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from tuner.engine.patterns import match_device_error
+from tuner.engine.reference import digest_values, step_digest
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class SoftWarning:
+    kind: str  # "loss-spike", "grad-spike", "throughput-drop"
+    detail: str
+
+
+class NonFiniteDetector:
+    kind = "nonfinite"
+
+    def check(self, loss: float, grad_norm: float) -> Finding | None:
+        bad = [name for name, v in (("loss", loss), ("grad_norm", grad_norm)) if not math.isfinite(v)]
+        if not bad:
+            return None
+        return Finding(self.kind, f"non-finite {' and '.join(bad)} (loss {loss!r}, grad_norm {grad_norm!r})")
+
+
+class ReferenceTrajectory:
+    """Compares each step's digest (raw loss bits, raw gradient-norm bits) with a recorded run's.
+
+    Bitwise by default. With `tolerance` (the platform was not repeatable) it compares values instead:
+    relative loss difference above `tolerance`, or a gradient norm off by more than 100 %, fails ("reduced
+    sensitivity": it only catches gross divergence). Steps past the reference's end are counted, not compared.
+    """
+
+    kind = "mismatch"
+
+    def __init__(self, digests: list[str], tolerance: float | None = None):
+        self.digests, self.tolerance = digests, tolerance
+        self.compared = 0
+        self.beyond = 0
+
+    @property
+    def reference_steps(self) -> int:
+        return len(self.digests)
+
+    def check(self, step: int, loss: float, grad_norm: float) -> Finding | None:
+        i = step - 1
+        if i >= len(self.digests):
+            self.beyond += 1
+            return None
+        self.compared += 1
+        want, got = self.digests[i], step_digest(loss, grad_norm)
+        if got == want:
+            return None
+        ref_loss, ref_gn = digest_values(want)
+        if self.tolerance is not None and math.isfinite(loss) and math.isfinite(grad_norm):
+            loss_rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
+            gn_rel = abs(grad_norm - ref_gn) / max(abs(ref_gn), 1e-12)
+            if loss_rel <= self.tolerance and gn_rel <= 1.0:
+                return None
+        return Finding(
+            self.kind,
+            f"step {step} differs from the reference: loss {loss!r} vs {ref_loss!r}, grad_norm {grad_norm!r} vs "
+            f"{ref_gn!r} (digest {got} vs {want})",
+        )
+
+
+class TrajectoryRecorder:
+    def __init__(self) -> None:
+        self.digests: list[str] = []
+
+    def append(self, step: int, loss: float, grad_norm: float) -> None:
+        if step != len(self.digests) + 1:
+            raise ValueError(f"recorder got step {step} after {len(self.digests)}")
+        self.digests.append(step_digest(loss, grad_norm))
+
+
+@dataclass(frozen=True)
+class CanarySample:
+    loss: float
+    stats: tuple[float, ...]  # per parameter: gradient sum, then gradient L2 norm
+
+    def values(self) -> tuple[float, ...]:
+        return (self.loss, *self.stats)
+
+    def digest(self) -> str:
+        packed = struct.pack(f"<{len(self.values())}f", *self.values())
+        return hashlib.sha256(packed).hexdigest()[:16]
+
+
+def _same_bits(a: float, b: float) -> bool:
+    return struct.pack("<f", a) == struct.pack("<f", b)
+
+
+class CanaryReplay:
+    """A fixed batch through frozen weights, forward and backward; the result must never change.
+
+    `measure()` runs it; `calibrate(samples)` takes the first of several start-up runs as the golden result and
+    says whether they were all bitwise equal (if not, later comparisons use a tolerance of 4x the observed
+    spread: "reduced sensitivity"); `check(sample)` compares a later run with the golden one.
+    """
+
+    kind = "canary"
+
+    def __init__(self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor):
+        self.model, self.inputs, self.targets = model, inputs, targets
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.golden: CanarySample | None = None
+        self.tolerance: float | None = None
+        self.runs = 0
+
+    def measure(self) -> CanarySample:
+        self.model.zero_grad(set_to_none=True)
+        loss = self.model(self.inputs, self.targets)
+        loss.backward()
+        grads = [p.grad.float() for p in self.params]
+        sums = torch.stack([g.sum() for g in grads])
+        norms = torch.stack(torch._foreach_norm(grads))
+        vals = torch.cat([loss.detach().float().reshape(1), sums, norms]).cpu().tolist()
+        self.model.zero_grad(set_to_none=True)
+        self.runs += 1
+        return CanarySample(vals[0], tuple(vals[1:]))
+
+    def calibrate(self, samples: list[CanarySample]) -> bool:
+        self.golden = samples[0]
+        repeatable = all(all(_same_bits(a, b) for a, b in zip(s.values(), self.golden.values())) for s in samples)
+        if not repeatable:
+            spread = max(_rel_diff(s.values(), self.golden.values()) for s in samples)
+            self.tolerance = max(4 * spread, 1e-6)
+        return repeatable
+
+    def check(self, sample: CanarySample) -> Finding | None:
+        if self.golden is None:
+            raise RuntimeError("canary not calibrated")
+        a, b = sample.values(), self.golden.values()
+        if self.tolerance is None:
+            if all(_same_bits(x, y) for x, y in zip(a, b)):
+                return None
+        elif _rel_diff(a, b) <= self.tolerance:
+            return None
+        where = next((i for i, (x, y) in enumerate(zip(a, b)) if not _same_bits(x, y)), 0)
+        what = "loss" if where == 0 else f"gradient statistic #{where}"
+        return Finding(self.kind, f"canary replay differs from its first result: {what} {a[where]!r} vs "
+                                  f"{b[where]!r} (digest {sample.digest()} vs {self.golden.digest()})")
+
+
+def _rel_diff(a, b) -> float:
+    worst = 0.0
+    for x, y in zip(a, b):
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return math.inf
+        worst = max(worst, abs(x - y) / max(abs(y), 1e-12))
+    return worst
+
+
+_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+class GemmCheck:
+    """gpu-burn's method: C = A @ B computed `repeats` times from the same A and B, each compared bitwise with
+    the first result (`calibrate`) or, on a platform that is not repeatable, within 4x the observed spread."""
+
+    kind = "gemm"
+
+    def __init__(self, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 4, seed: int = 10):
+        g = torch.Generator().manual_seed(seed)
+        self.n, self.repeats = n, repeats
+        self.a = (torch.rand(n, n, generator=g) * 2 - 1).to(device=device, dtype=dtype)
+        self.b = (torch.rand(n, n, generator=g) * 2 - 1).to(device=device, dtype=dtype)
+        self.golden: torch.Tensor | None = None
+        self.tolerance: float | None = None
+        self.runs = 0
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.n**3 * self.repeats
+
+    def compute(self) -> list[torch.Tensor]:
+        self.runs += 1
+        return [self.a @ self.b for _ in range(self.repeats)]
+
+    def calibrate(self, outputs: list[torch.Tensor]) -> bool:
+        self.golden = outputs[0].clone()
+        diffs = [self._max_abs_diff(o) for o in outputs]
+        if all(d == 0 and self._bit_equal(o) for d, o in zip(diffs, outputs)):
+            return True
+        self.tolerance = max(4 * max(diffs), 1e-6)
+        return False
+
+    def _bit_equal(self, out: torch.Tensor) -> bool:
+        view = _INT_VIEW.get(out.dtype)
+        if view is None:
+            return torch.equal(out, self.golden)
+        return torch.equal(out.view(view), self.golden.view(view))
+
+    def _max_abs_diff(self, out: torch.Tensor) -> float:
+        return float((out.float() - self.golden.float()).abs().max())
+
+    def compare(self, outputs: list[torch.Tensor]) -> Finding | None:
+        if self.golden is None:
+            raise RuntimeError("GEMM check not calibrated")
+        for i, out in enumerate(outputs):
+            if self.tolerance is None and self._bit_equal(out):
+                continue
+            diff = self._max_abs_diff(out)
+            if self.tolerance is not None and diff <= self.tolerance:
+                continue
+            view = _INT_VIEW.get(out.dtype)
+            wrong = int((out.view(view) != self.golden.view(view)).sum()) if view else -1
+            return Finding(self.kind, f"GEMM {self.n}x{self.n} repeat {i + 1}/{len(outputs)}: {wrong} element(s) "
+                                      f"differ from the first result, max |diff| {diff:.6g}")
+        return None
+
+
+def device_error(exc: BaseException) -> Finding | None:
+    """A CUDA/HIP runtime error in an exception (illegal memory access and friends), else None."""
+    label = match_device_error(f"{type(exc).__name__}: {exc}")
+    if label is None and type(exc).__name__ == "AcceleratorError":
+        label = "accelerator error"
+    if label is None:
+        return None
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return Finding("device-error", f"{label}: {first[:300]}")
+
+
+class SoftSignals:
+    """Warnings, never failures: loss above rolling median + k x MAD, gradient norm above `grad_factor` x its
+    rolling median, recent throughput below `tput_ratio` of the run's median. Each kind is quiet for
+    `cooldown_steps` after it fires. Non-finite values are ignored (the non-finite detector owns them)."""
+
+    def __init__(self, window: int = 100, min_history: int = 20, mad_k: float = 6.0, grad_factor: float = 10.0,
+                 tput_ratio: float = 0.9, tput_window: int = 20, tput_min_history: int = 50,
+                 cooldown_steps: int = 50):
+        self.mad_k, self.grad_factor, self.tput_ratio = mad_k, grad_factor, tput_ratio
+        self.min_history, self.tput_window, self.tput_min_history = min_history, tput_window, tput_min_history
+        self.cooldown_steps = cooldown_steps
+        self.losses: deque[float] = deque(maxlen=window)
+        self.grad_norms: deque[float] = deque(maxlen=window)
+        self.recent_tput: deque[float] = deque(maxlen=tput_window)
+        self.all_tput: list[float] = []  # sorted
+        self._last: dict[str, int] = {}
+
+    def _ready(self, kind: str, step: int) -> bool:
+        last = self._last.get(kind)
+        return last is None or step - last >= self.cooldown_steps
+
+    def observe(self, step: int, loss: float, grad_norm: float, tok_s: float | None,
+                steady: bool) -> list[SoftWarning]:
+        out: list[SoftWarning] = []
+        if math.isfinite(loss):
+            if len(self.losses) >= self.min_history and self._ready("loss-spike", step):
+                med = statistics.median(self.losses)
+                mad = statistics.median(abs(x - med) for x in self.losses)
+                limit = med + self.mad_k * max(mad, 1e-3 * abs(med), 1e-6)
+                if loss > limit:
+                    out.append(SoftWarning("loss-spike", f"loss {loss:.4f} > median {med:.4f} + "
+                                                         f"{self.mad_k:g} MAD ({limit:.4f})"))
+            self.losses.append(loss)
+        if math.isfinite(grad_norm):
+            if len(self.grad_norms) >= self.min_history and self._ready("grad-spike", step):
+                med = statistics.median(self.grad_norms)
+                if med > 0 and grad_norm > self.grad_factor * med:
+                    out.append(SoftWarning("grad-spike", f"grad_norm {grad_norm:.4g} > {self.grad_factor:g} x "
+                                                         f"median {med:.4g}"))
+            self.grad_norms.append(grad_norm)
+        if steady and tok_s is not None and tok_s > 0:
+            self.recent_tput.append(tok_s)
+            bisect.insort(self.all_tput, tok_s)
+            if (len(self.all_tput) >= self.tput_min_history and len(self.recent_tput) == self.tput_window
+                    and self._ready("throughput-drop", step)):
+                run_med = self.all_tput[len(self.all_tput) // 2]
+                recent = statistics.median(self.recent_tput)
+                if recent < self.tput_ratio * run_med:
+                    out.append(SoftWarning("throughput-drop", f"last {self.tput_window} steps {recent:,.0f} tok/s "
+                                                              f"< {self.tput_ratio:.0%} of the run's median "
+                                                              f"{run_med:,.0f}"))
+        for w in out:
+            self._last[w.kind] = step
+        return out

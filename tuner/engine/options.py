@@ -1,0 +1,271 @@
+"""What an engine run is asked to do: presets, injections, and the parsed command line. No torch here."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass, field
+
+MODES = ("train", "gemm", "mixed")
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+_DTYPE_ALIASES = {
+    "auto": "auto",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+}
+
+
+class UsageProblem(Exception):
+    """Bad input to the engine: one line on stderr, an `end` event with verdict `error`, exit 2."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model shape and the batch it tries first (the batch auto-fit may step it down)."""
+
+    name: str
+    depth: int
+    width: int
+    head_dim: int
+    seq_len: int
+    batch_size: int
+    canary_batch: int  # rows of the canary's fixed batch (at most batch_size)
+    eval_windows: int  # fixed held-out windows scored at the end
+    warmup_steps: int  # default steps excluded from throughput medians and soft signals
+    lr_scale: float = 1.0  # multiplies every learning rate
+
+    @property
+    def n_head(self) -> int:
+        return self.width // self.head_dim
+
+
+PRESETS: dict[str, Preset] = {
+    # CPU and tests: ~0.13 M parameters, 512 tokens a step, a few ms a step.
+    "tiny": Preset("tiny", depth=2, width=64, head_dim=32, seq_len=64, batch_size=8, canary_batch=8,
+                   eval_windows=8, warmup_steps=5),
+    # The seed's failing shape (ankel/nanochat "small"): depth 6, width 384, head dim 64, 32 x 512 tokens.
+    "small": Preset("small", depth=6, width=384, head_dim=64, seq_len=512, batch_size=32, canary_batch=8,
+                    eval_windows=16, warmup_steps=20),
+    # Fills a big GPU: nanochat d12 shape at 2048 context; the batch steps down until it fits.
+    "large": Preset("large", depth=12, width=768, head_dim=128, seq_len=2048, batch_size=64, canary_batch=4,
+                    eval_windows=16, warmup_steps=20),
+}
+
+INJECT_KINDS = ("bitflip", "nan", "hang")
+INJECT_TARGETS = ("weight", "activation")
+_INJECT_RE = re.compile(r"^(bitflip|nan|hang)@(\d+)(?::(weight|activation))?(?::(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Injection:
+    """`bitflip@STEP[:weight|activation][:BIT]`, `nan@STEP`, `hang@STEP`. Steps count from 1."""
+
+    kind: str
+    step: int
+    target: str = "weight"
+    bit: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Injection:
+        m = _INJECT_RE.match(text.strip())
+        if not m:
+            raise UsageProblem(
+                f"bad --inject {text!r}: expected bitflip@STEP[:weight|activation][:BIT], nan@STEP or hang@STEP"
+            )
+        kind, step, target, bit = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+        if step < 1:
+            raise UsageProblem(f"bad --inject {text!r}: steps count from 1")
+        if kind != "bitflip" and (target or bit):
+            raise UsageProblem(f"bad --inject {text!r}: only bitflip takes a target and a bit")
+        if bit is not None and not 0 <= int(bit) <= 31:
+            raise UsageProblem(f"bad --inject {text!r}: bit must be 0..31")
+        return cls(kind, step, target or ("activation" if kind == "nan" else "weight"),
+                   None if bit is None else int(bit))
+
+    def __str__(self) -> str:
+        if self.kind != "bitflip":
+            return f"{self.kind}@{self.step}"
+        return f"bitflip@{self.step}:{self.target}" + ("" if self.bit is None else f":{self.bit}")
+
+
+@dataclass
+class EngineOptions:
+    """Everything the command line sets. Tests build this directly to run the engine in-process."""
+
+    device: str = "cpu"
+    preset: str = "tiny"
+    mode: str = "train"
+    steps: int | None = None
+    duration_s: float | None = None
+    seed: int = 0
+    dtype: str = "auto"
+    batch_size: int | None = None
+    warmup_steps: int | None = None
+    data: str | None = None
+    record: str | None = None
+    reference: str | None = None
+    canary_every: int = 100  # steps; 0 = only time-based / soft-signal canaries
+    canary_every_s: float = 60.0  # seconds; 0 = off
+    gemm_n: int | None = None  # side of the GEMM check's square matrices (default: sized to the device)
+    gemm_repeats: int = 4
+    threads: int | None = None
+    expect_pci_bus_id: str | None = None
+    fault_rate: float = 0.0
+    injections: list[Injection] = field(default_factory=list)
+    # mixed mode: full load, then duty-cycled partial load, then an idle gap, repeated
+    mixed_full_s: float = 126.0
+    mixed_partial_s: float = 36.0
+    idle_gap_s: float = 12.0
+    partial_duty: float = 0.5
+    heartbeat_s: float = 0.5
+    reference_tolerance: float = 0.05  # relative, used only when the platform is not bitwise repeatable
+    # test hooks (hidden on the command line)
+    test_oom_above: int | None = None  # simulate out-of-memory for any batch larger than this
+    test_oom_at_step: int | None = None  # simulate out-of-memory once, at this step
+
+    @property
+    def preset_spec(self) -> Preset:
+        return PRESETS[self.preset]
+
+    def validate(self) -> None:
+        if self.preset not in PRESETS:
+            raise UsageProblem(f"unknown preset {self.preset!r}: choose one of {', '.join(PRESETS)}")
+        if self.mode not in MODES:
+            raise UsageProblem(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.dtype not in DTYPES:
+            raise UsageProblem(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.steps is None and self.duration_s is None:
+            raise UsageProblem("nothing bounds the run: give --steps N or --duration (e.g. 90s, 5m, 1h)")
+        if self.steps is not None and self.steps < 1:
+            raise UsageProblem(f"--steps must be at least 1, got {self.steps}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise UsageProblem(f"--duration must be positive, got {self.duration_s}")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise UsageProblem(f"--fault-rate must be between 0 and 1, got {self.fault_rate}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise UsageProblem(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.canary_every < 0 or self.canary_every_s < 0:
+            raise UsageProblem("--canary-every and --canary-every-s must not be negative")
+        if self.gemm_n is not None and self.gemm_n < 8:
+            raise UsageProblem(f"--gemm-n must be at least 8, got {self.gemm_n}")
+        if self.gemm_repeats < 2:
+            raise UsageProblem(f"--gemm-repeats must be at least 2, got {self.gemm_repeats}")
+        if min(self.mixed_full_s, self.mixed_partial_s, self.idle_gap_s) < 0 or self.mixed_full_s == 0:
+            raise UsageProblem("mixed-mode phase lengths must not be negative, and the full-load phase must be > 0")
+        if not 0.05 <= self.partial_duty <= 1.0:
+            raise UsageProblem(f"--partial-duty must be in 0.05..1, got {self.partial_duty}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise UsageProblem("--warmup-steps must not be negative")
+        if self.heartbeat_s <= 0 or self.heartbeat_s > 1.0:
+            raise UsageProblem("--heartbeat-s must be in (0, 1]")
+        if self.threads is not None and self.threads < 1:
+            raise UsageProblem("--threads must be at least 1")
+        if self.record and self.reference and os.path.abspath(self.record) == os.path.abspath(self.reference):
+            raise UsageProblem("--record and --reference must be different files")
+        if not re.fullmatch(r"cpu|mps|(cuda|hip)(:\d+)?", self.device):
+            raise UsageProblem(f"bad --device {self.device!r}: use cuda:N, cpu or mps")
+        if self.mode == "gemm" and (self.record or self.reference):
+            raise UsageProblem("--record/--reference need a training mode (train or mixed), not gemm")
+
+    @property
+    def effective_warmup_steps(self) -> int:
+        return self.preset_spec.warmup_steps if self.warmup_steps is None else self.warmup_steps
+
+
+def parse_dtype(text: str) -> str:
+    key = text.strip().lower()
+    if key not in _DTYPE_ALIASES:
+        raise UsageProblem(f"unknown dtype {text!r}: use bf16, fp16, fp32 or auto")
+    return _DTYPE_ALIASES[key]
+
+
+def parse_duration_s(text: str) -> float:
+    """`90`, `90s`, `5m`, `1h`, `1h30m` -> seconds (the project's own parser, errors made engine-local)."""
+    from tuner.durations import parse_duration_s as parse
+    from tuner.errors import UsageError
+
+    try:
+        return parse(text)
+    except UsageError as e:
+        raise UsageProblem(f"bad --duration: {e.one_line()}") from None
+
+
+class _ArgParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageProblem(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _ArgParser(
+        prog="python -m tuner.engine",
+        description="Stress a device with a small nanochat-style training run and check every step for "
+        "miscomputation. JSON lines on stdout (docs/engine.md), logs on stderr. "
+        "Exit 0 pass, 1 fault detected, 2 usage or setup error, 130 interrupted.",
+    )
+    p.add_argument("--device", default="cpu", help="cuda:N, cpu or mps (default cpu)")
+    p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape (default tiny)")
+    p.add_argument("--mode", default="train", choices=list(MODES),
+                   help="train (default), gemm (GEMM burn only) or mixed (partial-load phases and idle gaps)")
+    p.add_argument("--steps", type=int, metavar="N", help="stop after N steps (gemm mode: N GEMM rounds)")
+    p.add_argument("--duration", metavar="TIME", help="stop after TIME: seconds, or 90s / 5m / 1h")
+    p.add_argument("--seed", type=int, default=0, help="model init, data order and fault draws (default 0)")
+    p.add_argument("--dtype", default=None,
+                   help="compute dtype: auto (default; bf16 where supported, else fp32), bf16, fp16, fp32; "
+                   "else $TUNER_DTYPE")
+    p.add_argument("--batch-size", type=int, metavar="B", help="sequences per step (default: preset, auto-fit)")
+    p.add_argument("--warmup-steps", type=int, metavar="N", help="steps left out of throughput medians")
+    p.add_argument("--data", metavar="PATH", help="train on these files (a file or a directory) instead of "
+                   "the running Python's standard library sources")
+    p.add_argument("--record", metavar="PATH", help="save per-step digests as a reference trajectory")
+    p.add_argument("--reference", metavar="PATH", help="compare every step with this recorded trajectory")
+    p.add_argument("--canary-every", type=int, default=100, metavar="K",
+                   help="canary replay every K steps (default 100; 0 = off)")
+    p.add_argument("--canary-every-s", type=float, default=60.0, metavar="S",
+                   help="also a canary when S seconds passed since the last (default 60; 0 = off)")
+    p.add_argument("--gemm-n", type=int, metavar="N", help="GEMM check matrix side (default: sized to device)")
+    p.add_argument("--gemm-repeats", type=int, default=4, metavar="R", help="GEMMs per check (default 4)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
+    p.add_argument("--expect-pci-bus-id", metavar="BUSID",
+                   help="fail setup unless the GPU used has this PCI bus id (e.g. 0000:03:00.0)")
+    p.add_argument("--fault-rate", type=float, default=0.0, metavar="P",
+                   help="per-step probability of one silent bit flip (simulated GPU and tests)")
+    p.add_argument("--inject", action="append", default=[], metavar="FAULT",
+                   help="bitflip@STEP[:weight|activation][:BIT], nan@STEP or hang@STEP (repeatable)")
+    p.add_argument("--mixed-full-s", type=float, default=126.0, metavar="S", help="mixed: full-load phase")
+    p.add_argument("--mixed-partial-s", type=float, default=36.0, metavar="S", help="mixed: partial-load phase")
+    p.add_argument("--idle-gap-s", type=float, default=12.0, metavar="S", help="mixed: idle gap (default 12)")
+    p.add_argument("--partial-duty", type=float, default=0.5, metavar="F",
+                   help="mixed: busy fraction in the partial-load phase (default 0.5)")
+    p.add_argument("--heartbeat-s", type=float, default=0.5, metavar="S", help="heartbeat interval (default 0.5)")
+    p.add_argument("--reference-tolerance", type=float, default=0.05, metavar="REL",
+                   help="relative loss tolerance when the platform is not bitwise repeatable (default 0.05)")
+    p.add_argument("--test-oom-above", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--test-oom-at-step", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> EngineOptions:
+    """Command line (and $TUNER_DTYPE) -> validated options. Raises UsageProblem."""
+    env = os.environ if environ is None else environ
+    a = build_parser().parse_args(argv)
+    if a.dtype is not None:
+        dtype = parse_dtype(a.dtype)
+    elif env.get("TUNER_DTYPE"):
+        dtype = parse_dtype(env["TUNER_DTYPE"])
+    else:
+        dtype = "auto"
+    opts = EngineOptions(
+        device=a.device, preset=a.preset, mode=a.mode, steps=a.steps,
+        duration_s=None if a.duration is None else parse_duration_s(a.duration),
+        seed=a.seed, dtype=dtype, batch_size=a.batch_size, warmup_steps=a.warmup_steps, data=a.data,
+        record=a.record, reference=a.reference, canary_every=a.canary_every, canary_every_s=a.canary_every_s,
+        gemm_n=a.gemm_n, gemm_repeats=a.gemm_repeats, threads=a.threads, expect_pci_bus_id=a.expect_pci_bus_id,
+        fault_rate=a.fault_rate, injections=[Injection.parse(s) for s in a.inject],
+        mixed_full_s=a.mixed_full_s, mixed_partial_s=a.mixed_partial_s, idle_gap_s=a.idle_gap_s,
+        partial_duty=a.partial_duty, heartbeat_s=a.heartbeat_s, reference_tolerance=a.reference_tolerance,
+        test_oom_above=a.test_oom_above, test_oom_at_step=a.test_oom_at_step,
+    )
+    opts.validate()
+    return opts

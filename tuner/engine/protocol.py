@@ -1,0 +1,93 @@
+"""JSON lines out: one event per line, flushed, thread-safe; and the heartbeat thread. No torch here.
+
+Every event carries `"event": name` and `"t"`: monotonic seconds since the engine started. Non-finite floats
+are written as the strings "NaN", "Infinity" and "-Infinity" so every line is strict JSON. See docs/engine.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class Emitter:
+    """Writes events to a text stream (the protocol) and/or hands them to a callback (in-process use)."""
+
+    def __init__(
+        self,
+        stream: IO[str] | None = None,
+        *,
+        sink: Callable[[dict], None] | None = None,
+        t0: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._stream, self._sink, self._clock = stream, sink, clock
+        self.t0 = clock() if t0 is None else t0
+        self._lock = threading.Lock()
+        self.broken = False  # the reader went away (EPIPE); the engine should stop
+        self.last_emit = self.t0
+
+    def now(self) -> float:
+        return self._clock() - self.t0
+
+    def emit(self, event: str, **fields: Any) -> dict:
+        record = {"event": event, "t": round(self.now(), 4), **_clean(fields)}
+        with self._lock:
+            self.last_emit = self._clock()
+            if self._sink is not None:
+                self._sink(record)
+            if self._stream is not None and not self.broken:
+                try:
+                    self._stream.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
+                    self._stream.flush()
+                except (BrokenPipeError, ValueError, OSError):
+                    self.broken = True
+        return record
+
+
+class Heartbeat:
+    """A daemon thread that emits `heartbeat` at a fixed interval, also while the main thread is in a long step.
+
+    `status()` is called from the thread and returns the fields to report (step, state, progress); it must only
+    read plain Python values. `stop()` ends the thread (the hang injection uses it to go silent).
+    """
+
+    def __init__(self, emitter: Emitter, status: Callable[[], dict], interval_s: float = 0.5):
+        self._emitter, self._status, self._interval_s = emitter, status, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._emitter.emit("heartbeat", **self._status())
+            except Exception as e:  # noqa: BLE001 - a heartbeat must never kill the engine
+                print(f"engine: heartbeat failed: {e!r}", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)

@@ -1,0 +1,108 @@
+"""The reference-trajectory file: per-step digests of a run at stock settings, and what they depend on.
+
+JSON, written atomically (temp file, fsync, rename):
+
+    {"format": "tuner-engine-reference", "version": 1, "steps": N,
+     "fingerprint": {...everything the trajectory depends on...},
+     "canary": "<16 hex>" | null, "digests": ["<loss bits 8 hex><grad-norm bits 8 hex>", ...]}
+
+`digests[i]` belongs to step i + 1. A run may be longer than the reference: it stops comparing past `steps`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORMAT = "tuner-engine-reference"
+VERSION = 1
+
+
+class ReferenceProblem(Exception):
+    """The reference file cannot be used with this run (unreadable, or recorded under another config)."""
+
+
+def f32_bits(x: float) -> int:
+    """The IEEE-754 single-precision bits of `x` (exact for values that came from an fp32 tensor)."""
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def f32_from_bits(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def step_digest(loss: float, grad_norm: float) -> str:
+    """`step_digest(1.0, 2.0) == '3f80000040000000'`: raw loss bits then raw gradient-norm bits."""
+    return f"{f32_bits(loss):08x}{f32_bits(grad_norm):08x}"
+
+
+def digest_values(digest: str) -> tuple[float, float]:
+    return f32_from_bits(int(digest[:8], 16)), f32_from_bits(int(digest[8:16], 16))
+
+
+@dataclass
+class Reference:
+    fingerprint: dict
+    digests: list[str] = field(default_factory=list)
+    canary: str | None = None
+
+    @property
+    def steps(self) -> int:
+        return len(self.digests)
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "steps": self.steps, "fingerprint": self.fingerprint,
+                "canary": self.canary, "digests": self.digests}
+
+
+def save_reference(path: str | os.PathLike, ref: Reference) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(ref.to_json(), f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_reference(path: str | os.PathLike) -> Reference:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReferenceProblem(f"--reference {str(path)!r}: no such file (record one with --record)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ReferenceProblem(f"--reference {str(path)!r}: unreadable ({e.__class__.__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ReferenceProblem(f"--reference {str(path)!r}: not a tuner engine reference file")
+    if doc.get("version") != VERSION:
+        raise ReferenceProblem(f"--reference {str(path)!r}: version {doc.get('version')!r}, expected {VERSION}")
+    digests = doc.get("digests")
+    if (not isinstance(digests, list) or doc.get("steps") != len(digests)
+            or not all(isinstance(d, str) and len(d) == 16 for d in digests)):
+        raise ReferenceProblem(f"--reference {str(path)!r}: damaged digest list")
+    fp = doc.get("fingerprint")
+    if not isinstance(fp, dict):
+        raise ReferenceProblem(f"--reference {str(path)!r}: no fingerprint")
+    canary = doc.get("canary")
+    return Reference(fp, digests, canary if isinstance(canary, str) else None)
+
+
+def fingerprint_diff(reference: dict, current: dict) -> list[str]:
+    """Human-readable differences, e.g. ["seed: reference 0, this run 1"]; empty when they match."""
+    out = []
+    for key in sorted(set(reference) | set(current)):
+        if reference.get(key) != current.get(key):
+            out.append(f"{key}: reference {reference.get(key)!r}, this run {current.get(key)!r}")
+    return out

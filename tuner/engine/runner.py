@@ -1,0 +1,639 @@
+"""The engine run: set up, train (or burn GEMMs), check every step, report, and end with a verdict.
+
+`Engine(options, emitter).run()` returns the exit code (0 pass, 1 fault, 2 usage/setup error, 130
+interrupted) after emitting `end`. Tests and benchmarks may also call `setup()` and `step_once()` directly.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tuner.engine import PROTOCOL_VERSION
+from tuner.engine.data import DataProblem, WindowSampler, load_corpus
+from tuner.engine.detectors import (
+    CanaryReplay,
+    Finding,
+    GemmCheck,
+    NonFiniteDetector,
+    ReferenceTrajectory,
+    SoftSignals,
+    TrajectoryRecorder,
+    device_error,
+)
+from tuner.engine.faults import FaultInjector
+from tuner.engine.model import GPT, GPTConfig
+from tuner.engine.optim import build_optimizers
+from tuner.engine.options import EngineOptions, UsageProblem
+from tuner.engine.platform import (
+    DTYPE_NAMES,
+    SetupProblem,
+    choose_dtype,
+    default_gemm_n,
+    empty_cache,
+    enable_determinism,
+    free_memory_bytes,
+    is_oom,
+    make_oom,
+    prepare_environment,
+    resolve_device,
+    synchronize,
+    versions,
+    visibility_env,
+)
+from tuner.engine.protocol import Emitter, Heartbeat
+from tuner.engine.reference import (
+    Reference,
+    ReferenceProblem,
+    fingerprint_diff,
+    load_reference,
+    save_reference,
+)
+
+EXIT_PASS, EXIT_FAULT, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+REPEATABILITY_RUNS = 2
+
+
+class _End(Exception):
+    """Ends the run: carries the verdict to `run()`."""
+
+    def __init__(self, verdict: str, reason: str, kind: str | None = None, step: int | None = None,
+                 exit_code: int = EXIT_ERROR):
+        super().__init__(reason)
+        self.verdict, self.reason, self.kind, self.step, self.exit_code = verdict, reason, kind, step, exit_code
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    dt_s: float
+    tokens: int
+
+
+class MixedSchedule:
+    """Mixed mode: full load, then partial (duty-cycled) load, then an idle gap, repeated; time-based."""
+
+    def __init__(self, full_s: float, partial_s: float, idle_s: float, start: float):
+        self.full_s, self.partial_s, self.idle_s, self.start = full_s, partial_s, idle_s, start
+
+    def phase(self, now: float) -> tuple[str, float]:
+        """(phase, seconds left in it)."""
+        cycle = self.full_s + self.partial_s + self.idle_s
+        pos = (now - self.start) % cycle
+        if pos < self.full_s:
+            return "full", self.full_s - pos
+        if pos < self.full_s + self.partial_s:
+            return "partial", self.full_s + self.partial_s - pos
+        return "idle", cycle - pos
+
+
+def _log(msg: str) -> None:
+    print(f"engine: {msg}", file=sys.stderr, flush=True)
+
+
+class Engine:
+    def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = _log,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.opts, self.em, self.log, self.sleep = opts, emitter, log, sleep
+        self.state = "setup"
+        self.step = 0  # completed training steps (gemm mode: completed GEMM rounds)
+        self.progress = 0  # completed units of work of any kind (steps, canaries, GEMM rounds)
+        self.stop_signal: str | None = None
+        self.setup_problems: list[str] = []
+        self.warning_count = 0
+        self.canary_count = 0
+        self.step_times: list[float] = []  # steady steps only
+        self.tok_s: list[float] = []
+        self.heartbeat: Heartbeat | None = None
+        self.injector = FaultInjector(opts.injections, opts.fault_rate, opts.seed, log=log)
+        self.reference: Reference | None = None
+        self.trajectory: ReferenceTrajectory | None = None
+        self.recorder = TrajectoryRecorder() if opts.record else None
+        self.nonfinite = NonFiniteDetector()
+        self.soft = SoftSignals()
+        self.repeatable: bool | None = None
+        self.repeatability: dict = {}
+        self.oom_at_step_pending = opts.test_oom_at_step
+        self._last_canary_t = 0.0
+        self._canary_pending: str | None = None
+        self._steps_since_idle = 10**9
+        self._phase = "full"
+        self._loop_start = 0.0
+        self._setup_done = False
+
+    # --- heartbeat ------------------------------------------------------------------------------------------
+
+    def heartbeat_status(self) -> dict:
+        return {"step": self.step, "state": self.state, "progress": self.progress}
+
+    # --- setup ----------------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        opts = self.opts
+        opts.validate()
+        prepare_environment()
+        if opts.threads:
+            torch.set_num_threads(opts.threads)
+        enable_determinism()
+        self.spec = resolve_device(opts.device)
+        if opts.expect_pci_bus_id and (self.spec.pci_bus_id or "").lower() != opts.expect_pci_bus_id.lower():
+            raise SetupProblem(f"--device {opts.device} is {self.spec.name} at PCI {self.spec.pci_bus_id}, not the "
+                               f"expected {opts.expect_pci_bus_id} (check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)")
+        self.dtype = choose_dtype(opts.dtype, self.spec)
+        self.device = self.spec.device
+        self.gemm = GemmCheck(opts.gemm_n or default_gemm_n(self.spec), self.dtype, self.device, opts.gemm_repeats)
+        p = opts.preset_spec
+        self.cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len)
+        if opts.mode != "gemm":
+            self.corpus = load_corpus(opts.data)
+            self.sampler = WindowSampler(self.corpus, p.seq_len, opts.seed)
+            if opts.reference:
+                self.reference = load_reference(opts.reference)
+            self._build_model()
+            self.batch_size = self._fit_batch()
+            self._build_canary()
+        else:
+            self.batch_size = 0
+        self._check_repeatability()
+        if opts.mode != "gemm":
+            self._attach_reference()
+        self._setup_done = True
+        self._emit_start()
+
+    def _build_model(self) -> None:
+        gen = torch.Generator().manual_seed(self.opts.seed)
+        model = GPT(self.cfg, self.dtype)
+        model.init_weights(gen)
+        self.model = model.to(self.device)
+        self.initial_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        ns_dtype = self.dtype if self.spec.type == "cuda" else torch.float32
+        self.muon, self.adam = build_optimizers(self.model, lr_scale=self.opts.preset_spec.lr_scale,
+                                                ns_dtype=ns_dtype)
+        self.n_params = sum(p.numel() for p in self.model.parameters())
+        self.flops_per_token = self.model.flops_per_token()
+
+    def _build_canary(self) -> None:
+        canary_model = copy.deepcopy(self.model)
+        canary_model.load_state_dict(self.initial_state)
+        rows = max(1, min(self.opts.preset_spec.canary_batch, self.batch_size))
+        x, y = self.sampler.fixed_batch(0, rows)
+        self.canary = CanaryReplay(canary_model, x.to(self.device), y.to(self.device))
+
+    def _oom_probe(self, batch: int) -> None:
+        """Forward and backward at `batch` (no optimizer step), to see whether it fits."""
+        if self.opts.test_oom_above is not None and batch > self.opts.test_oom_above:
+            raise make_oom(f"out of memory: simulated by the test hook at batch {batch}")
+        x, y = self.sampler.train_batch(0, batch)
+        loss = self.model(x.to(self.device), y.to(self.device))
+        loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        del loss
+        if self.spec.type == "cuda":
+            synchronize(self.spec)
+            free = free_memory_bytes(self.spec) or 0
+            need = 4 * self.n_params * 4  # grads + AdamW moments + Muon momentum, fp32
+            if free < need:
+                raise make_oom(f"out of memory: {free / 2**30:.2f} GiB free after a batch-{batch} step, "
+                               f"optimizer state needs {need / 2**30:.2f} GiB")
+
+    def _fit_batch(self) -> int:
+        opts = self.opts
+        pinned = None
+        if self.reference is not None:
+            pinned = self.reference.fingerprint.get("batch_size")
+        batch = opts.batch_size or pinned or opts.preset_spec.batch_size
+        if pinned is not None and opts.batch_size is not None and opts.batch_size != pinned:
+            raise ReferenceProblem(f"--batch-size {opts.batch_size} differs from the reference's {pinned}")
+        while True:
+            try:
+                self._oom_probe(batch)
+                return batch
+            except Exception as e:
+                if not is_oom(e):
+                    raise
+                self.model.zero_grad(set_to_none=True)
+                empty_cache(self.spec)
+                if pinned is not None:
+                    raise SetupProblem(f"out of memory at batch {batch}, which the reference was recorded with; "
+                                       f"free memory on the device or record a new reference") from None
+                if batch == 1:
+                    raise SetupProblem("out of memory even at batch 1: free memory on the device or use a "
+                                       "smaller --preset") from None
+                new = batch // 2
+                self._setup_warning("oom", f"out of memory at batch {batch}; stepped down to {new}")
+                batch = new
+
+    def _setup_warning(self, kind: str, detail: str) -> None:
+        self.setup_problems.append(detail)
+        self.warning_count += 1
+        self.em.emit("warning", step=self.step, kind=kind, detail=detail, setup=True)
+        self.log(f"setup problem: {detail}")
+
+    def _check_repeatability(self) -> None:
+        """Two identical computations must agree bit for bit, else bitwise checks would false-alarm."""
+        self.state = "calibrate"
+        gemm_ok = self.gemm.calibrate([o for _ in range(REPEATABILITY_RUNS) for o in self.gemm.compute()])
+        canary_ok = True
+        if self.opts.mode != "gemm":
+            canary_ok = self.canary.calibrate([self.canary.measure() for _ in range(REPEATABILITY_RUNS)])
+        self.repeatable = gemm_ok and canary_ok
+        self.repeatability = {"gemm": gemm_ok, "canary": canary_ok if self.opts.mode != "gemm" else None}
+        if not self.repeatable:
+            self.log("this platform is not bitwise repeatable: tolerance mode, reduced sensitivity")
+        self._last_canary_t = time.monotonic()
+
+    def fingerprint(self) -> dict:
+        c = self.cfg
+        fp = {
+            "protocol": PROTOCOL_VERSION, "preset": self.opts.preset, "depth": c.depth, "width": c.width,
+            "head_dim": c.head_dim, "seq_len": c.seq_len, "batch_size": self.batch_size, "seed": self.opts.seed,
+            "dtype": DTYPE_NAMES[self.dtype], "device_type": self.spec.type, "device_name": self.spec.name,
+            "data_sha256": self.corpus.sha256, **versions(),
+        }
+        if self.spec.type == "cpu":
+            fp["threads"] = torch.get_num_threads()
+        return fp
+
+    def _attach_reference(self) -> None:
+        ref = self.reference
+        if ref is None:
+            return
+        diff = fingerprint_diff(ref.fingerprint, self.fingerprint())
+        if diff:
+            raise ReferenceProblem(f"--reference {self.opts.reference!r} was recorded under another configuration: "
+                                   + "; ".join(diff))
+        tol = None if self.repeatable else self.opts.reference_tolerance
+        self.trajectory = ReferenceTrajectory(ref.digests, tol)
+
+    def _emit_start(self) -> None:
+        o, p = self.opts, self.opts.preset_spec
+        training = o.mode != "gemm"
+        tokens = self.batch_size * p.seq_len if training else 0
+        ref = None
+        if self.reference is not None:
+            ref = {"path": o.reference, "steps": self.reference.steps}
+        data = None
+        if training:
+            data = {"source": self.corpus.source, "bytes": self.corpus.nbytes, "files": self.corpus.files,
+                    "sha256": self.corpus.sha256}
+        self.em.emit(
+            "start",
+            protocol=PROTOCOL_VERSION,
+            mode=o.mode,
+            preset=o.preset,
+            device=o.device,
+            device_type=self.spec.type,
+            device_name=self.spec.name,
+            pci_bus_id=self.spec.pci_bus_id,
+            dtype=DTYPE_NAMES[self.dtype],
+            params=self.n_params if training else 0,
+            tokens_per_step=tokens,
+            flops_per_step=self.flops_per_token * tokens if training else self.gemm.flops,
+            batch_size=self.batch_size,
+            seq_len=p.seq_len,
+            model={"depth": p.depth, "width": p.width, "n_head": p.n_head, "head_dim": p.head_dim, "vocab": 256}
+            if training else None,
+            seed=o.seed,
+            steps=o.steps,
+            duration_s=o.duration_s,
+            warmup_steps=o.effective_warmup_steps,
+            canary_every=o.canary_every,
+            canary_every_s=o.canary_every_s,
+            gemm_n=self.gemm.n,
+            gemm_repeats=self.gemm.repeats,
+            data=data,
+            repeatable=self.repeatable,
+            repeatability=self.repeatability,
+            sensitivity="full" if self.repeatable else "reduced",
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            threads=torch.get_num_threads(),
+            reference=ref,
+            record=o.record,
+            fault_rate=o.fault_rate,
+            injections=[str(i) for i in o.injections],
+            visible_devices=visibility_env(),
+            setup_problems=list(self.setup_problems),
+            **versions(),
+        )
+        self.log(f"{o.mode} on {self.spec.name} ({DTYPE_NAMES[self.dtype]}), preset {o.preset}"
+                 + (f", {self.n_params:,} parameters, {tokens:,} tokens/step" if training else "")
+                 + ("" if self.repeatable else ", REDUCED SENSITIVITY (not repeatable)"))
+
+    # --- one training step ----------------------------------------------------------------------------------
+
+    def train_step(self, step: int) -> StepResult:
+        """The training computation only: forward, backward, gradient norm, optimizer. No checks."""
+        t0 = time.perf_counter()
+        if self.oom_at_step_pending is not None and step == self.oom_at_step_pending:
+            self.oom_at_step_pending = None
+            raise make_oom(f"out of memory: simulated by the test hook at step {step}")
+        x, y = self.sampler.train_batch(step, self.batch_size)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        loss = self.model(x, y)
+        loss.backward()
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+        self.muon.step()
+        self.adam.step()
+        self.model.zero_grad(set_to_none=True)
+        loss_v, gn_v = torch.stack([loss.detach().float(), grad_norm]).tolist()
+        return StepResult(loss_v, gn_v, time.perf_counter() - t0, x.numel())
+
+    def _fail(self, finding: Finding, step: int) -> None:
+        self.em.emit("fault", kind=finding.kind, step=step, detail=finding.detail)
+        self.log(f"FAULT {finding.kind} at step {step}: {finding.detail}")
+        raise _End("fail", finding.detail, finding.kind, step, EXIT_FAULT)
+
+    def step_once(self) -> None:
+        """One training step with everything around it: injection, checks, events, canaries, phases."""
+        step = self.step + 1
+        if self.injector.hang_at(step):
+            self._hang(step)
+        self.state = "train"
+        self.injector.before_train_step(step, self.model)
+        try:
+            r = self.train_step(step)
+        except Exception as e:
+            self.injector.after_train_step()
+            if is_oom(e):
+                self._oom_mid_run(step)
+                return
+            raise
+        self.injector.after_train_step()
+        self.step = step
+        self.progress += 1
+        self._steps_since_idle += 1
+        steady = step > self.opts.effective_warmup_steps and self._steps_since_idle > 2
+        tok_s = r.tokens / r.dt_s if r.dt_s > 0 else None
+        tflops = self.flops_per_token * r.tokens / r.dt_s / 1e12 if r.dt_s > 0 else None
+        fields = {"step": step, "loss": r.loss, "grad_norm": r.grad_norm, "dt_ms": round(r.dt_s * 1e3, 3),
+                  "tok_s": None if tok_s is None else round(tok_s, 1),
+                  "tflops": None if tflops is None else round(tflops, 6)}
+        if self.opts.mode == "mixed":
+            fields["phase"] = self._phase
+        self.em.emit("step", **fields)
+        if steady:
+            self.step_times.append(r.dt_s)
+            if tok_s is not None:
+                self.tok_s.append(tok_s)
+        finding = self.nonfinite.check(r.loss, r.grad_norm)
+        if finding is None and self.trajectory is not None:
+            finding = self.trajectory.check(step, r.loss, r.grad_norm)
+        if finding is not None:
+            self._fail(finding, step)
+        if self.recorder is not None:
+            self.recorder.append(step, r.loss, r.grad_norm)
+        for w in self.soft.observe(step, r.loss, r.grad_norm, tok_s, steady):
+            self.warning_count += 1
+            self.em.emit("warning", step=step, kind=w.kind, detail=w.detail, setup=False)
+            self.log(f"warning at step {step}: {w.kind}: {w.detail}")
+            self._canary_pending = self._canary_pending or "soft-signal"
+        reason = self._canary_pending
+        if reason is None and self.opts.canary_every and step % self.opts.canary_every == 0:
+            reason = "scheduled"
+        if reason is None and self.opts.canary_every_s and time.monotonic() - self._last_canary_t >= \
+                self.opts.canary_every_s:
+            reason = "time"
+        if reason is not None:
+            self.run_canary(reason)
+
+    def run_canary(self, reason: str) -> None:
+        self.state = "canary"
+        self._canary_pending = None
+        index = self.canary_count + 1
+        t0 = time.perf_counter()
+        with self.injector.during_canary(self.canary.model, index):
+            sample = self.canary.measure()
+        finding = self.canary.check(sample)
+        outputs = self.gemm.compute()
+        self.injector.tamper_gemm(outputs, index)
+        gemm_finding = self.gemm.compare(outputs)
+        del outputs
+        self.canary_count = index
+        self.progress += 1
+        self._last_canary_t = time.monotonic()
+        self.em.emit("canary", step=self.step, index=index, reason=reason, ok=finding is None,
+                     gemm_ok=gemm_finding is None, digest=sample.digest(),
+                     dt_ms=round((time.perf_counter() - t0) * 1e3, 3))
+        if finding is not None:
+            self._fail(finding, self.step)
+        if gemm_finding is not None:
+            self._fail(gemm_finding, self.step)
+        self.state = "train"
+
+    def _oom_mid_run(self, step: int) -> None:
+        self.model.zero_grad(set_to_none=True)
+        empty_cache(self.spec)
+        if self.trajectory is not None or self.recorder is not None:
+            raise _End("error", f"out of memory at step {step} with batch {self.batch_size}; a reference "
+                       "trajectory needs a fixed batch (setup problem, not instability)", "oom", step, EXIT_ERROR)
+        if self.batch_size == 1:
+            raise _End("error", f"out of memory at step {step} even at batch 1 (setup problem, not instability)",
+                       "oom", step, EXIT_ERROR)
+        new = self.batch_size // 2
+        self._setup_warning("oom", f"out of memory at step {step} with batch {self.batch_size}; stepped down "
+                                   f"to {new}")
+        self.batch_size = new
+
+    def _hang(self, step: int) -> None:
+        """The hang injection: go silent (no heartbeats either) and never return, ignoring SIGTERM."""
+        self.log(f"inject: hang at step {step} (no more output; SIGKILL ends this)")
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        self.state = "hung"
+        while True:
+            self.sleep(3600)
+
+    # --- GEMM mode ------------------------------------------------------------------------------------------
+
+    def gemm_once(self) -> None:
+        self.state = "gemm"
+        index = self.step + 1
+        if self.injector.hang_at(index):
+            self._hang(index)
+        t0 = time.perf_counter()
+        outputs = self.gemm.compute()
+        self.injector.tamper_gemm(outputs, index)
+        finding = self.gemm.compare(outputs)
+        dt = time.perf_counter() - t0
+        del outputs
+        self.step = index
+        self.progress += 1
+        tflops = self.gemm.flops / dt / 1e12 if dt > 0 else None
+        if index > self.opts.effective_warmup_steps:
+            self.step_times.append(dt)
+        self.em.emit("gemm", step=index, ok=finding is None, dt_ms=round(dt * 1e3, 3),
+                     tflops=None if tflops is None else round(tflops, 6), n=self.gemm.n, repeats=self.gemm.repeats)
+        if finding is not None:
+            self._fail(finding, index)
+
+    # --- the loop -------------------------------------------------------------------------------------------
+
+    def _bounded(self) -> bool:
+        o = self.opts
+        if o.steps is not None and self.step >= o.steps:
+            return True
+        return o.duration_s is not None and time.monotonic() - self._loop_start >= o.duration_s
+
+    def _check_stop(self) -> None:
+        if self.stop_signal is not None:
+            raise _End("error", f"interrupted by {self.stop_signal}", "interrupted", None, EXIT_INTERRUPTED)
+        if self.em.broken:
+            raise _End("error", "stdout closed by the reader", "interrupted", None, EXIT_INTERRUPTED)
+
+    def _set_phase(self, phase: str, left_s: float) -> None:
+        if phase != self._phase:
+            self._phase = phase
+            self.em.emit("phase", step=self.step, phase=phase, duration_s=round(left_s, 3))
+            self.log(f"phase: {phase} for {left_s:.1f} s")
+
+    def _idle(self, seconds: float) -> None:
+        self.state = "idle"
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and not self._bounded():
+            self._check_stop()
+            self.sleep(min(left, 0.05))
+        self._steps_since_idle = 0
+
+    def loop(self) -> None:
+        self._loop_start = time.monotonic()
+        schedule = None
+        if self.opts.mode == "mixed":
+            o = self.opts
+            schedule = MixedSchedule(o.mixed_full_s, o.mixed_partial_s, o.idle_gap_s, self._loop_start)
+        while not self._bounded():
+            self._check_stop()
+            if self.opts.mode == "gemm":
+                self.gemm_once()
+                continue
+            if schedule is not None:
+                phase, left = schedule.phase(time.monotonic())
+                self._set_phase(phase, left)
+                if phase == "idle":
+                    self._idle(left)
+                    continue
+            t0 = time.monotonic()
+            self.step_once()
+            if schedule is not None and self._phase == "partial":
+                busy = time.monotonic() - t0
+                phase, left = schedule.phase(time.monotonic())
+                if phase == "partial":
+                    self.state = "partial-idle"
+                    self.sleep(min(busy * (1 / self.opts.partial_duty - 1), left))
+        self.state = "done"
+
+    # --- the end --------------------------------------------------------------------------------------------
+
+    def evaluate(self) -> tuple[float | None, list[float]]:
+        """Held-out bits per byte and the per-window losses (nats), on fixed windows."""
+        if self.opts.mode == "gemm":
+            return None, []
+        self.state = "eval"
+        x, y = self.sampler.heldout_batch(self.opts.preset_spec.eval_windows)
+        losses: list[float] = []
+        chunk = max(1, self.batch_size)
+        with torch.no_grad():
+            for i in range(0, x.size(0), chunk):
+                per_token = self.model(x[i:i + chunk].to(self.device), y[i:i + chunk].to(self.device), "none")
+                losses.extend(per_token.float().mean(dim=1).cpu().tolist())
+        finite = [v for v in losses if math.isfinite(v)]
+        bpb = statistics.fmean(finite) / math.log(2) if len(finite) == len(losses) and losses else None
+        return bpb, losses
+
+    def _emit_end(self, verdict: str, reason: str, kind: str | None, step: int | None, exit_code: int,
+                  duration_s: float) -> None:
+        bpb, eval_losses = None, []
+        recorded = None
+        if verdict == "pass" and self._setup_done:
+            bpb, eval_losses = self.evaluate()
+            if self.recorder is not None:
+                canary = self.canary.golden.digest() if self.repeatable and self.canary.golden else None
+                save_reference(self.opts.record, Reference(self.fingerprint(), self.recorder.digests, canary))
+                recorded = self.opts.record
+        reference = None
+        if self.trajectory is not None:
+            reference = {
+                "path": self.opts.reference,
+                "reference_steps": self.trajectory.reference_steps,
+                "compared_steps": self.trajectory.compared,
+                "beyond_reference_steps": self.trajectory.beyond,
+                "note": (f"steps after {self.trajectory.reference_steps} were not compared (past the reference's end)"
+                         if self.trajectory.beyond else None),
+                "tolerance": self.trajectory.tolerance,
+            }
+        med_dt = statistics.median(self.step_times) if self.step_times else None
+        med_tok = statistics.median(self.tok_s) if self.tok_s else None
+        self.em.emit(
+            "end",
+            verdict=verdict,
+            reason=reason,
+            kind=kind,
+            step=step,
+            steps=self.step,
+            duration_s=round(duration_s, 3),
+            median_step_ms=None if med_dt is None else round(med_dt * 1e3, 3),
+            median_tok_s=None if med_tok is None else round(med_tok, 1),
+            bpb=None if bpb is None else round(bpb, 6),
+            eval_losses=[round(v, 6) if math.isfinite(v) else v for v in eval_losses],
+            reference=reference,
+            recorded=recorded,
+            sensitivity=None if self.repeatable is None else ("full" if self.repeatable else "reduced"),
+            setup_problems=list(self.setup_problems),
+            warnings=self.warning_count,
+            canaries=self.canary_count,
+            exit_code=exit_code,
+        )
+
+    def run(self) -> int:
+        """Set up, loop, end. Always emits exactly one `end` event."""
+        self.heartbeat = Heartbeat(self.em, self.heartbeat_status, self.opts.heartbeat_s).start()
+        verdict, reason, kind, step, code = "pass", "completed", None, None, EXIT_PASS
+        try:
+            self.setup()
+            self.loop()
+            if self.opts.duration_s is not None and (self.opts.steps is None or self.step < self.opts.steps):
+                reason = f"completed {self.opts.duration_s:g} s"
+            else:
+                reason = f"completed {self.step} steps"
+        except _End as e:
+            verdict, reason, kind, step, code = e.verdict, e.reason, e.kind, e.step, e.exit_code
+        except (UsageProblem, DataProblem, ReferenceProblem) as e:
+            verdict, reason, kind, code = "error", str(e), "usage", EXIT_ERROR
+            self.log(f"error: {e}")
+        except SetupProblem as e:
+            verdict, reason, kind, code = "error", str(e), "setup", EXIT_ERROR
+            self.log(f"setup error: {e}")
+        except Exception as e:  # noqa: BLE001 - classified below
+            finding = device_error(e)
+            failed_step = self.step + 1 if self.state == "train" else self.step
+            if finding is not None:  # a device error counts against the setting even during setup
+                failed_step = failed_step if self._setup_done else None
+                self.em.emit("fault", kind=finding.kind, step=failed_step, detail=finding.detail)
+                verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, failed_step, EXIT_FAULT
+                self.log(f"FAULT device-error: {finding.detail}")
+            elif is_oom(e):
+                verdict, reason, kind, code = "error", f"out of memory: {e} (setup problem, not instability)", "oom", 2
+                self.log(reason)
+            else:
+                verdict, reason, kind, code = "error", f"internal error: {type(e).__name__}: {e}", "internal", 2
+                traceback.print_exc(file=sys.stderr)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        duration = time.monotonic() - self._loop_start if self._loop_start else 0.0
+        try:
+            self._emit_end(verdict, reason, kind, step, code, duration)
+        except Exception as e:  # noqa: BLE001 - the end event must still go out
+            traceback.print_exc(file=sys.stderr)
+            self.em.emit("end", verdict="error", reason=f"internal error while ending: {e}", kind="internal",
+                         step=step, steps=self.step, duration_s=round(duration, 3), exit_code=EXIT_ERROR)
+            code = EXIT_ERROR
+        return code
