@@ -10,16 +10,16 @@ import pytest
 
 from tuner.backends import amd
 from tuner.backends.amd_sysfs import (
+    WRITABLE_FILES,
     KernelRejected,
     SysfsIO,
-    WRITABLE_FILES,
     amd_card_dirs,
     read_ppfeaturemask,
 )
 from tuner.errors import DeviceLost, NotApplied, OutOfRange, PermissionDenied, Unsupported
 
 from .conftest import amd_on_fake_kernel
-from .fakes.fake_kernel import FakeKernelIO, FakeOdKernel
+from .fakes.fake_kernel import FakeOdKernel
 from .fakes.trees import OD_TEXT, make_card, make_tree
 
 
@@ -33,7 +33,12 @@ def test_discovery_skips_connectors_and_other_vendors_and_reads_slots(tmp_path):
     assert [d.id for d in backend.devices()] == ["0000:10:00.0", "0000:0a:00.0"]
     dev = backend.devices()[0]
     assert (dev.vendor, dev.pci_id, dev.subsystem_id, dev.od_format, dev.vbios) == (
-        "amd", "1002:7550", "1da2:e490", "rdna4", "113-FAKE-100")
+        "amd",
+        "1002:7550",
+        "1da2:e490",
+        "rdna4",
+        "113-FAKE-100",
+    )
 
 
 def test_no_card_means_none(tmp_path):
@@ -157,7 +162,13 @@ def test_hwmon_telemetry_units(tmp_path):
     backend, _ = amd_on_fake_kernel(tmp_path, ["rdna4"])
     t = backend.telemetry(backend.devices()[0].id)
     assert (t.voltage_mv, t.power_w, t.temp_edge_c, t.temp_hotspot_c, t.temp_mem_c) == (812, 55.0, 41, 47, 52)
-    assert (t.core_clock_mhz, t.mem_clock_mhz, t.util_pct, t.fan_rpm, t.energy_j) == (2450, 1250, 37, 1100, None)
+    assert (t.core_clock_mhz, t.mem_clock_mhz, t.util_pct, t.fan_rpm, t.energy_j) == (
+        2450,
+        1250,
+        37,
+        1100,
+        None,
+    )
 
 
 def test_amdsmi_import_guard_swallows_keyerror_and_its_stdout(monkeypatch, capsys):

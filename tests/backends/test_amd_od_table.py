@@ -65,14 +65,27 @@ def test_legacy_rdna4_sclk_offset_lines_are_accepted():
 
 
 def test_van_gogh_extra_sections_are_tolerated():
-    t = od.parse_od_table("OD_SCLK:\n0:  1600Mhz\n1:  1600Mhz\nOD_RANGE:\nSCLK:  200Mhz  1600Mhz\n"
-                          "CCLK:  1400Mhz  3500Mhz\nCCLK_RANGE in Core0:\n0:  1400Mhz\n1:  3500Mhz")
+    t = od.parse_od_table(
+        "OD_SCLK:\n0:  1600Mhz\n1:  1600Mhz\nOD_RANGE:\nSCLK:  200Mhz  1600Mhz\n"
+        "CCLK:  1400Mhz  3500Mhz\nCCLK_RANGE in Core0:\n0:  1400Mhz\n1:  3500Mhz"
+    )
     assert t.format == "apu" and t.other_sections == ("CCLK_RANGE in Core0",)
 
 
-@pytest.mark.parametrize("text", ["", "\0\0\0", "hello", "OD_SCLK:\n0: 5GHz\n", "0: 500Mhz\n",
-                                  "OD_VDDGFX_OFFSET:\n-10\n", "OD_RANGE:\nSCLK: 1Mhz\n",
-                                  "OD_VDDC_CURVE:\n0: 0mv\n1: 800MHz 700mV\n", "OD_SCLK:\nOD_SCLK:\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "\0\0\0",
+        "hello",
+        "OD_SCLK:\n0: 5GHz\n",
+        "0: 500Mhz\n",
+        "OD_VDDGFX_OFFSET:\n-10\n",
+        "OD_RANGE:\nSCLK: 1Mhz\n",
+        "OD_VDDC_CURVE:\n0: 0mv\n1: 800MHz 700mV\n",
+        "OD_SCLK:\nOD_SCLK:\n",
+    ],
+)
 def test_garbage_raises_a_typed_parse_error(text):
     with pytest.raises(od.OdParseError):
         od.parse_od_table(text)
@@ -102,7 +115,9 @@ mv = st.integers(-500, 1500)
 
 
 def _levels(draw, n, with_mhz, with_mv):
-    return tuple(od.Level(i, draw(mhz) if with_mhz else None, draw(mv) if with_mv else None) for i in range(n))
+    return tuple(
+        od.Level(i, draw(mhz) if with_mhz else None, draw(mv) if with_mv else None) for i in range(n)
+    )
 
 
 @st.composite
@@ -111,21 +126,43 @@ def tables(draw):
     rng = lambda name, unit: od.Range(name, draw(st.integers(-500, 0)), draw(st.integers(0, 5000)), unit)  # noqa: E731
     t = od.OdTable(format=fmt)
     if fmt == "rdna4":
-        t = od.OdTable(fmt, mclk=_levels(draw, 2, True, False), sclk_offset_mhz=draw(st.integers(-500, 1000)),
-                       vddgfx_offset_mv=draw(mv), ranges=(rng("SCLK_OFFSET", "MHz"), rng("VDDGFX_OFFSET", "mV")))
+        t = od.OdTable(
+            fmt,
+            mclk=_levels(draw, 2, True, False),
+            sclk_offset_mhz=draw(st.integers(-500, 1000)),
+            vddgfx_offset_mv=draw(mv),
+            ranges=(rng("SCLK_OFFSET", "MHz"), rng("VDDGFX_OFFSET", "mV")),
+        )
     elif fmt in ("rdna3", "rdna2"):
         ranges = (rng("SCLK", "MHz"),) + ((rng("VDDGFX_OFFSET", "mV"),) if fmt == "rdna3" else ())
-        t = od.OdTable(fmt, sclk=_levels(draw, 2, True, False), mclk=_levels(draw, 2, True, False),
-                       vddgfx_offset_mv=draw(mv), ranges=ranges)
+        t = od.OdTable(
+            fmt,
+            sclk=_levels(draw, 2, True, False),
+            mclk=_levels(draw, 2, True, False),
+            vddgfx_offset_mv=draw(mv),
+            ranges=ranges,
+        )
     elif fmt == "rdna3-early":
-        t = od.OdTable(fmt, sclk=_levels(draw, 2, True, False), vddc_curve=_levels(draw, 6, False, True),
-                       ranges=(rng("VDDC_CURVE", "mV"),))
+        t = od.OdTable(
+            fmt,
+            sclk=_levels(draw, 2, True, False),
+            vddc_curve=_levels(draw, 6, False, True),
+            ranges=(rng("VDDC_CURVE", "mV"),),
+        )
     elif fmt == "vega20-navi1x":
-        t = od.OdTable(fmt, sclk=_levels(draw, 2, True, False), vddc_curve=_levels(draw, 3, True, True),
-                       ranges=tuple(rng(f"VDDC_CURVE_VOLT[{i}]", "mV") for i in range(3)))
+        t = od.OdTable(
+            fmt,
+            sclk=_levels(draw, 2, True, False),
+            vddc_curve=_levels(draw, 3, True, True),
+            ranges=tuple(rng(f"VDDC_CURVE_VOLT[{i}]", "mV") for i in range(3)),
+        )
     elif fmt == "gcn":
-        t = od.OdTable(fmt, sclk=_levels(draw, draw(st.integers(1, 8)), True, True),
-                       mclk=_levels(draw, 2, True, True), ranges=(rng("VDDC", "mV"),))
+        t = od.OdTable(
+            fmt,
+            sclk=_levels(draw, draw(st.integers(1, 8)), True, True),
+            mclk=_levels(draw, 2, True, True),
+            ranges=(rng("VDDC", "mV"),),
+        )
     else:
         t = od.OdTable(fmt, sclk=_levels(draw, 2, True, False), ranges=(rng("SCLK", "MHz"),))
     return t
@@ -139,7 +176,11 @@ def test_parse_render_round_trip(table, padding):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.binary(max_size=300), st.text(alphabet="OD_SCLKMVRANGE:0123456789 -mhzv\n\0[]", max_size=200)))
+@given(
+    st.one_of(
+        st.binary(max_size=300), st.text(alphabet="OD_SCLKMVRANGE:0123456789 -mhzv\n\0[]", max_size=200)
+    )
+)
 def test_garbage_never_raises_anything_but_a_typed_error(blob):
     try:
         od.parse_od_table(blob)

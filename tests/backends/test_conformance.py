@@ -47,22 +47,35 @@ def _nvidia(missing=()):
         backend = nvidia.discover(m)
         backend._warn = lambda msg: None
         gpu = m.gpus[0]
-        return Rig(backend, backend.devices()[0].id, lambda: call_names(m, setters_only=True),
-                   lambda: setattr(gpu, "ignore_offsets", True))
+        return Rig(
+            backend,
+            backend.devices()[0].id,
+            lambda: call_names(m, setters_only=True),
+            lambda: setattr(gpu, "ignore_offsets", True),
+        )
 
     return build
 
 
 def _simulated(tmp_path):
     backend = SimulatedBackend(state_path=tmp_path / "sim.json")
-    return Rig(backend, "sim0", lambda: [backend.knob("sim0").current] if tmp_path.joinpath("sim.json").exists()
-               else [], None)
+    return Rig(
+        backend,
+        "sim0",
+        lambda: [backend.knob("sim0").current] if tmp_path.joinpath("sim.json").exists() else [],
+        None,
+    )
 
 
 RIGS = {
-    "amd-rdna4": _amd("rdna4"), "amd-rdna3": _amd("rdna3"), "amd-rdna2": _amd("rdna2"),
-    "amd-rdna3-early": _amd("rdna3-early"), "amd-navi1x": _amd("vega20-navi1x"), "amd-gcn": _amd("gcn"),
-    "nvidia": _nvidia(), "nvidia-r520": _nvidia(missing={"nvmlDeviceGetClockOffsets", "nvmlDeviceSetClockOffsets"}),
+    "amd-rdna4": _amd("rdna4"),
+    "amd-rdna3": _amd("rdna3"),
+    "amd-rdna2": _amd("rdna2"),
+    "amd-rdna3-early": _amd("rdna3-early"),
+    "amd-navi1x": _amd("vega20-navi1x"),
+    "amd-gcn": _amd("gcn"),
+    "nvidia": _nvidia(),
+    "nvidia-r520": _nvidia(missing={"nvmlDeviceGetClockOffsets", "nvmlDeviceSetClockOffsets"}),
     "simulated": _simulated,
 }
 
@@ -105,8 +118,10 @@ def test_bad_values_raise_out_of_range_and_write_nothing(rig, bad):
         "below_min": knob.min - knob.step,
         "above_max": knob.max + knob.step,
         "off_step": knob.stock + knob.aggressive_direction * (knob.step + 1) if knob.step > 1 else None,
-        "overvolt": knob.shifted(knob.stock, -1) if knob.is_overvolt(knob.shifted(knob.stock, -1))
-        and knob.min <= knob.shifted(knob.stock, -1) <= knob.max else None,
+        "overvolt": knob.shifted(knob.stock, -1)
+        if knob.is_overvolt(knob.shifted(knob.stock, -1))
+        and knob.min <= knob.shifted(knob.stock, -1) <= knob.max
+        else None,
         "not_int": 1.5,
     }[bad]
     if value is None:

@@ -23,14 +23,23 @@ def test_identity(nv):
     m, backend, dev, _ = nv
     info = backend.devices()[0]
     assert (info.id, info.pci_id, info.driver_version, info.serial) == (
-        "0000:2b:00.0", "10de:2684", "560.35.03", "GPU-00000000-fake")
+        "0000:2b:00.0",
+        "10de:2684",
+        "560.35.03",
+        "GPU-00000000-fake",
+    )
 
 
 def test_knob_is_a_clock_offset(nv):
     m, backend, dev, _ = nv
     k = backend.knob(dev)
     assert (k.kind.value, k.unit, k.aggressive_direction, k.step, k.lock_clock_mhz) == (
-        "clock_offset", "MHz", 1, 15, 2520)
+        "clock_offset",
+        "MHz",
+        1,
+        15,
+        2520,
+    )
 
 
 def test_apply_and_reset_call_sequence(nv):
@@ -61,8 +70,10 @@ def test_by_value_struct_is_refused_by_the_fake_like_a_bad_pointer():
     m.nvmlInit()
     info = m.c_nvmlClockOffset_t()
     info.version = m.nvmlClockOffset_v1
-    assert m._nvmlGetFunctionPointer("nvmlDeviceSetClockOffsets")(m.gpus[0], info) == CODES[
-        "NVML_ERROR_INVALID_ARGUMENT"]
+    assert (
+        m._nvmlGetFunctionPointer("nvmlDeviceSetClockOffsets")(m.gpus[0], info)
+        == CODES["NVML_ERROR_INVALID_ARGUMENT"]
+    )
     # pynvml's wrapper hides that failure; ours raises it
     assert m.nvmlDeviceSetClockOffsets(m.gpus[0], info) == 0
     m.fail["nvmlDeviceSetClockOffsets"] = CODES["NVML_ERROR_NO_PERMISSION"]
@@ -81,20 +92,29 @@ def test_old_driver_falls_back_to_gpc_vf_offset():
 
 
 def test_too_old_driver_says_which_version():
-    m = make_fake_nvml(missing={"nvmlDeviceGetClockOffsets", "nvmlDeviceSetClockOffsets",
-                                "nvmlDeviceGetGpcClkVfOffset", "nvmlDeviceSetGpcClkVfOffset"})
+    m = make_fake_nvml(
+        missing={
+            "nvmlDeviceGetClockOffsets",
+            "nvmlDeviceSetClockOffsets",
+            "nvmlDeviceGetGpcClkVfOffset",
+            "nvmlDeviceSetGpcClkVfOffset",
+        }
+    )
     backend = nvidia.discover(m)
     with pytest.raises(Unsupported) as e:
         backend.knob(backend.devices()[0].id)
     assert "555" in e.value.remedy and "520" in e.value.remedy
 
 
-@pytest.mark.parametrize("code,error,exit_code", [
-    ("NVML_ERROR_NO_PERMISSION", PermissionDenied, 3),
-    ("NVML_ERROR_NOT_SUPPORTED", Unsupported, 4),
-    ("NVML_ERROR_FUNCTION_NOT_FOUND", Unsupported, 4),
-    ("NVML_ERROR_GPU_IS_LOST", DeviceLost, 5),
-])
+@pytest.mark.parametrize(
+    "code,error,exit_code",
+    [
+        ("NVML_ERROR_NO_PERMISSION", PermissionDenied, 3),
+        ("NVML_ERROR_NOT_SUPPORTED", Unsupported, 4),
+        ("NVML_ERROR_FUNCTION_NOT_FOUND", Unsupported, 4),
+        ("NVML_ERROR_GPU_IS_LOST", DeviceLost, 5),
+    ],
+)
 def test_each_error_is_typed(nv, code, error, exit_code):
     m, backend, dev, _ = nv
     m.fail["nvmlDeviceSetGpuLockedClocks"] = CODES[code]

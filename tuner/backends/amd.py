@@ -89,7 +89,9 @@ class AmdBackend(Backend):
         smi = self._amdsmi
         try:
             smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
-            return {str(smi.amdsmi_get_gpu_device_bdf(h)).lower(): h for h in smi.amdsmi_get_processor_handles()}
+            return {
+                str(smi.amdsmi_get_gpu_device_bdf(h)).lower(): h for h in smi.amdsmi_get_processor_handles()
+            }
         except Exception:  # noqa: BLE001 - amdsmi is optional; any failure means "no enrichment"
             self._amdsmi = None
             return {}
@@ -108,7 +110,9 @@ class AmdBackend(Backend):
         handle = handles.get(slot)
         asic = self._smi("amdsmi_get_gpu_asic_info", handle) or {}
         vbios_info = self._smi("amdsmi_get_gpu_vbios_info", handle) or {}
-        name = asic.get("market_name") or read_value(device_dir / "product_name") or f"AMD GPU {pci_id or slot}"
+        name = (
+            asic.get("market_name") or read_value(device_dir / "product_name") or f"AMD GPU {pci_id or slot}"
+        )
         serial = asic.get("asic_serial") or read_value(device_dir / "serial_number")
         kernel = read_value(self.root / "proc/sys/kernel/osrelease")
         od_format = None
@@ -162,7 +166,9 @@ class AmdBackend(Backend):
         fmt, source = table.format, "driver"
         if fmt in od.VO_FORMATS:
             if table.vddgfx_offset_mv is None:
-                raise Unsupported(f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)")
+                raise Unsupported(
+                    f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)"
+                )
             r = table.range("VDDGFX_OFFSET")
             lo, hi = (r.lo, r.hi) if r else od.RDNA2_BUILTIN_RANGE_MV
             source = "driver" if r else "built-in"
@@ -270,7 +276,11 @@ class AmdBackend(Backend):
                 table = self._table(card)
                 if table.format in od.CURVE_FORMATS:  # after `r` the card holds its stock points
                     stock = self._stock_points(card, table)
-                    table = replace(table, vddc_curve=stock) if table.format == od.NAVI1X else replace(table, sclk=stock)
+                    table = (
+                        replace(table, vddc_curve=stock)
+                        if table.format == od.NAVI1X
+                        else replace(table, sclk=stock)
+                    )
                 commands += self._commands(card, table, previous)
             self._write(card, [*commands, od.COMMIT])
         except TunerError as e:
@@ -284,7 +294,9 @@ class AmdBackend(Backend):
         self._write(card, [od.RESET, od.COMMIT])
         table = self._table(card)
         if table.format in od.CURVE_FORMATS:
-            card.stock_points = table.voltage_points  # `r` restores the boot table: these are the true stock points
+            card.stock_points = (
+                table.voltage_points
+            )  # `r` restores the boot table: these are the true stock points
         knob = self._knob_from(card, table)
         if knob.current != knob.stock:
             raise NotApplied(
@@ -310,7 +322,9 @@ class AmdBackend(Backend):
             can_apply = True
             notes.append(f"overdrive format {self._table(card).format}")
             if knob.range_source == "built-in":
-                notes.append(f"the driver prints no range; the tuner limits it to {knob.min:+d}..{knob.max:+d} mV")
+                notes.append(
+                    f"the driver prints no range; the tuner limits it to {knob.min:+d}..{knob.max:+d} mV"
+                )
         except TunerError as e:
             can_apply = False
             notes.append(e.one_line())

@@ -200,7 +200,11 @@ def parse_od_table(text: str | bytes) -> OdTable:
     mclk = _indexed(sections["OD_MCLK"], "OD_MCLK") if "OD_MCLK" in sections else ()
     curve = _indexed(sections["OD_VDDC_CURVE"], "OD_VDDC_CURVE") if "OD_VDDC_CURVE" in sections else ()
     sclk_offset = _sclk_offset(sections["OD_SCLK_OFFSET"]) if "OD_SCLK_OFFSET" in sections else None
-    vo = _single(sections["OD_VDDGFX_OFFSET"], "OD_VDDGFX_OFFSET", "mV") if "OD_VDDGFX_OFFSET" in sections else None
+    vo = (
+        _single(sections["OD_VDDGFX_OFFSET"], "OD_VDDGFX_OFFSET", "mV")
+        if "OD_VDDGFX_OFFSET" in sections
+        else None
+    )
     ranges = _ranges(sections["OD_RANGE"]) if "OD_RANGE" in sections else ()
     known = {"OD_SCLK", "OD_MCLK", "OD_VDDC_CURVE", "OD_SCLK_OFFSET", "OD_VDDGFX_OFFSET", "OD_RANGE"}
     table = OdTable(
@@ -311,7 +315,9 @@ def point_volt_range(t: OdTable, index: int) -> tuple[int, int] | None:
     return (r.lo, r.hi) if r else None
 
 
-def curve_with_offset(stock: tuple[Level, ...], offset_mv: int, floor_mv: dict[int, int]) -> tuple[Level, ...]:
+def curve_with_offset(
+    stock: tuple[Level, ...], offset_mv: int, floor_mv: dict[int, int]
+) -> tuple[Level, ...]:
     """The stock points with every point above the lowest moved by `offset_mv` (each floored at its own minimum),
     then lower points pulled down where needed so the curve never rises towards lower clocks.
 
@@ -331,7 +337,9 @@ def curve_with_offset(stock: tuple[Level, ...], offset_mv: int, floor_mv: dict[i
         target = p.mv + offset_mv
         floor = floor_mv.get(p.index)
         if offset_mv < 0 and floor is not None:
-            target = max(target, min(floor, p.mv))  # never below the minimum, nor raise a point already below it
+            target = max(
+                target, min(floor, p.mv)
+            )  # never below the minimum, nor raise a point already below it
         new[i] = target
     for i in range(len(new) - 2, -1, -1):
         new[i] = min(new[i], new[i + 1])

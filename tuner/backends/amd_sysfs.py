@@ -155,7 +155,9 @@ class SysfsIO:
         if e.errno == errno.ENOENT:
             return Unsupported(f"{path.name} is missing: Overdrive is off on this card", str(path))
         if e.errno == errno.EACCES or (e.errno == errno.EPERM and command is None):
-            return PermissionDenied(f"permission denied {what}", "writing GPU settings needs root: run with sudo")
+            return PermissionDenied(
+                f"permission denied {what}", "writing GPU settings needs root: run with sudo"
+            )
         if e.errno == errno.EPERM:
             return DeviceLost(
                 f"the GPU refused {what} (EPERM: it is resetting or suspended)",

@@ -66,8 +66,13 @@ def offset_step_mhz(clocks_mhz: list[float]) -> int:
     >>> offset_step_mhz([2100, 2085, 2070]), offset_step_mhz([1957.5, 1950, 1942.5]), offset_step_mhz([])
     (15, 15, 1)
     """
-    steps = sorted({abs(Fraction(a).limit_denominator(8) - Fraction(b).limit_denominator(8))
-                    for a, b in zip(sorted(clocks_mhz), sorted(clocks_mhz)[1:])} - {0})
+    steps = sorted(
+        {
+            abs(Fraction(a).limit_denominator(8) - Fraction(b).limit_denominator(8))
+            for a, b in zip(sorted(clocks_mhz), sorted(clocks_mhz)[1:])
+        }
+        - {0}
+    )
     if not steps:
         return 1
     step = steps[0]
@@ -77,7 +82,9 @@ def offset_step_mhz(clocks_mhz: list[float]) -> int:
 class NvidiaBackend(Backend):
     name = "nvidia"
 
-    def __init__(self, nvml, *, warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, nvml, *, warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time
+    ):
         """`nvml` is an initialised pynvml module (or a fake with the same names)."""
         self.nvml = nvml
         self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
@@ -111,7 +118,9 @@ class NvidiaBackend(Backend):
     def _translate(self, e: Exception, what: str) -> TunerError:
         n, code = self.nvml, getattr(e, "value", None)
         if code == n.NVML_ERROR_NO_PERMISSION:
-            return PermissionDenied(f"{what}: NVML says insufficient permissions", "setting clocks needs root: run with sudo")
+            return PermissionDenied(
+                f"{what}: NVML says insufficient permissions", "setting clocks needs root: run with sudo"
+            )
         if code == n.NVML_ERROR_NOT_SUPPORTED:
             return Unsupported(f"{what} is not supported on this GPU or driver")
         if code == n.NVML_ERROR_FUNCTION_NOT_FOUND:
@@ -160,7 +169,9 @@ class NvidiaBackend(Backend):
         n = self.nvml
         boost = self._optional(lambda: n.nvmlDeviceGetMaxCustomerBoostClock(h, n.NVML_CLOCK_GRAPHICS))
         if not boost:
-            boost = self._nv(lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_GRAPHICS), "reading the max clock")
+            boost = self._nv(
+                lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_GRAPHICS), "reading the max clock"
+            )
         return int(boost)
 
     def _read_offset(self, device_id: str) -> tuple[int, int, int]:
@@ -185,7 +196,9 @@ class NvidiaBackend(Backend):
             self._read_offset(device_id)
         if self._api[device_id] == OFFSET_API:
             self._nv(
-                lambda: nvml_offsets.set_clock_offset(n, h, n.NVML_CLOCK_GRAPHICS, n.NVML_PSTATE_0, offset_mhz),
+                lambda: nvml_offsets.set_clock_offset(
+                    n, h, n.NVML_CLOCK_GRAPHICS, n.NVML_PSTATE_0, offset_mhz
+                ),
                 "setting the clock offset",
             )
         else:
@@ -203,8 +216,10 @@ class NvidiaBackend(Backend):
         lo = int(min(clocks)) if clocks else 1
         hi = self._nv(lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_GRAPHICS), "reading the max clock")
         if isinstance(mhz, bool) or not isinstance(mhz, int) or not lo <= mhz <= hi:
-            raise UsageError(f"--lock-mhz {mhz} is outside this card's clocks {lo}..{hi} MHz",
-                             f"pick a clock between {lo} and {hi} MHz")
+            raise UsageError(
+                f"--lock-mhz {mhz} is outside this card's clocks {lo}..{hi} MHz",
+                f"pick a clock between {lo} and {hi} MHz",
+            )
         self._lock_mhz[device_id] = mhz
 
     def _lock(self, device_id: str) -> None:
@@ -213,16 +228,22 @@ class NvidiaBackend(Backend):
         if clocks:
             floor = int(min(clocks))
         else:
-            floor = int(self._nv(
-                lambda: n.nvmlDeviceGetMinMaxClockOfPState(h, n.NVML_CLOCK_GRAPHICS, n.NVML_PSTATE_0)[0],
-                "reading the lowest clock",
-            ))
+            floor = int(
+                self._nv(
+                    lambda: n.nvmlDeviceGetMinMaxClockOfPState(h, n.NVML_CLOCK_GRAPHICS, n.NVML_PSTATE_0)[0],
+                    "reading the lowest clock",
+                )
+            )
         top = self.lock_clock_mhz(device_id)
-        self._nv(lambda: n.nvmlDeviceSetGpuLockedClocks(h, min(floor, top), top), "locking the graphics clock")
+        self._nv(
+            lambda: n.nvmlDeviceSetGpuLockedClocks(h, min(floor, top), top), "locking the graphics clock"
+        )
 
     def persistence_off(self, device_id: str) -> bool:
         n, h = self.nvml, self._handle(device_id)
-        return self._optional(lambda: n.nvmlDeviceGetPersistenceMode(h)) == getattr(n, "NVML_FEATURE_DISABLED", 0)
+        return self._optional(lambda: n.nvmlDeviceGetPersistenceMode(h)) == getattr(
+            n, "NVML_FEATURE_DISABLED", 0
+        )
 
     # --- Backend ----------------------------------------------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:
@@ -263,8 +284,10 @@ class NvidiaBackend(Backend):
             self._restore(device_id, before.current, e)
             raise
         if self.persistence_off(device_id):
-            self._warn("persistence mode is off: the setting vanishes when the driver unloads "
-                       "(run `sudo nvidia-smi -pm 1`)")
+            self._warn(
+                "persistence mode is off: the setting vanishes when the driver unloads "
+                "(run `sudo nvidia-smi -pm 1`)"
+            )
         return self.knob(device_id)
 
     def _restore(self, device_id: str, previous: int, cause: TunerError) -> None:
@@ -287,8 +310,10 @@ class NvidiaBackend(Backend):
         self._nv(lambda: n.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
         knob = self.knob(device_id)
         if knob.current != knob.stock:
-            raise NotApplied(f"{device_id}: after reset NVML reads {knob.current:+d} MHz, not 0",
-                             "run `sudo nvidia-smi -rgc` or reboot")
+            raise NotApplied(
+                f"{device_id}: after reset NVML reads {knob.current:+d} MHz, not 0",
+                "run `sudo nvidia-smi -rgc` or reboot",
+            )
         return knob
 
     def telemetry(self, device_id: str) -> Telemetry:
@@ -322,15 +347,25 @@ class NvidiaBackend(Backend):
             can_apply = False
             notes.append(e.one_line())
         if self.persistence_off(device_id):
-            notes.append("persistence mode is off: settings vanish when the driver unloads (`sudo nvidia-smi -pm 1`)")
-        energy = self._optional(lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle(device_id)))
-        return Capabilities(can_apply=can_apply, can_read_voltage=False, can_read_energy=energy is not None,
-                            needs_root=True, notes=tuple(notes))
+            notes.append(
+                "persistence mode is off: settings vanish when the driver unloads (`sudo nvidia-smi -pm 1`)"
+            )
+        energy = self._optional(
+            lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle(device_id))
+        )
+        return Capabilities(
+            can_apply=can_apply,
+            can_read_voltage=False,
+            can_read_energy=energy is not None,
+            needs_root=True,
+            notes=tuple(notes),
+        )
 
     def stress_target(self, device_id: str) -> StressTarget:
         index = [d.id for d in self._infos].index(self.device(device_id).id)
-        return StressTarget(torch_device=f"cuda:{index}", pci_bus_id=device_id,
-                            env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        return StressTarget(
+            torch_device=f"cuda:{index}", pci_bus_id=device_id, env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        )
 
     def close(self) -> None:
         try:

@@ -18,8 +18,8 @@ import time
 
 from tuner import exit_codes
 from tuner.commands._output import format_value, print_json
-from tuner.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.errors import UsageError
+from tuner.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 
 
 def _int(text: str) -> int:
@@ -53,15 +53,32 @@ def add_parser(subparsers) -> None:
         "is not a terminal, a 'y' line on stdin keeps; anything else reverts.",
     )
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (optional with one GPU)")
-    p.add_argument("--offset", metavar="VALUE", type=_int, required=True,
-                   help="the setting in the knob's unit (see `tuner list`), e.g. -50")
+    p.add_argument(
+        "--offset",
+        metavar="VALUE",
+        type=_int,
+        required=True,
+        help="the setting in the knob's unit (see `tuner list`), e.g. -50",
+    )
     p.add_argument("--yes", action="store_true", help="keep without asking (scripts)")
-    p.add_argument("--keep-timeout", metavar="S", type=_seconds, default=DEFAULT_TIMEOUT_S,
-                   help=f"seconds to wait for confirmation before reverting (default {DEFAULT_TIMEOUT_S:.0f})")
-    p.add_argument("--allow-overvolt", action="store_true",
-                   help="allow a setting on the less efficient side of stock (more voltage than stock)")
-    p.add_argument("--lock-mhz", metavar="MHZ", type=_int,
-                   help="NVIDIA: the max graphics clock to lock to (default: the card's stock max boost)")
+    p.add_argument(
+        "--keep-timeout",
+        metavar="S",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds to wait for confirmation before reverting (default {DEFAULT_TIMEOUT_S:.0f})",
+    )
+    p.add_argument(
+        "--allow-overvolt",
+        action="store_true",
+        help="allow a setting on the less efficient side of stock (more voltage than stock)",
+    )
+    p.add_argument(
+        "--lock-mhz",
+        metavar="MHZ",
+        type=_int,
+        help="NVIDIA: the max graphics clock to lock to (default: the card's stock max boost)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document (the prompt goes to stderr)")
     p.set_defaults(run=run)
 
@@ -114,25 +131,42 @@ def run(args, ctx) -> int:
         backend.set_lock_clock(dev.id, args.lock_mhz)
     knob.validate(args.offset, allow_overvolt=args.allow_overvolt)  # exit 2 before anything is written
 
-    change = PendingChange(backend, dev.id, args.offset, allow_overvolt=args.allow_overvolt,
-                           timeout_s=args.keep_timeout, clock=time.monotonic)
+    change = PendingChange(
+        backend,
+        dev.id,
+        args.offset,
+        allow_overvolt=args.allow_overvolt,
+        timeout_s=args.keep_timeout,
+        clock=time.monotonic,
+    )
     with change:
         applied = change.applied
         lock = f" at a locked {applied.lock_clock_mhz} MHz" if applied.lock_clock_mhz else ""
-        msg = (f"{dev.id}  {dev.label}: {format_value(change.before.current, knob.unit)} -> "
-               f"{format_value(applied.current, applied.unit)}{lock} (read back)")
+        msg = (
+            f"{dev.id}  {dev.label}: {format_value(change.before.current, knob.unit)} -> "
+            f"{format_value(applied.current, applied.unit)}{lock} (read back)"
+        )
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
         if args.yes or _ask(change):
             change.keep()
     if args.json:
-        print_json({"device": dev.id, "before": change.before.to_dict(), "applied": applied.to_dict(),
-                    "kept": change.kept,
-                    "reverted_to": change.reverted_to.to_dict() if change.reverted_to else None})
+        print_json(
+            {
+                "device": dev.id,
+                "before": change.before.to_dict(),
+                "applied": applied.to_dict(),
+                "kept": change.kept,
+                "reverted_to": change.reverted_to.to_dict() if change.reverted_to else None,
+            }
+        )
     if change.kept:
         if not args.json:
-            print(f"kept {format_value(applied.current, applied.unit)} (not saved: it lasts until reboot or "
-                  "`tuner reset`)")
+            print(
+                f"kept {format_value(applied.current, applied.unit)} (not saved: it lasts until reboot or "
+                "`tuner reset`)"
+            )
         return exit_codes.OK
-    print(f"not confirmed: reverted to {format_value(change.reverted_to.current, knob.unit)}",
-          file=sys.stderr)
+    print(
+        f"not confirmed: reverted to {format_value(change.reverted_to.current, knob.unit)}", file=sys.stderr
+    )
     return exit_codes.USAGE

@@ -66,7 +66,7 @@ class FakeOdKernel:
                 kind = "vo"
             else:
                 raise _einval("unknown command")
-        rest = text[len(kind) if kind in ("vc", "vo") else 1:]
+        rest = text[len(kind) if kind in ("vc", "vo") else 1 :]
         params = [_kstrtol(tok) for tok in rest.replace("\n", " ").split(" ") if tok]
         if len(params) > 64:
             raise _einval("too many parameters")
@@ -116,8 +116,10 @@ class FakeOdKernel:
             if len(params) != 2 or not 0 <= params[0] <= 5:
                 raise _einval("invalid number of input parameters")
             self._in("VDDC_CURVE", params[1])
-            curve = tuple(od.Level(p.index, None, params[1]) if p.index == params[0] else p
-                          for p in self.staged.vddc_curve)
+            curve = tuple(
+                od.Level(p.index, None, params[1]) if p.index == params[0] else p
+                for p in self.staged.vddc_curve
+            )
             self.staged = replace(self.staged, vddc_curve=curve)
         else:
             raise _einval("vc not supported on this ASIC")
@@ -141,7 +143,9 @@ class FakeOdKernel:
             if len(params) != 2 or params[0] not in (0, 1):
                 raise _einval("invalid number of input parameters")
             self._in("SCLK", params[1])
-            sclk = tuple(od.Level(s.index, params[1], s.mv) if s.index == params[0] else s for s in self.staged.sclk)
+            sclk = tuple(
+                od.Level(s.index, params[1], s.mv) if s.index == params[0] else s for s in self.staged.sclk
+            )
             self.staged = replace(self.staged, sclk=sclk)
 
     def _cmd_m(self, params: list[int]) -> None:

@@ -45,9 +45,14 @@ for _name, _code in CODES.items():
 
 
 class c_nvmlClockOffset_t(ctypes.Structure):  # noqa: N801 - pynvml's name
-    _fields_ = [("version", ctypes.c_uint), ("type", ctypes.c_uint), ("pstate", ctypes.c_uint),
-                ("clockOffsetMHz", ctypes.c_int), ("minClockOffsetMHz", ctypes.c_int),
-                ("maxClockOffsetMHz", ctypes.c_int)]
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("type", ctypes.c_uint),
+        ("pstate", ctypes.c_uint),
+        ("clockOffsetMHz", ctypes.c_int),
+        ("minClockOffsetMHz", ctypes.c_int),
+        ("maxClockOffsetMHz", ctypes.c_int),
+    ]
 
 
 @dataclass
@@ -67,8 +72,14 @@ class FakeGpu:
         return f"<gpu {self.bus_id.decode()}>"
 
 
-def make_fake_nvml(gpus: list[FakeGpu] | None = None, *, driver: str = "560.35.03", library: bool = True,
-                   missing: set[str] | None = None, fail: dict[str, int] | None = None):
+def make_fake_nvml(
+    gpus: list[FakeGpu] | None = None,
+    *,
+    driver: str = "560.35.03",
+    library: bool = True,
+    missing: set[str] | None = None,
+    fail: dict[str, int] | None = None,
+):
     """A module object standing in for pynvml. `missing`: NVML functions this driver lacks (FunctionNotFound);
     `fail`: function name -> NVML error code to return. `m.calls` logs (name, args) of every call."""
     m = types.ModuleType("pynvml")
@@ -252,7 +263,9 @@ def make_fake_nvml(gpus: list[FakeGpu] | None = None, *, driver: str = "560.35.0
 
     def c_set_clock_offsets(h, arg):
         info, ret = _struct("nvmlDeviceSetClockOffsets", arg)
-        m.calls.append(("nvmlDeviceSetClockOffsets", (h, info and (info.type, info.pstate, info.clockOffsetMHz))))
+        m.calls.append(
+            ("nvmlDeviceSetClockOffsets", (h, info and (info.type, info.pstate, info.clockOffsetMHz)))
+        )
         if ret or "nvmlDeviceSetClockOffsets" in m.fail:
             return ret or m.fail["nvmlDeviceSetClockOffsets"]
         if h.lost:
@@ -263,7 +276,10 @@ def make_fake_nvml(gpus: list[FakeGpu] | None = None, *, driver: str = "560.35.0
             h.offset_mhz = info.clockOffsetMHz
         return NVML_SUCCESS
 
-    c_functions = {"nvmlDeviceGetClockOffsets": c_get_clock_offsets, "nvmlDeviceSetClockOffsets": c_set_clock_offsets}
+    c_functions = {
+        "nvmlDeviceGetClockOffsets": c_get_clock_offsets,
+        "nvmlDeviceSetClockOffsets": c_set_clock_offsets,
+    }
 
     def _nvmlGetFunctionPointer(name):  # noqa: N802
         if name in m.missing or name not in c_functions:

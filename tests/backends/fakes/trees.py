@@ -10,18 +10,28 @@ NUL = "\0" * 37
 
 OD_TEXT = {
     "rdna4": (
-        "OD_SCLK_OFFSET:\n0Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1300MHz\n" + NUL + "OD_VDDGFX_OFFSET:\n0mV\n" + NUL
+        "OD_SCLK_OFFSET:\n0Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1300MHz\n"
+        + NUL
+        + "OD_VDDGFX_OFFSET:\n0mV\n"
+        + NUL
         + "OD_RANGE:\nSCLK_OFFSET:    -400Mhz        900Mhz\nMCLK:      97Mhz       1400Mhz\n"
         "VDDGFX_OFFSET:    -200mv          0mv\n" + NUL
     ),
     "rdna3": (
-        "OD_SCLK:\n0: 600Mhz\n1: 2800Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1200MHz\n" + NUL + "OD_VDDGFX_OFFSET:\n0mV\n"
-        + NUL + "OD_RANGE:\nSCLK:     600Mhz       4000Mhz\nMCLK:      97Mhz       1400Mhz\n"
+        "OD_SCLK:\n0: 600Mhz\n1: 2800Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1200MHz\n"
+        + NUL
+        + "OD_VDDGFX_OFFSET:\n0mV\n"
+        + NUL
+        + "OD_RANGE:\nSCLK:     600Mhz       4000Mhz\nMCLK:      97Mhz       1400Mhz\n"
         "VDDGFX_OFFSET:    -400mv          0mv\n" + NUL * 3
     ),
     "rdna2": (
-        "OD_SCLK:\n0: 500Mhz\n1: 2400Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1000MHz\n" + NUL + "OD_VDDGFX_OFFSET:\n0mV\n"
-        + NUL + "OD_RANGE:\nSCLK:     500Mhz       2900Mhz\nMCLK:     670Mhz       1080Mhz\n" + NUL
+        "OD_SCLK:\n0: 500Mhz\n1: 2400Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1000MHz\n"
+        + NUL
+        + "OD_VDDGFX_OFFSET:\n0mV\n"
+        + NUL
+        + "OD_RANGE:\nSCLK:     500Mhz       2900Mhz\nMCLK:     670Mhz       1080Mhz\n"
+        + NUL
     ),
     "rdna3-early": (
         "OD_SCLK:\n0: 500Mhz\n1: 2900Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1250MHz\nOD_VDDC_CURVE:\n"
@@ -39,9 +49,21 @@ OD_TEXT = {
     ),
     "gcn": (
         "OD_SCLK:\n"
-        + "".join(f"{i}:     {mhz:>6}MHz     {mv:>6}mV\n" for i, (mhz, mv) in enumerate(
-            [(300, 740), (600, 760), (900, 900), (1100, 1100), (1200, 1130), (1250, 1140), (1300, 1150),
-             (1350, 1160)]))
+        + "".join(
+            f"{i}:     {mhz:>6}MHz     {mv:>6}mV\n"
+            for i, (mhz, mv) in enumerate(
+                [
+                    (300, 740),
+                    (600, 760),
+                    (900, 900),
+                    (1100, 1100),
+                    (1200, 1130),
+                    (1250, 1140),
+                    (1300, 1150),
+                    (1350, 1160),
+                ]
+            )
+        )
         + "OD_MCLK:\n0:        300Mhz        740mV\n1:       1750Mhz        950mV\n"
         "OD_RANGE:\nSCLK:     300MHz       2000MHz\nMCLK:     300MHz       2250MHz\nVDDC:     740mV        1200mV\n"
     ),
@@ -56,8 +78,16 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def make_card(root: Path, index: int, fmt: str | None, *, vendor: str = "0x1002", slot: str | None = None,
-              symlink: bool = True, od: bool = True) -> Path:
+def make_card(
+    root: Path,
+    index: int,
+    fmt: str | None,
+    *,
+    vendor: str = "0x1002",
+    slot: str | None = None,
+    symlink: bool = True,
+    od: bool = True,
+) -> Path:
     """One card: `sys/class/drm/cardN -> ../../devices/.../cardN` and its PCI device directory.
     With symlink=False the device directory is a plain directory and the slot comes from uevent."""
     slot = slot or SLOTS.get(fmt or "", f"0000:{0x40 + index:02x}:00.0")
@@ -84,9 +114,18 @@ def make_card(root: Path, index: int, fmt: str | None, *, vendor: str = "0x1002"
         write(dev / "pp_od_clk_voltage", OD_TEXT[fmt])
     hw = dev / "hwmon/hwmon4"
     for name, value in {
-        "in0_input": "812", "in0_label": "vddgfx", "power1_average": "55000000", "temp1_input": "41000",
-        "temp1_label": "edge", "temp2_input": "47000", "temp2_label": "junction", "temp3_input": "52000",
-        "temp3_label": "mem", "freq1_input": "2450000000", "freq2_input": "1250000000", "fan1_input": "1100",
+        "in0_input": "812",
+        "in0_label": "vddgfx",
+        "power1_average": "55000000",
+        "temp1_input": "41000",
+        "temp1_label": "edge",
+        "temp2_input": "47000",
+        "temp2_label": "junction",
+        "temp3_input": "52000",
+        "temp3_label": "mem",
+        "freq1_input": "2450000000",
+        "freq2_input": "1250000000",
+        "fan1_input": "1100",
     }.items():
         write(hw / name, value + "\n")
     # a connector: also matches card*, must be ignored
