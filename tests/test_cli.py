@@ -99,3 +99,17 @@ def test_xdg_state_home_is_honoured(tmp_path):
     b.apply("sim0", -20)
     status = run_tuner("--simulate", "status", "--json", env={"XDG_STATE_HOME": str(tmp_path)})
     assert json.loads(status.stdout)["devices"][0]["knob"]["current"] == -20
+
+
+def test_list_shows_every_card_even_when_one_has_overdrive_off(tmp_path):
+    from tests.backends.fakes.trees import make_tree
+
+    make_tree(tmp_path, ["rdna4", "rdna3"])
+    (tmp_path / "sys/devices/pci0000:00/0000:11:00.0/pp_od_clk_voltage").unlink()  # rdna3 card: overdrive off
+    proc = run_tuner("list", "--json", env={"TUNER_SYSFS_ROOT": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    devices = {d["id"]: d for d in json.loads(proc.stdout)["devices"]}
+    assert devices["0000:10:00.0"]["knob"]["min"] == -200
+    assert devices["0000:11:00.0"]["knob"] is None and "ppfeaturemask" in devices["0000:11:00.0"]["error"]
+    table = run_tuner("list", env={"TUNER_SYSFS_ROOT": str(tmp_path)}).stdout
+    assert "unsupported" in table and "-200..+0 mV" in table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tuner import exit_codes
 from tuner.commands._output import format_table, format_value, print_json
+from tuner.errors import TunerError
 
 
 def add_parser(subparsers) -> None:
@@ -16,19 +17,29 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
+def _knob_or_error(backend, device_id):
+    """One card with Overdrive off must not hide the others: its knob error is shown in its row."""
+    try:
+        return backend.knob(device_id), None
+    except TunerError as e:
+        return None, e.one_line()
+
+
 def run(args, ctx) -> int:
     backend = ctx.backend
-    entries = [(dev, backend.knob(dev.id)) for dev in backend.devices()]
+    entries = [(dev, *_knob_or_error(backend, dev.id)) for dev in backend.devices()]
     if args.json:
         print_json(
             {"backend": backend.name, "simulated": backend.simulated,
-             "devices": [{**dev.to_dict(), "knob": knob.to_dict()} for dev, knob in entries]}
+             "devices": [{**dev.to_dict(), "knob": knob and knob.to_dict(), **({"error": error} if error else {})}
+                         for dev, knob, error in entries]}
         )
         return exit_codes.OK
     rows = [
         (dev.id, dev.label, format_value(knob.current, knob.unit),
          f"{knob.min:+d}..{knob.max:+d} {knob.unit} step {knob.step}")
-        for dev, knob in entries
+        if knob else (dev.id, dev.label, "unsupported", error)
+        for dev, knob, error in entries
     ]
     print(format_table(("DEVICE", "NAME", "SETTING", "RANGE"), rows))
     return exit_codes.OK
