@@ -211,3 +211,23 @@ def test_amdsmi_enriches_identity_when_present(tmp_path):
     assert (dev.name, dev.serial, dev.vbios) == ("Radeon Fake 9070", "0xABC", "023.008.000.068")
     assert backend.telemetry(dev.id).energy_j == pytest.approx(1.53)
     io.StringIO()  # keep import used
+
+
+def test_unreadable_read_back_after_a_write_restores(tmp_path, monkeypatch):
+    """The write went through but the table cannot be re-read: the card must not stay at an unverified value."""
+    backend, fio = amd_on_fake_kernel(tmp_path, ["rdna4"])
+    device_id = backend.devices()[0].id
+    real_table = backend._table
+    calls = {"n": 0}
+
+    def flaky_table(card):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the read-back right after the commit
+            raise Unsupported("pp_od_clk_voltage does not start with a section header")
+        return real_table(card)
+
+    monkeypatch.setattr(backend, "_table", flaky_table)
+    with pytest.raises(Unsupported):
+        backend.apply(device_id, -20)
+    assert fio.commands()[:2] == ["vo -20", "c"] and fio.commands()[2] == "r"
+    assert backend.knob(device_id).current == 0

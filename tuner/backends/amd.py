@@ -253,6 +253,13 @@ class AmdBackend(Backend):
         before.validate(value, allow_overvolt=allow_overvolt)  # OutOfRange: nothing written
         try:
             self._write(card, [*self._commands(card, table, value), od.COMMIT])
+        except (PermissionDenied, Unsupported):
+            raise  # the file could not be opened: nothing was written
+        except TunerError as e:
+            # Some commands may have been staged before the failure (EPERM mid-sequence, EINVAL on `c`).
+            self._restore(card, before.current, e)
+            raise
+        try:
             after = self._table(card)
             if not self._matches(card, after, value):
                 got = self._knob_from(card, after).current
@@ -261,9 +268,8 @@ class AmdBackend(Backend):
                     f"restored {before.current:+d} mV",
                     "see `sudo dmesg | tail`; the firmware may clamp this value",
                 )
-        except (DeviceLost, PermissionDenied, Unsupported):
-            raise  # nothing was written (the file could not be opened), or a resetting GPU takes no writes
         except TunerError as e:
+            # The write went through but the read-back is wrong or unreadable: never leave it unverified.
             self._restore(card, before.current, e)
             raise
         return self.knob(device_id)
@@ -284,7 +290,9 @@ class AmdBackend(Backend):
                 commands += self._commands(card, table, previous)
             self._write(card, [*commands, od.COMMIT])
         except TunerError as e:
-            raise NotApplied(
+            # Keep the cause's type: a lost device must still read as lost to the trial runner.
+            error_type = DeviceLost if isinstance(cause, DeviceLost) else NotApplied
+            raise error_type(
                 f"{cause.message}; restoring {previous:+d} mV also failed: {e.message}",
                 "run `sudo tuner reset` or reboot",
             ) from cause
