@@ -80,6 +80,7 @@ class TunerApp(App[int]):
         keep_timeout_s: float = KEEP_TIMEOUT_S,
         doctor: Callable[[], list] | None = None,
         repaint_interval_s: float = 0.5,
+        bisect_options: dict | None = None,
     ) -> None:
         super().__init__()
         self.ctx = ctx
@@ -89,6 +90,7 @@ class TunerApp(App[int]):
         self.keep_timeout_s = keep_timeout_s
         self.repaint_interval_s = min(max(repaint_interval_s, 0.25), 5.0)  # plots repaint at most 4 Hz
         self._doctor = doctor
+        self._bisect_options = bisect_options or {}  # extra BisectJob keywords (tests: a fake engine)
         self.devices = self.backend.devices()
         self.histories: dict[str, DeviceHistory] = {d.id: DeviceHistory() for d in self.devices}
         self.stress = StressState()
@@ -275,7 +277,7 @@ class TunerApp(App[int]):
         self.sample_now()
 
     # --- bisect (App-owned) -----------------------------------------------------------------------------------
-    def start_bisect(self, device_id: str, params: dict, *, resume: bool = False) -> None:
+    def start_bisect(self, device_id: str, params: dict, *, resume: bool = False, restart: bool = False) -> None:
         if self.stress.running or self.bisect.running:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
@@ -284,7 +286,7 @@ class TunerApp(App[int]):
             return
         try:
             job = ui_jobs.make_bisect_job(
-                self.backend, device_id, params, resume=resume,
+                self.backend, device_id, params, resume=resume, restart=restart, options=self._bisect_options,
                 emit=lambda event: self.post_message(msg.BisectEventReceived(event)),
             )
         except Exception as e:  # noqa: BLE001 - bad parameters: say which
@@ -297,8 +299,7 @@ class TunerApp(App[int]):
     @work(thread=True, exit_on_error=False, group="bisect", name="bisect")
     def _run_bisect(self, job, device_id: str) -> None:
         try:
-            result = job.run()
-            summary = ui_jobs.describe_bisect_result(result)
+            summary = ui_jobs.describe_bisect_result(job.run())
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed("bisect", e))
             summary = f"error: {describe_error(e)}"
@@ -314,6 +315,7 @@ class TunerApp(App[int]):
     def on_bisect_ended(self, message: msg.BisectEnded) -> None:
         self.bisect.running = False
         self.bisect.current = None
+        self.bisect.outcome = self._bisect_job.outcome if self._bisect_job is not None else None
         self.bisect.version += 1
         self._bisect_job = None
         self.notify(f"bisect on {message.device_id}: {message.summary}")
@@ -363,21 +365,28 @@ class TunerApp(App[int]):
                         severity="warning")
             return
         self.stress = StressState(device_id=device_id, running=True, setting=value, preset="verify")
-        self.stress.write(f"verifying {value:+d} on {device_id}")
+        self.stress.write(f"verifying {value:+d} on {device_id} (kept only if it passes)")
+        self._stress_job = ui_jobs.StressJob(
+            self.backend, device_id, preset="tiny" if self.backend.simulated else "small", mode="train",
+            emit=lambda event: self.post_message(msg.StressEventReceived(event)),
+        )
         self._verify(device_id, value)
 
     @work(thread=True, exit_on_error=False, group="stress", name="verify")
     def _verify(self, device_id: str, value: int) -> None:
         from tuner.profiles.verify import verify_setting
 
+        job = self._stress_job
         try:
             outcome = verify_setting(self.backend, device_id, value, ui_jobs.VERIFY_DURATION_S,
-                                     on_line=lambda line: self.post_message(msg.StressEventReceived(line)))
+                                     run_stress=job.verify_runner)
             summary = f"verify {outcome.verdict}" + (f" ({outcome.reason})" if outcome.reason else "")
             summary += "; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}"
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed("verify", e))
             summary = f"error: {describe_error(e)}"
+        finally:
+            job.mark_done()
         self.post_message(msg.StressEnded(device_id, summary))
 
     def save_bisect_profile(self, name: str) -> None:

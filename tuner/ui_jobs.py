@@ -37,105 +37,143 @@ def pending_change(backend, device_id: str, value: int, *, timeout_s: float, clo
     return PendingChange(backend, device_id, value, timeout_s=timeout_s, clock=clock)
 
 
+MANUAL_STRESS_S = 3600.0  # a stress run from the Tune screen lasts until stopped, at most an hour
+
+
+def engine_run(target, *, duration_s: float, preset: str, mode: str):
+    """A StressRun for `target` (a StressTarget), configured as a bisect trial would be (tuner.trial)."""
+    from tuner import stress_client, trial
+
+    request = trial.engine_request(target, trial.TrialParams(phase="manual", duration_s=duration_s, preset=preset,
+                                                             mode=mode))
+    return stress_client.StressRun(stress_client.EngineConfig(**request))
+
+
 class StressJob:
     """One stress run at the card's current setting. `note_load` brackets the run; the card is left as it was."""
 
-    def __init__(self, backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None]):
+    def __init__(self, backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
+                 duration_s: float = MANUAL_STRESS_S):
         self.backend, self.device_id = backend, device_id
-        self.preset, self.mode, self.emit = preset, mode, emit
+        self.preset, self.mode, self.emit, self.duration_s = preset, mode, emit, duration_s
         self._run = None
         self._stop = threading.Event()
         self._done = threading.Event()
 
     def run(self) -> str:
-        from tuner import stress_client
-
         try:
-            target = self.backend.stress_target(self.device_id)
-            config = stress_client.config_for_target(target, preset=self.preset, mode=self.mode)
-            self._run = stress_client.StressRun(config)
-            if self._stop.is_set():
-                return "stopped before it started"
-            self.backend.note_load(self.device_id, True)
-            try:
-                self._run.start()
-                for event in self._run.events():
-                    self.emit(event)
-                    if self._stop.is_set():
-                        self._run.stop()
-                result = self._run.result()
-            finally:
-                self.backend.note_load(self.device_id, False)
+            result = self.run_on(self.backend.stress_target(self.device_id))
             return describe_stress_result(result, stopped=self._stop.is_set())
         finally:
             self._done.set()
+
+    def run_on(self, target):
+        """Run the engine on `target` with the device marked as loaded; returns the StressResult."""
+        self._run = engine_run(target, duration_s=self.duration_s, preset=self.preset, mode=self.mode)
+        if self._stop.is_set():
+            return None
+        self.backend.note_load(self.device_id, True)
+        try:
+            self._run.start()
+            if self._stop.is_set():
+                self._run.stop()
+            for event in self._run.events():
+                self.emit(event)
+            return self._run.result()
+        finally:
+            self._run.stop()
+            self.backend.note_load(self.device_id, False)
+
+    def verify_runner(self, target, duration_s: float, on_line):
+        """tuner.profiles.verify's StressRunner shape: (target, duration_s, on_line) -> (verdict, reason)."""
+        self.duration_s = duration_s
+        result = self.run_on(target)
+        if result is None:
+            return "error", "stopped before it started"
+        return result.verdict, result.reason
 
     def stop(self) -> None:
         self._stop.set()
         if self._run is not None:
             self._run.stop()
 
+    def mark_done(self) -> None:
+        self._done.set()
+
     def wait(self, timeout_s: float) -> bool:
         return self._done.wait(timeout_s)
 
 
 def describe_stress_result(result, *, stopped: bool) -> str:
+    if result is None:
+        return "stopped before it started"
     verdict = getattr(result, "verdict", None) or "ended"
     reason = getattr(result, "reason", None)
     text = f"{verdict}" + (f" ({reason})" if reason else "")
     return f"stopped by you; {text}" if stopped else text
 
 
+DETECTOR_OF_FAULT = {"mismatch": "reference", "canary": "canary", "gemm": "gemm", "nonfinite": "nonfinite",
+                     "device-error": "device errors", "hang": "watchdog"}
+
+
 def apply_stress_event(state, event) -> None:
-    """Fold one engine event (or a plain log line) into the StressState the Tune screen shows."""
+    """Fold one engine event (tuner.stress_client) or a plain log line into the StressState the Tune screen shows."""
     if isinstance(event, str):
         state.write(event)
         return
     kind = type(event).__name__.removesuffix("Event").lower()
-    if kind == "step":
-        state.steps.append((event.step, event.loss, event.tok_s))
-        if event.step % 10 == 0:
-            state.write(f"step {event.step:>5}  loss {event.loss:.4f}  {event.tok_s:,.0f} tok/s")
-    elif kind == "start":
-        for name in ("reference", "canary", "gemm", "nonfinite", "kernel log"):
-            state.detectors.setdefault(name, "ok")
-        state.write(f"engine started: {_fields(event)}")
+    if kind == "start":
+        reference = "ok" if event.sensitivity != "reduced" else "ok (reduced sensitivity)"
+        for name, value in (("reference", reference), ("canary", "ok"), ("gemm", "ok"), ("nonfinite", "ok"),
+                            ("device errors", "ok"), ("watchdog", "ok")):
+            state.detectors[name] = value
+        state.write(f"engine: {event.device_name or event.device} dtype {event.dtype} "
+                    f"{event.params or 0:,} params, repeatable {event.repeatable}")
+    elif kind == "step":
+        if event.loss is not None and event.tok_s is not None:
+            state.steps.append((event.step, event.loss, event.tok_s))
+        if event.step % 10 == 0 and event.loss is not None:
+            state.write(f"step {event.step:>5}  loss {event.loss:.4f}  {event.tok_s or 0:,.0f} tok/s")
     elif kind == "canary":
-        state.detectors["canary"] = "ok" if getattr(event, "ok", True) else "FAULT"
+        state.detectors["canary"] = "ok" if event.ok is not False else "FAULT"
+        if event.gemm_ok is False:
+            state.detectors["gemm"] = "FAULT"
     elif kind == "fault":
-        detector = {"mismatch": "reference", "device-error": "kernel log"}.get(event.kind, event.kind)
+        detector = DETECTOR_OF_FAULT.get(event.kind or "", event.kind or "fault")
         state.detectors[detector] = f"FAULT at step {event.step}"
         state.write(f"FAULT {event.kind} at step {event.step}: {event.detail}")
     elif kind == "warning":
-        state.write(f"warning: {_fields(event)}")
+        state.write(f"warning {event.kind}: {event.detail}")
     elif kind == "end":
-        state.write(f"end: {_fields(event)}")
+        state.write(f"end: {event.verdict} {event.reason or ''} after {event.steps} steps"
+                    + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
+    elif kind == "log" and event.line:
+        state.write(event.line)
     state.version += 1
 
 
-def _fields(event) -> str:
-    data = getattr(event, "__dict__", {}) or {}
-    return ", ".join(f"{k}={v}" for k, v in data.items() if not isinstance(v, (dict, list)))[:200]
-
-
-def make_bisect_job(backend, device_id: str, params: dict, *, resume: bool, emit):
+def make_bisect_job(backend, device_id: str, params: dict, *, resume: bool, emit, restart: bool = False,
+                    options: dict | None = None):
     from tuner import bisect_job
 
-    return BisectRunner(bisect_job, backend, device_id, params, resume=resume, emit=emit)
+    bisect_params = bisect_job.BisectParams(**params, resume=resume, restart=restart)
+    job = bisect_job.BisectJob(backend, device_id, bisect_params, emit, **(options or {}))
+    return BisectRunner(job, device_id)
 
 
 class BisectRunner:
-    """tuner.bisect_job.BisectJob behind the same run/stop/wait shape as StressJob."""
+    """tuner.bisect_job.BisectJob behind the same run/stop/wait shape as StressJob; keeps the outcome."""
 
-    def __init__(self, module, backend, device_id: str, params: dict, *, resume: bool, emit):
-        self.device_id = device_id
-        bisect_params = module.BisectParams(**params, **({"resume": True} if resume else {}))
-        self._job = module.BisectJob(backend, device_id, bisect_params, emit)
+    def __init__(self, job, device_id: str):
+        self._job, self.device_id = job, device_id
+        self.outcome = None
         self._done = threading.Event()
 
     def run(self):
         try:
-            return self._job.run()
+            self.outcome = self._job.run()
+            return self.outcome
         finally:
             self._done.set()
 
@@ -146,47 +184,57 @@ class BisectRunner:
         return self._done.wait(timeout_s)
 
 
-def describe_bisect_result(result) -> str:
-    if result is None:
-        return "ended"
-    for attr in ("summary", "reason", "verdict"):
-        if getattr(result, attr, None):
-            return str(getattr(result, attr))
-    return "ended"
+def describe_bisect_result(outcome) -> str:
+    return "ended" if outcome is None else outcome.summary
+
+
+def _result_row(result) -> dict:
+    row = result.to_record()
+    row["reason"] = result.reason or result.kind or ""
+    return row
 
 
 def apply_bisect_event(state, event) -> None:
-    """Fold one bisect event into the BisectState the Auto-bisect screen shows."""
+    """Fold one tuner.bisect_events event into the BisectState the Auto-bisect screen shows."""
     kind = type(event).__name__
-    data = dict(getattr(event, "__dict__", {}))
-    if kind == "TrialStarted":
-        row = {"setting": data.get("setting"), "verdict": "running", "reason": "", "phase": data.get("phase")}
-        state.trials.append(row)
-        state.current = {"index": data.get("index", len(state.trials)), "total": data.get("total"),
-                         "setting": data.get("setting"), "progress": 0.0, "eta_s": None}
+    if kind == "SessionStarted":
+        state.unit = event.unit
+        state.session = event.session
+    elif kind == "TrialRecovered":
+        state.trials.append(_result_row(event.result))
+    elif kind == "TrialStarted":
+        state.trials.append({"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""})
+        state.current = {"index": event.index, "total": None, "setting": event.setting, "phase": event.phase,
+                         "progress": 0.0, "eta_s": event.duration_s, "eta_total_s": None}
     elif kind == "TrialProgress" and state.current is not None:
-        state.current.update({k: data[k] for k in ("progress", "eta_s", "elapsed_s") if k in data})
+        progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
+        state.current.update(progress=progress, eta_s=event.eta_s, eta_total_s=event.eta_total_s,
+                             tok_s=event.tok_s, power_w=event.power_w)
     elif kind == "TrialFinished":
-        row = next((r for r in reversed(state.trials) if r["setting"] == data.get("setting")), None)
-        if row is None:
-            row = {"setting": data.get("setting")}
+        row = _result_row(event.result)
+        running = [r for r in state.trials if r.get("verdict") == "running" and r.get("setting") == row["setting"]]
+        if running:
+            running[-1].clear()
+            running[-1].update(row)
+        else:
             state.trials.append(row)
-        row.update(data)
+        if state.current is not None:
+            state.current["progress"] = 1.0
     elif kind == "Recommendation":
         state.recommendation = event
     elif kind == "BisectFailed":
-        state.failure = str(data.get("reason") or data)
+        state.failure = f"{event.kind}: {event.reason}"
+    elif kind == "BisectStopped":
+        state.failure = f"stopped ({event.reason})" + ("; u resumes" if event.resumable else "")
+        for row in state.trials:
+            if row.get("verdict") == "running":
+                row.update(verdict="stopped", reason="stopped by you")
+    elif kind == "TrialWarning":
+        state.warnings.append(event.message)
     state.version += 1
 
 
 def tuning_from_bisect(state) -> dict | None:
-    """The `[tuning]` evidence for a profile saved from the bisect screen, from what the bisect reported."""
-    rec = state.recommendation
-    if rec is None:
-        return None
-    to_tuning = getattr(rec, "tuning", None)
-    if callable(to_tuning):
-        return to_tuning()
-    if isinstance(to_tuning, dict):
-        return to_tuning
-    return None
+    """The `[tuning]` evidence for a profile saved from the bisect screen (BisectOutcome.tuning)."""
+    outcome = getattr(state, "outcome", None)
+    return outcome.tuning() if outcome is not None else None

@@ -88,7 +88,11 @@ class BisectState:
     trials: list[dict] = field(default_factory=list)  # one row per started trial, updated when it finishes
     current: dict | None = None  # the running trial: setting, progress 0..1, eta_s, index, total
     recommendation: object | None = None
+    outcome: object | None = None  # tuner.bisect_job.BisectOutcome when it ended
     failure: str | None = None
+    unit: str = ""
+    session: str | None = None
+    warnings: deque = field(default_factory=lambda: deque(maxlen=20))
     version: int = 0
 
 

@@ -26,6 +26,7 @@ async def _type(pilot, text: str):
 @dataclass(frozen=True)
 class FakeRecommendation:
     setting: int
+    unit: str = "mV"
 
 
 async def test_save_recommendation_as_profile(app):

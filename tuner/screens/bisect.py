@@ -95,6 +95,7 @@ class BisectScreen(TunerScreen):
         Binding("b", "start", "Start", id="bisect.start"),
         Binding("x", "stop", "Stop", id="bisect.stop"),
         Binding("u", "resume", "Resume", id="bisect.resume"),
+        Binding("n", "restart", "Restart", id="bisect.restart"),
         Binding("v", "save_profile", "Save profile", id="bisect.save"),
         Binding("f", "edit_form", "Form", id="bisect.form"),
         Binding("escape", "leave_form", "Table", show=False),
@@ -132,10 +133,10 @@ class BisectScreen(TunerScreen):
             self.notify(e.one_line(), severity="error", timeout=8)
             return None
 
-    def action_start(self, resume: bool = False) -> None:
+    def action_start(self, resume: bool = False, restart: bool = False) -> None:
         params = self._params()
         if params is not None and self.app.selected_device_id:
-            self.app.start_bisect(self.app.selected_device_id, params, resume=resume)
+            self.app.start_bisect(self.app.selected_device_id, params, resume=resume, restart=restart)
             self.query_one("#bisect-trials", DataTable).focus()
 
     def on_input_submitted(self) -> None:
@@ -143,6 +144,10 @@ class BisectScreen(TunerScreen):
 
     def action_resume(self) -> None:
         self.action_start(resume=True)
+
+    def action_restart(self) -> None:
+        """A new session although an unfinished one exists (the CLI's --restart); the unsafe list is kept."""
+        self.action_start(restart=True)
 
     def action_stop(self) -> None:
         if self.app.bisect.running:
@@ -167,7 +172,7 @@ class BisectScreen(TunerScreen):
         if rec is None:
             self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
             return
-        default = f"{self.app.bisect.device_id}-{getattr(rec, 'setting', 'tuned')}".replace("+", "")
+        default = f"{self.app.bisect.device_id}-{abs(rec.setting)}{rec.unit.lower()}"
         self.app.push_screen(
             TextInputDialog("Save the recommended setting as profile:", value=default), self._save_as
         )
@@ -182,7 +187,7 @@ class BisectScreen(TunerScreen):
         state = app.bisect
         device_id = state.device_id or app.selected_device_id
         knob = app.histories[device_id].knob if device_id else None
-        unit = knob.unit if knob else ""
+        unit = state.unit or (knob.unit if knob else "")
         status = Text()
         if device_id:
             status.append(f"{device_id} · {app.device(device_id).label} · {setting_text_short(knob)}\n")
@@ -190,10 +195,12 @@ class BisectScreen(TunerScreen):
             cur = state.current or {}
             status.append("RUNNING ", style="bold reverse")
             if cur:
-                total = f" of ~{cur['total']}" if cur.get("total") else ""
-                status.append(f" trial {cur.get('index')}{total} at {_cell(cur.get('setting'), '{:+d} ' + unit)}")
+                status.append(f" trial {cur.get('index')} ({cur.get('phase')}) at "
+                              f"{_cell(cur.get('setting'), '{:+d} ' + unit)}")
                 if cur.get("eta_s") is not None:
-                    status.append(f" · ETA {format_duration(cur['eta_s'])}")
+                    status.append(f" · trial ETA {format_duration(cur['eta_s'])}")
+                if cur.get("eta_total_s") is not None:
+                    status.append(f" · all ~{format_duration(cur['eta_total_s'])}")
         elif state.failure:
             status.append(f"STOPPED: {state.failure}", style="bold")
         elif state.device_id and state.trials:
@@ -230,9 +237,10 @@ def recommendation_text(rec, unit: str) -> Text:
     text = Text("RECOMMENDED ", style="bold reverse")
     setting = getattr(rec, "setting", None)
     text.append(f" {_cell(setting, '{:+d} ' + unit)}")
-    for attr, label in (("confirmed", "confirmed"), ("margin", "margin"), ("gain_pct", "efficiency gain")):
+    for attr, label, fmt in (("confirmed", "confirmed", "{:+d}"), ("first_failure", "first fail", "{:+d}"),
+                             ("margin", "margin", "{}"), ("efficiency_gain_pct", "tok/J gain", "{:+.1f} %")):
         value = getattr(rec, attr, None)
         if value is not None:
-            text.append(f" · {label} {value}")
+            text.append(f" · {label} {fmt.format(value)}")
     text.append("  (v: save as profile)")
     return text

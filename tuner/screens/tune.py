@@ -14,7 +14,7 @@ from tuner.widgets.history_plot import HistoryPlot
 
 PRESETS = ("tiny", "small", "large")
 MODES = ("train", "gemm", "mixed")
-DETECTORS = ("reference", "canary", "gemm", "nonfinite", "kernel log")
+DETECTORS = ("reference", "canary", "gemm", "nonfinite", "device errors", "watchdog")
 
 
 def clamp_target(knob, value: int) -> int:
@@ -27,7 +27,7 @@ class TuneScreen(TunerScreen):
     TITLE = "Tune"
     DEFAULT_CSS = """
     TuneScreen #tune-head { height: 3; padding: 0 1; }
-    TuneScreen #stress-status { height: 2; padding: 0 1; }
+    TuneScreen #stress-status { height: 3; padding: 0 1; }
     TuneScreen #stress-plots { height: 1fr; min-height: 6; }
     TuneScreen #stress-log { height: 6; border-top: solid $primary; }
     """

@@ -1,0 +1,99 @@
+"""Auto-bisect from the UI with the bisect driver's fake engine (tests/bisect/fake_engine.py): rows appear,
+switching screens does not stop it, stop resets the card to stock, the result saves as a profile with evidence."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.bisect.fake_engine import FakeEngine
+from tests.tui.helpers import make_app, sim_backend
+from tuner.profiles import list_profiles
+from tuner.screens.dialogs import TextInputDialog
+
+
+class GatedEngine(FakeEngine):
+    """Holds the `hold_at`-th trial in start() until released, so a test can look at a running trial."""
+
+    def __init__(self, hold_at: int):
+        super().__init__(on_start=self._gate)
+        self.hold_at, self.started = hold_at, 0
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def _gate(self, request):
+        self.started += 1
+        if self.started == self.hold_at:
+            self.entered.set()
+            self.release.wait(20)
+
+
+@pytest.fixture(autouse=True)
+def boot_id(tmp_path, monkeypatch):
+    root = tmp_path / "sysroot"
+    (root / "proc/sys/kernel/random").mkdir(parents=True)
+    (root / "proc/sys/kernel/random/boot_id").write_text("boot-a\n")
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
+
+
+def _fast_form(app):
+    for field_id, value in (("trial", "1s"), ("confirm", "2s")):
+        app.screen.query_one(f"#in-{field_id}").value = value
+
+
+async def _wait(pilot, predicate, timeout_s: float = 20.0):
+    for _ in range(int(timeout_s / 0.05)):
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition never became true")
+
+
+async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_stock(tmp_path):
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    engine = GatedEngine(hold_at=3)  # baseline, -10, then hold the -20 trial
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda: None})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        _fast_form(app)
+        await pilot.press("b")
+        await _wait(pilot, engine.entered.is_set)
+        assert backend.knob("sim0").current == -20  # the trial's setting is on the card
+        await _wait(pilot, lambda: app.screen.query_one("#bisect-trials").row_count >= 3)
+        table = app.screen.query_one("#bisect-trials")
+        assert [table.get_row_at(i)[2] for i in range(2)] == ["PASS", "PASS"]
+        for key in "1245613":
+            await pilot.press(key)
+            await pilot.pause()
+            assert app.bisect.running
+        await pilot.press("x")
+        engine.release.set()
+        await _wait(pilot, lambda: not app.bisect.running)
+        assert backend.knob("sim0").current == 0
+        assert "stopped" in (app.bisect.failure or "")
+
+
+async def test_bisect_to_recommendation_and_save_profile(tmp_path):
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda: None})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        _fast_form(app)
+        await pilot.press("b")
+        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        rec = app.bisect.recommendation
+        assert rec is not None and rec.setting == -40  # vmin -52: lowest pass -50, +10 mV margin
+        await pilot.pause(0.6)
+        assert "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render())
+        assert backend.knob("sim0").current == 0  # a bisect leaves the card at stock
+        await pilot.press("v")
+        await pilot.pause()
+        assert isinstance(app.screen, TextInputDialog)
+        await pilot.press("enter")
+        await pilot.pause()
+    [profile] = list_profiles()
+    assert profile.setting.value == -40 and profile.tuning is not None and profile.tuning.trials
