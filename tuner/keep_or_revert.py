@@ -77,8 +77,11 @@ class PendingChange:
         if self.applied is not None:
             raise RuntimeError("a PendingChange applies once")
         self.before = self.backend.knob(self.device_id)
-        self.applied = self.backend.apply(self.device_id, self.value, allow_overvolt=self.allow_overvolt)
-        self._deadline = self._clock() + self.timeout_s
+        # A signal between the write and recording it would leave a change nobody reverts: hold signals until
+        # the change is recorded as pending (a held signal is raised right after, and reverts it).
+        with signals_held():
+            self.applied = self.backend.apply(self.device_id, self.value, allow_overvolt=self.allow_overvolt)
+            self._deadline = self._clock() + self.timeout_s
         return self.applied
 
     def keep(self) -> None:
@@ -114,7 +117,12 @@ class PendingChange:
 
     def __enter__(self) -> PendingChange:
         if self.applied is None:
-            self.apply()
+            try:
+                self.apply()
+            except BaseException:
+                if self.pending:  # applied, then a held signal arrived: `with` will not call __exit__
+                    self.revert()
+                raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -141,3 +141,34 @@ def test_set_eof_reverts_and_bad_values_exit_2(tmp_path):
         )
         assert r.returncode == 2 and r.stderr.startswith("tuner: error:"), r.stderr
     assert _sim_offset(tmp_path) == 0
+
+
+def test_signal_during_apply_is_held_and_then_reverts(tmp_path):
+    """SIGTERM arriving while the write is in flight must not leave the new value behind."""
+    import os
+    import signal as _signal
+
+    from tuner import signals
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.keep_or_revert import PendingChange
+    from tuner.signals import Terminated
+
+    backend = SimulatedBackend(state_path=tmp_path / "sim.json")
+    real_apply = backend.apply
+
+    def apply_then_get_signalled(device_id, value, **kw):
+        knob = real_apply(device_id, value, **kw)
+        os.kill(os.getpid(), _signal.SIGTERM)  # delivered while the change is not yet recorded
+        return knob
+
+    backend.apply = apply_then_get_signalled
+    previous = {s: _signal.getsignal(s) for s in (_signal.SIGTERM, _signal.SIGHUP)}
+    signals.install()
+    try:
+        with pytest.raises(Terminated):
+            with PendingChange(backend, "sim0", -50):
+                pytest.fail("the body must not run")
+    finally:
+        for s, h in previous.items():
+            _signal.signal(s, h)
+    assert backend.knob("sim0").current == 0
