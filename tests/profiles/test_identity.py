@@ -76,10 +76,10 @@ def test_cli_same_card_applies(capsys):
 
 
 def test_cli_other_card_needs_verify_or_force(capsys):
-    code, out, err = save_and_apply(capsys, sim_profile("mine", value=-45), "--device", "sim1", "--yes")
+    code, _out, err = save_and_apply(capsys, sim_profile("mine", value=-45), "--device", "sim1", "--yes")
     assert code == 2 and "proven on another card" in err and "pass --verify 5m" in err
     assert err.count("\n") == 1 and sim().knob("sim1").current == 0
-    code, out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "apply", "mine", "--device", "sim1", "--force",
+    code, _out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "apply", "mine", "--device", "sim1", "--force",
                            "--yes")
     assert code == 0, err
     assert "silicon differs" in err and sim().knob("sim1").current == -45
@@ -145,5 +145,5 @@ def test_cli_value_outside_the_targets_range_is_refused(capsys, monkeypatch):
     backend = FakeBackend(RX9070, narrow)
     monkeypatch.setattr("tuner.context.open_backend", lambda **_: backend)
     save_profile(build_profile("p", RX9070, AMD_KNOB, -45, kernel="6.14"))
-    code, out, err = tuner(capsys, "apply", "p", "--yes")
+    code, _out, err = tuner(capsys, "apply", "p", "--yes")
     assert code == 2 and "-45 mV is outside this card's range -30..+0 mV" in err and backend.applied == []

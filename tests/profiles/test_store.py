@@ -7,13 +7,21 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tests.profiles.helpers import REPO, sim_profile
 from tuner import paths
 from tuner.errors import PermissionDenied, UsageError
-from tuner.profiles import ProfileError, delete_profile, list_profiles, load_profile, save_profile, validate_name
+from tuner.profiles import (
+    ProfileError,
+    delete_profile,
+    list_profiles,
+    load_profile,
+    save_profile,
+    validate_name,
+)
 from tuner.profiles.store import read_profile_file, scan
 
 
@@ -139,7 +147,7 @@ def test_sigkill_between_write_and_rename_leaves_the_old_file_intact():
         line = child.stdout.readline()
         assert line.startswith("WRITTEN"), line
         temp = line.split(" ", 1)[1].strip()
-        assert os.path.exists(temp) and "-70" in open(temp).read()
+        assert os.path.exists(temp) and "-70" in Path(temp).read_text()
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
     finally:

@@ -84,8 +84,10 @@ def run(args, ctx) -> int:
         if not args.json:
             print(f"{device.id}  {device.label}: verifying {format_value(value, knob.unit)} for "
                   f"{args.verify:g} s (reverts to {format_value(knob.current, knob.unit)} on failure)")
-        outcome = verify_setting(backend, device.id, value, args.verify,
-                                 on_line=lambda line: None if args.json else print(f"  {line}"))
+        t = profile.tuning
+        workload = {"preset": t.preset, "mode": t.mode, "dtype": t.dtype} if t else {}
+        outcome = verify_setting(backend, device.id, value, args.verify, workload=workload,
+                                 on_line=lambda line: print(f"  {line}", file=sys.stderr))
         if args.json:
             print_json(_doc(profile, device, result, outcome.knob, verify=outcome.to_dict()))
         elif outcome.passed:

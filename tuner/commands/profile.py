@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tuner import exit_codes
 from tuner.commands._output import format_table, format_value, print_json
-from tuner.profiles import Profile
+from tuner.profiles import Profile, validate_name
 from tuner.profiles.schema import format_created
 from tuner.profiles.store import (
     delete_profile,
@@ -148,6 +148,8 @@ def run_export(args, ctx) -> int:
 
 
 def run_import(args, ctx) -> int:
+    if args.name:
+        validate_name(args.name, path="--name")
     profile = read_profile_file(Path(args.path))  # validated (and never through a symlink) before storing
     if args.name:
         profile = profile.renamed(args.name)

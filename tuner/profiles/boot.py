@@ -9,7 +9,6 @@ Log lines go to stderr; under systemd, stderr is captured by the journal (`journ
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
@@ -47,42 +46,11 @@ def reset_requested() -> bool:
     return any(word == RESET_FLAG or word.startswith(RESET_FLAG + "=") for word in cmdline.split())
 
 
-def current_boot_id() -> str | None:
-    try:
-        return (paths.sysfs_root() / "proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
-
-
 def open_trial_from_previous_boot() -> dict | None:
-    """The trial a previous boot left open, if any: `tuner.journal` owns the journal; until it exists this reads
-    its documented layout (`$XDG_STATE_HOME/tuner/journal/*.json`, each with `open_trial: {boot_id, ...}`)."""
-    try:
-        from tuner.journal import trial_open_at_previous_boot
-    except ModuleNotFoundError as e:
-        if e.name != "tuner.journal":
-            raise
-        return _scan_journal_files()
-    return trial_open_at_previous_boot()
+    """The trial a previous boot left open, if any (the tuning journal, `tuner.journal`, owns the rule)."""
+    from tuner import journal
 
-
-def _scan_journal_files() -> dict | None:
-    directory = paths.state_dir() / "journal"
-    try:
-        files = sorted(directory.glob("*.json"))
-    except OSError:
-        return None
-    boot_id = current_boot_id()
-    for path in files:
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            # Can't tell whether a trial was open: treat it as open. Skipping an apply is always safe.
-            return {"journal": str(path), "reason": "unreadable journal"}
-        trial = doc.get("open_trial") if isinstance(doc, dict) else None
-        if isinstance(trial, dict) and trial.get("boot_id") != boot_id:
-            return {**trial, "journal": str(path)}
-    return None
+    return journal.trial_open_at_previous_boot()
 
 
 def skip_reason() -> str | None:

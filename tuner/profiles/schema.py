@@ -8,6 +8,7 @@ The schema is documented field by field in `profiles/README.md`; keep the two in
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
@@ -54,6 +55,14 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def _show(value) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _key(key: str) -> str:
+    """A key as it may appear in a one-line message: bare keys as they are, anything else quoted and escaped."""
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key[:64])
 
 
 def _type_name(value) -> str:
@@ -289,7 +298,7 @@ def _table(data, path: str, spec: dict) -> dict:
         raise ProfileError(f"{path}: expected a table, got {_type_name(data)} {_show(data)}")
     for key in data:
         if key not in spec:
-            raise ProfileError(f"{path}.{key}: unknown key", f"known keys in [{path}]: {', '.join(spec)}")
+            raise ProfileError(f"{path}.{_key(key)}: unknown key", f"known keys in [{path}]: {', '.join(spec)}")
     out = {}
     for key, (check, required) in spec.items():
         if key not in data:
@@ -341,7 +350,7 @@ class Profile:
         _check_schema_version(data)
         for key in data:
             if key not in TOP_LEVEL:
-                raise ProfileError(f"{key}: unknown section", f"a profile has [{'], ['.join(TOP_LEVEL)}]")
+                raise ProfileError(f"{_key(key)}: unknown section", f"a profile has [{'], ['.join(TOP_LEVEL)}]")
         for key in ("profile", "device", "setting"):
             if key not in data:
                 raise ProfileError(f"{key}: missing section", f"a profile needs [{key}]")

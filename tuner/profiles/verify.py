@@ -1,8 +1,9 @@
-"""`tuner apply --verify DUR`: apply a profile's setting, prove it with a stress trial, revert if it fails.
+"""`tuner apply --verify DUR`: prove a profile's setting on this card with one stress trial; revert on failure.
 
 A profile made on another card of the same model is a good starting point, not proof: silicon differs card to
-card. The trial runs the same training workload as a bisect trial; anything but a pass (a fault, an error, an
-interruption) puts the card back at the value it had before.
+card. The trial is the bisect's own (`tuner.trial.run_trial`: engine, kernel-log watch, telemetry, watchdog),
+which leaves the card at stock; afterwards the setting is re-applied on a pass, and the previous value is put
+back on anything else (a fault, an error, Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
@@ -11,20 +12,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.backends.base import Backend
-from tuner.errors import Unsupported
-from tuner.keep_or_revert import PendingChange
-from tuner.models import Knob, StressTarget
+from tuner.keep_or_revert import signals_held
+from tuner.models import Knob
 
-# (target, duration_s, on_line) -> (verdict "pass"|"fail"|"error", reason or None)
-StressRunner = Callable[[StressTarget, float, Callable[[str], None]], tuple[str, str | None]]
+VERIFY_CANARY_EVERY = 10  # steps
+
+# (backend, device_id, value, duration_s, workload, on_line) -> (verdict, reason); leaves the card at stock
+TrialRunner = Callable[[Backend, str, int, float, dict, Callable[[str], None]], tuple[str, str | None]]
 
 
 @dataclass(frozen=True)
 class VerifyOutcome:
-    verdict: str  # "pass", "fail" or "error"
+    verdict: str  # "pass", "fail", "error" (or "stopped")
     reason: str | None
     previous: int  # the value before the trial (restored unless the trial passed)
-    knob: Knob  # read back after the trial (and the revert, if any)
+    knob: Knob  # read back at the end
 
     @property
     def passed(self) -> bool:
@@ -41,56 +43,51 @@ def verify_setting(
     value: int,
     duration_s: float,
     *,
-    run_stress: StressRunner | None = None,
+    workload: dict | None = None,
+    run_trial: TrialRunner | None = None,
     on_line: Callable[[str], None] = lambda line: None,
 ) -> VerifyOutcome:
-    """Apply `value` (validated, read back), stress it for `duration_s`, keep it only on a pass.
+    """Run one trial at `value` (validated and read back by the backend); keep `value` only on a pass.
 
-    Ctrl-C or SIGTERM (`signals.Terminated`) during the trial also restores the previous value before the
-    exception goes on.
+    `workload` may carry the profile's `preset`, `mode` and `dtype`, so the trial matches the one that proved it.
     """
-    run_stress = run_stress or stress_client_runner
+    run_trial = run_trial or bisect_trial
+    knob = backend.knob(device_id)
+    previous = knob.current
     verdict, reason = "error", "interrupted before the trial finished"
-    # PendingChange reverts on leaving the block unless kept: on a fail, an error, Ctrl-C or SIGTERM alike, with
-    # further signals held back until the card is back.
-    with PendingChange(backend, device_id, value) as change:
-        target = backend.stress_target(device_id)  # after applying: a simulated card's faults follow the setting
-        backend.note_load(device_id, True)
-        try:
-            verdict, reason = run_stress(target, duration_s, on_line)
-        finally:
-            backend.note_load(device_id, False)
-        if verdict == "pass":
-            change.keep()
-    return VerifyOutcome(verdict, reason, change.previous, backend.knob(device_id))
-
-
-def stress_client_runner(target: StressTarget, duration_s: float, on_line: Callable[[str], None]):
-    """Run the stress engine through `tuner.stress_client` (owned by the stress work) and return its verdict."""
     try:
-        from tuner import stress_client
-    except ModuleNotFoundError as e:
-        if e.name != "tuner.stress_client":
-            raise
-        raise Unsupported("--verify needs the stress engine, which is not built into this version",
-                          "apply with --force instead, or update the tuner") from None
-    config = stress_client.EngineConfig.for_target(target, duration_s=duration_s)
-    run = stress_client.StressRun(config).start()
-    try:
-        for event in run.events():
-            line = _event_line(event)
-            if line:
-                on_line(line)
+        verdict, reason = run_trial(backend, device_id, value, duration_s, workload or {}, on_line)
     finally:
-        run.stop()
-    result = run.result()
-    return result.verdict, getattr(result, "reason", None)
+        with signals_held():  # a second Ctrl-C must not cut the restore short
+            if verdict == "pass":
+                backend.apply(device_id, value)
+            elif previous == knob.stock:
+                backend.reset(device_id)
+            else:
+                backend.apply(device_id, previous, allow_overvolt=True)  # restoring is never a new overvolt
+    return VerifyOutcome(verdict, reason, previous, backend.knob(device_id))
 
 
-def _event_line(event) -> str | None:
-    """A short progress line for the events worth showing (the engine emits many)."""
-    kind = getattr(event, "kind", None) or (event.get("event") if isinstance(event, dict) else None)
-    if kind in ("fault", "end", "error"):
-        detail = getattr(event, "message", None) or (event.get("reason") if isinstance(event, dict) else None)
-        return f"{kind}: {detail}" if detail else str(kind)
-    return None
+def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float, workload: dict,
+                 on_line: Callable[[str], None]) -> tuple[str, str | None]:
+    """One `confirm`-phase trial through the bisect's trial runner."""
+    from tuner import kernel_log
+    from tuner.bisect_events import TrialWarning
+    from tuner.trial import TrialParams, run_trial
+
+    target = backend.stress_target(device_id)
+    preset = workload.get("preset") or ("tiny" if target.torch_device == "cpu" else "small")
+    # A verify trial has no reference trajectory to compare steps against, so canary replays carry detection;
+    # run one every VERIFY_CANARY_EVERY steps (a few % of throughput) so a short trial on a slow device still
+    # checks many times instead of once every 100 steps.
+    params = TrialParams(phase="confirm", duration_s=duration_s, preset=preset,
+                         mode=workload.get("mode") or "train", dtype=workload.get("dtype"),
+                         canary_every=VERIFY_CANARY_EVERY)
+    watcher = kernel_log.NullWatcher() if target.simulated else None  # a simulated card has no kernel log
+
+    def on_event(event) -> None:
+        if isinstance(event, TrialWarning):
+            on_line(f"warning: {event.message}")
+
+    result = run_trial(backend, device_id, value, params, on_event, kernel_watcher=watcher)
+    return result.verdict, result.reason or None

@@ -1,0 +1,181 @@
+"""`apply --boot` skip rules, discovery retries, and the systemd unit written by `tuner service`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.profiles.helpers import sim, sim_profile, tuner
+from tuner import paths
+from tuner.errors import Unsupported
+from tuner.profiles import boot, save_profile
+
+BOOT_ID = "11111111-2222-3333-4444-555555555555"
+
+
+@pytest.fixture
+def fake_root(tmp_path, monkeypatch):
+    """A fake /proc with a boot id and a plain kernel command line."""
+    root = tmp_path / "root"
+    (root / "proc/sys/kernel/random").mkdir(parents=True)
+    (root / "proc/sys/kernel/random/boot_id").write_text(BOOT_ID + "\n")
+    (root / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz root=UUID=abc ro quiet splash\n")
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
+    return root
+
+
+def _boot(capsys, *extra):
+    return tuner(capsys, "--simulate", "--sim-gpus", "2", "apply", "--boot", "--boot-wait", "0", *extra)
+
+
+def _write_journal(boot_id, device="sim0", setting=-80):
+    directory = paths.state_dir() / "journal"
+    directory.mkdir(parents=True, exist_ok=True)
+    trial = {"session": "s1", "device": device, "setting": setting, "phase": "refine", "boot_id": boot_id,
+             "pid": 999999, "started_at": 0}
+    (directory / f"{device}.json").write_text(json.dumps({"version": 1, "state": "active", "open_trial": trial}))
+
+
+def test_boot_applies_a_system_profile_to_its_own_card_only(capsys, fake_root):
+    save_profile(sim_profile("mine", value=-45), system=True)
+    save_profile(sim_profile("user-only", device_index=1, value=-20))  # the user store is not read at boot
+    code, _out, err = _boot(capsys)
+    assert code == 0, err
+    assert "tuner: boot: applied 'mine' to sim0" in err
+    assert sim().knob("sim0").current == -45 and sim().knob("sim1").current == 0
+
+
+def test_boot_skips_with_tuner_reset_on_the_kernel_command_line(capsys, fake_root):
+    (fake_root / "proc/cmdline").write_text("root=/dev/sda1 ro tuner.reset quiet\n")
+    save_profile(sim_profile("mine", value=-45), system=True)
+    code, _out, err = _boot(capsys)
+    assert code == 0
+    assert err.strip() == ("tuner: boot: skipped: the kernel command line contains tuner.reset; leaving the cards "
+                           "at stock")
+    assert sim().knob("sim0").current == 0
+
+
+@pytest.mark.parametrize("cmdline", ["tuner.reset=1", "quiet tuner.reset"])
+def test_reset_flag_forms(fake_root, cmdline):
+    (fake_root / "proc/cmdline").write_text(cmdline)
+    assert boot.reset_requested()
+
+
+@pytest.mark.parametrize("cmdline", ["tuner.resetx", "notuner.reset", "tuner=reset", ""])
+def test_reset_flag_lookalikes(fake_root, cmdline):
+    (fake_root / "proc/cmdline").write_text(cmdline)
+    assert not boot.reset_requested()
+
+
+def test_boot_skips_after_a_trial_left_open_by_the_previous_boot(capsys, fake_root):
+    _write_journal("00000000-dead-boot-0000-000000000000")
+    save_profile(sim_profile("mine", value=-45), system=True)
+    code, _out, err = _boot(capsys)
+    assert code == 0
+    assert "skipped: a tuning trial was still open when the previous boot ended (device sim0, setting -80" in err
+    assert sim().knob("sim0").current == 0
+
+
+def test_a_trial_open_in_this_boot_does_not_block(capsys, fake_root):
+    _write_journal(BOOT_ID)  # a bisect running right now, not a crashed boot
+    save_profile(sim_profile("mine", value=-45), system=True)
+    code, _out, err = _boot(capsys)
+    assert code == 0 and "applied 'mine'" in err
+
+
+def test_open_trial_comes_from_the_journal_module(fake_root):
+    _write_journal("old-boot")
+    assert boot.open_trial_from_previous_boot()["setting"] == -80
+
+
+def test_boot_skips_a_profile_for_another_card(capsys, fake_root):
+    save_profile(sim_profile("elsewhere", seed=9, value=-45), system=True)  # serial SIM-0009-00: not here
+    code, _out, err = _boot(capsys)
+    assert code == 0
+    assert "skipped 'elsewhere': its card (simulated 0000:0000/0000:0000 simulated @? #SIM-0009-00) is not in" in err
+    assert sim().knob("sim0").current == 0
+
+
+def test_boot_with_no_profiles(capsys, fake_root):
+    code, _out, err = _boot(capsys)
+    assert code == 0 and "no profiles in the system store" in err
+
+
+def test_discovery_retries_until_the_driver_is_up(capsys):
+    attempts, slept = [], []
+    clock = iter(range(1000)).__next__
+
+    def open_backend():
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise Unsupported("no supported GPU found")
+        return "backend"
+
+    got = boot.discover(open_backend, lambda b: True, wait_s=30, interval_s=3, sleep=slept.append, clock=clock)
+    assert got == "backend" and len(attempts) == 3 and slept == [3, 3]
+    assert capsys.readouterr().err.count("waiting for the GPU driver (no supported GPU found)") == 2
+
+
+def test_discovery_gives_up_with_the_last_error():
+    def never():
+        raise Unsupported("no supported GPU found")
+
+    with pytest.raises(Unsupported):
+        boot.discover(never, lambda b: True, wait_s=0, sleep=lambda s: None)
+
+
+# --- the unit and `tuner service` -----------------------------------------------------------------------------
+
+
+def test_unit_text():
+    text = boot.unit_text(exec_args=["/opt/venv/bin/python", "-m", "tuner", "apply", "--boot"],
+                          environment={"XDG_STATE_HOME": "/root/.local/state", "ODD": "50% off"})
+    lines = text.splitlines()
+    for expected in ["[Unit]", "After=systemd-modules-load.service systemd-udev-trigger.service",
+                     "ConditionPathIsDirectory=/sys/class/drm", "ConditionKernelCommandLine=!tuner.reset",
+                     "[Service]", "Type=oneshot", "RemainAfterExit=yes",
+                     "ExecStart=/opt/venv/bin/python -m tuner apply --boot",
+                     "Environment=XDG_STATE_HOME=/root/.local/state", "Environment='ODD=50%% off'",
+                     "StandardError=journal", "[Install]", "WantedBy=multi-user.target"]:
+        assert expected in lines, expected
+
+
+def test_service_install_needs_root(capsys, monkeypatch):
+    monkeypatch.setattr("tuner.commands.service._is_root", lambda: False)
+    save_profile(sim_profile("mine"))
+    code, _out, err = tuner(capsys, "service", "install", "--profile", "mine")
+    assert code == 3
+    assert err.strip().startswith("tuner: error: installing the boot service needs root") and "sudo" in err
+    assert not boot.unit_path().exists() and not paths.system_profiles_dir().exists()
+    code, _out, err = tuner(capsys, "service", "uninstall")
+    assert code == 3
+
+
+def test_service_install_status_uninstall(capsys, monkeypatch):
+    monkeypatch.setattr("tuner.commands.service._is_root", lambda: True)
+    save_profile(sim_profile("mine"))
+    code, out, err = tuner(capsys, "service", "install", "--profile", "mine")
+    assert code == 0, err
+    text = boot.unit_path().read_text()
+    assert "apply --boot mine\n" in text and f"XDG_STATE_HOME={paths.state_dir().parent}" in text
+    assert (paths.system_profiles_dir() / "mine.toml").exists()
+    code, out, err = tuner(capsys, "service", "status", "--json")
+    doc = json.loads(out)
+    assert doc["installed"] and doc["system_profiles"][0]["name"] == "mine" and doc["next_boot_skips"] is None
+    code, out, err = tuner(capsys, "service", "uninstall")
+    assert code == 0 and not boot.unit_path().exists()
+    assert (paths.system_profiles_dir() / "mine.toml").exists()  # profiles are kept
+
+
+def test_service_install_without_profiles_is_refused(capsys, monkeypatch):
+    monkeypatch.setattr("tuner.commands.service._is_root", lambda: True)
+    code, _out, err = tuner(capsys, "service", "install")
+    assert code == 2 and "no profiles" in err and not boot.unit_path().exists()
+
+
+def test_default_unit_path_is_etc_systemd(monkeypatch):
+    monkeypatch.delenv("TUNER_SYSTEMD_DIR")
+    assert str(boot.unit_path()) == "/etc/systemd/system/tuner-apply.service"
+    assert os.environ.get("TUNER_SYSTEMD_DIR") is None
