@@ -92,3 +92,18 @@ def test_verify_with_the_real_stress_engine_reverts_on_the_failing_simulated_car
     assert "-60 mV failed" in proc.stdout and "reverted to -10 mV" in proc.stdout
     assert "Traceback" not in proc.stderr
     assert sim(vmin_mv=-30).knob("sim0").current == -10
+
+
+def test_engine_only_runner_keeps_its_contract():
+    """The TUI passes a bare engine runner `(target, duration_s, on_line)`; a fault still reverts."""
+    backend = sim(vmin_mv=-30)
+    seen = []
+
+    def engine(target, duration_s, on_line):
+        seen.append(target.fault_rate)
+        return ("fail", "canary") if target.fault_rate > 0 else ("pass", None)
+
+    assert not verify_setting(backend, "sim0", -60, 1.0, run_stress=engine).passed
+    assert backend.knob("sim0").current == 0 and seen[0] > 0
+    assert verify_setting(backend, "sim0", -20, 1.0, run_stress=engine).passed
+    assert backend.knob("sim0").current == -20

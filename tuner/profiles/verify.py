@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 from tuner.backends.base import Backend
 from tuner.keep_or_revert import signals_held
-from tuner.models import Knob
+from tuner.models import Knob, StressTarget
 
 VERIFY_CANARY_EVERY = 10  # steps
 
+# (target, duration_s, on_line) -> (verdict, reason): just the engine on an already-applied setting (the TUI's job)
+StressRunner = Callable[[StressTarget, float, Callable[[str], None]], tuple[str, str | None]]
 # (backend, device_id, value, duration_s, workload, on_line) -> (verdict, reason); leaves the card at stock
 TrialRunner = Callable[[Backend, str, int, float, dict, Callable[[str], None]], tuple[str, str | None]]
 
@@ -45,13 +47,15 @@ def verify_setting(
     *,
     workload: dict | None = None,
     run_trial: TrialRunner | None = None,
+    run_stress: StressRunner | None = None,
     on_line: Callable[[str], None] = lambda line: None,
 ) -> VerifyOutcome:
     """Run one trial at `value` (validated and read back by the backend); keep `value` only on a pass.
 
     `workload` may carry the profile's `preset`, `mode` and `dtype`, so the trial matches the one that proved it.
+    `run_stress` runs only the engine (the TUI's stress job) where the default is the bisect's full trial.
     """
-    run_trial = run_trial or bisect_trial
+    run_trial = run_trial or (_engine_only(run_stress) if run_stress else bisect_trial)
     knob = backend.knob(device_id)
     previous = knob.current
     verdict, reason = "error", "interrupted before the trial finished"
@@ -66,6 +70,19 @@ def verify_setting(
             else:
                 backend.apply(device_id, previous, allow_overvolt=True)  # restoring is never a new overvolt
     return VerifyOutcome(verdict, reason, previous, backend.knob(device_id))
+
+
+def _engine_only(run_stress: StressRunner) -> TrialRunner:
+    """A TrialRunner around a bare engine runner: apply, run on the device's stress target, back to stock."""
+
+    def run(backend, device_id, value, duration_s, workload, on_line):
+        backend.apply(device_id, value)
+        try:
+            return run_stress(backend.stress_target(device_id), duration_s, on_line)
+        finally:
+            backend.reset(device_id)
+
+    return run
 
 
 def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float, workload: dict,
