@@ -97,3 +97,27 @@ async def test_bisect_to_recommendation_and_save_profile(tmp_path):
         await pilot.pause()
     [profile] = list_profiles()
     assert profile.setting.value == -40 and profile.tuning is not None and profile.tuning.trials
+
+
+async def test_quit_during_bisect_asks_then_stops_and_resets(tmp_path):
+    from tuner.screens.dialogs import ConfirmDialog
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    engine = GatedEngine(hold_at=2)  # hold the -10 mV trial
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda: None})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        _fast_form(app)
+        await pilot.press("b")
+        await _wait(pilot, engine.entered.is_set)
+        assert backend.knob("sim0").current == -10
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")
+        await pilot.pause()
+    engine.release.set()
+    done = app.make_safe(wait_s=20)  # what run_app does once the App has stopped
+    assert backend.knob("sim0").current == 0, done

@@ -14,7 +14,7 @@ from tuner.widgets.history_plot import HistoryPlot
 
 PRESETS = ("tiny", "small", "large")
 MODES = ("train", "gemm", "mixed")
-DETECTORS = ("reference", "canary", "gemm", "nonfinite", "device errors", "watchdog")
+DETECTORS = ("reference", "canary", "gemm", "nonfinite", "device errors", "watchdog", "kernel log")
 
 
 def clamp_target(knob, value: int) -> int:

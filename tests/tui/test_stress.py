@@ -1,0 +1,50 @@
+"""Stress from the Tune screen with the real engine (tiny preset, CPU): start/stop, screen switches, a fault."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tui.helpers import make_app, sim_backend
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _wait(pilot, predicate, timeout_s: float = 60.0):
+    for _ in range(int(timeout_s / 0.1)):
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError("condition never became true")
+
+
+async def test_stress_start_survives_screens_then_stop(tmp_path):
+    backend = sim_backend(tmp_path)
+    app = make_app(tmp_path, backend=backend, samples=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2", "s")
+        await _wait(pilot, lambda: len(app.stress.steps) >= 3)
+        assert backend._loaded("sim0")  # the simulated card knows it is under load
+        for key in "134562":
+            await pilot.press(key)
+            await pilot.pause()
+        assert app.stress.running
+        await pilot.pause(0.6)
+        assert "RUNNING" in str(app.screen.query_one("#stress-status").render())
+        await pilot.press("s")
+        await _wait(pilot, lambda: not app.stress.running)
+        assert "stopped by you" in app.stress.verdict
+        assert not backend._loaded("sim0")
+        assert backend.knob("sim0").current == 0
+
+
+async def test_stress_below_the_limit_reports_the_fault(tmp_path):
+    backend = sim_backend(tmp_path, vmin_mv=-60)
+    backend.apply("sim0", -70)  # below the simulated card's limit: the engine is told to flip bits
+    app = make_app(tmp_path, backend=backend, samples=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2", "s")
+        await _wait(pilot, lambda: not app.stress.running and app.stress.verdict is not None)
+        assert app.stress.verdict.startswith("fail")
+        assert any(v.startswith("FAULT") for v in app.stress.detectors.values())
+        await pilot.pause(0.6)
+        assert "FAULT" in str(app.screen.query_one("#stress-status").render())
