@@ -147,3 +147,15 @@ def test_cli_value_outside_the_targets_range_is_refused(capsys, monkeypatch):
     save_profile(build_profile("p", RX9070, AMD_KNOB, -45, kernel="6.14"))
     code, _out, err = tuner(capsys, "apply", "p", "--yes")
     assert code == 2 and "-45 mV is outside this card's range -30..+0 mV" in err and backend.applied == []
+
+
+def test_cli_without_yes_uses_the_keep_or_revert_prompt():
+    from tests.cli_helpers import run_tuner
+
+    save_profile(sim_profile("mine", value=-45))
+    proc = run_tuner("--simulate", "apply", "mine", input="")  # EOF: not confirmed, reverted
+    assert proc.returncode == 2 and "not confirmed: reverted to +0 mV" in proc.stderr
+    assert sim().knob("sim0").current == 0
+    proc = run_tuner("--simulate", "apply", "mine", input="y\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "applied 'mine' (-45 mV, read back)" in proc.stdout and sim().knob("sim0").current == -45

@@ -1,0 +1,63 @@
+"""`tuner profile list|show|export|import|delete` through the real entry point."""
+
+from __future__ import annotations
+
+import json
+
+from tests.profiles.helpers import EXAMPLE, sim_profile, tuner
+from tuner import paths
+from tuner.profiles import load_profile, save_profile
+
+
+def test_list_show_export_import_delete(capsys, tmp_path):
+    save_profile(sim_profile("mine", tuning={"lowest_pass": -50, "margin": 5, "trials": [
+        {"setting": -50, "phase": "refine", "verdict": "pass", "tok_s": 900.0}]}))
+    code, out, err = tuner(capsys, "profile", "list")
+    assert code == 0 and "mine" in out and "[SIMULATED]" in out and "-45 mV" in out
+    code, out, err = tuner(capsys, "profile", "list", "--json")
+    doc = json.loads(out)
+    assert doc["profiles"][0]["name"] == "mine" and doc["profiles"][0]["setting"]["value"] == -45
+    assert doc["profiles"][0]["profile"]["created"].endswith("Z")
+    code, out, err = tuner(capsys, "profile", "show", "mine")
+    assert code == 0 and "lowest pass -50" in out and "refine" in out
+    code, out, err = tuner(capsys, "profile", "show", "mine", "--toml")
+    assert load_profile("mine").to_toml() == out
+
+    exported = tmp_path / "mine.toml"
+    code, out, err = tuner(capsys, "profile", "export", "mine", str(exported))
+    assert code == 0 and exported.exists()
+    code, out, err = tuner(capsys, "profile", "import", str(exported), "--name", "copy", "--json")
+    assert code == 0 and json.loads(out)["imported"] == "copy"
+    assert load_profile("copy").setting == load_profile("mine").setting
+
+    code, out, err = tuner(capsys, "profile", "delete", "copy")
+    assert code == 0 and not (paths.user_profiles_dir() / "copy.toml").exists()
+    code, out, err = tuner(capsys, "profile", "delete", "copy")
+    assert code == 2 and "no profile named 'copy'" in err
+
+
+def test_list_reports_a_bad_file_without_failing(capsys):
+    save_profile(sim_profile("good"))
+    (paths.user_profiles_dir() / "broken.toml").write_text("[profile]\nschema = 1\n")
+    code, out, err = tuner(capsys, "profile", "list")
+    assert code == 0 and "good" in out
+    assert "broken.toml" in err and "device: missing section" in err
+
+
+def test_import_the_shipped_example(capsys):
+    code, out, err = tuner(capsys, "profile", "import", str(EXAMPLE))
+    assert code == 0, err
+    assert "imported 'example-rdna4' (AMD Radeon RX 9070 XT, -45 mV)" in out
+
+
+def test_import_into_the_system_store(capsys):
+    save_profile(sim_profile("mine"))
+    code, _out, _err = tuner(capsys, "profile", "import", str(paths.user_profiles_dir() / "mine.toml"), "--system")
+    assert code == 0 and (paths.system_profiles_dir() / "mine.toml").exists()
+
+
+def test_boot_logs_a_profile_the_card_refuses(capsys):
+    save_profile(sim_profile("offstep", value=-47), system=True)  # valid TOML, but not on the 5 mV step
+    code, _out, err = tuner(capsys, "--simulate", "apply", "--boot", "--boot-wait", "0")
+    assert code == 2
+    assert "tuner: boot: could not apply 'offstep' to sim0: -47 mV is not on this card's 5 mV step" in err
