@@ -313,8 +313,6 @@ class BisectJob:
             self._emit(ev)
 
         watcher = self._kernel_watcher_factory() if self._kernel_watcher_factory else None
-        if watcher is None and self.backend.stress_target(self.device_id).simulated:
-            watcher = kernel_log.NullWatcher()
         try:
             result = run_trial(self.backend, self.device_id, decision.setting, tp, on_trial_event, self._stop,
                                engine_factory=self._engine_factory, kernel_watcher=watcher)

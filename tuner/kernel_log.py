@@ -25,11 +25,11 @@ PATTERNS: tuple[tuple[str, str, bool], ...] = (
     ("fallen-off-bus", r"fallen off the bus", True),
     ("ring-timeout", r"ring \S+ timeout", False),
     ("job-timeout", r"amdgpu_job_timedout", False),
+    ("vram-lost", r"VRAM is lost", True),
     ("gpu-reset", r"GPU reset|ring \S+ reset|device wedged|MODE1 reset|BACO reset", True),
     ("page-fault", r"page fault|Memory access fault", False),
     ("mes-failed", r"MES failed", False),
     ("evict-failed", r"Failed to evict queue|Failed to suspend process|Failed to remove queue", False),
-    ("vram-lost", r"VRAM is lost", True),
     ("illegal-opcode", r"Illegal opcode in command stream", False),
 )
 _COMPILED = tuple((kind, re.compile(rx, re.IGNORECASE), edge) for kind, rx, edge in PATTERNS)

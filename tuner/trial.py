@@ -71,14 +71,14 @@ def default_engine_factory(request: dict, watchdog: WatchdogSettings):
     """A `StressRun` for `request` (the `EngineConfig` fields, see `engine_request`)."""
     sc = _engine_api()
     config = sc.EngineConfig(**request)
-    policy = sc.WatchdogPolicy(first_step_s=watchdog.first_step_s, min_silence_s=watchdog.min_silence_s,
-                               step_factor=watchdog.step_factor, kill_after_s=watchdog.kill_after_s)
+    policy = sc.WatchdogPolicy(first_step_timeout_s=watchdog.first_step_s, min_silence_s=watchdog.min_silence_s,
+                               silence_factor=watchdog.step_factor, kill_grace_s=watchdog.kill_after_s)
     return sc.StressRun(config, watchdog=policy)
 
 
 def engine_request(target, params: TrialParams) -> dict:
     """The engine configuration (`EngineConfig` fields) for one trial on `target` (a `StressTarget`)."""
-    injections = [f"hang@{SIM_HANG_STEP}"] if target.hang else []
+    injections = (f"hang@{SIM_HANG_STEP}",) if target.hang else ()
     kwargs = dict(
         device=target.torch_device,
         preset=params.preset,
@@ -157,7 +157,10 @@ def run_trial(
 
     # 1. the kernel log: only what is logged from now on counts
     if kernel_watcher is None:
-        kernel_watcher = kernel_log.KernelLogWatcher(warn=warn)
+        simulated = backend.device(device_id).simulated  # the host's kernel log says nothing about it
+        kernel_watcher = kernel_log.NullWatcher() if simulated else kernel_log.KernelLogWatcher(warn=warn)
+    elif not kernel_watcher._on_event:
+        kernel_watcher._warn = warn
     kernel_watcher._on_event = lambda ev: stop_engine("kernel")
     kernel_watcher.start()
     try:
@@ -268,7 +271,7 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result, sum
         sensitivity=getattr(r, "sensitivity", None) if r is not None else None,
         kernel_log=tuple(e.line for e in kernel_events), warnings=tuple(warnings), started_at=started_at,
     )
-    fault_step = getattr(r, "step", None) if r is not None else None
+    fault_step = getattr(r, "failure_step", None) if r is not None else None
     if kernel_events:
         first = kernel_events[0]
         return replace(base, verdict="fail", kind=first.kind, reason=kernel_log.summarize(kernel_events),

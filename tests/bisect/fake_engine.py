@@ -43,29 +43,29 @@ class _FakeRun:
         hang = any(i.startswith("hang@") for i in r["injections"])
         for step in range(1, n + 1):
             if self._stopped.is_set():
-                self._result = SimpleNamespace(verdict="error", kind="stopped", reason="stopped", step=None,
+                self._result = SimpleNamespace(verdict="error", kind="stopped", reason="stopped", failure_step=None,
                                                steps=step, duration_s=0.1, median_tok_s=None, sensitivity="full")
                 return
             if hang and step == 3:
-                self._result = SimpleNamespace(verdict="fail", kind="hang", reason="no heartbeat", step=3,
+                self._result = SimpleNamespace(verdict="fail", kind="hang", reason="no heartbeat", failure_step=3,
                                                steps=3, duration_s=1.0, median_tok_s=self.engine.tok_s,
                                                sensitivity="full")
                 return
             if fail_step is not None and step == fail_step:
                 self._result = SimpleNamespace(verdict="fail", kind="mismatch", reason="loss bits differ",
-                                               step=step, steps=step, duration_s=1.0,
+                                               failure_step=step, steps=step, duration_s=1.0,
                                                median_tok_s=self.engine.tok_s, sensitivity="full")
                 return
             yield SimpleNamespace(event="step", step=step, tok_s=self.engine.tok_s)
         if self.engine.error:
-            self._result = SimpleNamespace(verdict="error", kind="setup", reason="out of memory", step=None,
+            self._result = SimpleNamespace(verdict="error", kind="setup", reason="out of memory", failure_step=None,
                                            steps=0, duration_s=0.1, median_tok_s=None, sensitivity=None)
             return
         if r.get("record"):
             from pathlib import Path
 
             Path(r["record"]).write_text('{"steps": 1000}')
-        self._result = SimpleNamespace(verdict="pass", kind=None, reason="", step=None, steps=n,
+        self._result = SimpleNamespace(verdict="pass", kind=None, reason="", failure_step=None, steps=n,
                                        duration_s=r["duration_s"], median_tok_s=self.engine.tok_s,
                                        sensitivity="full")
 

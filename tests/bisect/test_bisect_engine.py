@@ -1,0 +1,115 @@
+"""`tuner bisect` end to end with the real stress engine (tiny preset, CPU) on the simulated card: the
+recommendation, kill -9 mid-trial then `--resume` (same boot and after a simulated reboot), and the watchdog
+on an injected hang. These are the slow tests of this suite (about a minute and a half together on 2 cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from tests.cli_helpers import REPO, run_tuner
+from tuner import journal
+from tuner.backends.simulated import SimulatedBackend
+from tuner.trial import TrialParams, WatchdogSettings, run_trial
+
+SIM = ["--simulate", "--sim-vmin", "-22"]
+FAST = ["--trial", "6s", "--confirm", "8s", "--preset", "tiny"]
+
+
+@pytest.fixture
+def sysroot(tmp_path, monkeypatch):
+    root = tmp_path / "sysroot"
+    (root / "proc/sys/kernel/random").mkdir(parents=True)
+    (root / "proc/sys/kernel/random/boot_id").write_text("boot-a\n")
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
+    return root
+
+
+def events_of(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
+    proc = run_tuner(*SIM, "bisect", "--device", "sim0", *FAST, "--step", "10", "--resolution", "5",
+                     "--margin", "10", "--save", "sim-e2e", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "recommendation for Simulated RDNA-class GPU [SIMULATED]: -10 mV (confirmed -20" in proc.stdout
+    assert "saved profile 'sim-e2e'" in proc.stdout
+    doc = journal.load("sim0")
+    assert [(t["setting"], t["phase"], t["verdict"]) for t in doc["trials"]] == [
+        (0, "baseline", "pass"), (-10, "coarse", "pass"), (-20, "coarse", "pass"), (-30, "coarse", "fail"),
+        (-25, "refine", "fail"), (-20, "confirm", "pass")]
+    assert doc["trials"][3]["kind"] in ("mismatch", "canary", "gemm", "nonfinite")
+    assert SimulatedBackend().knob("sim0").current == 0
+
+
+def _kill_mid_trial(setting: int) -> None:
+    """Start a bisect, wait until the trial at `setting` is running, then SIGKILL the tool (and its engine)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *SIM, "bisect", "--device", "sim0", *FAST, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+    try:
+        for line in proc.stdout:
+            ev = json.loads(line)
+            if ev["event"] == "trial_started" and ev["setting"] == setting:
+                break
+        else:
+            raise AssertionError("the trial never started")
+        time.sleep(1.5)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGKILL)  # kill -9 the tool
+        proc.wait(10)
+        for child in children:  # the engine runs in its own session: do not leave it burning the CPU
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("reboot", [False, True], ids=["tool-killed", "machine-reset"])
+def test_kill_9_mid_trial_then_resume_counts_it_as_failure_and_never_retries(sysroot, reboot):
+    _kill_mid_trial(-10)
+    assert journal.load("sim0")["open_trial"]["setting"] == -10
+    if reboot:
+        (sysroot / "proc/sys/kernel/random/boot_id").write_text("boot-b\n")
+    # without --resume or --restart a new run is refused and nothing changes
+    refused = run_tuner(*SIM, "bisect", "--device", "sim0", *FAST)
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+    proc = run_tuner(*SIM, "bisect", "--device", "sim0", "--resume", "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = events_of(proc.stdout)
+    recovered = [e for e in events if e["event"] == "trial_recovered"]
+    assert len(recovered) == 1 and recovered[0]["result"]["setting"] == -10
+    assert recovered[0]["result"]["kind"] == ("system-reset" if reboot else "tool-died")
+    assert -10 in journal.unsafe_settings("sim0")
+    started = [e["setting"] for e in events if e["event"] == "trial_started"]
+    assert -10 not in started and started == [-5, -5]  # refine, then confirm
+    rec = next(e for e in events if e["event"] == "recommendation")
+    assert rec["confirmed"] == -5 and rec["margin"] == (15 if reboot else 10) and rec["setting"] == 0
+    # a new session keeps the unsafe value out as well
+    again = journal.Journal.open_existing("sim0")
+    assert again.state == journal.FINISHED
+
+
+def test_watchdog_catches_an_injected_hang_far_below_the_limit():
+    backend = SimulatedBackend(vmin_mv=-52)
+    params = TrialParams(phase="coarse", duration_s=60, preset="tiny",
+                         watchdog=WatchdogSettings(first_step_s=120, min_silence_s=2, step_factor=20,
+                                                   kill_after_s=2))
+    stop = threading.Event()
+    result = run_trial(backend, "sim0", -100, params, stop_event=stop)  # vmin - 48 mV: the card hangs
+    assert result.verdict == "fail" and result.kind == "hang" and result.edge
+    assert result.simulated and result.injected
+    assert backend.knob("sim0").current == 0
