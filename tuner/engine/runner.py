@@ -143,6 +143,8 @@ class Engine:
         prepare_environment()
         if opts.threads:
             torch.set_num_threads(opts.threads)
+        elif opts.device == "cpu" and opts.preset == "tiny":
+            torch.set_num_threads(1)  # its matmuls are too small to gain from threads; shared CPUs lose a lot
         enable_determinism()
         self.spec = resolve_device(opts.device)
         if opts.expect_pci_bus_id and (self.spec.pci_bus_id or "").lower() != opts.expect_pci_bus_id.lower():

@@ -1,0 +1,64 @@
+"""The real `python -m tuner.engine` subprocess: protocol on stdout only, exit codes, usage errors without a
+traceback, record-then-compare across processes, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.engine.schema import validate_stream
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def engine(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-u", "-m", "tuner.engine", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_usage_error_is_one_stderr_line_an_end_event_and_exit_2():
+    p = engine("--steps", "5", "--inject", "explode@3")
+    assert p.returncode == 2
+    assert p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr
+    assert p.stderr.startswith("tuner.engine: error: bad --inject")
+    events = validate_stream(p.stdout.splitlines())
+    assert [e["event"] for e in events] == ["end"]
+    assert events[0]["verdict"] == "error" and events[0]["kind"] == "usage" and events[0]["exit_code"] == 2
+
+
+def test_record_then_a_bit_flip_is_a_mismatch_at_its_step_across_processes(tmp_path):
+    ref = tmp_path / "ref.json"
+    p = engine("--steps", "12", "--seed", "2", "--record", str(ref), "--canary-every", "5")
+    events = validate_stream(p.stdout.splitlines())
+    assert p.returncode == 0 and events[-1]["verdict"] == "pass" and ref.exists()
+    assert "Traceback" not in p.stderr
+    doc = json.loads(ref.read_text())
+    assert doc["steps"] == 12 and len(doc["digests"]) == 12 and doc["fingerprint"]["seed"] == 2
+    p = engine("--steps", "12", "--seed", "2", "--reference", str(ref), "--inject", "bitflip@6")
+    events = validate_stream(p.stdout.splitlines())
+    end = events[-1]
+    assert p.returncode == 1 and (end["verdict"], end["kind"], end["step"]) == ("fail", "mismatch", 6)
+    assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 7))
+
+
+def test_sigterm_ends_the_run_with_an_end_event(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "tuner.engine", "--duration", "60", "--heartbeat-s", "0.2"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        lines.append(line)
+        if '"event":"step"' in line and '"step":3,' in line:
+            proc.send_signal(signal.SIGTERM)
+        assert time.monotonic() < deadline
+    proc.wait(timeout=30)
+    events = validate_stream(lines)
+    assert proc.returncode == 130
+    assert (events[-1]["verdict"], events[-1]["kind"]) == ("error", "interrupted")
