@@ -113,3 +113,20 @@ def test_watchdog_catches_an_injected_hang_far_below_the_limit():
     assert result.verdict == "fail" and result.kind == "hang" and result.edge
     assert result.simulated and result.injected
     assert backend.knob("sim0").current == 0
+
+
+def test_sigterm_stops_the_engine_resets_the_card_and_leaves_a_resumable_session(sysroot):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *SIM, "bisect", "--device", "sim0", *FAST, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    for line in proc.stdout:
+        if json.loads(line)["event"] == "trial_progress":  # the engine is running the baseline
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "bisect_stopped" in out
+    doc = journal.load("sim0")
+    assert doc["state"] == journal.INTERRUPTED and doc["open_trial"] is None and doc["trials"] == []
+    assert SimulatedBackend().knob("sim0").current == 0
+    assert journal.unsafe_settings("sim0") == {}

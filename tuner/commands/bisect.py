@@ -216,19 +216,24 @@ def run(args, ctx) -> int:
     printer = _Printer(knob.unit, args.json)
     job = BisectJob(backend, device.id, params, printer)
     box: dict = {}
+    done = threading.Event()
 
     def work() -> None:
         try:
             box["outcome"] = job.run()
         except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
             box["error"] = e
+        finally:
+            done.set()
 
+    # The job runs in a worker so that a signal in the main thread only asks it to stop (an exception inside
+    # Thread.join can leave the thread looking finished; an Event does not).
     worker = threading.Thread(target=work, name="bisect", daemon=True)
     worker.start()
     interrupted = False
-    while worker.is_alive():
+    while not done.is_set():
         try:
-            worker.join(0.2)
+            done.wait(0.2)
         except (KeyboardInterrupt, signals.Terminated):
             interrupted = True
             job.stop()  # the worker stops the engine, resets the card, closes the journal (resumable)
