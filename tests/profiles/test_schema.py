@@ -90,7 +90,7 @@ def _doc(**overrides) -> dict:
     ({"setting__extra": 1}, "setting.extra: unknown key"),
     ({"device__vendor": "intel"}, "device.vendor: expected one of amd, nvidia, simulated"),
     ({"device__pci_id": "zz:1"}, "device.pci_id: 'zz:1' is not in the form 1002:7550"),
-    ({"device__name": "x" * 300}, "device.name: string is 300 characters long"),
+    ({"device__name": "x" * 1100}, "device.name: string is 1100 characters long, the limit is 1024"),
     ({"device__name": "a\x1bb"}, "device.name: control characters are not allowed"),
     ({"profile__created": "yesterday"}, "profile.created: expected a date-time"),
     ({"profile__schema": 0}, "profile.schema: 0 is outside 1..1"),
@@ -145,3 +145,9 @@ def test_bytes_that_are_not_a_profile(raw, message):
     with pytest.raises(ProfileError) as info:
         Profile.from_bytes(raw)
     assert message in info.value.one_line()
+
+
+def test_a_very_long_trial_reason_is_cut_not_fatal():
+    trials = [{"setting": -60, "phase": "coarse", "verdict": "fail", "reason": "kernel: " + "x" * 5000}]
+    profile = sim_profile("long", tuning={"trials": trials})
+    assert len(profile.tuning.trials[0].reason) == 1024 and profile.tuning.trials[0].reason.endswith("...")

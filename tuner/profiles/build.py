@@ -10,11 +10,19 @@ import platform
 
 from tuner import __version__
 from tuner.models import DeviceInfo, Knob
-from tuner.profiles.schema import SCHEMA_VERSION, Profile, format_created, utc_now
+from tuner.profiles.schema import MAX_STRING_CHARS, SCHEMA_VERSION, Profile, format_created, utc_now
 
 
 def _drop_none(d: dict) -> dict:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _shorten_reason(trial: dict) -> dict:
+    """A failure reason is free text from the engine or the kernel log: cut it to fit rather than fail the save."""
+    reason = trial.get("reason")
+    if isinstance(reason, str) and len(reason) > MAX_STRING_CHARS:
+        trial["reason"] = reason[: MAX_STRING_CHARS - 3] + "..."
+    return trial
 
 
 def build_profile(
@@ -52,7 +60,7 @@ def build_profile(
     if tuning:
         t = _drop_none(dict(tuning))
         if "trials" in t:
-            t["trials"] = [_drop_none(dict(trial)) for trial in t["trials"]]
+            t["trials"] = [_shorten_reason(_drop_none(dict(trial))) for trial in t["trials"]]
             if not t["trials"]:
                 del t["trials"]
         doc["tuning"] = t

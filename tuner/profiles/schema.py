@@ -23,7 +23,7 @@ from tuner.errors import UsageError
 
 SCHEMA_VERSION = 1
 MAX_PROFILE_BYTES = 256 * 1024  # a real profile is ~10 KiB even with hundreds of trials
-MAX_STRING_CHARS = 256
+MAX_STRING_CHARS = 1024  # room for a kernel-log or engine failure reason; the file cap bounds the total
 MAX_TRIALS = 2000
 MAX_ABS_INT = 1_000_000
 MAX_ABS_FLOAT = 1e9
