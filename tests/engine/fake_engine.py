@@ -1,0 +1,107 @@
+"""A stand-in for `python -m tuner.engine` that misbehaves on request, for the stress client's tests.
+
+Run as `python fake_engine.py -u -m tuner.engine ...` (the client's argv with this script as the "python");
+FAKE_ENGINE_MODE picks the behaviour. Fast: no torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+T0 = time.monotonic()
+MODE = os.environ.get("FAKE_ENGINE_MODE", "pass")
+
+
+def emit(event: str, **fields) -> None:
+    sys.stdout.write(json.dumps({"event": event, "t": round(time.monotonic() - T0, 4), **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def start() -> None:
+    emit("start", mode="train", preset="tiny", device="cpu", device_name="Fake", pci_bus_id=None, dtype="fp32",
+         params=1, tokens_per_step=512, batch_size=8, warmup_steps=1, repeatable=True, sensitivity="full",
+         argv=sys.argv[1:])
+
+
+def step(n: int, dt_ms: float = 10.0) -> None:
+    time.sleep(dt_ms / 1e3)
+    emit("step", step=n, loss=5.0 - n * 0.1, grad_norm=1.0, dt_ms=dt_ms, tok_s=51200.0, tflops=0.01)
+
+
+def end(verdict="pass", kind=None, step_=None, steps=0, code=0, reason="completed") -> None:
+    emit("end", verdict=verdict, reason=reason, kind=kind, step=step_, steps=steps, duration_s=0.1,
+         median_tok_s=51200.0, median_step_ms=10.0, bpb=3.5, eval_losses=[2.4, "NaN"], reference=None,
+         recorded=None, sensitivity="full", setup_problems=[], warnings=0, canaries=0, exit_code=code)
+    sys.exit(code)
+
+
+def forever(beat: dict | None = None, interval: float = 0.1) -> None:
+    while True:
+        if beat is not None:
+            emit("heartbeat", **beat)
+        time.sleep(interval)
+
+
+STATE = {"stop": False}
+
+
+def main() -> None:
+    if MODE == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif MODE == "term-graceful":
+        signal.signal(signal.SIGTERM, lambda *_: STATE.update(stop=True))
+    if MODE == "exit-before-start":
+        print("ModuleNotFoundError: No module named 'torch'", file=sys.stderr)
+        sys.exit(1)
+    if MODE == "no-first-step":
+        forever({"step": 0, "state": "setup", "progress": 0})
+    start()
+    if MODE == "pass":
+        for n in range(1, 6):
+            step(n)
+        end(steps=5)
+    if MODE == "fail":
+        step(1)
+        emit("fault", kind="canary", step=2, detail="canary differs")
+        end("fail", "canary", 2, 2, 1, "canary differs")
+    for n in range(1, 4):
+        step(n)
+    if MODE == "silent-hang":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        forever()
+    if MODE == "stall":
+        forever({"step": 3, "state": "train", "progress": 3})
+    if MODE == "idle":
+        t = time.monotonic()
+        while time.monotonic() - t < 1.5:
+            emit("heartbeat", step=3, state="idle", progress=3)
+            time.sleep(0.1)
+        step(4)
+        end(steps=4)
+    if MODE == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if MODE == "hip-abort":
+        print("Memory access fault by GPU node-1 (Agent handle: 0x55d) on address 0x7f. Reason: Page not present",
+              file=sys.stderr, flush=True)
+        os.abort()
+    if MODE == "exit-no-end":
+        sys.exit(1)
+    if MODE == "garbage":
+        print("this is not json", flush=True)
+        emit("mystery", value=1)
+        print("[1, 2, 3]", flush=True)
+        end(steps=3)
+    if MODE in ("term-graceful", "ignore-term"):
+        n = 3
+        while not STATE["stop"]:
+            n += 1
+            step(n)
+        end("error", "interrupted", None, n, 130, "interrupted by SIGTERM")
+    raise SystemExit(f"unknown FAKE_ENGINE_MODE {MODE}")
+
+
+if __name__ == "__main__":
+    main()

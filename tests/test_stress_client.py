@@ -1,0 +1,259 @@
+"""tuner.stress_client: config -> argv, tolerant event parsing, the watchdog, stop(), result classification.
+
+Most runs use a fake engine script (fast, no torch); a few run the real engine."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner import stress_client as sc
+from tuner.models import StressTarget
+
+FAKE = Path(__file__).parent / "engine" / "fake_engine.py"
+FAST = sc.WatchdogPolicy(min_silence_s=0.6, silence_factor=20, first_step_timeout_s=1.5, kill_grace_s=0.5,
+                         poll_s=0.05)
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    """An executable that runs the fake engine whatever "-u -m tuner.engine" arguments it gets."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def fake_run(fake_python, mode, *, policy=FAST, **config):
+    config.setdefault("steps", 5)
+    cfg = sc.EngineConfig(python=fake_python, env={"FAKE_ENGINE_MODE": mode}, **config)
+    return sc.StressRun(cfg, watchdog=policy)
+
+
+# --- config -----------------------------------------------------------------------------------------------
+
+
+def test_argv_carries_every_option():
+    cfg = sc.EngineConfig(device="cuda:1", preset="small", steps=100, duration_s=90, seed=3, dtype="bf16",
+                          record="r.json", reference="ref.json", fault_rate=0.25, injections=["hang@5", "nan@9"],
+                          canary_every=50, expect_pci_bus_id="0000:03:00.0", extra_args=("--idle-gap-s", "1"))
+    a = cfg.argv()
+    assert a[:4] == [sys.executable, "-u", "-m", "tuner.engine"]
+    text = " ".join(a[4:])
+    for part in ("--device cuda:1", "--preset small", "--steps 100", "--duration 90", "--seed 3", "--dtype bf16",
+                 "--record r.json", "--reference ref.json", "--fault-rate 0.25", "--inject hang@5",
+                 "--inject nan@9", "--canary-every 50", "--expect-pci-bus-id 0000:03:00.0", "--idle-gap-s 1"):
+        assert part in text
+    assert "--fault-rate" not in " ".join(sc.EngineConfig(steps=1).argv())
+
+
+def test_a_run_must_be_bounded():
+    with pytest.raises(ValueError):
+        sc.EngineConfig()
+
+
+def test_environment_is_unbuffered_and_finds_the_package():
+    env = sc.EngineConfig(steps=1, env={"CUDA_VISIBLE_DEVICES": "1"}).environ({"PYTHONPATH": "/x"})
+    assert env["PYTHONUNBUFFERED"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    root = env["PYTHONPATH"].split(":")[0]
+    assert (Path(root) / "tuner" / "engine" / "__main__.py").exists() and env["PYTHONPATH"].endswith(":/x")
+
+
+def test_config_for_simulated_and_real_targets():
+    sim = sc.EngineConfig.for_target(StressTarget("cpu", None, fault_rate=0.3, hang=True, simulated=True))
+    assert (sim.preset, sim.fault_rate, sim.injections, sim.duration_s) == ("tiny", 0.3, ("hang@3",), 300.0)
+    real = sc.config_for_target(StressTarget("cuda:0", "0000:03:00.0", env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
+                                mode="mixed", duration_s=60)
+    assert (real.preset, real.mode, real.expect_pci_bus_id, real.injections) == ("small", "mixed", "0000:03:00.0", ())
+    assert real.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def test_watchdog_policy_names_limits_and_validation():
+    p = sc.WatchdogPolicy(first_step_s=5, step_factor=10, kill_after_s=2, min_silence_s=3)
+    assert (p.first_step_timeout_s, p.silence_factor, p.kill_grace_s) == (5, 10, 2)
+    assert (p.first_step_s, p.step_factor, p.kill_after_s) == (5, 10, 2)
+    assert p.limit_s(None) == 3 and p.limit_s(0.1) == 3 and p.limit_s(1.0) == 10
+    d = sc.WatchdogPolicy()
+    assert (d.min_silence_s, d.silence_factor, d.first_step_timeout_s, d.kill_grace_s) == (60, 20, 600, 30)
+    with pytest.raises(ValueError):
+        sc.WatchdogPolicy(min_silence_s=0)
+    assert sc.WatchdogPolicy.for_config(sc.EngineConfig(steps=1)).min_silence_s < 60
+    assert sc.WatchdogPolicy.for_config(sc.EngineConfig(steps=1, device="cuda:0")) == d
+
+
+# --- events -----------------------------------------------------------------------------------------------
+
+
+def test_parse_typed_events():
+    step = sc.parse_event('{"event":"step","t":1.5,"step":7,"loss":"NaN","grad_norm":0.5,"dt_ms":12,'
+                          '"tok_s":4000.5,"tflops":0.01}')
+    assert isinstance(step, sc.StepEvent) and step.step == 7 and math.isnan(step.loss) and step.dt_ms == 12.0
+    assert step.event == step.name == "step" and step.raw["tok_s"] == 4000.5
+    end = sc.parse_event(json.dumps({"event": "end", "t": 2, "verdict": "fail", "kind": "mismatch", "step": 7,
+                                     "steps": 7, "eval_losses": [1.5, "Infinity"], "setup_problems": ["x"],
+                                     "reference": {"compared_steps": 7}, "exit_code": 1}))
+    assert isinstance(end, sc.EndEvent) and end.verdict == "fail" and end.eval_losses == (1.5, math.inf)
+    assert end.reference == {"compared_steps": 7} and end.setup_problems == ("x",)
+    fault = sc.parse_event('{"event":"fault","t":2,"kind":"canary","step":100,"detail":"d"}')
+    assert isinstance(fault, sc.FaultEvent) and (fault.kind, fault.step) == ("canary", 100)
+    hb = sc.parse_event('{"event":"heartbeat","t":3,"step":4,"state":"train","progress":9}')
+    assert isinstance(hb, sc.HeartbeatEvent) and hb.progress == 9
+    assert isinstance(sc.parse_event('{"event":"start","t":0.1,"repeatable":false}'), sc.StartEvent)
+    for name, cls in (("canary", sc.CanaryEvent), ("warning", sc.WarningEvent), ("phase", sc.PhaseEvent),
+                      ("gemm", sc.GemmEvent)):
+        assert isinstance(sc.parse_event(json.dumps({"event": name, "t": 1})), cls)
+
+
+def test_unexpected_lines_never_raise():
+    assert isinstance(sc.parse_event("Traceback (most recent call last):"), sc.LogEvent)
+    assert isinstance(sc.parse_event("[1,2]"), sc.LogEvent)
+    assert isinstance(sc.parse_event('{"event":"future","t":1}'), sc.UnknownEvent)
+    wrong = sc.parse_event('{"event":"step","t":"soon","step":"seven","loss":[1]}')
+    assert isinstance(wrong, sc.StepEvent) and wrong.step == 0 and wrong.loss is None and math.isnan(wrong.t)
+
+
+@given(st.text(max_size=200))
+def test_parse_event_is_total_on_text(text):
+    assert isinstance(sc.parse_event(text), sc.Event)
+
+
+@given(st.dictionaries(st.sampled_from(["event", "t", "step", "loss", "verdict", "kind", "eval_losses", "ok"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+                                 st.lists(st.integers(), max_size=3)), max_size=8))
+def test_parse_event_is_total_on_json(obj):
+    assert isinstance(sc.parse_event(json.dumps(obj)), sc.Event)
+
+
+def test_stderr_classifier():
+    assert sc.classify_stderr("HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION") == "HSA error"
+    assert sc.classify_stderr("engine: train on CPU") is None
+
+
+# --- runs with the fake engine ----------------------------------------------------------------------------
+
+
+def test_a_passing_run_delivers_every_event_in_order(fake_python):
+    run = fake_run(fake_python, "pass")
+    seen = []
+    result = run.run(seen.append)
+    assert [e.name for e in seen] == ["start"] + ["step"] * 5 + ["end"]
+    assert result.passed and result.verdict == "pass" and result.steps == 5 and result.exit_code == 0
+    assert result.median_tok_s == 51200.0 and result.bpb == 3.5 and result.sensitivity == "full"
+    assert "--steps" in seen[0].raw["argv"]
+
+
+def test_a_failing_run_reports_kind_and_step(fake_python):
+    result = fake_run(fake_python, "fail").run()
+    assert (result.verdict, result.kind, result.failure_step, result.step) == ("fail", "canary", 2, 2)
+
+
+def test_silence_is_a_hang_and_sigkill_follows_an_ignored_sigterm(fake_python):
+    t0 = time.monotonic()
+    result = fake_run(fake_python, "silent-hang").run()
+    assert (result.verdict, result.kind, result.failure_step) == ("fail", "hang", 4)
+    assert "no output" in result.reason and result.exit_code == -9
+    assert time.monotonic() - t0 < 15
+
+
+def test_heartbeats_without_progress_are_a_hang(fake_python):
+    result = fake_run(fake_python, "stall").run()
+    assert (result.verdict, result.kind) == ("fail", "hang") and "no progress" in result.reason
+
+
+def test_idle_heartbeats_are_not_a_hang(fake_python):
+    result = fake_run(fake_python, "idle").run()
+    assert result.verdict == "pass", result
+
+
+def test_no_first_step_in_time_is_a_hang(fake_python):
+    result = fake_run(fake_python, "no-first-step").run()
+    assert (result.verdict, result.kind, result.failure_step) == ("fail", "hang", 1)
+    assert "first step" in result.reason
+
+
+def test_death_by_signal_is_a_crash(fake_python):
+    result = fake_run(fake_python, "segv").run()
+    assert (result.verdict, result.kind, result.failure_step) == ("fail", "crash", 4) and "SIGSEGV" in result.reason
+
+
+def test_a_runtime_abort_with_a_gpu_message_is_a_device_error(fake_python):
+    result = fake_run(fake_python, "hip-abort").run()
+    assert (result.verdict, result.kind) == ("fail", "device-error")
+    assert "Memory access fault" in result.stderr_tail
+
+
+def test_exit_without_end_is_a_crash_but_before_start_a_setup_error(fake_python):
+    assert (fake_run(fake_python, "exit-no-end").run().kind) == "crash"
+    r = fake_run(fake_python, "exit-before-start").run()
+    assert (r.verdict, r.kind, r.exit_code) == ("error", "setup", 1) and "torch" in r.stderr_tail
+
+
+def test_garbage_on_stdout_is_kept_not_fatal(fake_python):
+    seen = []
+    result = fake_run(fake_python, "garbage").run(seen.append)
+    assert result.passed
+    assert [type(e).__name__ for e in seen if e.name not in ("start", "step", "end")] == \
+        ["LogEvent", "UnknownEvent", "LogEvent"]
+
+
+def test_stop_is_thread_safe_idempotent_and_graceful(fake_python):
+    run = fake_run(fake_python, "term-graceful", steps=None, duration_s=60).start()
+    it = run.events()
+    while next(it).name != "step":
+        pass
+    threads = [threading.Thread(target=run.stop) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.stop()
+    result = run.result(timeout=10)
+    assert (result.verdict, result.kind, result.exit_code) == ("error", "stopped", 130)
+    assert list(run.events()) == [] or all(isinstance(e, sc.Event) for e in run.events())
+
+
+def test_stop_escalates_to_sigkill(fake_python):
+    run = fake_run(fake_python, "ignore-term", steps=None, duration_s=60).start()
+    it = run.events()
+    while next(it).name != "step":
+        pass
+    t0 = time.monotonic()
+    run.stop()
+    result = run.result(timeout=10)
+    assert (result.verdict, result.kind, result.exit_code) == ("error", "stopped", -9)
+    assert 0.4 < time.monotonic() - t0 < 8
+
+
+def test_context_manager_stops_on_exit(fake_python):
+    with fake_run(fake_python, "term-graceful", steps=None, duration_s=60) as run:
+        it = run.events()
+        while next(it).name != "step":
+            pass
+    assert run.result().kind == "stopped"
+
+
+# --- the real engine --------------------------------------------------------------------------------------
+
+
+def test_real_engine_hang_is_caught_by_the_watchdog():
+    policy = sc.WatchdogPolicy(min_silence_s=2, first_step_timeout_s=120, kill_grace_s=1, poll_s=0.1)
+    hang = sc.run_stress(sc.EngineConfig(steps=50, injections=("hang@5",)), watchdog=policy)
+    assert (hang.verdict, hang.kind, hang.failure_step, hang.steps) == ("fail", "hang", 5, 4), hang
+    assert hang.exit_code == -9  # the hung engine ignores SIGTERM, like a process stuck in a GPU call
+
+
+def test_real_engine_stock_reference_then_fault_rate_fails(tmp_path):
+    """The simulated GPU's contract: record at stock (fault rate 0 passes), then P = 0.1 fails on a mismatch."""
+    ref = tmp_path / "stock.json"
+    ok = sc.run_stress(sc.EngineConfig(steps=40, seed=1, record=str(ref), canary_every=20))
+    assert ok.passed and ok.steps == 40 and ok.bpb is not None and ok.start.params > 0, ok
+    bad = sc.run_stress(sc.EngineConfig(steps=40, seed=1, reference=str(ref), fault_rate=0.1))
+    assert (bad.verdict, bad.kind) == ("fail", "mismatch") and bad.failure_step <= 40

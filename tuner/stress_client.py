@@ -1,0 +1,691 @@
+"""Run the stress engine (`python -m tuner.engine`) in a subprocess and read what it says. Plain Python: no torch.
+
+- `EngineConfig` says what to run; `.argv()` builds the command line.
+- `parse_event(line)` turns one JSON line into a typed, frozen event; anything else becomes a `LogEvent`.
+- `StressRun` starts the engine in its own session, yields events as they arrive (iterate from a worker
+  thread), watches for hangs (`WatchdogPolicy`), stops it on request (SIGTERM to the group, SIGKILL after a
+  grace period), and sums it up in a `StressResult`.
+
+The protocol is documented field by field in docs/engine.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Self
+
+from tuner.engine.patterns import match_device_error
+
+# --- configuration ----------------------------------------------------------------------------------------
+
+DEFAULT_DURATION_S = 300.0  # a run with no bound given (UI "stress" button): 5 minutes
+SIM_HANG_STEP = 3  # a simulated card that hangs stops at this step
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine run. Exactly what `python -m tuner.engine` accepts; None means the engine's default."""
+
+    device: str = "cpu"
+    preset: str = "tiny"
+    mode: str = "train"
+    steps: int | None = None
+    duration_s: float | None = None
+    seed: int = 0
+    dtype: str | None = None
+    batch_size: int | None = None
+    warmup_steps: int | None = None
+    data: str | None = None
+    record: str | None = None
+    reference: str | None = None
+    fault_rate: float = 0.0
+    injections: tuple[str, ...] = ()
+    canary_every: int | None = None
+    canary_every_s: float | None = None
+    expect_pci_bus_id: str | None = None
+    extra_args: tuple[str, ...] = ()  # passed through verbatim (e.g. mixed-mode timings)
+    env: Mapping[str, str] = field(default_factory=dict)  # added to the engine's environment
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if self.steps is None and self.duration_s is None:
+            raise ValueError("EngineConfig needs steps or duration_s to bound the run")
+        object.__setattr__(self, "injections", tuple(self.injections))
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+    @classmethod
+    def for_target(cls, target, *, preset: str | None = None, duration_s: float | None = None,
+                   steps: int | None = None, **overrides) -> EngineConfig:
+        """The run for a backend's `StressTarget`: its device string, the PCI bus id the engine must find, and,
+        for a simulated card, its faults (fault rate; `hang@SIM_HANG_STEP` when it hangs). Without a bound the
+        run lasts DEFAULT_DURATION_S. Simulated and CPU targets use the `tiny` preset unless told otherwise."""
+        if duration_s is None and steps is None:
+            duration_s = DEFAULT_DURATION_S
+        on_cpu = target.torch_device == "cpu"
+        injections = tuple(overrides.pop("injections", ()))
+        if getattr(target, "hang", False):
+            injections += (f"hang@{SIM_HANG_STEP}",)
+        return cls(
+            device=target.torch_device,
+            preset=preset or ("tiny" if on_cpu or getattr(target, "simulated", False) else "small"),
+            duration_s=duration_s,
+            steps=steps,
+            fault_rate=float(getattr(target, "fault_rate", 0.0) or 0.0),
+            injections=injections,
+            expect_pci_bus_id=getattr(target, "pci_bus_id", None),
+            env=dict(getattr(target, "env", {}) or {}),
+            **overrides,
+        )
+
+    def argv(self) -> list[str]:
+        a = [self.python, "-u", "-m", "tuner.engine", "--device", self.device, "--preset", self.preset,
+             "--mode", self.mode, "--seed", str(self.seed)]
+        if self.steps is not None:
+            a += ["--steps", str(self.steps)]
+        if self.duration_s is not None:
+            a += ["--duration", f"{self.duration_s:g}"]
+        optional = (
+            ("--dtype", self.dtype), ("--batch-size", self.batch_size), ("--warmup-steps", self.warmup_steps),
+            ("--data", self.data), ("--record", self.record), ("--reference", self.reference),
+            ("--canary-every", self.canary_every), ("--canary-every-s", self.canary_every_s),
+            ("--expect-pci-bus-id", self.expect_pci_bus_id),
+        )
+        for flag, value in optional:
+            if value is not None:
+                a += [flag, str(value)]
+        if self.fault_rate:
+            a += ["--fault-rate", repr(float(self.fault_rate))]
+        for inj in self.injections:
+            a += ["--inject", inj]
+        return a + list(self.extra_args)
+
+    def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        env.update(self.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        root = str(Path(__file__).resolve().parent.parent)  # so `-m tuner.engine` works from any directory
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+
+# --- events -----------------------------------------------------------------------------------------------
+
+
+def _f(v) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)  # "NaN", "Infinity", "-Infinity"
+        except ValueError:
+            return None
+    return None
+
+
+def _i(v) -> int | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return None
+
+
+def _s(v) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _b(v) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float  # seconds since the engine started (its monotonic clock)
+    raw: dict = field(repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        """The protocol's event name ("step", "end", ...; "log" for a line that was not an event)."""
+        return str(self.raw.get("event", "log"))
+
+    @property
+    def event(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class StartEvent(Event):
+    mode: str | None = None
+    preset: str | None = None
+    device: str | None = None
+    device_name: str | None = None
+    pci_bus_id: str | None = None
+    dtype: str | None = None
+    params: int | None = None
+    tokens_per_step: int | None = None
+    batch_size: int | None = None
+    warmup_steps: int | None = None
+    repeatable: bool | None = None
+    sensitivity: str | None = None
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    hip_version: str | None = None
+
+
+@dataclass(frozen=True)
+class StepEvent(Event):
+    step: int = 0
+    loss: float | None = None
+    grad_norm: float | None = None
+    dt_ms: float | None = None
+    tok_s: float | None = None
+    tflops: float | None = None
+    phase: str | None = None
+
+
+@dataclass(frozen=True)
+class GemmEvent(Event):
+    step: int = 0
+    ok: bool | None = None
+    dt_ms: float | None = None
+    tflops: float | None = None
+
+
+@dataclass(frozen=True)
+class CanaryEvent(Event):
+    step: int | None = None
+    index: int | None = None
+    ok: bool | None = None
+    gemm_ok: bool | None = None
+    reason: str | None = None
+    dt_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class WarningEvent(Event):
+    step: int | None = None
+    kind: str | None = None
+    detail: str | None = None
+    setup: bool | None = None
+
+
+@dataclass(frozen=True)
+class FaultEvent(Event):
+    kind: str | None = None
+    step: int | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class HeartbeatEvent(Event):
+    step: int | None = None
+    state: str | None = None
+    progress: int | None = None
+
+
+@dataclass(frozen=True)
+class PhaseEvent(Event):
+    step: int | None = None
+    phase: str | None = None
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class EndEvent(Event):
+    verdict: str | None = None
+    reason: str | None = None
+    kind: str | None = None
+    step: int | None = None
+    steps: int | None = None
+    duration_s: float | None = None
+    median_tok_s: float | None = None
+    median_step_ms: float | None = None
+    bpb: float | None = None
+    eval_losses: tuple[float, ...] = ()
+    reference: Mapping | None = field(default=None, compare=False)
+    recorded: str | None = None
+    sensitivity: str | None = None
+    setup_problems: tuple[str, ...] = ()
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class UnknownEvent(Event):
+    """Valid JSON with an event name this client does not know (a newer engine)."""
+
+
+@dataclass(frozen=True)
+class LogEvent(Event):
+    """A stdout line that is not a protocol event (should not happen; kept, never raised)."""
+
+    line: str = ""
+
+
+_TYPES: dict[str, type[Event]] = {
+    "start": StartEvent, "step": StepEvent, "gemm": GemmEvent, "canary": CanaryEvent, "warning": WarningEvent,
+    "fault": FaultEvent, "heartbeat": HeartbeatEvent, "phase": PhaseEvent, "end": EndEvent,
+}
+_COERCE = {"int": _i, "int | None": _i, "float | None": _f, "str | None": _s, "bool | None": _b}
+
+
+def parse_event(line: str) -> Event:
+    """One protocol line -> a typed event. Never raises: anything unexpected becomes LogEvent/UnknownEvent."""
+    text = line.strip()
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
+        return LogEvent(t=math.nan, raw={}, line=text)
+    if not isinstance(raw, dict) or not isinstance(raw.get("event"), str):
+        return LogEvent(t=math.nan, raw={}, line=text)
+    t = _f(raw.get("t"))
+    cls = _TYPES.get(raw["event"])
+    if cls is None:
+        return UnknownEvent(t=math.nan if t is None else t, raw=raw)
+    kwargs = {}
+    for f in fields(cls):
+        if f.name in ("t", "raw") or f.name not in raw:
+            continue
+        value = raw[f.name]
+        if f.name in ("eval_losses", "setup_problems"):
+            conv = _f if f.name == "eval_losses" else _s
+            items = value if isinstance(value, list) else []
+            kwargs[f.name] = tuple(x for x in (conv(v) for v in items) if x is not None)
+        elif f.name == "reference":
+            kwargs[f.name] = value if isinstance(value, dict) else None
+        else:
+            coerced = _COERCE[str(f.type)](value)
+            if coerced is not None:
+                kwargs[f.name] = coerced
+    return cls(t=math.nan if t is None else t, raw=raw, **kwargs)
+
+
+# --- result -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StressResult:
+    verdict: str  # "pass", "fail" or "error"
+    kind: str | None  # failure or error kind: the engine's ("mismatch", "canary", "gemm", "nonfinite",
+    #                   "device-error", "usage", "setup", "oom", "internal", "interrupted") or ours ("hang",
+    #                   "crash", "stopped")
+    reason: str
+    failure_step: int | None
+    steps: int
+    duration_s: float | None
+    median_tok_s: float | None
+    bpb: float | None
+    exit_code: int | None
+    stderr_tail: str = ""
+    sensitivity: str | None = None
+    start: StartEvent | None = field(default=None, repr=False)
+    end: EndEvent | None = field(default=None, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def step(self) -> int | None:
+        """The failure step (alias of `failure_step`)."""
+        return self.failure_step
+
+
+# --- the watchdog -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, init=False)
+class WatchdogPolicy:
+    """When a run counts as hung.
+
+    Before the first step: nothing for `first_step_timeout_s` since launch is a hang (compiles, big batches).
+    After it: no event at all, or no progress while heartbeats go on (the main thread stuck in a GPU call), for
+    max(`min_silence_s`, `silence_factor` x median step time) is a hang. The median leaves out the engine's
+    warm-up steps once there are steady ones. A hang ends with SIGTERM, then SIGKILL after `kill_grace_s`.
+
+    The trial runner's names are accepted too: `first_step_s`, `step_factor`, `kill_after_s`.
+    """
+
+    min_silence_s: float
+    silence_factor: float
+    first_step_timeout_s: float
+    kill_grace_s: float
+    poll_s: float
+
+    def __init__(self, min_silence_s: float = 60.0, silence_factor: float = 20.0,
+                 first_step_timeout_s: float = 600.0, kill_grace_s: float = 30.0, poll_s: float = 0.2, *,
+                 first_step_s: float | None = None, step_factor: float | None = None,
+                 kill_after_s: float | None = None):
+        values = {
+            "min_silence_s": min_silence_s,
+            "silence_factor": silence_factor if step_factor is None else step_factor,
+            "first_step_timeout_s": first_step_timeout_s if first_step_s is None else first_step_s,
+            "kill_grace_s": kill_grace_s if kill_after_s is None else kill_after_s,
+            "poll_s": poll_s,
+        }
+        for name, value in values.items():
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"WatchdogPolicy.{name} must be a positive number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+    @property
+    def first_step_s(self) -> float:
+        return self.first_step_timeout_s
+
+    @property
+    def step_factor(self) -> float:
+        return self.silence_factor
+
+    @property
+    def kill_after_s(self) -> float:
+        return self.kill_grace_s
+
+    @classmethod
+    def for_config(cls, config: EngineConfig) -> WatchdogPolicy:
+        """The defaults for a GPU; tighter on the CPU (simulated cards, tests), where steps are regular and a
+        hang can only be an injected one."""
+        if config.device == "cpu":
+            return cls(min_silence_s=10.0, first_step_timeout_s=120.0, kill_grace_s=5.0)
+        return cls()
+
+    def limit_s(self, median_step_s: float | None) -> float:
+        return max(self.min_silence_s, self.silence_factor * (median_step_s or 0.0))
+
+
+_IDLE_STATES = {"idle", "partial-idle", "eval", "done"}  # heartbeats in these states are not a stall
+_PROGRESS_EVENTS = (StartEvent, StepEvent, GemmEvent, CanaryEvent, PhaseEvent, EndEvent, FaultEvent)
+
+
+def classify_stderr(text: str) -> str | None:
+    """A device-error label for engine stderr the engine could not report itself, else None."""
+    return match_device_error(text)
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+
+class StressRun:
+    """One engine subprocess. `start()`, then iterate `events()` (one consumer, a worker thread) or not, then
+    `result()`. `stop()` may be called from any thread, any number of times."""
+
+    STDERR_TAIL_LINES = 60
+
+    def __init__(self, config: EngineConfig, *, watchdog: WatchdogPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config, self._clock = config, clock
+        self.watchdog = watchdog or WatchdogPolicy.for_config(config)
+        self.proc: subprocess.Popen | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._stderr: deque[str] = deque(maxlen=self.STDERR_TAIL_LINES)
+        self._device_error: str | None = None
+        self._stop_requested = False
+        self._kill_started = False
+        self._hang: str | None = None
+        self._start_event: StartEvent | None = None
+        self._end_event: EndEvent | None = None
+        self._last_step = 0
+        self._steps_seen = 0
+        self._step_times: list[float] = []
+        self._tok_s: list[float] = []
+        self._last_progress_count: int | None = None
+        self._t_launch = 0.0
+        self._t_last_event = 0.0
+        self._t_last_progress = 0.0
+        self._result: StressResult | None = None
+
+    # -- lifecycle
+
+    def start(self) -> StressRun:
+        with self._lock:
+            if self.proc is not None:
+                raise RuntimeError("StressRun already started")
+            self.proc = subprocess.Popen(
+                self.config.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=self.config.environ(), start_new_session=True, bufsize=1, text=True, encoding="utf-8",
+                errors="replace",
+            )
+            now = self._clock()
+            self._t_launch = self._t_last_event = self._t_last_progress = now
+        for target, name in ((self._read_stdout, "stdout"), (self._read_stderr, "stderr"),
+                             (self._watch, "watchdog")):
+            t = threading.Thread(target=target, name=f"stress-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __enter__(self) -> Self:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.stop()
+        self.result()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def events(self) -> Iterator[Event]:
+        """Events as they arrive, until the engine's stdout closes. One consumer only."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._queue.put(None)  # later calls end at once
+                return
+            yield item
+
+    def run(self, on_event: Callable[[Event], None] | None = None) -> StressResult:
+        """start() (if needed), deliver every event to `on_event`, return the result."""
+        if self.proc is None:
+            self.start()
+        for ev in self.events():
+            if on_event is not None:
+                on_event(ev)
+        return self.result()
+
+    def stop(self) -> None:
+        """Ask the engine to stop: SIGTERM to its process group, SIGKILL after the grace period."""
+        with self._lock:
+            self._stop_requested = True
+        self._terminate()
+
+    def result(self, timeout: float | None = None) -> StressResult:
+        """Wait for the engine to end (and its pipes to drain), then sum up. Raises TimeoutError."""
+        if self.proc is None:
+            raise RuntimeError("StressRun not started")
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError("the engine is still running") from None
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=None if timeout is None else max(0.1, timeout))
+        with self._lock:
+            if self._result is None:
+                self._result = self._summarise()
+            return self._result
+
+    # -- signals
+
+    def _signal_group(self, sig: int) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _terminate(self) -> None:
+        with self._lock:
+            if self._kill_started or self.proc is None:
+                return
+            self._kill_started = True
+        self._signal_group(signal.SIGTERM)
+
+        def escalate() -> None:
+            try:
+                self.proc.wait(timeout=self.watchdog.kill_grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+
+        t = threading.Thread(target=escalate, name="stress-kill", daemon=True)
+        t.start()
+
+    # -- reader threads
+
+    def _read_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        try:
+            for line in self.proc.stdout:
+                if not line.strip():
+                    continue
+                ev = parse_event(line)
+                self._note(ev)
+                self._queue.put(ev)
+        finally:
+            self.proc.wait()
+            self._done.set()
+            self._queue.put(None)
+
+    def _read_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            line = line.rstrip("\n")
+            with self._lock:
+                self._stderr.append(line)
+                if self._device_error is None:
+                    self._device_error = classify_stderr(line)
+
+    def _note(self, ev: Event) -> None:
+        now = self._clock()
+        with self._lock:
+            self._t_last_event = now
+            if isinstance(ev, _PROGRESS_EVENTS):
+                self._t_last_progress = now
+            if isinstance(ev, HeartbeatEvent):
+                if ev.state in _IDLE_STATES or (ev.progress is not None and ev.progress != self._last_progress_count):
+                    self._t_last_progress = now
+                if ev.progress is not None:
+                    self._last_progress_count = ev.progress
+            elif isinstance(ev, (StepEvent, GemmEvent)):
+                self._steps_seen += 1
+                self._last_step = max(self._last_step, ev.step)
+                if ev.dt_ms is not None and math.isfinite(ev.dt_ms):
+                    self._step_times.append(ev.dt_ms / 1e3)
+                if isinstance(ev, StepEvent) and ev.tok_s is not None and math.isfinite(ev.tok_s):
+                    self._tok_s.append(ev.tok_s)
+            elif isinstance(ev, StartEvent):
+                self._start_event = ev
+            elif isinstance(ev, EndEvent):
+                self._end_event = ev
+
+    # -- watchdog
+
+    def _median_step_s(self) -> float | None:
+        warm = self._start_event.warmup_steps if self._start_event and self._start_event.warmup_steps else 0
+        times = self._step_times[warm:] if len(self._step_times) > warm else self._step_times
+        return statistics.median(times) if times else None
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.watchdog.poll_s):
+            now = self._clock()
+            with self._lock:
+                if self._end_event is not None or self._kill_started:
+                    continue
+                if self._steps_seen == 0:
+                    waited = now - self._t_launch
+                    limit = self.watchdog.first_step_timeout_s
+                    detail = f"no first step within {limit:g} s of launch"
+                    hung = waited > limit
+                else:
+                    limit = self.watchdog.limit_s(self._median_step_s())
+                    silent, stalled = now - self._t_last_event, now - self._t_last_progress
+                    hung = silent > limit or stalled > limit
+                    detail = (f"no output for {silent:.1f} s (limit {limit:g} s)" if silent > limit else
+                              f"no progress for {stalled:.1f} s while heartbeats continued (limit {limit:g} s)")
+                if hung:
+                    self._hang = f"hang after step {self._last_step}: {detail}"
+            if self._hang is not None:
+                self._terminate()
+
+    # -- summary
+
+    def _summarise(self) -> StressResult:
+        proc = self.proc
+        assert proc is not None
+        code = proc.returncode
+        end, start = self._end_event, self._start_event
+        tail = "\n".join(self._stderr)
+        steps = end.steps if end is not None and end.steps is not None else self._last_step
+        common = {
+            "steps": steps, "exit_code": code, "stderr_tail": tail, "start": start, "end": end,
+            "sensitivity": end.sensitivity if end is not None else (start.sensitivity if start else None),
+            "duration_s": end.duration_s if end is not None else None,
+            "median_tok_s": end.median_tok_s if end is not None else self._median_tok_s(),
+            "bpb": end.bpb if end is not None else None,
+        }
+        if self._hang is not None:
+            return StressResult("fail", "hang", self._hang, self._last_step + 1, **common)
+        if end is not None and end.verdict in ("pass", "fail", "error"):
+            kind, reason = end.kind, end.reason or end.verdict
+            if end.verdict == "error" and kind == "interrupted" and self._stop_requested:
+                kind = "stopped"
+            step = end.step if end.verdict == "fail" else None
+            return StressResult(end.verdict, kind, reason, step, **common)
+        if self._stop_requested:
+            return StressResult("error", "stopped", "stopped before the engine finished", None, **common)
+        if self._device_error is not None:
+            return StressResult("fail", "device-error", f"{self._device_error} (from the engine's stderr)",
+                                self._last_step + 1, **common)
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return StressResult("fail", "crash", f"the engine died of {name} after step {self._last_step}",
+                                self._last_step + 1, **common)
+        if start is None:
+            return StressResult("error", "setup", f"the engine exited with code {code} before starting", None,
+                                **common)
+        return StressResult("fail", "crash", f"the engine exited with code {code} without an end event after "
+                                             f"step {self._last_step}", self._last_step + 1, **common)
+
+    def _median_tok_s(self) -> float | None:
+        """From the step events, for runs that ended without an `end` event."""
+        return statistics.median(self._tok_s) if self._tok_s else None
+
+
+def config_for_target(target, *, preset: str | None = None, mode: str = "train", **kwargs) -> EngineConfig:
+    """`EngineConfig.for_target` with a mode (the UI's stress job)."""
+    return EngineConfig.for_target(target, preset=preset, mode=mode, **kwargs)
+
+
+def run_stress(config: EngineConfig, *, watchdog: WatchdogPolicy | None = None,
+               on_event: Callable[[Event], None] | None = None) -> StressResult:
+    """Start, deliver events, wait: the simple blocking form."""
+    run = StressRun(config, watchdog=watchdog)
+    try:
+        return run.run(on_event)
+    finally:
+        if run.proc is not None and run.proc.poll() is None:
+            run.stop()
+            run.result()
