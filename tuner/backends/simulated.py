@@ -236,7 +236,7 @@ class SimulatedBackend(Backend):
             time_s=now,
             power_w=round(power_w, 1),
             temp_edge_c=round(temp_c, 1),
-            temp_hotspot_c=round(temp_c + 5 + 0.06 * power_w, 1),
+            temp_hotspot_c=round(temp_c + 4 + 0.04 * power_w, 1),
             temp_mem_c=round(temp_c + 4, 1),
             core_clock_mhz=round(IDLE_CLOCK_MHZ + (LOAD_CLOCK_MHZ - IDLE_CLOCK_MHZ) * load),
             mem_clock_mhz=MEM_CLOCK_MHZ,
