@@ -8,6 +8,7 @@ screens never stops them; quitting while one runs asks first, then stops it and 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -22,13 +23,8 @@ from tuner import exit_codes, ui_jobs
 from tuner.backends.base import Backend
 from tuner.errors import TunerError
 from tuner.screens import messages as msg
-from tuner.screens.bisect import BisectScreen
 from tuner.screens.dashboard import DashboardScreen
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
-from tuner.screens.doctor import DoctorScreen
-from tuner.screens.help import HelpScreen
-from tuner.screens.profiles import ProfilesScreen
-from tuner.screens.tune import TuneScreen
 from tuner.ui_state import BisectState, DeviceHistory, StressState
 
 SCREENS_IN_ORDER = (
@@ -43,6 +39,15 @@ SAMPLE_INTERVAL_S = 1.0
 KEEP_TIMEOUT_S = 15.0
 
 
+def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
+    """A MODES entry that imports its screen on first visit (the first frame only needs the dashboard)."""
+
+    def make() -> Screen:
+        return getattr(importlib.import_module(module), name)()
+
+    return make
+
+
 def describe_error(error: BaseException) -> str:
     """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
     if isinstance(error, TunerError):
@@ -54,11 +59,11 @@ class TunerApp(App[int]):
     TITLE = "tuner"
     MODES = {
         "dashboard": DashboardScreen,
-        "tune": TuneScreen,
-        "bisect": BisectScreen,
-        "profiles": ProfilesScreen,
-        "doctor": DoctorScreen,
-        "help": HelpScreen,
+        "tune": _lazy_screen("tuner.screens.tune", "TuneScreen"),
+        "bisect": _lazy_screen("tuner.screens.bisect", "BisectScreen"),
+        "profiles": _lazy_screen("tuner.screens.profiles", "ProfilesScreen"),
+        "doctor": _lazy_screen("tuner.screens.doctor", "DoctorScreen"),
+        "help": _lazy_screen("tuner.screens.help", "HelpScreen"),
     }
     DEFAULT_MODE = "dashboard"
     BINDINGS = [
@@ -438,12 +443,20 @@ class TunerApp(App[int]):
 
     def _quit_confirmed(self, yes: bool | None) -> None:
         if yes:
+            self.stop_jobs()
             self.exit(exit_codes.OK)
 
     def hang_up(self) -> None:
         """SIGHUP (the SSH session went away) or SIGTERM: leave; run_app then makes the cards safe."""
         self.hung_up = True
+        self.stop_jobs()
         self.exit(exit_codes.INTERRUPTED)
+
+    def stop_jobs(self) -> None:
+        """Ask every running job to stop (non-blocking, thread-safe), so their workers end before the App does."""
+        for job in (self._stress_job, self._bisect_job):
+            if job is not None:
+                job.stop()
 
     def signal_safe_hang_up(self, *_args) -> None:
         if self._loop is not None:

@@ -80,8 +80,8 @@ class BisectScreen(TunerScreen):
     TITLE = "Bisect"
     DEFAULT_CSS = """
     BisectScreen #bisect-form { height: 1; padding: 0 1; }
-    BisectScreen #bisect-form Label { width: auto; padding: 0 1 0 1; }
-    BisectScreen #bisect-form Input { width: 5; }
+    BisectScreen #bisect-form Label { width: auto; padding: 0 0 0 1; }
+    BisectScreen #bisect-form Input { width: 4; }
     BisectScreen #bisect-form #in-mode { width: 6; }
     BisectScreen #bisect-status { height: 2; padding: 0 1; }
     BisectScreen #bisect-progress { height: 1; padding: 0 1; }
@@ -105,7 +105,7 @@ class BisectScreen(TunerScreen):
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="bisect-form"):
             for field_id, label, default, _kind in FIELDS:
-                yield Label(label)
+                yield Label(f"{label}:")
                 yield Input(default, id=f"in-{field_id}", compact=True)
         yield Static(id="bisect-status")
         yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")

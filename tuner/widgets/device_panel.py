@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -46,7 +45,7 @@ class DevicePanel(Vertical):
     def __init__(self, device: DeviceInfo) -> None:
         super().__init__(id=f"panel-{device.id}")
         self.device = device
-        self.border_title = escape(f"{device.id} · {device.vendor} · {device.label}")
+        self.border_title = Text(f"{device.id} · {device.vendor} · {device.label}")
         self._painted_version = -1
 
     def compose(self) -> ComposeResult:
