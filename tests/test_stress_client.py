@@ -43,13 +43,13 @@ def fake_run(fake_python, mode, *, policy=FAST, **config):
 
 def test_argv_carries_every_option():
     cfg = sc.EngineConfig(device="cuda:1", preset="small", steps=100, duration_s=90, seed=3, dtype="bf16",
-                          record="r.json", reference="ref.json", fault_rate=0.25, injections=["hang@5", "nan@9"],
+                          record="r.json", reference="ref.json", reference_loop=True, fault_rate=0.25, injections=["hang@5", "nan@9"],
                           canary_every=50, expect_pci_bus_id="0000:03:00.0", extra_args=("--idle-gap-s", "1"))
     a = cfg.argv()
     assert a[:4] == [sys.executable, "-u", "-m", "tuner.engine"]
     text = " ".join(a[4:])
     for part in ("--device cuda:1", "--preset small", "--steps 100", "--duration 90", "--seed 3", "--dtype bf16",
-                 "--record r.json", "--reference ref.json", "--fault-rate 0.25", "--inject hang@5",
+                 "--record r.json", "--reference ref.json", "--reference-loop", "--fault-rate 0.25", "--inject hang@5",
                  "--inject nan@9", "--canary-every 50", "--expect-pci-bus-id 0000:03:00.0", "--idle-gap-s 1"):
         assert part in text
     assert "--fault-rate" not in " ".join(sc.EngineConfig(steps=1).argv())
@@ -108,7 +108,7 @@ def test_parse_typed_events():
     assert isinstance(hb, sc.HeartbeatEvent) and hb.progress == 9
     assert isinstance(sc.parse_event('{"event":"start","t":0.1,"repeatable":false}'), sc.StartEvent)
     for name, cls in (("canary", sc.CanaryEvent), ("warning", sc.WarningEvent), ("phase", sc.PhaseEvent),
-                      ("gemm", sc.GemmEvent)):
+                      ("gemm", sc.GemmEvent), ("segment", sc.SegmentEvent)):
         assert isinstance(sc.parse_event(json.dumps({"event": name, "t": 1})), cls)
 
 

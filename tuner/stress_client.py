@@ -51,6 +51,7 @@ class EngineConfig:
     data: str | None = None
     record: str | None = None
     reference: str | None = None
+    reference_loop: bool = False  # past the reference's end, restart from the initial weights and keep comparing
     fault_rate: float = 0.0
     injections: tuple[str, ...] = ()
     canary_every: int | None = None
@@ -106,6 +107,8 @@ class EngineConfig:
         for flag, value in optional:
             if value is not None:
                 a += [flag, str(value)]
+        if self.reference_loop:
+            a.append("--reference-loop")
         if self.fault_rate:
             a += ["--fault-rate", repr(float(self.fault_rate))]
         for inj in self.injections:
@@ -248,6 +251,15 @@ class PhaseEvent(Event):
 
 
 @dataclass(frozen=True)
+class SegmentEvent(Event):
+    """--reference-loop: training restarted from the initial weights after `step` (pass number `segment`)."""
+
+    step: int | None = None
+    segment: int | None = None
+    reference_steps: int | None = None
+
+
+@dataclass(frozen=True)
 class EndEvent(Event):
     verdict: str | None = None
     reason: str | None = None
@@ -280,7 +292,8 @@ class LogEvent(Event):
 
 _TYPES: dict[str, type[Event]] = {
     "start": StartEvent, "step": StepEvent, "gemm": GemmEvent, "canary": CanaryEvent, "warning": WarningEvent,
-    "fault": FaultEvent, "heartbeat": HeartbeatEvent, "phase": PhaseEvent, "end": EndEvent,
+    "fault": FaultEvent, "heartbeat": HeartbeatEvent, "phase": PhaseEvent, "segment": SegmentEvent,
+    "end": EndEvent,
 }
 _COERCE = {"int": _i, "int | None": _i, "float | None": _f, "str | None": _s, "bool | None": _b}
 
@@ -409,7 +422,7 @@ class WatchdogPolicy:
 
 
 _IDLE_STATES = {"idle", "partial-idle", "eval", "done"}  # heartbeats in these states are not a stall
-_PROGRESS_EVENTS = (StartEvent, StepEvent, GemmEvent, CanaryEvent, PhaseEvent, EndEvent, FaultEvent)
+_PROGRESS_EVENTS = (StartEvent, StepEvent, GemmEvent, CanaryEvent, PhaseEvent, SegmentEvent, EndEvent, FaultEvent)
 
 
 def classify_stderr(text: str) -> str | None:

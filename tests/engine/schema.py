@@ -33,6 +33,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "fault": {"kind": (str,), "step": OPT_INT, "detail": (str,)},
     "heartbeat": {"step": (int,), "state": (str,), "progress": (int,)},
     "phase": {"step": (int,), "phase": (str,), "duration_s": NUM},
+    "segment": {"step": (int,), "segment": (int,), "reference_steps": (int,)},
     "end": {"verdict": (str,), "reason": (str,), "kind": OPT_STR, "step": OPT_INT, "steps": (int,),
             "duration_s": NUM, "exit_code": (int,)},
 }

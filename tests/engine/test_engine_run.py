@@ -185,6 +185,22 @@ def test_a_run_longer_than_its_reference_stops_comparing_and_says_so(reference_3
     assert "after 30" in ref["note"]
 
 
+def test_reference_loop_compares_every_step_of_a_longer_run(tmp_path):
+    ref = tmp_path / "short.json"
+    assert run_engine(steps=10, seed=5, record=str(ref))[0] == 0
+    code, events, _ = run_engine(steps=35, seed=5, reference=str(ref), reference_loop=True, canary_every=0)
+    end = end_of(events)
+    assert code == 0, end
+    assert (end["reference"]["compared_steps"], end["reference"]["beyond_reference_steps"]) == (35, 0)
+    assert [s["step"] for s in of(events, "segment")] == [10, 20, 30] and end["reference"]["segments"] == 4
+    steps = of(events, "step")
+    assert [(e["loss"], e["grad_norm"]) for e in steps[10:20]] == [(e["loss"], e["grad_norm"]) for e in steps[:10]]
+    assert [w for w in of(events, "warning") if w["kind"] == "loss-spike"] == []
+    code, events, _ = run_engine(steps=35, seed=5, reference=str(ref), reference_loop=True,
+                                 injections=[_inj("bitflip@23")])
+    assert (code, end_of(events)["kind"], end_of(events)["step"]) == (1, "mismatch", 23)
+
+
 def test_reference_from_another_configuration_is_a_usage_error(reference_30):
     code, events, _ = run_engine(steps=5, seed=1, reference=str(reference_30))
     end = end_of(events)

@@ -25,7 +25,8 @@ def test_duration_forms(text, seconds):
     ["--steps", "3", "--device", "gpu0"], ["--steps", "3", "--inject", "flip@3"], ["--steps", "3", "--inject",
     "bitflip@0"], ["--steps", "3", "--inject", "nan@3:weight"], ["--steps", "3", "--dtype", "int8"],
     ["--steps", "3", "--record", "a.json", "--reference", "a.json"], ["--steps", "x"], ["--bogus"],
-    ["--mode", "gemm", "--steps", "3", "--reference", "r.json"],
+    ["--mode", "gemm", "--steps", "3", "--reference", "r.json"], ["--steps", "3", "--reference-loop"],
+    ["--steps", "3", "--reference", "r.json", "--record", "s.json", "--reference-loop"],
 ])
 def test_usage_errors(argv):
     with pytest.raises(UsageProblem):

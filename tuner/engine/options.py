@@ -121,6 +121,7 @@ class EngineOptions:
     partial_duty: float = 0.5
     heartbeat_s: float = 0.5
     reference_tolerance: float = 0.05  # relative, used only when the platform is not bitwise repeatable
+    reference_loop: bool = False  # past the reference's end, restart from the initial weights and compare again
     # test hooks (hidden on the command line)
     test_oom_above: int | None = None  # simulate out-of-memory for any batch larger than this
     test_oom_at_step: int | None = None  # simulate out-of-memory once, at this step
@@ -166,6 +167,8 @@ class EngineOptions:
             raise UsageProblem("--record and --reference must be different files")
         if not re.fullmatch(r"cpu|mps|(cuda|hip)(:\d+)?", self.device):
             raise UsageProblem(f"bad --device {self.device!r}: use cuda:N, cpu or mps")
+        if self.reference_loop and (not self.reference or self.record):
+            raise UsageProblem("--reference-loop needs --reference and cannot be combined with --record")
         if self.mode == "gemm" and (self.record or self.reference):
             raise UsageProblem("--record/--reference need a training mode (train or mixed), not gemm")
 
@@ -220,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "the running Python's standard library sources")
     p.add_argument("--record", metavar="PATH", help="save per-step digests as a reference trajectory")
     p.add_argument("--reference", metavar="PATH", help="compare every step with this recorded trajectory")
+    p.add_argument("--reference-loop", action="store_true",
+                   help="past the reference's end, restart training from the initial weights (same batches) and "
+                   "keep comparing, so a run of any length is compared at every step")
     p.add_argument("--canary-every", type=int, default=100, metavar="K",
                    help="canary replay every K steps (default 100; 0 = off)")
     p.add_argument("--canary-every-s", type=float, default=60.0, metavar="S",
@@ -265,6 +271,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
         fault_rate=a.fault_rate, injections=[Injection.parse(s) for s in a.inject],
         mixed_full_s=a.mixed_full_s, mixed_partial_s=a.mixed_partial_s, idle_gap_s=a.idle_gap_s,
         partial_duty=a.partial_duty, heartbeat_s=a.heartbeat_s, reference_tolerance=a.reference_tolerance,
+        reference_loop=a.reference_loop,
         test_oom_above=a.test_oom_above, test_oom_at_step=a.test_oom_at_step,
     )
     opts.validate()

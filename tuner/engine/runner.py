@@ -129,6 +129,7 @@ class Engine:
         self._phase = "full"
         self._loop_start = 0.0
         self._setup_done = False
+        self.segment = 1
 
     # --- heartbeat ------------------------------------------------------------------------------------------
 
@@ -332,13 +333,14 @@ class Engine:
 
     # --- one training step ----------------------------------------------------------------------------------
 
-    def train_step(self, step: int) -> StepResult:
-        """The training computation only: forward, backward, gradient norm, optimizer. No checks."""
+    def train_step(self, step: int, data_step: int | None = None) -> StepResult:
+        """The training computation only: forward, backward, gradient norm, optimizer. No checks.
+        `data_step` picks the batch (the step within the reference segment when looping; default `step`)."""
         t0 = time.perf_counter()
         if self.oom_at_step_pending is not None and step == self.oom_at_step_pending:
             self.oom_at_step_pending = None
             raise make_oom(f"out of memory: simulated by the test hook at step {step}")
-        x, y = self.sampler.train_batch(step, self.batch_size)
+        x, y = self.sampler.train_batch(step if data_step is None else data_step, self.batch_size)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         loss = self.model(x, y)
         loss.backward()
@@ -361,9 +363,10 @@ class Engine:
         if self.injector.hang_at(step):
             self._hang(step)
         self.state = "train"
+        seg_step = self._segment_step(step)
         self.injector.before_train_step(step, self.model)
         try:
-            r = self.train_step(step)
+            r = self.train_step(step, seg_step)
         except Exception as e:
             self.injector.after_train_step()
             if is_oom(e):
@@ -389,7 +392,7 @@ class Engine:
                 self.tok_s.append(tok_s)
         finding = self.nonfinite.check(r.loss, r.grad_norm)
         if finding is None and self.trajectory is not None:
-            finding = self.trajectory.check(step, r.loss, r.grad_norm)
+            finding = self.trajectory.check(seg_step, r.loss, r.grad_norm)
         if finding is not None:
             self._fail(finding, step)
         if self.recorder is not None:
@@ -407,6 +410,24 @@ class Engine:
             reason = "time"
         if reason is not None:
             self.run_canary(reason)
+
+    def _segment_step(self, step: int) -> int:
+        """With --reference-loop: the step within the current pass over the reference; at the start of each
+        new pass the model and optimizers go back to their initial state, so the recorded trajectory repeats."""
+        if not (self.opts.reference_loop and self.trajectory is not None and self.trajectory.reference_steps):
+            return step
+        n = self.trajectory.reference_steps
+        seg = (step - 1) % n + 1
+        if seg == 1 and step > 1:
+            self.model.load_state_dict(self.initial_state)
+            ns_dtype = self.dtype if self.spec.type == "cuda" else torch.float32
+            self.muon, self.adam = build_optimizers(self.model, lr_scale=self.opts.preset_spec.lr_scale,
+                                                    ns_dtype=ns_dtype)
+            self.soft = SoftSignals()  # the loss restarts high: not a spike
+            self.segment = (step - 1) // n + 1
+            self.em.emit("segment", step=step - 1, segment=self.segment, reference_steps=n)
+            self.log(f"reference segment {self.segment}: restarting from the initial weights at step {step}")
+        return seg
 
     def run_canary(self, reason: str) -> None:
         self.state = "canary"
@@ -571,6 +592,8 @@ class Engine:
                 "note": (f"steps after {self.trajectory.reference_steps} were not compared (past the reference's end)"
                          if self.trajectory.beyond else None),
                 "tolerance": self.trajectory.tolerance,
+                "loop": self.opts.reference_loop,
+                "segments": self.segment,
             }
         med_dt = statistics.median(self.step_times) if self.step_times else None
         med_tok = statistics.median(self.tok_s) if self.tok_s else None
