@@ -201,6 +201,19 @@ def test_reference_loop_compares_every_step_of_a_longer_run(tmp_path):
     assert (code, end_of(events)["kind"], end_of(events)["step"]) == (1, "mismatch", 23)
 
 
+def test_golden_canary_must_match_the_reference(tmp_path, reference_30):
+    import json
+
+    doc = json.loads(reference_30.read_text())
+    doc["canary"] = "0123456789abcdef"
+    bad = tmp_path / "bad-canary.json"
+    bad.write_text(json.dumps(doc))
+    code, events, _ = run_engine(steps=5, reference=str(bad))
+    end = end_of(events)
+    assert (code, end["kind"], end["step"], end["steps"]) == (1, "canary", 0, 0)
+    assert [e["event"] for e in events if e["event"] != "heartbeat"][:2] == ["start", "fault"]
+
+
 def test_reference_from_another_configuration_is_a_usage_error(reference_30):
     code, events, _ = run_engine(steps=5, seed=1, reference=str(reference_30))
     end = end_of(events)

@@ -171,6 +171,7 @@ class Engine:
             self._attach_reference()
         self._setup_done = True
         self._emit_start()
+        self._check_reference_canary()
 
     def _build_model(self) -> None:
         gen = torch.Generator().manual_seed(self.opts.seed)
@@ -276,6 +277,16 @@ class Engine:
                                    + "; ".join(diff))
         tol = None if self.repeatable else self.opts.reference_tolerance
         self.trajectory = ReferenceTrajectory(ref.digests, tol)
+
+    def _check_reference_canary(self) -> None:
+        """The golden canary must equal the reference's (same weights, batch and kernels, recorded at stock)."""
+        ref = self.reference
+        if ref is None or ref.canary is None or not self.repeatable:
+            return
+        mine = self.canary.golden.digest()
+        if mine != ref.canary:
+            self._fail(Finding("canary", f"the canary's first result {mine} differs from the reference's "
+                                         f"{ref.canary} (same weights, batch and kernels)"), 0)
 
     def _emit_start(self) -> None:
         o, p = self.opts, self.opts.preset_spec
