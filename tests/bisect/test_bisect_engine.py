@@ -22,6 +22,7 @@ from tuner.trial import TrialParams, WatchdogSettings, run_trial
 
 SIM = ["--simulate", "--sim-vmin", "-22"]
 FAST = ["--trial", "6s", "--confirm", "8s", "--preset", "tiny"]
+QUICK = ["--trial", "3s", "--confirm", "3s", "--preset", "tiny"]  # no fault needs catching: short is fine
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
 def _kill_mid_trial(setting: int) -> None:
     """Start a bisect, wait until the trial at `setting` is running, then SIGKILL the tool (and its engine)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", *SIM, "bisect", "--device", "sim0", *FAST, "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *SIM, "bisect", "--device", "sim0", *QUICK, "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
     try:
         for line in proc.stdout:
@@ -63,7 +64,7 @@ def _kill_mid_trial(setting: int) -> None:
                 break
         else:
             raise AssertionError("the trial never started")
-        time.sleep(1.5)
+        time.sleep(1.0)
         children = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)  # kill -9 the tool
         proc.wait(10)
@@ -85,7 +86,7 @@ def test_kill_9_mid_trial_then_resume_counts_it_as_failure_and_never_retries(sys
     if reboot:
         (sysroot / "proc/sys/kernel/random/boot_id").write_text("boot-b\n")
     # without --resume or --restart a new run is refused and nothing changes
-    refused = run_tuner(*SIM, "bisect", "--device", "sim0", *FAST)
+    refused = run_tuner(*SIM, "bisect", "--device", "sim0", *QUICK)
     assert refused.returncode == 2 and "--resume" in refused.stderr
     proc = run_tuner(*SIM, "bisect", "--device", "sim0", "--resume", "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -187,7 +187,7 @@ def _table(trials: tuple[TrialResult, ...]) -> str:
     return format_table(("setting", "phase", "verdict", "reason", "tok/s", "W", "tok/J", "max °C"), rows)
 
 
-def _recommendation_text(rec: Recommendation, label: str) -> str:
+def _recommendation_text(rec: Recommendation, label: str, simulated: bool = False) -> str:
     if rec.confirmed is None:
         head = f"recommendation for {label}: stay at stock ({rec.setting:+d} {rec.unit}): no undervolt step passed"
     else:
@@ -198,6 +198,9 @@ def _recommendation_text(rec: Recommendation, label: str) -> str:
         head += (f"\nefficiency: {rec.tuned_tok_per_j:.3f} tok/J vs {rec.baseline_tok_per_j:.3f} at stock: "
                  f"{rec.efficiency_gain_pct:+.1f}% (measured at {rec.measured_at:+d} {rec.unit}; power "
                  f"{rec.baseline_power_w:.0f} -> {rec.tuned_power_w:.0f} W)")
+        if simulated:
+            head += ("\nnote: SIMULATED card: power is the simulator's; tok/s is the CPU engine's and swings with "
+                     "the host's load, so the gain is not meaningful here")
     return head
 
 
@@ -248,7 +251,7 @@ def run(args, ctx) -> int:
         if outcome.trials:
             print(_table(outcome.trials))
         if outcome.recommendation is not None:
-            print(_recommendation_text(outcome.recommendation, device.label))
+            print(_recommendation_text(outcome.recommendation, device.label, device.simulated))
     if outcome.recommendation is not None and args.save:
         from tuner.profiles import build_profile, save_profile
 
