@@ -180,13 +180,12 @@ class BisectJob:
                 raise UsageError(
                     f"an unfinished bisect session exists for {self.device_id} ({existing.session}, {n} trials "
                     "done)", "continue it with --resume or discard it with --restart (the unsafe list is kept)")
+        if p.resume and (existing is None or not existing.unresolved()):
+            raise UsageError(f"no unfinished bisect session for {self.device_id}", "start a new one without --resume")
         self._reset_to_stock()
         if existing is not None and existing.open_trial is not None:
             self._recover(existing, knob, device)
         if p.resume:
-            if existing is None or not existing.unresolved():
-                raise UsageError(f"no unfinished bisect session for {self.device_id}",
-                                 "start a new one without --resume")
             existing.claim()
             stored = existing.doc.get("params") or {}
             params = {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}
