@@ -107,6 +107,7 @@ class TunerApp(App[int]):
         self._bisect_job = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hung_up = False
+        self._last_sampler_error: str | None = None
 
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -155,6 +156,8 @@ class TunerApp(App[int]):
         self.post_message(msg.TelemetrySampled(tuple(samples)))
 
     def on_telemetry_sampled(self, message: msg.TelemetrySampled) -> None:
+        if len(message.samples) == len(self.devices):
+            self._last_sampler_error = None
         for device_id, sample, knob in message.samples:
             history = self.histories[device_id]
             history.add(sample)
@@ -166,7 +169,12 @@ class TunerApp(App[int]):
         self.histories[device_id].set_knob(knob)
 
     def on_backend_failed(self, message: msg.BackendFailed) -> None:
-        self.notify(f"{message.what}: {describe_error(message.error)}", severity="error", timeout=10)
+        text = f"{message.what}: {describe_error(message.error)}"
+        if message.what.startswith("reading") and text == self._last_sampler_error:
+            return  # the 1 Hz sampler repeats itself; say it once until it changes
+        if message.what.startswith("reading"):
+            self._last_sampler_error = text
+        self.notify(text, severity="error", timeout=10)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """One place for workers that died with an unexpected error: show it, keep running."""
