@@ -123,7 +123,9 @@ def trial_open_at_previous_boot() -> dict | None:
         try:
             doc = _read_json(path)
         except StateError:
-            continue
+            # An unreadable journal might have held an open trial: at boot, the safe answer is "yes".
+            return {"journal": str(path), "reason": "a tuning journal is unreadable, so a crashed trial cannot be "
+                    "ruled out"}
         trial = (doc or {}).get("open_trial")
         if not isinstance(trial, dict):
             continue
