@@ -107,10 +107,10 @@ class StressJob:
 def describe_stress_result(result, *, stopped: bool) -> str:
     if result is None:
         return "stopped before it started"
-    verdict = getattr(result, "verdict", None) or "ended"
-    reason = getattr(result, "reason", None)
-    text = f"{verdict}" + (f" ({reason})" if reason else "")
-    return f"stopped by you; {text}" if stopped else text
+    if stopped:
+        return f"stopped by you after {result.steps} steps (no fault seen)" if result.verdict != "fail" else (
+            f"FAIL ({result.reason}) before you stopped it")
+    return f"{result.verdict.upper()}" + (f" ({result.reason})" if result.reason else "")
 
 
 DETECTOR_OF_FAULT = {"mismatch": "reference", "canary": "canary", "gemm": "gemm", "nonfinite": "nonfinite",

@@ -45,7 +45,7 @@ async def test_stress_below_the_limit_reports_the_fault(tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("2", "s")
         await _wait(pilot, lambda: not app.stress.running and app.stress.verdict is not None)
-        assert app.stress.verdict.startswith("fail")
+        assert app.stress.verdict.startswith("FAIL")
         assert any(v.startswith("FAULT") for v in app.stress.detectors.values())
         await pilot.pause(0.6)
         assert "FAULT" in str(app.screen.query_one("#stress-status").render())
