@@ -23,7 +23,8 @@ from pathlib import Path
 
 from tuner import paths
 from tuner.atomic import append_durable, write_atomic
-from tuner.errors import StateError
+from tuner.errors import StateError, UsageError
+from tuner.models import Knob
 
 JOURNAL_VERSION = 1
 
@@ -161,6 +162,24 @@ def unsafe_entries(device_id: str) -> list[dict]:
 def unsafe_settings(device_id: str) -> dict[int, dict]:
     """setting -> its (latest) unsafe entry."""
     return {e["setting"]: e for e in unsafe_entries(device_id)}
+
+
+def refuse_unsafe(device_id: str, knob: Knob, value: int) -> None:
+    """Raise UsageError when `value` is at or beyond a setting that froze, hung or reset this device in a trial.
+
+    `set` and `apply` call this so a value that crashed the machine is never applied again without the user
+    saying so explicitly (--ignore-unsafe); the bisect plan and the boot path never override it.
+    """
+    entries = unsafe_settings(device_id)
+    blocking = [s for s in entries if s == value or knob.more_aggressive(value, s)]
+    if not blocking:
+        return
+    worst = max(blocking, key=lambda s: (s - knob.stock) * -knob.aggressive_direction)  # least aggressive
+    raise UsageError(
+        f"{value:+d} {knob.unit} is at or beyond {worst:+d} {knob.unit}, which failed hard on {device_id} "
+        f"({entries[worst].get('kind', 'failure')}: {entries[worst].get('reason', 'no reason recorded')})",
+        "choose a less aggressive value, or pass --ignore-unsafe if you are sure",
+    )
 
 
 def add_unsafe(device_id: str, setting: int, *, unit: str, kind: str, reason: str, edge: bool,

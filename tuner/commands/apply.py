@@ -6,7 +6,7 @@ import argparse
 import platform
 import sys
 
-from tuner import exit_codes
+from tuner import exit_codes, journal
 from tuner.commands._output import format_value, print_json
 from tuner.durations import parse_duration_s
 from tuner.errors import TunerError, UsageError
@@ -59,6 +59,9 @@ def add_parser(subparsers) -> None:
                    "booted with tuner.reset or after a crashed tuning trial; logs to stderr (the journal)")
     p.add_argument("--boot-wait", type=_seconds, default=boot_rules.DEFAULT_DISCOVERY_WAIT_S, metavar="S",
                    help=f"with --boot: how long to retry device discovery (default {boot_rules.DEFAULT_DISCOVERY_WAIT_S:g})")
+    p.add_argument("--ignore-unsafe", action="store_true",
+                   help="apply even a value at or beyond one that froze, hung or reset this card in a trial "
+                   "(never at boot)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
 
@@ -76,6 +79,8 @@ def run(args, ctx) -> int:
     _check_match(result, profile, device, force=args.force, verify=args.verify is not None)
     value = profile.setting.value
     knob.validate(value)  # range, step, no overvolt: OutOfRange (exit 2) before anything is written
+    if not args.ignore_unsafe:
+        journal.refuse_unsafe(device.id, knob, value)
     for warning in result.warnings + _unapplied_fields(profile, knob, backend):
         print(f"tuner: warning: {warning}", file=sys.stderr)
     _set_lock_clock(profile, device, knob, backend)
@@ -237,6 +242,7 @@ def _boot_apply_one(profile: Profile, backend, log) -> dict:
             continue
         try:
             knob.validate(profile.setting.value)
+            journal.refuse_unsafe(device.id, knob, profile.setting.value)  # never overridden at boot
             after = backend.apply(device.id, profile.setting.value)
         except TunerError as e:
             log(f"could not apply {profile.name!r} to {device.id}: {e.one_line()}")

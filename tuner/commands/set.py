@@ -16,7 +16,7 @@ import select
 import sys
 import time
 
-from tuner import exit_codes
+from tuner import exit_codes, journal
 from tuner.commands._output import format_value, print_json
 from tuner.errors import UsageError
 from tuner.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
@@ -79,6 +79,8 @@ def add_parser(subparsers) -> None:
         type=_int,
         help="NVIDIA: the max graphics clock to lock to (default: the card's stock max boost)",
     )
+    p.add_argument("--ignore-unsafe", action="store_true",
+                   help="apply even a value at or beyond one that froze, hung or reset this card in a trial")
     p.add_argument("--json", action="store_true", help="print one JSON document (the prompt goes to stderr)")
     p.set_defaults(run=run)
 
@@ -125,11 +127,14 @@ def run(args, ctx) -> int:
     else:
         raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
     knob = backend.knob(dev.id)
+    # Every check before the first write: bad input changes nothing (the lock clock included).
+    knob.validate(args.offset, allow_overvolt=args.allow_overvolt)
+    if not args.ignore_unsafe:
+        journal.refuse_unsafe(dev.id, knob, args.offset)
     if args.lock_mhz is not None:
         if not hasattr(backend, "set_lock_clock") or knob.lock_clock_mhz is None:
             raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
         backend.set_lock_clock(dev.id, args.lock_mhz)
-    knob.validate(args.offset, allow_overvolt=args.allow_overvolt)  # exit 2 before anything is written
 
     change = PendingChange(
         backend,

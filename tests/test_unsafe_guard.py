@@ -1,0 +1,37 @@
+"""A value that froze, hung or reset the card in a trial is never applied again without an explicit override."""
+
+import json
+
+from tests.cli_helpers import run_tuner
+from tuner import journal
+
+
+def _mark_unsafe(setting):
+    journal.add_unsafe("sim0", setting, unit="mV", kind="system-reset", reason="machine reset during a trial",
+                       edge=True)
+
+
+def test_set_refuses_values_at_or_beyond_an_unsafe_one():
+    _mark_unsafe(-80)
+    for value in ("-80", "-95"):
+        proc = run_tuner("--simulate", "set", "--device", "sim0", "--offset", value, "--yes")
+        assert proc.returncode == 2, proc.stderr
+        assert "failed hard" in proc.stderr and "--ignore-unsafe" in proc.stderr
+    status = json.loads(run_tuner("--simulate", "status", "--device", "sim0", "--json").stdout)
+    assert status["knob"]["current"] == 0  # nothing was written
+    assert run_tuner("--simulate", "set", "--device", "sim0", "--offset", "-75", "--yes").returncode == 0
+    ok = run_tuner("--simulate", "set", "--device", "sim0", "--offset", "-80", "--yes", "--ignore-unsafe")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_apply_refuses_an_unsafe_profile_value(tmp_path):
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.profiles import build_profile, save_profile
+
+    backend = SimulatedBackend()
+    device = backend.devices()[0]
+    save_profile(build_profile("edge", device, backend.knob("sim0"), -60))
+    _mark_unsafe(-60)
+    proc = run_tuner("--simulate", "apply", "edge", "--yes")
+    assert proc.returncode == 2 and "failed hard" in proc.stderr, proc.stderr
+    assert SimulatedBackend().knob("sim0").current == 0
