@@ -14,6 +14,7 @@ No I/O beyond those files and the boot id; no textual, no torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -199,6 +200,47 @@ def add_unsafe(device_id: str, setting: int, *, unit: str, kind: str, reason: st
     }
     append_durable(unsafe_path(device_id), json.dumps(entry, sort_keys=True))
     return entry
+
+
+# --- a lone guarded trial (apply --verify) -----------------------------------------------------------------------
+def guard_path(device_id: str) -> Path:
+    """Kept beside the session journals, so `trial_open_at_previous_boot` (which globs *.json) sees it too."""
+    return journal_dir() / f"{_safe_name(device_id)}.guard.json"
+
+
+def recover_stale_guard(device_id: str, unit: str) -> dict | None:
+    """A guard left by an earlier boot or a dead process means that trial froze or killed something: record the
+    setting as unsafe, remove the guard, and return the trial."""
+    try:
+        trial = (_read_json(guard_path(device_id)) or {}).get("open_trial")
+    except StateError:
+        trial = None
+    if not isinstance(trial, dict):
+        return None
+    if trial.get("boot_id") == current_boot_id() and pid_alive(trial.get("pid")):
+        return None  # another live process is verifying right now
+    add_unsafe(device_id, int(trial["setting"]), unit=unit, kind="system-reset"
+               if trial.get("boot_id") != current_boot_id() else "tool-died",
+               reason=f"a {trial.get('phase', 'verify')} trial never finished", edge=True)
+    guard_path(device_id).unlink(missing_ok=True)
+    return trial
+
+
+@contextlib.contextmanager
+def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "verify"):
+    """Durably mark a trial outside any bisect session as open for its duration.
+
+    If the machine freezes or the tool is killed, the guard stays: the boot path then applies nothing, and the
+    next guarded trial on the device records the setting as unsafe. A trial that ends (pass or fail) removes it.
+    """
+    recover_stale_guard(device_id, unit)
+    trial = {"device": device_id, "setting": setting, "phase": phase, "boot_id": current_boot_id(),
+             "pid": os.getpid(), "started_at": time.time()}
+    write_atomic(guard_path(device_id), json.dumps({"open_trial": trial}, sort_keys=True).encode())
+    try:
+        yield trial
+    finally:
+        guard_path(device_id).unlink(missing_ok=True)
 
 
 # --- the session journal ------------------------------------------------------------------------------------------

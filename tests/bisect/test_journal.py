@@ -80,3 +80,18 @@ def test_corrupt_journal_is_a_state_error(boot):
         journal.load("sim0")
     # at boot an unreadable journal might have held an open trial: report it so nothing is applied
     assert "unreadable" in journal.trial_open_at_previous_boot()["reason"]
+
+
+def test_guarded_trial_left_open_blocks_boot_and_becomes_unsafe(boot):
+    with journal.guarded_trial("sim0", -70, unit="mV"):
+        assert journal.trial_open_at_previous_boot() is None  # this boot, live pid
+    assert not journal.guard_path("sim0").exists()  # a finished trial leaves nothing behind
+
+    # a trial interrupted by a freeze: the guard survives the "reboot"
+    guard = journal.guarded_trial("sim0", -75, unit="mV")
+    guard.__enter__()
+    boot("boot-b")
+    assert journal.trial_open_at_previous_boot()["setting"] == -75
+    assert journal.recover_stale_guard("sim0", "mV")["setting"] == -75
+    assert journal.unsafe_settings("sim0")[-75]["kind"] == "system-reset"
+    assert journal.trial_open_at_previous_boot() is None

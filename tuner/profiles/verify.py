@@ -88,7 +88,7 @@ def _engine_only(run_stress: StressRunner) -> TrialRunner:
 def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float, workload: dict,
                  on_line: Callable[[str], None]) -> tuple[str, str | None]:
     """One `confirm`-phase trial through the bisect's trial runner."""
-    from tuner import kernel_log
+    from tuner import journal, kernel_log
     from tuner.bisect_events import TrialWarning
     from tuner.trial import TrialParams, run_trial
 
@@ -106,5 +106,10 @@ def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float
         if isinstance(event, TrialWarning):
             on_line(f"warning: {event.message}")
 
-    result = run_trial(backend, device_id, value, params, on_event, kernel_watcher=watcher)
+    unit = backend.knob(device_id).unit
+    with journal.guarded_trial(device_id, value, unit=unit):
+        result = run_trial(backend, device_id, value, params, on_event, kernel_watcher=watcher)
+    if result.verdict == "fail" and result.edge:  # a hang or a lost device: never applied again automatically
+        journal.add_unsafe(device_id, value, unit=unit, kind=result.kind or "hang", reason=result.reason,
+                           edge=True, kernel_log=list(result.kernel_log))
     return result.verdict, result.reason or None
