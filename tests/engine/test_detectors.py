@@ -45,6 +45,27 @@ def test_reference_trajectory_bitwise_and_past_its_end():
     assert (ref.compared, ref.beyond, ref.reference_steps) == (3, 2, 3)
 
 
+def test_reference_with_parameter_checksums_catches_a_silent_weight_change():
+    rec = TrajectoryRecorder()
+    rec.append(1, 5.5, 1.25, 123456789)
+    ref = ReferenceTrajectory(rec.digests)
+    assert ref.check(1, 5.5, 1.25, 123456789) is None
+    finding = ref.check(1, 5.5, 1.25, 123456789 + 2**22)
+    assert finding.kind == "mismatch" and "bit checksum" in finding.detail
+    assert ReferenceTrajectory([step_digest(5.5, 1.25)]).check(1, 5.5, 1.25, 42) is None  # old 16-digit digests
+
+
+@given(bit=st.integers(0, 31), index=st.integers(0, 99))
+def test_bit_checksum_sees_every_single_bit_flip(bit, index):
+    from tuner.engine.detectors import bit_checksum
+    from tuner.engine.faults import flip_bit_
+
+    t = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    before = int(bit_checksum([t, torch.ones(3)]))
+    flip_bit_(t, index, bit)
+    assert abs(int(bit_checksum([t, torch.ones(3)])) - before) == 2**bit
+
+
 def test_reference_tolerance_mode_only_catches_gross_divergence():
     ref = ReferenceTrajectory([step_digest(4.0, 1.0)] * 3, tolerance=0.05)
     assert ref.check(1, 4.1, 1.2) is None
@@ -82,9 +103,22 @@ def test_canary_is_repeatable_and_catches_a_changed_weight(canary):
     assert finding is not None and finding.kind == "canary"
 
 
+def test_canary_checksums_catch_a_flip_that_no_statistic_shows(canary):
+    canary.calibrate([canary.measure()])
+    emb = canary.model.wte.weight
+    from tuner.engine.faults import flip_bit_
+
+    flip_bit_(emb.data, 255 * emb.shape[1], 0)  # byte 255's row: unused by the canary batch
+    try:
+        finding = canary.check(canary.measure())
+    finally:
+        flip_bit_(emb.data, 255 * emb.shape[1], 0)
+    assert finding is not None and "frozen weights" in finding.detail
+
+
 def test_canary_tolerance_mode_when_not_repeatable(canary):
     a = canary.measure()
-    b = type(a)(a.loss * (1 + 1e-6), a.stats)
+    b = type(a)(a.loss * (1 + 1e-6), a.stats, a.bits)
     assert canary.calibrate([a, b]) is False and canary.tolerance == pytest.approx(4e-6, rel=0.01)
     assert canary.check(type(a)(a.loss * (1 + 2e-6), a.stats)) is None
     assert canary.check(type(a)(a.loss * 1.01, a.stats)).kind == "canary"

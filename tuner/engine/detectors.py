@@ -51,8 +51,19 @@ class NonFiniteDetector:
         return Finding(self.kind, f"non-finite {' and '.join(bad)} (loss {loss!r}, grad_norm {grad_norm!r})")
 
 
+def bit_checksum(tensors) -> torch.Tensor:
+    """An exact, order-independent checksum of the tensors' bits: the int64 sum of their elements viewed as
+    integers (wrapping). Any single bit flip changes it by +-2^bit, so it can never cancel out by itself."""
+    total = None
+    for t in tensors:
+        s = t.detach().view(_INT_VIEW[t.dtype]).sum(dtype=torch.int64)
+        total = s if total is None else total + s
+    return total
+
+
 class ReferenceTrajectory:
-    """Compares each step's digest (raw loss bits, raw gradient-norm bits) with a recorded run's.
+    """Compares each step's digest (raw loss bits, raw gradient-norm bits and the parameters' bit checksum
+    after the update) with a recorded run's.
 
     Bitwise by default. With `tolerance` (the platform was not repeatable) it compares values instead:
     relative loss difference above `tolerance`, or a gradient norm off by more than 100 %, fails ("reduced
@@ -70,21 +81,26 @@ class ReferenceTrajectory:
     def reference_steps(self) -> int:
         return len(self.digests)
 
-    def check(self, step: int, loss: float, grad_norm: float) -> Finding | None:
+    def check(self, step: int, loss: float, grad_norm: float, param_sum: int | None = None) -> Finding | None:
         i = step - 1
         if i >= len(self.digests):
             self.beyond += 1
             return None
         self.compared += 1
-        want, got = self.digests[i], step_digest(loss, grad_norm)
-        if got == want:
+        want = self.digests[i]
+        got = step_digest(loss, grad_norm, param_sum if len(want) > 16 else None)
+        if self.tolerance is None and got == want:
             return None
         ref_loss, ref_gn = digest_values(want)
-        if self.tolerance is not None and math.isfinite(loss) and math.isfinite(grad_norm):
-            loss_rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
-            gn_rel = abs(grad_norm - ref_gn) / max(abs(ref_gn), 1e-12)
-            if loss_rel <= self.tolerance and gn_rel <= 1.0:
-                return None
+        if self.tolerance is not None:
+            if math.isfinite(loss) and math.isfinite(grad_norm):
+                loss_rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
+                gn_rel = abs(grad_norm - ref_gn) / max(abs(ref_gn), 1e-12)
+                if loss_rel <= self.tolerance and gn_rel <= 1.0:
+                    return None
+        elif got[:16] == want[:16]:
+            return Finding(self.kind, f"step {step} differs from the reference: same loss and grad_norm bits, but "
+                                      f"the parameters' bit checksum is {got[16:]}, not {want[16:]}")
         return Finding(
             self.kind,
             f"step {step} differs from the reference: loss {loss!r} vs {ref_loss!r}, grad_norm {grad_norm!r} vs "
@@ -96,22 +112,24 @@ class TrajectoryRecorder:
     def __init__(self) -> None:
         self.digests: list[str] = []
 
-    def append(self, step: int, loss: float, grad_norm: float) -> None:
+    def append(self, step: int, loss: float, grad_norm: float, param_sum: int | None = None) -> None:
         if step != len(self.digests) + 1:
             raise ValueError(f"recorder got step {step} after {len(self.digests)}")
-        self.digests.append(step_digest(loss, grad_norm))
+        self.digests.append(step_digest(loss, grad_norm, param_sum))
 
 
 @dataclass(frozen=True)
 class CanarySample:
     loss: float
     stats: tuple[float, ...]  # per parameter: gradient sum, then gradient L2 norm
+    bits: tuple[int, ...] = ()  # bit checksums of all gradients and of all (frozen) weights
 
     def values(self) -> tuple[float, ...]:
         return (self.loss, *self.stats)
 
     def digest(self) -> str:
         packed = struct.pack(f"<{len(self.values())}f", *self.values())
+        packed += struct.pack(f"<{len(self.bits)}Q", *(b & 0xFFFFFFFFFFFFFFFF for b in self.bits))
         return hashlib.sha256(packed).hexdigest()[:16]
 
 
@@ -140,17 +158,20 @@ class CanaryReplay:
         self.model.zero_grad(set_to_none=True)
         loss = self.model(self.inputs, self.targets)
         loss.backward()
-        grads = [p.grad.float() for p in self.params]
+        raw = [p.grad for p in self.params]
+        grads = [g.float() for g in raw]
         sums = torch.stack([g.sum() for g in grads])
         norms = torch.stack(torch._foreach_norm(grads))
         vals = torch.cat([loss.detach().float().reshape(1), sums, norms]).cpu().tolist()
+        bits = torch.stack([bit_checksum(raw), bit_checksum(self.params)]).cpu().tolist()
         self.model.zero_grad(set_to_none=True)
         self.runs += 1
-        return CanarySample(vals[0], tuple(vals[1:]))
+        return CanarySample(vals[0], tuple(vals[1:]), tuple(bits))
 
     def calibrate(self, samples: list[CanarySample]) -> bool:
         self.golden = samples[0]
-        repeatable = all(all(_same_bits(a, b) for a, b in zip(s.values(), self.golden.values())) for s in samples)
+        repeatable = all(s.bits == self.golden.bits and
+                         all(_same_bits(a, b) for a, b in zip(s.values(), self.golden.values())) for s in samples)
         if not repeatable:
             spread = max(_rel_diff(s.values(), self.golden.values()) for s in samples)
             self.tolerance = max(4 * spread, 1e-6)
@@ -161,11 +182,17 @@ class CanaryReplay:
             raise RuntimeError("canary not calibrated")
         a, b = sample.values(), self.golden.values()
         if self.tolerance is None:
-            if all(_same_bits(x, y) for x, y in zip(a, b)):
+            if all(_same_bits(x, y) for x, y in zip(a, b)) and sample.bits == self.golden.bits:
                 return None
         elif _rel_diff(a, b) <= self.tolerance:
             return None
-        where = next((i for i, (x, y) in enumerate(zip(a, b)) if not _same_bits(x, y)), 0)
+        where = next((i for i, (x, y) in enumerate(zip(a, b)) if not _same_bits(x, y)), None)
+        if where is None:
+            names = ("gradients", "frozen weights")
+            what = "bit checksum of the " + " and ".join(n for n, x, y in zip(names, sample.bits, self.golden.bits)
+                                                          if x != y)
+            return Finding(self.kind, f"canary replay differs from its first result: {what} "
+                                      f"(digest {sample.digest()} vs {self.golden.digest()})")
         what = "loss" if where == 0 else f"gradient statistic #{where}"
         return Finding(self.kind, f"canary replay differs from its first result: {what} {a[where]!r} vs "
                                   f"{b[where]!r} (digest {sample.digest()} vs {self.golden.digest()})")

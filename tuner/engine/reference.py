@@ -4,7 +4,8 @@ JSON, written atomically (temp file, fsync, rename):
 
     {"format": "tuner-engine-reference", "version": 1, "steps": N,
      "fingerprint": {...everything the trajectory depends on...},
-     "canary": "<16 hex>" | null, "digests": ["<loss bits 8 hex><grad-norm bits 8 hex>", ...]}
+     "canary": "<16 hex>" | null,
+     "digests": ["<loss bits 8 hex><grad-norm bits 8 hex><parameter bit checksum 16 hex>", ...]}
 
 `digests[i]` belongs to step i + 1. A run may be longer than the reference: it stops comparing past `steps`.
 """
@@ -35,9 +36,17 @@ def f32_from_bits(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
-def step_digest(loss: float, grad_norm: float) -> str:
-    """`step_digest(1.0, 2.0) == '3f80000040000000'`: raw loss bits then raw gradient-norm bits."""
-    return f"{f32_bits(loss):08x}{f32_bits(grad_norm):08x}"
+def step_digest(loss: float, grad_norm: float, param_sum: int | None = None) -> str:
+    """Raw loss bits, raw gradient-norm bits (8 hex digits each) and, when given, the 64-bit integer checksum of
+    every parameter's bits after the step's update (16 more).
+
+    >>> step_digest(1.0, 2.0)
+    '3f80000040000000'
+    >>> step_digest(1.0, 2.0, -1)
+    '3f80000040000000ffffffffffffffff'
+    """
+    head = f"{f32_bits(loss):08x}{f32_bits(grad_norm):08x}"
+    return head if param_sum is None else head + f"{param_sum & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def digest_values(digest: str) -> tuple[float, float]:
@@ -90,7 +99,8 @@ def load_reference(path: str | os.PathLike) -> Reference:
         raise ReferenceProblem(f"--reference {str(path)!r}: version {doc.get('version')!r}, expected {VERSION}")
     digests = doc.get("digests")
     if (not isinstance(digests, list) or doc.get("steps") != len(digests)
-            or not all(isinstance(d, str) and len(d) == 16 for d in digests)):
+            or not all(isinstance(d, str) and len(d) in (16, 32) for d in digests)
+            or len({len(d) for d in digests}) > 1):
         raise ReferenceProblem(f"--reference {str(path)!r}: damaged digest list")
     fp = doc.get("fingerprint")
     if not isinstance(fp, dict):

@@ -27,6 +27,7 @@ from tuner.engine.detectors import (
     ReferenceTrajectory,
     SoftSignals,
     TrajectoryRecorder,
+    bit_checksum,
     device_error,
 )
 from tuner.engine.faults import FaultInjector
@@ -53,6 +54,7 @@ from tuner.engine.protocol import Emitter, Heartbeat
 from tuner.engine.reference import (
     Reference,
     ReferenceProblem,
+    f32_from_bits,
     fingerprint_diff,
     load_reference,
     save_reference,
@@ -77,6 +79,7 @@ class StepResult:
     grad_norm: float
     dt_s: float
     tokens: int
+    param_sum: int | None = None  # bit checksum of every parameter after the update
 
 
 class MixedSchedule:
@@ -360,8 +363,12 @@ class Engine:
         self.muon.step()
         self.adam.step()
         self.model.zero_grad(set_to_none=True)
-        loss_v, gn_v = torch.stack([loss.detach().float(), grad_norm]).tolist()
-        return StepResult(loss_v, gn_v, time.perf_counter() - t0, x.numel())
+        param_sum = bit_checksum(self.model.parameters())
+        as_int = [loss.detach().float().view(torch.int32).to(torch.int64),
+                  grad_norm.float().view(torch.int32).to(torch.int64), param_sum]
+        loss_bits, gn_bits, psum = torch.stack(as_int).tolist()  # one host sync, exact bits
+        return StepResult(f32_from_bits(loss_bits & 0xFFFFFFFF), f32_from_bits(gn_bits & 0xFFFFFFFF),
+                          time.perf_counter() - t0, x.numel(), psum)
 
     def _fail(self, finding: Finding, step: int) -> None:
         self.em.emit("fault", kind=finding.kind, step=step, detail=finding.detail)
@@ -403,11 +410,11 @@ class Engine:
                 self.tok_s.append(tok_s)
         finding = self.nonfinite.check(r.loss, r.grad_norm)
         if finding is None and self.trajectory is not None:
-            finding = self.trajectory.check(seg_step, r.loss, r.grad_norm)
+            finding = self.trajectory.check(seg_step, r.loss, r.grad_norm, r.param_sum)
         if finding is not None:
             self._fail(finding, step)
         if self.recorder is not None:
-            self.recorder.append(step, r.loss, r.grad_norm)
+            self.recorder.append(step, r.loss, r.grad_norm, r.param_sum)
         for w in self.soft.observe(step, r.loss, r.grad_norm, tok_s, steady):
             self.warning_count += 1
             self.em.emit("warning", step=step, kind=w.kind, detail=w.detail, setup=False)
