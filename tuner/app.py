@@ -12,10 +12,11 @@ import importlib
 import signal
 import time
 from collections.abc import Callable, Iterable
+from typing import ClassVar
 
 from textual import work
 from textual.app import App, SystemCommand
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -57,7 +58,7 @@ def describe_error(error: BaseException) -> str:
 
 class TunerApp(App[int]):
     TITLE = "tuner"
-    MODES = {
+    MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {
         "dashboard": DashboardScreen,
         "tune": _lazy_screen("tuner.screens.tune", "TuneScreen"),
         "bisect": _lazy_screen("tuner.screens.bisect", "BisectScreen"),
@@ -66,7 +67,7 @@ class TunerApp(App[int]):
         "help": _lazy_screen("tuner.screens.help", "HelpScreen"),
     }
     DEFAULT_MODE = "dashboard"
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         *[
             Binding(key, f"switch_mode('{mode}')", title.split("-")[-1].capitalize()[:6], id=f"screen.{mode}")
             for key, mode, title in SCREENS_IN_ORDER
@@ -490,8 +491,8 @@ class TunerApp(App[int]):
                 self.pending.revert()
                 devices_to_reset.discard(self.pending.device_id)
                 done.append(f"reverted the unconfirmed setting on {self.pending.device_id}")
-            except Exception:  # noqa: BLE001 - fall back to a plain reset below
-                pass
+            except Exception as e:  # noqa: BLE001 - fall back to a plain reset below
+                done.append(f"revert failed ({describe_error(e)}); resetting to stock instead")
             self.pending = None
         for device_id in sorted(devices_to_reset):
             try:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tests.tui.helpers import make_app, sim_backend
 from tuner.profiles import build_profile, list_profiles, save_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
-
-from tests.tui.helpers import make_app, sim_backend
 
 
 def _save(backend, name: str, value: int, *, serial: str | None = None):

@@ -5,13 +5,12 @@ Update after an intended change with `pytest tests/tui/test_snapshots.py --snaps
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
-from tuner.profiles import Profile, build_profile, save_profile
-
 from tests.tui.helpers import make_app, sim_backend
+from tuner.profiles import Profile, build_profile, save_profile
 
 SIZES = [(80, 24), (120, 40)]
 SCREEN_KEYS = {"dashboard": "1", "tune": "2", "bisect": "3", "profiles": "4", "doctor": "5", "help": "6"}
@@ -20,7 +19,7 @@ SCREEN_KEYS = {"dashboard": "1", "tune": "2", "bisect": "3", "profiles": "4", "d
 def _fixed_profile(backend) -> None:
     profile = build_profile("lab-card", backend.device("sim0"), backend.knob("sim0"), -45, kernel="6.8.0-sim")
     doc = profile.to_dict()
-    doc["profile"]["created"] = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    doc["profile"]["created"] = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     doc["profile"]["tool_version"] = "0.1.0"
     save_profile(Profile.from_dict(doc))
 

@@ -5,9 +5,11 @@ The run itself belongs to the App (switching screens never stops it); this scree
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
@@ -91,7 +93,7 @@ class BisectScreen(TunerScreen):
     BisectScreen.-wide #plot-efficiency { display: block; }
     BisectScreen #bisect-result { height: auto; max-height: 3; padding: 0 1; }
     """
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("b", "start", "Start", id="bisect.start"),
         Binding("x", "stop", "Stop", id="bisect.stop"),
         Binding("u", "resume", "Resume", id="bisect.resume"),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
@@ -23,7 +25,7 @@ class ConfirmDialog(ModalScreen[bool]):
     """Yes/No; the default (focused, Escape) is No."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="ConfirmDialog")
-    BINDINGS = [Binding("escape", "choose(False)", "No"), Binding("y", "choose(True)", "Yes"),
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "choose(False)", "No"), Binding("y", "choose(True)", "Yes"),
                 Binding("n", "choose(False)", "No")]
 
     def __init__(self, question: str, *, yes: str = "Yes", no: str = "No") -> None:
@@ -51,7 +53,7 @@ class KeepOrRevertDialog(ModalScreen[bool]):
     """A setting was applied: keep it, or it reverts when the countdown ends. Revert is the default."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="KeepOrRevertDialog")
-    BINDINGS = [Binding("escape", "choose(False)", "Revert"), Binding("r", "choose(False)", "Revert"),
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "choose(False)", "Revert"), Binding("r", "choose(False)", "Revert"),
                 Binding("k", "choose(True)", "Keep")]
 
     def __init__(self, pending) -> None:
@@ -92,7 +94,7 @@ class TextInputDialog(ModalScreen[str | None]):
     """Ask for one line (a profile name, a path). Escape cancels."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="TextInputDialog")
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, prompt: str, *, value: str = "", placeholder: str = "") -> None:
         super().__init__()

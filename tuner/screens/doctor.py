@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import LoadingIndicator, Static
 
@@ -28,7 +30,7 @@ def checks_text(checks: list) -> Text:
 
 class DoctorScreen(TunerScreen):
     TITLE = "Doctor"
-    BINDINGS = [Binding("r", "rerun", "Run again", id="doctor.rerun")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("r", "rerun", "Run again", id="doctor.rerun")]
 
     def compose_body(self) -> ComposeResult:
         yield LoadingIndicator(id="doctor-loading")

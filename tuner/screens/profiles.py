@@ -7,10 +7,11 @@ trial, in thread workers).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
@@ -21,7 +22,7 @@ from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
 
 def _profiles_module():
     try:
-        import tuner.profiles as profiles
+        from tuner import profiles
     except ImportError:
         return None
     return profiles
@@ -64,7 +65,7 @@ class ProfilesScreen(TunerScreen):
     ProfilesScreen #profiles-table { width: 1fr; min-width: 30; }
     ProfilesScreen #profiles-detail { width: 2fr; padding: 0 1; border-left: solid $primary; }
     """
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("a", "apply", "Apply", id="profiles.apply"),
         Binding("e", "export", "Export", id="profiles.export"),
         Binding("i", "import_profile", "Import", id="profiles.import"),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import Log, Static
 
@@ -31,7 +33,7 @@ class TuneScreen(TunerScreen):
     TuneScreen #stress-plots { height: 1fr; min-height: 6; }
     TuneScreen #stress-log { height: 6; border-top: solid $primary; }
     """
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left", "move(-1)", "-1 step", priority=True, id="tune.down"),
         Binding("right", "move(1)", "+1 step", priority=True, id="tune.up"),
         Binding("pagedown", "move(-5)", "-5", priority=True, id="tune.down5"),
