@@ -22,6 +22,7 @@ from textual.worker import Worker, WorkerState
 
 from tuner import exit_codes, ui_jobs
 from tuner.backends.base import Backend
+from tuner.durations import format_duration
 from tuner.errors import TunerError
 from tuner.screens import messages as msg
 from tuner.screens.dashboard import DashboardScreen
@@ -87,6 +88,7 @@ class TunerApp(App[int]):
         doctor: Callable[[], list] | None = None,
         repaint_interval_s: float = 0.5,
         bisect_options: dict | None = None,
+        verify_duration_s: float = ui_jobs.VERIFY_DURATION_S,
     ) -> None:
         super().__init__()
         self.ctx = ctx
@@ -96,6 +98,7 @@ class TunerApp(App[int]):
         self.keep_timeout_s = keep_timeout_s
         self.repaint_interval_s = min(max(repaint_interval_s, 0.25), 5.0)  # plots repaint at most 4 Hz
         self._doctor = doctor
+        self.verify_duration_s = verify_duration_s
         self._bisect_options = bisect_options or {}  # extra BisectJob keywords (tests: a fake engine)
         self.devices = self.backend.devices()
         self.histories: dict[str, DeviceHistory] = {d.id: DeviceHistory() for d in self.devices}
@@ -365,7 +368,7 @@ class TunerApp(App[int]):
             self.apply_setting(device_id, value)
             return
         question = (f"{profile.name!r} was proven on another card ({result.reason}). Run a "
-                    f"{ui_jobs.VERIFY_DURATION_S // 60:.0f}-minute stress trial at {value:+d} {knob.unit} on "
+                    f"{format_duration(self.verify_duration_s)} stress trial at {value:+d} {knob.unit} on "
                     f"{device_id}? It is kept only if it passes, else reverted.")
         self.push_screen(ConfirmDialog(question, yes="Verify", no="Cancel"),
                          lambda yes: yes and self.verify_profile(device_id, value))
@@ -392,7 +395,7 @@ class TunerApp(App[int]):
 
         job = self._stress_job
         try:
-            outcome = verify_setting(self.backend, device_id, value, ui_jobs.VERIFY_DURATION_S,
+            outcome = verify_setting(self.backend, device_id, value, self.verify_duration_s,
                                      run_stress=job.verify_runner)
             summary = f"verify {outcome.verdict}" + (f" ({outcome.reason})" if outcome.reason else "")
             summary += "; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}"

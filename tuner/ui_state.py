@@ -100,10 +100,12 @@ def running_label(stress: StressState, bisect: BisectState, device_id: str) -> s
     """What is running on a device, in words (never by colour alone)."""
     if bisect.running and bisect.device_id == device_id:
         cur = bisect.current or {}
-        k, n = cur.get("index"), cur.get("total")
-        if k is not None:
-            return f"BISECT trial {k} of {n}" if n else f"BISECT trial {k}"
-        return "BISECT starting"
+        k = cur.get("index")
+        if k is None:
+            return "BISECT starting"
+        setting = cur.get("setting")
+        where = f" at {setting:+d} {bisect.unit}" if isinstance(setting, int) else ""
+        return f"BISECT trial {k} ({cur.get('phase')}){where}"
     if stress.running and stress.device_id == device_id:
         return f"STRESS {stress.preset}/{stress.mode}"
     return "idle"

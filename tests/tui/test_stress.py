@@ -49,3 +49,24 @@ async def test_stress_below_the_limit_reports_the_fault(tmp_path):
         assert any(v.startswith("FAULT") for v in app.stress.detectors.values())
         await pilot.pause(0.6)
         assert "FAULT" in str(app.screen.query_one("#stress-status").render())
+
+
+async def test_profile_from_another_card_is_verified_and_reverted_when_it_fails(tmp_path):
+    from dataclasses import replace
+
+    from tuner.profiles import build_profile, save_profile
+    from tuner.screens.dialogs import ConfirmDialog
+
+    backend = sim_backend(tmp_path, vmin_mv=-60)
+    other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card
+    save_profile(build_profile("theirs", other, backend.knob("sim0"), -70))
+    app = make_app(tmp_path, backend=backend, samples=1, verify_duration_s=30.0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4", "a")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")
+        await _wait(pilot, lambda: app.stress.running)
+        await _wait(pilot, lambda: not app.stress.running)
+        assert app.stress.verdict.startswith("verify fail"), app.stress.verdict
+    assert backend.knob("sim0").current == 0  # below this card's limit: reverted
