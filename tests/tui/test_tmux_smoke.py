@@ -18,7 +18,7 @@ TMUX = shutil.which("tmux")
 pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed, so there is no real terminal to test in")
 
 EXPECT = {  # key -> text that must be on that screen
-    "1": ["[1 Dashboard]", "SIMULATED", "setting +0 mV", "power W"],
+    "1": ["[1 Dashboard]", "SIMULATED", "setting +0 mV", "· idle", "power W"],
     "2": ["[2 Tune]", "target +0 mV", "detectors:"],
     "3": ["[3 Bisect]", "setting", "verdict", "tok/J"],
     "4": ["[4 Profiles]", "no profiles yet"],

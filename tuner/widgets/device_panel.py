@@ -57,7 +57,7 @@ class DevicePanel(Vertical):
 
     def paint(self, history: DeviceHistory, running: str) -> None:
         line = Text(setting_text(history.knob))
-        line.append("   running: ")
+        line.append(" · ")
         line.append(running, style="bold" if running != "idle" else "")
         self.query_one("#setting", Static).update(line)
         self.border_subtitle = running
