@@ -116,9 +116,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse the command line. `tuner [global options]` opens the UI: it needs no command modules, so they are
+    imported only when something besides the global options is given (the UI's first frame comes sooner)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    globals_only = _Parser(prog="tuner", add_help=False)
+    _global_options(globals_only, suppress=False)
+    args, rest = globals_only.parse_known_args(argv)
+    if not rest:
+        args.command = None
+        return args
+    return build_parser().parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(argv)
     ctx = Context.from_args(args)
     signals.install()
     try:
