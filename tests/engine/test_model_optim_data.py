@@ -59,6 +59,19 @@ def test_compute_dtype_casts_activations_not_weights():
     assert all(p.dtype == torch.float32 for p in m.parameters())
 
 
+def test_flattened_parameters_are_views_of_one_buffer():
+    m = make_model()
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    flat = m.flatten_parameters_()
+    assert flat.numel() == sum(p.numel() for p in m.parameters())
+    assert all(torch.equal(p, before[n]) for n, p in m.named_parameters())
+    with torch.no_grad():
+        m.lm_head.weight[0, 0] = 7.0
+    assert (flat == 7.0).sum() == 1
+    m.load_state_dict({n: v for n, v in before.items()})
+    assert (flat == 7.0).sum() == 0  # load_state_dict copies into the views
+
+
 def test_newton_schulz_orthogonalises():
     g = torch.randn(3, 64, 256, generator=torch.Generator().manual_seed(0))
     x = newton_schulz(g)

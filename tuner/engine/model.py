@@ -165,6 +165,18 @@ class GPT(nn.Module):
             return loss.view(targets.shape)
         return loss.mean()
 
+    def flatten_parameters_(self) -> torch.Tensor:
+        """Move every parameter into one contiguous fp32 buffer (each parameter becomes a view of it) and return
+        the buffer, so whole-model reductions such as the bit checksum are one kernel."""
+        params = list(self.parameters())
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.data = flat[offset:offset + n].view_as(p)
+            offset += n
+        return flat
+
     def matrix_params(self) -> list[nn.Parameter]:
         """The transformer's 2-D matrices (Muon). Embedding, head and scalars go to AdamW."""
         return [p for p in self.blocks.parameters() if p.ndim == 2]

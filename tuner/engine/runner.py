@@ -181,6 +181,8 @@ class Engine:
         model = GPT(self.cfg, self.dtype)
         model.init_weights(gen)
         self.model = model.to(self.device)
+        self.flat_params = self.model.flatten_parameters_()
+        self.params = list(self.model.parameters())
         self.initial_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         ns_dtype = self.dtype if self.spec.type == "cuda" else torch.float32
         self.muon, self.adam = build_optimizers(self.model, lr_scale=self.opts.preset_spec.lr_scale,
@@ -358,12 +360,12 @@ class Engine:
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         loss = self.model(x, y)
         loss.backward()
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in self.params if p.grad is not None]
         grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
         self.muon.step()
         self.adam.step()
         self.model.zero_grad(set_to_none=True)
-        param_sum = bit_checksum(self.model.parameters())
+        param_sum = bit_checksum([self.flat_params])
         as_int = [loss.detach().float().view(torch.int32).to(torch.int64),
                   grad_norm.float().view(torch.int32).to(torch.int64), param_sum]
         loss_bits, gn_bits, psum = torch.stack(as_int).tolist()  # one host sync, exact bits
