@@ -166,6 +166,18 @@ def test_device_error_is_a_fault(monkeypatch):
     assert (code, end["verdict"], end["kind"], end["step"]) == (1, "fail", "device-error", 3)
 
 
+def test_device_error_during_the_final_evaluation_is_a_fault(monkeypatch):
+    from tuner.engine.runner import Engine
+
+    def broken(self):
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    monkeypatch.setattr(Engine, "evaluate", broken)
+    code, events, _ = run_engine(steps=3)
+    end = end_of(events)
+    assert (code, end["verdict"], end["kind"], end["step"]) == (1, "fail", "device-error", 3)
+
+
 def test_internal_error_is_an_error_not_a_fault(monkeypatch):
     from tuner.engine.runner import Engine
 

@@ -592,16 +592,20 @@ class Engine:
         bpb = statistics.fmean(finite) / math.log(2) if len(finite) == len(losses) and losses else None
         return bpb, losses
 
-    def _emit_end(self, verdict: str, reason: str, kind: str | None, step: int | None, exit_code: int,
-                  duration_s: float) -> None:
-        bpb, eval_losses = None, []
+    def _finish(self) -> tuple[float | None, list[float], str | None]:
+        """After a pass: held-out evaluation, and the reference file when recording (heartbeats still on)."""
+        bpb, eval_losses = self.evaluate()
         recorded = None
-        if verdict == "pass" and self._setup_done:
-            bpb, eval_losses = self.evaluate()
-            if self.recorder is not None:
-                canary = self.canary.golden.digest() if self.repeatable and self.canary.golden else None
-                save_reference(self.opts.record, Reference(self.fingerprint(), self.recorder.digests, canary))
-                recorded = self.opts.record
+        if self.recorder is not None:
+            canary = self.canary.golden.digest() if self.repeatable and self.canary.golden else None
+            save_reference(self.opts.record, Reference(self.fingerprint(), self.recorder.digests, canary))
+            recorded = self.opts.record
+        return bpb, eval_losses, recorded
+
+    def _emit_end(self, verdict: str, reason: str, kind: str | None, step: int | None, exit_code: int,
+                  duration_s: float, bpb: float | None = None, eval_losses: list[float] | None = None,
+                  recorded: str | None = None) -> None:
+        eval_losses = eval_losses or []
         reference = None
         if self.trajectory is not None:
             reference = {
@@ -671,11 +675,23 @@ class Engine:
             else:
                 verdict, reason, kind, code = "error", f"internal error: {type(e).__name__}: {e}", "internal", 2
                 traceback.print_exc(file=sys.stderr)
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
         duration = time.monotonic() - self._loop_start if self._loop_start else 0.0
+        finished: tuple = (None, [], None)
+        if verdict == "pass" and self._setup_done:
+            try:
+                finished = self._finish()
+            except Exception as e:  # noqa: BLE001 - the run passed; the report must still go out
+                finding = device_error(e)
+                if finding is not None:
+                    self.em.emit("fault", kind=finding.kind, step=self.step, detail=finding.detail)
+                    verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, self.step, EXIT_FAULT
+                else:
+                    traceback.print_exc(file=sys.stderr)
+                    verdict, reason, kind, code = "error", f"error while finishing: {e}", "internal", EXIT_ERROR
+        if self.heartbeat is not None:
+            self.heartbeat.stop()  # before `end`, which must be the last line
         try:
-            self._emit_end(verdict, reason, kind, step, code, duration)
+            self._emit_end(verdict, reason, kind, step, code, duration, *finished)
         except Exception as e:  # noqa: BLE001 - the end event must still go out
             traceback.print_exc(file=sys.stderr)
             self.em.emit("end", verdict="error", reason=f"internal error while ending: {e}", kind="internal",
