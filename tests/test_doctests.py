@@ -1,0 +1,15 @@
+"""The examples in docstrings are tests too."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["tuner.durations", "tuner.backends.simulated", "tuner.backends.amd_od_table", "tuner.backends.nvidia",
+           "tuner.kernel_log"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
