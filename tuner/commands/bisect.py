@@ -19,6 +19,7 @@ from tuner.bisect_events import (
     TrialStarted,
     TrialWarning,
 )
+from tuner.commands._device import pick_device
 from tuner.commands._output import format_table
 from tuner.durations import format_duration, parse_duration_s
 from tuner.errors import UsageError
@@ -63,15 +64,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--yes", action="store_true", help="do not ask before changing a real card's voltage")
     p.add_argument("--json", action="store_true", help="JSON lines events on stdout")
     p.set_defaults(run=run)
-
-
-def _pick_device(backend, device_id: str | None):
-    if device_id:
-        return backend.device(device_id)
-    devices = backend.devices()
-    if len(devices) == 1:
-        return devices[0]
-    raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
 
 
 def _confirm_real_card(device, args) -> None:
@@ -208,7 +200,7 @@ def run(args, ctx) -> int:
     from tuner.bisect_job import BisectJob, BisectParams
 
     backend = ctx.backend
-    device = _pick_device(backend, args.device)
+    device = pick_device(backend, args.device)
     knob = backend.knob(device.id)
     _check_save_name(args.save)
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin,

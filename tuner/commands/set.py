@@ -17,6 +17,7 @@ import sys
 import time
 
 from tuner import exit_codes, journal
+from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json
 from tuner.errors import UsageError
 from tuner.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
@@ -119,13 +120,7 @@ def _ask(change: PendingChange, stream=None, out=None) -> bool:
 
 def run(args, ctx) -> int:
     backend = ctx.backend
-    devices = backend.devices()
-    if args.device:
-        dev = backend.device(args.device)
-    elif len(devices) == 1:
-        dev = devices[0]
-    else:
-        raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
+    dev = pick_device(backend, args.device)
     knob = backend.knob(dev.id)
     # Every check before the first write: bad input changes nothing (the lock clock included).
     knob.validate(args.offset, allow_overvolt=args.allow_overvolt)

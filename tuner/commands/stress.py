@@ -15,8 +15,8 @@ import sys
 import time
 
 from tuner import exit_codes
+from tuner.commands._device import pick_device
 from tuner.durations import format_duration, parse_duration_s
-from tuner.errors import UsageError
 
 DEFAULT_DURATION = "5m"
 SIM_CANARY_EVERY = 10  # simulated cards: canaries often, so short runs meet the injected faults
@@ -62,15 +62,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--reference", metavar="PATH", help="compare every step with a recorded stock run")
     p.add_argument("--json", action="store_true", help="engine events as JSON lines on stdout, then a result")
     p.set_defaults(run=run)
-
-
-def _pick_device(backend, device_id: str | None):
-    if device_id:
-        return backend.device(device_id)
-    devices = backend.devices()
-    if len(devices) == 1:
-        return devices[0]
-    raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
 
 
 def build_config(args, target):
@@ -211,7 +202,7 @@ def run(args, ctx) -> int:
     from tuner import stress_client as sc
 
     backend = ctx.backend
-    device = _pick_device(backend, args.device)
+    device = pick_device(backend, args.device)
     target = backend.stress_target(device.id)
     config, policy = build_config(args, target)
     progress = ProgressLine(sys.stderr, steps=config.steps, duration_s=config.duration_s)

@@ -1,0 +1,15 @@
+"""Which device a command acts on: the one named with --device, or the only one there is."""
+
+from __future__ import annotations
+
+from tuner.errors import UsageError
+from tuner.models import DeviceInfo
+
+
+def pick_device(backend, device_id: str | None) -> DeviceInfo:
+    if device_id:
+        return backend.device(device_id)  # UnknownDevice lists the known ids
+    devices = backend.devices()
+    if len(devices) == 1:
+        return devices[0]
+    raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
