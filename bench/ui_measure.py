@@ -1,6 +1,6 @@
 """Measure the UI in a real terminal (tmux): start-up to first frame, and idle CPU / RSS during a bisect.
 
-Not a test (timing is machine-dependent). Run: `.venv/bin/python tests/tui/measure_ui.py [--bisect-s 30]`.
+Not a test (timing is machine-dependent). Run: `.venv/bin/python bench/ui_measure.py [--bisect-s 30]`.
 It uses throwaway XDG directories and the simulated GPU; the captured panes are printed.
 """
 
