@@ -10,9 +10,9 @@ fault model (`fault_rate_per_step`, `hangs_at`), so it takes seconds instead of 
 
 Wall time is computed, not measured: sum over trials of (the trial's running time + a fixed per-trial overhead
 for starting the engine, applying, resetting and verifying). A passing trial runs its full length; a failing
-one stops at its first fault (step ~ geometric(p)); a hang costs the watchdog time. The bisect's baseline runs
-as long as the confirmation (it records the reference trajectory that must cover it); the step-down has no
-confirmation, so its baseline is one trial long. Both use the same trial length.
+one stops at its first fault (step ~ geometric(p)); a hang costs the watchdog time. Both baselines are one trial
+long (later runs loop the bisect's reference with `--reference-loop`, so it need not be as long as the
+confirmation); the step-down has no confirmation. Both use the same trial length.
 
 "True limit" = the most aggressive 5 mV grid value at or above the card's hidden vmin (e.g. vmin -52 -> -50).
 
@@ -39,7 +39,7 @@ from tuner.backends.simulated import (
     fault_rate_per_step,
     hangs_at,
 )
-from tuner.bisect_plan import BASELINE, CONFIRM, BisectPlan, NextTrial, PlanParams, PlanResult, Recommend
+from tuner.bisect_plan import CONFIRM, BisectPlan, NextTrial, PlanParams, PlanResult, Recommend
 from tuner.models import Knob, KnobKind
 
 STEP_S = 0.085  # the "small" preset on an R9700 (the seed's 85 ms/step)
@@ -85,16 +85,14 @@ def run_bisect(vmin_mv: int, seed: int, trial_s: float, confirm_s: float) -> dic
         d = plan.decide(results)
         if not isinstance(d, NextTrial):
             break
-        if d.phase == BASELINE:
-            duration = max(trial_s, confirm_s)
-        elif d.phase == CONFIRM:
+        if d.phase == CONFIRM:
             duration = confirm_s
         else:
             duration = trial_s
         ok, kind, ran_s = oracle(d.setting, duration)
         wall_s += ran_s + OVERHEAD_S
         if d.phase != CONFIRM:
-            search_s += (min(ran_s, trial_s) if d.phase == BASELINE else ran_s) + OVERHEAD_S
+            search_s += ran_s + OVERHEAD_S
         results.append(PlanResult(d.setting, d.phase, "pass" if ok else "fail", kind, None, kind == "hang"))
     assert isinstance(d, Recommend), d
     return {"trials": len(results), "wall_s": wall_s, "search_s": search_s, "lowest": d.confirmed,
@@ -147,9 +145,10 @@ def main(argv=None) -> int:
     print()
     print(f"trials to the recommendation: bisect mean {statistics.fmean(bt):.1f} (incl. baseline and confirm), "
           f"step-down mean {statistics.fmean(st):.1f}; ratio bisect/step-down {sum(bt) / sum(st):.2f}")
-    print(f"wall time: bisect mean {statistics.fmean(bw) / 3600:.2f} h (with the 30 min confirm and the "
-          f"confirm-long baseline), step-down mean {statistics.fmean(sw) / 3600:.2f} h; ratio {sum(bw) / sum(sw):.2f}")
-    print(f"search only (baseline one trial long, no confirmation, like the step-down): bisect mean "
+    print(f"wall time: bisect mean {statistics.fmean(bw) / 3600:.2f} h (with the {args.confirm / 60:g} min confirm; "
+          f"baseline one trial long), step-down mean {statistics.fmean(sw) / 3600:.2f} h; ratio "
+          f"{sum(bw) / sum(sw):.2f}")
+    print(f"search only (no confirmation, like the step-down): bisect mean "
           f"{statistics.fmean(bs) / 3600:.2f} h; ratio {sum(bs) / sum(sw):.2f}")
     print(f"lands on the true limit: bisect {b_hit}/{n}, step-down {s_hit}/{n}")
     return 0

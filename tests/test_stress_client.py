@@ -102,8 +102,8 @@ def test_parse_typed_events():
                                      "reference": {"compared_steps": 7}, "exit_code": 1}))
     assert isinstance(end, sc.EndEvent) and end.verdict == "fail" and end.eval_losses == (1.5, math.inf)
     assert end.reference == {"compared_steps": 7} and end.setup_problems == ("x",)
-    fault = sc.parse_event('{"event":"fault","t":2,"kind":"canary","step":100,"detail":"d"}')
-    assert isinstance(fault, sc.FaultEvent) and (fault.kind, fault.step) == ("canary", 100)
+    fault = sc.parse_event('{"event":"fault","t":2,"kind":"mismatch","step":100,"reference_step":40,"detail":"d"}')
+    assert isinstance(fault, sc.FaultEvent) and (fault.kind, fault.step, fault.reference_step) == ("mismatch", 100, 40)
     hb = sc.parse_event('{"event":"heartbeat","t":3,"step":4,"state":"train","progress":9}')
     assert isinstance(hb, sc.HeartbeatEvent) and hb.progress == 9
     assert isinstance(sc.parse_event('{"event":"start","t":0.1,"repeatable":false}'), sc.StartEvent)
@@ -153,6 +153,7 @@ def test_a_passing_run_delivers_every_event_in_order(fake_python):
 def test_a_failing_run_reports_kind_and_step(fake_python):
     result = fake_run(fake_python, "fail").run()
     assert (result.verdict, result.kind, result.failure_step, result.step) == ("fail", "canary", 2, 2)
+    assert result.reference_step == 2
 
 
 def test_silence_is_a_hang_and_sigkill_follows_an_ignored_sigterm(fake_python):

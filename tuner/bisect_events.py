@@ -29,6 +29,7 @@ class TrialResult:
     kind: str | None = None  # failure kind: mismatch, nonfinite, canary, gemm, hang, crash, device-error, kernel
     reason: str = ""
     fault_step: int | None = None
+    reference_step: int | None = None  # the reference step the failing step was compared with (within the pass)
     steps: int | None = None
     duration_s: float | None = None
     tok_s: float | None = None  # median engine throughput

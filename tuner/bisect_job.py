@@ -8,12 +8,10 @@ the journal closed as resumable). Events go to `on_event`.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 from tuner import exit_codes, journal, kernel_log
 from tuner.backends.base import Backend
@@ -106,15 +104,6 @@ class BisectOutcome:
             "dtype": p.get("dtype"),
             "trials": [t.profile_trial() for t in self.trials],
         }
-
-
-def reference_steps(path: Path) -> int | None:
-    """How many steps a recorded reference trajectory covers (the engine's documented JSON), or None."""
-    try:
-        steps = json.loads(Path(path).read_text(encoding="utf-8")).get("steps")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return steps if isinstance(steps, int) and steps > 0 else None
 
 
 class BisectJob:
@@ -275,16 +264,13 @@ class BisectJob:
         if decision.phase == BASELINE:
             if mode == "gemm":  # the GEMM burn has no training trajectory to record
                 return TrialParams(duration_s=trial_s, mode=mode, **common)
-            # The engine compares only as many steps as the reference holds, so the baseline runs as long as the
-            # longest run it must cover (the confirmation, at full load; confirms run mixed, so fewer steps).
-            return TrialParams(duration_s=max(trial_s, confirm_s), mode="train", record_path=j.reference,
-                               **common)
+            # One trial long: later runs loop the reference (--reference-loop), so it covers any length.
+            return TrialParams(duration_s=trial_s, mode="train", record_path=j.reference, **common)
         reference = j.reference if mode != "gemm" and j.reference.exists() else None
-        steps = reference_steps(reference) if reference else None
         if decision.phase == CONFIRM:
             return TrialParams(duration_s=confirm_s, mode="gemm" if mode == "gemm" else "mixed",
-                               reference_path=reference, max_steps=steps, **common)
-        return TrialParams(duration_s=trial_s, mode=mode, reference_path=reference, max_steps=steps, **common)
+                               reference_path=reference, **common)
+        return TrialParams(duration_s=trial_s, mode=mode, reference_path=reference, **common)
 
     def _run_one(self, decision: NextTrial, plan: BisectPlan, knob, j: journal.Journal,
                  results: list[TrialResult], search: dict) -> BisectOutcome | None:

@@ -59,14 +59,20 @@ class PlanResult:
     phase: str
     verdict: str  # pass | fail | error
     kind: str | None = None  # failure kind: mismatch, nonfinite, hang, canary, kernel, system-reset, ...
-    fault_step: int | None = None
+    fault_step: int | None = None  # the same-step rule's key: the step within the reference (see from_record)
     edge: bool = False  # the trial hung or crashed the machine
 
     @classmethod
     def from_record(cls, record: dict) -> PlanResult:
-        # Faults a simulated card injects come from seeded draws that repeat across settings, so their steps say
-        # nothing about software versus hardware: the same-step rule ignores them.
-        fault_step = None if record.get("injected") else record.get("fault_step")
+        """The trial record's step is the *reference step*: trials compare against a looped reference, so step
+        N + k of a run repeats step k's batch from the same weights; the same computation failing at two
+        settings is what points at the software. (Records without one were capped at the reference's length,
+        where the two agree.) A simulated card's injected faults are not evidence of a software bug: the rule
+        ignores them."""
+        step = record.get("reference_step")
+        if step is None:
+            step = record.get("fault_step")
+        fault_step = None if record.get("injected") else step
         return cls(setting=record["setting"], phase=record["phase"], verdict=record["verdict"],
                    kind=record.get("kind"), fault_step=fault_step, edge=bool(record.get("edge")))
 

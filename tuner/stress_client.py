@@ -233,6 +233,7 @@ class WarningEvent(Event):
 class FaultEvent(Event):
     kind: str | None = None
     step: int | None = None
+    reference_step: int | None = None  # the reference step compared (within the pass, with --reference-loop)
     detail: str | None = None
 
 
@@ -265,6 +266,7 @@ class EndEvent(Event):
     reason: str | None = None
     kind: str | None = None
     step: int | None = None
+    reference_step: int | None = None
     steps: int | None = None
     duration_s: float | None = None
     median_tok_s: float | None = None
@@ -347,6 +349,9 @@ class StressResult:
     exit_code: int | None
     stderr_tail: str = ""
     sensitivity: str | None = None
+    # the reference step the failing step was compared with (with --reference-loop: its step within the pass);
+    # None without a reference or when the engine could not say (hang, crash)
+    reference_step: int | None = None
     start: StartEvent | None = field(default=None, repr=False)
     end: EndEvent | None = field(default=None, repr=False)
 
@@ -663,7 +668,8 @@ class StressRun:
             if end.verdict == "error" and kind == "interrupted" and self._stop_requested:
                 kind = "stopped"
             step = end.step if end.verdict == "fail" else None
-            return StressResult(end.verdict, kind, reason, step, **common)
+            ref_step = end.reference_step if end.verdict == "fail" else None
+            return StressResult(end.verdict, kind, reason, step, reference_step=ref_step, **common)
         if self._stop_requested:
             return StressResult("error", "stopped", "stopped before the engine finished", None, **common)
         if self._device_error is not None:

@@ -47,8 +47,7 @@ class TrialParams:
     seed: int = 0
     dtype: str | None = None
     record_path: Path | None = None  # the baseline records the reference trajectory here
-    reference_path: Path | None = None  # every other trial compares against it
-    max_steps: int | None = None  # stop early at this step (the reference's length)
+    reference_path: Path | None = None  # every other trial compares against it, looping it (--reference-loop)
     canary_every: int | None = None
     watchdog: WatchdogSettings = WatchdogSettings()
     telemetry_interval_s: float = 1.0
@@ -84,10 +83,12 @@ def engine_request(target, params: TrialParams) -> dict:
         preset=params.preset,
         mode=params.mode,
         duration_s=params.duration_s,
-        steps=params.max_steps,
         seed=params.seed,
         record=str(params.record_path) if params.record_path else None,
         reference=str(params.reference_path) if params.reference_path else None,
+        # a reference one trial long covers a run of any length: past its end the engine restarts from the
+        # initial weights and keeps comparing
+        reference_loop=params.reference_path is not None,
         fault_rate=target.fault_rate,
         injections=injections,
         env=dict(target.env),
@@ -272,6 +273,7 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result, sum
         kernel_log=tuple(e.line for e in kernel_events), warnings=tuple(warnings), started_at=started_at,
     )
     fault_step = getattr(r, "failure_step", None) if r is not None else None
+    reference_step = getattr(r, "reference_step", None) if r is not None else None
     if kernel_events:
         first = kernel_events[0]
         return replace(base, verdict="fail", kind=first.kind, reason=kernel_log.summarize(kernel_events),
@@ -290,7 +292,7 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result, sum
         return base
     if verdict == "fail":
         return replace(base, verdict="fail", kind=kind, reason=reason or str(kind), fault_step=fault_step,
-                       edge=kind == "hang")
+                       reference_step=reference_step, edge=kind == "hang")
     tail = getattr(r, "stderr_tail", "") or ""
     detail = reason or (tail.strip().splitlines() or ["setup problem"])[-1]
     return replace(base, verdict="error", kind=kind or "setup", reason=detail[:300], fault_step=fault_step)

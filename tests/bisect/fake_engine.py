@@ -1,7 +1,8 @@
 """A stand-in for `tuner.stress_client.StressRun`, fast and deterministic, for driver tests.
 
 Fails (kind "mismatch", at step 2 + 10 x the fault rate) whenever the simulated card injects faults, hangs when
-it says so. Records every request it was given.
+it says so; with `software_fault`, every trial after the baseline fails the way it says (a fault that is the
+software's, not the card's). Records every request it was given.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ class FakeEngine:
     tok_s: float = 1000.0
     on_start: object = None  # callable(request) run when a trial starts (tests use it to kill/stop)
     error: bool = False
+    # request -> (kind, failing step, reference step) for every trial that does not record; None: no such fault
+    software_fault: object = None
 
     def __call__(self, request: dict, watchdog):
         self.requests.append(request)
@@ -41,6 +44,12 @@ class _FakeRun:
         if r["fault_rate"] > 0:
             fail_step = 2 + int(r["fault_rate"] * 10)
         hang = any(i.startswith("hang@") for i in r["injections"])
+        if self.engine.software_fault and not r.get("record"):
+            kind, step, ref_step = self.engine.software_fault(r)
+            self._result = SimpleNamespace(verdict="fail", kind=kind, reason=f"{kind} at step {step}",
+                                           failure_step=step, reference_step=ref_step, steps=step, duration_s=1.0,
+                                           median_tok_s=self.engine.tok_s, sensitivity="full")
+            return
         for step in range(1, n + 1):
             if self._stopped.is_set():
                 self._result = SimpleNamespace(verdict="error", kind="stopped", reason="stopped", failure_step=None,

@@ -43,10 +43,11 @@ def test_recommends_lowest_pass_plus_margin_and_records_everything(boot):
     rec = outcome.recommendation
     assert (rec.setting, rec.confirmed, rec.first_failure) == (-40, -50, -55)
     assert [t.setting for t in outcome.trials] == [0, -10, -20, -30, -40, -50, -60, -55, -50]
-    # the baseline records the reference for as long as the confirm run; the others compare against it
+    # the baseline records the reference in one trial; the others compare against it, looping it, uncapped
     base, *rest = engine.requests
-    assert base["record"] and base["duration_s"] == 2 and base["reference"] is None
-    assert all(r["reference"] == base["record"] and r["steps"] == 1000 for r in rest)
+    assert base["record"] and base["duration_s"] == 1 and base["reference"] is None
+    assert not base["reference_loop"] and base.get("steps") is None
+    assert all(r["reference"] == base["record"] and r["reference_loop"] and r.get("steps") is None for r in rest)
     assert rest[-1]["mode"] == "mixed" and rest[-1]["duration_s"] == 2
     assert backend.knob("sim0").current == 0
     doc = journal.load("sim0")
@@ -133,6 +134,24 @@ def test_a_live_session_elsewhere_is_refused(boot):
     j._save()
     with pytest.raises(UsageError, match="already running"):
         make(resume=True)[3].run()
+
+
+def test_the_same_reference_step_in_different_passes_is_a_software_fault(boot):
+    # looped reference of 20 steps: step 27 of one trial and step 47 of the next are both its step 7
+    backend, engine, events, job = make()
+    engine.software_fault = lambda req: ("nonfinite", 27 if len(engine.requests) == 2 else 47, 7)
+    outcome = job.run()
+    assert outcome.status == "failed" and outcome.failure.kind == "software-fault"
+    assert "step 7" in outcome.failure.reason
+    assert [(t.setting, t.fault_step, t.reference_step) for t in outcome.trials[1:]] == [(-10, 27, 7), (-5, 47, 7)]
+    assert journal.unsafe_settings("sim0") == {}
+
+
+def test_the_same_absolute_step_at_different_reference_steps_is_not_a_software_fault(boot):
+    backend, engine, events, job = make()
+    engine.software_fault = lambda req: ("nonfinite", 27, 7 if len(engine.requests) == 2 else 17)
+    outcome = job.run()
+    assert outcome.status == "recommended" and outcome.recommendation.confirmed is None
 
 
 def test_setup_error_is_not_blamed_on_the_voltage(boot):

@@ -195,6 +195,27 @@ def test_same_fault_step_at_two_settings_is_a_software_fault():
     assert isinstance(decision, Stop) and decision.kind == "software-fault" and "284" in decision.reason
 
 
+def test_the_same_step_rule_keys_on_the_reference_step_and_ignores_injected_faults():
+    knob = mv_knob()
+    plan = BisectPlan(knob, PlanParams.defaults_for(knob))
+    base = {"setting": 0, "phase": BASELINE, "verdict": "pass"}
+
+    def fail(setting, phase, step, ref_step=None, **extra):
+        return {"setting": setting, "phase": phase, "verdict": "fail", "kind": "mismatch", "fault_step": step,
+                "reference_step": ref_step, **extra}
+
+    looped = [base, fail(-10, COARSE, 1284, 284), fail(-5, REFINE, 284, 284)]
+    decision = plan.decide([PlanResult.from_record(r) for r in looped])
+    assert isinstance(decision, Stop) and decision.kind == "software-fault" and "step 284" in decision.reason
+    other_pass = [base, fail(-10, COARSE, 1284, 284), fail(-5, REFINE, 1284, 84)]
+    assert not isinstance(plan.decide([PlanResult.from_record(r) for r in other_pass]), Stop)
+    # records from before the loop have no reference step: their step is the reference's
+    old = [base, fail(-10, COARSE, 284), fail(-5, REFINE, 1284, 284)]
+    assert plan.decide([PlanResult.from_record(r) for r in old]).kind == "software-fault"
+    injected = [base, fail(-10, COARSE, 284, 284, injected=True), fail(-5, REFINE, 284, 284, injected=True)]
+    assert not isinstance(plan.decide([PlanResult.from_record(r) for r in injected]), Stop)
+
+
 def test_setup_error_stops_and_baseline_failure_stops():
     knob = mv_knob()
     plan = BisectPlan(knob, PlanParams.defaults_for(knob))

@@ -31,8 +31,9 @@ def step(n: int, dt_ms: float = 10.0) -> None:
     emit("step", step=n, loss=5.0 - n * 0.1, grad_norm=1.0, dt_ms=dt_ms, tok_s=51200.0, tflops=0.01)
 
 
-def end(verdict="pass", kind=None, step_=None, steps=0, code=0, reason="completed") -> None:
-    emit("end", verdict=verdict, reason=reason, kind=kind, step=step_, steps=steps, duration_s=0.1,
+def end(verdict="pass", kind=None, step_=None, steps=0, code=0, reason="completed", reference_step=None) -> None:
+    emit("end", verdict=verdict, reason=reason, kind=kind, step=step_, reference_step=reference_step, steps=steps,
+         duration_s=0.1,
          median_tok_s=51200.0, median_step_ms=10.0, bpb=3.5, eval_losses=[2.4, "NaN"], reference=None,
          recorded=None, sensitivity="full", setup_problems=[], warnings=0, canaries=0, exit_code=code)
     sys.exit(code)
@@ -65,8 +66,8 @@ def main() -> None:
         end(steps=5)
     if MODE == "fail":
         step(1)
-        emit("fault", kind="canary", step=2, detail="canary differs")
-        end("fail", "canary", 2, 2, 1, "canary differs")
+        emit("fault", kind="canary", step=2, reference_step=2, detail="canary differs")
+        end("fail", "canary", 2, 2, 1, "canary differs", reference_step=2)
     for n in range(1, 4):
         step(n)
     if MODE == "silent-hang":

@@ -30,14 +30,14 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "canary": {"step": (int,), "index": (int,), "reason": (str,), "ok": (bool,), "gemm_ok": (bool,),
                "digest": (str,), "dt_ms": NUM},
     "warning": {"step": (int,), "kind": (str,), "detail": (str,), "setup": (bool,)},
-    "fault": {"kind": (str,), "step": OPT_INT, "detail": (str,)},
+    "fault": {"kind": (str,), "step": OPT_INT, "reference_step": OPT_INT, "detail": (str,)},
     "heartbeat": {"step": (int,), "state": (str,), "progress": (int,)},
     "phase": {"step": (int,), "phase": (str,), "duration_s": NUM},
     "segment": {"step": (int,), "segment": (int,), "reference_steps": (int,)},
     "end": {"verdict": (str,), "reason": (str,), "kind": OPT_STR, "step": OPT_INT, "steps": (int,),
             "duration_s": NUM, "exit_code": (int,)},
 }
-END_FULL = {"median_step_ms": OPT_NUM, "median_tok_s": OPT_NUM, "bpb": OPT_NUM, "eval_losses": (list,),
+END_FULL = {"reference_step": OPT_INT, "median_step_ms": OPT_NUM, "median_tok_s": OPT_NUM, "bpb": OPT_NUM, "eval_losses": (list,),
             "reference": (dict, type(None)), "recorded": OPT_STR, "sensitivity": OPT_STR,
             "setup_problems": (list,), "warnings": (int,), "canaries": (int,)}
 VERDICTS = {"pass": 0, "fail": 1, "error": (2, 130)}

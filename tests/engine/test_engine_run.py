@@ -207,7 +207,9 @@ def test_reference_loop_compares_every_step_of_a_longer_run(tmp_path):
     assert [w for w in of(events, "warning") if w["kind"] == "loss-spike"] == []
     code, events, _ = run_engine(steps=35, seed=5, reference=str(ref), reference_loop=True,
                                  injections=[_inj("bitflip@23")])
-    assert (code, end_of(events)["kind"], end_of(events)["step"]) == (1, "mismatch", 23)
+    end = end_of(events)
+    assert (code, end["kind"], end["step"], end["reference_step"]) == (1, "mismatch", 23, 3)
+    assert [(f["step"], f["reference_step"]) for f in of(events, "fault")] == [(23, 3)]
 
 
 def test_golden_canary_must_match_the_reference(tmp_path, reference_30):

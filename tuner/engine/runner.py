@@ -372,8 +372,19 @@ class Engine:
         return StepResult(f32_from_bits(loss_bits & 0xFFFFFFFF), f32_from_bits(gn_bits & 0xFFFFFFFF),
                           time.perf_counter() - t0, x.numel(), psum)
 
+    def reference_step(self, step: int | None) -> int | None:
+        """The reference step `step` is compared with: itself, or with --reference-loop its step within the pass
+        (the same batch from the same weights). None without a reference."""
+        if self.trajectory is None or step is None:
+            return None
+        n = self.trajectory.reference_steps
+        if self.opts.reference_loop and n and step > 0:
+            return (step - 1) % n + 1
+        return step
+
     def _fail(self, finding: Finding, step: int) -> None:
-        self.em.emit("fault", kind=finding.kind, step=step, detail=finding.detail)
+        self.em.emit("fault", kind=finding.kind, step=step, reference_step=self.reference_step(step),
+                     detail=finding.detail)
         self.log(f"FAULT {finding.kind} at step {step}: {finding.detail}")
         raise _End("fail", finding.detail, finding.kind, step, EXIT_FAULT)
 
@@ -627,6 +638,7 @@ class Engine:
             reason=reason,
             kind=kind,
             step=step,
+            reference_step=self.reference_step(step) if verdict == "fail" else None,
             steps=self.step,
             duration_s=round(duration_s, 3),
             median_step_ms=None if med_dt is None else round(med_dt * 1e3, 3),
@@ -666,7 +678,8 @@ class Engine:
             failed_step = self.step + 1 if self.state == "train" else self.step
             if finding is not None:  # a device error counts against the setting even during setup
                 failed_step = failed_step if self._setup_done else None
-                self.em.emit("fault", kind=finding.kind, step=failed_step, detail=finding.detail)
+                self.em.emit("fault", kind=finding.kind, step=failed_step,
+                             reference_step=self.reference_step(failed_step), detail=finding.detail)
                 verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, failed_step, EXIT_FAULT
                 self.log(f"FAULT device-error: {finding.detail}")
             elif is_oom(e):
@@ -683,7 +696,8 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - the run passed; the report must still go out
                 finding = device_error(e)
                 if finding is not None:
-                    self.em.emit("fault", kind=finding.kind, step=self.step, detail=finding.detail)
+                    self.em.emit("fault", kind=finding.kind, step=self.step,
+                                 reference_step=self.reference_step(self.step), detail=finding.detail)
                     verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, self.step, EXIT_FAULT
                 else:
                     traceback.print_exc(file=sys.stderr)
