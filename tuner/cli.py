@@ -79,6 +79,22 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                    help="hidden stable limit of sim0 in mV (default: drawn from the seed in -120..-30)")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps prose paragraphs to the terminal, keeps indented lines (examples, tables) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        out = []
+        for paragraph in text.split("\n\n"):
+            lines = paragraph.splitlines()
+            if any(line.startswith(" ") for line in lines) or paragraph.rstrip().endswith(":"):
+                out.append("\n".join(indent + line for line in lines))
+            else:
+                out.append(textwrap.fill(" ".join(lines), width, initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(out)
+
+
 class _SubparsersWithGlobals:
     """Wraps argparse's subparsers so every command also accepts the global options."""
 
@@ -86,7 +102,8 @@ class _SubparsersWithGlobals:
         self._subparsers, self._parent = subparsers, parent
 
     def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs["epilog"] = "\n\n".join(filter(None, [kwargs.get("epilog"), exit_codes.EXIT_CODE_HELP]))
         kwargs["parents"] = [*kwargs.get("parents", []), self._parent]
         return self._subparsers.add_parser(name, **kwargs)
 
@@ -96,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tuner",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     _global_options(parser, suppress=False)

@@ -41,9 +41,8 @@ def add_parser(subparsers) -> None:
         "run that checks every step for miscomputation (canary replay, GEMM check, non-finite values; a reference "
         "trajectory with --reference), not only for crashes and NaNs. Nothing is changed on the card. A simulated "
         "card injects silent bit flips below its hidden limit and hangs far below it.",
-        epilog="exit codes: 0 passed, 1 a fault was found (the setting is unstable), 2 bad input or a setup "
-        "problem (out of memory, no GPU visible to torch), 130 interrupted.\n"
-        "The JSON-lines protocol of --json is documented in docs/engine.md.",
+        epilog="Exit code 1 means a fault was found (the setting is unstable); a setup problem (out of memory, "
+        "no GPU visible to torch) is 2, never 1. The JSON-lines protocol of --json is documented in docs/engine.md.",
     )
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
     bound = p.add_mutually_exclusive_group()
