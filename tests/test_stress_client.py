@@ -53,6 +53,8 @@ def test_argv_carries_every_option():
                  "--inject nan@9", "--canary-every 50", "--expect-pci-bus-id 0000:03:00.0", "--idle-gap-s 1"):
         assert part in text
     assert "--fault-rate" not in " ".join(sc.EngineConfig(steps=1).argv())
+    assert "--fault-seed=-50" in sc.EngineConfig(steps=1, fault_seed=-50).argv()
+    assert not any(a.startswith("--fault-seed") for a in sc.EngineConfig(steps=1).argv())
 
 
 def test_a_run_must_be_bounded():

@@ -45,6 +45,7 @@ class EngineConfig:
     steps: int | None = None
     duration_s: float | None = None
     seed: int = 0
+    fault_seed: int | None = None  # the fault-injection draws (None: the engine uses `seed`)
     dtype: str | None = None
     batch_size: int | None = None
     warmup_steps: int | None = None
@@ -109,6 +110,8 @@ class EngineConfig:
                 a += [flag, str(value)]
         if self.reference_loop:
             a.append("--reference-loop")
+        if self.fault_seed is not None:
+            a.append(f"--fault-seed={self.fault_seed}")  # one token: the seed may be negative
         if self.fault_rate:
             a += ["--fault-rate", repr(float(self.fault_rate))]
         for inj in self.injections:

@@ -75,8 +75,16 @@ def default_engine_factory(request: dict, watchdog: WatchdogSettings):
     return sc.StressRun(config, watchdog=policy)
 
 
-def engine_request(target, params: TrialParams) -> dict:
-    """The engine configuration (`EngineConfig` fields) for one trial on `target` (a `StressTarget`)."""
+def fault_seed_for(seed: int, setting: int) -> int:
+    """The engine's `--fault-seed` for a trial at `setting`: stable, and different for every setting, so a
+    simulated card's injected faults do not land on the same step at every setting (the data and weights, and so
+    the reference trajectory, stay seeded by `seed`)."""
+    return seed * 1_000_003 + setting
+
+
+def engine_request(target, params: TrialParams, setting: int | None = None) -> dict:
+    """The engine configuration (`EngineConfig` fields) for one trial on `target` (a `StressTarget`) at
+    `setting` (None: a run at whatever the card is set to, with the engine's default fault seed)."""
     injections = (f"hang@{SIM_HANG_STEP}",) if target.hang else ()
     kwargs = dict(
         device=target.torch_device,
@@ -93,6 +101,8 @@ def engine_request(target, params: TrialParams) -> dict:
         injections=injections,
         env=dict(target.env),
     )
+    if setting is not None:
+        kwargs["fault_seed"] = fault_seed_for(params.seed, setting)
     if params.dtype:
         kwargs["dtype"] = params.dtype
     if params.canary_every is not None:
@@ -179,7 +189,7 @@ def run_trial(
             kernel_watcher.pci_bus_id = None
         else:
             kernel_watcher.pci_bus_id = target.pci_bus_id
-        config = engine_request(target, params)
+        config = engine_request(target, params, setting)
         sampler = TelemetrySampler(backend, device_id, interval_s=params.telemetry_interval_s).start()
         run = engine_factory(config, params.watchdog)
         run.start()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -18,7 +19,8 @@ import pytest
 from tests.cli_helpers import REPO, run_tuner
 from tuner import journal
 from tuner.backends.simulated import SimulatedBackend
-from tuner.trial import TrialParams, WatchdogSettings, run_trial
+from tuner.bisect_job import BisectJob, BisectParams
+from tuner.trial import TrialParams, WatchdogSettings, default_engine_factory, run_trial
 
 SIM = ["--simulate", "--sim-vmin", "-22"]
 FAST = ["--trial", "6s", "--confirm", "8s", "--preset", "tiny"]
@@ -114,6 +116,28 @@ def test_watchdog_catches_an_injected_hang_far_below_the_limit():
     assert result.verdict == "fail" and result.kind == "hang" and result.edge
     assert result.simulated and result.injected
     assert backend.knob("sim0").current == 0
+
+
+def test_a_real_fault_at_the_same_step_at_two_settings_stops_the_search_as_software(sysroot):
+    """A broken reference (here: step 4's loss bits) fails every trial at step 4 whatever the voltage; at vmin -52
+    nothing is injected at -10 and -5, so the real engine's two mismatches at step 4 stop the search."""
+    def corrupt_then_run(request, watchdog):
+        if request.get("reference") and request["fault_seed"] == -10:  # the first trial after the baseline
+            path = Path(request["reference"])
+            doc = json.loads(path.read_text())
+            digest = doc["digests"][3]
+            doc["digests"][3] = f"{int(digest[:8], 16) ^ 1:08x}" + digest[8:]
+            path.write_text(json.dumps(doc))
+        return default_engine_factory(request, watchdog)
+
+    job = BisectJob(SimulatedBackend(vmin_mv=-52), "sim0", BisectParams(trial_s=3, confirm_s=3, preset="tiny"),
+                    engine_factory=corrupt_then_run)
+    outcome = job.run()
+    assert outcome.status == "failed" and outcome.failure.kind == "software-fault", outcome
+    assert [(t.setting, t.verdict, t.kind, t.fault_step, t.reference_step, t.injected)
+            for t in outcome.trials] == [(0, "pass", None, None, None, False),
+                                         (-10, "fail", "mismatch", 4, 4, False), (-5, "fail", "mismatch", 4, 4, False)]
+    assert SimulatedBackend().knob("sim0").current == 0
 
 
 def test_sigterm_stops_the_engine_resets_the_card_and_leaves_a_resumable_session(sysroot):

@@ -49,6 +49,8 @@ def test_recommends_lowest_pass_plus_margin_and_records_everything(boot):
     assert not base["reference_loop"] and base.get("steps") is None
     assert all(r["reference"] == base["record"] and r["reference_loop"] and r.get("steps") is None for r in rest)
     assert rest[-1]["mode"] == "mixed" and rest[-1]["duration_s"] == 2
+    # injected faults are drawn per setting (stable), the data and weights stay on the session's seed
+    assert [(r["seed"], r["fault_seed"]) for r in engine.requests] == [(0, t.setting) for t in outcome.trials]
     assert backend.knob("sim0").current == 0
     doc = journal.load("sim0")
     assert doc["state"] == journal.FINISHED and doc["open_trial"] is None and len(doc["trials"]) == 9
@@ -145,6 +147,23 @@ def test_the_same_reference_step_in_different_passes_is_a_software_fault(boot):
     assert "step 7" in outcome.failure.reason
     assert [(t.setting, t.fault_step, t.reference_step) for t in outcome.trials[1:]] == [(-10, 27, 7), (-5, 47, 7)]
     assert journal.unsafe_settings("sim0") == {}
+
+
+def test_fault_seeds_are_stable_and_differ_per_setting():
+    from tuner.trial import fault_seed_for
+
+    assert fault_seed_for(0, -10) == -10 and fault_seed_for(2, -10) == 2_000_006 - 10
+    seeds = {fault_seed_for(s, v) for s in range(3) for v in range(-300, 1, 5)}
+    assert len(seeds) == 3 * 61
+
+
+def test_a_real_fault_at_the_same_step_at_two_settings_is_a_software_fault(boot):
+    # vmin -52: nothing is injected at -10 or -5, so the engine's nonfinite at step 7 there is the software's
+    backend, engine, events, job = make()
+    engine.software_fault = lambda req: ("nonfinite", 7, 7)
+    outcome = job.run()
+    assert outcome.status == "failed" and outcome.failure.kind == "software-fault"
+    assert [(t.setting, t.fault_step, t.injected) for t in outcome.trials[1:]] == [(-10, 7, False), (-5, 7, False)]
 
 
 def test_the_same_absolute_step_at_different_reference_steps_is_not_a_software_fault(boot):

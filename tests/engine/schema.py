@@ -21,6 +21,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "canary_every_s": NUM, "gemm_n": (int,), "gemm_repeats": (int,), "data": (dict, type(None)),
         "repeatable": (bool,), "repeatability": (dict,), "sensitivity": (str,), "deterministic": (bool,),
         "threads": (int,), "reference": (dict, type(None)), "record": OPT_STR, "fault_rate": NUM,
+        "fault_seed": (int,),
         "injections": (list,), "visible_devices": (dict,), "setup_problems": (list,), "torch_version": (str,),
         "cuda_version": OPT_STR, "hip_version": OPT_STR,
     },

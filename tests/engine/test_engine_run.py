@@ -318,3 +318,21 @@ def _inj(text):
 
 def test_finding_is_plain_data():
     assert Finding("canary", "x") == Finding("canary", "x")
+
+
+def test_fault_seed_moves_the_faults_but_not_the_trajectory(reference_30):
+    # a stock run with any fault seed still matches the reference recorded with --seed 0
+    code, events, _ = run_engine(steps=30, reference=str(reference_30), fault_seed=12345)
+    assert code == 0 and of(events, "start")[0]["fault_seed"] == 12345
+
+    def first_fault(fault_seed):
+        code, events, engine = run_engine(steps=30, reference=str(reference_30), fault_rate=0.3,
+                                          fault_seed=fault_seed, canary_every=0)
+        assert code == 1 and end_of(events)["kind"] == "mismatch"
+        return end_of(events)["step"], [(r.step, r.tensor, r.index, r.bit) for r in engine.injector.records]
+
+    assert first_fault(-10) == first_fault(-10)  # stable
+    # every fault seed draws its own faults: one seed for all would fail every run at the same step
+    steps = [first_fault(fs)[0] for fs in (-10, -20, -40, -50)]
+    assert len(set(steps)) == 4, steps
+    assert of(run_engine(steps=1, seed=4)[1], "start")[0]["fault_seed"] == 4  # default: --seed

@@ -54,6 +54,12 @@ def test_injection_round_trip(kind, step, target, bit):
     assert Injection.parse(str(inj)) == inj
 
 
+def test_fault_seed_defaults_to_the_seed_and_may_be_negative():
+    assert parse_args(["--steps", "1", "--seed", "3"], environ={}).effective_fault_seed == 3
+    opts = parse_args(["--steps", "1", "--seed", "3", "--fault-seed=-50"], environ={})
+    assert (opts.seed, opts.fault_seed, opts.effective_fault_seed) == (3, -50, -50)
+
+
 def test_warmup_default_comes_from_the_preset():
     assert EngineOptions(steps=1).effective_warmup_steps == 5
     assert EngineOptions(steps=1, preset="small").effective_warmup_steps == 20

@@ -9,7 +9,9 @@
   weight element (any parameter) or activation element (any Linear output, weighted by width); and, with the
   same P, one in each canary replay and each GEMM check (a miscomputing device gets those wrong too).
 
-All draws come from generators seeded by (seed, what, index), so a run's faults do not depend on timing.
+All draws come from generators seeded by (fault seed, what, index), so a run's faults do not depend on timing.
+The fault seed is the engine's `--fault-seed` (default `--seed`), apart from the seed of the data and weights, so
+runs that share a reference trajectory can fail at different steps (the bisect gives every setting its own).
 """
 
 from __future__ import annotations

@@ -99,7 +99,8 @@ class EngineOptions:
     mode: str = "train"
     steps: int | None = None
     duration_s: float | None = None
-    seed: int = 0
+    seed: int = 0  # model init and data order (and the fault draws, unless fault_seed is given)
+    fault_seed: int | None = None  # fault-injection draws; None: seed
     dtype: str = "auto"
     batch_size: int | None = None
     warmup_steps: int | None = None
@@ -173,6 +174,10 @@ class EngineOptions:
             raise UsageProblem("--record/--reference need a training mode (train or mixed), not gemm")
 
     @property
+    def effective_fault_seed(self) -> int:
+        return self.seed if self.fault_seed is None else self.fault_seed
+
+    @property
     def effective_warmup_steps(self) -> int:
         return self.preset_spec.warmup_steps if self.warmup_steps is None else self.warmup_steps
 
@@ -213,7 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train (default), gemm (GEMM burn only) or mixed (partial-load phases and idle gaps)")
     p.add_argument("--steps", type=int, metavar="N", help="stop after N steps (gemm mode: N GEMM rounds)")
     p.add_argument("--duration", metavar="TIME", help="stop after TIME: seconds, or 90s / 5m / 1h")
-    p.add_argument("--seed", type=int, default=0, help="model init, data order and fault draws (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="model init and data order (default 0)")
+    p.add_argument("--fault-seed", type=int, default=None, metavar="N",
+                   help="seed of the fault-injection draws (default: --seed); the training data and weights, and so "
+                   "the reference trajectory, depend on --seed only")
     p.add_argument("--dtype", default=None,
                    help="compute dtype: auto (default; bf16 where supported, else fp32), bf16, fp16, fp32; "
                    "else $TUNER_DTYPE")
@@ -265,7 +273,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
     opts = EngineOptions(
         device=a.device, preset=a.preset, mode=a.mode, steps=a.steps,
         duration_s=None if a.duration is None else parse_duration_s(a.duration),
-        seed=a.seed, dtype=dtype, batch_size=a.batch_size, warmup_steps=a.warmup_steps, data=a.data,
+        seed=a.seed, fault_seed=a.fault_seed, dtype=dtype, batch_size=a.batch_size, warmup_steps=a.warmup_steps, data=a.data,
         record=a.record, reference=a.reference, canary_every=a.canary_every, canary_every_s=a.canary_every_s,
         gemm_n=a.gemm_n, gemm_repeats=a.gemm_repeats, threads=a.threads, expect_pci_bus_id=a.expect_pci_bus_id,
         fault_rate=a.fault_rate, injections=[Injection.parse(s) for s in a.inject],

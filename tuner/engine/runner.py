@@ -117,7 +117,7 @@ class Engine:
         self.step_times: list[float] = []  # steady steps only
         self.tok_s: list[float] = []
         self.heartbeat: Heartbeat | None = None
-        self.injector = FaultInjector(opts.injections, opts.fault_rate, opts.seed, log=log)
+        self.injector = FaultInjector(opts.injections, opts.fault_rate, opts.effective_fault_seed, log=log)
         self.reference: Reference | None = None
         self.trajectory: ReferenceTrajectory | None = None
         self.recorder = TrajectoryRecorder() if opts.record else None
@@ -338,6 +338,7 @@ class Engine:
             reference=ref,
             record=o.record,
             fault_rate=o.fault_rate,
+            fault_seed=o.effective_fault_seed,
             injections=[str(i) for i in o.injections],
             visible_devices=visibility_env(),
             setup_problems=list(self.setup_problems),
