@@ -116,6 +116,7 @@ class EngineConfig:
             a += ["--fault-rate", repr(float(self.fault_rate))]
         for inj in self.injections:
             a += ["--inject", inj]
+        a += ["--parent-pid", str(os.getpid())]  # the engine ends when we do, even after a kill -9
         return a + list(self.extra_args)
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -443,7 +444,10 @@ def classify_stderr(text: str) -> str | None:
 
 class StressRun:
     """One engine subprocess. `start()`, then iterate `events()` (one consumer, a worker thread) or not, then
-    `result()`. `stop()` may be called from any thread, any number of times."""
+    `result()`. `stop()` may be called from any thread, any number of times.
+
+    The engine ends when this process dies (it watches its parent): call `start()` from the thread that waits
+    for the result, since on Linux the kernel's parent-death signal follows the thread that started it."""
 
     STDERR_TAIL_LINES = 60
 

@@ -55,7 +55,8 @@ def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
 
 
 def _kill_mid_trial(setting: int) -> None:
-    """Start a bisect, wait until the trial at `setting` is running, then SIGKILL the tool (and its engine)."""
+    """Start a bisect, wait until the trial at `setting` is running, then SIGKILL the tool; its engine (in its
+    own session) must end by itself, since it watches its parent."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "tuner", *SIM, "bisect", "--device", "sim0", *QUICK, "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
@@ -68,17 +69,24 @@ def _kill_mid_trial(setting: int) -> None:
             raise AssertionError("the trial never started")
         time.sleep(1.0)
         children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "no engine running"
         proc.send_signal(signal.SIGKILL)  # kill -9 the tool
         proc.wait(10)
-        for child in children:  # the engine runs in its own session: do not leave it burning the CPU
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
+        deadline = time.monotonic() + 10
+        while (alive := [c for c in children if _running(c)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive, f"the engine outlived the tool: {alive}"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.parametrize("reboot", [False, True], ids=["tool-killed", "machine-reset"])

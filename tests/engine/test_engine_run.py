@@ -336,3 +336,34 @@ def test_fault_seed_moves_the_faults_but_not_the_trajectory(reference_30):
     steps = [first_fault(fs)[0] for fs in (-10, -20, -40, -50)]
     assert len(set(steps)) == 4, steps
     assert of(run_engine(steps=1, seed=4)[1], "start")[0]["fault_seed"] == 4  # default: --seed
+
+
+def test_the_heartbeat_thread_stops_the_run_when_the_parent_is_gone():
+    """The fallback when no parent-death signal arrives: the heartbeat thread sees the parent pid change."""
+    import os
+
+    from tuner.engine.options import EngineOptions
+    from tuner.engine.protocol import Emitter
+    from tuner.engine.runner import Engine
+
+    events: list[dict] = []
+
+    def sink(ev: dict) -> None:
+        events.append(ev)
+        if ev["event"] == "step" and ev["step"] == 3:
+            engine.opts.parent_pid = os.getpid()  # from now on "our parent" is not os.getppid(): it died
+
+    engine = Engine(EngineOptions(duration_s=120, heartbeat_s=0.05, canary_every_s=0, parent_pid=os.getppid()),
+                    Emitter(sink=sink), log=lambda msg: None)
+    assert engine.run() == 130
+    end = end_of(events)
+    assert (end["verdict"], end["kind"]) == ("error", "interrupted") and "process that started" in end["reason"]
+    assert end["steps"] >= 3
+
+
+def test_a_parent_gone_before_start_ends_the_run_before_setup():
+    import os
+
+    code, events, _ = run_engine(steps=5, parent_pid=os.getpid())
+    end = end_of(events)
+    assert (code, end["kind"], end["steps"]) == (130, "interrupted", 0) and of(events, "start") == []

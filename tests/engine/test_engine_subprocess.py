@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+import pytest
+
 from tests.engine.schema import validate_stream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,3 +65,64 @@ def test_sigterm_ends_the_run_with_an_end_event(tmp_path):
     events = validate_stream(lines)
     assert proc.returncode == 130
     assert (events[-1]["verdict"], events[-1]["kind"]) == ("error", "interrupted")
+
+
+# --- the parent dies --------------------------------------------------------------------------------------
+
+PARENT = """
+import subprocess, sys, time
+out, err = open(sys.argv[1], "w"), open(sys.argv[2], "w")
+engine = subprocess.Popen([sys.executable, "-u", "-m", "tuner.engine", *sys.argv[3:]], stdout=out, stderr=err,
+                          start_new_session=True)
+print(engine.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE  # re-parented and not reaped yet: it has ended
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("extra", [[], ["--inject", "hang@3"]], ids=["training", "hung"])
+def test_the_engine_ends_when_its_parent_is_killed(tmp_path, extra):
+    """The engine's stdout and stderr are files, so no broken pipe tells it: only the parent watch can (a hung
+    engine ignores SIGTERM and sends nothing at all)."""
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.log"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(out), str(err), "--duration", "60",
+                               "--heartbeat-s", "0.2", *extra], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    engine_proc = psutil.Process(int(parent.stdout.readline()))
+    try:
+        deadline = time.monotonic() + 120
+        while '"event":"step","t"' not in out.read_text() or '"step":2,' not in out.read_text():
+            assert time.monotonic() < deadline and not _gone(engine_proc), err.read_text()[-2000:]
+            time.sleep(0.1)
+        parent.kill()  # kill -9: nothing runs in the parent any more
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while not _gone(engine_proc) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(engine_proc), "the engine outlived its parent by 10 s"
+    finally:
+        if not _gone(engine_proc):
+            engine_proc.kill()
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert "Traceback" not in err.read_text()
+    if extra:  # hung: no more events, a line on stderr
+        assert "the process that started the engine has exited: ending the hang" in err.read_text()
+    else:  # training: a clean end, the reason says why
+        end = json.loads(out.read_text().splitlines()[-1])
+        assert (end["event"], end["verdict"], end["kind"], end["exit_code"]) == ("end", "error", "interrupted", 130)
+        assert "the exit of the process that started the engine" in end["reason"]
+
+
+def test_the_parent_death_signal_is_set_at_start_up():
+    code = ("from tuner.engine.lifeline import parent_death_signal as get, set_parent_death_signal as set_; "
+            "print(get(), set_(), get())")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert p.stdout.split() == ["0", "True", str(int(signal.SIGTERM))]

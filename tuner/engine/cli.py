@@ -12,6 +12,7 @@ import sys
 import time
 
 T0 = time.monotonic()
+PARENT_AT_START = os.getppid()  # as early as possible: the parent may die while we start
 
 
 def _protocol_stream():
@@ -23,9 +24,11 @@ def _protocol_stream():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tuner.engine.lifeline import parent_alive, set_parent_death_signal
     from tuner.engine.options import UsageProblem, parse_args
     from tuner.engine.protocol import Emitter
 
+    set_parent_death_signal(signal.SIGTERM)  # a SIGKILLed tuner must not leave us running (re-checked below)
     argv = sys.argv[1:] if argv is None else argv
     stream = _protocol_stream()
     emitter = Emitter(stream, t0=T0)
@@ -38,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as e:  # --help
         return int(e.code or 0)
+    if opts.parent_pid is None:
+        opts.parent_pid = PARENT_AT_START
 
     import warnings
 
@@ -45,12 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.engine.platform import prepare_environment
 
     prepare_environment()  # before torch initialises any GPU runtime
-    from tuner.engine.runner import Engine
+    from tuner.engine.runner import PARENT_EXIT, Engine
 
     engine = Engine(opts, emitter)
 
     def on_signal(signum, _frame):
-        engine.stop_signal = signal.Signals(signum).name
+        gone = signum == signal.SIGTERM and not parent_alive(opts.parent_pid)  # the parent-death signal
+        engine.stop_signal = PARENT_EXIT if gone else signal.Signals(signum).name
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)

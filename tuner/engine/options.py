@@ -123,6 +123,7 @@ class EngineOptions:
     heartbeat_s: float = 0.5
     reference_tolerance: float = 0.05  # relative, used only when the platform is not bitwise repeatable
     reference_loop: bool = False  # past the reference's end, restart from the initial weights and compare again
+    parent_pid: int | None = None  # end when this process is gone (the CLI defaults it to the parent at start-up)
     # test hooks (hidden on the command line)
     test_oom_above: int | None = None  # simulate out-of-memory for any batch larger than this
     test_oom_at_step: int | None = None  # simulate out-of-memory once, at this step
@@ -162,6 +163,8 @@ class EngineOptions:
             raise UsageProblem("--warmup-steps must not be negative")
         if self.heartbeat_s <= 0 or self.heartbeat_s > 1.0:
             raise UsageProblem("--heartbeat-s must be in (0, 1]")
+        if self.parent_pid is not None and self.parent_pid < 1:
+            raise UsageProblem(f"--parent-pid must be a process id, got {self.parent_pid}")
         if self.threads is not None and self.threads < 1:
             raise UsageProblem("--threads must be at least 1")
         if self.record and self.reference and os.path.abspath(self.record) == os.path.abspath(self.reference):
@@ -255,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-s", type=float, default=0.5, metavar="S", help="heartbeat interval (default 0.5)")
     p.add_argument("--reference-tolerance", type=float, default=0.05, metavar="REL",
                    help="relative loss tolerance when the platform is not bitwise repeatable (default 0.05)")
+    p.add_argument("--parent-pid", type=int, default=None, metavar="PID",
+                   help="end (exit 130) when this process is gone (default: the parent at start-up; the stress "
+                   "client passes its own pid)")
     p.add_argument("--test-oom-above", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--test-oom-at-step", type=int, default=None, help=argparse.SUPPRESS)
     return p
@@ -279,7 +285,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
         fault_rate=a.fault_rate, injections=[Injection.parse(s) for s in a.inject],
         mixed_full_s=a.mixed_full_s, mixed_partial_s=a.mixed_partial_s, idle_gap_s=a.idle_gap_s,
         partial_duty=a.partial_duty, heartbeat_s=a.heartbeat_s, reference_tolerance=a.reference_tolerance,
-        reference_loop=a.reference_loop,
+        reference_loop=a.reference_loop, parent_pid=a.parent_pid,
         test_oom_above=a.test_oom_above, test_oom_at_step=a.test_oom_at_step,
     )
     opts.validate()

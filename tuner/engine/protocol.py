@@ -68,11 +68,13 @@ class Heartbeat:
     """A daemon thread that emits `heartbeat` at a fixed interval, also while the main thread is in a long step.
 
     `status()` is called from the thread and returns the fields to report (step, state, progress); it must only
-    read plain Python values. `stop()` ends the thread (the hang injection uses it to go silent).
+    read plain Python values. `tick()`, when given, runs first on every beat (the engine's parent watch). `stop()`
+    ends the thread (the hang injection uses it to go silent).
     """
 
-    def __init__(self, emitter: Emitter, status: Callable[[], dict], interval_s: float = 0.5):
-        self._emitter, self._status, self._interval_s = emitter, status, interval_s
+    def __init__(self, emitter: Emitter, status: Callable[[], dict], interval_s: float = 0.5,
+                 tick: Callable[[], None] | None = None):
+        self._emitter, self._status, self._interval_s, self._tick = emitter, status, interval_s, tick
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-heartbeat", daemon=True)
 
@@ -83,9 +85,14 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
+                if self._tick is not None:
+                    self._tick()
                 self._emitter.emit("heartbeat", **self._status())
             except Exception as e:  # noqa: BLE001 - a heartbeat must never kill the engine
-                print(f"engine: heartbeat failed: {e!r}", file=sys.stderr, flush=True)
+                try:
+                    print(f"engine: heartbeat failed: {e!r}", file=sys.stderr, flush=True)
+                except (OSError, ValueError):  # stderr gone with the parent
+                    pass
 
     def stop(self) -> None:
         self._stop.set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import statistics
 import sys
 import time
@@ -31,6 +32,7 @@ from tuner.engine.detectors import (
     device_error,
 )
 from tuner.engine.faults import FaultInjector
+from tuner.engine.lifeline import parent_alive
 from tuner.engine.model import GPT, GPTConfig
 from tuner.engine.optim import build_optimizers
 from tuner.engine.options import EngineOptions, UsageProblem
@@ -62,6 +64,8 @@ from tuner.engine.reference import (
 
 EXIT_PASS, EXIT_FAULT, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPEATABILITY_RUNS = 2
+PARENT_EXIT = "the exit of the process that started the engine"  # a stop_signal, like "SIGTERM"
+PARENT_GRACE_S = 3.0  # after the parent died, how long the main thread gets to stop before the process exits
 
 
 class _End(Exception):
@@ -100,7 +104,10 @@ class MixedSchedule:
 
 
 def _log(msg: str) -> None:
-    print(f"engine: {msg}", file=sys.stderr, flush=True)
+    try:
+        print(f"engine: {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr is a pipe to a reader that died: nobody to tell
+        pass
 
 
 class Engine:
@@ -133,11 +140,26 @@ class Engine:
         self._loop_start = 0.0
         self._setup_done = False
         self.segment = 1
+        self._parent_gone_at: float | None = None
 
     # --- heartbeat ------------------------------------------------------------------------------------------
 
     def heartbeat_status(self) -> dict:
         return {"step": self.step, "state": self.state, "progress": self.progress}
+
+    def watch_parent(self) -> None:
+        """From the heartbeat thread (and once at start): when the process that started the engine is gone, stop
+        as on SIGTERM; if the main thread has not ended PARENT_GRACE_S later (stuck in a long call), exit."""
+        if parent_alive(self.opts.parent_pid):
+            return
+        now = time.monotonic()
+        if self._parent_gone_at is None:
+            self._parent_gone_at = now
+            self.stop_signal = self.stop_signal or PARENT_EXIT
+            self.log("the process that started the engine has exited: stopping")
+        elif now - self._parent_gone_at >= PARENT_GRACE_S:
+            self.log(f"still running {PARENT_GRACE_S:g} s after the parent exited: exiting now")
+            os._exit(EXIT_INTERRUPTED)
 
     # --- setup ----------------------------------------------------------------------------------------------
 
@@ -506,7 +528,10 @@ class Engine:
             self.heartbeat.stop()
         self.state = "hung"
         while True:
-            self.sleep(3600)
+            self.sleep(1.0)
+            if not parent_alive(self.opts.parent_pid):  # nobody left to kill us: do not sleep forever
+                self.log("the process that started the engine has exited: ending the hang")
+                os._exit(EXIT_INTERRUPTED)
 
     # --- GEMM mode ------------------------------------------------------------------------------------------
 
@@ -657,9 +682,12 @@ class Engine:
 
     def run(self) -> int:
         """Set up, loop, end. Always emits exactly one `end` event."""
-        self.heartbeat = Heartbeat(self.em, self.heartbeat_status, self.opts.heartbeat_s).start()
+        watch = self.watch_parent if self.opts.parent_pid is not None else None
+        self.heartbeat = Heartbeat(self.em, self.heartbeat_status, self.opts.heartbeat_s, tick=watch).start()
         verdict, reason, kind, step, code = "pass", "completed", None, None, EXIT_PASS
         try:
+            self.watch_parent()  # it may be gone already
+            self._check_stop()
             self.setup()
             self.loop()
             if self.opts.duration_s is not None and (self.opts.steps is None or self.step < self.opts.steps):

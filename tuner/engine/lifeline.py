@@ -1,0 +1,58 @@
+"""The engine's tie to the process that started it: when that process dies (even by SIGKILL), the engine ends.
+
+The stress client starts the engine in its own session (so a hang can be killed as a group), which also means a
+`kill -9` of the tuner leaves the engine running. Two ways back:
+
+- at start-up, `set_parent_death_signal()`: Linux's `prctl(PR_SET_PDEATHSIG, SIGTERM)`, so the kernel sends
+  SIGTERM when the parent dies (strictly: when the parent *thread* that started us ends; the stress client starts
+  the engine from the thread that then waits for it). Then `parent_alive()` once, since the parent may have died
+  before the call;
+- `parent_alive()` from the heartbeat thread, as a fallback on other systems and for a main thread that does not
+  get to act on the signal.
+
+No torch here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+PR_GET_PDEATHSIG = 2
+
+
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+    """Ask the kernel to send `sig` when the parent dies. False where that is not available (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return _libc().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def parent_death_signal() -> int | None:
+    """The signal set by `set_parent_death_signal` (0: none); None where it cannot be read."""
+    if not sys.platform.startswith("linux"):
+        return None
+    value = ctypes.c_int(0)
+    try:
+        if _libc().prctl(PR_GET_PDEATHSIG, ctypes.byref(value), 0, 0, 0) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return value.value
+
+
+def parent_alive(parent_pid: int | None) -> bool:
+    """False once the process that started us is gone: we were re-parented (to init or a subreaper), so our
+    parent pid is no longer `parent_pid`. True when there is nothing to watch (`parent_pid` None)."""
+    return parent_pid is None or os.getppid() == parent_pid
