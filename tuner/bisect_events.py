@@ -109,6 +109,7 @@ class TrialStarted(_Event):
     phase: str
     duration_s: float
     started_at: float
+    expected_trials: int | None = None  # a running estimate of the session's trial count (it grows while descending)
     event = "trial_started"
 
 

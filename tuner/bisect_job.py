@@ -290,7 +290,8 @@ class BisectJob:
             rest_s -= float(search["confirm_s"])
         rest_s = max(0.0, rest_s)
         self._emit(TrialStarted(index=index, setting=decision.setting, unit=knob.unit, phase=decision.phase,
-                                duration_s=tp.duration_s, started_at=j.open_trial["started_at"]))
+                                duration_s=tp.duration_s, started_at=j.open_trial["started_at"],
+                                expected_trials=index - 1 + short + confirms))
 
         def on_trial_event(ev) -> None:
             if isinstance(ev, TrialProgress):

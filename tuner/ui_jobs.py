@@ -204,7 +204,8 @@ def apply_bisect_event(state, event) -> None:
         state.trials.append(_result_row(event.result))
     elif kind == "TrialStarted":
         state.trials.append({"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""})
-        state.current = {"index": event.index, "total": None, "setting": event.setting, "phase": event.phase,
+        state.current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
+                         "phase": event.phase,
                          "progress": 0.0, "eta_s": event.duration_s, "eta_total_s": None}
     elif kind == "TrialProgress" and state.current is not None:
         progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0

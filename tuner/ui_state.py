@@ -17,6 +17,11 @@ LOG_LINES = 500
 PLOTTED_FIELDS = ("power_w", "temp_edge_c", "temp_hotspot_c", "core_clock_mhz", "voltage_mv", "util_pct")
 
 
+def of_about(total: int | None) -> str:
+    """' of ~9' while the trial count is an estimate (the coarse descent's length is unknowable up front)."""
+    return f" of ~{total}" if total else ""
+
+
 @dataclass
 class DeviceHistory:
     """The last `maxlen` telemetry samples of one device, one deque per plotted figure."""
@@ -105,7 +110,7 @@ def running_label(stress: StressState, bisect: BisectState, device_id: str) -> s
             return "BISECT starting"
         setting = cur.get("setting")
         where = f" at {setting:+d} {bisect.unit}" if isinstance(setting, int) else ""
-        return f"BISECT trial {k} ({cur.get('phase')}){where}"
+        return f"BISECT trial {k}{of_about(cur.get('total'))} ({cur.get('phase')}){where}"
     if stress.running and stress.device_id == device_id:
         return f"STRESS {stress.preset}/{stress.mode}"
     return "idle"

@@ -180,3 +180,15 @@ def test_setup_error_is_not_blamed_on_the_voltage(boot):
     assert outcome.status == "failed" and outcome.exit_code == exit_codes.TEST_FAILED
     assert isinstance(events[-1], BisectFailed) and events[-1].kind == "error"
     assert outcome.trials[0].verdict == "error" and journal.unsafe_settings("sim0") == {}
+
+
+def test_every_started_trial_carries_a_running_estimate_of_the_total(boot):
+    from tuner.bisect_events import TrialStarted
+
+    _, _, events, job = make()
+    job.run()
+    started = [e for e in events if isinstance(e, TrialStarted)]
+    assert [e.index for e in started] == list(range(1, len(started) + 1))
+    assert all(e.expected_trials is not None and e.expected_trials >= e.index for e in started)
+    # the estimate is exact by the time the confirmation starts (it is the last trial)
+    assert started[-1].phase == "confirm" and started[-1].expected_trials == started[-1].index

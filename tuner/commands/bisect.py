@@ -98,6 +98,7 @@ class _Printer:
         self._bar_shown = False
         self._lock = threading.Lock()
         self._last_plain = 0.0
+        self._trial_label = ""
 
     def __call__(self, event) -> None:
         with self._lock:
@@ -129,8 +130,9 @@ class _Printer:
             self._line(f"recovered open trial: {self._v(ev.result.setting)} {ev.result.phase} counted as FAIL "
                        f"({ev.result.kind}): {ev.result.reason}; added to the unsafe list")
         elif isinstance(ev, TrialStarted):
+            self._trial_label = f"trial {ev.index}/~{ev.expected_trials} " if ev.expected_trials else ""
             if not self.tty:
-                self._line(f"trial {ev.index}: {self._v(ev.setting)} {ev.phase} "
+                self._line(f"trial {ev.index} of ~{ev.expected_trials}: {self._v(ev.setting)} {ev.phase} "
                            f"({format_duration(ev.duration_s)}) started")
         elif isinstance(ev, TrialProgress):
             eta_total = "" if ev.eta_total_s is None else f"  bisect ~{format_duration(ev.eta_total_s)} left"
@@ -138,7 +140,7 @@ class _Printer:
                 frac = min(1.0, ev.elapsed_s / ev.duration_s) if ev.duration_s else 0.0
                 bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
                 step = "" if ev.step is None else f" step {ev.step}"
-                sys.stderr.write(f"\r\033[K[{bar}] {frac:4.0%} {self._v(ev.setting)} {ev.phase}{step}  ETA "
+                sys.stderr.write(f"\r\033[K{self._trial_label}[{bar}] {frac:4.0%} {self._v(ev.setting)} {ev.phase}{step}  ETA "
                                  f"{format_duration(ev.eta_s)}{eta_total}")
                 sys.stderr.flush()
                 self._bar_shown = True

@@ -17,6 +17,7 @@ from tuner.durations import format_duration, parse_duration_s
 from tuner.errors import UsageError
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
+from tuner.ui_state import of_about
 from tuner.widgets.history_plot import HistoryPlot
 
 # (field id, label, default text, kind) -- defaults as in `tuner bisect --help`
@@ -197,7 +198,7 @@ class BisectScreen(TunerScreen):
             cur = state.current or {}
             status.append("RUNNING ", style="bold reverse")
             if cur:
-                status.append(f" trial {cur.get('index')} ({cur.get('phase')}) at "
+                status.append(f" trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
                               f"{_cell(cur.get('setting'), '{:+d} ' + unit)}")
                 if cur.get("eta_s") is not None:
                     status.append(f" · trial ETA {format_duration(cur['eta_s'])}")
