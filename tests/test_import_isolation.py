@@ -12,9 +12,12 @@ import tuner.commands
 from tests.cli_helpers import REPO
 
 HEADLESS = ["tuner.cli", "tuner.models", "tuner.errors", "tuner.context", "tuner.doctor", "tuner.paths",
-            "tuner.backends", "tuner.backends.simulated", "tuner.durations", "tuner.atomic"]
-OPTIONAL = ["tuner.backends.amd", "tuner.backends.nvidia", "tuner.stress_client", "tuner.trial", "tuner.bisect_plan",
-            "tuner.bisect_job", "tuner.journal", "tuner.kernel_log", "tuner.profiles", "tuner.keep_or_revert"]
+            "tuner.backends", "tuner.backends.simulated", "tuner.backends.amd", "tuner.backends.nvidia",
+            "tuner.durations", "tuner.atomic", "tuner.stress_client", "tuner.trial", "tuner.bisect_plan",
+            "tuner.bisect_job", "tuner.bisect_events", "tuner.journal", "tuner.kernel_log", "tuner.telemetry_sampler",
+            "tuner.profiles", "tuner.profiles.verify", "tuner.profiles.boot", "tuner.keep_or_revert",
+            "tuner.ui_state"]
+OPTIONAL: list[str] = []  # modules that may not exist in every build
 
 
 def _existing(names):
