@@ -189,3 +189,13 @@ def test_out_of_memory_is_not_a_device_error():
     assert match_device_error("CUDA out of memory. Tried to allocate 20.00 MiB") is None
     assert device_error(RuntimeError("HIP out of memory")) is None
     assert device_error(ValueError("shape mismatch")) is None
+
+
+def test_mismatch_message_names_only_the_figures_that_differ():
+    from tuner.engine.detectors import ReferenceTrajectory
+    from tuner.engine.reference import step_digest
+
+    trajectory = ReferenceTrajectory([step_digest(2.5, 1.25, 7)], None)
+    finding = trajectory.check(1, 2.5, 1.2500001, 8)  # steps count from 1
+    assert finding is not None and finding.kind == "mismatch"
+    assert "grad_norm" in finding.detail and "checksum" in finding.detail and "loss" not in finding.detail
