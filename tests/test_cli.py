@@ -113,3 +113,16 @@ def test_list_shows_every_card_even_when_one_has_overdrive_off(tmp_path):
     assert devices["0000:11:00.0"]["knob"] is None and "ppfeaturemask" in devices["0000:11:00.0"]["error"]
     table = run_tuner("list", env={"TUNER_SYSFS_ROOT": str(tmp_path)}).stdout
     assert "unsupported" in table and "-200..+0 mV" in table
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--simulate", "set", "--device", "sim0", "--offset", "abc"], "expected a whole number"),
+    (["--simulate", "set", "--device", "sim0", "--offset", "-5", "--keep-timeout", "0"], "expected 1..600 seconds"),
+    (["--simulate", "stress", "--device", "sim0", "--steps", "0"], "expected at least 1"),
+    (["--simulate", "bisect", "--device", "sim0", "--trial", "5 minutes"], "bad duration"),
+    (["--simulate", "apply", "x", "--verify", "soon"], "bad duration"),
+])
+def test_bad_option_values_are_one_line_and_exit_2(args, fragment):
+    proc = run_tuner(*args)
+    assert proc.returncode == 2 and fragment in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+        proc.stderr

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from tuner import __version__, exit_codes, signals
+from tuner.commands._argtypes import whole_number
 from tuner.context import Context
 from tuner.errors import TunerError
 
@@ -54,13 +55,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(exit_codes.USAGE, f"tuner: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _int_arg(text: str) -> int:
-    try:
-        return int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-
-
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     """The simulator options, accepted before or after the command (`tuner --simulate list` or `tuner list
     --simulate`). On subcommands their defaults are suppressed so they never overwrite the main parser's."""
@@ -71,11 +65,11 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     g = parser.add_argument_group("simulated GPU")
     g.add_argument("--simulate", action="store_true", default=default(False),
                    help="use simulated GPUs instead of real hardware (no root needed, nothing touched)")
-    g.add_argument("--sim-gpus", type=_int_arg, metavar="N", default=default(1),
+    g.add_argument("--sim-gpus", type=whole_number, metavar="N", default=default(1),
                    help="number of simulated cards (default 1)")
-    g.add_argument("--sim-seed", type=_int_arg, metavar="S", default=default(0),
+    g.add_argument("--sim-seed", type=whole_number, metavar="S", default=default(0),
                    help="seed for the simulated cards' hidden limits and telemetry (default 0)")
-    g.add_argument("--sim-vmin", type=_int_arg, metavar="MV", default=default(None),
+    g.add_argument("--sim-vmin", type=whole_number, metavar="MV", default=default(None),
                    help="hidden stable limit of sim0 in mV (default: drawn from the seed in -120..-30)")
 
 

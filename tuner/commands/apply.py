@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 
 from tuner import exit_codes, journal
+from tuner.commands._argtypes import duration, seconds_between
 from tuner.commands._output import format_value, print_json
-from tuner.durations import parse_duration_s
 from tuner.errors import TunerError, UsageError
 from tuner.keep_or_revert import PendingChange
 from tuner.models import DeviceInfo
@@ -18,22 +17,7 @@ from tuner.profiles.identity import Match, MatchResult, fingerprint, match_devic
 from tuner.profiles.store import scan
 from tuner.profiles.verify import verify_setting
 
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 <= value <= 600:
-        raise argparse.ArgumentTypeError(f"expected 0..600 seconds, got {text!r}")
-    return value
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration_s(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(e.one_line()) from None
+_boot_wait = seconds_between(0, 600)
 
 
 def add_parser(subparsers) -> None:
@@ -51,13 +35,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the profile's card)")
     p.add_argument("--force", action="store_true",
                    help="apply to another card or model without a stress trial (never across vendors or knob kinds)")
-    p.add_argument("--verify", type=_duration, metavar="DUR",
+    p.add_argument("--verify", type=duration, metavar="DUR",
                    help="run a stress trial of DUR (e.g. 5m) at the setting and revert if it fails")
     p.add_argument("--yes", action="store_true", help="keep the setting without the keep-or-revert prompt")
     p.add_argument("--boot", action="store_true",
                    help="boot mode (the systemd unit): wait for the driver, apply only to the same card, skip when "
                    "booted with tuner.reset or after a crashed tuning trial; logs to stderr (the journal)")
-    p.add_argument("--boot-wait", type=_seconds, default=boot_rules.DEFAULT_DISCOVERY_WAIT_S, metavar="S",
+    p.add_argument("--boot-wait", type=_boot_wait, default=boot_rules.DEFAULT_DISCOVERY_WAIT_S, metavar="S",
                    help=f"with --boot: how long to retry device discovery (default {boot_rules.DEFAULT_DISCOVERY_WAIT_S:g})")
     p.add_argument("--ignore-unsafe", action="store_true",
                    help="apply even a value at or beyond one that froze, hung or reset this card in a trial "

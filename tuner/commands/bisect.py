@@ -19,19 +19,11 @@ from tuner.bisect_events import (
     TrialStarted,
     TrialWarning,
 )
+from tuner.commands._argtypes import whole_number
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_table
 from tuner.durations import format_duration, parse_duration_s
 from tuner.errors import UsageError
-
-
-def _int(text: str) -> int:
-    import argparse
-
-    try:
-        return int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
 def add_parser(subparsers) -> None:
@@ -45,13 +37,13 @@ def add_parser(subparsers) -> None:
         "card's unit: mV offsets (AMD, simulated) or MHz clock offsets (NVIDIA; defaults there are clock steps).",
     )
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
-    p.add_argument("--step", type=_int, metavar="N", help="coarse step (default 10 mV; NVIDIA: 2 clock steps)")
-    p.add_argument("--resolution", type=_int, metavar="N", help="refine down to this (default 5 mV; NVIDIA: 1 step)")
-    p.add_argument("--margin", type=_int, metavar="N",
+    p.add_argument("--step", type=whole_number, metavar="N", help="coarse step (default 10 mV; NVIDIA: 2 clock steps)")
+    p.add_argument("--resolution", type=whole_number, metavar="N", help="refine down to this (default 5 mV; NVIDIA: 1 step)")
+    p.add_argument("--margin", type=whole_number, metavar="N",
                    help="added back to the confirmed value (default 10 mV; NVIDIA: 2 steps)")
     p.add_argument("--trial", default="5m", metavar="DUR", help="length of each trial (default 5m; 90s, 5m, 1h)")
     p.add_argument("--confirm", default="30m", metavar="DUR", help="length of the confirmation run (default 30m)")
-    p.add_argument("--floor", type=_int, metavar="VALUE", help="never test beyond this setting")
+    p.add_argument("--floor", type=whole_number, metavar="VALUE", help="never test beyond this setting")
     p.add_argument("--mode", choices=("train", "gemm", "mixed"), default="train",
                    help="stress workload of the trials (default train; the confirmation runs mixed)")
     p.add_argument("--preset", choices=("tiny", "small", "large"),

@@ -17,31 +17,13 @@ import sys
 import time
 
 from tuner import exit_codes, journal
+from tuner.commands._argtypes import seconds_between, whole_number
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json
 from tuner.errors import UsageError
 from tuner.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 
-
-def _int(text: str) -> int:
-    try:
-        return int(text, 10)
-    except ValueError:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-
-
-def _seconds(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 1 <= value <= 600:
-        raise argparse.ArgumentTypeError("--keep-timeout must be 1..600 seconds")
-    return value
+_keep_timeout = seconds_between(1, 600)
 
 
 def add_parser(subparsers) -> None:
@@ -57,7 +39,7 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--offset",
         metavar="VALUE",
-        type=_int,
+        type=whole_number,
         required=True,
         help="the setting in the knob's unit (see `tuner list`), e.g. -50",
     )
@@ -65,7 +47,7 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--keep-timeout",
         metavar="S",
-        type=_seconds,
+        type=_keep_timeout,
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds to wait for confirmation before reverting (default {DEFAULT_TIMEOUT_S:.0f})",
     )
@@ -77,7 +59,7 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--lock-mhz",
         metavar="MHZ",
-        type=_int,
+        type=whole_number,
         help="NVIDIA: the max graphics clock to lock to (default: the card's stock max boost)",
     )
     p.add_argument("--ignore-unsafe", action="store_true",

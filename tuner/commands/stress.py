@@ -8,29 +8,19 @@ JSON lines and ends with one `result` line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import time
 
 from tuner import exit_codes
+from tuner.commands._argtypes import positive_int
 from tuner.commands._device import pick_device
 from tuner.durations import format_duration, parse_duration_s
 
 DEFAULT_DURATION = "5m"
 SIM_CANARY_EVERY = 10  # simulated cards: canaries often, so short runs meet the injected faults
 PROGRESS_INTERVAL_S = 0.25
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
 
 
 def add_parser(subparsers) -> None:
@@ -47,7 +37,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--duration", metavar="DUR", help=f"how long (default {DEFAULT_DURATION}; 90s, 5m, 1h)")
-    bound.add_argument("--steps", type=_positive_int, metavar="N", help="how many training steps instead")
+    bound.add_argument("--steps", type=positive_int, metavar="N", help="how many training steps instead")
     p.add_argument("--mode", choices=("train", "gemm", "mixed"), default="train",
                    help="train (default), gemm (GEMM burn only) or mixed (partial load and idle gaps)")
     p.add_argument("--preset", choices=("tiny", "small", "large"),
@@ -55,7 +45,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"),
                    help="compute dtype (default auto: bf16 where supported, else fp32; or $TUNER_DTYPE)")
     p.add_argument("--seed", type=int, default=0, help="model, data and fault seed (default 0)")
-    p.add_argument("--canary-every", type=_positive_int, metavar="K",
+    p.add_argument("--canary-every", type=positive_int, metavar="K",
                    help=f"canary replay every K steps (default 100; {SIM_CANARY_EVERY} on a simulated card)")
     p.add_argument("--record", metavar="PATH", help="save this run's per-step digests as a reference")
     p.add_argument("--reference", metavar="PATH", help="compare every step with a recorded stock run")
