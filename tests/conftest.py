@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+# Property tests check behaviour, not speed: a loaded 2-core CI machine must not fail them on hypothesis's
+# default 200 ms per-example deadline.
+settings.register_profile("tuner", deadline=None)
+settings.load_profile("tuner")
 
 
 @pytest.fixture(autouse=True)
