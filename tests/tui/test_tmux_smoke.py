@@ -96,3 +96,38 @@ def test_ssh_hang_up_reverts_an_unconfirmed_setting(tmp_path):
         assert json.loads(state.read_text())["cards"]["sim0"]["offset_mv"] == 0
     finally:
         subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
+
+
+def test_terminal_gone_during_a_bisect_stops_everything_and_leaves_the_card_at_stock(tmp_path):
+    """The SSH connection drops mid-bisect (the terminal disappears): the UI and the engine must exit and the card
+    must be at stock, with no process left spinning on a dead terminal."""
+    import json
+
+    import psutil
+
+    sock = tmp_path / "tmux.sock"
+    tuner = Path(sys.executable).with_name("tuner")
+    env_vars = " ".join(f"{k}={os.environ[k]}" for k in ("XDG_STATE_HOME", "XDG_CONFIG_HOME"))
+    _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", "80", "-y", "24",
+          f"env {env_vars} TERM=xterm-256color {tuner} --simulate")
+    state = Path(os.environ["XDG_STATE_HOME"]) / "tuner" / "simulated" / "seed-0.json"
+    try:
+        _wait_for(sock, EXPECT["1"])
+        _tmux(sock, "send-keys", "-t", "smoke", "3")
+        _wait_for(sock, EXPECT["3"])
+        _tmux(sock, "send-keys", "-t", "smoke", "b")
+        _wait_for(sock, ["RUNNING", "baseline"])
+        shell_pid = int(_tmux(sock, "list-panes", "-t", "smoke", "-F", "#{pane_pid}").strip())
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            procs = psutil.Process(shell_pid).children(recursive=True) + [psutil.Process(shell_pid)]
+            if any("tuner.engine" in " ".join(p.cmdline()) for p in procs):
+                break
+            time.sleep(0.2)
+        assert any("tuner.engine" in " ".join(p.cmdline()) for p in procs), "the bisect never started the engine"
+    finally:
+        subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
+    gone, alive = psutil.wait_procs(procs, timeout=20)
+    assert not alive, f"still running after the terminal went away: {[p.cmdline() for p in alive]}"
+    card = json.loads(state.read_text())["cards"]["sim0"]
+    assert card["offset_mv"] == 0 and "load_pid" not in card
