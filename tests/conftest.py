@@ -11,6 +11,25 @@ settings.register_profile("tuner", deadline=None)
 settings.load_profile("tuner")
 
 
+class FakeBoot:
+    """A fake /proc under TUNER_SYSFS_ROOT; calling it with a new boot id simulates a reboot."""
+
+    def __init__(self, root):
+        self.root = root
+        (root / "proc/sys/kernel/random").mkdir(parents=True)
+
+    def __call__(self, boot_id: str) -> None:
+        (self.root / "proc/sys/kernel/random/boot_id").write_text(boot_id + "\n")
+
+
+@pytest.fixture
+def boot(tmp_path, monkeypatch) -> FakeBoot:
+    fake = FakeBoot(tmp_path / "sysroot")
+    fake("boot-a")
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(fake.root))
+    return fake
+
+
 @pytest.fixture(autouse=True)
 def _isolated_dirs(tmp_path_factory, monkeypatch):
     base = tmp_path_factory.mktemp("home")

@@ -28,12 +28,8 @@ QUICK = ["--trial", "3s", "--confirm", "3s", "--preset", "tiny"]  # no fault nee
 
 
 @pytest.fixture
-def sysroot(tmp_path, monkeypatch):
-    root = tmp_path / "sysroot"
-    (root / "proc/sys/kernel/random").mkdir(parents=True)
-    (root / "proc/sys/kernel/random/boot_id").write_text("boot-a\n")
-    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
-    return root
+def sysroot(boot):
+    return boot.root
 
 
 def events_of(stdout: str) -> list[dict]:

@@ -14,19 +14,6 @@ from tuner.bisect_job import BisectJob, BisectParams
 from tuner.errors import UsageError
 
 
-@pytest.fixture
-def boot(tmp_path, monkeypatch):
-    root = tmp_path / "sysroot"
-    (root / "proc/sys/kernel/random").mkdir(parents=True)
-    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
-
-    def set_boot(boot_id: str) -> None:
-        (root / "proc/sys/kernel/random/boot_id").write_text(boot_id + "\n")
-
-    set_boot("boot-a")
-    return set_boot
-
-
 def make(vmin=-52, **kw):
     backend = SimulatedBackend(vmin_mv=vmin)
     engine = FakeEngine()

@@ -10,19 +10,6 @@ import pytest
 from tuner import journal
 
 
-@pytest.fixture
-def boot(tmp_path, monkeypatch):
-    root = tmp_path / "sysroot"
-    (root / "proc/sys/kernel/random").mkdir(parents=True)
-    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
-
-    def set_boot(boot_id: str) -> None:
-        (root / "proc/sys/kernel/random/boot_id").write_text(boot_id + "\n")
-
-    set_boot("boot-a")
-    return set_boot
-
-
 def test_no_journal_means_nothing_open(boot):
     assert journal.trial_open_at_previous_boot() is None
 

@@ -16,14 +16,11 @@ BOOT_ID = "11111111-2222-3333-4444-555555555555"
 
 
 @pytest.fixture
-def fake_root(tmp_path, monkeypatch):
+def fake_root(boot):
     """A fake /proc with a boot id and a plain kernel command line."""
-    root = tmp_path / "root"
-    (root / "proc/sys/kernel/random").mkdir(parents=True)
-    (root / "proc/sys/kernel/random/boot_id").write_text(BOOT_ID + "\n")
-    (root / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz root=UUID=abc ro quiet splash\n")
-    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
-    return root
+    boot(BOOT_ID)
+    (boot.root / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz root=UUID=abc ro quiet splash\n")
+    return boot.root
 
 
 def _boot(capsys, *extra):

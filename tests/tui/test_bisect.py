@@ -29,11 +29,8 @@ class GatedEngine(FakeEngine):
 
 
 @pytest.fixture(autouse=True)
-def boot_id(tmp_path, monkeypatch):
-    root = tmp_path / "sysroot"
-    (root / "proc/sys/kernel/random").mkdir(parents=True)
-    (root / "proc/sys/kernel/random/boot_id").write_text("boot-a\n")
-    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(root))
+def boot_id(boot):
+    """Every test here runs on a fake /proc with a known boot id (the journal records it)."""
 
 
 def _fast_form(app):
