@@ -42,12 +42,19 @@ def _wait_for(sock: Path, texts: list[str], timeout_s: float = 20.0) -> str:
     raise AssertionError(f"never saw {texts!r}; last pane:\n{pane}")
 
 
-def test_tuner_simulate_under_tmux(tmp_path):
+def _start_tuner(tmp_path: Path, *, then: str = "; echo TUNER-EXIT=$?; sleep 30") -> Path:
+    """`tuner --simulate` at 80x24 in a private tmux server (with the test's XDG dirs); returns its socket.
+    `then` runs in the pane after the tuner exits, so the exit code can be read from the pane."""
     sock = tmp_path / "tmux.sock"
     tuner = Path(sys.executable).with_name("tuner")
     env_vars = " ".join(f"{k}={os.environ[k]}" for k in ("XDG_STATE_HOME", "XDG_CONFIG_HOME"))
-    command = f"env {env_vars} TERM=xterm-256color {tuner} --simulate; echo TUNER-EXIT=$?; sleep 30"
-    _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", "80", "-y", "24", command)
+    _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", "80", "-y", "24",
+          f"env {env_vars} TERM=xterm-256color {tuner} --simulate{then}")
+    return sock
+
+
+def test_tuner_simulate_under_tmux(tmp_path):
+    sock = _start_tuner(tmp_path)
     keep = os.environ.get("TUNER_SMOKE_CAPTURE_DIR")
     try:
         _wait_for(sock, EXPECT["1"])
@@ -73,11 +80,7 @@ def test_ssh_hang_up_reverts_an_unconfirmed_setting(tmp_path):
 
     import psutil
 
-    sock = tmp_path / "tmux.sock"
-    tuner = Path(sys.executable).with_name("tuner")
-    env_vars = " ".join(f"{k}={os.environ[k]}" for k in ("XDG_STATE_HOME", "XDG_CONFIG_HOME"))
-    command = f"env {env_vars} TERM=xterm-256color {tuner} --simulate; echo TUNER-EXIT=$?; sleep 30"
-    _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", "80", "-y", "24", command)
+    sock = _start_tuner(tmp_path)
     state = Path(os.environ["XDG_STATE_HOME"]) / "tuner" / "simulated" / "seed-0.json"
     try:
         _wait_for(sock, EXPECT["1"])
@@ -105,11 +108,7 @@ def test_terminal_gone_during_a_bisect_stops_everything_and_leaves_the_card_at_s
 
     import psutil
 
-    sock = tmp_path / "tmux.sock"
-    tuner = Path(sys.executable).with_name("tuner")
-    env_vars = " ".join(f"{k}={os.environ[k]}" for k in ("XDG_STATE_HOME", "XDG_CONFIG_HOME"))
-    _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", "80", "-y", "24",
-          f"env {env_vars} TERM=xterm-256color {tuner} --simulate")
+    sock = _start_tuner(tmp_path, then="")  # the pane (the "terminal") closes with the tuner
     state = Path(os.environ["XDG_STATE_HOME"]) / "tuner" / "simulated" / "seed-0.json"
     try:
         _wait_for(sock, EXPECT["1"])
