@@ -1,6 +1,6 @@
 """Auto-bisect versus a plain 5 mV step-down on the simulated GPU, over 20 seeds.
 
-Runs the real state machine (`tuner.bisect_plan.BisectPlan`) against an oracle built from the simulator's own
+Runs the real state machine (`tuner.tuning.plan.BisectPlan`) against an oracle built from the simulator's own
 fault model (`fault_rate_per_step`, `hangs_at`), so it takes seconds instead of days:
 
 - a trial of T seconds runs N = T / step_s training steps; it passes with probability (1 - p)^N where p is the
@@ -39,8 +39,8 @@ from tuner.backends.simulated import (
     fault_rate_per_step,
     hangs_at,
 )
-from tuner.bisect_plan import CONFIRM, BisectPlan, NextTrial, PlanParams, PlanResult, Recommend
-from tuner.models import Knob, KnobKind
+from tuner.tuning.plan import CONFIRM, BisectPlan, NextTrial, PlanParams, PlanResult, Recommend
+from tuner.core.models import Knob, KnobKind
 
 STEP_S = 0.085  # the "small" preset on an R9700 (the seed's 85 ms/step)
 OVERHEAD_S = 20.0  # engine start, apply + read back, reset + verify, per trial

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner import stress_client as sc
+from tuner.tuning import engine_client as sc
 from tuner.backends.simulated import SimulatedBackend
 from tuner.cli import build_parser
 from tuner.commands import stress
-from tuner.context import Context
-from tuner.errors import TunerError, UsageError
-from tuner.models import StressTarget
+from tuner.actions.context import Context
+from tuner.core.errors import TunerError, UsageError
+from tuner.core.models import StressTarget
 
 FAKE = Path(__file__).parent / "engine" / "fake_engine.py"
 

@@ -5,8 +5,8 @@ import importlib
 
 import pytest
 
-MODULES = ["tuner.durations", "tuner.backends.simulated", "tuner.backends.amd_od_table", "tuner.backends.nvidia",
-           "tuner.kernel_log"]
+MODULES = ["tuner.core.durations", "tuner.backends.simulated", "tuner.backends.amd_od_table", "tuner.backends.nvidia",
+           "tuner.tuning.kernel_log"]
 
 
 @pytest.mark.parametrize("name", MODULES)

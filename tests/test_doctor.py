@@ -1,8 +1,8 @@
 import json
 
 from tests.cli_helpers import run_tuner
-from tuner import doctor
-from tuner.doctor import FAIL, INFO, OK, WARN, run_checks
+from tuner.actions import doctor
+from tuner.actions.doctor import FAIL, INFO, OK, WARN, run_checks
 
 
 def amd_tree(root, *, mask="0xfff7bfff", od=True, cards=1):

@@ -13,7 +13,7 @@ from tuner.backends.simulated import (
     fault_rate_per_step,
     hangs_at,
 )
-from tuner.errors import OutOfRange, StateError, UnknownDevice, UsageError
+from tuner.core.errors import OutOfRange, StateError, UnknownDevice, UsageError
 
 
 class FrozenClock:

@@ -11,10 +11,12 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from tuner import __version__, exit_codes, signals
+from tuner import __version__
+
+from tuner.core import exit_codes, signals
 from tuner.commands._argtypes import whole_number
-from tuner.context import Context
-from tuner.errors import TunerError
+from tuner.actions.context import Context
+from tuner.core.errors import TunerError
 
 # In the order `tuner --help` lists them. A module not built yet is skipped.
 COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "profile", "apply", "service", "doctor")
@@ -146,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signals.install()
     try:
         if args.command is None:
-            from tuner.app import run_app  # the UI is imported only when it is used
+            from tuner.app.tuner_app import run_app  # the UI is imported only when it is used
 
             return run_app(ctx)
         return args.run(args, ctx)

@@ -16,7 +16,7 @@ from tuner.backends.amd_sysfs import (
     amd_card_dirs,
     read_ppfeaturemask,
 )
-from tuner.errors import DeviceLost, NotApplied, OutOfRange, PermissionDenied, Unsupported
+from tuner.core.errors import DeviceLost, NotApplied, OutOfRange, PermissionDenied, Unsupported
 
 from .conftest import amd_on_fake_kernel
 from .fakes.fake_kernel import FakeOdKernel

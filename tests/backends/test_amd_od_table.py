@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuner.backends import amd_od_table as od
-from tuner.errors import TunerError
+from tuner.core.errors import TunerError
 
 from .fakes.trees import OD_TEXT
 

@@ -10,7 +10,7 @@ import pytest
 
 from tuner.backends import nvidia
 from tuner.backends.simulated import SimulatedBackend
-from tuner.errors import NotApplied, OutOfRange
+from tuner.core.errors import NotApplied, OutOfRange
 
 from .conftest import amd_on_fake_kernel
 from .fakes.fake_pynvml import FakeGpu, call_names, make_fake_nvml

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner import signals
+from tuner.core import signals
 from tuner.backends.simulated import SimulatedBackend
-from tuner.keep_or_revert import PendingChange
-from tuner.signals import Terminated
+from tuner.actions.keep_or_revert import PendingChange
+from tuner.core.signals import Terminated
 
 from .conftest import amd_on_fake_kernel
 
@@ -148,10 +148,10 @@ def test_signal_during_apply_is_held_and_then_reverts(tmp_path):
     import os
     import signal as _signal
 
-    from tuner import signals
+    from tuner.core import signals
     from tuner.backends.simulated import SimulatedBackend
-    from tuner.keep_or_revert import PendingChange
-    from tuner.signals import Terminated
+    from tuner.actions.keep_or_revert import PendingChange
+    from tuner.core.signals import Terminated
 
     backend = SimulatedBackend(state_path=tmp_path / "sim.json")
     real_apply = backend.apply

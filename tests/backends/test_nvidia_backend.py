@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.backends import nvidia, nvml_offsets
-from tuner.errors import DeviceLost, OutOfRange, PermissionDenied, Unsupported, UsageError
+from tuner.core.errors import DeviceLost, OutOfRange, PermissionDenied, Unsupported, UsageError
 
 from .fakes.fake_pynvml import CODES, FakeGpu, call_names, make_fake_nvml
 

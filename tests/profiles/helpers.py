@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tuner import cli
 from tuner.backends.simulated import SimulatedBackend
-from tuner.models import DeviceInfo, Knob, KnobKind
+from tuner.core.models import DeviceInfo, Knob, KnobKind
 from tuner.profiles import build_profile
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from tests.profiles.helpers import sim, sim_profile, tuner
-from tuner import paths
-from tuner.errors import Unsupported
+from tuner.core import paths
+from tuner.core.errors import Unsupported
 from tuner.profiles import boot, save_profile
 
 BOOT_ID = "11111111-2222-3333-4444-555555555555"

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.profiles.helpers import sim, sim_profile, tuner
-from tuner import paths
+from tuner.core import paths
 from tuner.profiles import Profile, ProfileError, save_profile
 
 

@@ -129,7 +129,7 @@ class FakeBackend:
 @pytest.mark.parametrize("force", [False, True])
 def test_cli_on_fake_real_devices(capsys, monkeypatch, profile_args, target, knob, code, says, force):
     backend = FakeBackend(target, knob)
-    monkeypatch.setattr("tuner.context.open_backend", lambda **_: backend)
+    monkeypatch.setattr("tuner.actions.context.open_backend", lambda **_: backend)
     save_profile(build_profile("p", *profile_args, kernel="6.14"), overwrite=True)
     got, out, err = tuner(capsys, "apply", "p", "--yes", *(["--force"] if force else []))
     if force and "another model" in says:  # --force overrides a model mismatch, never a vendor or knob one
@@ -143,7 +143,7 @@ def test_cli_on_fake_real_devices(capsys, monkeypatch, profile_args, target, kno
 def test_cli_value_outside_the_targets_range_is_refused(capsys, monkeypatch):
     narrow = dataclasses.replace(AMD_KNOB, min=-30)
     backend = FakeBackend(RX9070, narrow)
-    monkeypatch.setattr("tuner.context.open_backend", lambda **_: backend)
+    monkeypatch.setattr("tuner.actions.context.open_backend", lambda **_: backend)
     save_profile(build_profile("p", RX9070, AMD_KNOB, -45, kernel="6.14"))
     code, _out, err = tuner(capsys, "apply", "p", "--yes")
     assert code == 2 and "-45 mV is outside this card's range -30..+0 mV" in err and backend.applied == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.profiles.helpers import EXAMPLE, sim_profile, tuner
-from tuner import paths
+from tuner.core import paths
 from tuner.profiles import load_profile, save_profile
 
 

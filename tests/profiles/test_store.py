@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.profiles.helpers import REPO, sim_profile
-from tuner import paths
-from tuner.errors import PermissionDenied, UsageError
+from tuner.core import paths
+from tuner.core.errors import PermissionDenied, UsageError
 from tuner.profiles import (
     ProfileError,
     delete_profile,

@@ -81,7 +81,7 @@ def test_verify_json(capsys, stress_calls):
     assert doc["knob"]["current"] == 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tuner.stress_client") is None,
+@pytest.mark.skipif(importlib.util.find_spec("tuner.tuning.engine_client") is None,
                     reason="the stress engine client is not built yet")
 def test_verify_with_the_real_stress_engine_reverts_on_the_failing_simulated_card():
     """End to end: the real CLI, the real trial runner and engine (tiny preset on the CPU)."""

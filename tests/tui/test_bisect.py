@@ -1,4 +1,4 @@
-"""Auto-bisect from the UI with the bisect driver's fake engine (tests/bisect/fake_engine.py): rows appear,
+"""Auto-bisect from the UI with the bisect driver's fake engine (tests/tuning/fake_engine.py): rows appear,
 switching screens does not stop it, stop resets the card to stock, the result saves as a profile with evidence."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.bisect.fake_engine import FakeEngine
+from tests.tuning.fake_engine import FakeEngine
 from tests.tui.helpers import make_app, sim_backend
 from tuner.profiles import list_profiles
 from tuner.screens.dialogs import TextInputDialog

@@ -6,7 +6,7 @@ import pytest
 
 from tests.tui.helpers import make_app, sim_backend
 
-pytest.importorskip("tuner.stress_client", reason="the stress engine client is not in this checkout")
+pytest.importorskip("tuner.tuning.engine_client", reason="the stress engine client is not in this checkout")
 pytestmark = pytest.mark.timeout(120)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from tuner.backends.base import Backend, CompositeBackend
-from tuner.errors import Unsupported
+from tuner.core.errors import Unsupported
 
 # Vendor modules, each exposing `discover() -> Backend | None` (None when it finds no card of its vendor).
 REAL_BACKEND_MODULES = ("tuner.backends.amd", "tuner.backends.nvidia")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner import paths
+from tuner.core import paths
 from tuner.backends import amd_od_table as od
 from tuner.backends.amd_sysfs import (
     SysfsIO,
@@ -30,8 +30,8 @@ from tuner.backends.amd_sysfs import (
     read_value,
 )
 from tuner.backends.base import Backend
-from tuner.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
-from tuner.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
+from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
+from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 
 OD_FILE = "pp_od_clk_voltage"
 STEP_MV = 1  # the kernel takes any whole mV

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from tuner.errors import Unsupported
+from tuner.core.errors import Unsupported
 
 
 class OdParseError(Unsupported):

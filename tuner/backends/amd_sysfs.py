@@ -11,8 +11,8 @@ import os
 import re
 from pathlib import Path
 
-from tuner.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
-from tuner.models import Telemetry
+from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
+from tuner.core.models import Telemetry
 
 AMD_VENDOR_ID = 0x1002
 PP_OVERDRIVE_MASK = 0x4000  # bit 14 of amdgpu.ppfeaturemask (amd_shared.h)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from tuner.errors import UnknownDevice
-from tuner.models import Capabilities, DeviceInfo, Knob, StressTarget, Telemetry
+from tuner.core.errors import UnknownDevice
+from tuner.core.models import Capabilities, DeviceInfo, Knob, StressTarget, Telemetry
 
 
 class Backend(ABC):

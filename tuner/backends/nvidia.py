@@ -18,8 +18,8 @@ from fractions import Fraction
 
 from tuner.backends import nvml_offsets
 from tuner.backends.base import Backend
-from tuner.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported, UsageError
-from tuner.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
+from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported, UsageError
+from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 
 _THROTTLE_BITS = {
     0x1: "gpu_idle",

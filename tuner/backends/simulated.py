@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tuner import paths
-from tuner.atomic import write_atomic
+from tuner.core import paths
+from tuner.core.atomic import write_atomic
 from tuner.backends.base import Backend
-from tuner.errors import StateError, UsageError
-from tuner.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
+from tuner.core.errors import StateError, UsageError
+from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 
 VMIN_RANGE_MV = (-120, -30)
 KNOB_MIN_MV, KNOB_MAX_MV, KNOB_STEP_MV = -200, 0, 5

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from tuner.durations import parse_duration_s
-from tuner.errors import UsageError
+from tuner.core.durations import parse_duration_s
+from tuner.core.errors import UsageError
 
 
 def whole_number(text: str) -> int:
@@ -40,7 +40,7 @@ def seconds_between(low_s: float, high_s: float) -> Callable[[str], float]:
 
 
 def duration(text: str) -> float:
-    """`90s`, `5m`, `1h` (see tuner.durations)."""
+    """`90s`, `5m`, `1h` (see tuner.core.durations)."""
     try:
         return parse_duration_s(text)
     except UsageError as e:

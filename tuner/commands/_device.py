@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tuner.errors import UsageError
-from tuner.models import DeviceInfo
+from tuner.core.errors import UsageError
+from tuner.core.models import DeviceInfo
 
 
 def pick_device(backend, device_id: str | None) -> DeviceInfo:

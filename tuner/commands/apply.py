@@ -5,12 +5,14 @@ from __future__ import annotations
 import platform
 import sys
 
-from tuner import exit_codes, journal
+from tuner.core import exit_codes
+
+from tuner.tuning import journal
 from tuner.commands._argtypes import duration, seconds_between
 from tuner.commands._output import format_value, print_json
-from tuner.errors import TunerError, UsageError
-from tuner.keep_or_revert import PendingChange
-from tuner.models import DeviceInfo
+from tuner.core.errors import TunerError, UsageError
+from tuner.actions.keep_or_revert import PendingChange
+from tuner.core.models import DeviceInfo
 from tuner.profiles import Profile, load_profile
 from tuner.profiles import boot as boot_rules
 from tuner.profiles.identity import Match, MatchResult, fingerprint, match_device

@@ -6,8 +6,8 @@ import json
 import sys
 import threading
 
-from tuner import exit_codes, signals
-from tuner.bisect_events import (
+from tuner.core import exit_codes, signals
+from tuner.tuning.events import (
     BisectFailed,
     BisectStopped,
     Recommendation,
@@ -22,8 +22,8 @@ from tuner.bisect_events import (
 from tuner.commands._argtypes import whole_number
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_table
-from tuner.durations import format_duration, parse_duration_s
-from tuner.errors import UsageError
+from tuner.core.durations import format_duration, parse_duration_s
+from tuner.core.errors import UsageError
 
 
 def add_parser(subparsers) -> None:
@@ -191,7 +191,7 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
 
 
 def run(args, ctx) -> int:
-    from tuner.bisect_job import BisectJob, BisectParams
+    from tuner.tuning.job import BisectJob, BisectParams
 
     backend = ctx.backend
     device = pick_device(backend, args.device)

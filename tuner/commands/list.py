@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tuner import exit_codes
+from tuner.core import exit_codes
 from tuner.commands._output import format_table, format_value, print_json
-from tuner.errors import TunerError
+from tuner.core.errors import TunerError
 
 
 def add_parser(subparsers) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tuner import exit_codes
+from tuner.core import exit_codes
 from tuner.commands._output import format_value, print_json
-from tuner.errors import UsageError
+from tuner.core.errors import UsageError
 
 
 def add_parser(subparsers) -> None:

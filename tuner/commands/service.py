@@ -7,10 +7,10 @@ import shutil
 import subprocess
 import sys
 
-from tuner import exit_codes, paths
-from tuner.atomic import write_atomic
+from tuner.core import exit_codes, paths
+from tuner.core.atomic import write_atomic
 from tuner.commands._output import format_value, print_json
-from tuner.errors import PermissionDenied, StateError, UsageError
+from tuner.core.errors import PermissionDenied, StateError, UsageError
 from tuner.profiles import boot as boot_rules
 from tuner.profiles import load_profile, save_profile
 from tuner.profiles.store import scan

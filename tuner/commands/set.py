@@ -16,12 +16,14 @@ import select
 import sys
 import time
 
-from tuner import exit_codes, journal
+from tuner.core import exit_codes
+
+from tuner.tuning import journal
 from tuner.commands._argtypes import seconds_between, whole_number
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json
-from tuner.errors import UsageError
-from tuner.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
+from tuner.core.errors import UsageError
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 
 _keep_timeout = seconds_between(1, 600)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tuner import exit_codes
+from tuner.core import exit_codes
 from tuner.commands._output import format_value, print_json
-from tuner.models import Telemetry
+from tuner.core.models import Telemetry
 
 _FIELDS = (  # (label, attribute, format)
     ("power", "power_w", "{:.1f} W"),

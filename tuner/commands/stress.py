@@ -13,10 +13,10 @@ import math
 import sys
 import time
 
-from tuner import exit_codes
+from tuner.core import exit_codes
 from tuner.commands._argtypes import positive_int
 from tuner.commands._device import pick_device
-from tuner.durations import format_duration, parse_duration_s
+from tuner.core.durations import format_duration, parse_duration_s
 
 DEFAULT_DURATION = "5m"
 SIM_CANARY_EVERY = 10  # simulated cards: canaries often, so short runs meet the injected faults
@@ -55,8 +55,7 @@ def add_parser(subparsers) -> None:
 
 def build_config(args, target):
     """The engine configuration for `args` on `target` (a StressTarget), and the watchdog to use."""
-    from tuner import stress_client as sc
-
+    from tuner.tuning import engine_client as sc
     steps = args.steps
     duration_s = None if steps is not None else parse_duration_s(args.duration or DEFAULT_DURATION)
     canary_every = args.canary_every or (SIM_CANARY_EVERY if target.simulated else None)
@@ -108,8 +107,7 @@ class ProgressLine:
         return "  ".join(parts)
 
     def update(self, ev) -> None:
-        from tuner import stress_client as sc
-
+        from tuner.tuning import engine_client as sc
         if isinstance(ev, sc.StartEvent):
             self._t_start = self.clock()
         if not isinstance(ev, (sc.StepEvent, sc.GemmEvent)):
@@ -180,16 +178,14 @@ def exit_code_for(result) -> int:
 
 
 def _forward(ev) -> None:
-    from tuner import stress_client as sc
-
+    from tuner.tuning import engine_client as sc
     doc = ev.raw if not isinstance(ev, sc.LogEvent) else {"event": "log", "line": ev.line}
     sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 
 def run(args, ctx) -> int:
-    from tuner import stress_client as sc
-
+    from tuner.tuning import engine_client as sc
     backend = ctx.backend
     device = pick_device(backend, args.device)
     target = backend.stress_target(device.id)

@@ -194,8 +194,8 @@ def parse_dtype(text: str) -> str:
 
 def parse_duration_s(text: str) -> float:
     """`90`, `90s`, `5m`, `1h`, `1h30m` -> seconds (the project's own parser, errors made engine-local)."""
-    from tuner.durations import parse_duration_s as parse
-    from tuner.errors import UsageError
+    from tuner.core.durations import parse_duration_s as parse
+    from tuner.core.errors import UsageError
 
     try:
         return parse(text)

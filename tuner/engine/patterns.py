@@ -1,4 +1,4 @@
-"""Text that means the GPU itself failed (not our code), shared by the engine and `tuner.stress_client`.
+"""Text that means the GPU itself failed (not our code), shared by the engine and `tuner.tuning.engine_client`.
 
 Torch-free on purpose: the client classifies the engine's stderr with it when the engine could not report the
 error itself (the HIP runtime aborts the process on a memory access fault before Python sees anything).

@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tuner import paths
-
+from tuner.core import paths
 UNIT_NAME = "tuner-apply.service"
 RESET_FLAG = "tuner.reset"
 DEFAULT_DISCOVERY_WAIT_S = 30.0
@@ -47,9 +46,8 @@ def reset_requested() -> bool:
 
 
 def open_trial_from_previous_boot() -> dict | None:
-    """The trial a previous boot left open, if any (the tuning journal, `tuner.journal`, owns the rule)."""
-    from tuner import journal
-
+    """The trial a previous boot left open, if any (the tuning journal, `tuner.tuning.journal`, owns the rule)."""
+    from tuner.tuning import journal
     return journal.trial_open_at_previous_boot()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 
 from tuner import __version__
-from tuner.models import DeviceInfo, Knob
+from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles.schema import MAX_STRING_CHARS, SCHEMA_VERSION, Profile, format_created, utc_now
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tuner.models import DeviceInfo, Knob
+from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles.schema import Profile, ProfileDevice
 
 

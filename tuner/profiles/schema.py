@@ -19,7 +19,7 @@ from pathlib import Path
 import tomli_w
 
 from tuner import __version__
-from tuner.errors import UsageError
+from tuner.core.errors import UsageError
 
 SCHEMA_VERSION = 1
 MAX_PROFILE_BYTES = 256 * 1024  # a real profile is ~10 KiB even with hundreds of trials
@@ -175,7 +175,7 @@ class ProfileDevice:
 
 @dataclass(frozen=True)
 class Setting:
-    kind: str  # "voltage_offset" | "clock_offset" (tuner.models.KnobKind values)
+    kind: str  # "voltage_offset" | "clock_offset" (tuner.core.models.KnobKind values)
     unit: str  # "mV" | "MHz"
     value: int
     lock_clock_mhz: int | None = None  # NVIDIA: the max graphics clock the offset was proven at

@@ -13,9 +13,9 @@ import os
 import stat
 from pathlib import Path
 
-from tuner import paths
-from tuner.atomic import write_atomic
-from tuner.errors import PermissionDenied, StateError, UsageError
+from tuner.core import paths
+from tuner.core.atomic import write_atomic
+from tuner.core.errors import PermissionDenied, StateError, UsageError
 from tuner.profiles.schema import MAX_PROFILE_BYTES, Profile, ProfileError, validate_name
 
 SUFFIX = ".toml"

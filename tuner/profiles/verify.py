@@ -1,7 +1,7 @@
 """`tuner apply --verify DUR`: prove a profile's setting on this card with one stress trial; revert on failure.
 
 A profile made on another card of the same model is a good starting point, not proof: silicon differs card to
-card. The trial is the bisect's own (`tuner.trial.run_trial`: engine, kernel-log watch, telemetry, watchdog),
+card. The trial is the bisect's own (`tuner.tuning.trial.run_trial`: engine, kernel-log watch, telemetry, watchdog),
 which leaves the card at stock; afterwards the setting is re-applied on a pass, and the previous value is put
 back on anything else (a fault, an error, Ctrl-C or SIGTERM).
 """
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.backends.base import Backend
-from tuner.keep_or_revert import signals_held
-from tuner.models import Knob, StressTarget
+from tuner.actions.keep_or_revert import signals_held
+from tuner.core.models import Knob, StressTarget
 
 VERIFY_CANARY_EVERY = 10  # steps
 
@@ -88,9 +88,9 @@ def _engine_only(run_stress: StressRunner) -> TrialRunner:
 def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float, workload: dict,
                  on_line: Callable[[str], None]) -> tuple[str, str | None]:
     """One `confirm`-phase trial through the bisect's trial runner."""
-    from tuner import journal, kernel_log
-    from tuner.bisect_events import TrialWarning
-    from tuner.trial import TrialParams, run_trial
+    from tuner.tuning import journal, kernel_log
+    from tuner.tuning.events import TrialWarning
+    from tuner.tuning.trial import TrialParams, run_trial
 
     target = backend.stress_target(device_id)
     preset = workload.get("preset") or ("tiny" if target.torch_device == "cpu" else "small")

@@ -13,11 +13,11 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
-from tuner.durations import format_duration, parse_duration_s
-from tuner.errors import UsageError
+from tuner.core.durations import format_duration, parse_duration_s
+from tuner.core.errors import UsageError
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
-from tuner.ui_state import of_about
+from tuner.app.state import of_about
 from tuner.widgets.history_plot import HistoryPlot
 
 # (field id, label, default text, kind) -- defaults as in `tuner bisect --help`

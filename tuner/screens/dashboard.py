@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
 from tuner.screens.base import TunerScreen
-from tuner.ui_state import running_label
+from tuner.app.state import running_label
 from tuner.widgets.device_panel import DevicePanel
 
 

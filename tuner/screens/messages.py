@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from tuner.models import Knob, Telemetry
+from tuner.core.models import Knob, Telemetry
 
 
 class TelemetrySampled(Message):

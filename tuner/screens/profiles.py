@@ -15,7 +15,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from tuner.errors import TunerError
+from tuner.core.errors import TunerError
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tuner.errors import UsageError
+from tuner.core.errors import UsageError
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}

@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 from tests.cli_helpers import REPO, run_tuner
-from tuner import journal
+from tuner.tuning import journal
 from tuner.backends.simulated import SimulatedBackend
-from tuner.bisect_job import BisectJob, BisectParams
-from tuner.trial import TrialParams, WatchdogSettings, default_engine_factory, run_trial
+from tuner.tuning.job import BisectJob, BisectParams
+from tuner.tuning.trial import TrialParams, WatchdogSettings, default_engine_factory, run_trial
 
 SIM = ["--simulate", "--sim-vmin", "-22"]
 FAST = ["--trial", "6s", "--confirm", "8s", "--preset", "tiny"]

@@ -6,12 +6,13 @@ import os
 
 import pytest
 
-from tests.bisect.fake_engine import FakeEngine
-from tuner import exit_codes, journal
+from tests.tuning.fake_engine import FakeEngine
+from tuner.core import exit_codes
+from tuner.tuning import journal
 from tuner.backends.simulated import SimulatedBackend
-from tuner.bisect_events import BisectFailed, Recommendation, TrialFinished, TrialRecovered
-from tuner.bisect_job import BisectJob, BisectParams
-from tuner.errors import UsageError
+from tuner.tuning.events import BisectFailed, Recommendation, TrialFinished, TrialRecovered
+from tuner.tuning.job import BisectJob, BisectParams
+from tuner.core.errors import UsageError
 
 
 def make(vmin=-52, **kw):
@@ -137,7 +138,7 @@ def test_the_same_reference_step_in_different_passes_is_a_software_fault(boot):
 
 
 def test_fault_seeds_are_stable_and_differ_per_setting():
-    from tuner.trial import fault_seed_for
+    from tuner.tuning.trial import fault_seed_for
 
     assert fault_seed_for(0, -10) == -10 and fault_seed_for(2, -10) == 2_000_006 - 10
     seeds = {fault_seed_for(s, v) for s in range(3) for v in range(-300, 1, 5)}
@@ -170,7 +171,7 @@ def test_setup_error_is_not_blamed_on_the_voltage(boot):
 
 
 def test_every_started_trial_carries_a_running_estimate_of_the_total(boot):
-    from tuner.bisect_events import TrialStarted
+    from tuner.tuning.events import TrialStarted
 
     _, _, events, job = make()
     job.run()

@@ -1,7 +1,7 @@
 """Apply a setting, then keep it only if someone confirms in time; anything else puts the previous value back.
 
 Used by `tuner set` and the TUI. As a context manager it reverts on leaving unless `keep()` was called: on a normal
-exit, an exception, Ctrl-C (KeyboardInterrupt) or SIGTERM/SIGHUP (`tuner.signals.Terminated`). While it reverts,
+exit, an exception, Ctrl-C (KeyboardInterrupt) or SIGTERM/SIGHUP (`tuner.core.signals.Terminated`). While it reverts,
 further SIGINT/SIGTERM/SIGHUP are held back (in the main thread) so a second signal cannot cut the revert short;
 the held signal is raised once the card is back.
 """
@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 
 from tuner.backends.base import Backend
-from tuner.errors import NotApplied
-from tuner.models import Knob
-from tuner.signals import Terminated
+from tuner.core.errors import NotApplied
+from tuner.core.models import Knob
+from tuner.core.signals import Terminated
 
 DEFAULT_TIMEOUT_S = 15.0
 _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -123,7 +123,7 @@ class EngineConfig:
         env = dict(os.environ if base is None else base)
         env.update(self.env)
         env["PYTHONUNBUFFERED"] = "1"
-        root = str(Path(__file__).resolve().parent.parent)  # so `-m tuner.engine` works from any directory
+        root = str(Path(__file__).resolve().parents[2])  # so `-m tuner.engine` works from any directory
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 

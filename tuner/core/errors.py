@@ -5,9 +5,7 @@ Library code raises these; only the composition roots (cli, app) turn them into 
 
 from __future__ import annotations
 
-from tuner import exit_codes
-
-
+from tuner.core import exit_codes
 class TunerError(Exception):
     """Base class: something the user can act on. Never shown with a traceback."""
 

@@ -1,4 +1,4 @@
-"""tuner.stress_client: config -> argv, tolerant event parsing, the watchdog, stop(), result classification.
+"""tuner.tuning.engine_client: config -> argv, tolerant event parsing, the watchdog, stop(), result classification.
 
 Most runs use a fake engine script (fast, no torch); a few run the real engine."""
 
@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner import stress_client as sc
-from tuner.models import StressTarget
+from tuner.tuning import engine_client as sc
+from tuner.core.models import StressTarget
 
-FAKE = Path(__file__).parent / "engine" / "fake_engine.py"
+FAKE = Path(__file__).parent.parent / "engine" / "fake_engine.py"
 FAST = sc.WatchdogPolicy(min_silence_s=0.6, silence_factor=20, first_step_timeout_s=1.5, kill_grace_s=0.5,
                          poll_s=0.05)
 

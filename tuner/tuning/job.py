@@ -13,9 +13,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from tuner import exit_codes, journal, kernel_log
+from tuner.core import exit_codes
+
+from tuner.tuning import journal, kernel_log
 from tuner.backends.base import Backend
-from tuner.bisect_events import (
+from tuner.tuning.events import (
     BisectEvent,
     BisectFailed,
     BisectStopped,
@@ -27,7 +29,7 @@ from tuner.bisect_events import (
     TrialResult,
     TrialStarted,
 )
-from tuner.bisect_plan import (
+from tuner.tuning.plan import (
     BASELINE,
     CONFIRM,
     BisectPlan,
@@ -37,8 +39,8 @@ from tuner.bisect_plan import (
     Recommend,
     Stop,
 )
-from tuner.errors import DeviceLost, NotApplied, UsageError
-from tuner.trial import STOPPED, TrialParams, WatchdogSettings, run_trial
+from tuner.core.errors import DeviceLost, NotApplied, UsageError
+from tuner.tuning.trial import STOPPED, TrialParams, WatchdogSettings, run_trial
 
 MODES = ("train", "gemm", "mixed")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from tuner.errors import OutOfRange
+from tuner.core.errors import OutOfRange
 
 
 class KnobKind(str, Enum):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tuner import paths
+from tuner.core import paths
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"

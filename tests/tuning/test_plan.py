@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.bisect_plan import (
+from tuner.tuning.plan import (
     BASELINE,
     COARSE,
     CONFIRM,
@@ -20,8 +20,8 @@ from tuner.bisect_plan import (
     Recommend,
     Stop,
 )
-from tuner.errors import UsageError
-from tuner.models import Knob, KnobKind
+from tuner.core.errors import UsageError
+from tuner.core.models import Knob, KnobKind
 
 
 def mv_knob(min_mv=-200, stock=0, step=5) -> Knob:

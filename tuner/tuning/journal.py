@@ -22,10 +22,10 @@ import time
 import uuid
 from pathlib import Path
 
-from tuner import paths
-from tuner.atomic import append_durable, write_atomic
-from tuner.errors import StateError, UsageError
-from tuner.models import Knob
+from tuner.core import paths
+from tuner.core.atomic import append_durable, write_atomic
+from tuner.core.errors import StateError, UsageError
+from tuner.core.models import Knob
 
 JOURNAL_VERSION = 1
 

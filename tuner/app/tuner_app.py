@@ -20,14 +20,16 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from tuner import exit_codes, ui_jobs
+from tuner.core import exit_codes
+
+from tuner.app import jobs as ui_jobs
 from tuner.backends.base import Backend
-from tuner.durations import format_duration
-from tuner.errors import TunerError
+from tuner.core.durations import format_duration
+from tuner.core.errors import TunerError
 from tuner.screens import messages as msg
 from tuner.screens.dashboard import DashboardScreen
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
-from tuner.ui_state import BisectState, DeviceHistory, StressState
+from tuner.app.state import BisectState, DeviceHistory, StressState
 
 SCREENS_IN_ORDER = (
     ("1", "dashboard", "Dashboard"),
@@ -433,7 +435,7 @@ class TunerApp(App[int]):
             if self._doctor is not None:
                 checks = self._doctor()
             else:
-                from tuner.doctor import run_checks
+                from tuner.actions.doctor import run_checks
 
                 checks = run_checks(self.backend, simulate=self.backend.simulated)
         except Exception as e:  # noqa: BLE001

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from tuner.models import Knob, Telemetry
+from tuner.core.models import Knob, Telemetry
 
 HISTORY_SAMPLES = 300  # five minutes at 1 Hz
 LOG_LINES = 500
@@ -93,7 +93,7 @@ class BisectState:
     trials: list[dict] = field(default_factory=list)  # one row per started trial, updated when it finishes
     current: dict | None = None  # the running trial: setting, progress 0..1, eta_s, index, total
     recommendation: object | None = None
-    outcome: object | None = None  # tuner.bisect_job.BisectOutcome when it ended
+    outcome: object | None = None  # tuner.tuning.job.BisectOutcome when it ended
     failure: str | None = None
     unit: str = ""
     session: str | None = None

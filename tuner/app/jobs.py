@@ -23,16 +23,16 @@ def _available(module: str) -> bool:
 
 
 def stress_available() -> bool:
-    return _available("tuner.stress_client")
+    return _available("tuner.tuning.engine_client")
 
 
 def bisect_available() -> bool:
-    return _available("tuner.bisect_job")
+    return _available("tuner.tuning.job")
 
 
 def pending_change(backend, device_id: str, value: int, *, timeout_s: float, clock: Callable[[], float]):
-    """A keep-or-revert change (tuner.keep_or_revert), not yet applied."""
-    from tuner.keep_or_revert import PendingChange
+    """A keep-or-revert change (tuner.actions.keep_or_revert), not yet applied."""
+    from tuner.actions.keep_or_revert import PendingChange
 
     return PendingChange(backend, device_id, value, timeout_s=timeout_s, clock=clock)
 
@@ -41,9 +41,8 @@ MANUAL_STRESS_S = 3600.0  # a stress run from the Tune screen lasts until stoppe
 
 
 def engine_run(target, *, duration_s: float, preset: str, mode: str):
-    """A StressRun for `target` (a StressTarget), configured as a bisect trial would be (tuner.trial)."""
-    from tuner import stress_client, trial
-
+    """A StressRun for `target` (a StressTarget), configured as a bisect trial would be (tuner.tuning.trial)."""
+    from tuner.tuning import engine_client as stress_client, trial
     request = trial.engine_request(target, trial.TrialParams(phase="manual", duration_s=duration_s, preset=preset,
                                                              mode=mode))
     return stress_client.StressRun(stress_client.EngineConfig(**request))
@@ -118,7 +117,7 @@ DETECTOR_OF_FAULT = {"mismatch": "reference", "canary": "canary", "gemm": "gemm"
 
 
 def apply_stress_event(state, event) -> None:
-    """Fold one engine event (tuner.stress_client) or a plain log line into the StressState the Tune screen shows."""
+    """Fold one engine event (tuner.tuning.engine_client) or a plain log line into the StressState the Tune screen shows."""
     if isinstance(event, str):
         state.write(event)
         return
@@ -155,15 +154,14 @@ def apply_stress_event(state, event) -> None:
 
 def make_bisect_job(backend, device_id: str, params: dict, *, resume: bool, emit, restart: bool = False,
                     options: dict | None = None):
-    from tuner import bisect_job
-
+    from tuner.tuning import job as bisect_job
     bisect_params = bisect_job.BisectParams(**params, resume=resume, restart=restart)
     job = bisect_job.BisectJob(backend, device_id, bisect_params, emit, **(options or {}))
     return BisectRunner(job, device_id)
 
 
 class BisectRunner:
-    """tuner.bisect_job.BisectJob behind the same run/stop/wait shape as StressJob; keeps the outcome."""
+    """tuner.tuning.job.BisectJob behind the same run/stop/wait shape as StressJob; keeps the outcome."""
 
     def __init__(self, job, device_id: str):
         self._job, self.device_id = job, device_id
@@ -195,7 +193,7 @@ def _result_row(result) -> dict:
 
 
 def apply_bisect_event(state, event) -> None:
-    """Fold one tuner.bisect_events event into the BisectState the Auto-bisect screen shows."""
+    """Fold one tuner.tuning.events event into the BisectState the Auto-bisect screen shows."""
     kind = type(event).__name__
     if kind == "SessionStarted":
         state.unit = event.unit

@@ -6,10 +6,10 @@ import threading
 import time
 from types import SimpleNamespace
 
-from tuner import kernel_log
+from tuner.tuning import kernel_log
 from tuner.backends.simulated import SimulatedBackend
-from tuner.models import Telemetry
-from tuner.telemetry_sampler import TelemetrySampler, summarize
+from tuner.core.models import Telemetry
+from tuner.tuning.sampler import TelemetrySampler, summarize
 
 LOG = """\
 [  100.000001] amdgpu 0000:03:00.0: amdgpu: SMU is initialized successfully!

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.errors import OutOfRange
-from tuner.models import Knob, KnobKind
+from tuner.core.errors import OutOfRange
+from tuner.core.models import Knob, KnobKind
 
 MV = Knob(KnobKind.VOLTAGE_OFFSET, "mV", stock=0, current=0, min=-200, max=0, step=5, aggressive_direction=-1)
 MHZ = Knob(KnobKind.CLOCK_OFFSET, "MHz", stock=0, current=0, min=-300, max=1000, step=15, aggressive_direction=1,
@@ -52,7 +52,7 @@ def test_shifted_moves_in_the_aggressive_direction(steps):
 
 
 def test_simulated_label():
-    from tuner.models import DeviceInfo
+    from tuner.core.models import DeviceInfo
 
     assert DeviceInfo("sim0", "simulated", "X", simulated=True).label == "X [SIMULATED]"
     assert DeviceInfo("0000:03:00.0", "amd", "RX 9070 XT").label == "RX 9070 XT"

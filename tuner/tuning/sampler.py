@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from tuner.backends.base import Backend
-from tuner.errors import DeviceLost, TunerError
-from tuner.models import Telemetry
+from tuner.core.errors import DeviceLost, TunerError
+from tuner.core.models import Telemetry
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner import kernel_log
+from tuner.tuning import kernel_log
 from tuner.backends.base import Backend
-from tuner.bisect_events import TrialEvent, TrialProgress, TrialResult, TrialWarning
-from tuner.errors import NotApplied, TunerError
-from tuner.telemetry_sampler import TelemetrySampler
+from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult, TrialWarning
+from tuner.core.errors import NotApplied, TunerError
+from tuner.tuning.sampler import TelemetrySampler
 
 SIM_HANG_STEP = 3  # a simulated card that "hangs" stops the engine at this step
 STOPPED = "stopped"
@@ -61,8 +61,7 @@ class StopRequested(Exception):
 
 def _engine_api():
     """The stress client (imported lazily: torch-free, but only needed when a trial runs)."""
-    from tuner import stress_client
-
+    from tuner.tuning import engine_client as stress_client
     return stress_client
 
 

@@ -1,4 +1,4 @@
-"""A stand-in for `tuner.stress_client.StressRun`, fast and deterministic, for driver tests.
+"""A stand-in for `tuner.tuning.engine_client.StressRun`, fast and deterministic, for driver tests.
 
 Fails (kind "mismatch", at step 2 + 10 x the fault rate) whenever the simulated card injects faults, hangs when
 it says so; with `software_fault`, every trial after the baseline fails the way it says (a fault that is the

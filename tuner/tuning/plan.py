@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tuner.errors import UsageError
-from tuner.models import Knob
+from tuner.core.errors import UsageError
+from tuner.core.models import Knob
 
 BASELINE, COARSE, REFINE, CONFIRM = "baseline", "coarse", "refine", "confirm"
 PHASES = (BASELINE, COARSE, REFINE, CONFIRM)
