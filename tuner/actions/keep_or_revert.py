@@ -1,45 +1,36 @@
 """Apply a setting, then keep it only if someone confirms in time; anything else puts the previous value back.
 
 Used by `tuner set` and the TUI. As a context manager it reverts on leaving unless `keep()` was called: on a normal
-exit, an exception, Ctrl-C (KeyboardInterrupt) or SIGTERM/SIGHUP (`tuner.core.signals.Terminated`). While it reverts,
-further SIGINT/SIGTERM/SIGHUP are held back (in the main thread) so a second signal cannot cut the revert short;
-the held signal is raised once the card is back.
+exit, an exception, or a fatal signal (`tuner.core.signals`). While it applies and while it reverts, fatal signals
+are only recorded (in the main thread), so a second signal cannot cut either short; a recorded signal is raised
+once the card is in a known state, unless an outer `signals.Inbox` owns the signals and decides.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Self
 
 from tuner.backends.base import Backend
-from tuner.core.errors import NotApplied
+from tuner.core.errors import NotApplied, TunerError
 from tuner.core.models import Knob
-from tuner.core.signals import Terminated
+from tuner.core.signals import Inbox
 
 DEFAULT_TIMEOUT_S = 15.0
-_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Defer SIGINT/SIGTERM/SIGHUP until the block ends, then raise the first one that arrived."""
-    if threading.current_thread() is not threading.main_thread():
+    """Record fatal signals until the block ends (nothing is raised inside it), then raise the first one.
+
+    A nested block (inside an owner's `signals.Inbox`) records into the outer inbox's handlers instead, and the
+    owner decides; `Inbox` records nothing off the main thread, so this is a plain block there.
+    """
+    with Inbox() as inbox:
         yield
-        return
-    arrived: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _f: arrived.append(signum)) for sig in _HELD}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if arrived:
-        if arrived[0] == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Terminated(arrived[0])
+    inbox.raise_received()
 
 
 class PendingChange:
@@ -60,6 +51,7 @@ class PendingChange:
         self.before: Knob | None = None  # the knob as it was before apply()
         self.applied: Knob | None = None  # the knob as read back after apply()
         self.reverted_to: Knob | None = None
+        self.restore_note: str | None = None  # why the card went to stock instead of the previous value
         self.kept = False
         self._deadline: float | None = None
 
@@ -90,21 +82,40 @@ class PendingChange:
         self.kept = True
 
     def revert(self) -> Knob:
-        """Put the previous value back (stock through `reset` when it was stock) and verify it."""
+        """Put the card back in a known state: the previous value, else stock, else say it could not be restored.
+
+        The previous value is what the card held, not a request: it is never re-validated as new input. If the
+        card refuses it (an off-step or out-of-range value another tool left there), stock is the known state we
+        fall back to; if even the reset fails, NotApplied says so with the remedy. Fatal signals are only recorded
+        meanwhile, so a second Ctrl-C or a hang-up cannot cut the revert short.
+        """
         if self.before is None or self.kept or self.reverted_to is not None:
             raise RuntimeError("nothing pending to revert")
         before = self.before
         with signals_held():
-            if before.current == before.stock:
-                knob = self.backend.reset(self.device_id)
-            else:
-                knob = self.backend.apply(self.device_id, before.current, allow_overvolt=True)
+            knob = self._restore(before)
             self.reverted_to = knob
-        if knob.current != before.current:
-            raise NotApplied(
-                f"{self.device_id}: reverting to {before.current:+d} {before.unit} left {knob.current:+d}",
-                "run `tuner reset` (as root)",
-            )
+        return knob
+
+    def _restore(self, before: Knob) -> Knob:
+        if before.current != before.stock:
+            try:
+                knob = self.backend.apply(self.device_id, before.current, allow_overvolt=True)
+                if knob.current == before.current:
+                    return knob
+                self.restore_note = (f"the card read back {knob.current:+d} {before.unit} after restoring "
+                                     f"{before.current:+d}; reset to stock instead")
+            except TunerError as e:
+                self.restore_note = (f"the previous value {before.current:+d} {before.unit} could not be written "
+                                     f"back ({e.message}); reset to stock instead")
+        try:
+            knob = self.backend.reset(self.device_id)
+        except TunerError as e:
+            raise NotApplied(f"{self.device_id}: the card could not be restored: {e.message}",
+                             "run `sudo tuner reset`, or reboot to return the card to stock") from e
+        if knob.current != knob.stock:
+            raise NotApplied(f"{self.device_id}: the card could not be restored: it reads {knob.current:+d} "
+                             f"{knob.unit} after a reset to stock", "reboot to return the card to stock")
         return knob
 
     def seconds_left(self) -> float:
@@ -115,7 +126,7 @@ class PendingChange:
     def expired(self) -> bool:
         return self._deadline is not None and self.seconds_left() <= 0.0
 
-    def __enter__(self) -> PendingChange:
+    def __enter__(self) -> Self:
         if self.applied is None:
             try:
                 self.apply()
