@@ -6,6 +6,7 @@ USAGE = 2  # bad input: unknown device, bad number, invalid profile; nothing was
 PERMISSION = 3  # the OS refused (not root, file not writable)
 UNSUPPORTED = 4  # no supported GPU, or the feature is off/unsupported on this card or driver
 HARDWARE = 5  # the device did not take the setting, or was lost; it was reset to stock where possible
+BUSY = 6  # another tuner process is changing this card; nothing was changed
 INTERRUPTED = 130  # Ctrl-C / SIGTERM / SIGHUP; any unconfirmed change was reverted
 
 EXIT_CODE_HELP = """\
@@ -16,4 +17,5 @@ exit codes:
   3    permission denied (writes need root)
   4    unsupported hardware, driver or kernel setting
   5    the device did not take the setting or was lost (it was reset to stock where possible)
+  6    the card is busy: another tuner process is changing it; nothing was changed
   130  interrupted; any unconfirmed change was reverted"""

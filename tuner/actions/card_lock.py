@@ -1,0 +1,107 @@
+"""One writer per card: an advisory lock held by whoever may change a card's setting.
+
+`set` holds it while a change waits for confirmation, `apply` and `reset` while they write, a bisect for its whole
+life. A second writer (another shell, a boot apply, the TUI) is refused with the holder's pid and command instead
+of silently interleaving writes with a running trial. The lock is `flock(2)` on a file in the state directory, so
+the kernel releases it when the holder dies (even by kill -9): a dead holder never blocks anyone. A holder that
+is alive but stuck (stopped with Ctrl-Z, hung in the driver) is what `tuner reset --force` is for.
+
+Within one process (the TUI runs jobs in threads) the same rule holds: a card has one writer at a time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from tuner.core import exit_codes
+from tuner.core.errors import TunerError
+from tuner.core.paths import state_dir
+
+
+class CardBusy(TunerError):
+    """Another writer holds the card; nothing was changed."""
+
+    exit_code = exit_codes.BUSY
+
+
+def lock_path(device_id: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in device_id)
+    return state_dir() / "locks" / f"{safe}.lock"
+
+
+_held_here: dict[str, str] = {}  # device id -> what holds it in this process
+_held_here_lock = threading.Lock()
+
+
+def describe_holder(device_id: str) -> str | None:
+    """'pid 1234 (tuner bisect --device sim0) since 12:00:01', or None when the file names nobody."""
+    try:
+        info = json.loads(lock_path(device_id).read_text(encoding="utf-8"))
+        started = time.strftime("%H:%M:%S", time.localtime(float(info["since"])))
+        command = "".join(ch if ch.isprintable() else "?" for ch in str(info["command"]))[:120]
+        return f"pid {int(info['pid'])} ({command}) since {started}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class CardLock:
+    """`with CardLock(device_id, "tuner set"):` — raises CardBusy when someone else holds the card."""
+
+    def __init__(self, device_id: str, purpose: str | None = None):
+        self.device_id = device_id
+        self.purpose = purpose or " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
+        self._fd: int | None = None
+
+    def acquire(self) -> CardLock:
+        with _held_here_lock:
+            if self.device_id in _held_here:
+                raise CardBusy(f"{self.device_id} is busy: {_held_here[self.device_id]} is changing it in this "
+                               "tuner", "wait for it to finish or stop it first")
+            path = lock_path(self.device_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                holder = describe_holder(self.device_id) or "another tuner process"
+                raise CardBusy(f"{self.device_id} is busy: {holder} is changing it; nothing was changed",
+                               "wait for it to finish or stop it; if that process is stuck, `tuner reset --force` "
+                               "puts the card back to stock anyway") from None
+            info = {"pid": os.getpid(), "command": self.purpose, "since": time.time()}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+            self._fd = fd
+            _held_here[self.device_id] = self.purpose
+        return self
+
+    def release(self) -> None:
+        with _held_here_lock:
+            if self._fd is None:
+                return
+            try:
+                os.ftruncate(self._fd, 0)  # the file no longer names a holder
+            except OSError:
+                pass
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+            _held_here.pop(self.device_id, None)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> Self:
+        return self.acquire()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
