@@ -58,9 +58,9 @@ def test_rdna4_apply_and_reset_commands(tmp_path):
     dev = backend.devices()[0].id
     backend.apply(dev, -50)
     backend.reset(dev)
-    assert fio.commands() == ["vo -50", "c", "r", "c"]
+    assert fio.commands() == ["vo -50", "c", "vo 0", "c"]  # reset touches only the voltage (not `r`)
     kernel = next(iter(fio.kernels.values()))
-    assert kernel.received == ["vo -50\n", "c\n", "r\n", "c\n"]  # one command per write
+    assert kernel.received == ["vo -50\n", "c\n", "vo 0\n", "c\n"]  # one command per write
 
 
 def test_navi1x_apply_moves_top_points_and_reset(tmp_path):
@@ -122,7 +122,7 @@ def test_einval_points_to_dmesg_and_restores(tmp_path):
     with pytest.raises(KernelRejected) as e:
         backend.apply(backend.devices()[0].id, -20)
     assert "dmesg" in e.value.remedy and isinstance(e.value, NotApplied)
-    assert fio.commands()[:2] == ["vo -20", "c"] and fio.commands()[2] == "r"
+    assert fio.commands()[:4] == ["vo -20", "c", "vo 0", "c"]  # the restore writes only the voltage
 
 
 def test_apu_has_no_voltage_knob(tmp_path):
@@ -229,5 +229,5 @@ def test_unreadable_read_back_after_a_write_restores(tmp_path, monkeypatch):
     monkeypatch.setattr(backend, "_table", flaky_table)
     with pytest.raises(Unsupported):
         backend.apply(device_id, -20)
-    assert fio.commands()[:2] == ["vo -20", "c"] and fio.commands()[2] == "r"
+    assert fio.commands()[:4] == ["vo -20", "c", "vo 0", "c"]  # the restore writes only the voltage
     assert backend.knob(device_id).current == 0

@@ -59,9 +59,23 @@ def test_early_rdna3_anchors_without_final_newline():
     assert t.range("VDDC_CURVE") == od.Range("VDDC_CURVE", -300, 0, "mV")
 
 
-def test_legacy_rdna4_sclk_offset_lines_are_accepted():
+def test_legacy_rdna4_sclk_offset_lines_are_limits_not_the_offset():
+    """smu_v14_0_2_print_clk_levels before the 2025-03 fix printed OverDriveLimitsBasicMin/Max.GfxclkFoffset as
+    `0:`/`1:`: the limits. The current clock offset is unknown then, never the maximum."""
     t = od.parse_od_table("OD_SCLK_OFFSET:\n0: -400Mhz\n1: 50Mhz\nOD_VDDGFX_OFFSET:\n-20mV\n")
-    assert (t.format, t.sclk_offset_mhz, t.vddgfx_offset_mv) == ("rdna4", 50, -20)
+    assert (t.format, t.sclk_offset_mhz, t.sclk_offset_limits_mhz, t.vddgfx_offset_mv) == (
+        "rdna4",
+        None,
+        (-400, 50),
+        -20,
+    )
+    assert od.parse_od_table(od.render_od_table(t)) == t
+
+
+def test_a_table_that_is_only_a_newline_means_no_overdrive_table():
+    with pytest.raises(od.OdParseError) as e:
+        od.parse_od_table("\n")
+    assert "no overdrive table" in e.value.message and "empty" not in e.value.message
 
 
 def test_van_gogh_extra_sections_are_tolerated():

@@ -81,7 +81,7 @@ def test_amd_signal_path_in_process_restores_stock(tmp_path):
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    assert fio.commands() == ["vo -40", "c", "r", "c"] * 2
+    assert fio.commands() == ["vo -40", "c", "vo 0", "c"] * 2
 
 
 def _start_set(tmp_path, *args):

@@ -2,9 +2,15 @@
 
 The undervolt knob is a voltage offset in mV. `vo` formats (RDNA2/3/4) take it directly; the early-RDNA3 anchors
 take it per anchor; curve formats (Vega20/Navi1x `vc`, Polaris/Vega10 `s`) express it relative to the stock points
-read at start-up (or after the last reset): every point above the lowest moves by the offset, floored at its own
-minimum, and the curve stays monotonic. Writes: the edit commands, then `c`; reset: `r`, then `c`. Every write is
-read back; a mismatch restores the previous value and raises.
+recorded at first contact (per card and boot, in the state directory): every point above the lowest moves by the
+offset, floored at its own minimum, and the curve stays monotonic; a point whose clock lies outside the printed
+range is moved into it (the kernel range-checks every `vc` write) and reported in `Knob.clamped`.
+
+Writes: the edit commands, then `c`. Reset touches only the voltage: `vo 0` (RDNA2/3/4; `r` would restore the
+whole table, fan curve and memory clock included, and is only a last resort), the anchors to 0 (early RDNA3), the
+recorded stock points (Vega20, whose `r` re-reads the firmware's current table), `r` (Navi1x, GCN). Every write is
+read back; a mismatch restores the previous value and raises. EPERM as root means the GPU is busy or resetting:
+reads and not-yet-staged writes are retried a bounded number of times.
 """
 
 from __future__ import annotations
@@ -12,14 +18,16 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner.core import paths
 from tuner.backends import amd_od_table as od
+from tuner.backends import card_records
 from tuner.backends.amd_sysfs import (
+    DeviceBusy,
     SysfsIO,
     amd_card_dirs,
     hwmon_dir,
@@ -30,11 +38,41 @@ from tuner.backends.amd_sysfs import (
     read_value,
 )
 from tuner.backends.base import Backend
+from tuner.core import paths
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
 from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 
 OD_FILE = "pp_od_clk_voltage"
 STEP_MV = 1  # the kernel takes any whole mV
+BUSY_RETRIES = 5  # EPERM as root (GPU resetting): tries before it counts as lost
+BUSY_WAIT_S = 1.0
+# Vega20 (Radeon VII, MI50/MI60): PCI device ids 0x66a0-0x66af (amdgpu_drv.c pciidlist, CHIP_VEGA20).
+VEGA20_DEVICE_IDS = range(0x66A0, 0x66B0)
+
+
+def is_vega20(pci_id: str | None) -> bool:
+    """>>> is_vega20("1002:66af"), is_vega20("1002:731f"), is_vega20(None)
+    (True, False, False)
+    """
+    try:
+        vendor, device = (int(x, 16) for x in (pci_id or "").split(":"))
+    except ValueError:
+        return False
+    return vendor == 0x1002 and device in VEGA20_DEVICE_IDS
+
+
+def energy_joules(energy) -> float | None:
+    """amdsmi's energy count in J: the counter key is `energy_accumulator` in most versions and `power` in 6.2.
+
+    >>> energy_joules({"power": 2_000_000, "counter_resolution": 15.3}), energy_joules({"x": 1})
+    (30.6, None)
+    """
+    if not isinstance(energy, dict) or "counter_resolution" not in energy:
+        return None
+    counter = energy.get("energy_accumulator", energy.get("power"))
+    if not isinstance(counter, (int, float)):
+        return None
+    return round(counter * energy["counter_resolution"] / 1e6, 3)  # resolution is in µJ
 
 
 def import_amdsmi():
@@ -55,6 +93,7 @@ class _Card:
     index: int  # position among this backend's cards (the engine's cuda:N with PCI bus ordering)
     stock_points: tuple[od.Level, ...] | None = None  # curve formats: the stock voltage points
     amdsmi_handle: object | None = None
+    vega20: bool = False  # `r` re-reads the firmware's table: reset writes the recorded stock points instead
 
 
 class AmdBackend(Backend):
@@ -68,16 +107,22 @@ class AmdBackend(Backend):
         sysfs: SysfsIO | None = None,
         amdsmi=None,
         clock: Callable[[], float] = time.time,
+        warn: Callable[[str], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         self.root = Path(root) if root is not None else paths.sysfs_root()
         self.io = sysfs or SysfsIO()
         self._amdsmi = amdsmi
         self._clock = clock
+        self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
+        self._sleep = sleep
         self._cards: dict[str, _Card] = {}
         handles = self._amdsmi_handles()
         for i, d in enumerate(card_dirs):
             info = self._identify(d, handles)
-            self._cards[info.id] = _Card(d, info, i, amdsmi_handle=handles.get(info.id))
+            self._cards[info.id] = _Card(
+                d, info, i, amdsmi_handle=handles.get(info.id), vega20=is_vega20(info.pci_id)
+            )
         for card in self._cards.values():  # learn each curve's stock points now, before anything is written
             with contextlib.suppress(TunerError):
                 self._stock_points(card, self._table(card))
@@ -139,9 +184,20 @@ class AmdBackend(Backend):
     def _od_path(self, card: _Card) -> Path:
         return card.dir / OD_FILE
 
+    def _busy_retry(self, fn: Callable):
+        """Run `fn`, retrying while the GPU answers EPERM-as-root with nothing staged (busy, resetting)."""
+        for attempt in range(BUSY_RETRIES):
+            try:
+                return fn()
+            except DeviceBusy as e:
+                if e.sent or attempt == BUSY_RETRIES - 1:
+                    raise
+                self._sleep(BUSY_WAIT_S)
+        raise AssertionError("unreachable")
+
     def _table(self, card: _Card) -> od.OdTable:
         try:
-            text = self.io.read_text(self._od_path(card))
+            text = self._busy_retry(lambda: self.io.read_text(self._od_path(card)))
         except Unsupported as e:
             raise Unsupported(
                 f"{card.info.id}: {OD_FILE} is missing, so Overdrive is off", overdrive_remedy(self.root)
@@ -149,8 +205,25 @@ class AmdBackend(Backend):
         return od.parse_od_table(text)
 
     def _stock_points(self, card: _Card, table: od.OdTable) -> tuple[od.Level, ...]:
+        """Curve formats: the points at first contact this boot, from the state directory when an earlier run
+        recorded them (the card may be undervolted now), else the table as read now, recorded."""
         if card.stock_points is None and table.format in od.CURVE_FORMATS:
-            card.stock_points = table.voltage_points
+            record = card_records.load(card_records.STOCK, card.info.id)
+            points = None
+            if record and record.get("format") == table.format:
+                try:
+                    points = tuple(od.Level(int(i), int(mhz), int(mv)) for i, mhz, mv in record["points"])
+                except (KeyError, TypeError, ValueError):
+                    points = None
+            if points is None:
+                points = table.voltage_points
+                with contextlib.suppress(OSError):  # an unwritable state dir only loses the cross-run memory
+                    card_records.save(
+                        card_records.STOCK,
+                        card.info.id,
+                        {"format": table.format, "points": [[p.index, p.mhz, p.mv] for p in points]},
+                    )
+            card.stock_points = points
         return card.stock_points or ()
 
     @staticmethod
@@ -193,6 +266,9 @@ class AmdBackend(Backend):
                 f"{card.info.id}: the {fmt} overdrive table has no voltage control",
                 "APUs and boards without a voltage section can only change clocks",
             )
+        clamped = ()
+        if fmt in od.CURVE_FORMATS and current != 0:
+            clamped = od.clamp_report(table, self._stock_points(card, table), current)
         return Knob(
             kind=KnobKind.VOLTAGE_OFFSET,
             unit="mV",
@@ -203,10 +279,12 @@ class AmdBackend(Backend):
             step=STEP_MV,
             aggressive_direction=-1,
             range_source=source,
+            clamped=clamped,
         )
 
-    def _commands(self, card: _Card, table: od.OdTable, value: int) -> list[str]:
-        """The edit commands that put `value` in place (without the commit)."""
+    def _commands(self, card: _Card, table: od.OdTable, value: int, *, every_point: bool = False) -> list[str]:
+        """The edit commands that put `value` in place (without the commit). Curve points are written only where
+        they change, unless `every_point` (after a refused commit the kernel's staged table is unknown)."""
         if table.format in od.VO_FORMATS:
             return [od.encode_vo(value)]
         if table.format == od.RDNA3_EARLY:
@@ -214,16 +292,21 @@ class AmdBackend(Backend):
         stock = self._stock_points(card, table)
         target = od.curve_with_offset(stock, value, self._floors(table, stock))
         now = {p.index: p for p in table.voltage_points}
+        stock_mv = {p.index: p.mv for p in stock}
         cmds = []
         for p in target:
             cur = now.get(p.index)
-            if cur is not None and cur.mv == p.mv:
+            if cur is not None and cur.mv == p.mv and not every_point:
                 continue
-            mhz = cur.mhz if cur is not None else p.mhz
+            # The kernel checks the clock before the voltage: a stock point outside OD_RANGE must move into it.
+            mhz = od.clamp_point_mhz(table, p.index, cur.mhz if cur is not None else p.mhz)
+            mv = od.clamp_point_mv(table, p.index, p.mv)
+            if mv > stock_mv.get(p.index, mv):
+                continue  # a stock voltage below the range cannot be written back; raising it would overvolt
             if table.format == od.NAVI1X:
-                cmds.append(od.encode_vc(p.index, mhz, p.mv))
+                cmds.append(od.encode_vc(p.index, mhz, mv))
             else:
-                cmds.append(od.encode_state("s", p.index, mhz, p.mv))
+                cmds.append(od.encode_state("s", p.index, mhz, mv))
         return cmds
 
     def _matches(self, card: _Card, table: od.OdTable, value: int) -> bool:
@@ -236,7 +319,7 @@ class AmdBackend(Backend):
         return {p.index: p.mv for p in table.voltage_points} == want
 
     def _write(self, card: _Card, commands: list[str]) -> None:
-        self.io.write_commands(self._od_path(card), commands)
+        self._busy_retry(lambda: self.io.write_commands(self._od_path(card), commands))
 
     # --- Backend ----------------------------------------------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:
@@ -272,23 +355,48 @@ class AmdBackend(Backend):
             # The write went through but the read-back is wrong or unreadable: never leave it unverified.
             self._restore(card, before.current, e)
             raise
+        self._record(card, value)
         return self.knob(device_id)
 
+    def _record(self, card: _Card, value: int) -> None:
+        with contextlib.suppress(OSError):  # the record is a second opinion; the read-back is the proof here
+            if value == 0:
+                card_records.clear(card_records.APPLIED, card.info.id)
+            else:
+                card_records.save(card_records.APPLIED, card.info.id, {"offset_mv": value})
+
+    def foreign_state(self, device_id: str) -> str | None:
+        """A description of a voltage offset the tuner did not set (another tool, an earlier boot service), or
+        None when the card is at stock or holds what the tuner recorded applying."""
+        card = self._card(device_id)
+        current = self._knob_from(card, self._table(card)).current
+        if current == 0:
+            return None
+        record = card_records.load(card_records.APPLIED, card.info.id) or {}
+        if record.get("offset_mv") == current:
+            return None
+        return f"{device_id} carries a {current:+d} mV voltage offset the tuner did not set"
+
+    def _voltage_commands(self, card: _Card, table: od.OdTable, value: int) -> list[str]:
+        """Commands (commit included) that set only the voltage to `value`, whatever the kernel has staged."""
+        fmt = table.format
+        if fmt in od.VO_FORMATS or fmt == od.RDNA3_EARLY:
+            # `vo`/anchors only: `r` would also restore the fan curve and memory clock (SMU13/14 restore the whole
+            # overdrive table), undoing the user's other settings.
+            return [*self._commands(card, table, value), od.COMMIT]
+        stock = self._stock_points(card, table)
+        if card.vega20:
+            # Vega20's `r` re-reads the firmware's current table: write every recorded stock point instead.
+            stock_table = replace(table, vddc_curve=stock)
+            return [*self._commands(card, stock_table, value, every_point=True), od.COMMIT]
+        # Navi1x / GCN: `r` restores the boot table (navi10 boot_overdrive_table, smu7 golden table); staged
+        # edits of a refused commit go with it.
+        after_r = replace(table, vddc_curve=stock) if fmt == od.NAVI1X else replace(table, sclk=stock)
+        return [od.RESET, *(self._commands(card, after_r, value) if value else []), od.COMMIT]
+
     def _restore(self, card: _Card, previous: int, cause: TunerError) -> None:
-        # Start with `r`: a rejected `c` leaves the edits staged in the kernel, and the next `c` would commit them.
         try:
-            commands = [od.RESET]
-            if previous != 0:
-                table = self._table(card)
-                if table.format in od.CURVE_FORMATS:  # after `r` the card holds its stock points
-                    stock = self._stock_points(card, table)
-                    table = (
-                        replace(table, vddc_curve=stock)
-                        if table.format == od.NAVI1X
-                        else replace(table, sclk=stock)
-                    )
-                commands += self._commands(card, table, previous)
-            self._write(card, [*commands, od.COMMIT])
+            self._write(card, self._voltage_commands(card, self._table(card), previous))
         except TunerError as e:
             # Keep the cause's type: a lost device must still read as lost to the trial runner.
             error_type = DeviceLost if isinstance(cause, DeviceLost) else NotApplied
@@ -299,27 +407,30 @@ class AmdBackend(Backend):
 
     def reset(self, device_id: str) -> Knob:
         card = self._card(device_id)
-        self._write(card, [od.RESET, od.COMMIT])
-        table = self._table(card)
-        if table.format in od.CURVE_FORMATS:
-            card.stock_points = (
-                table.voltage_points
-            )  # `r` restores the boot table: these are the true stock points
-        knob = self._knob_from(card, table)
+        self._write(card, self._voltage_commands(card, self._table(card), 0))
+        knob = self._knob_from(card, self._table(card))
+        if knob.current != knob.stock and self._table(card).format in od.VO_FORMATS:
+            # Last resort: `r` restores the whole overdrive table (fan curve, memory clock) and commits.
+            self._warn(
+                f"{device_id}: `vo 0` did not take; restoring the whole overdrive table with `r` "
+                "(your fan curve and memory clock settings go back to stock too)"
+            )
+            self._write(card, [od.RESET, od.COMMIT])
+            knob = self._knob_from(card, self._table(card))
         if knob.current != knob.stock:
             raise NotApplied(
                 f"{device_id}: after reset the card reads {knob.current:+d} mV, not stock",
                 "see `sudo dmesg | tail`; reboot to be sure",
             )
+        self._record(card, 0)
         return knob
 
     def telemetry(self, device_id: str) -> Telemetry:
         card = self._card(device_id)
         sample = hwmon_telemetry(card.dir, self._clock())
-        energy = self._smi("amdsmi_get_energy_count", card.amdsmi_handle)
-        if isinstance(energy, dict) and "energy_accumulator" in energy and "counter_resolution" in energy:
-            joules = energy["energy_accumulator"] * energy["counter_resolution"] / 1e6  # resolution is in µJ
-            sample = replace(sample, energy_j=round(joules, 3))
+        joules = energy_joules(self._smi("amdsmi_get_energy_count", card.amdsmi_handle))
+        if joules is not None:
+            sample = replace(sample, energy_j=joules)
         return sample
 
     def capabilities(self, device_id: str) -> Capabilities:

@@ -69,6 +69,9 @@ class OdTable:
     sclk: tuple[Level, ...] = ()
     mclk: tuple[Level, ...] = ()
     sclk_offset_mhz: int | None = None
+    # Kernels before the 2025-03 smu_v14_0_2 fix print the SKU's offset limits as `0: <min>` / `1: <max>` under
+    # OD_SCLK_OFFSET (OverDriveLimitsBasicMin/Max.GfxclkFoffset), not the current offset, which is then unknown.
+    sclk_offset_limits_mhz: tuple[int, int] | None = None
     vddgfx_offset_mv: int | None = None
     vddc_curve: tuple[Level, ...] = ()
     ranges: tuple[Range, ...] = ()
@@ -136,7 +139,11 @@ def _sections(text: str) -> list[tuple[str, list[str]]]:
         else:
             sections[-1][1].append(line)
     if not sections:
-        raise OdParseError("pp_od_clk_voltage is empty")
+        # The kernel prints just "\n" when the board has no overdrive table (e.g. OD disabled in the pptable).
+        raise OdParseError(
+            "pp_od_clk_voltage holds no overdrive table (the driver printed nothing): "
+            "this board offers no Overdrive through this kernel"
+        )
     names = [name for name, _ in sections]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -165,15 +172,15 @@ def _single(lines: list[str], section: str, unit: str) -> int:
     return values[0][0]
 
 
-def _sclk_offset(lines: list[str]) -> int:
-    """RDNA4's clock offset: one value, or (kernels before the 2025-03 fix) `0: <min>` / `1: <offset>` lines."""
+def _sclk_offset(lines: list[str]) -> tuple[int | None, tuple[int, int] | None]:
+    """RDNA4's clock offset and limits: one value (the offset), or, on kernels before the 2025-03
+    smu_v14_0_2_print_clk_levels fix, `0: <min>` / `1: <max>` lines, which are the limits (offset unknown)."""
     if lines and all(_INDEXED.fullmatch(line) for line in lines):
         levels = {lv.index: lv.mhz for lv in _indexed(lines, "OD_SCLK_OFFSET")}
-        value = levels.get(1, levels.get(0))
-        if value is None:
-            raise OdParseError("OD_SCLK_OFFSET has no clock value")
-        return value
-    return _single(lines, "OD_SCLK_OFFSET", "MHz")
+        if set(levels) != {0, 1} or None in levels.values():
+            raise OdParseError("OD_SCLK_OFFSET should list its limits as `0: <min>Mhz` and `1: <max>Mhz`")
+        return None, (levels[0], levels[1])
+    return _single(lines, "OD_SCLK_OFFSET", "MHz"), None
 
 
 def _ranges(lines: list[str]) -> tuple[Range, ...]:
@@ -199,7 +206,9 @@ def parse_od_table(text: str | bytes) -> OdTable:
     sclk = _indexed(sections["OD_SCLK"], "OD_SCLK") if "OD_SCLK" in sections else ()
     mclk = _indexed(sections["OD_MCLK"], "OD_MCLK") if "OD_MCLK" in sections else ()
     curve = _indexed(sections["OD_VDDC_CURVE"], "OD_VDDC_CURVE") if "OD_VDDC_CURVE" in sections else ()
-    sclk_offset = _sclk_offset(sections["OD_SCLK_OFFSET"]) if "OD_SCLK_OFFSET" in sections else None
+    sclk_offset, sclk_limits = (
+        _sclk_offset(sections["OD_SCLK_OFFSET"]) if "OD_SCLK_OFFSET" in sections else (None, None)
+    )
     vo = (
         _single(sections["OD_VDDGFX_OFFSET"], "OD_VDDGFX_OFFSET", "mV")
         if "OD_VDDGFX_OFFSET" in sections
@@ -212,6 +221,7 @@ def parse_od_table(text: str | bytes) -> OdTable:
         sclk=sclk,
         mclk=mclk,
         sclk_offset_mhz=sclk_offset,
+        sclk_offset_limits_mhz=sclk_limits,
         vddgfx_offset_mv=vo,
         vddc_curve=curve,
         ranges=ranges,
@@ -223,7 +233,7 @@ def parse_od_table(text: str | bytes) -> OdTable:
 def detect_format(t: OdTable) -> str:
     """The generation, from the sections present (control.md §2.4), checking each one is self-consistent."""
     names = {r.name for r in t.ranges}
-    if t.sclk_offset_mhz is not None:
+    if t.sclk_offset_mhz is not None or t.sclk_offset_limits_mhz is not None:
         return RDNA4
     if t.vddgfx_offset_mv is not None:
         return RDNA3 if "VDDGFX_OFFSET" in names else RDNA2
@@ -261,6 +271,8 @@ def render_od_table(t: OdTable) -> str:
 
     if t.sclk_offset_mhz is not None:
         out += ["OD_SCLK_OFFSET:", f"{t.sclk_offset_mhz}Mhz"]
+    elif t.sclk_offset_limits_mhz is not None:
+        out += ["OD_SCLK_OFFSET:", f"0: {t.sclk_offset_limits_mhz[0]}Mhz", f"1: {t.sclk_offset_limits_mhz[1]}Mhz"]
     if t.sclk:
         levels("OD_SCLK", t.sclk)
     if t.mclk:
@@ -313,6 +325,57 @@ def point_volt_range(t: OdTable, index: int) -> tuple[int, int] | None:
     """The allowed mV of one point: `VDDC_CURVE_VOLT[i]` (Navi1x) or `VDDC` (GCN)."""
     r = t.range(f"VDDC_CURVE_VOLT[{index}]") if t.format == NAVI1X else t.range("VDDC")
     return (r.lo, r.hi) if r else None
+
+
+def point_clock_range(t: OdTable, index: int) -> tuple[int, int] | None:
+    """The allowed MHz of one point: `VDDC_CURVE_SCLK[i]` (Navi1x) or `SCLK` (GCN)."""
+    r = t.range(f"VDDC_CURVE_SCLK[{index}]") if t.format == NAVI1X else t.range("SCLK")
+    return (r.lo, r.hi) if r else None
+
+
+def clamp_point_mhz(t: OdTable, index: int, mhz: int) -> int:
+    """`mhz` moved into the point's printed clock range. The kernel range-checks the clock of every `vc`/`s`
+    write before its voltage (navi10_od_setting_check_range, vega20_odn_edit_dpm_table), and stock tables can
+    hold points outside it (an RX 5500 XT: point 0 at 500 MHz against 800-2200 MHz): such a point cannot be
+    written back unchanged. amdgpu-sysfs-rs normalises the curve into the range the same way.
+
+    >>> t = OdTable(NAVI1X, ranges=(Range("VDDC_CURVE_SCLK[0]", 800, 2200, "MHz"),))
+    >>> clamp_point_mhz(t, 0, 500), clamp_point_mhz(t, 0, 1000), clamp_point_mhz(t, 1, 500)
+    (800, 1000, 500)
+    """
+    r = point_clock_range(t, index)
+    return mhz if r is None else min(max(mhz, r[0]), r[1])
+
+
+def clamp_point_mv(t: OdTable, index: int, mv: int) -> int:
+    """`mv` moved into the point's printed voltage range."""
+    r = point_volt_range(t, index)
+    return mv if r is None else min(max(mv, r[0]), r[1])
+
+
+def clamp_report(t: OdTable, stock: tuple[Level, ...], offset_mv: int) -> tuple[str, ...]:
+    """One line per point whose achieved offset differs from the one asked, or whose clock had to move into the
+    printed range, read from table `t` against the stock points.
+
+    >>> stock = (Level(0, 500, 710), Level(1, 1162, 794), Level(2, 1825, 1115))
+    >>> now = OdTable(NAVI1X, vddc_curve=(Level(0, 800, 700), Level(1, 1162, 700), Level(2, 1825, 1015)))
+    >>> clamp_report(now, stock, -100)
+    ('point 0: clock 500->800 MHz (moved into OD_RANGE), -10 mV', 'point 1: -94 mV of -100 mV asked')
+    """
+    now = {p.index: p for p in t.voltage_points}
+    lowest = min((p.index for p in stock), default=0)
+    lines = []
+    for p in sorted(stock, key=lambda p: p.index):
+        cur = now.get(p.index)
+        if cur is None or cur.mv is None or p.mv is None:
+            continue
+        achieved = cur.mv - p.mv
+        moved = cur.mhz != p.mhz
+        if moved:
+            lines.append(f"point {p.index}: clock {p.mhz}->{cur.mhz} MHz (moved into OD_RANGE), {achieved:+d} mV")
+        elif p.index != lowest and achieved != offset_mv:
+            lines.append(f"point {p.index}: {achieved:+d} mV of {offset_mv:+d} mV asked")
+    return tuple(lines)
 
 
 def curve_with_offset(

@@ -101,12 +101,23 @@ class KernelRejected(NotApplied):
     """The kernel answered EINVAL: out of range, malformed, or the feature is off on this board."""
 
 
+class DeviceBusy(DeviceLost):
+    """EPERM while root: the GPU is in reset or suspended (`amdgpu_get_pp_od_clk_voltage` returns -EPERM when
+    `amdgpu_in_reset()` or `in_suspend`), which is likely right after a too-deep undervolt. `sent` is how many
+    commands of the write had been accepted before it (0: nothing staged, safe to retry)."""
+
+    sent: int = 0
+
+
 class SysfsIO:
     """Reads sysfs text and writes kernel commands. Tests subclass it to put a fake kernel behind the same calls.
 
     Each command goes out in its own `os.write` on an unbuffered O_WRONLY descriptor: the kernel parses one command
     per write, so a buffered "vo -50\\nc\\n" would arrive as one write and be rejected.
     """
+
+    def is_root(self) -> bool:
+        return os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
     def read_text(self, path: Path) -> str:
         try:
@@ -129,11 +140,14 @@ class SysfsIO:
         except OSError as e:
             raise self._error(e, path, None) from None
         try:
-            for command, data in payloads:
+            for sent, (command, data) in enumerate(payloads):
                 try:
                     written = self._write(fd, data)
                 except OSError as e:
-                    raise self._error(e, path, command) from None
+                    error = self._error(e, path, command)
+                    if isinstance(error, DeviceBusy):
+                        error.sent = sent
+                    raise error from None
                 if written != len(data):
                     raise NotApplied(f"short write of {command!r} to {path}", "see `sudo dmesg | tail`")
         finally:
@@ -149,18 +163,18 @@ class SysfsIO:
     def _close(self, fd: int) -> None:
         os.close(fd)
 
-    @staticmethod
-    def _error(e: OSError, path: Path, command: str | None) -> TunerError:
-        what = f"writing {command!r} to {path}" if command else f"opening {path}"
+    def _error(self, e: OSError, path: Path, command: str | None) -> TunerError:
+        what = f"writing {command!r} to {path}" if command else f"accessing {path}"
         if e.errno == errno.ENOENT:
             return Unsupported(f"{path.name} is missing: Overdrive is off on this card", str(path))
-        if e.errno == errno.EACCES or (e.errno == errno.EPERM and command is None):
+        # EPERM is "needs root" only when we are not root; as root the kernel means "GPU in reset/suspended".
+        if e.errno == errno.EACCES or (e.errno == errno.EPERM and not self.is_root()):
             return PermissionDenied(
                 f"permission denied {what}", "writing GPU settings needs root: run with sudo"
             )
         if e.errno == errno.EPERM:
-            return DeviceLost(
-                f"the GPU refused {what} (EPERM: it is resetting or suspended)",
+            return DeviceBusy(
+                f"the GPU refused {what} (EPERM as root: it is busy, resetting or suspended)",
                 "wait for it to resume, check `sudo dmesg | tail`, then `tuner reset`",
             )
         if e.errno == errno.EINVAL:

@@ -59,6 +59,9 @@ class Knob:
     aggressive_direction: int
     lock_clock_mhz: int | None = None  # NVIDIA: the max graphics clock the offset is applied at
     range_source: str = "driver"  # "driver" when read from the device, "built-in" when imposed by the tuner
+    # AMD curve formats: one line per point the driver's range forced away from the asked offset (the offset
+    # actually achieved at that point, or a clock moved into OD_RANGE). Empty when every point got what was asked.
+    clamped: tuple[str, ...] = ()
 
     def is_overvolt(self, value: int) -> bool:
         """True when `value` is on the less efficient side of stock (more voltage than stock at a clock)."""
@@ -97,6 +100,7 @@ class Knob:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["kind"] = self.kind.value
+        d["clamped"] = list(self.clamped)
         return d
 
 

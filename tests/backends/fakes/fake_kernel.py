@@ -1,6 +1,24 @@
 """A fake amdgpu kernel behind `pp_od_clk_voltage`: it parses each write the way `amdgpu_set_pp_od_clk_voltage`
 does (one command per write, 1..127 bytes, integers via kstrtol, range checks, EINVAL/EPERM), stages edits, and
-only `c` (or `r`, which falls through to commit) changes what a read shows."""
+only `c` (or `r`, which falls through to commit) changes what a read shows.
+
+Sources of each strictness (torvalds/linux, drivers/gpu/drm/amd/pm):
+- `vc` on Navi1x/Vega20 range-checks the MHz before the mV of every point (`navi10_od_setting_check_range` in
+  swsmu/smu11/navi10_ppt.c; `vega20_odn_edit_dpm_table` in powerplay/hwmgr/vega20_hwmgr.c), against the printed
+  OD_RANGE, even when the stock table itself holds a point outside it (RX 5500 XT: point 0 at 500 MHz, range
+  800-2200 MHz).
+- `r` differs per generation (`variant`):
+  * "smu13" (RDNA2 `sienna_cichlid_od_edit_dpm_table`, RDNA3/4 `smu_v13_0_0_od_edit_dpm_table` /
+    `smu_v14_0_2_od_edit_dpm_table`): memcpy of the whole boot overdrive table, then fallthrough to commit: the
+    user's memory clock and fan curve go back to stock too.
+  * "navi10" (`navi10_od_edit_dpm_table`): memcpy of `boot_overdrive_table`; no commit until `c`.
+  * "vega20" (`vega20_odn_edit_dpm_table`, PP_OD_RESTORE_DEFAULT_TABLE): re-reads the table the SMU firmware holds
+    now (`smum_smc_table_manager(..., TABLE_OVERDRIVE, true)`), i.e. the current, possibly undervolted, values.
+- EPERM on read and write while the GPU is in reset or suspended (`amdgpu_get_pp_od_clk_voltage` /
+  `amdgpu_set_pp_od_clk_voltage`: `if (amdgpu_in_reset(adev)) return -EPERM; if (adev->in_suspend &&
+  !adev->in_runpm) return -EPERM;`). `busy_for` counts accesses until it resumes.
+- `m <0|1> <MHz>` on RDNA2/3/4 sets the memory clock limits, range-checked against MCLK.
+"""
 
 from __future__ import annotations
 
@@ -37,16 +55,31 @@ def _kstrtol(token: str) -> int:
 
 
 class FakeOdKernel:
-    def __init__(self, text: str):
+    def __init__(self, text: str, *, variant: str | None = None):
         self.boot = od.parse_od_table(text)
         self.staged = self.committed = self.boot
+        if variant is None:
+            variant = {od.NAVI1X: "navi10", od.GCN: "smu7"}.get(self.boot.format, "smu13")
+        self.variant = variant
+        self.fan_curve = "stock"  # the OD fan curve (gpu_od/fan_ctrl), part of the SMU13/14 overdrive table
+        self.busy_for = 0  # the next N reads/writes fail with EPERM (GPU resetting), then it answers again
         self.received: list[str] = []  # every write, decoded, as the kernel saw it
         self.in_reset = False  # EPERM on every write, like amdgpu_in_reset()
         self.reject_commits = 0  # the SMU refuses the next N uploads (EINVAL on `c`)
         self.clamp_vo_mv: int | None = None  # firmware silently clamps vo to this floor (read-back differs)
 
     # --- reads ---------------------------------------------------------------------------------------------------
+    def _busy(self) -> bool:
+        if self.in_reset:
+            return True
+        if self.busy_for > 0:
+            self.busy_for -= 1
+            return True
+        return False
+
     def read(self) -> str:
+        if self._busy():
+            raise OSError(errno.EPERM, "Operation not permitted")
         text = od.render_od_table(self.committed)
         return text.replace("OD_RANGE:", "\0" * 23 + "OD_RANGE:")  # NUL padding, as real kernels print
 
@@ -54,7 +87,7 @@ class FakeOdKernel:
     def write(self, data: bytes) -> int:
         text = data.decode("ascii", errors="replace")
         self.received.append(text)
-        if self.in_reset:
+        if self._busy():
             raise OSError(errno.EPERM, "Operation not permitted")
         if not 0 < len(data) <= 127:
             raise _einval("size")
@@ -82,7 +115,13 @@ class FakeOdKernel:
             raise _einval(f"{name} {value} outside [{r.lo}, {r.hi}]")
 
     def _cmd_r(self, params: list[int]) -> None:
-        self.staged = self.committed = self.boot  # restore falls through to commit (smu13/14)
+        if self.variant == "vega20":
+            self.staged = self.committed  # the firmware's current table, not the boot one
+        elif self.variant in ("navi10", "smu7"):
+            self.staged = self.boot  # no commit until `c`
+        else:
+            self.staged = self.committed = self.boot  # whole table, then fallthrough to commit (smu13/14)
+            self.fan_curve = "stock"
 
     def _cmd_c(self, params: list[int]) -> None:
         if self.reject_commits > 0:
@@ -149,7 +188,13 @@ class FakeOdKernel:
             self.staged = replace(self.staged, sclk=sclk)
 
     def _cmd_m(self, params: list[int]) -> None:
-        raise _einval("memory clock edits are not modelled by this fake")
+        if self.boot.format not in od.VO_FORMATS:
+            raise _einval("memory clock edits are modelled only on RDNA2/3/4 by this fake")
+        if len(params) != 2 or params[0] not in {lv.index for lv in self.staged.mclk}:
+            raise _einval("Invalid MCLK_VDDC_TABLE index")
+        self._in("MCLK", params[1])
+        mclk = tuple(od.Level(lv.index, params[1], lv.mv) if lv.index == params[0] else lv for lv in self.staged.mclk)
+        self.staged = replace(self.staged, mclk=mclk)
 
 
 class FakeKernelIO(SysfsIO):
@@ -165,14 +210,21 @@ class FakeKernelIO(SysfsIO):
         self.missing: set[Path] = set()  # paths that raise ENOENT (Overdrive off)
         self.denied: set[Path] = set()  # paths that raise EACCES on open (not root)
         self._fds: dict[int, Path] = {}
+        self.root = True  # the fake runs "as root" unless a test says otherwise
         self._next_fd = 1000
+
+    def is_root(self) -> bool:
+        return self.root
 
     def read_text(self, path: Path) -> str:
         path = Path(path)
         if path in self.missing:
             raise self._error(OSError(errno.ENOENT, "No such file"), path, None)
         if path in self.kernels:
-            return self.kernels[path].read()
+            try:
+                return self.kernels[path].read()
+            except OSError as e:
+                raise self._error(e, path, None) from None
         return super().read_text(path)
 
     def _open(self, path: Path) -> int:

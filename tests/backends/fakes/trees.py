@@ -70,6 +70,19 @@ OD_TEXT = {
     "apu": "OD_SCLK:\n0: 400Mhz\n1: 2600Mhz\nOD_RANGE:\nSCLK: 400MHz 2600Mhz\n",
 }
 
+# Shapes the fakes above are too kind for, written from the kernel's format strings (navi10_print_clk_levels):
+# a Navi1x stock curve whose lowest point lies below the printed clock range (as on an RX 5500 XT: the kernel
+# prints the firmware's point 0 unchanged while `vc` range-checks every write against VDDC_CURVE_SCLK[i]).
+NAVI1X_OUT_OF_RANGE = (
+    "OD_SCLK:\n0: 600Mhz\n1: 1800Mhz\nOD_MCLK:\n1: 875MHz\nOD_VDDC_CURVE:\n0: 600MHz 705mV\n"
+    "1: 1200MHz 790mV\n2: 1800MHz 1100mV\nOD_RANGE:\nSCLK:     800Mhz       2100Mhz\n"
+    "MCLK:     625Mhz        930Mhz\n"
+    + "".join(
+        f"VDDC_CURVE_SCLK[{i}]:     800Mhz       2100Mhz\nVDDC_CURVE_VOLT[{i}]:     700mV        1150mV\n"
+        for i in range(3)
+    )
+)
+
 SLOTS = {fmt: f"0000:{0x10 + i:02x}:00.0" for i, fmt in enumerate(OD_TEXT)}
 
 
@@ -87,6 +100,8 @@ def make_card(
     slot: str | None = None,
     symlink: bool = True,
     od: bool = True,
+    device: str = "0x7550",
+    od_text: str | None = None,
 ) -> Path:
     """One card: `sys/class/drm/cardN -> ../../devices/.../cardN` and its PCI device directory.
     With symlink=False the device directory is a plain directory and the slot comes from uevent."""
@@ -103,15 +118,15 @@ def make_card(
         dev = drm / f"card{index}" / "device"
         dev.mkdir(parents=True)
     write(dev / "vendor", f"{vendor}\n")
-    write(dev / "device", "0x7550\n")
+    write(dev / "device", f"{device}\n")
     write(dev / "subsystem_vendor", "0x1da2\n")
     write(dev / "subsystem_device", "0xe490\n")
     write(dev / "uevent", f"DRIVER=amdgpu\nPCI_CLASS=30000\nPCI_SLOT_NAME={slot}\n")
     write(dev / "vbios_version", "113-FAKE-100\n")
     write(dev / "gpu_busy_percent", "37\n")
     write(dev / "power_dpm_force_performance_level", "auto\n")
-    if od and fmt:
-        write(dev / "pp_od_clk_voltage", OD_TEXT[fmt])
+    if od and (fmt or od_text):
+        write(dev / "pp_od_clk_voltage", od_text or OD_TEXT[fmt])
     hw = dev / "hwmon/hwmon4"
     for name, value in {
         "in0_input": "812",

@@ -1,0 +1,177 @@
+"""AMD behaviours the first fakes were kinder than the real kernel about (issue 13, items 1-4 and the small ones).
+
+Each test runs against the strict fake kernel (tests/backends/fakes/fake_kernel.py cites the kernel functions).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.backends import amd
+from tuner.backends import amd_od_table as od
+from tuner.backends.amd_sysfs import amd_card_dirs
+from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied
+
+from .fakes.fake_kernel import FakeKernelIO, FakeOdKernel
+from .fakes.trees import NAVI1X_OUT_OF_RANGE, OD_TEXT, make_card, make_tree
+
+
+def _backend(root, text, *, variant=None, device="0x7550", **kw):
+    make_tree(root, [])
+    make_card(root, 0, None, od_text=text, device=device)
+    (d,) = amd_card_dirs(root)
+    kernel = FakeOdKernel(text, variant=variant)
+    fio = FakeKernelIO({d / "pp_od_clk_voltage": kernel})
+    sleeps: list[float] = []
+    backend = amd.AmdBackend([d], root=root, sysfs=fio, sleep=sleeps.append, warn=kw.get("warn"))
+    return backend, fio, kernel, sleeps
+
+
+def _in_range(kernel: FakeOdKernel, command: str) -> bool:
+    _, pt, mhz, mv = command.split()
+    sclk = kernel.boot.range(f"VDDC_CURVE_SCLK[{pt}]")
+    volt = kernel.boot.range(f"VDDC_CURVE_VOLT[{pt}]")
+    return sclk.lo <= int(mhz) <= sclk.hi and volt.lo <= int(mv) <= volt.hi
+
+
+# --- item 1: Navi1x points outside the printed range ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offset_mv", [-30, -50, -100])
+def test_navi1x_point_outside_od_range_is_moved_into_it_and_reported(tmp_path, offset_mv):
+    backend, fio, kernel, _ = _backend(tmp_path, NAVI1X_OUT_OF_RANGE)
+    dev = backend.devices()[0].id
+    knob = backend.apply(dev, offset_mv)
+    assert knob.current == offset_mv
+    vc = [c for c in fio.commands() if c.startswith("vc")]
+    assert vc and all(_in_range(kernel, c) for c in vc)  # the kernel would EINVAL anything else
+    if any(c.startswith("vc 0 ") for c in vc):
+        assert any(line.startswith("point 0: clock 600->800 MHz") for line in knob.clamped)
+    backend.reset(dev)
+    assert backend.knob(dev).current == 0 and backend.knob(dev).clamped == ()
+
+
+def test_navi1x_achieved_offset_per_point_is_reported_when_a_floor_clamps_it(tmp_path):
+    backend, _, _, _ = _backend(tmp_path, NAVI1X_OUT_OF_RANGE)
+    knob = backend.apply(backend.devices()[0].id, -100)
+    assert "point 1: -90 mV of -100 mV asked" in knob.clamped  # 790 -> floor 700
+
+
+# --- item 2: Vega20's `r` is not stock ----------------------------------------------------------------------------
+
+
+def test_vega20_reset_writes_the_recorded_stock_points_not_r(tmp_path):
+    backend, fio, kernel, _ = _backend(tmp_path, OD_TEXT["vega20-navi1x"], variant="vega20", device="0x66af")
+    dev = backend.devices()[0].id
+    backend.apply(dev, -60)
+    # a later run (new process) meets the undervolted card: the stock record from first contact still holds
+    again = amd.AmdBackend(amd_card_dirs(tmp_path), root=tmp_path, sysfs=fio)
+    assert again.knob(dev).current == -60
+    fio.log.clear()
+    again.reset(dev)
+    assert "r" not in fio.commands()
+    assert kernel.committed.vddc_curve == kernel.boot.vddc_curve
+
+
+def test_vega20_r_really_keeps_the_firmware_table(tmp_path):
+    """The fake is as strict as vega20_odn_edit_dpm_table: `r` then `c` leaves an undervolt in place."""
+    kernel = FakeOdKernel(OD_TEXT["vega20-navi1x"], variant="vega20")
+    for cmd in (b"vc 2 2000 1090\n", b"c\n", b"r\n", b"c\n"):
+        kernel.write(cmd)
+    assert kernel.committed.vddc_curve[2].mv == 1090
+
+
+def test_navi1x_is_told_from_vega20_by_pci_id():
+    assert amd.is_vega20("1002:66af") and not amd.is_vega20("1002:731f")
+
+
+# --- item 3: a reset keeps the user's other settings --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["rdna2", "rdna3", "rdna4"])
+def test_fan_curve_and_memory_clock_survive_apply_reset_and_a_failed_apply(tmp_path, fmt):
+    warnings: list[str] = []
+    backend, fio, kernel, _ = _backend(tmp_path, OD_TEXT[fmt], warn=warnings.append)
+    dev = backend.devices()[0].id
+    mclk_range = kernel.boot.range("MCLK")
+    user_mclk = mclk_range.hi - 10
+    for cmd in (f"m 1 {user_mclk}\n".encode(), b"c\n"):  # set by the user before the tuner ran
+        kernel.write(cmd)
+    kernel.fan_curve = "user"
+    backend.apply(dev, -30)
+    backend.reset(dev)
+    kernel.reject_commits = 1
+    with pytest.raises(NotApplied):
+        backend.apply(dev, -40)
+    assert backend.knob(dev).current == 0
+    assert kernel.committed.mclk[-1].mhz == user_mclk and kernel.fan_curve == "user"
+    assert "r" not in fio.commands() and warnings == []
+
+
+def test_r_is_the_last_resort_with_a_warning(tmp_path):
+    warnings: list[str] = []
+    backend, fio, kernel, _ = _backend(tmp_path, OD_TEXT["rdna3"], warn=warnings.append)
+    dev = backend.devices()[0].id
+    backend.apply(dev, -30)
+    real = kernel._cmd_vo
+    kernel._cmd_vo = lambda params: None if params == [0] else real(params)  # firmware ignores `vo 0`
+    assert backend.reset(dev).current == 0
+    assert fio.commands()[-2:] == ["r", "c"] and "fan curve" in warnings[0]
+
+
+# --- item 4: EPERM as root is "busy or resetting" -----------------------------------------------------------------
+
+
+def test_eperm_as_root_is_retried_within_a_bound(tmp_path):
+    backend, fio, kernel, sleeps = _backend(tmp_path, OD_TEXT["rdna3"])
+    dev = backend.devices()[0].id
+    kernel.busy_for = 2  # e.g. right after a GPU reset
+    assert backend.apply(dev, -20).current == -20
+    assert len(sleeps) == 2
+
+
+def test_eperm_as_root_that_persists_is_device_lost_not_needs_root(tmp_path):
+    backend, fio, kernel, sleeps = _backend(tmp_path, OD_TEXT["rdna3"])
+    kernel.in_reset = True
+    with pytest.raises(DeviceLost) as e:
+        backend.knob(backend.devices()[0].id)
+    assert "busy" in e.value.message and "root" not in (e.value.remedy or "")
+    assert len(sleeps) == amd.BUSY_RETRIES - 1
+
+
+def test_eperm_when_not_root_still_says_run_as_root(tmp_path):
+    backend, fio, kernel, _ = _backend(tmp_path, OD_TEXT["rdna3"])
+    fio.root = False
+    kernel.in_reset = True
+    with pytest.raises(PermissionDenied) as e:
+        backend.knob(backend.devices()[0].id)
+    assert "root" in e.value.remedy
+
+
+# --- item 10 (AMD side) and the small ones ------------------------------------------------------------------------
+
+
+def test_foreign_offset_is_reported_and_the_tuners_own_is_not(tmp_path):
+    backend, _, kernel, _ = _backend(tmp_path, OD_TEXT["rdna3"])
+    dev = backend.devices()[0].id
+    assert backend.foreign_state(dev) is None
+    backend.apply(dev, -25)
+    assert backend.foreign_state(dev) is None  # the tuner recorded it
+    backend.reset(dev)
+    for cmd in (b"vo -35\n", b"c\n"):  # another tool
+        kernel.write(cmd)
+    assert "-35 mV" in backend.foreign_state(dev)
+
+
+@pytest.mark.parametrize("key", ["energy_accumulator", "power"])
+def test_amdsmi_energy_key_differs_by_version(key):
+    assert amd.energy_joules({key: 1_000_000, "counter_resolution": 15.3}) == 15.3
+
+
+def test_a_table_that_is_only_a_newline_is_unsupported_not_empty(tmp_path):
+    make_tree(tmp_path, [])
+    make_card(tmp_path, 0, None, od_text="\n")  # a plain file: what the kernel prints without an OD table
+    backend = amd.AmdBackend(amd_card_dirs(tmp_path), root=tmp_path, sysfs=FakeKernelIO())
+    with pytest.raises(od.OdParseError) as e:
+        backend.knob(backend.devices()[0].id)
+    assert "no overdrive table" in e.value.message
