@@ -51,7 +51,9 @@ def _nvidia(missing=()):
             backend,
             backend.devices()[0].id,
             lambda: call_names(m, setters_only=True),
-            lambda: setattr(gpu, "ignore_offsets", True),
+            # a read-back of 0 is "unverified" (issue 13, item 6), so break it with a non-zero mismatch: the
+            # driver snapping to a coarser increment than the tuner's step (LACT issue #1202)
+            lambda: setattr(gpu, "snap_mhz", 100),
         )
 
     return build

@@ -61,6 +61,20 @@ class Backend(ABC):
     def note_load(self, device_id: str, active: bool) -> None:  # noqa: B027 - optional hook
         """Told when a stress run starts or stops on a device. Real cards measure load; the simulator needs it."""
 
+    def foreign_state(self, device_id: str) -> str | None:
+        """A one-line description of a setting on the card that the tuner did not apply (another tool's offset),
+        or None. A bisect refuses such a card: it must start from a known state."""
+        return None
+
+    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
+        """NVIDIA: the performance states an applied offset covers; None where the notion does not apply."""
+        return None
+
+    def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
+        """NVIDIA: lock future applies at the clock measured under the stock baseline; returns the lock chosen,
+        or None where the knob has no locked clock."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release libraries (NVML shutdown and the like)."""
 
@@ -103,6 +117,15 @@ class CompositeBackend(Backend):
 
     def note_load(self, device_id: str, active: bool) -> None:
         self._owner(device_id).note_load(device_id, active)
+
+    def foreign_state(self, device_id: str) -> str | None:
+        return self._owner(device_id).foreign_state(device_id)
+
+    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
+        return self._owner(device_id).applied_pstates(device_id)
+
+    def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
+        return self._owner(device_id).lock_at_measured_clock(device_id, clock_mhz)
 
     def close(self) -> None:
         for backend in self.backends:

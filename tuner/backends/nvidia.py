@@ -11,12 +11,13 @@ ignores errors) and fall back to `nvmlDeviceSetGpcClkVfOffset` (driver >= 520). 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
 from fractions import Fraction
 
-from tuner.backends import nvml_offsets
+from tuner.backends import card_records, nvml_offsets
 from tuner.backends.base import Backend
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
@@ -33,6 +34,9 @@ _THROTTLE_BITS = {
     0x100: "display_clocks",
 }
 OFFSET_API = "nvmlDeviceSetClockOffsets"
+# Offsets are per performance state; CUDA work often runs in P2 on GeForce cards (LACT PR #461, #918).
+OFFSET_PSTATES = (0, 2)
+SNAP_LIMIT_MHZ = 15  # a read-back this close below the written offset is the driver's snapping, not a refusal
 VF_OFFSET_API = "nvmlDeviceSetGpcClkVfOffset"
 
 
@@ -93,6 +97,7 @@ class NvidiaBackend(Backend):
         self._infos: list[DeviceInfo] = []
         self._lock_mhz: dict[str, int] = {}
         self._api: dict[str, str] = {}
+        self._pstates: dict[str, tuple[int, ...]] = {}
         driver = self._nv(lambda: _text(nvml.nvmlSystemGetDriverVersion()), "reading the driver version")
         for index in range(self._nv(nvml.nvmlDeviceGetCount, "counting GPUs")):
             h = self._nv(lambda i=index: nvml.nvmlDeviceGetHandleByIndex(i), "opening a GPU")
@@ -140,6 +145,11 @@ class NvidiaBackend(Backend):
             return fn()
         except self.nvml.NVMLError as e:
             raise self._translate(e, what) from None
+        except AttributeError as e:  # a pynvml too old for a call: never let it escape as a traceback
+            raise Unsupported(
+                f"{what}: this nvidia-ml-py lacks {getattr(e, 'name', None) or e}",
+                "install nvidia-ml-py >= 12.555 (`pip install -U nvidia-ml-py`)",
+            ) from None
 
     def _optional(self, fn: Callable):
         """A figure the card may not report: None instead of an error, except a lost GPU."""
@@ -148,6 +158,8 @@ class NvidiaBackend(Backend):
         except self.nvml.NVMLError as e:
             if getattr(e, "value", None) == self.nvml.NVML_ERROR_GPU_IS_LOST:
                 raise self._translate(e, "reading telemetry") from None
+            return None
+        except AttributeError:  # the installed pynvml lacks this call
             return None
 
     def _is(self, e: Exception, code_name: str) -> bool:
@@ -165,48 +177,103 @@ class NvidiaBackend(Backend):
             return []
         return list(self._optional(lambda: n.nvmlDeviceGetSupportedGraphicsClocks(h, max(mems))) or [])
 
-    def _stock_max_mhz(self, h) -> int:
-        n = self.nvml
-        boost = self._optional(lambda: n.nvmlDeviceGetMaxCustomerBoostClock(h, n.NVML_CLOCK_GRAPHICS))
-        if not boost:
-            boost = self._nv(
-                lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_GRAPHICS), "reading the max clock"
-            )
-        return int(boost)
-
-    def _read_offset(self, device_id: str) -> tuple[int, int, int]:
-        """(current, min, max) graphics offset in MHz at P0, through whichever API this driver has."""
-        n, h = self.nvml, self._handle(device_id)
-        if self._api.get(device_id, OFFSET_API) == OFFSET_API:
+    def _offset_api(self, device_id: str) -> str:
+        """The per-pstate API (driver >= 555 with nvidia-ml-py >= 12.555), else the older whole-curve VF call."""
+        if device_id not in self._api:
+            n, h = self.nvml, self._handle(device_id)
             try:
-                off = nvml_offsets.get_clock_offset(n, h, n.NVML_CLOCK_GRAPHICS, n.NVML_PSTATE_0)
+                nvml_offsets.get_clock_offset(n, h, n.NVML_CLOCK_GRAPHICS, n.NVML_PSTATE_0)
                 self._api[device_id] = OFFSET_API
-                return off.current_mhz, off.min_mhz, off.max_mhz
+            except AttributeError:
+                # nvidia-ml-py < 12.555 lacks c_nvmlClockOffset_t / nvmlClockOffset_v1: use the older call.
+                self._api[device_id] = VF_OFFSET_API
             except n.NVMLError as e:
                 if not self._is(e, "NVML_ERROR_FUNCTION_NOT_FOUND"):
                     raise self._translate(e, "reading the clock offset") from None
-        self._api[device_id] = VF_OFFSET_API
-        current = self._nv(lambda: n.nvmlDeviceGetGpcClkVfOffset(h), "reading the clock offset")
-        lo, hi = self._nv(lambda: n.nvmlDeviceGetGpcClkMinMaxVfOffset(h), "reading the clock offset range")
-        return int(current), int(lo), int(hi)
+                self._api[device_id] = VF_OFFSET_API
+        return self._api[device_id]
 
-    def _write_offset(self, device_id: str, offset_mhz: int) -> None:
+    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
+        """The performance states an offset is applied at (every one the driver accepts a non-zero offset for,
+        at least P0); None on the older API, whose one offset covers the whole V/F curve."""
+        if self._offset_api(device_id) != OFFSET_API:
+            return None
+        if device_id not in self._pstates:
+            n, h = self.nvml, self._handle(device_id)
+            accepted = []
+            for pstate in OFFSET_PSTATES:
+                try:
+                    off = nvml_offsets.get_clock_offset(n, h, n.NVML_CLOCK_GRAPHICS, pstate)
+                except n.NVMLError as e:
+                    if pstate == 0 or self._is(e, "NVML_ERROR_GPU_IS_LOST"):
+                        raise self._translate(e, "reading the clock offset") from None
+                    continue  # this pstate takes no offset on this card
+                if pstate == 0 or (off.min_mhz, off.max_mhz) != (0, 0):
+                    accepted.append(pstate)
+            self._pstates[device_id] = tuple(accepted)
+        return self._pstates[device_id]
+
+    def _read_offsets(self, device_id: str) -> dict[int | None, tuple[int, int, int]]:
+        """{pstate: (current, min, max)} as the driver reports them; key None on the older whole-curve API."""
         n, h = self.nvml, self._handle(device_id)
-        if self._api.get(device_id) is None:
-            self._read_offset(device_id)
-        if self._api[device_id] == OFFSET_API:
-            self._nv(
-                lambda: nvml_offsets.set_clock_offset(
-                    n, h, n.NVML_CLOCK_GRAPHICS, n.NVML_PSTATE_0, offset_mhz
-                ),
-                "setting the clock offset",
+        pstates = self.applied_pstates(device_id)
+        if pstates is None:
+            current = self._nv(lambda: n.nvmlDeviceGetGpcClkVfOffset(h), "reading the clock offset")
+            lo, hi = self._nv(lambda: n.nvmlDeviceGetGpcClkMinMaxVfOffset(h), "reading the clock offset range")
+            return {None: (int(current), int(lo), int(hi))}
+        out = {}
+        for pstate in pstates:
+            off = self._nv(
+                lambda p=pstate: nvml_offsets.get_clock_offset(n, h, n.NVML_CLOCK_GRAPHICS, p),
+                "reading the clock offset",
             )
-        else:
-            self._nv(lambda: n.nvmlDeviceSetGpcClkVfOffset(h, offset_mhz), "setting the clock offset")
+            out[pstate] = (off.current_mhz, off.min_mhz, off.max_mhz)
+        return out
 
-    def lock_clock_mhz(self, device_id: str) -> int:
+    def _write_offset(self, device_id: str, pstate: int | None, offset_mhz: int) -> None:
+        n, h = self.nvml, self._handle(device_id)
+        if pstate is None:
+            self._nv(lambda: n.nvmlDeviceSetGpcClkVfOffset(h, offset_mhz), "setting the clock offset")
+        else:
+            self._nv(
+                lambda: nvml_offsets.set_clock_offset(n, h, n.NVML_CLOCK_GRAPHICS, pstate, offset_mhz),
+                f"setting the clock offset at P{pstate}",
+            )
+
+    def _record(self, device_id: str) -> dict:
+        return card_records.load(card_records.APPLIED, self._record_key(device_id)) or {}
+
+    def _record_key(self, device_id: str) -> str:
+        return self.device(device_id).serial or device_id
+
+    def _save_record(self, device_id: str, offset_mhz: int) -> None:
+        key = self._record_key(device_id)
+        with contextlib.suppress(OSError):
+            if offset_mhz == 0:
+                card_records.clear(card_records.APPLIED, key)
+            else:
+                card_records.save(
+                    card_records.APPLIED,
+                    key,
+                    {"offset_mhz": offset_mhz, "lock_clock_mhz": self._lock_mhz.get(device_id)},
+                )
+
+    def _current(self, device_id: str, offsets: dict) -> int:
+        """The offset on the card: the driver's P0 (or whole-curve) value, unless the driver reads 0 while the
+        tuner's record says it applied one this boot (drivers that report 0 for applied offsets)."""
+        first = offsets[0] if 0 in offsets else offsets[None]
+        recorded = self._record(device_id).get("offset_mhz", 0)
+        return first[0] if first[0] != 0 else int(recorded)
+
+    def lock_clock_mhz(self, device_id: str) -> int | None:
+        """The max graphics clock `apply` locks to: the one set (measured under the stock baseline, or
+        --lock-mhz), else the card's max customer boost clock, else None (nothing known that caps anything)."""
         if device_id not in self._lock_mhz:
-            self._lock_mhz[device_id] = self._stock_max_mhz(self._handle(device_id))
+            n, h = self.nvml, self._handle(device_id)
+            boost = self._optional(lambda: n.nvmlDeviceGetMaxCustomerBoostClock(h, n.NVML_CLOCK_GRAPHICS))
+            if not boost:
+                return None
+            self._lock_mhz[device_id] = int(boost)
         return self._lock_mhz[device_id]
 
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
@@ -222,8 +289,24 @@ class NvidiaBackend(Backend):
             )
         self._lock_mhz[device_id] = mhz
 
+    def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
+        """Lock at the clock the card sustained under the stock baseline (its median SM clock), snapped down to
+        a supported clock. The top of the V/F table caps nothing, so this is what makes an offset an undervolt."""
+        clocks = sorted(self._supported_clocks(self._handle(device_id)))
+        below = [c for c in clocks if c <= clock_mhz]
+        mhz = int(below[-1] if below else (clocks[0] if clocks else round(clock_mhz)))
+        self.set_lock_clock(device_id, mhz)
+        return mhz
+
     def _lock(self, device_id: str) -> None:
         n, h = self.nvml, self._handle(device_id)
+        top = self.lock_clock_mhz(device_id)
+        if top is None:
+            raise Unsupported(
+                f"{device_id}: the driver reports no max customer boost clock, and the top of the clock table "
+                "caps nothing (a positive offset would overclock)",
+                "run a bisect (it locks at the clock measured under the stock baseline) or pass --lock-mhz",
+            )
         clocks = self._supported_clocks(h)
         if clocks:
             floor = int(min(clocks))
@@ -234,10 +317,28 @@ class NvidiaBackend(Backend):
                     "reading the lowest clock",
                 )
             )
-        top = self.lock_clock_mhz(device_id)
         self._nv(
             lambda: n.nvmlDeviceSetGpuLockedClocks(h, min(floor, top), top), "locking the graphics clock"
         )
+
+    def _unlock_quietly(self, device_id: str) -> None:
+        """Failure paths: release the lock whatever else went wrong (a lock without its offset caps the card,
+        an offset without its lock overclocks it)."""
+        with contextlib.suppress(TunerError, AttributeError):
+            self._nv(
+                lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self._handle(device_id)),
+                "unlocking the graphics clock",
+            )
+
+    def foreign_state(self, device_id: str) -> str | None:
+        """A description of a clock offset the tuner did not set (PenguinBurner checks that every offset reads 0
+        before it starts), or None. Locked clocks cannot be read through NVML."""
+        recorded = self._record(device_id).get("offset_mhz", 0)
+        for pstate, (current, _, _) in self._read_offsets(device_id).items():
+            if current not in (0, recorded):
+                where = "" if pstate is None else f" at P{pstate}"
+                return f"{device_id} carries a {current:+d} MHz clock offset{where} the tuner did not set"
+        return None
 
     def persistence_off(self, device_id: str) -> bool:
         n, h = self.nvml, self._handle(device_id)
@@ -250,12 +351,13 @@ class NvidiaBackend(Backend):
         return list(self._infos)
 
     def knob(self, device_id: str) -> Knob:
-        current, lo, hi = self._read_offset(device_id)
+        offsets = self._read_offsets(device_id)
+        _, lo, hi = offsets[0] if 0 in offsets else offsets[None]
         return Knob(
             kind=KnobKind.CLOCK_OFFSET,
             unit="MHz",
             stock=0,
-            current=current,
+            current=self._current(device_id, offsets),
             min=min(lo, 0),
             max=max(hi, 0),
             step=offset_step_mhz(self._supported_clocks(self._handle(device_id))),
@@ -270,15 +372,13 @@ class NvidiaBackend(Backend):
             return self.reset(device_id)
         try:
             self._lock(device_id)
-            self._write_offset(device_id, value)
-            got = self._read_offset(device_id)[0]
-            if got != value:
-                raise NotApplied(
-                    f"{device_id}: wrote {value:+d} MHz but NVML reads back {got:+d} MHz; "
-                    f"restored {before.current:+d} MHz",
-                    "the driver may not support offsets on this card",
-                )
+            # Recorded before the write: if the driver's read-back lies or the tuner dies, reset still knows.
+            self._save_record(device_id, value)
+            for pstate in self._read_offsets(device_id):
+                self._write_offset(device_id, pstate, value)
+            self._verify(device_id, value, before.current)
         except DeviceLost:
+            self._unlock_quietly(device_id)
             raise
         except TunerError as e:
             self._restore(device_id, before.current, e)
@@ -290,13 +390,41 @@ class NvidiaBackend(Backend):
             )
         return self.knob(device_id)
 
+    def _verify(self, device_id: str, value: int, previous: int) -> None:
+        unverified = []
+        for pstate, (got, _, _) in self._read_offsets(device_id).items():
+            where = "" if pstate is None else f" at P{pstate}"
+            if got == value:
+                continue
+            if got == 0:
+                unverified.append(where.strip() or "the V/F curve")
+            elif 0 < got < value and value - got < SNAP_LIMIT_MHZ:
+                # The driver snaps offsets to the increment the hardware supports (LACT issue #1202).
+                self._warn(f"{device_id}: the driver snapped {value:+d} MHz to {got:+d} MHz{where}")
+                self._save_record(device_id, got)
+            else:
+                raise NotApplied(
+                    f"{device_id}: wrote {value:+d} MHz{where} but NVML reads back {got:+d} MHz; "
+                    f"restored {previous:+d} MHz",
+                    "the driver may not support offsets on this card",
+                )
+        if unverified:
+            self._warn(
+                f"{device_id}: the driver reads back +0 MHz after writing {value:+d} MHz "
+                f"({', '.join(unverified)}): unverified, not proven; the tuner keeps its own record and "
+                "resets it as applied (check the sustained clock under load)"
+            )
+
     def _restore(self, device_id: str, previous: int, cause: TunerError) -> None:
         try:
             if previous == 0:
                 self.reset(device_id)
             else:
-                self._write_offset(device_id, previous)
+                self._save_record(device_id, previous)
+                for pstate in self._read_offsets(device_id):
+                    self._write_offset(device_id, pstate, previous)
         except TunerError as e:
+            self._unlock_quietly(device_id)
             raise NotApplied(
                 f"{cause.message}; restoring {previous:+d} MHz also failed: {e.message}",
                 "run `sudo tuner reset` or `sudo nvidia-smi -rgc`",
@@ -304,17 +432,20 @@ class NvidiaBackend(Backend):
 
     def reset(self, device_id: str) -> Knob:
         n, h = self.nvml, self._handle(device_id)
-        current = self._read_offset(device_id)[0]
-        if current != 0:
-            self._write_offset(device_id, 0)
-        self._nv(lambda: n.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
-        knob = self.knob(device_id)
-        if knob.current != knob.stock:
-            raise NotApplied(
-                f"{device_id}: after reset NVML reads {knob.current:+d} MHz, not 0",
-                "run `sudo nvidia-smi -rgc` or reboot",
-            )
-        return knob
+        recorded = self._record(device_id).get("offset_mhz", 0)
+        try:
+            # Write 0 wherever the driver or the tuner's own record says non-zero (a driver may read 0).
+            for pstate, (current, _, _) in self._read_offsets(device_id).items():
+                if current != 0 or recorded != 0:
+                    self._write_offset(device_id, pstate, 0)
+        finally:
+            self._nv(lambda: n.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
+        left = {p: c for p, (c, _, _) in self._read_offsets(device_id).items() if c != 0}
+        if left:
+            shown = ", ".join(f"{c:+d} MHz" + ("" if p is None else f" at P{p}") for p, c in left.items())
+            raise NotApplied(f"{device_id}: after reset NVML reads {shown}, not 0", "run `sudo nvidia-smi -rgc` or reboot")
+        self._save_record(device_id, 0)
+        return self.knob(device_id)
 
     def telemetry(self, device_id: str) -> Telemetry:
         n, h = self.nvml, self._handle(device_id)
@@ -322,6 +453,7 @@ class NvidiaBackend(Backend):
         power_mw = opt(lambda: n.nvmlDeviceGetPowerUsage(h))
         energy_mj = opt(lambda: n.nvmlDeviceGetTotalEnergyConsumption(h))
         util = opt(lambda: n.nvmlDeviceGetUtilizationRates(h))
+        pstate = opt(lambda: n.nvmlDeviceGetPerformanceState(h))
         reasons = opt(lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
         if reasons is None:
             reasons = opt(lambda: n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
@@ -335,6 +467,7 @@ class NvidiaBackend(Backend):
             util_pct=None if util is None else float(util.gpu),
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
             throttle_reasons=tuple(name for bit, name in _THROTTLE_BITS.items() if reasons and reasons & bit),
+            pstate=int(pstate) if isinstance(pstate, int) and 0 <= pstate <= 15 else None,  # 32 = unknown
         )
 
     def capabilities(self, device_id: str) -> Capabilities:

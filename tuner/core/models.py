@@ -120,6 +120,7 @@ class Telemetry:
     fan_rpm: float | None = None
     energy_j: float | None = None  # a monotonically increasing counter, when the device has one
     throttle_reasons: tuple[str, ...] = ()
+    pstate: int | None = None  # NVIDIA performance state (0 = P0), when the driver reports it
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -1,6 +1,20 @@
 """A fake `pynvml` module: the names the NVIDIA backend uses, a per-device state, a log of every call, pointer
 checks where NVML takes a struct pointer, and injectable errors (NoPermission, NotSupported, FunctionNotFound,
-GpuIsLost, library missing)."""
+GpuIsLost, library missing).
+
+Strictness copied from the real thing:
+- Offsets are per performance state (`nvmlDeviceSetClockOffsets` takes a pstate; LACT PR #461 "nvidia per-pstate
+  clock offset"); some pstates only accept 0 (LACT PR #918: P8 reports min = max = 0) and P0/P2 can be linked
+  (PR #918, Maxwell). CUDA work often runs in P2 on GeForce cards: `pstate` is what
+  `nvmlDeviceGetPerformanceState` returns.
+- `readback_zero`: the driver applies offsets but reports 0 for them (issue 13; LACT keeps its own record).
+- `snap_mhz`: the driver snaps an offset to the increment the hardware supports (LACT issue #1202: "the Nvidia
+  driver automatically snaps the offset values").
+- `max_boost_mhz=None`: `nvmlDeviceGetMaxCustomerBoostClock` is NotSupported ("N/A" on many GeForce cards).
+- `version="12.535"`: nvidia-ml-py before 12.555 has no `c_nvmlClockOffset_t` / `nvmlClockOffset_v1`
+  (added with the 555 driver API), so touching them raises AttributeError.
+- `nvmlDeviceGetGpcClkVfOffset` (driver >= 520) is one offset for the whole V/F curve, not per pstate.
+"""
 
 from __future__ import annotations
 
@@ -59,17 +73,41 @@ class c_nvmlClockOffset_t(ctypes.Structure):  # noqa: N801 - pynvml's name
 class FakeGpu:
     bus_id: bytes = b"00000000:2B:00.0"
     name: str = "NVIDIA GeForce RTX 4090 (fake)"
-    offset_mhz: int = 0
+    offsets: dict[int, int] = field(default_factory=lambda: {0: 0, 2: 0, 8: 0})  # per pstate, as applied
     offset_range: tuple[int, int] = (-1000, 1000)
+    zero_only_pstates: frozenset[int] = frozenset({8})  # min = max = 0 there (LACT PR #918)
+    vf_offset_mhz: int = 0  # the older whole-curve GpcClkVfOffset
     locked: tuple[int, int] | None = None
     graphics_clocks: list[int] = field(default_factory=lambda: list(range(3105, 195, -15)))
-    max_boost_mhz: int = 2520
+    max_boost_mhz: int | None = 2520  # None: NotSupported
+    sm_clock_mhz: int = 2520  # what nvmlDeviceGetClockInfo(GRAPHICS) reports now
+    pstate: int = 0  # what nvmlDeviceGetPerformanceState reports now
     persistence: int = 1
     lost: bool = False
     ignore_offsets: bool = False  # the driver accepts offsets but they do not stick (read-back stays put)
+    readback_zero: bool = False  # offsets stick but the driver reports 0 for them
+    snap_mhz: int | None = None  # the driver rounds offsets down to this increment
+
+    @property
+    def offset_mhz(self) -> int:
+        """The P0 offset (or the whole-curve one on the older API)."""
+        return self.offsets.get(0, 0) or self.vf_offset_mhz
 
     def __repr__(self) -> str:
         return f"<gpu {self.bus_id.decode()}>"
+
+    def store(self, pstate: int | None, mhz: int) -> None:
+        if self.ignore_offsets:
+            return
+        if self.snap_mhz:
+            mhz = int(mhz / self.snap_mhz) * self.snap_mhz
+        if pstate is None:
+            self.vf_offset_mhz = mhz
+        else:
+            self.offsets[pstate] = mhz
+
+    def report(self, value: int) -> int:
+        return 0 if self.readback_zero else value
 
 
 def make_fake_nvml(
@@ -79,6 +117,7 @@ def make_fake_nvml(
     library: bool = True,
     missing: set[str] | None = None,
     fail: dict[str, int] | None = None,
+    version: str = "13.580",
 ):
     """A module object standing in for pynvml. `missing`: NVML functions this driver lacks (FunctionNotFound);
     `fail`: function name -> NVML error code to return. `m.calls` logs (name, args) of every call."""
@@ -93,10 +132,14 @@ def make_fake_nvml(
     m.NVML_SUCCESS = NVML_SUCCESS
     for name, code in CODES.items():
         setattr(m, name, code)
-    m.NVML_CLOCK_GRAPHICS, m.NVML_CLOCK_MEM, m.NVML_PSTATE_0 = 0, 2, 0
+    m.NVML_CLOCK_GRAPHICS, m.NVML_CLOCK_MEM = 0, 2
+    for n in range(16):
+        setattr(m, f"NVML_PSTATE_{n}", n)
+    m.NVML_PSTATE_UNKNOWN = 32
     m.NVML_TEMPERATURE_GPU, m.NVML_FEATURE_DISABLED = 0, 0
-    m.c_nvmlClockOffset_t = c_nvmlClockOffset_t
-    m.nvmlClockOffset_v1 = 0x1000018
+    if tuple(int(x) for x in version.split(".")[:2]) >= (12, 555):
+        m.c_nvmlClockOffset_t = c_nvmlClockOffset_t
+        m.nvmlClockOffset_v1 = 0x1000018
     m.initialised = False
 
     def _nvmlCheckReturn(ret):  # noqa: N802
@@ -177,15 +220,22 @@ def make_fake_nvml(
 
     @api
     def nvmlDeviceGetMaxCustomerBoostClock(h, kind):  # noqa: N802
+        if gpu(h).max_boost_mhz is None:
+            raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
         return gpu(h).max_boost_mhz
 
     @api
+    def nvmlDeviceGetPerformanceState(h):  # noqa: N802
+        return gpu(h).pstate
+
+    @api
     def nvmlDeviceGetMaxClockInfo(h, kind):  # noqa: N802
-        return max(gpu(h).graphics_clocks)
+        return max(gpu(h).graphics_clocks or [3105])
 
     @api
     def nvmlDeviceGetMinMaxClockOfPState(h, kind, pstate):  # noqa: N802
-        return min(gpu(h).graphics_clocks), max(gpu(h).graphics_clocks)
+        clocks = gpu(h).graphics_clocks or [210, 3105]
+        return min(clocks), max(clocks)
 
     @api
     def nvmlDeviceSetGpuLockedClocks(h, lo, hi):  # noqa: N802
@@ -199,7 +249,7 @@ def make_fake_nvml(
 
     @api
     def nvmlDeviceGetGpcClkVfOffset(h):  # noqa: N802
-        return gpu(h).offset_mhz
+        return gpu(h).report(gpu(h).vf_offset_mhz)
 
     @api
     def nvmlDeviceGetGpcClkMinMaxVfOffset(h):  # noqa: N802
@@ -210,8 +260,7 @@ def make_fake_nvml(
         g = gpu(h)
         if not g.offset_range[0] <= mhz <= g.offset_range[1]:
             raise NVMLError(CODES["NVML_ERROR_INVALID_ARGUMENT"])
-        if not g.ignore_offsets:
-            g.offset_mhz = mhz
+        g.store(None, mhz)
 
     @api
     def nvmlDeviceGetPersistenceMode(h):  # noqa: N802
@@ -231,7 +280,7 @@ def make_fake_nvml(
 
     @api
     def nvmlDeviceGetClockInfo(h, kind):  # noqa: N802
-        return 2520 if kind == 0 else 10501
+        return gpu(h).sm_clock_mhz if kind == 0 else 10501
 
     @api
     def nvmlDeviceGetUtilizationRates(h):  # noqa: N802
@@ -258,7 +307,10 @@ def make_fake_nvml(
             return ret or m.fail["nvmlDeviceGetClockOffsets"]
         if h.lost:
             return CODES["NVML_ERROR_GPU_IS_LOST"]
-        info.clockOffsetMHz, (info.minClockOffsetMHz, info.maxClockOffsetMHz) = h.offset_mhz, h.offset_range
+        if info.pstate not in h.offsets:
+            return CODES["NVML_ERROR_INVALID_ARGUMENT"]
+        lo, hi = (0, 0) if info.pstate in h.zero_only_pstates else h.offset_range
+        info.clockOffsetMHz, info.minClockOffsetMHz, info.maxClockOffsetMHz = h.report(h.offsets[info.pstate]), lo, hi
         return NVML_SUCCESS
 
     def c_set_clock_offsets(h, arg):
@@ -270,10 +322,12 @@ def make_fake_nvml(
             return ret or m.fail["nvmlDeviceSetClockOffsets"]
         if h.lost:
             return CODES["NVML_ERROR_GPU_IS_LOST"]
-        if not h.offset_range[0] <= info.clockOffsetMHz <= h.offset_range[1]:
+        if info.pstate not in h.offsets:
             return CODES["NVML_ERROR_INVALID_ARGUMENT"]
-        if not h.ignore_offsets:
-            h.offset_mhz = info.clockOffsetMHz
+        lo, hi = (0, 0) if info.pstate in h.zero_only_pstates else h.offset_range
+        if not lo <= info.clockOffsetMHz <= hi:
+            return CODES["NVML_ERROR_INVALID_ARGUMENT"]
+        h.store(info.pstate, info.clockOffsetMHz)
         return NVML_SUCCESS
 
     c_functions = {
