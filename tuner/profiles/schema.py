@@ -126,6 +126,20 @@ def _pattern(regex: str, example: str):
     return check
 
 
+def _bool(value, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProfileError(f"{path}: expected true or false, got {_type_name(value)} {_show(value)}")
+    return value
+
+
+def _pstates(value, path: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > 16 or not all(
+        isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 15 for p in value
+    ):
+        raise ProfileError(f"{path}: expected a list of performance states 0..15, got {_show(value)}")
+    return tuple(value)
+
+
 def _utc_datetime(value, path: str) -> datetime:
     if not isinstance(value, datetime):
         raise ProfileError(f"{path}: expected a date-time like 2026-01-31T12:00:00Z, got {_type_name(value)} "
@@ -194,6 +208,11 @@ class Trial:
     tok_per_j: float | None = None
     max_temp_c: float | None = None
     fault_step: int | None = None
+    # Evidence of the undervolt that actually happened (optional: older profiles have none).
+    voltage_mv: float | None = None
+    voltage_drop_mv: float | None = None
+    effective: bool | None = None
+    pstates: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -256,6 +275,10 @@ TRIAL_SPEC = {
     "tok_per_j": (_pos, False),
     "max_temp_c": (_float(-50.0, 200.0), False),
     "fault_step": (_count_int, False),
+    "voltage_mv": (_float(0.0, 3000.0), False),
+    "voltage_drop_mv": (_float(-3000.0, 3000.0), False),
+    "effective": (_bool, False),
+    "pstates": (_pstates, False),
 }
 TUNING_SPEC = {
     "baseline_tok_s": (_pos, False),

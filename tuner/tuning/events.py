@@ -49,6 +49,11 @@ class TrialResult:
     warnings: tuple[str, ...] = ()
     started_at: float | None = None
     simulated: bool = False
+    voltage_mv: float | None = None  # mean core voltage under load (hwmon in0_input), where readable
+    voltage_drop_mv: float | None = None  # the stock baseline's voltage under load minus this trial's
+    effective: bool | None = None  # False: the measured drop is under half of the asked undervolt
+    median_core_clock_mhz: float | None = None  # the clock sustained under load (the baseline's sets NVIDIA's lock)
+    pstates: tuple[int, ...] = ()  # NVIDIA performance states seen under load
 
     @property
     def passed(self) -> bool:
@@ -61,7 +66,7 @@ class TrialResult:
     def from_record(cls, record: dict) -> TrialResult:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in record.items() if k in names}
-        for key in ("kernel_log", "warnings"):
+        for key in ("kernel_log", "warnings", "pstates"):
             kw[key] = tuple(kw.get(key) or ())
         return cls(**kw)
 
@@ -69,7 +74,9 @@ class TrialResult:
         """The `[[tuning.trials]]` entry of a profile (TOML has no null: unknowns are left out)."""
         d = {"setting": self.setting, "phase": self.phase, "verdict": self.verdict, "reason": self.reason or self.kind,
              "duration_s": self.duration_s, "tok_s": self.tok_s, "power_w": self.power_w,
-             "tok_per_j": self.tok_per_j, "max_temp_c": self.max_temp_c, "fault_step": self.fault_step}
+             "tok_per_j": self.tok_per_j, "max_temp_c": self.max_temp_c, "fault_step": self.fault_step,
+             "voltage_mv": self.voltage_mv, "voltage_drop_mv": self.voltage_drop_mv,
+             "effective": self.effective, "pstates": list(self.pstates) or None}
         return {k: v for k, v in _clean(d).items() if v is not None}
 
 

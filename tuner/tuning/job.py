@@ -24,6 +24,7 @@ from tuner.tuning.events import (
     Recommendation,
     SessionStarted,
     TrialFinished,
+    TrialWarning,
     TrialProgress,
     TrialRecovered,
     TrialResult,
@@ -173,6 +174,10 @@ class BisectJob:
                     "done)", "continue it with --resume or discard it with --restart (the unsafe list is kept)")
         if p.resume and (existing is None or not existing.unresolved()):
             raise UsageError(f"no unfinished bisect session for {self.device_id}", "start a new one without --resume")
+        foreign = self.backend.foreign_state(self.device_id)  # PenguinBurner: every offset reads 0 first
+        if foreign:
+            raise UsageError(f"{foreign}; a bisect starts only from a known state",
+                             "run `tuner reset` (it returns the card to stock), then start the bisect again")
         self._reset_to_stock()
         if existing is not None and existing.open_trial is not None:
             self._recover(existing, knob, device)
@@ -262,7 +267,8 @@ class BisectJob:
         baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
         common = dict(phase=decision.phase, preset=search["preset"], seed=int(search["seed"]),
                       dtype=search.get("dtype"), watchdog=self.params.watchdog,
-                      baseline_tok_per_j=baseline.tok_per_j if baseline else None)
+                      baseline_tok_per_j=baseline.tok_per_j if baseline else None,
+                      baseline_voltage_mv=baseline.voltage_mv if baseline else None)
         if decision.phase == BASELINE:
             if mode == "gemm":  # the GEMM burn has no training trajectory to record
                 return TrialParams(duration_s=trial_s, mode=mode, **common)
@@ -300,6 +306,10 @@ class BisectJob:
                 ev = replace(ev, eta_total_s=round(ev.eta_s + rest_s, 1))
             self._emit(ev)
 
+        baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
+        if baseline is not None and baseline.median_core_clock_mhz:
+            # NVIDIA: lock at the clock the card sustained at stock, not the V/F table top (which caps nothing)
+            self.backend.lock_at_measured_clock(self.device_id, baseline.median_core_clock_mhz)
         watcher = self._kernel_watcher_factory() if self._kernel_watcher_factory else None
         try:
             result = run_trial(self.backend, self.device_id, decision.setting, tp, on_trial_event, self._stop,
@@ -324,6 +334,8 @@ class BisectJob:
             journal.add_unsafe(self.device_id, decision.setting, unit=knob.unit, kind=result.kind or "hang",
                                reason=result.reason, edge=True, session=j.session,
                                kernel_log=list(result.kernel_log))
+        if result.effective is False:
+            self._emit(TrialWarning(next(w for w in result.warnings if w.startswith("not effective"))))
         self._emit(TrialFinished(index, result))
         return None
 

@@ -6,6 +6,7 @@ A `DeviceLost` while sampling is remembered (`device_lost`) and ends sampling: t
 
 from __future__ import annotations
 
+import statistics
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +29,8 @@ class TelemetrySummary:
     mean_core_clock_mhz: float | None
     mean_voltage_mv: float | None
     energy_j: float | None
+    median_core_clock_mhz: float | None = None  # the clock the card sustained (NVIDIA: the lock for a bisect)
+    pstates: tuple[int, ...] = ()  # NVIDIA performance states seen, in order of first appearance
 
     @property
     def max_temp_c(self) -> float | None:
@@ -69,7 +72,40 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
         mean_core_clock_mhz=_mean(col("core_clock_mhz")),
         mean_voltage_mv=_mean(col("voltage_mv")),
         energy_j=energy_j,
+        median_core_clock_mhz=statistics.median(col("core_clock_mhz")) if col("core_clock_mhz") else None,
+        pstates=tuple(dict.fromkeys(int(p) for p in col("pstate"))),
     )
+
+
+def voltage_effect(asked_mv: int, baseline_mv: float | None, measured_mv: float | None) -> tuple[float | None, bool | None]:
+    """(measured drop in mV, effective?) for an undervolt of `asked_mv` (negative) against the stock baseline's
+    voltage under load. "Not effective" when the card dropped less than half of what was asked: GCN voltage edits
+    turn AVFS off (smu7_update_avfs), so a written offset may not be the voltage the card runs at.
+    (None, None) when either reading is missing or nothing was asked.
+
+    >>> voltage_effect(-100, 1100.0, 1010.0), voltage_effect(-100, 1100.0, 1080.0), voltage_effect(-50, None, 900.0)
+    ((90.0, True), (20.0, False), (None, None))
+    """
+    if asked_mv >= 0 or baseline_mv is None or measured_mv is None:
+        return None, None
+    drop_mv = round(baseline_mv - measured_mv, 1)
+    return drop_mv, drop_mv >= -asked_mv / 2
+
+
+def pstate_problem(seen: tuple[int, ...], applied: tuple[int, ...] | None) -> str | None:
+    """Why a trial proved nothing: the card ran in a performance state that had no offset applied (NVIDIA offsets
+    are per pstate; CUDA work often runs in P2). None when every state seen had the offset, or nothing is known.
+
+    >>> pstate_problem((2,), (0, 2)), pstate_problem((2, 3), (0, 2)), pstate_problem((5,), None)
+    (None, 'the card ran in P3, which had no offset applied (applied at P0, P2)', None)
+    """
+    if applied is None:
+        return None
+    missing = [p for p in seen if p not in applied]
+    if not missing:
+        return None
+    states = ", ".join(f"P{p}" for p in missing)
+    return f"the card ran in {states}, which had no offset applied (applied at {', '.join(f'P{p}' for p in applied)})"
 
 
 class TelemetrySampler:

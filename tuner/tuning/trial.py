@@ -21,6 +21,7 @@ from tuner.tuning import kernel_log
 from tuner.backends.base import Backend
 from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult, TrialWarning
 from tuner.core.errors import NotApplied, TunerError
+from tuner.tuning import sampler as sampler_mod
 from tuner.tuning.sampler import TelemetrySampler
 
 SIM_HANG_STEP = 3  # a simulated card that "hangs" stops the engine at this step
@@ -52,6 +53,7 @@ class TrialParams:
     watchdog: WatchdogSettings = WatchdogSettings()
     telemetry_interval_s: float = 1.0
     baseline_tok_per_j: float | None = None  # for efficiency_vs_stock
+    baseline_voltage_mv: float | None = None  # the stock baseline's core voltage under load (measured drop)
     progress_interval_s: float = 1.0
 
 
@@ -181,6 +183,8 @@ def run_trial(
         if applied.current != setting:
             raise NotApplied(f"{device_id} reads back {applied.current:+d} {knob.unit} after writing "
                              f"{setting:+d}", "the card was reset to stock; check `tuner doctor`")
+        for line in applied.clamped:  # curve points the driver's range kept from the asked offset
+            warn(f"clamped: {line}")
         backend.note_load(device_id, True)
         loaded = True
         target = backend.stress_target(device_id)
@@ -240,11 +244,17 @@ def run_trial(
         kernel_events = kernel_watcher.stop()
         _reset_and_verify(backend, device_id)
 
+    pstate_problem = None
+    if summary is not None and setting != knob.stock:
+        try:
+            pstate_problem = sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(device_id))
+        except TunerError:
+            pstate_problem = None
     return classify(
         setting=setting, unit=knob.unit, params=params, engine_result=engine_result, summary=summary,
         kernel_events=kernel_events, stop_reason=stop_reason[0] if stop_reason else None,
         device_lost=sampler.device_lost if sampler else None, pci_problem=pci_problem,
-        injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
+        pstate_problem=pstate_problem, injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
         simulated=bool(target and target.simulated), warnings=warnings, started_at=started_at,
         wall_s=clock() - started_at,
     )
@@ -259,7 +269,8 @@ def _reset_and_verify(backend: Backend, device_id: str) -> None:
 
 def classify(*, setting: int, unit: str, params: TrialParams, engine_result, summary, kernel_events,
              stop_reason: str | None, device_lost: str | None, pci_problem: str | None, injected: bool,
-             simulated: bool, warnings: list[str], started_at: float, wall_s: float) -> TrialResult:
+             simulated: bool, warnings: list[str], started_at: float, wall_s: float,
+             pstate_problem: str | None = None) -> TrialResult:
     r = engine_result
     tok_s = getattr(r, "median_tok_s", None) if r is not None else None
     power_w = summary.mean_power_w if summary else None
@@ -280,7 +291,10 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result, sum
         injected=injected, simulated=simulated,
         sensitivity=getattr(r, "sensitivity", None) if r is not None else None,
         kernel_log=tuple(e.line for e in kernel_events), warnings=tuple(warnings), started_at=started_at,
+        median_core_clock_mhz=summary.median_core_clock_mhz if summary else None,
+        pstates=summary.pstates if summary else (),
     )
+    base = _with_voltage_effect(base, params, summary)
     fault_step = getattr(r, "failure_step", None) if r is not None else None
     reference_step = getattr(r, "reference_step", None) if r is not None else None
     if kernel_events:
@@ -291,6 +305,8 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result, sum
         return replace(base, verdict="fail", kind="device-lost", reason=f"device lost: {device_lost}", edge=True)
     if pci_problem:
         return replace(base, verdict="error", kind="wrong-device", reason=pci_problem)
+    if pstate_problem:
+        return replace(base, verdict="error", kind="pstate", reason=pstate_problem)
     if stop_reason == STOPPED:
         return replace(base, verdict=STOPPED, reason="stopped on request")
     if r is None:
@@ -305,3 +321,19 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result, sum
     tail = getattr(r, "stderr_tail", "") or ""
     detail = reason or (tail.strip().splitlines() or ["setup problem"])[-1]
     return replace(base, verdict="error", kind=kind or "setup", reason=detail[:300], fault_step=fault_step)
+
+
+def _with_voltage_effect(result: TrialResult, params: TrialParams, summary) -> TrialResult:
+    """The measured core voltage, its drop from the stock baseline, and "not effective" when the drop is under
+    half of the asked undervolt (mV settings only; NVML reports no voltage)."""
+    measured = summary.mean_voltage_mv if summary else None
+    voltage_mv = None if measured is None else round(measured, 1)
+    if result.unit != "mV":
+        return replace(result, voltage_mv=voltage_mv)
+    drop_mv, effective = sampler_mod.voltage_effect(result.setting, params.baseline_voltage_mv, measured)
+    warnings = result.warnings
+    if effective is False:
+        warnings = (*warnings, f"not effective: asked {result.setting:+d} mV, the card dropped only "
+                               f"{drop_mv:.0f} mV under load (the measured voltage is the evidence)")
+    return replace(result, voltage_mv=voltage_mv, voltage_drop_mv=drop_mv, effective=effective,
+                   warnings=warnings)
