@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tuner.backends import nvml_offsets  # noqa: E402
+from tuner.backends import nvml_offsets
 
 PSTATES = range(16)
 
@@ -46,13 +46,21 @@ def probe_pstate(nvml, handle):
 def probe_gpu(nvml, handle) -> dict:
     offsets = {}
     for pstate in PSTATES:
-        got = _call(nvml, lambda p=pstate: nvml_offsets.get_clock_offset(nvml, handle, nvml.NVML_CLOCK_GRAPHICS, p))
+        got = _call(
+            nvml, lambda p=pstate: nvml_offsets.get_clock_offset(nvml, handle, nvml.NVML_CLOCK_GRAPHICS, p)
+        )
         if isinstance(got, dict):
             if got["error"] not in ("NVMLError_InvalidArgument", "NVMLError_NotSupported"):
                 offsets[f"P{pstate}"] = got
         else:
-            offsets[f"P{pstate}"] = {"current_mhz": got.current_mhz, "min_mhz": got.min_mhz, "max_mhz": got.max_mhz}
-    boost = _call(nvml, lambda: int(nvml.nvmlDeviceGetMaxCustomerBoostClock(handle, nvml.NVML_CLOCK_GRAPHICS)))
+            offsets[f"P{pstate}"] = {
+                "current_mhz": got.current_mhz,
+                "min_mhz": got.min_mhz,
+                "max_mhz": got.max_mhz,
+            }
+    boost = _call(
+        nvml, lambda: int(nvml.nvmlDeviceGetMaxCustomerBoostClock(handle, nvml.NVML_CLOCK_GRAPHICS))
+    )
     return {
         "name": _text(_call(nvml, lambda: nvml.nvmlDeviceGetName(handle))),
         "bus_id": _text(_call(nvml, lambda: nvml.nvmlDeviceGetPciInfo(handle).busId)),
@@ -61,8 +69,12 @@ def probe_gpu(nvml, handle) -> dict:
         "vf_offset_mhz": _call(nvml, lambda: int(nvml.nvmlDeviceGetGpcClkVfOffset(handle))),
         "max_customer_boost_mhz": boost,
         "max_customer_boost_supported": not isinstance(boost, dict),
-        "max_graphics_clock_mhz": _call(nvml, lambda: int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_GRAPHICS))),
-        "sm_clock_now_mhz": _call(nvml, lambda: int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_GRAPHICS))),
+        "max_graphics_clock_mhz": _call(
+            nvml, lambda: int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_GRAPHICS))
+        ),
+        "sm_clock_now_mhz": _call(
+            nvml, lambda: int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_GRAPHICS))
+        ),
     }
 
 
@@ -72,7 +84,9 @@ def probe(nvml) -> dict:
         "nvidia_ml_py": getattr(nvml, "__version__", None) or _package_version(),
         "has_clock_offset_struct": hasattr(nvml, "c_nvmlClockOffset_t"),
         "driver": _text(_call(nvml, nvml.nvmlSystemGetDriverVersion)),
-        "gpus": [probe_gpu(nvml, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())],
+        "gpus": [
+            probe_gpu(nvml, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())
+        ],
     }
 
 

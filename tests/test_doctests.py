@@ -6,6 +6,7 @@ import importlib
 import pytest
 
 MODULES = ["tuner.core.durations", "tuner.backends.simulated", "tuner.backends.amd_od_table", "tuner.backends.nvidia",
+           "tuner.backends.amd", "tuner.tuning.sampler",
            "tuner.tuning.kernel_log"]
 
 

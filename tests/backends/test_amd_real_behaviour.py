@@ -123,7 +123,7 @@ def test_r_is_the_last_resort_with_a_warning(tmp_path):
 
 
 def test_eperm_as_root_is_retried_within_a_bound(tmp_path):
-    backend, fio, kernel, sleeps = _backend(tmp_path, OD_TEXT["rdna3"])
+    backend, _, kernel, sleeps = _backend(tmp_path, OD_TEXT["rdna3"])
     dev = backend.devices()[0].id
     kernel.busy_for = 2  # e.g. right after a GPU reset
     assert backend.apply(dev, -20).current == -20
@@ -131,7 +131,7 @@ def test_eperm_as_root_is_retried_within_a_bound(tmp_path):
 
 
 def test_eperm_as_root_that_persists_is_device_lost_not_needs_root(tmp_path):
-    backend, fio, kernel, sleeps = _backend(tmp_path, OD_TEXT["rdna3"])
+    backend, _, kernel, sleeps = _backend(tmp_path, OD_TEXT["rdna3"])
     kernel.in_reset = True
     with pytest.raises(DeviceLost) as e:
         backend.knob(backend.devices()[0].id)

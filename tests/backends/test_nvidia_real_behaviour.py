@@ -57,7 +57,7 @@ def test_every_failure_path_releases_the_lock():
 
 
 def test_read_back_snapped_to_the_hardware_step_is_accepted_and_reported():
-    m, backend, dev, warnings = _nv(FakeGpu(snap_mhz=10, graphics_clocks=[]))  # step 1: 105 -> 100
+    _, backend, dev, warnings = _nv(FakeGpu(snap_mhz=10, graphics_clocks=[]))  # step 1: 105 -> 100
     assert backend.apply(dev, 105).current == 100
     assert any("snapped" in w for w in warnings)
 

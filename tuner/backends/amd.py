@@ -51,7 +51,9 @@ VEGA20_DEVICE_IDS = range(0x66A0, 0x66B0)
 
 
 def is_vega20(pci_id: str | None) -> bool:
-    """>>> is_vega20("1002:66af"), is_vega20("1002:731f"), is_vega20(None)
+    """True for a Vega20 PCI id, whose `r` is not stock.
+
+    >>> is_vega20("1002:66af"), is_vega20("1002:731f"), is_vega20(None)
     (True, False, False)
     """
     try:
@@ -282,7 +284,9 @@ class AmdBackend(Backend):
             clamped=clamped,
         )
 
-    def _commands(self, card: _Card, table: od.OdTable, value: int, *, every_point: bool = False) -> list[str]:
+    def _commands(
+        self, card: _Card, table: od.OdTable, value: int, *, every_point: bool = False
+    ) -> list[str]:
         """The edit commands that put `value` in place (without the commit). Curve points are written only where
         they change, unless `every_point` (after a refused commit the kernel's staged table is unknown)."""
         if table.format in od.VO_FORMATS:

@@ -272,7 +272,11 @@ def render_od_table(t: OdTable) -> str:
     if t.sclk_offset_mhz is not None:
         out += ["OD_SCLK_OFFSET:", f"{t.sclk_offset_mhz}Mhz"]
     elif t.sclk_offset_limits_mhz is not None:
-        out += ["OD_SCLK_OFFSET:", f"0: {t.sclk_offset_limits_mhz[0]}Mhz", f"1: {t.sclk_offset_limits_mhz[1]}Mhz"]
+        out += [
+            "OD_SCLK_OFFSET:",
+            f"0: {t.sclk_offset_limits_mhz[0]}Mhz",
+            f"1: {t.sclk_offset_limits_mhz[1]}Mhz",
+        ]
     if t.sclk:
         levels("OD_SCLK", t.sclk)
     if t.mclk:
@@ -372,7 +376,9 @@ def clamp_report(t: OdTable, stock: tuple[Level, ...], offset_mv: int) -> tuple[
         achieved = cur.mv - p.mv
         moved = cur.mhz != p.mhz
         if moved:
-            lines.append(f"point {p.index}: clock {p.mhz}->{cur.mhz} MHz (moved into OD_RANGE), {achieved:+d} mV")
+            lines.append(
+                f"point {p.index}: clock {p.mhz}->{cur.mhz} MHz (moved into OD_RANGE), {achieved:+d} mV"
+            )
         elif p.index != lowest and achieved != offset_mv:
             lines.append(f"point {p.index}: {achieved:+d} mV of {offset_mv:+d} mV asked")
     return tuple(lines)

@@ -219,7 +219,9 @@ class NvidiaBackend(Backend):
         pstates = self.applied_pstates(device_id)
         if pstates is None:
             current = self._nv(lambda: n.nvmlDeviceGetGpcClkVfOffset(h), "reading the clock offset")
-            lo, hi = self._nv(lambda: n.nvmlDeviceGetGpcClkMinMaxVfOffset(h), "reading the clock offset range")
+            lo, hi = self._nv(
+                lambda: n.nvmlDeviceGetGpcClkMinMaxVfOffset(h), "reading the clock offset range"
+            )
             return {None: (int(current), int(lo), int(hi))}
         out = {}
         for pstate in pstates:
@@ -443,7 +445,9 @@ class NvidiaBackend(Backend):
         left = {p: c for p, (c, _, _) in self._read_offsets(device_id).items() if c != 0}
         if left:
             shown = ", ".join(f"{c:+d} MHz" + ("" if p is None else f" at P{p}") for p, c in left.items())
-            raise NotApplied(f"{device_id}: after reset NVML reads {shown}, not 0", "run `sudo nvidia-smi -rgc` or reboot")
+            raise NotApplied(
+                f"{device_id}: after reset NVML reads {shown}, not 0", "run `sudo nvidia-smi -rgc` or reboot"
+            )
         self._save_record(device_id, 0)
         return self.knob(device_id)
 

@@ -333,7 +333,8 @@ def _with_voltage_effect(result: TrialResult, params: TrialParams, summary) -> T
     drop_mv, effective = sampler_mod.voltage_effect(result.setting, params.baseline_voltage_mv, measured)
     warnings = result.warnings
     if effective is False:
-        warnings = (*warnings, f"not effective: asked {result.setting:+d} mV, the card dropped only "
-                               f"{drop_mv:.0f} mV under load (the measured voltage is the evidence)")
+        message = (f"not effective: asked {result.setting:+d} mV, the card dropped only "
+                   f"{drop_mv:.0f} mV under load (the measured voltage is the evidence)")
+        warnings = (*warnings, message)
     return replace(result, voltage_mv=voltage_mv, voltage_drop_mv=drop_mv, effective=effective,
                    warnings=warnings)

@@ -193,7 +193,9 @@ class FakeOdKernel:
         if len(params) != 2 or params[0] not in {lv.index for lv in self.staged.mclk}:
             raise _einval("Invalid MCLK_VDDC_TABLE index")
         self._in("MCLK", params[1])
-        mclk = tuple(od.Level(lv.index, params[1], lv.mv) if lv.index == params[0] else lv for lv in self.staged.mclk)
+        mclk = tuple(
+            od.Level(lv.index, params[1], lv.mv) if lv.index == params[0] else lv for lv in self.staged.mclk
+        )
         self.staged = replace(self.staged, mclk=mclk)
 
 

@@ -225,7 +225,7 @@ def make_fake_nvml(
         return gpu(h).max_boost_mhz
 
     @api
-    def nvmlDeviceGetPerformanceState(h):  # noqa: N802
+    def nvmlDeviceGetPerformanceState(h):
         return gpu(h).pstate
 
     @api
@@ -310,7 +310,11 @@ def make_fake_nvml(
         if info.pstate not in h.offsets:
             return CODES["NVML_ERROR_INVALID_ARGUMENT"]
         lo, hi = (0, 0) if info.pstate in h.zero_only_pstates else h.offset_range
-        info.clockOffsetMHz, info.minClockOffsetMHz, info.maxClockOffsetMHz = h.report(h.offsets[info.pstate]), lo, hi
+        info.clockOffsetMHz, info.minClockOffsetMHz, info.maxClockOffsetMHz = (
+            h.report(h.offsets[info.pstate]),
+            lo,
+            hi,
+        )
         return NVML_SUCCESS
 
     def c_set_clock_offsets(h, arg):
