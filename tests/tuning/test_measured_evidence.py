@@ -49,7 +49,8 @@ def test_voltage_effect_and_pstate_rules():
     assert voltage_effect(-100, 1100.0, 1049.0) == (51.0, True)
     assert voltage_effect(-100, 1100.0, 1051.0) == (49.0, False)
     assert pstate_problem((0, 2), (0, 2)) is None and "P5" in pstate_problem((5,), (0, 2))
-    s = summarize([Telemetry(time_s=i, core_clock_mhz=c, pstate=p) for i, (c, p) in enumerate([(1800, 2), (1900, 2), (2500, 0)])])
+    samples = [(1800, 2), (1900, 2), (2500, 0)]
+    s = summarize([Telemetry(time_s=i, core_clock_mhz=c, pstate=p) for i, (c, p) in enumerate(samples)])
     assert (s.median_core_clock_mhz, s.pstates) == (1900, (2, 0))
 
 
@@ -89,3 +90,20 @@ def test_measured_drop_is_recorded_and_an_ineffective_undervolt_says_so(boot):
     flat = next(t for t in trials if t.setting == -30)
     assert flat.effective is False and flat.voltage_drop_mv == 0
     assert any(isinstance(e, TrialWarning) and e.message.startswith("not effective") for e in events)
+
+
+def test_profile_trials_carry_the_evidence_and_old_trials_still_load():
+    from tests.profiles.helpers import sim_profile
+    from tuner.profiles import Profile, ProfileError
+
+    trials = [
+        {"setting": 0, "phase": "baseline", "verdict": "pass"},  # an older trial: no evidence keys
+        {"setting": -50, "phase": "coarse", "verdict": "pass", "voltage_mv": 1012.5, "voltage_drop_mv": 18.0,
+         "effective": False, "pstates": [0, 2]},
+    ]
+    profile = sim_profile("evidence", tuning={"lowest_pass": -50, "trials": trials})
+    again = Profile.from_toml(profile.to_toml())
+    assert again.to_dict() == profile.to_dict()
+    assert again.tuning.trials[1].effective is False and again.tuning.trials[1].pstates == (0, 2)
+    with pytest.raises(ProfileError):
+        sim_profile("bad", tuning={"trials": [{**trials[1], "pstates": [99]}]})

@@ -56,5 +56,7 @@ def run(args, ctx) -> int:
         print(f"{dev.id}  {dev.label}")
         print(f"  {'setting':<12} {format_value(knob.current, knob.unit)} (stock {format_value(knob.stock, knob.unit)},"
               f" range {knob.min:+d}..{knob.max:+d}, step {knob.step})")
+        for line in knob.clamped:  # curve points the driver's range kept from the asked offset
+            print(f"  {'clamped':<12} {line}")
         print("\n".join(format_telemetry(sample)))
     return exit_codes.OK

@@ -77,7 +77,9 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
     )
 
 
-def voltage_effect(asked_mv: int, baseline_mv: float | None, measured_mv: float | None) -> tuple[float | None, bool | None]:
+def voltage_effect(
+    asked_mv: int, baseline_mv: float | None, measured_mv: float | None
+) -> tuple[float | None, bool | None]:
     """(measured drop in mV, effective?) for an undervolt of `asked_mv` (negative) against the stock baseline's
     voltage under load. "Not effective" when the card dropped less than half of what was asked: GCN voltage edits
     turn AVFS off (smu7_update_avfs), so a written offset may not be the voltage the card runs at.

@@ -254,7 +254,8 @@ def run_trial(
         setting=setting, unit=knob.unit, params=params, engine_result=engine_result, summary=summary,
         kernel_events=kernel_events, stop_reason=stop_reason[0] if stop_reason else None,
         device_lost=sampler.device_lost if sampler else None, pci_problem=pci_problem,
-        pstate_problem=pstate_problem, injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
+        pstate_problem=pstate_problem,
+        injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
         simulated=bool(target and target.simulated), warnings=warnings, started_at=started_at,
         wall_s=clock() - started_at,
     )
