@@ -122,9 +122,7 @@ class AmdBackend(Backend):
         handles = self._amdsmi_handles()
         for i, d in enumerate(card_dirs):
             info = self._identify(d, handles)
-            self._cards[info.id] = _Card(
-                d, info, i, amdsmi_handle=handles.get(info.id), vega20=is_vega20(info.pci_id)
-            )
+            self._cards[info.id] = _Card(d, info, i, amdsmi_handle=handles.get(info.id), vega20=is_vega20(info.pci_id))
         for card in self._cards.values():  # learn each curve's stock points now, before anything is written
             with contextlib.suppress(TunerError):
                 self._stock_points(card, self._table(card))
@@ -136,9 +134,7 @@ class AmdBackend(Backend):
         smi = self._amdsmi
         try:
             smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
-            return {
-                str(smi.amdsmi_get_gpu_device_bdf(h)).lower(): h for h in smi.amdsmi_get_processor_handles()
-            }
+            return {str(smi.amdsmi_get_gpu_device_bdf(h)).lower(): h for h in smi.amdsmi_get_processor_handles()}
         except Exception:  # noqa: BLE001 - amdsmi is optional; any failure means "no enrichment"
             self._amdsmi = None
             return {}
@@ -157,9 +153,7 @@ class AmdBackend(Backend):
         handle = handles.get(slot)
         asic = self._smi("amdsmi_get_gpu_asic_info", handle) or {}
         vbios_info = self._smi("amdsmi_get_gpu_vbios_info", handle) or {}
-        name = (
-            asic.get("market_name") or read_value(device_dir / "product_name") or f"AMD GPU {pci_id or slot}"
-        )
+        name = asic.get("market_name") or read_value(device_dir / "product_name") or f"AMD GPU {pci_id or slot}"
         serial = asic.get("asic_serial") or read_value(device_dir / "serial_number")
         kernel = read_value(self.root / "proc/sys/kernel/osrelease")
         od_format = None
@@ -241,9 +235,7 @@ class AmdBackend(Backend):
         fmt, source = table.format, "driver"
         if fmt in od.VO_FORMATS:
             if table.vddgfx_offset_mv is None:
-                raise Unsupported(
-                    f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)"
-                )
+                raise Unsupported(f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)")
             r = table.range("VDDGFX_OFFSET")
             lo, hi = (r.lo, r.hi) if r else od.RDNA2_BUILTIN_RANGE_MV
             source = "driver" if r else "built-in"
@@ -284,9 +276,7 @@ class AmdBackend(Backend):
             clamped=clamped,
         )
 
-    def _commands(
-        self, card: _Card, table: od.OdTable, value: int, *, every_point: bool = False
-    ) -> list[str]:
+    def _commands(self, card: _Card, table: od.OdTable, value: int, *, every_point: bool = False) -> list[str]:
         """The edit commands that put `value` in place (without the commit). Curve points are written only where
         they change, unless `every_point` (after a refused commit the kernel's staged table is unknown)."""
         if table.format in od.VO_FORMATS:
@@ -444,10 +434,10 @@ class AmdBackend(Backend):
             knob = self.knob(device_id)
             can_apply = True
             notes.append(f"overdrive format {self._table(card).format}")
+            if card.vega20:
+                notes.append("Vega20: its `r` is not stock; reset writes the stock table recorded at first contact")
             if knob.range_source == "built-in":
-                notes.append(
-                    f"the driver prints no range; the tuner limits it to {knob.min:+d}..{knob.max:+d} mV"
-                )
+                notes.append(f"the driver prints no range; the tuner limits it to {knob.min:+d}..{knob.max:+d} mV")
         except TunerError as e:
             can_apply = False
             notes.append(e.one_line())

@@ -100,7 +100,10 @@ class Knob:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["kind"] = self.kind.value
-        d["clamped"] = list(self.clamped)
+        if self.clamped:  # present only when something was clamped (keeps the usual document unchanged)
+            d["clamped"] = list(self.clamped)
+        else:
+            del d["clamped"]
         return d
 
 
