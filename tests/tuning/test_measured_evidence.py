@@ -99,11 +99,20 @@ def test_profile_trials_carry_the_evidence_and_old_trials_still_load():
     trials = [
         {"setting": 0, "phase": "baseline", "verdict": "pass"},  # an older trial: no evidence keys
         {"setting": -50, "phase": "coarse", "verdict": "pass", "voltage_mv": 1012.5, "voltage_drop_mv": 18.0,
-         "effective": False, "pstates": [0, 2]},
+         "effective": False, "pstates": [0, 2], "clamped": ["point 1: -44 mV of -50 mV asked"]},
     ]
     profile = sim_profile("evidence", tuning={"lowest_pass": -50, "trials": trials})
     again = Profile.from_toml(profile.to_toml())
     assert again.to_dict() == profile.to_dict()
     assert again.tuning.trials[1].effective is False and again.tuning.trials[1].pstates == (0, 2)
+    assert again.tuning.trials[1].clamped == ("point 1: -44 mV of -50 mV asked",)
     with pytest.raises(ProfileError):
         sim_profile("bad", tuning={"trials": [{**trials[1], "pstates": [99]}]})
+
+
+def test_clamped_curve_points_reach_the_profile_trial():
+    from tuner.tuning.events import TrialResult
+
+    r = TrialResult(setting=-100, unit="mV", phase="coarse", verdict="pass",
+                    warnings=("clamped: point 0: clock 500->800 MHz (moved into OD_RANGE), -10 mV", "other"))
+    assert r.profile_trial()["clamped"] == ["point 0: clock 500->800 MHz (moved into OD_RANGE), -10 mV"]

@@ -140,6 +140,12 @@ def _pstates(value, path: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _lines(value, path: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > 16:
+        raise ProfileError(f"{path}: expected a list of at most 16 lines, got {_show(value)}")
+    return tuple(_str(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+
 def _utc_datetime(value, path: str) -> datetime:
     if not isinstance(value, datetime):
         raise ProfileError(f"{path}: expected a date-time like 2026-01-31T12:00:00Z, got {_type_name(value)} "
@@ -213,6 +219,7 @@ class Trial:
     voltage_drop_mv: float | None = None
     effective: bool | None = None
     pstates: tuple[int, ...] | None = None
+    clamped: tuple[str, ...] | None = None  # AMD curve points the driver's range kept from the asked offset
 
 
 @dataclass(frozen=True)
@@ -279,6 +286,7 @@ TRIAL_SPEC = {
     "voltage_drop_mv": (_float(-3000.0, 3000.0), False),
     "effective": (_bool, False),
     "pstates": (_pstates, False),
+    "clamped": (_lines, False),
 }
 TUNING_SPEC = {
     "baseline_tok_s": (_pos, False),

@@ -76,7 +76,8 @@ class TrialResult:
              "duration_s": self.duration_s, "tok_s": self.tok_s, "power_w": self.power_w,
              "tok_per_j": self.tok_per_j, "max_temp_c": self.max_temp_c, "fault_step": self.fault_step,
              "voltage_mv": self.voltage_mv, "voltage_drop_mv": self.voltage_drop_mv,
-             "effective": self.effective, "pstates": list(self.pstates) or None}
+             "effective": self.effective, "pstates": list(self.pstates) or None,
+             "clamped": [w.removeprefix("clamped: ") for w in self.warnings if w.startswith("clamped: ")] or None}
         return {k: v for k, v in _clean(d).items() if v is not None}
 
 
