@@ -100,7 +100,8 @@ class CardLock:
         return self._fd is not None
 
     def __enter__(self) -> Self:
-        return self.acquire()
+        self.acquire()
+        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Self
 
 from tuner.backends.base import Backend
@@ -136,6 +137,7 @@ class PendingChange:
                 raise
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self.pending:
             self.revert()

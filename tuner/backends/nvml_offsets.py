@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class ClockOffset:
     max_mhz: int
 
 
-def _info(nvml, clock_type: int, pstate: int, offset_mhz: int = 0):
+def _info(nvml: Any, clock_type: int, pstate: int, offset_mhz: int = 0) -> Any:
     info = nvml.c_nvmlClockOffset_t()
     info.version = nvml.nvmlClockOffset_v1
     info.type = clock_type
@@ -27,7 +28,7 @@ def _info(nvml, clock_type: int, pstate: int, offset_mhz: int = 0):
     return info
 
 
-def get_clock_offset(nvml, handle, clock_type: int, pstate: int) -> ClockOffset:
+def get_clock_offset(nvml: Any, handle: Any, clock_type: int, pstate: int) -> ClockOffset:
     """Current offset and the driver's allowed range (driver >= 555). Raises NVMLError_* on failure."""
     info = _info(nvml, clock_type, pstate)
     fn = nvml._nvmlGetFunctionPointer("nvmlDeviceGetClockOffsets")
@@ -35,7 +36,7 @@ def get_clock_offset(nvml, handle, clock_type: int, pstate: int) -> ClockOffset:
     return ClockOffset(int(info.clockOffsetMHz), int(info.minClockOffsetMHz), int(info.maxClockOffsetMHz))
 
 
-def set_clock_offset(nvml, handle, clock_type: int, pstate: int, offset_mhz: int) -> None:
+def set_clock_offset(nvml: Any, handle: Any, clock_type: int, pstate: int, offset_mhz: int) -> None:
     """Set one clock's offset at one performance state (driver >= 555). Raises NVMLError_* on failure."""
     info = _info(nvml, clock_type, pstate, offset_mhz)
     fn = nvml._nvmlGetFunctionPointer("nvmlDeviceSetClockOffsets")

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from tuner.core import paths
 UNIT_NAME = "tuner-apply.service"
@@ -66,15 +67,18 @@ def skip_reason() -> str | None:
     return None
 
 
+B = TypeVar("B")  # whatever backend type open_backend returns
+
+
 def discover(
-    open_backend: Callable[[], object],
-    ready: Callable[[object], bool],
+    open_backend: Callable[[], B],
+    ready: Callable[[B], bool],
     *,
     wait_s: float,
     interval_s: float = DISCOVERY_INTERVAL_S,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-):
+) -> B | None:
     """Open the backend until `ready(backend)` or `wait_s` has passed (the driver may still be probing).
 
     Returns the last backend opened (ready or not); re-raises the last error if none could be opened.

@@ -39,7 +39,7 @@ class MatchResult:
 def fingerprint(device: DeviceInfo | ProfileDevice) -> str:
     """One line that identifies a card: `vendor pci_id/subsystem_id od_format @slot #serial` (unknowns as '?')."""
 
-    def part(value):
+    def part(value: str | None) -> str:
         return value if value else "?"
 
     return (f"{device.vendor} {part(device.pci_id)}/{part(device.subsystem_id)} {part(device.od_format)} "

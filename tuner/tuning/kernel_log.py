@@ -16,8 +16,9 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 # (kind, regex, edge): edge = the card or machine had to be reset, or fell off the bus
 PATTERNS: tuple[tuple[str, str, bool], ...] = (
@@ -157,7 +158,7 @@ class KernelLogWatcher:
 class NullWatcher(KernelLogWatcher):
     """For simulated cards: the host's kernel log says nothing about them."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, source=lambda: None, **kwargs)
 
     def start(self) -> KernelLogWatcher:
@@ -165,13 +166,16 @@ class NullWatcher(KernelLogWatcher):
 
 
 # --- live sources ---------------------------------------------------------------------------------------------------
+LiveSource = tuple[Iterable[str], Callable[[], None]]  # the lines, and how to stop reading them
+
+
 class _JournalctlLines:
     name = "journalctl -k -f"
 
-    def __init__(self, proc: subprocess.Popen):
+    def __init__(self, proc: subprocess.Popen[str]):
         self.proc = proc
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             yield line.rstrip("\n")
@@ -186,7 +190,7 @@ class _JournalctlLines:
                 self.proc.wait()
 
 
-def _open_journalctl():
+def _open_journalctl() -> LiveSource | None:
     exe = shutil.which("journalctl")
     if not exe:
         return None
@@ -211,7 +215,7 @@ class _KmsgLines:
         self.fd = fd
         self.closed = threading.Event()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         while not self.closed.is_set():
             ready, _, _ = select.select([self.fd], [], [], 0.2)
             if not ready:
@@ -235,7 +239,7 @@ class _KmsgLines:
             pass
 
 
-def _open_kmsg():
+def _open_kmsg() -> LiveSource | None:
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -252,13 +256,14 @@ def _open_kmsg():
     return lines, lines.close
 
 
-def open_live_source():
+def open_live_source() -> LiveSource | None:
     """(lines, close) from journalctl or /dev/kmsg, or None when the kernel log cannot be read."""
     return _open_journalctl() or _open_kmsg()
 
 
 # --- after a crash ----------------------------------------------------------------------------------------------------
-def previous_boot_events(pci_bus_id: str | None = None, *, run=subprocess.run, tail: int = 20) -> list[str] | None:
+def previous_boot_events(pci_bus_id: str | None = None, *, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+                         tail: int = 20) -> list[str] | None:
     """GPU failure lines from the previous boot's kernel log (`journalctl -k -b -1`), or None when unavailable
     (no persistent journal, no permission)."""
     exe = shutil.which("journalctl")
