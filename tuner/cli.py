@@ -12,13 +12,12 @@ import sys
 from collections.abc import Sequence
 
 from tuner import __version__
-
-from tuner.core import exit_codes, signals
-from tuner.commands._argtypes import whole_number
 from tuner.actions.context import Context
+from tuner.commands._argtypes import whole_number
+from tuner.core import exit_codes, signals
 from tuner.core.errors import TunerError
 
-# In the order `tuner --help` lists them. A module not built yet is skipped.
+# In the order `tuner --help` lists them; each is tuner/commands/<name>.py (a missing one is an error).
 COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "profile", "apply", "service", "doctor")
 
 DESCRIPTION = """\
@@ -118,14 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     wrapped = _SubparsersWithGlobals(subparsers, parent)
     for name in COMMANDS:
-        module_name = f"tuner.commands.{name}"
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name == module_name:
-                continue
-            raise
-        module.add_parser(wrapped)
+        importlib.import_module(f"tuner.commands.{name}").add_parser(wrapped)
     return parser
 
 

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from tests.cli_helpers import run_tuner
 from tests.profiles.helpers import save_and_apply, sim, sim_profile
+from tuner.actions.verify import verify_setting
 from tuner.profiles import save_profile
-from tuner.profiles.verify import verify_setting
 
 
 def fake_trial(calls):
     """Stands in for the bisect's trial runner: applies, fails exactly when the simulated card injects faults at
     this setting, and leaves the card at stock as the real one does."""
 
-    def run(backend, device_id, value, duration_s, workload, on_line):
+    def run(backend, device_id, value, duration_s, workload, on_line, stop_event):
         backend.apply(device_id, value)
         target = backend.stress_target(device_id)
         backend.reset(device_id)
@@ -32,7 +30,7 @@ def fake_trial(calls):
 @pytest.fixture
 def stress_calls(monkeypatch):
     calls = []
-    monkeypatch.setattr("tuner.profiles.verify.bisect_trial", fake_trial(calls))
+    monkeypatch.setattr("tuner.actions.verify.bisect_trial", fake_trial(calls))
     return calls
 
 
@@ -62,7 +60,7 @@ def test_verify_interrupted_reverts(monkeypatch):
 
     backend.apply("sim0", -15)
 
-    def interrupted(backend, device_id, value, duration_s, workload, on_line):
+    def interrupted(backend, device_id, value, duration_s, workload, on_line, stop_event):
         backend.apply(device_id, value)
         raise KeyboardInterrupt
 
@@ -81,8 +79,6 @@ def test_verify_json(capsys, stress_calls):
     assert doc["knob"]["current"] == 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tuner.tuning.engine_client") is None,
-                    reason="the stress engine client is not built yet")
 def test_verify_with_the_real_stress_engine_reverts_on_the_failing_simulated_card():
     """End to end: the real CLI, the real trial runner and engine (tiny preset on the CPU)."""
     sim(vmin_mv=-30).apply("sim0", -10)
@@ -92,18 +88,3 @@ def test_verify_with_the_real_stress_engine_reverts_on_the_failing_simulated_car
     assert "-60 mV failed" in proc.stdout and "reverted to -10 mV" in proc.stdout
     assert "Traceback" not in proc.stderr
     assert sim(vmin_mv=-30).knob("sim0").current == -10
-
-
-def test_engine_only_runner_keeps_its_contract():
-    """The TUI passes a bare engine runner `(target, duration_s, on_line)`; a fault still reverts."""
-    backend = sim(vmin_mv=-30)
-    seen = []
-
-    def engine(target, duration_s, on_line):
-        seen.append(target.fault_rate)
-        return ("fail", "canary") if target.fault_rate > 0 else ("pass", None)
-
-    assert not verify_setting(backend, "sim0", -60, 1.0, run_stress=engine).passed
-    assert backend.knob("sim0").current == 0 and seen[0] > 0
-    assert verify_setting(backend, "sim0", -20, 1.0, run_stress=engine).passed
-    assert backend.knob("sim0").current == -20

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tests.tui.helpers import make_app, sim_backend
+from tuner.app.state import BisectState
 from tuner.profiles import build_profile, list_profiles, save_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
 
@@ -30,8 +31,7 @@ class FakeRecommendation:
 
 async def test_save_recommendation_as_profile(app):
     async with app.run_test(size=(80, 24)) as pilot:
-        app.bisect.device_id = "sim0"
-        app.bisect.recommendation = FakeRecommendation(setting=-40)
+        app.bisect = BisectState(device_id="sim0", recommendation=FakeRecommendation(setting=-40))
         await pilot.press("3", "v")
         await pilot.pause()
         assert isinstance(app.screen, TextInputDialog)

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tuner.core import paths
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
+from tuner.core import paths
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 

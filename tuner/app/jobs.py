@@ -1,48 +1,51 @@
-"""The App's long jobs as plain Python: blocking `run()`, thread-safe `stop()`, events handed to `emit`.
+"""The App's long jobs as plain Python: blocking `run()`, thread-safe `stop()`, events handed to `emit`; and the
+pure functions that fold their events into the UI's snapshots (tuner.app.state).
 
-No textual here: the App runs these in thread workers and turns `emit` into messages. The engine, bisect and
-keep-or-revert modules are imported lazily, so the UI starts fast and works (with a clear "not available yet")
-in a checkout where one of them has not landed.
+No textual here (the import contracts in pyproject.toml check it): the App runs these in thread workers and turns
+`emit` into messages. The rules (what may be verified, which bisect may start) live in tuner.actions.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
-NOT_AVAILABLE = "{what} is not available yet in this build (module missing); nothing was started"
+from tuner.actions.profile_apply import ProfileApply, set_profile_lock_clock
+from tuner.actions.verify import VerifyOutcome, verify_setting
+from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, StressState, appended
+from tuner.backends.base import Backend
+from tuner.core.models import Verdict
+from tuner.tuning.engine_client import (
+    CanaryEvent,
+    EndEvent,
+    FaultEvent,
+    LogEvent,
+    StartEvent,
+    StepEvent,
+    WarningEvent,
+)
+from tuner.tuning.events import (
+    BisectFailed,
+    BisectStopped,
+    Recommendation,
+    SessionStarted,
+    TrialFinished,
+    TrialProgress,
+    TrialRecovered,
+    TrialStarted,
+    TrialWarning,
+)
+from tuner.tuning.job import BisectJob, BisectOutcome
+
 VERIFY_DURATION_S = 300  # a profile proven on another card of the same model: a 5-minute trial before keeping it
-
-
-def _available(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def stress_available() -> bool:
-    return _available("tuner.tuning.engine_client")
-
-
-def bisect_available() -> bool:
-    return _available("tuner.tuning.job")
-
-
-def pending_change(backend, device_id: str, value: int, *, timeout_s: float, clock: Callable[[], float]):
-    """A keep-or-revert change (tuner.actions.keep_or_revert), not yet applied."""
-    from tuner.actions.keep_or_revert import PendingChange
-
-    return PendingChange(backend, device_id, value, timeout_s=timeout_s, clock=clock)
-
-
 MANUAL_STRESS_S = 3600.0  # a stress run from the Tune screen lasts until stopped, at most an hour
 
 
 def engine_run(target, *, duration_s: float, preset: str, mode: str):
     """A StressRun for `target` (a StressTarget), configured as a bisect trial would be (tuner.tuning.trial)."""
-    from tuner.tuning import engine_client as stress_client, trial
+    from tuner.tuning import engine_client as stress_client
+    from tuner.tuning import trial
     request = trial.engine_request(target, trial.TrialParams(phase="manual", duration_s=duration_s, preset=preset,
                                                              mode=mode))
     return stress_client.StressRun(stress_client.EngineConfig(**request))
@@ -61,12 +64,12 @@ class StressJob:
 
     def run(self) -> str:
         try:
-            result = self.run_on(self.backend.stress_target(self.device_id))
+            result = self._run_on(self.backend.stress_target(self.device_id))
             return describe_stress_result(result, stopped=self._stop.is_set())
         finally:
             self._done.set()
 
-    def run_on(self, target):
+    def _run_on(self, target):
         """Run the engine on `target` with the device marked as loaded; returns the StressResult."""
         self._run = engine_run(target, duration_s=self.duration_s, preset=self.preset, mode=self.mode)
         if self._stop.is_set():
@@ -83,100 +86,124 @@ class StressJob:
             self._run.stop()
             self.backend.note_load(self.device_id, False)
 
-    def verify_runner(self, target, duration_s: float, on_line):
-        """tuner.profiles.verify's StressRunner shape: (target, duration_s, on_line) -> (verdict, reason)."""
-        self.duration_s = duration_s
-        result = self.run_on(target)
-        if result is None:
-            return "error", "stopped before it started"
-        return result.verdict, result.reason
-
     def stop(self) -> None:
         self._stop.set()
         if self._run is not None:
             self._run.stop()
 
-    def mark_done(self) -> None:
-        self._done.set()
+    def wait(self, timeout_s: float) -> bool:
+        return self._done.wait(timeout_s)
+
+
+class VerifyJob:
+    """A profile's verify, behind StressJob's shape: its lock clock, then tuner.actions.verify's journalled trial
+    with the profile's workload. Lines the trial reports are handed to `emit`."""
+
+    def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *, emit: Callable[[object], None]):
+        self.backend, self.plan, self.duration_s, self.emit = backend, plan, duration_s, emit
+        self.device_id = plan.device.id
+        self._stop = threading.Event()
+        self._done = threading.Event()
+
+    def run(self) -> str:
+        try:
+            locked = set_profile_lock_clock(self.backend, self.plan)
+            if locked:
+                self.emit(locked)
+            outcome = verify_setting(self.backend, self.device_id, self.plan.value, self.duration_s,
+                                     workload=self.plan.workload, on_line=self.emit, stop_event=self._stop)
+            return describe_verify_outcome(outcome)
+        finally:
+            self._done.set()
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def wait(self, timeout_s: float) -> bool:
         return self._done.wait(timeout_s)
+
+
+def describe_verify_outcome(outcome: VerifyOutcome) -> str:
+    summary = f"verify {outcome.verdict}" + (f" ({outcome.reason})" if outcome.reason else "")
+    return summary + ("; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}")
 
 
 def describe_stress_result(result, *, stopped: bool) -> str:
     if result is None:
         return "stopped before it started"
     if stopped:
-        return f"stopped by you after {result.steps} steps (no fault seen)" if result.verdict != "fail" else (
+        return f"stopped by you after {result.steps} steps (no fault seen)" if result.verdict != Verdict.FAIL else (
             f"FAIL ({result.reason}) before you stopped it")
     return f"{result.verdict.upper()}" + (f" ({result.reason})" if result.reason else "")
 
 
 DETECTOR_OF_FAULT = {"mismatch": "reference", "canary": "canary", "gemm": "gemm", "nonfinite": "nonfinite",
                      "device-error": "device errors", "hang": "watchdog"}
+# A manual run has no recorded reference trajectory and no kernel-log watcher (bisect trials have both).
+MANUAL_DETECTORS = (("reference", "off"), ("canary", "ok"), ("gemm", "ok"), ("nonfinite", "ok"),
+                    ("device errors", "ok"), ("watchdog", "ok"), ("kernel log", "off"))
 
 
-def apply_stress_event(state, event) -> None:
-    """Fold one engine event (tuner.tuning.engine_client) or a plain log line into the StressState the Tune screen shows."""
-    if isinstance(event, str):
-        state.write(event)
-        return
-    kind = type(event).__name__.removesuffix("Event").lower()
-    if kind == "start":
-        # A manual run has no recorded reference trajectory and no kernel-log watcher (bisect trials have both).
-        for name, value in (("reference", "off"), ("canary", "ok"), ("gemm", "ok"), ("nonfinite", "ok"),
-                            ("device errors", "ok"), ("watchdog", "ok"), ("kernel log", "off")):
-            state.detectors[name] = value
-        state.write(f"engine: {event.device_name or event.device} dtype {event.dtype} "
-                    f"{event.params or 0:,} params, repeatable {event.repeatable}")
-    elif kind == "step":
-        if event.loss is not None and event.tok_s is not None:
-            state.steps.append((event.step, event.loss, event.tok_s))
-        if event.step % 10 == 0 and event.loss is not None:
-            state.write(f"step {event.step:>5}  loss {event.loss:.4f}  {event.tok_s or 0:,.0f} tok/s")
-    elif kind == "canary":
-        state.detectors["canary"] = "ok" if event.ok is not False else "FAULT"
-        if event.gemm_ok is False:
-            state.detectors["gemm"] = "FAULT"
-    elif kind == "fault":
-        detector = DETECTOR_OF_FAULT.get(event.kind or "", event.kind or "fault")
-        state.detectors[detector] = f"FAULT at step {event.step}"
-        state.write(f"FAULT {event.kind} at step {event.step}: {event.detail}")
-    elif kind == "warning":
-        state.write(f"warning {event.kind}: {event.detail}")
-    elif kind == "end":
-        state.write(f"end: {event.verdict} {event.reason or ''} after {event.steps} steps"
-                    + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
-    elif kind == "log" and event.line:
-        state.write(event.line)
-    state.version += 1
-
-
-def make_bisect_job(backend, device_id: str, params: dict, *, resume: bool, emit, restart: bool = False,
-                    options: dict | None = None):
-    from tuner.tuning import job as bisect_job
-    bisect_params = bisect_job.BisectParams(**params, resume=resume, restart=restart)
-    job = bisect_job.BisectJob(backend, device_id, bisect_params, emit, **(options or {}))
-    return BisectRunner(job, device_id)
+def apply_stress_event(state: StressState, event: object) -> StressState:
+    """The StressState after one engine event (tuner.tuning.engine_client) or a plain log line."""
+    match event:
+        case str():
+            return state.written(event)
+        case StartEvent():
+            return replace(state, detectors=MANUAL_DETECTORS).written(
+                f"engine: {event.device_name or event.device} dtype {event.dtype} {event.params or 0:,} params, "
+                f"repeatable {event.repeatable}")
+        case StepEvent():
+            if event.loss is not None and event.tok_s is not None:
+                state = replace(state, steps=appended(state.steps, (event.step, event.loss, event.tok_s),
+                                                      limit=HISTORY_SAMPLES))
+            if event.step % 10 == 0 and event.loss is not None:
+                state = state.written(f"step {event.step:>5}  loss {event.loss:.4f}  {event.tok_s or 0:,.0f} tok/s")
+            return state
+        case CanaryEvent():
+            state = state.with_detector("canary", "ok" if event.ok is not False else "FAULT")
+            return state.with_detector("gemm", "FAULT") if event.gemm_ok is False else state
+        case FaultEvent():
+            detector = DETECTOR_OF_FAULT.get(event.kind or "", event.kind or "fault")
+            return state.with_detector(detector, f"FAULT at step {event.step}").written(
+                f"FAULT {event.kind} at step {event.step}: {event.detail}")
+        case WarningEvent():
+            return state.written(f"warning {event.kind}: {event.detail}")
+        case EndEvent():
+            return state.written(f"end: {event.verdict} {event.reason or ''} after {event.steps} steps"
+                                 + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
+        case LogEvent(line=line) if line:
+            return state.written(line)
+    return state
 
 
 class BisectRunner:
-    """tuner.tuning.job.BisectJob behind the same run/stop/wait shape as StressJob; keeps the outcome."""
+    """A bisect behind the same run/stop/wait shape as StressJob; keeps the outcome.
 
-    def __init__(self, job, device_id: str):
-        self._job, self.device_id = job, device_id
-        self.outcome = None
+    `prepare` (tuner.actions.bisect.prepare_bisect) runs first, in the worker: it reads the card and may refuse
+    (raising before anything was touched). A stop asked for before the job exists is passed on when it does."""
+
+    def __init__(self, prepare: Callable[[], BisectJob], device_id: str):
+        self._prepare, self.device_id = prepare, device_id
+        self._job: BisectJob | None = None
+        self.outcome: BisectOutcome | None = None
+        self._stop = threading.Event()
         self._done = threading.Event()
 
-    def run(self):
+    def run(self) -> BisectOutcome | None:
         try:
+            self._job = self._prepare()
+            if self._stop.is_set():
+                self._job.stop()
             self.outcome = self._job.run()
             return self.outcome
         finally:
             self._done.set()
 
     def stop(self) -> None:
-        self._job.stop()
+        self._stop.set()
+        if self._job is not None:
+            self._job.stop()
 
     def wait(self, timeout_s: float) -> bool:
         return self._done.wait(timeout_s)
@@ -192,48 +219,49 @@ def _result_row(result) -> dict:
     return row
 
 
-def apply_bisect_event(state, event) -> None:
-    """Fold one tuner.tuning.events event into the BisectState the Auto-bisect screen shows."""
-    kind = type(event).__name__
-    if kind == "SessionStarted":
-        state.unit = event.unit
-        state.session = event.session
-    elif kind == "TrialRecovered":
-        state.trials.append(_result_row(event.result))
-    elif kind == "TrialStarted":
-        state.trials.append({"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""})
-        state.current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
-                         "phase": event.phase,
-                         "progress": 0.0, "eta_s": event.duration_s, "eta_total_s": None}
-    elif kind == "TrialProgress" and state.current is not None:
-        progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
-        state.current.update(progress=progress, eta_s=event.eta_s, eta_total_s=event.eta_total_s,
-                             tok_s=event.tok_s, power_w=event.power_w)
-    elif kind == "TrialFinished":
-        row = _result_row(event.result)
-        running = [r for r in state.trials if r.get("verdict") == "running" and r.get("setting") == row["setting"]]
-        if running:
-            running[-1].clear()
-            running[-1].update(row)
-        else:
-            state.trials.append(row)
-        if state.current is not None:
-            state.current["progress"] = 1.0
-    elif kind == "Recommendation":
-        state.recommendation = event
-    elif kind == "BisectFailed":
-        state.failure = f"{event.kind}: {event.reason}"
-    elif kind == "BisectStopped":
-        state.failure = f"stopped ({event.reason})" + ("; u resumes" if event.resumable else "")
-        for row in state.trials:
-            if row.get("verdict") == "running":
-                row.update(verdict="stopped", reason="stopped by you")
-    elif kind == "TrialWarning":
-        state.warnings.append(event.message)
-    state.version += 1
+def _finish_row(trials: tuple, row: dict) -> tuple:
+    """`trials` with the last running row at `row`'s setting replaced by `row` (appended when there is none)."""
+    for i in range(len(trials) - 1, -1, -1):
+        if trials[i].get("verdict") == "running" and trials[i].get("setting") == row["setting"]:
+            return trials[:i] + (row,) + trials[i + 1:]
+    return trials + (row,)
 
 
-def tuning_from_bisect(state) -> dict | None:
+def apply_bisect_event(state: BisectState, event: object) -> BisectState:
+    """The BisectState after one tuner.tuning.events event."""
+    match event:
+        case SessionStarted():
+            return replace(state, unit=event.unit, session=event.session)
+        case TrialRecovered():
+            return replace(state, trials=state.trials + (_result_row(event.result),))
+        case TrialStarted():
+            row = {"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""}
+            current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
+                       "phase": event.phase, "progress": 0.0, "eta_s": event.duration_s, "eta_total_s": None}
+            return replace(state, trials=state.trials + (row,), current=current)
+        case TrialProgress() if state.current is not None:
+            progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
+            return replace(state, current={**state.current, "progress": progress, "eta_s": event.eta_s,
+                                           "eta_total_s": event.eta_total_s, "tok_s": event.tok_s,
+                                           "power_w": event.power_w})
+        case TrialFinished():
+            current = None if state.current is None else {**state.current, "progress": 1.0}
+            return replace(state, trials=_finish_row(state.trials, _result_row(event.result)), current=current)
+        case Recommendation():
+            return replace(state, recommendation=event)
+        case BisectFailed():
+            return replace(state, failure=f"{event.kind}: {event.reason}")
+        case BisectStopped():
+            trials = tuple({**r, "verdict": "stopped", "reason": "stopped by you"} if r.get("verdict") == "running"
+                           else r for r in state.trials)
+            return replace(state, trials=trials,
+                           failure=f"stopped ({event.reason})" + ("; u resumes" if event.resumable else ""))
+        case TrialWarning():
+            return replace(state, warnings=appended(state.warnings, event.message, limit=BISECT_WARNINGS))
+    return state
+
+
+def tuning_from_bisect(state: BisectState) -> dict | None:
     """The `[tuning]` evidence for a profile saved from the bisect screen (BisectOutcome.tuning)."""
-    outcome = getattr(state, "outcome", None)
+    outcome = state.outcome
     return outcome.tuning() if outcome is not None else None

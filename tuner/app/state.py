@@ -1,18 +1,22 @@
 """What the UI remembers between frames: telemetry ring buffers and the state of the App's long jobs.
 
-Plain Python, no textual: the App's message handlers write it (on the event loop), screens read it on their
-repaint timers. Worker threads never touch it; they post messages.
+Plain Python, no textual. The job states are frozen snapshots: the App's message handlers (on the event loop) swap
+in a new one per event, screens read whichever is current on their repaint timers. Worker threads never touch
+them; they post messages.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tuner.core.models import Knob, Telemetry
 
 HISTORY_SAMPLES = 300  # five minutes at 1 Hz
 LOG_LINES = 500
+BISECT_WARNINGS = 20
 
 PLOTTED_FIELDS = ("power_w", "temp_edge_c", "temp_hotspot_c", "core_clock_mhz", "voltage_mv", "util_pct")
 
@@ -62,43 +66,55 @@ class DeviceHistory:
         return xs, ys
 
 
-@dataclass
+def appended(items: tuple, *new, limit: int) -> tuple:
+    """`items` plus `new`, keeping the last `limit` (a snapshot's bounded log or series)."""
+    out = items + new
+    return out[-limit:] if len(out) > limit else out
+
+
+@dataclass(frozen=True)
 class StressState:
-    """The App's stress run (at most one at a time), as the Tune screen shows it."""
+    """The App's stress run (at most one at a time), as the Tune screen shows it: an immutable snapshot that the
+    App swaps (`dataclasses.replace`) on every event; screens only read it."""
 
     device_id: str | None = None
     running: bool = False
     setting: int | None = None
     preset: str = "tiny"
     mode: str = "train"
-    steps: deque = field(default_factory=lambda: deque(maxlen=HISTORY_SAMPLES))  # (step, loss, tok_s)
-    detectors: dict[str, str] = field(default_factory=dict)  # detector name -> "ok" | "FAULT ..." | "n/a"
-    log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+    run: int = 0  # which run this is: a screen starts its log afresh when it changes
+    steps: tuple[tuple[int, float, float], ...] = ()  # (step, loss, tok_s), the last HISTORY_SAMPLES
+    detectors: tuple[tuple[str, str], ...] = ()  # (detector name, "ok" | "FAULT ..." | "off")
+    log: tuple[str, ...] = ()  # the last LOG_LINES lines
     log_written: int = 0  # lines ever logged; the screen flushes the ones it has not shown yet
     verdict: str | None = None
-    version: int = 0
 
-    def write(self, line: str) -> None:
-        self.log.append(line)
-        self.log_written += 1
-        self.version += 1
+    def detector(self, name: str, default: str = "-") -> str:
+        return dict(self.detectors).get(name, default)
+
+    def with_detector(self, name: str, value: str) -> StressState:
+        d = dict(self.detectors)
+        d[name] = value
+        return replace(self, detectors=tuple(d.items()))
+
+    def written(self, *lines: str) -> StressState:
+        return replace(self, log=appended(self.log, *lines, limit=LOG_LINES), log_written=self.log_written + len(lines))
 
 
-@dataclass
+@dataclass(frozen=True)
 class BisectState:
-    """The App's auto-bisect (at most one at a time)."""
+    """The App's auto-bisect (at most one at a time): an immutable snapshot, swapped by the App."""
 
     device_id: str | None = None
     running: bool = False
-    trials: list[dict] = field(default_factory=list)  # one row per started trial, updated when it finishes
-    current: dict | None = None  # the running trial: setting, progress 0..1, eta_s, index, total
+    trials: tuple[Mapping[str, Any], ...] = ()  # one row per started trial, replaced when it finishes
+    current: Mapping[str, Any] | None = None  # the running trial: setting, progress 0..1, eta_s, index, total
     recommendation: object | None = None
     outcome: object | None = None  # tuner.tuning.job.BisectOutcome when it ended
     failure: str | None = None
     unit: str = ""
     session: str | None = None
-    warnings: deque = field(default_factory=lambda: deque(maxlen=20))
-    version: int = 0
+    warnings: tuple[str, ...] = ()  # the last BISECT_WARNINGS
 
 
 def running_label(stress: StressState, bisect: BisectState, device_id: str) -> str:

@@ -12,6 +12,7 @@ import importlib
 import signal
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import ClassVar
 
 from textual import work
@@ -20,16 +21,20 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from tuner.core import exit_codes
-
-from tuner.app import jobs as ui_jobs
+from tuner.actions.bisect import prepare_bisect
+from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, set_profile_lock_clock
+from tuner.actions.reset import reset_device
+from tuner.actions.setting import SetRequest, prepare_setting
+from tuner.app import jobs
+from tuner.app.state import BisectState, DeviceHistory, StressState
 from tuner.backends.base import Backend
+from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError
 from tuner.screens import messages as msg
 from tuner.screens.dashboard import DashboardScreen
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
-from tuner.app.state import BisectState, DeviceHistory, StressState
+from tuner.tuning.job import BisectParams
 
 SCREENS_IN_ORDER = (
     ("1", "dashboard", "Dashboard"),
@@ -90,7 +95,7 @@ class TunerApp(App[int]):
         doctor: Callable[[], list] | None = None,
         repaint_interval_s: float = 0.5,
         bisect_options: dict | None = None,
-        verify_duration_s: float = ui_jobs.VERIFY_DURATION_S,
+        verify_duration_s: float = jobs.VERIFY_DURATION_S,
     ) -> None:
         super().__init__()
         self.ctx = ctx
@@ -109,8 +114,8 @@ class TunerApp(App[int]):
         self.pending = None  # the PendingChange waiting for keep-or-revert, if any
         self.doctor_checks: list | None = None
         self.selected_device_id = self.devices[0].id if self.devices else None
-        self._stress_job: ui_jobs.StressJob | None = None
-        self._bisect_job = None
+        self._stress_job: jobs.StressJob | jobs.VerifyJob | None = None
+        self._bisect_job: jobs.BisectRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hung_up = False
         self._last_sampler_error: str | None = None
@@ -188,21 +193,24 @@ class TunerApp(App[int]):
             self.notify(f"{event.worker.name}: {describe_error(event.worker.error)}", severity="error", timeout=10)
 
     # --- manual setting: apply, keep or revert, reset ------------------------------------------------------------
-    def apply_setting(self, device_id: str, value: int) -> None:
+    def apply_setting(self, device_id: str, value: int, *, profile: ProfileApply | None = None) -> None:
+        """Apply `value` through the same rules as `tuner set` (tuner.actions.setting), then keep-or-revert.
+        `profile`: a profile being applied (its lock clock is set first, as `tuner apply` does)."""
         if self.pending is not None:
             self.notify("a change is already waiting for keep-or-revert", severity="warning")
             return
         if self.bisect.running and self.bisect.device_id == device_id:
             self.notify("an auto-bisect is running on this card; stop it first", severity="warning")
             return
-        self._apply(device_id, value)
+        self._apply(device_id, value, profile)
 
     @work(thread=True, exit_on_error=False, group="setting")
-    def _apply(self, device_id: str, value: int) -> None:
+    def _apply(self, device_id: str, value: int, profile: ProfileApply | None) -> None:
         try:
-            pending = ui_jobs.pending_change(
-                self.backend, device_id, value, timeout_s=self.keep_timeout_s, clock=self.clock
-            )
+            if profile is not None:
+                set_profile_lock_clock(self.backend, profile)
+            pending = prepare_setting(self.backend, SetRequest(device_id, value), timeout_s=self.keep_timeout_s,
+                                      clock=self.clock)
             pending.apply()
         except Exception as e:  # noqa: BLE001 - nothing was kept; say why
             self.post_message(msg.BackendFailed(f"apply {value:+d} on {device_id}", e))
@@ -243,7 +251,7 @@ class TunerApp(App[int]):
     @work(thread=True, exit_on_error=False, group="setting")
     def _reset(self, device_id: str) -> None:
         try:
-            knob = self.backend.reset(device_id)
+            knob = reset_device(self.backend, device_id)
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed(f"reset {device_id}", e))
             return
@@ -258,20 +266,18 @@ class TunerApp(App[int]):
         if self.stress.running or self.bisect.running:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
-        if not ui_jobs.stress_available():
-            self.notify(ui_jobs.NOT_AVAILABLE.format(what="the stress engine client"), severity="warning")
-            return
         setting = self.histories[device_id].knob.current if self.histories[device_id].knob else None
-        self.stress = StressState(device_id=device_id, running=True, setting=setting, preset=preset, mode=mode)
-        self.stress.write(f"starting {preset}/{mode} stress on {device_id} at {setting}")
-        self._stress_job = ui_jobs.StressJob(
+        self.stress = StressState(device_id=device_id, running=True, setting=setting, preset=preset, mode=mode,
+                                  run=self.stress.run + 1).written(
+            f"starting {preset}/{mode} stress on {device_id} at {setting}")
+        self._stress_job = jobs.StressJob(
             self.backend, device_id, preset=preset, mode=mode,
             emit=lambda event: self.post_message(msg.StressEventReceived(event)),
         )
         self._run_stress(self._stress_job)
 
     @work(thread=True, exit_on_error=False, group="stress", name="stress")
-    def _run_stress(self, job) -> None:
+    def _run_stress(self, job: jobs.StressJob | jobs.VerifyJob) -> None:
         try:
             summary = job.run()
         except Exception as e:  # noqa: BLE001
@@ -281,132 +287,98 @@ class TunerApp(App[int]):
 
     def stop_stress(self) -> None:
         if self._stress_job is not None and self.stress.running:
-            self.stress.write("stopping...")
+            self.stress = self.stress.written("stopping...")
             self._stress_job.stop()
 
     def on_stress_event_received(self, message: msg.StressEventReceived) -> None:
-        ui_jobs.apply_stress_event(self.stress, message.event)
+        self.stress = jobs.apply_stress_event(self.stress, message.event)
 
     def on_stress_ended(self, message: msg.StressEnded) -> None:
-        self.stress.running = False
-        self.stress.verdict = message.summary
-        self.stress.write(f"ended: {message.summary}")
+        self.stress = replace(self.stress, running=False, verdict=message.summary).written(
+            f"ended: {message.summary}")
         self._stress_job = None
         self.notify(f"stress on {message.device_id}: {message.summary}")
         self.sample_now()
 
     # --- bisect (App-owned) -----------------------------------------------------------------------------------
-    def start_bisect(self, device_id: str, params: dict, *, resume: bool = False, restart: bool = False) -> None:
+    def start_bisect(self, device_id: str, params: BisectParams) -> None:
+        """Start (or resume, per `params`) a bisect through tuner.actions.bisect; a blank form field arrives here
+        as None, which the core turns into the card's default."""
         if self.stress.running or self.bisect.running:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
-        if not ui_jobs.bisect_available():
-            self.notify(ui_jobs.NOT_AVAILABLE.format(what="auto-bisect"), severity="warning")
-            return
-        try:
-            job = ui_jobs.make_bisect_job(
-                self.backend, device_id, params, resume=resume, restart=restart, options=self._bisect_options,
-                emit=lambda event: self.post_message(msg.BisectEventReceived(event)),
-            )
-        except Exception as e:  # noqa: BLE001 - bad parameters: say which
-            self.notify(describe_error(e), severity="error", timeout=10)
-            return
         self.bisect = BisectState(device_id=device_id, running=True)
-        self._bisect_job = job
-        self._run_bisect(job, device_id)
+        self._bisect_job = jobs.BisectRunner(
+            lambda: prepare_bisect(self.backend, device_id, params,
+                                   lambda event: self.post_message(msg.BisectEventReceived(event)),
+                                   **self._bisect_options),
+            device_id)
+        self._run_bisect(self._bisect_job)
 
     @work(thread=True, exit_on_error=False, group="bisect", name="bisect")
-    def _run_bisect(self, job, device_id: str) -> None:
+    def _run_bisect(self, runner: jobs.BisectRunner) -> None:
         try:
-            summary = ui_jobs.describe_bisect_result(job.run())
-        except Exception as e:  # noqa: BLE001
+            summary = jobs.describe_bisect_result(runner.run())
+        except Exception as e:  # noqa: BLE001 - a refused start (bad parameters) lands here too
             self.post_message(msg.BackendFailed("bisect", e))
             summary = f"error: {describe_error(e)}"
-        self.post_message(msg.BisectEnded(device_id, summary))
+        self.post_message(msg.BisectEnded(runner.device_id, summary, runner.outcome))
 
     def stop_bisect(self) -> None:
         if self._bisect_job is not None and self.bisect.running:
             self._bisect_job.stop()
 
     def on_bisect_event_received(self, message: msg.BisectEventReceived) -> None:
-        ui_jobs.apply_bisect_event(self.bisect, message.event)
+        self.bisect = jobs.apply_bisect_event(self.bisect, message.event)
 
     def on_bisect_ended(self, message: msg.BisectEnded) -> None:
-        self.bisect.running = False
-        self.bisect.current = None
-        self.bisect.outcome = self._bisect_job.outcome if self._bisect_job is not None else None
-        self.bisect.version += 1
+        self.bisect = replace(self.bisect, running=False, current=None, outcome=message.outcome)
         self._bisect_job = None
         self.notify(f"bisect on {message.device_id}: {message.summary}")
         self.sample_now()
 
     # --- profiles -----------------------------------------------------------------------------------------------
     def apply_profile(self, profile, device_id: str) -> None:
-        """The CLI's identity rules: same card applies (keep-or-revert); same model needs a verify trial; another
-        model is refused here (the CLI's --force is deliberately not offered); another vendor/knob never."""
-        import platform
+        """`tuner apply`'s rules (tuner.actions.profile_apply), without --force: the same card applies
+        (keep-or-revert); another card of the same model needs a verify trial; anything else is refused."""
+        self._plan_profile(profile, device_id)
 
-        from tuner.profiles.identity import Match, match_device
-
-        knob = self.histories[device_id].knob
-        if knob is None:
-            self.notify("no reading of this card yet; try again in a second", severity="warning")
-            return
-        result = match_device(profile, self.device(device_id), knob, kernel=platform.release())
-        for warning in result.warnings:
-            self.notify(warning, severity="warning", timeout=10)
-        value = profile.setting.value
-        if result.match in (Match.INCOMPATIBLE, Match.OTHER_MODEL):
-            extra = "" if result.match is Match.INCOMPATIBLE else "; the CLI's `tuner apply --force` can override"
-            self.notify(f"refusing to apply {profile.name!r} to {device_id}: {result.reason}{extra}",
-                        severity="error", timeout=12)
-            return
+    @work(thread=True, exit_on_error=False, group="setting")
+    def _plan_profile(self, profile, device_id: str) -> None:
         try:
-            knob.validate(value)
-        except TunerError as e:
-            self.notify(e.one_line(), severity="error", timeout=10)
+            plan = plan_profile_apply(self.backend, profile, device_id, verify=True)
+        except Exception as e:  # noqa: BLE001 - refused: say why
+            self.post_message(msg.BackendFailed(f"apply {profile.name!r}", e))
             return
-        if result.match is Match.SAME_CARD:
-            self.apply_setting(device_id, value)
-            return
-        question = (f"{profile.name!r} was proven on another card ({result.reason}). Run a "
-                    f"{format_duration(self.verify_duration_s)} stress trial at {value:+d} {knob.unit} on "
-                    f"{device_id}? It is kept only if it passes, else reverted.")
-        self.push_screen(ConfirmDialog(question, yes="Verify", no="Cancel"),
-                         lambda yes: yes and self.verify_profile(device_id, value))
+        self.post_message(msg.ProfileChecked(plan))
 
-    def verify_profile(self, device_id: str, value: int) -> None:
+    def on_profile_checked(self, message: msg.ProfileChecked) -> None:
+        plan = message.plan
+        for warning in plan.warnings:
+            self.notify(warning, severity="warning", timeout=10)
+        if not plan.verify_required:
+            self.apply_setting(plan.device.id, plan.value, profile=plan)
+            return
+        question = (f"{plan.profile.name!r} was proven on another card ({plan.match.reason}). Run a "
+                    f"{format_duration(self.verify_duration_s)} stress trial at {plan.value:+d} {plan.knob.unit} on "
+                    f"{plan.device.id}? It is kept only if it passes, else reverted.")
+        self.push_screen(ConfirmDialog(question, yes="Verify", no="Cancel"),
+                         lambda yes: yes and self.verify_profile(plan))
+
+    def verify_profile(self, plan: ProfileApply) -> None:
+        """`tuner apply --verify`: the journalled trial with the profile's workload and lock clock."""
         if self.stress.running or self.bisect.running:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
-        if not ui_jobs.stress_available():
-            self.notify(ui_jobs.NOT_AVAILABLE.format(what="the stress engine client (needed to verify)"),
-                        severity="warning")
-            return
-        self.stress = StressState(device_id=device_id, running=True, setting=value, preset="verify")
-        self.stress.write(f"verifying {value:+d} on {device_id} (kept only if it passes)")
-        self._stress_job = ui_jobs.StressJob(
-            self.backend, device_id, preset="tiny" if self.backend.simulated else "small", mode="train",
-            emit=lambda event: self.post_message(msg.StressEventReceived(event)),
+        device_id, value = plan.device.id, plan.value
+        self.stress = StressState(device_id=device_id, running=True, setting=value, preset="verify",
+                                  run=self.stress.run + 1).written(
+            f"verifying {value:+d} on {device_id} (kept only if it passes)")
+        self._stress_job = jobs.VerifyJob(
+            self.backend, plan, self.verify_duration_s,
+            emit=lambda line: self.post_message(msg.StressEventReceived(line)),
         )
-        self._verify(device_id, value)
-
-    @work(thread=True, exit_on_error=False, group="stress", name="verify")
-    def _verify(self, device_id: str, value: int) -> None:
-        from tuner.profiles.verify import verify_setting
-
-        job = self._stress_job
-        try:
-            outcome = verify_setting(self.backend, device_id, value, self.verify_duration_s,
-                                     run_stress=job.verify_runner)
-            summary = f"verify {outcome.verdict}" + (f" ({outcome.reason})" if outcome.reason else "")
-            summary += "; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}"
-        except Exception as e:  # noqa: BLE001
-            self.post_message(msg.BackendFailed("verify", e))
-            summary = f"error: {describe_error(e)}"
-        finally:
-            job.mark_done()
-        self.post_message(msg.StressEnded(device_id, summary))
+        self._run_stress(self._stress_job)
 
     def save_bisect_profile(self, name: str) -> None:
         from tuner.profiles import build_profile, save_profile
@@ -417,7 +389,7 @@ class TunerApp(App[int]):
         try:
             knob = self.backend.knob(device_id)
             profile = build_profile(name, self.device(device_id), knob, rec.setting,
-                                    tuning=ui_jobs.tuning_from_bisect(state))
+                                    tuning=jobs.tuning_from_bisect(state))
             path = save_profile(profile)
         except TunerError as e:
             self.notify(e.one_line(), severity="error", timeout=10)
@@ -454,6 +426,10 @@ class TunerApp(App[int]):
             return
         question = f"Quit? This stops {' and '.join(running)} and resets the card to stock."
         self.push_screen(ConfirmDialog(question, yes="Quit and reset", no="Stay"), self._quit_confirmed)
+
+    async def action_quit(self) -> None:
+        """Textual's own quit action (its default bindings, widgets that call it) takes the safe path too."""
+        self.action_request_quit()
 
     def _quit_confirmed(self, yes: bool | None) -> None:
         if yes:
@@ -501,8 +477,8 @@ class TunerApp(App[int]):
             self.pending = None
         for device_id in sorted(devices_to_reset):
             try:
-                self.backend.reset(device_id)
-                done.append(f"reset {device_id} to stock")
+                reset_device(self.backend, device_id)
+                done.append(f"reset {device_id} to stock (read back)")
             except Exception as e:  # noqa: BLE001
                 done.append(f"could not reset {device_id}: {describe_error(e)}")
         return done
@@ -514,7 +490,9 @@ class TunerApp(App[int]):
                                 lambda mode=mode: self.switch_mode(mode))
         yield from screen_commands(screen)
         yield SystemCommand("Quit", "Quit (asks first if a job runs; resets the card)", self.action_request_quit)
-        yield from super().get_system_commands(screen)
+        for command in super().get_system_commands(screen):
+            if command.title != "Quit":  # Textual's own exits at once, skipping the safe quit
+                yield command
 
 
 def screen_commands(screen: Screen) -> Iterable[SystemCommand]:

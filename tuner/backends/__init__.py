@@ -21,13 +21,7 @@ def open_backend(
         return SimulatedBackend(gpus=sim_gpus, seed=sim_seed, vmin_mv=sim_vmin_mv)
     found: list[Backend] = []
     for module_name in REAL_BACKEND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name == module_name:  # that vendor's backend is not built into this version
-                continue
-            raise
-        backend = module.discover()
+        backend = importlib.import_module(module_name).discover()  # a missing module is a broken install: raise
         if backend is not None:
             found.append(backend)
     if not found:

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import platform
 import sys
 
-from tuner.core import exit_codes
-
-from tuner.tuning import journal
+from tuner.actions.keep_or_revert import PendingChange
+from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, set_profile_lock_clock
+from tuner.actions.setting import SetRequest, check_setting
+from tuner.actions.verify import verify_setting
 from tuner.commands._argtypes import duration, seconds_between
 from tuner.commands._output import format_value, print_json
+from tuner.core import exit_codes
 from tuner.core.errors import TunerError, UsageError
-from tuner.actions.keep_or_revert import PendingChange
-from tuner.core.models import DeviceInfo
 from tuner.profiles import Profile, load_profile
 from tuner.profiles import boot as boot_rules
-from tuner.profiles.identity import Match, MatchResult, fingerprint, match_device
+from tuner.profiles.identity import Match, fingerprint, match_device
 from tuner.profiles.store import scan
-from tuner.profiles.verify import verify_setting
 
 _boot_wait = seconds_between(0, 600)
 
@@ -59,25 +57,20 @@ def run(args, ctx) -> int:
         raise UsageError("which profile?", "give a profile name or path (see `tuner profile list`)")
     profile = load_profile(args.profile)  # validated before any device is touched
     backend = ctx.backend
-    device = _pick_device(profile, backend, args.device)
-    knob = backend.knob(device.id)
-    result = match_device(profile, device, knob, kernel=platform.release())
-    _check_match(result, profile, device, force=args.force, verify=args.verify is not None)
-    value = profile.setting.value
-    knob.validate(value)  # range, step, no overvolt: OutOfRange (exit 2) before anything is written
-    if not args.ignore_unsafe:
-        journal.refuse_unsafe(device.id, knob, value)
-    for warning in result.warnings + _unapplied_fields(profile, knob, backend):
+    plan = plan_profile_apply(backend, profile, args.device, force=args.force, verify=args.verify is not None,
+                              ignore_unsafe=args.ignore_unsafe)
+    for warning in plan.warnings:
         print(f"tuner: warning: {warning}", file=sys.stderr)
-    _set_lock_clock(profile, device, knob, backend)
+    locked = set_profile_lock_clock(backend, plan)
+    if locked:
+        print(locked, file=sys.stderr)
+    device, knob, result, value = plan.device, plan.knob, plan.match, plan.value
 
     if args.verify is not None:
         if not args.json:
             print(f"{device.id}  {device.label}: verifying {format_value(value, knob.unit)} for "
                   f"{args.verify:g} s (reverts to {format_value(knob.current, knob.unit)} on failure)")
-        t = profile.tuning
-        workload = {"preset": t.preset, "mode": t.mode, "dtype": t.dtype} if t else {}
-        outcome = verify_setting(backend, device.id, value, args.verify, workload=workload,
+        outcome = verify_setting(backend, device.id, value, args.verify, workload=plan.workload,
                                  on_line=lambda line: print(f"  {line}", file=sys.stderr))
         if args.json:
             print_json(_doc(profile, device, result, outcome.knob, verify=outcome.to_dict()))
@@ -90,17 +83,18 @@ def run(args, ctx) -> int:
         return exit_codes.OK if outcome.passed else exit_codes.TEST_FAILED
 
     if not args.yes:
-        return _apply_with_confirmation(args, ctx, profile, device, result, value)
+        return _apply_with_confirmation(args, ctx, plan)
     after = backend.apply(device.id, value)
     _report(args, profile, device, result, after)
     return exit_codes.OK
 
 
-def _apply_with_confirmation(args, ctx, profile, device, result, value) -> int:
+def _apply_with_confirmation(args, ctx, plan: ProfileApply) -> int:
     """The same keep-or-revert confirmation as `tuner set`: kept only on a yes within the timeout."""
     from tuner.commands.set import _ask  # the shared prompt (select()-based countdown on stdin)
 
-    with PendingChange(ctx.backend, device.id, value) as change:
+    profile, device, result = plan.profile, plan.device, plan.match
+    with PendingChange(ctx.backend, device.id, plan.value) as change:
         applied = change.applied
         print(f"{device.id}  {device.label}: {format_value(change.before.current, applied.unit)} -> "
               f"{format_value(applied.current, applied.unit)} from {profile.name!r} (read back)",
@@ -114,55 +108,6 @@ def _apply_with_confirmation(args, ctx, profile, device, result, value) -> int:
     if args.json:
         print_json(_doc(profile, device, result, change.reverted_to, applied=False))
     return exit_codes.USAGE
-
-
-def _pick_device(profile: Profile, backend, device_id: str | None) -> DeviceInfo:
-    if device_id:
-        return backend.device(device_id)
-    devices = backend.devices()
-    for dev in devices:
-        if match_device(profile, dev, backend.knob(dev.id)).match is Match.SAME_CARD:
-            return dev
-    if len(devices) == 1:
-        return devices[0]
-    raise UsageError(f"the card this profile was proven on ({fingerprint(profile.device)}) is not here, and there are "
-                     "several GPUs", "name one with --device ID")
-
-
-def _check_match(result: MatchResult, profile: Profile, device: DeviceInfo, *, force: bool, verify: bool) -> None:
-    if result.match is Match.INCOMPATIBLE:
-        raise UsageError(f"refusing to apply {profile.name!r} to {device.id}: {result.reason}; nothing was applied",
-                         "--force does not override a vendor or knob mismatch; tune this card with `tuner bisect`")
-    if result.match is Match.OTHER_MODEL and not force:
-        raise UsageError(f"refusing to apply {profile.name!r} to {device.id}: {result.reason}; nothing was applied",
-                         "tune this card with `tuner bisect`, or pass --force (and ideally --verify DUR)")
-    if result.match is Match.SAME_MODEL and not (force or verify):
-        raise UsageError(f"{profile.name!r} was proven on another card: {result.reason}; nothing was applied",
-                         "pass --verify 5m to test it on this card first (reverted on failure), or --force")
-    if result.match is not Match.SAME_CARD:
-        print(f"tuner: warning: {result.reason}", file=sys.stderr)
-
-
-def _unapplied_fields(profile: Profile, knob, backend) -> tuple[str, ...]:
-    """Fields the backend cannot set: said out loud, never silently dropped."""
-    out = []
-    s = profile.setting
-    if (s.lock_clock_mhz is not None and s.lock_clock_mhz != knob.lock_clock_mhz
-            and not hasattr(backend, "set_lock_clock")):
-        out.append(f"the profile was proven at a locked max clock of {s.lock_clock_mhz} MHz, this card is at "
-                   f"{knob.lock_clock_mhz or 'no lock'}, and this backend cannot change the lock")
-    if s.power_limit_w is not None:
-        out.append(f"the profile records a power limit of {s.power_limit_w:g} W, which apply does not set")
-    return tuple(out)
-
-
-def _set_lock_clock(profile: Profile, device: DeviceInfo, knob, backend) -> None:
-    """NVIDIA: the offset was proven at a locked max clock; lock to it first, as `tuner set --lock-mhz` does."""
-    lock = profile.setting.lock_clock_mhz
-    if lock is not None and lock != knob.lock_clock_mhz and hasattr(backend, "set_lock_clock"):
-        backend.set_lock_clock(device.id, lock)
-        print(f"{device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)",
-              file=sys.stderr)
 
 
 def _doc(profile, device, result, knob, **extra) -> dict:
@@ -227,8 +172,7 @@ def _boot_apply_one(profile: Profile, backend, log) -> dict:
         if match_device(profile, device, knob).match is not Match.SAME_CARD:
             continue
         try:
-            knob.validate(profile.setting.value)
-            journal.refuse_unsafe(device.id, knob, profile.setting.value)  # never overridden at boot
+            check_setting(backend, SetRequest(device.id, profile.setting.value))  # the unsafe list holds at boot
             after = backend.apply(device.id, profile.setting.value)
         except TunerError as e:
             log(f"could not apply {profile.name!r} to {device.id}: {e.one_line()}")

@@ -6,7 +6,13 @@ import json
 import sys
 import threading
 
+from tuner.commands._argtypes import whole_number
+from tuner.commands._device import pick_device
+from tuner.commands._output import format_table
 from tuner.core import exit_codes, signals
+from tuner.core.durations import format_duration, parse_duration_s
+from tuner.core.errors import UsageError
+from tuner.core.models import Mode
 from tuner.tuning.events import (
     BisectFailed,
     BisectStopped,
@@ -19,11 +25,6 @@ from tuner.tuning.events import (
     TrialStarted,
     TrialWarning,
 )
-from tuner.commands._argtypes import whole_number
-from tuner.commands._device import pick_device
-from tuner.commands._output import format_table
-from tuner.core.durations import format_duration, parse_duration_s
-from tuner.core.errors import UsageError
 
 
 def add_parser(subparsers) -> None:
@@ -44,7 +45,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--trial", default="5m", metavar="DUR", help="length of each trial (default 5m; 90s, 5m, 1h)")
     p.add_argument("--confirm", default="30m", metavar="DUR", help="length of the confirmation run (default 30m)")
     p.add_argument("--floor", type=whole_number, metavar="VALUE", help="never test beyond this setting")
-    p.add_argument("--mode", choices=("train", "gemm", "mixed"), default="train",
+    p.add_argument("--mode", choices=tuple(Mode), default=Mode.TRAIN,
                    help="stress workload of the trials (default train; the confirmation runs mixed)")
     p.add_argument("--preset", choices=("tiny", "small", "large"),
                    help="engine model size (default: small on GPUs, tiny on the simulated card's CPU engine)")
@@ -68,17 +69,6 @@ def _confirm_real_card(device, args) -> None:
                    "the machine (the tuner recovers after a reboot). Continue? [y/N] ")
     if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("bisect cancelled", "pass --yes to skip this question")
-
-
-def _check_save_name(name: str | None) -> None:
-    if not name:
-        return
-    from tuner.profiles import validate_name
-    from tuner.profiles.store import profile_path
-
-    validate_name(name, path="--save")
-    if profile_path(name).exists():
-        raise UsageError(f"a profile named {name!r} already exists", "pick another --save name or delete it")
 
 
 class _Printer:
@@ -191,19 +181,19 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
 
 
 def run(args, ctx) -> int:
-    from tuner.tuning.job import BisectJob, BisectParams
+    from tuner.actions.bisect import prepare_bisect
+    from tuner.tuning.job import BisectParams
 
     backend = ctx.backend
     device = pick_device(backend, args.device)
     knob = backend.knob(device.id)
-    _check_save_name(args.save)
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin,
                           trial_s=parse_duration_s(args.trial), confirm_s=parse_duration_s(args.confirm),
                           floor=args.floor, mode=args.mode, preset=args.preset, resume=args.resume,
                           restart=args.restart)
-    _confirm_real_card(device, args)
     printer = _Printer(knob.unit, args.json)
-    job = BisectJob(backend, device.id, params, printer)
+    job = prepare_bisect(backend, device.id, params, printer, save=args.save)
+    _confirm_real_card(device, args)
     box: dict = {}
     done = threading.Event()
 

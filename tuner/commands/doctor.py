@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tuner.core import exit_codes
-from tuner.commands._output import print_json
 from tuner.actions.doctor import FAIL, run_checks
+from tuner.commands._output import print_json
+from tuner.core import exit_codes
 
 _MARK = {"ok": "[ ok ]", "warn": "[warn]", "fail": "[FAIL]", "info": "[info]"}
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tuner.core import exit_codes
 from tuner.commands._output import format_table, format_value, print_json
+from tuner.core import exit_codes
 from tuner.core.errors import TunerError
 
 

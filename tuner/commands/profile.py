@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tuner.core import exit_codes
 from tuner.commands._output import format_table, format_value, print_json
+from tuner.core import exit_codes
 from tuner.profiles import Profile, validate_name
 from tuner.profiles.schema import format_created
 from tuner.profiles.store import (

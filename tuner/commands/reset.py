@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tuner.core import exit_codes
+from tuner.actions.reset import reset_device, reset_targets
 from tuner.commands._output import format_value, print_json
-from tuner.core.errors import UsageError
+from tuner.core import exit_codes
 
 
 def add_parser(subparsers) -> None:
@@ -23,14 +23,8 @@ def add_parser(subparsers) -> None:
 
 def run(args, ctx) -> int:
     backend = ctx.backend
-    devices = backend.devices()
-    if args.device:
-        targets = [backend.device(args.device)]
-    elif args.all or len(devices) == 1 or ctx.simulate:
-        targets = devices
-    else:
-        raise UsageError("several GPUs found", "name one with --device ID or pass --all")
-    results = [(dev, backend.reset(dev.id)) for dev in targets]
+    targets = reset_targets(backend, args.device, all_devices=args.all)
+    results = [(dev, reset_device(backend, dev.id)) for dev in targets]
     if args.json:
         print_json({"reset": [{"device": d.id, "knob": k.to_dict()} for d, k in results]})
     else:

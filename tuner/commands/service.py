@@ -7,9 +7,9 @@ import shutil
 import subprocess
 import sys
 
+from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes, paths
 from tuner.core.atomic import write_atomic
-from tuner.commands._output import format_value, print_json
 from tuner.core.errors import PermissionDenied, StateError, UsageError
 from tuner.profiles import boot as boot_rules
 from tuner.profiles import load_profile, save_profile

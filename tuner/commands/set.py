@@ -16,14 +16,12 @@ import select
 import sys
 import time
 
-from tuner.core import exit_codes
-
-from tuner.tuning import journal
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
+from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.commands._argtypes import seconds_between, whole_number
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json
-from tuner.core.errors import UsageError
-from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
+from tuner.core import exit_codes
 
 _keep_timeout = seconds_between(1, 600)
 
@@ -105,29 +103,14 @@ def _ask(change: PendingChange, stream=None, out=None) -> bool:
 def run(args, ctx) -> int:
     backend = ctx.backend
     dev = pick_device(backend, args.device)
-    knob = backend.knob(dev.id)
-    # Every check before the first write: bad input changes nothing (the lock clock included).
-    knob.validate(args.offset, allow_overvolt=args.allow_overvolt)
-    if not args.ignore_unsafe:
-        journal.refuse_unsafe(dev.id, knob, args.offset)
-    if args.lock_mhz is not None:
-        if not hasattr(backend, "set_lock_clock") or knob.lock_clock_mhz is None:
-            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
-        backend.set_lock_clock(dev.id, args.lock_mhz)
-
-    change = PendingChange(
-        backend,
-        dev.id,
-        args.offset,
-        allow_overvolt=args.allow_overvolt,
-        timeout_s=args.keep_timeout,
-        clock=time.monotonic,
-    )
+    request = SetRequest(dev.id, args.offset, allow_overvolt=args.allow_overvolt,
+                         ignore_unsafe=args.ignore_unsafe, lock_clock_mhz=args.lock_mhz)
+    change = prepare_setting(backend, request, timeout_s=args.keep_timeout, clock=time.monotonic)
     with change:
         applied = change.applied
         lock = f" at a locked {applied.lock_clock_mhz} MHz" if applied.lock_clock_mhz else ""
         msg = (
-            f"{dev.id}  {dev.label}: {format_value(change.before.current, knob.unit)} -> "
+            f"{dev.id}  {dev.label}: {format_value(change.before.current, change.before.unit)} -> "
             f"{format_value(applied.current, applied.unit)}{lock} (read back)"
         )
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -151,6 +134,6 @@ def run(args, ctx) -> int:
             )
         return exit_codes.OK
     print(
-        f"not confirmed: reverted to {format_value(change.reverted_to.current, knob.unit)}", file=sys.stderr
+        f"not confirmed: reverted to {format_value(change.reverted_to.current, change.reverted_to.unit)}", file=sys.stderr
     )
     return exit_codes.USAGE

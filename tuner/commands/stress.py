@@ -13,10 +13,11 @@ import math
 import sys
 import time
 
-from tuner.core import exit_codes
 from tuner.commands._argtypes import positive_int
 from tuner.commands._device import pick_device
+from tuner.core import exit_codes
 from tuner.core.durations import format_duration, parse_duration_s
+from tuner.core.models import Mode
 
 DEFAULT_DURATION = "5m"
 SIM_CANARY_EVERY = 10  # simulated cards: canaries often, so short runs meet the injected faults
@@ -38,7 +39,7 @@ def add_parser(subparsers) -> None:
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--duration", metavar="DUR", help=f"how long (default {DEFAULT_DURATION}; 90s, 5m, 1h)")
     bound.add_argument("--steps", type=positive_int, metavar="N", help="how many training steps instead")
-    p.add_argument("--mode", choices=("train", "gemm", "mixed"), default="train",
+    p.add_argument("--mode", choices=tuple(Mode), default=Mode.TRAIN,
                    help="train (default), gemm (GEMM burn only) or mixed (partial load and idle gaps)")
     p.add_argument("--preset", choices=("tiny", "small", "large"),
                    help="model size (default: small on GPUs, tiny on the CPU / simulated card)")

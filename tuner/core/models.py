@@ -6,7 +6,7 @@ Plain dataclasses, no I/O. Units live in field names (`offset_mv`, `power_w`, `t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 
 from tuner.core.errors import OutOfRange
 
@@ -14,6 +14,33 @@ from tuner.core.errors import OutOfRange
 class KnobKind(str, Enum):
     VOLTAGE_OFFSET = "voltage_offset"  # AMD: a vddgfx offset in mV; more negative is more aggressive
     CLOCK_OFFSET = "clock_offset"  # NVIDIA: a positive graphics clock offset in MHz at a locked max clock
+
+
+class Mode(StrEnum):
+    """The stress engine's workload (its `--mode`)."""
+
+    TRAIN = "train"
+    GEMM = "gemm"
+    MIXED = "mixed"
+
+
+class Phase(StrEnum):
+    """Which part of a bisect a trial belongs to; `manual` is a stress run started by hand."""
+
+    BASELINE = "baseline"
+    COARSE = "coarse"
+    REFINE = "refine"
+    CONFIRM = "confirm"
+    MANUAL = "manual"
+
+
+class Verdict(StrEnum):
+    """A trial's outcome. The values are written to journals and profiles: never rename them."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)

@@ -13,47 +13,58 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
+from tuner.actions.bisect import bisect_defaults
+from tuner.app.state import of_about
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import UsageError
+from tuner.core.models import Mode
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
-from tuner.app.state import of_about
+from tuner.tuning.job import BisectParams
 from tuner.widgets.history_plot import HistoryPlot
 
-# (field id, label, default text, kind) -- defaults as in `tuner bisect --help`
+# (field id, label, kind, BisectParams field). A blank field is the core's default for the card, shown as the
+# field's placeholder (tuner.actions.bisect.bisect_defaults: "10 mV", "30 MHz", "5m").
 FIELDS = (
-    ("step", "step", "10", "int"),
-    ("resolution", "res", "5", "int"),
-    ("margin", "margin", "10", "int"),
-    ("trial", "trial", "5m", "duration"),
-    ("confirm", "confirm", "30m", "duration"),
-    ("floor", "floor", "", "int?"),
-    ("mode", "mode", "train", "mode"),
+    ("step", "step", "int", "step"),
+    ("resolution", "res", "int", "resolution"),
+    ("margin", "margin", "int", "margin"),
+    ("trial", "trial", "duration", "trial_s"),
+    ("confirm", "confirm", "duration", "confirm_s"),
+    ("floor", "floor", "int", "floor"),
+    ("mode", "mode", "mode", "mode"),
 )
-MODES = ("train", "gemm", "mixed")
 COLUMNS = ("setting", "phase", "verdict", "reason", "tok/s", "W", "tok/J", "max °C")
 WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table
 
 
-def parse_form(values: dict[str, str]) -> dict:
-    """The form's text as bisect parameters; UsageError names the bad field."""
+def _whole_number(label: str, text: str, unit: str) -> int:
+    """A whole number, optionally followed by the card's unit ("15", "15 MHz")."""
+    number = text[: -len(unit)].strip() if unit and text.lower().endswith(unit.lower()) else text
+    try:
+        return int(number, 10)
+    except ValueError:
+        raise UsageError(f"{label}: expected a whole number of {unit or 'steps'}, got {text!r}", "e.g. 10") from None
+
+
+def parse_form(values: dict[str, str], *, unit: str = "", resume: bool = False,
+               restart: bool = False) -> BisectParams:
+    """The form's text as bisect parameters (a blank field: None here, the card's default in the core);
+    UsageError names the bad field."""
     params: dict = {}
-    for field_id, label, _default, kind in FIELDS:
+    for field_id, label, kind, name in FIELDS:
         text = values.get(field_id, "").strip()
+        if not text:
+            continue
         if kind == "duration":
-            params[f"{field_id}_s"] = parse_duration_s(text)
+            params[name] = parse_duration_s(text)
         elif kind == "mode":
-            if text not in MODES:
-                raise UsageError(f"{label}: {text!r} is not a mode", f"use one of {', '.join(MODES)}")
-            params[field_id] = text
-        elif kind == "int?" and not text:
-            params[field_id] = None
+            if text not in tuple(Mode):
+                raise UsageError(f"{label}: {text!r} is not a mode", f"use one of {', '.join(Mode)}")
+            params[name] = Mode(text)
         else:
-            try:
-                params[field_id] = int(text)
-            except ValueError:
-                raise UsageError(f"{label}: expected a whole number, got {text!r}", "e.g. 10") from None
-    return params
+            params[name] = _whole_number(label, text, unit)
+    return BisectParams(**params, resume=resume, restart=restart)
 
 
 def _cell(value, fmt: str = "{}") -> str:
@@ -84,7 +95,8 @@ class BisectScreen(TunerScreen):
     DEFAULT_CSS = """
     BisectScreen #bisect-form { height: 1; padding: 0 1; }
     BisectScreen #bisect-form Label { width: auto; padding: 0 0 0 1; }
-    BisectScreen #bisect-form Input { width: 4; }
+    BisectScreen #bisect-form Input { width: 7; }
+    BisectScreen #bisect-form #in-trial, BisectScreen #bisect-form #in-confirm { width: 4; }
     BisectScreen #bisect-form #in-mode { width: 6; }
     BisectScreen #bisect-status { height: 2; padding: 0 1; }
     BisectScreen #bisect-progress { height: 1; padding: 0 1; }
@@ -107,9 +119,9 @@ class BisectScreen(TunerScreen):
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="bisect-form"):
-            for field_id, label, default, _kind in FIELDS:
+            for field_id, label, _kind, _name in FIELDS:
                 yield Label(f"{label}:")
-                yield Input(default, id=f"in-{field_id}", compact=True)
+                yield Input(id=f"in-{field_id}", compact=True)
         yield Static(id="bisect-status")
         yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")
         with Horizontal(id="bisect-main"):
@@ -121,25 +133,40 @@ class BisectScreen(TunerScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self._painted_version = None
+        self._painted = None
+        self._defaults_for = None
         self.query_one("#bisect-trials", DataTable).focus()
+
+    def _show_defaults(self, knob) -> None:
+        """Placeholders follow the selected card (its unit and steps), refreshed only when the card changes."""
+        key = None if knob is None else (knob.unit, knob.step, knob.stock)
+        if key == self._defaults_for:
+            return
+        self._defaults_for = key
+        for field_id, text in _placeholders(knob).items():
+            self.query_one(f"#in-{field_id}", Input).placeholder = text
 
     def on_resize(self) -> None:
         self.set_class(self.size.width >= WIDE_COLUMNS, "-wide")
 
     # --- actions -------------------------------------------------------------------------------------------------
-    def _params(self) -> dict | None:
+    def _params(self, *, resume: bool, restart: bool) -> BisectParams | None:
         values = {f: self.query_one(f"#in-{f}", Input).value for f, *_ in FIELDS}
+        knob = self._knob()
         try:
-            return parse_form(values)
+            return parse_form(values, unit=knob.unit if knob else "", resume=resume, restart=restart)
         except UsageError as e:
             self.notify(e.one_line(), severity="error", timeout=8)
             return None
 
+    def _knob(self):
+        device_id = self.app.selected_device_id
+        return self.app.histories[device_id].knob if device_id else None
+
     def action_start(self, resume: bool = False, restart: bool = False) -> None:
-        params = self._params()
+        params = self._params(resume=resume, restart=restart)
         if params is not None and self.app.selected_device_id:
-            self.app.start_bisect(self.app.selected_device_id, params, resume=resume, restart=restart)
+            self.app.start_bisect(self.app.selected_device_id, params)
             self.query_one("#bisect-trials", DataTable).focus()
 
     def on_input_submitted(self) -> None:
@@ -213,9 +240,11 @@ class BisectScreen(TunerScreen):
         self.query_one("#bisect-status", Static).update(status)
         progress = (state.current or {}).get("progress") or 0.0
         self.query_one("#bisect-progress", ProgressBar).update(progress=progress if state.running else 0.0)
-        if state.version == self._painted_version:
+        self._show_defaults(knob)
+        painted = (state.trials, state.recommendation, unit)
+        if self._painted is not None and all(a is b for a, b in zip(painted, self._painted)):
             return
-        self._painted_version = state.version
+        self._painted = painted
         table = self.query_one("#bisect-trials", DataTable)
         table.clear()
         for row in state.trials:
@@ -226,6 +255,14 @@ class BisectScreen(TunerScreen):
             [r["setting"] for r in done], [r["tok_per_j"] for r in done]
         )
         self.query_one("#bisect-result", Static).update(recommendation_text(state.recommendation, unit))
+
+
+def _placeholders(knob) -> dict[str, str]:
+    """What each blank field means on this card (the core's defaults)."""
+    if knob is None:
+        return {}
+    defaults = bisect_defaults(knob)
+    return {field_id: defaults.text(name) for field_id, _label, _kind, name in FIELDS}
 
 
 def setting_text_short(knob) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
-from tuner.screens.base import TunerScreen
 from tuner.app.state import running_label
+from tuner.screens.base import TunerScreen
 from tuner.widgets.device_panel import DevicePanel
 
 

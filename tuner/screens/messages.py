@@ -56,9 +56,17 @@ class BisectEventReceived(Message):
 
 
 class BisectEnded(Message):
-    def __init__(self, device_id: str, summary: str) -> None:
+    def __init__(self, device_id: str, summary: str, outcome=None) -> None:
         super().__init__()
-        self.device_id, self.summary = device_id, summary
+        self.device_id, self.summary, self.outcome = device_id, summary, outcome
+
+
+class ProfileChecked(Message):
+    """tuner.actions.profile_apply allowed a profile (its ProfileApply plan): apply or verify it."""
+
+    def __init__(self, plan) -> None:
+        super().__init__()
+        self.plan = plan
 
 
 class DoctorFinished(Message):

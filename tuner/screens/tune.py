@@ -10,12 +10,13 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import Log, Static
 
+from tuner.core.models import Mode
 from tuner.screens.base import TunerScreen
 from tuner.widgets.device_panel import setting_text
 from tuner.widgets.history_plot import HistoryPlot
 
 PRESETS = ("tiny", "small", "large")
-MODES = ("train", "gemm", "mixed")
+MODES = tuple(Mode)
 DETECTORS = ("reference", "canary", "gemm", "nonfinite", "device errors", "watchdog", "kernel log")
 
 
@@ -49,7 +50,7 @@ class TuneScreen(TunerScreen):
     def __init__(self) -> None:
         super().__init__()
         self.target: int | None = None
-        self.preset, self.mode = "tiny", "train"
+        self.preset, self.mode = "tiny", Mode.TRAIN
         self._log_shown = 0
         self._log_run = None
 
@@ -140,7 +141,7 @@ class TuneScreen(TunerScreen):
                 status.append(f" · last: {stress.verdict}")
         status.append("\ndetectors: ")
         for name in DETECTORS:
-            state = stress.detectors.get(name, "-")
+            state = stress.detector(name)
             status.append(f"{name} ")
             status.append(state, style="bold reverse" if state.startswith("FAULT") else "")
             status.append("  ")
@@ -150,8 +151,8 @@ class TuneScreen(TunerScreen):
         self.query_one("#plot-loss", HistoryPlot).show(xs, [loss for _, loss, _ in steps])
         self.query_one("#plot-toks", HistoryPlot).show(xs, [tok for _, _, tok in steps])
         log = self.query_one("#stress-log", Log)
-        if self._log_run is not stress:  # a new run: start the log afresh
-            self._log_run, self._log_shown = stress, 0
+        if self._log_run != stress.run:  # a new run: start the log afresh
+            self._log_run, self._log_shown = stress.run, 0
             log.clear()
         new = stress.log_written - self._log_shown
         if new > 0:

@@ -39,11 +39,13 @@ from tuner.tuning.plan import (
     PlanResult,
     Recommend,
     Stop,
+    check_params,
 )
 from tuner.core.errors import DeviceLost, NotApplied, UsageError
+from tuner.core.models import Knob, Mode
 from tuner.tuning.trial import STOPPED, TrialParams, WatchdogSettings, run_trial
 
-MODES = ("train", "gemm", "mixed")
+MODES = tuple(Mode)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,11 @@ class BisectParams:
 
     SEARCH_KEYS = ("step", "resolution", "margin", "trial_s", "confirm_s", "floor", "mode", "preset", "dtype",
                    "seed")
+
+    def plan_params(self, knob: Knob) -> PlanParams:
+        """The plan's parameters for `knob`: a None here is the plan's default for that card."""
+        return PlanParams.defaults_for(knob, step=self.step, resolution=self.resolution, margin=self.margin,
+                                       floor=self.floor)
 
     def search(self) -> dict:
         return {k: getattr(self, k) for k in self.SEARCH_KEYS}
@@ -159,10 +166,7 @@ class BisectJob:
             raise UsageError("--resume and --restart exclude each other", "pick one")
         if p.mode not in MODES:
             raise UsageError(f"unknown mode {p.mode!r}", f"use one of {', '.join(MODES)}")
-        # validate the search parameters before touching anything
-        PlanParams.defaults_for(knob, step=p.step, resolution=p.resolution, margin=p.margin, floor=p.floor)
-        BisectPlan(knob, PlanParams.defaults_for(knob, step=p.step, resolution=p.resolution, margin=p.margin,
-                                                 floor=p.floor))
+        check_params(knob, p.plan_params(knob))  # before touching anything
         existing = journal.Journal.open_existing(self.device_id)
         if existing is not None and existing.open_trial is not None:
             self._check_not_running(existing)

@@ -19,11 +19,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tuner.core.errors import UsageError
-from tuner.core.models import Knob
+from tuner.core.models import Knob, Phase, Verdict
 
-BASELINE, COARSE, REFINE, CONFIRM = "baseline", "coarse", "refine", "confirm"
-PHASES = (BASELINE, COARSE, REFINE, CONFIRM)
-PASS, FAIL, ERROR = "pass", "fail", "error"
+BASELINE, COARSE, REFINE, CONFIRM = Phase.BASELINE, Phase.COARSE, Phase.REFINE, Phase.CONFIRM
+PASS, FAIL, ERROR = Verdict.PASS, Verdict.FAIL, Verdict.ERROR
 SOFTWARE_KINDS = ("nonfinite", "mismatch")
 EDGE_KINDS = ("hang", "system-reset", "device-lost", "gpu-reset", "fallen-off-bus", "vram-lost")
 
@@ -105,10 +104,34 @@ class Stop:
 Decision = NextTrial | Recommend | Stop
 
 
+def check_params(knob: Knob, p: PlanParams) -> None:
+    """Raise UsageError when `p` cannot drive a search on `knob` (steps off the card's grid, a floor outside
+    its range or not an undervolt). Front ends call it before starting anything."""
+    unit = knob.unit
+    for name, v in (("--step", p.step), ("--resolution", p.resolution)):
+        if v <= 0 or v % knob.step:
+            raise UsageError(f"{name} {v} {unit} is not a positive multiple of this card's {knob.step} {unit} "
+                             "step", f"use a multiple of {knob.step}")
+    for name, v in (("--margin", p.margin), ("edge margin", p.edge_margin)):
+        if v < 0 or v % knob.step:
+            raise UsageError(f"{name} {v} {unit} is not a multiple of this card's {knob.step} {unit} step",
+                             f"use a multiple of {knob.step} (0 is allowed)")
+    if p.step % p.resolution:
+        raise UsageError(f"--step {p.step} is not a multiple of --resolution {p.resolution}",
+                         "e.g. --step 10 --resolution 5")
+    if p.floor is not None:
+        if not knob.min <= p.floor <= knob.max:
+            raise UsageError(f"--floor {p.floor:+d} {unit} is outside this card's range "
+                             f"{knob.min:+d}..{knob.max:+d} {unit}", "pick a floor inside the range")
+        if not knob.more_aggressive(p.floor, knob.stock):
+            raise UsageError(f"--floor {p.floor:+d} {unit} is not an undervolt",
+                             f"give a value beyond stock ({knob.stock:+d}) in the undervolt direction")
+
+
 class BisectPlan:
     def __init__(self, knob: Knob, params: PlanParams, unsafe: Iterable[int] = (), unsafe_edge: bool = False):
         self.knob, self.params = knob, params
-        self.validate()
+        check_params(knob, params)
         self.coarse_k = params.step // knob.step
         self.res_k = params.resolution // knob.step
         self.k_max = self._k_limit()
@@ -132,27 +155,6 @@ class BisectPlan:
         if self.params.floor is None:
             return max(0, k_end)
         return max(0, min(k_end, self.k_of(self.params.floor) or 0))
-
-    def validate(self) -> None:
-        knob, p, unit = self.knob, self.params, self.knob.unit
-        for name, v in (("--step", p.step), ("--resolution", p.resolution)):
-            if v <= 0 or v % knob.step:
-                raise UsageError(f"{name} {v} {unit} is not a positive multiple of this card's {knob.step} {unit} "
-                                 "step", f"use a multiple of {knob.step}")
-        for name, v in (("--margin", p.margin), ("edge margin", p.edge_margin)):
-            if v < 0 or v % knob.step:
-                raise UsageError(f"{name} {v} {unit} is not a multiple of this card's {knob.step} {unit} step",
-                                 f"use a multiple of {knob.step} (0 is allowed)")
-        if p.step % p.resolution:
-            raise UsageError(f"--step {p.step} is not a multiple of --resolution {p.resolution}",
-                             "e.g. --step 10 --resolution 5")
-        if p.floor is not None:
-            if not knob.min <= p.floor <= knob.max:
-                raise UsageError(f"--floor {p.floor:+d} {unit} is outside this card's range "
-                                 f"{knob.min:+d}..{knob.max:+d} {unit}", "pick a floor inside the range")
-            if not knob.more_aggressive(p.floor, knob.stock):
-                raise UsageError(f"--floor {p.floor:+d} {unit} is not an undervolt",
-                                 f"give a value beyond stock ({knob.stock:+d}) in the undervolt direction")
 
     # --- the state machine ------------------------------------------------------------------------------------
     def decide(self, results: Sequence[PlanResult]) -> Decision:

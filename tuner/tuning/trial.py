@@ -22,10 +22,11 @@ from tuner.backends.base import Backend
 from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult, TrialWarning
 from tuner.core.errors import NotApplied, TunerError
 from tuner.tuning import sampler as sampler_mod
+from tuner.core.models import Verdict
 from tuner.tuning.sampler import TelemetrySampler
 
 SIM_HANG_STEP = 3  # a simulated card that "hangs" stops the engine at this step
-STOPPED = "stopped"
+STOPPED = Verdict.STOPPED
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,61 @@
+"""Start or resume a bisect: the core's defaults for the card, every parameter check and the `--save` name check
+before anything touches the card. `tuner bisect` and the Auto-bisect screen both call `prepare_bisect`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tuner.backends.base import Backend
+from tuner.core.durations import format_duration
+from tuner.core.errors import UsageError
+from tuner.core.models import Knob
+from tuner.tuning.job import BisectJob, BisectParams
+from tuner.tuning.plan import PlanParams, check_params
+
+
+@dataclass(frozen=True)
+class BisectDefaults:
+    """What a blank field means on this card, as a front end shows it ("10 mV", "30 MHz", "5m")."""
+
+    plan: PlanParams
+    unit: str
+    params: BisectParams = field(default_factory=BisectParams)
+
+    def text(self, field: str) -> str:
+        if field in ("step", "resolution", "margin"):
+            return f"{getattr(self.plan, field)} {self.unit}"
+        if field in ("trial_s", "confirm_s"):
+            return format_duration(getattr(self.params, field))
+        if field == "floor":
+            return "none"
+        return str(getattr(self.params, field))
+
+
+def bisect_defaults(knob: Knob) -> BisectDefaults:
+    return BisectDefaults(PlanParams.defaults_for(knob), knob.unit)
+
+
+def check_save_name(name: str | None) -> None:
+    """A `--save` name that is valid and free, checked before hours of trials."""
+    if not name:
+        return
+    from tuner.profiles import validate_name
+    from tuner.profiles.store import profile_path
+
+    validate_name(name, path="--save")
+    if profile_path(name).exists():
+        raise UsageError(f"a profile named {name!r} already exists", "pick another --save name or delete it")
+
+
+def prepare_bisect(backend: Backend, device_id: str, params: BisectParams, on_event: Callable | None = None, *,
+                   save: str | None = None, **job_options) -> BisectJob:
+    """Check everything a bisect needs and return its job (not started; `run()` blocks, `stop()` is thread-safe).
+
+    `job_options` are BisectJob's injection points (tests: a fake engine)."""
+    knob = backend.knob(device_id)
+    check_save_name(save)
+    if params.resume and params.restart:
+        raise UsageError("--resume and --restart exclude each other", "pick one")
+    check_params(knob, params.plan_params(knob))
+    return BisectJob(backend, device_id, params, on_event, **job_options)

@@ -1,0 +1,63 @@
+"""Set one value by hand: every check before the first write, then a keep-or-revert change.
+
+`tuner set` and the Tune screen both call `prepare_setting`; neither may write to the card another way. The
+checks, in order: the knob's range and step, the overvolt guard, the unsafe list (a value at or beyond one that
+froze, hung or reset this card), and the NVIDIA lock clock. Only when all pass is anything written (the lock
+clock first, as the offset is defined at it); the change itself is applied by the returned `PendingChange`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
+from tuner.backends.base import Backend
+from tuner.core.errors import UsageError
+from tuner.core.models import Knob
+from tuner.tuning import journal
+
+
+@dataclass(frozen=True)
+class SetRequest:
+    """What a front end asks for. `lock_clock_mhz` is NVIDIA's max graphics clock (None: leave it)."""
+
+    device_id: str
+    value: int
+    allow_overvolt: bool = False
+    ignore_unsafe: bool = False
+    lock_clock_mhz: int | None = None
+
+
+def can_lock_clock(backend: Backend, knob: Knob) -> bool:
+    """True when this card's offset is defined at a lock clock the backend can change (NVIDIA)."""
+    return knob.lock_clock_mhz is not None and hasattr(backend, "set_lock_clock")
+
+
+def check_setting(backend: Backend, request: SetRequest) -> Knob:
+    """Raise the TunerError a front end shows when `request` may not be written; nothing is written here."""
+    knob = backend.knob(request.device_id)
+    knob.validate(request.value, allow_overvolt=request.allow_overvolt)
+    if not request.ignore_unsafe:
+        journal.refuse_unsafe(request.device_id, knob, request.value)
+    if request.lock_clock_mhz is not None and not can_lock_clock(backend, knob):
+        raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+    return knob
+
+
+def prepare_setting(
+    backend: Backend,
+    request: SetRequest,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> PendingChange:
+    """Check `request`, set the lock clock when asked, and return the keep-or-revert change, not yet applied.
+
+    The caller applies it (`with change:` or `change.apply()`) and keeps or reverts it."""
+    check_setting(backend, request)
+    if request.lock_clock_mhz is not None:
+        backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
+    return PendingChange(backend, request.device_id, request.value, allow_overvolt=request.allow_overvolt,
+                         timeout_s=timeout_s, clock=clock)
