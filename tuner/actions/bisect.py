@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuner.backends.base import Backend
-from tuner.core.durations import format_duration
 from tuner.core.errors import UsageError
 from tuner.core.models import Knob
 from tuner.tuning.job import BisectJob, BisectParams
@@ -26,10 +25,18 @@ class BisectDefaults:
         if field in ("step", "resolution", "margin"):
             return f"{getattr(self.plan, field)} {self.unit}"
         if field in ("trial_s", "confirm_s"):
-            return format_duration(getattr(self.params, field))
+            return duration_text(getattr(self.params, field))
         if field == "floor":
             return "none"
         return str(getattr(self.params, field))
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as the CLI's --trial takes it, in the largest whole unit: "30m", "90s"."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def bisect_defaults(knob: Knob) -> BisectDefaults:
