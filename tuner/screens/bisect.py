@@ -95,9 +95,9 @@ class BisectScreen(TunerScreen):
     DEFAULT_CSS = """
     BisectScreen #bisect-form { height: 1; padding: 0 1; }
     BisectScreen #bisect-form Label { width: auto; padding: 0 0 0 1; }
-    BisectScreen #bisect-form Input { width: 7; }
+    BisectScreen #bisect-form Input { width: 6; }
     BisectScreen #bisect-form #in-trial, BisectScreen #bisect-form #in-confirm { width: 4; }
-    BisectScreen #bisect-form #in-mode { width: 6; }
+    BisectScreen #bisect-form #in-floor { width: 5; }
     BisectScreen #bisect-status { height: 2; padding: 0 1; }
     BisectScreen #bisect-progress { height: 1; padding: 0 1; }
     BisectScreen #bisect-main { height: 1fr; }
@@ -120,7 +120,7 @@ class BisectScreen(TunerScreen):
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="bisect-form"):
             for field_id, label, _kind, _name in FIELDS:
-                yield Label(f"{label}:")
+                yield Label(label)
                 yield Input(id=f"in-{field_id}", compact=True)
         yield Static(id="bisect-status")
         yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")
