@@ -56,3 +56,21 @@ def test_simulated_label():
 
     assert DeviceInfo("sim0", "simulated", "X", simulated=True).label == "X [SIMULATED]"
     assert DeviceInfo("0000:03:00.0", "amd", "RX 9070 XT").label == "RX 9070 XT"
+
+
+def test_mode_phase_verdict_serialise_as_their_old_strings():
+    """The enums replaced plain strings that journals and profiles hold: their written form must not change."""
+    import json
+
+    import tomli_w
+
+    from tuner.core.models import Mode, Phase, Verdict
+
+    assert [m.value for m in Mode] == ["train", "gemm", "mixed"]
+    assert [p.value for p in Phase] == ["baseline", "coarse", "refine", "confirm", "manual"]
+    assert [v.value for v in Verdict] == ["pass", "fail", "error", "stopped"]
+    doc = {"phase": Phase.CONFIRM, "verdict": Verdict.FAIL, "mode": Mode.GEMM}
+    assert json.loads(json.dumps(doc)) == {"phase": "confirm", "verdict": "fail", "mode": "gemm"}
+    assert tomli_w.dumps(doc) == 'phase = "confirm"\nverdict = "fail"\nmode = "gemm"\n'
+    assert f"{Phase.REFINE} {Verdict.PASS.upper()}" == "refine PASS"
+    assert Verdict("pass") is Verdict.PASS and Verdict.PASS == "pass"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tuner.core.models import Knob, Telemetry
+from tuner.core.models import Knob, Mode, Telemetry
 
 HISTORY_SAMPLES = 300  # five minutes at 1 Hz
 LOG_LINES = 500
@@ -81,7 +81,7 @@ class StressState:
     running: bool = False
     setting: int | None = None
     preset: str = "tiny"
-    mode: str = "train"
+    mode: str = Mode.TRAIN
     run: int = 0  # which run this is: a screen starts its log afresh when it changes
     steps: tuple[tuple[int, float, float], ...] = ()  # (step, loss, tok_s), the last HISTORY_SAMPLES
     detectors: tuple[tuple[str, str], ...] = ()  # (detector name, "ok" | "FAULT ..." | "off")

@@ -12,7 +12,7 @@ from tuner.commands._output import format_table
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import UsageError
-from tuner.core.models import Mode
+from tuner.core.models import Mode, Verdict
 from tuner.tuning.events import (
     BisectFailed,
     BisectStopped,
@@ -152,12 +152,12 @@ def _trial_line(r: TrialResult) -> str:
         _fmt(r.tok_s, ",.0f") and f"{r.tok_s:,.0f} tok/s", _fmt(r.power_w, ".0f") and f"{r.power_w:.0f} W",
         _fmt(r.tok_per_j, ".2f") and f"{r.tok_per_j:.2f} tok/J",
         _fmt(r.max_temp_c, ".0f") and f"max {r.max_temp_c:.0f} °C") if x)
-    why = f" ({r.kind}: {r.reason})" if r.verdict != "pass" and r.reason else ""
+    why = f" ({r.kind}: {r.reason})" if r.verdict != Verdict.PASS and r.reason else ""
     return f"{r.setting:+d} {r.unit} {r.phase} {r.verdict.upper()}{why}" + (f"; {figures}" if figures else "")
 
 
 def _table(trials: tuple[TrialResult, ...]) -> str:
-    rows = [(f"{t.setting:+d} {t.unit}", t.phase, t.verdict.upper(), (t.kind or "") if t.verdict != "pass" else "",
+    rows = [(f"{t.setting:+d} {t.unit}", t.phase, t.verdict.upper(), (t.kind or "") if t.verdict != Verdict.PASS else "",
              _fmt(t.tok_s, ",.0f"), _fmt(t.power_w, ".1f"), _fmt(t.tok_per_j, ".3f"), _fmt(t.max_temp_c, ".0f"))
             for t in trials]
     return format_table(("setting", "phase", "verdict", "reason", "tok/s", "W", "tok/J", "max °C"), rows)

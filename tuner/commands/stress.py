@@ -17,7 +17,7 @@ from tuner.commands._argtypes import positive_int
 from tuner.commands._device import pick_device
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration, parse_duration_s
-from tuner.core.models import Mode
+from tuner.core.models import Mode, Verdict
 
 DEFAULT_DURATION = "5m"
 SIM_CANARY_EVERY = 10  # simulated cards: canaries often, so short runs meet the injected faults
@@ -134,10 +134,10 @@ def summary_lines(device, config, result) -> list[str]:
     head = (f"stress {device.id} ({device.label}) on {config.device}, preset {config.preset}, {config.mode}: "
             f"{result.verdict.upper()}")
     lines = [head]
-    if result.verdict == "fail":
+    if result.verdict == Verdict.FAIL:
         at = f" at step {result.failure_step}" if result.failure_step is not None else ""
         lines.append(f"  {result.kind}{at}: {result.reason}")
-    elif result.verdict == "error":
+    elif result.verdict == Verdict.ERROR:
         lines.append(f"  {result.kind or 'error'}: {result.reason}")
         tail = [ln for ln in result.stderr_tail.splitlines() if ln.strip()]
         if result.kind in ("setup", "internal", "crash") and tail:
@@ -169,9 +169,9 @@ def result_document(device, config, result) -> dict:
 
 
 def exit_code_for(result) -> int:
-    if result.verdict == "pass":
+    if result.verdict == Verdict.PASS:
         return exit_codes.OK
-    if result.verdict == "fail":
+    if result.verdict == Verdict.FAIL:
         return exit_codes.TEST_FAILED
     if result.kind in ("stopped", "interrupted"):
         return exit_codes.INTERRUPTED

@@ -20,6 +20,7 @@ import tomli_w
 
 from tuner import __version__
 from tuner.core.errors import UsageError
+from tuner.core.models import Phase, Verdict
 
 SCHEMA_VERSION = 1
 MAX_PROFILE_BYTES = 256 * 1024  # a real profile is ~10 KiB even with hundreds of trials
@@ -33,8 +34,8 @@ KIND_UNITS = {"voltage_offset": "mV", "clock_offset": "MHz"}
 # Sanity bounds for a recorded setting, wider than any real card's range; the target card's own range is checked
 # again when applying. The sign is fixed: a profile records an undervolt, never an overvolt.
 SETTING_BOUNDS = {"voltage_offset": (-500, 0), "clock_offset": (0, 3000)}
-PHASES = ("baseline", "coarse", "refine", "confirm")
-VERDICTS = ("pass", "fail", "error")
+PHASES = tuple(p.value for p in Phase if p is not Phase.MANUAL)  # a profile records bisect trials only
+VERDICTS = tuple(v.value for v in Verdict if v is not Verdict.STOPPED)
 
 HEADER = (
     "# undervolt-tuner profile (schema v1, described in profiles/README.md).\n"

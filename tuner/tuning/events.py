@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
+from tuner.core.models import Verdict
+
 
 def _clean(value):
     if isinstance(value, float):
@@ -57,7 +59,7 @@ class TrialResult:
 
     @property
     def passed(self) -> bool:
-        return self.verdict == "pass"
+        return self.verdict == Verdict.PASS
 
     def to_record(self) -> dict:
         return _clean(asdict(self))
