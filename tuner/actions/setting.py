@@ -61,3 +61,12 @@ def prepare_setting(
         backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
     return PendingChange(backend, request.device_id, request.value, allow_overvolt=request.allow_overvolt,
                          timeout_s=timeout_s, clock=clock)
+
+
+def apply_setting_now(backend: Backend, request: SetRequest) -> Knob:
+    """The same checks, then the write, read back, with no keep-or-revert: for `apply --yes` and the boot
+    service, where nobody is there to confirm (a profile's value was confirmed when it was saved)."""
+    check_setting(backend, request)
+    if request.lock_clock_mhz is not None:
+        backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
+    return backend.apply(request.device_id, request.value, allow_overvolt=request.allow_overvolt)

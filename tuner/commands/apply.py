@@ -6,7 +6,7 @@ import sys
 
 from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, set_profile_lock_clock
-from tuner.actions.setting import SetRequest, check_setting
+from tuner.actions.setting import SetRequest, apply_setting_now
 from tuner.actions.verify import verify_setting
 from tuner.commands._argtypes import duration, seconds_between
 from tuner.commands._output import format_value, print_json
@@ -84,7 +84,7 @@ def run(args, ctx) -> int:
 
     if not args.yes:
         return _apply_with_confirmation(args, ctx, plan)
-    after = backend.apply(device.id, value)
+    after = apply_setting_now(backend, SetRequest(device.id, value, ignore_unsafe=args.ignore_unsafe))
     _report(args, profile, device, result, after)
     return exit_codes.OK
 
@@ -172,8 +172,8 @@ def _boot_apply_one(profile: Profile, backend, log) -> dict:
         if match_device(profile, device, knob).match is not Match.SAME_CARD:
             continue
         try:
-            check_setting(backend, SetRequest(device.id, profile.setting.value))  # the unsafe list holds at boot
-            after = backend.apply(device.id, profile.setting.value)
+            # the unsafe list holds at boot (never --ignore-unsafe there)
+            after = apply_setting_now(backend, SetRequest(device.id, profile.setting.value))
         except TunerError as e:
             log(f"could not apply {profile.name!r} to {device.id}: {e.one_line()}")
             return {"device": device.id, "status": "error", "reason": e.one_line(), "exit_code": e.exit_code}
