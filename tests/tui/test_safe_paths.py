@@ -87,7 +87,6 @@ async def test_bisect_form_blank_means_the_cards_defaults_in_its_unit(tmp_path, 
 
     def run(job):
         started.append(job.params.plan_params(job.backend.knob(job.device_id)))
-        return None
 
     monkeypatch.setattr(BisectJob, "run", run)
     backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")

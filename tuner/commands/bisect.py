@@ -6,6 +6,7 @@ import json
 import sys
 import threading
 
+from tuner.actions.bisect import duration_text, prepare_bisect
 from tuner.commands._argtypes import whole_number
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_table
@@ -25,6 +26,7 @@ from tuner.tuning.events import (
     TrialStarted,
     TrialWarning,
 )
+from tuner.tuning.job import BisectParams
 
 
 def add_parser(subparsers) -> None:
@@ -42,8 +44,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--resolution", type=whole_number, metavar="N", help="refine down to this (default 5 mV; NVIDIA: 1 step)")
     p.add_argument("--margin", type=whole_number, metavar="N",
                    help="added back to the confirmed value (default 10 mV; NVIDIA: 2 steps)")
-    p.add_argument("--trial", default="5m", metavar="DUR", help="length of each trial (default 5m; 90s, 5m, 1h)")
-    p.add_argument("--confirm", default="30m", metavar="DUR", help="length of the confirmation run (default 30m)")
+    p.add_argument("--trial", metavar="DUR",
+                   help=f"length of each trial (default {duration_text(BisectParams.trial_s)}; 90s, 5m, 1h)")
+    p.add_argument("--confirm", metavar="DUR",
+                   help=f"length of the confirmation run (default {duration_text(BisectParams.confirm_s)})")
     p.add_argument("--floor", type=whole_number, metavar="VALUE", help="never test beyond this setting")
     p.add_argument("--mode", choices=tuple(Mode), default=Mode.TRAIN,
                    help="stress workload of the trials (default train; the confirmation runs mixed)")
@@ -181,16 +185,13 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
 
 
 def run(args, ctx) -> int:
-    from tuner.actions.bisect import prepare_bisect
-    from tuner.tuning.job import BisectParams
-
     backend = ctx.backend
     device = pick_device(backend, args.device)
     knob = backend.knob(device.id)
-    params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin,
-                          trial_s=parse_duration_s(args.trial), confirm_s=parse_duration_s(args.confirm),
-                          floor=args.floor, mode=args.mode, preset=args.preset, resume=args.resume,
-                          restart=args.restart)
+    durations = {name: parse_duration_s(text) for name, text in (("trial_s", args.trial), ("confirm_s", args.confirm))
+                 if text is not None}  # left out: the core's default
+    params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
+                          mode=args.mode, preset=args.preset, resume=args.resume, restart=args.restart, **durations)
     printer = _Printer(knob.unit, args.json)
     job = prepare_bisect(backend, device.id, params, printer, save=args.save)
     _confirm_real_card(device, args)
