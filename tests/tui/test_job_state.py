@@ -29,7 +29,8 @@ def test_the_stress_log_is_bounded():
     state = StressState()
     for i in range(LOG_LINES + 5):
         state = apply_stress_event(state, f"line {i}")
-    assert len(state.log) == LOG_LINES and state.log_written == LOG_LINES + 5 and state.log[-1] == f"line {LOG_LINES + 4}"
+    assert len(state.log) == LOG_LINES and state.log_written == LOG_LINES + 5
+    assert state.log[-1] == f"line {LOG_LINES + 4}"
 
 
 def test_an_unknown_event_changes_nothing():

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tuner.backends.base import Backend
 from tuner.core.errors import UsageError
 from tuner.core.models import Knob
+from tuner.tuning.events import BisectEvent
 from tuner.tuning.job import BisectJob, BisectParams
 from tuner.tuning.plan import PlanParams, check_params
 
@@ -55,8 +57,9 @@ def check_save_name(name: str | None) -> None:
         raise UsageError(f"a profile named {name!r} already exists", "pick another --save name or delete it")
 
 
-def prepare_bisect(backend: Backend, device_id: str, params: BisectParams, on_event: Callable | None = None, *,
-                   save: str | None = None, **job_options) -> BisectJob:
+def prepare_bisect(backend: Backend, device_id: str, params: BisectParams,
+                   on_event: Callable[[BisectEvent], None] | None = None, *, save: str | None = None,
+                   **job_options: Any) -> BisectJob:
     """Check everything a bisect needs and return its job (not started; `run()` blocks, `stop()` is thread-safe).
 
     `job_options` are BisectJob's injection points (tests: a fake engine)."""

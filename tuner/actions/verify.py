@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from tuner.actions.keep_or_revert import signals_held
 from tuner.backends.base import Backend
 from tuner.core.models import Knob, Mode, Phase, Verdict
+from tuner.profiles.schema import Profile
 from tuner.tuning import journal
 
 VERIFY_CANARY_EVERY = 10  # steps
@@ -32,7 +33,7 @@ class Workload:
     dtype: str | None = None
 
     @classmethod
-    def of_profile(cls, profile) -> Workload:
+    def of_profile(cls, profile: Profile) -> Workload:
         t = profile.tuning
         return cls() if t is None else cls(preset=t.preset, mode=t.mode, dtype=t.dtype)
 
@@ -76,7 +77,8 @@ def verify_setting(
     knob = backend.knob(device_id)
     knob.validate(value)
     previous = knob.current
-    verdict, reason = Verdict.ERROR, "interrupted before the trial finished"
+    verdict: str = Verdict.ERROR
+    reason: str | None = "interrupted before the trial finished"
     with journal.guarded_trial(device_id, value, unit=knob.unit):
         try:
             verdict, reason = run_trial(backend, device_id, value, duration_s, workload, on_line, stop_event)
@@ -107,7 +109,7 @@ def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float
                          mode=workload.mode or Mode.TRAIN, dtype=workload.dtype, canary_every=VERIFY_CANARY_EVERY)
     watcher = kernel_log.NullWatcher() if target.simulated else None  # a simulated card has no kernel log
 
-    def on_event(event) -> None:
+    def on_event(event: object) -> None:
         if isinstance(event, TrialWarning):
             on_line(f"warning: {event.message}")
 

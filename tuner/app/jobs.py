@@ -223,8 +223,8 @@ def _finish_row(trials: tuple, row: dict) -> tuple:
     """`trials` with the last running row at `row`'s setting replaced by `row` (appended when there is none)."""
     for i in range(len(trials) - 1, -1, -1):
         if trials[i].get("verdict") == "running" and trials[i].get("setting") == row["setting"]:
-            return trials[:i] + (row,) + trials[i + 1:]
-    return trials + (row,)
+            return (*trials[:i], row, *trials[i + 1:])
+    return (*trials, row)
 
 
 def apply_bisect_event(state: BisectState, event: object) -> BisectState:
@@ -233,12 +233,12 @@ def apply_bisect_event(state: BisectState, event: object) -> BisectState:
         case SessionStarted():
             return replace(state, unit=event.unit, session=event.session)
         case TrialRecovered():
-            return replace(state, trials=state.trials + (_result_row(event.result),))
+            return replace(state, trials=(*state.trials, _result_row(event.result)))
         case TrialStarted():
             row = {"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""}
             current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
                        "phase": event.phase, "progress": 0.0, "eta_s": event.duration_s, "eta_total_s": None}
-            return replace(state, trials=state.trials + (row,), current=current)
+            return replace(state, trials=(*state.trials, row), current=current)
         case TrialProgress() if state.current is not None:
             progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
             return replace(state, current={**state.current, "progress": progress, "eta_s": event.eta_s,

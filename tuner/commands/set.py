@@ -133,7 +133,6 @@ def run(args, ctx) -> int:
                 "`tuner reset`)"
             )
         return exit_codes.OK
-    print(
-        f"not confirmed: reverted to {format_value(change.reverted_to.current, change.reverted_to.unit)}", file=sys.stderr
-    )
+    reverted = change.reverted_to
+    print(f"not confirmed: reverted to {format_value(reverted.current, reverted.unit)}", file=sys.stderr)
     return exit_codes.USAGE

@@ -242,7 +242,7 @@ class BisectScreen(TunerScreen):
         self.query_one("#bisect-progress", ProgressBar).update(progress=progress if state.running else 0.0)
         self._show_defaults(knob)
         painted = (state.trials, state.recommendation, unit)
-        if self._painted is not None and all(a is b for a, b in zip(painted, self._painted)):
+        if self._painted is not None and all(a is b for a, b in zip(painted, self._painted, strict=True)):
             return
         self._painted = painted
         table = self.query_one("#bisect-trials", DataTable)
