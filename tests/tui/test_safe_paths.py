@@ -144,3 +144,29 @@ async def test_textuals_quit_action_takes_the_safe_path(tmp_path):
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)
         assert app.is_running
+
+
+async def test_bisect_with_the_forms_defaults_runs_to_a_recommendation_on_a_mhz_card(tmp_path, boot):
+    """The whole bisect (fake engine, real driver and plan) from a blank form on a 15 MHz clock-offset card."""
+    from tests.tuning.fake_engine import FakeEngine
+
+    backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json", limit_mhz=150)
+    app = make_app(tmp_path, backend=backend, samples=0,
+                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda: None})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _settle(app, pilot)
+        await pilot.press("3")
+        await pilot.pause()
+        app.screen.query_one("#in-trial").value = "1s"
+        app.screen.query_one("#in-confirm").value = "2s"
+        await pilot.press("b")
+        for _ in range(400):
+            if not app.bisect.running:
+                break
+            await pilot.pause(0.05)
+        rec = app.bisect.recommendation
+        assert rec is not None, app.bisect.failure
+        # 30 MHz steps pass up to the 150 MHz limit; 180 and 165 fail; 150 confirms; minus the 30 MHz margin
+        assert (rec.unit, rec.confirmed, rec.setting, rec.margin) == ("MHz", 150, 120, 30)
+        assert [r["setting"] for r in app.bisect.trials][:6] == [0, 30, 60, 90, 120, 150]
+    assert backend.knob("sim0").current == 0
