@@ -12,6 +12,7 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 
+from tuner.actions.setting import can_lock_clock
 from tuner.actions.verify import Workload
 from tuner.backends.base import Backend
 from tuner.core.errors import UsageError
@@ -93,9 +94,9 @@ def set_profile_lock_clock(backend: Backend, plan: ProfileApply) -> str | None:
     """NVIDIA: the offset was proven at a locked max clock; lock to it before the value (as `set --lock-mhz`).
     Returns what was done, for the front end to say."""
     lock = plan.lock_clock_mhz
-    if lock is None or not hasattr(backend, "set_lock_clock"):
+    if lock is None or not can_lock_clock(backend, plan.knob):
         return None
-    backend.set_lock_clock(plan.device.id, lock)
+    backend.set_lock_clock(plan.device.id, lock)  # type: ignore[attr-defined]
     return f"{plan.device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)"
 
 
@@ -103,8 +104,7 @@ def _unapplied_fields(profile: Profile, knob: Knob, backend: Backend) -> list[st
     """Fields the backend cannot set: said out loud, never silently dropped."""
     out = []
     s = profile.setting
-    if (s.lock_clock_mhz is not None and s.lock_clock_mhz != knob.lock_clock_mhz
-            and not hasattr(backend, "set_lock_clock")):
+    if s.lock_clock_mhz is not None and s.lock_clock_mhz != knob.lock_clock_mhz and not can_lock_clock(backend, knob):
         out.append(f"the profile was proven at a locked max clock of {s.lock_clock_mhz} MHz, this card is at "
                    f"{knob.lock_clock_mhz or 'no lock'}, and this backend cannot change the lock")
     if s.power_limit_w is not None:

@@ -98,7 +98,6 @@ class TunerApp(App[int]):
         verify_duration_s: float = jobs.VERIFY_DURATION_S,
     ) -> None:
         super().__init__()
-        self.ctx = ctx
         self.backend: Backend = backend if backend is not None else ctx.backend
         self.clock = clock  # monotonic seconds: keep-or-revert countdowns
         self.sample_interval_s = sample_interval_s
