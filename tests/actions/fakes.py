@@ -8,6 +8,8 @@ lock_clock_mhz=...)`, see tests/profiles/helpers.py NV_KNOB), and like the NVIDI
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.models import Knob, KnobKind, StressTarget
 
@@ -39,3 +41,11 @@ class ClockOffsetSim(SimulatedBackend):
         over = self.knob(device_id).current - self.limit_mhz
         return StressTarget(torch_device="cpu", pci_bus_id=None, fault_rate=0.05 if over > 0 else 0.0,
                             hang=False, simulated=True)
+
+
+class RealLookingSim(SimulatedBackend):
+    """The simulated card, but reporting itself as real hardware (DeviceInfo.simulated False): for the rules that
+    only real cards trigger (the consent a bisect needs). Nothing real is touched."""
+
+    def devices(self):
+        return [replace(d, simulated=False) for d in super().devices()]

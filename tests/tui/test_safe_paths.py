@@ -170,3 +170,26 @@ async def test_bisect_with_the_forms_defaults_runs_to_a_recommendation_on_a_mhz_
         assert (rec.unit, rec.confirmed, rec.setting, rec.margin) == ("MHz", 150, 120, 30)
         assert [r["setting"] for r in app.bisect.trials][:6] == [0, 30, 60, 90, 120, 150]
     assert backend.knob("sim0").current == 0
+
+
+async def test_bisect_on_a_real_card_asks_first_as_the_cli_does(tmp_path, monkeypatch):
+    from tests.actions.fakes import RealLookingSim
+    from tuner.tuning.job import BisectJob
+
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job.device_id))
+    backend = RealLookingSim(gpus=1, state_path=tmp_path / "sim.json")
+    app = make_app(tmp_path, backend=backend, samples=0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _settle(app, pilot)
+        await pilot.press("3", "b")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog) and "freeze" in str(app.screen.question)
+        await pilot.press("escape")
+        await _settle(app, pilot)
+        assert not started and not app.bisect.running
+        await pilot.press("b")
+        await pilot.pause()
+        await pilot.press("y")
+        await _settle(app, pilot)
+    assert started == ["sim0"]

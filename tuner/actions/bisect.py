@@ -9,7 +9,7 @@ from typing import Any
 
 from tuner.backends.base import Backend
 from tuner.core.errors import UsageError
-from tuner.core.models import Knob
+from tuner.core.models import DeviceInfo, Knob
 from tuner.tuning.events import BisectEvent
 from tuner.tuning.job import BisectJob, BisectParams
 from tuner.tuning.plan import PlanParams, check_params
@@ -43,6 +43,15 @@ def duration_text(seconds: float) -> str:
 
 def bisect_defaults(knob: Knob) -> BisectDefaults:
     return BisectDefaults(PlanParams.defaults_for(knob), knob.unit)
+
+
+def consent_question(device: DeviceInfo) -> str | None:
+    """What a person must say yes to before a bisect changes a real card's voltage (None: a simulated card).
+    Every front end asks it (the CLI on its terminal or through --yes, the App in a dialog)."""
+    if device.simulated:
+        return None
+    return (f"Bisect will undervolt {device.label} ({device.id}) step by step; a step too far can freeze the "
+            "machine (the tuner recovers after a reboot). Continue?")
 
 
 def check_save_name(name: str | None) -> None:

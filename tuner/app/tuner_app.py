@@ -21,7 +21,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from tuner.actions.bisect import prepare_bisect
+from tuner.actions.bisect import consent_question, prepare_bisect
 from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, set_profile_lock_clock
 from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
@@ -305,6 +305,16 @@ class TunerApp(App[int]):
         as None, which the core turns into the card's default."""
         if self.stress.running or self.bisect.running:
             self.notify("a stress run or bisect is already running", severity="warning")
+            return
+        question = consent_question(self.device(device_id))
+        if question is not None:
+            self.push_screen(ConfirmDialog(question, yes="Start", no="Cancel"),
+                             lambda yes: yes and self._begin_bisect(device_id, params))
+            return
+        self._begin_bisect(device_id, params)
+
+    def _begin_bisect(self, device_id: str, params: BisectParams) -> None:
+        if self.stress.running or self.bisect.running:  # something started while the question was open
             return
         self.bisect = BisectState(device_id=device_id, running=True)
         self._bisect_job = jobs.BisectRunner(

@@ -6,7 +6,7 @@ import json
 import sys
 import threading
 
-from tuner.actions.bisect import duration_text, prepare_bisect
+from tuner.actions.bisect import consent_question, duration_text, prepare_bisect
 from tuner.commands._argtypes import whole_number
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_table
@@ -41,7 +41,8 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
     p.add_argument("--step", type=whole_number, metavar="N", help="coarse step (default 10 mV; NVIDIA: 2 clock steps)")
-    p.add_argument("--resolution", type=whole_number, metavar="N", help="refine down to this (default 5 mV; NVIDIA: 1 step)")
+    p.add_argument("--resolution", type=whole_number, metavar="N",
+                   help="refine down to this (default 5 mV; NVIDIA: 1 step)")
     p.add_argument("--margin", type=whole_number, metavar="N",
                    help="added back to the confirmed value (default 10 mV; NVIDIA: 2 steps)")
     p.add_argument("--trial", metavar="DUR",
@@ -64,13 +65,13 @@ def add_parser(subparsers) -> None:
 
 
 def _confirm_real_card(device, args) -> None:
-    if device.simulated or args.yes:
+    question = consent_question(device)
+    if question is None or args.yes:
         return
     if not sys.stdin.isatty():
         raise UsageError(f"bisect changes the voltage of {device.label} and may crash the machine",
                          "pass --yes to run it unattended")
-    answer = input(f"Bisect will undervolt {device.label} ({device.id}) step by step; a step too far can freeze "
-                   "the machine (the tuner recovers after a reboot). Continue? [y/N] ")
+    answer = input(f"{question} [y/N] ")
     if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("bisect cancelled", "pass --yes to skip this question")
 
@@ -126,7 +127,8 @@ class _Printer:
                 frac = min(1.0, ev.elapsed_s / ev.duration_s) if ev.duration_s else 0.0
                 bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
                 step = "" if ev.step is None else f" step {ev.step}"
-                sys.stderr.write(f"\r\033[K{self._trial_label}[{bar}] {frac:4.0%} {self._v(ev.setting)} {ev.phase}{step}  ETA "
+                sys.stderr.write(f"\r\033[K{self._trial_label}[{bar}] {frac:4.0%} {self._v(ev.setting)} "
+                                 f"{ev.phase}{step}  ETA "
                                  f"{format_duration(ev.eta_s)}{eta_total}")
                 sys.stderr.flush()
                 self._bar_shown = True
@@ -161,7 +163,8 @@ def _trial_line(r: TrialResult) -> str:
 
 
 def _table(trials: tuple[TrialResult, ...]) -> str:
-    rows = [(f"{t.setting:+d} {t.unit}", t.phase, t.verdict.upper(), (t.kind or "") if t.verdict != Verdict.PASS else "",
+    rows = [(f"{t.setting:+d} {t.unit}", t.phase, t.verdict.upper(),
+             (t.kind or "") if t.verdict != Verdict.PASS else "",
              _fmt(t.tok_s, ",.0f"), _fmt(t.power_w, ".1f"), _fmt(t.tok_per_j, ".3f"), _fmt(t.max_temp_c, ".0f"))
             for t in trials]
     return format_table(("setting", "phase", "verdict", "reason", "tok/s", "W", "tok/J", "max °C"), rows)
