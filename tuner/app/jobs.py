@@ -51,23 +51,44 @@ def engine_run(target, *, duration_s: float, preset: str, mode: str):
     return stress_client.StressRun(stress_client.EngineConfig(**request))
 
 
-class StressJob:
+class _Job:
+    """The shape the App drives every long job through: `run()` blocks (on a worker thread) and sets `done` when
+    it ends however it ends, `stop()` is thread-safe and may come before `run()`, `wait()` waits for the end."""
+
+    def __init__(self, device_id: str):
+        self.device_id = device_id
+        self._stop = threading.Event()
+        self._done = threading.Event()
+
+    def run(self) -> object:
+        try:
+            return self._work()
+        finally:
+            self._done.set()
+
+    def _work(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self._done.wait(timeout_s)
+
+
+class StressJob(_Job):
     """One stress run at the card's current setting. `note_load` brackets the run; the card is left as it was."""
 
     def __init__(self, backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
                  duration_s: float = MANUAL_STRESS_S):
-        self.backend, self.device_id = backend, device_id
+        super().__init__(device_id)
+        self.backend = backend
         self.preset, self.mode, self.emit, self.duration_s = preset, mode, emit, duration_s
         self._run = None
-        self._stop = threading.Event()
-        self._done = threading.Event()
 
-    def run(self) -> str:
-        try:
-            result = self._run_on(self.backend.stress_target(self.device_id))
-            return describe_stress_result(result, stopped=self._stop.is_set())
-        finally:
-            self._done.set()
+    def _work(self) -> str:
+        result = self._run_on(self.backend.stress_target(self.device_id))
+        return describe_stress_result(result, stopped=self._stop.is_set())
 
     def _run_on(self, target):
         """Run the engine on `target` with the device marked as loaded; returns the StressResult."""
@@ -87,40 +108,26 @@ class StressJob:
             self.backend.note_load(self.device_id, False)
 
     def stop(self) -> None:
-        self._stop.set()
+        super().stop()
         if self._run is not None:
             self._run.stop()
 
-    def wait(self, timeout_s: float) -> bool:
-        return self._done.wait(timeout_s)
 
-
-class VerifyJob:
+class VerifyJob(_Job):
     """A profile's verify, behind StressJob's shape: its lock clock, then tuner.actions.verify's journalled trial
     with the profile's workload. Lines the trial reports are handed to `emit`."""
 
     def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *, emit: Callable[[object], None]):
+        super().__init__(plan.device.id)
         self.backend, self.plan, self.duration_s, self.emit = backend, plan, duration_s, emit
-        self.device_id = plan.device.id
-        self._stop = threading.Event()
-        self._done = threading.Event()
 
-    def run(self) -> str:
-        try:
-            locked = set_profile_lock_clock(self.backend, self.plan)
-            if locked:
-                self.emit(locked)
-            outcome = verify_setting(self.backend, self.device_id, self.plan.value, self.duration_s,
-                                     workload=self.plan.workload, on_line=self.emit, stop_event=self._stop)
-            return describe_verify_outcome(outcome)
-        finally:
-            self._done.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def wait(self, timeout_s: float) -> bool:
-        return self._done.wait(timeout_s)
+    def _work(self) -> str:
+        locked = set_profile_lock_clock(self.backend, self.plan)
+        if locked:
+            self.emit(locked)
+        outcome = verify_setting(self.backend, self.device_id, self.plan.value, self.duration_s,
+                                 workload=self.plan.workload, on_line=self.emit, stop_event=self._stop)
+        return describe_verify_outcome(outcome)
 
 
 def describe_verify_outcome(outcome: VerifyOutcome) -> str:
@@ -177,36 +184,29 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
     return state
 
 
-class BisectRunner:
+class BisectRunner(_Job):
     """A bisect behind the same run/stop/wait shape as StressJob; keeps the outcome.
 
     `prepare` (tuner.actions.bisect.prepare_bisect) runs first, in the worker: it reads the card and may refuse
     (raising before anything was touched). A stop asked for before the job exists is passed on when it does."""
 
     def __init__(self, prepare: Callable[[], BisectJob], device_id: str):
-        self._prepare, self.device_id = prepare, device_id
+        super().__init__(device_id)
+        self._prepare = prepare
         self._job: BisectJob | None = None
         self.outcome: BisectOutcome | None = None
-        self._stop = threading.Event()
-        self._done = threading.Event()
 
-    def run(self) -> BisectOutcome | None:
-        try:
-            self._job = self._prepare()
-            if self._stop.is_set():
-                self._job.stop()
-            self.outcome = self._job.run()
-            return self.outcome
-        finally:
-            self._done.set()
+    def _work(self) -> BisectOutcome:
+        self._job = self._prepare()
+        if self._stop.is_set():
+            self._job.stop()
+        self.outcome = self._job.run()
+        return self.outcome
 
     def stop(self) -> None:
-        self._stop.set()
+        super().stop()
         if self._job is not None:
             self._job.stop()
-
-    def wait(self, timeout_s: float) -> bool:
-        return self._done.wait(timeout_s)
 
 
 def describe_bisect_result(outcome) -> str:
