@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuner.actions.doctor import Check
 from tuner.app.tuner_app import TunerApp
 from tuner.backends.simulated import SimulatedBackend
-from tuner.actions.doctor import Check
 
 T0_S = 1_750_000_000.0  # a fixed wall-clock start for simulated telemetry
 

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from tests.tuning.fake_engine import FakeEngine
 from tests.tui.helpers import make_app, sim_backend
+from tests.tuning.fake_engine import FakeEngine
 from tuner.profiles import list_profiles
 from tuner.screens.dialogs import TextInputDialog
 

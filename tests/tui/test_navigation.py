@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 from tests.tui.helpers import make_app, sim_backend
+from tuner.app.state import HISTORY_SAMPLES
 from tuner.core.errors import DeviceLost
 from tuner.screens.dialogs import ConfirmDialog
-from tuner.app.state import HISTORY_SAMPLES
 
 SCREENS = {"1": "DashboardScreen", "2": "TuneScreen", "3": "BisectScreen", "4": "ProfilesScreen",
            "5": "DoctorScreen", "6": "HelpScreen"}

@@ -119,14 +119,14 @@ def test_terminal_gone_during_a_bisect_stops_everything_and_leaves_the_card_at_s
         shell_pid = int(_tmux(sock, "list-panes", "-t", "smoke", "-F", "#{pane_pid}").strip())
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            procs = psutil.Process(shell_pid).children(recursive=True) + [psutil.Process(shell_pid)]
+            procs = [*psutil.Process(shell_pid).children(recursive=True), psutil.Process(shell_pid)]
             if any("tuner.engine" in " ".join(p.cmdline()) for p in procs):
                 break
             time.sleep(0.2)
         assert any("tuner.engine" in " ".join(p.cmdline()) for p in procs), "the bisect never started the engine"
     finally:
         subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
-    gone, alive = psutil.wait_procs(procs, timeout=20)
+    _gone, alive = psutil.wait_procs(procs, timeout=20)
     assert not alive, f"still running after the terminal went away: {[p.cmdline() for p in alive]}"
     card = json.loads(state.read_text())["cards"]["sim0"]
     assert card["offset_mv"] == 0 and "load_pid" not in card

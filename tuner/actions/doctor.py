@@ -103,8 +103,8 @@ def check_torch(probe: dict, gpus_expected: bool) -> list[Check]:
                             "check the driver, and that no *_VISIBLE_DEVICES variable hides the cards"))
     for dev in devices:
         cap = ".".join(map(str, dev.get("capability", [])))
-        detail = f"{dev['name']} at {dev.get('pci_bus_id') or 'unknown slot'}, capability {cap}, " \
-                 f"bf16 {'yes' if dev.get('bf16') else 'no'}"
+        detail = (f"{dev['name']} at {dev.get('pci_bus_id') or 'unknown slot'}, capability {cap}, "
+                  f"bf16 {'yes' if dev.get('bf16') else 'no'}")
         checks.append(Check(f"torch device {dev['index']}", OK if dev.get("bf16") else WARN, detail,
                             None if dev.get("bf16") else "the stress engine will use fp32 (slower, still valid)"))
     return checks

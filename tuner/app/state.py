@@ -59,7 +59,7 @@ class DeviceHistory:
             return [], []
         newest_s = self.time_s[-1]
         xs, ys = [], []
-        for t_s, value in zip(self.time_s, self.series[name]):
+        for t_s, value in zip(self.time_s, self.series[name], strict=True):
             if value is not None:
                 xs.append(round(t_s - newest_s, 1))
                 ys.append(value)

@@ -42,7 +42,8 @@ def add_parser(subparsers) -> None:
                    help="boot mode (the systemd unit): wait for the driver, apply only to the same card, skip when "
                    "booted with tuner.reset or after a crashed tuning trial; logs to stderr (the journal)")
     p.add_argument("--boot-wait", type=_boot_wait, default=boot_rules.DEFAULT_DISCOVERY_WAIT_S, metavar="S",
-                   help=f"with --boot: how long to retry device discovery (default {boot_rules.DEFAULT_DISCOVERY_WAIT_S:g})")
+                   help="with --boot: how long to retry device discovery "
+                   f"(default {boot_rules.DEFAULT_DISCOVERY_WAIT_S:g})")
     p.add_argument("--ignore-unsafe", action="store_true",
                    help="apply even a value at or beyond one that froze, hung or reset this card in a trial "
                    "(never at boot)")

@@ -75,7 +75,7 @@ def _summary(profile: Profile) -> dict:
 
 def run_list(args, ctx) -> int:
     profiles, bad = scan()
-    for path, why in bad:
+    for _path, why in bad:  # `why` names the file
         print(f"tuner: warning: skipped {why}", file=sys.stderr)
     if args.json:
         print_json({"profiles": [_summary(p) for p in profiles],
@@ -118,8 +118,9 @@ def run_show(args, ctx) -> int:
             f"  power        {fig(t.baseline_power_w, '{:.1f}')} -> {fig(t.tuned_power_w, '{:.1f}')} W",
             (f"  efficiency   {fig(t.baseline_tok_per_j, '{:.2f}')} -> {fig(t.tuned_tok_per_j, '{:.2f}')} tok/J "
             f"({fig(t.efficiency_gain_pct, '{:+.1f}')} %)"),
-            (f"  search       first failure {fig(t.first_failure, '{:+d}')}, lowest pass {fig(t.lowest_pass, '{:+d}')}, "
-            f"confirmed {fig(t.confirmed, '{:+d}')}, margin {fig(t.margin, '{:d}')} {s.unit}"),
+            (f"  search       first failure {fig(t.first_failure, '{:+d}')}, "
+            f"lowest pass {fig(t.lowest_pass, '{:+d}')}, confirmed {fig(t.confirmed, '{:+d}')}, "
+            f"margin {fig(t.margin, '{:d}')} {s.unit}"),
             (f"  workload     preset {t.preset or '?'}, mode {t.mode or '?'}, dtype {t.dtype or '?'}, trials "
             f"{fig(t.trial_duration_s, '{:g}')} s, confirm {fig(t.confirm_duration_s, '{:g}')} s"),
         ]

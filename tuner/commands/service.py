@@ -64,7 +64,7 @@ def _systemctl(*args: str) -> None:
 def exec_args(profile_name: str | None) -> list[str]:
     """The interpreter running now, so the unit uses this installation (a venv included)."""
     args = [sys.executable, "-m", "tuner", "apply", "--boot"]
-    return args + [profile_name] if profile_name else args
+    return [*args, profile_name] if profile_name else args
 
 
 def unit_environment() -> dict[str, str]:

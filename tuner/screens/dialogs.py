@@ -25,8 +25,10 @@ class ConfirmDialog(ModalScreen[bool]):
     """Yes/No; the default (focused, Escape) is No."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="ConfirmDialog")
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "choose(False)", "No"), Binding("y", "choose(True)", "Yes"),
-                Binding("n", "choose(False)", "No")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "choose(False)", "No"), Binding("y", "choose(True)", "Yes"),
+        Binding("n", "choose(False)", "No"),
+    ]
 
     def __init__(self, question: str, *, yes: str = "Yes", no: str = "No") -> None:
         super().__init__()
@@ -53,8 +55,10 @@ class KeepOrRevertDialog(ModalScreen[bool]):
     """A setting was applied: keep it, or it reverts when the countdown ends. Revert is the default."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="KeepOrRevertDialog")
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "choose(False)", "Revert"), Binding("r", "choose(False)", "Revert"),
-                Binding("k", "choose(True)", "Keep")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "choose(False)", "Revert"), Binding("r", "choose(False)", "Revert"),
+        Binding("k", "choose(True)", "Keep"),
+    ]
 
     def __init__(self, pending) -> None:
         super().__init__()

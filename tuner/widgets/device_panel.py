@@ -7,8 +7,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from tuner.core.models import DeviceInfo, Knob, Telemetry
 from tuner.app.state import DeviceHistory
+from tuner.core.models import DeviceInfo, Knob, Telemetry
 from tuner.widgets.history_plot import HistoryPlot
 
 
