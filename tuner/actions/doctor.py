@@ -15,8 +15,11 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
+from tuner.backends.base import Backend
 from tuner.core import paths
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
@@ -55,7 +58,7 @@ def probe_torch() -> dict:
         return {"torch": None, "error": tail}
 
 
-def _import_nvml():
+def _import_nvml() -> ModuleType | None:
     try:
         import pynvml
     except ImportError:
@@ -110,11 +113,11 @@ def check_torch(probe: dict, gpus_expected: bool) -> list[Check]:
     return checks
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def check_nvidia(nvml) -> list[Check]:
+def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of it
     if nvml is None:
         return [Check("nvidia driver", INFO, "nvidia-ml-py not importable; NVIDIA cards are not looked for")]
     try:
@@ -219,11 +222,11 @@ def check_hidden_devices(env: Mapping[str, str]) -> list[Check]:
 
 
 def run_checks(
-    backend=None,
+    backend: Backend | None = None,
     *,
     simulate: bool = False,
     root: Path | None = None,
-    nvml=...,
+    nvml: Any = ...,  # the pynvml module, None (not installed) or a fake; ... imports it
     torch_probe: Callable[[], dict] = probe_torch,
     env: Mapping[str, str] | None = None,
     euid: int | None = None,
