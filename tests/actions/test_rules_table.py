@@ -74,7 +74,7 @@ CASES = [
     Case("profile from another card of the model", "mV", (), ApplyProfile(-25, "same model"), ("verify",)),
     Case("profile from another model", "mV", (), ApplyProfile(-25, "other model"), ("refused", 2)),
     Case("profile for another knob kind", "mV", (), ApplyProfile(90, "other knob"), ("refused", 2)),
-    Case("MHz profile with its lock clock", "MHz", (), ApplyProfile(90, lock_clock_mhz=2400), ("applied", 90)),
+    Case("MHz profile with its lock clock", "MHz", (), ApplyProfile(90, lock_clock_mhz=2400), ("applied", 90, 2400)),
     Case("bisect defaults on a mV card", "mV", (), StartBisect(), ("started", 10, 5, 10)),
     Case("bisect defaults on a 15 MHz card (regression)", "MHz", (), StartBisect(), ("started", 30, 15, 30)),
     Case("bisect step off a 15 MHz card's grid", "MHz", (), StartBisect(step=10), ("refused", 2)),
@@ -126,6 +126,12 @@ def make_profile(backend, request: ApplyProfile):
     return profile
 
 
+def applied(backend) -> tuple:
+    """What the card holds: the value and the lock clock it is defined at (None on a mV card)."""
+    knob = backend.knob(DEVICE)
+    return ("applied", knob.current, knob.lock_clock_mhz)
+
+
 def refused(error: TunerError, *, exit_code: int | None = None) -> tuple:
     return ("refused", error.exit_code if exit_code is None else exit_code, error.one_line())
 
@@ -152,7 +158,7 @@ def through_actions(case: Case, backend, started) -> tuple:
         return ("started", *started[-1])
     except TunerError as e:
         return refused(e)
-    return ("applied", backend.knob(DEVICE).current)
+    return applied(backend)
 
 
 def through_cli(case: Case, backend, started, monkeypatch, capsys) -> tuple:
@@ -172,7 +178,7 @@ def through_cli(case: Case, backend, started, monkeypatch, capsys) -> tuple:
     if code == Started.exit_code:
         return ("started", *started[-1])
     if code == 0:
-        return ("applied", backend.knob(DEVICE).current)
+        return applied(backend)
     [line] = [x for x in err.splitlines() if x.startswith("tuner: error: ")]
     message = line.removeprefix("tuner: error: ")
     if isinstance(request, ApplyProfile) and "--verify" in message and "another card" in message:
@@ -204,7 +210,7 @@ async def through_app(case: Case, backend, started) -> tuple:
             await pilot.press("k")
             await app.workers.wait_for_complete()
             await pilot.pause()
-            return ("applied", backend.knob(DEVICE).current)
+            return applied(backend)
         if isinstance(app.screen, ConfirmDialog):
             return ("verify",)
         if started:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 
-from tuner.actions.setting import can_lock_clock
+from tuner.actions.setting import SetRequest, can_lock_clock
 from tuner.actions.verify import Workload
 from tuner.backends.base import Backend
 from tuner.core.errors import UsageError
@@ -43,6 +43,12 @@ class ProfileApply:
         """The lock clock to set before the value (None: nothing to change)."""
         lock = self.profile.setting.lock_clock_mhz
         return lock if lock is not None and lock != self.knob.lock_clock_mhz else None
+
+    def set_request(self, backend: Backend) -> SetRequest:
+        """The value as a `set` request, with the profile's lock clock where the backend can set it: for
+        `prepare_setting`, which checks everything again before it writes (the card may have changed since)."""
+        lock = self.lock_clock_mhz if can_lock_clock(backend, self.knob) else None
+        return SetRequest(self.device.id, self.value, lock_clock_mhz=lock)
 
 
 def pick_profile_device(profile: Profile, backend: Backend, device_id: str | None) -> DeviceInfo:

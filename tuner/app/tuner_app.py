@@ -22,7 +22,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from tuner.actions.bisect import consent_question, prepare_bisect
-from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, set_profile_lock_clock
+from tuner.actions.profile_apply import ProfileApply, plan_profile_apply
 from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.app import jobs
@@ -206,10 +206,8 @@ class TunerApp(App[int]):
     @work(thread=True, exit_on_error=False, group="setting")
     def _apply(self, device_id: str, value: int, profile: ProfileApply | None) -> None:
         try:
-            if profile is not None:
-                set_profile_lock_clock(self.backend, profile)
-            pending = prepare_setting(self.backend, SetRequest(device_id, value), timeout_s=self.keep_timeout_s,
-                                      clock=self.clock)
+            request = profile.set_request(self.backend) if profile is not None else SetRequest(device_id, value)
+            pending = prepare_setting(self.backend, request, timeout_s=self.keep_timeout_s, clock=self.clock)
             pending.apply()
         except Exception as e:  # noqa: BLE001 - nothing was kept; say why
             self.post_message(msg.BackendFailed(f"apply {value:+d} on {device_id}", e))
