@@ -41,7 +41,8 @@ from tuner.tuning.plan import (
     Stop,
 )
 from tuner.core.errors import DeviceLost, NotApplied, UsageError
-from tuner.tuning.trial import STOPPED, TrialParams, WatchdogSettings, run_trial
+from tuner.tuning.engine_client import WatchdogPolicy
+from tuner.tuning.trial import STOPPED, TrialParams, run_trial
 
 MODES = ("train", "gemm", "mixed")
 
@@ -62,7 +63,7 @@ class BisectParams:
     seed: int = 0
     resume: bool = False
     restart: bool = False
-    watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
+    watchdog: WatchdogPolicy | None = None  # None: the policy for the engine's device (tighter on the CPU)
 
     SEARCH_KEYS = ("step", "resolution", "margin", "trial_s", "confirm_s", "floor", "mode", "preset", "dtype",
                    "seed")
