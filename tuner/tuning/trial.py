@@ -113,8 +113,8 @@ def run_trial(
 ) -> TrialResult:
     """Run one trial and return its result. The card is back at stock (verified) when this returns or raises.
 
-    Every undo is registered on an ExitStack as soon as the thing it undoes happened, so no exception, at any
-    point, can skip one. On the way out, in this order: the stop-watcher thread ends, the engine is stopped, the
+    Every undo is registered on an ExitStack as soon as the thing it undoes may have happened, so no exception,
+    at any point, can skip one. On the way out, in this order: the stop-watcher thread ends, the engine is stopped, the
     sampler stops, the load ends (`note_load(False)`), the card is reset to stock and verified, the kernel-log
     watcher stops (so a message the reset itself provokes still counts against this trial).
 
@@ -143,14 +143,15 @@ def run_trial(
     watcher = kernel_watcher
 
     with contextlib.ExitStack() as cleanup:
+        # Each undo is registered just before the call it undoes: a call that raises may have half-happened
+        # (a value written, a thread started), and every undo is safe on something that never started.
         # 1. the kernel log: only what is logged from now on counts
-        watcher.start()
         cleanup.callback(lambda: setattr(trial, "kernel_events", watcher.stop()))
+        watcher.start()
         try:
             if stop_event.is_set():
                 raise StopRequested
-            # 2. apply and verify (the backend validates and reads back). The reset is registered first: an
-            #    apply that raises may already have written.
+            # 2. apply and verify (the backend validates and reads back)
             cleanup.callback(_reset_and_verify, backend, device_id)
             applied = backend.apply(device_id, setting)
             if applied.current != setting:
@@ -159,14 +160,14 @@ def run_trial(
             for line in applied.clamped:  # curve points the driver's range kept from the asked offset
                 warn(f"clamped: {line}")
             # 3. under load
-            backend.note_load(device_id, True)
             cleanup.callback(_end_load, backend, device_id)
+            backend.note_load(device_id, True)
             target = trial.target = backend.stress_target(device_id)
             watcher.pci_bus_id = None if target.simulated else target.pci_bus_id
             config = trial_request(target, params, setting)
-            sampler = trial.sampler = TelemetrySampler(backend, device_id,
-                                                       interval_s=params.telemetry_interval_s).start()
+            sampler = trial.sampler = TelemetrySampler(backend, device_id, interval_s=params.telemetry_interval_s)
             cleanup.callback(lambda: setattr(trial, "summary", sampler.stop()))
+            sampler.start()
             run = trial.run = engine_factory(config, params.watchdog or WatchdogPolicy.for_config(config))
             cleanup.callback(run.stop)  # safe on a run that never started or already ended
             run.start()
@@ -182,8 +183,8 @@ def run_trial(
                         return
 
             stopper = threading.Thread(target=watch_stop, name="trial-stop", daemon=True)
-            stopper.start()
             cleanup.callback(_end_thread, end_watch, stopper)
+            stopper.start()
             _follow(run, trial, target, params, setting, started_at, emit, clock)
             trial.engine_result = run.result()
         except StopRequested:
@@ -247,7 +248,8 @@ def _end_load(backend: Backend, device_id: str) -> None:
 
 def _end_thread(done: threading.Event, thread: threading.Thread) -> None:
     done.set()
-    thread.join(timeout=5.0)
+    if thread.is_alive():
+        thread.join(timeout=5.0)
 
 
 def _reset_and_verify(backend: Backend, device_id: str) -> None:
