@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.backends.simulated import NVIDIA, SimulatedBackend, draw_limit, fault_rate_at_depth, fault_rate_per_step
+from tuner.backends.simulated import (
+    NVIDIA,
+    SimulatedBackend,
+    draw_limit,
+    fault_rate_at_depth,
+    fault_rate_per_step,
+)
 from tuner.core.errors import OutOfRange, UsageError
 from tuner.core.models import KnobKind
 

@@ -1,8 +1,8 @@
 """A stand-in for `tuner.tuning.engine_client.StressRun`, fast and deterministic, for driver tests.
 
 Speaks the real types: its events are the client's event dataclasses, made by the client's own parser
-(`engine_client.parse_event`) from protocol lines shaped like the engine's (tests/engine/schema.py), and its
-result is a `StressResult`. Fails (kind "mismatch", at step 2 + 10 x the fault rate) whenever the simulated card
+(`engine_client.parse_event`) from protocol lines checked against the engine's protocol (tests/engine/schema.py,
+docs/engine.md), and its result is a `StressResult`. Fails (kind "mismatch", at step 2 + 10 x the fault rate) whenever the simulated card
 injects faults, hangs when it says so; with `software_fault`, every trial after the baseline fails the way it
 says (a fault that is the software's, not the card's). Records every request (`EngineConfig`) it was given.
 """
@@ -14,12 +14,18 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.engine.examples import EXAMPLES
+from tests.engine.schema import validate
 from tuner.tuning import engine_client as sc
 
 
 def event(name: str, **fields) -> sc.Event:
-    """One protocol line, through the real parser; a name or field the client does not know is a test bug."""
-    ev = sc.parse_event(json.dumps({"event": name, "t": 0.0, **fields}))
+    """One protocol line, checked against the engine's protocol and read by the client's own parser."""
+    unknown = set(fields) - set(EXAMPLES[name])
+    assert not unknown, f"the engine never sends {name}.{unknown}"
+    doc = {"event": name, "t": 0.0, **EXAMPLES[name], **fields}
+    validate(doc)
+    ev = sc.parse_event(json.dumps(doc))
     assert not isinstance(ev, (sc.UnknownEvent, sc.LogEvent)), name
     return ev
 
@@ -68,7 +74,9 @@ class _FakeRun:
 
     def events(self):
         o = self.request.options
-        yield event("start", pci_bus_id=None, repeatable=True, device=o.device, preset=o.preset, mode=o.mode)
+        yield event("start", device=o.device, preset=o.preset, mode=o.mode, seed=o.seed, steps=o.steps,
+                    duration_s=o.duration_s, fault_rate=o.fault_rate, fault_seed=o.effective_fault_seed,
+                    injections=[str(i) for i in o.injections], record=o.record)
         n = 20
         fail_step = 2 + int(o.fault_rate * 10) if o.fault_rate > 0 else None
         hang = any(i.kind == "hang" for i in o.injections)
@@ -97,8 +105,7 @@ class _FakeRun:
             return
         if o.record:
             Path(o.record).write_text('{"steps": 1000}')
-        yield event("end", verdict="pass", reason="completed", kind=None, step=None, steps=n,
-                    duration_s=o.duration_s, exit_code=0)
+        yield event("end", steps=n, duration_s=o.duration_s, median_tok_s=self.engine.tok_s)
         self._result = result("pass", None, "", steps=n, duration_s=o.duration_s, median_tok_s=self.engine.tok_s)
 
     def stop(self) -> None:

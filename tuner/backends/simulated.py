@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.backends.base import Backend
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
-from tuner.backends.base import Backend
 from tuner.core.errors import StateError, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 
