@@ -97,6 +97,18 @@ def test_lock_clock_is_validated_and_held_by_this_process_only(tmp_path):
         amd.set_lock_clock("sim0", 2400)
 
 
+def test_the_bisect_hooks_of_the_nvml_backend(tmp_path):
+    b = nv(tmp_path)
+    assert b.lock_at_measured_clock("sim0", 2291.7) == 2280 and b.knob("sim0").lock_clock_mhz == 2280
+    assert b.lock_at_measured_clock("sim0", 50.0) == 210
+    assert b.applied_pstates("sim0") == (0, 2) and b.foreign_state("sim0") is None
+    b.note_load("sim0", True)
+    assert b.telemetry("sim0").pstate == 2
+    amd = SimulatedBackend(state_path=tmp_path / "amd.json")
+    assert amd.lock_at_measured_clock("sim0", 2000.0) is None and amd.applied_pstates("sim0") is None
+    assert amd.telemetry("sim0").pstate is None
+
+
 def test_telemetry_follows_the_offset_and_the_lock(tmp_path):
     b = nv(tmp_path)
     b.note_load("sim0", True)

@@ -69,6 +69,7 @@ AMD = SimKind("amd", "Simulated RDNA-class GPU", KnobKind.VOLTAGE_OFFSET, "mV", 
 NVIDIA = SimKind("nvidia", "Simulated Ada-class GPU (NVIDIA-style)", KnobKind.CLOCK_OFFSET, "MHz", -300, 600, 15,
                  +1, (60, 240), 3, lock_clocks_mhz=(210, 2505), pci_id="10de:0000")
 KINDS = {k.name: k for k in (AMD, NVIDIA)}
+SIM_NVIDIA_PSTATES = (0, 2)  # the states an offset covers; the card works in P2 and idles in P8
 
 # Electrical model of an imaginary 300 W card; the figures only need to be plausible and monotone.
 STOCK_LOAD_MV, IDLE_MV = 1100.0, 800.0
@@ -274,6 +275,22 @@ class SimulatedBackend(Backend):
                              f"pick a clock between {lo} and {hi} MHz")
         self._lock_mhz[device_id] = mhz
 
+    def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
+        """As tuner.backends.nvidia: lock at the clock sustained under the stock baseline, snapped down to a
+        supported clock (here every 15 MHz from the lowest)."""
+        clocks = self.kind.lock_clocks_mhz
+        if clocks is None:
+            return None
+        lo, hi = clocks
+        mhz = max(lo, min(hi, lo + int((clock_mhz - lo) // self.kind.knob_step) * self.kind.knob_step))
+        self.set_lock_clock(device_id, mhz)
+        return mhz
+
+    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
+        """NVIDIA-style: offsets are applied at P0 and P2 (CUDA work runs in P2), as on the current NVML API."""
+        self.device(device_id)
+        return None if self.kind.lock_clocks_mhz is None else SIM_NVIDIA_PSTATES
+
     def capabilities(self, device_id: str) -> Capabilities:
         self.device(device_id)
         return Capabilities(
@@ -347,6 +364,7 @@ class SimulatedBackend(Backend):
             util_pct=round(min(100.0, 97.0 * load * jitter + rng.uniform(0, 2)), 1),
             fan_rpm=round(600 + 40 * max(0.0, temp_c - 30)),
             energy_j=round(energy_j, 1),
+            pstate=None if self.kind.lock_clocks_mhz is None else (2 if load else 8),
         )
 
     def _load_clock_mhz(self, device_id: str) -> float:

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
@@ -112,7 +112,7 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
 # --- events -----------------------------------------------------------------------------------------------
 
 
-def _f(v) -> float | None:
+def _f(v: object) -> float | None:
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, (int, float)):
@@ -125,7 +125,7 @@ def _f(v) -> float | None:
     return None
 
 
-def _i(v) -> int | None:
+def _i(v: object) -> int | None:
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, int):
@@ -135,11 +135,11 @@ def _i(v) -> int | None:
     return None
 
 
-def _s(v) -> str | None:
+def _s(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _b(v) -> bool | None:
+def _b(v: object) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
@@ -294,7 +294,7 @@ def parse_event(line: str) -> Event:
     cls = _TYPES.get(raw["event"])
     if cls is None:
         return UnknownEvent(t=math.nan if t is None else t, raw=raw)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for f in fields(cls):
         if f.name in ("t", "raw") or f.name not in raw:
             continue
@@ -432,7 +432,7 @@ class StressRun:
 
     # -- lifecycle
 
-    def start(self) -> StressRun:
+    def start(self) -> Self:
         with self._lock:
             if self.proc is not None:
                 raise RuntimeError("StressRun already started")
@@ -453,7 +453,7 @@ class StressRun:
     def __enter__(self) -> Self:
         return self.start() if self.proc is None else self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.stop()
         self.result()
@@ -518,10 +518,11 @@ class StressRun:
                 return
             self._kill_started = True
         self._signal_group(signal.SIGTERM)
+        proc = self.proc
 
         def escalate() -> None:
             try:
-                self.proc.wait(timeout=self.watchdog.kill_grace_s)
+                proc.wait(timeout=self.watchdog.kill_grace_s)
             except subprocess.TimeoutExpired:
                 self._signal_group(signal.SIGKILL)
 
@@ -620,7 +621,7 @@ class StressRun:
         end, start = self._end_event, self._start_event
         tail = "\n".join(self._stderr)
         steps = end.steps if end is not None and end.steps is not None else self._last_step
-        common = {
+        common: dict[str, Any] = {
             "steps": steps, "exit_code": code, "stderr_tail": tail, "start": start, "end": end,
             "sensitivity": end.sensitivity if end is not None else (start.sensitivity if start else None),
             "duration_s": end.duration_s if end is not None else None,

@@ -162,7 +162,8 @@ def run_trial(
             # 3. under load
             cleanup.callback(_end_load, backend, device_id)
             backend.note_load(device_id, True)
-            target = trial.target = backend.stress_target(device_id)
+            target = backend.stress_target(device_id)
+            trial.target = target
             watcher.pci_bus_id = None if target.simulated else target.pci_bus_id
             config = trial_request(target, params, setting)
             sampler = trial.sampler = TelemetrySampler(backend, device_id, interval_s=params.telemetry_interval_s)
@@ -190,7 +191,6 @@ def run_trial(
         except StopRequested:
             trial.stop_reason = STOPPED
 
-    target = trial.target
     pstate_problem = None
     if trial.summary is not None and setting != knob.stock:
         try:
@@ -202,8 +202,8 @@ def run_trial(
         kernel_events=trial.kernel_events, stop_reason=trial.stop_reason,
         device_lost=trial.sampler.device_lost if trial.sampler else None, pci_problem=trial.pci_problem,
         pstate_problem=pstate_problem,
-        injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
-        simulated=bool(target and target.simulated), warnings=warnings, started_at=started_at,
+        injected=bool(trial.target and trial.target.simulated and (trial.target.fault_rate > 0 or trial.target.hang)),
+        simulated=bool(trial.target and trial.target.simulated), warnings=warnings, started_at=started_at,
         wall_s=clock() - started_at,
     )
 
