@@ -80,7 +80,7 @@ def fault_seed_for(seed: int, setting: int) -> int:
 
 
 def engine_request(target: StressTarget, *, duration_s: float | None = None, steps: int | None = None,
-                   preset: str | None = None, setting: int | None = None, **options: object) -> EngineConfig:
+                   preset: str | None = None, setting: int | None = None, **options: Any) -> EngineConfig:
     """The one way to ask for an engine run on a backend's `StressTarget` (bisect trials, `tuner stress`, the
     TUI's stress and verify runs).
 
@@ -92,10 +92,10 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
     if duration_s is None and steps is None:
         duration_s = DEFAULT_DURATION_S
     chosen = {name: value for name, value in options.items() if value is not None}
-    seed = int(chosen.get("seed", 0))  # type: ignore[call-overload]
+    seed = int(chosen.get("seed", 0))
     if setting is not None:
         chosen["fault_seed"] = fault_seed_for(seed, setting)
-    injections = [Injection.parse(str(i)) for i in chosen.pop("injections", ())]  # type: ignore[attr-defined]
+    injections = [Injection.parse(str(i)) for i in chosen.pop("injections", ())]
     if target.hang:
         injections.append(Injection("hang", SIM_HANG_STEP))
     default_preset = "tiny" if target.torch_device == "cpu" or target.simulated else "small"
@@ -103,7 +103,7 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
         opts = EngineOptions(device=target.torch_device, preset=preset or default_preset, steps=steps,
                              duration_s=duration_s, fault_rate=float(target.fault_rate or 0.0),
                              injections=injections, expect_pci_bus_id=target.pci_bus_id or None,
-                             **chosen)  # type: ignore[arg-type]
+                             **chosen)
     except TypeError as e:  # a misspelt option is a programming error, but say which
         raise ValueError(f"engine_request: {e}") from None
     return EngineConfig(opts, env=dict(target.env or {}))
