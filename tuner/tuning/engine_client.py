@@ -79,6 +79,11 @@ def fault_seed_for(seed: int, setting: int) -> int:
     return seed * 1_000_003 + setting
 
 
+def default_preset(target: StressTarget) -> str:
+    """The model shape a run on `target` uses unless told: `tiny` on the CPU (simulated cards), `small` on a GPU."""
+    return "tiny" if target.torch_device == "cpu" or target.simulated else "small"
+
+
 def engine_request(target: StressTarget, *, duration_s: float | None = None, steps: int | None = None,
                    preset: str | None = None, setting: int | None = None, **options: Any) -> EngineConfig:
     """The one way to ask for an engine run on a backend's `StressTarget` (bisect trials, `tuner stress`, the
@@ -98,9 +103,8 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
     injections = [Injection.parse(str(i)) for i in chosen.pop("injections", ())]
     if target.hang:
         injections.append(Injection("hang", SIM_HANG_STEP))
-    default_preset = "tiny" if target.torch_device == "cpu" or target.simulated else "small"
     try:
-        opts = EngineOptions(device=target.torch_device, preset=preset or default_preset, steps=steps,
+        opts = EngineOptions(device=target.torch_device, preset=preset or default_preset(target), steps=steps,
                              duration_s=duration_s, fault_rate=float(target.fault_rate or 0.0),
                              injections=injections, expect_pci_bus_id=target.pci_bus_id or None,
                              **chosen)

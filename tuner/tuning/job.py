@@ -41,7 +41,7 @@ from tuner.tuning.plan import (
     Stop,
 )
 from tuner.core.errors import DeviceLost, NotApplied, UsageError
-from tuner.tuning.engine_client import WatchdogPolicy
+from tuner.tuning.engine_client import WatchdogPolicy, default_preset
 from tuner.tuning.trial import STOPPED, TrialParams, run_trial
 
 MODES = ("train", "gemm", "mixed")
@@ -191,7 +191,7 @@ class BisectJob:
             existing.close(journal.FINISHED, outcome="discarded by --restart")
         params = p.search()
         if params["preset"] is None:
-            params["preset"] = "tiny" if self.backend.stress_target(self.device_id).torch_device == "cpu" else "small"
+            params["preset"] = default_preset(self.backend.stress_target(self.device_id))
         j = journal.Journal.create(self.device_id, params=params, knob=knob.to_dict(), serial=device.serial)
         return j, params, False
 
