@@ -2,9 +2,10 @@
 
 Speaks the real types: its events are the client's event dataclasses, made by the client's own parser
 (`engine_client.parse_event`) from protocol lines checked against the engine's protocol (tests/engine/schema.py,
-docs/engine.md), and its result is a `StressResult`. Fails (kind "mismatch", at step 2 + 10 x the fault rate) whenever the simulated card
-injects faults, hangs when it says so; with `software_fault`, every trial after the baseline fails the way it
-says (a fault that is the software's, not the card's). Records every request (`EngineConfig`) it was given.
+docs/engine.md), and its result is a `StressResult`. Fails (kind "mismatch", at step 2 + 10 x the fault rate)
+whenever the simulated card injects faults, hangs when it says so; with `software_fault`, every trial after the
+baseline fails the way it says (a fault that is the software's, not the card's). Records every request
+(`EngineConfig`) it was given.
 """
 
 from __future__ import annotations
