@@ -18,6 +18,7 @@ from tuner.commands import stress
 from tuner.actions.context import Context
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import StressTarget
+from tuner.engine.options import EngineOptions
 
 FAKE = Path(__file__).parent / "engine" / "fake_engine.py"
 
@@ -38,9 +39,9 @@ def test_parser_bounds_and_defaults():
 def test_config_for_a_simulated_card():
     target = StressTarget("cpu", None, fault_rate=0.2, hang=True, simulated=True)
     config, policy = stress.build_config(parse("stress", "--duration", "90s", "--seed", "4"), target)
-    assert (config.device, config.preset, config.duration_s, config.steps, config.seed) == ("cpu", "tiny", 90.0,
-                                                                                          None, 4)
-    assert config.fault_rate == 0.2 and config.injections == ("hang@3",) and config.canary_every == 10
+    o = config.options
+    assert (o.device, o.preset, o.duration_s, o.steps, o.seed) == ("cpu", "tiny", 90.0, None, 4)
+    assert o.fault_rate == 0.2 and [str(i) for i in o.injections] == ["hang@3"] and o.canary_every == 10
     assert policy.min_silence_s == 5.0 and policy.kill_grace_s == 2.0
 
 
@@ -48,9 +49,10 @@ def test_config_for_a_real_card():
     target = StressTarget("cuda:1", "0000:03:00.0", env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     config, policy = stress.build_config(parse("stress", "--steps", "500", "--mode", "mixed", "--dtype", "fp16",
                                                "--reference", "r.json"), target)
-    assert (config.device, config.preset, config.steps, config.duration_s) == ("cuda:1", "small", 500, None)
-    assert (config.mode, config.dtype, config.reference, config.fault_rate) == ("mixed", "fp16", "r.json", 0.0)
-    assert config.expect_pci_bus_id == "0000:03:00.0" and config.canary_every is None
+    o = config.options
+    assert (o.device, o.preset, o.steps, o.duration_s) == ("cuda:1", "small", 500, None)
+    assert (o.mode, o.dtype, o.reference, o.fault_rate) == ("mixed", "fp16", "r.json", 0.0)
+    assert o.expect_pci_bus_id == "0000:03:00.0" and o.canary_every == 100  # the engine's default
     assert policy == sc.WatchdogPolicy()
     with pytest.raises(UsageError):
         stress.build_config(parse("stress", "--duration", "soon"), target)
@@ -95,7 +97,7 @@ def test_exit_codes_and_summary():
     assert stress.exit_code_for(_result(verdict="error", kind="setup")) == 2
     assert stress.exit_code_for(_result(verdict="error", kind="stopped")) == 130
     dev = SimulatedBackend().device("sim0")
-    cfg = sc.EngineConfig(steps=10)
+    cfg = sc.EngineConfig(EngineOptions(steps=10))
     text = "\n".join(stress.summary_lines(dev, cfg, _result(verdict="fail", kind="mismatch", failure_step=7,
                                                              reason="loss bits differ")))
     assert "FAIL" in text and "mismatch at step 7: loss bits differ" in text and "10 steps in 1.0 s" in text

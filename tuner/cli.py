@@ -70,8 +70,12 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                    help="number of simulated cards (default 1)")
     g.add_argument("--sim-seed", type=whole_number, metavar="S", default=default(0),
                    help="seed for the simulated cards' hidden limits and telemetry (default 0)")
-    g.add_argument("--sim-vmin", type=whole_number, metavar="MV", default=default(None),
-                   help="hidden stable limit of sim0 in mV (default: drawn from the seed in -120..-30)")
+    g.add_argument("--sim-kind", choices=("amd", "nvidia"), default=default("amd"),
+                   help="amd (default): a voltage offset in mV; nvidia: a positive clock offset in MHz (15 MHz "
+                   "steps) at a locked max clock")
+    g.add_argument("--sim-vmin", type=whole_number, metavar="LIMIT", default=default(None),
+                   help="hidden stable limit of sim0 in the knob's unit: mV (default: drawn from the seed in "
+                   "-120..-30), or MHz with --sim-kind nvidia (drawn in 60..240)")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -20,12 +20,15 @@ class ClockOffsetSim(SimulatedBackend):
     def __init__(self, *args, limit_mhz: int = 150, **kwargs):
         super().__init__(*args, **kwargs)
         self.limit_mhz = limit_mhz
-        self.lock_clock_mhz = STOCK_LOCK_MHZ
+        self.locked_mhz = STOCK_LOCK_MHZ
         self.lock_calls: list[tuple[str, int]] = []
+
+    def lock_clock_mhz(self, device_id: str) -> int:  # the simulated card asks it for its loaded clock
+        return self.locked_mhz
 
     def knob(self, device_id: str) -> Knob:
         return Knob(KnobKind.CLOCK_OFFSET, "MHz", stock=0, current=self._card(device_id)["offset_mv"], min=0,
-                    max=MAX_MHZ, step=STEP_MHZ, aggressive_direction=1, lock_clock_mhz=self.lock_clock_mhz)
+                    max=MAX_MHZ, step=STEP_MHZ, aggressive_direction=1, lock_clock_mhz=self.locked_mhz)
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         self.knob(device_id).validate(value, allow_overvolt=allow_overvolt)
@@ -35,7 +38,7 @@ class ClockOffsetSim(SimulatedBackend):
 
     def set_lock_clock(self, device_id: str, clock_mhz: int) -> None:
         self.lock_calls.append((device_id, clock_mhz))
-        self.lock_clock_mhz = clock_mhz
+        self.locked_mhz = clock_mhz
 
     def stress_target(self, device_id: str) -> StressTarget:
         over = self.knob(device_id).current - self.limit_mhz

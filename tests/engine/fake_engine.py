@@ -1,7 +1,9 @@
 """A stand-in for `python -m tuner.engine` that misbehaves on request, for the stress client's tests.
 
 Run as `python fake_engine.py -u -m tuner.engine ...` (the client's argv with this script as the "python");
-FAKE_ENGINE_MODE picks the behaviour. Fast: no torch."""
+FAKE_ENGINE_MODE picks the behaviour. Fast: no torch. Every protocol event it writes carries every field the
+engine's does (tests/engine/examples.py) and is checked against the protocol (tests/engine/schema.py), so the
+client meets the real shapes; only the "garbage" mode writes what the engine never does, on purpose."""
 
 from __future__ import annotations
 
@@ -10,13 +12,22 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.engine.* below
+
+from tests.engine.examples import EXAMPLES
+from tests.engine.schema import SCHEMA, validate
 
 T0 = time.monotonic()
 MODE = os.environ.get("FAKE_ENGINE_MODE", "pass")
 
 
 def emit(event: str, **fields) -> None:
-    sys.stdout.write(json.dumps({"event": event, "t": round(time.monotonic() - T0, 4), **fields}) + "\n")
+    doc = {"event": event, "t": round(time.monotonic() - T0, 4), **EXAMPLES.get(event, {}), **fields}
+    if event in SCHEMA:
+        validate(doc)
+    sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()
 
 

@@ -1,85 +1,116 @@
 """A stand-in for `tuner.tuning.engine_client.StressRun`, fast and deterministic, for driver tests.
 
-Fails (kind "mismatch", at step 2 + 10 x the fault rate) whenever the simulated card injects faults, hangs when
-it says so; with `software_fault`, every trial after the baseline fails the way it says (a fault that is the
-software's, not the card's). Records every request it was given.
+Speaks the real types: its events are the client's event dataclasses, made by the client's own parser
+(`engine_client.parse_event`) from protocol lines checked against the engine's protocol (tests/engine/schema.py,
+docs/engine.md), and its result is a `StressResult`. Fails (kind "mismatch", at step 2 + 10 x the fault rate)
+whenever the simulated card injects faults, hangs when it says so; with `software_fault`, every trial after the
+baseline fails the way it says (a fault that is the software's, not the card's). Records every request
+(`EngineConfig`) it was given.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from pathlib import Path
+
+from tests.engine.examples import EXAMPLES
+from tests.engine.schema import validate
+from tuner.tuning import engine_client as sc
+
+
+def event(name: str, **fields) -> sc.Event:
+    """One protocol line, checked against the engine's protocol and read by the client's own parser."""
+    unknown = set(fields) - set(EXAMPLES[name])
+    assert not unknown, f"the engine never sends {name}.{unknown}"
+    doc = {"event": name, "t": 0.0, **EXAMPLES[name], **fields}
+    validate(doc)
+    ev = sc.parse_event(json.dumps(doc))
+    assert not isinstance(ev, (sc.UnknownEvent, sc.LogEvent)), name
+    return ev
+
+
+def result(verdict: str, kind: str | None, reason: str, *, steps: int, failure_step: int | None = None,
+           reference_step: int | None = None, duration_s: float | None = 1.0,
+           median_tok_s: float | None = None, sensitivity: str | None = "full") -> sc.StressResult:
+    return sc.StressResult(verdict, kind, reason, failure_step, steps, duration_s, median_tok_s, None,
+                           exit_code=0 if verdict == "pass" else 1, sensitivity=sensitivity,
+                           reference_step=reference_step)
 
 
 @dataclass
 class FakeEngine:
-    requests: list = field(default_factory=list)
+    requests: list[sc.EngineConfig] = field(default_factory=list)
     tok_s: float = 1000.0
     on_start: object = None  # callable(request) run when a trial starts (tests use it to kill/stop)
     error: bool = False
     # request -> (kind, failing step, reference step) for every trial that does not record; None: no such fault
     software_fault: object = None
+    runs: list[_FakeRun] = field(default_factory=list)
 
-    def __call__(self, request: dict, watchdog):
+    def __call__(self, request: sc.EngineConfig, watchdog: sc.WatchdogPolicy) -> _FakeRun:
+        assert isinstance(request, sc.EngineConfig) and isinstance(watchdog, sc.WatchdogPolicy)
         self.requests.append(request)
-        return _FakeRun(self, request)
+        run = _FakeRun(self, request)
+        self.runs.append(run)
+        return run
 
 
 class _FakeRun:
-    def __init__(self, engine: FakeEngine, request: dict):
+    def __init__(self, engine: FakeEngine, request: sc.EngineConfig):
         self.engine, self.request = engine, request
         self._stopped = threading.Event()
-        self._result = None
+        self._result: sc.StressResult | None = None
+        self.started = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
 
     def start(self) -> None:
+        self.started = True
         if self.engine.on_start:
             self.engine.on_start(self.request)
 
     def events(self):
-        r = self.request
-        yield SimpleNamespace(event="start", pci_bus_id=None, repeatable=True)
+        o = self.request.options
+        yield event("start", device=o.device, preset=o.preset, mode=o.mode, seed=o.seed, steps=o.steps,
+                    duration_s=o.duration_s, fault_rate=o.fault_rate, fault_seed=o.effective_fault_seed,
+                    injections=[str(i) for i in o.injections], record=o.record)
         n = 20
-        fail_step = None
-        if r["fault_rate"] > 0:
-            fail_step = 2 + int(r["fault_rate"] * 10)
-        hang = any(i.startswith("hang@") for i in r["injections"])
-        if self.engine.software_fault and not r.get("record"):
-            kind, step, ref_step = self.engine.software_fault(r)
-            self._result = SimpleNamespace(verdict="fail", kind=kind, reason=f"{kind} at step {step}",
-                                           failure_step=step, reference_step=ref_step, steps=step, duration_s=1.0,
-                                           median_tok_s=self.engine.tok_s, sensitivity="full")
+        fail_step = 2 + int(o.fault_rate * 10) if o.fault_rate > 0 else None
+        hang = any(i.kind == "hang" for i in o.injections)
+        if self.engine.software_fault and not o.record:
+            kind, step, ref_step = self.engine.software_fault(self.request)
+            self._result = result("fail", kind, f"{kind} at step {step}", failure_step=step,
+                                  reference_step=ref_step, steps=step, median_tok_s=self.engine.tok_s)
             return
         for step in range(1, n + 1):
             if self._stopped.is_set():
-                self._result = SimpleNamespace(verdict="error", kind="stopped", reason="stopped", failure_step=None,
-                                               steps=step, duration_s=0.1, median_tok_s=None, sensitivity="full")
+                self._result = result("error", "stopped", "stopped", steps=step, duration_s=0.1)
                 return
             if hang and step == 3:
-                self._result = SimpleNamespace(verdict="fail", kind="hang", reason="no heartbeat", failure_step=3,
-                                               steps=3, duration_s=1.0, median_tok_s=self.engine.tok_s,
-                                               sensitivity="full")
+                self._result = result("fail", "hang", "no heartbeat", failure_step=3, steps=3,
+                                      median_tok_s=self.engine.tok_s)
                 return
             if fail_step is not None and step == fail_step:
-                self._result = SimpleNamespace(verdict="fail", kind="mismatch", reason="loss bits differ",
-                                               failure_step=step, steps=step, duration_s=1.0,
-                                               median_tok_s=self.engine.tok_s, sensitivity="full")
+                yield event("fault", kind="mismatch", step=step, reference_step=step, detail="loss bits differ")
+                self._result = result("fail", "mismatch", "loss bits differ", failure_step=step, steps=step,
+                                      median_tok_s=self.engine.tok_s)
                 return
-            yield SimpleNamespace(event="step", step=step, tok_s=self.engine.tok_s)
+            yield event("step", step=step, loss=5.0, grad_norm=1.0, dt_ms=1.0, tok_s=self.engine.tok_s,
+                        tflops=None)
         if self.engine.error:
-            self._result = SimpleNamespace(verdict="error", kind="setup", reason="out of memory", failure_step=None,
-                                           steps=0, duration_s=0.1, median_tok_s=None, sensitivity=None)
+            self._result = result("error", "setup", "out of memory", steps=0, duration_s=0.1, sensitivity=None)
             return
-        if r.get("record"):
-            from pathlib import Path
-
-            Path(r["record"]).write_text('{"steps": 1000}')
-        self._result = SimpleNamespace(verdict="pass", kind=None, reason="", failure_step=None, steps=n,
-                                       duration_s=r["duration_s"], median_tok_s=self.engine.tok_s,
-                                       sensitivity="full")
+        if o.record:
+            Path(o.record).write_text('{"steps": 1000}')
+        yield event("end", steps=n, duration_s=o.duration_s, median_tok_s=self.engine.tok_s)
+        self._result = result("pass", None, "", steps=n, duration_s=o.duration_s, median_tok_s=self.engine.tok_s)
 
     def stop(self) -> None:
         self._stopped.set()
 
-    def result(self):
+    def result(self, timeout: float | None = None) -> sc.StressResult | None:
         return self._result

@@ -20,7 +20,8 @@ from tests.cli_helpers import REPO, run_tuner
 from tuner.tuning import journal
 from tuner.backends.simulated import SimulatedBackend
 from tuner.tuning.job import BisectJob, BisectParams
-from tuner.tuning.trial import TrialParams, WatchdogSettings, default_engine_factory, run_trial
+from tuner.tuning.engine_client import WatchdogPolicy
+from tuner.tuning.trial import TrialParams, default_engine_factory, run_trial
 
 SIM = ["--simulate", "--sim-vmin", "-22"]
 FAST = ["--trial", "6s", "--confirm", "8s", "--preset", "tiny"]
@@ -113,8 +114,8 @@ def test_kill_9_mid_trial_then_resume_counts_it_as_failure_and_never_retries(sys
 def test_watchdog_catches_an_injected_hang_far_below_the_limit():
     backend = SimulatedBackend(vmin_mv=-52)
     params = TrialParams(phase="coarse", duration_s=60, preset="tiny",
-                         watchdog=WatchdogSettings(first_step_s=120, min_silence_s=2, step_factor=20,
-                                                   kill_after_s=2))
+                         watchdog=WatchdogPolicy(first_step_timeout_s=120, min_silence_s=2, silence_factor=20,
+                                                 kill_grace_s=2))
     stop = threading.Event()
     result = run_trial(backend, "sim0", -100, params, stop_event=stop)  # vmin - 48 mV: the card hangs
     assert result.verdict == "fail" and result.kind == "hang" and result.edge
@@ -126,8 +127,9 @@ def test_a_real_fault_at_the_same_step_at_two_settings_stops_the_search_as_softw
     """A broken reference (here: step 4's loss bits) fails every trial at step 4 whatever the voltage; at vmin -52
     nothing is injected at -10 and -5, so the real engine's two mismatches at step 4 stop the search."""
     def corrupt_then_run(request, watchdog):
-        if request.get("reference") and request["fault_seed"] == -10:  # the first trial after the baseline
-            path = Path(request["reference"])
+        options = request.options
+        if options.reference and options.fault_seed == -10:  # the first trial after the baseline
+            path = Path(options.reference)
             doc = json.loads(path.read_text())
             digest = doc["digests"][3]
             doc["digests"][3] = f"{int(digest[:8], 16) ^ 1:08x}" + digest[8:]

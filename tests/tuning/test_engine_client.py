@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.tuning import engine_client as sc
+from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
+from tuner.engine.options import EngineOptions, Injection, parse_args
+from tuner.tuning import engine_client as sc
 
 FAKE = Path(__file__).parent.parent / "engine" / "fake_engine.py"
 FAST = sc.WatchdogPolicy(min_silence_s=0.6, silence_factor=20, first_step_timeout_s=1.5, kill_grace_s=0.5,
@@ -32,63 +36,76 @@ def fake_python(tmp_path):
     return str(wrapper)
 
 
-def fake_run(fake_python, mode, *, policy=FAST, **config):
-    config.setdefault("steps", 5)
-    cfg = sc.EngineConfig(python=fake_python, env={"FAKE_ENGINE_MODE": mode}, **config)
+def config(**options) -> sc.EngineConfig:
+    return sc.EngineConfig(EngineOptions(**options))
+
+
+def fake_run(fake_python, mode, *, policy=FAST, **options):
+    options.setdefault("steps", 5)
+    cfg = sc.EngineConfig(EngineOptions(**options), python=fake_python, env={"FAKE_ENGINE_MODE": mode})
     return sc.StressRun(cfg, watchdog=policy)
 
 
-# --- config -----------------------------------------------------------------------------------------------
+# --- the request ------------------------------------------------------------------------------------------
 
 
-def test_argv_carries_every_option():
-    cfg = sc.EngineConfig(device="cuda:1", preset="small", steps=100, duration_s=90, seed=3, dtype="bf16",
-                          record="r.json", reference="ref.json", reference_loop=True, fault_rate=0.25, injections=["hang@5", "nan@9"],
-                          canary_every=50, expect_pci_bus_id="0000:03:00.0", extra_args=("--idle-gap-s", "1"))
-    a = cfg.argv()
+def test_argv_is_the_engine_options_rendered_and_parses_back():
+    opts = EngineOptions(device="cuda:1", preset="small", steps=100, duration_s=90, seed=3, dtype="bf16",
+                         record="r.json", canary_every=50, fault_rate=0.25, idle_gap_s=1.0,
+                         injections=[Injection.parse("hang@5"), Injection.parse("nan@9")],
+                         expect_pci_bus_id="0000:03:00.0")
+    a = sc.EngineConfig(opts).argv()
     assert a[:4] == [sys.executable, "-u", "-m", "tuner.engine"]
-    text = " ".join(a[4:])
-    for part in ("--device cuda:1", "--preset small", "--steps 100", "--duration 90", "--seed 3", "--dtype bf16",
-                 "--record r.json", "--reference ref.json", "--reference-loop", "--fault-rate 0.25", "--inject hang@5",
-                 "--inject nan@9", "--canary-every 50", "--expect-pci-bus-id 0000:03:00.0", "--idle-gap-s 1"):
-        assert part in text
-    assert "--fault-rate" not in " ".join(sc.EngineConfig(steps=1).argv())
-    assert "--fault-seed=-50" in sc.EngineConfig(steps=1, fault_seed=-50).argv()
-    assert not any(a.startswith("--fault-seed") for a in sc.EngineConfig(steps=1).argv())
+    for part in ("--device=cuda:1", "--preset=small", "--steps=100", "--duration=90", "--seed=3", "--dtype=bf16",
+                 "--record=r.json", "--fault-rate=0.25", "--inject=hang@5", "--inject=nan@9", "--canary-every=50",
+                 "--expect-pci-bus-id=0000:03:00.0", "--idle-gap-s=1.0", f"--parent-pid={os.getpid()}"):
+        assert part in a
+    assert parse_args(a[4:], environ={}) == replace(opts, parent_pid=os.getpid())
+    assert not any(x.startswith("--fault-rate") for x in config(steps=1).argv())
+    assert "--fault-seed=-50" in config(steps=1, fault_seed=-50).argv()
+    assert not any(x.startswith("--fault-seed") for x in config(steps=1).argv())
 
 
-def test_a_run_must_be_bounded():
-    with pytest.raises(ValueError):
-        sc.EngineConfig()
+def test_a_run_the_engine_would_refuse_is_refused_before_it_starts():
+    with pytest.raises(UsageError, match="nothing bounds the run"):
+        config()
+    with pytest.raises(UsageError, match="--reference-loop"):
+        config(steps=1, reference_loop=True)
 
 
 def test_environment_is_unbuffered_and_finds_the_package():
-    env = sc.EngineConfig(steps=1, env={"CUDA_VISIBLE_DEVICES": "1"}).environ({"PYTHONPATH": "/x"})
+    env = sc.EngineConfig(EngineOptions(steps=1), env={"CUDA_VISIBLE_DEVICES": "1"}).environ({"PYTHONPATH": "/x"})
     assert env["PYTHONUNBUFFERED"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "1"
     root = env["PYTHONPATH"].split(":")[0]
     assert (Path(root) / "tuner" / "engine" / "__main__.py").exists() and env["PYTHONPATH"].endswith(":/x")
 
 
-def test_config_for_simulated_and_real_targets():
-    sim = sc.EngineConfig.for_target(StressTarget("cpu", None, fault_rate=0.3, hang=True, simulated=True))
-    assert (sim.preset, sim.fault_rate, sim.injections, sim.duration_s) == ("tiny", 0.3, ("hang@3",), 300.0)
-    real = sc.config_for_target(StressTarget("cuda:0", "0000:03:00.0", env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
-                                mode="mixed", duration_s=60)
-    assert (real.preset, real.mode, real.expect_pci_bus_id, real.injections) == ("small", "mixed", "0000:03:00.0", ())
+def test_request_for_simulated_and_real_targets():
+    sim = sc.engine_request(StressTarget("cpu", None, fault_rate=0.3, hang=True, simulated=True), setting=-40)
+    o = sim.options
+    assert (o.preset, o.fault_rate, [str(i) for i in o.injections], o.duration_s) == ("tiny", 0.3, ["hang@3"], 300.0)
+    assert o.fault_seed == sc.fault_seed_for(0, -40) and o.expect_pci_bus_id is None
+    real = sc.engine_request(StressTarget("cuda:0", "0000:03:00.0", env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
+                             mode="mixed", duration_s=60, dtype=None, canary_every=None)
+    o = real.options
+    assert (o.preset, o.mode, o.expect_pci_bus_id, o.injections) == ("small", "mixed", "0000:03:00.0", [])
+    assert (o.dtype, o.canary_every, o.fault_seed) == ("auto", 100, None)  # None: the engine's default
     assert real.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    with pytest.raises(UsageError):
+        sc.engine_request(StressTarget("gpu0", None), steps=5)
 
 
-def test_watchdog_policy_names_limits_and_validation():
-    p = sc.WatchdogPolicy(first_step_s=5, step_factor=10, kill_after_s=2, min_silence_s=3)
+def test_watchdog_policy_limits_and_validation():
+    p = sc.WatchdogPolicy(first_step_timeout_s=5, silence_factor=10, kill_grace_s=2, min_silence_s=3)
     assert (p.first_step_timeout_s, p.silence_factor, p.kill_grace_s) == (5, 10, 2)
-    assert (p.first_step_s, p.step_factor, p.kill_after_s) == (5, 10, 2)
     assert p.limit_s(None) == 3 and p.limit_s(0.1) == 3 and p.limit_s(1.0) == 10
     d = sc.WatchdogPolicy()
     assert (d.min_silence_s, d.silence_factor, d.first_step_timeout_s, d.kill_grace_s) == (60, 20, 600, 30)
-    with pytest.raises(ValueError):
-        sc.WatchdogPolicy(min_silence_s=0)
-    assert sc.WatchdogPolicy.for_config(sc.EngineConfig(steps=1)).min_silence_s < 60
-    assert sc.WatchdogPolicy.for_config(sc.EngineConfig(steps=1, device="cuda:0")) == d
+    for bad in (0, -1, True, "5"):
+        with pytest.raises(ValueError):
+            sc.WatchdogPolicy(min_silence_s=bad)
+    assert sc.WatchdogPolicy.for_config(config(steps=1)).min_silence_s < 60
+    assert sc.WatchdogPolicy.for_config(config(steps=1, device="cuda:0")) == d
 
 
 # --- events -----------------------------------------------------------------------------------------------
@@ -98,7 +115,7 @@ def test_parse_typed_events():
     step = sc.parse_event('{"event":"step","t":1.5,"step":7,"loss":"NaN","grad_norm":0.5,"dt_ms":12,'
                           '"tok_s":4000.5,"tflops":0.01}')
     assert isinstance(step, sc.StepEvent) and step.step == 7 and math.isnan(step.loss) and step.dt_ms == 12.0
-    assert step.event == step.name == "step" and step.raw["tok_s"] == 4000.5
+    assert step.name == "step" and step.raw["tok_s"] == 4000.5
     end = sc.parse_event(json.dumps({"event": "end", "t": 2, "verdict": "fail", "kind": "mismatch", "step": 7,
                                      "steps": 7, "eval_losses": [1.5, "Infinity"], "setup_problems": ["x"],
                                      "reference": {"compared_steps": 7}, "exit_code": 1}))
@@ -149,7 +166,7 @@ def test_a_passing_run_delivers_every_event_in_order(fake_python):
     assert [e.name for e in seen] == ["start"] + ["step"] * 5 + ["end"]
     assert result.passed and result.verdict == "pass" and result.steps == 5 and result.exit_code == 0
     assert result.median_tok_s == 51200.0 and result.bpb == 3.5 and result.sensitivity == "full"
-    assert "--steps" in seen[0].raw["argv"]
+    assert "--steps=5" in seen[0].raw["argv"]
 
 
 def test_a_failing_run_reports_kind_and_step(fake_python):
@@ -248,7 +265,7 @@ def test_context_manager_stops_on_exit(fake_python):
 
 def test_real_engine_hang_is_caught_by_the_watchdog():
     policy = sc.WatchdogPolicy(min_silence_s=2, first_step_timeout_s=120, kill_grace_s=1, poll_s=0.1)
-    hang = sc.run_stress(sc.EngineConfig(steps=50, injections=("hang@5",)), watchdog=policy)
+    hang = sc.run_stress(config(steps=50, injections=[Injection.parse("hang@5")]), watchdog=policy)
     assert (hang.verdict, hang.kind, hang.failure_step, hang.steps) == ("fail", "hang", 5, 4), hang
     assert hang.exit_code == -9  # the hung engine ignores SIGTERM, like a process stuck in a GPU call
 
@@ -256,7 +273,7 @@ def test_real_engine_hang_is_caught_by_the_watchdog():
 def test_real_engine_stock_reference_then_fault_rate_fails(tmp_path):
     """The simulated GPU's contract: record at stock (fault rate 0 passes), then P = 0.1 fails on a mismatch."""
     ref = tmp_path / "stock.json"
-    ok = sc.run_stress(sc.EngineConfig(steps=40, seed=1, record=str(ref), canary_every=20))
+    ok = sc.run_stress(config(steps=40, seed=1, record=str(ref), canary_every=20))
     assert ok.passed and ok.steps == 40 and ok.bpb is not None and ok.start.params > 0, ok
-    bad = sc.run_stress(sc.EngineConfig(steps=40, seed=1, reference=str(ref), fault_rate=0.1))
+    bad = sc.run_stress(config(steps=40, seed=1, reference=str(ref), fault_rate=0.1))
     assert (bad.verdict, bad.kind) == ("fail", "mismatch") and bad.failure_step <= 40

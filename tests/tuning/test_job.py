@@ -32,13 +32,14 @@ def test_recommends_lowest_pass_plus_margin_and_records_everything(boot):
     assert (rec.setting, rec.confirmed, rec.first_failure) == (-40, -50, -55)
     assert [t.setting for t in outcome.trials] == [0, -10, -20, -30, -40, -50, -60, -55, -50]
     # the baseline records the reference in one trial; the others compare against it, looping it, uncapped
-    base, *rest = engine.requests
-    assert base["record"] and base["duration_s"] == 1 and base["reference"] is None
-    assert not base["reference_loop"] and base.get("steps") is None
-    assert all(r["reference"] == base["record"] and r["reference_loop"] and r.get("steps") is None for r in rest)
-    assert rest[-1]["mode"] == "mixed" and rest[-1]["duration_s"] == 2
+    base, *rest = (r.options for r in engine.requests)
+    assert base.record and base.duration_s == 1 and base.reference is None
+    assert not base.reference_loop and base.steps is None
+    assert all(r.reference == base.record and r.reference_loop and r.steps is None for r in rest)
+    assert rest[-1].mode == "mixed" and rest[-1].duration_s == 2
     # injected faults are drawn per setting (stable), the data and weights stay on the session's seed
-    assert [(r["seed"], r["fault_seed"]) for r in engine.requests] == [(0, t.setting) for t in outcome.trials]
+    assert [(r.options.seed, r.options.fault_seed) for r in engine.requests] == [(0, t.setting)
+                                                                                for t in outcome.trials]
     assert backend.knob("sim0").current == 0
     doc = journal.load("sim0")
     assert doc["state"] == journal.FINISHED and doc["open_trial"] is None and len(doc["trials"]) == 9
@@ -60,7 +61,7 @@ def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot
 
 def test_unfinished_session_needs_resume_or_restart(boot):
     backend, engine, events, job = make()
-    engine.on_start = lambda req: job.stop() if req["fault_rate"] == 0 and not req["record"] else None
+    engine.on_start = lambda req: job.stop() if req.options.fault_rate == 0 and not req.options.record else None
     outcome = job.run()
     assert outcome.status == "stopped" and outcome.exit_code == exit_codes.INTERRUPTED
     assert backend.knob("sim0").current == 0
@@ -90,7 +91,7 @@ def test_open_trial_of_a_dead_tool_counts_as_failure_and_is_never_tried_again(bo
     recovered = [e for e in events if isinstance(e, TrialRecovered)]
     assert recovered and recovered[0].result.kind == "tool-died" and not recovered[0].result.edge
     assert -30 in journal.unsafe_settings("sim0")
-    assert all(r["fault_rate"] >= 0 for r in engine.requests)
+    assert all(r.options.fault_rate >= 0 for r in engine.requests)
     tried = [t.setting for t in outcome.trials if t.phase != "baseline"]
     assert tried.count(-30) == 1  # only the recovered failure, never run again
     assert outcome.recommendation.confirmed == -25 and outcome.recommendation.setting == -15
@@ -107,7 +108,7 @@ def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot
     backend, engine, events, job = make(resume=True)
     outcome = job.run()
     assert journal.unsafe_settings("sim0")[-40]["kind"] == "system-reset"
-    assert -40 not in [r.get("setting") for r in engine.requests]
+    assert -40 not in [r.options.fault_seed for r in engine.requests]  # seed 0: the fault seed is the setting
     assert outcome.recommendation.confirmed == -35 and outcome.recommendation.margin == 15
     assert outcome.recommendation.setting == -20
     # a brand-new session keeps the unsafe value out, too
@@ -138,7 +139,7 @@ def test_the_same_reference_step_in_different_passes_is_a_software_fault(boot):
 
 
 def test_fault_seeds_are_stable_and_differ_per_setting():
-    from tuner.tuning.trial import fault_seed_for
+    from tuner.tuning.engine_client import fault_seed_for
 
     assert fault_seed_for(0, -10) == -10 and fault_seed_for(2, -10) == 2_000_006 - 10
     seeds = {fault_seed_for(s, v) for s in range(3) for v in range(-300, 1, 5)}

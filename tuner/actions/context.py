@@ -13,7 +13,8 @@ class Context:
     simulate: bool = False
     sim_gpus: int = 1
     sim_seed: int = 0
-    sim_vmin_mv: int | None = None
+    sim_vmin_mv: int | None = None  # in the simulated knob's unit (MHz when sim_kind is "nvidia")
+    sim_kind: str = "amd"
     _backend: Backend | None = field(default=None, repr=False)
 
     @classmethod
@@ -23,6 +24,7 @@ class Context:
             sim_gpus=args.sim_gpus,
             sim_seed=args.sim_seed,
             sim_vmin_mv=args.sim_vmin,
+            sim_kind=args.sim_kind,
         )
 
     @property
@@ -34,6 +36,7 @@ class Context:
                 sim_gpus=self.sim_gpus,
                 sim_seed=self.sim_seed,
                 sim_vmin_mv=self.sim_vmin_mv,
+                sim_kind=self.sim_kind,
             )
         return self._backend
 

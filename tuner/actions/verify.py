@@ -97,11 +97,12 @@ def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float
                  on_line: Callable[[str], None], stop_event: threading.Event) -> tuple[str, str | None]:
     """One `confirm`-phase trial through the bisect's trial runner; a hang or a lost card goes on the unsafe list."""
     from tuner.tuning import kernel_log
+    from tuner.tuning.engine_client import default_preset
     from tuner.tuning.events import TrialWarning
     from tuner.tuning.trial import TrialParams, run_trial
 
     target = backend.stress_target(device_id)
-    preset = workload.preset or ("tiny" if target.torch_device == "cpu" else "small")
+    preset = workload.preset or default_preset(target)
     # A verify trial has no reference trajectory to compare steps against, so canary replays carry detection;
     # run one every VERIFY_CANARY_EVERY steps (a few % of throughput) so a short trial on a slow device still
     # checks many times instead of once every 100 steps.

@@ -43,12 +43,10 @@ MANUAL_STRESS_S = 3600.0  # a stress run from the Tune screen lasts until stoppe
 
 
 def engine_run(target, *, duration_s: float, preset: str, mode: str):
-    """A StressRun for `target` (a StressTarget), configured as a bisect trial would be (tuner.tuning.trial)."""
+    """A StressRun for `target` (a StressTarget), requested as every engine run is (engine_client.engine_request)."""
     from tuner.tuning import engine_client as stress_client
-    from tuner.tuning import trial
-    request = trial.engine_request(target, trial.TrialParams(phase="manual", duration_s=duration_s, preset=preset,
-                                                             mode=mode))
-    return stress_client.StressRun(stress_client.EngineConfig(**request))
+    config = stress_client.engine_request(target, duration_s=duration_s, preset=preset, mode=mode)
+    return stress_client.StressRun(config)
 
 
 class _Job:

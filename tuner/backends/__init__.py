@@ -12,13 +12,13 @@ REAL_BACKEND_MODULES = ("tuner.backends.amd", "tuner.backends.nvidia")
 
 
 def open_backend(
-    *, simulate: bool, sim_gpus: int = 1, sim_seed: int = 0, sim_vmin_mv: int | None = None
+    *, simulate: bool, sim_gpus: int = 1, sim_seed: int = 0, sim_vmin_mv: int | None = None, sim_kind: str = "amd"
 ) -> Backend:
     """The backend for this run: the simulator when asked, else every real vendor that finds a card."""
     if simulate:
         from tuner.backends.simulated import SimulatedBackend
 
-        return SimulatedBackend(gpus=sim_gpus, seed=sim_seed, vmin_mv=sim_vmin_mv)
+        return SimulatedBackend(gpus=sim_gpus, seed=sim_seed, vmin_mv=sim_vmin_mv, kind=sim_kind)
     found: list[Backend] = []
     for module_name in REAL_BACKEND_MODULES:
         backend = importlib.import_module(module_name).discover()  # a missing module is a broken install: raise

@@ -1,9 +1,12 @@
 """A simulated GPU, so the whole workflow can be tried and tested on a machine without one.
 
-Each card has a hidden stable limit (`vmin_mv`). Below it the stress engine is told to inject silent bit flips at
-a per-step rate that makes a fault within 50 steps near certain; far below it the card "hangs". Telemetry responds
-to load and to the offset (dynamic power ~ V^2, temperature lags power). Everything is deterministic from the seed.
-Applied offsets persist in the state directory so separate `tuner` invocations see the same card.
+Two kinds (`--sim-kind`): "amd" (default), a voltage offset in mV where lower undervolts harder; and "nvidia", a
+positive graphics-clock offset in MHz (15 MHz steps) applied at a locked max clock, where higher undervolts harder
+(the card runs each clock at a lower voltage). Each card has a hidden stable limit in its knob's unit (`--sim-vmin`:
+mV, or MHz). Past it the stress engine is told to inject silent bit flips at a per-step rate that makes a fault
+within 50 steps near certain; far past it the card "hangs". Telemetry responds to load and to the setting (dynamic
+power ~ V^2, temperature lags power). Everything is deterministic from the seed. Applied settings persist in the
+state directory (one file per kind and seed) so separate `tuner` invocations see the same card.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.backends.base import Backend
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
-from tuner.backends.base import Backend
 from tuner.core.errors import StateError, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 
@@ -27,6 +31,45 @@ VMIN_RANGE_MV = (-120, -30)
 KNOB_MIN_MV, KNOB_MAX_MV, KNOB_STEP_MV = -200, 0, 5
 HANG_DEPTH_MV = 40  # at or below vmin - 40 mV the card stops responding
 MAX_SIM_GPUS = 16
+SIM_KINDS = ("amd", "nvidia")
+
+
+@dataclass(frozen=True)
+class SimKind:
+    """What one kind of simulated card looks like: its knob, the range its hidden limit is drawn from, and how
+    its knob's unit maps onto the mV fault model (`units_per_mv`: on the NVIDIA-style card 15 MHz of offset at a
+    locked clock is worth about 5 mV less voltage, so 3 MHz a mV)."""
+
+    name: str
+    card_name: str
+    kind: KnobKind
+    unit: str
+    knob_min: int
+    knob_max: int
+    knob_step: int
+    aggressive_direction: int
+    limit_range: tuple[int, int]
+    units_per_mv: int
+    lock_clocks_mhz: tuple[int, int] | None = None  # lowest and stock max graphics clock (NVIDIA-style only)
+    pci_id: str = "0000:0000"
+
+    @property
+    def state_key(self) -> str:
+        return f"offset_{self.unit.lower()}"
+
+    def depth_mv(self, setting: int, limit: int) -> float:
+        """How far past the limit `setting` is, in mV of the fault model (<= 0: at or inside the limit)."""
+        return (setting - limit) * self.aggressive_direction / self.units_per_mv
+
+
+AMD = SimKind("amd", "Simulated RDNA-class GPU", KnobKind.VOLTAGE_OFFSET, "mV", KNOB_MIN_MV, KNOB_MAX_MV,
+              KNOB_STEP_MV, -1, VMIN_RANGE_MV, 1)
+# Clock offsets as NVML offers them on Ada/Blackwell cards: 15 MHz steps (tuner.backends.nvml_offsets), a
+# negative side that is the less efficient one, a stock max boost to lock at.
+NVIDIA = SimKind("nvidia", "Simulated Ada-class GPU (NVIDIA-style)", KnobKind.CLOCK_OFFSET, "MHz", -300, 600, 15,
+                 +1, (60, 240), 3, lock_clocks_mhz=(210, 2505), pci_id="10de:0000")
+KINDS = {k.name: k for k in (AMD, NVIDIA)}
+SIM_NVIDIA_PSTATES = (0, 2)  # the states an offset covers; the card works in P2 and idles in P8
 
 # Electrical model of an imaginary 300 W card; the figures only need to be plausible and monotone.
 STOCK_LOAD_MV, IDLE_MV = 1100.0, 800.0
@@ -45,7 +88,11 @@ def fault_rate_per_step(offset_mv: int, vmin_mv: int) -> float:
     >>> fault_rate_per_step(-50, -52), fault_rate_per_step(-55, -52), fault_rate_per_step(-200, -52)
     (0.0, 0.21, 1.0)
     """
-    depth_mv = vmin_mv - offset_mv
+    return fault_rate_at_depth(vmin_mv - offset_mv)
+
+
+def fault_rate_at_depth(depth_mv: float) -> float:
+    """The fault rate `depth_mv` past the limit (either kind of card, through `SimKind.depth_mv`)."""
     if depth_mv <= 0:
         return 0.0
     return round(min(1.0, 0.15 + 0.02 * depth_mv), 6)
@@ -57,7 +104,13 @@ def hangs_at(offset_mv: int, vmin_mv: int) -> bool:
 
 def draw_vmin_mv(seed: int, index: int) -> int:
     """The hidden limit of card `index` for `seed`, in VMIN_RANGE_MV."""
-    return random.Random(f"tuner-sim:{seed}:{index}").randint(*VMIN_RANGE_MV)
+    return draw_limit(AMD, seed, index)
+
+
+def draw_limit(kind: SimKind, seed: int, index: int) -> int:
+    """The hidden limit of card `index` for `seed`, in the kind's range and unit (the AMD draw is unchanged)."""
+    prefix = "tuner-sim" if kind is AMD else f"tuner-sim-{kind.name}"
+    return random.Random(f"{prefix}:{seed}:{index}").randint(*kind.limit_range)
 
 
 class SimulatedBackend(Backend):
@@ -72,23 +125,37 @@ class SimulatedBackend(Backend):
         state_path: Path | None = None,
         clock: Callable[[], float] = time.time,
         warn: Callable[[str], None] | None = None,
+        kind: str = "amd",
     ):
+        """`vmin_mv` is sim0's hidden limit in the knob's own unit, as `--sim-vmin` gives it (MHz for kind
+        "nvidia")."""
+        if kind not in KINDS:
+            raise UsageError(f"--sim-kind must be one of {', '.join(SIM_KINDS)}, got {kind!r}",
+                             "e.g. --sim-kind nvidia")
+        self.kind = KINDS[kind]
+        k = self.kind
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_SIM_GPUS:
             raise UsageError(f"--sim-gpus must be 1..{MAX_SIM_GPUS}, got {gpus}", "e.g. --sim-gpus 2")
-        if vmin_mv is not None and not KNOB_MIN_MV < vmin_mv < KNOB_MAX_MV:
+        # the limit lies between stock (always stable) and the knob's aggressive end
+        lo, hi = sorted((0, k.knob_min if k.aggressive_direction < 0 else k.knob_max))
+        if vmin_mv is not None and not lo < vmin_mv < hi:
+            example = (k.limit_range[0] + k.limit_range[1]) // 2
             raise UsageError(
-                f"--sim-vmin must be between {KNOB_MIN_MV} and {KNOB_MAX_MV} mV (exclusive), got {vmin_mv}",
-                "e.g. --sim-vmin -52",
+                f"--sim-vmin must be between {lo} and {hi} {k.unit} (exclusive) on a simulated {k.name} card, "
+                f"got {vmin_mv}",
+                f"e.g. --sim-vmin {example}",
             )
         self.gpus, self.seed = gpus, seed
-        self._vmins = [draw_vmin_mv(seed, i) for i in range(gpus)]
+        self._limits = [draw_limit(k, seed, i) for i in range(gpus)]
         if vmin_mv is not None:
-            self._vmins[0] = vmin_mv
-        self.state_path = state_path or paths.state_dir() / "simulated" / f"seed-{seed}.json"
+            self._limits[0] = vmin_mv
+        name = f"seed-{seed}.json" if k is AMD else f"{k.name}-seed-{seed}.json"
+        self.state_path = state_path or paths.state_dir() / "simulated" / name
         self._clock = clock
         self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
         self._thermal: dict[str, tuple[float, float, float]] = {}  # id -> (time_s, temp_c, energy_j)
         self._samples = 0
+        self._lock_mhz: dict[str, int] = {}
         self._state = self._load_state()
 
     # --- state file -------------------------------------------------------------------------------------------
@@ -106,7 +173,7 @@ class SimulatedBackend(Backend):
             state = json.loads(raw)
             cards = state["cards"]
             for card_id, card in cards.items():
-                if not isinstance(card.get("offset_mv"), int):
+                if not isinstance(card.get(self.kind.state_key), int):
                     raise ValueError(card_id)
             return state
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -125,11 +192,21 @@ class SimulatedBackend(Backend):
 
     def _card(self, device_id: str) -> dict:
         self.device(device_id)  # UnknownDevice for a bad id
-        return self._state["cards"].setdefault(device_id, {"offset_mv": 0})
+        return self._state["cards"].setdefault(device_id, {self.kind.state_key: 0})
+
+    def _setting(self, device_id: str) -> int:
+        return self._card(device_id)[self.kind.state_key]
 
     # --- hidden truth (tests and the benchmark read it; the UI never shows it) ---------------------------------
+    def limit(self, device_id: str) -> int:
+        """The most aggressive stable setting, in the knob's unit."""
+        return self._limits[self._index(device_id)]
+
     def vmin_mv(self, device_id: str) -> int:
-        return self._vmins[self._index(device_id)]
+        """The AMD-style card's limit in mV."""
+        if self.kind is not AMD:
+            raise ValueError(f"a simulated {self.kind.name} card's limit is in {self.kind.unit}: use limit()")
+        return self.limit(device_id)
 
     def _index(self, device_id: str) -> int:
         self.device(device_id)
@@ -141,38 +218,78 @@ class SimulatedBackend(Backend):
             DeviceInfo(
                 id=f"sim{i}",
                 vendor="simulated",
-                name="Simulated RDNA-class GPU",
-                pci_id="0000:0000",
+                name=self.kind.card_name,
+                pci_id=self.kind.pci_id,
                 subsystem_id="0000:0000",
                 vbios="SIM.000.000",
                 driver_version="simulated",
                 serial=f"SIM-{self.seed:04d}-{i:02d}",
-                od_format="simulated",
+                od_format="simulated" if self.kind is AMD else f"simulated-{self.kind.name}",
                 simulated=True,
             )
             for i in range(self.gpus)
         ]
 
     def knob(self, device_id: str) -> Knob:
+        k = self.kind
         return Knob(
-            kind=KnobKind.VOLTAGE_OFFSET,
-            unit="mV",
+            kind=k.kind,
+            unit=k.unit,
             stock=0,
-            current=self._card(device_id)["offset_mv"],
-            min=KNOB_MIN_MV,
-            max=KNOB_MAX_MV,
-            step=KNOB_STEP_MV,
-            aggressive_direction=-1,
+            current=self._setting(device_id),
+            min=k.knob_min,
+            max=k.knob_max,
+            step=k.knob_step,
+            aggressive_direction=k.aggressive_direction,
+            lock_clock_mhz=self.lock_clock_mhz(device_id),
         )
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         self.knob(device_id).validate(value, allow_overvolt=allow_overvolt)
-        self._card(device_id)["offset_mv"] = value
+        self._card(device_id)[self.kind.state_key] = value
         self._save_state()
         return self.knob(device_id)
 
     def reset(self, device_id: str) -> Knob:
         return self.apply(device_id, 0)
+
+    # --- the NVIDIA-style lock clock: tuner.backends.nvidia's interface and behaviour (`lock_clock_mhz`,
+    # `set_lock_clock`): the lock is the clock the next `apply` locks to, held by this process only; every new
+    # process starts at the stock max boost, whatever an earlier one locked.
+    def lock_clock_mhz(self, device_id: str) -> int | None:
+        """The max graphics clock offsets apply at (default: the stock max boost); None on the AMD-style card."""
+        clocks = self.kind.lock_clocks_mhz
+        if clocks is None:
+            return None
+        self.device(device_id)
+        return self._lock_mhz.get(device_id, clocks[1])
+
+    def set_lock_clock(self, device_id: str, mhz: int) -> None:
+        clocks = self.kind.lock_clocks_mhz
+        if clocks is None:
+            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+        self.device(device_id)
+        lo, hi = clocks
+        if isinstance(mhz, bool) or not isinstance(mhz, int) or not lo <= mhz <= hi:
+            raise UsageError(f"--lock-mhz {mhz} is outside this card's clocks {lo}..{hi} MHz",
+                             f"pick a clock between {lo} and {hi} MHz")
+        self._lock_mhz[device_id] = mhz
+
+    def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
+        """As tuner.backends.nvidia: lock at the clock sustained under the stock baseline, snapped down to a
+        supported clock (here every 15 MHz from the lowest)."""
+        clocks = self.kind.lock_clocks_mhz
+        if clocks is None:
+            return None
+        lo, hi = clocks
+        mhz = max(lo, min(hi, lo + int((clock_mhz - lo) // self.kind.knob_step) * self.kind.knob_step))
+        self.set_lock_clock(device_id, mhz)
+        return mhz
+
+    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
+        """NVIDIA-style: offsets are applied at P0 and P2 (CUDA work runs in P2), as on the current NVML API."""
+        self.device(device_id)
+        return None if self.kind.lock_clocks_mhz is None else SIM_NVIDIA_PSTATES
 
     def capabilities(self, device_id: str) -> Capabilities:
         self.device(device_id)
@@ -185,12 +302,12 @@ class SimulatedBackend(Backend):
         )
 
     def stress_target(self, device_id: str) -> StressTarget:
-        offset_mv, vmin_mv = self.knob(device_id).current, self.vmin_mv(device_id)
+        depth_mv = self.kind.depth_mv(self._setting(device_id), self.limit(device_id))
         return StressTarget(
             torch_device="cpu",
             pci_bus_id=None,
-            fault_rate=fault_rate_per_step(offset_mv, vmin_mv),
-            hang=hangs_at(offset_mv, vmin_mv),
+            fault_rate=fault_rate_at_depth(depth_mv),
+            hang=depth_mv >= HANG_DEPTH_MV,
             simulated=True,
         )
 
@@ -217,7 +334,8 @@ class SimulatedBackend(Backend):
     def telemetry(self, device_id: str) -> Telemetry:
         now = self._clock()
         load = 1.0 if self._loaded(device_id) else 0.0
-        offset_mv = self._card(device_id)["offset_mv"]
+        # the voltage the setting means: an mV offset as is; a clock offset lowers the voltage of each clock
+        offset_mv = -self.kind.aggressive_direction * self._setting(device_id) / self.kind.units_per_mv
         rng = random.Random(f"tuner-sim-telemetry:{self.seed}:{device_id}:{self._samples}")
         self._samples += 1
         jitter = 1.0 + rng.uniform(-0.01, 0.01)
@@ -240,10 +358,15 @@ class SimulatedBackend(Backend):
             temp_edge_c=round(temp_c, 1),
             temp_hotspot_c=round(temp_c + 4 + 0.04 * power_w, 1),
             temp_mem_c=round(temp_c + 4, 1),
-            core_clock_mhz=round(IDLE_CLOCK_MHZ + (LOAD_CLOCK_MHZ - IDLE_CLOCK_MHZ) * load),
+            core_clock_mhz=round(IDLE_CLOCK_MHZ + (self._load_clock_mhz(device_id) - IDLE_CLOCK_MHZ) * load),
             mem_clock_mhz=MEM_CLOCK_MHZ,
             voltage_mv=round(voltage_mv * jitter),
             util_pct=round(min(100.0, 97.0 * load * jitter + rng.uniform(0, 2)), 1),
             fan_rpm=round(600 + 40 * max(0.0, temp_c - 30)),
             energy_j=round(energy_j, 1),
+            pstate=None if self.kind.lock_clocks_mhz is None else (2 if load else 8),
         )
+
+    def _load_clock_mhz(self, device_id: str) -> float:
+        lock = self.lock_clock_mhz(device_id)
+        return LOAD_CLOCK_MHZ if lock is None else float(lock)

@@ -65,7 +65,7 @@ def build_config(args, target):
         overrides["dtype"] = args.dtype
     if canary_every is not None:
         overrides["canary_every"] = canary_every
-    config = sc.EngineConfig.for_target(target, preset=args.preset, duration_s=duration_s, steps=steps, **overrides)
+    config = sc.engine_request(target, preset=args.preset, duration_s=duration_s, steps=steps, **overrides)
     if target.simulated:  # the CPU engine steps every few ms: a silent second or five is already a hang
         policy = sc.WatchdogPolicy(min_silence_s=5.0, first_step_timeout_s=120.0, kill_grace_s=2.0)
     else:
@@ -131,7 +131,8 @@ class ProgressLine:
 
 
 def summary_lines(device, config, result) -> list[str]:
-    head = (f"stress {device.id} ({device.label}) on {config.device}, preset {config.preset}, {config.mode}: "
+    opts = config.options
+    head = (f"stress {device.id} ({device.label}) on {opts.device}, preset {opts.preset}, {opts.mode}: "
             f"{result.verdict.upper()}")
     lines = [head]
     if result.verdict == Verdict.FAIL:
@@ -160,7 +161,7 @@ def summary_lines(device, config, result) -> list[str]:
 
 def result_document(device, config, result) -> dict:
     return {
-        "event": "result", "device": device.id, "engine_device": config.device, "verdict": result.verdict,
+        "event": "result", "device": device.id, "engine_device": config.options.device, "verdict": result.verdict,
         "kind": result.kind, "reason": result.reason, "failure_step": result.failure_step, "steps": result.steps,
         "duration_s": result.duration_s, "median_tok_s": result.median_tok_s, "bpb": result.bpb,
         "sensitivity": result.sensitivity, "engine_exit_code": result.exit_code,
@@ -191,7 +192,7 @@ def run(args, ctx) -> int:
     device = pick_device(backend, args.device)
     target = backend.stress_target(device.id)
     config, policy = build_config(args, target)
-    progress = ProgressLine(sys.stderr, steps=config.steps, duration_s=config.duration_s)
+    progress = ProgressLine(sys.stderr, steps=config.options.steps, duration_s=config.options.duration_s)
     stress = sc.StressRun(config, watchdog=policy)
     backend.note_load(device.id, True)
     try:

@@ -290,3 +290,47 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
     )
     opts.validate()
     return opts
+
+
+# --- options -> command line (the stress client launches the engine with this) ----------------------------
+
+# The EngineOptions field each option of `build_parser` sets, where the two names differ.
+_FIELD_OF_DEST = {"duration": "duration_s", "inject": "injections"}
+
+
+def _render(value: object) -> str:
+    return repr(value) if isinstance(value, float) else str(value)  # repr: the float parses back bit for bit
+
+
+def to_argv(opts: EngineOptions) -> list[str]:
+    """The command line that `parse_args` turns back into `opts`, rendered from the parser's own declarations
+    (one declaration of each option). Only options that differ from their EngineOptions default are written;
+    a dtype of "auto" is left out, so the engine's $TUNER_DTYPE still applies. Each value is one `--flag=value`
+    token, so a negative number or a value starting with "-" is never read as an option.
+
+    >>> to_argv(EngineOptions(steps=5, fault_seed=-50, injections=[Injection("hang", 3)]))
+    ['--steps=5', '--fault-seed=-50', '--inject=hang@3']
+    """
+    defaults = EngineOptions()
+    argv: list[str] = []
+    for action in build_parser()._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        name = _FIELD_OF_DEST.get(action.dest, action.dest)
+        value = getattr(opts, name)
+        if value == getattr(defaults, name):
+            continue
+        flag = action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            argv.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            argv += [f"{flag}={_render(item)}" for item in value]
+        else:
+            argv.append(f"{flag}={_render(value)}")
+    return argv
+
+
+def option_fields() -> set[str]:
+    """The EngineOptions fields the command line sets (tests check that this is all of them)."""
+    return {_FIELD_OF_DEST.get(a.dest, a.dest) for a in build_parser()._actions
+            if a.option_strings and not isinstance(a, argparse._HelpAction)}

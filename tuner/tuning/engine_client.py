@@ -1,6 +1,7 @@
 """Run the stress engine (`python -m tuner.engine`) in a subprocess and read what it says. Plain Python: no torch.
 
-- `EngineConfig` says what to run; `.argv()` builds the command line.
+- `engine_request(target, ...)` is the one builder of an `EngineConfig`: the engine's own options
+  (`tuner.engine.options`, torch-free) rendered to its command line by `.argv()`.
 - `parse_event(line)` turns one JSON line into a typed, frozen event; anything else becomes a `LogEvent`.
 - `StressRun` starts the engine in its own session, yields events as they arrive (iterate from a worker
   thread), watches for hangs (`WatchdogPolicy`), stops it on request (SIGTERM to the group, SIGKILL after a
@@ -23,101 +24,44 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
+from tuner.core.errors import UsageError
+from tuner.core.models import StressTarget
+from tuner.engine.options import EngineOptions, Injection, UsageProblem, to_argv
 from tuner.engine.patterns import match_device_error
 
-# --- configuration ----------------------------------------------------------------------------------------
+# --- the request ------------------------------------------------------------------------------------------
 
 DEFAULT_DURATION_S = 300.0  # a run with no bound given (UI "stress" button): 5 minutes
-SIM_HANG_STEP = 3  # a simulated card that hangs stops at this step
+SIM_HANG_STEP = 3  # a simulated card that hangs stops the engine at this step
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """One engine run. Exactly what `python -m tuner.engine` accepts; None means the engine's default."""
+    """One engine run: the engine's own options (`tuner.engine.options.EngineOptions`, validated here, rendered
+    to its command line by `tuner.engine.options.to_argv`) and how to launch it. Build it with `engine_request`."""
 
-    device: str = "cpu"
-    preset: str = "tiny"
-    mode: str = "train"
-    steps: int | None = None
-    duration_s: float | None = None
-    seed: int = 0
-    fault_seed: int | None = None  # the fault-injection draws (None: the engine uses `seed`)
-    dtype: str | None = None
-    batch_size: int | None = None
-    warmup_steps: int | None = None
-    data: str | None = None
-    record: str | None = None
-    reference: str | None = None
-    reference_loop: bool = False  # past the reference's end, restart from the initial weights and keep comparing
-    fault_rate: float = 0.0
-    injections: tuple[str, ...] = ()
-    canary_every: int | None = None
-    canary_every_s: float | None = None
-    expect_pci_bus_id: str | None = None
-    extra_args: tuple[str, ...] = ()  # passed through verbatim (e.g. mixed-mode timings)
+    options: EngineOptions
     env: Mapping[str, str] = field(default_factory=dict)  # added to the engine's environment
     python: str = sys.executable
 
     def __post_init__(self) -> None:
-        if self.steps is None and self.duration_s is None:
-            raise ValueError("EngineConfig needs steps or duration_s to bound the run")
-        object.__setattr__(self, "injections", tuple(self.injections))
-        object.__setattr__(self, "extra_args", tuple(self.extra_args))
-
-    @classmethod
-    def for_target(cls, target, *, preset: str | None = None, duration_s: float | None = None,
-                   steps: int | None = None, **overrides) -> EngineConfig:
-        """The run for a backend's `StressTarget`: its device string, the PCI bus id the engine must find, and,
-        for a simulated card, its faults (fault rate; `hang@SIM_HANG_STEP` when it hangs). Without a bound the
-        run lasts DEFAULT_DURATION_S. Simulated and CPU targets use the `tiny` preset unless told otherwise."""
-        if duration_s is None and steps is None:
-            duration_s = DEFAULT_DURATION_S
-        on_cpu = target.torch_device == "cpu"
-        injections = tuple(overrides.pop("injections", ()))
-        if getattr(target, "hang", False):
-            injections += (f"hang@{SIM_HANG_STEP}",)
-        return cls(
-            device=target.torch_device,
-            preset=preset or ("tiny" if on_cpu or getattr(target, "simulated", False) else "small"),
-            duration_s=duration_s,
-            steps=steps,
-            fault_rate=float(getattr(target, "fault_rate", 0.0) or 0.0),
-            injections=injections,
-            expect_pci_bus_id=getattr(target, "pci_bus_id", None),
-            env=dict(getattr(target, "env", {}) or {}),
-            **overrides,
-        )
+        options = replace(self.options, injections=list(self.options.injections))  # our own copy
+        try:
+            options.validate()
+        except UsageProblem as e:  # the engine would refuse it: say so before starting anything
+            raise UsageError(f"the stress engine would refuse this run: {e}") from None
+        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "env", dict(self.env))
 
     def argv(self) -> list[str]:
-        a = [self.python, "-u", "-m", "tuner.engine", "--device", self.device, "--preset", self.preset,
-             "--mode", self.mode, "--seed", str(self.seed)]
-        if self.steps is not None:
-            a += ["--steps", str(self.steps)]
-        if self.duration_s is not None:
-            a += ["--duration", f"{self.duration_s:g}"]
-        optional = (
-            ("--dtype", self.dtype), ("--batch-size", self.batch_size), ("--warmup-steps", self.warmup_steps),
-            ("--data", self.data), ("--record", self.record), ("--reference", self.reference),
-            ("--canary-every", self.canary_every), ("--canary-every-s", self.canary_every_s),
-            ("--expect-pci-bus-id", self.expect_pci_bus_id),
-        )
-        for flag, value in optional:
-            if value is not None:
-                a += [flag, str(value)]
-        if self.reference_loop:
-            a.append("--reference-loop")
-        if self.fault_seed is not None:
-            a.append(f"--fault-seed={self.fault_seed}")  # one token: the seed may be negative
-        if self.fault_rate:
-            a += ["--fault-rate", repr(float(self.fault_rate))]
-        for inj in self.injections:
-            a += ["--inject", inj]
-        a += ["--parent-pid", str(os.getpid())]  # the engine ends when we do, even after a kill -9
-        return a + list(self.extra_args)
+        options = self.options
+        if options.parent_pid is None:  # the engine ends when we do, even after a kill -9
+            options = replace(options, parent_pid=os.getpid())
+        return [self.python, "-u", "-m", "tuner.engine", *to_argv(options)]
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
@@ -128,10 +72,51 @@ class EngineConfig:
         return env
 
 
+def fault_seed_for(seed: int, setting: int) -> int:
+    """The engine's `--fault-seed` for a trial at `setting`: stable, and different for every setting, so a
+    simulated card's injected faults do not land on the same step at every setting (the data and weights, and so
+    the reference trajectory, stay seeded by `seed`)."""
+    return seed * 1_000_003 + setting
+
+
+def default_preset(target: StressTarget) -> str:
+    """The model shape a run on `target` uses unless told: `tiny` on the CPU (simulated cards), `small` on a GPU."""
+    return "tiny" if target.torch_device == "cpu" or target.simulated else "small"
+
+
+def engine_request(target: StressTarget, *, duration_s: float | None = None, steps: int | None = None,
+                   preset: str | None = None, setting: int | None = None, **options: Any) -> EngineConfig:
+    """The one way to ask for an engine run on a backend's `StressTarget` (bisect trials, `tuner stress`, the
+    TUI's stress and verify runs).
+
+    From the target: its device string, the PCI bus id the engine must find, its environment and, for a
+    simulated card, its faults (fault rate; `hang@SIM_HANG_STEP` when it hangs). Without a bound the run lasts
+    DEFAULT_DURATION_S; without a preset, simulated and CPU targets use `tiny`, GPUs `small`. `setting` (a trial
+    at that setting) picks the fault seed. `options` are further EngineOptions fields; None means the engine's
+    default. Raises UsageError for a run the engine would refuse."""
+    if duration_s is None and steps is None:
+        duration_s = DEFAULT_DURATION_S
+    chosen = {name: value for name, value in options.items() if value is not None}
+    seed = int(chosen.get("seed", 0))
+    if setting is not None:
+        chosen["fault_seed"] = fault_seed_for(seed, setting)
+    injections = [Injection.parse(str(i)) for i in chosen.pop("injections", ())]
+    if target.hang:
+        injections.append(Injection("hang", SIM_HANG_STEP))
+    try:
+        opts = EngineOptions(device=target.torch_device, preset=preset or default_preset(target), steps=steps,
+                             duration_s=duration_s, fault_rate=float(target.fault_rate or 0.0),
+                             injections=injections, expect_pci_bus_id=target.pci_bus_id or None,
+                             **chosen)
+    except TypeError as e:  # a misspelt option is a programming error, but say which
+        raise ValueError(f"engine_request: {e}") from None
+    return EngineConfig(opts, env=dict(target.env or {}))
+
+
 # --- events -----------------------------------------------------------------------------------------------
 
 
-def _f(v) -> float | None:
+def _f(v: object) -> float | None:
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, (int, float)):
@@ -144,7 +129,7 @@ def _f(v) -> float | None:
     return None
 
 
-def _i(v) -> int | None:
+def _i(v: object) -> int | None:
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, int):
@@ -154,11 +139,11 @@ def _i(v) -> int | None:
     return None
 
 
-def _s(v) -> str | None:
+def _s(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _b(v) -> bool | None:
+def _b(v: object) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
@@ -171,10 +156,6 @@ class Event:
     def name(self) -> str:
         """The protocol's event name ("step", "end", ...; "log" for a line that was not an event)."""
         return str(self.raw.get("event", "log"))
-
-    @property
-    def event(self) -> str:
-        return self.name
 
 
 @dataclass(frozen=True)
@@ -317,7 +298,7 @@ def parse_event(line: str) -> Event:
     cls = _TYPES.get(raw["event"])
     if cls is None:
         return UnknownEvent(t=math.nan if t is None else t, raw=raw)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for f in fields(cls):
         if f.name in ("t", "raw") or f.name not in raw:
             continue
@@ -372,57 +353,34 @@ class StressResult:
 # --- the watchdog -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class WatchdogPolicy:
-    """When a run counts as hung.
+    """When a run counts as hung (the one watchdog type: `tuner stress`, bisect trials and the TUI use it).
 
     Before the first step: nothing for `first_step_timeout_s` since launch is a hang (compiles, big batches).
     After it: no event at all, or no progress while heartbeats go on (the main thread stuck in a GPU call), for
     max(`min_silence_s`, `silence_factor` x median step time) is a hang. The median leaves out the engine's
     warm-up steps once there are steady ones. A hang ends with SIGTERM, then SIGKILL after `kill_grace_s`.
-
-    The trial runner's names are accepted too: `first_step_s`, `step_factor`, `kill_after_s`.
     """
 
-    min_silence_s: float
-    silence_factor: float
-    first_step_timeout_s: float
-    kill_grace_s: float
-    poll_s: float
+    min_silence_s: float = 60.0
+    silence_factor: float = 20.0
+    first_step_timeout_s: float = 600.0
+    kill_grace_s: float = 30.0
+    poll_s: float = 0.2
 
-    def __init__(self, min_silence_s: float = 60.0, silence_factor: float = 20.0,
-                 first_step_timeout_s: float = 600.0, kill_grace_s: float = 30.0, poll_s: float = 0.2, *,
-                 first_step_s: float | None = None, step_factor: float | None = None,
-                 kill_after_s: float | None = None):
-        values = {
-            "min_silence_s": min_silence_s,
-            "silence_factor": silence_factor if step_factor is None else step_factor,
-            "first_step_timeout_s": first_step_timeout_s if first_step_s is None else first_step_s,
-            "kill_grace_s": kill_grace_s if kill_after_s is None else kill_after_s,
-            "poll_s": poll_s,
-        }
-        for name, value in values.items():
-            if not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"WatchdogPolicy.{name} must be a positive number, got {value!r}")
-            object.__setattr__(self, name, float(value))
-
-    @property
-    def first_step_s(self) -> float:
-        return self.first_step_timeout_s
-
-    @property
-    def step_factor(self) -> float:
-        return self.silence_factor
-
-    @property
-    def kill_after_s(self) -> float:
-        return self.kill_grace_s
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"WatchdogPolicy.{f.name} must be a positive number, got {value!r}")
+            object.__setattr__(self, f.name, float(value))
 
     @classmethod
     def for_config(cls, config: EngineConfig) -> WatchdogPolicy:
         """The defaults for a GPU; tighter on the CPU (simulated cards, tests), where steps are regular and a
         hang can only be an injected one."""
-        if config.device == "cpu":
+        if config.options.device == "cpu":
             return cls(min_silence_s=10.0, first_step_timeout_s=120.0, kill_grace_s=5.0)
         return cls()
 
@@ -431,7 +389,6 @@ class WatchdogPolicy:
 
 
 _IDLE_STATES = {"idle", "partial-idle", "eval", "done"}  # heartbeats in these states are not a stall
-_PROGRESS_EVENTS = (StartEvent, StepEvent, GemmEvent, CanaryEvent, PhaseEvent, SegmentEvent, EndEvent, FaultEvent)
 
 
 def classify_stderr(text: str) -> str | None:
@@ -479,7 +436,7 @@ class StressRun:
 
     # -- lifecycle
 
-    def start(self) -> StressRun:
+    def start(self) -> Self:
         with self._lock:
             if self.proc is not None:
                 raise RuntimeError("StressRun already started")
@@ -500,7 +457,7 @@ class StressRun:
     def __enter__(self) -> Self:
         return self.start() if self.proc is None else self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.stop()
         self.result()
@@ -565,10 +522,11 @@ class StressRun:
                 return
             self._kill_started = True
         self._signal_group(signal.SIGTERM)
+        proc = self.proc
 
         def escalate() -> None:
             try:
-                self.proc.wait(timeout=self.watchdog.kill_grace_s)
+                proc.wait(timeout=self.watchdog.kill_grace_s)
             except subprocess.TimeoutExpired:
                 self._signal_group(signal.SIGKILL)
 
@@ -604,24 +562,30 @@ class StressRun:
         now = self._clock()
         with self._lock:
             self._t_last_event = now
-            if isinstance(ev, _PROGRESS_EVENTS):
-                self._t_last_progress = now
-            if isinstance(ev, HeartbeatEvent):
-                if ev.state in _IDLE_STATES or (ev.progress is not None and ev.progress != self._last_progress_count):
+            match ev:
+                case HeartbeatEvent(state=state, progress=progress):
+                    if state in _IDLE_STATES or (progress is not None and progress != self._last_progress_count):
+                        self._t_last_progress = now
+                    if progress is not None:
+                        self._last_progress_count = progress
+                case StepEvent() | GemmEvent():
                     self._t_last_progress = now
-                if ev.progress is not None:
-                    self._last_progress_count = ev.progress
-            elif isinstance(ev, (StepEvent, GemmEvent)):
-                self._steps_seen += 1
-                self._last_step = max(self._last_step, ev.step)
-                if ev.dt_ms is not None and math.isfinite(ev.dt_ms):
-                    self._step_times.append(ev.dt_ms / 1e3)
-                if isinstance(ev, StepEvent) and ev.tok_s is not None and math.isfinite(ev.tok_s):
-                    self._tok_s.append(ev.tok_s)
-            elif isinstance(ev, StartEvent):
-                self._start_event = ev
-            elif isinstance(ev, EndEvent):
-                self._end_event = ev
+                    self._steps_seen += 1
+                    self._last_step = max(self._last_step, ev.step)
+                    if ev.dt_ms is not None and math.isfinite(ev.dt_ms):
+                        self._step_times.append(ev.dt_ms / 1e3)
+                    if isinstance(ev, StepEvent) and ev.tok_s is not None and math.isfinite(ev.tok_s):
+                        self._tok_s.append(ev.tok_s)
+                case StartEvent():
+                    self._t_last_progress = now
+                    self._start_event = ev
+                case EndEvent():
+                    self._t_last_progress = now
+                    self._end_event = ev
+                case CanaryEvent() | PhaseEvent() | SegmentEvent() | FaultEvent():
+                    self._t_last_progress = now
+                case _:  # warnings, unknown events and stray lines show life, not progress
+                    pass
 
     # -- watchdog
 
@@ -661,7 +625,7 @@ class StressRun:
         end, start = self._end_event, self._start_event
         tail = "\n".join(self._stderr)
         steps = end.steps if end is not None and end.steps is not None else self._last_step
-        common = {
+        common: dict[str, Any] = {
             "steps": steps, "exit_code": code, "stderr_tail": tail, "start": start, "end": end,
             "sensitivity": end.sensitivity if end is not None else (start.sensitivity if start else None),
             "duration_s": end.duration_s if end is not None else None,
@@ -698,11 +662,6 @@ class StressRun:
     def _median_tok_s(self) -> float | None:
         """From the step events, for runs that ended without an `end` event."""
         return statistics.median(self._tok_s) if self._tok_s else None
-
-
-def config_for_target(target, *, preset: str | None = None, mode: str = "train", **kwargs) -> EngineConfig:
-    """`EngineConfig.for_target` with a mode (the UI's stress job)."""
-    return EngineConfig.for_target(target, preset=preset, mode=mode, **kwargs)
 
 
 def run_stress(config: EngineConfig, *, watchdog: WatchdogPolicy | None = None,

@@ -43,7 +43,8 @@ from tuner.tuning.plan import (
 )
 from tuner.core.errors import DeviceLost, NotApplied, UsageError
 from tuner.core.models import Knob, Mode
-from tuner.tuning.trial import STOPPED, TrialParams, WatchdogSettings, run_trial
+from tuner.tuning.engine_client import WatchdogPolicy, default_preset
+from tuner.tuning.trial import STOPPED, TrialParams, run_trial
 
 MODES = tuple(Mode)
 
@@ -64,7 +65,7 @@ class BisectParams:
     seed: int = 0
     resume: bool = False
     restart: bool = False
-    watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
+    watchdog: WatchdogPolicy | None = None  # None: the policy for the engine's device (tighter on the CPU)
 
     SEARCH_KEYS = ("step", "resolution", "margin", "trial_s", "confirm_s", "floor", "mode", "preset", "dtype",
                    "seed")
@@ -194,7 +195,7 @@ class BisectJob:
             existing.close(journal.FINISHED, outcome="discarded by --restart")
         params = p.search()
         if params["preset"] is None:
-            params["preset"] = "tiny" if self.backend.stress_target(self.device_id).torch_device == "cpu" else "small"
+            params["preset"] = default_preset(self.backend.stress_target(self.device_id))
         j = journal.Journal.create(self.device_id, params=params, knob=knob.to_dict(), serial=device.serial)
         return j, params, False
 

@@ -11,47 +11,39 @@ the voltage. Core module: no textual, no torch (the engine runs in a subprocess)
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner.tuning import kernel_log
 from tuner.backends.base import Backend
-from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult, TrialWarning
 from tuner.core.errors import NotApplied, TunerError
+from tuner.core.models import StressTarget
+from tuner.tuning import engine_client as sc
+from tuner.tuning import kernel_log
 from tuner.tuning import sampler as sampler_mod
 from tuner.core.models import Verdict
-from tuner.tuning.sampler import TelemetrySampler
+from tuner.tuning.engine_client import EngineConfig, StressResult, WatchdogPolicy
+from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult, TrialWarning
+from tuner.tuning.sampler import TelemetrySampler, TelemetrySummary
 
-SIM_HANG_STEP = 3  # a simulated card that "hangs" stops the engine at this step
 STOPPED = Verdict.STOPPED
-
-
-@dataclass(frozen=True)
-class WatchdogSettings:
-    """Heartbeat watchdog: silence longer than max(min_silence_s, factor x median step) after warm-up is a hang;
-    the first step may take `first_step_s` (cold compile). SIGTERM, then SIGKILL after `kill_after_s`."""
-
-    first_step_s: float = 600.0
-    min_silence_s: float = 60.0
-    step_factor: float = 20.0
-    kill_after_s: float = 30.0
 
 
 @dataclass(frozen=True)
 class TrialParams:
     phase: str
     duration_s: float
-    preset: str = "small"
+    preset: str | None = None  # None: the request's default for the target (tiny on the CPU, small on a GPU)
     mode: str = "train"
     seed: int = 0
     dtype: str | None = None
     record_path: Path | None = None  # the baseline records the reference trajectory here
     reference_path: Path | None = None  # every other trial compares against it, looping it (--reference-loop)
     canary_every: int | None = None
-    watchdog: WatchdogSettings = WatchdogSettings()
+    watchdog: WatchdogPolicy | None = None  # None: `WatchdogPolicy.for_config` (tighter on the CPU)
     telemetry_interval_s: float = 1.0
     baseline_tok_per_j: float | None = None  # for efficiency_vs_stock
     baseline_voltage_mv: float | None = None  # the stock baseline's core voltage under load (measured drop)
@@ -62,56 +54,21 @@ class StopRequested(Exception):
     pass
 
 
-def _engine_api():
-    """The stress client (imported lazily: torch-free, but only needed when a trial runs)."""
-    from tuner.tuning import engine_client as stress_client
-    return stress_client
+def default_engine_factory(config: EngineConfig, watchdog: WatchdogPolicy) -> sc.StressRun:
+    return sc.StressRun(config, watchdog=watchdog)
 
 
-def default_engine_factory(request: dict, watchdog: WatchdogSettings):
-    """A `StressRun` for `request` (the `EngineConfig` fields, see `engine_request`)."""
-    sc = _engine_api()
-    config = sc.EngineConfig(**request)
-    policy = sc.WatchdogPolicy(first_step_timeout_s=watchdog.first_step_s, min_silence_s=watchdog.min_silence_s,
-                               silence_factor=watchdog.step_factor, kill_grace_s=watchdog.kill_after_s)
-    return sc.StressRun(config, watchdog=policy)
-
-
-def fault_seed_for(seed: int, setting: int) -> int:
-    """The engine's `--fault-seed` for a trial at `setting`: stable, and different for every setting, so a
-    simulated card's injected faults do not land on the same step at every setting (the data and weights, and so
-    the reference trajectory, stay seeded by `seed`)."""
-    return seed * 1_000_003 + setting
-
-
-def engine_request(target, params: TrialParams, setting: int | None = None) -> dict:
-    """The engine configuration (`EngineConfig` fields) for one trial on `target` (a `StressTarget`) at
-    `setting` (None: a run at whatever the card is set to, with the engine's default fault seed)."""
-    injections = (f"hang@{SIM_HANG_STEP}",) if target.hang else ()
-    kwargs = dict(
-        device=target.torch_device,
-        preset=params.preset,
-        mode=params.mode,
-        duration_s=params.duration_s,
-        seed=params.seed,
+def trial_request(target: StressTarget, params: TrialParams, setting: int | None = None) -> EngineConfig:
+    """The engine run for one trial on `target` at `setting` (None: a run at whatever the card is set to, with
+    the engine's default fault seed)."""
+    return sc.engine_request(
+        target, duration_s=params.duration_s, preset=params.preset, setting=setting, mode=params.mode,
+        seed=params.seed, dtype=params.dtype, canary_every=params.canary_every,
         record=str(params.record_path) if params.record_path else None,
         reference=str(params.reference_path) if params.reference_path else None,
         # a reference one trial long covers a run of any length: past its end the engine restarts from the
         # initial weights and keeps comparing
-        reference_loop=params.reference_path is not None,
-        fault_rate=target.fault_rate,
-        injections=injections,
-        env=dict(target.env),
-    )
-    if setting is not None:
-        kwargs["fault_seed"] = fault_seed_for(params.seed, setting)
-    if params.dtype:
-        kwargs["dtype"] = params.dtype
-    if params.canary_every is not None:
-        kwargs["canary_every"] = params.canary_every
-    if target.pci_bus_id:
-        kwargs["expect_pci_bus_id"] = target.pci_bus_id
-    return kwargs
+        reference_loop=params.reference_path is not None)
 
 
 def _same_bus(a: str | None, b: str | None) -> bool:
@@ -123,6 +80,26 @@ def _same_bus(a: str | None, b: str | None) -> bool:
     return norm(a) == norm(b)
 
 
+class _Trial:
+    """What one trial started and saw; the cleanup fills in what it collects on the way out."""
+
+    def __init__(self) -> None:
+        self.run: sc.StressRun | None = None
+        self.target: StressTarget | None = None
+        self.sampler: TelemetrySampler | None = None
+        self.summary: TelemetrySummary | None = None
+        self.kernel_events: list[kernel_log.KernelEvent] = []
+        self.engine_result: StressResult | None = None
+        self.stop_reason: str | None = None
+        self.pci_problem: str | None = None
+
+    def stop_engine(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if self.run is not None:
+            self.run.stop()
+
+
 def run_trial(
     backend: Backend,
     device_id: str,
@@ -131,11 +108,16 @@ def run_trial(
     on_event: Callable[[TrialEvent], None] | None = None,
     stop_event: threading.Event | None = None,
     *,
-    engine_factory: Callable | None = None,
+    engine_factory: Callable[[EngineConfig, WatchdogPolicy], sc.StressRun] | None = None,
     kernel_watcher: kernel_log.KernelLogWatcher | None = None,
     clock: Callable[[], float] = time.time,
 ) -> TrialResult:
     """Run one trial and return its result. The card is back at stock (verified) when this returns or raises.
+
+    Every undo is registered on an ExitStack as soon as the thing it undoes may have happened, so no exception,
+    at any point, can skip one. On the way out, in this order: the stop-watcher thread ends, the engine is stopped, the
+    sampler stops, the load ends (`note_load(False)`), the card is reset to stock and verified, the kernel-log
+    watcher stops (so a message the reset itself provokes still counts against this trial).
 
     Raises NotApplied / DeviceLost / PermissionDenied when the setting cannot be applied or the card cannot be
     reset (the caller stops the search). A `stop_event` set from another thread ends the trial with verdict
@@ -147,119 +129,128 @@ def run_trial(
     knob = backend.knob(device_id)
     started_at = clock()
     warnings: list[str] = []
+    trial = _Trial()
 
     def warn(message: str) -> None:
         warnings.append(message)
         emit(TrialWarning(message))
 
-    run = None
-    stopper: threading.Thread | None = None
-    stop_reason: list[str] = []
-    sampler: TelemetrySampler | None = None
-    loaded = False
-    target = None
-    engine_result = None
-    pci_problem: str | None = None
-    end_watch = threading.Event()
-
-    def stop_engine(reason: str) -> None:
-        if not stop_reason:
-            stop_reason.append(reason)
-        if run is not None:
-            run.stop()
-
-    # 1. the kernel log: only what is logged from now on counts
     if kernel_watcher is None:
         simulated = backend.device(device_id).simulated  # the host's kernel log says nothing about it
         kernel_watcher = kernel_log.NullWatcher() if simulated else kernel_log.KernelLogWatcher(warn=warn)
     elif not kernel_watcher._on_event:
         kernel_watcher._warn = warn
-    kernel_watcher._on_event = lambda ev: stop_engine("kernel")
-    kernel_watcher.start()
-    try:
-        # 2. apply and verify (the backend validates and reads back)
-        if stop_event.is_set():
-            raise StopRequested
-        applied = backend.apply(device_id, setting)
-        if applied.current != setting:
-            raise NotApplied(f"{device_id} reads back {applied.current:+d} {knob.unit} after writing "
-                             f"{setting:+d}", "the card was reset to stock; check `tuner doctor`")
-        for line in applied.clamped:  # curve points the driver's range kept from the asked offset
-            warn(f"clamped: {line}")
-        backend.note_load(device_id, True)
-        loaded = True
-        target = backend.stress_target(device_id)
-        if target.simulated:
-            kernel_watcher.pci_bus_id = None
-        else:
-            kernel_watcher.pci_bus_id = target.pci_bus_id
-        config = engine_request(target, params, setting)
-        sampler = TelemetrySampler(backend, device_id, interval_s=params.telemetry_interval_s).start()
-        run = engine_factory(config, params.watchdog)
-        run.start()
+    kernel_watcher._on_event = lambda ev: trial.stop_engine("kernel")
+    watcher = kernel_watcher
 
-        def watch_stop() -> None:
-            while not end_watch.is_set():
-                if stop_event.wait(0.2):
-                    stop_engine(STOPPED)
-                    return
-                if sampler is not None and sampler.device_lost:
-                    stop_engine("device-lost")
-                    return
+    with contextlib.ExitStack() as cleanup:
+        # Each undo is registered just before the call it undoes: a call that raises may have half-happened
+        # (a value written, a thread started), and every undo is safe on something that never started.
+        # 1. the kernel log: only what is logged from now on counts
+        cleanup.callback(lambda: setattr(trial, "kernel_events", watcher.stop()))
+        watcher.start()
+        try:
+            if stop_event.is_set():
+                raise StopRequested
+            # 2. apply and verify (the backend validates and reads back)
+            cleanup.callback(_reset_and_verify, backend, device_id)
+            applied = backend.apply(device_id, setting)
+            if applied.current != setting:
+                raise NotApplied(f"{device_id} reads back {applied.current:+d} {knob.unit} after writing "
+                                 f"{setting:+d}", "the card was reset to stock; check `tuner doctor`")
+            for line in applied.clamped:  # curve points the driver's range kept from the asked offset
+                warn(f"clamped: {line}")
+            # 3. under load
+            cleanup.callback(_end_load, backend, device_id)
+            backend.note_load(device_id, True)
+            target = backend.stress_target(device_id)
+            trial.target = target
+            watcher.pci_bus_id = None if target.simulated else target.pci_bus_id
+            config = trial_request(target, params, setting)
+            sampler = trial.sampler = TelemetrySampler(backend, device_id, interval_s=params.telemetry_interval_s)
+            cleanup.callback(lambda: setattr(trial, "summary", sampler.stop()))
+            sampler.start()
+            run = trial.run = engine_factory(config, params.watchdog or WatchdogPolicy.for_config(config))
+            cleanup.callback(run.stop)  # safe on a run that never started or already ended
+            run.start()
+            end_watch = threading.Event()
 
-        stopper = threading.Thread(target=watch_stop, name="trial-stop", daemon=True)
-        stopper.start()
-        last_progress = 0.0
-        for event in run.events():
-            kind = getattr(event, "event", type(event).__name__)
-            if kind in ("start", "StartEvent") or type(event).__name__ == "StartEvent":
-                reported = getattr(event, "pci_bus_id", None)
-                if target.pci_bus_id and reported and not _same_bus(reported, target.pci_bus_id):
-                    pci_problem = (f"the engine runs on PCI {reported}, not on the card being tuned "
-                                   f"({target.pci_bus_id}); check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
-                    stop_engine("pci")
-            now = clock()
-            if now - last_progress >= params.progress_interval_s:
-                last_progress = now
-                latest = sampler.latest() if sampler else None
-                elapsed = now - started_at
-                emit(TrialProgress(
-                    setting=setting, phase=params.phase, elapsed_s=round(elapsed, 1),
-                    duration_s=params.duration_s, eta_s=round(max(0.0, params.duration_s - elapsed), 1),
-                    step=getattr(event, "step", None), tok_s=getattr(event, "tok_s", None),
-                    power_w=latest.power_w if latest else None,
-                    temp_c=(latest.temp_hotspot_c or latest.temp_edge_c) if latest else None))
-        engine_result = run.result()
-    except StopRequested:
-        stop_reason.append(STOPPED)
-    finally:
-        end_watch.set()
-        if run is not None and engine_result is None:
-            run.stop()
-        summary = sampler.stop() if sampler is not None else None
-        if loaded:
-            try:
-                backend.note_load(device_id, False)
-            except TunerError:
-                pass
-        kernel_events = kernel_watcher.stop()
-        _reset_and_verify(backend, device_id)
+            def watch_stop() -> None:
+                while not end_watch.is_set():
+                    if stop_event.wait(0.2):
+                        trial.stop_engine(STOPPED)
+                        return
+                    if sampler.device_lost:
+                        trial.stop_engine("device-lost")
+                        return
+
+            stopper = threading.Thread(target=watch_stop, name="trial-stop", daemon=True)
+            cleanup.callback(_end_thread, end_watch, stopper)
+            stopper.start()
+            _follow(run, trial, target, params, setting, started_at, emit, clock)
+            trial.engine_result = run.result()
+        except StopRequested:
+            trial.stop_reason = STOPPED
 
     pstate_problem = None
-    if summary is not None and setting != knob.stock:
+    if trial.summary is not None and setting != knob.stock:
         try:
-            pstate_problem = sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(device_id))
+            pstate_problem = sampler_mod.pstate_problem(trial.summary.pstates, backend.applied_pstates(device_id))
         except TunerError:
             pstate_problem = None
     return classify(
-        setting=setting, unit=knob.unit, params=params, engine_result=engine_result, summary=summary,
-        kernel_events=kernel_events, stop_reason=stop_reason[0] if stop_reason else None,
-        device_lost=sampler.device_lost if sampler else None, pci_problem=pci_problem,
+        setting=setting, unit=knob.unit, params=params, engine_result=trial.engine_result, summary=trial.summary,
+        kernel_events=trial.kernel_events, stop_reason=trial.stop_reason,
+        device_lost=trial.sampler.device_lost if trial.sampler else None, pci_problem=trial.pci_problem,
         pstate_problem=pstate_problem,
-        injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
-        simulated=bool(target and target.simulated), warnings=warnings, started_at=started_at,
+        injected=bool(trial.target and trial.target.simulated and (trial.target.fault_rate > 0 or trial.target.hang)),
+        simulated=bool(trial.target and trial.target.simulated), warnings=warnings, started_at=started_at,
         wall_s=clock() - started_at,
     )
+
+
+def _follow(run: sc.StressRun, trial: _Trial, target: StressTarget, params: TrialParams, setting: int,
+            started_at: float, emit: Callable[[TrialEvent], None], clock: Callable[[], float]) -> None:
+    """Read the engine's events until it ends: check it runs on the card being tuned, report progress."""
+    last_progress = 0.0
+    step: int | None = None
+    tok_s: float | None = None
+    for event in run.events():
+        match event:
+            case sc.StartEvent(pci_bus_id=reported):
+                if target.pci_bus_id and reported and not _same_bus(reported, target.pci_bus_id):
+                    trial.pci_problem = (f"the engine runs on PCI {reported}, not on the card being tuned "
+                                         f"({target.pci_bus_id}); check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
+                    trial.stop_engine("pci")
+            case sc.StepEvent(step=step_no, tok_s=rate):
+                step, tok_s = step_no, rate
+            case sc.GemmEvent(step=step_no):
+                step = step_no
+            case _:
+                pass
+        now = clock()
+        if now - last_progress >= params.progress_interval_s:
+            last_progress = now
+            latest = trial.sampler.latest() if trial.sampler else None
+            elapsed = now - started_at
+            emit(TrialProgress(
+                setting=setting, phase=params.phase, elapsed_s=round(elapsed, 1),
+                duration_s=params.duration_s, eta_s=round(max(0.0, params.duration_s - elapsed), 1),
+                step=step, tok_s=tok_s, power_w=latest.power_w if latest else None,
+                temp_c=(latest.temp_hotspot_c or latest.temp_edge_c) if latest else None))
+
+
+def _end_load(backend: Backend, device_id: str) -> None:
+    try:
+        backend.note_load(device_id, False)
+    except TunerError:
+        pass  # the load marker is advisory (the simulated card's telemetry); the reset that follows is not
+
+
+def _end_thread(done: threading.Event, thread: threading.Thread) -> None:
+    done.set()
+    if thread.is_alive():
+        thread.join(timeout=5.0)
 
 
 def _reset_and_verify(backend: Backend, device_id: str) -> None:
@@ -269,17 +260,19 @@ def _reset_and_verify(backend: Backend, device_id: str) -> None:
                          "run `tuner reset` or reboot before tuning again")
 
 
-def classify(*, setting: int, unit: str, params: TrialParams, engine_result, summary, kernel_events,
+def classify(*, setting: int, unit: str, params: TrialParams, engine_result: StressResult | None,
+             summary: TelemetrySummary | None, kernel_events: list[kernel_log.KernelEvent],
              stop_reason: str | None, device_lost: str | None, pci_problem: str | None, injected: bool,
              simulated: bool, warnings: list[str], started_at: float, wall_s: float,
              pstate_problem: str | None = None) -> TrialResult:
     r = engine_result
-    tok_s = getattr(r, "median_tok_s", None) if r is not None else None
+    tok_s = r.median_tok_s if r is not None else None
     power_w = summary.mean_power_w if summary else None
     tok_per_j = tok_s / power_w if tok_s and power_w else None
     base = TrialResult(
         setting=setting, unit=unit, phase=params.phase, verdict="pass",
-        steps=getattr(r, "steps", None), duration_s=round(getattr(r, "duration_s", None) or wall_s, 3),
+        steps=r.steps if r is not None else None,
+        duration_s=round((r.duration_s if r is not None else None) or wall_s, 3),
         tok_s=tok_s, power_w=None if power_w is None else round(power_w, 2),
         max_temp_c=summary.max_temp_c if summary else None,
         max_temp_edge_c=summary.max_temp_edge_c if summary else None,
@@ -291,14 +284,14 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result, sum
         efficiency_vs_stock=(tok_per_j / params.baseline_tok_per_j
                              if tok_per_j and params.baseline_tok_per_j else None),
         injected=injected, simulated=simulated,
-        sensitivity=getattr(r, "sensitivity", None) if r is not None else None,
+        sensitivity=r.sensitivity if r is not None else None,
         kernel_log=tuple(e.line for e in kernel_events), warnings=tuple(warnings), started_at=started_at,
         median_core_clock_mhz=summary.median_core_clock_mhz if summary else None,
         pstates=summary.pstates if summary else (),
     )
     base = _with_voltage_effect(base, params, summary)
-    fault_step = getattr(r, "failure_step", None) if r is not None else None
-    reference_step = getattr(r, "reference_step", None) if r is not None else None
+    fault_step = r.failure_step if r is not None else None
+    reference_step = r.reference_step if r is not None else None
     if kernel_events:
         first = kernel_events[0]
         return replace(base, verdict="fail", kind=first.kind, reason=kernel_log.summarize(kernel_events),
@@ -313,19 +306,17 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result, sum
         return replace(base, verdict=STOPPED, reason="stopped on request")
     if r is None:
         return replace(base, verdict="error", kind="no-result", reason="the stress engine did not report a result")
-    verdict, kind = r.verdict, getattr(r, "kind", None)
-    reason = getattr(r, "reason", "") or ""
-    if verdict == "pass":
+    if r.verdict == "pass":
         return base
-    if verdict == "fail":
-        return replace(base, verdict="fail", kind=kind, reason=reason or str(kind), fault_step=fault_step,
-                       reference_step=reference_step, edge=kind == "hang")
-    tail = getattr(r, "stderr_tail", "") or ""
-    detail = reason or (tail.strip().splitlines() or ["setup problem"])[-1]
-    return replace(base, verdict="error", kind=kind or "setup", reason=detail[:300], fault_step=fault_step)
+    if r.verdict == "fail":
+        return replace(base, verdict="fail", kind=r.kind, reason=r.reason or str(r.kind), fault_step=fault_step,
+                       reference_step=reference_step, edge=r.kind == "hang")
+    detail = r.reason or ((r.stderr_tail or "").strip().splitlines() or ["setup problem"])[-1]
+    return replace(base, verdict="error", kind=r.kind or "setup", reason=detail[:300], fault_step=fault_step)
 
 
-def _with_voltage_effect(result: TrialResult, params: TrialParams, summary) -> TrialResult:
+def _with_voltage_effect(result: TrialResult, params: TrialParams,
+                         summary: TelemetrySummary | None) -> TrialResult:
     """The measured core voltage, its drop from the stock baseline, and "not effective" when the drop is under
     half of the asked undervolt (mV settings only; NVML reports no voltage)."""
     measured = summary.mean_voltage_mv if summary else None
