@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from tuner import __version__
 
 from tuner.core import exit_codes, signals
-from tuner.commands._argtypes import whole_number
+from tuner.commands._argtypes import seconds_between, whole_number
 from tuner.actions.context import Context
 from tuner.core.errors import TunerError
 
@@ -73,6 +73,11 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                    help="seed for the simulated cards' hidden limits and telemetry (default 0)")
     g.add_argument("--sim-vmin", type=whole_number, metavar="MV", default=default(None),
                    help="hidden stable limit of sim0 in mV (default: drawn from the seed in -120..-30)")
+    g.add_argument("--sim-nondeterministic", action="store_true", default=default(False),
+                   help="runs on the simulated cards never repeat bit for bit (a platform flaw, for testing)")
+    g.add_argument("--sim-contention-after", type=seconds_between(0, 1e6), metavar="SECONDS",
+                   default=default(None), help="runs on the simulated cards stop repeating bit for bit this many "
+                   "seconds after the tuner starts (as when another process starts using the GPU)")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -20,6 +20,8 @@ class FakeEngine:
     error: bool = False
     # request -> (kind, failing step, reference step) for every trial that does not record; None: no such fault
     software_fault: object = None
+    # request -> (kind, failing step) for the baseline's replay (--verify-repeatable); None: it repeats
+    replay_fault: object = None
 
     def __call__(self, request: dict, watchdog):
         self.requests.append(request)
@@ -44,7 +46,14 @@ class _FakeRun:
         if r["fault_rate"] > 0:
             fail_step = 2 + int(r["fault_rate"] * 10)
         hang = any(i.startswith("hang@") for i in r["injections"])
-        if self.engine.software_fault and not r.get("record"):
+        replay = "--verify-repeatable" in r.get("extra_args", ())
+        if replay and self.engine.replay_fault and self.engine.replay_fault(r):
+            kind, step = self.engine.replay_fault(r)
+            self._result = SimpleNamespace(verdict="fail", kind=kind, reason=f"{kind} at step {step}",
+                                           failure_step=step, reference_step=step, steps=step, duration_s=1.0,
+                                           median_tok_s=self.engine.tok_s, sensitivity="full")
+            return
+        if self.engine.software_fault and not r.get("record") and not replay:
             kind, step, ref_step = self.engine.software_fault(r)
             self._result = SimpleNamespace(verdict="fail", kind=kind, reason=f"{kind} at step {step}",
                                            failure_step=step, reference_step=ref_step, steps=step, duration_s=1.0,

@@ -14,6 +14,8 @@ class Context:
     sim_gpus: int = 1
     sim_seed: int = 0
     sim_vmin_mv: int | None = None
+    sim_nondeterministic: bool = False
+    sim_contention_after_s: float | None = None
     _backend: Backend | None = field(default=None, repr=False)
 
     @classmethod
@@ -23,6 +25,8 @@ class Context:
             sim_gpus=args.sim_gpus,
             sim_seed=args.sim_seed,
             sim_vmin_mv=args.sim_vmin,
+            sim_nondeterministic=getattr(args, "sim_nondeterministic", False),
+            sim_contention_after_s=getattr(args, "sim_contention_after", None),
         )
 
     @property
@@ -34,6 +38,8 @@ class Context:
                 sim_gpus=self.sim_gpus,
                 sim_seed=self.sim_seed,
                 sim_vmin_mv=self.sim_vmin_mv,
+                sim_nondeterministic=self.sim_nondeterministic,
+                sim_contention_after_s=self.sim_contention_after_s,
             )
         return self._backend
 

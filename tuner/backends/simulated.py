@@ -72,6 +72,8 @@ class SimulatedBackend(Backend):
         state_path: Path | None = None,
         clock: Callable[[], float] = time.time,
         warn: Callable[[str], None] | None = None,
+        nondeterministic: bool = False,
+        contention_after_s: float | None = None,
     ):
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_SIM_GPUS:
             raise UsageError(f"--sim-gpus must be 1..{MAX_SIM_GPUS}, got {gpus}", "e.g. --sim-gpus 2")
@@ -86,6 +88,9 @@ class SimulatedBackend(Backend):
             self._vmins[0] = vmin_mv
         self.state_path = state_path or paths.state_dir() / "simulated" / f"seed-{seed}.json"
         self._clock = clock
+        # simulated platform flaws, carried out by the engine's fault-injection module (tuner/engine/faults.py)
+        self.nondeterministic = nondeterministic
+        self.contention_at = None if contention_after_s is None else time.time() + contention_after_s
         self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
         self._thermal: dict[str, tuple[float, float, float]] = {}  # id -> (time_s, temp_c, energy_j)
         self._samples = 0
@@ -192,7 +197,14 @@ class SimulatedBackend(Backend):
             fault_rate=fault_rate_per_step(offset_mv, vmin_mv),
             hang=hangs_at(offset_mv, vmin_mv),
             simulated=True,
+            engine_args=self._flaw_args(),
         )
+
+    def _flaw_args(self) -> tuple[str, ...]:
+        args: tuple[str, ...] = ("--sim-nondeterministic",) if self.nondeterministic else ()
+        if self.contention_at is not None:
+            args += ("--sim-contention-at", f"{self.contention_at:.3f}")
+        return args
 
     def note_load(self, device_id: str, active: bool) -> None:
         card = self._card(device_id)

@@ -49,6 +49,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--preset", choices=("tiny", "small", "large"),
                    help="engine model size (default: small on GPUs, tiny on the simulated card's CPU engine)")
     p.add_argument("--save", metavar="NAME", help="save the recommendation as a profile")
+    p.add_argument("--tolerance", action="store_true",
+                   help="compare with tolerances instead of bit for bit, for a platform that does not repeat "
+                   "(reduced sensitivity: catches far fewer faults; the profile says so)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue this card's unfinished session")
     again.add_argument("--restart", action="store_true",
@@ -200,7 +203,11 @@ def run(args, ctx) -> int:
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin,
                           trial_s=parse_duration_s(args.trial), confirm_s=parse_duration_s(args.confirm),
                           floor=args.floor, mode=args.mode, preset=args.preset, resume=args.resume,
-                          restart=args.restart)
+                          restart=args.restart, tolerance=args.tolerance)
+    if args.tolerance:
+        from tuner.tuning.sensitivity import tolerance_note
+
+        print(f"tuner: warning: {tolerance_note()}", file=sys.stderr)
     _confirm_real_card(device, args)
     printer = _Printer(knob.unit, args.json)
     job = BisectJob(backend, device.id, params, printer)

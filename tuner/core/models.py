@@ -152,3 +152,4 @@ class StressTarget:
     hang: bool = False  # simulated cards only: the card "hangs" at this setting
     simulated: bool = False
     env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA_DEVICE_ORDER=PCI_BUS_ID
+    engine_args: tuple[str, ...] = ()  # simulated cards only: platform flaws (--sim-nondeterministic, ...)

@@ -33,7 +33,8 @@ KIND_UNITS = {"voltage_offset": "mV", "clock_offset": "MHz"}
 # Sanity bounds for a recorded setting, wider than any real card's range; the target card's own range is checked
 # again when applying. The sign is fixed: a profile records an undervolt, never an overvolt.
 SETTING_BOUNDS = {"voltage_offset": (-500, 0), "clock_offset": (0, 3000)}
-PHASES = ("baseline", "coarse", "refine", "confirm")
+PHASES = ("baseline", "replay", "coarse", "refine", "confirm", "control")
+SENSITIVITIES = ("full", "reduced")  # bitwise comparison, or the --tolerance opt-in
 VERDICTS = ("pass", "fail", "error")
 
 HEADER = (
@@ -220,6 +221,7 @@ class Trial:
     effective: bool | None = None
     pstates: tuple[int, ...] | None = None
     clamped: tuple[str, ...] | None = None  # AMD curve points the driver's range kept from the asked offset
+    sensitivity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,7 @@ class Tuning:
     preset: str | None = None
     mode: str | None = None
     dtype: str | None = None
+    sensitivity: str | None = None
     trials: tuple[Trial, ...] = ()
 
 
@@ -287,6 +290,7 @@ TRIAL_SPEC = {
     "effective": (_bool, False),
     "pstates": (_pstates, False),
     "clamped": (_lines, False),
+    "sensitivity": (_choice(SENSITIVITIES), False),
 }
 TUNING_SPEC = {
     "baseline_tok_s": (_pos, False),
@@ -307,6 +311,7 @@ TUNING_SPEC = {
     "preset": (_str, False),
     "mode": (_str, False),
     "dtype": (_str, False),
+    "sensitivity": (_choice(SENSITIVITIES), False),
     "trials": (None, False),  # checked by _trials
 }
 TOP_LEVEL = ("profile", "device", "setting", "tuning")

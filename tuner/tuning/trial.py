@@ -55,6 +55,9 @@ class TrialParams:
     baseline_tok_per_j: float | None = None  # for efficiency_vs_stock
     baseline_voltage_mv: float | None = None  # the stock baseline's core voltage under load (measured drop)
     progress_interval_s: float = 1.0
+    steps: int | None = None  # bound by steps instead of duration_s (which then only feeds the ETA)
+    verify_repeatable: bool = False  # the baseline's replay: record in the reference whether it repeats
+    tolerance: bool = False  # the user opted in to the weaker comparison (reduced sensitivity)
 
 
 class StopRequested(Exception):
@@ -97,7 +100,7 @@ def engine_request(target, params: TrialParams, setting: int | None = None) -> d
         reference=str(params.reference_path) if params.reference_path else None,
         # a reference one trial long covers a run of any length: past its end the engine restarts from the
         # initial weights and keeps comparing
-        reference_loop=params.reference_path is not None,
+        reference_loop=params.reference_path is not None and not params.verify_repeatable,
         fault_rate=target.fault_rate,
         injections=injections,
         env=dict(target.env),
@@ -108,6 +111,13 @@ def engine_request(target, params: TrialParams, setting: int | None = None) -> d
         kwargs["dtype"] = params.dtype
     if params.canary_every is not None:
         kwargs["canary_every"] = params.canary_every
+    if params.steps is not None:
+        kwargs["steps"], kwargs["duration_s"] = params.steps, None
+    extra = tuple(getattr(target, "engine_args", ()) or ())
+    extra += ("--tolerance",) if params.tolerance else ()
+    extra += ("--verify-repeatable",) if params.verify_repeatable else ()
+    if extra:
+        kwargs["extra_args"] = extra
     if target.pci_bus_id:
         kwargs["expect_pci_bus_id"] = target.pci_bus_id
     return kwargs
