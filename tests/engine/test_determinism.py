@@ -61,7 +61,7 @@ def test_a_start_up_miss_while_comparing_is_a_canary_fault_at_step_0(monkeypatch
 def test_tolerance_is_only_used_on_request(monkeypatch, reference_30):
     from tuner.engine.runner import Engine
 
-    monkeypatch.setattr(Engine, "_step_check", lambda self: (False, "training step 2 (params)"))
+    monkeypatch.setattr(Engine, "_step_check", lambda self: (False, "training step 2 (state)"))
     code, events, _ = run_engine(steps=30, reference=str(reference_30), tolerance=True)
     start, end = of(events, "start")[0], end_of(events)
     assert code == 0 and start["repeatable"] is False and start["sensitivity"] == "reduced"
@@ -85,7 +85,7 @@ def test_a_replay_on_a_flawed_platform_names_the_first_differing_step(tmp_path, 
     assert (code, end["verdict"], end["kind"]) == (1, "fail", "not-repeatable")
     doc = json.loads(ref.read_text())
     assert doc["repeatable"] is False and doc["first_difference"]["step"] == end["step"]
-    assert doc["first_difference"]["figure"] in ("loss", "grad_norm", "params") or end["step"] == 0
+    assert doc["first_difference"]["figure"] in ("loss", "grad_norm", "state") or end["step"] == 0
     assert end["first_difference"] == doc["first_difference"]
 
 

@@ -22,6 +22,7 @@ class FakeEngine:
     software_fault: object = None
     # request -> (kind, failing step) for the baseline's replay (--verify-repeatable); None: it repeats
     replay_fault: object = None
+    sensitivity: str = "full"  # what every result reports ("reduced": the engine compared with tolerances)
 
     def __call__(self, request: dict, watchdog):
         self.requests.append(request)
@@ -51,28 +52,30 @@ class _FakeRun:
             kind, step = self.engine.replay_fault(r)
             self._result = SimpleNamespace(verdict="fail", kind=kind, reason=f"{kind} at step {step}",
                                            failure_step=step, reference_step=step, steps=step, duration_s=1.0,
-                                           median_tok_s=self.engine.tok_s, sensitivity="full")
+                                           median_tok_s=self.engine.tok_s, sensitivity=self.engine.sensitivity)
             return
-        if self.engine.software_fault and not r.get("record") and not replay:
-            kind, step, ref_step = self.engine.software_fault(r)
+        fault = self.engine.software_fault(r) if self.engine.software_fault and not r.get("record") and not replay \
+            else None
+        if fault:
+            kind, step, ref_step = fault
             self._result = SimpleNamespace(verdict="fail", kind=kind, reason=f"{kind} at step {step}",
                                            failure_step=step, reference_step=ref_step, steps=step, duration_s=1.0,
-                                           median_tok_s=self.engine.tok_s, sensitivity="full")
+                                           median_tok_s=self.engine.tok_s, sensitivity=self.engine.sensitivity)
             return
         for step in range(1, n + 1):
             if self._stopped.is_set():
                 self._result = SimpleNamespace(verdict="error", kind="stopped", reason="stopped", failure_step=None,
-                                               steps=step, duration_s=0.1, median_tok_s=None, sensitivity="full")
+                                               steps=step, duration_s=0.1, median_tok_s=None, sensitivity=self.engine.sensitivity)
                 return
             if hang and step == 3:
                 self._result = SimpleNamespace(verdict="fail", kind="hang", reason="no heartbeat", failure_step=3,
                                                steps=3, duration_s=1.0, median_tok_s=self.engine.tok_s,
-                                               sensitivity="full")
+                                               sensitivity=self.engine.sensitivity)
                 return
             if fail_step is not None and step == fail_step:
                 self._result = SimpleNamespace(verdict="fail", kind="mismatch", reason="loss bits differ",
                                                failure_step=step, steps=step, duration_s=1.0,
-                                               median_tok_s=self.engine.tok_s, sensitivity="full")
+                                               median_tok_s=self.engine.tok_s, sensitivity=self.engine.sensitivity)
                 return
             yield SimpleNamespace(event="step", step=step, tok_s=self.engine.tok_s)
         if self.engine.error:
@@ -85,10 +88,10 @@ class _FakeRun:
             Path(r["record"]).write_text('{"steps": 1000}')
         self._result = SimpleNamespace(verdict="pass", kind=None, reason="", failure_step=None, steps=n,
                                        duration_s=r["duration_s"], median_tok_s=self.engine.tok_s,
-                                       sensitivity="full")
+                                       sensitivity=self.engine.sensitivity)
 
     def stop(self) -> None:
         self._stopped.set()
 
-    def result(self):
+    def result(self, timeout: float | None = None):
         return self._result

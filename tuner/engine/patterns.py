@@ -11,6 +11,11 @@ import re
 # (label, case-insensitive regex). Order matters only for which label is reported first.
 DEVICE_ERROR_PATTERNS: tuple[tuple[str, str], ...] = (
     ("memory access fault", r"memory access fault by gpu"),
+    # ROCr (ROCm's runtime) on a hardware exception, e.g. "HW Exception by GPU node-1 (Agent handle: 0x...) reason
+    # :GPU Hang", and the queue error it aborts with; the amdgpu driver's ring timeout text when it reaches stderr
+    ("GPU hang", r"reason\s*:\s*gpu hang|\bgpu hang\b|ring \S+ timeout"),
+    ("hardware exception", r"hw exception by gpu"),
+    ("HSA queue error", r"hsa_status_error_(?:exception|memory_aperture_violation|memory_fault|illegal_instruction)"),
     ("HSA error", r"hsa_status_error"),
     ("illegal memory access", r"illegal memory access"),
     ("unspecified launch failure", r"unspecified launch failure"),
@@ -34,6 +39,10 @@ def match_device_error(text: str) -> str | None:
     'illegal memory access'
     >>> match_device_error("Memory access fault by GPU node-1 (Agent handle: 0x5) on address 0x7f")
     'memory access fault'
+    >>> match_device_error("HW Exception by GPU node-1 (Agent handle: 0x55d0) reason :GPU Hang")
+    'GPU hang'
+    >>> match_device_error("HW Exception by GPU node-1 (Agent handle: 0x55d0) reason :ECC error")
+    'hardware exception'
     >>> match_device_error("CUDA out of memory. Tried to allocate 2.00 GiB") is None
     True
     """

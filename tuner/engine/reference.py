@@ -10,7 +10,7 @@ JSON, written atomically (temp file, fsync, rename):
 `digests[i]` belongs to step i + 1. A run may be longer than the reference: it stops comparing past `steps`.
 
 After a replay at stock in a second process (`--verify-repeatable`) the file also holds `"repeatable"` (true or
-false), `"first_difference"` (null, or {"step": N, "figure": "loss" | "grad_norm" | "params" | "start-up: ..."})
+false), `"first_difference"` (null, or {"step": N, "figure": "loss" | "grad_norm" | "state" | "start-up check: ..."})
 and `"replayed_steps"`. A file not yet replayed has `"repeatable": null`.
 """
 

@@ -362,7 +362,7 @@ class Engine:
             self.oom_at_step_pending = pending
         for i, (a, b) in enumerate(zip(runs[0], runs[1])):
             if a != b:
-                figure = "loss" if a[:8] != b[:8] else "grad_norm" if a[8:16] != b[8:16] else "params"
+                figure = "loss" if a[:8] != b[:8] else "grad_norm" if a[8:16] != b[8:16] else "state"
                 return False, f"training step {i + 1} ({figure})"
         return True, None
 
@@ -504,12 +504,20 @@ class Engine:
         self.muon.step()
         self.adam.step()
         self.model.zero_grad(set_to_none=True)
-        param_sum = bit_checksum([self.flat_params])
+        # every bit the next step depends on: parameters and optimizer state (a flip that only reaches the
+        # momentum this step is caught now, not a step later: bench/engine_detection.py, Part D)
+        param_sum = bit_checksum([self.flat_params, *self._optimizer_state()])
         as_int = [loss.detach().float().view(torch.int32).to(torch.int64),
                   grad_norm.float().view(torch.int32).to(torch.int64), param_sum]
         loss_bits, gn_bits, psum = torch.stack(as_int).tolist()  # one host sync, exact bits
         return StepResult(f32_from_bits(loss_bits & 0xFFFFFFFF), f32_from_bits(gn_bits & 0xFFFFFFFF),
                           time.perf_counter() - t0, x.numel(), psum)
+
+    def _optimizer_state(self) -> list[torch.Tensor]:
+        state = list(self.muon.buffers.values())
+        for m, v in self.adam.state.values():
+            state += [*m, *v]
+        return state
 
     def reference_step(self, step: int | None) -> int | None:
         """The reference step `step` is compared with: itself, or with --reference-loop its step within the pass

@@ -25,6 +25,7 @@ from tuner.tuning import sampler as sampler_mod
 from tuner.tuning.sampler import TelemetrySampler
 
 SIM_HANG_STEP = 3  # a simulated card that "hangs" stops the engine at this step
+RESULT_WAIT_S = 60.0  # after the engine's output ended: how long to wait for its exit before stopping it
 STOPPED = "stopped"
 
 
@@ -238,7 +239,7 @@ def run_trial(
                     step=getattr(event, "step", None), tok_s=getattr(event, "tok_s", None),
                     power_w=latest.power_w if latest else None,
                     temp_c=(latest.temp_hotspot_c or latest.temp_edge_c) if latest else None))
-        engine_result = run.result()
+        engine_result = _bounded_result(run, params.watchdog)
     except StopRequested:
         stop_reason.append(STOPPED)
     finally:
@@ -269,6 +270,19 @@ def run_trial(
         simulated=bool(target and target.simulated), warnings=warnings, started_at=started_at,
         wall_s=clock() - started_at,
     )
+
+
+def _bounded_result(run, watchdog: WatchdogSettings):
+    """The engine's result, waited for a bounded time (its output has ended, so it should be exiting): if it does
+    not exit, stop it (SIGTERM, then SIGKILL) and wait once more; None when even that does not end it."""
+    try:
+        return run.result(timeout=RESULT_WAIT_S)
+    except TimeoutError:
+        run.stop()
+    try:
+        return run.result(timeout=watchdog.kill_after_s + 10.0)
+    except TimeoutError:
+        return None
 
 
 def _reset_and_verify(backend: Backend, device_id: str) -> None:
