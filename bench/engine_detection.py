@@ -276,7 +276,9 @@ def _values(digest: str) -> tuple[float, float]:
 
 
 def math_finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
+    import math
+
+    return math.isfinite(x)
 
 
 def print_part_d(rows: list[dict], args) -> None:
@@ -288,7 +290,8 @@ def print_part_d(rows: list[dict], args) -> None:
     for r in rows:
         c = r["consequential"]
         lag = statistics.median(r["latency"]) if r["latency"] else None
-        def frac(n):
+
+        def frac(n, c=c):
             return f"{n}/{c}" + (f" ({100 * n / c:.0f}%)" if c else "")
         print(f"  {r['dtype']:<5} {r['site']:<25} {c:>6}/{r['trials']:<6} {frac(r['caught_own_step']):>17} "
               f"{'-' if lag is None else f'{lag:g}':>10} {frac(r['tolerance_own_step']):>19} "

@@ -42,7 +42,8 @@ def run_engine(args: list[str], timeout_s: float) -> tuple[int | None, list[dict
     """(exit code or None on timeout, events, stderr tail)."""
     cmd = [sys.executable, "-m", "tuner.engine", *args]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_env(), cwd=REPO)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_env(), cwd=REPO,
+                              check=False)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         return None, _events(out), "timed out"
@@ -93,7 +94,8 @@ def detection(device: str, trials: int, timeout_s: float) -> dict | None:
     cmd = [sys.executable, str(REPO / "bench" / "engine_detection.py"), "--parts", "D", "--trials", str(trials),
            "--device", device, "--dtypes", "bf16", "--preset", "tiny", "--json"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_env(), cwd=REPO)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_env(), cwd=REPO,
+                              check=False)
     except subprocess.TimeoutExpired:
         return {"error": "timed out"}
     try:
@@ -108,7 +110,7 @@ def nvml_probe(timeout_s: float) -> str | None:
         return None
     try:
         proc = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=timeout_s,
-                              env=_env(), cwd=REPO)
+                              env=_env(), cwd=REPO, check=False)
     except subprocess.TimeoutExpired:
         return "nvml_probe.py: timed out"
     return (proc.stdout + proc.stderr).strip()[-4000:]
@@ -118,7 +120,8 @@ def versions() -> dict:
     code = ("import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
             "'hip': torch.version.hip, 'cudnn': torch.backends.cudnn.version() if torch.backends.cudnn.is_available()"
             " else None, 'gpus': [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env(),
+                          check=False)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -182,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the JSON document here")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    left = lambda: args.budget_s - (time.monotonic() - t0)  # noqa: E731
+
+    def left() -> float:
+        return args.budget_s - (time.monotonic() - t0)
+
     doc: dict = {"python": sys.version.split()[0], "device": args.device, "versions": versions(),
                  "nvml_probe": nvml_probe(60), "presets": [], "detection": None, "skipped": []}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:

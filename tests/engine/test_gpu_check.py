@@ -14,7 +14,7 @@ def test_gpu_check_runs_on_the_cpu_and_proves_repeatability_across_processes(tmp
     out = tmp_path / "check.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--presets",
                            "tiny", "--steps", "4", "--detection-trials", "0", "--json", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+                          capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc == json.loads(out.read_text()) | {"presets": doc["presets"]}

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from tests.tuning.test_plan import bound, mv_knob, setups
 from tuner.tuning.plan import (
     BASELINE,
-    CONTROL,
     COARSE,
+    CONTROL,
     REFINE,
     REPLAY,
     BisectPlan,

@@ -6,6 +6,7 @@ minutes together on 2 cores)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.cli_helpers import run_tuner
 from tuner.backends.simulated import SimulatedBackend
@@ -60,10 +61,10 @@ def test_tolerance_completes_and_every_record_says_reduced(boot):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "reduced sensitivity (--tolerance)" in proc.stderr and "%" in proc.stderr  # the measured rate
     events = events_of(proc.stdout)
-    rec = [e for e in events if e["event"] == "recommendation"][0]
+    rec = next(e for e in events if e["event"] == "recommendation")
     assert rec["sensitivity"] == "reduced"
     finished = [e["result"] for e in events if e["event"] == "trial_finished"]
     assert finished and all(r["sensitivity"] == "reduced" for r in finished if r["verdict"] != "error")
-    path = [e for e in events if e["event"] == "profile_saved"][0]["path"]
-    text = open(path, encoding="utf-8").read()
+    path = next(e for e in events if e["event"] == "profile_saved")["path"]
+    text = Path(path).read_text(encoding="utf-8")
     assert 'sensitivity = "reduced"' in text

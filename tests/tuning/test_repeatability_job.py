@@ -18,12 +18,11 @@ def make(vmin=-52, **kw):
     backend = SimulatedBackend(vmin_mv=vmin)
     engine = FakeEngine()
     params = BisectParams(trial_s=1, confirm_s=2, **kw)
-    events: list = []
-    return backend, engine, events, BisectJob(backend, "sim0", params, events.append, engine_factory=engine)
+    return backend, engine, BisectJob(backend, "sim0", params, engine_factory=engine)
 
 
 def test_a_replay_that_differs_stops_before_any_undervolt(boot):
-    backend, engine, events, job = make()
+    backend, engine, job = make()
     engine.replay_fault = lambda req: ("not-repeatable", 141)
     outcome = job.run()
     assert (outcome.status, outcome.exit_code, outcome.failure.kind) == ("failed", exit_codes.TEST_FAILED,
@@ -35,7 +34,7 @@ def test_a_replay_that_differs_stops_before_any_undervolt(boot):
 
 
 def test_a_mismatch_gets_a_stock_control_before_it_counts(boot):
-    backend, engine, events, job = make()
+    _backend, engine, job = make()
     engine.software_fault = lambda req: ("mismatch", 7, 7) if req["fault_seed"] == -10 else None
     outcome = job.run()
     assert outcome.status == "recommended", outcome.failure
@@ -50,7 +49,7 @@ def test_a_mismatch_gets_a_stock_control_before_it_counts(boot):
 
 
 def test_a_control_that_fails_too_stops_and_blames_no_voltage(boot):
-    backend, engine, events, job = make()
+    backend, engine, job = make()
     engine.software_fault = lambda req: ("canary", 30, 10)
     outcome = job.run()
     assert (outcome.failure.kind, outcome.exit_code) == ("not-repeatable", 1)
@@ -59,14 +58,14 @@ def test_a_control_that_fails_too_stops_and_blames_no_voltage(boot):
 
 
 def test_injected_faults_of_the_simulated_card_need_no_control(boot):
-    backend, engine, events, job = make(vmin=-12)
+    _backend, _engine, job = make(vmin=-12)
     outcome = job.run()
     assert outcome.status == "recommended"
     assert not [t for t in outcome.trials if t.phase == "control"]
 
 
 def test_tolerance_is_passed_on_and_recorded_everywhere(boot):
-    backend, engine, events, job = make(tolerance=True)
+    _backend, engine, job = make(tolerance=True)
     engine.sensitivity = "reduced"
     outcome = job.run()
     assert outcome.status == "recommended"
@@ -76,7 +75,7 @@ def test_tolerance_is_passed_on_and_recorded_everywhere(boot):
 
 
 def test_reduced_sensitivity_without_asking_is_an_error(boot):
-    backend, engine, events, job = make()
+    _backend, engine, job = make()
     engine.sensitivity = "reduced"
     outcome = job.run()
     assert (outcome.status, outcome.failure.kind) == ("failed", "error")

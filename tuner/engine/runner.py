@@ -853,13 +853,14 @@ class Engine:
             failed_step = self.step + 1 if self.state == "train" else self.step
             if finding is not None and self.step == 0:
                 # before the first completed step: the kernels or the environment, not the voltage
-                verdict, reason, kind, code = ("error", f"device error before the first completed step (a setup "
-                                               f"problem, not instability): {finding.detail}", "setup", EXIT_ERROR)
+                reason = (f"device error before the first completed step (a setup problem, not instability): "
+                          f"{finding.detail}")
+                verdict, kind, code = "error", "setup", EXIT_ERROR
                 self.log(reason)
             elif NOT_DETERMINISTIC in str(e):
                 first = str(e).strip().splitlines()[0][:300]
-                verdict, reason, kind, code = ("error", f"an operation has no deterministic implementation on this "
-                                               f"platform: {first}", "setup", EXIT_ERROR)
+                reason = f"an operation has no deterministic implementation on this platform: {first}"
+                verdict, kind, code = "error", "setup", EXIT_ERROR
                 self.log(reason)
             elif finding is not None:  # a device error counts against the setting
                 failed_step = failed_step if self._setup_done else None

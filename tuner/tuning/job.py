@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from tuner.core import exit_codes
-
-from tuner.tuning import journal, kernel_log
 from tuner.backends.base import Backend
+from tuner.core import exit_codes
+from tuner.core.errors import DeviceLost, NotApplied, UsageError
+from tuner.tuning import journal, kernel_log
 from tuner.tuning.events import (
     BisectEvent,
     BisectFailed,
@@ -42,7 +42,6 @@ from tuner.tuning.plan import (
     Recommend,
     Stop,
 )
-from tuner.core.errors import DeviceLost, NotApplied, UsageError
 from tuner.tuning.trial import STOPPED, TrialParams, WatchdogSettings, run_trial
 
 MODES = ("train", "gemm", "mixed")
