@@ -97,3 +97,11 @@ def test_with_passing_controls_the_recommendation_is_unchanged(setup, limit):
     fails = {r.setting for r in r_ruled if r.verdict == "fail"}
     assert len(controls) == len(fails) and sum(r.phase == REPLAY for r in r_ruled) == 1
     assert len(r_ruled) <= bound(plain) + 1 + len(fails) + len([r for r in r_plain if r.phase == "confirm"])
+
+
+def test_start_up_check_misses_at_two_settings_are_not_a_software_fault():
+    plan = plan_with_rules()
+    results = [PlanResult(0, BASELINE, "pass"), PlanResult(0, REPLAY, "pass"),
+               PlanResult(-10, COARSE, "fail", "canary", 0), PlanResult(0, CONTROL, "pass"),
+               PlanResult(-5, REFINE, "fail", "canary", 0)]
+    assert plan.decide(results) == NextTrial(0, CONTROL)  # the second setting gets its own control

@@ -275,7 +275,9 @@ class BisectPlan:
     def _software_fault(self, trials: Sequence[PlanResult]) -> Stop | None:
         seen: dict[int, int] = {}
         for r in trials:
-            if r.verdict == FAIL and r.kind in SOFTWARE_KINDS and r.fault_step is not None:
+            # step 0 is the start-up check every run begins with: the stock control (which runs it too) is the
+            # judge there, so two settings failing it are not evidence of a software bug
+            if r.verdict == FAIL and r.kind in SOFTWARE_KINDS and r.fault_step:
                 key = r.fault_step
                 if key in seen and seen[key] != r.setting:
                     return Stop("software-fault", f"{r.kind} at step {r.fault_step} at both "
