@@ -12,10 +12,9 @@ import re
 DEVICE_ERROR_PATTERNS: tuple[tuple[str, str], ...] = (
     ("memory access fault", r"memory access fault by gpu"),
     # ROCr (ROCm's runtime) on a hardware exception, e.g. "HW Exception by GPU node-1 (Agent handle: 0x...) reason
-    # :GPU Hang", and the queue error it aborts with; the amdgpu driver's ring timeout text when it reaches stderr
+    # :GPU Hang" (the queue error it then aborts with is the HSA pattern below), and amdgpu's ring timeout text
     ("GPU hang", r"reason\s*:\s*gpu hang|\bgpu hang\b|ring \S+ timeout"),
     ("hardware exception", r"hw exception by gpu"),
-    ("HSA queue error", r"hsa_status_error_(?:exception|memory_aperture_violation|memory_fault|illegal_instruction)"),
     ("HSA error", r"hsa_status_error"),
     ("illegal memory access", r"illegal memory access"),
     ("unspecified launch failure", r"unspecified launch failure"),
