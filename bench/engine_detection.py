@@ -13,15 +13,26 @@ the run):
 Part B, flips in the canary's own computation (--canary-trials): half in the canary's frozen weights
 (persistent), half in its activations (transient, one replay): caught by the canary at that replay?
 Part C, flips in a GEMM check's output (--gemm-trials): caught by the bitwise comparison?
+Part D, every site of a training step, in fp32 and in bf16 (--trials per site and dtype): weights (fp32 masters,
+persistent), Linear outputs, attention q, k, v, scores and output, gradients out of the backward GEMMs (dW of a
+matrix, dX into a Linear), optimizer state (Muon momentum, AdamW moments; persistent) and the Newton-Schulz
+matmuls (one X X^T product). Each site runs with the same hooks installed in its clean run, so a flip is
+*consequential* when any later step's digest (loss bits, gradient-norm bits, parameter bit checksum) differs
+from the clean run's within the horizon. Per site: consequential flips, caught on their own step bit for bit,
+steps to detection, and what the tolerance comparison (`--tolerance`: loss 5 %, gradient norm 100 %) catches.
+In bf16 the Newton-Schulz iteration runs in bf16, as on GPUs.
 
-    python bench/engine_detection.py [--trials 200] [--horizon 30] [--max-flip-step 20] [--seed 0]
+    python bench/engine_detection.py [--parts ABCD] [--trials 200] [--horizon 30] [--max-flip-step 20]
+        [--site-horizon 5] [--seed 0] [--json]
 
-Takes about three minutes on two CPU cores. Prints fractions and median steps from flip to detection.
+Parts A-C take about three minutes on two CPU cores; `--parts D --trials 10` about one. Prints fractions and
+median steps from flip to detection; `--json` prints one JSON document instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -29,11 +40,16 @@ import sys
 import time
 import warnings
 from collections import Counter
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from tuner.engine.detectors import NonFiniteDetector, SoftSignals
+from tuner.engine import optim
+from tuner.engine.detectors import NonFiniteDetector, ReferenceTrajectory, SoftSignals
 from tuner.engine.faults import FaultInjector, flip_bit_
 from tuner.engine.optim import build_optimizers
 from tuner.engine.options import EngineOptions
@@ -48,7 +64,244 @@ def quiet(_msg: str) -> None:
 
 def reset(engine: Engine) -> None:
     engine.model.load_state_dict(engine.initial_state)
-    engine.muon, engine.adam = build_optimizers(engine.model)
+    # the Newton-Schulz iteration in the compute dtype, as the engine runs it on GPUs
+    engine.muon, engine.adam = build_optimizers(engine.model, ns_dtype=engine.dtype)
+
+
+# --- Part D: every site of a training step ------------------------------------------------------------------------
+# Each site is a context manager around one training step: `flip` says whether to flip one bit this step; with
+# flip=False the same code path runs (the clean run the flipped one is compared with).
+
+def _flip_clone(t: torch.Tensor, rng: random.Random) -> torch.Tensor:
+    t = t.clone(memory_format=torch.contiguous_format)
+    flip_bit_(t, rng.randrange(t.numel()), rng.randrange(torch.finfo(t.dtype).bits))
+    return t
+
+
+@contextmanager
+def _patched(obj, name: str, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def site_weight(engine, flip, rng):
+    if flip:
+        params = [(n, p) for n, p in engine.model.named_parameters() if p.ndim == 2]
+        _, p = FaultInjector._pick_weighted(params, rng)
+        flip_bit_(p.data, rng.randrange(p.numel()), rng.randrange(32))
+    yield
+
+
+def site_activation(engine, flip, rng):
+    injector = FaultInjector(log=quiet)
+    if flip:
+        modules = engine.model.linear_modules()
+        name, _ = FaultInjector._pick_weighted([(n, m.weight[:, 0]) for n, m in modules], rng)
+        injector.arm_activation(dict(modules)[name], name, rng, step=None, source="bench")
+    try:
+        yield
+    finally:
+        injector.disarm()
+
+
+def _attention_site(part: str):
+    def site(engine, flip, rng):
+        real = F.scaled_dot_product_attention
+        target_call = rng.randrange(engine.cfg.depth) if flip else -1
+        calls = [0]
+
+        def sdpa(q, k, v, is_causal=True, **kw):
+            hit = calls[0] == target_call
+            calls[0] += 1
+            if part == "scores":  # the explicit math path, with a flip between the two matmuls
+                t = q.size(-2)
+                scores = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
+                mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+                if hit:
+                    flat = scores.clone()
+                    i = rng.randrange(t)
+                    j = rng.randrange(i + 1)  # an unmasked entry
+                    b = rng.randrange(scores.size(0))
+                    h = rng.randrange(scores.size(1))
+                    bit = rng.randrange(torch.finfo(flat.dtype).bits)
+                    cell = flat[b, h, i, j].clone().reshape(1)
+                    flip_bit_(cell, 0, bit)
+                    flat[b, h, i, j] = cell[0]
+                    scores = flat
+                scores = scores.masked_fill(~mask, float("-inf"))
+                return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+            if hit and part in ("q", "k", "v"):
+                q, k, v = (_flip_clone(x, rng) if part == name else x for x, name in ((q, "q"), (k, "k"), (v, "v")))
+            y = real(q, k, v, is_causal=is_causal, **kw)
+            return _flip_clone(y, rng) if hit and part == "output" else y
+
+        with _patched(F, "scaled_dot_product_attention", sdpa):
+            yield
+    return site
+
+
+def site_grad_weight(engine, flip, rng):
+    handle = None
+    if flip:
+        params = [p for p in engine.model.parameters() if p.ndim == 2]
+        p = params[rng.randrange(len(params))]
+        handle = p.register_hook(lambda g: _flip_clone(g, rng))
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def site_grad_input(engine, flip, rng):
+    handles = []
+    if flip:
+        modules = engine.model.linear_modules()
+        _, module = modules[rng.randrange(len(modules))]
+
+        def pre(_m, inputs):
+            x = inputs[0]
+            if x.requires_grad:
+                x.register_hook(lambda g: _flip_clone(g, rng))
+            handles[0].remove()
+
+        handles.append(module.register_forward_pre_hook(pre))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def site_optimizer_state(engine, flip, rng):
+    if flip:
+        states = list(engine.muon.buffers.values())
+        for m, v in engine.adam.state.values():
+            states += m + v
+        t = states[rng.randrange(len(states))]
+        flip_bit_(t, rng.randrange(t.numel()), rng.randrange(32))
+    yield
+
+
+def site_newton_schulz(engine, flip, rng):
+    real = optim.newton_schulz
+    state = {"target": rng.randrange(len(engine.muon.groups)) if flip else -1, "call": 0,
+             "iteration": rng.randrange(5)}
+
+    def ns(g, steps=5, dtype=torch.float32):
+        hit = state["call"] == state["target"]
+        state["call"] += 1
+        if not hit:
+            return real(g, steps, dtype)
+        a, b, c = optim.NS_COEFFS  # optim.newton_schulz, with one X X^T product flipped
+        x = g.to(dtype)
+        transposed = x.size(-2) > x.size(-1)
+        if transposed:
+            x = x.mT
+        x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+        for i in range(steps):
+            m = x @ x.mT
+            if i == state["iteration"]:
+                m = _flip_clone(m, rng)
+            x = a * x + (b * m + c * (m @ m)) @ x
+        return x.mT if transposed else x
+
+    with _patched(optim, "newton_schulz", ns):
+        yield
+
+
+SITES = {
+    "weight": site_weight, "activation": site_activation,
+    "attention.q": _attention_site("q"), "attention.k": _attention_site("k"), "attention.v": _attention_site("v"),
+    "attention.scores": _attention_site("scores"), "attention.output": _attention_site("output"),
+    "grad.dW (backward GEMM)": site_grad_weight, "grad.dX (backward GEMM)": site_grad_input,
+    "optimizer state": site_optimizer_state, "newton-schulz matmul": site_newton_schulz,
+}
+
+
+def _run(engine, site, steps: int, flip_step: int | None, rng: random.Random) -> list[str]:
+    reset(engine)
+    out = []
+    for step in range(1, steps + 1):
+        with contextmanager(site)(engine, step == flip_step, rng):
+            r = engine.train_step(step)
+        out.append(step_digest(r.loss, r.grad_norm, r.param_sum))
+    return out
+
+
+def part_d(args) -> list[dict]:
+    rows = []
+    for dtype in args.dtypes.split(","):
+        engine = Engine(EngineOptions(steps=1, canary_every=0, canary_every_s=0, seed=args.seed, dtype=dtype,
+                                      device=args.device, preset=args.preset), Emitter(), log=quiet)
+        engine.setup()
+        steps = args.max_site_step + args.site_horizon
+        for name, site in SITES.items():
+            clean = _run(engine, site, steps, None, random.Random(0))
+            per = {"dtype": dtype, "site": name, "trials": 0, "consequential": 0, "caught_own_step": 0,
+                   "caught": 0, "latency": [], "tolerance_own_step": 0, "tolerance_caught": 0}
+            for trial in range(args.trials):
+                rng = random.Random(f"engine-detection-site:{args.seed}:{dtype}:{name}:{trial}")
+                flip_step = rng.randint(2, args.max_site_step)  # from step 2: optimizer state exists
+                got = _run(engine, site, steps, flip_step, rng)
+                per["trials"] += 1
+                diff = [s for s in range(flip_step, steps + 1) if got[s - 1] != clean[s - 1]]
+                if not diff:
+                    continue  # the flip changed nothing the run keeps (e.g. a masked or rounded-away value)
+                per["consequential"] += 1
+                per["caught"] += 1
+                per["caught_own_step"] += diff[0] == flip_step
+                per["latency"].append(diff[0] - flip_step)
+                tol = ReferenceTrajectory(clean, tolerance=0.05)
+                fired = []
+                for s in range(flip_step, steps + 1):
+                    loss, gn = _values(got[s - 1])
+                    if tol.check(s, loss, gn) is not None or not (math_finite(loss) and math_finite(gn)):
+                        fired.append(s)
+                        break
+                per["tolerance_caught"] += bool(fired)
+                per["tolerance_own_step"] += bool(fired) and fired[0] == flip_step
+            rows.append(per)
+    return rows
+
+
+def _values(digest: str) -> tuple[float, float]:
+    from tuner.engine.reference import digest_values
+
+    return digest_values(digest)
+
+
+def math_finite(x: float) -> bool:
+    import math
+
+    return math.isfinite(x)
+
+
+def print_part_d(rows: list[dict], args) -> None:
+    print(f"Part D: single-bit flips at every site of a training step ({args.preset} preset, {args.device}), "
+          f"{args.trials} per site "
+          f"and dtype, flip at a step in 2..{args.max_site_step}, observed {args.site_horizon} steps after")
+    print(f"  {'dtype':<5} {'site':<25} {'consequential':>13} {'bitwise own step':>17} {'median lag':>10} "
+          f"{'tolerance own step':>19} {'tolerance ever':>15}")
+    for r in rows:
+        c = r["consequential"]
+        lag = statistics.median(r["latency"]) if r["latency"] else None
+
+        def frac(n, c=c):
+            return f"{n}/{c}" + (f" ({100 * n / c:.0f}%)" if c else "")
+        print(f"  {r['dtype']:<5} {r['site']:<25} {c:>6}/{r['trials']:<6} {frac(r['caught_own_step']):>17} "
+              f"{'-' if lag is None else f'{lag:g}':>10} {frac(r['tolerance_own_step']):>19} "
+              f"{frac(r['tolerance_caught']):>15}")
+    tot = sum(r["consequential"] for r in rows)
+    own = sum(r["caught_own_step"] for r in rows)
+    tol = sum(r["tolerance_own_step"] for r in rows)
+    if tot:
+        print(f"  all sites: {own}/{tot} ({100 * own / tot:.1f} %) caught bit for bit on their own step; "
+              f"tolerance: {tol}/{tot} ({100 * tol / tot:.1f} %)")
 
 
 def part_a(engine: Engine, args, clean: list[str]) -> list[dict]:
@@ -156,8 +409,29 @@ def main() -> int:
     ap.add_argument("--canary-trials", type=int, default=200)
     ap.add_argument("--gemm-trials", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parts", default="ABCD", help="which parts to run (default ABCD)")
+    ap.add_argument("--site-horizon", type=int, default=5, help="Part D: steps observed after the flip (default 5)")
+    ap.add_argument("--max-site-step", type=int, default=6, help="Part D: last step a flip may land on (default 6)")
+    ap.add_argument("--device", default="cpu", help="Part D: engine device (default cpu; e.g. cuda:0)")
+    ap.add_argument("--preset", default="tiny", help="Part D: model preset (default tiny)")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="Part D: compute dtypes (default fp32,bf16)")
+    ap.add_argument("--json", action="store_true", help="print one JSON document (Part D's table and Part A's "
+                    "counts) instead of text")
     args = ap.parse_args()
     t0 = time.monotonic()
+    doc: dict = {"seed": args.seed, "trials": args.trials}
+    if "D" in args.parts:
+        rows = part_d(args)
+        doc["sites"] = [{**r, "median_latency_steps": statistics.median(r["latency"]) if r["latency"] else None}
+                        for r in rows]
+        if not args.json:
+            print_part_d(rows, args)
+    if not set("ABC") & set(args.parts):
+        if args.json:
+            print(json.dumps(doc, default=list))
+        else:
+            print(f"({time.monotonic() - t0:.0f} s)")
+        return 0
     engine = Engine(EngineOptions(steps=1, canary_every=0, canary_every_s=0, seed=args.seed), Emitter(),
                     log=quiet)
     engine.setup()

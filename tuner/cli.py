@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from tuner import __version__
 from tuner.actions.context import Context
-from tuner.commands._argtypes import whole_number
+from tuner.commands._argtypes import seconds_between, whole_number
 from tuner.core import exit_codes, signals
 from tuner.core.errors import TunerError
 
@@ -76,6 +76,11 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     g.add_argument("--sim-vmin", type=whole_number, metavar="LIMIT", default=default(None),
                    help="hidden stable limit of sim0 in the knob's unit: mV (default: drawn from the seed in "
                    "-120..-30), or MHz with --sim-kind nvidia (drawn in 60..240)")
+    g.add_argument("--sim-nondeterministic", action="store_true", default=default(False),
+                   help="runs on the simulated cards never repeat bit for bit (a platform flaw, for testing)")
+    g.add_argument("--sim-contention-after", type=seconds_between(0, 1e6), metavar="SECONDS",
+                   default=default(None), help="runs on the simulated cards stop repeating bit for bit this many "
+                   "seconds after the tuner starts (as when another process starts using the GPU)")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):

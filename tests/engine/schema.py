@@ -42,7 +42,7 @@ END_FULL = {"reference_step": OPT_INT, "median_step_ms": OPT_NUM, "median_tok_s"
             "reference": (dict, type(None)), "recorded": OPT_STR, "sensitivity": OPT_STR,
             "setup_problems": (list,), "warnings": (int,), "canaries": (int,)}
 VERDICTS = {"pass": 0, "fail": 1, "error": (2, 130)}
-FAULT_KINDS = {"mismatch", "canary", "gemm", "nonfinite", "device-error"}
+FAULT_KINDS = {"mismatch", "canary", "gemm", "nonfinite", "device-error", "not-repeatable"}
 
 
 def validate(event: dict, *, full_end: bool = True) -> None:

@@ -64,7 +64,11 @@ OPTIONS = st.builds(
     idle_gap_s=st.floats(0, 1e5, **FINITE),
     partial_duty=st.floats(0.05, 1.0, **FINITE),
     heartbeat_s=st.floats(1e-3, 1.0, **FINITE),
-    reference_tolerance=st.floats(-1e3, 1e3, **FINITE),
+    reference_tolerance=st.floats(1e-6, 1e3, **FINITE),
+    tolerance=st.booleans(),
+    verify_repeatable=st.booleans(),
+    sim_nondeterministic=st.booleans(),
+    sim_contention_at=maybe(st.floats(0, 1e10, **FINITE)),
     reference_loop=st.booleans(),
     parent_pid=maybe(st.integers(1, 2**22)),
     test_oom_above=maybe(st.integers(0, 4096)),
@@ -90,7 +94,8 @@ def test_options_to_argv_and_back_are_the_same_options(opts):
 @given(OPTIONS)
 def test_the_strategy_reaches_valid_runs(opts):
     """Guards the round trip against a strategy that `assume` would empty."""
-    if opts.steps is not None and not opts.record and not opts.reference and not opts.reference_loop:
+    if (opts.steps is not None and not opts.record and not opts.reference and not opts.reference_loop
+            and not opts.verify_repeatable):
         assert _valid(opts)
 
 

@@ -48,6 +48,9 @@ class FakeEngine:
     # request -> (kind, failing step, reference step) for every trial that does not record; None: no such fault
     software_fault: object = None
     runs: list[_FakeRun] = field(default_factory=list)
+    # request -> (kind, failing step) for the baseline's replay (--verify-repeatable); None: it repeats
+    replay_fault: object = None
+    sensitivity: str = "full"  # what every result reports ("reduced": the engine compared with tolerances)
 
     def __call__(self, request: sc.EngineConfig, watchdog: sc.WatchdogPolicy) -> _FakeRun:
         assert isinstance(request, sc.EngineConfig) and isinstance(watchdog, sc.WatchdogPolicy)
@@ -81,23 +84,33 @@ class _FakeRun:
         n = 20
         fail_step = 2 + int(o.fault_rate * 10) if o.fault_rate > 0 else None
         hang = any(i.kind == "hang" for i in o.injections)
-        if self.engine.software_fault and not o.record:
-            kind, step, ref_step = self.engine.software_fault(self.request)
+        sens = self.engine.sensitivity
+        replay = o.verify_repeatable
+        if replay and self.engine.replay_fault and self.engine.replay_fault(self.request):
+            kind, step = self.engine.replay_fault(self.request)
+            self._result = result("fail", kind, f"{kind} at step {step}", failure_step=step, reference_step=step,
+                                  steps=step, median_tok_s=self.engine.tok_s, sensitivity=sens)
+            return
+        fault = (self.engine.software_fault(self.request)
+                 if self.engine.software_fault and not o.record and not replay else None)
+        if fault:
+            kind, step, ref_step = fault
             self._result = result("fail", kind, f"{kind} at step {step}", failure_step=step,
-                                  reference_step=ref_step, steps=step, median_tok_s=self.engine.tok_s)
+                                  reference_step=ref_step, steps=step, median_tok_s=self.engine.tok_s,
+                                  sensitivity=sens)
             return
         for step in range(1, n + 1):
             if self._stopped.is_set():
-                self._result = result("error", "stopped", "stopped", steps=step, duration_s=0.1)
+                self._result = result("error", "stopped", "stopped", steps=step, duration_s=0.1, sensitivity=sens)
                 return
             if hang and step == 3:
                 self._result = result("fail", "hang", "no heartbeat", failure_step=3, steps=3,
-                                      median_tok_s=self.engine.tok_s)
+                                      median_tok_s=self.engine.tok_s, sensitivity=sens)
                 return
             if fail_step is not None and step == fail_step:
                 yield event("fault", kind="mismatch", step=step, reference_step=step, detail="loss bits differ")
                 self._result = result("fail", "mismatch", "loss bits differ", failure_step=step, steps=step,
-                                      median_tok_s=self.engine.tok_s)
+                                      median_tok_s=self.engine.tok_s, sensitivity=sens)
                 return
             yield event("step", step=step, loss=5.0, grad_norm=1.0, dt_ms=1.0, tok_s=self.engine.tok_s,
                         tflops=None)
@@ -106,8 +119,10 @@ class _FakeRun:
             return
         if o.record:
             Path(o.record).write_text('{"steps": 1000}')
-        yield event("end", steps=n, duration_s=o.duration_s, median_tok_s=self.engine.tok_s)
-        self._result = result("pass", None, "", steps=n, duration_s=o.duration_s, median_tok_s=self.engine.tok_s)
+        took_s = o.duration_s if o.duration_s is not None else 1.0  # a run bound by steps (the replay)
+        yield event("end", steps=n, duration_s=took_s, median_tok_s=self.engine.tok_s)
+        self._result = result("pass", None, "", steps=n, duration_s=took_s, median_tok_s=self.engine.tok_s,
+                              sensitivity=self.engine.sensitivity)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -45,9 +45,12 @@ def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
     assert "saved profile 'sim-e2e'" in proc.stdout
     doc = journal.load("sim0")
     assert [(t["setting"], t["phase"], t["verdict"]) for t in doc["trials"]] == [
-        (0, "baseline", "pass"), (-10, "coarse", "pass"), (-20, "coarse", "pass"), (-30, "coarse", "fail"),
-        (-25, "refine", "fail"), (-20, "confirm", "pass")]
-    assert doc["trials"][3]["kind"] in ("mismatch", "canary", "gemm", "nonfinite")
+        (0, "baseline", "pass"), (0, "replay", "pass"), (-10, "coarse", "pass"), (-20, "coarse", "pass"),
+        (-30, "coarse", "fail"), (-25, "refine", "fail"), (-20, "confirm", "pass")]
+    assert doc["trials"][4]["kind"] in ("mismatch", "canary", "gemm", "nonfinite")
+    # the replay at stock compared every recorded step bit for bit and said so in the reference file
+    ref = json.loads(Path(journal.Journal.open_existing("sim0").reference).read_text())
+    assert ref["repeatable"] is True and ref["replayed_steps"] == doc["trials"][0]["steps"]
     assert SimulatedBackend().knob("sim0").current == 0
 
 
@@ -123,9 +126,10 @@ def test_watchdog_catches_an_injected_hang_far_below_the_limit():
     assert backend.knob("sim0").current == 0
 
 
-def test_a_real_fault_at_the_same_step_at_two_settings_stops_the_search_as_software(sysroot):
+def test_a_broken_reference_fails_the_stock_control_too_and_stops_the_search(sysroot):
     """A broken reference (here: step 4's loss bits) fails every trial at step 4 whatever the voltage; at vmin -52
-    nothing is injected at -10 and -5, so the real engine's two mismatches at step 4 stop the search."""
+    nothing is injected at -10, so its mismatch gets a control at stock, which fails the same way: the search
+    stops (not repeatable) before blaming the voltage, and nothing goes on the unsafe list."""
     def corrupt_then_run(request, watchdog):
         options = request.options
         if options.reference and options.fault_seed == -10:  # the first trial after the baseline
@@ -139,10 +143,15 @@ def test_a_real_fault_at_the_same_step_at_two_settings_stops_the_search_as_softw
     job = BisectJob(SimulatedBackend(vmin_mv=-52), "sim0", BisectParams(trial_s=3, confirm_s=3, preset="tiny"),
                     engine_factory=corrupt_then_run)
     outcome = job.run()
-    assert outcome.status == "failed" and outcome.failure.kind == "software-fault", outcome
-    assert [(t.setting, t.verdict, t.kind, t.fault_step, t.reference_step, t.injected)
-            for t in outcome.trials] == [(0, "pass", None, None, None, False),
-                                         (-10, "fail", "mismatch", 4, 4, False), (-5, "fail", "mismatch", 4, 4, False)]
+    assert outcome.status == "failed" and outcome.failure.kind == "not-repeatable", outcome
+    assert outcome.exit_code == 1 and "step 4" in outcome.failure.reason
+    assert [(t.setting, t.phase, t.verdict, t.kind, t.fault_step, t.reference_step, t.injected)
+            for t in outcome.trials] == [(0, "baseline", "pass", None, None, None, False),
+                                         (0, "replay", "pass", None, None, None, False),
+                                         (-10, "coarse", "fail", "mismatch", 4, 4, False),
+                                         (0, "control", "fail", "mismatch", 4, 4, False)]
+    assert outcome.trials[-1].steps is not None and outcome.trials[-1].steps == 4
+    assert journal.unsafe_settings("sim0") == {}
     assert SimulatedBackend().knob("sim0").current == 0
 
 

@@ -30,11 +30,15 @@ def test_recommends_lowest_pass_plus_margin_and_records_everything(boot):
     assert outcome.exit_code == exit_codes.OK
     rec = outcome.recommendation
     assert (rec.setting, rec.confirmed, rec.first_failure) == (-40, -50, -55)
-    assert [t.setting for t in outcome.trials] == [0, -10, -20, -30, -40, -50, -60, -55, -50]
-    # the baseline records the reference in one trial; the others compare against it, looping it, uncapped
-    base, *rest = (r.options for r in engine.requests)
+    assert [t.setting for t in outcome.trials] == [0, 0, -10, -20, -30, -40, -50, -60, -55, -50]
+    assert [t.phase for t in outcome.trials[:2]] == ["baseline", "replay"]
+    # the baseline records the reference in one trial, a second process replays all of it at stock, bit for bit;
+    # the others compare against it, looping it, uncapped
+    base, replay, *rest = (r.options for r in engine.requests)
     assert base.record and base.duration_s == 1 and base.reference is None
     assert not base.reference_loop and base.steps is None
+    assert replay.reference == base.record and replay.steps == 20 and replay.duration_s is None
+    assert replay.verify_repeatable and not replay.reference_loop
     assert all(r.reference == base.record and r.reference_loop and r.steps is None for r in rest)
     assert rest[-1].mode == "mixed" and rest[-1].duration_s == 2
     # injected faults are drawn per setting (stable), the data and weights stay on the session's seed
@@ -42,8 +46,8 @@ def test_recommends_lowest_pass_plus_margin_and_records_everything(boot):
                                                                                 for t in outcome.trials]
     assert backend.knob("sim0").current == 0
     doc = journal.load("sim0")
-    assert doc["state"] == journal.FINISHED and doc["open_trial"] is None and len(doc["trials"]) == 9
-    assert sum(isinstance(e, TrialFinished) for e in events) == 9
+    assert doc["state"] == journal.FINISHED and doc["open_trial"] is None and len(doc["trials"]) == 10
+    assert sum(isinstance(e, TrialFinished) for e in events) == 10
     assert isinstance(events[-1], Recommendation) and events[-1].to_json()["event"] == "recommendation"
     assert outcome.tuning()["trials"][0]["phase"] == "baseline"
     assert journal.unsafe_settings("sim0") == {}
@@ -130,11 +134,11 @@ def test_a_live_session_elsewhere_is_refused(boot):
 def test_the_same_reference_step_in_different_passes_is_a_software_fault(boot):
     # looped reference of 20 steps: step 27 of one trial and step 47 of the next are both its step 7
     backend, engine, events, job = make()
-    engine.software_fault = lambda req: ("nonfinite", 27 if len(engine.requests) == 2 else 47, 7)
+    engine.software_fault = lambda req: ("nonfinite", 27 if len(engine.requests) == 3 else 47, 7)
     outcome = job.run()
     assert outcome.status == "failed" and outcome.failure.kind == "software-fault"
     assert "step 7" in outcome.failure.reason
-    assert [(t.setting, t.fault_step, t.reference_step) for t in outcome.trials[1:]] == [(-10, 27, 7), (-5, 47, 7)]
+    assert [(t.setting, t.fault_step, t.reference_step) for t in outcome.trials[2:]] == [(-10, 27, 7), (-5, 47, 7)]
     assert journal.unsafe_settings("sim0") == {}
 
 
@@ -152,12 +156,12 @@ def test_a_real_fault_at_the_same_step_at_two_settings_is_a_software_fault(boot)
     engine.software_fault = lambda req: ("nonfinite", 7, 7)
     outcome = job.run()
     assert outcome.status == "failed" and outcome.failure.kind == "software-fault"
-    assert [(t.setting, t.fault_step, t.injected) for t in outcome.trials[1:]] == [(-10, 7, False), (-5, 7, False)]
+    assert [(t.setting, t.fault_step, t.injected) for t in outcome.trials[2:]] == [(-10, 7, False), (-5, 7, False)]
 
 
 def test_the_same_absolute_step_at_different_reference_steps_is_not_a_software_fault(boot):
     backend, engine, events, job = make()
-    engine.software_fault = lambda req: ("nonfinite", 27, 7 if len(engine.requests) == 2 else 17)
+    engine.software_fault = lambda req: ("nonfinite", 27, 7 if len(engine.requests) == 3 else 17)
     outcome = job.run()
     assert outcome.status == "recommended" and outcome.recommendation.confirmed is None
 

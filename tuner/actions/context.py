@@ -15,6 +15,8 @@ class Context:
     sim_seed: int = 0
     sim_vmin_mv: int | None = None  # in the simulated knob's unit (MHz when sim_kind is "nvidia")
     sim_kind: str = "amd"
+    sim_nondeterministic: bool = False
+    sim_contention_after_s: float | None = None
     _backend: Backend | None = field(default=None, repr=False)
 
     @classmethod
@@ -25,6 +27,8 @@ class Context:
             sim_seed=args.sim_seed,
             sim_vmin_mv=args.sim_vmin,
             sim_kind=args.sim_kind,
+            sim_nondeterministic=getattr(args, "sim_nondeterministic", False),
+            sim_contention_after_s=getattr(args, "sim_contention_after", None),
         )
 
     @property
@@ -37,6 +41,8 @@ class Context:
                 sim_seed=self.sim_seed,
                 sim_vmin_mv=self.sim_vmin_mv,
                 sim_kind=self.sim_kind,
+                sim_nondeterministic=self.sim_nondeterministic,
+                sim_contention_after_s=self.sim_contention_after_s,
             )
         return self._backend
 

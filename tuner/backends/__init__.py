@@ -5,20 +5,25 @@ from __future__ import annotations
 import importlib
 
 from tuner.backends.base import Backend, CompositeBackend
-from tuner.core.errors import Unsupported
+from tuner.core.errors import Unsupported, UsageError
 
 # Vendor modules, each exposing `discover() -> Backend | None` (None when it finds no card of its vendor).
 REAL_BACKEND_MODULES = ("tuner.backends.amd", "tuner.backends.nvidia")
 
 
 def open_backend(
-    *, simulate: bool, sim_gpus: int = 1, sim_seed: int = 0, sim_vmin_mv: int | None = None, sim_kind: str = "amd"
+    *, simulate: bool, sim_gpus: int = 1, sim_seed: int = 0, sim_vmin_mv: int | None = None, sim_kind: str = "amd",
+    sim_nondeterministic: bool = False, sim_contention_after_s: float | None = None,
 ) -> Backend:
     """The backend for this run: the simulator when asked, else every real vendor that finds a card."""
     if simulate:
         from tuner.backends.simulated import SimulatedBackend
 
-        return SimulatedBackend(gpus=sim_gpus, seed=sim_seed, vmin_mv=sim_vmin_mv, kind=sim_kind)
+        return SimulatedBackend(gpus=sim_gpus, seed=sim_seed, vmin_mv=sim_vmin_mv, kind=sim_kind,
+                                nondeterministic=sim_nondeterministic, contention_after_s=sim_contention_after_s)
+    if sim_nondeterministic or sim_contention_after_s is not None:
+        raise UsageError("--sim-nondeterministic and --sim-contention-after need --simulate",
+                         "add --simulate, or leave them out on real hardware")
     found: list[Backend] = []
     for module_name in REAL_BACKEND_MODULES:
         backend = importlib.import_module(module_name).discover()  # a missing module is a broken install: raise

@@ -126,6 +126,8 @@ class SimulatedBackend(Backend):
         clock: Callable[[], float] = time.time,
         warn: Callable[[str], None] | None = None,
         kind: str = "amd",
+        nondeterministic: bool = False,
+        contention_after_s: float | None = None,
     ):
         """`vmin_mv` is sim0's hidden limit in the knob's own unit, as `--sim-vmin` gives it (MHz for kind
         "nvidia")."""
@@ -152,6 +154,9 @@ class SimulatedBackend(Backend):
         name = f"seed-{seed}.json" if k is AMD else f"{k.name}-seed-{seed}.json"
         self.state_path = state_path or paths.state_dir() / "simulated" / name
         self._clock = clock
+        # simulated platform flaws, carried out by the engine's fault-injection module (tuner/engine/faults.py)
+        self.nondeterministic = nondeterministic
+        self.contention_at = None if contention_after_s is None else time.time() + contention_after_s
         self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
         self._thermal: dict[str, tuple[float, float, float]] = {}  # id -> (time_s, temp_c, energy_j)
         self._samples = 0
@@ -309,7 +314,15 @@ class SimulatedBackend(Backend):
             fault_rate=fault_rate_at_depth(depth_mv),
             hang=depth_mv >= HANG_DEPTH_MV,
             simulated=True,
+            engine_options=self._flaw_options(),
         )
+
+    def _flaw_options(self) -> tuple[tuple[str, object], ...]:
+        """The platform flaws this card simulates, for every engine run on it (trials and `tuner stress`)."""
+        options: tuple[tuple[str, object], ...] = (("sim_nondeterministic", True),) if self.nondeterministic else ()
+        if self.contention_at is not None:
+            options += (("sim_contention_at", round(self.contention_at, 3)),)
+        return options
 
     def note_load(self, device_id: str, active: bool) -> None:
         card = self._card(device_id)

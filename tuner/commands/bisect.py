@@ -55,6 +55,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--preset", choices=("tiny", "small", "large"),
                    help="engine model size (default: small on GPUs, tiny on the simulated card's CPU engine)")
     p.add_argument("--save", metavar="NAME", help="save the recommendation as a profile")
+    p.add_argument("--tolerance", action="store_true",
+                   help="compare with tolerances instead of bit for bit, for a platform that does not repeat "
+                   "(reduced sensitivity: catches far fewer faults; the profile says so)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue this card's unfinished session")
     again.add_argument("--restart", action="store_true",
@@ -194,7 +197,12 @@ def run(args, ctx) -> int:
     durations = {name: parse_duration_s(text) for name, text in (("trial_s", args.trial), ("confirm_s", args.confirm))
                  if text is not None}  # left out: the core's default
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
-                          mode=args.mode, preset=args.preset, resume=args.resume, restart=args.restart, **durations)
+                          mode=args.mode, preset=args.preset, resume=args.resume, restart=args.restart,
+                          tolerance=args.tolerance, **durations)
+    if args.tolerance:
+        from tuner.tuning.sensitivity import tolerance_note
+
+        print(f"tuner: warning: {tolerance_note()}", file=sys.stderr)
     printer = _Printer(knob.unit, args.json)
     job = prepare_bisect(backend, device.id, params, printer, save=args.save)
     _confirm_real_card(device, args)

@@ -28,9 +28,11 @@ class Phase(StrEnum):
     """Which part of a bisect a trial belongs to; `manual` is a stress run started by hand."""
 
     BASELINE = "baseline"
+    REPLAY = "replay"  # the baseline replayed at stock in a second engine process (repeatability proof)
     COARSE = "coarse"
     REFINE = "refine"
     CONFIRM = "confirm"
+    CONTROL = "control"  # a stock run against the same reference after a mismatch/canary failure
     MANUAL = "manual"
 
 
@@ -179,3 +181,5 @@ class StressTarget:
     hang: bool = False  # simulated cards only: the card "hangs" at this setting
     simulated: bool = False
     env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA_DEVICE_ORDER=PCI_BUS_ID
+    # simulated cards only: platform flaws, as engine option fields (sim_nondeterministic, sim_contention_at)
+    engine_options: tuple[tuple[str, object], ...] = ()

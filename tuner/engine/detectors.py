@@ -33,6 +33,7 @@ from tuner.engine.reference import digest_values, step_digest
 class Finding:
     kind: str
     detail: str
+    figure: str | None = None  # the first figure that differed: "loss", "grad_norm", "state" (reference only)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class ReferenceTrajectory:
         if self.tolerance is None and got == want:
             return None
         ref_loss, ref_gn = digest_values(want)
+        figure = next((name for name, span in (("loss", slice(0, 8)), ("grad_norm", slice(8, 16)),
+                                               ("state", slice(16, None))) if got[span] != want[span]), None)
         if self.tolerance is not None:
             if math.isfinite(loss) and math.isfinite(grad_norm):
                 loss_rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
@@ -100,16 +103,18 @@ class ReferenceTrajectory:
                     return None
         elif got[:16] == want[:16]:
             return Finding(self.kind, f"step {step} differs from the reference: same loss and grad_norm bits, but "
-                                      f"the parameters' bit checksum is {got[16:]}, not {want[16:]}")
+                                      f"the training state's bit checksum (parameters and optimizer state) is "
+                                      f"{got[16:]}, not {want[16:]}", figure)
         # Name only the figures whose bits differ: a one-ulp grad-norm change prints like "x vs x" otherwise.
         differing = [f"{name} {mine!r} vs {theirs!r}" for name, mine, theirs, span in
                      (("loss", loss, ref_loss, slice(0, 8)), ("grad_norm", grad_norm, ref_gn, slice(8, 16)))
                      if got[span] != want[span]]
         if got[16:] != want[16:]:
-            differing.append("the parameters' bit checksum")
+            differing.append("the training state's bit checksum (parameters and optimizer state)")
         return Finding(
             self.kind,
             f"step {step} differs from the reference: {', '.join(differing)} (digest {got} vs {want})",
+            figure,
         )
 
 

@@ -9,15 +9,23 @@
   weight element (any parameter) or activation element (any Linear output, weighted by width); and, with the
   same P, one in each canary replay and each GEMM check (a miscomputing device gets those wrong too).
 
-All draws come from generators seeded by (fault seed, what, index), so a run's faults do not depend on timing.
+- simulated platform flaws (`PlatformFlaw`, the simulated GPU's `--sim-nondeterministic` and
+  `--sim-contention-after`): before a training step, with probability 1/2, the lowest mantissa bit of one
+  weight element flips, drawn from a generator seeded by the OS (so two processes differ, as two runs on a
+  platform whose kernels are not deterministic do); with a contention time, only from that wall-clock time on.
+
+All draws come from generators seeded by (fault seed, what, index), so a run's faults do not depend on timing
+(platform flaws excepted: they must differ between runs).
 The fault seed is the engine's `--fault-seed` (default `--seed`), apart from the seed of the data and weights, so
 runs that share a reference trajectory can fail at different steps (the bisect gives every setting its own).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,9 +72,40 @@ def set_nan_(t: torch.Tensor, index: int) -> float:
     return before
 
 
+class PlatformFlaw:
+    """A simulated platform that does not repeat bit for bit: always (`nondeterministic`) or from the wall-clock
+    time `contention_at` on (another process starts using the GPU). Per step, with probability 1/2, bit 0 of one
+    weight element flips; the draws are seeded by the OS, so they differ between processes and between the two
+    halves of the in-process start-up check."""
+
+    PROBABILITY = 0.5
+
+    def __init__(self, nondeterministic: bool = False, contention_at: float | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.nondeterministic, self.contention_at, self.clock = nondeterministic, contention_at, clock
+        self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        self.flips = 0
+
+    @property
+    def configured(self) -> bool:
+        return self.nondeterministic or self.contention_at is not None
+
+    def active(self) -> bool:
+        return self.nondeterministic or (self.contention_at is not None and self.clock() >= self.contention_at)
+
+    def perturb(self, model: torch.nn.Module) -> None:
+        if not self.active() or self.rng.random() >= self.PROBABILITY:
+            return
+        params = [p for p in model.parameters() if p.ndim == 2]
+        p = params[self.rng.randrange(len(params))]
+        flip_bit_(p.data, self.rng.randrange(p.numel()), 0)
+        self.flips += 1
+
+
 class FaultInjector:
     def __init__(self, injections: list[Injection] | None = None, fault_rate: float = 0.0, seed: int = 0,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, flaw: PlatformFlaw | None = None):
+        self.flaw = flaw or PlatformFlaw()
         self.injections = list(injections or [])
         self.fault_rate, self.seed = fault_rate, seed
         self.records: list[FlipRecord] = []
@@ -92,7 +131,12 @@ class FaultInjector:
 
     # --- training steps ---------------------------------------------------------------------------------------
 
+    def platform_noise(self, model: torch.nn.Module) -> None:
+        """The simulated platform flaw, if any (before every training step, the start-up check's included)."""
+        self.flaw.perturb(model)
+
     def before_train_step(self, step: int, model: torch.nn.Module) -> None:
+        self.platform_noise(model)
         for inj in self.injections:
             if inj.step != step or inj.kind == "hang":
                 continue

@@ -121,7 +121,13 @@ class EngineOptions:
     idle_gap_s: float = 12.0
     partial_duty: float = 0.5
     heartbeat_s: float = 0.5
-    reference_tolerance: float = 0.05  # relative, used only when the platform is not bitwise repeatable
+    reference_tolerance: float = 0.05  # relative loss tolerance, used only with `tolerance`
+    tolerance: bool = False  # opt-in weaker comparison ("reduced" sensitivity); never chosen by the engine itself
+    verify_repeatable: bool = False  # replay a reference at stock; write `repeatable` (and the first difference) into it
+    # simulated platform flaws (the simulated GPU; tuner/engine/faults.py): runs never repeat bit for bit, or stop
+    # repeating from this wall-clock time (seconds since the epoch) on
+    sim_nondeterministic: bool = False
+    sim_contention_at: float | None = None
     reference_loop: bool = False  # past the reference's end, restart from the initial weights and compare again
     parent_pid: int | None = None  # end when this process is gone (the CLI defaults it to the parent at start-up)
     # test hooks (hidden on the command line)
@@ -173,6 +179,10 @@ class EngineOptions:
             raise UsageProblem(f"bad --device {self.device!r}: use cuda:N, cpu or mps")
         if self.reference_loop and (not self.reference or self.record):
             raise UsageProblem("--reference-loop needs --reference and cannot be combined with --record")
+        if self.verify_repeatable and (not self.reference or self.record or self.reference_loop):
+            raise UsageProblem("--verify-repeatable needs --reference and excludes --record and --reference-loop")
+        if not 0 < self.reference_tolerance:
+            raise UsageProblem(f"--reference-tolerance must be positive, got {self.reference_tolerance}")
         if self.mode == "gemm" and (self.record or self.reference):
             raise UsageProblem("--record/--reference need a training mode (train or mixed), not gemm")
 
@@ -256,8 +266,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partial-duty", type=float, default=0.5, metavar="F",
                    help="mixed: busy fraction in the partial-load phase (default 0.5)")
     p.add_argument("--heartbeat-s", type=float, default=0.5, metavar="S", help="heartbeat interval (default 0.5)")
+    p.add_argument("--tolerance", action="store_true",
+                   help="compare with tolerances instead of bit for bit (reduced sensitivity: catches far fewer "
+                   "faults); only on request, never automatic")
     p.add_argument("--reference-tolerance", type=float, default=0.05, metavar="REL",
-                   help="relative loss tolerance when the platform is not bitwise repeatable (default 0.05)")
+                   help="relative loss tolerance with --tolerance (default 0.05)")
+    p.add_argument("--verify-repeatable", action="store_true",
+                   help="with --reference: replay it at stock and record in the file whether it repeats bit for bit "
+                   "(and the first differing step); a difference ends the run with kind not-repeatable")
+    p.add_argument("--sim-nondeterministic", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sim-contention-at", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--parent-pid", type=int, default=None, metavar="PID",
                    help="end (exit 130) when this process is gone (default: the parent at start-up; the stress "
                    "client passes its own pid)")
@@ -285,6 +303,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
         fault_rate=a.fault_rate, injections=[Injection.parse(s) for s in a.inject],
         mixed_full_s=a.mixed_full_s, mixed_partial_s=a.mixed_partial_s, idle_gap_s=a.idle_gap_s,
         partial_duty=a.partial_duty, heartbeat_s=a.heartbeat_s, reference_tolerance=a.reference_tolerance,
+        tolerance=a.tolerance, verify_repeatable=a.verify_repeatable, sim_nondeterministic=a.sim_nondeterministic,
+        sim_contention_at=a.sim_contention_at,
         reference_loop=a.reference_loop, parent_pid=a.parent_pid,
         test_oom_above=a.test_oom_above, test_oom_at_step=a.test_oom_at_step,
     )

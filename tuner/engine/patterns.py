@@ -11,6 +11,10 @@ import re
 # (label, case-insensitive regex). Order matters only for which label is reported first.
 DEVICE_ERROR_PATTERNS: tuple[tuple[str, str], ...] = (
     ("memory access fault", r"memory access fault by gpu"),
+    # ROCr (ROCm's runtime) on a hardware exception, e.g. "HW Exception by GPU node-1 (Agent handle: 0x...) reason
+    # :GPU Hang" (the queue error it then aborts with is the HSA pattern below), and amdgpu's ring timeout text
+    ("GPU hang", r"reason\s*:\s*gpu hang|\bgpu hang\b|ring \S+ timeout"),
+    ("hardware exception", r"hw exception by gpu"),
     ("HSA error", r"hsa_status_error"),
     ("illegal memory access", r"illegal memory access"),
     ("unspecified launch failure", r"unspecified launch failure"),
@@ -34,6 +38,10 @@ def match_device_error(text: str) -> str | None:
     'illegal memory access'
     >>> match_device_error("Memory access fault by GPU node-1 (Agent handle: 0x5) on address 0x7f")
     'memory access fault'
+    >>> match_device_error("HW Exception by GPU node-1 (Agent handle: 0x55d0) reason :GPU Hang")
+    'GPU hang'
+    >>> match_device_error("HW Exception by GPU node-1 (Agent handle: 0x55d0) reason :ECC error")
+    'hardware exception'
     >>> match_device_error("CUDA out of memory. Tried to allocate 2.00 GiB") is None
     True
     """

@@ -1,4 +1,13 @@
-"""Which device, which dtype, which card (PCI bus id), and the switches for bitwise-repeatable kernels."""
+"""Which device, which dtype, which card (PCI bus id), and the switches for bitwise-repeatable kernels.
+
+Determinism by construction (docs/engine.md, "Determinism", cites the PyTorch sources):
+- strict deterministic algorithms (`warn_only=False`): an op without a deterministic implementation raises
+  instead of warning, and the flash-attention backward runs its deterministic variant only in strict mode;
+- the SDPA backend is chosen explicitly per platform (`choose_kernels`): CUDA flash (deterministic backward in
+  strict mode) or math; ROCm and CPU math only; cuDNN and memory-efficient attention are switched off;
+- GEMMs: `CUBLAS_WORKSPACE_CONFIG` set to a deterministic value, on ROCm hipBLAS (rocBLAS, atomics off in
+  deterministic mode) preferred over hipBLASLt, TunableOp off.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +19,46 @@ import torch
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+# cuBLAS is deterministic only with one of these workspace configurations (aten/src/ATen/Context.cpp,
+# alertCuBLASConfigNotDeterministic); anything else raises in strict deterministic mode.
+DETERMINISTIC_CUBLAS_CONFIGS = (":4096:8", ":16:8")
+# Environment variables that change which kernels run (and so the bits of the trajectory): reported in `start`
+# and part of the reference fingerprint. Names, or prefixes ending in "_".
+KERNEL_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_", "CUBLAS_", "TORCH_BLAS_PREFER_CUBLASLT",
+              "TORCH_BLAS_PREFER_HIPBLASLT", "PYTORCH_TUNABLEOP_", "TORCH_CUDNN_", "TORCH_ROCM_", "NVIDIA_TF32_OVERRIDE",
+              "ROCBLAS_", "HIPBLASLT_", "MIOPEN_", "HSA_OVERRIDE_GFX_VERSION", "CUDA_LAUNCH_BLOCKING",
+              "TORCH_SDPA_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "HIP_FORCE_DEV_KERNARG")
 
 
 class SetupProblem(Exception):
     """The device or environment cannot run this configuration. Exit 2, never counted as instability."""
 
 
-def prepare_environment() -> None:
-    """Before torch touches a GPU: number CUDA devices by PCI bus id (as NVML does) and allow deterministic
-    cuBLAS (harmless on builds that do not need it)."""
+def prepare_environment() -> list[str]:
+    """Before torch touches a GPU: number CUDA devices by PCI bus id (as NVML does), make cuBLAS deterministic,
+    turn TunableOp off (it times candidate kernels and keeps the fastest: a different kernel on another run) and,
+    on ROCm, prefer hipBLAS over hipBLASLt (hipBLASLt may pick atomic split-K solutions; PyTorch turns atomics
+    off only for rocBLAS). Returns what it overrode, one line each, for the log."""
+    changed = []
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in DETERMINISTIC_CUBLAS_CONFIGS:
+        if "CUBLAS_WORKSPACE_CONFIG" in os.environ:
+            changed.append(f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']} is not deterministic: "
+                           "using :4096:8")
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    if os.environ.get("PYTORCH_TUNABLEOP_ENABLED", "0") != "0":
+        changed.append("PYTORCH_TUNABLEOP_ENABLED: TunableOp picks kernels by timing: turned off")
+    os.environ["PYTORCH_TUNABLEOP_ENABLED"] = "0"
+    os.environ.setdefault("TORCH_BLAS_PREFER_HIPBLASLT", "0")
+    return changed
+
+
+def kernel_env() -> dict:
+    """The environment variables that affect kernel selection, as set now."""
+    def relevant(name: str) -> bool:
+        return any(name.startswith(k) if k.endswith("_") else name == k for k in KERNEL_ENV)
+
+    return {k: os.environ[k] for k in sorted(os.environ) if relevant(k)}
 
 
 @dataclass(frozen=True)
@@ -37,7 +75,28 @@ def format_pci_bus_id(domain: int, bus: int, device: int, function: int = 0) -> 
     return f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
 
 
-def resolve_device(text: str) -> DeviceSpec:
+def _props_bus_id(props) -> str | None:
+    if not hasattr(props, "pci_bus_id"):
+        return None
+    return format_pci_bus_id(getattr(props, "pci_domain_id", 0), props.pci_bus_id, getattr(props, "pci_device_id", 0))
+
+
+def _same_bus_id(a: str, b: str) -> bool:
+    """`0000:03:00.0` matches `03:00.0` and `00000000:03:00.0` (NVML's long domain)."""
+    def norm(s: str) -> tuple[int, ...]:
+        parts = s.lower().replace(".", ":").split(":")
+        nums = [int(x, 16) for x in parts if x]
+        return tuple(nums[-3:]) + ((nums[-4],) if len(nums) >= 4 else (0,))
+    try:
+        return norm(a) == norm(b)
+    except ValueError:
+        return a.lower() == b.lower()
+
+
+def resolve_device(text: str, expect_pci_bus_id: str | None = None) -> DeviceSpec:
+    """The torch device for `--device`. With `expect_pci_bus_id` on a GPU, the device whose PCI bus id matches
+    among *all* visible devices (HIP does not order devices as CUDA does, and an iGPU can be device 0): the index
+    in `--device` is only a hint."""
     if text == "cpu":
         return DeviceSpec(torch.device("cpu"), "cpu", _cpu_name(), None, None)
     if text == "mps":
@@ -51,12 +110,20 @@ def resolve_device(text: str) -> DeviceSpec:
     count = torch.cuda.device_count()
     if not 0 <= index < count:
         raise SetupProblem(f"--device {text}: torch sees {count} GPU(s), numbered 0..{count - 1}")
+    if expect_pci_bus_id:
+        seen = []
+        for i in range(count):
+            bus = _props_bus_id(torch.cuda.get_device_properties(i))
+            seen.append(f"{i}: {bus}")
+            if bus and _same_bus_id(bus, expect_pci_bus_id):
+                index = i
+                break
+        else:
+            raise SetupProblem(f"no visible GPU has PCI bus id {expect_pci_bus_id} (torch sees {', '.join(seen)}; "
+                               "check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)")
     props = torch.cuda.get_device_properties(index)
-    pci = None
-    if hasattr(props, "pci_bus_id"):
-        pci = format_pci_bus_id(getattr(props, "pci_domain_id", 0), props.pci_bus_id,
-                                getattr(props, "pci_device_id", 0))
-    return DeviceSpec(torch.device("cuda", index), "cuda", props.name, pci, int(props.total_memory))
+    torch.cuda.set_device(index)  # capability queries without a device argument ask the current one
+    return DeviceSpec(torch.device("cuda", index), "cuda", props.name, _props_bus_id(props), int(props.total_memory))
 
 
 def _cpu_name() -> str:
@@ -77,30 +144,119 @@ def choose_dtype(requested: str, spec: DeviceSpec) -> torch.dtype:
     else fp32; fp16 only on request. CPU and MPS default to fp32."""
     if requested != "auto":
         dtype = DTYPES[requested]
-        if spec.type == "cuda" and dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        if spec.type == "cuda" and dtype is torch.bfloat16 and not _bf16_supported(spec):
             raise SetupProblem(f"--dtype bf16: {spec.name} does not support bfloat16")
         return dtype
     if spec.type == "cuda":
         if torch.version.hip:
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+            return torch.bfloat16 if _bf16_supported(spec) else torch.float32
         major, _ = torch.cuda.get_device_capability(spec.device)
         return torch.bfloat16 if major >= 8 else torch.float32
     return torch.float32
 
 
+def _bf16_supported(spec: DeviceSpec) -> bool:
+    """Ask the device in use (is_bf16_supported() asks the *current* device)."""
+    with torch.cuda.device(spec.device):
+        return bool(torch.cuda.is_bf16_supported())
+
+
 def enable_determinism() -> None:
-    """Deterministic kernels where torch has them (warn, not raise, where it has not: the start-up
-    repeatability check is the judge), no cuDNN autotuning, TF32 matmuls as nanochat uses."""
+    """Strict deterministic algorithms: an op without a deterministic implementation raises (a setup error, never
+    a quiet warning); no cuDNN autotuning; TF32 matmuls as nanochat uses."""
     # torch.use_deterministic_algorithms() also imports inductor (2-3 s) only to set its flag; we never
     # compile, so set the runtime switch directly when torch has it.
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
     if setter is not None:
-        setter(True, warn_only=True)
+        setter(True, warn_only=False)
     else:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.use_deterministic_algorithms(True, warn_only=False)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.set_float32_matmul_precision("high")
+
+
+def deterministic_mode() -> str:
+    """"strict", "warn" or "off", as torch has it now."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return "off"
+    return "warn" if torch.is_deterministic_algorithms_warn_only_enabled() else "strict"
+
+
+def choose_kernels(spec: DeviceSpec) -> dict:
+    """Switch on only kernels that are deterministic on this platform; return what was chosen (for `start` and the
+    reference fingerprint).
+
+    Attention (SDPA): cuDNN attention is refused in strict mode anyway (sdp_utils.cpp, check_cudnn_deterministic)
+    and memory-efficient attention is off (its backward is not documented as deterministic); CUDA keeps flash
+    (strict mode makes its backward deterministic: attention_backward.cu) with math as the fallback for shapes and
+    dtypes flash does not take; ROCm uses math (AOTriton's flash and memory-efficient paths are not documented as
+    deterministic, and fall back or fail on some architectures); CPU uses math (its flash kernel is off too).
+    GEMMs on ROCm: hipBLAS (rocBLAS), not hipBLASLt."""
+    cuda = spec.type == "cuda"
+    rocm = bool(torch.version.hip)
+    flash = cuda and not rocm
+    b = torch.backends.cuda
+    for name, on in (("enable_cudnn_sdp", False), ("enable_mem_efficient_sdp", False), ("enable_flash_sdp", flash),
+                     ("enable_math_sdp", True)):
+        fn = getattr(b, name, None)
+        if fn is not None:
+            fn(on)
+    blas = None
+    if cuda:
+        pref = getattr(b, "preferred_blas_library", None)
+        if rocm and pref is not None:
+            try:
+                pref("cublas")  # on ROCm "cublas" is hipBLAS/rocBLAS (torch/backends/cuda/__init__.py)
+            except RuntimeError:
+                pass
+        blas = str(pref()) if pref is not None else None
+        if blas is not None:
+            blas = blas.split(".")[-1].lower()
+            if rocm:
+                blas = {"cublas": "hipblas", "cublaslt": "hipblaslt"}.get(blas, blas)
+    tunable = None
+    tun = getattr(getattr(torch.cuda, "tunable", None), "enable", None)
+    if cuda and tun is not None:
+        tun(False)
+        tunable = bool(torch.cuda.tunable.is_enabled())
+    return {
+        "deterministic": deterministic_mode(),
+        "attention": "flash|math" if flash else "math",
+        "blas": blas,
+        "tunable_op": tunable,
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def sdpa_backend(q: torch.Tensor) -> str:
+    """The SDPA backend torch picks for causal attention on tensors like `q` under the switches above."""
+    fn = getattr(torch, "_fused_sdp_choice", None)
+    if fn is None:
+        return "unknown"
+    try:
+        code = int(fn(q, q, q, is_causal=True))
+    except RuntimeError as e:
+        return f"none ({str(e).splitlines()[0][:80]})"
+    enum = getattr(torch._C, "_SDPBackend", None)
+    names = {int(v): k for k, v in enum.__members__.items()} if enum is not None else {}
+    return names.get(code, str(code)).lower()
+
+
+def driver_version(spec: DeviceSpec) -> str | None:
+    """The GPU driver's version (NVIDIA: /proc/driver/nvidia/version; AMD: the amdgpu module's), else None."""
+    if spec.type != "cuda":
+        return None
+    for path in ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version"):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                line = f.readline().strip()
+        except OSError:
+            continue
+        if line:
+            return line[:160]
+    return None
 
 
 def versions() -> dict:

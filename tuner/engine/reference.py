@@ -8,6 +8,10 @@ JSON, written atomically (temp file, fsync, rename):
      "digests": ["<loss bits 8 hex><grad-norm bits 8 hex><parameter bit checksum 16 hex>", ...]}
 
 `digests[i]` belongs to step i + 1. A run may be longer than the reference: it stops comparing past `steps`.
+
+After a replay at stock in a second process (`--verify-repeatable`) the file also holds `"repeatable"` (true or
+false), `"first_difference"` (null, or {"step": N, "figure": "loss" | "grad_norm" | "state" | "start-up check: ..."})
+and `"replayed_steps"`. A file not yet replayed has `"repeatable": null`.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class Reference:
     fingerprint: dict
     digests: list[str] = field(default_factory=list)
     canary: str | None = None
+    repeatable: bool | None = None  # None: not replayed yet
+    first_difference: dict | None = None
+    replayed_steps: int | None = None
 
     @property
     def steps(self) -> int:
@@ -65,7 +72,8 @@ class Reference:
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "steps": self.steps, "fingerprint": self.fingerprint,
-                "canary": self.canary, "digests": self.digests}
+                "canary": self.canary, "repeatable": self.repeatable, "first_difference": self.first_difference,
+                "replayed_steps": self.replayed_steps, "digests": self.digests}
 
 
 def save_reference(path: str | os.PathLike, ref: Reference) -> None:
@@ -106,7 +114,20 @@ def load_reference(path: str | os.PathLike) -> Reference:
     if not isinstance(fp, dict):
         raise ReferenceProblem(f"--reference {str(path)!r}: no fingerprint")
     canary = doc.get("canary")
-    return Reference(fp, digests, canary if isinstance(canary, str) else None)
+    repeatable = doc.get("repeatable")
+    first = doc.get("first_difference")
+    replayed = doc.get("replayed_steps")
+    return Reference(fp, digests, canary if isinstance(canary, str) else None,
+                     repeatable if isinstance(repeatable, bool) else None, first if isinstance(first, dict) else None,
+                     replayed if isinstance(replayed, int) else None)
+
+
+def mark_repeatability(path: str | os.PathLike, repeatable: bool, first_difference: dict | None,
+                       replayed_steps: int) -> None:
+    """Record the outcome of a replay in the reference file (atomically)."""
+    ref = load_reference(path)
+    ref.repeatable, ref.first_difference, ref.replayed_steps = repeatable, first_difference, replayed_steps
+    save_reference(path, ref)
 
 
 def fingerprint_diff(reference: dict, current: dict) -> list[str]:

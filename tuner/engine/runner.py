@@ -31,7 +31,7 @@ from tuner.engine.detectors import (
     bit_checksum,
     device_error,
 )
-from tuner.engine.faults import FaultInjector
+from tuner.engine.faults import FaultInjector, PlatformFlaw
 from tuner.engine.lifeline import parent_alive
 from tuner.engine.model import GPT, GPTConfig
 from tuner.engine.optim import build_optimizers
@@ -40,14 +40,19 @@ from tuner.engine.platform import (
     DTYPE_NAMES,
     SetupProblem,
     choose_dtype,
+    choose_kernels,
     default_gemm_n,
+    deterministic_mode,
+    driver_version,
     empty_cache,
     enable_determinism,
     free_memory_bytes,
     is_oom,
+    kernel_env,
     make_oom,
     prepare_environment,
     resolve_device,
+    sdpa_backend,
     synchronize,
     versions,
     visibility_env,
@@ -59,11 +64,19 @@ from tuner.engine.reference import (
     f32_from_bits,
     fingerprint_diff,
     load_reference,
+    mark_repeatability,
     save_reference,
+    step_digest,
 )
 
 EXIT_PASS, EXIT_FAULT, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPEATABILITY_RUNS = 2
+CHECK_STEPS = 2  # real training steps, at the training shape, in each half of the start-up repeatability check
+NOT_DETERMINISTIC = "does not have a deterministic implementation"  # torch's strict-mode error
+NOT_REPEATABLE_HELP = ("likely causes: a kernel that is not deterministic on this platform (see `kernels` in the "
+                       "start event), or another process using the GPU (a display, a second job); remedies: stop "
+                       "other GPU work, update the driver and PyTorch, or opt in to the weaker comparison with "
+                       "--tolerance (reduced sensitivity)")
 PARENT_EXIT = "the exit of the process that started the engine"  # a stop_signal, like "SIGTERM"
 PARENT_GRACE_S = 3.0  # after the parent died, how long the main thread gets to stop before the process exits
 
@@ -124,7 +137,11 @@ class Engine:
         self.step_times: list[float] = []  # steady steps only
         self.tok_s: list[float] = []
         self.heartbeat: Heartbeat | None = None
-        self.injector = FaultInjector(opts.injections, opts.fault_rate, opts.effective_fault_seed, log=log)
+        self.injector = FaultInjector(opts.injections, opts.fault_rate, opts.effective_fault_seed, log=log,
+                                      flaw=PlatformFlaw(opts.sim_nondeterministic, opts.sim_contention_at))
+        self.kernels: dict = {}
+        self.first_difference: dict | None = None  # the first step (0: start-up check) that did not repeat
+        self.bitwise_probe: ReferenceTrajectory | None = None  # --verify-repeatable with --tolerance
         self.reference: Reference | None = None
         self.trajectory: ReferenceTrajectory | None = None
         self.recorder = TrajectoryRecorder() if opts.record else None
@@ -166,13 +183,15 @@ class Engine:
     def setup(self) -> None:
         opts = self.opts
         opts.validate()
-        prepare_environment()
+        for line in prepare_environment():
+            self._setup_warning("environment", line)
         if opts.threads:
             torch.set_num_threads(opts.threads)
         elif opts.device == "cpu" and opts.preset == "tiny":
             torch.set_num_threads(1)  # its matmuls are too small to gain from threads; shared CPUs lose a lot
         enable_determinism()
-        self.spec = resolve_device(opts.device)
+        self.spec = resolve_device(opts.device, opts.expect_pci_bus_id)
+        self.kernels = choose_kernels(self.spec)
         if opts.expect_pci_bus_id and (self.spec.pci_bus_id or "").lower() != opts.expect_pci_bus_id.lower():
             raise SetupProblem(f"--device {opts.device} is {self.spec.name} at PCI {self.spec.pci_bus_id}, not the "
                                f"expected {opts.expect_pci_bus_id} (check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)")
@@ -187,6 +206,7 @@ class Engine:
             if opts.reference:
                 self.reference = load_reference(opts.reference)
             self._build_model()
+            self._attention_repeatable = self._attention_smoke()  # before the batch fit: a clearer error
             self.batch_size = self._fit_batch()
             self._build_canary()
         else:
@@ -196,6 +216,7 @@ class Engine:
             self._attach_reference()
         self._setup_done = True
         self._emit_start()
+        self._enforce_repeatability()
         self._check_reference_canary()
 
     def _build_model(self) -> None:
@@ -270,17 +291,95 @@ class Engine:
         self.log(f"setup problem: {detail}")
 
     def _check_repeatability(self) -> None:
-        """Two identical computations must agree bit for bit, else bitwise checks would false-alarm."""
+        """Identical computations must agree bit for bit: the GEMM check, the canary, an attention forward and
+        backward at the preset's shape, and real training steps at the training shape from the initial state,
+        each twice in this process. (Across processes, the bisect's baseline replays its recording.)"""
         self.state = "calibrate"
         gemm_ok = self.gemm.calibrate([o for _ in range(REPEATABILITY_RUNS) for o in self.gemm.compute()])
-        canary_ok = True
+        canary_ok = attention_ok = steps_ok = None
+        misses = [] if gemm_ok else ["gemm"]
         if self.opts.mode != "gemm":
             canary_ok = self.canary.calibrate([self.canary.measure() for _ in range(REPEATABILITY_RUNS)])
-        self.repeatable = gemm_ok and canary_ok
-        self.repeatability = {"gemm": gemm_ok, "canary": canary_ok if self.opts.mode != "gemm" else None}
-        if not self.repeatable:
-            self.log("this platform is not bitwise repeatable: tolerance mode, reduced sensitivity")
+            attention_ok = self._attention_repeatable
+            steps_ok, step_miss = self._step_check()
+            misses += [name for name, ok in (("canary", canary_ok), ("attention", attention_ok)) if not ok]
+            if not steps_ok:
+                misses.append(step_miss)
+        self.repeatable = not misses
+        self.repeatability = {"gemm": gemm_ok, "canary": canary_ok, "attention": attention_ok,
+                              "steps": steps_ok}
+        if misses:
+            self.first_difference = {"step": 0, "figure": "start-up check: " + ", ".join(misses)}
+            self.log(f"start-up repeatability check: not bit-identical ({', '.join(misses)})")
         self._last_canary_t = time.monotonic()
+
+    def _attention_smoke(self) -> bool:
+        """Causal SDPA forward and backward at the preset's shape in the compute dtype, twice, compared bit for bit.
+        A kernel that fails here (an unsupported shape or architecture) is a setup problem, never the voltage."""
+        p = self.opts.preset_spec
+        rows = p.canary_batch
+        gen = torch.Generator().manual_seed(12345)
+        shape = (rows, p.n_head, p.seq_len, p.head_dim)
+        base = [torch.randn(shape, generator=gen).to(self.device, self.dtype) for _ in range(4)]
+        self.kernels["sdpa_backend"] = sdpa_backend(base[0])
+        outs = []
+        try:
+            for _ in range(REPEATABILITY_RUNS):
+                q, k, v = (t.detach().clone().requires_grad_(True) for t in base[:3])
+                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                y.backward(base[3])
+                outs.append([t.detach().float().cpu() for t in (y, q.grad, k.grad, v.grad)])
+        except Exception as e:
+            if is_oom(e):
+                raise
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise SetupProblem(f"attention (SDPA, {self.kernels['sdpa_backend']}) failed at the {p.name} preset's "
+                               f"shape {list(shape)} in {DTYPE_NAMES[self.dtype]}: {first}") from None
+        return all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(outs[0], outs[1]))
+
+    def _reset_training(self) -> None:
+        """Initial weights and fresh optimizers: the state step 1 starts from."""
+        self.model.load_state_dict(self.initial_state)
+        ns_dtype = self.dtype if self.spec.type == "cuda" else torch.float32
+        self.muon, self.adam = build_optimizers(self.model, lr_scale=self.opts.preset_spec.lr_scale,
+                                                ns_dtype=ns_dtype)
+
+    def _step_check(self) -> tuple[bool, str | None]:
+        """CHECK_STEPS real training steps from the initial state, twice, digests compared."""
+        pending, self.oom_at_step_pending = self.oom_at_step_pending, None
+        runs: list[list[str]] = []
+        try:
+            for _ in range(REPEATABILITY_RUNS):
+                self._reset_training()
+                digests = []
+                for s in range(1, CHECK_STEPS + 1):
+                    self.injector.platform_noise(self.model)
+                    r = self.train_step(s)
+                    digests.append(step_digest(r.loss, r.grad_norm, r.param_sum))
+                runs.append(digests)
+        finally:
+            self._reset_training()
+            self.oom_at_step_pending = pending
+        for i, (a, b) in enumerate(zip(runs[0], runs[1])):
+            if a != b:
+                figure = "loss" if a[:8] != b[:8] else "grad_norm" if a[8:16] != b[8:16] else "state"
+                return False, f"training step {i + 1} ({figure})"
+        return True, None
+
+    def _enforce_repeatability(self) -> None:
+        """No silent downgrade: a start-up check that is not bit-identical is never answered with tolerances
+        unless the run asked for them (--tolerance)."""
+        if self.repeatable or self.opts.tolerance:
+            return
+        what = self.first_difference["figure"] if self.first_difference else "start-up check"
+        if self.opts.verify_repeatable:
+            self._fail(Finding("not-repeatable", f"this platform does not repeat bit for bit: the {what} differed "
+                                                 f"between two runs in one process; {NOT_REPEATABLE_HELP}"), 0)
+        if self.reference is not None:
+            # comparing with a stock recording: at an undervolt this is a miscomputation like any canary miss
+            self._fail(Finding("canary", f"the start-up repeatability check was not bit-identical ({what})"), 0)
+        raise _End("error", f"this platform does not repeat bit for bit ({what} differed between two identical "
+                   f"runs); {NOT_REPEATABLE_HELP}", "not-repeatable", 0, EXIT_ERROR)
 
     def fingerprint(self) -> dict:
         c = self.cfg
@@ -289,6 +388,9 @@ class Engine:
             "head_dim": c.head_dim, "seq_len": c.seq_len, "batch_size": self.batch_size, "seed": self.opts.seed,
             "dtype": DTYPE_NAMES[self.dtype], "device_type": self.spec.type, "device_name": self.spec.name,
             "data_sha256": self.corpus.sha256, **versions(),
+            # what decides which kernels run, and so the bits: the choices, the environment, the driver
+            "kernels": {k: v for k, v in self.kernels.items()}, "kernel_env": kernel_env(),
+            "driver_version": driver_version(self.spec),
         }
         if self.spec.type == "cpu":
             fp["threads"] = torch.get_num_threads()
@@ -302,8 +404,10 @@ class Engine:
         if diff:
             raise ReferenceProblem(f"--reference {self.opts.reference!r} was recorded under another configuration: "
                                    + "; ".join(diff))
-        tol = None if self.repeatable else self.opts.reference_tolerance
+        tol = self.opts.reference_tolerance if self.opts.tolerance else None
         self.trajectory = ReferenceTrajectory(ref.digests, tol)
+        if self.opts.verify_repeatable and tol is not None:
+            self.bitwise_probe = ReferenceTrajectory(ref.digests)
 
     def _check_reference_canary(self) -> None:
         """The golden canary must equal the reference's (same weights, batch and kernels, recorded at stock)."""
@@ -354,8 +458,15 @@ class Engine:
             data=data,
             repeatable=self.repeatable,
             repeatability=self.repeatability,
-            sensitivity="full" if self.repeatable else "reduced",
+            first_difference=self.first_difference,
+            sensitivity=self.sensitivity,
+            tolerance=self.opts.tolerance,
+            verify_repeatable=self.opts.verify_repeatable,
             deterministic=torch.are_deterministic_algorithms_enabled(),
+            deterministic_mode=deterministic_mode(),
+            kernels=self.kernels,
+            kernel_env=kernel_env(),
+            driver_version=driver_version(self.spec),
             threads=torch.get_num_threads(),
             reference=ref,
             record=o.record,
@@ -368,7 +479,12 @@ class Engine:
         )
         self.log(f"{o.mode} on {self.spec.name} ({DTYPE_NAMES[self.dtype]}), preset {o.preset}"
                  + (f", {self.n_params:,} parameters, {tokens:,} tokens/step" if training else "")
-                 + ("" if self.repeatable else ", REDUCED SENSITIVITY (not repeatable)"))
+                 + (f", attention {self.kernels.get('sdpa_backend')}" if training else "")
+                 + (", REDUCED SENSITIVITY (--tolerance)" if self.opts.tolerance else ""))
+
+    @property
+    def sensitivity(self) -> str:
+        return "reduced" if self.opts.tolerance else "full"
 
     # --- one training step ----------------------------------------------------------------------------------
 
@@ -388,12 +504,20 @@ class Engine:
         self.muon.step()
         self.adam.step()
         self.model.zero_grad(set_to_none=True)
-        param_sum = bit_checksum([self.flat_params])
+        # every bit the next step depends on: parameters and optimizer state (a flip that only reaches the
+        # momentum this step is caught now, not a step later: bench/engine_detection.py, Part D)
+        param_sum = bit_checksum([self.flat_params, *self._optimizer_state()])
         as_int = [loss.detach().float().view(torch.int32).to(torch.int64),
                   grad_norm.float().view(torch.int32).to(torch.int64), param_sum]
         loss_bits, gn_bits, psum = torch.stack(as_int).tolist()  # one host sync, exact bits
         return StepResult(f32_from_bits(loss_bits & 0xFFFFFFFF), f32_from_bits(gn_bits & 0xFFFFFFFF),
                           time.perf_counter() - t0, x.numel(), psum)
+
+    def _optimizer_state(self) -> list[torch.Tensor]:
+        state = list(self.muon.buffers.values())
+        for m, v in self.adam.state.values():
+            state += [*m, *v]
+        return state
 
     def reference_step(self, step: int | None) -> int | None:
         """The reference step `step` is compared with: itself, or with --reference-loop its step within the pass
@@ -447,6 +571,8 @@ class Engine:
         finding = self.nonfinite.check(r.loss, r.grad_norm)
         if finding is None and self.trajectory is not None:
             finding = self.trajectory.check(seg_step, r.loss, r.grad_norm, r.param_sum)
+            if self.opts.verify_repeatable:
+                finding = self._replay_check(step, r, finding)
         if finding is not None:
             self._fail(finding, step)
         if self.recorder is not None:
@@ -482,6 +608,25 @@ class Engine:
             self.em.emit("segment", step=step - 1, segment=self.segment, reference_steps=n)
             self.log(f"reference segment {self.segment}: restarting from the initial weights at step {step}")
         return seg
+
+    def _replay_check(self, step: int, r: StepResult, finding: Finding | None) -> Finding | None:
+        """--verify-repeatable: note the first step that is not bit-identical; a comparison that fails (bitwise, or
+        the tolerance with --tolerance) means the platform does not repeat at stock."""
+        bitwise = finding if self.bitwise_probe is None else \
+            self.bitwise_probe.check(step, r.loss, r.grad_norm, r.param_sum)
+        if bitwise is not None and self.first_difference is None:
+            self.first_difference = {"step": step, "figure": bitwise.figure}
+        if finding is None:
+            return None
+        return Finding("not-repeatable", f"a replay at stock in a second process is not bit-identical: "
+                                         f"{finding.detail}; {NOT_REPEATABLE_HELP}", finding.figure)
+
+    def _write_repeatability(self) -> None:
+        """--verify-repeatable: record the outcome in the reference file."""
+        try:
+            mark_repeatability(self.opts.reference, self.first_difference is None, self.first_difference, self.step)
+        except (OSError, ReferenceProblem) as e:
+            self.log(f"could not record the replay's outcome in {self.opts.reference}: {e}")
 
     def run_canary(self, reason: str) -> None:
         self.state = "canary"
@@ -673,7 +818,8 @@ class Engine:
             eval_losses=[round(v, 6) if math.isfinite(v) else v for v in eval_losses],
             reference=reference,
             recorded=recorded,
-            sensitivity=None if self.repeatable is None else ("full" if self.repeatable else "reduced"),
+            sensitivity=None if self.repeatable is None else self.sensitivity,
+            first_difference=self.first_difference,
             setup_problems=list(self.setup_problems),
             warnings=self.warning_count,
             canaries=self.canary_count,
@@ -705,7 +851,18 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - classified below
             finding = device_error(e)
             failed_step = self.step + 1 if self.state == "train" else self.step
-            if finding is not None:  # a device error counts against the setting even during setup
+            if finding is not None and self.step == 0:
+                # before the first completed step: the kernels or the environment, not the voltage
+                reason = (f"device error before the first completed step (a setup problem, not instability): "
+                          f"{finding.detail}")
+                verdict, kind, code = "error", "setup", EXIT_ERROR
+                self.log(reason)
+            elif NOT_DETERMINISTIC in str(e):
+                first = str(e).strip().splitlines()[0][:300]
+                reason = f"an operation has no deterministic implementation on this platform: {first}"
+                verdict, kind, code = "error", "setup", EXIT_ERROR
+                self.log(reason)
+            elif finding is not None:  # a device error counts against the setting
                 failed_step = failed_step if self._setup_done else None
                 self.em.emit("fault", kind=finding.kind, step=failed_step,
                              reference_step=self.reference_step(failed_step), detail=finding.detail)
@@ -731,6 +888,8 @@ class Engine:
                 else:
                     traceback.print_exc(file=sys.stderr)
                     verdict, reason, kind, code = "error", f"error while finishing: {e}", "internal", EXIT_ERROR
+        if self.opts.verify_repeatable and self._setup_done:
+            self._write_repeatability()
         if self.heartbeat is not None:
             self.heartbeat.stop()  # before `end`, which must be the last line
         try:

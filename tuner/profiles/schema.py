@@ -36,6 +36,7 @@ KIND_UNITS = {"voltage_offset": "mV", "clock_offset": "MHz"}
 SETTING_BOUNDS = {"voltage_offset": (-500, 0), "clock_offset": (0, 3000)}
 PHASES = tuple(p.value for p in Phase if p is not Phase.MANUAL)  # a profile records bisect trials only
 VERDICTS = tuple(v.value for v in Verdict if v is not Verdict.STOPPED)
+SENSITIVITIES = ("full", "reduced")  # bitwise comparison, or the --tolerance opt-in
 
 HEADER = (
     "# undervolt-tuner profile (schema v1, described in profiles/README.md).\n"
@@ -221,6 +222,7 @@ class Trial:
     effective: bool | None = None
     pstates: tuple[int, ...] | None = None
     clamped: tuple[str, ...] | None = None  # AMD curve points the driver's range kept from the asked offset
+    sensitivity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,7 @@ class Tuning:
     preset: str | None = None
     mode: str | None = None
     dtype: str | None = None
+    sensitivity: str | None = None
     trials: tuple[Trial, ...] = ()
 
 
@@ -288,6 +291,7 @@ TRIAL_SPEC = {
     "effective": (_bool, False),
     "pstates": (_pstates, False),
     "clamped": (_lines, False),
+    "sensitivity": (_choice(SENSITIVITIES), False),
 }
 TUNING_SPEC = {
     "baseline_tok_s": (_pos, False),
@@ -308,6 +312,7 @@ TUNING_SPEC = {
     "preset": (_str, False),
     "mode": (_str, False),
     "dtype": (_str, False),
+    "sensitivity": (_choice(SENSITIVITIES), False),
     "trials": (None, False),  # checked by _trials
 }
 TOP_LEVEL = ("profile", "device", "setting", "tuning")

@@ -96,7 +96,7 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
     default. Raises UsageError for a run the engine would refuse."""
     if duration_s is None and steps is None:
         duration_s = DEFAULT_DURATION_S
-    chosen = {name: value for name, value in options.items() if value is not None}
+    chosen = {**dict(target.engine_options), **{name: value for name, value in options.items() if value is not None}}
     seed = int(chosen.get("seed", 0))
     if setting is not None:
         chosen["fault_seed"] = fault_seed_for(seed, setting)

@@ -79,7 +79,8 @@ class TrialResult:
              "tok_per_j": self.tok_per_j, "max_temp_c": self.max_temp_c, "fault_step": self.fault_step,
              "voltage_mv": self.voltage_mv, "voltage_drop_mv": self.voltage_drop_mv,
              "effective": self.effective, "pstates": list(self.pstates) or None,
-             "clamped": [w.removeprefix("clamped: ") for w in self.warnings if w.startswith("clamped: ")] or None}
+             "clamped": [w.removeprefix("clamped: ") for w in self.warnings if w.startswith("clamped: ")] or None,
+             "sensitivity": self.sensitivity}
         return {k: v for k, v in _clean(d).items() if v is not None}
 
 
@@ -169,12 +170,13 @@ class Recommendation(_Event):
     tuned_tok_per_j: float | None = None
     measured_at: int | None = None  # the setting the tuned figures were measured at
     efficiency_gain_pct: float | None = None
+    sensitivity: str = "full"  # "reduced" when the user opted in to --tolerance
     event = "recommendation"
 
 
 @dataclass(frozen=True)
 class BisectFailed(_Event):
-    kind: str  # baseline-failed, software-fault, error, device-lost, not-applied
+    kind: str  # baseline-failed, not-repeatable, software-fault, error, device-lost, not-applied
     reason: str
     exit_code: int
     event = "bisect_failed"

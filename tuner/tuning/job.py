@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from tuner.core import exit_codes
-
-from tuner.tuning import journal, kernel_log
 from tuner.backends.base import Backend
+from tuner.core import exit_codes
+from tuner.core.errors import DeviceLost, NotApplied, UsageError
+from tuner.tuning import journal, kernel_log
 from tuner.tuning.events import (
     BisectEvent,
     BisectFailed,
@@ -33,6 +33,8 @@ from tuner.tuning.events import (
 from tuner.tuning.plan import (
     BASELINE,
     CONFIRM,
+    CONTROL,
+    REPLAY,
     BisectPlan,
     NextTrial,
     PlanParams,
@@ -63,12 +65,13 @@ class BisectParams:
     preset: str | None = None  # default: "tiny" when the engine runs on the CPU (simulated cards), else "small"
     dtype: str | None = None
     seed: int = 0
+    tolerance: bool = False  # opt in to the weaker comparison (reduced sensitivity) on a platform that does not repeat
     resume: bool = False
     restart: bool = False
     watchdog: WatchdogPolicy | None = None  # None: the policy for the engine's device (tighter on the CPU)
 
     SEARCH_KEYS = ("step", "resolution", "margin", "trial_s", "confirm_s", "floor", "mode", "preset", "dtype",
-                   "seed")
+                   "seed", "tolerance")
 
     def plan_params(self, knob: Knob) -> PlanParams:
         """The plan's parameters for `knob`: a None here is the plan's default for that card."""
@@ -112,7 +115,7 @@ class BisectOutcome:
             "lowest_pass": r.lowest_pass, "confirmed": r.confirmed, "margin": r.margin,
             "step": p.get("step"), "resolution": p.get("resolution"), "trial_duration_s": p.get("trial_s"),
             "confirm_duration_s": p.get("confirm_s"), "preset": p.get("preset"), "mode": p.get("mode"),
-            "dtype": p.get("dtype"),
+            "dtype": p.get("dtype"), "sensitivity": r.sensitivity,
             "trials": [t.profile_trial() for t in self.trials],
         }
 
@@ -142,7 +145,8 @@ class BisectJob:
         self._journal = j
         search = params
         plan_params = PlanParams.defaults_for(knob, step=search["step"], resolution=search["resolution"],
-                                              margin=search["margin"], floor=search["floor"])
+                                              margin=search["margin"], floor=search["floor"],
+                                              replay_baseline=search["mode"] != "gemm", stock_control=True)
         unsafe = journal.unsafe_settings(self.device_id)
         plan = BisectPlan(knob, plan_params, unsafe=list(unsafe),
                           unsafe_edge=any(e.get("edge") for e in unsafe.values()))
@@ -273,13 +277,22 @@ class BisectJob:
         common = dict(phase=decision.phase, preset=search["preset"], seed=int(search["seed"]),
                       dtype=search.get("dtype"), watchdog=self.params.watchdog,
                       baseline_tok_per_j=baseline.tok_per_j if baseline else None,
-                      baseline_voltage_mv=baseline.voltage_mv if baseline else None)
+                      baseline_voltage_mv=baseline.voltage_mv if baseline else None,
+                      tolerance=bool(search.get("tolerance")))
         if decision.phase == BASELINE:
             if mode == "gemm":  # the GEMM burn has no training trajectory to record
                 return TrialParams(duration_s=trial_s, mode=mode, **common)
             # One trial long: later runs loop the reference (--reference-loop), so it covers any length.
             return TrialParams(duration_s=trial_s, mode="train", record_path=j.reference, **common)
         reference = j.reference if mode != "gemm" and j.reference.exists() else None
+        if decision.phase == REPLAY and baseline is not None:
+            # The whole recording, replayed in a second process at stock and compared bit for bit (see
+            # docs/engine.md, "Repeatability proven": runs that diverge often do so only after 100+ steps).
+            return TrialParams(duration_s=baseline.duration_s or trial_s, steps=max(1, baseline.steps or 1),
+                               mode="train", reference_path=reference, verify_repeatable=True, **common)
+        if decision.phase == CONTROL:
+            steps = control_steps(results[-1] if results else None)
+            return TrialParams(duration_s=trial_s, steps=steps, mode="train", reference_path=reference, **common)
         if decision.phase == CONFIRM:
             return TrialParams(duration_s=confirm_s, mode="gemm" if mode == "gemm" else "mixed",
                                reference_path=reference, **common)
@@ -334,6 +347,11 @@ class BisectJob:
         if result.verdict == STOPPED:
             j.abandon_trial("stopped")
             return self._stopped(j, results, search, "stopped on request")
+        if result.sensitivity == "reduced" and not search.get("tolerance") and result.verdict != "error":
+            # the engine compared with tolerances without being asked: never accept a silent downgrade
+            result = replace(result, verdict="error", kind="reduced-sensitivity",
+                             reason="the engine ran with reduced sensitivity without --tolerance (a silent "
+                                    "downgrade): refusing the result")
         j.finish_trial(result.to_record())
         if result.verdict == "fail" and result.edge and decision.setting != knob.stock:
             journal.add_unsafe(self.device_id, decision.setting, unit=knob.unit, kind=result.kind or "hang",
@@ -364,6 +382,7 @@ class BisectJob:
         if baseline and measured and baseline.tok_per_j and measured.tok_per_j:
             gain = round((measured.tok_per_j / baseline.tok_per_j - 1.0) * 100.0, 2)
         rec = Recommendation(
+            sensitivity="reduced" if search.get("tolerance") else "full",
             device=self.device_id, unit=knob.unit, setting=d.setting, confirmed=d.confirmed,
             lowest_pass=d.lowest_pass, first_failure=d.first_failure, margin=d.margin, edge=d.edge,
             baseline_tok_s=baseline.tok_s if baseline else None,
@@ -383,6 +402,17 @@ class BisectJob:
             self._emit_cb(event)
         except Exception:  # a broken display must not leave the card undervolted
             pass
+
+
+CONTROL_MARGIN_STEPS = 20  # a control runs at least this many steps past the failure's step...
+CONTROL_MARGIN_FRACTION = 0.25  # ...or a quarter more, whichever is larger
+
+
+def control_steps(failed: TrialResult | None) -> int:
+    """Steps of a control at stock: as many as the failure took, plus a margin (so the control passes the step at
+    which the failing trial diverged, with room for divergence that depends on time, e.g. another process)."""
+    at = (failed.fault_step or failed.steps or 1) if failed is not None else 1
+    return at + max(CONTROL_MARGIN_STEPS, int(at * CONTROL_MARGIN_FRACTION))
 
 
 def _measured_near(setting: int, knob, results: list[TrialResult]) -> TrialResult | None:

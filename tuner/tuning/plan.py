@@ -9,8 +9,15 @@ Rules (docs/bisect.md): baseline at stock; coarse descent by `step` until a fail
 bisection between the last pass and the first failure down to `resolution`; a failure at k fails every k' >= k
 (never test beyond a failure; settings on the unsafe list count as failures and are never proposed); confirm the
 lowest pass with a long run, stepping back one resolution step on failure (each value confirmed at most once);
-recommend confirmed + margin (the edge margin when any trial hung or crashed); a non-finite or mismatch at the
-same step at two different settings is a software fault, not the voltage.
+recommend confirmed + margin (the edge margin when any trial hung or crashed); a non-finite, mismatch or canary
+fault at the same step at two different settings is a software fault, not the voltage.
+
+Repeatability (issue 12; both on when the driver asks, `PlanParams.replay_baseline` / `stock_control`): after the
+baseline a `replay` at stock in a second engine process must reproduce the recording bit for bit, else the search
+stops (`not-repeatable`) before any undervolt; a trial that fails only by `mismatch` or `canary` (not an injected
+fault of the simulated card: that is the voltage by construction) is followed by one `control` trial at stock
+against the same reference before its failure counts, at most one per setting; a control that fails too stops the
+search (`not-repeatable`). Replays and controls never count as passes or failures of a setting.
 """
 
 from __future__ import annotations
@@ -22,8 +29,17 @@ from tuner.core.errors import UsageError
 from tuner.core.models import Knob, Phase, Verdict
 
 BASELINE, COARSE, REFINE, CONFIRM = Phase.BASELINE, Phase.COARSE, Phase.REFINE, Phase.CONFIRM
+REPLAY, CONTROL = Phase.REPLAY, Phase.CONTROL  # at stock: the baseline replayed in a second process; a control after a fault
+PHASES = (BASELINE, REPLAY, COARSE, REFINE, CONFIRM, CONTROL)
+STOCK_PHASES = (BASELINE, REPLAY, CONTROL)  # runs at stock that test the platform, not a setting
 PASS, FAIL, ERROR = Verdict.PASS, Verdict.FAIL, Verdict.ERROR
-SOFTWARE_KINDS = ("nonfinite", "mismatch")
+SOFTWARE_KINDS = ("nonfinite", "mismatch", "canary")
+CONTROL_KINDS = ("mismatch", "canary")  # faults a platform that stopped repeating produces too
+NOT_REPEATABLE = "not-repeatable"
+NOT_REPEATABLE_HELP = ("likely causes: a kernel that is not deterministic on this platform (the engine's start event "
+                       "lists the kernels chosen), or another process using the GPU (a display, a second job); "
+                       "remedies: stop other GPU work and run again, update the driver and PyTorch, or opt in to the "
+                       "weaker comparison with --tolerance (reduced sensitivity)")
 EDGE_KINDS = ("hang", "system-reset", "device-lost", "gpu-reset", "fallen-off-bus", "vram-lost")
 
 
@@ -36,10 +52,12 @@ class PlanParams:
     margin: int
     edge_margin: int
     floor: int | None = None
-
+    replay_baseline: bool = False  # replay the baseline at stock in a second process before any undervolt
+    stock_control: bool = False  # a control at stock after a mismatch/canary failure
     @classmethod
     def defaults_for(cls, knob: Knob, *, step: int | None = None, resolution: int | None = None,
-                     margin: int | None = None, floor: int | None = None) -> PlanParams:
+                     margin: int | None = None, floor: int | None = None, replay_baseline: bool = False,
+                     stock_control: bool = False) -> PlanParams:
         """The documented defaults: 10/5/10 mV (edge 15) for mV knobs; 2/1/2 (edge 3) clock steps for MHz knobs."""
         if knob.unit == "mV":
             d_step, d_res, d_margin, d_edge = 10, 5, 10, 15
@@ -47,7 +65,8 @@ class PlanParams:
             d_step, d_res, d_margin, d_edge = 2 * knob.step, knob.step, 2 * knob.step, 3 * knob.step
         margin = d_margin if margin is None else margin
         return cls(step=d_step if step is None else step, resolution=d_res if resolution is None else resolution,
-                   margin=margin, edge_margin=max(margin, d_edge), floor=floor)
+                   margin=margin, edge_margin=max(margin, d_edge), floor=floor, replay_baseline=replay_baseline,
+                   stock_control=stock_control)
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,8 @@ class PlanResult:
     kind: str | None = None  # failure kind: mismatch, nonfinite, hang, canary, kernel, system-reset, ...
     fault_step: int | None = None  # the same-step rule's key: the step within the reference (see from_record)
     edge: bool = False  # the trial hung or crashed the machine
+    injected: bool = False  # the simulated card injected faults at this setting
+    reason: str = ""
 
     @classmethod
     def from_record(cls, record: dict) -> PlanResult:
@@ -73,7 +94,8 @@ class PlanResult:
             step = record.get("fault_step")
         fault_step = None if record.get("injected") else step
         return cls(setting=record["setting"], phase=record["phase"], verdict=record["verdict"],
-                   kind=record.get("kind"), fault_step=fault_step, edge=bool(record.get("edge")))
+                   kind=record.get("kind"), fault_step=fault_step, edge=bool(record.get("edge")),
+                   injected=bool(record.get("injected")), reason=record.get("reason") or "")
 
 
 # --- decisions ----------------------------------------------------------------------------------------------------
@@ -95,7 +117,7 @@ class Recommend:
 
 @dataclass(frozen=True)
 class Stop:
-    """The search cannot go on: `kind` is baseline-failed, software-fault or error."""
+    """The search cannot go on: `kind` is baseline-failed, not-repeatable, software-fault or error."""
 
     kind: str
     reason: str
@@ -162,12 +184,24 @@ class BisectPlan:
         if not baseline:
             return NextTrial(self.value(0), BASELINE)
         last_baseline = baseline[-1]
+        if last_baseline.kind == NOT_REPEATABLE:
+            return self._not_repeatable(last_baseline, "the baseline's start-up check")
         if last_baseline.verdict == ERROR:
             return Stop("error", "the baseline at stock could not run (a setup problem, not the voltage)")
         if last_baseline.verdict != PASS:
             return Stop("baseline-failed", f"the baseline at stock failed ({last_baseline.kind or 'fault'}): the "
                         "card or the software is unstable before any undervolt")
-        trials = [r for r in results if r.phase != BASELINE]
+        if self.params.replay_baseline:
+            after = results[max(i for i, r in enumerate(results) if r.phase == BASELINE) + 1:]
+            replay = next((r for r in after if r.phase == REPLAY), None)
+            if replay is None:
+                return NextTrial(self.value(0), REPLAY)
+            if replay.verdict == FAIL or replay.kind == NOT_REPEATABLE:
+                return self._not_repeatable(replay, "a replay of the baseline in a second process")
+            if replay.verdict == ERROR:
+                return Stop("error", "the baseline's replay at stock could not run (a setup problem, not the "
+                            "voltage)")
+        trials = [r for r in results if r.phase not in STOCK_PHASES]
         for r in trials:
             if r.verdict == ERROR:
                 return Stop("error", f"the trial at {self._fmt(r.setting)} could not run (a setup problem, not "
@@ -175,6 +209,10 @@ class BisectPlan:
         software = self._software_fault(trials)
         if software:
             return software
+        if self.params.stock_control:
+            control = self._control(results)
+            if control is not None:
+                return control
 
         fails_k = [self.k_of(r.setting) for r in trials if r.verdict == FAIL]
         fail_k = min([k for k in fails_k if k is not None] + self.unsafe_k, default=None)
@@ -210,10 +248,39 @@ class BisectPlan:
             return self._recommend(None, results)
         return NextTrial(self.value(c), CONFIRM)
 
+    def _not_repeatable(self, r: PlanResult, what: str) -> Stop:
+        where = f"first differing step {r.fault_step}" if r.fault_step is not None else "no step recorded"
+        if r.fault_step == 0:
+            where = "it differed in the start-up check (step 0)"
+        detail = f": {r.reason}" if r.reason else ""
+        return Stop(NOT_REPEATABLE, f"this platform does not repeat bit for bit at stock ({what}, {where}){detail}. "
+                    f"{NOT_REPEATABLE_HELP}")
+
+    def _control(self, results: Sequence[PlanResult]) -> Decision | None:
+        """A failure only by mismatch/canary needs a control at stock right after it (once per setting); a
+        control that failed too means the platform stopped repeating."""
+        controlled: set[int] = set()
+        for i, r in enumerate(results):
+            if r.phase in STOCK_PHASES or r.verdict != FAIL or r.kind not in CONTROL_KINDS or r.injected:
+                continue
+            if r.setting in controlled:
+                continue
+            nxt = results[i + 1] if i + 1 < len(results) else None
+            if nxt is None:
+                return NextTrial(self.value(0), CONTROL)
+            if nxt.phase != CONTROL:
+                continue  # recorded before controls existed
+            controlled.add(r.setting)
+            if nxt.verdict != PASS:
+                return self._not_repeatable(nxt, f"a control at stock after {r.kind} at {self._fmt(r.setting)}")
+        return None
+
     def _software_fault(self, trials: Sequence[PlanResult]) -> Stop | None:
         seen: dict[int, int] = {}
         for r in trials:
-            if r.verdict == FAIL and r.kind in SOFTWARE_KINDS and r.fault_step is not None:
+            # step 0 is the start-up check every run begins with: the stock control (which runs it too) is the
+            # judge there, so two settings failing it are not evidence of a software bug
+            if r.verdict == FAIL and r.kind in SOFTWARE_KINDS and r.fault_step:
                 key = r.fault_step
                 if key in seen and seen[key] != r.setting:
                     return Stop("software-fault", f"{r.kind} at step {r.fault_step} at both "
@@ -223,7 +290,7 @@ class BisectPlan:
         return None
 
     def _recommend(self, confirmed_k: int | None, results: Sequence[PlanResult]) -> Recommend:
-        trials = [r for r in results if r.phase != BASELINE]
+        trials = [r for r in results if r.phase not in STOCK_PHASES]
         edge = self.unsafe_edge or any(r.edge or r.kind in EDGE_KINDS for r in trials if r.verdict == FAIL)
         margin = self.params.edge_margin if edge else self.params.margin
         fails_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == FAIL) if k is not None]
@@ -255,7 +322,7 @@ class BisectPlan:
         if not isinstance(decision, NextTrial):
             return 0, 0
         refine = max(0, (self.coarse_k // self.res_k - 1).bit_length())
-        if decision.phase == BASELINE:
+        if decision.phase in (BASELINE, REPLAY, CONTROL):
             return 2 + refine, 1
         if decision.phase == COARSE:
             return 1 + refine, 1

@@ -29,6 +29,7 @@ from tuner.tuning.engine_client import EngineConfig, StressResult, WatchdogPolic
 from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult, TrialWarning
 from tuner.tuning.sampler import TelemetrySampler, TelemetrySummary
 
+RESULT_WAIT_S = 60.0  # after the engine's output ended: how long to wait for its exit before stopping it
 STOPPED = Verdict.STOPPED
 
 
@@ -48,6 +49,9 @@ class TrialParams:
     baseline_tok_per_j: float | None = None  # for efficiency_vs_stock
     baseline_voltage_mv: float | None = None  # the stock baseline's core voltage under load (measured drop)
     progress_interval_s: float = 1.0
+    steps: int | None = None  # bound by steps instead of duration_s (which then only feeds the ETA)
+    verify_repeatable: bool = False  # the baseline's replay: record in the reference whether it repeats
+    tolerance: bool = False  # the user opted in to the weaker comparison (reduced sensitivity)
 
 
 class StopRequested(Exception):
@@ -62,13 +66,15 @@ def trial_request(target: StressTarget, params: TrialParams, setting: int | None
     """The engine run for one trial on `target` at `setting` (None: a run at whatever the card is set to, with
     the engine's default fault seed)."""
     return sc.engine_request(
-        target, duration_s=params.duration_s, preset=params.preset, setting=setting, mode=params.mode,
+        target, duration_s=None if params.steps is not None else params.duration_s, steps=params.steps,
+        preset=params.preset, setting=setting, mode=params.mode,
         seed=params.seed, dtype=params.dtype, canary_every=params.canary_every,
         record=str(params.record_path) if params.record_path else None,
         reference=str(params.reference_path) if params.reference_path else None,
         # a reference one trial long covers a run of any length: past its end the engine restarts from the
         # initial weights and keeps comparing
-        reference_loop=params.reference_path is not None)
+        reference_loop=params.reference_path is not None and not params.verify_repeatable,
+        tolerance=params.tolerance, verify_repeatable=params.verify_repeatable)
 
 
 def _same_bus(a: str | None, b: str | None) -> bool:
@@ -170,7 +176,8 @@ def run_trial(
             sampler = trial.sampler = TelemetrySampler(backend, device_id, interval_s=params.telemetry_interval_s)
             cleanup.callback(lambda: setattr(trial, "summary", sampler.stop()))
             sampler.start()
-            run = trial.run = engine_factory(config, params.watchdog or WatchdogPolicy.for_config(config))
+            watchdog = params.watchdog or WatchdogPolicy.for_config(config)
+            run = trial.run = engine_factory(config, watchdog)
             cleanup.callback(run.stop)  # safe on a run that never started or already ended
             run.start()
             end_watch = threading.Event()
@@ -188,7 +195,7 @@ def run_trial(
             cleanup.callback(_end_thread, end_watch, stopper)
             stopper.start()
             _follow(run, trial, target, params, setting, started_at, emit, clock)
-            trial.engine_result = run.result()
+            trial.engine_result = _bounded_result(run, watchdog)
         except StopRequested:
             trial.stop_reason = STOPPED
 
@@ -251,6 +258,19 @@ def _end_thread(done: threading.Event, thread: threading.Thread) -> None:
     done.set()
     if thread.is_alive():
         thread.join(timeout=5.0)
+
+
+def _bounded_result(run: sc.StressRun, watchdog: WatchdogPolicy) -> StressResult | None:
+    """The engine's result, waited for a bounded time (its output has ended, so it should be exiting): if it does
+    not exit, stop it (SIGTERM, then SIGKILL) and wait once more; None when even that does not end it."""
+    try:
+        return run.result(timeout=RESULT_WAIT_S)
+    except TimeoutError:
+        run.stop()
+    try:
+        return run.result(timeout=watchdog.kill_grace_s + 10.0)
+    except TimeoutError:
+        return None
 
 
 def _reset_and_verify(backend: Backend, device_id: str) -> None:

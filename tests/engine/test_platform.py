@@ -1,0 +1,55 @@
+"""tuner/engine/platform.py without a GPU: the card chosen by PCI bus id among all visible devices (a fake
+torch.cuda with three devices, the wanted one last, as HIP may number them), and the environment that makes
+kernels deterministic."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tuner.engine import platform
+
+
+@pytest.fixture
+def three_gpus(monkeypatch):
+    props = [SimpleNamespace(name=name, pci_domain_id=0, pci_bus_id=bus, pci_device_id=0, total_memory=2**34)
+             for name, bus in (("AMD Radeon Graphics (iGPU)", 0x7C), ("GPU B", 0x03), ("GPU C", 0x83))]
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    return current
+
+
+def test_the_device_is_chosen_by_pci_bus_id_not_by_index(three_gpus):
+    spec = platform.resolve_device("cuda:0", "0000:83:00.0")
+    assert (spec.device, spec.name, spec.pci_bus_id) == (torch.device("cuda", 2), "GPU C", "0000:83:00.0")
+    assert three_gpus == [2]  # made current: capability queries ask this device
+    assert platform.resolve_device("cuda:0", "00000000:03:00.0").name == "GPU B"  # NVML's long domain
+
+
+def test_no_device_with_the_bus_id_is_a_setup_problem(three_gpus):
+    with pytest.raises(platform.SetupProblem, match="0000:44:00.0.*0: 0000:7c:00.0, 1: 0000:03:00.0"):
+        platform.resolve_device("cuda:0", "0000:44:00.0")
+
+
+def test_without_a_bus_id_the_index_decides(three_gpus):
+    assert platform.resolve_device("cuda:1").name == "GPU B"
+
+
+def test_the_environment_is_made_deterministic(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    monkeypatch.setenv("PYTORCH_TUNABLEOP_ENABLED", "1")
+    monkeypatch.delenv("TORCH_BLAS_PREFER_HIPBLASLT", raising=False)
+    changed = platform.prepare_environment()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and os.environ["PYTORCH_TUNABLEOP_ENABLED"] == "0"
+    assert os.environ["TORCH_BLAS_PREFER_HIPBLASLT"] == "0"
+    assert len(changed) == 2 and "not deterministic" in changed[0]
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the other deterministic value is kept
+    assert platform.prepare_environment() == [] and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    monkeypatch.setenv("ROCBLAS_LAYER", "1")
+    assert platform.kernel_env()["ROCBLAS_LAYER"] == "1" and "PATH" not in platform.kernel_env()
