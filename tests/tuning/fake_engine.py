@@ -39,7 +39,7 @@ class _FakeRun:
     def events(self):
         r = self.request
         yield SimpleNamespace(event="start", pci_bus_id=None, repeatable=True)
-        n = 20
+        n = 60  # past the driver's minimum of compared steps (tuner.tuning.evidence)
         fail_step = None
         if r["fault_rate"] > 0:
             fail_step = 2 + int(r["fault_rate"] * 10)

@@ -65,6 +65,7 @@ def run(args, ctx) -> int:
     _check_match(result, profile, device, force=args.force, verify=args.verify is not None)
     value = profile.setting.value
     knob.validate(value)  # range, step, no overvolt: OutOfRange (exit 2) before anything is written
+    journal.check_safety_state(device.id)  # damaged safety files block even --ignore-unsafe (fail closed)
     if not args.ignore_unsafe:
         journal.refuse_unsafe(device.id, knob, value)
     for warning in result.warnings + _unapplied_fields(profile, knob, backend):
@@ -228,6 +229,7 @@ def _boot_apply_one(profile: Profile, backend, log) -> dict:
             continue
         try:
             knob.validate(profile.setting.value)
+            journal.check_safety_state(device.id)  # a damaged unsafe list or journal blocks this card
             journal.refuse_unsafe(device.id, knob, profile.setting.value)  # never overridden at boot
             after = backend.apply(device.id, profile.setting.value)
         except TunerError as e:

@@ -108,6 +108,7 @@ def run(args, ctx) -> int:
     knob = backend.knob(dev.id)
     # Every check before the first write: bad input changes nothing (the lock clock included).
     knob.validate(args.offset, allow_overvolt=args.allow_overvolt)
+    journal.check_safety_state(dev.id)  # damaged safety files block even --ignore-unsafe (fail closed)
     if not args.ignore_unsafe:
         journal.refuse_unsafe(dev.id, knob, args.offset)
     if args.lock_mhz is not None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from tuner.core import exit_codes
 
-from tuner.tuning import journal, kernel_log
+from tuner.tuning import evidence, journal, kernel_log
 from tuner.backends.base import Backend
 from tuner.tuning.events import (
     BisectEvent,
@@ -155,10 +155,14 @@ class BisectJob:
     # --- session ----------------------------------------------------------------------------------------------
     def _open_session(self, device, knob) -> tuple[journal.Journal, dict, bool]:
         p = self.params
+        journal.check_safety_state(self.device_id)  # a damaged unsafe list, journal or guard: refuse (fail closed)
         if p.resume and p.restart:
             raise UsageError("--resume and --restart exclude each other", "pick one")
         if p.mode not in MODES:
             raise UsageError(f"unknown mode {p.mode!r}", f"use one of {', '.join(MODES)}")
+        if not (p.trial_s >= 1 and p.confirm_s >= 1):  # also catches NaN
+            raise UsageError(f"trials of {min(p.trial_s, p.confirm_s):g} s are too short to compare anything",
+                             "give --trial and --confirm of at least 1 s (the defaults are 5m and 30m)")
         # validate the search parameters before touching anything
         PlanParams.defaults_for(knob, step=p.step, resolution=p.resolution, margin=p.margin, floor=p.floor)
         BisectPlan(knob, PlanParams.defaults_for(knob, step=p.step, resolution=p.resolution, margin=p.margin,
@@ -203,7 +207,9 @@ class BisectJob:
                              "wait for it to finish or stop it first")
 
     def _recover(self, existing: journal.Journal, knob, device) -> None:
-        """An open trial whose process is gone: count it as a failure, and never try that value again."""
+        """An open trial whose process is gone. Left by an earlier boot: the machine froze or reset, a failure and
+        an unsafe value. Left in this boot: the tuner died (kill -9, a full disk), which says nothing about the
+        voltage: inconclusive, and the plan runs it again."""
         trial = existing.open_trial
         boot = journal.current_boot_id()
         setting, phase = int(trial["setting"]), trial.get("phase", "coarse")
@@ -217,10 +223,15 @@ class BisectJob:
                          "; previous boot's kernel log unavailable"))
             edge = True
         else:
-            lines, kind, edge = None, "tool-died", False
-            reason = f"the tuner died during this trial (pid {trial.get('pid')})"
-        if phase == BASELINE and not rebooted:
-            existing.abandon_trial("the tuner died during the baseline; it runs again")
+            if phase == BASELINE:
+                existing.abandon_trial("the tuner died during the baseline; it runs again")
+                return
+            result = TrialResult(setting=setting, unit=knob.unit, phase=phase, verdict=evidence.INCONCLUSIVE,
+                                 kind=evidence.TOOL_DIED, reason=f"the tuner died during this trial (pid "
+                                 f"{trial.get('pid')}) in this boot: not evidence about the voltage; it runs again",
+                                 started_at=trial.get("started_at"), simulated=device.simulated)
+            existing.record_recovered(result.to_record())
+            self._emit(TrialRecovered(result))
             return
         result = TrialResult(setting=setting, unit=knob.unit, phase=phase, verdict="fail", kind=kind,
                              reason=reason, edge=edge, kernel_log=tuple(lines or ()),
@@ -263,7 +274,9 @@ class BisectJob:
     def _trial_params(self, decision: NextTrial, j: journal.Journal, results: list[TrialResult],
                       search: dict) -> TrialParams:
         mode = search["mode"]
-        trial_s, confirm_s = float(search["trial_s"]), float(search["confirm_s"])
+        reruns = evidence.short_reruns(j.trials, decision.setting, decision.phase)  # too short before: longer
+        trial_s = evidence.rerun_duration_s(float(search["trial_s"]), reruns)
+        confirm_s = evidence.rerun_duration_s(float(search["confirm_s"]), reruns)
         baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
         common = dict(phase=decision.phase, preset=search["preset"], seed=int(search["seed"]),
                       dtype=search.get("dtype"), watchdog=self.params.watchdog,
@@ -282,6 +295,9 @@ class BisectJob:
 
     def _run_one(self, decision: NextTrial, plan: BisectPlan, knob, j: journal.Journal,
                  results: list[TrialResult], search: dict) -> BisectOutcome | None:
+        reruns = evidence.short_reruns(j.trials, decision.setting, decision.phase)
+        if reruns > evidence.MAX_SHORT_RERUNS:
+            return self._too_short(j, results, search, decision, knob)
         tp = self._trial_params(decision, j, results, search)
         if decision.phase != BASELINE and tp.mode != "gemm" and tp.reference_path is None:
             # the reference was lost (resumed on another machine, state dir cleaned): record it again
@@ -329,7 +345,11 @@ class BisectJob:
         if result.verdict == STOPPED:
             j.abandon_trial("stopped")
             return self._stopped(j, results, search, "stopped on request")
+        result = evidence.judge(result, baseline=decision.phase == BASELINE)
         j.finish_trial(result.to_record())
+        if result.kind == evidence.ENGINE_KILLED:  # re-running now could meet the same killer (the OOM killer)
+            self._emit(TrialFinished(index, result))
+            return self._stopped(j, results, search, result.reason)
         if result.verdict == "fail" and result.edge and decision.setting != knob.stock:
             journal.add_unsafe(self.device_id, decision.setting, unit=knob.unit, kind=result.kind or "hang",
                                reason=result.reason, edge=True, session=j.session,
@@ -344,6 +364,19 @@ class BisectJob:
         j.close(journal.INTERRUPTED)
         self._emit(BisectStopped(reason=reason, resumable=True))
         return BisectOutcome("stopped", exit_codes.INTERRUPTED, j.session, trials=tuple(results), params=search)
+
+    def _too_short(self, j, results, search, decision: NextTrial, knob) -> BisectOutcome:
+        last = next(r for r in reversed(j.trials) if r.get("setting") == decision.setting
+                    and r.get("kind") == evidence.TOO_SHORT)
+        reason = (f"{decision.phase} trials at {decision.setting:+d} {knob.unit} compared too few steps "
+                  f"({last.get('steps')} steps, {last.get('warmup_steps') or 0} of them warm-up) even at "
+                  f"{evidence.RERUN_FACTOR ** evidence.MAX_SHORT_RERUNS}x the duration; a pass needs "
+                  f"{evidence.MIN_COMPARED_STEPS} compared steps: give a longer --trial / --confirm")
+        failure = BisectFailed(kind=evidence.TOO_SHORT, reason=reason, exit_code=exit_codes.TEST_FAILED)
+        self._emit(failure)
+        j.close(journal.FINISHED, outcome=evidence.TOO_SHORT, reason=reason)
+        return BisectOutcome("failed", exit_codes.TEST_FAILED, j.session, failure=failure, trials=tuple(results),
+                             params=search)
 
     def _hardware_failure(self, j, results, search, kind: str, reason: str) -> BisectOutcome:
         failure = BisectFailed(kind=kind, reason=reason, exit_code=exit_codes.HARDWARE)

@@ -24,6 +24,9 @@ from tuner.core.models import Knob
 BASELINE, COARSE, REFINE, CONFIRM = "baseline", "coarse", "refine", "confirm"
 PHASES = (BASELINE, COARSE, REFINE, CONFIRM)
 PASS, FAIL, ERROR = "pass", "fail", "error"
+# Not evidence either way (too few compared steps, the tool died, the engine was killed from outside): the
+# trial is recorded for the history but the plan ignores it, so the same value is proposed again.
+INCONCLUSIVE = "inconclusive"
 SOFTWARE_KINDS = ("nonfinite", "mismatch")
 EDGE_KINDS = ("hang", "system-reset", "device-lost", "gpu-reset", "fallen-off-bus", "vram-lost")
 
@@ -57,7 +60,7 @@ class PlanResult:
 
     setting: int
     phase: str
-    verdict: str  # pass | fail | error
+    verdict: str  # pass | fail | error | inconclusive (ignored)
     kind: str | None = None  # failure kind: mismatch, nonfinite, hang, canary, kernel, system-reset, ...
     fault_step: int | None = None  # the same-step rule's key: the step within the reference (see from_record)
     edge: bool = False  # the trial hung or crashed the machine
@@ -156,6 +159,7 @@ class BisectPlan:
 
     # --- the state machine ------------------------------------------------------------------------------------
     def decide(self, results: Sequence[PlanResult]) -> Decision:
+        results = [r for r in results if r.verdict != INCONCLUSIVE]
         baseline = [r for r in results if r.phase == BASELINE]
         if not baseline:
             return NextTrial(self.value(0), BASELINE)

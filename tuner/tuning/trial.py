@@ -278,7 +278,8 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result, sum
     tok_per_j = tok_s / power_w if tok_s and power_w else None
     base = TrialResult(
         setting=setting, unit=unit, phase=params.phase, verdict="pass",
-        steps=getattr(r, "steps", None), duration_s=round(getattr(r, "duration_s", None) or wall_s, 3),
+        steps=getattr(r, "steps", None), warmup_steps=getattr(getattr(r, "start", None), "warmup_steps", None),
+        duration_s=round(getattr(r, "duration_s", None) or wall_s, 3),
         tok_s=tok_s, power_w=None if power_w is None else round(power_w, 2),
         max_temp_c=summary.max_temp_c if summary else None,
         max_temp_edge_c=summary.max_temp_edge_c if summary else None,
