@@ -71,7 +71,7 @@ def _confirm_real_card(device, args) -> None:
 
 
 def _check_save_name(name: str | None) -> None:
-    if not name:
+    if name is None:  # `--save ""` is an error, not "do not save"
         return
     from tuner.profiles import validate_name
     from tuner.profiles.store import profile_path

@@ -5,6 +5,7 @@ Plain dataclasses, no I/O. Units live in field names (`offset_mv`, `power_w`, `t
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -14,6 +15,16 @@ from tuner.core.errors import OutOfRange
 class KnobKind(str, Enum):
     VOLTAGE_OFFSET = "voltage_offset"  # AMD: a vddgfx offset in mV; more negative is more aggressive
     CLOCK_OFFSET = "clock_offset"  # NVIDIA: a positive graphics clock offset in MHz at a locked max clock
+
+
+def printable(text: str) -> str:
+    """`text` with control and format characters (Unicode Cc, Cf: ESC, CR, BEL, bidi overrides) escaped.
+
+    >>> printable("RX 9070\\x1b[2J\\u202e")
+    'RX 9070\\\\x1b[2J\\\\u202e'
+    """
+    return "".join(ch if unicodedata.category(ch) not in ("Cc", "Cf") else
+                   (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") for ch in text)
 
 
 @dataclass(frozen=True)
@@ -34,8 +45,11 @@ class DeviceInfo:
 
     @property
     def label(self) -> str:
-        """Name as shown to people: a simulated card always says so."""
-        return f"{self.name} [SIMULATED]" if self.simulated else self.name
+        """Name as shown to people: a simulated card always says so. The name comes from the driver (or a planted
+        sysfs file): control and format characters are escaped so it cannot move the cursor, clear the screen or
+        reorder text on the terminal."""
+        name = printable(self.name)
+        return f"{name} [SIMULATED]" if self.simulated else name
 
     def to_dict(self) -> dict:
         return asdict(self)
