@@ -19,7 +19,8 @@ from tuner.actions.context import Context
 from tuner.core.errors import TunerError, disk_full, is_disk_full
 
 # In the order `tuner --help` lists them. A module not built yet is skipped.
-COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "profile", "apply", "service", "doctor")
+COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "profile", "apply", "service", "doctor",
+            "unsafe")
 
 DESCRIPTION = """\
 Find the lowest stable GPU voltage setting with a real training workload, and keep it.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from tuner.core import exit_codes
 
@@ -413,6 +413,26 @@ class BisectJob:
             pass
 
 
+def last_outcome(device_id: str, knob) -> BisectOutcome:
+    """The finished session's outcome, rebuilt from the journal (validated on load), for saving it as a profile
+    after the fact (`tuner bisect --save NAME --from-last`: the save at the end of the run failed, or was not
+    asked for). UsageError when the last session did not end with a recommendation."""
+    doc = journal.load(device_id)
+    if doc is None or doc.get("state") != journal.FINISHED or doc.get("recommendation") is None:
+        raise UsageError(f"no finished bisect with a recommendation for {device_id} in "
+                         f"{journal.journal_path(device_id)}",
+                         "run `tuner bisect` (a new bisect replaces the last one's result)")
+    names = {f.name for f in fields(Recommendation)}
+    rec = Recommendation(**{"device": device_id, **{k: v for k, v in doc["recommendation"].items() if k in names}})
+    stored = doc["params"]
+    pp = PlanParams.defaults_for(knob, step=stored.get("step"), resolution=stored.get("resolution"),
+                                 margin=stored.get("margin"), floor=stored.get("floor"))
+    search = {**stored, "step": pp.step, "resolution": pp.resolution, "margin": pp.margin}
+    trials = tuple(TrialResult.from_record(r) for r in doc["trials"])
+    return BisectOutcome("recommended", exit_codes.OK, doc["session"], recommendation=rec, trials=trials,
+                         params=search)
+
+
 def _measured_near(setting: int, knob, results: list[TrialResult]) -> TrialResult | None:
     """The passing measurement at the recommended setting (the confirm run preferred), else the nearest passing
     one on the stock side of it (so the reported gain is never overstated)."""
@@ -426,4 +446,4 @@ def _measured_near(setting: int, knob, results: list[TrialResult]) -> TrialResul
     return max(safer, key=lambda r: ((r.setting - knob.stock) * knob.aggressive_direction, r.phase == CONFIRM))
 
 
-__all__ = ["BisectJob", "BisectOutcome", "BisectParams"]
+__all__ = ["BisectJob", "BisectOutcome", "BisectParams", "last_outcome"]

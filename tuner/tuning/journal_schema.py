@@ -96,6 +96,7 @@ def check_journal(doc, *, reference_name: str | None = None) -> str | None:
         _field(doc, "boot_id", lambda v: _opt(v, _is_str), "a string", required=False),
         _field(doc, "reference", lambda v: _opt(v, _is_str), "a path", required=False),
         check_open_trial(doc.get("open_trial"), in_session=True),
+        check_recommendation(doc.get("recommendation")),
     )
     if problem:
         return problem
@@ -107,6 +108,26 @@ def check_journal(doc, *, reference_name: str | None = None) -> str | None:
     if ref is not None and reference_name is not None and not ref.endswith("/" + reference_name):
         return f"'reference' names {ref!r:.80}, not the session's own file in the state directory"
     return None
+
+
+def check_recommendation(rec) -> str | None:
+    """A finished session's recommendation (what `tuner bisect --save NAME --from-last` saves)."""
+    if rec is None:
+        return None
+    if not isinstance(rec, dict):
+        return "'recommendation' is not an object"
+    ints = ("setting", "margin")
+    opt_ints = ("confirmed", "lowest_pass", "first_failure", "measured_at")
+    nums = ("baseline_tok_s", "baseline_power_w", "baseline_tok_per_j", "tuned_tok_s", "tuned_power_w",
+            "tuned_tok_per_j", "efficiency_gain_pct")
+    problem = _first(
+        *(_field(rec, k, _is_int, "a whole number", required=True) for k in ints),
+        *(_field(rec, k, lambda v: _opt(v, _is_int), "a whole number", required=False) for k in opt_ints),
+        *(_field(rec, k, lambda v: _opt(v, _is_num), "a number", required=False) for k in nums),
+        _field(rec, "unit", _is_str, "a string", required=True),
+        _field(rec, "edge", lambda v: isinstance(v, bool), "true or false", required=False),
+    )
+    return f"recommendation: {problem}" if problem else None
 
 
 def check_guard(doc) -> str | None:
