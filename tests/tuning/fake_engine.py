@@ -20,6 +20,10 @@ class FakeEngine:
     error: bool = False
     # request -> (kind, failing step, reference step) for every trial that does not record; None: no such fault
     software_fault: object = None
+    # request -> steps a passing run makes (default 60: past the driver's minimum of compared steps)
+    steps: object = None
+    # request -> a result that replaces the run's (an engine killed from outside, ...); None: run normally
+    override: object = None
 
     def __call__(self, request: dict, watchdog):
         self.requests.append(request)
@@ -39,7 +43,10 @@ class _FakeRun:
     def events(self):
         r = self.request
         yield SimpleNamespace(event="start", pci_bus_id=None, repeatable=True)
-        n = 60  # past the driver's minimum of compared steps (tuner.tuning.evidence)
+        n = self.engine.steps(r) if self.engine.steps else 60
+        if self.engine.override and (forced := self.engine.override(r)) is not None:
+            self._result = forced
+            return
         fail_step = None
         if r["fault_rate"] > 0:
             fail_step = 2 + int(r["fault_rate"] * 10)
