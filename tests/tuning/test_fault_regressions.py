@@ -129,6 +129,12 @@ def test_a_trial_too_short_to_compare_50_steps_is_inconclusive_and_runs_longer(b
     assert all(t.steps >= 50 for t in outcome.trials if t.passed and t.phase != "baseline")
     coarse_10 = [r["duration_s"] for r in engine.requests if r.get("fault_seed") == -10]
     assert coarse_10 == [1, 4]
+    # the history, inconclusive runs included, goes into a valid profile
+    from tuner.profiles import build_profile
+    from tuner.profiles.schema import Profile
+
+    profile = build_profile("short", _backend.devices()[0], _backend.knob("sim0"), -40, tuning=outcome.tuning())
+    assert "inconclusive" in [t.verdict for t in Profile.from_toml(profile.to_toml()).tuning.trials]
 
 
 def test_a_trial_that_never_compares_enough_steps_is_never_a_pass(boot):

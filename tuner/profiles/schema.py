@@ -34,7 +34,7 @@ KIND_UNITS = {"voltage_offset": "mV", "clock_offset": "MHz"}
 # again when applying. The sign is fixed: a profile records an undervolt, never an overvolt.
 SETTING_BOUNDS = {"voltage_offset": (-500, 0), "clock_offset": (0, 3000)}
 PHASES = ("baseline", "coarse", "refine", "confirm")
-VERDICTS = ("pass", "fail", "error")
+VERDICTS = ("pass", "fail", "error", "inconclusive")  # inconclusive: too short, tool died (re-run)
 
 HEADER = (
     "# undervolt-tuner profile (schema v1, described in profiles/README.md).\n"
