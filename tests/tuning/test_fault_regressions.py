@@ -342,3 +342,55 @@ def test_a_full_disk_has_its_own_message_and_exit_code(capsys, monkeypatch, tmp_
     code, _out, err = tuner(capsys, "profile", "export", "mine", str(tmp_path / "out.toml"))
     assert code == exit_codes.DISK_FULL != exit_codes.USAGE
     assert "no space left" in err and "free disk space" in err
+
+
+def test_a_full_disk_mid_bisect_is_inconclusive_and_resumes(boot, monkeypatch):
+    import errno
+
+    from tuner.core.errors import DiskFull
+
+    real_write = journal.write_atomic
+    full = []
+
+    def write(path, data, mode=0o644):
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_write(path, data, mode)
+
+    monkeypatch.setattr(journal, "write_atomic", write)
+    engine = FakeEngine(on_start=lambda r: full.append(1) if r.get("fault_seed") == -30 else None)
+    backend, engine, _events, job = _make(engine=engine)
+    with pytest.raises(DiskFull, match="no space left"):
+        job.run()
+    assert backend.knob("sim0").current == 0 and journal.load("sim0")["open_trial"]["setting"] == -30
+    full.clear()  # space freed
+    backend, engine, _events, job = _make(resume=True)
+    outcome = job.run()
+    assert journal.unsafe_settings("sim0") == {} and -30 in [r["fault_seed"] for r in engine.requests]
+    assert outcome.recommendation.setting == -40 and not outcome.recommendation.edge
+
+
+def test_an_engine_that_crashes_on_a_full_disk_is_not_blamed_on_the_voltage(boot, monkeypatch):
+    from tuner.core.errors import DiskFull
+
+    disk = {"full": False}
+    monkeypatch.setattr(evidence, "disk_full", lambda path: disk["full"])
+
+    def no_space(request):
+        if request.get("fault_seed") == -20 and not disk.get("done"):
+            disk.update(full=True, done=True)
+            return SimpleNamespace(verdict="fail", kind="crash", reason="the engine exited with code 1 without an "
+                                   "end event after step 9", failure_step=10, steps=9, duration_s=0.5,
+                                   median_tok_s=None, sensitivity="full")
+        return None
+
+    backend, _engine, _events, job = _make(engine=FakeEngine(override=no_space))
+    with pytest.raises(DiskFull, match="is full"):
+        job.run()
+    assert backend.knob("sim0").current == 0
+    doc = journal.load("sim0")
+    assert doc["state"] == journal.INTERRUPTED and doc["trials"][-1]["kind"] == evidence.DISK_FULL
+    disk["full"] = False
+    _backend, _engine, _events, job = _make(resume=True)
+    outcome = job.run()
+    assert outcome.recommendation.setting == -40 and journal.unsafe_settings("sim0") == {}

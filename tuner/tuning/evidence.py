@@ -7,6 +7,9 @@
   error and no kernel-log hit says nothing about the voltage: `inconclusive` (kind `engine-killed`), re-run on
   resume. Signals an engine raises on itself when the hardware miscomputes (SIGSEGV, SIGBUS, SIGILL, SIGFPE,
   SIGABRT) stay failures.
+- A trial that crashed or errored while the state directory's disk is full (the engine could not write its
+  reference, ...) is `inconclusive` (kind `disk-full`), unless a GPU error, a hang or a kernel-log hit says
+  otherwise; the job stops resumably with exit 7.
 - A tuner that died in the same boot (kill -9, a full disk) is `inconclusive` (kind `tool-died`); only a machine
   reset, a hang or a GPU error puts a value on the unsafe list (the job and `journal` apply that).
 
@@ -15,13 +18,16 @@ Pure functions over `TrialResult`; no I/O.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import replace
+from pathlib import Path
 
 from tuner.tuning.events import TrialResult
 
 INCONCLUSIVE = "inconclusive"
-TOO_SHORT, ENGINE_KILLED, TOOL_DIED = "too-short", "engine-killed", "tool-died"
+TOO_SHORT, ENGINE_KILLED, TOOL_DIED, DISK_FULL = "too-short", "engine-killed", "tool-died", "disk-full"
+DISK_FULL_BELOW_BYTES = 1 << 20  # less free space than this counts as full (fsync'd journals need a little)
 
 MIN_COMPARED_STEPS = 50
 RERUN_FACTOR = 4
@@ -41,8 +47,23 @@ def compared_steps(result: TrialResult) -> int | None:
     return max(0, result.steps - (result.warmup_steps or 0))
 
 
-def judge(result: TrialResult, *, baseline: bool) -> TrialResult:
-    """The result as evidence: a short pass or an outside kill becomes inconclusive; everything else unchanged."""
+def disk_full(path: Path) -> bool:
+    """True when the file system holding `path` (the state directory) has (almost) no space left for us."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES
+
+
+def judge(result: TrialResult, *, baseline: bool, disk_is_full: bool = False) -> TrialResult:
+    """The result as evidence: a short pass, an outside kill or a crash on a full disk becomes inconclusive;
+    everything else is unchanged."""
+    if (disk_is_full and result.verdict in ("fail", "error") and result.kind in ("crash", "setup", "no-result")
+            and not result.kernel_log and not result.edge):
+        return replace(result, verdict=INCONCLUSIVE, kind=DISK_FULL,
+                       reason=f"the disk is full ({result.reason or result.kind}): not evidence about the voltage; "
+                       "it runs again on resume")
     if result.verdict == "pass" and not baseline:
         n = compared_steps(result)
         if n is None or n < MIN_COMPARED_STEPS:

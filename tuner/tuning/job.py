@@ -40,7 +40,7 @@ from tuner.tuning.plan import (
     Recommend,
     Stop,
 )
-from tuner.core.errors import DeviceLost, NotApplied, UsageError
+from tuner.core.errors import DeviceLost, DiskFull, NotApplied, UsageError
 from tuner.tuning.trial import STOPPED, TrialParams, WatchdogSettings, run_trial
 
 MODES = ("train", "gemm", "mixed")
@@ -345,11 +345,17 @@ class BisectJob:
         if result.verdict == STOPPED:
             j.abandon_trial("stopped")
             return self._stopped(j, results, search, "stopped on request")
-        result = evidence.judge(result, baseline=decision.phase == BASELINE)
+        result = evidence.judge(result, baseline=decision.phase == BASELINE,
+                                disk_is_full=result.verdict != "pass" and evidence.disk_full(journal.journal_dir()))
         j.finish_trial(result.to_record())
         if result.kind == evidence.ENGINE_KILLED:  # re-running now could meet the same killer (the OOM killer)
             self._emit(TrialFinished(index, result))
             return self._stopped(j, results, search, result.reason)
+        if result.kind == evidence.DISK_FULL:  # run() closes the session as resumable
+            self._emit(TrialFinished(index, result))
+            raise DiskFull(f"the disk holding {journal.journal_dir()} is full; the trial at {decision.setting:+d} "
+                           f"{knob.unit} did not count", f"free disk space, then `tuner bisect --device "
+                           f"{self.device_id} --resume`")
         if result.verdict == "fail" and result.edge and decision.setting != knob.stock:
             journal.add_unsafe(self.device_id, decision.setting, unit=knob.unit, kind=result.kind or "hang",
                                reason=result.reason, edge=True, session=j.session,
