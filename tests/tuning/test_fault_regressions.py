@@ -394,3 +394,17 @@ def test_an_engine_that_crashes_on_a_full_disk_is_not_blamed_on_the_voltage(boot
     _backend, _engine, _events, job = _make(resume=True)
     outcome = job.run()
     assert outcome.recommendation.setting == -40 and journal.unsafe_settings("sim0") == {}
+
+
+def test_a_dead_tool_with_an_unreadable_boot_id_fails_closed(boot):
+    # without both boot ids a machine reset cannot be ruled out: the value is treated as after a reset
+    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
+                               knob=SimulatedBackend().knob("sim0").to_dict())
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
+    j.reference.write_text('{"steps": 1000}')
+    j.begin_trial(-30, "coarse")
+    j.doc["open_trial"]["pid"] = 2**22 + 4321  # dead
+    j._save()
+    (boot.root / "proc/sys/kernel/random/boot_id").unlink()
+    outcome = _make(resume=True)[3].run()
+    assert journal.unsafe_settings("sim0")[-30]["edge"] and outcome.recommendation.edge

@@ -214,7 +214,16 @@ class BisectJob:
         boot = journal.current_boot_id()
         setting, phase = int(trial["setting"]), trial.get("phase", "coarse")
         rebooted = boot is not None and trial.get("boot_id") not in (None, boot)
-        if rebooted:
+        # Without both boot ids a reset cannot be ruled out: fail closed, as after a reset.
+        unknown = boot is None or trial.get("boot_id") is None
+        if phase == BASELINE and not rebooted:
+            existing.abandon_trial("the tuner died during the baseline (at stock); it runs again")
+            return
+        if unknown and not rebooted:
+            lines, kind, edge = None, "system-reset", True
+            reason = ("the tuner died during this trial and the boot id is unreadable, so a machine reset cannot "
+                      "be ruled out")
+        elif rebooted:
             target = self.backend.stress_target(self.device_id)
             lines = None if target.simulated else kernel_log.previous_boot_events(target.pci_bus_id)
             kind = "system-reset"
@@ -223,9 +232,6 @@ class BisectJob:
                          "; previous boot's kernel log unavailable"))
             edge = True
         else:
-            if phase == BASELINE:
-                existing.abandon_trial("the tuner died during the baseline; it runs again")
-                return
             result = TrialResult(setting=setting, unit=knob.unit, phase=phase, verdict=evidence.INCONCLUSIVE,
                                  kind=evidence.TOOL_DIED, reason=f"the tuner died during this trial (pid "
                                  f"{trial.get('pid')}) in this boot: not evidence about the voltage; it runs again",

@@ -330,8 +330,10 @@ def recover_stale_guard(device_id: str, unit: str) -> dict | None:
     trial = (load_guard(device_id) or {}).get("open_trial")
     if not isinstance(trial, dict):
         return None
-    same_boot = trial.get("boot_id") == current_boot_id()
-    if same_boot and pid_alive(trial.get("pid")):
+    boot = current_boot_id()
+    known = boot is not None and trial.get("boot_id") is not None  # else a reset cannot be ruled out
+    same_boot = known and trial.get("boot_id") == boot
+    if (same_boot or not known) and pid_alive(trial.get("pid")):
         return None  # another live process is verifying right now
     if not same_boot:
         add_unsafe(device_id, trial["setting"], unit=unit, kind="system-reset",
