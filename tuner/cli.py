@@ -15,10 +15,11 @@ from tuner import __version__
 from tuner.actions.context import Context
 from tuner.commands._argtypes import seconds_between, whole_number
 from tuner.core import exit_codes, signals
-from tuner.core.errors import TunerError
+from tuner.core.errors import TunerError, disk_full, is_disk_full
 
 # In the order `tuner --help` lists them; each is tuner/commands/<name>.py (a missing one is an error).
-COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "profile", "apply", "service", "doctor")
+COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "profile", "apply", "service", "doctor",
+            "unsafe")
 
 DESCRIPTION = """\
 Find the lowest stable GPU voltage setting with a real training workload, and keep it.
@@ -161,5 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_codes.INTERRUPTED
     except BrokenPipeError:
         return exit_codes.OK  # `tuner list | head`: the reader left; not an error
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        print(f"tuner: error: {disk_full(e.filename or 'a file').one_line()}", file=sys.stderr)
+        return exit_codes.DISK_FULL
     finally:
         ctx.close()

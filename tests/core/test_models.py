@@ -67,8 +67,8 @@ def test_mode_phase_verdict_serialise_as_their_old_strings():
     from tuner.core.models import Mode, Phase, Verdict
 
     assert [m.value for m in Mode] == ["train", "gemm", "mixed"]
-    assert [p.value for p in Phase] == ["baseline", "coarse", "refine", "confirm", "manual"]
-    assert [v.value for v in Verdict] == ["pass", "fail", "error", "stopped"]
+    assert [p.value for p in Phase] == ["baseline", "replay", "coarse", "refine", "confirm", "control", "manual"]
+    assert [v.value for v in Verdict] == ["pass", "fail", "error", "stopped", "inconclusive"]
     doc = {"phase": Phase.CONFIRM, "verdict": Verdict.FAIL, "mode": Mode.GEMM}
     assert json.loads(json.dumps(doc)) == {"phase": "confirm", "verdict": "fail", "mode": "gemm"}
     assert tomli_w.dumps(doc) == 'phase = "confirm"\nverdict = "fail"\nmode = "gemm"\n'

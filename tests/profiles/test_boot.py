@@ -32,7 +32,9 @@ def _write_journal(boot_id, device="sim0", setting=-80):
     directory.mkdir(parents=True, exist_ok=True)
     trial = {"session": "s1", "device": device, "setting": setting, "phase": "refine", "boot_id": boot_id,
              "pid": 999999, "started_at": 0}
-    (directory / f"{device}.json").write_text(json.dumps({"version": 1, "state": "active", "open_trial": trial}))
+    (directory / f"{device}.json").write_text(json.dumps({"version": 1, "session": "s1", "device": device,
+                                                          "state": "active", "params": {}, "trials": [],
+                                                          "open_trial": trial}))
 
 
 def test_boot_applies_a_system_profile_to_its_own_card_only(capsys, fake_root):

@@ -111,7 +111,7 @@ def test_validation_names_the_key(overrides, message):
     ({"margin": -5}, "tuning.margin: -5 is outside 0..1000000"),
     ({"trials": {"setting": 1}}, "tuning.trials: expected an array of tables"),
     ({"trials": [{"setting": 0, "phase": "coarse", "verdict": "ok"}]},
-     "tuning.trials[0].verdict: expected one of pass, fail, error, got 'ok'"),
+     "tuning.trials[0].verdict: expected one of pass, fail, error, inconclusive, got 'ok'"),
     ({"trials": [{"setting": 0, "phase": "coarse"}]}, "tuning.trials[0].verdict: missing"),
     ({"trials": [1, 2]}, "tuning.trials[0]: expected a table, got an integer 1"),
     ({"colour": "red"}, "tuning.colour: unknown key"),

@@ -74,13 +74,14 @@ def test_symlink_in_the_store_is_refused_not_followed(tmp_path):
         read_profile_file(store / "linked.toml")
     good, bad = scan()
     assert good == [] and "symbolic link" in bad[0][1]
-    # saving over the link needs --overwrite, and then replaces the link itself, never the file it points to
+    # saving over the link is refused, even with --overwrite (issue 11: write only what we own)
     with pytest.raises(UsageError, match="already exists"):
         save_profile(sim_profile("linked"))
     before = target.read_bytes()
-    save_profile(sim_profile("linked", value=-5), overwrite=True)
+    with pytest.raises(UsageError, match="is a symbolic link; nothing was written"):
+        save_profile(sim_profile("linked", value=-5), overwrite=True)
     assert target.read_bytes() == before
-    assert not (store / "linked.toml").is_symlink()
+    assert (store / "linked.toml").is_symlink()
 
 
 def test_fifo_and_directory_are_refused(tmp_path):

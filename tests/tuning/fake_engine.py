@@ -51,6 +51,10 @@ class FakeEngine:
     # request -> (kind, failing step) for the baseline's replay (--verify-repeatable); None: it repeats
     replay_fault: object = None
     sensitivity: str = "full"  # what every result reports ("reduced": the engine compared with tolerances)
+    # request -> steps a passing run makes (default 60: past the driver's minimum of compared steps)
+    steps: object = None
+    # request -> a result that replaces the run's (an engine killed from outside, ...); None: run normally
+    override: object = None
 
     def __call__(self, request: sc.EngineConfig, watchdog: sc.WatchdogPolicy) -> _FakeRun:
         assert isinstance(request, sc.EngineConfig) and isinstance(watchdog, sc.WatchdogPolicy)
@@ -81,7 +85,10 @@ class _FakeRun:
         yield event("start", device=o.device, preset=o.preset, mode=o.mode, seed=o.seed, steps=o.steps,
                     duration_s=o.duration_s, fault_rate=o.fault_rate, fault_seed=o.effective_fault_seed,
                     injections=[str(i) for i in o.injections], record=o.record)
-        n = 20
+        n = self.engine.steps(self.request) if self.engine.steps else 60  # past the minimum of compared steps
+        if self.engine.override and (forced := self.engine.override(self.request)) is not None:
+            self._result = forced
+            return
         fail_step = 2 + int(o.fault_rate * 10) if o.fault_rate > 0 else None
         hang = any(i.kind == "hang" for i in o.injections)
         sens = self.engine.sensitivity

@@ -55,8 +55,9 @@ def consent_question(device: DeviceInfo) -> str | None:
 
 
 def check_save_name(name: str | None) -> None:
-    """A `--save` name that is valid and free, checked before hours of trials."""
-    if not name:
+    """A `--save` name that is valid and free, checked before hours of trials (`--save ""` is an error, not
+    "do not save")."""
+    if name is None:
         return
     from tuner.profiles import validate_name
     from tuner.profiles.store import profile_path

@@ -4,17 +4,22 @@ one `tuner: error:` line and exit 2."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 
 from tuner.core.durations import parse_duration_s
 from tuner.core.errors import UsageError
 
+# ASCII only: int() and float() also accept other scripts' digits (-٣٠) and underscores (-3_0). 18 digits is
+# beyond any knob or count, and keeps int() clear of its 4,300-digit limit.
+_WHOLE = re.compile(r"[+-]?[0-9]{1,18}")
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,18}(?:\.[0-9]{1,9})?")
+
 
 def whole_number(text: str) -> int:
-    try:
-        return int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not _WHOLE.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"expected a whole number (ASCII digits and a sign), got {text!r}")
+    return int(text.strip(), 10)
 
 
 def positive_int(text: str) -> int:
@@ -28,10 +33,9 @@ def seconds_between(low_s: float, high_s: float) -> Callable[[str], float]:
     """A converter for a plain number of seconds in [low_s, high_s]."""
 
     def convert(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        if not _DECIMAL.fullmatch(text.strip()):
+            raise argparse.ArgumentTypeError(f"expected seconds (ASCII digits), got {text!r}")
+        value = float(text)
         if not low_s <= value <= high_s:
             raise argparse.ArgumentTypeError(f"expected {low_s:g}..{high_s:g} seconds, got {text!r}")
         return value

@@ -6,13 +6,13 @@ import json
 import sys
 import threading
 
-from tuner.actions.bisect import consent_question, duration_text, prepare_bisect
+from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect
 from tuner.commands._argtypes import whole_number
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_table
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration, parse_duration_s
-from tuner.core.errors import UsageError
+from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode, Verdict
 from tuner.tuning.events import (
     BisectFailed,
@@ -58,6 +58,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tolerance", action="store_true",
                    help="compare with tolerances instead of bit for bit, for a platform that does not repeat "
                    "(reduced sensitivity: catches far fewer faults; the profile says so)")
+    p.add_argument("--from-last", action="store_true",
+                   help="with --save: run nothing, save the last finished bisect's recommendation (kept in the "
+                   "journal when the save at the end of a run failed)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue this card's unfinished session")
     again.add_argument("--restart", action="store_true",
@@ -194,6 +197,9 @@ def run(args, ctx) -> int:
     backend = ctx.backend
     device = pick_device(backend, args.device)
     knob = backend.knob(device.id)
+    if args.from_last:
+        check_save_name(args.save)
+        return _save_from_last(args, device, knob)
     durations = {name: parse_duration_s(text) for name, text in (("trial_s", args.trial), ("confirm_s", args.confirm))
                  if text is not None}  # left out: the core's default
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
@@ -241,15 +247,33 @@ def run(args, ctx) -> int:
         if outcome.recommendation is not None:
             print(_recommendation_text(outcome.recommendation, device.label, device.simulated))
     if outcome.recommendation is not None and args.save:
-        from tuner.profiles import build_profile, save_profile
-
-        profile = build_profile(args.save, device, knob, outcome.recommendation.setting, tuning=outcome.tuning())
-        path = save_profile(profile, overwrite=False)
-        if args.json:
-            sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path)}) + "\n")
-        else:
-            print(f"saved profile {args.save!r} to {path}")
+        try:
+            _save(args, device, knob, outcome)
+        except TunerError as e:  # the name was taken meanwhile, the disk is full...: the journal keeps the result
+            e.remedy = (f"{e.remedy + '; ' if e.remedy else ''}the result is kept: save it with `tuner bisect "
+                        f"--device {device.id} --save NAME --from-last`")
+            raise
     return outcome.exit_code
+
+
+def _save(args, device, knob, outcome) -> None:
+    from tuner.profiles import build_profile, save_profile
+
+    profile = build_profile(args.save, device, knob, outcome.recommendation.setting, tuning=outcome.tuning())
+    path = save_profile(profile, overwrite=False)
+    if args.json:
+        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path)}) + "\n")
+    else:
+        print(f"saved profile {args.save!r} to {path}")
+
+
+def _save_from_last(args, device, knob) -> int:
+    from tuner.tuning.job import last_outcome
+
+    if not args.save:
+        raise UsageError("--from-last saves the last result and needs --save NAME", "add --save NAME")
+    _save(args, device, knob, last_outcome(device.id, knob))
+    return exit_codes.OK
 
 
 __all__ = ["add_parser", "run"]

@@ -149,10 +149,10 @@ def run_export(args, ctx) -> int:
 
 
 def run_import(args, ctx) -> int:
-    if args.name:
+    if args.name is not None:  # `--name ""` is an error, not "no name"
         validate_name(args.name, path="--name")
     profile = read_profile_file(Path(args.path))  # validated (and never through a symlink) before storing
-    if args.name:
+    if args.name is not None:
         profile = profile.renamed(args.name)
     path = save_profile(profile, overwrite=args.overwrite, system=args.system)
     if args.json:

@@ -72,8 +72,10 @@ def _ask(change: PendingChange, stream=None, out=None) -> bool:
     """True when the user answers yes before the change expires."""
     stream = stream or sys.stdin
     out = out or sys.stderr
-    tty = stream.isatty()
+    if stream is None:  # started with stdin closed (`<&-`): no one can answer, so no
+        return False
     try:
+        tty = stream.isatty()
         fd = stream.fileno()
     except (OSError, ValueError):
         return False

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
+from tuner.core.errors import StateError
 from tuner.core.models import Telemetry
+from tuner.tuning import journal
 
 _FIELDS = (  # (label, attribute, format)
     ("power", "power_w", "{:.1f} W"),
@@ -42,14 +46,38 @@ def format_telemetry(sample: Telemetry) -> list[str]:
     return lines
 
 
+def safety_warnings(device_id: str, knob) -> list[str]:
+    """Warning signs in the device's safety files: a trial left open by a tool that died (the card may still hold
+    its value), or a damaged file (which blocks set, apply and bisect on the card)."""
+    try:
+        trial = journal.leftover_trial(device_id)
+    except StateError as e:
+        return [e.one_line()]
+    if trial is None:
+        return []
+    what = (f"a {trial.get('phase', 'tuning')} trial at {format_value(trial['setting'], knob.unit)} did not finish "
+            + ("(the machine rebooted during it)" if trial.get("rebooted") else
+               f"(its process {trial.get('pid')} is gone)"))
+    again = f"`tuner bisect --device {device_id} --resume` runs it again" if trial.get("session") else ""
+    if knob.current != knob.stock:
+        return [f"{device_id} reads {format_value(knob.current, knob.unit)}, left over: {what}; run "
+                f"`tuner reset --device {device_id}`" + (f", then {again}" if again else "")]
+    return [f"{device_id}: {what}; the card is at stock" + (f"; {again}" if again else "")]
+
+
 def run(args, ctx) -> int:
     backend = ctx.backend
     devices = [backend.device(args.device)] if args.device else backend.devices()
     report = []
     for dev in devices:
         report.append((dev, backend.knob(dev.id), backend.telemetry(dev.id)))
+    warnings = {d.id: safety_warnings(d.id, k) for d, k, _ in report}
+    for lines in warnings.values():
+        for line in lines:
+            print(f"tuner: warning: {line}", file=sys.stderr)
     if args.json:
-        docs = [{"device": d.to_dict(), "knob": k.to_dict(), "telemetry": t.to_dict()} for d, k, t in report]
+        docs = [{"device": d.to_dict(), "knob": k.to_dict(), "telemetry": t.to_dict(), "warnings": warnings[d.id]}
+                for d, k, t in report]
         print_json(docs[0] if args.device else {"devices": docs})
         return exit_codes.OK
     for dev, knob, sample in report:

@@ -5,7 +5,11 @@ Library code raises these; only the composition roots (cli, app) turn them into 
 
 from __future__ import annotations
 
+import errno
+
 from tuner.core import exit_codes
+
+
 class TunerError(Exception):
     """Base class: something the user can act on. Never shown with a traceback."""
 
@@ -57,3 +61,26 @@ class DeviceLost(TunerError):
 
 class StateError(UsageError):
     """A state or config file could not be read; nothing was changed."""
+
+
+class DamagedState(StateError):
+    """A safety file (unsafe list, tuning journal, trial guard) does not validate: torn, mistyped, bad bytes.
+
+    Fails closed: nothing is written to that card until the user repairs or moves the file aside."""
+
+
+class DiskFull(TunerError):
+    """A file could not be written because the disk (or the user's quota) is full. Not "bad input": something may
+    have happened before the write failed, so it has its own exit code."""
+
+    exit_code = exit_codes.DISK_FULL
+
+
+def disk_full(path, what: str = "write") -> DiskFull:
+    """The one message for ENOSPC / EDQUOT while writing `path`."""
+    return DiskFull(f"cannot {what} {path}: no space left on the device",
+                    "free disk space (or raise the quota) and run the command again")
+
+
+def is_disk_full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)

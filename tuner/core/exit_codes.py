@@ -7,6 +7,7 @@ PERMISSION = 3  # the OS refused (not root, file not writable)
 UNSUPPORTED = 4  # no supported GPU, or the feature is off/unsupported on this card or driver
 HARDWARE = 5  # the device did not take the setting, or was lost; it was reset to stock where possible
 BUSY = 6  # another tuner process is changing this card; nothing was changed
+DISK_FULL = 7  # a state or profile file could not be written (ENOSPC, EDQUOT); the card was reset where it was touched
 INTERRUPTED = 130  # Ctrl-C / SIGTERM / SIGHUP; any unconfirmed change was reverted
 
 EXIT_CODE_HELP = """\
@@ -18,4 +19,5 @@ exit codes:
   4    unsupported hardware, driver or kernel setting
   5    the device did not take the setting or was lost (it was reset to stock where possible)
   6    the card is busy: another tuner process is changing it; nothing was changed
+  7    disk full: a state or profile file could not be written (free space, then resume or retry)
   130  interrupted; any unconfirmed change was reverted"""

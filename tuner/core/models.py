@@ -5,6 +5,7 @@ Plain dataclasses, no I/O. Units live in field names (`offset_mv`, `power_w`, `t
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from enum import Enum, StrEnum
 
@@ -43,6 +44,17 @@ class Verdict(StrEnum):
     FAIL = "fail"
     ERROR = "error"
     STOPPED = "stopped"
+    INCONCLUSIVE = "inconclusive"  # too short, the tool died, the engine was killed from outside: re-run
+
+
+def printable(text: str) -> str:
+    """`text` with control and format characters (Unicode Cc, Cf: ESC, CR, BEL, bidi overrides) escaped.
+
+    >>> printable("RX 9070\\x1b[2J\\u202e")
+    'RX 9070\\\\x1b[2J\\\\u202e'
+    """
+    return "".join(ch if unicodedata.category(ch) not in ("Cc", "Cf") else
+                   (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") for ch in text)
 
 
 @dataclass(frozen=True)
@@ -63,8 +75,11 @@ class DeviceInfo:
 
     @property
     def label(self) -> str:
-        """Name as shown to people: a simulated card always says so."""
-        return f"{self.name} [SIMULATED]" if self.simulated else self.name
+        """Name as shown to people: a simulated card always says so. The name comes from the driver (or a planted
+        sysfs file): control and format characters are escaped so it cannot move the cursor, clear the screen or
+        reorder text on the terminal."""
+        name = printable(self.name)
+        return f"{name} [SIMULATED]" if self.simulated else name
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -154,7 +154,11 @@ def _utc_datetime(value, path: str) -> datetime:
                            f"{_show(value)}")
     if value.tzinfo is None:
         raise ProfileError(f"{path}: the date-time needs a time zone (write it in UTC with a trailing Z)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except (OverflowError, ValueError):  # 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise ProfileError(f"{path}: the date-time {_show(value)} is out of range in UTC",
+                           "write a date-time between years 1 and 9999, in UTC with a trailing Z") from None
 
 
 _pci_pair = _pattern(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}", "1002:7550")
@@ -411,6 +415,9 @@ class Profile:
             raise ProfileError(f"not valid TOML: {e}", "fix the file or export it again") from None
         except RecursionError:  # pathologically nested arrays
             raise ProfileError("not valid TOML: nested too deeply") from None
+        except ValueError as e:  # an integer over Python's 4,300-digit conversion limit, and the like
+            raise ProfileError(f"not a usable TOML document: {str(e)[:120]}", "fix the file or export it again"
+                               ) from None
         return cls.from_dict(data, source=source)
 
     @classmethod

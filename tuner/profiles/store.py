@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
-from tuner.core.errors import PermissionDenied, StateError, UsageError
+from tuner.core.errors import PermissionDenied, StateError, TunerError, UsageError, disk_full, is_disk_full
 from tuner.profiles.schema import MAX_PROFILE_BYTES, Profile, ProfileError, validate_name
 
 SUFFIX = ".toml"
@@ -106,8 +106,7 @@ def write_profile_file(profile: Profile, path: Path, *, overwrite: bool = False)
     path = Path(path)
     if os.path.lexists(path) and not overwrite:
         raise UsageError(f"{path} already exists; nothing was written", "pass --overwrite to replace it")
-    if os.path.isdir(path):
-        raise UsageError(f"{path} is a directory; nothing was written")
+    _refuse_non_regular(path)
     data = profile.to_toml().encode("utf-8")
     try:
         write_atomic(path, data)
@@ -115,8 +114,28 @@ def write_profile_file(profile: Profile, path: Path, *, overwrite: bool = False)
         hint = "run as root (sudo)" if path.is_relative_to(paths.system_profiles_dir()) else "check its permissions"
         raise PermissionDenied(f"cannot write {path}: permission denied", hint) from None
     except OSError as e:
+        if is_disk_full(e):
+            raise disk_full(path) from None
         raise StateError(f"cannot write {path}: {e.strerror}") from None
     return path
+
+
+def _refuse_non_regular(path: Path) -> None:
+    """--overwrite replaces a profile we wrote, never anything else: not a symlink (its target could be any file,
+    and replacing the link hides where it pointed), a device node (as root, /dev/null), a FIFO, a socket or a
+    directory. Checked with lstat, so a link is seen as a link."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StateError(f"cannot check {path}: {e.strerror}; nothing was written") from None
+    if stat.S_ISREG(mode):
+        return
+    what = ("a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a device node" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    raise UsageError(f"{path} is {what}; nothing was written (--overwrite replaces only a regular file)",
+                     "choose another path, or remove it yourself if you mean to")
 
 
 def delete_profile(name: str, *, system: bool = False) -> Path:
@@ -145,7 +164,7 @@ def scan(*, system: bool | None = None) -> tuple[list[Profile], list[tuple[Path,
         for path in entries:
             try:
                 good.append(read_profile_file(path))
-            except (ProfileError, PermissionDenied) as e:
+            except TunerError as e:  # one bad file (of any kind) never hides the others
                 bad.append((path, e.one_line()))
     return good, bad
 

@@ -22,7 +22,8 @@ def _clean(value):
 
 @dataclass(frozen=True)
 class TrialResult:
-    """One trial, measured. Verdict pass | fail | error | stopped (stopped on request; not a result)."""
+    """One trial, measured. Verdict pass | fail | error | inconclusive (no evidence either way: run again) |
+    stopped (stopped on request; not a result)."""
 
     setting: int
     unit: str
@@ -33,6 +34,7 @@ class TrialResult:
     fault_step: int | None = None
     reference_step: int | None = None  # the reference step the failing step was compared with (within the pass)
     steps: int | None = None
+    warmup_steps: int | None = None  # the engine's warm-up (not compared); None when it did not say
     duration_s: float | None = None
     tok_s: float | None = None  # median engine throughput
     power_w: float | None = None  # mean board power from 1 Hz telemetry

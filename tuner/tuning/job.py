@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
-from tuner.core.errors import DeviceLost, NotApplied, UsageError
-from tuner.tuning import journal, kernel_log
+from tuner.tuning import evidence, journal, kernel_log
 from tuner.tuning.events import (
     BisectEvent,
     BisectFailed,
@@ -35,6 +34,7 @@ from tuner.tuning.plan import (
     CONFIRM,
     CONTROL,
     REPLAY,
+    STOCK_PHASES,
     BisectPlan,
     NextTrial,
     PlanParams,
@@ -43,7 +43,7 @@ from tuner.tuning.plan import (
     Stop,
     check_params,
 )
-from tuner.core.errors import DeviceLost, NotApplied, UsageError
+from tuner.core.errors import DeviceLost, DiskFull, NotApplied, UsageError
 from tuner.core.models import Knob, Mode
 from tuner.tuning.engine_client import WatchdogPolicy, default_preset
 from tuner.tuning.trial import STOPPED, TrialParams, run_trial
@@ -167,10 +167,14 @@ class BisectJob:
     # --- session ----------------------------------------------------------------------------------------------
     def _open_session(self, device, knob) -> tuple[journal.Journal, dict, bool]:
         p = self.params
+        journal.check_safety_state(self.device_id)  # a damaged unsafe list, journal or guard: refuse (fail closed)
         if p.resume and p.restart:
             raise UsageError("--resume and --restart exclude each other", "pick one")
         if p.mode not in MODES:
             raise UsageError(f"unknown mode {p.mode!r}", f"use one of {', '.join(MODES)}")
+        if not (p.trial_s >= 1 and p.confirm_s >= 1):  # also catches NaN
+            raise UsageError(f"trials of {min(p.trial_s, p.confirm_s):g} s are too short to compare anything",
+                             "give --trial and --confirm of at least 1 s (the defaults are 5m and 30m)")
         check_params(knob, p.plan_params(knob))  # before touching anything
         existing = journal.Journal.open_existing(self.device_id)
         if existing is not None and existing.open_trial is not None:
@@ -212,12 +216,23 @@ class BisectJob:
                              "wait for it to finish or stop it first")
 
     def _recover(self, existing: journal.Journal, knob, device) -> None:
-        """An open trial whose process is gone: count it as a failure, and never try that value again."""
+        """An open trial whose process is gone. Left by an earlier boot: the machine froze or reset, a failure and
+        an unsafe value. Left in this boot: the tuner died (kill -9, a full disk), which says nothing about the
+        voltage: inconclusive, and the plan runs it again."""
         trial = existing.open_trial
         boot = journal.current_boot_id()
         setting, phase = int(trial["setting"]), trial.get("phase", "coarse")
         rebooted = boot is not None and trial.get("boot_id") not in (None, boot)
-        if rebooted:
+        # Without both boot ids a reset cannot be ruled out: fail closed, as after a reset.
+        unknown = boot is None or trial.get("boot_id") is None
+        if phase == BASELINE and not rebooted:
+            existing.abandon_trial("the tuner died during the baseline (at stock); it runs again")
+            return
+        if unknown and not rebooted:
+            lines, kind, edge = None, "system-reset", True
+            reason = ("the tuner died during this trial and the boot id is unreadable, so a machine reset cannot "
+                      "be ruled out")
+        elif rebooted:
             target = self.backend.stress_target(self.device_id)
             lines = None if target.simulated else kernel_log.previous_boot_events(target.pci_bus_id)
             kind = "system-reset"
@@ -226,10 +241,12 @@ class BisectJob:
                          "; previous boot's kernel log unavailable"))
             edge = True
         else:
-            lines, kind, edge = None, "tool-died", False
-            reason = f"the tuner died during this trial (pid {trial.get('pid')})"
-        if phase == BASELINE and not rebooted:
-            existing.abandon_trial("the tuner died during the baseline; it runs again")
+            result = TrialResult(setting=setting, unit=knob.unit, phase=phase, verdict=evidence.INCONCLUSIVE,
+                                 kind=evidence.TOOL_DIED, reason=f"the tuner died during this trial (pid "
+                                 f"{trial.get('pid')}) in this boot: not evidence about the voltage; it runs again",
+                                 started_at=trial.get("started_at"), simulated=device.simulated)
+            existing.record_recovered(result.to_record())
+            self._emit(TrialRecovered(result))
             return
         result = TrialResult(setting=setting, unit=knob.unit, phase=phase, verdict="fail", kind=kind,
                              reason=reason, edge=edge, kernel_log=tuple(lines or ()),
@@ -272,7 +289,9 @@ class BisectJob:
     def _trial_params(self, decision: NextTrial, j: journal.Journal, results: list[TrialResult],
                       search: dict) -> TrialParams:
         mode = search["mode"]
-        trial_s, confirm_s = float(search["trial_s"]), float(search["confirm_s"])
+        reruns = evidence.short_reruns(j.trials, decision.setting, decision.phase)  # too short before: longer
+        trial_s = evidence.rerun_duration_s(float(search["trial_s"]), reruns)
+        confirm_s = evidence.rerun_duration_s(float(search["confirm_s"]), reruns)
         baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
         common = dict(phase=decision.phase, preset=search["preset"], seed=int(search["seed"]),
                       dtype=search.get("dtype"), watchdog=self.params.watchdog,
@@ -300,6 +319,9 @@ class BisectJob:
 
     def _run_one(self, decision: NextTrial, plan: BisectPlan, knob, j: journal.Journal,
                  results: list[TrialResult], search: dict) -> BisectOutcome | None:
+        reruns = evidence.short_reruns(j.trials, decision.setting, decision.phase)
+        if reruns > evidence.MAX_SHORT_RERUNS:
+            return self._too_short(j, results, search, decision, knob)
         tp = self._trial_params(decision, j, results, search)
         if decision.phase != BASELINE and tp.mode != "gemm" and tp.reference_path is None:
             # the reference was lost (resumed on another machine, state dir cleaned): record it again
@@ -352,7 +374,18 @@ class BisectJob:
             result = replace(result, verdict="error", kind="reduced-sensitivity",
                              reason="the engine ran with reduced sensitivity without --tolerance (a silent "
                                     "downgrade): refusing the result")
+        # the minimum of compared steps is about a voltage: runs at stock that test the platform are exempt
+        result = evidence.judge(result, baseline=decision.phase in STOCK_PHASES,
+                                disk_is_full=result.verdict != "pass" and evidence.disk_full(journal.journal_dir()))
         j.finish_trial(result.to_record())
+        if result.kind == evidence.ENGINE_KILLED:  # re-running now could meet the same killer (the OOM killer)
+            self._emit(TrialFinished(index, result))
+            return self._stopped(j, results, search, result.reason)
+        if result.kind == evidence.DISK_FULL:  # run() closes the session as resumable
+            self._emit(TrialFinished(index, result))
+            raise DiskFull(f"the disk holding {journal.journal_dir()} is full; the trial at {decision.setting:+d} "
+                           f"{knob.unit} did not count", f"free disk space, then `tuner bisect --device "
+                           f"{self.device_id} --resume`")
         if result.verdict == "fail" and result.edge and decision.setting != knob.stock:
             journal.add_unsafe(self.device_id, decision.setting, unit=knob.unit, kind=result.kind or "hang",
                                reason=result.reason, edge=True, session=j.session,
@@ -367,6 +400,19 @@ class BisectJob:
         j.close(journal.INTERRUPTED)
         self._emit(BisectStopped(reason=reason, resumable=True))
         return BisectOutcome("stopped", exit_codes.INTERRUPTED, j.session, trials=tuple(results), params=search)
+
+    def _too_short(self, j, results, search, decision: NextTrial, knob) -> BisectOutcome:
+        last = next(r for r in reversed(j.trials) if r.get("setting") == decision.setting
+                    and r.get("kind") == evidence.TOO_SHORT)
+        reason = (f"{decision.phase} trials at {decision.setting:+d} {knob.unit} compared too few steps "
+                  f"({last.get('steps')} steps, {last.get('warmup_steps') or 0} of them warm-up) even at "
+                  f"{evidence.RERUN_FACTOR ** evidence.MAX_SHORT_RERUNS}x the duration; a pass needs "
+                  f"{evidence.MIN_COMPARED_STEPS} compared steps: give a longer --trial / --confirm")
+        failure = BisectFailed(kind=evidence.TOO_SHORT, reason=reason, exit_code=exit_codes.TEST_FAILED)
+        self._emit(failure)
+        j.close(journal.FINISHED, outcome=evidence.TOO_SHORT, reason=reason)
+        return BisectOutcome("failed", exit_codes.TEST_FAILED, j.session, failure=failure, trials=tuple(results),
+                             params=search)
 
     def _hardware_failure(self, j, results, search, kind: str, reason: str) -> BisectOutcome:
         failure = BisectFailed(kind=kind, reason=reason, exit_code=exit_codes.HARDWARE)
@@ -415,6 +461,26 @@ def control_steps(failed: TrialResult | None) -> int:
     return at + max(CONTROL_MARGIN_STEPS, int(at * CONTROL_MARGIN_FRACTION))
 
 
+def last_outcome(device_id: str, knob) -> BisectOutcome:
+    """The finished session's outcome, rebuilt from the journal (validated on load), for saving it as a profile
+    after the fact (`tuner bisect --save NAME --from-last`: the save at the end of the run failed, or was not
+    asked for). UsageError when the last session did not end with a recommendation."""
+    doc = journal.load(device_id)
+    if doc is None or doc.get("state") != journal.FINISHED or doc.get("recommendation") is None:
+        raise UsageError(f"no finished bisect with a recommendation for {device_id} in "
+                         f"{journal.journal_path(device_id)}",
+                         "run `tuner bisect` (a new bisect replaces the last one's result)")
+    names = {f.name for f in fields(Recommendation)}
+    rec = Recommendation(**{"device": device_id, **{k: v for k, v in doc["recommendation"].items() if k in names}})
+    stored = doc["params"]
+    pp = PlanParams.defaults_for(knob, step=stored.get("step"), resolution=stored.get("resolution"),
+                                 margin=stored.get("margin"), floor=stored.get("floor"))
+    search = {**stored, "step": pp.step, "resolution": pp.resolution, "margin": pp.margin}
+    trials = tuple(TrialResult.from_record(r) for r in doc["trials"])
+    return BisectOutcome("recommended", exit_codes.OK, doc["session"], recommendation=rec, trials=trials,
+                         params=search)
+
+
 def _measured_near(setting: int, knob, results: list[TrialResult]) -> TrialResult | None:
     """The passing measurement at the recommended setting (the confirm run preferred), else the nearest passing
     one on the stock side of it (so the reported gain is never overstated)."""
@@ -428,4 +494,4 @@ def _measured_near(setting: int, knob, results: list[TrialResult]) -> TrialResul
     return max(safer, key=lambda r: ((r.setting - knob.stock) * knob.aggressive_direction, r.phase == CONFIRM))
 
 
-__all__ = ["BisectJob", "BisectOutcome", "BisectParams"]
+__all__ = ["BisectJob", "BisectOutcome", "BisectParams", "last_outcome"]

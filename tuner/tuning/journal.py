@@ -6,8 +6,14 @@ Layout under `$XDG_STATE_HOME/tuner/`:
   `open_trial` entry {session, device, setting, phase, boot_id, pid, started_at} is written *before* a
   trial touches the card and cleared after the card is back at stock, so a freeze or a reset leaves it set.
 - `journal/<device>.log`    an append-only, fsynced event log (one JSON object a line).
-- `unsafe/<device>.jsonl`   settings that froze or reset the machine or killed the tool mid-trial. Append-only;
-  a new session (`--restart`) never clears it, and nothing applies a value in it automatically.
+- `unsafe/<device>.jsonl`   settings that froze, hung or reset the machine or lost the GPU mid-trial (never a
+  tool death, a full disk or an engine killed from outside: those trials are inconclusive and run again).
+  Append-only; a new session (`--restart`) never clears it, only `tuner unsafe clear` (which asks first), and
+  nothing applies a value in it automatically.
+
+Every file is validated (`journal_schema`) when read. A torn line, a wrong type or bad bytes in any of them fails
+closed: `check_safety_state` raises `DamagedState` naming the file and the remedy, and set, apply, boot apply and
+bisect refuse that card until it is repaired or moved aside. Nothing is skipped silently.
 
 No I/O beyond those files and the boot id; no textual, no torch.
 """
@@ -24,8 +30,9 @@ from pathlib import Path
 
 from tuner.core import paths
 from tuner.core.atomic import append_durable, write_atomic
-from tuner.core.errors import StateError, UsageError
+from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, is_disk_full
 from tuner.core.models import Knob
+from tuner.tuning import journal_schema
 
 JOURNAL_VERSION = 1
 
@@ -87,6 +94,14 @@ def new_session_id() -> str:
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
+_MOVE_ASIDE = ("check it, then move it aside (the unsafe list is kept separately); a trial it recorded may have "
+               "crashed the machine, so note its setting first")
+
+
+def _damaged(path: Path, problem: str, remedy: str = _MOVE_ASIDE) -> DamagedState:
+    return DamagedState(f"{path} is damaged ({problem})", f"nothing was written to the card; {remedy}")
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         raw = path.read_bytes()
@@ -95,19 +110,66 @@ def _read_json(path: Path) -> dict | None:
     except OSError as e:
         raise StateError(f"cannot read tuning journal {path}: {e.strerror}", "fix its permissions") from None
     try:
-        doc = json.loads(raw)
-    except ValueError:
-        raise StateError(
-            f"tuning journal {path} is corrupt", "move it aside; the unsafe list is kept separately"
-        ) from None
+        doc = json.loads(raw)  # bytes: bad UTF-8 raises UnicodeDecodeError, a ValueError
+    except (ValueError, RecursionError):
+        raise _damaged(path, "not valid UTF-8 JSON: torn or overwritten") from None
     if not isinstance(doc, dict):
-        raise StateError(f"tuning journal {path} is corrupt", "move it aside")
+        raise _damaged(path, "not a JSON object")
+    return doc
+
+
+def _is_guard(path: Path) -> bool:
+    return path.name.endswith(".guard.json")
+
+
+def _validate(path: Path, doc: dict) -> dict:
+    if _is_guard(path):
+        problem = journal_schema.check_guard(doc)
+    else:
+        session = doc.get("session")
+        name = f"{path.name[:-len('.json')]}.{session}.ref" if isinstance(session, str) else None
+        problem = journal_schema.check_journal(doc, reference_name=name)
+    if problem:
+        raise _damaged(path, problem)
     return doc
 
 
 def load(device_id: str) -> dict | None:
-    """The device's journal document, or None when it has none."""
-    return _read_json(journal_path(device_id))
+    """The device's journal document (validated: DamagedState when it is not), or None when it has none."""
+    path = journal_path(device_id)
+    doc = _read_json(path)
+    return None if doc is None else _validate(path, doc)
+
+
+def load_guard(device_id: str) -> dict | None:
+    path = guard_path(device_id)
+    doc = _read_json(path)
+    return None if doc is None else _validate(path, doc)
+
+
+def check_safety_state(device_id: str) -> None:
+    """Raise DamagedState when any safety file of the device (unsafe list, journal, guard) does not validate.
+
+    Every command that writes a setting to a card (set, apply, boot apply, bisect) calls this first: a file we
+    cannot trust might be hiding the very value that crashed the machine, so we fail closed.
+    """
+    unsafe_entries(device_id)
+    load(device_id)
+    load_guard(device_id)
+
+
+def leftover_trial(device_id: str) -> dict | None:
+    """A trial (bisect or guarded verify) left open on this device by a process that is gone, else None.
+
+    The card may still hold its value (a kill -9 gives no chance to reset): `tuner status` warns with it.
+    """
+    for doc in (load(device_id), load_guard(device_id)):
+        trial = (doc or {}).get("open_trial")
+        if isinstance(trial, dict):
+            same_boot = trial.get("boot_id") == current_boot_id()
+            if not (same_boot and pid_alive(trial.get("pid"))):
+                return {**trial, "rebooted": not same_boot}
+    return None
 
 
 def trial_open_at_previous_boot() -> dict | None:
@@ -124,8 +186,13 @@ def trial_open_at_previous_boot() -> dict | None:
     for path in files:
         try:
             doc = _read_json(path)
+            if doc is not None:
+                _validate(path, doc)
+        except DamagedState as e:
+            # A damaged journal might have held an open trial: at boot, the safe answer is "yes".
+            return {"journal": str(path), "reason": f"a tuning journal is unreadable: {e.message}, so a crashed "
+                    "trial cannot be ruled out"}
         except StateError:
-            # An unreadable journal might have held an open trial: at boot, the safe answer is "yes".
             return {"journal": str(path), "reason": "a tuning journal is unreadable, so a crashed trial cannot be "
                     "ruled out"}
         trial = (doc or {}).get("open_trial")
@@ -141,23 +208,64 @@ def trial_open_at_previous_boot() -> dict | None:
 
 # --- the unsafe list ----------------------------------------------------------------------------------------------
 def unsafe_entries(device_id: str) -> list[dict]:
-    """Every recorded unsafe setting of the device, oldest first (unreadable lines are skipped)."""
+    """Every recorded unsafe setting of the device, oldest first.
+
+    Fails closed: a torn line (a crash mid-append), a wrong type (`"setting": "-40"`, `-40.0`) or bytes that are
+    not UTF-8 raise DamagedState naming the file and line; skipping the line would forget a value that crashed
+    the machine. Blank lines are allowed.
+    """
+    path = unsafe_path(device_id)
     try:
-        text = unsafe_path(device_id).read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         return []
     except OSError as e:
-        raise StateError(f"cannot read the unsafe list {unsafe_path(device_id)}: {e.strerror}",
-                         "fix its permissions") from None
+        raise StateError(f"cannot read the unsafe list {path}: {e.strerror}", "fix its permissions") from None
+
+    def remedy(n: int) -> str:
+        return (f"repair or delete line {n} of {path} by hand (each line is one JSON object with an integer "
+                "\"setting\"); keep the values it names in mind, they crashed this card")
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        n = raw.count(b"\n", 0, e.start) + 1
+        raise _damaged(path, f"line {n} is not UTF-8", remedy(n)) from None
     entries = []
-    for line in text.splitlines():
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
         try:
             entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("setting"), int):
-            entries.append(entry)
+        except (ValueError, RecursionError):
+            raise _damaged(path, f"line {n} is not valid JSON (torn?)", remedy(n)) from None
+        problem = journal_schema.check_unsafe_entry(entry)
+        if problem:
+            raise _damaged(path, f"line {n}: {problem}", remedy(n))
+        entries.append(entry)
     return entries
+
+
+def clear_unsafe(device_id: str, setting: int | None = None) -> list[dict]:
+    """Remove the device's unsafe entries (all, or those for `setting`); returns what was removed.
+
+    Only `tuner unsafe clear` calls this, after asking. The list is rewritten atomically; a damaged list is
+    refused (DamagedState) rather than half-cleared.
+    """
+    entries = unsafe_entries(device_id)
+    removed = [e for e in entries if setting is None or e["setting"] == setting]
+    if not removed:
+        return []
+    kept = [e for e in entries if e not in removed]
+    path = unsafe_path(device_id)
+    data = "".join(json.dumps(e, sort_keys=True) + "\n" for e in kept).encode()
+    try:
+        write_atomic(path, data)
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full(path) from None
+        raise StateError(f"cannot write the unsafe list {path}: {e.strerror}", "fix its permissions") from None
+    return removed
 
 
 def unsafe_settings(device_id: str) -> dict[int, dict]:
@@ -171,6 +279,7 @@ def refuse_unsafe(device_id: str, knob: Knob, value: int) -> None:
     `set` and `apply` call this so a value that crashed the machine is never applied again without the user
     saying so explicitly (--ignore-unsafe); the bisect plan and the boot path never override it.
     """
+    check_safety_state(device_id)
     entries = unsafe_settings(device_id)
     blocking = [s for s in entries if s == value or knob.more_aggressive(value, s)]
     if not blocking:
@@ -198,7 +307,12 @@ def add_unsafe(device_id: str, setting: int, *, unit: str, kind: str, reason: st
         "recorded_at": time.time(),
         "kernel_log": list(kernel_log or [])[-20:],
     }
-    append_durable(unsafe_path(device_id), json.dumps(entry, sort_keys=True))
+    try:
+        append_durable(unsafe_path(device_id), json.dumps(entry, sort_keys=True))
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full(unsafe_path(device_id), "append to") from None
+        raise
     return entry
 
 
@@ -209,19 +323,22 @@ def guard_path(device_id: str) -> Path:
 
 
 def recover_stale_guard(device_id: str, unit: str) -> dict | None:
-    """A guard left by an earlier boot or a dead process means that trial froze or killed something: record the
-    setting as unsafe, remove the guard, and return the trial."""
-    try:
-        trial = (_read_json(guard_path(device_id)) or {}).get("open_trial")
-    except StateError:
-        trial = None
+    """A guard left by an earlier boot means that trial froze or reset the machine: record the setting as unsafe.
+    A guard left by a process that died in this boot proves nothing about the voltage (a kill -9, a full disk):
+    it is dropped without an unsafe entry. Returns the stale trial, else None. A damaged guard raises
+    DamagedState (fail closed)."""
+    trial = (load_guard(device_id) or {}).get("open_trial")
     if not isinstance(trial, dict):
         return None
-    if trial.get("boot_id") == current_boot_id() and pid_alive(trial.get("pid")):
+    boot = current_boot_id()
+    known = boot is not None and trial.get("boot_id") is not None  # else a reset cannot be ruled out
+    same_boot = known and trial.get("boot_id") == boot
+    if (same_boot or not known) and pid_alive(trial.get("pid")):
         return None  # another live process is verifying right now
-    add_unsafe(device_id, int(trial["setting"]), unit=unit, kind="system-reset"
-               if trial.get("boot_id") != current_boot_id() else "tool-died",
-               reason=f"a {trial.get('phase', 'verify')} trial never finished", edge=True)
+    if not same_boot:
+        add_unsafe(device_id, trial["setting"], unit=unit, kind="system-reset",
+                   reason=f"a {trial.get('phase', 'verify')} trial never finished (open in an earlier boot)",
+                   edge=True)
     guard_path(device_id).unlink(missing_ok=True)
     return trial
 
@@ -236,7 +353,12 @@ def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "veri
     recover_stale_guard(device_id, unit)
     trial = {"device": device_id, "setting": setting, "phase": phase, "boot_id": current_boot_id(),
              "pid": os.getpid(), "started_at": time.time()}
-    write_atomic(guard_path(device_id), json.dumps({"open_trial": trial}, sort_keys=True).encode())
+    try:
+        write_atomic(guard_path(device_id), json.dumps({"open_trial": trial}, sort_keys=True).encode())
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full(guard_path(device_id)) from None
+        raise
     try:
         yield trial
     finally:
@@ -301,7 +423,9 @@ class Journal:
 
     @property
     def reference(self) -> Path:
-        return Path(self.doc.get("reference") or reference_path(self.device_id, self.session))
+        """Always the session's file in the state directory, whatever the document says (`load` refuses a
+        journal naming another path): we only ever write files we own."""
+        return reference_path(self.device_id, self.session)
 
     def unresolved(self) -> bool:
         return self.state in UNRESOLVED
@@ -312,6 +436,8 @@ class Journal:
         try:
             write_atomic(journal_path(self.device_id), json.dumps(self.doc, indent=1, sort_keys=True).encode())
         except OSError as e:
+            if is_disk_full(e):
+                raise disk_full(journal_path(self.device_id)) from None
             raise StateError(f"cannot write the tuning journal {journal_path(self.device_id)}: {e.strerror}",
                              "check XDG_STATE_HOME and free disk space") from None
 
@@ -321,6 +447,8 @@ class Journal:
         try:
             append_durable(log_path(self.device_id), line)
         except OSError as e:
+            if is_disk_full(e):
+                raise disk_full(log_path(self.device_id), "append to") from None
             raise StateError(f"cannot append to {log_path(self.device_id)}: {e.strerror}",
                              "check XDG_STATE_HOME and free disk space") from None
 

@@ -33,6 +33,9 @@ REPLAY, CONTROL = Phase.REPLAY, Phase.CONTROL  # at stock: the baseline replayed
 PHASES = (BASELINE, REPLAY, COARSE, REFINE, CONFIRM, CONTROL)
 STOCK_PHASES = (BASELINE, REPLAY, CONTROL)  # runs at stock that test the platform, not a setting
 PASS, FAIL, ERROR = Verdict.PASS, Verdict.FAIL, Verdict.ERROR
+# Not evidence either way (too few compared steps, the tool died, the engine was killed from outside): the
+# trial is recorded for the history but the plan ignores it, so the same value is proposed again.
+INCONCLUSIVE = Verdict.INCONCLUSIVE
 SOFTWARE_KINDS = ("nonfinite", "mismatch", "canary")
 CONTROL_KINDS = ("mismatch", "canary")  # faults a platform that stopped repeating produces too
 NOT_REPEATABLE = "not-repeatable"
@@ -75,7 +78,7 @@ class PlanResult:
 
     setting: int
     phase: str
-    verdict: str  # pass | fail | error
+    verdict: str  # pass | fail | error | inconclusive (ignored)
     kind: str | None = None  # failure kind: mismatch, nonfinite, hang, canary, kernel, system-reset, ...
     fault_step: int | None = None  # the same-step rule's key: the step within the reference (see from_record)
     edge: bool = False  # the trial hung or crashed the machine
@@ -180,6 +183,7 @@ class BisectPlan:
 
     # --- the state machine ------------------------------------------------------------------------------------
     def decide(self, results: Sequence[PlanResult]) -> Decision:
+        results = [r for r in results if r.verdict != INCONCLUSIVE]
         baseline = [r for r in results if r.phase == BASELINE]
         if not baseline:
             return NextTrial(self.value(0), BASELINE)

@@ -292,6 +292,7 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result: Str
     base = TrialResult(
         setting=setting, unit=unit, phase=params.phase, verdict="pass",
         steps=r.steps if r is not None else None,
+        warmup_steps=r.start.warmup_steps if r is not None and r.start is not None else None,
         duration_s=round((r.duration_s if r is not None else None) or wall_s, 3),
         tok_s=tok_s, power_w=None if power_w is None else round(power_w, 2),
         max_temp_c=summary.max_temp_c if summary else None,

@@ -1,0 +1,408 @@
+"""Issue 11, the parts about state and evidence: damaged safety files fail closed (defects 3, 10), a trial is
+evidence only when it compared enough steps and nothing outside the voltage ended it (6, 7), we write only what we
+own (8), no tracebacks (9), numbers are ASCII (11). Each test failed on the code before the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.profiles.helpers import save_and_apply, sim, sim_profile, tuner
+from tests.tuning.fake_engine import FakeEngine, result
+from tuner.backends.simulated import SimulatedBackend
+from tuner.core import exit_codes
+from tuner.core.errors import DamagedState, UsageError
+from tuner.profiles import save_profile
+from tuner.tuning import evidence, journal
+from tuner.tuning.job import BisectJob, BisectParams
+
+GOOD_LINE = {"device": "sim0", "setting": -40, "unit": "mV", "kind": "system-reset", "reason": "reset",
+             "edge": True}
+DAMAGE = {
+    "torn": json.dumps(GOOD_LINE)[:-1].encode(),  # cut before the closing brace
+    "string-setting": json.dumps({**GOOD_LINE, "setting": "-40"}).encode(),
+    "float-setting": json.dumps({**GOOD_LINE, "setting": -40.0}).encode(),
+    "bad-bytes": b'{"device": "sim0", "setting": -40, "kind": "system-reset", "reason": "\xff\xfe"}',
+}
+
+
+def _damage_unsafe_list(raw: bytes) -> None:
+    path = journal.unsafe_path("sim0")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(json.dumps({**GOOD_LINE, "setting": -90}).encode() + b"\n" + raw + b"\n")
+
+
+def _make(vmin=-52, engine=None, **kw):
+    backend = SimulatedBackend(vmin_mv=vmin)
+    engine = engine or FakeEngine()
+    events: list = []
+    params = BisectParams(**{"trial_s": 1, "confirm_s": 2, **kw})
+    return backend, engine, events, BisectJob(backend, "sim0", params, events.append, engine_factory=engine)
+
+
+# --- defect 3 and 10: fail closed ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_unsafe_list_blocks_set_apply_boot_and_bisect(capsys, boot, damage):
+    _damage_unsafe_list(DAMAGE[damage])
+    where = str(journal.unsafe_path("sim0"))
+    code, _out, err = tuner(capsys, "--simulate", "set", "--device", "sim0", "--offset", "-40", "--yes")
+    assert code == exit_codes.USAGE and where in err and "damaged" in err and "line 2" in err, err
+    assert len(err.strip().splitlines()) == 1
+    # --ignore-unsafe overrides an entry, never a file we cannot read
+    code, _out, err = tuner(capsys, "--simulate", "set", "--device", "sim0", "--offset", "-40", "--yes",
+                            "--ignore-unsafe")
+    assert code == exit_codes.USAGE and "damaged" in err
+    code, _out, err = save_and_apply(capsys, sim_profile("p40", value=-40), "--device", "sim0", "--yes")
+    assert code == exit_codes.USAGE and where in err
+    save_profile(sim_profile("boot40", value=-40), system=True)
+    code, _out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "apply", "--boot", "--boot-wait", "0")
+    assert code == exit_codes.USAGE and "could not apply 'boot40' to sim0" in err and "damaged" in err
+    assert sim().knob("sim0").current == 0
+    backend, engine, _events, job = _make()
+    with pytest.raises(DamagedState, match="damaged"):
+        job.run()
+    assert engine.requests == [] and backend.knob("sim0").current == 0
+
+
+def test_a_damaged_guard_file_blocks_set(capsys, boot):
+    path = journal.guard_path("sim0")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"open_trial": {"setting": "-40", "phase": "verify"}}))
+    code, _out, err = tuner(capsys, "--simulate", "set", "--device", "sim0", "--offset", "-10", "--yes")
+    assert code == exit_codes.USAGE and str(path) in err and "'setting' is not a whole number" in err
+
+
+@pytest.mark.parametrize("doc", [{}, {"version": 1, "session": 5}, [], {"version": 1, "session": "s", "device": "sim0",
+                                 "state": "active", "params": {}, "trials": [{"setting": -10}]}])
+def test_a_journal_of_valid_json_with_wrong_types_is_one_line(capsys, boot, doc):
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(doc))
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--trial", "1s", "--resume")
+    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, err
+    assert str(path) in err and "damaged" in err and "Traceback" not in err
+
+
+def test_a_journal_that_parses_but_is_damaged_blocks_boot_apply(capsys, boot):
+    path = journal.journal_path("sim1")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 1, "session": "s1", "state": "active", "open_trial": None}))
+    save_profile(sim_profile("mine", value=-45), system=True)
+    code, _out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "apply", "--boot", "--boot-wait", "0")
+    assert code == 0 and "skipped" in err and "damaged" in err and str(path) in err
+    assert sim().knob("sim0").current == 0
+
+
+def test_status_warns_about_a_value_left_by_a_dead_tool(capsys, boot):
+    j = journal.Journal.create("sim0", params={}, knob={})
+    j.begin_trial(-10, "coarse")
+    j.doc["open_trial"]["pid"] = 2**22 + 4321  # dead
+    j._save()
+    sim(gpus=1).apply("sim0", -10)  # a kill -9 left the trial value on the card
+    code, _out, err = tuner(capsys, "--simulate", "--sim-gpus", "1", "status")
+    assert code == 0
+    assert "warning: sim0 reads -10 mV, left over: a coarse trial at -10 mV did not finish" in err
+    assert "tuner reset --device sim0" in err
+
+
+def test_a_journal_naming_a_reference_outside_the_state_directory_is_damaged(boot, tmp_path):
+    j = journal.Journal.create("sim0", params={}, knob={})
+    elsewhere = tmp_path / "precious"
+    j.set_field("reference", str(elsewhere))
+    with pytest.raises(DamagedState, match="'reference' names"):
+        journal.load("sim0")
+    assert j.reference == journal.reference_path("sim0", j.session)  # never the path the document names
+
+
+# --- defects 6 and 7: evidence, not accidents ----------------------------------------------------------------------
+def test_a_trial_too_short_to_compare_50_steps_is_inconclusive_and_runs_longer(boot):
+    engine = FakeEngine(steps=lambda r: int((r.options.duration_s or 1) * 30))  # 1 s: 30 steps; 4 s: 120
+    _backend, engine, _events, job = _make(engine=engine)
+    outcome = job.run()
+    assert outcome.recommendation.setting == -40 and outcome.recommendation.confirmed == -50
+    short = [t for t in outcome.trials if t.verdict == "inconclusive"]
+    assert short and all(t.kind == evidence.TOO_SHORT for t in short)
+    # every passing trial at a setting compared at least 50 steps (the runs at stock test the platform)
+    assert all(t.steps >= 50 for t in outcome.trials if t.passed and t.phase not in ("baseline", "replay", "control"))
+    coarse_10 = [r.options.duration_s for r in engine.requests if r.options.fault_seed == -10]
+    assert coarse_10 == [1, 4]
+    # the history, inconclusive runs included, goes into a valid profile
+    from tuner.profiles import build_profile
+    from tuner.profiles.schema import Profile
+
+    profile = build_profile("short", _backend.devices()[0], _backend.knob("sim0"), -40, tuning=outcome.tuning())
+    assert "inconclusive" in [t.verdict for t in Profile.from_toml(profile.to_toml()).tuning.trials]
+
+
+def test_a_trial_that_never_compares_enough_steps_is_never_a_pass(boot):
+    backend, engine, _events, job = _make(engine=FakeEngine(steps=lambda r: 1))  # --trial 0.01: one step each
+    outcome = job.run()
+    assert outcome.recommendation is None and outcome.failure.kind == evidence.TOO_SHORT
+    assert outcome.exit_code == exit_codes.TEST_FAILED and "longer --trial" in outcome.failure.reason
+    assert [r.options.duration_s for r in engine.requests if not r.options.verify_repeatable][1:] == [1, 4, 16, 64]
+    assert backend.knob("sim0").current == 0 and journal.unsafe_settings("sim0") == {}
+
+
+@pytest.mark.parametrize("text", ["0.01", "0.5", "0s"])
+def test_durations_under_a_second_are_usage_errors(capsys, text):
+    code, _out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--trial", text)
+    assert code == exit_codes.USAGE and "out of range" in err
+    with pytest.raises(UsageError, match="too short"):
+        _make(trial_s=0.01)[3].run()
+
+
+def test_an_engine_killed_from_outside_is_inconclusive_and_runs_again_on_resume(boot):
+    killed = []
+
+    def oom_killer(request):
+        if request.options.fault_seed == -30 and not killed:
+            killed.append(request)
+            return result("fail", "crash", "the engine died of SIGKILL after step 7", failure_step=8, steps=7,
+                          duration_s=0.5)
+        return None
+
+    backend, engine, _events, job = _make(engine=FakeEngine(override=oom_killer))
+    outcome = job.run()
+    assert outcome.status == "stopped" and outcome.exit_code == exit_codes.INTERRUPTED
+    doc = journal.load("sim0")
+    assert doc["state"] == journal.INTERRUPTED and doc["trials"][-1]["verdict"] == "inconclusive"
+    assert doc["trials"][-1]["kind"] == evidence.ENGINE_KILLED and doc["trials"][-1]["setting"] == -30
+    assert journal.unsafe_settings("sim0") == {} and backend.knob("sim0").current == 0
+    backend, engine, _events, job = _make(resume=True)
+    outcome = job.run()
+    assert outcome.recommendation.setting == -40 and not outcome.recommendation.edge  # as if uninterrupted
+    assert -30 in [r.options.fault_seed for r in engine.requests]
+
+
+def test_a_crash_by_a_signal_the_engine_raised_itself_is_still_a_failure(boot):
+    def segv(request):
+        if request.options.fault_seed == -60:
+            return result("fail", "crash", "the engine died of SIGSEGV after step 3", failure_step=4, steps=3,
+                          duration_s=0.5)
+        return None
+
+    outcome = _make(engine=FakeEngine(override=segv))[3].run()
+    assert any(t.setting == -60 and t.verdict == "fail" and t.kind == "crash" for t in outcome.trials)
+
+
+def test_unsafe_list_and_clear(capsys, boot):
+    journal.add_unsafe("sim0", -80, unit="mV", kind="system-reset", reason="reset", edge=True)
+    journal.add_unsafe("sim0", -95, unit="mV", kind="hang", reason="hung", edge=True)
+    code, out, _err = tuner(capsys, "--simulate", "unsafe", "list", "--json")
+    assert code == 0 and [e["setting"] for e in json.loads(out)["unsafe"][0]["entries"]] == [-80, -95]
+    code, _out, err = tuner(capsys, "--simulate", "unsafe", "clear", "--device", "sim0", "-80")  # no tty: asks
+    assert code == exit_codes.USAGE and "--yes" in err and set(journal.unsafe_settings("sim0")) == {-80, -95}
+    code, out, _err = tuner(capsys, "--simulate", "unsafe", "clear", "--device", "sim0", "-80", "--yes")
+    assert code == 0 and "removed -80 mV" in out and set(journal.unsafe_settings("sim0")) == {-95}
+    code, out, _err = tuner(capsys, "--simulate", "unsafe", "list")
+    assert "-95 mV" in out and "-80 mV" not in out
+
+
+# --- defect 8: write only what we own ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_export_overwrite_refuses_anything_but_a_regular_file(capsys, tmp_path, kind):
+    save_profile(sim_profile("mine"))
+    target = tmp_path / "target"
+    precious = tmp_path / "precious"
+    precious.write_text("precious")
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "symlink":
+        target.symlink_to(precious)
+    else:
+        target.mkdir()
+    code, _out, err = tuner(capsys, "profile", "export", "mine", str(target), "--overwrite")
+    assert code == exit_codes.USAGE and "nothing was written" in err and len(err.strip().splitlines()) == 1
+    assert precious.read_text() == "precious"
+    assert {"fifo": target.is_fifo, "symlink": target.is_symlink, "directory": target.is_dir}[kind]()
+
+
+def test_a_result_whose_save_failed_is_saved_later_from_the_journal(capsys, boot, monkeypatch):
+    engine = FakeEngine()
+
+    def take_the_name(request):  # another process saves a profile under our --save name during the run
+        if request.options.fault_seed == -50 and not os.path.exists(str(_store("taken"))):
+            save_profile(sim_profile("taken", value=-5))
+
+    engine.on_start = take_the_name
+    real_init = BisectJob.__init__
+    monkeypatch.setattr(BisectJob, "__init__", lambda self, *a, **kw: real_init(self, *a, engine_factory=engine,
+                                                                                **kw))
+    code, out, err = tuner(capsys, "--simulate", "--sim-vmin", "-52", "bisect", "--device", "sim0", "--trial", "1s",
+                           "--confirm", "2s", "--save", "taken")
+    assert code == exit_codes.USAGE and "already exists" in err and "--from-last" in err, err
+    assert "recommendation for" in out
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
+    assert code == 0, err
+    from tuner.profiles.store import load_profile
+
+    saved = load_profile("later")
+    assert saved.setting.value == -40 and saved.tuning is not None and saved.tuning.confirmed == -50
+
+
+def _store(name):
+    from tuner.profiles.store import profile_path
+
+    return profile_path(name)
+
+
+# --- defect 9: no tracebacks ---------------------------------------------------------------------------------------
+HUGE_INT = "1" * 5000
+BAD_PROFILES = {
+    "huge-int": lambda text: text.replace("value = -45", f"value = {HUGE_INT}"),
+    "datetime-overflow": lambda text: _replace_created(text, "0001-01-01T00:00:00+01:00"),
+}
+
+
+def _replace_created(text: str, value: str) -> str:
+    lines = [f"created = {value}" if line.startswith("created = ") else line for line in text.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_PROFILES))
+def test_hostile_numbers_in_a_profile_are_one_line_and_never_block_the_others(capsys, boot, tmp_path, bad):
+    text = sim_profile("bad", value=-45).to_toml()
+    assert "value = -45" in text and "created = " in text
+    path = tmp_path / "bad.toml"
+    path.write_text(BAD_PROFILES[bad](text))
+    code, out, err = tuner(capsys, "profile", "import", str(path))
+    assert code == exit_codes.USAGE and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    code, out, err = tuner(capsys, "--simulate", "apply", str(path), "--yes")
+    assert code == exit_codes.USAGE and len(err.strip().splitlines()) == 1
+    # one bad file in the system store: the good profile is still applied at boot, and listed
+    save_profile(sim_profile("good", value=-45), system=True)
+    from tuner.core import paths
+
+    (paths.system_profiles_dir() / "bad.toml").write_text(path.read_text())
+    code, out, err = tuner(capsys, "profile", "list")
+    assert code == 0 and "good" in out
+    code, _out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "apply", "--boot", "--boot-wait", "0")
+    assert code == 0 and "applied 'good' to sim0" in err and "ignoring" in err
+
+
+def test_set_with_stdin_closed_reverts_without_a_traceback(boot):
+    import subprocess
+    import sys
+
+    from tests.cli_helpers import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", "-c", (f"exec {sys.executable} -m tuner --simulate set --device sim0 --offset -10 "
+                           "--keep-timeout 1 <&-")], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert "Traceback" not in proc.stderr and "AttributeError" not in proc.stderr, proc.stderr
+    assert "not confirmed: reverted to +0 mV" in proc.stderr and sim(gpus=1).knob("sim0").current == 0
+
+
+# --- defect 11: numbers are ASCII, and the small ones ----------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["set", "--device", "sim0", "--offset=-\u0663\u0660", "--yes"],  # Arabic-Indic digits
+    ["set", "--device", "sim0", "--offset=-3_0", "--yes"],
+    ["bisect", "--device", "sim0", "--step", "1_0"],
+    ["bisect", "--device", "sim0", "--trial", "5m5m"],
+    ["bisect", "--device", "sim0", "--trial", "\u0663\u0660s"],
+    ["stress", "--device", "sim0", "--duration", "3_0"],
+])
+def test_numbers_are_ascii_digits_and_a_sign(capsys, argv):
+    code, out, err = tuner(capsys, "--simulate", *argv)
+    assert code == exit_codes.USAGE and "tuner: error:" in err, (out, err)
+    assert sim(gpus=1).knob("sim0").current == 0
+
+
+def test_control_characters_in_a_device_name_are_escaped():
+    from tuner.core.models import DeviceInfo
+
+    dev = DeviceInfo(id="0000:03:00.0", vendor="amd", name="RX\x1b[2J\r\u202eevil\x07")
+    assert dev.label == "RX\\x1b[2J\\x0d\\u202eevil\\x07"
+    assert all(ch.isprintable() for ch in dev.label)
+
+
+def test_an_empty_name_is_an_error_not_no_name(capsys, tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(sim_profile("fromfile").to_toml())
+    code, _out, err = tuner(capsys, "profile", "import", str(path), "--name", "")
+    assert code == exit_codes.USAGE and "--name" in err
+    code, _out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "")
+    assert code == exit_codes.USAGE and "--save" in err
+
+
+def test_a_full_disk_has_its_own_message_and_exit_code(capsys, monkeypatch, tmp_path):
+    import errno
+
+    import tuner.profiles.store as store
+
+    save_profile(sim_profile("mine"))
+
+    def full(path, data, mode=0o644):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(store, "write_atomic", full)
+    code, _out, err = tuner(capsys, "profile", "export", "mine", str(tmp_path / "out.toml"))
+    assert code == exit_codes.DISK_FULL != exit_codes.USAGE
+    assert "no space left" in err and "free disk space" in err
+
+
+def test_a_full_disk_mid_bisect_is_inconclusive_and_resumes(boot, monkeypatch):
+    import errno
+
+    from tuner.core.errors import DiskFull
+
+    real_write = journal.write_atomic
+    full = []
+
+    def write(path, data, mode=0o644):
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_write(path, data, mode)
+
+    monkeypatch.setattr(journal, "write_atomic", write)
+    engine = FakeEngine(on_start=lambda r: full.append(1) if r.options.fault_seed == -30 else None)
+    backend, engine, _events, job = _make(engine=engine)
+    with pytest.raises(DiskFull, match="no space left"):
+        job.run()
+    assert backend.knob("sim0").current == 0 and journal.load("sim0")["open_trial"]["setting"] == -30
+    full.clear()  # space freed
+    backend, engine, _events, job = _make(resume=True)
+    outcome = job.run()
+    assert journal.unsafe_settings("sim0") == {} and -30 in [r.options.fault_seed for r in engine.requests]
+    assert outcome.recommendation.setting == -40 and not outcome.recommendation.edge
+
+
+def test_an_engine_that_crashes_on_a_full_disk_is_not_blamed_on_the_voltage(boot, monkeypatch):
+    from tuner.core.errors import DiskFull
+
+    disk = {"full": False}
+    monkeypatch.setattr(evidence, "disk_full", lambda path: disk["full"])
+
+    def no_space(request):
+        if request.options.fault_seed == -20 and not disk.get("done"):
+            disk.update(full=True, done=True)
+            return result("fail", "crash", "the engine exited with code 1 without an "
+                          "end event after step 9", failure_step=10, steps=9, duration_s=0.5)
+        return None
+
+    backend, _engine, _events, job = _make(engine=FakeEngine(override=no_space))
+    with pytest.raises(DiskFull, match="is full"):
+        job.run()
+    assert backend.knob("sim0").current == 0
+    doc = journal.load("sim0")
+    assert doc["state"] == journal.INTERRUPTED and doc["trials"][-1]["kind"] == evidence.DISK_FULL
+    disk["full"] = False
+    _backend, _engine, _events, job = _make(resume=True)
+    outcome = job.run()
+    assert outcome.recommendation.setting == -40 and journal.unsafe_settings("sim0") == {}
+
+
+def test_a_dead_tool_with_an_unreadable_boot_id_fails_closed(boot):
+    # without both boot ids a machine reset cannot be ruled out: the value is treated as after a reset
+    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
+                               knob=SimulatedBackend().knob("sim0").to_dict())
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
+    j.reference.write_text('{"steps": 1000}')
+    j.begin_trial(-30, "coarse")
+    j.doc["open_trial"]["pid"] = 2**22 + 4321  # dead
+    j._save()
+    (boot.root / "proc/sys/kernel/random/boot_id").unlink()
+    outcome = _make(resume=True)[3].run()
+    assert journal.unsafe_settings("sim0")[-30]["edge"] and outcome.recommendation.edge

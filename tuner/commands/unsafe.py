@@ -1,0 +1,93 @@
+"""`tuner unsafe list | clear`: the values that froze, hung or reset a card in a trial (see tuner.tuning.journal).
+
+Those values are never applied again automatically: set and apply refuse them (without --ignore-unsafe), boot
+apply and bisect always. Clearing one is the user's call, after asking: the next bisect may try it again.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tuner.commands._argtypes import whole_number
+from tuner.commands._output import format_table, format_value, print_json
+from tuner.core import exit_codes
+from tuner.core.errors import UsageError
+from tuner.core.models import printable
+from tuner.tuning import journal
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "unsafe",
+        help="show or clear the values that froze, hung or reset a card in a trial",
+        description="Show or clear a card's unsafe list: settings that reset the machine, hung or lost the GPU "
+        "during a trial. They are never applied again automatically. A tuner that died, a full disk or an engine "
+        "killed from outside never adds an entry (such a trial is re-run instead).",
+    )
+    sub = p.add_subparsers(dest="unsafe_command", metavar="ACTION", required=True)
+    q = sub.add_parser("list", help="show the entries")
+    q.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: all)")
+    q.add_argument("--json", action="store_true", help="print one JSON document")
+    q.set_defaults(run=run_list)
+    q = sub.add_parser("clear", help="remove entries (asks first)")
+    q.add_argument("value", nargs="?", type=whole_number, metavar="VALUE",
+                   help="remove only this setting (default: every entry of the card)")
+    q.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
+    q.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    q.add_argument("--json", action="store_true", help="print one JSON document")
+    q.set_defaults(run=run_clear)
+
+
+def _device_ids(ctx, device_id: str | None) -> list[str]:
+    if device_id:
+        return [ctx.backend.device(device_id).id]
+    return [d.id for d in ctx.backend.devices()]
+
+
+def _when(entry: dict) -> str:
+    at = entry.get("recorded_at")
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if isinstance(at, int | float) else "-"
+
+
+def run_list(args, ctx) -> int:
+    report = {device_id: journal.unsafe_entries(device_id) for device_id in _device_ids(ctx, args.device)}
+    if args.json:
+        print_json({"unsafe": [{"device": d, "entries": entries} for d, entries in report.items()]})
+        return exit_codes.OK
+    rows = [(d, format_value(e["setting"], e.get("unit") or ""), e["kind"], "yes" if e.get("edge") else "no",
+             _when(e), printable(str(e.get("reason") or ""))[:60]) for d, entries in report.items() for e in entries]
+    if not rows:
+        print("no unsafe values recorded")
+        return exit_codes.OK
+    print(format_table(("DEVICE", "SETTING", "KIND", "EDGE", "RECORDED", "REASON"), rows))
+    return exit_codes.OK
+
+
+def _ask(question: str) -> bool:
+    stdin = sys.stdin
+    if stdin is None or not stdin.isatty():
+        raise UsageError("clearing the unsafe list needs a yes", "pass --yes to clear without asking")
+    return input(question).strip().lower() in ("y", "yes")
+
+
+def run_clear(args, ctx) -> int:
+    ids = _device_ids(ctx, args.device)
+    if len(ids) != 1:
+        raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
+    device_id = ids[0]
+    entries = journal.unsafe_entries(device_id)
+    doomed = [e for e in entries if args.value is None or e["setting"] == args.value]
+    if not doomed:
+        what = "" if args.value is None else f" for {args.value:+d}"
+        raise UsageError(f"no unsafe entry{what} on {device_id}", "see `tuner unsafe list`")
+    values = ", ".join(sorted({format_value(e["setting"], e.get("unit") or "") for e in doomed}))
+    if not args.yes and not _ask(f"Remove {values} from {device_id}'s unsafe list? They froze, hung or reset "
+                                 "the card; bisect may try them again. [y/N] "):
+        raise UsageError("nothing was cleared", "answer y, or pass --yes")
+    removed = journal.clear_unsafe(device_id, args.value)
+    if args.json:
+        print_json({"device": device_id, "removed": removed})
+    else:
+        print(f"removed {values} from {device_id}'s unsafe list")
+    return exit_codes.OK
