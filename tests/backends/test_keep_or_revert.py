@@ -129,7 +129,7 @@ def test_set_yes_line_on_piped_stdin_keeps(tmp_path):
 def test_set_eof_reverts_and_bad_values_exit_2(tmp_path):
     proc = _start_set(tmp_path)
     _, err = proc.communicate("", timeout=30)
-    assert proc.returncode == 2 and "reverted" in err
+    assert proc.returncode == 8 and "reverted" in err
     assert _sim_offset(tmp_path) == 0
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
     for offset in ("-51", "+10", "-500"):

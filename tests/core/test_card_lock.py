@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from tuner.actions.card_lock import CardBusy, CardLock
+from tuner.core.card_lock import CardBusy, CardLock
 from tuner.core import exit_codes
 
 
@@ -19,7 +19,7 @@ def _holder(tmp_path, device="sim0"):
     """Another process that takes the lock and waits until its stdin closes."""
     code = textwrap.dedent(f"""
         import sys
-        from tuner.actions.card_lock import CardLock
+        from tuner.core.card_lock import CardLock
         with CardLock({device!r}, "tuner bisect --device {device}"):
             print("held", flush=True)
             sys.stdin.read()

@@ -154,7 +154,7 @@ def test_cli_without_yes_uses_the_keep_or_revert_prompt():
 
     save_profile(sim_profile("mine", value=-45))
     proc = run_tuner("--simulate", "apply", "mine", input="")  # EOF: not confirmed, reverted
-    assert proc.returncode == 2 and "not confirmed: reverted to +0 mV" in proc.stderr
+    assert proc.returncode == 8 and "not confirmed: reverted to +0 mV" in proc.stderr
     assert sim().knob("sim0").current == 0
     proc = run_tuner("--simulate", "apply", "mine", input="y\n")
     assert proc.returncode == 0, proc.stderr

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Self
 
 from tuner.backends.base import Backend
+from tuner.core.card_lock import CardLock
 from tuner.core.errors import NotApplied, TunerError
 from tuner.core.models import Knob
 from tuner.core.signals import Inbox
@@ -44,8 +45,10 @@ class PendingChange:
         allow_overvolt: bool = False,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        lock: CardLock | None = None,
     ):
         self.backend, self.device_id, self.value = backend, device_id, value
+        self._lock = lock  # the card's writer lock, held until the change is kept or reverted
         self.allow_overvolt = allow_overvolt
         self.timeout_s = timeout_s
         self._clock = clock
@@ -72,15 +75,25 @@ class PendingChange:
         self.before = self.backend.knob(self.device_id)
         # A signal between the write and recording it would leave a change nobody reverts: hold signals until
         # the change is recorded as pending (a held signal is raised right after, and reverts it).
-        with signals_held():
-            self.applied = self.backend.apply(self.device_id, self.value, allow_overvolt=self.allow_overvolt)
-            self._deadline = self._clock() + self.timeout_s
+        try:
+            with signals_held():
+                self.applied = self.backend.apply(self.device_id, self.value, allow_overvolt=self.allow_overvolt)
+                self._deadline = self._clock() + self.timeout_s
+        except BaseException:
+            if not self.pending:  # nothing to keep or revert: the card is free again
+                self._release_lock()
+            raise
         return self.applied
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def keep(self) -> None:
         if not self.pending:
             raise RuntimeError("nothing pending to keep")
         self.kept = True
+        self._release_lock()
 
     def revert(self) -> Knob:
         """Put the card back in a known state: the previous value, else stock, else say it could not be restored.
@@ -93,9 +106,12 @@ class PendingChange:
         if self.before is None or self.kept or self.reverted_to is not None:
             raise RuntimeError("nothing pending to revert")
         before = self.before
-        with signals_held():
-            knob = self._restore(before)
-            self.reverted_to = knob
+        try:
+            with signals_held():
+                knob = self._restore(before)
+                self.reverted_to = knob
+        finally:
+            self._release_lock()  # restored or not, this change no longer owns the card
         return knob
 
     def _restore(self, before: Knob) -> Knob:

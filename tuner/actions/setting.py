@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.backends.base import Backend
+from tuner.core.card_lock import CardLock
 from tuner.core.errors import UsageError
 from tuner.core.models import Knob
 from tuner.tuning import journal
@@ -53,21 +54,28 @@ def prepare_setting(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     clock: Callable[[], float] = time.monotonic,
+    purpose: str | None = None,
 ) -> PendingChange:
     """Check `request`, set the lock clock when asked, and return the keep-or-revert change, not yet applied.
 
     The caller applies it (`with change:` or `change.apply()`) and keeps or reverts it."""
     check_setting(backend, request)
-    if request.lock_clock_mhz is not None:
-        backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
-    return PendingChange(backend, request.device_id, request.value, allow_overvolt=request.allow_overvolt,
-                         timeout_s=timeout_s, clock=clock)
+    lock = CardLock(request.device_id, purpose).acquire()  # one writer per card, held until kept or reverted
+    try:
+        if request.lock_clock_mhz is not None:
+            backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
+        return PendingChange(backend, request.device_id, request.value, allow_overvolt=request.allow_overvolt,
+                             timeout_s=timeout_s, clock=clock, lock=lock)
+    except BaseException:
+        lock.release()
+        raise
 
 
 def apply_setting_now(backend: Backend, request: SetRequest) -> Knob:
     """The same checks, then the write, read back, with no keep-or-revert: for `apply --yes` and the boot
     service, where nobody is there to confirm (a profile's value was confirmed when it was saved)."""
     check_setting(backend, request)
-    if request.lock_clock_mhz is not None:
-        backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
-    return backend.apply(request.device_id, request.value, allow_overvolt=request.allow_overvolt)
+    with CardLock(request.device_id, "tuner apply"):
+        if request.lock_clock_mhz is not None:
+            backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
+        return backend.apply(request.device_id, request.value, allow_overvolt=request.allow_overvolt)

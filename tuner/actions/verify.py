@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tuner.actions.keep_or_revert import signals_held
 from tuner.backends.base import Backend
+from tuner.core.card_lock import CardLock
 from tuner.core.models import Knob, Mode, Phase, Verdict
 from tuner.profiles.schema import Profile
 from tuner.tuning import journal
@@ -79,7 +80,8 @@ def verify_setting(
     previous = knob.current
     verdict: str = Verdict.ERROR
     reason: str | None = "interrupted before the trial finished"
-    with journal.guarded_trial(device_id, value, unit=knob.unit):
+    with CardLock(device_id, f"verify of {value:+d} {knob.unit}"), journal.guarded_trial(device_id, value,
+                                                                                         unit=knob.unit):
         try:
             verdict, reason = run_trial(backend, device_id, value, duration_s, workload, on_line, stop_event)
         finally:

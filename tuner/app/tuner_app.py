@@ -31,6 +31,7 @@ from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError
+from tuner.core.signals import FATAL as FATAL_SIGNALS
 from tuner.screens import messages as msg
 from tuner.screens.dashboard import DashboardScreen
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
@@ -484,7 +485,7 @@ class TunerApp(App[int]):
             self.pending = None
         for device_id in sorted(devices_to_reset):
             try:
-                reset_device(self.backend, device_id)
+                reset_device(self.backend, device_id, force=True)
                 done.append(f"reset {device_id} to stock (read back)")
             except Exception as e:  # noqa: BLE001
                 done.append(f"could not reset {device_id}: {describe_error(e)}")
@@ -515,7 +516,8 @@ def screen_commands(screen: Screen) -> Iterable[SystemCommand]:
 def run_app(ctx) -> int:
     app = TunerApp(ctx)
     previous = {}
-    for sig in (signal.SIGHUP, signal.SIGTERM):
+    # every signal that would end the process leaves through the safe path (stop jobs, revert, reset)
+    for sig in FATAL_SIGNALS:
         previous[sig] = signal.signal(sig, app.signal_safe_hang_up)
     try:
         result = app.run()

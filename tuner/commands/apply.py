@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, set_profile_lock_clock
-from tuner.actions.setting import SetRequest, apply_setting_now
+from tuner.actions.setting import SetRequest, apply_setting_now, prepare_setting
 from tuner.actions.verify import verify_setting
 from tuner.commands._argtypes import duration, seconds_between
+from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import TunerError, UsageError
@@ -92,23 +92,26 @@ def run(args, ctx) -> int:
 
 def _apply_with_confirmation(args, ctx, plan: ProfileApply) -> int:
     """The same keep-or-revert confirmation as `tuner set`: kept only on a yes within the timeout."""
-    from tuner.commands.set import _ask  # the shared prompt (select()-based countdown on stdin)
-
     profile, device, result = plan.profile, plan.device, plan.match
-    with PendingChange(ctx.backend, device.id, plan.value) as change:
+    change = prepare_setting(ctx.backend, SetRequest(device.id, plan.value, ignore_unsafe=args.ignore_unsafe),
+                             purpose=f"tuner apply {profile.name}")
+
+    def announce(change) -> None:
         applied = change.applied
         print(f"{device.id}  {device.label}: {format_value(change.before.current, applied.unit)} -> "
               f"{format_value(applied.current, applied.unit)} from {profile.name!r} (read back)",
               file=sys.stderr if args.json else sys.stdout, flush=True)
-        if _ask(change):
-            change.keep()
+
+    answer = keep_or_revert(change, announce=announce)
     if change.kept:
-        _report(args, profile, device, result, applied)
+        _report(args, profile, device, result, change.applied)
         return exit_codes.OK
-    print(f"not confirmed: reverted to {format_value(change.reverted_to.current, applied.unit)}", file=sys.stderr)
+    why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
+    print(f"{why}: reverted to {format_value(change.reverted_to.current, change.reverted_to.unit)}",
+          file=sys.stderr)
     if args.json:
         print_json(_doc(profile, device, result, change.reverted_to, applied=False))
-    return exit_codes.USAGE
+    return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
 
 
 def _doc(profile, device, result, knob, **extra) -> dict:

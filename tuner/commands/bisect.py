@@ -224,16 +224,18 @@ def run(args, ctx) -> int:
             done.set()
 
     # The job runs in a worker so that a signal in the main thread only asks it to stop (an exception inside
-    # Thread.join can leave the thread looking finished; an Event does not).
+    # Thread.join can leave the thread looking finished; an Event does not). Fatal signals are only recorded
+    # (signals.Inbox): this loop decides, asks the job to stop once, and a second or third signal (a terminal
+    # drop sends SIGHUP, then SIGCONT/SIGTERM) changes nothing while the worker makes the card safe.
     worker = threading.Thread(target=work, name="bisect", daemon=True)
-    worker.start()
-    interrupted = False
-    while not done.is_set():
-        try:
-            done.wait(0.2)
-        except (KeyboardInterrupt, signals.Terminated):
-            interrupted = True
-            job.stop()  # the worker stops the engine, resets the card, closes the journal (resumable)
+    with signals.Inbox() as inbox:
+        worker.start()
+        stopping = False
+        while not done.wait(0.2):
+            if inbox.first is not None and not stopping:
+                stopping = True
+                job.stop()  # the worker stops the engine, resets the card, closes the journal (resumable)
+    interrupted = inbox.first is not None
     if "error" in box:
         raise box["error"]
     outcome = box["outcome"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tuner.actions.reset import reset_device, reset_targets
+import sys
+
+from tuner.actions.reset import holder_of, reset_device, reset_targets
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
 
@@ -17,6 +19,9 @@ def add_parser(subparsers) -> None:
     who = p.add_mutually_exclusive_group()
     who.add_argument("--device", metavar="ID", help="device id from `tuner list`")
     who.add_argument("--all", action="store_true", help="every device (the default when there is only one)")
+    p.add_argument("--force", action="store_true",
+                   help="reset even while another tuner process holds the card (a stuck holder: stopped with "
+                   "Ctrl-Z, hung in the driver); the holder is named")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
 
@@ -24,7 +29,12 @@ def add_parser(subparsers) -> None:
 def run(args, ctx) -> int:
     backend = ctx.backend
     targets = reset_targets(backend, args.device, all_devices=args.all)
-    results = [(dev, reset_device(backend, dev.id)) for dev in targets]
+    if args.force:
+        for dev in targets:
+            holder = holder_of(dev.id)
+            if holder:
+                print(f"tuner: warning: {dev.id} is held by {holder}; resetting it anyway (--force)", file=sys.stderr)
+    results = [(dev, reset_device(backend, dev.id, force=args.force)) for dev in targets]
     if args.json:
         print_json({"reset": [{"device": d.id, "knob": k.to_dict()} for d, k in results]})
     else:

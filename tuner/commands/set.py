@@ -1,24 +1,24 @@
 """`tuner set`: apply one undervolt setting, then keep it only if confirmed in time.
 
-Confirmation is read from stdin with a select()-based timeout. On a terminal the prompt counts down. When stdin is
-not a terminal it is still read: a `y`/`yes` line keeps, any other line or EOF reverts at once, and no line within
-the timeout reverts (so `echo y | tuner set ...` works and `tuner set ... </dev/null` never keeps anything). Ctrl-C,
-SIGTERM and SIGHUP revert. `--yes` keeps without asking.
+The prompt is `tuner.commands._confirm` (shared with `apply`): on a terminal it counts down; otherwise a `y`/`yes`
+line on stdin keeps, any other line or EOF reverts at once (so `echo y | tuner set ...` works and
+`tuner set ... </dev/null` never keeps anything). Every signal that would end the process reverts first; Ctrl-Z
+reverts, then stops. `--yes` keeps without asking. While the change is pending this process holds the card's
+writer lock: a second `set`, `apply`, `reset` or bisect is refused (exit 6).
 
-Exit codes: 0 kept; 2 bad value (nothing written) or not confirmed (reverted, so nothing changed); 3 permission;
-4 unsupported; 5 the card did not take it (previous value restored); 130 interrupted (reverted).
+Exit codes: 0 kept; 2 bad value (nothing written); 3 permission; 4 unsupported; 5 the card did not take it
+(previous value restored); 6 the card is busy; 8 not confirmed (reverted); 130 interrupted (reverted).
 """
 
 from __future__ import annotations
 
-import os
-import select
 import sys
 import time
 
-from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.commands._argtypes import seconds_between, whole_number
+from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
@@ -68,56 +68,23 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _ask(change: PendingChange, stream=None, out=None) -> bool:
-    """True when the user answers yes before the change expires."""
-    stream = stream or sys.stdin
-    out = out or sys.stderr
-    if stream is None:  # started with stdin closed (`<&-`): no one can answer, so no
-        return False
-    try:
-        tty = stream.isatty()
-        fd = stream.fileno()
-    except (OSError, ValueError):
-        return False
-    shown = None
-    while not change.expired():
-        left = change.seconds_left()
-        if tty and shown != int(left + 0.999):
-            shown = int(left + 0.999)
-            out.write(f"\rkeep? [y/N], reverting in {shown:2d} s ")
-            out.flush()
-        elif shown is None:
-            shown = int(left + 0.999)
-            out.write(f"keep? [y/N], reverting in {shown} s\n")
-            out.flush()
-        ready, _, _ = select.select([fd], [], [], min(1.0, max(0.05, left)))
-        if not ready:
-            continue
-        line = os.read(fd, 256).decode(errors="replace")
-        if tty:
-            out.write("\n")
-        return line.strip().lower() in ("y", "yes")  # EOF reads b"" and is a no
-    if tty:
-        out.write("\n")
-    return False
-
-
 def run(args, ctx) -> int:
     backend = ctx.backend
     dev = pick_device(backend, args.device)
     request = SetRequest(dev.id, args.offset, allow_overvolt=args.allow_overvolt,
                          ignore_unsafe=args.ignore_unsafe, lock_clock_mhz=args.lock_mhz)
-    change = prepare_setting(backend, request, timeout_s=args.keep_timeout, clock=time.monotonic)
-    with change:
+    change = prepare_setting(backend, request, timeout_s=args.keep_timeout, clock=time.monotonic,
+                             purpose=f"tuner set --offset {args.offset:+d}")
+
+    def announce(change) -> None:
         applied = change.applied
         lock = f" at a locked {applied.lock_clock_mhz} MHz" if applied.lock_clock_mhz else ""
-        msg = (
-            f"{dev.id}  {dev.label}: {format_value(change.before.current, change.before.unit)} -> "
-            f"{format_value(applied.current, applied.unit)}{lock} (read back)"
-        )
-        print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
-        if args.yes or _ask(change):
-            change.keep()
+        print(f"{dev.id}  {dev.label}: {format_value(change.before.current, change.before.unit)} -> "
+              f"{format_value(applied.current, applied.unit)}{lock} (read back)",
+              file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    answer = keep_or_revert(change, announce=announce, yes=args.yes)
+    applied = change.applied
     if args.json:
         print_json(
             {
@@ -136,5 +103,7 @@ def run(args, ctx) -> int:
             )
         return exit_codes.OK
     reverted = change.reverted_to
-    print(f"not confirmed: reverted to {format_value(reverted.current, reverted.unit)}", file=sys.stderr)
-    return exit_codes.USAGE
+    why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
+    note = f" ({change.restore_note})" if change.restore_note else ""
+    print(f"{why}: reverted to {format_value(reverted.current, reverted.unit)}{note}", file=sys.stderr)
+    return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED

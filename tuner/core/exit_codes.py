@@ -8,6 +8,7 @@ UNSUPPORTED = 4  # no supported GPU, or the feature is off/unsupported on this c
 HARDWARE = 5  # the device did not take the setting, or was lost; it was reset to stock where possible
 BUSY = 6  # another tuner process is changing this card; nothing was changed
 DISK_FULL = 7  # a state or profile file could not be written (ENOSPC, EDQUOT); the card was reset where it was touched
+NOT_CONFIRMED = 8  # a change was applied but not confirmed in time, so it was reverted
 INTERRUPTED = 130  # Ctrl-C / SIGTERM / SIGHUP; any unconfirmed change was reverted
 
 EXIT_CODE_HELP = """\
@@ -20,4 +21,5 @@ exit codes:
   5    the device did not take the setting or was lost (it was reset to stock where possible)
   6    the card is busy: another tuner process is changing it; nothing was changed
   7    disk full: a state or profile file could not be written (free space, then resume or retry)
+  8    not confirmed: the change was reverted (no yes within the keep-or-revert timeout)
   130  interrupted; any unconfirmed change was reverted"""

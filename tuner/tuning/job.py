@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
+from tuner.core.card_lock import CardLock
 from tuner.tuning import evidence, journal, kernel_log
 from tuner.tuning.events import (
     BisectEvent,
@@ -139,6 +140,12 @@ class BisectJob:
         self._stop.set()
 
     def run(self) -> BisectOutcome:
+        """Run the whole search; the card's writer lock is held for all of it, so no `set`, `apply` or `reset`
+        from another shell (or the TUI) can change the card under a trial (CardBusy names the bisect)."""
+        with CardLock(self.device_id, f"auto-bisect of {self.device_id}"):
+            return self._run()
+
+    def _run(self) -> BisectOutcome:
         device = self.backend.device(self.device_id)
         knob = self.backend.knob(self.device_id)
         j, params, resumed = self._open_session(device, knob)

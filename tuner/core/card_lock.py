@@ -37,7 +37,7 @@ def lock_path(device_id: str) -> Path:
     return state_dir() / "locks" / f"{safe}.lock"
 
 
-_held_here: dict[str, str] = {}  # device id -> what holds it in this process
+_held_here: dict[str, str] = {}  # lock file -> what holds it in this process
 _held_here_lock = threading.Lock()
 
 
@@ -59,13 +59,15 @@ class CardLock:
         self.device_id = device_id
         self.purpose = purpose or " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
         self._fd: int | None = None
+        self._key = ""
 
     def acquire(self) -> CardLock:
         with _held_here_lock:
-            if self.device_id in _held_here:
-                raise CardBusy(f"{self.device_id} is busy: {_held_here[self.device_id]} is changing it in this "
-                               "tuner", "wait for it to finish or stop it first")
             path = lock_path(self.device_id)
+            key = str(path)
+            if key in _held_here:
+                raise CardBusy(f"{self.device_id} is busy: {_held_here[key]} is changing it in this "
+                               "tuner", "wait for it to finish or stop it first")
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
@@ -80,7 +82,8 @@ class CardLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
             self._fd = fd
-            _held_here[self.device_id] = self.purpose
+            self._key = key
+            _held_here[key] = self.purpose
         return self
 
     def release(self) -> None:
@@ -93,7 +96,7 @@ class CardLock:
                 pass
             os.close(self._fd)  # closing releases the flock
             self._fd = None
-            _held_here.pop(self.device_id, None)
+            _held_here.pop(self._key, None)
 
     @property
     def held(self) -> bool:
