@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import replace, fields
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -42,7 +42,7 @@ OPTIONS = st.builds(
     preset=st.sampled_from(list(PRESETS)),
     mode=st.sampled_from(MODES),
     steps=maybe(st.integers(1, 10**9)),
-    duration_s=maybe(st.floats(1e-3, 7 * 24 * 3600.0, **FINITE)),
+    duration_s=maybe(st.floats(1.0, 7 * 24 * 3600.0, **FINITE)),  # the engine takes 1 s .. 7 days
     seed=st.integers(-(2**40), 2**40),
     fault_seed=maybe(st.integers(-(2**40), 2**40)),
     dtype=st.sampled_from(DTYPES),
@@ -66,7 +66,7 @@ OPTIONS = st.builds(
     heartbeat_s=st.floats(1e-3, 1.0, **FINITE),
     reference_tolerance=st.floats(1e-6, 1e3, **FINITE),
     tolerance=st.booleans(),
-    verify_repeatable=st.booleans(),
+    verify_repeatable=st.just(False),  # valid only with a reference and no record/loop: its own test below
     sim_nondeterministic=st.booleans(),
     sim_contention_at=maybe(st.floats(0, 1e10, **FINITE)),
     reference_loop=st.booleans(),
@@ -116,3 +116,10 @@ def test_options_and_the_engine_package_import_no_torch():
             "assert not bad, bad")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
+
+
+@given(OPTIONS, PATHS)
+def test_a_replay_request_round_trips_too(opts, reference):
+    replay = replace(opts, verify_repeatable=True, reference=reference, record=None, reference_loop=False)
+    assume(_valid(replay))
+    assert parse_args(to_argv(replay), environ={}) == replay

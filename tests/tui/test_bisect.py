@@ -48,7 +48,7 @@ async def _wait(pilot, predicate, timeout_s: float = 20.0):
 
 async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_stock(tmp_path):
     backend = sim_backend(tmp_path, vmin_mv=-52)
-    engine = GatedEngine(hold_at=3)  # baseline, -10, then hold the -20 trial
+    engine = GatedEngine(hold_at=4)  # baseline, its replay, -10, then hold the -20 trial
     app = make_app(tmp_path, backend=backend, samples=1,
                    bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda: None})
     async with app.run_test(size=(80, 24)) as pilot:
@@ -58,9 +58,9 @@ async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_sto
         await pilot.press("b")
         await _wait(pilot, engine.entered.is_set)
         assert backend.knob("sim0").current == -20  # the trial's setting is on the card
-        await _wait(pilot, lambda: app.screen.query_one("#bisect-trials").row_count >= 3)
+        await _wait(pilot, lambda: app.screen.query_one("#bisect-trials").row_count >= 4)
         table = app.screen.query_one("#bisect-trials")
-        assert [table.get_row_at(i)[2] for i in range(2)] == ["PASS", "PASS"]
+        assert [table.get_row_at(i)[2] for i in range(3)] == ["PASS", "PASS", "PASS"]
         for key in "1245613":
             await pilot.press(key)
             await pilot.pause()
@@ -100,7 +100,7 @@ async def test_quit_during_bisect_asks_then_stops_and_resets(tmp_path):
     from tuner.screens.dialogs import ConfirmDialog
 
     backend = sim_backend(tmp_path, vmin_mv=-52)
-    engine = GatedEngine(hold_at=2)  # hold the -10 mV trial
+    engine = GatedEngine(hold_at=3)  # baseline, its replay, then hold the -10 mV trial
     app = make_app(tmp_path, backend=backend, samples=1,
                    bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda: None})
     async with app.run_test(size=(80, 24)) as pilot:

@@ -168,7 +168,7 @@ async def test_bisect_with_the_forms_defaults_runs_to_a_recommendation_on_a_mhz_
         assert rec is not None, app.bisect.failure
         # 30 MHz steps pass up to the 150 MHz limit; 180 and 165 fail; 150 confirms; minus the 30 MHz margin
         assert (rec.unit, rec.confirmed, rec.setting, rec.margin) == ("MHz", 150, 120, 30)
-        assert [r["setting"] for r in app.bisect.trials][:6] == [0, 30, 60, 90, 120, 150]
+        assert [r["setting"] for r in app.bisect.trials][:7] == [0, 0, 30, 60, 90, 120, 150]
     assert backend.knob("sim0").current == 0
 
 
