@@ -39,8 +39,8 @@ from tuner.backends.simulated import (
     fault_rate_per_step,
     hangs_at,
 )
-from tuner.tuning.plan import CONFIRM, BisectPlan, NextTrial, PlanParams, PlanResult, Recommend
 from tuner.core.models import Knob, KnobKind
+from tuner.tuning.plan import CONFIRM, BisectPlan, NextTrial, PlanParams, PlanResult, Recommend
 
 STEP_S = 0.085  # the "small" preset on an R9700 (the seed's 85 ms/step)
 OVERHEAD_S = 20.0  # engine start, apply + read back, reset + verify, per trial
@@ -85,10 +85,7 @@ def run_bisect(vmin_mv: int, seed: int, trial_s: float, confirm_s: float) -> dic
         d = plan.decide(results)
         if not isinstance(d, NextTrial):
             break
-        if d.phase == CONFIRM:
-            duration = confirm_s
-        else:
-            duration = trial_s
+        duration = confirm_s if d.phase == CONFIRM else trial_s
         ok, kind, ran_s = oracle(d.setting, duration)
         wall_s += ran_s + OVERHEAD_S
         if d.phase != CONFIRM:

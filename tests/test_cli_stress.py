@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tuner.tuning import engine_client as sc
+from tuner.actions.context import Context
 from tuner.backends.simulated import SimulatedBackend
 from tuner.cli import build_parser
 from tuner.commands import stress
-from tuner.actions.context import Context
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import StressTarget
 from tuner.engine.options import EngineOptions
+from tuner.tuning import engine_client as sc
 
 FAKE = Path(__file__).parent / "engine" / "fake_engine.py"
 

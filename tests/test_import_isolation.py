@@ -55,7 +55,7 @@ def test_the_headless_packages_cover_every_module_outside_the_ui_and_the_engine(
 def test_core_and_backends_import_neither_textual_nor_torch():
     modules = _modules_under(_contract("headless")["source_modules"])
     assert len(modules) > 40  # the walk found the core, not an empty list
-    loaded = _loaded_after_import(modules + ["tuner.cli"])
+    loaded = _loaded_after_import([*modules, "tuner.cli"])
     assert not loaded, f"headless modules pulled in {sorted(loaded)}"
 
 

@@ -21,7 +21,8 @@ def amd_on_fake_kernel(root, formats):
     """An AmdBackend over a fake tree whose `pp_od_clk_voltage` files are fake kernels."""
     make_tree(root, formats)
     dirs = amd_card_dirs(root)
-    io = FakeKernelIO({d / "pp_od_clk_voltage": FakeOdKernel(OD_TEXT[f]) for d, f in zip(dirs, formats) if f})
+    io = FakeKernelIO({d / "pp_od_clk_voltage": FakeOdKernel(OD_TEXT[f])
+                       for d, f in zip(dirs, formats, strict=True) if f})
     return amd.discover(root=root, sysfs=io), io
 
 

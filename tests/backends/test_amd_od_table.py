@@ -12,13 +12,13 @@ from tuner.core.errors import TunerError
 from .fakes.trees import OD_TEXT
 
 EXPECTED = {
-    "rdna4": dict(vddgfx_offset_mv=0, sclk_offset_mhz=0),
-    "rdna3": dict(vddgfx_offset_mv=0),
-    "rdna2": dict(vddgfx_offset_mv=0),
-    "rdna3-early": dict(vddgfx_offset_mv=None),
-    "vega20-navi1x": dict(vddgfx_offset_mv=None),
-    "gcn": dict(vddgfx_offset_mv=None),
-    "apu": dict(vddgfx_offset_mv=None),
+    "rdna4": {"vddgfx_offset_mv": 0, "sclk_offset_mhz": 0},
+    "rdna3": {"vddgfx_offset_mv": 0},
+    "rdna2": {"vddgfx_offset_mv": 0},
+    "rdna3-early": {"vddgfx_offset_mv": None},
+    "vega20-navi1x": {"vddgfx_offset_mv": None},
+    "gcn": {"vddgfx_offset_mv": None},
+    "apu": {"vddgfx_offset_mv": None},
 }
 
 

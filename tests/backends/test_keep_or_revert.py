@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.core import signals
-from tuner.backends.simulated import SimulatedBackend
 from tuner.actions.keep_or_revert import PendingChange
+from tuner.backends.simulated import SimulatedBackend
+from tuner.core import signals
 from tuner.core.signals import Terminated
 
 from .conftest import amd_on_fake_kernel
@@ -60,9 +60,8 @@ def test_revert_restores_a_non_stock_previous(sim):
 
 @pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt(), Terminated(signal.SIGTERM)])
 def test_exceptions_revert(sim, exc):
-    with pytest.raises(type(exc)):
-        with PendingChange(sim, "sim0", -50):
-            raise exc
+    with pytest.raises(type(exc)), PendingChange(sim, "sim0", -50):
+        raise exc
     assert sim.knob("sim0").current == 0
 
 
@@ -73,10 +72,9 @@ def test_amd_signal_path_in_process_restores_stock(tmp_path):
     signals.install()
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            with pytest.raises(Terminated):
-                with PendingChange(backend, dev, -40):
-                    os.kill(os.getpid(), sig)
-                    time.sleep(5)  # interrupted by the signal
+            with pytest.raises(Terminated), PendingChange(backend, dev, -40):
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # interrupted by the signal
             assert backend.knob(dev).current == 0
     finally:
         for s, h in old.items():
@@ -121,7 +119,7 @@ def test_set_killed_during_confirmation_restores_stock(tmp_path, sig):
 
 def test_set_yes_line_on_piped_stdin_keeps(tmp_path):
     proc = _start_set(tmp_path)
-    out, err = proc.communicate("y\n", timeout=30)
+    _out, err = proc.communicate("y\n", timeout=30)
     assert proc.returncode == 0, err
     assert _sim_offset(tmp_path) == -50
 
@@ -148,9 +146,9 @@ def test_signal_during_apply_is_held_and_then_reverts(tmp_path):
     import os
     import signal as _signal
 
-    from tuner.core import signals
-    from tuner.backends.simulated import SimulatedBackend
     from tuner.actions.keep_or_revert import PendingChange
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.core import signals
     from tuner.core.signals import Terminated
 
     backend = SimulatedBackend(state_path=tmp_path / "sim.json")
@@ -165,9 +163,8 @@ def test_signal_during_apply_is_held_and_then_reverts(tmp_path):
     previous = {s: _signal.getsignal(s) for s in (_signal.SIGTERM, _signal.SIGHUP)}
     signals.install()
     try:
-        with pytest.raises(Terminated):
-            with PendingChange(backend, "sim0", -50):
-                pytest.fail("the body must not run")
+        with pytest.raises(Terminated), PendingChange(backend, "sim0", -50):
+            pytest.fail("the body must not run")
     finally:
         for s, h in previous.items():
             _signal.signal(s, h)

@@ -20,7 +20,7 @@ def nv():
 
 
 def test_identity(nv):
-    m, backend, dev, _ = nv
+    _m, backend, _dev, _ = nv
     info = backend.devices()[0]
     assert (info.id, info.pci_id, info.driver_version, info.serial) == (
         "0000:2b:00.0",
@@ -31,7 +31,7 @@ def test_identity(nv):
 
 
 def test_knob_is_a_clock_offset(nv):
-    m, backend, dev, _ = nv
+    _m, backend, dev, _ = nv
     k = backend.knob(dev)
     assert (k.kind.value, k.unit, k.aggressive_direction, k.step, k.lock_clock_mhz) == (
         "clock_offset",

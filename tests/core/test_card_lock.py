@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from tuner.core.card_lock import CardBusy, CardLock
 from tuner.core import exit_codes
+from tuner.core.card_lock import CardBusy, CardLock
 
 
 @pytest.fixture(autouse=True)

@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 from tests.cli_helpers import REPO, run_tuner
-from tuner.tuning import journal
 from tuner.backends.simulated import SimulatedBackend
-from tuner.tuning.job import BisectJob, BisectParams
+from tuner.tuning import journal
 from tuner.tuning.engine_client import WatchdogPolicy
+from tuner.tuning.job import BisectJob, BisectParams
 from tuner.tuning.trial import TrialParams, default_engine_factory, run_trial
 
 SIM = ["--simulate", "--sim-vmin", "-22"]

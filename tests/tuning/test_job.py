@@ -7,12 +7,12 @@ import os
 import pytest
 
 from tests.tuning.fake_engine import FakeEngine
-from tuner.core import exit_codes
-from tuner.tuning import journal
 from tuner.backends.simulated import SimulatedBackend
+from tuner.core import exit_codes
+from tuner.core.errors import UsageError
+from tuner.tuning import journal
 from tuner.tuning.events import BisectFailed, Recommendation, TrialFinished, TrialRecovered
 from tuner.tuning.job import BisectJob, BisectParams
-from tuner.core.errors import UsageError
 
 
 def make(vmin=-52, **kw):
@@ -55,7 +55,7 @@ def test_recommends_lowest_pass_plus_margin_and_records_everything(boot):
 
 def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot):
     # vmin -30: a -10 mV coarse step of 40 jumps straight to -70 (at or below vmin - 40: the card hangs)
-    backend, engine, events, job = make(vmin=-30, step=70, resolution=5)
+    _backend, _engine, _events, job = make(vmin=-30, step=70, resolution=5)
     outcome = job.run()
     hang = [t for t in outcome.trials if t.kind == "hang"]
     assert hang and hang[0].setting == -70 and hang[0].edge
@@ -64,7 +64,7 @@ def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot
 
 
 def test_unfinished_session_needs_resume_or_restart(boot):
-    backend, engine, events, job = make()
+    backend, engine, _events, job = make()
     engine.on_start = lambda req: job.stop() if req.options.fault_rate == 0 and not req.options.record else None
     outcome = job.run()
     assert outcome.status == "stopped" and outcome.exit_code == exit_codes.INTERRUPTED
@@ -73,7 +73,7 @@ def test_unfinished_session_needs_resume_or_restart(boot):
     with pytest.raises(UsageError, match="unfinished bisect session") as err:
         make()[3].run()
     assert "--resume" in err.value.one_line()
-    backend, engine, events, job = make(resume=True)
+    backend, engine, _events, job = make(resume=True)
     outcome = job.run()
     assert outcome.recommendation.setting == -40
     # the stopped trial was not counted: baseline + 9 - 1 trials before, all once
@@ -104,27 +104,27 @@ def test_open_trial_of_a_dead_tool_is_inconclusive_and_runs_again_on_resume(boot
 
 
 def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot):
-    backend, engine, events, job = make()
+    backend, engine, _events, job = make()
     j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
                                knob=backend.knob("sim0").to_dict())
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
     j.reference.write_text('{"steps": 1000}')
     j.begin_trial(-40, "coarse")
     boot("boot-b")
-    backend, engine, events, job = make(resume=True)
+    backend, engine, _events, job = make(resume=True)
     outcome = job.run()
     assert journal.unsafe_settings("sim0")[-40]["kind"] == "system-reset"
     assert -40 not in [r.options.fault_seed for r in engine.requests]  # seed 0: the fault seed is the setting
     assert outcome.recommendation.confirmed == -35 and outcome.recommendation.margin == 15
     assert outcome.recommendation.setting == -20
     # a brand-new session keeps the unsafe value out, too
-    backend, engine, events, job = make(restart=True)
+    backend, engine, _events, job = make(restart=True)
     outcome = job.run()
     assert all(t.setting > -40 for t in outcome.trials)
 
 
 def test_a_live_session_elsewhere_is_refused(boot):
-    backend, engine, events, job = make()
+    _backend, _engine, _events, _job = make()
     j = journal.Journal.create("sim0", params={}, knob={})
     j.begin_trial(-10, "coarse")
     j.doc["open_trial"]["pid"] = os.getppid()  # alive, and not us
@@ -135,7 +135,7 @@ def test_a_live_session_elsewhere_is_refused(boot):
 
 def test_the_same_reference_step_in_different_passes_is_a_software_fault(boot):
     # looped reference of 20 steps: step 27 of one trial and step 47 of the next are both its step 7
-    backend, engine, events, job = make()
+    _backend, engine, _events, job = make()
     engine.software_fault = lambda req: ("nonfinite", 27 if len(engine.requests) == 3 else 47, 7)
     outcome = job.run()
     assert outcome.status == "failed" and outcome.failure.kind == "software-fault"
@@ -154,7 +154,7 @@ def test_fault_seeds_are_stable_and_differ_per_setting():
 
 def test_a_real_fault_at_the_same_step_at_two_settings_is_a_software_fault(boot):
     # vmin -52: nothing is injected at -10 or -5, so the engine's nonfinite at step 7 there is the software's
-    backend, engine, events, job = make()
+    _backend, engine, _events, job = make()
     engine.software_fault = lambda req: ("nonfinite", 7, 7)
     outcome = job.run()
     assert outcome.status == "failed" and outcome.failure.kind == "software-fault"
@@ -162,14 +162,14 @@ def test_a_real_fault_at_the_same_step_at_two_settings_is_a_software_fault(boot)
 
 
 def test_the_same_absolute_step_at_different_reference_steps_is_not_a_software_fault(boot):
-    backend, engine, events, job = make()
+    _backend, engine, _events, job = make()
     engine.software_fault = lambda req: ("nonfinite", 27, 7 if len(engine.requests) == 3 else 17)
     outcome = job.run()
     assert outcome.status == "recommended" and outcome.recommendation.confirmed is None
 
 
 def test_setup_error_is_not_blamed_on_the_voltage(boot):
-    backend, engine, events, job = make()
+    _backend, engine, events, job = make()
     engine.error = True
     outcome = job.run()
     assert outcome.status == "failed" and outcome.exit_code == exit_codes.TEST_FAILED

@@ -8,6 +8,8 @@ import os
 import pytest
 
 from tuner.tuning import journal
+
+
 def test_no_journal_means_nothing_open(boot):
     assert journal.trial_open_at_previous_boot() is None
 

@@ -6,9 +6,9 @@ import threading
 import time
 from types import SimpleNamespace
 
-from tuner.tuning import kernel_log
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.models import Telemetry
+from tuner.tuning import kernel_log
 from tuner.tuning.sampler import TelemetrySampler, summarize
 
 LOG = """\

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tuner.core.errors import UsageError
+from tuner.core.models import Knob, KnobKind
 from tuner.tuning.plan import (
     BASELINE,
     COARSE,
@@ -20,8 +22,6 @@ from tuner.tuning.plan import (
     Recommend,
     Stop,
 )
-from tuner.core.errors import UsageError
-from tuner.core.models import Knob, KnobKind
 
 
 def mv_knob(min_mv=-200, stock=0, step=5) -> Knob:
@@ -85,15 +85,12 @@ def bound(plan: BisectPlan) -> int:
 def test_noise_free_limit_gives_lowest_pass_plus_margin(setup, limit_k):
     knob, params = setup
     plan = BisectPlan(knob, params)
-    decision, results, proposed = run_plan(plan, lambda k, phase: k <= limit_k)
+    decision, _results, proposed = run_plan(plan, lambda k, phase: k <= limit_k)
     if limit_k < 0:  # even stock fails
         assert isinstance(decision, Stop) and decision.kind == "baseline-failed"
         return
     assert isinstance(decision, Recommend)
-    if limit_k >= plan.k_max:
-        lowest = plan.k_max
-    else:
-        lowest = (limit_k // plan.res_k) * plan.res_k
+    lowest = plan.k_max if limit_k >= plan.k_max else limit_k // plan.res_k * plan.res_k
     margin_k = params.margin // knob.step
     assert decision.setting == plan.value(max(0, lowest - margin_k))
     assert decision.confirmed == (None if lowest == 0 else plan.value(lowest))
@@ -117,7 +114,7 @@ def test_any_oracle_never_tests_beyond_a_failure_and_terminates(setup, data):
     def oracle(k, phase):
         return (confirm_answers if phase == CONFIRM else answers)[k]
 
-    decision, results, proposed = run_plan(plan, oracle)
+    decision, _results, proposed = run_plan(plan, oracle)
     assert isinstance(decision, Recommend)
     confirms = [k for k, phase in proposed if phase == CONFIRM]
     assert len(confirms) == len(set(confirms)), "a value was confirmed twice"
@@ -135,7 +132,7 @@ def test_unsafe_values_are_never_proposed(setup, limit_k, unsafe_k, edge):
     unsafe = [knob.shifted(knob.stock, k) for k in unsafe_k]
     plan = BisectPlan(knob, params, unsafe=unsafe, unsafe_edge=edge and bool(unsafe_k))
     effective = min([limit_k] + [k - 1 for k in plan.unsafe_k])
-    decision, results, proposed = run_plan(plan, lambda k, phase: k <= limit_k)
+    decision, _results, proposed = run_plan(plan, lambda k, phase: k <= limit_k)
     assert isinstance(decision, Recommend)
     assert not set(plan.unsafe_k) & {k for k, _ in proposed}
     lowest = plan.k_max if effective >= plan.k_max else (effective // plan.res_k) * plan.res_k
@@ -149,7 +146,7 @@ def test_unsafe_values_are_never_proposed(setup, limit_k, unsafe_k, edge):
 def test_a_hang_uses_the_edge_margin(setup, limit_k):
     knob, params = setup
     plan = BisectPlan(knob, params)
-    decision, results, proposed = run_plan(plan, lambda k, phase: k <= limit_k, kind="hang")
+    decision, results, _proposed = run_plan(plan, lambda k, phase: k <= limit_k, kind="hang")
     assert isinstance(decision, Recommend)
     failed = any(r.verdict == "fail" for r in results)
     assert decision.edge == failed
@@ -159,7 +156,7 @@ def test_a_hang_uses_the_edge_margin(setup, limit_k):
 def test_the_documented_example_minus_52_recommends_minus_40():
     knob = mv_knob()
     plan = BisectPlan(knob, PlanParams.defaults_for(knob))
-    decision, results, proposed = run_plan(plan, lambda k, phase: plan.value(k) >= -52)
+    decision, _results, proposed = run_plan(plan, lambda k, phase: plan.value(k) >= -52)
     assert [(plan.value(k), p) for k, p in proposed] == [
         (0, BASELINE), (-10, COARSE), (-20, COARSE), (-30, COARSE), (-40, COARSE), (-50, COARSE), (-60, COARSE),
         (-55, REFINE), (-50, CONFIRM)]
@@ -170,7 +167,7 @@ def test_the_documented_example_minus_52_recommends_minus_40():
 def test_nvidia_clock_offsets_step_upward():
     knob = mhz_knob(max_mhz=300, step=15)
     plan = BisectPlan(knob, PlanParams.defaults_for(knob))
-    decision, results, proposed = run_plan(plan, lambda k, phase: plan.value(k) <= 100)
+    decision, _results, proposed = run_plan(plan, lambda k, phase: plan.value(k) <= 100)
     assert [plan.value(k) for k, _ in proposed][:4] == [0, 30, 60, 90]
     assert decision.confirmed == 90 and decision.setting == 60 and decision.first_failure == 105
 
@@ -178,7 +175,7 @@ def test_nvidia_clock_offsets_step_upward():
 def test_confirm_failure_steps_back_one_resolution_step():
     knob = mv_knob()
     plan = BisectPlan(knob, PlanParams.defaults_for(knob))
-    decision, results, proposed = run_plan(
+    decision, _results, proposed = run_plan(
         plan, lambda k, phase: plan.value(k) >= (-45 if phase == CONFIRM else -52))
     assert [(plan.value(k), p) for k, p in proposed][-2:] == [(-50, CONFIRM), (-45, CONFIRM)]
     assert decision.confirmed == -45 and decision.setting == -35
@@ -227,13 +224,13 @@ def test_setup_error_stops_and_baseline_failure_stops():
 def test_floor_limits_the_descent():
     knob = mv_knob()
     plan = BisectPlan(knob, PlanParams.defaults_for(knob, floor=-25))
-    decision, results, proposed = run_plan(plan, lambda k, phase: True)
+    decision, _results, proposed = run_plan(plan, lambda k, phase: True)
     assert [plan.value(k) for k, _ in proposed] == [0, -10, -20, -25, -25]
     assert decision.confirmed == -25 and decision.setting == -15
 
 
-@pytest.mark.parametrize("kwargs", [dict(step=7), dict(resolution=0), dict(step=15, resolution=10),
-                                    dict(margin=3), dict(floor=10), dict(floor=-500)])
+@pytest.mark.parametrize("kwargs", [{"step": 7}, {"resolution": 0}, {"step": 15, "resolution": 10},
+                                    {"margin": 3}, {"floor": 10}, {"floor": -500}])
 def test_bad_parameters_are_usage_errors(kwargs):
     knob = mv_knob()
     with pytest.raises(UsageError):

@@ -10,8 +10,8 @@ from tests.tuning.fake_engine import FakeEngine
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
 from tuner.tuning import journal
-from tuner.tuning.job import BisectJob, BisectParams, control_steps
 from tuner.tuning.engine_client import WatchdogPolicy
+from tuner.tuning.job import BisectJob, BisectParams, control_steps
 from tuner.tuning.trial import _bounded_result
 
 

@@ -4,6 +4,8 @@ import json
 
 from tests.cli_helpers import run_tuner
 from tuner.tuning import journal
+
+
 def _mark_unsafe(setting):
     journal.add_unsafe("sim0", setting, unit="mV", kind="system-reset", reason="machine reset during a trial",
                        edge=True)

@@ -412,7 +412,7 @@ def curve_with_offset(
         new[i] = target
     for i in range(len(new) - 2, -1, -1):
         new[i] = min(new[i], new[i + 1])
-    return tuple(Level(p.index, p.mhz, mv) for p, mv in zip(ordered, new))
+    return tuple(Level(p.index, p.mhz, mv) for p, mv in zip(ordered, new, strict=True))
 
 
 def offset_of(stock: tuple[Level, ...], current: tuple[Level, ...]) -> int:

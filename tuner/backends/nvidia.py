@@ -12,6 +12,7 @@ ignores errors) and fall back to `nvmlDeviceSetGpcClkVfOffset` (driver >= 520). 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -73,7 +74,7 @@ def offset_step_mhz(clocks_mhz: list[float]) -> int:
     steps = sorted(
         {
             abs(Fraction(a).limit_denominator(8) - Fraction(b).limit_denominator(8))
-            for a, b in zip(sorted(clocks_mhz), sorted(clocks_mhz)[1:])
+            for a, b in itertools.pairwise(sorted(clocks_mhz))
         }
         - {0}
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from tuner.core import paths
+
 UNIT_NAME = "tuner-apply.service"
 RESET_FLAG = "tuner.reset"
 DEFAULT_DISCOVERY_WAIT_S = 30.0

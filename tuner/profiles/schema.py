@@ -362,7 +362,8 @@ def _check_schema_version(data: dict) -> None:
     """Checked before anything else, so a newer file is refused for its version, not for its new keys."""
     meta = data.get("profile")
     if not isinstance(meta, dict) or "schema" not in meta:
-        raise ProfileError("profile.schema: missing", "is this an undervolt-tuner profile? it needs [profile] schema = 1")
+        raise ProfileError("profile.schema: missing",
+                           "is this an undervolt-tuner profile? it needs [profile] schema = 1")
     schema = meta["schema"]
     if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
         raise ProfileError(
@@ -429,7 +430,8 @@ class Profile:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ProfileError(f"not UTF-8 text (bad byte at offset {e.start}); a profile is a TOML text file") from None
+            raise ProfileError(
+                f"not UTF-8 text (bad byte at offset {e.start}); a profile is a TOML text file") from None
         return cls.from_toml(text, source=source)
 
     def to_dict(self) -> dict:

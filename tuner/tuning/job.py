@@ -16,7 +16,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardLock
+from tuner.core.errors import DeviceLost, DiskFull, NotApplied, UsageError
+from tuner.core.models import Knob, Mode
 from tuner.tuning import evidence, journal, kernel_log
+from tuner.tuning.engine_client import WatchdogPolicy, default_preset
 from tuner.tuning.events import (
     BisectEvent,
     BisectFailed,
@@ -24,11 +27,11 @@ from tuner.tuning.events import (
     Recommendation,
     SessionStarted,
     TrialFinished,
-    TrialWarning,
     TrialProgress,
     TrialRecovered,
     TrialResult,
     TrialStarted,
+    TrialWarning,
 )
 from tuner.tuning.plan import (
     BASELINE,
@@ -44,9 +47,6 @@ from tuner.tuning.plan import (
     Stop,
     check_params,
 )
-from tuner.core.errors import DeviceLost, DiskFull, NotApplied, UsageError
-from tuner.core.models import Knob, Mode
-from tuner.tuning.engine_client import WatchdogPolicy, default_preset
 from tuner.tuning.trial import STOPPED, TrialParams, run_trial
 
 MODES = tuple(Mode)
@@ -186,12 +186,11 @@ class BisectJob:
         existing = journal.Journal.open_existing(self.device_id)
         if existing is not None and existing.open_trial is not None:
             self._check_not_running(existing)
-        if existing is not None and existing.unresolved():
-            if not (p.resume or p.restart):
-                n = len(existing.trials)
-                raise UsageError(
-                    f"an unfinished bisect session exists for {self.device_id} ({existing.session}, {n} trials "
-                    "done)", "continue it with --resume or discard it with --restart (the unsafe list is kept)")
+        if existing is not None and existing.unresolved() and not (p.resume or p.restart):
+            n = len(existing.trials)
+            raise UsageError(
+                f"an unfinished bisect session exists for {self.device_id} ({existing.session}, {n} trials "
+                "done)", "continue it with --resume or discard it with --restart (the unsafe list is kept)")
         if p.resume and (existing is None or not existing.unresolved()):
             raise UsageError(f"no unfinished bisect session for {self.device_id}", "start a new one without --resume")
         foreign = self.backend.foreign_state(self.device_id)  # PenguinBurner: every offset reads 0 first
@@ -300,11 +299,11 @@ class BisectJob:
         trial_s = evidence.rerun_duration_s(float(search["trial_s"]), reruns)
         confirm_s = evidence.rerun_duration_s(float(search["confirm_s"]), reruns)
         baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
-        common = dict(phase=decision.phase, preset=search["preset"], seed=int(search["seed"]),
-                      dtype=search.get("dtype"), watchdog=self.params.watchdog,
-                      baseline_tok_per_j=baseline.tok_per_j if baseline else None,
-                      baseline_voltage_mv=baseline.voltage_mv if baseline else None,
-                      tolerance=bool(search.get("tolerance")))
+        common = {"phase": decision.phase, "preset": search["preset"], "seed": int(search["seed"]),
+                  "dtype": search.get("dtype"), "watchdog": self.params.watchdog,
+                  "baseline_tok_per_j": baseline.tok_per_j if baseline else None,
+                  "baseline_voltage_mv": baseline.voltage_mv if baseline else None,
+                  "tolerance": bool(search.get("tolerance"))}
         if decision.phase == BASELINE:
             if mode == "gemm":  # the GEMM burn has no training trajectory to record
                 return TrialParams(duration_s=trial_s, mode=mode, **common)
@@ -453,7 +452,7 @@ class BisectJob:
     def _emit(self, event) -> None:
         try:
             self._emit_cb(event)
-        except Exception:  # a broken display must not leave the card undervolted
+        except Exception:  # noqa: BLE001 - a broken display must not leave the card undervolted
             pass
 
 

@@ -64,7 +64,7 @@ def classify_line(line: str, pci_bus_id: str | None = None) -> KernelEvent | Non
     >>> classify_line("amdgpu 0000:04:00.0: amdgpu: GPU reset begin!", "0000:03:00.0") is None
     True
     """
-    for kind, rx, edge in _COMPILED:
+    for kind, rx, edge in _COMPILED:  # noqa: B007 - the matching row's kind and edge are used after the loop
         if rx.search(line):
             break
     else:
@@ -262,7 +262,8 @@ def open_live_source() -> LiveSource | None:
 
 
 # --- after a crash ----------------------------------------------------------------------------------------------------
-def previous_boot_events(pci_bus_id: str | None = None, *, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+def previous_boot_events(pci_bus_id: str | None = None, *,
+                         run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
                          tail: int = 20) -> list[str] | None:
     """GPU failure lines from the previous boot's kernel log (`journalctl -k -b -1`), or None when unavailable
     (no persistent journal, no permission)."""

@@ -29,7 +29,8 @@ from tuner.core.errors import UsageError
 from tuner.core.models import Knob, Phase, Verdict
 
 BASELINE, COARSE, REFINE, CONFIRM = Phase.BASELINE, Phase.COARSE, Phase.REFINE, Phase.CONFIRM
-REPLAY, CONTROL = Phase.REPLAY, Phase.CONTROL  # at stock: the baseline replayed in a second process; a control after a fault
+# at stock: the baseline replayed in a second process; a control after a fault
+REPLAY, CONTROL = Phase.REPLAY, Phase.CONTROL
 PHASES = (BASELINE, REPLAY, COARSE, REFINE, CONFIRM, CONTROL)
 STOCK_PHASES = (BASELINE, REPLAY, CONTROL)  # runs at stock that test the platform, not a setting
 PASS, FAIL, ERROR = Verdict.PASS, Verdict.FAIL, Verdict.ERROR
@@ -242,10 +243,7 @@ class BisectPlan:
         if confirmed_ok:
             return self._recommend(confirmed_ok[-1], results)
         tried = {self.k_of(r.setting) for r in confirms}
-        if not confirms:
-            c = lo
-        else:
-            c = min(k for k in tried if k is not None) - self.res_k
+        c = lo if not confirms else min(k for k in tried if k is not None) - self.res_k
         while c > 0 and (c in tried or (fail_k is not None and c >= fail_k)):
             c -= self.res_k
         if c <= 0:
@@ -301,10 +299,7 @@ class BisectPlan:
         fail_k = min(fails_k + self.unsafe_k, default=None)
         passes_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == PASS and r.phase != CONFIRM)
                     if k is not None and (fail_k is None or k < fail_k)]
-        if confirmed_k is None:
-            rec_k = 0
-        else:
-            rec_k = max(0, confirmed_k - margin // self.knob.step)
+        rec_k = 0 if confirmed_k is None else max(0, confirmed_k - margin // self.knob.step)
         return Recommend(
             setting=self.value(rec_k),
             confirmed=None if confirmed_k is None else self.value(confirmed_k),

@@ -6,6 +6,7 @@ A `DeviceLost` while sampling is remembered (`device_lost`) and ends sampling: t
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 from collections import deque
@@ -59,7 +60,7 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
     else:
         powered = [(s.time_s, s.power_w) for s in samples if s.power_w is not None]
         if len(powered) > 1:
-            energy_j = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(powered, powered[1:]))
+            energy_j = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(powered))
     power = col("power_w")
     return TelemetrySummary(
         samples=len(samples),

@@ -20,11 +20,10 @@ from pathlib import Path
 
 from tuner.backends.base import Backend
 from tuner.core.errors import NotApplied, TunerError
-from tuner.core.models import StressTarget
+from tuner.core.models import StressTarget, Verdict
 from tuner.tuning import engine_client as sc
 from tuner.tuning import kernel_log
 from tuner.tuning import sampler as sampler_mod
-from tuner.core.models import Verdict
 from tuner.tuning.engine_client import EngineConfig, StressResult, WatchdogPolicy
 from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult, TrialWarning
 from tuner.tuning.sampler import TelemetrySampler, TelemetrySummary

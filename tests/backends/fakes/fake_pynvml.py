@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import types
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 NVML_SUCCESS = 0
 CODES = {
@@ -37,7 +38,7 @@ _BYREF_TYPE = type(ctypes.byref(ctypes.c_int()))
 
 
 class NVMLError(Exception):
-    _by_code: dict[int, type] = {}
+    _by_code: ClassVar[dict[int, type]] = {}
 
     def __new__(cls, value):
         sub = NVMLError._by_code.get(value, cls) if cls is NVMLError else cls
@@ -58,7 +59,7 @@ for _name, _code in CODES.items():
     NVMLError._by_code[_code] = type(_cls_name, (NVMLError,), {})
 
 
-class c_nvmlClockOffset_t(ctypes.Structure):  # noqa: N801 - pynvml's name
+class c_nvmlClockOffset_t(ctypes.Structure):
     _fields_ = [
         ("version", ctypes.c_uint),
         ("type", ctypes.c_uint),
@@ -142,7 +143,7 @@ def make_fake_nvml(
         m.nvmlClockOffset_v1 = 0x1000018
     m.initialised = False
 
-    def _nvmlCheckReturn(ret):  # noqa: N802
+    def _nvmlCheckReturn(ret):
         if ret != NVML_SUCCESS:
             raise NVMLError(ret)
         return ret
@@ -173,53 +174,53 @@ def make_fake_nvml(
         return wrapper
 
     @api
-    def nvmlInit():  # noqa: N802
+    def nvmlInit():
         if not library:
             raise NVMLError(CODES["NVML_ERROR_LIBRARY_NOT_FOUND"])
         m.initialised = True
 
     @api
-    def nvmlShutdown():  # noqa: N802
+    def nvmlShutdown():
         m.initialised = False
 
     @api
-    def nvmlSystemGetDriverVersion():  # noqa: N802
+    def nvmlSystemGetDriverVersion():
         return driver
 
     @api
-    def nvmlDeviceGetCount():  # noqa: N802
+    def nvmlDeviceGetCount():
         return len(m.gpus)
 
     @api
-    def nvmlDeviceGetHandleByIndex(i):  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(i):
         return m.gpus[i]
 
     @api
-    def nvmlDeviceGetPciInfo(h):  # noqa: N802
+    def nvmlDeviceGetPciInfo(h):
         return types.SimpleNamespace(busId=gpu(h).bus_id, pciDeviceId=0x268410DE, pciSubSystemId=0x889F1043)
 
     @api
-    def nvmlDeviceGetName(h):  # noqa: N802
+    def nvmlDeviceGetName(h):
         return gpu(h).name
 
     @api
-    def nvmlDeviceGetUUID(h):  # noqa: N802
+    def nvmlDeviceGetUUID(h):
         return "GPU-00000000-fake"
 
     @api
-    def nvmlDeviceGetVbiosVersion(h):  # noqa: N802
+    def nvmlDeviceGetVbiosVersion(h):
         return "95.02.18.80.FAKE"
 
     @api
-    def nvmlDeviceGetSupportedMemoryClocks(h):  # noqa: N802
+    def nvmlDeviceGetSupportedMemoryClocks(h):
         return [10501, 5001, 810, 405]
 
     @api
-    def nvmlDeviceGetSupportedGraphicsClocks(h, mem):  # noqa: N802
+    def nvmlDeviceGetSupportedGraphicsClocks(h, mem):
         return list(gpu(h).graphics_clocks)
 
     @api
-    def nvmlDeviceGetMaxCustomerBoostClock(h, kind):  # noqa: N802
+    def nvmlDeviceGetMaxCustomerBoostClock(h, kind):
         if gpu(h).max_boost_mhz is None:
             raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
         return gpu(h).max_boost_mhz
@@ -229,65 +230,65 @@ def make_fake_nvml(
         return gpu(h).pstate
 
     @api
-    def nvmlDeviceGetMaxClockInfo(h, kind):  # noqa: N802
+    def nvmlDeviceGetMaxClockInfo(h, kind):
         return max(gpu(h).graphics_clocks or [3105])
 
     @api
-    def nvmlDeviceGetMinMaxClockOfPState(h, kind, pstate):  # noqa: N802
+    def nvmlDeviceGetMinMaxClockOfPState(h, kind, pstate):
         clocks = gpu(h).graphics_clocks or [210, 3105]
         return min(clocks), max(clocks)
 
     @api
-    def nvmlDeviceSetGpuLockedClocks(h, lo, hi):  # noqa: N802
+    def nvmlDeviceSetGpuLockedClocks(h, lo, hi):
         if lo > hi:
             raise NVMLError(CODES["NVML_ERROR_INVALID_ARGUMENT"])
         gpu(h).locked = (lo, hi)
 
     @api
-    def nvmlDeviceResetGpuLockedClocks(h):  # noqa: N802
+    def nvmlDeviceResetGpuLockedClocks(h):
         gpu(h).locked = None
 
     @api
-    def nvmlDeviceGetGpcClkVfOffset(h):  # noqa: N802
+    def nvmlDeviceGetGpcClkVfOffset(h):
         return gpu(h).report(gpu(h).vf_offset_mhz)
 
     @api
-    def nvmlDeviceGetGpcClkMinMaxVfOffset(h):  # noqa: N802
+    def nvmlDeviceGetGpcClkMinMaxVfOffset(h):
         return gpu(h).offset_range
 
     @api
-    def nvmlDeviceSetGpcClkVfOffset(h, mhz):  # noqa: N802
+    def nvmlDeviceSetGpcClkVfOffset(h, mhz):
         g = gpu(h)
         if not g.offset_range[0] <= mhz <= g.offset_range[1]:
             raise NVMLError(CODES["NVML_ERROR_INVALID_ARGUMENT"])
         g.store(None, mhz)
 
     @api
-    def nvmlDeviceGetPersistenceMode(h):  # noqa: N802
+    def nvmlDeviceGetPersistenceMode(h):
         return gpu(h).persistence
 
     @api
-    def nvmlDeviceGetPowerUsage(h):  # noqa: N802
+    def nvmlDeviceGetPowerUsage(h):
         return 287_500
 
     @api
-    def nvmlDeviceGetTotalEnergyConsumption(h):  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(h):
         return 9_000_000
 
     @api
-    def nvmlDeviceGetTemperature(h, sensor):  # noqa: N802
+    def nvmlDeviceGetTemperature(h, sensor):
         return 64
 
     @api
-    def nvmlDeviceGetClockInfo(h, kind):  # noqa: N802
+    def nvmlDeviceGetClockInfo(h, kind):
         return gpu(h).sm_clock_mhz if kind == 0 else 10501
 
     @api
-    def nvmlDeviceGetUtilizationRates(h):  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(h):
         return types.SimpleNamespace(gpu=98, memory=40)
 
     @api
-    def nvmlDeviceGetCurrentClocksEventReasons(h):  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(h):
         return 0x4
 
     # --- raw C entry points, reached through _nvmlGetFunctionPointer ---------------------------------------------
@@ -339,14 +340,14 @@ def make_fake_nvml(
         "nvmlDeviceSetClockOffsets": c_set_clock_offsets,
     }
 
-    def _nvmlGetFunctionPointer(name):  # noqa: N802
+    def _nvmlGetFunctionPointer(name):
         if name in m.missing or name not in c_functions:
             raise NVMLError(CODES["NVML_ERROR_FUNCTION_NOT_FOUND"])
         return c_functions[name]
 
     m._nvmlGetFunctionPointer = _nvmlGetFunctionPointer
 
-    def nvmlDeviceSetClockOffsets(device, info):  # noqa: N802 - pynvml's buggy wrapper: ignores the return code
+    def nvmlDeviceSetClockOffsets(device, info):
         m.calls.append(("BUGGY pynvml.nvmlDeviceSetClockOffsets", (device,)))
         _nvmlGetFunctionPointer("nvmlDeviceSetClockOffsets")(device, info)
         return NVML_SUCCESS
