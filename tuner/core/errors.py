@@ -6,6 +6,7 @@ Library code raises these; only the composition roots (cli, app) turn them into 
 from __future__ import annotations
 
 import errno
+import os
 
 from tuner.core import exit_codes
 
@@ -76,7 +77,7 @@ class DiskFull(TunerError):
     exit_code = exit_codes.DISK_FULL
 
 
-def disk_full(path, what: str = "write") -> DiskFull:
+def disk_full(path: str | os.PathLike[str], what: str = "write") -> DiskFull:
     """The one message for ENOSPC / EDQUOT while writing `path`."""
     return DiskFull(f"cannot {what} {path}: no space left on the device",
                     "free disk space (or raise the quota) and run the command again")

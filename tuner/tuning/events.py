@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from tuner.core.models import Verdict
 
 
-def _clean(value):
+def _clean(value: object) -> object:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -18,6 +18,10 @@ def _clean(value):
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     return value
+
+
+def _clean_dict(d: dict[str, object]) -> dict[str, object]:
+    return {k: _clean(v) for k, v in d.items()}
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class TrialResult:
         return self.verdict == Verdict.PASS
 
     def to_record(self) -> dict:
-        return _clean(asdict(self))
+        return _clean_dict(asdict(self))
 
     @classmethod
     def from_record(cls, record: dict) -> TrialResult:
@@ -83,14 +87,15 @@ class TrialResult:
              "effective": self.effective, "pstates": list(self.pstates) or None,
              "clamped": [w.removeprefix("clamped: ") for w in self.warnings if w.startswith("clamped: ")] or None,
              "sensitivity": self.sensitivity}
-        return {k: v for k, v in _clean(d).items() if v is not None}
+        return {k: v for k, v in _clean_dict(d).items() if v is not None}
 
 
 class _Event:
     event = "event"
 
     def to_json(self) -> dict:
-        return {"event": self.event, **_clean(asdict(self))}  # type: ignore[call-overload]
+        # Every concrete event is a dataclass; this base is not, so asdict() cannot be proven to accept self.
+        return {"event": self.event, **_clean_dict(asdict(self))}  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)

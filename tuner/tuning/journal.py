@@ -26,6 +26,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from tuner.core import paths
@@ -344,7 +345,7 @@ def recover_stale_guard(device_id: str, unit: str) -> dict | None:
 
 
 @contextlib.contextmanager
-def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "verify"):
+def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "verify") -> Iterator[None]:
     """Durably mark a trial outside any bisect session as open for its duration.
 
     If the machine freezes or the tool is killed, the guard stays: the boot path then applies nothing, and the
@@ -441,7 +442,7 @@ class Journal:
             raise StateError(f"cannot write the tuning journal {journal_path(self.device_id)}: {e.strerror}",
                              "check XDG_STATE_HOME and free disk space") from None
 
-    def log(self, event: str, **fields) -> None:
+    def log(self, event: str, **fields: object) -> None:
         line = json.dumps({"time": time.time(), "event": event, "session": self.session, **fields},
                           sort_keys=True, default=str)
         try:
@@ -496,11 +497,11 @@ class Journal:
         """A trial left open by a dead process or an earlier boot, now counted as a result."""
         self.finish_trial(record)
 
-    def set_field(self, key: str, value) -> None:
+    def set_field(self, key: str, value: object) -> None:
         self.doc[key] = value
         self._save()
 
-    def close(self, state: str, **fields) -> None:
+    def close(self, state: str, **fields: object) -> None:
         self.doc["state"] = state
         self.doc["open_trial"] = None
         self.doc.update(fields)

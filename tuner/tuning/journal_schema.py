@@ -9,6 +9,7 @@ caller names the file and the remedy). Nothing here reads files; no textual, no 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 SESSION_RE = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 STATES = ("active", "interrupted", "finished")
@@ -16,23 +17,23 @@ STATES = ("active", "interrupted", "finished")
 VERDICTS = ("pass", "fail", "error", "inconclusive")
 
 
-def _is_int(v) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v) -> bool:
+def _is_num(v: object) -> bool:
     return (isinstance(v, int | float)) and not isinstance(v, bool)
 
 
-def _opt(v, check) -> bool:
+def _opt(v: object, check: Callable[[object], bool]) -> bool:
     return v is None or check(v)
 
 
-def _is_str(v) -> bool:
+def _is_str(v: object) -> bool:
     return isinstance(v, str)
 
 
-def _field(doc: dict, key: str, check, what: str, *, required: bool) -> str | None:
+def _field(doc: dict[str, object], key: str, check: Callable[[object], bool], what: str, *, required: bool) -> str | None:
     if key not in doc:
         return f"{key!r} is missing" if required else None
     if not check(doc[key]):
@@ -44,7 +45,7 @@ def _first(*problems: str | None) -> str | None:
     return next((p for p in problems if p), None)
 
 
-def check_open_trial(trial, *, in_session: bool) -> str | None:
+def check_open_trial(trial: object, *, in_session: bool) -> str | None:
     """The `open_trial` of a journal (`in_session`) or of a guard file."""
     if trial is None:
         return None
@@ -62,7 +63,7 @@ def check_open_trial(trial, *, in_session: bool) -> str | None:
     return f"open trial: {problem}" if problem else None
 
 
-def check_trial_record(record, index: int) -> str | None:
+def check_trial_record(record: object, index: int) -> str | None:
     if not isinstance(record, dict):
         return f"trial {index} is not an object"
     problem = _first(
@@ -78,14 +79,14 @@ def check_trial_record(record, index: int) -> str | None:
     return f"trial {index}: {problem}" if problem else None
 
 
-def check_journal(doc, *, reference_name: str | None = None) -> str | None:
+def check_journal(doc: object, *, reference_name: str | None = None) -> str | None:
     """A session journal. `reference_name`: the file name the session's reference must have (in the state
     directory); a journal naming any other file is damaged (we only write what we own)."""
     if not isinstance(doc, dict):
         return "it is not a JSON object"
     problem = _first(
         _field(doc, "version", lambda v: v == 1, "1", required=True),
-        _field(doc, "session", lambda v: _is_str(v) and SESSION_RE.fullmatch(v) is not None,
+        _field(doc, "session", lambda v: isinstance(v, str) and SESSION_RE.fullmatch(v) is not None,
                "a session id (letters, digits, '.', '_', '-')", required=True),
         _field(doc, "device", _is_str, "a string", required=True),
         _field(doc, "state", lambda v: v in STATES, f"one of {', '.join(STATES)}", required=True),
@@ -110,7 +111,7 @@ def check_journal(doc, *, reference_name: str | None = None) -> str | None:
     return None
 
 
-def check_recommendation(rec) -> str | None:
+def check_recommendation(rec: object) -> str | None:
     """A finished session's recommendation (what `tuner bisect --save NAME --from-last` saves)."""
     if rec is None:
         return None
@@ -130,7 +131,7 @@ def check_recommendation(rec) -> str | None:
     return f"recommendation: {problem}" if problem else None
 
 
-def check_guard(doc) -> str | None:
+def check_guard(doc: object) -> str | None:
     if not isinstance(doc, dict):
         return "it is not a JSON object"
     if "open_trial" not in doc:
@@ -138,7 +139,7 @@ def check_guard(doc) -> str | None:
     return check_open_trial(doc["open_trial"], in_session=False)
 
 
-def check_unsafe_entry(entry) -> str | None:
+def check_unsafe_entry(entry: object) -> str | None:
     """One line of the unsafe list. `setting` must be a JSON integer: "-40" or -40.0 is damage, not a value."""
     if not isinstance(entry, dict):
         return "it is not a JSON object"
