@@ -12,11 +12,13 @@ ignores errors) and fall back to `nvmlDeviceSetGpcClkVfOffset` (driver >= 520). 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import sys
 import time
 from collections.abc import Callable
 from fractions import Fraction
+from typing import Any, TypeVar
 
 from tuner.backends import card_records, nvml_offsets
 from tuner.backends.base import Backend
@@ -40,8 +42,13 @@ OFFSET_PSTATES = (0, 2)
 SNAP_LIMIT_MHZ = 15  # a read-back this close below the written offset is the driver's snapping, not a refusal
 VF_OFFSET_API = "nvmlDeviceSetGpcClkVfOffset"
 
+# pynvml ships no type information: the module (or a fake with the same names) and its device handles are Any.
+Nvml = Any
+NvmlHandle = Any
+T = TypeVar("T")
 
-def import_nvml():
+
+def import_nvml() -> Nvml | None:
     """pynvml, or None when the package is not installed. Importing never touches the driver."""
     try:
         import pynvml
@@ -50,11 +57,11 @@ def import_nvml():
     return pynvml
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def normalise_bus_id(bus_id) -> str:
+def normalise_bus_id(bus_id: str | bytes) -> str:
     """NVML's `00000000:01:00.0` as the tuner's `0000:01:00.0` (lower-case, 4-digit domain).
 
     >>> normalise_bus_id(b"00000000:2B:00.0")
@@ -88,39 +95,43 @@ class NvidiaBackend(Backend):
     name = "nvidia"
 
     def __init__(
-        self, nvml, *, warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time
+        self, nvml: Nvml, *, warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time
     ):
         """`nvml` is an initialised pynvml module (or a fake with the same names)."""
         self.nvml = nvml
         self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
         self._clock = clock
-        self._handles: dict[str, object] = {}
+        self._handles: dict[str, NvmlHandle] = {}
         self._infos: list[DeviceInfo] = []
         self._lock_mhz: dict[str, int] = {}
         self._api: dict[str, str] = {}
         self._pstates: dict[str, tuple[int, ...]] = {}
         driver = self._nv(lambda: _text(nvml.nvmlSystemGetDriverVersion()), "reading the driver version")
         for index in range(self._nv(nvml.nvmlDeviceGetCount, "counting GPUs")):
-            h = self._nv(lambda i=index: nvml.nvmlDeviceGetHandleByIndex(i), "opening a GPU")
-            pci = self._nv(lambda h=h: nvml.nvmlDeviceGetPciInfo(h), "reading the PCI id")
-            slot = normalise_bus_id(pci.busId)
-            self._handles[slot] = h
-            self._infos.append(
-                DeviceInfo(
-                    id=slot,
-                    vendor="nvidia",
-                    name=_text(self._nv(lambda h=h: nvml.nvmlDeviceGetName(h), "reading the name")),
-                    pci_id=f"{pci.pciDeviceId & 0xFFFF:04x}:{pci.pciDeviceId >> 16:04x}",
-                    subsystem_id=f"{pci.pciSubSystemId & 0xFFFF:04x}:{pci.pciSubSystemId >> 16:04x}",
-                    pci_slot=slot,
-                    vbios=self._optional(lambda h=h: _text(nvml.nvmlDeviceGetVbiosVersion(h))),
-                    driver_version=driver,
-                    serial=self._optional(lambda h=h: _text(nvml.nvmlDeviceGetUUID(h))),
-                    od_format="nvml",
-                )
-            )
+            h = self._nv(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index), "opening a GPU")
+            info = self._describe(h, driver)
+            self._handles[info.id] = h
+            self._infos.append(info)
+
+    def _describe(self, h: NvmlHandle, driver: str) -> DeviceInfo:
+        nvml = self.nvml
+        pci = self._nv(lambda: nvml.nvmlDeviceGetPciInfo(h), "reading the PCI id")
+        slot = normalise_bus_id(pci.busId)
+        return DeviceInfo(
+            id=slot,
+            vendor="nvidia",
+            name=_text(self._nv(lambda: nvml.nvmlDeviceGetName(h), "reading the name")),
+            pci_id=f"{pci.pciDeviceId & 0xFFFF:04x}:{pci.pciDeviceId >> 16:04x}",
+            subsystem_id=f"{pci.pciSubSystemId & 0xFFFF:04x}:{pci.pciSubSystemId >> 16:04x}",
+            pci_slot=slot,
+            vbios=self._optional(lambda: _text(nvml.nvmlDeviceGetVbiosVersion(h))),
+            driver_version=driver,
+            serial=self._optional(lambda: _text(nvml.nvmlDeviceGetUUID(h))),
+            od_format="nvml",
+        )
 
     # --- error handling -------------------------------------------------------------------------------------------
+
     def _translate(self, e: Exception, what: str) -> TunerError:
         n, code = self.nvml, getattr(e, "value", None)
         if code == n.NVML_ERROR_NO_PERMISSION:
@@ -141,7 +152,7 @@ class NvidiaBackend(Backend):
             )
         return NotApplied(f"{what} failed: {e}", "see `nvidia-smi -q` and `sudo dmesg | grep -i nvrm`")
 
-    def _nv(self, fn: Callable, what: str):
+    def _nv(self, fn: Callable[[], T], what: str) -> T:
         try:
             return fn()
         except self.nvml.NVMLError as e:
@@ -152,7 +163,7 @@ class NvidiaBackend(Backend):
                 "install nvidia-ml-py >= 12.555 (`pip install -U nvidia-ml-py`)",
             ) from None
 
-    def _optional(self, fn: Callable):
+    def _optional(self, fn: Callable[[], T]) -> T | None:
         """A figure the card may not report: None instead of an error, except a lost GPU."""
         try:
             return fn()
@@ -167,11 +178,11 @@ class NvidiaBackend(Backend):
         return getattr(e, "value", None) == getattr(self.nvml, code_name)
 
     # --- clocks and offsets -----------------------------------------------------------------------------------------
-    def _handle(self, device_id: str):
+    def _handle(self, device_id: str) -> NvmlHandle:
         self.device(device_id)
         return self._handles[device_id]
 
-    def _supported_clocks(self, h) -> list[float]:
+    def _supported_clocks(self, h: NvmlHandle) -> list[float]:
         n = self.nvml
         mems = self._optional(lambda: n.nvmlDeviceGetSupportedMemoryClocks(h)) or []
         if not mems:
@@ -224,10 +235,10 @@ class NvidiaBackend(Backend):
                 lambda: n.nvmlDeviceGetGpcClkMinMaxVfOffset(h), "reading the clock offset range"
             )
             return {None: (int(current), int(lo), int(hi))}
-        out = {}
+        out: dict[int | None, tuple[int, int, int]] = {}
         for pstate in pstates:
             off = self._nv(
-                lambda p=pstate: nvml_offsets.get_clock_offset(n, h, n.NVML_CLOCK_GRAPHICS, p),
+                functools.partial(nvml_offsets.get_clock_offset, n, h, n.NVML_CLOCK_GRAPHICS, pstate),
                 "reading the clock offset",
             )
             out[pstate] = (off.current_mhz, off.min_mhz, off.max_mhz)
@@ -512,7 +523,7 @@ class NvidiaBackend(Backend):
             pass
 
 
-def discover(nvml=None) -> NvidiaBackend | None:
+def discover(nvml: Nvml | None = None) -> NvidiaBackend | None:
     """The NVIDIA cards NVML sees, or None when pynvml, libnvidia-ml or the driver is missing, or no card is found."""
     nvml = nvml or import_nvml()
     if nvml is None:

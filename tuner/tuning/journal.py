@@ -345,7 +345,7 @@ def recover_stale_guard(device_id: str, unit: str) -> dict | None:
 
 
 @contextlib.contextmanager
-def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "verify") -> Iterator[None]:
+def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "verify") -> Iterator[dict[str, object]]:
     """Durably mark a trial outside any bisect session as open for its duration.
 
     If the machine freezes or the tool is killed, the guard stays: the boot path then applies nothing, and the
