@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tuner.backends import amd_od_table as od
 from tuner.backends import card_records
@@ -46,6 +47,11 @@ OD_FILE = "pp_od_clk_voltage"
 STEP_MV = 1  # the kernel takes any whole mV
 BUSY_RETRIES = 5  # EPERM as root (GPU resetting): tries before it counts as lost
 BUSY_WAIT_S = 1.0
+
+# amdsmi ships no type information: the module (or a fake) and its processor handles are Any.
+Amdsmi = Any
+AmdsmiHandle = Any
+T = TypeVar("T")
 # Vega20 (Radeon VII, MI50/MI60): PCI device ids 0x66a0-0x66af (amdgpu_drv.c pciidlist, CHIP_VEGA20).
 VEGA20_DEVICE_IDS = range(0x66A0, 0x66B0)
 
@@ -63,7 +69,7 @@ def is_vega20(pci_id: str | None) -> bool:
     return vendor == 0x1002 and device in VEGA20_DEVICE_IDS
 
 
-def energy_joules(energy) -> float | None:
+def energy_joules(energy: object) -> float | None:
     """amdsmi's energy count in J: the counter key is `energy_accumulator` in most versions and `power` in 6.2.
 
     >>> energy_joules({"power": 2_000_000, "counter_resolution": 15.3}), energy_joules({"x": 1})
@@ -77,12 +83,12 @@ def energy_joules(energy) -> float | None:
     return round(counter * energy["counter_resolution"] / 1e6, 3)  # resolution is in µJ
 
 
-def import_amdsmi():
+def import_amdsmi() -> Amdsmi | None:
     """amdsmi, or None. Without ROCm's libamd_smi.so the import prints to stdout and raises KeyError (control.md
     §4); stdout is captured so it cannot corrupt a terminal UI."""
     with contextlib.redirect_stdout(io.StringIO()):
         try:
-            import amdsmi  # type: ignore[import-not-found]
+            import amdsmi
         except (KeyError, OSError, ImportError):
             return None
     return amdsmi
@@ -94,7 +100,7 @@ class _Card:
     info: DeviceInfo
     index: int  # position among this backend's cards (the engine's cuda:N with PCI bus ordering)
     stock_points: tuple[od.Level, ...] | None = None  # curve formats: the stock voltage points
-    amdsmi_handle: object | None = None
+    amdsmi_handle: AmdsmiHandle | None = None
     vega20: bool = False  # `r` re-reads the firmware's table: reset writes the recorded stock points instead
 
 
@@ -107,7 +113,7 @@ class AmdBackend(Backend):
         *,
         root: Path | None = None,
         sysfs: SysfsIO | None = None,
-        amdsmi=None,
+        amdsmi: Amdsmi | None = None,
         clock: Callable[[], float] = time.time,
         warn: Callable[[str], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -128,7 +134,7 @@ class AmdBackend(Backend):
                 self._stock_points(card, self._table(card))
 
     # --- identity -------------------------------------------------------------------------------------------------
-    def _amdsmi_handles(self) -> dict[str, object]:
+    def _amdsmi_handles(self) -> dict[str, AmdsmiHandle]:
         if self._amdsmi is None:
             return {}
         smi = self._amdsmi
@@ -139,7 +145,7 @@ class AmdBackend(Backend):
             self._amdsmi = None
             return {}
 
-    def _smi(self, fn: str, handle, *args):
+    def _smi(self, fn: str, handle: AmdsmiHandle | None, *args: object) -> Any:
         if self._amdsmi is None or handle is None:
             return None
         try:
@@ -147,7 +153,7 @@ class AmdBackend(Backend):
         except Exception:  # noqa: BLE001 - optional enrichment never breaks the sysfs path
             return None
 
-    def _identify(self, device_dir: Path, handles: dict[str, object]) -> DeviceInfo:
+    def _identify(self, device_dir: Path, handles: dict[str, AmdsmiHandle]) -> DeviceInfo:
         slot = pci_slot(device_dir) or device_dir.parent.name
         pci_id = pci_pair(device_dir, "vendor", "device")
         handle = handles.get(slot)
@@ -180,7 +186,7 @@ class AmdBackend(Backend):
     def _od_path(self, card: _Card) -> Path:
         return card.dir / OD_FILE
 
-    def _busy_retry(self, fn: Callable):
+    def _busy_retry(self, fn: Callable[[], T]) -> T:
         """Run `fn`, retrying while the GPU answers EPERM-as-root with nothing staged (busy, resetting)."""
         for attempt in range(BUSY_RETRIES):
             try:
@@ -244,23 +250,24 @@ class AmdBackend(Backend):
             r = table.range("VDDC_CURVE")
             lo, hi = (r.lo, r.hi) if r else od.RDNA2_BUILTIN_RANGE_MV
             source = "driver" if r else "built-in"
-            current = min(p.mv for p in table.vddc_curve)
+            current = min(od.point_mv(p) for p in table.vddc_curve)
         elif fmt in od.CURVE_FORMATS:
             stock = self._stock_points(card, table)
             top = max(stock, key=lambda p: p.index)
-            r = od.point_volt_range(table, top.index)
-            if r is None:  # no range printed: allow undervolting only, by at most 200 mV
-                lo, hi, source = top.mv - 200, top.mv, "built-in"
+            top_mv = od.point_mv(top)
+            volt_range = od.point_volt_range(table, top.index)
+            if volt_range is None:  # no range printed: allow undervolting only, by at most 200 mV
+                lo, hi, source = top_mv - 200, top_mv, "built-in"
             else:
-                lo, hi = r
-            lo, hi = lo - top.mv, hi - top.mv
+                lo, hi = volt_range
+            lo, hi = lo - top_mv, hi - top_mv
             current = od.offset_of(stock, table.voltage_points)
         else:
             raise Unsupported(
                 f"{card.info.id}: the {fmt} overdrive table has no voltage control",
                 "APUs and boards without a voltage section can only change clocks",
             )
-        clamped = ()
+        clamped: tuple[str, ...] = ()
         if fmt in od.CURVE_FORMATS and current != 0:
             clamped = od.clamp_report(table, self._stock_points(card, table), current)
         return Knob(
@@ -286,15 +293,15 @@ class AmdBackend(Backend):
         stock = self._stock_points(card, table)
         target = od.curve_with_offset(stock, value, self._floors(table, stock))
         now = {p.index: p for p in table.voltage_points}
-        stock_mv = {p.index: p.mv for p in stock}
+        stock_mv = {p.index: od.point_mv(p) for p in stock}
         cmds = []
         for p in target:
             cur = now.get(p.index)
             if cur is not None and cur.mv == p.mv and not every_point:
                 continue
             # The kernel checks the clock before the voltage: a stock point outside OD_RANGE must move into it.
-            mhz = od.clamp_point_mhz(table, p.index, cur.mhz if cur is not None else p.mhz)
-            mv = od.clamp_point_mv(table, p.index, p.mv)
+            mhz = od.clamp_point_mhz(table, p.index, od.point_mhz(cur if cur is not None else p))
+            mv = od.clamp_point_mv(table, p.index, od.point_mv(p))
             if mv > stock_mv.get(p.index, mv):
                 continue  # a stock voltage below the range cannot be written back; raising it would overvolt
             if table.format == od.NAVI1X:

@@ -177,9 +177,10 @@ def _sclk_offset(lines: list[str]) -> tuple[int | None, tuple[int, int] | None]:
     smu_v14_0_2_print_clk_levels fix, `0: <min>` / `1: <max>` lines, which are the limits (offset unknown)."""
     if lines and all(_INDEXED.fullmatch(line) for line in lines):
         levels = {lv.index: lv.mhz for lv in _indexed(lines, "OD_SCLK_OFFSET")}
-        if set(levels) != {0, 1} or None in levels.values():
+        lo_mhz, hi_mhz = levels.get(0), levels.get(1)
+        if set(levels) != {0, 1} or lo_mhz is None or hi_mhz is None:
             raise OdParseError("OD_SCLK_OFFSET should list its limits as `0: <min>Mhz` and `1: <max>Mhz`")
-        return None, (levels[0], levels[1])
+        return None, (lo_mhz, hi_mhz)
     return _single(lines, "OD_SCLK_OFFSET", "MHz"), None
 
 
@@ -384,6 +385,20 @@ def clamp_report(t: OdTable, stock: tuple[Level, ...], offset_mv: int) -> tuple[
     return tuple(lines)
 
 
+def point_mhz(point: Level) -> int:
+    """A curve point's MHz: a point without one cannot be written back (`vc`/`s` take both columns)."""
+    if point.mhz is None:
+        raise OdParseError(f"voltage curve point {point.index} has no MHz value")
+    return point.mhz
+
+
+def point_mv(point: Level) -> int:
+    """A voltage-curve point's mV: a point without one cannot be moved, so the table is unusable."""
+    if point.mv is None:
+        raise OdParseError(f"voltage curve point {point.index} has no mV value")
+    return point.mv
+
+
 def curve_with_offset(
     stock: tuple[Level, ...], offset_mv: int, floor_mv: dict[int, int]
 ) -> tuple[Level, ...]:
@@ -399,15 +414,15 @@ def curve_with_offset(
     if not stock:
         return ()
     ordered = sorted(stock, key=lambda p: p.index)
-    new = [p.mv for p in ordered]
+    new = [point_mv(p) for p in ordered]
     for i, p in enumerate(ordered):
         if i == 0:
             continue
-        target = p.mv + offset_mv
+        target = new[i] + offset_mv
         floor = floor_mv.get(p.index)
         if offset_mv < 0 and floor is not None:
             target = max(
-                target, min(floor, p.mv)
+                target, min(floor, new[i])
             )  # never below the minimum, nor raise a point already below it
         new[i] = target
     for i in range(len(new) - 2, -1, -1):
@@ -418,7 +433,7 @@ def curve_with_offset(
 def offset_of(stock: tuple[Level, ...], current: tuple[Level, ...]) -> int:
     """The offset a curve shows: how far its top point sits from the stock top point."""
     top = max(stock, key=lambda p: p.index)
-    now = {p.index: p.mv for p in current}
-    if top.index not in now or now[top.index] is None or top.mv is None:
+    now_mv = {p.index: p.mv for p in current}.get(top.index)
+    if now_mv is None or top.mv is None:
         raise OdParseError("the voltage curve lost its top point")
-    return now[top.index] - top.mv
+    return now_mv - top.mv

@@ -268,4 +268,15 @@ def hwmon_telemetry(device_dir: Path, now_s: float) -> Telemetry:
             values[key] = None if hz is None else round(hz / 1e6, 1)
         values["fan_rpm"] = _read_number(hw / "fan1_input")
     values["util_pct"] = _read_number(device_dir / "gpu_busy_percent")
-    return Telemetry(time_s=now_s, **values)
+    return Telemetry(
+        time_s=now_s,
+        power_w=values.get("power_w"),
+        temp_edge_c=values.get("temp_edge_c"),
+        temp_hotspot_c=values.get("temp_hotspot_c"),
+        temp_mem_c=values.get("temp_mem_c"),
+        core_clock_mhz=values.get("core_clock_mhz"),
+        mem_clock_mhz=values.get("mem_clock_mhz"),
+        voltage_mv=values.get("voltage_mv"),
+        util_pct=values.get("util_pct"),
+        fan_rpm=values.get("fan_rpm"),
+    )
