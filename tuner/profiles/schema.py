@@ -12,15 +12,20 @@ import json
 import math
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import tomli_w
 
 from tuner import __version__
 from tuner.core.errors import UsageError
 from tuner.core.models import Phase, Verdict
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 SCHEMA_VERSION = 1
 MAX_PROFILE_BYTES = 256 * 1024  # a real profile is ~10 KiB even with hundreds of trials
@@ -51,10 +56,13 @@ class ProfileError(UsageError):
 # --- field checkers ----------------------------------------------------------------------------------------------
 # Each takes (value, path) and returns the normalised value or raises ProfileError naming `path`.
 
+T = TypeVar("T")
+Check = Callable[[object, str], T]  # (value, path) -> the normalised value
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def _show(value) -> str:
+def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -67,12 +75,12 @@ def _key(key: str) -> str:
     return key if _BARE_KEY.fullmatch(key) else json.dumps(key[:64])
 
 
-def _type_name(value) -> str:
+def _type_name(value: object) -> str:
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "a table",
             list: "an array", datetime: "a date-time"}.get(type(value), type(value).__name__)
 
 
-def _str(value, path: str) -> str:
+def _str(value: object, path: str) -> str:
     if not isinstance(value, str):
         raise ProfileError(f"{path}: expected a string, got {_type_name(value)} {_show(value)}")
     if len(value) > MAX_STRING_CHARS:
@@ -82,8 +90,8 @@ def _str(value, path: str) -> str:
     return value
 
 
-def _int(lo: int = -MAX_ABS_INT, hi: int = MAX_ABS_INT):
-    def check(value, path: str) -> int:
+def _int(lo: int = -MAX_ABS_INT, hi: int = MAX_ABS_INT) -> Check[int]:
+    def check(value: object, path: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ProfileError(f"{path}: expected an integer, got {_type_name(value)} {_show(value)}")
         if not lo <= value <= hi:
@@ -93,8 +101,8 @@ def _int(lo: int = -MAX_ABS_INT, hi: int = MAX_ABS_INT):
     return check
 
 
-def _float(lo: float = -MAX_ABS_FLOAT, hi: float = MAX_ABS_FLOAT):
-    def check(value, path: str) -> float:
+def _float(lo: float = -MAX_ABS_FLOAT, hi: float = MAX_ABS_FLOAT) -> Check[float]:
+    def check(value: object, path: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ProfileError(f"{path}: expected a number, got {_type_name(value)} {_show(value)}")
         if isinstance(value, float) and not math.isfinite(value):
@@ -106,35 +114,35 @@ def _float(lo: float = -MAX_ABS_FLOAT, hi: float = MAX_ABS_FLOAT):
     return check
 
 
-def _choice(options: tuple[str, ...]):
-    def check(value, path: str) -> str:
-        value = _str(value, path)
-        if value not in options:
-            raise ProfileError(f"{path}: expected one of {', '.join(options)}, got {_show(value)}")
-        return value
+def _choice(options: tuple[str, ...]) -> Check[str]:
+    def check(value: object, path: str) -> str:
+        text = _str(value, path)
+        if text not in options:
+            raise ProfileError(f"{path}: expected one of {', '.join(options)}, got {_show(text)}")
+        return text
 
     return check
 
 
-def _pattern(regex: str, example: str):
+def _pattern(regex: str, example: str) -> Check[str]:
     compiled = re.compile(regex)
 
-    def check(value, path: str) -> str:
-        value = _str(value, path)
-        if not compiled.fullmatch(value):
-            raise ProfileError(f"{path}: {_show(value)} is not in the form {example}")
-        return value
+    def check(value: object, path: str) -> str:
+        text = _str(value, path)
+        if not compiled.fullmatch(text):
+            raise ProfileError(f"{path}: {_show(text)} is not in the form {example}")
+        return text
 
     return check
 
 
-def _bool(value, path: str) -> bool:
+def _bool(value: object, path: str) -> bool:
     if not isinstance(value, bool):
         raise ProfileError(f"{path}: expected true or false, got {_type_name(value)} {_show(value)}")
     return value
 
 
-def _pstates(value, path: str) -> tuple[int, ...]:
+def _pstates(value: object, path: str) -> tuple[int, ...]:
     if not isinstance(value, list) or len(value) > 16 or not all(
         isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 15 for p in value
     ):
@@ -142,13 +150,13 @@ def _pstates(value, path: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _lines(value, path: str) -> tuple[str, ...]:
+def _lines(value: object, path: str) -> tuple[str, ...]:
     if not isinstance(value, list) or len(value) > 16:
         raise ProfileError(f"{path}: expected a list of at most 16 lines, got {_show(value)}")
     return tuple(_str(v, f"{path}[{i}]") for i, v in enumerate(value))
 
 
-def _utc_datetime(value, path: str) -> datetime:
+def _utc_datetime(value: object, path: str) -> datetime:
     if not isinstance(value, datetime):
         raise ProfileError(f"{path}: expected a date-time like 2026-01-31T12:00:00Z, got {_type_name(value)} "
                            f"{_show(value)}")
@@ -254,13 +262,14 @@ class Tuning:
 
 
 # key -> (checker, required). Order is the order written to TOML.
-META_SPEC = {
+Spec = dict[str, tuple[Check[object] | None, bool]]
+META_SPEC: Spec = {
     "name": (lambda v, p: validate_name(_str(v, p), path=p), True),
     "created": (_utc_datetime, True),
     "tool_version": (_str, True),
     "schema": (_int(1, SCHEMA_VERSION), True),
 }
-DEVICE_SPEC = {
+DEVICE_SPEC: Spec = {
     "vendor": (_choice(VENDORS), True),
     "name": (_str, True),
     "pci_id": (_pci_pair, False),
@@ -272,14 +281,14 @@ DEVICE_SPEC = {
     "kernel": (_str, False),
     "od_format": (_str, False),
 }
-SETTING_SPEC = {
+SETTING_SPEC: Spec = {
     "kind": (_choice(tuple(KIND_UNITS)), True),
     "unit": (_choice(tuple(KIND_UNITS.values())), True),
     "value": (_int(), True),
     "lock_clock_mhz": (_int(1, 10_000), False),
     "power_limit_w": (_float(1.0, 5000.0), False),
 }
-TRIAL_SPEC = {
+TRIAL_SPEC: Spec = {
     "setting": (_int(), True),
     "phase": (_choice(PHASES), True),
     "verdict": (_choice(VERDICTS), True),
@@ -297,7 +306,7 @@ TRIAL_SPEC = {
     "clamped": (_lines, False),
     "sensitivity": (_choice(SENSITIVITIES), False),
 }
-TUNING_SPEC = {
+TUNING_SPEC: Spec = {
     "baseline_tok_s": (_pos, False),
     "tuned_tok_s": (_pos, False),
     "baseline_power_w": (_pos, False),
@@ -334,13 +343,14 @@ def validate_name(name: str, *, path: str = "name") -> str:
     return name
 
 
-def _table(data, path: str, spec: dict) -> dict:
+def _table(data: object, path: str, spec: Spec) -> dict[str, Any]:
+    """The checked values by key (Any: each key's type is its checker's; the dataclass takes them by name)."""
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: expected a table, got {_type_name(data)} {_show(data)}")
     for key in data:
         if key not in spec:
             raise ProfileError(f"{path}.{_key(key)}: unknown key", f"known keys in [{path}]: {', '.join(spec)}")
-    out = {}
+    out: dict[str, Any] = {}
     for key, (check, required) in spec.items():
         if key not in data:
             if required:
@@ -350,7 +360,7 @@ def _table(data, path: str, spec: dict) -> dict:
     return out
 
 
-def _trials(data, path: str) -> tuple[Trial, ...]:
+def _trials(data: object, path: str) -> tuple[Trial, ...]:
     if not isinstance(data, list):
         raise ProfileError(f"{path}: expected an array of tables ([[tuning.trials]]), got {_type_name(data)}")
     if len(data) > MAX_TRIALS:
@@ -385,7 +395,7 @@ class Profile:
         return self.meta.name
 
     @classmethod
-    def from_dict(cls, data, *, source: Path | None = None) -> Profile:
+    def from_dict(cls, data: object, *, source: Path | None = None) -> Profile:
         """Validate a parsed document. Raises ProfileError naming the first bad key's path."""
         if not isinstance(data, dict):
             raise ProfileError(f"expected a TOML document (a table), got {_type_name(data)}")
@@ -479,7 +489,7 @@ def _check_setting(setting: Setting) -> None:
         raise ProfileError("setting.lock_clock_mhz: only a clock_offset (NVIDIA) setting has a locked clock")
 
 
-def _dense(obj) -> dict:
+def _dense(obj: DataclassInstance) -> dict[str, object]:
     return {f.name: getattr(obj, f.name) for f in fields(obj) if getattr(obj, f.name) is not None}
 
 
