@@ -17,7 +17,7 @@ from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardLock
 from tuner.core.errors import DeviceLost, DiskFull, NotApplied, UsageError
-from tuner.core.models import Knob, Mode
+from tuner.core.models import DeviceInfo, Knob, Mode
 from tuner.tuning import evidence, journal, kernel_log
 from tuner.tuning.engine_client import WatchdogPolicy, default_preset
 from tuner.tuning.events import (
@@ -26,6 +26,7 @@ from tuner.tuning.events import (
     BisectStopped,
     Recommendation,
     SessionStarted,
+    TrialEvent,
     TrialFinished,
     TrialProgress,
     TrialRecovered,
@@ -172,7 +173,7 @@ class BisectJob:
             raise
 
     # --- session ----------------------------------------------------------------------------------------------
-    def _open_session(self, device, knob) -> tuple[journal.Journal, dict, bool]:
+    def _open_session(self, device: DeviceInfo, knob: Knob) -> tuple[journal.Journal, dict, bool]:
         p = self.params
         journal.check_safety_state(self.device_id)  # a damaged unsafe list, journal or guard: refuse (fail closed)
         if p.resume and p.restart:
@@ -201,6 +202,7 @@ class BisectJob:
         if existing is not None and existing.open_trial is not None:
             self._recover(existing, knob, device)
         if p.resume:
+            assert existing is not None  # a --resume without an unfinished session was refused above
             existing.claim()
             stored = existing.doc.get("params") or {}
             params = {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}
@@ -215,17 +217,21 @@ class BisectJob:
 
     def _check_not_running(self, existing: journal.Journal) -> None:
         trial = existing.open_trial
+        if trial is None:
+            return
         boot = journal.current_boot_id()
         if (trial.get("boot_id") == boot and trial.get("pid") != os.getpid()
                 and journal.pid_alive(trial.get("pid"))):
             raise UsageError(f"a bisect is already running on {self.device_id} (pid {trial.get('pid')})",
                              "wait for it to finish or stop it first")
 
-    def _recover(self, existing: journal.Journal, knob, device) -> None:
+    def _recover(self, existing: journal.Journal, knob: Knob, device: DeviceInfo) -> None:
         """An open trial whose process is gone. Left by an earlier boot: the machine froze or reset, a failure and
         an unsafe value. Left in this boot: the tuner died (kill -9, a full disk), which says nothing about the
         voltage: inconclusive, and the plan runs it again."""
         trial = existing.open_trial
+        if trial is None:
+            return
         boot = journal.current_boot_id()
         setting, phase = int(trial["setting"]), trial.get("phase", "coarse")
         rebooted = boot is not None and trial.get("boot_id") not in (None, boot)
@@ -270,7 +276,7 @@ class BisectJob:
                              "run `tuner reset` or reboot before tuning")
 
     # --- the loop ---------------------------------------------------------------------------------------------
-    def _loop(self, plan: BisectPlan, knob, j: journal.Journal, search: dict) -> BisectOutcome:
+    def _loop(self, plan: BisectPlan, knob: Knob, j: journal.Journal, search: dict) -> BisectOutcome:
         while True:
             results = [TrialResult.from_record(r) for r in j.trials]
             if self._stop.is_set():
@@ -323,7 +329,7 @@ class BisectJob:
                                reference_path=reference, **common)
         return TrialParams(duration_s=trial_s, mode=mode, reference_path=reference, **common)
 
-    def _run_one(self, decision: NextTrial, plan: BisectPlan, knob, j: journal.Journal,
+    def _run_one(self, decision: NextTrial, plan: BisectPlan, knob: Knob, j: journal.Journal,
                  results: list[TrialResult], search: dict) -> BisectOutcome | None:
         reruns = evidence.short_reruns(j.trials, decision.setting, decision.phase)
         if reruns > evidence.MAX_SHORT_RERUNS:
@@ -336,6 +342,8 @@ class BisectJob:
             return None
         index = len(results) + 1
         j.begin_trial(decision.setting, decision.phase)
+        open_trial = j.open_trial
+        assert open_trial is not None  # begin_trial has just written it
         short, confirms = plan.remaining_estimate([PlanResult.from_record(r) for r in j.trials])
         rest_s = short * float(search["trial_s"]) + confirms * float(search["confirm_s"])
         if decision.phase != CONFIRM:
@@ -344,10 +352,10 @@ class BisectJob:
             rest_s -= float(search["confirm_s"])
         rest_s = max(0.0, rest_s)
         self._emit(TrialStarted(index=index, setting=decision.setting, unit=knob.unit, phase=decision.phase,
-                                duration_s=tp.duration_s, started_at=j.open_trial["started_at"],
+                                duration_s=tp.duration_s, started_at=open_trial["started_at"],
                                 expected_trials=index - 1 + short + confirms))
 
-        def on_trial_event(ev) -> None:
+        def on_trial_event(ev: TrialEvent) -> None:
             if isinstance(ev, TrialProgress):
                 ev = replace(ev, eta_total_s=round(ev.eta_s + rest_s, 1))
             self._emit(ev)
@@ -402,12 +410,13 @@ class BisectJob:
         return None
 
     # --- endings ----------------------------------------------------------------------------------------------
-    def _stopped(self, j, results, search, reason: str) -> BisectOutcome:
+    def _stopped(self, j: journal.Journal, results: list[TrialResult], search: dict, reason: str) -> BisectOutcome:
         j.close(journal.INTERRUPTED)
         self._emit(BisectStopped(reason=reason, resumable=True))
         return BisectOutcome("stopped", exit_codes.INTERRUPTED, j.session, trials=tuple(results), params=search)
 
-    def _too_short(self, j, results, search, decision: NextTrial, knob) -> BisectOutcome:
+    def _too_short(self, j: journal.Journal, results: list[TrialResult], search: dict, decision: NextTrial,
+                   knob: Knob) -> BisectOutcome:
         last = next(r for r in reversed(j.trials) if r.get("setting") == decision.setting
                     and r.get("kind") == evidence.TOO_SHORT)
         reason = (f"{decision.phase} trials at {decision.setting:+d} {knob.unit} compared too few steps "
@@ -420,14 +429,16 @@ class BisectJob:
         return BisectOutcome("failed", exit_codes.TEST_FAILED, j.session, failure=failure, trials=tuple(results),
                              params=search)
 
-    def _hardware_failure(self, j, results, search, kind: str, reason: str) -> BisectOutcome:
+    def _hardware_failure(self, j: journal.Journal, results: list[TrialResult], search: dict, kind: str,
+                          reason: str) -> BisectOutcome:
         failure = BisectFailed(kind=kind, reason=reason, exit_code=exit_codes.HARDWARE)
         self._emit(failure)
         j.close(journal.INTERRUPTED, reason=reason)
         return BisectOutcome("failed", exit_codes.HARDWARE, j.session, failure=failure, trials=tuple(results),
                              params=search)
 
-    def _recommend(self, d: Recommend, knob, j, results: list[TrialResult], search: dict) -> BisectOutcome:
+    def _recommend(self, d: Recommend, knob: Knob, j: journal.Journal, results: list[TrialResult],
+                   search: dict) -> BisectOutcome:
         baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
         measured = _measured_near(d.setting, knob, results)
         gain = None
@@ -449,7 +460,7 @@ class BisectJob:
         return BisectOutcome("recommended", exit_codes.OK, j.session, recommendation=rec, trials=tuple(results),
                              params=search)
 
-    def _emit(self, event) -> None:
+    def _emit(self, event: BisectEvent) -> None:
         try:
             self._emit_cb(event)
         except Exception:  # noqa: BLE001 - a broken display must not leave the card undervolted
@@ -467,7 +478,7 @@ def control_steps(failed: TrialResult | None) -> int:
     return at + max(CONTROL_MARGIN_STEPS, int(at * CONTROL_MARGIN_FRACTION))
 
 
-def last_outcome(device_id: str, knob) -> BisectOutcome:
+def last_outcome(device_id: str, knob: Knob) -> BisectOutcome:
     """The finished session's outcome, rebuilt from the journal (validated on load), for saving it as a profile
     after the fact (`tuner bisect --save NAME --from-last`: the save at the end of the run failed, or was not
     asked for). UsageError when the last session did not end with a recommendation."""
@@ -487,7 +498,7 @@ def last_outcome(device_id: str, knob) -> BisectOutcome:
                          params=search)
 
 
-def _measured_near(setting: int, knob, results: list[TrialResult]) -> TrialResult | None:
+def _measured_near(setting: int, knob: Knob, results: list[TrialResult]) -> TrialResult | None:
     """The passing measurement at the recommended setting (the confirm run preferred), else the nearest passing
     one on the stock side of it (so the reported gain is never overstated)."""
     passes = [r for r in results if r.passed and r.tok_per_j]

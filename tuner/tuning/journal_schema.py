@@ -33,7 +33,8 @@ def _is_str(v: object) -> bool:
     return isinstance(v, str)
 
 
-def _field(doc: dict[str, object], key: str, check: Callable[[object], bool], what: str, *, required: bool) -> str | None:
+def _field(doc: dict[str, object], key: str, check: Callable[[object], bool], what: str, *,
+           required: bool) -> str | None:
     if key not in doc:
         return f"{key!r} is missing" if required else None
     if not check(doc[key]):
