@@ -200,3 +200,14 @@ def test_garbage_never_raises_anything_but_a_typed_error(blob):
         od.parse_od_table(blob)
     except od.OdParseError as e:
         assert isinstance(e, TunerError) and e.message
+
+
+def test_a_curve_point_without_a_voltage_or_clock_is_a_parse_error_not_a_type_error():
+    """Found by mypy: a point lacking its mV (or MHz) column reached `+`/`int()` and raised TypeError."""
+    pts = (od.Level(0, 800, 711), od.Level(1, 1450, None), od.Level(2, 2100, 1191))
+    with pytest.raises(od.OdParseError, match="point 1 has no mV"):
+        od.curve_with_offset(pts, -100, {})
+    with pytest.raises(od.OdParseError, match="point 2 has no MHz"):
+        od.point_mhz(od.Level(2, None, 1191))
+    with pytest.raises(od.OdParseError, match="lost its top point"):
+        od.offset_of(pts, (od.Level(0, 800, 711), od.Level(2, 2100, None)))
