@@ -225,23 +225,27 @@ def _finish_row(trials: tuple, row: dict) -> tuple:
     return (*trials, row)
 
 
-def apply_bisect_event(state: BisectState, event: object) -> BisectState:
-    """The BisectState after one tuner.tuning.events event."""
+def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None = None) -> BisectState:
+    """The BisectState after one tuner.tuning.events event. `now_s` (monotonic seconds) times each trial from
+    its start to the next one's, set-up and reset included, so the ETA comes from what trials really took."""
     match event:
         case SessionStarted():
             return replace(state, unit=event.unit, session=event.session)
         case TrialRecovered():
             return replace(state, trials=(*state.trials, _result_row(event.result)))
         case TrialStarted():
+            state = _timed_start(state, event.duration_s, now_s)
             row = {"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""}
             current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
-                       "phase": event.phase, "progress": 0.0, "eta_s": event.duration_s, "eta_total_s": None}
+                       "phase": event.phase, "progress": 0.0, "duration_s": event.duration_s,
+                       "eta_s": expected_wall_s(state, event.duration_s), "eta_total_s": None}
             return replace(state, trials=(*state.trials, row), current=current)
         case TrialProgress() if state.current is not None:
             progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
-            return replace(state, current={**state.current, "progress": progress, "eta_s": event.eta_s,
-                                           "eta_total_s": event.eta_total_s, "tok_s": event.tok_s,
-                                           "power_w": event.power_w})
+            eta_s, eta_total_s = measured_eta_s(state, event, now_s)
+            return replace(state, current={**state.current, "progress": progress, "eta_s": eta_s,
+                                           "eta_total_s": eta_total_s, "tok_s": event.tok_s,
+                                           "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():
             current = None if state.current is None else {**state.current, "progress": 1.0}
             return replace(state, trials=_finish_row(state.trials, _result_row(event.result)), current=current)
@@ -253,10 +257,51 @@ def apply_bisect_event(state: BisectState, event: object) -> BisectState:
             trials = tuple({**r, "verdict": "stopped", "reason": "stopped by you"} if r.get("verdict") == "running"
                            else r for r in state.trials)
             return replace(state, trials=trials,
-                           failure=f"stopped ({event.reason})" + ("; u resumes" if event.resumable else ""))
+                           failure=f"stopped ({event.reason})" + ("; u resumes it" if event.resumable else ""))
         case TrialWarning():
             return replace(state, warnings=appended(state.warnings, event.message, limit=BISECT_WARNINGS))
     return state
+
+
+def _timed_start(state: BisectState, duration_s: float, now_s: float | None) -> BisectState:
+    """Close the previous trial's wall-clock measurement (start to this start: set-up, trial and reset)."""
+    if now_s is None:
+        return state
+    if state.trial_started_s is not None and state.trial_nominal_s:
+        state = replace(state, measured=(*state.measured, (now_s - state.trial_started_s, state.trial_nominal_s)))
+    return replace(state, trial_started_s=now_s, trial_nominal_s=duration_s)
+
+
+def wall_factor(state: BisectState) -> float:
+    """Measured wall seconds per nominal trial second (1.0 until a trial was measured): engine start-up, the
+    reference check and the reset between trials all cost time the trial's own duration does not count."""
+    wall_s = sum(w for w, _ in state.measured)
+    nominal_s = sum(n for _, n in state.measured)
+    return max(1.0, wall_s / nominal_s) if nominal_s > 0 else 1.0
+
+
+def expected_wall_s(state: BisectState, duration_s: float) -> float:
+    return round(duration_s * wall_factor(state), 1)
+
+
+def measured_eta_s(state: BisectState, event: TrialProgress, now_s: float | None) -> tuple[float, float | None]:
+    """(this trial, the whole bisect) in seconds, scaled by what earlier trials really took."""
+    factor = wall_factor(state)
+    if now_s is not None and state.trial_started_s is not None:
+        eta_s = max(0.0, (state.trial_nominal_s or event.duration_s) * factor - (now_s - state.trial_started_s))
+    else:
+        eta_s = event.eta_s * factor
+    rest_s = None if event.eta_total_s is None else max(0.0, event.eta_total_s - event.eta_s) * factor
+    return round(eta_s, 1), (None if rest_s is None else round(eta_s + rest_s, 1))
+
+
+def card_may_have_changed(before: BisectState, after: BisectState) -> bool:
+    """A trial started, was applied (its first progress report), finished, or the bisect stopped: the card's
+    setting may differ from what was last read."""
+    b, a = before.current or {}, after.current or {}
+    return (a.get("index"), a.get("phase")) != (b.get("index"), b.get("phase")) or (
+        a.get("ticks") == 1 and b.get("ticks") != 1) or a.get("progress") == 1.0 != b.get("progress") or (
+        before.failure != after.failure)
 
 
 def tuning_from_bisect(state: BisectState) -> dict | None:

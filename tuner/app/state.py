@@ -115,6 +115,9 @@ class BisectState:
     unit: str = ""
     session: str | None = None
     warnings: tuple[str, ...] = ()  # the last BISECT_WARNINGS
+    trial_started_s: float | None = None  # monotonic start of the running trial (for the measured ETA)
+    trial_nominal_s: float | None = None  # its nominal duration
+    measured: tuple[tuple[float, float], ...] = ()  # (wall seconds start to next start, nominal seconds) per trial
 
 
 def running_label(stress: StressState, bisect: BisectState, device_id: str) -> str:

@@ -33,6 +33,7 @@ from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError
 from tuner.core.signals import FATAL as FATAL_SIGNALS
 from tuner.screens import messages as msg
+from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
 from tuner.tuning.job import BisectParams
@@ -119,6 +120,7 @@ class TunerApp(App[int]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hung_up = False
         self._last_sampler_error: str | None = None
+        self._sample_again = False
 
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -154,9 +156,15 @@ class TunerApp(App[int]):
 
     # --- telemetry ----------------------------------------------------------------------------------------------
     def sample_now(self) -> None:
+        """Read every card now. One sample at a time: while one is in flight (it may have read the card before a
+        change), another is queued to follow it, so the screen always ends on a read made after the change."""
+        if any(w.group == "sampler" and not w.is_finished for w in self.workers):
+            self._sample_again = True
+            return
+        self._sample_again = False
         self._sample()
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="sampler")
+    @work(thread=True, exit_on_error=False, group="sampler")
     def _sample(self) -> None:
         samples = []
         for device in self.devices:
@@ -169,10 +177,23 @@ class TunerApp(App[int]):
     def on_telemetry_sampled(self, message: msg.TelemetrySampled) -> None:
         if len(message.samples) == len(self.devices):
             self._last_sampler_error = None
+        knob_changed = False
         for device_id, sample, knob in message.samples:
             history = self.histories[device_id]
+            knob_changed |= knob != history.knob
             history.add(sample)
             history.set_knob(knob)
+        if knob_changed:
+            self.repaint_screens()
+        if self._sample_again:
+            self.call_after_refresh(self.sample_now)
+
+    def repaint_screens(self) -> None:
+        """Repaint every screen on the stack now (the one under a dialog too): after an apply, revert, reset or a
+        trial's phase change no view may show the card as it was."""
+        for screen in self.screen_stack:
+            if isinstance(screen, TunerScreen) and screen.is_mounted:
+                screen.repaint()
 
     def record_sample(self, device_id: str, sample, knob) -> None:
         """Add one sample as the sampler would (tests and snapshots pre-fill history this way)."""
@@ -217,6 +238,9 @@ class TunerApp(App[int]):
 
     def on_change_applied(self, message: msg.ChangeApplied) -> None:
         self.pending = message.pending
+        if message.pending.applied is not None:  # the read-back value: every view shows it before the dialog
+            self.histories[message.pending.device_id].set_knob(message.pending.applied)
+        self.repaint_screens()
         self.sample_now()
         self.push_screen(KeepOrRevertDialog(message.pending), self._settle)
 
@@ -257,6 +281,7 @@ class TunerApp(App[int]):
 
     def on_change_settled(self, message: msg.ChangeSettled) -> None:
         self.histories[message.device_id].set_knob(message.knob)
+        self.repaint_screens()
         self.notify(f"{message.device_id}: {message.outcome}, now {message.knob.current:+d} {message.knob.unit}")
 
     # --- stress (App-owned) -----------------------------------------------------------------------------------
@@ -337,13 +362,18 @@ class TunerApp(App[int]):
             self._bisect_job.stop()
 
     def on_bisect_event_received(self, message: msg.BisectEventReceived) -> None:
-        self.bisect = jobs.apply_bisect_event(self.bisect, message.event)
+        before = self.bisect
+        self.bisect = jobs.apply_bisect_event(before, message.event, now_s=self.clock())
+        if jobs.card_may_have_changed(before, self.bisect):
+            self.sample_now()  # a phase change writes the card: read it back now, not at the next 1 Hz tick
+        self.repaint_screens()
 
     def on_bisect_ended(self, message: msg.BisectEnded) -> None:
         self.bisect = replace(self.bisect, running=False, current=None, outcome=message.outcome)
         self._bisect_job = None
         self.notify(f"bisect on {message.device_id}: {message.summary}")
         self.sample_now()
+        self.repaint_screens()
 
     # --- profiles -----------------------------------------------------------------------------------------------
     def apply_profile(self, profile, device_id: str) -> None:
@@ -508,7 +538,7 @@ def screen_commands(screen: Screen) -> Iterable[SystemCommand]:
     for binding in getattr(screen, "BINDINGS", []):
         if isinstance(binding, Binding) and binding.description:
             yield SystemCommand(
-                binding.description, f"key: {binding.key}",
+                binding.tooltip or binding.description, f"key: {binding.key}",  # tooltip: the one-key name
                 lambda action=binding.action: screen.run_action(action),
             )
 

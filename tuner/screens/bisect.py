@@ -34,8 +34,9 @@ FIELDS = (
     ("floor", "floor", "int", "floor"),
     ("mode", "mode", "mode", "mode"),
 )
-COLUMNS = ("setting", "phase", "verdict", "reason", "tok/s", "W", "tok/J", "max °C")
-WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table
+COLUMNS = ("setting", "phase", "verdict", "why", "tok/s", "W", "tok/J", "max °C")
+WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table; below, g swaps them
+KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
 
 
 def _whole_number(label: str, text: str, unit: str) -> int:
@@ -76,13 +77,32 @@ def _cell(value, fmt: str = "{}") -> str:
         return str(value)
 
 
+def short_kind(row: dict) -> str:
+    """The reason as a short kind (`mismatch`, `hang`, `stopped`), so every column fits at 80 columns."""
+    kind = row.get("kind") or ""
+    if not kind:
+        reason = str(row.get("reason") or "")
+        kind = "stopped" if reason == "stopped by you" else reason.split(":")[0].split(" (")[0]
+    return kind if len(kind) <= KIND_WIDTH else kind[: KIND_WIDTH - 1] + "…"
+
+
+def trial_detail(row: dict | None, unit: str) -> str:
+    """The selected trial in one line, the full reason included."""
+    if not row:
+        return ""
+    where = _cell(row.get("setting"), "{:+d} " + unit)
+    verdict = str(row.get("verdict") or "-").upper()
+    reason = row.get("reason") or row.get("kind") or ""
+    return f"{where} {row.get('phase') or ''}: {verdict}" + (f" · {reason}" if reason else "")
+
+
 def trial_cells(row: dict, unit: str) -> tuple[str, ...]:
     verdict = str(row.get("verdict") or "-").upper()
     return (
         _cell(row.get("setting"), "{:+d} " + unit),
         _cell(row.get("phase")),
         verdict,
-        _cell(row.get("reason") or row.get("kind")),
+        _cell(short_kind(row)),
         _cell(row.get("tok_s"), "{:,.0f}"),
         _cell(row.get("power_w"), "{:.0f}"),
         _cell(row.get("tok_per_j"), "{:.2f}"),
@@ -102,8 +122,12 @@ class BisectScreen(TunerScreen):
     BisectScreen #bisect-progress { height: 1; padding: 0 1; }
     BisectScreen #bisect-main { height: 1fr; }
     BisectScreen #bisect-trials { width: 1fr; }
-    BisectScreen #plot-efficiency { width: 40%; display: none; }
-    BisectScreen.-wide #plot-efficiency { display: block; }
+    BisectScreen #plot-efficiency { width: 1fr; display: none; }
+    BisectScreen.-wide #plot-efficiency { width: 40%; display: block; }
+    BisectScreen.-plot #plot-efficiency { display: block; }
+    BisectScreen.-plot #bisect-trials { display: none; }
+    BisectScreen.-wide #bisect-trials { display: block; }
+    BisectScreen #bisect-detail { height: 1; padding: 0 1; }
     BisectScreen #bisect-result { height: auto; max-height: 3; padding: 0 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -111,10 +135,11 @@ class BisectScreen(TunerScreen):
         Binding("x", "stop", "Stop", id="bisect.stop"),
         Binding("u", "resume", "Resume", id="bisect.resume"),
         Binding("n", "restart", "Restart", id="bisect.restart"),
-        Binding("v", "save_profile", "Save profile", id="bisect.save"),
+        Binding("v", "save_profile", "Save", id="bisect.save"),
         Binding("f", "edit_form", "Form", id="bisect.form"),
         Binding("escape", "leave_form", "Table", show=False),
-        Binding("d", "next_device", "Device", id="bisect.device"),
+        Binding("g", "toggle_plot", "Plot/table", id="bisect.plot"),
+        Binding("d", "next_device", "Next card", id="bisect.device"),
     ]
 
     def compose_body(self) -> ComposeResult:
@@ -129,6 +154,7 @@ class BisectScreen(TunerScreen):
             table.add_columns(*COLUMNS)
             yield table
             yield HistoryPlot("tok/J vs setting", x_label="setting", id="plot-efficiency")
+        yield Static(id="bisect-detail")
         yield Static(id="bisect-result")
 
     def on_mount(self) -> None:
@@ -183,6 +209,19 @@ class BisectScreen(TunerScreen):
         if self.app.bisect.running:
             self.app.stop_bisect()
             self.notify("stopping the bisect; the card goes back to stock")
+
+    def action_toggle_plot(self) -> None:
+        """Below WIDE_COLUMNS the plot takes the table's place (g again brings the table back)."""
+        self.toggle_class("-plot")
+
+    def on_data_table_row_highlighted(self) -> None:
+        self._paint_detail()
+
+    def _paint_detail(self) -> None:
+        state = self.app.bisect
+        table = self.query_one("#bisect-trials", DataTable)
+        row = state.trials[table.cursor_row] if 0 <= table.cursor_row < len(state.trials) else None
+        self.query_one("#bisect-detail", Static).update(trial_detail(row, state.unit))
 
     def action_edit_form(self) -> None:
         self.query_one("#in-step", Input).focus()
@@ -239,21 +278,30 @@ class BisectScreen(TunerScreen):
             status.append("idle · b start · f edit form · u resume a session")
         self.query_one("#bisect-status", Static).update(status)
         progress = (state.current or {}).get("progress") or 0.0
-        self.query_one("#bisect-progress", ProgressBar).update(progress=progress if state.running else 0.0)
+        if not state.running:
+            progress = 1.0 if state.recommendation is not None or (state.trials and not state.failure) else 0.0
+        self.query_one("#bisect-progress", ProgressBar).update(progress=progress)
         self._show_defaults(knob)
         painted = (state.trials, state.recommendation, unit)
         if self._painted is not None and all(a is b for a, b in zip(painted, self._painted, strict=True)):
             return
         self._painted = painted
         table = self.query_one("#bisect-trials", DataTable)
+        cursor = table.cursor_row
         table.clear()
         for row in state.trials:
             table.add_row(*trial_cells(row, unit))
+        if state.trials:  # follow the newest trial unless the user moved up to read an older one
+            table.move_cursor(row=len(state.trials) - 1 if cursor >= len(state.trials) - 2 else cursor)
+        self._paint_detail()
         done = [r for r in state.trials if r.get("tok_per_j") is not None and r.get("setting") is not None]
         done.sort(key=lambda r: r["setting"])
-        self.query_one("#plot-efficiency", HistoryPlot).show(
-            [r["setting"] for r in done], [r["tok_per_j"] for r in done]
-        )
+        xs = [r["setting"] for r in done]
+        self.query_one("#plot-efficiency", HistoryPlot).show_series(
+            [("tok/J", xs, [r["tok_per_j"] for r in done], "left"),
+             ("W", [r["setting"] for r in done if r.get("power_w") is not None],
+              [r["power_w"] for r in done if r.get("power_w") is not None], "right")],
+            title=f"tok/J and W vs setting ({unit})" if unit else "tok/J and W vs setting")
         self.query_one("#bisect-result", Static).update(recommendation_text(state.recommendation, unit))
 
 

@@ -35,3 +35,24 @@ class HistoryPlot(PlotextPlot):
         else:
             plt.xlim(-60, 0)
         self.refresh()
+
+    def show_series(self, series: list[tuple[str, list, list, str]], *, title: str | None = None) -> None:
+        """Several labelled series (label, xs, ys, "left" | "right" y axis) on one plot: tok/J and power against
+        the setting share the x axis, each on its own scale."""
+        key = tuple((label, tuple(xs), tuple(ys), side) for label, xs, ys, side in series), title
+        if key == self._drawn:
+            return
+        self._drawn = key
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(title or self.title)
+        plt.xlabel(self.x_label)
+        drawn = False
+        for label, xs, ys, side in series:
+            if xs:
+                plt.plot(xs, ys, marker="braille", label=label, yside=side)
+                drawn = True
+        if not drawn:
+            plt.xlim(-60, 0)
+        self.refresh()

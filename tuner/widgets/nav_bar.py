@@ -26,7 +26,7 @@ class NavBar(Static):
     def build(self, width: int) -> Text:
         text = Text(" tuner ", style="bold")
         for key, title in SCREENS:
-            label = title if width >= 96 or title == self.current else title[:4]
+            label = title if width >= 80 or title == self.current else title[:4]  # 80 columns fit every name
             if title == self.current:
                 text.append(f"[{key} {label}]", style="reverse bold")  # brackets: not by colour alone
             else:
