@@ -142,6 +142,6 @@ async def test_command_palette_lists_screens_and_screen_actions(app):
         await pilot.press("2")
         await pilot.pause()
         titles = [c.title for c in app.get_system_commands(app.screen)]
-        for title in ("Screen 1: Dashboard", "Screen 3: Auto-bisect", "Screen 6: Help", "Apply", "Reset to stock", "Stress on/off",
-                      "Quit"):
+        for title in ("Screen 1: Dashboard", "Screen 3: Auto-bisect", "Screen 6: Help", "Apply", "Reset to stock",
+                      "Stress on/off", "Quit"):
             assert title in titles

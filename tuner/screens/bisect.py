@@ -287,12 +287,12 @@ class BisectScreen(TunerScreen):
             return
         self._painted = painted
         table = self.query_one("#bisect-trials", DataTable)
-        cursor = table.cursor_row
+        cursor, following = table.cursor_row, table.cursor_row >= table.row_count - 1
         table.clear()
         for row in state.trials:
             table.add_row(*trial_cells(row, unit))
         if state.trials:  # follow the newest trial unless the user moved up to read an older one
-            table.move_cursor(row=len(state.trials) - 1 if cursor >= len(state.trials) - 2 else cursor)
+            table.move_cursor(row=len(state.trials) - 1 if following else cursor)
         self._paint_detail()
         done = [r for r in state.trials if r.get("tok_per_j") is not None and r.get("setting") is not None]
         done.sort(key=lambda r: r["setting"])

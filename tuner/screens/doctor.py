@@ -30,6 +30,9 @@ def checks_text(checks: list) -> Text:
 
 class DoctorScreen(TunerScreen):
     TITLE = "Doctor"
+    DEFAULT_CSS = """
+    DoctorScreen #doctor-loading, DoctorScreen #doctor-body { height: 1fr; }
+    """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("r", "rerun", "Run again", id="doctor.rerun")]
 
     def compose_body(self) -> ComposeResult:

@@ -72,7 +72,7 @@ class ProfilesScreen(TunerScreen):
         Binding("delete", "delete", "Delete", id="profiles.delete"),
         Binding("x", "delete", "Delete", show=False),
         Binding("l", "reload", "Reload", id="profiles.reload"),
-        Binding("d", "next_device", "Device", id="profiles.device"),
+        Binding("d", "next_device", "Next card", id="profiles.device"),
     ]
 
     def compose_body(self) -> ComposeResult:
