@@ -111,3 +111,30 @@ async def test_bisect_table_fits_80_columns_with_a_detail_line_and_a_full_bar(ap
         await pilot.press("g")  # the plot takes the table's place at 80 columns
         await pilot.pause()
         assert screen.query_one("#plot-efficiency").display and not table.display
+
+
+# --- item 7: words for people ----------------------------------------------------------------------------------
+def test_cli_flags_become_the_ui_keys():
+    from tuner.app.jobs import BisectRunner
+    from tuner.app.words import for_people, job_name
+
+    assert for_people("stopped; resume with --resume") == "stopped; u resumes it on the Bisect screen"
+    text = for_people("an unfinished bisect session exists for sim0 (s1, 3 trials done); continue it with "
+                      "--resume or discard it with --restart (the unsafe list is kept)")
+    assert "--" not in text and "u continues it and n starts afresh" in text
+    assert "--" not in for_people("/x/a.toml already exists; nothing was written; pass --overwrite to replace it")
+    assert job_name(BisectRunner(lambda: None, "sim0")) == "the auto-bisect"
+
+
+def test_a_users_stop_reads_stopped_by_you():
+    from tuner.app.jobs import apply_stress_event
+    from tuner.app.state import StressState
+    from tuner.tuning.engine_client import EndEvent
+    from tuner.tuning.events import BisectStopped
+
+    end = EndEvent(t=1.0, raw={}, verdict="error", reason="interrupted by SIGTERM", steps=431)
+    stopping = StressState(device_id="sim0", running=True, stopping=True)
+    assert apply_stress_event(stopping, end).log[-1] == "stopped by you after 431 steps (no fault seen)"
+    stopped = apply_bisect_event(BisectState(device_id="sim0", running=True),
+                                 BisectStopped(reason="stopped on request", resumable=True))
+    assert stopped.failure == "stopped by you; u resumes it"

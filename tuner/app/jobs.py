@@ -174,6 +174,9 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
                 f"FAULT {event.kind} at step {event.step}: {event.detail}")
         case WarningEvent():
             return state.written(f"warning {event.kind}: {event.detail}")
+        case EndEvent() if state.stopping and event.verdict != Verdict.FAIL:
+            return state.written(f"stopped by you after {event.steps} steps (no fault seen)"
+                                 + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
         case EndEvent():
             return state.written(f"end: {event.verdict} {event.reason or ''} after {event.steps} steps"
                                  + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
@@ -256,8 +259,8 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
         case BisectStopped():
             trials = tuple({**r, "verdict": "stopped", "reason": "stopped by you"} if r.get("verdict") == "running"
                            else r for r in state.trials)
-            return replace(state, trials=trials,
-                           failure=f"stopped ({event.reason})" + ("; u resumes it" if event.resumable else ""))
+            why = "stopped by you" if event.reason == "stopped on request" else f"stopped ({event.reason})"
+            return replace(state, trials=trials, failure=why + ("; u resumes it" if event.resumable else ""))
         case TrialWarning():
             return replace(state, warnings=appended(state.warnings, event.message, limit=BISECT_WARNINGS))
     return state

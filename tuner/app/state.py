@@ -88,6 +88,7 @@ class StressState:
     log: tuple[str, ...] = ()  # the last LOG_LINES lines
     log_written: int = 0  # lines ever logged; the screen flushes the ones it has not shown yet
     verdict: str | None = None
+    stopping: bool = False  # the user pressed stop: the engine's "interrupted by SIGTERM" is their stop
 
     def detector(self, name: str, default: str = "-") -> str:
         return dict(self.detectors).get(name, default)

@@ -27,6 +27,7 @@ from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.app import jobs
 from tuner.app.state import BisectState, DeviceHistory, StressState
+from tuner.app.words import for_people, job_name
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
@@ -62,7 +63,7 @@ def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
 def describe_error(error: BaseException) -> str:
     """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
     if isinstance(error, TunerError):
-        return error.one_line()
+        return for_people(error.one_line())
     return f"{type(error).__name__}: {error}"
 
 
@@ -310,7 +311,7 @@ class TunerApp(App[int]):
 
     def stop_stress(self) -> None:
         if self._stress_job is not None and self.stress.running:
-            self.stress = self.stress.written("stopping...")
+            self.stress = replace(self.stress, stopping=True).written("stopping (you asked)...")
             self._stress_job.stop()
 
     def on_stress_event_received(self, message: msg.StressEventReceived) -> None:
@@ -371,7 +372,7 @@ class TunerApp(App[int]):
     def on_bisect_ended(self, message: msg.BisectEnded) -> None:
         self.bisect = replace(self.bisect, running=False, current=None, outcome=message.outcome)
         self._bisect_job = None
-        self.notify(f"bisect on {message.device_id}: {message.summary}")
+        self.notify(f"bisect on {message.device_id}: {for_people(message.summary)}")
         self.sample_now()
         self.repaint_screens()
 
@@ -430,7 +431,7 @@ class TunerApp(App[int]):
                                     tuning=jobs.tuning_from_bisect(state))
             path = save_profile(profile)
         except TunerError as e:
-            self.notify(e.one_line(), severity="error", timeout=10)
+            self.notify(for_people(e.one_line()), severity="error", timeout=10)
             return
         self.notify(f"saved profile {name} ({path})")
 
@@ -500,7 +501,7 @@ class TunerApp(App[int]):
             if job is not None:
                 job.stop()
                 devices_to_reset.add(job.device_id)
-                done.append(f"stopped {type(job).__name__} on {job.device_id}")
+                done.append(f"stopped {job_name(job)} on {job.device_id}")
         for job in (self._stress_job, self._bisect_job):
             if job is not None:
                 job.wait(wait_s)

@@ -24,7 +24,7 @@ Dialogs   enter = the highlighted button; escape = the safe choice
 - Stress and bisect runs keep going while you switch screens. Quitting
   asks, then stops them and resets the card to stock; an SSH hang-up
   does the same without asking.
-- Overvolting is never offered here (the CLI has --allow-overvolt).
+- Overvolting is never offered here.
 - Profiles apply only to the card they were proven on; another card of
   the same model needs a passing stress trial first.
 - State is written in words (STOCK, MODIFIED, PASS, FAIL, RUNNING),
