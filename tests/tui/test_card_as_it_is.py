@@ -138,3 +138,34 @@ def test_a_users_stop_reads_stopped_by_you():
     stopped = apply_bisect_event(BisectState(device_id="sim0", running=True),
                                  BisectStopped(reason="stopped on request", resumable=True))
     assert stopped.failure == "stopped by you; u resumes it"
+
+
+# --- items 4 and 5: act on the result; honest numbers -------------------------------------------------------------
+def _recommendation(setting=-40):
+    from tuner.tuning.events import Recommendation
+
+    return Recommendation(device="sim0", unit="mV", setting=setting, confirmed=-50, lowest_pass=-50,
+                          first_failure=-60, margin=10, edge=False, baseline_tok_per_j=23.8005328005328,
+                          tuned_tok_per_j=25.104, measured_at=-50, efficiency_gain_pct=5.4789)
+
+
+async def test_apply_the_recommendation_then_keep_offers_to_save(app, backend):
+    from tuner.screens.dialogs import TextInputDialog
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.bisect = BisectState(device_id="sim0", unit="mV", recommendation=_recommendation())
+        await pilot.press("3")
+        await pilot.pause(0.6)
+        result = _text(app.screen.query_one("#bisect-result"))
+        assert "tok/J 23.80 at stock, 25.10 at -50 mV (+5.5 %)" in result  # rounded, with where it was measured
+        assert "SIMULATED card" in result and "not a real gain" in result
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog) and backend.knob("sim0").current == -40
+        await pilot.press("k")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.knob("sim0").current == -40
+        assert isinstance(app.screen, TextInputDialog)  # kept: now offered as a profile
+        await pilot.press("escape")

@@ -77,7 +77,7 @@ FOOTER = {  # key -> every key the screen has, as the footer (the last lines of 
     "1": [],
     "2": ["←/→ Step", "PgDn/PgUp 5 steps", "a Apply", "r Reset to stock", "s Stress on/off", "m Mode", "p Preset",
           "d Next card"],
-    "3": ["b Start", "x Stop", "u Resume", "n Restart", "v Save", "f Form", "g Plot/table", "d Next card"],
+    "3": ["b Start", "x Stop", "u Resume", "n Restart", "a Apply result", "v Save", "f Form", "g Plot/table", "d Next card"],
     "4": ["a Apply", "e Export", "i Import", "Del Delete", "l Reload", "d Next card"],
     "5": ["r Run again"],
     "6": [],

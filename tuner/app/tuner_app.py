@@ -122,6 +122,7 @@ class TunerApp(App[int]):
         self.hung_up = False
         self._last_sampler_error: str | None = None
         self._sample_again = False
+        self._on_kept: Callable[[], None] | None = None
 
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -215,15 +216,18 @@ class TunerApp(App[int]):
             self.notify(f"{event.worker.name}: {describe_error(event.worker.error)}", severity="error", timeout=10)
 
     # --- manual setting: apply, keep or revert, reset ------------------------------------------------------------
-    def apply_setting(self, device_id: str, value: int, *, profile: ProfileApply | None = None) -> None:
+    def apply_setting(self, device_id: str, value: int, *, profile: ProfileApply | None = None,
+                      on_kept: Callable[[], None] | None = None) -> None:
         """Apply `value` through the same rules as `tuner set` (tuner.actions.setting), then keep-or-revert.
-        `profile`: a profile being applied (its lock clock is set first, as `tuner apply` does)."""
+        `profile`: a profile being applied (its lock clock is set first, as `tuner apply` does).
+        `on_kept`: called once the user kept it (the Bisect screen then offers to save it as a profile)."""
         if self.pending is not None:
             self.notify("a change is already waiting for keep-or-revert", severity="warning")
             return
         if self.bisect.running and self.bisect.device_id == device_id:
             self.notify("an auto-bisect is running on this card; stop it first", severity="warning")
             return
+        self._on_kept = on_kept
         self._apply(device_id, value, profile)
 
     @work(thread=True, exit_on_error=False, group="setting")
@@ -283,6 +287,9 @@ class TunerApp(App[int]):
     def on_change_settled(self, message: msg.ChangeSettled) -> None:
         self.histories[message.device_id].set_knob(message.knob)
         self.repaint_screens()
+        on_kept, self._on_kept = self._on_kept, None
+        if on_kept is not None and message.outcome == "kept":
+            on_kept()
         self.notify(f"{message.device_id}: {message.outcome}, now {message.knob.current:+d} {message.knob.unit}")
 
     # --- stress (App-owned) -----------------------------------------------------------------------------------

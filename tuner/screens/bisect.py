@@ -135,6 +135,7 @@ class BisectScreen(TunerScreen):
         Binding("x", "stop", "Stop", id="bisect.stop"),
         Binding("u", "resume", "Resume", id="bisect.resume"),
         Binding("n", "restart", "Restart", id="bisect.restart"),
+        Binding("a", "apply_result", "Apply result", id="bisect.apply"),
         Binding("v", "save_profile", "Save", id="bisect.save"),
         Binding("f", "edit_form", "Form", id="bisect.form"),
         Binding("escape", "leave_form", "Table", show=False),
@@ -236,6 +237,20 @@ class BisectScreen(TunerScreen):
         self.app.select_device(1)
         self.repaint()
 
+    def action_apply_result(self) -> None:
+        """The recommendation onto the card through the App's apply path (the rules of `tuner set`, then
+        keep-or-revert); once kept, offer to save it as a profile."""
+        state = self.app.bisect
+        rec = state.recommendation
+        if rec is None or state.running:
+            self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
+            return
+        knob = self.app.histories[state.device_id].knob
+        if knob is not None and knob.current == rec.setting:
+            self.notify(f"{state.device_id} is already at {rec.setting:+d} {rec.unit}; v saves it as a profile")
+            return
+        self.app.apply_setting(state.device_id, rec.setting, on_kept=self.action_save_profile)
+
     def action_save_profile(self) -> None:
         rec = self.app.bisect.recommendation
         if rec is None:
@@ -301,8 +316,10 @@ class BisectScreen(TunerScreen):
             [("tok/J", xs, [r["tok_per_j"] for r in done], "left"),
              ("W", [r["setting"] for r in done if r.get("power_w") is not None],
               [r["power_w"] for r in done if r.get("power_w") is not None], "right")],
-            title=f"tok/J and W vs setting ({unit})" if unit else "tok/J and W vs setting")
-        self.query_one("#bisect-result", Static).update(recommendation_text(state.recommendation, unit))
+            title=f"tok/J and W vs setting ({unit})" + (" SIMULATED" if self.app.simulated else ""))
+        simulated = bool(device_id) and app.device(device_id).simulated
+        self.query_one("#bisect-result", Static).update(
+            recommendation_text(state.recommendation, unit, simulated=simulated))
 
 
 def _placeholders(knob) -> dict[str, str]:
@@ -319,16 +336,28 @@ def setting_text_short(knob) -> str:
     return f"now {knob.current:+d} {knob.unit}" + (" (STOCK)" if knob.current == knob.stock else " (MODIFIED)")
 
 
-def recommendation_text(rec, unit: str) -> Text:
+SIMULATED_NOTE = "SIMULATED card: the simulator's power and the CPU engine's tok/s, not a real gain"
+
+
+def recommendation_text(rec, unit: str, *, simulated: bool = False) -> Text:
+    """The result with every figure labelled, rounded and in its unit; the efficiency with the setting it was
+    measured at; on a simulated card, the same caveat the CLI prints."""
     if rec is None:
         return Text("")
     text = Text("RECOMMENDED ", style="bold reverse")
-    setting = getattr(rec, "setting", None)
-    text.append(f" {_cell(setting, '{:+d} ' + unit)}")
-    for attr, label, fmt in (("confirmed", "confirmed", "{:+d}"), ("first_failure", "first fail", "{:+d}"),
-                             ("margin", "margin", "{}"), ("efficiency_gain_pct", "tok/J gain", "{:+.1f} %")):
+    text.append(f" {_cell(getattr(rec, 'setting', None), '{:+d} ' + unit)}")
+    for attr, label in (("confirmed", "confirmed"), ("first_failure", "first fail")):
         value = getattr(rec, attr, None)
         if value is not None:
-            text.append(f" · {label} {fmt.format(value)}")
-    text.append("  (v: save as profile)")
+            text.append(f" · {label} {value:+d} {unit}")
+    if getattr(rec, "margin", None) is not None:
+        text.append(f" · margin {rec.margin} {unit}")
+    text.append("  (a: apply, v: save as profile)")
+    gain = getattr(rec, "efficiency_gain_pct", None)
+    if gain is not None and rec.baseline_tok_per_j is not None and rec.tuned_tok_per_j is not None:
+        at = _cell(getattr(rec, "measured_at", None), "{:+d} " + unit)
+        text.append(f"\ntok/J {rec.baseline_tok_per_j:.2f} at stock, {rec.tuned_tok_per_j:.2f} at {at} "
+                    f"({gain:+.1f} %)")
+        if simulated:
+            text.append(f" · {SIMULATED_NOTE}", style="bold")
     return text
