@@ -169,3 +169,20 @@ async def test_apply_the_recommendation_then_keep_offers_to_save(app, backend):
         assert backend.knob("sim0").current == -40
         assert isinstance(app.screen, TextInputDialog)  # kept: now offered as a profile
         await pilot.press("escape")
+
+
+# --- item 9: dashboard ----------------------------------------------------------------------------------------------
+async def test_dashboard_shows_fan_vram_power_cap_and_limits(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.6)
+        figures = _text(app.screen.query_one("#figures"))
+        assert "of 300" in figures and "fan " in figures and "%" in figures
+        assert "VRAM 0.4/32 GiB" in figures and "limits: none" in figures
+
+
+def test_plots_get_a_minimum_span_and_round_ticks():
+    from tuner.widgets.history_plot import nice_axis
+
+    lo, hi, ticks = nice_axis([15.0, 15.2, 15.1], 20.0)  # an idle card: a flat line, not noise filling the plot
+    assert hi - lo >= 20.0 and all(t == int(t) and int(t) % 5 == 0 for t in ticks)
+    assert nice_axis([15.0, 297.3], 20.0) == (0, 300, [0, 100, 200, 300])
