@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tuner.actions.profile_apply import ProfileApply, set_profile_lock_clock
 from tuner.actions.verify import VerifyOutcome, verify_setting
@@ -191,14 +191,18 @@ class BisectRunner(_Job):
     `prepare` (tuner.actions.bisect.prepare_bisect) runs first, in the worker: it reads the card and may refuse
     (raising before anything was touched). A stop asked for before the job exists is passed on when it does."""
 
-    def __init__(self, prepare: Callable[[], BisectJob], device_id: str):
+    def __init__(self, prepare: Callable[[], BisectJob], device_id: str,
+                 on_prepared: Callable[[], None] | None = None):
         super().__init__(device_id)
         self._prepare = prepare
+        self._on_prepared = on_prepared  # runs once the bisect was accepted, before its first event
         self._job: BisectJob | None = None
         self.outcome: BisectOutcome | None = None
 
     def _work(self) -> BisectOutcome:
         self._job = self._prepare()
+        if self._on_prepared is not None:
+            self._on_prepared()
         if self._stop.is_set():
             self._job.stop()
         self.outcome = self._job.run()
@@ -212,6 +216,26 @@ class BisectRunner(_Job):
 
 def describe_bisect_result(outcome) -> str:
     return "ended" if outcome is None else outcome.summary
+
+
+@dataclass(frozen=True)
+class EarlierTrials:
+    """A resumed session's trials from before the resume (the journal's records): the table shows them all."""
+
+    records: tuple
+
+
+def earlier_trials(device_id: str) -> EarlierTrials:
+    from tuner.tuning import journal
+
+    doc = journal.load(device_id) or {}
+    return EarlierTrials(tuple(doc.get("trials") or ()))
+
+
+def _record_row(record) -> dict:
+    row = dict(record)
+    row["reason"] = record.get("reason") or record.get("kind") or ""
+    return row
 
 
 def _result_row(result) -> dict:
@@ -234,6 +258,8 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
     match event:
         case SessionStarted():
             return replace(state, unit=event.unit, session=event.session)
+        case EarlierTrials():
+            return replace(state, trials=(*(_record_row(r) for r in event.records), *state.trials))
         case TrialRecovered():
             return replace(state, trials=(*state.trials, _result_row(event.result)))
         case TrialStarted():

@@ -349,11 +349,14 @@ class TunerApp(App[int]):
         if self.stress.running or self.bisect.running:  # something started while the question was open
             return
         self.bisect = BisectState(device_id=device_id, running=True)
+        def show_earlier_trials() -> None:  # a resumed session: its table starts with the trials done before
+            self.post_message(msg.BisectEventReceived(jobs.earlier_trials(device_id)))
+
         self._bisect_job = jobs.BisectRunner(
             lambda: prepare_bisect(self.backend, device_id, params,
                                    lambda event: self.post_message(msg.BisectEventReceived(event)),
                                    **self._bisect_options),
-            device_id)
+            device_id, on_prepared=show_earlier_trials if params.resume else None)
         self._run_bisect(self._bisect_job)
 
     @work(thread=True, exit_on_error=False, group="bisect", name="bisect")

@@ -5,6 +5,7 @@ The run itself belongs to the App (switching screens never stops it); this scree
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from rich.text import Text
@@ -14,9 +15,11 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
 from tuner.actions.bisect import bisect_defaults
+from tuner.app import form_memory
 from tuner.app.state import of_about
+from tuner.app.words import for_people
 from tuner.core.durations import format_duration, parse_duration_s
-from tuner.core.errors import UsageError
+from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
@@ -114,7 +117,7 @@ class BisectScreen(TunerScreen):
     TITLE = "Bisect"
     DEFAULT_CSS = """
     BisectScreen #bisect-form { height: 1; padding: 0 1; }
-    BisectScreen #bisect-form Label { width: auto; padding: 0 0 0 1; }
+    BisectScreen #bisect-form Label { width: auto; padding: 0; }
     BisectScreen #bisect-form Input { width: 6; }
     BisectScreen #bisect-form #in-trial, BisectScreen #bisect-form #in-confirm { width: 4; }
     BisectScreen #bisect-form #in-floor { width: 5; }
@@ -137,6 +140,7 @@ class BisectScreen(TunerScreen):
         Binding("n", "restart", "Restart", id="bisect.restart"),
         Binding("a", "apply_result", "Apply result", id="bisect.apply"),
         Binding("v", "save_profile", "Save", id="bisect.save"),
+        Binding("e", "export", "Export", id="bisect.export"),
         Binding("f", "edit_form", "Form", id="bisect.form"),
         Binding("escape", "leave_form", "Table", show=False),
         Binding("g", "toggle_plot", "Plot/table", id="bisect.plot"),
@@ -146,7 +150,7 @@ class BisectScreen(TunerScreen):
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="bisect-form"):
             for field_id, label, _kind, _name in FIELDS:
-                yield Label(label)
+                yield Label(f"{label}:")  # each input is a cell wider than its text: that cell is the gap
                 yield Input(id=f"in-{field_id}", compact=True)
         yield Static(id="bisect-status")
         yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")
@@ -162,7 +166,18 @@ class BisectScreen(TunerScreen):
         super().on_mount()
         self._painted = None
         self._defaults_for = None
+        self._recall_form()
         self.query_one("#bisect-trials", DataTable).focus()
+
+    def _form_values(self) -> dict[str, str]:
+        return {f: self.query_one(f"#in-{f}", Input).value for f, *_ in FIELDS}
+
+    def _recall_form(self) -> None:
+        """The selected card's last values (tuner.app.form_memory); blank where it has none."""
+        device_id = self.app.selected_device_id
+        values = form_memory.recall(self.app.device(device_id)) if device_id else {}
+        for field_id, *_ in FIELDS:
+            self.query_one(f"#in-{field_id}", Input).value = values.get(field_id, "")
 
     def _show_defaults(self, knob) -> None:
         """Placeholders follow the selected card (its unit and steps), refreshed only when the card changes."""
@@ -178,13 +193,16 @@ class BisectScreen(TunerScreen):
 
     # --- actions -------------------------------------------------------------------------------------------------
     def _params(self, *, resume: bool, restart: bool) -> BisectParams | None:
-        values = {f: self.query_one(f"#in-{f}", Input).value for f, *_ in FIELDS}
+        values = self._form_values()
         knob = self._knob()
         try:
-            return parse_form(values, unit=knob.unit if knob else "", resume=resume, restart=restart)
+            params = parse_form(values, unit=knob.unit if knob else "", resume=resume, restart=restart)
         except UsageError as e:
             self.notify(e.one_line(), severity="error", timeout=8)
             return None
+        if self.app.selected_device_id:
+            form_memory.remember(self.app.device(self.app.selected_device_id), values)
+        return params
 
     def _knob(self):
         device_id = self.app.selected_device_id
@@ -235,7 +253,35 @@ class BisectScreen(TunerScreen):
             self.notify("a bisect is running; stop it before choosing another card", severity="warning")
             return
         self.app.select_device(1)
+        self._recall_form()
         self.repaint()
+
+    def action_export(self) -> None:
+        """The trials as CSV or JSON (by the suffix), as `tuner report FILE` writes them."""
+        state = self.app.bisect
+        if not state.device_id or not any(r.get("verdict") not in (None, "running") for r in state.trials):
+            self.notify("no finished trials to export yet", severity="warning")
+            return
+        default = f"~/bisect-{state.device_id}-{state.session or 'trials'}.csv"
+        self.app.push_screen(TextInputDialog("Export the trials to (.csv or .json):", value=default), self._export)
+
+    def _export(self, path: str | None) -> None:
+        if not path:
+            return
+        from dataclasses import asdict
+
+        from tuner.actions.report import write_report
+
+        state = self.app.bisect
+        rec = state.recommendation
+        try:
+            written = write_report(Path(path), state.trials, device_id=state.device_id, session=state.session,
+                                   simulated=self.app.device(state.device_id).simulated,
+                                   recommendation=asdict(rec) if rec is not None else None)
+        except TunerError as e:
+            self.notify(for_people(e.one_line()), severity="error", timeout=10)
+            return
+        self.notify(f"exported the trials to {written}")
 
     def action_apply_result(self) -> None:
         """The recommendation onto the card through the App's apply path (the rules of `tuner set`, then

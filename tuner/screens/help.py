@@ -14,7 +14,8 @@ HELP_TEXT = """\
 Tune      left/right one step, pgup/pgdn five, a apply, r reset to stock,
           s start/stop stress, m mode, p preset, d next device
 Bisect    f edit the form (tab between fields, enter starts, esc leaves),
-          b start, x stop, u resume, v save the result as a profile
+          b start, x stop, u resume, n restart, a apply the result,
+          v save it as a profile, g plot/table, e export the trials
 Profiles  up/down select, a apply, e export, i import, del delete
 Dialogs   enter = the highlighted button; escape = the safe choice
 

@@ -45,10 +45,10 @@ def match_sentence(match, target_label: str) -> str:
     from tuner.profiles.identity import Match
 
     if match.match == Match.SAME_CARD:
-        return f"On {target_label}: {match.reason}; a applies it, and you keep or revert it within 15 s."
+        return f"On {target_label}: {match.reason}. Press a to apply it, then keep or revert it within 15 s."
     if match.match == Match.SAME_MODEL:
-        return (f"On {target_label}: {match.reason}. a runs a 5-minute stress trial first and keeps the setting "
-                "only if it passes.")
+        return (f"On {target_label}: {match.reason}. Press a to run a 5-minute stress trial first; the setting is "
+                "kept only if it passes.")
     return f"On {target_label}: cannot be applied ({match.reason})."
 
 

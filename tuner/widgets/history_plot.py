@@ -60,6 +60,10 @@ class HistoryPlot(PlotextPlot):
                 lo, hi, ticks = nice_axis(ys, self.min_span)
                 plt.ylim(lo, hi)
                 plt.yticks(ticks, [f"{t:g}" for t in ticks])
+                x_lo, _hi, x_ticks = nice_axis([*xs, 0.0], 60.0)  # seconds before now: -100, -50, 0
+                x_ticks = [t for t in x_ticks if t <= 0]
+                plt.xlim(x_lo, 0)
+                plt.xticks(x_ticks, [f"{t:g}" for t in x_ticks])
         else:
             plt.xlim(-60, 0)
         self.refresh()
