@@ -515,6 +515,10 @@ class TunerApp(App[int]):
         for job in (self._stress_job, self._bisect_job):
             if job is not None:
                 job.wait(wait_s)
+        if self._bisect_job is not None:  # the CLI's next bisect on this card would otherwise refuse, unexplained
+            device_id = self._bisect_job.device_id
+            done.append(f"the unfinished bisect session on {device_id} is kept: `tuner bisect --device {device_id} "
+                        "--resume` continues it (u on the Bisect screen), --restart starts afresh")
         if self.pending is not None:
             devices_to_reset.add(self.pending.device_id)
             try:

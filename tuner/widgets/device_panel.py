@@ -17,7 +17,7 @@ def setting_text(knob: Knob | None) -> str:
     if knob is None:
         return "setting: reading..."
     state = "STOCK" if knob.current == knob.stock else "MODIFIED"
-    return f"setting {knob.current:+d} {knob.unit} (stock {knob.stock:+d}, {state})"
+    return f"setting {knob.current:+d} {knob.unit} (stock {knob.stock:+d} {knob.unit}, {state})"
 
 
 def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
