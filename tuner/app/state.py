@@ -22,8 +22,9 @@ PLOTTED_FIELDS = ("power_w", "temp_edge_c", "temp_hotspot_c", "core_clock_mhz", 
 
 
 def of_about(total: int | None) -> str:
-    """' of ~9' while the trial count is an estimate (the coarse descent's length is unknowable up front)."""
-    return f" of ~{total}" if total else ""
+    """' of ≤24': the plan's count is an upper bound (a descent to the range end or floor); it holds while trials
+    pass and drops when a failure closes the bracket (tuner.tuning.plan.BisectPlan.remaining_estimate)."""
+    return f" of ≤{total}" if total else ""
 
 
 @dataclass

@@ -330,7 +330,7 @@ class BisectScreen(TunerScreen):
                 if cur.get("eta_s") is not None:
                     status.append(f" · trial ETA {format_duration(cur['eta_s'])}")
                 if cur.get("eta_total_s") is not None:
-                    status.append(f" · all ~{format_duration(cur['eta_total_s'])}")
+                    status.append(f" · all ≤{format_duration(cur['eta_total_s'])}")
         elif state.failure:
             status.append(f"STOPPED: {state.failure}", style="bold")
         elif state.device_id and state.trials:
