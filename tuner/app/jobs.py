@@ -10,12 +10,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from tuner.actions.profile_apply import ProfileApply, set_profile_lock_clock
 from tuner.actions.verify import VerifyOutcome, verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, StressState, appended
 from tuner.backends.base import Backend
+from tuner.core import paths
+from tuner.core.durations import format_duration
 from tuner.core.models import Verdict
+from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import (
     CanaryEvent,
     EndEvent,
@@ -42,10 +46,15 @@ VERIFY_DURATION_S = 300  # a profile proven on another card of the same model: a
 MANUAL_STRESS_S = 3600.0  # a stress run from the Tune screen lasts until stopped, at most an hour
 
 
-def engine_run(target, *, duration_s: float, preset: str, mode: str):
-    """A StressRun for `target` (a StressTarget), requested as every engine run is (engine_client.engine_request)."""
+def engine_run(target, *, duration_s: float, preset: str, mode: str, reference: Path | None = None,
+               record: Path | None = None):
+    """A StressRun for `target` (a StressTarget), requested as every engine run is (engine_client.engine_request):
+    compared with `reference` (looped, as a bisect trial is) or recording `record`."""
     from tuner.tuning import engine_client as stress_client
-    config = stress_client.engine_request(target, duration_s=duration_s, preset=preset, mode=mode)
+    config = stress_client.engine_request(target, duration_s=duration_s, preset=preset, mode=mode,
+                                          reference=str(reference) if reference else None,
+                                          reference_loop=True if reference else None,
+                                          record=str(record) if record else None)
     return stress_client.StressRun(config)
 
 
@@ -74,25 +83,107 @@ class _Job:
         return self._done.wait(timeout_s)
 
 
+REFERENCE_RECORD_S = 60.0  # the stock reference a manual stress records first: one minute, looped when compared
+
+
+@dataclass(frozen=True)
+class DetectorState:
+    """A detector's state as the job knows it before the engine starts (reference, kernel log)."""
+
+    name: str
+    value: str
+
+
+def reference_path(device, preset: str, mode: str) -> Path | None:
+    """The cached stock reference of a card and workload (None for the GEMM burn, which has no trajectory):
+    `$XDG_STATE_HOME/tuner/references/<vendor>-<serial or id>-<preset>-<mode>.ref`."""
+    if mode == "gemm":
+        return None
+    card = f"{device.vendor}-{device.serial or device.id}".replace("/", "_").replace(" ", "_")
+    return paths.state_dir() / "references" / f"{card}-{preset}-{mode}.ref"
+
+
 class StressJob(_Job):
-    """One stress run at the card's current setting. `note_load` brackets the run; the card is left as it was."""
+    """One stress run at the card's current setting, checked as a bisect trial is: every step is compared with a
+    stock reference of this card and workload (recorded first, at stock, when there is none yet) and the kernel
+    log is watched. `note_load` brackets the run; the card is left as it was."""
 
     def __init__(self, backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
-                 duration_s: float = MANUAL_STRESS_S):
+                 duration_s: float = MANUAL_STRESS_S, kernel_watcher_factory: Callable[[], object] | None = None,
+                 reference_record_s: float = REFERENCE_RECORD_S):
         super().__init__(device_id)
+        self.reference_record_s = reference_record_s
         self.backend = backend
         self.preset, self.mode, self.emit, self.duration_s = preset, mode, emit, duration_s
+        self._kernel_watcher_factory = kernel_watcher_factory
         self._run = None
+        self.kernel_events: list = []
 
     def _work(self) -> str:
-        result = self._run_on(self.backend.stress_target(self.device_id))
-        return describe_stress_result(result, stopped=self._stop.is_set())
+        device = self.backend.device(self.device_id)
+        target = self.backend.stress_target(self.device_id)
+        reference = self._reference(device, target)
+        if self._stop.is_set():
+            return "stopped by you while the stock reference was recorded (none kept)"
+        result = self._run_on(target, duration_s=self.duration_s, reference=reference)
+        return describe_stress_result(result, stopped=self._stop.is_set(), kernel_events=self.kernel_events)
 
-    def _run_on(self, target):
-        """Run the engine on `target` with the device marked as loaded; returns the StressResult."""
-        self._run = engine_run(target, duration_s=self.duration_s, preset=self.preset, mode=self.mode)
+    def _reference(self, device, target) -> Path | None:
+        """The stock reference to compare with, recording it first when the card is at stock and has none."""
+        path = reference_path(device, self.preset, self.mode)
+        if path is None:
+            self.emit(DetectorState("reference", "n/a (GEMM)"))
+            return None
+        if path.exists():
+            self.emit(DetectorState("reference", "ok"))
+            return path
+        knob = self.backend.knob(self.device_id)
+        if knob.current != knob.stock:
+            self.emit(DetectorState("reference", "NONE"))
+            self.emit("no stock reference for this card and workload yet, so this run cannot compare its steps "
+                      "with stock: reset to stock (r) and stress once to record one")
+            return None
+        self.emit(DetectorState("reference", "recording"))
+        self.emit(f"recording this card's stock reference first ({format_duration(self.reference_record_s)}, kept "
+                  "for later runs)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        result = self._run_on(target, duration_s=self.reference_record_s, record=path)
+        if result is None or result.verdict != Verdict.PASS or not path.exists():
+            path.unlink(missing_ok=True)
+            self.emit(DetectorState("reference", "NONE"))
+            self.emit("the stock reference was not recorded; this run cannot compare its steps with stock")
+            return None
+        self.emit(DetectorState("reference", "ok"))
+        self.emit("stock reference recorded; now the stress run, compared with it")
+        return path
+
+    def _watcher(self, target):
+        if self._kernel_watcher_factory is not None:
+            watcher = self._kernel_watcher_factory()
+        elif target.simulated:  # the host's kernel log says nothing about a simulated card
+            self.emit(DetectorState("kernel log", "n/a (simulated)"))
+            return kernel_log.NullWatcher()
+        else:
+            watcher = kernel_log.KernelLogWatcher(warn=self.emit)
+        watcher.pci_bus_id = None if target.simulated else target.pci_bus_id
+        self.emit(DetectorState("kernel log", "ok"))
+        return watcher
+
+    def _run_on(self, target, *, duration_s: float, reference: Path | None = None, record: Path | None = None):
+        """Run the engine on `target` with the device marked as loaded and the kernel log watched."""
+        self._run = engine_run(target, duration_s=duration_s, preset=self.preset, mode=self.mode,
+                               reference=reference, record=record)
         if self._stop.is_set():
             return None
+        watcher = self._watcher(target)
+
+        def on_kernel_event(event) -> None:
+            self.emit(DetectorState("kernel log", "FAULT"))
+            self.emit(f"FAULT kernel log: {event.line}")
+            self._run.stop()
+
+        watcher._on_event = on_kernel_event
+        watcher.start()
         self.backend.note_load(self.device_id, True)
         try:
             self._run.start()
@@ -104,6 +195,7 @@ class StressJob(_Job):
         finally:
             self._run.stop()
             self.backend.note_load(self.device_id, False)
+            self.kernel_events += watcher.stop()
 
     def stop(self) -> None:
         super().stop()
@@ -133,9 +225,11 @@ def describe_verify_outcome(outcome: VerifyOutcome) -> str:
     return summary + ("; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}")
 
 
-def describe_stress_result(result, *, stopped: bool) -> str:
+def describe_stress_result(result, *, stopped: bool, kernel_events=()) -> str:
     if result is None:
         return "stopped before it started"
+    if kernel_events:
+        return f"FAIL (kernel log: {kernel_events[0].line})"
     if stopped:
         return f"stopped by you after {result.steps} steps (no fault seen)" if result.verdict != Verdict.FAIL else (
             f"FAIL ({result.reason}) before you stopped it")
@@ -144,9 +238,10 @@ def describe_stress_result(result, *, stopped: bool) -> str:
 
 DETECTOR_OF_FAULT = {"mismatch": "reference", "canary": "canary", "gemm": "gemm", "nonfinite": "nonfinite",
                      "device-error": "device errors", "hang": "watchdog"}
-# A manual run has no recorded reference trajectory and no kernel-log watcher (bisect trials have both).
+# The engine's own detectors at the start of a run; the reference and the kernel log are the job's (DetectorState).
 MANUAL_DETECTORS = (("reference", "off"), ("canary", "ok"), ("gemm", "ok"), ("nonfinite", "ok"),
                     ("device errors", "ok"), ("watchdog", "ok"), ("kernel log", "off"))
+JOB_DETECTORS = ("reference", "kernel log")
 
 
 def apply_stress_event(state: StressState, event: object) -> StressState:
@@ -154,8 +249,11 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
     match event:
         case str():
             return state.written(event)
+        case DetectorState():
+            return state.with_detector(event.name, event.value)
         case StartEvent():
-            return replace(state, detectors=MANUAL_DETECTORS).written(
+            known = {name: state.detector(name) for name in JOB_DETECTORS if state.detector(name) != "-"}
+            return replace(state, detectors=tuple({**dict(MANUAL_DETECTORS), **known}.items())).written(
                 f"engine: {event.device_name or event.device} dtype {event.dtype} {event.params or 0:,} params, "
                 f"repeatable {event.repeatable}")
         case StepEvent():

@@ -98,6 +98,7 @@ class TunerApp(App[int]):
         doctor: Callable[[], list] | None = None,
         repaint_interval_s: float = 0.5,
         bisect_options: dict | None = None,
+        stress_options: dict | None = None,
         verify_duration_s: float = jobs.VERIFY_DURATION_S,
     ) -> None:
         super().__init__()
@@ -109,6 +110,7 @@ class TunerApp(App[int]):
         self._doctor = doctor
         self.verify_duration_s = verify_duration_s
         self._bisect_options = bisect_options or {}  # extra BisectJob keywords (tests: a fake engine)
+        self._stress_options = stress_options or {}  # extra StressJob keywords (tests: a short reference)
         self.devices = self.backend.devices()
         self.histories: dict[str, DeviceHistory] = {d.id: DeviceHistory() for d in self.devices}
         self.stress = StressState()
@@ -303,7 +305,7 @@ class TunerApp(App[int]):
             f"starting {preset}/{mode} stress on {device_id} at {setting}")
         self._stress_job = jobs.StressJob(
             self.backend, device_id, preset=preset, mode=mode,
-            emit=lambda event: self.post_message(msg.StressEventReceived(event)),
+            emit=lambda event: self.post_message(msg.StressEventReceived(event)), **self._stress_options,
         )
         self._run_stress(self._stress_job)
 
