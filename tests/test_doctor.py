@@ -78,11 +78,22 @@ def test_overdrive_on_and_file_present(tmp_path):
     assert checks["amd card card0"].status in (OK, WARN)  # writable as root, not as a user
 
 
-def test_no_gpu_at_all_is_information_not_failure(tmp_path):
+def test_no_gpu_at_all_is_a_failure_with_a_remedy(tmp_path):
+    """`tuner list` exits 4 with "no supported GPU found" here; doctor must not say all is well (issue 15)."""
     checks = run(tmp_path)
     assert checks["amdgpu"].status == INFO and checks["nvidia driver"].status == INFO
     assert checks["torch build"].status == INFO
-    assert not [c for c in checks.values() if c.status == FAIL]
+    assert checks["gpu"].status == FAIL and "no supported GPU found" in checks["gpu"].detail
+    assert "tuner --simulate" in checks["gpu"].remedy
+    assert [c.name for c in checks.values() if c.status == FAIL] == ["gpu"]
+    assert "gpu" not in run(tmp_path, simulate=True)  # the simulated GPU is a GPU
+    assert "gpu" not in run(tmp_path, nvml=FakeNvml(persistence=(1,)))
+
+
+def test_cli_doctor_without_a_gpu_exits_4(tmp_path):
+    proc = run_tuner("doctor", env={"TUNER_SYSFS_ROOT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "[FAIL] gpu: no supported GPU found" in proc.stdout and "not ready to tune" in proc.stdout
 
 
 def test_nvidia_persistence_off_and_old_driver(tmp_path):

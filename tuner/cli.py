@@ -18,7 +18,7 @@ from tuner.core import exit_codes, signals
 from tuner.core.errors import TunerError, disk_full, is_disk_full
 
 # In the order `tuner --help` lists them; each is tuner/commands/<name>.py (a missing one is an error).
-COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "profile", "apply", "service", "doctor",
+COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "report", "profile", "apply", "service", "doctor",
             "unsafe")
 
 DESCRIPTION = """\

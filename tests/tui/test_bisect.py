@@ -118,3 +118,70 @@ async def test_quit_during_bisect_asks_then_stops_and_resets(tmp_path):
     engine.release.set()
     done = app.make_safe(wait_s=20)  # what run_app does once the App has stopped
     assert backend.knob("sim0").current == 0, done
+
+
+async def test_resume_shows_every_trial_and_the_form_remembers_its_values(tmp_path):
+    """Issue 15 item 10: a resumed session's table starts with the trials done before the stop; the form keeps
+    the last values per card (XDG config)."""
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    engine = GatedEngine(hold_at=3)  # two trials at stock, then hold the third
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda: None})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        _fast_form(app)
+        await pilot.press("b")
+        await _wait(pilot, engine.entered.is_set)
+        await pilot.press("x")
+        engine.release.set()
+        await _wait(pilot, lambda: not app.bisect.running)
+        before = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.trials if r["verdict"] != "stopped"]
+        assert len(before) >= 2 and before[0] == (0, "baseline", "pass")
+        await pilot.press("u")
+        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None, 60)
+        after = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.trials]
+        assert after[: len(before)] == before  # the earlier trials are still on screen
+        assert app.bisect.recommendation is not None
+    again = make_app(tmp_path, backend=backend, samples=1)
+    async with again.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        assert again.screen.query_one("#in-trial").value == "1s"
+        assert again.screen.query_one("#in-confirm").value == "2s"
+
+
+async def test_export_the_trials_from_the_ui_and_the_cli(tmp_path):
+    import csv
+    import json
+
+    from tests.cli_helpers import run_tuner
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda: None})
+    out_csv = tmp_path / "trials.csv"
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        _fast_form(app)
+        await pilot.press("b")
+        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await pilot.press("e")
+        await pilot.pause()
+        assert isinstance(app.screen, TextInputDialog)
+        app.screen.query_one("#text").value = str(out_csv)
+        await pilot.press("enter")
+        await pilot.pause()
+        n = len(app.bisect.trials)
+    rows = list(csv.DictReader(out_csv.open()))
+    assert len(rows) == n and rows[0]["setting"] == "0" and rows[0]["phase"] == "baseline"
+    assert {"verdict", "tok_per_j", "power_w", "reason"} <= set(rows[0])
+    out_json = tmp_path / "trials.json"
+    proc = run_tuner("--simulate", "report", str(out_json))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out_json.read_text())
+    assert len(doc["trials"]) == n and doc["simulated"] and "SIMULATED" in doc["note"]
+    assert doc["recommendation"]["setting"] == -40
+    bad = run_tuner("--simulate", "report", str(tmp_path / "trials.txt"))
+    assert bad.returncode == 2 and "a report is .csv or .json" in bad.stderr and "Traceback" not in bad.stderr

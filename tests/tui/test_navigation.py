@@ -37,6 +37,7 @@ async def test_hidden_screen_stops_repainting(app):
 async def test_sampler_fills_ring_buffer(tmp_path):
     app = make_app(tmp_path, samples=0)
     async with app.run_test(size=(80, 24)) as pilot:
+        await app.workers.wait_for_complete()  # the first sample (on mount) ends before the test asks for more
         for _ in range(3):
             app.sample_now()
             await app.workers.wait_for_complete()
@@ -141,6 +142,6 @@ async def test_command_palette_lists_screens_and_screen_actions(app):
         await pilot.press("2")
         await pilot.pause()
         titles = [c.title for c in app.get_system_commands(app.screen)]
-        for title in ("Screen 1: Dashboard", "Screen 3: Auto-bisect", "Screen 6: Help", "Apply", "Reset", "Stress",
-                      "Quit"):
+        for title in ("Screen 1: Dashboard", "Screen 3: Auto-bisect", "Screen 6: Help", "Apply", "Reset to stock",
+                      "Stress on/off", "Quit"):
             assert title in titles

@@ -48,7 +48,9 @@ async def test_apply_profile_on_the_same_card_then_keep(app, backend):
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("4")
         await pilot.pause()
-        assert "SAME CARD" in str(app.screen.query_one("#profile-detail").render())
+        detail = str(app.screen.query_one("#profile-detail").render())
+        assert "On sim0: the same card (serial matches). Press a to apply it" in detail, detail
+        assert "SAME CARD" not in detail and "#SIM" not in detail  # sentences, not enum names or fingerprints
         await pilot.press("a")
         await app.workers.wait_for_complete()
         await pilot.pause()

@@ -70,3 +70,31 @@ async def test_profile_from_another_card_is_verified_and_reverted_when_it_fails(
         await _wait(pilot, lambda: not app.stress.running)
         assert app.stress.verdict.startswith("verify fail"), app.stress.verdict
     assert backend.knob("sim0").current == 0  # below this card's limit: reverted
+
+
+async def test_the_first_stress_records_a_stock_reference_and_later_runs_compare_with_it(tmp_path):
+    """Issue 15 item 8: a manual stress checks what a bisect trial checks. At stock with no reference it records
+    one (cached per card and workload in the state dir); the next run, below the limit, compares with it."""
+    from tuner.app.jobs import reference_path
+
+    backend = sim_backend(tmp_path, vmin_mv=-60)
+    app = make_app(tmp_path, backend=backend, samples=1, stress_options={"reference_record_s": 3.0})
+    ref = reference_path(backend.device("sim0"), "tiny", "train")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2", "s")
+        await _wait(pilot, lambda: app.stress.detector("reference") == "recording")
+        await _wait(pilot, lambda: app.stress.detector("reference") == "ok" and len(app.stress.steps) >= 3)
+        assert ref.exists()
+        assert app.stress.detector("kernel log") == "n/a (simulated)"  # said, not silently off
+        await pilot.press("s")
+        await _wait(pilot, lambda: not app.stress.running)
+        assert "stopped by you" in app.stress.verdict
+        backend.apply("sim0", -70)
+        app.sample_now()
+        await pilot.pause(0.3)
+        await pilot.press("s")
+        await _wait(pilot, lambda: not app.stress.running and app.stress.verdict is not None
+                    and app.stress.run == 2)
+        assert app.stress.detector("reference") != "recording"  # compared with the cached one, not re-recorded
+        assert app.stress.verdict.startswith("FAIL"), app.stress.verdict
+    assert any("compared with it" in line or "reference" in line for line in app.stress.log)

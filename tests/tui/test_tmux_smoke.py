@@ -73,6 +73,37 @@ def test_tuner_simulate_under_tmux(tmp_path):
         subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
 
 
+FOOTER = {  # key -> every key the screen has, as the footer (the last lines of the pane) must show it
+    "1": [],
+    "2": ["←/→ Step", "PgDn/PgUp 5 steps", "a Apply", "r Reset to stock", "s Stress on/off", "m Mode", "p Preset",
+          "d Next card"],
+    "3": ["b Start", "x Stop", "u Resume", "n Restart", "a Apply result", "v Save", "e Export", "f Form",
+          "g Plot/table", "d Next card"],
+    "4": ["a Apply", "e Export", "i Import", "Del Delete", "l Reload", "d Next card"],
+    "5": ["r Run again"],
+    "6": [],
+}
+
+
+def test_every_footer_shows_its_keys_and_quit_at_80x24(tmp_path):
+    """Textual's footer cut keys past column 80 (`q` first); every screen's keys must be readable in a real
+    terminal, whole, with `q Quit` and the palette."""
+    sock = _start_tuner(tmp_path)
+    try:
+        _wait_for(sock, EXPECT["1"])
+        for key, keys in FOOTER.items():
+            _tmux(sock, "send-keys", "-t", "smoke", key)
+            pane = _wait_for(sock, EXPECT[key])
+            footer = "\n".join(pane.rstrip("\n").splitlines()[-3:])
+            for item in [*keys, "q Quit", "^p Palette"]:
+                assert item in footer, f"screen {key}: {item!r} not in the footer:\n{footer}"
+            assert "paletteD" not in pane and "palettee" not in pane
+        _tmux(sock, "send-keys", "-t", "smoke", "q")
+        _wait_for(sock, ["TUNER-EXIT=0"])
+    finally:
+        subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
+
+
 def test_ssh_hang_up_reverts_an_unconfirmed_setting(tmp_path):
     """Apply -10 mV, leave the keep-or-revert dialog open, then SIGHUP the tuner: the card must be at stock."""
     import json

@@ -188,6 +188,18 @@ def check_amd(root: Path) -> list[Check]:
     return checks
 
 
+NO_GPU_REMEDY = ("check the card is seen (`lspci | grep -iE 'vga|3d'`) and its driver is loaded (amdgpu, or the "
+                 "NVIDIA driver with nvidia-ml-py); to try the tuner without one: `tuner --simulate`")
+
+
+def check_gpus_found(card_checks: list[Check]) -> list[Check]:
+    """No card at all is a failure, not information: `tuner list` exits 4 on this machine, so doctor must too."""
+    if any(c.name.startswith(("amd card", "nvidia gpu")) for c in card_checks):
+        return []
+    return [Check("gpu", FAIL, "no supported GPU found (no AMD card with amdgpu in /sys/class/drm, no NVIDIA card "
+                  "via NVML)", NO_GPU_REMEDY)]
+
+
 def check_root(euid: int, simulate: bool) -> Check:
     if euid == 0:
         return Check("privileges", OK, "running as root")
@@ -241,6 +253,8 @@ def run_checks(
         checks.append(Check("simulated gpu", INFO, "SIMULATED GPUs in use: no hardware is read or written"))
     amd = check_amd(root)
     nvidia = check_nvidia(nvml)
+    if not simulate:
+        checks += check_gpus_found(amd + nvidia)
     gpus_expected = any(c.status != INFO for c in amd + nvidia)
     checks += check_torch(torch_probe(), gpus_expected)
     checks += nvidia + amd

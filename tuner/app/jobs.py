@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from tuner.actions.profile_apply import ProfileApply, set_profile_lock_clock
 from tuner.actions.verify import VerifyOutcome, verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, StressState, appended
 from tuner.backends.base import Backend
+from tuner.core import paths
+from tuner.core.durations import format_duration
 from tuner.core.models import Verdict
+from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import (
     CanaryEvent,
     EndEvent,
@@ -42,10 +46,15 @@ VERIFY_DURATION_S = 300  # a profile proven on another card of the same model: a
 MANUAL_STRESS_S = 3600.0  # a stress run from the Tune screen lasts until stopped, at most an hour
 
 
-def engine_run(target, *, duration_s: float, preset: str, mode: str):
-    """A StressRun for `target` (a StressTarget), requested as every engine run is (engine_client.engine_request)."""
+def engine_run(target, *, duration_s: float, preset: str, mode: str, reference: Path | None = None,
+               record: Path | None = None):
+    """A StressRun for `target` (a StressTarget), requested as every engine run is (engine_client.engine_request):
+    compared with `reference` (looped, as a bisect trial is) or recording `record`."""
     from tuner.tuning import engine_client as stress_client
-    config = stress_client.engine_request(target, duration_s=duration_s, preset=preset, mode=mode)
+    config = stress_client.engine_request(target, duration_s=duration_s, preset=preset, mode=mode,
+                                          reference=str(reference) if reference else None,
+                                          reference_loop=True if reference else None,
+                                          record=str(record) if record else None)
     return stress_client.StressRun(config)
 
 
@@ -74,25 +83,107 @@ class _Job:
         return self._done.wait(timeout_s)
 
 
+REFERENCE_RECORD_S = 60.0  # the stock reference a manual stress records first: one minute, looped when compared
+
+
+@dataclass(frozen=True)
+class DetectorState:
+    """A detector's state as the job knows it before the engine starts (reference, kernel log)."""
+
+    name: str
+    value: str
+
+
+def reference_path(device, preset: str, mode: str) -> Path | None:
+    """The cached stock reference of a card and workload (None for the GEMM burn, which has no trajectory):
+    `$XDG_STATE_HOME/tuner/references/<vendor>-<serial or id>-<preset>-<mode>.ref`."""
+    if mode == "gemm":
+        return None
+    card = f"{device.vendor}-{device.serial or device.id}".replace("/", "_").replace(" ", "_")
+    return paths.state_dir() / "references" / f"{card}-{preset}-{mode}.ref"
+
+
 class StressJob(_Job):
-    """One stress run at the card's current setting. `note_load` brackets the run; the card is left as it was."""
+    """One stress run at the card's current setting, checked as a bisect trial is: every step is compared with a
+    stock reference of this card and workload (recorded first, at stock, when there is none yet) and the kernel
+    log is watched. `note_load` brackets the run; the card is left as it was."""
 
     def __init__(self, backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
-                 duration_s: float = MANUAL_STRESS_S):
+                 duration_s: float = MANUAL_STRESS_S, kernel_watcher_factory: Callable[[], object] | None = None,
+                 reference_record_s: float = REFERENCE_RECORD_S):
         super().__init__(device_id)
+        self.reference_record_s = reference_record_s
         self.backend = backend
         self.preset, self.mode, self.emit, self.duration_s = preset, mode, emit, duration_s
+        self._kernel_watcher_factory = kernel_watcher_factory
         self._run = None
+        self.kernel_events: list = []
 
     def _work(self) -> str:
-        result = self._run_on(self.backend.stress_target(self.device_id))
-        return describe_stress_result(result, stopped=self._stop.is_set())
+        device = self.backend.device(self.device_id)
+        target = self.backend.stress_target(self.device_id)
+        reference = self._reference(device, target)
+        if self._stop.is_set():
+            return "stopped by you while the stock reference was recorded (none kept)"
+        result = self._run_on(target, duration_s=self.duration_s, reference=reference)
+        return describe_stress_result(result, stopped=self._stop.is_set(), kernel_events=self.kernel_events)
 
-    def _run_on(self, target):
-        """Run the engine on `target` with the device marked as loaded; returns the StressResult."""
-        self._run = engine_run(target, duration_s=self.duration_s, preset=self.preset, mode=self.mode)
+    def _reference(self, device, target) -> Path | None:
+        """The stock reference to compare with, recording it first when the card is at stock and has none."""
+        path = reference_path(device, self.preset, self.mode)
+        if path is None:
+            self.emit(DetectorState("reference", "n/a (GEMM)"))
+            return None
+        if path.exists():
+            self.emit(DetectorState("reference", "ok"))
+            return path
+        knob = self.backend.knob(self.device_id)
+        if knob.current != knob.stock:
+            self.emit(DetectorState("reference", "NONE"))
+            self.emit("no stock reference for this card and workload yet, so this run cannot compare its steps "
+                      "with stock: reset to stock (r) and stress once to record one")
+            return None
+        self.emit(DetectorState("reference", "recording"))
+        self.emit(f"recording this card's stock reference first ({format_duration(self.reference_record_s)}, kept "
+                  "for later runs)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        result = self._run_on(target, duration_s=self.reference_record_s, record=path)
+        if result is None or result.verdict != Verdict.PASS or not path.exists():
+            path.unlink(missing_ok=True)
+            self.emit(DetectorState("reference", "NONE"))
+            self.emit("the stock reference was not recorded; this run cannot compare its steps with stock")
+            return None
+        self.emit(DetectorState("reference", "ok"))
+        self.emit("stock reference recorded; now the stress run, compared with it")
+        return path
+
+    def _watcher(self, target):
+        if self._kernel_watcher_factory is not None:
+            watcher = self._kernel_watcher_factory()
+        elif target.simulated:  # the host's kernel log says nothing about a simulated card
+            self.emit(DetectorState("kernel log", "n/a (simulated)"))
+            return kernel_log.NullWatcher()
+        else:
+            watcher = kernel_log.KernelLogWatcher(warn=self.emit)
+        watcher.pci_bus_id = None if target.simulated else target.pci_bus_id
+        self.emit(DetectorState("kernel log", "ok"))
+        return watcher
+
+    def _run_on(self, target, *, duration_s: float, reference: Path | None = None, record: Path | None = None):
+        """Run the engine on `target` with the device marked as loaded and the kernel log watched."""
+        self._run = engine_run(target, duration_s=duration_s, preset=self.preset, mode=self.mode,
+                               reference=reference, record=record)
         if self._stop.is_set():
             return None
+        watcher = self._watcher(target)
+
+        def on_kernel_event(event) -> None:
+            self.emit(DetectorState("kernel log", "FAULT"))
+            self.emit(f"FAULT kernel log: {event.line}")
+            self._run.stop()
+
+        watcher._on_event = on_kernel_event
+        watcher.start()
         self.backend.note_load(self.device_id, True)
         try:
             self._run.start()
@@ -104,6 +195,7 @@ class StressJob(_Job):
         finally:
             self._run.stop()
             self.backend.note_load(self.device_id, False)
+            self.kernel_events += watcher.stop()
 
     def stop(self) -> None:
         super().stop()
@@ -133,9 +225,11 @@ def describe_verify_outcome(outcome: VerifyOutcome) -> str:
     return summary + ("; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}")
 
 
-def describe_stress_result(result, *, stopped: bool) -> str:
+def describe_stress_result(result, *, stopped: bool, kernel_events=()) -> str:
     if result is None:
         return "stopped before it started"
+    if kernel_events:
+        return f"FAIL (kernel log: {kernel_events[0].line})"
     if stopped:
         return f"stopped by you after {result.steps} steps (no fault seen)" if result.verdict != Verdict.FAIL else (
             f"FAIL ({result.reason}) before you stopped it")
@@ -144,9 +238,10 @@ def describe_stress_result(result, *, stopped: bool) -> str:
 
 DETECTOR_OF_FAULT = {"mismatch": "reference", "canary": "canary", "gemm": "gemm", "nonfinite": "nonfinite",
                      "device-error": "device errors", "hang": "watchdog"}
-# A manual run has no recorded reference trajectory and no kernel-log watcher (bisect trials have both).
+# The engine's own detectors at the start of a run; the reference and the kernel log are the job's (DetectorState).
 MANUAL_DETECTORS = (("reference", "off"), ("canary", "ok"), ("gemm", "ok"), ("nonfinite", "ok"),
                     ("device errors", "ok"), ("watchdog", "ok"), ("kernel log", "off"))
+JOB_DETECTORS = ("reference", "kernel log")
 
 
 def apply_stress_event(state: StressState, event: object) -> StressState:
@@ -154,8 +249,11 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
     match event:
         case str():
             return state.written(event)
+        case DetectorState():
+            return state.with_detector(event.name, event.value)
         case StartEvent():
-            return replace(state, detectors=MANUAL_DETECTORS).written(
+            known = {name: state.detector(name) for name in JOB_DETECTORS if state.detector(name) != "-"}
+            return replace(state, detectors=tuple({**dict(MANUAL_DETECTORS), **known}.items())).written(
                 f"engine: {event.device_name or event.device} dtype {event.dtype} {event.params or 0:,} params, "
                 f"repeatable {event.repeatable}")
         case StepEvent():
@@ -174,6 +272,9 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
                 f"FAULT {event.kind} at step {event.step}: {event.detail}")
         case WarningEvent():
             return state.written(f"warning {event.kind}: {event.detail}")
+        case EndEvent() if state.stopping and event.verdict != Verdict.FAIL:
+            return state.written(f"stopped by you after {event.steps} steps (no fault seen)"
+                                 + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
         case EndEvent():
             return state.written(f"end: {event.verdict} {event.reason or ''} after {event.steps} steps"
                                  + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
@@ -188,14 +289,18 @@ class BisectRunner(_Job):
     `prepare` (tuner.actions.bisect.prepare_bisect) runs first, in the worker: it reads the card and may refuse
     (raising before anything was touched). A stop asked for before the job exists is passed on when it does."""
 
-    def __init__(self, prepare: Callable[[], BisectJob], device_id: str):
+    def __init__(self, prepare: Callable[[], BisectJob], device_id: str,
+                 on_prepared: Callable[[], None] | None = None):
         super().__init__(device_id)
         self._prepare = prepare
+        self._on_prepared = on_prepared  # runs once the bisect was accepted, before its first event
         self._job: BisectJob | None = None
         self.outcome: BisectOutcome | None = None
 
     def _work(self) -> BisectOutcome:
         self._job = self._prepare()
+        if self._on_prepared is not None:
+            self._on_prepared()
         if self._stop.is_set():
             self._job.stop()
         self.outcome = self._job.run()
@@ -209,6 +314,26 @@ class BisectRunner(_Job):
 
 def describe_bisect_result(outcome) -> str:
     return "ended" if outcome is None else outcome.summary
+
+
+@dataclass(frozen=True)
+class EarlierTrials:
+    """A resumed session's trials from before the resume (the journal's records): the table shows them all."""
+
+    records: tuple
+
+
+def earlier_trials(device_id: str) -> EarlierTrials:
+    from tuner.tuning import journal
+
+    doc = journal.load(device_id) or {}
+    return EarlierTrials(tuple(doc.get("trials") or ()))
+
+
+def _record_row(record) -> dict:
+    row = dict(record)
+    row["reason"] = record.get("reason") or record.get("kind") or ""
+    return row
 
 
 def _result_row(result) -> dict:
@@ -225,23 +350,29 @@ def _finish_row(trials: tuple, row: dict) -> tuple:
     return (*trials, row)
 
 
-def apply_bisect_event(state: BisectState, event: object) -> BisectState:
-    """The BisectState after one tuner.tuning.events event."""
+def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None = None) -> BisectState:
+    """The BisectState after one tuner.tuning.events event. `now_s` (monotonic seconds) times each trial from
+    its start to the next one's, set-up and reset included, so the ETA comes from what trials really took."""
     match event:
         case SessionStarted():
             return replace(state, unit=event.unit, session=event.session)
+        case EarlierTrials():
+            return replace(state, trials=(*(_record_row(r) for r in event.records), *state.trials))
         case TrialRecovered():
             return replace(state, trials=(*state.trials, _result_row(event.result)))
         case TrialStarted():
+            state = _timed_start(state, event.duration_s, now_s)
             row = {"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""}
             current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
-                       "phase": event.phase, "progress": 0.0, "eta_s": event.duration_s, "eta_total_s": None}
+                       "phase": event.phase, "progress": 0.0, "duration_s": event.duration_s,
+                       "eta_s": expected_wall_s(state, event.duration_s), "eta_total_s": None}
             return replace(state, trials=(*state.trials, row), current=current)
         case TrialProgress() if state.current is not None:
             progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
-            return replace(state, current={**state.current, "progress": progress, "eta_s": event.eta_s,
-                                           "eta_total_s": event.eta_total_s, "tok_s": event.tok_s,
-                                           "power_w": event.power_w})
+            eta_s, eta_total_s = measured_eta_s(state, event, now_s)
+            return replace(state, current={**state.current, "progress": progress, "eta_s": eta_s,
+                                           "eta_total_s": eta_total_s, "tok_s": event.tok_s,
+                                           "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():
             current = None if state.current is None else {**state.current, "progress": 1.0}
             return replace(state, trials=_finish_row(state.trials, _result_row(event.result)), current=current)
@@ -252,11 +383,52 @@ def apply_bisect_event(state: BisectState, event: object) -> BisectState:
         case BisectStopped():
             trials = tuple({**r, "verdict": "stopped", "reason": "stopped by you"} if r.get("verdict") == "running"
                            else r for r in state.trials)
-            return replace(state, trials=trials,
-                           failure=f"stopped ({event.reason})" + ("; u resumes" if event.resumable else ""))
+            why = "stopped by you" if event.reason == "stopped on request" else f"stopped ({event.reason})"
+            return replace(state, trials=trials, failure=why + ("; u resumes it" if event.resumable else ""))
         case TrialWarning():
             return replace(state, warnings=appended(state.warnings, event.message, limit=BISECT_WARNINGS))
     return state
+
+
+def _timed_start(state: BisectState, duration_s: float, now_s: float | None) -> BisectState:
+    """Close the previous trial's wall-clock measurement (start to this start: set-up, trial and reset)."""
+    if now_s is None:
+        return state
+    if state.trial_started_s is not None and state.trial_nominal_s:
+        state = replace(state, measured=(*state.measured, (now_s - state.trial_started_s, state.trial_nominal_s)))
+    return replace(state, trial_started_s=now_s, trial_nominal_s=duration_s)
+
+
+def wall_factor(state: BisectState) -> float:
+    """Measured wall seconds per nominal trial second (1.0 until a trial was measured): engine start-up, the
+    reference check and the reset between trials all cost time the trial's own duration does not count."""
+    wall_s = sum(w for w, _ in state.measured)
+    nominal_s = sum(n for _, n in state.measured)
+    return max(1.0, wall_s / nominal_s) if nominal_s > 0 else 1.0
+
+
+def expected_wall_s(state: BisectState, duration_s: float) -> float:
+    return round(duration_s * wall_factor(state), 1)
+
+
+def measured_eta_s(state: BisectState, event: TrialProgress, now_s: float | None) -> tuple[float, float | None]:
+    """(this trial, the whole bisect) in seconds, scaled by what earlier trials really took."""
+    factor = wall_factor(state)
+    if now_s is not None and state.trial_started_s is not None:
+        eta_s = max(0.0, (state.trial_nominal_s or event.duration_s) * factor - (now_s - state.trial_started_s))
+    else:
+        eta_s = event.eta_s * factor
+    rest_s = None if event.eta_total_s is None else max(0.0, event.eta_total_s - event.eta_s) * factor
+    return round(eta_s, 1), (None if rest_s is None else round(eta_s + rest_s, 1))
+
+
+def card_may_have_changed(before: BisectState, after: BisectState) -> bool:
+    """A trial started, was applied (its first progress report), finished, or the bisect stopped: the card's
+    setting may differ from what was last read."""
+    b, a = before.current or {}, after.current or {}
+    return (a.get("index"), a.get("phase")) != (b.get("index"), b.get("phase")) or (
+        a.get("ticks") == 1 and b.get("ticks") != 1) or a.get("progress") == 1.0 != b.get("progress") or (
+        before.failure != after.failure)
 
 
 def tuning_from_bisect(state: BisectState) -> dict | None:

@@ -22,8 +22,9 @@ PLOTTED_FIELDS = ("power_w", "temp_edge_c", "temp_hotspot_c", "core_clock_mhz", 
 
 
 def of_about(total: int | None) -> str:
-    """' of ~9' while the trial count is an estimate (the coarse descent's length is unknowable up front)."""
-    return f" of ~{total}" if total else ""
+    """' of ≤24': the plan's count is an upper bound (a descent to the range end or floor); it holds while trials
+    pass and drops when a failure closes the bracket (tuner.tuning.plan.BisectPlan.remaining_estimate)."""
+    return f" of ≤{total}" if total else ""
 
 
 @dataclass
@@ -88,6 +89,7 @@ class StressState:
     log: tuple[str, ...] = ()  # the last LOG_LINES lines
     log_written: int = 0  # lines ever logged; the screen flushes the ones it has not shown yet
     verdict: str | None = None
+    stopping: bool = False  # the user pressed stop: the engine's "interrupted by SIGTERM" is their stop
 
     def detector(self, name: str, default: str = "-") -> str:
         return dict(self.detectors).get(name, default)
@@ -115,6 +117,9 @@ class BisectState:
     unit: str = ""
     session: str | None = None
     warnings: tuple[str, ...] = ()  # the last BISECT_WARNINGS
+    trial_started_s: float | None = None  # monotonic start of the running trial (for the measured ETA)
+    trial_nominal_s: float | None = None  # its nominal duration
+    measured: tuple[tuple[float, float], ...] = ()  # (wall seconds start to next start, nominal seconds) per trial
 
 
 def running_label(stress: StressState, bisect: BisectState, device_id: str) -> str:

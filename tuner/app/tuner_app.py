@@ -27,12 +27,14 @@ from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.app import jobs
 from tuner.app.state import BisectState, DeviceHistory, StressState
+from tuner.app.words import for_people, job_name
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError
 from tuner.core.signals import FATAL as FATAL_SIGNALS
 from tuner.screens import messages as msg
+from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
 from tuner.tuning.job import BisectParams
@@ -61,7 +63,7 @@ def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
 def describe_error(error: BaseException) -> str:
     """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
     if isinstance(error, TunerError):
-        return error.one_line()
+        return for_people(error.one_line())
     return f"{type(error).__name__}: {error}"
 
 
@@ -96,6 +98,7 @@ class TunerApp(App[int]):
         doctor: Callable[[], list] | None = None,
         repaint_interval_s: float = 0.5,
         bisect_options: dict | None = None,
+        stress_options: dict | None = None,
         verify_duration_s: float = jobs.VERIFY_DURATION_S,
     ) -> None:
         super().__init__()
@@ -107,6 +110,7 @@ class TunerApp(App[int]):
         self._doctor = doctor
         self.verify_duration_s = verify_duration_s
         self._bisect_options = bisect_options or {}  # extra BisectJob keywords (tests: a fake engine)
+        self._stress_options = stress_options or {}  # extra StressJob keywords (tests: a short reference)
         self.devices = self.backend.devices()
         self.histories: dict[str, DeviceHistory] = {d.id: DeviceHistory() for d in self.devices}
         self.stress = StressState()
@@ -119,6 +123,8 @@ class TunerApp(App[int]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hung_up = False
         self._last_sampler_error: str | None = None
+        self._sample_again = False
+        self._on_kept: Callable[[], None] | None = None
 
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -154,9 +160,15 @@ class TunerApp(App[int]):
 
     # --- telemetry ----------------------------------------------------------------------------------------------
     def sample_now(self) -> None:
+        """Read every card now. One sample at a time: while one is in flight (it may have read the card before a
+        change), another is queued to follow it, so the screen always ends on a read made after the change."""
+        if any(w.group == "sampler" and not w.is_finished for w in self.workers):
+            self._sample_again = True
+            return
+        self._sample_again = False
         self._sample()
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="sampler")
+    @work(thread=True, exit_on_error=False, group="sampler")
     def _sample(self) -> None:
         samples = []
         for device in self.devices:
@@ -169,10 +181,23 @@ class TunerApp(App[int]):
     def on_telemetry_sampled(self, message: msg.TelemetrySampled) -> None:
         if len(message.samples) == len(self.devices):
             self._last_sampler_error = None
+        knob_changed = False
         for device_id, sample, knob in message.samples:
             history = self.histories[device_id]
+            knob_changed |= knob != history.knob
             history.add(sample)
             history.set_knob(knob)
+        if knob_changed:
+            self.repaint_screens()
+        if self._sample_again:
+            self.call_after_refresh(self.sample_now)
+
+    def repaint_screens(self) -> None:
+        """Repaint every screen on the stack now (the one under a dialog too): after an apply, revert, reset or a
+        trial's phase change no view may show the card as it was."""
+        for screen in self.screen_stack:
+            if isinstance(screen, TunerScreen) and screen.is_mounted:
+                screen.repaint()
 
     def record_sample(self, device_id: str, sample, knob) -> None:
         """Add one sample as the sampler would (tests and snapshots pre-fill history this way)."""
@@ -193,15 +218,18 @@ class TunerApp(App[int]):
             self.notify(f"{event.worker.name}: {describe_error(event.worker.error)}", severity="error", timeout=10)
 
     # --- manual setting: apply, keep or revert, reset ------------------------------------------------------------
-    def apply_setting(self, device_id: str, value: int, *, profile: ProfileApply | None = None) -> None:
+    def apply_setting(self, device_id: str, value: int, *, profile: ProfileApply | None = None,
+                      on_kept: Callable[[], None] | None = None) -> None:
         """Apply `value` through the same rules as `tuner set` (tuner.actions.setting), then keep-or-revert.
-        `profile`: a profile being applied (its lock clock is set first, as `tuner apply` does)."""
+        `profile`: a profile being applied (its lock clock is set first, as `tuner apply` does).
+        `on_kept`: called once the user kept it (the Bisect screen then offers to save it as a profile)."""
         if self.pending is not None:
             self.notify("a change is already waiting for keep-or-revert", severity="warning")
             return
         if self.bisect.running and self.bisect.device_id == device_id:
             self.notify("an auto-bisect is running on this card; stop it first", severity="warning")
             return
+        self._on_kept = on_kept
         self._apply(device_id, value, profile)
 
     @work(thread=True, exit_on_error=False, group="setting")
@@ -217,6 +245,9 @@ class TunerApp(App[int]):
 
     def on_change_applied(self, message: msg.ChangeApplied) -> None:
         self.pending = message.pending
+        if message.pending.applied is not None:  # the read-back value: every view shows it before the dialog
+            self.histories[message.pending.device_id].set_knob(message.pending.applied)
+        self.repaint_screens()
         self.sample_now()
         self.push_screen(KeepOrRevertDialog(message.pending), self._settle)
 
@@ -257,6 +288,10 @@ class TunerApp(App[int]):
 
     def on_change_settled(self, message: msg.ChangeSettled) -> None:
         self.histories[message.device_id].set_knob(message.knob)
+        self.repaint_screens()
+        on_kept, self._on_kept = self._on_kept, None
+        if on_kept is not None and message.outcome == "kept":
+            on_kept()
         self.notify(f"{message.device_id}: {message.outcome}, now {message.knob.current:+d} {message.knob.unit}")
 
     # --- stress (App-owned) -----------------------------------------------------------------------------------
@@ -270,7 +305,7 @@ class TunerApp(App[int]):
             f"starting {preset}/{mode} stress on {device_id} at {setting}")
         self._stress_job = jobs.StressJob(
             self.backend, device_id, preset=preset, mode=mode,
-            emit=lambda event: self.post_message(msg.StressEventReceived(event)),
+            emit=lambda event: self.post_message(msg.StressEventReceived(event)), **self._stress_options,
         )
         self._run_stress(self._stress_job)
 
@@ -285,7 +320,7 @@ class TunerApp(App[int]):
 
     def stop_stress(self) -> None:
         if self._stress_job is not None and self.stress.running:
-            self.stress = self.stress.written("stopping...")
+            self.stress = replace(self.stress, stopping=True).written("stopping (you asked)...")
             self._stress_job.stop()
 
     def on_stress_event_received(self, message: msg.StressEventReceived) -> None:
@@ -316,11 +351,14 @@ class TunerApp(App[int]):
         if self.stress.running or self.bisect.running:  # something started while the question was open
             return
         self.bisect = BisectState(device_id=device_id, running=True)
+        def show_earlier_trials() -> None:  # a resumed session: its table starts with the trials done before
+            self.post_message(msg.BisectEventReceived(jobs.earlier_trials(device_id)))
+
         self._bisect_job = jobs.BisectRunner(
             lambda: prepare_bisect(self.backend, device_id, params,
                                    lambda event: self.post_message(msg.BisectEventReceived(event)),
                                    **self._bisect_options),
-            device_id)
+            device_id, on_prepared=show_earlier_trials if params.resume else None)
         self._run_bisect(self._bisect_job)
 
     @work(thread=True, exit_on_error=False, group="bisect", name="bisect")
@@ -337,13 +375,18 @@ class TunerApp(App[int]):
             self._bisect_job.stop()
 
     def on_bisect_event_received(self, message: msg.BisectEventReceived) -> None:
-        self.bisect = jobs.apply_bisect_event(self.bisect, message.event)
+        before = self.bisect
+        self.bisect = jobs.apply_bisect_event(before, message.event, now_s=self.clock())
+        if jobs.card_may_have_changed(before, self.bisect):
+            self.sample_now()  # a phase change writes the card: read it back now, not at the next 1 Hz tick
+        self.repaint_screens()
 
     def on_bisect_ended(self, message: msg.BisectEnded) -> None:
         self.bisect = replace(self.bisect, running=False, current=None, outcome=message.outcome)
         self._bisect_job = None
-        self.notify(f"bisect on {message.device_id}: {message.summary}")
+        self.notify(f"bisect on {message.device_id}: {for_people(message.summary)}")
         self.sample_now()
+        self.repaint_screens()
 
     # --- profiles -----------------------------------------------------------------------------------------------
     def apply_profile(self, profile, device_id: str) -> None:
@@ -400,7 +443,7 @@ class TunerApp(App[int]):
                                     tuning=jobs.tuning_from_bisect(state))
             path = save_profile(profile)
         except TunerError as e:
-            self.notify(e.one_line(), severity="error", timeout=10)
+            self.notify(for_people(e.one_line()), severity="error", timeout=10)
             return
         self.notify(f"saved profile {name} ({path})")
 
@@ -470,10 +513,14 @@ class TunerApp(App[int]):
             if job is not None:
                 job.stop()
                 devices_to_reset.add(job.device_id)
-                done.append(f"stopped {type(job).__name__} on {job.device_id}")
+                done.append(f"stopped {job_name(job)} on {job.device_id}")
         for job in (self._stress_job, self._bisect_job):
             if job is not None:
                 job.wait(wait_s)
+        if self._bisect_job is not None:  # the CLI's next bisect on this card would otherwise refuse, unexplained
+            device_id = self._bisect_job.device_id
+            done.append(f"the unfinished bisect session on {device_id} is kept: `tuner bisect --device {device_id} "
+                        "--resume` continues it (u on the Bisect screen), --restart starts afresh")
         if self.pending is not None:
             devices_to_reset.add(self.pending.device_id)
             try:
@@ -508,7 +555,7 @@ def screen_commands(screen: Screen) -> Iterable[SystemCommand]:
     for binding in getattr(screen, "BINDINGS", []):
         if isinstance(binding, Binding) and binding.description:
             yield SystemCommand(
-                binding.description, f"key: {binding.key}",
+                binding.tooltip or binding.description, f"key: {binding.key}",  # tooltip: the one-key name
                 lambda action=binding.action: screen.run_action(action),
             )
 

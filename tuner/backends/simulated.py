@@ -74,6 +74,8 @@ SIM_NVIDIA_PSTATES = (0, 2)  # the states an offset covers; the card works in P2
 # Electrical model of an imaginary 300 W card; the figures only need to be plausible and monotone.
 STOCK_LOAD_MV, IDLE_MV = 1100.0, 800.0
 IDLE_POWER_W, DYNAMIC_POWER_W = 15.0, 285.0
+POWER_CAP_W = 300.0  # the simulated board's power limit (load power stays just under it at stock)
+VRAM_TOTAL_MIB, VRAM_IDLE_MIB, VRAM_LOAD_MIB = 32_768.0, 420.0, 6_200.0
 LOAD_CLOCK_MHZ, IDLE_CLOCK_MHZ, MEM_CLOCK_MHZ = 2900.0, 500.0, 1250.0
 THERMAL_TAU_S = 15.0
 
@@ -378,6 +380,11 @@ class SimulatedBackend(Backend):
             fan_rpm=round(600 + 40 * max(0.0, temp_c - 30)),
             energy_j=round(energy_j, 1),
             pstate=None if self.kind.lock_clocks_mhz is None else (2 if load else 8),
+            fan_pct=round(min(100.0, 20 + 1.2 * max(0.0, temp_c - 30)), 1),
+            vram_used_mib=VRAM_IDLE_MIB + VRAM_LOAD_MIB * load,
+            vram_total_mib=VRAM_TOTAL_MIB,
+            power_cap_w=POWER_CAP_W,
+            throttle_reasons=("power cap",) if power_w >= POWER_CAP_W * 0.98 else (),
         )
 
     def _load_clock_mhz(self, device_id: str) -> float:

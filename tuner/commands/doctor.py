@@ -16,7 +16,7 @@ def add_parser(subparsers) -> None:
         description="Check that this machine is ready to tune: Python and packages, the torch build and the GPUs "
         "it sees, the NVIDIA driver and persistence mode, the amdgpu overdrive bit (with the exact "
         "ppfeaturemask to add), pp_od_clk_voltage per card, root, the kernel log, and variables that hide GPUs. "
-        "Exits 0 when nothing failed, 4 when a check failed.",
+        "Exits 0 when nothing failed, 4 when a check failed (no supported GPU found is a failed check).",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
@@ -32,4 +32,7 @@ def run(args, ctx) -> int:
             print(f"{_MARK[c.status]} {c.name}: {c.detail}")
             if c.remedy and c.status != "ok":
                 print(f"       -> {c.remedy}")
+    if failed and not args.json:
+        print(f"{sum(c.status == FAIL for c in checks)} check(s) failed: not ready to tune (exit "
+              f"{exit_codes.UNSUPPORTED})")
     return exit_codes.UNSUPPORTED if failed else exit_codes.OK

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 
 from tuner.commands._output import format_table, format_value, print_json
@@ -90,6 +92,30 @@ def run_list(args, ctx) -> int:
     return exit_codes.OK
 
 
+def trials_table(trials, unit: str, width: int) -> list[str]:
+    """The trials as a table that fits `width` columns: the reason comes last, cut to the room left, and a cut
+    reason is given in full below the table, wrapped to the width (a REASON column 200 characters wide wrapped
+    every row into a mess)."""
+    indent = "    "
+    rows = [(format_value(x.setting, unit), x.phase, x.verdict, x.duration_s, x.tok_s, x.power_w, x.max_temp_c)
+            for x in trials]
+    headers = ("SETTING", "PHASE", "VERDICT", "S", "TOK/S", "W", "MAX °C")
+    fixed = format_table(headers, rows).splitlines()
+    room = max(12, width - len(indent) - max(len(line) for line in fixed) - 2)
+    notes, out = [], []
+    fixed_width = max(len(x) for x in fixed)
+    for i, line in enumerate(fixed):
+        reason = "REASON" if i == 0 else (trials[i - 1].reason or "-")
+        if len(reason) > room:
+            notes.append((rows[i - 1][0], reason))
+            reason = reason[: room - 1] + "…"
+        out.append(f"{indent}{line.ljust(fixed_width)}  {reason}".rstrip())
+    for setting, reason in notes:
+        out += textwrap.wrap(f"{setting}: {reason}", width=max(20, width - len(indent)), initial_indent=indent,
+                             subsequent_indent=indent + "  ")
+    return out
+
+
 def run_show(args, ctx) -> int:
     profile = read_profile_file(find_in_store(args.name))
     if args.json:
@@ -125,10 +151,7 @@ def run_show(args, ctx) -> int:
             f"{fig(t.trial_duration_s, '{:g}')} s, confirm {fig(t.confirm_duration_s, '{:g}')} s"),
         ]
         if t.trials:
-            rows = [(format_value(x.setting, s.unit), x.phase, x.verdict, x.reason, x.duration_s, x.tok_s,
-                     x.power_w, x.max_temp_c) for x in t.trials]
-            table = format_table(("SETTING", "PHASE", "VERDICT", "REASON", "S", "TOK/S", "W", "MAX °C"), rows)
-            lines += ["  trials"] + [f"    {line}" for line in table.splitlines()]
+            lines += ["  trials", *trials_table(t.trials, s.unit, shutil.get_terminal_size().columns)]
     print("\n".join(lines))
     return exit_codes.OK
 

@@ -168,6 +168,10 @@ class Telemetry:
     energy_j: float | None = None  # a monotonically increasing counter, when the device has one
     throttle_reasons: tuple[str, ...] = ()
     pstate: int | None = None  # NVIDIA performance state (0 = P0), when the driver reports it
+    fan_pct: float | None = None  # fan speed as a share of its maximum, when the device reports it
+    vram_used_mib: float | None = None
+    vram_total_mib: float | None = None
+    power_cap_w: float | None = None  # the board's current power limit
 
     def to_dict(self) -> dict:
         d = asdict(self)

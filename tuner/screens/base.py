@@ -1,11 +1,12 @@
-"""What every screen shares: the navigation bar, the footer, and a repaint timer that stops while hidden."""
+"""What every screen shares: the navigation bar, the key bar (every key, `q` included, wrapped not cut), and a
+repaint timer that stops while hidden."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import Footer
 
+from tuner.widgets.key_bar import KeyBar
 from tuner.widgets.nav_bar import NavBar
 
 
@@ -17,7 +18,7 @@ class TunerScreen(Screen):
     def compose(self) -> ComposeResult:
         yield NavBar(self.TITLE, simulated=self.app.simulated)
         yield from self.compose_body()
-        yield Footer(compact=True)
+        yield KeyBar(type(self).BINDINGS)
 
     def compose_body(self) -> ComposeResult:
         yield from ()

@@ -5,6 +5,7 @@ The run itself belongs to the App (switching screens never stops it); this scree
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from rich.text import Text
@@ -14,9 +15,11 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
 from tuner.actions.bisect import bisect_defaults
+from tuner.app import form_memory
 from tuner.app.state import of_about
+from tuner.app.words import for_people
 from tuner.core.durations import format_duration, parse_duration_s
-from tuner.core.errors import UsageError
+from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
@@ -34,8 +37,9 @@ FIELDS = (
     ("floor", "floor", "int", "floor"),
     ("mode", "mode", "mode", "mode"),
 )
-COLUMNS = ("setting", "phase", "verdict", "reason", "tok/s", "W", "tok/J", "max °C")
-WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table
+COLUMNS = ("setting", "phase", "verdict", "why", "tok/s", "W", "tok/J", "max °C")
+WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table; below, g swaps them
+KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
 
 
 def _whole_number(label: str, text: str, unit: str) -> int:
@@ -76,13 +80,32 @@ def _cell(value, fmt: str = "{}") -> str:
         return str(value)
 
 
+def short_kind(row: dict) -> str:
+    """The reason as a short kind (`mismatch`, `hang`, `stopped`), so every column fits at 80 columns."""
+    kind = row.get("kind") or ""
+    if not kind:
+        reason = str(row.get("reason") or "")
+        kind = "stopped" if reason == "stopped by you" else reason.split(":")[0].split(" (")[0]
+    return kind if len(kind) <= KIND_WIDTH else kind[: KIND_WIDTH - 1] + "…"
+
+
+def trial_detail(row: dict | None, unit: str) -> str:
+    """The selected trial in one line, the full reason included."""
+    if not row:
+        return ""
+    where = _cell(row.get("setting"), "{:+d} " + unit)
+    verdict = str(row.get("verdict") or "-").upper()
+    reason = row.get("reason") or row.get("kind") or ""
+    return f"{where} {row.get('phase') or ''}: {verdict}" + (f" · {reason}" if reason else "")
+
+
 def trial_cells(row: dict, unit: str) -> tuple[str, ...]:
     verdict = str(row.get("verdict") or "-").upper()
     return (
         _cell(row.get("setting"), "{:+d} " + unit),
         _cell(row.get("phase")),
         verdict,
-        _cell(row.get("reason") or row.get("kind")),
+        _cell(short_kind(row)),
         _cell(row.get("tok_s"), "{:,.0f}"),
         _cell(row.get("power_w"), "{:.0f}"),
         _cell(row.get("tok_per_j"), "{:.2f}"),
@@ -94,7 +117,7 @@ class BisectScreen(TunerScreen):
     TITLE = "Bisect"
     DEFAULT_CSS = """
     BisectScreen #bisect-form { height: 1; padding: 0 1; }
-    BisectScreen #bisect-form Label { width: auto; padding: 0 0 0 1; }
+    BisectScreen #bisect-form Label { width: auto; padding: 0; }
     BisectScreen #bisect-form Input { width: 6; }
     BisectScreen #bisect-form #in-trial, BisectScreen #bisect-form #in-confirm { width: 4; }
     BisectScreen #bisect-form #in-floor { width: 5; }
@@ -102,8 +125,12 @@ class BisectScreen(TunerScreen):
     BisectScreen #bisect-progress { height: 1; padding: 0 1; }
     BisectScreen #bisect-main { height: 1fr; }
     BisectScreen #bisect-trials { width: 1fr; }
-    BisectScreen #plot-efficiency { width: 40%; display: none; }
-    BisectScreen.-wide #plot-efficiency { display: block; }
+    BisectScreen #plot-efficiency { width: 1fr; display: none; }
+    BisectScreen.-wide #plot-efficiency { width: 40%; display: block; }
+    BisectScreen.-plot #plot-efficiency { display: block; }
+    BisectScreen.-plot #bisect-trials { display: none; }
+    BisectScreen.-wide #bisect-trials { display: block; }
+    BisectScreen #bisect-detail { height: 1; padding: 0 1; }
     BisectScreen #bisect-result { height: auto; max-height: 3; padding: 0 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -111,16 +138,19 @@ class BisectScreen(TunerScreen):
         Binding("x", "stop", "Stop", id="bisect.stop"),
         Binding("u", "resume", "Resume", id="bisect.resume"),
         Binding("n", "restart", "Restart", id="bisect.restart"),
-        Binding("v", "save_profile", "Save profile", id="bisect.save"),
+        Binding("a", "apply_result", "Apply result", id="bisect.apply"),
+        Binding("v", "save_profile", "Save", id="bisect.save"),
+        Binding("e", "export", "Export", id="bisect.export"),
         Binding("f", "edit_form", "Form", id="bisect.form"),
         Binding("escape", "leave_form", "Table", show=False),
-        Binding("d", "next_device", "Device", id="bisect.device"),
+        Binding("g", "toggle_plot", "Plot/table", id="bisect.plot"),
+        Binding("d", "next_device", "Next card", id="bisect.device"),
     ]
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="bisect-form"):
             for field_id, label, _kind, _name in FIELDS:
-                yield Label(label)
+                yield Label(f"{label}:")  # each input is a cell wider than its text: that cell is the gap
                 yield Input(id=f"in-{field_id}", compact=True)
         yield Static(id="bisect-status")
         yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")
@@ -129,13 +159,25 @@ class BisectScreen(TunerScreen):
             table.add_columns(*COLUMNS)
             yield table
             yield HistoryPlot("tok/J vs setting", x_label="setting", id="plot-efficiency")
+        yield Static(id="bisect-detail")
         yield Static(id="bisect-result")
 
     def on_mount(self) -> None:
         super().on_mount()
         self._painted = None
         self._defaults_for = None
+        self._recall_form()
         self.query_one("#bisect-trials", DataTable).focus()
+
+    def _form_values(self) -> dict[str, str]:
+        return {f: self.query_one(f"#in-{f}", Input).value for f, *_ in FIELDS}
+
+    def _recall_form(self) -> None:
+        """The selected card's last values (tuner.app.form_memory); blank where it has none."""
+        device_id = self.app.selected_device_id
+        values = form_memory.recall(self.app.device(device_id)) if device_id else {}
+        for field_id, *_ in FIELDS:
+            self.query_one(f"#in-{field_id}", Input).value = values.get(field_id, "")
 
     def _show_defaults(self, knob) -> None:
         """Placeholders follow the selected card (its unit and steps), refreshed only when the card changes."""
@@ -151,13 +193,16 @@ class BisectScreen(TunerScreen):
 
     # --- actions -------------------------------------------------------------------------------------------------
     def _params(self, *, resume: bool, restart: bool) -> BisectParams | None:
-        values = {f: self.query_one(f"#in-{f}", Input).value for f, *_ in FIELDS}
+        values = self._form_values()
         knob = self._knob()
         try:
-            return parse_form(values, unit=knob.unit if knob else "", resume=resume, restart=restart)
+            params = parse_form(values, unit=knob.unit if knob else "", resume=resume, restart=restart)
         except UsageError as e:
             self.notify(e.one_line(), severity="error", timeout=8)
             return None
+        if self.app.selected_device_id:
+            form_memory.remember(self.app.device(self.app.selected_device_id), values)
+        return params
 
     def _knob(self):
         device_id = self.app.selected_device_id
@@ -184,6 +229,19 @@ class BisectScreen(TunerScreen):
             self.app.stop_bisect()
             self.notify("stopping the bisect; the card goes back to stock")
 
+    def action_toggle_plot(self) -> None:
+        """Below WIDE_COLUMNS the plot takes the table's place (g again brings the table back)."""
+        self.toggle_class("-plot")
+
+    def on_data_table_row_highlighted(self) -> None:
+        self._paint_detail()
+
+    def _paint_detail(self) -> None:
+        state = self.app.bisect
+        table = self.query_one("#bisect-trials", DataTable)
+        row = state.trials[table.cursor_row] if 0 <= table.cursor_row < len(state.trials) else None
+        self.query_one("#bisect-detail", Static).update(trial_detail(row, state.unit))
+
     def action_edit_form(self) -> None:
         self.query_one("#in-step", Input).focus()
 
@@ -195,7 +253,49 @@ class BisectScreen(TunerScreen):
             self.notify("a bisect is running; stop it before choosing another card", severity="warning")
             return
         self.app.select_device(1)
+        self._recall_form()
         self.repaint()
+
+    def action_export(self) -> None:
+        """The trials as CSV or JSON (by the suffix), as `tuner report FILE` writes them."""
+        state = self.app.bisect
+        if not state.device_id or not any(r.get("verdict") not in (None, "running") for r in state.trials):
+            self.notify("no finished trials to export yet", severity="warning")
+            return
+        default = f"~/bisect-{state.device_id}-{state.session or 'trials'}.csv"
+        self.app.push_screen(TextInputDialog("Export the trials to (.csv or .json):", value=default), self._export)
+
+    def _export(self, path: str | None) -> None:
+        if not path:
+            return
+        from dataclasses import asdict
+
+        from tuner.actions.report import write_report
+
+        state = self.app.bisect
+        rec = state.recommendation
+        try:
+            written = write_report(Path(path), state.trials, device_id=state.device_id, session=state.session,
+                                   simulated=self.app.device(state.device_id).simulated,
+                                   recommendation=asdict(rec) if rec is not None else None)
+        except TunerError as e:
+            self.notify(for_people(e.one_line()), severity="error", timeout=10)
+            return
+        self.notify(f"exported the trials to {written}")
+
+    def action_apply_result(self) -> None:
+        """The recommendation onto the card through the App's apply path (the rules of `tuner set`, then
+        keep-or-revert); once kept, offer to save it as a profile."""
+        state = self.app.bisect
+        rec = state.recommendation
+        if rec is None or state.running:
+            self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
+            return
+        knob = self.app.histories[state.device_id].knob
+        if knob is not None and knob.current == rec.setting:
+            self.notify(f"{state.device_id} is already at {rec.setting:+d} {rec.unit}; v saves it as a profile")
+            return
+        self.app.apply_setting(state.device_id, rec.setting, on_kept=self.action_save_profile)
 
     def action_save_profile(self) -> None:
         rec = self.app.bisect.recommendation
@@ -230,7 +330,7 @@ class BisectScreen(TunerScreen):
                 if cur.get("eta_s") is not None:
                     status.append(f" · trial ETA {format_duration(cur['eta_s'])}")
                 if cur.get("eta_total_s") is not None:
-                    status.append(f" · all ~{format_duration(cur['eta_total_s'])}")
+                    status.append(f" · all ≤{format_duration(cur['eta_total_s'])}")
         elif state.failure:
             status.append(f"STOPPED: {state.failure}", style="bold")
         elif state.device_id and state.trials:
@@ -239,22 +339,33 @@ class BisectScreen(TunerScreen):
             status.append("idle · b start · f edit form · u resume a session")
         self.query_one("#bisect-status", Static).update(status)
         progress = (state.current or {}).get("progress") or 0.0
-        self.query_one("#bisect-progress", ProgressBar).update(progress=progress if state.running else 0.0)
+        if not state.running:
+            progress = 1.0 if state.recommendation is not None or (state.trials and not state.failure) else 0.0
+        self.query_one("#bisect-progress", ProgressBar).update(progress=progress)
         self._show_defaults(knob)
         painted = (state.trials, state.recommendation, unit)
         if self._painted is not None and all(a is b for a, b in zip(painted, self._painted, strict=True)):
             return
         self._painted = painted
         table = self.query_one("#bisect-trials", DataTable)
+        cursor, following = table.cursor_row, table.cursor_row >= table.row_count - 1
         table.clear()
         for row in state.trials:
             table.add_row(*trial_cells(row, unit))
+        if state.trials:  # follow the newest trial unless the user moved up to read an older one
+            table.move_cursor(row=len(state.trials) - 1 if following else cursor)
+        self._paint_detail()
         done = [r for r in state.trials if r.get("tok_per_j") is not None and r.get("setting") is not None]
         done.sort(key=lambda r: r["setting"])
-        self.query_one("#plot-efficiency", HistoryPlot).show(
-            [r["setting"] for r in done], [r["tok_per_j"] for r in done]
-        )
-        self.query_one("#bisect-result", Static).update(recommendation_text(state.recommendation, unit))
+        xs = [r["setting"] for r in done]
+        self.query_one("#plot-efficiency", HistoryPlot).show_series(
+            [("tok/J", xs, [r["tok_per_j"] for r in done], "left"),
+             ("W", [r["setting"] for r in done if r.get("power_w") is not None],
+              [r["power_w"] for r in done if r.get("power_w") is not None], "right")],
+            title=f"tok/J and W vs setting ({unit})" + (" SIMULATED" if self.app.simulated else ""))
+        simulated = bool(device_id) and app.device(device_id).simulated
+        self.query_one("#bisect-result", Static).update(
+            recommendation_text(state.recommendation, unit, simulated=simulated))
 
 
 def _placeholders(knob) -> dict[str, str]:
@@ -271,16 +382,28 @@ def setting_text_short(knob) -> str:
     return f"now {knob.current:+d} {knob.unit}" + (" (STOCK)" if knob.current == knob.stock else " (MODIFIED)")
 
 
-def recommendation_text(rec, unit: str) -> Text:
+SIMULATED_NOTE = "SIMULATED card: the simulator's power and the CPU engine's tok/s, not a real gain"
+
+
+def recommendation_text(rec, unit: str, *, simulated: bool = False) -> Text:
+    """The result with every figure labelled, rounded and in its unit; the efficiency with the setting it was
+    measured at; on a simulated card, the same caveat the CLI prints."""
     if rec is None:
         return Text("")
     text = Text("RECOMMENDED ", style="bold reverse")
-    setting = getattr(rec, "setting", None)
-    text.append(f" {_cell(setting, '{:+d} ' + unit)}")
-    for attr, label, fmt in (("confirmed", "confirmed", "{:+d}"), ("first_failure", "first fail", "{:+d}"),
-                             ("margin", "margin", "{}"), ("efficiency_gain_pct", "tok/J gain", "{:+.1f} %")):
+    text.append(f" {_cell(getattr(rec, 'setting', None), '{:+d} ' + unit)}")
+    for attr, label in (("confirmed", "confirmed"), ("first_failure", "first fail")):
         value = getattr(rec, attr, None)
         if value is not None:
-            text.append(f" · {label} {fmt.format(value)}")
-    text.append("  (v: save as profile)")
+            text.append(f" · {label} {value:+d} {unit}")
+    if getattr(rec, "margin", None) is not None:
+        text.append(f" · margin {rec.margin} {unit}")
+    text.append("  (a: apply, v: save as profile)")
+    gain = getattr(rec, "efficiency_gain_pct", None)
+    if gain is not None and rec.baseline_tok_per_j is not None and rec.tuned_tok_per_j is not None:
+        at = _cell(getattr(rec, "measured_at", None), "{:+d} " + unit)
+        text.append(f"\ntok/J {rec.baseline_tok_per_j:.2f} at stock, {rec.tuned_tok_per_j:.2f} at {at} "
+                    f"({gain:+.1f} %)")
+        if simulated:
+            text.append(f" · {SIMULATED_NOTE}", style="bold")
     return text

@@ -67,7 +67,8 @@ class KeepOrRevertDialog(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         p = self.pending
         with Vertical():
-            yield Static(f"Applied {p.value:+d} on {p.device_id}. Keep this setting?", id="keep-question")
+            unit = f" {p.applied.unit}" if p.applied is not None else ""
+            yield Static(f"Applied {p.value:+d}{unit} on {p.device_id}. Keep this setting?", id="keep-question")
             yield Label(id="countdown")
             with Horizontal():
                 yield Button("Revert (r)", id="revert", variant="primary")

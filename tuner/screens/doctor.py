@@ -18,6 +18,10 @@ STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cy
 
 def checks_text(checks: list) -> Text:
     text = Text()
+    failed = sum(c.status == "fail" for c in checks)
+    if checks:  # the verdict first, as `tuner doctor`'s exit code gives it
+        text.append(f"NOT READY: {failed} check(s) failed\n" if failed else "READY: no check failed\n",
+                    style="bold")
     for check in checks:
         text.append(STATUS_MARK.get(check.status, f"[{check.status}]"), style=STATUS_STYLE.get(check.status, ""))
         text.append(f" {check.name}: {check.detail}\n")
@@ -30,6 +34,9 @@ def checks_text(checks: list) -> Text:
 
 class DoctorScreen(TunerScreen):
     TITLE = "Doctor"
+    DEFAULT_CSS = """
+    DoctorScreen #doctor-loading, DoctorScreen #doctor-body { height: 1fr; }
+    """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("r", "rerun", "Run again", id="doctor.rerun")]
 
     def compose_body(self) -> ComposeResult:

@@ -14,7 +14,8 @@ HELP_TEXT = """\
 Tune      left/right one step, pgup/pgdn five, a apply, r reset to stock,
           s start/stop stress, m mode, p preset, d next device
 Bisect    f edit the form (tab between fields, enter starts, esc leaves),
-          b start, x stop, u resume, v save the result as a profile
+          b start, x stop, u resume, n restart, a apply the result,
+          v save it as a profile, g plot/table, e export the trials
 Profiles  up/down select, a apply, e export, i import, del delete
 Dialogs   enter = the highlighted button; escape = the safe choice
 
@@ -24,7 +25,7 @@ Dialogs   enter = the highlighted button; escape = the safe choice
 - Stress and bisect runs keep going while you switch screens. Quitting
   asks, then stops them and resets the card to stock; an SSH hang-up
   does the same without asking.
-- Overvolting is never offered here (the CLI has --allow-overvolt).
+- Overvolting is never offered here.
 - Profiles apply only to the card they were proven on; another card of
   the same model needs a passing stress trial first.
 - State is written in words (STOCK, MODIFIED, PASS, FAIL, RUNNING),

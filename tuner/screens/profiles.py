@@ -15,6 +15,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from tuner.app.words import for_people
 from tuner.core.errors import TunerError
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
@@ -28,33 +29,58 @@ def _profiles_module():
     return profiles
 
 
-def detail_text(profile, target_label: str, match) -> Text:
-    from tuner.profiles.identity import fingerprint
+KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
+SIMULATED_CAVEAT = "measured on a SIMULATED card: not a real measurement"
 
-    s = profile.setting
+
+def _identity(device) -> str:
+    """The card's identity in words, only the parts that are known."""
+    parts = [f"{label} {value}" for label, value in (("PCI id", device.pci_id), ("slot", device.pci_slot),
+                                                     ("serial", device.serial)) if value]
+    return ", ".join(parts) or "no identity recorded"
+
+
+def match_sentence(match, target_label: str) -> str:
+    """What applying would do on the selected card, in one sentence."""
+    from tuner.profiles.identity import Match
+
+    if match.match == Match.SAME_CARD:
+        return f"On {target_label}: {match.reason}. Press a to apply it, then keep or revert it within 15 s."
+    if match.match == Match.SAME_MODEL:
+        return (f"On {target_label}: {match.reason}. Press a to run a 5-minute stress trial first; the setting is "
+                "kept only if it passes.")
+    return f"On {target_label}: cannot be applied ({match.reason})."
+
+
+def detail_text(profile, target_label: str, match) -> Text:
+    """A profile as sentences a user reads once: what it sets, how it was found, what it would do here."""
+    s, d = profile.setting, profile.device
     text = Text()
     text.append(f"{profile.name}\n", style="bold")
-    text.append(f"setting     {s.value:+d} {s.unit} ({s.kind})\n")
-    text.append(f"card        {profile.device.name}\n")
-    text.append(f"fingerprint {fingerprint(profile.device)}\n")
-    text.append(f"created     {profile.meta.created:%Y-%m-%d %H:%M} UTC\n")
-    tuning = profile.tuning
-    if tuning is not None:
-        parts = []
-        for attr, label in (("confirmed_value", "confirmed"), ("margin", "margin"), ("first_failure", "first fail"),
-                            ("efficiency_gain_pct", "gain %"), ("baseline_tok_per_j", "base tok/J"),
-                            ("tuned_tok_per_j", "tuned tok/J")):
-            value = getattr(tuning, attr, None)
-            if value is not None:
-                parts.append(f"{label} {value}")
-        text.append("evidence    " + (", ".join(parts) or "-") + "\n")
-        text.append(f"trials      {len(tuning.trials or ())}\n")
+    text.append(f"Sets the {KIND_WORDS.get(s.kind, s.kind)} to {s.value:+d} {s.unit} on {d.label}.\n")
+    text.append(f"Saved {profile.meta.created:%Y-%m-%d %H:%M} UTC. Card: {_identity(d)}.\n")
+    t = profile.tuning
+    if t is None:
+        text.append("Not from an auto-bisect: no evidence recorded.\n")
     else:
-        text.append("evidence    none (not from a bisect)\n")
+        found = []
+        if t.confirmed is not None:
+            found.append(f"confirmed stable at {t.confirmed:+d} {s.unit}")
+        if t.first_failure is not None:
+            found.append(f"first failure at {t.first_failure:+d} {s.unit}")
+        if t.margin is not None:
+            found.append(f"a {t.margin} {s.unit} safety margin")
+        text.append("Found by an auto-bisect" + (f": {', '.join(found)}" if found else "") +
+                    f" ({len(t.trials or ())} trials).\n")
+        if t.baseline_tok_per_j is not None and t.tuned_tok_per_j is not None:
+            gain = f" ({t.efficiency_gain_pct:+.1f} %)" if t.efficiency_gain_pct is not None else ""
+            text.append(f"Efficiency {t.baseline_tok_per_j:.2f} tok/J at stock, {t.tuned_tok_per_j:.2f} tok/J at "
+                        f"{s.value:+d} {s.unit}{gain}")
+            text.append(f"; {SIMULATED_CAVEAT}.\n" if d.simulated else ".\n")
     if match is not None:
-        text.append(f"on {target_label}: {match.match.value.replace('_', ' ').upper()}: {match.reason}\n")
+        text.append(match_sentence(match, target_label) + "\n")
         for warning in match.warnings:
-            text.append(f"  warning: {warning}\n")
+            text.append(f"Note: {warning}\n")
     return text
 
 
@@ -72,7 +98,7 @@ class ProfilesScreen(TunerScreen):
         Binding("delete", "delete", "Delete", id="profiles.delete"),
         Binding("x", "delete", "Delete", show=False),
         Binding("l", "reload", "Reload", id="profiles.reload"),
-        Binding("d", "next_device", "Device", id="profiles.device"),
+        Binding("d", "next_device", "Next card", id="profiles.device"),
     ]
 
     def compose_body(self) -> ComposeResult:
@@ -101,7 +127,7 @@ class ProfilesScreen(TunerScreen):
         return self.profiles[table.cursor_row]
 
     def _error(self, e: Exception) -> None:
-        text = e.one_line() if isinstance(e, TunerError) else f"{type(e).__name__}: {e}"
+        text = for_people(e.one_line()) if isinstance(e, TunerError) else f"{type(e).__name__}: {e}"
         self.notify(text, severity="error", timeout=10)
 
     # --- actions -------------------------------------------------------------------------------------------------

@@ -35,16 +35,18 @@ class TuneScreen(TunerScreen):
     TuneScreen #stress-log { height: 6; border-top: solid $primary; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("left", "move(-1)", "-1 step", priority=True, id="tune.down"),
-        Binding("right", "move(1)", "+1 step", priority=True, id="tune.up"),
-        Binding("pagedown", "move(-5)", "-5", priority=True, id="tune.down5"),
-        Binding("pageup", "move(5)", "+5", priority=True, id="tune.up5"),
+        # one footer item per pair of arrow keys; the palette still lists each by name (screen_commands)
+        Binding("left", "move(-1)", "Step", priority=True, key_display="←/→", tooltip="-1 step", id="tune.down"),
+        Binding("right", "move(1)", "+1 step", show=False, priority=True, id="tune.up"),
+        Binding("pagedown", "move(-5)", "5 steps", priority=True, key_display="PgDn/PgUp", tooltip="-5 steps",
+                id="tune.down5"),
+        Binding("pageup", "move(5)", "+5 steps", show=False, priority=True, id="tune.up5"),
         Binding("a", "apply", "Apply", id="tune.apply"),
-        Binding("r", "reset", "Reset", id="tune.reset"),
-        Binding("s", "toggle_stress", "Stress", id="tune.stress"),
+        Binding("r", "reset", "Reset to stock", id="tune.reset"),
+        Binding("s", "toggle_stress", "Stress on/off", id="tune.stress"),
         Binding("m", "cycle_mode", "Mode", id="tune.mode"),
         Binding("p", "cycle_preset", "Preset", id="tune.preset"),
-        Binding("d", "next_device", "Device", id="tune.device"),
+        Binding("d", "next_device", "Next card", id="tune.device"),
     ]
 
     def __init__(self) -> None:
@@ -53,6 +55,7 @@ class TuneScreen(TunerScreen):
         self.preset, self.mode = "tiny", Mode.TRAIN
         self._log_shown = 0
         self._log_run = None
+        self._seen_setting: tuple | None = None
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="tune-head")
@@ -115,6 +118,9 @@ class TuneScreen(TunerScreen):
     def repaint(self) -> None:
         app = self.app
         knob = self._knob()
+        seen = None if knob is None else (self.device_id, knob.current)
+        if seen != self._seen_setting:  # applied, reverted or reset: the target starts from the card again
+            self._seen_setting, self.target = seen, None
         device = app.device(self.device_id) if self.device_id else None
         head = Text()
         if device is None:

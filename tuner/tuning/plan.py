@@ -314,17 +314,27 @@ class BisectPlan:
 
     # --- estimates (for ETAs; never used to decide) --------------------------------------------------------------
     def remaining_estimate(self, results: Sequence[PlanResult]) -> tuple[int, int]:
-        """(short trials, confirm runs) still expected if the next short trials pass until the bracket closes.
-
-        A rough guess: the coarse descent's length is unknowable, so one more coarse trial is assumed."""
+        """(short trials, confirm runs) still expected, this one included, if the short trials pass until the
+        bracket closes: an upper bound that assumes the coarse descent runs to the bracket's end (the range end or
+        floor, or just above a failure). Each passing coarse trial then uses up one of its own trials, so the
+        session's total (trials done + this) stays put while the bound does, and drops only when a failure moves
+        it; "one more coarse trial" made the count grow with every pass (~4, ~5, ... ~9)."""
         decision = self.decide(results)
         if not isinstance(decision, NextTrial):
             return 0, 0
         refine = max(0, (self.coarse_k // self.res_k - 1).bit_length())
-        if decision.phase in (BASELINE, REPLAY, CONTROL):
-            return 2 + refine, 1
-        if decision.phase == COARSE:
-            return 1 + refine, 1
         if decision.phase == REFINE:
             return 1 + refine // 2, 1
-        return 0, 1
+        if decision.phase == CONFIRM:
+            return 0, 1
+        trials = [r for r in results if r.verdict != INCONCLUSIVE and r.phase not in STOCK_PHASES]
+        fails_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == FAIL) if k is not None]
+        fail_k = min(fails_k + self.unsafe_k, default=None)
+        passes_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == PASS) if k is not None]
+        lo = max([0] + [k for k in passes_k if fail_k is None or k < fail_k])
+        end_k = self.k_max if fail_k is None else min(self.k_max, fail_k - 1)
+        coarse = max(1, -(-(end_k - lo) // self.coarse_k))  # ceil: coarse trials left down to the bound
+        if decision.phase == COARSE:
+            return coarse + refine, 1
+        stock = 2 if decision.phase == BASELINE and self.params.replay_baseline else 1
+        return stock + coarse + refine, 1

@@ -17,28 +17,46 @@ def setting_text(knob: Knob | None) -> str:
     if knob is None:
         return "setting: reading..."
     state = "STOCK" if knob.current == knob.stock else "MODIFIED"
-    return f"setting {knob.current:+d} {knob.unit} (stock {knob.stock:+d}, {state})"
+    return f"setting {knob.current:+d} {knob.unit} (stock {knob.stock:+d} {knob.unit}, {state})"
 
 
 def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:.{digits}f} {unit}"
 
 
+def _fan(sample: Telemetry) -> str:
+    if sample.fan_pct is not None:
+        return f"{sample.fan_pct:.0f} %" + (f" ({sample.fan_rpm:.0f} rpm)" if sample.fan_rpm is not None else "")
+    return _fmt(sample.fan_rpm, "rpm")
+
+
+def _vram(sample: Telemetry) -> str:
+    if sample.vram_used_mib is None:
+        return "n/a"
+    used_gib = sample.vram_used_mib / 1024
+    if sample.vram_total_mib:
+        return f"{used_gib:.1f}/{sample.vram_total_mib / 1024:.0f} GiB"
+    return f"{used_gib:.1f} GiB"
+
+
 def figures_text(sample: Telemetry | None) -> str:
     if sample is None:
         return "no sample yet"
+    power = _fmt(sample.power_w, "W", 1) + (f" of {sample.power_cap_w:.0f}" if sample.power_cap_w else "")
+    limits = ", ".join(sample.throttle_reasons) if sample.throttle_reasons else "none"
     return (
-        f"power {_fmt(sample.power_w, 'W', 1)}  edge {_fmt(sample.temp_edge_c, '°C')}  "
+        f"power {power}  edge {_fmt(sample.temp_edge_c, '°C')}  "
         f"hotspot {_fmt(sample.temp_hotspot_c, '°C')}  mem {_fmt(sample.temp_mem_c, '°C')}\n"
         f"core {_fmt(sample.core_clock_mhz, 'MHz')}  mem {_fmt(sample.mem_clock_mhz, 'MHz')}  "
-        f"vddgfx {_fmt(sample.voltage_mv, 'mV')}  util {_fmt(sample.util_pct, '%')}"
+        f"vddgfx {_fmt(sample.voltage_mv, 'mV')}  util {_fmt(sample.util_pct, '%')}\n"
+        f"fan {_fan(sample)}  VRAM {_vram(sample)}  limits: {limits}"
     )
 
 
 class DevicePanel(Vertical):
     DEFAULT_CSS = """
     DevicePanel { height: 1fr; min-height: 12; border: round $primary; padding: 0 1; }
-    DevicePanel .figures { height: 2; }
+    DevicePanel .figures { height: 3; }
     DevicePanel Horizontal { height: 1fr; }
     """
 
@@ -52,8 +70,8 @@ class DevicePanel(Vertical):
         yield Static(id="setting")
         yield Static(classes="figures", id="figures")
         with Horizontal():
-            yield HistoryPlot("power W", id="plot-power")
-            yield HistoryPlot("edge °C", id="plot-temp")
+            yield HistoryPlot("power W", id="plot-power", min_span=20.0)
+            yield HistoryPlot("edge °C", id="plot-temp", min_span=10.0)
 
     def paint(self, history: DeviceHistory, running: str) -> None:
         line = Text(setting_text(history.knob))

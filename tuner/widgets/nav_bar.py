@@ -24,9 +24,14 @@ class NavBar(Static):
         self.update(self.build(self.size.width))
 
     def build(self, width: int) -> Text:
+        full = self._build(width, short=False)
+        return full if len(full.plain.rstrip()) <= width else self._build(width, short=True)
+
+    def _build(self, width: int, *, short: bool) -> Text:
+        """Full names when they fit (they do at 80 columns, badge included), else the first four letters."""
         text = Text(" tuner ", style="bold")
         for key, title in SCREENS:
-            label = title if width >= 96 or title == self.current else title[:4]
+            label = title[:4] if short and title != self.current else title
             if title == self.current:
                 text.append(f"[{key} {label}]", style="reverse bold")  # brackets: not by colour alone
             else:

@@ -1,0 +1,20 @@
+"""`tuner profile show` fits the terminal: a long reason is cut in the table and given in full, wrapped, below."""
+
+from tuner.commands.profile import trials_table
+from tuner.tuning.events import TrialResult
+
+LONG = ("loss diverged from the stock reference at step 412: 2.718281 vs 2.718282 (relative difference 3.7e-7, "
+        "bit-exact comparison), the canary agreed, the GEMM check agreed, no kernel message")
+
+
+def test_trials_table_fits_80_columns_and_keeps_the_full_reason():
+    trials = [TrialResult(setting=0, unit="mV", phase="baseline", verdict="pass", duration_s=300, tok_s=9000,
+                          power_w=250.0, max_temp_c=70),
+              TrialResult(setting=-40, unit="mV", phase="coarse", verdict="fail", kind="mismatch", reason=LONG,
+                          duration_s=300, tok_s=9010, power_w=231.5, max_temp_c=68)]
+    lines = trials_table(trials, "mV", 80)
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "REASON" in lines[0] and "…" in lines[2]
+    assert " ".join(line.strip() for line in lines[3:]).startswith("-40 mV: loss diverged")
+    assert "no kernel message" in lines[-1]
+    assert len(trials_table(trials, "mV", 400)) == 3  # wide enough: nothing cut, no notes

@@ -1,0 +1,188 @@
+"""Issue 15, items 1-3: the screen shows the card as it is (at once, with units), every key is visible at 80x24,
+and the Bisect screen fits 80 columns with an ETA from what trials really took."""
+
+from __future__ import annotations
+
+from tuner.app.jobs import apply_bisect_event
+from tuner.app.state import BisectState
+from tuner.screens.dialogs import KeepOrRevertDialog
+from tuner.tuning.events import TrialFinished, TrialProgress, TrialResult, TrialStarted
+from tuner.widgets.key_bar import KeyBar
+
+SCREENS = {"1": "Dashboard", "2": "Tune", "3": "Bisect", "4": "Profiles", "5": "Doctor", "6": "Help"}
+
+
+def _text(widget) -> str:
+    return str(widget.render())
+
+
+async def test_apply_refreshes_the_screen_behind_the_dialog_with_units(app, backend):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        tune = app.screen
+        await pilot.press("left", "left", "left")  # target -15 mV
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog)
+        assert "Applied -15 mV on sim0" in _text(app.screen.query_one("#keep-question"))
+        head = _text(tune.query_one("#tune-head"))
+        assert "setting -15 mV" in head and "MODIFIED" in head  # not the stale "+0 mV ... STOCK"
+        assert "not applied" not in head
+        await pilot.press("r")  # revert
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.knob("sim0").current == 0
+        head = _text(tune.query_one("#tune-head"))
+        assert "setting +0 mV" in head and "STOCK" in head and "target +0 mV" in head
+
+
+async def test_reset_refreshes_the_dashboard_at_once(app, backend):
+    backend.apply("sim0", -30)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.sample_now()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        panel_setting = app.screen.query_one("#setting")
+        assert "-30 mV" in _text(panel_setting)
+        app.reset_to_stock("sim0")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert "+0 mV" in _text(panel_setting) and "STOCK" in _text(panel_setting)
+
+
+async def test_every_screen_shows_all_its_keys_and_quit_at_80x24(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        for key, title in SCREENS.items():
+            await pilot.press(key)
+            await pilot.pause()
+            bar = app.screen.query_one(KeyBar)
+            assert bar.region.bottom <= 24 and bar.region.height >= 1
+            shown = bar.plain
+            assert all(len(line) <= 80 for line in shown.splitlines())
+            for binding in type(app.screen).BINDINGS:
+                if binding.show and binding.description:
+                    assert binding.description in shown, (title, binding.description, shown)
+            assert "q Quit" in shown and "^p Palette" in shown, (title, shown)
+            nav = _text(app.screen.query_one("NavBar"))
+            for name in SCREENS.values():
+                assert f"{name} " in nav or f"{name}]" in nav, (name, nav)  # never "Dashbo" / "Profil"
+
+
+def _result(setting, verdict="fail", kind="mismatch", reason="loss diverged from the stock reference at step 412"):
+    return TrialResult(setting=setting, unit="mV", phase="descend", verdict=verdict, kind=kind, reason=reason or "",
+                       duration_s=1.0, tok_s=900.0, power_w=210.0, tok_per_j=4.3, max_temp_c=71.0)
+
+
+def test_eta_comes_from_measured_wall_time_per_trial():
+    state = BisectState(device_id="sim0", running=True)
+    state = apply_bisect_event(state, TrialStarted(index=1, setting=0, unit="mV", phase="baseline", duration_s=1.0,
+                                                   started_at=0.0, expected_trials=4), now_s=100.0)
+    # the first trial really took 5 s (engine start, reference, reset), not its nominal 1 s
+    state = apply_bisect_event(state, TrialStarted(index=2, setting=-10, unit="mV", phase="descend",
+                                                   duration_s=1.0, started_at=0.0, expected_trials=4), now_s=105.0)
+    assert state.current["eta_s"] == 5.0
+    state = apply_bisect_event(state, TrialProgress(setting=-10, phase="descend", elapsed_s=0.5, duration_s=1.0,
+                                                    eta_s=0.5, eta_total_s=2.5), now_s=106.0)
+    assert state.current["eta_s"] == 4.0  # 5 s expected, 1 s gone
+    assert state.current["eta_total_s"] == 14.0  # this trial's 4 s and two more nominal seconds, 5x each
+
+
+async def test_bisect_table_fits_80_columns_with_a_detail_line_and_a_full_bar(app):
+    rows = (_result(0, "pass", None, None), _result(-10, "pass", None, None), _result(-20))
+    state = BisectState(device_id="sim0", unit="mV")
+    for r in rows:
+        state = apply_bisect_event(state, TrialStarted(index=1, setting=r.setting, unit="mV", phase="descend",
+                                                       duration_s=1.0, started_at=0.0))
+        state = apply_bisect_event(state, TrialFinished(index=1, result=r))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.bisect = state
+        await pilot.press("3")
+        await pilot.pause(0.6)
+        screen = app.screen
+        table = screen.query_one("#bisect-trials")
+        assert sum(c.get_render_width(table) for c in table.columns.values()) <= 78  # every column on screen
+        assert "mismatch" in table.get_row_at(2)
+        detail = _text(screen.query_one("#bisect-detail"))
+        assert "-20 mV" in detail and "loss diverged from the stock reference at step 412" in detail
+        assert screen.query_one("#bisect-progress").percentage == 1.0  # FINISHED reads 100 %
+        assert not screen.query_one("#plot-efficiency").display
+        await pilot.press("g")  # the plot takes the table's place at 80 columns
+        await pilot.pause()
+        assert screen.query_one("#plot-efficiency").display and not table.display
+
+
+# --- item 7: words for people ----------------------------------------------------------------------------------
+def test_cli_flags_become_the_ui_keys():
+    from tuner.app.jobs import BisectRunner
+    from tuner.app.words import for_people, job_name
+
+    assert for_people("stopped; resume with --resume") == "stopped; u resumes it on the Bisect screen"
+    text = for_people("an unfinished bisect session exists for sim0 (s1, 3 trials done); continue it with "
+                      "--resume or discard it with --restart (the unsafe list is kept)")
+    assert "--" not in text and "u continues it and n starts afresh" in text
+    assert "--" not in for_people("/x/a.toml already exists; nothing was written; pass --overwrite to replace it")
+    assert job_name(BisectRunner(lambda: None, "sim0")) == "the auto-bisect"
+
+
+def test_a_users_stop_reads_stopped_by_you():
+    from tuner.app.jobs import apply_stress_event
+    from tuner.app.state import StressState
+    from tuner.tuning.engine_client import EndEvent
+    from tuner.tuning.events import BisectStopped
+
+    end = EndEvent(t=1.0, raw={}, verdict="error", reason="interrupted by SIGTERM", steps=431)
+    stopping = StressState(device_id="sim0", running=True, stopping=True)
+    assert apply_stress_event(stopping, end).log[-1] == "stopped by you after 431 steps (no fault seen)"
+    stopped = apply_bisect_event(BisectState(device_id="sim0", running=True),
+                                 BisectStopped(reason="stopped on request", resumable=True))
+    assert stopped.failure == "stopped by you; u resumes it"
+
+
+# --- items 4 and 5: act on the result; honest numbers -------------------------------------------------------------
+def _recommendation(setting=-40):
+    from tuner.tuning.events import Recommendation
+
+    return Recommendation(device="sim0", unit="mV", setting=setting, confirmed=-50, lowest_pass=-50,
+                          first_failure=-60, margin=10, edge=False, baseline_tok_per_j=23.8005328005328,
+                          tuned_tok_per_j=25.104, measured_at=-50, efficiency_gain_pct=5.4789)
+
+
+async def test_apply_the_recommendation_then_keep_offers_to_save(app, backend):
+    from tuner.screens.dialogs import TextInputDialog
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.bisect = BisectState(device_id="sim0", unit="mV", recommendation=_recommendation())
+        await pilot.press("3")
+        await pilot.pause(0.6)
+        result = _text(app.screen.query_one("#bisect-result"))
+        assert "tok/J 23.80 at stock, 25.10 at -50 mV (+5.5 %)" in result  # rounded, with where it was measured
+        assert "SIMULATED card" in result and "not a real gain" in result
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog) and backend.knob("sim0").current == -40
+        await pilot.press("k")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.knob("sim0").current == -40
+        assert isinstance(app.screen, TextInputDialog)  # kept: now offered as a profile
+        await pilot.press("escape")
+
+
+# --- item 9: dashboard ----------------------------------------------------------------------------------------------
+async def test_dashboard_shows_fan_vram_power_cap_and_limits(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.6)
+        figures = _text(app.screen.query_one("#figures"))
+        assert "of 300" in figures and "fan " in figures and "%" in figures
+        assert "VRAM 0.4/32 GiB" in figures and "limits: none" in figures
+
+
+def test_plots_get_a_minimum_span_and_round_ticks():
+    from tuner.widgets.history_plot import nice_axis
+
+    lo, hi, ticks = nice_axis([15.0, 15.2, 15.1], 20.0)  # an idle card: a flat line, not noise filling the plot
+    assert hi - lo >= 20.0 and all(t == int(t) and int(t) % 5 == 0 for t in ticks)
+    assert nice_axis([15.0, 297.3], 20.0) == (0, 300, [0, 100, 200, 300])

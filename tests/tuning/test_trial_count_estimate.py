@@ -1,0 +1,29 @@
+"""The trial count the UI shows ("trial 3 of ≤N") changes only when the plan's bound does (issue 15 item 3): a
+passing coarse trial uses up one of the trials already counted; a failure closes the bracket and lowers it."""
+
+from tuner.core.models import Knob, KnobKind
+from tuner.tuning.plan import BisectPlan, NextTrial, PlanParams, PlanResult
+
+
+def _estimates(vmin_mv: int, *, replay: bool = True) -> list[tuple[str, int]]:
+    knob = Knob(kind=KnobKind.VOLTAGE_OFFSET, unit="mV", stock=0, current=0, min=-200, max=0, step=5,
+                aggressive_direction=-1)
+    plan = BisectPlan(knob, PlanParams.defaults_for(knob, replay_baseline=replay))
+    results, out = [], []
+    while isinstance(decision := plan.decide(results), NextTrial):
+        short, confirms = plan.remaining_estimate(results)
+        out.append((decision.phase, len(results) + short + confirms))
+        ok = decision.setting >= vmin_mv
+        results.append(PlanResult(setting=decision.setting, phase=decision.phase, verdict="pass" if ok else "fail",
+                                  kind=None if ok else "mismatch"))
+    return out
+
+
+def test_the_total_holds_while_the_descent_passes_and_drops_at_the_first_failure():
+    est = _estimates(-52)
+    totals = [total for _phase, total in est]
+    descent = [total for phase, total in est if phase in ("baseline", "replay", "coarse")]
+    # every trial down to the one that fails (-60 mV) sees the same total: the bound (the range end) never moved
+    assert len(descent) == 8 and set(descent) == {24}
+    assert totals == sorted(totals, reverse=True)  # it never grows
+    assert totals[-1] == len(est) == 10  # and it is exact once the failure closed the bracket

@@ -1,0 +1,32 @@
+"""`tuner report FILE`: the latest bisect session's trials as CSV or JSON (by the file's suffix)."""
+
+from __future__ import annotations
+
+from tuner.actions.report import last_session, write_report
+from tuner.commands._device import pick_device
+from tuner.core import exit_codes
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="export the latest bisect's trials as CSV or JSON",
+        description="Write the latest bisect session's trials (finished or not) for a device to FILE: CSV when it "
+        "ends in .csv (one row per trial), JSON when it ends in .json (the session, its trials and the "
+        "recommendation). The UI's Bisect screen exports the same (key e).",
+    )
+    p.add_argument("file", metavar="FILE", help="where to write: NAME.csv or NAME.json")
+    p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only one)")
+    p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    p.set_defaults(run=run)
+
+
+def run(args, ctx) -> int:
+    device = pick_device(ctx.backend, args.device)
+    doc = last_session(device.id)
+    trials = doc.get("trials") or []
+    path = write_report(args.file, trials, device_id=device.id, session=doc.get("session"),
+                        simulated=device.simulated, recommendation=doc.get("recommendation"),
+                        overwrite=args.overwrite)
+    print(f"wrote {len(trials)} trials of session {doc.get('session')} on {device.id} to {path}")
+    return exit_codes.OK
