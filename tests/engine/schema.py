@@ -23,7 +23,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "threads": (int,), "reference": (dict, type(None)), "record": OPT_STR, "fault_rate": NUM,
         "fault_seed": (int,),
         "injections": (list,), "visible_devices": (dict,), "setup_problems": (list,), "torch_version": (str,),
-        "cuda_version": OPT_STR, "hip_version": OPT_STR,
+        "cuda_version": OPT_STR, "hip_version": OPT_STR, "compile": (bool,),
     },
     "step": {"step": (int,), "loss": FLOATISH, "grad_norm": FLOATISH, "dt_ms": NUM, "tok_s": OPT_NUM,
              "tflops": OPT_NUM},

@@ -74,6 +74,7 @@ SIM_NVIDIA_PSTATES = (0, 2)  # the states an offset covers; the card works in P2
 # Electrical model of an imaginary 300 W card; the figures only need to be plausible and monotone.
 STOCK_LOAD_MV, IDLE_MV = 1100.0, 800.0
 IDLE_POWER_W, DYNAMIC_POWER_W = 15.0, 285.0
+SIM_POWER_LIMIT_W = 330.0  # the simulated card's board power limit (its full load draws ~300 W)
 LOAD_CLOCK_MHZ, IDLE_CLOCK_MHZ, MEM_CLOCK_MHZ = 2900.0, 500.0, 1250.0
 THERMAL_TAU_S = 15.0
 
@@ -378,6 +379,7 @@ class SimulatedBackend(Backend):
             fan_rpm=round(600 + 40 * max(0.0, temp_c - 30)),
             energy_j=round(energy_j, 1),
             pstate=None if self.kind.lock_clocks_mhz is None else (2 if load else 8),
+            power_limit_w=SIM_POWER_LIMIT_W,
         )
 
     def _load_clock_mhz(self, device_id: str) -> float:

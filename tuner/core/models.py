@@ -168,6 +168,7 @@ class Telemetry:
     energy_j: float | None = None  # a monotonically increasing counter, when the device has one
     throttle_reasons: tuple[str, ...] = ()
     pstate: int | None = None  # NVIDIA performance state (0 = P0), when the driver reports it
+    power_limit_w: float | None = None  # the board power limit the driver enforces now, when it says
 
     def to_dict(self) -> dict:
         d = asdict(self)
