@@ -79,3 +79,13 @@ def test_nanochat_is_the_gpu_default_and_compile_follows_the_device():
     assert not injected.compile_enabled("cuda")  # fault injection hooks eager modules
     with pytest.raises(UsageProblem):
         parse_args(["--steps", "1", "--compile", "--inject", "bitflip@1"], environ={})
+
+
+def test_compile_preset_and_cache_dir_survive_the_command_line():
+    from tuner.engine.options import to_argv
+
+    for compile_on in (None, True, False):
+        for device, preset in (("cuda:0", "tiny"), ("cpu", "nanochat"), ("cuda:1", "nanochat")):
+            opts = EngineOptions(device=device, preset=preset, steps=3, compile=compile_on, cache_dir="/x y/c")
+            back = parse_args(to_argv(opts), environ={})
+            assert (back.preset, back.compile, back.cache_dir) == (preset, compile_on, "/x y/c")
