@@ -276,8 +276,10 @@ class Engine:
         """Compiling happens in the start-up check's training steps (setup time). With compile on by default
         (no --compile), compiled steps that do not repeat bit for bit fall back to eager kernels with a setup
         warning and the check runs again; an explicit --compile is held to the check like any other kernel."""
+        if not self.use_compile:
+            return  # `compiled` appears in `repeatability` only when compile was on
         steps_ok = self.repeatability.get("steps")
-        if self.use_compile and steps_ok is False and self.opts.compile is None:
+        if steps_ok is False and self.opts.compile is None:
             self.use_compile = False
             self.train_model = self.model
             from tuner.engine.optim import eager_updates
