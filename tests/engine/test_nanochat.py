@@ -33,6 +33,7 @@ def nano_recorded(nano_env):
     return _nano(nano_env, steps=2, record=nano_env["ref"])
 
 
+@pytest.mark.timeout(1200)  # the recording (its fixture) is ~8 real 2,048-token steps on a shared CPU
 def test_nanochat_runs_its_real_shape_on_cpu(nano_recorded):
     code, events, _ = nano_recorded
     assert code == 0, end_of(events)
@@ -48,6 +49,7 @@ def test_nanochat_runs_its_real_shape_on_cpu(nano_recorded):
     assert end_of(events)["bpb"] is not None
 
 
+@pytest.mark.timeout(1800)
 def test_tokenizer_trained_once_then_read_from_the_cache(nano_env, nano_recorded):
     from pathlib import Path
 
