@@ -51,7 +51,6 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from tuner.engine import optim
 from tuner.engine.detectors import NonFiniteDetector, ReferenceTrajectory, SoftSignals
 from tuner.engine.faults import FaultInjector, flip_bit_
-from tuner.engine.optim import build_optimizers
 from tuner.engine.options import EngineOptions
 from tuner.engine.protocol import Emitter
 from tuner.engine.reference import step_digest
@@ -63,9 +62,7 @@ def quiet(_msg: str) -> None:
 
 
 def reset(engine: Engine) -> None:
-    engine.model.load_state_dict(engine.initial_state)
-    # the Newton-Schulz iteration in the compute dtype, as the engine runs it on GPUs
-    engine.muon, engine.adam = build_optimizers(engine.model, ns_dtype=engine.dtype)
+    engine._restore_initial()  # initial weights and fresh optimizers with the preset's settings
 
 
 # --- Part D: every site of a training step ------------------------------------------------------------------------
@@ -179,38 +176,40 @@ def site_grad_input(engine, flip, rng):
 
 def site_optimizer_state(engine, flip, rng):
     if flip:
-        states = list(engine.muon.buffers.values())
-        for m, v in engine.adam.state.values():
-            states += m + v
+        states = [b for bufs in engine.muon.buffers.values() for b in bufs]  # momentum, second moment
+        for pairs in engine.adam.state.values():
+            states += [t for mv in pairs for t in mv]
         t = states[rng.randrange(len(states))]
         flip_bit_(t, rng.randrange(t.numel()), rng.randrange(32))
     yield
 
 
 def site_newton_schulz(engine, flip, rng):
-    real = optim.newton_schulz
+    """One X X^T product of one Polar Express iteration (Muon's orthogonalisation) flipped."""
+    real = optim.polar_express
     state = {"target": rng.randrange(len(engine.muon.groups)) if flip else -1, "call": 0,
              "iteration": rng.randrange(5)}
 
-    def ns(g, steps=5, dtype=torch.float32):
+    def pe(g, steps=5, dtype=torch.float32):
         hit = state["call"] == state["target"]
         state["call"] += 1
         if not hit:
             return real(g, steps, dtype)
-        a, b, c = optim.NS_COEFFS  # optim.newton_schulz, with one X X^T product flipped
-        x = g.to(dtype)
-        transposed = x.size(-2) > x.size(-1)
-        if transposed:
-            x = x.mT
-        x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-        for i in range(steps):
-            m = x @ x.mT
+        x = g.to(dtype)  # optim.polar_express, with one product flipped
+        target = x.float().norm(dim=(-2, -1), keepdim=True) / (x.size(-2) ** 0.5)
+        x = x * (target / x.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)).to(x.dtype)
+        x = x / (x.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-6)
+        tall = x.size(-2) > x.size(-1)
+        for i, (a, b, c) in enumerate(optim.POLAR_EXPRESS[:steps]):
+            m = x.mT @ x if tall else x @ x.mT
             if i == state["iteration"]:
                 m = _flip_clone(m, rng)
-            x = a * x + (b * m + c * (m @ m)) @ x
-        return x.mT if transposed else x
+            x = a * x + x @ (b * m + c * (m @ m)) if tall else a * x + (b * m + c * (m @ m)) @ x
+        x = x.to(g.dtype)
+        norm = min(x.size(-2), x.size(-1)) ** 0.5
+        return x * (norm / x.float().norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)).to(x.dtype)
 
-    with _patched(optim, "newton_schulz", ns):
+    with _patched(optim, "polar_express", pe):
         yield
 
 
@@ -219,7 +218,7 @@ SITES = {
     "attention.q": _attention_site("q"), "attention.k": _attention_site("k"), "attention.v": _attention_site("v"),
     "attention.scores": _attention_site("scores"), "attention.output": _attention_site("output"),
     "grad.dW (backward GEMM)": site_grad_weight, "grad.dX (backward GEMM)": site_grad_input,
-    "optimizer state": site_optimizer_state, "newton-schulz matmul": site_newton_schulz,
+    "optimizer state": site_optimizer_state, "polar-express matmul": site_newton_schulz,
 }
 
 

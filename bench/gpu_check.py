@@ -1,8 +1,8 @@
 """One prepared check of the stress engine on a real GPU (issue 12): versions, the GPU, the kernels chosen, each
 preset's repeatability across two engine processes, a short bf16 detection run, and throughput per preset.
 
-    python bench/gpu_check.py [--device cuda:0] [--presets tiny,small,large] [--steps 120] [--budget-s 450]
-        [--detection-trials 3] [--json] [--out FILE]
+    python bench/gpu_check.py [--device cuda:0] [--presets nanochat,tiny,small,large] [--steps 120]
+        [--budget-s 450] [--detection-trials 3] [--nanochat-steps 40] [--json] [--out FILE]
 
 For each preset: process 1 records a reference (`--record`, steps bounded), process 2 replays it at the same
 settings (`--verify-repeatable`) and compares every step bit for bit; the reference file then says whether it
@@ -10,6 +10,10 @@ repeated and, if not, the first differing step and figure. Throughput (median to
 warm-up) comes from process 1. The detection run is `bench/engine_detection.py --parts D` on the same device in
 bf16 (single-bit flips at every site of a training step). If `bench/nvml_probe.py` exists (a read-only NVML probe)
 it runs first. Nothing is downloaded; the engine trains on the Python standard library's sources.
+
+The `nanochat` preset (issue 14) is checked like the others, compiled as on any GPU (so its replay is the
+repeatability proof with compile on), and then gets its own section (`bench/gpu_nanochat.py`): tok/s and MFU
+against the GPU's peak dense bf16 rate with compile on and off (`--nanochat-steps`, 0 skips it; GPUs only).
 
 Sized for an H200 to finish in under 8 minutes: `--budget-s` (default 450) skips whatever would start after it,
 and says so. `--device cpu --presets tiny --steps 8 --detection-trials 1` runs it on a CPU (tested).
@@ -28,7 +32,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS_BY_PRESET = {"tiny": 200, "small": 200, "large": 60}
+STEPS_BY_PRESET = {"tiny": 200, "small": 200, "large": 60, "nanochat": 60}
 
 
 def _env() -> dict:
@@ -169,6 +173,15 @@ def print_report(doc: dict) -> None:
                   f"{s['tolerance_own_step']}/{s['consequential']}")
     elif det:
         print(f"bf16 detection: {det.get('error')}")
+    if doc.get("nanochat"):
+        sys.path.insert(0, str(REPO / "bench"))
+        from gpu_nanochat import format_rows
+
+        rows = doc["nanochat"]
+        if rows and rows[0].get("config") == "error":
+            print(f"nanochat section: {rows[0]['reason']}")
+        else:
+            print(format_rows(rows))
     for line in doc["skipped"]:
         print(f"skipped: {line}")
     print(f"({doc['wall_s']:.0f} s)")
@@ -177,10 +190,12 @@ def print_report(doc: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--presets", default="tiny,small,large")
+    ap.add_argument("--presets", default="nanochat,tiny,small,large")
     ap.add_argument("--steps", type=int, default=None, help="steps per process (default: tiny/small 200, large 60)")
     ap.add_argument("--budget-s", type=float, default=450.0, help="start nothing new after this (default 450)")
     ap.add_argument("--detection-trials", type=int, default=3, help="flips per site in the bf16 run (0: skip)")
+    ap.add_argument("--nanochat-steps", type=int, default=40,
+                    help="steps per run of the nanochat section, compile on and off (0: skip; GPUs only)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the report")
     ap.add_argument("--out", help="also write the JSON document here")
     args = ap.parse_args(argv)
@@ -190,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.budget_s - (time.monotonic() - t0)
 
     doc: dict = {"python": sys.version.split()[0], "device": args.device, "versions": versions(),
-                 "nvml_probe": nvml_probe(60), "presets": [], "detection": None, "skipped": []}
+                 "nvml_probe": nvml_probe(60), "presets": [], "detection": None, "skipped": [], "nanochat": None}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         for preset in args.presets.split(","):
             if left() < 30:
@@ -198,6 +213,17 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             steps = args.steps or STEPS_BY_PRESET.get(preset, 100)
             doc["presets"].append(check_preset(args.device, preset, steps, max(30.0, left() / 2), Path(tmp)))
+    if args.nanochat_steps > 0 and args.device.startswith(("cuda", "hip")):
+        if left() > 60:
+            sys.path.insert(0, str(REPO / "bench"))
+            from gpu_nanochat import nanochat_section
+
+            try:
+                doc["nanochat"] = nanochat_section(args.device, args.nanochat_steps, timeout_s=max(60.0, left() / 2))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                doc["nanochat"] = [{"config": "error", "reason": str(e)[:300]}]
+        else:
+            doc["skipped"].append("nanochat section (budget)")
     if args.detection_trials > 0:
         if left() > 20:
             doc["detection"] = detection(args.device, args.detection_trials, max(20.0, left()))

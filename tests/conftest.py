@@ -35,6 +35,7 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     base = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))  # the engine's tokenizer and compiled kernels
     monkeypatch.setenv("TUNER_SYSTEM_PROFILES", str(base / "etc-tuner-profiles"))
     monkeypatch.setenv("TUNER_SYSTEMD_DIR", str(base / "systemd"))
     monkeypatch.delenv("NO_COLOR", raising=False)

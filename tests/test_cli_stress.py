@@ -50,9 +50,12 @@ def test_config_for_a_real_card():
     config, policy = stress.build_config(parse("stress", "--steps", "500", "--mode", "mixed", "--dtype", "fp16",
                                                "--reference", "r.json"), target)
     o = config.options
-    assert (o.device, o.preset, o.steps, o.duration_s) == ("cuda:1", "small", 500, None)
+    assert (o.device, o.preset, o.steps, o.duration_s) == ("cuda:1", "nanochat", 500, None)
     assert (o.mode, o.dtype, o.reference, o.fault_rate) == ("mixed", "fp16", "r.json", 0.0)
     assert o.expect_pci_bus_id == "0000:03:00.0" and o.canary_every == 100  # the engine's default
+    assert o.compile is None and not any("compile" in a for a in config.argv())
+    off, _ = stress.build_config(parse("stress", "--steps", "5", "--no-compile", "--preset", "small"), target)
+    assert off.options.compile is False and "--no-compile" in off.argv() and off.options.preset == "small"
     assert policy == sc.WatchdogPolicy()
     with pytest.raises(UsageError):
         stress.build_config(parse("stress", "--duration", "soon"), target)

@@ -231,3 +231,12 @@ def test_unreadable_read_back_after_a_write_restores(tmp_path, monkeypatch):
         backend.apply(device_id, -20)
     assert fio.commands()[:4] == ["vo -20", "c", "vo 0", "c"]  # the restore writes only the voltage
     assert backend.knob(device_id).current == 0
+
+
+def test_hwmon_power_cap_is_the_power_limit(tmp_path):
+    backend, _ = amd_on_fake_kernel(tmp_path, ["rdna4"])
+    dev = backend.devices()[0].id
+    assert backend.telemetry(dev).power_limit_w is None  # no power1_cap: unknown, not 0
+    (avg,) = list(tmp_path.rglob("power1_average"))
+    (avg.parent / "power1_cap").write_text("300000000\n")  # microwatts, as amdgpu's hwmon reports it
+    assert backend.telemetry(dev).power_limit_w == 300.0

@@ -162,3 +162,10 @@ def test_discover_returns_none_without_library_driver_or_cards(monkeypatch):
     assert nvidia.discover(make_fake_nvml(gpus=[])) is None
     monkeypatch.setattr(nvidia, "import_nvml", lambda: None)
     assert nvidia.discover() is None
+
+
+def test_telemetry_reports_the_enforced_power_limit(nv):
+    m, backend, dev, _ = nv
+    assert backend.telemetry(dev).power_limit_w == 350.0  # NVML answers in milliwatts
+    m.fail["nvmlDeviceGetEnforcedPowerLimit"] = CODES["NVML_ERROR_NOT_SUPPORTED"]
+    assert backend.telemetry(dev).power_limit_w is None

@@ -12,7 +12,7 @@ EXAMPLES: dict[str, dict] = {
               "gemm_repeats": 4, "data": None, "repeatable": True, "repeatability": {}, "sensitivity": "full",
               "deterministic": True, "threads": 1, "reference": None, "record": None, "fault_rate": 0.0,
               "fault_seed": 0, "injections": [], "visible_devices": {}, "setup_problems": [],
-              "torch_version": "fake", "cuda_version": None, "hip_version": None},
+              "torch_version": "fake", "cuda_version": None, "hip_version": None, "compile": False},
     "heartbeat": {"step": 0, "state": "setup", "progress": 0},
     "step": {"step": 1, "loss": 5.0, "grad_norm": 1.0, "dt_ms": 1.0, "tok_s": 1000.0, "tflops": None},
     "fault": {"kind": "mismatch", "step": 1, "reference_step": 1, "detail": "loss bits differ"},

@@ -23,7 +23,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "threads": (int,), "reference": (dict, type(None)), "record": OPT_STR, "fault_rate": NUM,
         "fault_seed": (int,),
         "injections": (list,), "visible_devices": (dict,), "setup_problems": (list,), "torch_version": (str,),
-        "cuda_version": OPT_STR, "hip_version": OPT_STR,
+        "cuda_version": OPT_STR, "hip_version": OPT_STR, "compile": (bool,),
     },
     "step": {"step": (int,), "loss": FLOATISH, "grad_norm": FLOATISH, "dt_ms": NUM, "tok_s": OPT_NUM,
              "tflops": OPT_NUM},
@@ -38,7 +38,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "end": {"verdict": (str,), "reason": (str,), "kind": OPT_STR, "step": OPT_INT, "steps": (int,),
             "duration_s": NUM, "exit_code": (int,)},
 }
-END_FULL = {"reference_step": OPT_INT, "median_step_ms": OPT_NUM, "median_tok_s": OPT_NUM, "bpb": OPT_NUM, "eval_losses": (list,),
+END_FULL = {"reference_step": OPT_INT, "median_step_ms": OPT_NUM, "median_tok_s": OPT_NUM, "bpb": OPT_NUM,
+            "eval_losses": (list,),
             "reference": (dict, type(None)), "recorded": OPT_STR, "sensitivity": OPT_STR,
             "setup_problems": (list,), "warnings": (int,), "canaries": (int,)}
 VERDICTS = {"pass": 0, "fail": 1, "error": (2, 130)}

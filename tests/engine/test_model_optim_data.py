@@ -62,13 +62,13 @@ def test_compute_dtype_casts_activations_not_weights():
 def test_flattened_parameters_are_views_of_one_buffer():
     m = make_model()
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
-    flat = m.flatten_parameters_()
+    (flat,) = m.flatten_parameters_()  # fp32 only: one buffer
     assert flat.numel() == sum(p.numel() for p in m.parameters())
     assert all(torch.equal(p, before[n]) for n, p in m.named_parameters())
     with torch.no_grad():
         m.lm_head.weight[0, 0] = 7.0
     assert (flat == 7.0).sum() == 1
-    m.load_state_dict({n: v for n, v in before.items()})
+    m.load_state_dict(dict(before.items()))
     assert (flat == 7.0).sum() == 0  # load_state_dict copies into the views
 
 
@@ -118,3 +118,67 @@ def test_user_data_file_and_directory(tmp_path):
     (tmp_path / "small.txt").write_bytes(b"x" * 100)
     with pytest.raises(DataProblem, match="need at least"):
         load_corpus(str(tmp_path / "small.txt"))
+
+
+NANO = GPTConfig(depth=4, width=64, head_dim=32, seq_len=1024, vocab=512, window_pattern="SSSL", value_embeds=True)
+
+
+def test_sliding_windows_follow_nanochat_pattern():
+    assert NANO.windows() == [256, 256, 256, 1024]  # a quarter of the context, ceil 128; the last layer full
+    cfg = GPTConfig(depth=6, width=384, head_dim=128, seq_len=2048, vocab=32768, window_pattern="SSSL")
+    assert cfg.windows() == [512, 512, 512, 2048, 512, 2048]
+
+
+def test_value_embeddings_on_alternate_layers_last_included():
+    m = GPT(NANO)
+    assert sorted(m.value_embeds) == ["1", "3"]
+    assert [b.attn.ve_gate is not None for b in m.blocks] == [False, True, False, True]
+
+
+def test_windowed_attention_does_not_see_past_its_window():
+    cfg = GPTConfig(depth=2, width=64, head_dim=32, seq_len=1024, vocab=512, window_pattern="SL")
+    m = GPT(cfg)
+    m.init_weights(torch.Generator().manual_seed(0))
+    block = m.blocks[0]  # window 256
+    x = torch.randn(1, 600, 64, generator=torch.Generator().manual_seed(1))
+    cos, sin = m.cos[:, :600], m.sin[:, :600]
+    before = block(x, cos, sin, None, m.mask_256)
+    x2 = x.clone()
+    x2[0, 0] += 5.0  # position 0 is more than 256 back from position 599
+    after = block(x2, cos, sin, None, m.mask_256)
+    assert torch.equal(before[0, 300:], after[0, 300:])
+    assert not torch.equal(before[0, :200], after[0, :200])
+
+
+def test_bf16_embeddings_flatten_into_two_buffers_and_train():
+    m = GPT(NANO, embed_dtype=torch.bfloat16)
+    m.init_weights(torch.Generator().manual_seed(0))
+    assert m.wte.weight.dtype == torch.bfloat16 and m.value_embeds["1"].weight.dtype == torch.bfloat16
+    bufs = m.flatten_parameters_()
+    assert sorted(str(b.dtype) for b in bufs) == ["torch.bfloat16", "torch.float32"]
+    muon, adam = build_optimizers(m, lr_warmup_steps=4, momentum_warmup_steps=10, weight_decay=0.2)
+    x = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(3))
+    before = m.wte.weight.detach().clone()
+    for _ in range(2):
+        m(x, x).backward()
+        muon.step()
+        adam.step()
+        m.zero_grad(set_to_none=True)
+    assert m.wte.weight.dtype == torch.bfloat16 and not torch.equal(before, m.wte.weight)
+    assert adam.state[0][0][0].dtype == torch.float32  # moments in fp32
+
+
+def test_flops_count_the_head_and_the_windows():
+    cfg = GPTConfig(depth=6, width=384, head_dim=128, seq_len=2048, vocab=32768, window_pattern="SSSL",
+                    value_embeds=True)
+    m = GPT(cfg)
+    head = 6 * 384 * 32768
+    assert 160e6 < m.flops_per_token() < 175e6  # about 168 M, as the issue computes
+    assert 0.5 < head / (m.flops_per_token() - 12 * 384 * (4 * 512 + 2 * 2048)) < 0.6  # the head: ~54 %
+
+
+def test_warmup_schedules():
+    from tuner.engine.optim import muon_momentum, warmup_factor
+
+    assert warmup_factor(1, 40) == 1 / 40 and warmup_factor(40, 40) == 1.0 and warmup_factor(5, 0) == 1.0
+    assert muon_momentum(0, 300) == 0.85 and muon_momentum(300, 300) == 0.95 and muon_momentum(1, 0) == 0.95

@@ -64,3 +64,28 @@ def test_warmup_default_comes_from_the_preset():
     assert EngineOptions(steps=1).effective_warmup_steps == 5
     assert EngineOptions(steps=1, preset="small").effective_warmup_steps == 20
     assert EngineOptions(steps=1, warmup_steps=0).effective_warmup_steps == 0
+
+
+def test_nanochat_is_the_gpu_default_and_compile_follows_the_device():
+    from tuner.engine.options import parse_args
+
+    assert parse_args(["--device", "cuda:0", "--steps", "1"], environ={}).preset == "nanochat"
+    assert parse_args(["--steps", "1"], environ={}).preset == "tiny"
+    gpu = parse_args(["--device", "cuda:0", "--steps", "1"], environ={})
+    assert gpu.compile is None and gpu.compile_enabled("cuda") and not gpu.compile_enabled("cpu")
+    assert parse_args(["--steps", "1", "--compile"], environ={}).compile_enabled("cpu")
+    assert not parse_args(["--device", "cuda:0", "--steps", "1", "--no-compile"], environ={}).compile_enabled("cuda")
+    injected = parse_args(["--device", "cuda:0", "--steps", "1", "--fault-rate", "0.1"], environ={})
+    assert not injected.compile_enabled("cuda")  # fault injection hooks eager modules
+    with pytest.raises(UsageProblem):
+        parse_args(["--steps", "1", "--compile", "--inject", "bitflip@1"], environ={})
+
+
+def test_compile_preset_and_cache_dir_survive_the_command_line():
+    from tuner.engine.options import to_argv
+
+    for compile_on in (None, True, False):
+        for device, preset in (("cuda:0", "tiny"), ("cpu", "nanochat"), ("cuda:1", "nanochat")):
+            opts = EngineOptions(device=device, preset=preset, steps=3, compile=compile_on, cache_dir="/x y/c")
+            back = parse_args(to_argv(opts), environ={})
+            assert (back.preset, back.compile, back.cache_dir) == (preset, compile_on, "/x y/c")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import replace, fields
+from dataclasses import fields, replace
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -71,6 +71,8 @@ OPTIONS = st.builds(
     sim_contention_at=maybe(st.floats(0, 1e10, **FINITE)),
     reference_loop=st.booleans(),
     parent_pid=maybe(st.integers(1, 2**22)),
+    compile=maybe(st.booleans()),
+    cache_dir=maybe(PATHS),
     test_oom_above=maybe(st.integers(0, 4096)),
     test_oom_at_step=maybe(st.integers(0, 4096)),
 )
@@ -101,7 +103,8 @@ def test_the_strategy_reaches_valid_runs(opts):
 
 def test_every_option_is_declared_once_on_the_command_line():
     assert option_fields() == {f.name for f in fields(EngineOptions)}
-    assert to_argv(EngineOptions(steps=1)) == ["--steps=1"]  # defaults are not written
+    # defaults are not written, except the preset (the command line's default depends on the device)
+    assert to_argv(EngineOptions(steps=1)) == ["--preset=tiny", "--steps=1"]
 
 
 def test_auto_dtype_leaves_the_engine_environment_in_charge():

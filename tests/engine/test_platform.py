@@ -33,7 +33,7 @@ def test_the_device_is_chosen_by_pci_bus_id_not_by_index(three_gpus):
 
 
 def test_no_device_with_the_bus_id_is_a_setup_problem(three_gpus):
-    with pytest.raises(platform.SetupProblem, match="0000:44:00.0.*0: 0000:7c:00.0, 1: 0000:03:00.0"):
+    with pytest.raises(platform.SetupProblem, match=r"0000:44:00\.0.*0: 0000:7c:00\.0, 1: 0000:03:00\.0"):
         platform.resolve_device("cuda:0", "0000:44:00.0")
 
 

@@ -88,7 +88,7 @@ def test_request_for_simulated_and_real_targets():
     real = sc.engine_request(StressTarget("cuda:0", "0000:03:00.0", env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
                              mode="mixed", duration_s=60, dtype=None, canary_every=None)
     o = real.options
-    assert (o.preset, o.mode, o.expect_pci_bus_id, o.injections) == ("small", "mixed", "0000:03:00.0", [])
+    assert (o.preset, o.mode, o.expect_pci_bus_id, o.injections) == ("nanochat", "mixed", "0000:03:00.0", [])
     assert (o.dtype, o.canary_every, o.fault_seed) == ("auto", 100, None)  # None: the engine's default
     assert real.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     with pytest.raises(UsageError):

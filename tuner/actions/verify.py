@@ -27,7 +27,7 @@ VERIFY_CANARY_EVERY = 10  # steps
 @dataclass(frozen=True)
 class Workload:
     """The stress workload of a verify: the profile's own, so the trial matches the one that proved it.
-    None: the default (preset "tiny" on a CPU engine, else "small"; mode train; the engine's dtype)."""
+    None: the default (preset "tiny" on a CPU engine, else "nanochat"; mode train; the engine's dtype)."""
 
     preset: str | None = None
     mode: str | None = None

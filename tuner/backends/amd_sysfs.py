@@ -257,6 +257,8 @@ def hwmon_telemetry(device_dir: Path, now_s: float) -> Telemetry:
         if power_uw is None:
             power_uw = _read_number(hw / "power1_input")
         values["power_w"] = None if power_uw is None else round(power_uw / 1e6, 3)
+        cap_uw = _read_number(hw / "power1_cap")  # microwatts (kernel Documentation/gpu/amdgpu/thermal.rst)
+        values["power_limit_w"] = None if cap_uw is None else round(cap_uw / 1e6, 3)
         for n in (1, 2, 3):
             temp = _read_number(hw / f"temp{n}_input")
             if temp is None:

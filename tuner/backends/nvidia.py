@@ -468,6 +468,7 @@ class NvidiaBackend(Backend):
         opt = self._optional
         power_mw = opt(lambda: n.nvmlDeviceGetPowerUsage(h))
         energy_mj = opt(lambda: n.nvmlDeviceGetTotalEnergyConsumption(h))
+        limit_mw = opt(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
         util = opt(lambda: n.nvmlDeviceGetUtilizationRates(h))
         pstate = opt(lambda: n.nvmlDeviceGetPerformanceState(h))
         reasons = opt(lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
@@ -484,6 +485,7 @@ class NvidiaBackend(Backend):
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
             throttle_reasons=tuple(name for bit, name in _THROTTLE_BITS.items() if reasons and reasons & bit),
             pstate=int(pstate) if isinstance(pstate, int) and 0 <= pstate <= 15 else None,  # 32 = unknown
+            power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
         )
 
     def capabilities(self, device_id: str) -> Capabilities:

@@ -383,7 +383,7 @@ class SimulatedBackend(Backend):
             fan_pct=round(min(100.0, 20 + 1.2 * max(0.0, temp_c - 30)), 1),
             vram_used_mib=VRAM_IDLE_MIB + VRAM_LOAD_MIB * load,
             vram_total_mib=VRAM_TOTAL_MIB,
-            power_cap_w=POWER_CAP_W,
+            power_limit_w=POWER_CAP_W,
             throttle_reasons=("power cap",) if power_w >= POWER_CAP_W * 0.98 else (),
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import threading
@@ -52,8 +53,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--floor", type=whole_number, metavar="VALUE", help="never test beyond this setting")
     p.add_argument("--mode", choices=tuple(Mode), default=Mode.TRAIN,
                    help="stress workload of the trials (default train; the confirmation runs mixed)")
-    p.add_argument("--preset", choices=("tiny", "small", "large"),
-                   help="engine model size (default: small on GPUs, tiny on the simulated card's CPU engine)")
+    p.add_argument("--preset", choices=("nanochat", "tiny", "small", "large"),
+                   help="engine model size (default: nanochat on GPUs, tiny on the simulated card's CPU engine)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the engine's model and optimizer (default: on for GPUs)")
     p.add_argument("--save", metavar="NAME", help="save the recommendation as a profile")
     p.add_argument("--tolerance", action="store_true",
                    help="compare with tolerances instead of bit for bit, for a platform that does not repeat "
@@ -165,7 +168,8 @@ def _trial_line(r: TrialResult) -> str:
         _fmt(r.tok_per_j, ".2f") and f"{r.tok_per_j:.2f} tok/J",
         _fmt(r.max_temp_c, ".0f") and f"max {r.max_temp_c:.0f} °C") if x)
     why = f" ({r.kind}: {r.reason})" if r.verdict != Verdict.PASS and r.reason else ""
-    return f"{r.setting:+d} {r.unit} {r.phase} {r.verdict.upper()}{why}" + (f"; {figures}" if figures else "")
+    load = f"; {r.load_note}" if r.load_note else ""  # the baseline: its power against the card's limit
+    return f"{r.setting:+d} {r.unit} {r.phase} {r.verdict.upper()}{why}" + (f"; {figures}" if figures else "") + load
 
 
 def _table(trials: tuple[TrialResult, ...]) -> str:
@@ -203,8 +207,8 @@ def run(args, ctx) -> int:
     durations = {name: parse_duration_s(text) for name, text in (("trial_s", args.trial), ("confirm_s", args.confirm))
                  if text is not None}  # left out: the core's default
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
-                          mode=args.mode, preset=args.preset, resume=args.resume, restart=args.restart,
-                          tolerance=args.tolerance, **durations)
+                          mode=args.mode, preset=args.preset, compile=args.compile, resume=args.resume,
+                          restart=args.restart, tolerance=args.tolerance, **durations)
     if args.tolerance:
         from tuner.tuning.sensitivity import tolerance_note
 

@@ -8,6 +8,7 @@ JSON lines and ends with one `result` line.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -41,8 +42,10 @@ def add_parser(subparsers) -> None:
     bound.add_argument("--steps", type=positive_int, metavar="N", help="how many training steps instead")
     p.add_argument("--mode", choices=tuple(Mode), default=Mode.TRAIN,
                    help="train (default), gemm (GEMM burn only) or mixed (partial load and idle gaps)")
-    p.add_argument("--preset", choices=("tiny", "small", "large"),
-                   help="model size (default: small on GPUs, tiny on the CPU / simulated card)")
+    p.add_argument("--preset", choices=("nanochat", "tiny", "small", "large"),
+                   help="model size (default: nanochat on GPUs, tiny on the CPU / simulated card)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the engine's model and optimizer (default: on for GPUs)")
     p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"),
                    help="compute dtype (default auto: bf16 where supported, else fp32; or $TUNER_DTYPE)")
     p.add_argument("--seed", type=int, default=0, help="model, data and fault seed (default 0)")
@@ -61,6 +64,8 @@ def build_config(args, target):
     duration_s = None if steps is not None else parse_duration_s(args.duration or DEFAULT_DURATION)
     canary_every = args.canary_every or (SIM_CANARY_EVERY if target.simulated else None)
     overrides = {"mode": args.mode, "seed": args.seed, "record": args.record, "reference": args.reference}
+    if args.compile is not None:
+        overrides["compile"] = args.compile
     if args.dtype and args.dtype != "auto":
         overrides["dtype"] = args.dtype
     if canary_every is not None:

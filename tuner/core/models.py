@@ -171,7 +171,7 @@ class Telemetry:
     fan_pct: float | None = None  # fan speed as a share of its maximum, when the device reports it
     vram_used_mib: float | None = None
     vram_total_mib: float | None = None
-    power_cap_w: float | None = None  # the board's current power limit
+    power_limit_w: float | None = None  # the board power limit the driver enforces now, when it says
 
     def to_dict(self) -> dict:
         d = asdict(self)

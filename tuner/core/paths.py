@@ -22,6 +22,11 @@ def state_dir() -> Path:
     return _xdg("XDG_STATE_HOME", ".local/state") / "tuner"
 
 
+def cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/tuner`: things that can be rebuilt (the engine's tokenizer, compiled kernels)."""
+    return _xdg("XDG_CACHE_HOME", ".cache") / "tuner"
+
+
 def user_profiles_dir() -> Path:
     return config_dir() / "profiles"
 

@@ -1,10 +1,13 @@
-"""Training text as bytes, and deterministic windows over it.
+"""Training text as bytes (or BPE tokens), and deterministic windows over it.
 
 The embedded default is real text every machine has: the source files of the running Python's standard
 library (`*.py` under `sysconfig`'s stdlib, site-packages excluded), read in sorted order. `--data PATH` takes
 the user's own file or directory instead. The last 5 % of the bytes are held out; training windows come from
 the rest, drawn per step from a generator seeded by (seed, step), so two runs with one seed see identical
 batches whatever else happens in between (canaries, idle gaps, extra checks).
+
+Byte-level presets train on the bytes themselves (token = byte); the `nanochat` preset encodes the same text
+with a BPE tokenizer learnt on it (`tokenizer.py`) and its windows are windows of tokens.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import hashlib
 import os
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -29,14 +32,29 @@ class DataProblem(Exception):
 
 @dataclass
 class Corpus:
-    data: torch.Tensor  # uint8, CPU
+    data: torch.Tensor  # the token stream, CPU: uint8 bytes, or int32 BPE token ids once tokenized
     source: str  # "stdlib" or the user's path
     files: int
-    sha256: str
+    sha256: str  # of the raw bytes
+    raw: bytes = b""  # the text itself (the tokenizer learns from it)
+    tokenizer_sha256: str | None = None  # set once tokenized
 
     @property
     def nbytes(self) -> int:
+        return len(self.raw) if self.raw else int(self.data.numel())
+
+    @property
+    def tokens(self) -> int:
         return int(self.data.numel())
+
+    def text(self) -> str:
+        return self.raw.decode("utf-8", errors="replace")
+
+
+def tokenize(corpus: Corpus, tokenizer) -> Corpus:
+    """The same corpus as BPE token ids (int32), encoded with `tokenizer` (a `tokenizer.BpeTokenizer`)."""
+    ids = torch.tensor(tokenizer.encode(corpus.text()), dtype=torch.int32)
+    return replace(corpus, data=ids, tokenizer_sha256=tokenizer.sha256)
 
 
 def _walk(root: Path, keep) -> Iterator[Path]:
@@ -79,18 +97,20 @@ def load_corpus(path: str | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES, 
         where = "the standard library sources" if path is None else repr(path)
         raise DataProblem(f"{where}: only {len(raw)} bytes of text, need at least {min_bytes}")
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    return Corpus(data, "stdlib" if path is None else str(path), used, hashlib.sha256(raw).hexdigest())
+    return Corpus(data, "stdlib" if path is None else str(path), used, hashlib.sha256(raw).hexdigest(), raw)
 
 
 class WindowSampler:
     """Batches of (inputs, targets) windows: seeded per step for training, fixed for held-out evaluation."""
 
     def __init__(self, corpus: Corpus, seq_len: int, seed: int):
-        n = corpus.nbytes
+        n = corpus.tokens
         need = 4 * (seq_len + 1)
         split = int(n * (1 - HELDOUT_FRACTION))
         if split < need or n - split < seq_len + 1:
-            raise DataProblem(f"{corpus.source}: {n} bytes is too little for windows of {seq_len + 1} bytes")
+            unit = "tokens" if corpus.tokenizer_sha256 else "bytes"
+            raise DataProblem(f"{corpus.source}: {n} {unit} is too little for windows of {seq_len + 1} {unit} "
+                              f"(the last {HELDOUT_FRACTION:.0%} is held out)")
         self.data, self.seq_len, self.seed, self.split = corpus.data, seq_len, seed, split
         self._arange = torch.arange(seq_len + 1)
 

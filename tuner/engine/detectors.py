@@ -181,7 +181,8 @@ class CanaryReplay:
     def calibrate(self, samples: list[CanarySample]) -> bool:
         self.golden = samples[0]
         repeatable = all(s.bits == self.golden.bits and
-                         all(_same_bits(a, b) for a, b in zip(s.values(), self.golden.values())) for s in samples)
+                         all(_same_bits(a, b) for a, b in zip(s.values(), self.golden.values(), strict=False))
+                         for s in samples)
         if not repeatable:
             spread = max(_rel_diff(s.values(), self.golden.values()) for s in samples)
             self.tolerance = max(4 * spread, 1e-6)
@@ -192,15 +193,15 @@ class CanaryReplay:
             raise RuntimeError("canary not calibrated")
         a, b = sample.values(), self.golden.values()
         if self.tolerance is None:
-            if all(_same_bits(x, y) for x, y in zip(a, b)) and sample.bits == self.golden.bits:
+            if all(_same_bits(x, y) for x, y in zip(a, b, strict=False)) and sample.bits == self.golden.bits:
                 return None
         elif _rel_diff(a, b) <= self.tolerance:
             return None
-        where = next((i for i, (x, y) in enumerate(zip(a, b)) if not _same_bits(x, y)), None)
+        where = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if not _same_bits(x, y)), None)
         if where is None:
             names = ("gradients", "frozen weights")
-            what = "bit checksum of the " + " and ".join(n for n, x, y in zip(names, sample.bits, self.golden.bits)
-                                                          if x != y)
+            what = "bit checksum of the " + " and ".join(
+                n for n, x, y in zip(names, sample.bits, self.golden.bits, strict=False) if x != y)
             return Finding(self.kind, f"canary replay differs from its first result: {what} "
                                       f"(digest {sample.digest()} vs {self.golden.digest()})")
         what = "loss" if where == 0 else f"gradient statistic #{where}"
@@ -210,7 +211,7 @@ class CanaryReplay:
 
 def _rel_diff(a, b) -> float:
     worst = 0.0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if not (math.isfinite(x) and math.isfinite(y)):
             return math.inf
         worst = max(worst, abs(x - y) / max(abs(y), 1e-12))
@@ -246,7 +247,7 @@ class GemmCheck:
     def calibrate(self, outputs: list[torch.Tensor]) -> bool:
         self.golden = outputs[0].clone()
         diffs = [self._max_abs_diff(o) for o in outputs]
-        if all(d == 0 and self._bit_equal(o) for d, o in zip(diffs, outputs)):
+        if all(d == 0 and self._bit_equal(o) for d, o in zip(diffs, outputs, strict=False)):
             return True
         self.tolerance = max(4 * max(diffs), 1e-6)
         return False

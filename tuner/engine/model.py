@@ -1,12 +1,19 @@
-"""A decoder-only transformer in nanochat's style (karpathy/nanochat `nanochat/gpt.py`), byte-level.
+"""A decoder-only transformer in nanochat's style (karpathy/nanochat `nanochat/gpt.py`, see docs/engine.md).
 
-Rotary embeddings (base 100,000), QK-norm, parameter-free RMSNorm pre-norm, ReLU^2 MLP, no biases, untied
-embedding and head, logit soft-cap 15, per-layer residual and x0 mixing scalars. Master weights are fp32;
-`CastedLinear` casts its weight to the activation (compute) dtype in forward, which replaces autocast.
+Rotary embeddings (base 100,000), QK-norm (x1.2), parameter-free RMSNorm pre-norm, ReLU^2 MLP, no biases, untied
+embedding and head, logit soft-cap 15, per-layer residual and x0 mixing scalars. Master weights are fp32, except
+the embeddings when `embed_dtype` says otherwise (nanochat keeps the token and value embeddings in the compute
+dtype); `CastedLinear` casts its weight to the activation (compute) dtype in forward, which replaces autocast.
 
-Differences from nanochat, on purpose: vocabulary 256 (token = byte, so loss / ln 2 = bits per byte); no value
-embeddings, smear gate, backout or sliding windows (SDPA full causal attention everywhere, as on ROCm); the
-output projections start small instead of zero, so the canary (frozen initial weights) exercises every path.
+Optional, as in nanochat's current model (the `nanochat` preset turns them on):
+- value embeddings (ResFormer): alternate layers, the last always, add a per-head gated (0..3) embedding of the
+  input token to the attention values;
+- sliding windows: a pattern such as "SSSL" tiled over the layers, S = a quarter of the context rounded up to
+  128 tokens, L = full context, the last layer always L. Attention is SDPA with a banded causal mask on S
+  layers, which is nanochat's own path where FlashAttention 3 is missing.
+
+Left out on purpose: the smear gate and backout (two scalars' worth of load); the output projections start small
+instead of zero, so the canary (frozen initial weights) exercises every path.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ SOFTCAP = 15.0
 ROPE_BASE = 100_000.0
 
 
+VE_GATE_CHANNELS = 12
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     depth: int
@@ -30,10 +40,33 @@ class GPTConfig:
     head_dim: int
     seq_len: int
     vocab: int = VOCAB
+    window_pattern: str = "L"  # "L": full causal attention everywhere
+    value_embeds: bool = False
 
     @property
     def n_head(self) -> int:
         return self.width // self.head_dim
+
+    def windows(self) -> list[int]:
+        """Each layer's attention window: how far back it may look, in tokens (`window_mask`)."""
+        long_w = self.seq_len
+        short_w = -(-long_w // 4 // 128) * 128  # nanochat: a quarter of the context, ceil to 128 (2048 -> 512)
+        sizes = [short_w if self.window_pattern[i % len(self.window_pattern)] == "S" else long_w
+                 for i in range(self.depth)]
+        sizes[-1] = long_w
+        return sizes
+
+    def has_ve(self, layer: int) -> bool:
+        """nanochat's `has_ve`: alternate layers, the last one always."""
+        return self.value_embeds and layer % 2 == (self.depth - 1) % 2
+
+
+def window_mask(seq_len: int, window: int) -> torch.Tensor:
+    """Boolean (T, T) mask, True = attend: causal, and at most `window` positions back (nanochat's SDPA
+    fallback keeps keys with 0 <= i - j <= window)."""
+    i = torch.arange(seq_len)[:, None]
+    j = torch.arange(seq_len)[None, :]
+    return (j <= i) & (i - j <= window)
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +92,7 @@ class CastedLinear(nn.Linear):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         inner = cfg.n_head * cfg.head_dim
@@ -67,15 +100,24 @@ class CausalSelfAttention(nn.Module):
         self.c_k = CastedLinear(cfg.width, inner)
         self.c_v = CastedLinear(cfg.width, inner)
         self.c_proj = CastedLinear(inner, cfg.width)
+        self.ve_gate = CastedLinear(VE_GATE_CHANNELS, cfg.n_head) if cfg.has_ve(layer) else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ve: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.c_q(x).view(b, t, self.n_head, self.head_dim)
         k = self.c_k(x).view(b, t, self.n_head, self.head_dim)
         v = self.c_v(x).view(b, t, self.n_head, self.head_dim)
+        if ve is not None and self.ve_gate is not None:  # value residual, gate per head in (0, 3)
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :VE_GATE_CHANNELS]))
+            v = v + gate.unsqueeze(-1) * ve.view(b, t, self.n_head, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         q, k = norm(q) * 1.2, norm(k) * 1.2  # QK-norm, then nanochat's 1.2 gain
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:t, :t])
         return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -90,28 +132,43 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, layer)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ve: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(norm(x), cos, sin, ve, mask)
         return x + self.mlp(norm(x))
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig, compute_dtype: torch.dtype = torch.float32):
+    def __init__(self, cfg: GPTConfig, compute_dtype: torch.dtype = torch.float32,
+                 embed_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.cfg, self.compute_dtype = cfg, compute_dtype
-        self.wte = nn.Embedding(cfg.vocab, cfg.width)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.wte = nn.Embedding(cfg.vocab, cfg.width, dtype=embed_dtype)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.depth))
         self.lm_head = CastedLinear(cfg.width, cfg.vocab)
         self.resid_lambdas = nn.Parameter(torch.ones(cfg.depth))
         self.x0_lambdas = nn.Parameter(torch.zeros(cfg.depth))
+        kv = cfg.n_head * cfg.head_dim
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(cfg.vocab, kv, dtype=embed_dtype)
+                                           for i in range(cfg.depth) if cfg.has_ve(i)})
         cos, sin = self._rotary(cfg.seq_len, cfg.head_dim)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        windows = cfg.windows()
+        self._mask_of_layer: list[str | None] = []
+        for w in windows:
+            if w >= cfg.seq_len:
+                self._mask_of_layer.append(None)
+                continue
+            name = f"mask_{w}"
+            if not hasattr(self, name):
+                self.register_buffer(name, window_mask(cfg.seq_len, w), persistent=False)
+            self._mask_of_layer.append(name)
 
     @staticmethod
     def _rotary(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,15 +198,20 @@ class GPT(nn.Module):
             fill(block.mlp.c_fc.weight, "uniform", 0.4 * bound)
             fill(block.attn.c_proj.weight, "uniform", 0.1 * bound)
             fill(block.mlp.c_proj.weight, "uniform", 0.05 * bound)
+            if block.attn.ve_gate is not None:  # nanochat: uniform(0, 0.02), gates start just above neutral
+                cpu = torch.empty(block.attn.ve_gate.weight.shape).uniform_(0.0, 0.02, generator=generator)
+                block.attn.ve_gate.weight.copy_(cpu)
             frac = i / max(1, self.cfg.depth - 1)
             self.resid_lambdas[i] = 1.15 - 0.10 * frac
             self.x0_lambdas[i] = 0.20 - 0.15 * frac
+        for key in sorted(self.value_embeds, key=int):
+            fill(self.value_embeds[key].weight, "uniform", bound)  # like c_v
 
     def set_compute_dtype(self, dtype: torch.dtype) -> None:
         self.compute_dtype = dtype
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        """Cross-entropy (nats per byte) of `targets` given `idx`, both (B, T) int64. fp32 logits, soft-capped."""
+        """Cross-entropy (nats per token) of `targets` given `idx`, both (B, T) int64. fp32 logits, soft-capped."""
         t = idx.size(1)
         cos = self.cos[:, :t].to(self.compute_dtype)
         sin = self.sin[:, :t].to(self.compute_dtype)
@@ -157,7 +219,9 @@ class GPT(nn.Module):
         x0 = x
         for i, block in enumerate(self.blocks):
             x = self.resid_lambdas[i].to(x.dtype) * x + self.x0_lambdas[i].to(x.dtype) * x0
-            x = block(x, cos, sin)
+            ve = self.value_embeds[str(i)](idx).to(x.dtype) if str(i) in self.value_embeds else None
+            name = self._mask_of_layer[i]
+            x = block(x, cos, sin, ve, None if name is None else getattr(self, name))
         logits = self.lm_head(norm(x)).float()
         logits = SOFTCAP * torch.tanh(logits / SOFTCAP)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
@@ -165,17 +229,23 @@ class GPT(nn.Module):
             return loss.view(targets.shape)
         return loss.mean()
 
-    def flatten_parameters_(self) -> torch.Tensor:
-        """Move every parameter into one contiguous fp32 buffer (each parameter becomes a view of it) and return
-        the buffer, so whole-model reductions such as the bit checksum are one kernel."""
-        params = list(self.parameters())
-        flat = torch.cat([p.detach().reshape(-1) for p in params])
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.data = flat[offset:offset + n].view_as(p)
-            offset += n
-        return flat
+    def flatten_parameters_(self) -> list[torch.Tensor]:
+        """Move the parameters into one contiguous buffer per dtype (each parameter becomes a view of its
+        buffer) and return the buffers, so whole-model reductions such as the bit checksum are one kernel per
+        dtype (one for fp32-only models; two with bf16 embeddings)."""
+        by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+        for p in self.parameters():
+            by_dtype.setdefault(p.dtype, []).append(p)
+        buffers = []
+        for params in by_dtype.values():
+            flat = torch.cat([p.detach().reshape(-1) for p in params])
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.data = flat[offset:offset + n].view_as(p)
+                offset += n
+            buffers.append(flat)
+        return buffers
 
     def matrix_params(self) -> list[nn.Parameter]:
         """The transformer's 2-D matrices (Muon). Embedding, head and scalars go to AdamW."""
@@ -184,8 +254,12 @@ class GPT(nn.Module):
     def linear_modules(self) -> list[tuple[str, CastedLinear]]:
         return [(n, m) for n, m in self.named_modules() if isinstance(m, CastedLinear)]
 
+    def embedding_params(self) -> list[nn.Parameter]:
+        return [self.wte.weight] + [self.value_embeds[k].weight for k in sorted(self.value_embeds, key=int)]
+
     def flops_per_token(self) -> int:
-        """nanochat's estimate: 6 x (matmul weights incl. head) + 12 x layers x heads x head_dim x T."""
+        """nanochat's estimate: 6 x (matmul weights incl. head) + per layer 12 x heads x head_dim x the keys it
+        sees (the window on sliding-window layers)."""
         c = self.cfg
         n_matmul = sum(m.weight.numel() for _, m in self.linear_modules())
-        return 6 * n_matmul + 12 * c.depth * c.n_head * c.head_dim * c.seq_len
+        return 6 * n_matmul + sum(12 * c.n_head * c.head_dim * min(w, c.seq_len) for w in c.windows())

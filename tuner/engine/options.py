@@ -35,6 +35,19 @@ class Preset:
     eval_windows: int  # fixed held-out windows scored at the end
     warmup_steps: int  # default steps excluded from throughput medians and soft signals
     lr_scale: float = 1.0  # multiplies every learning rate
+    vocab: int = 256  # 256: token = byte; larger: a BPE tokenizer trained on the corpus (tokenizer.py)
+    window_pattern: str = "L"  # sliding-window pattern tiled over the layers ("L": full context everywhere)
+    value_embeds: bool = False
+    bf16_embeddings: bool = False  # token and value embeddings stored in the compute dtype, as nanochat does
+    weight_decay: float = 0.0  # Muon's (cautious) weight decay
+    lr_warmup_steps: int = 0  # learning rates rise linearly over these optimizer steps
+    momentum_warmup_steps: int = 0  # Muon momentum 0.85 -> 0.95 over these steps
+    target_tokens: int = 0  # on a GPU the batch doubles while tokens/step stay at most this (0: never grows)
+    embedding_lr: float = 0.2  # AdamW learning rate of the token (and value) embeddings, before width scaling
+
+    @property
+    def bpe(self) -> bool:
+        return self.vocab != 256
 
     @property
     def n_head(self) -> int:
@@ -42,16 +55,36 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
+    # The load that matters (the default on GPUs): nanochat's depth-6 model as nanochat builds it today
+    # (model_dim = depth x 64 rounded up to head dim 128 -> 384, 3 heads), vocabulary 32,768 (BPE), 2,048
+    # tokens, value embeddings, "SSSL" windows, bf16 embeddings, Muon with its momentum warm-up, weight decay 0.2,
+    # embedding lr 0.3. ~168 M FLOPs per token, the head 54 % of the matmul FLOPs. The batch grows on a GPU up to
+    # nanochat's own batch for depth 6 (262,144 tokens per optimizer step), memory permitting.
+    "nanochat": Preset("nanochat", depth=6, width=384, head_dim=128, seq_len=2048, batch_size=8, canary_batch=2,
+                       eval_windows=4, warmup_steps=20, vocab=32768, window_pattern="SSSL", value_embeds=True,
+                       bf16_embeddings=True, weight_decay=0.2, lr_warmup_steps=0, momentum_warmup_steps=300,
+                       target_tokens=2**18, embedding_lr=0.3),
     # CPU and tests: ~0.13 M parameters, 512 tokens a step, a few ms a step.
     "tiny": Preset("tiny", depth=2, width=64, head_dim=32, seq_len=64, batch_size=8, canary_batch=8,
                    eval_windows=8, warmup_steps=5),
-    # The seed's failing shape (ankel/nanochat "small"): depth 6, width 384, head dim 64, 32 x 512 tokens.
+    # Byte-level depth 6 at 512 tokens: a light load for small or shared GPUs (about half nanochat's FLOPs per
+    # token, no 32,768-wide head); the batch grows on a GPU up to 131,072 tokens per step.
     "small": Preset("small", depth=6, width=384, head_dim=64, seq_len=512, batch_size=32, canary_batch=8,
-                    eval_windows=16, warmup_steps=20),
-    # Fills a big GPU: nanochat d12 shape at 2048 context; the batch steps down until it fits.
+                    eval_windows=16, warmup_steps=20, target_tokens=2**17),
+    # Depth 12, width 768 (nanochat d12's trunk) at 2,048 tokens, byte-level: the most trunk FLOPs per token
+    # for a big GPU; the batch grows up to 524,288 tokens per step (or memory).
     "large": Preset("large", depth=12, width=768, head_dim=128, seq_len=2048, batch_size=64, canary_batch=4,
-                    eval_windows=16, warmup_steps=20),
+                    eval_windows=16, warmup_steps=20, target_tokens=2**19),
 }
+
+GPU_DEFAULT_PRESET = "nanochat"
+CPU_DEFAULT_PRESET = "tiny"
+
+
+def default_preset(device: str) -> str:
+    """`nanochat` on GPUs (the load that matters), `tiny` on the CPU and MPS."""
+    return GPU_DEFAULT_PRESET if re.fullmatch(r"(cuda|hip)(:\d+)?", device) else CPU_DEFAULT_PRESET
+
 
 INJECT_KINDS = ("bitflip", "nan", "hang")
 INJECT_TARGETS = ("weight", "activation")
@@ -123,13 +156,16 @@ class EngineOptions:
     heartbeat_s: float = 0.5
     reference_tolerance: float = 0.05  # relative loss tolerance, used only with `tolerance`
     tolerance: bool = False  # opt-in weaker comparison ("reduced" sensitivity); never chosen by the engine itself
-    verify_repeatable: bool = False  # replay a reference at stock; write `repeatable` (and the first difference) into it
+    # replay a reference at stock; write `repeatable` (and the first difference) into it
+    verify_repeatable: bool = False
     # simulated platform flaws (the simulated GPU; tuner/engine/faults.py): runs never repeat bit for bit, or stop
     # repeating from this wall-clock time (seconds since the epoch) on
     sim_nondeterministic: bool = False
     sim_contention_at: float | None = None
     reference_loop: bool = False  # past the reference's end, restart from the initial weights and compare again
     parent_pid: int | None = None  # end when this process is gone (the CLI defaults it to the parent at start-up)
+    compile: bool | None = None  # torch.compile of the model and the optimizer updates; None: on for GPUs
+    cache_dir: str | None = None  # tokenizer and compiled kernels (default $XDG_CACHE_HOME/tuner)
     # test hooks (hidden on the command line)
     test_oom_above: int | None = None  # simulate out-of-memory for any batch larger than this
     test_oom_at_step: int | None = None  # simulate out-of-memory once, at this step
@@ -181,14 +217,23 @@ class EngineOptions:
             raise UsageProblem("--reference-loop needs --reference and cannot be combined with --record")
         if self.verify_repeatable and (not self.reference or self.record or self.reference_loop):
             raise UsageProblem("--verify-repeatable needs --reference and excludes --record and --reference-loop")
-        if not 0 < self.reference_tolerance:
+        if not self.reference_tolerance > 0:
             raise UsageProblem(f"--reference-tolerance must be positive, got {self.reference_tolerance}")
+        if self.compile and (self.injections or self.fault_rate > 0):
+            raise UsageProblem("--compile cannot be combined with --inject/--fault-rate (injections hook eager "
+                               "modules); use --no-compile")
         if self.mode == "gemm" and (self.record or self.reference):
             raise UsageProblem("--record/--reference need a training mode (train or mixed), not gemm")
 
     @property
     def effective_fault_seed(self) -> int:
         return self.seed if self.fault_seed is None else self.fault_seed
+
+    def compile_enabled(self, device_type: str) -> bool:
+        """--compile / --no-compile, else on for GPUs (not with fault injection) and off on the CPU and MPS."""
+        if self.compile is not None:
+            return self.compile
+        return device_type == "cuda" and not (self.injections or self.fault_rate > 0)
 
     @property
     def effective_warmup_steps(self) -> int:
@@ -226,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit 0 pass, 1 fault detected, 2 usage or setup error, 130 interrupted.",
     )
     p.add_argument("--device", default="cpu", help="cuda:N, cpu or mps (default cpu)")
-    p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape (default tiny)")
+    p.add_argument("--preset", default=None, choices=list(PRESETS),
+                   help="model shape (default nanochat on GPUs, tiny on the CPU and MPS)")
     p.add_argument("--mode", default="train", choices=list(MODES),
                    help="train (default), gemm (GEMM burn only) or mixed (partial-load phases and idle gaps)")
     p.add_argument("--steps", type=int, metavar="N", help="stop after N steps (gemm mode: N GEMM rounds)")
@@ -279,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-pid", type=int, default=None, metavar="PID",
                    help="end (exit 130) when this process is gone (default: the parent at start-up; the stress "
                    "client passes its own pid)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model and the optimizer updates (default: on for GPUs, off on the CPU)")
+    p.add_argument("--cache-dir", metavar="DIR", default=None,
+                   help="where the tokenizer and compiled kernels are cached (default $XDG_CACHE_HOME/tuner)")
     p.add_argument("--test-oom-above", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--test-oom-at-step", type=int, default=None, help=argparse.SUPPRESS)
     return p
@@ -295,9 +345,10 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
     else:
         dtype = "auto"
     opts = EngineOptions(
-        device=a.device, preset=a.preset, mode=a.mode, steps=a.steps,
+        device=a.device, preset=a.preset or default_preset(a.device), mode=a.mode, steps=a.steps,
         duration_s=None if a.duration is None else parse_duration_s(a.duration),
-        seed=a.seed, fault_seed=a.fault_seed, dtype=dtype, batch_size=a.batch_size, warmup_steps=a.warmup_steps, data=a.data,
+        seed=a.seed, fault_seed=a.fault_seed, dtype=dtype, batch_size=a.batch_size, warmup_steps=a.warmup_steps,
+        data=a.data,
         record=a.record, reference=a.reference, canary_every=a.canary_every, canary_every_s=a.canary_every_s,
         gemm_n=a.gemm_n, gemm_repeats=a.gemm_repeats, threads=a.threads, expect_pci_bus_id=a.expect_pci_bus_id,
         fault_rate=a.fault_rate, injections=[Injection.parse(s) for s in a.inject],
@@ -305,7 +356,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
         partial_duty=a.partial_duty, heartbeat_s=a.heartbeat_s, reference_tolerance=a.reference_tolerance,
         tolerance=a.tolerance, verify_repeatable=a.verify_repeatable, sim_nondeterministic=a.sim_nondeterministic,
         sim_contention_at=a.sim_contention_at,
-        reference_loop=a.reference_loop, parent_pid=a.parent_pid,
+        reference_loop=a.reference_loop, parent_pid=a.parent_pid, compile=a.compile, cache_dir=a.cache_dir,
         test_oom_above=a.test_oom_above, test_oom_at_step=a.test_oom_at_step,
     )
     opts.validate()
@@ -329,7 +380,9 @@ def to_argv(opts: EngineOptions) -> list[str]:
     token, so a negative number or a value starting with "-" is never read as an option.
 
     >>> to_argv(EngineOptions(steps=5, fault_seed=-50, injections=[Injection("hang", 3)]))
-    ['--steps=5', '--fault-seed=-50', '--inject=hang@3']
+    ['--preset=tiny', '--steps=5', '--fault-seed=-50', '--inject=hang@3']
+    >>> to_argv(EngineOptions(preset="nanochat", steps=1, compile=False))
+    ['--preset=nanochat', '--steps=1', '--no-compile']
     """
     defaults = EngineOptions()
     argv: list[str] = []
@@ -338,11 +391,14 @@ def to_argv(opts: EngineOptions) -> list[str]:
             continue
         name = _FIELD_OF_DEST.get(action.dest, action.dest)
         value = getattr(opts, name)
-        if value == getattr(defaults, name):
+        # the preset is always written: the command line's default depends on the device (nanochat on GPUs)
+        if value == getattr(defaults, name) and name != "preset":
             continue
         flag = action.option_strings[0]
         if isinstance(action, argparse._StoreTrueAction):
             argv.append(flag)
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            argv.append(flag if value else "--no-" + flag.removeprefix("--"))
         elif isinstance(action, argparse._AppendAction):
             argv += [f"{flag}={_render(item)}" for item in value]
         else:

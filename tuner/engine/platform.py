@@ -25,7 +25,8 @@ DETERMINISTIC_CUBLAS_CONFIGS = (":4096:8", ":16:8")
 # Environment variables that change which kernels run (and so the bits of the trajectory): reported in `start`
 # and part of the reference fingerprint. Names, or prefixes ending in "_".
 KERNEL_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_", "CUBLAS_", "TORCH_BLAS_PREFER_CUBLASLT",
-              "TORCH_BLAS_PREFER_HIPBLASLT", "PYTORCH_TUNABLEOP_", "TORCH_CUDNN_", "TORCH_ROCM_", "NVIDIA_TF32_OVERRIDE",
+              "TORCH_BLAS_PREFER_HIPBLASLT", "PYTORCH_TUNABLEOP_", "TORCH_CUDNN_", "TORCH_ROCM_",
+              "NVIDIA_TF32_OVERRIDE",
               "ROCBLAS_", "HIPBLASLT_", "MIOPEN_", "HSA_OVERRIDE_GFX_VERSION", "CUDA_LAUNCH_BLOCKING",
               "TORCH_SDPA_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "HIP_FORCE_DEV_KERNARG")
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.engine import PROTOCOL_VERSION
-from tuner.engine.data import DataProblem, WindowSampler, load_corpus
+from tuner.engine import PROTOCOL_VERSION, compiled
+from tuner.engine.batchfit import BatchDoesNotFit, fit_batch
+from tuner.engine.data import DataProblem, WindowSampler, load_corpus, tokenize
 from tuner.engine.detectors import (
     CanaryReplay,
     Finding,
@@ -46,7 +47,6 @@ from tuner.engine.platform import (
     driver_version,
     empty_cache,
     enable_determinism,
-    free_memory_bytes,
     is_oom,
     kernel_env,
     make_oom,
@@ -68,6 +68,7 @@ from tuner.engine.reference import (
     save_reference,
     step_digest,
 )
+from tuner.engine.tokenizer import TokenizerProblem, load_or_train
 
 EXIT_PASS, EXIT_FAULT, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPEATABILITY_RUNS = 2
@@ -183,6 +184,8 @@ class Engine:
     def setup(self) -> None:
         opts = self.opts
         opts.validate()
+        self.cache_root = compiled.cache_root(opts.cache_dir)
+        compiled.prepare_environment(self.cache_root)
         for line in prepare_environment():
             self._setup_warning("environment", line)
         if opts.threads:
@@ -199,9 +202,17 @@ class Engine:
         self.device = self.spec.device
         self.gemm = GemmCheck(opts.gemm_n or default_gemm_n(self.spec), self.dtype, self.device, opts.gemm_repeats)
         p = opts.preset_spec
-        self.cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len)
+        self.cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len, vocab=p.vocab,
+                             window_pattern=p.window_pattern, value_embeds=p.value_embeds)
+        self.tokenizer = None
+        self.token_bytes: torch.Tensor | None = None  # UTF-8 bytes per token id (BPE presets), for bits per byte
+        self.use_compile = opts.mode != "gemm" and opts.compile_enabled(self.spec.type)
+        if self.use_compile and self.spec.type == "cpu" and compiled.cpu_compile_problem():
+            raise SetupProblem(f"--compile: {compiled.cpu_compile_problem()}")
         if opts.mode != "gemm":
             self.corpus = load_corpus(opts.data)
+            if p.bpe:
+                self._tokenize(p.vocab)
             self.sampler = WindowSampler(self.corpus, p.seq_len, opts.seed)
             if opts.reference:
                 self.reference = load_reference(opts.reference)
@@ -212,6 +223,8 @@ class Engine:
         else:
             self.batch_size = 0
         self._check_repeatability()
+        if self.opts.mode != "gemm":
+            self._compile_fallback()
         if opts.mode != "gemm":
             self._attach_reference()
         self._setup_done = True
@@ -219,19 +232,64 @@ class Engine:
         self._enforce_repeatability()
         self._check_reference_canary()
 
+    def _tokenize(self, vocab: int) -> None:
+        """BPE presets: the tokenizer learnt on this corpus (cached), then the corpus as tokens."""
+        try:
+            self.tokenizer = load_or_train(self.corpus.text(), self.corpus.sha256, vocab, self.cache_root,
+                                           log=self.log)
+        except TokenizerProblem as e:
+            raise SetupProblem(str(e)) from None
+        self.corpus = tokenize(self.corpus, self.tokenizer)
+        self.token_bytes = self.tokenizer.token_bytes(vocab)
+
     def _build_model(self) -> None:
         gen = torch.Generator().manual_seed(self.opts.seed)
-        model = GPT(self.cfg, self.dtype)
+        p = self.opts.preset_spec
+        # nanochat stores the embeddings in the compute dtype (fp32 when computing in fp16: no loss scaling)
+        embed_dtype = self.dtype if p.bf16_embeddings and self.dtype != torch.float16 else torch.float32
+        model = GPT(self.cfg, self.dtype, embed_dtype=embed_dtype)
         model.init_weights(gen)
         self.model = model.to(self.device)
         self.flat_params = self.model.flatten_parameters_()
         self.params = list(self.model.parameters())
         self.initial_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        ns_dtype = self.dtype if self.spec.type == "cuda" else torch.float32
-        self.muon, self.adam = build_optimizers(self.model, lr_scale=self.opts.preset_spec.lr_scale,
-                                                ns_dtype=ns_dtype)
+        self._new_optimizers()
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.flops_per_token = self.model.flops_per_token()
+        self.train_model = compiled.compile_model(self.model) if self.use_compile else self.model
+
+    def _new_optimizers(self) -> None:
+        p = self.opts.preset_spec
+        ns_dtype = self.dtype if self.spec.type == "cuda" else torch.float32
+        self.muon, self.adam = build_optimizers(self.model, lr_scale=p.lr_scale, ns_dtype=ns_dtype,
+                                                weight_decay=p.weight_decay, lr_warmup_steps=p.lr_warmup_steps,
+                                                momentum_warmup_steps=p.momentum_warmup_steps,
+                                                embedding_lr=p.embedding_lr)
+
+    def _restore_initial(self) -> None:
+        """Initial weights and fresh optimizers (after a probe, a proof, or at a --reference-loop restart)."""
+        self.model.zero_grad(set_to_none=True)
+        self.model.load_state_dict(self.initial_state)
+        self._new_optimizers()
+
+    def _compile_fallback(self) -> None:
+        """Compiling happens in the start-up check's training steps (setup time). With compile on by default
+        (no --compile), compiled steps that do not repeat bit for bit fall back to eager kernels with a setup
+        warning and the check runs again; an explicit --compile is held to the check like any other kernel."""
+        if not self.use_compile:
+            return  # `compiled` appears in `repeatability` only when compile was on
+        steps_ok = self.repeatability.get("steps")
+        if steps_ok is False and self.opts.compile is None:
+            self.use_compile = False
+            self.train_model = self.model
+            from tuner.engine.optim import eager_updates
+
+            eager_updates()
+            self._setup_warning("compile", "two compiled training steps from the same start differed: running eager "
+                                           "kernels (compile is on by default only where it repeats)")
+            self.first_difference = None
+            self._check_repeatability()
+        self.repeatability["compiled"] = bool(self.use_compile and self.repeatability.get("steps"))
 
     def _build_canary(self) -> None:
         canary_model = copy.deepcopy(self.model)
@@ -240,22 +298,28 @@ class Engine:
         x, y = self.sampler.fixed_batch(0, rows)
         self.canary = CanaryReplay(canary_model, x.to(self.device), y.to(self.device))
 
-    def _oom_probe(self, batch: int) -> None:
-        """Forward and backward at `batch` (no optimizer step), to see whether it fits."""
+    def _oom_probe(self, batch: int) -> int | None:
+        """One whole training step at `batch` (forward, backward, both optimizers with their state and
+        temporaries), then back to the initial weights and fresh optimizers. Returns the peak memory in bytes
+        (CUDA; None elsewhere). Eager kernels: compiling once per probed batch would cost minutes."""
         if self.opts.test_oom_above is not None and batch > self.opts.test_oom_above:
             raise make_oom(f"out of memory: simulated by the test hook at batch {batch}")
-        x, y = self.sampler.train_batch(0, batch)
-        loss = self.model(x.to(self.device), y.to(self.device))
-        loss.backward()
-        self.model.zero_grad(set_to_none=True)
-        del loss
-        if self.spec.type == "cuda":
-            synchronize(self.spec)
-            free = free_memory_bytes(self.spec) or 0
-            need = 4 * self.n_params * 4  # grads + AdamW moments + Muon momentum, fp32
-            if free < need:
-                raise make_oom(f"out of memory: {free / 2**30:.2f} GiB free after a batch-{batch} step, "
-                               f"optimizer state needs {need / 2**30:.2f} GiB")
+        cuda = self.spec.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.spec.device)
+        try:
+            x, y = self.sampler.train_batch(0, batch)
+            loss = self.model(x.to(self.device), y.to(self.device))
+            loss.backward()
+            del loss
+            self.muon.step()
+            self.adam.step()
+            if cuda:
+                synchronize(self.spec)
+                return int(torch.cuda.max_memory_reserved(self.spec.device))
+            return None
+        finally:
+            self._restore_initial()
 
     def _fit_batch(self) -> int:
         opts = self.opts
@@ -265,24 +329,36 @@ class Engine:
         batch = opts.batch_size or pinned or opts.preset_spec.batch_size
         if pinned is not None and opts.batch_size is not None and opts.batch_size != pinned:
             raise ReferenceProblem(f"--batch-size {opts.batch_size} differs from the reference's {pinned}")
-        while True:
-            try:
-                self._oom_probe(batch)
-                return batch
-            except Exception as e:
-                if not is_oom(e):
-                    raise
-                self.model.zero_grad(set_to_none=True)
-                empty_cache(self.spec)
-                if pinned is not None:
-                    raise SetupProblem(f"out of memory at batch {batch}, which the reference was recorded with; "
-                                       f"free memory on the device or record a new reference") from None
-                if batch == 1:
-                    raise SetupProblem("out of memory even at batch 1: free memory on the device or use a "
-                                       "smaller --preset") from None
-                new = batch // 2
-                self._setup_warning("oom", f"out of memory at batch {batch}; stepped down to {new}")
-                batch = new
+        fixed = pinned is not None or opts.batch_size is not None
+        if fixed and self.spec.type == "cpu":
+            return batch  # host memory: an allocation failure is not a clean exception to step down from
+        # the batch grows only on a GPU, and only when nobody fixed it (a reference pins it, as before)
+        grow = not fixed and self.spec.type == "cuda"
+        base = 0
+        if self.spec.type == "cuda":
+            synchronize(self.spec)
+            base = int(torch.cuda.memory_allocated(self.spec.device))
+
+        def on_oom() -> None:
+            self.model.zero_grad(set_to_none=True)
+            empty_cache(self.spec)
+            if pinned is not None:
+                raise SetupProblem(f"out of memory at batch {batch}, which the reference was recorded with; "
+                                   f"free memory on the device or record a new reference")
+
+        try:
+            fit = fit_batch(batch, self._oom_probe, is_oom, on_oom, seq_len=opts.preset_spec.seq_len,
+                            target_tokens=opts.preset_spec.target_tokens if grow else 0,
+                            total_memory_bytes=self.spec.total_memory_bytes, base_memory_bytes=base)
+        except BatchDoesNotFit:
+            raise SetupProblem("out of memory even at batch 1: free memory on the device or use a smaller "
+                               "--preset") from None
+        for line in fit.step_downs:
+            self._setup_warning("oom", line)
+        for line in fit.growth:
+            self.log(f"batch fit: {line}")
+        empty_cache(self.spec)
+        return fit.batch
 
     def _setup_warning(self, kind: str, detail: str) -> None:
         self.setup_problems.append(detail)
@@ -335,14 +411,12 @@ class Engine:
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise SetupProblem(f"attention (SDPA, {self.kernels['sdpa_backend']}) failed at the {p.name} preset's "
                                f"shape {list(shape)} in {DTYPE_NAMES[self.dtype]}: {first}") from None
-        return all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(outs[0], outs[1]))
+        return all(torch.equal(a.view(torch.int32), b.view(torch.int32))
+                   for a, b in zip(outs[0], outs[1], strict=False))
 
     def _reset_training(self) -> None:
         """Initial weights and fresh optimizers: the state step 1 starts from."""
-        self.model.load_state_dict(self.initial_state)
-        ns_dtype = self.dtype if self.spec.type == "cuda" else torch.float32
-        self.muon, self.adam = build_optimizers(self.model, lr_scale=self.opts.preset_spec.lr_scale,
-                                                ns_dtype=ns_dtype)
+        self._restore_initial()
 
     def _step_check(self) -> tuple[bool, str | None]:
         """CHECK_STEPS real training steps from the initial state, twice, digests compared."""
@@ -360,7 +434,7 @@ class Engine:
         finally:
             self._reset_training()
             self.oom_at_step_pending = pending
-        for i, (a, b) in enumerate(zip(runs[0], runs[1])):
+        for i, (a, b) in enumerate(zip(runs[0], runs[1], strict=False)):
             if a != b:
                 figure = "loss" if a[:8] != b[:8] else "grad_norm" if a[8:16] != b[8:16] else "state"
                 return False, f"training step {i + 1} ({figure})"
@@ -389,9 +463,15 @@ class Engine:
             "dtype": DTYPE_NAMES[self.dtype], "device_type": self.spec.type, "device_name": self.spec.name,
             "data_sha256": self.corpus.sha256, **versions(),
             # what decides which kernels run, and so the bits: the choices, the environment, the driver
-            "kernels": {k: v for k, v in self.kernels.items()}, "kernel_env": kernel_env(),
+            "kernels": dict(self.kernels.items()), "kernel_env": kernel_env(),
             "driver_version": driver_version(self.spec),
         }
+        p = self.opts.preset_spec
+        if p.bpe:  # only where they differ from the byte-level presets, so older references still load
+            fp.update(vocab=p.vocab, window_pattern=p.window_pattern, value_embeds=p.value_embeds,
+                      tokenizer_sha256=self.corpus.tokenizer_sha256)
+        if self.use_compile:
+            fp["compile"] = True
         if self.spec.type == "cpu":
             fp["threads"] = torch.get_num_threads()
         return fp
@@ -429,7 +509,11 @@ class Engine:
         data = None
         if training:
             data = {"source": self.corpus.source, "bytes": self.corpus.nbytes, "files": self.corpus.files,
-                    "sha256": self.corpus.sha256}
+                    "sha256": self.corpus.sha256, "tokens": self.corpus.tokens}
+            if self.tokenizer is not None:
+                data["tokenizer"] = {"kind": "bpe", "vocab_size": self.tokenizer.vocab_size,
+                                     "sha256": self.tokenizer.sha256, "cached": not self.tokenizer.trained,
+                                     "path": str(self.tokenizer.path)}
         self.em.emit(
             "start",
             protocol=PROTOCOL_VERSION,
@@ -445,8 +529,12 @@ class Engine:
             flops_per_step=self.flops_per_token * tokens if training else self.gemm.flops,
             batch_size=self.batch_size,
             seq_len=p.seq_len,
-            model={"depth": p.depth, "width": p.width, "n_head": p.n_head, "head_dim": p.head_dim, "vocab": 256}
+            model={"depth": p.depth, "width": p.width, "n_head": p.n_head, "head_dim": p.head_dim, "vocab": p.vocab,
+                   "window_pattern": p.window_pattern, "windows": self.cfg.windows(),
+                   "value_embeds": p.value_embeds,
+                   "embed_dtype": DTYPE_NAMES.get(self.model.wte.weight.dtype, str(self.model.wte.weight.dtype))}
             if training else None,
+            compile=bool(training and self.use_compile),
             seed=o.seed,
             steps=o.steps,
             duration_s=o.duration_s,
@@ -497,7 +585,7 @@ class Engine:
             raise make_oom(f"out of memory: simulated by the test hook at step {step}")
         x, y = self.sampler.train_batch(step if data_step is None else data_step, self.batch_size)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        loss = self.model(x, y)
+        loss = self.train_model(x, y)
         loss.backward()
         grads = [p.grad for p in self.params if p.grad is not None]
         grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
@@ -506,7 +594,7 @@ class Engine:
         self.model.zero_grad(set_to_none=True)
         # every bit the next step depends on: parameters and optimizer state (a flip that only reaches the
         # momentum this step is caught now, not a step later: bench/engine_detection.py, Part D)
-        param_sum = bit_checksum([self.flat_params, *self._optimizer_state()])
+        param_sum = bit_checksum([*self.flat_params, *self._optimizer_state()])
         as_int = [loss.detach().float().view(torch.int32).to(torch.int64),
                   grad_norm.float().view(torch.int32).to(torch.int64), param_sum]
         loss_bits, gn_bits, psum = torch.stack(as_int).tolist()  # one host sync, exact bits
@@ -514,9 +602,10 @@ class Engine:
                           time.perf_counter() - t0, x.numel(), psum)
 
     def _optimizer_state(self) -> list[torch.Tensor]:
-        state = list(self.muon.buffers.values())
-        for m, v in self.adam.state.values():
-            state += [*m, *v]
+        state = [b for bufs in self.muon.buffers.values() for b in bufs]  # momentum, second moment
+        for pairs in self.adam.state.values():
+            for m, v in pairs:
+                state += [m, v]
         return state
 
     def reference_step(self, step: int | None) -> int | None:
@@ -599,10 +688,7 @@ class Engine:
         n = self.trajectory.reference_steps
         seg = (step - 1) % n + 1
         if seg == 1 and step > 1:
-            self.model.load_state_dict(self.initial_state)
-            ns_dtype = self.dtype if self.spec.type == "cuda" else torch.float32
-            self.muon, self.adam = build_optimizers(self.model, lr_scale=self.opts.preset_spec.lr_scale,
-                                                    ns_dtype=ns_dtype)
+            self._restore_initial()
             self.soft = SoftSignals()  # the loss restarts high: not a spike
             self.segment = (step - 1) // n + 1
             self.em.emit("segment", step=step - 1, segment=self.segment, reference_steps=n)
@@ -759,19 +845,31 @@ class Engine:
     # --- the end --------------------------------------------------------------------------------------------
 
     def evaluate(self) -> tuple[float | None, list[float]]:
-        """Held-out bits per byte and the per-window losses (nats), on fixed windows."""
+        """Held-out bits per byte and the per-window losses (nats per token), on fixed windows. BPE presets: the
+        total nats over the total UTF-8 bytes of the target tokens."""
         if self.opts.mode == "gemm":
             return None, []
         self.state = "eval"
         x, y = self.sampler.heldout_batch(self.opts.preset_spec.eval_windows)
         losses: list[float] = []
+        nats, nbytes = 0.0, 0
         chunk = max(1, self.batch_size)
         with torch.no_grad():
             for i in range(0, x.size(0), chunk):
                 per_token = self.model(x[i:i + chunk].to(self.device), y[i:i + chunk].to(self.device), "none")
-                losses.extend(per_token.float().mean(dim=1).cpu().tolist())
+                per_token = per_token.float().cpu()
+                losses.extend(per_token.mean(dim=1).tolist())
+                if self.token_bytes is not None:
+                    weights = self.token_bytes[y[i:i + chunk]]
+                    nats += float((per_token * (weights > 0)).sum())
+                    nbytes += int(weights.sum())
         finite = [v for v in losses if math.isfinite(v)]
-        bpb = statistics.fmean(finite) / math.log(2) if len(finite) == len(losses) and losses else None
+        bpb = None
+        if len(finite) == len(losses) and losses:
+            if self.token_bytes is None:
+                bpb = statistics.fmean(finite) / math.log(2)
+            elif nbytes > 0 and math.isfinite(nats):
+                bpb = nats / math.log(2) / nbytes
         return bpb, losses
 
     def _finish(self) -> tuple[float | None, list[float], str | None]:

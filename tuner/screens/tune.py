@@ -15,7 +15,7 @@ from tuner.screens.base import TunerScreen
 from tuner.widgets.device_panel import setting_text
 from tuner.widgets.history_plot import HistoryPlot
 
-PRESETS = ("tiny", "small", "large")
+PRESETS = ("tiny", "nanochat", "small", "large")
 MODES = tuple(Mode)
 DETECTORS = ("reference", "canary", "gemm", "nonfinite", "device errors", "watchdog", "kernel log")
 

@@ -30,7 +30,7 @@ from typing import Any, Self
 
 from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
-from tuner.engine.options import EngineOptions, Injection, UsageProblem, to_argv
+from tuner.engine.options import GPU_DEFAULT_PRESET, EngineOptions, Injection, UsageProblem, to_argv
 from tuner.engine.patterns import match_device_error
 
 # --- the request ------------------------------------------------------------------------------------------
@@ -80,8 +80,9 @@ def fault_seed_for(seed: int, setting: int) -> int:
 
 
 def default_preset(target: StressTarget) -> str:
-    """The model shape a run on `target` uses unless told: `tiny` on the CPU (simulated cards), `small` on a GPU."""
-    return "tiny" if target.torch_device == "cpu" or target.simulated else "small"
+    """The model shape a run on `target` uses unless told: `tiny` on the CPU (simulated cards), `nanochat` (the
+    load that matters) on a GPU."""
+    return "tiny" if target.torch_device == "cpu" or target.simulated else GPU_DEFAULT_PRESET
 
 
 def engine_request(target: StressTarget, *, duration_s: float | None = None, steps: int | None = None,
@@ -91,7 +92,7 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
 
     From the target: its device string, the PCI bus id the engine must find, its environment and, for a
     simulated card, its faults (fault rate; `hang@SIM_HANG_STEP` when it hangs). Without a bound the run lasts
-    DEFAULT_DURATION_S; without a preset, simulated and CPU targets use `tiny`, GPUs `small`. `setting` (a trial
+    DEFAULT_DURATION_S; without a preset, simulated and CPU targets use `tiny`, GPUs `nanochat`. `setting` (a trial
     at that setting) picks the fault seed. `options` are further EngineOptions fields; None means the engine's
     default. Raises UsageError for a run the engine would refuse."""
     if duration_s is None and steps is None:

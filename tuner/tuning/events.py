@@ -62,6 +62,10 @@ class TrialResult:
     effective: bool | None = None  # False: the measured drop is under half of the asked undervolt
     median_core_clock_mhz: float | None = None  # the clock sustained under load (the baseline's sets NVIDIA's lock)
     pstates: tuple[int, ...] = ()  # NVIDIA performance states seen under load
+    p95_power_w: float | None = None  # 95th percentile of board power under load
+    power_limit_w: float | None = None  # the board power limit the driver enforced, where it says
+    throttle_reasons: tuple[str, ...] = ()  # clock-limit reasons the driver reported under load
+    load_note: str | None = None  # baseline: "load X W of the card's Y W limit (Z %)"
 
     @property
     def passed(self) -> bool:
@@ -74,7 +78,7 @@ class TrialResult:
     def from_record(cls, record: dict) -> TrialResult:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in record.items() if k in names}
-        for key in ("kernel_log", "warnings", "pstates"):
+        for key in ("kernel_log", "warnings", "pstates", "throttle_reasons"):
             kw[key] = tuple(kw.get(key) or ())
         return cls(**kw)
 

@@ -18,7 +18,7 @@ from tuner.core import exit_codes
 from tuner.core.card_lock import CardLock
 from tuner.core.errors import DeviceLost, DiskFull, NotApplied, UsageError
 from tuner.core.models import DeviceInfo, Knob, Mode
-from tuner.tuning import evidence, journal, kernel_log
+from tuner.tuning import evidence, journal, kernel_log, load_check
 from tuner.tuning.engine_client import WatchdogPolicy, default_preset
 from tuner.tuning.events import (
     BisectEvent,
@@ -64,7 +64,8 @@ class BisectParams:
     confirm_s: float = 1800.0
     floor: int | None = None
     mode: str = "train"
-    preset: str | None = None  # default: "tiny" when the engine runs on the CPU (simulated cards), else "small"
+    preset: str | None = None  # default: "tiny" when the engine runs on the CPU (simulated cards), else "nanochat"
+    compile: bool | None = None  # torch.compile in the engine (None: its default, on for GPUs)
     dtype: str | None = None
     seed: int = 0
     tolerance: bool = False  # opt in to the weaker comparison (reduced sensitivity) on a platform that does not repeat
@@ -73,7 +74,7 @@ class BisectParams:
     watchdog: WatchdogPolicy | None = None  # None: the policy for the engine's device (tighter on the CPU)
 
     SEARCH_KEYS = ("step", "resolution", "margin", "trial_s", "confirm_s", "floor", "mode", "preset", "dtype",
-                   "seed", "tolerance")
+                   "seed", "tolerance", "compile")
 
     def plan_params(self, knob: Knob) -> PlanParams:
         """The plan's parameters for `knob`: a None here is the plan's default for that card."""
@@ -306,7 +307,7 @@ class BisectJob:
         confirm_s = evidence.rerun_duration_s(float(search["confirm_s"]), reruns)
         baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
         common = {"phase": decision.phase, "preset": search["preset"], "seed": int(search["seed"]),
-                  "dtype": search.get("dtype"), "watchdog": self.params.watchdog,
+                  "dtype": search.get("dtype"), "compile": search.get("compile"), "watchdog": self.params.watchdog,
                   "baseline_tok_per_j": baseline.tok_per_j if baseline else None,
                   "baseline_voltage_mv": baseline.voltage_mv if baseline else None,
                   "tolerance": bool(search.get("tolerance"))}
@@ -391,6 +392,10 @@ class BisectJob:
         # the minimum of compared steps is about a voltage: runs at stock that test the platform are exempt
         result = evidence.judge(result, baseline=decision.phase in STOCK_PHASES,
                                 disk_is_full=result.verdict != "pass" and evidence.disk_full(journal.journal_dir()))
+        if decision.phase == BASELINE and result.passed:
+            result, light = _with_load_report(result, search["preset"])
+            if light:
+                self._emit(TrialWarning(light))
         j.finish_trial(result.to_record())
         if result.kind == evidence.ENGINE_KILLED:  # re-running now could meet the same killer (the OOM killer)
             self._emit(TrialFinished(index, result))
@@ -512,3 +517,11 @@ def _measured_near(setting: int, knob: Knob, results: list[TrialResult]) -> Tria
 
 
 __all__ = ["BisectJob", "BisectOutcome", "BisectParams", "last_outcome"]
+
+
+def _with_load_report(result: TrialResult, preset: str | None) -> tuple[TrialResult, str | None]:
+    """The baseline's load against the card's power limit, and a warning when it is light."""
+    note = load_check.load_note(result.power_w, result.power_limit_w)
+    light = load_check.light_load_warning(result.power_w, result.power_limit_w, preset=preset,
+                                          throttle_reasons=result.throttle_reasons)
+    return (replace(result, load_note=note) if note else result), light

@@ -32,6 +32,9 @@ class TelemetrySummary:
     energy_j: float | None
     median_core_clock_mhz: float | None = None  # the clock the card sustained (NVIDIA: the lock for a bisect)
     pstates: tuple[int, ...] = ()  # NVIDIA performance states seen, in order of first appearance
+    p95_power_w: float | None = None  # 95th percentile of board power (how hard the load peaks)
+    power_limit_w: float | None = None  # the enforced board power limit (the last reported)
+    throttle_reasons: tuple[str, ...] = ()  # every clock-limit reason the driver reported, first seen first
 
     @property
     def max_temp_c(self) -> float | None:
@@ -75,7 +78,19 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
         energy_j=energy_j,
         median_core_clock_mhz=statistics.median(col("core_clock_mhz")) if col("core_clock_mhz") else None,
         pstates=tuple(dict.fromkeys(int(p) for p in col("pstate"))),
+        p95_power_w=percentile(power, 95),
+        power_limit_w=col("power_limit_w")[-1] if col("power_limit_w") else None,
+        throttle_reasons=tuple(dict.fromkeys(r for s in samples for r in s.throttle_reasons)),
     )
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """Nearest-rank percentile: `percentile([1, 2, 3, 4], 95) == 4`, `percentile([], 95) is None`."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * pct // 100))
+    return ordered[int(rank) - 1]
 
 
 def voltage_effect(

@@ -36,7 +36,7 @@ STOPPED = Verdict.STOPPED
 class TrialParams:
     phase: str
     duration_s: float
-    preset: str | None = None  # None: the request's default for the target (tiny on the CPU, small on a GPU)
+    preset: str | None = None  # None: the request's default for the target (tiny on the CPU, nanochat on a GPU)
     mode: str = "train"
     seed: int = 0
     dtype: str | None = None
@@ -51,6 +51,7 @@ class TrialParams:
     steps: int | None = None  # bound by steps instead of duration_s (which then only feeds the ETA)
     verify_repeatable: bool = False  # the baseline's replay: record in the reference whether it repeats
     tolerance: bool = False  # the user opted in to the weaker comparison (reduced sensitivity)
+    compile: bool | None = None  # torch.compile in the engine (None: its default, on for GPUs)
 
 
 class StopRequested(Exception):
@@ -73,7 +74,7 @@ def trial_request(target: StressTarget, params: TrialParams, setting: int | None
         # a reference one trial long covers a run of any length: past its end the engine restarts from the
         # initial weights and keeps comparing
         reference_loop=params.reference_path is not None and not params.verify_repeatable,
-        tolerance=params.tolerance, verify_repeatable=params.verify_repeatable)
+        tolerance=params.tolerance, verify_repeatable=params.verify_repeatable, compile=params.compile)
 
 
 def _same_bus(a: str | None, b: str | None) -> bool:
@@ -308,6 +309,9 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result: Str
         kernel_log=tuple(e.line for e in kernel_events), warnings=tuple(warnings), started_at=started_at,
         median_core_clock_mhz=summary.median_core_clock_mhz if summary else None,
         pstates=summary.pstates if summary else (),
+        p95_power_w=None if not summary or summary.p95_power_w is None else round(summary.p95_power_w, 2),
+        power_limit_w=summary.power_limit_w if summary else None,
+        throttle_reasons=summary.throttle_reasons if summary else (),
     )
     base = _with_voltage_effect(base, params, summary)
     fault_step = r.failure_step if r is not None else None

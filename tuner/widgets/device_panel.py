@@ -42,7 +42,7 @@ def _vram(sample: Telemetry) -> str:
 def figures_text(sample: Telemetry | None) -> str:
     if sample is None:
         return "no sample yet"
-    power = _fmt(sample.power_w, "W", 1) + (f" of {sample.power_cap_w:.0f}" if sample.power_cap_w else "")
+    power = _fmt(sample.power_w, "W", 1) + (f" of {sample.power_limit_w:.0f}" if sample.power_limit_w else "")
     limits = ", ".join(sample.throttle_reasons) if sample.throttle_reasons else "none"
     return (
         f"power {power}  edge {_fmt(sample.temp_edge_c, '°C')}  "

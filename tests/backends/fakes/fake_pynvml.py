@@ -14,6 +14,7 @@ Strictness copied from the real thing:
 - `version="12.535"`: nvidia-ml-py before 12.555 has no `c_nvmlClockOffset_t` / `nvmlClockOffset_v1`
   (added with the 555 driver API), so touching them raises AttributeError.
 - `nvmlDeviceGetGpcClkVfOffset` (driver >= 520) is one offset for the whole V/F curve, not per pstate.
+- `nvmlDeviceGetEnforcedPowerLimit` answers in milliwatts (nvml.h), like `nvmlDeviceGetPowerUsage`.
 """
 
 from __future__ import annotations
@@ -270,6 +271,12 @@ def make_fake_nvml(
     @api
     def nvmlDeviceGetPowerUsage(h):
         return 287_500
+
+    @api
+    def nvmlDeviceGetEnforcedPowerLimit(h):
+        # NVML reference: "the effective power limit that the driver enforces after taking into account all
+        # limiters", in milliwatts (nvml.h, nvmlDeviceGetEnforcedPowerLimit)
+        return 350_000
 
     @api
     def nvmlDeviceGetTotalEnergyConsumption(h):
