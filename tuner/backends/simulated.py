@@ -26,6 +26,7 @@ from tuner.core import paths
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import StateError, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
+from tuner.core.processes import pid_alive
 
 VMIN_RANGE_MV = (-120, -30)
 KNOB_MIN_MV, KNOB_MAX_MV, KNOB_STEP_MV = -200, 0, 5
@@ -335,16 +336,7 @@ class SimulatedBackend(Backend):
         self._save_state()
 
     def _loaded(self, device_id: str) -> bool:
-        pid = self._card(device_id).get("load_pid")
-        if not isinstance(pid, int):
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
+        return pid_alive(self._card(device_id).get("load_pid"))
 
     def telemetry(self, device_id: str) -> Telemetry:
         now = self._clock()

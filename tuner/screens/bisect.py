@@ -5,6 +5,7 @@ The run itself belongs to the App (switching screens never stops it); this scree
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,6 +25,7 @@ from tuner.core.models import Mode
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
 from tuner.tuning.job import BisectParams
+from tuner.tuning.sensitivity import detection_rate_text
 from tuner.widgets.history_plot import HistoryPlot
 
 # (field id, label, kind, BisectParams field). A blank field is the core's default for the card, shown as the
@@ -42,10 +44,15 @@ WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the
 KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
 
 
+_ASCII_WHOLE = re.compile(r"[+-]?[0-9]+")  # ASCII digits and a sign only, as on the command line
+
+
 def _whole_number(label: str, text: str, unit: str) -> int:
     """A whole number, optionally followed by the card's unit ("15", "15 MHz")."""
     number = text[: -len(unit)].strip() if unit and text.lower().endswith(unit.lower()) else text
     try:
+        if not _ASCII_WHOLE.fullmatch(number.strip()):
+            raise ValueError(number)  # int() would take "٣٠" and "3_0"
         return int(number, 10)
     except ValueError:
         raise UsageError(f"{label}: expected a whole number of {unit or 'steps'}, got {text!r}", "e.g. 10") from None
@@ -406,4 +413,6 @@ def recommendation_text(rec, unit: str, *, simulated: bool = False) -> Text:
                     f"({gain:+.1f} %)")
         if simulated:
             text.append(f" · {SIMULATED_NOTE}", style="bold")
+    if getattr(rec, "sensitivity", None) == "reduced":  # the user opted in to the weaker comparison: say what it costs
+        text.append(f"\n{detection_rate_text()}", style="bold")
     return text

@@ -12,6 +12,12 @@ TOLERANCE_CAUGHT_PCT = 1.9  # --tolerance: caught on their own step, % of conseq
 BITWISE_CAUGHT_PCT = 100.0  # bit for bit (the default)
 
 
+def detection_rate_text() -> str:
+    """The measured detection rate of the reduced-sensitivity mode, in words for any front end."""
+    return (f"reduced sensitivity: catches {TOLERANCE_CAUGHT_PCT:g} % of consequential single-bit flips on their "
+            f"own step, against {BITWISE_CAUGHT_PCT:g} % bit for bit")
+
+
 def tolerance_note() -> str:
     return (f"reduced sensitivity (--tolerance): the tolerance comparison catches {TOLERANCE_CAUGHT_PCT:g} % of "
             f"consequential single-bit flips on their own step, against {BITWISE_CAUGHT_PCT:g} % bit for bit "
