@@ -281,4 +281,5 @@ def hwmon_telemetry(device_dir: Path, now_s: float) -> Telemetry:
         voltage_mv=values.get("voltage_mv"),
         util_pct=values.get("util_pct"),
         fan_rpm=values.get("fan_rpm"),
+        power_limit_w=values.get("power_limit_w"),
     )
