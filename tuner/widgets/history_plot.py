@@ -43,17 +43,22 @@ class HistoryPlot(PlotextPlot):
         super().on_mount()
         self.show([], [])
 
+    def _begin(self, key: object, title: str | None) -> bool:
+        """Start a redraw of `key` (False: it is what is drawn already): a blank figure with its title and x label."""
+        if key == self._drawn:
+            return False
+        self._drawn = key
+        self.plt.clear_data()
+        self.plt.clear_figure()
+        self.plt.title(title or self.title)
+        self.plt.xlabel(self.x_label)
+        return True
+
     def show(self, xs: list[float], ys: list[float], *, title: str | None = None) -> None:
         """Redraw with these points; a no-op when nothing changed (the caller's timer sets the rate)."""
-        key = (tuple(xs), tuple(ys), title)
-        if key == self._drawn:
+        if not self._begin((tuple(xs), tuple(ys), title), title):
             return
-        self._drawn = key
         plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        plt.title(title or self.title)
-        plt.xlabel(self.x_label)
         if xs:
             plt.plot(xs, ys, marker="braille")
             if self.min_span is not None:
@@ -71,15 +76,10 @@ class HistoryPlot(PlotextPlot):
     def show_series(self, series: list[tuple[str, list, list, str]], *, title: str | None = None) -> None:
         """Several labelled series (label, xs, ys, "left" | "right" y axis) on one plot: tok/J and power against
         the setting share the x axis, each on its own scale."""
-        key = tuple((label, tuple(xs), tuple(ys), side) for label, xs, ys, side in series), title
-        if key == self._drawn:
+        if not self._begin((tuple((label, tuple(xs), tuple(ys), side) for label, xs, ys, side in series), title),
+                           title):
             return
-        self._drawn = key
         plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        plt.title(title or self.title)
-        plt.xlabel(self.x_label)
         drawn = False
         for label, xs, ys, side in series:
             if xs:
