@@ -126,3 +126,12 @@ def test_fan_percent_edges(pwm, pwm_max, rpm, rpm_max, pct):
     from tuner.backends.amd_sysfs import fan_percent
 
     assert fan_percent(pwm, pwm_max, rpm, rpm_max) == pct
+
+
+def test_amd_sysfs_doctests_hold():
+    import doctest
+
+    from tuner.backends import amd_sysfs
+
+    result = doctest.testmod(amd_sysfs)
+    assert result.attempted >= 2 and result.failed == 0

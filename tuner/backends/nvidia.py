@@ -25,17 +25,23 @@ from tuner.backends.base import Backend
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 
-_THROTTLE_BITS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal",
-    0x40: "hw_thermal",
-    0x80: "hw_power_brake",
-    0x100: "display_clocks",
-}
+# Clock event ("throttle") reasons: pynvml's constant suffix -> the name shown. The bits are read from the module
+# (`nvmlClocksEventReason*`, r535 and later; `nvmlClocksThrottleReason*` before, and for BoardLimit/Reliability,
+# which nvidia-ml-py 13.615 names only that way), so a reason this nvidia-ml-py does not know is never guessed.
+REASON_NAMES = (
+    ("GpuIdle", "idle"),
+    ("ApplicationsClocksSetting", "applications clocks"),
+    ("SwPowerCap", "power cap"),
+    ("HwSlowdown", "hw slowdown"),
+    ("SyncBoost", "sync boost"),
+    ("SwThermalSlowdown", "thermal"),
+    ("HwThermalSlowdown", "hw thermal"),
+    ("HwPowerBrakeSlowdown", "hw power brake"),
+    ("DisplayClockSetting", "display clocks"),
+    ("BoardLimit", "board limit"),
+    ("Reliability", "reliability"),
+)
+MIB = 1024 * 1024
 OFFSET_API = "nvmlDeviceSetClockOffsets"
 # Offsets are per performance state; CUDA work often runs in P2 on GeForce cards (LACT PR #461, #918).
 OFFSET_PSTATES = (0, 2)
@@ -57,8 +63,31 @@ def import_nvml() -> Nvml | None:
     return pynvml
 
 
+def reason_names(nvml: Nvml, mask: int | None) -> tuple[str, ...]:
+    """The names of the bits set in an NVML clock event reasons mask, in bit order; a bit this nvidia-ml-py has no
+    constant for is shown as `reason 0x...`, not dropped."""
+    if not mask:
+        return ()
+    names, known = [], 0
+    for suffix, name in REASON_NAMES:
+        bit = getattr(nvml, "nvmlClocksEventReason" + suffix, None) or getattr(
+            nvml, "nvmlClocksThrottleReason" + suffix, None
+        )
+        if isinstance(bit, int) and bit:
+            known |= bit
+            if mask & bit:
+                names.append((bit, name))
+    rest = mask & ~known
+    names += [(1 << i, f"reason 0x{1 << i:x}") for i in range(64) if rest & (1 << i)]
+    return tuple(name for _, name in sorted(names))
+
+
 def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _mib(n_bytes: object) -> float | None:
+    return round(n_bytes / MIB, 1) if isinstance(n_bytes, int) else None
 
 
 def normalise_bus_id(bus_id: str | bytes) -> str:
@@ -464,15 +493,19 @@ class NvidiaBackend(Backend):
         return self.knob(device_id)
 
     def telemetry(self, device_id: str) -> Telemetry:
+        """One sample. Every figure is read on its own: NotSupported (a fanless board's fan), NoPermission or a
+        call this nvidia-ml-py lacks leaves that figure None and the rest still read; only a lost GPU raises."""
         n, h = self.nvml, self._handle(device_id)
         opt = self._optional
         power_mw = opt(lambda: n.nvmlDeviceGetPowerUsage(h))
         energy_mj = opt(lambda: n.nvmlDeviceGetTotalEnergyConsumption(h))
-        limit_mw = opt(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
+        limit_mw = opt(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))  # milliwatts
         util = opt(lambda: n.nvmlDeviceGetUtilizationRates(h))
         pstate = opt(lambda: n.nvmlDeviceGetPerformanceState(h))
+        fan = opt(lambda: n.nvmlDeviceGetFanSpeed(h))  # percent; NotSupported on passively cooled boards
+        memory = opt(lambda: n.nvmlDeviceGetMemoryInfo(h))  # c_nvmlMemory_t: total/free/used in bytes
         reasons = opt(lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
-        if reasons is None:
+        if reasons is None:  # nvidia-ml-py or driver before the r535 rename
             reasons = opt(lambda: n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
         return Telemetry(
             time_s=self._clock(),
@@ -483,9 +516,12 @@ class NvidiaBackend(Backend):
             voltage_mv=None,  # NVML does not report core voltage
             util_pct=None if util is None else float(util.gpu),
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
-            throttle_reasons=tuple(name for bit, name in _THROTTLE_BITS.items() if reasons and reasons & bit),
+            throttle_reasons=reason_names(n, reasons if isinstance(reasons, int) else None),
             pstate=int(pstate) if isinstance(pstate, int) and 0 <= pstate <= 15 else None,  # 32 = unknown
             power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
+            fan_pct=float(fan) if isinstance(fan, int) else None,
+            vram_used_mib=_mib(getattr(memory, "used", None)),
+            vram_total_mib=_mib(getattr(memory, "total", None)),
         )
 
     def capabilities(self, device_id: str) -> Capabilities:
