@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from types import TracebackType
 from typing import Self
 
@@ -46,10 +47,14 @@ class PendingChange:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         lock: CardLock | None = None,
+        previous_lock_clock_mhz: int | None = None,
     ):
         self.backend, self.device_id, self.value = backend, device_id, value
         self._lock = lock  # the card's writer lock, held until the change is kept or reverted
         self.allow_overvolt = allow_overvolt
+        # NVIDIA: the lock clock in force before this change chose a new one (`set --lock-mhz`); a revert sets it
+        # back before restoring the value, so the card is not left locked at an unconfirmed clock
+        self.previous_lock_clock_mhz = previous_lock_clock_mhz
         self.timeout_s = timeout_s
         self._clock = clock
         self.before: Knob | None = None  # the knob as it was before apply()
@@ -115,6 +120,13 @@ class PendingChange:
         return knob
 
     def _restore(self, before: Knob) -> Knob:
+        if self.previous_lock_clock_mhz is not None:
+            try:  # the lock choice first: restoring the value re-locks at it, a reset releases it
+                self.backend.set_lock_clock(self.device_id, self.previous_lock_clock_mhz)  # type: ignore[attr-defined]
+            except TunerError as e:
+                before = replace(before, current=before.stock)  # a value at an unknown lock is no known state
+                self.restore_note = (f"the previous lock clock {self.previous_lock_clock_mhz} MHz could not be set "
+                                     f"back ({e.message}); reset to stock instead")
         if before.current != before.stock:
             try:
                 knob = self.backend.apply(self.device_id, before.current, allow_overvolt=True)

@@ -59,13 +59,15 @@ def prepare_setting(
     """Check `request`, set the lock clock when asked, and return the keep-or-revert change, not yet applied.
 
     The caller applies it (`with change:` or `change.apply()`) and keeps or reverts it."""
-    check_setting(backend, request)
+    knob = check_setting(backend, request)
     lock = CardLock(request.device_id, purpose).acquire()  # one writer per card, held until kept or reverted
     try:
         if request.lock_clock_mhz is not None:
             backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
+        # a revert puts back the lock in force before this request along with the value
+        previous_lock = knob.lock_clock_mhz if request.lock_clock_mhz is not None else None
         return PendingChange(backend, request.device_id, request.value, allow_overvolt=request.allow_overvolt,
-                             timeout_s=timeout_s, clock=clock, lock=lock)
+                             timeout_s=timeout_s, clock=clock, lock=lock, previous_lock_clock_mhz=previous_lock)
     except BaseException:
         lock.release()
         raise

@@ -428,7 +428,7 @@ class AmdBackend(Backend):
 
     def telemetry(self, device_id: str) -> Telemetry:
         card = self._card(device_id)
-        sample = hwmon_telemetry(card.dir, self._clock())
+        sample = hwmon_telemetry(card.dir, self._clock(), self.io)
         joules = energy_joules(self._smi("amdsmi_get_energy_count", card.amdsmi_handle))
         if joules is not None:
             sample = replace(sample, energy_j=joules)

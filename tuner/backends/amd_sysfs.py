@@ -126,6 +126,14 @@ class SysfsIO:
         except OSError as e:
             raise self._error(e, path, None) from None
 
+    def read_attr(self, path: Path) -> str | None:
+        """A telemetry attribute, or None when it is absent or the kernel refuses the read (a fan that cannot be
+        queried, a GPU in reset): telemetry never fails over one figure."""
+        try:
+            return self.read_text(path)
+        except TunerError:
+            return None
+
     def write_commands(self, path: Path, commands: list[str]) -> None:
         if path.name not in WRITABLE_FILES:
             raise AssertionError(f"refusing to write outside the allow-list: {path}")
@@ -192,17 +200,20 @@ class SysfsIO:
 _PCI_SLOT = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
-def read_value(path: Path) -> str | None:
-    """A sysfs attribute, stripped of whitespace and NULs; None when absent or unreadable."""
-    text = _read_text(path)
+def _clean(text: str | None) -> str | None:
     if text is None:
         return None
     text = text.strip().strip("\0").strip()
     return text or None
 
 
-def _read_number(path: Path) -> float | None:
-    text = read_value(path)
+def read_value(path: Path) -> str | None:
+    """A sysfs attribute, stripped of whitespace and NULs; None when absent or unreadable."""
+    return _clean(_read_text(path))
+
+
+def _number(text: str | None) -> float | None:
+    text = _clean(text)
     try:
         return float(text) if text is not None else None
     except ValueError:
@@ -244,32 +255,73 @@ def hwmon_dir(device_dir: Path) -> Path | None:
 
 _TEMP_LABELS = {"edge": "temp_edge_c", "junction": "temp_hotspot_c", "mem": "temp_mem_c"}
 _TEMP_DEFAULTS = {1: "temp_edge_c", 2: "temp_hotspot_c", 3: "temp_mem_c"}
+PWM_MAX = 255  # hwmon ABI (Documentation/ABI/testing/sysfs-class-hwmon, pwmY): 0..255, 255 is 100 %
+MIB = 1024 * 1024
 
 
-def hwmon_telemetry(device_dir: Path, now_s: float) -> Telemetry:
-    """One sample from hwmon and the device directory; every missing file is a None, never a 0."""
+def fan_percent(pwm: float | None, pwm_max: float | None, rpm: float | None, rpm_max: float | None) -> float | None:
+    """Fan speed in % of its maximum: `pwm1 * 100 / pwm1_max` (pwm1_max absent: the ABI's 255), else, when pwm1
+    cannot be read, `fan1_input * 100 / fan1_max` (RPM). A fan stopped at idle is 0 %; a card with neither (no
+    fan, or no maximum to scale by) is None, never 0.
+
+    >>> fan_percent(77, 255, 1100, 3300), fan_percent(77, None, None, None), fan_percent(None, None, 1100, 3300)
+    (30.2, 30.2, 33.3)
+    >>> fan_percent(0, 255, 0, 3300), fan_percent(None, None, 1100, None), fan_percent(None, None, None, None)
+    (0.0, None, None)
+    """
+    if pwm is not None:
+        top = pwm_max if pwm_max else PWM_MAX
+        return round(pwm * 100 / top, 1)
+    if rpm is not None and rpm_max:
+        return round(rpm * 100 / rpm_max, 1)  # not clamped: a fan above its rated RPM is shown as it is
+    return None
+
+
+def hwmon_telemetry(device_dir: Path, now_s: float, io: SysfsIO | None = None) -> Telemetry:
+    """One sample from hwmon and the device directory; every missing or unreadable file is a None, never a 0.
+
+    Reads go through `io` (the same seam as the overdrive file), so a fake kernel can refuse one attribute the way
+    amdgpu does (a write-only `pwm1` on a board whose fan speed cannot be queried, EPERM during a reset).
+    Throttle reasons are not read: they live only in the binary `gpu_metrics`, which the tuner does not parse.
+    """
+    io = io or SysfsIO()
+
+    def num(path: Path) -> float | None:
+        return _number(io.read_attr(path))
+
     hw = hwmon_dir(device_dir)
     values: dict[str, float | None] = {}
     if hw is not None:
-        mv = _read_number(hw / "in0_input")
+        mv = num(hw / "in0_input")
         values["voltage_mv"] = mv
-        power_uw = _read_number(hw / "power1_average")
+        power_uw = num(hw / "power1_average")
         if power_uw is None:
-            power_uw = _read_number(hw / "power1_input")
+            power_uw = num(hw / "power1_input")
         values["power_w"] = None if power_uw is None else round(power_uw / 1e6, 3)
-        cap_uw = _read_number(hw / "power1_cap")  # microwatts (kernel Documentation/gpu/amdgpu/thermal.rst)
+        # microwatts (amdgpu_pm.c amdgpu_hwmon_show_power_cap_generic: limit * 1000000; "\n" when unknown)
+        cap_uw = num(hw / "power1_cap")
         values["power_limit_w"] = None if cap_uw is None else round(cap_uw / 1e6, 3)
         for n in (1, 2, 3):
-            temp = _read_number(hw / f"temp{n}_input")
+            temp = num(hw / f"temp{n}_input")
             if temp is None:
                 continue
-            label = (read_value(hw / f"temp{n}_label") or "").lower()
+            label = (_clean(io.read_attr(hw / f"temp{n}_label")) or "").lower()
             values[_TEMP_LABELS.get(label, _TEMP_DEFAULTS[n])] = temp / 1000.0
         for n, key in ((1, "core_clock_mhz"), (2, "mem_clock_mhz")):
-            hz = _read_number(hw / f"freq{n}_input")
+            hz = num(hw / f"freq{n}_input")
             values[key] = None if hz is None else round(hz / 1e6, 1)
-        values["fan_rpm"] = _read_number(hw / "fan1_input")
-    values["util_pct"] = _read_number(device_dir / "gpu_busy_percent")
+        rpm = num(hw / "fan1_input")
+        values["fan_rpm"] = rpm
+        pwm = num(hw / "pwm1")
+        values["fan_pct"] = fan_percent(
+            pwm, num(hw / "pwm1_max") if pwm is not None else None, rpm,
+            num(hw / "fan1_max") if pwm is None else None,
+        )
+    values["util_pct"] = num(device_dir / "gpu_busy_percent")
+    # bytes (amdgpu_vram_mgr.c amdgpu_mem_info_vram_used_show / _total_show: "%llu\n"); hidden without VRAM
+    for name, key in (("mem_info_vram_used", "vram_used_mib"), ("mem_info_vram_total", "vram_total_mib")):
+        n_bytes = num(device_dir / name)
+        values[key] = None if n_bytes is None else round(n_bytes / MIB, 1)
     return Telemetry(
         time_s=now_s,
         power_w=values.get("power_w"),
@@ -282,4 +334,7 @@ def hwmon_telemetry(device_dir: Path, now_s: float) -> Telemetry:
         util_pct=values.get("util_pct"),
         fan_rpm=values.get("fan_rpm"),
         power_limit_w=values.get("power_limit_w"),
+        fan_pct=values.get("fan_pct"),
+        vram_used_mib=values.get("vram_used_mib"),
+        vram_total_mib=values.get("vram_total_mib"),
     )

@@ -25,17 +25,23 @@ from tuner.backends.base import Backend
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 
-_THROTTLE_BITS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal",
-    0x40: "hw_thermal",
-    0x80: "hw_power_brake",
-    0x100: "display_clocks",
-}
+# Clock event ("throttle") reasons: pynvml's constant suffix -> the name shown. The bits are read from the module
+# (`nvmlClocksEventReason*`, r535 and later; `nvmlClocksThrottleReason*` before, and for BoardLimit/Reliability,
+# which nvidia-ml-py 13.615 names only that way), so a reason this nvidia-ml-py does not know is never guessed.
+REASON_NAMES = (
+    ("GpuIdle", "idle"),
+    ("ApplicationsClocksSetting", "applications clocks"),
+    ("SwPowerCap", "power cap"),
+    ("HwSlowdown", "hw slowdown"),
+    ("SyncBoost", "sync boost"),
+    ("SwThermalSlowdown", "thermal"),
+    ("HwThermalSlowdown", "hw thermal"),
+    ("HwPowerBrakeSlowdown", "hw power brake"),
+    ("DisplayClockSetting", "display clocks"),
+    ("BoardLimit", "board limit"),
+    ("Reliability", "reliability"),
+)
+MIB = 1024 * 1024
 OFFSET_API = "nvmlDeviceSetClockOffsets"
 # Offsets are per performance state; CUDA work often runs in P2 on GeForce cards (LACT PR #461, #918).
 OFFSET_PSTATES = (0, 2)
@@ -57,8 +63,31 @@ def import_nvml() -> Nvml | None:
     return pynvml
 
 
+def reason_names(nvml: Nvml, mask: int | None) -> tuple[str, ...]:
+    """The names of the bits set in an NVML clock event reasons mask, in bit order; a bit this nvidia-ml-py has no
+    constant for is shown as `reason 0x...`, not dropped."""
+    if not mask:
+        return ()
+    names, known = [], 0
+    for suffix, name in REASON_NAMES:
+        bit = getattr(nvml, "nvmlClocksEventReason" + suffix, None) or getattr(
+            nvml, "nvmlClocksThrottleReason" + suffix, None
+        )
+        if isinstance(bit, int) and bit:
+            known |= bit
+            if mask & bit:
+                names.append((bit, name))
+    rest = mask & ~known
+    names += [(1 << i, f"reason 0x{1 << i:x}") for i in range(64) if rest & (1 << i)]
+    return tuple(name for _, name in sorted(names))
+
+
 def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _mib(n_bytes: object) -> float | None:
+    return round(n_bytes / MIB, 1) if isinstance(n_bytes, int) else None
 
 
 def normalise_bus_id(bus_id: str | bytes) -> str:
@@ -103,7 +132,8 @@ class NvidiaBackend(Backend):
         self._clock = clock
         self._handles: dict[str, NvmlHandle] = {}
         self._infos: list[DeviceInfo] = []
-        self._lock_mhz: dict[str, int] = {}
+        self._lock_mhz: dict[str, int] = {}  # the lock chosen in this process (measured, --lock-mhz, a revert)
+        self._boost_mhz: dict[str, int] = {}  # the card's max customer boost clock, when it reports one
         self._api: dict[str, str] = {}
         self._pstates: dict[str, tuple[int, ...]] = {}
         driver = self._nv(lambda: _text(nvml.nvmlSystemGetDriverVersion()), "reading the driver version")
@@ -260,17 +290,22 @@ class NvidiaBackend(Backend):
     def _record_key(self, device_id: str) -> str:
         return self.device(device_id).serial or device_id
 
-    def _save_record(self, device_id: str, offset_mhz: int) -> None:
+    def _save_record(self, device_id: str, offset_mhz: int, lock_mhz: int | None) -> None:
+        """Record the offset the tuner applied and the lock it applied it at (NVML cannot read locked clocks back:
+        this record is the only memory of the lock); an offset of 0 clears it."""
         key = self._record_key(device_id)
         with contextlib.suppress(OSError):
             if offset_mhz == 0:
                 card_records.clear(card_records.APPLIED, key)
             else:
                 card_records.save(
-                    card_records.APPLIED,
-                    key,
-                    {"offset_mhz": offset_mhz, "lock_clock_mhz": self._lock_mhz.get(device_id)},
+                    card_records.APPLIED, key, {"offset_mhz": offset_mhz, "lock_clock_mhz": lock_mhz}
                 )
+
+    def _recorded_lock(self, device_id: str) -> int | None:
+        """The lock the tuner's record says it put on the card with the offset it applied this boot, or None."""
+        lock = self._record(device_id).get("lock_clock_mhz")
+        return lock if isinstance(lock, int) and not isinstance(lock, bool) and lock > 0 else None
 
     def _current(self, device_id: str, offsets: dict) -> int:
         """The offset on the card: the driver's P0 (or whole-curve) value, unless the driver reads 0 while the
@@ -280,15 +315,22 @@ class NvidiaBackend(Backend):
         return first[0] if first[0] != 0 else int(recorded)
 
     def lock_clock_mhz(self, device_id: str) -> int | None:
-        """The max graphics clock `apply` locks to: the one set (measured under the stock baseline, or
-        --lock-mhz), else the card's max customer boost clock, else None (nothing known that caps anything)."""
-        if device_id not in self._lock_mhz:
+        """The max graphics clock `apply` locks to: the one set in this process (measured under the stock
+        baseline, --lock-mhz, or put back by a revert), else the one the card is locked at now by the tuner's
+        record (so a new offset without --lock-mhz leaves the lock where it is, and a revert knows what to put
+        back), else the card's max customer boost clock, else None (nothing known that caps anything)."""
+        if device_id in self._lock_mhz:
+            return self._lock_mhz[device_id]
+        recorded = self._recorded_lock(device_id)
+        if recorded is not None:
+            return recorded
+        if device_id not in self._boost_mhz:
             n, h = self.nvml, self._handle(device_id)
             boost = self._optional(lambda: n.nvmlDeviceGetMaxCustomerBoostClock(h, n.NVML_CLOCK_GRAPHICS))
             if not boost:
                 return None
-            self._lock_mhz[device_id] = int(boost)
-        return self._lock_mhz[device_id]
+            self._boost_mhz[device_id] = int(boost)
+        return self._boost_mhz[device_id]
 
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
         """The max graphics clock the next `apply` locks to (default: the card's stock max boost)."""
@@ -312,9 +354,10 @@ class NvidiaBackend(Backend):
         self.set_lock_clock(device_id, mhz)
         return mhz
 
-    def _lock(self, device_id: str) -> None:
+    def _lock(self, device_id: str, top: int | None = None) -> int:
+        """Lock the max graphics clock at `top` (default: `lock_clock_mhz`); returns the lock set."""
         n, h = self.nvml, self._handle(device_id)
-        top = self.lock_clock_mhz(device_id)
+        top = self.lock_clock_mhz(device_id) if top is None else top
         if top is None:
             raise Unsupported(
                 f"{device_id}: the driver reports no max customer boost clock, and the top of the clock table "
@@ -334,6 +377,7 @@ class NvidiaBackend(Backend):
         self._nv(
             lambda: n.nvmlDeviceSetGpuLockedClocks(h, min(floor, top), top), "locking the graphics clock"
         )
+        return top
 
     def _unlock_quietly(self, device_id: str) -> None:
         """Failure paths: release the lock whatever else went wrong (a lock without its offset caps the card,
@@ -384,18 +428,21 @@ class NvidiaBackend(Backend):
         before.validate(value, allow_overvolt=allow_overvolt)  # OutOfRange: nothing written
         if value == before.stock:
             return self.reset(device_id)
+        # The lock that came with the offset on the card now (None: at stock, or an offset the tuner did not set):
+        # a failed apply puts it back with the offset.
+        previous_lock = self._recorded_lock(device_id) if before.current != before.stock else None
         try:
-            self._lock(device_id)
+            lock = self._lock(device_id)
             # Recorded before the write: if the driver's read-back lies or the tuner dies, reset still knows.
-            self._save_record(device_id, value)
+            self._save_record(device_id, value, lock)
             for pstate in self._read_offsets(device_id):
                 self._write_offset(device_id, pstate, value)
-            self._verify(device_id, value, before.current)
+            self._verify(device_id, value, before.current, lock)
         except DeviceLost:
             self._unlock_quietly(device_id)
             raise
         except TunerError as e:
-            self._restore(device_id, before.current, e)
+            self._restore(device_id, before.current, e, previous_lock)
             raise
         if self.persistence_off(device_id):
             self._warn(
@@ -404,7 +451,7 @@ class NvidiaBackend(Backend):
             )
         return self.knob(device_id)
 
-    def _verify(self, device_id: str, value: int, previous: int) -> None:
+    def _verify(self, device_id: str, value: int, previous: int, lock_mhz: int) -> None:
         unverified = []
         for pstate, (got, _, _) in self._read_offsets(device_id).items():
             where = "" if pstate is None else f" at P{pstate}"
@@ -415,7 +462,7 @@ class NvidiaBackend(Backend):
             elif 0 < got < value and value - got < SNAP_LIMIT_MHZ:
                 # The driver snaps offsets to the increment the hardware supports (LACT issue #1202).
                 self._warn(f"{device_id}: the driver snapped {value:+d} MHz to {got:+d} MHz{where}")
-                self._save_record(device_id, got)
+                self._save_record(device_id, got, lock_mhz)
             else:
                 raise NotApplied(
                     f"{device_id}: wrote {value:+d} MHz{where} but NVML reads back {got:+d} MHz; "
@@ -429,12 +476,22 @@ class NvidiaBackend(Backend):
                 "resets it as applied (check the sustained clock under load)"
             )
 
-    def _restore(self, device_id: str, previous: int, cause: TunerError) -> None:
+    def _restore(self, device_id: str, previous: int, cause: TunerError, previous_lock: int | None) -> None:
+        """Put back the previous offset and the lock it came with. An offset the tuner did not set has no lock
+        the tuner knows of (NVML cannot read one): the new lock is released and the offset stays foreign."""
         try:
             if previous == 0:
                 self.reset(device_id)
             else:
-                self._save_record(device_id, previous)
+                if previous_lock is None:
+                    self._nv(
+                        lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self._handle(device_id)),
+                        "unlocking the graphics clock",
+                    )
+                    self._save_record(device_id, 0, None)
+                else:
+                    self._lock(device_id, previous_lock)
+                    self._save_record(device_id, previous, previous_lock)
                 for pstate in self._read_offsets(device_id):
                     self._write_offset(device_id, pstate, previous)
         except TunerError as e:
@@ -460,19 +517,23 @@ class NvidiaBackend(Backend):
             raise NotApplied(
                 f"{device_id}: after reset NVML reads {shown}, not 0", "run `sudo nvidia-smi -rgc` or reboot"
             )
-        self._save_record(device_id, 0)
+        self._save_record(device_id, 0, None)
         return self.knob(device_id)
 
     def telemetry(self, device_id: str) -> Telemetry:
+        """One sample. Every figure is read on its own: NotSupported (a fanless board's fan), NoPermission or a
+        call this nvidia-ml-py lacks leaves that figure None and the rest still read; only a lost GPU raises."""
         n, h = self.nvml, self._handle(device_id)
         opt = self._optional
         power_mw = opt(lambda: n.nvmlDeviceGetPowerUsage(h))
         energy_mj = opt(lambda: n.nvmlDeviceGetTotalEnergyConsumption(h))
-        limit_mw = opt(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
+        limit_mw = opt(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))  # milliwatts
         util = opt(lambda: n.nvmlDeviceGetUtilizationRates(h))
         pstate = opt(lambda: n.nvmlDeviceGetPerformanceState(h))
+        fan = opt(lambda: n.nvmlDeviceGetFanSpeed(h))  # percent; NotSupported on passively cooled boards
+        memory = opt(lambda: n.nvmlDeviceGetMemoryInfo(h))  # c_nvmlMemory_t: total/free/used in bytes
         reasons = opt(lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
-        if reasons is None:
+        if reasons is None:  # nvidia-ml-py or driver before the r535 rename
             reasons = opt(lambda: n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
         return Telemetry(
             time_s=self._clock(),
@@ -483,9 +544,12 @@ class NvidiaBackend(Backend):
             voltage_mv=None,  # NVML does not report core voltage
             util_pct=None if util is None else float(util.gpu),
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
-            throttle_reasons=tuple(name for bit, name in _THROTTLE_BITS.items() if reasons and reasons & bit),
+            throttle_reasons=reason_names(n, reasons if isinstance(reasons, int) else None),
             pstate=int(pstate) if isinstance(pstate, int) and 0 <= pstate <= 15 else None,  # 32 = unknown
             power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
+            fan_pct=float(fan) if isinstance(fan, int) else None,
+            vram_used_mib=_mib(getattr(memory, "used", None)),
+            vram_total_mib=_mib(getattr(memory, "total", None)),
         )
 
     def capabilities(self, device_id: str) -> Capabilities:

@@ -211,6 +211,10 @@ class FakeKernelIO(SysfsIO):
         self.log: list[tuple[Path, bytes]] = []
         self.missing: set[Path] = set()  # paths that raise ENOENT (Overdrive off)
         self.denied: set[Path] = set()  # paths that raise EACCES on open (not root)
+        # path -> errno a read raises: a hwmon attribute whose read bits amdgpu cleared (EACCES, even as root:
+        # a sysfs file without read permission cannot be opened for reading), or a read the driver refuses
+        # (EPERM in reset, EOPNOTSUPP from the SMU)
+        self.read_errors: dict[Path, int] = {}
         self._fds: dict[int, Path] = {}
         self.root = True  # the fake runs "as root" unless a test says otherwise
         self._next_fd = 1000
@@ -222,6 +226,9 @@ class FakeKernelIO(SysfsIO):
         path = Path(path)
         if path in self.missing:
             raise self._error(OSError(errno.ENOENT, "No such file"), path, None)
+        if path in self.read_errors:
+            code = self.read_errors[path]
+            raise self._error(OSError(code, os.strerror(code)), path, None)
         if path in self.kernels:
             try:
                 return self.kernels[path].read()

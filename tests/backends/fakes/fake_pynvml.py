@@ -15,6 +15,18 @@ Strictness copied from the real thing:
   (added with the 555 driver API), so touching them raises AttributeError.
 - `nvmlDeviceGetGpcClkVfOffset` (driver >= 520) is one offset for the whole V/F curve, not per pstate.
 - `nvmlDeviceGetEnforcedPowerLimit` answers in milliwatts (nvml.h), like `nvmlDeviceGetPowerUsage`.
+- Dashboard figures, as pynvml.py (nvidia-ml-py 13.615.71) returns them:
+  * `nvmlDeviceGetFanSpeed` is a percentage (`c_uint`); fanless, passively cooled boards (data-centre cards such
+    as the H200) answer NVML_ERROR_NOT_SUPPORTED: `fan_pct=None`.
+  * `nvmlDeviceGetMemoryInfo(handle, version=None)` returns `c_nvmlMemory_t` with `total`, `free`, `used` in
+    bytes (`_fmt_ = {'<default>': "%d B"}`).
+  * `nvmlDeviceGetCurrentClocksEventReasons` / the deprecated `nvmlDeviceGetCurrentClocksThrottleReasons` return
+    a `c_ulonglong` bitmask, decoded with the module's `nvmlClocksEventReason*` / `nvmlClocksThrottleReason*`
+    constants. The "event" names came with the r535 API rename: `version` below 12.535 has neither the call nor
+    those constants (AttributeError, like any name a module lacks); a driver older than 535 under a newer
+    nvidia-ml-py answers FunctionNotFound (`missing`). `BoardLimit` (0x200) and `Reliability` (0x400) exist only
+    as `nvmlClocksThrottleReason*` names, and only from 13.615 (NVML change log v610 -> v615).
+  * Any of them may answer NotSupported or NoPermission (`fail`).
 """
 
 from __future__ import annotations
@@ -89,6 +101,10 @@ class FakeGpu:
     ignore_offsets: bool = False  # the driver accepts offsets but they do not stick (read-back stays put)
     readback_zero: bool = False  # offsets stick but the driver reports 0 for them
     snap_mhz: int | None = None  # the driver rounds offsets down to this increment
+    fan_pct: int | None = 30  # nvmlDeviceGetFanSpeed; None: NotSupported (a fanless, passively cooled board)
+    memory_total_bytes: int = 25_757_220_864  # an RTX 4090's 24 GiB as nvmlDeviceGetMemoryInfo reports it
+    memory_used_bytes: int = 1_610_612_736  # 1.5 GiB
+    reasons: int = 0x4  # clock event reasons bitmask (0x4 = SW power cap)
 
     @property
     def offset_mhz(self) -> int:
@@ -139,6 +155,16 @@ def make_fake_nvml(
         setattr(m, f"NVML_PSTATE_{n}", n)
     m.NVML_PSTATE_UNKNOWN = 32
     m.NVML_TEMPERATURE_GPU, m.NVML_FEATURE_DISABLED = 0, 0
+    py_version = tuple(int(x) for x in version.split(".")[:2])
+    reason_bits = {"GpuIdle": 0x1, "ApplicationsClocksSetting": 0x2, "SwPowerCap": 0x4, "HwSlowdown": 0x8,
+                   "SyncBoost": 0x10, "SwThermalSlowdown": 0x20, "HwThermalSlowdown": 0x40,
+                   "HwPowerBrakeSlowdown": 0x80, "DisplayClockSetting": 0x100}
+    for name, bit in reason_bits.items():
+        setattr(m, "nvmlClocksThrottleReason" + name, bit)
+        if py_version >= (12, 535):
+            setattr(m, "nvmlClocksEventReason" + name, bit)
+    if py_version >= (13, 615):
+        m.nvmlClocksThrottleReasonBoardLimit, m.nvmlClocksThrottleReasonReliability = 0x200, 0x400
     if tuple(int(x) for x in version.split(".")[:2]) >= (12, 555):
         m.c_nvmlClockOffset_t = c_nvmlClockOffset_t
         m.nvmlClockOffset_v1 = 0x1000018
@@ -296,7 +322,26 @@ def make_fake_nvml(
 
     @api
     def nvmlDeviceGetCurrentClocksEventReasons(h):
-        return 0x4
+        return gpu(h).reasons
+
+    @api
+    def nvmlDeviceGetCurrentClocksThrottleReasons(h):
+        return gpu(h).reasons
+
+    @api
+    def nvmlDeviceGetFanSpeed(h):
+        if gpu(h).fan_pct is None:
+            raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
+        return gpu(h).fan_pct
+
+    @api
+    def nvmlDeviceGetMemoryInfo(h, version=None):
+        g = gpu(h)
+        return types.SimpleNamespace(total=g.memory_total_bytes, used=g.memory_used_bytes,
+                                     free=g.memory_total_bytes - g.memory_used_bytes)
+
+    if py_version < (12, 535):
+        del m.nvmlDeviceGetCurrentClocksEventReasons
 
     # --- raw C entry points, reached through _nvmlGetFunctionPointer ---------------------------------------------
     def _struct(name, arg):

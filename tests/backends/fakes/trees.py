@@ -102,9 +102,22 @@ def make_card(
     od: bool = True,
     device: str = "0x7550",
     od_text: str | None = None,
+    fan: str = "pwm",
 ) -> Path:
     """One card: `sys/class/drm/cardN -> ../../devices/.../cardN` and its PCI device directory.
-    With symlink=False the device directory is a plain directory and the slot comes from uevent."""
+    With symlink=False the device directory is a plain directory and the slot comes from uevent.
+
+    `fan` is what amdgpu's hwmon shows for the fan (drivers/gpu/drm/amd/pm/amdgpu_pm.c, hwmon_attributes_visible
+    and amdgpu_hwmon_get_pwm1/_pwm1_max/_fan1_input/_fan1_max):
+    - "pwm": `pwm1` (0..255), `pwm1_max` (always "255"), `fan1_input` and `fan1_max` (RPM);
+    - "no-pwm1-max": `pwm1` without `pwm1_max` (hidden when the fan can be neither queried nor managed by
+      percent; the hwmon ABI, Documentation/ABI/testing/sysfs-class-hwmon `pwmY`, says 255 is 100 %);
+    - "rpm": `pwm1` present but unreadable (its read bits cleared when the ASIC cannot report a PWM value:
+      the caller sets `FakeKernelIO.read_errors`), `fan1_input` / `fan1_max` in RPM;
+    - "zero-rpm": fan stop at idle, `pwm1` 0 and `fan1_input` 0;
+    - "none": no fan attribute at all (`adev->pm.no_fan`, and APUs): the kernel hides every pwm1*/fan1* file.
+    VRAM comes in bytes (`mem_info_vram_used` / `mem_info_vram_total`, amdgpu_vram_mgr.c, "%llu\\n").
+    `power1_cap` is not written here: tests add it (microwatts) where they need it."""
     slot = slot or SLOTS.get(fmt or "", f"0000:{0x40 + index:02x}:00.0")
     drm = root / "sys/class/drm"
     if symlink:
@@ -125,6 +138,8 @@ def make_card(
     write(dev / "vbios_version", "113-FAKE-100\n")
     write(dev / "gpu_busy_percent", "37\n")
     write(dev / "power_dpm_force_performance_level", "auto\n")
+    write(dev / "mem_info_vram_total", f"{16 * 1024**3}\n")  # 16 GiB in bytes
+    write(dev / "mem_info_vram_used", f"{1536 * 1024**2}\n")  # 1.5 GiB in bytes
     if od and (fmt or od_text):
         write(dev / "pp_od_clk_voltage", od_text or OD_TEXT[fmt])
     hw = dev / "hwmon/hwmon4"
@@ -140,8 +155,16 @@ def make_card(
         "temp3_label": "mem",
         "freq1_input": "2450000000",
         "freq2_input": "1250000000",
-        "fan1_input": "1100",
     }.items():
+        write(hw / name, value + "\n")
+    fans = {
+        "pwm": {"pwm1": "77", "pwm1_max": "255", "pwm1_min": "0", "fan1_input": "1100", "fan1_max": "3300"},
+        "no-pwm1-max": {"pwm1": "77", "fan1_input": "1100"},
+        "rpm": {"pwm1": "0", "fan1_input": "1100", "fan1_max": "3300", "fan1_min": "0"},
+        "zero-rpm": {"pwm1": "0", "pwm1_max": "255", "fan1_input": "0", "fan1_max": "3300"},
+        "none": {},
+    }[fan]
+    for name, value in fans.items():
         write(hw / name, value + "\n")
     # a connector: also matches card*, must be ignored
     (drm / f"card{index}-DP-1").mkdir(parents=True, exist_ok=True)

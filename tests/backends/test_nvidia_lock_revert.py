@@ -1,0 +1,161 @@
+"""`tuner set --lock-mhz N` on NVIDIA: whatever undoes the setting (not confirmed, a signal, a failed apply, a
+reset) must undo the locked graphics clock too, not only the offset.
+
+Through the fake NVML (tests/backends/fakes/fake_pynvml.py), which records the lock `nvmlDeviceSetGpuLockedClocks`
+set and `nvmlDeviceResetGpuLockedClocks` cleared. NVML cannot read locked clocks back, so the tuner's own record
+(per boot, in the state directory) is the only memory of the lock that came with an offset it applied.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tuner.actions.reset import reset_device
+from tuner.actions.setting import SetRequest, prepare_setting
+from tuner.backends import nvidia
+from tuner.core import signals
+from tuner.core.errors import NotApplied, UsageError
+from tuner.core.signals import Terminated
+
+from .fakes.fake_pynvml import FakeGpu, make_fake_nvml
+
+FLOOR_MHZ = 210  # the fake's lowest supported graphics clock: the lock's minimum
+BOOST_MHZ = 2520  # the fake's max customer boost clock: the default lock
+
+
+def _process(m):
+    """A fresh tuner process on the same card (a new backend over the same NVML state)."""
+    backend = nvidia.discover(m)
+    backend._warn = lambda msg: None
+    return backend, backend.devices()[0].id
+
+
+@pytest.fixture
+def card():
+    m = make_fake_nvml([FakeGpu()])
+    return m, m.gpus[0]
+
+
+def _kept_earlier(m, offset_mhz=30):
+    """An earlier `tuner set --offset +30 --yes`: locked at the default boost clock, recorded."""
+    backend, dev = _process(m)
+    backend.apply(dev, offset_mhz)
+    backend.close()
+
+
+def test_revert_puts_back_the_lock_that_came_with_the_previous_offset(card):
+    m, gpu = card
+    _kept_earlier(m)
+    assert (gpu.offset_mhz, gpu.locked) == (30, (FLOOR_MHZ, BOOST_MHZ))
+    backend, dev = _process(m)
+    with prepare_setting(backend, SetRequest(dev, 60, lock_clock_mhz=1500)):
+        assert (gpu.offset_mhz, gpu.locked) == (60, (FLOOR_MHZ, 1500))
+    # not confirmed: the card is back where it was, lock included
+    assert (gpu.offset_mhz, gpu.locked) == (30, (FLOOR_MHZ, BOOST_MHZ))
+    assert backend.knob(dev).lock_clock_mhz == BOOST_MHZ
+
+
+def test_a_new_lock_at_the_same_offset_is_reverted_too(card):
+    m, gpu = card
+    _kept_earlier(m)
+    backend, dev = _process(m)
+    with prepare_setting(backend, SetRequest(dev, 30, lock_clock_mhz=1800)):
+        assert gpu.locked == (FLOOR_MHZ, 1800)
+    assert (gpu.offset_mhz, gpu.locked) == (30, (FLOOR_MHZ, BOOST_MHZ))
+
+
+def test_revert_to_stock_unlocks_and_forgets_the_unconfirmed_lock(card):
+    m, gpu = card
+    backend, dev = _process(m)
+    with prepare_setting(backend, SetRequest(dev, 60, lock_clock_mhz=1500)):
+        assert gpu.locked == (FLOOR_MHZ, 1500)
+    assert (gpu.offset_mhz, gpu.locked) == (0, None)
+    # the next apply without --lock-mhz (a TUI in the same process) must not lock at the rejected clock
+    assert backend.knob(dev).lock_clock_mhz == BOOST_MHZ
+    backend.apply(dev, 45)
+    assert gpu.locked == (FLOOR_MHZ, BOOST_MHZ)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_waiting_for_confirmation_reverts_the_lock(card, sig):
+    m, gpu = card
+    _kept_earlier(m)
+    backend, dev = _process(m)
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signals.install()
+    try:
+        with pytest.raises((Terminated, KeyboardInterrupt)), prepare_setting(
+            backend, SetRequest(dev, 60, lock_clock_mhz=1500)
+        ):
+            os.kill(os.getpid(), sig)
+            time.sleep(5)  # interrupted by the signal
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    assert (gpu.offset_mhz, gpu.locked) == (30, (FLOOR_MHZ, BOOST_MHZ))
+
+
+def test_a_failed_apply_restores_the_previous_lock_with_the_previous_offset(card):
+    m, gpu = card
+    _kept_earlier(m)
+    backend, dev = _process(m)
+    backend.set_lock_clock(dev, 1500)
+    gpu.ignore_offsets = True  # the driver takes the call but the offset does not stick: read-back stays +30
+    with pytest.raises(NotApplied):
+        backend.apply(dev, 60)
+    assert (gpu.offset_mhz, gpu.locked) == (30, (FLOOR_MHZ, BOOST_MHZ))
+
+
+def test_a_failed_apply_over_a_foreign_offset_releases_the_lock(card):
+    """An offset the tuner did not set came with no lock the tuner knows of: restoring it must not leave the new,
+    unconfirmed lock behind."""
+    m, gpu = card
+    gpu.offsets[0] = gpu.offsets[2] = 45  # another tool's offset, no record
+    backend, dev = _process(m)
+    backend.set_lock_clock(dev, 1500)
+    gpu.ignore_offsets = True
+    with pytest.raises(NotApplied):
+        backend.apply(dev, 60)
+    assert (gpu.offset_mhz, gpu.locked) == (45, None)
+
+
+def test_reset_releases_the_lock_and_the_record_of_it(card):
+    m, gpu = card
+    _kept_earlier(m)
+    backend, dev = _process(m)
+    assert backend.knob(dev).lock_clock_mhz == BOOST_MHZ
+    reset_device(backend, dev)
+    assert (gpu.offset_mhz, gpu.locked) == (0, None)
+    later, dev = _process(m)
+    assert later.knob(dev).lock_clock_mhz == BOOST_MHZ
+
+
+def test_a_fresh_process_reports_the_lock_in_force_not_the_default(card):
+    """The lock recorded with the offset the tuner applied is the one on the card (NVML cannot read it back)."""
+    m, gpu = card
+    backend, dev = _process(m)
+    backend.set_lock_clock(dev, 1800)
+    backend.apply(dev, 30)
+    backend.close()
+    later, dev = _process(m)
+    assert later.knob(dev).lock_clock_mhz == 1800
+    later.apply(dev, 45)  # a new offset without --lock-mhz leaves the lock where it is
+    assert gpu.locked == (FLOOR_MHZ, 1800)
+
+
+def test_a_previous_lock_that_cannot_be_set_back_reverts_to_stock_not_to_the_new_lock(card, monkeypatch):
+    m, gpu = card
+    _kept_earlier(m)
+    backend, dev = _process(m)
+    change = prepare_setting(backend, SetRequest(dev, 60, lock_clock_mhz=1500))
+    with change:
+        def refuse(device_id, mhz):
+            raise UsageError(f"--lock-mhz {mhz} is outside this card's clocks", "pick another")
+
+        monkeypatch.setattr(backend, "set_lock_clock", refuse)
+    assert (gpu.offset_mhz, gpu.locked) == (0, None)  # stock: no offset left at an unconfirmed lock
+    assert "lock clock" in (change.restore_note or "")
