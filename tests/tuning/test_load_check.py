@@ -77,3 +77,15 @@ def test_a_bisect_baseline_reports_its_load_and_warns_when_light(boot):
     assert len(light) == 1 and "'tiny' preset" in light[0]
     others = [e.result for e in events if isinstance(e, TrialFinished) and e.result.phase != "baseline"]
     assert others and all(r.load_note is None for r in others)  # only the baseline reports it
+
+
+def test_the_nvidia_backends_hardware_slowdown_names_count_as_thermal():
+    """The names are the ones tuner.backends.nvidia decodes the clock event reasons into (spaces, not the old
+    underscores): a light load held back by any of them blames the cooling, not the preset."""
+    from tuner.backends.nvidia import REASON_NAMES
+
+    shown = dict(REASON_NAMES)
+    for reason in (shown["HwSlowdown"], shown["HwPowerBrakeSlowdown"], shown["SwThermalSlowdown"],
+                   shown["HwThermalSlowdown"]):
+        warning = light_load_warning(100.0, 300.0, preset="nanochat", throttle_reasons=(reason,))
+        assert warning is not None and "thermally limited" in warning, reason

@@ -4,14 +4,16 @@ limit gets a warning that names the likely cause.
 
 Pure functions of a `TrialResult` (mean and 95th-percentile power, the enforced limit, the throttle reasons the
 driver reported, the preset). Thresholds: a training load that saturates a GPU draws close to its limit (or is
-held there by `sw_power_cap`); under LIGHT_LOAD_FRACTION of the limit something else is holding it back.
+held there by the "power cap" reason); under LIGHT_LOAD_FRACTION of the limit something else is holding it back.
 """
 
 from __future__ import annotations
 
 LIGHT_LOAD_FRACTION = 0.6
 LIGHT_PRESETS = ("tiny", "small")
-_THERMAL = ("thermal", "hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake")
+# The reasons that mean the board slowed itself down (heat, or the hardware slowdown and power-brake signals),
+# in the names the backends report (tuner.backends.nvidia.REASON_NAMES).
+_THERMAL = ("thermal", "hw thermal", "hw slowdown", "hw power brake")
 
 
 def load_note(mean_power_w: float | None, power_limit_w: float | None) -> str | None:
