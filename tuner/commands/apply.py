@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, set_profile_lock_clock
+from tuner.actions.profile_apply import (
+    ProfileApply,
+    RigApply,
+    RigChange,
+    plan_profile_apply,
+    plan_rig_apply,
+    prepare_rig_apply,
+    set_profile_lock_clock,
+)
 from tuner.actions.setting import SetRequest, apply_setting_now, prepare_setting
 from tuner.actions.verify import verify_setting
 from tuner.commands._argtypes import duration, seconds_between
@@ -57,6 +65,8 @@ def run(args, ctx) -> int:
     if args.profile is None:
         raise UsageError("which profile?", "give a profile name or path (see `tuner profile list`)")
     profile = load_profile(args.profile)  # validated before any device is touched
+    if profile.is_rig:
+        return _run_rig(args, ctx, profile)
     backend = ctx.backend
     plan = plan_profile_apply(backend, profile, args.device, force=args.force, verify=args.verify is not None,
                               ignore_unsafe=args.ignore_unsafe)
@@ -125,6 +135,69 @@ def _report(args, profile, device, result, after) -> None:
     else:
         print(f"{device.id}  {device.label}: applied {profile.name!r} "
               f"({format_value(after.current, after.unit)}, read back)")
+
+
+# --- rig profiles -------------------------------------------------------------------------------------------------
+
+
+def _run_rig(args, ctx, profile: Profile) -> int:
+    """Every part to the card it was proven on; all checked before any write, one keep-or-revert for the rig."""
+    if args.device:
+        raise UsageError(f"{profile.name!r} is a rig profile: each part goes to the card it was proven on",
+                         "drop --device (or export one card's part as its own profile)")
+    if args.verify is not None:
+        raise UsageError(f"--verify tests a single-card profile; {profile.name!r} is a rig profile",
+                         "confirm a rig with `tuner bisect --device all`, or drop --verify")
+    backend = ctx.backend
+    plan = plan_rig_apply(backend, profile, force=args.force, ignore_unsafe=args.ignore_unsafe)
+    for warning in plan.warnings:
+        print(f"tuner: warning: {warning}", file=sys.stderr)
+    change = prepare_rig_apply(backend, plan, ignore_unsafe=args.ignore_unsafe)
+    out = sys.stderr if args.json else sys.stdout
+
+    def announce(change: RigChange) -> None:
+        for part, pending in zip(plan.to_apply, change.changes, strict=True):
+            before, applied = pending.before, pending.applied
+            print(f"{part.device.id}  {part.device.label}: {format_value(before.current, applied.unit)} -> "
+                  f"{format_value(applied.current, applied.unit)} from {profile.name!r} card[{part.index}] "
+                  "(read back)", file=out, flush=True)
+
+    if args.yes:
+        change.apply()
+        change.keep()
+        answer = Answer.KEPT
+    else:
+        answer = keep_or_revert(change, announce=announce)  # one prompt, one timeout, every card
+    if change.kept:
+        if args.json:
+            print_json(_rig_doc(plan, change, applied=True))
+        else:
+            for part in plan.to_apply:
+                knob = change.applied[part.device.id]
+                print(f"{part.device.id}  {part.device.label}: applied {profile.name!r} card[{part.index}] "
+                      f"({format_value(knob.current, knob.unit)}, read back)")
+        return exit_codes.OK
+    why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
+    back = ", ".join(f"{dev} to {format_value(k.current, k.unit)}" for dev, k in change.reverted_to.items())
+    print(f"{why}: reverted every card ({back})", file=sys.stderr)
+    if args.json:
+        print_json(_rig_doc(plan, change, applied=False))
+    return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
+
+
+def _rig_doc(plan: RigApply, change: RigChange, *, applied: bool) -> dict:
+    cards = []
+    for part in plan.parts:
+        doc = part.to_dict()
+        if part.device is None:
+            doc["status"] = "skipped"
+        else:
+            knob = (change.applied if applied else change.reverted_to).get(part.device.id)
+            doc["status"] = "applied" if applied else "reverted"
+            doc["knob"] = knob.to_dict() if knob else None
+        cards.append(doc)
+    return {"profile": plan.profile.name, "rig": True, "applied": applied, "cards": cards,
+            "warnings": list(plan.warnings)}
 
 
 # --- boot mode ----------------------------------------------------------------------------------------------------
