@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from tuner.actions.boot_apply import run_boot_apply
 from tuner.actions.profile_apply import (
     ProfileApply,
     RigApply,
@@ -19,11 +20,9 @@ from tuner.commands._argtypes import duration, seconds_between
 from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
-from tuner.core.errors import TunerError, UsageError
+from tuner.core.errors import UsageError
 from tuner.profiles import Profile, load_profile
 from tuner.profiles import boot as boot_rules
-from tuner.profiles.identity import Match, fingerprint, match_device
-from tuner.profiles.store import scan
 
 _boot_wait = seconds_between(0, 600)
 
@@ -204,63 +203,16 @@ def _rig_doc(plan: RigApply, change: RigChange, *, applied: bool) -> dict:
 
 
 def _run_boot(args, ctx) -> int:
-    """Apply system profiles to their own cards. A skip by design exits 0 (the unit is not 'failed'); a profile
-    that could not be applied exits with its error's code after the others were tried."""
-    log = boot_rules.log
-    reason = boot_rules.skip_reason()
-    if reason:
-        log(f"skipped: {reason}")
-        return exit_codes.OK
-    if args.profile is not None:
-        profiles = [load_profile(args.profile)]
-    else:
-        profiles, bad = scan(system=True)
-        for path, why in bad:
-            log(f"ignoring {path}: {why}")
-        if not profiles:
-            log("no profiles in the system store; nothing to apply")
-            return exit_codes.OK
-
-    def ready(backend) -> bool:
-        return all(any(match_device(p, d, backend.knob(d.id)).match is Match.SAME_CARD for d in backend.devices())
-                   for p in profiles)
+    """Apply system profiles to their own cards (tuner.actions.boot_apply holds the rules). A skip by design exits
+    0 (the unit is not 'failed'); a part that could not be applied, or a rig's missing card, exits non-zero after
+    the others were tried."""
 
     def reopen():
         ctx.close()
         ctx._backend = None  # a fresh discovery each try; the driver may have finished probing since
         return ctx.backend
 
-    backend = boot_rules.discover(reopen, ready, wait_s=args.boot_wait)
-    worst = exit_codes.OK
-    report = []
-    for profile in profiles:
-        outcome = _boot_apply_one(profile, backend, log)
-        report.append({"profile": profile.name, **outcome})
-        if outcome.get("exit_code", 0):
-            worst = worst or outcome["exit_code"]
+    report = run_boot_apply(reopen, profile=args.profile, wait_s=args.boot_wait)
     if args.json:
-        print_json({"boot": report})
-    return worst
-
-
-def _boot_apply_one(profile: Profile, backend, log) -> dict:
-    if profile.is_rig:
-        log(f"skipped {profile.name!r}: a rig profile; this version applies single-card profiles at boot")
-        return {"status": "skipped", "reason": "rig profile"}
-    for device in backend.devices():
-        knob = backend.knob(device.id)
-        if match_device(profile, device, knob).match is not Match.SAME_CARD:
-            continue
-        try:
-            # the unsafe list holds at boot (never --ignore-unsafe there)
-            after = apply_setting_now(backend, SetRequest(device.id, profile.setting.value))
-        except TunerError as e:
-            log(f"could not apply {profile.name!r} to {device.id}: {e.one_line()}")
-            return {"device": device.id, "status": "error", "reason": e.one_line(), "exit_code": e.exit_code}
-        log(f"applied {profile.name!r} to {device.id} {device.label}: {format_value(after.current, after.unit)}"
-            " (read back)")
-        return {"device": device.id, "status": "applied", "value": after.current}
-    why = (f"its card ({fingerprint(profile.device)}) is not in this machine; at boot a profile applies only to the "
-           "card it was proven on (use `tuner apply NAME --verify 5m` for another card)")
-    log(f"skipped {profile.name!r}: {why}")
-    return {"status": "skipped", "reason": why}
+        print_json({"boot": [r.to_dict() for r in report.results], "skipped": report.skipped})
+    return report.exit_code
