@@ -144,3 +144,11 @@ def test_service_status_cli_shows_the_rig_and_the_last_run(capsys, fake_root, ro
     assert "last boot" in out and ": ok" in out and "applied 'rig' card[1] to sim1" in out
     doc = json.loads(tuner(capsys, "service", "status", "--json")[1])
     assert doc["profile"] == "rig" and doc["last_run"]["exit_code"] == 0
+
+
+def test_a_boot_run_that_errors_is_recorded_too(capsys, fake_root):
+    code, _out, err = _boot(capsys, "no-such-profile")
+    assert code == exit_codes.USAGE and "no profile named 'no-such-profile'" in err
+    last = boot_service.status().last_run
+    assert last is not None and last.exit_code == exit_codes.USAGE
+    assert last.lines[-1].startswith("error: no profile named 'no-such-profile'")

@@ -77,7 +77,11 @@ def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None =
         lines.append(line)
         log(line)
 
-    report = _run(open_backend, profile, wait_s, say, lines)
+    try:
+        report = _run(open_backend, profile, wait_s, say, lines)
+    except TunerError as e:  # no backend, a bad profile named on the command line: the record says so too
+        _record(BootReport(None, (), e.exit_code, (*lines, f"error: {e.one_line()}")))
+        raise
     _record(report)
     return report
 
