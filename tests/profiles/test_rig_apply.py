@@ -198,3 +198,29 @@ def test_confirmed_keeps_every_card():
     assert proc.returncode == 0, proc.stderr
     assert [c["knob"]["current"] for c in json.loads(proc.stdout)["cards"]] == [-40, -55, -30]
     assert settings() == [-40, -55, -30]
+
+
+def test_a_signal_at_the_prompt_reverts_every_card():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.cli_helpers import REPO
+
+    save_rig()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "--simulate", "--sim-gpus", "3", "apply", "rig"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        for line in proc.stderr:  # wait until every card is applied and the one prompt is up
+            if line.startswith("keep? [y/N]"):
+                break
+        assert settings() == [-40, -55, -30]
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == exit_codes.INTERRUPTED, err
+    assert "interrupted: reverted every card" in err
+    assert settings() == [0, 0, 0]

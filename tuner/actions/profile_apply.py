@@ -5,6 +5,11 @@
 profile's own workload). Rules (tuner.profiles.identity): another vendor or knob kind is always refused; another
 model needs `force`; another card of the same model needs a verify trial or `force`; the value must lie in the
 card's current range, on its step, and never overvolts.
+
+A rig profile (one part per card) goes through `plan_rig_apply` (every part checked, nothing written; each part's
+card found by serial, then PCI slot; a missing or different card refused unless `force`) and `prepare_rig_apply`
+(one `RigChange`: all cards applied in turn, the applied ones put back if a later one fails, one keep-or-revert
+for the whole rig), or `apply_rig_now` where nobody confirms. The single-card planner refuses a rig profile.
 """
 
 from __future__ import annotations

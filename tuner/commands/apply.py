@@ -34,8 +34,11 @@ def add_parser(subparsers) -> None:
         description="Apply a profile's setting. On the card it was proven on it applies directly; on another card "
         "of the same model it needs --verify DUR (a stress trial at the setting, reverted on failure) or --force; "
         "on another model it needs --force; another vendor or knob kind is always refused. The value must lie in "
-        "the card's current range and never overvolts.",
+        "the card's current range and never overvolts. A rig profile applies each part to the card it was proven "
+        "on (found by serial, then PCI slot), checks every part before writing to any card, and asks once for "
+        "the whole rig; a missing or different card refuses it unless --force.",
         epilog="examples:\n  tuner apply r9700 --yes\n  tuner apply ./r9700.toml --device 0000:03:00.0 --verify 5m\n"
+        "  tuner apply my-rig --json     (a rig profile: every card, one keep-or-revert)\n"
         "  tuner apply --boot            (what the boot service runs: every system profile, same card only)",
     )
     p.add_argument("profile", nargs="?", metavar="PROFILE", help="profile name (see `tuner profile list`) or path")
