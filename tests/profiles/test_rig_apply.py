@@ -224,3 +224,34 @@ def test_a_signal_at_the_prompt_reverts_every_card():
     assert proc.returncode == exit_codes.INTERRUPTED, err
     assert "interrupted: reverted every card" in err
     assert settings() == [0, 0, 0]
+
+
+def test_the_action_api_applies_all_or_none(monkeypatch):
+    """What the UI calls: plan_rig_apply, then apply_rig_now (no prompt) or prepare_rig_apply (keep-or-revert)."""
+    from tuner.actions.profile_apply import RigApplyFailed, apply_rig_now, plan_rig_apply, prepare_rig_apply
+
+    profile = save_rig()
+    backend = sim(gpus=3)
+    plan = plan_rig_apply(backend, profile)
+    assert [(p.device.id, p.found_by, p.value) for p in plan.parts] == [
+        ("sim0", "serial", -40), ("sim1", "serial", -55), ("sim2", "serial", -30)]
+    change = prepare_rig_apply(backend, plan, timeout_s=5)
+    with change:
+        assert settings() == [-40, -55, -30] and change.pending and not change.expired()
+    assert settings() == [0, 0, 0] and {k.current for k in change.reverted_to.values()} == {0}
+    knobs = apply_rig_now(backend, plan)
+    assert {dev: k.current for dev, k in knobs.items()} == {"sim0": -40, "sim1": -55, "sim2": -30}
+
+    for device_id in ("sim0", "sim1", "sim2"):
+        backend.reset(device_id)
+    original = SimulatedBackend.apply
+    def apply_fails_on_sim2(self, device_id, value, *, allow_overvolt=False):
+        if device_id == "sim2" and value == -30:
+            raise NotApplied(f"{device_id}: refused")
+        return original(self, device_id, value, allow_overvolt=allow_overvolt)
+
+    monkeypatch.setattr(SimulatedBackend, "apply", apply_fails_on_sim2)
+    with pytest.raises(RigApplyFailed, match=r"card\[2\].*sim2: refused; sim0, sim1 put back as before") as info:
+        apply_rig_now(backend, plan)
+    assert info.value.exit_code == exit_codes.HARDWARE
+    assert settings() == [0, 0, 0]

@@ -158,18 +158,15 @@ def _run_rig(args, ctx, profile: Profile) -> int:
     out = sys.stderr if args.json else sys.stdout
 
     def announce(change: RigChange) -> None:
+        if args.yes:
+            return  # kept without asking: the report below says what each card now holds
         for part, pending in zip(plan.to_apply, change.changes, strict=True):
             before, applied = pending.before, pending.applied
             print(f"{part.device.id}  {part.device.label}: {format_value(before.current, applied.unit)} -> "
                   f"{format_value(applied.current, applied.unit)} from {profile.name!r} card[{part.index}] "
                   "(read back)", file=out, flush=True)
 
-    if args.yes:
-        change.apply()
-        change.keep()
-        answer = Answer.KEPT
-    else:
-        answer = keep_or_revert(change, announce=announce)  # one prompt, one timeout, every card
+    answer = keep_or_revert(change, announce=announce, yes=args.yes)  # one prompt, one timeout, every card
     if change.kept:
         if args.json:
             print_json(_rig_doc(plan, change, applied=True))
