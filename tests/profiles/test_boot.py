@@ -142,7 +142,7 @@ def test_unit_text():
 
 
 def test_service_install_needs_root(capsys, monkeypatch):
-    monkeypatch.setattr("tuner.commands.service._is_root", lambda: False)
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: False)
     save_profile(sim_profile("mine"))
     code, _out, err = tuner(capsys, "service", "install", "--profile", "mine")
     assert code == 3
@@ -153,7 +153,7 @@ def test_service_install_needs_root(capsys, monkeypatch):
 
 
 def test_service_install_status_uninstall(capsys, monkeypatch):
-    monkeypatch.setattr("tuner.commands.service._is_root", lambda: True)
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
     save_profile(sim_profile("mine"))
     code, out, err = tuner(capsys, "service", "install", "--profile", "mine")
     assert code == 0, err
@@ -169,7 +169,7 @@ def test_service_install_status_uninstall(capsys, monkeypatch):
 
 
 def test_service_install_without_profiles_is_refused(capsys, monkeypatch):
-    monkeypatch.setattr("tuner.commands.service._is_root", lambda: True)
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
     code, _out, err = tuner(capsys, "service", "install")
     assert code == 2 and "no profiles" in err and not boot.unit_path().exists()
 

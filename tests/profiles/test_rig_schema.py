@@ -161,3 +161,21 @@ def test_a_rig_file_is_refused_by_a_reader_of_schema_1_for_its_version():
         assert info.value.remedy == "upgrade the tuner to read it"
     finally:
         schema.SCHEMA_VERSION = old
+
+
+def test_shipped_rig_example_loads_and_says_it_is_an_example():
+    path = EXAMPLE.parent / "example-rig.toml"
+    profile = load_profile(str(path))
+    assert profile.is_rig and profile.rig.backend == "rccl" and "NOT A RECOMMENDATION" in path.read_text()
+    assert [p.device.pci_slot for p in profile.parts] == ["0000:03:00.0", "0000:04:00.0"]
+    for part in profile.parts:
+        assert part.tuning.confirmed + part.tuning.margin == part.setting.value  # each backed off by its margin
+
+
+def test_the_rig_example_is_refused_on_cards_it_was_not_proven_on(capsys):
+    from tests.profiles.helpers import tuner
+
+    code, _out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "apply", str(EXAMPLE.parent / "example-rig.toml"),
+                            "--yes")
+    assert code == 2 and "card[0] (serial EXAMPLE-0000000000000001): its card is not in this machine" in err
+    assert [sim(gpus=2).knob(f"sim{i}").current for i in range(2)] == [0, 0]

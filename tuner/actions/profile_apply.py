@@ -5,19 +5,28 @@
 profile's own workload). Rules (tuner.profiles.identity): another vendor or knob kind is always refused; another
 model needs `force`; another card of the same model needs a verify trial or `force`; the value must lie in the
 card's current range, on its step, and never overvolts.
+
+A rig profile (one part per card) goes through `plan_rig_apply` (every part checked, nothing written; each part's
+card found by serial, then PCI slot; a missing or different card refused unless `force`) and `prepare_rig_apply`
+(one `RigChange`: all cards applied in turn, the applied ones put back if a later one fails, one keep-or-revert
+for the whole rig), or `apply_rig_now` where nobody confirms. The single-card planner refuses a rig profile.
 """
 
 from __future__ import annotations
 
 import platform
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from tuner.actions.setting import SetRequest, can_lock_clock
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
+from tuner.actions.setting import SetRequest, can_lock_clock, check_setting
 from tuner.actions.verify import Workload
 from tuner.backends.base import Backend
-from tuner.core.errors import UsageError
+from tuner.core.card_lock import CardLock
+from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import DeviceInfo, Knob
-from tuner.profiles import Profile
+from tuner.profiles import Profile, ProfilePart
 from tuner.profiles.identity import Match, MatchResult, fingerprint, match_device
 from tuner.tuning import journal
 
@@ -110,7 +119,7 @@ def set_profile_lock_clock(backend: Backend, plan: ProfileApply) -> str | None:
     return f"{plan.device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)"
 
 
-def _unapplied_fields(profile: Profile, knob: Knob, backend: Backend) -> list[str]:
+def _unapplied_fields(profile: Profile | ProfilePart, knob: Knob, backend: Backend) -> list[str]:
     """Fields the backend cannot set: said out loud, never silently dropped."""
     out = []
     s = profile.setting
@@ -120,3 +129,265 @@ def _unapplied_fields(profile: Profile, knob: Knob, backend: Backend) -> list[st
     if s.power_limit_w is not None:
         out.append(f"the profile records a power limit of {s.power_limit_w:g} W, which apply does not set")
     return out
+
+
+# --- rig profiles: every part to the card it was proven on, all or nothing ---------------------------------------
+
+
+@dataclass(frozen=True)
+class RigPartApply:
+    """One part of a rig profile and the card it goes to (None: its card is missing and --force skips it)."""
+
+    index: int
+    part: ProfilePart
+    device: DeviceInfo | None
+    knob: Knob | None  # that card's knob before anything was written
+    match: MatchResult | None
+    found_by: str  # "serial", "pci_slot" or "missing"
+
+    @property
+    def value(self) -> int:
+        return self.part.setting.value
+
+    @property
+    def label(self) -> str:
+        """`card[1] (serial SIM-0000-01)`: how a message names the part."""
+        d = self.part.device
+        return f"card[{self.index}] ({f'serial {d.serial}' if d.serial else f'slot {d.pci_slot}'})"
+
+    def set_request(self, backend: Backend, *, ignore_unsafe: bool = False) -> SetRequest:
+        """The part as a `set` request, with its lock clock where the backend can set it."""
+        assert self.device is not None and self.knob is not None, "a skipped part has nothing to set"
+        lock = self.part.setting.lock_clock_mhz
+        if lock == self.knob.lock_clock_mhz or not can_lock_clock(backend, self.knob):
+            lock = None
+        return SetRequest(self.device.id, self.value, ignore_unsafe=ignore_unsafe, lock_clock_mhz=lock)
+
+    def to_dict(self) -> dict:
+        return {"card": self.index, "device": self.device.to_dict() if self.device else None,
+                "found_by": self.found_by, "match": self.match.to_dict() if self.match else None,
+                "value": self.value, "unit": self.part.setting.unit}
+
+
+@dataclass(frozen=True)
+class RigApply:
+    """A rig profile every part of which was checked: what goes where, and what to warn about."""
+
+    profile: Profile
+    parts: tuple[RigPartApply, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def to_apply(self) -> tuple[RigPartApply, ...]:
+        return tuple(p for p in self.parts if p.device is not None)
+
+
+def find_part_card(part: ProfilePart, devices: list[DeviceInfo]) -> tuple[DeviceInfo | None, str]:
+    """The card a part was proven on: the one with its serial (wherever it sits now), else the one in its PCI
+    slot (whatever it is: the identity rules then say whether it is the same card), else none."""
+    serial, slot = part.device.serial, part.device.pci_slot
+    if serial:
+        for dev in devices:
+            if dev.serial and dev.serial.lower() == serial.lower():
+                return dev, "serial"
+    if slot:
+        for dev in devices:
+            if dev.pci_slot and dev.pci_slot.lower() == slot.lower():
+                return dev, "pci_slot"
+    return None, "missing"
+
+
+def plan_rig_apply(backend: Backend, profile: Profile, *, force: bool = False, ignore_unsafe: bool = False,
+                   kernel: str | None = None) -> RigApply:
+    """Every check of applying a rig profile, for every part, before anything is written; raises the first
+    refusal (UsageError/OutOfRange/DamagedState), naming the part, so a refusal changes nothing.
+
+    Per part (tuner.profiles.identity): another vendor or knob kind is always refused; a missing card, another
+    card or another model is refused unless `force` (a missing card is then skipped, with a warning); two parts
+    may never go to one card. The value must lie in the card's range, on its step, and not be on the unsafe list
+    (unless `ignore_unsafe`)."""
+    kernel = platform.release() if kernel is None else kernel
+    devices = backend.devices()
+    name = profile.name
+    planned: list[RigPartApply] = []
+    warnings: list[str] = []
+    taken: dict[str, int] = {}
+    for index, part in enumerate(profile.parts):
+        device, found_by = find_part_card(part, devices)
+        where = f"{name!r} {RigPartApply(index, part, None, None, None, found_by).label}"
+        if device is None:
+            if not force:
+                raise UsageError(f"refusing to apply {where}: its card is not in this machine (no card has its "
+                                 "serial or sits in its slot); nothing was applied",
+                                 "check `tuner list`, or pass --force to apply the other parts and skip this one")
+            warnings.append(f"{where}: its card is not in this machine; skipped (--force)")
+            planned.append(RigPartApply(index, part, None, None, None, found_by))
+            continue
+        if device.id in taken:
+            raise UsageError(f"refusing to apply {name!r}: card[{taken[device.id]}] and card[{index}] both match "
+                             f"{device.id}; nothing was applied", "a rig profile holds one part per card; save it "
+                             "again with `tuner bisect --device all --save NAME`")
+        taken[device.id] = index
+        knob = backend.knob(device.id)
+        result = match_device(part, device, knob, kernel=kernel)
+        if result.match is Match.INCOMPATIBLE:
+            raise UsageError(f"refusing to apply {where} to {device.id}: {result.reason}; nothing was applied",
+                             "--force does not override a vendor or knob mismatch")
+        if result.match is not Match.SAME_CARD and not force:
+            raise UsageError(f"refusing to apply {where} to {device.id}: {result.reason}; nothing was applied",
+                             "tune this rig with `tuner bisect --device all`, or pass --force")
+        plan = RigPartApply(index, part, device, knob, result, found_by)
+        try:
+            check_setting(backend, plan.set_request(backend, ignore_unsafe=ignore_unsafe))
+        except TunerError as e:
+            raise RigPartError.of(e, f"{where} on {device.id}") from None
+        warnings += [f"{where} on {device.id}: {w}" for w in result.warnings]
+        if result.match is not Match.SAME_CARD:
+            warnings.append(f"{where} on {device.id}: {result.reason} (--force)")
+        warnings += [f"{where} on {device.id}: {w}" for w in _unapplied_fields(part, knob, backend)]
+        planned.append(plan)
+    if not any(p.device is not None for p in planned):
+        raise UsageError(f"none of the cards of {name!r} is in this machine; nothing was applied",
+                         "check `tuner list`")
+    return RigApply(profile, tuple(planned), tuple(warnings))
+
+
+class RigPartError(TunerError):
+    """A part of a rig profile was refused (nothing was applied). Names the part; exit code: the cause's."""
+
+    def __init__(self, message: str, remedy: str | None, exit_code: int):
+        super().__init__(message, remedy)
+        self.exit_code = exit_code
+
+    @classmethod
+    def of(cls, cause: TunerError, where: str, tail: str = "; nothing was applied") -> RigPartError:
+        return cls(f"{where}: {cause.message}{tail}", cause.remedy, cause.exit_code)
+
+
+class RigApplyFailed(RigPartError):
+    """A part could not be applied; the cards applied before it were put back first."""
+
+
+class RigChange:
+    """Every part of a rig profile as one keep-or-revert change: one timeout for the whole rig, and a revert puts
+    every card back. It has the interface `keep_or_revert` uses (`with`, keep, expired, seconds_left, kept).
+
+    Applying goes card by card (lock clock, value, read back); when one fails, the cards already applied are
+    reverted before the error (RigApplyFailed, with the cause's exit code) is raised. Each card's writer lock is
+    taken before the first write and held until the change is kept or reverted."""
+
+    def __init__(self, backend: Backend, plan: RigApply, *, ignore_unsafe: bool = False,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
+                 purpose: str | None = None):
+        self.backend, self.plan, self.timeout_s, self._clock = backend, plan, timeout_s, clock
+        self.requests = [(p, p.set_request(backend, ignore_unsafe=ignore_unsafe)) for p in plan.to_apply]
+        self.changes: list[PendingChange] = []
+        locks: list[CardLock] = []
+        try:  # every card's lock first: a card someone else is changing refuses the rig before any write
+            for _part, request in self.requests:
+                locks.append(CardLock(request.device_id, purpose).acquire())
+        except BaseException:
+            for lock in locks:
+                lock.release()
+            raise
+        self._locks = locks
+        self.changes = [PendingChange(backend, r.device_id, r.value, timeout_s=timeout_s, clock=clock, lock=lock)
+                        for (_p, r), lock in zip(self.requests, locks, strict=True)]
+        self.kept = False
+        self.reverted = False
+        self._deadline: float | None = None
+
+    @property
+    def applied(self) -> dict[str, Knob]:
+        return {c.device_id: c.applied for c in self.changes if c.applied is not None}
+
+    @property
+    def reverted_to(self) -> dict[str, Knob]:
+        return {c.device_id: c.reverted_to for c in self.changes if c.reverted_to is not None}
+
+    @property
+    def pending(self) -> bool:
+        return any(c.pending for c in self.changes)
+
+    def apply(self) -> dict[str, Knob]:
+        for (part, request), change in zip(self.requests, self.changes, strict=True):
+            try:
+                if request.lock_clock_mhz is not None:
+                    self.backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
+                change.apply()
+            except TunerError as e:
+                done = [c.device_id for c in self.changes if c.pending]
+                self._release_unapplied()
+                self.revert()
+                back = f"; {', '.join(done)} put back as before" if done else ""
+                raise RigApplyFailed.of(e, f"{self.plan.profile.name!r} {part.label} on {request.device_id}",
+                                        back) from e
+            except BaseException:
+                self._release_unapplied()
+                self.revert()
+                raise
+        self._deadline = self._clock() + self.timeout_s
+        return self.applied
+
+    def _release_unapplied(self) -> None:
+        """The parts never applied no longer need their card."""
+        for change, lock in zip(self.changes, self._locks, strict=True):
+            if change.applied is None:
+                lock.release()
+
+    def keep(self) -> None:
+        if not self.pending:
+            raise RuntimeError("nothing pending to keep")
+        for change in self.changes:
+            change.keep()
+        self.kept = True
+
+    def revert(self) -> dict[str, Knob]:
+        """Put every applied card back (each is tried even when another fails; the first failure is raised)."""
+        self.reverted = True
+        error: BaseException | None = None
+        for change in self.changes:
+            if change.pending:
+                try:
+                    change.revert()
+                except BaseException as e:  # noqa: BLE001 - the other cards are still put back
+                    error = error or e
+        if error is not None:
+            raise error
+        return self.reverted_to
+
+    def seconds_left(self) -> float:
+        return self.timeout_s if self._deadline is None else max(0.0, self._deadline - self._clock())
+
+    def expired(self) -> bool:
+        return self._deadline is not None and self.seconds_left() <= 0.0
+
+    def __enter__(self) -> RigChange:
+        if not self.applied:
+            self.apply()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pending:
+            self.revert()
+
+
+def prepare_rig_apply(backend: Backend, plan: RigApply, *, ignore_unsafe: bool = False,
+                      timeout_s: float = DEFAULT_TIMEOUT_S, purpose: str | None = None) -> RigChange:
+    """The whole rig as one keep-or-revert change, not yet applied (each card checked again, its lock taken)."""
+    for part, request in ((p, p.set_request(backend, ignore_unsafe=ignore_unsafe)) for p in plan.to_apply):
+        try:  # the card may have changed since the plan
+            check_setting(backend, request)
+        except TunerError as e:
+            raise RigPartError.of(e, f"{plan.profile.name!r} {part.label} on {request.device_id}") from None
+    return RigChange(backend, plan, ignore_unsafe=ignore_unsafe, timeout_s=timeout_s,
+                     purpose=purpose or f"tuner apply {plan.profile.name}")
+
+
+def apply_rig_now(backend: Backend, plan: RigApply, *, ignore_unsafe: bool = False) -> dict[str, Knob]:
+    """Apply every part with no prompt (`apply --yes`, the boot service's rig path does its own): all parts or,
+    when one fails, none (RigApplyFailed after the others were put back). Returns each card's knob, read back."""
+    change = prepare_rig_apply(backend, plan, ignore_unsafe=ignore_unsafe)
+    applied = change.apply()
+    change.keep()
+    return applied

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import sys
 
-from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, set_profile_lock_clock
+from tuner.actions.boot_apply import run_boot_apply
+from tuner.actions.profile_apply import (
+    ProfileApply,
+    RigApply,
+    RigChange,
+    plan_profile_apply,
+    plan_rig_apply,
+    prepare_rig_apply,
+    set_profile_lock_clock,
+)
 from tuner.actions.setting import SetRequest, apply_setting_now, prepare_setting
 from tuner.actions.verify import verify_setting
 from tuner.commands._argtypes import duration, seconds_between
 from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
-from tuner.core.errors import TunerError, UsageError
+from tuner.core.errors import UsageError
 from tuner.profiles import Profile, load_profile
 from tuner.profiles import boot as boot_rules
-from tuner.profiles.identity import Match, fingerprint, match_device
-from tuner.profiles.store import scan
 
 _boot_wait = seconds_between(0, 600)
 
@@ -27,8 +34,11 @@ def add_parser(subparsers) -> None:
         description="Apply a profile's setting. On the card it was proven on it applies directly; on another card "
         "of the same model it needs --verify DUR (a stress trial at the setting, reverted on failure) or --force; "
         "on another model it needs --force; another vendor or knob kind is always refused. The value must lie in "
-        "the card's current range and never overvolts.",
+        "the card's current range and never overvolts. A rig profile applies each part to the card it was proven "
+        "on (found by serial, then PCI slot), checks every part before writing to any card, and asks once for "
+        "the whole rig; a missing or different card refuses it unless --force.",
         epilog="examples:\n  tuner apply r9700 --yes\n  tuner apply ./r9700.toml --device 0000:03:00.0 --verify 5m\n"
+        "  tuner apply my-rig --json     (a rig profile: every card, one keep-or-revert)\n"
         "  tuner apply --boot            (what the boot service runs: every system profile, same card only)",
     )
     p.add_argument("profile", nargs="?", metavar="PROFILE", help="profile name (see `tuner profile list`) or path")
@@ -57,6 +67,8 @@ def run(args, ctx) -> int:
     if args.profile is None:
         raise UsageError("which profile?", "give a profile name or path (see `tuner profile list`)")
     profile = load_profile(args.profile)  # validated before any device is touched
+    if profile.is_rig:
+        return _run_rig(args, ctx, profile)
     backend = ctx.backend
     plan = plan_profile_apply(backend, profile, args.device, force=args.force, verify=args.verify is not None,
                               ignore_unsafe=args.ignore_unsafe)
@@ -127,67 +139,80 @@ def _report(args, profile, device, result, after) -> None:
               f"({format_value(after.current, after.unit)}, read back)")
 
 
+# --- rig profiles -------------------------------------------------------------------------------------------------
+
+
+def _run_rig(args, ctx, profile: Profile) -> int:
+    """Every part to the card it was proven on; all checked before any write, one keep-or-revert for the rig."""
+    if args.device:
+        raise UsageError(f"{profile.name!r} is a rig profile: each part goes to the card it was proven on",
+                         "drop --device (or export one card's part as its own profile)")
+    if args.verify is not None:
+        raise UsageError(f"--verify tests a single-card profile; {profile.name!r} is a rig profile",
+                         "confirm a rig with `tuner bisect --device all`, or drop --verify")
+    backend = ctx.backend
+    plan = plan_rig_apply(backend, profile, force=args.force, ignore_unsafe=args.ignore_unsafe)
+    for warning in plan.warnings:
+        print(f"tuner: warning: {warning}", file=sys.stderr)
+    change = prepare_rig_apply(backend, plan, ignore_unsafe=args.ignore_unsafe)
+    out = sys.stderr if args.json else sys.stdout
+
+    def announce(change: RigChange) -> None:
+        if args.yes:
+            return  # kept without asking: the report below says what each card now holds
+        for part, pending in zip(plan.to_apply, change.changes, strict=True):
+            before, applied = pending.before, pending.applied
+            print(f"{part.device.id}  {part.device.label}: {format_value(before.current, applied.unit)} -> "
+                  f"{format_value(applied.current, applied.unit)} from {profile.name!r} card[{part.index}] "
+                  "(read back)", file=out, flush=True)
+
+    answer = keep_or_revert(change, announce=announce, yes=args.yes)  # one prompt, one timeout, every card
+    if change.kept:
+        if args.json:
+            print_json(_rig_doc(plan, change, applied=True))
+        else:
+            for part in plan.to_apply:
+                knob = change.applied[part.device.id]
+                print(f"{part.device.id}  {part.device.label}: applied {profile.name!r} card[{part.index}] "
+                      f"({format_value(knob.current, knob.unit)}, read back)")
+        return exit_codes.OK
+    why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
+    back = ", ".join(f"{dev} to {format_value(k.current, k.unit)}" for dev, k in change.reverted_to.items())
+    print(f"{why}: reverted every card ({back})", file=sys.stderr)
+    if args.json:
+        print_json(_rig_doc(plan, change, applied=False))
+    return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
+
+
+def _rig_doc(plan: RigApply, change: RigChange, *, applied: bool) -> dict:
+    cards = []
+    for part in plan.parts:
+        doc = part.to_dict()
+        if part.device is None:
+            doc["status"] = "skipped"
+        else:
+            knob = (change.applied if applied else change.reverted_to).get(part.device.id)
+            doc["status"] = "applied" if applied else "reverted"
+            doc["knob"] = knob.to_dict() if knob else None
+        cards.append(doc)
+    return {"profile": plan.profile.name, "rig": True, "applied": applied, "cards": cards,
+            "warnings": list(plan.warnings)}
+
+
 # --- boot mode ----------------------------------------------------------------------------------------------------
 
 
 def _run_boot(args, ctx) -> int:
-    """Apply system profiles to their own cards. A skip by design exits 0 (the unit is not 'failed'); a profile
-    that could not be applied exits with its error's code after the others were tried."""
-    log = boot_rules.log
-    reason = boot_rules.skip_reason()
-    if reason:
-        log(f"skipped: {reason}")
-        return exit_codes.OK
-    if args.profile is not None:
-        profiles = [load_profile(args.profile)]
-    else:
-        profiles, bad = scan(system=True)
-        for path, why in bad:
-            log(f"ignoring {path}: {why}")
-        if not profiles:
-            log("no profiles in the system store; nothing to apply")
-            return exit_codes.OK
-
-    def ready(backend) -> bool:
-        return all(any(match_device(p, d, backend.knob(d.id)).match is Match.SAME_CARD for d in backend.devices())
-                   for p in profiles)
+    """Apply system profiles to their own cards (tuner.actions.boot_apply holds the rules). A skip by design exits
+    0 (the unit is not 'failed'); a part that could not be applied, or a rig's missing card, exits non-zero after
+    the others were tried."""
 
     def reopen():
         ctx.close()
         ctx._backend = None  # a fresh discovery each try; the driver may have finished probing since
         return ctx.backend
 
-    backend = boot_rules.discover(reopen, ready, wait_s=args.boot_wait)
-    worst = exit_codes.OK
-    report = []
-    for profile in profiles:
-        outcome = _boot_apply_one(profile, backend, log)
-        report.append({"profile": profile.name, **outcome})
-        if outcome.get("exit_code", 0):
-            worst = worst or outcome["exit_code"]
+    report = run_boot_apply(reopen, profile=args.profile, wait_s=args.boot_wait)
     if args.json:
-        print_json({"boot": report})
-    return worst
-
-
-def _boot_apply_one(profile: Profile, backend, log) -> dict:
-    if profile.is_rig:
-        log(f"skipped {profile.name!r}: a rig profile; this version applies single-card profiles at boot")
-        return {"status": "skipped", "reason": "rig profile"}
-    for device in backend.devices():
-        knob = backend.knob(device.id)
-        if match_device(profile, device, knob).match is not Match.SAME_CARD:
-            continue
-        try:
-            # the unsafe list holds at boot (never --ignore-unsafe there)
-            after = apply_setting_now(backend, SetRequest(device.id, profile.setting.value))
-        except TunerError as e:
-            log(f"could not apply {profile.name!r} to {device.id}: {e.one_line()}")
-            return {"device": device.id, "status": "error", "reason": e.one_line(), "exit_code": e.exit_code}
-        log(f"applied {profile.name!r} to {device.id} {device.label}: {format_value(after.current, after.unit)}"
-            " (read back)")
-        return {"device": device.id, "status": "applied", "value": after.current}
-    why = (f"its card ({fingerprint(profile.device)}) is not in this machine; at boot a profile applies only to the "
-           "card it was proven on (use `tuner apply NAME --verify 5m` for another card)")
-    log(f"skipped {profile.name!r}: {why}")
-    return {"status": "skipped", "reason": why}
+        print_json({"boot": [r.to_dict() for r in report.results], "skipped": report.skipped})
+    return report.exit_code

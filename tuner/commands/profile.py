@@ -86,10 +86,27 @@ def run_list(args, ctx) -> int:
     if not profiles:
         print("no profiles yet (`tuner bisect --save NAME` makes one; `tuner profile import FILE` adds one)")
         return exit_codes.OK
-    rows = [(_store_name(p), _where(p), p.device.label, format_value(p.setting.value, p.setting.unit),
-             "yes" if p.tuning else "no", format_created(p.meta.created)) for p in profiles]
+    rows = [(_store_name(p), _where(p), _device_cell(p), _setting_cell(p), "yes" if _tuned(p) else "no",
+             format_created(p.meta.created)) for p in profiles]
     print(format_table(("NAME", "STORE", "DEVICE", "SETTING", "TUNED", "CREATED"), rows))
     return exit_codes.OK
+
+
+def _device_cell(profile: Profile) -> str:
+    return f"rig of {len(profile.parts)} cards" if profile.is_rig else profile.device.label
+
+
+def _setting_cell(profile: Profile) -> str:
+    if not profile.is_rig:
+        return format_value(profile.setting.value, profile.setting.unit)
+    units = {p.setting.unit for p in profile.parts}
+    if len(units) == 1:
+        return ", ".join(f"{p.setting.value:+d}" for p in profile.parts) + f" {units.pop()}"
+    return ", ".join(format_value(p.setting.value, p.setting.unit) for p in profile.parts)
+
+
+def _tuned(profile: Profile) -> bool:
+    return any(p.tuning is not None for p in profile.parts)
 
 
 def trials_table(trials, unit: str, width: int) -> list[str]:
@@ -116,6 +133,69 @@ def trials_table(trials, unit: str, width: int) -> list[str]:
     return out
 
 
+def _field(label: str, text: str, width: int, indent: str = "  ") -> list[str]:
+    """`  label        text`, the text wrapped to `width` under its own column (never cut)."""
+    head = f"{indent}{label:<12} "
+    return textwrap.wrap(text, width=max(len(head) + 20, width), initial_indent=head,
+                         subsequent_indent=" " * len(head), break_on_hyphens=False) or [head.rstrip()]
+
+
+def _fig(value, fmt: str) -> str:
+    return "?" if value is None else fmt.format(value)
+
+
+def _part_lines(part, width: int, indent: str = "  ") -> list[str]:
+    """One card's identity, setting and evidence: the body of a single-card show, or one block of a rig's."""
+    d, s, t = part.device, part.setting, part.tuning
+    lines = [
+        *_field("device", f"{d.label} ({d.vendor}, {d.pci_id or '?'} / {d.subsystem_id or '?'})", width, indent),
+        *_field("card", f"slot {d.pci_slot or '?'}, serial {d.serial or '?'}, VBIOS {d.vbios or '?'}", width,
+                indent),
+        *_field("software", f"driver {d.driver_version or '?'}, kernel {d.kernel or '?'}, OD format "
+                f"{d.od_format or '?'}", width, indent),
+        *_field("setting", f"{s.kind} {format_value(s.value, s.unit)}{_setting_extras(s)}", width, indent),
+    ]
+    if t is None:
+        return [*lines, *_field("tuning", "none recorded (not from a bisect)", width, indent)]
+    lines += [
+        *_field("throughput", f"{_fig(t.baseline_tok_s, '{:.0f}')} -> {_fig(t.tuned_tok_s, '{:.0f}')} tok/s", width,
+                indent),
+        *_field("power", f"{_fig(t.baseline_power_w, '{:.1f}')} -> {_fig(t.tuned_power_w, '{:.1f}')} W", width,
+                indent),
+        *_field("efficiency", f"{_fig(t.baseline_tok_per_j, '{:.2f}')} -> {_fig(t.tuned_tok_per_j, '{:.2f}')} tok/J "
+                f"({_fig(t.efficiency_gain_pct, '{:+.1f}')} %)", width, indent),
+        *_field("search", f"first failure {_fig(t.first_failure, '{:+d}')}, lowest pass "
+                f"{_fig(t.lowest_pass, '{:+d}')}, confirmed {_fig(t.confirmed, '{:+d}')}, margin "
+                f"{_fig(t.margin, '{:d}')} {s.unit}", width, indent),
+        *_field("workload", f"preset {t.preset or '?'}, mode {t.mode or '?'}, dtype {t.dtype or '?'}, trials "
+                f"{_fig(t.trial_duration_s, '{:g}')} s, confirm {_fig(t.confirm_duration_s, '{:g}')} s", width,
+                indent),
+    ]
+    if t.trials:
+        table = trials_table(t.trials, s.unit, width - len(indent) + 2)
+        lines += [f"{indent}trials", *(f"{indent[:-2]}{line}" for line in table)]
+    return lines
+
+
+def _rig_lines(profile: Profile, width: int) -> list[str]:
+    r = profile.rig
+    values = ", ".join(format_value(p.setting.value, p.setting.unit) for p in profile.parts)
+    lines = _field("rig", f"{len(profile.parts)} cards: {values}", width)
+    if r is None:
+        lines += _field("confirmed", "no whole-rig confirmation recorded", width)
+    else:
+        attempts = "" if r.attempts is None else f", {r.attempts} attempt{'s' if r.attempts != 1 else ''}"
+        lines += _field("confirmed", f"every card at once for {_fig(r.confirm_duration_s, '{:g}')} s, one "
+                        f"data-parallel job over {r.backend or '?'}{attempts}; mode {r.mode or '?'}, preset "
+                        f"{r.preset or '?'}, dtype {r.dtype or '?'}", width)
+        if r.tok_s is not None or r.power_w is not None:
+            lines += _field("together", f"{_fig(r.tok_s, '{:.0f}')} tok/s, {_fig(r.power_w, '{:.1f}')} W, "
+                            f"{_fig(r.tok_per_j, '{:.2f}')} tok/J (all cards)", width)
+    for index, part in enumerate(profile.parts):
+        lines += ["", f"  card[{index}]", *_part_lines(part, width, indent="    ")]
+    return lines
+
+
 def run_show(args, ctx) -> int:
     profile = read_profile_file(find_in_store(args.name))
     if args.json:
@@ -124,34 +204,13 @@ def run_show(args, ctx) -> int:
     if args.toml:
         sys.stdout.write(profile.to_toml())
         return exit_codes.OK
-    d, s, t = profile.device, profile.setting, profile.tuning
+    width = shutil.get_terminal_size().columns
     lines = [
-        f"{_store_name(profile)}  ({_where(profile)} store: {profile.source})",
-        f"  created      {format_created(profile.meta.created)} by tuner {profile.meta.tool_version}",
-        f"  device       {d.label} ({d.vendor}, {d.pci_id or '?'} / {d.subsystem_id or '?'})",
-        f"  card         slot {d.pci_slot or '?'}, serial {d.serial or '?'}, VBIOS {d.vbios or '?'}",
-        f"  software     driver {d.driver_version or '?'}, kernel {d.kernel or '?'}, OD format {d.od_format or '?'}",
-        f"  setting      {s.kind} {format_value(s.value, s.unit)}{_setting_extras(s)}",
+        *textwrap.wrap(f"{_store_name(profile)}  ({_where(profile)} store: {profile.source})", width=max(40, width),
+                       subsequent_indent="    "),
+        *_field("created", f"{format_created(profile.meta.created)} by tuner {profile.meta.tool_version}", width),
     ]
-    if t is None:
-        lines.append("  tuning       none recorded (not from a bisect)")
-    else:
-        def fig(value, fmt):
-            return "?" if value is None else fmt.format(value)
-
-        lines += [
-            (f"  throughput   {fig(t.baseline_tok_s, '{:.0f}')} -> {fig(t.tuned_tok_s, '{:.0f}')} tok/s"),
-            f"  power        {fig(t.baseline_power_w, '{:.1f}')} -> {fig(t.tuned_power_w, '{:.1f}')} W",
-            (f"  efficiency   {fig(t.baseline_tok_per_j, '{:.2f}')} -> {fig(t.tuned_tok_per_j, '{:.2f}')} tok/J "
-            f"({fig(t.efficiency_gain_pct, '{:+.1f}')} %)"),
-            (f"  search       first failure {fig(t.first_failure, '{:+d}')}, "
-            f"lowest pass {fig(t.lowest_pass, '{:+d}')}, confirmed {fig(t.confirmed, '{:+d}')}, "
-            f"margin {fig(t.margin, '{:d}')} {s.unit}"),
-            (f"  workload     preset {t.preset or '?'}, mode {t.mode or '?'}, dtype {t.dtype or '?'}, trials "
-            f"{fig(t.trial_duration_s, '{:g}')} s, confirm {fig(t.confirm_duration_s, '{:g}')} s"),
-        ]
-        if t.trials:
-            lines += ["  trials", *trials_table(t.trials, s.unit, shutil.get_terminal_size().columns)]
+    lines += _rig_lines(profile, width) if profile.is_rig else _part_lines(profile, width)
     print("\n".join(lines))
     return exit_codes.OK
 
@@ -181,8 +240,7 @@ def run_import(args, ctx) -> int:
     if args.json:
         print_json({"imported": profile.name, "path": str(path), "profile": profile.to_json_dict()})
     else:
-        print(f"imported {profile.name!r} ({profile.device.label}, "
-              f"{format_value(profile.setting.value, profile.setting.unit)}) to {path}")
+        print(f"imported {profile.name!r} ({_device_cell(profile)}, {_setting_cell(profile)}) to {path}")
     return exit_codes.OK
 
 

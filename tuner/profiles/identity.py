@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from tuner.core.models import DeviceInfo, Knob
-from tuner.profiles.schema import Profile, ProfileDevice
+from tuner.profiles.schema import Profile, ProfileDevice, ProfilePart
 
 
 class Match(str, Enum):
@@ -51,7 +51,9 @@ def _differs(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and a.lower() != b.lower()
 
 
-def match_device(profile: Profile, target: DeviceInfo, knob: Knob, *, kernel: str | None = None) -> MatchResult:
+def match_device(profile: Profile | ProfilePart, target: DeviceInfo, knob: Knob, *,
+                 kernel: str | None = None) -> MatchResult:
+    """How `target` relates to the card `profile` (or one part of a rig profile) was proven on."""
     theirs = profile.device
     if theirs.vendor != target.vendor:
         return MatchResult(Match.INCOMPATIBLE, f"vendor mismatch: the profile is for {theirs.vendor}, {target.id} is "

@@ -1,0 +1,256 @@
+"""The apply-at-boot service: install, remove and status, for `tuner service` and the UI's Profiles screen.
+
+The service is a systemd unit (tuner.profiles.boot.unit_text) that runs `tuner apply --boot [NAME]` once per
+boot; it applies system profiles (in /etc/tuner/profiles) to the cards they were proven on (tuner.actions.
+boot_apply). Installing copies the chosen profile into the system store, writes the unit and enables it;
+removing disables and deletes the unit and keeps the profiles. Both need root (PermissionDenied otherwise).
+
+Nothing here prints: every function returns what it did in sentences a front end shows as they are.
+systemctl is only run against the real unit directory (tests point TUNER_SYSTEMD_DIR elsewhere), and what
+systemd alone knows (enabled, active, the last run's result) is None when it cannot be asked.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.actions.boot_apply import read_last_run
+from tuner.core import paths
+from tuner.core.atomic import write_atomic
+from tuner.core.errors import PermissionDenied, StateError, UsageError
+from tuner.profiles import Profile, load_profile, save_profile
+from tuner.profiles import boot as boot_rules
+from tuner.profiles.store import scan
+
+
+class NoSystemProfiles(UsageError):
+    """install() with no profile named and none in the system store: nothing would be applied at boot."""
+
+
+@dataclass(frozen=True)
+class BootServiceResult:
+    """What install() or remove() did."""
+
+    changed: bool  # False: there was nothing to do (remove() when no unit was installed)
+    unit: Path
+    profile: str | None = None  # install(): the profile applied at boot (None: every system profile)
+    profile_path: Path | None = None  # install(): where that profile was copied in the system store
+    messages: tuple[str, ...] = ()  # what was done, one sentence each, in order
+    warnings: tuple[str, ...] = ()  # systemctl steps that failed (the unit file itself was written/removed)
+
+    def to_dict(self) -> dict:
+        return {"changed": self.changed, "unit": str(self.unit), "profile": self.profile,
+                "profile_path": str(self.profile_path) if self.profile_path else None,
+                "messages": list(self.messages), "warnings": list(self.warnings)}
+
+
+@dataclass(frozen=True)
+class SystemProfileInfo:
+    """A profile in the system store, as the status shows it."""
+
+    name: str  # its store name (the file's stem)
+    cards: int  # 1, or a rig profile's number of cards
+    summary: str  # "Simulated ... [SIMULATED], -45 mV" or "rig of 3 cards: -40, -55, -30 mV"
+
+    @classmethod
+    def of(cls, profile: Profile) -> SystemProfileInfo:
+        name = profile.source.stem if profile.source else profile.name
+        if profile.is_rig:
+            values = ", ".join(f"{p.setting.value:+d}" for p in profile.parts)
+            units = sorted({p.setting.unit for p in profile.parts})
+            return cls(name, len(profile.parts), f"rig of {len(profile.parts)} cards: {values} {'/'.join(units)}")
+        s = profile.setting
+        return cls(name, 1, f"{profile.device.label}, {s.value:+d} {s.unit}")
+
+
+@dataclass(frozen=True)
+class LastBootRun:
+    """What the last boot run recorded (tuner.actions.boot_apply): when, how it ended, and its log lines."""
+
+    finished_at: float  # seconds since the epoch
+    exit_code: int
+    skipped: str | None  # why the whole boot was skipped, if it was
+    lines: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class BootServiceStatus:
+    unit: Path
+    installed: bool
+    enabled: str | None  # `systemctl is-enabled` ("enabled", "disabled", ...); None when systemd cannot be asked
+    active: str | None  # `systemctl is-active`; None likewise
+    profile: str | None  # the profile the unit applies (None: every system profile, or not installed)
+    exec_start: str | None
+    system_profiles: tuple[SystemProfileInfo, ...]
+    invalid_profiles: tuple[tuple[Path, str], ...]  # (file, one-line reason)
+    next_boot_skips: str | None  # why the next boot would apply nothing (tuner.reset, an open trial), else None
+    last_run: LastBootRun | None = field(default=None)  # None: no boot run recorded on this machine
+
+    def to_dict(self) -> dict:
+        last = self.last_run
+        return {
+            "unit": str(self.unit), "installed": self.installed, "enabled": self.enabled, "active": self.active,
+            "profile": self.profile, "exec_start": self.exec_start,
+            "system_profiles": [{"name": p.name, "cards": p.cards, "summary": p.summary}
+                                for p in self.system_profiles],
+            "invalid_profiles": [{"path": str(p), "error": why} for p, why in self.invalid_profiles],
+            "next_boot_skips": self.next_boot_skips,
+            "last_run": None if last is None else {"finished_at": last.finished_at, "exit_code": last.exit_code,
+                                                   "skipped": last.skipped, "lines": list(last.lines)},
+        }
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _require_root(what: str) -> None:
+    if not _is_root():
+        raise PermissionDenied(f"{what} needs root (it writes {boot_rules.systemd_dir()})", "run it with sudo")
+
+
+def _live_systemd() -> bool:
+    """Only talk to systemctl when writing the real unit directory (tests point TUNER_SYSTEMD_DIR elsewhere)."""
+    return "TUNER_SYSTEMD_DIR" not in os.environ and shutil.which("systemctl") is not None
+
+
+def _systemctl(messages: list[str], warnings: list[str], *args: str) -> None:
+    if not _live_systemd():
+        messages.append(f"(not run here: systemctl {' '.join(args)})")
+        return
+    proc = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        warnings.append(f"systemctl {' '.join(args)} failed: {proc.stderr.strip()}")
+
+
+def exec_args(profile_name: str | None) -> list[str]:
+    """The interpreter running now, so the unit uses this installation (a venv included)."""
+    args = [sys.executable, "-m", "tuner", "apply", "--boot"]
+    return [*args, profile_name] if profile_name else args
+
+
+def unit_environment() -> dict[str, str]:
+    """Pin the directories the installer sees: at boot HOME is /root and the tuning journal of a `sudo tuner
+    bisect` may live elsewhere; the boot check must read the same journal the bisect wrote."""
+    env = {"XDG_STATE_HOME": str(paths.state_dir().parent), "XDG_CONFIG_HOME": str(paths.config_dir().parent)}
+    for var in ("TUNER_SYSTEM_PROFILES", "TUNER_SYSFS_ROOT"):
+        if var in os.environ:
+            env[var] = os.environ[var]
+    return env
+
+
+def install(profile_name: str | None = None, *, overwrite: bool = False) -> BootServiceResult:
+    """Write and enable the unit (root). `profile_name` (a store name or a path): copy that profile, single-card
+    or rig, to the system store and apply only it at boot; None: apply every system profile (refused when
+    there are none). `overwrite` replaces a system profile of the same name. Raises PermissionDenied,
+    UsageError (no such profile, a name taken without `overwrite`; NoSystemProfiles) or StateError."""
+    _require_root("installing the boot service")
+    messages: list[str] = []
+    warnings: list[str] = []
+    name = None
+    copied = None
+    if profile_name:
+        profile = load_profile(profile_name)
+        copied = save_profile(profile, overwrite=overwrite, system=True)
+        name = profile.name
+        messages.append(f"copied {profile.name!r} ({SystemProfileInfo.of(profile).summary}) to {copied}")
+    elif not scan(system=True)[0]:
+        raise NoSystemProfiles(f"there are no profiles in {paths.system_profiles_dir()} to apply at boot; nothing "
+                               "installed", "choose a profile to apply at boot")
+    text = boot_rules.unit_text(exec_args=exec_args(name), environment=unit_environment())
+    unit = boot_rules.unit_path()
+    try:
+        write_atomic(unit, text.encode())
+    except PermissionError:
+        raise PermissionDenied(f"cannot write {unit}: permission denied", "run it with sudo") from None
+    except OSError as e:
+        raise StateError(f"cannot write {unit}: {e.strerror}") from None
+    messages.append(f"wrote {unit}")
+    _systemctl(messages, warnings, "daemon-reload")
+    _systemctl(messages, warnings, "enable", boot_rules.UNIT_NAME)
+    messages.append(f"enabled: the profile{'' if name else 's'} will be applied at the next boot; boot with "
+                    "tuner.reset on the kernel command line to skip it")
+    return BootServiceResult(True, unit, name, copied, tuple(messages), tuple(warnings))
+
+
+def remove() -> BootServiceResult:
+    """Disable and delete the unit (root); the system profiles are kept. Nothing to do is not an error."""
+    _require_root("removing the boot service")
+    unit = boot_rules.unit_path()
+    if not unit.exists():
+        return BootServiceResult(False, unit, messages=(f"{unit} is not installed; nothing to do",))
+    messages: list[str] = []
+    warnings: list[str] = []
+    _systemctl(messages, warnings, "disable", boot_rules.UNIT_NAME)
+    try:
+        unit.unlink()
+    except PermissionError:
+        raise PermissionDenied(f"cannot remove {unit}: permission denied", "run it with sudo") from None
+    _systemctl(messages, warnings, "daemon-reload")
+    messages.append(f"removed {unit}; the profiles in {paths.system_profiles_dir()} are kept")
+    return BootServiceResult(True, unit, messages=tuple(messages), warnings=tuple(warnings))
+
+
+def _systemctl_state(verb: str) -> str | None:
+    if not _live_systemd():
+        return None
+    proc = subprocess.run(["systemctl", verb, boot_rules.UNIT_NAME], capture_output=True, text=True, check=False)
+    return proc.stdout.strip() or None
+
+
+def _profile_of(exec_start: str | None) -> str | None:
+    """The profile named after `apply --boot` in the unit's command line (None: every system profile)."""
+    try:
+        words = shlex.split((exec_start or "").replace("%%", "%"))
+    except ValueError:  # an unbalanced quote: someone edited the unit by hand
+        return None
+    if "--boot" in words:
+        rest = words[words.index("--boot") + 1:]
+        return rest[0] if rest else None
+    return None
+
+
+def _last_run() -> LastBootRun | None:
+    doc = read_last_run()
+    if doc is None:
+        return None
+    try:
+        return LastBootRun(float(doc["finished_at"]), int(doc["exit_code"]), doc.get("skipped"),
+                           tuple(str(line) for line in doc.get("lines", [])))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def status() -> BootServiceStatus:
+    """Is the unit installed and enabled, which profile it applies, what the next boot would do, and how the last
+    boot run ended. Reads only; needs no root."""
+    unit = boot_rules.unit_path()
+    exec_start = None
+    installed = unit.exists()
+    if installed:
+        try:
+            exec_start = next((line.removeprefix("ExecStart=") for line in unit.read_text().splitlines()
+                               if line.startswith("ExecStart=")), None)
+        except OSError:
+            exec_start = None
+    profiles, bad = scan(system=True)
+    return BootServiceStatus(
+        unit=unit, installed=installed, enabled=_systemctl_state("is-enabled"), active=_systemctl_state("is-active"),
+        profile=_profile_of(exec_start), exec_start=exec_start,
+        system_profiles=tuple(SystemProfileInfo.of(p) for p in profiles), invalid_profiles=tuple(bad),
+        next_boot_skips=boot_rules.skip_reason(), last_run=_last_run(),
+    )
+
+
+__all__ = ["BootServiceResult", "BootServiceStatus", "LastBootRun", "NoSystemProfiles", "SystemProfileInfo",
+           "install", "remove", "status"]
