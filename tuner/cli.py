@@ -57,7 +57,7 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-\d+(?:,[+-]?\d+)*$|^-\d*\.\d+$")
+        self._negative_number_matcher = re.compile(r"^-\d+(?:,\S*)?$|^-\d*\.\d+$")
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(exit_codes.USAGE, f"tuner: error: {message} (see `{self.prog} --help`)\n")

@@ -29,7 +29,7 @@ from typing import Any
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardLock
-from tuner.core.errors import TunerError, UsageError
+from tuner.core.errors import NotApplied, TunerError, UsageError
 from tuner.core.models import Knob
 from tuner.tuning import journal, kernel_log
 from tuner.tuning.engine_client import default_preset
@@ -134,36 +134,48 @@ class RigBisectJob:
         for device_id in self.device_ids:
             journal.check_safety_state(device_id)
         existing = RigJournal.open_existing(self.device_ids)
-        if existing is not None and existing.open_trial is not None:
-            trial = existing.open_trial
-            if (trial.get("boot_id") == journal.current_boot_id() and trial.get("pid") != os.getpid()
-                    and journal.pid_alive(trial.get("pid"))):
-                raise UsageError(f"a rig bisect is already running on {','.join(self.device_ids)} (pid "
-                                 f"{trial.get('pid')})", "wait for it to finish or stop it first")
+        self._check_not_running(existing)
         unresolved = existing is not None and existing.unresolved()
         if unresolved and not (p.resume or p.restart):
             raise UsageError(f"an unfinished rig bisect exists for {','.join(sorted(self.device_ids))}",
                              "continue it with --resume or discard it with --restart (the unsafe lists are kept)")
-        if p.resume:
-            if existing is None or not unresolved:
-                raise UsageError(f"no unfinished rig bisect for {','.join(sorted(self.device_ids))}",
-                                 "start a new one without --resume")
-            existing.claim()
-            self._recover(existing, knobs)
-            return existing
-        if existing is not None and unresolved:
-            existing.close(journal.FINISHED, outcome="discarded by --restart")
-        if not p.restart:
+        if p.resume and (existing is None or not unresolved):
+            raise UsageError(f"no unfinished rig bisect for {','.join(sorted(self.device_ids))}",
+                             "start a new one without --resume")
+        if not p.resume and not p.restart:
             for device_id in self.device_ids:  # before any card is touched, not halfway through the threads
                 doc = journal.load(device_id)
                 if doc is not None and doc.get("state") in journal.UNRESOLVED:
                     raise UsageError(f"an unfinished bisect session exists for {device_id} ({doc.get('session')})",
                                      "continue the rig with --resume, or start afresh with --restart (the unsafe "
                                      "lists are kept)")
+        for device_id in self.device_ids:  # every card from a known state (a kill -9 left them where they were)
+            foreign = self.backend.foreign_state(device_id)
+            if foreign:
+                raise UsageError(f"{foreign}; a bisect starts only from a known state",
+                                 "run `tuner reset` (it returns the cards to stock), then start the bisect again")
+            if self.backend.reset(device_id).current != knobs[device_id].stock:
+                raise NotApplied(f"{device_id} did not return to stock", "run `tuner reset` or reboot before tuning")
+        if p.resume:
+            assert existing is not None
+            existing.claim()
+            self._recover(existing, knobs)
+            return existing
+        if existing is not None and unresolved:
+            existing.close(journal.FINISHED, outcome="discarded by --restart")
         search = p.search()
         if search["preset"] is None:
             search["preset"] = default_preset(self.backend.stress_target(self.device_ids[0]))
         return RigJournal.create(self.device_ids, params=search, stock={d: k.stock for d, k in knobs.items()})
+
+    def _check_not_running(self, existing: RigJournal | None) -> None:
+        trial = existing.open_trial if existing is not None else None
+        if trial is None:
+            return
+        if (trial.get("boot_id") == journal.current_boot_id() and trial.get("pid") != os.getpid()
+                and journal.pid_alive(trial.get("pid"))):
+            raise UsageError(f"a rig bisect is already running on {','.join(self.device_ids)} (pid "
+                             f"{trial.get('pid')})", "wait for it to finish or stop it first")
 
     def _recover(self, rig: RigJournal, knobs: dict[str, Knob]) -> None:
         """A rig trial left open by a dead tool or an earlier boot (the per-card journals recover their own)."""
