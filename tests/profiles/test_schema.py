@@ -93,8 +93,9 @@ def _doc(**overrides) -> dict:
     ({"device__name": "x" * 1100}, "device.name: string is 1100 characters long, the limit is 1024"),
     ({"device__name": "a\x1bb"}, "device.name: control characters are not allowed"),
     ({"profile__created": "yesterday"}, "profile.created: expected a date-time"),
-    ({"profile__schema": 0}, "profile.schema: 0 is outside 1..1"),
-    ({"profile__schema": 2}, "profile.schema: this profile uses schema 2; tuner 0.1.0 reads schema 1"),
+    ({"profile__schema": 0}, "profile.schema: 0 is outside 1..2"),
+    ({"profile__schema": 2}, "profile.schema: a single-card profile ([device], [setting]) is schema 1, got 2"),
+    ({"profile__schema": 3}, "profile.schema: this profile uses schema 3; tuner 0.1.0 reads schema 2"),
     ({"profile__name": "a/b"}, "profile.name: bad profile name 'a/b'"),
 ])
 def test_validation_names_the_key(overrides, message):
@@ -130,7 +131,7 @@ def test_newer_schema_is_refused_for_its_version_not_its_new_keys():
     doc["setting"]["new_knob"] = 5
     with pytest.raises(ProfileError) as info:
         Profile.from_dict(doc)
-    assert "uses schema 3; tuner 0.1.0 reads schema 1; upgrade the tuner" in info.value.one_line()
+    assert "uses schema 3; tuner 0.1.0 reads schema 2; upgrade the tuner" in info.value.one_line()
 
 
 @pytest.mark.parametrize(("raw", "message"), [

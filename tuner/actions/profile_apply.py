@@ -71,6 +71,9 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
     """Every check of applying `profile`; raises UsageError/OutOfRange before anything is written.
 
     `verify`: the front end will run a verify trial (so another card of the same model is allowed)."""
+    if profile.is_rig:  # its `device`/`setting` are only the first card's: applying them alone would be wrong
+        raise UsageError(f"{profile.name!r} is a rig profile ({len(profile.parts)} cards); nothing was applied",
+                         f"apply the whole rig with `tuner apply {profile.name}`")
     device = pick_profile_device(profile, backend, device_id)
     knob = backend.knob(device.id)
     result = match_device(profile, device, knob, kernel=platform.release() if kernel is None else kernel)

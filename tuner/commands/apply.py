@@ -171,6 +171,9 @@ def _run_boot(args, ctx) -> int:
 
 
 def _boot_apply_one(profile: Profile, backend, log) -> dict:
+    if profile.is_rig:
+        log(f"skipped {profile.name!r}: a rig profile; this version applies single-card profiles at boot")
+        return {"status": "skipped", "reason": "rig profile"}
     for device in backend.devices():
         knob = backend.knob(device.id)
         if match_device(profile, device, knob).match is not Match.SAME_CARD:

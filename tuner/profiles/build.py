@@ -10,7 +10,7 @@ import platform
 
 from tuner import __version__
 from tuner.core.models import DeviceInfo, Knob
-from tuner.profiles.schema import MAX_STRING_CHARS, SCHEMA_VERSION, Profile, format_created, utc_now
+from tuner.profiles.schema import MAX_STRING_CHARS, SINGLE_SCHEMA, Profile, format_created, utc_now
 
 
 def _drop_none(d: dict) -> dict:
@@ -25,19 +25,13 @@ def _shorten_reason(trial: dict) -> dict:
     return trial
 
 
-def build_profile(
-    name: str,
-    device: DeviceInfo,
-    knob: Knob,
-    value: int,
-    *,
-    tuning: dict | None = None,
-    kernel: str | None = None,
-) -> Profile:
-    """A validated profile for `value` on `device`. `tuning` keys whose value is None are left out (TOML has no
-    null); `kernel` defaults to the running kernel's release."""
+def meta_doc(name: str, schema: int) -> dict:
+    return {"name": name, "created": utc_now(), "tool_version": __version__, "schema": schema}
+
+
+def part_doc(device: DeviceInfo, knob: Knob, value: int, tuning: dict | None, kernel: str | None) -> dict:
+    """One card's [device], [setting] and [tuning] tables, as a single-card profile or a rig's [[card]] has them."""
     doc = {
-        "profile": {"name": name, "created": utc_now(), "tool_version": __version__, "schema": SCHEMA_VERSION},
         "device": _drop_none({
             "vendor": device.vendor,
             "name": device.name,
@@ -64,7 +58,22 @@ def build_profile(
             if not t["trials"]:
                 del t["trials"]
         doc["tuning"] = t
-    return Profile.from_dict(doc)
+    return doc
 
 
-__all__ = ["build_profile", "format_created"]
+def build_profile(
+    name: str,
+    device: DeviceInfo,
+    knob: Knob,
+    value: int,
+    *,
+    tuning: dict | None = None,
+    kernel: str | None = None,
+) -> Profile:
+    """A validated single-card profile (schema 1) for `value` on `device`. `tuning` keys whose value is None are
+    left out (TOML has no null); `kernel` defaults to the running kernel's release."""
+    return Profile.from_dict({"profile": meta_doc(name, SINGLE_SCHEMA),
+                              **part_doc(device, knob, value, tuning, kernel)})
+
+
+__all__ = ["build_profile", "format_created", "meta_doc", "part_doc"]

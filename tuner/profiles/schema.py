@@ -1,7 +1,10 @@
-"""Profile schema v1: dataclasses, strict validation and TOML text.
+"""Profile schema (v1: one card; v2: a rig of cards): dataclasses, strict validation and TOML text.
 
 A profile is evidence: the card it was proven on, the setting, and (when it came from a bisect) the trials
-that proved it. Validation is strict because a profile can come from another machine or a stranger: every
+that proved it. A rig profile (schema 2) holds one such part per card (`[[card]]`, each with its own identity,
+setting and evidence) and the evidence of the whole-rig confirmation (`[rig]`).
+
+Validation is strict because a profile can come from another machine or a stranger: every
 error names the key's path (`setting.value: expected an integer, got 'abc'`) and nothing is coerced silently.
 The schema is documented field by field in `profiles/README.md`; keep the two in step.
 """
@@ -13,7 +16,7 @@ import math
 import re
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,7 +30,10 @@ from tuner.core.models import Phase, Verdict
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the newest schema this tuner reads
+SINGLE_SCHEMA = 1  # one card: [device], [setting], [tuning]. Still written at 1 so older tuners read it
+RIG_SCHEMA = 2  # several cards: [[card]] tables and [rig]. A tuner that reads only 1 refuses it for its version
+MAX_RIG_CARDS = 64
 MAX_PROFILE_BYTES = 256 * 1024  # a real profile is ~10 KiB even with hundreds of trials
 MAX_STRING_CHARS = 1024  # room for a kernel-log or engine failure reason; the file cap bounds the total
 MAX_TRIALS = 2000
@@ -46,6 +52,10 @@ SENSITIVITIES = ("full", "reduced")  # bitwise comparison, or the --tolerance op
 HEADER = (
     "# undervolt-tuner profile (schema v1, described in profiles/README.md).\n"
     "# Apply with `tuner apply FILE`; it checks that the card is the one this was proven on.\n"
+)
+RIG_HEADER = (
+    "# undervolt-tuner rig profile (schema v2, described in profiles/README.md): one [[card]] per card.\n"
+    "# Apply with `tuner apply FILE`; each part goes to the card it was proven on (by serial, then PCI slot).\n"
 )
 
 
@@ -261,6 +271,30 @@ class Tuning:
     trials: tuple[Trial, ...] = ()
 
 
+@dataclass(frozen=True)
+class ProfilePart:
+    """One card's share of a profile: the card it was proven on, its setting and that card's own evidence."""
+
+    device: ProfileDevice
+    setting: Setting
+    tuning: Tuning | None = None
+
+
+@dataclass(frozen=True)
+class RigEvidence:
+    """The whole-rig confirmation: every card at its setting at once, as one data-parallel job."""
+
+    confirm_duration_s: float | None = None  # how long the passing confirmation ran
+    attempts: int | None = None  # confirmations run, the passing one included (each failure backed cards off)
+    backend: str | None = None  # torch.distributed backend: gloo, nccl or rccl
+    mode: str | None = None
+    preset: str | None = None
+    dtype: str | None = None
+    tok_s: float | None = None  # the job's throughput, all cards together
+    power_w: float | None = None  # board power, all cards together
+    tok_per_j: float | None = None
+
+
 # key -> (checker, required). Order is the order written to TOML.
 Spec = dict[str, tuple[Check[object] | None, bool]]
 META_SPEC: Spec = {
@@ -328,7 +362,23 @@ TUNING_SPEC: Spec = {
     "sensitivity": (_choice(SENSITIVITIES), False),
     "trials": (None, False),  # checked by _trials
 }
+DIST_BACKENDS = ("gloo", "nccl", "rccl")
+RIG_SPEC: Spec = {
+    "confirm_duration_s": (_pos, False),
+    "attempts": (_int(1, 10_000), False),
+    "backend": (_choice(DIST_BACKENDS), False),
+    "mode": (_str, False),
+    "preset": (_str, False),
+    "dtype": (_str, False),
+    "tok_s": (_pos, False),
+    "power_w": (_pos, False),
+    "tok_per_j": (_pos, False),
+}
+CARD_SPEC: Spec = {"device": (None, True), "setting": (None, True), "tuning": (None, False)}  # each by _part
 TOP_LEVEL = ("profile", "device", "setting", "tuning")
+RIG_TOP_LEVEL = ("profile", "rig", "card")
+RIG_LAYOUT = ("a rig profile has [profile], [rig] and [[card]] tables (each card's [device], [setting] and [tuning] "
+              "go inside its [[card]])")
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -389,10 +439,24 @@ class Profile:
     setting: Setting
     tuning: Tuning | None = None
     source: Path | None = field(default=None, compare=False)  # where it was read from, if anywhere
+    # A rig profile: every card's part (device, setting, tuning above are the first card's, for a one-line
+    # summary; anything that writes to a card must go through `parts`). Empty for a single-card profile.
+    rig_parts: tuple[ProfilePart, ...] = ()
+    rig: RigEvidence | None = None  # the whole-rig confirmation's evidence, when there was one
 
     @property
     def name(self) -> str:
         return self.meta.name
+
+    @property
+    def is_rig(self) -> bool:
+        """A rig profile (schema 2): one part per card, applied together."""
+        return bool(self.rig_parts)
+
+    @property
+    def parts(self) -> tuple[ProfilePart, ...]:
+        """Every card's part: the rig's, or the single card's as a one-part tuple (so callers can loop either)."""
+        return self.rig_parts or (ProfilePart(self.device, self.setting, self.tuning),)
 
     @classmethod
     def from_dict(cls, data: object, *, source: Path | None = None) -> Profile:
@@ -400,23 +464,28 @@ class Profile:
         if not isinstance(data, dict):
             raise ProfileError(f"expected a TOML document (a table), got {_type_name(data)}")
         _check_schema_version(data)
+        rig = "card" in data
+        top = RIG_TOP_LEVEL if rig else TOP_LEVEL
         for key in data:
-            if key not in TOP_LEVEL:
-                raise ProfileError(f"{_key(key)}: unknown section", f"a profile has [{'], ['.join(TOP_LEVEL)}]")
-        for key in ("profile", "device", "setting"):
+            if key not in top:
+                layout = (RIG_LAYOUT if rig else f"a profile has [{'], ['.join(top)}]")
+                raise ProfileError(f"{_key(key)}: unknown section", layout)
+        for key in ("profile",) if rig else ("profile", "device", "setting"):
             if key not in data:
                 raise ProfileError(f"{key}: missing section", f"a profile needs [{key}]")
         meta = ProfileMeta(**_table(data["profile"], "profile", META_SPEC))
-        device = ProfileDevice(**_table(data["device"], "device", DEVICE_SPEC))
-        setting = Setting(**_table(data["setting"], "setting", SETTING_SPEC))
-        _check_setting(setting)
-        tuning = None
-        if "tuning" in data:
-            raw = _table(data["tuning"], "tuning", TUNING_SPEC)
-            if "trials" in raw:
-                raw["trials"] = _trials(raw["trials"], "tuning.trials")
-            tuning = Tuning(**raw)
-        return cls(meta, device, setting, tuning, source)
+        want = RIG_SCHEMA if rig else SINGLE_SCHEMA
+        if meta.schema != want:
+            what = "a rig profile ([[card]] tables)" if rig else "a single-card profile ([device], [setting])"
+            raise ProfileError(f"profile.schema: {what} is schema {want}, got {meta.schema}",
+                               "schema 1 holds one card's [device] and [setting]; schema 2 holds [[card]] tables")
+        if not rig:
+            part = _part(data, "")
+            return cls(meta, part.device, part.setting, part.tuning, source)
+        parts = _cards(data["card"])
+        evidence = RigEvidence(**_table(data["rig"], "rig", RIG_SPEC)) if "rig" in data else None
+        first = parts[0]
+        return cls(meta, first.device, first.setting, first.tuning, source, rig_parts=parts, rig=evidence)
 
     @classmethod
     def from_toml(cls, text: str, *, source: Path | None = None) -> Profile:
@@ -446,18 +515,13 @@ class Profile:
 
     def to_dict(self) -> dict:
         """The TOML document as a dict; keys whose value is unknown are left out (TOML has no null)."""
-        doc = {
-            "profile": _dense(self.meta),
-            "device": _dense(self.device),
-            "setting": _dense(self.setting),
-        }
-        if self.tuning is not None:
-            tuning = _dense(self.tuning)
-            tuning.pop("trials", None)
-            if self.tuning.trials:
-                tuning["trials"] = [_dense(t) for t in self.tuning.trials]
-            doc["tuning"] = tuning
-        return doc
+        if self.is_rig:
+            doc: dict[str, object] = {"profile": _dense(self.meta)}
+            if self.rig is not None:
+                doc["rig"] = _dense(self.rig)
+            doc["card"] = [_part_dict(part) for part in self.rig_parts]
+            return doc
+        return {"profile": _dense(self.meta), **_part_dict(ProfilePart(self.device, self.setting, self.tuning))}
 
     def to_json_dict(self) -> dict:
         doc = self.to_dict()
@@ -465,28 +529,76 @@ class Profile:
         return doc
 
     def to_toml(self) -> str:
-        return HEADER + tomli_w.dumps(self.to_dict())
+        return (RIG_HEADER if self.is_rig else HEADER) + tomli_w.dumps(self.to_dict())
 
     def renamed(self, name: str) -> Profile:
-        meta = ProfileMeta(validate_name(name, path="--name"), self.meta.created, self.meta.tool_version,
-                           self.meta.schema)
-        return Profile(meta, self.device, self.setting, self.tuning, self.source)
+        return replace(self, meta=replace(self.meta, name=validate_name(name, path="--name")))
 
 
-def _check_setting(setting: Setting) -> None:
+def _part(data: dict, prefix: str) -> ProfilePart:
+    """One card's [device], [setting] and optional [tuning]; `prefix` ("" or "card[2].") starts every path."""
+    device = ProfileDevice(**_table(data["device"], f"{prefix}device", DEVICE_SPEC))
+    setting = Setting(**_table(data["setting"], f"{prefix}setting", SETTING_SPEC))
+    _check_setting(setting, f"{prefix}setting")
+    tuning = None
+    if "tuning" in data:
+        raw = _table(data["tuning"], f"{prefix}tuning", TUNING_SPEC)
+        if "trials" in raw:
+            raw["trials"] = _trials(raw["trials"], f"{prefix}tuning.trials")
+        tuning = Tuning(**raw)
+    return ProfilePart(device, setting, tuning)
+
+
+def _cards(data: object) -> tuple[ProfilePart, ...]:
+    """The [[card]] tables: 1..MAX_RIG_CARDS parts, each naming a card no other part names (by serial or slot),
+    because `tuner apply` finds each part's card by its serial, then by its PCI slot."""
+    if not isinstance(data, list):
+        raise ProfileError(f"card: expected an array of tables ([[card]]), got {_type_name(data)}")
+    if not 1 <= len(data) <= MAX_RIG_CARDS:
+        raise ProfileError(f"card: a rig profile holds 1..{MAX_RIG_CARDS} cards, got {len(data)}")
+    parts: list[ProfilePart] = []
+    for i, raw in enumerate(data):
+        path = f"card[{i}]"
+        _table(raw, path, CARD_SPEC)  # a table, with device and setting, and nothing unknown
+        part = _part(raw, f"{path}.")
+        if not part.device.serial and not part.device.pci_slot:
+            raise ProfileError(f"{path}.device: needs a serial or a pci_slot",
+                               "a rig profile finds each part's card by its serial, then its PCI slot")
+        for j, other in enumerate(parts):
+            for attr in ("serial", "pci_slot"):
+                mine, theirs = getattr(part.device, attr), getattr(other.device, attr)
+                if mine and theirs and mine.lower() == theirs.lower():
+                    raise ProfileError(f"{path}.device.{attr}: {_show(mine)} is card[{j}]'s too",
+                                       "a rig profile holds one part per card")
+        parts.append(part)
+    return tuple(parts)
+
+
+def _part_dict(part: ProfilePart) -> dict[str, object]:
+    doc: dict[str, object] = {"device": _dense(part.device), "setting": _dense(part.setting)}
+    if part.tuning is not None:
+        tuning = _dense(part.tuning)
+        tuning.pop("trials", None)
+        if part.tuning.trials:
+            tuning["trials"] = [_dense(t) for t in part.tuning.trials]
+        doc["tuning"] = tuning
+    return doc
+
+
+def _check_setting(setting: Setting, path: str = "setting") -> None:
     if KIND_UNITS[setting.kind] != setting.unit:
-        raise ProfileError(f"setting.unit: a {setting.kind} is in {KIND_UNITS[setting.kind]}, got {setting.unit!r}")
+        raise ProfileError(f"{path}.unit: a {setting.kind} is in {KIND_UNITS[setting.kind]}, got {setting.unit!r}")
     lo, hi = SETTING_BOUNDS[setting.kind]
     if setting.kind == "voltage_offset" and setting.value > hi:
         raise ProfileError(
-            f"setting.value: {setting.value:+d} mV would raise the voltage above stock (overvolt)",
+            f"{path}.value: {setting.value:+d} mV would raise the voltage above stock (overvolt)",
             "a profile records an undervolt: 0 mV or below",
         )
     if not lo <= setting.value <= hi:
-        raise ProfileError(f"setting.value: {setting.value:+d} {setting.unit} is outside {lo:+d}..{hi:+d} "
+        raise ProfileError(f"{path}.value: {setting.value:+d} {setting.unit} is outside {lo:+d}..{hi:+d} "
                            f"{setting.unit} for a {setting.kind}")
     if setting.lock_clock_mhz is not None and setting.kind != "clock_offset":
-        raise ProfileError("setting.lock_clock_mhz: only a clock_offset (NVIDIA) setting has a locked clock")
+        raise ProfileError(f"{path}.lock_clock_mhz: only a clock_offset (NVIDIA) setting has a locked clock")
 
 
 def _dense(obj: DataclassInstance) -> dict[str, object]:
