@@ -97,3 +97,22 @@ def test_bad_device_lists_change_nothing(boot, fakes, capsys, device, fragment):
     assert cli.main([*SIM3, "bisect", "--device", device, *FAST]) == 2
     assert fragment in capsys.readouterr().err
     assert fakes[0].requests == []
+
+
+def test_save_writes_one_rig_profile_with_a_part_per_card(boot, fakes, capsys):
+    from tuner.profiles.store import load_profile
+
+    code = cli.main([*SIM3, "bisect", "--device", "all", *FAST, "--save", "rig3"])
+    out = capsys.readouterr().out
+    assert code == 0 and "saved rig profile 'rig3' (3 cards)" in out
+    profile = load_profile("rig3")
+    parts = {p.device.serial: p for p in profile.parts}
+    assert {s: p.setting.value for s, p in parts.items()} == {"SIM-0000-00": -40, "SIM-0000-01": -55,
+                                                              "SIM-0000-02": -30}
+    assert profile.rig.backend == "gloo" and profile.rig.attempts == 1 and profile.rig.confirm_duration_s == 2
+    assert all(p.tuning is not None and p.tuning.confirmed is not None for p in profile.parts)
+
+
+def test_save_name_is_checked_before_anything_runs(boot, fakes, capsys):
+    assert cli.main([*SIM3, "bisect", "--device", "all", *FAST, "--save", "bad name!"]) == 2
+    assert fakes[0].requests == []

@@ -65,7 +65,7 @@ def _kill_during_coarse(setting: int) -> None:
 
 def _resume() -> tuple[int, list[dict]]:
     proc = _tuner(*SIM, *ARGS, "--resume")
-    out, err = proc.communicate(timeout=60)
+    out, _err = proc.communicate(timeout=60)
     return proc.returncode, [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 

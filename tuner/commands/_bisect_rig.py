@@ -171,10 +171,13 @@ def _save_rig(args, backend, outcome) -> None:
 
     parts = [RigPart(device=backend.device(d), knob=backend.knob(d), setting=v, tuning=outcome.per_card[d].tuning())
              for d, v in outcome.settings.items()]
-    confirm_s = next((o.params.get("confirm_s") for o in outcome.per_card.values() if o.params), None)
-    simulated = all(backend.device(d).simulated for d in outcome.settings)
-    rig = {"confirm_duration_s": confirm_s, "attempts": len(outcome.attempts),
-           "backend": "gloo" if simulated else "nccl"}  # torch.distributed's name for NCCL and ROCm's RCCL
+    params = next((o.params for o in outcome.per_card.values() if o.params), {})
+    vendors = {backend.device(d).vendor for d in outcome.settings}
+    # the collective library the data-parallel confirmation ran on (gloo on the simulated cards' CPU engines)
+    library = "nccl" if vendors == {"nvidia"} else "rccl" if vendors == {"amd"} else "gloo"
+    rig = {"confirm_duration_s": params.get("confirm_s"), "attempts": len(outcome.attempts) or None,
+           "backend": library, "mode": "mixed" if params.get("mode") != "gemm" else "gemm",
+           "preset": params.get("preset"), "dtype": params.get("dtype")}
     profile = build_rig_profile(args.save, parts, rig={k: v for k, v in rig.items() if v is not None})
     path = save_profile(profile, overwrite=False)
     left_out = [d for d in outcome.per_card if d not in outcome.settings]
