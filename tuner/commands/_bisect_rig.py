@@ -57,8 +57,11 @@ class _RigPrinter:
             else:
                 self.block.line(f"[rig] confirmation attempt {ev.attempt}: {self._v(ev.settings)} together for "
                                 f"{format_duration(ev.duration_s)} (mixed, data-parallel)")
+            label = "rig baseline" if ev.attempt == 0 else f"rig attempt {ev.attempt}"
             for d in ev.settings:
-                self.block.status(d, f"rig {'baseline' if ev.attempt == 0 else f'attempt {ev.attempt}'} running")
+                if d in self.cards:
+                    self.cards[d]._trial_label = f"{label} "  # the rig run's progress, not the card's last trial
+                self.block.status(d, f"{label} running")
         elif isinstance(ev, RigConfirmFinished):
             what = "recording at stock" if ev.phase == "rig-baseline" else f"attempt {ev.attempt}"
             if ev.passed:
