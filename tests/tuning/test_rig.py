@@ -246,3 +246,13 @@ def test_bad_device_lists_are_refused(spec, fragment):
     backend = SimulatedBackend(gpus=2)
     with pytest.raises(Exception, match=fragment):
         rig_devices(backend, spec)
+
+
+def test_a_rig_run_that_cannot_run_stops_without_blaming_a_voltage(boot):
+    # the recording at stock went missing (a state directory cleaned mid-run): every rank errors, nobody is pinned
+    rig = FakeRigTrial(on_start=lambda settings, params: [p.unlink() for p in (params.reference_paths or {}).values()])
+    _backend, _engine, rig, _events, job = make(rig=rig)
+    outcome = job.run()
+    assert len(rig.calls) == 2 and outcome.settings == {} and outcome.exit_code == exit_codes.TEST_FAILED
+    assert all("could not run" in outcome.reasons[d] for d in CARDS)
+    assert all(journal.unsafe_settings(d) == {} for d in CARDS)

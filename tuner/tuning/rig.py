@@ -386,7 +386,11 @@ class RigBisectJob:
         reasons = {d: f"{r.verdict} ({r.kind}: {r.reason})" for d, r in {**failing, **errors}.items()}
         for d in missing:
             reasons[d] = "no result from the rig run"
-        passed = not (failing or errors or missing or res.machine_event or res.pinned)
+        unsure = {d: r for d, r in res.results.items()
+                  if d in candidates and r.verdict not in ("pass", "fail", "error")}
+        for d, r in unsure.items():  # inconclusive (too few steps compared, a rank stopped by another's fault)
+            reasons.setdefault(d, f"{r.verdict} ({r.kind}: {r.reason})")
+        passed = not (failing or errors or missing or unsure or res.machine_event or res.pinned)
         backed: dict[str, int] = {}
         dropped: dict[str, str] = {}
         final = passed
@@ -403,8 +407,11 @@ class RigBisectJob:
                                   " not a voltage problem; check the card, its cooling and its PCIe link")
                 else:
                     backed[d] = self._back_off(knobs[d], d, candidates[d], rig)
-        elif not passed:  # an error nobody is blamed for (a software problem): it runs again, within the bound
-            pass
+        elif errors and not failing:  # setup trouble (a rank that never ran, a collective that never formed):
+            why = "; ".join(f"{d}: {r.kind}: {r.reason}" for d, r in errors.items())  # not the voltage, as for
+            dropped = dict.fromkeys(candidates, f"the data-parallel run could not run ({why})")  # one card
+            final = True
+        # otherwise (an inconclusive run nobody is blamed for): the same settings run again, within the bound
         new = {d: v for d, v in {**candidates, **backed}.items() if d not in dropped}
         if len(new) < 1:
             final = True
