@@ -256,3 +256,12 @@ def test_a_rig_run_that_cannot_run_stops_without_blaming_a_voltage(boot):
     assert len(rig.calls) == 2 and outcome.settings == {} and outcome.exit_code == exit_codes.TEST_FAILED
     assert all("could not run" in outcome.reasons[d] for d in CARDS)
     assert all(journal.unsafe_settings(d) == {} for d in CARDS)
+
+
+def test_a_single_card_bisect_names_its_card_in_every_event(boot):
+    from tuner.tuning.job import BisectJob
+
+    events: list = []
+    BisectJob(SimulatedBackend(vmin_mv=-52), "sim0", BisectParams(trial_s=1, confirm_s=2), events.append,
+              engine_factory=FakeEngine()).run()
+    assert events and all(e.device == "sim0" and e.to_json()["device"] == "sim0" for e in events)
