@@ -10,6 +10,11 @@ when the last card's search ends and runs no rig confirmation. The CPU engines s
 more cards than cores each engine runs slower (the trials are time-bound, so the search takes as long, but each
 trial compares fewer steps; a trial that compares too few is re-run longer).
 
+Measured 2026-12-01 on the shared 2-core host (load average 6-7 from other work), real CPU engine, `--trial 10s
+--confirm 20s`, `--rig none`: N=2 concurrent 252 s vs serial 364 s (1.44x); N=4 concurrent 245 s vs serial 634 s
+(2.59x); same answers (-40, -55, -30, -45 mV). The searches are time-bound, so concurrency gains even with more
+cards than cores; each trial then compares fewer steps (here still above the 50-step minimum).
+
     .venv/bin/python bench/rig_vs_serial.py [--cards 2,4] [--trial 10s] [--confirm 20s] [--engine real|fake]
                                             [--rig none|real] [--limits -52,-67,-40,-58]
 """
