@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
 
@@ -51,7 +52,12 @@ environment:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 like every other bad input."""
+    """argparse, but usage errors are one line and exit 2 like every other bad input, and a comma list of negative
+    numbers (`--sim-vmin -52,-67,-40`) is a value, not an option (argparse knows only single numbers)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\d+(?:,\S*)?$|^-\d*\.\d+$")
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(exit_codes.USAGE, f"tuner: error: {message} (see `{self.prog} --help`)\n")
@@ -74,14 +80,25 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     g.add_argument("--sim-kind", choices=("amd", "nvidia"), default=default("amd"),
                    help="amd (default): a voltage offset in mV; nvidia: a positive clock offset in MHz (15 MHz "
                    "steps) at a locked max clock")
-    g.add_argument("--sim-vmin", type=whole_number, metavar="LIMIT", default=default(None),
-                   help="hidden stable limit of sim0 in the knob's unit: mV (default: drawn from the seed in "
-                   "-120..-30), or MHz with --sim-kind nvidia (drawn in 60..240)")
+    g.add_argument("--sim-vmin", type=limit_list, metavar="LIMIT[,LIMIT...]", default=default(None),
+                   help="hidden stable limit in the knob's unit: mV (default: drawn from the seed in -120..-30), or "
+                   "MHz with --sim-kind nvidia (drawn in 60..240). One value sets sim0; a comma list sets one "
+                   "card each, in card order (sim0,sim1,...; no more values than --sim-gpus)")
     g.add_argument("--sim-nondeterministic", action="store_true", default=default(False),
                    help="runs on the simulated cards never repeat bit for bit (a platform flaw, for testing)")
     g.add_argument("--sim-contention-after", type=seconds_between(0, 1e6), metavar="SECONDS",
                    default=default(None), help="runs on the simulated cards stop repeating bit for bit this many "
                    "seconds after the tuner starts (as when another process starts using the GPU)")
+
+
+def limit_list(text: str) -> int | tuple[int, ...]:
+    """`-52` (sim0's limit, as always) or `-52,-67,-40` (one per card, in card order)."""
+    parts = text.split(",")
+    if len(parts) == 1:
+        return whole_number(text)
+    if any(not p.strip() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}")
+    return tuple(whole_number(p) for p in parts)
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -3,7 +3,7 @@ before anything touches the card. `tuner bisect` and the Auto-bisect screen both
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ from tuner.core.models import DeviceInfo, Knob
 from tuner.tuning.events import BisectEvent
 from tuner.tuning.job import BisectJob, BisectParams
 from tuner.tuning.plan import PlanParams, check_params
+from tuner.tuning.rig import RigBisectJob
 
 
 @dataclass(frozen=True)
@@ -79,3 +80,38 @@ def prepare_bisect(backend: Backend, device_id: str, params: BisectParams,
         raise UsageError("--resume and --restart exclude each other", "pick one")
     check_params(knob, params.plan_params(knob))
     return BisectJob(backend, device_id, params, on_event, **job_options)
+
+
+def rig_devices(backend: Backend, spec: str) -> tuple[str, ...]:
+    """`all` (every card the backend sees) or a comma list of ids, each known and named once, in card order."""
+    known = [d.id for d in backend.devices()]
+    if spec.strip() == "all":
+        if not known:
+            raise UsageError("no GPU found", "check `tuner list`")
+        return tuple(known)
+    ids = [part.strip() for part in spec.split(",")]
+    if any(not i for i in ids):
+        raise UsageError(f"--device {spec!r} has an empty entry", "e.g. --device sim0,sim2 or --device all")
+    for i in ids:
+        backend.device(i)  # UnknownDevice (one line, exit 2) for an id that is not there
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"--device {spec!r} names a card twice", "name each card once")
+    return tuple(sorted(ids, key=known.index))
+
+
+def prepare_rig_bisect(backend: Backend, device_ids: Sequence[str], params: BisectParams,
+                       on_event: Callable[[BisectEvent], None] | None = None, *, save: str | None = None,
+                       rig_trial: Callable | None = None, **job_options: Any) -> RigBisectJob:
+    """Check everything a bisect of several cards at once needs (every card's parameters, the --save name) and
+    return its job (not started). `rig_trial` (default: tuner.tuning.rig_trial.run_rig_trial) and `job_options`
+    (engine_factory, kernel_watcher_factory, max_attempts) are injection points for tests."""
+    check_save_name(save)
+    if params.resume and params.restart:
+        raise UsageError("--resume and --restart exclude each other", "pick one")
+    for device_id in device_ids:
+        check_params(backend.knob(device_id), params.plan_params(backend.knob(device_id)))
+    if rig_trial is None:
+        from tuner.tuning import rig_trial as rig_trial_module  # looked up now: tests may replace it
+
+        rig_trial = rig_trial_module.run_rig_trial
+    return RigBisectJob(backend, device_ids, params, on_event, rig_trial=rig_trial, **job_options)

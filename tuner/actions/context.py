@@ -13,7 +13,8 @@ class Context:
     simulate: bool = False
     sim_gpus: int = 1
     sim_seed: int = 0
-    sim_vmin_mv: int | None = None  # in the simulated knob's unit (MHz when sim_kind is "nvidia")
+    # in the simulated knob's unit (MHz when sim_kind is "nvidia"); one value: sim0's, a tuple: one per card
+    sim_vmin_mv: int | tuple[int, ...] | None = None
     sim_kind: str = "amd"
     sim_nondeterministic: bool = False
     sim_contention_after_s: float | None = None

@@ -12,7 +12,8 @@ REAL_BACKEND_MODULES = ("tuner.backends.amd", "tuner.backends.nvidia")
 
 
 def open_backend(
-    *, simulate: bool, sim_gpus: int = 1, sim_seed: int = 0, sim_vmin_mv: int | None = None, sim_kind: str = "amd",
+    *, simulate: bool, sim_gpus: int = 1, sim_seed: int = 0, sim_vmin_mv: int | tuple[int, ...] | None = None,
+    sim_kind: str = "amd",
     sim_nondeterministic: bool = False, sim_contention_after_s: float | None = None,
 ) -> Backend:
     """The backend for this run: the simulator when asked, else every real vendor that finds a card."""

@@ -16,6 +16,7 @@ import math
 import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ class SimulatedBackend(Backend):
         self,
         gpus: int = 1,
         seed: int = 0,
-        vmin_mv: int | None = None,
+        vmin_mv: int | tuple[int, ...] | list[int] | None = None,
         state_path: Path | None = None,
         clock: Callable[[], float] = time.time,
         warn: Callable[[str], None] | None = None,
@@ -132,8 +133,9 @@ class SimulatedBackend(Backend):
         nondeterministic: bool = False,
         contention_after_s: float | None = None,
     ):
-        """`vmin_mv` is sim0's hidden limit in the knob's own unit, as `--sim-vmin` gives it (MHz for kind
-        "nvidia")."""
+        """`vmin_mv` is the hidden limit in the knob's own unit, as `--sim-vmin` gives it (MHz for kind
+        "nvidia"): one value is sim0's, a sequence is one per card in card order (sim0, sim1, ...; the cards
+        it leaves out keep the seed's draw)."""
         if kind not in KINDS:
             raise UsageError(f"--sim-kind must be one of {', '.join(SIM_KINDS)}, got {kind!r}",
                              "e.g. --sim-kind nvidia")
@@ -143,17 +145,21 @@ class SimulatedBackend(Backend):
             raise UsageError(f"--sim-gpus must be 1..{MAX_SIM_GPUS}, got {gpus}", "e.g. --sim-gpus 2")
         # the limit lies between stock (always stable) and the knob's aggressive end
         lo, hi = sorted((0, k.knob_min if k.aggressive_direction < 0 else k.knob_max))
-        if vmin_mv is not None and not lo < vmin_mv < hi:
-            example = (k.limit_range[0] + k.limit_range[1]) // 2
-            raise UsageError(
-                f"--sim-vmin must be between {lo} and {hi} {k.unit} (exclusive) on a simulated {k.name} card, "
-                f"got {vmin_mv}",
-                f"e.g. --sim-vmin {example}",
-            )
+        given = [] if vmin_mv is None else [vmin_mv] if isinstance(vmin_mv, int) else list(vmin_mv)
+        if len(given) > gpus:
+            raise UsageError(f"--sim-vmin gives {len(given)} limits but there are {gpus} simulated cards",
+                             f"give at most one value per card, or pass --sim-gpus {len(given)}")
+        for value in given:
+            if isinstance(value, bool) or not isinstance(value, int) or not lo < value < hi:
+                example = (k.limit_range[0] + k.limit_range[1]) // 2
+                raise UsageError(
+                    f"--sim-vmin must be between {lo} and {hi} {k.unit} (exclusive) on a simulated {k.name} "
+                    f"card, got {value}",
+                    f"e.g. --sim-vmin {example}",
+                )
         self.gpus, self.seed = gpus, seed
         self._limits = [draw_limit(k, seed, i) for i in range(gpus)]
-        if vmin_mv is not None:
-            self._limits[0] = vmin_mv
+        self._limits[:len(given)] = given
         name = f"seed-{seed}.json" if k is AMD else f"{k.name}-seed-{seed}.json"
         self.state_path = state_path or paths.state_dir() / "simulated" / name
         self._clock = clock
@@ -164,6 +170,8 @@ class SimulatedBackend(Backend):
         self._thermal: dict[str, tuple[float, float, float]] = {}  # id -> (time_s, temp_c, energy_j)
         self._samples = 0
         self._lock_mhz: dict[str, int] = {}
+        # a rig bisect drives every card from its own thread: one writer of the shared state at a time
+        self._state_lock = threading.RLock()
         self._state = self._load_state()
 
     # --- state file -------------------------------------------------------------------------------------------
@@ -192,7 +200,9 @@ class SimulatedBackend(Backend):
 
     def _save_state(self, state: dict | None = None) -> None:
         try:
-            write_atomic(self.state_path, json.dumps(state or self._state, indent=1).encode())
+            with self._state_lock:
+                data = json.dumps(state or self._state, indent=1).encode()
+                write_atomic(self.state_path, data)
         except OSError as e:
             raise StateError(
                 f"cannot write simulated GPU state {self.state_path}: {e.strerror}", "check XDG_STATE_HOME"
@@ -200,7 +210,8 @@ class SimulatedBackend(Backend):
 
     def _card(self, device_id: str) -> dict:
         self.device(device_id)  # UnknownDevice for a bad id
-        return self._state["cards"].setdefault(device_id, {self.kind.state_key: 0})
+        with self._state_lock:
+            return self._state["cards"].setdefault(device_id, {self.kind.state_key: 0})
 
     def _setting(self, device_id: str) -> int:
         return self._card(device_id)[self.kind.state_key]
@@ -254,8 +265,9 @@ class SimulatedBackend(Backend):
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         self.knob(device_id).validate(value, allow_overvolt=allow_overvolt)
-        self._card(device_id)[self.kind.state_key] = value
-        self._save_state()
+        with self._state_lock:
+            self._card(device_id)[self.kind.state_key] = value
+            self._save_state()
         return self.knob(device_id)
 
     def reset(self, device_id: str) -> Knob:
@@ -328,12 +340,13 @@ class SimulatedBackend(Backend):
         return options
 
     def note_load(self, device_id: str, active: bool) -> None:
-        card = self._card(device_id)
-        if active:
-            card["load_pid"] = os.getpid()
-        else:
-            card.pop("load_pid", None)
-        self._save_state()
+        with self._state_lock:
+            card = self._card(device_id)
+            if active:
+                card["load_pid"] = os.getpid()
+            else:
+                card.pop("load_pid", None)
+            self._save_state()
 
     def _loaded(self, device_id: str) -> bool:
         return pid_alive(self._card(device_id).get("load_pid"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import threading
 
@@ -38,9 +39,18 @@ def add_parser(subparsers) -> None:
         "a recommendation (confirmed + --margin; 15 mV when a trial hung or crashed the machine) with the "
         "efficiency gained. Every trial is journalled before it touches the card: after a crash or a reset, "
         "`--resume` counts the open trial as a failure and never tries that value again. Values are in the "
-        "card's unit: mV offsets (AMD, simulated) or MHz clock offsets (NVIDIA; defaults there are clock steps).",
+        "card's unit: mV offsets (AMD, simulated) or MHz clock offsets (NVIDIA; defaults there are clock steps).\n\n"
+        "Several cards at once: `--device all` or `--device ID,ID`: one bisect per card at the same time (each its "
+        "own journal, unsafe list and reference), then every card at its recommendation together for --confirm in "
+        "one data-parallel run (a failure pinned on one card backs off that card one --resolution step, a "
+        "whole-machine event backs off every card; a card that reaches stock stays there). Exit code: 0 only if "
+        "every card got a recommendation confirmed together; otherwise 5 if any card's hardware failed, else the "
+        "first failing card's code, else 1 (the rig confirmation failed); 130 when interrupted. The report names "
+        "each card without a recommendation and why. --resume continues every card and the rig confirmation.",
     )
-    p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
+    p.add_argument("--device", metavar="ID|ID,ID|all",
+                   help="device id from `tuner list` (default: the only card); a comma list or `all`: those cards "
+                   "at once, then a whole-rig confirmation")
     p.add_argument("--step", type=whole_number, metavar="N", help="coarse step (default 10 mV; NVIDIA: 2 clock steps)")
     p.add_argument("--resolution", type=whole_number, metavar="N",
                    help="refine down to this (default 5 mV; NVIDIA: 1 step)")
@@ -57,7 +67,8 @@ def add_parser(subparsers) -> None:
                    help="engine model size (default: nanochat on GPUs, tiny on the simulated card's CPU engine)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the engine's model and optimizer (default: on for GPUs)")
-    p.add_argument("--save", metavar="NAME", help="save the recommendation as a profile")
+    p.add_argument("--save", metavar="NAME",
+                   help="save the recommendation as a profile (several cards: one rig profile, a part per card)")
     p.add_argument("--tolerance", action="store_true",
                    help="compare with tolerances instead of bit for bit, for a platform that does not repeat "
                    "(reduced sensitivity: catches far fewer faults; the profile says so)")
@@ -65,9 +76,10 @@ def add_parser(subparsers) -> None:
                    help="with --save: run nothing, save the last finished bisect's recommendation (kept in the "
                    "journal when the save at the end of a run failed)")
     again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="continue this card's unfinished session")
+    again.add_argument("--resume", action="store_true", help="continue this card's (or rig's) unfinished session")
     again.add_argument("--restart", action="store_true",
-                       help="discard this card's unfinished session and start again (the unsafe list is kept)")
+                       help="discard this card's (or rig's) unfinished session and start again (the unsafe list is "
+                       "kept)")
     p.add_argument("--yes", action="store_true", help="do not ask before changing a real card's voltage")
     p.add_argument("--json", action="store_true", help="JSON lines events on stdout")
     p.set_defaults(run=run)
@@ -88,9 +100,10 @@ def _confirm_real_card(device, args) -> None:
 class _Printer:
     """Human output on stderr: a progress bar on a TTY, plain lines otherwise; one line per finished trial."""
 
-    def __init__(self, unit: str, json_lines: bool):
+    def __init__(self, unit: str, json_lines: bool, *, block: _Block | None = None, device: str = ""):
         self.unit, self.json_lines = unit, json_lines
-        self.tty = sys.stderr.isatty()
+        self.block, self.device = block, device  # several cards: lines go through the block, prefixed
+        self.tty = block.tty if block is not None else sys.stderr.isatty()
         self._bar_shown = False
         self._lock = threading.Lock()
         self._last_plain = 0.0
@@ -104,6 +117,9 @@ class _Printer:
             self._human(event)
 
     def _line(self, text: str) -> None:
+        if self.block is not None:
+            self.block.line(f"[{self.device}] {text}")
+            return
         if self._bar_shown:
             sys.stderr.write("\r\033[K")
             self._bar_shown = False
@@ -126,19 +142,26 @@ class _Printer:
             self._line(f"recovered open trial: {self._v(ev.result.setting)} {ev.result.phase} counted as FAIL "
                        f"({ev.result.kind}): {ev.result.reason}; added to the unsafe list")
         elif isinstance(ev, TrialStarted):
-            self._trial_label = f"trial {ev.index}/~{ev.expected_trials} " if ev.expected_trials else ""
+            # the plan's count is an upper bound (a descent to the range end), as the TUI says it: "of <=N"
+            of = f" of ≤{ev.expected_trials}" if ev.expected_trials else ""
+            self._trial_label = f"trial {ev.index}{of} "
             if not self.tty:
-                self._line(f"trial {ev.index} of ~{ev.expected_trials}: {self._v(ev.setting)} {ev.phase} "
+                self._line(f"trial {ev.index}{of}: {self._v(ev.setting)} {ev.phase} "
                            f"({format_duration(ev.duration_s)}) started")
+            elif self.block is not None:
+                self.block.status(self.device, f"{self._trial_label}{self._v(ev.setting)} {ev.phase} started")
         elif isinstance(ev, TrialProgress):
             eta_total = "" if ev.eta_total_s is None else f"  bisect ~{format_duration(ev.eta_total_s)} left"
             if self.tty:
                 frac = min(1.0, ev.elapsed_s / ev.duration_s) if ev.duration_s else 0.0
                 bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
                 step = "" if ev.step is None else f" step {ev.step}"
-                sys.stderr.write(f"\r\033[K{self._trial_label}[{bar}] {frac:4.0%} {self._v(ev.setting)} "
-                                 f"{ev.phase}{step}  ETA "
-                                 f"{format_duration(ev.eta_s)}{eta_total}")
+                text = (f"{self._trial_label}[{bar}] {frac:4.0%} {self._v(ev.setting)} {ev.phase}{step}  ETA "
+                        f"{format_duration(ev.eta_s)}{eta_total}")
+                if self.block is not None:
+                    self.block.status(self.device, text)
+                    return
+                sys.stderr.write(f"\r\033[K{text}")
                 sys.stderr.flush()
                 self._bar_shown = True
             elif ev.elapsed_s - self._last_plain >= 30 or ev.elapsed_s < self._last_plain:
@@ -199,6 +222,10 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
 
 def run(args, ctx) -> int:
     backend = ctx.backend
+    if args.device is not None and (args.device.strip() == "all" or "," in args.device):
+        from tuner.commands import _bisect_rig  # several cards at once
+
+        return _bisect_rig.run(args, ctx)
     device = pick_device(backend, args.device)
     knob = backend.knob(device.id)
     if args.from_last:
@@ -216,33 +243,7 @@ def run(args, ctx) -> int:
     printer = _Printer(knob.unit, args.json)
     job = prepare_bisect(backend, device.id, params, printer, save=args.save)
     _confirm_real_card(device, args)
-    box: dict = {}
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            box["outcome"] = job.run()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    # The job runs in a worker so that a signal in the main thread only asks it to stop (an exception inside
-    # Thread.join can leave the thread looking finished; an Event does not). Fatal signals are only recorded
-    # (signals.Inbox): this loop decides, asks the job to stop once, and a second or third signal (a terminal
-    # drop sends SIGHUP, then SIGCONT/SIGTERM) changes nothing while the worker makes the card safe.
-    worker = threading.Thread(target=work, name="bisect", daemon=True)
-    with signals.Inbox() as inbox:
-        worker.start()
-        stopping = False
-        while not done.wait(0.2):
-            if inbox.first is not None and not stopping:
-                stopping = True
-                job.stop()  # the worker stops the engine, resets the card, closes the journal (resumable)
-    interrupted = inbox.first is not None
-    if "error" in box:
-        raise box["error"]
-    outcome = box["outcome"]
+    outcome, interrupted = run_in_worker(job)
     if interrupted or outcome.status == "stopped":
         if not args.json and outcome.trials:
             print(_table(outcome.trials), file=sys.stderr)
@@ -260,6 +261,80 @@ def run(args, ctx) -> int:
                         f"--device {device.id} --save NAME --from-last`")
             raise
     return outcome.exit_code
+
+
+def run_in_worker(job):
+    """Run `job` (a BisectJob or a RigBisectJob) and return (its outcome, whether a signal interrupted it).
+
+    The job runs in a worker so that a signal in the main thread only asks it to stop (an exception inside
+    Thread.join can leave the thread looking finished; an Event does not). Fatal signals are only recorded
+    (signals.Inbox): this loop decides, asks the job to stop once, and a second or third signal (a terminal
+    drop sends SIGHUP, then SIGCONT/SIGTERM) changes nothing while the worker makes the cards safe."""
+    box: dict = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["outcome"] = job.run()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name="bisect", daemon=True)
+    with signals.Inbox() as inbox:
+        worker.start()
+        stopping = False
+        while not done.wait(0.2):
+            if inbox.first is not None and not stopping:
+                stopping = True
+                job.stop()  # the worker stops the engines, resets the cards, closes the journals (resumable)
+    if "error" in box:
+        raise box["error"]
+    return box["outcome"], inbox.first is not None
+
+
+class _Block:
+    """Several cards' progress on stderr: on a TTY a block of one line per card, redrawn in place under the
+    lines that stay (finished trials, warnings); otherwise only the lines that stay, each prefixed with its card."""
+
+    def __init__(self, devices: tuple[str, ...]):
+        self.devices = devices
+        self.tty = sys.stderr.isatty()
+        self._status = dict.fromkeys(devices, "waiting")
+        self._drawn = 0
+
+    def _clear(self) -> None:
+        if self._drawn:
+            sys.stderr.write(f"\033[{self._drawn}F\033[J")  # up to the block's first line, clear to the end
+            self._drawn = 0
+
+    def _draw(self) -> None:
+        width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would break the count
+        for d in self.devices:
+            sys.stderr.write(f"{d}: {self._status[d]}"[:width] + "\n")
+        self._drawn = len(self.devices)
+
+    def line(self, text: str) -> None:
+        if self.tty:
+            self._clear()
+            sys.stderr.write(text + "\n")
+            self._draw()
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def status(self, device: str, text: str) -> None:
+        self._status[device] = text
+        if self.tty:
+            self._clear()
+            self._draw()
+            sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.tty:
+            self._clear()
+            sys.stderr.flush()
 
 
 def _save(args, device, knob, outcome) -> None:
@@ -282,4 +357,4 @@ def _save_from_last(args, device, knob) -> int:
     return exit_codes.OK
 
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "run_in_worker"]

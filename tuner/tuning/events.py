@@ -120,6 +120,7 @@ class TrialRecovered(_Event):
     """A trial left open by a dead tool or an earlier boot, now counted as a failure."""
 
     result: TrialResult
+    device: str = ""  # the card it is about ("": not set; filled by the bisect driver)
     event = "trial_recovered"
 
 
@@ -132,6 +133,7 @@ class TrialStarted(_Event):
     duration_s: float
     started_at: float
     expected_trials: int | None = None  # a running estimate of the session's trial count (it grows while descending)
+    device: str = ""  # the card it is about ("": not set; filled by the bisect driver)
     event = "trial_started"
 
 
@@ -147,12 +149,14 @@ class TrialProgress(_Event):
     power_w: float | None = None
     temp_c: float | None = None
     eta_total_s: float | None = None  # the whole bisect, a rough guess (filled by the driver)
+    device: str = ""  # the card it is about ("": not set; filled by the bisect driver)
     event = "trial_progress"
 
 
 @dataclass(frozen=True)
 class TrialWarning(_Event):
     message: str
+    device: str = ""  # the card it is about ("": not set; filled by the bisect driver)
     event = "warning"
 
 
@@ -160,6 +164,7 @@ class TrialWarning(_Event):
 class TrialFinished(_Event):
     index: int
     result: TrialResult
+    device: str = ""  # the card it is about ("": not set; filled by the bisect driver)
     event = "trial_finished"
 
 
@@ -190,6 +195,7 @@ class BisectFailed(_Event):
     kind: str  # baseline-failed, not-repeatable, software-fault, error, device-lost, not-applied
     reason: str
     exit_code: int
+    device: str = ""  # the card it is about ("": not set; filled by the bisect driver)
     event = "bisect_failed"
 
 
@@ -197,9 +203,51 @@ class BisectFailed(_Event):
 class BisectStopped(_Event):
     reason: str
     resumable: bool = True
+    device: str = ""  # the card it is about ("": not set; filled by the bisect driver)
     event = "bisect_stopped"
+
+
+@dataclass(frozen=True)
+class RigConfirmStarted(_Event):
+    """A whole-rig run begins: every card at `settings` at once, one data-parallel job. `phase` "rig-baseline" is
+    the recording at stock (attempt 0), "rig-confirm" a confirmation attempt (1, 2, ...)."""
+
+    settings: dict[str, int]
+    unit_by_device: dict[str, str]
+    duration_s: float
+    attempt: int
+    phase: str = "rig-confirm"
+    device: str = "rig"
+    event = "rig_confirm_started"
+
+
+@dataclass(frozen=True)
+class RigConfirmFinished(_Event):
+    """A whole-rig run ended. After a failure `backed_off` holds the next attempt's settings (every card);
+    `reasons` says per card what went wrong (only the cards that failed)."""
+
+    attempt: int
+    passed: bool
+    pinned: tuple[str, ...]
+    machine_event: str | None
+    backed_off: dict[str, int]
+    reasons: dict[str, str] = field(default_factory=dict)
+    phase: str = "rig-confirm"
+    device: str = "rig"
+    event = "rig_confirm_finished"
+
+
+@dataclass(frozen=True)
+class RigRecommendation(_Event):
+    """The rig's final settings (cards that got a recommendation), with each card's own recommendation."""
+
+    settings: dict[str, int]
+    per_card: dict[str, Recommendation]
+    device: str = "rig"
+    event = "rig_recommendation"
 
 
 TrialEvent = TrialStarted | TrialProgress | TrialWarning | TrialFinished
 BisectEvent = (SessionStarted | TrialRecovered | TrialStarted | TrialProgress | TrialWarning | TrialFinished
-               | Recommendation | BisectFailed | BisectStopped)
+               | Recommendation | BisectFailed | BisectStopped | RigConfirmStarted | RigConfirmFinished
+               | RigRecommendation)

@@ -127,8 +127,12 @@ class BisectJob:
     def __init__(self, backend: Backend, device_id: str, params: BisectParams,
                  on_event: Callable[[BisectEvent], None] | None = None, *,
                  engine_factory: Callable | None = None,
-                 kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None):
+                 kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
+                 take_lock: bool = True):
+        """`take_lock=False`: the caller already holds this card's writer lock (a rig bisect holds every card's
+        for its whole life) and the job must not try to take it again (a lock is one holder per process)."""
         self.backend, self.device_id, self.params = backend, device_id, params
+        self._take_lock = take_lock
         self._emit_cb = on_event or (lambda ev: None)
         self._engine_factory = engine_factory
         self._kernel_watcher_factory = kernel_watcher_factory
@@ -144,6 +148,8 @@ class BisectJob:
     def run(self) -> BisectOutcome:
         """Run the whole search; the card's writer lock is held for all of it, so no `set`, `apply` or `reset`
         from another shell (or the TUI) can change the card under a trial (CardBusy names the bisect)."""
+        if not self._take_lock:
+            return self._run()
         with CardLock(self.device_id, f"auto-bisect of {self.device_id}"):
             return self._run()
 
@@ -466,6 +472,8 @@ class BisectJob:
                              params=search)
 
     def _emit(self, event: BisectEvent) -> None:
+        if getattr(event, "device", None) == "":  # every event names its card (several run at once in a rig)
+            event = replace(event, device=self.device_id)
         try:
             self._emit_cb(event)
         except Exception:  # noqa: BLE001 - a broken display must not leave the card undervolted

@@ -115,7 +115,11 @@ def _is_guard(path: Path) -> bool:
 
 
 def _validate(path: Path, doc: dict) -> dict:
-    if _is_guard(path):
+    if path.name.endswith(".rig.json"):  # a rig bisect's journal (tuner/tuning/journal_rig.py)
+        from tuner.tuning.journal_rig import check_rig_journal
+
+        problem = check_rig_journal(doc)
+    elif _is_guard(path):
         problem = journal_schema.check_guard(doc)
     else:
         session = doc.get("session")

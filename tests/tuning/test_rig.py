@@ -1,0 +1,267 @@
+"""The concurrent bisect of several cards and the whole-rig confirmation, with the fake engine and a fake rig
+trial (tests/tuning/rig_fakes.py): recommendations per card, back-off rules, events, locks, exit codes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.tuning.fake_engine import FakeEngine
+from tests.tuning.rig_fakes import FakeRigTrial
+from tuner.actions.bisect import prepare_rig_bisect, rig_devices
+from tuner.backends.simulated import SimulatedBackend
+from tuner.core import exit_codes
+from tuner.core.card_lock import CardBusy, CardLock
+from tuner.core.errors import UsageError
+from tuner.tuning import journal, kernel_log
+from tuner.tuning.events import (
+    RigConfirmFinished,
+    RigConfirmStarted,
+    RigRecommendation,
+    SessionStarted,
+    TrialFinished,
+    TrialStarted,
+)
+from tuner.tuning.job import BisectParams
+from tuner.tuning.journal_rig import RigJournal
+
+LIMITS = (-52, -67, -40)
+CARDS = ("sim0", "sim1", "sim2")
+
+
+def make(limits=LIMITS, rig=None, engine=None, **kw):
+    backend = SimulatedBackend(gpus=len(limits), vmin_mv=limits)
+    engine = engine or FakeEngine()
+    rig = rig or FakeRigTrial()
+    events: list = []
+    params = BisectParams(trial_s=1, confirm_s=2, **kw)
+    job = prepare_rig_bisect(backend, rig_devices(backend, "all"), params, events.append, rig_trial=rig,
+                             engine_factory=engine)
+    return backend, engine, rig, events, job
+
+
+def test_three_cards_get_their_own_recommendations_then_pass_together(boot):
+    backend, _engine, rig, events, job = make()
+    outcome = job.run()
+    assert {d: o.recommendation.setting for d, o in outcome.per_card.items()} == {"sim0": -40, "sim1": -55,
+                                                                                  "sim2": -30}
+    assert outcome.status == "recommended" and outcome.exit_code == exit_codes.OK
+    assert dict(outcome.settings) == {"sim0": -40, "sim1": -55, "sim2": -30} and outcome.reasons == {}
+    # the recording at stock first (every card its own reference), then the candidates together in mixed mode
+    (base_settings, base), (confirm_settings, confirm) = rig.calls
+    assert base_settings == {"sim0": 0, "sim1": 0, "sim2": 0} and base.mode == "train" and base.record_paths
+    assert sorted(base.record_paths) == list(CARDS) and len(set(base.record_paths.values())) == 3
+    assert confirm_settings == {"sim0": -40, "sim1": -55, "sim2": -30}
+    assert confirm.mode == "mixed" and confirm.duration_s == 2 and confirm.reference_paths == base.record_paths
+    assert all(backend.knob(d).current == 0 for d in CARDS)
+    # each card its own journal, session and reference; every event names its card
+    sessions = {e.device: e.session for e in events if isinstance(e, SessionStarted)}
+    assert sorted(sessions) == list(CARDS) and len(set(sessions.values())) == 3
+    assert all(journal.load(d)["session"] == sessions[d] for d in CARDS)
+    assert all(e.device in CARDS for e in events if isinstance(e, (TrialStarted, TrialFinished)))
+    assert all(e.to_json()["device"] for e in events)
+    assert sum(isinstance(e, TrialFinished) and e.device == "sim1" for e in events) == len(
+        outcome.per_card["sim1"].trials)
+    final = [e for e in events if isinstance(e, RigRecommendation)]
+    assert len(final) == 1 and final[0].settings == {"sim0": -40, "sim1": -55, "sim2": -30}
+    assert final[0].to_json()["per_card"]["sim1"]["setting"] == -55
+    doc = RigJournal.open_existing(CARDS).doc
+    assert doc["state"] == journal.FINISHED and doc["open_trial"] is None and len(doc["attempts"]) == 1
+
+
+def test_a_rig_failure_pinned_on_one_card_backs_off_only_that_card(boot):
+    # under the rig load sim1 holds only down to -50 (the shared supply); alone it confirmed -65 (recommend -55)
+    rig = FakeRigTrial(pin=lambda d, s: d == "sim1" and s < -50)
+    _backend, _engine, rig, events, job = make(rig=rig)
+    outcome = job.run()
+    assert [c[0] for c in rig.calls[1:]] == [{"sim0": -40, "sim1": -55, "sim2": -30},
+                                             {"sim0": -40, "sim1": -50, "sim2": -30}]
+    first = next(e for e in events if isinstance(e, RigConfirmFinished) and e.attempt == 1)
+    assert not first.passed and first.pinned == ("sim1",) and first.machine_event is None
+    assert first.backed_off == {"sim0": -40, "sim1": -50, "sim2": -30} and "sim1" in first.reasons
+    assert outcome.status == "recommended" and dict(outcome.settings) == {"sim0": -40, "sim1": -50, "sim2": -30}
+    assert len(outcome.rig_attempts) == 2
+
+
+def test_a_machine_event_backs_off_every_card_one_step(boot):
+    rig = FakeRigTrial(machine_event=lambda call, settings: "machine froze" if call == 2 else None)
+    _backend, _engine, rig, events, job = make(rig=rig)
+    outcome = job.run()
+    assert [c[0] for c in rig.calls[1:]] == [{"sim0": -40, "sim1": -55, "sim2": -30},
+                                             {"sim0": -35, "sim1": -50, "sim2": -25}]
+    assert dict(outcome.settings) == {"sim0": -35, "sim1": -50, "sim2": -25}
+    started = [e for e in events if isinstance(e, RigConfirmStarted)]
+    assert [(e.phase, e.attempt) for e in started] == [("rig-baseline", 0), ("rig-confirm", 1), ("rig-confirm", 2)]
+
+
+def test_a_card_backed_off_to_stock_stays_there_and_says_why(boot):
+    # sim2 fails every undervolt under the rig load: -30, -25, ... until stock; the others keep theirs
+    rig = FakeRigTrial(pin=lambda d, s: d == "sim2" and s < 0)
+    _backend, _engine, rig, _events, job = make(rig=rig, resolution=10, step=10)
+    outcome = job.run()
+    sim2 = [c[0]["sim2"] for c in rig.calls[1:]]
+    assert sim2 == sorted(sim2) and sim2[-1] == 0  # one step at a time toward stock, never back down
+    assert outcome.status == "partial" and outcome.exit_code == exit_codes.TEST_FAILED
+    assert "sim2" not in outcome.settings and "backed off to stock" in outcome.reasons["sim2"]
+    assert set(outcome.settings) == {"sim0", "sim1"}
+
+
+def test_attempts_are_bounded(boot):
+    rig = FakeRigTrial(machine_event=lambda call, settings: "collective timed out" if call > 1 else None)
+    backend = SimulatedBackend(gpus=2, vmin_mv=(-52, -67))
+    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2), rig_trial=rig,
+                             engine_factory=FakeEngine(), max_attempts=3)
+    outcome = job.run()
+    assert len(rig.calls) == 1 + 3 and outcome.status == "failed" and outcome.exit_code == exit_codes.TEST_FAILED
+    assert outcome.settings == {} and all("failed 3 times" in r for r in outcome.reasons.values())
+
+
+def test_exit_code_and_reason_when_one_card_gets_no_recommendation(boot):
+    # sim2's platform does not repeat (its replay at stock diverges): its search stops, the others go on
+    engine = FakeEngine(replay_fault=lambda req: ("mismatch", 9) if "sim2." in str(req.options.reference) else None)
+    _backend, _engine, rig, _events, job = make(engine=engine)
+    outcome = job.run()
+    assert outcome.per_card["sim2"].status == "failed" and outcome.status == "partial"
+    assert outcome.exit_code == exit_codes.TEST_FAILED
+    assert "sim2" not in outcome.settings and "repeat" in outcome.reasons["sim2"]
+    assert dict(outcome.settings) == {"sim0": -40, "sim1": -55}
+    assert all(set(c[0]) == {"sim0", "sim1"} for c in rig.calls)  # the rig confirms the cards that have one
+
+
+def test_every_card_is_locked_for_the_rigs_whole_life(boot):
+    seen: list = []
+
+    def try_writers(settings, params):
+        for d in CARDS:
+            with pytest.raises(CardBusy, match="busy"):
+                CardLock(d, "tuner set").acquire()
+        seen.append(params.phase)
+
+    _backend, _engine, _rig, _events, job = make(rig=FakeRigTrial(on_start=try_writers))
+    engine_seen: list = []
+
+    def during_trial(req):
+        for d in CARDS:
+            try:
+                CardLock(d, "tuner set").acquire().release()
+                engine_seen.append(d)
+            except CardBusy:
+                pass
+
+    job._engine_factory.on_start = during_trial
+    assert job.run().exit_code == exit_codes.OK
+    assert seen == ["rig-baseline", "rig-confirm"] and engine_seen == []
+    with CardLock("sim1", "after"):  # released at the end
+        pass
+
+
+def test_a_second_rig_over_an_overlapping_card_is_refused(boot):
+    backend = SimulatedBackend(gpus=3, vmin_mv=LIMITS)
+    with CardLock("sim2", "another bisect"), pytest.raises(CardBusy):
+        prepare_rig_bisect(backend, CARDS, BisectParams(trial_s=1, confirm_s=2), rig_trial=FakeRigTrial(),
+                           engine_factory=FakeEngine()).run()
+    assert journal.load("sim0") is None  # nothing started
+
+
+def test_stop_stops_every_card_and_the_rig_resumes(boot):
+    holder: dict = {}
+    engine = FakeEngine()
+    calls = {"n": 0}
+
+    def stop_at_third(req):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            holder["job"].stop()
+
+    engine.on_start = stop_at_third
+    backend, _e, _rig, _events, job = make(engine=engine)
+    holder["job"] = job
+    outcome = job.run()
+    assert outcome.status == "stopped" and outcome.exit_code == exit_codes.INTERRUPTED
+    assert all(backend.knob(d).current == 0 for d in CARDS)
+    assert all(journal.load(d)["state"] == journal.INTERRUPTED for d in CARDS)
+    with pytest.raises(UsageError, match="unfinished rig bisect"):
+        make()[4].run()
+    outcome = make(resume=True)[4].run()
+    assert outcome.exit_code == exit_codes.OK
+    assert dict(outcome.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
+
+
+def test_a_kernel_line_naming_no_card_is_seen_by_every_watcher_with_a_trial_open():
+    listeners: list[kernel_log.KernelLogWatcher] = []
+
+    def broadcast(line: str) -> None:  # one kernel log, every watcher reading it
+        for w in list(listeners):
+            w.feed(line)
+
+    def watcher(bus: str) -> kernel_log.KernelLogWatcher:
+        w = kernel_log.KernelLogWatcher(bus, source=lambda: None)
+        listeners.append(w)
+        return w
+
+    a, b = watcher("0000:03:00.0"), watcher("0000:04:00.0")
+    broadcast("amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=7, emitted seq=9")
+    broadcast("amdgpu: GPU reset begin!")  # names no card: counts against every card with a trial open
+    listeners.remove(b)  # b's trial ended
+    broadcast("amdgpu: MODE1 reset")
+    assert [e.kind for e in a.events] == ["ring-timeout", "gpu-reset", "gpu-reset"]
+    assert [e.kind for e in b.events] == ["gpu-reset"]
+
+
+def test_each_trial_gets_its_own_watcher_for_its_own_card(boot):
+    made: list[str] = []
+
+    def factory(device_id: str) -> kernel_log.KernelLogWatcher:
+        made.append(device_id)
+        return kernel_log.NullWatcher()
+
+    backend = SimulatedBackend(gpus=2, vmin_mv=(-52, -67))
+    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
+                             rig_trial=FakeRigTrial(), engine_factory=FakeEngine(), kernel_watcher_factory=factory)
+    outcome = job.run()
+    assert made.count("sim0") == len(outcome.per_card["sim0"].trials)
+    assert made.count("sim1") == len(outcome.per_card["sim1"].trials)
+
+
+def test_the_cards_search_concurrently(boot):
+    # both cards have a trial open at the same moment (each thread waits until the other card has started one)
+    both = threading.Barrier(2, timeout=10)
+    opened: list = []
+
+    def meet(req):
+        if len(opened) < 2:  # the first trial of each card: neither goes on until both are open
+            opened.append(req)
+            both.wait()
+
+    backend = SimulatedBackend(gpus=2, vmin_mv=(-52, -67))
+    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
+                             rig_trial=FakeRigTrial(), engine_factory=FakeEngine(on_start=meet))
+    assert job.run().exit_code == exit_codes.OK and len(opened) == 2
+
+
+@pytest.mark.parametrize("spec, fragment", [("sim0,,sim1", "empty entry"), ("sim0,sim0", "twice"),
+                                            ("sim0,sim9", "sim9")])
+def test_bad_device_lists_are_refused(spec, fragment):
+    backend = SimulatedBackend(gpus=2)
+    with pytest.raises(Exception, match=fragment):
+        rig_devices(backend, spec)
+
+
+def test_a_rig_run_that_cannot_run_stops_without_blaming_a_voltage(boot):
+    # the recording at stock went missing (a state directory cleaned mid-run): every rank errors, nobody is pinned
+    rig = FakeRigTrial(on_start=lambda settings, params: [p.unlink() for p in (params.reference_paths or {}).values()])
+    _backend, _engine, rig, _events, job = make(rig=rig)
+    outcome = job.run()
+    assert len(rig.calls) == 2 and outcome.settings == {} and outcome.exit_code == exit_codes.TEST_FAILED
+    assert all("could not run" in outcome.reasons[d] for d in CARDS)
+    assert all(journal.unsafe_settings(d) == {} for d in CARDS)
+
+
+def test_a_single_card_bisect_names_its_card_in_every_event(boot):
+    from tuner.tuning.job import BisectJob
+
+    events: list = []
+    BisectJob(SimulatedBackend(vmin_mv=-52), "sim0", BisectParams(trial_s=1, confirm_s=2), events.append,
+              engine_factory=FakeEngine()).run()
+    assert events and all(e.device == "sim0" and e.to_json()["device"] == "sim0" for e in events)
