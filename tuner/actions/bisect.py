@@ -10,10 +10,11 @@ from typing import Any
 from tuner.backends.base import Backend
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
+from tuner.profiles.schema import Profile
 from tuner.tuning.events import BisectEvent
 from tuner.tuning.job import BisectJob, BisectParams
 from tuner.tuning.plan import PlanParams, check_params
-from tuner.tuning.rig import RigBisectJob
+from tuner.tuning.rig import RigBisectJob, RigOutcome
 
 
 @dataclass(frozen=True)
@@ -115,3 +116,28 @@ def prepare_rig_bisect(backend: Backend, device_ids: Sequence[str], params: Bise
 
         rig_trial = rig_trial_module.run_rig_trial
     return RigBisectJob(backend, device_ids, params, on_event, rig_trial=rig_trial, **job_options)
+
+
+def collective_library(vendors: set[str]) -> str:
+    """The collective library a data-parallel run over cards of these vendors uses: NCCL on NVIDIA, RCCL on ROCm
+    (torch names it "nccl" too), gloo on the CPU engines of the simulated cards and on a mixed rig."""
+    return "nccl" if vendors == {"nvidia"} else "rccl" if vendors == {"amd"} else "gloo"
+
+
+def rig_profile_from_outcome(backend: Backend, outcome: RigOutcome, name: str) -> Profile:
+    """One rig profile from a finished rig bisect: a part per card that got a setting confirmed together, and the
+    rig's evidence (confirmation time, attempts, collective library, workload). `tuner bisect --save` and the
+    Auto-bisect screen's save both build it here, so a profile saved from the UI records what the CLI's does."""
+    from tuner.profiles.rig import RigPart, build_rig_profile
+
+    if not outcome.settings:
+        raise UsageError("no card got a setting confirmed together, so the rig profile would be empty",
+                         "bisect the cards again, or save one card's own result from its journal")
+    parts = [RigPart(device=backend.device(d), knob=backend.knob(d), setting=v, tuning=outcome.per_card[d].tuning())
+             for d, v in outcome.settings.items()]
+    params = next((o.params for o in outcome.per_card.values() if o.params), {})
+    library = collective_library({backend.device(d).vendor for d in outcome.settings})
+    rig = {"confirm_duration_s": params.get("confirm_s"), "attempts": len(outcome.attempts) or None,
+           "backend": library, "mode": "mixed" if params.get("mode") != "gemm" else "gemm",
+           "preset": params.get("preset"), "dtype": params.get("dtype")}
+    return build_rig_profile(name, parts, rig={k: v for k, v in rig.items() if v is not None})

@@ -168,20 +168,12 @@ def _confirm_real_cards(backend, devices: tuple[str, ...], args) -> None:
 
 
 def _save_rig(args, backend, outcome) -> None:
-    """One rig profile: a part per card that got a setting confirmed together (tuner.profiles.rig)."""
+    """One rig profile: a part per card that got a setting confirmed together (built by the core)."""
+    from tuner.actions.bisect import rig_profile_from_outcome
     from tuner.profiles import save_profile
-    from tuner.profiles.rig import RigPart, build_rig_profile
 
-    parts = [RigPart(device=backend.device(d), knob=backend.knob(d), setting=v, tuning=outcome.per_card[d].tuning())
-             for d, v in outcome.settings.items()]
-    params = next((o.params for o in outcome.per_card.values() if o.params), {})
-    vendors = {backend.device(d).vendor for d in outcome.settings}
-    # the collective library the data-parallel confirmation ran on (gloo on the simulated cards' CPU engines)
-    library = "nccl" if vendors == {"nvidia"} else "rccl" if vendors == {"amd"} else "gloo"
-    rig = {"confirm_duration_s": params.get("confirm_s"), "attempts": len(outcome.attempts) or None,
-           "backend": library, "mode": "mixed" if params.get("mode") != "gemm" else "gemm",
-           "preset": params.get("preset"), "dtype": params.get("dtype")}
-    profile = build_rig_profile(args.save, parts, rig={k: v for k, v in rig.items() if v is not None})
+    profile = rig_profile_from_outcome(backend, outcome, args.save)
+    parts = profile.rig_parts
     path = save_profile(profile, overwrite=False)
     left_out = [d for d in outcome.per_card if d not in outcome.settings]
     if args.json:
