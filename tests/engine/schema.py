@@ -24,6 +24,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "fault_seed": (int,),
         "injections": (list,), "visible_devices": (dict,), "setup_problems": (list,), "torch_version": (str,),
         "cuda_version": OPT_STR, "hip_version": OPT_STR, "compile": (bool,),
+        "data_parallel": (dict, type(None)),
     },
     "step": {"step": (int,), "loss": FLOATISH, "grad_norm": FLOATISH, "dt_ms": NUM, "tok_s": OPT_NUM,
              "tflops": OPT_NUM},
@@ -31,7 +32,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "canary": {"step": (int,), "index": (int,), "reason": (str,), "ok": (bool,), "gemm_ok": (bool,),
                "digest": (str,), "dt_ms": NUM},
     "warning": {"step": (int,), "kind": (str,), "detail": (str,), "setup": (bool,)},
-    "fault": {"kind": (str,), "step": OPT_INT, "reference_step": OPT_INT, "detail": (str,)},
+    "fault": {"kind": (str,), "step": OPT_INT, "reference_step": OPT_INT, "detail": (str,), "figure": OPT_STR},
     "heartbeat": {"step": (int,), "state": (str,), "progress": (int,)},
     "phase": {"step": (int,), "phase": (str,), "duration_s": NUM},
     "segment": {"step": (int,), "segment": (int,), "reference_steps": (int,)},
@@ -41,7 +42,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
 END_FULL = {"reference_step": OPT_INT, "median_step_ms": OPT_NUM, "median_tok_s": OPT_NUM, "bpb": OPT_NUM,
             "eval_losses": (list,),
             "reference": (dict, type(None)), "recorded": OPT_STR, "sensitivity": OPT_STR,
-            "setup_problems": (list,), "warnings": (int,), "canaries": (int,)}
+            "setup_problems": (list,), "warnings": (int,), "canaries": (int,), "figure": OPT_STR,
+            "data_parallel": (dict, type(None))}
 VERDICTS = {"pass": 0, "fail": 1, "error": (2, 130)}
 FAULT_KINDS = {"mismatch", "canary", "gemm", "nonfinite", "device-error", "not-repeatable"}
 

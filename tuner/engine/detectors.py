@@ -82,35 +82,44 @@ class ReferenceTrajectory:
     def reference_steps(self) -> int:
         return len(self.digests)
 
-    def check(self, step: int, loss: float, grad_norm: float, param_sum: int | None = None) -> Finding | None:
+    def check(self, step: int, loss: float, grad_norm: float, param_sum: int | None = None,
+              grad_sum: int | None = None) -> Finding | None:
         i = step - 1
         if i >= len(self.digests):
             self.beyond += 1
             return None
         self.compared += 1
         want = self.digests[i]
-        got = step_digest(loss, grad_norm, param_sum if len(want) > 16 else None)
+        got = step_digest(loss, grad_norm, param_sum if len(want) > 16 else None, grad_sum if len(want) > 32 else None)
         if self.tolerance is None and got == want:
             return None
         ref_loss, ref_gn = digest_values(want)
+        # the rank's own figures first: with data-parallel ranks "state" (after the all-reduce) is the group's
         figure = next((name for name, span in (("loss", slice(0, 8)), ("grad_norm", slice(8, 16)),
-                                               ("state", slice(16, None))) if got[span] != want[span]), None)
+                                               ("grads", slice(32, 48)), ("state", slice(16, 32)))
+                       if got[span] != want[span]), None)
         if self.tolerance is not None:
             if math.isfinite(loss) and math.isfinite(grad_norm):
                 loss_rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
                 gn_rel = abs(grad_norm - ref_gn) / max(abs(ref_gn), 1e-12)
                 if loss_rel <= self.tolerance and gn_rel <= 1.0:
                     return None
+        elif got[:16] == want[:16] and got[32:] != want[32:]:
+            return Finding(self.kind, f"step {step} differs from the reference: same loss and grad_norm bits, but "
+                                      f"this rank's own gradients' bit checksum (before the all-reduce) is "
+                                      f"{got[32:]}, not {want[32:]}", figure)
         elif got[:16] == want[:16]:
             return Finding(self.kind, f"step {step} differs from the reference: same loss and grad_norm bits, but "
                                       f"the training state's bit checksum (parameters and optimizer state) is "
-                                      f"{got[16:]}, not {want[16:]}", figure)
+                                      f"{got[16:32]}, not {want[16:32]}", figure)
         # Name only the figures whose bits differ: a one-ulp grad-norm change prints like "x vs x" otherwise.
         differing = [f"{name} {mine!r} vs {theirs!r}" for name, mine, theirs, span in
                      (("loss", loss, ref_loss, slice(0, 8)), ("grad_norm", grad_norm, ref_gn, slice(8, 16)))
                      if got[span] != want[span]]
-        if got[16:] != want[16:]:
+        if got[16:32] != want[16:32]:
             differing.append("the training state's bit checksum (parameters and optimizer state)")
+        if got[32:] != want[32:]:
+            differing.append("this rank's own gradients' bit checksum")
         return Finding(
             self.kind,
             f"step {step} differs from the reference: {', '.join(differing)} (digest {got} vs {want})",
@@ -122,10 +131,11 @@ class TrajectoryRecorder:
     def __init__(self) -> None:
         self.digests: list[str] = []
 
-    def append(self, step: int, loss: float, grad_norm: float, param_sum: int | None = None) -> None:
+    def append(self, step: int, loss: float, grad_norm: float, param_sum: int | None = None,
+               grad_sum: int | None = None) -> None:
         if step != len(self.digests) + 1:
             raise ValueError(f"recorder got step {step} after {len(self.digests)}")
-        self.digests.append(step_digest(loss, grad_norm, param_sum))
+        self.digests.append(step_digest(loss, grad_norm, param_sum, grad_sum))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ JSON, written atomically (temp file, fsync, rename):
      "fingerprint": {...everything the trajectory depends on...},
      "canary": "<16 hex>" | null,
      "digests": ["<loss bits 8 hex><grad-norm bits 8 hex><parameter bit checksum 16 hex>", ...]}
+    (data-parallel ranks: 16 more hex digits, the checksum of the rank's own gradients before the all-reduce)
 
 `digests[i]` belongs to step i + 1. A run may be longer than the reference: it stops comparing past `steps`.
 
@@ -40,17 +41,23 @@ def f32_from_bits(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
-def step_digest(loss: float, grad_norm: float, param_sum: int | None = None) -> str:
+def step_digest(loss: float, grad_norm: float, param_sum: int | None = None, grad_sum: int | None = None) -> str:
     """Raw loss bits, raw gradient-norm bits (8 hex digits each) and, when given, the 64-bit integer checksum of
-    every parameter's bits after the step's update (16 more).
+    every parameter's bits after the step's update (16 more); data-parallel ranks add the checksum of their own
+    gradients before the all-reduce (16 more: a figure only this rank's computation decides).
 
     >>> step_digest(1.0, 2.0)
     '3f80000040000000'
     >>> step_digest(1.0, 2.0, -1)
     '3f80000040000000ffffffffffffffff'
+    >>> step_digest(1.0, 2.0, 0, 1)[32:]
+    '0000000000000001'
     """
     head = f"{f32_bits(loss):08x}{f32_bits(grad_norm):08x}"
-    return head if param_sum is None else head + f"{param_sum & 0xFFFFFFFFFFFFFFFF:016x}"
+    if param_sum is None:
+        return head
+    head += f"{param_sum & 0xFFFFFFFFFFFFFFFF:016x}"
+    return head if grad_sum is None else head + f"{grad_sum & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def digest_values(digest: str) -> tuple[float, float]:
@@ -107,7 +114,7 @@ def load_reference(path: str | os.PathLike) -> Reference:
         raise ReferenceProblem(f"--reference {str(path)!r}: version {doc.get('version')!r}, expected {VERSION}")
     digests = doc.get("digests")
     if (not isinstance(digests, list) or doc.get("steps") != len(digests)
-            or not all(isinstance(d, str) and len(d) in (16, 32) for d in digests)
+            or not all(isinstance(d, str) and len(d) in (16, 32, 48) for d in digests)
             or len({len(d) for d in digests}) > 1):
         raise ReferenceProblem(f"--reference {str(path)!r}: damaged digest list")
     fp = doc.get("fingerprint")

@@ -101,6 +101,7 @@ class StepResult:
     dt_s: float
     tokens: int
     param_sum: int | None = None  # bit checksum of every parameter after the update
+    grad_sum: int | None = None  # data-parallel: bit checksum of this rank's own gradients, before the all-reduce
 
 
 class MixedSchedule:
@@ -632,7 +633,9 @@ class Engine:
         # computation decides; the training state after the update is the group's (tuner/tuning/rig_trial.py
         # pins a fault on the rank whose own figures differ)
         grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+        grad_sum = None
         if self.dp is not None and self._dp_sync:
+            grad_sum = bit_checksum(grads)  # exact (a norm can round a one-bit change away)
             self.dp.all_reduce_grads(self.params)
         self.muon.step()
         self.adam.step()
@@ -642,9 +645,11 @@ class Engine:
         param_sum = bit_checksum([*self.flat_params, *self._optimizer_state()])
         as_int = [loss.detach().float().view(torch.int32).to(torch.int64),
                   grad_norm.float().view(torch.int32).to(torch.int64), param_sum]
-        loss_bits, gn_bits, psum = torch.stack(as_int).tolist()  # one host sync, exact bits
-        return StepResult(f32_from_bits(loss_bits & 0xFFFFFFFF), f32_from_bits(gn_bits & 0xFFFFFFFF),
-                          time.perf_counter() - t0, x.numel(), psum)
+        if grad_sum is not None:
+            as_int.append(grad_sum.to(param_sum.device))
+        bits = torch.stack(as_int).tolist()  # one host sync, exact bits
+        return StepResult(f32_from_bits(bits[0] & 0xFFFFFFFF), f32_from_bits(bits[1] & 0xFFFFFFFF),
+                          time.perf_counter() - t0, x.numel(), bits[2], bits[3] if grad_sum is not None else None)
 
     def _optimizer_state(self) -> list[torch.Tensor]:
         state = [b for bufs in self.muon.buffers.values() for b in bufs]  # momentum, second moment
@@ -705,13 +710,13 @@ class Engine:
                 self.tok_s.append(tok_s)
         finding = self.nonfinite.check(r.loss, r.grad_norm)
         if finding is None and self.trajectory is not None:
-            finding = self.trajectory.check(seg_step, r.loss, r.grad_norm, r.param_sum)
+            finding = self.trajectory.check(seg_step, r.loss, r.grad_norm, r.param_sum, r.grad_sum)
             if self.opts.verify_repeatable:
                 finding = self._replay_check(step, r, finding)
         if finding is not None:
             self._fail(finding, step)
         if self.recorder is not None:
-            self.recorder.append(step, r.loss, r.grad_norm, r.param_sum)
+            self.recorder.append(step, r.loss, r.grad_norm, r.param_sum, r.grad_sum)
         for w in self.soft.observe(step, r.loss, r.grad_norm, tok_s, steady):
             self.warning_count += 1
             self.em.emit("warning", step=step, kind=w.kind, detail=w.detail, setup=False)
@@ -745,7 +750,7 @@ class Engine:
         """--verify-repeatable: note the first step that is not bit-identical; a comparison that fails (bitwise, or
         the tolerance with --tolerance) means the platform does not repeat at stock."""
         bitwise = finding if self.bitwise_probe is None else \
-            self.bitwise_probe.check(step, r.loss, r.grad_norm, r.param_sum)
+            self.bitwise_probe.check(step, r.loss, r.grad_norm, r.param_sum, r.grad_sum)
         if bitwise is not None and self.first_difference is None:
             self.first_difference = {"step": step, "figure": bitwise.figure}
         if finding is None:
@@ -1034,7 +1039,8 @@ class Engine:
             elif finding is not None:  # a device error counts against the setting
                 failed_step = failed_step if self._setup_done else None
                 self.em.emit("fault", kind=finding.kind, step=failed_step,
-                             reference_step=self.reference_step(failed_step), detail=finding.detail)
+                             reference_step=self.reference_step(failed_step), detail=finding.detail,
+                             figure=None)
                 verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, failed_step, EXIT_FAULT
                 self.log(f"FAULT device-error: {finding.detail}")
             elif is_oom(e):
@@ -1052,7 +1058,8 @@ class Engine:
                 finding = device_error(e)
                 if finding is not None:
                     self.em.emit("fault", kind=finding.kind, step=self.step,
-                                 reference_step=self.reference_step(self.step), detail=finding.detail)
+                                 reference_step=self.reference_step(self.step), detail=finding.detail,
+                                 figure=None)
                     verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, self.step, EXIT_FAULT
                 else:
                     traceback.print_exc(file=sys.stderr)

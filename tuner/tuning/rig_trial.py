@@ -11,10 +11,12 @@ event follower, the telemetry, the classification and the cleanup. What is the r
 - one kernel-log watcher for the trial: a line naming a card's PCI address counts against that card, a line naming
   no card is a whole-machine event;
 - blame: the engine reports which figure failed. A fault this rank's own computation decides (its loss, its own
-  gradient norm before the all-reduce, its canary, its GEMM check, a hang, a crash) pins the card; a rank whose only
-  difference is the training state after the all-reduce got a peer's fault through the reduction and is
-  inconclusive, as is a rank whose peer died or stalled (its engine ends with kind `peer`) or that the trial
-  stopped because another card failed. `pinned` = the cards with their own fault at the earliest step;
+  gradients before the all-reduce (norm and exact bit checksum), its canary, its GEMM check, a hang, a crash) pins
+  the card; a rank whose only difference is the training state after the all-reduce, while another rank's own
+  figures differ, got that fault through the reduction and is inconclusive; a rank alone with a differing state
+  computed its own update wrongly (pinned). A rank whose peer died or stalled (its engine ends with kind `peer`) or
+  that the trial stopped because another card failed is inconclusive. `pinned` = the cards with their own fault at
+  the earliest step;
 - whole-machine events: a kernel line naming no card, every rank's state corrupted at the same step (the reduction
   itself), the collective stalled on every rank, every rank hung;
 - every card is reset to stock and verified on the way out, whatever happened (ExitStack).
@@ -103,6 +105,7 @@ class _Rank:
         self.figure: str | None = None  # the figure its own failing check compared
         self.library: str | None = None
         self.warnings: list[str] = []
+        self.error: BaseException | None = None  # raised in its follower (a broken event consumer): re-raised
 
     def seen(self, event: sc.Event) -> None:
         if isinstance(event, sc.StartEvent):
@@ -203,6 +206,8 @@ def run_rig_trial(backend: Backend, settings: Mapping[str, int], params: RigTria
             sampler = r.state.sampler = TelemetrySampler(backend, d, interval_s=params.telemetry_interval_s)
             cleanup.callback(_keep_summary, r, sampler)
             sampler.start()
+        # joined after every engine was stopped (undos run in reverse): a follower ends when its engine's output does
+        cleanup.callback(_join_followers, ranks)
         for d, r in ranks.items():
             extra = {} if len(devices) < 2 else {"world_size": len(devices), "rank": r.rank, "rendezvous": rendezvous,
                                                  "collective_timeout_s": timeout_s}
@@ -211,13 +216,14 @@ def run_rig_trial(backend: Backend, settings: Mapping[str, int], params: RigTria
             run = r.state.run = engine_factory(config, r.watchdog)
             cleanup.callback(run.stop)  # safe on a run that never started or already ended
             run.start()  # from this thread, which outlives the trial (the engines' parent-death signal)
-        end_follow = threading.Event()
         for d, r in ranks.items():
             r.follower = threading.Thread(target=_follow_rank, name=f"rig-follow-{d}", daemon=True,
                                           args=(r, targets[d], _trial_params(params, d), started_at, emit, clock))
-            cleanup.callback(end_thread, end_follow, r.follower)
             r.follower.start()
         _supervise(ranks, params, stop, stop_all, halt)
+        error = next((r.error for r in ranks.values() if r.error is not None), None)
+        if error is not None:
+            raise error
         for r in ranks.values():
             assert r.state.run is not None and r.watchdog is not None
             r.state.engine_result = bounded_result(r.state.run, r.watchdog)
@@ -257,12 +263,20 @@ def _owner(event: kernel_log.KernelEvent, targets: Mapping[str, StressTarget]) -
     return ""
 
 
+def _join_followers(ranks: Mapping[str, _Rank]) -> None:
+    for r in ranks.values():
+        if r.follower is not None:
+            end_thread(r.done, r.follower)
+
+
 def _follow_rank(r: _Rank, target: StressTarget, params: TrialParams, started_at: float,
                  emit: Callable[[TrialEvent], None], clock: Callable[[], float]) -> None:
     try:
         assert r.state.run is not None
         follow(r.state.run, r.state, target, params, r.setting, started_at, emit, clock, device=r.device_id,
                seen=r.seen)
+    except BaseException as e:  # noqa: BLE001 - re-raised in the trial's thread, after every engine is stopped
+        r.error = e
     finally:
         r.done.set()
 
@@ -275,6 +289,8 @@ def _supervise(ranks: Mapping[str, _Rank], params: RigTrialParams, stop: threadi
     while not all(r.done.is_set() for r in ranks.values()):
         if stop.wait(POLL_S):
             stop_all(STOPPED)
+        if any(r.error is not None for r in ranks.values()):
+            stop_all("error")
         lost = next((r for r in ranks.values() if r.state.sampler and r.state.sampler.device_lost), None)
         if lost is not None and not halt.is_set():
             stop_all("device-lost")
