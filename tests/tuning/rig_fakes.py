@@ -29,6 +29,7 @@ class FakeRigTrial:
     pin: Callable[[str, int], bool] | None = None
     machine_event: Callable[[int, dict], str | None] | None = None
     on_start: Callable[[dict, RigTrialParams], None] | None = None
+    collective: str | None = "gloo"  # what the ranks report they used (the simulated cards' engines: gloo)
     calls: list[tuple[dict, RigTrialParams]] = field(default_factory=list)
 
     def __call__(self, backend: Backend, settings: Mapping[str, int], params: RigTrialParams,
@@ -78,10 +79,11 @@ class FakeRigTrial:
                                              "reason": event, "kernel_log": (), "warnings": (), "pstates": (),
                                              "throttle_reasons": ()})
                            for d, r in results.items()}
-                return RigTrialResult(results, (), event)
+                return RigTrialResult(results, (), event, collective=self.collective)
             steps = {d: r.fault_step for d, r in results.items() if r.verdict == "fail" and r.fault_step}
             first = min(steps.values(), default=None)
-            return RigTrialResult(results, tuple(d for d, s in steps.items() if s == first), None)
+            return RigTrialResult(results, tuple(d for d, s in steps.items() if s == first), None,
+                                  collective=self.collective)
         finally:
             for device_id in touched:
                 backend.note_load(device_id, False)

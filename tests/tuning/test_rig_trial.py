@@ -216,3 +216,17 @@ def test_every_rank_waiting_for_the_others_is_a_machine_event():
     res = _judge({"a": _result("inconclusive", "peer"), "b": _result("inconclusive", "peer")},
                  _ranks({"a": None, "b": None}), [], "gloo")
     assert res.pinned == () and "collective stalled" in (res.machine_event or "")
+
+
+def test_the_rig_profile_records_the_collective_the_ranks_used(boot):
+    from tests.tuning.fake_engine import FakeEngine
+    from tests.tuning.rig_fakes import FakeRigTrial
+    from tuner.actions.bisect import prepare_rig_bisect, rig_profile_from_outcome
+    from tuner.tuning.job import BisectParams
+
+    backend = _backend()
+    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
+                             rig_trial=FakeRigTrial(collective="nccl"), engine_factory=FakeEngine())
+    outcome = job.run()
+    # the vendor rule would say gloo for simulated cards: what the engines reported wins
+    assert rig_profile_from_outcome(backend, outcome, "r").rig.backend == "nccl"

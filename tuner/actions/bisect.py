@@ -136,7 +136,9 @@ def rig_profile_from_outcome(backend: Backend, outcome: RigOutcome, name: str) -
     parts = [RigPart(device=backend.device(d), knob=backend.knob(d), setting=v, tuning=outcome.per_card[d].tuning())
              for d, v in outcome.settings.items()]
     params = next((o.params for o in outcome.per_card.values() if o.params), {})
-    library = collective_library({backend.device(d).vendor for d in outcome.settings})
+    # what the ranks actually used (the engines report it) wins over the vendor rule (a resumed rig ran none here)
+    used = [r.collective for r in outcome.rig_attempts if getattr(r, "collective", None)]
+    library = used[-1] if used else collective_library({backend.device(d).vendor for d in outcome.settings})
     rig = {"confirm_duration_s": params.get("confirm_s"), "attempts": len(outcome.attempts) or None,
            "backend": library, "mode": "mixed" if params.get("mode") != "gemm" else "gemm",
            "preset": params.get("preset"), "dtype": params.get("dtype")}
