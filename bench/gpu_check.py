@@ -15,6 +15,11 @@ The `nanochat` preset (issue 14) is checked like the others, compiled as on any 
 repeatability proof with compile on), and then gets its own section (`bench/gpu_nanochat.py`): tok/s and MFU
 against the GPU's peak dense bf16 rate with compile on and off (`--nanochat-steps`, 0 skips it; GPUs only).
 
+The data-parallel section (issue 16, `bench/dp_run.py`): one engine rank per device, gradients all-reduced every
+step (nccl over every visible GPU; `--device cpu`: 2 gloo ranks on the CPU; a single GPU: skipped, NCCL needs one
+device per rank), each rank recording at stock and replaying its recording: steps/s per rank, bitwise stock
+replay per rank, and the share of the loop spent in collectives (`--dp-steps`, 0 skips it). NVML is only read.
+
 Sized for an H200 to finish in under 8 minutes: `--budget-s` (default 450) skips whatever would start after it,
 and says so. `--device cpu --presets tiny --steps 8 --detection-trials 1` runs it on a CPU (tested).
 """
@@ -182,9 +187,33 @@ def print_report(doc: dict) -> None:
             print(f"nanochat section: {rows[0]['reason']}")
         else:
             print(format_rows(rows))
+    if doc.get("data_parallel"):
+        sys.path.insert(0, str(REPO / "bench"))
+        from dp_run import format_check
+
+        print(format_check(doc["data_parallel"]))
     for line in doc["skipped"]:
         print(f"skipped: {line}")
     print(f"({doc['wall_s']:.0f} s)")
+
+
+def data_parallel_section(args: argparse.Namespace, doc: dict, left_s: float) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    from dp_run import data_parallel_check
+
+    gpus = doc["versions"].get("gpus") or []
+    if args.device == "cpu":
+        devices = ["cpu", "cpu"]
+    elif len(gpus) >= 2:
+        devices = [f"cuda:{i}" for i in range(len(gpus))]
+    else:
+        doc["skipped"].append(f"data-parallel section ({len(gpus)} GPU visible; NCCL needs one device per rank)")
+        return
+    if left_s < 60:
+        doc["skipped"].append("data-parallel section (budget)")
+        return
+    preset = args.dp_preset or ("tiny" if args.device == "cpu" else "nanochat")
+    doc["data_parallel"] = data_parallel_check(devices, args.dp_steps, preset, timeout_s=max(60.0, left_s / 2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detection-trials", type=int, default=3, help="flips per site in the bf16 run (0: skip)")
     ap.add_argument("--nanochat-steps", type=int, default=40,
                     help="steps per run of the nanochat section, compile on and off (0: skip; GPUs only)")
+    ap.add_argument("--dp-steps", type=int, default=60,
+                    help="steps per rank of the data-parallel section (0: skip)")
+    ap.add_argument("--dp-preset", default=None, help="its preset (default tiny on the CPU, nanochat on GPUs)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the report")
     ap.add_argument("--out", help="also write the JSON document here")
     args = ap.parse_args(argv)
@@ -205,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.budget_s - (time.monotonic() - t0)
 
     doc: dict = {"python": sys.version.split()[0], "device": args.device, "versions": versions(),
-                 "nvml_probe": nvml_probe(60), "presets": [], "detection": None, "skipped": [], "nanochat": None}
+                 "nvml_probe": nvml_probe(60), "presets": [], "detection": None, "skipped": [], "nanochat": None,
+                 "data_parallel": None}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         for preset in args.presets.split(","):
             if left() < 30:
@@ -224,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                 doc["nanochat"] = [{"config": "error", "reason": str(e)[:300]}]
         else:
             doc["skipped"].append("nanochat section (budget)")
+    if args.dp_steps > 0:
+        data_parallel_section(args, doc, left())
     if args.detection_trials > 0:
         if left() > 20:
             doc["detection"] = detection(args.device, args.detection_trials, max(20.0, left()))
@@ -241,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_report(doc)
     ok = all(r["repeatable"] for r in doc["presets"]) and bool(doc["presets"])
+    if doc.get("data_parallel"):
+        ok = ok and all(r.get("bitwise_replay") for r in doc["data_parallel"]["ranks"])
     return 0 if ok else 1
 
 

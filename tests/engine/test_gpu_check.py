@@ -13,7 +13,8 @@ from tests.cli_helpers import REPO
 def test_gpu_check_runs_on_the_cpu_and_proves_repeatability_across_processes(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--presets",
-                           "tiny", "--steps", "4", "--detection-trials", "0", "--json", "--out", str(out)],
+                           "tiny", "--steps", "4", "--detection-trials", "0", "--dp-steps", "4", "--json", "--out",
+                           str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -23,3 +24,7 @@ def test_gpu_check_runs_on_the_cpu_and_proves_repeatability_across_processes(tmp
     assert row["repeatable"] is True and row["first_difference"] is None
     assert row["kernels"]["deterministic"] == "strict" and row["kernels"]["sdpa_backend"] == "math"
     assert row["median_tok_s"] is None or row["median_tok_s"] > 0
+    # the data-parallel section: two gloo ranks, each replaying its own stock recording bit for bit
+    dp = doc["data_parallel"]
+    assert [(r["rank"], r["library"], r["bitwise_replay"]) for r in dp["ranks"]] == [(0, "gloo", True),
+                                                                                    (1, "gloo", True)]
