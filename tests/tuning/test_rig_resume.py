@@ -54,6 +54,9 @@ def _kill_during_coarse(setting: int) -> None:
     proc = _tuner(*SIM, *ARGS, block=f"engine:{setting}")
     try:
         _wait_for(lambda: _open_at(setting), proc)
+        # the journal records a trial before its card is touched: wait for the setting itself (a loaded box can
+        # take a while between the two)
+        _wait_for(lambda: all(SimulatedBackend(gpus=2).knob(d).current == setting for d in CARDS), proc)
         for d in CARDS:  # a second writer on any card is refused while the rig runs (another process: flock)
             with pytest.raises(CardBusy):
                 CardLock(d, "tuner set").acquire()
