@@ -93,6 +93,13 @@ def main() -> None:
             time.sleep(0.1)
         step(4)
         end(steps=4)
+    if MODE == "collective":  # a data-parallel rank waiting for a slower peer (real engines: "collective" state)
+        t = time.monotonic()
+        while time.monotonic() - t < 1.5:
+            emit("heartbeat", step=3, state="collective", progress=3)
+            time.sleep(0.1)
+        step(4)
+        end(steps=4)
     if MODE == "segv":
         os.kill(os.getpid(), signal.SIGSEGV)
     if MODE == "hip-abort":

@@ -193,6 +193,23 @@ def test_idle_heartbeats_are_not_a_hang(fake_python):
     assert result.verdict == "pass", result
 
 
+DP = {"world_size": 2, "rank": 1, "rendezvous": "file:///tmp/rdv"}
+
+
+def test_a_rank_waiting_for_its_peers_is_not_a_hang_within_its_collective_timeout(fake_python):
+    result = fake_run(fake_python, "collective", collective_timeout_s=5.0, **DP).run()
+    assert result.verdict == "pass", result
+
+
+def test_a_collective_wait_past_the_rank_s_own_timeout_is_a_hang(fake_python, monkeypatch):
+    monkeypatch.setattr(sc, "COLLECTIVE_MARGIN_S", 0.1)
+    result = fake_run(fake_python, "collective", collective_timeout_s=0.5, **DP).run()
+    assert (result.verdict, result.kind) == ("fail", "hang") and "no progress" in result.reason
+    # a single engine has no peers: a "collective" state there is a stall like any other
+    single = fake_run(fake_python, "collective").run()
+    assert (single.verdict, single.kind) == ("fail", "hang")
+
+
 def test_no_first_step_in_time_is_a_hang(fake_python):
     result = fake_run(fake_python, "no-first-step").run()
     assert (result.verdict, result.kind, result.failure_step) == ("fail", "hang", 1)
