@@ -23,8 +23,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-PHASES = ("full", "partial", "idle")  # mixed-mode phases, coded 1.. in the control vector (0: no phase)
-
 
 class PeerLost(Exception):
     """A collective failed or timed out: another rank died or stalled (not a fault of this rank)."""
