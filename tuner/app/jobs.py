@@ -16,7 +16,6 @@ from tuner.actions.profile_apply import ProfileApply, set_profile_lock_clock
 from tuner.actions.verify import VerifyOutcome, verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, StressState, appended
 from tuner.backends.base import Backend
-from tuner.core import paths
 from tuner.core.durations import format_duration
 from tuner.core.models import Verdict
 from tuner.tuning import kernel_log
@@ -94,13 +93,15 @@ class DetectorState:
     value: str
 
 
-def reference_path(device, preset: str, mode: str) -> Path | None:
-    """The cached stock reference of a card and workload (None for the GEMM burn, which has no trajectory):
-    `$XDG_STATE_HOME/tuner/references/<vendor>-<serial or id>-<preset>-<mode>.ref`."""
-    if mode == "gemm":
-        return None
-    card = f"{device.vendor}-{device.serial or device.id}".replace("/", "_").replace(" ", "_")
-    return paths.state_dir() / "references" / f"{card}-{preset}-{mode}.ref"
+def stress_reference(device, target, *, preset: str, mode: str):
+    """The cached stock reference for a manual stress of this workload on this card (tuner.tuning.reference_cache:
+    keyed by the card's identity and every engine setting that changes the trajectory), with the options the run
+    is requested with, so the key is what will really run."""
+    from tuner.tuning import engine_client as stress_client
+    from tuner.tuning.reference_cache import manual_reference
+
+    config = stress_client.engine_request(target, duration_s=REFERENCE_RECORD_S, preset=preset, mode=mode)
+    return manual_reference(device, config.options)
 
 
 class StressJob(_Job):
@@ -130,9 +131,12 @@ class StressJob(_Job):
 
     def _reference(self, device, target) -> Path | None:
         """The stock reference to compare with, recording it first when the card is at stock and has none."""
-        path = reference_path(device, self.preset, self.mode)
+        cached = stress_reference(device, target, preset=self.preset, mode=self.mode)
+        path = cached.path
         if path is None:
-            self.emit(DetectorState("reference", "n/a (GEMM)"))
+            self.emit(DetectorState("reference", "n/a (GEMM)" if self.mode == "gemm" else "NONE"))
+            if self.mode != "gemm":
+                self.emit(f"no stock reference: {cached.why_none}")
             return None
         if path.exists():
             self.emit(DetectorState("reference", "ok"))
