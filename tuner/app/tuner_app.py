@@ -22,7 +22,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from tuner.actions.bisect import consent_question, prepare_bisect
-from tuner.actions.profile_apply import ProfileApply, plan_profile_apply
+from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_rig_apply, prepare_rig_apply
 from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.app import jobs
@@ -117,6 +117,7 @@ class TunerApp(App[int]):
         self.bisect = BisectState()
         self.pending = None  # the PendingChange waiting for keep-or-revert, if any
         self.doctor_checks: list | None = None
+        self.boot_status = None  # tuner.actions.boot_service.status(), read in a worker (systemctl may be slow)
         self.selected_device_id = self.devices[0].id if self.devices else None
         self._stress_job: jobs.StressJob | jobs.VerifyJob | None = None
         self._bisect_job: jobs.BisectRunner | None = None
@@ -155,7 +156,7 @@ class TunerApp(App[int]):
         if self.bisect.running:
             running.append(f"an auto-bisect on {self.bisect.device_id}")
         if self.pending is not None:
-            running.append(f"an unconfirmed setting on {self.pending.device_id}")
+            running.append(f"an unconfirmed setting on {', '.join(jobs.pending_cards(self.pending))}")
         return running
 
     # --- telemetry ----------------------------------------------------------------------------------------------
@@ -212,6 +213,9 @@ class TunerApp(App[int]):
             self._last_sampler_error = text
         self.notify(text, severity="error", timeout=10)
 
+    def on_noted(self, message: msg.Noted) -> None:
+        self.notify(for_people(message.text), severity=message.severity, timeout=10)
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """One place for workers that died with an unexpected error: show it, keep running."""
         if event.state == WorkerState.ERROR and event.worker.error is not None:
@@ -243,10 +247,36 @@ class TunerApp(App[int]):
             return
         self.post_message(msg.ChangeApplied(pending))
 
+    def apply_rig_profile(self, profile, *, on_kept: Callable[[], None] | None = None) -> None:
+        """`tuner apply` on a rig profile (tuner.actions.profile_apply): every part checked before any write, each
+        to the card it was proven on, then one keep-or-revert for the whole rig (a revert puts every card back)."""
+        if self.pending is not None:
+            self.notify("a change is already waiting for keep-or-revert", severity="warning")
+            return
+        if self.bisect.running:
+            self.notify("an auto-bisect is running; stop it first", severity="warning")
+            return
+        self._on_kept = on_kept
+        self._apply_rig(profile)
+
+    @work(thread=True, exit_on_error=False, group="setting")
+    def _apply_rig(self, profile) -> None:
+        try:
+            plan = plan_rig_apply(self.backend, profile)
+            change = prepare_rig_apply(self.backend, plan, timeout_s=self.keep_timeout_s, clock=self.clock,
+                                       purpose=f"tuner (UI) apply {profile.name}")
+            change.apply()  # a card that fails puts the ones before it back, then raises
+        except Exception as e:  # noqa: BLE001 - refused or not applied: say why
+            self.post_message(msg.BackendFailed(f"apply {profile.name!r}", e))
+            return
+        for warning in plan.warnings:
+            self.post_message(msg.Noted(warning, "warning"))
+        self.post_message(msg.ChangeApplied(change))
+
     def on_change_applied(self, message: msg.ChangeApplied) -> None:
         self.pending = message.pending
-        if message.pending.applied is not None:  # the read-back value: every view shows it before the dialog
-            self.histories[message.pending.device_id].set_knob(message.pending.applied)
+        for device_id, knob in jobs.applied_knobs(message.pending).items():  # read back: shown before the dialog
+            self.histories[device_id].set_knob(knob)
         self.repaint_screens()
         self.sample_now()
         self.push_screen(KeepOrRevertDialog(message.pending), self._settle)
@@ -258,16 +288,17 @@ class TunerApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="setting")
     def _settle_in_thread(self, pending, keep: bool) -> None:
+        cards = jobs.pending_cards(pending)
         try:
             if keep:
                 pending.keep()
             else:
                 pending.revert()
-            knob = self.backend.knob(pending.device_id)
+            knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
         except Exception as e:  # noqa: BLE001
-            self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {pending.device_id}", e))
+            self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {', '.join(cards)}", e))
             return
-        self.post_message(msg.ChangeSettled(pending.device_id, knob, "kept" if keep else "reverted"))
+        self.post_message(msg.ChangeSettled(cards[0], knobs[cards[0]], "kept" if keep else "reverted", knobs=knobs))
 
     def reset_to_stock(self, device_id: str) -> None:
         if (self.stress.running and self.stress.device_id == device_id) or (
@@ -287,12 +318,17 @@ class TunerApp(App[int]):
         self.post_message(msg.ChangeSettled(device_id, knob, "reset to stock"))
 
     def on_change_settled(self, message: msg.ChangeSettled) -> None:
-        self.histories[message.device_id].set_knob(message.knob)
+        for device_id, knob in message.knobs.items():
+            self.histories[device_id].set_knob(knob)
         self.repaint_screens()
         on_kept, self._on_kept = self._on_kept, None
         if on_kept is not None and message.outcome == "kept":
             on_kept()
-        self.notify(f"{message.device_id}: {message.outcome}, now {message.knob.current:+d} {message.knob.unit}")
+        now = ", ".join(f"{d} {k.current:+d} {k.unit}" for d, k in message.knobs.items())
+        if len(message.knobs) == 1:
+            self.notify(f"{message.device_id}: {message.outcome}, now {message.knob.current:+d} {message.knob.unit}")
+        else:
+            self.notify(f"every card {message.outcome}: now {now}")
 
     # --- stress (App-owned) -----------------------------------------------------------------------------------
     def start_stress(self, device_id: str, preset: str, mode: str) -> None:
@@ -447,6 +483,51 @@ class TunerApp(App[int]):
             return
         self.notify(f"saved profile {name} ({path})")
 
+    # --- apply at boot (tuner.actions.boot_service, as `tuner service`) ---------------------------------------------
+    def read_boot_status(self) -> None:
+        self._boot_status_in_thread()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="service-status")
+    def _boot_status_in_thread(self) -> None:
+        from tuner.actions import boot_service
+
+        try:
+            status = boot_service.status()
+        except Exception as e:  # noqa: BLE001 - shown, never fatal
+            self.post_message(msg.BackendFailed("boot service status", e))
+            return
+        self.post_message(msg.BootServiceRead(status))
+
+    def on_boot_service_read(self, message: msg.BootServiceRead) -> None:
+        self.boot_status = message.status
+
+    def change_boot_service(self, profile_name: str | None, *, overwrite: bool = False) -> None:
+        """Install the boot service for `profile_name`, or remove it (None). The caller asked first."""
+        self._boot_service_in_thread(profile_name, overwrite)
+
+    @work(thread=True, exit_on_error=False, group="service")
+    def _boot_service_in_thread(self, profile_name: str | None, overwrite: bool) -> None:
+        from tuner.actions import boot_service
+
+        try:
+            if profile_name is None:
+                result = boot_service.remove()
+            else:
+                result = boot_service.install(profile_name, overwrite=overwrite)
+        except Exception as e:  # noqa: BLE001 - refused (not root, no such profile): one line
+            self.post_message(msg.BackendFailed("boot service", e))
+        else:
+            if profile_name is not None:
+                done = f"boot service installed: {profile_name!r} is applied at every boot"
+            elif result.changed:
+                done = "boot service removed: no profile is applied at boot (the system profiles are kept)"
+            else:
+                done = "the boot service was not installed; nothing to do"
+            self.post_message(msg.Noted(done))
+            for warning in result.warnings:
+                self.post_message(msg.Noted(warning, "warning"))
+        self.call_from_thread(self.read_boot_status)  # workers are started from the event loop
+
     # --- doctor --------------------------------------------------------------------------------------------------
     def run_doctor(self) -> None:
         self.doctor_checks = None
@@ -522,11 +603,12 @@ class TunerApp(App[int]):
             done.append(f"the unfinished bisect session on {device_id} is kept: `tuner bisect --device {device_id} "
                         "--resume` continues it (u on the Bisect screen), --restart starts afresh")
         if self.pending is not None:
-            devices_to_reset.add(self.pending.device_id)
+            cards = jobs.pending_cards(self.pending)
+            devices_to_reset.update(cards)
             try:
                 self.pending.revert()
-                devices_to_reset.discard(self.pending.device_id)
-                done.append(f"reverted the unconfirmed setting on {self.pending.device_id}")
+                devices_to_reset.difference_update(cards)
+                done.append(f"reverted the unconfirmed setting on {', '.join(cards)}")
             except Exception as e:  # noqa: BLE001 - fall back to a plain reset below
                 done.append(f"revert failed ({describe_error(e)}); resetting to stock instead")
             self.pending = None
