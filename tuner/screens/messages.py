@@ -90,3 +90,17 @@ class BootServiceRead(Message):
     def __init__(self, status) -> None:
         super().__init__()
         self.status = status
+
+
+class RigEventReceived(Message):
+    """An event of the bisect of every card at once (tuner.tuning.events; each names its card, or "rig")."""
+
+    def __init__(self, event) -> None:
+        super().__init__()
+        self.event = event
+
+
+class RigEnded(Message):
+    def __init__(self, summary: str, outcome=None) -> None:
+        super().__init__()
+        self.summary, self.outcome = summary, outcome
