@@ -39,11 +39,18 @@ def _vram(sample: Telemetry) -> str:
     return f"{used_gib:.1f} GiB"
 
 
+def limits_text(reasons: tuple[str, ...] | None) -> str:
+    """The clock-limit reasons; "n/a" when the backend cannot read them (None), "none" only when it read none."""
+    if reasons is None:
+        return "n/a"
+    return ", ".join(reasons) if reasons else "none"
+
+
 def figures_text(sample: Telemetry | None) -> str:
     if sample is None:
         return "no sample yet"
     power = _fmt(sample.power_w, "W", 1) + (f" of {sample.power_limit_w:.0f}" if sample.power_limit_w else "")
-    limits = ", ".join(sample.throttle_reasons) if sample.throttle_reasons else "none"
+    limits = limits_text(sample.throttle_reasons)
     return (
         f"power {power}  edge {_fmt(sample.temp_edge_c, '°C')}  "
         f"hotspot {_fmt(sample.temp_hotspot_c, '°C')}  mem {_fmt(sample.temp_mem_c, '°C')}\n"
