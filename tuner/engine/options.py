@@ -86,6 +86,23 @@ def default_preset(device: str) -> str:
     return GPU_DEFAULT_PRESET if re.fullmatch(r"(cuda|hip)(:\d+)?", device) else CPU_DEFAULT_PRESET
 
 
+_RENDEZVOUS_RE = re.compile(r"^(file://(/.+)|tcp://([^:/\s]+):(\d{1,5}))$")
+
+
+def rendezvous_problem(url: str) -> str | None:
+    """Why `url` is not a data-parallel rendezvous the engine accepts, or None.
+
+    >>> rendezvous_problem("file:///tmp/rdv") is None, rendezvous_problem("tcp://127.0.0.1:29500") is None
+    (True, True)
+    >>> rendezvous_problem("127.0.0.1:29500")
+    "bad --rendezvous '127.0.0.1:29500': use file:///PATH (a file every rank can reach) or tcp://HOST:PORT"
+    """
+    m = _RENDEZVOUS_RE.match(url)
+    if m and (m.group(4) is None or 0 < int(m.group(4)) < 65536):
+        return None
+    return f"bad --rendezvous {url!r}: use file:///PATH (a file every rank can reach) or tcp://HOST:PORT"
+
+
 INJECT_KINDS = ("bitflip", "nan", "hang")
 INJECT_TARGETS = ("weight", "activation")
 _INJECT_RE = re.compile(r"^(bitflip|nan|hang)@(\d+)(?::(weight|activation))?(?::(\d+))?$")
@@ -165,6 +182,11 @@ class EngineOptions:
     reference_loop: bool = False  # past the reference's end, restart from the initial weights and compare again
     parent_pid: int | None = None  # end when this process is gone (the CLI defaults it to the parent at start-up)
     compile: bool | None = None  # torch.compile of the model and the optimizer updates; None: on for GPUs
+    # data-parallel ranks (tuner/engine/distributed.py): one engine per device, gradients all-reduced every step
+    world_size: int = 1
+    rank: int = 0
+    rendezvous: str | None = None  # file:///PATH or tcp://HOST:PORT, the same for every rank
+    collective_timeout_s: float = 60.0  # a collective (or the group's forming) waiting longer: a peer is lost
     cache_dir: str | None = None  # tokenizer and compiled kernels (default $XDG_CACHE_HOME/tuner)
     # test hooks (hidden on the command line)
     test_oom_above: int | None = None  # simulate out-of-memory for any batch larger than this
@@ -224,6 +246,25 @@ class EngineOptions:
                                "modules); use --no-compile")
         if self.mode == "gemm" and (self.record or self.reference):
             raise UsageProblem("--record/--reference need a training mode (train or mixed), not gemm")
+        self._validate_data_parallel()
+
+    def _validate_data_parallel(self) -> None:
+        if self.world_size < 1:
+            raise UsageProblem(f"--world-size must be at least 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise UsageProblem(f"--rank must be in 0..{self.world_size - 1} for --world-size {self.world_size}, "
+                               f"got {self.rank}")
+        if self.world_size > 1 and not self.rendezvous:
+            raise UsageProblem(f"--world-size {self.world_size} needs --rendezvous file:///PATH or tcp://HOST:PORT "
+                               "(the same for every rank)")
+        if self.rendezvous and self.world_size == 1:
+            raise UsageProblem("--rendezvous needs --world-size 2 or more")
+        if self.rendezvous and (problem := rendezvous_problem(self.rendezvous)):
+            raise UsageProblem(problem)
+        if not self.collective_timeout_s > 0:
+            raise UsageProblem(f"--collective-timeout-s must be positive, got {self.collective_timeout_s}")
+        if self.world_size > 1 and self.device == "mps":
+            raise UsageProblem("--world-size: data-parallel runs need cpu (gloo) or cuda:N (nccl/rccl), not mps")
 
     @property
     def effective_fault_seed(self) -> int:
@@ -329,6 +370,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile the model and the optimizer updates (default: on for GPUs, off on the CPU)")
     p.add_argument("--cache-dir", metavar="DIR", default=None,
                    help="where the tokenizer and compiled kernels are cached (default $XDG_CACHE_HOME/tuner)")
+    p.add_argument("--world-size", type=int, default=1, metavar="N",
+                   help="data-parallel: N engines (ranks), one per device, gradients all-reduced every step "
+                   "(default 1: no collectives)")
+    p.add_argument("--rank", type=int, default=0, metavar="R", help="data-parallel: this engine's rank, 0..N-1")
+    p.add_argument("--rendezvous", metavar="URL", default=None,
+                   help="data-parallel: where the ranks meet, file:///PATH or tcp://HOST:PORT (the same for all)")
+    p.add_argument("--collective-timeout-s", type=float, default=60.0, metavar="S",
+                   help="data-parallel: a collective (or the group's forming) waiting longer than S seconds means "
+                   "a peer died or stalled; this rank ends with kind peer (default 60)")
     p.add_argument("--test-oom-above", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--test-oom-at-step", type=int, default=None, help=argparse.SUPPRESS)
     return p
@@ -358,6 +408,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
         sim_contention_at=a.sim_contention_at,
         reference_loop=a.reference_loop, parent_pid=a.parent_pid, compile=a.compile, cache_dir=a.cache_dir,
         test_oom_above=a.test_oom_above, test_oom_at_step=a.test_oom_at_step,
+        world_size=a.world_size, rank=a.rank, rendezvous=a.rendezvous, collective_timeout_s=a.collective_timeout_s,
     )
     opts.validate()
     return opts

@@ -32,6 +32,7 @@ from tuner.engine.detectors import (
     bit_checksum,
     device_error,
 )
+from tuner.engine.distributed import DataParallel, GroupDidNotForm, PeerLost, data_seed
 from tuner.engine.faults import FaultInjector, PlatformFlaw
 from tuner.engine.lifeline import parent_alive
 from tuner.engine.model import GPT, GPTConfig
@@ -71,6 +72,8 @@ from tuner.engine.reference import (
 from tuner.engine.tokenizer import TokenizerProblem, load_or_train
 
 EXIT_PASS, EXIT_FAULT, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+PHASE_CODES = {"full": 1, "partial": 2, "idle": 3}  # mixed-mode phases in the ranks' agreement (0: none)
+PHASE_NAMES = {code: name for name, code in PHASE_CODES.items()}
 REPEATABILITY_RUNS = 2
 CHECK_STEPS = 2  # real training steps, at the training shape, in each half of the start-up repeatability check
 NOT_DETERMINISTIC = "does not have a deterministic implementation"  # torch's strict-mode error
@@ -159,6 +162,10 @@ class Engine:
         self._setup_done = False
         self.segment = 1
         self._parent_gone_at: float | None = None
+        self.dp: DataParallel | None = None  # data-parallel ranks (--world-size > 1): the process group
+        self._dp_sync = False  # gradients are all-reduced only in the loop (the start-up checks stay local)
+        self._state_outside_collective = "setup"
+        self.fault_figure: str | None = None  # the figure the failing check compared ("loss", "state", ...)
 
     # --- heartbeat ------------------------------------------------------------------------------------------
 
@@ -200,6 +207,8 @@ class Engine:
                                f"expected {opts.expect_pci_bus_id} (check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)")
         self.dtype = choose_dtype(opts.dtype, self.spec)
         self.device = self.spec.device
+        if opts.world_size > 1:
+            self._join_group()
         self.gemm = GemmCheck(opts.gemm_n or default_gemm_n(self.spec), self.dtype, self.device, opts.gemm_repeats)
         p = opts.preset_spec
         self.cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len, vocab=p.vocab,
@@ -213,7 +222,7 @@ class Engine:
             self.corpus = load_corpus(opts.data)
             if p.bpe:
                 self._tokenize(p.vocab)
-            self.sampler = WindowSampler(self.corpus, p.seq_len, opts.seed)
+            self.sampler = WindowSampler(self.corpus, p.seq_len, data_seed(opts.seed, opts.rank))
             if opts.reference:
                 self.reference = load_reference(opts.reference)
             self._build_model()
@@ -231,6 +240,27 @@ class Engine:
         self._emit_start()
         self._enforce_repeatability()
         self._check_reference_canary()
+
+    def _join_group(self) -> None:
+        """Form the data-parallel group early (before the model): a rank that never arrives is a setup error
+        within --collective-timeout-s, before anything long runs."""
+        o = self.opts
+        assert o.rendezvous is not None  # validated
+        self.dp = DataParallel(o.world_size, o.rank, o.rendezvous, o.collective_timeout_s, self.device,
+                               self.spec.type, set_state=self._collective_state)
+        try:
+            self.dp.init()
+        except GroupDidNotForm as e:
+            raise SetupProblem(str(e)) from None
+        self.log(f"data-parallel: rank {o.rank} of {o.world_size} ({self.dp.library})")
+
+    def _collective_state(self, state: str | None) -> None:
+        """The heartbeat's state while this rank waits for its peers ("collective"), and back."""
+        if state is not None:
+            self._state_outside_collective = self.state
+            self.state = state
+        else:
+            self.state = self._state_outside_collective
 
     def _tokenize(self, vocab: int) -> None:
         """BPE presets: the tokenizer learnt on this corpus (cached), then the corpus as tokens."""
@@ -474,6 +504,8 @@ class Engine:
             fp["compile"] = True
         if self.spec.type == "cpu":
             fp["threads"] = torch.get_num_threads()
+        if self.dp is not None:  # a rank's trajectory depends on the group: its data shard and the averaged grads
+            fp.update(world_size=self.opts.world_size, rank=self.opts.rank, collective=self.dp.library)
         return fp
 
     def _attach_reference(self) -> None:
@@ -563,12 +595,20 @@ class Engine:
             injections=[str(i) for i in o.injections],
             visible_devices=visibility_env(),
             setup_problems=list(self.setup_problems),
+            data_parallel=self._dp_status(),
             **versions(),
         )
         self.log(f"{o.mode} on {self.spec.name} ({DTYPE_NAMES[self.dtype]}), preset {o.preset}"
                  + (f", {self.n_params:,} parameters, {tokens:,} tokens/step" if training else "")
                  + (f", attention {self.kernels.get('sdpa_backend')}" if training else "")
                  + (", REDUCED SENSITIVITY (--tolerance)" if self.opts.tolerance else ""))
+
+    def _dp_status(self) -> dict | None:
+        if self.dp is None:
+            return None
+        return {"world_size": self.opts.world_size, "rank": self.opts.rank, "backend": self.dp.backend,
+                "library": self.dp.library, "collectives": self.dp.collectives,
+                "collective_s": round(self.dp.collective_s, 4)}
 
     @property
     def sensitivity(self) -> str:
@@ -588,7 +628,12 @@ class Engine:
         loss = self.train_model(x, y)
         loss.backward()
         grads = [p.grad for p in self.params if p.grad is not None]
+        # this rank's own gradients (before the all-reduce): loss and grad_norm are figures only this rank's
+        # computation decides; the training state after the update is the group's (tuner/tuning/rig_trial.py
+        # pins a fault on the rank whose own figures differ)
         grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+        if self.dp is not None and self._dp_sync:
+            self.dp.all_reduce_grads(self.params)
         self.muon.step()
         self.adam.step()
         self.model.zero_grad(set_to_none=True)
@@ -619,8 +664,9 @@ class Engine:
         return step
 
     def _fail(self, finding: Finding, step: int) -> None:
+        self.fault_figure = finding.figure
         self.em.emit("fault", kind=finding.kind, step=step, reference_step=self.reference_step(step),
-                     detail=finding.detail)
+                     detail=finding.detail, figure=finding.figure)
         self.log(f"FAULT {finding.kind} at step {step}: {finding.detail}")
         raise _End("fail", finding.detail, finding.kind, step, EXIT_FAULT)
 
@@ -810,24 +856,43 @@ class Engine:
     def _idle(self, seconds: float) -> None:
         self.state = "idle"
         end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0 and not self._bounded():
+        # data-parallel ranks idle the whole gap (the next agreement decides whether to stop, for all at once)
+        while (left := end - time.monotonic()) > 0 and (self.dp is not None or not self._bounded()):
             self._check_stop()
             self.sleep(min(left, 0.05))
         self._steps_since_idle = 0
 
+    def _agree(self, schedule: MixedSchedule | None) -> tuple[bool, tuple[str, float] | None]:
+        """(stop now, the mixed-mode phase and seconds left in it). With data-parallel ranks, one small collective:
+        every rank stops when any reached its bound (so all make the same number of steps), and every rank
+        follows rank 0's phase (so they idle together instead of waiting for each other)."""
+        bounded = self._bounded()
+        phase = schedule.phase(time.monotonic()) if schedule is not None else None
+        if self.dp is None:
+            return bounded, phase
+        mine = [int(bounded), 0, 0]
+        if phase is not None and self.opts.rank == 0:
+            mine[1:] = [PHASE_CODES[phase[0]], int(phase[1] * 1000)]
+        stop, code, left_ms = self.dp.agree(mine)
+        return bool(stop), (PHASE_NAMES[code], left_ms / 1000) if phase is not None and code else phase
+
     def loop(self) -> None:
         self._loop_start = time.monotonic()
+        self._dp_sync = True
         schedule = None
         if self.opts.mode == "mixed":
             o = self.opts
             schedule = MixedSchedule(o.mixed_full_s, o.mixed_partial_s, o.idle_gap_s, self._loop_start)
-        while not self._bounded():
+        while True:
             self._check_stop()
+            stop, phase_left = self._agree(schedule)
+            if stop:
+                break
             if self.opts.mode == "gemm":
                 self.gemm_once()
                 continue
-            if schedule is not None:
-                phase, left = schedule.phase(time.monotonic())
+            if phase_left is not None:
+                phase, left = phase_left
                 self._set_phase(phase, left)
                 if phase == "idle":
                     self._idle(left)
@@ -922,6 +987,8 @@ class Engine:
             warnings=self.warning_count,
             canaries=self.canary_count,
             exit_code=exit_code,
+            figure=self.fault_figure if verdict == "fail" else None,
+            data_parallel=self._dp_status(),
         )
 
     def run(self) -> int:
@@ -940,6 +1007,10 @@ class Engine:
                 reason = f"completed {self.step} steps"
         except _End as e:
             verdict, reason, kind, step, code = e.verdict, e.reason, e.kind, e.step, e.exit_code
+        except PeerLost as e:  # another rank died or stalled: not a fault of this rank (the host: inconclusive)
+            reason = f"peer stalled: {e} (this rank's checks passed up to step {self.step})"
+            verdict, kind, code = "error", "peer", EXIT_ERROR
+            self.log(reason)
         except (UsageProblem, DataProblem, ReferenceProblem) as e:
             verdict, reason, kind, code = "error", str(e), "usage", EXIT_ERROR
             self.log(f"error: {e}")
@@ -988,6 +1059,8 @@ class Engine:
                     verdict, reason, kind, code = "error", f"error while finishing: {e}", "internal", EXIT_ERROR
         if self.opts.verify_repeatable and self._setup_done:
             self._write_repeatability()
+        if self.dp is not None:
+            self.dp.close()
         if self.heartbeat is not None:
             self.heartbeat.stop()  # before `end`, which must be the last line
         try:

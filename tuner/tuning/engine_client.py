@@ -390,6 +390,9 @@ class WatchdogPolicy:
 
 
 _IDLE_STATES = {"idle", "partial-idle", "eval", "done"}  # heartbeats in these states are not a stall
+# A data-parallel rank waiting for its peers ("collective") is not stalled either, for as long as its own collective
+# timeout allows (plus this margin): past that the engine should have ended the wait itself, so silence is a hang.
+COLLECTIVE_MARGIN_S = 10.0
 
 
 def classify_stderr(text: str) -> str | None:
@@ -431,6 +434,9 @@ class StressRun:
         self._tok_s: list[float] = []
         self._last_progress_count: int | None = None
         self._t_launch = 0.0
+        self._collective_since: float | None = None
+        opts = config.options
+        self._collective_limit_s = opts.collective_timeout_s + COLLECTIVE_MARGIN_S if opts.world_size > 1 else 0.0
         self._t_last_event = 0.0
         self._t_last_progress = 0.0
         self._result: StressResult | None = None
@@ -565,7 +571,13 @@ class StressRun:
             self._t_last_event = now
             match ev:
                 case HeartbeatEvent(state=state, progress=progress):
-                    if state in _IDLE_STATES or (progress is not None and progress != self._last_progress_count):
+                    waiting = state == "collective"
+                    if not waiting:
+                        self._collective_since = None
+                    elif self._collective_since is None:
+                        self._collective_since = now
+                    if (state in _IDLE_STATES or (progress is not None and progress != self._last_progress_count)
+                            or (waiting and now - (self._collective_since or now) <= self._collective_limit_s)):
                         self._t_last_progress = now
                     if progress is not None:
                         self._last_progress_count = progress

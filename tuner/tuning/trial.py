@@ -62,9 +62,10 @@ def default_engine_factory(config: EngineConfig, watchdog: WatchdogPolicy) -> sc
     return sc.StressRun(config, watchdog=watchdog)
 
 
-def trial_request(target: StressTarget, params: TrialParams, setting: int | None = None) -> EngineConfig:
+def trial_request(target: StressTarget, params: TrialParams, setting: int | None = None,
+                  **extra: object) -> EngineConfig:
     """The engine run for one trial on `target` at `setting` (None: a run at whatever the card is set to, with
-    the engine's default fault seed)."""
+    the engine's default fault seed). `extra`: further engine options (the rig trial's data-parallel rank)."""
     return sc.engine_request(
         target, duration_s=None if params.steps is not None else params.duration_s, steps=params.steps,
         preset=params.preset, setting=setting, mode=params.mode,
@@ -74,10 +75,10 @@ def trial_request(target: StressTarget, params: TrialParams, setting: int | None
         # a reference one trial long covers a run of any length: past its end the engine restarts from the
         # initial weights and keeps comparing
         reference_loop=params.reference_path is not None and not params.verify_repeatable,
-        tolerance=params.tolerance, verify_repeatable=params.verify_repeatable, compile=params.compile)
+        tolerance=params.tolerance, verify_repeatable=params.verify_repeatable, compile=params.compile, **extra)
 
 
-def _same_bus(a: str | None, b: str | None) -> bool:
+def same_bus(a: str | None, b: str | None) -> bool:
     if not a or not b:
         return True
     def norm(s: str) -> str:
@@ -86,7 +87,7 @@ def _same_bus(a: str | None, b: str | None) -> bool:
     return norm(a) == norm(b)
 
 
-class _Trial:
+class TrialState:
     """What one trial started and saw; the cleanup fills in what it collects on the way out."""
 
     def __init__(self) -> None:
@@ -135,7 +136,7 @@ def run_trial(
     knob = backend.knob(device_id)
     started_at = clock()
     warnings: list[str] = []
-    trial = _Trial()
+    trial = TrialState()
 
     def warn(message: str) -> None:
         warnings.append(message)
@@ -159,7 +160,7 @@ def run_trial(
             if stop_event.is_set():
                 raise StopRequested
             # 2. apply and verify (the backend validates and reads back)
-            cleanup.callback(_reset_and_verify, backend, device_id)
+            cleanup.callback(reset_and_verify, backend, device_id)
             applied = backend.apply(device_id, setting)
             if applied.current != setting:
                 raise NotApplied(f"{device_id} reads back {applied.current:+d} {knob.unit} after writing "
@@ -167,7 +168,7 @@ def run_trial(
             for line in applied.clamped:  # curve points the driver's range kept from the asked offset
                 warn(f"clamped: {line}")
             # 3. under load
-            cleanup.callback(_end_load, backend, device_id)
+            cleanup.callback(end_load, backend, device_id)
             backend.note_load(device_id, True)
             target = backend.stress_target(device_id)
             trial.target = target
@@ -192,10 +193,10 @@ def run_trial(
                         return
 
             stopper = threading.Thread(target=watch_stop, name="trial-stop", daemon=True)
-            cleanup.callback(_end_thread, end_watch, stopper)
+            cleanup.callback(end_thread, end_watch, stopper)
             stopper.start()
-            _follow(run, trial, target, params, setting, started_at, emit, clock)
-            trial.engine_result = _bounded_result(run, watchdog)
+            follow(run, trial, target, params, setting, started_at, emit, clock)
+            trial.engine_result = bounded_result(run, watchdog)
         except StopRequested:
             trial.stop_reason = STOPPED
 
@@ -216,16 +217,20 @@ def run_trial(
     )
 
 
-def _follow(run: sc.StressRun, trial: _Trial, target: StressTarget, params: TrialParams, setting: int,
-            started_at: float, emit: Callable[[TrialEvent], None], clock: Callable[[], float]) -> None:
-    """Read the engine's events until it ends: check it runs on the card being tuned, report progress."""
+def follow(run: sc.StressRun, trial: TrialState, target: StressTarget, params: TrialParams, setting: int,
+           started_at: float, emit: Callable[[TrialEvent], None], clock: Callable[[], float], *,
+           device: str = "", seen: Callable[[sc.Event], None] | None = None) -> None:
+    """Read the engine's events until it ends: check it runs on the card being tuned, report progress (about
+    `device`, when given). `seen` gets every event first (the rig trial keeps each rank's start and faults)."""
     last_progress = 0.0
     step: int | None = None
     tok_s: float | None = None
     for event in run.events():
+        if seen is not None:
+            seen(event)
         match event:
             case sc.StartEvent(pci_bus_id=reported):
-                if target.pci_bus_id and reported and not _same_bus(reported, target.pci_bus_id):
+                if target.pci_bus_id and reported and not same_bus(reported, target.pci_bus_id):
                     trial.pci_problem = (f"the engine runs on PCI {reported}, not on the card being tuned "
                                          f"({target.pci_bus_id}); check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
                     trial.stop_engine("pci")
@@ -244,23 +249,23 @@ def _follow(run: sc.StressRun, trial: _Trial, target: StressTarget, params: Tria
                 setting=setting, phase=params.phase, elapsed_s=round(elapsed, 1),
                 duration_s=params.duration_s, eta_s=round(max(0.0, params.duration_s - elapsed), 1),
                 step=step, tok_s=tok_s, power_w=latest.power_w if latest else None,
-                temp_c=(latest.temp_hotspot_c or latest.temp_edge_c) if latest else None))
+                temp_c=(latest.temp_hotspot_c or latest.temp_edge_c) if latest else None, device=device))
 
 
-def _end_load(backend: Backend, device_id: str) -> None:
+def end_load(backend: Backend, device_id: str) -> None:
     try:
         backend.note_load(device_id, False)
     except TunerError:
         pass  # the load marker is advisory (the simulated card's telemetry); the reset that follows is not
 
 
-def _end_thread(done: threading.Event, thread: threading.Thread) -> None:
+def end_thread(done: threading.Event, thread: threading.Thread) -> None:
     done.set()
     if thread.is_alive():
         thread.join(timeout=5.0)
 
 
-def _bounded_result(run: sc.StressRun, watchdog: WatchdogPolicy) -> StressResult | None:
+def bounded_result(run: sc.StressRun, watchdog: WatchdogPolicy) -> StressResult | None:
     """The engine's result, waited for a bounded time (its output has ended, so it should be exiting): if it does
     not exit, stop it (SIGTERM, then SIGKILL) and wait once more; None when even that does not end it."""
     try:
@@ -273,7 +278,10 @@ def _bounded_result(run: sc.StressRun, watchdog: WatchdogPolicy) -> StressResult
         return None
 
 
-def _reset_and_verify(backend: Backend, device_id: str) -> None:
+_bounded_result = bounded_result  # the old private name (its callers and tests)
+
+
+def reset_and_verify(backend: Backend, device_id: str) -> None:
     knob = backend.reset(device_id)
     if knob.current != knob.stock:
         raise NotApplied(f"{device_id} did not return to stock (reads {knob.current:+d} {knob.unit})",
