@@ -63,7 +63,8 @@ async def _all_cards(pilot, app, gpus: int = 3):
         await pilot.press("d")  # sim0 -> sim1 -> sim2 -> ALL CARDS
     await pilot.press("d")
     await pilot.pause()
-    assert app.bisect_all and "ALL CARDS (sim0, sim1, sim2)" in _text(app, "#bisect-status")
+    ids = ", ".join(f"sim{i}" for i in range(gpus))
+    assert app.bisect_all and f"ALL CARDS ({ids})" in _text(app, "#bisect-status")
     _fast_form(app)
 
 
@@ -201,3 +202,45 @@ async def test_stop_then_resume_continues_the_rig_with_every_cards_earlier_trial
         await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
         assert dict(app.rig.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
         assert all(len(app.rig.card(d).trials) >= n for d, n in before.items())  # earlier trials still shown
+
+
+async def test_restart_discards_the_unfinished_rig_session_and_starts_afresh(tmp_path, monkeypatch):
+    gated = GatedRig()
+    monkeypatch.setattr(rig_trial, "run_rig_trial", gated)
+    app, _backend = _app(tmp_path, gpus=2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app, gpus=2)
+        await pilot.press("b")
+        await _wait(pilot, gated.entered.is_set)
+        await pilot.press("x")
+        gated.release.set()
+        await _wait(pilot, lambda: not app.rig.running)
+        fresh = FakeRigTrial()
+        monkeypatch.setattr(rig_trial, "run_rig_trial", fresh)
+        await pilot.press("n")
+        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
+        assert dict(app.rig.settings) == {"sim0": -40, "sim1": -55}
+        assert fresh.calls[0][1].phase == "rig-baseline"  # from the start: the recording at stock again
+        assert app.rig.card("sim0").trials[0]["phase"] == "baseline"  # a new table, not the stopped one's
+
+
+async def test_quit_with_the_rig_result_unconfirmed_reverts_every_card(tmp_path, fake_rig):
+    app, backend = _app(tmp_path, gpus=2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app, gpus=2)
+        await pilot.press("b")
+        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog)
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)
+        assert "an unconfirmed setting on sim0, sim1" in str(app.screen.query_one("Static").render())
+        await pilot.press("y")
+        await pilot.pause()
+    assert [backend.knob(f"sim{i}").current for i in range(2)] == [-40, -55]
+    done = app.make_safe()
+    assert [backend.knob(f"sim{i}").current for i in range(2)] == [0, 0], done
+    assert "reverted the unconfirmed setting on sim0, sim1" in done

@@ -352,7 +352,7 @@ def apply_rig_event(state: RigState, event: object, *, now_s: float | None = Non
     match event:
         case RigConfirmStarted():
             row = {"attempt": event.attempt, "phase": event.phase, "settings": dict(event.settings),
-                   "verdict": "running", "duration_s": event.duration_s}
+                   "verdict": "running", "duration_s": event.duration_s, "started_s": now_s}
             return replace(state, phase=event.phase, current=row, units={**state.units, **event.unit_by_device},
                            attempts=appended(state.attempts, row, limit=RIG_ATTEMPTS))
         case RigConfirmFinished():

@@ -407,11 +407,10 @@ class BisectScreen(TunerScreen):
             cur = rig.current
             if cur is None:
                 status.append(" each card's own search, then the whole rig together")
-            elif cur.get("phase") == "rig-baseline":
-                status.append(" the whole rig: recording every card's reference at stock")
             else:
-                status.append(f" the whole rig: confirmation attempt {cur.get('attempt')} "
-                              f"({format_duration(cur.get('duration_s') or 0)})")
+                what = ("recording every card's reference at stock" if cur.get("phase") == "rig-baseline" else
+                        f"confirmation attempt {cur.get('attempt')}")
+                status.append(f" the whole rig: {what} ({rig_run_time(cur, app.clock())})")
         elif rig.failure:
             status.append(f"STOPPED: {rig.failure}", style="bold")
         elif rig.outcome is not None:
@@ -573,6 +572,15 @@ def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
 
 def _settings_text(settings, rig) -> str:
     return ", ".join(f"{d} {v:+d} {rig.unit(d)}" for d, v in (settings or {}).items())
+
+
+def rig_run_time(current, now_s: float) -> str:
+    """`1m05s of 2m00s` (the run's nominal length; the rig trial reports no progress of its own)."""
+    total = format_duration(current.get("duration_s") or 0)
+    started_s = current.get("started_s")
+    if started_s is None:
+        return total
+    return f"{format_duration(max(0.0, now_s - started_s))} of {total}"
 
 
 def rig_attempt_line(rig, row) -> str:
