@@ -450,7 +450,8 @@ class BisectScreen(TunerScreen):
         elif state.device_id and state.trials:
             status.append("FINISHED")
         else:
-            status.append("idle · b start · f edit form · u resume a session")
+            status.append("idle · b start · f edit form · u resume a session"
+                          + (" · d next card, then ALL CARDS" if len(app.devices) > 1 else ""))
         self.query_one("#bisect-status", Static).update(status)
         progress = (state.current or {}).get("progress") or 0.0
         if not state.running:
