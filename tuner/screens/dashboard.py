@@ -46,4 +46,5 @@ class DashboardScreen(TunerScreen):
             device_id = panel.device.id
             panel.display = not many or device_id == app.selected_device_id
             if panel.display:
-                panel.paint(app.histories[device_id], running_label(app.stress, app.bisect, device_id, app.rig))
+                panel.paint(app.histories[device_id], running_label(app.stress, app.bisect, device_id, app.rig),
+                            running_label(app.stress, app.bisect, device_id, app.rig, compact=True))

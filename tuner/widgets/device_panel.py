@@ -80,10 +80,12 @@ class DevicePanel(Vertical):
             yield HistoryPlot("power W", id="plot-power", min_span=20.0)
             yield HistoryPlot("edge °C", id="plot-temp", min_span=10.0)
 
-    def paint(self, history: DeviceHistory, running: str) -> None:
+    def paint(self, history: DeviceHistory, running: str, running_short: str | None = None) -> None:
+        """`running` in full on the border; `running_short` (if given) on the setting line, so it fits 80 columns."""
+        short = running_short or running
         line = Text(setting_text(history.knob))
         line.append(" · ")
-        line.append(running, style="bold" if running != "idle" else "")
+        line.append(short, style="bold" if short != "idle" else "")
         self.query_one("#setting", Static).update(line)
         self.border_subtitle = running
         if history.version == self._painted_version:
