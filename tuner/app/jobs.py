@@ -435,7 +435,7 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
             current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
                        "phase": event.phase, "progress": 0.0, "duration_s": event.duration_s,
                        "eta_s": expected_wall_s(state, event.duration_s), "eta_total_s": None}
-            return replace(state, trials=(*state.trials, row), current=current)
+            return replace(state, trials=(*state.trials, row), current=current, unit=state.unit or event.unit)
         case TrialProgress() if state.current is not None:
             progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
             eta_s, eta_total_s = measured_eta_s(state, event, now_s)
