@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner.actions.profile_apply import ProfileApply, set_profile_lock_clock
+from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
 from tuner.actions.verify import VerifyOutcome, verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, RigState, StressState, appended
 from tuner.backends.base import Backend
@@ -509,27 +509,24 @@ def tuning_from_bisect(state: BisectState) -> dict | None:
 # --- a change waiting for keep-or-revert: one card (PendingChange) or a whole rig (RigChange) ----------------------
 def pending_cards(pending) -> tuple[str, ...]:
     """The cards an unconfirmed change touches (a rig change: every card of it)."""
-    changes = getattr(pending, "changes", None)
-    if changes is not None:
-        return tuple(c.device_id for c in changes)
+    if isinstance(pending, RigChange):
+        return tuple(c.device_id for c in pending.changes)
     return (pending.device_id,)
 
 
 def applied_knobs(pending) -> dict:
     """Each card's knob as read back after the apply."""
-    applied = pending.applied
-    if isinstance(applied, dict):
-        return dict(applied)
-    return {} if applied is None else {pending.device_id: applied}
+    if isinstance(pending, RigChange):
+        return dict(pending.applied)
+    return {} if pending.applied is None else {pending.device_id: pending.applied}
 
 
 def keep_question(pending) -> str:
     """What the keep-or-revert dialog asks: every card with its value and unit."""
-    changes = getattr(pending, "changes", None)
-    if changes is None:
+    if not isinstance(pending, RigChange):
         unit = f" {pending.applied.unit}" if pending.applied is not None else ""
         return f"Applied {pending.value:+d}{unit} on {pending.device_id}. Keep this setting?"
     cards = ", ".join(f"{c.device_id} {c.value:+d}" + (f" {c.applied.unit}" if c.applied is not None else "")
-                      for c in changes)
-    return (f"Applied {pending.plan.profile.name!r} to {len(changes)} cards at once: {cards}. Keep all of them? "
-            "Revert puts every card back.")
+                      for c in pending.changes)
+    return (f"Applied {pending.plan.profile.name!r} to {len(pending.changes)} cards at once: {cards}. Keep all of "
+            "them? Revert puts every card back.")
