@@ -1,7 +1,8 @@
 """The rig apply's safety rules as one table (the rig half of test_rules_table.py), run through every front end:
 the core directly (tuner.actions.profile_apply: plan_rig_apply, prepare_rig_apply, one RigChange), the CLI
 (`tuner apply RIG`, in-process, its backend factory pointed at the case's simulated rig) and the App (the Profiles
-screen's `a`, keep-or-revert answered with its keys).
+screen's `a`, and the Bisect screen's `a` on the result of a bisect of every card; keep-or-revert answered with
+the dialog's keys).
 
 The rules: every part is checked before any card is written (so each refusal below is on the LAST parts, where a
 front end that checked as it wrote would already have written the first cards); a missing card, or another card in
@@ -29,6 +30,7 @@ import pytest
 from tests.tui.helpers import FakeClock
 from tuner import cli
 from tuner.actions.profile_apply import plan_rig_apply, prepare_rig_apply
+from tuner.app.state import RigState
 from tuner.app.tuner_app import TunerApp
 from tuner.app.words import for_people
 from tuner.backends.simulated import SimulatedBackend
@@ -36,7 +38,7 @@ from tuner.core import exit_codes
 from tuner.core.errors import NotApplied, TunerError
 from tuner.core.signals import FATAL as FATAL_SIGNALS
 from tuner.profiles import RigPart, build_rig_profile, save_profile
-from tuner.screens.dialogs import KeepOrRevertDialog
+from tuner.screens.dialogs import KeepOrRevertDialog, TextInputDialog
 from tuner.tuning import journal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,15 +212,35 @@ def through_cli(case: RigCase, monkeypatch, capsys) -> tuple:
     return decision(backend, ("refused", code, line.removeprefix("tuner: error: ")))
 
 
-async def through_app(case: RigCase) -> tuple:
-    """The Profiles screen's `a` on the rig profile; keep-or-revert answered with `k` / `r`; a signal delivered
-    to the handler run_app installs for every fatal signal, then run_app's make_safe (what runs after the App)."""
+def bisect_screen_applies(case: RigCase) -> bool:
+    """The Bisect screen applies the rig it has just bisected: every card here, each its own (no --force)."""
+    return case.gpus == 3 and case.replaced is None and not case.force
+
+
+def finished_rig_bisect(case: RigCase) -> RigState:
+    """The App's state after a bisect of every card that confirmed the case's values together."""
+    from tuner.tuning.job import BisectOutcome
+    from tuner.tuning.rig import RigOutcome
+
+    ids = tuple(f"sim{i}" for i in range(3))
+    settings = dict(zip(ids, case.values, strict=True))
+    outcome = RigOutcome(status="recommended", exit_code=0, settings=settings,
+                         per_card={d: BisectOutcome(status="recommended", exit_code=0, session=None) for d in ids})
+    return RigState(device_ids=ids, running=False, settings=settings, outcome=outcome)
+
+
+async def through_app(case: RigCase, screen: str = "profiles") -> tuple:
+    """The Profiles screen's `a` on the rig profile, or the Bisect screen's `a` on the result of a bisect of every
+    card; keep-or-revert answered with `k` / `r`; a signal delivered to the handler run_app installs for every
+    fatal signal, then run_app's make_safe (what runs after the App)."""
     backend = make_rig(case)
     app = TunerApp(backend=backend, clock=FakeClock(), sample_interval_s=None, doctor=list)
     outcome: tuple | None = None
     previous = {}
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
-        await pilot.press("4")
+        if screen == "bisect":
+            app.bisect_all, app.rig = True, finished_rig_bisect(case)
+        await pilot.press("4" if screen == "profiles" else "3")
         await pilot.pause()
         await pilot.press("a")
         await app.workers.wait_for_complete()
@@ -226,7 +248,7 @@ async def through_app(case: RigCase) -> tuple:
         if not isinstance(app.screen, KeepOrRevertDialog):
             errors = [n.message for n in app._notifications if n.severity == "error"]
             assert errors, "the App neither applied nor refused"
-            outcome = ("refused", None, errors[-1])
+            outcome = ("refused", None, errors[-1].replace("'bisect-result'", repr(NAME)))  # the result's name
         elif case.answer == "signal":
             for sig in FATAL_SIGNALS:  # as run_app does
                 previous[sig] = signal.signal(sig, app.signal_safe_hang_up)
@@ -241,6 +263,8 @@ async def through_app(case: RigCase) -> tuple:
             await app.workers.wait_for_complete()
             await pilot.pause()
             outcome = ("kept",) if app.pending is None and case.answer == "keep" else ("reverted", "not confirmed")
+            if screen == "bisect" and case.answer == "keep":
+                assert isinstance(app.screen, TextInputDialog)  # kept: the screen offers to save the rig profile
     if case.answer == "signal" and outcome is None:
         assert app.hung_up, "the signal did not end the App"
         app.make_safe()
@@ -278,6 +302,8 @@ async def test_every_front_end_decides_as_the_core(case, monkeypatch, capsys):
     by_app = await through_app(case)
     # the App offers no --force: it must decide as the core does without it
     _same(by_app, through_core(case, force=False) if case.force else by_core)
+    if bisect_screen_applies(case):
+        _same(await through_app(case, "bisect"), by_core)
 
 
 # --- a changed core rule changes every front end ------------------------------------------------------------------
