@@ -6,6 +6,9 @@ with the same message and exit code, a verify required, or a bisect started with
 Cases marked "regression" failed on the App before the rules moved into tuner.actions: the Tune screen applied a
 value beyond one on the unsafe list, the Profiles screen did too, and the Bisect form always sent 10/5/10, which a
 15 MHz card refuses.
+
+A rig profile's apply (one part per card, one keep-or-revert for the whole rig) has its own table in
+test_rig_rules_table.py, which also checks that every card write comes from tuner.actions.
 """
 
 from __future__ import annotations

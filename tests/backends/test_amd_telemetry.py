@@ -104,9 +104,10 @@ def test_power_cap_that_the_driver_cannot_read_is_none(tmp_path):
 
 
 def test_amd_reports_no_throttle_reasons_it_cannot_read(tmp_path):
-    """The reasons live only in the binary gpu_metrics, which the tuner does not parse: empty, said in the docs."""
+    """The reasons live only in the binary gpu_metrics, which the tuner does not parse: None (unknown), never ()
+    (which would claim none are active)."""
     backend, _io, dev = _backend(tmp_path)
-    assert backend.telemetry(dev).throttle_reasons == ()
+    assert backend.telemetry(dev).throttle_reasons is None
 
 
 def test_telemetry_reads_through_the_fake_kernels_seam(tmp_path):

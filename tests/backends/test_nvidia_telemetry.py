@@ -110,4 +110,4 @@ def test_reasons_refused_by_both_calls_are_empty_and_nothing_else_breaks():
     for call in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
         m.fail[call] = CODES["NVML_ERROR_NOT_SUPPORTED"]
     t = backend.telemetry(dev)
-    assert t.throttle_reasons == () and t.fan_pct == 30
+    assert t.throttle_reasons is None and t.fan_pct == 30  # unknown (the UI: "limits: n/a"), not "none active"

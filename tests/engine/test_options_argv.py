@@ -78,6 +78,20 @@ OPTIONS = st.builds(
 )
 
 
+def _mostly_valid(opts: EngineOptions) -> EngineOptions:
+    """Repair the combinations `validate` refuses most often (no bound, a loop without its reference, compile with
+    injections), so `assume` filters a few inputs, not most: Hypothesis's filter_too_much health check otherwise
+    fails the round trip at random (seen in a full run: 8 valid of 58)."""
+    fix: dict[str, object] = {}
+    if opts.steps is None and opts.duration_s is None:
+        fix["steps"] = 1 + abs(opts.seed) % 10**6
+    if opts.reference_loop and (not opts.reference or opts.record):
+        fix["reference_loop"] = False
+    if opts.compile and (opts.injections or opts.fault_rate > 0):
+        fix["compile"] = None
+    return replace(opts, **fix) if fix else opts
+
+
 def _valid(opts: EngineOptions) -> bool:
     try:
         opts.validate()
@@ -87,7 +101,7 @@ def _valid(opts: EngineOptions) -> bool:
 
 
 @settings(max_examples=300, deadline=None)
-@given(OPTIONS)
+@given(OPTIONS.map(_mostly_valid))
 def test_options_to_argv_and_back_are_the_same_options(opts):
     assume(_valid(opts))
     assert parse_args(to_argv(opts), environ={}) == opts

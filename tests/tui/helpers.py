@@ -59,3 +59,49 @@ def prefill(app: TunerApp, samples: int) -> None:
         backend.test_clock.advance(1.0)
     for device in app.devices:
         backend.note_load(device.id, False)
+
+
+def rig_in_confirmation(ids=("sim0", "sim1", "sim2"), settings=(-40, -55, -30)):
+    """A RigState as the App folds it mid-way through the whole-rig confirmation: each card searched (a few
+    trials and its own recommendation), the recording at stock passed, attempt 1 failed on sim1 (backed off),
+    attempt 2 running. Built from the events a RigBisectJob emits, with fixed figures (snapshots)."""
+    from tuner.app.jobs import apply_rig_event
+    from tuner.app.state import BisectState, RigState
+    from tuner.tuning.events import (
+        Recommendation,
+        RigConfirmFinished,
+        RigConfirmStarted,
+        SessionStarted,
+        TrialFinished,
+        TrialResult,
+        TrialStarted,
+    )
+
+    state = RigState(device_ids=tuple(ids), running=True, cards={d: BisectState(device_id=d, running=True)
+                                                                 for d in ids})
+    events: list = []
+    for d, rec in zip(ids, settings, strict=True):
+        events.append(SessionStarted(session="s1", device=d, label=d, unit="mV", stock=0, resumed=False))
+        for k, (value, phase) in enumerate([(0, "baseline"), (-20, "coarse"), (rec - 10, "confirm")], start=1):
+            events.append(TrialStarted(index=k, setting=value, unit="mV", phase=phase, duration_s=60.0,
+                                       started_at=0.0, expected_trials=8, device=d))
+            events.append(TrialFinished(index=k, device=d, result=TrialResult(
+                setting=value, unit="mV", phase=phase, verdict="pass", tok_s=1000.0 + value, power_w=250.0 + value,
+                tok_per_j=4.0 - value / 100, max_temp_c=70.0)))
+        events.append(Recommendation(device=d, unit="mV", setting=rec, confirmed=rec - 10, lowest_pass=rec - 10,
+                                     first_failure=rec - 20, margin=10, edge=False))
+    stock = dict.fromkeys(ids, 0)
+    units = dict.fromkeys(ids, "mV")
+    first = dict(zip(ids, settings, strict=True))
+    backed = {**first, ids[1]: first[ids[1]] + 5}
+    events += [
+        RigConfirmStarted(settings=stock, unit_by_device=units, duration_s=60.0, attempt=0, phase="rig-baseline"),
+        RigConfirmFinished(attempt=0, passed=True, pinned=(), machine_event=None, backed_off={}, phase="rig-baseline"),
+        RigConfirmStarted(settings=first, unit_by_device=units, duration_s=120.0, attempt=1),
+        RigConfirmFinished(attempt=1, passed=False, pinned=(ids[1],), machine_event=None, backed_off=backed,
+                           reasons={ids[1]: "fail (mismatch: loss bits differ under the rig load)"}),
+        RigConfirmStarted(settings=backed, unit_by_device=units, duration_s=120.0, attempt=2),
+    ]
+    for event in events:
+        state = apply_rig_event(state, event)
+    return state

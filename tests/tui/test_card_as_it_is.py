@@ -177,7 +177,7 @@ async def test_dashboard_shows_fan_vram_power_cap_and_limits(app):
         await pilot.pause(0.6)
         figures = _text(app.screen.query_one("#figures"))
         assert "of 300" in figures and "fan " in figures and "%" in figures
-        assert "VRAM 0.4/32 GiB" in figures and "limits: none" in figures
+        assert "VRAM 0.4/32 GiB" in figures and "limits: n/a" in figures  # the AMD-style card, as real amdgpu
 
 
 def test_plots_get_a_minimum_span_and_round_ticks():
@@ -186,3 +186,28 @@ def test_plots_get_a_minimum_span_and_round_ticks():
     lo, hi, ticks = nice_axis([15.0, 15.2, 15.1], 20.0)  # an idle card: a flat line, not noise filling the plot
     assert hi - lo >= 20.0 and all(t == int(t) and int(t) % 5 == 0 for t in ticks)
     assert nice_axis([15.0, 297.3], 20.0) == (0, 300, [0, 100, 200, 300])
+
+
+async def test_a_backend_that_cannot_read_limit_reasons_shows_n_a_not_none(tmp_path):
+    """AMD reports throttle_reasons None (only in the binary gpu_metrics): "limits: none" would claim that no
+    limit is active."""
+    from dataclasses import replace
+
+    from tests.tui.helpers import make_app, sim_backend
+
+    backend = sim_backend(tmp_path)
+    read = backend.telemetry
+    backend.telemetry = lambda device_id: replace(read(device_id), throttle_reasons=None)
+    app = make_app(tmp_path, backend=backend, samples=3)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.6)
+        figures = _text(app.screen.query_one("#figures"))
+        assert "limits: n/a" in figures and "limits: none" not in figures
+
+
+def test_limits_text_says_none_only_when_none_were_read():
+    from tuner.widgets.device_panel import limits_text
+
+    assert limits_text(None) == "n/a"
+    assert limits_text(()) == "none"
+    assert limits_text(("power cap", "hw thermal")) == "power cap, hw thermal"

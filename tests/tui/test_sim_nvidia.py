@@ -34,3 +34,44 @@ async def test_the_app_starts_on_the_nvidia_style_card_and_shows_it():
             assert app.backend.knob("sim0").unit == "MHz"
     finally:
         ctx.close()
+
+
+async def test_a_manual_stress_on_the_nvidia_style_card_records_its_reference_then_compares_with_it():
+    """Issue 15 item 8: the first stress at stock records the card's reference (keyed by its serial and the
+    engine settings), the next one compares with it instead of recording again; another preset is another key."""
+    import asyncio
+
+    from tuner.app.jobs import stress_reference
+
+    ctx = Context.from_args(_parse(["--simulate", "--sim-kind", "nvidia"]))
+    app = TunerApp(ctx, doctor=lambda: list(FAKE_CHECKS), sample_interval_s=None,
+                   stress_options={"reference_record_s": 3.0})
+    device, target = app.backend.device("sim0"), app.backend.stress_target("sim0")
+    ref = stress_reference(device, target, preset="tiny", mode="train").path
+    assert ref is not None and device.serial in ref.name and not ref.exists()
+    assert stress_reference(device, target, preset="small", mode="train").path != ref
+
+    async def wait(predicate, timeout_s: float = 60.0) -> None:
+        for _ in range(int(timeout_s / 0.1)):
+            if predicate():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError("condition never became true")
+
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("2", "s")
+            await wait(lambda: app.stress.detector("reference") == "recording")
+            await wait(lambda: app.stress.detector("reference") == "ok" and len(app.stress.steps) >= 3)
+            assert ref.exists()
+            await pilot.press("s")
+            await wait(lambda: not app.stress.running)
+            await pilot.press("s")
+            await wait(lambda: app.stress.run == 2 and len(app.stress.steps) >= 3)
+            assert app.stress.detector("reference") == "ok"
+            assert not any("recording this card's stock reference" in line for line in app.stress.log)
+            await pilot.press("s")
+            await wait(lambda: not app.stress.running)
+            assert "stopped by you" in (app.stress.verdict or "")
+    finally:
+        ctx.close()

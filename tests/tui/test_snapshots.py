@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.tui.helpers import make_app, sim_backend
+from tests.tui.helpers import make_app, rig_in_confirmation, sim_backend
 from tuner.profiles import Profile, build_profile, save_profile
 
 SIZES = [(80, 24), (120, 40)]
@@ -40,3 +40,35 @@ def test_screen_snapshot(screen, size, snap_compare, tmp_path):
         await pilot.pause(0.6)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def _three_cards_in_a_rig_confirmation(tmp_path):
+    backend = sim_backend(tmp_path, gpus=3)
+    for device_id, value in (("sim0", -40), ("sim1", -50), ("sim2", -30)):  # attempt 2's settings, on the cards
+        backend.apply(device_id, value)
+    app = make_app(tmp_path, backend=backend, samples=90)
+    app.rig = rig_in_confirmation()
+    return app
+
+
+def test_multi_card_dashboard_snapshot(snap_compare, tmp_path):
+    """Three cards at 80x24: a row per card (setting, power, temperature, job), the first card's panel below."""
+    app = _three_cards_in_a_rig_confirmation(tmp_path)
+
+    async def run_before(pilot):
+        await pilot.pause(0.6)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_all_cards_bisect_snapshot(snap_compare, tmp_path):
+    """The Bisect screen's ALL CARDS target at 80x24 during the rig confirmation: a line per card, the rig
+    attempts, the first card's trial table."""
+    app = _three_cards_in_a_rig_confirmation(tmp_path)
+    app.bisect_all = True
+
+    async def run_before(pilot):
+        await pilot.press("3")
+        await pilot.pause(0.6)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

@@ -42,14 +42,14 @@ def _wait_for(sock: Path, texts: list[str], timeout_s: float = 20.0) -> str:
     raise AssertionError(f"never saw {texts!r}; last pane:\n{pane}")
 
 
-def _start_tuner(tmp_path: Path, *, then: str = "; echo TUNER-EXIT=$?; sleep 30") -> Path:
+def _start_tuner(tmp_path: Path, *, then: str = "; echo TUNER-EXIT=$?; sleep 30", args: str = "") -> Path:
     """`tuner --simulate` at 80x24 in a private tmux server (with the test's XDG dirs); returns its socket.
     `then` runs in the pane after the tuner exits, so the exit code can be read from the pane."""
     sock = tmp_path / "tmux.sock"
     tuner = Path(sys.executable).with_name("tuner")
     env_vars = " ".join(f"{k}={os.environ[k]}" for k in ("XDG_STATE_HOME", "XDG_CONFIG_HOME"))
     _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", "80", "-y", "24",
-          f"env {env_vars} TERM=xterm-256color {tuner} --simulate{then}")
+          f"env {env_vars} TERM=xterm-256color {tuner} --simulate{args}{then}")
     return sock
 
 
@@ -74,12 +74,12 @@ def test_tuner_simulate_under_tmux(tmp_path):
 
 
 FOOTER = {  # key -> every key the screen has, as the footer (the last lines of the pane) must show it
-    "1": [],
+    "1": ["d Next card"],
     "2": ["←/→ Step", "PgDn/PgUp 5 steps", "a Apply", "r Reset to stock", "s Stress on/off", "m Mode", "p Preset",
           "d Next card"],
     "3": ["b Start", "x Stop", "u Resume", "n Restart", "a Apply result", "v Save", "e Export", "f Form",
-          "g Plot/table", "d Next card"],
-    "4": ["a Apply", "e Export", "i Import", "Del Delete", "l Reload", "d Next card"],
+          "g Plot/table", "d Next card", "c Card table"],
+    "4": ["a Apply", "e Export", "i Import", "Del Delete", "l Reload", "b At boot", "d Next card"],
     "5": ["r Run again"],
     "6": [],
 }
@@ -98,6 +98,32 @@ def test_every_footer_shows_its_keys_and_quit_at_80x24(tmp_path):
             for item in [*keys, "q Quit", "^p Palette"]:
                 assert item in footer, f"screen {key}: {item!r} not in the footer:\n{footer}"
             assert "paletteD" not in pane and "palettee" not in pane
+        _tmux(sock, "send-keys", "-t", "smoke", "q")
+        _wait_for(sock, ["TUNER-EXIT=0"])
+    finally:
+        subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
+
+
+def test_three_cards_fit_80x24_on_every_screen_with_every_key(tmp_path):
+    """`tuner --simulate --sim-gpus 3`: the dashboard's row per card and the Bisect screen's ALL CARDS target fit
+    80x24 and every footer still shows its keys and `q`."""
+    sock = _start_tuner(tmp_path, args=" --sim-gpus 3")
+    try:
+        pane = _wait_for(sock, ["[1 Dashboard]", "▶ sim0", "sim1", "sim2", "STOCK", "idle"])
+        assert sum("SIMULATED" in line for line in pane.splitlines()) >= 4  # the badge and every card's row
+        for key, keys in FOOTER.items():
+            _tmux(sock, "send-keys", "-t", "smoke", key)
+            pane = _wait_for(sock, EXPECT[key][:1])
+            lines = pane.rstrip("\n").splitlines()
+            assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
+            footer = "\n".join(lines[-3:])
+            for item in [*keys, "q Quit", "^p Palette"]:
+                assert item in footer, f"screen {key}: {item!r} not in the footer:\n{footer}"
+        _tmux(sock, "send-keys", "-t", "smoke", "3")
+        for _ in range(3):
+            _tmux(sock, "send-keys", "-t", "smoke", "d")
+        pane = _wait_for(sock, ["ALL CARDS (sim0, sim1, sim2)", "▶ sim0", "c Card table", "q Quit"])
+        assert all(len(line) <= 80 for line in pane.splitlines())
         _tmux(sock, "send-keys", "-t", "smoke", "q")
         _wait_for(sock, ["TUNER-EXIT=0"])
     finally:

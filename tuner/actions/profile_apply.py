@@ -373,14 +373,16 @@ class RigChange:
 
 
 def prepare_rig_apply(backend: Backend, plan: RigApply, *, ignore_unsafe: bool = False,
-                      timeout_s: float = DEFAULT_TIMEOUT_S, purpose: str | None = None) -> RigChange:
-    """The whole rig as one keep-or-revert change, not yet applied (each card checked again, its lock taken)."""
+                      timeout_s: float = DEFAULT_TIMEOUT_S, purpose: str | None = None,
+                      clock: Callable[[], float] = time.monotonic) -> RigChange:
+    """The whole rig as one keep-or-revert change, not yet applied (each card checked again, its lock taken).
+    `clock`: monotonic seconds for the countdown (the UI's tests move it by hand)."""
     for part, request in ((p, p.set_request(backend, ignore_unsafe=ignore_unsafe)) for p in plan.to_apply):
         try:  # the card may have changed since the plan
             check_setting(backend, request)
         except TunerError as e:
             raise RigPartError.of(e, f"{plan.profile.name!r} {part.label} on {request.device_id}") from None
-    return RigChange(backend, plan, ignore_unsafe=ignore_unsafe, timeout_s=timeout_s,
+    return RigChange(backend, plan, ignore_unsafe=ignore_unsafe, timeout_s=timeout_s, clock=clock,
                      purpose=purpose or f"tuner apply {plan.profile.name}")
 
 

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner.actions.profile_apply import ProfileApply, set_profile_lock_clock
+from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
 from tuner.actions.verify import VerifyOutcome, verify_setting
-from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, StressState, appended
+from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, RigState, StressState, appended
 from tuner.backends.base import Backend
-from tuner.core import paths
 from tuner.core.durations import format_duration
 from tuner.core.models import Verdict
 from tuner.tuning import kernel_log
@@ -33,6 +32,9 @@ from tuner.tuning.events import (
     BisectFailed,
     BisectStopped,
     Recommendation,
+    RigConfirmFinished,
+    RigConfirmStarted,
+    RigRecommendation,
     SessionStarted,
     TrialFinished,
     TrialProgress,
@@ -94,13 +96,15 @@ class DetectorState:
     value: str
 
 
-def reference_path(device, preset: str, mode: str) -> Path | None:
-    """The cached stock reference of a card and workload (None for the GEMM burn, which has no trajectory):
-    `$XDG_STATE_HOME/tuner/references/<vendor>-<serial or id>-<preset>-<mode>.ref`."""
-    if mode == "gemm":
-        return None
-    card = f"{device.vendor}-{device.serial or device.id}".replace("/", "_").replace(" ", "_")
-    return paths.state_dir() / "references" / f"{card}-{preset}-{mode}.ref"
+def stress_reference(device, target, *, preset: str, mode: str):
+    """The cached stock reference for a manual stress of this workload on this card (tuner.tuning.reference_cache:
+    keyed by the card's identity and every engine setting that changes the trajectory), with the options the run
+    is requested with, so the key is what will really run."""
+    from tuner.tuning import engine_client as stress_client
+    from tuner.tuning.reference_cache import manual_reference
+
+    config = stress_client.engine_request(target, duration_s=REFERENCE_RECORD_S, preset=preset, mode=mode)
+    return manual_reference(device, config.options)
 
 
 class StressJob(_Job):
@@ -130,9 +134,12 @@ class StressJob(_Job):
 
     def _reference(self, device, target) -> Path | None:
         """The stock reference to compare with, recording it first when the card is at stock and has none."""
-        path = reference_path(device, self.preset, self.mode)
+        cached = stress_reference(device, target, preset=self.preset, mode=self.mode)
+        path = cached.path
         if path is None:
-            self.emit(DetectorState("reference", "n/a (GEMM)"))
+            self.emit(DetectorState("reference", "n/a (GEMM)" if self.mode == "gemm" else "NONE"))
+            if self.mode != "gemm":
+                self.emit(f"no stock reference: {cached.why_none}")
             return None
         if path.exists():
             self.emit(DetectorState("reference", "ok"))
@@ -312,8 +319,69 @@ class BisectRunner(_Job):
             self._job.stop()
 
 
+class RigBisectRunner(BisectRunner):
+    """A bisect of several cards at once (tuner.actions.bisect.prepare_rig_bisect, then RigBisectJob.run()) behind
+    the same shape; `device_ids` are every card it may leave changed (make_safe resets them all)."""
+
+    def __init__(self, prepare: Callable[[], object], device_ids: tuple[str, ...],
+                 on_prepared: Callable[[], None] | None = None):
+        super().__init__(prepare, "rig", on_prepared)  # type: ignore[arg-type]
+        self.device_ids = device_ids
+
+
 def describe_bisect_result(outcome) -> str:
     return "ended" if outcome is None else outcome.summary
+
+
+def describe_rig_result(outcome) -> str:
+    """The rig's end in one line: its status and each card's final setting or why it has none."""
+    if outcome is None:
+        return "ended"
+    parts = [f"{d} {v:+d}" for d, v in outcome.settings.items()]
+    parts += [f"{d} none" for d in outcome.reasons if d not in outcome.settings]
+    return f"{outcome.status}" + (f": {', '.join(parts)}" if parts else "")
+
+
+RIG_ATTEMPTS = 20  # rig runs kept for the screen (at most MAX_RIG_ATTEMPTS + the recording at stock in practice)
+CARD_DONE = (Recommendation, BisectFailed, BisectStopped)
+
+
+def apply_rig_event(state: RigState, event: object, *, now_s: float | None = None) -> RigState:
+    """The RigState after one event of a RigBisectJob: a card's event goes to that card's BisectState (as a
+    single card's would), the rig's own events (device "rig") to the confirmation rows."""
+    match event:
+        case RigConfirmStarted():
+            row = {"attempt": event.attempt, "phase": event.phase, "settings": dict(event.settings),
+                   "verdict": "running", "duration_s": event.duration_s, "started_s": now_s}
+            return replace(state, phase=event.phase, current=row, units={**state.units, **event.unit_by_device},
+                           attempts=appended(state.attempts, row, limit=RIG_ATTEMPTS))
+        case RigConfirmFinished():
+            row = {"attempt": event.attempt, "phase": event.phase, "verdict": "pass" if event.passed else "fail",
+                   "pinned": tuple(event.pinned), "machine_event": event.machine_event,
+                   "backed_off": dict(event.backed_off), "reasons": dict(event.reasons)}
+            attempts = list(state.attempts)
+            for i in range(len(attempts) - 1, -1, -1):
+                if attempts[i].get("verdict") == "running" and attempts[i].get("phase") == event.phase:
+                    attempts[i] = {**attempts[i], **row}
+                    break
+            else:
+                attempts.append(row)
+            return replace(state, current=None, attempts=tuple(attempts))
+        case RigRecommendation():
+            return replace(state, phase="done", settings=dict(event.settings), current=None)
+        case TrialProgress() if state.current is not None and event.device in state.device_ids:
+            # the rig run's progress (its cards were written when the first one arrives)
+            return replace(state, current={**state.current, "ticks": state.current.get("ticks", 0) + 1})
+    device = getattr(event, "device", "")
+    if device in state.device_ids:
+        card = apply_bisect_event(state.card(device), event, now_s=now_s)
+        if isinstance(event, CARD_DONE):  # this card's search ended; the others may still run
+            card = replace(card, running=False, current=None)
+        units = {**state.units, device: card.unit} if card.unit else state.units
+        return replace(state, cards={**state.cards, device: card}, units=units)
+    if isinstance(event, TrialWarning):
+        return replace(state, warnings=appended(state.warnings, event.message, limit=BISECT_WARNINGS))
+    return state
 
 
 @dataclass(frozen=True)
@@ -321,13 +389,14 @@ class EarlierTrials:
     """A resumed session's trials from before the resume (the journal's records): the table shows them all."""
 
     records: tuple
+    device: str = ""  # the card (a rig resumes every card's session)
 
 
 def earlier_trials(device_id: str) -> EarlierTrials:
     from tuner.tuning import journal
 
     doc = journal.load(device_id) or {}
-    return EarlierTrials(tuple(doc.get("trials") or ()))
+    return EarlierTrials(tuple(doc.get("trials") or ()), device=device_id)
 
 
 def _record_row(record) -> dict:
@@ -366,7 +435,7 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
             current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
                        "phase": event.phase, "progress": 0.0, "duration_s": event.duration_s,
                        "eta_s": expected_wall_s(state, event.duration_s), "eta_total_s": None}
-            return replace(state, trials=(*state.trials, row), current=current)
+            return replace(state, trials=(*state.trials, row), current=current, unit=state.unit or event.unit)
         case TrialProgress() if state.current is not None:
             progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
             eta_s, eta_total_s = measured_eta_s(state, event, now_s)
@@ -435,3 +504,29 @@ def tuning_from_bisect(state: BisectState) -> dict | None:
     """The `[tuning]` evidence for a profile saved from the bisect screen (BisectOutcome.tuning)."""
     outcome = state.outcome
     return outcome.tuning() if outcome is not None else None
+
+
+# --- a change waiting for keep-or-revert: one card (PendingChange) or a whole rig (RigChange) ----------------------
+def pending_cards(pending) -> tuple[str, ...]:
+    """The cards an unconfirmed change touches (a rig change: every card of it)."""
+    if isinstance(pending, RigChange):
+        return tuple(c.device_id for c in pending.changes)
+    return (pending.device_id,)
+
+
+def applied_knobs(pending) -> dict:
+    """Each card's knob as read back after the apply."""
+    if isinstance(pending, RigChange):
+        return dict(pending.applied)
+    return {} if pending.applied is None else {pending.device_id: pending.applied}
+
+
+def keep_question(pending) -> str:
+    """What the keep-or-revert dialog asks: every card with its value and unit."""
+    if not isinstance(pending, RigChange):
+        unit = f" {pending.applied.unit}" if pending.applied is not None else ""
+        return f"Applied {pending.value:+d}{unit} on {pending.device_id}. Keep this setting?"
+    cards = ", ".join(f"{c.device_id} {c.value:+d}" + (f" {c.applied.unit}" if c.applied is not None else "")
+                      for c in pending.changes)
+    return (f"Applied {pending.plan.profile.name!r} to {len(pending.changes)} cards at once: {cards}. Keep all of "
+            "them? Revert puts every card back.")

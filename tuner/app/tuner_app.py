@@ -21,12 +21,12 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from tuner.actions.bisect import consent_question, prepare_bisect
-from tuner.actions.profile_apply import ProfileApply, plan_profile_apply
+from tuner.actions.bisect import consent_question, prepare_bisect, prepare_rig_bisect
+from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_rig_apply, prepare_rig_apply
 from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.app import jobs
-from tuner.app.state import BisectState, DeviceHistory, StressState
+from tuner.app.state import BisectState, DeviceHistory, RigState, StressState
 from tuner.app.words import for_people, job_name
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
@@ -115,11 +115,15 @@ class TunerApp(App[int]):
         self.histories: dict[str, DeviceHistory] = {d.id: DeviceHistory() for d in self.devices}
         self.stress = StressState()
         self.bisect = BisectState()
+        self.rig = RigState()  # the bisect of every card at once (the Bisect screen's ALL CARDS target)
+        self.bisect_all = False  # the Bisect screen targets every card at once
         self.pending = None  # the PendingChange waiting for keep-or-revert, if any
         self.doctor_checks: list | None = None
+        self.boot_status = None  # tuner.actions.boot_service.status(), read in a worker (systemctl may be slow)
         self.selected_device_id = self.devices[0].id if self.devices else None
         self._stress_job: jobs.StressJob | jobs.VerifyJob | None = None
         self._bisect_job: jobs.BisectRunner | None = None
+        self._rig_job: jobs.RigBisectRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hung_up = False
         self._last_sampler_error: str | None = None
@@ -154,8 +158,10 @@ class TunerApp(App[int]):
             running.append(f"a stress run on {self.stress.device_id}")
         if self.bisect.running:
             running.append(f"an auto-bisect on {self.bisect.device_id}")
+        if self.rig.running:
+            running.append(f"an auto-bisect of every card ({', '.join(self.rig.device_ids)})")
         if self.pending is not None:
-            running.append(f"an unconfirmed setting on {self.pending.device_id}")
+            running.append(f"an unconfirmed setting on {', '.join(jobs.pending_cards(self.pending))}")
         return running
 
     # --- telemetry ----------------------------------------------------------------------------------------------
@@ -212,6 +218,9 @@ class TunerApp(App[int]):
             self._last_sampler_error = text
         self.notify(text, severity="error", timeout=10)
 
+    def on_noted(self, message: msg.Noted) -> None:
+        self.notify(for_people(message.text), severity=message.severity, timeout=10)
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """One place for workers that died with an unexpected error: show it, keep running."""
         if event.state == WorkerState.ERROR and event.worker.error is not None:
@@ -226,7 +235,8 @@ class TunerApp(App[int]):
         if self.pending is not None:
             self.notify("a change is already waiting for keep-or-revert", severity="warning")
             return
-        if self.bisect.running and self.bisect.device_id == device_id:
+        if (self.bisect.running and self.bisect.device_id == device_id) or (
+                self.rig.running and device_id in self.rig.device_ids):
             self.notify("an auto-bisect is running on this card; stop it first", severity="warning")
             return
         self._on_kept = on_kept
@@ -243,10 +253,40 @@ class TunerApp(App[int]):
             return
         self.post_message(msg.ChangeApplied(pending))
 
+    def apply_rig_profile(self, profile, *, on_kept: Callable[[], None] | None = None) -> None:
+        """`tuner apply` on a rig profile (tuner.actions.profile_apply): every part checked before any write, each
+        to the card it was proven on, then one keep-or-revert for the whole rig (a revert puts every card back)."""
+        if self.pending is not None:
+            self.notify("a change is already waiting for keep-or-revert", severity="warning")
+            return
+        if self.bisect.running or self.rig.running:
+            self.notify("an auto-bisect is running; stop it first", severity="warning")
+            return
+        self._on_kept = on_kept
+        self._apply_rig(profile)
+
+    @work(thread=True, exit_on_error=False, group="setting")
+    def _apply_rig(self, profile) -> None:
+        """`profile`: a rig profile, or a function that builds one (the Bisect screen's result, built from the
+        backend's cards here in the worker)."""
+        try:
+            if callable(profile):
+                profile = profile()
+            plan = plan_rig_apply(self.backend, profile)
+            change = prepare_rig_apply(self.backend, plan, timeout_s=self.keep_timeout_s, clock=self.clock,
+                                       purpose=f"tuner (UI) apply {profile.name}")
+            change.apply()  # a card that fails puts the ones before it back, then raises
+        except Exception as e:  # noqa: BLE001 - refused or not applied: say why
+            self.post_message(msg.BackendFailed(f"apply {profile.name!r}", e))
+            return
+        for warning in plan.warnings:
+            self.post_message(msg.Noted(warning, "warning"))
+        self.post_message(msg.ChangeApplied(change))
+
     def on_change_applied(self, message: msg.ChangeApplied) -> None:
         self.pending = message.pending
-        if message.pending.applied is not None:  # the read-back value: every view shows it before the dialog
-            self.histories[message.pending.device_id].set_knob(message.pending.applied)
+        for device_id, knob in jobs.applied_knobs(message.pending).items():  # read back: shown before the dialog
+            self.histories[device_id].set_knob(knob)
         self.repaint_screens()
         self.sample_now()
         self.push_screen(KeepOrRevertDialog(message.pending), self._settle)
@@ -258,21 +298,22 @@ class TunerApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="setting")
     def _settle_in_thread(self, pending, keep: bool) -> None:
+        cards = jobs.pending_cards(pending)
         try:
             if keep:
                 pending.keep()
             else:
                 pending.revert()
-            knob = self.backend.knob(pending.device_id)
+            knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
         except Exception as e:  # noqa: BLE001
-            self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {pending.device_id}", e))
+            self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {', '.join(cards)}", e))
             return
-        self.post_message(msg.ChangeSettled(pending.device_id, knob, "kept" if keep else "reverted"))
+        self.post_message(msg.ChangeSettled(cards[0], knobs[cards[0]], "kept" if keep else "reverted", knobs=knobs))
 
     def reset_to_stock(self, device_id: str) -> None:
         if (self.stress.running and self.stress.device_id == device_id) or (
             self.bisect.running and self.bisect.device_id == device_id
-        ):
+        ) or (self.rig.running and device_id in self.rig.device_ids):
             self.notify("a job is running on this card; stop it first (stopping resets to stock)", severity="warning")
             return
         self._reset(device_id)
@@ -287,16 +328,21 @@ class TunerApp(App[int]):
         self.post_message(msg.ChangeSettled(device_id, knob, "reset to stock"))
 
     def on_change_settled(self, message: msg.ChangeSettled) -> None:
-        self.histories[message.device_id].set_knob(message.knob)
+        for device_id, knob in message.knobs.items():
+            self.histories[device_id].set_knob(knob)
         self.repaint_screens()
         on_kept, self._on_kept = self._on_kept, None
         if on_kept is not None and message.outcome == "kept":
             on_kept()
-        self.notify(f"{message.device_id}: {message.outcome}, now {message.knob.current:+d} {message.knob.unit}")
+        now = ", ".join(f"{d} {k.current:+d} {k.unit}" for d, k in message.knobs.items())
+        if len(message.knobs) == 1:
+            self.notify(f"{message.device_id}: {message.outcome}, now {message.knob.current:+d} {message.knob.unit}")
+        else:
+            self.notify(f"every card {message.outcome}: now {now}")
 
     # --- stress (App-owned) -----------------------------------------------------------------------------------
     def start_stress(self, device_id: str, preset: str, mode: str) -> None:
-        if self.stress.running or self.bisect.running:
+        if self.stress.running or self.bisect.running or self.rig.running:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         setting = self.histories[device_id].knob.current if self.histories[device_id].knob else None
@@ -337,7 +383,7 @@ class TunerApp(App[int]):
     def start_bisect(self, device_id: str, params: BisectParams) -> None:
         """Start (or resume, per `params`) a bisect through tuner.actions.bisect; a blank form field arrives here
         as None, which the core turns into the card's default."""
-        if self.stress.running or self.bisect.running:
+        if self.stress.running or self.bisect.running or self.rig.running:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         question = consent_question(self.device(device_id))
@@ -348,7 +394,7 @@ class TunerApp(App[int]):
         self._begin_bisect(device_id, params)
 
     def _begin_bisect(self, device_id: str, params: BisectParams) -> None:
-        if self.stress.running or self.bisect.running:  # something started while the question was open
+        if self.stress.running or self.bisect.running or self.rig.running:  # started while the question was open
             return
         self.bisect = BisectState(device_id=device_id, running=True)
         def show_earlier_trials() -> None:  # a resumed session: its table starts with the trials done before
@@ -388,6 +434,97 @@ class TunerApp(App[int]):
         self.sample_now()
         self.repaint_screens()
 
+    # --- every card at once (App-owned) -----------------------------------------------------------------------
+    def start_rig_bisect(self, params: BisectParams) -> None:
+        """Every card at once through tuner.actions.bisect.prepare_rig_bisect (the CLI's `--device all`): a search
+        per card, then the whole-rig confirmation. Real cards are asked about first, as a single card is."""
+        if self.stress.running or self.bisect.running or self.rig.running:
+            self.notify("a stress run or bisect is already running", severity="warning")
+            return
+        ids = tuple(d.id for d in self.devices)
+        questions = [q for q in (consent_question(d) for d in self.devices) if q]
+        if questions:
+            question = (f"Bisect every card at once ({', '.join(ids)})? " + " ".join(questions[:1]))
+            self.push_screen(ConfirmDialog(question, yes="Start", no="Cancel"),
+                             lambda yes: yes and self._begin_rig_bisect(ids, params))
+            return
+        self._begin_rig_bisect(ids, params)
+
+    def _rig_options(self) -> dict:
+        """The single-card injection points in the rig's shape (tests: the fake engine; a watcher per card)."""
+        options = {k: v for k, v in self._bisect_options.items() if k != "kernel_watcher_factory"}
+        factory = self._bisect_options.get("kernel_watcher_factory")
+        if factory is not None:
+            options["kernel_watcher_factory"] = lambda _device_id: factory()
+        return options
+
+    def _begin_rig_bisect(self, ids: tuple[str, ...], params: BisectParams) -> None:
+        if self.stress.running or self.bisect.running or self.rig.running:
+            return
+        self.rig = RigState(device_ids=ids, running=True, cards={d: BisectState(device_id=d, running=True)
+                                                                 for d in ids})
+
+        def show_earlier_trials() -> None:  # a resumed rig: every card's table starts with its earlier trials
+            for device_id in ids:
+                self.post_message(msg.RigEventReceived(jobs.earlier_trials(device_id)))
+
+        self._rig_job = jobs.RigBisectRunner(
+            lambda: prepare_rig_bisect(self.backend, ids, params,
+                                       lambda event: self.post_message(msg.RigEventReceived(event)),
+                                       **self._rig_options()),
+            ids, on_prepared=show_earlier_trials if params.resume else None)
+        self._run_rig(self._rig_job)
+
+    @work(thread=True, exit_on_error=False, group="bisect", name="rig")
+    def _run_rig(self, runner: jobs.RigBisectRunner) -> None:
+        try:
+            summary = jobs.describe_rig_result(runner.run())
+        except Exception as e:  # noqa: BLE001 - a refused start (an unfinished session, bad parameters)
+            self.post_message(msg.BackendFailed("bisect of every card", e))
+            summary = f"error: {describe_error(e)}"
+        self.post_message(msg.RigEnded(summary, runner.outcome))
+
+    def stop_rig(self) -> None:
+        if self._rig_job is not None and self.rig.running:
+            self._rig_job.stop()
+
+    def on_rig_event_received(self, message: msg.RigEventReceived) -> None:
+        before = self.rig
+        self.rig = jobs.apply_rig_event(before, message.event, now_s=self.clock())
+        cur = self.rig.current or {}
+        if any(jobs.card_may_have_changed(before.card(d), self.rig.card(d)) for d in self.rig.device_ids) or (
+                (before.current is None) != (self.rig.current is None) or cur.get("ticks") == 1):
+            self.sample_now()  # a rig run started (its first progress: the cards were written) or ended
+        self.repaint_screens()
+
+    def on_rig_ended(self, message: msg.RigEnded) -> None:
+        outcome = message.outcome
+        cards = {d: replace(c, running=False, current=None) for d, c in self.rig.cards.items()}
+        failure = None
+        if outcome is None:
+            failure = for_people(message.summary)
+        elif outcome.status == "stopped":
+            failure = "stopped by you; u resumes it (every card)"
+        self.rig = replace(self.rig, running=False, current=None, cards=cards, outcome=outcome, failure=failure,
+                           settings=dict(outcome.settings) if outcome is not None else self.rig.settings)
+        self._rig_job = None
+        self.notify(f"bisect of every card: {for_people(message.summary)}")
+        self.sample_now()
+        self.repaint_screens()
+
+    def save_rig_profile(self, name: str) -> None:
+        """The finished rig as one rig profile (tuner.actions.bisect.rig_profile_from_outcome, as the CLI's
+        --save), in the user's store."""
+        from tuner.actions.bisect import rig_profile_from_outcome
+        from tuner.profiles import save_profile
+
+        try:
+            path = save_profile(rig_profile_from_outcome(self.backend, self.rig.outcome, name))
+        except TunerError as e:
+            self.notify(for_people(e.one_line()), severity="error", timeout=10)
+            return
+        self.notify(f"saved rig profile {name} ({path})")
+
     # --- profiles -----------------------------------------------------------------------------------------------
     def apply_profile(self, profile, device_id: str) -> None:
         """`tuner apply`'s rules (tuner.actions.profile_apply), without --force: the same card applies
@@ -418,7 +555,7 @@ class TunerApp(App[int]):
 
     def verify_profile(self, plan: ProfileApply) -> None:
         """`tuner apply --verify`: the journalled trial with the profile's workload and lock clock."""
-        if self.stress.running or self.bisect.running:
+        if self.stress.running or self.bisect.running or self.rig.running:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         device_id, value = plan.device.id, plan.value
@@ -446,6 +583,51 @@ class TunerApp(App[int]):
             self.notify(for_people(e.one_line()), severity="error", timeout=10)
             return
         self.notify(f"saved profile {name} ({path})")
+
+    # --- apply at boot (tuner.actions.boot_service, as `tuner service`) ---------------------------------------------
+    def read_boot_status(self) -> None:
+        self._boot_status_in_thread()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="service-status")
+    def _boot_status_in_thread(self) -> None:
+        from tuner.actions import boot_service
+
+        try:
+            status = boot_service.status()
+        except Exception as e:  # noqa: BLE001 - shown, never fatal
+            self.post_message(msg.BackendFailed("boot service status", e))
+            return
+        self.post_message(msg.BootServiceRead(status))
+
+    def on_boot_service_read(self, message: msg.BootServiceRead) -> None:
+        self.boot_status = message.status
+
+    def change_boot_service(self, profile_name: str | None, *, overwrite: bool = False) -> None:
+        """Install the boot service for `profile_name`, or remove it (None). The caller asked first."""
+        self._boot_service_in_thread(profile_name, overwrite)
+
+    @work(thread=True, exit_on_error=False, group="service")
+    def _boot_service_in_thread(self, profile_name: str | None, overwrite: bool) -> None:
+        from tuner.actions import boot_service
+
+        try:
+            if profile_name is None:
+                result = boot_service.remove()
+            else:
+                result = boot_service.install(profile_name, overwrite=overwrite)
+        except Exception as e:  # noqa: BLE001 - refused (not root, no such profile): one line
+            self.post_message(msg.BackendFailed("boot service", e))
+        else:
+            if profile_name is not None:
+                done = f"boot service installed: {profile_name!r} is applied at every boot"
+            elif result.changed:
+                done = "boot service removed: no profile is applied at boot (the system profiles are kept)"
+            else:
+                done = "the boot service was not installed; nothing to do"
+            self.post_message(msg.Noted(done))
+            for warning in result.warnings:
+                self.post_message(msg.Noted(warning, "warning"))
+        self.call_from_thread(self.read_boot_status)  # workers are started from the event loop
 
     # --- doctor --------------------------------------------------------------------------------------------------
     def run_doctor(self) -> None:
@@ -495,7 +677,7 @@ class TunerApp(App[int]):
 
     def stop_jobs(self) -> None:
         """Ask every running job to stop (non-blocking, thread-safe), so their workers end before the App does."""
-        for job in (self._stress_job, self._bisect_job):
+        for job in (self._stress_job, self._bisect_job, self._rig_job):
             if job is not None:
                 job.stop()
 
@@ -509,24 +691,30 @@ class TunerApp(App[int]):
         Runs after the App has stopped (also after a hang-up), on the calling thread. Returns what it did.
         """
         done, devices_to_reset = [], set()
-        for job in (self._stress_job, self._bisect_job):
+        for job in (self._stress_job, self._bisect_job, self._rig_job):
             if job is not None:
                 job.stop()
-                devices_to_reset.add(job.device_id)
-                done.append(f"stopped {job_name(job)} on {job.device_id}")
-        for job in (self._stress_job, self._bisect_job):
+                cards = getattr(job, "device_ids", (job.device_id,))
+                devices_to_reset.update(cards)
+                done.append(f"stopped {job_name(job)} on {', '.join(cards)}")
+        for job in (self._stress_job, self._bisect_job, self._rig_job):
             if job is not None:
                 job.wait(wait_s)
+        if self._rig_job is not None:
+            ids = ",".join(self._rig_job.device_ids)
+            done.append(f"the unfinished bisect of every card ({ids}) is kept: `tuner bisect --device {ids} "
+                        "--resume` continues it (ALL CARDS, then u on the Bisect screen), --restart starts afresh")
         if self._bisect_job is not None:  # the CLI's next bisect on this card would otherwise refuse, unexplained
             device_id = self._bisect_job.device_id
             done.append(f"the unfinished bisect session on {device_id} is kept: `tuner bisect --device {device_id} "
                         "--resume` continues it (u on the Bisect screen), --restart starts afresh")
         if self.pending is not None:
-            devices_to_reset.add(self.pending.device_id)
+            cards = jobs.pending_cards(self.pending)
+            devices_to_reset.update(cards)
             try:
                 self.pending.revert()
-                devices_to_reset.discard(self.pending.device_id)
-                done.append(f"reverted the unconfirmed setting on {self.pending.device_id}")
+                devices_to_reset.difference_update(cards)
+                done.append(f"reverted the unconfirmed setting on {', '.join(cards)}")
             except Exception as e:  # noqa: BLE001 - fall back to a plain reset below
                 done.append(f"revert failed ({describe_error(e)}); resetting to stock instead")
             self.pending = None

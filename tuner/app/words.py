@@ -21,7 +21,7 @@ FLAG_WORDS = (
 )
 
 JOB_NAMES = {"StressJob": "the stress run", "VerifyJob": "the profile's verify trial",
-             "BisectRunner": "the auto-bisect"}
+             "BisectRunner": "the auto-bisect", "RigBisectRunner": "the auto-bisect of every card"}
 
 
 def for_people(text: str) -> str:

@@ -432,7 +432,7 @@ class AmdBackend(Backend):
         joules = energy_joules(self._smi("amdsmi_get_energy_count", card.amdsmi_handle))
         if joules is not None:
             sample = replace(sample, energy_j=joules)
-        return sample
+        return replace(sample, throttle_reasons=None)  # only in the binary gpu_metrics, not parsed: unknown
 
     def capabilities(self, device_id: str) -> Capabilities:
         card = self._card(device_id)

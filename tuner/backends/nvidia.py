@@ -544,7 +544,7 @@ class NvidiaBackend(Backend):
             voltage_mv=None,  # NVML does not report core voltage
             util_pct=None if util is None else float(util.gpu),
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
-            throttle_reasons=reason_names(n, reasons if isinstance(reasons, int) else None),
+            throttle_reasons=reason_names(n, reasons) if isinstance(reasons, int) else None,  # None: not readable
             pstate=int(pstate) if isinstance(pstate, int) and 0 <= pstate <= 15 else None,  # 32 = unknown
             power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
             fan_pct=float(fan) if isinstance(fan, int) else None,

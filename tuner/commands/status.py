@@ -8,10 +8,12 @@ from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import StateError
 from tuner.core.models import Telemetry
+from tuner.core.telemetry_text import fan_text, limits_text, vram_text
 from tuner.tuning import journal
 
 _FIELDS = (  # (label, attribute, format)
     ("power", "power_w", "{:.1f} W"),
+    ("power cap", "power_limit_w", "{:.0f} W"),
     ("edge", "temp_edge_c", "{:.0f} °C"),
     ("hotspot", "temp_hotspot_c", "{:.0f} °C"),
     ("memory", "temp_mem_c", "{:.0f} °C"),
@@ -19,7 +21,6 @@ _FIELDS = (  # (label, attribute, format)
     ("mem clock", "mem_clock_mhz", "{:.0f} MHz"),
     ("voltage", "voltage_mv", "{:.0f} mV"),
     ("utilisation", "util_pct", "{:.0f} %"),
-    ("fan", "fan_rpm", "{:.0f} rpm"),
     ("energy", "energy_j", "{:.0f} J"),
 )
 
@@ -29,7 +30,8 @@ def add_parser(subparsers) -> None:
         "status",
         help="show one telemetry sample and the current setting",
         description="Show one telemetry sample and the current undervolt setting. Figures the device does not "
-        "report are shown as 'n/a' (null in JSON).",
+        "report are shown as 'n/a' (null in JSON); so are clock-limit reasons the backend cannot read "
+        "(`limits: n/a`, \"throttle_reasons\": null), which differ from `limits: none` ([] in JSON: none active).",
     )
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: all)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -41,8 +43,10 @@ def format_telemetry(sample: Telemetry) -> list[str]:
     for label, attr, fmt in _FIELDS:
         value = getattr(sample, attr)
         lines.append(f"  {label:<12} {'n/a' if value is None else fmt.format(value)}")
-    if sample.throttle_reasons:
-        lines.append(f"  {'throttling':<12} {', '.join(sample.throttle_reasons)}")
+    lines.append(f"  {'fan':<12} {fan_text(sample)}")
+    lines.append(f"  {'VRAM':<12} {vram_text(sample)}")
+    # as the dashboard says it: "n/a" when the backend cannot read the reasons, "none" only when it read none
+    lines.append(f"  limits: {limits_text(sample.throttle_reasons)}")
     return lines
 
 

@@ -166,7 +166,9 @@ class Telemetry:
     util_pct: float | None = None
     fan_rpm: float | None = None
     energy_j: float | None = None  # a monotonically increasing counter, when the device has one
-    throttle_reasons: tuple[str, ...] = ()
+    # clock-limit reasons the driver reports now; None: this backend cannot read them (AMD: they exist only in the
+    # binary gpu_metrics), which is not the same as () "none active"
+    throttle_reasons: tuple[str, ...] | None = ()
     pstate: int | None = None  # NVIDIA performance state (0 = P0), when the driver reports it
     fan_pct: float | None = None  # fan speed as a share of its maximum, when the device reports it
     vram_used_mib: float | None = None
@@ -175,7 +177,7 @@ class Telemetry:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["throttle_reasons"] = list(self.throttle_reasons)
+        d["throttle_reasons"] = None if self.throttle_reasons is None else list(self.throttle_reasons)
         return d
 
 

@@ -139,6 +139,10 @@ class BisectScreen(TunerScreen):
     BisectScreen.-wide #bisect-trials { display: block; }
     BisectScreen #bisect-detail { height: 1; padding: 0 1; }
     BisectScreen #bisect-result { height: auto; max-height: 3; padding: 0 1; }
+    BisectScreen #rig-cards, BisectScreen #rig-attempts { height: auto; padding: 0 1; display: none; }
+    BisectScreen #rig-attempts { max-height: 2; }
+    BisectScreen.-rig #rig-cards, BisectScreen.-rig #rig-attempts { display: block; }
+    BisectScreen.-rig #bisect-progress { display: none; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("b", "start", "Start", id="bisect.start"),
@@ -151,7 +155,8 @@ class BisectScreen(TunerScreen):
         Binding("f", "edit_form", "Form", id="bisect.form"),
         Binding("escape", "leave_form", "Table", show=False),
         Binding("g", "toggle_plot", "Plot/table", id="bisect.plot"),
-        Binding("d", "next_device", "Next card", id="bisect.device"),
+        Binding("d", "next_device", "Next card", id="bisect.device", tooltip="Next card, then ALL CARDS"),
+        Binding("c", "next_table", "Card table", id="bisect.table", tooltip="All cards: the next card's table"),
     ]
 
     def compose_body(self) -> ComposeResult:
@@ -161,6 +166,8 @@ class BisectScreen(TunerScreen):
                 yield Input(id=f"in-{field_id}", compact=True)
         yield Static(id="bisect-status")
         yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")
+        yield Static(id="rig-cards")
+        yield Static(id="rig-attempts")
         with Horizontal(id="bisect-main"):
             table = DataTable(id="bisect-trials", cursor_type="row", zebra_stripes=True)
             table.add_columns(*COLUMNS)
@@ -217,7 +224,10 @@ class BisectScreen(TunerScreen):
 
     def action_start(self, resume: bool = False, restart: bool = False) -> None:
         params = self._params(resume=resume, restart=restart)
-        if params is not None and self.app.selected_device_id:
+        if params is not None and self.app.bisect_all:
+            self.app.start_rig_bisect(params)
+            self.query_one("#bisect-trials", DataTable).focus()
+        elif params is not None and self.app.selected_device_id:
             self.app.start_bisect(self.app.selected_device_id, params)
             self.query_one("#bisect-trials", DataTable).focus()
 
@@ -232,7 +242,10 @@ class BisectScreen(TunerScreen):
         self.action_start(restart=True)
 
     def action_stop(self) -> None:
-        if self.app.bisect.running:
+        if self.app.rig.running:
+            self.app.stop_rig()
+            self.notify("stopping the bisect of every card; every card goes back to stock")
+        elif self.app.bisect.running:
             self.app.stop_bisect()
             self.notify("stopping the bisect; the card goes back to stock")
 
@@ -243,8 +256,14 @@ class BisectScreen(TunerScreen):
     def on_data_table_row_highlighted(self) -> None:
         self._paint_detail()
 
+    def _table_state(self):
+        """The bisect whose trials the table shows: the single card's, or (all cards) the selected card's."""
+        if self.app.bisect_all:
+            return self.app.rig.card(self.app.selected_device_id)
+        return self.app.bisect
+
     def _paint_detail(self) -> None:
-        state = self.app.bisect
+        state = self._table_state()
         table = self.query_one("#bisect-trials", DataTable)
         row = state.trials[table.cursor_row] if 0 <= table.cursor_row < len(state.trials) else None
         self.query_one("#bisect-detail", Static).update(trial_detail(row, state.unit))
@@ -256,16 +275,36 @@ class BisectScreen(TunerScreen):
         self.query_one("#bisect-trials", DataTable).focus()
 
     def action_next_device(self) -> None:
-        if self.app.bisect.running:
+        """The next card; with two or more cards, after the last one comes ALL CARDS (every card at once)."""
+        app = self.app
+        if app.bisect.running or app.rig.running:
             self.notify("a bisect is running; stop it before choosing another card", severity="warning")
             return
-        self.app.select_device(1)
+        ids = [d.id for d in app.devices]
+        if app.bisect_all:
+            app.bisect_all = False
+            app.selected_device_id = ids[0]
+        elif len(ids) > 1 and app.selected_device_id == ids[-1]:
+            app.bisect_all = True
+            app.selected_device_id = ids[0]  # the first card's table first; c shows the next
+        else:
+            app.select_device(1)
         self._recall_form()
         self.repaint()
 
+    def action_next_table(self) -> None:
+        """All cards: show the next card's trial table (the run goes on)."""
+        if not self.app.bisect_all:
+            self.notify("c switches the card table when the target is ALL CARDS (d)", severity="warning")
+            return
+        self.app.select_device(1)
+        self._painted = None
+        self.repaint()
+
     def action_export(self) -> None:
-        """The trials as CSV or JSON (by the suffix), as `tuner report FILE` writes them."""
-        state = self.app.bisect
+        """The trials as CSV or JSON (by the suffix), as `tuner report FILE` writes them (all cards: the card whose
+        table is shown)."""
+        state = self._table_state()
         if not state.device_id or not any(r.get("verdict") not in (None, "running") for r in state.trials):
             self.notify("no finished trials to export yet", severity="warning")
             return
@@ -279,7 +318,7 @@ class BisectScreen(TunerScreen):
 
         from tuner.actions.report import write_report
 
-        state = self.app.bisect
+        state = self._table_state()
         rec = state.recommendation
         try:
             written = write_report(Path(path), state.trials, device_id=state.device_id, session=state.session,
@@ -292,7 +331,11 @@ class BisectScreen(TunerScreen):
 
     def action_apply_result(self) -> None:
         """The recommendation onto the card through the App's apply path (the rules of `tuner set`, then
-        keep-or-revert); once kept, offer to save it as a profile."""
+        keep-or-revert); once kept, offer to save it as a profile. All cards: every card's final setting through
+        the core's rig apply (one keep-or-revert for the whole rig), then offer to save the rig profile."""
+        if self.app.bisect_all:
+            self._apply_rig_result()
+            return
         state = self.app.bisect
         rec = state.recommendation
         if rec is None or state.running:
@@ -304,7 +347,28 @@ class BisectScreen(TunerScreen):
             return
         self.app.apply_setting(state.device_id, rec.setting, on_kept=self.action_save_profile)
 
+    def _apply_rig_result(self) -> None:
+        from tuner.actions.bisect import rig_profile_from_outcome
+
+        rig = self.app.rig
+        if rig.running or rig.outcome is None or not rig.settings:
+            self.notify("no settings confirmed together yet: a finished bisect of every card gives them",
+                        severity="warning")
+            return
+        outcome, backend = rig.outcome, self.app.backend
+        self.app.apply_rig_profile(lambda: rig_profile_from_outcome(backend, outcome, "bisect-result"),
+                                   on_kept=self.action_save_profile)
+
     def action_save_profile(self) -> None:
+        if self.app.bisect_all:
+            rig = self.app.rig
+            if rig.running or rig.outcome is None or not rig.settings:
+                self.notify("no settings confirmed together yet: a finished bisect of every card gives them",
+                            severity="warning")
+                return
+            self.app.push_screen(TextInputDialog("Save every card's setting as one rig profile:",
+                                                 value=f"rig-{len(rig.settings)}-cards"), self._save_rig_as)
+            return
         rec = self.app.bisect.recommendation
         if rec is None:
             self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
@@ -318,8 +382,51 @@ class BisectScreen(TunerScreen):
         if name:
             self.app.save_bisect_profile(name)
 
+    def _save_rig_as(self, name: str | None) -> None:
+        if name:
+            self.app.save_rig_profile(name)
+
     # --- drawing -------------------------------------------------------------------------------------------------
     def repaint(self) -> None:
+        self.set_class(self.app.bisect_all, "-rig")
+        if self.app.bisect_all:
+            self._repaint_rig()
+        else:
+            self._repaint_card()
+
+    def _repaint_rig(self) -> None:
+        app = self.app
+        rig = app.rig
+        selected = app.selected_device_id
+        state = rig.card(selected)
+        knob = app.histories[selected].knob if selected else None
+        unit = rig.unit(selected) or (knob.unit if knob else "")
+        status = Text(f"ALL CARDS ({', '.join(d.id for d in app.devices)}) at once · table: {selected} (c next)\n")
+        if rig.running:
+            status.append("RUNNING ", style="bold reverse")
+            cur = rig.current
+            if cur is None:
+                status.append(" each card's own search, then the whole rig together")
+            else:
+                what = ("recording every card's reference at stock" if cur.get("phase") == "rig-baseline" else
+                        f"confirmation attempt {cur.get('attempt')}")
+                status.append(f" the whole rig: {what} ({rig_run_time(cur, app.clock())})")
+        elif rig.failure:
+            status.append(f"STOPPED: {rig.failure}", style="bold")
+        elif rig.outcome is not None:
+            status.append(f"FINISHED: {getattr(rig.outcome, 'status', '')}")
+        else:
+            status.append("idle · b start every card at once · d next target · u resume")
+        self.query_one("#bisect-status", Static).update(status)
+        self.query_one("#rig-cards", Static).update(
+            Text("\n").join(rig_card_line(rig, d.id, selected=d.id == selected) for d in app.devices))
+        self.query_one("#rig-attempts", Static).update(rig_attempts_text(rig))
+        self._show_defaults(knob)
+        self._paint_table(state, unit, selected)
+        simulated = any(app.device(d).simulated for d in (rig.device_ids or (selected,)))
+        self.query_one("#bisect-result", Static).update(rig_result_text(rig, simulated=simulated))
+
+    def _repaint_card(self) -> None:
         app = self.app
         state = app.bisect
         device_id = state.device_id or app.selected_device_id
@@ -343,16 +450,24 @@ class BisectScreen(TunerScreen):
         elif state.device_id and state.trials:
             status.append("FINISHED")
         else:
-            status.append("idle · b start · f edit form · u resume a session")
+            status.append("idle · b start · f edit form · u resume a session"
+                          + (" · d next card, then ALL CARDS" if len(app.devices) > 1 else ""))
         self.query_one("#bisect-status", Static).update(status)
         progress = (state.current or {}).get("progress") or 0.0
         if not state.running:
             progress = 1.0 if state.recommendation is not None or (state.trials and not state.failure) else 0.0
         self.query_one("#bisect-progress", ProgressBar).update(progress=progress)
         self._show_defaults(knob)
-        painted = (state.trials, state.recommendation, unit)
+        if self._paint_table(state, unit, device_id):
+            simulated = bool(device_id) and app.device(device_id).simulated
+            self.query_one("#bisect-result", Static).update(
+                recommendation_text(state.recommendation, unit, simulated=simulated))
+
+    def _paint_table(self, state, unit: str, device_id) -> bool:
+        """The trial table, its detail line and the efficiency plot, when they changed. True: repainted."""
+        painted = (state.trials, state.recommendation, unit, device_id)
         if self._painted is not None and all(a is b for a, b in zip(painted, self._painted, strict=True)):
-            return
+            return False
         self._painted = painted
         table = self.query_one("#bisect-trials", DataTable)
         cursor, following = table.cursor_row, table.cursor_row >= table.row_count - 1
@@ -370,9 +485,7 @@ class BisectScreen(TunerScreen):
              ("W", [r["setting"] for r in done if r.get("power_w") is not None],
               [r["power_w"] for r in done if r.get("power_w") is not None], "right")],
             title=f"tok/J and W vs setting ({unit})" + (" SIMULATED" if self.app.simulated else ""))
-        simulated = bool(device_id) and app.device(device_id).simulated
-        self.query_one("#bisect-result", Static).update(
-            recommendation_text(state.recommendation, unit, simulated=simulated))
+        return True
 
 
 def _placeholders(knob) -> dict[str, str]:
@@ -415,4 +528,94 @@ def recommendation_text(rec, unit: str, *, simulated: bool = False) -> Text:
             text.append(f" · {SIMULATED_NOTE}", style="bold")
     if getattr(rec, "sensitivity", None) == "reduced":  # the user opted in to the weaker comparison: say what it costs
         text.append(f"\n{detection_rate_text()}", style="bold")
+    return text
+
+
+LINE_WIDTH = 78  # one line per card at 80 columns (the widget's padding included)
+
+
+def _fit(text: str, width: int = LINE_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
+    """One card of the rig on one line: its trial and progress, its own result, then its final setting."""
+    from tuner.app.state import rig_card_label
+
+    card, unit = rig.card(device_id), rig.unit(device_id)
+    line = Text("▶ " if selected else "  ", style="bold" if selected else "")
+    line.append(f"{device_id:<6}", style="bold" if selected else "")
+    outcome = rig.outcome
+    if not rig.running and outcome is not None:
+        value = (rig.settings or {}).get(device_id)
+        if value is not None:
+            body = f"FINAL {value:+d} {unit} (confirmed together)"
+        else:
+            body = f"NONE: {getattr(outcome, 'reasons', {}).get(device_id) or card.failure or 'no setting'}"
+    elif rig.running and rig.current is not None:
+        body = rig_card_label(rig, device_id)
+    elif card.running and card.current:
+        cur = card.current
+        body = (f"trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
+                f"{_cell(cur.get('setting'), '{:+d} ' + unit)} · {int(100 * (cur.get('progress') or 0))} %")
+        if cur.get("eta_total_s") is not None:
+            body += f" · all ≤{format_duration(cur['eta_total_s'])}"
+    elif card.recommendation is not None:
+        body = f"own result {card.recommendation.setting:+d} {unit}" + (
+            "; waiting for the other cards" if rig.running else "")
+    elif card.failure:
+        body = f"STOPPED: {card.failure}" if card.failure.startswith("stopped") else f"FAILED: {card.failure}"
+    else:
+        body = "starting" if rig.running else "idle"
+    line.append(_fit(body, LINE_WIDTH - len(line.plain)))
+    return line
+
+
+def _settings_text(settings, rig) -> str:
+    return ", ".join(f"{d} {v:+d} {rig.unit(d)}" for d, v in (settings or {}).items())
+
+
+def rig_run_time(current, now_s: float) -> str:
+    """`1m05s of 2m00s` (the run's nominal length; the rig trial reports no progress of its own)."""
+    total = format_duration(current.get("duration_s") or 0)
+    started_s = current.get("started_s")
+    if started_s is None:
+        return total
+    return f"{format_duration(max(0.0, now_s - started_s))} of {total}"
+
+
+def rig_attempt_line(rig, row) -> str:
+    verdict = str(row.get("verdict") or "").upper()
+    if row.get("phase") == "rig-baseline":
+        head = f"rig recording at stock: {verdict}"
+    else:
+        head = f"rig attempt {row.get('attempt')} ({_settings_text(row.get('settings'), rig)}): {verdict}"
+    if row.get("verdict") == "fail":
+        why = row.get("machine_event") or "; ".join(f"{d}: {r}" for d, r in (row.get("reasons") or {}).items())
+        if row.get("pinned"):
+            why = f"pinned on {', '.join(row['pinned'])}" + (f" ({why})" if why else "")
+        head += f" · {why}" if why else ""
+        if row.get("backed_off"):
+            head += f" → next {_settings_text(row['backed_off'], rig)}"
+    return _fit(head)
+
+
+def rig_attempts_text(rig) -> Text:
+    """The whole-rig runs so far, the last two (the recording at stock, then each confirmation attempt)."""
+    if not rig.attempts:
+        return Text("rig: each card's search first, then every card at its setting at once" if rig.running
+                    else "")
+    return Text("\n".join(rig_attempt_line(rig, row) for row in rig.attempts[-2:]))
+
+
+def rig_result_text(rig, *, simulated: bool) -> Text:
+    """The final settings, confirmed together, with the keys that apply or save them."""
+    if rig.running or rig.outcome is None:
+        return Text("")
+    if not rig.settings:
+        return Text("no settings confirmed together (see each card's line)", style="bold")
+    text = Text("RIG RESULT ", style="bold reverse")
+    text.append(f" {_settings_text(rig.settings, rig)}  (a: apply all, v: save rig profile)")
+    if simulated:
+        text.append(f"\n{SIMULATED_NOTE}", style="bold")
     return text

@@ -52,7 +52,8 @@ class ConfirmDialog(ModalScreen[bool]):
 
 
 class KeepOrRevertDialog(ModalScreen[bool]):
-    """A setting was applied: keep it, or it reverts when the countdown ends. Revert is the default."""
+    """A setting was applied (one card, or every card of a rig profile as one change): keep it, or it reverts
+    when the countdown ends. Revert is the default."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="KeepOrRevertDialog")
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -65,10 +66,10 @@ class KeepOrRevertDialog(ModalScreen[bool]):
         self.pending = pending
 
     def compose(self) -> ComposeResult:
-        p = self.pending
+        from tuner.app.jobs import keep_question
+
         with Vertical():
-            unit = f" {p.applied.unit}" if p.applied is not None else ""
-            yield Static(f"Applied {p.value:+d}{unit} on {p.device_id}. Keep this setting?", id="keep-question")
+            yield Static(keep_question(self.pending), id="keep-question")
             yield Label(id="countdown")
             with Horizontal():
                 yield Button("Revert (r)", id="revert", variant="primary")

@@ -21,6 +21,14 @@ class BackendFailed(Message):
         self.what, self.error = what, error
 
 
+class Noted(Message):
+    """Something a worker wants said (a warning from the core), one line."""
+
+    def __init__(self, text: str, severity: str = "information") -> None:
+        super().__init__()
+        self.text, self.severity = text, severity
+
+
 class ChangeApplied(Message):
     """A setting was written and read back; it now waits for keep-or-revert."""
 
@@ -32,9 +40,10 @@ class ChangeApplied(Message):
 class ChangeSettled(Message):
     """A pending change was kept or reverted (or the card was reset to stock)."""
 
-    def __init__(self, device_id: str, knob: Knob, outcome: str) -> None:
+    def __init__(self, device_id: str, knob: Knob, outcome: str, *, knobs: dict[str, Knob] | None = None) -> None:
         super().__init__()
         self.device_id, self.knob, self.outcome = device_id, knob, outcome
+        self.knobs = knobs or {device_id: knob}  # every card the change touched (a rig: all of them)
 
 
 class StressEventReceived(Message):
@@ -73,3 +82,25 @@ class DoctorFinished(Message):
     def __init__(self, checks: list) -> None:
         super().__init__()
         self.checks = checks
+
+
+class BootServiceRead(Message):
+    """The apply-at-boot service's status (tuner.actions.boot_service.BootServiceStatus)."""
+
+    def __init__(self, status) -> None:
+        super().__init__()
+        self.status = status
+
+
+class RigEventReceived(Message):
+    """An event of the bisect of every card at once (tuner.tuning.events; each names its card, or "rig")."""
+
+    def __init__(self, event) -> None:
+        super().__init__()
+        self.event = event
+
+
+class RigEnded(Message):
+    def __init__(self, summary: str, outcome=None) -> None:
+        super().__init__()
+        self.summary, self.outcome = summary, outcome

@@ -6,6 +6,7 @@ trial, in thread workers).
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import ClassVar
 
@@ -15,6 +16,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from tuner.actions.bisect import duration_text
 from tuner.app.words import for_people
 from tuner.core.errors import TunerError
 from tuner.screens.base import TunerScreen
@@ -52,6 +54,114 @@ def match_sentence(match, target_label: str) -> str:
     return f"On {target_label}: cannot be applied ({match.reason})."
 
 
+def measured_at(tuning, value: int) -> int | None:
+    """The setting the tuned efficiency was measured at: the passing trial with exactly that tok/J, the one nearest
+    the saved value (the bisect measures near its recommendation, not always at it). None: not in the trials."""
+    hits = [t.setting for t in tuning.trials if t.verdict == "pass" and t.tok_per_j == tuning.tuned_tok_per_j]
+    return min(hits, key=lambda setting: abs(setting - value)) if hits else None
+
+
+def efficiency_text(tuning, value: int, unit: str, *, simulated: bool) -> str:
+    """`Efficiency: tok/J 25.1 at -50 mV (+5.5 % vs stock, 23.8)`: rounded, labelled, with the setting it was
+    measured at; on a simulated card, the caveat. Empty when the bisect recorded no efficiency."""
+    if tuning is None or tuning.tuned_tok_per_j is None:
+        return ""
+    at = measured_at(tuning, value)
+    where = f"at {at:+d} {unit}" if at is not None else f"near {value:+d} {unit}"
+    text = f"Efficiency: tok/J {tuning.tuned_tok_per_j:.1f} {where}"
+    if tuning.efficiency_gain_pct is not None and tuning.baseline_tok_per_j is not None:
+        text += f" ({tuning.efficiency_gain_pct:+.1f} % vs stock, {tuning.baseline_tok_per_j:.1f})"
+    elif tuning.baseline_tok_per_j is not None:
+        text += f" (stock {tuning.baseline_tok_per_j:.1f})"
+    return text + (f"; {SIMULATED_CAVEAT}" if simulated else "")
+
+
+def rig_evidence_text(rig) -> str:
+    """The whole-rig confirmation in sentences (tuner.profiles.schema.RigEvidence)."""
+    if rig is None:
+        return "No whole-rig confirmation was recorded: each card's setting was proven alone."
+    how = ", ".join(x for x in (rig.mode and f"{rig.mode} load", rig.preset and f"preset {rig.preset}",
+                              rig.dtype and f"dtype {rig.dtype}") if x)
+    sentence = "Confirmed together: every card at its setting at once"
+    if rig.confirm_duration_s:
+        sentence += f" for {duration_text(rig.confirm_duration_s)}"
+    if how or rig.backend:
+        sentence += " (" + ", ".join(x for x in (how, rig.backend and f"{rig.backend} collectives") if x) + ")"
+    if rig.attempts:
+        sentence += (", passing on the first attempt" if rig.attempts == 1 else
+                     f", passing on attempt {rig.attempts} (each failed attempt backed the failing cards off)")
+    sentence += "."
+    figures = [f for f in (rig.tok_s and f"{rig.tok_s:,.0f} tok/s", rig.power_w and f"{rig.power_w:.0f} W",
+                           rig.tok_per_j and f"tok/J {rig.tok_per_j:.1f}") if f]
+    if figures:
+        sentence += f" The whole rig: {', '.join(figures)}."
+    return sentence
+
+
+def rig_detail_text(profile, devices, knobs) -> Text:
+    """A rig profile: what it sets on each card (with that card's own efficiency), how the rig was confirmed,
+    and where each part would go on this machine. `knobs`: each card's last read knob (no hardware read here)."""
+    from tuner.actions.profile_apply import find_part_card
+    from tuner.profiles.identity import Match, match_device
+
+    parts = profile.parts
+    text = Text()
+    text.append(f"{profile.name}\n", style="bold")
+    text.append(f"A rig profile: {len(parts)} cards, applied together with one keep-or-revert for the whole rig. "
+                f"Saved {profile.meta.created:%Y-%m-%d %H:%M} UTC.\n")
+    text.append(rig_evidence_text(profile.rig) + "\n")
+    here, refused = [], []
+    for index, part in enumerate(parts):
+        s, d = part.setting, part.device
+        text.append(f"card[{index}] {d.label} ({_identity(d)}): {s.value:+d} {s.unit}")
+        efficiency = efficiency_text(part.tuning, s.value, s.unit, simulated=d.simulated)
+        text.append(f"; {efficiency}.\n" if efficiency else ".\n")
+        device, _found_by = find_part_card(part, list(devices))
+        knob = knobs.get(device.id) if device is not None else None
+        if device is None:
+            refused.append(f"card[{index}]'s card is not in this machine")
+            continue
+        if knob is None:
+            here.append(f"card[{index}] → {device.id}")
+            continue
+        match = match_device(part, device, knob)
+        if match.match is Match.SAME_CARD:
+            here.append(f"card[{index}] → {device.id}")
+        else:
+            refused.append(f"card[{index}] → {device.id}: {match.reason}")
+    if refused:
+        text.append(f"On this machine: cannot be applied ({'; '.join(refused)}).\n")
+    else:
+        text.append(f"On this machine: {', '.join(here)}. Press a to apply every card, then keep or revert them "
+                    "all within 15 s.\n")
+    return text
+
+
+def boot_status_text(status, profile_name: str | None) -> str:
+    """The apply-at-boot service in sentences (tuner.actions.boot_service.status), for the selected profile."""
+    if status is None:
+        return "Apply at boot: reading the boot service's status..."
+    if not status.installed:
+        line = "Apply at boot: the boot service is not installed; b installs it for this profile (needs root)."
+    else:
+        applies = f"applies {status.profile!r}" if status.profile else "applies every system profile"
+        state = ", ".join(x for x in (status.enabled, status.active) if x)
+        line = f"Apply at boot: the boot service is installed and {applies} at every boot" + (
+            f" ({state})" if state else "") + "."
+        line += (" b removes it." if status.profile == profile_name else
+                 " b installs it for this profile instead." if profile_name else "")
+    if status.next_boot_skips:
+        line += f" The next boot skips it: {status.next_boot_skips}."
+    last = status.last_run
+    if last is not None:
+        when = datetime.fromtimestamp(last.finished_at).strftime("%Y-%m-%d %H:%M")
+        how = "ok" if last.ok else f"failed (exit {last.exit_code})"
+        line += f" Last boot run {when}: {how}" + (f", skipped: {last.skipped}" if last.skipped else "") + "."
+        if last.lines and not last.ok:
+            line += f" {last.lines[-1]}"
+    return line
+
+
 def detail_text(profile, target_label: str, match) -> Text:
     """A profile as sentences a user reads once: what it sets, how it was found, what it would do here."""
     s, d = profile.setting, profile.device
@@ -72,11 +182,9 @@ def detail_text(profile, target_label: str, match) -> Text:
             found.append(f"a {t.margin} {s.unit} safety margin")
         text.append("Found by an auto-bisect" + (f": {', '.join(found)}" if found else "") +
                     f" ({len(t.trials or ())} trials).\n")
-        if t.baseline_tok_per_j is not None and t.tuned_tok_per_j is not None:
-            gain = f" ({t.efficiency_gain_pct:+.1f} %)" if t.efficiency_gain_pct is not None else ""
-            text.append(f"Efficiency {t.baseline_tok_per_j:.2f} tok/J at stock, {t.tuned_tok_per_j:.2f} tok/J at "
-                        f"{s.value:+d} {s.unit}{gain}")
-            text.append(f"; {SIMULATED_CAVEAT}.\n" if d.simulated else ".\n")
+        efficiency = efficiency_text(t, s.value, s.unit, simulated=d.simulated)
+        if efficiency:
+            text.append(f"{efficiency}.\n")
     if match is not None:
         text.append(match_sentence(match, target_label) + "\n")
         for warning in match.warnings:
@@ -98,6 +206,7 @@ class ProfilesScreen(TunerScreen):
         Binding("delete", "delete", "Delete", id="profiles.delete"),
         Binding("x", "delete", "Delete", show=False),
         Binding("l", "reload", "Reload", id="profiles.reload"),
+        Binding("b", "boot_service", "At boot", id="profiles.boot", tooltip="Apply at boot (install/remove)"),
         Binding("d", "next_device", "Next card", id="profiles.device"),
     ]
 
@@ -113,11 +222,19 @@ class ProfilesScreen(TunerScreen):
         super().on_mount()
         self.profiles: list = []
         self.action_reload()
+        self.app.read_boot_status()
         self.query_one("#profiles-table", DataTable).focus()
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
         self.action_reload()
+        self.app.read_boot_status()
+
+    def repaint(self) -> None:
+        """The boot service's status arrives from a worker: show it once it changed."""
+        if getattr(self, "_boot_painted", None) is not self.app.boot_status:
+            self._boot_painted = self.app.boot_status
+            self.show_detail()
 
     # --- helpers -------------------------------------------------------------------------------------------------
     def selected(self):
@@ -145,7 +262,10 @@ class ProfilesScreen(TunerScreen):
             self.profiles = []
             self._error(e)
         for profile in self.profiles:
-            table.add_row(profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.name)
+            if profile.is_rig:
+                table.add_row(profile.name, "rig", f"{len(profile.parts)} cards")
+            else:
+                table.add_row(profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.name)
         if select:
             names = [p.name for p in self.profiles]
             if select in names:
@@ -161,13 +281,19 @@ class ProfilesScreen(TunerScreen):
         if profile is None:
             widget.update("no profiles yet: save one from a finished bisect (3, then v), or import one (i)")
             return
-        device_id = self.app.selected_device_id
-        match = None
-        if device_id and self.app.histories[device_id].knob is not None:
-            from tuner.profiles.identity import match_device
+        if profile.is_rig:
+            knobs = {d: h.knob for d, h in self.app.histories.items() if h.knob is not None}
+            text = rig_detail_text(profile, self.app.devices, knobs)
+        else:
+            device_id = self.app.selected_device_id
+            match = None
+            if device_id and self.app.histories[device_id].knob is not None:
+                from tuner.profiles.identity import match_device
 
-            match = match_device(profile, self.app.device(device_id), self.app.histories[device_id].knob)
-        widget.update(detail_text(profile, device_id or "-", match))
+                match = match_device(profile, self.app.device(device_id), self.app.histories[device_id].knob)
+            text = detail_text(profile, device_id or "-", match)
+        text.append(boot_status_text(self.app.boot_status, profile.name))
+        widget.update(text)
 
     def action_next_device(self) -> None:
         self.app.select_device(1)
@@ -175,8 +301,36 @@ class ProfilesScreen(TunerScreen):
 
     def action_apply(self) -> None:
         profile = self.selected()
-        if profile is not None and self.app.selected_device_id:
+        if profile is not None and profile.is_rig:
+            self.app.apply_rig_profile(profile)
+        elif profile is not None and self.app.selected_device_id:
             self.app.apply_profile(profile, self.app.selected_device_id)
+
+    def action_boot_service(self) -> None:
+        """Install the boot service for the selected profile, or remove it when it applies this one (asks first;
+        tuner.actions.boot_service, as `tuner service` does)."""
+        profile = self.selected()
+        status = self.app.boot_status
+        if profile is None or status is None:
+            self.notify("select a profile first" if profile is None else "reading the boot service's status...",
+                        severity="warning")
+            return
+        if status.installed and status.profile == profile.name:
+            question = (f"Remove the boot service? {profile.name!r} is no longer applied at boot; the profiles in "
+                        "the system store are kept.")
+            self.app.push_screen(ConfirmDialog(question, yes="Remove", no="Cancel"),
+                                 lambda yes: yes and self.app.change_boot_service(None))
+            return
+        system_names = {p.name for p in status.system_profiles}
+        replaces = (f" It replaces the system copy of {profile.name!r}." if profile.name in system_names else "")
+        instead = (f" It replaces the service that applies {status.profile or 'every system profile'!r}."
+                   if status.installed else "")
+        question = (f"Apply {profile.name!r} at every boot? This copies it to the system store and installs the "
+                    f"boot service (needs root).{replaces}{instead} Booting with tuner.reset on the kernel command "
+                    "line skips it.")
+        self.app.push_screen(ConfirmDialog(question, yes="Install", no="Cancel"),
+                             lambda yes: yes and self.app.change_boot_service(profile.name,
+                                                                              overwrite=bool(replaces)))
 
     def action_export(self) -> None:
         profile = self.selected()

@@ -80,7 +80,7 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
         pstates=tuple(dict.fromkeys(int(p) for p in col("pstate"))),
         p95_power_w=percentile(power, 95),
         power_limit_w=col("power_limit_w")[-1] if col("power_limit_w") else None,
-        throttle_reasons=tuple(dict.fromkeys(r for s in samples for r in s.throttle_reasons)),
+        throttle_reasons=tuple(dict.fromkeys(r for s in samples for r in s.throttle_reasons or ())),
     )
 
 

@@ -9,6 +9,7 @@ from textual.widgets import Static
 
 from tuner.app.state import DeviceHistory
 from tuner.core.models import DeviceInfo, Knob, Telemetry
+from tuner.core.telemetry_text import fan_text, fmt, limits_text, vram_text
 from tuner.widgets.history_plot import HistoryPlot
 
 
@@ -20,36 +21,17 @@ def setting_text(knob: Knob | None) -> str:
     return f"setting {knob.current:+d} {knob.unit} (stock {knob.stock:+d} {knob.unit}, {state})"
 
 
-def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f} {unit}"
-
-
-def _fan(sample: Telemetry) -> str:
-    if sample.fan_pct is not None:
-        return f"{sample.fan_pct:.0f} %" + (f" ({sample.fan_rpm:.0f} rpm)" if sample.fan_rpm is not None else "")
-    return _fmt(sample.fan_rpm, "rpm")
-
-
-def _vram(sample: Telemetry) -> str:
-    if sample.vram_used_mib is None:
-        return "n/a"
-    used_gib = sample.vram_used_mib / 1024
-    if sample.vram_total_mib:
-        return f"{used_gib:.1f}/{sample.vram_total_mib / 1024:.0f} GiB"
-    return f"{used_gib:.1f} GiB"
-
-
 def figures_text(sample: Telemetry | None) -> str:
     if sample is None:
         return "no sample yet"
-    power = _fmt(sample.power_w, "W", 1) + (f" of {sample.power_limit_w:.0f}" if sample.power_limit_w else "")
-    limits = ", ".join(sample.throttle_reasons) if sample.throttle_reasons else "none"
+    power = fmt(sample.power_w, "W", 1) + (f" of {sample.power_limit_w:.0f}" if sample.power_limit_w else "")
+    limits = limits_text(sample.throttle_reasons)
     return (
-        f"power {power}  edge {_fmt(sample.temp_edge_c, '°C')}  "
-        f"hotspot {_fmt(sample.temp_hotspot_c, '°C')}  mem {_fmt(sample.temp_mem_c, '°C')}\n"
-        f"core {_fmt(sample.core_clock_mhz, 'MHz')}  mem {_fmt(sample.mem_clock_mhz, 'MHz')}  "
-        f"vddgfx {_fmt(sample.voltage_mv, 'mV')}  util {_fmt(sample.util_pct, '%')}\n"
-        f"fan {_fan(sample)}  VRAM {_vram(sample)}  limits: {limits}"
+        f"power {power}  edge {fmt(sample.temp_edge_c, '°C')}  "
+        f"hotspot {fmt(sample.temp_hotspot_c, '°C')}  mem {fmt(sample.temp_mem_c, '°C')}\n"
+        f"core {fmt(sample.core_clock_mhz, 'MHz')}  mem {fmt(sample.mem_clock_mhz, 'MHz')}  "
+        f"vddgfx {fmt(sample.voltage_mv, 'mV')}  util {fmt(sample.util_pct, '%')}\n"
+        f"fan {fan_text(sample)}  VRAM {vram_text(sample)}  limits: {limits}"
     )
 
 
@@ -73,10 +55,12 @@ class DevicePanel(Vertical):
             yield HistoryPlot("power W", id="plot-power", min_span=20.0)
             yield HistoryPlot("edge °C", id="plot-temp", min_span=10.0)
 
-    def paint(self, history: DeviceHistory, running: str) -> None:
+    def paint(self, history: DeviceHistory, running: str, running_short: str | None = None) -> None:
+        """`running` in full on the border; `running_short` (if given) on the setting line, so it fits 80 columns."""
+        short = running_short or running
         line = Text(setting_text(history.knob))
         line.append(" · ")
-        line.append(running, style="bold" if running != "idle" else "")
+        line.append(short, style="bold" if short != "idle" else "")
         self.query_one("#setting", Static).update(line)
         self.border_subtitle = running
         if history.version == self._painted_version:

@@ -1,0 +1,175 @@
+"""Profiles screen (issue 15 item 4, issue 16): the efficiency with the setting it was measured at, rig profiles
+(every card's part, the rig's evidence, one keep-or-revert for the whole rig) and apply-at-boot (b) through
+tuner.actions.boot_service, with no real systemd (TUNER_SYSTEMD_DIR points into the test's directories)."""
+
+from __future__ import annotations
+
+from tests.tui.helpers import make_app, sim_backend
+from tuner.profiles import build_profile, save_profile
+from tuner.profiles.boot import unit_path
+from tuner.profiles.rig import RigPart, build_rig_profile
+from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
+
+TUNING = {"baseline_tok_per_j": 23.81, "tuned_tok_per_j": 25.12, "efficiency_gain_pct": 5.5, "confirmed": -50,
+          "margin": 10,
+          "trials": [{"setting": 0, "phase": "baseline", "verdict": "pass", "tok_per_j": 23.81},
+                     {"setting": -50, "phase": "confirm", "verdict": "pass", "tok_per_j": 25.12},
+                     {"setting": -60, "phase": "coarse", "verdict": "fail", "reason": "mismatch"}]}
+
+
+def _detail(app) -> str:
+    return str(app.screen.query_one("#profile-detail").render())
+
+
+def _rig(backend, name: str = "rig", values=(-40, -30)):
+    parts = [RigPart(backend.device(f"sim{i}"), backend.knob(f"sim{i}"), v, tuning=TUNING)
+             for i, v in enumerate(values)]
+    return save_profile(build_rig_profile(name, parts, rig={"confirm_duration_s": 300.0, "attempts": 2,
+                                                            "backend": "gloo", "mode": "mixed", "preset": "tiny"}))
+
+
+async def test_the_efficiency_is_shown_with_the_setting_it_was_measured_at(app, backend):
+    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40, tuning=TUNING))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("4")
+        await pilot.pause(0.3)
+        detail = _detail(app)
+        # measured at -50 mV (the confirm trial), not at the saved -40 mV; rounded, labelled, simulated caveat
+        assert "Efficiency: tok/J 25.1 at -50 mV (+5.5 % vs stock, 23.8); measured on a SIMULATED card" in detail
+
+
+async def test_a_rig_profile_shows_every_card_and_the_rig_evidence_and_applies_as_one(tmp_path):
+    backend = sim_backend(tmp_path, gpus=2)
+    _rig(backend)
+    app = make_app(tmp_path, backend=backend, samples=2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("4")
+        await pilot.pause(0.3)
+        assert app.screen.query_one("#profiles-table").get_row_at(0)[1:] == ["rig", "2 cards"]
+        detail = " ".join(_detail(app).split())
+        assert "A rig profile: 2 cards, applied together with one keep-or-revert for the whole rig" in detail
+        assert ("Confirmed together: every card at its setting at once for 5m (mixed load, preset tiny, gloo "
+                "collectives), passing on attempt 2") in detail
+        assert "card[0] " in detail and ": -40 mV; Efficiency: tok/J 25.1 at -50 mV" in detail
+        assert "card[1] " in detail and ": -30 mV;" in detail
+        assert "On this machine: card[0] → sim0, card[1] → sim1. Press a to apply every card" in detail
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog)
+        question = str(app.screen.query_one("#keep-question").render())
+        assert "sim0 -40 mV, sim1 -30 mV" in question and "Revert puts every card back" in question
+        assert (backend.knob("sim0").current, backend.knob("sim1").current) == (-40, -30)
+        await pilot.press("k")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.pending is None
+        assert (app.histories["sim0"].knob.current, app.histories["sim1"].knob.current) == (-40, -30)
+    assert (backend.knob("sim0").current, backend.knob("sim1").current) == (-40, -30)
+
+
+async def test_an_unconfirmed_rig_apply_reverts_every_card_when_the_countdown_ends(tmp_path, clock):
+    backend = sim_backend(tmp_path, gpus=3)
+    _rig(backend, values=(-40, -30, -20))
+    app = make_app(tmp_path, backend=backend, clock=clock, samples=2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4", "a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog)
+        assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -30, -20]
+        clock.advance(14.0)
+        await pilot.pause(0.4)
+        assert isinstance(app.screen, KeepOrRevertDialog)  # not yet
+        clock.advance(1.5)
+        await pilot.pause(0.4)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not isinstance(app.screen, KeepOrRevertDialog) and app.pending is None
+        assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
+        assert [app.histories[f"sim{i}"].knob.current for i in range(3)] == [0, 0, 0]
+
+
+async def test_a_rig_profile_whose_card_is_missing_is_refused_and_nothing_changes(tmp_path):
+    backend = sim_backend(tmp_path, gpus=3)
+    _rig(backend, values=(-40, -30, -20))
+    small = sim_backend(tmp_path / "two", gpus=2)  # the third card is gone
+    app = make_app(tmp_path, backend=small, samples=1)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("4")
+        await pilot.pause(0.3)
+        assert "cannot be applied (card[2]'s card is not in this machine)" in " ".join(_detail(app).split())
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not isinstance(app.screen, KeepOrRevertDialog)
+        assert any("card[2]" in n.message and "not in this machine" in n.message for n in app._notifications)
+    assert [small.knob(f"sim{i}").current for i in range(2)] == [0, 0]
+
+
+async def test_b_installs_the_boot_service_for_the_profile_shows_its_status_and_removes_it(app, backend,
+                                                                                        monkeypatch):
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
+    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("4")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.6)
+        assert "the boot service is not installed; b installs it for this profile" in " ".join(_detail(app).split())
+        await pilot.press("b")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)  # asks first; No is the default
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not unit_path().exists()
+        await pilot.press("b")
+        await pilot.pause()
+        await pilot.press("y")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.6)
+        assert unit_path().exists() and "apply --boot mine" in unit_path().read_text()
+        assert "installed and applies 'mine' at every boot. b removes it." in " ".join(_detail(app).split())
+        await pilot.press("b")
+        await pilot.pause()
+        assert "Remove the boot service?" in str(app.screen.query_one("Static").render())
+        await pilot.press("y")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.6)
+        assert not unit_path().exists()
+        assert "the boot service is not installed" in " ".join(_detail(app).split())
+
+
+async def test_installing_the_boot_service_without_root_is_one_line_and_installs_nothing(app, backend,
+                                                                                      monkeypatch):
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: False)
+    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("4")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+        await pilot.press("b")
+        await pilot.pause()
+        await pilot.press("y")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        errors = [n.message for n in app._notifications if n.severity == "error"]
+        assert errors == [("boot service: installing the boot service needs root (it writes "
+                           f"{unit_path().parent}); run it with sudo")]
+    assert not unit_path().exists()
+
+
+async def test_the_last_boot_run_and_its_result_are_in_the_detail(app, backend, monkeypatch):
+    import time
+
+    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
+    record = {"finished_at": time.time(), "exit_code": 3, "skipped": None,
+              "lines": ["tuner: boot: missing card: 'mine' not applied"]}
+    monkeypatch.setattr("tuner.actions.boot_service.read_last_run", lambda: record)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("4")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.6)
+        detail = " ".join(_detail(app).split())
+        assert "Last boot run" in detail
+        assert ": failed (exit 3). tuner: boot: missing card: 'mine' not applied" in detail

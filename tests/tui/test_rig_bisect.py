@@ -1,0 +1,246 @@
+"""Issue 16 item 4 in the UI: the Bisect screen's ALL CARDS target runs every card at once through
+tuner.actions.bisect.prepare_rig_bisect as an App-owned job (the bisect driver's fake engine, tests/tuning/
+rig_fakes.FakeRigTrial for the whole-rig run), shows a line per card, the rig attempts and the final settings;
+the result applies through the core's rig apply (one keep-or-revert for every card) and saves as a rig profile."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.tui.helpers import make_app, sim_backend
+from tests.tuning.fake_engine import FakeEngine
+from tests.tuning.rig_fakes import FakeRigTrial
+from tuner.profiles import list_profiles
+from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
+from tuner.tuning import rig_trial
+
+VMIN = (-52, -67, -40)  # own recommendations: -40, -55, -30 mV
+
+
+@pytest.fixture(autouse=True)
+def boot_id(boot):
+    """A fake /proc with a known boot id (the journals record it)."""
+
+
+@pytest.fixture
+def fake_rig(monkeypatch):
+    fake = FakeRigTrial()
+    monkeypatch.setattr(rig_trial, "run_rig_trial", fake)
+    return fake
+
+
+def _app(tmp_path, *, gpus: int = 3, engine=None, **kw):
+    backend = sim_backend(tmp_path, gpus=gpus, vmin_mv=VMIN[:gpus])
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine or FakeEngine(), "kernel_watcher_factory": lambda: None},
+                   **kw)
+    return app, backend
+
+
+def _fast_form(app):
+    for field_id, value in (("trial", "1s"), ("confirm", "2s")):
+        app.screen.query_one(f"#in-{field_id}").value = value
+
+
+async def _wait(pilot, predicate, timeout_s: float = 30.0):
+    for _ in range(int(timeout_s / 0.05)):
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition never became true")
+
+
+def _text(app, selector: str) -> str:
+    return str(app.screen.query_one(selector).render())
+
+
+async def _all_cards(pilot, app, gpus: int = 3):
+    await pilot.press("3")
+    await pilot.pause()
+    for _ in range(gpus - 1):
+        await pilot.press("d")  # sim0 -> sim1 -> sim2 -> ALL CARDS
+    await pilot.press("d")
+    await pilot.pause()
+    ids = ", ".join(f"sim{i}" for i in range(gpus))
+    assert app.bisect_all and f"ALL CARDS ({ids})" in _text(app, "#bisect-status")
+    _fast_form(app)
+
+
+async def test_all_cards_bisects_every_card_then_the_rig_and_applies_and_saves_the_result(tmp_path, fake_rig):
+    app, backend = _app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app)
+        await pilot.press("b")
+        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
+        assert dict(app.rig.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
+        assert fake_rig.calls[-1][0] == {"sim0": -40, "sim1": -55, "sim2": -30}  # confirmed together
+        assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]  # a bisect leaves stock
+        await pilot.pause(0.6)
+        lines = _text(app, "#rig-cards").splitlines()
+        assert lines[0].startswith("▶ sim0") and "FINAL -40 mV (confirmed together)" in lines[0]
+        assert "sim1" in lines[1] and "FINAL -55 mV" in lines[1] and "FINAL -30 mV" in lines[2]
+        attempts = _text(app, "#rig-attempts")
+        assert "rig recording at stock: PASS" in attempts
+        assert "rig attempt 1 (sim0 -40 mV, sim1 -55 mV, sim2 -30 mV): PASS" in attempts
+        assert "RIG RESULT" in _text(app, "#bisect-result")
+        table = app.screen.query_one("#bisect-trials")
+        first = [table.get_row_at(i)[0] for i in range(table.row_count)]
+        await pilot.press("c")  # the next card's table
+        await pilot.pause(0.6)
+        assert "table: sim1" in _text(app, "#bisect-status")
+        assert [table.get_row_at(i)[0] for i in range(table.row_count)] != first
+        assert [table.get_row_at(i)[:3] for i in range(table.row_count)][-1] == ["-65 mV", "confirm", "PASS"]
+
+        await pilot.press("a")  # apply every card: one keep-or-revert, naming each card and unit
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog)
+        assert "sim0 -40 mV, sim1 -55 mV, sim2 -30 mV" in _text(app, "#keep-question")
+        assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -55, -30]
+        await pilot.press("k")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, TextInputDialog)  # kept: now offered as a rig profile
+        await pilot.press("enter")
+        await pilot.pause()
+    assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -55, -30]
+    [profile] = list_profiles()
+    assert profile.is_rig and [p.setting.value for p in profile.parts] == [-40, -55, -30]
+    assert profile.rig is not None and profile.rig.attempts == 1 and profile.rig.backend == "gloo"
+
+
+async def test_the_rig_apply_of_the_result_reverts_every_card_when_not_confirmed(tmp_path, fake_rig, clock):
+    app, backend = _app(tmp_path, clock=clock)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app)
+        await pilot.press("b")
+        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog)
+        assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -55, -30]
+        clock.advance(15.5)
+        await pilot.pause(0.4)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not isinstance(app.screen, (KeepOrRevertDialog, TextInputDialog))
+        assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
+    assert list_profiles() == []
+
+
+class GatedRig(FakeRigTrial):
+    """Holds the first confirmation attempt until released, so a test can look at the rig phase."""
+
+    def __init__(self):
+        super().__init__(on_start=self._gate)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def _gate(self, settings, params):
+        if params.phase == "rig-confirm":
+            self.entered.set()
+            self.release.wait(20)
+
+
+async def test_the_rig_phase_is_shown_switching_screens_keeps_it_and_quit_resets_every_card(tmp_path, monkeypatch):
+    gated = GatedRig()
+    monkeypatch.setattr(rig_trial, "run_rig_trial", gated)
+    app, backend = _app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app)
+        await pilot.press("b")
+        await _wait(pilot, gated.entered.is_set)
+        assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -55, -30]  # all at once
+        for key in "124563":
+            await pilot.press(key)
+            await pilot.pause()
+            assert app.rig.running
+        await pilot.pause(0.6)
+        assert "the whole rig: confirmation attempt 1" in _text(app, "#bisect-status")
+        assert "RIG confirm 1 at -55 mV" in _text(app, "#rig-cards").splitlines()[1]
+        await pilot.press("1")
+        app.sample_now()  # what the 1 Hz sampler does (off in tests)
+        await _wait(pilot, lambda: app.histories["sim0"].knob.current == -40)
+        await pilot.pause(0.6)
+        rows = _text(app, "#card-rows").splitlines()
+        assert "RIG confirm 1 at -40 mV" in rows[0] and "-40 mV APPLIED" in rows[0]
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)
+        assert "an auto-bisect of every card (sim0, sim1, sim2)" in str(app.screen.query_one("Static").render())
+        await pilot.press("y")
+        await pilot.pause()
+    gated.release.set()
+    done = app.make_safe(wait_s=20)
+    assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0], done
+    assert any("--device sim0,sim1,sim2 --resume" in line and "u on the Bisect screen" in line for line in done)
+
+
+async def test_stop_then_resume_continues_the_rig_with_every_cards_earlier_trials(tmp_path, monkeypatch):
+    gated = GatedRig()
+    monkeypatch.setattr(rig_trial, "run_rig_trial", gated)
+    app, backend = _app(tmp_path)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await _all_cards(pilot, app)
+        await pilot.press("b")
+        await _wait(pilot, gated.entered.is_set)
+        await pilot.press("x")
+        gated.release.set()
+        await _wait(pilot, lambda: not app.rig.running)
+        assert "stopped" in (app.rig.failure or "")
+        assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
+        before = {d: len(app.rig.card(d).trials) for d in ("sim0", "sim1", "sim2")}
+        await pilot.press("b")  # a new start is refused while an unfinished rig session exists
+        await _wait(pilot, lambda: not app.rig.running and any("unfinished rig" in n.message
+                                                                for n in app._notifications))
+        assert any("u continues it" in n.message for n in app._notifications)
+        gated.entered.clear()
+        monkeypatch.setattr(rig_trial, "run_rig_trial", FakeRigTrial())
+        await pilot.press("u")
+        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
+        assert dict(app.rig.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
+        assert all(len(app.rig.card(d).trials) >= n for d, n in before.items())  # earlier trials still shown
+
+
+async def test_restart_discards_the_unfinished_rig_session_and_starts_afresh(tmp_path, monkeypatch):
+    gated = GatedRig()
+    monkeypatch.setattr(rig_trial, "run_rig_trial", gated)
+    app, _backend = _app(tmp_path, gpus=2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app, gpus=2)
+        await pilot.press("b")
+        await _wait(pilot, gated.entered.is_set)
+        await pilot.press("x")
+        gated.release.set()
+        await _wait(pilot, lambda: not app.rig.running)
+        fresh = FakeRigTrial()
+        monkeypatch.setattr(rig_trial, "run_rig_trial", fresh)
+        await pilot.press("n")
+        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
+        assert dict(app.rig.settings) == {"sim0": -40, "sim1": -55}
+        assert fresh.calls[0][1].phase == "rig-baseline"  # from the start: the recording at stock again
+        assert app.rig.card("sim0").trials[0]["phase"] == "baseline"  # a new table, not the stopped one's
+
+
+async def test_quit_with_the_rig_result_unconfirmed_reverts_every_card(tmp_path, fake_rig):
+    app, backend = _app(tmp_path, gpus=2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app, gpus=2)
+        await pilot.press("b")
+        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, KeepOrRevertDialog)
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)
+        assert "an unconfirmed setting on sim0, sim1" in str(app.screen.query_one("Static").render())
+        await pilot.press("y")
+        await pilot.pause()
+    assert [backend.knob(f"sim{i}").current for i in range(2)] == [-40, -55]
+    done = app.make_safe()
+    assert [backend.knob(f"sim{i}").current for i in range(2)] == [0, 0], done
+    assert "reverted the unconfirmed setting on sim0, sim1" in done
