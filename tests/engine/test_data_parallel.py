@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.schema import validate_stream
-from tuner.engine.options import UsageProblem, parse_args
+from tuner.engine.options import EngineOptions, UsageProblem, parse_args, to_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,6 +107,14 @@ def test_a_group_that_never_forms_is_a_setup_error(tmp_path):
     end = _events(_launch(tmp_path, "alone", 0, "--steps=5", timeout_s=2))[-1]
     assert (end["verdict"], end["kind"]) == ("error", "setup"), end
     assert "did not form" in end["reason"]
+
+
+def test_the_data_parallel_options_round_trip_through_the_command_line():
+    opts = EngineOptions(steps=3, world_size=3, rank=2, rendezvous="tcp://127.0.0.1:29500", collective_timeout_s=7.5)
+    argv = to_argv(opts)
+    want = {"--world-size=3", "--rank=2", "--rendezvous=tcp://127.0.0.1:29500", "--collective-timeout-s=7.5"}
+    assert want <= set(argv)
+    assert parse_args(argv, environ={}) == opts
 
 
 @pytest.mark.parametrize(("argv", "message"), [
