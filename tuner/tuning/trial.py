@@ -200,12 +200,7 @@ def run_trial(
         except StopRequested:
             trial.stop_reason = STOPPED
 
-    pstate_problem = None
-    if trial.summary is not None and setting != knob.stock:
-        try:
-            pstate_problem = sampler_mod.pstate_problem(trial.summary.pstates, backend.applied_pstates(device_id))
-        except TunerError:
-            pstate_problem = None
+    pstate_problem = pstate_problem_of(backend, device_id, setting, trial.summary)
     return classify(
         setting=setting, unit=knob.unit, params=params, engine_result=trial.engine_result, summary=trial.summary,
         kernel_events=trial.kernel_events, stop_reason=trial.stop_reason,
@@ -215,6 +210,16 @@ def run_trial(
         simulated=bool(trial.target and trial.target.simulated), warnings=warnings, started_at=started_at,
         wall_s=clock() - started_at,
     )
+
+
+def pstate_problem_of(backend: Backend, device_id: str, setting: int, summary: TelemetrySummary | None) -> str | None:
+    """Why the card ran in performance states its offset does not cover (NVIDIA), or None."""
+    if summary is None or setting == backend.knob(device_id).stock:
+        return None
+    try:
+        return sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(device_id))
+    except TunerError:
+        return None
 
 
 def follow(run: sc.StressRun, trial: TrialState, target: StressTarget, params: TrialParams, setting: int,
