@@ -230,3 +230,22 @@ def test_the_rig_profile_records_the_collective_the_ranks_used(boot):
     outcome = job.run()
     # the vendor rule would say gloo for simulated cards: what the engines reported wins
     assert rig_profile_from_outcome(backend, outcome, "r").rig.backend == "nccl"
+
+
+def test_a_profile_saved_after_resume_still_records_the_collective(boot):
+    """A session resumed after its passing rig attempt has no RigTrialResult of it: the rig journal's record of
+    the attempt carries the collective, so the profile does not fall back to the vendor rule."""
+    from dataclasses import replace
+
+    from tests.tuning.fake_engine import FakeEngine
+    from tests.tuning.rig_fakes import FakeRigTrial
+    from tuner.actions.bisect import prepare_rig_bisect, rig_profile_from_outcome
+    from tuner.tuning.job import BisectParams
+
+    backend = _backend()
+    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
+                             rig_trial=FakeRigTrial(collective="nccl"), engine_factory=FakeEngine())
+    outcome = job.run()
+    assert outcome.attempts and outcome.attempts[-1]["collective"] == "nccl"
+    resumed = replace(outcome, rig_attempts=())  # what a --resume that found the rig done holds
+    assert rig_profile_from_outcome(backend, resumed, "r").rig.backend == "nccl"

@@ -137,7 +137,10 @@ def rig_profile_from_outcome(backend: Backend, outcome: RigOutcome, name: str) -
              for d, v in outcome.settings.items()]
     params = next((o.params for o in outcome.per_card.values() if o.params), {})
     # what the ranks actually used (the engines report it) wins over the vendor rule (a resumed rig ran none here)
-    used = [r.collective for r in outcome.rig_attempts if getattr(r, "collective", None)]
+    # what the ranks reported: this run's attempts, else the rig journal's records (a session resumed after the
+    # passing attempt has no RigTrialResult of it), else the vendor rule
+    used = ([r.collective for r in outcome.rig_attempts if getattr(r, "collective", None)]
+            or [a["collective"] for a in outcome.attempts if a.get("collective")])
     library = used[-1] if used else collective_library({backend.device(d).vendor for d in outcome.settings})
     rig = {"confirm_duration_s": params.get("confirm_s"), "attempts": len(outcome.attempts) or None,
            "backend": library, "mode": "mixed" if params.get("mode") != "gemm" else "gemm",

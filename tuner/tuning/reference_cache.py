@@ -33,6 +33,7 @@ NOT_TRAJECTORY = frozenset({
     "fault_rate", "fault_seed", "injections",  # faults are what the comparison looks for, not part of stock
     "canary_every", "canary_every_s", "gemm_n", "gemm_repeats",  # side checks between steps
     "expect_pci_bus_id", "heartbeat_s", "parent_pid", "cache_dir",
+    "rendezvous", "collective_timeout_s",  # where and how long ranks meet (world_size and rank pick the data: keyed)
     "test_oom_above", "test_oom_at_step",
 })
 

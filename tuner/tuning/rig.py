@@ -416,6 +416,7 @@ class RigBisectJob:
         if len(new) < 1:
             final = True
         record = {"attempt": len(rig.attempts) + 1, "settings": candidates, "passed": passed, "pinned": pinned,
+                  "collective": getattr(res, "collective", None),  # kept so a profile saved after --resume says it
                   "machine_event": res.machine_event, "reasons": reasons, "backed_off": new,
                   "results": {d: r.to_record() for d, r in res.results.items()}}
         return {"record": record, "candidates": new, "backed": new if not passed else {}, "dropped": dropped,
