@@ -52,6 +52,16 @@ async def _wait(pilot, predicate, timeout_s: float = 30.0):
     raise AssertionError("condition never became true")
 
 
+async def _run_then_apply(pilot, app):
+    """Run every card to its result, then press apply: the rig's keep-or-revert question is open."""
+    await pilot.press("b")
+    await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
+    await pilot.press("a")
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    assert isinstance(app.screen, KeepOrRevertDialog)
+
+
 def _text(app, selector: str) -> str:
     return str(app.screen.query_one(selector).render())
 
@@ -115,12 +125,7 @@ async def test_the_rig_apply_of_the_result_reverts_every_card_when_not_confirmed
     app, backend = _app(tmp_path, clock=clock)
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app)
-        await pilot.press("b")
-        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
-        await pilot.press("a")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert isinstance(app.screen, KeepOrRevertDialog)
+        await _run_then_apply(pilot, app)
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -55, -30]
         clock.advance(15.5)
         await pilot.pause(0.4)
@@ -228,12 +233,7 @@ async def test_quit_with_the_rig_result_unconfirmed_reverts_every_card(tmp_path,
     app, backend = _app(tmp_path, gpus=2)
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app, gpus=2)
-        await pilot.press("b")
-        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
-        await pilot.press("a")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert isinstance(app.screen, KeepOrRevertDialog)
+        await _run_then_apply(pilot, app)
         await pilot.press("ctrl+q")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)
