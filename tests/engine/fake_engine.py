@@ -86,17 +86,12 @@ def main() -> None:
         forever()
     if MODE == "stall":
         forever({"step": 3, "state": "train", "progress": 3})
-    if MODE == "idle":
+    # "idle": between mixed-mode bursts; "collective": a data-parallel rank waiting for a slower peer (real engines
+    # report that state). Either way 1.5 s of heartbeats without a step, then the run goes on.
+    if MODE in ("idle", "collective"):
         t = time.monotonic()
         while time.monotonic() - t < 1.5:
-            emit("heartbeat", step=3, state="idle", progress=3)
-            time.sleep(0.1)
-        step(4)
-        end(steps=4)
-    if MODE == "collective":  # a data-parallel rank waiting for a slower peer (real engines: "collective" state)
-        t = time.monotonic()
-        while time.monotonic() - t < 1.5:
-            emit("heartbeat", step=3, state="collective", progress=3)
+            emit("heartbeat", step=3, state=MODE, progress=3)
             time.sleep(0.1)
         step(4)
         end(steps=4)
