@@ -176,7 +176,7 @@ async def test_dashboard_shows_fan_vram_power_cap_and_limits(app):
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.6)
         figures = _text(app.screen.query_one("#figures"))
-        assert "of 300" in figures and "fan " in figures and "%" in figures
+        assert "of 300 W" in figures and "fan " in figures  # the cap has its unit, not a bare 300 and "%" in figures
         assert "VRAM 0.4/32 GiB" in figures and "limits: n/a" in figures  # the AMD-style card, as real amdgpu
 
 

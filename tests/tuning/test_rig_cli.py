@@ -51,6 +51,8 @@ def test_plain_output_has_a_line_per_card_a_table_per_card_and_the_final_setting
     assert "== sim0 " in captured.out and "== sim2 " in captured.out and "== sim1" not in captured.out
     final = captured.out.split("== final settings")[1]
     assert "sim0  -40 mV" in final and "sim2  -30 mV" in final
+    attempts = captured.out.split("== rig confirmation")[1].split("== final settings")[0]
+    assert "sim0 -40 mV, sim2 -30 mV" in attempts  # each card's setting with its unit, not a bare -40
     assert fakes[1].calls[-1][0] == {"sim0": -40, "sim2": -30}
 
 

@@ -80,7 +80,7 @@ class _RigPrinter:
 def _attempts_table(outcome, units: dict[str, str]) -> str:
     rows = []
     for a in outcome.attempts:
-        settings = ", ".join(f"{d} {v:+d}" for d, v in a["settings"].items())
+        settings = ", ".join(f"{d} {v:+d} {units.get(d, '')}".rstrip() for d, v in a["settings"].items())
         result = "PASS" if a.get("passed") else "FAIL"
         blame = (a.get("machine_event") or "") if a.get("machine_event") else ", ".join(a.get("pinned") or [])
         rows.append((str(a.get("attempt")), settings, result, blame))
@@ -137,7 +137,7 @@ def run(args, ctx) -> int:
                 print(f"no recommendation: {o.failure.reason}")
         if outcome.attempts:
             print("== rig confirmation (every card at once, data-parallel)")
-            print(_attempts_table(outcome, {}))
+            print(_attempts_table(outcome, {d: backend.knob(d).unit for d in outcome.per_card}))
         print("== final settings")
         print(_final_table(backend, outcome))
         if outcome.reasons:

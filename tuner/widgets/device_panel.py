@@ -24,7 +24,7 @@ def setting_text(knob: Knob | None) -> str:
 def figures_text(sample: Telemetry | None) -> str:
     if sample is None:
         return "no sample yet"
-    power = fmt(sample.power_w, "W", 1) + (f" of {sample.power_limit_w:.0f}" if sample.power_limit_w else "")
+    power = fmt(sample.power_w, "W", 1) + (f" of {sample.power_limit_w:.0f} W" if sample.power_limit_w else "")
     limits = limits_text(sample.throttle_reasons)
     return (
         f"power {power}  edge {fmt(sample.temp_edge_c, '°C')}  "
