@@ -196,6 +196,10 @@ async def test_stop_then_resume_continues_the_rig_with_every_cards_earlier_trial
         await _wait(pilot, lambda: not app.rig.running)
         assert "stopped" in (app.rig.failure or "")
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
+        await pilot.pause()
+        lines, toasts = _text(app, "#rig-cards"), " ".join(n.message for n in app._notifications)
+        assert "--resume" not in lines and "--resume" not in toasts  # the UI's key, not the CLI's flag
+        assert lines.count("STOPPED") == 3 and "u resumes" in lines and "u resumes" in toasts
         before = {d: len(app.rig.card(d).trials) for d in ("sim0", "sim1", "sim2")}
         await pilot.press("b")  # a new start is refused while an unfinished rig session exists
         await _wait(pilot, lambda: not app.rig.running and any("unfinished rig" in n.message

@@ -337,6 +337,8 @@ def describe_rig_result(outcome) -> str:
     """The rig's end in one line: its status and each card's final setting or why it has none."""
     if outcome is None:
         return "ended"
+    if outcome.status == "stopped":
+        return "stopped; every card is back at stock, u resumes it"
     parts = [f"{d} {v:+d}" for d, v in outcome.settings.items()]
     parts += [f"{d} none" for d in outcome.reasons if d not in outcome.settings]
     return f"{outcome.status}" + (f": {', '.join(parts)}" if parts else "")

@@ -550,8 +550,11 @@ def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
         value = (rig.settings or {}).get(device_id)
         if value is not None:
             body = f"FINAL {value:+d} {unit} (confirmed together)"
+        elif getattr(outcome, "status", None) == "stopped":
+            body = "STOPPED, back at stock; u resumes every card"
         else:
-            body = f"NONE: {getattr(outcome, 'reasons', {}).get(device_id) or card.failure or 'no setting'}"
+            reason = getattr(outcome, 'reasons', {}).get(device_id) or card.failure or 'no setting'
+            body = f"NONE: {for_people(str(reason))}"  # the core words it for the CLI (--resume)
     elif rig.running and rig.current is not None:
         body = rig_card_label(rig, device_id)
     elif card.running and card.current:
