@@ -5,6 +5,8 @@ the result applies through the core's rig apply (one keep-or-revert for every ca
 
 from __future__ import annotations
 
+import html
+import re
 import threading
 
 import pytest
@@ -95,6 +97,9 @@ async def test_all_cards_bisects_every_card_then_the_rig_and_applies_and_saves_t
         assert "rig recording at stock: PASS" in attempts
         assert "rig attempt 1 (sim0 -40 mV, sim1 -55 mV, sim2 -30 mV): PASS" in attempts
         assert "RIG RESULT" in _text(app, "#bisect-result")
+        svg = html.unescape(app.export_screenshot()).replace("\xa0", " ")  # what fits on the 80x24 screen
+        shown = " ".join(" ".join(re.findall(r">([^<>]*)<", svg)).split())
+        assert "not a real gain" in shown  # the SIMULATED note is not cut  # the SIMULATED note is not cut
         table = app.screen.query_one("#bisect-trials")
         first = [table.get_row_at(i)[0] for i in range(table.row_count)]
         await pilot.press("c")  # the next card's table

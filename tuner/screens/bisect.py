@@ -138,7 +138,7 @@ class BisectScreen(TunerScreen):
     BisectScreen.-plot #bisect-trials { display: none; }
     BisectScreen.-wide #bisect-trials { display: block; }
     BisectScreen #bisect-detail { height: 1; padding: 0 1; }
-    BisectScreen #bisect-result { height: auto; max-height: 3; padding: 0 1; }
+    BisectScreen #bisect-result { height: auto; max-height: 4; padding: 0 1; }
     BisectScreen #rig-cards, BisectScreen #rig-attempts { height: auto; padding: 0 1; display: none; }
     BisectScreen #rig-attempts { max-height: 2; }
     BisectScreen.-rig #rig-cards, BisectScreen.-rig #rig-attempts { display: block; }
@@ -618,7 +618,7 @@ def rig_result_text(rig, *, simulated: bool) -> Text:
     if not rig.settings:
         return Text("no settings confirmed together (see each card's line)", style="bold")
     text = Text("RIG RESULT ", style="bold reverse")
-    text.append(f" {_settings_text(rig.settings, rig)}  (a: apply all, v: save rig profile)")
+    text.append(f" {_settings_text(rig.settings, rig)}  (a apply all, v save)")  # one line at 80 with 3 cards
     if simulated:
         text.append(f"\n{SIMULATED_NOTE}", style="bold")
     return text
