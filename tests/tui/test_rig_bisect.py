@@ -113,6 +113,7 @@ async def test_all_cards_bisects_every_card_then_the_rig_and_applies_and_saves_t
         await pilot.pause()
         assert isinstance(app.screen, KeepOrRevertDialog)
         assert "sim0 -40 mV, sim1 -55 mV, sim2 -30 mV" in _text(app, "#keep-question")
+        assert "Applied the bisect's result to 3 cards" in _text(app, "#keep-question")  # not its internal name
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -55, -30]
         await pilot.press("k")
         await app.workers.wait_for_complete()

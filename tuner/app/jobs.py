@@ -523,6 +523,9 @@ def applied_knobs(pending) -> dict:
     return {} if pending.applied is None else {pending.device_id: pending.applied}
 
 
+RESULT_NAME = "bisect-result"  # the unsaved ALL CARDS result's profile name: internal, never shown as a name
+
+
 def keep_question(pending) -> str:
     """What the keep-or-revert dialog asks: every card with its value and unit."""
     if not isinstance(pending, RigChange):
@@ -530,5 +533,7 @@ def keep_question(pending) -> str:
         return f"Applied {pending.value:+d}{unit} on {pending.device_id}. Keep this setting?"
     cards = ", ".join(f"{c.device_id} {c.value:+d}" + (f" {c.applied.unit}" if c.applied is not None else "")
                       for c in pending.changes)
-    return (f"Applied {pending.plan.profile.name!r} to {len(pending.changes)} cards at once: {cards}. Keep all of "
+    name = pending.plan.profile.name
+    what = "the bisect's result" if name == RESULT_NAME else repr(name)
+    return (f"Applied {what} to {len(pending.changes)} cards at once: {cards}. Keep all of "
             "them? Revert puts every card back.")

@@ -16,7 +16,7 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
 from tuner.actions.bisect import bisect_defaults
-from tuner.app import form_memory
+from tuner.app import form_memory, jobs
 from tuner.app.state import of_about
 from tuner.app.words import for_people
 from tuner.core.durations import format_duration, parse_duration_s
@@ -356,7 +356,7 @@ class BisectScreen(TunerScreen):
                         severity="warning")
             return
         outcome, backend = rig.outcome, self.app.backend
-        self.app.apply_rig_profile(lambda: rig_profile_from_outcome(backend, outcome, "bisect-result"),
+        self.app.apply_rig_profile(lambda: rig_profile_from_outcome(backend, outcome, jobs.RESULT_NAME),
                                    on_kept=self.action_save_profile)
 
     def action_save_profile(self) -> None:
