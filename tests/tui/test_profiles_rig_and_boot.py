@@ -173,3 +173,28 @@ async def test_the_last_boot_run_and_its_result_are_in_the_detail(app, backend, 
         detail = " ".join(_detail(app).split())
         assert "Last boot run" in detail
         assert ": failed (exit 3). tuner: boot: missing card: 'mine' not applied" in detail
+
+
+async def test_a_failing_systemctl_after_install_is_one_line_not_its_raw_stderr(app, backend, monkeypatch):
+    """As root on a box without systemd as init (a container), systemctl prints several lines: one toast line."""
+    import subprocess
+
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
+    monkeypatch.setattr("tuner.actions.boot_service._live_systemd", lambda: True)
+    stderr = ("System has not been booted with systemd as init system (PID 1). Can't operate.\n"
+              "Failed to connect to bus: Host is down\n")
+    monkeypatch.setattr("tuner.actions.boot_service.subprocess.run",
+                        lambda args, **kw: subprocess.CompletedProcess(args, 1, "", stderr))
+    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("4")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+        await pilot.press("b")
+        await pilot.pause()
+        await pilot.press("y")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        warnings = [n.message for n in app._notifications if n.severity == "warning"]
+        assert warnings and all("\n" not in w for w in warnings)
+        assert any("Can't operate. Failed to connect to bus" in w for w in warnings)

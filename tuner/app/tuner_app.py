@@ -625,8 +625,8 @@ class TunerApp(App[int]):
             else:
                 done = "the boot service was not installed; nothing to do"
             self.post_message(msg.Noted(done))
-            for warning in result.warnings:
-                self.post_message(msg.Noted(warning, "warning"))
+            for warning in result.warnings:  # systemctl's stderr is several lines: a toast says it in one
+                self.post_message(msg.Noted(" ".join(warning.split()), "warning"))
         self.call_from_thread(self.read_boot_status)  # workers are started from the event loop
 
     # --- doctor --------------------------------------------------------------------------------------------------
