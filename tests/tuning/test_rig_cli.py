@@ -118,3 +118,18 @@ def test_save_writes_one_rig_profile_with_a_part_per_card(boot, fakes, capsys):
 def test_save_name_is_checked_before_anything_runs(boot, fakes, capsys):
     assert cli.main([*SIM3, "bisect", "--device", "all", *FAST, "--save", "bad name!"]) == 2
     assert fakes[0].requests == []
+
+
+def test_a_card_that_has_its_own_result_says_so_on_its_tty_line_not_a_stale_100_percent(capsys):
+    from tuner.commands.bisect import _Block, _Printer
+    from tuner.tuning.events import Recommendation, TrialProgress
+
+    block = _Block(("sim0", "sim1"))
+    block.tty = True  # the progress block redrawn in place, as on a terminal
+    printer = _Printer("mV", False, block=block, device="sim0")
+    printer(TrialProgress(device="sim0", setting=-35, phase="confirm", elapsed_s=10.0, duration_s=10.0, eta_s=0.0,
+                          step=533, eta_total_s=None))
+    printer(Recommendation(device="sim0", unit="mV", setting=-25, confirmed=-35, lowest_pass=-35,
+                           first_failure=-40, margin=10, edge=False))
+    lines = capsys.readouterr().err.split("\033[J")[-1].splitlines()
+    assert lines[0] == "sim0: own result -25 mV; waiting for the other cards"

@@ -173,8 +173,9 @@ class _Printer:
         elif isinstance(ev, TrialFinished):
             self._last_plain = 0.0
             self._line(f"trial {ev.index}: " + _trial_line(ev.result))
-        elif isinstance(ev, Recommendation):
-            pass  # printed with the final table
+        elif isinstance(ev, Recommendation):  # printed with the final table; a card's line stops showing 100 %
+            if self.block is not None:
+                self.block.status(self.device, f"own result {self._v(ev.setting)}; waiting for the other cards")
         elif isinstance(ev, BisectFailed):
             self._line(f"bisect failed ({ev.kind}): {ev.reason}")
         elif isinstance(ev, BisectStopped):
