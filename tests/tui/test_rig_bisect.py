@@ -180,7 +180,9 @@ async def test_the_rig_phase_is_shown_switching_screens_keeps_it_and_quit_resets
         await pilot.press("q")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)
-        assert "an auto-bisect of every card (sim0, sim1, sim2)" in str(app.screen.query_one("Static").render())
+        question = str(app.screen.query_one("Static").render())
+        assert "an auto-bisect of every card (sim0, sim1, sim2)" in question
+        assert "resets every card involved to stock" in question and "the card" not in question  # not one card
         await pilot.press("y")
         await pilot.pause()
     gated.release.set()

@@ -657,7 +657,10 @@ class TunerApp(App[int]):
         if not running:
             self.exit(exit_codes.OK)
             return
-        question = f"Quit? This stops {' and '.join(running)} and resets the card to stock."
+        several = self.rig.running or len(running) > 1 or (
+            self.pending is not None and len(jobs.pending_cards(self.pending)) > 1)
+        what = "every card involved" if several else "the card"
+        question = f"Quit? This stops {' and '.join(running)} and resets {what} to stock."
         self.push_screen(ConfirmDialog(question, yes="Quit and reset", no="Stay"), self._quit_confirmed)
 
     async def action_quit(self) -> None:
