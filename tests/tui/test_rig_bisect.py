@@ -256,3 +256,19 @@ async def test_quit_with_the_rig_result_unconfirmed_reverts_every_card(tmp_path,
     done = app.make_safe()
     assert [backend.knob(f"sim{i}").current for i in range(2)] == [0, 0], done
     assert "reverted the unconfirmed setting on sim0, sim1" in done
+
+
+async def test_quit_when_the_rig_stops_at_once_still_says_the_session_is_kept(tmp_path, fake_rig):
+    """A stop during a card's trial ends the rig job quickly: its end can be handled before make_safe runs; the
+    exit lines must still say that the session is kept and how to resume it."""
+    app, backend = _app(tmp_path, gpus=2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app, gpus=2)
+        await pilot.press("b")
+        await _wait(pilot, lambda: app.rig.running)
+        app.stop_jobs()  # what a confirmed quit (or a hang-up) does first
+        await app.workers.wait_for_complete()
+        await _wait(pilot, lambda: not app.rig.running)  # the end was handled while the App still ran
+    done = app.make_safe(wait_s=20)
+    assert any("--device sim0,sim1 --resume" in line for line in done), done
+    assert [backend.knob(f"sim{i}").current for i in range(2)] == [0, 0]

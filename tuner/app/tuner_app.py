@@ -124,6 +124,9 @@ class TunerApp(App[int]):
         self._stress_job: jobs.StressJob | jobs.VerifyJob | None = None
         self._bisect_job: jobs.BisectRunner | None = None
         self._rig_job: jobs.RigBisectRunner | None = None
+        # leaving (quit confirmed, hang-up): a job that ends now stays known, so make_safe still resets its cards
+        # and says how to resume its session (a fast stop used to end it before make_safe ran, silently)
+        self._leaving = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hung_up = False
         self._last_sampler_error: str | None = None
@@ -375,7 +378,8 @@ class TunerApp(App[int]):
     def on_stress_ended(self, message: msg.StressEnded) -> None:
         self.stress = replace(self.stress, running=False, verdict=message.summary).written(
             f"ended: {message.summary}")
-        self._stress_job = None
+        if not self._leaving:
+            self._stress_job = None
         self.notify(f"stress on {message.device_id}: {message.summary}")
         self.sample_now()
 
@@ -429,7 +433,8 @@ class TunerApp(App[int]):
 
     def on_bisect_ended(self, message: msg.BisectEnded) -> None:
         self.bisect = replace(self.bisect, running=False, current=None, outcome=message.outcome)
-        self._bisect_job = None
+        if not self._leaving:
+            self._bisect_job = None
         self.notify(f"bisect on {message.device_id}: {for_people(message.summary)}")
         self.sample_now()
         self.repaint_screens()
@@ -507,7 +512,8 @@ class TunerApp(App[int]):
             failure = "stopped by you; u resumes it (every card)"
         self.rig = replace(self.rig, running=False, current=None, cards=cards, outcome=outcome, failure=failure,
                            settings=dict(outcome.settings) if outcome is not None else self.rig.settings)
-        self._rig_job = None
+        if not self._leaving:
+            self._rig_job = None
         self.notify(f"bisect of every card: {for_people(message.summary)}")
         self.sample_now()
         self.repaint_screens()
@@ -680,6 +686,7 @@ class TunerApp(App[int]):
 
     def stop_jobs(self) -> None:
         """Ask every running job to stop (non-blocking, thread-safe), so their workers end before the App does."""
+        self._leaving = True
         for job in (self._stress_job, self._bisect_job, self._rig_job):
             if job is not None:
                 job.stop()
