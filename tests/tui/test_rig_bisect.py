@@ -272,3 +272,16 @@ async def test_quit_when_the_rig_stops_at_once_still_says_the_session_is_kept(tm
     done = app.make_safe(wait_s=20)
     assert any("--device sim0,sim1 --resume" in line for line in done), done
     assert [backend.knob(f"sim{i}").current for i in range(2)] == [0, 0]
+
+
+async def test_resume_with_no_rig_session_is_an_error_line_not_stopped(tmp_path, fake_rig):
+    app, _backend = _app(tmp_path, gpus=2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app, gpus=2)
+        await pilot.press("u")
+        await app.workers.wait_for_complete()
+        await _wait(pilot, lambda: not app.rig.running and bool(app.rig.failure))
+        await pilot.pause(0.3)
+        status = _text(app, "#bisect-status")
+        assert "ERROR: no unfinished rig bisect" in status, status
+        assert "STOPPED" not in status and "error:" not in status  # nothing was running to stop

@@ -411,8 +411,10 @@ class BisectScreen(TunerScreen):
                 what = ("recording every card's reference at stock" if cur.get("phase") == "rig-baseline" else
                         f"confirmation attempt {cur.get('attempt')}")
                 status.append(f" the whole rig: {what} ({rig_run_time(cur, app.clock())})")
-        elif rig.failure:
+        elif rig.failure and rig.failure.startswith("stopped"):
             status.append(f"STOPPED: {rig.failure}", style="bold")
+        elif rig.failure:  # a refused start (no session to resume...) or an error: nothing was stopped
+            status.append(f"ERROR: {rig.failure.removeprefix('error: ')}", style="bold")
         elif rig.outcome is not None:
             status.append(f"FINISHED: {getattr(rig.outcome, 'status', '')}")
         else:
