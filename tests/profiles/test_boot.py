@@ -10,7 +10,7 @@ import pytest
 from tests.profiles.helpers import sim, sim_profile, tuner
 from tuner.core import paths
 from tuner.core.errors import Unsupported
-from tuner.profiles import boot, save_profile
+from tuner.profiles import boot, build_profile, save_profile
 
 BOOT_ID = "11111111-2222-3333-4444-555555555555"
 
@@ -141,9 +141,15 @@ def test_unit_text():
         assert expected in lines, expected
 
 
+def _real_profile(name: str = "mine"):
+    from tests.profiles.helpers import AMD_KNOB, RX9070
+
+    return save_profile(build_profile(name, RX9070, AMD_KNOB, -45, kernel="6.14.0-test"))
+
+
 def test_service_install_needs_root(capsys, monkeypatch):
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: False)
-    save_profile(sim_profile("mine"))
+    _real_profile("mine")
     code, _out, err = tuner(capsys, "service", "install", "--profile", "mine")
     assert code == 3
     assert err.strip().startswith("tuner: error: installing the boot service needs root") and "sudo" in err
@@ -154,7 +160,7 @@ def test_service_install_needs_root(capsys, monkeypatch):
 
 def test_service_install_status_uninstall(capsys, monkeypatch):
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
-    save_profile(sim_profile("mine"))
+    _real_profile("mine")
     code, out, err = tuner(capsys, "service", "install", "--profile", "mine")
     assert code == 0, err
     text = boot.unit_path().read_text()
@@ -178,3 +184,34 @@ def test_default_unit_path_is_etc_systemd(monkeypatch):
     monkeypatch.delenv("TUNER_SYSTEMD_DIR")
     assert str(boot.unit_path()) == "/etc/systemd/system/tuner-apply.service"
     assert os.environ.get("TUNER_SYSTEMD_DIR") is None
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_a_simulated_profile_or_session_never_installs_the_boot_service(capsys, monkeypatch, root):
+    """The unit acts on the real machine at every boot: a profile measured on a SIMULATED card, or a --simulate
+    session, is refused in one line (exit 2) before anything is written, as root too (a simulated session run as
+    root once wrote and enabled a real unit in /etc)."""
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: root)
+    save_profile(sim_profile("simmed"))
+    _real_profile("real")
+    for argv, why in ((("service", "install", "--profile", "simmed"), "was measured on a SIMULATED card"),
+                      (("--simulate", "service", "install", "--profile", "real"), "runs on SIMULATED cards")):
+        code, _out, err = tuner(capsys, *argv)
+        assert code == 2, err
+        assert len(err.strip().splitlines()) == 1 and why in err and "nothing installed" in err
+        assert not boot.unit_path().exists() and not paths.system_profiles_dir().exists()
+
+
+def test_a_simulated_part_of_a_rig_profile_is_refused_too(monkeypatch):
+    from tests.profiles.helpers import AMD_KNOB, RX9070, sim
+    from tuner.actions import boot_service
+    from tuner.core.errors import UsageError
+    from tuner.profiles.rig import RigPart, build_rig_profile
+
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
+    backend = sim()
+    save_profile(build_rig_profile("mixed", [RigPart(RX9070, AMD_KNOB, -40),
+                                             RigPart(backend.device("sim1"), backend.knob("sim1"), -30)]))
+    with pytest.raises(UsageError, match="SIMULATED"):
+        boot_service.install("mixed")
+    assert not boot.unit_path().exists() and not paths.system_profiles_dir().exists()

@@ -28,6 +28,13 @@ def root(monkeypatch):
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
 
 
+@pytest.fixture
+def simulated_install(monkeypatch):
+    """These tests follow install -> boot run -> status on the simulated rig; the boot service refuses a simulated
+    profile in real use (boot_service.refuse_simulated, tested on its own in test_boot.py), so it is lifted here."""
+    monkeypatch.setattr("tuner.actions.boot_service.refuse_simulated", lambda profile: None)
+
+
 def _boot(capsys, *extra, gpus: int = 3):
     return tuner(capsys, "--simulate", "--sim-gpus", str(gpus), "apply", "--boot", "--boot-wait", "0", *extra)
 
@@ -85,7 +92,7 @@ def test_boot_skip_rules_hold_for_a_rig(capsys, fake_root):
     assert settings() == [0, 0, 0]
 
 
-def test_install_status_remove_through_the_action_api(capsys, fake_root, root):
+def test_install_status_remove_through_the_action_api(capsys, fake_root, root, simulated_install):
     save_rig()  # in the user store; install copies it to the system store
     result = boot_service.install("rig")
     assert result.changed and result.profile == "rig"
@@ -122,7 +129,7 @@ def test_install_every_system_profile_and_a_single_card_one(root, fake_root):
 def test_install_and_remove_need_root(monkeypatch):
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: False)
     with pytest.raises(PermissionDenied, match="needs root"):
-        boot_service.install("rig")
+        boot_service.install()
     with pytest.raises(PermissionDenied, match="needs root"):
         boot_service.remove()
     assert not boot.unit_path().exists()
@@ -134,7 +141,7 @@ def test_install_with_nothing_to_apply_is_refused_without_cli_words(root):
     assert "--" not in info.value.one_line()  # the UI shows it as it is: no command-line flags in it
 
 
-def test_service_status_cli_shows_the_rig_and_the_last_run(capsys, fake_root, root):
+def test_service_status_cli_shows_the_rig_and_the_last_run(capsys, fake_root, root, simulated_install):
     save_rig()
     assert tuner(capsys, "service", "install", "--profile", "rig")[0] == 0
     _boot(capsys)

@@ -5,6 +5,7 @@ tuner.actions.boot_service, with no real systemd (TUNER_SYSTEMD_DIR points into 
 from __future__ import annotations
 
 from tests.tui.helpers import make_app, sim_backend
+from tuner.core import paths
 from tuner.profiles import build_profile, save_profile
 from tuner.profiles.boot import unit_path
 from tuner.profiles.rig import RigPart, build_rig_profile
@@ -19,6 +20,15 @@ TUNING = {"baseline_tok_per_j": 23.81, "tuned_tok_per_j": 25.12, "efficiency_gai
 
 def _detail(app) -> str:
     return str(app.screen.query_one("#profile-detail").render())
+
+
+def _real_card_profile(backend, monkeypatch, name: str = "mine"):
+    """The boot service never takes a simulated profile or a simulated session (tuner.actions.boot_service): the
+    install tests stand in a real card's profile and an App on real cards (its backend says so)."""
+    from tests.profiles.helpers import AMD_KNOB, RX9070
+
+    monkeypatch.setattr(backend, "simulated", False)
+    return save_profile(build_profile(name, RX9070, AMD_KNOB, -40))
 
 
 def _rig(backend, name: str = "rig", values=(-40, -30)):
@@ -110,7 +120,7 @@ async def test_a_rig_profile_whose_card_is_missing_is_refused_and_nothing_change
 async def test_b_installs_the_boot_service_for_the_profile_shows_its_status_and_removes_it(app, backend,
                                                                                         monkeypatch):
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
-    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
+    _real_card_profile(backend, monkeypatch)
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("4")
         await app.workers.wait_for_complete()
@@ -143,7 +153,7 @@ async def test_b_installs_the_boot_service_for_the_profile_shows_its_status_and_
 async def test_installing_the_boot_service_without_root_is_one_line_and_installs_nothing(app, backend,
                                                                                       monkeypatch):
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: False)
-    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
+    _real_card_profile(backend, monkeypatch)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await pilot.press("4")
         await app.workers.wait_for_complete()
@@ -185,7 +195,7 @@ async def test_a_failing_systemctl_after_install_is_one_line_not_its_raw_stderr(
               "Failed to connect to bus: Host is down\n")
     monkeypatch.setattr("tuner.actions.boot_service.subprocess.run",
                         lambda args, **kw: subprocess.CompletedProcess(args, 1, "", stderr))
-    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
+    _real_card_profile(backend, monkeypatch)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await pilot.press("4")
         await app.workers.wait_for_complete()
@@ -198,3 +208,22 @@ async def test_a_failing_systemctl_after_install_is_one_line_not_its_raw_stderr(
         warnings = [n.message for n in app._notifications if n.severity == "warning"]
         assert warnings and all("\n" not in w for w in warnings)
         assert any("Can't operate. Failed to connect to bus" in w for w in warnings)
+
+
+async def test_b_on_simulated_cards_is_refused_in_one_line_and_writes_nothing(app, backend, monkeypatch):
+    """As root, a simulated session once installed and enabled a real unit in /etc for a simulated profile."""
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
+    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("4")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+        await pilot.press("b")
+        await pilot.pause()
+        await pilot.press("y")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        errors = [n.message for n in app._notifications if n.severity == "error"]
+        assert len(errors) == 1 and "SIMULATED" in errors[0] and "nothing installed" in errors[0]
+        assert "\n" not in errors[0]
+    assert not unit_path().exists() and not paths.system_profiles_dir().exists()

@@ -149,18 +149,39 @@ def unit_environment() -> dict[str, str]:
     return env
 
 
-def install(profile_name: str | None = None, *, overwrite: bool = False) -> BootServiceResult:
+def refuse_simulated(profile: Profile) -> None:
+    """A profile proven on a SIMULATED card (any part of a rig) never goes into the real boot path: UsageError.
+    Checked before anything is written, root or not (a simulated session run as root once installed a real unit
+    in /etc for a simulated profile)."""
+    parts = [p.device for p in profile.rig_parts] or [profile.device]
+    if any(d.simulated for d in parts):
+        raise UsageError(f"profile {profile.name!r} was measured on a SIMULATED card, and the boot service applies "
+                         "profiles to real cards at every boot: nothing installed",
+                         "bisect the real card and install the boot service for that profile")
+
+
+def install(profile_name: str | None = None, *, overwrite: bool = False,
+            simulated_session: bool = False) -> BootServiceResult:
     """Write and enable the unit (root). `profile_name` (a store name or a path): copy that profile, single-card
     or rig, to the system store and apply only it at boot; None: apply every system profile (refused when
-    there are none). `overwrite` replaces a system profile of the same name. Raises PermissionDenied,
-    UsageError (no such profile, a name taken without `overwrite`; NoSystemProfiles) or StateError."""
+    there are none). `overwrite` replaces a system profile of the same name. `simulated_session`: the caller
+    runs on simulated cards (--simulate, the UI's simulated backend): refused, as is a profile measured on a
+    simulated card (`refuse_simulated`): the unit acts on the real machine. Raises PermissionDenied, UsageError
+    (no such profile, a simulated one, a name taken without `overwrite`; NoSystemProfiles) or StateError."""
+    if simulated_session:
+        raise UsageError("the boot service applies profiles to this machine's real cards at every boot, and this "
+                         "session runs on SIMULATED cards: nothing installed",
+                         "run `tuner service install --profile NAME` without --simulate, with a profile proven "
+                         "on a real card")
+    profile = load_profile(profile_name) if profile_name else None
+    if profile is not None:
+        refuse_simulated(profile)
     _require_root("installing the boot service")
     messages: list[str] = []
     warnings: list[str] = []
     name = None
     copied = None
-    if profile_name:
-        profile = load_profile(profile_name)
+    if profile is not None:
         copied = save_profile(profile, overwrite=overwrite, system=True)
         name = profile.name
         messages.append(f"copied {profile.name!r} ({SystemProfileInfo.of(profile).summary}) to {copied}")

@@ -620,7 +620,8 @@ class TunerApp(App[int]):
             if profile_name is None:
                 result = boot_service.remove()
             else:
-                result = boot_service.install(profile_name, overwrite=overwrite)
+                result = boot_service.install(profile_name, overwrite=overwrite,
+                                              simulated_session=self.backend.simulated)
         except Exception as e:  # noqa: BLE001 - refused (not root, no such profile): one line
             self.post_message(msg.BackendFailed("boot service", e))
         else:

@@ -46,7 +46,7 @@ def _print(result: boot_service.BootServiceResult) -> None:
 
 def run_install(args, ctx) -> int:
     try:
-        result = boot_service.install(args.profile, overwrite=args.overwrite)
+        result = boot_service.install(args.profile, overwrite=args.overwrite, simulated_session=ctx.simulate)
     except boot_service.NoSystemProfiles as e:
         raise boot_service.NoSystemProfiles(e.message, "pass --profile NAME") from None
     _print(result)
