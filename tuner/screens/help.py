@@ -27,8 +27,8 @@ Dialogs   enter = the highlighted button; escape = the safe choice
 - Every write is checked against the card's range, applied, read back.
 - A manual setting must be kept within 15 s, or it reverts by itself.
 - Stress and bisect runs keep going while you switch screens. Quitting
-  asks, then stops them and resets the card to stock; an SSH hang-up
-  does the same without asking.
+  asks, then stops them and resets every card they changed to stock;
+  an SSH hang-up does the same without asking.
 - Overvolting is never offered here.
 - Profiles apply only to the card they were proven on; another card of
   the same model needs a passing stress trial first. A rig profile or
