@@ -96,8 +96,8 @@ async def test_doctor_shows_checks_with_remedies(app):
 
 
 async def test_quit_asks_when_a_job_runs(app):
-    class Pending:
-        device_id, value = "sim0", -10
+    class Pending:  # a PendingChange's shape, as far as the quit question reads it
+        device_id, value, device_ids = "sim0", -10, ("sim0",)
 
     async with app.run_test(size=(80, 24)) as pilot:
         app.pending = Pending()

@@ -31,6 +31,18 @@ def _real_card_profile(backend, monkeypatch, name: str = "mine"):
     return save_profile(build_profile(name, RX9070, AMD_KNOB, -40))
 
 
+async def _install_from_profiles(pilot, app):
+    """Open Profiles, press b on the selected profile and answer yes: the install has run (or was refused)."""
+    await pilot.press("4")
+    await app.workers.wait_for_complete()
+    await pilot.pause(0.3)
+    await pilot.press("b")
+    await pilot.pause()
+    await pilot.press("y")
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
 def _rig(backend, name: str = "rig", values=(-40, -30)):
     parts = [RigPart(backend.device(f"sim{i}"), backend.knob(f"sim{i}"), v, tuning=TUNING)
              for i, v in enumerate(values)]
@@ -155,14 +167,7 @@ async def test_installing_the_boot_service_without_root_is_one_line_and_installs
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: False)
     _real_card_profile(backend, monkeypatch)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        await pilot.press("4")
-        await app.workers.wait_for_complete()
-        await pilot.pause(0.3)
-        await pilot.press("b")
-        await pilot.pause()
-        await pilot.press("y")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await _install_from_profiles(pilot, app)
         errors = [n.message for n in app._notifications if n.severity == "error"]
         assert errors == [("boot service: installing the boot service needs root (it writes "
                            f"{unit_path().parent}); run it with sudo")]
@@ -197,14 +202,7 @@ async def test_a_failing_systemctl_after_install_is_one_line_not_its_raw_stderr(
                         lambda args, **kw: subprocess.CompletedProcess(args, 1, "", stderr))
     _real_card_profile(backend, monkeypatch)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        await pilot.press("4")
-        await app.workers.wait_for_complete()
-        await pilot.pause(0.3)
-        await pilot.press("b")
-        await pilot.pause()
-        await pilot.press("y")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await _install_from_profiles(pilot, app)
         warnings = [n.message for n in app._notifications if n.severity == "warning"]
         assert warnings and all("\n" not in w for w in warnings)
         assert any("Can't operate. Failed to connect to bus" in w for w in warnings)
@@ -215,14 +213,7 @@ async def test_b_on_simulated_cards_is_refused_in_one_line_and_writes_nothing(ap
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        await pilot.press("4")
-        await app.workers.wait_for_complete()
-        await pilot.pause(0.3)
-        await pilot.press("b")
-        await pilot.pause()
-        await pilot.press("y")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await _install_from_profiles(pilot, app)
         errors = [n.message for n in app._notifications if n.severity == "error"]
         assert len(errors) == 1 and "SIMULATED" in errors[0] and "nothing installed" in errors[0]
         assert "\n" not in errors[0]

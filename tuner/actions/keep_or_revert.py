@@ -69,6 +69,16 @@ class PendingChange:
         return None if self.before is None else self.before.current
 
     @property
+    def device_ids(self) -> tuple[str, ...]:
+        """The cards this change touches (one; a RigChange answers with every card of the rig)."""
+        return (self.device_id,)
+
+    @property
+    def applied_by_card(self) -> dict[str, Knob]:
+        """Each touched card's knob as read back after apply() (empty before), as RigChange answers it."""
+        return {} if self.applied is None else {self.device_id: self.applied}
+
+    @property
     def pending(self) -> bool:
         """Applied, and neither kept nor reverted yet."""
         return self.applied is not None and not self.kept and self.reverted_to is None

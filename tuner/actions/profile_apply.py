@@ -301,6 +301,12 @@ class RigChange:
     def applied(self) -> dict[str, Knob]:
         return {c.device_id: c.applied for c in self.changes if c.applied is not None}
 
+    applied_by_card = applied  # the name PendingChange answers to as well
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return tuple(c.device_id for c in self.changes)
+
     @property
     def reverted_to(self) -> dict[str, Knob]:
         return {c.device_id: c.reverted_to for c in self.changes if c.reverted_to is not None}

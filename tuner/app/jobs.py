@@ -509,20 +509,6 @@ def tuning_from_bisect(state: BisectState) -> dict | None:
 
 
 # --- a change waiting for keep-or-revert: one card (PendingChange) or a whole rig (RigChange) ----------------------
-def pending_cards(pending) -> tuple[str, ...]:
-    """The cards an unconfirmed change touches (a rig change: every card of it)."""
-    if isinstance(pending, RigChange):
-        return tuple(c.device_id for c in pending.changes)
-    return (pending.device_id,)
-
-
-def applied_knobs(pending) -> dict:
-    """Each card's knob as read back after the apply."""
-    if isinstance(pending, RigChange):
-        return dict(pending.applied)
-    return {} if pending.applied is None else {pending.device_id: pending.applied}
-
-
 RESULT_NAME = "bisect-result"  # the unsaved ALL CARDS result's profile name: internal, never shown as a name
 
 

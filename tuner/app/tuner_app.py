@@ -164,7 +164,7 @@ class TunerApp(App[int]):
         if self.rig.running:
             running.append(f"an auto-bisect of every card ({', '.join(self.rig.device_ids)})")
         if self.pending is not None:
-            running.append(f"an unconfirmed setting on {', '.join(jobs.pending_cards(self.pending))}")
+            running.append(f"an unconfirmed setting on {', '.join(self.pending.device_ids)}")
         return running
 
     # --- telemetry ----------------------------------------------------------------------------------------------
@@ -220,6 +220,11 @@ class TunerApp(App[int]):
         if message.what.startswith("reading"):
             self._last_sampler_error = text
         self.notify(text, severity="error", timeout=10)
+
+    @property
+    def busy(self) -> bool:
+        """A stress run, a bisect or a bisect of every card is running: one job at a time."""
+        return self.stress.running or self.bisect.running or self.rig.running
 
     def on_noted(self, message: msg.Noted) -> None:
         self.notify(for_people(message.text), severity=message.severity, timeout=10)
@@ -288,7 +293,7 @@ class TunerApp(App[int]):
 
     def on_change_applied(self, message: msg.ChangeApplied) -> None:
         self.pending = message.pending
-        for device_id, knob in jobs.applied_knobs(message.pending).items():  # read back: shown before the dialog
+        for device_id, knob in message.pending.applied_by_card.items():  # read back: shown before the dialog
             self.histories[device_id].set_knob(knob)
         self.repaint_screens()
         self.sample_now()
@@ -301,7 +306,7 @@ class TunerApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="setting")
     def _settle_in_thread(self, pending, keep: bool) -> None:
-        cards = jobs.pending_cards(pending)
+        cards = pending.device_ids
         try:
             if keep:
                 pending.keep()
@@ -345,7 +350,7 @@ class TunerApp(App[int]):
 
     # --- stress (App-owned) -----------------------------------------------------------------------------------
     def start_stress(self, device_id: str, preset: str, mode: str) -> None:
-        if self.stress.running or self.bisect.running or self.rig.running:
+        if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         setting = self.histories[device_id].knob.current if self.histories[device_id].knob else None
@@ -387,7 +392,7 @@ class TunerApp(App[int]):
     def start_bisect(self, device_id: str, params: BisectParams) -> None:
         """Start (or resume, per `params`) a bisect through tuner.actions.bisect; a blank form field arrives here
         as None, which the core turns into the card's default."""
-        if self.stress.running or self.bisect.running or self.rig.running:
+        if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         question = consent_question(self.device(device_id))
@@ -398,7 +403,7 @@ class TunerApp(App[int]):
         self._begin_bisect(device_id, params)
 
     def _begin_bisect(self, device_id: str, params: BisectParams) -> None:
-        if self.stress.running or self.bisect.running or self.rig.running:  # started while the question was open
+        if self.busy:  # started while the question was open
             return
         self.bisect = BisectState(device_id=device_id, running=True)
         def show_earlier_trials() -> None:  # a resumed session: its table starts with the trials done before
@@ -443,7 +448,7 @@ class TunerApp(App[int]):
     def start_rig_bisect(self, params: BisectParams) -> None:
         """Every card at once through tuner.actions.bisect.prepare_rig_bisect (the CLI's `--device all`): a search
         per card, then the whole-rig confirmation. Real cards are asked about first, as a single card is."""
-        if self.stress.running or self.bisect.running or self.rig.running:
+        if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         ids = tuple(d.id for d in self.devices)
@@ -464,7 +469,7 @@ class TunerApp(App[int]):
         return options
 
     def _begin_rig_bisect(self, ids: tuple[str, ...], params: BisectParams) -> None:
-        if self.stress.running or self.bisect.running or self.rig.running:
+        if self.busy:
             return
         self.rig = RigState(device_ids=ids, running=True, cards={d: BisectState(device_id=d, running=True)
                                                                  for d in ids})
@@ -561,7 +566,7 @@ class TunerApp(App[int]):
 
     def verify_profile(self, plan: ProfileApply) -> None:
         """`tuner apply --verify`: the journalled trial with the profile's workload and lock clock."""
-        if self.stress.running or self.bisect.running or self.rig.running:
+        if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         device_id, value = plan.device.id, plan.value
@@ -665,7 +670,7 @@ class TunerApp(App[int]):
             self.exit(exit_codes.OK)
             return
         several = self.rig.running or len(running) > 1 or (
-            self.pending is not None and len(jobs.pending_cards(self.pending)) > 1)
+            self.pending is not None and len(self.pending.device_ids) > 1)
         what = "every card involved" if several else "the card"
         question = f"Quit? This stops {' and '.join(running)} and resets {what} to stock."
         self.push_screen(ConfirmDialog(question, yes="Quit and reset", no="Stay"), self._quit_confirmed)
@@ -720,7 +725,7 @@ class TunerApp(App[int]):
             done.append(f"the unfinished bisect session on {device_id} is kept: `tuner bisect --device {device_id} "
                         "--resume` continues it (u on the Bisect screen), --restart starts afresh")
         if self.pending is not None:
-            cards = jobs.pending_cards(self.pending)
+            cards = self.pending.device_ids
             devices_to_reset.update(cards)
             try:
                 self.pending.revert()
