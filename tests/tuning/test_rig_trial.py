@@ -129,7 +129,12 @@ def test_a_kernel_line_naming_no_card_is_a_machine_event(tmp_path):
     assert _at_stock(backend, ("sim0", "sim1"))
 
 
-def test_a_kernel_line_naming_a_card_pins_that_card():
+@pytest.mark.parametrize(("line", "kind"), [
+    ("amdgpu 0000:04:00.0: amdgpu: ring gfx_0.0.0 timeout", "ring-timeout"),
+    # NVIDIA names the card without its function number (kernel_log's own doctest form)
+    ("NVRM: Xid (PCI:0000:04:00): 79, pid=1, GPU has fallen off the bus.", "fallen-off-bus"),
+])
+def test_a_kernel_line_naming_a_card_pins_that_card(line, kind):
     class Bus(SimulatedBackend):
         def stress_target(self, device_id):
             from dataclasses import replace
@@ -139,7 +144,7 @@ def test_a_kernel_line_naming_a_card_pins_that_card():
 
     def on_start(request) -> None:
         if request.options.rank == 1:
-            threading.Timer(0.2, watcher.feed, ("amdgpu 0000:04:00.0: amdgpu: ring gfx_0.0.0 timeout",)).start()
+            threading.Timer(0.2, watcher.feed, (line,)).start()
 
     backend = Bus(gpus=2, vmin_mv=(-52, -67))
     res = run_rig_trial(backend, {"sim0": -40, "sim1": -55}, RigTrialParams(duration_s=30.0, mode="gemm",
@@ -147,7 +152,7 @@ def test_a_kernel_line_naming_a_card_pins_that_card():
                         None, threading.Event(), engine_factory=FakeGroupEngine(on_start=on_start),
                         kernel_watcher_factory=lambda d: watcher)
     assert res.machine_event is None and res.pinned == ("sim1",)
-    assert res.results["sim1"].kind == "ring-timeout"
+    assert res.results["sim1"].kind == kind
     assert res.results["sim0"].verdict == "inconclusive"
 
 

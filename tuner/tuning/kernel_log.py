@@ -49,9 +49,20 @@ class KernelEvent:
         return {"kind": self.kind, "line": self.line, "edge": self.edge, "xid": self.xid}
 
 
-def _bus(pci: str) -> str | None:
+def bus_of(pci: str) -> str | None:
+    """The bus and device ("03:00") of a PCI address, with or without its domain and function.
+
+    >>> bus_of("0000:03:00.0"), bus_of("0000:2b:00"), bus_of("none")
+    ('03:00', '2b:00', None)
+    """
     m = _PCI_RE.search(pci)
     return m.group(1).lower() if m else None
+
+
+def named_buses(line: str) -> set[str]:
+    """Every card a kernel-log line names, as `bus_of` gives it (amdgpu's "0000:03:00.0", NVIDIA's Xid
+    "PCI:0000:2b:00" without a function number); empty when it names none (a line about the machine)."""
+    return {m.group(1).lower() for m in _PCI_RE.finditer(line)}
 
 
 def classify_line(line: str, pci_bus_id: str | None = None) -> KernelEvent | None:
@@ -70,8 +81,8 @@ def classify_line(line: str, pci_bus_id: str | None = None) -> KernelEvent | Non
     else:
         return None
     if pci_bus_id:
-        want = _bus(pci_bus_id)
-        named = {m.group(1).lower() for m in _PCI_RE.finditer(line)}
+        want = bus_of(pci_bus_id)
+        named = named_buses(line)
         if want and named and want not in named:
             return None
     xid = None
@@ -94,7 +105,7 @@ class KernelLogWatcher:
                  source: Callable[[], tuple[Iterable[str], Callable[[], None]] | None] | None = None):
         self.pci_bus_id = pci_bus_id
         self._warn = warn or (lambda msg: None)
-        self._on_event = on_event
+        self.on_event = on_event  # set after construction by a trial that attributes lines itself
         self._source = source or open_live_source
         self._events: list[KernelEvent] = []
         self._lock = threading.Lock()
@@ -125,8 +136,8 @@ class KernelLogWatcher:
                     continue
                 with self._lock:
                     self._events.append(event)
-                if self._on_event:
-                    self._on_event(event)
+                if self.on_event:
+                    self.on_event(event)
         except (OSError, ValueError):
             pass
 
@@ -136,8 +147,8 @@ class KernelLogWatcher:
         if event is not None:
             with self._lock:
                 self._events.append(event)
-            if self._on_event:
-                self._on_event(event)
+            if self.on_event:
+                self.on_event(event)
         return event
 
     @property

@@ -53,7 +53,6 @@ from tuner.tuning.trial import (
     follow,
     pstate_problem_of,
     reset_and_verify,
-    same_bus,
     trial_request,
 )
 
@@ -177,7 +176,7 @@ def run_rig_trial(backend: Backend, settings: Mapping[str, int], params: RigTria
             ranks[owner].state.kernel_events.append(event)
             stop_all("kernel")
 
-    watcher._on_event = on_kernel
+    watcher.on_event = on_kernel
     with contextlib.ExitStack() as cleanup:
         # as in run_trial: each undo registered just before the call it undoes; they run in reverse order, so the
         # cards are reset (and verified) before the kernel-log watcher stops, and every card is reset even when
@@ -255,11 +254,11 @@ def _watcher(backend: Backend, devices: list[str],
 
 def _owner(event: kernel_log.KernelEvent, targets: Mapping[str, StressTarget]) -> str | None:
     """The card a kernel line names ("" for a card outside the rig), or None when it names none (the machine)."""
-    named = [m.group(0) for m in kernel_log._PCI_RE.finditer(event.line)]
+    named = kernel_log.named_buses(event.line)
     if not named:
         return None
     for d, t in targets.items():
-        if t.pci_bus_id and any(same_bus(n, t.pci_bus_id) for n in named):
+        if t.pci_bus_id and kernel_log.bus_of(t.pci_bus_id) in named:  # the same matching as a single-card trial
             return d
     return ""
 

@@ -145,9 +145,9 @@ def run_trial(
     if kernel_watcher is None:
         simulated = backend.device(device_id).simulated  # the host's kernel log says nothing about it
         kernel_watcher = kernel_log.NullWatcher() if simulated else kernel_log.KernelLogWatcher(warn=warn)
-    elif not kernel_watcher._on_event:
+    elif not kernel_watcher.on_event:
         kernel_watcher._warn = warn
-    kernel_watcher._on_event = lambda ev: trial.stop_engine("kernel")
+    kernel_watcher.on_event = lambda ev: trial.stop_engine("kernel")
     watcher = kernel_watcher
 
     with contextlib.ExitStack() as cleanup:
