@@ -351,9 +351,7 @@ class BisectScreen(TunerScreen):
         from tuner.actions.bisect import rig_profile_from_outcome
 
         rig = self.app.rig
-        if rig.running or rig.outcome is None or not rig.settings:
-            self.notify("no settings confirmed together yet: a finished bisect of every card gives them",
-                        severity="warning")
+        if not self._rig_result_ready():
             return
         outcome, backend = rig.outcome, self.app.backend
         self.app.apply_rig_profile(lambda: rig_profile_from_outcome(backend, outcome, jobs.RESULT_NAME),
@@ -362,9 +360,7 @@ class BisectScreen(TunerScreen):
     def action_save_profile(self) -> None:
         if self.app.bisect_all:
             rig = self.app.rig
-            if rig.running or rig.outcome is None or not rig.settings:
-                self.notify("no settings confirmed together yet: a finished bisect of every card gives them",
-                            severity="warning")
+            if not self._rig_result_ready():
                 return
             self.app.push_screen(TextInputDialog("Save every card's setting as one rig profile:",
                                                  value=f"rig-{len(rig.settings)}-cards"), self._save_rig_as)
@@ -381,6 +377,15 @@ class BisectScreen(TunerScreen):
     def _save_as(self, name: str | None) -> None:
         if name:
             self.app.save_bisect_profile(name)
+
+    def _rig_result_ready(self) -> bool:
+        """All cards: a finished run with settings confirmed together (what apply and save act on); else say so."""
+        rig = self.app.rig
+        if rig.running or rig.outcome is None or not rig.settings:
+            self.notify("no settings confirmed together yet: a finished bisect of every card gives them",
+                        severity="warning")
+            return False
+        return True
 
     def _save_rig_as(self, name: str | None) -> None:
         if name:
