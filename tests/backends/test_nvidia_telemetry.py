@@ -105,7 +105,7 @@ def test_driver_without_the_event_reasons_call_falls_back_too():
     )
 
 
-def test_reasons_refused_by_both_calls_are_empty_and_nothing_else_breaks():
+def test_reasons_refused_by_both_calls_are_unknown_and_nothing_else_breaks():
     m, backend, dev = _open()
     for call in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
         m.fail[call] = CODES["NVML_ERROR_NOT_SUPPORTED"]
