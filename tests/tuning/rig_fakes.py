@@ -228,6 +228,9 @@ class _GroupRun:
             try:
                 barrier.wait(step + 1)  # the step's all-reduce
             except PeerGone:
+                if self._stopped.is_set():  # its own SIGTERM: the engine reports that, not the collective it broke
+                    end = self._end("error", "stopped", "interrupted by SIGTERM", step)
+                    break
                 end = self._end("error", "peer", "peer stalled: a collective failed (Connection closed by peer)",
                                 step)
                 break

@@ -169,8 +169,11 @@ def test_a_stop_mid_run_ends_promptly_with_every_card_at_stock(tmp_path):
                         RigTrialParams(duration_s=600.0, reference_paths=_refs(tmp_path, ("sim0", "sim1"))),
                         None, stop, engine_factory=engine)
     assert res.stopped and res.results == {}
-    # every rank was stopped (SIGTERM), none ran out its 600 s
-    assert [run.result(0).kind for run in engine.runs] == ["stopped", "stopped"]
+    # every rank was sent its SIGTERM and has ended (none ran out its 600 s). A rank whose peer's SIGTERM landed
+    # first may end as `peer` (its all-reduce failed, as on real gloo) before its own arrives: the order is a race
+    assert all(run._stopped.is_set() for run in engine.runs) and len(engine.runs) == 2
+    assert {run.result(0).kind for run in engine.runs} <= {"stopped", "peer"}
+    assert "stopped" in {run.result(0).kind for run in engine.runs}
     assert _at_stock(backend, ("sim0", "sim1"))
 
 
