@@ -255,3 +255,44 @@ def test_the_action_api_applies_all_or_none(monkeypatch):
         apply_rig_now(backend, plan)
     assert info.value.exit_code == exit_codes.HARDWARE
     assert settings() == [0, 0, 0]
+
+
+def test_a_reverted_rig_puts_every_nvidia_card_back_at_its_lock_clock_too(tmp_path):
+    """NVIDIA: a rig part proven at a locked max clock locks the card there before its offset (as `set --lock-mhz`).
+    A revert must put back the lock each card had as well, as the single-card change does (PendingChange's
+    previous_lock_clock_mhz): else a card goes back to its old offset, locked at a clock nobody confirmed."""
+    from tuner.actions.profile_apply import plan_rig_apply, prepare_rig_apply
+
+    backend = SimulatedBackend(gpus=2, kind="nvidia", state_path=tmp_path / "nv.json")
+    parts = [RigPart(d, replace(backend.knob(d.id), lock_clock_mhz=2400), v)
+             for d, v in zip(backend.devices(), (90, 60), strict=True)]
+    profile = build_rig_profile("nvrig", parts, rig={"backend": "gloo", "attempts": 1}, kernel="6.14.0-test")
+    backend.set_lock_clock("sim1", 2280)  # sim1 was locked lower before: that is what it goes back to
+    before = {d: (backend.knob(d).current, backend.knob(d).lock_clock_mhz) for d in ("sim0", "sim1")}
+    assert before["sim0"][1] == 2505 and before["sim1"][1] == 2280
+    change = prepare_rig_apply(backend, plan_rig_apply(backend, profile), timeout_s=5)
+    with change:
+        assert {d: (k.current, k.lock_clock_mhz) for d, k in change.applied.items()} == {
+            "sim0": (90, 2400), "sim1": (60, 2400)}
+    assert {d: (backend.knob(d).current, backend.knob(d).lock_clock_mhz) for d in ("sim0", "sim1")} == before
+
+
+def test_a_part_that_fails_leaves_every_nvidia_card_at_its_own_lock_clock(tmp_path, monkeypatch):
+    from tuner.actions.profile_apply import RigApplyFailed, plan_rig_apply, prepare_rig_apply
+
+    backend = SimulatedBackend(gpus=2, kind="nvidia", state_path=tmp_path / "nv.json")
+    parts = [RigPart(d, replace(backend.knob(d.id), lock_clock_mhz=2400), v)
+             for d, v in zip(backend.devices(), (90, 60), strict=True)]
+    profile = build_rig_profile("nvrig", parts, rig={"backend": "gloo", "attempts": 1}, kernel="6.14.0-test")
+    original = SimulatedBackend.apply
+
+    def sim1_refuses(self, device_id, value, *, allow_overvolt=False):
+        if device_id == "sim1" and value == 60:
+            raise NotApplied(f"{device_id}: refused")
+        return original(self, device_id, value, allow_overvolt=allow_overvolt)
+
+    monkeypatch.setattr(SimulatedBackend, "apply", sim1_refuses)
+    with pytest.raises(RigApplyFailed, match="sim0 put back as before"):
+        prepare_rig_apply(backend, plan_rig_apply(backend, profile), timeout_s=5).apply()
+    assert {d: (backend.knob(d).current, backend.knob(d).lock_clock_mhz) for d in ("sim0", "sim1")} == {
+        "sim0": (0, 2505), "sim1": (0, 2505)}
