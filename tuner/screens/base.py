@@ -4,10 +4,13 @@ repaint timer that stops while hidden."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.screen import Screen
 
 from tuner.widgets.key_bar import KeyBar
 from tuner.widgets.nav_bar import NavBar
+
+MANY_CARD_ACTIONS = ("next_device", "next_table")
 
 
 class TunerScreen(Screen):
@@ -18,7 +21,19 @@ class TunerScreen(Screen):
     def compose(self) -> ComposeResult:
         yield NavBar(self.TITLE, simulated=self.app.simulated)
         yield from self.compose_body()
-        yield KeyBar(type(self).BINDINGS)
+        yield KeyBar(self.footer_bindings())
+
+    def footer_bindings(self) -> list[Binding]:
+        """The keys this screen offers in this session (the key bar shows exactly these)."""
+        return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not self._needs_cards(b.action)]
+
+    def _needs_cards(self, action: str) -> bool:
+        """`d` (next card) and `c` (the next card's table) mean nothing with one card: not shown, and the keys do
+        nothing."""
+        return action in MANY_CARD_ACTIONS and len(self.app.devices) < 2
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not self._needs_cards(action)
 
     def compose_body(self) -> ComposeResult:
         yield from ()
