@@ -31,6 +31,8 @@ def test_show_has_one_block_per_card_and_fits_the_terminal(capsys, monkeypatch, 
     assert "  rig          3 cards: -40 mV, -55 mV, -30 mV" in lines
     text = " ".join(out.split())
     assert "one data-parallel job over gloo, 2 attempts" in text
+    # no dtype recorded: the engine chose (`--dtype auto`), which is what the line says, not "dtype ?"
+    assert "dtype auto" in text and "dtype ?" not in text
     blocks = out.split("\n  card[")[1:]
     assert len(blocks) == 3
     for i, (serial, value) in enumerate((("SIM-0000-00", -40), ("SIM-0000-01", -55), ("SIM-0000-02", -30))):

@@ -21,6 +21,9 @@ from tuner.profiles.store import (
     write_profile_file,
 )
 
+# a workload saved without a dtype ran with the engine's `--dtype auto` (bf16 where the card has it, else fp32)
+AUTO_DTYPE = "auto"
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -167,8 +170,8 @@ def _part_lines(part, width: int, indent: str = "  ") -> list[str]:
         *_field("search", f"first failure {_fig(t.first_failure, '{:+d}')}, lowest pass "
                 f"{_fig(t.lowest_pass, '{:+d}')}, confirmed {_fig(t.confirmed, '{:+d}')}, margin "
                 f"{_fig(t.margin, '{:d}')} {s.unit}", width, indent),
-        *_field("workload", f"preset {t.preset or '?'}, mode {t.mode or '?'}, dtype {t.dtype or '?'}, trials "
-                f"{_fig(t.trial_duration_s, '{:g}')} s, confirm {_fig(t.confirm_duration_s, '{:g}')} s", width,
+        *_field("workload", f"preset {t.preset or '?'}, mode {t.mode or '?'}, dtype {t.dtype or AUTO_DTYPE}, "
+                f"trials {_fig(t.trial_duration_s, '{:g}')} s, confirm {_fig(t.confirm_duration_s, '{:g}')} s", width,
                 indent),
     ]
     if t.trials:
@@ -187,7 +190,7 @@ def _rig_lines(profile: Profile, width: int) -> list[str]:
         attempts = "" if r.attempts is None else f", {r.attempts} attempt{'s' if r.attempts != 1 else ''}"
         lines += _field("confirmed", f"every card at once for {_fig(r.confirm_duration_s, '{:g}')} s, one "
                         f"data-parallel job over {r.backend or '?'}{attempts}; mode {r.mode or '?'}, preset "
-                        f"{r.preset or '?'}, dtype {r.dtype or '?'}", width)
+                        f"{r.preset or '?'}, dtype {r.dtype or AUTO_DTYPE}", width)
         if r.tok_s is not None or r.power_w is not None:
             lines += _field("together", f"{_fig(r.tok_s, '{:.0f}')} tok/s, {_fig(r.power_w, '{:.1f}')} W, "
                             f"{_fig(r.tok_per_j, '{:.2f}')} tok/J (all cards)", width)
