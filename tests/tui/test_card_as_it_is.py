@@ -78,6 +78,28 @@ def _result(setting, verdict="fail", kind="mismatch", reason="loss diverged from
                        duration_s=1.0, tok_s=900.0, power_w=210.0, tok_per_j=4.3, max_temp_c=71.0)
 
 
+def test_a_trial_past_its_time_says_it_is_finishing_not_a_stale_eta():
+    """A trial ends at a step boundary (a slow step; in a rig, the peers): past its nominal time the bar stays at
+    100 % and the line says the trial is finishing, on the card's own screen and on its ALL CARDS line."""
+    from tuner.app.state import RigState
+    from tuner.screens.bisect import rig_card_line
+    from tuner.tuning.events import FINISHING
+
+    state = BisectState(device_id="sim0", running=True, unit="mV")
+    state = apply_bisect_event(state, TrialStarted(index=2, setting=-10, unit="mV", phase="descend", duration_s=10.0,
+                                                   started_at=0.0, expected_trials=4), now_s=0.0)
+    on_time = apply_bisect_event(state, TrialProgress(setting=-10, phase="descend", elapsed_s=6.0, duration_s=10.0,
+                                                      eta_s=4.0, step=60), now_s=6.0)
+    over = apply_bisect_event(state, TrialProgress(setting=-10, phase="descend", elapsed_s=13.0, duration_s=10.0,
+                                                   eta_s=0.0, step=130), now_s=13.0)
+    assert on_time.current["finishing"] is False and over.current["finishing"] is True
+    assert over.current["progress"] == 1.0
+    lines = {name: rig_card_line(RigState(device_ids=("sim0",), running=True, cards={"sim0": s}), "sim0",
+                                 selected=True).plain for name, s in (("on time", on_time), ("over", over))}
+    assert FINISHING not in lines["on time"] and "60 %" in lines["on time"]
+    assert FINISHING in lines["over"] and "100 %" in lines["over"], lines
+
+
 def test_eta_comes_from_measured_wall_time_per_trial():
     state = BisectState(device_id="sim0", running=True)
     state = apply_bisect_event(state, TrialStarted(index=1, setting=0, unit="mV", phase="baseline", duration_s=1.0,

@@ -133,3 +133,20 @@ def test_a_card_that_has_its_own_result_says_so_on_its_tty_line_not_a_stale_100_
                            first_failure=-40, margin=10, edge=False))
     lines = capsys.readouterr().err.split("\033[J")[-1].splitlines()
     assert lines[0] == "sim0: own result -25 mV; waiting for the other cards"
+
+
+def test_a_trial_past_its_time_says_finishing_on_its_tty_line_not_eta_0s(capsys):
+    from tuner.commands.bisect import _Block, _Printer
+    from tuner.tuning.events import FINISHING, TrialProgress
+
+    block = _Block(("sim0", "sim1"))
+    block.tty = True
+    printer = _Printer("mV", False, block=block, device="sim0")
+    printer(TrialProgress(device="sim0", setting=-35, phase="confirm", elapsed_s=12.5, duration_s=10.0, eta_s=0.0,
+                          step=533, eta_total_s=None))
+    line = capsys.readouterr().err.split("\033[J")[-1].splitlines()[0]
+    assert "100%" in line and FINISHING in line and "ETA" not in line, line
+    printer(TrialProgress(device="sim0", setting=-35, phase="confirm", elapsed_s=5.0, duration_s=10.0, eta_s=5.0,
+                          step=266, eta_total_s=None))
+    line = capsys.readouterr().err.split("\033[J")[-1].splitlines()[0]
+    assert " 50%" in line and "ETA 5s" in line and FINISHING not in line, line

@@ -442,6 +442,7 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
             progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
             eta_s, eta_total_s = measured_eta_s(state, event, now_s)
             return replace(state, current={**state.current, "progress": progress, "eta_s": eta_s,
+                                           "finishing": event.finishing,
                                            "eta_total_s": eta_total_s, "tok_s": event.tok_s,
                                            "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():

@@ -17,6 +17,7 @@ from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode, Verdict
 from tuner.tuning.events import (
+    FINISHING,
     BisectFailed,
     BisectStopped,
     Recommendation,
@@ -156,8 +157,9 @@ class _Printer:
                 frac = min(1.0, ev.elapsed_s / ev.duration_s) if ev.duration_s else 0.0
                 bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
                 step = "" if ev.step is None else f" step {ev.step}"
-                text = (f"{self._trial_label}[{bar}] {frac:4.0%} {self._v(ev.setting)} {ev.phase}{step}  ETA "
-                        f"{format_duration(ev.eta_s)}{eta_total}")
+                left = FINISHING if ev.finishing else f"ETA {format_duration(ev.eta_s)}"
+                text = (f"{self._trial_label}[{bar}] {frac:4.0%} {self._v(ev.setting)} {ev.phase}{step}  "
+                        f"{left}{eta_total}")
                 if self.block is not None:
                     self.block.status(self.device, text)
                     return

@@ -24,6 +24,7 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
+from tuner.tuning.events import FINISHING
 from tuner.tuning.job import BisectParams
 from tuner.tuning.sensitivity import detection_rate_text
 from tuner.widgets.history_plot import HistoryPlot
@@ -448,7 +449,9 @@ class BisectScreen(TunerScreen):
             if cur:
                 status.append(f" trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
                               f"{_cell(cur.get('setting'), '{:+d} ' + unit)}")
-                if cur.get("eta_s") is not None:
+                if cur.get("finishing"):
+                    status.append(f" · {FINISHING}")
+                elif cur.get("eta_s") is not None:
                     status.append(f" · trial ETA {format_duration(cur['eta_s'])}")
                 if cur.get("eta_total_s") is not None:
                     status.append(f" · all ≤{format_duration(cur['eta_total_s'])}")
@@ -568,6 +571,8 @@ def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
         cur = card.current
         body = (f"trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
                 f"{_cell(cur.get('setting'), '{:+d} ' + unit)} · {int(100 * (cur.get('progress') or 0))} %")
+        if cur.get("finishing"):
+            body += f" · {FINISHING}"
         if cur.get("eta_total_s") is not None:
             body += f" · all ≤{format_duration(cur['eta_total_s'])}"
     elif card.recommendation is not None:

@@ -137,6 +137,9 @@ class TrialStarted(_Event):
     event = "trial_started"
 
 
+FINISHING = "finishing"  # what a front end says of a trial past its time (TrialProgress.finishing)
+
+
 @dataclass(frozen=True)
 class TrialProgress(_Event):
     setting: int
@@ -151,6 +154,11 @@ class TrialProgress(_Event):
     eta_total_s: float | None = None  # the whole bisect, a rough guess (filled by the driver)
     device: str = ""  # the card it is about ("": not set; filled by the bisect driver)
     event = "trial_progress"
+
+    @property
+    def finishing(self) -> bool:
+        """Past its time: the engine ends at the next step boundary (a slow step; in a rig, the peers' steps)."""
+        return bool(self.duration_s) and self.elapsed_s > self.duration_s
 
 
 @dataclass(frozen=True)
