@@ -162,6 +162,44 @@ def test_ssh_hang_up_reverts_an_unconfirmed_setting(tmp_path):
         subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
 
 
+def test_ssh_hang_up_reverts_every_card_of_an_unconfirmed_rig_apply(tmp_path):
+    """The rig half of the test above, in a real process (the rig rules table calls the handler run_app installs
+    by hand; here the real signal goes through whatever the process has installed): a rig profile applied to three
+    cards from the Profiles screen, its one keep-or-revert open, then SIGHUP: every card must be back at stock."""
+    import json
+    import signal
+
+    import psutil
+
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.profiles import RigPart, build_rig_profile, save_profile
+
+    cards = SimulatedBackend(gpus=3, state_path=tmp_path / "proven-on.json")
+    save_profile(build_rig_profile("rig", [RigPart(d, cards.knob(d.id), v) for d, v in
+                                           zip(cards.devices(), (-40, -55, -30), strict=True)],
+                                   rig={"backend": "gloo", "attempts": 1}, kernel="6.14.0-test"))
+    sock = _start_tuner(tmp_path, args=" --sim-gpus 3")
+    state = Path(os.environ["XDG_STATE_HOME"]) / "tuner" / "simulated" / "seed-0.json"
+
+    def offsets() -> list[int]:
+        return [json.loads(state.read_text())["cards"][f"sim{i}"]["offset_mv"] for i in range(3)]
+
+    try:
+        _wait_for(sock, ["[1 Dashboard]", "sim2"])
+        _tmux(sock, "send-keys", "-t", "smoke", "4")
+        _wait_for(sock, ["[4 Profiles]", "rig"])
+        _tmux(sock, "send-keys", "-t", "smoke", "a")
+        _wait_for(sock, ["Keep all of"])
+        assert offsets() == [-40, -55, -30]
+        shell_pid = int(_tmux(sock, "list-panes", "-t", "smoke", "-F", "#{pane_pid}").strip())
+        [app_proc] = [p for p in psutil.Process(shell_pid).children(recursive=True) if "tuner" in " ".join(p.cmdline())]
+        app_proc.send_signal(signal.SIGHUP)
+        _wait_for(sock, ["TUNER-EXIT=130"])
+        assert offsets() == [0, 0, 0]
+    finally:
+        subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
+
+
 def test_terminal_gone_during_a_bisect_stops_everything_and_leaves_the_card_at_stock(tmp_path):
     """The SSH connection drops mid-bisect (the terminal disappears): the UI and the engine must exit and the card
     must be at stock, with no process left spinning on a dead terminal."""
