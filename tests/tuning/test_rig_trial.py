@@ -1,8 +1,8 @@
 """`run_rig_trial`, the whole-rig data-parallel trial, on simulated cards.
 
-Two tests run real engines (two gloo ranks on the CPU, tiny preset: a recording, then a confirmation with one card
-past its hidden limit); the rest use `FakeGroupEngine` (tests/tuning/rig_fakes.py), which steps its ranks in
-lockstep and ends them the way real gloo ranks end."""
+Three tests run real engines (two gloo ranks on the CPU, tiny preset: a recording, then a confirmation with one card
+past its hidden limit, and one whose engine hangs); the rest use `FakeGroupEngine` (tests/tuning/rig_fakes.py),
+which steps its ranks in lockstep and ends them the way real gloo ranks end."""
 
 from __future__ import annotations
 
@@ -73,6 +73,30 @@ def test_a_card_past_its_limit_is_pinned_and_the_other_is_not(recorded):
     assert res.pinned == ("sim1",), res
     assert res.results["sim1"].verdict == "fail" and res.results["sim1"].injected
     assert res.results["sim0"].verdict == Verdict.INCONCLUSIVE, res.results["sim0"]
+    assert res.machine_event is None
+    assert _at_stock(backend, ("sim0", "sim1"))
+
+
+def test_a_hung_rank_is_pinned_and_its_peer_waiting_in_the_all_reduce_is_not(recorded):
+    """Real gloo ranks: sim1's engine goes silent after step 2 (the simulated card's hang, with no miscomputation
+    before it); sim0 waits in the all-reduce, which its heartbeat reports, so the watchdog does not take it for a
+    hang too. sim1 is pinned (hang), sim0 is inconclusive, both cards end at stock."""
+    from dataclasses import replace
+
+    class HangsOnSim1(SimulatedBackend):
+        def stress_target(self, device_id):
+            target = super().stress_target(device_id)
+            return replace(target, fault_rate=0.0, hang=True) if device_id == "sim1" else target
+
+    _, refs, _ = recorded
+    backend = HangsOnSim1(gpus=2, vmin_mv=(-52, -67))
+    # a silence of 3 s is a hang: well above a tiny step even on a loaded 2-core box
+    watchdog = WatchdogPolicy(min_silence_s=3.0, first_step_timeout_s=60, kill_grace_s=1, poll_s=0.05)
+    res = run_rig_trial(backend, {"sim0": -40, "sim1": -55},
+                        RigTrialParams(duration_s=30.0, reference_paths=refs, collective_timeout_s=60,
+                                       watchdog=watchdog, peer_grace_s=1.0), None, threading.Event())
+    assert res.pinned == ("sim1",) and res.results["sim1"].kind == "hang", res
+    assert res.results["sim0"].verdict == Verdict.INCONCLUSIVE and res.results["sim0"].kind != "hang", res
     assert res.machine_event is None
     assert _at_stock(backend, ("sim0", "sim1"))
 
