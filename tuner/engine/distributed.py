@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import time
 from collections.abc import Callable
 
@@ -136,6 +137,17 @@ def data_seed(seed: int, rank: int) -> int:
     return seed if rank == 0 else seed + 1_000_003 * rank
 
 
+_SOURCE_LOCATION = re.compile(r"^\[[^\]]*\.(?:cc|cpp|c|h|hpp):\d+\]\s*")  # gloo/c10: "[/…/pair.cc:534] "
+
+
 def _first_line(e: BaseException) -> str:
+    """The error's first line without the C++ source location gloo and c10 put in front: what a user reads is
+    "Connection closed by peer [127.0.0.1]:4711", not the path of torch's build tree.
+
+    >>> _first_line(RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+    ...                          "closed by peer [127.0.0.1]:4711"))
+    'Connection closed by peer [127.0.0.1]:4711'
+    """
     text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:300]
+    line = text.splitlines()[0] if text else type(e).__name__
+    return (_SOURCE_LOCATION.sub("", line) or line)[:300]
