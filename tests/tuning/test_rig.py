@@ -265,3 +265,42 @@ def test_a_single_card_bisect_names_its_card_in_every_event(boot):
     BisectJob(SimulatedBackend(vmin_mv=-52), "sim0", BisectParams(trial_s=1, confirm_s=2), events.append,
               engine_factory=FakeEngine()).run()
     assert events and all(e.device == "sim0" and e.to_json()["device"] == "sim0" for e in events)
+
+
+class ClockedCards(SimulatedBackend):
+    """NVIDIA-like for the lock: each card sustains its own clock under load (1900, 1915, 1930 MHz) and every
+    `lock_at_measured_clock` is recorded, in the order made (this process's lock choice, as on the NVML backend)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.locks: list[tuple[str, float]] = []
+
+    def lock_at_measured_clock(self, device_id, clock_mhz):
+        self.locks.append((device_id, clock_mhz))
+        return int(clock_mhz)
+
+    def telemetry(self, device_id):
+        from dataclasses import replace
+        return replace(super().telemetry(device_id), core_clock_mhz=1900.0 + 15 * int(device_id[-1]))
+
+
+def test_a_rig_resumed_after_its_searches_locks_every_card_at_its_own_baseline_clock(boot):
+    """The lock is this process's choice (NVIDIA): a rig resumed in a new process after its per-card searches ends
+    with no search to set it. Each card must be locked at the clock its own stock baseline sustained before the
+    rig runs on it, as its own search was, not left at the V/F table top (which caps nothing)."""
+    holder: dict = {}
+    first = ClockedCards(gpus=3, vmin_mv=LIMITS)
+    rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
+    holder["job"] = prepare_rig_bisect(first, CARDS, BisectParams(trial_s=1, confirm_s=2), rig_trial=rig,
+                                       engine_factory=FakeEngine())
+    assert holder["job"].run().status == "stopped" and len(rig.calls) == 1
+    own = dict(first.locks)  # what each card's own search locked at (its baseline)
+    assert own == {"sim0": 1900.0, "sim1": 1915.0, "sim2": 1930.0}
+
+    resumed = ClockedCards(gpus=3, vmin_mv=LIMITS)  # a new process: no lock chosen yet
+    seen: list = []
+    rig2 = FakeRigTrial(on_start=lambda settings, params: seen.append(list(resumed.locks)))
+    outcome = prepare_rig_bisect(resumed, CARDS, BisectParams(trial_s=1, confirm_s=2, resume=True), rig_trial=rig2,
+                                 engine_factory=FakeEngine()).run()
+    assert outcome.exit_code == exit_codes.OK
+    assert dict(seen[0]) == own, seen  # before the first rig run (the recording at stock), every card locked

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from tuner.backends.base import Backend
@@ -367,10 +367,7 @@ class BisectJob:
                 ev = replace(ev, eta_total_s=round(ev.eta_s + rest_s, 1))
             self._emit(ev)
 
-        baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
-        if baseline is not None and baseline.median_core_clock_mhz:
-            # NVIDIA: lock at the clock the card sustained at stock, not the V/F table top (which caps nothing)
-            self.backend.lock_at_measured_clock(self.device_id, baseline.median_core_clock_mhz)
+        lock_at_baseline_clock(self.backend, self.device_id, results)
         watcher = self._kernel_watcher_factory() if self._kernel_watcher_factory else None
         try:
             result = run_trial(self.backend, self.device_id, decision.setting, tp, on_trial_event, self._stop,
@@ -489,6 +486,15 @@ def control_steps(failed: TrialResult | None) -> int:
     which the failing trial diverged, with room for divergence that depends on time, e.g. another process)."""
     at = (failed.fault_step or failed.steps or 1) if failed is not None else 1
     return at + max(CONTROL_MARGIN_STEPS, int(at * CONTROL_MARGIN_FRACTION))
+
+
+def lock_at_baseline_clock(backend: Backend, device_id: str, results: Sequence[TrialResult]) -> None:
+    """NVIDIA: lock at the clock the card sustained under its passing stock baseline, not the V/F table top (which
+    caps nothing). Every trial of a card's search and every rig run on it is made at this lock; the lock is the
+    process's choice, so a resumed session sets it again from the journal's baseline. No-op on other cards."""
+    baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
+    if baseline is not None and baseline.median_core_clock_mhz:
+        backend.lock_at_measured_clock(device_id, baseline.median_core_clock_mhz)
 
 
 def last_outcome(device_id: str, knob: Knob) -> BisectOutcome:

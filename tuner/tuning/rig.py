@@ -43,7 +43,7 @@ from tuner.tuning.events import (
     TrialResult,
     TrialWarning,
 )
-from tuner.tuning.job import BisectJob, BisectOutcome, BisectParams, last_outcome
+from tuner.tuning.job import BisectJob, BisectOutcome, BisectParams, last_outcome, lock_at_baseline_clock
 from tuner.tuning.journal_rig import RigJournal, rig_reference_path
 from tuner.tuning.plan import PlanParams
 from tuner.tuning.rig_trial import RigTrialParams, RigTrialResult, run_rig_trial
@@ -312,6 +312,8 @@ class RigBisectJob:
                                      PlanParams.defaults_for(knobs[d]).resolution) for d in recs})
         if len(recs) < 2:  # nothing to confirm together: one card's own confirmation is its whole story
             return self._finish(rig, per_card, {d: r.setting for d, r in recs.items()}, reasons, (), knobs)
+        for device_id in recs:  # every rig run on a card at the lock its own search ran at (a resume sets it again)
+            lock_at_baseline_clock(self.backend, device_id, per_card[device_id].trials)
         gemm = rig.doc["params"].get("mode") == "gemm"
         attempts: list[RigTrialResult] = []
         stock = {d: knobs[d].stock for d in recs}
