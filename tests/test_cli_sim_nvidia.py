@@ -98,3 +98,26 @@ def test_bisect_recommends_in_mhz_and_the_profile_round_trips(boot, monkeypatch,
     assert tuner(*NV, "apply", "nv-sim", "--yes") == 0
     assert "+60 MHz" in capsys.readouterr().out
     assert SimulatedBackend(kind="nvidia").knob("sim0").current == 60
+
+
+def test_a_profile_saved_from_last_records_the_lock_the_trials_ran_at(boot, monkeypatch, capsys):
+    """The lock is the process's choice: `--from-last` runs in a new process, where nothing has locked the card.
+    Its profile must still say the clock the trials ran at (the baseline's sustained clock), as the save at the
+    end of the run does, not the V/F table top this new process would default to."""
+    from dataclasses import replace
+
+    class SustainsLess(SimulatedBackend):  # sustains 1905 MHz under load, below its 2505 MHz max boost
+        def telemetry(self, device_id):
+            return replace(super().telemetry(device_id), core_clock_mhz=1905.0)
+
+    # every command opens the card afresh, as a new process would
+    monkeypatch.setattr("tuner.actions.context.open_backend", lambda **_kw: SustainsLess(kind="nvidia", vmin_mv=100))
+    monkeypatch.setattr(trial, "default_engine_factory", FakeEngine())
+    assert tuner(*NV, "bisect", "--device", "sim0", "--trial", "1s", "--confirm", "2s", "--yes", "--save", "now") == 0
+    assert tuner(*NV, "bisect", "--device", "sim0", "--save", "later", "--from-last") == 0
+    capsys.readouterr()
+    locks = {}
+    for name in ("now", "later"):
+        assert tuner(*NV, "profile", "show", name, "--json") == 0
+        locks[name] = json.loads(capsys.readouterr().out)["setting"]["lock_clock_mhz"]
+    assert locks == {"now": 1905, "later": 1905}

@@ -178,7 +178,11 @@ async def test_apply_the_recommendation_then_keep_offers_to_save(app, backend):
     from tuner.screens.dialogs import TextInputDialog
 
     async with app.run_test(size=(80, 24)) as pilot:
-        app.bisect = BisectState(device_id="sim0", unit="mV", recommendation=_recommendation())
+        from tuner.tuning.job import BisectOutcome
+
+        rec = _recommendation()
+        app.bisect = BisectState(device_id="sim0", unit="mV", recommendation=rec,
+                                 outcome=BisectOutcome("recommended", 0, None, recommendation=rec))
         await pilot.press("3")
         await pilot.pause(0.6)
         result = _text(app.screen.query_one("#bisect-result"))

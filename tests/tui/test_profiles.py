@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tests.tui.helpers import make_app, sim_backend
 from tuner.app.state import BisectState
 from tuner.profiles import build_profile, list_profiles, save_profile
@@ -23,15 +21,20 @@ async def _type(pilot, text: str):
     await pilot.press(*[("full_stop" if c == "." else "slash" if c == "/" else c) for c in text])
 
 
-@dataclass(frozen=True)
-class FakeRecommendation:
-    setting: int
-    unit: str = "mV"
+def _finished(setting: int) -> BisectState:
+    """The App's state after a bisect of sim0 that recommended `setting` (the job ended: its outcome is there)."""
+    from tuner.tuning.events import Recommendation
+    from tuner.tuning.job import BisectOutcome
+
+    rec = Recommendation(device="sim0", unit="mV", setting=setting, confirmed=setting - 10, lowest_pass=setting - 10,
+                         first_failure=setting - 15, margin=10, edge=False)
+    return BisectState(device_id="sim0", recommendation=rec,
+                       outcome=BisectOutcome("recommended", 0, None, recommendation=rec))
 
 
 async def test_save_recommendation_as_profile(app):
     async with app.run_test(size=(80, 24)) as pilot:
-        app.bisect = BisectState(device_id="sim0", recommendation=FakeRecommendation(setting=-40))
+        app.bisect = _finished(-40)
         await pilot.press("3", "v")
         await pilot.pause()
         assert isinstance(app.screen, TextInputDialog)
@@ -41,6 +44,19 @@ async def test_save_recommendation_as_profile(app):
         await pilot.pause()
     [profile] = list_profiles()
     assert (profile.name, profile.setting.value, profile.device.serial) == ("mycard", -40, "SIM-0000-00")
+
+
+async def test_save_waits_for_the_bisect_to_end(app):
+    """The recommendation arrives a moment before the job ends with its outcome (the evidence a profile records):
+    until then `v` says so and saves nothing."""
+    from dataclasses import replace
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.bisect = replace(_finished(-40), outcome=None, running=True)
+        await pilot.press("3", "v")
+        await pilot.pause()
+        assert not isinstance(app.screen, TextInputDialog)
+    assert list_profiles() == []
 
 
 async def test_apply_profile_on_the_same_card_then_keep(app, backend):

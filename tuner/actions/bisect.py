@@ -12,7 +12,7 @@ from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles.schema import Profile
 from tuner.tuning.events import BisectEvent
-from tuner.tuning.job import BisectJob, BisectParams
+from tuner.tuning.job import BisectJob, BisectOutcome, BisectParams, lock_at_baseline_clock
 from tuner.tuning.plan import PlanParams, check_params
 from tuner.tuning.rig import RigBisectJob, RigOutcome
 
@@ -124,6 +124,21 @@ def collective_library(vendors: set[str]) -> str:
     return "nccl" if vendors == {"nvidia"} else "rccl" if vendors == {"amd"} else "gloo"
 
 
+def profile_from_outcome(backend: Backend, device_id: str, outcome: BisectOutcome, name: str) -> Profile:
+    """One card's profile from its finished bisect (`tuner bisect --save`, `--from-last`, the Auto-bisect screen's
+    save). The knob is read as the trials ran it: on NVIDIA the lock clock is set again from the baseline first,
+    since it is this process's choice (a `--from-last` process never locked the card; a knob read before the
+    bisect holds the V/F table top)."""
+    from tuner.profiles import build_profile
+
+    if outcome.recommendation is None:
+        raise UsageError(f"the bisect of {device_id} ended without a recommendation, so there is nothing to save",
+                         "bisect the card again")
+    lock_at_baseline_clock(backend, device_id, outcome.trials)
+    return build_profile(name, backend.device(device_id), backend.knob(device_id), outcome.recommendation.setting,
+                         tuning=outcome.tuning())
+
+
 def rig_profile_from_outcome(backend: Backend, outcome: RigOutcome, name: str) -> Profile:
     """One rig profile from a finished rig bisect: a part per card that got a setting confirmed together, and the
     rig's evidence (confirmation time, attempts, collective library, workload). `tuner bisect --save` and the
@@ -133,6 +148,8 @@ def rig_profile_from_outcome(backend: Backend, outcome: RigOutcome, name: str) -
     if not outcome.settings:
         raise UsageError("no card got a setting confirmed together, so the rig profile would be empty",
                          "bisect the cards again, or save one card's own result from its journal")
+    for device_id in outcome.settings:  # each knob as its trials ran it (NVIDIA: the lock), as profile_from_outcome
+        lock_at_baseline_clock(backend, device_id, outcome.per_card[device_id].trials)
     parts = [RigPart(device=backend.device(d), knob=backend.knob(d), setting=v, tuning=outcome.per_card[d].tuning())
              for d, v in outcome.settings.items()]
     params = next((o.params for o in outcome.per_card.values() if o.params), {})

@@ -503,12 +503,6 @@ def card_may_have_changed(before: BisectState, after: BisectState) -> bool:
         before.failure != after.failure)
 
 
-def tuning_from_bisect(state: BisectState) -> dict | None:
-    """The `[tuning]` evidence for a profile saved from the bisect screen (BisectOutcome.tuning)."""
-    outcome = state.outcome
-    return outcome.tuning() if outcome is not None else None
-
-
 # --- a change waiting for keep-or-revert: one card (PendingChange) or a whole rig (RigChange) ----------------------
 RESULT_NAME = "bisect-result"  # the unsaved ALL CARDS result's profile name: internal, never shown as a name
 

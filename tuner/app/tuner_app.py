@@ -31,7 +31,7 @@ from tuner.app.words import for_people, job_name
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
-from tuner.core.errors import TunerError
+from tuner.core.errors import TunerError, UsageError
 from tuner.core.signals import FATAL as FATAL_SIGNALS
 from tuner.screens import messages as msg
 from tuner.screens.base import TunerScreen
@@ -580,16 +580,14 @@ class TunerApp(App[int]):
         self._run_stress(self._stress_job)
 
     def save_bisect_profile(self, name: str) -> None:
-        from tuner.profiles import build_profile, save_profile
+        from tuner.actions.bisect import profile_from_outcome
+        from tuner.profiles import save_profile
 
         state = self.bisect
-        rec = state.recommendation
-        device_id = state.device_id
         try:
-            knob = self.backend.knob(device_id)
-            profile = build_profile(name, self.device(device_id), knob, rec.setting,
-                                    tuning=jobs.tuning_from_bisect(state))
-            path = save_profile(profile)
+            if state.outcome is None or state.device_id is None:
+                raise UsageError("no finished bisect to save", "run a bisect to its recommendation first")
+            path = save_profile(profile_from_outcome(self.backend, state.device_id, state.outcome, name))
         except TunerError as e:
             self.notify(for_people(e.one_line()), severity="error", timeout=10)
             return

@@ -233,7 +233,7 @@ def run(args, ctx) -> int:
     knob = backend.knob(device.id)
     if args.from_last:
         check_save_name(args.save)
-        return _save_from_last(args, device, knob)
+        return _save_from_last(args, backend, device, knob)
     durations = {name: parse_duration_s(text) for name, text in (("trial_s", args.trial), ("confirm_s", args.confirm))
                  if text is not None}  # left out: the core's default
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
@@ -258,7 +258,7 @@ def run(args, ctx) -> int:
             print(_recommendation_text(outcome.recommendation, device.label, device.simulated))
     if outcome.recommendation is not None and args.save:
         try:
-            _save(args, device, knob, outcome)
+            _save(args, backend, device, outcome)
         except TunerError as e:  # the name was taken meanwhile, the disk is full...: the journal keeps the result
             e.remedy = (f"{e.remedy + '; ' if e.remedy else ''}the result is kept: save it with `tuner bisect "
                         f"--device {device.id} --save NAME --from-last`")
@@ -340,23 +340,23 @@ class _Block:
             sys.stderr.flush()
 
 
-def _save(args, device, knob, outcome) -> None:
-    from tuner.profiles import build_profile, save_profile
+def _save(args, backend, device, outcome) -> None:
+    from tuner.actions.bisect import profile_from_outcome
+    from tuner.profiles import save_profile
 
-    profile = build_profile(args.save, device, knob, outcome.recommendation.setting, tuning=outcome.tuning())
-    path = save_profile(profile, overwrite=False)
+    path = save_profile(profile_from_outcome(backend, device.id, outcome, args.save), overwrite=False)
     if args.json:
         sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path)}) + "\n")
     else:
         print(f"saved profile {args.save!r} to {path}")
 
 
-def _save_from_last(args, device, knob) -> int:
+def _save_from_last(args, backend, device, knob) -> int:
     from tuner.tuning.job import last_outcome
 
     if not args.save:
         raise UsageError("--from-last saves the last result and needs --save NAME", "add --save NAME")
-    _save(args, device, knob, last_outcome(device.id, knob))
+    _save(args, backend, device, last_outcome(device.id, knob))
     return exit_codes.OK
 
 

@@ -367,7 +367,7 @@ class BisectScreen(TunerScreen):
                                                  value=f"rig-{len(rig.settings)}-cards"), self._save_rig_as)
             return
         rec = self.app.bisect.recommendation
-        if rec is None:
+        if rec is None or self.app.bisect.outcome is None:  # the outcome (the evidence saved) comes as the job ends
             self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
             return
         default = f"{self.app.bisect.device_id}-{abs(rec.setting)}{rec.unit.lower()}"
