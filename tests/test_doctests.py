@@ -7,7 +7,7 @@ import pytest
 
 MODULES = ["tuner.core.durations", "tuner.backends.simulated", "tuner.backends.amd_od_table", "tuner.backends.nvidia",
            "tuner.backends.amd", "tuner.tuning.sampler",
-           "tuner.tuning.kernel_log", "tuner.engine.distributed"]
+           "tuner.tuning.kernel_log", "tuner.engine.distributed", "tuner.backends.amd_throttle"]
 
 
 @pytest.mark.parametrize("name", MODULES)

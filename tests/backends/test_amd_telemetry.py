@@ -104,10 +104,54 @@ def test_power_cap_that_the_driver_cannot_read_is_none(tmp_path):
 
 
 def test_amd_reports_no_throttle_reasons_it_cannot_read(tmp_path):
-    """The reasons live only in the binary gpu_metrics, which the tuner does not parse: None (unknown), never ()
-    (which would claim none are active)."""
+    """Without amdsmi nothing reads the binary gpu_metrics table: None (unknown), never () (which would claim none
+    are active)."""
     backend, _io, dev = _backend(tmp_path)
     assert backend.telemetry(dev).throttle_reasons is None
+
+
+def _with_amdsmi(tmp_path, metrics):
+    """The RDNA4 card with amdsmi beside it; `metrics` is what amdsmi_get_gpu_metrics_info answers (an exception
+    instance is raised, as amdsmi raises AmdSmiLibraryException when the driver has no gpu_metrics)."""
+    import types
+
+    from tuner.backends import amd
+
+    make_tree(tmp_path, ["rdna4"])
+
+    def metrics_info(handle):
+        if isinstance(metrics, Exception):
+            raise metrics
+        return metrics
+
+    smi = types.SimpleNamespace(
+        AmdSmiInitFlags=types.SimpleNamespace(INIT_AMD_GPUS=1), amdsmi_init=lambda flags: None,
+        amdsmi_get_processor_handles=lambda: ["h0"], amdsmi_get_gpu_device_bdf=lambda h: "0000:10:00.0",
+        amdsmi_get_gpu_metrics_info=metrics_info, amdsmi_shut_down=lambda: None)
+    backend = amd.AmdBackend(amd_card_dirs(tmp_path), root=tmp_path, sysfs=FakeKernelIO(), amdsmi=smi)
+    return backend.telemetry(backend.devices()[0].id)
+
+
+@pytest.mark.parametrize(("status", "reasons"), [
+    ((1 << 0) | (1 << 36), ("power cap (PPT0)", "thermal (hotspot)")),  # SMU_THROTTLER_PPT0_BIT, ..._HOTSPOT_BIT
+    (0, ()),  # a reading: no limit active ("none")
+    ("N/A", None),  # the field is not in this card's table (amdsmi's Python gives "N/A")
+    ((1 << 64) - 1, None),  # the library's "not filled" marker, if it ever reaches Python as a number
+    (RuntimeError("AMDSMI_STATUS_NOT_SUPPORTED"), None),  # no gpu_metrics at all
+])
+def test_amd_throttle_reasons_come_from_amdsmi_gpu_metrics(tmp_path, status, reasons):
+    metrics = status if isinstance(status, Exception) else {"indep_throttle_status": status, "throttle_status": 5}
+    assert _with_amdsmi(tmp_path, metrics).throttle_reasons == reasons
+
+
+def test_amd_thermal_reasons_read_as_thermal_to_the_load_check():
+    from tuner.backends.amd_throttle import INDEP_THROTTLERS
+    from tuner.tuning.load_check import light_load_warning
+
+    hot = tuple(INDEP_THROTTLERS[bit] for bit in range(32, 48))
+    assert all("thermal" in name for name in hot)
+    warning = light_load_warning(100.0, 300.0, preset="nanochat", throttle_reasons=("thermal (hotspot)",))
+    assert warning is not None and "thermally limited (thermal (hotspot))" in warning
 
 
 def test_telemetry_reads_through_the_fake_kernels_seam(tmp_path):

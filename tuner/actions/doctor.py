@@ -84,7 +84,9 @@ def check_packages() -> list[Check]:
     try:
         checks.append(Check("package amdsmi", OK, importlib.metadata.version("amdsmi")))
     except importlib.metadata.PackageNotFoundError:
-        checks.append(Check("package amdsmi", INFO, "not installed (optional: sysfs is used for AMD control)"))
+        checks.append(Check("package amdsmi", INFO, "not installed (optional: sysfs is used for AMD control; "
+                            "without it AMD cards show no energy counter and `limits: n/a`)",
+                            "pip install 'undervolt-tuner[amd]' (needs ROCm's libamd_smi.so)"))
     return checks
 
 

@@ -38,6 +38,7 @@ from tuner.backends.amd_sysfs import (
     pci_slot,
     read_value,
 )
+from tuner.backends.amd_throttle import throttle_reasons
 from tuner.backends.base import Backend
 from tuner.core import paths
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
@@ -432,7 +433,9 @@ class AmdBackend(Backend):
         joules = energy_joules(self._smi("amdsmi_get_energy_count", card.amdsmi_handle))
         if joules is not None:
             sample = replace(sample, energy_j=joules)
-        return replace(sample, throttle_reasons=None)  # only in the binary gpu_metrics, not parsed: unknown
+        # the reasons live only in the binary gpu_metrics table: amdsmi reads it (None without amdsmi: unknown)
+        metrics = self._smi("amdsmi_get_gpu_metrics_info", card.amdsmi_handle)
+        return replace(sample, throttle_reasons=throttle_reasons(metrics))
 
     def capabilities(self, device_id: str) -> Capabilities:
         card = self._card(device_id)

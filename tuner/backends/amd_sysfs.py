@@ -282,7 +282,8 @@ def hwmon_telemetry(device_dir: Path, now_s: float, io: SysfsIO | None = None) -
 
     Reads go through `io` (the same seam as the overdrive file), so a fake kernel can refuse one attribute the way
     amdgpu does (a write-only `pwm1` on a board whose fan speed cannot be queried, EPERM during a reset).
-    Throttle reasons are not read: they live only in the binary `gpu_metrics`, which the tuner does not parse.
+    Throttle reasons are not read here: they live only in the binary `gpu_metrics` (the backend asks amdsmi:
+    tuner/backends/amd_throttle.py).
     """
     io = io or SysfsIO()
 

@@ -389,9 +389,9 @@ class SimulatedBackend(Backend):
             vram_used_mib=VRAM_IDLE_MIB + VRAM_LOAD_MIB * load,
             vram_total_mib=VRAM_TOTAL_MIB,
             power_limit_w=POWER_CAP_W,
-            # An AMD-style card reports no limit reasons, as the real amdgpu backend cannot (they are only in the
-            # binary gpu_metrics, not parsed: docs/backends.md), so the simulation shows what a real AMD user sees
-            # ("limits: n/a"); the NVIDIA-style card reports them as NVML does.
+            # An AMD-style card reports no limit reasons, as the real amdgpu backend without amdsmi (they are only
+            # in the binary gpu_metrics, which amdsmi reads: docs/backends.md), so the simulation shows the
+            # "limits: n/a" path; the NVIDIA-style card reports them as NVML does.
             throttle_reasons=None if self.kind.lock_clocks_mhz is None
             else ("power cap",) if power_w >= POWER_CAP_W * 0.98 else (),
         )

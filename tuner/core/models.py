@@ -166,8 +166,8 @@ class Telemetry:
     util_pct: float | None = None
     fan_rpm: float | None = None
     energy_j: float | None = None  # a monotonically increasing counter, when the device has one
-    # clock-limit reasons the driver reports now; None: this backend cannot read them (AMD: they exist only in the
-    # binary gpu_metrics), which is not the same as () "none active"
+    # clock-limit reasons the driver reports now; None: this backend cannot read them (AMD without amdsmi: they
+    # exist only in the binary gpu_metrics), which is not the same as () "none active"
     throttle_reasons: tuple[str, ...] | None = ()
     pstate: int | None = None  # NVIDIA performance state (0 = P0), when the driver reports it
     fan_pct: float | None = None  # fan speed as a share of its maximum, when the device reports it
