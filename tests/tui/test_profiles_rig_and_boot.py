@@ -72,8 +72,8 @@ async def test_a_rig_profile_shows_every_card_and_the_rig_evidence_and_applies_a
         assert "A rig profile: 2 cards, applied together with one keep-or-revert for the whole rig" in detail
         assert ("Confirmed together: every card at its setting at once for 5m (mixed load, preset tiny, gloo "
                 "collectives), passing on attempt 2") in detail
-        assert "card[0] " in detail and ": -40 mV; Efficiency: tok/J 25.1 at -50 mV" in detail
-        assert "card[1] " in detail and ": -30 mV;" in detail
+        assert "card[0]: -40 mV on " in detail and "SIM-0000-00); Efficiency: tok/J 25.1 at -50 mV" in detail
+        assert "card[1]: -30 mV on " in detail
         assert "On this machine: card[0] → sim0, card[1] → sim1. Press a to apply every card" in detail
         await pilot.press("a")
         await app.workers.wait_for_complete()
@@ -88,6 +88,23 @@ async def test_a_rig_profile_shows_every_card_and_the_rig_evidence_and_applies_a
         assert app.pending is None
         assert (app.histories["sim0"].knob.current, app.histories["sim1"].knob.current) == (-40, -30)
     assert (backend.knob("sim0").current, backend.knob("sim1").current) == (-40, -30)
+
+
+async def test_a_rig_parts_setting_and_unit_stay_on_one_line_at_80_columns(tmp_path):
+    import re
+
+    backend = sim_backend(tmp_path, gpus=2)
+    _rig(backend)
+    app = make_app(tmp_path, backend=backend, samples=2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4")
+        await pilot.pause(0.3)
+        widget = app.screen.query_one("#profile-detail")
+        lines = [line.plain.rstrip() for line in widget.render().wrap(widget.content_size.width)]
+        # each part's setting starts its line, so the wrap never leaves "-40" at a line's end and "mV" on the next
+        # (Textual's wrap breaks at any whitespace, the no-break space included)
+        starts = [line for line in lines if line.startswith("card[")]
+        assert [re.match(r"card\[\d\]: [+-]\d+ mV on ", line) is not None for line in starts] == [True, True], lines
 
 
 async def test_an_unconfirmed_rig_apply_reverts_every_card_when_the_countdown_ends(tmp_path, clock):

@@ -113,7 +113,8 @@ def rig_detail_text(profile, devices, knobs) -> Text:
     here, refused = [], []
     for index, part in enumerate(parts):
         s, d = part.setting, part.device
-        text.append(f"card[{index}] {d.label} ({_identity(d)}): {s.value:+d} {s.unit}")
+        # the setting first: at the start of its line, "-40 mV" is never split across two lines by the wrap
+        text.append(f"card[{index}]: {s.value:+d} {s.unit} on {d.label} ({_identity(d)})")
         efficiency = efficiency_text(part.tuning, s.value, s.unit, simulated=d.simulated)
         text.append(f"; {efficiency}.\n" if efficiency else ".\n")
         device, _found_by = find_part_card(part, list(devices))
