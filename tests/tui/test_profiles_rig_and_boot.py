@@ -60,10 +60,15 @@ async def test_the_efficiency_is_shown_with_the_setting_it_was_measured_at(app, 
         assert "Efficiency: tok/J 25.1 at -50 mV (+5.5 % vs stock, 23.8); measured on a SIMULATED card" in detail
 
 
-async def test_a_rig_profile_shows_every_card_and_the_rig_evidence_and_applies_as_one(tmp_path):
+def _rig_on_two_cards(tmp_path):
+    """Two simulated cards, the rig profile proven on them saved, and an App on them."""
     backend = sim_backend(tmp_path, gpus=2)
     _rig(backend)
-    app = make_app(tmp_path, backend=backend, samples=2)
+    return backend, make_app(tmp_path, backend=backend, samples=2)
+
+
+async def test_a_rig_profile_shows_every_card_and_the_rig_evidence_and_applies_as_one(tmp_path):
+    backend, app = _rig_on_two_cards(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("4")
         await pilot.pause(0.3)
@@ -93,9 +98,7 @@ async def test_a_rig_profile_shows_every_card_and_the_rig_evidence_and_applies_a
 async def test_a_rig_parts_setting_and_unit_stay_on_one_line_at_80_columns(tmp_path):
     import re
 
-    backend = sim_backend(tmp_path, gpus=2)
-    _rig(backend)
-    app = make_app(tmp_path, backend=backend, samples=2)
+    _backend, app = _rig_on_two_cards(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("4")
         await pilot.pause(0.3)
