@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tuner.backends.base import Backend
 from tuner.core.errors import NotApplied
-from tuner.core.models import StressTarget, Verdict
+from tuner.core.models import Knob, StressTarget, Verdict
 from tuner.tuning import engine_client as sc
 from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import EngineConfig, WatchdogPolicy
@@ -229,7 +229,7 @@ def run_rig_trial(backend: Backend, settings: Mapping[str, int], params: RigTria
             r.state.engine_result = bounded_result(r.state.run, r.watchdog)
     if stop.is_set() or (halt_reason and halt_reason[0] == STOPPED):
         return RigTrialResult({}, (), None, stopped=True)
-    results = {d: _classify(backend, r, knobs[d].unit, params, started_at, clock) for d, r in ranks.items()}
+    results = {d: _classify(backend, r, knobs[d], params, started_at, clock) for d, r in ranks.items()}
     library = next((r.library for r in ranks.values() if r.library), None)
     return _judge(results, ranks, machine_lines, library)
 
@@ -315,13 +315,13 @@ def _own_end(r: _Rank) -> bool:
     return not result.passed and result.kind != PEER
 
 
-def _classify(backend: Backend, r: _Rank, unit: str, params: RigTrialParams, started_at: float,
+def _classify(backend: Backend, r: _Rank, knob: Knob, params: RigTrialParams, started_at: float,
               clock: Callable[[], float]) -> TrialResult:
     s = r.state
     target = s.target
     result = classify(
-        pstate_problem=pstate_problem_of(backend, r.device_id, r.setting, s.summary),
-        setting=r.setting, unit=unit, params=_trial_params(params, r.device_id), engine_result=s.engine_result,
+        pstate_problem=pstate_problem_of(backend, r.device_id, r.setting, knob.stock, s.summary),
+        setting=r.setting, unit=knob.unit, params=_trial_params(params, r.device_id), engine_result=s.engine_result,
         summary=s.summary, kernel_events=s.kernel_events,
         stop_reason=s.stop_reason if s.stop_reason == STOPPED else None,
         device_lost=s.sampler.device_lost if s.sampler else None, pci_problem=s.pci_problem,

@@ -200,7 +200,7 @@ def run_trial(
         except StopRequested:
             trial.stop_reason = STOPPED
 
-    pstate_problem = pstate_problem_of(backend, device_id, setting, trial.summary)
+    pstate_problem = pstate_problem_of(backend, device_id, setting, knob.stock, trial.summary)
     return classify(
         setting=setting, unit=knob.unit, params=params, engine_result=trial.engine_result, summary=trial.summary,
         kernel_events=trial.kernel_events, stop_reason=trial.stop_reason,
@@ -212,9 +212,10 @@ def run_trial(
     )
 
 
-def pstate_problem_of(backend: Backend, device_id: str, setting: int, summary: TelemetrySummary | None) -> str | None:
-    """Why the card ran in performance states its offset does not cover (NVIDIA), or None."""
-    if summary is None or setting == backend.knob(device_id).stock:
+def pstate_problem_of(backend: Backend, device_id: str, setting: int, stock: int,
+                      summary: TelemetrySummary | None) -> str | None:
+    """Why the card ran in performance states its offset does not cover (NVIDIA), or None (also at stock)."""
+    if summary is None or setting == stock:
         return None
     try:
         return sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(device_id))
