@@ -69,6 +69,11 @@ class _Job:
         self._stop = threading.Event()
         self._done = threading.Event()
 
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        """Every card the job may leave changed (make_safe resets them all): its one card; a rig's, every card."""
+        return (self.device_id,)
+
     def run(self) -> object:
         try:
             return self._work()
@@ -326,7 +331,11 @@ class RigBisectRunner(BisectRunner):
     def __init__(self, prepare: Callable[[], object], device_ids: tuple[str, ...],
                  on_prepared: Callable[[], None] | None = None):
         super().__init__(prepare, "rig", on_prepared)  # type: ignore[arg-type]
-        self.device_ids = device_ids
+        self._device_ids = device_ids
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return self._device_ids
 
 
 def describe_bisect_result(outcome) -> str:

@@ -226,6 +226,11 @@ class TunerApp(App[int]):
         """A stress run, a bisect or a bisect of every card is running: one job at a time."""
         return self.stress.running or self.bisect.running or self.rig.running
 
+    def _bisect_on(self, device_id: str) -> bool:
+        """A bisect of this card, alone or with every card, is running."""
+        return (self.bisect.running and self.bisect.device_id == device_id) or (
+            self.rig.running and device_id in self.rig.device_ids)
+
     def on_noted(self, message: msg.Noted) -> None:
         self.notify(for_people(message.text), severity=message.severity, timeout=10)
 
@@ -243,8 +248,7 @@ class TunerApp(App[int]):
         if self.pending is not None:
             self.notify("a change is already waiting for keep-or-revert", severity="warning")
             return
-        if (self.bisect.running and self.bisect.device_id == device_id) or (
-                self.rig.running and device_id in self.rig.device_ids):
+        if self._bisect_on(device_id):
             self.notify("an auto-bisect is running on this card; stop it first", severity="warning")
             return
         self._on_kept = on_kept
@@ -316,12 +320,10 @@ class TunerApp(App[int]):
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {', '.join(cards)}", e))
             return
-        self.post_message(msg.ChangeSettled(cards[0], knobs[cards[0]], "kept" if keep else "reverted", knobs=knobs))
+        self.post_message(msg.ChangeSettled(knobs, "kept" if keep else "reverted"))
 
     def reset_to_stock(self, device_id: str) -> None:
-        if (self.stress.running and self.stress.device_id == device_id) or (
-            self.bisect.running and self.bisect.device_id == device_id
-        ) or (self.rig.running and device_id in self.rig.device_ids):
+        if (self.stress.running and self.stress.device_id == device_id) or self._bisect_on(device_id):
             self.notify("a job is running on this card; stop it first (stopping resets to stock)", severity="warning")
             return
         self._reset(device_id)
@@ -333,7 +335,7 @@ class TunerApp(App[int]):
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed(f"reset {device_id}", e))
             return
-        self.post_message(msg.ChangeSettled(device_id, knob, "reset to stock"))
+        self.post_message(msg.ChangeSettled({device_id: knob}, "reset to stock"))
 
     def on_change_settled(self, message: msg.ChangeSettled) -> None:
         for device_id, knob in message.knobs.items():
@@ -342,10 +344,11 @@ class TunerApp(App[int]):
         on_kept, self._on_kept = self._on_kept, None
         if on_kept is not None and message.outcome == "kept":
             on_kept()
-        now = ", ".join(f"{d} {k.current:+d} {k.unit}" for d, k in message.knobs.items())
         if len(message.knobs) == 1:
-            self.notify(f"{message.device_id}: {message.outcome}, now {message.knob.current:+d} {message.knob.unit}")
+            [(device_id, knob)] = message.knobs.items()
+            self.notify(f"{device_id}: {message.outcome}, now {knob.current:+d} {knob.unit}")
         else:
+            now = ", ".join(f"{d} {k.current:+d} {k.unit}" for d, k in message.knobs.items())
             self.notify(f"every card {message.outcome}: now {now}")
 
     # --- stress (App-owned) -----------------------------------------------------------------------------------
@@ -708,9 +711,8 @@ class TunerApp(App[int]):
         for job in (self._stress_job, self._bisect_job, self._rig_job):
             if job is not None:
                 job.stop()
-                cards = getattr(job, "device_ids", (job.device_id,))
-                devices_to_reset.update(cards)
-                done.append(f"stopped {job_name(job)} on {', '.join(cards)}")
+                devices_to_reset.update(job.device_ids)
+                done.append(f"stopped {job_name(job)} on {', '.join(job.device_ids)}")
         for job in (self._stress_job, self._bisect_job, self._rig_job):
             if job is not None:
                 job.wait(wait_s)

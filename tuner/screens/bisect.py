@@ -447,8 +447,7 @@ class BisectScreen(TunerScreen):
             cur = state.current or {}
             status.append("RUNNING ", style="bold reverse")
             if cur:
-                status.append(f" trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
-                              f"{_cell(cur.get('setting'), '{:+d} ' + unit)}")
+                status.append(f" {trial_text(cur, unit)}")
                 if cur.get("finishing"):
                     status.append(f" · {FINISHING}")
                 elif cur.get("eta_s") is not None:
@@ -548,6 +547,12 @@ def _fit(text: str, width: int = LINE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def trial_text(cur, unit: str) -> str:
+    """The running trial of a card: `trial 3 of ≤9 (descend) at -20 mV`."""
+    return (f"trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
+            f"{_cell(cur.get('setting'), '{:+d} ' + unit)}")
+
+
 def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
     """One card of the rig on one line: its trial and progress, its own result, then its final setting."""
     from tuner.app.state import rig_card_label
@@ -569,8 +574,7 @@ def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
         body = rig_card_label(rig, device_id)
     elif card.running and card.current:
         cur = card.current
-        body = (f"trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
-                f"{_cell(cur.get('setting'), '{:+d} ' + unit)} · {int(100 * (cur.get('progress') or 0))} %")
+        body = f"{trial_text(cur, unit)} · {int(100 * (cur.get('progress') or 0))} %"
         if cur.get("finishing"):
             body += f" · {FINISHING}"
         if cur.get("eta_total_s") is not None:

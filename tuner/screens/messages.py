@@ -38,12 +38,12 @@ class ChangeApplied(Message):
 
 
 class ChangeSettled(Message):
-    """A pending change was kept or reverted (or the card was reset to stock)."""
+    """A pending change was kept or reverted (or the card was reset to stock): every card it touched (a rig: all of
+    them), read back."""
 
-    def __init__(self, device_id: str, knob: Knob, outcome: str, *, knobs: dict[str, Knob] | None = None) -> None:
+    def __init__(self, knobs: dict[str, Knob], outcome: str) -> None:
         super().__init__()
-        self.device_id, self.knob, self.outcome = device_id, knob, outcome
-        self.knobs = knobs or {device_id: knob}  # every card the change touched (a rig: all of them)
+        self.knobs, self.outcome = knobs, outcome
 
 
 class StressEventReceived(Message):

@@ -118,18 +118,15 @@ def rig_detail_text(profile, devices, knobs) -> Text:
         efficiency = efficiency_text(part.tuning, s.value, s.unit, simulated=d.simulated)
         text.append(f"; {efficiency}.\n" if efficiency else ".\n")
         device, _found_by = find_part_card(part, list(devices))
-        knob = knobs.get(device.id) if device is not None else None
         if device is None:
             refused.append(f"card[{index}]'s card is not in this machine")
             continue
-        if knob is None:
-            here.append(f"card[{index}] → {device.id}")
-            continue
-        match = match_device(part, device, knob)
-        if match.match is Match.SAME_CARD:
-            here.append(f"card[{index}] → {device.id}")
-        else:
+        knob = knobs.get(device.id)  # not read yet: the card found is shown, the apply checks it
+        match = match_device(part, device, knob) if knob is not None else None
+        if match is not None and match.match is not Match.SAME_CARD:
             refused.append(f"card[{index}] → {device.id}: {match.reason}")
+        else:
+            here.append(f"card[{index}] → {device.id}")
     if refused:
         text.append(f"On this machine: cannot be applied ({'; '.join(refused)}).\n")
     else:
