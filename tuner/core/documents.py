@@ -1,22 +1,15 @@
-"""A parsed document (TOML or JSON) checked against its one declared type, and the one explanation of a misfit.
+"""A parsed document (TOML or JSON) held to its one declared type, and the one explanation of a misfit.
 
-Each file format of the tuner is declared once, as msgspec Structs whose fields carry their constraints
-(`Annotated[int, Meta(ge=..., le=...)]`, a pattern, a length). `fit()` converts a document to that type,
-strictly: "-40" and -40.0 are not integers, a string is not a date-time, an unknown key is refused where the
-Struct says so. When the document does not fit, msgspec says *where*; what is wrong there is worked out here
-from the value and its declared type, in the caller's words (a profile speaks of tables and integers, a journal
-of objects and whole numbers), so the one line names the bound, the form or the choices and never quotes
-msgspec's wording or a regex.
+Each file format is declared once, as msgspec Structs whose fields carry their bounds (`Annotated[int,
+Meta(ge=..., le=...)]`, a pattern, a length). `fit()` converts strictly: "-40" and -40.0 are not integers, a string
+is not a date-time. msgspec says *where* a document does not fit; what is wrong there is worked out from the value
+and its declared type, in the caller's words (a profile speaks of tables and integers, a journal of objects and
+whole numbers), so the line names the bound, the form or the choices and never quotes a regex.
 
-A field's own words go in `Meta(extra=...)`, all optional:
-  what    the noun for the field ("an array of tables ([[card]])")
-  whole   True: a list or a map is explained as a whole, in its own noun ("a list of card ids", not "item 3")
-  form    the example of a pattern: "'zz' is not in the form 1002:7550"
-  one_of  the choices of a pattern, in order (`one_of()` declares both): "expected one of pass, fail, got 'ok'"
-  says    the phrase for a pattern, "{value}" replaced: "bad profile name {value}"
-  remedy  how to fix it
-  count   the phrase for a length bound, with {n}, {lo}, {hi}, {what}, {value}: "{n} trials, the limit is {hi}"
-Plain Python: no textual, no torch.
+A field's own words go in `Meta(extra=...)`, all optional: `what` (its noun), `whole` (a list or map explained as
+a whole, in its noun: "a list of card ids", not item 3), `form` (a pattern's example: "is not in the form
+1002:7550"), `one_of` (a pattern's choices in order; `one_of()` declares both), `says` (a pattern's phrase with
+{value}), `remedy`, `count` (a length bound's phrase with {n}, {lo}, {hi}, {what}, {value}). No textual, no torch.
 """
 
 from __future__ import annotations
@@ -188,9 +181,7 @@ def _value_problem(v: object, t: mi.Type, extra: dict[str, Any], words: Words) -
         if not isinstance(v, dict) or extra.get("whole"):
             return noun, wrong_kind
         return noun, f"{show(v)} holds a value that is not {_noun(t.value_type, words)}"
-    if isinstance(t, mi.BoolType | mi.NoneType):
-        return noun, wrong_kind
-    return noun, None
+    return noun, wrong_kind if isinstance(t, mi.BoolType) else None
 
 
 def _str_problem(v: object, t: mi.StrType, extra: dict[str, Any], wrong_kind: str) -> str | None:
@@ -198,8 +189,6 @@ def _str_problem(v: object, t: mi.StrType, extra: dict[str, Any], wrong_kind: st
         return wrong_kind
     if t.max_length is not None and len(v) > t.max_length:
         return f"string is {len(v)} characters long, the limit is {t.max_length}"
-    if t.min_length and len(v) < t.min_length:
-        return f"string is {len(v)} characters long, at least {t.min_length} are needed"
     if t.pattern is not None and not re.search(t.pattern, v):
         if "one_of" in extra:
             return f"expected one of {', '.join(extra['one_of'])}, got {show(v)}"
@@ -214,27 +203,14 @@ def _str_problem(v: object, t: mi.StrType, extra: dict[str, Any], wrong_kind: st
 def _bounds(v: int | float, lo: int | float | None, hi: int | float | None, fmt: str) -> str | None:
     if (lo is None or v >= lo) and (hi is None or v <= hi):
         return None
-    low = fmt.format(lo) if lo is not None else "-inf"
-    high = fmt.format(hi) if hi is not None else "inf"
-    return f"{show(v)} is outside {low}..{high}"
+    return f"{show(v)} is outside {'-inf' if lo is None else fmt.format(lo)}..{'inf' if hi is None else fmt.format(hi)}"
 
 
 def _noun(t: mi.Type, words: Words) -> str:
-    if isinstance(t, mi.BoolType):
-        return words.boolean
-    if isinstance(t, mi.IntType):
-        return words.integer
-    if isinstance(t, mi.FloatType):
-        return words.number
-    if isinstance(t, mi.StrType):
-        return words.string
-    if isinstance(t, mi.DateTimeType):
-        return words.date_time
-    if isinstance(t, mi.StructType | mi.DictType):
-        return words.table
-    if isinstance(t, mi.CollectionType):
-        return words.array
-    return "something else"
+    nouns = {mi.BoolType: words.boolean, mi.IntType: words.integer, mi.FloatType: words.number,
+             mi.StrType: words.string, mi.DateTimeType: words.date_time, mi.StructType: words.table,
+             mi.DictType: words.table, mi.ListType: words.array, mi.VarTupleType: words.array}
+    return nouns.get(type(t), "something else")
 
 
 __all__ = ["Misfit", "Words", "fit", "form", "one_of", "show"]
