@@ -157,6 +157,7 @@ def test_a_very_long_trial_reason_is_cut_not_fatal():
 def test_the_readme_documents_exactly_the_declared_keys():
     """The tables are declared once (tuner/profiles/schema.py); profiles/README.md is checked against them."""
     import re
+    from dataclasses import fields
 
     from tests.profiles.helpers import EXAMPLE
     from tuner.profiles import schema
@@ -169,4 +170,4 @@ def test_the_readme_documents_exactly_the_declared_keys():
     for heading, table in tables.items():
         section = readme.split(heading, 1)[1].split("\n#", 1)[0]
         documented = {key for row in re.findall(r"^\| (.+?) \|", section, re.M) for key in re.findall(r"`(\w+)`", row)}
-        assert documented == set(table.__struct_fields__), heading
+        assert documented == {f.name for f in fields(table)}, heading

@@ -77,12 +77,32 @@ def form(regex: str, example: str) -> msgspec.Meta:
     return msgspec.Meta(pattern=rf"\A(?:{regex})\Z", extra={"form": example})
 
 
-def fit(doc: object, type_: type[T], words: Words) -> T:
-    """`doc` as `type_`, or Misfit. Date-times stay TOML's own (a string is never parsed into one)."""
+def fit(doc: object, type_: type[T], words: Words, *, closed: bool = False) -> T:
+    """`doc` as `type_` (a dataclass or a msgspec Struct), or Misfit. `closed`: a key no table declares is a misfit
+    too (an outer table's first). Date-times stay TOML's own (a string is never parsed into one)."""
+    info = mi.type_info(type_)
+    unknown = _first_unknown(doc, info, ()) if closed else None
+    if unknown is not None:
+        raise unknown
     try:
         return msgspec.convert(doc, type_, strict=True, builtin_types=(datetime,))
     except msgspec.ValidationError as e:
-        raise _explain(doc, mi.type_info(type_), str(e), words) from None
+        raise _explain(doc, info, str(e), words) from None
+
+
+def _first_unknown(node: object, t: mi.Type, path: Path) -> Misfit | None:
+    t = _unwrap(t, node)[0]
+    if isinstance(t, mi.DataclassType | mi.StructType) and isinstance(node, dict):
+        declared = {f.encode_name: f.type for f in t.fields}
+        unknown = next((k for k in node if k not in declared), None)
+        if unknown is not None:
+            return Misfit((*path, unknown), "unknown", node[unknown], known=tuple(declared))
+        inner = (_first_unknown(v, declared[k], (*path, k)) for k, v in node.items())
+    elif isinstance(t, mi.CollectionType) and isinstance(node, list | tuple):
+        inner = (_first_unknown(v, t.item_type, (*path, i)) for i, v in enumerate(node))
+    else:
+        return None
+    return next((m for m in inner if m is not None), None)
 
 
 # --- finding the place msgspec names --------------------------------------------------------------------------
@@ -116,22 +136,19 @@ def _unwrap(t: mi.Type, value: object) -> tuple[mi.Type, dict[str, Any]]:
 
 
 def _explain(doc: object, root: mi.Type, message: str, words: Words) -> Misfit:
-    """Walk down to the place msgspec names; a table on the way with a key too many or too few is told first
-    (the outer shape before what is inside: a file without [device] says so, not what its [profile] lacks)."""
+    """Walk down to the place msgspec names; a table on the way that lacks a key is told first (the outer shape
+    before what is inside: a file without [device] says so, not what its [profile] lacks)."""
     text, segments = _segments(message)
     node, (t, extra), path = doc, _unwrap(root, doc), tuple[str | int, ...]()
     for seg in [*segments, None]:
-        if isinstance(t, mi.StructType) and isinstance(node, dict):
-            known = tuple(f.encode_name for f in t.fields)
-            unknown = next((k for k in node if k not in known), None) if t.forbid_unknown_fields else None
-            if unknown is not None:
-                return Misfit((*path, unknown), "unknown", node[unknown], known=known)
+        if isinstance(t, mi.DataclassType | mi.StructType) and isinstance(node, dict):
             missing = next((f.encode_name for f in t.fields if f.required and f.encode_name not in node), None)
             if missing is not None:
-                return Misfit((*path, missing), "missing", known=known)
+                return Misfit((*path, missing), "missing", known=tuple(f.encode_name for f in t.fields))
         if seg is None or (extra.get("whole") and isinstance(t, mi.CollectionType | mi.DictType)):
             break  # the place; or a container that answers for its items ("a map of card -> whole number")
-        field = next((f for f in t.fields if f.encode_name == seg), None) if isinstance(t, mi.StructType) else None
+        tables = mi.DataclassType | mi.StructType
+        field = next((f for f in t.fields if f.encode_name == seg), None) if isinstance(t, tables) else None
         if field is not None and isinstance(node, dict) and seg in node:
             node, t = node[seg], field.type
         elif isinstance(t, mi.CollectionType) and isinstance(node, list | tuple) and isinstance(seg, int) \
@@ -175,7 +192,7 @@ def _value_problem(v: object, t: mi.Type, extra: dict[str, Any], words: Words) -
             template = extra.get("count", "{n} items, expected {lo}..{hi}")
             return noun, template.format(n=n, lo=lo, hi=hi, value=show(v), what=noun)
         return noun, wrong_kind if extra.get("whole") else None
-    if isinstance(t, mi.StructType):
+    if isinstance(t, mi.DataclassType | mi.StructType):
         return noun, wrong_kind if not isinstance(v, dict) else None
     if isinstance(t, mi.DictType):  # a map is explained as a whole (msgspec does not say which key)
         if not isinstance(v, dict) or extra.get("whole"):
@@ -208,8 +225,9 @@ def _bounds(v: int | float, lo: int | float | None, hi: int | float | None, fmt:
 
 def _noun(t: mi.Type, words: Words) -> str:
     nouns = {mi.BoolType: words.boolean, mi.IntType: words.integer, mi.FloatType: words.number,
-             mi.StrType: words.string, mi.DateTimeType: words.date_time, mi.StructType: words.table,
-             mi.DictType: words.table, mi.ListType: words.array, mi.VarTupleType: words.array}
+             mi.StrType: words.string, mi.DateTimeType: words.date_time, mi.DataclassType: words.table,
+             mi.StructType: words.table, mi.DictType: words.table, mi.ListType: words.array,
+             mi.VarTupleType: words.array}
     return nouns.get(type(t), "something else")
 
 

@@ -4,10 +4,11 @@ A profile is evidence: the card it was proven on, the setting, and (when it came
 that proved it. A rig profile (schema 2) holds one such part per card (`[[card]]`, each with its own identity,
 setting and evidence) and the evidence of the whole-rig confirmation (`[rig]`).
 
-Each table is declared once below, as a msgspec Struct whose fields carry their bounds; `tuner.core.documents`
-checks a parsed file against it. Validation is strict because a profile can come from another machine or a
-stranger: every error names the key's path (`setting.value: expected an integer, got 'abc'`) and nothing is
-coerced silently. The schema is documented field by field in `profiles/README.md`; keep the two in step.
+Each table is declared once below, as a frozen dataclass whose fields carry their bounds (msgspec `Meta`), and
+`tuner.core.documents` holds a parsed file to it. Validation is strict because a profile can come from another
+machine or a stranger: every error names the key's path (`setting.value: expected an integer, got 'abc'`), an
+unknown key is refused and nothing is coerced silently. `profiles/README.md` documents every key (a test checks
+that it lists exactly the declared ones).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-import msgspec
 import tomli_w
 from msgspec import Meta
 
@@ -83,19 +83,17 @@ PciSlot = Annotated[str, form(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.
 Sensitivity = Annotated[str, one_of(SENSITIVITIES)]
 
 
-class _Table(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """A TOML table: an unknown key is an error; a key whose value is unknown is left out (TOML has no null)."""
-
-
 # --- the tables ------------------------------------------------------------------------------------------------
-class ProfileMeta(_Table, frozen=True):
+@dataclass(frozen=True)
+class ProfileMeta:
     name: Name
     created: Annotated[datetime, Meta(tz=True)]  # UTC, whole seconds
     tool_version: Text
     schema: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION)]
 
 
-class ProfileDevice(_Table, frozen=True):
+@dataclass(frozen=True)
+class ProfileDevice:
     vendor: Annotated[str, one_of(VENDORS)]
     name: Text
     pci_id: PciPair | None = None
@@ -117,7 +115,8 @@ class ProfileDevice(_Table, frozen=True):
         return f"{self.name} [SIMULATED]" if self.simulated else self.name
 
 
-class Setting(_Table, frozen=True):
+@dataclass(frozen=True)
+class Setting:
     kind: Annotated[str, one_of(KIND_UNITS)]  # tuner.core.models.KnobKind values
     unit: Annotated[str, one_of(KIND_UNITS.values())]
     value: Int
@@ -125,7 +124,8 @@ class Setting(_Table, frozen=True):
     power_limit_w: Annotated[float, Meta(ge=1.0, le=5000.0)] | None = None
 
 
-class Trial(_Table, frozen=True):
+@dataclass(frozen=True)
+class Trial:
     setting: Int
     phase: Annotated[str, one_of(PHASES)]
     verdict: Annotated[str, one_of(VERDICTS)]
@@ -150,7 +150,8 @@ class Trial(_Table, frozen=True):
     sensitivity: Sensitivity | None = None  # "reduced": compared with --tolerance, not bit for bit
 
 
-class Tuning(_Table, frozen=True):
+@dataclass(frozen=True)
+class Tuning:
     baseline_tok_s: Amount | None = None
     tuned_tok_s: Amount | None = None
     baseline_power_w: Amount | None = None
@@ -174,7 +175,8 @@ class Tuning(_Table, frozen=True):
         "what": "an array of tables ([[tuning.trials]])", "count": "{n} trials, the limit is {hi}"})] = ()
 
 
-class ProfilePart(_Table, frozen=True):
+@dataclass(frozen=True)
+class ProfilePart:
     """One card's share of a profile: the card it was proven on, its setting and that card's own evidence."""
 
     device: ProfileDevice
@@ -182,7 +184,8 @@ class ProfilePart(_Table, frozen=True):
     tuning: Tuning | None = None
 
 
-class RigEvidence(_Table, frozen=True):
+@dataclass(frozen=True)
+class RigEvidence:
     """The whole-rig confirmation: every card at its setting at once, as one data-parallel job."""
 
     confirm_duration_s: Amount | None = None  # how long the passing confirmation ran
@@ -196,13 +199,15 @@ class RigEvidence(_Table, frozen=True):
     tok_per_j: Amount | None = None
 
 
-class SingleCardDoc(ProfilePart, frozen=True, kw_only=True):
+@dataclass(frozen=True, kw_only=True)
+class SingleCardDoc(ProfilePart):
     """A schema-1 file: [profile] and one card's [device], [setting] and [tuning]."""
 
     profile: ProfileMeta
 
 
-class RigDoc(_Table, frozen=True, kw_only=True):
+@dataclass(frozen=True, kw_only=True)
+class RigDoc:
     """A schema-2 file: [profile], [rig] and one [[card]] per card."""
 
     profile: ProfileMeta
@@ -298,11 +303,11 @@ class Profile:
         _check_schema_version(data)
         try:
             if "card" not in data:
-                single = fit(data, SingleCardDoc, TOML)
+                single = fit(data, SingleCardDoc, TOML, closed=True)
                 meta = _checked_meta(single.profile, SINGLE_SCHEMA)
                 _check_setting(single.setting, "setting")
                 return cls(meta, single.device, single.setting, single.tuning, source)
-            rig = fit(data, RigDoc, TOML)
+            rig = fit(data, RigDoc, TOML, closed=True)
         except Misfit as m:
             raise _profile_error(m, RIG_LAYOUT if "card" in data else LAYOUT) from None
         meta = _checked_meta(rig.profile, RIG_SCHEMA)
@@ -338,10 +343,9 @@ class Profile:
 
     def to_dict(self) -> dict:
         """The TOML document as a dict; keys whose value is unknown are left out (TOML has no null)."""
-        meta = {"profile": self.meta}
-        doc = ({**meta, "rig": self.rig, "card": self.rig_parts} if self.is_rig else
-               {**meta, "device": self.device, "setting": self.setting, "tuning": self.tuning})
-        return _plain(msgspec.to_builtins({k: v for k, v in doc.items() if v is not None}, builtin_types=(datetime,)))
+        if self.is_rig:
+            return _dense(RigDoc(profile=self.meta, rig=self.rig, card=self.rig_parts))
+        return {"profile": _dense(self.meta), **_dense(ProfilePart(self.device, self.setting, self.tuning))}
 
     def to_json_dict(self) -> dict:
         doc = self.to_dict()
@@ -352,16 +356,14 @@ class Profile:
         return (RIG_HEADER if self.is_rig else HEADER) + tomli_w.dumps(self.to_dict())
 
     def renamed(self, name: str) -> Profile:
-        return replace(self, meta=msgspec.structs.replace(self.meta, name=validate_name(name, path="--name")))
+        return replace(self, meta=replace(self.meta, name=validate_name(name, path="--name")))
 
 
-def _plain(obj: Any) -> Any:
-    """Tuples as lists, so the dict equals what tomllib reads back."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    return obj
+def _dense(value: Any) -> Any:
+    """A table as TOML has it: a key at its default (unknown, or no trials) is left out; tuples are arrays."""
+    if is_dataclass(value):
+        return {f.name: _dense(v) for f in fields(value) if (v := getattr(value, f.name)) != f.default}
+    return [_dense(v) for v in value] if isinstance(value, tuple) else value
 
 
 # --- the rules across keys (a shape cannot say them) ----------------------------------------------------------
@@ -373,7 +375,7 @@ def _checked_meta(meta: ProfileMeta, want: int) -> ProfileMeta:
         raise ProfileError(f"profile.schema: {what} is schema {want}, got {meta.schema}",
                            "schema 1 holds one card's [device] and [setting]; schema 2 holds [[card]] tables")
     try:
-        return msgspec.structs.replace(meta, created=meta.created.astimezone(UTC))
+        return replace(meta, created=meta.created.astimezone(UTC))
     except (OverflowError, ValueError):  # 0001-01-01T00:00:00+01:00 is before year 1 in UTC
         raise ProfileError(f"profile.created: the date-time {show(meta.created)} is out of range in UTC",
                            "write a date-time between years 1 and 9999, in UTC with a trailing Z") from None
