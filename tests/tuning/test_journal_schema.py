@@ -176,13 +176,14 @@ def test_a_rig_journal_that_is_not_an_object():
 def test_the_declared_rig_check_agrees_with_the_hand_written_one(boot):
     """Until journal_rig.py calls journal_schema.check_rig_journal: the same verdict on every document, a real one
     written by RigJournal included. (Once it does, this compares the function with itself and still passes.)"""
-    journal_rig = pytest.importorskip("tuner.tuning.journal_rig")
+    journal_rig = pytest.importorskip("tuner.tuning.journal_rig")  # gone once the one-stack journal lands
+    hand_written = getattr(journal_rig, "check_rig_journal", journal_schema.check_rig_journal)
     rig = journal_rig.RigJournal.create(["sim0", "sim1"], params={"trial_s": 5}, stock={"sim0": 0, "sim1": 0})
     rig.begin_trial("confirm", 1, {"sim0": -40, "sim1": -30})
     real = json.loads(rig.path.read_text())
-    assert journal_schema.check_rig_journal(real) is None and journal_rig.check_rig_journal(real) is None
-    assert journal_rig.check_rig_journal(RIG) is None
+    assert journal_schema.check_rig_journal(real) is None and hand_written(real) is None
+    assert hand_written(RIG) is None
     for dotted, value, _phrase in RIG_BAD:
         doc = _with(RIG, dotted, value)
-        assert journal_rig.check_rig_journal(doc) is not None, dotted
+        assert hand_written(doc) is not None, dotted
         assert journal_schema.check_rig_journal(doc) is not None, dotted
