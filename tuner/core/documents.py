@@ -19,7 +19,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, time
-from functools import cache
 from typing import Any, TypeVar
 
 import msgspec
@@ -90,9 +89,14 @@ def fit(doc: object, type_: type[T], words: Words, *, closed: bool = False) -> T
         raise _explain(doc, _info(type_), str(e), words) from None
 
 
-@cache
-def _info(type_: type) -> mi.Type:
-    return mi.type_info(type_)  # ~1 ms: once per type, not per document
+_INFO: dict[object, mi.Type] = {}
+
+
+def _info(type_: object) -> mi.Type:
+    """msgspec's description of a declared type: ~1 ms to build, so once per type, not once per document."""
+    if type_ not in _INFO:
+        _INFO[type_] = mi.type_info(type_)
+    return _INFO[type_]
 
 
 def _first_unknown(node: object, t: mi.Type, path: Path) -> Misfit | None:
