@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
-from tuner.profiles import Profile, validate_name
+from tuner.profiles import Profile, evidence, validate_name
 from tuner.profiles.schema import format_created
 from tuner.profiles.store import (
     delete_profile,
@@ -75,7 +75,7 @@ def _store_name(profile: Profile) -> str:
 
 def _summary(profile: Profile) -> dict:
     return {"name": _store_name(profile), "store": _where(profile), "path": str(profile.source),
-            **profile.to_json_dict()}
+            "sensitivity": evidence.profile_sensitivity(profile), **profile.to_json_dict()}
 
 
 def run_list(args, ctx) -> int:
@@ -173,6 +173,7 @@ def _part_lines(part, width: int, indent: str = "  ") -> list[str]:
         *_field("workload", f"preset {t.preset or '?'}, mode {t.mode or '?'}, dtype {t.dtype or AUTO_DTYPE}, "
                 f"trials {_fig(t.trial_duration_s, '{:g}')} s, confirm {_fig(t.confirm_duration_s, '{:g}')} s", width,
                 indent),
+        *_field("evidence", evidence.strength(part, why=True) or "", width, indent),
     ]
     if t.trials:
         table = trials_table(t.trials, s.unit, width - len(indent) + 2)

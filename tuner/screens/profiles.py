@@ -76,6 +76,13 @@ def efficiency_text(tuning, value: int, unit: str, *, simulated: bool) -> str:
     return text + (f"; {SIMULATED_CAVEAT}" if simulated else "")
 
 
+def evidence_strength(part, *, why: bool = False) -> str | None:
+    """How strong the part's evidence is ("sensitivity reduced (--tolerance)"): tuner.profiles.evidence's words."""
+    from tuner.profiles.evidence import strength
+
+    return strength(part, why=why)
+
+
 def rig_evidence_text(rig) -> str:
     """The whole-rig confirmation in sentences (tuner.profiles.schema.RigEvidence)."""
     if rig is None:
@@ -116,7 +123,8 @@ def rig_detail_text(profile, devices, knobs) -> Text:
         # the setting first: at the start of its line, "-40 mV" is never split across two lines by the wrap
         text.append(f"card[{index}]: {s.value:+d} {s.unit} on {d.label} ({_identity(d)})")
         efficiency = efficiency_text(part.tuning, s.value, s.unit, simulated=d.simulated)
-        text.append(f"; {efficiency}.\n" if efficiency else ".\n")
+        strength = evidence_strength(part)
+        text.append("".join(f"; {x}" for x in (efficiency, strength) if x) + ".\n")
         device, _found_by = find_part_card(part, list(devices))
         if device is None:
             refused.append(f"card[{index}]'s card is not in this machine")
@@ -183,6 +191,7 @@ def detail_text(profile, target_label: str, match) -> Text:
         efficiency = efficiency_text(t, s.value, s.unit, simulated=d.simulated)
         if efficiency:
             text.append(f"{efficiency}.\n")
+        text.append(f"Evidence: {evidence_strength(profile.parts[0], why=True)}.\n")
     if match is not None:
         text.append(match_sentence(match, target_label) + "\n")
         for warning in match.warnings:
