@@ -173,9 +173,11 @@ def test_the_documented_example_minus_52_recommends_minus_40():
         (0, BASELINE), (-10, COARSE), (-20, COARSE), (-30, COARSE), (-40, COARSE), (-50, COARSE), (-60, COARSE),
         (-55, REFINE), (-50, CONFIRM)]
     assert decision == Recommend(setting=-40, confirmed=-50, lowest_pass=-50, first_failure=-55, margin=10,
-                                 edge=False, bound=decision.bound)
+                                 edge=False, bound=decision.bound, confirmed_bound=decision.confirmed_bound)
     # the bound at -40 mV pools the passes at -40 and -50 (1,000 steps each here), nothing from -55 or deeper
     assert decision.bound is not None and decision.bound.steps == 3000 and decision.bound_s is None
+    assert decision.confirmed_bound is not None and decision.confirmed_bound.steps == 2000  # -50 mV's own two
+    assert decision.bound_met is None  # no bound was asked for
     assert [(c.setting, c.phase) for c in decision.bound.contributions] == [(-50, COARSE), (-50, CONFIRM),
                                                                              (-40, COARSE)]
 

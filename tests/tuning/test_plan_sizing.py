@@ -99,8 +99,7 @@ def test_screens_far_from_failures_deciding_trials_near_them_and_a_confirmation_
         assert d.duration_s == round(d.steps * STEP_S, 3)
         if d.phase == CONFIRM:
             assert d.purpose == BOUND and d.bound_s == params.bound_s and d.bound_steps == need
-            rec = plan.value(plan._rec_k(k, [r for r in before if r.phase not in STOCK_PHASES]))
-            have = plan.bound_at(rec, before)
+            have = plan.bound_at(d.setting, before)  # the bound at the answer: the value it confirms
             assert d.pooled_steps == (have.steps if have else 0)
             assert d.steps == max(need - d.pooled_steps, least)  # what the bound still needs, and no longer
         elif fail_k is not None and fail_k - k < plan.coarse_k:
@@ -109,10 +108,14 @@ def test_screens_far_from_failures_deciding_trials_near_them_and_a_confirmation_
             assert (d.purpose, d.steps) == (SCREEN, screen)  # a pass far from the edge is not over-bought
     assert isinstance(decision, Recommend)
     if decision.confirmed is not None:  # a confirmation passed with what it asked: the bound is reached
-        assert decision.bound_met and decision.bound is not None and decision.bound.steps >= need
+        assert decision.bound_met and decision.confirmed_bound is not None and decision.confirmed_bound.steps >= need
         last = next(d for d, _ in reversed(seen) if d.phase == CONFIRM)
         if last.steps > least:  # ...and no further than it needs
-            assert decision.bound.steps == need
+            assert decision.confirmed_bound.steps == need
+        # the recommendation, shallower, pools at least as much
+        assert decision.bound is not None and decision.bound.steps >= decision.confirmed_bound.steps
+    else:
+        assert decision.bound_met is False and decision.confirmed_bound is None
 
 
 @settings(max_examples=150, deadline=None)
@@ -168,11 +171,13 @@ def test_the_documented_example_sized():
     assert [(d.setting, d.phase, d.purpose, d.steps) for d, _ in seen] == [
         (0, BASELINE, None, None), (-10, COARSE, SCREEN, 353), (-20, COARSE, SCREEN, 353),
         (-30, COARSE, SCREEN, 353), (-40, COARSE, SCREEN, 353), (-50, COARSE, SCREEN, 353),
-        (-60, COARSE, SCREEN, 353), (-55, REFINE, DECIDE, 3529), (-50, CONFIRM, BOUND, 21_145 - 706)]
+        (-60, COARSE, SCREEN, 353), (-55, REFINE, DECIDE, 3529), (-50, CONFIRM, BOUND, 21_145 - 353)]
     assert isinstance(decision, Recommend) and decision.setting == -40 and decision.confirmed == -50
-    assert decision.bound_met and decision.bound is not None and decision.bound.steps == 21_145
-    assert decision.bound.provenance("mV") == "-50 mV coarse 353 + -50 mV confirm 20,439 + -40 mV coarse 353"
-    assert decision.bound.text() == "at most one fault per 10m00s of this load (95%; 21,145 steps with no fault)"
+    confirmed, at_rec = decision.confirmed_bound, decision.bound
+    assert decision.bound_met and confirmed is not None and confirmed.steps == 21_145
+    assert confirmed.text() == "at most one fault per 10m00s of this load (95%; 21,145 steps with no fault)"
+    assert at_rec is not None and at_rec.steps == 21_145 + 353  # -40 mV also has its own screen
+    assert at_rec.provenance("mV") == "-50 mV coarse 353 + -50 mV confirm 20,792 + -40 mV coarse 353"
 
 
 def test_a_short_confirmation_is_topped_up_and_never_loops():

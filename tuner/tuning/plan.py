@@ -22,11 +22,12 @@ search (`not-repeatable`). Replays and controls never count as passes or failure
 The bound and trial sizing (issue 26; on when `PlanParams.bound_s` is set): every decision is sized by what it can
 still tell us, in compared steps at the stock baseline's median step time. A trial at least one coarse step shallower
 than every known failure is a *screen* (`--trial` / SCREEN_DIVISOR: far past the edge failures come early); one
-nearer a failure *decides* between neighbours (one `--trial`); the confirmation runs exactly the steps the
-recommendation's bound still needs after pooling every pass at or below it (`tuner.tuning.bound`), never fewer
+nearer a failure *decides* between neighbours (one `--trial`); the confirmation runs exactly the steps the bound
+still needs at the value it confirms after pooling every pass there or deeper (`tuner.tuning.bound`), never fewer
 than two mixed-mode cycles. A passing confirmation that fell short of the bound (it ran fewer steps than asked) is
-topped up at the same value. Every `Recommend` carries the pooled bound at the recommended setting and where its
-steps came from. Reasoning and figures: docs/bisect.md, "The bound and trial sizing".
+topped up at the same value. Every `Recommend` carries the pooled bound at the confirmed value and at the
+recommended setting (which pools everything between them too), with where their steps came from. Reasoning and
+figures: docs/bisect.md, "The bound and trial sizing".
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ class NextTrial:
     """Run `setting` in `phase`. Sized (a bound was asked for; else all None and the driver uses its own
     lengths): `steps` compared steps (the warm-up comes on top), `duration_s` the same in seconds of load at the
     baseline's step time (a mixed confirmation takes longer by its idle and partial phases), `purpose` screen,
-    decide or bound; a confirmation also says the bound it aims for (`bound_s`, `bound_steps` pooled steps at the
-    recommendation) and the steps already pooled there (`pooled_steps`)."""
+    decide or bound; a confirmation also says the bound it aims for at the value it confirms (`bound_s`;
+    `bound_steps`, the pooled steps that takes) and the steps already pooled there (`pooled_steps`)."""
 
     setting: int
     phase: str
@@ -175,17 +176,20 @@ class Recommend:
     first_failure: int | None  # the least aggressive value known to fail (trial or unsafe list)
     margin: int
     edge: bool  # the edge margin was used
-    # The pooled bound at `setting` (every pass at or below it, above the first failure) and where its steps came
-    # from; None when no compared steps are known. `bound_s`: what was asked for (None: no bound was asked for).
+    # The pooled bound at `setting` (every pass there or deeper, shallower than the first failure; what a profile
+    # states) and at `confirmed` (what the confirmation proved), with where their steps came from; None when no
+    # compared steps count. `bound_s`: what was asked for (None: no bound was asked for).
     bound: Bound | None = None
+    confirmed_bound: Bound | None = None
     bound_s: float | None = None
 
     @property
     def bound_met(self) -> bool | None:
-        """Whether the bound asked for was reached (None: none was asked for)."""
+        """Whether the confirmed value reached the bound asked for (None: none was asked for; False when no
+        undervolt was confirmed)."""
         if self.bound_s is None:
             return None
-        return self.bound is not None and self.bound.reaches(self.bound_s)
+        return self.confirmed_bound is not None and self.confirmed_bound.reaches(self.bound_s)
 
 
 @dataclass(frozen=True)
@@ -324,7 +328,7 @@ class BisectPlan:
                         if k is not None and (fail_k is None or k < fail_k)]
         if confirmed_ok:
             c_k = confirmed_ok[-1]
-            if self._top_up(c_k, confirms, trials, results):
+            if self._top_up(c_k, confirms, results):
                 return NextTrial(self.value(c_k), CONFIRM)
             return self._recommend(c_k, results)
         tried = {self.k_of(r.setting) for r in confirms}
@@ -403,6 +407,7 @@ class BisectPlan:
             margin=margin,
             edge=edge,
             bound=self.bound_at(self.value(rec_k), results),
+            confirmed_bound=None if confirmed_k is None else self.bound_at(self.value(confirmed_k), results),
             bound_s=self.params.bound_s,
         )
 
@@ -427,8 +432,7 @@ class BisectPlan:
         baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.verdict == PASS), None)
         return baseline.step_s if baseline is not None else None
 
-    def _top_up(self, c_k: int, confirms: Sequence[PlanResult], trials: Sequence[PlanResult],
-                results: Sequence[PlanResult]) -> bool:
+    def _top_up(self, c_k: int, confirms: Sequence[PlanResult], results: Sequence[PlanResult]) -> bool:
         """A passing confirmation that fell short of the bound asked for (it ran fewer steps than asked) runs on
         at the same value, while each pass added steps, at most MAX_CONFIRM_PASSES passes."""
         if not self.params.sized or self.params.bound_s is None:
@@ -436,7 +440,7 @@ class BisectPlan:
         passes = [r for r in confirms if r.verdict == PASS and self.k_of(r.setting) == c_k]
         if not passes[-1].steps or len(passes) >= MAX_CONFIRM_PASSES:
             return False
-        have = self.bound_at(self.value(self._rec_k(c_k, trials)), results)
+        have = self.bound_at(self.value(c_k), results)
         return have is not None and not have.reaches(self.params.bound_s)
 
     def _sized(self, d: NextTrial, results: Sequence[PlanResult]) -> Decision:
@@ -455,7 +459,7 @@ class BisectPlan:
         trial_steps = max(MIN_COMPARED_STEPS, round(p.trial_s / step_s))
         if d.phase == CONFIRM:
             need = bounds.steps_for_bound(p.bound_s, step_s)
-            pooled = self.bound_at(self.value(self._rec_k(k, trials)), results)
+            pooled = self.bound_at(d.setting, results)  # the confirmed value's own: "the bound at the answer"
             have = pooled.steps if pooled is not None else 0
             again = any(r.phase == CONFIRM and r.verdict == PASS and r.setting == d.setting for r in trials)
             least = MIN_COMPARED_STEPS if again else max(MIN_COMPARED_STEPS, math.ceil(p.min_confirm_load_s / step_s))
