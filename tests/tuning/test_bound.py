@@ -149,14 +149,14 @@ def test_bound_parses_durations_with_units(text, seconds):
 
 
 @pytest.mark.parametrize("text,says", [("2", "no unit"), ("600", "no unit"), ("-2h", "negative"), ("-10", "negative"),
-                                       ("0h", "zero"), ("0m0s", "zero"), ("0.0h", "zero"), ("2x", "bad duration"),
-                                       ("", "bad duration"), ("8d", "bad duration"), ("200h", "out of range")])
+                                       ("0h", "zero"), ("0m0s", "zero"), ("0.0h", "zero"), ("2x", "not a duration"),
+                                       ("", "not a duration"), ("8d", "not a duration"), ("200h", "out of range")])
 def test_bad_bounds_are_one_line_usage_errors(text, says):
     with pytest.raises(UsageError) as e:
         bounds.parse_bound_s(text)
     line = e.value.one_line()
     assert says in line and "\n" not in line and "--bound" in line and e.value.exit_code == 2
-    assert e.value.remedy and ("10m" in e.value.remedy or "7 days" in e.value.remedy)
+    assert e.value.remedy and "--bound 10m" in e.value.remedy
 
 
 def test_a_bound_that_cannot_be_reached_in_the_time_allowed_says_how_long_it_would_take():

@@ -217,9 +217,9 @@ def parse_bound_s(text: str) -> float:
         raise UsageError(f"--bound {text}: a bound of zero asks for no fault ever, which no test can show", _HINT)
     try:
         return parse_duration_s(t)
-    except UsageError as e:  # a bad form gets the bound's own hint ("use seconds" would be wrong here)
-        hint = e.remedy if "out of range" in e.message and e.remedy else _HINT
-        raise UsageError(f"--bound {text!r}: {e.message}", hint) from None
+    except UsageError as e:  # the bound's own words ("use seconds" would be wrong here)
+        what = "out of range (1s to 7 days)" if "out of range" in e.message else "not a duration"
+        raise UsageError(f"--bound {text or repr(text)}: {what}", _HINT) from None
 
 
 def check_reachable(bound_s: float, allowed_s: float, allowed_by: str, *, load_fraction: float = 1.0) -> None:
