@@ -69,14 +69,13 @@ from tuner.backends.simulated import (
 )
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.models import Knob, KnobKind
-from tuner.engine.options import EngineOptions
 from tuner.tuning import bound as bounds
 from tuner.tuning.bound import DEFAULT_BOUND_S
 from tuner.tuning.plan import (
     BASELINE,
     CONFIRM,
     MIN_CONFIRM_LOAD_S,
-    MIXED_CYCLE_LOAD_S,
+    MIXED_LOAD_FRACTION,
     BisectPlan,
     NextTrial,
     PlanParams,
@@ -87,8 +86,6 @@ from tuner.tuning.plan import (
 STEP_S = 0.085  # the "small" preset on an R9700 (the seed's 85 ms/step)
 OVERHEAD_S = 20.0  # engine start, apply + read back, reset + verify, per trial
 WATCHDOG_S = 60.0 + 30.0  # min silence + SIGTERM grace
-_MIXED = EngineOptions()
-MIXED_LOAD_FRACTION = MIXED_CYCLE_LOAD_S / (_MIXED.mixed_full_s + _MIXED.mixed_partial_s + _MIXED.idle_gap_s)
 RES_MV, MARGIN_MV, EDGE_MARGIN_MV = 5, 10, 15  # the plan's defaults for mV knobs (PlanParams.defaults_for)
 ANCHOR_STEPS, ANCHOR_MV, DECADE_MV = 284.0, 10.0, 10.0
 

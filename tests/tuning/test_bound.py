@@ -75,11 +75,12 @@ def test_a_bound_needs_about_three_times_its_load_and_the_quote_up_front_is_neve
 
 
 def test_the_default_bound_reaches_at_least_todays_30_minute_confirmation():
-    """Today's 30 min mixed confirmation holds 30 min x 144/174 of load (tuner.tuning.plan.MIXED_CYCLE_LOAD_S); its
-    zero-fault bound is 8.3 min at any step time. The default asks for 10."""
-    from tuner.tuning.plan import MIXED_CYCLE_LOAD_S
+    """Today's 30 min mixed confirmation holds 30 min x 144/174 of load (tuner.tuning.plan.MIXED_LOAD_FRACTION);
+    its zero-fault bound is 8.3 min at any step time. The default asks for 10."""
+    from tuner.tuning.plan import MIXED_LOAD_FRACTION
 
-    load_s = 1800.0 * MIXED_CYCLE_LOAD_S / 174.0
+    assert math.isclose(MIXED_LOAD_FRACTION, 144 / 174)
+    load_s = 1800.0 * MIXED_LOAD_FRACTION
     for step_s in (0.02, 0.085, 0.3, 1.0):
         today = Bound(steps=int(load_s / step_s), step_s=step_s)
         assert today.duration_s is not None and today.duration_s <= bounds.DEFAULT_BOUND_S

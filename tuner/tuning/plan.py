@@ -72,6 +72,9 @@ _MIXED = EngineOptions()
 # the load each cycle holds, full phase plus the duty-cycled partial one, in seconds of load.
 MIXED_CYCLE_LOAD_S = _MIXED.mixed_full_s + _MIXED.mixed_partial_s * _MIXED.partial_duty
 MIN_CONFIRM_LOAD_S = 2 * MIXED_CYCLE_LOAD_S
+# The share of a mixed run's wall time that is load (144 of every 174 s): a confirmation's wall time is its
+# `duration_s` over this, and `bound.check_reachable` takes it as `load_fraction`.
+MIXED_LOAD_FRACTION = MIXED_CYCLE_LOAD_S / (_MIXED.mixed_full_s + _MIXED.mixed_partial_s + _MIXED.idle_gap_s)
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,8 @@ class PlanResult:
         # Only the engine's median step time: a trial's duration over its steps counts the start-up and the
         # compile, which would overstate the bound in hours.
         step_ms = record.get("median_step_ms")
+        if isinstance(step_ms, bool) or not isinstance(step_ms, (int, float)) or not step_ms > 0:
+            step_ms = None
         return cls(setting=record["setting"], phase=record["phase"], verdict=record["verdict"],
                    kind=record.get("kind"), fault_step=fault_step, edge=bool(record.get("edge")),
                    injected=bool(record.get("injected")), reason=record.get("reason") or "", steps=compared,
