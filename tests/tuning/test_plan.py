@@ -248,7 +248,9 @@ def test_floor_limits_the_descent():
 
 
 @pytest.mark.parametrize("kwargs", [{"step": 7}, {"resolution": 0}, {"step": 15, "resolution": 10},
-                                    {"margin": 3}, {"floor": 10}, {"floor": -500}])
+                                    {"margin": 3}, {"floor": 10}, {"floor": -500},
+                                    {"bound_s": 0.0, "trial_s": 300.0}, {"bound_s": math.nan, "trial_s": 300.0},
+                                    {"bound_s": 600.0}, {"bound_s": 600.0, "trial_s": 0.5}])
 def test_bad_parameters_are_usage_errors(kwargs):
     knob = mv_knob()
     with pytest.raises(UsageError):
