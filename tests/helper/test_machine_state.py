@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 
-from tests.helper.conftest import HELLO, client, needs_root
+from tests.helper.conftest import HELLO, as_user, client, needs_root
 from tuner.backends.simulated import SimulatedBackend
 
 pytestmark = needs_root
@@ -29,10 +29,15 @@ def test_a_value_that_froze_a_trial_for_one_user_is_refused_for_another(accounts
     assert alice.home != bob.home
     helper = helpers(group, fake_amd=False)
     begin = {"op": "trial_begin", "card": "sim0", "setting": -60, "phase": "coarse", "session": "s1"}
-    out = replies(client(alice, helper.socket, HELLO, begin, {"op": "set", "card": "sim0", "value": -60}))
-    assert all(r["ok"] for r in out)
+    trial = as_user(alice, "tests.helper.client", str(helper.socket), json.dumps(HELLO), json.dumps(begin),
+                    json.dumps({"op": "set", "card": "sim0", "value": -60}), "@hold")
+    assert trial.stdout is not None
+    assert [trial.stdout.readline().strip() for _ in range(4)][-1] == "HOLDING"
+    assert sim_card(helper).knob("sim0").current == -60
     # the machine froze mid-trial: the helper dies with it, and the machine comes back with a new boot id
     helper.stop(signal.SIGKILL)
+    trial.kill()
+    trial.communicate()
     assert json.loads((helper.state_dir / "trials.json").read_text())  # the journal says a trial was open
     helper.boot("boot-b")
     helper.start()

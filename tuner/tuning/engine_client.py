@@ -459,9 +459,9 @@ class StressRun:
                     env=spawn.env, start_new_session=True, bufsize=1, text=True, encoding="utf-8",
                     errors="replace", **spawn.popen_kwargs,  # type: ignore[call-overload]
                 )
-            except BaseException:
+            except BaseException as e:
                 spawn.finish()
-                raise
+                raise spawn.failed(e) from None
             now = self._clock()
             self._t_launch = self._t_last_event = self._t_last_progress = now
         for target, name in ((self._read_stdout, "stdout"), (self._read_stderr, "stderr"),

@@ -35,6 +35,7 @@ class Spawn:
     argv: list[str]
     env: dict[str, str]
     popen_kwargs: dict[str, object] = field(default_factory=dict)
+    identity: EngineIdentity | None = None
     _finish: Callable[[], None] = lambda: None
     _finished: bool = False
 
@@ -42,6 +43,15 @@ class Spawn:
         if not self._finished:
             self._finished = True
             self._finish()
+
+    def failed(self, error: BaseException) -> BaseException:
+        """What to raise when the engine could not be started: the account it runs as may not run the
+        interpreter (a venv whose Python lives in root's home), said in one line with the remedy."""
+        if self.identity is None or not isinstance(error, PermissionError):
+            return error
+        return PermissionDenied(f"the stress engine runs as {self.identity.user}, who may not run {self.argv[0]} "
+                                f"({error.strerror})", f"install the tuner where {self.identity.user} can read and "
+                                "run it (a venv in your home, or the system install), then try again")
 
 
 def prepare(config: EngineConfig) -> Spawn:
@@ -57,7 +67,8 @@ def prepare(config: EngineConfig) -> Spawn:
         options, copy_back = _stage_paths(config, identity, stage)
         staged = replace(config, options=options)
         spawn = Spawn(staged.argv(), identity.environ(staged.environ()),
-                      {"user": identity.uid, "group": identity.gid, "extra_groups": list(identity.extra_groups)})
+                      {"user": identity.uid, "group": identity.gid, "extra_groups": list(identity.extra_groups)},
+                      identity)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
