@@ -81,13 +81,21 @@ class Accounts:
         return Account(name, entry.pw_uid, entry.pw_gid, home)
 
     def cleanup(self) -> None:
+        """Every account and group this test made goes, even when one of them resists (all are tried)."""
+        problems = []
         for name in self.users:
-            _run("userdel", "--remove", name)
-            with_group = [g for g in grp.getgrall() if g.gr_name == name]
-            if with_group:
-                _run("groupdel", name)
+            try:
+                _run("userdel", "--remove", "--force", name)
+                if any(g.gr_name == name for g in grp.getgrall()):  # its own group, when userdel left it
+                    _run("groupdel", name)
+            except AssertionError as e:
+                problems.append(str(e))
         for name in self.groups:
-            _run("groupdel", name)
+            try:
+                _run("groupdel", name)
+            except AssertionError as e:
+                problems.append(str(e))
+        assert not problems, problems
 
 
 @pytest.fixture
@@ -99,12 +107,20 @@ def world() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+_started: list[subprocess.Popen] = []  # every process run as a test account (killed before its account goes)
+
+
 @pytest.fixture
 def accounts(world: Path) -> Iterator[Accounts]:
     made = Accounts(world)
     try:
         yield made
     finally:
+        while _started:
+            proc = _started.pop()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         made.cleanup()
 
 
@@ -212,8 +228,10 @@ def as_user(account: Account | None, *args: str, env: dict | None = None, **kwar
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
     home = str(account.home) if account else "/"
     full_env = {"PATH": os.environ["PATH"], "PYTHONPATH": PYTHONPATH_FOR_OTHERS, "HOME": home, **(env or {})}
-    return subprocess.Popen([*drop, *python_for_others(), "-m", *args], cwd=REPO, env=full_env,
+    proc = subprocess.Popen([*drop, *python_for_others(), "-m", *args], cwd=REPO, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    _started.append(proc)
+    return proc
 
 
 def client(account: Account | None, socket_path: Path, *requests: dict | str, timeout_s: float = 60) -> list[str]:

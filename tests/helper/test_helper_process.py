@@ -165,3 +165,37 @@ def test_socket_paths_that_are_not_a_stale_socket_are_refused(accounts, helpers,
     assert stat.S_ISSOCK(os.lstat(first.socket).st_mode)
     second = helpers(group, fake_amd=False)
     assert second.ask({"op": "list"})[0]["ok"]
+
+
+def test_kernel_events_stream_only_the_lines_naming_the_card_or_no_card(accounts, helpers, world):
+    from tuner.backends.helper_client import HelperBackend
+
+    group = accounts.group()
+    fifo = world / "kmsg"
+    os.mkfifo(fifo)
+    helper = helpers(group, extra=("--kmsg", str(fifo)))
+    backend = HelperBackend.connect(helper.socket)
+    try:
+        source = backend.kernel_log_source([CARD])
+        assert source is not None
+        lines, close = source
+        writer = wait_until(lambda: _open_writer(fifo), 30, "the helper to read the kernel log")
+        os.write(writer, b"6,100,1000,-;amdgpu 0000:11:00.0: amdgpu: GPU reset begin!\n"  # another card
+                         b"6,101,1001,-;usb 1-1: new high-speed USB device number 3\n"  # not a GPU line
+                         b"3,102,1002,-;amdgpu 0000:10:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=7\n"
+                         b" SUBSYSTEM=pci\n"  # a continuation line of the record above
+                         b"3,103,1003,-;[drm] GPU reset succeeded, trying to resume\n")  # a failure naming no card
+        received = iter(lines)
+        assert next(received) == "amdgpu 0000:10:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=7"
+        assert next(received) == "[drm] GPU reset succeeded, trying to resume"
+        close()
+        os.close(writer)
+    finally:
+        backend.close()
+
+
+def _open_writer(path) -> int | None:
+    try:
+        return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: nobody reads it yet
+        return None

@@ -4,4 +4,5 @@ import sys
 
 from tuner.helper.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing this module (the import-isolation walk) must not start a helper
+    sys.exit(main())

@@ -461,7 +461,9 @@ class StressRun:
                 )
             except BaseException as e:
                 spawn.finish()
-                raise spawn.failed(e) from None
+                if isinstance(e, PermissionError):  # the engine's account may not run the interpreter
+                    raise spawn.failed(e) from None
+                raise
             now = self._clock()
             self._t_launch = self._t_last_event = self._t_last_progress = now
         for target, name in ((self._read_stdout, "stdout"), (self._read_stderr, "stderr"),

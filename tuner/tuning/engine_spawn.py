@@ -44,10 +44,10 @@ class Spawn:
             self._finished = True
             self._finish()
 
-    def failed(self, error: BaseException) -> BaseException:
+    def failed(self, error: PermissionError) -> Exception:
         """What to raise when the engine could not be started: the account it runs as may not run the
         interpreter (a venv whose Python lives in root's home), said in one line with the remedy."""
-        if self.identity is None or not isinstance(error, PermissionError):
+        if self.identity is None:
             return error
         return PermissionDenied(f"the stress engine runs as {self.identity.user}, who may not run {self.argv[0]} "
                                 f"({error.strerror})", f"install the tuner where {self.identity.user} can read and "
