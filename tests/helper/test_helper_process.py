@@ -199,3 +199,29 @@ def _open_writer(path) -> int | None:
         return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
     except OSError:  # ENXIO: nobody reads it yet
         return None
+
+
+def test_under_socket_activation_it_serves_the_socket_it_inherits(accounts, world):
+    """systemd's LISTEN_PID/LISTEN_FDS protocol, by hand: the listening socket as fd 3, the path left alone."""
+    group = accounts.group()
+    path = world / "activated.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    command = (f"LISTEN_PID=$$ LISTEN_FDS=1 exec {sys.executable} -m tuner.helper --simulate --group {group} "
+               f"--state-dir {world / 'state'} --socket {world / 'unused.sock'}")
+    proc = subprocess.Popen(["sh", "-c", command], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            preexec_fn=lambda: os.dup2(listener.fileno(), 3), pass_fds=(3, listener.fileno()),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    listener.close()
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(path))
+        sock.sendall((json.dumps(HELLO) + "\n").encode())
+        assert json.loads(sock.makefile("rb").readline())["result"]["simulated"] is True
+        sock.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "the socket systemd passed" in out
+    assert stat.S_ISSOCK(os.lstat(path).st_mode) and not (world / "unused.sock").exists()

@@ -195,3 +195,25 @@ def test_a_users_state_is_read_without_following_links_or_foreign_files(tmp_path
     (linked / ".local/state").mkdir(parents=True)
     (linked / ".local/state/tuner").symlink_to(other)
     assert read_user_state(linked, os.getuid()).unsafe == []
+
+
+def test_an_nvidia_lock_clock_choice_is_one_writers_and_goes_back_with_its_connection(tmp_path):
+    nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
+                           MachineState(tmp_path / "nv-state"), group="tuner", log=lambda line: None)
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    stock_lock = nvidia.backend.knob("sim0").lock_clock_mhz
+    assert ask(nvidia, alice, s.LockClock(card="sim0", measured_mhz=2300.0)).mhz == 2295
+    with pytest.raises(CardBusy):
+        ask(nvidia, bob, s.LockClock(card="sim0", mhz=2100))
+    with pytest.raises(Refused):
+        ask(nvidia, alice, s.LockClock(card="sim0", mhz=2100, measured_mhz=2100.0))
+    assert ask(nvidia, alice, s.Set(card="sim0", value=90)).lock_clock_mhz == 2295
+    nvidia.connection_closed(alice)  # unconfirmed: the offset and the lock both go back
+    knob = nvidia.backend.knob("sim0")
+    assert (knob.current, knob.lock_clock_mhz) == (0, stock_lock)
+    ask(nvidia, bob, s.LockClock(card="sim0", mhz=2100))
+    # AMD cards have no lock clock
+    with pytest.raises(Exception, match="NVIDIA"):
+        amd = HelperService(SimulatedBackend(state_path=tmp_path / "amd.json"), MachineState(tmp_path / "a"),
+                            group="tuner", log=lambda line: None)
+        ask(amd, alice, s.LockClock(card="sim0", mhz=2100))
