@@ -20,6 +20,7 @@ import msgspec
 
 USER_STATE = (".local", "state", "tuner")  # the default $XDG_STATE_HOME/tuner: the helper cannot see a user's env
 MAX_FILE_BYTES = 1 << 20
+MAX_FILES = 256  # per directory: one per card and session is a handful; more is not a tuner's state
 
 
 class UserUnsafeLine(msgspec.Struct, frozen=True):
@@ -98,7 +99,10 @@ def read_user_state(home: Path, uid: int) -> UserState:
             except OSError:
                 continue
             try:
-                for name in sorted(os.listdir(fd)):
+                names = sorted(os.listdir(fd))
+                if len(names) > MAX_FILES:
+                    found.problems.append(f"{where}/{sub}: {len(names)} files, only the first {MAX_FILES} read")
+                for name in names[:MAX_FILES]:
                     if name.endswith(suffix) and not name.startswith(".") and not name.endswith(".rig.json"):
                         data = _read_file(name, fd, uid, f"{where}/{sub}", found.problems)
                         if data is not None:
