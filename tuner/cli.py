@@ -47,6 +47,7 @@ environment:
   XDG_CONFIG_HOME   profiles live in $XDG_CONFIG_HOME/tuner/profiles (default ~/.config)
   XDG_STATE_HOME    journals, the unsafe list and simulated cards in $XDG_STATE_HOME/tuner (default ~/.local/state)
   TUNER_SYSFS_ROOT  read and write sysfs under this root instead of / (fake trees, dry runs)
+  TUNER_HELPER_SOCKET  the root helper to write through (default /run/tuner/helper.sock when it exists)
   TUNER_DTYPE       the stress engine's compute dtype (bfloat16, float16, float32)
   NO_COLOR          no colour in the UI"""
 

@@ -6,9 +6,11 @@ Core module: no textual, no torch (torch is probed in a subprocess). Every sourc
 
 from __future__ import annotations
 
+import grp
 import importlib.metadata
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -20,7 +22,9 @@ from typing import Any
 
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
 from tuner.backends.base import Backend
+from tuner.backends.helper_client import HelperRefused, HelperUnreachable, connect
 from tuner.core import paths
+from tuner.core.privileges import EngineIdentity, engine_identity
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 
@@ -227,6 +231,70 @@ def check_kernel_log(root: Path, which: Callable[[str], str | None] = shutil.whi
                  "run as root, or add your user to the systemd-journal (or adm) group")
 
 
+def _can_open(st: os.stat_result, uid: int, groups: set[int]) -> bool:
+    """Read and write by these credentials, from the mode bits (what open(2) checks for a device node)."""
+    mode = st.st_mode
+    return (uid == 0 or (st.st_uid == uid and mode & 0o600 == 0o600) or (st.st_gid in groups and mode & 0o060 ==
+            0o060) or mode & 0o006 == 0o006)
+
+
+def check_device_groups(root: Path, uid: int, groups: set[int], user: str) -> list[Check]:
+    """Whether the account the stress engine runs as can open the GPU's compute nodes (`/dev/kfd` for ROCm,
+    `/dev/dri/renderD*`), and if not, the group it lacks (`render` or `video` on most distributions)."""
+    nodes = [n for n in (root / "dev/kfd", *sorted((root / "dev/dri").glob("renderD*"))) if n.exists()]
+    if not nodes:
+        return []
+    lacking: dict[str, list[str]] = {}
+    for node in nodes:
+        st = node.stat()
+        if not _can_open(st, uid, groups):
+            try:
+                group = grp.getgrgid(st.st_gid).gr_name
+            except KeyError:
+                group = str(st.st_gid)
+            lacking.setdefault(group, []).append(f"/{node.relative_to(root)}")
+    if not lacking:
+        return [Check("gpu device nodes", OK, f"{user} can open {', '.join(f'/{n.relative_to(root)}' for n in nodes)}")]
+    names = " and ".join(sorted(lacking))
+    opened = "; ".join(f"{', '.join(v)} belong to group {k}" for k, v in sorted(lacking.items()))
+    return [Check("gpu device nodes", FAIL, f"{user} cannot open the GPU for the stress engine: {opened}",
+                  f"add {user} to {names}: `sudo usermod -aG {','.join(sorted(lacking))} {user}`, then log in "
+                  "again")]
+
+
+def engine_account(env: Mapping[str, str], euid: int) -> tuple[int, set[int], str] | Check:
+    """The account the stress engine runs as (uid, groups, name), or the check saying there is none."""
+    if euid != 0:
+        try:
+            name = pwd.getpwuid(euid).pw_name
+        except KeyError:
+            name = f"uid {euid}"
+        return euid, {os.getegid(), *os.getgroups()}, name
+    identity = engine_identity(simulated=False, euid=euid, env=env)
+    if isinstance(identity, EngineIdentity):
+        return identity.uid, {identity.gid, *identity.extra_groups}, identity.user
+    if identity is None:
+        return 0, set(), "root"
+    return Check("engine account", WARN, identity.reason, identity.remedy)
+
+
+def check_helper() -> Check:
+    """Is the root helper there, and does it let this user in? (docs/helper.md)"""
+    path, chosen = paths.helper_socket()
+    if not chosen and not path.exists():
+        return Check("helper", INFO, f"no root helper ({path} is missing): writes need root",
+                     "install tuner-helper to tune as yourself (docs/helper.md)")
+    try:
+        connection, hello = connect(path, client="tuner doctor")
+    except HelperRefused as e:
+        return Check("helper", WARN, e.message, e.remedy)
+    except HelperUnreachable as e:
+        return Check("helper", WARN, e.message, e.remedy)
+    connection.close()
+    what = "SIMULATED cards" if hello.simulated else f"{hello.backend} cards"
+    return Check("helper", OK, f"tuner-helper {hello.helper_version} at {path} drives {what} (group {hello.group})")
+
+
 def check_hidden_devices(env: Mapping[str, str]) -> list[Check]:
     return [
         Check(f"env {var}", WARN, f"{var}={env[var]!r} hides GPUs from the stress engine",
@@ -261,6 +329,13 @@ def run_checks(
     checks += check_torch(torch_probe(), gpus_expected)
     checks += nvidia + amd
     checks.append(check_root(euid, simulate))
+    checks.append(check_helper())
+    if not simulate:
+        account = engine_account(env, euid)
+        if isinstance(account, Check):
+            checks.append(account)
+        else:
+            checks += check_device_groups(root, *account)
     checks.append(check_kernel_log(root))
     checks += check_hidden_devices(env)
     return checks

@@ -80,4 +80,6 @@ def apply_setting_now(backend: Backend, request: SetRequest) -> Knob:
     with CardLock(request.device_id, "tuner apply"):
         if request.lock_clock_mhz is not None:
             backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
-        return backend.apply(request.device_id, request.value, allow_overvolt=request.allow_overvolt)
+        knob = backend.apply(request.device_id, request.value, allow_overvolt=request.allow_overvolt)
+        backend.keep(request.device_id)  # nobody confirms later: through the root helper, it is kept now
+        return knob

@@ -9,6 +9,7 @@ HARDWARE = 5  # the device did not take the setting, or was lost; it was reset t
 BUSY = 6  # another tuner process is changing this card; nothing was changed
 DISK_FULL = 7  # a state or profile file could not be written (ENOSPC, EDQUOT); the card was reset where it was touched
 NOT_CONFIRMED = 8  # a change was applied but not confirmed in time, so it was reverted
+HELPER_UNREACHABLE = 9  # a write needs the root helper (docs/helper.md) and none answers, or it refuses this user
 INTERRUPTED = 130  # Ctrl-C / SIGTERM / SIGHUP; any unconfirmed change was reverted
 
 EXIT_CODE_HELP = """\
@@ -22,4 +23,5 @@ exit codes:
   6    the card is busy: another tuner process is changing it; nothing was changed
   7    disk full: a state or profile file could not be written (free space, then resume or retry)
   8    not confirmed: the change was reverted (no yes within the keep-or-revert timeout)
+  9    no helper: writes need the root helper (tuner-helper, docs/helper.md) or root; nothing was changed
   130  interrupted; any unconfirmed change was reverted"""

@@ -36,6 +36,23 @@ def system_profiles_dir() -> Path:
     return Path(os.environ.get("TUNER_SYSTEM_PROFILES", "/etc/tuner/profiles"))
 
 
+DEFAULT_SYSTEM_STATE_DIR = "/var/lib/tuner"
+DEFAULT_HELPER_SOCKET = "/run/tuner/helper.sock"
+
+
+def system_state_dir() -> Path:
+    """The machine's one safety state, owned by the root helper (`tuner-helper --state-dir`): the unsafe list, the
+    open-trial journal and the helper's own write journal, keyed by card. `TUNER_STATE_DIR` moves it (tests)."""
+    return Path(os.environ.get("TUNER_STATE_DIR") or DEFAULT_SYSTEM_STATE_DIR)
+
+
+def helper_socket() -> tuple[Path, bool]:
+    """Where the root helper listens, and whether the user chose it: `$TUNER_HELPER_SOCKET` (chosen), else
+    `/run/tuner/helper.sock` (the systemd socket unit's path)."""
+    chosen = os.environ.get("TUNER_HELPER_SOCKET")
+    return (Path(chosen), True) if chosen else (Path(DEFAULT_HELPER_SOCKET), False)
+
+
 def sysfs_root() -> Path:
     """Root under which `/sys` and `/proc` are read: `TUNER_SYSFS_ROOT` lets tests and dry runs use a fake tree."""
     return Path(os.environ.get("TUNER_SYSFS_ROOT", "/"))

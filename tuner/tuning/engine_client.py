@@ -30,8 +30,10 @@ from typing import Any, Self
 
 from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
+from tuner.core.privileges import EngineIdentity, EngineRefused, engine_identity
 from tuner.engine.options import GPU_DEFAULT_PRESET, EngineOptions, Injection, UsageProblem, to_argv
 from tuner.engine.patterns import match_device_error
+from tuner.tuning import engine_spawn
 
 # --- the request ------------------------------------------------------------------------------------------
 
@@ -47,6 +49,8 @@ class EngineConfig:
     options: EngineOptions
     env: Mapping[str, str] = field(default_factory=dict)  # added to the engine's environment
     python: str = sys.executable
+    # who runs it (tuner.core.privileges: never root); None: the process that starts it
+    identity: EngineIdentity | EngineRefused | None = None
 
     def __post_init__(self) -> None:
         options = replace(self.options, injections=list(self.options.injections))  # our own copy
@@ -111,7 +115,7 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
                              **chosen)
     except TypeError as e:  # a misspelt option is a programming error, but say which
         raise ValueError(f"engine_request: {e}") from None
-    return EngineConfig(opts, env=dict(target.env or {}))
+    return EngineConfig(opts, env=dict(target.env or {}), identity=engine_identity(simulated=target.simulated))
 
 
 # --- events -----------------------------------------------------------------------------------------------
@@ -411,6 +415,7 @@ class StressRun:
     for the result, since on Linux the kernel's parent-death signal follows the thread that started it."""
 
     STDERR_TAIL_LINES = 60
+    _spawn: engine_spawn.Spawn | None = None  # the account and staged files it runs with (tuning/engine_spawn.py)
 
     def __init__(self, config: EngineConfig, *, watchdog: WatchdogPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -447,11 +452,18 @@ class StressRun:
         with self._lock:
             if self.proc is not None:
                 raise RuntimeError("StressRun already started")
-            self.proc = subprocess.Popen(
-                self.config.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=self.config.environ(), start_new_session=True, bufsize=1, text=True, encoding="utf-8",
-                errors="replace",
-            )
+            spawn = self._spawn = engine_spawn.prepare(self.config)
+            try:
+                self.proc = subprocess.Popen(
+                    spawn.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    env=spawn.env, start_new_session=True, bufsize=1, text=True, encoding="utf-8",
+                    errors="replace", **spawn.popen_kwargs,  # type: ignore[call-overload]
+                )
+            except BaseException as e:
+                spawn.finish()
+                if isinstance(e, PermissionError):  # the engine's account may not run the interpreter
+                    raise spawn.failed(e) from None
+                raise
             now = self._clock()
             self._t_launch = self._t_last_event = self._t_last_progress = now
         for target, name in ((self._read_stdout, "stdout"), (self._read_stderr, "stderr"),
@@ -505,6 +517,8 @@ class StressRun:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise TimeoutError("the engine is still running") from None
+        if self._spawn is not None:
+            self._spawn.finish()  # files the engine wrote as its own account go into place
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=None if timeout is None else max(0.1, timeout))
