@@ -32,6 +32,7 @@ def _profiles_module():
 
 
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
+WIDE_COLUMNS = 100  # from this width the table has a card column
 SIMULATED_CAVEAT = "measured on a SIMULATED card: not a real measurement"
 
 
@@ -194,8 +195,9 @@ class ProfilesScreen(TunerScreen):
     TITLE = "Profiles"
     DEFAULT_CSS = """
     ProfilesScreen #profiles-main { height: 1fr; }
-    ProfilesScreen #profiles-table { width: 1fr; min-width: 30; }
-    ProfilesScreen #profiles-detail { width: 2fr; padding: 0 1; border-left: solid $primary; }
+    ProfilesScreen #profiles-table { width: auto; max-width: 50%; min-width: 30; }
+    ProfilesScreen.-wide #profiles-table { max-width: 65%; }
+    ProfilesScreen #profiles-detail { width: 1fr; padding: 0 1; border-left: solid $primary; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("a", "apply", "Apply", id="profiles.apply"),
@@ -210,15 +212,14 @@ class ProfilesScreen(TunerScreen):
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="profiles-main"):
-            table = DataTable(id="profiles-table", cursor_type="row")
-            table.add_columns("name", "setting", "card")
-            yield table
+            yield self._new_table()
             with VerticalScroll(id="profiles-detail"):
                 yield Static(id="profile-detail")
 
     def on_mount(self) -> None:
         super().on_mount()
         self.profiles: list = []
+        self._set_columns(self.app.size.width >= WIDE_COLUMNS)
         self.action_reload()
         self.app.read_boot_status()
         self.query_one("#profiles-table", DataTable).focus()
@@ -227,6 +228,31 @@ class ProfilesScreen(TunerScreen):
         super().on_screen_resume()
         self.action_reload()
         self.app.read_boot_status()
+
+    async def on_resize(self, event) -> None:
+        """From 100 columns the table has a card column, each cell in full; below, the card is in the detail. A
+        new table for the new columns (a DataTable keeps rows drawn at the old column widths)."""
+        super().on_resize(event)
+        wide = event.size.width >= WIDE_COLUMNS
+        if wide != getattr(self, "_wide", wide):
+            selected = self.selected()
+            old = self.query_one("#profiles-table", DataTable)
+            await old.remove()
+            await self.query_one("#profiles-main").mount(self._new_table(), before=0)
+            self._set_columns(wide)
+            self.action_reload(select=selected.name if selected is not None else None)
+            if not self.has_class("-too-small"):
+                self.query_one("#profiles-table", DataTable).focus()
+
+    @staticmethod
+    def _new_table() -> DataTable:
+        return DataTable(id="profiles-table", cursor_type="row")
+
+    def _set_columns(self, wide: bool) -> None:
+        self._wide = wide
+        self.set_class(wide, "-wide")
+        self.query_one("#profiles-table", DataTable).add_columns(
+            *(("name", "setting", "card") if wide else ("name", "setting")))
 
     def repaint(self) -> None:
         """The boot service's status arrives from a worker: show it once it changed."""
@@ -261,9 +287,10 @@ class ProfilesScreen(TunerScreen):
             self._error(e)
         for profile in self.profiles:
             if profile.is_rig:
-                table.add_row(profile.name, "rig", f"{len(profile.parts)} cards")
-            else:
-                table.add_row(profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.name)
+                cells = (profile.name, "rig", f"{len(profile.parts)} cards")
+            else:  # the card's label: a simulated one says SIMULATED
+                cells = (profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.label)
+            table.add_row(*cells[: len(table.columns)])
         if select:
             names = [p.name for p in self.profiles]
             if select in names:
