@@ -60,6 +60,14 @@ def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
     return make
 
 
+ERROR_PREFIX = "error: "  # a job's summary when it raised (a refused start included)
+
+
+def ended_notice(summary: str) -> dict:
+    """A job's end as a notice: an error (the job raised) is one ERROR toast that stays 10 s, said once."""
+    return {"severity": "error", "timeout": 10} if summary.startswith(ERROR_PREFIX) else {}
+
+
 def describe_error(error: BaseException) -> str:
     """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
     if isinstance(error, TunerError):
@@ -67,8 +75,16 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+SEVERITY_WORDS = {"error": "ERROR", "warning": "WARNING"}  # a notice's kind in words, not only its colour
+
+
 class TunerApp(App[int]):
     TITLE = "tuner"
+    # notices: one line of padding less than Textual's (a toast is 3 rows, not 5, at 80x24); each screen keeps them
+    # above its key bar (tuner.screens.base), and switching screens clears them (they were about the screen left)
+    CSS = """
+    Toast { padding: 0 1; }
+    """
     MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {
         "dashboard": DashboardScreen,
         "tune": _lazy_screen("tuner.screens.tune", "TuneScreen"),
@@ -132,6 +148,21 @@ class TunerApp(App[int]):
         self._last_sampler_error: str | None = None
         self._sample_again = False
         self._on_kept: Callable[[], None] | None = None
+
+    # --- notices ------------------------------------------------------------------------------------------------
+    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+               markup: bool = False) -> None:
+        """A toast whose kind is also a word (ERROR, WARNING) above the text, so NO_COLOR loses nothing. The
+        text is never markup (screens' `notify` asks for it by default): a card's `[SIMULATED]` or a path in
+        brackets is shown as it is."""
+        super().notify(message, title=title or SEVERITY_WORDS.get(severity, ""), severity=severity,
+                       timeout=timeout, markup=False)
+
+    def switch_mode(self, mode: str):
+        """Another screen: the notices of the one left go with it (they said something about what it showed)."""
+        if mode != self.current_mode:
+            self.clear_notifications()
+        return super().switch_mode(mode)
 
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -370,9 +401,8 @@ class TunerApp(App[int]):
     def _run_stress(self, job: jobs.StressJob | jobs.VerifyJob) -> None:
         try:
             summary = job.run()
-        except Exception as e:  # noqa: BLE001
-            self.post_message(msg.BackendFailed("stress", e))
-            summary = f"error: {describe_error(e)}"
+        except Exception as e:  # noqa: BLE001 - said once, by on_stress_ended (not also as a BackendFailed)
+            summary = f"{ERROR_PREFIX}{describe_error(e)}"
         self.post_message(msg.StressEnded(job.device_id, summary))
 
     def stop_stress(self) -> None:
@@ -388,7 +418,7 @@ class TunerApp(App[int]):
             f"ended: {message.summary}")
         if not self._leaving:
             self._stress_job = None
-        self.notify(f"stress on {message.device_id}: {message.summary}")
+        self.notify(f"stress on {message.device_id}: {message.summary}", **ended_notice(message.summary))
         self.sample_now()
 
     # --- bisect (App-owned) -----------------------------------------------------------------------------------
@@ -423,9 +453,8 @@ class TunerApp(App[int]):
     def _run_bisect(self, runner: jobs.BisectRunner) -> None:
         try:
             summary = jobs.describe_bisect_result(runner.run())
-        except Exception as e:  # noqa: BLE001 - a refused start (bad parameters) lands here too
-            self.post_message(msg.BackendFailed("bisect", e))
-            summary = f"error: {describe_error(e)}"
+        except Exception as e:  # noqa: BLE001 - a refused start (bad parameters) lands here too; said once, by
+            summary = f"{ERROR_PREFIX}{describe_error(e)}"  # on_bisect_ended (not also as a BackendFailed)
         self.post_message(msg.BisectEnded(runner.device_id, summary, runner.outcome))
 
     def stop_bisect(self) -> None:
@@ -443,7 +472,7 @@ class TunerApp(App[int]):
         self.bisect = replace(self.bisect, running=False, current=None, outcome=message.outcome)
         if not self._leaving:
             self._bisect_job = None
-        self.notify(f"bisect on {message.device_id}: {for_people(message.summary)}")
+        self.notify(f"bisect on {message.device_id}: {for_people(message.summary)}", **ended_notice(message.summary))
         self.sample_now()
         self.repaint_screens()
 
@@ -492,9 +521,8 @@ class TunerApp(App[int]):
     def _run_rig(self, runner: jobs.RigBisectRunner) -> None:
         try:
             summary = jobs.describe_rig_result(runner.run())
-        except Exception as e:  # noqa: BLE001 - a refused start (an unfinished session, bad parameters)
-            self.post_message(msg.BackendFailed("bisect of every card", e))
-            summary = f"error: {describe_error(e)}"
+        except Exception as e:  # noqa: BLE001 - a refused start (an unfinished session, bad parameters); said
+            summary = f"{ERROR_PREFIX}{describe_error(e)}"  # once, by on_rig_ended (not also as a BackendFailed)
         self.post_message(msg.RigEnded(summary, runner.outcome))
 
     def stop_rig(self) -> None:
@@ -522,7 +550,7 @@ class TunerApp(App[int]):
                            settings=dict(outcome.settings) if outcome is not None else self.rig.settings)
         if not self._leaving:
             self._rig_job = None
-        self.notify(f"bisect of every card: {for_people(message.summary)}")
+        self.notify(f"bisect of every card: {for_people(message.summary)}", **ended_notice(message.summary))
         self.sample_now()
         self.repaint_screens()
 

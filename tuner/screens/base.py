@@ -65,6 +65,13 @@ class TunerScreen(Screen):
             if before is not None and before.is_attached:
                 self.set_focus(before)
         self.set_class(small, "-too-small")
+        self._place_notices(size)
+
+    def _place_notices(self, size: Size) -> None:
+        """Notices (Textual's toasts) sit just above the key bar: they never cover a key."""
+        bar_lines = 0 if too_small(size) else len(self.query_one(KeyBar).lines(size.width))
+        for rack in self.query("#textual-toastrack"):
+            rack.styles.margin = (0, 0, bar_lines, 0)
 
     def footer_bindings(self) -> list[Binding]:
         """The keys this screen offers in this session (the key bar shows exactly these)."""
