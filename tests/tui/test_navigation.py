@@ -137,11 +137,16 @@ async def test_no_color_is_honoured(tmp_path, monkeypatch):
         assert "STOCK" in str(app.screen.query_one("#setting").render())
 
 
-async def test_command_palette_lists_screens_and_screen_actions(app):
+async def test_command_palette_has_one_quit_the_safe_one(app):
+    """Textual's own Quit exits at once, skipping the safe quit: only ours (tuner.app.palette) is offered."""
+    from tuner.app.palette import entries
+
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("2")
         await pilot.pause()
-        titles = [c.title for c in app.get_system_commands(app.screen)]
-        for title in ("Screen 1: Dashboard", "Screen 3: Auto-bisect", "Screen 6: Help", "Apply", "Reset to stock",
-                      "Stress on/off", "Quit"):
-            assert title in titles
+        textual_titles = [c.title for c in app.get_system_commands(app.screen)]
+        ours = [e.title for e in entries(app, app.current_mode)]
+        assert "Quit" not in textual_titles and ours.count("Quit (q)") == 1
+        for title in ("Screen: Dashboard (1)", "Screen: Auto-bisect (3)", "Screen: Help (6)", "Tune: Apply (a)",
+                      "Tune: Reset to stock (r)", "Tune: Stress on/off (s)"):
+            assert title in ours

@@ -54,7 +54,8 @@ def test_the_nav_bar_never_drops_simulated(screen, width):
 
 def _table_row(app, name: str) -> str:
     """The table's part of the line that shows profile `name` (the detail is right of the border)."""
-    return next((cells for cells in (line.split("│")[0] for line in screen_text(app).splitlines()) if name in cells), "")
+    tables = (line.split("│")[0] for line in screen_text(app).splitlines())
+    return next((cells for cells in tables if name in cells), "")
 
 
 @pytest.mark.parametrize("first", [(120, 40), (80, 24)], ids=["at-120x40", "resized-from-80x24"])
@@ -65,7 +66,7 @@ async def test_at_120x40_the_profiles_table_shows_every_column_in_full(tmp_path,
     async with app.run_test(size=first) as pilot:
         await pilot.press("4")
         # at 80 columns: name and setting in full, the card in the detail
-        await until(pilot, lambda: "a-much-longer-profile-name  -25 mV" in _table_row(app, "a-much-longer-profile-name"))
+        name = "a-much-longer-profile-name"
+        await until(pilot, lambda: f"{name}  -25 mV" in _table_row(app, name))
         await pilot.resize_terminal(120, 40)
-        await until(pilot, lambda: "a-much-longer-profile-name  -25 mV   Simulated RDNA-class GPU [SIMULATED]"
-                    in _table_row(app, "a-much-longer-profile-name"))
+        await until(pilot, lambda: f"{name}  -25 mV   Simulated RDNA-class GPU [SIMULATED]" in _table_row(app, name))

@@ -47,6 +47,14 @@ SCREENS_IN_ORDER = (
     ("5", "doctor", "Doctor"),
     ("6", "help", "Help"),
 )
+SCREEN_CLASSES = {  # mode -> (module, class): each screen is imported on its first visit (or by the palette)
+    "dashboard": ("tuner.screens.dashboard", "DashboardScreen"),
+    "tune": ("tuner.screens.tune", "TuneScreen"),
+    "bisect": ("tuner.screens.bisect", "BisectScreen"),
+    "profiles": ("tuner.screens.profiles", "ProfilesScreen"),
+    "doctor": ("tuner.screens.doctor", "DoctorScreen"),
+    "help": ("tuner.screens.help", "HelpScreen"),
+}
 SAMPLE_INTERVAL_S = 1.0
 KEEP_TIMEOUT_S = 15.0
 
@@ -68,6 +76,13 @@ def ended_notice(summary: str) -> dict:
     return {"severity": "error", "timeout": 10} if summary.startswith(ERROR_PREFIX) else {}
 
 
+def _palette():
+    """The command palette's provider, imported when the palette first opens (not for the first frame)."""
+    from tuner.app.palette import TunerCommands
+
+    return TunerCommands
+
+
 def describe_error(error: BaseException) -> str:
     """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
     if isinstance(error, TunerError):
@@ -85,14 +100,11 @@ class TunerApp(App[int]):
     CSS = """
     Toast { padding: 0 1; }
     """
-    MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {
-        "dashboard": DashboardScreen,
-        "tune": _lazy_screen("tuner.screens.tune", "TuneScreen"),
-        "bisect": _lazy_screen("tuner.screens.bisect", "BisectScreen"),
-        "profiles": _lazy_screen("tuner.screens.profiles", "ProfilesScreen"),
-        "doctor": _lazy_screen("tuner.screens.doctor", "DoctorScreen"),
-        "help": _lazy_screen("tuner.screens.help", "HelpScreen"),
+    MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {  # the dashboard: the first frame needs it
+        mode: DashboardScreen if mode == "dashboard" else _lazy_screen(*where)
+        for mode, where in SCREEN_CLASSES.items()
     }
+    COMMANDS = App.COMMANDS | {_palette}  # every action of every screen, by name, with its key
     DEFAULT_MODE = "dashboard"
     BINDINGS: ClassVar[list[BindingType]] = [
         *[
@@ -772,24 +784,25 @@ class TunerApp(App[int]):
 
     # --- command palette -----------------------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        for key, mode, title in SCREENS_IN_ORDER:
-            yield SystemCommand(f"Screen {key}: {title}", f"Switch to the {title} screen",
-                                lambda mode=mode: self.switch_mode(mode))
-        yield from screen_commands(screen)
-        yield SystemCommand("Quit", "Quit (asks first if a job runs; resets the card)", self.action_request_quit)
+        """Textual's own commands (theme, keys, screenshot) without its Quit, which exits at once, skipping the safe
+        quit; ours (tuner.app.palette) lists Quit with every screen and action."""
         for command in super().get_system_commands(screen):
-            if command.title != "Quit":  # Textual's own exits at once, skipping the safe quit
+            if command.title != "Quit":
                 yield command
 
+    def screen_class(self, mode: str) -> type[Screen]:
+        """The class of `mode`'s screen (imported now if it was not yet: the palette lists every screen's keys)."""
+        module, name = SCREEN_CLASSES[mode]
+        return getattr(importlib.import_module(module), name)
 
-def screen_commands(screen: Screen) -> Iterable[SystemCommand]:
-    """Every footer binding of the current screen, as a palette command."""
-    for binding in getattr(screen, "BINDINGS", []):
-        if isinstance(binding, Binding) and binding.description:
-            yield SystemCommand(
-                binding.tooltip or binding.description, f"key: {binding.key}",  # tooltip: the one-key name
-                lambda action=binding.action: screen.run_action(action),
-            )
+    async def run_on_screen(self, mode: str | None, action: str) -> None:
+        """The palette's way to run an action: on `mode`'s screen (switching to it first), or the App's own."""
+        if mode is None:
+            await self.run_action(action)
+            return
+        if self.current_mode != mode:
+            await self.switch_mode(mode)
+        await self.screen.run_action(action)
 
 
 def run_app(ctx) -> int:

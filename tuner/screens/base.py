@@ -22,6 +22,12 @@ MANY_CARD_ACTIONS = ("next_device", "next_table")
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 
 
+def needs_cards(action: str, app) -> bool:
+    """`d` (next card) and `c` (the next card's table) mean nothing with one card: not offered, and the keys do
+    nothing."""
+    return action in MANY_CARD_ACTIONS and len(app.devices) < 2
+
+
 def too_small(size: Size) -> bool:
     return size.width < MIN_WIDTH or size.height < MIN_HEIGHT
 
@@ -78,9 +84,7 @@ class TunerScreen(Screen):
         return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not self._needs_cards(b.action)]
 
     def _needs_cards(self, action: str) -> bool:
-        """`d` (next card) and `c` (the next card's table) mean nothing with one card: not shown, and the keys do
-        nothing."""
-        return action in MANY_CARD_ACTIONS and len(self.app.devices) < 2
+        return needs_cards(action, self.app)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not self._needs_cards(action) and not self.has_class("-too-small")
