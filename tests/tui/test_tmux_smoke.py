@@ -78,7 +78,7 @@ FOOTER = {  # key -> every key the screen has, as the footer (the last lines of 
     "2": ["←/→ Step", "PgDn/PgUp 5 steps", "a Apply", "r Reset to stock", "s Stress on/off", "m Mode", "p Preset"],
     "3": ["b Start", "x Stop", "u Resume", "n Restart", "a Apply result", "v Save", "e Export", "f Form",
           "g Plot/table"],
-    "4": ["a Apply", "e Export", "i Import", "Del Delete", "l Reload", "b At boot"],
+    "4": ["a Apply", "e Export", "i Import", "Del Delete", "l Reload"],  # b: not in a simulated session
     "5": ["r Run again"],
     "6": [],
 }

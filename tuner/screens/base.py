@@ -15,7 +15,7 @@ from textual.geometry import Size
 from textual.screen import Screen
 from textual.widgets import Static
 
-from tuner.widgets.key_bar import KeyBar
+from tuner.widgets.key_bar import KeyBar, footer_items
 from tuner.widgets.nav_bar import NavBar
 
 MANY_CARD_ACTIONS = ("next_device", "next_table")
@@ -80,8 +80,23 @@ class TunerScreen(Screen):
             rack.styles.margin = (0, 0, bar_lines, 0)
 
     def footer_bindings(self) -> list[Binding]:
-        """The keys this screen offers in this session (the key bar shows exactly these)."""
-        return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not self._needs_cards(b.action)]
+        """The keys this screen offers now (the key bar shows exactly these)."""
+        return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not self._needs_cards(b.action)
+                and self.offers(b.action)]
+
+    def offers(self, action: str) -> bool:
+        """Whether the key bar offers `action` now (a screen hides a key whose action would only be refused, and
+        says why on screen); the key itself still answers, with that reason."""
+        return True
+
+    def refresh_keys(self) -> None:
+        """Lay the key bar out again after `offers` changed (the selection or a status read changed)."""
+        bar = self.query_one(KeyBar)
+        items = footer_items(self.footer_bindings())
+        if items != bar.items:
+            bar.items = items
+            bar.refresh_items()
+            self._place_notices(self.size)
 
     def _needs_cards(self, action: str) -> bool:
         return needs_cards(action, self.app)

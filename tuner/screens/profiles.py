@@ -136,19 +136,23 @@ def rig_detail_text(profile, devices, knobs) -> Text:
     return text
 
 
-def boot_status_text(status, profile_name: str | None) -> str:
-    """The apply-at-boot service in sentences (tuner.actions.boot_service.status), for the selected profile."""
+def boot_status_text(status, profile_name: str | None, refusal: str | None = None) -> str:
+    """The apply-at-boot service in sentences (tuner.actions.boot_service.status), for the selected profile.
+    `refusal`: why `b` cannot install it for this profile here (it is then not offered, and this says why)."""
     if status is None:
         return "Apply at boot: reading the boot service's status..."
+    offer = (f" b is not offered for this profile here: {refusal}." if refusal else
+             " b installs it for this profile instead." if profile_name else "")
     if not status.installed:
-        line = "Apply at boot: the boot service is not installed; b installs it for this profile (needs root)."
+        line = "Apply at boot: the boot service is not installed" + (
+            f"; b is not offered for this profile here: {refusal}." if refusal else
+            "; b installs it for this profile (needs root).")
     else:
         applies = f"applies {status.profile!r}" if status.profile else "applies every system profile"
         state = ", ".join(x for x in (status.enabled, status.active) if x)
         line = f"Apply at boot: the boot service is installed and {applies} at every boot" + (
             f" ({state})" if state else "") + "."
-        line += (" b removes it." if status.profile == profile_name else
-                 " b installs it for this profile instead." if profile_name else "")
+        line += " b removes it." if status.profile == profile_name else offer
     if status.next_boot_skips:
         line += f" The next boot skips it: {status.next_boot_skips}."
     last = status.last_run
@@ -317,8 +321,32 @@ class ProfilesScreen(TunerScreen):
 
                 match = match_device(profile, self.app.device(device_id), self.app.histories[device_id].knob)
             text = detail_text(profile, device_id or "-", match)
-        text.append(boot_status_text(self.app.boot_status, profile.name))
+        text.append(boot_status_text(self.app.boot_status, profile.name, self.boot_refusal(profile)))
         widget.update(text)
+        self.refresh_keys()
+
+    def boot_refusal(self, profile) -> str | None:
+        """Why `b` would be refused for `profile` in this session (tuner.actions.boot_service.check_installable: a
+        simulated session or a simulated profile), or None. Removing the service that applies it is always
+        offered."""
+        from tuner.actions import boot_service
+
+        status = self.app.boot_status
+        if profile is None or (status is not None and status.installed and status.profile == profile.name):
+            return None
+        try:
+            boot_service.check_installable(profile, simulated_session=self.app.backend.simulated)
+        except TunerError as e:
+            return for_people(e.message).removesuffix(": nothing installed")
+        return None
+
+    def offers(self, action: str) -> bool:
+        """`b` is offered only where it could install or remove the boot service (not for a SIMULATED profile or
+        in a simulated session: it asked first, then refused)."""
+        if action != "boot_service":
+            return True
+        profile = self.selected() if self.is_mounted else None
+        return profile is not None and self.boot_refusal(profile) is None
 
     def action_next_device(self) -> None:
         self.app.select_device(1)
@@ -336,6 +364,10 @@ class ProfilesScreen(TunerScreen):
         tuner.actions.boot_service, as `tuner service` does)."""
         profile = self.selected()
         status = self.app.boot_status
+        refusal = self.boot_refusal(profile)
+        if refusal:  # said before any question: nothing to confirm
+            self.notify(f"apply at boot: {refusal}", severity="warning", timeout=10)
+            return
         if profile is None or status is None:
             self.notify("select a profile first" if profile is None else "reading the boot service's status...",
                         severity="warning")

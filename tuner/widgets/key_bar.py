@@ -60,6 +60,10 @@ class KeyBar(Static):
     def on_resize(self) -> None:
         self._draw(self.size.width)
 
+    def refresh_items(self) -> None:
+        """Draw `items` again (the screen changed what it offers)."""
+        self._draw(self.size.width or self.app.size.width)
+
     def lines(self, width: int) -> list[Text]:
         """The key bar's lines at `width` columns (the screen keeps its notices above them)."""
         return layout(self.items, max(20, width))
