@@ -108,6 +108,10 @@ class TunerScreen(Screen):
         yield from ()
 
     def on_mount(self) -> None:
+        # Textual calls every class's on_mount and a subclass's calls this one too: one timer, not two (the second
+        # was never paused while the screen was hidden)
+        if hasattr(self, "_repaint_timer"):
+            return
         self._repaint_timer = self.set_interval(self.app.repaint_interval_s, self.repaint, name="repaint")
         self.call_after_refresh(self.repaint)
 

@@ -19,7 +19,7 @@ from textual.widgets import DataTable, Static
 from tuner.actions.bisect import duration_text
 from tuner.app.words import for_people
 from tuner.core.errors import TunerError
-from tuner.screens.base import TunerScreen
+from tuner.screens.base import TunerScreen, too_small
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
 
 
@@ -236,7 +236,6 @@ class ProfilesScreen(TunerScreen):
     async def on_resize(self, event) -> None:
         """From 100 columns the table has a card column, each cell in full; below, the card is in the detail. A
         new table for the new columns (a DataTable keeps rows drawn at the old column widths)."""
-        super().on_resize(event)
         wide = event.size.width >= WIDE_COLUMNS
         if wide != getattr(self, "_wide", wide):
             selected = self.selected()
@@ -245,7 +244,7 @@ class ProfilesScreen(TunerScreen):
             await self.query_one("#profiles-main").mount(self._new_table(), before=0)
             self._set_columns(wide)
             self.action_reload(select=selected.name if selected is not None else None)
-            if not self.has_class("-too-small"):
+            if not too_small(event.size):
                 self.query_one("#profiles-table", DataTable).focus()
 
     @staticmethod
