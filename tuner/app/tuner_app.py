@@ -97,8 +97,15 @@ class TunerApp(App[int]):
     TITLE = "tuner"
     # notices: one line of padding less than Textual's (a toast is 3 rows, not 5, at 80x24); each screen keeps them
     # above its key bar (tuner.screens.base), and switching screens clears them (they were about the screen left)
+    # which field has focus, seen without colour (NO_COLOR, a monochrome terminal), on every screen's forms: a
+    # framed field's frame turns heavy; a one-line (compact) field is underlined, and reversed while it has focus;
+    # a table's cursor row is reversed while the table has focus (in colour its background says so already)
     CSS = """
     Toast { padding: 0 1; }
+    Input:focus { border: heavy $accent; }
+    Input.-textual-compact { text-style: underline; }
+    Input.-textual-compact:focus { border: none; text-style: bold reverse; }
+    DataTable:nocolor:focus > .datatable--cursor { text-style: bold reverse; }
     """
     MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {  # the dashboard: the first frame needs it
         mode: DashboardScreen if mode == "dashboard" else _lazy_screen(*where)
