@@ -392,8 +392,10 @@ class ProfilesScreen(TunerScreen):
         profile = self.selected()
         if profile is None:
             return
-        self.app.push_screen(
-            TextInputDialog(f"Export {profile.name!r} to path:", value=f"{profile.name}.toml"),
+        from tuner.actions.exports import profile_export_path
+
+        self.app.push_screen(  # the default in full: where it goes is never a guess
+            TextInputDialog(f"Export {profile.name!r} to path:", value=str(profile_export_path(profile.name))),
             lambda path: self._export(profile, path),
         )
 
