@@ -173,9 +173,10 @@ class TunerApp(App[int]):
                markup: bool = False) -> None:
         """A toast whose kind is also a word (ERROR, WARNING) above the text, so NO_COLOR loses nothing. The
         text is never markup (screens' `notify` asks for it by default): a card's `[SIMULATED]` or a path in
-        brackets is shown as it is."""
-        super().notify(message, title=title or SEVERITY_WORDS.get(severity, ""), severity=severity,
-                       timeout=timeout, markup=False)
+        brackets is shown as it is. It speaks the UI, from the screen it is shown on (tuner.app.words: the core's
+        `--resume` is `u` here, `--floor` the form's floor field)."""
+        super().notify(for_people(message, here=self.current_mode), title=title or SEVERITY_WORDS.get(severity, ""),
+                       severity=severity, timeout=timeout, markup=False)
 
     def switch_mode(self, mode: str):
         """Another screen: the notices of the one left go with it (they said something about what it showed)."""
@@ -562,7 +563,7 @@ class TunerApp(App[int]):
         cards = {d: replace(c, running=False, current=None) for d, c in self.rig.cards.items()}
         failure = None
         if outcome is None:
-            failure = for_people(message.summary)
+            failure = for_people(message.summary, here="bisect")  # shown on the Bisect screen
         elif outcome.status == "stopped":
             failure = "stopped by you; u resumes it (every card)"
         self.rig = replace(self.rig, running=False, current=None, cards=cards, outcome=outcome, failure=failure,
