@@ -52,21 +52,21 @@ def test_no_cli_flag_is_left_in_the_cores_messages_that_reach_the_ui():
         "--step 10 is not a multiple of --resolution 3; e.g. --step 10 --resolution 5",
         "--floor +10 mV is not an undervolt; give a value beyond stock (+0) in the undervolt direction",
         "too short; give --trial and --confirm of at least 1 s (the defaults are 5m and 30m)",
-        "an unfinished rig bisect exists for sim0,sim1; continue it with --resume or discard it with --restart "
-        "(the unsafe lists are kept)",
-        "an unfinished bisect session exists for sim0 (s1); continue the rig with --resume, or start afresh with "
-        "--restart (the unsafe lists are kept)",
+        ("an unfinished rig bisect exists for sim0,sim1; continue it with --resume or discard it with --restart "
+        "(the unsafe lists are kept)"),
+        ("an unfinished bisect session exists for sim0 (s1); continue the rig with --resume, or start afresh with "
+        "--restart (the unsafe lists are kept)"),
         "no unfinished bisect session for sim0; start a new one without --resume",
-        "-70 mV is at or beyond -60 mV, which failed hard on sim0 (hang: x); choose a less aggressive value, or "
-        "pass --ignore-unsafe if you are sure",
-        "the stress load is light: 40 W of 300 W; likely cause: the 'tiny' preset is a light load: use --preset "
-        "nanochat. A pass under a light load says little about a heavy one",
-        "refusing to apply 'x' to sim0: other; nothing was applied; tune this card with `tuner bisect`, or pass "
-        "--force (and ideally --verify DUR)",
-        "refusing to apply 'x' to sim0: other; nothing was applied; --force does not override a vendor or knob "
-        "mismatch; tune this card with `tuner bisect`",
-        "refusing to apply card[2]: its card is not in this machine; nothing was applied; check `tuner list`, or "
-        "pass --force to apply the other parts and skip this one",
+        ("-70 mV is at or beyond -60 mV, which failed hard on sim0 (hang: x); choose a less aggressive value, or "
+        "pass --ignore-unsafe if you are sure"),
+        ("the stress load is light: 40 W of 300 W; likely cause: the 'tiny' preset is a light load: use --preset "
+        "nanochat. A pass under a light load says little about a heavy one"),
+        ("refusing to apply 'x' to sim0: other; nothing was applied; tune this card with `tuner bisect`, or pass "
+        "--force (and ideally --verify DUR)"),
+        ("refusing to apply 'x' to sim0: other; nothing was applied; --force does not override a vendor or knob "
+        "mismatch; tune this card with `tuner bisect`"),
+        ("refusing to apply card[2]: its card is not in this machine; nothing was applied; check `tuner list`, or "
+        "pass --force to apply the other parts and skip this one"),
     ]
     for text in messages:
         for here in ("bisect", "profiles", None):
