@@ -215,15 +215,16 @@ class ProfilesScreen(TunerScreen):
     ]
 
     def compose_body(self) -> ComposeResult:
+        self.profiles: list = []
+        self._wide = self.app.size.width >= WIDE_COLUMNS
+        self.set_class(self._wide, "-wide")
         with Horizontal(id="profiles-main"):
-            yield self._new_table()
+            yield self._new_table(self._wide)
             with VerticalScroll(id="profiles-detail"):
                 yield Static(id="profile-detail")
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.profiles: list = []
-        self._set_columns(self.app.size.width >= WIDE_COLUMNS)
         self.action_reload()
         self.app.read_boot_status()
         self.query_one("#profiles-table", DataTable).focus()
@@ -234,28 +235,45 @@ class ProfilesScreen(TunerScreen):
         self.app.read_boot_status()
 
     async def on_resize(self, event) -> None:
-        """From 100 columns the table has a card column, each cell in full; below, the card is in the detail. A
-        new table for the new columns (a DataTable keeps rows drawn at the old column widths)."""
+        """From 100 columns the table has a card column, each cell in full; below, the card is in the detail. The
+        new columns come in a new table, filled before it is mounted (a DataTable laid out, then given its
+        columns, kept its old width and rows drawn at the old widths)."""
         wide = event.size.width >= WIDE_COLUMNS
-        if wide != getattr(self, "_wide", wide):
-            selected = self.selected()
-            old = self.query_one("#profiles-table", DataTable)
-            await old.remove()
-            await self.query_one("#profiles-main").mount(self._new_table(), before=0)
-            self._set_columns(wide)
-            self.action_reload(select=selected.name if selected is not None else None)
-            if not too_small(event.size):
-                self.query_one("#profiles-table", DataTable).focus()
-
-    @staticmethod
-    def _new_table() -> DataTable:
-        return DataTable(id="profiles-table", cursor_type="row")
-
-    def _set_columns(self, wide: bool) -> None:
+        if wide == getattr(self, "_wide", wide):
+            return
+        selected = self.selected()
         self._wide = wide
         self.set_class(wide, "-wide")
-        self.query_one("#profiles-table", DataTable).add_columns(
-            *(("name", "setting", "card") if wide else ("name", "setting")))
+        table = self._new_table(wide)
+        self._fill(table, select=selected.name if selected is not None else None)
+        self._swapping = True  # a repaint in between would find no table
+        try:
+            await self.query_one("#profiles-table", DataTable).remove()
+            await self.query_one("#profiles-main").mount(table, before=0)
+        finally:
+            self._swapping = False
+        self.show_detail()
+        if not too_small(event.size):
+            table.focus()
+
+    @staticmethod
+    def _new_table(wide: bool) -> DataTable:
+        table = DataTable(id="profiles-table", cursor_type="row")
+        table.add_columns(*(("name", "setting", "card") if wide else ("name", "setting")))
+        return table
+
+    def _fill(self, table: DataTable, select: str | None = None) -> None:
+        """One row per profile (the card's label from 100 columns: a simulated one says SIMULATED)."""
+        table.clear()
+        for profile in self.profiles:
+            if profile.is_rig:
+                cells = (profile.name, "rig", f"{len(profile.parts)} cards")
+            else:
+                cells = (profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.label)
+            table.add_row(*cells[: len(table.columns)])
+        names = [p.name for p in self.profiles]
+        if select in names:
+            table.move_cursor(row=names.index(select))
 
     def repaint(self) -> None:
         """The boot service's status arrives from a worker: show it once it changed."""
@@ -265,8 +283,8 @@ class ProfilesScreen(TunerScreen):
 
     # --- helpers -------------------------------------------------------------------------------------------------
     def selected(self):
-        table = self.query_one("#profiles-table", DataTable)
-        if not self.profiles or table.cursor_row is None or table.cursor_row >= len(self.profiles):
+        table = next(iter(self.query("#profiles-table").results(DataTable)), None)
+        if table is None or not self.profiles or table.cursor_row is None or table.cursor_row >= len(self.profiles):
             return None
         return self.profiles[table.cursor_row]
 
@@ -278,9 +296,9 @@ class ProfilesScreen(TunerScreen):
     def action_reload(self, select: str | None = None) -> None:
         module = _profiles_module()
         table = self.query_one("#profiles-table", DataTable)
-        table.clear()
         if module is None:
             self.profiles = []
+            table.clear()
             self.query_one("#profile-detail", Static).update("profiles are not available yet in this build")
             return
         try:
@@ -288,22 +306,15 @@ class ProfilesScreen(TunerScreen):
         except TunerError as e:
             self.profiles = []
             self._error(e)
-        for profile in self.profiles:
-            if profile.is_rig:
-                cells = (profile.name, "rig", f"{len(profile.parts)} cards")
-            else:  # the card's label: a simulated one says SIMULATED
-                cells = (profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.label)
-            table.add_row(*cells[: len(table.columns)])
-        if select:
-            names = [p.name for p in self.profiles]
-            if select in names:
-                table.move_cursor(row=names.index(select))
+        self._fill(table, select)
         self.show_detail()
 
     def on_data_table_row_highlighted(self) -> None:
         self.show_detail()
 
     def show_detail(self) -> None:
+        if getattr(self, "_swapping", False):
+            return
         profile = self.selected()
         widget = self.query_one("#profile-detail", Static)
         if profile is None:
