@@ -143,7 +143,8 @@ def test_cli_flags_become_the_ui_keys():
     from tuner.app.jobs import BisectRunner
     from tuner.app.words import for_people, job_name
 
-    assert for_people("stopped; resume with --resume") == "stopped; u resumes it on the Bisect screen"
+    assert for_people("stopped; resume with --resume") == "stopped; u resumes it on the Bisect screen (3)"
+    assert for_people("stopped; resume with --resume", here="bisect") == "stopped; u resumes it"  # already there
     text = for_people("an unfinished bisect session exists for sim0 (s1, 3 trials done); continue it with "
                       "--resume or discard it with --restart (the unsafe list is kept)")
     assert "--" not in text and "u continues it and n starts afresh" in text

@@ -42,14 +42,16 @@ def _wait_for(sock: Path, texts: list[str], timeout_s: float = 20.0) -> str:
     raise AssertionError(f"never saw {texts!r}; last pane:\n{pane}")
 
 
-def _start_tuner(tmp_path: Path, *, then: str = "; echo TUNER-EXIT=$?; sleep 30", args: str = "") -> Path:
-    """`tuner --simulate` at 80x24 in a private tmux server (with the test's XDG dirs); returns its socket.
-    `then` runs in the pane after the tuner exits, so the exit code can be read from the pane."""
+def _start_tuner(tmp_path: Path, *, then: str = "; echo TUNER-EXIT=$?; sleep 30", args: str = "",
+                 size: tuple[int, int] = (80, 24)) -> Path:
+    """`tuner --simulate` at 80x24 (or `size`) in a private tmux server (with the test's XDG dirs); returns its
+    socket. `then` runs in the pane after the tuner exits, so the exit code can be read from the pane."""
     sock = tmp_path / "tmux.sock"
     tuner = Path(sys.executable).with_name("tuner")
     env_vars = " ".join(f"{k}={os.environ[k]}" for k in ("XDG_STATE_HOME", "XDG_CONFIG_HOME"))
-    _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", "80", "-y", "24",
-          f"env {env_vars} TERM=xterm-256color {tuner} --simulate{args}{then}")
+    _tmux(sock, "new-session", "-d", "-s", "smoke", "-x", str(size[0]), "-y", str(size[1]),
+          # COLUMNS/LINES, if the test process has them (80x24), would override the pane's size for Textual
+          f"env -u COLUMNS -u LINES {env_vars} TERM=xterm-256color {tuner} --simulate{args}{then}")
     return sock
 
 
@@ -78,13 +80,37 @@ FOOTER = {  # key -> every key the screen has, as the footer (the last lines of 
     "2": ["←/→ Step", "PgDn/PgUp 5 steps", "a Apply", "r Reset to stock", "s Stress on/off", "m Mode", "p Preset"],
     "3": ["b Start", "x Stop", "u Resume", "n Restart", "a Apply result", "v Save", "e Export", "f Form",
           "g Plot/table"],
-    "4": ["a Apply", "e Export", "i Import", "Del Delete", "l Reload", "b At boot"],
+    "4": ["a Apply", "e Export", "i Import", "Del Delete", "l Reload"],  # b: not in a simulated session
     "5": ["r Run again"],
     "6": [],
 }
 MANY_CARDS = {  # the keys a screen adds with two or more cards (with one they would do nothing: not shown)
     "1": ["d Next card"], "2": ["d Next card"], "3": ["d Next card", "c Card table"], "4": ["d Next card"],
 }
+
+
+def test_at_60x20_the_terminal_is_too_small_in_one_line_and_simulated_stays(tmp_path):
+    """Below 80x24 nothing was said: the header dropped SIMULATED and forms were cut. Now every screen shows its
+    top line (SIMULATED included) and one line saying so; growing the terminal brings the screen back."""
+    sock = _start_tuner(tmp_path, size=(60, 20))
+    keep = os.environ.get("TUNER_SMOKE_CAPTURE_DIR")
+    notice = "terminal 60x20: tuner needs 80x24; enlarge it (q quits)"
+    try:
+        for key in "142":
+            _tmux(sock, "send-keys", "-t", "smoke", key)
+            pane = _wait_for(sock, [notice, "SIMULATED"])
+            lines = pane.rstrip("\n").splitlines()
+            assert "SIMULATED" in lines[0] and lines[1].strip() == notice
+            assert not any(line.strip() for line in lines[2:]), pane
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                (Path(keep) / f"60x20-screen-{key}.txt").write_text(pane)
+        _tmux(sock, "resize-window", "-t", "smoke", "-x", "80", "-y", "24")
+        _wait_for(sock, ["[2 Tune]", "target +0 mV", "q Quit"])
+        _tmux(sock, "send-keys", "-t", "smoke", "q")
+        _wait_for(sock, ["TUNER-EXIT=0"])
+    finally:
+        subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
 
 
 def test_every_footer_shows_its_keys_and_quit_at_80x24(tmp_path):

@@ -160,6 +160,19 @@ def refuse_simulated(profile: Profile) -> None:
                          "bisect the real card and install the boot service for that profile")
 
 
+def check_installable(profile: Profile | None, *, simulated_session: bool = False) -> None:
+    """Raise the UsageError `install` would for this profile (None: every system profile) in this session, before
+    anything is asked or written: a simulated session, or a profile measured on a SIMULATED card. The UI asks it
+    before it offers `b` (it once asked for confirmation, then refused)."""
+    if simulated_session:
+        raise UsageError("the boot service applies profiles to this machine's real cards at every boot, and this "
+                         "session runs on SIMULATED cards: nothing installed",
+                         "run `tuner service install --profile NAME` without --simulate, with a profile proven "
+                         "on a real card")
+    if profile is not None:
+        refuse_simulated(profile)
+
+
 def install(profile_name: str | None = None, *, overwrite: bool = False,
             simulated_session: bool = False) -> BootServiceResult:
     """Write and enable the unit (root). `profile_name` (a store name or a path): copy that profile, single-card
@@ -168,14 +181,9 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
     runs on simulated cards (--simulate, the UI's simulated backend): refused, as is a profile measured on a
     simulated card (`refuse_simulated`): the unit acts on the real machine. Raises PermissionDenied, UsageError
     (no such profile, a simulated one, a name taken without `overwrite`; NoSystemProfiles) or StateError."""
-    if simulated_session:
-        raise UsageError("the boot service applies profiles to this machine's real cards at every boot, and this "
-                         "session runs on SIMULATED cards: nothing installed",
-                         "run `tuner service install --profile NAME` without --simulate, with a profile proven "
-                         "on a real card")
+    check_installable(None, simulated_session=simulated_session)  # before the profile is even read
     profile = load_profile(profile_name) if profile_name else None
-    if profile is not None:
-        refuse_simulated(profile)
+    check_installable(profile)
     _require_root("installing the boot service")
     messages: list[str] = []
     warnings: list[str] = []

@@ -47,6 +47,14 @@ SCREENS_IN_ORDER = (
     ("5", "doctor", "Doctor"),
     ("6", "help", "Help"),
 )
+SCREEN_CLASSES = {  # mode -> (module, class): each screen is imported on its first visit (or by the palette)
+    "dashboard": ("tuner.screens.dashboard", "DashboardScreen"),
+    "tune": ("tuner.screens.tune", "TuneScreen"),
+    "bisect": ("tuner.screens.bisect", "BisectScreen"),
+    "profiles": ("tuner.screens.profiles", "ProfilesScreen"),
+    "doctor": ("tuner.screens.doctor", "DoctorScreen"),
+    "help": ("tuner.screens.help", "HelpScreen"),
+}
 SAMPLE_INTERVAL_S = 1.0
 KEEP_TIMEOUT_S = 15.0
 
@@ -60,6 +68,21 @@ def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
     return make
 
 
+ERROR_PREFIX = "error: "  # a job's summary when it raised (a refused start included)
+
+
+def ended_notice(summary: str) -> dict:
+    """A job's end as a notice: an error (the job raised) is one ERROR toast that stays 10 s, said once."""
+    return {"severity": "error", "timeout": 10} if summary.startswith(ERROR_PREFIX) else {}
+
+
+def _palette():
+    """The command palette's provider, imported when the palette first opens (not for the first frame)."""
+    from tuner.app.palette import TunerCommands
+
+    return TunerCommands
+
+
 def describe_error(error: BaseException) -> str:
     """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
     if isinstance(error, TunerError):
@@ -67,16 +90,28 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+SEVERITY_WORDS = {"error": "ERROR", "warning": "WARNING"}  # a notice's kind in words, not only its colour
+
+
 class TunerApp(App[int]):
     TITLE = "tuner"
-    MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {
-        "dashboard": DashboardScreen,
-        "tune": _lazy_screen("tuner.screens.tune", "TuneScreen"),
-        "bisect": _lazy_screen("tuner.screens.bisect", "BisectScreen"),
-        "profiles": _lazy_screen("tuner.screens.profiles", "ProfilesScreen"),
-        "doctor": _lazy_screen("tuner.screens.doctor", "DoctorScreen"),
-        "help": _lazy_screen("tuner.screens.help", "HelpScreen"),
+    # notices: one line of padding less than Textual's (a toast is 3 rows, not 5, at 80x24); each screen keeps them
+    # above its key bar (tuner.screens.base), and switching screens clears them (they were about the screen left)
+    # which field has focus, seen without colour (NO_COLOR, a monochrome terminal), on every screen's forms: a
+    # framed field's frame turns heavy; a one-line (compact) field is underlined, and reversed while it has focus;
+    # a table's cursor row is reversed while the table has focus (in colour its background says so already)
+    CSS = """
+    Toast { padding: 0 1; }
+    Input:focus { border: heavy $accent; }
+    Input.-textual-compact { text-style: underline; }
+    Input.-textual-compact:focus { border: none; text-style: bold reverse; }
+    DataTable:nocolor:focus > .datatable--cursor { text-style: bold reverse; }
+    """
+    MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {  # the dashboard: the first frame needs it
+        mode: DashboardScreen if mode == "dashboard" else _lazy_screen(*where)
+        for mode, where in SCREEN_CLASSES.items()
     }
+    COMMANDS = App.COMMANDS | {_palette}  # every action of every screen, by name, with its key
     DEFAULT_MODE = "dashboard"
     BINDINGS: ClassVar[list[BindingType]] = [
         *[
@@ -132,6 +167,22 @@ class TunerApp(App[int]):
         self._last_sampler_error: str | None = None
         self._sample_again = False
         self._on_kept: Callable[[], None] | None = None
+
+    # --- notices ------------------------------------------------------------------------------------------------
+    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+               markup: bool = False) -> None:
+        """A toast whose kind is also a word (ERROR, WARNING) above the text, so NO_COLOR loses nothing. The
+        text is never markup (screens' `notify` asks for it by default): a card's `[SIMULATED]` or a path in
+        brackets is shown as it is. It speaks the UI, from the screen it is shown on (tuner.app.words: the core's
+        `--resume` is `u` here, `--floor` the form's floor field)."""
+        super().notify(for_people(message, here=self.current_mode), title=title or SEVERITY_WORDS.get(severity, ""),
+                       severity=severity, timeout=timeout, markup=False)
+
+    def switch_mode(self, mode: str):
+        """Another screen: the notices of the one left go with it (they said something about what it showed)."""
+        if mode != self.current_mode:
+            self.clear_notifications()
+        return super().switch_mode(mode)
 
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -370,9 +421,8 @@ class TunerApp(App[int]):
     def _run_stress(self, job: jobs.StressJob | jobs.VerifyJob) -> None:
         try:
             summary = job.run()
-        except Exception as e:  # noqa: BLE001
-            self.post_message(msg.BackendFailed("stress", e))
-            summary = f"error: {describe_error(e)}"
+        except Exception as e:  # noqa: BLE001 - said once, by on_stress_ended (not also as a BackendFailed)
+            summary = f"{ERROR_PREFIX}{describe_error(e)}"
         self.post_message(msg.StressEnded(job.device_id, summary))
 
     def stop_stress(self) -> None:
@@ -388,7 +438,7 @@ class TunerApp(App[int]):
             f"ended: {message.summary}")
         if not self._leaving:
             self._stress_job = None
-        self.notify(f"stress on {message.device_id}: {message.summary}")
+        self.notify(f"stress on {message.device_id}: {message.summary}", **ended_notice(message.summary))
         self.sample_now()
 
     # --- bisect (App-owned) -----------------------------------------------------------------------------------
@@ -423,9 +473,8 @@ class TunerApp(App[int]):
     def _run_bisect(self, runner: jobs.BisectRunner) -> None:
         try:
             summary = jobs.describe_bisect_result(runner.run())
-        except Exception as e:  # noqa: BLE001 - a refused start (bad parameters) lands here too
-            self.post_message(msg.BackendFailed("bisect", e))
-            summary = f"error: {describe_error(e)}"
+        except Exception as e:  # noqa: BLE001 - a refused start (bad parameters) lands here too; said once, by
+            summary = f"{ERROR_PREFIX}{describe_error(e)}"  # on_bisect_ended (not also as a BackendFailed)
         self.post_message(msg.BisectEnded(runner.device_id, summary, runner.outcome))
 
     def stop_bisect(self) -> None:
@@ -443,7 +492,7 @@ class TunerApp(App[int]):
         self.bisect = replace(self.bisect, running=False, current=None, outcome=message.outcome)
         if not self._leaving:
             self._bisect_job = None
-        self.notify(f"bisect on {message.device_id}: {for_people(message.summary)}")
+        self.notify(f"bisect on {message.device_id}: {for_people(message.summary)}", **ended_notice(message.summary))
         self.sample_now()
         self.repaint_screens()
 
@@ -492,9 +541,8 @@ class TunerApp(App[int]):
     def _run_rig(self, runner: jobs.RigBisectRunner) -> None:
         try:
             summary = jobs.describe_rig_result(runner.run())
-        except Exception as e:  # noqa: BLE001 - a refused start (an unfinished session, bad parameters)
-            self.post_message(msg.BackendFailed("bisect of every card", e))
-            summary = f"error: {describe_error(e)}"
+        except Exception as e:  # noqa: BLE001 - a refused start (an unfinished session, bad parameters); said
+            summary = f"{ERROR_PREFIX}{describe_error(e)}"  # once, by on_rig_ended (not also as a BackendFailed)
         self.post_message(msg.RigEnded(summary, runner.outcome))
 
     def stop_rig(self) -> None:
@@ -515,14 +563,14 @@ class TunerApp(App[int]):
         cards = {d: replace(c, running=False, current=None) for d, c in self.rig.cards.items()}
         failure = None
         if outcome is None:
-            failure = for_people(message.summary)
+            failure = for_people(message.summary, here="bisect")  # shown on the Bisect screen
         elif outcome.status == "stopped":
             failure = "stopped by you; u resumes it (every card)"
         self.rig = replace(self.rig, running=False, current=None, cards=cards, outcome=outcome, failure=failure,
                            settings=dict(outcome.settings) if outcome is not None else self.rig.settings)
         if not self._leaving:
             self._rig_job = None
-        self.notify(f"bisect of every card: {for_people(message.summary)}")
+        self.notify(f"bisect of every card: {for_people(message.summary)}", **ended_notice(message.summary))
         self.sample_now()
         self.repaint_screens()
 
@@ -744,24 +792,25 @@ class TunerApp(App[int]):
 
     # --- command palette -----------------------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        for key, mode, title in SCREENS_IN_ORDER:
-            yield SystemCommand(f"Screen {key}: {title}", f"Switch to the {title} screen",
-                                lambda mode=mode: self.switch_mode(mode))
-        yield from screen_commands(screen)
-        yield SystemCommand("Quit", "Quit (asks first if a job runs; resets the card)", self.action_request_quit)
+        """Textual's own commands (theme, keys, screenshot) without its Quit, which exits at once, skipping the safe
+        quit; ours (tuner.app.palette) lists Quit with every screen and action."""
         for command in super().get_system_commands(screen):
-            if command.title != "Quit":  # Textual's own exits at once, skipping the safe quit
+            if command.title != "Quit":
                 yield command
 
+    def screen_class(self, mode: str) -> type[Screen]:
+        """The class of `mode`'s screen (imported now if it was not yet: the palette lists every screen's keys)."""
+        module, name = SCREEN_CLASSES[mode]
+        return getattr(importlib.import_module(module), name)
 
-def screen_commands(screen: Screen) -> Iterable[SystemCommand]:
-    """Every footer binding of the current screen, as a palette command."""
-    for binding in getattr(screen, "BINDINGS", []):
-        if isinstance(binding, Binding) and binding.description:
-            yield SystemCommand(
-                binding.tooltip or binding.description, f"key: {binding.key}",  # tooltip: the one-key name
-                lambda action=binding.action: screen.run_action(action),
-            )
+    async def run_on_screen(self, mode: str | None, action: str) -> None:
+        """The palette's way to run an action: on `mode`'s screen (switching to it first), or the App's own."""
+        if mode is None:
+            await self.run_action(action)
+            return
+        if self.current_mode != mode:
+            await self.switch_mode(mode)
+        await self.screen.run_action(action)
 
 
 def run_app(ctx) -> int:

@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tuner.actions.exports import profile_export_path
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.profiles import Profile, evidence, validate_name
@@ -47,7 +48,8 @@ def add_parser(subparsers) -> None:
 
     q = sub.add_parser("export", help="write a profile to a file (for another machine)")
     q.add_argument("name", metavar="NAME")
-    q.add_argument("path", metavar="PATH", help="file to write, or - for stdout")
+    q.add_argument("path", metavar="PATH", nargs="?",
+                   help="file to write, or - for stdout (default: NAME.toml in the current directory)")
     q.add_argument("--overwrite", action="store_true", help="replace PATH if it exists")
     q.set_defaults(run=run_export)
 
@@ -229,7 +231,8 @@ def run_export(args, ctx) -> int:
     if args.path == "-":
         sys.stdout.write(profile.to_toml())
         return exit_codes.OK
-    path = write_profile_file(profile, Path(args.path), overwrite=args.overwrite)
+    target = Path(args.path) if args.path is not None else profile_export_path(profile.name)
+    path = write_profile_file(profile, target, overwrite=args.overwrite)
     print(f"exported {args.name!r} to {path}")
     return exit_codes.OK
 
