@@ -1,9 +1,12 @@
 """The apply-at-boot service: install, remove and status, for `tuner service` and the UI's Profiles screen.
 
-The service is a systemd unit (tuner.profiles.boot.unit_text) that runs `tuner apply --boot [NAME]` once per
-boot; it applies system profiles (in /etc/tuner/profiles) to the cards they were proven on (tuner.actions.
-boot_apply). Installing copies the chosen profile into the system store, writes the unit and enables it;
-removing disables and deletes the unit and keeps the profiles. Both need root (PermissionDenied otherwise).
+The service is two systemd units (tuner.core.system_units): one runs `tuner apply --boot [NAME]` once per boot,
+the other `tuner apply --boot --resume [NAME]` after each resume; both apply system profiles (in
+/etc/tuner/profiles) to the cards they were proven on (tuner.actions.boot_apply). Installing copies the chosen
+profile into the system store, writes the units and enables them; removing disables and deletes them and keeps the
+profiles. Both need root (PermissionDenied otherwise). The units run this interpreter as root at every boot, so
+installing refuses (UsageError, exit 2) when it, the package or any directory above them can be changed by a
+user other than root (tuner.core.root_owned): an editable venv in someone's checkout would hand them root.
 
 Nothing here prints: every function returns what it did in sentences a front end shows as they are.
 systemctl is only run against the real unit directory (tests point TUNER_SYSTEMD_DIR elsewhere), and what
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.actions.boot_apply import read_last_run
-from tuner.core import paths
+from tuner.core import paths, root_owned, system_units
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import PermissionDenied, StateError, UsageError
 from tuner.profiles import Profile, load_profile, save_profile
@@ -133,20 +136,30 @@ def _systemctl(messages: list[str], warnings: list[str], *args: str) -> None:
         warnings.append(f"systemctl {' '.join(args)} failed: {proc.stderr.strip()}")
 
 
-def exec_args(profile_name: str | None) -> list[str]:
-    """The interpreter running now, so the unit uses this installation (a venv included)."""
-    args = [sys.executable, "-m", "tuner", "apply", "--boot"]
-    return [*args, profile_name] if profile_name else args
+def exec_args(profile_name: str | None, *, resume: bool = False) -> list[str]:
+    """The interpreter running now, so the units use this installation (a venv included). `-P`: the unit's start
+    directory is not put on the import path."""
+    return system_units.apply_exec_args(sys.executable, profile_name, resume=resume)
 
 
-def unit_environment() -> dict[str, str]:
-    """Pin the directories the installer sees: at boot HOME is /root and the tuning journal of a `sudo tuner
-    bisect` may live elsewhere; the boot check must read the same journal the bisect wrote."""
-    env = {"XDG_STATE_HOME": str(paths.state_dir().parent), "XDG_CONFIG_HOME": str(paths.config_dir().parent)}
-    for var in ("TUNER_SYSTEM_PROFILES", "TUNER_SYSFS_ROOT"):
-        if var in os.environ:
-            env[var] = os.environ[var]
-    return env
+unit_environment = system_units.pinned_environment
+
+
+def install_code() -> tuple[list[Path], list[Path]]:
+    """What the units would run as root (tuner.core.root_owned.import_code); tests replace it."""
+    return root_owned.import_code()
+
+
+def refuse_user_writable_code() -> None:
+    """UsageError (one line naming the path) when a non-root user can change what the units would run."""
+    code, package = install_code()
+    found = root_owned.first_writable(code, recursive=package)
+    if found is not None:
+        path, why = found
+        raise UsageError(f"refusing to install the boot service: {path} is {why}, and the service would run it as "
+                         "root at every boot (whoever can change it would get root); nothing installed",
+                         "install the tuner system-wide and root-owned with `sudo bash scripts/install-system.sh`, "
+                         "then run /usr/local/bin/tuner service install")
 
 
 def refuse_simulated(profile: Profile) -> None:
@@ -177,6 +190,7 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
     if profile is not None:
         refuse_simulated(profile)
     _require_root("installing the boot service")
+    refuse_user_writable_code()
     messages: list[str] = []
     warnings: list[str] = []
     name = None
@@ -188,37 +202,46 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
     elif not scan(system=True)[0]:
         raise NoSystemProfiles(f"there are no profiles in {paths.system_profiles_dir()} to apply at boot; nothing "
                                "installed", "choose a profile to apply at boot")
-    text = boot_rules.unit_text(exec_args=exec_args(name), environment=unit_environment())
-    unit = boot_rules.unit_path()
+    env = unit_environment()
+    units = {boot_rules.unit_path(): system_units.apply_unit(exec_args(name), env),
+             boot_rules.resume_unit_path(): system_units.apply_unit(exec_args(name, resume=True), env, resume=True)}
+    state = Path(env["XDG_STATE_HOME"]) / "tuner"
     try:
-        write_atomic(unit, text.encode())
-    except PermissionError:
-        raise PermissionDenied(f"cannot write {unit}: permission denied", "run it with sudo") from None
+        state.mkdir(parents=True, exist_ok=True)  # the units may write only there (ReadWritePaths): it must exist
+        for unit, text in units.items():
+            write_atomic(unit, text.encode())
+            messages.append(f"wrote {unit}")
+    except PermissionError as e:
+        raise PermissionDenied(f"cannot write {e.filename}: permission denied", "run it with sudo") from None
     except OSError as e:
-        raise StateError(f"cannot write {unit}: {e.strerror}") from None
-    messages.append(f"wrote {unit}")
+        raise StateError(f"cannot write {e.filename}: {e.strerror}") from None
     _systemctl(messages, warnings, "daemon-reload")
-    _systemctl(messages, warnings, "enable", boot_rules.UNIT_NAME)
-    messages.append(f"enabled: the profile{'' if name else 's'} will be applied at the next boot; boot with "
-                    "tuner.reset on the kernel command line to skip it")
-    return BootServiceResult(True, unit, name, copied, tuple(messages), tuple(warnings))
+    _systemctl(messages, warnings, "enable", boot_rules.UNIT_NAME, boot_rules.RESUME_UNIT_NAME)
+    messages.append(f"enabled: the profile{'' if name else 's'} will be applied at the next boot and after each "
+                    "resume; boot with tuner.reset on the kernel command line to skip it")
+    return BootServiceResult(True, boot_rules.unit_path(), name, copied, tuple(messages), tuple(warnings))
 
 
 def remove() -> BootServiceResult:
     """Disable and delete the unit (root); the system profiles are kept. Nothing to do is not an error."""
     _require_root("removing the boot service")
     unit = boot_rules.unit_path()
-    if not unit.exists():
+    present = [u for u in (unit, boot_rules.resume_unit_path()) if u.exists()]
+    if not present:
         return BootServiceResult(False, unit, messages=(f"{unit} is not installed; nothing to do",))
     messages: list[str] = []
     warnings: list[str] = []
-    _systemctl(messages, warnings, "disable", boot_rules.UNIT_NAME)
-    try:
-        unit.unlink()
-    except PermissionError:
-        raise PermissionDenied(f"cannot remove {unit}: permission denied", "run it with sudo") from None
+    _systemctl(messages, warnings, "disable", *(u.name for u in present))
+    for path in present:
+        try:
+            path.unlink()
+        except PermissionError:
+            raise PermissionDenied(f"cannot remove {path}: permission denied", "run it with sudo") from None
+        except FileNotFoundError:
+            pass
     _systemctl(messages, warnings, "daemon-reload")
-    messages.append(f"removed {unit}; the profiles in {paths.system_profiles_dir()} are kept")
+    messages.append(f"removed {', '.join(str(u) for u in present)}; the profiles in {paths.system_profiles_dir()} "
+                    "are kept")
     return BootServiceResult(True, unit, messages=tuple(messages), warnings=tuple(warnings))
 
 
