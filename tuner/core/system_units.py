@@ -228,8 +228,9 @@ Also={HELPER_SOCKET_UNIT}
 
 
 def apply_exec_args(python: str, profile: str | None = None, *, resume: bool = False) -> list[str]:
-    """`PYTHON -m tuner apply --boot [--resume] [PROFILE]`."""
-    args = [python, "-m", "tuner", "apply", "--boot"]
+    """`PYTHON -P -m tuner apply --boot [--resume] [PROFILE]` (`-P`: the start directory is not on the import
+    path, so nothing in the working directory is imported as root)."""
+    args = [python, "-P", "-m", "tuner", "apply", "--boot"]
     if resume:
         args += ["--resume"]
     return [*args, profile] if profile else args
