@@ -139,7 +139,7 @@ def profile_from_outcome(backend: Backend, device_id: str, outcome: BisectOutcom
                          "bisect the card again")
     lock_at_baseline_clock(backend, device_id, outcome.trials)
     return build_profile(name, backend.device(device_id), backend.knob(device_id), outcome.recommendation.setting,
-                         tuning={**outcome.tuning(), "other_tools": other_tools.ignored_for(device_id) or None})
+                         tuning={**(outcome.tuning() or {}), "other_tools": other_tools.ignored_for(device_id) or None})
 
 
 def rig_profile_from_outcome(backend: Backend, outcome: RigOutcome, name: str) -> Profile:
