@@ -24,11 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.actions.boot_apply import read_last_run
+from tuner.backends import card_records
+from tuner.backends.base import Backend
 from tuner.core import paths, root_owned, system_units
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import PermissionDenied, StateError, UsageError
+from tuner.core.models import Knob
 from tuner.profiles import Profile, load_profile, save_profile
 from tuner.profiles import boot as boot_rules
+from tuner.profiles.identity import Match, match_device
 from tuner.profiles.store import scan
 
 
@@ -87,6 +91,36 @@ class LastBootRun:
 
 
 @dataclass(frozen=True)
+class CardState:
+    """One part of a system profile against its card as it reads now (`tuner service status`)."""
+
+    profile: str
+    card: int | None  # the part's index in a rig profile
+    device: str | None  # the card's id (None: not in this machine)
+    label: str | None
+    installed: int  # the profile's value
+    unit: str
+    found: int | None  # what the card reads now
+    state: str  # "applied" | "not applied" | "changed" | "missing"
+    why: str | None = None
+
+    def text(self) -> str:
+        """`changed since (-30 found, -50 installed)`, as the status prints it after the card."""
+        if self.state == "applied":
+            return f"applied as the profile says ({self.installed:+d} {self.unit})"
+        if self.state == "changed":
+            return (f"changed since ({self.found:+d} found, {self.installed:+d} installed): something other than "
+                    "the boot service set it")
+        if self.state == "missing":
+            return f"missing: {self.why}"
+        return (f"not applied ({self.why}): reads {self.found:+d} {self.unit}, the profile says {self.installed:+d} "
+                f"{self.unit}")
+
+    def to_dict(self) -> dict:
+        return {**vars(self), "text": self.text()}
+
+
+@dataclass(frozen=True)
 class BootServiceStatus:
     unit: Path
     installed: bool
@@ -98,6 +132,8 @@ class BootServiceStatus:
     invalid_profiles: tuple[tuple[Path, str], ...]  # (file, one-line reason)
     next_boot_skips: str | None  # why the next boot would apply nothing (tuner.reset, an open trial), else None
     last_run: LastBootRun | None = field(default=None)  # None: no boot run recorded on this machine
+    cards: tuple[CardState, ...] = ()  # each system profile's part against its card (when a backend was given)
+    cards_error: str | None = None  # why the cards could not be read
 
     def to_dict(self) -> dict:
         last = self.last_run
@@ -110,6 +146,7 @@ class BootServiceStatus:
             "next_boot_skips": self.next_boot_skips,
             "last_run": None if last is None else {"finished_at": last.finished_at, "exit_code": last.exit_code,
                                                    "skipped": last.skipped, "lines": list(last.lines)},
+            "cards": [c.to_dict() for c in self.cards], "cards_error": self.cards_error,
         }
 
 
@@ -275,9 +312,10 @@ def _last_run() -> LastBootRun | None:
         return None
 
 
-def status() -> BootServiceStatus:
-    """Is the unit installed and enabled, which profile it applies, what the next boot would do, and how the last
-    boot run ended. Reads only; needs no root."""
+def status(backend: Backend | None = None, *, backend_error: str | None = None) -> BootServiceStatus:
+    """Is the unit installed and enabled, which profile it applies, what the next boot would do, how the last
+    boot run ended, and (with a backend: real cards, or simulated ones for --simulate) what each card reads against
+    its system profile. Reads only; needs no root."""
     unit = boot_rules.unit_path()
     exec_start = None
     installed = unit.exists()
@@ -288,13 +326,76 @@ def status() -> BootServiceStatus:
         except OSError:
             exec_start = None
     profiles, bad = scan(system=True)
+    skips = boot_rules.skip_reason()
+    applies = _profile_of(exec_start)
+    cards: tuple[CardState, ...] = ()
+    if backend is not None:
+        chosen = [p for p in profiles if applies is None or (p.source and p.source.stem == applies)]
+        cards = tuple(card_states(backend, chosen, installed=installed, skips=skips))
     return BootServiceStatus(
         unit=unit, installed=installed, enabled=_systemctl_state("is-enabled"), active=_systemctl_state("is-active"),
-        profile=_profile_of(exec_start), exec_start=exec_start,
+        profile=applies, exec_start=exec_start,
         system_profiles=tuple(SystemProfileInfo.of(p) for p in profiles), invalid_profiles=tuple(bad),
-        next_boot_skips=boot_rules.skip_reason(), last_run=_last_run(),
+        next_boot_skips=skips, last_run=_last_run(), cards=cards, cards_error=backend_error,
     )
 
 
-__all__ = ["BootServiceResult", "BootServiceStatus", "LastBootRun", "NoSystemProfiles", "SystemProfileInfo",
-           "install", "remove", "status"]
+def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
+                skips: str | None) -> list[CardState]:
+    """Each part against the card it was proven on, as that card reads now."""
+    run = read_last_run() or {}
+    this_boot = run.get("boot_id") is not None and run.get("boot_id") == card_records.boot_id()
+    results = {(r.get("profile"), r.get("card")): r for r in run.get("results", []) if isinstance(r, dict)}
+    devices = backend.devices()
+    out = []
+    for profile in profiles:
+        name = profile.source.stem if profile.source else profile.name
+        for index, part in enumerate(profile.parts):
+            card = index if profile.is_rig else None
+            setting = part.setting
+            device = next((d for d in devices
+                           if match_device(part, d, backend.knob(d.id)).match is Match.SAME_CARD), None)
+            if device is None:
+                waited = run.get("waited_s") if this_boot else None
+                missing = "its card is not in this machine" + (
+                    f" (the boot waited {waited:g} s for it, then applied the others)" if waited is not None else "")
+                out.append(CardState(name, card, None, None, setting.value, setting.unit, None, "missing", missing))
+                continue
+            knob = backend.knob(device.id)
+            state, why = _compare(knob, setting.value, setting.lock_clock_mhz)
+            if state == "not applied":
+                why = _why_not_applied(installed, skips, run, this_boot, results.get((profile.name, card)))
+            out.append(CardState(name, card, device.id, device.label, setting.value, setting.unit, knob.current,
+                                 state, why))
+    return out
+
+
+def _compare(knob: Knob, value: int, lock_mhz: int | None) -> tuple[str, str | None]:
+    if knob.current == value:
+        if lock_mhz is not None and knob.lock_clock_mhz is not None and knob.lock_clock_mhz != lock_mhz:
+            return "changed", f"locked at {knob.lock_clock_mhz} MHz, the profile at {lock_mhz} MHz"
+        return "applied", None
+    if knob.current == knob.stock:
+        return "not applied", None
+    return "changed", None
+
+
+def _why_not_applied(installed: bool, skips: str | None, run: dict, this_boot: bool, result: dict | None) -> str:
+    if not installed:
+        return "the boot service is not installed: `sudo tuner service install`"
+    if skips:
+        return f"the boot skips it: {skips}"
+    if not run:
+        return "the boot service has not run yet"
+    if not this_boot:
+        return "the boot service has not run in this boot (see `journalctl -u tuner-apply`)"
+    if run.get("skipped"):
+        return f"this boot skipped it: {run['skipped']}"
+    if result and result.get("status") != "applied":
+        return f"this boot did not: {result.get('reason') or result.get('status')}"
+    return ("it was applied this boot and reads stock since: a driver reset, `tuner reset`, or a resume without the "
+            "resume unit")
+
+
+__all__ = ["BootServiceResult", "BootServiceStatus", "CardState", "LastBootRun", "NoSystemProfiles",
+           "SystemProfileInfo", "install", "remove", "status"]
