@@ -73,7 +73,7 @@ def test_a_missing_card_says_so_and_how_long_the_boot_waited(capsys, boot):
     report = boot_apply.run_boot_apply(lambda: sim(), wait_s=0.2, log=lines.append)
     assert report.exit_code == 0 and report.waited_s is not None and report.waited_s <= 5
     assert any(line.startswith("waited ") and "--boot-wait" in line for line in lines)
-    code, out, _err = tuner(capsys, "--simulate", "--sim-gpus", "2", "service", "status")
+    _code, out, _err = tuner(capsys, "--simulate", "--sim-gpus", "2", "service", "status")
     (line,) = _card_lines(out)
     assert "elsewhere on (no card): missing: its card is not in this machine (the boot waited" in line
 
