@@ -255,13 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--print", action="store_true", help="print each unit after a `# FILE` line")
     what.add_argument("--write", metavar="DIR", help="write each unit into DIR (mode 0644)")
+    parser.add_argument("--dir", default="/etc/systemd/system", help="with --print: the directory shown")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX)
     parser.add_argument("--group", default=DEFAULT_GROUP)
     args = parser.parse_args(argv)
     units = system_units(args.prefix, args.group)
     for name, text in units.items():
         if args.print:
-            print(f"# {Path(args.write or '/etc/systemd/system') / name}\n{text}")
+            print(f"# {Path(args.dir) / name}\n{text}")
         else:
             target = Path(args.write) / name
             tmp = target.with_name(f".{name}.tmp")
