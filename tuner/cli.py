@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from collections.abc import Sequence
 
 from tuner import __version__
+from tuner.actions import other_tools
 from tuner.actions.context import Context
 from tuner.commands._argtypes import seconds_between, whole_number
 from tuner.core import exit_codes, signals
@@ -48,6 +50,7 @@ environment:
   XDG_STATE_HOME    journals, the unsafe list and simulated cards in $XDG_STATE_HOME/tuner (default ~/.local/state)
   TUNER_SYSFS_ROOT  read and write sysfs under this root instead of / (fake trees, dry runs)
   TUNER_HELPER_SOCKET  the root helper to write through (default /run/tuner/helper.sock when it exists)
+  TUNER_IGNORE_OTHER_TOOLS=1  as --ignore-other-tools (the UI's bisect too)
   TUNER_DTYPE       the stress engine's compute dtype (bfloat16, float16, float32)
   NO_COLOR          no colour in the UI"""
 
@@ -90,6 +93,9 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     g.add_argument("--sim-contention-after", type=seconds_between(0, 1e6), metavar="SECONDS",
                    default=default(None), help="runs on the simulated cards stop repeating bit for bit this many "
                    "seconds after the tuner starts (as when another process starts using the GPU)")
+    parser.add_argument("--ignore-other-tools", action="store_true", default=default(False),
+                        help="bisect even while LACT's lactd, CoreCtrl's helper or nvidia-powerd may change the "
+                        "same card (what was ignored is recorded in the profile; also TUNER_IGNORE_OTHER_TOOLS=1)")
 
 
 def limit_list(text: str) -> int | tuple[int, ...]:
@@ -166,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     ctx = Context.from_args(args)
     signals.install()
+    ignore_before = os.environ.get(other_tools.IGNORE_ENV)
+    if getattr(args, "ignore_other_tools", False):
+        os.environ[other_tools.IGNORE_ENV] = "1"  # read where a bisect is prepared (CLI or UI)
     try:
         if args.command is None:
             from tuner.app.tuner_app import run_app  # the UI is imported only when it is used
@@ -187,3 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_codes.DISK_FULL
     finally:
         ctx.close()
+        if ignore_before is None:
+            os.environ.pop(other_tools.IGNORE_ENV, None)
+        else:
+            os.environ[other_tools.IGNORE_ENV] = ignore_before

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.actions import other_tools
 from tuner.backends.base import Backend
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
@@ -80,6 +81,7 @@ def prepare_bisect(backend: Backend, device_id: str, params: BisectParams,
     if params.resume and params.restart:
         raise UsageError("--resume and --restart exclude each other", "pick one")
     check_params(knob, params.plan_params(knob))
+    other_tools.refuse_before_bisect(backend, [device_id])  # issue 23: LACT, CoreCtrl, nvidia-powerd
     return BisectJob(backend, device_id, params, on_event, **job_options)
 
 
@@ -111,6 +113,7 @@ def prepare_rig_bisect(backend: Backend, device_ids: Sequence[str], params: Bise
         raise UsageError("--resume and --restart exclude each other", "pick one")
     for device_id in device_ids:
         check_params(backend.knob(device_id), params.plan_params(backend.knob(device_id)))
+    other_tools.refuse_before_bisect(backend, device_ids)  # issue 23: LACT, CoreCtrl, nvidia-powerd
     if rig_trial is None:
         from tuner.tuning import rig_trial as rig_trial_module  # looked up now: tests may replace it
 
@@ -136,7 +139,7 @@ def profile_from_outcome(backend: Backend, device_id: str, outcome: BisectOutcom
                          "bisect the card again")
     lock_at_baseline_clock(backend, device_id, outcome.trials)
     return build_profile(name, backend.device(device_id), backend.knob(device_id), outcome.recommendation.setting,
-                         tuning=outcome.tuning())
+                         tuning={**(outcome.tuning() or {}), "other_tools": other_tools.ignored_for(device_id) or None})
 
 
 def rig_profile_from_outcome(backend: Backend, outcome: RigOutcome, name: str) -> Profile:

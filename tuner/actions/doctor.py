@@ -20,15 +20,22 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from tuner.actions import other_tools
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
 from tuner.backends.base import Backend
 from tuner.backends.helper_client import HelperRefused, HelperUnreachable, connect
-from tuner.core import paths
+from tuner.core import paths, system_units, torch_build
 from tuner.core.privileges import EngineIdentity, engine_identity
+from tuner.profiles import boot as boot_rules
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 
-REQUIRED_PACKAGES = ("textual", "textual-plotext", "plotext", "psutil", "nvidia-ml-py", "tomli-w", "torch")
+# torch is the `engine` extra (checked by check_torch, in a subprocess); these are the base requirements
+REQUIRED_PACKAGES = ("textual", "textual-plotext", "plotext", "psutil", "nvidia-ml-py", "tomli-w", "msgspec")
+INSTALL_SECTION = "Installing torch"  # the README section every torch remedy names (tests/test_doctor.py checks it)
+ENGINE_REMEDY = (f"install the stress engine: `pip install 'undervolt-tuner[engine]'` with the torch build for your "
+                 f"GPU, or `sudo bash scripts/install-system.sh` (README, '{INSTALL_SECTION}')")
+EFI_SECURE_BOOT = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 HIDING_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 NVML_OFFSETS_DRIVER = 555  # nvmlDeviceSetClockOffsets
 NVML_VF_OFFSET_DRIVER = 520  # nvmlDeviceSetGpcClkVfOffset (deprecated)
@@ -96,8 +103,7 @@ def check_packages() -> list[Check]:
 
 def check_torch(probe: dict, gpus_expected: bool) -> list[Check]:
     if not probe.get("torch"):
-        return [Check("torch", FAIL, f"cannot import torch: {probe.get('error', 'unknown error')}",
-                      "install torch for your GPU (see README, 'Installing torch')")]
+        return [Check("torch", FAIL, f"cannot import torch: {probe.get('error', 'unknown error')}", ENGINE_REMEDY)]
     build = "ROCm " + probe["hip"] if probe.get("hip") else "CUDA " + probe["cuda"] if probe.get("cuda") else "CPU-only"
     checks = []
     if build == "CPU-only":
@@ -162,10 +168,28 @@ def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of i
             pass
 
 
-def ppfeaturemask_remedy(mask: int) -> str:
-    """The exact kernel parameter to add, e.g. `amdgpu.ppfeaturemask=0xfff7ffff`."""
-    return (f"add amdgpu.ppfeaturemask={mask | PP_OVERDRIVE_MASK:#010x} to the kernel command line "
-            "(e.g. GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub and reboot)")
+def ppfeaturemask_remedy(mask: int, root: Path | None = None,
+                         which: Callable[[str], str | None] = shutil.which) -> str:
+    """The exact kernel parameter to add (e.g. `amdgpu.ppfeaturemask=0xfff7ffff`) and how, for this machine's boot
+    setup: kernelstub (Pop!_OS), rpm-ostree (Fedora Atomic), systemd-boot (/boot/loader/entries), else GRUB; and
+    the modprobe.d alternative with the initramfs rebuild. docs/install.md has each in full."""
+    value = f"{mask | PP_OVERDRIVE_MASK:#010x}"
+    param = f"amdgpu.ppfeaturemask={value}"
+    root = Path("/") if root is None else root
+    if which("kernelstub"):
+        how = f"`sudo kernelstub -a {param}`"
+    elif which("rpm-ostree"):
+        how = f"`sudo rpm-ostree kargs --append={param}`"
+    elif (root / "boot/loader/entries").is_dir() or (root / "efi/loader/entries").is_dir():
+        how = ("systemd-boot: append it to the `options` line of your entry in /boot/loader/entries/*.conf "
+               "(or /etc/kernel/cmdline, then `sudo kernel-install add`)")
+    else:
+        how = ("GRUB: add it to GRUB_CMDLINE_LINUX in /etc/default/grub, then `sudo update-grub` "
+               "(Fedora: `sudo grub2-mkconfig -o /boot/grub2/grub.cfg`)")
+    modprobe = (f"or `echo 'options amdgpu ppfeaturemask={value}' | sudo tee "
+                "/etc/modprobe.d/amdgpu-overdrive.conf` and rebuild the initramfs (`sudo update-initramfs -u`, "
+                "`sudo dracut -f` or `sudo mkinitcpio -P`)")
+    return f"add {param} to the kernel command line: {how}; {modprobe}; then reboot (docs/install.md)"
 
 
 def check_amd(root: Path) -> list[Check]:
@@ -303,6 +327,121 @@ def check_hidden_devices(env: Mapping[str, str]) -> list[Check]:
     ]
 
 
+def check_torch_build(probe: dict, root: Path, env: Mapping[str, str]) -> Check:
+    """The build this machine needs (tuner.core.torch_build, the installer's rule) against the one installed."""
+    try:
+        need = torch_build.needed_build(root, env)
+    except torch_build.BuildChoiceError as e:
+        return Check("torch build needed", WARN, str(e), "set TUNER_TORCH and install that build")
+    have = torch_build.installed_build(probe)
+    if need.name == "keep":
+        return Check("torch build needed", INFO, "TUNER_TORCH=keep: whichever build is installed")
+    detail = f"this machine needs the {need.words} build ({need.why}); installed: " + (
+        f"{torch_build.WORDS[have]}" if have else "none")
+    if have == need.name:
+        return Check("torch build needed", OK, detail)
+    index = f" --index-url {need.index_url}" if need.index_url else ""
+    return Check("torch build needed", WARN if have else FAIL, detail,
+                 f"`pip install --force-reinstall 'torch>=2.4'{index}` in this venv, or `sudo bash "
+                 f"scripts/install-system.sh` (README, '{INSTALL_SECTION}')")
+
+
+def secure_boot_enabled(root: Path, which: Callable[[str], str | None] = shutil.which) -> bool | None:
+    """Secure Boot on (True), off (False) or unknown (None): the EFI variable (its last byte), else mokutil."""
+    try:
+        data = (root / EFI_SECURE_BOOT).read_bytes()
+        if data:
+            return data[-1] == 1
+    except OSError:
+        pass
+    if str(root) == "/" and which("mokutil"):
+        try:
+            out = subprocess.run(["mokutil", "--sb-state"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return "enabled" in out.lower() if out else None
+    return None
+
+
+def _unbound_nvidia(root: Path) -> list[str]:
+    """NVIDIA display devices on the PCI bus that no driver is bound to."""
+    out = []
+    for dev in sorted((root / "sys/bus/pci/devices").glob("*")):
+        try:
+            vendor = (dev / "vendor").read_text().strip().lower()
+            cls = (dev / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        if vendor == "0x10de" and cls.startswith("0x03") and not (dev / "driver").exists():
+            out.append(dev.name)
+    return out
+
+
+MOK_REMEDY = ("the NVIDIA module is not signed with a key this machine trusts: enrol the key it was signed with "
+              "(`sudo mokutil --import /var/lib/dkms/mok.pub` (DKMS) or /var/lib/shim-signed/mok/MOK.der (Ubuntu), "
+              "reboot and confirm the enrolment in the blue MOK manager), or disable Secure Boot in the firmware")
+
+
+def check_secure_boot(root: Path, kernel_log: str = "", which: Callable[[str], str | None] = shutil.which
+                      ) -> list[Check]:
+    """An NVIDIA card no driver took while Secure Boot is on: most often the module was refused ("Key was
+    rejected by service", "module verification failed"), which the generic no-GPU remedy would not say."""
+    unbound = _unbound_nvidia(root)
+    if not unbound:
+        return []
+    rejected = any(s in kernel_log for s in ("Key was rejected by service", "module verification failed"))
+    if secure_boot_enabled(root, which) or rejected:
+        why = "the kernel log says the module's key was rejected" if rejected else "Secure Boot is on"
+        return [Check("secure boot", FAIL, f"NVIDIA card at {', '.join(unbound)} has no driver, and {why}",
+                      MOK_REMEDY)]
+    return [Check("nvidia module", FAIL, f"NVIDIA card at {', '.join(unbound)} has no driver bound",
+                  "install and load the NVIDIA driver (`sudo modprobe nvidia`; its error names the cause)")]
+
+
+def check_other_tools(found: list[other_tools.Found] | None = None) -> list[Check]:
+    """LACT's lactd, CoreCtrl's helper, nvidia-powerd: running, and the files each may write."""
+    found = other_tools.detect() if found is None else found
+    return [Check(f"other tool {f.tool.name}", WARN, f"{f.describe()} is running and may write: {f.tool.writes}",
+                  f"stop it while you tune (a bisect refuses beside it unless --ignore-other-tools): "
+                  f"`sudo systemctl stop {(f.tool.units or (f.tool.name,))[0]}`") for f in found]
+
+
+def check_system_install(systemd_dir: Path | None = None, group_exists: Callable[[str], bool] | None = None
+                         ) -> list[Check]:
+    """A system install that is whole: units whose programs exist, the helper socket's group present."""
+    systemd_dir = boot_rules.systemd_dir() if systemd_dir is None else systemd_dir
+    present = [name for name in system_units.UNIT_NAMES if (systemd_dir / name).exists()]
+    if not present:
+        return [Check("system install", INFO, "no system units installed (`sudo bash scripts/install-system.sh`)")]
+    problems = []
+    for name in present:
+        text = (systemd_dir / name).read_text(errors="replace")
+        for line in text.splitlines():
+            if line.startswith("ExecStart="):
+                program = line.removeprefix("ExecStart=").split()[0]
+                if not Path(program).exists():
+                    problems.append(f"{name} runs {program}, which is missing")
+            if line.startswith("SocketGroup="):
+                group = line.removeprefix("SocketGroup=")
+                exists = group_exists or _group_exists
+                if not exists(group):
+                    problems.append(f"{name} names group {group}, which does not exist")
+    if problems:
+        return [Check("system install", FAIL, f"half-installed: {'; '.join(problems)}",
+                      "run `sudo bash scripts/install-system.sh` again (it repairs in place), or `--uninstall`")]
+    return [Check("system install", OK, f"{', '.join(present)} in {systemd_dir}")]
+
+
+def _group_exists(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
 def run_checks(
     backend: Backend | None = None,
     *,
@@ -326,8 +465,14 @@ def run_checks(
     if not simulate:
         checks += check_gpus_found(amd + nvidia)
     gpus_expected = any(c.status != INFO for c in amd + nvidia)
-    checks += check_torch(torch_probe(), gpus_expected)
+    probe = torch_probe()
+    checks += check_torch(probe, gpus_expected)
+    if not simulate:
+        checks.append(check_torch_build(probe, root, env))
+        checks += check_secure_boot(root)
     checks += nvidia + amd
+    checks += check_other_tools([] if simulate else None)
+    checks += check_system_install()
     checks.append(check_root(euid, simulate))
     checks.append(check_helper())
     if not simulate:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tuner.actions import other_tools
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.actions.setting import SetRequest, can_lock_clock, check_setting
 from tuner.actions.verify import Workload
@@ -107,6 +108,7 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
         warnings.insert(0, result.reason)
     warnings += _unapplied_fields(profile, knob, backend)
     warnings += filter(None, [evidence.apply_warning(profile.parts[0], repr(name))])
+    warnings += other_tools.warnings_for(backend, [device.id])  # issue 23: LACT, CoreCtrl, nvidia-powerd
     return ProfileApply(profile, device, knob, result, verify_required, tuple(warnings), Workload.of_profile(profile))
 
 

@@ -44,6 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     if opts.parent_pid is None:
         opts.parent_pid = PARENT_AT_START
 
+    import importlib.util
+
+    try:
+        missing = importlib.util.find_spec("torch") is None
+    except (ImportError, ValueError):
+        missing = True
+    if missing:  # torch is the `engine` extra (issue 23): say which, exit 4
+        why = "torch is not installed: the stress engine needs the engine extra"
+        print(f"tuner.engine: error: {why}; pip install 'undervolt-tuner[engine]' with the torch build for your GPU "
+              "(README, 'Installing torch')", file=sys.stderr, flush=True)
+        emitter.emit("end", verdict="error", reason=why, kind="usage", step=None, steps=0, duration_s=0.0,
+                     exit_code=4)
+        return 4
     import warnings
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: harmless

@@ -171,6 +171,9 @@ class Tuning:
     mode: Text | None = None
     dtype: Text | None = None
     sensitivity: Sensitivity | None = None
+    # tools found running beside the bisect and overridden with --ignore-other-tools (tuner.actions.other_tools)
+    other_tools: Annotated[tuple[Text, ...], Meta(max_length=8, extra={"what": "a list of at most 8 lines"})] | None \
+        = None
     trials: Annotated[tuple[Trial, ...], Meta(max_length=MAX_TRIALS, extra={
         "what": "an array of tables ([[tuning.trials]])", "count": "{n} trials, the limit is {hi}"})] = ()
 
