@@ -33,6 +33,7 @@ from tuner.engine.detectors import (
     device_error,
 )
 from tuner.engine.distributed import DataParallel, GroupDidNotForm, PeerLost, data_seed
+from tuner.engine.environment import kernel_env, prepare_environment
 from tuner.engine.faults import FaultInjector, PlatformFlaw
 from tuner.engine.lifeline import parent_alive
 from tuner.engine.model import GPT, GPTConfig
@@ -49,9 +50,7 @@ from tuner.engine.platform import (
     empty_cache,
     enable_determinism,
     is_oom,
-    kernel_env,
     make_oom,
-    prepare_environment,
     resolve_device,
     sdpa_backend,
     synchronize,
@@ -130,8 +129,10 @@ def _log(msg: str) -> None:
 
 class Engine:
     def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = _log,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, environment_notes: list[str] | None = None):
         self.opts, self.em, self.log, self.sleep = opts, emitter, log, sleep
+        # what `environment.prepare_environment()` overrode when the CLI called it, before torch was imported
+        self.environment_notes = list(environment_notes or [])
         self.state = "setup"
         self.step = 0  # completed training steps (gemm mode: completed GEMM rounds)
         self.progress = 0  # completed units of work of any kind (steps, canaries, GEMM rounds)
@@ -194,7 +195,7 @@ class Engine:
         opts.validate()
         self.cache_root = compiled.cache_root(opts.cache_dir)
         compiled.prepare_environment(self.cache_root)
-        for line in prepare_environment():
+        for line in [*self.environment_notes, *prepare_environment()]:  # in-process runs: the second list
             self._setup_warning("environment", line)
         if opts.threads:
             torch.set_num_threads(opts.threads)
