@@ -38,6 +38,7 @@ from tuner.core.durations import format_duration
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Mode, StressTarget, Verdict
 from tuner.tuning import kernel_log
+from tuner.tuning.kernel_log import KernelEvent
 from tuner.tuning.engine_client import EngineConfig, StressResult, StressRun, WatchdogPolicy, engine_request
 from tuner.tuning.reference_cache import CachedReference, manual_reference
 
@@ -126,7 +127,7 @@ class StressOutcome:
     result: StressResult | None
     reference: ReferencePlan
     kernel_log: str  # "ok", "n/a (simulated)" or "OFF: why"
-    kernel_events: tuple[kernel_log.KernelEvent, ...] = ()
+    kernel_events: tuple[KernelEvent, ...] = ()
     stopped: bool = False  # the user asked
     purpose: str = "stress"
 

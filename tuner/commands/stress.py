@@ -15,13 +15,21 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tuner.commands._argtypes import positive_int
 from tuner.commands._device import pick_device
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.models import Mode, Verdict
+
+if TYPE_CHECKING:
+    from tuner.actions.context import Context
+    from tuner.actions.stress import StressOutcome, StressRequest
+    from tuner.core.models import DeviceInfo
+    from tuner.tuning.engine_client import EngineConfig, StressResult
 
 DEFAULT_DURATION = "5m"
 PROGRESS_INTERVAL_S = 0.25
@@ -66,7 +74,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def build_request(args, device_id: str):
+def build_request(args: argparse.Namespace, device_id: str) -> StressRequest:
     """The stress action's request for `args` on `device_id` (tuner.actions.stress decides the rest)."""
     from tuner.actions.stress import StressRequest
     steps = args.steps
@@ -134,7 +142,7 @@ class ProgressLine:
             self.stream.flush()
 
 
-def summary_lines(device, config, outcome) -> list[str]:
+def summary_lines(device: DeviceInfo, config: EngineConfig, outcome: StressOutcome) -> list[str]:
     """The summary of a stress outcome (tuner.actions.stress.StressOutcome) of `config`'s run on `device`."""
     opts = config.options
     result = outcome.result
@@ -175,7 +183,7 @@ def summary_lines(device, config, outcome) -> list[str]:
     return lines
 
 
-def result_document(device, config, outcome) -> dict:
+def result_document(device: DeviceInfo, config: EngineConfig, outcome: StressOutcome) -> dict[str, Any]:
     """The `result` line of `--json`: the engine's result of the stress run, and the action's own findings (the
     reference comparison, the kernel log, every check that did not run at full strength)."""
     r = outcome.result
@@ -192,7 +200,7 @@ def result_document(device, config, outcome) -> dict:
     }
 
 
-def exit_code_for(outcome) -> int:
+def exit_code_for(outcome: StressOutcome | StressResult) -> int:
     """An outcome's exit code (a StressOutcome, or the engine's StressResult alone)."""
     verdict, kind = outcome.verdict, outcome.kind
     if verdict == Verdict.PASS:
@@ -210,10 +218,10 @@ class _Reporter:
     are not forwarded: a script reads one run, `start` to `end`). One lock: the kernel-log fault arrives from
     the watcher's thread."""
 
-    def __init__(self, as_json: bool, progress_for):
+    def __init__(self, as_json: bool, progress_for: Callable[[EngineConfig], ProgressLine]):
         self.as_json, self._progress_for = as_json, progress_for
         self.progress: ProgressLine | None = None
-        self.config = None
+        self.config: EngineConfig | None = None
         self._forwarding = False
         self._said: dict[str, str] = {}  # each detector's state as last said
         self._lock = threading.Lock()
@@ -249,12 +257,12 @@ class _Reporter:
             self.progress.clear()
 
 
-def _write_json(doc: dict) -> None:
+def _write_json(doc: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 
-def run(args, ctx) -> int:
+def run(args: argparse.Namespace, ctx: Context) -> int:
     from tuner.actions.stress import StressSession
     backend = ctx.backend
     device = pick_device(backend, args.device)

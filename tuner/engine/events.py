@@ -53,7 +53,7 @@ class _Object(Struct, frozen=True, kw_only=True):
     """A JSON object inside an event (not an event itself)."""
 
 
-class ModelShape(_Object, kw_only=True):
+class ModelShape(_Object, frozen=True, kw_only=True):
     depth: Annotated[int, _d("transformer layers")]
     width: Annotated[int, _d("model width")]
     n_head: Annotated[int, _d("attention heads")]
@@ -65,7 +65,7 @@ class ModelShape(_Object, kw_only=True):
     embed_dtype: Annotated[str, _d("dtype of the embeddings")]
 
 
-class TokenizerInfo(_Object, kw_only=True):
+class TokenizerInfo(_Object, frozen=True, kw_only=True):
     kind: Annotated[str, _d("`bpe`")]
     vocab_size: Annotated[int, _d("learnt vocabulary (at most the model's)")]
     sha256: Annotated[str, _d("of the tokenizer")]
@@ -73,7 +73,7 @@ class TokenizerInfo(_Object, kw_only=True):
     path: Annotated[str, _d("where it is cached")]
 
 
-class DataSource(_Object, kw_only=True):
+class DataSource(_Object, frozen=True, kw_only=True):
     source: Annotated[str, _d("`stdlib` (the embedded default) or the `--data` path")]
     bytes: Annotated[int, _d("text size")]
     files: Annotated[int, _d("files read")]
@@ -82,12 +82,12 @@ class DataSource(_Object, kw_only=True):
     tokenizer: Annotated[TokenizerInfo, _d("BPE presets only")] | UnsetType = UNSET
 
 
-class ReferenceInUse(_Object, kw_only=True):
+class ReferenceInUse(_Object, frozen=True, kw_only=True):
     path: Annotated[str, _d("the `--reference` file")]
     steps: Annotated[int, _d("steps it recorded")]
 
 
-class ReferenceCompared(_Object, kw_only=True):
+class ReferenceCompared(_Object, frozen=True, kw_only=True):
     path: Annotated[str, _d("the `--reference` file")]
     reference_steps: Annotated[int, _d("steps it recorded")]
     compared_steps: Annotated[int, _d("steps compared with it")]
@@ -98,12 +98,12 @@ class ReferenceCompared(_Object, kw_only=True):
     segments: Annotated[int, _d("passes over the reference")]
 
 
-class FirstDifference(_Object, kw_only=True):
+class FirstDifference(_Object, frozen=True, kw_only=True):
     step: Annotated[int, _d("the step (0: the start-up check)")]
     figure: Annotated[str, _d("what differed")]
 
 
-class DataParallelStatus(_Object, kw_only=True):
+class DataParallelStatus(_Object, frozen=True, kw_only=True):
     world_size: Annotated[int, _d("ranks in the group")]
     rank: Annotated[int, _d("this rank")]
     backend: Annotated[str, _d("`gloo` or `nccl`")]
@@ -134,7 +134,7 @@ class Event(Struct, frozen=True, kw_only=True, dict=True, tag_field="event"):
         return str(self.raw.get("event", tag if isinstance(tag, str) else "log"))
 
 
-class StartEvent(Event, tag="start", kw_only=True):
+class StartEvent(Event, tag="start", frozen=True, kw_only=True):
     """setup is done, work begins"""
 
     protocol: Annotated[int, _d(f"protocol version ({PROTOCOL_VERSION})")]
@@ -191,7 +191,7 @@ class StartEvent(Event, tag="start", kw_only=True):
     hip_version: Annotated[str | None, _d("HIP's version (null on other builds)")]
 
 
-class StepEvent(Event, tag="step", kw_only=True):
+class StepEvent(Event, tag="step", frozen=True, kw_only=True):
     """one training step finished (train and mixed modes)"""
 
     step: Annotated[int, _d("the step, from 1")]
@@ -203,7 +203,7 @@ class StepEvent(Event, tag="step", kw_only=True):
     phase: Annotated[str, _d("mixed mode only: `full` or `partial`")] | UnsetType = UNSET
 
 
-class GemmEvent(Event, tag="gemm", kw_only=True):
+class GemmEvent(Event, tag="gemm", frozen=True, kw_only=True):
     """one GEMM round (gemm mode)"""
 
     step: Annotated[int, _d("round number")]
@@ -214,7 +214,7 @@ class GemmEvent(Event, tag="gemm", kw_only=True):
     repeats: Annotated[int, _d("repeats compared")]
 
 
-class CanaryEvent(Event, tag="canary", kw_only=True):
+class CanaryEvent(Event, tag="canary", frozen=True, kw_only=True):
     """a canary replay (and GEMM check) ran"""
 
     step: Annotated[int, _d("the training step after which it ran")]
@@ -226,7 +226,7 @@ class CanaryEvent(Event, tag="canary", kw_only=True):
     dt_ms: Annotated[float, _d("wall time")]
 
 
-class WarningEvent(Event, tag="warning", kw_only=True):
+class WarningEvent(Event, tag="warning", frozen=True, kw_only=True):
     """something worth knowing, never a failure by itself"""
 
     step: Annotated[int, _d("completed steps when it was seen")]
@@ -235,7 +235,7 @@ class WarningEvent(Event, tag="warning", kw_only=True):
     setup: Annotated[bool, _d("true for setup problems such as an out-of-memory batch step-down")]
 
 
-class FaultEvent(Event, tag="fault", kw_only=True):
+class FaultEvent(Event, tag="fault", frozen=True, kw_only=True):
     """a detector fired; the run ends with verdict `fail`"""
 
     kind: Annotated[str, _d("`" + "`, `".join(FAULT_KINDS) + "`")]
@@ -255,7 +255,7 @@ class FaultEvent(Event, tag="fault", kw_only=True):
             raise ValueError(f"fault kind {self.kind!r} is not one of {', '.join(FAULT_KINDS)}")
 
 
-class HeartbeatEvent(Event, tag="heartbeat", kw_only=True):
+class HeartbeatEvent(Event, tag="heartbeat", frozen=True, kw_only=True):
     """at least every second, from a background thread, also during long steps"""
 
     step: Annotated[int, _d("completed steps")]
@@ -266,7 +266,7 @@ class HeartbeatEvent(Event, tag="heartbeat", kw_only=True):
     progress: Annotated[int, _d("completed units of work of any kind")]
 
 
-class PhaseEvent(Event, tag="phase", kw_only=True):
+class PhaseEvent(Event, tag="phase", frozen=True, kw_only=True):
     """mixed mode changed phase"""
 
     step: Annotated[int, _d("completed steps")]
@@ -274,7 +274,7 @@ class PhaseEvent(Event, tag="phase", kw_only=True):
     duration_s: Annotated[float, _d("how long the new phase lasts")]
 
 
-class SegmentEvent(Event, tag="segment", kw_only=True):
+class SegmentEvent(Event, tag="segment", frozen=True, kw_only=True):
     """`--reference-loop` restarted from the initial weights"""
 
     step: Annotated[int, _d("the last step of the pass that ended")]
@@ -282,7 +282,7 @@ class SegmentEvent(Event, tag="segment", kw_only=True):
     reference_steps: Annotated[int, _d("steps in one pass")]
 
 
-class EndEvent(Event, tag="end", kw_only=True):
+class EndEvent(Event, tag="end", frozen=True, kw_only=True):
     """always the last line"""
 
     verdict: Annotated[str, _d("`pass`, `fail` (a fault) or `error` (usage, setup, internal, interrupted)")]
@@ -341,17 +341,17 @@ BY_NAME: dict[str, type[Event]] = {str(cls.__struct_config__.tag): cls for cls i
 # --- what a reader meets besides the engine's events ----------------------------------------------------------------
 
 
-class UnknownEvent(Event, tag=False, kw_only=True):
+class UnknownEvent(Event, tag=False, frozen=True, kw_only=True):
     """Valid JSON with an event name this version does not declare (a newer engine): kept in `raw`, never an error."""
 
 
-class InvalidEvent(Event, tag=False, kw_only=True):
+class InvalidEvent(Event, tag=False, frozen=True, kw_only=True):
     """A declared event whose fields do not follow this schema (`problem` says how): a bug, never a verdict."""
 
     problem: str = ""
 
 
-class LogEvent(Event, tag=False, kw_only=True):
+class LogEvent(Event, tag=False, frozen=True, kw_only=True):
     """A stdout line that is not a protocol event (should not happen; kept, never raised)."""
 
     line: str = ""
@@ -441,7 +441,7 @@ def validate(record: dict[str, Any]) -> Event:
         raise ProtocolError(f"{name}: " + "; ".join(
             ([f"missing {', '.join(missing)}"] if missing else []) + ([f"undeclared {', '.join(extra)}"] if extra
                                                                       else [])))
-    _no_raw_non_finite(record, name)
+    _no_raw_non_finite(record, cls.__name__)
     try:
         event = msgspec.convert(record, cls, strict=False)
     except msgspec.ValidationError as e:
