@@ -38,8 +38,8 @@ from tuner.core.durations import format_duration
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Mode, StressTarget, Verdict
 from tuner.tuning import kernel_log
-from tuner.tuning.kernel_log import KernelEvent
 from tuner.tuning.engine_client import EngineConfig, StressResult, StressRun, WatchdogPolicy, engine_request
+from tuner.tuning.kernel_log import KernelEvent
 from tuner.tuning.reference_cache import CachedReference, manual_reference
 
 REFERENCE_RECORD_S = 60.0  # a stock reference recorded first: one minute, looped when compared
@@ -386,10 +386,10 @@ class StressSession:
 
 
 def _ended(run: StressRun, policy: WatchdogPolicy) -> None:
-    """The engine is gone: stopped if it still runs (an error, Ctrl-C, SIGTERM here), waited for a bounded time."""
-    if run.proc is not None and run.proc.poll() is None:
-        run.stop()
-        try:
-            run.result(timeout=policy.kill_grace_s + RESULT_WAIT_S)
-        except TimeoutError:
-            pass
+    """The engine is gone: stopped if it still runs (an error, Ctrl-C, SIGTERM here), waited for a bounded time.
+    (After a normal end the stop is a no-op and the result was already summed up.)"""
+    run.stop()
+    try:
+        run.result(timeout=policy.kill_grace_s + RESULT_WAIT_S)
+    except (TimeoutError, RuntimeError):  # still running after SIGKILL; or it never started (the error says why)
+        pass
