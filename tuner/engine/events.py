@@ -477,6 +477,8 @@ def _same(written: Any, given: Any) -> bool:
             _same(w, g) for w, g in zip(written, given, strict=True))
     if isinstance(written, (int, float)) and isinstance(given, (int, float)):
         return written == given
+    if isinstance(written, str) and isinstance(given, str):  # a StrEnum is written as its string
+        return written == given
     return type(written) is type(given) and written == given
 
 
