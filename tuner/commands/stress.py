@@ -40,11 +40,16 @@ def add_parser(subparsers) -> None:
         "stress",
         help="run the training stress test on one card at its current setting",
         description="Run the stress engine on one card at its current setting: a small nanochat-style training "
-        "run that checks every step for miscomputation (canary replay, GEMM check, non-finite values; a reference "
-        "trajectory with --reference), not only for crashes and NaNs. Nothing is changed on the card. A simulated "
-        "card injects silent bit flips below its hidden limit and hangs far below it.",
+        "run that checks every step for miscomputation, not only for crashes and NaNs: each step is compared bit "
+        "for bit with this card's stock reference for the workload (recorded first, at stock, the first time; "
+        "kept under $XDG_STATE_HOME/tuner/references/), with canary replays, a GEMM check, non-finite values, "
+        "device errors, a watchdog and the kernel log besides. With no reference and the card not at stock, it "
+        "does not start unless --no-reference says to run the weaker checks only. Nothing is changed on the card. "
+        "A simulated card injects silent bit flips below its hidden limit and hangs far below it.",
         epilog="Exit code 1 means a fault was found (the setting is unstable); a setup problem (out of memory, "
-        "no GPU visible to torch) is 2, never 1. The JSON-lines protocol of --json is documented in docs/engine.md.",
+        "no GPU visible to torch) is 2, never 1, and so is a run refused for want of a stock reference. The "
+        "JSON-lines protocol of --json (the engine's events, then one `result` line saying which checks ran) is "
+        "documented in docs/engine.md.",
     )
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
     bound = p.add_mutually_exclusive_group()

@@ -333,8 +333,6 @@ class EndEvent(Event, tag="end", frozen=True, kw_only=True):
 
 ENGINE_EVENTS: tuple[type[Event], ...] = (StartEvent, StepEvent, GemmEvent, CanaryEvent, WarningEvent, FaultEvent,
                                           HeartbeatEvent, PhaseEvent, SegmentEvent, EndEvent)
-EngineEvent = (StartEvent | StepEvent | GemmEvent | CanaryEvent | WarningEvent | FaultEvent | HeartbeatEvent
-               | PhaseEvent | SegmentEvent | EndEvent)
 BY_NAME: dict[str, type[Event]] = {str(cls.__struct_config__.tag): cls for cls in ENGINE_EVENTS}
 
 
