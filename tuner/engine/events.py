@@ -31,7 +31,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 PROTOCOL_VERSION = 1
 
-VERDICT_EXIT_CODES = {"pass": (0,), "fail": (1,), "error": (2, 130)}
+VERDICT_EXIT_CODES = {"pass": (0,), "fail": (1,), "error": (2, 4, 130)}  # 4: torch (the engine extra) is missing
 FAULT_KINDS = ("mismatch", "canary", "gemm", "nonfinite", "device-error", "not-repeatable")
 ERROR_KINDS = ("usage", "setup", "oom", "internal", "interrupted", "not-repeatable", "peer")
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -173,7 +173,10 @@ class StartEvent(Event, tag="start", frozen=True, kw_only=True):
     deterministic: Annotated[bool, _d("deterministic algorithms are on")]
     deterministic_mode: Annotated[str, _d("`strict` (always, from this version), `warn` or `off`")]
     kernels: Annotated[dict[str, Any], _d("the kernel choices (see \"Determinism by construction\")")]
-    attention: Annotated[tuple[str, ...], _d("each layer's attention kernel, in layer order")] | UnsetType = UNSET
+    # issue 27 writes it on every start (null in gemm mode): once merged, drop `| UnsetType = UNSET` (required)
+    attention_kernels: Annotated[tuple[str, ...] | None, _d(
+        "each layer's attention kernel (`flash`, `flash-window`, `math`, `math-window`), in layer order; null in "
+        "gemm mode")] | UnsetType = UNSET
     kernel_env: Annotated[dict[str, str], _d("environment variables that affect kernel selection, as set")]
     driver_version: Annotated[str | None, _d("the GPU driver's version")]
     threads: Annotated[int, _d("torch CPU threads")]
@@ -307,7 +310,8 @@ class EndEvent(Event, tag="end", frozen=True, kw_only=True):
     setup_problems: Annotated[tuple[str, ...], _d("as in `start`")]
     warnings: Annotated[int, _d("`warning` events")]
     canaries: Annotated[int, _d("canary replays")]
-    exit_code: Annotated[int, _d("the process's exit status: 0 pass, 1 fail, 2 or 130 (interrupted) error")]
+    exit_code: Annotated[int, _d("the process's exit status: 0 pass, 1 fail; error: 2, 4 (torch, the engine "
+                                 "extra, is not installed) or 130 (interrupted)")]
     figure: Annotated[str | None, _d("fail: the figure that differed, as in `fault`")]
     data_parallel: Annotated[DataParallelStatus | None, _d("data-parallel ranks; null for a single engine")]
 
