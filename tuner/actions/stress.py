@@ -269,7 +269,8 @@ class StressSession:
             return ReferencePlan("record-first", cached.path, "none yet for this card and workload: recording it "
                                  f"first, at stock ({format_duration(self.reference_record_s)}, kept for later runs)")
         why = cached.why_none or "none recorded yet"
-        workload = f"{req.preset or 'the default preset'}/{req.mode}"
+        preset = engine_config(req, target, duration_s=self.reference_record_s, steps=None).options.preset
+        workload = f"{preset}/{req.mode}"
         raise NoStockReference(req.device_id, workload, knob.current, knob.unit, why)
 
     # --- the run ------------------------------------------------------------------------------------------------
