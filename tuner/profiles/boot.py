@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tuner.core import paths
+from tuner.core import kernel_files, paths
 
 UNIT_NAME = "tuner-apply.service"
 RESET_FLAG = "tuner.reset"
@@ -41,7 +41,7 @@ def unit_path() -> Path:
 def reset_requested() -> bool:
     """True when the kernel command line has `tuner.reset` (or `tuner.reset=1`) as a word."""
     try:
-        cmdline = (paths.sysfs_root() / "proc/cmdline").read_text(errors="replace")
+        cmdline = kernel_files.read_text(paths.sysfs_root() / "proc/cmdline")
     except OSError:
         return False
     return any(word == RESET_FLAG or word.startswith(RESET_FLAG + "=") for word in cmdline.split())

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from tuner.core import paths, processes
+from tuner.core import kernel_files, paths, processes
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, is_disk_full
 from tuner.core.models import Knob
@@ -70,12 +70,8 @@ def reference_path(device_id: str, session: str) -> Path:
 
 
 def current_boot_id() -> str | None:
-    """This boot's id (`/proc/sys/kernel/random/boot_id` under `paths.sysfs_root()`), or None if unreadable."""
-    try:
-        text = (paths.sysfs_root() / "proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-    return text or None
+    """This boot's id, or None if unreadable (tuner.core.kernel_files: never a FIFO, /dev/zero or a stall)."""
+    return kernel_files.boot_id()
 
 
 pid_alive = processes.pid_alive  # the journal's owner check (kept as a name here: callers use journal.pid_alive)
