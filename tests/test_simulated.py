@@ -92,18 +92,21 @@ def test_bad_construction_is_usage_error(tmp_path, kw):
 
 
 def test_corrupt_state_is_reported_and_reset(tmp_path):
-    (tmp_path / "sim.json").write_text("{not json")
+    card = tmp_path / "sim.json" / "sim0.json"
+    card.parent.mkdir()
+    card.write_text("{not json")
     warnings = []
     b = make(tmp_path, warn=warnings.append)
     assert b.knob("sim0").current == 0
     assert warnings and "corrupt" in warnings[0]
-    assert json.loads((tmp_path / "sim.json").read_text()) == {"cards": {}}
+    b.apply("sim0", -10)  # written again: a good record
+    assert json.loads(card.read_text()) == {"offset_mv": -10}
 
 
 def test_unreadable_state_is_a_state_error(tmp_path):
-    (tmp_path / "sim.json").mkdir()  # a directory where the file should be: read fails
-    with pytest.raises(StateError):
-        make(tmp_path)
+    (tmp_path / "sim.json" / "sim0.json").mkdir(parents=True)  # a directory where the card's file should be
+    with pytest.raises(StateError, match="not a regular file"):
+        make(tmp_path).knob("sim0")
 
 
 def test_telemetry_is_deterministic_and_responds_to_load_and_offset(tmp_path):

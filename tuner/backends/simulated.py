@@ -5,27 +5,26 @@ positive graphics-clock offset in MHz (15 MHz steps) applied at a locked max clo
 (the card runs each clock at a lower voltage). Each card has a hidden stable limit in its knob's unit (`--sim-vmin`:
 mV, or MHz). Past it the stress engine is told to inject silent bit flips at a per-step rate that makes a fault
 within 50 steps near certain; far past it the card "hangs". Telemetry responds to load and to the setting (dynamic
-power ~ V^2, temperature lags power). Everything is deterministic from the seed. Applied settings persist in the
-state directory (one file per kind and seed) so separate `tuner` invocations see the same card.
+power ~ V^2, temperature lags power). Everything is deterministic from the seed. Applied settings persist in
+`paths.simulated_dir()` (a directory per kind and seed, a file per card, each changed under its own lock:
+tuner.backends.simulated_card_files) so separate `tuner` invocations see the same cards and never undo each other.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.backends.base import Backend
+from tuner.backends.simulated_card_files import CardFile
 from tuner.core import paths
-from tuner.core.atomic import write_atomic
-from tuner.core.errors import StateError, UsageError
+from tuner.core.errors import UsageError
 from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 from tuner.core.processes import pid_alive
 
@@ -160,8 +159,9 @@ class SimulatedBackend(Backend):
         self.gpus, self.seed = gpus, seed
         self._limits = [draw_limit(k, seed, i) for i in range(gpus)]
         self._limits[:len(given)] = given
-        name = f"seed-{seed}.json" if k is AMD else f"{k.name}-seed-{seed}.json"
-        self.state_path = state_path or paths.state_dir() / "simulated" / name
+        name = f"seed-{seed}" if k is AMD else f"{k.name}-seed-{seed}"
+        # the rig's directory, one file per card (tuner.backends.simulated_card_files)
+        self.state_path = state_path or paths.simulated_dir() / name
         self._clock = clock
         # simulated platform flaws, carried out by the engine's fault-injection module (tuner/engine/faults.py)
         self.nondeterministic = nondeterministic
@@ -170,51 +170,16 @@ class SimulatedBackend(Backend):
         self._thermal: dict[str, tuple[float, float, float]] = {}  # id -> (time_s, temp_c, energy_j)
         self._samples = 0
         self._lock_mhz: dict[str, int] = {}
-        # a rig bisect drives every card from its own thread: one writer of the shared state at a time
-        self._state_lock = threading.RLock()
-        self._state = self._load_state()
+        self._files = {f"sim{i}": CardFile(self.state_path / f"sim{i}.json", k.state_key, self._warn)
+                       for i in range(gpus)}
 
-    # --- state file -------------------------------------------------------------------------------------------
-    def _load_state(self) -> dict:
-        try:
-            raw = self.state_path.read_bytes()
-        except FileNotFoundError:
-            return {"cards": {}}
-        except OSError as e:
-            raise StateError(
-                f"cannot read simulated GPU state {self.state_path}: {e.strerror}",
-                "fix its permissions or remove it (`tuner --simulate reset` recreates it)",
-            ) from None
-        try:
-            state = json.loads(raw)
-            cards = state["cards"]
-            for card_id, card in cards.items():
-                if not isinstance(card.get(self.kind.state_key), int):
-                    raise ValueError(card_id)
-            return state
-        except (ValueError, KeyError, TypeError, AttributeError):
-            self._warn(f"simulated GPU state {self.state_path} was corrupt; reset the simulated cards to stock")
-            state = {"cards": {}}
-            self._save_state(state)
-            return state
-
-    def _save_state(self, state: dict | None = None) -> None:
-        try:
-            with self._state_lock:
-                data = json.dumps(state or self._state, indent=1).encode()
-                write_atomic(self.state_path, data)
-        except OSError as e:
-            raise StateError(
-                f"cannot write simulated GPU state {self.state_path}: {e.strerror}", "check XDG_STATE_HOME"
-            ) from None
-
-    def _card(self, device_id: str) -> dict:
+    # --- the cards' files -------------------------------------------------------------------------------------
+    def _file(self, device_id: str) -> CardFile:
         self.device(device_id)  # UnknownDevice for a bad id
-        with self._state_lock:
-            return self._state["cards"].setdefault(device_id, {self.kind.state_key: 0})
+        return self._files[device_id]
 
     def _setting(self, device_id: str) -> int:
-        return self._card(device_id)[self.kind.state_key]
+        return int(self._file(device_id).read().get(self.kind.state_key, 0))
 
     # --- hidden truth (tests and the benchmark read it; the UI never shows it) ---------------------------------
     def limit(self, device_id: str) -> int:
@@ -265,9 +230,15 @@ class SimulatedBackend(Backend):
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         self.knob(device_id).validate(value, allow_overvolt=allow_overvolt)
-        with self._state_lock:
-            self._card(device_id)[self.kind.state_key] = value
-            self._save_state()
+        key = self.kind.state_key
+
+        def put(card: dict) -> None:
+            if value:
+                card[key] = value
+            else:
+                card.pop(key, None)
+
+        self._file(device_id).update(put)
         return self.knob(device_id)
 
     def reset(self, device_id: str) -> Knob:
@@ -340,16 +311,16 @@ class SimulatedBackend(Backend):
         return options
 
     def note_load(self, device_id: str, active: bool) -> None:
-        with self._state_lock:
-            card = self._card(device_id)
+        def mark(card: dict) -> None:
             if active:
                 card["load_pid"] = os.getpid()
             else:
                 card.pop("load_pid", None)
-            self._save_state()
+
+        self._file(device_id).update(mark)
 
     def _loaded(self, device_id: str) -> bool:
-        return pid_alive(self._card(device_id).get("load_pid"))
+        return pid_alive(self._file(device_id).read().get("load_pid"))
 
     def telemetry(self, device_id: str) -> Telemetry:
         now = self._clock()

@@ -91,6 +91,9 @@ class CardLock:
         self.purpose = purpose or " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
         self._fd: int | None = None
         self._key = ""
+        # why the holder's name could not be written into the lock file (read-only or full state directory):
+        # the lock still excludes, but a refused writer cannot say who holds the card
+        self.unnamed: OSError | None = None
 
     def acquire(self) -> CardLock:
         with _held_here_lock:
@@ -108,23 +111,25 @@ class CardLock:
                 raise CardBusy(f"{self.device_id} is busy: {holder} is changing it; nothing was changed",
                                "wait for it to finish or stop it; if that process is stuck, `tuner reset --force` "
                                "puts the card back to stock anyway") from None
-            if writable:
+            if writable is None:
                 info = {"pid": os.getpid(), "command": self.purpose, "since": time.time()}
                 try:
                     os.ftruncate(fd, 0)
                     os.pwrite(fd, json.dumps(info).encode(), 0)
-                except OSError:
-                    pass  # a full disk only loses the holder's name; the flock is what excludes
+                except OSError as e:
+                    writable = e  # a full disk only loses the holder's name; the flock is what excludes
+            self.unnamed = writable
             self._fd = fd
             self._key = key
             _held_here[key] = self.purpose
         return self
 
     @staticmethod
-    def _open(path: Path) -> tuple[int, bool]:
-        """The lock file's descriptor, and whether it could be opened for writing the holder's name."""
+    def _open(path: Path) -> tuple[int, OSError | None]:
+        """The lock file's descriptor, and why it could not be opened for writing the holder's name (None: it
+        could)."""
         try:
-            return state_files.open_file(path, os.O_RDWR | os.O_CREAT, 0o644), True
+            return state_files.open_file(path, os.O_RDWR | os.O_CREAT, 0o644), None
         except state_files.UnsafeStatePath as e:
             raise _unavailable(path, e) from None
         except OSError as e:
@@ -132,7 +137,7 @@ class CardLock:
                 raise _unavailable(path, e) from None
             first = e
         try:  # read-only or full: an existing lock file still takes a flock
-            return state_files.open_file(path, os.O_RDONLY), False
+            return state_files.open_file(path, os.O_RDONLY), first
         except OSError:
             raise _unavailable(path, first) from None
 
