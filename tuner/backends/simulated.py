@@ -178,8 +178,24 @@ class SimulatedBackend(Backend):
         self.device(device_id)  # UnknownDevice for a bad id
         return self._files[device_id]
 
+    def _record(self, device_id: str) -> dict:
+        """The card's record as stored now (a copy: change it with `_write_setting` or `note_load`)."""
+        return self._file(device_id).read()
+
     def _setting(self, device_id: str) -> int:
-        return int(self._file(device_id).read().get(self.kind.state_key, 0))
+        return int(self._record(device_id).get(self.kind.state_key, 0))
+
+    def _write_setting(self, device_id: str, value: int) -> None:
+        """Store `value` as the card's setting, unchecked (`apply` validates first; a test plays another tool)."""
+        key = self.kind.state_key
+
+        def put(card: dict) -> None:
+            if value:
+                card[key] = value
+            else:
+                card.pop(key, None)
+
+        self._file(device_id).update(put)
 
     # --- hidden truth (tests and the benchmark read it; the UI never shows it) ---------------------------------
     def limit(self, device_id: str) -> int:
@@ -230,15 +246,7 @@ class SimulatedBackend(Backend):
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         self.knob(device_id).validate(value, allow_overvolt=allow_overvolt)
-        key = self.kind.state_key
-
-        def put(card: dict) -> None:
-            if value:
-                card[key] = value
-            else:
-                card.pop(key, None)
-
-        self._file(device_id).update(put)
+        self._write_setting(device_id, value)
         return self.knob(device_id)
 
     def reset(self, device_id: str) -> Knob:
@@ -320,7 +328,7 @@ class SimulatedBackend(Backend):
         self._file(device_id).update(mark)
 
     def _loaded(self, device_id: str) -> bool:
-        return pid_alive(self._file(device_id).read().get("load_pid"))
+        return pid_alive(self._record(device_id).get("load_pid"))
 
     def telemetry(self, device_id: str) -> Telemetry:
         now = self._clock()

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 
+from tuner.core import json_values
+
 
 def print_json(document) -> None:
-    """One JSON document on stdout (what `--json` promises)."""
-    json.dump(document, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+    """One JSON document on stdout (what `--json` promises): strict JSON, a non-finite number is null."""
+    sys.stdout.write(json_values.dumps(document, indent=2) + "\n")
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
