@@ -142,8 +142,9 @@ def test_every_writer_over_a_read_only_state_directory_is_one_line_or_works():
     for system in (False, True):
         save_profile(read_profile_file(REPO / "tests/profiles/data/v1-sim.toml"), system=system)
     paths.state_dir().mkdir(parents=True)
-    commands = ["set --device sim0 --offset -30 --yes", "reset", "bisect --device sim0 --trial 5s --confirm 10s "
-                "--yes", "reset", "apply v1-sim --yes", "reset", "apply --boot", "reset"]
+    bisect = "bisect --device sim0 --trial 5s --confirm 10s --yes"
+    commands = ["set --device sim0 --offset -30 --yes", "reset", bisect, "reset", "apply v1-sim --yes", "reset",
+                "apply --boot", "reset"]
     script = "\n".join(f'{TUNER} {c}; echo "rc=$?"' for c in commands)
     for first_time in (True, False):  # an empty state directory, then one that holds the lock files
         proc = _in_namespace(f"""
