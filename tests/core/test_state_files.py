@@ -103,3 +103,20 @@ def test_paths_outside_the_state_are_not_the_state_checks_business(tmp_path):
     os.chmod(target, 0o777)
     write_atomic(target / "report.json", b"{}")
     assert (target / "report.json").read_bytes() == b"{}"
+
+
+def test_a_fifo_or_a_link_at_a_journal_or_the_unsafe_list_is_one_line_not_a_hang(precious):
+    """`unsafe list` reads the unsafe list, `status` the journal (its open trial): each says what is wrong."""
+    from tuner.tuning import journal
+
+    for path, command in ((journal.unsafe_path("sim0"), ("unsafe", "list")), (journal.journal_path("sim0"),
+                                                                             ("status",))):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for plant, problem in (("fifo", "not a regular file"), ("link", "symbolic link")):
+            os.mkfifo(path) if plant == "fifo" else path.symlink_to(precious)
+            proc = run_tuner("--simulate", *command, timeout=60)
+            assert "Traceback" not in proc.stderr and str(path) in proc.stderr and problem in proc.stderr, \
+                proc.stderr
+            assert proc.returncode == (2 if command[0] == "unsafe" else 0)  # status warns, and goes on
+            path.unlink()
+    assert precious.read_text() == "the user's file\n"

@@ -72,13 +72,24 @@ NVIDIA = SimKind("nvidia", "Simulated Ada-class GPU (NVIDIA-style)", KnobKind.CL
 KINDS = {k.name: k for k in (AMD, NVIDIA)}
 SIM_NVIDIA_PSTATES = (0, 2)  # the states an offset covers; the card works in P2 and idles in P8
 
-# Electrical model of an imaginary 300 W card; the figures only need to be plausible and monotone.
+# Electrical model of an imaginary 300 W card; the figures only need to be plausible and monotone. Power is an
+# exact function of the setting, the lock and the load (no noise): the same card at the same setting under the
+# same load draws the same power, so efficiency differences between settings are the model's, never chance.
 STOCK_LOAD_MV, IDLE_MV = 1100.0, 800.0
 IDLE_POWER_W, DYNAMIC_POWER_W = 15.0, 285.0
-POWER_CAP_W = 300.0  # the simulated board's power limit (load power stays just under it at stock)
+POWER_CAP_W = 300.0  # the simulated board's power limit (AMD-style load power stays just under it at stock)
 VRAM_TOTAL_MIB, VRAM_IDLE_MIB, VRAM_LOAD_MIB = 32_768.0, 420.0, 6_200.0
 LOAD_CLOCK_MHZ, IDLE_CLOCK_MHZ, MEM_CLOCK_MHZ = 2900.0, 500.0, 1250.0
 THERMAL_TAU_S = 15.0
+# The NVIDIA-style card under a training load is power-limited, as real cards are: at its V/F table top it would
+# draw NV_TOP_POWER_W, more than POWER_CAP_W, so the driver holds it at the highest clock whose power fits the cap
+# (about 2.3 GHz at stock, below the 2505 MHz top). Its voltage at each clock follows a straight V/F line from
+# NV_CURVE_MV[0] at the lowest clock to NV_CURVE_MV[1] at the top; a clock offset of X MHz runs every clock
+# X / units_per_mv mV lower (the fault model's own exchange rate), so the same cap allows a higher clock, and at
+# a locked clock the same work takes less power.
+NV_CURVE_MV = (700.0, 1100.0)
+NV_TOP_POWER_W = 340.0
+WORK_RATE_TOK_S = 30_000.0  # the card's training throughput at LOAD_CLOCK_MHZ (work_rate_tok_s)
 
 
 def fault_rate_per_step(offset_mv: int, vmin_mv: int) -> float:
@@ -294,7 +305,7 @@ class SimulatedBackend(Backend):
         self.device(device_id)
         return Capabilities(
             can_apply=True,
-            can_read_voltage=True,
+            can_read_voltage=self.kind.lock_clocks_mhz is None,  # NVML reports no core voltage
             can_read_energy=True,
             needs_root=False,
             notes=("SIMULATED: no hardware is touched",),
@@ -333,15 +344,17 @@ class SimulatedBackend(Backend):
     def telemetry(self, device_id: str) -> Telemetry:
         now = self._clock()
         load = 1.0 if self._loaded(device_id) else 0.0
-        # the voltage the setting means: an mV offset as is; a clock offset lowers the voltage of each clock
-        offset_mv = -self.kind.aggressive_direction * self._setting(device_id) / self.kind.units_per_mv
+        setting = self._setting(device_id)
         rng = random.Random(f"tuner-sim-telemetry:{self.seed}:{device_id}:{self._samples}")
         self._samples += 1
-        jitter = 1.0 + rng.uniform(-0.01, 0.01)
-
-        voltage_mv = IDLE_MV + (STOCK_LOAD_MV - IDLE_MV) * load + offset_mv
-        dynamic_w = DYNAMIC_POWER_W * load * (voltage_mv / STOCK_LOAD_MV) ** 2
-        power_w = (IDLE_POWER_W + dynamic_w) * jitter
+        if self.kind.lock_clocks_mhz is None:
+            clock_mhz = LOAD_CLOCK_MHZ
+            voltage_mv = amd_voltage_mv(setting, load)
+            power_w = amd_power_w(setting, load)
+        else:
+            clock_mhz = nvidia_clock_mhz(self.kind, setting, self._lock_for(device_id)) if load else IDLE_CLOCK_MHZ
+            voltage_mv = None  # NVML reports no core voltage on GeForce/RTX cards: neither does this one
+            power_w = nvidia_power_w(self.kind, setting, clock_mhz) if load else IDLE_POWER_W
         steady_temp_c = 30.0 + 0.17 * power_w
         last = self._thermal.get(device_id)
         if last is None:
@@ -357,10 +370,10 @@ class SimulatedBackend(Backend):
             temp_edge_c=round(temp_c, 1),
             temp_hotspot_c=round(temp_c + 4 + 0.04 * power_w, 1),
             temp_mem_c=round(temp_c + 4, 1),
-            core_clock_mhz=round(IDLE_CLOCK_MHZ + (self._load_clock_mhz(device_id) - IDLE_CLOCK_MHZ) * load),
+            core_clock_mhz=round(IDLE_CLOCK_MHZ + (clock_mhz - IDLE_CLOCK_MHZ) * load),
             mem_clock_mhz=MEM_CLOCK_MHZ,
-            voltage_mv=round(voltage_mv * jitter),
-            util_pct=round(min(100.0, 97.0 * load * jitter + rng.uniform(0, 2)), 1),
+            voltage_mv=None if voltage_mv is None else round(voltage_mv),
+            util_pct=round(min(100.0, 97.0 * load + rng.uniform(0, 2)), 1),
             fan_rpm=round(600 + 40 * max(0.0, temp_c - 30)),
             energy_j=round(energy_j, 1),
             pstate=None if self.kind.lock_clocks_mhz is None else (2 if load else 8),
@@ -375,6 +388,73 @@ class SimulatedBackend(Backend):
             else ("power cap",) if power_w >= POWER_CAP_W * 0.98 else (),
         )
 
-    def _load_clock_mhz(self, device_id: str) -> float:
+    def work_rate_tok_s(self, device_id: str) -> float:
+        """The tokens a second this card would train at now: what its efficiency (tok/J = this / power_w) is to be
+        measured with. The stress engine runs on the CPU for a simulated card, so its own tok/s is the CPU's
+        (two back-to-back stock trials measured 3,055 and 4,002 tok/s on a shared 2-core box), and dividing it by
+        the simulated power makes noise of the efficiency. The card's rate is deterministic: in proportion to its
+        sustained clock (the AMD-style card holds one clock at every offset: equal work, less power lower down;
+        the NVIDIA-style card's clock is its lock, or what the power cap allows)."""
+        if not self._loaded(device_id):
+            return 0.0
+        if self.kind.lock_clocks_mhz is None:
+            return WORK_RATE_TOK_S
+        clock = nvidia_clock_mhz(self.kind, self._setting(device_id), self._lock_for(device_id))
+        return WORK_RATE_TOK_S * clock / LOAD_CLOCK_MHZ
+
+    def _lock_for(self, device_id: str) -> int:
         lock = self.lock_clock_mhz(device_id)
-        return LOAD_CLOCK_MHZ if lock is None else float(lock)
+        assert lock is not None
+        return lock
+
+
+
+# --- the electrical model (pure functions: the tests and the benchmark read them) -------------------------------
+def amd_voltage_mv(offset_mv: int, load: float) -> float:
+    """The AMD-style card's core voltage: idle or loaded, moved by the offset as it is."""
+    return IDLE_MV + (STOCK_LOAD_MV - IDLE_MV) * load + offset_mv
+
+
+def amd_power_w(offset_mv: int, load: float) -> float:
+    """Board power at equal work: dynamic power ~ V^2 at the same clock (the AMD-style card is not
+    power-limited; at stock it loads just under the cap).
+
+    >>> round(amd_power_w(0, 1.0), 1), round(amd_power_w(-50, 1.0), 1), amd_power_w(-50, 0.0)
+    (300.0, 274.7, 15.0)
+    """
+    return IDLE_POWER_W + DYNAMIC_POWER_W * load * (amd_voltage_mv(offset_mv, load) / STOCK_LOAD_MV) ** 2
+
+
+def nvidia_voltage_mv(kind: SimKind, offset_mhz: int, clock_mhz: float) -> float:
+    """The NVIDIA-style card's voltage at `clock_mhz` on its V/F line, lowered by the clock offset."""
+    assert kind.lock_clocks_mhz is not None
+    lo, hi = kind.lock_clocks_mhz
+    stock = NV_CURVE_MV[0] + (NV_CURVE_MV[1] - NV_CURVE_MV[0]) * (clock_mhz - lo) / (hi - lo)
+    return stock - offset_mhz / kind.units_per_mv
+
+
+def nvidia_power_w(kind: SimKind, offset_mhz: int, clock_mhz: float) -> float:
+    """Loaded board power at `clock_mhz`: dynamic power ~ f V^2, NV_TOP_POWER_W at the stock table top."""
+    assert kind.lock_clocks_mhz is not None
+    top = kind.lock_clocks_mhz[1]
+    scale = (clock_mhz / top) * (nvidia_voltage_mv(kind, offset_mhz, clock_mhz) / NV_CURVE_MV[1]) ** 2
+    return IDLE_POWER_W + (NV_TOP_POWER_W - IDLE_POWER_W) * scale
+
+
+def nvidia_clock_mhz(kind: SimKind, offset_mhz: int, lock_mhz: int) -> float:
+    """The clock sustained under a training load: the lock, or lower where the power cap holds it (the highest
+    clock whose power fits POWER_CAP_W, found by bisection on the monotone power curve), to 1 MHz.
+
+    >>> nvidia_clock_mhz(NVIDIA, 0, 2505) < 2505 < nvidia_clock_mhz(NVIDIA, 0, 2505) + 300
+    True
+    >>> nvidia_clock_mhz(NVIDIA, 150, 2505) > nvidia_clock_mhz(NVIDIA, 0, 2505), nvidia_clock_mhz(NVIDIA, 0, 1800)
+    (True, 1800.0)
+    """
+    assert kind.lock_clocks_mhz is not None
+    if nvidia_power_w(kind, offset_mhz, lock_mhz) <= POWER_CAP_W:
+        return float(lock_mhz)
+    lo, hi = float(kind.lock_clocks_mhz[0]), float(lock_mhz)
+    while hi - lo > 0.5:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if nvidia_power_w(kind, offset_mhz, mid) <= POWER_CAP_W else (lo, mid)
+    return float(int(lo))

@@ -151,13 +151,29 @@ def open_file(path: Path, flags: int, mode: int = 0o600) -> int:
 
 
 def read_file(path: Path, max_bytes: int) -> bytes:
-    """A small state file's bytes, read without following a link and only when it is a regular file (a FIFO or a
-    device node there would hang the read or never end); FileNotFoundError when there is none."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    """A state file's bytes, read without following a link, only when it is a regular file (a FIFO or a device
+    node there would hang the read or never end) and at most `max_bytes` long (UnsafeStatePath beyond);
+    FileNotFoundError when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeStatePath(path, "is a symbolic link", "remove the link; the tuner does not follow one") \
+                from None
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UnsafeStatePath(path, "is not a regular file", "move it aside")
         os.set_blocking(fd, True)
-        return os.read(fd, max_bytes)
+        chunks, size = [], 0
+        while size <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:
+            raise UnsafeStatePath(path, f"is larger than {max_bytes} bytes", "move it aside")
+        return b"".join(chunks)
     finally:
         os.close(fd)
