@@ -189,12 +189,12 @@ class SimulatedBackend(Backend):
         self.device(device_id)  # UnknownDevice for a bad id
         return self._files[device_id]
 
-    def _record(self, device_id: str) -> dict:
+    def _stored(self, device_id: str) -> dict:
         """The card's record as stored now (a copy: change it with `_write_setting` or `note_load`)."""
         return self._file(device_id).read()
 
     def _setting(self, device_id: str) -> int:
-        return int(self._record(device_id).get(self.kind.state_key, 0))
+        return int(self._stored(device_id).get(self.kind.state_key, 0))
 
     def _write_setting(self, device_id: str, value: int) -> None:
         """Store `value` as the card's setting, unchecked (`apply` validates first; a test plays another tool)."""
@@ -339,7 +339,7 @@ class SimulatedBackend(Backend):
         self._file(device_id).update(mark)
 
     def _loaded(self, device_id: str) -> bool:
-        return pid_alive(self._record(device_id).get("load_pid"))
+        return pid_alive(self._stored(device_id).get("load_pid"))
 
     def telemetry(self, device_id: str) -> Telemetry:
         now = self._clock()
