@@ -181,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = args.run(args, ctx)
         _flush_stdout()
     except BaseException as e:  # noqa: BLE001 - every way out of a command gets its line and its code
+        if owns_process:
+            signals.ending()  # first: a signal now must not cut this handling short with a second exception
         code = _exit_code_for(e)
     finally:
         if owns_process:

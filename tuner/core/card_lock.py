@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Self
 
 from tuner.core import exit_codes, state_files
-from tuner.core.errors import DiskFull, PermissionDenied, StateError, TunerError, is_disk_full
+from tuner.core.errors import TunerError, is_disk_full
 from tuner.core.paths import state_dir
 
 
@@ -41,26 +41,25 @@ class CardBusy(TunerError):
 
 class LockUnavailable(TunerError):
     """The card's lock file could not be opened or made (a read-only, full or unsafe state directory). Nobody
-    else could have made it either; the message names the path and the reason."""
+    else could have made it either; the message names the path and the reason, the code fits the reason."""
 
-    exit_code = exit_codes.PERMISSION
+    def __init__(self, message: str, remedy: str | None = None, *, exit_code: int = exit_codes.PERMISSION):
+        super().__init__(message, remedy)
+        self.exit_code = exit_code
 
 
 def _unavailable(path: Path, error: OSError) -> LockUnavailable:
     """The one message for a lock file that cannot be opened, with the exit code that fits its reason."""
     if isinstance(error, state_files.UnsafeStatePath):
-        lock = LockUnavailable(f"refusing the card lock: {error}")
-        lock.exit_code = exit_codes.USAGE
-        return lock
-    lock = LockUnavailable(f"cannot open the card lock {path}: {error.strerror or error}",
-                           "make the state directory writable (XDG_STATE_HOME) or free disk space")
+        return LockUnavailable(f"refusing the card lock: {error}", exit_code=exit_codes.USAGE)
     if is_disk_full(error):
-        lock.exit_code = DiskFull.exit_code
-    elif error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-        lock.exit_code = StateError.exit_code
+        code = exit_codes.DISK_FULL
+    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        code = exit_codes.PERMISSION
     else:
-        lock.exit_code = PermissionDenied.exit_code
-    return lock
+        code = exit_codes.USAGE  # ENOTDIR and the like: a state directory in a shape the tuner did not make
+    return LockUnavailable(f"cannot open the card lock {path}: {error.strerror or error}",
+                           "make the state directory writable (XDG_STATE_HOME) or free disk space", exit_code=code)
 
 
 def lock_path(device_id: str) -> Path:
@@ -102,7 +101,7 @@ class CardLock:
             if key in _held_here:
                 raise CardBusy(f"{self.device_id} is busy: {_held_here[key]} is changing it in this "
                                "tuner", "wait for it to finish or stop it first")
-            fd, writable = self._open(path)
+            fd, unnamed = self._open(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -111,14 +110,14 @@ class CardLock:
                 raise CardBusy(f"{self.device_id} is busy: {holder} is changing it; nothing was changed",
                                "wait for it to finish or stop it; if that process is stuck, `tuner reset --force` "
                                "puts the card back to stock anyway") from None
-            if writable is None:
+            if unnamed is None:
                 info = {"pid": os.getpid(), "command": self.purpose, "since": time.time()}
                 try:
                     os.ftruncate(fd, 0)
                     os.pwrite(fd, json.dumps(info).encode(), 0)
                 except OSError as e:
-                    writable = e  # a full disk only loses the holder's name; the flock is what excludes
-            self.unnamed = writable
+                    unnamed = e  # a full disk only loses the holder's name; the flock is what excludes
+            self.unnamed = unnamed
             self._fd = fd
             self._key = key
             _held_here[key] = self.purpose
