@@ -83,7 +83,7 @@ def test_progress_line_draws_step_loss_throughput_and_eta():
     line.update(example("start"))
     now[0] = 115.0
     line.update(example("step", step=42, loss=2.5, dt_ms=20, tok_s=25600))
-    assert out.getvalue() == "\rstep 42  loss 2.5000  25,600 tok/s  ETA 45s"
+    assert out.getvalue() == "\r\033[Kstep 42  loss 2.5000  25,600 tok/s  ETA 45s"  # _output.StatusLine
     now[0] = 115.1
     line.update(example("step", step=43, loss=2.4, dt_ms=20, tok_s=25600))
     assert out.getvalue().count("\r") == 1  # at most 4 redraws a second

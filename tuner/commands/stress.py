@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.commands._argtypes import positive_int
 from tuner.commands._device import pick_device
+from tuner.commands._output import StatusLine
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.models import Mode, Verdict
@@ -96,10 +97,10 @@ class ProgressLine:
     def __init__(self, stream, *, steps: int | None, duration_s: float | None, clock=time.monotonic):
         self.stream, self.steps, self.duration_s, self.clock = stream, steps, duration_s, clock
         self.enabled = bool(getattr(stream, "isatty", lambda: False)())
+        self._status = StatusLine(stream)
         self._t_start: float | None = None
         self._last_draw = 0.0
         self._dts: list[float] = []
-        self._width = 0
 
     def eta_s(self, step: int) -> float | None:
         if self._t_start is None:
@@ -136,15 +137,11 @@ class ProgressLine:
         if not self.enabled or now - self._last_draw < PROGRESS_INTERVAL_S:
             return
         self._last_draw = now
-        line = self.text(ev)
-        self._width = max(self._width, len(line))
-        self.stream.write("\r" + line.ljust(self._width))
-        self.stream.flush()
+        self._status.show(self.text(ev))
 
     def clear(self) -> None:
-        if self.enabled and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
+        if self.enabled:
+            self._status.clear()
 
 
 def summary_lines(device: DeviceInfo, config: EngineConfig, outcome: StressOutcome) -> list[str]:
