@@ -184,12 +184,9 @@ def _main_thread_blocked(pid: int) -> bool:
         return False
 
 
-def test_sigterm_with_a_terminal_that_stopped_reading_reverts_and_exits_130(tuners):
-    """A terminal that takes no more output (a stalled SSH connection): Textual's writer blocks in write(), its
-    queue fills and the event loop blocks on it. SIGTERM then: the old handler only asked that blocked event loop
-    to leave, so it was ignored. Now the guard makes the card safe and ends the process (130)."""
-    tuner = tuners()
-    _open_keep_or_revert(tuner)
+def _stall(tuner: PtyTuner) -> None:
+    """The terminal stops reading (a stalled SSH connection): full repaints at a large size, unread, until the
+    UI's event loop blocks on its output (Textual's writer blocked in write(), its queue of 30 full)."""
     blocked_since = None
     deadline = time.monotonic() + 60
     rows = 60
@@ -206,10 +203,37 @@ def test_sigterm_with_a_terminal_that_stopped_reading_reverts_and_exits_130(tune
             break
     else:
         pytest.fail(f"the UI never blocked on its output: {_thread_states(tuner.proc.pid)}")
+
+
+def test_sigterm_with_a_terminal_that_stopped_reading_reverts_and_exits_130(tuners):
+    """A terminal that takes no more output: the event loop is blocked on it. SIGTERM then: the old handler only
+    asked that blocked event loop to leave, so it was ignored. Now the guard makes the card safe and ends the
+    process (130)."""
+    tuner = tuners()
+    _open_keep_or_revert(tuner)
+    _stall(tuner)
     assert _card_offset() == -10
     tuner.proc.send_signal(signal.SIGTERM)
     code = tuner.wait_exit(reading=False)
     assert code == exit_codes.INTERRUPTED
+    assert _card_offset() == 0
+
+
+def test_a_terminal_that_stopped_reading_cannot_hold_an_unconfirmed_setting(tuners):
+    """No signal at all: the terminal just stops reading while the keep-or-revert counts down. The countdown runs
+    on the blocked event loop, so the unconfirmed -10 mV stayed on the card as long as the stall lasted. Now it is
+    reverted soon after its 15 s, and the UI carries on when the terminal reads again."""
+    tuner = tuners()
+    _open_keep_or_revert(tuner)
+    _stall(tuner)
+    deadline = time.monotonic() + EXIT_BOUND_S
+    while _card_offset() != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _card_offset() == 0, "the unconfirmed setting stayed on the card while the terminal was stalled"
+    assert tuner.proc.poll() is None  # nothing else happened: the UI is still there
+    tuner.wait_for("not confirmed in time")  # reading again: the UI moves on and says what happened
+    tuner.press("q")
+    assert tuner.wait_exit() == exit_codes.OK
     assert _card_offset() == 0
 
 

@@ -200,3 +200,45 @@ def _no_stray_guard_threads():
     yield
     _until(lambda: not [t for t in threading.enumerate() if t.name == "tuner-hangup-guard" and t.is_alive()
                         and t is not threading.current_thread()], timeout_s=10)
+
+
+def test_the_guard_ticks_until_triggered():
+    rec = Recorder()
+    ticks: list[str] = []
+    guard = _guard(rec, check_s=0.02, tick=lambda: ticks.append(threading.current_thread().name))
+    guard._thread.start()
+    _until(lambda: len(ticks) >= 3)
+    guard.trigger("SIGTERM")
+    _until(lambda: rec.exits)
+    seen = len(ticks)
+    time.sleep(0.1)
+    assert len(ticks) == seen and set(ticks) == {"tuner-hangup-guard"}
+
+
+async def test_an_overdue_change_is_reverted_off_the_event_loop(app, backend, clock):
+    """The countdown runs on the event loop; when that loop cannot run (a stalled terminal), the guard's tick
+    reverts a change OVERDUE_S past its deadline. Called here between two awaits, so the dialog's own countdown
+    cannot run first, as when the loop is blocked."""
+    from tuner.app.tuner_app import OVERDUE_S
+
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await _open_keep_or_revert(app, pilot)
+        clock.advance(app.keep_timeout_s - 1)
+        app.revert_overdue()
+        app.revert_overdue()
+        assert backend.knob("sim0").current == -10  # not due yet
+        clock.advance(2)
+        app.revert_overdue()  # due: noted, not yet overdue
+        clock.advance(OVERDUE_S - 1)
+        app.revert_overdue()
+        assert backend.knob("sim0").current == -10
+        clock.advance(1)
+        app.revert_overdue()
+        assert backend.knob("sim0").current == 0 and app.pending is None
+        await pilot.pause(0.5)  # the loop moves again: the dialog's countdown ends it, nothing more is written
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not isinstance(app.screen, KeepOrRevertDialog)
+        assert any("reverted (not confirmed in time)" in n.message for n in app._notifications)
+        assert not [n for n in app._notifications if n.severity == "error"]
+        assert backend.knob("sim0").current == 0

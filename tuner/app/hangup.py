@@ -16,7 +16,9 @@ A bisect trial cut short this way is inconclusive and runs again on resume, as a
 records the stop, or (past `grace_s`) the journal holds a trial that never finished.
 
 It also checks, once a second, that the terminal is still there (a hang-up makes `tcgetattr` fail with EIO), for
-a process that gets no SIGHUP (one that is not in the terminal's session) and whose screen writes nothing.
+a process that gets no SIGHUP (one that is not in the terminal's session) and whose screen writes nothing; and runs
+the App's `tick` (TunerApp.revert_overdue: a keep-or-revert whose countdown the stuck event loop cannot run, on a
+terminal that stopped reading, is reverted from here).
 Plain Python (no Textual): tested without a terminal; the App and run_app supply the callables.
 """
 
@@ -68,13 +70,15 @@ class HangUpGuard:
 
     `make_safe`: the App's (runs once; safe to call from any thread; returns what it did). `leave`: asks the App to
     exit (thread-safe, never blocks). `terminal_fd`: watched for a hang-up (None: not a terminal, not watched).
-    `exit`: how the process ends when it does not end by itself (tests pass a fake).
+    `exit`: how the process ends when it does not end by itself (tests pass a fake). `tick`: run on the guard's
+    thread at every check until a trigger (errors in it are ignored: it must not stop the guard).
     """
 
     def __init__(self, *, make_safe: Callable[[], list[str]], leave: Callable[[], None],
                  terminal_fd: int | None = None, grace_s: float = EXIT_GRACE_S,
                  check_s: float = TERMINAL_CHECK_S, exit_code: int = exit_codes.INTERRUPTED,
-                 exit: Callable[[int], object] = os._exit, say: Callable[[list[str]], None] = say_best_effort):
+                 exit: Callable[[int], object] = os._exit, say: Callable[[list[str]], None] = say_best_effort,
+                 tick: Callable[[], object] | None = None):
         self._make_safe = make_safe
         self._leave = leave
         self._terminal_fd = terminal_fd
@@ -83,6 +87,7 @@ class HangUpGuard:
         self.exit_code = exit_code
         self._exit = exit
         self._say = say
+        self._tick = tick
         self._lock = threading.Lock()
         self._triggered = threading.Event()
         self._closed = threading.Event()
@@ -142,6 +147,11 @@ class HangUpGuard:
                 return
             if self._terminal_fd is not None and terminal_gone(self._terminal_fd):
                 self.trigger("the terminal went away")
+            elif self._tick is not None:
+                try:
+                    self._tick()
+                except Exception:  # noqa: BLE001 - the tick says what failed itself; the guard goes on
+                    pass
         if self._closed.is_set() and self.reason is None:
             return
         try:

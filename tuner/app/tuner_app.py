@@ -60,6 +60,7 @@ SCREEN_CLASSES = {  # mode -> (module, class): each screen is imported on its fi
 }
 SAMPLE_INTERVAL_S = 1.0
 KEEP_TIMEOUT_S = 15.0
+OVERDUE_S = 5.0  # a change still pending this long past its countdown: the event loop is stuck, revert it anyway
 
 
 def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
@@ -175,6 +176,7 @@ class TunerApp(App[int]):
         self._made_safe_lock = threading.Lock()
         self._writing = threading.Lock()
         self._unannounced: list = []
+        self._overdue_since: tuple[object, float] | None = None  # (change, when revert_overdue first saw it due)
         self._last_sampler_error: str | None = None
         self._sample_again = False
         self._on_kept: Callable[[], None] | None = None
@@ -387,6 +389,8 @@ class TunerApp(App[int]):
         cards = pending.device_ids
         try:
             with self._writing:  # make_safe waits for it (a hang-up while the answer is being written)
+                if not pending.pending:  # revert_overdue reverted it while the event loop was stuck
+                    return
                 if keep:
                     pending.keep()
                 else:
@@ -765,6 +769,36 @@ class TunerApp(App[int]):
         self.stop_jobs()
         self.exit(exit_codes.INTERRUPTED)
 
+    def revert_overdue(self) -> None:
+        """Run each second on the hang-up guard's thread (tuner.app.hangup): the keep-or-revert countdown runs on
+        the event loop, which a terminal that stopped reading (a stalled SSH connection) can block for good. A
+        change still pending OVERDUE_S after its countdown ended is reverted here, as the countdown would have;
+        the App hears of it when its loop moves again."""
+        pending = self.pending
+        if pending is None or not pending.pending or not pending.expired():
+            self._overdue_since = None
+            return
+        now = self.clock()
+        if self._overdue_since is None or self._overdue_since[0] is not pending:
+            self._overdue_since = (pending, now)
+            return
+        if now - self._overdue_since[1] < OVERDUE_S:
+            return
+        with self._writing:
+            if self.pending is not pending or not pending.pending:  # answered meanwhile
+                return
+            self.pending = None
+            cards = pending.device_ids
+            try:
+                pending.revert()
+                knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
+            except Exception as e:  # noqa: BLE001 - said when the loop moves; make_safe resets at exit
+                self.post_message(msg.BackendFailed(f"revert on {', '.join(cards)}", e))
+                self.pending = pending if pending.pending else None
+                self._overdue_since = (pending, now)  # tried again after OVERDUE_S, not every second
+                return
+        self.post_message(msg.ChangeSettled(knobs, "reverted (not confirmed in time)"))
+
     def stop_jobs(self) -> None:
         """Ask every running job to stop (non-blocking, thread-safe), so their workers end before the App does."""
         self._leaving = True
@@ -871,7 +905,8 @@ def run_app(ctx) -> int:
     app = TunerApp(ctx)
     if app.driver_class is LinuxDriver:  # not when TEXTUAL_DRIVER names another (a developer's choice)
         app.driver_class = HangUpSafeDriver
-    guard = HangUpGuard(make_safe=app.make_safe, leave=app.signal_safe_hang_up, terminal_fd=_terminal_fd())
+    guard = HangUpGuard(make_safe=app.make_safe, leave=app.signal_safe_hang_up, terminal_fd=_terminal_fd(),
+                        tick=app.revert_overdue)
     app.hang_up_guard = guard
     guard.install()
     try:
