@@ -242,3 +242,11 @@ async def test_an_overdue_change_is_reverted_off_the_event_loop(app, backend, cl
         assert any("reverted (not confirmed in time)" in n.message for n in app._notifications)
         assert not [n for n in app._notifications if n.severity == "error"]
         assert backend.knob("sim0").current == 0
+
+
+async def test_a_hang_up_before_the_event_loop_started_ends_the_app_once_it_does(app):
+    """A signal during start-up (no event loop yet to ask): the App leaves as soon as it is mounted."""
+    app.signal_safe_hang_up()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.hung_up  # hang_up ran: it stopped the jobs and asked the App to exit with 130

@@ -200,6 +200,8 @@ class TunerApp(App[int]):
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self._leaving:  # hung up before the loop was known (the guard has made the cards safe): leave now
+            self.call_later(self.hang_up)
         for device in self.devices:
             if self.histories[device.id].knob is None:
                 self.sample_now()
