@@ -254,6 +254,25 @@ def test_a_signal_storm_reverts_and_exits_130_without_a_traceback(tuners):
     assert "reverted the unconfirmed setting on sim0" in tuner.text
 
 
+def test_signals_until_the_end_still_end_with_130(tuners):
+    """A storm that lasts until the process is gone (the late ones land during its exit, when Python resets its
+    handlers): never killed by a signal, always 130, the card at stock."""
+    tuner = tuners()
+    _open_keep_or_revert(tuner)
+    storm = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGPIPE, signal.SIGQUIT)
+    deadline = time.monotonic() + EXIT_BOUND_S
+    sent = 0
+    while tuner.proc.poll() is None and time.monotonic() < deadline:
+        try:
+            tuner.proc.send_signal(storm[sent % len(storm)])
+        except ProcessLookupError:
+            break
+        sent += 1
+        tuner.read_for(0.002)
+    assert tuner.wait_exit() == exit_codes.INTERRUPTED, f"after {sent} signals"
+    assert _card_offset() == 0
+
+
 def _engine_processes() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "environ"]):

@@ -115,8 +115,20 @@ def test_a_real_signal_is_taken_by_the_guard_and_given_back():
         _until(lambda: rec.exits)
         assert guard.reason == "SIGTERM"
     finally:
-        guard.restore_signals()
+        guard.release_signals()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # after a hang-up: a storm's tail cannot kill it
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_after_a_normal_quit_the_signals_go_back():
+    rec = Recorder()
+    guard = _guard(rec)
+    before = signal.getsignal(signal.SIGTERM)
+    guard.install()
+    guard.release_signals()
     assert signal.getsignal(signal.SIGTERM) == before
+    guard._thread.join(5)
+    assert not guard._thread.is_alive() and rec.calls == []
 
 
 class DeadTerminal:

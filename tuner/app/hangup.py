@@ -108,10 +108,15 @@ class HangUpGuard:
             self._previous[sig] = signal.signal(sig, self.handle_signal)
         self._thread.start()
 
-    def restore_signals(self) -> None:
-        """Give the fatal signals back (the UI has ended; the CLI's handlers take over)."""
+    def release_signals(self) -> None:
+        """The UI has ended (main thread). After a normal quit the CLI's handlers take the fatal signals back. After
+        a hang-up they are ignored from now on: the process is on its way out with 130, and a signal in a storm's
+        tail must not kill it while Python finalizes (it resets Python handlers to the default then; SIG_IGN
+        stays). Nothing is started afterwards, so nothing inherits the ignored signals."""
+        self.close()  # a signal from here on is the CLI's, not a hang-up of the UI
+        ending = self.triggered
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, signal.SIG_IGN if ending else handler)  # type: ignore[arg-type]
         self._previous.clear()
 
     def close(self) -> None:

@@ -915,8 +915,7 @@ def run_app(ctx) -> int:
         result = app.run()
     finally:
         lines = app.make_safe()  # at once, or what the guard's thread did (it may still be at it: this waits)
-        guard.restore_signals()
-        guard.close()  # after a hang-up this leaves the deadline armed: the process ends in time either way
+        guard.release_signals()  # after a hang-up: ignored from now on, and the deadline stays armed
         for line in lines:
             print(f"tuner: {line}")
     if app.hung_up or guard.triggered:
