@@ -21,8 +21,8 @@ from tuner.core import exit_codes, signals
 from tuner.core.errors import TunerError, disk_full, is_disk_full
 
 # In the order `tuner --help` lists them; each is tuner/commands/<name>.py (a missing one is an error).
-COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "report", "profile", "apply", "service", "doctor",
-            "unsafe")
+COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "screen", "reference", "report", "profile", "apply",
+            "service", "doctor", "unsafe")
 
 DESCRIPTION = """\
 Find the lowest stable GPU voltage setting with a real training workload, and keep it.
