@@ -22,8 +22,8 @@ def trajectory(steps: int = 5) -> Reference:
 
 def bundle(tmp_path: Path, *, steps: int = 5, driver: str | None = None, **recording) -> rb.Bundle:
     backend = SimulatedBackend(state_path=tmp_path / "sim.json", driver=driver)
-    fields = {"tier": "quick", "load_s": 30.0, "steps": steps, "median_step_ms": 3.0, "repeatable": True, "replayed_steps": steps,
-                  "eval_losses": (1.5, 2.0, 2.5)}
+    fields = {"tier": "quick", "load_s": 30.0, "steps": steps, "median_step_ms": 3.0, "repeatable": True,
+              "replayed_steps": steps, "eval_losses": (1.5, 2.0, 2.5)}
     fields.update(recording)
     return rb.build_bundle(device=backend.device("sim0"), recording=rb.Recording(**fields),
                            trajectory=trajectory(steps))
