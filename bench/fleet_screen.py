@@ -31,7 +31,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -82,7 +81,8 @@ class ModelRun:
         ref_steps = steps
         reference = None
         if o.reference:
-            reference = {"path": o.reference, "reference_steps": ref_steps, "compared_steps": done - (fault_at is not None),
+            compared = done - (fault_at is not None)  # the faulty step differed: not a matching step
+            reference = {"path": o.reference, "reference_steps": ref_steps, "compared_steps": compared,
                          "beyond_reference_steps": 0, "note": None, "tolerance": None, "loop": True, "segments": 1}
         if fault_at is not None:
             yield example("fault", kind="mismatch", step=fault_at, reference_step=fault_at, detail="state bits differ",
@@ -197,7 +197,7 @@ def screen_fleet(args, tier_name: str, step_s: float, setup_s: float, bad: set[i
             # each card's virtual time: its runs one after another; the host: its slowest card
             seeds = {zlib.crc32(f"{d}:{p}".encode()) & 0x7FFFFFFF: d for d in ids for p in ("screen", "repeat",
                                                                                            "stock")}
-            per_card: dict[str, float] = {d: 0.0 for d in ids}
+            per_card: dict[str, float] = dict.fromkeys(ids, 0.0)
             for run in log:
                 for seed, seconds in run.log:
                     per_card[seeds[seed]] += seconds
