@@ -39,6 +39,8 @@ def add_parser(subparsers) -> None:
                        "r9700.ref\n  tuner --simulate reference record --device sim0 --tier quick --out A.ref")
     q.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
     q.add_argument("--tier", default="quick", metavar="TIER", help=TIER_HELP)
+    q.add_argument("--duration", metavar="DUR", help="load to record instead of the tier's (e.g. 10s, 5m): tier "
+                   "'custom'")
     q.add_argument("--out", required=True, metavar="FILE", help="the bundle to write (e.g. stock.ref)")
     q.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
     q.add_argument("--preset", choices=("nanochat", "tiny", "small", "large"),
@@ -63,9 +65,20 @@ def _tier(text: str):
         raise UsageError(f"--tier: {e}") from None
 
 
+def tier_of(args: argparse.Namespace):
+    """The tier asked for, or a custom one with `--duration`."""
+    from dataclasses import replace
+
+    from tuner.core.durations import parse_duration_s
+    tier = _tier(args.tier)
+    if getattr(args, "duration", None) is not None:
+        tier = replace(tier, name="custom", load_s=parse_duration_s(args.duration), dcgm_level=None)
+    return tier
+
+
 def run_record(args: argparse.Namespace, ctx: Context) -> int:
     from tuner.actions.screen.record import RecordRequest, record_reference
-    tier = _tier(args.tier)
+    tier = tier_of(args)
     backend = ctx.backend
     device = pick_device(backend, args.device)
     out = Path(args.out)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.commands._device import pick_device
-from tuner.commands.reference import TIER_HELP, _tier
+from tuner.commands.reference import TIER_HELP, tier_of
 from tuner.core.atomic import write_atomic
-from tuner.core.durations import format_duration, parse_duration_s
+from tuner.core.durations import format_duration
 from tuner.core.errors import UsageError
 
 if TYPE_CHECKING:
@@ -119,16 +119,12 @@ class Progress:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from dataclasses import replace
-
     from tuner.actions.screen import verdict as v
     from tuner.actions.screen.fleet import Screen
     from tuner.actions.screen.tolerance import DEFAULT_MARGIN_NATS
     from tuner.profiles import reference_bundle as rb
 
-    tier = _tier(args.tier)
-    if args.duration is not None:
-        tier = replace(tier, name="custom", load_s=parse_duration_s(args.duration), dcgm_level=None)
+    tier = tier_of(args)
     if args.margin is not None and not args.tolerance:
         raise UsageError("--margin is the tolerance mode's", "add --tolerance, or drop --margin")
     margin = DEFAULT_MARGIN_NATS if args.margin is None else args.margin
