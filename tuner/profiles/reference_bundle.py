@@ -379,12 +379,44 @@ def materialize(bundle: Bundle, directory: Path) -> Path:
     return path
 
 
+# --- beside a profile (docs/screen.md, "Decisions": the reference travels beside the profile, not inside it) ---------
+
+
 def sidecar_path(profile_path: Path) -> Path:
     """Where a profile's bundled reference lives: beside it, `NAME.ref` for `NAME.toml`."""
     return Path(profile_path).with_suffix(SUFFIX)
 
 
+def reference_beside(profile_path: Path) -> tuple[Bundle, Path, int] | None:
+    """The reference bundled with the profile at `profile_path` (read and checked), its path and size; None when
+    there is none. A link there is refused (as the profile store refuses links), a damaged one is a BundleProblem."""
+    path = sidecar_path(profile_path)
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink():
+        raise BundleProblem(f"reference {path}: is a symbolic link; the tuner does not follow links beside profiles",
+                            "copy the file itself there (cp -L)")
+    return read_bundle(path), path, path.stat().st_size
+
+
+def write_beside(bundle: Bundle, profile_path: Path, *, overwrite: bool = False) -> tuple[Path, int]:
+    """Store `bundle` beside the profile at `profile_path`; returns its path and size."""
+    path = sidecar_path(profile_path)
+    if os.path.lexists(path) and path.is_symlink():
+        raise UsageError(f"{path} is a symbolic link; nothing was written", "remove it first")
+    return path, write_bundle(bundle, path, overwrite=overwrite)
+
+
+def remove_beside(profile_path: Path) -> Path | None:
+    """Remove the reference beside a profile (the profile was deleted or replaced); its path, or None."""
+    path = sidecar_path(profile_path)
+    if not os.path.lexists(path):
+        return None
+    path.unlink()
+    return path
+
+
 __all__ = ["FORMAT", "SUFFIX", "TOLERANCE_KEYS", "VERSION", "Bundle", "BundleProblem", "CardFields", "Difference",
            "Origin", "Recording", "build_bundle", "card_differences", "card_fields", "encode", "engine_differences",
-           "materialize", "read_bundle", "seal", "sidecar_path", "tolerance_differences", "vbios_family",
-           "write_bundle"]
+           "materialize", "read_bundle", "reference_beside", "remove_beside", "seal", "sidecar_path",
+           "tolerance_differences", "vbios_family", "write_beside", "write_bundle"]

@@ -1,0 +1,73 @@
+"""A profile travels with its proof: `profile export` carries the stock reference beside it (NAME.ref, its size
+said), `import` takes the one beside the file (checked first: a damaged one stores nothing), `delete` removes it,
+`show` says it is there."""
+
+from __future__ import annotations
+
+import json
+
+from tests.profiles.helpers import sim_profile, tuner
+from tests.screen.helpers import bundle, raw, write_raw
+from tuner.core import exit_codes
+from tuner.profiles import reference_bundle as rb
+from tuner.profiles.store import profile_path, save_profile
+
+
+def _saved_with_reference(tmp_path, name="p"):
+    path = save_profile(sim_profile(name))
+    rb.write_beside(bundle(tmp_path, steps=300), path)
+    return path
+
+
+def test_export_carries_the_reference_and_says_its_size(tmp_path, capsys):
+    _saved_with_reference(tmp_path)
+    code, out, _ = tuner(capsys, "profile", "export", "p", str(tmp_path / "out.toml"))
+    assert code == 0
+    assert "stock reference" in out and str(tmp_path / "out.ref") in out and "KiB" in out
+    assert rb.read_bundle(tmp_path / "out.ref").steps == 300
+
+
+def test_export_without_one_says_so(tmp_path, capsys):
+    save_profile(sim_profile("bare"))
+    code, out, _ = tuner(capsys, "profile", "export", "bare", str(tmp_path / "b.toml"))
+    assert code == 0 and "no stock reference" in out and not (tmp_path / "b.ref").exists()
+
+
+def test_export_to_stdout_says_the_reference_is_not_carried(tmp_path, capsys):
+    _saved_with_reference(tmp_path)
+    code, out, err = tuner(capsys, "profile", "export", "p", "-")
+    assert code == 0 and "[profile]" in out and "not carried on stdout" in err
+
+
+def test_export_refuses_to_replace_a_reference_without_overwrite(tmp_path, capsys):
+    _saved_with_reference(tmp_path)
+    (tmp_path / "out.ref").write_text("keep me")
+    code, _, err = tuner(capsys, "profile", "export", "p", str(tmp_path / "out.toml"))
+    assert code == exit_codes.USAGE and "already exists" in err
+    assert (tmp_path / "out.ref").read_text() == "keep me" and not (tmp_path / "out.toml").exists()
+
+
+def test_import_takes_the_reference_beside_the_file(tmp_path, capsys):
+    _saved_with_reference(tmp_path, "src")
+    tuner(capsys, "profile", "export", "src", str(tmp_path / "x.toml"))
+    code, out, _ = tuner(capsys, "profile", "import", str(tmp_path / "x.toml"), "--name", "moved", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["reference"]["sha256"] == rb.read_bundle(tmp_path / "x.ref").sha256
+    assert rb.read_bundle(rb.sidecar_path(profile_path("moved"))).steps == 300
+    code, out, _ = tuner(capsys, "profile", "show", "moved")
+    assert "reference" in out and "300 stock steps" in out
+    code, out, _ = tuner(capsys, "profile", "delete", "moved")
+    assert "its stock reference" in out and not rb.sidecar_path(profile_path("moved")).exists()
+
+
+def test_import_refuses_a_damaged_reference_and_stores_nothing(tmp_path, capsys):
+    _saved_with_reference(tmp_path, "src")
+    tuner(capsys, "profile", "export", "src", str(tmp_path / "x.toml"))
+    doc = raw(tmp_path / "x.ref")
+    doc["card"]["driver_version"] = "edited"
+    write_raw(tmp_path / "x.ref", doc)
+    code, _, err = tuner(capsys, "profile", "import", str(tmp_path / "x.toml"), "--name", "moved")
+    assert code == exit_codes.USAGE and "does not match its hash" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not profile_path("moved").exists()
