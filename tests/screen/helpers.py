@@ -35,3 +35,13 @@ def raw(path: Path) -> dict:
 
 def write_raw(path: Path, doc: dict) -> None:
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+
+LOAD = ("--duration", "3s")  # the screens and recordings of the tests: short loads (the tiers are 30 s and more)
+
+
+def state(tmp_path: Path, name: str) -> dict:
+    """Environment for a tuner with its own state directory (another machine); the engine's cache is shared."""
+    base = tmp_path / name
+    return {"XDG_STATE_HOME": str(base / "state"), "XDG_CONFIG_HOME": str(base / "config"),
+            "XDG_CACHE_HOME": str(tmp_path / "cache")}

@@ -14,7 +14,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.screen.test_screen_cli import LOAD, SCHEMA, reference, state  # noqa: F401 - the module fixture
+from tests.screen.helpers import LOAD, state
+from tests.screen.test_screen_cli import SCHEMA
 
 REPO = Path(__file__).resolve().parents[2]
 TUNER = f"{sys.executable} -m tuner"
@@ -41,7 +42,7 @@ def slurm_env(tmp_path, reference, sim_args: str = "") -> tuple[dict, Path]:
     return env, log
 
 
-def test_slurm_health_check_keeps_a_good_node(tmp_path, reference):  # noqa: F811
+def test_slurm_health_check_keeps_a_good_node(tmp_path, reference):
     env, log = slurm_env(tmp_path, reference)
     r = run_script("examples/slurm/tuner-healthcheck.sh", env)
     assert r.returncode == 0, r.stderr
@@ -49,7 +50,7 @@ def test_slurm_health_check_keeps_a_good_node(tmp_path, reference):  # noqa: F81
     jsonschema.validate(json.loads((tmp_path / "verdicts/screen-node17.json").read_text()), SCHEMA)
 
 
-def test_slurm_health_check_drains_a_bad_node(tmp_path, reference):  # noqa: F811
+def test_slurm_health_check_drains_a_bad_node(tmp_path, reference):
     env, log = slurm_env(tmp_path, reference, "--sim-sdc-rate 0.01")
     r = run_script("examples/slurm/tuner-healthcheck.sh", env)
     assert r.returncode == 1
@@ -57,7 +58,7 @@ def test_slurm_health_check_drains_a_bad_node(tmp_path, reference):  # noqa: F81
     assert "update NodeName=node17 State=DRAIN Reason=tuner screen: 1 card: 1 fail; sim0 fail (drain)" in call
 
 
-def test_slurm_prolog_drains_by_its_exit_code(tmp_path, reference):  # noqa: F811
+def test_slurm_prolog_drains_by_its_exit_code(tmp_path, reference):
     env, log = slurm_env(tmp_path, reference, "--sim-driver 999.1")
     r = run_script("examples/slurm/tuner-healthcheck.sh", {**env, "SLURM_JOB_ID": "42",
                                                             "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})
@@ -75,7 +76,7 @@ def k8s_env(tmp_path, reference, sim_args: str = "") -> tuple[dict, Path]:
     return env, log
 
 
-def test_kubernetes_job_script(tmp_path, reference):  # noqa: F811
+def test_kubernetes_job_script(tmp_path, reference):
     env, log = k8s_env(tmp_path, reference)
     r = run_script("examples/kubernetes/screen.sh", env)
     assert r.returncode == 0, r.stderr
@@ -85,7 +86,7 @@ def test_kubernetes_job_script(tmp_path, reference):  # noqa: F811
     assert not log.exists()
 
 
-def test_kubernetes_job_script_cordons_a_bad_node(tmp_path, reference):  # noqa: F811
+def test_kubernetes_job_script_cordons_a_bad_node(tmp_path, reference):
     env, log = k8s_env(tmp_path, reference, "--sim-sdc-rate 0.01")
     r = run_script("examples/kubernetes/screen.sh", env)
     assert r.returncode == 1
@@ -99,7 +100,7 @@ def test_kubernetes_manifest_reads_the_exit_codes():
 
 
 @pytest.mark.skipif(shutil.which("ansible-playbook") is None, reason="ansible-playbook is not installed")
-def test_ansible_playbook_collects_the_verdicts(tmp_path, reference):  # noqa: F811
+def test_ansible_playbook_collects_the_verdicts(tmp_path, reference):
     collect = tmp_path / "collected"
     collect.mkdir()
     extra = {"target": "localhost", "reference": str(reference), "reference_dest": str(tmp_path / "fleet.ref"),

@@ -11,31 +11,12 @@ import jsonschema
 import pytest
 
 from tests.cli_helpers import run_tuner
-from tests.screen.helpers import raw, write_raw
+from tests.screen.helpers import LOAD, raw, state, write_raw
 from tuner.actions.screen import verdict as v
 from tuner.core import exit_codes
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / v.SCHEMA_FILE).read_text())
-LOAD = ("--duration", "3s")
-
-
-def state(tmp_path: Path, name: str) -> dict:
-    """Environment for a tuner with its own state directory (another machine)."""
-    base = tmp_path / name
-    return {"XDG_STATE_HOME": str(base / "state"), "XDG_CONFIG_HOME": str(base / "config"),
-            "XDG_CACHE_HOME": str(tmp_path / "cache")}
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("ref")
-    out = tmp / "A.ref"
-    r = run_tuner("--simulate", "reference", "record", "--device", "sim0", "--tier", "quick", *LOAD, "--out",
-                  str(out), env=state(tmp, "recorder"), timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "replayed bit for bit" in r.stdout and out.exists()
-    return out
 
 
 def screen(tmp_path, reference, *extra, env_name="screener", global_args=()):
