@@ -60,12 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: harmless
-    from tuner.engine.platform import prepare_environment
+    from tuner.engine import compiled
+    from tuner.engine.environment import prepare_environment
 
-    prepare_environment()  # before torch initialises any GPU runtime
+    # before anything imports torch: the allocator, cuBLAS and TunableOp read theirs at import or first use
+    environment_notes = prepare_environment()
+    compiled.prepare_environment(compiled.cache_root(opts.cache_dir))
     from tuner.engine.runner import PARENT_EXIT, Engine
 
-    engine = Engine(opts, emitter)
+    engine = Engine(opts, emitter, environment_notes=environment_notes)
 
     def on_signal(signum, _frame):
         gone = signum == signal.SIGTERM and not parent_alive(opts.parent_pid)  # the parent-death signal

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.engine import PROTOCOL_VERSION, compiled
+from tuner.engine import PROTOCOL_VERSION, attention, compiled
 from tuner.engine.batchfit import BatchDoesNotFit, fit_batch
 from tuner.engine.data import DataProblem, WindowSampler, load_corpus, tokenize
 from tuner.engine.detectors import (
@@ -33,6 +33,7 @@ from tuner.engine.detectors import (
     device_error,
 )
 from tuner.engine.distributed import DataParallel, GroupDidNotForm, PeerLost, data_seed
+from tuner.engine.environment import kernel_env, prepare_environment
 from tuner.engine.faults import FaultInjector, PlatformFlaw
 from tuner.engine.lifeline import parent_alive
 from tuner.engine.model import GPT, GPTConfig
@@ -49,9 +50,7 @@ from tuner.engine.platform import (
     empty_cache,
     enable_determinism,
     is_oom,
-    kernel_env,
     make_oom,
-    prepare_environment,
     resolve_device,
     sdpa_backend,
     synchronize,
@@ -130,8 +129,10 @@ def _log(msg: str) -> None:
 
 class Engine:
     def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = _log,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, environment_notes: list[str] | None = None):
         self.opts, self.em, self.log, self.sleep = opts, emitter, log, sleep
+        # what `environment.prepare_environment()` overrode when the CLI called it, before torch was imported
+        self.environment_notes = list(environment_notes or [])
         self.state = "setup"
         self.step = 0  # completed training steps (gemm mode: completed GEMM rounds)
         self.progress = 0  # completed units of work of any kind (steps, canaries, GEMM rounds)
@@ -145,6 +146,7 @@ class Engine:
         self.injector = FaultInjector(opts.injections, opts.fault_rate, opts.effective_fault_seed, log=log,
                                       flaw=PlatformFlaw(opts.sim_nondeterministic, opts.sim_contention_at))
         self.kernels: dict = {}
+        self.attention_kernels: list[str] = []  # one per layer (attention.layer_kernels); none in gemm mode
         self.first_difference: dict | None = None  # the first step (0: start-up check) that did not repeat
         self.bitwise_probe: ReferenceTrajectory | None = None  # --verify-repeatable with --tolerance
         self.reference: Reference | None = None
@@ -194,7 +196,7 @@ class Engine:
         opts.validate()
         self.cache_root = compiled.cache_root(opts.cache_dir)
         compiled.prepare_environment(self.cache_root)
-        for line in prepare_environment():
+        for line in [*self.environment_notes, *prepare_environment()]:  # in-process runs: the second list
             self._setup_warning("environment", line)
         if opts.threads:
             torch.set_num_threads(opts.threads)
@@ -229,6 +231,8 @@ class Engine:
             self._build_model()
             self._attention_repeatable = self._attention_smoke()  # before the batch fit: a clearer error
             self.batch_size = self._fit_batch()
+            if self.use_compile:  # after the fit, whose probes run eager kernels (_oom_probe)
+                self.train_model = compiled.compile_model(self.model)
             self._build_canary()
         else:
             self.batch_size = 0
@@ -278,7 +282,11 @@ class Engine:
         p = self.opts.preset_spec
         # nanochat stores the embeddings in the compute dtype (fp32 when computing in fp16: no loss scaling)
         embed_dtype = self.dtype if p.bf16_embeddings and self.dtype != torch.float16 else torch.float32
-        model = GPT(self.cfg, self.dtype, embed_dtype=embed_dtype)
+        c = self.cfg
+        where = attention.attention_platform(self.spec.type, self.device, self.dtype, c.n_head, c.head_dim,
+                                             c.seq_len)
+        self.attention_kernels = attention.layer_kernels(c.windows(), c.seq_len, where)
+        model = GPT(self.cfg, self.dtype, embed_dtype=embed_dtype, attention_kernels=self.attention_kernels)
         model.init_weights(gen)
         self.model = model.to(self.device)
         self.flat_params = self.model.flatten_parameters_()
@@ -287,7 +295,10 @@ class Engine:
         self._new_optimizers()
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.flops_per_token = self.model.flops_per_token()
-        self.train_model = compiled.compile_model(self.model) if self.use_compile else self.model
+        from tuner.engine.optim import eager_updates
+
+        eager_updates()  # the batch fit's probes run eager kernels; compiled ones are swapped in after it
+        self.train_model = self.model
 
     def _new_optimizers(self) -> None:
         p = self.opts.preset_spec
@@ -332,7 +343,9 @@ class Engine:
     def _oom_probe(self, batch: int) -> int | None:
         """One whole training step at `batch` (forward, backward, both optimizers with their state and
         temporaries), then back to the initial weights and fresh optimizers. Returns the peak memory in bytes
-        (CUDA; None elsewhere). Eager kernels: compiling once per probed batch would cost minutes."""
+        (CUDA; None elsewhere). Eager kernels, the model's and the optimizer updates' (compiling once per probed
+        batch would cost minutes): `setup` compiles after the fit. Eager kernels keep more temporaries than
+        compiled ones, so a batch that fits eager fits compiled."""
         if self.opts.test_oom_above is not None and batch > self.opts.test_oom_above:
             raise make_oom(f"out of memory: simulated by the test hook at batch {batch}")
         cuda = self.spec.type == "cuda"
@@ -421,29 +434,43 @@ class Engine:
         self._last_canary_t = time.monotonic()
 
     def _attention_smoke(self) -> bool:
-        """Causal SDPA forward and backward at the preset's shape in the compute dtype, twice, compared bit for bit.
-        A kernel that fails here (an unsupported shape or architecture) is a setup problem, never the voltage."""
+        """Causal SDPA forward and backward at the preset's shape in the compute dtype, twice, compared bit for bit;
+        and the same for flash attention's window on each window a layer runs it with. A kernel that fails here (an
+        unsupported shape or architecture) is a setup problem, never the voltage."""
         p = self.opts.preset_spec
         rows = p.canary_batch
         gen = torch.Generator().manual_seed(12345)
         shape = (rows, p.n_head, p.seq_len, p.head_dim)
         base = [torch.randn(shape, generator=gen).to(self.device, self.dtype) for _ in range(4)]
         self.kernels["sdpa_backend"] = sdpa_backend(base[0])
-        outs = []
-        try:
-            for _ in range(REPEATABILITY_RUNS):
-                q, k, v = (t.detach().clone().requires_grad_(True) for t in base[:3])
-                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-                y.backward(base[3])
-                outs.append([t.detach().float().cpu() for t in (y, q.grad, k.grad, v.grad)])
-        except Exception as e:
-            if is_oom(e):
-                raise
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise SetupProblem(f"attention (SDPA, {self.kernels['sdpa_backend']}) failed at the {p.name} preset's "
-                               f"shape {list(shape)} in {DTYPE_NAMES[self.dtype]}: {first}") from None
-        return all(torch.equal(a.view(torch.int32), b.view(torch.int32))
-                   for a, b in zip(outs[0], outs[1], strict=False))
+
+        def sdpa(q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        checks = [(f"SDPA, {self.kernels['sdpa_backend']}", sdpa, base)]
+        by_seq = [t.transpose(1, 2).contiguous() for t in base]  # flash's (batch, seq, heads, head_dim)
+        for w in sorted({w for w, k in zip(self.cfg.windows(), self.attention_kernels, strict=True)
+                         if k == attention.FLASH_WINDOW}):
+            checks.append((f"flash with window {w}",
+                           lambda q, k, v, w=w: attention.flash_window(q, k, v, w), by_seq))
+        same = True
+        for label, fn, inputs in checks:
+            outs = []
+            try:
+                for _ in range(REPEATABILITY_RUNS):
+                    q, k, v = (t.detach().clone().requires_grad_(True) for t in inputs[:3])
+                    y = fn(q, k, v)
+                    y.backward(inputs[3])
+                    outs.append([t.detach().float().cpu() for t in (y, q.grad, k.grad, v.grad)])
+            except Exception as e:
+                if is_oom(e):
+                    raise
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                raise SetupProblem(f"attention ({label}) failed at the {p.name} preset's shape {list(shape)} in "
+                                   f"{DTYPE_NAMES[self.dtype]}: {first}") from None
+            same = same and all(torch.equal(a.view(torch.int32), b.view(torch.int32))
+                                for a, b in zip(outs[0], outs[1], strict=False))
+        return same
 
     def _reset_training(self) -> None:
         """Initial weights and fresh optimizers: the state step 1 starts from."""
@@ -503,6 +530,8 @@ class Engine:
                       tokenizer_sha256=self.corpus.tokenizer_sha256)
         if self.use_compile:
             fp["compile"] = True
+        if attention.FLASH_WINDOW in self.attention_kernels:  # only then: references of the other kernels load
+            fp["attention_kernels"] = list(self.attention_kernels)
         if self.spec.type == "cpu":
             fp["threads"] = torch.get_num_threads()
         if self.dp is not None:  # a rank's trajectory depends on the group: its data shard and the averaged grads
@@ -568,6 +597,7 @@ class Engine:
                    "embed_dtype": DTYPE_NAMES.get(self.model.wte.weight.dtype, str(self.model.wte.weight.dtype))}
             if training else None,
             compile=bool(training and self.use_compile),
+            attention_kernels=list(self.attention_kernels) if training else None,
             seed=o.seed,
             steps=o.steps,
             duration_s=o.duration_s,
@@ -601,7 +631,7 @@ class Engine:
         )
         self.log(f"{o.mode} on {self.spec.name} ({DTYPE_NAMES[self.dtype]}), preset {o.preset}"
                  + (f", {self.n_params:,} parameters, {tokens:,} tokens/step" if training else "")
-                 + (f", attention {self.kernels.get('sdpa_backend')}" if training else "")
+                 + (f", attention {'/'.join(self.attention_kernels)}" if training else "")
                  + (", REDUCED SENSITIVITY (--tolerance)" if self.opts.tolerance else ""))
 
     def _dp_status(self) -> dict | None:
