@@ -435,8 +435,8 @@ def part_e(args) -> dict:
 
     from tuner.actions.screen.tolerance import paired
 
-    engine = Engine(EngineOptions(steps=1, canary_every=0, canary_every_s=0, seed=args.seed, preset=args.preset,
-                                  device=args.device, dtype="fp32"), Emitter(), log=quiet)
+    engine = Engine(detection_options(args, steps=1, preset=args.preset, device=args.device, dtype="fp32"),
+                    Emitter(), log=quiet)
     engine.setup()
     steps = args.tolerance_steps
     clean, clean_losses, _ = _train_and_score(engine, steps)
