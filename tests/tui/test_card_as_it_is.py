@@ -153,12 +153,13 @@ def test_cli_flags_become_the_ui_keys():
 
 
 def test_a_users_stop_reads_stopped_by_you():
+    from tests.engine.examples import example
     from tuner.app.jobs import apply_stress_event
     from tuner.app.state import StressState
-    from tuner.tuning.engine_client import EndEvent
     from tuner.tuning.events import BisectStopped
 
-    end = EndEvent(t=1.0, raw={}, verdict="error", reason="interrupted by SIGTERM", steps=431)
+    end = example("end", verdict="error", kind="interrupted", reason="interrupted by SIGTERM", steps=431,
+                  exit_code=130, median_tok_s=None)
     stopping = StressState(device_id="sim0", running=True, stopping=True)
     assert apply_stress_event(stopping, end).log[-1] == "stopped by you after 431 steps (no fault seen)"
     stopped = apply_bisect_event(BisectState(device_id="sim0", running=True),

@@ -31,6 +31,14 @@ def _tmux(sock: Path, *args: str) -> str:
     return subprocess.run([TMUX, "-S", str(sock), *args], capture_output=True, text=True, check=True).stdout
 
 
+def _card(rig: Path, device_id: str) -> dict:
+    """A simulated card's record as the tuner left it on disk ({}: never written, stock)."""
+    import json
+
+    path = rig / f"{device_id}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def _wait_for(sock: Path, texts: list[str], timeout_s: float = 20.0) -> str:
     deadline = time.monotonic() + timeout_s
     pane = ""
@@ -162,13 +170,12 @@ def test_three_cards_fit_80x24_on_every_screen_with_every_key(tmp_path):
 
 def test_ssh_hang_up_reverts_an_unconfirmed_setting(tmp_path):
     """Apply -10 mV, leave the keep-or-revert dialog open, then SIGHUP the tuner: the card must be at stock."""
-    import json
     import signal
 
     import psutil
 
     sock = _start_tuner(tmp_path)
-    state = Path(os.environ["XDG_STATE_HOME"]) / "tuner" / "simulated" / "seed-0.json"
+    state = Path(os.environ["XDG_STATE_HOME"]) / "tuner-simulated" / "seed-0"
     try:
         _wait_for(sock, EXPECT["1"])
         _tmux(sock, "send-keys", "-t", "smoke", "2")
@@ -178,12 +185,12 @@ def test_ssh_hang_up_reverts_an_unconfirmed_setting(tmp_path):
         _wait_for(sock, ["target -10 mV"])
         _tmux(sock, "send-keys", "-t", "smoke", "a")
         _wait_for(sock, ["Keep this setting?"])
-        assert json.loads(state.read_text())["cards"]["sim0"]["offset_mv"] == -10
+        assert _card(state, "sim0").get("offset_mv", 0) == -10
         shell_pid = int(_tmux(sock, "list-panes", "-t", "smoke", "-F", "#{pane_pid}").strip())
         [app_proc] = [p for p in psutil.Process(shell_pid).children(recursive=True) if "tuner" in " ".join(p.cmdline())]
         app_proc.send_signal(signal.SIGHUP)
         _wait_for(sock, ["TUNER-EXIT=130"])
-        assert json.loads(state.read_text())["cards"]["sim0"]["offset_mv"] == 0
+        assert _card(state, "sim0").get("offset_mv", 0) == 0
     finally:
         subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
 
@@ -192,7 +199,6 @@ def test_ssh_hang_up_reverts_every_card_of_an_unconfirmed_rig_apply(tmp_path):
     """The rig half of the test above, in a real process (the rig rules table calls the handler run_app installs
     by hand; here the real signal goes through whatever the process has installed): a rig profile applied to three
     cards from the Profiles screen, its one keep-or-revert open, then SIGHUP: every card must be back at stock."""
-    import json
     import signal
 
     import psutil
@@ -205,10 +211,10 @@ def test_ssh_hang_up_reverts_every_card_of_an_unconfirmed_rig_apply(tmp_path):
                                            zip(cards.devices(), (-40, -55, -30), strict=True)],
                                    rig={"backend": "gloo", "attempts": 1}, kernel="6.14.0-test"))
     sock = _start_tuner(tmp_path, args=" --sim-gpus 3")
-    state = Path(os.environ["XDG_STATE_HOME"]) / "tuner" / "simulated" / "seed-0.json"
+    state = Path(os.environ["XDG_STATE_HOME"]) / "tuner-simulated" / "seed-0"
 
     def offsets() -> list[int]:
-        return [json.loads(state.read_text())["cards"][f"sim{i}"]["offset_mv"] for i in range(3)]
+        return [_card(state, f"sim{i}").get("offset_mv", 0) for i in range(3)]
 
     try:
         _wait_for(sock, ["[1 Dashboard]", "sim2"])
@@ -229,12 +235,11 @@ def test_ssh_hang_up_reverts_every_card_of_an_unconfirmed_rig_apply(tmp_path):
 def test_terminal_gone_during_a_bisect_stops_everything_and_leaves_the_card_at_stock(tmp_path):
     """The SSH connection drops mid-bisect (the terminal disappears): the UI and the engine must exit and the card
     must be at stock, with no process left spinning on a dead terminal."""
-    import json
 
     import psutil
 
     sock = _start_tuner(tmp_path, then="")  # the pane (the "terminal") closes with the tuner
-    state = Path(os.environ["XDG_STATE_HOME"]) / "tuner" / "simulated" / "seed-0.json"
+    state = Path(os.environ["XDG_STATE_HOME"]) / "tuner-simulated" / "seed-0"
     try:
         _wait_for(sock, EXPECT["1"])
         _tmux(sock, "send-keys", "-t", "smoke", "3")
@@ -253,5 +258,5 @@ def test_terminal_gone_during_a_bisect_stops_everything_and_leaves_the_card_at_s
         subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
     _gone, alive = psutil.wait_procs(procs, timeout=20)
     assert not alive, f"still running after the terminal went away: {[p.cmdline() for p in alive]}"
-    card = json.loads(state.read_text())["cards"]["sim0"]
-    assert card["offset_mv"] == 0 and "load_pid" not in card
+    card = _card(state, "sim0")
+    assert card.get("offset_mv", 0) == 0 and "load_pid" not in card

@@ -403,7 +403,9 @@ class TunerApp(App[int]):
             self.notify(f"every card {message.outcome}: now {now}")
 
     # --- stress (App-owned) -----------------------------------------------------------------------------------
-    def start_stress(self, device_id: str, preset: str, mode: str) -> None:
+    def start_stress(self, device_id: str, preset: str, mode: str, *, without_reference: bool = False) -> None:
+        """A stress run through tuner.actions.stress; `without_reference`: the user chose to run without a stock
+        reference (the Tune screen asked)."""
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
@@ -412,7 +414,7 @@ class TunerApp(App[int]):
                                   run=self.stress.run + 1).written(
             f"starting {preset}/{mode} stress on {device_id} at {setting}")
         self._stress_job = jobs.StressJob(
-            self.backend, device_id, preset=preset, mode=mode,
+            self.backend, device_id, preset=preset, mode=mode, without_reference=without_reference,
             emit=lambda event: self.post_message(msg.StressEventReceived(event)), **self._stress_options,
         )
         self._run_stress(self._stress_job)

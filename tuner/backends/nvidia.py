@@ -294,13 +294,15 @@ class NvidiaBackend(Backend):
         """Record the offset the tuner applied and the lock it applied it at (NVML cannot read locked clocks back:
         this record is the only memory of the lock); an offset of 0 clears it."""
         key = self._record_key(device_id)
-        with contextlib.suppress(OSError):
+        try:
             if offset_mhz == 0:
                 card_records.clear(card_records.APPLIED, key)
             else:
                 card_records.save(
                     card_records.APPLIED, key, {"offset_mhz": offset_mhz, "lock_clock_mhz": lock_mhz}
                 )
+        except OSError as e:
+            self._warn(card_records.unrecorded(device_id, offset_mhz, "MHz", e))
 
     def _recorded_lock(self, device_id: str) -> int | None:
         """The lock the tuner's record says it put on the card with the offset it applied this boot, or None."""

@@ -11,7 +11,7 @@ import threading
 from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect
 from tuner.commands._argtypes import whole_number
 from tuner.commands._device import pick_device
-from tuner.commands._output import format_table
+from tuner.commands._output import StatusLine, format_table
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
@@ -105,7 +105,7 @@ class _Printer:
         self.unit, self.json_lines = unit, json_lines
         self.block, self.device = block, device  # several cards: lines go through the block, prefixed
         self.tty = block.tty if block is not None else sys.stderr.isatty()
-        self._bar_shown = False
+        self._status = StatusLine(sys.stderr)
         self._lock = threading.Lock()
         self._last_plain = 0.0
         self._trial_label = ""
@@ -121,9 +121,7 @@ class _Printer:
         if self.block is not None:
             self.block.line(f"[{self.device}] {text}")
             return
-        if self._bar_shown:
-            sys.stderr.write("\r\033[K")
-            self._bar_shown = False
+        self._status.clear()
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
 
@@ -163,9 +161,7 @@ class _Printer:
                 if self.block is not None:
                     self.block.status(self.device, text)
                     return
-                sys.stderr.write(f"\r\033[K{text}")
-                sys.stderr.flush()
-                self._bar_shown = True
+                self._status.show(text)
             elif ev.elapsed_s - self._last_plain >= 30 or ev.elapsed_s < self._last_plain:
                 self._last_plain = ev.elapsed_s
                 self._line(f"  {self._v(ev.setting)} {ev.phase}: {format_duration(ev.elapsed_s)} of "

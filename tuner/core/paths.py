@@ -18,8 +18,17 @@ def config_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """`$XDG_STATE_HOME/tuner`: simulated card state, tuning journals, the unsafe list."""
+    """`$XDG_STATE_HOME/tuner`: tuning journals, the unsafe list, card locks and records."""
     return _xdg("XDG_STATE_HOME", ".local/state") / "tuner"
+
+
+def simulated_dir() -> Path:
+    """`$XDG_STATE_HOME/tuner-simulated`: the simulated cards' settings (one file per card).
+
+    Beside the state directory, not in it: a simulated card stands for hardware, and returning a card to stock
+    never depends on the tuner's own records (a read-only or full state directory stops a real card's reset no
+    more than it stops this one's)."""
+    return _xdg("XDG_STATE_HOME", ".local/state") / "tuner-simulated"
 
 
 def cache_dir() -> Path:

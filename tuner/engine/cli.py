@@ -24,6 +24,7 @@ def _protocol_stream():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tuner.engine.events import EndEvent
     from tuner.engine.lifeline import parent_alive, set_parent_death_signal
     from tuner.engine.options import UsageProblem, parse_args
     from tuner.engine.protocol import Emitter
@@ -36,8 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = parse_args(argv)
     except UsageProblem as e:
         print(f"tuner.engine: error: {e}", file=sys.stderr, flush=True)
-        emitter.emit("end", verdict="error", reason=str(e), kind="usage", step=None, steps=0, duration_s=0.0,
-                     exit_code=2)
+        emitter.emit(EndEvent.before_work(str(e), "usage", 2))
         return 2
     except SystemExit as e:  # --help
         return int(e.code or 0)
@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         why = "torch is not installed: the stress engine needs the engine extra"
         print(f"tuner.engine: error: {why}; pip install 'undervolt-tuner[engine]' with the torch build for your GPU "
               "(README, 'Installing torch')", file=sys.stderr, flush=True)
-        emitter.emit("end", verdict="error", reason=why, kind="usage", step=None, steps=0, duration_s=0.0,
-                     exit_code=4)
+        emitter.emit(EndEvent.before_work(why, "usage", 4))
         return 4
     import warnings
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tuner.core import paths, system_units
+from tuner.core import kernel_files, paths, system_units
 
 UNIT_NAME = system_units.APPLY_UNIT
 RESUME_UNIT_NAME = system_units.RESUME_UNIT
@@ -45,7 +45,7 @@ def resume_unit_path() -> Path:
 def reset_requested() -> bool:
     """True when the kernel command line has `tuner.reset` (or `tuner.reset=1`) as a word."""
     try:
-        cmdline = (paths.sysfs_root() / "proc/cmdline").read_text(errors="replace")
+        cmdline = kernel_files.read_text(paths.sysfs_root() / "proc/cmdline")
     except OSError:
         return False
     return any(word == RESET_FLAG or word.startswith(RESET_FLAG + "=") for word in cmdline.split())

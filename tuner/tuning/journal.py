@@ -29,13 +29,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from tuner.core import paths, processes
+from tuner.core import kernel_files, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, is_disk_full
 from tuner.core.models import Knob
 from tuner.tuning import journal_schema
 
 JOURNAL_VERSION = 1
+MAX_STATE_FILE_BYTES = 64 * 1024 * 1024  # far above any journal or unsafe list; a bigger file is not one
 
 # Session states
 ACTIVE = "active"  # a process is (or was, if it died) running this session
@@ -70,12 +71,8 @@ def reference_path(device_id: str, session: str) -> Path:
 
 
 def current_boot_id() -> str | None:
-    """This boot's id (`/proc/sys/kernel/random/boot_id` under `paths.sysfs_root()`), or None if unreadable."""
-    try:
-        text = (paths.sysfs_root() / "proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-    return text or None
+    """This boot's id, or None if unreadable (tuner.core.kernel_files: never a FIFO, /dev/zero or a stall)."""
+    return kernel_files.boot_id()
 
 
 pid_alive = processes.pid_alive  # the journal's owner check (kept as a name here: callers use journal.pid_alive)
@@ -96,7 +93,7 @@ def _damaged(path: Path, problem: str, remedy: str = _MOVE_ASIDE) -> DamagedStat
 
 def _read_json(path: Path) -> dict | None:
     try:
-        raw = path.read_bytes()
+        raw = state_files.read_file(path, MAX_STATE_FILE_BYTES)  # no link followed, never a FIFO's hang
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -212,7 +209,7 @@ def unsafe_entries(device_id: str) -> list[dict]:
     """
     path = unsafe_path(device_id)
     try:
-        raw = path.read_bytes()
+        raw = state_files.read_file(path, MAX_STATE_FILE_BYTES)  # no link followed, never a FIFO's hang
     except FileNotFoundError:
         return []
     except OSError as e:
