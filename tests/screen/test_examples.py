@@ -51,7 +51,7 @@ def test_slurm_health_check_keeps_a_good_node(tmp_path, reference):
 
 
 def test_slurm_health_check_drains_a_bad_node(tmp_path, reference):
-    env, log = slurm_env(tmp_path, reference, "--sim-sdc-rate 0.01")
+    env, log = slurm_env(tmp_path, reference, "--sim-sdc-rate 0.3")
     r = run_script("examples/slurm/tuner-healthcheck.sh", env)
     assert r.returncode == 1
     call = log.read_text()
@@ -87,7 +87,7 @@ def test_kubernetes_job_script(tmp_path, reference):
 
 
 def test_kubernetes_job_script_cordons_a_bad_node(tmp_path, reference):
-    env, log = k8s_env(tmp_path, reference, "--sim-sdc-rate 0.01")
+    env, log = k8s_env(tmp_path, reference, "--sim-sdc-rate 0.3")
     r = run_script("examples/kubernetes/screen.sh", env)
     assert r.returncode == 1
     assert json.loads(r.stdout)["verdicts"][0]["action"] == "drain"

@@ -103,7 +103,7 @@ class Progress:
                     self._width = max(self._width, len(line))
                     self.stream.write("\r" + line.ljust(self._width))
                     self.stream.flush()
-        elif isinstance(event, str):
+        elif isinstance(event, str) and not event.startswith("reference: compared with"):  # said once, above
             with self._lock:
                 self._clear()
                 print(f"screen: {device_id}: {event}", file=self.stream, flush=True)

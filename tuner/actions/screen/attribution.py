@@ -3,7 +3,10 @@ the action a scheduler should take. Pure: the runs are summaries (`RunSummary`),
 
 Fault attribution (docs/screen.md): a fault in the screen run is re-run from the same state on the same card (the
 same seed and batches from the initial weights: the engine is deterministic, so the state at every step is the
-one the fault met, rebuilt bit for bit) for up to the tier's load, ending at the first fault:
+one the fault met, rebuilt bit for bit), ending at the first fault. How long: three times the load the first fault
+took to appear, and at least the tier's (`attribution_load_s`): a persistent fault at the rate the first one
+suggests (one per that load) then shows again with probability 1 - e^-3 = 95 %, so "it did not repeat" means
+something; the stock run gets the same load, so "at stock it matched" does too.
 - it does not come back: **transient** -> `retest` (a fault that did not repeat);
 - it comes back and the card is at stock: **persistent at stock** -> `fail`, `drain` (a bad card at any setting);
 - it comes back off stock: the same steps run at stock. A fault there too: **persistent at stock** (`drain`);
@@ -52,6 +55,17 @@ def tier_named(text: str) -> Tier:
         raise ValueError(f"unknown tier {text!r}: quick (30 s, DCGM level 1), standard (2 min, level 2) or long "
                          "(15 min, level 3)")
     return TIERS[name]
+
+
+def attribution_load_s(tier_load_s: float, first_fault_after_s: float | None) -> float:
+    """The load of the repeat and the stock run: 3 x the time the first fault took (at least the tier's load).
+
+    >>> attribution_load_s(30.0, 2.0), attribution_load_s(30.0, 25.0), attribution_load_s(30.0, None)
+    (30.0, 75.0, 30.0)
+    """
+    if first_fault_after_s is None or not first_fault_after_s > 0:
+        return tier_load_s
+    return max(tier_load_s, 3.0 * first_fault_after_s)
 
 
 @dataclass(frozen=True)

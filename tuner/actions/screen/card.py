@@ -73,6 +73,7 @@ class CardScreen:
         self.runs: list[tuple[at.RunSummary, StressOutcome | None]] = []
         self.notes: list[str] = []
         self.tolerance: PairedComparison | None = None  # the screen run's paired comparison (tolerance mode)
+        self._attribution_load_s = plan.tier.load_s  # the repeat's and the stock run's load (attribution_load_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -95,6 +96,7 @@ class CardScreen:
                                   "must-match fields differ: " + "; ".join(d.text() for d in differences))
         else:
             first, differences = self._checked_run("screen", knob.current)
+            self._attribution_load_s = at.attribution_load_s(self.plan.tier.load_s, first.duration_s)
             if at.needs_repeat(first) and not self._stop.is_set():
                 repeat, _ = self._checked_run("repeat", knob.current)
             if at.needs_stock(first, repeat, at_stock) and not self._stop.is_set():
@@ -112,7 +114,7 @@ class CardScreen:
 
     # --- engine runs ----------------------------------------------------------------------------------------------
 
-    def _request(self, purpose: str, device: DeviceInfo | None = None) -> StressRequest:
+    def _request(self, purpose: str) -> StressRequest:
         fp = self.plan.bundle.engine_fingerprint
         seed = int(fp.get("seed") or 0)
         # a simulated card's faults are drawn from the fault seed: one per card and run, so a repeat is a new draw
@@ -123,8 +125,8 @@ class CardScreen:
         if self.plan.tolerance:  # the reference's steps, on its batches, then the held-out windows
             return StressRequest(self.device_id, steps=self.plan.bundle.steps, without_reference=True,
                                  batch_size=fp.get("batch_size"), **common)
-        return StressRequest(self.device_id, duration_s=self.plan.tier.load_s, reference=self.plan.trajectory_path,
-                             **common)
+        load_s = self.plan.tier.load_s if purpose == "screen" else self._attribution_load_s
+        return StressRequest(self.device_id, duration_s=load_s, reference=self.plan.trajectory_path, **common)
 
     def _engine_run(self, purpose: str, setting: int) -> at.RunSummary:
         if self._stop.is_set():

@@ -17,6 +17,8 @@ from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
+
 from tuner import __version__
 from tuner.actions.screen import verdict as v
 from tuner.actions.screen.attribution import Tier
@@ -102,16 +104,14 @@ class Screen:
         counts = {name: names.count(name) for name in v.EXIT_ORDER if name in names}
         summary = ", ".join(f"{n} {name}" for name, n in counts.items())
         stamp = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-        reference = v.ReferenceDoc(path=str(self.bundle_path), **_reference_fields(self.bundle))
+        b = self.bundle
+        reference = v.ReferenceDoc(path=str(self.bundle_path), sha256=b.sha256, tuner_version=b.tuner_version,
+                                   created=b.created, preset=b.preset, steps=b.steps, tier=b.recording.tier,
+                                   load_s=b.recording.load_s, card=msgspec.to_builtins(b.card),
+                                   origin=msgspec.to_builtins(b.origin))
         return v.ScreenReport(schema=v.SCHEMA_ID, tuner_version=__version__, host=host, created=stamp,
                               tier=tier_doc(self.tier), reference=reference, verdicts=verdicts, exit_code=code,
                               summary=f"{len(verdicts)} card{'s' * (len(verdicts) != 1)}: {summary}")
-
-
-def _reference_fields(bundle: rb.Bundle) -> dict[str, object]:
-    s = bundle.summary()
-    return {k: s[k] for k in ("sha256", "tuner_version", "created", "preset", "steps", "tier", "load_s", "card",
-                              "origin")}
 
 
 __all__ = ["Screen", "ScreenPlan", "Tier"]

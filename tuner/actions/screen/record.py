@@ -101,9 +101,9 @@ def record_reference(backend: Backend, request: RecordRequest, *, on_event: Emit
                     sessions.append(s)
                 return s.run()
 
-            common = {"preset": request.preset, "seed": request.seed, "dtype": request.dtype}
             recorded = session("record", StressRequest(device.id, duration_s=request.tier.load_s,
-                                                       record=trajectory_path, **common))
+                                                       record=trajectory_path, preset=request.preset,
+                                                       seed=request.seed, dtype=request.dtype))
             result = recorded.result
             if str(recorded.verdict) != "pass" or result is None or not trajectory_path.exists():
                 raise _failed("the stock recording", recorded)

@@ -11,6 +11,7 @@ never 0.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -18,7 +19,7 @@ from msgspec import Meta, Struct
 
 from tuner.core import exit_codes
 
-SCHEMA_ID = "tuner-screen-verdict/1"
+SCHEMA_ID: Literal["tuner-screen-verdict/1"] = "tuner-screen-verdict/1"
 SCHEMA_FILE = "docs/schemas/screen-verdict.v1.json"
 
 VerdictName = Literal["pass", "fail", "retest", "incomparable"]
@@ -209,7 +210,7 @@ class ScreenReport(_Doc, frozen=True, kw_only=True):
     summary: str
 
 
-def overall_exit(verdicts: list[str]) -> int:
+def overall_exit(verdicts: Sequence[str]) -> int:
     """The worst verdict's exit code (no cards: a usage error, never a pass)."""
     if not verdicts:
         return exit_codes.USAGE
