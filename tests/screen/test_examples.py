@@ -105,7 +105,7 @@ def test_ansible_playbook_collects_the_verdicts(tmp_path, reference):
     collect.mkdir()
     extra = {"target": "localhost", "reference": str(reference), "reference_dest": str(tmp_path / "fleet.ref"),
              "tuner": TUNER, "tuner_global_args": "--simulate --sim-seed 1", "tuner_screen_args": " ".join(LOAD),
-             "collect_dir": str(collect)}
+             "collect_dir": str(collect), "ansible_python_interpreter": sys.executable}
     env = {**os.environ, **state(tmp_path, "host"), "PYTHONPATH": str(REPO), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
     r = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", json.dumps(extra),
