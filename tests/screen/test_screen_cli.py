@@ -132,3 +132,21 @@ def test_record_refuses_a_card_off_stock(tmp_path):
     r = run_tuner("--simulate", "reference", "record", "--device", "sim0", *LOAD, "--out", str(tmp_path / "x.ref"),
                   env=env)
     assert r.returncode == exit_codes.USAGE and "not stock" in r.stderr and not (tmp_path / "x.ref").exists()
+
+
+def test_tolerance_mode_across_a_driver_is_labelled(tmp_path, reference):
+    """Bits cannot be expected to match across drivers: --tolerance compares the held-out losses instead, and says
+    so (mode tolerance, the reference comparison off, no bound); only the workload must match."""
+    r, doc = screen(tmp_path, reference, "--tolerance", global_args=("--sim-driver", "999.1"))
+    assert r.returncode == 0, r.stderr
+    [card] = doc["verdicts"]
+    assert (card["mode"], card["verdict"]) == ("tolerance", "pass")
+    tol = card["evidence"]["tolerance"]
+    assert tol["windows"] >= 2 and tol["ci95_nats"][0] >= -tol["margin_nats"] and tol["margin_nats"] == 0.02
+    assert card["evidence"]["detectors"]["reference"].startswith("off (tolerance mode")
+    assert card["bound"] is None
+
+
+def test_margin_needs_the_tolerance_mode(tmp_path, reference):
+    r, _ = screen(tmp_path, reference, "--margin", "0.1")
+    assert r.returncode == exit_codes.USAGE and "--tolerance" in r.stderr
