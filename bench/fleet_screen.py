@@ -19,7 +19,7 @@ What is real and what is modelled (say it with the figures):
   engine per card): a host takes its slowest card's runs (screen, then repeat and stock runs after a fault), the
   fleet its slowest host.
 
-    python bench/fleet_screen.py [--cards 200] [--bad 5] [--rate 0.001] [--tiers quick,standard,long]
+    python bench/fleet_screen.py [--cards 200] [--bad 5] [--rate 0.003] [--tiers quick,standard,long]
         [--per-host 8] [--seed 0] [--step-ms MS --setup-s S | --calibrate-s 8] [--json]
 """
 
@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -162,6 +161,7 @@ def screen_fleet(args, tier_name: str, step_s: float, setup_s: float, bad: set[i
 
     from tuner.actions.screen import verdict as v
     from tuner.actions.screen.attribution import tier_named
+    from tuner.actions.screen.card import fault_seed_for
     from tuner.actions.screen.fleet import Screen
     from tuner.backends.simulated import SimulatedBackend
     from tuner.tuning.kernel_log import NullWatcher
@@ -195,8 +195,7 @@ def screen_fleet(args, tier_name: str, step_s: float, setup_s: float, bad: set[i
                             kernel_watcher_factory=NullWatcher).run()
             jsonschema.validate(json.loads(v.encode(report)), schema)
             # each card's virtual time: its runs one after another; the host: its slowest card
-            seeds = {zlib.crc32(f"{d}:{p}".encode()) & 0x7FFFFFFF: d for d in ids for p in ("screen", "repeat",
-                                                                                           "stock")}
+            seeds = {fault_seed_for(backend.device(d), p): d for d in ids for p in ("screen", "repeat", "stock")}
             per_card: dict[str, float] = dict.fromkeys(ids, 0.0)
             for run in log:
                 for seed, seconds in run.log:
@@ -221,7 +220,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cards", type=int, default=200)
     ap.add_argument("--bad", type=int, default=5, help="cards that corrupt at stock (default 5)")
-    ap.add_argument("--rate", type=float, default=0.001, help="a bad card's per-step corruption rate (0.001)")
+    ap.add_argument("--rate", type=float, default=0.003, help="a bad card's per-step corruption rate (0.003)")
     ap.add_argument("--transient-rate", type=float, default=0.0,
                     help="one-off faults on every card, per step (default 0)")
     ap.add_argument("--tiers", default="quick,standard,long")

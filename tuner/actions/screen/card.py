@@ -117,9 +117,7 @@ class CardScreen:
     def _request(self, purpose: str) -> StressRequest:
         fp = self.plan.bundle.engine_fingerprint
         seed = int(fp.get("seed") or 0)
-        # a simulated card's faults are drawn from the fault seed: one per card and run, so a repeat is a new draw
-        # (as a real card's random corruption would be), and two cards do not fault on the same step by construction
-        fault_seed = zlib.crc32(f"{self.device_id}:{purpose}".encode()) & 0x7FFFFFFF
+        fault_seed = fault_seed_for(self.backend.device(self.device_id), purpose)
         common: dict[str, Any] = {"preset": self.plan.bundle.preset, "seed": seed, "dtype": fp.get("dtype"),
                                       "compile": bool(fp.get("compile")), "fault_seed": fault_seed}
         if self.plan.tolerance:  # the reference's steps, on its batches, then the held-out windows
@@ -274,6 +272,13 @@ class CardScreen:
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
+
+
+def fault_seed_for(device: DeviceInfo, purpose: str) -> int:
+    """A simulated card's faults are drawn from the engine's fault seed: one per card (its serial, which differs
+    between simulated machines; else its id) and run, so a repeat is a new draw, as a real card's random corruption
+    would be, and two cards never fault on the same step by construction. Real cards inject nothing."""
+    return zlib.crc32(f"{device.serial or device.id}:{purpose}".encode()) & 0x7FFFFFFF
 
 
 def tier_doc(tier: at.Tier) -> v.TierDoc:
