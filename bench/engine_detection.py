@@ -476,7 +476,24 @@ def part_e(args) -> dict:
         verdict = paired(clean_losses, losses, args.margin).verdict if all(map(math_finite, losses)) else "fail"
         rows.append({"trial": trial, "target": target, "bit": bit, "step": flip_step, "change": change,
                      "consequential": consequential, "bitwise": consequential, "tolerance": verdict})
-    return {"steps": steps, "windows": len(clean_losses), "margin_nats": args.margin,
+    # the smallest corruption the tolerance mode sees: one weight element scaled by 2^k at step 5 (an exponent flip
+    # that grows it), a few elements per k; the bitwise mode sees every one of them on its step
+    sweep = []
+    for k in args.sweep_powers:
+        for element in range(args.sweep_elements):
+            rng = random.Random(f"engine-detection-sweep:{args.seed}:{k}:{element}")
+            name, p = FaultInjector._pick_weighted(params, rng)
+            index = rng.randrange(p.numel())
+
+            def scale(step, p=p, index=index, k=k):
+                if step == 5:
+                    with torch.no_grad():
+                        p.view(-1)[index] *= 2.0 ** k
+                return float(2.0 ** k) if step == 5 else None
+            got, losses, _ = _train_and_score(engine, steps, scale)
+            verdict = paired(clean_losses, losses, args.margin).verdict if all(map(math_finite, losses)) else "fail"
+            sweep.append({"power": k, "tensor": name, "bitwise": got != clean, "tolerance": verdict})
+    return {"steps": steps, "windows": len(clean_losses), "margin_nats": args.margin, "sweep": sweep,
             "platform": {"threads": [threads, other_threads], "bitwise_equal": other == clean,
                          "mean_nats": platform.mean_nats, "ci95_nats": [platform.low_nats, platform.high_nats],
                          "verdict": platform.verdict},
@@ -514,6 +531,15 @@ def print_part_e(doc: dict) -> None:
     tol = [r for r in cons if r["tolerance"] == "fail"]
     print(f"  all: bitwise {pct(len(cons), len(cons))} of consequential flips, tolerance "
           f"{pct(len(tol), len(cons))}")
+    if doc.get("sweep"):
+        print("  one weight element scaled by 2^k at step 5 (bitwise / tolerance fail / tolerance retest, of each k):")
+        for k in sorted({r["power"] for r in doc["sweep"]}):
+            sub = [r for r in doc["sweep"] if r["power"] == k]
+            print(f"    2^{k:<3} bitwise {sum(r['bitwise'] for r in sub)}/{len(sub)}, tolerance "
+                  f"{sum(r['tolerance'] == 'fail' for r in sub)}/{len(sub)} fail, "
+                  f"{sum(r['tolerance'] == 'retest' for r in sub)} retest")
+        caught = [r["power"] for r in doc["sweep"] if r["tolerance"] == "fail"]
+        print("  smallest scaling the tolerance mode fails: " + (f"2^{min(caught)}" if caught else "none of them"))
     sized = [r for r in cons if r["change"] is not None and math_finite(r["change"]) and r["target"] == "weight"]
     if sized:
         smallest_bitwise = min(r["change"] for r in sized)
@@ -552,6 +578,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tolerance-steps", type=int, default=200, help="Part E: steps before the held-out windows "
                     "(default 200)")
     ap.add_argument("--margin", type=float, default=0.02, help="Part E: the tolerance mode's margin in nats (0.02)")
+    ap.add_argument("--sweep-powers", type=lambda t: [int(x) for x in t.split(",")], default=[1, 2, 4, 8, 16, 32, 64],
+                    help="Part E: scale one weight element by 2^k for these k (default 1,2,4,8,16,32,64)")
+    ap.add_argument("--sweep-elements", type=int, default=2, help="Part E: elements per k (default 2)")
     ap.add_argument("--json", action="store_true", help="print one JSON document (Part D's table and Part A's "
                     "counts) instead of text")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
