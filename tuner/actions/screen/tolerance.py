@@ -15,7 +15,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
-DEFAULT_MARGIN_NATS = 0.02  # docs/screen.md: the healthy cross-platform spread measured, with room
+# The healthy spread between two platforms could not be measured here (one CPU; other thread counts gave the same
+# bits): 0.02 nats is ~30x the published cross-platform difference of a trained 325M model (-0.0001 +/- 0.0007),
+# room for short runs of small models. Calibrate it per pair of platforms with --margin (docs/screen.md).
+DEFAULT_MARGIN_NATS = 0.02
 
 # Student's t, two-sided 95 % (0.975 quantile), by degrees of freedom; beyond the table the normal's 1.96 + a
 # small-sample term (Cornish-Fisher, first order) is within 0.001 of the exact value.
