@@ -150,3 +150,14 @@ def test_tolerance_mode_across_a_driver_is_labelled(tmp_path, reference):
 def test_margin_needs_the_tolerance_mode(tmp_path, reference):
     r, _ = screen(tmp_path, reference, "--margin", "0.1")
     assert r.returncode == exit_codes.USAGE and "--tolerance" in r.stderr
+
+
+def test_a_screen_of_a_busy_card_is_refused(tmp_path, reference, monkeypatch):
+    from tuner.core.card_lock import CardLock
+
+    env = state(tmp_path, "busy")
+    monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
+    with CardLock("sim0", "tuner screen (another one)"):
+        r, doc = screen(tmp_path, reference, env_name="busy")
+    assert r.returncode == exit_codes.BUSY and doc is None
+    assert "busy" in r.stderr and "tuner screen (another one)" in r.stderr and "Traceback" not in r.stderr
