@@ -161,3 +161,15 @@ def test_a_screen_of_a_busy_card_is_refused(tmp_path, reference, monkeypatch):
         r, doc = screen(tmp_path, reference, env_name="busy")
     assert r.returncode == exit_codes.BUSY and doc is None
     assert "busy" in r.stderr and "tuner screen (another one)" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_every_card_at_once_the_worst_decides(tmp_path, reference):
+    r = run_tuner("--simulate", "--sim-seed", "1", "--sim-gpus", "2", "--sim-sdc-rate", "0,0.3", "screen",
+                  "--reference", str(reference), "--device", "all", *LOAD, "--json", env=state(tmp_path, "rig"),
+                  timeout=300)
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert [c["card"]["id"] for c in doc["verdicts"]] == ["sim0", "sim1"]
+    assert [c["verdict"] for c in doc["verdicts"]] == ["pass", "fail"]
+    assert r.returncode == doc["exit_code"] == exit_codes.TEST_FAILED
+    assert doc["summary"] == "2 cards: 1 fail, 1 pass"
