@@ -109,7 +109,7 @@ class _Card:
 def parse_ras_count(text: str | None) -> dict[str, int] | None:
     """One `ras/*_err_count` file: {"ue": N, "ce": N[, "de": N]}; None when unreadable or not in that form.
 
-    >>> parse_ras_count("ue: 0\nce: 3\n"), parse_ras_count("Query currently inaccessible\n")
+    >>> parse_ras_count("ue: 0\\nce: 3\\n"), parse_ras_count("Query currently inaccessible\\n")
     ({'ue': 0, 'ce': 3}, None)
     """
     if not text:
@@ -450,7 +450,7 @@ class AmdBackend(Backend):
         return knob
 
     def error_counters(self, device_id: str) -> ErrorCounters:
-        """amdgpu's RAS error counts, read-only: `device/ras/<block>_err_count`, each "ue: N\nce: N\n" (UMC also
+        """amdgpu's RAS error counts, read-only: `device/ras/<block>_err_count`, lines "ue: N" and "ce: N" (UMC also
         "de: N" on newer kernels; amdgpu_ras.c, amdgpu_ras_sysfs_read). Cards without RAS (consumer Radeons) have
         no `ras` directory: none, with why. A block that answers "Query currently inaccessible" is unreadable."""
         ras = self._card(device_id).dir / "ras"

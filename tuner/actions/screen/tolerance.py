@@ -28,7 +28,9 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 
 def t975(df: int) -> float:
-    """>>> t975(7), round(t975(1000), 3)
+    """Student's t 0.975 quantile for `df` degrees of freedom.
+
+    >>> t975(7), round(t975(1000), 3)
     (2.365, 1.962)
     """
     if df < 1:
@@ -67,7 +69,9 @@ class PairedComparison:
 
 def paired(reference: list[float] | tuple[float, ...], here: list[float] | tuple[float, ...],
            margin_nats: float = DEFAULT_MARGIN_NATS) -> PairedComparison:
-    """>>> c = paired([1.0, 2.0, 3.0], [1.001, 2.0, 2.999]); c.verdict, round(c.mean_nats, 6)
+    """The paired comparison of two runs' held-out losses, window by window.
+
+    >>> c = paired([1.0, 2.0, 3.0], [1.001, 2.0, 2.999]); c.verdict, round(c.mean_nats, 6)
     ('pass', 0.0)
     >>> paired([1.0, 2.0, 3.0], [1.5, 2.6, 3.5]).verdict
     'fail'
