@@ -71,3 +71,26 @@ def test_import_refuses_a_damaged_reference_and_stores_nothing(tmp_path, capsys)
     assert code == exit_codes.USAGE and "does not match its hash" in err
     assert len(err.strip().splitlines()) == 1
     assert not profile_path("moved").exists()
+
+
+def test_a_bisect_baseline_is_bundled_only_when_it_was_replayed(tmp_path):
+    """`bisect --save` bundles the session's stock baseline (tuner.actions.screen.record.bundle_from_bisect): only
+    one the bisect replayed bit for bit; otherwise the profile is saved without, and the reason said."""
+    from tests.screen.helpers import trajectory
+    from tuner.actions.screen.record import bundle_from_bisect
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.engine.reference import save_reference
+
+    backend = SimulatedBackend(state_path=tmp_path / "sim")
+    traj = trajectory(40)
+    save_reference(tmp_path / "base.ref", traj)
+    bundle_, why = bundle_from_bisect(backend, "sim0", tmp_path / "base.ref", trial_s=10.0)
+    assert bundle_ is None and "not replayed" in why
+    traj.repeatable, traj.replayed_steps = True, 40
+    save_reference(tmp_path / "base.ref", traj)
+    bundle_, why = bundle_from_bisect(backend, "sim0", tmp_path / "base.ref", trial_s=10.0)
+    assert bundle_ is not None and bundle_.steps == 40 and bundle_.recording.tier == "bisect baseline"
+    rb.write_beside(bundle_, tmp_path / "p.toml")
+    assert rb.read_bundle(tmp_path / "p.ref") == bundle_
+    none, why = bundle_from_bisect(backend, "sim0", tmp_path / "gone.ref", trial_s=10.0)
+    assert none is None and "no such file" in why

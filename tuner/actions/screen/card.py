@@ -191,6 +191,9 @@ class CardScreen:
             return replace(run, outcome=at.INCOMPARABLE, reason="the workload differs: " + "; ".join(
                 d.text() for d in differences)), differences
         ref_losses = self.plan.bundle.recording.eval_losses
+        if not ref_losses:
+            return replace(run, outcome=at.ERROR, reason="this reference holds no held-out losses (bundled from a "
+                           "bisect): record one with `tuner reference record` for the tolerance mode"), []
         end = result.end
         here = tuple(end.eval_losses) if end is not None else ()
         if len(ref_losses) < 2 or len(here) != len(ref_losses):

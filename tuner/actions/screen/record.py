@@ -144,3 +144,22 @@ def _failed(what: str, outcome: StressOutcome, why: str | None = None) -> TunerE
     if verdict == "fail":
         return RecordingFailed(text, why or "record on a card that passes at stock")
     return UsageError(text, why or "see the engine's reason above; nothing was written")
+
+
+def bundle_from_bisect(backend: Backend, device_id: str, trajectory_path: Path, *,
+                       trial_s: float | None) -> tuple[rb.Bundle | None, str]:
+    """The portable reference a bisect's profile carries: its stock baseline's trajectory (recorded at stock, one
+    trial long, and replayed bit for bit in a second engine process before the search went on), bundled with this
+    card's fingerprint. None, with why, when there is none to bundle (a GEMM-mode search, a baseline that was not
+    proven repeatable, a file already gone). It has no held-out losses: the tolerance mode needs a reference from
+    `tuner reference record`."""
+    try:
+        trajectory = load_reference(trajectory_path)
+    except ReferenceProblem as e:
+        return None, f"no stock trajectory to bundle ({e})"
+    if trajectory.repeatable is not True:
+        return None, "the stock baseline was not replayed bit for bit, so it is not bundled"
+    steps = trajectory.steps
+    recording = rb.Recording(tier="bisect baseline", load_s=float(trial_s or 1.0), steps=steps, repeatable=True,
+                             replayed_steps=int(trajectory.replayed_steps or steps))
+    return rb.build_bundle(device=backend.device(device_id), recording=recording, trajectory=trajectory), ""
