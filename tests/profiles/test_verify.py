@@ -153,3 +153,17 @@ def test_verify_records_when_the_engine_refuses_the_bundled_reference(tmp_path, 
     outcome = verify_setting(sim(vmin_mv=-30), "sim1", -25, 5.0, bundled=rb.reference_beside(path), run_trial=run)
     assert [k for k, _ in seen] == ["trial", "record", "trial"]
     assert outcome.passed and "the engine refused the bundled reference" in outcome.reference
+
+
+def test_a_gemm_verify_has_no_trajectory_to_compare(tmp_path):
+    from tuner.actions.verify import Workload
+
+    seen = []
+
+    def run(backend, device_id, value, duration_s, workload, on_line, stop_event):
+        seen.append(workload)
+        return "pass", None
+
+    outcome = verify_setting(sim(vmin_mv=-30), "sim0", -25, 5.0, workload=Workload(mode="gemm"), run_trial=run)
+    assert [w.record for w in seen] == [None] and seen[0].reference is None
+    assert outcome.reference.startswith("no stock reference (n/a: a GEMM burn")

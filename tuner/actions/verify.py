@@ -61,8 +61,11 @@ class ReferenceChoice:
 
     bundle: rb.Bundle | None
     why: str
+    applies: bool = True  # False: the workload has no trajectory to compare (a GEMM burn)
 
     def said(self) -> str:
+        if not self.applies:
+            return f"no stock reference ({self.why})"
         if self.bundle is not None:
             return f"compared with the profile's bundled stock reference ({self.why})"
         return f"compared with a stock reference recorded on this card first ({self.why})"
@@ -71,6 +74,8 @@ class ReferenceChoice:
 def choose_reference(backend: Backend, device_id: str, workload: Workload,
                      bundled: tuple[rb.Bundle, Path, int] | None) -> ReferenceChoice:
     """The bundled reference when it fits this card and workload (bitwise), else a recording first."""
+    if workload.mode == Mode.GEMM:
+        return ReferenceChoice(None, "n/a: a GEMM burn has no training trajectory to compare", applies=False)
     if bundled is None:
         return ReferenceChoice(None, "the profile carries none")
     bundle, path = bundled[0], bundled[1]
@@ -142,7 +147,7 @@ def verify_setting(
             reference = None if choice.bundle is None else rb.materialize(choice.bundle, Path(work))
             record_s = min(duration_s, REFERENCE_RECORD_S)
             for _attempt in range(2):
-                if reference is None:  # recorded first, at stock, as the stress action records one
+                if reference is None and choice.applies:  # recorded first, at stock, as the stress action does
                     on_line(f"reference: {choice.why}: recording a stock reference on this card first "
                             f"({format_duration(record_s)})")
                     reference = Path(work) / "stock.json"
