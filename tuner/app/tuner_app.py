@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import signal
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -18,6 +19,7 @@ from typing import ClassVar
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
+from textual.drivers.linux_driver import LinuxDriver
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -26,13 +28,14 @@ from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_r
 from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.app import jobs
+from tuner.app.hangup import HangUpGuard
 from tuner.app.state import BisectState, DeviceHistory, RigState, StressState
+from tuner.app.terminal_driver import HangUpSafeDriver
 from tuner.app.words import for_people, job_name
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError, UsageError
-from tuner.core.signals import FATAL as FATAL_SIGNALS
 from tuner.screens import messages as msg
 from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
@@ -57,6 +60,7 @@ SCREEN_CLASSES = {  # mode -> (module, class): each screen is imported on its fi
 }
 SAMPLE_INTERVAL_S = 1.0
 KEEP_TIMEOUT_S = 15.0
+OVERDUE_S = 5.0  # a change still pending this long past its countdown: the event loop is stuck, revert it anyway
 
 
 def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
@@ -164,6 +168,15 @@ class TunerApp(App[int]):
         self._leaving = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hung_up = False
+        # leaving safely from any thread (tuner.app.hangup): make_safe runs once, whoever asks first; the setting
+        # workers hold `_writing` while they write, so make_safe never races a write half-way, and a change a
+        # worker applied is known (`_unannounced`) before the event loop hears of it (it may never: a hang-up)
+        self.hang_up_guard: HangUpGuard | None = None
+        self._made_safe: list[str] | None = None
+        self._made_safe_lock = threading.Lock()
+        self._writing = threading.Lock()
+        self._unannounced: list = []
+        self._overdue_since: tuple[object, float] | None = None  # (change, when revert_overdue first saw it due)
         self._last_sampler_error: str | None = None
         self._sample_again = False
         self._on_kept: Callable[[], None] | None = None
@@ -187,6 +200,8 @@ class TunerApp(App[int]):
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self._leaving:  # hung up before the loop was known (the guard has made the cards safe): leave now
+            self.call_later(self.hang_up)
         for device in self.devices:
             if self.histories[device.id].knob is None:
                 self.sample_now()
@@ -307,13 +322,17 @@ class TunerApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="setting")
     def _apply(self, device_id: str, value: int, profile: ProfileApply | None) -> None:
-        try:
-            request = profile.set_request(self.backend) if profile is not None else SetRequest(device_id, value)
-            pending = prepare_setting(self.backend, request, timeout_s=self.keep_timeout_s, clock=self.clock)
-            pending.apply()
-        except Exception as e:  # noqa: BLE001 - nothing was kept; say why
-            self.post_message(msg.BackendFailed(f"apply {value:+d} on {device_id}", e))
-            return
+        with self._writing:
+            if self._leaving:  # quitting or hung up: nothing new goes on a card
+                return
+            try:
+                request = profile.set_request(self.backend) if profile is not None else SetRequest(device_id, value)
+                pending = prepare_setting(self.backend, request, timeout_s=self.keep_timeout_s, clock=self.clock)
+                pending.apply()
+            except Exception as e:  # noqa: BLE001 - nothing was kept; say why
+                self.post_message(msg.BackendFailed(f"apply {value:+d} on {device_id}", e))
+                return
+            self._unannounced.append(pending)  # make_safe reverts it even if the event loop never takes it
         self.post_message(msg.ChangeApplied(pending))
 
     def apply_rig_profile(self, profile, *, on_kept: Callable[[], None] | None = None) -> None:
@@ -332,22 +351,30 @@ class TunerApp(App[int]):
     def _apply_rig(self, profile) -> None:
         """`profile`: a rig profile, or a function that builds one (the Bisect screen's result, built from the
         backend's cards here in the worker)."""
-        try:
-            if callable(profile):
-                profile = profile()
-            plan = plan_rig_apply(self.backend, profile)
-            change = prepare_rig_apply(self.backend, plan, timeout_s=self.keep_timeout_s, clock=self.clock,
-                                       purpose=f"tuner (UI) apply {profile.name}")
-            change.apply()  # a card that fails puts the ones before it back, then raises
-        except Exception as e:  # noqa: BLE001 - refused or not applied: say why
-            self.post_message(msg.BackendFailed(f"apply {profile.name!r}", e))
-            return
+        with self._writing:
+            if self._leaving:  # quitting or hung up: nothing new goes on a card
+                return
+            try:
+                if callable(profile):
+                    profile = profile()
+                plan = plan_rig_apply(self.backend, profile)
+                change = prepare_rig_apply(self.backend, plan, timeout_s=self.keep_timeout_s, clock=self.clock,
+                                           purpose=f"tuner (UI) apply {profile.name}")
+                change.apply()  # a card that fails puts the ones before it back, then raises
+            except Exception as e:  # noqa: BLE001 - refused or not applied: say why
+                self.post_message(msg.BackendFailed(f"apply {profile.name!r}", e))
+                return
+            self._unannounced.append(change)  # make_safe reverts it even if the event loop never takes it
         for warning in plan.warnings:
             self.post_message(msg.Noted(warning, "warning"))
         self.post_message(msg.ChangeApplied(change))
 
     def on_change_applied(self, message: msg.ChangeApplied) -> None:
-        self.pending = message.pending
+        with self._writing:
+            if message.pending not in self._unannounced:  # make_safe reverted it already (leaving)
+                return
+            self._unannounced.remove(message.pending)
+            self.pending = message.pending
         for device_id, knob in message.pending.applied_by_card.items():  # read back: shown before the dialog
             self.histories[device_id].set_knob(knob)
         self.repaint_screens()
@@ -363,10 +390,13 @@ class TunerApp(App[int]):
     def _settle_in_thread(self, pending, keep: bool) -> None:
         cards = pending.device_ids
         try:
-            if keep:
-                pending.keep()
-            else:
-                pending.revert()
+            with self._writing:  # make_safe waits for it (a hang-up while the answer is being written)
+                if not pending.pending:  # revert_overdue reverted it while the event loop was stuck
+                    return
+                if keep:
+                    pending.keep()
+                else:
+                    pending.revert()
             knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {', '.join(cards)}", e))
@@ -382,7 +412,8 @@ class TunerApp(App[int]):
     @work(thread=True, exit_on_error=False, group="setting")
     def _reset(self, device_id: str) -> None:
         try:
-            knob = reset_device(self.backend, device_id)
+            with self._writing:  # make_safe waits for it
+                knob = reset_device(self.backend, device_id)
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed(f"reset {device_id}", e))
             return
@@ -736,10 +767,41 @@ class TunerApp(App[int]):
             self.exit(exit_codes.OK)
 
     def hang_up(self) -> None:
-        """SIGHUP (the SSH session went away) or SIGTERM: leave; run_app then makes the cards safe."""
+        """SIGHUP (the SSH session went away), SIGTERM or the terminal gone: leave. The cards are made safe by
+        run_app's guard (tuner.app.hangup), which does not wait for this event loop."""
         self.hung_up = True
         self.stop_jobs()
         self.exit(exit_codes.INTERRUPTED)
+
+    def revert_overdue(self) -> None:
+        """Run each second on the hang-up guard's thread (tuner.app.hangup): the keep-or-revert countdown runs on
+        the event loop, which a terminal that stopped reading (a stalled SSH connection) can block for good. A
+        change still pending OVERDUE_S after its countdown ended is reverted here, as the countdown would have;
+        the App hears of it when its loop moves again."""
+        pending = self.pending
+        if pending is None or not pending.pending or not pending.expired():
+            self._overdue_since = None
+            return
+        now = self.clock()
+        if self._overdue_since is None or self._overdue_since[0] is not pending:
+            self._overdue_since = (pending, now)
+            return
+        if now - self._overdue_since[1] < OVERDUE_S:
+            return
+        with self._writing:
+            if self.pending is not pending or not pending.pending:  # answered meanwhile
+                return
+            self.pending = None
+            cards = pending.device_ids
+            try:
+                pending.revert()
+                knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
+            except Exception as e:  # noqa: BLE001 - said when the loop moves; make_safe resets at exit
+                self.post_message(msg.BackendFailed(f"revert on {', '.join(cards)}", e))
+                self.pending = pending if pending.pending else None
+                self._overdue_since = (pending, now)  # tried again after OVERDUE_S, not every second
+                return
+        self.post_message(msg.ChangeSettled(knobs, "reverted (not confirmed in time)"))
 
     def stop_jobs(self) -> None:
         """Ask every running job to stop (non-blocking, thread-safe), so their workers end before the App does."""
@@ -749,14 +811,37 @@ class TunerApp(App[int]):
                 job.stop()
 
     def signal_safe_hang_up(self, *_args) -> None:
+        """Ask the event loop to leave (from a signal handler or any thread; never blocks). Nothing new is written
+        to a card from now on (the setting workers check `_leaving`)."""
+        self._leaving = True
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.hang_up)
+            try:
+                self._loop.call_soon_threadsafe(self.hang_up)
+            except RuntimeError:  # the loop has closed: the App has already ended
+                pass
+
+    def terminal_went_away(self, reason: str) -> None:
+        """The driver found the terminal gone (tuner.app.terminal_driver): leave as on SIGHUP, through the guard
+        when run_app installed one (it makes the cards safe without waiting for this event loop)."""
+        if self.hang_up_guard is not None:
+            self.hang_up_guard.trigger(reason)
+        else:
+            self.signal_safe_hang_up()
 
     def make_safe(self, wait_s: float = 30.0) -> list[str]:
         """Stop every job, revert an unconfirmed setting and reset cards that had a job on them to stock.
 
-        Runs after the App has stopped (also after a hang-up), on the calling thread. Returns what it did.
+        Runs once, from whichever thread asks first: the hang-up guard's (tuner.app.hangup: on SIGHUP/SIGTERM or
+        the terminal gone, without waiting for the event loop) or run_app's, once the App has stopped. A later
+        call waits for the first and returns what it did. Nothing is written to a card by the UI afterwards.
         """
+        with self._made_safe_lock:
+            if self._made_safe is None:
+                self._leaving = True
+                self._made_safe = self._make_safe_now(wait_s)
+            return list(self._made_safe)
+
+    def _make_safe_now(self, wait_s: float) -> list[str]:
         done, devices_to_reset = [], set()
         for job in (self._stress_job, self._bisect_job, self._rig_job):
             if job is not None:
@@ -774,22 +859,24 @@ class TunerApp(App[int]):
             device_id = self._bisect_job.device_id
             done.append(f"the unfinished bisect session on {device_id} is kept: `tuner bisect --device {device_id} "
                         "--resume` continues it (u on the Bisect screen), --restart starts afresh")
-        if self.pending is not None:
-            cards = self.pending.device_ids
-            devices_to_reset.update(cards)
-            try:
-                self.pending.revert()
-                devices_to_reset.difference_update(cards)
-                done.append(f"reverted the unconfirmed setting on {', '.join(cards)}")
-            except Exception as e:  # noqa: BLE001 - fall back to a plain reset below
-                done.append(f"revert failed ({describe_error(e)}); resetting to stock instead")
-            self.pending = None
-        for device_id in sorted(devices_to_reset):
-            try:
-                reset_device(self.backend, device_id, force=True)
-                done.append(f"reset {device_id} to stock (read back)")
-            except Exception as e:  # noqa: BLE001
-                done.append(f"could not reset {device_id}: {describe_error(e)}")
+        with self._writing:  # a setting worker half-way through a write finishes first; later ones write nothing
+            changes = [c for c in (self.pending, *self._unannounced) if c is not None and c.pending]
+            self.pending, self._unannounced = None, []
+            for change in changes:  # applied, neither kept nor reverted
+                cards = change.device_ids
+                devices_to_reset.update(cards)
+                try:
+                    change.revert()
+                    devices_to_reset.difference_update(cards)
+                    done.append(f"reverted the unconfirmed setting on {', '.join(cards)}")
+                except Exception as e:  # noqa: BLE001 - fall back to a plain reset below
+                    done.append(f"revert failed ({describe_error(e)}); resetting to stock instead")
+            for device_id in sorted(devices_to_reset):
+                try:
+                    reset_device(self.backend, device_id, force=True)
+                    done.append(f"reset {device_id} to stock (read back)")
+                except Exception as e:  # noqa: BLE001
+                    done.append(f"could not reset {device_id}: {describe_error(e)}")
         return done
 
     # --- command palette -----------------------------------------------------------------------------------------
@@ -816,19 +903,28 @@ class TunerApp(App[int]):
 
 
 def run_app(ctx) -> int:
+    """The UI, then the cards made safe. A hang-up, SIGTERM (every fatal signal) or the terminal gone goes through
+    the guard (tuner.app.hangup): the cards are made safe on its thread at once, and the process ends with 130
+    within its grace even when the UI cannot end by itself (Textual blocked writing to a terminal that is gone)."""
     app = TunerApp(ctx)
-    previous = {}
-    # every signal that would end the process leaves through the safe path (stop jobs, revert, reset)
-    for sig in FATAL_SIGNALS:
-        previous[sig] = signal.signal(sig, app.signal_safe_hang_up)
+    if app.driver_class is LinuxDriver:  # not when TEXTUAL_DRIVER names another (a developer's choice)
+        app.driver_class = HangUpSafeDriver
+    guard = HangUpGuard(make_safe=app.make_safe, leave=app.signal_safe_hang_up, terminal_fd=_terminal_fd(),
+                        tick=app.revert_overdue)
+    app.hang_up_guard = guard
+    guard.install()
     try:
         result = app.run()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for line in app.make_safe():
+        lines = app.make_safe()  # at once, or what the guard's thread did (it may still be at it: this waits)
+        guard.release_signals()  # after a hang-up: ignored from now on, and the deadline stays armed
+        for line in lines:
             print(f"tuner: {line}")
-    if app.hung_up:
+    if app.hung_up or guard.triggered:
         return exit_codes.INTERRUPTED
     return exit_codes.OK if result is None else result
 
+
+def _terminal_fd() -> int | None:
+    """The terminal the UI runs on (watched for a hang-up), if stdin is one."""
+    return 0 if os.isatty(0) else None
