@@ -89,7 +89,7 @@ def test_verify_with_the_real_stress_engine_reverts_on_the_failing_simulated_car
     """End to end: the real CLI, the real trial runner and engine (tiny preset on the CPU)."""
     sim(vmin_mv=-30).apply("sim0", -10)
     save_profile(sim_profile("deep", value=-60))
-    proc = run_tuner("--simulate", "--sim-vmin", "-30", "apply", "deep", "--verify", "20s", timeout=240)
+    proc = run_tuner("--simulate", "--sim-vmin", "-30", "apply", "deep", "--verify", "4s", timeout=240)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "-60 mV failed" in proc.stdout and "reverted to -10 mV" in proc.stdout
     assert "Traceback" not in proc.stderr

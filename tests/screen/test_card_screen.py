@@ -167,3 +167,26 @@ def test_a_kernel_log_reset_is_hard(tmp_path, backend):
     v = CardScreen(backend, "sim0", plan, engine_factory=Engines({}), kernel_watcher_factory=Watcher).run()
     assert (v.verdict, v.attribution) == ("fail", "not attributed")
     assert v.evidence.kernel_log == ["amdgpu: GPU reset begin!"] and "kernel log" in v.evidence.detectors_fired
+
+
+def test_every_card_at_once_one_engine_each_the_worst_decides(tmp_path):
+    """`Screen` (tuner.actions.screen.fleet): a thread and an engine per card, the verdicts in the cards' order,
+    the worst card's exit code. The end-to-end variant (real engines) is gated in test_screen_cli.py."""
+    from tuner.actions.screen.fleet import Screen
+    from tuner.core import exit_codes
+
+    backend = SimulatedBackend(gpus=2, state_path=tmp_path / "sim")
+    runs: dict[str, list[Run]] = {"sim0": [], "sim1": []}
+
+    def engines(config, watchdog):  # sim1 is the bad card: every run of it faults (the card's thread names it)
+        device = threading.current_thread().name.removeprefix("screen-")
+        run = Run(config, watchdog, **({"fail_at": 2} if device == "sim1" else {}))
+        runs[device].append(run)
+        return run
+
+    b = bundle(tmp_path)
+    report = Screen(backend, ["sim0", "sim1"], b, tmp_path / "A.ref", TIERS["quick"], engine_factory=engines,
+                    kernel_watcher_factory=NullWatcher).run()
+    assert [(c.card.id, c.verdict) for c in report.verdicts] == [("sim0", "pass"), ("sim1", "fail")]
+    assert report.exit_code == exit_codes.TEST_FAILED and report.summary == "2 cards: 1 fail, 1 pass"
+    assert (len(runs["sim0"]), len(runs["sim1"])) == (1, 2)  # the bad card's fault was repeated, the good one not

@@ -50,12 +50,15 @@ def test_slurm_health_check_keeps_a_good_node(tmp_path, reference):
     jsonschema.validate(json.loads((tmp_path / "verdicts/screen-node17.json").read_text()), SCHEMA)
 
 
-def test_slurm_health_check_drains_a_bad_node(tmp_path, reference):
-    env, log = slurm_env(tmp_path, reference, "--sim-sdc-rate 0.3")
+def test_slurm_health_check_drains_a_node_that_does_not_pass(tmp_path, reference):
+    """Any verdict but pass drains; an incomparable card (another driver) takes that path without an engine run
+    (a failing card's verdict and exit code are test_screen_cli.py::test_a_bad_card_fails_persistent_at_stock)."""
+    env, log = slurm_env(tmp_path, reference, "--sim-driver 999.1")
     r = run_script("examples/slurm/tuner-healthcheck.sh", env)
-    assert r.returncode == 1
+    assert r.returncode == 11
     call = log.read_text()
-    assert "update NodeName=node17 State=DRAIN Reason=tuner screen: 1 card: 1 fail; sim0 fail (drain)" in call
+    assert ("update NodeName=node17 State=DRAIN Reason=tuner screen: 1 card: 1 incomparable; sim0 incomparable "
+            "(retest): card.driver_version") in call, call
 
 
 def test_slurm_prolog_drains_by_its_exit_code(tmp_path, reference):
@@ -86,11 +89,11 @@ def test_kubernetes_job_script(tmp_path, reference):
     assert not log.exists()
 
 
-def test_kubernetes_job_script_cordons_a_bad_node(tmp_path, reference):
-    env, log = k8s_env(tmp_path, reference, "--sim-sdc-rate 0.3")
+def test_kubernetes_job_script_cordons_a_node_that_does_not_pass(tmp_path, reference):
+    env, log = k8s_env(tmp_path, reference, "--sim-driver 999.1")  # no engine run: see the Slurm test above
     r = run_script("examples/kubernetes/screen.sh", env)
-    assert r.returncode == 1
-    assert json.loads(r.stdout)["verdicts"][0]["action"] == "drain"
+    assert r.returncode == 11
+    assert json.loads(r.stdout)["verdicts"][0]["verdict"] == "incomparable"
     assert log.read_text().strip() == "cordon gpu-node-01"
 
 
