@@ -94,3 +94,33 @@ def test_a_bisect_baseline_is_bundled_only_when_it_was_replayed(tmp_path):
     assert rb.read_bundle(tmp_path / "p.ref") == bundle_
     none, why = bundle_from_bisect(backend, "sim0", tmp_path / "gone.ref", trial_s=10.0)
     assert none is None and "no such file" in why
+
+
+def test_a_saved_bisect_profile_carries_its_baseline_beside_it(tmp_path):
+    """The one place the CLI's `bisect --save` and the TUI's save bundle a session's baseline
+    (tuner.actions.screen.record.bundle_beside_profile): written beside the profile, its size said; a search with no
+    session writes nothing and says why."""
+    from tests.screen.helpers import trajectory
+    from tuner.actions.screen.record import bundle_beside_profile
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.engine.reference import save_reference
+    from tuner.tuning.job import BisectOutcome
+    from tuner.tuning.journal import reference_path
+
+    backend = SimulatedBackend(state_path=tmp_path / "sim")
+    traj = trajectory(40)
+    traj.repeatable, traj.replayed_steps = True, 40
+    baseline = reference_path("sim0", "s1")
+    baseline.parent.mkdir(parents=True, exist_ok=True)
+    save_reference(baseline, traj)
+    profile = save_profile(sim_profile("carried"))
+    got = bundle_beside_profile(backend, "sim0", BisectOutcome("recommended", 0, "s1", params={"trial_s": 6.0}),
+                                profile)
+    assert got.path == rb.sidecar_path(profile) and got.size_bytes == got.path.stat().st_size > 0
+    carried = rb.read_bundle(got.path)
+    assert (carried.steps, carried.recording.load_s, carried.sha256) == (40, 6.0, got.sha256)
+    assert got.text() == f" with its stock reference {got.path} ({got.size_bytes / 1024:.1f} KiB)"
+    other = save_profile(sim_profile("stopped"))
+    none = bundle_beside_profile(backend, "sim0", BisectOutcome("stopped", 130, None), other)
+    assert none.to_dict() == {"path": None, "why": "no bisect session to take it from"}
+    assert not rb.sidecar_path(other).exists()

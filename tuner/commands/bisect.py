@@ -338,34 +338,16 @@ class _Block:
 
 def _save(args, backend, device, outcome) -> None:
     from tuner.actions.bisect import profile_from_outcome
+    from tuner.actions.screen.record import bundle_beside_profile
     from tuner.profiles import save_profile
 
     path = save_profile(profile_from_outcome(backend, device.id, outcome, args.save), overwrite=False)
-    reference = _bundle_reference(backend, device.id, outcome, path)
+    reference = bundle_beside_profile(backend, device.id, outcome, path)
     if args.json:
         sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path),
-                                     "reference": reference}) + "\n")
+                                     "reference": reference.to_dict()}) + "\n")
     else:
-        carried = (f" with its stock reference {reference['path']} ({reference['size_bytes'] / 1024:.1f} KiB)"
-                   if reference.get("path") else f" (no stock reference bundled: {reference['why']})")
-        print(f"saved profile {args.save!r} to {path}{carried}")
-
-
-def _bundle_reference(backend, device_id: str, outcome, profile_path) -> dict:
-    """The bisect's stock baseline, bundled beside the profile (tuner.actions.screen.record.bundle_from_bisect), so
-    the profile travels with its proof (`tuner screen`, `apply --verify` on another card)."""
-    from tuner.actions.screen.record import bundle_from_bisect
-    from tuner.profiles import reference_bundle
-    from tuner.tuning.journal import reference_path
-
-    if outcome.session is None:
-        return {"path": None, "why": "no bisect session to take it from"}
-    bundle, why = bundle_from_bisect(backend, device_id, reference_path(device_id, outcome.session),
-                                     trial_s=outcome.params.get("trial_s"))
-    if bundle is None:
-        return {"path": None, "why": why}
-    ref_path, size = reference_bundle.write_beside(bundle, profile_path, overwrite=True)
-    return {"path": str(ref_path), "size_bytes": size, "sha256": bundle.sha256, "steps": bundle.steps}
+        print(f"saved profile {args.save!r} to {path}{reference.text()}")
 
 
 def _save_from_last(args, backend, device, knob) -> int:

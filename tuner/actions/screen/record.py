@@ -29,6 +29,8 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.engine.reference import ReferenceProblem, load_reference
 from tuner.profiles import reference_bundle as rb
 from tuner.tuning import kernel_log
+from tuner.tuning.job import BisectOutcome
+from tuner.tuning.journal import reference_path
 
 
 class RecordingFailed(TunerError):
@@ -163,3 +165,40 @@ def bundle_from_bisect(backend: Backend, device_id: str, trajectory_path: Path, 
     recording = rb.Recording(tier="bisect baseline", load_s=float(trial_s or 1.0), steps=steps, repeatable=True,
                              replayed_steps=int(trajectory.replayed_steps or steps))
     return rb.build_bundle(device=backend.device(device_id), recording=recording, trajectory=trajectory), ""
+
+
+@dataclass(frozen=True)
+class BundledReference:
+    """What a saved bisect profile carries beside it: the bundle's path and size, or why there is none."""
+
+    path: Path | None
+    size_bytes: int = 0
+    sha256: str = ""
+    steps: int = 0
+    why: str = ""
+
+    def to_dict(self) -> dict:
+        if self.path is None:
+            return {"path": None, "why": self.why}
+        return {"path": str(self.path), "size_bytes": self.size_bytes, "sha256": self.sha256, "steps": self.steps}
+
+    def text(self) -> str:
+        """The tail of a "saved profile" line."""
+        if self.path is None:
+            return f" (no stock reference bundled: {self.why})"
+        return f" with its stock reference {self.path} ({self.size_bytes / 1024:.1f} KiB)"
+
+
+def bundle_beside_profile(backend: Backend, device_id: str, outcome: BisectOutcome,
+                          profile_path: Path) -> BundledReference:
+    """A saved bisect profile travels with its proof: the session's stock baseline (`bundle_from_bisect`), written
+    beside the profile (`NAME.ref`) for `tuner screen` and `apply --verify` on other cards. One place for the CLI's
+    `bisect --save` and the TUI's save."""
+    if outcome.session is None:
+        return BundledReference(None, why="no bisect session to take it from")
+    bundle, why = bundle_from_bisect(backend, device_id, reference_path(device_id, outcome.session),
+                                     trial_s=outcome.params.get("trial_s"))
+    if bundle is None:
+        return BundledReference(None, why=why)
+    path, size = rb.write_beside(bundle, profile_path, overwrite=True)
+    return BundledReference(path, size, bundle.sha256, bundle.steps)
