@@ -665,6 +665,7 @@ class TunerApp(App[int]):
 
     def save_bisect_profile(self, name: str) -> None:
         from tuner.actions.bisect import profile_from_outcome
+        from tuner.actions.screen.record import bundle_beside_profile
         from tuner.profiles import save_profile
 
         state = self.bisect
@@ -672,10 +673,11 @@ class TunerApp(App[int]):
             if state.outcome is None or state.device_id is None:
                 raise UsageError("no finished bisect to save", "run a bisect to its recommendation first")
             path = save_profile(profile_from_outcome(self.backend, state.device_id, state.outcome, name))
+            reference = bundle_beside_profile(self.backend, state.device_id, state.outcome, path)  # as bisect --save
         except TunerError as e:
             self.notify(for_people(e.one_line()), severity="error", timeout=10)
             return
-        self.notify(f"saved profile {name} ({path})")
+        self.notify(f"saved profile {name} ({path}){reference.text()}")
 
     # --- apply at boot (tuner.actions.boot_service, as `tuner service`) ---------------------------------------------
     def read_boot_status(self) -> None:

@@ -338,13 +338,16 @@ class _Block:
 
 def _save(args, backend, device, outcome) -> None:
     from tuner.actions.bisect import profile_from_outcome
+    from tuner.actions.screen.record import bundle_beside_profile
     from tuner.profiles import save_profile
 
     path = save_profile(profile_from_outcome(backend, device.id, outcome, args.save), overwrite=False)
+    reference = bundle_beside_profile(backend, device.id, outcome, path)
     if args.json:
-        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path)}) + "\n")
+        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path),
+                                     "reference": reference.to_dict()}) + "\n")
     else:
-        print(f"saved profile {args.save!r} to {path}")
+        print(f"saved profile {args.save!r} to {path}{reference.text()}")
 
 
 def _save_from_last(args, backend, device, knob) -> int:
