@@ -23,20 +23,11 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO
+from tests.polling import wait_until  # noqa: F401 - the helper tests' one wait, re-exported
 from tuner.helper.server import wait_for_socket
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"),
                                 reason="needs root, useradd and setpriv (real uid drops)")
-
-
-def wait_until(condition: Callable[[], object], timeout_s: float = 30.0, what: str = "the condition") -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _run(*cmd: str) -> None:

@@ -63,16 +63,18 @@ def test_outside_the_group_reads_in_process_and_a_write_exits_9(accounts, helper
 
 @pytest.mark.timeout(900)  # a loaded machine makes trials too short to count, and the bisect runs them again
 def test_a_bisect_through_the_helper_recommends_what_it_does_in_process(accounts, helpers):
-    """The same card and parameters as tests/tuning/test_bisect_engine.py's in-process end-to-end test, which
-    recommends -10 mV confirmed at -20 with these trials; here the tuner runs as a member, the helper writes."""
+    """The card of tests/tuning/test_bisect_engine.py's in-process end-to-end test (limit -22 mV) with a coarser
+    search, five trials (baseline, replay, -20 pass, -40 fail, confirm -20), so it recommends -10 mV confirmed at
+    -20 as in-process; here the tuner runs as a member, the helper writes. -40 is 18 mV past the limit: a fault in
+    about every other step, so even 3 s trials catch it."""
     group = accounts.group()
     member = accounts.user(group)
     helper = helpers(group, fake_amd=False, extra=("--sim-vmin", "-22"))
-    proc = tuner(member, "--simulate", "--sim-vmin", "-22", "bisect", "--device", "sim0", "--trial", "6s",
-                 "--confirm", "8s", "--preset", "tiny", "--step", "10", "--resolution", "5", "--margin", "10",
+    proc = tuner(member, "--simulate", "--sim-vmin", "-22", "bisect", "--device", "sim0", "--trial", "3s",
+                 "--confirm", "3s", "--preset", "tiny", "--step", "20", "--resolution", "20", "--margin", "10",
                  socket=helper.socket, timeout_s=850)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "recommendation for Simulated RDNA-class GPU [SIMULATED]: -10 mV (confirmed -20" in proc.stdout
     assert sim_card(helper).knob("sim0").current == 0  # every trial put the card back
     log = (helper.state_dir / "log.jsonl").read_text()
-    assert f'"uid": {member.uid}' in log and '"value": -30' in log  # the writes went through the helper
+    assert f'"uid": {member.uid}' in log and '"value": -40' in log  # the writes went through the helper

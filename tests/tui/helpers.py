@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.polling import until  # noqa: F401 - the TUI tests' one wait, re-exported
 from tuner.actions.doctor import Check
 from tuner.app.tuner_app import TunerApp
 from tuner.backends.simulated import SimulatedBackend
@@ -105,18 +106,6 @@ def rig_in_confirmation(ids=("sim0", "sim1", "sim2"), settings=(-40, -55, -30)):
     for event in events:
         state = apply_rig_event(state, event)
     return state
-
-
-async def until(pilot, condition, *, timeout_s: float = 20.0, what: str = "") -> None:
-    """Let the App run until `condition()` is true (a repaint, a worker's message, a screen switch), or fail after
-    `timeout_s`. Tests wait for the thing itself, never a fixed pause that is hoped to be long enough."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never became true within {timeout_s:g} s: {what or condition}")
-        await pilot.pause(0.02)
 
 
 def screen_text(app) -> str:

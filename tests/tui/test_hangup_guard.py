@@ -10,19 +10,11 @@ import time
 
 import pytest
 
+from tests.polling import until, wait_until
 from tuner.app.hangup import HangUpGuard, terminal_gone
 from tuner.app.terminal_driver import TerminalOutput
 from tuner.core import exit_codes
 from tuner.screens.dialogs import KeepOrRevertDialog
-
-
-def _until(predicate, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition never became true")
 
 
 class Recorder:
@@ -55,7 +47,7 @@ def test_a_stuck_event_loop_does_not_stop_the_guard_making_safe_and_ending_with_
     guard = _guard(rec)
     guard._thread.start()
     guard.trigger("SIGHUP")
-    _until(lambda: rec.exits)
+    wait_until(lambda: rec.exits)
     assert rec.exits == [exit_codes.INTERRUPTED]
     assert ("make_safe", "tuner-hangup-guard") in rec.calls
     assert guard.lines == ["reset sim0 to stock (read back)"] and guard.safe.is_set()
@@ -67,7 +59,7 @@ def test_a_storm_makes_safe_once_and_ends_once():
     guard._thread.start()
     for reason in ("SIGHUP", "SIGTERM", "SIGINT", "the terminal went away", "SIGTERM"):
         guard.trigger(reason)
-    _until(lambda: rec.exits)
+    wait_until(lambda: rec.exits)
     guard._thread.join(5)
     assert guard.reason == "SIGHUP"
     assert [name for name, _thread in rec.calls] == ["leave", "make_safe"]
@@ -96,7 +88,7 @@ def test_a_closed_terminal_is_noticed_without_any_signal():
         guard._thread.start()
         os.close(master)
         master = -1
-        _until(lambda: rec.exits)
+        wait_until(lambda: rec.exits)
         assert guard.reason == "the terminal went away"
         assert [name for name, _thread in rec.calls] == ["leave", "make_safe"]
     finally:
@@ -112,7 +104,7 @@ def test_a_real_signal_is_taken_by_the_guard_and_given_back():
     guard.install()
     try:
         signal.raise_signal(signal.SIGTERM)
-        _until(lambda: rec.exits)
+        wait_until(lambda: rec.exits)
         assert guard.reason == "SIGTERM"
     finally:
         guard.release_signals()
@@ -210,7 +202,7 @@ async def test_nothing_new_is_written_once_leaving(app, backend):
 @pytest.fixture(autouse=True)
 def _no_stray_guard_threads():
     yield
-    _until(lambda: not [t for t in threading.enumerate() if t.name == "tuner-hangup-guard" and t.is_alive()
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "tuner-hangup-guard" and t.is_alive()
                         and t is not threading.current_thread()], timeout_s=10)
 
 
@@ -219,9 +211,9 @@ def test_the_guard_ticks_until_triggered():
     ticks: list[str] = []
     guard = _guard(rec, check_s=0.02, tick=lambda: ticks.append(threading.current_thread().name))
     guard._thread.start()
-    _until(lambda: len(ticks) >= 3)
+    wait_until(lambda: len(ticks) >= 3)
     guard.trigger("SIGTERM")
-    _until(lambda: rec.exits)
+    wait_until(lambda: rec.exits)
     seen = len(ticks)
     time.sleep(0.1)
     assert len(ticks) == seen and set(ticks) == {"tuner-hangup-guard"}
@@ -247,10 +239,9 @@ async def test_an_overdue_change_is_reverted_off_the_event_loop(app, backend, cl
         clock.advance(1)
         app.revert_overdue()
         assert backend.knob("sim0").current == 0 and app.pending is None
-        await pilot.pause(0.5)  # the loop moves again: the dialog's countdown ends it, nothing more is written
+        # the loop moves again: the dialog's countdown ends it, nothing more is written
+        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog), what="the dialog to close")
         await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert not isinstance(app.screen, KeepOrRevertDialog)
         assert any("reverted (not confirmed in time)" in n.message for n in app._notifications)
         assert not [n for n in app._notifications if n.severity == "error"]
         assert backend.knob("sim0").current == 0

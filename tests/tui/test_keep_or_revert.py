@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tests.tui.helpers import until
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
 
 
@@ -21,13 +22,13 @@ async def test_apply_then_timeout_reverts(app, backend, clock):
         await _apply_minus_20(app, pilot)
         assert backend.knob("sim0").current == -20  # applied and read back, but not confirmed
         clock.advance(14.0)
-        await pilot.pause(0.4)
-        assert isinstance(app.screen, KeepOrRevertDialog)
+        # the countdown has ticked on the advanced clock (its line says 1 s left) and has not reverted: not yet
+        await until(pilot, lambda: "Reverting in 1 s" in str(app.screen.query_one("#countdown").render()),
+                    what="the countdown's tick at 14 s")
+        assert isinstance(app.screen, KeepOrRevertDialog) and backend.knob("sim0").current == -20
         clock.advance(1.5)
-        await pilot.pause(0.4)
+        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog), what="the revert at 15 s")
         await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert not isinstance(app.screen, KeepOrRevertDialog)
         assert backend.knob("sim0").current == 0
         assert app.pending is None
 

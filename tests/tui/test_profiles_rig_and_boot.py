@@ -4,7 +4,7 @@ tuner.actions.boot_service, with no real systemd (TUNER_SYSTEMD_DIR points into 
 
 from __future__ import annotations
 
-from tests.tui.helpers import make_app, sim_backend
+from tests.tui.helpers import make_app, sim_backend, until
 from tuner.core import paths
 from tuner.profiles import build_profile, save_profile
 from tuner.profiles.boot import unit_path
@@ -22,6 +22,12 @@ def _detail(app) -> str:
     return str(app.screen.query_one("#profile-detail").render())
 
 
+def _detail_says(app, text: str) -> bool:
+    """The Profiles screen is up and its detail shows `text` (whitespace as one space: it wraps)."""
+    found = app.screen.query("#profile-detail")
+    return bool(found) and text in " ".join(str(found.first().render()).split())
+
+
 def _real_card_profile(backend, monkeypatch, name: str = "mine"):
     """The boot service never takes a simulated profile or a simulated session (tuner.actions.boot_service): the
     install tests stand in a real card's profile and an App on real cards (its backend says so)."""
@@ -35,7 +41,7 @@ async def _install_from_profiles(pilot, app):
     """Open Profiles, press b on the selected profile and answer yes: the install has run (or was refused)."""
     await pilot.press("4")
     await app.workers.wait_for_complete()
-    await pilot.pause(0.3)
+    await until(pilot, lambda: _detail_says(app, "boot service"), what="the profile's boot-service line")
     await pilot.press("b")
     await pilot.pause()
     await pilot.press("y")
@@ -54,7 +60,7 @@ async def test_the_efficiency_is_shown_with_the_setting_it_was_measured_at(app, 
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40, tuning=TUNING))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("4")
-        await pilot.pause(0.3)
+        await until(pilot, lambda: _detail_says(app, "Efficiency:"), what="the profile's detail")
         detail = _detail(app)
         # measured at -50 mV (the confirm trial), not at the saved -40 mV; rounded, labelled, simulated caveat
         assert "Efficiency: tok/J 25.1 at -50 mV (+5.5 % vs stock, 23.8); measured on a SIMULATED card" in detail
@@ -71,7 +77,7 @@ async def test_a_rig_profile_shows_every_card_and_the_rig_evidence_and_applies_a
     backend, app = _rig_on_two_cards(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("4")
-        await pilot.pause(0.3)
+        await until(pilot, lambda: _detail_says(app, "Press a to apply every card"), what="the rig's detail")
         assert app.screen.query_one("#profiles-table").get_row_at(0)[1:] == ["rig", "2 cards"]
         detail = " ".join(_detail(app).split())
         assert "A rig profile: 2 cards, applied together with one keep-or-revert for the whole rig" in detail
@@ -101,7 +107,7 @@ async def test_a_rig_parts_setting_and_unit_stay_on_one_line_at_80_columns(tmp_p
     _backend, app = _rig_on_two_cards(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("4")
-        await pilot.pause(0.3)
+        await until(pilot, lambda: _detail_says(app, "card[1]:"), what="the rig's parts")
         widget = app.screen.query_one("#profile-detail")
         lines = [line.plain.rstrip() for line in widget.render().wrap(widget.content_size.width)]
         # each part's setting starts its line, so the wrap never leaves "-40" at a line's end and "mV" on the next
@@ -121,13 +127,14 @@ async def test_an_unconfirmed_rig_apply_reverts_every_card_when_the_countdown_en
         assert isinstance(app.screen, KeepOrRevertDialog)
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -30, -20]
         clock.advance(14.0)
-        await pilot.pause(0.4)
-        assert isinstance(app.screen, KeepOrRevertDialog)  # not yet
+        # the countdown has ticked on the advanced clock (its line says 1 s left) and has not reverted: not yet
+        await until(pilot, lambda: "Reverting in 1 s" in str(app.screen.query_one("#countdown").render()),
+                    what="the countdown's tick at 14 s")
+        assert isinstance(app.screen, KeepOrRevertDialog) and backend.knob("sim0").current == -40
         clock.advance(1.5)
-        await pilot.pause(0.4)
+        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog) and app.pending is None,
+                    what="the revert at 15 s")
         await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert not isinstance(app.screen, KeepOrRevertDialog) and app.pending is None
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
         assert [app.histories[f"sim{i}"].knob.current for i in range(3)] == [0, 0, 0]
 
@@ -139,8 +146,8 @@ async def test_a_rig_profile_whose_card_is_missing_is_refused_and_nothing_change
     app = make_app(tmp_path, backend=small, samples=1)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await pilot.press("4")
-        await pilot.pause(0.3)
-        assert "cannot be applied (card[2]'s card is not in this machine)" in " ".join(_detail(app).split())
+        await until(pilot, lambda: _detail_says(app, "cannot be applied (card[2]'s card is not in this machine)"),
+                    what="the missing card's refusal in the detail")
         await pilot.press("a")
         await app.workers.wait_for_complete()
         await pilot.pause()
@@ -156,8 +163,8 @@ async def test_b_installs_the_boot_service_for_the_profile_shows_its_status_and_
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("4")
         await app.workers.wait_for_complete()
-        await pilot.pause(0.6)
-        assert "the boot service is not installed; b installs it for this profile" in " ".join(_detail(app).split())
+        await until(pilot, lambda: _detail_says(app, "the boot service is not installed; b installs it for this "
+                                                     "profile"), what="the boot service's status")
         await pilot.press("b")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)  # asks first; No is the default
@@ -169,17 +176,16 @@ async def test_b_installs_the_boot_service_for_the_profile_shows_its_status_and_
         await pilot.pause()
         await pilot.press("y")
         await app.workers.wait_for_complete()
-        await pilot.pause(0.6)
+        await until(pilot, lambda: _detail_says(app, "installed and applies 'mine' at every boot. b removes it."),
+                    what="the installed status")
         assert unit_path().exists() and "apply --boot mine" in unit_path().read_text()
-        assert "installed and applies 'mine' at every boot. b removes it." in " ".join(_detail(app).split())
         await pilot.press("b")
         await pilot.pause()
         assert "Remove the boot service?" in str(app.screen.query_one("Static").render())
         await pilot.press("y")
         await app.workers.wait_for_complete()
-        await pilot.pause(0.6)
+        await until(pilot, lambda: _detail_says(app, "the boot service is not installed"), what="the removal")
         assert not unit_path().exists()
-        assert "the boot service is not installed" in " ".join(_detail(app).split())
 
 
 async def test_installing_the_boot_service_without_root_is_one_line_and_installs_nothing(app, backend,
@@ -204,9 +210,8 @@ async def test_the_last_boot_run_and_its_result_are_in_the_detail(app, backend, 
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("4")
         await app.workers.wait_for_complete()
-        await pilot.pause(0.6)
+        await until(pilot, lambda: _detail_says(app, "Last boot run"), what="the last boot run")
         detail = " ".join(_detail(app).split())
-        assert "Last boot run" in detail
         assert ": failed (exit 3). tuner: boot: missing card: 'mine' not applied" in detail
 
 

@@ -8,10 +8,10 @@ import queue
 
 import pytest
 
-from tests.tui.helpers import make_app, sim_backend
+from tests.tui.helpers import make_app, sim_backend, until
 from tuner.tuning.kernel_log import KernelLogWatcher
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 RESET_LINE = "amdgpu 0000:03:00.0: amdgpu: GPU reset begin!"
 
@@ -37,12 +37,9 @@ class FakeKernelLog:
         return KernelLogWatcher(source=self)
 
 
-async def _wait(pilot, predicate, timeout_s: float = 90.0) -> None:
-    for _ in range(int(timeout_s / 0.1)):
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError("condition never became true")
+async def _wait(pilot, predicate, timeout_s: float = 120.0) -> None:
+    """Engine runs on a loaded 2-core box: a generous bound, checked by the clock (tests.tui.helpers.until)."""
+    await until(pilot, predicate, timeout_s=timeout_s)
 
 
 async def test_a_kernel_log_fault_stops_a_stress_run_started_from_the_tune_screen(tmp_path):

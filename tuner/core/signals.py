@@ -91,8 +91,28 @@ def ending() -> None:
     started after this (an ignored signal would be inherited across exec)."""
     if threading.current_thread() is not threading.main_thread():
         return
+    _quiet_race_reports()
     for sig in FATAL:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def _quiet_race_reports() -> None:
+    """A signal that arrived just before its handler became SIG_IGN is still pending in CPython; the next
+    `signal.signal` call (or check) finds no Python handler for it and reports "Signal N ignored due to race
+    condition" as an unraisable OSError on stderr (CPython's `_PyErr_CheckSignalsTstate`, bpo-43406). Once the
+    process is ending, ignoring it is the intent: that report is dropped, every other one still goes to the hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_tuner_quiet_race", False):
+        return
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        error = unraisable.exc_value
+        if isinstance(error, OSError) and str(error).endswith("ignored due to race condition"):
+            return
+        previous(unraisable)
+
+    hook._tuner_quiet_race = True  # type: ignore[attr-defined]  # marks the hook as installed (idempotent)
+    sys.unraisablehook = hook
 
 
 def name(signum: int) -> str:
