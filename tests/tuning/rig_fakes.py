@@ -21,12 +21,14 @@ from pathlib import Path
 from tuner.backends.base import Backend
 from tuner.core.errors import NotApplied
 from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult
+from tuner.tuning.plan import EDGE_KINDS
 from tuner.tuning.rig_trial import RigTrialParams, RigTrialResult
 
 
 @dataclass
 class FakeRigTrial:
     pin: Callable[[str, int], bool] | None = None
+    pin_kind: str = "mismatch"  # how a pinned card fails: mismatch (its own figures), or hang, device-lost, ... (edges)
     machine_event: Callable[[int, dict], str | None] | None = None
     on_start: Callable[[dict, RigTrialParams], None] | None = None
     collective: str | None = "gloo"  # what the ranks report they used (the simulated cards' engines: gloo)
@@ -69,8 +71,10 @@ class FakeRigTrial:
                     results[device_id] = TrialResult(verdict="fail", kind="mismatch", reason="loss bits differ",
                                                      fault_step=2 + int(target.fault_rate * 10), **common)
                 elif self.pin and self.pin(device_id, setting):
-                    results[device_id] = TrialResult(verdict="fail", kind="mismatch", reason="loss bits differ "
-                                                     "under the rig load", fault_step=7, **common)
+                    edge = self.pin_kind in EDGE_KINDS  # a hang, a reset, a lost device: as the real trial marks it
+                    what = "loss bits differ" if self.pin_kind == "mismatch" else self.pin_kind
+                    results[device_id] = TrialResult(verdict="fail", kind=self.pin_kind, reason=f"{what} under the "
+                                                     "rig load", fault_step=7, edge=edge, **common)
                 else:
                     results[device_id] = TrialResult(verdict="pass", tok_per_j=4.0, **common)
             event = self.machine_event(len(self.calls), dict(settings)) if self.machine_event else None
