@@ -16,13 +16,13 @@ def test_no_journal_means_nothing_open(boot):
 
 def test_open_trial_this_boot_is_not_previous_boot(boot):
     j = journal.Journal.create("sim0", params={}, knob={})
-    j.begin_trial(-50, "coarse")
+    j.begin_trial("coarse", setting=-50)
     assert journal.trial_open_at_previous_boot() is None
 
 
 def test_open_trial_from_previous_boot_is_reported(boot):
     j = journal.Journal.create("0000:03:00.0", params={}, knob={})
-    j.begin_trial(-60, "refine")
+    j.begin_trial("refine", setting=-60)
     boot("boot-b")
     trial = journal.trial_open_at_previous_boot()
     assert trial is not None
@@ -32,7 +32,7 @@ def test_open_trial_from_previous_boot_is_reported(boot):
 
 def test_closed_trial_is_not_reported(boot):
     j = journal.Journal.create("sim0", params={}, knob={})
-    j.begin_trial(-50, "coarse")
+    j.begin_trial("coarse", setting=-50)
     j.finish_trial({"setting": -50, "phase": "coarse", "verdict": "pass"})
     boot("boot-b")
     assert journal.trial_open_at_previous_boot() is None
@@ -43,7 +43,7 @@ def test_closed_trial_is_not_reported(boot):
 def test_unreadable_boot_id_counts_dead_pid(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_SYSFS_ROOT", str(tmp_path / "nothing"))
     j = journal.Journal.create("sim0", params={}, knob={})
-    j.begin_trial(-50, "coarse")
+    j.begin_trial("coarse", setting=-50)
     assert journal.trial_open_at_previous_boot() is None  # our own pid is alive
     j.doc["open_trial"]["pid"] = 2**22 + 12345  # no such process
     j._save()

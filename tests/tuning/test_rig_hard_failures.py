@@ -16,7 +16,7 @@ import pytest
 from tests.profiles.helpers import sim, tuner
 from tests.tuning.fake_engine import FakeEngine
 from tests.tuning.rig_fakes import FakeRigTrial
-from tuner.actions.bisect import prepare_rig_bisect as prepare_bisect
+from tuner.actions.bisect import prepare_bisect
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
 from tuner.profiles import RigPart, build_rig_profile, save_profile
@@ -34,7 +34,7 @@ def _rig(kind: str | None):
     backend = SimulatedBackend(gpus=2, vmin_mv=LIMITS)
     rig = FakeRigTrial(pin=(lambda d, s: d == "sim1" and s == -55) if kind else None, pin_kind=kind or "mismatch")
     events: list = []
-    job = prepare_bisect(backend, CARDS, BisectParams(trial_s=1, confirm_s=2), events.append, rig_trial=rig,
+    job = prepare_bisect(backend, CARDS, BisectParams(trial_s=1, confirm_s=2), events.append, run_trial=rig,
                          engine_factory=FakeEngine())
     return job, rig, events
 

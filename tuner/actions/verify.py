@@ -98,7 +98,6 @@ def verify_setting(
 def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float, workload: Workload,
                  on_line: Callable[[str], None], stop_event: threading.Event) -> tuple[str, str | None]:
     """One `confirm`-phase trial through the bisect's trial runner; a hang or a lost card goes on the unsafe list."""
-    from tuner.tuning import kernel_log
     from tuner.tuning.engine_client import default_preset
     from tuner.tuning.events import TrialWarning
     from tuner.tuning.trial import TrialParams, run_trial
@@ -110,15 +109,12 @@ def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float
     # checks many times instead of once every 100 steps.
     params = TrialParams(phase=Phase.CONFIRM, duration_s=duration_s, preset=preset,
                          mode=workload.mode or Mode.TRAIN, dtype=workload.dtype, canary_every=VERIFY_CANARY_EVERY)
-    watcher = kernel_log.NullWatcher() if target.simulated else None  # a simulated card has no kernel log
 
     def on_event(event: object) -> None:
         if isinstance(event, TrialWarning):
             on_line(f"warning: {event.message}")
 
-    unit = backend.knob(device_id).unit
-    result = run_trial(backend, device_id, value, params, on_event, stop_event, kernel_watcher=watcher)
-    if result.verdict == Verdict.FAIL and result.edge:  # a hang or a lost device: never applied again automatically
-        journal.add_unsafe(device_id, value, unit=unit, kind=result.kind or "hang", reason=result.reason,
-                           edge=True, kernel_log=list(result.kernel_log))
+    result = run_trial(backend, {device_id: value}, params, on_event, stop_event).result
+    # a hang or a lost device: never applied again automatically (the one rule, as in a bisect)
+    journal.record_hard_failure(device_id, result, stock=backend.knob(device_id).stock)
     return result.verdict, result.reason or None

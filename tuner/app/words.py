@@ -21,7 +21,7 @@ FLAG_WORDS = (
 )
 
 JOB_NAMES = {"StressJob": "the stress run", "VerifyJob": "the profile's verify trial",
-             "BisectRunner": "the auto-bisect", "RigBisectRunner": "the auto-bisect of every card"}
+             "BisectRunner": "the auto-bisect"}  # of one card or several: make_safe names the cards
 
 
 def for_people(text: str) -> str:
