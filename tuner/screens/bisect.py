@@ -5,7 +5,6 @@ The run itself belongs to the App (switching screens never stops it); this scree
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -22,6 +21,7 @@ from tuner.app.words import for_people
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode
+from tuner.core.numbers import parse_whole_number
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
 from tuner.tuning.events import FINISHING
@@ -45,16 +45,10 @@ WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the
 KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
 
 
-_ASCII_WHOLE = re.compile(r"[+-]?[0-9]+")  # ASCII digits and a sign only, as on the command line
-
-
 def _whole_number(label: str, text: str, unit: str) -> int:
-    """A whole number, optionally followed by the card's unit ("15", "15 MHz")."""
-    number = text[: -len(unit)].strip() if unit and text.lower().endswith(unit.lower()) else text
+    """A whole number as on the command line (tuner.core.numbers), optionally followed by the card's unit ("15 MHz")."""
     try:
-        if not _ASCII_WHOLE.fullmatch(number.strip()):
-            raise ValueError(number)  # int() would take "٣٠" and "3_0"
-        return int(number, 10)
+        return parse_whole_number(text, unit)
     except ValueError:
         raise UsageError(f"{label}: expected a whole number of {unit or 'steps'}, got {text!r}", "e.g. 10") from None
 
