@@ -402,39 +402,37 @@ def _save(args, backend, outcome) -> None:
     """One card: its profile; several: one rig profile, a part per card that got a setting confirmed together (each
     built by the core)."""
     from tuner.actions.bisect import profile_from_outcome, rig_profile_from_outcome
-    from tuner.profiles import save_profile
 
     if len(outcome.per_card) == 1:
         [device_id] = outcome.per_card
-        profile = profile_from_outcome(backend, device_id, outcome.card, args.save)
-    else:
-        profile = rig_profile_from_outcome(backend, outcome, args.save)
-    path = save_profile(profile, overwrite=False)
+        _saved(args, profile_from_outcome(backend, device_id, outcome.card, args.save))
+        return
     left_out = [d for d in outcome.per_card if d not in outcome.settings]
-    several = {"device": "rig", "cards": list(outcome.settings), "left_out": left_out} if profile.is_rig else {}
+    _saved(args, rig_profile_from_outcome(backend, outcome, args.save), left_out,
+           {"device": "rig", "cards": list(outcome.settings), "left_out": left_out})
+
+
+def _saved(args, profile, left_out: list[str] | None = None, rig: dict | None = None) -> None:
+    from tuner.profiles import save_profile
+
+    path = save_profile(profile, overwrite=False)
     if args.json:
-        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path), **several})
+        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path), **(rig or {})})
                          + "\n")
-    elif profile.is_rig:
+    elif rig is not None:
         print(f"saved rig profile {args.save!r} ({len(profile.rig_parts)} cards) to {path}"
-              + (f"; left out: {', '.join(left_out)}" if left_out else ""))
+              + (f"; left out: {', '.join(left_out or [])}" if left_out else ""))
     else:
         print(f"saved profile {args.save!r} to {path}")
 
 
 def _save_from_last(args, backend, device_id: str) -> int:
     from tuner.actions.bisect import profile_from_outcome
-    from tuner.profiles import save_profile
     from tuner.tuning.job import last_outcome
 
     if not args.save:
         raise UsageError("--from-last saves the last result and needs --save NAME", "add --save NAME")
-    outcome = last_outcome(device_id, backend.knob(device_id))
-    path = save_profile(profile_from_outcome(backend, device_id, outcome, args.save), overwrite=False)
-    if args.json:
-        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path)}) + "\n")
-    else:
-        print(f"saved profile {args.save!r} to {path}")
+    _saved(args, profile_from_outcome(backend, device_id, last_outcome(device_id, backend.knob(device_id)), args.save))
     return exit_codes.OK
 
 

@@ -137,21 +137,16 @@ class CardOutcome:
 
     def tuning(self) -> dict | None:
         """The `[tuning]` table of a profile saved from this outcome (None entries dropped by the profile)."""
-        r = self.recommendation
+        r, p = self.recommendation, self.params
         if r is None:
             return None
-        p = self.params
-        return {
-            "baseline_tok_s": r.baseline_tok_s, "tuned_tok_s": r.tuned_tok_s,
-            "baseline_power_w": r.baseline_power_w, "tuned_power_w": r.tuned_power_w,
-            "baseline_tok_per_j": r.baseline_tok_per_j, "tuned_tok_per_j": r.tuned_tok_per_j,
-            "efficiency_gain_pct": r.efficiency_gain_pct, "first_failure": r.first_failure,
-            "lowest_pass": r.lowest_pass, "confirmed": r.confirmed, "margin": r.margin,
-            "step": p.get("step"), "resolution": p.get("resolution"), "trial_duration_s": p.get("trial_s"),
-            "confirm_duration_s": p.get("confirm_s"), "preset": p.get("preset"), "mode": p.get("mode"),
-            "dtype": p.get("dtype"), "sensitivity": r.sensitivity,
-            "trials": [t.profile_trial() for t in self.trials],
-        }
+        measured = ("baseline_tok_s", "tuned_tok_s", "baseline_power_w", "tuned_power_w", "baseline_tok_per_j",
+                    "tuned_tok_per_j", "efficiency_gain_pct", "first_failure", "lowest_pass", "confirmed", "margin",
+                    "sensitivity")
+        searched = {"step": "step", "resolution": "resolution", "trial_duration_s": "trial_s",
+                    "confirm_duration_s": "confirm_s", "preset": "preset", "mode": "mode", "dtype": "dtype"}
+        return {**{k: getattr(r, k) for k in measured}, **{k: p.get(v) for k, v in searched.items()},
+                "trials": [t.profile_trial() for t in self.trials]}
 
 
 @dataclass(frozen=True)
@@ -260,10 +255,11 @@ class BisectJob:
         if not (p.resume or p.restart):  # before any card is touched, not halfway through the threads
             for j in (rig, *cards.values()):
                 if j is not None and j.unresolved():
-                    what = "rig bisect" if j.device_id is None else "bisect session"
-                    raise UsageError(f"an unfinished {what} exists for {_name(j)} ({j.session}, {len(j.trials)} "
-                                     "trials done)", "continue it with --resume or discard it with --restart (the "
-                                     "unsafe list is kept)")
+                    what, done = (("rig bisect", "") if j.device_id is None
+                                  else ("bisect session", f", {len(j.trials)} trials done"))
+                    raise UsageError(f"an unfinished {what} exists for {_name(j)} ({j.session}{done})",
+                                     "continue it with --resume or discard it with --restart (the unsafe list is "
+                                     "kept)")
         for device_id in ids:  # every card from a known state (a kill -9 left them where they were)
             foreign = self.backend.foreign_state(device_id)  # PenguinBurner: every offset reads 0 first
             if foreign:
@@ -387,13 +383,22 @@ class BisectJob:
         backed = setting - knob.aggressive_direction * step
         return backed if knob.more_aggressive(backed, knob.stock) else knob.stock
 
-    def _together(self, rig: Journal, settings: dict[str, int], duration_s: float, **kw: object) -> TrialOutcome:
+    def _together(self, rig: Journal, knobs: dict[str, Knob], phase: str, attempt: int, settings: dict[str, int],
+                  duration_s: float, **kw: object) -> TrialOutcome | None:
+        """One run of every card at `settings` together, journalled before any card is touched; None: stopped."""
         s = rig.doc["params"]
-        params = TrialParams(duration_s=duration_s, preset=s.get("preset"), seed=int(s.get("seed") or 0),
+        self._emit(RigConfirmStarted(settings=settings, unit_by_device={d: knobs[d].unit for d in settings},
+                                     duration_s=duration_s, attempt=attempt, phase=phase))
+        rig.begin_trial(phase, attempt=attempt, settings=settings)
+        params = TrialParams(phase=phase, duration_s=duration_s, preset=s.get("preset"), seed=int(s.get("seed") or 0),
                              dtype=s.get("dtype"), compile=s.get("compile"), watchdog=self.params.watchdog,
                              tolerance=bool(s.get("tolerance")), **kw)  # type: ignore[arg-type]
-        return self._run_trial(self.backend, settings, params, self._emit, self._stop,
-                               engine_factory=self._engine_factory, kernel_watcher_factory=self._watcher_factory)
+        res = self._run_trial(self.backend, settings, params, self._emit, self._stop,
+                              engine_factory=self._engine_factory, kernel_watcher_factory=self._watcher_factory)
+        if res.stopped or self._stop.is_set():
+            rig.end_trial()
+            return None
+        return res
 
     def _confirm(self, rig: Journal, knobs: dict[str, Knob], per_card: dict[str, CardOutcome]) -> BisectOutcome:
         recs = {d: o.recommendation for d, o in per_card.items() if o.recommendation is not None}
@@ -416,13 +421,9 @@ class BisectJob:
         if rig.phase == "baseline":
             failed = (rig.doc.get("baseline") or {}).get("failed")
             if failed is None and not gemm:
-                trial_s = float(rig.doc["params"]["trial_s"])
-                self._emit(RigConfirmStarted(settings=stock, unit_by_device={d: knobs[d].unit for d in recs},
-                                             duration_s=trial_s, attempt=0, phase=RIG_BASELINE))
-                rig.begin_trial(RIG_BASELINE, attempt=0, settings=stock)
-                res = self._together(rig, stock, trial_s, mode="train", record_paths=refs, phase=RIG_BASELINE)
-                if res.stopped or self._stop.is_set():
-                    rig.end_trial()
+                res = self._together(rig, knobs, RIG_BASELINE, 0, stock, float(rig.doc["params"]["trial_s"]),
+                                     mode="train", record_paths=refs)
+                if res is None:
                     return self._stopped(rig, per_card, reasons)
                 bad = {d: r for d, r in res.results.items() if not r.passed}
                 if bad or res.machine_event:
@@ -450,14 +451,9 @@ class BisectJob:
                 why = (f"the rig confirmation failed {len(rig.attempts)} times (at most {self._max_attempts} "
                        "attempts); each card's own recommendation stands, but not together")
                 return self._finish(rig, per_card, {}, {**reasons, **dict.fromkeys(candidates, why)}, tuple(attempts))
-            confirm_s = float(rig.doc["params"]["confirm_s"])
-            self._emit(RigConfirmStarted(settings=candidates, unit_by_device={d: knobs[d].unit for d in candidates},
-                                         duration_s=confirm_s, attempt=attempt))
-            rig.begin_trial(RIG_CONFIRM, attempt=attempt, settings=candidates)
-            res = self._together(rig, candidates, confirm_s, mode="gemm" if gemm else "mixed",
-                                  reference_paths=None if gemm else refs, phase=RIG_CONFIRM)
-            if res.stopped or self._stop.is_set():
-                rig.end_trial()
+            res = self._together(rig, knobs, RIG_CONFIRM, attempt, candidates, float(rig.doc["params"]["confirm_s"]),
+                                 mode="gemm" if gemm else "mixed", reference_paths=None if gemm else refs)
+            if res is None:
                 return self._stopped(rig, per_card, reasons)
             attempts.append(res)
             verdict = self._judge(res, candidates, knobs, rig, edge_margins)

@@ -1,26 +1,17 @@
 """One trial: every card of `settings` at its setting under the stress engine at once, measured and classified.
 A single card is a trial of one card (the bisect's search); several are one data-parallel training job (the
-whole-rig confirmation, issue 16): one engine per card (`python -m tuner.engine --world-size N --rank R
---rendezvous file://...`, gloo on the CPU and the simulated cards, nccl/rccl on GPUs), gradients all-reduced every
-step, so the traffic between the cards is part of the load. Every card keeps its own detectors, watchdog, telemetry
-and reference (recorded at stock with `record_paths`, compared with `reference_paths`).
+whole-rig confirmation, issue 16: one engine per card, `--world-size N --rank R --rendezvous file://...`, gloo on the
+CPU and the simulated cards, nccl/rccl on GPUs, gradients all-reduced every step). Every card keeps its own
+detectors, watchdog, telemetry and reference (recorded at stock with `record_paths`, compared with
+`reference_paths`).
 
-Order (docs/bisect.md): start the kernel-log watcher (only later messages count); apply every setting (the backend
-reads it back); tell the backend the cards are loaded; start the engines on `backend.stress_target` (each reported
-PCI bus id must be its target's); watch engine events, the heartbeat watchdog (inside `StressRun`), the kernel log
-and 1 Hz telemetry; end the load; reset every card to stock and verify; classify each card, then judge the blame.
-Every undo sits on one ExitStack, so every card is back at stock (verified) whatever happens.
-
-Kernel lines: a line naming a card of the trial counts against that card; a line naming no card (or a card whose
-bus we cannot rule out) is a whole-machine event, for a single card a failure of that card; a line naming another
-card is ignored. Blame (several cards): a fault in a card's own figures (its loss, its own gradients before the
-all-reduce (norm and exact bit checksum), its canary, its GEMM check, a hang, a crash) pins it; a card whose only
-difference is the training state after the all-reduce, while another card's own figures differ, got that fault
-through the reduction and is inconclusive; a card alone with a differing state computed its own update wrongly
-(pinned). A card whose peer died or stalled (its engine ends with kind `peer`) or that the trial stopped because
-another card failed is inconclusive. `pinned` = the cards with their own fault at the earliest step. Whole-machine
-events: a kernel line naming no card, every card's state corrupted at the same step (the reduction itself), the
-collective stalled on every card, every card hung.
+Order (docs/bisect.md, "One trial"): start the kernel-log watcher (only later messages count); apply every setting
+(the backend reads it back); mark the cards loaded; start the engines on `backend.stress_target` (each reported PCI
+bus id must be its target's); watch engine events, the heartbeat watchdog (inside `StressRun`), the kernel log and
+1 Hz telemetry; end the load; reset every card to stock and verify; classify each card, then judge who is to blame
+(docs/bisect.md, "The rig trial": a card's own fault pins it, a fault that reached it through the all-reduce or a
+peer's end does not; a kernel line naming no card, or every card failing at once, is a whole-machine event). Every
+undo sits on one ExitStack, so every card is back at stock (verified) whatever happens.
 
 Setup problems (out of memory, a missing library, a NaN that is the software's) are `error`, never blamed on the
 voltage. Core module: no textual, no torch (the engines run in subprocesses).
@@ -434,42 +425,19 @@ def pstate_problem_of(backend: Backend, device_id: str, setting: int, stock: int
 
 def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, started_at: float,
               clock: Callable[[], float]) -> TrialResult:
-    """One card's verdict from what it saw, with the trial's stops that were not its own doing inconclusive."""
-    target = c.target
-    result = classify(
-        setting=c.setting, unit=knob.unit, params=params, baseline=(params.baselines or {}).get(c.device_id),
-        engine_result=c.engine_result, summary=c.summary, kernel_events=c.kernel_events, stop_reason=c.stop_reason,
-        device_lost=c.sampler.device_lost if c.sampler else None, pci_problem=c.pci_problem,
-        pstate_problem=pstate_problem_of(backend, c.device_id, c.setting, knob.stock, c.summary),
-        injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
-        simulated=bool(target and target.simulated), warnings=c.warnings, started_at=started_at,
-        wall_s=clock() - started_at)
-    if result.verdict in (Verdict.FAIL, STOPPED):
-        return result
-    if c.engine_result is not None and c.engine_result.kind == PEER:
-        return replace(result, verdict=Verdict.INCONCLUSIVE, kind=PEER, reason=c.engine_result.reason)
-    if c.stop_reason in (STOPPED_BY_PEER, "kernel", "device-lost") and not result.passed:
-        why = {STOPPED_BY_PEER: "stopped after another card failed", "kernel": "stopped by a kernel-log event",
-               "device-lost": "stopped: another card was lost"}[c.stop_reason]
-        return replace(result, verdict=Verdict.INCONCLUSIVE, kind=PEER, reason=why)
-    return result
-
-
-def classify(*, setting: int, unit: str, params: TrialParams, engine_result: StressResult | None,
-             summary: TelemetrySummary | None, kernel_events: list[kernel_log.KernelEvent],
-             stop_reason: str | None, device_lost: str | None, pci_problem: str | None, injected: bool,
-             simulated: bool, warnings: list[str], started_at: float, wall_s: float,
-             pstate_problem: str | None = None, baseline: TrialResult | None = None) -> TrialResult:
-    r = engine_result
+    """One card's result: what it measured, its verdict (the first cause that applies, in order), and a stop that
+    was not its own doing (another card's fault, a kernel line, a lost card) inconclusive."""
+    r, summary, target = c.engine_result, c.summary, c.target
     tok_s = r.median_tok_s if r is not None else None
     power_w = summary.mean_power_w if summary else None
     tok_per_j = tok_s / power_w if tok_s and power_w else None
+    baseline = (params.baselines or {}).get(c.device_id)
     base_tok_per_j = baseline.tok_per_j if baseline is not None else None
     base = TrialResult(
-        setting=setting, unit=unit, phase=params.phase, verdict="pass",
+        setting=c.setting, unit=knob.unit, phase=params.phase, verdict="pass",
         steps=r.steps if r is not None else None,
         warmup_steps=r.start.warmup_steps if r is not None and r.start is not None else None,
-        duration_s=round((r.duration_s if r is not None else None) or wall_s, 3),
+        duration_s=round((r.duration_s if r is not None else None) or clock() - started_at, 3),
         tok_s=tok_s, power_w=None if power_w is None else round(power_w, 2),
         max_temp_c=summary.max_temp_c if summary else None,
         max_temp_edge_c=summary.max_temp_edge_c if summary else None,
@@ -479,29 +447,42 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result: Str
         j_per_tok=None if not tok_per_j else 1.0 / tok_per_j,
         tok_per_j=tok_per_j,
         efficiency_vs_stock=tok_per_j / base_tok_per_j if tok_per_j and base_tok_per_j else None,
-        injected=injected, simulated=simulated,
-        sensitivity=r.sensitivity if r is not None else None,
-        kernel_log=tuple(e.line for e in kernel_events), warnings=tuple(warnings), started_at=started_at,
+        injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
+        simulated=bool(target and target.simulated), sensitivity=r.sensitivity if r is not None else None,
+        kernel_log=tuple(e.line for e in c.kernel_events), warnings=tuple(c.warnings), started_at=started_at,
         median_core_clock_mhz=summary.median_core_clock_mhz if summary else None,
         pstates=summary.pstates if summary else (),
         p95_power_w=None if not summary or summary.p95_power_w is None else round(summary.p95_power_w, 2),
         power_limit_w=summary.power_limit_w if summary else None,
         throttle_reasons=summary.throttle_reasons if summary else (),
     )
-    base = _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary)
+    result = _verdict(c, _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary),
+                      pstate_problem_of(backend, c.device_id, c.setting, knob.stock, summary))
+    if result.verdict in (Verdict.FAIL, STOPPED):
+        return result
+    if r is not None and r.kind == PEER:
+        return replace(result, verdict=Verdict.INCONCLUSIVE, kind=PEER, reason=r.reason)
+    if c.stop_reason in (STOPPED_BY_PEER, "kernel", "device-lost") and not result.passed:
+        why = {STOPPED_BY_PEER: "stopped after another card failed", "kernel": "stopped by a kernel-log event",
+               "device-lost": "stopped: another card was lost"}[c.stop_reason]
+        return replace(result, verdict=Verdict.INCONCLUSIVE, kind=PEER, reason=why)
+    return result
+
+
+def _verdict(c: _Card, base: TrialResult, pstate_problem: str | None) -> TrialResult:
+    r = c.engine_result
     fault_step = r.failure_step if r is not None else None
-    reference_step = r.reference_step if r is not None else None
-    if kernel_events:
-        first = kernel_events[0]
-        return replace(base, verdict="fail", kind=first.kind, reason=kernel_log.summarize(kernel_events),
-                       edge=any(e.edge for e in kernel_events), fault_step=fault_step)
+    device_lost = c.sampler.device_lost if c.sampler else None
+    if c.kernel_events:
+        return replace(base, verdict="fail", kind=c.kernel_events[0].kind, reason=kernel_log.summarize(c.kernel_events),
+                       edge=any(e.edge for e in c.kernel_events), fault_step=fault_step)
     if device_lost:
         return replace(base, verdict="fail", kind="device-lost", reason=f"device lost: {device_lost}", edge=True)
-    if pci_problem:
-        return replace(base, verdict="error", kind="wrong-device", reason=pci_problem)
+    if c.pci_problem:
+        return replace(base, verdict="error", kind="wrong-device", reason=c.pci_problem)
     if pstate_problem:
         return replace(base, verdict="error", kind="pstate", reason=pstate_problem)
-    if stop_reason == STOPPED:
+    if c.stop_reason == STOPPED:
         return replace(base, verdict=STOPPED, reason="stopped on request")
     if r is None:
         return replace(base, verdict="error", kind="no-result", reason="the stress engine did not report a result")
@@ -509,7 +490,7 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result: Str
         return base
     if r.verdict == "fail":
         return replace(base, verdict="fail", kind=r.kind, reason=r.reason or str(r.kind), fault_step=fault_step,
-                       reference_step=reference_step, edge=r.kind == "hang")
+                       reference_step=r.reference_step, edge=r.kind == "hang")
     detail = r.reason or ((r.stderr_tail or "").strip().splitlines() or ["setup problem"])[-1]
     return replace(base, verdict="error", kind=r.kind or "setup", reason=detail[:300], fault_step=fault_step)
 
