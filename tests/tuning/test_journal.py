@@ -82,3 +82,20 @@ def test_guarded_trial_left_open_blocks_boot_and_becomes_unsafe(boot):
     assert journal.recover_stale_guard("sim0", "mV")["setting"] == -75
     assert journal.unsafe_settings("sim0")[-75]["kind"] == "system-reset"
     assert journal.trial_open_at_previous_boot() is None
+
+
+@pytest.mark.parametrize(("theirs", "pid", "readable", "owner"), [
+    ("boot-b", os.getppid(), True, journal.Owner.EARLIER_BOOT),  # another boot: a live pid there is a reused number
+    ("boot-a", os.getppid(), True, journal.Owner.RUNNING),  # another live process in this boot
+    ("boot-a", 2**22 + 12345, True, journal.Owner.TOOL_DIED),  # this boot, its process is gone
+    ("boot-a", os.getpid(), True, journal.Owner.TOOL_DIED),  # this process's own earlier job: no reset since
+    ("boot-a", 2**22 + 12345, False, journal.Owner.UNKNOWN_BOOT),  # unreadable now: a reset cannot be ruled out
+    (None, 2**22 + 12345, True, journal.Owner.UNKNOWN_BOOT),  # unreadable then: the same
+    (None, os.getppid(), False, journal.Owner.RUNNING),  # a live process holds it, whatever the boot ids say
+])
+def test_one_rule_says_who_left_an_open_trial(boot, theirs, pid, readable, owner):
+    if not readable:
+        (boot.root / "proc/sys/kernel/random/boot_id").unlink()
+    got = journal.classify_open_trial({"boot_id": theirs, "pid": pid, "setting": -40, "phase": "coarse"})
+    assert got == owner
+    assert got.machine_may_have_reset == (owner in (journal.Owner.EARLIER_BOOT, journal.Owner.UNKNOWN_BOOT))
