@@ -27,6 +27,11 @@ In bf16 the Newton-Schulz iteration runs in bf16, as on GPUs.
 
 Parts A-C take about three minutes on two CPU cores; `--parts D --trials 10` about one. Prints fractions and
 median steps from flip to detection; `--json` prints one JSON document instead.
+
+Every part injects (forward hooks, gradient hooks, patched functions), so the engine runs eager kernels whatever
+the device: a hook registered after torch.compile is not called by the compiled graph, and each patched closure
+would recompile until Dynamo's limit. `--compile` is refused (exit 2, one line); on a GPU, where the engine would
+compile by default, one line on stderr says compile is off.
 """
 
 from __future__ import annotations
@@ -59,6 +64,15 @@ from tuner.engine.runner import Engine
 
 def quiet(_msg: str) -> None:
     pass
+
+
+COMPILE_REFUSED = ("engine_detection: --compile cannot be combined with fault injection, and every part injects "
+                   "(a hook registered after torch.compile is not called by the compiled graph); drop --compile")
+
+
+def detection_options(args, **fields) -> EngineOptions:
+    """The engine's options for a detection run: always eager (compile off), since every part injects."""
+    return EngineOptions(canary_every=0, canary_every_s=0, seed=args.seed, compile=False, **fields)
 
 
 def reset(engine: Engine) -> None:
@@ -235,8 +249,8 @@ def _run(engine, site, steps: int, flip_step: int | None, rng: random.Random) ->
 def part_d(args) -> list[dict]:
     rows = []
     for dtype in args.dtypes.split(","):
-        engine = Engine(EngineOptions(steps=1, canary_every=0, canary_every_s=0, seed=args.seed, dtype=dtype,
-                                      device=args.device, preset=args.preset), Emitter(), log=quiet)
+        engine = Engine(detection_options(args, steps=1, dtype=dtype, device=args.device, preset=args.preset),
+                        Emitter(), log=quiet)
         engine.setup()
         steps = args.max_site_step + args.site_horizon
         for name, site in SITES.items():
@@ -399,7 +413,7 @@ def latency(rows: list[dict], key: str) -> str:
     return f"median {statistics.median(lat):g} steps (max {max(lat)})"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--horizon", type=int, default=30, help="steps observed after the flip (default 30)")
@@ -416,7 +430,16 @@ def main() -> int:
     ap.add_argument("--dtypes", default="fp32,bf16", help="Part D: compute dtypes (default fp32,bf16)")
     ap.add_argument("--json", action="store_true", help="print one JSON document (Part D's table and Part A's "
                     "counts) instead of text")
-    args = ap.parse_args()
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="refused: every part injects faults, which needs eager kernels (compile is always off)")
+    args = ap.parse_args(argv)
+    if args.compile:
+        print(COMPILE_REFUSED, file=sys.stderr)
+        return 2
+    if EngineOptions(device=args.device).compile_enabled("cuda" if args.device.startswith(("cuda", "hip")) else
+                                                          args.device):
+        print(f"engine_detection: compile off on {args.device} (every part injects faults, which needs eager "
+              "kernels)", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     doc: dict = {"seed": args.seed, "trials": args.trials}
     if "D" in args.parts:
@@ -431,8 +454,7 @@ def main() -> int:
         else:
             print(f"({time.monotonic() - t0:.0f} s)")
         return 0
-    engine = Engine(EngineOptions(steps=1, canary_every=0, canary_every_s=0, seed=args.seed), Emitter(),
-                    log=quiet)
+    engine = Engine(detection_options(args, steps=1), Emitter(), log=quiet)
     engine.setup()
     reset(engine)
     clean = [step_digest(r.loss, r.grad_norm, r.param_sum) for r in

@@ -33,13 +33,13 @@ from tuner.engine.runner import Engine
 
 
 class _ComparingButNeverFailing(ReferenceTrajectory):
-    def check(self, step, loss, grad_norm, param_sum=None):  # compares, then drops the verdict
-        super().check(step, loss, grad_norm, param_sum)
+    def check(self, step, loss, grad_norm, param_sum=None, grad_sum=None):  # compares, then drops the verdict
+        super().check(step, loss, grad_norm, param_sum, grad_sum)
 
 
 class _AnyStepRecorder(TrajectoryRecorder):
-    def append(self, step, loss, grad_norm, param_sum=None):
-        self.digests.append(step_digest(loss, grad_norm, param_sum))
+    def append(self, step, loss, grad_norm, param_sum=None, grad_sum=None):
+        self.digests.append(step_digest(loss, grad_norm, param_sum, grad_sum))
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The `nanochat` preset on a GPU: tok/s and MFU (against the GPU's peak dense bf16 rate) with compile on and off,
-and whether compiled steps are repeatable. `nanochat_section()` returns the rows, so a wider GPU check can call
-it; run alone it prints one table.
+and whether compiled steps are repeatable; one table. bench/gpu_check.py runs its own nanochat sections (record,
+replay, no compile at the fitted batch) and reads the peak table here (`peak_tflops`).
 
     python bench/gpu_nanochat.py [--device cuda:0] [--steps 60] [--json]
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Create ./.venv and install undervolt-tuner into it (editable). `--test` adds the test tools.
+# Create ./.venv and install undervolt-tuner into it (editable), with its stress engine (the `engine` extra: torch
+# and the tokenizer). `--test` adds the test tools. A system-wide install is scripts/install-system.sh.
 #
 # torch: by default the CPU wheel (small, enough for the simulated GPU and for the test suite). On a GPU box,
 # install the torch build for your GPU into .venv first and run with TUNER_TORCH=keep (see README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extras=""
-if [ "${1:-}" = "--test" ]; then extras="[test]"; fi
+extras="[engine]"
+if [ "${1:-}" = "--test" ]; then extras="[engine,test]"; fi
 
 [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check "$@"; }

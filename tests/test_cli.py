@@ -58,21 +58,24 @@ def test_bad_input_is_one_line_and_exit_2(args, fragment):
 
 
 def test_unreadable_state_file_exit_2_and_untouched(tmp_path):
-    state = tmp_path / "state"
-    (state / "tuner" / "simulated" / "seed-0.json").mkdir(parents=True)
-    proc = run_tuner("--simulate", "list", env={"XDG_STATE_HOME": str(state)})
-    assert proc.returncode == 2 and "cannot read simulated GPU state" in proc.stderr
-    assert (state / "tuner" / "simulated" / "seed-0.json").is_dir()
+    card = tmp_path / "state" / "tuner-simulated" / "seed-0" / "sim0.json"
+    card.mkdir(parents=True)
+    proc = run_tuner("--simulate", "list", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert proc.returncode == 0 and "cannot read simulated card file" in proc.stdout  # its row says why
+    proc = run_tuner("--simulate", "set", "--offset", "-30", "--yes", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert proc.returncode == 2 and "cannot read simulated card file" in proc.stderr, proc.stderr
+    assert card.is_dir()
 
 
 def test_corrupt_state_file_is_reported_and_reset(tmp_path):
-    state_file = tmp_path / "tuner" / "simulated" / "seed-0.json"
-    state_file.parent.mkdir(parents=True)
-    state_file.write_text('{"cards": {"sim0": {"offset_mv": "lots"}}}')
+    card = tmp_path / "tuner-simulated" / "seed-0" / "sim0.json"
+    card.parent.mkdir(parents=True)
+    card.write_text('{"offset_mv": "lots"}')
     proc = run_tuner("--simulate", "list", env={"XDG_STATE_HOME": str(tmp_path)})
     assert proc.returncode == 0
     assert "corrupt" in proc.stderr and "Traceback" not in proc.stderr
-    assert json.loads(state_file.read_text()) == {"cards": {}}
+    assert run_tuner("--simulate", "reset", env={"XDG_STATE_HOME": str(tmp_path)}).returncode == 0
+    assert json.loads(card.read_text()) == {}
 
 
 def test_no_gpu_without_simulate_suggests_it(tmp_path):
@@ -95,7 +98,7 @@ def test_xdg_state_home_is_honoured(tmp_path):
     run_tuner("--simulate", "list", env={"XDG_STATE_HOME": str(tmp_path)})
     from tuner.backends.simulated import SimulatedBackend
 
-    b = SimulatedBackend(state_path=tmp_path / "tuner" / "simulated" / "seed-0.json")
+    b = SimulatedBackend(state_path=tmp_path / "tuner-simulated" / "seed-0")
     b.apply("sim0", -20)
     status = run_tuner("--simulate", "status", "--json", env={"XDG_STATE_HOME": str(tmp_path)})
     assert json.loads(status.stdout)["devices"][0]["knob"]["current"] == -20

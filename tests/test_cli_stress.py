@@ -1,5 +1,6 @@
-"""`tuner stress`: options -> engine configuration, the progress line, the summary, exit codes; end to end on
-the simulated card (the real engine below the card's limit) and with a fake engine (fast paths)."""
+"""`tuner stress`: options -> the stress action's request and the engine configuration it makes, the progress line,
+the summary, exit codes; end to end on the simulated card (the real engine below the card's limit) and with a fake
+engine (fast paths)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.examples import example
+from tuner.actions import stress as stress_action
 from tuner.actions.context import Context
 from tuner.backends.simulated import SimulatedBackend
 from tuner.cli import build_parser
@@ -36,29 +39,36 @@ def test_parser_bounds_and_defaults():
         parse("stress", "--steps", "0")
 
 
+def config_of(argv, target, *, reference=None):
+    request = stress.build_request(parse(*argv), "sim0")
+    return stress_action.engine_config(request, target, duration_s=request.duration_s, steps=request.steps,
+                                       reference=reference if reference is not None else request.reference)
+
+
 def test_config_for_a_simulated_card():
     target = StressTarget("cpu", None, fault_rate=0.2, hang=True, simulated=True)
-    config, policy = stress.build_config(parse("stress", "--duration", "90s", "--seed", "4"), target)
-    o = config.options
+    o = config_of(["stress", "--duration", "90s", "--seed", "4"], target).options
     assert (o.device, o.preset, o.duration_s, o.steps, o.seed) == ("cpu", "tiny", 90.0, None, 4)
     assert o.fault_rate == 0.2 and [str(i) for i in o.injections] == ["hang@3"] and o.canary_every == 10
-    assert policy.min_silence_s == 5.0 and policy.kill_grace_s == 2.0
 
 
 def test_config_for_a_real_card():
     target = StressTarget("cuda:1", "0000:03:00.0", env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
-    config, policy = stress.build_config(parse("stress", "--steps", "500", "--mode", "mixed", "--dtype", "fp16",
-                                               "--reference", "r.json"), target)
+    config = config_of(["stress", "--steps", "500", "--mode", "mixed", "--dtype", "fp16", "--reference", "r.json"],
+                       target)
     o = config.options
     assert (o.device, o.preset, o.steps, o.duration_s) == ("cuda:1", "nanochat", 500, None)
     assert (o.mode, o.dtype, o.reference, o.fault_rate) == ("mixed", "fp16", "r.json", 0.0)
+    assert o.reference_loop  # every step of a run of any length is compared
     assert o.expect_pci_bus_id == "0000:03:00.0" and o.canary_every == 100  # the engine's default
     assert o.compile is None and not any("compile" in a for a in config.argv())
-    off, _ = stress.build_config(parse("stress", "--steps", "5", "--no-compile", "--preset", "small"), target)
+    off = config_of(["stress", "--steps", "5", "--no-compile", "--preset", "small"], target)
     assert off.options.compile is False and "--no-compile" in off.argv() and off.options.preset == "small"
-    assert policy == sc.WatchdogPolicy()
+    assert sc.WatchdogPolicy.for_config(config) == sc.WatchdogPolicy()  # the bisect trials' watchdog
     with pytest.raises(UsageError):
-        stress.build_config(parse("stress", "--duration", "soon"), target)
+        stress.build_request(parse("stress", "--duration", "soon"), "sim0")
+    with pytest.raises(SystemExit):  # one way to compare at a time
+        parse("stress", "--reference", "r.json", "--no-reference")
 
 
 class _Tty(io.StringIO):
@@ -70,17 +80,17 @@ def test_progress_line_draws_step_loss_throughput_and_eta():
     now = [100.0]
     out = _Tty()
     line = stress.ProgressLine(out, steps=None, duration_s=60.0, clock=lambda: now[0])
-    line.update(sc.parse_event('{"event":"start","t":1}'))
+    line.update(example("start"))
     now[0] = 115.0
-    line.update(sc.parse_event('{"event":"step","t":2,"step":42,"loss":2.5,"grad_norm":1,"dt_ms":20,"tok_s":25600}'))
-    assert out.getvalue() == "\rstep 42  loss 2.5000  25,600 tok/s  ETA 45s"
+    line.update(example("step", step=42, loss=2.5, dt_ms=20, tok_s=25600))
+    assert out.getvalue() == "\r\033[Kstep 42  loss 2.5000  25,600 tok/s  ETA 45s"  # _output.StatusLine
     now[0] = 115.1
-    line.update(sc.parse_event('{"event":"step","t":2,"step":43,"loss":2.4,"dt_ms":20,"tok_s":25600}'))
+    line.update(example("step", step=43, loss=2.4, dt_ms=20, tok_s=25600))
     assert out.getvalue().count("\r") == 1  # at most 4 redraws a second
     line.clear()
     by_steps = stress.ProgressLine(_Tty(), steps=100, duration_s=None, clock=lambda: 0.0)
-    by_steps.update(sc.parse_event('{"event":"start","t":1}'))
-    ev = sc.parse_event('{"event":"step","t":2,"step":40,"loss":"NaN","dt_ms":500,"tok_s":1000}')
+    by_steps.update(example("start"))
+    ev = example("step", step=40, loss="NaN", dt_ms=500, tok_s=1000)
     by_steps.update(ev)
     assert by_steps.text(ev) == "step 40/100  loss nan  1,000 tok/s  ETA 30s"
     quiet = io.StringIO()
@@ -94,16 +104,27 @@ def _result(**kw):
     return sc.StressResult(**{**base, **kw})
 
 
+COMPARED = stress_action.ReferencePlan("cached", Path("r.ref"), "compared with this card's stock reference")
+OFF = stress_action.ReferencePlan("off", None, "you chose to run without a stock reference")
+
+
+def _outcome(reference=COMPARED, **kw):
+    return stress_action.StressOutcome(_result(**kw), reference, "n/a (simulated)")
+
+
 def test_exit_codes_and_summary():
-    assert stress.exit_code_for(_result()) == 0
-    assert stress.exit_code_for(_result(verdict="fail", kind="hang")) == 1
-    assert stress.exit_code_for(_result(verdict="error", kind="setup")) == 2
-    assert stress.exit_code_for(_result(verdict="error", kind="stopped")) == 130
+    assert stress.exit_code_for(_outcome()) == 0
+    assert stress.exit_code_for(_outcome(verdict="fail", kind="hang")) == 1
+    assert stress.exit_code_for(_outcome(verdict="error", kind="setup")) == 2
+    assert stress.exit_code_for(_outcome(verdict="error", kind="stopped")) == 130
     dev = SimulatedBackend().device("sim0")
     cfg = sc.EngineConfig(EngineOptions(steps=10))
-    text = "\n".join(stress.summary_lines(dev, cfg, _result(verdict="fail", kind="mismatch", failure_step=7,
-                                                             reason="loss bits differ")))
+    text = "\n".join(stress.summary_lines(dev, cfg, _outcome(verdict="fail", kind="mismatch", failure_step=7,
+                                                              reason="loss bits differ")))
     assert "FAIL" in text and "mismatch at step 7: loss bits differ" in text and "10 steps in 1.0 s" in text
+    assert "reference: compared" in text
+    weaker = "\n".join(stress.summary_lines(dev, cfg, _outcome(OFF)))
+    assert "reference: NOT compared (you chose to run without a stock reference)" in weaker
 
 
 def test_unknown_device_is_a_usage_error():
@@ -112,50 +133,99 @@ def test_unknown_device_is_a_usage_error():
         stress.run(args, Context.from_args(args))
 
 
-def test_below_the_simulated_limit_the_real_engine_fails_and_json_forwards_events(capsys):
+def test_without_a_stock_reference_off_stock_nothing_starts_unless_asked(capsys, monkeypatch):
+    """Issue 24 item 2, the CLI's side: after an undervolt there is no stock reference to compare with. The run
+    does not start on weaker checks by itself: a one-line usage error says so and how to get the full check."""
     SimulatedBackend(vmin_mv=-50).apply("sim0", -60)
-    args = parse("--simulate", "--sim-vmin", "-50", "stress", "--device", "sim0", "--steps", "300", "--json")
+    started = []
+    monkeypatch.setattr(stress_action, "default_engine_factory", lambda *a: started.append(a))
+    args = parse("--simulate", "--sim-vmin", "-50", "stress", "--device", "sim0", "--steps", "300")
+    ctx = Context.from_args(args)
+    with pytest.raises(stress_action.NoStockReference) as e:
+        stress.run(args, ctx)
+    assert e.value.exit_code == 2 and "--no-reference" in e.value.one_line() and "-60 mV" in e.value.one_line()
+    assert "tuner reset --device sim0" in e.value.one_line()
+    assert started == [] and not ctx.backend._loaded("sim0") and ctx.backend.knob("sim0").current == -60
+
+
+def test_below_the_simulated_limit_the_real_engine_fails_and_json_says_the_comparison_did_not_run(capsys):
+    SimulatedBackend(vmin_mv=-50).apply("sim0", -60)
+    args = parse("--simulate", "--sim-vmin", "-50", "stress", "--device", "sim0", "--steps", "300", "--json",
+                 "--no-reference")
     ctx = Context.from_args(args)
     code = stress.run(args, ctx)
-    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    captured = capsys.readouterr()
+    lines = [json.loads(ln) for ln in captured.out.splitlines()]
     assert code == 1
     names = [d["event"] for d in lines]
     assert names[0] in ("start", "heartbeat") and names[-2:] == ["end", "result"] and "fault" in names
     result = lines[-1]
     assert (result["verdict"], result["device"], result["exit_code"]) == ("fail", "sim0", 1)
     assert result["kind"] in ("canary", "gemm", "nonfinite", "mismatch") and result["failure_step"] <= 300
+    assert result["reference"]["compared"] is False and result["reference"]["state"] == "off"
+    assert result["checks_off"] == [("the stock-reference comparison did not run: you chose to run without a stock "
+                                     "reference")]
+    assert lines[-2]["reference"] is None  # the engine's own end: no comparison ran
+    assert "reference comparison OFF" in captured.err  # said before the run, on stderr
     assert ctx.backend.knob("sim0").current == -60  # stress never changes the setting
+
+
+def test_at_stock_the_first_run_records_the_reference_then_compares_and_json_says_so(capsys, monkeypatch):
+    """One policy with the Tune screen: at stock with no reference cached, it is recorded first (said), and the
+    run is compared with it; the --json stream is the stress run's alone, its result says the comparison ran."""
+    monkeypatch.setattr(stress_action, "REFERENCE_RECORD_S", 2.0)
+    args = parse("--simulate", "stress", "--device", "sim0", "--steps", "20", "--json")
+    ctx = Context.from_args(args)
+    assert stress.run(args, ctx) == 0
+    captured = capsys.readouterr()
+    lines = [json.loads(ln) for ln in captured.out.splitlines()]
+    assert [d["event"] for d in lines].count("start") == 1  # the stock recording is not forwarded
+    result, end = lines[-1], lines[-2]
+    assert result["reference"]["compared"] is True and result["reference"]["state"] == "record-first"
+    assert result["checks_off"] == [] and result["verdict"] == "pass"
+    assert end["reference"]["compared_steps"] == 20 and end["reference"]["loop"] is True
+    assert "recording it first, at stock" in captured.err and "stock reference recorded" in captured.err
 
 
 @pytest.fixture
 def fake_engine(tmp_path, monkeypatch):
-    """`build_config` pointed at the fake engine script (no torch), with FAKE_ENGINE_MODE set per test."""
+    """The stress action's engine pointed at the fake engine script (no torch), with FAKE_ENGINE_MODE set per
+    test."""
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
     wrapper.chmod(0o755)
-    real = stress.build_config
     mode = {"value": "pass"}
 
-    def build(args, target):
-        config, _ = real(args, target)
+    def factory(config, _policy):
         policy = sc.WatchdogPolicy(min_silence_s=1, first_step_timeout_s=5, kill_grace_s=0.5, poll_s=0.05)
-        return replace(config, python=str(wrapper), env={"FAKE_ENGINE_MODE": mode["value"]}), policy
+        return sc.StressRun(replace(config, python=str(wrapper), env={"FAKE_ENGINE_MODE": mode["value"]}),
+                            watchdog=policy)
 
-    monkeypatch.setattr(stress, "build_config", build)
+    monkeypatch.setattr(stress_action, "default_engine_factory", factory)
     return mode
 
 
 def test_a_pass_prints_a_summary_and_exits_0(fake_engine, capsys):
-    args = parse("--simulate", "stress", "--steps", "5")
+    args = parse("--simulate", "stress", "--steps", "5", "--no-reference")
     assert stress.run(args, Context.from_args(args)) == 0
     out = capsys.readouterr().out
     assert "stress sim0 (Simulated RDNA-class GPU [SIMULATED]) on cpu, preset tiny, train: PASS" in out
     assert "5 steps in 0.1 s, median 51,200 tok/s, held-out 3.500 bits/byte" in out
+    assert "reference: NOT compared (you chose to run without a stock reference)" in out
+
+
+def test_a_stock_recording_that_keeps_no_reference_is_an_error_and_no_stress_runs(fake_engine, capsys):
+    """The fake engine passes without writing the file: nothing to compare with, so no stress run follows (never
+    a quiet run on weaker checks), and the verdict is not a pass."""
+    args = parse("--simulate", "stress", "--steps", "5")
+    assert stress.run(args, Context.from_args(args)) == 2
+    out = capsys.readouterr().out
+    assert ": ERROR" in out and "no stress run followed and no reference was kept" in out
 
 
 def test_ctrl_c_stops_the_engine_and_ends_the_load(fake_engine, monkeypatch):
     fake_engine["value"] = "term-graceful"
-    args = parse("--simulate", "stress", "--duration", "60")
+    args = parse("--simulate", "stress", "--duration", "60", "--no-reference")
     ctx = Context.from_args(args)
     loads, runs = [], []
     monkeypatch.setattr(type(ctx.backend), "note_load", lambda self, dev, active: loads.append(active))

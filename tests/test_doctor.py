@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from tests.cli_helpers import run_tuner
 from tuner.actions import doctor
 from tuner.actions.doctor import FAIL, INFO, OK, WARN, run_checks
@@ -130,3 +132,93 @@ def test_cli_doctor_json_against_a_fake_tree(tmp_path):
 def test_real_torch_probe_runs_in_a_subprocess():
     result = doctor.probe_torch()
     assert result.get("torch"), result  # torch is a dependency, so the probe must find it
+
+
+# --- issue 23: the build a machine needs, Secure Boot, overdrive per boot setup, other tools, a half install -------
+
+
+def test_the_readme_section_the_doctor_names_exists():
+    from pathlib import Path
+
+    from tuner.actions import doctor
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"'{doctor.INSTALL_SECTION}'" in doctor.ENGINE_REMEDY
+    assert f"\n## {doctor.INSTALL_SECTION}\n" in readme or f"\n### {doctor.INSTALL_SECTION}\n" in readme
+
+
+def _card(root, vendor, index=0):
+    d = root / f"sys/class/drm/card{index}/device"
+    d.mkdir(parents=True)
+    (d / "vendor").write_text(vendor + "\n")
+
+
+def test_the_torch_build_the_machine_needs_against_the_installed_one(tmp_path):
+    from tuner.actions.doctor import FAIL, OK, WARN, check_torch_build
+
+    _card(tmp_path, "0x10de")
+    c = check_torch_build({"torch": "2.13.0+cpu"}, tmp_path, {})
+    assert c.status == WARN and "needs the CUDA build (NVIDIA card at card0); installed: CPU-only" in c.detail
+    assert "install-system.sh" in c.remedy
+    assert check_torch_build({"torch": "2.13.0", "cuda": "12.8"}, tmp_path, {}).status == OK
+    assert check_torch_build({"torch": None}, tmp_path, {}).status == FAIL
+
+
+def _unbound_nvidia(root):
+    dev = root / "sys/bus/pci/devices/0000:01:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x10de\n")
+    (dev / "class").write_text("0x030000\n")
+
+
+def test_secure_boot_with_an_unsigned_nvidia_module_names_mok_enrolment(tmp_path):
+    from tuner.actions.doctor import EFI_SECURE_BOOT, FAIL, check_secure_boot
+
+    assert check_secure_boot(tmp_path, which=lambda _: None) == []  # no NVIDIA card: nothing to say
+    _unbound_nvidia(tmp_path)
+    (c,) = check_secure_boot(tmp_path, which=lambda _: None)
+    assert c.name == "nvidia module" and "modprobe nvidia" in c.remedy  # Secure Boot unknown or off
+    efivar = tmp_path / EFI_SECURE_BOOT
+    efivar.parent.mkdir(parents=True)
+    efivar.write_bytes(b"\x06\x00\x00\x00\x01")
+    (c,) = check_secure_boot(tmp_path, which=lambda _: None)
+    assert (c.name, c.status) == ("secure boot", FAIL) and "mokutil --import" in c.remedy and "Secure Boot is on" \
+        in c.detail
+    efivar.write_bytes(b"\x06\x00\x00\x00\x00")
+    (c,) = check_secure_boot(tmp_path, kernel_log="nvidia: Key was rejected by service", which=lambda _: None)
+    assert c.name == "secure boot" and "key was rejected" in c.detail
+
+
+@pytest.mark.parametrize(("tool", "expected"), [
+    ("kernelstub", "sudo kernelstub -a amdgpu.ppfeaturemask=0xfff7ffff"),
+    ("rpm-ostree", "sudo rpm-ostree kargs --append=amdgpu.ppfeaturemask=0xfff7ffff"),
+    (None, "GRUB_CMDLINE_LINUX"),
+])
+def test_overdrive_instructions_for_each_boot_setup_and_modprobe_d(tmp_path, tool, expected):
+    from tuner.actions.doctor import ppfeaturemask_remedy
+
+    text = ppfeaturemask_remedy(0xFFF7BFFF, tmp_path, which=lambda name: "/usr/bin/x" if name == tool else None)
+    assert expected in text and "/etc/modprobe.d/amdgpu-overdrive.conf" in text and "update-initramfs" in text
+    (tmp_path / "boot/loader/entries").mkdir(parents=True)
+    assert "systemd-boot" in ppfeaturemask_remedy(0xFFF7BFFF, tmp_path, which=lambda _: None)
+
+
+def test_other_tools_are_named_with_the_files_they_may_write():
+    from tuner.actions import other_tools
+    from tuner.actions.doctor import WARN, check_other_tools
+
+    (c,) = check_other_tools([other_tools.Found(other_tools.TOOLS[1], ("process 77",))])
+    assert c.status == WARN and "corectrl_helper (CoreCtrl; process 77)" in c.detail and "/sys" in c.detail
+
+
+def test_a_half_installed_system_is_named(tmp_path):
+    from tuner.actions.doctor import FAIL, INFO, check_system_install
+    from tuner.core import system_units
+
+    assert check_system_install(tmp_path)[0].status == INFO
+    units = system_units.system_units(prefix=str(tmp_path / "gone"), group="tunertest-nogroup")
+    for name, text in units.items():
+        (tmp_path / name).write_text(text)
+    (c,) = check_system_install(tmp_path, group_exists=lambda g: False)
+    assert c.status == FAIL and "half-installed" in c.detail and "which is missing" in c.detail
+    assert "group tunertest-nogroup, which does not exist" in c.detail and "install-system.sh" in c.remedy

@@ -72,3 +72,18 @@ def test_import_linter_contracts_hold():
         pytest.skip("import-linter not installed")
     proc = subprocess.run([lint], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_root_helper_loads_only_core_the_backends_and_the_rules_it_rechecks():
+    """What runs as root stays small: its modules, the backends and core; of the tuning only the kernel-log line
+    classifier (the `helper` contract in pyproject.toml says the same statically)."""
+    helper = _modules_under(["tuner.helper"])
+    assert "tuner.helper.cli" in helper and "tuner.helper.server" in helper
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in helper if not m.endswith("__main__")) +
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('tuner', 'torch', 'textual'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(proc.stdout.split())
+    allowed = ("tuner.core", "tuner.backends", "tuner.helper", "tuner.tuning.kernel_log")
+    assert {m for m in loaded if m not in ("tuner", "tuner.tuning") and not m.startswith(allowed)} == set()
+    assert "tuner.tuning.kernel_log" in loaded  # the check would be vacuous if nothing of the tuning were seen

@@ -92,18 +92,21 @@ def test_bad_construction_is_usage_error(tmp_path, kw):
 
 
 def test_corrupt_state_is_reported_and_reset(tmp_path):
-    (tmp_path / "sim.json").write_text("{not json")
+    card = tmp_path / "sim.json" / "sim0.json"
+    card.parent.mkdir()
+    card.write_text("{not json")
     warnings = []
     b = make(tmp_path, warn=warnings.append)
     assert b.knob("sim0").current == 0
     assert warnings and "corrupt" in warnings[0]
-    assert json.loads((tmp_path / "sim.json").read_text()) == {"cards": {}}
+    b.apply("sim0", -10)  # written again: a good record
+    assert json.loads(card.read_text()) == {"offset_mv": -10}
 
 
 def test_unreadable_state_is_a_state_error(tmp_path):
-    (tmp_path / "sim.json").mkdir()  # a directory where the file should be: read fails
-    with pytest.raises(StateError):
-        make(tmp_path)
+    (tmp_path / "sim.json" / "sim0.json").mkdir(parents=True)  # a directory where the card's file should be
+    with pytest.raises(StateError, match="not a regular file"):
+        make(tmp_path).knob("sim0")
 
 
 def test_telemetry_is_deterministic_and_responds_to_load_and_offset(tmp_path):
@@ -137,3 +140,25 @@ def test_every_seed_gives_a_consistent_card(tmp_path_factory, seed):
     knob = b.knob("sim0")
     assert (knob.min, knob.max, knob.step, knob.stock) == (-200, 0, 5, 0)
     assert b.devices()[0].simulated and "SIMULATED" in b.devices()[0].label
+
+
+def test_efficiency_is_a_function_of_the_setting_and_load_alone(tmp_path):
+    """Issue 24: three identical simulated cards reported +64.6 %, +75.1 % and -9.2 % tok/J, and one result said
+    undervolting cost 10 %. The card's own model: at equal work, less power at a lower voltage; the same figure
+    for every identical card, every sample and every run; more efficient the lower the setting."""
+    def tok_per_j(card: SimulatedBackend, device_id: str, offset_mv: int) -> float:
+        card.apply(device_id, offset_mv)
+        sample = card.telemetry(device_id)
+        return card.work_rate_tok_s(device_id) / sample.power_w
+
+    rig = make(tmp_path, gpus=3)
+    figures = {}
+    for device_id in ("sim0", "sim1", "sim2"):
+        rig.note_load(device_id, True)
+        figures[device_id] = [tok_per_j(rig, device_id, mv) for mv in (0, -20, -25, -50, -20)]
+    assert figures["sim0"] == figures["sim1"] == figures["sim2"]  # identical cards, identical figures
+    stock, at_20, at_25, at_50, again_20 = figures["sim0"]
+    assert stock < at_20 < at_25 < at_50 and at_20 == again_20
+    assert 1.05 < at_50 / stock < 1.15  # about +9 % at -50 mV: plausible for an undervolt at equal clock
+    rig.note_load("sim0", False)
+    assert rig.work_rate_tok_s("sim0") == 0.0

@@ -113,11 +113,28 @@ def test_telemetry_follows_the_offset_and_the_lock(tmp_path):
     b = nv(tmp_path)
     b.note_load("sim0", True)
     stock = b.telemetry("sim0")
+    b.set_lock_clock("sim0", 2205)
+    locked_stock = b.telemetry("sim0")
     b.apply("sim0", 150)
     tuned = b.telemetry("sim0")
-    assert tuned.voltage_mv < stock.voltage_mv and tuned.power_w < stock.power_w
-    b.set_lock_clock("sim0", 2205)
-    assert b.telemetry("sim0").core_clock_mhz == 2205
+    assert tuned.core_clock_mhz == locked_stock.core_clock_mhz == 2205 and tuned.power_w < locked_stock.power_w
+    assert stock.voltage_mv is tuned.voltage_mv is None and not b.capabilities("sim0").can_read_voltage
+
+
+def test_under_a_training_load_it_is_power_limited_below_its_table_top(tmp_path):
+    """As real cards are (issue 23): at stock it sustains a clock below the 2505 MHz top, held by the power cap,
+    so a profile's lock (the baseline's sustained clock) is below the top and a dropped lock can be told from a
+    kept one; an undervolt lets the same cap hold a higher clock."""
+    b = nv(tmp_path)
+    b.note_load("sim0", True)
+    stock = b.telemetry("sim0")
+    assert 2100 < stock.core_clock_mhz < 2505 and stock.throttle_reasons == ("power cap",)
+    assert stock.power_w <= 300.0
+    b.apply("sim0", 150)
+    assert b.telemetry("sim0").core_clock_mhz > stock.core_clock_mhz
+    assert b.lock_at_measured_clock("sim0", stock.core_clock_mhz) < 2505
+    b.note_load("sim0", False)
+    assert b.telemetry("sim0").core_clock_mhz < 1000  # idle
 
 
 def test_the_two_kinds_keep_separate_cards(tmp_path):
@@ -131,3 +148,15 @@ def test_the_two_kinds_keep_separate_cards(tmp_path):
 def test_an_unknown_kind_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="--sim-kind"):
         SimulatedBackend(kind="intel", state_path=tmp_path / "x.json")
+
+
+def test_at_its_lock_a_higher_offset_is_the_same_work_for_less_power(tmp_path):
+    b = nv(tmp_path)
+    b.note_load("sim0", True)
+    b.lock_at_measured_clock("sim0", b.telemetry("sim0").core_clock_mhz)  # what a bisect's baseline does
+    figures = []
+    for offset in (0, 60, 150):
+        b.apply("sim0", offset)
+        figures.append((b.work_rate_tok_s("sim0"), b.telemetry("sim0").power_w))
+    assert figures[0][0] == figures[1][0] == figures[2][0] > 0  # locked: the same clock, the same work
+    assert figures[0][1] > figures[1][1] > figures[2][1]

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ["tuner/core", "tuner/tuning", "tuner/backends", "tuner/profiles", "tuner/actions"]
+CHECKED = ["tuner/core", "tuner/tuning", "tuner/backends", "tuner/profiles", "tuner/actions", "tuner/helper"]
 STRICT_FLAGS = ("disallow_untyped_defs", "disallow_incomplete_defs", "check_untyped_defs", "no_implicit_optional",
                 "warn_unused_ignores")
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 
 from tuner import __version__
+from tuner.actions import other_tools
 from tuner.actions.context import Context
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
 from tuner.commands._argtypes import seconds_between, whole_number
@@ -48,6 +51,8 @@ environment:
   XDG_CONFIG_HOME   profiles live in $XDG_CONFIG_HOME/tuner/profiles (default ~/.config)
   XDG_STATE_HOME    journals, the unsafe list and simulated cards in $XDG_STATE_HOME/tuner (default ~/.local/state)
   TUNER_SYSFS_ROOT  read and write sysfs under this root instead of / (fake trees, dry runs)
+  TUNER_HELPER_SOCKET  the root helper to write through (default /run/tuner/helper.sock when it exists)
+  TUNER_IGNORE_OTHER_TOOLS=1  as --ignore-other-tools (the UI's bisect too)
   TUNER_DTYPE       the stress engine's compute dtype (bfloat16, float16, float32)
   NO_COLOR          no colour in the UI"""
 
@@ -90,6 +95,9 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     g.add_argument("--sim-contention-after", type=seconds_between(0, 1e6), metavar="SECONDS",
                    default=default(None), help="runs on the simulated cards stop repeating bit for bit this many "
                    "seconds after the tuner starts (as when another process starts using the GPU)")
+    parser.add_argument("--ignore-other-tools", action="store_true", default=default(False),
+                        help="bisect even while LACT's lactd, CoreCtrl's helper or nvidia-powerd may change the "
+                        "same card (what was ignored is recorded in the profile; also TUNER_IGNORE_OTHER_TOOLS=1)")
 
 
 def limit_list(text: str) -> int | tuple[int, ...]:
@@ -163,27 +171,89 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
-    ctx = Context.from_args(args)
-    signals.install()
+    """Run one command; its exit code. Called with no arguments it is the `tuner` command itself and owns the
+    process: a signal storm then ends with the documented code (`signals.install(ends_process=True)`)."""
+    owns_process = argv is None
+    signals.install(ends_process=owns_process)  # first: a signal during parsing ends through the same paths
+    ctx: Context | None = None
+    code = exit_codes.OK
+    ignore_before = os.environ.get(other_tools.IGNORE_ENV)
     try:
+        args = _parse(argv)
+        ctx = Context.from_args(args)
+        if getattr(args, "ignore_other_tools", False):
+            os.environ[other_tools.IGNORE_ENV] = "1"  # read where a bisect is prepared (CLI or UI)
         if args.command is None:
             from tuner.app.tuner_app import run_app  # the UI is imported only when it is used
 
-            return run_app(ctx)
-        return args.run(args, ctx)
-    except TunerError as e:
-        print(f"tuner: error: {e.one_line()}", file=sys.stderr)
-        return e.exit_code
-    except (KeyboardInterrupt, signals.Terminated):
-        print("tuner: interrupted", file=sys.stderr)
-        return exit_codes.INTERRUPTED
-    except BrokenPipeError:
-        return exit_codes.OK  # `tuner list | head`: the reader left; not an error
-    except OSError as e:
-        if not is_disk_full(e):
-            raise
-        print(f"tuner: error: {disk_full(e.filename or 'a file').one_line()}", file=sys.stderr)
-        return exit_codes.DISK_FULL
+            code = run_app(ctx)
+        else:
+            code = args.run(args, ctx)
+        _flush_stdout()
+    except BaseException as e:  # noqa: BLE001 - every way out of a command gets its line and its code
+        if owns_process:
+            signals.ending()  # first: a signal now must not cut this handling short with a second exception
+        code = _exit_code_for(e)
     finally:
-        ctx.close()
+        if owns_process:
+            signals.ending()  # the code is chosen: a late signal cannot turn it into a traceback
+        if ignore_before is None:
+            os.environ.pop(other_tools.IGNORE_ENV, None)
+        else:
+            os.environ[other_tools.IGNORE_ENV] = ignore_before
+        if ctx is not None:
+            try:
+                ctx.close()
+            except BaseException as e:  # noqa: BLE001 - closing the backend never hides the command's own code
+                if code == exit_codes.OK:
+                    code = _exit_code_for(e)
+    return code
+
+
+def _say(line: str) -> None:
+    """One line on stderr, if stderr is still there (`2>&-`, a closed pipe): never a second error."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _flush_stdout() -> None:
+    """Flush now, so a reader that left (`| head`) is seen here and not as an error at interpreter exit."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
+
+
+def _closed_pipe() -> int:
+    """The reader of our output left: quiet, with the shell's SIGPIPE code; stdout goes to /dev/null so the
+    interpreter's last flush cannot complain about the pipe either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return exit_codes.CLOSED_PIPE
+
+
+def _exit_code_for(e: BaseException) -> int:
+    """The one mapping from how a command ended to its line on stderr and its exit code."""
+    if isinstance(e, SystemExit):  # argparse: usage errors and --help already printed their text
+        return e.code if isinstance(e.code, int) else exit_codes.USAGE if e.code else exit_codes.OK
+    if isinstance(e, TunerError):
+        _say(f"tuner: error: {e.one_line()}")
+        return e.exit_code
+    if isinstance(e, BrokenPipeError) or (isinstance(e, signals.Terminated) and e.signum == signal.SIGPIPE):
+        return _closed_pipe()
+    if isinstance(e, KeyboardInterrupt | signals.Terminated):
+        _say("tuner: interrupted")
+        return exit_codes.INTERRUPTED
+    if isinstance(e, OSError):
+        if is_disk_full(e):
+            _say(f"tuner: error: {disk_full(e.filename or 'a file').one_line()}")
+            return exit_codes.DISK_FULL
+        where = f"{e.filename}: " if e.filename else ""
+        _say(f"tuner: error: {where}{e.strerror or e}; check the file's permissions and the file system "
+             "(read-only? XDG_STATE_HOME?)")
+        return exit_codes.PERMISSION
+    raise e  # a bug: its traceback is the report

@@ -27,13 +27,12 @@ class ClockOffsetSim(SimulatedBackend):
         return self.locked_mhz
 
     def knob(self, device_id: str) -> Knob:
-        return Knob(KnobKind.CLOCK_OFFSET, "MHz", stock=0, current=self._card(device_id)["offset_mv"], min=0,
+        return Knob(KnobKind.CLOCK_OFFSET, "MHz", stock=0, current=self._setting(device_id), min=0,
                     max=MAX_MHZ, step=STEP_MHZ, aggressive_direction=1, lock_clock_mhz=self.locked_mhz)
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         self.knob(device_id).validate(value, allow_overvolt=allow_overvolt)
-        self._card(device_id)["offset_mv"] = value
-        self._save_state()
+        self._write_setting(device_id, value)
         return self.knob(device_id)
 
     def set_lock_clock(self, device_id: str, clock_mhz: int) -> None:

@@ -70,10 +70,7 @@ class _Refusing(SimulatedBackend):
 
 
 def _card_at(backend, value):
-    state = backend._load_state()
-    backend._card("sim0")["offset_mv"] = value  # another tool left an off-grid value: not a tuner write
-    backend._save_state()
-    return state
+    backend._write_setting("sim0", value)  # another tool left an off-grid value: not a tuner write
 
 
 @pytest.mark.parametrize("previous", [-7, -250])

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from tests.engine.schema import validate
+from tuner.engine.events import validate
 
 with warnings.catch_warnings():  # this torch build has no numpy; the engine silences the same warning
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")

@@ -2,7 +2,7 @@
 
 Run as `python fake_engine.py -u -m tuner.engine ...` (the client's argv with this script as the "python");
 FAKE_ENGINE_MODE picks the behaviour. Fast: no torch. Every protocol event it writes carries every field the
-engine's does (tests/engine/examples.py) and is checked against the protocol (tests/engine/schema.py), so the
+engine's does (tests/engine/examples.py) and is checked against the protocol (tuner/engine/events.py), so the
 client meets the real shapes; only the "garbage" mode writes what the engine never does, on purpose."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.engine.* below
 
 from tests.engine.examples import EXAMPLES
-from tests.engine.schema import SCHEMA, validate
+from tuner.engine.events import BY_NAME, validate
 
 T0 = time.monotonic()
 MODE = os.environ.get("FAKE_ENGINE_MODE", "pass")
@@ -25,16 +25,16 @@ MODE = os.environ.get("FAKE_ENGINE_MODE", "pass")
 
 def emit(event: str, **fields) -> None:
     doc = {"event": event, "t": round(time.monotonic() - T0, 4), **EXAMPLES.get(event, {}), **fields}
-    if event in SCHEMA:
+    if event in BY_NAME:
         validate(doc)
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()
 
 
 def start() -> None:
+    print(f"fake engine argv: {json.dumps(sys.argv[1:])}", file=sys.stderr, flush=True)  # not a protocol field
     emit("start", mode="train", preset="tiny", device="cpu", device_name="Fake", pci_bus_id=None, dtype="fp32",
-         params=1, tokens_per_step=512, batch_size=8, warmup_steps=1, repeatable=True, sensitivity="full",
-         argv=sys.argv[1:])
+         params=1, tokens_per_step=512, batch_size=8, warmup_steps=1, repeatable=True, sensitivity="full")
 
 
 def step(n: int, dt_ms: float = 10.0) -> None:
@@ -102,6 +102,9 @@ def main() -> None:
               file=sys.stderr, flush=True)
         os.abort()
     if MODE == "exit-no-end":
+        sys.exit(1)
+    if MODE == "bad-end":  # what the engine never writes: a pass that exits 1
+        sys.stdout.write(json.dumps({"event": "end", "t": 1.0, **EXAMPLES["end"], "exit_code": 1}) + "\n")
         sys.exit(1)
     if MODE == "garbage":
         print("this is not json", flush=True)

@@ -64,3 +64,33 @@ def test_batch_one_not_fitting_is_an_error():
     probe, _ = fake_device(limit_batch=0)
     with pytest.raises(BatchDoesNotFit):
         fit(4, probe)
+
+
+def test_the_engines_probes_run_eager_kernels_and_compile_comes_after_the_fit(monkeypatch):
+    """docs/engine.md and runner.py say the probes are eager (compiling once per probed batch would cost minutes):
+    the model and the optimizer updates both, and torch.compile is swapped in only after the fit."""
+    from tests.engine.conftest import end_of, run_engine
+    from tuner.engine import compiled, optim
+    from tuner.engine.runner import Engine
+
+    order: list[tuple] = []
+    real_probe = Engine._oom_probe
+
+    def probe(self, batch):
+        order.append(("probe", batch, self.train_model is self.model,
+                      optim._KERNELS["muon"] is optim.muon_update and optim._KERNELS["adamw"] is optim.adamw_update))
+        return real_probe(self, batch)
+
+    def compile_model(model):  # stands in for Inductor (minutes on the CPU); what matters is when it is called
+        order.append(("compile",))
+        return model
+
+    monkeypatch.setattr(Engine, "_oom_probe", probe)
+    monkeypatch.setattr(compiled, "compile_model", compile_model)
+    optim.compile_updates()  # as an earlier compiled run in this process would leave them
+    try:
+        code, events, _ = run_engine(steps=1, compile=True)
+    finally:
+        optim.eager_updates()
+    assert code == 0, end_of(events)
+    assert order == [("probe", 8, True, True), ("compile",)]

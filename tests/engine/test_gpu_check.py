@@ -1,30 +1,188 @@
-"""bench/gpu_check.py, the prepared GPU check, runs on the CPU with tiny settings: two engine processes per preset
-compared bit for bit, the reference file says so, and the report is one JSON document."""
+"""bench/gpu_check.py, the prepared GPU check, on the CPU: the plan (sections in order, budgets, total), a module
+the preflight cannot import named before anything runs, sections that write the --out JSON as they end (so a
+check killed at any moment leaves what finished), a timeout that keeps the stderr tail and the last heartbeat, and
+the exit code's rule."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from tests.cli_helpers import REPO
 
+CHECK = REPO / "bench" / "gpu_check.py"
+ORDER = ["preflight", "attention + GEMM", "nanochat record", "nanochat replay", "nanochat, no compile",
+         "detection (compile off)", "NVML probe", "preset tiny", "preset small", "data-parallel"]
+NANOCHAT_SECTIONS = ORDER[2:5]
+# the budgets are sized for the GPU machine; on a shared 2-core box importing torch alone can take longer than the
+# preflight's 30 s, so the plan tests give it 300 s (and the whole check 270 s more), and the runs more to each
+SLOW_BOX = ["--budget", "preflight=300", "--budget-s", "750"]
+SLOW_RUN = ["--budget-s", "3000", *(f"--budget={key}=300" for key in ("preflight", "attention", "preset-tiny",
+                                                                        "data-parallel"))]
 
-def test_gpu_check_runs_on_the_cpu_and_proves_repeatability_across_processes(tmp_path):
-    out = tmp_path / "check.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--presets",
-                           "tiny", "--steps", "4", "--detection-trials", "0", "--dp-steps", "4", "--json", "--out",
-                           str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_check
+
+        yield gpu_check
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def _plan(env: dict | None = None) -> tuple[list[tuple[str, float, str]], str]:
+    proc = subprocess.run([sys.executable, str(CHECK), "--device", "cpu", "--plan", "--wheels", "", *SLOW_BOX],
+                          capture_output=True, text=True, timeout=300, cwd=REPO, check=False, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert doc == json.loads(out.read_text()) | {"presets": doc["presets"]}
-    (row,) = doc["presets"]
-    assert (row["preset"], row["record_verdict"], row["replay_exit"]) == ("tiny", "pass", 0)
-    assert row["repeatable"] is True and row["first_difference"] is None
-    assert row["kernels"]["deterministic"] == "strict" and row["kernels"]["sdpa_backend"] == "math"
-    assert row["median_tok_s"] is None or row["median_tok_s"] > 0
-    # the data-parallel section: two gloo ranks, each replaying its own stock recording bit for bit
-    dp = doc["data_parallel"]
-    assert [(r["rank"], r["library"], r["bitwise_replay"]) for r in dp["ranks"]] == [(0, "gloo", True),
-                                                                                    (1, "gloo", True)]
+    rows = re.findall(r"^\s+\d+\s+(\S.*?)\s{2,}(\d+)\s+\d+\s+(.*)$", proc.stdout, re.M)
+    return [(title, float(budget), note) for title, budget, note in rows], proc.stdout
+
+
+def test_the_default_plan_fits_480_s_with_the_nanochat_sections_first(gpu_check):
+    sections = gpu_check.plan_sections(gpu_check.parse_args(["--device", "cuda:0"]))
+    assert [s.title for s in sections] == ORDER
+    assert sum(s.budget_s for s in sections if s.key != "data-parallel") == 480  # data-parallel: --dp-steps only
+    assert [s.key for s in sections if s.required] == ["preflight", "attention", "nanochat-record",
+                                                       "nanochat-replay", "nanochat-eager", "detection"]
+
+
+def test_the_plan_runs_the_preflight_and_lists_the_sections_in_order_with_budgets_and_total():
+    rows, out = _plan()
+    assert [r[0] for r in rows] == ORDER
+    assert "python " in out and "torch " in out  # the preflight ran first and printed its findings
+    total = float(re.search(r"total (\d+) s of 750 s", out).group(1))
+    assert total == sum(budget for _, budget, _ in rows) == 470 - 30 + 300  # NVML and data-parallel skipped
+    notes = {title: note for title, _, note in rows}
+    assert notes["nanochat record"] == "required" and notes["preset tiny"] == "while time is left"
+    assert notes["NVML probe"] == "skipped: GPUs only" and notes["data-parallel"] == "skipped: --dp-steps 0"
+
+
+def test_a_missing_rustbpe_is_named_and_the_nanochat_sections_say_so(tmp_path):
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "rustbpe.py").write_text("raise ImportError('rustbpe shadowed by the test')\n")
+    env = dict(os.environ, PYTHONPATH=str(shadow))
+    rows, out = _plan(env)
+    assert "rustbpe missing (ImportError: rustbpe shadowed by the test)" in out
+    notes = {title: (budget, note) for title, budget, note in rows}
+    for title in NANOCHAT_SECTIONS:
+        assert notes[title] == (0.0, "skipped: rustbpe missing"), title
+    assert notes["attention + GEMM"][1] == "required"  # the rest still runs
+
+
+def test_the_sections_run_in_order_and_each_one_is_written_as_it_ends(tmp_path):
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, str(CHECK), "--device", "cpu", "--sections",
+                           "attention,preset-tiny,data-parallel", "--steps", "4", "--dp-steps", "4", "--wheels", "",
+                           *SLOW_RUN, "--cache-dir", str(tmp_path / "cache"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    sections = doc["sections"]
+    assert [sections[k]["title"] for k in sections] == ORDER  # written in the plan's order
+    assert sections["preflight"]["status"] == "ok" and sections["attention"]["status"] == "ok"
+    rows = {r["row"]: r for r in sections["attention"]["rows"]}
+    assert rows["causal (math)"]["bitwise_repeat"] and rows["math window"]["bitwise_repeat"]
+    assert rows["flash window"]["ok"] is None  # not on the CPU, and said so
+    assert rows["gemm"]["tflops"] > 0
+    tiny = sections["preset-tiny"]
+    assert tiny["status"] == "ok" and tiny["replay"]["repeatable"] is True and tiny["record"]["steps"] == 4
+    assert [(r["rank"], r["bitwise_replay"]) for r in sections["data-parallel"]["ranks"]] == [(0, True), (1, True)]
+    for key in ("nanochat-record", "detection"):
+        assert sections[key]["status"] == "skipped: not selected (--sections)"
+    assert doc["exit_code"] == 0
+    assert "[" in proc.stdout and "preset tiny" in proc.stdout  # each section printed its row
+
+
+def test_a_killed_check_leaves_the_sections_that_ended_and_nothing_running(tmp_path):
+    out = tmp_path / "check.json"
+    cache = tmp_path / "cache-of-this-test"
+    proc = subprocess.Popen([sys.executable, str(CHECK), "--device", "cpu", "--sections", "attention,preset-tiny",
+                             "--steps", "10000000", "--wheels", "", *SLOW_RUN, "--cache-dir", str(cache),
+                             "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            if out.exists() and "attention" in json.loads(out.read_text())["sections"]:
+                break
+            assert proc.poll() is None, "the check ended before it was killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("the attention section never ended")
+        # the tiny preset's engine is running (or starting) now
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    doc = json.loads(out.read_text())
+    ran = [key for key, r in doc["sections"].items() if not r["status"].startswith("skipped")]
+    assert ran == ["preflight", "attention"] and doc["sections"]["attention"]["status"] == "ok"
+    assert "preset-tiny" not in doc["sections"]  # killed while it ran: not written
+
+    def children() -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and str(cache) in (entry / "cmdline").read_text():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+        return [pid for pid in pids if _alive(pid)]
+
+    deadline = time.monotonic() + 60
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert children() == []  # the engine went with the check (parent-death signal)
+
+
+def test_a_timed_out_process_keeps_its_stderr_tail_and_last_heartbeat_and_its_group_is_killed(gpu_check):
+    child = ("import json, subprocess, sys, time\n"
+             "grandchild = subprocess.Popen(['sleep', '600'])\n"
+             "print(json.dumps({'event': 'heartbeat', 'step': 1, 'state': 'train', 'progress': 1}), flush=True)\n"
+             "print(json.dumps({'event': 'heartbeat', 'step': 3, 'state': 'train', 'progress': 3,"
+             " 'grandchild': grandchild.pid}), flush=True)\n"
+             "print('engine: compiling, stuck', file=sys.stderr, flush=True)\n"
+             "time.sleep(600)\n")
+    p = gpu_check.run_process([sys.executable, "-c", child], 15.0, dict(os.environ))
+    assert p.timed_out and p.code is None
+    fields = gpu_check.timeout_fields(p)
+    assert fields["last_heartbeat"]["step"] == 3 and "compiling, stuck" in fields["stderr_tail"]
+    grandchild = fields["last_heartbeat"]["grandchild"]
+    deadline = time.monotonic() + 30
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(grandchild)  # killed with the group
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_exit_code_fails_a_required_section_that_did_not_run_but_not_an_optional_one(gpu_check, tmp_path):
+    def code_for(statuses: dict[str, str]) -> int:
+        check = gpu_check.Check(gpu_check.parse_args(["--device", "cpu", "--wheels", ""]))
+        for s in check.sections:
+            check.doc["sections"][s.key] = {"status": statuses.get(s.key, "ok")}
+        return check.summary()
+
+    assert code_for({}) == 0
+    assert code_for({"preset-small": "not run (budget)", "data-parallel": "skipped: --dp-steps 0"}) == 0
+    assert code_for({"nanochat-record": "skipped: rustbpe missing"}) == 1
+    assert code_for({"nanochat-eager": "not run (budget)"}) == 1
+    assert code_for({"nanochat-replay": "not repeatable"}) == 1
+    assert code_for({"preset-tiny": "timed out"}) == 1

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tuner.engine import platform
+from tuner.engine import environment, platform
 
 
 @pytest.fixture
@@ -45,11 +45,44 @@ def test_the_environment_is_made_deterministic(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
     monkeypatch.setenv("PYTORCH_TUNABLEOP_ENABLED", "1")
     monkeypatch.delenv("TORCH_BLAS_PREFER_HIPBLASLT", raising=False)
-    changed = platform.prepare_environment()
+    changed = environment.prepare_environment()
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and os.environ["PYTORCH_TUNABLEOP_ENABLED"] == "0"
     assert os.environ["TORCH_BLAS_PREFER_HIPBLASLT"] == "0"
     assert len(changed) == 2 and "not deterministic" in changed[0]
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the other deterministic value is kept
-    assert platform.prepare_environment() == [] and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    assert environment.prepare_environment() == [] and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
     monkeypatch.setenv("ROCBLAS_LAYER", "1")
-    assert platform.kernel_env()["ROCBLAS_LAYER"] == "1" and "PATH" not in platform.kernel_env()
+    assert environment.kernel_env()["ROCBLAS_LAYER"] == "1" and "PATH" not in environment.kernel_env()
+
+
+def test_the_engine_sets_its_environment_before_torch_is_imported(tmp_path):
+    """The CUDA allocator, cuBLAS and TunableOp read their variables at import or first use: `python -m
+    tuner.engine` sets them (and the compile caches) before anything imports torch."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.cli_helpers import REPO
+
+    seen = tmp_path / "seen.txt"
+    code = (
+        "import os, sys\n"
+        "first = {}\n"
+        "def hook(event, args):\n"
+        "    if event == 'import' and args[0] == 'torch' and not first:\n"
+        "        first.update({k: os.environ.get(k) for k in ('PYTORCH_CUDA_ALLOC_CONF', 'CUBLAS_WORKSPACE_CONFIG',"
+        " 'PYTORCH_TUNABLEOP_ENABLED', 'TORCHINDUCTOR_CACHE_DIR')})\n"
+        "sys.addaudithook(hook)\n"
+        "from tuner.engine.cli import main\n"
+        f"code = main(['--steps', '1', '--cache-dir', {str(tmp_path / 'cache')!r}])\n"
+        f"import json; open({str(seen)!r}, 'w').write(json.dumps(first))\n"
+        "sys.exit(code)\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "PYTORCH_TUNABLEOP_ENABLED",
+                        "TORCHINDUCTOR_CACHE_DIR")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(seen.read_text()) == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+        "PYTORCH_TUNABLEOP_ENABLED": "0", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache" / "engine" / "inductor")}

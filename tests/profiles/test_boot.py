@@ -132,7 +132,8 @@ def test_unit_text():
     text = boot.unit_text(exec_args=["/opt/venv/bin/python", "-m", "tuner", "apply", "--boot"],
                           environment={"XDG_STATE_HOME": "/root/.local/state", "ODD": "50% off"})
     lines = text.splitlines()
-    for expected in ["[Unit]", "After=systemd-modules-load.service systemd-udev-trigger.service",
+    for expected in ["[Unit]", ("After=sysinit.target sockets.target systemd-modules-load.service "
+                     "systemd-udev-trigger.service"), "DefaultDependencies=no",
                      "ConditionPathIsDirectory=/sys/class/drm", "ConditionKernelCommandLine=!tuner.reset",
                      "[Service]", "Type=oneshot", "RemainAfterExit=yes",
                      "ExecStart=/opt/venv/bin/python -m tuner apply --boot",

@@ -152,3 +152,22 @@ def test_a_very_long_trial_reason_is_cut_not_fatal():
     trials = [{"setting": -60, "phase": "coarse", "verdict": "fail", "reason": "kernel: " + "x" * 5000}]
     profile = sim_profile("long", tuning={"trials": trials})
     assert len(profile.tuning.trials[0].reason) == 1024 and profile.tuning.trials[0].reason.endswith("...")
+
+
+def test_the_readme_documents_exactly_the_declared_keys():
+    """The tables are declared once (tuner/profiles/schema.py); profiles/README.md is checked against them."""
+    import re
+    from dataclasses import fields
+
+    from tests.profiles.helpers import EXAMPLE
+    from tuner.profiles import schema
+
+    readme = (EXAMPLE.parent / "README.md").read_text()
+    tables = {"## `[profile]`": schema.ProfileMeta, "## `[device]`": schema.ProfileDevice,
+              "## `[setting]`": schema.Setting, "## `[tuning]`": schema.Tuning,
+              "### `[[tuning.trials]]`": schema.Trial, "### `[[card]]`": schema.ProfilePart,
+              "### `[rig]`": schema.RigEvidence}
+    for heading, table in tables.items():
+        section = readme.split(heading, 1)[1].split("\n#", 1)[0]
+        documented = {key for row in re.findall(r"^\| (.+?) \|", section, re.M) for key in re.findall(r"`(\w+)`", row)}
+        assert documented == {f.name for f in fields(table)}, heading

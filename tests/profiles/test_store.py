@@ -57,6 +57,25 @@ def test_system_store_and_lookup_order():
     assert (paths.system_profiles_dir() / "both.toml").exists()
 
 
+def test_a_profile_named_like_a_file_is_applied_by_the_name_it_is_shown_by(tmp_path, monkeypatch, capsys):
+    """Imported as `abc.toml` (issue 28, item 10): `profile show abc.toml` found it, `apply abc.toml` looked for a
+    file of that name in the current directory. One rule now: the store first, then a file."""
+    from tests.profiles.helpers import tuner
+
+    source = tmp_path / "exported.toml"
+    source.write_text(sim_profile("plain", value=-25).to_toml())
+    assert tuner(capsys, "profile", "import", str(source), "--name", "abc.toml")[0] == 0
+    monkeypatch.chdir(tmp_path)  # no file abc.toml here
+    assert tuner(capsys, "profile", "show", "abc.toml")[0] == 0
+    assert load_profile("abc.toml").setting.value == -25
+    code, out, err = tuner(capsys, "--simulate", "apply", "abc.toml", "--yes")
+    assert code == 0 and "applied 'abc.toml' (-25 mV" in out, err
+    (tmp_path / "other.toml").write_text(sim_profile("other", value=-15).to_toml())
+    assert load_profile("other.toml").setting.value == -15  # not in the store: the file, as before
+    with pytest.raises(ProfileError, match="no such file"):
+        load_profile("./abc.toml")  # a separator: only ever a path
+
+
 def test_unknown_name():
     with pytest.raises(UsageError, match="no profile named 'nope'"):
         load_profile("nope")

@@ -105,3 +105,20 @@ def rig_in_confirmation(ids=("sim0", "sim1", "sim2"), settings=(-40, -55, -30)):
     for event in events:
         state = apply_bisect_event(state, event)
     return state
+
+
+async def until(pilot, condition, *, timeout_s: float = 20.0, what: str = "") -> None:
+    """Let the App run until `condition()` is true (a repaint, a worker's message, a screen switch), or fail after
+    `timeout_s`. Tests wait for the thing itself, never a fixed pause that is hoped to be long enough."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never became true within {timeout_s:g} s: {what or condition}")
+        await pilot.pause(0.02)
+
+
+def screen_text(app) -> str:
+    """What the current screen shows, as plain text (every line of the rendered frame)."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())

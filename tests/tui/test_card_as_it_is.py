@@ -142,7 +142,8 @@ def test_cli_flags_become_the_ui_keys():
     from tuner.app.jobs import BisectRunner
     from tuner.app.words import for_people, job_name
 
-    assert for_people("stopped; resume with --resume") == "stopped; u resumes it on the Bisect screen"
+    assert for_people("stopped; resume with --resume") == "stopped; u resumes it on the Bisect screen (3)"
+    assert for_people("stopped; resume with --resume", here="bisect") == "stopped; u resumes it"  # already there
     text = for_people("an unfinished bisect session exists for sim0 (s1, 3 trials done); continue it with "
                       "--resume or discard it with --restart (the unsafe list is kept)")
     assert "--" not in text and "u continues it and n starts afresh" in text
@@ -151,12 +152,13 @@ def test_cli_flags_become_the_ui_keys():
 
 
 def test_a_users_stop_reads_stopped_by_you():
+    from tests.engine.examples import example
     from tuner.app.jobs import apply_stress_event
     from tuner.app.state import StressState
-    from tuner.tuning.engine_client import EndEvent
     from tuner.tuning.events import BisectStopped
 
-    end = EndEvent(t=1.0, raw={}, verdict="error", reason="interrupted by SIGTERM", steps=431)
+    end = example("end", verdict="error", kind="interrupted", reason="interrupted by SIGTERM", steps=431,
+                  exit_code=130, median_tok_s=None)
     stopping = StressState(device_id="sim0", running=True, stopping=True)
     assert apply_stress_event(stopping, end).log[-1] == "stopped by you after 431 steps (no fault seen)"
     stopped = apply_card_event(CardState(device_id="sim0", running=True),

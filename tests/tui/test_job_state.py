@@ -7,16 +7,16 @@ import dataclasses
 
 import pytest
 
+from tests.engine.examples import example
 from tuner.app.jobs import apply_bisect_event, apply_card_event, apply_stress_event
 from tuner.app.state import LOG_LINES, BisectState, CardState, StressState
-from tuner.tuning.engine_client import FaultEvent, StepEvent
 from tuner.tuning.events import BisectStopped, TrialFinished, TrialResult, TrialStarted
 
 
 def test_stress_events_give_new_snapshots():
     before = StressState(device_id="sim0", running=True)
-    after = apply_stress_event(before, StepEvent(t=1.0, raw={}, step=10, loss=2.5, tok_s=900.0))
-    after = apply_stress_event(after, FaultEvent(t=2.0, raw={}, kind="canary", step=11, detail="mismatch"))
+    after = apply_stress_event(before, example("step", step=10, loss=2.5, tok_s=900.0))
+    after = apply_stress_event(after, example("fault", kind="canary", step=11, detail="mismatch", figure=None))
     assert before.steps == () and before.log == ()
     assert after.steps == ((10, 2.5, 900.0),)
     assert after.detector("canary") == "FAULT at step 11"

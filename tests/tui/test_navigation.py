@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.tui.helpers import make_app, sim_backend
+from tests.tui.helpers import make_app, screen_text, sim_backend, until
 from tuner.app.state import HISTORY_SAMPLES
 from tuner.core.errors import DeviceLost
 from tuner.screens.dialogs import ConfirmDialog
@@ -89,10 +89,8 @@ async def test_reset_to_stock_from_tune(tmp_path, backend):
 async def test_doctor_shows_checks_with_remedies(app):
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("5")
-        await app.workers.wait_for_complete()
-        await pilot.pause(0.6)
-        text = str(app.screen.query_one("#doctor-checks").render())
-        assert "[FAIL] kernel log" in text and "systemd-journal" in text
+        await until(pilot, lambda: "[FAIL] kernel log" in screen_text(app))
+        assert "systemd-journal" in screen_text(app)
 
 
 async def test_quit_asks_when_a_job_runs(app):
@@ -132,16 +130,32 @@ async def test_no_color_is_honoured(tmp_path, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     app = make_app(tmp_path, samples=3)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.6)
+        await until(pilot, lambda: "STOCK" in str(app.screen.query_one("#setting").render()))
         assert app.no_color
-        assert "STOCK" in str(app.screen.query_one("#setting").render())
 
 
-async def test_command_palette_lists_screens_and_screen_actions(app):
+async def test_command_palette_has_one_quit_the_safe_one(app):
+    """Textual's own Quit exits at once, skipping the safe quit: only ours (tuner.app.palette) is offered."""
+    from tuner.app.palette import entries
+
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("2")
         await pilot.pause()
-        titles = [c.title for c in app.get_system_commands(app.screen)]
-        for title in ("Screen 1: Dashboard", "Screen 3: Auto-bisect", "Screen 6: Help", "Apply", "Reset to stock",
-                      "Stress on/off", "Quit"):
-            assert title in titles
+        textual_titles = [c.title for c in app.get_system_commands(app.screen)]
+        ours = [e.title for e in entries(app, app.current_mode)]
+        assert "Quit" not in textual_titles and ours.count("Quit (q)") == 1
+        for title in ("Screen: Dashboard (1)", "Screen: Auto-bisect (3)", "Screen: Help (6)", "Tune: Apply (a)",
+                      "Tune: Reset to stock (r)", "Tune: Stress on/off (s)"):
+            assert title in ours
+
+
+async def test_a_screen_has_one_repaint_timer_paused_while_hidden(app):
+    """Textual calls every class's on_mount and the screens also called the base's: Profiles and Doctor had two
+    repaint timers, one never paused while hidden."""
+    async with app.run_test(size=(80, 24)) as pilot:
+        for key in "123456":
+            await pilot.press(key)
+            await pilot.pause()
+            screen = app.screen
+            timers = [t for t in screen._timers if t.name == "repaint"]
+            assert len(timers) == 1, (type(screen).__name__, timers)

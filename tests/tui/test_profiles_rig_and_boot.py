@@ -228,13 +228,35 @@ async def test_a_failing_systemctl_after_install_is_one_line_not_its_raw_stderr(
         assert any("Can't operate. Failed to connect to bus" in w for w in warnings)
 
 
-async def test_b_on_simulated_cards_is_refused_in_one_line_and_writes_nothing(app, backend, monkeypatch):
-    """As root, a simulated session once installed and enabled a real unit in /etc for a simulated profile."""
+async def test_b_on_simulated_cards_is_not_offered_and_says_why_before_any_question(app, backend, monkeypatch):
+    """As root, a simulated session once installed and enabled a real unit in /etc for a simulated profile; then
+    it asked for confirmation and only refused after it (issue 24). Now `b` is not in the key bar, the detail says
+    why, and the key answers with the reason, without a question; nothing is written."""
+    from tests.tui.helpers import until
+    from tuner.widgets.key_bar import KeyBar
+
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        await _install_from_profiles(pilot, app)
-        errors = [n.message for n in app._notifications if n.severity == "error"]
-        assert len(errors) == 1 and "SIMULATED" in errors[0] and "nothing installed" in errors[0]
-        assert "\n" not in errors[0]
+        await pilot.press("4")
+        await until(pilot, lambda: "b is not offered for this profile here" in " ".join(_detail(app).split()))
+        assert "SIMULATED" in _detail(app)
+        bar = app.screen.query_one(KeyBar).plain
+        assert "b At boot" not in bar and "a Apply" in bar
+        await pilot.press("b")
+        await until(pilot, lambda: any("SIMULATED" in n.message for n in app._notifications))
+        assert not isinstance(app.screen, ConfirmDialog)
+        [notice] = [n for n in app._notifications if "SIMULATED" in n.message]
+        assert notice.severity == "warning" and "\n" not in notice.message
     assert not unit_path().exists() and not paths.system_profiles_dir().exists()
+
+
+async def test_b_is_offered_for_a_real_cards_profile_on_real_cards(app, backend, monkeypatch):
+    from tests.tui.helpers import until
+    from tuner.widgets.key_bar import KeyBar
+
+    _real_card_profile(backend, monkeypatch)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4")
+        await until(pilot, lambda: "b At boot" in app.screen.query_one(KeyBar).plain)
+        assert "not offered" not in _detail(app)

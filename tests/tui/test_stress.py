@@ -38,17 +38,47 @@ async def test_stress_start_survives_screens_then_stop(tmp_path):
         assert backend.knob("sim0").current == 0
 
 
-async def test_stress_below_the_limit_reports_the_fault(tmp_path):
+async def test_stress_below_the_limit_without_a_reference_asks_then_reports_the_fault_and_the_check_it_lacked(
+        tmp_path):
+    """Issue 24 item 2: after an undervolt there is no stock reference to compare with. `s` asks first; run without
+    it and the screen says the comparison is OFF for the whole run (not only in the scrolling log), and the
+    summary says it did not run."""
+    from tuner.screens.dialogs import ConfirmDialog
+
     backend = sim_backend(tmp_path, vmin_mv=-60)
     backend.apply("sim0", -70)  # below the simulated card's limit: the engine is told to flip bits
     app = make_app(tmp_path, backend=backend, samples=1)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("2", "s")
+        await _wait(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        question = str(app.screen.query_one("Static").render())
+        assert "no stock reference" in question and "-70 mV" in question and "OFF" in question
+        assert not app.stress.running  # nothing starts before the answer
+        await pilot.press("y")
+        await _wait(pilot, lambda: app.stress.detector("reference") == "OFF")
+        await _wait(pilot, lambda: "reference comparison OFF" in str(app.screen.query_one("#stress-status").render()))
         await _wait(pilot, lambda: not app.stress.running and app.stress.verdict is not None)
-        assert app.stress.verdict.startswith("FAIL")
+        assert app.stress.verdict.startswith("FAIL"), app.stress.verdict
+        assert "the stock-reference comparison did not run" in app.stress.verdict
         assert any(v.startswith("FAULT") for _, v in app.stress.detectors)
-        await pilot.pause(0.6)
-        assert "FAULT" in str(app.screen.query_one("#stress-status").render())
+        await _wait(pilot, lambda: "FAULT" in str(app.screen.query_one("#stress-status").render()))
+        assert "reference comparison OFF" in str(app.screen.query_one("#stress-status").render())
+    assert backend.knob("sim0").current == -70  # stress never changes the setting
+
+
+async def test_no_to_the_reference_question_starts_nothing(tmp_path):
+    from tuner.screens.dialogs import ConfirmDialog
+
+    backend = sim_backend(tmp_path, vmin_mv=-60)
+    backend.apply("sim0", -40)
+    app = make_app(tmp_path, backend=backend, samples=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2", "s")
+        await _wait(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.press("n")
+        await _wait(pilot, lambda: not isinstance(app.screen, ConfirmDialog))
+        assert not app.stress.running and app.stress.run == 0 and not backend._loaded("sim0")
+    assert backend.knob("sim0").current == -40
 
 
 async def test_profile_from_another_card_is_verified_and_reverted_when_it_fails(tmp_path):

@@ -1,7 +1,7 @@
 """A stand-in for `tuner.tuning.engine_client.StressRun`, fast and deterministic, for driver tests.
 
 Speaks the real types: its events are the client's event dataclasses, made by the client's own parser
-(`engine_client.parse_event`) from protocol lines checked against the engine's protocol (tests/engine/schema.py,
+(`engine_client.parse_event`) from protocol lines checked against the engine's protocol (tuner/engine/events.py,
 docs/engine.md), and its result is a `StressResult`. Fails (kind "mismatch", at step 2 + 10 x the fault rate)
 whenever the simulated card injects faults, hangs when it says so; with `software_fault`, every trial after the
 baseline fails the way it says (a fault that is the software's, not the card's). Records every request
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.engine.examples import EXAMPLES
-from tests.engine.schema import validate
+from tuner.engine.events import validate
 from tuner.tuning import engine_client as sc
 
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.engine.examples import EXAMPLES
 from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
 from tuner.engine.options import EngineOptions, Injection, parse_args
@@ -111,32 +112,49 @@ def test_watchdog_policy_limits_and_validation():
 # --- events -----------------------------------------------------------------------------------------------
 
 
+def _line(name: str, **fields) -> str:
+    return json.dumps({"event": name, "t": 1.5, **EXAMPLES[name], **fields})
+
+
 def test_parse_typed_events():
-    step = sc.parse_event('{"event":"step","t":1.5,"step":7,"loss":"NaN","grad_norm":0.5,"dt_ms":12,'
-                          '"tok_s":4000.5,"tflops":0.01}')
+    step = sc.parse_event(_line("step", step=7, loss="NaN", dt_ms=12, tok_s=4000.5))
     assert isinstance(step, sc.StepEvent) and step.step == 7 and math.isnan(step.loss) and step.dt_ms == 12.0
-    assert step.name == "step" and step.raw["tok_s"] == 4000.5
-    end = sc.parse_event(json.dumps({"event": "end", "t": 2, "verdict": "fail", "kind": "mismatch", "step": 7,
-                                     "steps": 7, "eval_losses": [1.5, "Infinity"], "setup_problems": ["x"],
-                                     "reference": {"compared_steps": 7}, "exit_code": 1}))
+    assert step.name == "step" and step.raw["tok_s"] == 4000.5 and step.t == 1.5
+    end = sc.parse_event(_line("end", verdict="fail", kind="mismatch", step=7, steps=7, exit_code=1,
+                               eval_losses=[1.5, "Infinity"], setup_problems=["x"], figure="loss",
+                               reference={"path": "r", "reference_steps": 7, "compared_steps": 7,
+                                          "beyond_reference_steps": 0, "note": None, "tolerance": None,
+                                          "loop": False, "segments": 1}))
     assert isinstance(end, sc.EndEvent) and end.verdict == "fail" and end.eval_losses == (1.5, math.inf)
-    assert end.reference == {"compared_steps": 7} and end.setup_problems == ("x",)
-    fault = sc.parse_event('{"event":"fault","t":2,"kind":"mismatch","step":100,"reference_step":40,"detail":"d"}')
-    assert isinstance(fault, sc.FaultEvent) and (fault.kind, fault.step, fault.reference_step) == ("mismatch", 100, 40)
-    hb = sc.parse_event('{"event":"heartbeat","t":3,"step":4,"state":"train","progress":9}')
+    assert end.reference is not None and end.reference.compared_steps == 7 and end.setup_problems == ("x",)
+    assert end.figure == "loss"  # declared: a reader never digs it out of `raw`
+    fault = sc.parse_event(_line("fault", kind="mismatch", step=100, reference_step=40, figure="state"))
+    assert isinstance(fault, sc.FaultEvent) and (fault.kind, fault.step, fault.reference_step, fault.figure) == \
+        ("mismatch", 100, 40, "state")
+    hb = sc.parse_event(_line("heartbeat", step=4, state="train", progress=9))
     assert isinstance(hb, sc.HeartbeatEvent) and hb.progress == 9
-    assert isinstance(sc.parse_event('{"event":"start","t":0.1,"repeatable":false}'), sc.StartEvent)
+    start = sc.parse_event(_line("start", repeatable=False, data_parallel={
+        "world_size": 2, "rank": 1, "backend": "gloo", "library": "gloo", "collectives": 3, "collective_s": 0.1}))
+    assert isinstance(start, sc.StartEvent) and start.repeatable is False and start.data_parallel.library == "gloo"
     for name, cls in (("canary", sc.CanaryEvent), ("warning", sc.WarningEvent), ("phase", sc.PhaseEvent),
                       ("gemm", sc.GemmEvent), ("segment", sc.SegmentEvent)):
-        assert isinstance(sc.parse_event(json.dumps({"event": name, "t": 1})), cls)
+        assert isinstance(sc.parse_event(_line(name)), cls)
 
 
 def test_unexpected_lines_never_raise():
     assert isinstance(sc.parse_event("Traceback (most recent call last):"), sc.LogEvent)
     assert isinstance(sc.parse_event("[1,2]"), sc.LogEvent)
-    assert isinstance(sc.parse_event('{"event":"future","t":1}'), sc.UnknownEvent)
+    future = sc.parse_event('{"event":"future","t":1,"x":2}')  # a newer engine's event: kept, not an error
+    assert isinstance(future, sc.UnknownEvent) and future.name == "future" and future.raw["x"] == 2
+    newer = sc.parse_event(_line("step", newer_field=[1]))  # a newer engine's field: ignored, kept in raw
+    assert isinstance(newer, sc.StepEvent) and newer.raw["newer_field"] == [1]
     wrong = sc.parse_event('{"event":"step","t":"soon","step":"seven","loss":[1]}')
-    assert isinstance(wrong, sc.StepEvent) and wrong.step == 0 and wrong.loss is None and math.isnan(wrong.t)
+    assert isinstance(wrong, sc.InvalidEvent) and wrong.name == "step" and math.isnan(wrong.t)
+    assert "step" in wrong.problem
+    missing = sc.parse_event('{"event":"start","t":0.1,"repeatable":false}')
+    assert isinstance(missing, sc.InvalidEvent) and "protocol" in missing.problem
+    bad_end = sc.parse_event(_line("end", verdict="pass", exit_code=1))  # a verdict and exit code that disagree
+    assert isinstance(bad_end, sc.InvalidEvent) and "exit code 1" in bad_end.problem
 
 
 @given(st.text(max_size=200))
@@ -166,7 +184,7 @@ def test_a_passing_run_delivers_every_event_in_order(fake_python):
     assert [e.name for e in seen] == ["start"] + ["step"] * 5 + ["end"]
     assert result.passed and result.verdict == "pass" and result.steps == 5 and result.exit_code == 0
     assert result.median_tok_s == 51200.0 and result.bpb == 3.5 and result.sensitivity == "full"
-    assert "--steps=5" in seen[0].raw["argv"]
+    assert '"--steps=5"' in result.stderr_tail  # the fake's own line: it was launched with the request
 
 
 def test_a_failing_run_reports_kind_and_step(fake_python):
@@ -231,6 +249,15 @@ def test_exit_without_end_is_a_crash_but_before_start_a_setup_error(fake_python)
     assert (fake_run(fake_python, "exit-no-end").run().kind) == "crash"
     r = fake_run(fake_python, "exit-before-start").run()
     assert (r.verdict, r.kind, r.exit_code) == ("error", "setup", 1) and "torch" in r.stderr_tail
+
+
+def test_an_end_that_breaks_the_protocol_is_an_error_never_a_verdict(fake_python):
+    seen = []
+    result = fake_run(fake_python, "bad-end").run(seen.append)
+    assert [type(e).__name__ for e in seen][-1] == "InvalidEvent"
+    assert (result.verdict, result.kind) == ("error", "internal") and "broke its protocol" in result.reason
+    assert "exit code 1 does not go with verdict 'pass'" in result.reason
+    assert "broke its protocol" in result.stderr_tail
 
 
 def test_garbage_on_stdout_is_kept_not_fatal(fake_python):

@@ -1,4 +1,5 @@
-"""The bisect state machine, property-based: any limit, any oracle, both knob directions."""
+"""The bisect state machine, property-based: any limit, any oracle, both knob directions, with and without trial
+sizing (a bound asked for: tests/tuning/test_plan_sizing.py has the sizing's own rules)."""
 
 from __future__ import annotations
 
@@ -49,11 +50,20 @@ def setups(draw):
     if draw(st.booleans()):
         span = (knob.max - knob.min) // knob.step
         floor = knob.shifted(knob.stock, draw(st.integers(1, span)))
-    return knob, PlanParams(step=step, resolution=res, margin=margin, edge_margin=edge_margin, floor=floor)
+    bound_s = trial_s = None
+    if draw(st.booleans()):  # trials sized by a bound: every rule below holds all the same
+        bound_s = float(draw(st.integers(1, 4 * 3600)))
+        trial_s = float(draw(st.integers(1, 3600)))
+    return knob, PlanParams(step=step, resolution=res, margin=margin, edge_margin=edge_margin, floor=floor,
+                            bound_s=bound_s, trial_s=trial_s)
+
+
+STEP_S = 0.085  # the baseline's median step time when the plan sizes trials (the R9700's small preset)
 
 
 def run_plan(plan: BisectPlan, oracle, *, kind="mismatch", max_trials=10_000):
-    """Drive the plan with `oracle(k, phase) -> bool`; returns (decision, results, proposed k values)."""
+    """Drive the plan with `oracle(k, phase) -> bool`; returns (decision, results, proposed k values). A pass runs
+    the steps the plan asked for (the baseline: 1,000); a failure stops at its first fault."""
     results: list[PlanResult] = []
     proposed = []
     for _ in range(max_trials):
@@ -69,8 +79,10 @@ def run_plan(plan: BisectPlan, oracle, *, kind="mismatch", max_trials=10_000):
         proposed.append((k, decision.phase))
         ok = oracle(k, decision.phase)
         # distinct fault steps per setting: a noise-free hardware oracle never fails at the same step twice
+        steps = decision.steps if decision.steps is not None else 1000
         results.append(PlanResult(decision.setting, decision.phase, "pass" if ok else "fail",
-                                  None if ok else kind, None if ok else 1000 + k))
+                                  None if ok else kind, None if ok else 1000 + k, steps=steps if ok else 1,
+                                  step_s=STEP_S if decision.phase == BASELINE else None))
     raise AssertionError("the plan did not terminate")
 
 
@@ -161,7 +173,13 @@ def test_the_documented_example_minus_52_recommends_minus_40():
         (0, BASELINE), (-10, COARSE), (-20, COARSE), (-30, COARSE), (-40, COARSE), (-50, COARSE), (-60, COARSE),
         (-55, REFINE), (-50, CONFIRM)]
     assert decision == Recommend(setting=-40, confirmed=-50, lowest_pass=-50, first_failure=-55, margin=10,
-                                 edge=False)
+                                 edge=False, bound=decision.bound, confirmed_bound=decision.confirmed_bound)
+    # the bound at -40 mV pools the passes at -40 and -50 (1,000 steps each here), nothing from -55 or deeper
+    assert decision.bound is not None and decision.bound.steps == 3000 and decision.bound_s is None
+    assert decision.confirmed_bound is not None and decision.confirmed_bound.steps == 2000  # -50 mV's own two
+    assert decision.bound_met is None  # no bound was asked for
+    assert [(c.setting, c.phase) for c in decision.bound.contributions] == [(-50, COARSE), (-50, CONFIRM),
+                                                                             (-40, COARSE)]
 
 
 def test_nvidia_clock_offsets_step_upward():
@@ -230,7 +248,9 @@ def test_floor_limits_the_descent():
 
 
 @pytest.mark.parametrize("kwargs", [{"step": 7}, {"resolution": 0}, {"step": 15, "resolution": 10},
-                                    {"margin": 3}, {"floor": 10}, {"floor": -500}])
+                                    {"margin": 3}, {"floor": 10}, {"floor": -500},
+                                    {"bound_s": 0.0, "trial_s": 300.0}, {"bound_s": math.nan, "trial_s": 300.0},
+                                    {"bound_s": 600.0}, {"bound_s": 600.0, "trial_s": 0.5}])
 def test_bad_parameters_are_usage_errors(kwargs):
     knob = mv_knob()
     with pytest.raises(UsageError):

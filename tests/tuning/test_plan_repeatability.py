@@ -9,7 +9,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.tuning.test_plan import bound, mv_knob, setups
+from tests.tuning.test_plan import STEP_S, bound, mv_knob, setups
 from tuner.tuning.plan import (
     BASELINE,
     COARSE,
@@ -89,7 +89,8 @@ def test_with_passing_controls_the_recommendation_is_unchanged(setup, limit):
             k = plan.k_of(d.setting)
             ok = d.phase in (REPLAY, CONTROL) or k <= limit
             results.append(PlanResult(d.setting, d.phase, "pass" if ok else "fail", None if ok else "mismatch",
-                                      None if ok else 1000 + k))
+                                      None if ok else 1000 + k, steps=d.steps or 1000,
+                                      step_s=STEP_S if d.phase == BASELINE else None))
         outcomes.append((d, results))
     (d_plain, r_plain), (d_ruled, r_ruled) = outcomes
     assert isinstance(d_plain, Recommend) and d_ruled == d_plain

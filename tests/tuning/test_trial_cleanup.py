@@ -53,7 +53,7 @@ class FaultyBackend(SimulatedBackend):
         return super().stress_target(device_id)
 
     def loaded(self) -> bool:
-        return "load_pid" in self._card("sim0")
+        return "load_pid" in self._stored("sim0")
 
 
 class FaultyWatcher(kernel_log.NullWatcher):

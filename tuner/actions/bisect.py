@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.actions import other_tools
 from tuner.backends.base import Backend
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
@@ -76,7 +77,9 @@ def prepare_bisect(backend: Backend, device_ids: str | Sequence[str], params: Bi
     and return its job (not started; `run()` blocks, `stop()` is thread-safe). `job_options` are BisectJob's
     injection points (tests: a fake engine, a fake trial runner)."""
     check_save_name(save)
-    return BisectJob(backend, device_ids, params, on_event, **job_options)
+    job = BisectJob(backend, device_ids, params, on_event, **job_options)  # refuses parameters that do not fit
+    other_tools.refuse_before_bisect(backend, job.device_ids)  # issue 23: LACT, CoreCtrl, nvidia-powerd
+    return job
 
 
 def rig_devices(backend: Backend, spec: str | None) -> tuple[str, ...]:
@@ -120,7 +123,7 @@ def profile_from_outcome(backend: Backend, device_id: str, outcome: CardOutcome,
                          "bisect the card again")
     lock_at_baseline_clock(backend, device_id, outcome.trials)
     return build_profile(name, backend.device(device_id), backend.knob(device_id), outcome.recommendation.setting,
-                         tuning=outcome.tuning())
+                         tuning={**(outcome.tuning() or {}), "other_tools": other_tools.ignored_for(device_id) or None})
 
 
 def rig_profile_from_outcome(backend: Backend, outcome: BisectOutcome, name: str) -> Profile:

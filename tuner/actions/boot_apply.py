@@ -11,6 +11,17 @@ Exit status, so `systemctl status tuner-apply` tells the truth:
   the run exits non-zero (HARDWARE, as a card that was lost) after the other cards got their parts. Those parts
   still apply because each was proven on its own card and confirmed under a heavier load (every card at once);
   leaving them at stock would lose what is known to be safe, and saying nothing would hide a missing card.
+
+NVIDIA (issue 23): each part is applied as it was proven, its lock clock and its offset (the log line names both),
+and with persistence mode on: where the driver reports it off, the run turns it on for the cards it applies to
+and reads it back (NvidiaBackend.enable_persistence); where that is refused, the card is not applied (the
+offset would vanish when this one-shot job exits) and the line names the persistence daemon as the remedy.
+
+`--resume` (the unit ordered after the sleep targets) re-applies the same way after each resume and says, per
+card, what it found: still as installed, back at stock, or at another value (set by something else, or the
+driver restoring an older one), which it puts back to the installed value. A card another tool may change (LACT,
+CoreCtrl, nvidia-powerd: tuner.actions.other_tools) is left as it is, at boot and after resume, exit 6: the two
+would fight over it. The wait for a late driver or a missing card is bounded (`--boot-wait`) and logged.
 """
 
 from __future__ import annotations
@@ -21,8 +32,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tuner.actions import other_tools
 from tuner.actions.profile_apply import find_part_card
-from tuner.actions.setting import SetRequest, apply_setting_now
+from tuner.actions.setting import SetRequest, apply_setting_now, can_lock_clock
+from tuner.backends import card_records
 from tuner.backends.base import Backend
 from tuner.core import exit_codes, paths
 from tuner.core.atomic import write_atomic
@@ -40,12 +53,14 @@ class BootCardResult:
     """What the boot run did with one part: applied, skipped (not this machine's card), missing or error."""
 
     profile: str
-    status: str  # "applied" | "skipped" | "missing" | "error"
+    status: str  # "applied" | "skipped" | "missing" | "error" | "busy" (another tool may change the card)
     exit_code: int = exit_codes.OK
     card: int | None = None  # the part's index in a rig profile (None: a single-card profile)
     device: str | None = None
     value: int | None = None  # read back after applying
     reason: str | None = None
+    lock_clock_mhz: int | None = None  # NVIDIA: the max graphics clock locked with the offset
+    found: int | None = None  # the card's value before this run wrote it
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -57,10 +72,13 @@ class BootReport:
     results: tuple[BootCardResult, ...]
     exit_code: int
     lines: tuple[str, ...]  # every line logged, for `tuner service status` and the UI
+    mode: str = "boot"  # "boot" | "resume"
+    waited_s: float | None = None  # how long discovery waited for a late driver or a missing card
 
     def to_dict(self) -> dict:
         return {"skipped": self.skipped, "exit_code": self.exit_code, "results": [r.to_dict() for r in self.results],
-                "lines": list(self.lines)}
+                "lines": list(self.lines), "mode": self.mode, "waited_s": self.waited_s,
+                "boot_id": card_records.boot_id()}
 
 
 def last_run_path() -> Path:
@@ -69,29 +87,32 @@ def last_run_path() -> Path:
 
 def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None = None,
                    wait_s: float = boot_rules.DEFAULT_DISCOVERY_WAIT_S,
-                   log: Callable[[str], None] = boot_rules.log) -> BootReport:
-    """Apply `profile` (a name or path), else every system profile, at boot. Records the run (last_run_path)."""
+                   log: Callable[[str], None] = boot_rules.log, resume: bool = False,
+                   clock: Callable[[], float] = time.monotonic) -> BootReport:
+    """Apply `profile` (a name or path), else every system profile, at boot (or after a resume). Records the run
+    (last_run_path)."""
     lines: list[str] = []
 
     def say(line: str) -> None:
         lines.append(line)
         log(line)
 
+    mode = "resume" if resume else "boot"
     try:
-        report = _run(open_backend, profile, wait_s, say, lines)
+        report = _run(open_backend, profile, wait_s, say, lines, mode, clock)
     except TunerError as e:  # no backend, a bad profile named on the command line: the record says so too
-        _record(BootReport(None, (), e.exit_code, (*lines, f"error: {e.one_line()}")))
+        _record(BootReport(None, (), e.exit_code, (*lines, f"error: {e.one_line()}"), mode))
         raise
     _record(report)
     return report
 
 
 def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: float,
-         say: Callable[[str], None], lines: list[str]) -> BootReport:
+         say: Callable[[str], None], lines: list[str], mode: str, clock: Callable[[], float]) -> BootReport:
     reason = boot_rules.skip_reason()
     if reason:
         say(f"skipped: {reason}")
-        return BootReport(reason, (), exit_codes.OK, tuple(lines))
+        return BootReport(reason, (), exit_codes.OK, tuple(lines), mode)
     if profile_name is not None:
         profiles = [load_profile(profile_name)]
     else:
@@ -100,20 +121,33 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
             say(f"ignoring {path}: {why}")
         if not profiles:
             say("no profiles in the system store; nothing to apply")
-            return BootReport(None, (), exit_codes.OK, tuple(lines))
+            return BootReport(None, (), exit_codes.OK, tuple(lines), mode)
 
     def ready(backend: Backend) -> bool:  # every part's own card is up (the driver may still be probing)
         devices = backend.devices()
         return all(_same_card(part, devices, backend) is not None for p in profiles for part in p.parts)
 
+    started = clock()
     backend = boot_rules.discover(open_backend, ready, wait_s=wait_s)
     if backend is None:  # discover re-raises the open error itself; this only keeps the type honest
         raise Unsupported("no GPU backend could be opened at boot", "see `tuner doctor`")
+    waited = round(clock() - started, 1)
+    if not ready(backend):
+        say(f"waited {waited:g} s (at most {wait_s:g}, --boot-wait) for every profile's card; applying to the "
+            "cards that are here")
+    found = _other_tools(backend)
     results: list[BootCardResult] = []
     for p in profiles:
-        results += _apply_rig(p, backend, say) if p.is_rig else [_apply_single(p, backend, say)]
+        results += _apply_rig(p, backend, say, found) if p.is_rig else [_apply_single(p, backend, say, found)]
     worst = next((r.exit_code for r in results if r.exit_code), exit_codes.OK)
-    return BootReport(None, tuple(results), worst, tuple(lines))
+    return BootReport(None, tuple(results), worst, tuple(lines), mode, waited)
+
+
+def _other_tools(backend: Backend) -> list[other_tools.Found]:
+    """The other tools running now (none looked for when every card is simulated)."""
+    if all(d.simulated for d in backend.devices()):
+        return []
+    return other_tools.detect()
 
 
 def _same_card(part: ProfilePart, devices: list[DeviceInfo], backend: Backend) -> DeviceInfo | None:
@@ -124,46 +158,92 @@ def _same_card(part: ProfilePart, devices: list[DeviceInfo], backend: Backend) -
     return None
 
 
-def _apply_single(profile: Profile, backend: Backend, say: Callable[[str], None]) -> BootCardResult:
+def _apply_single(profile: Profile, backend: Backend, say: Callable[[str], None],
+                  found: list[other_tools.Found]) -> BootCardResult:
     for device in backend.devices():
         if match_device(profile, device, backend.knob(device.id)).match is Match.SAME_CARD:
-            return _apply_part(backend, profile, profile.parts[0], device, say, None)
+            return _apply_part(backend, profile, profile.parts[0], device, say, None, found)
     why = (f"its card ({fingerprint(profile.device)}) is not in this machine; at boot a profile applies only to the "
            "card it was proven on (use `tuner apply NAME --verify 5m` for another card)")
     say(f"skipped {profile.name!r}: {why}")
     return BootCardResult(profile.name, "skipped", reason=why)
 
 
-def _apply_rig(profile: Profile, backend: Backend, say: Callable[[str], None]) -> list[BootCardResult]:
+def _apply_rig(profile: Profile, backend: Backend, say: Callable[[str], None],
+               found: list[other_tools.Found]) -> list[BootCardResult]:
     """Each part to its own card; a missing or replaced card is logged and fails the run, the others apply."""
     devices = backend.devices()
     out = []
     for index, part in enumerate(profile.parts):
         device = _same_card(part, devices, backend)
         if device is None:
-            found, _how = find_part_card(part, devices)
+            card, _how = find_part_card(part, devices)
             serial = part.device.serial or "?"
-            why = (f"its card (serial {serial}, slot {part.device.pci_slot or '?'}) is not in this machine" if found
-                   is None else f"{found.id} is not the card it was proven on (serial {serial})")
+            why = (f"its card (serial {serial}, slot {part.device.pci_slot or '?'}) is not in this machine" if card
+                   is None else f"{card.id} is not the card it was proven on (serial {serial})")
             say(f"missing card: {profile.name!r} card[{index}] not applied: {why}; the rig's other cards are still "
                 "applied. Check the card, or tune the rig again with `tuner bisect --device all`")
             out.append(BootCardResult(profile.name, "missing", exit_codes.HARDWARE, index,
-                                      found.id if found else None, reason=why))
+                                      card.id if card else None, reason=why))
             continue
-        out.append(_apply_part(backend, profile, part, device, say, index))
+        out.append(_apply_part(backend, profile, part, device, say, index, found))
     return out
 
 
+def describe(value: int, unit: str, lock_clock_mhz: int | None) -> str:
+    """`-45 mV`, or `+120 MHz at a locked max graphics clock of 2205 MHz`."""
+    text = f"{value:+d} {unit}"
+    return f"{text} at a locked max graphics clock of {lock_clock_mhz} MHz" if lock_clock_mhz else text
+
+
 def _apply_part(backend: Backend, profile: Profile, part: ProfilePart, device: DeviceInfo,
-                say: Callable[[str], None], card: int | None) -> BootCardResult:
+                say: Callable[[str], None], card: int | None, found: list[other_tools.Found]) -> BootCardResult:
     what = f"{profile.name!r}" + (f" card[{card}]" if card is not None else "")
-    try:  # the unsafe list holds at boot (never --ignore-unsafe there)
-        after = apply_setting_now(backend, SetRequest(device.id, part.setting.value))
-    except TunerError as e:
+    value, unit = part.setting.value, part.setting.unit
+
+    def failed(e: TunerError) -> BootCardResult:
         say(f"could not apply {what} to {device.id}: {e.one_line()}")
         return BootCardResult(profile.name, "error", e.exit_code, card, device.id, reason=e.one_line())
-    say(f"applied {what} to {device.id} {device.label}: {after.current:+d} {after.unit} (read back)")
-    return BootCardResult(profile.name, "applied", exit_codes.OK, card, device.id, after.current)
+
+    try:
+        knob = backend.knob(device.id)
+    except TunerError as e:
+        return failed(e)
+    tools = other_tools.affecting(backend, [device.id], found).get(device.id, [])
+    if tools:
+        why = (f"{', '.join(t.describe() for t in tools)} may change this card too ({tools[0].tool.writes}); left "
+               f"as it is ({knob.current:+d} {knob.unit}), so the two do not fight over it")
+        say(f"not applied {what} to {device.id}: {why}; stop that tool, or remove this profile from the system "
+            "store")
+        return BootCardResult(profile.name, "busy", exit_codes.BUSY, card, device.id, reason=why,
+                              found=knob.current)
+    lock = part.setting.lock_clock_mhz if can_lock_clock(backend, knob) else None
+    if knob.current not in (knob.stock, value):
+        say(f"{device.id} reads {knob.current:+d} {knob.unit}, not stock and not the installed {value:+d} {unit} "
+            f"(set by something else since); applying {what} again")
+    try:
+        _persistence(backend, device, say)
+        # the unsafe list holds at boot (never --ignore-unsafe there)
+        after = apply_setting_now(backend, SetRequest(device.id, value, lock_clock_mhz=lock))
+    except TunerError as e:
+        return failed(e)
+    locked = after.lock_clock_mhz if lock is not None else None
+    say(f"applied {what} to {device.id} {device.label}: {describe(after.current, after.unit, locked)} (read back)")
+    return BootCardResult(profile.name, "applied", exit_codes.OK, card, device.id, after.current,
+                          lock_clock_mhz=locked, found=knob.current)
+
+
+def _persistence(backend: Backend, device: DeviceInfo, say: Callable[[str], None]) -> None:
+    """NVIDIA: persistence mode on before the write, or the driver drops the setting when this job exits."""
+    if device.vendor != "nvidia" or device.simulated:
+        return
+    if not hasattr(backend, "persistence_off") or not hasattr(backend, "enable_persistence"):
+        say(f"{device.id}: persistence mode could not be checked through this backend; if it is off the setting "
+            "vanishes when the last NVML client exits (`sudo nvidia-smi -q | grep Persistence`)")
+        return
+    if backend.persistence_off(device.id):
+        backend.enable_persistence(device.id)
+        say(f"{device.id}: turned persistence mode on (read back), so the setting outlives this run")
 
 
 def _record(report: BootReport) -> None:

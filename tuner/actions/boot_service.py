@@ -1,9 +1,12 @@
 """The apply-at-boot service: install, remove and status, for `tuner service` and the UI's Profiles screen.
 
-The service is a systemd unit (tuner.profiles.boot.unit_text) that runs `tuner apply --boot [NAME]` once per
-boot; it applies system profiles (in /etc/tuner/profiles) to the cards they were proven on (tuner.actions.
-boot_apply). Installing copies the chosen profile into the system store, writes the unit and enables it;
-removing disables and deletes the unit and keeps the profiles. Both need root (PermissionDenied otherwise).
+The service is two systemd units (tuner.core.system_units): one runs `tuner apply --boot [NAME]` once per boot,
+the other `tuner apply --boot --resume [NAME]` after each resume; both apply system profiles (in
+/etc/tuner/profiles) to the cards they were proven on (tuner.actions.boot_apply). Installing copies the chosen
+profile into the system store, writes the units and enables them; removing disables and deletes them and keeps the
+profiles. Both need root (PermissionDenied otherwise). The units run this interpreter as root at every boot, so
+installing refuses (UsageError, exit 2) when it, the package or any directory above them can be changed by a
+user other than root (tuner.core.root_owned): an editable venv in someone's checkout would hand them root.
 
 Nothing here prints: every function returns what it did in sentences a front end shows as they are.
 systemctl is only run against the real unit directory (tests point TUNER_SYSTEMD_DIR elsewhere), and what
@@ -21,11 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.actions.boot_apply import read_last_run
-from tuner.core import paths
+from tuner.backends import card_records
+from tuner.backends.base import Backend
+from tuner.core import paths, root_owned, system_units
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import PermissionDenied, StateError, UsageError
+from tuner.core.models import Knob
 from tuner.profiles import Profile, load_profile, save_profile
 from tuner.profiles import boot as boot_rules
+from tuner.profiles.identity import Match, match_device
 from tuner.profiles.store import scan
 
 
@@ -84,6 +91,36 @@ class LastBootRun:
 
 
 @dataclass(frozen=True)
+class CardState:
+    """One part of a system profile against its card as it reads now (`tuner service status`)."""
+
+    profile: str
+    card: int | None  # the part's index in a rig profile
+    device: str | None  # the card's id (None: not in this machine)
+    label: str | None
+    installed: int  # the profile's value
+    unit: str
+    found: int | None  # what the card reads now
+    state: str  # "applied" | "not applied" | "changed" | "missing"
+    why: str | None = None
+
+    def text(self) -> str:
+        """`changed since (-30 found, -50 installed)`, as the status prints it after the card."""
+        if self.state == "applied":
+            return f"applied as the profile says ({self.installed:+d} {self.unit})"
+        if self.state == "changed":
+            return (f"changed since ({self.found:+d} found, {self.installed:+d} installed): something other than "
+                    "the boot service set it")
+        if self.state == "missing":
+            return f"missing: {self.why}"
+        return (f"not applied ({self.why}): reads {self.found:+d} {self.unit}, the profile says {self.installed:+d} "
+                f"{self.unit}")
+
+    def to_dict(self) -> dict:
+        return {**vars(self), "text": self.text()}
+
+
+@dataclass(frozen=True)
 class BootServiceStatus:
     unit: Path
     installed: bool
@@ -95,6 +132,8 @@ class BootServiceStatus:
     invalid_profiles: tuple[tuple[Path, str], ...]  # (file, one-line reason)
     next_boot_skips: str | None  # why the next boot would apply nothing (tuner.reset, an open trial), else None
     last_run: LastBootRun | None = field(default=None)  # None: no boot run recorded on this machine
+    cards: tuple[CardState, ...] = ()  # each system profile's part against its card (when a backend was given)
+    cards_error: str | None = None  # why the cards could not be read
 
     def to_dict(self) -> dict:
         last = self.last_run
@@ -107,6 +146,7 @@ class BootServiceStatus:
             "next_boot_skips": self.next_boot_skips,
             "last_run": None if last is None else {"finished_at": last.finished_at, "exit_code": last.exit_code,
                                                    "skipped": last.skipped, "lines": list(last.lines)},
+            "cards": [c.to_dict() for c in self.cards], "cards_error": self.cards_error,
         }
 
 
@@ -133,20 +173,30 @@ def _systemctl(messages: list[str], warnings: list[str], *args: str) -> None:
         warnings.append(f"systemctl {' '.join(args)} failed: {proc.stderr.strip()}")
 
 
-def exec_args(profile_name: str | None) -> list[str]:
-    """The interpreter running now, so the unit uses this installation (a venv included)."""
-    args = [sys.executable, "-m", "tuner", "apply", "--boot"]
-    return [*args, profile_name] if profile_name else args
+def exec_args(profile_name: str | None, *, resume: bool = False) -> list[str]:
+    """The interpreter running now, so the units use this installation (a venv included). `-P`: the unit's start
+    directory is not put on the import path."""
+    return system_units.apply_exec_args(sys.executable, profile_name, resume=resume)
 
 
-def unit_environment() -> dict[str, str]:
-    """Pin the directories the installer sees: at boot HOME is /root and the tuning journal of a `sudo tuner
-    bisect` may live elsewhere; the boot check must read the same journal the bisect wrote."""
-    env = {"XDG_STATE_HOME": str(paths.state_dir().parent), "XDG_CONFIG_HOME": str(paths.config_dir().parent)}
-    for var in ("TUNER_SYSTEM_PROFILES", "TUNER_SYSFS_ROOT"):
-        if var in os.environ:
-            env[var] = os.environ[var]
-    return env
+unit_environment = system_units.pinned_environment
+
+
+def install_code() -> tuple[list[Path], list[Path]]:
+    """What the units would run as root (tuner.core.root_owned.import_code); tests replace it."""
+    return root_owned.import_code()
+
+
+def refuse_user_writable_code() -> None:
+    """UsageError (one line naming the path) when a non-root user can change what the units would run."""
+    code, package = install_code()
+    found = root_owned.first_writable(code, recursive=package)
+    if found is not None:
+        path, why = found
+        raise UsageError(f"refusing to install the boot service: {path} is {why}, and the service would run it as "
+                         "root at every boot (whoever can change it would get root); nothing installed",
+                         "install the tuner system-wide and root-owned with `sudo bash scripts/install-system.sh`, "
+                         "then run /usr/local/bin/tuner service install")
 
 
 def refuse_simulated(profile: Profile) -> None:
@@ -160,6 +210,19 @@ def refuse_simulated(profile: Profile) -> None:
                          "bisect the real card and install the boot service for that profile")
 
 
+def check_installable(profile: Profile | None, *, simulated_session: bool = False) -> None:
+    """Raise the UsageError `install` would for this profile (None: every system profile) in this session, before
+    anything is asked or written: a simulated session, or a profile measured on a SIMULATED card. The UI asks it
+    before it offers `b` (it once asked for confirmation, then refused)."""
+    if simulated_session:
+        raise UsageError("the boot service applies profiles to this machine's real cards at every boot, and this "
+                         "session runs on SIMULATED cards: nothing installed",
+                         "run `tuner service install --profile NAME` without --simulate, with a profile proven "
+                         "on a real card")
+    if profile is not None:
+        refuse_simulated(profile)
+
+
 def install(profile_name: str | None = None, *, overwrite: bool = False,
             simulated_session: bool = False) -> BootServiceResult:
     """Write and enable the unit (root). `profile_name` (a store name or a path): copy that profile, single-card
@@ -168,15 +231,11 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
     runs on simulated cards (--simulate, the UI's simulated backend): refused, as is a profile measured on a
     simulated card (`refuse_simulated`): the unit acts on the real machine. Raises PermissionDenied, UsageError
     (no such profile, a simulated one, a name taken without `overwrite`; NoSystemProfiles) or StateError."""
-    if simulated_session:
-        raise UsageError("the boot service applies profiles to this machine's real cards at every boot, and this "
-                         "session runs on SIMULATED cards: nothing installed",
-                         "run `tuner service install --profile NAME` without --simulate, with a profile proven "
-                         "on a real card")
+    check_installable(None, simulated_session=simulated_session)  # before the profile is even read
     profile = load_profile(profile_name) if profile_name else None
-    if profile is not None:
-        refuse_simulated(profile)
+    check_installable(profile)
     _require_root("installing the boot service")
+    refuse_user_writable_code()
     messages: list[str] = []
     warnings: list[str] = []
     name = None
@@ -188,37 +247,46 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
     elif not scan(system=True)[0]:
         raise NoSystemProfiles(f"there are no profiles in {paths.system_profiles_dir()} to apply at boot; nothing "
                                "installed", "choose a profile to apply at boot")
-    text = boot_rules.unit_text(exec_args=exec_args(name), environment=unit_environment())
-    unit = boot_rules.unit_path()
+    env = unit_environment()
+    units = {boot_rules.unit_path(): system_units.apply_unit(exec_args(name), env),
+             boot_rules.resume_unit_path(): system_units.apply_unit(exec_args(name, resume=True), env, resume=True)}
+    state = Path(env["XDG_STATE_HOME"]) / "tuner"
     try:
-        write_atomic(unit, text.encode())
-    except PermissionError:
-        raise PermissionDenied(f"cannot write {unit}: permission denied", "run it with sudo") from None
+        state.mkdir(parents=True, exist_ok=True)  # the units may write only there (ReadWritePaths): it must exist
+        for unit, text in units.items():
+            write_atomic(unit, text.encode())
+            messages.append(f"wrote {unit}")
+    except PermissionError as e:
+        raise PermissionDenied(f"cannot write {e.filename}: permission denied", "run it with sudo") from None
     except OSError as e:
-        raise StateError(f"cannot write {unit}: {e.strerror}") from None
-    messages.append(f"wrote {unit}")
+        raise StateError(f"cannot write {e.filename}: {e.strerror}") from None
     _systemctl(messages, warnings, "daemon-reload")
-    _systemctl(messages, warnings, "enable", boot_rules.UNIT_NAME)
-    messages.append(f"enabled: the profile{'' if name else 's'} will be applied at the next boot; boot with "
-                    "tuner.reset on the kernel command line to skip it")
-    return BootServiceResult(True, unit, name, copied, tuple(messages), tuple(warnings))
+    _systemctl(messages, warnings, "enable", boot_rules.UNIT_NAME, boot_rules.RESUME_UNIT_NAME)
+    messages.append(f"enabled: the profile{'' if name else 's'} will be applied at the next boot and after each "
+                    "resume; boot with tuner.reset on the kernel command line to skip it")
+    return BootServiceResult(True, boot_rules.unit_path(), name, copied, tuple(messages), tuple(warnings))
 
 
 def remove() -> BootServiceResult:
     """Disable and delete the unit (root); the system profiles are kept. Nothing to do is not an error."""
     _require_root("removing the boot service")
     unit = boot_rules.unit_path()
-    if not unit.exists():
+    present = [u for u in (unit, boot_rules.resume_unit_path()) if u.exists()]
+    if not present:
         return BootServiceResult(False, unit, messages=(f"{unit} is not installed; nothing to do",))
     messages: list[str] = []
     warnings: list[str] = []
-    _systemctl(messages, warnings, "disable", boot_rules.UNIT_NAME)
-    try:
-        unit.unlink()
-    except PermissionError:
-        raise PermissionDenied(f"cannot remove {unit}: permission denied", "run it with sudo") from None
+    _systemctl(messages, warnings, "disable", *(u.name for u in present))
+    for path in present:
+        try:
+            path.unlink()
+        except PermissionError:
+            raise PermissionDenied(f"cannot remove {path}: permission denied", "run it with sudo") from None
+        except FileNotFoundError:
+            pass
     _systemctl(messages, warnings, "daemon-reload")
-    messages.append(f"removed {unit}; the profiles in {paths.system_profiles_dir()} are kept")
+    messages.append(f"removed {', '.join(str(u) for u in present)}; the profiles in {paths.system_profiles_dir()} "
+                    "are kept")
     return BootServiceResult(True, unit, messages=tuple(messages), warnings=tuple(warnings))
 
 
@@ -252,9 +320,10 @@ def _last_run() -> LastBootRun | None:
         return None
 
 
-def status() -> BootServiceStatus:
-    """Is the unit installed and enabled, which profile it applies, what the next boot would do, and how the last
-    boot run ended. Reads only; needs no root."""
+def status(backend: Backend | None = None, *, backend_error: str | None = None) -> BootServiceStatus:
+    """Is the unit installed and enabled, which profile it applies, what the next boot would do, how the last
+    boot run ended, and (with a backend: real cards, or simulated ones for --simulate) what each card reads against
+    its system profile. Reads only; needs no root."""
     unit = boot_rules.unit_path()
     exec_start = None
     installed = unit.exists()
@@ -265,13 +334,76 @@ def status() -> BootServiceStatus:
         except OSError:
             exec_start = None
     profiles, bad = scan(system=True)
+    skips = boot_rules.skip_reason()
+    applies = _profile_of(exec_start)
+    cards: tuple[CardState, ...] = ()
+    if backend is not None:
+        chosen = [p for p in profiles if applies is None or (p.source and p.source.stem == applies)]
+        cards = tuple(card_states(backend, chosen, installed=installed, skips=skips))
     return BootServiceStatus(
         unit=unit, installed=installed, enabled=_systemctl_state("is-enabled"), active=_systemctl_state("is-active"),
-        profile=_profile_of(exec_start), exec_start=exec_start,
+        profile=applies, exec_start=exec_start,
         system_profiles=tuple(SystemProfileInfo.of(p) for p in profiles), invalid_profiles=tuple(bad),
-        next_boot_skips=boot_rules.skip_reason(), last_run=_last_run(),
+        next_boot_skips=skips, last_run=_last_run(), cards=cards, cards_error=backend_error,
     )
 
 
-__all__ = ["BootServiceResult", "BootServiceStatus", "LastBootRun", "NoSystemProfiles", "SystemProfileInfo",
-           "install", "remove", "status"]
+def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
+                skips: str | None) -> list[CardState]:
+    """Each part against the card it was proven on, as that card reads now."""
+    run = read_last_run() or {}
+    this_boot = run.get("boot_id") is not None and run.get("boot_id") == card_records.boot_id()
+    results = {(r.get("profile"), r.get("card")): r for r in run.get("results", []) if isinstance(r, dict)}
+    devices = backend.devices()
+    out = []
+    for profile in profiles:
+        name = profile.source.stem if profile.source else profile.name
+        for index, part in enumerate(profile.parts):
+            card = index if profile.is_rig else None
+            setting = part.setting
+            device = next((d for d in devices
+                           if match_device(part, d, backend.knob(d.id)).match is Match.SAME_CARD), None)
+            if device is None:
+                waited = run.get("waited_s") if this_boot else None
+                missing = "its card is not in this machine" + (
+                    f" (the boot waited {waited:g} s for it, then applied the others)" if waited is not None else "")
+                out.append(CardState(name, card, None, None, setting.value, setting.unit, None, "missing", missing))
+                continue
+            knob = backend.knob(device.id)
+            state, why = _compare(knob, setting.value, setting.lock_clock_mhz)
+            if state == "not applied":
+                why = _why_not_applied(installed, skips, run, this_boot, results.get((profile.name, card)))
+            out.append(CardState(name, card, device.id, device.label, setting.value, setting.unit, knob.current,
+                                 state, why))
+    return out
+
+
+def _compare(knob: Knob, value: int, lock_mhz: int | None) -> tuple[str, str | None]:
+    if knob.current == value:
+        if lock_mhz is not None and knob.lock_clock_mhz is not None and knob.lock_clock_mhz != lock_mhz:
+            return "changed", f"locked at {knob.lock_clock_mhz} MHz, the profile at {lock_mhz} MHz"
+        return "applied", None
+    if knob.current == knob.stock:
+        return "not applied", None
+    return "changed", None
+
+
+def _why_not_applied(installed: bool, skips: str | None, run: dict, this_boot: bool, result: dict | None) -> str:
+    if not installed:
+        return "the boot service is not installed: `sudo tuner service install`"
+    if skips:
+        return f"the boot skips it: {skips}"
+    if not run:
+        return "the boot service has not run yet"
+    if not this_boot:
+        return "the boot service has not run in this boot (see `journalctl -u tuner-apply`)"
+    if run.get("skipped"):
+        return f"this boot skipped it: {run['skipped']}"
+    if result and result.get("status") != "applied":
+        return f"this boot did not: {result.get('reason') or result.get('status')}"
+    return ("it was applied this boot and reads stock since: a driver reset, `tuner reset`, or a resume without the "
+            "resume unit")
+
+
+__all__ = ["BootServiceResult", "BootServiceStatus", "CardState", "LastBootRun", "NoSystemProfiles",
+           "SystemProfileInfo", "install", "remove", "status"]

@@ -1,11 +1,24 @@
-"""What every CLI command receives: the parsed global options and a lazily opened backend."""
+"""What every CLI command receives: the parsed global options and a lazily opened backend.
+
+Which backend (docs/helper.md): the root helper at `$TUNER_HELPER_SOCKET`, else at `/run/tuner/helper.sock` when
+that exists, so the UI, the CLI and the engine run as the user and the helper alone writes. Without a helper that
+lets this user in: as root, in-process as before (rescue); as anyone else, in-process for reading, every write
+refused with exit code 9 and how to get in. `--simulate` uses the helper only when `$TUNER_HELPER_SOCKET` names
+a simulated one with the same options; otherwise it runs in-process, with no helper and no root.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuner.backends import Backend, open_backend
+from tuner.backends.helper_client import HelperBackend, HelperRefused, HelperUnreachable, ReadOnlyBackend
+from tuner.core import paths
+from tuner.core.errors import UsageError
 
 
 @dataclass
@@ -36,16 +49,74 @@ class Context:
     def backend(self) -> Backend:
         """Opened on first use, so `tuner --version` or `tuner doctor` never need a GPU."""
         if self._backend is None:
-            self._backend = open_backend(
-                simulate=self.simulate,
-                sim_gpus=self.sim_gpus,
-                sim_seed=self.sim_seed,
-                sim_vmin_mv=self.sim_vmin_mv,
-                sim_kind=self.sim_kind,
-                sim_nondeterministic=self.sim_nondeterministic,
-                sim_contention_after_s=self.sim_contention_after_s,
-            )
+            self._backend = self.open_backend()
         return self._backend
+
+    def _in_process(self) -> Backend:
+        return open_backend(
+            simulate=self.simulate,
+            sim_gpus=self.sim_gpus,
+            sim_seed=self.sim_seed,
+            sim_vmin_mv=self.sim_vmin_mv,
+            sim_kind=self.sim_kind,
+            sim_nondeterministic=self.sim_nondeterministic,
+            sim_contention_after_s=self.sim_contention_after_s,
+        )
+
+    def open_backend(self, *, euid: int | None = None,
+                     note: Callable[[str], None] | None = None) -> Backend:
+        """The helper's backend when one lets us in, else in-process (read-only unless root or simulated)."""
+        euid = os.geteuid() if euid is None else euid
+        note = note or (lambda line: print(f"tuner: note: {line}", file=sys.stderr))
+        path, chosen = paths.helper_socket()
+        refusal: HelperUnreachable | None = None
+        if chosen or (not self.simulate and path.exists()):
+            if not self.simulate:
+                self._in_process_checks()
+            try:
+                helper = HelperBackend.connect(path, client=" ".join(sys.argv)[:200] or "tuner",
+                                               warn=lambda line: note(line))
+            except HelperUnreachable as e:
+                refusal = e
+            else:
+                return self._check_simulation(helper)
+        if self.simulate:
+            if refusal is not None:
+                note(f"{refusal.message}; simulating in-process")
+            return self._in_process()
+        local = self._in_process()
+        if euid == 0:
+            if refusal is not None:
+                note(f"{refusal.message}; working in-process as root")
+            return local
+        if isinstance(refusal, HelperRefused):
+            note(f"read-only: {refusal.message}; {refusal.remedy}")
+            return ReadOnlyBackend(local, "the helper does not let this user in", refusal.remedy or "")
+        return ReadOnlyBackend(local, refusal.message if refusal else f"no helper is installed ({path} is missing)")
+
+    def _in_process_checks(self) -> None:
+        if self.sim_nondeterministic or self.sim_contention_after_s is not None:  # as open_backend says it
+            raise UsageError("--sim-nondeterministic and --sim-contention-after need --simulate",
+                             "add --simulate, or leave them out on real hardware")
+
+    def _check_simulation(self, helper: HelperBackend) -> Backend:
+        """`--simulate` through a helper needs a simulated helper with the same cards; a real helper's cards are
+        never simulated ones."""
+        if not self.simulate:
+            return helper
+        sim = helper.hello.sim
+        vmin = self.sim_vmin_mv
+        asked = (self.sim_gpus, self.sim_seed, self.sim_kind, list(vmin) if isinstance(vmin, tuple) else vmin,
+                 self.sim_nondeterministic, self.sim_contention_after_s)
+        if sim is None or (sim.gpus, sim.seed, sim.kind, sim.vmin, sim.nondeterministic,
+                           sim.contention_after_s) != asked:
+            path = helper.connection.path
+            helper.close()
+            what = "drives real cards" if sim is None else "simulates other cards"
+            raise UsageError(f"--simulate was given, and the helper at {path} (TUNER_HELPER_SOCKET) {what}",
+                             "unset TUNER_HELPER_SOCKET to simulate in-process, or start the helper with the same "
+                             "--sim options")
+        return helper
 
     def close(self) -> None:
         if self._backend is not None:

@@ -6,9 +6,11 @@ Core module: no textual, no torch (torch is probed in a subprocess). Every sourc
 
 from __future__ import annotations
 
+import grp
 import importlib.metadata
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -18,13 +20,22 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from tuner.actions import other_tools
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
 from tuner.backends.base import Backend
-from tuner.core import paths
+from tuner.backends.helper_client import HelperRefused, HelperUnreachable, connect
+from tuner.core import paths, system_units, torch_build
+from tuner.core.privileges import EngineIdentity, engine_identity
+from tuner.profiles import boot as boot_rules
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 
-REQUIRED_PACKAGES = ("textual", "textual-plotext", "plotext", "psutil", "nvidia-ml-py", "tomli-w", "torch")
+# torch is the `engine` extra (checked by check_torch, in a subprocess); these are the base requirements
+REQUIRED_PACKAGES = ("textual", "textual-plotext", "plotext", "psutil", "nvidia-ml-py", "tomli-w", "msgspec")
+INSTALL_SECTION = "Installing torch"  # the README section every torch remedy names (tests/test_doctor.py checks it)
+ENGINE_REMEDY = (f"install the stress engine: `pip install 'undervolt-tuner[engine]'` with the torch build for your "
+                 f"GPU, or `sudo bash scripts/install-system.sh` (README, '{INSTALL_SECTION}')")
+EFI_SECURE_BOOT = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 HIDING_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 NVML_OFFSETS_DRIVER = 555  # nvmlDeviceSetClockOffsets
 NVML_VF_OFFSET_DRIVER = 520  # nvmlDeviceSetGpcClkVfOffset (deprecated)
@@ -92,8 +103,7 @@ def check_packages() -> list[Check]:
 
 def check_torch(probe: dict, gpus_expected: bool) -> list[Check]:
     if not probe.get("torch"):
-        return [Check("torch", FAIL, f"cannot import torch: {probe.get('error', 'unknown error')}",
-                      "install torch for your GPU (see README, 'Installing torch')")]
+        return [Check("torch", FAIL, f"cannot import torch: {probe.get('error', 'unknown error')}", ENGINE_REMEDY)]
     build = "ROCm " + probe["hip"] if probe.get("hip") else "CUDA " + probe["cuda"] if probe.get("cuda") else "CPU-only"
     checks = []
     if build == "CPU-only":
@@ -158,10 +168,28 @@ def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of i
             pass
 
 
-def ppfeaturemask_remedy(mask: int) -> str:
-    """The exact kernel parameter to add, e.g. `amdgpu.ppfeaturemask=0xfff7ffff`."""
-    return (f"add amdgpu.ppfeaturemask={mask | PP_OVERDRIVE_MASK:#010x} to the kernel command line "
-            "(e.g. GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub and reboot)")
+def ppfeaturemask_remedy(mask: int, root: Path | None = None,
+                         which: Callable[[str], str | None] = shutil.which) -> str:
+    """The exact kernel parameter to add (e.g. `amdgpu.ppfeaturemask=0xfff7ffff`) and how, for this machine's boot
+    setup: kernelstub (Pop!_OS), rpm-ostree (Fedora Atomic), systemd-boot (/boot/loader/entries), else GRUB; and
+    the modprobe.d alternative with the initramfs rebuild. docs/install.md has each in full."""
+    value = f"{mask | PP_OVERDRIVE_MASK:#010x}"
+    param = f"amdgpu.ppfeaturemask={value}"
+    root = Path("/") if root is None else root
+    if which("kernelstub"):
+        how = f"`sudo kernelstub -a {param}`"
+    elif which("rpm-ostree"):
+        how = f"`sudo rpm-ostree kargs --append={param}`"
+    elif (root / "boot/loader/entries").is_dir() or (root / "efi/loader/entries").is_dir():
+        how = ("systemd-boot: append it to the `options` line of your entry in /boot/loader/entries/*.conf "
+               "(or /etc/kernel/cmdline, then `sudo kernel-install add`)")
+    else:
+        how = ("GRUB: add it to GRUB_CMDLINE_LINUX in /etc/default/grub, then `sudo update-grub` "
+               "(Fedora: `sudo grub2-mkconfig -o /boot/grub2/grub.cfg`)")
+    modprobe = (f"or `echo 'options amdgpu ppfeaturemask={value}' | sudo tee "
+                "/etc/modprobe.d/amdgpu-overdrive.conf` and rebuild the initramfs (`sudo update-initramfs -u`, "
+                "`sudo dracut -f` or `sudo mkinitcpio -P`)")
+    return f"add {param} to the kernel command line: {how}; {modprobe}; then reboot (docs/install.md)"
 
 
 def check_amd(root: Path) -> list[Check]:
@@ -227,12 +255,191 @@ def check_kernel_log(root: Path, which: Callable[[str], str | None] = shutil.whi
                  "run as root, or add your user to the systemd-journal (or adm) group")
 
 
+def _can_open(st: os.stat_result, uid: int, groups: set[int]) -> bool:
+    """Read and write by these credentials, from the mode bits (what open(2) checks for a device node)."""
+    mode = st.st_mode
+    return (uid == 0 or (st.st_uid == uid and mode & 0o600 == 0o600) or (st.st_gid in groups and mode & 0o060 ==
+            0o060) or mode & 0o006 == 0o006)
+
+
+def check_device_groups(root: Path, uid: int, groups: set[int], user: str) -> list[Check]:
+    """Whether the account the stress engine runs as can open the GPU's compute nodes (`/dev/kfd` for ROCm,
+    `/dev/dri/renderD*`), and if not, the group it lacks (`render` or `video` on most distributions)."""
+    nodes = [n for n in (root / "dev/kfd", *sorted((root / "dev/dri").glob("renderD*"))) if n.exists()]
+    if not nodes:
+        return []
+    lacking: dict[str, list[str]] = {}
+    for node in nodes:
+        st = node.stat()
+        if not _can_open(st, uid, groups):
+            try:
+                group = grp.getgrgid(st.st_gid).gr_name
+            except KeyError:
+                group = str(st.st_gid)
+            lacking.setdefault(group, []).append(f"/{node.relative_to(root)}")
+    if not lacking:
+        return [Check("gpu device nodes", OK, f"{user} can open {', '.join(f'/{n.relative_to(root)}' for n in nodes)}")]
+    names = " and ".join(sorted(lacking))
+    opened = "; ".join(f"{', '.join(v)} belong to group {k}" for k, v in sorted(lacking.items()))
+    return [Check("gpu device nodes", FAIL, f"{user} cannot open the GPU for the stress engine: {opened}",
+                  f"add {user} to {names}: `sudo usermod -aG {','.join(sorted(lacking))} {user}`, then log in "
+                  "again")]
+
+
+def engine_account(env: Mapping[str, str], euid: int) -> tuple[int, set[int], str] | Check:
+    """The account the stress engine runs as (uid, groups, name), or the check saying there is none."""
+    if euid != 0:
+        try:
+            name = pwd.getpwuid(euid).pw_name
+        except KeyError:
+            name = f"uid {euid}"
+        return euid, {os.getegid(), *os.getgroups()}, name
+    identity = engine_identity(simulated=False, euid=euid, env=env)
+    if isinstance(identity, EngineIdentity):
+        return identity.uid, {identity.gid, *identity.extra_groups}, identity.user
+    if identity is None:
+        return 0, set(), "root"
+    return Check("engine account", WARN, identity.reason, identity.remedy)
+
+
+def check_helper() -> Check:
+    """Is the root helper there, and does it let this user in? (docs/helper.md)"""
+    path, chosen = paths.helper_socket()
+    if not chosen and not path.exists():
+        return Check("helper", INFO, f"no root helper ({path} is missing): writes need root",
+                     "install tuner-helper to tune as yourself (docs/helper.md)")
+    try:
+        connection, hello = connect(path, client="tuner doctor")
+    except HelperRefused as e:
+        return Check("helper", WARN, e.message, e.remedy)
+    except HelperUnreachable as e:
+        return Check("helper", WARN, e.message, e.remedy)
+    connection.close()
+    what = "SIMULATED cards" if hello.simulated else f"{hello.backend} cards"
+    return Check("helper", OK, f"tuner-helper {hello.helper_version} at {path} drives {what} (group {hello.group})")
+
+
 def check_hidden_devices(env: Mapping[str, str]) -> list[Check]:
     return [
         Check(f"env {var}", WARN, f"{var}={env[var]!r} hides GPUs from the stress engine",
               f"unset {var} unless you mean to hide cards")
         for var in HIDING_VARIABLES if var in env
     ]
+
+
+def check_torch_build(probe: dict, root: Path, env: Mapping[str, str]) -> Check:
+    """The build this machine needs (tuner.core.torch_build, the installer's rule) against the one installed."""
+    try:
+        need = torch_build.needed_build(root, env)
+    except torch_build.BuildChoiceError as e:
+        return Check("torch build needed", WARN, str(e), "set TUNER_TORCH and install that build")
+    have = torch_build.installed_build(probe)
+    if need.name == "keep":
+        return Check("torch build needed", INFO, "TUNER_TORCH=keep: whichever build is installed")
+    detail = f"this machine needs the {need.words} build ({need.why}); installed: " + (
+        f"{torch_build.WORDS[have]}" if have else "none")
+    if have == need.name:
+        return Check("torch build needed", OK, detail)
+    index = f" --index-url {need.index_url}" if need.index_url else ""
+    return Check("torch build needed", WARN if have else FAIL, detail,
+                 f"`pip install --force-reinstall 'torch>=2.4'{index}` in this venv, or `sudo bash "
+                 f"scripts/install-system.sh` (README, '{INSTALL_SECTION}')")
+
+
+def secure_boot_enabled(root: Path, which: Callable[[str], str | None] = shutil.which) -> bool | None:
+    """Secure Boot on (True), off (False) or unknown (None): the EFI variable (its last byte), else mokutil."""
+    try:
+        data = (root / EFI_SECURE_BOOT).read_bytes()
+        if data:
+            return data[-1] == 1
+    except OSError:
+        pass
+    if str(root) == "/" and which("mokutil"):
+        try:
+            out = subprocess.run(["mokutil", "--sb-state"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return "enabled" in out.lower() if out else None
+    return None
+
+
+def _unbound_nvidia(root: Path) -> list[str]:
+    """NVIDIA display devices on the PCI bus that no driver is bound to."""
+    out = []
+    for dev in sorted((root / "sys/bus/pci/devices").glob("*")):
+        try:
+            vendor = (dev / "vendor").read_text().strip().lower()
+            cls = (dev / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        if vendor == "0x10de" and cls.startswith("0x03") and not (dev / "driver").exists():
+            out.append(dev.name)
+    return out
+
+
+MOK_REMEDY = ("the NVIDIA module is not signed with a key this machine trusts: enrol the key it was signed with "
+              "(`sudo mokutil --import /var/lib/dkms/mok.pub` (DKMS) or /var/lib/shim-signed/mok/MOK.der (Ubuntu), "
+              "reboot and confirm the enrolment in the blue MOK manager), or disable Secure Boot in the firmware")
+
+
+def check_secure_boot(root: Path, kernel_log: str = "", which: Callable[[str], str | None] = shutil.which
+                      ) -> list[Check]:
+    """An NVIDIA card no driver took while Secure Boot is on: most often the module was refused ("Key was
+    rejected by service", "module verification failed"), which the generic no-GPU remedy would not say."""
+    unbound = _unbound_nvidia(root)
+    if not unbound:
+        return []
+    rejected = any(s in kernel_log for s in ("Key was rejected by service", "module verification failed"))
+    if secure_boot_enabled(root, which) or rejected:
+        why = "the kernel log says the module's key was rejected" if rejected else "Secure Boot is on"
+        return [Check("secure boot", FAIL, f"NVIDIA card at {', '.join(unbound)} has no driver, and {why}",
+                      MOK_REMEDY)]
+    return [Check("nvidia module", FAIL, f"NVIDIA card at {', '.join(unbound)} has no driver bound",
+                  "install and load the NVIDIA driver (`sudo modprobe nvidia`; its error names the cause)")]
+
+
+def check_other_tools(found: list[other_tools.Found] | None = None) -> list[Check]:
+    """LACT's lactd, CoreCtrl's helper, nvidia-powerd: running, and the files each may write."""
+    found = other_tools.detect() if found is None else found
+    return [Check(f"other tool {f.tool.name}", WARN, f"{f.describe()} is running and may write: {f.tool.writes}",
+                  f"stop it while you tune (a bisect refuses beside it unless --ignore-other-tools): "
+                  f"`sudo systemctl stop {(f.tool.units or (f.tool.name,))[0]}`") for f in found]
+
+
+def check_system_install(systemd_dir: Path | None = None, group_exists: Callable[[str], bool] | None = None
+                         ) -> list[Check]:
+    """A system install that is whole: units whose programs exist, the helper socket's group present."""
+    systemd_dir = boot_rules.systemd_dir() if systemd_dir is None else systemd_dir
+    present = [name for name in system_units.UNIT_NAMES if (systemd_dir / name).exists()]
+    if not present:
+        return [Check("system install", INFO, "no system units installed (`sudo bash scripts/install-system.sh`)")]
+    problems = []
+    for name in present:
+        text = (systemd_dir / name).read_text(errors="replace")
+        for line in text.splitlines():
+            if line.startswith("ExecStart="):
+                program = line.removeprefix("ExecStart=").split()[0]
+                if not Path(program).exists():
+                    problems.append(f"{name} runs {program}, which is missing")
+            if line.startswith("SocketGroup="):
+                group = line.removeprefix("SocketGroup=")
+                exists = group_exists or _group_exists
+                if not exists(group):
+                    problems.append(f"{name} names group {group}, which does not exist")
+    if problems:
+        return [Check("system install", FAIL, f"half-installed: {'; '.join(problems)}",
+                      "run `sudo bash scripts/install-system.sh` again (it repairs in place), or `--uninstall`")]
+    return [Check("system install", OK, f"{', '.join(present)} in {systemd_dir}")]
+
+
+def _group_exists(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def run_checks(
@@ -258,9 +465,22 @@ def run_checks(
     if not simulate:
         checks += check_gpus_found(amd + nvidia)
     gpus_expected = any(c.status != INFO for c in amd + nvidia)
-    checks += check_torch(torch_probe(), gpus_expected)
+    probe = torch_probe()
+    checks += check_torch(probe, gpus_expected)
+    if not simulate:
+        checks.append(check_torch_build(probe, root, env))
+        checks += check_secure_boot(root)
     checks += nvidia + amd
+    checks += check_other_tools([] if simulate else None)
+    checks += check_system_install()
     checks.append(check_root(euid, simulate))
+    checks.append(check_helper())
+    if not simulate:
+        account = engine_account(env, euid)
+        if isinstance(account, Check):
+            checks.append(account)
+        else:
+            checks += check_device_groups(root, *account)
     checks.append(check_kernel_log(root))
     checks += check_hidden_devices(env)
     return checks

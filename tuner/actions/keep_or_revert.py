@@ -107,6 +107,9 @@ class PendingChange:
     def keep(self) -> None:
         if not self.pending:
             raise RuntimeError("nothing pending to keep")
+        # through the root helper this stops it putting the value back; a failure leaves the change pending, so
+        # leaving the `with` block reverts it
+        self.backend.keep(self.device_id)
         self.kept = True
         self._release_lock()
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tuner.actions import other_tools
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.actions.setting import SetRequest, can_lock_clock, check_setting
 from tuner.actions.verify import Workload
@@ -26,7 +27,7 @@ from tuner.backends.base import Backend
 from tuner.core.card_lock import CardLock
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import DeviceInfo, Knob
-from tuner.profiles import Profile, ProfilePart
+from tuner.profiles import Profile, ProfilePart, evidence
 from tuner.profiles.identity import Match, MatchResult, fingerprint, match_device
 from tuner.tuning import journal
 
@@ -106,6 +107,8 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
     if result.match is not Match.SAME_CARD:
         warnings.insert(0, result.reason)
     warnings += _unapplied_fields(profile, knob, backend)
+    warnings += filter(None, [evidence.apply_warning(profile.parts[0], repr(name))])
+    warnings += other_tools.warnings_for(backend, [device.id])  # issue 23: LACT, CoreCtrl, nvidia-powerd
     return ProfileApply(profile, device, knob, result, verify_required, tuple(warnings), Workload.of_profile(profile))
 
 
@@ -245,6 +248,7 @@ def plan_rig_apply(backend: Backend, profile: Profile, *, force: bool = False, i
         if result.match is not Match.SAME_CARD:
             warnings.append(f"{where} on {device.id}: {result.reason} (--force)")
         warnings += [f"{where} on {device.id}: {w}" for w in _unapplied_fields(part, knob, backend)]
+        warnings += filter(None, [evidence.apply_warning(part, where)])
         planned.append(plan)
     if not any(p.device is not None for p in planned):
         raise UsageError(f"none of the cards of {name!r} is in this machine; nothing was applied",

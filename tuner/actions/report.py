@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from tuner.core import json_values
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import StateError, UsageError
 from tuner.tuning import journal
@@ -29,10 +30,12 @@ def finished_trials(records: Iterable[Mapping]) -> list[dict]:
 
 
 def _cell(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return ""  # as a missing figure: a spreadsheet reads "nan" as text
     if isinstance(value, list | tuple):
         return "; ".join(str(v) for v in value)
     if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
+        return json_values.dumps(value, sort_keys=True)
     return "" if value is None else value
 
 
@@ -53,7 +56,7 @@ def to_json(trials: list[dict], *, device_id: str, session: str | None, simulate
            "recommendation": recommendation}
     if simulated:
         doc["note"] = "SIMULATED card: power is the simulator's and tok/s the CPU engine's; not a real measurement"
-    return json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n"
+    return json_values.dumps(doc, indent=2, sort_keys=False) + "\n"  # NaN is not JSON: null
 
 
 def write_report(path: Path, trials: Iterable[Mapping], *, device_id: str, session: str | None,

@@ -1,9 +1,18 @@
-"""Reset cards to stock and check they got there. `tuner reset`, the Tune screen and the safe quit call this."""
+"""Reset cards to stock and check they got there. `tuner reset`, the Tune screen and the safe quit call this.
+
+Returning a card to stock never needs the state directory (issue 28, item 2): the card is written first, and
+what cannot be recorded (the lock file on a read-only, full or unsafe state directory; the backends' per-card
+records) is said in one line each, never an error. A reset is safe whatever else holds: the card lock only keeps
+it from interleaving with another writer, and a lock file no one can create is a lock no one holds.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 from tuner.backends.base import Backend
-from tuner.core.card_lock import CardLock, describe_holder
+from tuner.core.card_lock import CardLock, LockUnavailable, describe_holder, lock_path
 from tuner.core.errors import NotApplied, UsageError
 from tuner.core.models import DeviceInfo, Knob
 
@@ -19,17 +28,33 @@ def reset_targets(backend: Backend, device_id: str | None, *, all_devices: bool 
     raise UsageError("several GPUs found", "name one with --device ID or pass --all")
 
 
-def reset_device(backend: Backend, device_id: str, *, force: bool = False) -> Knob:
+def _stderr_warning(message: str) -> None:
+    print(f"tuner: warning: {message}", file=sys.stderr)
+
+
+def reset_device(backend: Backend, device_id: str, *, force: bool = False,
+                 warn: Callable[[str], None] | None = None) -> Knob:
     """Back to stock, read back; NotApplied when the card reports anything else.
 
     A reset is a write, so it takes the card's writer lock (CardBusy names the holder). `force` resets anyway:
     for a holder that is stuck (stopped, hung in the driver), and for the App's own safe exit, whose jobs may
-    still hold the lock in this process while they wind down."""
+    still hold the lock in this process while they wind down. When the state directory cannot hold the lock
+    (read-only, full, unsafe) the card is reset anyway and `warn` (default: a line on stderr) says so."""
     if force:
+        return _reset(backend, device_id)
+    lock = CardLock(device_id, "tuner reset")
+    try:
+        lock.acquire()
+    except LockUnavailable as e:
+        (warn or _stderr_warning)(f"{device_id}: reset without the card lock ({e.message})")
+        return _reset(backend, device_id)
+    try:
         knob = _reset(backend, device_id)
-    else:
-        with CardLock(device_id, "tuner reset"):
-            knob = _reset(backend, device_id)
+    finally:
+        lock.release()
+    if lock.unnamed is not None:
+        (warn or _stderr_warning)(f"{device_id} is at stock; the state directory could not record this reset "
+                                  f"({lock.unnamed.strerror or lock.unnamed}: {lock_path(device_id).parent})")
     return knob
 
 

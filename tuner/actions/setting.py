@@ -16,7 +16,7 @@ from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.backends.base import Backend
 from tuner.core.card_lock import CardLock
 from tuner.core.errors import UsageError
-from tuner.core.models import Knob
+from tuner.core.models import Knob, KnobKind
 from tuner.tuning import journal
 
 
@@ -32,8 +32,11 @@ class SetRequest:
 
 
 def can_lock_clock(backend: Backend, knob: Knob) -> bool:
-    """True when this card's offset is defined at a lock clock the backend can change (NVIDIA)."""
-    return knob.lock_clock_mhz is not None and hasattr(backend, "set_lock_clock")
+    """True when this card's offset is defined at a lock clock the backend can change (NVIDIA), also where the
+    driver reports no max boost clock to default to (the knob's lock is then None, and a profile's lock is the
+    only one there is)."""
+    return (knob.lock_clock_mhz is not None or knob.kind is KnobKind.CLOCK_OFFSET) and hasattr(backend,
+                                                                                            "set_lock_clock")
 
 
 def check_setting(backend: Backend, request: SetRequest) -> Knob:
@@ -80,4 +83,6 @@ def apply_setting_now(backend: Backend, request: SetRequest) -> Knob:
     with CardLock(request.device_id, "tuner apply"):
         if request.lock_clock_mhz is not None:
             backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
-        return backend.apply(request.device_id, request.value, allow_overvolt=request.allow_overvolt)
+        knob = backend.apply(request.device_id, request.value, allow_overvolt=request.allow_overvolt)
+        backend.keep(request.device_id)  # nobody confirms later: through the root helper, it is kept now
+        return knob

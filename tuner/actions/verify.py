@@ -88,6 +88,7 @@ def verify_setting(
             with signals_held():  # a second Ctrl-C must not cut the restore short
                 if verdict == Verdict.PASS:
                     backend.apply(device_id, value)
+                    backend.keep(device_id)  # kept on a pass (through the root helper, it stops reverting)
                 elif previous == knob.stock:
                     backend.reset(device_id)
                 else:

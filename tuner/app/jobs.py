@@ -10,13 +10,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
+from tuner.actions.stress import (
+    DetectorState,
+    EngineFactory,
+    NoStockReference,
+    RunStarted,
+    StressOutcome,
+    StressRequest,
+    StressSession,
+    cached_reference,
+)
 from tuner.actions.verify import VerifyOutcome, verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
-from tuner.core.durations import format_duration
 from tuner.core.models import Verdict
 from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import (
@@ -46,18 +54,6 @@ from tuner.tuning.job import BisectJob, BisectOutcome
 
 VERIFY_DURATION_S = 300  # a profile proven on another card of the same model: a 5-minute trial before keeping it
 MANUAL_STRESS_S = 3600.0  # a stress run from the Tune screen lasts until stopped, at most an hour
-
-
-def engine_run(target, *, duration_s: float, preset: str, mode: str, reference: Path | None = None,
-               record: Path | None = None):
-    """A StressRun for `target` (a StressTarget), requested as every engine run is (engine_client.engine_request):
-    compared with `reference` (looped, as a bisect trial is) or recording `record`."""
-    from tuner.tuning import engine_client as stress_client
-    config = stress_client.engine_request(target, duration_s=duration_s, preset=preset, mode=mode,
-                                          reference=str(reference) if reference else None,
-                                          reference_loop=True if reference else None,
-                                          record=str(record) if record else None)
-    return stress_client.StressRun(config)
 
 
 class _Job:
@@ -90,129 +86,56 @@ class _Job:
         return self._done.wait(timeout_s)
 
 
-REFERENCE_RECORD_S = 60.0  # the stock reference a manual stress records first: one minute, looped when compared
-
-
-@dataclass(frozen=True)
-class DetectorState:
-    """A detector's state as the job knows it before the engine starts (reference, kernel log)."""
-
-    name: str
-    value: str
-
-
 def stress_reference(device, target, *, preset: str, mode: str):
-    """The cached stock reference for a manual stress of this workload on this card (tuner.tuning.reference_cache:
-    keyed by the card's identity and every engine setting that changes the trajectory), with the options the run
-    is requested with, so the key is what will really run."""
-    from tuner.tuning import engine_client as stress_client
-    from tuner.tuning.reference_cache import manual_reference
+    """The cached stock reference for a manual stress of this workload on this card, keyed as the stress action
+    keys it (tuner.actions.stress.cached_reference)."""
+    return cached_reference(device, target, StressRequest(device.id, preset=preset, mode=mode))
 
-    config = stress_client.engine_request(target, duration_s=REFERENCE_RECORD_S, preset=preset, mode=mode)
-    return manual_reference(device, config.options)
+
+def stress_question(backend: Backend, device_id: str, *, preset: str, mode: str) -> NoStockReference | None:
+    """Why a stress run of this workload would start only with the user's consent (no stock reference and the
+    card not at stock), else None. Reads the card and the reference cache (run it off the UI thread)."""
+    session = StressSession(backend, StressRequest(device_id, preset=preset, mode=mode))
+    try:
+        session.reference_plan(backend.device(device_id), backend.stress_target(device_id))
+    except NoStockReference as e:
+        return e
+    return None
 
 
 class StressJob(_Job):
-    """One stress run at the card's current setting, checked as a bisect trial is: every step is compared with a
-    stock reference of this card and workload (recorded first, at stock, when there is none yet) and the kernel
-    log is watched. `note_load` brackets the run; the card is left as it was."""
+    """One stress run at the card's current setting, through the stress action (tuner.actions.stress: the watchdog,
+    canary, reference and kernel-log policy the CLI's `tuner stress` follows too). `without_reference`: the user
+    chose to run without a stock reference (the Tune screen asked). Summed up in one line."""
 
     def __init__(self, backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
-                 duration_s: float = MANUAL_STRESS_S, kernel_watcher_factory: Callable[[], object] | None = None,
-                 reference_record_s: float = REFERENCE_RECORD_S):
+                 duration_s: float = MANUAL_STRESS_S, without_reference: bool = False,
+                 kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
+                 engine_factory: EngineFactory | None = None, reference_record_s: float | None = None):
         super().__init__(device_id)
-        self.reference_record_s = reference_record_s
-        self.backend = backend
-        self.preset, self.mode, self.emit, self.duration_s = preset, mode, emit, duration_s
-        self._kernel_watcher_factory = kernel_watcher_factory
-        self._run = None
-        self.kernel_events: list = []
+        request = StressRequest(device_id, duration_s=duration_s, preset=preset, mode=mode,
+                                without_reference=without_reference)
+        self.session = StressSession(backend, request, on_event=emit, engine_factory=engine_factory,
+                                     kernel_watcher_factory=kernel_watcher_factory,
+                                     reference_record_s=reference_record_s)
+        self.emit = emit
+        self.outcome: StressOutcome | None = None
 
     def _work(self) -> str:
-        device = self.backend.device(self.device_id)
-        target = self.backend.stress_target(self.device_id)
-        reference = self._reference(device, target)
         if self._stop.is_set():
-            return "stopped by you while the stock reference was recorded (none kept)"
-        result = self._run_on(target, duration_s=self.duration_s, reference=reference)
-        return describe_stress_result(result, stopped=self._stop.is_set(), kernel_events=self.kernel_events)
-
-    def _reference(self, device, target) -> Path | None:
-        """The stock reference to compare with, recording it first when the card is at stock and has none."""
-        cached = stress_reference(device, target, preset=self.preset, mode=self.mode)
-        path = cached.path
-        if path is None:
-            self.emit(DetectorState("reference", "n/a (GEMM)" if self.mode == "gemm" else "NONE"))
-            if self.mode != "gemm":
-                self.emit(f"no stock reference: {cached.why_none}")
-            return None
-        if path.exists():
-            self.emit(DetectorState("reference", "ok"))
-            return path
-        knob = self.backend.knob(self.device_id)
-        if knob.current != knob.stock:
-            self.emit(DetectorState("reference", "NONE"))
-            self.emit("no stock reference for this card and workload yet, so this run cannot compare its steps "
-                      "with stock: reset to stock (r) and stress once to record one")
-            return None
-        self.emit(DetectorState("reference", "recording"))
-        self.emit(f"recording this card's stock reference first ({format_duration(self.reference_record_s)}, kept "
-                  "for later runs)")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        result = self._run_on(target, duration_s=self.reference_record_s, record=path)
-        if result is None or result.verdict != Verdict.PASS or not path.exists():
-            path.unlink(missing_ok=True)
-            self.emit(DetectorState("reference", "NONE"))
-            self.emit("the stock reference was not recorded; this run cannot compare its steps with stock")
-            return None
-        self.emit(DetectorState("reference", "ok"))
-        self.emit("stock reference recorded; now the stress run, compared with it")
-        return path
-
-    def _watcher(self, target):
-        if self._kernel_watcher_factory is not None:
-            watcher = self._kernel_watcher_factory()
-        elif target.simulated:  # the host's kernel log says nothing about a simulated card
-            self.emit(DetectorState("kernel log", "n/a (simulated)"))
-            return kernel_log.NullWatcher()
-        else:
-            watcher = kernel_log.KernelLogWatcher(warn=self.emit)
-        watcher.pci_bus_id = None if target.simulated else target.pci_bus_id
-        self.emit(DetectorState("kernel log", "ok"))
-        return watcher
-
-    def _run_on(self, target, *, duration_s: float, reference: Path | None = None, record: Path | None = None):
-        """Run the engine on `target` with the device marked as loaded and the kernel log watched."""
-        self._run = engine_run(target, duration_s=duration_s, preset=self.preset, mode=self.mode,
-                               reference=reference, record=record)
-        if self._stop.is_set():
-            return None
-        watcher = self._watcher(target)
-
-        def on_kernel_event(event) -> None:
-            self.emit(DetectorState("kernel log", "FAULT"))
-            self.emit(f"FAULT kernel log: {event.line}")
-            self._run.stop()
-
-        watcher._on_event = on_kernel_event
-        watcher.start()
-        self.backend.note_load(self.device_id, True)
+            return "stopped before it started"
         try:
-            self._run.start()
-            if self._stop.is_set():
-                self._run.stop()
-            for event in self._run.events():
-                self.emit(event)
-            return self._run.result()
-        finally:
-            self._run.stop()
-            self.backend.note_load(self.device_id, False)
-            self.kernel_events += watcher.stop()
+            self.outcome = self.session.run()
+        except NoStockReference as e:  # asked before starting; the card's setting or the cache changed since
+            self.emit(f"not started: {e.message}")
+            return "not started: no stock reference to compare with (press s again to be asked)"
+        for line in self.outcome.checks_off():
+            self.emit(f"this run was weaker: {line}")
+        return self.outcome.summary()
 
     def stop(self) -> None:
         super().stop()
-        if self._run is not None:
-            self._run.stop()
+        self.session.stop()
 
 
 class VerifyJob(_Job):
@@ -237,17 +160,6 @@ def describe_verify_outcome(outcome: VerifyOutcome) -> str:
     return summary + ("; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}")
 
 
-def describe_stress_result(result, *, stopped: bool, kernel_events=()) -> str:
-    if result is None:
-        return "stopped before it started"
-    if kernel_events:
-        return f"FAIL (kernel log: {kernel_events[0].line})"
-    if stopped:
-        return f"stopped by you after {result.steps} steps (no fault seen)" if result.verdict != Verdict.FAIL else (
-            f"FAIL ({result.reason}) before you stopped it")
-    return f"{result.verdict.upper()}" + (f" ({result.reason})" if result.reason else "")
-
-
 DETECTOR_OF_FAULT = {"mismatch": "reference", "canary": "canary", "gemm": "gemm", "nonfinite": "nonfinite",
                      "device-error": "device errors", "hang": "watchdog"}
 # The engine's own detectors at the start of a run; the reference and the kernel log are the job's (DetectorState).
@@ -263,6 +175,10 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
             return state.written(event)
         case DetectorState():
             return state.with_detector(event.name, event.value)
+        case RunStarted(purpose="reference"):
+            return replace(state, steps=()).written("engine: recording this card's stock reference")
+        case RunStarted():
+            return replace(state, steps=()).written("engine: the stress run")
         case StartEvent():
             known = {name: state.detector(name) for name in JOB_DETECTORS if state.detector(name) != "-"}
             return replace(state, detectors=tuple({**dict(MANUAL_DETECTORS), **known}.items())).written(

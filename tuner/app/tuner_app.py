@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import signal
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -18,6 +19,7 @@ from typing import ClassVar
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
+from textual.drivers.linux_driver import LinuxDriver
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -27,13 +29,14 @@ from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_r
 from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.app import jobs
+from tuner.app.hangup import HangUpGuard
 from tuner.app.state import BisectState, DeviceHistory, StressState
+from tuner.app.terminal_driver import HangUpSafeDriver
 from tuner.app.words import for_people, job_name
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError, UsageError
-from tuner.core.signals import FATAL as FATAL_SIGNALS
 from tuner.screens import messages as msg
 from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
@@ -48,7 +51,16 @@ SCREENS_IN_ORDER = (
     ("5", "doctor", "Doctor"),
     ("6", "help", "Help"),
 )
+SCREEN_CLASSES = {  # mode -> (module, class): each screen is imported on its first visit (or by the palette)
+    "dashboard": ("tuner.screens.dashboard", "DashboardScreen"),
+    "tune": ("tuner.screens.tune", "TuneScreen"),
+    "bisect": ("tuner.screens.bisect", "BisectScreen"),
+    "profiles": ("tuner.screens.profiles", "ProfilesScreen"),
+    "doctor": ("tuner.screens.doctor", "DoctorScreen"),
+    "help": ("tuner.screens.help", "HelpScreen"),
+}
 SAMPLE_INTERVAL_S = 1.0
+OVERDUE_S = 5.0  # a change still pending this long past its countdown: the event loop is stuck, revert it anyway
 
 
 def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
@@ -60,6 +72,21 @@ def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
     return make
 
 
+ERROR_PREFIX = "error: "  # a job's summary when it raised (a refused start included)
+
+
+def ended_notice(summary: str) -> dict:
+    """A job's end as a notice: an error (the job raised) is one ERROR toast that stays 10 s, said once."""
+    return {"severity": "error", "timeout": 10} if summary.startswith(ERROR_PREFIX) else {}
+
+
+def _palette():
+    """The command palette's provider, imported when the palette first opens (not for the first frame)."""
+    from tuner.app.palette import TunerCommands
+
+    return TunerCommands
+
+
 def describe_error(error: BaseException) -> str:
     """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
     if isinstance(error, TunerError):
@@ -67,16 +94,28 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+SEVERITY_WORDS = {"error": "ERROR", "warning": "WARNING"}  # a notice's kind in words, not only its colour
+
+
 class TunerApp(App[int]):
     TITLE = "tuner"
-    MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {
-        "dashboard": DashboardScreen,
-        "tune": _lazy_screen("tuner.screens.tune", "TuneScreen"),
-        "bisect": _lazy_screen("tuner.screens.bisect", "BisectScreen"),
-        "profiles": _lazy_screen("tuner.screens.profiles", "ProfilesScreen"),
-        "doctor": _lazy_screen("tuner.screens.doctor", "DoctorScreen"),
-        "help": _lazy_screen("tuner.screens.help", "HelpScreen"),
+    # notices: one line of padding less than Textual's (a toast is 3 rows, not 5, at 80x24); each screen keeps them
+    # above its key bar (tuner.screens.base), and switching screens clears them (they were about the screen left)
+    # which field has focus, seen without colour (NO_COLOR, a monochrome terminal), on every screen's forms: a
+    # framed field's frame turns heavy; a one-line (compact) field is underlined, and reversed while it has focus;
+    # a table's cursor row is reversed while the table has focus (in colour its background says so already)
+    CSS = """
+    Toast { padding: 0 1; }
+    Input:focus { border: heavy $accent; }
+    Input.-textual-compact { text-style: underline; }
+    Input.-textual-compact:focus { border: none; text-style: bold reverse; }
+    DataTable:nocolor:focus > .datatable--cursor { text-style: bold reverse; }
+    """
+    MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {  # the dashboard: the first frame needs it
+        mode: DashboardScreen if mode == "dashboard" else _lazy_screen(*where)
+        for mode, where in SCREEN_CLASSES.items()
     }
+    COMMANDS = App.COMMANDS | {_palette}  # every action of every screen, by name, with its key
     DEFAULT_MODE = "dashboard"
     BINDINGS: ClassVar[list[BindingType]] = [
         *[
@@ -127,13 +166,40 @@ class TunerApp(App[int]):
         self._leaving = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hung_up = False
+        # leaving safely from any thread (tuner.app.hangup): make_safe runs once, whoever asks first; the setting
+        # workers hold `_writing` while they write, so make_safe never races a write half-way, and a change a
+        # worker applied is known (`_unannounced`) before the event loop hears of it (it may never: a hang-up)
+        self.hang_up_guard: HangUpGuard | None = None
+        self._made_safe: list[str] | None = None
+        self._made_safe_lock = threading.Lock()
+        self._writing = threading.Lock()
+        self._unannounced: list = []
+        self._overdue_since: tuple[object, float] | None = None  # (change, when revert_overdue first saw it due)
         self._last_sampler_error: str | None = None
         self._sample_again = False
         self._on_kept: Callable[[], None] | None = None
 
+    # --- notices ------------------------------------------------------------------------------------------------
+    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+               markup: bool = False) -> None:
+        """A toast whose kind is also a word (ERROR, WARNING) above the text, so NO_COLOR loses nothing. The
+        text is never markup (screens' `notify` asks for it by default): a card's `[SIMULATED]` or a path in
+        brackets is shown as it is. It speaks the UI, from the screen it is shown on (tuner.app.words: the core's
+        `--resume` is `u` here, `--floor` the form's floor field)."""
+        super().notify(for_people(message, here=self.current_mode), title=title or SEVERITY_WORDS.get(severity, ""),
+                       severity=severity, timeout=timeout, markup=False)
+
+    def switch_mode(self, mode: str):
+        """Another screen: the notices of the one left go with it (they said something about what it showed)."""
+        if mode != self.current_mode:
+            self.clear_notifications()
+        return super().switch_mode(mode)
+
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self._leaving:  # hung up before the loop was known (the guard has made the cards safe): leave now
+            self.call_later(self.hang_up)
         for device in self.devices:
             if self.histories[device.id].knob is None:
                 self.sample_now()
@@ -253,13 +319,17 @@ class TunerApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="setting")
     def _apply(self, device_id: str, value: int, profile: ProfileApply | None) -> None:
-        try:
-            request = profile.set_request(self.backend) if profile is not None else SetRequest(device_id, value)
-            pending = prepare_setting(self.backend, request, timeout_s=self.keep_timeout_s, clock=self.clock)
-            pending.apply()
-        except Exception as e:  # noqa: BLE001 - nothing was kept; say why
-            self.post_message(msg.BackendFailed(f"apply {value:+d} on {device_id}", e))
-            return
+        with self._writing:
+            if self._leaving:  # quitting or hung up: nothing new goes on a card
+                return
+            try:
+                request = profile.set_request(self.backend) if profile is not None else SetRequest(device_id, value)
+                pending = prepare_setting(self.backend, request, timeout_s=self.keep_timeout_s, clock=self.clock)
+                pending.apply()
+            except Exception as e:  # noqa: BLE001 - nothing was kept; say why
+                self.post_message(msg.BackendFailed(f"apply {value:+d} on {device_id}", e))
+                return
+            self._unannounced.append(pending)  # make_safe reverts it even if the event loop never takes it
         self.post_message(msg.ChangeApplied(pending))
 
     def apply_rig_profile(self, profile, *, on_kept: Callable[[], None] | None = None) -> None:
@@ -278,22 +348,30 @@ class TunerApp(App[int]):
     def _apply_rig(self, profile) -> None:
         """`profile`: a rig profile, or a function that builds one (the Bisect screen's result, built from the
         backend's cards here in the worker)."""
-        try:
-            if callable(profile):
-                profile = profile()
-            plan = plan_rig_apply(self.backend, profile)
-            change = prepare_rig_apply(self.backend, plan, timeout_s=self.keep_timeout_s, clock=self.clock,
-                                       purpose=f"tuner (UI) apply {profile.name}")
-            change.apply()  # a card that fails puts the ones before it back, then raises
-        except Exception as e:  # noqa: BLE001 - refused or not applied: say why
-            self.post_message(msg.BackendFailed(f"apply {profile.name!r}", e))
-            return
+        with self._writing:
+            if self._leaving:  # quitting or hung up: nothing new goes on a card
+                return
+            try:
+                if callable(profile):
+                    profile = profile()
+                plan = plan_rig_apply(self.backend, profile)
+                change = prepare_rig_apply(self.backend, plan, timeout_s=self.keep_timeout_s, clock=self.clock,
+                                           purpose=f"tuner (UI) apply {profile.name}")
+                change.apply()  # a card that fails puts the ones before it back, then raises
+            except Exception as e:  # noqa: BLE001 - refused or not applied: say why
+                self.post_message(msg.BackendFailed(f"apply {profile.name!r}", e))
+                return
+            self._unannounced.append(change)  # make_safe reverts it even if the event loop never takes it
         for warning in plan.warnings:
             self.post_message(msg.Noted(warning, "warning"))
         self.post_message(msg.ChangeApplied(change))
 
     def on_change_applied(self, message: msg.ChangeApplied) -> None:
-        self.pending = message.pending
+        with self._writing:
+            if message.pending not in self._unannounced:  # make_safe reverted it already (leaving)
+                return
+            self._unannounced.remove(message.pending)
+            self.pending = message.pending
         for device_id, knob in message.pending.applied_by_card.items():  # read back: shown before the dialog
             self.histories[device_id].set_knob(knob)
         self.repaint_screens()
@@ -309,10 +387,13 @@ class TunerApp(App[int]):
     def _settle_in_thread(self, pending, keep: bool) -> None:
         cards = pending.device_ids
         try:
-            if keep:
-                pending.keep()
-            else:
-                pending.revert()
+            with self._writing:  # make_safe waits for it (a hang-up while the answer is being written)
+                if not pending.pending:  # revert_overdue reverted it while the event loop was stuck
+                    return
+                if keep:
+                    pending.keep()
+                else:
+                    pending.revert()
             knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {', '.join(cards)}", e))
@@ -328,7 +409,8 @@ class TunerApp(App[int]):
     @work(thread=True, exit_on_error=False, group="setting")
     def _reset(self, device_id: str) -> None:
         try:
-            knob = reset_device(self.backend, device_id)
+            with self._writing:  # make_safe waits for it
+                knob = reset_device(self.backend, device_id)
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed(f"reset {device_id}", e))
             return
@@ -349,7 +431,9 @@ class TunerApp(App[int]):
             self.notify(f"every card {message.outcome}: now {now}")
 
     # --- stress (App-owned) -----------------------------------------------------------------------------------
-    def start_stress(self, device_id: str, preset: str, mode: str) -> None:
+    def start_stress(self, device_id: str, preset: str, mode: str, *, without_reference: bool = False) -> None:
+        """A stress run through tuner.actions.stress; `without_reference`: the user chose to run without a stock
+        reference (the Tune screen asked)."""
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
@@ -358,7 +442,7 @@ class TunerApp(App[int]):
                                   run=self.stress.run + 1).written(
             f"starting {preset}/{mode} stress on {device_id} at {setting}")
         self._stress_job = jobs.StressJob(
-            self.backend, device_id, preset=preset, mode=mode,
+            self.backend, device_id, preset=preset, mode=mode, without_reference=without_reference,
             emit=lambda event: self.post_message(msg.StressEventReceived(event)), **self._stress_options,
         )
         self._run_stress(self._stress_job)
@@ -367,9 +451,8 @@ class TunerApp(App[int]):
     def _run_stress(self, job: jobs.StressJob | jobs.VerifyJob) -> None:
         try:
             summary = job.run()
-        except Exception as e:  # noqa: BLE001
-            self.post_message(msg.BackendFailed("stress", e))
-            summary = f"error: {describe_error(e)}"
+        except Exception as e:  # noqa: BLE001 - said once, by on_stress_ended (not also as a BackendFailed)
+            summary = f"{ERROR_PREFIX}{describe_error(e)}"
         self.post_message(msg.StressEnded(job.device_id, summary))
 
     def stop_stress(self) -> None:
@@ -385,7 +468,7 @@ class TunerApp(App[int]):
             f"ended: {message.summary}")
         if not self._leaving:
             self._stress_job = None
-        self.notify(f"stress on {message.device_id}: {message.summary}")
+        self.notify(f"stress on {message.device_id}: {message.summary}", **ended_notice(message.summary))
         self.sample_now()
 
     # --- bisect of one card or every card at once (App-owned) ---------------------------------------------------
@@ -426,8 +509,7 @@ class TunerApp(App[int]):
         try:
             summary = jobs.describe_bisect_result(runner.run())
         except Exception as e:  # noqa: BLE001 - a refused start (bad parameters, an unfinished session) lands here
-            self.post_message(msg.BackendFailed("bisect", e))
-            summary = f"error: {describe_error(e)}"
+            summary = f"{ERROR_PREFIX}{describe_error(e)}"  # too; said once, by on_bisect_ended (not a BackendFailed)
         self.post_message(msg.BisectEnded(runner.device_ids, summary, runner.outcome))
 
     def stop_bisect(self) -> None:
@@ -446,7 +528,7 @@ class TunerApp(App[int]):
         cards = {d: replace(c, running=False, current=None) for d, c in self.bisect.cards.items()}
         failure = self.bisect.failure
         if outcome is None:
-            failure = for_people(message.summary)
+            failure = for_people(message.summary, here="bisect")  # shown on the Bisect screen
         elif outcome.status == "stopped" and len(message.device_ids) > 1:
             failure = "stopped by you; u resumes it (every card)"
         self.bisect = replace(self.bisect, running=False, current=None, cards=cards, outcome=outcome, failure=failure,
@@ -454,7 +536,8 @@ class TunerApp(App[int]):
         if not self._leaving:
             self._bisect_job = None
         what = message.device_ids[0] if len(message.device_ids) == 1 else "every card"
-        self.notify(f"bisect {'on' if len(message.device_ids) == 1 else 'of'} {what}: {for_people(message.summary)}")
+        self.notify(f"bisect {'on' if len(message.device_ids) == 1 else 'of'} {what}: {for_people(message.summary)}",
+                    **ended_notice(message.summary))
         self.sample_now()
         self.repaint_screens()
 
@@ -608,10 +691,41 @@ class TunerApp(App[int]):
             self.exit(exit_codes.OK)
 
     def hang_up(self) -> None:
-        """SIGHUP (the SSH session went away) or SIGTERM: leave; run_app then makes the cards safe."""
+        """SIGHUP (the SSH session went away), SIGTERM or the terminal gone: leave. The cards are made safe by
+        run_app's guard (tuner.app.hangup), which does not wait for this event loop."""
         self.hung_up = True
         self.stop_jobs()
         self.exit(exit_codes.INTERRUPTED)
+
+    def revert_overdue(self) -> None:
+        """Run each second on the hang-up guard's thread (tuner.app.hangup): the keep-or-revert countdown runs on
+        the event loop, which a terminal that stopped reading (a stalled SSH connection) can block for good. A
+        change still pending OVERDUE_S after its countdown ended is reverted here, as the countdown would have;
+        the App hears of it when its loop moves again."""
+        pending = self.pending
+        if pending is None or not pending.pending or not pending.expired():
+            self._overdue_since = None
+            return
+        now = self.clock()
+        if self._overdue_since is None or self._overdue_since[0] is not pending:
+            self._overdue_since = (pending, now)
+            return
+        if now - self._overdue_since[1] < OVERDUE_S:
+            return
+        with self._writing:
+            if self.pending is not pending or not pending.pending:  # answered meanwhile
+                return
+            self.pending = None
+            cards = pending.device_ids
+            try:
+                pending.revert()
+                knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
+            except Exception as e:  # noqa: BLE001 - said when the loop moves; make_safe resets at exit
+                self.post_message(msg.BackendFailed(f"revert on {', '.join(cards)}", e))
+                self.pending = pending if pending.pending else None
+                self._overdue_since = (pending, now)  # tried again after OVERDUE_S, not every second
+                return
+        self.post_message(msg.ChangeSettled(knobs, "reverted (not confirmed in time)"))
 
     def stop_jobs(self) -> None:
         """Ask every running job to stop (non-blocking, thread-safe), so their workers end before the App does."""
@@ -621,14 +735,37 @@ class TunerApp(App[int]):
                 job.stop()
 
     def signal_safe_hang_up(self, *_args) -> None:
+        """Ask the event loop to leave (from a signal handler or any thread; never blocks). Nothing new is written
+        to a card from now on (the setting workers check `_leaving`)."""
+        self._leaving = True
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.hang_up)
+            try:
+                self._loop.call_soon_threadsafe(self.hang_up)
+            except RuntimeError:  # the loop has closed: the App has already ended
+                pass
+
+    def terminal_went_away(self, reason: str) -> None:
+        """The driver found the terminal gone (tuner.app.terminal_driver): leave as on SIGHUP, through the guard
+        when run_app installed one (it makes the cards safe without waiting for this event loop)."""
+        if self.hang_up_guard is not None:
+            self.hang_up_guard.trigger(reason)
+        else:
+            self.signal_safe_hang_up()
 
     def make_safe(self, wait_s: float = 30.0) -> list[str]:
         """Stop every job, revert an unconfirmed setting and reset cards that had a job on them to stock.
 
-        Runs after the App has stopped (also after a hang-up), on the calling thread. Returns what it did.
+        Runs once, from whichever thread asks first: the hang-up guard's (tuner.app.hangup: on SIGHUP/SIGTERM or
+        the terminal gone, without waiting for the event loop) or run_app's, once the App has stopped. A later
+        call waits for the first and returns what it did. Nothing is written to a card by the UI afterwards.
         """
+        with self._made_safe_lock:
+            if self._made_safe is None:
+                self._leaving = True
+                self._made_safe = self._make_safe_now(wait_s)
+            return list(self._made_safe)
+
+    def _make_safe_now(self, wait_s: float) -> list[str]:
         done, devices_to_reset = [], set()
         for job in (self._stress_job, self._bisect_job):
             if job is not None:
@@ -645,60 +782,72 @@ class TunerApp(App[int]):
                            else (f"bisect session on {ids}", "u"))
             done.append(f"the unfinished {what} is kept: `tuner bisect --device {ids} --resume` continues it ({where} "
                         "on the Bisect screen), --restart starts afresh")
-        if self.pending is not None:
-            cards = self.pending.device_ids
-            devices_to_reset.update(cards)
-            try:
-                self.pending.revert()
-                devices_to_reset.difference_update(cards)
-                done.append(f"reverted the unconfirmed setting on {', '.join(cards)}")
-            except Exception as e:  # noqa: BLE001 - fall back to a plain reset below
-                done.append(f"revert failed ({describe_error(e)}); resetting to stock instead")
-            self.pending = None
-        for device_id in sorted(devices_to_reset):
-            try:
-                reset_device(self.backend, device_id, force=True)
-                done.append(f"reset {device_id} to stock (read back)")
-            except Exception as e:  # noqa: BLE001
-                done.append(f"could not reset {device_id}: {describe_error(e)}")
+        with self._writing:  # a setting worker half-way through a write finishes first; later ones write nothing
+            changes = [c for c in (self.pending, *self._unannounced) if c is not None and c.pending]
+            self.pending, self._unannounced = None, []
+            for change in changes:  # applied, neither kept nor reverted
+                cards = change.device_ids
+                devices_to_reset.update(cards)
+                try:
+                    change.revert()
+                    devices_to_reset.difference_update(cards)
+                    done.append(f"reverted the unconfirmed setting on {', '.join(cards)}")
+                except Exception as e:  # noqa: BLE001 - fall back to a plain reset below
+                    done.append(f"revert failed ({describe_error(e)}); resetting to stock instead")
+            for device_id in sorted(devices_to_reset):
+                try:
+                    reset_device(self.backend, device_id, force=True)
+                    done.append(f"reset {device_id} to stock (read back)")
+                except Exception as e:  # noqa: BLE001
+                    done.append(f"could not reset {device_id}: {describe_error(e)}")
         return done
 
     # --- command palette -----------------------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        for key, mode, title in SCREENS_IN_ORDER:
-            yield SystemCommand(f"Screen {key}: {title}", f"Switch to the {title} screen",
-                                lambda mode=mode: self.switch_mode(mode))
-        yield from screen_commands(screen)
-        yield SystemCommand("Quit", "Quit (asks first if a job runs; resets the card)", self.action_request_quit)
+        """Textual's own commands (theme, keys, screenshot) without its Quit, which exits at once, skipping the safe
+        quit; ours (tuner.app.palette) lists Quit with every screen and action."""
         for command in super().get_system_commands(screen):
-            if command.title != "Quit":  # Textual's own exits at once, skipping the safe quit
+            if command.title != "Quit":
                 yield command
 
+    def screen_class(self, mode: str) -> type[Screen]:
+        """The class of `mode`'s screen (imported now if it was not yet: the palette lists every screen's keys)."""
+        module, name = SCREEN_CLASSES[mode]
+        return getattr(importlib.import_module(module), name)
 
-def screen_commands(screen: Screen) -> Iterable[SystemCommand]:
-    """Every footer binding of the current screen, as a palette command."""
-    for binding in getattr(screen, "BINDINGS", []):
-        if isinstance(binding, Binding) and binding.description:
-            yield SystemCommand(
-                binding.tooltip or binding.description, f"key: {binding.key}",  # tooltip: the one-key name
-                lambda action=binding.action: screen.run_action(action),
-            )
+    async def run_on_screen(self, mode: str | None, action: str) -> None:
+        """The palette's way to run an action: on `mode`'s screen (switching to it first), or the App's own."""
+        if mode is None:
+            await self.run_action(action)
+            return
+        if self.current_mode != mode:
+            await self.switch_mode(mode)
+        await self.screen.run_action(action)
 
 
 def run_app(ctx) -> int:
+    """The UI, then the cards made safe. A hang-up, SIGTERM (every fatal signal) or the terminal gone goes through
+    the guard (tuner.app.hangup): the cards are made safe on its thread at once, and the process ends with 130
+    within its grace even when the UI cannot end by itself (Textual blocked writing to a terminal that is gone)."""
     app = TunerApp(ctx)
-    previous = {}
-    # every signal that would end the process leaves through the safe path (stop jobs, revert, reset)
-    for sig in FATAL_SIGNALS:
-        previous[sig] = signal.signal(sig, app.signal_safe_hang_up)
+    if app.driver_class is LinuxDriver:  # not when TEXTUAL_DRIVER names another (a developer's choice)
+        app.driver_class = HangUpSafeDriver
+    guard = HangUpGuard(make_safe=app.make_safe, leave=app.signal_safe_hang_up, terminal_fd=_terminal_fd(),
+                        tick=app.revert_overdue)
+    app.hang_up_guard = guard
+    guard.install()
     try:
         result = app.run()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for line in app.make_safe():
+        lines = app.make_safe()  # at once, or what the guard's thread did (it may still be at it: this waits)
+        guard.release_signals()  # after a hang-up: ignored from now on, and the deadline stays armed
+        for line in lines:
             print(f"tuner: {line}")
-    if app.hung_up:
+    if app.hung_up or guard.triggered:
         return exit_codes.INTERRUPTED
     return exit_codes.OK if result is None else result
 
+
+def _terminal_fd() -> int | None:
+    """The terminal the UI runs on (watched for a hang-up), if stdin is one."""
+    return 0 if os.isatty(0) else None

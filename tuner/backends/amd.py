@@ -29,6 +29,7 @@ from tuner.backends import amd_od_table as od
 from tuner.backends import card_records
 from tuner.backends.amd_sysfs import (
     DeviceBusy,
+    NotAnAttribute,
     SysfsIO,
     amd_card_dirs,
     hwmon_dir,
@@ -201,6 +202,8 @@ class AmdBackend(Backend):
     def _table(self, card: _Card) -> od.OdTable:
         try:
             text = self._busy_retry(lambda: self.io.read_text(self._od_path(card)))
+        except NotAnAttribute:
+            raise
         except Unsupported as e:
             raise Unsupported(
                 f"{card.info.id}: {OD_FILE} is missing, so Overdrive is off", overdrive_remedy(self.root)
@@ -361,11 +364,13 @@ class AmdBackend(Backend):
         return self.knob(device_id)
 
     def _record(self, card: _Card, value: int) -> None:
-        with contextlib.suppress(OSError):  # the record is a second opinion; the read-back is the proof here
+        try:  # the record is a second opinion; the read-back is the proof here
             if value == 0:
                 card_records.clear(card_records.APPLIED, card.info.id)
             else:
                 card_records.save(card_records.APPLIED, card.info.id, {"offset_mv": value})
+        except OSError as e:
+            self._warn(card_records.unrecorded(card.info.id, value, "mV", e))
 
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a voltage offset the tuner did not set (another tool, an earlier boot service), or

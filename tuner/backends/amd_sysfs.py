@@ -1,7 +1,9 @@
 """The amdgpu sysfs surface: find cards, read hwmon, and the one seam through which every OD write passes.
 
 All paths are taken under a root (`paths.sysfs_root()`, i.e. `TUNER_SYSFS_ROOT`, default `/`) so tests and dry
-runs can point the tuner at a fake tree. Nothing else in the tuner opens files under /sys.
+runs can point the tuner at a fake tree. Nothing else in the tuner opens files under /sys. Every read goes through
+`tuner.core.kernel_files` (regular files only, a size cap, a timeout): a FIFO or /dev/zero where an attribute
+should be is refused instead of hanging `list` or filling memory.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import re
 from pathlib import Path
 
+from tuner.core import kernel_files
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
 from tuner.core.models import Telemetry
 
@@ -23,7 +26,7 @@ _CARD_NAME = re.compile(r"card(\d+)")  # not the connectors (card0-DP-1), which 
 
 def _read_text(path: Path) -> str | None:
     try:
-        return path.read_text(errors="replace")
+        return kernel_files.read_text(path)
     except OSError:
         return None
 
@@ -101,6 +104,10 @@ class KernelRejected(NotApplied):
     """The kernel answered EINVAL: out of range, malformed, or the feature is off on this board."""
 
 
+class NotAnAttribute(Unsupported):
+    """Something other than a sysfs attribute sits at the path (a FIFO, a device node, a huge file)."""
+
+
 class DeviceBusy(DeviceLost):
     """EPERM while root: the GPU is in reset or suspended (`amdgpu_get_pp_od_clk_voltage` returns -EPERM when
     `amdgpu_in_reset()` or `in_suspend`), which is likely right after a too-deep undervolt. `sent` is how many
@@ -121,8 +128,7 @@ class SysfsIO:
 
     def read_text(self, path: Path) -> str:
         try:
-            with open(path, "rb", buffering=0) as f:
-                return f.read().decode("ascii", errors="replace")
+            return kernel_files.read_text(path)
         except OSError as e:
             raise self._error(e, path, None) from None
 
@@ -173,6 +179,12 @@ class SysfsIO:
 
     def _error(self, e: OSError, path: Path, command: str | None) -> TunerError:
         what = f"writing {command!r} to {path}" if command else f"accessing {path}"
+        if isinstance(e, (kernel_files.NotAKernelFile, kernel_files.TooLarge)):
+            return NotAnAttribute(f"{path} is {e.strerror}", "a sysfs attribute is a regular file: check the driver "
+                               "(or TUNER_SYSFS_ROOT, when it points at a copied tree)")
+        if isinstance(e, TimeoutError):
+            return DeviceLost(f"the GPU did not answer {what}: {e.strerror}",
+                              "check `sudo dmesg | tail`; the card may be hung (a reboot clears it)")
         if e.errno == errno.ENOENT:
             return Unsupported(f"{path.name} is missing: Overdrive is off on this card", str(path))
         # EPERM is "needs root" only when we are not root; as root the kernel means "GPU in reset/suspended".

@@ -50,6 +50,10 @@ class Backend(ABC):
     def reset(self, device_id: str) -> Knob:
         """Return the device to stock and verify it; returns the knob as read back."""
 
+    def keep(self, device_id: str) -> None:  # noqa: B027 - optional hook
+        """The value now on the card is confirmed (kept): a backend that puts unconfirmed writes back (the root
+        helper's client) stops doing so. Writes in-process stay until changed, so this does nothing here."""
+
     @abstractmethod
     def capabilities(self, device_id: str) -> Capabilities:
         """What this device supports through this backend."""
@@ -108,6 +112,9 @@ class CompositeBackend(Backend):
 
     def reset(self, device_id: str) -> Knob:
         return self._owner(device_id).reset(device_id)
+
+    def keep(self, device_id: str) -> None:
+        self._owner(device_id).keep(device_id)
 
     def capabilities(self, device_id: str) -> Capabilities:
         return self._owner(device_id).capabilities(device_id)

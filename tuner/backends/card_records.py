@@ -12,19 +12,19 @@ import json
 import re
 from pathlib import Path
 
-from tuner.core import paths
+from tuner.core import kernel_files, paths, state_files
 from tuner.core.atomic import write_atomic
 
 APPLIED = "applied"  # {"offsets": {"<pstate>": <value>}, "lock_clock_mhz": int | None}
 STOCK = "stock"  # AMD curve formats: {"points": [[index, mhz, mv], ...]}
 
 
+MAX_RECORD_BYTES = 64 * 1024
+
+
 def boot_id() -> str | None:
-    """This boot's id (`/proc/sys/kernel/random/boot_id` under `paths.sysfs_root()`), or None if unreadable."""
-    try:
-        return (paths.sysfs_root() / "proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
+    """This boot's id, or None if unreadable (tuner.core.kernel_files: never a FIFO or /dev/zero)."""
+    return kernel_files.boot_id()
 
 
 def _path(kind: str, card_key: str) -> Path:
@@ -35,7 +35,7 @@ def _path(kind: str, card_key: str) -> Path:
 def load(kind: str, card_key: str) -> dict | None:
     """The record, or None when there is none, it is unreadable, or it was written in another boot."""
     try:
-        data = json.loads(_path(kind, card_key).read_text())
+        data = json.loads(state_files.read_file(_path(kind, card_key), MAX_RECORD_BYTES))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("boot_id") != boot_id():
@@ -44,7 +44,17 @@ def load(kind: str, card_key: str) -> dict | None:
 
 
 def save(kind: str, card_key: str, data: dict) -> None:
+    """Raises OSError when it cannot be written (a read-only, full or unsafe state directory): the backends say
+    so in one line and go on, since a record is a second opinion, never what makes a write safe."""
     write_atomic(_path(kind, card_key), json.dumps({**data, "boot_id": boot_id()}, sort_keys=True).encode())
+
+
+def unrecorded(device_id: str, value: int, unit: str, error: OSError) -> str:
+    """The one line a backend prints when the card took `value` but the record of it could not be written."""
+    reason = str(error) if isinstance(error, state_files.UnsafeStatePath) else \
+        f"{error.filename or 'the state directory'}: {error.strerror or error}"
+    return (f"{device_id} is at {value:+d} {unit} (read back); the tuner's own note of it could not be written "
+            f"({reason})")
 
 
 def clear(kind: str, card_key: str) -> None:

@@ -294,13 +294,15 @@ class NvidiaBackend(Backend):
         """Record the offset the tuner applied and the lock it applied it at (NVML cannot read locked clocks back:
         this record is the only memory of the lock); an offset of 0 clears it."""
         key = self._record_key(device_id)
-        with contextlib.suppress(OSError):
+        try:
             if offset_mhz == 0:
                 card_records.clear(card_records.APPLIED, key)
             else:
                 card_records.save(
                     card_records.APPLIED, key, {"offset_mhz": offset_mhz, "lock_clock_mhz": lock_mhz}
                 )
+        except OSError as e:
+            self._warn(card_records.unrecorded(device_id, offset_mhz, "MHz", e))
 
     def _recorded_lock(self, device_id: str) -> int | None:
         """The lock the tuner's record says it put on the card with the offset it applied this boot, or None."""
@@ -403,6 +405,28 @@ class NvidiaBackend(Backend):
         return self._optional(lambda: n.nvmlDeviceGetPersistenceMode(h)) == getattr(
             n, "NVML_FEATURE_DISABLED", 0
         )
+
+    def enable_persistence(self, device_id: str) -> None:
+        """Turn persistence mode on (what `nvidia-smi -pm 1` does: nvmlDeviceSetPersistenceMode) and read it back.
+
+        Without it a headless driver tears the GPU's state down when its last client exits, offsets and locks
+        included, and a one-shot boot job is such a client (NVIDIA's Driver Persistence guide). nvml.h: "not
+        persistent across reboots", so the boot service does it at every boot, for the cards it applies to. NVIDIA
+        calls this mode legacy, to be replaced by the persistence daemon; where the driver refuses it, the remedy
+        is that daemon. Raises Unsupported, PermissionDenied or NotApplied (nothing else is written)."""
+        n, h = self.nvml, self._handle(device_id)
+        enabled = getattr(n, "NVML_FEATURE_ENABLED", 1)
+        remedy = ("enable NVIDIA's persistence daemon (`sudo systemctl enable --now nvidia-persistenced`), or run "
+                  "`sudo nvidia-smi -pm 1`, then apply again")
+        why = "without it the setting would vanish when the last NVML client exits"
+        try:
+            self._nv(lambda: n.nvmlDeviceSetPersistenceMode(h, enabled), "turning persistence mode on")
+        except TunerError as e:
+            raise type(e)(f"{device_id}: {e.message}; {why}", remedy) from None
+        got = self._optional(lambda: n.nvmlDeviceGetPersistenceMode(h))
+        if got != enabled:
+            raise NotApplied(f"{device_id}: persistence mode reads {'off' if got == 0 else got} after turning it "
+                             f"on; {why}", remedy)
 
     # --- Backend ----------------------------------------------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:

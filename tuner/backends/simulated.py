@@ -5,27 +5,26 @@ positive graphics-clock offset in MHz (15 MHz steps) applied at a locked max clo
 (the card runs each clock at a lower voltage). Each card has a hidden stable limit in its knob's unit (`--sim-vmin`:
 mV, or MHz). Past it the stress engine is told to inject silent bit flips at a per-step rate that makes a fault
 within 50 steps near certain; far past it the card "hangs". Telemetry responds to load and to the setting (dynamic
-power ~ V^2, temperature lags power). Everything is deterministic from the seed. Applied settings persist in the
-state directory (one file per kind and seed) so separate `tuner` invocations see the same card.
+power ~ V^2, temperature lags power). Everything is deterministic from the seed. Applied settings persist in
+`paths.simulated_dir()` (a directory per kind and seed, a file per card, each changed under its own lock:
+tuner.backends.simulated_card_files) so separate `tuner` invocations see the same cards and never undo each other.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.backends.base import Backend
+from tuner.backends.simulated_card_files import CardFile
 from tuner.core import paths
-from tuner.core.atomic import write_atomic
-from tuner.core.errors import StateError, UsageError
+from tuner.core.errors import UsageError
 from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
 from tuner.core.processes import pid_alive
 
@@ -73,13 +72,24 @@ NVIDIA = SimKind("nvidia", "Simulated Ada-class GPU (NVIDIA-style)", KnobKind.CL
 KINDS = {k.name: k for k in (AMD, NVIDIA)}
 SIM_NVIDIA_PSTATES = (0, 2)  # the states an offset covers; the card works in P2 and idles in P8
 
-# Electrical model of an imaginary 300 W card; the figures only need to be plausible and monotone.
+# Electrical model of an imaginary 300 W card; the figures only need to be plausible and monotone. Power is an
+# exact function of the setting, the lock and the load (no noise): the same card at the same setting under the
+# same load draws the same power, so efficiency differences between settings are the model's, never chance.
 STOCK_LOAD_MV, IDLE_MV = 1100.0, 800.0
 IDLE_POWER_W, DYNAMIC_POWER_W = 15.0, 285.0
-POWER_CAP_W = 300.0  # the simulated board's power limit (load power stays just under it at stock)
+POWER_CAP_W = 300.0  # the simulated board's power limit (AMD-style load power stays just under it at stock)
 VRAM_TOTAL_MIB, VRAM_IDLE_MIB, VRAM_LOAD_MIB = 32_768.0, 420.0, 6_200.0
 LOAD_CLOCK_MHZ, IDLE_CLOCK_MHZ, MEM_CLOCK_MHZ = 2900.0, 500.0, 1250.0
 THERMAL_TAU_S = 15.0
+# The NVIDIA-style card under a training load is power-limited, as real cards are: at its V/F table top it would
+# draw NV_TOP_POWER_W, more than POWER_CAP_W, so the driver holds it at the highest clock whose power fits the cap
+# (about 2.3 GHz at stock, below the 2505 MHz top). Its voltage at each clock follows a straight V/F line from
+# NV_CURVE_MV[0] at the lowest clock to NV_CURVE_MV[1] at the top; a clock offset of X MHz runs every clock
+# X / units_per_mv mV lower (the fault model's own exchange rate), so the same cap allows a higher clock, and at
+# a locked clock the same work takes less power.
+NV_CURVE_MV = (700.0, 1100.0)
+NV_TOP_POWER_W = 340.0
+WORK_RATE_TOK_S = 30_000.0  # the card's training throughput at LOAD_CLOCK_MHZ (work_rate_tok_s)
 
 
 def fault_rate_per_step(offset_mv: int, vmin_mv: int) -> float:
@@ -160,8 +170,9 @@ class SimulatedBackend(Backend):
         self.gpus, self.seed = gpus, seed
         self._limits = [draw_limit(k, seed, i) for i in range(gpus)]
         self._limits[:len(given)] = given
-        name = f"seed-{seed}.json" if k is AMD else f"{k.name}-seed-{seed}.json"
-        self.state_path = state_path or paths.state_dir() / "simulated" / name
+        name = f"seed-{seed}" if k is AMD else f"{k.name}-seed-{seed}"
+        # the rig's directory, one file per card (tuner.backends.simulated_card_files)
+        self.state_path = state_path or paths.simulated_dir() / name
         self._clock = clock
         # simulated platform flaws, carried out by the engine's fault-injection module (tuner/engine/faults.py)
         self.nondeterministic = nondeterministic
@@ -170,51 +181,32 @@ class SimulatedBackend(Backend):
         self._thermal: dict[str, tuple[float, float, float]] = {}  # id -> (time_s, temp_c, energy_j)
         self._samples = 0
         self._lock_mhz: dict[str, int] = {}
-        # a rig bisect drives every card from its own thread: one writer of the shared state at a time
-        self._state_lock = threading.RLock()
-        self._state = self._load_state()
+        self._files = {f"sim{i}": CardFile(self.state_path / f"sim{i}.json", k.state_key, self._warn)
+                       for i in range(gpus)}
 
-    # --- state file -------------------------------------------------------------------------------------------
-    def _load_state(self) -> dict:
-        try:
-            raw = self.state_path.read_bytes()
-        except FileNotFoundError:
-            return {"cards": {}}
-        except OSError as e:
-            raise StateError(
-                f"cannot read simulated GPU state {self.state_path}: {e.strerror}",
-                "fix its permissions or remove it (`tuner --simulate reset` recreates it)",
-            ) from None
-        try:
-            state = json.loads(raw)
-            cards = state["cards"]
-            for card_id, card in cards.items():
-                if not isinstance(card.get(self.kind.state_key), int):
-                    raise ValueError(card_id)
-            return state
-        except (ValueError, KeyError, TypeError, AttributeError):
-            self._warn(f"simulated GPU state {self.state_path} was corrupt; reset the simulated cards to stock")
-            state = {"cards": {}}
-            self._save_state(state)
-            return state
-
-    def _save_state(self, state: dict | None = None) -> None:
-        try:
-            with self._state_lock:
-                data = json.dumps(state or self._state, indent=1).encode()
-                write_atomic(self.state_path, data)
-        except OSError as e:
-            raise StateError(
-                f"cannot write simulated GPU state {self.state_path}: {e.strerror}", "check XDG_STATE_HOME"
-            ) from None
-
-    def _card(self, device_id: str) -> dict:
+    # --- the cards' files -------------------------------------------------------------------------------------
+    def _file(self, device_id: str) -> CardFile:
         self.device(device_id)  # UnknownDevice for a bad id
-        with self._state_lock:
-            return self._state["cards"].setdefault(device_id, {self.kind.state_key: 0})
+        return self._files[device_id]
+
+    def _stored(self, device_id: str) -> dict:
+        """The card's record as stored now (a copy: change it with `_write_setting` or `note_load`)."""
+        return self._file(device_id).read()
 
     def _setting(self, device_id: str) -> int:
-        return self._card(device_id)[self.kind.state_key]
+        return int(self._stored(device_id).get(self.kind.state_key, 0))
+
+    def _write_setting(self, device_id: str, value: int) -> None:
+        """Store `value` as the card's setting, unchecked (`apply` validates first; a test plays another tool)."""
+        key = self.kind.state_key
+
+        def put(card: dict) -> None:
+            if value:
+                card[key] = value
+            else:
+                card.pop(key, None)
+
+        self._file(device_id).update(put)
 
     # --- hidden truth (tests and the benchmark read it; the UI never shows it) ---------------------------------
     def limit(self, device_id: str) -> int:
@@ -265,9 +257,7 @@ class SimulatedBackend(Backend):
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         self.knob(device_id).validate(value, allow_overvolt=allow_overvolt)
-        with self._state_lock:
-            self._card(device_id)[self.kind.state_key] = value
-            self._save_state()
+        self._write_setting(device_id, value)
         return self.knob(device_id)
 
     def reset(self, device_id: str) -> Knob:
@@ -315,7 +305,7 @@ class SimulatedBackend(Backend):
         self.device(device_id)
         return Capabilities(
             can_apply=True,
-            can_read_voltage=True,
+            can_read_voltage=self.kind.lock_clocks_mhz is None,  # NVML reports no core voltage
             can_read_energy=True,
             needs_root=False,
             notes=("SIMULATED: no hardware is touched",),
@@ -340,29 +330,31 @@ class SimulatedBackend(Backend):
         return options
 
     def note_load(self, device_id: str, active: bool) -> None:
-        with self._state_lock:
-            card = self._card(device_id)
+        def mark(card: dict) -> None:
             if active:
                 card["load_pid"] = os.getpid()
             else:
                 card.pop("load_pid", None)
-            self._save_state()
+
+        self._file(device_id).update(mark)
 
     def _loaded(self, device_id: str) -> bool:
-        return pid_alive(self._card(device_id).get("load_pid"))
+        return pid_alive(self._stored(device_id).get("load_pid"))
 
     def telemetry(self, device_id: str) -> Telemetry:
         now = self._clock()
         load = 1.0 if self._loaded(device_id) else 0.0
-        # the voltage the setting means: an mV offset as is; a clock offset lowers the voltage of each clock
-        offset_mv = -self.kind.aggressive_direction * self._setting(device_id) / self.kind.units_per_mv
+        setting = self._setting(device_id)
         rng = random.Random(f"tuner-sim-telemetry:{self.seed}:{device_id}:{self._samples}")
         self._samples += 1
-        jitter = 1.0 + rng.uniform(-0.01, 0.01)
-
-        voltage_mv = IDLE_MV + (STOCK_LOAD_MV - IDLE_MV) * load + offset_mv
-        dynamic_w = DYNAMIC_POWER_W * load * (voltage_mv / STOCK_LOAD_MV) ** 2
-        power_w = (IDLE_POWER_W + dynamic_w) * jitter
+        if self.kind.lock_clocks_mhz is None:
+            clock_mhz = LOAD_CLOCK_MHZ
+            voltage_mv = amd_voltage_mv(setting, load)
+            power_w = amd_power_w(setting, load)
+        else:
+            clock_mhz = nvidia_clock_mhz(self.kind, setting, self._lock_for(device_id)) if load else IDLE_CLOCK_MHZ
+            voltage_mv = None  # NVML reports no core voltage on GeForce/RTX cards: neither does this one
+            power_w = nvidia_power_w(self.kind, setting, clock_mhz) if load else IDLE_POWER_W
         steady_temp_c = 30.0 + 0.17 * power_w
         last = self._thermal.get(device_id)
         if last is None:
@@ -378,10 +370,10 @@ class SimulatedBackend(Backend):
             temp_edge_c=round(temp_c, 1),
             temp_hotspot_c=round(temp_c + 4 + 0.04 * power_w, 1),
             temp_mem_c=round(temp_c + 4, 1),
-            core_clock_mhz=round(IDLE_CLOCK_MHZ + (self._load_clock_mhz(device_id) - IDLE_CLOCK_MHZ) * load),
+            core_clock_mhz=round(IDLE_CLOCK_MHZ + (clock_mhz - IDLE_CLOCK_MHZ) * load),
             mem_clock_mhz=MEM_CLOCK_MHZ,
-            voltage_mv=round(voltage_mv * jitter),
-            util_pct=round(min(100.0, 97.0 * load * jitter + rng.uniform(0, 2)), 1),
+            voltage_mv=None if voltage_mv is None else round(voltage_mv),
+            util_pct=round(min(100.0, 97.0 * load + rng.uniform(0, 2)), 1),
             fan_rpm=round(600 + 40 * max(0.0, temp_c - 30)),
             energy_j=round(energy_j, 1),
             pstate=None if self.kind.lock_clocks_mhz is None else (2 if load else 8),
@@ -396,6 +388,73 @@ class SimulatedBackend(Backend):
             else ("power cap",) if power_w >= POWER_CAP_W * 0.98 else (),
         )
 
-    def _load_clock_mhz(self, device_id: str) -> float:
+    def work_rate_tok_s(self, device_id: str) -> float:
+        """The tokens a second this card would train at now: what its efficiency (tok/J = this / power_w) is to be
+        measured with. The stress engine runs on the CPU for a simulated card, so its own tok/s is the CPU's
+        (two back-to-back stock trials measured 3,055 and 4,002 tok/s on a shared 2-core box), and dividing it by
+        the simulated power makes noise of the efficiency. The card's rate is deterministic: in proportion to its
+        sustained clock (the AMD-style card holds one clock at every offset: equal work, less power lower down;
+        the NVIDIA-style card's clock is its lock, or what the power cap allows)."""
+        if not self._loaded(device_id):
+            return 0.0
+        if self.kind.lock_clocks_mhz is None:
+            return WORK_RATE_TOK_S
+        clock = nvidia_clock_mhz(self.kind, self._setting(device_id), self._lock_for(device_id))
+        return WORK_RATE_TOK_S * clock / LOAD_CLOCK_MHZ
+
+    def _lock_for(self, device_id: str) -> int:
         lock = self.lock_clock_mhz(device_id)
-        return LOAD_CLOCK_MHZ if lock is None else float(lock)
+        assert lock is not None
+        return lock
+
+
+
+# --- the electrical model (pure functions: the tests and the benchmark read them) -------------------------------
+def amd_voltage_mv(offset_mv: int, load: float) -> float:
+    """The AMD-style card's core voltage: idle or loaded, moved by the offset as it is."""
+    return IDLE_MV + (STOCK_LOAD_MV - IDLE_MV) * load + offset_mv
+
+
+def amd_power_w(offset_mv: int, load: float) -> float:
+    """Board power at equal work: dynamic power ~ V^2 at the same clock (the AMD-style card is not
+    power-limited; at stock it loads just under the cap).
+
+    >>> round(amd_power_w(0, 1.0), 1), round(amd_power_w(-50, 1.0), 1), amd_power_w(-50, 0.0)
+    (300.0, 274.7, 15.0)
+    """
+    return IDLE_POWER_W + DYNAMIC_POWER_W * load * (amd_voltage_mv(offset_mv, load) / STOCK_LOAD_MV) ** 2
+
+
+def nvidia_voltage_mv(kind: SimKind, offset_mhz: int, clock_mhz: float) -> float:
+    """The NVIDIA-style card's voltage at `clock_mhz` on its V/F line, lowered by the clock offset."""
+    assert kind.lock_clocks_mhz is not None
+    lo, hi = kind.lock_clocks_mhz
+    stock = NV_CURVE_MV[0] + (NV_CURVE_MV[1] - NV_CURVE_MV[0]) * (clock_mhz - lo) / (hi - lo)
+    return stock - offset_mhz / kind.units_per_mv
+
+
+def nvidia_power_w(kind: SimKind, offset_mhz: int, clock_mhz: float) -> float:
+    """Loaded board power at `clock_mhz`: dynamic power ~ f V^2, NV_TOP_POWER_W at the stock table top."""
+    assert kind.lock_clocks_mhz is not None
+    top = kind.lock_clocks_mhz[1]
+    scale = (clock_mhz / top) * (nvidia_voltage_mv(kind, offset_mhz, clock_mhz) / NV_CURVE_MV[1]) ** 2
+    return IDLE_POWER_W + (NV_TOP_POWER_W - IDLE_POWER_W) * scale
+
+
+def nvidia_clock_mhz(kind: SimKind, offset_mhz: int, lock_mhz: int) -> float:
+    """The clock sustained under a training load: the lock, or lower where the power cap holds it (the highest
+    clock whose power fits POWER_CAP_W, found by bisection on the monotone power curve), to 1 MHz.
+
+    >>> nvidia_clock_mhz(NVIDIA, 0, 2505) < 2505 < nvidia_clock_mhz(NVIDIA, 0, 2505) + 300
+    True
+    >>> nvidia_clock_mhz(NVIDIA, 150, 2505) > nvidia_clock_mhz(NVIDIA, 0, 2505), nvidia_clock_mhz(NVIDIA, 0, 1800)
+    (True, 1800.0)
+    """
+    assert kind.lock_clocks_mhz is not None
+    if nvidia_power_w(kind, offset_mhz, lock_mhz) <= POWER_CAP_W:
+        return float(lock_mhz)
+    lo, hi = float(kind.lock_clocks_mhz[0]), float(lock_mhz)
+    while hi - lo > 0.5:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if nvidia_power_w(kind, offset_mhz, mid) <= POWER_CAP_W else (lo, mid)
+    return float(int(lo))

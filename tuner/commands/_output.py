@@ -1,16 +1,20 @@
-"""Small output helpers shared by the commands: JSON documents and plain aligned tables."""
+"""Small output helpers shared by the commands: JSON documents, plain aligned tables, the in-place status line."""
 
 from __future__ import annotations
 
-import json
+import os
+import shutil
 import sys
+import unicodedata
 from collections.abc import Sequence
+from typing import IO
+
+from tuner.core import json_values
 
 
 def print_json(document) -> None:
-    """One JSON document on stdout (what `--json` promises)."""
-    json.dump(document, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+    """One JSON document on stdout (what `--json` promises): strict JSON, a non-finite number is null."""
+    sys.stdout.write(json_values.dumps(document, indent=2) + "\n")
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -24,3 +28,63 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
 def format_value(value: int, unit: str) -> str:
     return f"{value:+d} {unit}"
+
+
+def display_width(text: str) -> int:
+    """Terminal columns `text` takes: East Asian wide and fullwidth characters take two, combining marks none."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def fit(text: str, columns: int) -> str:
+    """`text` cut to at most `columns` terminal columns (never wrapped); a cut line ends in '…'."""
+    if display_width(text) <= columns:
+        return text
+    out, used = [], 0
+    for c in text:
+        w = display_width(c)
+        if used + w > columns - 1:
+            break
+        out.append(c)
+        used += w
+    return "".join(out) + "…"
+
+
+class StatusLine:
+    """The one in-place status line of a command (bisect progress, stress progress), redrawn on a terminal.
+
+    Every redraw is cut to the terminal's width minus one column (the last column would put the cursor in the
+    wrap-pending state, where some terminals already start a new line), so an update never wraps: a wrapped
+    update cannot be overwritten by the next `\r` and becomes a new line each time (issue 24: 84-column
+    `trial 1 of ≤24 [####....] ... bisect ~2m03s left` lines at 80 columns, about 20 lines a trial). The width
+    is read at each redraw, from the stream's own terminal, so a resized window is followed."""
+
+    def __init__(self, stream: IO[str] | None = None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.shown = False
+
+    @property
+    def tty(self) -> bool:
+        try:
+            return self.stream.isatty()
+        except (AttributeError, ValueError, OSError):
+            return False
+
+    def columns(self) -> int:
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            return shutil.get_terminal_size().columns
+
+    def show(self, text: str) -> None:
+        """Replace the line with `text` (cut to the width)."""
+        self.stream.write("\r\033[K" + fit(text, max(10, self.columns() - 1)))
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        """Erase the line, if one is shown, leaving the cursor at its start."""
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+

@@ -19,7 +19,7 @@ from tuner.actions.verify import verify_setting
 from tuner.commands._argtypes import duration, seconds_between
 from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._output import format_value, print_json
-from tuner.core import exit_codes
+from tuner.core import exit_codes, system_units
 from tuner.core.errors import UsageError
 from tuner.profiles import Profile, load_profile
 from tuner.profiles import boot as boot_rules
@@ -51,9 +51,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--boot", action="store_true",
                    help="boot mode (the systemd unit): wait for the driver, apply only to the same card, skip when "
                    "booted with tuner.reset or after a crashed tuning trial; logs to stderr (the journal)")
-    p.add_argument("--boot-wait", type=_boot_wait, default=boot_rules.DEFAULT_DISCOVERY_WAIT_S, metavar="S",
+    p.add_argument("--resume", action="store_true",
+                   help="with --boot: the run after a resume from suspend or hibernation (the resume unit): says "
+                   "per card whether it came back as installed, at stock or at another value, and re-applies")
+    p.add_argument("--boot-wait", type=_boot_wait, default=None, metavar="S",
                    help="with --boot: how long to retry device discovery "
-                   f"(default {boot_rules.DEFAULT_DISCOVERY_WAIT_S:g})")
+                   f"(default {boot_rules.DEFAULT_DISCOVERY_WAIT_S:g}, {system_units.RESUME_WAIT_S:g} with --resume)")
     p.add_argument("--ignore-unsafe", action="store_true",
                    help="apply even a value at or beyond one that froze, hung or reset this card in a trial "
                    "(never at boot)")
@@ -62,6 +65,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args, ctx) -> int:
+    if args.resume and not args.boot:
+        raise UsageError("--resume is a mode of --boot", "use `tuner apply --boot --resume`")
     if args.boot:
         return _run_boot(args, ctx)
     if args.profile is None:
@@ -212,7 +217,10 @@ def _run_boot(args, ctx) -> int:
         ctx._backend = None  # a fresh discovery each try; the driver may have finished probing since
         return ctx.backend
 
-    report = run_boot_apply(reopen, profile=args.profile, wait_s=args.boot_wait)
+    wait_s = args.boot_wait
+    if wait_s is None:
+        wait_s = system_units.RESUME_WAIT_S if args.resume else boot_rules.DEFAULT_DISCOVERY_WAIT_S
+    report = run_boot_apply(reopen, profile=args.profile, wait_s=wait_s, resume=args.resume)
     if args.json:
         print_json({"boot": [r.to_dict() for r in report.results], "skipped": report.skipped})
     return report.exit_code

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import threading
 
 from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect, rig_devices
 from tuner.commands._argtypes import whole_number
-from tuner.commands._output import format_table
+from tuner.commands._output import StatusLine, fit, format_table
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
@@ -112,7 +111,8 @@ class _Printer:
         self.devices, self.json_lines = devices, json_lines
         self.units = {d: backend.knob(d).unit for d in devices}
         self.several = len(devices) > 1
-        self.tty = sys.stderr.isatty()
+        self._line_in_place = StatusLine(sys.stderr)  # one card: its progress line; several: the terminal's width
+        self.tty = self._line_in_place.tty
         self._status = dict.fromkeys(devices, "waiting")
         self._labels = dict.fromkeys(devices, "")
         self._last_plain = dict.fromkeys(devices, 0.0)
@@ -129,16 +129,19 @@ class _Printer:
             else:
                 self._card(event.device or "rig", event)
 
-    # --- the terminal: lines that stay, a block of progress lines under them ---------------------------------
+    # --- the terminal: lines that stay, under them the progress (one card: one line; several: a block) -------
     def _clear(self) -> None:
+        self._line_in_place.clear()
         if self._drawn:
             sys.stderr.write(f"\033[{self._drawn}F\033[J")  # up to the block's first line, clear to the end
             self._drawn = 0
 
     def _draw(self) -> None:
-        width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would break the count
+        if not self.several:  # one card: its line is drawn when it moves (a finished trial's 100 % is not kept)
+            return
+        width = max(10, self._line_in_place.columns() - 1)  # cut, never wrapped: a wrapped line breaks the count
         for d in self.devices:
-            sys.stderr.write((f"{d}: " if self.several else "") + self._status[d][:width] + "\n")
+            sys.stderr.write(fit(f"{d}: {self._status[d]}", width) + "\n")
         self._drawn = len(self.devices)
 
     def line(self, device: str, text: str) -> None:
@@ -151,10 +154,14 @@ class _Printer:
 
     def status(self, device: str, text: str) -> None:
         self._status[device] = text
-        if self.tty:
-            self._clear()
-            self._draw()
-            sys.stderr.flush()
+        if not self.tty:
+            return
+        if not self.several:
+            self._line_in_place.show(text)  # redrawn in place, cut to the terminal's width (issue 24 item 3)
+            return
+        self._clear()
+        self._draw()
+        sys.stderr.flush()
 
     def end(self) -> None:
         if self.tty:

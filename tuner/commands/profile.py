@@ -7,9 +7,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tuner.actions.exports import profile_export_path
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
-from tuner.profiles import Profile, validate_name
+from tuner.profiles import Profile, evidence, validate_name
 from tuner.profiles.schema import format_created
 from tuner.profiles.store import (
     delete_profile,
@@ -47,7 +48,8 @@ def add_parser(subparsers) -> None:
 
     q = sub.add_parser("export", help="write a profile to a file (for another machine)")
     q.add_argument("name", metavar="NAME")
-    q.add_argument("path", metavar="PATH", help="file to write, or - for stdout")
+    q.add_argument("path", metavar="PATH", nargs="?",
+                   help="file to write, or - for stdout (default: NAME.toml in the current directory)")
     q.add_argument("--overwrite", action="store_true", help="replace PATH if it exists")
     q.set_defaults(run=run_export)
 
@@ -75,7 +77,7 @@ def _store_name(profile: Profile) -> str:
 
 def _summary(profile: Profile) -> dict:
     return {"name": _store_name(profile), "store": _where(profile), "path": str(profile.source),
-            **profile.to_json_dict()}
+            "sensitivity": evidence.profile_sensitivity(profile), **profile.to_json_dict()}
 
 
 def run_list(args, ctx) -> int:
@@ -173,6 +175,7 @@ def _part_lines(part, width: int, indent: str = "  ") -> list[str]:
         *_field("workload", f"preset {t.preset or '?'}, mode {t.mode or '?'}, dtype {t.dtype or AUTO_DTYPE}, "
                 f"trials {_fig(t.trial_duration_s, '{:g}')} s, confirm {_fig(t.confirm_duration_s, '{:g}')} s", width,
                 indent),
+        *_field("evidence", evidence.strength(part, why=True) or "", width, indent),
     ]
     if t.trials:
         table = trials_table(t.trials, s.unit, width - len(indent) + 2)
@@ -228,7 +231,8 @@ def run_export(args, ctx) -> int:
     if args.path == "-":
         sys.stdout.write(profile.to_toml())
         return exit_codes.OK
-    path = write_profile_file(profile, Path(args.path), overwrite=args.overwrite)
+    target = Path(args.path) if args.path is not None else profile_export_path(profile.name)
+    path = write_profile_file(profile, target, overwrite=args.overwrite)
     print(f"exported {args.name!r} to {path}")
     return exit_codes.OK
 

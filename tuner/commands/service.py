@@ -11,6 +11,7 @@ from datetime import datetime
 from tuner.actions import boot_service
 from tuner.commands._output import print_json
 from tuner.core import exit_codes, paths
+from tuner.core.errors import TunerError
 from tuner.profiles import boot as boot_rules
 
 
@@ -32,7 +33,12 @@ def add_parser(subparsers) -> None:
     q.set_defaults(run=run_install)
     q = sub.add_parser("uninstall", help="disable and remove the unit (root); system profiles are kept")
     q.set_defaults(run=run_uninstall)
-    q = sub.add_parser("status", help="is the unit installed, what would the next boot do")
+    q = sub.add_parser("status", help="is the unit installed, what would the next boot do, what each card reads",
+                       description="Whether the boot and resume units are installed, the system profiles, what the "
+                       "next boot would do, how the last boot run ended, and per card: applied as the profile says, "
+                       "not applied (and why), changed by something else since (the value found and the value "
+                       "installed), or missing. With --simulate the simulated cards are read against the system "
+                       "store (installing stays refused for simulated profiles).")
     q.add_argument("--json", action="store_true", help="print one JSON document")
     q.set_defaults(run=run_status)
 
@@ -59,7 +65,12 @@ def run_uninstall(args, ctx) -> int:
 
 
 def run_status(args, ctx) -> int:
-    st = boot_service.status()
+    backend, error = None, None
+    try:  # the cards as they read now (simulated ones with --simulate); without a GPU the rest still shows
+        backend = ctx.backend
+    except TunerError as e:
+        error = e.one_line()
+    st = boot_service.status(backend, backend_error=error)
     if args.json:
         print_json(st.to_dict())
         return exit_codes.OK
@@ -73,6 +84,11 @@ def run_status(args, ctx) -> int:
     for path, why in st.invalid_profiles:
         print(f"  invalid   {path}: {why}" if str(path) not in why else f"  invalid   {why}")
     print(f"next boot   {'skips: ' + st.next_boot_skips if st.next_boot_skips else 'applies'}")
+    for c in st.cards:
+        where = f"{c.device} {c.label}" if c.device else "(no card)"
+        print(f"card        {c.profile}{f' card[{c.card}]' if c.card is not None else ''} on {where}: {c.text()}")
+    if st.cards_error:
+        print(f"cards       not read: {st.cards_error}")
     if st.last_run is not None:
         when = datetime.fromtimestamp(st.last_run.finished_at).strftime("%Y-%m-%d %H:%M:%S")
         how = "ok" if st.last_run.ok else f"exit {st.last_run.exit_code}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
+from tuner.actions import other_tools
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.commands._argtypes import seconds_between, whole_number
@@ -75,6 +76,8 @@ def run(args, ctx) -> int:
                          ignore_unsafe=args.ignore_unsafe, lock_clock_mhz=args.lock_mhz)
     change = prepare_setting(backend, request, timeout_s=args.keep_timeout, clock=time.monotonic,
                              purpose=f"tuner set --offset {args.offset:+d}")
+    for warning in other_tools.warnings_for(backend, [dev.id]):  # issue 23: warned, not refused (a person confirms)
+        print(f"tuner: warning: {warning}", file=sys.stderr)
 
     def announce(change) -> None:
         applied = change.applied

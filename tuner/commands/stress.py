@@ -1,9 +1,10 @@
 """`tuner stress`: run the stress engine on one card at its current setting, and say whether it held.
 
-The engine (`python -m tuner.engine`, docs/engine.md) runs in its own process; this command picks the device
-string and, for a simulated card, the faults it injects below its hidden limit, shows one live progress line
-on stderr when that is a terminal, and prints a summary. `--json` forwards the engine's events to stdout as
-JSON lines and ends with one `result` line.
+The rules (the engine request, the watchdog, the canary, the stock reference and the kernel log) are the stress
+action's, `tuner.actions.stress`, which the Tune screen asks too. This command turns its options into a request,
+shows one live progress line on stderr when that is a terminal, says on stderr what each check will do, and
+prints a summary. `--json` forwards the stress run's engine events to stdout as JSON lines (docs/engine.md) and
+ends with one `result` line (below, `result_document`).
 """
 
 from __future__ import annotations
@@ -12,16 +13,26 @@ import argparse
 import json
 import math
 import sys
+import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tuner.commands._argtypes import positive_int
 from tuner.commands._device import pick_device
+from tuner.commands._output import StatusLine
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.models import Mode, Verdict
 
+if TYPE_CHECKING:
+    from tuner.actions.context import Context
+    from tuner.actions.stress import StressOutcome, StressRequest
+    from tuner.core.models import DeviceInfo
+    from tuner.tuning.engine_client import EngineConfig, StressResult
+
 DEFAULT_DURATION = "5m"
-SIM_CANARY_EVERY = 10  # simulated cards: canaries often, so short runs meet the injected faults
 PROGRESS_INTERVAL_S = 0.25
 
 
@@ -30,11 +41,16 @@ def add_parser(subparsers) -> None:
         "stress",
         help="run the training stress test on one card at its current setting",
         description="Run the stress engine on one card at its current setting: a small nanochat-style training "
-        "run that checks every step for miscomputation (canary replay, GEMM check, non-finite values; a reference "
-        "trajectory with --reference), not only for crashes and NaNs. Nothing is changed on the card. A simulated "
-        "card injects silent bit flips below its hidden limit and hangs far below it.",
+        "run that checks every step for miscomputation, not only for crashes and NaNs: each step is compared bit "
+        "for bit with this card's stock reference for the workload (recorded first, at stock, the first time; "
+        "kept under $XDG_STATE_HOME/tuner/references/), with canary replays, a GEMM check, non-finite values, "
+        "device errors, a watchdog and the kernel log besides. With no reference and the card not at stock, it "
+        "does not start unless --no-reference says to run the weaker checks only. Nothing is changed on the card. "
+        "A simulated card injects silent bit flips below its hidden limit and hangs far below it.",
         epilog="Exit code 1 means a fault was found (the setting is unstable); a setup problem (out of memory, "
-        "no GPU visible to torch) is 2, never 1. The JSON-lines protocol of --json is documented in docs/engine.md.",
+        "no GPU visible to torch) is 2, never 1, and so is a run refused for want of a stock reference. The "
+        "JSON-lines protocol of --json (the engine's events, then one `result` line saying which checks ran) is "
+        "documented in docs/engine.md.",
     )
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
     bound = p.add_mutually_exclusive_group()
@@ -50,32 +66,29 @@ def add_parser(subparsers) -> None:
                    help="compute dtype (default auto: bf16 where supported, else fp32; or $TUNER_DTYPE)")
     p.add_argument("--seed", type=int, default=0, help="model, data and fault seed (default 0)")
     p.add_argument("--canary-every", type=positive_int, metavar="K",
-                   help=f"canary replay every K steps (default 100; {SIM_CANARY_EVERY} on a simulated card)")
-    p.add_argument("--record", metavar="PATH", help="save this run's per-step digests as a reference")
-    p.add_argument("--reference", metavar="PATH", help="compare every step with a recorded stock run")
+                   help="canary replay every K steps (default 100; 10 on a simulated card)")
+    ref = p.add_mutually_exclusive_group()
+    ref.add_argument("--reference", metavar="PATH",
+                     help="compare every step with this recorded stock run (default: this card's cached stock "
+                     "reference for the workload, recorded first when the card is at stock)")
+    ref.add_argument("--no-reference", action="store_true",
+                     help="run without comparing with a stock reference (weaker: canary, GEMM, non-finite, device "
+                     "errors, watchdog and kernel log only); needed when there is none and the card is not at stock")
+    ref.add_argument("--record", metavar="PATH", help="save this run's per-step digests as a reference (the run "
+                     "then compares with none)")
     p.add_argument("--json", action="store_true", help="engine events as JSON lines on stdout, then a result")
     p.set_defaults(run=run)
 
 
-def build_config(args, target):
-    """The engine configuration for `args` on `target` (a StressTarget), and the watchdog to use."""
-    from tuner.tuning import engine_client as sc
+def build_request(args: argparse.Namespace, device_id: str) -> StressRequest:
+    """The stress action's request for `args` on `device_id` (tuner.actions.stress decides the rest)."""
+    from tuner.actions.stress import StressRequest
     steps = args.steps
-    duration_s = None if steps is not None else parse_duration_s(args.duration or DEFAULT_DURATION)
-    canary_every = args.canary_every or (SIM_CANARY_EVERY if target.simulated else None)
-    overrides = {"mode": args.mode, "seed": args.seed, "record": args.record, "reference": args.reference}
-    if args.compile is not None:
-        overrides["compile"] = args.compile
-    if args.dtype and args.dtype != "auto":
-        overrides["dtype"] = args.dtype
-    if canary_every is not None:
-        overrides["canary_every"] = canary_every
-    config = sc.engine_request(target, preset=args.preset, duration_s=duration_s, steps=steps, **overrides)
-    if target.simulated:  # the CPU engine steps every few ms: a silent second or five is already a hang
-        policy = sc.WatchdogPolicy(min_silence_s=5.0, first_step_timeout_s=120.0, kill_grace_s=2.0)
-    else:
-        policy = sc.WatchdogPolicy.for_config(config)
-    return config, policy
+    return StressRequest(
+        device_id, duration_s=None if steps is not None else parse_duration_s(args.duration or DEFAULT_DURATION),
+        steps=steps, preset=args.preset, mode=args.mode, seed=args.seed, dtype=args.dtype, compile=args.compile,
+        canary_every=args.canary_every, reference=Path(args.reference) if args.reference else None,
+        record=Path(args.record) if args.record else None, without_reference=args.no_reference)
 
 
 class ProgressLine:
@@ -84,10 +97,10 @@ class ProgressLine:
     def __init__(self, stream, *, steps: int | None, duration_s: float | None, clock=time.monotonic):
         self.stream, self.steps, self.duration_s, self.clock = stream, steps, duration_s, clock
         self.enabled = bool(getattr(stream, "isatty", lambda: False)())
+        self._status = StatusLine(stream)
         self._t_start: float | None = None
         self._last_draw = 0.0
         self._dts: list[float] = []
-        self._width = 0
 
     def eta_s(self, step: int) -> float | None:
         if self._t_start is None:
@@ -124,100 +137,149 @@ class ProgressLine:
         if not self.enabled or now - self._last_draw < PROGRESS_INTERVAL_S:
             return
         self._last_draw = now
-        line = self.text(ev)
-        self._width = max(self._width, len(line))
-        self.stream.write("\r" + line.ljust(self._width))
-        self.stream.flush()
+        self._status.show(self.text(ev))
 
     def clear(self) -> None:
-        if self.enabled and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
+        if self.enabled:
+            self._status.clear()
 
 
-def summary_lines(device, config, result) -> list[str]:
+def summary_lines(device: DeviceInfo, config: EngineConfig, outcome: StressOutcome) -> list[str]:
+    """The summary of a stress outcome (tuner.actions.stress.StressOutcome) of `config`'s run on `device`."""
     opts = config.options
+    result = outcome.result
     head = (f"stress {device.id} ({device.label}) on {opts.device}, preset {opts.preset}, {opts.mode}: "
-            f"{result.verdict.upper()}")
+            f"{str(outcome.verdict).upper()}")
     lines = [head]
-    if result.verdict == Verdict.FAIL:
+    if outcome.purpose == "reference":
+        lines.append(f"  {outcome.summary()}")
+    if outcome.kernel_events:
+        lines.append(f"  {outcome.reason}")
+    elif result is not None and result.verdict == Verdict.FAIL:
         at = f" at step {result.failure_step}" if result.failure_step is not None else ""
         lines.append(f"  {result.kind}{at}: {result.reason}")
-    elif result.verdict == Verdict.ERROR:
+    elif result is not None and result.verdict == Verdict.ERROR and outcome.verdict != Verdict.STOPPED:
         lines.append(f"  {result.kind or 'error'}: {result.reason}")
         tail = [ln for ln in result.stderr_tail.splitlines() if ln.strip()]
         if result.kind in ("setup", "internal", "crash") and tail:
             lines.append(f"  engine said: {tail[-1][:200]}")
-    facts = [f"{result.steps} steps" + (f" in {result.duration_s:.1f} s" if result.duration_s is not None else "")]
-    if result.median_tok_s:
-        facts.append(f"median {result.median_tok_s:,.0f} tok/s")
-    if result.bpb is not None:
-        facts.append(f"held-out {result.bpb:.3f} bits/byte")
-    if result.sensitivity:
-        facts.append(f"sensitivity {result.sensitivity}")
-    lines.append("  " + ", ".join(facts))
-    end = result.end
-    if end is not None and end.reference and end.reference.get("note"):
-        lines.append(f"  reference: {end.reference['note']}")
+    if result is not None:
+        facts = [f"{result.steps} steps" + (f" in {result.duration_s:.1f} s" if result.duration_s is not None
+                                            else "")]
+        if result.median_tok_s:
+            facts.append(f"median {result.median_tok_s:,.0f} tok/s")
+        if result.bpb is not None:
+            facts.append(f"held-out {result.bpb:.3f} bits/byte")
+        if result.sensitivity:
+            facts.append(f"sensitivity {result.sensitivity}")
+        lines.append("  " + ", ".join(facts))
+    lines.append(f"  reference: {'compared' if outcome.reference.compared else 'NOT compared'} "
+                 f"({outcome.reference.why})")
+    end = None if result is None else result.end
+    if end is not None and end.reference is not None and end.reference.note:
+        lines.append(f"  reference: {end.reference.note}")
+    if outcome.kernel_log.startswith("OFF"):
+        lines.append(f"  kernel log: {outcome.kernel_log}")
     if end is not None and end.setup_problems:
         lines.append("  setup problems: " + "; ".join(end.setup_problems))
     return lines
 
 
-def result_document(device, config, result) -> dict:
+def result_document(device: DeviceInfo, config: EngineConfig, outcome: StressOutcome) -> dict[str, Any]:
+    """The `result` line of `--json`: the engine's result of the stress run, and the action's own findings (the
+    reference comparison, the kernel log, every check that did not run at full strength)."""
+    r = outcome.result
     return {
-        "event": "result", "device": device.id, "engine_device": config.options.device, "verdict": result.verdict,
-        "kind": result.kind, "reason": result.reason, "failure_step": result.failure_step, "steps": result.steps,
-        "duration_s": result.duration_s, "median_tok_s": result.median_tok_s, "bpb": result.bpb,
-        "sensitivity": result.sensitivity, "engine_exit_code": result.exit_code,
-        "exit_code": exit_code_for(result),
+        "event": "result", "device": device.id, "engine_device": config.options.device,
+        "verdict": str(outcome.verdict), "kind": outcome.kind, "reason": outcome.reason,
+        "failure_step": None if r is None else r.failure_step, "steps": 0 if r is None else r.steps,
+        "duration_s": None if r is None else r.duration_s, "median_tok_s": None if r is None else r.median_tok_s,
+        "bpb": None if r is None else r.bpb, "sensitivity": None if r is None else r.sensitivity,
+        "engine_exit_code": None if r is None else r.exit_code, "run": outcome.purpose,
+        "reference": outcome.reference.to_dict(), "kernel_log": outcome.kernel_log,
+        "kernel_events": [e.to_dict() for e in outcome.kernel_events], "checks_off": outcome.checks_off(),
+        "exit_code": exit_code_for(outcome),
     }
 
 
-def exit_code_for(result) -> int:
-    if result.verdict == Verdict.PASS:
+def exit_code_for(outcome: StressOutcome | StressResult) -> int:
+    """An outcome's exit code (a StressOutcome, or the engine's StressResult alone)."""
+    verdict, kind = outcome.verdict, outcome.kind
+    if verdict == Verdict.PASS:
         return exit_codes.OK
-    if result.verdict == Verdict.FAIL:
+    if verdict == Verdict.FAIL:
         return exit_codes.TEST_FAILED
-    if result.kind in ("stopped", "interrupted"):
+    if verdict == Verdict.STOPPED or kind in ("stopped", "interrupted"):
         return exit_codes.INTERRUPTED
     return exit_codes.USAGE
 
 
-def _forward(ev) -> None:
-    from tuner.tuning import engine_client as sc
-    doc = ev.raw if not isinstance(ev, sc.LogEvent) else {"event": "log", "line": ev.line}
+class _Reporter:
+    """Everything the stress action reports, as this command shows it: lines and detector states on stderr (the
+    progress line cleared first), the stress run's engine events on stdout with --json (the stock recording's
+    are not forwarded: a script reads one run, `start` to `end`). One lock: the kernel-log fault arrives from
+    the watcher's thread."""
+
+    def __init__(self, as_json: bool, progress_for: Callable[[EngineConfig], ProgressLine]):
+        self.as_json, self._progress_for = as_json, progress_for
+        self.progress: ProgressLine | None = None
+        self.config: EngineConfig | None = None
+        self._forwarding = False
+        self._said: dict[str, str] = {}  # each detector's state as last said
+        self._lock = threading.Lock()
+
+    def __call__(self, event: object) -> None:
+        from tuner.actions.stress import DetectorState, RunStarted
+        from tuner.tuning import engine_client as sc
+        with self._lock:
+            if isinstance(event, RunStarted):
+                self._forwarding = event.purpose == "stress"
+                self.config = event.config
+                self.progress = self._progress_for(event.config)
+            elif isinstance(event, DetectorState):
+                said = self._said.get(event.name)
+                self._said[event.name] = event.value
+                if event.value not in ("ok", "recording", said):  # each state once; the action's line says why
+                    self._say(f"{event.name}: {event.value}")
+            elif isinstance(event, str):
+                self._say(event)
+            elif isinstance(event, sc.Event):
+                if self.as_json and self._forwarding:
+                    doc = {"event": "log", "line": event.line} if isinstance(event, sc.LogEvent) else event.raw
+                    _write_json(doc)
+                if self.progress is not None:
+                    self.progress.update(event)
+
+    def _say(self, line: str) -> None:
+        self.clear()
+        print(f"stress: {line}", file=sys.stderr, flush=True)
+
+    def clear(self) -> None:
+        if self.progress is not None:
+            self.progress.clear()
+
+
+def _write_json(doc: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 
-def run(args, ctx) -> int:
-    from tuner.tuning import engine_client as sc
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from tuner.actions.stress import StressSession
     backend = ctx.backend
     device = pick_device(backend, args.device)
-    target = backend.stress_target(device.id)
-    config, policy = build_config(args, target)
-    progress = ProgressLine(sys.stderr, steps=config.options.steps, duration_s=config.options.duration_s)
-    stress = sc.StressRun(config, watchdog=policy)
-    backend.note_load(device.id, True)
+    request = build_request(args, device.id)
+    report = _Reporter(args.json, lambda config: ProgressLine(sys.stderr, steps=config.options.steps,
+                                                              duration_s=config.options.duration_s))
+    session = StressSession(backend, request, on_event=report)
     try:
-        stress.start()
-        for ev in stress.events():
-            if args.json:
-                _forward(ev)
-            progress.update(ev)
-        result = stress.result()
+        outcome = session.run()  # NoStockReference: a usage error, nothing started
     finally:
-        progress.clear()
-        if stress.proc is not None and stress.proc.poll() is None:  # Ctrl-C, SIGTERM, an error here
-            stress.stop()
-            try:
-                stress.result(timeout=policy.kill_grace_s + 5)
-            except TimeoutError:
-                pass
-        backend.note_load(device.id, False)
+        report.clear()
+    config = report.config or session.engine_config(backend.stress_target(device.id),
+                                                    duration_s=request.duration_s, steps=request.steps)
     if args.json:
-        _forward(sc.UnknownEvent(t=0.0, raw=result_document(device, config, result)))
+        _write_json(result_document(device, config, outcome))
     else:
-        print("\n".join(summary_lines(device, config, result)))
-    return exit_code_for(result)
+        print("\n".join(summary_lines(device, config, outcome)))
+    return exit_code_for(outcome)

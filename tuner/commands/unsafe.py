@@ -46,8 +46,21 @@ def _device_ids(ctx, device_id: str | None) -> list[str]:
 
 
 def _when(entry: dict) -> str:
+    """The entry's time, or '-' when it holds none a clock can show (NaN, Infinity, 1e308, a string)."""
     at = entry.get("recorded_at")
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if isinstance(at, int | float) else "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if isinstance(at, int | float) else "-"
+    except (OverflowError, ValueError, OSError):
+        return "-"
+
+
+def _row(device_id: str, entry: dict) -> tuple[str, ...]:
+    """One table row, whatever the entry holds (the schema decides what is valid; this line never fails)."""
+    setting, unit = entry.get("setting"), entry.get("unit")
+    shown = format_value(setting, unit if isinstance(unit, str) else "") \
+        if isinstance(setting, int) and not isinstance(setting, bool) else printable(repr(setting))[:12]
+    return (device_id, shown, printable(str(entry.get("kind", "-")))[:20], "yes" if entry.get("edge") else "no",
+            _when(entry), printable(str(entry.get("reason") or ""))[:60])
 
 
 def run_list(args, ctx) -> int:
@@ -55,8 +68,7 @@ def run_list(args, ctx) -> int:
     if args.json:
         print_json({"unsafe": [{"device": d, "entries": entries} for d, entries in report.items()]})
         return exit_codes.OK
-    rows = [(d, format_value(e["setting"], e.get("unit") or ""), e["kind"], "yes" if e.get("edge") else "no",
-             _when(e), printable(str(e.get("reason") or ""))[:60]) for d, entries in report.items() for e in entries]
+    rows = [_row(d, e) for d, entries in report.items() for e in entries]
     if not rows:
         print("no unsafe values recorded")
         return exit_codes.OK

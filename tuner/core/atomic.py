@@ -1,19 +1,40 @@
 """Crash-safe file writes: temp file in the same directory, fsync, rename, fsync the directory.
 
 A kill or power loss at any point leaves either the old file or the new one, never a torn one.
+
+In the tuner's state (`state_files.trusted_root`) the directory is checked first and a link or a non-regular
+file at the destination is refused (`state_files.UnsafeStatePath`), never replaced or followed; the appends of the
+event logs and the unsafe list open their file without following a link. Both raise OSError on failure, as they
+always have: callers turn ENOSPC into "disk full" and anything else into one line.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+from tuner.core import state_files
+
+
+def _refuse_link_at(path: Path) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise state_files.UnsafeStatePath(path, "is a symbolic link", "remove the link (its target was not touched)")
+    if not stat.S_ISREG(mode):
+        raise state_files.UnsafeStatePath(path, "is not a regular file", "move it aside")
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    state_files.ensure_dir(path.parent)
+    if state_files.trusted_root(path) is not None:
+        _refuse_link_at(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL: never a link
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -35,10 +56,9 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 
 def append_durable(path: Path, line: str) -> None:
-    """Append one line and fsync it (event logs that must survive a hard reset)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
+    """Append one line and fsync it (event logs that must survive a hard reset). Never through a link."""
+    fd = state_files.open_file(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
         f.write(line.rstrip("\n") + "\n")
         f.flush()
         os.fsync(f.fileno())

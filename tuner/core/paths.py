@@ -18,8 +18,17 @@ def config_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """`$XDG_STATE_HOME/tuner`: simulated card state, tuning journals, the unsafe list."""
+    """`$XDG_STATE_HOME/tuner`: tuning journals, the unsafe list, card locks and records."""
     return _xdg("XDG_STATE_HOME", ".local/state") / "tuner"
+
+
+def simulated_dir() -> Path:
+    """`$XDG_STATE_HOME/tuner-simulated`: the simulated cards' settings (one file per card).
+
+    Beside the state directory, not in it: a simulated card stands for hardware, and returning a card to stock
+    never depends on the tuner's own records (a read-only or full state directory stops a real card's reset no
+    more than it stops this one's)."""
+    return _xdg("XDG_STATE_HOME", ".local/state") / "tuner-simulated"
 
 
 def cache_dir() -> Path:
@@ -34,6 +43,23 @@ def user_profiles_dir() -> Path:
 def system_profiles_dir() -> Path:
     """Profiles the boot service applies; written only as root."""
     return Path(os.environ.get("TUNER_SYSTEM_PROFILES", "/etc/tuner/profiles"))
+
+
+DEFAULT_SYSTEM_STATE_DIR = "/var/lib/tuner"
+DEFAULT_HELPER_SOCKET = "/run/tuner/helper.sock"
+
+
+def system_state_dir() -> Path:
+    """The machine's one safety state, owned by the root helper (`tuner-helper --state-dir`): the unsafe list, the
+    open-trial journal and the helper's own write journal, keyed by card. `TUNER_STATE_DIR` moves it (tests)."""
+    return Path(os.environ.get("TUNER_STATE_DIR") or DEFAULT_SYSTEM_STATE_DIR)
+
+
+def helper_socket() -> tuple[Path, bool]:
+    """Where the root helper listens, and whether the user chose it: `$TUNER_HELPER_SOCKET` (chosen), else
+    `/run/tuner/helper.sock` (the systemd socket unit's path)."""
+    chosen = os.environ.get("TUNER_HELPER_SOCKET")
+    return (Path(chosen), True) if chosen else (Path(DEFAULT_HELPER_SOCKET), False)
 
 
 def sysfs_root() -> Path:

@@ -8,6 +8,11 @@ Two modes, both for the main thread:
   revert; the owner looks at `inbox.first` when it chooses (between steps, or when `wait()` wakes) and makes the
   card safe before it leaves. A second or third signal is recorded the same way, so it cannot cut a revert short.
 
+A storm (signal after signal) must end with the documented exit code, not with death by the signal or a
+traceback from a handler that fired inside the error handling: once the process is ending (`install(
+ends_process=True)`, the `tuner` command itself), the first fatal signal's exception is the only one; every later
+fatal signal is ignored (`ending()`), and the command's `finally:` blocks run to the end.
+
 Fatal means "ends the process by default": HUP (an SSH drop), INT, TERM, QUIT (Ctrl-\\), USR1, USR2, ALRM and PIPE.
 SIGTSTP (Ctrl-Z) is recorded too when the owner asks (`Inbox(stop_signals=True)`): a change waiting for
 confirmation must be reverted before the process stops, since a stopped process never reverts.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import threading
 from types import FrameType, TracebackType
 from typing import Self
@@ -38,19 +44,55 @@ class Terminated(BaseException):
         self.signum = signum
 
 
+_ends_process = False  # set by install(ends_process=True): the first fatal signal ends this process
+
+
 def exception_for(signum: int) -> BaseException:
-    """What a recorded signal becomes once the card is safe: Ctrl-C stays KeyboardInterrupt."""
+    """What a recorded signal becomes once the card is safe: Ctrl-C stays KeyboardInterrupt. In a process that
+    ends on it, every later fatal signal is only recorded from here on (`ending`)."""
+    if _ends_process:
+        ending()
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
+def _pipe_error_in_flight() -> bool:
+    """A BrokenPipeError is already on its way out (raised, or being handled): the SIGPIPE that came with the
+    same failed write adds nothing, and raising it too would cut that error's handling short."""
+    error = sys.exc_info()[1]
+    while error is not None:
+        if isinstance(error, BrokenPipeError):
+            return True
+        error = error.__context__
+    return False
+
+
 def _raise(signum: int, _frame: FrameType | None) -> None:
+    if signum == signal.SIGPIPE and _pipe_error_in_flight():
+        if _ends_process:
+            ending()
+        return
     raise exception_for(signum)
 
 
-def install() -> None:
-    """Call once from the main thread of a CLI command: every fatal signal ends it through its `finally:` blocks."""
+def install(*, ends_process: bool = False) -> None:
+    """Call once from the main thread of a CLI command: every fatal signal ends it through its `finally:` blocks.
+    `ends_process`: this process exits when the command does (the `tuner` command itself, not a test calling
+    `cli.main`): the first fatal signal's exception is then the only one raised."""
+    global _ends_process
+    _ends_process = ends_process
     for sig in FATAL:
         signal.signal(sig, _raise)
+
+
+def ending() -> None:
+    """From now on fatal signals are ignored: the process is on its way out with an exit code already chosen.
+    SIG_IGN rather than a Python handler, because the interpreter resets Python handlers to SIG_DFL while it
+    finalizes, and a signal then would still kill it. Main thread only (elsewhere it does nothing). Nothing is
+    started after this (an ignored signal would be inherited across exec)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in FATAL:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def name(signum: int) -> str:
@@ -137,7 +179,9 @@ class Inbox:
         if not self.active:
             return
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            # a process already ending keeps ignoring fatal signals (`ending`), whatever was there before
+            ignoring = signal.getsignal(sig) == signal.SIG_IGN
+            signal.signal(sig, signal.SIG_IGN if ignoring else handler)  # type: ignore[arg-type]
         signal.set_wakeup_fd(self._previous_wakeup_fd)
         for fd in (self._read_fd, self._write_fd):
             if fd is not None:

@@ -24,6 +24,7 @@ def _protocol_stream():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tuner.engine.events import EndEvent
     from tuner.engine.lifeline import parent_alive, set_parent_death_signal
     from tuner.engine.options import UsageProblem, parse_args
     from tuner.engine.protocol import Emitter
@@ -36,23 +37,37 @@ def main(argv: list[str] | None = None) -> int:
         opts = parse_args(argv)
     except UsageProblem as e:
         print(f"tuner.engine: error: {e}", file=sys.stderr, flush=True)
-        emitter.emit("end", verdict="error", reason=str(e), kind="usage", step=None, steps=0, duration_s=0.0,
-                     exit_code=2)
+        emitter.emit(EndEvent.before_work(str(e), "usage", 2))
         return 2
     except SystemExit as e:  # --help
         return int(e.code or 0)
     if opts.parent_pid is None:
         opts.parent_pid = PARENT_AT_START
 
+    import importlib.util
+
+    try:
+        missing = importlib.util.find_spec("torch") is None
+    except (ImportError, ValueError):
+        missing = True
+    if missing:  # torch is the `engine` extra (issue 23): say which, exit 4
+        why = "torch is not installed: the stress engine needs the engine extra"
+        print(f"tuner.engine: error: {why}; pip install 'undervolt-tuner[engine]' with the torch build for your GPU "
+              "(README, 'Installing torch')", file=sys.stderr, flush=True)
+        emitter.emit(EndEvent.before_work(why, "usage", 4))
+        return 4
     import warnings
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: harmless
-    from tuner.engine.platform import prepare_environment
+    from tuner.engine import compiled
+    from tuner.engine.environment import prepare_environment
 
-    prepare_environment()  # before torch initialises any GPU runtime
+    # before anything imports torch: the allocator, cuBLAS and TunableOp read theirs at import or first use
+    environment_notes = prepare_environment()
+    compiled.prepare_environment(compiled.cache_root(opts.cache_dir))
     from tuner.engine.runner import PARENT_EXIT, Engine
 
-    engine = Engine(opts, emitter)
+    engine = Engine(opts, emitter, environment_notes=environment_notes)
 
     def on_signal(signum, _frame):
         gone = signum == signal.SIGTERM and not parent_alive(opts.parent_pid)  # the parent-death signal

@@ -1,9 +1,7 @@
-"""torch.compile for the engine: where compiled artifacts are cached, Inductor's deterministic mode, and the
-allocator setting for a batch sized to the GPU.
+"""torch.compile for the engine: where compiled artifacts are cached, and Inductor's deterministic mode.
 
-Environment first (before torch touches the GPU or compiles anything): Inductor's and Triton's caches go under
-the tuner's XDG cache, so the second trial of a bisect loads kernels instead of compiling them again; the CUDA
-allocator uses expandable segments, so a batch grown to fill the card does not fail on fragmentation.
+Environment first (before torch is imported: `tuner/engine/cli.py`): Inductor's and Triton's caches go under the
+tuner's XDG cache, so the second trial of a bisect loads kernels instead of compiling them again.
 Inductor's deterministic mode (`torch._inductor.config.deterministic`, env `TORCHINDUCTOR_DETERMINISTIC=1`)
 turns off its on-device benchmarking, whose choices could differ between two runs and change the numerics.
 """
@@ -24,8 +22,7 @@ def cache_root(explicit: str | None) -> Path:
 
 
 def prepare_environment(root: Path) -> None:
-    """Before the first CUDA allocation and the first compile; explicit settings in the environment win."""
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    """Before torch is imported (and so before the first compile); explicit settings in the environment win."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "engine" / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "engine" / "triton"))
     os.environ.setdefault("TORCHINDUCTOR_DETERMINISTIC", "1")  # also read by compile worker processes

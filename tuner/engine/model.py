@@ -9,8 +9,10 @@ Optional, as in nanochat's current model (the `nanochat` preset turns them on):
 - value embeddings (ResFormer): alternate layers, the last always, add a per-head gated (0..3) embedding of the
   input token to the attention values;
 - sliding windows: a pattern such as "SSSL" tiled over the layers, S = a quarter of the context rounded up to
-  128 tokens, L = full context, the last layer always L. Attention is SDPA with a banded causal mask on S
-  layers, which is nanochat's own path where FlashAttention 3 is missing.
+  128 tokens, L = full context, the last layer always L. Each layer's kernel is given by the caller
+  (`attention.layer_kernels`): S layers run flash attention's own window where the platform has it (nanochat
+  runs FlashAttention 3's window), else SDPA with a banded causal mask (nanochat's own fallback); the default is
+  the latter, the CPU's.
 
 Left out on purpose: the smear gate and backout (two scalars' worth of load); the output projections start small
 instead of zero, so the canary (frozen initial weights) exercises every path.
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tuner.engine import attention
 
 VOCAB = 256
 SOFTCAP = 15.0
@@ -92,9 +96,11 @@ class CastedLinear(nn.Linear):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int):
+    def __init__(self, cfg: GPTConfig, layer: int, kernel: str | None = None):
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.window = cfg.windows()[layer]
+        self.kernel = kernel or attention.layer_kernels([self.window], cfg.seq_len, attention.CPU)[0]
         inner = cfg.n_head * cfg.head_dim
         self.c_q = CastedLinear(cfg.width, inner)
         self.c_k = CastedLinear(cfg.width, inner)
@@ -113,12 +119,8 @@ class CausalSelfAttention(nn.Module):
             v = v + gate.unsqueeze(-1) * ve.view(b, t, self.n_head, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         q, k = norm(q) * 1.2, norm(k) * 1.2  # QK-norm, then nanochat's 1.2 gain
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:t, :t])
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
+        y = attention.attend(q, k, v, self.kernel, self.window, None if mask is None else mask[:t, :t])
+        return self.c_proj(y.reshape(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -132,9 +134,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int = 0):
+    def __init__(self, cfg: GPTConfig, layer: int = 0, kernel: str | None = None):
         super().__init__()
-        self.attn = CausalSelfAttention(cfg, layer)
+        self.attn = CausalSelfAttention(cfg, layer, kernel)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ve: torch.Tensor | None = None,
@@ -145,11 +147,19 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig, compute_dtype: torch.dtype = torch.float32,
-                 embed_dtype: torch.dtype = torch.float32):
+                 embed_dtype: torch.dtype = torch.float32, attention_kernels: list[str] | None = None):
+        """`attention_kernels`: one per layer (`attention.layer_kernels`); default: the CPU's (math, and math
+        with a banded mask on sliding-window layers)."""
         super().__init__()
         self.cfg, self.compute_dtype = cfg, compute_dtype
+        windows = cfg.windows()
+        kernels = attention_kernels or attention.layer_kernels(windows, cfg.seq_len, attention.CPU)
+        if len(kernels) != cfg.depth or any((k in attention.WINDOW_KERNELS) != (w < cfg.seq_len)
+                                            for k, w in zip(kernels, windows, strict=True)):
+            raise ValueError(f"attention kernels {kernels} do not fit the layers' windows {windows}")
+        self.attention_kernels = list(kernels)
         self.wte = nn.Embedding(cfg.vocab, cfg.width, dtype=embed_dtype)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.depth))
+        self.blocks = nn.ModuleList(Block(cfg, i, kernels[i]) for i in range(cfg.depth))
         self.lm_head = CastedLinear(cfg.width, cfg.vocab)
         self.resid_lambdas = nn.Parameter(torch.ones(cfg.depth))
         self.x0_lambdas = nn.Parameter(torch.zeros(cfg.depth))
@@ -159,10 +169,9 @@ class GPT(nn.Module):
         cos, sin = self._rotary(cfg.seq_len, cfg.head_dim)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        windows = cfg.windows()
         self._mask_of_layer: list[str | None] = []
-        for w in windows:
-            if w >= cfg.seq_len:
+        for w, kernel in zip(windows, kernels, strict=True):
+            if kernel != attention.MATH_WINDOW:  # only SDPA's banded path takes a mask
                 self._mask_of_layer.append(None)
                 continue
             name = f"mask_{w}"

@@ -5,8 +5,10 @@ Determinism by construction (docs/engine.md, "Determinism", cites the PyTorch so
   instead of warning, and the flash-attention backward runs its deterministic variant only in strict mode;
 - the SDPA backend is chosen explicitly per platform (`choose_kernels`): CUDA flash (deterministic backward in
   strict mode) or math; ROCm and CPU math only; cuDNN and memory-efficient attention are switched off;
-- GEMMs: `CUBLAS_WORKSPACE_CONFIG` set to a deterministic value, on ROCm hipBLAS (rocBLAS, atomics off in
-  deterministic mode) preferred over hipBLASLt, TunableOp off.
+- GEMMs: on ROCm hipBLAS (rocBLAS, atomics off in deterministic mode) preferred over hipBLASLt, TunableOp off;
+  the environment variables behind them (`CUBLAS_WORKSPACE_CONFIG`, ...) are set before torch is imported, by
+  `tuner/engine/environment.py`.
+Which attention kernel each layer runs (flash, flash with a window, math) is `tuner/engine/attention.py`.
 """
 
 from __future__ import annotations
@@ -19,47 +21,10 @@ import torch
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-# cuBLAS is deterministic only with one of these workspace configurations (aten/src/ATen/Context.cpp,
-# alertCuBLASConfigNotDeterministic); anything else raises in strict deterministic mode.
-DETERMINISTIC_CUBLAS_CONFIGS = (":4096:8", ":16:8")
-# Environment variables that change which kernels run (and so the bits of the trajectory): reported in `start`
-# and part of the reference fingerprint. Names, or prefixes ending in "_".
-KERNEL_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_", "CUBLAS_", "TORCH_BLAS_PREFER_CUBLASLT",
-              "TORCH_BLAS_PREFER_HIPBLASLT", "PYTORCH_TUNABLEOP_", "TORCH_CUDNN_", "TORCH_ROCM_",
-              "NVIDIA_TF32_OVERRIDE",
-              "ROCBLAS_", "HIPBLASLT_", "MIOPEN_", "HSA_OVERRIDE_GFX_VERSION", "CUDA_LAUNCH_BLOCKING",
-              "TORCH_SDPA_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "HIP_FORCE_DEV_KERNARG")
 
 
 class SetupProblem(Exception):
     """The device or environment cannot run this configuration. Exit 2, never counted as instability."""
-
-
-def prepare_environment() -> list[str]:
-    """Before torch touches a GPU: number CUDA devices by PCI bus id (as NVML does), make cuBLAS deterministic,
-    turn TunableOp off (it times candidate kernels and keeps the fastest: a different kernel on another run) and,
-    on ROCm, prefer hipBLAS over hipBLASLt (hipBLASLt may pick atomic split-K solutions; PyTorch turns atomics
-    off only for rocBLAS). Returns what it overrode, one line each, for the log."""
-    changed = []
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in DETERMINISTIC_CUBLAS_CONFIGS:
-        if "CUBLAS_WORKSPACE_CONFIG" in os.environ:
-            changed.append(f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']} is not deterministic: "
-                           "using :4096:8")
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    if os.environ.get("PYTORCH_TUNABLEOP_ENABLED", "0") != "0":
-        changed.append("PYTORCH_TUNABLEOP_ENABLED: TunableOp picks kernels by timing: turned off")
-    os.environ["PYTORCH_TUNABLEOP_ENABLED"] = "0"
-    os.environ.setdefault("TORCH_BLAS_PREFER_HIPBLASLT", "0")
-    return changed
-
-
-def kernel_env() -> dict:
-    """The environment variables that affect kernel selection, as set now."""
-    def relevant(name: str) -> bool:
-        return any(name.startswith(k) if k.endswith("_") else name == k for k in KERNEL_ENV)
-
-    return {k: os.environ[k] for k in sorted(os.environ) if relevant(k)}
 
 
 @dataclass(frozen=True)
@@ -165,8 +130,9 @@ def _bf16_supported(spec: DeviceSpec) -> bool:
 def enable_determinism() -> None:
     """Strict deterministic algorithms: an op without a deterministic implementation raises (a setup error, never
     a quiet warning); no cuDNN autotuning; TF32 matmuls as nanochat uses."""
-    # torch.use_deterministic_algorithms() also imports inductor (2-3 s) only to set its flag; we never
-    # compile, so set the runtime switch directly when torch has it.
+    # torch.use_deterministic_algorithms() also imports Inductor (2-3 s) only to set its `deterministic` flag.
+    # Runs that compile set that flag themselves (compiled.compile_model, and TORCHINDUCTOR_DETERMINISTIC=1 for
+    # the compile workers), so eager runs skip the import: set the runtime switch directly when torch has it.
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
     if setter is not None:
         setter(True, warn_only=False)

@@ -1,32 +1,19 @@
 """JSON lines out: one event per line, flushed, thread-safe; and the heartbeat thread. No torch here.
 
-Every event carries `"event": name` and `"t"`: monotonic seconds since the engine started. Non-finite floats
-are written as the strings "NaN", "Infinity" and "-Infinity" so every line is strict JSON. See docs/engine.md.
+The events are declared in `tuner.engine.events` (their fields, types and JSON form, and docs/engine.md's tables);
+this module writes them: every event carries `"event"` and `"t"`, monotonic seconds since the engine started.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import IO, Any
 
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
+from tuner.engine.events import Event, HeartbeatEvent, to_record
 
 
 class Emitter:
@@ -36,7 +23,7 @@ class Emitter:
         self,
         stream: IO[str] | None = None,
         *,
-        sink: Callable[[dict], None] | None = None,
+        sink: Callable[[dict[str, Any]], None] | None = None,
         t0: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -49,9 +36,10 @@ class Emitter:
     def now(self) -> float:
         return self._clock() - self.t0
 
-    def emit(self, event: str, **fields: Any) -> dict:
-        record = {"event": event, "t": round(self.now(), 4), **_clean(fields)}
-        with self._lock:
+    def emit(self, event: Event) -> dict[str, Any]:
+        """Write `event` stamped with the time now; returns the record written (the sink gets the same)."""
+        with self._lock:  # stamped inside the lock: `t` never goes backwards between threads
+            record = to_record(event, round(self.now(), 4))
             self.last_emit = self._clock()
             if self._sink is not None:
                 self._sink(record)
@@ -67,12 +55,12 @@ class Emitter:
 class Heartbeat:
     """A daemon thread that emits `heartbeat` at a fixed interval, also while the main thread is in a long step.
 
-    `status()` is called from the thread and returns the fields to report (step, state, progress); it must only
-    read plain Python values. `tick()`, when given, runs first on every beat (the engine's parent watch). `stop()`
-    ends the thread (the hang injection uses it to go silent).
+    `status()` is called from the thread and returns the fields of `HeartbeatEvent` (step, state, progress); it
+    must only read plain Python values. `tick()`, when given, runs first on every beat (the engine's parent
+    watch). `stop()` ends the thread (the hang injection uses it to go silent).
     """
 
-    def __init__(self, emitter: Emitter, status: Callable[[], dict], interval_s: float = 0.5,
+    def __init__(self, emitter: Emitter, status: Callable[[], dict[str, Any]], interval_s: float = 0.5,
                  tick: Callable[[], None] | None = None):
         self._emitter, self._status, self._interval_s, self._tick = emitter, status, interval_s, tick
         self._stop = threading.Event()
@@ -87,7 +75,7 @@ class Heartbeat:
             try:
                 if self._tick is not None:
                     self._tick()
-                self._emitter.emit("heartbeat", **self._status())
+                self._emitter.emit(HeartbeatEvent(**self._status()))
             except Exception as e:  # noqa: BLE001 - a heartbeat must never kill the engine
                 try:
                     print(f"engine: heartbeat failed: {e!r}", file=sys.stderr, flush=True)

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from msgspec import UNSET
 
-from tuner.engine import PROTOCOL_VERSION, compiled
+from tuner.engine import attention, compiled
 from tuner.engine.batchfit import BatchDoesNotFit, fit_batch
 from tuner.engine.data import DataProblem, WindowSampler, load_corpus, tokenize
 from tuner.engine.detectors import (
@@ -33,6 +34,26 @@ from tuner.engine.detectors import (
     device_error,
 )
 from tuner.engine.distributed import DataParallel, GroupDidNotForm, PeerLost, data_seed
+from tuner.engine.environment import kernel_env, prepare_environment
+from tuner.engine.events import (
+    PROTOCOL_VERSION,
+    CanaryEvent,
+    DataParallelStatus,
+    DataSource,
+    EndEvent,
+    FaultEvent,
+    FirstDifference,
+    GemmEvent,
+    ModelShape,
+    PhaseEvent,
+    ReferenceCompared,
+    ReferenceInUse,
+    SegmentEvent,
+    StartEvent,
+    StepEvent,
+    TokenizerInfo,
+    WarningEvent,
+)
 from tuner.engine.faults import FaultInjector, PlatformFlaw
 from tuner.engine.lifeline import parent_alive
 from tuner.engine.model import GPT, GPTConfig
@@ -49,9 +70,7 @@ from tuner.engine.platform import (
     empty_cache,
     enable_determinism,
     is_oom,
-    kernel_env,
     make_oom,
-    prepare_environment,
     resolve_device,
     sdpa_backend,
     synchronize,
@@ -130,8 +149,10 @@ def _log(msg: str) -> None:
 
 class Engine:
     def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = _log,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, environment_notes: list[str] | None = None):
         self.opts, self.em, self.log, self.sleep = opts, emitter, log, sleep
+        # what `environment.prepare_environment()` overrode when the CLI called it, before torch was imported
+        self.environment_notes = list(environment_notes or [])
         self.state = "setup"
         self.step = 0  # completed training steps (gemm mode: completed GEMM rounds)
         self.progress = 0  # completed units of work of any kind (steps, canaries, GEMM rounds)
@@ -145,6 +166,7 @@ class Engine:
         self.injector = FaultInjector(opts.injections, opts.fault_rate, opts.effective_fault_seed, log=log,
                                       flaw=PlatformFlaw(opts.sim_nondeterministic, opts.sim_contention_at))
         self.kernels: dict = {}
+        self.attention_kernels: list[str] = []  # one per layer (attention.layer_kernels); none in gemm mode
         self.first_difference: dict | None = None  # the first step (0: start-up check) that did not repeat
         self.bitwise_probe: ReferenceTrajectory | None = None  # --verify-repeatable with --tolerance
         self.reference: Reference | None = None
@@ -194,7 +216,7 @@ class Engine:
         opts.validate()
         self.cache_root = compiled.cache_root(opts.cache_dir)
         compiled.prepare_environment(self.cache_root)
-        for line in prepare_environment():
+        for line in [*self.environment_notes, *prepare_environment()]:  # in-process runs: the second list
             self._setup_warning("environment", line)
         if opts.threads:
             torch.set_num_threads(opts.threads)
@@ -229,6 +251,8 @@ class Engine:
             self._build_model()
             self._attention_repeatable = self._attention_smoke()  # before the batch fit: a clearer error
             self.batch_size = self._fit_batch()
+            if self.use_compile:  # after the fit, whose probes run eager kernels (_oom_probe)
+                self.train_model = compiled.compile_model(self.model)
             self._build_canary()
         else:
             self.batch_size = 0
@@ -278,7 +302,11 @@ class Engine:
         p = self.opts.preset_spec
         # nanochat stores the embeddings in the compute dtype (fp32 when computing in fp16: no loss scaling)
         embed_dtype = self.dtype if p.bf16_embeddings and self.dtype != torch.float16 else torch.float32
-        model = GPT(self.cfg, self.dtype, embed_dtype=embed_dtype)
+        c = self.cfg
+        where = attention.attention_platform(self.spec.type, self.device, self.dtype, c.n_head, c.head_dim,
+                                             c.seq_len)
+        self.attention_kernels = attention.layer_kernels(c.windows(), c.seq_len, where)
+        model = GPT(self.cfg, self.dtype, embed_dtype=embed_dtype, attention_kernels=self.attention_kernels)
         model.init_weights(gen)
         self.model = model.to(self.device)
         self.flat_params = self.model.flatten_parameters_()
@@ -287,7 +315,10 @@ class Engine:
         self._new_optimizers()
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.flops_per_token = self.model.flops_per_token()
-        self.train_model = compiled.compile_model(self.model) if self.use_compile else self.model
+        from tuner.engine.optim import eager_updates
+
+        eager_updates()  # the batch fit's probes run eager kernels; compiled ones are swapped in after it
+        self.train_model = self.model
 
     def _new_optimizers(self) -> None:
         p = self.opts.preset_spec
@@ -332,7 +363,9 @@ class Engine:
     def _oom_probe(self, batch: int) -> int | None:
         """One whole training step at `batch` (forward, backward, both optimizers with their state and
         temporaries), then back to the initial weights and fresh optimizers. Returns the peak memory in bytes
-        (CUDA; None elsewhere). Eager kernels: compiling once per probed batch would cost minutes."""
+        (CUDA; None elsewhere). Eager kernels, the model's and the optimizer updates' (compiling once per probed
+        batch would cost minutes): `setup` compiles after the fit. Eager kernels keep more temporaries than
+        compiled ones, so a batch that fits eager fits compiled."""
         if self.opts.test_oom_above is not None and batch > self.opts.test_oom_above:
             raise make_oom(f"out of memory: simulated by the test hook at batch {batch}")
         cuda = self.spec.type == "cuda"
@@ -394,7 +427,7 @@ class Engine:
     def _setup_warning(self, kind: str, detail: str) -> None:
         self.setup_problems.append(detail)
         self.warning_count += 1
-        self.em.emit("warning", step=self.step, kind=kind, detail=detail, setup=True)
+        self.em.emit(WarningEvent(step=self.step, kind=kind, detail=detail, setup=True))
         self.log(f"setup problem: {detail}")
 
     def _check_repeatability(self) -> None:
@@ -421,29 +454,43 @@ class Engine:
         self._last_canary_t = time.monotonic()
 
     def _attention_smoke(self) -> bool:
-        """Causal SDPA forward and backward at the preset's shape in the compute dtype, twice, compared bit for bit.
-        A kernel that fails here (an unsupported shape or architecture) is a setup problem, never the voltage."""
+        """Causal SDPA forward and backward at the preset's shape in the compute dtype, twice, compared bit for bit;
+        and the same for flash attention's window on each window a layer runs it with. A kernel that fails here (an
+        unsupported shape or architecture) is a setup problem, never the voltage."""
         p = self.opts.preset_spec
         rows = p.canary_batch
         gen = torch.Generator().manual_seed(12345)
         shape = (rows, p.n_head, p.seq_len, p.head_dim)
         base = [torch.randn(shape, generator=gen).to(self.device, self.dtype) for _ in range(4)]
         self.kernels["sdpa_backend"] = sdpa_backend(base[0])
-        outs = []
-        try:
-            for _ in range(REPEATABILITY_RUNS):
-                q, k, v = (t.detach().clone().requires_grad_(True) for t in base[:3])
-                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-                y.backward(base[3])
-                outs.append([t.detach().float().cpu() for t in (y, q.grad, k.grad, v.grad)])
-        except Exception as e:
-            if is_oom(e):
-                raise
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise SetupProblem(f"attention (SDPA, {self.kernels['sdpa_backend']}) failed at the {p.name} preset's "
-                               f"shape {list(shape)} in {DTYPE_NAMES[self.dtype]}: {first}") from None
-        return all(torch.equal(a.view(torch.int32), b.view(torch.int32))
-                   for a, b in zip(outs[0], outs[1], strict=False))
+
+        def sdpa(q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        checks = [(f"SDPA, {self.kernels['sdpa_backend']}", sdpa, base)]
+        by_seq = [t.transpose(1, 2).contiguous() for t in base]  # flash's (batch, seq, heads, head_dim)
+        for w in sorted({w for w, k in zip(self.cfg.windows(), self.attention_kernels, strict=True)
+                         if k == attention.FLASH_WINDOW}):
+            checks.append((f"flash with window {w}",
+                           lambda q, k, v, w=w: attention.flash_window(q, k, v, w), by_seq))
+        same = True
+        for label, fn, inputs in checks:
+            outs = []
+            try:
+                for _ in range(REPEATABILITY_RUNS):
+                    q, k, v = (t.detach().clone().requires_grad_(True) for t in inputs[:3])
+                    y = fn(q, k, v)
+                    y.backward(inputs[3])
+                    outs.append([t.detach().float().cpu() for t in (y, q.grad, k.grad, v.grad)])
+            except Exception as e:
+                if is_oom(e):
+                    raise
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                raise SetupProblem(f"attention ({label}) failed at the {p.name} preset's shape {list(shape)} in "
+                                   f"{DTYPE_NAMES[self.dtype]}: {first}") from None
+            same = same and all(torch.equal(a.view(torch.int32), b.view(torch.int32))
+                                for a, b in zip(outs[0], outs[1], strict=False))
+        return same
 
     def _reset_training(self) -> None:
         """Initial weights and fresh optimizers: the state step 1 starts from."""
@@ -503,6 +550,8 @@ class Engine:
                       tokenizer_sha256=self.corpus.tokenizer_sha256)
         if self.use_compile:
             fp["compile"] = True
+        if attention.FLASH_WINDOW in self.attention_kernels:  # only then: references of the other kernels load
+            fp["attention_kernels"] = list(self.attention_kernels)
         if self.spec.type == "cpu":
             fp["threads"] = torch.get_num_threads()
         if self.dp is not None:  # a rank's trajectory depends on the group: its data shard and the averaged grads
@@ -538,17 +587,15 @@ class Engine:
         tokens = self.batch_size * p.seq_len if training else 0
         ref = None
         if self.reference is not None:
-            ref = {"path": o.reference, "steps": self.reference.steps}
+            ref = ReferenceInUse(path=str(o.reference), steps=self.reference.steps)
         data = None
         if training:
-            data = {"source": self.corpus.source, "bytes": self.corpus.nbytes, "files": self.corpus.files,
-                    "sha256": self.corpus.sha256, "tokens": self.corpus.tokens}
-            if self.tokenizer is not None:
-                data["tokenizer"] = {"kind": "bpe", "vocab_size": self.tokenizer.vocab_size,
-                                     "sha256": self.tokenizer.sha256, "cached": not self.tokenizer.trained,
-                                     "path": str(self.tokenizer.path)}
-        self.em.emit(
-            "start",
+            tokenizer = TokenizerInfo(kind="bpe", vocab_size=self.tokenizer.vocab_size, sha256=self.tokenizer.sha256,
+                                      cached=not self.tokenizer.trained, path=str(self.tokenizer.path)) \
+                if self.tokenizer is not None else UNSET
+            data = DataSource(source=self.corpus.source, bytes=self.corpus.nbytes, files=self.corpus.files,
+                              sha256=self.corpus.sha256, tokens=self.corpus.tokens, tokenizer=tokenizer)
+        self.em.emit(StartEvent(
             protocol=PROTOCOL_VERSION,
             mode=o.mode,
             preset=o.preset,
@@ -562,12 +609,14 @@ class Engine:
             flops_per_step=self.flops_per_token * tokens if training else self.gemm.flops,
             batch_size=self.batch_size,
             seq_len=p.seq_len,
-            model={"depth": p.depth, "width": p.width, "n_head": p.n_head, "head_dim": p.head_dim, "vocab": p.vocab,
-                   "window_pattern": p.window_pattern, "windows": self.cfg.windows(),
-                   "value_embeds": p.value_embeds,
-                   "embed_dtype": DTYPE_NAMES.get(self.model.wte.weight.dtype, str(self.model.wte.weight.dtype))}
+            model=ModelShape(depth=p.depth, width=p.width, n_head=p.n_head, head_dim=p.head_dim, vocab=p.vocab,
+                             window_pattern=p.window_pattern, windows=tuple(self.cfg.windows()),
+                             value_embeds=p.value_embeds,
+                             embed_dtype=DTYPE_NAMES.get(self.model.wte.weight.dtype,
+                                                         str(self.model.wte.weight.dtype)))
             if training else None,
             compile=bool(training and self.use_compile),
+            attention_kernels=list(self.attention_kernels) if training else None,
             seed=o.seed,
             steps=o.steps,
             duration_s=o.duration_s,
@@ -577,9 +626,9 @@ class Engine:
             gemm_n=self.gemm.n,
             gemm_repeats=self.gemm.repeats,
             data=data,
-            repeatable=self.repeatable,
+            repeatable=bool(self.repeatable),
             repeatability=self.repeatability,
-            first_difference=self.first_difference,
+            first_difference=self._first_difference(),
             sensitivity=self.sensitivity,
             tolerance=self.opts.tolerance,
             verify_repeatable=self.opts.verify_repeatable,
@@ -593,23 +642,27 @@ class Engine:
             record=o.record,
             fault_rate=o.fault_rate,
             fault_seed=o.effective_fault_seed,
-            injections=[str(i) for i in o.injections],
+            injections=tuple(str(i) for i in o.injections),
             visible_devices=visibility_env(),
-            setup_problems=list(self.setup_problems),
+            setup_problems=tuple(self.setup_problems),
             data_parallel=self._dp_status(),
             **versions(),
-        )
+        ))
         self.log(f"{o.mode} on {self.spec.name} ({DTYPE_NAMES[self.dtype]}), preset {o.preset}"
                  + (f", {self.n_params:,} parameters, {tokens:,} tokens/step" if training else "")
-                 + (f", attention {self.kernels.get('sdpa_backend')}" if training else "")
+                 + (f", attention {'/'.join(self.attention_kernels)}" if training else "")
                  + (", REDUCED SENSITIVITY (--tolerance)" if self.opts.tolerance else ""))
 
-    def _dp_status(self) -> dict | None:
+    def _dp_status(self) -> DataParallelStatus | None:
         if self.dp is None:
             return None
-        return {"world_size": self.opts.world_size, "rank": self.opts.rank, "backend": self.dp.backend,
-                "library": self.dp.library, "collectives": self.dp.collectives,
-                "collective_s": round(self.dp.collective_s, 4)}
+        return DataParallelStatus(world_size=self.opts.world_size, rank=self.opts.rank, backend=self.dp.backend,
+                                  library=self.dp.library, collectives=self.dp.collectives,
+                                  collective_s=round(self.dp.collective_s, 4))
+
+    def _first_difference(self) -> FirstDifference | None:
+        d = self.first_difference
+        return None if d is None else FirstDifference(step=int(d["step"]), figure=str(d["figure"]))
 
     @property
     def sensitivity(self) -> str:
@@ -670,8 +723,8 @@ class Engine:
 
     def _fail(self, finding: Finding, step: int) -> None:
         self.fault_figure = finding.figure
-        self.em.emit("fault", kind=finding.kind, step=step, reference_step=self.reference_step(step),
-                     detail=finding.detail, figure=finding.figure)
+        self.em.emit(FaultEvent(kind=finding.kind, step=step, reference_step=self.reference_step(step),
+                                detail=finding.detail, figure=finding.figure))
         self.log(f"FAULT {finding.kind} at step {step}: {finding.detail}")
         raise _End("fail", finding.detail, finding.kind, step, EXIT_FAULT)
 
@@ -698,12 +751,10 @@ class Engine:
         steady = step > self.opts.effective_warmup_steps and self._steps_since_idle > 2
         tok_s = r.tokens / r.dt_s if r.dt_s > 0 else None
         tflops = self.flops_per_token * r.tokens / r.dt_s / 1e12 if r.dt_s > 0 else None
-        fields = {"step": step, "loss": r.loss, "grad_norm": r.grad_norm, "dt_ms": round(r.dt_s * 1e3, 3),
-                  "tok_s": None if tok_s is None else round(tok_s, 1),
-                  "tflops": None if tflops is None else round(tflops, 6)}
-        if self.opts.mode == "mixed":
-            fields["phase"] = self._phase
-        self.em.emit("step", **fields)
+        self.em.emit(StepEvent(step=step, loss=r.loss, grad_norm=r.grad_norm, dt_ms=round(r.dt_s * 1e3, 3),
+                               tok_s=None if tok_s is None else round(tok_s, 1),
+                               tflops=None if tflops is None else round(tflops, 6),
+                               phase=self._phase if self.opts.mode == "mixed" else UNSET))
         if steady:
             self.step_times.append(r.dt_s)
             if tok_s is not None:
@@ -719,7 +770,7 @@ class Engine:
             self.recorder.append(step, r.loss, r.grad_norm, r.param_sum, r.grad_sum)
         for w in self.soft.observe(step, r.loss, r.grad_norm, tok_s, steady):
             self.warning_count += 1
-            self.em.emit("warning", step=step, kind=w.kind, detail=w.detail, setup=False)
+            self.em.emit(WarningEvent(step=step, kind=w.kind, detail=w.detail, setup=False))
             self.log(f"warning at step {step}: {w.kind}: {w.detail}")
             self._canary_pending = self._canary_pending or "soft-signal"
         reason = self._canary_pending
@@ -742,7 +793,7 @@ class Engine:
             self._restore_initial()
             self.soft = SoftSignals()  # the loss restarts high: not a spike
             self.segment = (step - 1) // n + 1
-            self.em.emit("segment", step=step - 1, segment=self.segment, reference_steps=n)
+            self.em.emit(SegmentEvent(step=step - 1, segment=self.segment, reference_steps=n))
             self.log(f"reference segment {self.segment}: restarting from the initial weights at step {step}")
         return seg
 
@@ -780,9 +831,9 @@ class Engine:
         self.canary_count = index
         self.progress += 1
         self._last_canary_t = time.monotonic()
-        self.em.emit("canary", step=self.step, index=index, reason=reason, ok=finding is None,
-                     gemm_ok=gemm_finding is None, digest=sample.digest(),
-                     dt_ms=round((time.perf_counter() - t0) * 1e3, 3))
+        self.em.emit(CanaryEvent(step=self.step, index=index, reason=reason, ok=finding is None,
+                                 gemm_ok=gemm_finding is None, digest=sample.digest(),
+                                 dt_ms=round((time.perf_counter() - t0) * 1e3, 3)))
         if finding is not None:
             self._fail(finding, self.step)
         if gemm_finding is not None:
@@ -833,8 +884,9 @@ class Engine:
         tflops = self.gemm.flops / dt / 1e12 if dt > 0 else None
         if index > self.opts.effective_warmup_steps:
             self.step_times.append(dt)
-        self.em.emit("gemm", step=index, ok=finding is None, dt_ms=round(dt * 1e3, 3),
-                     tflops=None if tflops is None else round(tflops, 6), n=self.gemm.n, repeats=self.gemm.repeats)
+        self.em.emit(GemmEvent(step=index, ok=finding is None, dt_ms=round(dt * 1e3, 3),
+                               tflops=None if tflops is None else round(tflops, 6), n=self.gemm.n,
+                               repeats=self.gemm.repeats))
         if finding is not None:
             self._fail(finding, index)
 
@@ -855,7 +907,7 @@ class Engine:
     def _set_phase(self, phase: str, left_s: float) -> None:
         if phase != self._phase:
             self._phase = phase
-            self.em.emit("phase", step=self.step, phase=phase, duration_s=round(left_s, 3))
+            self.em.emit(PhaseEvent(step=self.step, phase=phase, duration_s=round(left_s, 3)))
             self.log(f"phase: {phase} for {left_s:.1f} s")
 
     def _idle(self, seconds: float) -> None:
@@ -958,21 +1010,20 @@ class Engine:
         eval_losses = eval_losses or []
         reference = None
         if self.trajectory is not None:
-            reference = {
-                "path": self.opts.reference,
-                "reference_steps": self.trajectory.reference_steps,
-                "compared_steps": self.trajectory.compared,
-                "beyond_reference_steps": self.trajectory.beyond,
-                "note": (f"steps after {self.trajectory.reference_steps} were not compared (past the reference's end)"
-                         if self.trajectory.beyond else None),
-                "tolerance": self.trajectory.tolerance,
-                "loop": self.opts.reference_loop,
-                "segments": self.segment,
-            }
+            reference = ReferenceCompared(
+                path=str(self.opts.reference),
+                reference_steps=self.trajectory.reference_steps,
+                compared_steps=self.trajectory.compared,
+                beyond_reference_steps=self.trajectory.beyond,
+                note=(f"steps after {self.trajectory.reference_steps} were not compared (past the reference's end)"
+                      if self.trajectory.beyond else None),
+                tolerance=self.trajectory.tolerance,
+                loop=self.opts.reference_loop,
+                segments=self.segment,
+            )
         med_dt = statistics.median(self.step_times) if self.step_times else None
         med_tok = statistics.median(self.tok_s) if self.tok_s else None
-        self.em.emit(
-            "end",
+        self.em.emit(EndEvent(
             verdict=verdict,
             reason=reason,
             kind=kind,
@@ -983,18 +1034,18 @@ class Engine:
             median_step_ms=None if med_dt is None else round(med_dt * 1e3, 3),
             median_tok_s=None if med_tok is None else round(med_tok, 1),
             bpb=None if bpb is None else round(bpb, 6),
-            eval_losses=[round(v, 6) if math.isfinite(v) else v for v in eval_losses],
+            eval_losses=tuple(round(v, 6) if math.isfinite(v) else v for v in eval_losses),
             reference=reference,
             recorded=recorded,
             sensitivity=None if self.repeatable is None else self.sensitivity,
-            first_difference=self.first_difference,
-            setup_problems=list(self.setup_problems),
+            first_difference=self._first_difference(),
+            setup_problems=tuple(self.setup_problems),
             warnings=self.warning_count,
             canaries=self.canary_count,
             exit_code=exit_code,
             figure=self.fault_figure if verdict == "fail" else None,
             data_parallel=self._dp_status(),
-        )
+        ))
 
     def run(self) -> int:
         """Set up, loop, end. Always emits exactly one `end` event."""
@@ -1038,9 +1089,9 @@ class Engine:
                 self.log(reason)
             elif finding is not None:  # a device error counts against the setting
                 failed_step = failed_step if self._setup_done else None
-                self.em.emit("fault", kind=finding.kind, step=failed_step,
-                             reference_step=self.reference_step(failed_step), detail=finding.detail,
-                             figure=None)
+                self.em.emit(FaultEvent(kind=finding.kind, step=failed_step,
+                                        reference_step=self.reference_step(failed_step), detail=finding.detail,
+                                        figure=None))
                 verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, failed_step, EXIT_FAULT
                 self.log(f"FAULT device-error: {finding.detail}")
             elif is_oom(e):
@@ -1057,9 +1108,9 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - the run passed; the report must still go out
                 finding = device_error(e)
                 if finding is not None:
-                    self.em.emit("fault", kind=finding.kind, step=self.step,
-                                 reference_step=self.reference_step(self.step), detail=finding.detail,
-                                 figure=None)
+                    self.em.emit(FaultEvent(kind=finding.kind, step=self.step,
+                                            reference_step=self.reference_step(self.step), detail=finding.detail,
+                                            figure=None))
                     verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, self.step, EXIT_FAULT
                 else:
                     traceback.print_exc(file=sys.stderr)
@@ -1074,7 +1125,7 @@ class Engine:
             self._emit_end(verdict, reason, kind, step, code, duration, *finished)
         except Exception as e:  # noqa: BLE001 - the end event must still go out
             traceback.print_exc(file=sys.stderr)
-            self.em.emit("end", verdict="error", reason=f"internal error while ending: {e}", kind="internal",
-                         step=step, steps=self.step, duration_s=round(duration, 3), exit_code=EXIT_ERROR)
+            self.em.emit(EndEvent.before_work(f"internal error while ending: {e}", "internal", EXIT_ERROR, step=step,
+                                              steps=self.step, duration_s=round(duration, 3)))
             code = EXIT_ERROR
         return code

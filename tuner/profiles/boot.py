@@ -10,17 +10,17 @@ Log lines go to stderr; under systemd, stderr is captured by the journal (`journ
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tuner.core import paths
+from tuner.core import kernel_files, paths, system_units
 
-UNIT_NAME = "tuner-apply.service"
-RESET_FLAG = "tuner.reset"
+UNIT_NAME = system_units.APPLY_UNIT
+RESUME_UNIT_NAME = system_units.RESUME_UNIT
+RESET_FLAG = system_units.RESET_FLAG
 DEFAULT_DISCOVERY_WAIT_S = 30.0
 DISCOVERY_INTERVAL_S = 3.0  # LACT retries 5 times at 3 s; amdgpu can take seconds to load firmware
 
@@ -38,10 +38,14 @@ def unit_path() -> Path:
     return systemd_dir() / UNIT_NAME
 
 
+def resume_unit_path() -> Path:
+    return systemd_dir() / RESUME_UNIT_NAME
+
+
 def reset_requested() -> bool:
     """True when the kernel command line has `tuner.reset` (or `tuner.reset=1`) as a word."""
     try:
-        cmdline = (paths.sysfs_root() / "proc/cmdline").read_text(errors="replace")
+        cmdline = kernel_files.read_text(paths.sysfs_root() / "proc/cmdline")
     except OSError:
         return False
     return any(word == RESET_FLAG or word.startswith(RESET_FLAG + "=") for word in cmdline.split())
@@ -105,41 +109,7 @@ def discover(
         sleep(interval_s)
 
 
-def unit_text(*, exec_args: list[str], environment: dict[str, str]) -> str:
-    """The systemd unit. Ordering and conditions, and why:
-    - After=systemd-modules-load.service systemd-udev-trigger.service: GPU drivers are loaded either from
-      modules-load.d or by udev coldplug; after both, the driver is loaded or loading. Probe can still take
-      seconds, which the `--boot` retry loop covers (a Condition on /sys/class/drm/card* would race it and
-      skip the unit silently).
-    - ConditionPathIsDirectory=/sys/class/drm: the DRM core registers this class; without it no GPU driver is
-      present at all, and the unit is skipped instead of failing.
-    - ConditionKernelCommandLine=!tuner.reset: the escape hatch, enforced by systemd before Python even runs.
-    """
-    def quote(word: str) -> str:
-        return shlex.quote(word).replace("%", "%%")  # systemd expands %-specifiers inside these lines
-
-    env_lines = "".join(f"Environment={quote(f'{k}={v}')}\n" for k, v in sorted(environment.items()))
-    command = " ".join(quote(a) for a in exec_args)
-    return f"""\
-# Written by `tuner service install`; remove with `tuner service uninstall`.
-# Applies the profiles in the system profile store to the cards they were proven on, once per boot.
-# Boot with `{RESET_FLAG}` on the kernel command line to skip it. Logs: journalctl -u {UNIT_NAME}
-[Unit]
-Description=Apply undervolt-tuner GPU profiles
-After=systemd-modules-load.service systemd-udev-trigger.service
-ConditionPathIsDirectory=/sys/class/drm
-ConditionKernelCommandLine=!{RESET_FLAG}
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-{env_lines}Environment=PYTHONUNBUFFERED=1
-ExecStart={command}
-TimeoutStartSec=180
-StandardOutput=journal
-StandardError=journal
-SyslogIdentifier=tuner
-
-[Install]
-WantedBy=multi-user.target
-"""
+def unit_text(*, exec_args: list[str], environment: dict[str, str], resume: bool = False) -> str:
+    """The boot unit (or the resume unit): its text and the reasons for each line live in
+    tuner.core.system_units, which the system installer renders too."""
+    return system_units.apply_unit(exec_args, environment, resume=resume)

@@ -13,15 +13,11 @@ from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles.schema import MAX_STRING_CHARS, SINGLE_SCHEMA, Profile, format_created, utc_now
 
 
-def _drop_none(d: dict) -> dict:
-    return {k: v for k, v in d.items() if v is not None}
-
-
 def _shorten_reason(trial: dict) -> dict:
     """A failure reason is free text from the engine or the kernel log: cut it to fit rather than fail the save."""
     reason = trial.get("reason")
     if isinstance(reason, str) and len(reason) > MAX_STRING_CHARS:
-        trial["reason"] = reason[: MAX_STRING_CHARS - 3] + "..."
+        return {**trial, "reason": reason[: MAX_STRING_CHARS - 3] + "..."}
     return trial
 
 
@@ -30,34 +26,17 @@ def meta_doc(name: str, schema: int) -> dict:
 
 
 def part_doc(device: DeviceInfo, knob: Knob, value: int, tuning: dict | None, kernel: str | None) -> dict:
-    """One card's [device], [setting] and [tuning] tables, as a single-card profile or a rig's [[card]] has them."""
-    doc = {
-        "device": _drop_none({
-            "vendor": device.vendor,
-            "name": device.name,
-            "pci_id": device.pci_id,
-            "subsystem_id": device.subsystem_id,
-            "pci_slot": device.pci_slot,
-            "vbios": device.vbios,
-            "serial": device.serial,
-            "driver_version": device.driver_version,
-            "kernel": kernel if kernel is not None else platform.release(),
-            "od_format": device.od_format,
-        }),
-        "setting": _drop_none({
-            "kind": knob.kind.value,
-            "unit": knob.unit,
-            "value": value,
-            "lock_clock_mhz": knob.lock_clock_mhz,
-        }),
+    """One card's [device], [setting] and [tuning] tables, as a single-card profile or a rig's [[card]] has them.
+    A None value is an unknown one: left out of the file."""
+    doc: dict[str, object] = {
+        "device": {"vendor": device.vendor, "name": device.name, "pci_id": device.pci_id,
+                   "subsystem_id": device.subsystem_id, "pci_slot": device.pci_slot, "vbios": device.vbios,
+                   "serial": device.serial, "driver_version": device.driver_version,
+                   "kernel": kernel if kernel is not None else platform.release(), "od_format": device.od_format},
+        "setting": {"kind": knob.kind.value, "unit": knob.unit, "value": value, "lock_clock_mhz": knob.lock_clock_mhz},
     }
     if tuning:
-        t = _drop_none(dict(tuning))
-        if "trials" in t:
-            t["trials"] = [_shorten_reason(_drop_none(dict(trial))) for trial in t["trials"]]
-            if not t["trials"]:
-                del t["trials"]
-        doc["tuning"] = t
+        doc["tuning"] = {**tuning, "trials": [_shorten_reason(t) for t in tuning.get("trials") or ()]}
     return doc
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuner.core.models import DeviceInfo, Knob
-from tuner.profiles.build import _drop_none, meta_doc, part_doc
+from tuner.profiles.build import meta_doc, part_doc
 from tuner.profiles.schema import RIG_SCHEMA, Profile, ProfileError, ProfilePart, RigEvidence
 
 
@@ -39,7 +39,7 @@ def build_rig_profile(name: str, parts: Sequence[RigPart], *, rig: dict | None =
         raise ProfileError("card: a rig profile needs at least one card")
     doc: dict[str, object] = {"profile": meta_doc(name, RIG_SCHEMA)}
     if rig:
-        doc["rig"] = _drop_none(dict(rig))
+        doc["rig"] = rig
     doc["card"] = [part_doc(p.device, p.knob, p.setting, p.tuning, kernel) for p in parts]
     return Profile.from_dict(doc)
 

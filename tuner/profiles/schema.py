@@ -1,34 +1,33 @@
-"""Profile schema (v1: one card; v2: a rig of cards): dataclasses, strict validation and TOML text.
+"""Profile schema (v1: one card; v2: a rig of cards): the declared tables, their TOML text and the rules across them.
 
 A profile is evidence: the card it was proven on, the setting, and (when it came from a bisect) the trials
 that proved it. A rig profile (schema 2) holds one such part per card (`[[card]]`, each with its own identity,
 setting and evidence) and the evidence of the whole-rig confirmation (`[rig]`).
 
-Validation is strict because a profile can come from another machine or a stranger: every
-error names the key's path (`setting.value: expected an integer, got 'abc'`) and nothing is coerced silently.
-The schema is documented field by field in `profiles/README.md`; keep the two in step.
+Each table is declared once below, as a frozen dataclass whose fields carry their bounds (msgspec `Meta`), and
+`tuner.core.documents` holds a parsed file to it. Validation is strict because a profile can come from another
+machine or a stranger: every error names the key's path (`setting.value: expected an integer, got 'abc'`), an
+unknown key is refused and nothing is coerced silently. `profiles/README.md` documents every key (a test checks
+that it lists exactly the declared ones).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Annotated, Any
 
 import tomli_w
+from msgspec import Meta
 
 from tuner import __version__
+from tuner.core.documents import Misfit, Words, fit, form, one_of, show
 from tuner.core.errors import UsageError
 from tuner.core.models import Phase, Verdict
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 SCHEMA_VERSION = 2  # the newest schema this tuner reads
 SINGLE_SCHEMA = 1  # one card: [device], [setting], [tuning]. Still written at 1 so older tuners read it
@@ -48,6 +47,7 @@ SETTING_BOUNDS = {"voltage_offset": (-500, 0), "clock_offset": (0, 3000)}
 PHASES = tuple(p.value for p in Phase if p is not Phase.MANUAL)  # a profile records bisect trials only
 VERDICTS = tuple(v.value for v in Verdict if v is not Verdict.STOPPED)
 SENSITIVITIES = ("full", "reduced")  # bitwise comparison, or the --tolerance opt-in
+DIST_BACKENDS = ("gloo", "nccl", "rccl")
 
 HEADER = (
     "# undervolt-tuner profile (schema v1, described in profiles/README.md).\n"
@@ -57,155 +57,53 @@ RIG_HEADER = (
     "# undervolt-tuner rig profile (schema v2, described in profiles/README.md): one [[card]] per card.\n"
     "# Apply with `tuner apply FILE`; each part goes to the card it was proven on (by serial, then PCI slot).\n"
 )
+LAYOUT = "a profile has [profile], [device], [setting], [tuning]"
+RIG_LAYOUT = ("a rig profile has [profile], [rig] and [[card]] tables (each card's [device], [setting] and [tuning] "
+              "go inside its [[card]])")
+NAME_PATTERN = r"\A(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z"
+NAME_REMEDY = "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (no '/', no '..')"
+TOML = Words(integer="an integer", number="a number", string="a string", boolean="true or false",
+             date_time="a date-time like 2026-01-31T12:00:00Z", table="a table", array="an array")
 
 
 class ProfileError(UsageError):
     """A profile file or value that fails validation. Exit 2; nothing was applied or written."""
 
 
-# --- field checkers ----------------------------------------------------------------------------------------------
-# Each takes (value, path) and returns the normalised value or raises ProfileError naming `path`.
+# --- the kinds of value --------------------------------------------------------------------------------------------
+Text = Annotated[str, Meta(max_length=MAX_STRING_CHARS, pattern=r"\A[^\x00-\x1f\x7f]*\Z",
+                           extra={"says": "control characters are not allowed, got {value}"})]
+Name = Annotated[str, Meta(pattern=NAME_PATTERN, extra={"says": "bad profile name {value}", "remedy": NAME_REMEDY})]
+Int = Annotated[int, Meta(ge=-MAX_ABS_INT, le=MAX_ABS_INT)]
+Count = Annotated[int, Meta(ge=0, le=MAX_ABS_INT)]
+Step = Annotated[int, Meta(ge=1, le=MAX_ABS_INT)]
+Amount = Annotated[float, Meta(ge=0.0, le=MAX_ABS_FLOAT)]  # durations, throughput, power, energy: never negative
+PciPair = Annotated[str, form(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}", "1002:7550")]
+PciSlot = Annotated[str, form(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", "0000:03:00.0")]
+Sensitivity = Annotated[str, one_of(SENSITIVITIES)]
 
-T = TypeVar("T")
-Check = Callable[[object, str], T]  # (value, path) -> the normalised value
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-def _key(key: str) -> str:
-    """A key as it may appear in a one-line message: bare keys as they are, anything else quoted and escaped."""
-    return key if _BARE_KEY.fullmatch(key) else json.dumps(key[:64])
-
-
-def _type_name(value: object) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "a table",
-            list: "an array", datetime: "a date-time"}.get(type(value), type(value).__name__)
-
-
-def _str(value: object, path: str) -> str:
-    if not isinstance(value, str):
-        raise ProfileError(f"{path}: expected a string, got {_type_name(value)} {_show(value)}")
-    if len(value) > MAX_STRING_CHARS:
-        raise ProfileError(f"{path}: string is {len(value)} characters long, the limit is {MAX_STRING_CHARS}")
-    if _CONTROL.search(value):
-        raise ProfileError(f"{path}: control characters are not allowed, got {_show(value)}")
-    return value
-
-
-def _int(lo: int = -MAX_ABS_INT, hi: int = MAX_ABS_INT) -> Check[int]:
-    def check(value: object, path: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProfileError(f"{path}: expected an integer, got {_type_name(value)} {_show(value)}")
-        if not lo <= value <= hi:
-            raise ProfileError(f"{path}: {_show(value)} is outside {lo}..{hi}")
-        return value
-
-    return check
-
-
-def _float(lo: float = -MAX_ABS_FLOAT, hi: float = MAX_ABS_FLOAT) -> Check[float]:
-    def check(value: object, path: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ProfileError(f"{path}: expected a number, got {_type_name(value)} {_show(value)}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ProfileError(f"{path}: expected a finite number, got {value}")
-        if not lo <= value <= hi:
-            raise ProfileError(f"{path}: {_show(value)} is outside {lo:g}..{hi:g}")
-        return float(value)
-
-    return check
-
-
-def _choice(options: tuple[str, ...]) -> Check[str]:
-    def check(value: object, path: str) -> str:
-        text = _str(value, path)
-        if text not in options:
-            raise ProfileError(f"{path}: expected one of {', '.join(options)}, got {_show(text)}")
-        return text
-
-    return check
-
-
-def _pattern(regex: str, example: str) -> Check[str]:
-    compiled = re.compile(regex)
-
-    def check(value: object, path: str) -> str:
-        text = _str(value, path)
-        if not compiled.fullmatch(text):
-            raise ProfileError(f"{path}: {_show(text)} is not in the form {example}")
-        return text
-
-    return check
-
-
-def _bool(value: object, path: str) -> bool:
-    if not isinstance(value, bool):
-        raise ProfileError(f"{path}: expected true or false, got {_type_name(value)} {_show(value)}")
-    return value
-
-
-def _pstates(value: object, path: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or len(value) > 16 or not all(
-        isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 15 for p in value
-    ):
-        raise ProfileError(f"{path}: expected a list of performance states 0..15, got {_show(value)}")
-    return tuple(value)
-
-
-def _lines(value: object, path: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or len(value) > 16:
-        raise ProfileError(f"{path}: expected a list of at most 16 lines, got {_show(value)}")
-    return tuple(_str(v, f"{path}[{i}]") for i, v in enumerate(value))
-
-
-def _utc_datetime(value: object, path: str) -> datetime:
-    if not isinstance(value, datetime):
-        raise ProfileError(f"{path}: expected a date-time like 2026-01-31T12:00:00Z, got {_type_name(value)} "
-                           f"{_show(value)}")
-    if value.tzinfo is None:
-        raise ProfileError(f"{path}: the date-time needs a time zone (write it in UTC with a trailing Z)")
-    try:
-        return value.astimezone(UTC)
-    except (OverflowError, ValueError):  # 0001-01-01T00:00:00+01:00 is before year 1 in UTC
-        raise ProfileError(f"{path}: the date-time {_show(value)} is out of range in UTC",
-                           "write a date-time between years 1 and 9999, in UTC with a trailing Z") from None
-
-
-_pci_pair = _pattern(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}", "1002:7550")
-_pos = _float(0.0)
-_count_int = _int(0)
 
 # --- the tables ------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class ProfileMeta:
-    name: str
-    created: datetime  # UTC, whole seconds
-    tool_version: str
-    schema: int = SCHEMA_VERSION
+    name: Name
+    created: Annotated[datetime, Meta(tz=True)]  # UTC, whole seconds
+    tool_version: Text
+    schema: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION)]
 
 
 @dataclass(frozen=True)
 class ProfileDevice:
-    vendor: str
-    name: str
-    pci_id: str | None = None
-    subsystem_id: str | None = None
-    pci_slot: str | None = None
-    vbios: str | None = None
-    serial: str | None = None
-    driver_version: str | None = None
-    kernel: str | None = None
-    od_format: str | None = None
+    vendor: Annotated[str, one_of(VENDORS)]
+    name: Text
+    pci_id: PciPair | None = None
+    subsystem_id: PciPair | None = None
+    pci_slot: PciSlot | None = None
+    vbios: Text | None = None
+    serial: Text | None = None
+    driver_version: Text | None = None
+    kernel: Text | None = None
+    od_format: Text | None = None
 
     @property
     def simulated(self) -> bool:
@@ -219,56 +117,65 @@ class ProfileDevice:
 
 @dataclass(frozen=True)
 class Setting:
-    kind: str  # "voltage_offset" | "clock_offset" (tuner.core.models.KnobKind values)
-    unit: str  # "mV" | "MHz"
-    value: int
-    lock_clock_mhz: int | None = None  # NVIDIA: the max graphics clock the offset was proven at
-    power_limit_w: float | None = None
+    kind: Annotated[str, one_of(KIND_UNITS)]  # tuner.core.models.KnobKind values
+    unit: Annotated[str, one_of(KIND_UNITS.values())]
+    value: Int
+    lock_clock_mhz: Annotated[int, Meta(ge=1, le=10_000)] | None = None  # NVIDIA: the max clock it was proven at
+    power_limit_w: Annotated[float, Meta(ge=1.0, le=5000.0)] | None = None
 
 
 @dataclass(frozen=True)
 class Trial:
-    setting: int
-    phase: str
-    verdict: str
-    reason: str | None = None
-    duration_s: float | None = None
-    tok_s: float | None = None
-    power_w: float | None = None
-    tok_per_j: float | None = None
-    max_temp_c: float | None = None
-    fault_step: int | None = None
+    setting: Int
+    phase: Annotated[str, one_of(PHASES)]
+    verdict: Annotated[str, one_of(VERDICTS)]
+    reason: Text | None = None
+    duration_s: Amount | None = None
+    tok_s: Amount | None = None
+    power_w: Amount | None = None
+    tok_per_j: Amount | None = None
+    max_temp_c: Annotated[float, Meta(ge=-50.0, le=200.0)] | None = None
+    fault_step: Count | None = None
     # Evidence of the undervolt that actually happened (optional: older profiles have none).
-    voltage_mv: float | None = None
-    voltage_drop_mv: float | None = None
+    voltage_mv: Annotated[float, Meta(ge=0.0, le=3000.0)] | None = None
+    voltage_drop_mv: Annotated[float, Meta(ge=-3000.0, le=3000.0)] | None = None
     effective: bool | None = None
-    pstates: tuple[int, ...] | None = None
-    clamped: tuple[str, ...] | None = None  # AMD curve points the driver's range kept from the asked offset
-    sensitivity: str | None = None
+    pstates: Annotated[tuple[Annotated[int, Meta(ge=0, le=15)], ...],
+                       Meta(max_length=16, extra={"what": "a list of performance states 0..15", "whole": True})
+                       ] | None = None
+    # AMD curve points the driver's range kept from the asked offset
+    clamped: Annotated[tuple[Text, ...], Meta(max_length=16, extra={"what": "a list of at most 16 lines",
+                                                                     "count": "expected {what}, got {value}"})
+                       ] | None = None
+    sensitivity: Sensitivity | None = None  # "reduced": compared with --tolerance, not bit for bit
 
 
 @dataclass(frozen=True)
 class Tuning:
-    baseline_tok_s: float | None = None
-    tuned_tok_s: float | None = None
-    baseline_power_w: float | None = None
-    tuned_power_w: float | None = None
-    baseline_tok_per_j: float | None = None
-    tuned_tok_per_j: float | None = None
-    efficiency_gain_pct: float | None = None
-    first_failure: int | None = None
-    lowest_pass: int | None = None
-    confirmed: int | None = None
-    margin: int | None = None
-    step: int | None = None
-    resolution: int | None = None
-    trial_duration_s: float | None = None
-    confirm_duration_s: float | None = None
-    preset: str | None = None
-    mode: str | None = None
-    dtype: str | None = None
-    sensitivity: str | None = None
-    trials: tuple[Trial, ...] = ()
+    baseline_tok_s: Amount | None = None
+    tuned_tok_s: Amount | None = None
+    baseline_power_w: Amount | None = None
+    tuned_power_w: Amount | None = None
+    baseline_tok_per_j: Amount | None = None
+    tuned_tok_per_j: Amount | None = None
+    efficiency_gain_pct: Annotated[float, Meta(ge=-1000.0, le=1000.0)] | None = None
+    first_failure: Int | None = None
+    lowest_pass: Int | None = None
+    confirmed: Int | None = None
+    margin: Count | None = None
+    step: Step | None = None
+    resolution: Step | None = None
+    trial_duration_s: Amount | None = None
+    confirm_duration_s: Amount | None = None
+    preset: Text | None = None
+    mode: Text | None = None
+    dtype: Text | None = None
+    sensitivity: Sensitivity | None = None
+    # tools found running beside the bisect and overridden with --ignore-other-tools (tuner.actions.other_tools)
+    other_tools: Annotated[tuple[Text, ...], Meta(max_length=8, extra={"what": "a list of at most 8 lines"})] | None \
+        = None
+    trials: Annotated[tuple[Trial, ...], Meta(max_length=MAX_TRIALS, extra={
+        "what": "an array of tables ([[tuning.trials]])", "count": "{n} trials, the limit is {hi}"})] = ()
 
 
 @dataclass(frozen=True)
@@ -284,138 +191,71 @@ class ProfilePart:
 class RigEvidence:
     """The whole-rig confirmation: every card at its setting at once, as one data-parallel job."""
 
-    confirm_duration_s: float | None = None  # how long the passing confirmation ran
-    attempts: int | None = None  # confirmations run, the passing one included (each failure backed cards off)
-    backend: str | None = None  # torch.distributed backend: gloo, nccl or rccl
-    mode: str | None = None
-    preset: str | None = None
-    dtype: str | None = None
-    tok_s: float | None = None  # the job's throughput, all cards together
-    power_w: float | None = None  # board power, all cards together
-    tok_per_j: float | None = None
+    confirm_duration_s: Amount | None = None  # how long the passing confirmation ran
+    attempts: Annotated[int, Meta(ge=1, le=10_000)] | None = None  # confirmations run, the passing one included
+    backend: Annotated[str, one_of(DIST_BACKENDS)] | None = None  # torch.distributed backend
+    mode: Text | None = None
+    preset: Text | None = None
+    dtype: Text | None = None
+    tok_s: Amount | None = None  # the job's throughput, all cards together
+    power_w: Amount | None = None  # board power, all cards together
+    tok_per_j: Amount | None = None
 
 
-# key -> (checker, required). Order is the order written to TOML.
-Spec = dict[str, tuple[Check[object] | None, bool]]
-META_SPEC: Spec = {
-    "name": (lambda v, p: validate_name(_str(v, p), path=p), True),
-    "created": (_utc_datetime, True),
-    "tool_version": (_str, True),
-    "schema": (_int(1, SCHEMA_VERSION), True),
-}
-DEVICE_SPEC: Spec = {
-    "vendor": (_choice(VENDORS), True),
-    "name": (_str, True),
-    "pci_id": (_pci_pair, False),
-    "subsystem_id": (_pci_pair, False),
-    "pci_slot": (_pattern(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", "0000:03:00.0"), False),
-    "vbios": (_str, False),
-    "serial": (_str, False),
-    "driver_version": (_str, False),
-    "kernel": (_str, False),
-    "od_format": (_str, False),
-}
-SETTING_SPEC: Spec = {
-    "kind": (_choice(tuple(KIND_UNITS)), True),
-    "unit": (_choice(tuple(KIND_UNITS.values())), True),
-    "value": (_int(), True),
-    "lock_clock_mhz": (_int(1, 10_000), False),
-    "power_limit_w": (_float(1.0, 5000.0), False),
-}
-TRIAL_SPEC: Spec = {
-    "setting": (_int(), True),
-    "phase": (_choice(PHASES), True),
-    "verdict": (_choice(VERDICTS), True),
-    "reason": (_str, False),
-    "duration_s": (_pos, False),
-    "tok_s": (_pos, False),
-    "power_w": (_pos, False),
-    "tok_per_j": (_pos, False),
-    "max_temp_c": (_float(-50.0, 200.0), False),
-    "fault_step": (_count_int, False),
-    "voltage_mv": (_float(0.0, 3000.0), False),
-    "voltage_drop_mv": (_float(-3000.0, 3000.0), False),
-    "effective": (_bool, False),
-    "pstates": (_pstates, False),
-    "clamped": (_lines, False),
-    "sensitivity": (_choice(SENSITIVITIES), False),
-}
-TUNING_SPEC: Spec = {
-    "baseline_tok_s": (_pos, False),
-    "tuned_tok_s": (_pos, False),
-    "baseline_power_w": (_pos, False),
-    "tuned_power_w": (_pos, False),
-    "baseline_tok_per_j": (_pos, False),
-    "tuned_tok_per_j": (_pos, False),
-    "efficiency_gain_pct": (_float(-1000.0, 1000.0), False),
-    "first_failure": (_int(), False),
-    "lowest_pass": (_int(), False),
-    "confirmed": (_int(), False),
-    "margin": (_count_int, False),
-    "step": (_int(1, MAX_ABS_INT), False),
-    "resolution": (_int(1, MAX_ABS_INT), False),
-    "trial_duration_s": (_pos, False),
-    "confirm_duration_s": (_pos, False),
-    "preset": (_str, False),
-    "mode": (_str, False),
-    "dtype": (_str, False),
-    "sensitivity": (_choice(SENSITIVITIES), False),
-    "trials": (None, False),  # checked by _trials
-}
-DIST_BACKENDS = ("gloo", "nccl", "rccl")
-RIG_SPEC: Spec = {
-    "confirm_duration_s": (_pos, False),
-    "attempts": (_int(1, 10_000), False),
-    "backend": (_choice(DIST_BACKENDS), False),
-    "mode": (_str, False),
-    "preset": (_str, False),
-    "dtype": (_str, False),
-    "tok_s": (_pos, False),
-    "power_w": (_pos, False),
-    "tok_per_j": (_pos, False),
-}
-CARD_SPEC: Spec = {"device": (None, True), "setting": (None, True), "tuning": (None, False)}  # each by _part
-TOP_LEVEL = ("profile", "device", "setting", "tuning")
-RIG_TOP_LEVEL = ("profile", "rig", "card")
-RIG_LAYOUT = ("a rig profile has [profile], [rig] and [[card]] tables (each card's [device], [setting] and [tuning] "
-              "go inside its [[card]])")
+@dataclass(frozen=True, kw_only=True)
+class SingleCardDoc(ProfilePart):
+    """A schema-1 file: [profile] and one card's [device], [setting] and [tuning]."""
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+    profile: ProfileMeta
+
+
+@dataclass(frozen=True, kw_only=True)
+class RigDoc:
+    """A schema-2 file: [profile], [rig] and one [[card]] per card."""
+
+    profile: ProfileMeta
+    rig: RigEvidence | None = None
+    card: Annotated[tuple[ProfilePart, ...], Meta(min_length=1, max_length=MAX_RIG_CARDS, extra={
+        "what": "an array of tables ([[card]])", "count": "a rig profile holds {lo}..{hi} cards, got {n}"})]
 
 
 def validate_name(name: str, *, path: str = "name") -> str:
     """A profile name is also a file name in the store: no separators, no `..`, 1-64 safe characters."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
-        raise ProfileError(
-            f"{path}: bad profile name {_show(name)}",
-            "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (no '/', no '..')",
-        )
+    if not isinstance(name, str) or not re.search(NAME_PATTERN, name):
+        raise ProfileError(f"{path}: bad profile name {show(name)}", NAME_REMEDY)
     return name
 
 
-def _table(data: object, path: str, spec: Spec) -> dict[str, Any]:
-    """The checked values by key (Any: each key's type is its checker's; the dataclass takes them by name)."""
-    if not isinstance(data, dict):
-        raise ProfileError(f"{path}: expected a table, got {_type_name(data)} {_show(data)}")
-    for key in data:
-        if key not in spec:
-            raise ProfileError(f"{path}.{_key(key)}: unknown key", f"known keys in [{path}]: {', '.join(spec)}")
-    out: dict[str, Any] = {}
-    for key, (check, required) in spec.items():
-        if key not in data:
-            if required:
-                raise ProfileError(f"{path}.{key}: missing", f"[{path}] needs {key}")
-            continue
-        out[key] = data[key] if check is None else check(data[key], f"{path}.{key}")
-    return out
+# --- reading ---------------------------------------------------------------------------------------------------
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def _trials(data: object, path: str) -> tuple[Trial, ...]:
-    if not isinstance(data, list):
-        raise ProfileError(f"{path}: expected an array of tables ([[tuning.trials]]), got {_type_name(data)}")
-    if len(data) > MAX_TRIALS:
-        raise ProfileError(f"{path}: {len(data)} trials, the limit is {MAX_TRIALS}")
-    return tuple(Trial(**_table(t, f"{path}[{i}]", TRIAL_SPEC)) for i, t in enumerate(data))
+def _key(key: str) -> str:
+    """A key as it may appear in a one-line message: bare keys as they are, anything else quoted and escaped."""
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key[:64])
+
+
+def _dotted(path: tuple[str | int, ...]) -> str:
+    """('card', 1, 'setting') -> 'card[1].setting'."""
+    text = ""
+    for seg in path:
+        text += f"[{seg}]" if isinstance(seg, int) else f"{'.' if text else ''}{_key(seg)}"
+    return text
+
+
+def _profile_error(m: Misfit, layout: str) -> ProfileError:
+    """The one line for a misfit, naming the key's path (a section at the top, a key inside a table)."""
+    table, key = m.path[:-1], m.path[-1] if m.path else ""
+    if m.kind == "missing":
+        if not table:
+            return ProfileError(f"{key}: missing section", f"a profile needs [{key}]")
+        return ProfileError(f"{_dotted(m.path)}: missing", f"[{_dotted(table)}] needs {key}")
+    if m.kind == "unknown":
+        if not table:
+            return ProfileError(f"{_dotted(m.path)}: unknown section", layout)
+        known = ", ".join(m.known)
+        return ProfileError(f"{_dotted(m.path)}: unknown key", f"known keys in [{_dotted(table)}]: {known}")
+    return ProfileError(f"{_dotted(m.path)}: {m.detail}" if m.path else m.detail, m.remedy)
 
 
 def _check_schema_version(data: dict) -> None:
@@ -462,30 +302,21 @@ class Profile:
     def from_dict(cls, data: object, *, source: Path | None = None) -> Profile:
         """Validate a parsed document. Raises ProfileError naming the first bad key's path."""
         if not isinstance(data, dict):
-            raise ProfileError(f"expected a TOML document (a table), got {_type_name(data)}")
+            raise ProfileError(f"expected a TOML document (a table), got {TOML.given(data)}")
         _check_schema_version(data)
-        rig = "card" in data
-        top = RIG_TOP_LEVEL if rig else TOP_LEVEL
-        for key in data:
-            if key not in top:
-                layout = (RIG_LAYOUT if rig else f"a profile has [{'], ['.join(top)}]")
-                raise ProfileError(f"{_key(key)}: unknown section", layout)
-        for key in ("profile",) if rig else ("profile", "device", "setting"):
-            if key not in data:
-                raise ProfileError(f"{key}: missing section", f"a profile needs [{key}]")
-        meta = ProfileMeta(**_table(data["profile"], "profile", META_SPEC))
-        want = RIG_SCHEMA if rig else SINGLE_SCHEMA
-        if meta.schema != want:
-            what = "a rig profile ([[card]] tables)" if rig else "a single-card profile ([device], [setting])"
-            raise ProfileError(f"profile.schema: {what} is schema {want}, got {meta.schema}",
-                               "schema 1 holds one card's [device] and [setting]; schema 2 holds [[card]] tables")
-        if not rig:
-            part = _part(data, "")
-            return cls(meta, part.device, part.setting, part.tuning, source)
-        parts = _cards(data["card"])
-        evidence = RigEvidence(**_table(data["rig"], "rig", RIG_SPEC)) if "rig" in data else None
-        first = parts[0]
-        return cls(meta, first.device, first.setting, first.tuning, source, rig_parts=parts, rig=evidence)
+        try:
+            if "card" not in data:
+                single = fit(data, SingleCardDoc, TOML, closed=True)
+                meta = _checked_meta(single.profile, SINGLE_SCHEMA)
+                _check_setting(single.setting, "setting")
+                return cls(meta, single.device, single.setting, single.tuning, source)
+            rig = fit(data, RigDoc, TOML, closed=True)
+        except Misfit as m:
+            raise _profile_error(m, RIG_LAYOUT if "card" in data else LAYOUT) from None
+        meta = _checked_meta(rig.profile, RIG_SCHEMA)
+        _check_cards(rig.card)
+        first = rig.card[0]
+        return cls(meta, first.device, first.setting, first.tuning, source, rig_parts=rig.card, rig=rig.rig)
 
     @classmethod
     def from_toml(cls, text: str, *, source: Path | None = None) -> Profile:
@@ -516,12 +347,8 @@ class Profile:
     def to_dict(self) -> dict:
         """The TOML document as a dict; keys whose value is unknown are left out (TOML has no null)."""
         if self.is_rig:
-            doc: dict[str, object] = {"profile": _dense(self.meta)}
-            if self.rig is not None:
-                doc["rig"] = _dense(self.rig)
-            doc["card"] = [_part_dict(part) for part in self.rig_parts]
-            return doc
-        return {"profile": _dense(self.meta), **_part_dict(ProfilePart(self.device, self.setting, self.tuning))}
+            return _dense(RigDoc(profile=self.meta, rig=self.rig, card=self.rig_parts))
+        return {"profile": _dense(self.meta), **_dense(ProfilePart(self.device, self.setting, self.tuning))}
 
     def to_json_dict(self) -> dict:
         doc = self.to_dict()
@@ -535,57 +362,29 @@ class Profile:
         return replace(self, meta=replace(self.meta, name=validate_name(name, path="--name")))
 
 
-def _part(data: dict, prefix: str) -> ProfilePart:
-    """One card's [device], [setting] and optional [tuning]; `prefix` ("" or "card[2].") starts every path."""
-    device = ProfileDevice(**_table(data["device"], f"{prefix}device", DEVICE_SPEC))
-    setting = Setting(**_table(data["setting"], f"{prefix}setting", SETTING_SPEC))
-    _check_setting(setting, f"{prefix}setting")
-    tuning = None
-    if "tuning" in data:
-        raw = _table(data["tuning"], f"{prefix}tuning", TUNING_SPEC)
-        if "trials" in raw:
-            raw["trials"] = _trials(raw["trials"], f"{prefix}tuning.trials")
-        tuning = Tuning(**raw)
-    return ProfilePart(device, setting, tuning)
+def _dense(value: Any) -> Any:
+    """A table as TOML has it: a key at its default (unknown, or no trials) is left out; tuples are arrays."""
+    if is_dataclass(value):
+        return {f.name: _dense(v) for f in fields(value) if (v := getattr(value, f.name)) != f.default}
+    return [_dense(v) for v in value] if isinstance(value, tuple) else value
 
 
-def _cards(data: object) -> tuple[ProfilePart, ...]:
-    """The [[card]] tables: 1..MAX_RIG_CARDS parts, each naming a card no other part names (by serial or slot),
-    because `tuner apply` finds each part's card by its serial, then by its PCI slot."""
-    if not isinstance(data, list):
-        raise ProfileError(f"card: expected an array of tables ([[card]]), got {_type_name(data)}")
-    if not 1 <= len(data) <= MAX_RIG_CARDS:
-        raise ProfileError(f"card: a rig profile holds 1..{MAX_RIG_CARDS} cards, got {len(data)}")
-    parts: list[ProfilePart] = []
-    for i, raw in enumerate(data):
-        path = f"card[{i}]"
-        _table(raw, path, CARD_SPEC)  # a table, with device and setting, and nothing unknown
-        part = _part(raw, f"{path}.")
-        if not part.device.serial and not part.device.pci_slot:
-            raise ProfileError(f"{path}.device: needs a serial or a pci_slot",
-                               "a rig profile finds each part's card by its serial, then its PCI slot")
-        for j, other in enumerate(parts):
-            for attr in ("serial", "pci_slot"):
-                mine, theirs = getattr(part.device, attr), getattr(other.device, attr)
-                if mine and theirs and mine.lower() == theirs.lower():
-                    raise ProfileError(f"{path}.device.{attr}: {_show(mine)} is card[{j}]'s too",
-                                       "a rig profile holds one part per card")
-        parts.append(part)
-    return tuple(parts)
+# --- the rules across keys (a shape cannot say them) ----------------------------------------------------------
+def _checked_meta(meta: ProfileMeta, want: int) -> ProfileMeta:
+    """The schema the layout says, and the date-time in UTC."""
+    if meta.schema != want:
+        what = ("a rig profile ([[card]] tables)" if want == RIG_SCHEMA else
+                "a single-card profile ([device], [setting])")
+        raise ProfileError(f"profile.schema: {what} is schema {want}, got {meta.schema}",
+                           "schema 1 holds one card's [device] and [setting]; schema 2 holds [[card]] tables")
+    try:
+        return replace(meta, created=meta.created.astimezone(UTC))
+    except (OverflowError, ValueError):  # 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise ProfileError(f"profile.created: the date-time {show(meta.created)} is out of range in UTC",
+                           "write a date-time between years 1 and 9999, in UTC with a trailing Z") from None
 
 
-def _part_dict(part: ProfilePart) -> dict[str, object]:
-    doc: dict[str, object] = {"device": _dense(part.device), "setting": _dense(part.setting)}
-    if part.tuning is not None:
-        tuning = _dense(part.tuning)
-        tuning.pop("trials", None)
-        if part.tuning.trials:
-            tuning["trials"] = [_dense(t) for t in part.tuning.trials]
-        doc["tuning"] = tuning
-    return doc
-
-
-def _check_setting(setting: Setting, path: str = "setting") -> None:
+def _check_setting(setting: Setting, path: str) -> None:
     if KIND_UNITS[setting.kind] != setting.unit:
         raise ProfileError(f"{path}.unit: a {setting.kind} is in {KIND_UNITS[setting.kind]}, got {setting.unit!r}")
     lo, hi = SETTING_BOUNDS[setting.kind]
@@ -601,8 +400,21 @@ def _check_setting(setting: Setting, path: str = "setting") -> None:
         raise ProfileError(f"{path}.lock_clock_mhz: only a clock_offset (NVIDIA) setting has a locked clock")
 
 
-def _dense(obj: DataclassInstance) -> dict[str, object]:
-    return {f.name: getattr(obj, f.name) for f in fields(obj) if getattr(obj, f.name) is not None}
+def _check_cards(parts: tuple[ProfilePart, ...]) -> None:
+    """Each part names a card no other part names (by serial or slot), because `tuner apply` finds each part's card
+    by its serial, then by its PCI slot."""
+    for i, part in enumerate(parts):
+        path = f"card[{i}]"
+        _check_setting(part.setting, f"{path}.setting")
+        if not part.device.serial and not part.device.pci_slot:
+            raise ProfileError(f"{path}.device: needs a serial or a pci_slot",
+                               "a rig profile finds each part's card by its serial, then its PCI slot")
+        for j, other in enumerate(parts[:i]):
+            for attr in ("serial", "pci_slot"):
+                mine, theirs = getattr(part.device, attr), getattr(other.device, attr)
+                if mine and theirs and mine.lower() == theirs.lower():
+                    raise ProfileError(f"{path}.device.{attr}: {show(mine)} is card[{j}]'s too",
+                                       "a rig profile holds one part per card")
 
 
 def format_created(created: datetime) -> str:

@@ -22,7 +22,8 @@ SUFFIX = ".toml"
 
 
 def looks_like_path(name_or_path: str) -> bool:
-    """`apply PROFILE` takes a name or a path: anything with a separator or a .toml suffix is a path."""
+    """`apply PROFILE` takes a name or a path: anything with a separator or a .toml suffix may be a path (a store
+    name is tried first unless it has a separator: `load_profile`)."""
     return "/" in name_or_path or os.sep in name_or_path or name_or_path.endswith(SUFFIX)
 
 
@@ -73,15 +74,29 @@ def _read_capped(path: Path) -> bytes:
 
 
 def load_profile(name_or_path: str) -> Profile:
-    """A profile by store name (user store first, then the system store) or by file path."""
+    """A profile by store name (user store first, then the system store) or by file path.
+
+    One rule for `apply`, `apply --boot` and `service install`, matching `profile show`: a store name is looked
+    up first (a profile imported as `abc.toml` is applied by that name, as it is shown by it), then anything that
+    looks like a path is a file; a name with a separator is only ever a path."""
+    has_separator = "/" in name_or_path or os.sep in name_or_path
+    if not has_separator and _valid_name(name_or_path):
+        for system in (False, True):
+            path = profile_path(name_or_path, system=system)
+            if os.path.lexists(path):
+                return read_profile_file(path)
     if looks_like_path(name_or_path):
         return read_profile_file(Path(name_or_path))
     validate_name(name_or_path, path="profile name")
-    for system in (False, True):
-        path = profile_path(name_or_path, system=system)
-        if os.path.lexists(path):
-            return read_profile_file(path)
     raise UsageError(f"no profile named {name_or_path!r}", "see `tuner profile list`, or give a path to a .toml file")
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        validate_name(name)
+    except ProfileError:
+        return False
+    return True
 
 
 def find_in_store(name: str, *, system: bool | None = None) -> Path:

@@ -1,44 +1,117 @@
-"""What every screen shares: the navigation bar, the key bar (every key, `q` included, wrapped not cut), and a
-repaint timer that stops while hidden."""
+"""What every screen shares: the navigation bar, the key bar (every key, `q` included, wrapped not cut), a
+repaint timer that stops while hidden, and the minimum terminal size.
+
+Below the minimum (80x24, what the README promises works) a screen shows its nav bar (SIMULATED included) and one
+line saying the terminal is too small, instead of a body cut in places nobody chose; its own keys do nothing until
+the terminal is large enough again (the screen keys 1-6 and q still work)."""
 
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Vertical
+from textual.geometry import Size
 from textual.screen import Screen
+from textual.widgets import Static
 
-from tuner.widgets.key_bar import KeyBar
+from tuner.widgets.key_bar import KeyBar, footer_items
 from tuner.widgets.nav_bar import NavBar
 
 MANY_CARD_ACTIONS = ("next_device", "next_table")
+MIN_WIDTH, MIN_HEIGHT = 80, 24
+
+
+def needs_cards(action: str, app) -> bool:
+    """`d` (next card) and `c` (the next card's table) mean nothing with one card: not offered, and the keys do
+    nothing."""
+    return action in MANY_CARD_ACTIONS and len(app.devices) < 2
+
+
+def too_small(size: Size) -> bool:
+    return size.width < MIN_WIDTH or size.height < MIN_HEIGHT
+
+
+def too_small_text(size: Size) -> str:
+    """`terminal 60x20: tuner needs 80x24; enlarge it (q quits)`: one line at 60 columns."""
+    return f"terminal {size.width}x{size.height}: tuner needs {MIN_WIDTH}x{MIN_HEIGHT}; enlarge it (q quits)"
 
 
 class TunerScreen(Screen):
     """Subclasses set TITLE, compose their body in `compose_body` and draw app state in `repaint`."""
 
     TITLE = ""
+    DEFAULT_CSS = """
+    TunerScreen > #screen-body { height: 1fr; }
+    TunerScreen > #too-small { display: none; height: auto; padding: 0 1; text-style: bold; }
+    TunerScreen.-too-small > #screen-body, TunerScreen.-too-small > KeyBar { display: none; }
+    TunerScreen.-too-small > #too-small { display: block; }
+    """
 
     def compose(self) -> ComposeResult:
         yield NavBar(self.TITLE, simulated=self.app.simulated)
-        yield from self.compose_body()
+        yield Static(id="too-small")
+        with Vertical(id="screen-body"):
+            yield from self.compose_body()
         yield KeyBar(self.footer_bindings())
 
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit(event.size)
+
+    def _fit(self, size: Size) -> None:
+        """Below the minimum: the nav bar and one line, nothing focused (a hidden field must not take keys)."""
+        small = too_small(size)
+        if small:
+            self.query_one("#too-small", Static).update(too_small_text(size))
+            if self.focused is not None:
+                self._focus_before_small = self.focused
+                self.set_focus(None)
+        elif self.has_class("-too-small"):
+            before = getattr(self, "_focus_before_small", None)
+            if before is not None and before.is_attached:
+                self.set_focus(before)
+        self.set_class(small, "-too-small")
+        self._place_notices(size)
+
+    def _place_notices(self, size: Size) -> None:
+        """Notices (Textual's toasts) sit just above the key bar: they never cover a key."""
+        bar_lines = 0 if too_small(size) else len(self.query_one(KeyBar).lines(size.width))
+        for rack in self.query("#textual-toastrack"):
+            rack.styles.margin = (0, 0, bar_lines, 0)
+
     def footer_bindings(self) -> list[Binding]:
-        """The keys this screen offers in this session (the key bar shows exactly these)."""
-        return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not self._needs_cards(b.action)]
+        """The keys this screen offers now (the key bar shows exactly these)."""
+        return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not self._needs_cards(b.action)
+                and self.offers(b.action)]
+
+    def offers(self, action: str) -> bool:
+        """Whether the key bar offers `action` now (a screen hides a key whose action would only be refused, and
+        says why on screen); the key itself still answers, with that reason."""
+        return True
+
+    def refresh_keys(self) -> None:
+        """Lay the key bar out again after `offers` changed (the selection or a status read changed)."""
+        bar = self.query_one(KeyBar)
+        items = footer_items(self.footer_bindings())
+        if items != bar.items:
+            bar.items = items
+            bar.refresh_items()
+            self._place_notices(self.size)
 
     def _needs_cards(self, action: str) -> bool:
-        """`d` (next card) and `c` (the next card's table) mean nothing with one card: not shown, and the keys do
-        nothing."""
-        return action in MANY_CARD_ACTIONS and len(self.app.devices) < 2
+        return needs_cards(action, self.app)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not self._needs_cards(action)
+        return not self._needs_cards(action) and not self.has_class("-too-small")
 
     def compose_body(self) -> ComposeResult:
         yield from ()
 
     def on_mount(self) -> None:
+        # Textual calls every class's on_mount and a subclass's calls this one too: one timer, not two (the second
+        # was never paused while the screen was hidden)
+        if hasattr(self, "_repaint_timer"):
+            return
         self._repaint_timer = self.set_interval(self.app.repaint_interval_s, self.repaint, name="repaint")
         self.call_after_refresh(self.repaint)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import ClassVar
 
 from rich.text import Text
@@ -14,19 +15,35 @@ from tuner.screens.base import TunerScreen
 
 STATUS_MARK = {"ok": "[ OK ]", "warn": "[WARN]", "fail": "[FAIL]", "info": "[INFO]"}
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
+INDENT = " " * 7  # under the text after the mark: a wrapped line never starts under the mark
+REMEDY = "-> "
 
 
-def checks_text(checks: list) -> Text:
+def _hanging(first: str, text: str, width: int, indent: str) -> list[str]:
+    """`text` wrapped to `width` after `first` (the mark, `-> `): the following lines start under the text."""
+    # a group name (systemd-journal) or a path is never split: it is what the user types
+    lines = textwrap.wrap(text, max(10, width - len(indent)), break_on_hyphens=False, break_long_words=False) or [""]
+    return [first + lines[0], *(indent + line for line in lines[1:])]
+
+
+def checks_text(checks: list, width: int = 80) -> Text:
+    """The verdict, then each check (`[FAIL] kernel log: ...`, its remedy under it); a long line wraps under its
+    own text, not under the mark, at `width` columns."""
     text = Text()
     failed = sum(c.status == "fail" for c in checks)
     if checks:  # the verdict first, as `tuner doctor`'s exit code gives it
         text.append(f"NOT READY: {failed} check(s) failed\n" if failed else "READY: no check failed\n",
                     style="bold")
     for check in checks:
-        text.append(STATUS_MARK.get(check.status, f"[{check.status}]"), style=STATUS_STYLE.get(check.status, ""))
-        text.append(f" {check.name}: {check.detail}\n")
+        mark = STATUS_MARK.get(check.status, f"[{check.status}]")
+        lines = _hanging(" " * len(mark) + " ", f"{check.name}: {check.detail}", width, INDENT)
+        text.append(mark, style=STATUS_STYLE.get(check.status, ""))
+        text.append(lines[0][len(mark):] + "\n")
+        for line in lines[1:]:
+            text.append(line + "\n")
         if check.remedy and check.status != "ok":
-            text.append(f"       -> {check.remedy}\n", style="italic")
+            remedy = _hanging(INDENT + REMEDY, check.remedy, width, INDENT + " " * len(REMEDY))
+            text.append("\n".join(remedy) + "\n", style="italic")
     if not checks:
         text.append("no checks ran (see the notification)")
     return text
@@ -53,11 +70,16 @@ class DoctorScreen(TunerScreen):
     def action_rerun(self) -> None:
         self.app.run_doctor()
 
+    def on_resize(self, event) -> None:
+        self._shown = None  # wrapped again at the new width
+        self.repaint()
+
     def repaint(self) -> None:
         checks = self.app.doctor_checks
         loading = checks is None
         self.query_one("#doctor-loading").display = loading
         self.query_one("#doctor-body").display = not loading
-        if not loading and checks is not self._shown:
+        if not loading and checks is not getattr(self, "_shown", None):
             self._shown = checks
-            self.query_one("#doctor-checks", Static).update(checks_text(checks))
+            width = self.size.width - 2  # a vertical scrollbar may take two columns
+            self.query_one("#doctor-checks", Static).update(checks_text(checks, width))

@@ -20,7 +20,7 @@ from tuner.actions.bisect import duration_text
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
 from tuner.app.words import for_people
 from tuner.core.errors import TunerError
-from tuner.screens.base import TunerScreen
+from tuner.screens.base import TunerScreen, too_small
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
 
 
@@ -33,6 +33,7 @@ def _profiles_module():
 
 
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
+WIDE_COLUMNS = 100  # from this width the table has a card column
 SIMULATED_CAVEAT = "measured on a SIMULATED card: not a real measurement"
 
 
@@ -77,6 +78,13 @@ def efficiency_text(tuning, value: int, unit: str, *, simulated: bool) -> str:
     return text + (f"; {SIMULATED_CAVEAT}" if simulated else "")
 
 
+def evidence_strength(part, *, why: bool = False) -> str | None:
+    """How strong the part's evidence is ("sensitivity reduced (--tolerance)"): tuner.profiles.evidence's words."""
+    from tuner.profiles.evidence import strength
+
+    return strength(part, why=why)
+
+
 def rig_evidence_text(rig) -> str:
     """The whole-rig confirmation in sentences (tuner.profiles.schema.RigEvidence)."""
     if rig is None:
@@ -117,7 +125,8 @@ def rig_detail_text(profile, devices, knobs) -> Text:
         # the setting first: at the start of its line, "-40 mV" is never split across two lines by the wrap
         text.append(f"card[{index}]: {s.value:+d} {s.unit} on {d.label} ({_identity(d)})")
         efficiency = efficiency_text(part.tuning, s.value, s.unit, simulated=d.simulated)
-        text.append(f"; {efficiency}.\n" if efficiency else ".\n")
+        strength = evidence_strength(part)
+        text.append("".join(f"; {x}" for x in (efficiency, strength) if x) + ".\n")
         device, _found_by = find_part_card(part, list(devices))
         if device is None:
             refused.append(f"card[{index}]'s card is not in this machine")
@@ -136,19 +145,23 @@ def rig_detail_text(profile, devices, knobs) -> Text:
     return text
 
 
-def boot_status_text(status, profile_name: str | None) -> str:
-    """The apply-at-boot service in sentences (tuner.actions.boot_service.status), for the selected profile."""
+def boot_status_text(status, profile_name: str | None, refusal: str | None = None) -> str:
+    """The apply-at-boot service in sentences (tuner.actions.boot_service.status), for the selected profile.
+    `refusal`: why `b` cannot install it for this profile here (it is then not offered, and this says why)."""
     if status is None:
         return "Apply at boot: reading the boot service's status..."
+    offer = (f" b is not offered for this profile here: {refusal}." if refusal else
+             " b installs it for this profile instead." if profile_name else "")
     if not status.installed:
-        line = "Apply at boot: the boot service is not installed; b installs it for this profile (needs root)."
+        line = "Apply at boot: the boot service is not installed" + (
+            f"; b is not offered for this profile here: {refusal}." if refusal else
+            "; b installs it for this profile (needs root).")
     else:
         applies = f"applies {status.profile!r}" if status.profile else "applies every system profile"
         state = ", ".join(x for x in (status.enabled, status.active) if x)
         line = f"Apply at boot: the boot service is installed and {applies} at every boot" + (
             f" ({state})" if state else "") + "."
-        line += (" b removes it." if status.profile == profile_name else
-                 " b installs it for this profile instead." if profile_name else "")
+        line += " b removes it." if status.profile == profile_name else offer
     if status.next_boot_skips:
         line += f" The next boot skips it: {status.next_boot_skips}."
     last = status.last_run
@@ -184,6 +197,7 @@ def detail_text(profile, target_label: str, match) -> Text:
         efficiency = efficiency_text(t, s.value, s.unit, simulated=d.simulated)
         if efficiency:
             text.append(f"{efficiency}.\n")
+        text.append(f"Evidence: {evidence_strength(profile.parts[0], why=True)}.\n")
     if match is not None:
         text.append(match_sentence(match, target_label) + "\n")
         for warning in match.warnings:
@@ -195,8 +209,9 @@ class ProfilesScreen(TunerScreen):
     TITLE = "Profiles"
     DEFAULT_CSS = """
     ProfilesScreen #profiles-main { height: 1fr; }
-    ProfilesScreen #profiles-table { width: 1fr; min-width: 30; }
-    ProfilesScreen #profiles-detail { width: 2fr; padding: 0 1; border-left: solid $primary; }
+    ProfilesScreen #profiles-table { width: auto; max-width: 50%; min-width: 30; }
+    ProfilesScreen.-wide #profiles-table { max-width: 65%; }
+    ProfilesScreen #profiles-detail { width: 1fr; padding: 0 1; border-left: solid $primary; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("a", "apply", "Apply", id="profiles.apply"),
@@ -210,16 +225,16 @@ class ProfilesScreen(TunerScreen):
     ]
 
     def compose_body(self) -> ComposeResult:
+        self.profiles: list = []
+        self._wide = self.app.size.width >= WIDE_COLUMNS
+        self.set_class(self._wide, "-wide")
         with Horizontal(id="profiles-main"):
-            table = DataTable(id="profiles-table", cursor_type="row")
-            table.add_columns("name", "setting", "card")
-            yield table
+            yield self._new_table(self._wide)
             with VerticalScroll(id="profiles-detail"):
                 yield Static(id="profile-detail")
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.profiles: list = []
         self.action_reload()
         self.app.read_boot_status()
         self.query_one("#profiles-table", DataTable).focus()
@@ -229,6 +244,47 @@ class ProfilesScreen(TunerScreen):
         self.action_reload()
         self.app.read_boot_status()
 
+    async def on_resize(self, event) -> None:
+        """From 100 columns the table has a card column, each cell in full; below, the card is in the detail. The
+        new columns come in a new table, filled before it is mounted (a DataTable laid out, then given its
+        columns, kept its old width and rows drawn at the old widths)."""
+        wide = event.size.width >= WIDE_COLUMNS
+        if wide == getattr(self, "_wide", wide):
+            return
+        selected = self.selected()
+        self._wide = wide
+        self.set_class(wide, "-wide")
+        table = self._new_table(wide)
+        self._fill(table, select=selected.name if selected is not None else None)
+        self._swapping = True  # a repaint in between would find no table
+        try:
+            await self.query_one("#profiles-table", DataTable).remove()
+            await self.query_one("#profiles-main").mount(table, before=0)
+        finally:
+            self._swapping = False
+        self.show_detail()
+        if not too_small(event.size):
+            table.focus()
+
+    @staticmethod
+    def _new_table(wide: bool) -> DataTable:
+        table = DataTable(id="profiles-table", cursor_type="row")
+        table.add_columns(*(("name", "setting", "card") if wide else ("name", "setting")))
+        return table
+
+    def _fill(self, table: DataTable, select: str | None = None) -> None:
+        """One row per profile (the card's label from 100 columns: a simulated one says SIMULATED)."""
+        table.clear()
+        for profile in self.profiles:
+            if profile.is_rig:
+                cells = (profile.name, "rig", f"{len(profile.parts)} cards")
+            else:
+                cells = (profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.label)
+            table.add_row(*cells[: len(table.columns)])
+        names = [p.name for p in self.profiles]
+        if select in names:
+            table.move_cursor(row=names.index(select))
+
     def repaint(self) -> None:
         """The boot service's status arrives from a worker: show it once it changed."""
         if getattr(self, "_boot_painted", None) is not self.app.boot_status:
@@ -237,8 +293,8 @@ class ProfilesScreen(TunerScreen):
 
     # --- helpers -------------------------------------------------------------------------------------------------
     def selected(self):
-        table = self.query_one("#profiles-table", DataTable)
-        if not self.profiles or table.cursor_row is None or table.cursor_row >= len(self.profiles):
+        table = next(iter(self.query("#profiles-table").results(DataTable)), None)
+        if table is None or not self.profiles or table.cursor_row is None or table.cursor_row >= len(self.profiles):
             return None
         return self.profiles[table.cursor_row]
 
@@ -250,9 +306,9 @@ class ProfilesScreen(TunerScreen):
     def action_reload(self, select: str | None = None) -> None:
         module = _profiles_module()
         table = self.query_one("#profiles-table", DataTable)
-        table.clear()
         if module is None:
             self.profiles = []
+            table.clear()
             self.query_one("#profile-detail", Static).update("profiles are not available yet in this build")
             return
         try:
@@ -260,21 +316,15 @@ class ProfilesScreen(TunerScreen):
         except TunerError as e:
             self.profiles = []
             self._error(e)
-        for profile in self.profiles:
-            if profile.is_rig:
-                table.add_row(profile.name, "rig", f"{len(profile.parts)} cards")
-            else:
-                table.add_row(profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.name)
-        if select:
-            names = [p.name for p in self.profiles]
-            if select in names:
-                table.move_cursor(row=names.index(select))
+        self._fill(table, select)
         self.show_detail()
 
     def on_data_table_row_highlighted(self) -> None:
         self.show_detail()
 
     def show_detail(self) -> None:
+        if getattr(self, "_swapping", False):
+            return
         profile = self.selected()
         widget = self.query_one("#profile-detail", Static)
         if profile is None:
@@ -291,8 +341,32 @@ class ProfilesScreen(TunerScreen):
 
                 match = match_device(profile, self.app.device(device_id), self.app.histories[device_id].knob)
             text = detail_text(profile, device_id or "-", match)
-        text.append(boot_status_text(self.app.boot_status, profile.name))
+        text.append(boot_status_text(self.app.boot_status, profile.name, self.boot_refusal(profile)))
         widget.update(text)
+        self.refresh_keys()
+
+    def boot_refusal(self, profile) -> str | None:
+        """Why `b` would be refused for `profile` in this session (tuner.actions.boot_service.check_installable: a
+        simulated session or a simulated profile), or None. Removing the service that applies it is always
+        offered."""
+        from tuner.actions import boot_service
+
+        status = self.app.boot_status
+        if profile is None or (status is not None and status.installed and status.profile == profile.name):
+            return None
+        try:
+            boot_service.check_installable(profile, simulated_session=self.app.backend.simulated)
+        except TunerError as e:
+            return for_people(e.message).removesuffix(": nothing installed")
+        return None
+
+    def offers(self, action: str) -> bool:
+        """`b` is offered only where it could install or remove the boot service (not for a SIMULATED profile or
+        in a simulated session: it asked first, then refused)."""
+        if action != "boot_service":
+            return True
+        profile = self.selected() if self.is_mounted else None
+        return profile is not None and self.boot_refusal(profile) is None
 
     def action_next_device(self) -> None:
         self.app.select_device(1)
@@ -310,6 +384,10 @@ class ProfilesScreen(TunerScreen):
         tuner.actions.boot_service, as `tuner service` does)."""
         profile = self.selected()
         status = self.app.boot_status
+        refusal = self.boot_refusal(profile)
+        if refusal:  # said before any question: nothing to confirm
+            self.notify(f"apply at boot: {refusal}", severity="warning", timeout=10)
+            return
         if profile is None or status is None:
             self.notify("select a profile first" if profile is None else "reading the boot service's status...",
                         severity="warning")
@@ -335,8 +413,10 @@ class ProfilesScreen(TunerScreen):
         profile = self.selected()
         if profile is None:
             return
-        self.app.push_screen(
-            TextInputDialog(f"Export {profile.name!r} to path:", value=f"{profile.name}.toml"),
+        from tuner.actions.exports import profile_export_path
+
+        self.app.push_screen(  # the default in full: where it goes is never a guess
+            TextInputDialog(f"Export {profile.name!r} to path:", value=str(profile_export_path(profile.name))),
             lambda path: self._export(profile, path),
         )
 

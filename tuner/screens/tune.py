@@ -1,23 +1,58 @@
-"""Screen 2: set the knob by hand (keep-or-revert), reset to stock, and stress the current setting."""
+"""Screen 2: set the knob by hand (keep-or-revert), reset to stock, and stress the current setting.
+
+A stress run compares every step with this card's stock reference (tuner.actions.stress). When there is none and
+the card is not at stock, `s` asks first: run without the comparison (said on screen and in the summary), or
+cancel and record one (r resets to stock, s records it first). Nothing starts before the answer.
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
+from textual.message import Message
 from textual.widgets import Log, Static
 
+from tuner.app.jobs import stress_question
 from tuner.core.models import Mode
 from tuner.screens.base import TunerScreen
+from tuner.screens.dialogs import ConfirmDialog
 from tuner.widgets.device_panel import setting_text
 from tuner.widgets.history_plot import HistoryPlot
 
 PRESETS = ("tiny", "nanochat", "small", "large")
 MODES = tuple(Mode)
 DETECTORS = ("reference", "canary", "gemm", "nonfinite", "device errors", "watchdog", "kernel log")
+
+
+# what the reference detector's state means, said on the status's third line (the log scrolls)
+REFERENCE_NOTES = {
+    "OFF": "reference comparison OFF: you chose to run without a stock reference (weaker checks only)",
+    "NONE": "reference comparison OFF: the stock reference was not recorded",
+    "recording": "recording this card's stock reference first, at stock (kept for later runs)",
+}
+
+
+class StressChecked(Message):
+    """The worker's answer to `s`: start (`question` None) or ask first."""
+
+    def __init__(self, device_id: str, preset: str, mode: str, question) -> None:
+        super().__init__()
+        self.device_id, self.preset, self.mode, self.question = device_id, preset, mode, question
+
+
+def reference_question(problem) -> str:
+    """The dialog's words for a NoStockReference (tuner.actions.stress): what would be off, and the way to avoid it."""
+    return (f"{problem.device_id} has no stock reference for {problem.workload} ({problem.why}), and the card is "
+            f"at {problem.setting:+d} {problem.unit}, not at stock. This run could not compare its steps with "
+            "stock: the check that catches silent miscomputation would be OFF, leaving the canary, GEMM, "
+            "non-finite, device-error, watchdog and kernel-log checks.\n\n"
+            "Run without it? To record one instead: r resets to stock, s records it first, then apply your "
+            "setting again.")
 
 
 def clamp_target(knob, value: int) -> int:
@@ -30,7 +65,7 @@ class TuneScreen(TunerScreen):
     TITLE = "Tune"
     DEFAULT_CSS = """
     TuneScreen #tune-head { height: 3; padding: 0 1; }
-    TuneScreen #stress-status { height: 3; padding: 0 1; }
+    TuneScreen #stress-status { height: auto; min-height: 3; padding: 0 1; }
     TuneScreen #stress-plots { height: 1fr; min-height: 6; }
     TuneScreen #stress-log { height: 6; border-top: solid $primary; }
     """
@@ -99,7 +134,31 @@ class TuneScreen(TunerScreen):
         if self.app.stress.running:
             self.app.stop_stress()
         elif self.device_id:
-            self.app.start_stress(self.device_id, self.preset, self.mode)
+            self._check_stress(self.device_id, self.preset, str(self.mode))
+
+    @work(thread=True, exit_on_error=False, group="stress-check", name="stress-check")
+    def _check_stress(self, device_id: str, preset: str, mode: str) -> None:
+        """Off the UI thread (it reads the card and the reference cache): may this run start without asking?"""
+        try:
+            question = stress_question(self.app.backend, device_id, preset=preset, mode=mode)
+        except Exception:  # noqa: BLE001 - the job meets the same problem and reports it
+            question = None
+        self.post_message(StressChecked(device_id, preset, mode, question))
+
+    def on_stress_checked(self, message: StressChecked) -> None:
+        if message.question is None:
+            self.app.start_stress(message.device_id, message.preset, message.mode)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.app.start_stress(message.device_id, message.preset, message.mode, without_reference=True)
+            else:
+                self.notify("not started: record the stock reference first (r, then s), then apply your setting "
+                            "again")
+
+        self.app.push_screen(ConfirmDialog(reference_question(message.question), yes="Run without it",
+                                           no="Cancel"), answered)
 
     def action_cycle_mode(self) -> None:
         self.mode = MODES[(MODES.index(self.mode) + 1) % len(MODES)]
@@ -149,8 +208,11 @@ class TuneScreen(TunerScreen):
         for name in DETECTORS:
             state = stress.detector(name)
             status.append(f"{name} ")
-            status.append(state, style="bold reverse" if state.startswith("FAULT") else "")
+            status.append(state, style="bold reverse" if state.startswith("FAULT") or state == "OFF" else "")
             status.append("  ")
+        note = REFERENCE_NOTES.get(stress.detector("reference"))
+        if note:
+            status.append(f"\n{note}", style="bold")
         self.query_one("#stress-status", Static).update(status)
         steps = list(stress.steps)
         xs = [s for s, _, _ in steps]

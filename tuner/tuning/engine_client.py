@@ -2,7 +2,9 @@
 
 - `engine_request(target, ...)` is the one builder of an `EngineConfig`: the engine's own options
   (`tuner.engine.options`, torch-free) rendered to its command line by `.argv()`.
-- `parse_event(line)` turns one JSON line into a typed, frozen event; anything else becomes a `LogEvent`.
+- `parse_event(line)` turns one JSON line into the typed, frozen event `tuner.engine.events` declares; an
+  unknown event name (a newer engine) is an `UnknownEvent`, a declared event that breaks the schema an
+  `InvalidEvent` (the run says so), anything else a `LogEvent`.
 - `StressRun` starts the engine in its own session, yields events as they arrive (iterate from a worker
   thread), watches for hangs (`WatchdogPolicy`), stops it on request (SIGTERM to the group, SIGKILL after a
   grace period), and sums it up in a `StressResult`.
@@ -12,7 +14,6 @@ The protocol is documented field by field in docs/engine.md.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import queue
@@ -30,8 +31,27 @@ from typing import Any, Self
 
 from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
+from tuner.core.privileges import EngineIdentity, EngineRefused, engine_identity
+from tuner.engine.events import (
+    CanaryEvent,
+    EndEvent,
+    Event,
+    FaultEvent,
+    GemmEvent,
+    HeartbeatEvent,
+    InvalidEvent,
+    LogEvent,
+    PhaseEvent,
+    SegmentEvent,
+    StartEvent,
+    StepEvent,
+    UnknownEvent,
+    WarningEvent,
+    decode_line,
+)
 from tuner.engine.options import GPU_DEFAULT_PRESET, EngineOptions, Injection, UsageProblem, to_argv
 from tuner.engine.patterns import match_device_error
+from tuner.tuning import engine_spawn
 
 # --- the request ------------------------------------------------------------------------------------------
 
@@ -47,6 +67,8 @@ class EngineConfig:
     options: EngineOptions
     env: Mapping[str, str] = field(default_factory=dict)  # added to the engine's environment
     python: str = sys.executable
+    # who runs it (tuner.core.privileges: never root); None: the process that starts it
+    identity: EngineIdentity | EngineRefused | None = None
 
     def __post_init__(self) -> None:
         options = replace(self.options, injections=list(self.options.injections))  # our own copy
@@ -111,210 +133,14 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
                              **chosen)
     except TypeError as e:  # a misspelt option is a programming error, but say which
         raise ValueError(f"engine_request: {e}") from None
-    return EngineConfig(opts, env=dict(target.env or {}))
+    return EngineConfig(opts, env=dict(target.env or {}), identity=engine_identity(simulated=target.simulated))
 
 
 # --- events -----------------------------------------------------------------------------------------------
+# The engine's events are declared once, in tuner.engine.events (torch-free): the engine builds them, this client
+# decodes each stdout line into them (`parse_event`, which never raises) and docs/engine.md's tables come from them.
 
-
-def _f(v: object) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)  # "NaN", "Infinity", "-Infinity"
-        except ValueError:
-            return None
-    return None
-
-
-def _i(v: object) -> int | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return None
-
-
-def _s(v: object) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _b(v: object) -> bool | None:
-    return v if isinstance(v, bool) else None
-
-
-@dataclass(frozen=True)
-class Event:
-    t: float  # seconds since the engine started (its monotonic clock)
-    raw: dict = field(repr=False, compare=False)
-
-    @property
-    def name(self) -> str:
-        """The protocol's event name ("step", "end", ...; "log" for a line that was not an event)."""
-        return str(self.raw.get("event", "log"))
-
-
-@dataclass(frozen=True)
-class StartEvent(Event):
-    mode: str | None = None
-    preset: str | None = None
-    device: str | None = None
-    device_name: str | None = None
-    pci_bus_id: str | None = None
-    dtype: str | None = None
-    params: int | None = None
-    tokens_per_step: int | None = None
-    batch_size: int | None = None
-    warmup_steps: int | None = None
-    repeatable: bool | None = None
-    sensitivity: str | None = None
-    torch_version: str | None = None
-    cuda_version: str | None = None
-    hip_version: str | None = None
-
-
-@dataclass(frozen=True)
-class StepEvent(Event):
-    step: int = 0
-    loss: float | None = None
-    grad_norm: float | None = None
-    dt_ms: float | None = None
-    tok_s: float | None = None
-    tflops: float | None = None
-    phase: str | None = None
-
-
-@dataclass(frozen=True)
-class GemmEvent(Event):
-    step: int = 0
-    ok: bool | None = None
-    dt_ms: float | None = None
-    tflops: float | None = None
-
-
-@dataclass(frozen=True)
-class CanaryEvent(Event):
-    step: int | None = None
-    index: int | None = None
-    ok: bool | None = None
-    gemm_ok: bool | None = None
-    reason: str | None = None
-    dt_ms: float | None = None
-
-
-@dataclass(frozen=True)
-class WarningEvent(Event):
-    step: int | None = None
-    kind: str | None = None
-    detail: str | None = None
-    setup: bool | None = None
-
-
-@dataclass(frozen=True)
-class FaultEvent(Event):
-    kind: str | None = None
-    step: int | None = None
-    reference_step: int | None = None  # the reference step compared (within the pass, with --reference-loop)
-    detail: str | None = None
-
-
-@dataclass(frozen=True)
-class HeartbeatEvent(Event):
-    step: int | None = None
-    state: str | None = None
-    progress: int | None = None
-
-
-@dataclass(frozen=True)
-class PhaseEvent(Event):
-    step: int | None = None
-    phase: str | None = None
-    duration_s: float | None = None
-
-
-@dataclass(frozen=True)
-class SegmentEvent(Event):
-    """--reference-loop: training restarted from the initial weights after `step` (pass number `segment`)."""
-
-    step: int | None = None
-    segment: int | None = None
-    reference_steps: int | None = None
-
-
-@dataclass(frozen=True)
-class EndEvent(Event):
-    verdict: str | None = None
-    reason: str | None = None
-    kind: str | None = None
-    step: int | None = None
-    reference_step: int | None = None
-    steps: int | None = None
-    duration_s: float | None = None
-    median_tok_s: float | None = None
-    median_step_ms: float | None = None
-    bpb: float | None = None
-    eval_losses: tuple[float, ...] = ()
-    reference: Mapping | None = field(default=None, compare=False)
-    recorded: str | None = None
-    sensitivity: str | None = None
-    setup_problems: tuple[str, ...] = ()
-    exit_code: int | None = None
-
-
-@dataclass(frozen=True)
-class UnknownEvent(Event):
-    """Valid JSON with an event name this client does not know (a newer engine)."""
-
-
-@dataclass(frozen=True)
-class LogEvent(Event):
-    """A stdout line that is not a protocol event (should not happen; kept, never raised)."""
-
-    line: str = ""
-
-
-_TYPES: dict[str, type[Event]] = {
-    "start": StartEvent, "step": StepEvent, "gemm": GemmEvent, "canary": CanaryEvent, "warning": WarningEvent,
-    "fault": FaultEvent, "heartbeat": HeartbeatEvent, "phase": PhaseEvent, "segment": SegmentEvent,
-    "end": EndEvent,
-}
-_COERCE = {"int": _i, "int | None": _i, "float | None": _f, "str | None": _s, "bool | None": _b}
-
-
-def parse_event(line: str) -> Event:
-    """One protocol line -> a typed event. Never raises: anything unexpected becomes LogEvent/UnknownEvent."""
-    text = line.strip()
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError):
-        return LogEvent(t=math.nan, raw={}, line=text)
-    if not isinstance(raw, dict) or not isinstance(raw.get("event"), str):
-        return LogEvent(t=math.nan, raw={}, line=text)
-    t = _f(raw.get("t"))
-    cls = _TYPES.get(raw["event"])
-    if cls is None:
-        return UnknownEvent(t=math.nan if t is None else t, raw=raw)
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name in ("t", "raw") or f.name not in raw:
-            continue
-        value = raw[f.name]
-        if f.name in ("eval_losses", "setup_problems"):
-            conv = _f if f.name == "eval_losses" else _s
-            items = value if isinstance(value, list) else []
-            kwargs[f.name] = tuple(x for x in (conv(v) for v in items) if x is not None)
-        elif f.name == "reference":
-            kwargs[f.name] = value if isinstance(value, dict) else None
-        else:
-            coerced = _COERCE[str(f.type)](value)
-            if coerced is not None:
-                kwargs[f.name] = coerced
-    return cls(t=math.nan if t is None else t, raw=raw, **kwargs)
+parse_event = decode_line
 
 
 # --- result -----------------------------------------------------------------------------------------------
@@ -411,6 +237,7 @@ class StressRun:
     for the result, since on Linux the kernel's parent-death signal follows the thread that started it."""
 
     STDERR_TAIL_LINES = 60
+    _spawn: engine_spawn.Spawn | None = None  # the account and staged files it runs with (tuning/engine_spawn.py)
 
     def __init__(self, config: EngineConfig, *, watchdog: WatchdogPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -428,6 +255,7 @@ class StressRun:
         self._hang: str | None = None
         self._start_event: StartEvent | None = None
         self._end_event: EndEvent | None = None
+        self._protocol_problem: str | None = None  # the first line that broke the schema (InvalidEvent)
         self._last_step = 0
         self._steps_seen = 0
         self._step_times: list[float] = []
@@ -447,11 +275,18 @@ class StressRun:
         with self._lock:
             if self.proc is not None:
                 raise RuntimeError("StressRun already started")
-            self.proc = subprocess.Popen(
-                self.config.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=self.config.environ(), start_new_session=True, bufsize=1, text=True, encoding="utf-8",
-                errors="replace",
-            )
+            spawn = self._spawn = engine_spawn.prepare(self.config)
+            try:
+                self.proc = subprocess.Popen(
+                    spawn.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    env=spawn.env, start_new_session=True, bufsize=1, text=True, encoding="utf-8",
+                    errors="replace", **spawn.popen_kwargs,  # type: ignore[call-overload]
+                )
+            except BaseException as e:
+                spawn.finish()
+                if isinstance(e, PermissionError):  # the engine's account may not run the interpreter
+                    raise spawn.failed(e) from None
+                raise
             now = self._clock()
             self._t_launch = self._t_last_event = self._t_last_progress = now
         for target, name in ((self._read_stdout, "stdout"), (self._read_stderr, "stderr"),
@@ -505,6 +340,8 @@ class StressRun:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise TimeoutError("the engine is still running") from None
+        if self._spawn is not None:
+            self._spawn.finish()  # files the engine wrote as its own account go into place
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=None if timeout is None else max(0.1, timeout))
@@ -597,6 +434,9 @@ class StressRun:
                     self._end_event = ev
                 case CanaryEvent() | PhaseEvent() | SegmentEvent() | FaultEvent():
                     self._t_last_progress = now
+                case InvalidEvent(problem=problem):  # life, not progress; a bug the result must not hide
+                    self._protocol_problem = self._protocol_problem or problem
+                    self._stderr.append(f"tuner: the engine broke its protocol (docs/engine.md): {problem}")
                 case _:  # warnings, unknown events and stray lines show life, not progress
                     pass
 
@@ -647,7 +487,10 @@ class StressRun:
         }
         if self._hang is not None:
             return StressResult("fail", "hang", self._hang, self._last_step + 1, **common)
-        if end is not None and end.verdict in ("pass", "fail", "error"):
+        if end is None and self._protocol_problem is not None:  # it said something, not in words we can trust
+            return StressResult("error", "internal", f"the engine's output broke its protocol: "
+                                                     f"{self._protocol_problem}", None, **common)
+        if end is not None:
             kind, reason = end.kind, end.reason or end.verdict
             if end.verdict == "error" and kind == "interrupted" and self._stop_requested:
                 kind = "stopped"
@@ -687,3 +530,11 @@ def run_stress(config: EngineConfig, *, watchdog: WatchdogPolicy | None = None,
         if run.proc is not None and run.proc.poll() is None:
             run.stop()
             run.result()
+
+
+__all__ = [  # the events are tuner.engine.events' (re-exported: every reader of the engine names them from here)
+    "COLLECTIVE_MARGIN_S", "DEFAULT_DURATION_S", "SIM_HANG_STEP", "CanaryEvent", "EndEvent", "EngineConfig", "Event",
+    "FaultEvent", "GemmEvent", "HeartbeatEvent", "InvalidEvent", "LogEvent", "PhaseEvent", "SegmentEvent",
+    "StartEvent", "StepEvent", "StressResult", "StressRun", "UnknownEvent", "WarningEvent", "WatchdogPolicy",
+    "classify_stderr", "default_preset", "engine_request", "fault_seed_for", "parse_event", "run_stress",
+]

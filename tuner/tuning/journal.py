@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 
-from tuner.core import paths, processes
+from tuner.core import kernel_files, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, is_disk_full
 from tuner.core.models import Knob, Verdict
@@ -44,7 +44,7 @@ from tuner.tuning.events import TrialResult
 
 JOURNAL_VERSION = 1  # a card's and a rig's
 RIG_SUFFIX = ".rig.json"
-RIG_PHASES = ("search", "baseline", "confirm", "done")
+MAX_STATE_FILE_BYTES = 64 * 1024 * 1024  # far above any journal or unsafe list; a bigger file is not one
 
 # Session states
 ACTIVE = "active"  # a process is (or was, if it died) running this session
@@ -93,12 +93,8 @@ def guard_path(device_id: str) -> Path:
 
 
 def current_boot_id() -> str | None:
-    """This boot's id (`/proc/sys/kernel/random/boot_id` under `paths.sysfs_root()`), or None if unreadable."""
-    try:
-        text = (paths.sysfs_root() / "proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-    return text or None
+    """This boot's id, or None if unreadable (tuner.core.kernel_files: never a FIFO, /dev/zero or a stall)."""
+    return kernel_files.boot_id()
 
 
 pid_alive = processes.pid_alive  # the journal's owner check (kept as a name here: callers use journal.pid_alive)
@@ -151,7 +147,7 @@ def _damaged(path: Path, problem: str, remedy: str = _MOVE_ASIDE) -> DamagedStat
 
 def _read_json(path: Path) -> dict | None:
     try:
-        raw = path.read_bytes()
+        raw = state_files.read_file(path, MAX_STATE_FILE_BYTES)  # no link followed, never a FIFO's hang
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -165,53 +161,13 @@ def _read_json(path: Path) -> dict | None:
     return doc
 
 
-def _is_setting_map(v: object) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, int) and not isinstance(x, bool)
-                                       for k, x in v.items())
-
-
-def check_rig_journal(doc: object) -> str | None:
-    """None when `doc` is a valid rig journal, else one phrase saying what is wrong."""
-    if not isinstance(doc, dict):
-        return "not a JSON object"
-    if doc.get("version") != JOURNAL_VERSION:
-        return f"'version' is not {JOURNAL_VERSION}"
-    session = doc.get("session")
-    if not isinstance(session, str) or not journal_schema.SESSION_RE.fullmatch(session):
-        return "'session' is not a session id"
-    if doc.get("state") not in journal_schema.STATES:
-        return f"'state' is not one of {', '.join(journal_schema.STATES)}"
-    if doc.get("phase") not in RIG_PHASES:
-        return f"'phase' is not one of {', '.join(RIG_PHASES)}"
-    devices = doc.get("devices")
-    if not isinstance(devices, list) or not devices or not all(isinstance(d, str) for d in devices):
-        return "'devices' is not a list of card ids"
-    for key in ("candidates", "stock"):
-        if not _is_setting_map(doc.get(key, {})):
-            return f"{key!r} is not a map of card -> whole number"
-    sessions = doc.get("sessions", {})
-    if not isinstance(sessions, dict) or not all(isinstance(v, str) for v in sessions.values()):
-        return "'sessions' is not a map of card -> session id"
-    for key in ("attempts", "never"):
-        if not isinstance(doc.get(key, []), list):
-            return f"{key!r} is not a list"
-    if not all(_is_setting_map(c) for c in doc.get("never", [])):
-        return "'never' holds something that is not a map of card -> whole number"
-    trial = doc.get("open_trial")
-    if trial is not None:
-        if not isinstance(trial, dict) or not _is_setting_map(trial.get("settings")):
-            return "'open_trial' has no settings map"
-        return journal_schema.check_open_trial({**trial, "setting": 0}, in_session=False)
-    return None
-
-
 def _load(path: Path) -> dict | None:
     """The document at `path`, validated by its kind (a rig's, a guard, a card's): DamagedState when it is not."""
     doc = _read_json(path)
     if doc is None:
         return None
     if path.name.endswith(RIG_SUFFIX):
-        problem = check_rig_journal(doc)
+        problem = journal_schema.check_rig_journal(doc)
     elif path.name.endswith(".guard.json"):
         problem = journal_schema.check_guard(doc)
     else:
@@ -312,7 +268,7 @@ def unsafe_entries(device_id: str) -> list[dict]:
     """
     path = unsafe_path(device_id)
     try:
-        raw = path.read_bytes()
+        raw = state_files.read_file(path, MAX_STATE_FILE_BYTES)  # no link followed, never a FIFO's hang
     except FileNotFoundError:
         return []
     except OSError as e:

@@ -1,156 +1,229 @@
-"""The shapes of the safety files (session journal, trial guard, unsafe-list line), checked by hand.
+"""The shapes of the safety files (session journal, rig journal, trial guard, unsafe-list line), declared once.
 
-A tiny explicit validator rather than a JSON-Schema library: three small documents, and the checks that matter
-(an integer that is really an int, not "-40" or -40.0; a session id that is safe in a file name) read better as
-code. Each `check_*` returns None when the document is valid, else one short phrase saying what is wrong (the
-caller names the file and the remedy). Nothing here reads files; no textual, no torch.
+Each document is a msgspec Struct below; `tuner.core.documents.fit` holds a parsed file to it, strictly (an
+integer is really an int, not "-40" or -40.0; a time is a finite number of seconds, not 1e308 or NaN). Keys a
+newer tuner may add are let through. Each `check_*` returns None when the document is valid, else one short phrase
+saying what is wrong and where (the caller names the file and the remedy). Nothing here reads files; no textual,
+no torch.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from tuner.core.documents import Misfit, Words, fit, one_of
 
 SESSION_RE = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 STATES = ("active", "interrupted", "finished")
 # Trial verdicts as the journal stores them ("stopped" trials are abandoned, never stored).
 VERDICTS = ("pass", "fail", "error", "inconclusive")
+RIG_VERSION = 1
+RIG_PHASES = ("search", "baseline", "confirm", "done")
+LAST_TIME_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z: any later "time" is damage, not a date
+JSON = Words(integer="a whole number", number="a number", string="a string", boolean="true or false",
+             date_time="a date-time", table="an object", array="a list")
+
+SessionId = Annotated[str, Meta(pattern=rf"\A{SESSION_RE.pattern}\Z",
+                                extra={"what": "a session id (letters, digits, '.', '_', '-')"})]
+Time = Annotated[float, Meta(ge=0.0, le=LAST_TIME_S, extra={"what": "a time in seconds since 1970"})]
+CardSettings = Annotated[dict[str, int], Meta(extra={"what": "a map of card -> whole number", "whole": True})]
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+class _Doc(msgspec.Struct):
+    """A JSON object of ours: unknown keys pass (a newer tuner may add some), the declared ones must fit."""
 
 
-def _is_num(v: object) -> bool:
-    return (isinstance(v, int | float)) and not isinstance(v, bool)
+class OpenTrial(_Doc):
+    """The trial a guard file (apply --verify) holds open."""
+
+    setting: int
+    phase: str
+    boot_id: str | None = None
+    pid: int | None = None
+    started_at: Time | None = None
+    device: str | None = None
+    session: str | None = None
 
 
-def _opt(v: object, check: Callable[[object], bool]) -> bool:
-    return v is None or check(v)
+class SessionOpenTrial(OpenTrial, kw_only=True):
+    """The trial a session journal holds open: it names its session."""
+
+    session: str
 
 
-def _is_str(v: object) -> bool:
-    return isinstance(v, str)
+class TrialRecord(_Doc):
+    setting: int
+    phase: str
+    verdict: Annotated[str, one_of(VERDICTS)]
+    kind: str | None = None
+    steps: int | None = None
+    warmup_steps: int | None = None
+    duration_s: float | None = None
+    edge: bool = False
 
 
-def _field(doc: dict[str, object], key: str, check: Callable[[object], bool], what: str, *,
-           required: bool) -> str | None:
-    if key not in doc:
-        return f"{key!r} is missing" if required else None
-    if not check(doc[key]):
-        return f"{key!r} is not {what} (got {doc[key]!r:.40})"
+class Recommendation(_Doc):
+    """A finished session's recommendation (what `tuner bisect --save NAME --from-last` saves)."""
+
+    setting: int
+    margin: int
+    unit: str
+    confirmed: int | None = None
+    lowest_pass: int | None = None
+    first_failure: int | None = None
+    measured_at: int | None = None
+    baseline_tok_s: float | None = None
+    baseline_power_w: float | None = None
+    baseline_tok_per_j: float | None = None
+    tuned_tok_s: float | None = None
+    tuned_power_w: float | None = None
+    tuned_tok_per_j: float | None = None
+    efficiency_gain_pct: float | None = None
+    edge: bool = False
+
+
+class Journal(_Doc):
+    """A card's session journal."""
+
+    version: Annotated[int, Meta(ge=1, le=1, extra={"what": "1"})]
+    session: SessionId
+    device: str
+    state: Annotated[str, one_of(STATES)]
+    params: dict[str, Any]
+    trials: list[TrialRecord]
+    knob: dict[str, Any] = {}
+    pid: int | None = None
+    boot_id: str | None = None
+    reference: Annotated[str, Meta(extra={"what": "a path"})] | None = None
+    created_at: Time | None = None
+    updated_at: Time | None = None
+    open_trial: SessionOpenTrial | None = None
+    recommendation: Recommendation | None = None
+
+
+class Guard(_Doc):
+    open_trial: OpenTrial | None
+
+
+class UnsafeEntry(_Doc):
+    """One line of the unsafe list. `setting` must be a JSON integer: "-40" or -40.0 is damage, not a value."""
+
+    setting: int
+    kind: str
+    unit: str | None = None
+    device: str | None = None
+    serial: str | None = None
+    session: str | None = None
+    boot_id: str | None = None
+    reason: str | None = None
+    edge: bool = False
+    recorded_at: Time | None = None
+    kernel_log: list[Any] | None = None
+
+
+class RigOpenTrial(_Doc):
+    """The rig trial open before it touches any card: every card's setting at once."""
+
+    settings: CardSettings
+    phase: str
+    attempt: int | None = None
+    boot_id: str | None = None
+    pid: int | None = None
+    started_at: Time | None = None
+
+
+class RigJournal(_Doc):
+    """A rig bisect's journal (`journal/rig+<dev>+....rig.json`, tuner.tuning.journal.Journal.create_rig)."""
+
+    version: Annotated[int, Meta(ge=RIG_VERSION, le=RIG_VERSION, extra={"what": str(RIG_VERSION)})]
+    session: SessionId
+    state: Annotated[str, one_of(STATES)]
+    phase: Annotated[str, one_of(RIG_PHASES)]
+    devices: Annotated[list[str], Meta(min_length=1, extra={"what": "a list of card ids", "whole": True})]
+    candidates: CardSettings = {}
+    stock: CardSettings = {}
+    sessions: Annotated[dict[str, str], Meta(extra={"what": "a map of card -> session id", "whole": True})] = {}
+    attempts: list[Any] = []
+    pid: int | None = None
+    boot_id: str | None = None
+    created_at: Time | None = None
+    updated_at: Time | None = None
+    never: Annotated[list[CardSettings], Meta(extra={"what": "a list of maps of card -> whole number",
+                                                     "whole": True})] = []
+    open_trial: RigOpenTrial | None = None
+
+
+# --- the checks the journal modules call ---------------------------------------------------------------------
+def _subject(path: tuple[str | int, ...]) -> str:
+    """Where, as a person reads it: "'setting'", "open trial: 'setting'", "trial 3", "'candidates'"."""
+    if len(path) >= 2 and path[0] == "trials" and isinstance(path[1], int):
+        label, inner = f"trial {path[1] + 1}", path[2:]
+    elif len(path) >= 2 and path[0] in ("open_trial", "recommendation"):
+        label, inner = str(path[0]).replace("_", " "), path[1:]
+    elif not path:
+        return "it"
+    else:
+        label, inner = "", path
+    quoted = repr(inner[0]) + "".join(f"[{k!r}]" for k in inner[1:]) if inner else ""
+    return f"{label}: {quoted}" if label and quoted else label or quoted
+
+
+def _problem(doc: object, type_: type[_Doc], *, at: tuple[str | int, ...] = ()) -> str | None:
+    """None when `doc` fits `type_`, else the phrase; `at`: where `doc` sits in its file."""
+    if not isinstance(doc, dict):
+        return f"{_subject(at)} is not a JSON object" if not at else f"{_subject(at)} is not an object"
+    try:
+        fit(doc, type_, JSON)
+    except Misfit as m:
+        subject = _subject((*at, *m.path))
+        if m.kind == "missing":
+            return f"{subject} is missing"
+        return f"{subject} is not {m.expected} (got {m.value!r:.40})"
     return None
-
-
-def _first(*problems: str | None) -> str | None:
-    return next((p for p in problems if p), None)
 
 
 def check_open_trial(trial: object, *, in_session: bool) -> str | None:
     """The `open_trial` of a journal (`in_session`) or of a guard file."""
     if trial is None:
         return None
-    if not isinstance(trial, dict):
-        return "'open_trial' is not an object"
-    problem = _first(
-        _field(trial, "setting", _is_int, "a whole number", required=True),
-        _field(trial, "phase", _is_str, "a string", required=True),
-        _field(trial, "boot_id", lambda v: _opt(v, _is_str), "a string", required=False),
-        _field(trial, "pid", lambda v: _opt(v, _is_int), "a whole number", required=False),
-        _field(trial, "started_at", lambda v: _opt(v, _is_num), "a number", required=False),
-        _field(trial, "device", lambda v: _opt(v, _is_str), "a string", required=False),
-        _field(trial, "session", _is_str, "a string", required=in_session),
-    )
-    return f"open trial: {problem}" if problem else None
+    return _problem(trial, SessionOpenTrial if in_session else OpenTrial, at=("open_trial",))
 
 
 def check_trial_record(record: object, index: int) -> str | None:
-    if not isinstance(record, dict):
-        return f"trial {index} is not an object"
-    problem = _first(
-        _field(record, "setting", _is_int, "a whole number", required=True),
-        _field(record, "phase", _is_str, "a string", required=True),
-        _field(record, "verdict", lambda v: v in VERDICTS, f"one of {', '.join(VERDICTS)}", required=True),
-        _field(record, "kind", lambda v: _opt(v, _is_str), "a string", required=False),
-        _field(record, "steps", lambda v: _opt(v, _is_int), "a whole number", required=False),
-        _field(record, "warmup_steps", lambda v: _opt(v, _is_int), "a whole number", required=False),
-        _field(record, "duration_s", lambda v: _opt(v, _is_num), "a number", required=False),
-        _field(record, "edge", lambda v: isinstance(v, bool), "true or false", required=False),
-    )
-    return f"trial {index}: {problem}" if problem else None
+    """The trial numbered `index` (from 1) of a journal."""
+    return _problem(record, TrialRecord, at=("trials", index - 1))
+
+
+def check_recommendation(rec: object) -> str | None:
+    return None if rec is None else _problem(rec, Recommendation, at=("recommendation",))
 
 
 def check_journal(doc: object, *, reference_name: str | None = None) -> str | None:
     """A session journal. `reference_name`: the file name the session's reference must have (in the state
     directory); a journal naming any other file is damaged (we only write what we own)."""
-    if not isinstance(doc, dict):
-        return "it is not a JSON object"
-    problem = _first(
-        _field(doc, "version", lambda v: v == 1, "1", required=True),
-        _field(doc, "session", lambda v: isinstance(v, str) and SESSION_RE.fullmatch(v) is not None,
-               "a session id (letters, digits, '.', '_', '-')", required=True),
-        _field(doc, "device", _is_str, "a string", required=True),
-        _field(doc, "state", lambda v: v in STATES, f"one of {', '.join(STATES)}", required=True),
-        _field(doc, "params", lambda v: isinstance(v, dict), "an object", required=True),
-        _field(doc, "knob", lambda v: isinstance(v, dict), "an object", required=False),
-        _field(doc, "trials", lambda v: isinstance(v, list), "a list", required=True),
-        _field(doc, "pid", lambda v: _opt(v, _is_int), "a whole number", required=False),
-        _field(doc, "boot_id", lambda v: _opt(v, _is_str), "a string", required=False),
-        _field(doc, "reference", lambda v: _opt(v, _is_str), "a path", required=False),
-        check_open_trial(doc.get("open_trial"), in_session=True),
-        check_recommendation(doc.get("recommendation")),
-    )
-    if problem:
+    problem = _problem(doc, Journal)
+    if problem or not isinstance(doc, dict):
         return problem
-    for i, record in enumerate(doc["trials"], start=1):
-        problem = check_trial_record(record, i)
-        if problem:
-            return problem
     ref = doc.get("reference")
     if ref is not None and reference_name is not None and not ref.endswith("/" + reference_name):
         return f"'reference' names {ref!r:.80}, not the session's own file in the state directory"
     return None
 
 
-def check_recommendation(rec: object) -> str | None:
-    """A finished session's recommendation (what `tuner bisect --save NAME --from-last` saves)."""
-    if rec is None:
-        return None
-    if not isinstance(rec, dict):
-        return "'recommendation' is not an object"
-    ints = ("setting", "margin")
-    opt_ints = ("confirmed", "lowest_pass", "first_failure", "measured_at")
-    nums = ("baseline_tok_s", "baseline_power_w", "baseline_tok_per_j", "tuned_tok_s", "tuned_power_w",
-            "tuned_tok_per_j", "efficiency_gain_pct")
-    problem = _first(
-        *(_field(rec, k, _is_int, "a whole number", required=True) for k in ints),
-        *(_field(rec, k, lambda v: _opt(v, _is_int), "a whole number", required=False) for k in opt_ints),
-        *(_field(rec, k, lambda v: _opt(v, _is_num), "a number", required=False) for k in nums),
-        _field(rec, "unit", _is_str, "a string", required=True),
-        _field(rec, "edge", lambda v: isinstance(v, bool), "true or false", required=False),
-    )
-    return f"recommendation: {problem}" if problem else None
-
-
 def check_guard(doc: object) -> str | None:
-    if not isinstance(doc, dict):
-        return "it is not a JSON object"
-    if "open_trial" not in doc:
-        return "'open_trial' is missing"
-    return check_open_trial(doc["open_trial"], in_session=False)
+    return _problem(doc, Guard)
 
 
 def check_unsafe_entry(entry: object) -> str | None:
-    """One line of the unsafe list. `setting` must be a JSON integer: "-40" or -40.0 is damage, not a value."""
-    if not isinstance(entry, dict):
-        return "it is not a JSON object"
-    return _first(
-        _field(entry, "setting", _is_int, "a whole number", required=True),
-        _field(entry, "kind", _is_str, "a string", required=True),
-        _field(entry, "unit", lambda v: _opt(v, _is_str), "a string", required=False),
-        _field(entry, "device", lambda v: _opt(v, _is_str), "a string", required=False),
-        _field(entry, "reason", lambda v: _opt(v, _is_str), "a string", required=False),
-        _field(entry, "edge", lambda v: isinstance(v, bool), "true or false", required=False),
-        _field(entry, "recorded_at", lambda v: _opt(v, _is_num), "a number", required=False),
-        _field(entry, "kernel_log", lambda v: _opt(v, lambda x: isinstance(x, list)), "a list", required=False),
-    )
+    """One line of the unsafe list."""
+    return _problem(entry, UnsafeEntry)
+
+
+def check_rig_journal(doc: object) -> str | None:
+    """None when `doc` is a valid rig journal, else one phrase saying what is wrong (tuner.tuning.journal holds
+    every rig journal it reads to this, and has no check of its own)."""
+    return _problem(doc, RigJournal)

@@ -97,8 +97,14 @@ def classify_line(line: str, pci_bus_id: str | None = None) -> KernelEvent | Non
 class KernelLogWatcher:
     """Counts kernel-log failures from `start()` until `stop()`. Thread-safe reads of `events`.
 
-    `reader` yields log lines and is stopped by calling the function it returned with them; tests feed their own.
+    `on_event(event)` is called from the reader thread for every failure line (set it before `start()`; a trial sets
+    it to stop its engine). `source` returns the lines and how to stop reading them (tests feed their own).
+    `__slots__`: a misspelt attribute (`watcher._on_event = ...`, which once left a UI stress run deaf to the kernel
+    log) is an AttributeError, not a callback nobody calls.
     """
+
+    __slots__ = ("_close", "_events", "_lock", "_source", "_thread", "_warn", "available", "on_event", "pci_bus_id",
+                 "source_name")
 
     def __init__(self, pci_bus_id: str | None = None, *, warn: Callable[[str], None] | None = None,
                  on_event: Callable[[KernelEvent], None] | None = None,
@@ -168,6 +174,8 @@ class KernelLogWatcher:
 
 class NullWatcher(KernelLogWatcher):
     """For simulated cards: the host's kernel log says nothing about them."""
+
+    __slots__ = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, source=lambda: None, **kwargs)

@@ -18,15 +18,30 @@ stops (`not-repeatable`) before any undervolt; a trial that fails only by `misma
 fault of the simulated card: that is the voltage by construction) is followed by one `control` trial at stock
 against the same reference before its failure counts, at most one per setting; a control that fails too stops the
 search (`not-repeatable`). Replays and controls never count as passes or failures of a setting.
+
+The bound and trial sizing (issue 26; on when `PlanParams.bound_s` is set): every decision is sized by what it can
+still tell us, in compared steps at the stock baseline's median step time. A trial at least one coarse step shallower
+than every known failure is a *screen* (`--trial` / SCREEN_DIVISOR: far past the edge failures come early); one
+nearer a failure *decides* between neighbours (one `--trial`); the confirmation runs exactly the steps the bound
+still needs at the value it confirms after pooling every pass there or deeper (`tuner.tuning.bound`), never fewer
+than two mixed-mode cycles. A passing confirmation that fell short of the bound (it ran fewer steps than asked) is
+topped up at the same value. Every `Recommend` carries the pooled bound at the confirmed value and at the
+recommended setting (which pools everything between them too), with where their steps came from. Reasoning and
+figures: docs/bisect.md, "The bound and trial sizing".
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tuner.core.errors import UsageError
 from tuner.core.models import Knob, Phase, Verdict
+from tuner.engine.options import EngineOptions
+from tuner.tuning import bound as bounds
+from tuner.tuning.bound import Bound
+from tuner.tuning.evidence import MIN_COMPARED_STEPS
 
 BASELINE, COARSE, REFINE, CONFIRM = Phase.BASELINE, Phase.COARSE, Phase.REFINE, Phase.CONFIRM
 # at stock: the baseline replayed in a second process; a control after a fault
@@ -46,6 +61,21 @@ NOT_REPEATABLE_HELP = ("likely causes: a kernel that is not deterministic on thi
                        "weaker comparison with --tolerance (reduced sensitivity)")
 EDGE_KINDS = ("hang", "system-reset", "device-lost", "gpu-reset", "fallen-off-bus", "vram-lost")
 
+# Trial sizing (docs/bisect.md, "The bound and trial sizing").
+SCREEN, DECIDE, BOUND = "screen", "decide", "bound"  # NextTrial.purpose
+# A screen asks only "is this setting far past the edge?"; there failures come early (the R9700 at -65 mV: step
+# 284, 24 s in, against the 5 min a failure near the edge may take), so a tenth of a deciding trial.
+SCREEN_DIVISOR = 10
+MAX_CONFIRM_PASSES = 3  # a passing confirmation that fell short of the bound is topped up at most this often
+_MIXED = EngineOptions()
+# The confirmation (mixed mode) runs at least two of the engine's mixed-mode cycles, so it always crosses idle->load:
+# the load each cycle holds, full phase plus the duty-cycled partial one, in seconds of load.
+MIXED_CYCLE_LOAD_S = _MIXED.mixed_full_s + _MIXED.mixed_partial_s * _MIXED.partial_duty
+MIN_CONFIRM_LOAD_S = 2 * MIXED_CYCLE_LOAD_S
+# The share of a mixed run's wall time that is load (144 of every 174 s): a confirmation's wall time is its
+# `duration_s` over this, and `bound.check_reachable` takes it as `load_fraction`.
+MIXED_LOAD_FRACTION = MIXED_CYCLE_LOAD_S / (_MIXED.mixed_full_s + _MIXED.mixed_partial_s + _MIXED.idle_gap_s)
+
 
 @dataclass(frozen=True)
 class PlanParams:
@@ -58,11 +88,23 @@ class PlanParams:
     floor: int | None = None
     replay_baseline: bool = False  # replay the baseline at stock in a second process before any undervolt
     stock_control: bool = False  # a control at stock after a mismatch/canary failure
+    # Trial sizing, on when `bound_s` is set: "at most one fault per bound_s of this load" at 95 % at the
+    # recommendation; `trial_s` is one deciding trial (--trial), `min_confirm_load_s` the confirmation's least load.
+    bound_s: float | None = None
+    trial_s: float | None = None
+    min_confirm_load_s: float = MIN_CONFIRM_LOAD_S
+
+    @property
+    def sized(self) -> bool:
+        return self.bound_s is not None
+
     @classmethod
     def defaults_for(cls, knob: Knob, *, step: int | None = None, resolution: int | None = None,
                      margin: int | None = None, floor: int | None = None, replay_baseline: bool = False,
-                     stock_control: bool = False) -> PlanParams:
-        """The documented defaults: 10/5/10 mV (edge 15) for mV knobs; 2/1/2 (edge 3) clock steps for MHz knobs."""
+                     stock_control: bool = False, bound_s: float | None = None,
+                     trial_s: float | None = None) -> PlanParams:
+        """The documented defaults: 10/5/10 mV (edge 15) for mV knobs; 2/1/2 (edge 3) clock steps for MHz knobs.
+        Trials are sized only when a bound is asked for (`bound_s`, with `trial_s`)."""
         if knob.unit == "mV":
             d_step, d_res, d_margin, d_edge = 10, 5, 10, 15
         else:
@@ -70,7 +112,7 @@ class PlanParams:
         margin = d_margin if margin is None else margin
         return cls(step=d_step if step is None else step, resolution=d_res if resolution is None else resolution,
                    margin=margin, edge_margin=max(margin, d_edge), floor=floor, replay_baseline=replay_baseline,
-                   stock_control=stock_control)
+                   stock_control=stock_control, bound_s=bound_s, trial_s=trial_s)
 
 
 @dataclass(frozen=True)
@@ -85,6 +127,8 @@ class PlanResult:
     edge: bool = False  # the trial hung or crashed the machine
     injected: bool = False  # the simulated card injected faults at this setting
     reason: str = ""
+    steps: int | None = None  # steps compared with the reference (after the warm-up); None: not known
+    step_s: float | None = None  # the engine's median step time (the baseline's sets "hours of this load")
 
     @classmethod
     def from_record(cls, record: dict) -> PlanResult:
@@ -97,16 +141,36 @@ class PlanResult:
         if step is None:
             step = record.get("fault_step")
         fault_step = None if record.get("injected") else step
+        steps = record.get("steps")
+        compared = None if steps is None else max(0, int(steps) - int(record.get("warmup_steps") or 0))
+        # Only the engine's median step time: a trial's duration over its steps counts the start-up and the
+        # compile, which would overstate the bound in hours.
+        step_ms = record.get("median_step_ms")
+        if isinstance(step_ms, bool) or not isinstance(step_ms, (int, float)) or not step_ms > 0:
+            step_ms = None
         return cls(setting=record["setting"], phase=record["phase"], verdict=record["verdict"],
                    kind=record.get("kind"), fault_step=fault_step, edge=bool(record.get("edge")),
-                   injected=bool(record.get("injected")), reason=record.get("reason") or "")
+                   injected=bool(record.get("injected")), reason=record.get("reason") or "", steps=compared,
+                   step_s=step_ms / 1000.0 if step_ms else None)
 
 
 # --- decisions ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NextTrial:
+    """Run `setting` in `phase`. Sized (a bound was asked for; else all None and the driver uses its own
+    lengths): `steps` compared steps (the warm-up comes on top), `duration_s` the same in seconds of load at the
+    baseline's step time (a mixed confirmation takes longer by its idle and partial phases), `purpose` screen,
+    decide or bound; a confirmation also says the bound it aims for at the value it confirms (`bound_s`;
+    `bound_steps`, the pooled steps that takes) and the steps already pooled there (`pooled_steps`)."""
+
     setting: int
     phase: str
+    steps: int | None = None
+    duration_s: float | None = None
+    purpose: str | None = None
+    bound_s: float | None = None
+    bound_steps: int | None = None
+    pooled_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +181,20 @@ class Recommend:
     first_failure: int | None  # the least aggressive value known to fail (trial or unsafe list)
     margin: int
     edge: bool  # the edge margin was used
+    # The pooled bound at `setting` (every pass there or deeper, shallower than the first failure; what a profile
+    # states) and at `confirmed` (what the confirmation proved), with where their steps came from; None when no
+    # compared steps count. `bound_s`: what was asked for (None: no bound was asked for).
+    bound: Bound | None = None
+    confirmed_bound: Bound | None = None
+    bound_s: float | None = None
+
+    @property
+    def bound_met(self) -> bool | None:
+        """Whether the confirmed value reached the bound asked for (None: none was asked for; False when no
+        undervolt was confirmed)."""
+        if self.bound_s is None:
+            return None
+        return self.confirmed_bound is not None and self.confirmed_bound.reaches(self.bound_s)
 
 
 @dataclass(frozen=True)
@@ -142,6 +220,12 @@ def check_params(knob: Knob, p: PlanParams) -> None:
         if v < 0 or v % knob.step:
             raise UsageError(f"{name} {v} {unit} is not a multiple of this card's {knob.step} {unit} step",
                              f"use a multiple of {knob.step} (0 is allowed)")
+    if p.bound_s is not None:
+        if not (p.bound_s > 0 and math.isfinite(p.bound_s)):
+            raise UsageError(f"--bound of {p.bound_s:g} s is not a positive duration", "e.g. --bound 10m or 2h")
+        if p.trial_s is None or not p.trial_s >= 1:
+            raise UsageError("a bound needs the length of a deciding trial (--trial) of at least 1 s",
+                             "give --trial, e.g. 5m")
     if p.step % p.resolution:
         raise UsageError(f"--step {p.step} is not a multiple of --resolution {p.resolution}",
                          "e.g. --step 10 --resolution 5")
@@ -184,6 +268,12 @@ class BisectPlan:
 
     # --- the state machine ------------------------------------------------------------------------------------
     def decide(self, results: Sequence[PlanResult]) -> Decision:
+        decision = self._decide(results)
+        if isinstance(decision, NextTrial) and self.params.sized:
+            return self._sized(decision, [r for r in results if r.verdict != INCONCLUSIVE])
+        return decision
+
+    def _decide(self, results: Sequence[PlanResult]) -> Decision:
         results = [r for r in results if r.verdict != INCONCLUSIVE]
         baseline = [r for r in results if r.phase == BASELINE]
         if not baseline:
@@ -238,10 +328,14 @@ class BisectPlan:
             gaps = (hi - lo - 1) // self.res_k  # resolution steps strictly between lo and hi
             if gaps >= 1:
                 return NextTrial(self.value(lo + ((gaps + 1) // 2) * self.res_k), REFINE)
-        # confirm
-        confirmed_ok = [self.k_of(r.setting) for r in confirms if r.verdict == PASS]
+        # confirm (a value at or beyond a failure is never the confirmed one, whatever passed there before)
+        confirmed_ok = [k for k in (self.k_of(r.setting) for r in confirms if r.verdict == PASS)
+                        if k is not None and (fail_k is None or k < fail_k)]
         if confirmed_ok:
-            return self._recommend(confirmed_ok[-1], results)
+            c_k = confirmed_ok[-1]
+            if self._top_up(c_k, confirms, results):
+                return NextTrial(self.value(c_k), CONFIRM)
+            return self._recommend(c_k, results)
         tried = {self.k_of(r.setting) for r in confirms}
         c = lo if not confirms else min(k for k in tried if k is not None) - self.res_k
         while c > 0 and (c in tried or (fail_k is not None and c >= fail_k)):
@@ -291,15 +385,25 @@ class BisectPlan:
                 seen.setdefault(key, r.setting)
         return None
 
+    def _edge(self, trials: Sequence[PlanResult]) -> bool:
+        return self.unsafe_edge or any(r.edge or r.kind in EDGE_KINDS for r in trials if r.verdict == FAIL)
+
+    def _fail_k(self, trials: Sequence[PlanResult]) -> int | None:
+        fails_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == FAIL) if k is not None]
+        return min(fails_k + self.unsafe_k, default=None)
+
+    def _rec_k(self, confirmed_k: int | None, trials: Sequence[PlanResult]) -> int:
+        margin = self.params.edge_margin if self._edge(trials) else self.params.margin
+        return 0 if confirmed_k is None else max(0, confirmed_k - margin // self.knob.step)
+
     def _recommend(self, confirmed_k: int | None, results: Sequence[PlanResult]) -> Recommend:
         trials = [r for r in results if r.phase not in STOCK_PHASES]
-        edge = self.unsafe_edge or any(r.edge or r.kind in EDGE_KINDS for r in trials if r.verdict == FAIL)
+        edge = self._edge(trials)
         margin = self.params.edge_margin if edge else self.params.margin
-        fails_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == FAIL) if k is not None]
-        fail_k = min(fails_k + self.unsafe_k, default=None)
+        fail_k = self._fail_k(trials)
         passes_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == PASS and r.phase != CONFIRM)
                     if k is not None and (fail_k is None or k < fail_k)]
-        rec_k = 0 if confirmed_k is None else max(0, confirmed_k - margin // self.knob.step)
+        rec_k = self._rec_k(confirmed_k, trials)
         return Recommend(
             setting=self.value(rec_k),
             confirmed=None if confirmed_k is None else self.value(confirmed_k),
@@ -307,7 +411,72 @@ class BisectPlan:
             first_failure=None if fail_k is None else self.value(fail_k),
             margin=margin,
             edge=edge,
+            bound=self.bound_at(self.value(rec_k), results),
+            confirmed_bound=None if confirmed_k is None else self.bound_at(self.value(confirmed_k), results),
+            bound_s=self.params.bound_s,
         )
+
+    # --- the bound and trial sizing (docs/bisect.md, "The bound and trial sizing") -------------------------------
+    def bound_at(self, value: int, results: Sequence[PlanResult]) -> Bound | None:
+        """The pooled bound at `value`: every passing step at `value` or deeper, shallower than the first failure
+        (trial or unsafe list). None at or beyond a failure, for an overvolt, or when no compared step counts.
+        Stock runs (baseline, replay, controls) test the platform, not a setting: they do not count."""
+        k = self.k_of(value)
+        if k is None:
+            return None
+        results = [r for r in results if r.verdict != INCONCLUSIVE]
+        trials = [r for r in results if r.phase not in STOCK_PHASES]
+        evidence = [bounds.Evidence(depth, r.setting, r.phase, r.verdict == PASS, r.steps)
+                    for r in trials if (depth := self.k_of(r.setting)) is not None]
+        b = bounds.pooled(evidence, k, self._fail_k(trials), self._step_s(results))
+        return b if b is not None and b.steps > 0 else None
+
+    @staticmethod
+    def _step_s(results: Sequence[PlanResult]) -> float | None:
+        """The stock baseline's median step time: what "an hour of this load" is in steps."""
+        baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.verdict == PASS), None)
+        return baseline.step_s if baseline is not None else None
+
+    def _top_up(self, c_k: int, confirms: Sequence[PlanResult], results: Sequence[PlanResult]) -> bool:
+        """A passing confirmation that fell short of the bound asked for (it ran fewer steps than asked) runs on
+        at the same value, while each pass added steps, at most MAX_CONFIRM_PASSES passes."""
+        if not self.params.sized or self.params.bound_s is None:
+            return False
+        passes = [r for r in confirms if r.verdict == PASS and self.k_of(r.setting) == c_k]
+        if not passes[-1].steps or len(passes) >= MAX_CONFIRM_PASSES:
+            return False
+        have = self.bound_at(self.value(c_k), results)
+        return have is not None and not have.reaches(self.params.bound_s)
+
+    def _sized(self, d: NextTrial, results: Sequence[PlanResult]) -> Decision:
+        """`d` with its length: a pure function of the results so far (the rule is in the module docstring)."""
+        p = self.params
+        if d.phase in STOCK_PHASES or p.bound_s is None or p.trial_s is None:
+            return d  # the baseline is one --trial long; the replay and controls are sized by the driver
+        step_s = self._step_s(results)
+        if step_s is None or not step_s > 0:
+            return Stop("error", "the stock baseline reported no median step time, so the bound asked for (load "
+                        "time per fault) cannot be turned into steps: the engine is too old or its end event was "
+                        "lost; run the baseline again (--restart)")
+        trials = [r for r in results if r.phase not in STOCK_PHASES]
+        k = self.k_of(d.setting)
+        assert k is not None  # the plan proposes only settings on the undervolt side
+        trial_steps = max(MIN_COMPARED_STEPS, round(p.trial_s / step_s))
+        if d.phase == CONFIRM:
+            need = bounds.steps_for_bound(p.bound_s, step_s)
+            pooled = self.bound_at(d.setting, results)  # the confirmed value's own: "the bound at the answer"
+            have = pooled.steps if pooled is not None else 0
+            again = any(r.phase == CONFIRM and r.verdict == PASS and r.setting == d.setting for r in trials)
+            least = MIN_COMPARED_STEPS if again else max(MIN_COMPARED_STEPS, math.ceil(p.min_confirm_load_s / step_s))
+            steps = max(need - have, least)
+            return NextTrial(d.setting, d.phase, steps=steps, duration_s=round(steps * step_s, 3), purpose=BOUND,
+                             bound_s=p.bound_s, bound_steps=need, pooled_steps=have)
+        fail_k = self._fail_k(trials)
+        if fail_k is not None and fail_k - k < self.coarse_k:
+            steps, purpose = trial_steps, DECIDE  # within one coarse step of a failure: deciding between neighbours
+        else:
+            steps, purpose = max(MIN_COMPARED_STEPS, math.ceil(trial_steps / SCREEN_DIVISOR)), SCREEN
+        return NextTrial(d.setting, d.phase, steps=steps, duration_s=round(steps * step_s, 3), purpose=purpose)
 
     def _fmt(self, value: int) -> str:
         return f"{value:+d} {self.knob.unit}"

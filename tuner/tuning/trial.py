@@ -312,10 +312,9 @@ def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[Tr
         last_progress, step, tok_s = 0.0, None, None
         for event in c.run.events():
             match event:
-                case sc.StartEvent(pci_bus_id=reported):
-                    dp = event.raw.get("data_parallel")
-                    if isinstance(dp, dict) and isinstance(dp.get("library"), str):
-                        c.library = dp["library"]
+                case sc.StartEvent(pci_bus_id=reported, data_parallel=dp):
+                    if dp is not None:
+                        c.library = dp.library
                     if c.target.pci_bus_id and reported and not same_bus(reported, c.target.pci_bus_id):
                         c.pci_problem = (f"the engine runs on PCI {reported}, not on the card being tuned "
                                          f"({c.target.pci_bus_id}); check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
@@ -324,8 +323,8 @@ def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[Tr
                     step, tok_s = step_no, rate
                 case sc.GemmEvent(step=step_no):
                     step = step_no
-                case sc.FaultEvent() | sc.EndEvent() if isinstance(event.raw.get("figure"), str):
-                    c.figure = event.raw["figure"]
+                case sc.FaultEvent(figure=str() as figure) | sc.EndEvent(figure=str() as figure):
+                    c.figure = figure
                 case _:
                     pass
             now = clock()

@@ -60,9 +60,17 @@ class KeyBar(Static):
     def on_resize(self) -> None:
         self._draw(self.size.width)
 
+    def refresh_items(self) -> None:
+        """Draw `items` again (the screen changed what it offers)."""
+        self._draw(self.size.width or self.app.size.width)
+
+    def lines(self, width: int) -> list[Text]:
+        """The key bar's lines at `width` columns (the screen keeps its notices above them)."""
+        return layout(self.items, max(20, width))
+
     def _draw(self, width: int) -> None:
-        self.update(Text("\n").join(layout(self.items, max(20, width))))
+        self.update(Text("\n").join(self.lines(width)))
 
     @property
     def plain(self) -> str:
-        return "\n".join(line.plain for line in layout(self.items, max(20, self.size.width or 80)))
+        return "\n".join(line.plain for line in self.lines(self.size.width or 80))

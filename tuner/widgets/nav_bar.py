@@ -1,4 +1,7 @@
-"""The top line of every screen: where you are, how to go elsewhere, and a SIMULATED badge when it applies."""
+"""The top line of every screen: where you are, how to go elsewhere, and a SIMULATED badge when it applies.
+
+The badge is never dropped: when the line is too narrow the screen names shrink first (full, then four letters,
+then the keys alone), and at the very least the badge and the current screen are shown."""
 
 from __future__ import annotations
 
@@ -6,6 +9,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 SCREENS = (("1", "Dashboard"), ("2", "Tune"), ("3", "Bisect"), ("4", "Profiles"), ("5", "Doctor"), ("6", "Help"))
+BADGE = " SIMULATED "
+# how the screens other than the current one are named, from the widest to the narrowest
+STYLES = ("full", "short", "keys")
 
 
 class NavBar(Static):
@@ -24,21 +30,37 @@ class NavBar(Static):
         self.update(self.build(self.size.width))
 
     def build(self, width: int) -> Text:
-        full = self._build(width, short=False)
-        return full if len(full.plain.rstrip()) <= width else self._build(width, short=True)
+        """The widest form that fits `width`, badge included; the narrowest puts the badge first so a cut never
+        takes it."""
+        for style in STYLES:
+            line = self._with_badge(self._screens(style), width)
+            if len(line.plain) <= width:
+                return line
+        line = Text()
+        if self.simulated:
+            line.append(BADGE, style="bold reverse")
+        line.append(f" [{self._current_key()} {self.current}]", style="reverse bold")
+        return line
 
-    def _build(self, width: int, *, short: bool) -> Text:
-        """Full names when they fit (they do at 80 columns, badge included), else the first four letters."""
+    def _current_key(self) -> str:
+        return next((key for key, title in SCREENS if title == self.current), "?")
+
+    def _screens(self, style: str) -> Text:
+        """Full names when they fit (they do at 80 columns, badge included), else the first four letters, else the
+        keys alone; the current screen always by its full name, in brackets (not by colour alone)."""
         text = Text(" tuner ", style="bold")
         for key, title in SCREENS:
-            label = title[:4] if short and title != self.current else title
             if title == self.current:
-                text.append(f"[{key} {label}]", style="reverse bold")  # brackets: not by colour alone
+                text.append(f"[{key} {title}]", style="reverse bold")
+            elif style == "keys":
+                text.append(f" {key} ")
             else:
-                text.append(f" {key} {label} ")
+                text.append(f" {key} {title[:4] if style == 'short' else title} ")
+        return text
+
+    def _with_badge(self, text: Text, width: int) -> Text:
         if self.simulated:
-            badge = " SIMULATED "
-            pad = max(1, width - len(text.plain) - len(badge))
+            pad = max(1, width - len(text.plain) - len(BADGE))
             text.append(" " * pad)
-            text.append(badge, style="bold reverse")
+            text.append(BADGE, style="bold reverse")
         return text

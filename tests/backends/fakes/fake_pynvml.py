@@ -15,6 +15,15 @@ Strictness copied from the real thing:
   (added with the 555 driver API), so touching them raises AttributeError.
 - `nvmlDeviceGetGpcClkVfOffset` (driver >= 520) is one offset for the whole V/F curve, not per pstate.
 - `nvmlDeviceGetEnforcedPowerLimit` answers in milliwatts (nvml.h), like `nvmlDeviceGetPowerUsage`.
+- Persistence mode (nvml.h, nvmlDeviceSetPersistenceMode: "For Linux only. Requires root/admin permissions ...
+  takes effect immediately. It is not persistent across reboots"; NVIDIA's Driver Persistence guide, "Linux": on
+  a headless system "the kernel mode driver will initialize and deinitialize the target GPU each time a target GPU
+  application starts and stops", and state set before is lost): with `persistence=0` and no other client keeping
+  the GPU up (`kept_alive`, an X server), `nvmlShutdown` by the last client puts every offset and lock back to
+  stock. `persistence_settable=False`: the setter answers NotSupported (the legacy mode is "near end-of-life and
+  will be eventually deprecated in favor of the Persistence Daemon", persistence-mode-legacy.html); a mode other
+  than 0/1 is InvalidArgument; `fail={"nvmlDeviceSetPersistenceMode": NO_PERMISSION}` is a non-root caller.
+  `persistence_readback`: what the getter reports after a set (a driver that accepts and ignores it).
 - Dashboard figures, as pynvml.py (nvidia-ml-py 13.615.71) returns them:
   * `nvmlDeviceGetFanSpeed` is a percentage (`c_uint`); fanless, passively cooled boards (data-centre cards such
     as the H200) answer NVML_ERROR_NOT_SUPPORTED: `fan_pct=None`.
@@ -97,6 +106,9 @@ class FakeGpu:
     sm_clock_mhz: int = 2520  # what nvmlDeviceGetClockInfo(GRAPHICS) reports now
     pstate: int = 0  # what nvmlDeviceGetPerformanceState reports now
     persistence: int = 1
+    persistence_settable: bool = True  # False: nvmlDeviceSetPersistenceMode answers NotSupported
+    persistence_readback: int | None = None  # not None: the getter reports this whatever was set
+    kept_alive: bool = False  # another client (an X server) keeps the GPU initialised with persistence off
     lost: bool = False
     ignore_offsets: bool = False  # the driver accepts offsets but they do not stick (read-back stays put)
     readback_zero: bool = False  # offsets stick but the driver reports 0 for them
@@ -154,7 +166,7 @@ def make_fake_nvml(
     for n in range(16):
         setattr(m, f"NVML_PSTATE_{n}", n)
     m.NVML_PSTATE_UNKNOWN = 32
-    m.NVML_TEMPERATURE_GPU, m.NVML_FEATURE_DISABLED = 0, 0
+    m.NVML_TEMPERATURE_GPU, m.NVML_FEATURE_DISABLED, m.NVML_FEATURE_ENABLED = 0, 0, 1
     py_version = tuple(int(x) for x in version.split(".")[:2])
     reason_bits = {"GpuIdle": 0x1, "ApplicationsClocksSetting": 0x2, "SwPowerCap": 0x4, "HwSlowdown": 0x8,
                    "SyncBoost": 0x10, "SwThermalSlowdown": 0x20, "HwThermalSlowdown": 0x40,
@@ -209,6 +221,11 @@ def make_fake_nvml(
     @api
     def nvmlShutdown():
         m.initialised = False
+        for g in m.gpus:  # the last client is gone: without persistence the driver tears the GPU's state down
+            if not g.persistence and not g.kept_alive:
+                g.offsets = dict.fromkeys(g.offsets, 0)
+                g.vf_offset_mhz = 0
+                g.locked = None
 
     @api
     def nvmlSystemGetDriverVersion():
@@ -292,7 +309,17 @@ def make_fake_nvml(
 
     @api
     def nvmlDeviceGetPersistenceMode(h):
-        return gpu(h).persistence
+        g = gpu(h)
+        return g.persistence if g.persistence_readback is None else g.persistence_readback
+
+    @api
+    def nvmlDeviceSetPersistenceMode(h, mode):
+        g = gpu(h)
+        if mode not in (0, 1):
+            raise NVMLError(CODES["NVML_ERROR_INVALID_ARGUMENT"])
+        if not g.persistence_settable:
+            raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
+        g.persistence = mode
 
     @api
     def nvmlDeviceGetPowerUsage(h):

@@ -1,0 +1,103 @@
+"""Other tools that write the same settings (tuner.actions.other_tools): found by process and by unit, a bisect
+refuses beside one that may change the same card, `--ignore-other-tools` goes on and the profile records it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from tests.backends.fakes.trees import SLOTS, make_tree
+from tests.cli_helpers import run_tuner
+from tests.profiles.helpers import sim
+from tuner.actions import other_tools
+from tuner.core.models import DeviceInfo
+
+
+@pytest.fixture
+def fake_lactd(tmp_path):
+    """A real process whose name (comm) is lactd: a copy of `sleep` under that name."""
+    exe = tmp_path / "bin/lactd"
+    exe.parent.mkdir()
+    shutil.copy(shutil.which("sleep"), exe)
+    proc = subprocess.Popen([str(exe), "300"])
+    try:
+        deadline = time.monotonic() + 30
+        while not any(f.tool.name == "lactd" for f in other_tools.detect(unit_active=lambda u: False)):
+            assert time.monotonic() < deadline, "the fake lactd never showed up in the process table"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_running_lactd_makes_a_bisect_of_a_real_card_refuse_naming_it(tmp_path, fake_lactd):
+    make_tree(tmp_path / "root", ["rdna4"])
+    slot = SLOTS["rdna4"]
+    proc = run_tuner("bisect", "--device", slot, "--yes", "--trial", "10s",
+                     env={"TUNER_SYSFS_ROOT": str(tmp_path / "root")})
+    assert proc.returncode == 6, proc.stderr
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1
+    assert f"lactd (LACT; process {fake_lactd.pid}) is running and may write {slot}'s settings" in err
+    assert "pp_od_clk_voltage" in err and "--ignore-other-tools" in err
+    assert "OD_VDDGFX_OFFSET:\n0mV" in (tmp_path / f"root/sys/devices/pci0000:00/{slot}/pp_od_clk_voltage") \
+        .read_text()  # nothing written
+
+
+def test_detection_by_process_name_executable_command_and_unit():
+    procs = [(10, "lact", ["/usr/bin/lact", "daemon"]), (11, "bash", ["bash"]),
+             (12, "corectrl_helper", ["/usr/libexec/corectrl_helper"]), (13, "python3", ["/usr/bin/nvidia-powerd"])]
+    found = {f.tool.name: f.how for f in other_tools.detect(procs, unit_active=lambda u: u == "lactd.service")}
+    assert found == {"lactd": ("process 10", "unit lactd.service active"), "corectrl_helper": ("process 12",),
+                     "nvidia-powerd": ("process 13",)}
+    assert other_tools.detect([(1, "lact", ["/usr/bin/lact", "gui"])], unit_active=lambda u: False) == []
+
+
+def _lactd():
+    return [other_tools.Found(other_tools.TOOLS[0], ("process 4242",))]
+
+
+def _powerd():
+    return [other_tools.Found(other_tools.TOOLS[2], ("unit nvidia-powerd.service active",))]
+
+
+class _OneCard:
+    def __init__(self, vendor: str, simulated: bool = False):
+        self.info = DeviceInfo(id="0000:03:00.0", vendor=vendor, name="card", simulated=simulated)
+
+    def device(self, device_id):
+        return self.info
+
+
+def test_only_a_tool_that_may_change_that_card_refuses_and_never_for_a_simulated_card():
+    with pytest.raises(other_tools.OtherToolRunning) as e:
+        other_tools.refuse_before_bisect(_OneCard("amd"), ["0000:03:00.0"], found=_lactd(), ignore=False)
+    assert e.value.exit_code == 6 and "stop lactd" in e.value.remedy
+    other_tools.refuse_before_bisect(_OneCard("amd"), ["0000:03:00.0"], found=_powerd(), ignore=False)  # NVIDIA's
+    other_tools.refuse_before_bisect(_OneCard("amd", simulated=True), ["0000:03:00.0"], found=_lactd(),
+                                     ignore=False)
+    backend = sim()
+    other_tools.refuse_before_bisect(backend, ["sim0"], ignore=False)  # no process scan for simulated cards
+
+
+def test_ignoring_goes_on_and_is_kept_for_the_profile(monkeypatch):
+    monkeypatch.setattr(other_tools, "_ignored", {})
+    monkeypatch.setenv(other_tools.IGNORE_ENV, "1")
+    other_tools.refuse_before_bisect(_OneCard("nvidia"), ["0000:03:00.0"], found=_powerd())
+    assert other_tools.ignored_for("0000:03:00.0") == (
+        "nvidia-powerd (NVIDIA Dynamic Boost; unit nvidia-powerd.service active)",)
+    assert other_tools.warnings_for(_OneCard("nvidia"), ["0000:03:00.0"], found=_powerd())[0].startswith(
+        "nvidia-powerd (NVIDIA Dynamic Boost; unit nvidia-powerd.service active) is running and may change")
+
+
+def test_the_profile_records_what_was_ignored(monkeypatch):
+    from tuner.profiles import build_profile
+
+    backend = sim()
+    profile = build_profile("p", backend.device("sim0"), backend.knob("sim0"), -45,
+                            tuning={"other_tools": ("lactd (LACT; process 4242)",), "confirmed": -45})
+    assert profile.parts[0].tuning.other_tools == ("lactd (LACT; process 4242)",)

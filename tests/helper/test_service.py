@@ -1,0 +1,219 @@
+"""The helper's rules without a socket: the schema, the re-checks, leases, and reading a user's files as root."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import json
+import os
+import typing
+
+import msgspec
+import pytest
+
+from tuner.backends.helper_client import _ERRORS
+from tuner.backends.simulated import SimulatedBackend
+from tuner.core.card_lock import CardBusy
+from tuner.core.errors import DamagedState, OutOfRange
+from tuner.helper import schema as s
+from tuner.helper.peer import Peer
+from tuner.helper.service import Client, HelperService, Refused
+from tuner.helper.state import MachineState
+from tuner.helper.user_import import read_user_state
+
+
+@pytest.mark.parametrize("name", ["tuner.helper.kmsg", "tuner.helper.state", "tuner.core.unsafe_rule"])
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
+
+
+REQUESTS = typing.get_args(s.Request)
+
+
+def minimal(kind: type) -> dict:
+    """The smallest valid request of this kind."""
+    values = {"card": "sim0", "value": -5, "setting": -5, "phase": "coarse", "active": True, "cards": ["sim0"]}
+    fields = {f.name for f in msgspec.structs.fields(kind) if f.required}
+    return {"op": kind.__struct_config__.tag, **{name: values[name] for name in fields}}
+
+
+@pytest.mark.parametrize("kind", REQUESTS, ids=lambda k: k.__struct_config__.tag)
+def test_every_request_decodes_and_refuses_a_field_it_does_not_declare(kind):
+    request = minimal(kind)
+    assert isinstance(s.decode_request(json.dumps(request).encode()), kind)
+    for extra in ({"path": "/sys/class/drm/card0/device/pp_od_clk_voltage"}, {"file": "x"}):
+        with pytest.raises(s.BadRequest) as refused:
+            s.decode_request(json.dumps({**request, **extra}).encode())
+        assert refused.value.code == "bad-request"
+
+
+@pytest.mark.parametrize("card", ["../../etc/passwd", "/dev/kmsg", "a/b", "", ".hidden", "x" * 65])
+def test_a_card_is_never_a_path(card):
+    with pytest.raises(s.BadRequest):
+        s.decode_request(json.dumps({"op": "read_knob", "card": card}).encode())
+
+
+def test_every_code_the_client_maps_is_declared():
+    assert set(_ERRORS) <= set(s.CODES)
+
+
+# --- the service, in-process --------------------------------------------------------------------------------------
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def peer(uid: int, pid: int = 4242) -> Peer:
+    return Peer(pid=pid, uid=uid, gid=uid, groups=(), command=f"tuner set (uid {uid})")
+
+
+@pytest.fixture
+def service(tmp_path):
+    clock = Clock()
+    backend = SimulatedBackend(state_path=tmp_path / "sim.json")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    svc = HelperService(backend, state, group="tuner", clock=clock, log=lambda line: None)
+    svc.clock_ = clock
+    return svc
+
+
+def ask(service: HelperService, who: Client, request: s.Request):
+    return service.handle(who, request)
+
+
+def test_a_lease_that_runs_out_puts_the_previous_value_back_and_the_next_heartbeat_says_so(service):
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card="sim0", value=-20, lease_s=5))
+    ask(service, alice, s.Confirm(card="sim0"))
+    ask(service, alice, s.Set(card="sim0", value=-50, lease_s=5))
+    service.clock_.now += 4
+    ask(service, alice, s.Heartbeat())  # renewed: 5 s from now
+    service.clock_.now += 4
+    service.expire_leases()
+    assert service.backend.knob("sim0").current == -50
+    service.clock_.now += 2
+    service.expire_leases()
+    assert service.backend.knob("sim0").current == -20
+    [lost] = ask(service, alice, s.Heartbeat()).lost
+    assert (lost.card, lost.value, lost.restored) == ("sim0", -50, -20) and "lease" in lost.reason
+    # the card is free again: another client may write
+    ask(service, Client(2, peer(1001)), s.Set(card="sim0", value=-10))
+
+
+def test_one_writer_per_card_names_the_holder_and_a_forced_reset_takes_it_back(service):
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.Claim(card="sim0", purpose="auto-bisect of sim0"))
+    for request in (s.Set(card="sim0", value=-10), s.TrialBegin(card="sim0", setting=-10, phase="coarse"),
+                    s.Reset(card="sim0"), s.Claim(card="sim0")):
+        with pytest.raises(CardBusy, match=r"uid 1000 pid 11 \(auto-bisect of sim0\)"):
+            ask(service, bob, request)
+    ask(service, alice, s.Set(card="sim0", value=-30))
+    assert ask(service, bob, s.Reset(card="sim0", force=True)).current == 0
+    [lost] = ask(service, alice, s.Heartbeat()).lost
+    assert "--force" in lost.reason
+    ask(service, bob, s.Set(card="sim0", value=-10))
+
+
+def test_every_write_is_rechecked_whatever_the_client_checked(service, tmp_path):
+    alice = Client(1, peer(1000))
+    with pytest.raises(OutOfRange, match="step"):
+        ask(service, alice, s.Set(card="sim0", value=-52))
+    with pytest.raises(OutOfRange, match="outside"):
+        ask(service, alice, s.Set(card="sim0", value=-500))
+    # the NVIDIA-style card: a clock offset below stock is the overvolting side, inside its range
+    nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
+                           MachineState(tmp_path / "nv-state"), group="tuner", log=lambda line: None)
+    with pytest.raises(OutOfRange, match="overvolt"):
+        ask(nvidia, alice, s.Set(card="sim0", value=-15))
+    with pytest.raises(Refused) as refused:  # asking is not enough: the helper's config must allow it too
+        ask(nvidia, alice, s.Set(card="sim0", value=-15, allow_overvolt=True))
+    assert refused.value.code == "overvolt-not-allowed"
+    nvidia.allow_overvolt = True
+    assert ask(nvidia, alice, s.Set(card="sim0", value=-15, allow_overvolt=True)).current == -15
+    assert service.backend.knob("sim0").current == 0
+
+
+def test_a_trial_that_failed_hard_goes_on_the_machine_list_and_blocks_that_value_and_beyond(service):
+    alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.Set(card="sim0", value=-60))
+    ask(service, alice, s.Reset(card="sim0"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="the engine hung")))
+    for value in (-60, -70):
+        with pytest.raises(Refused) as refused:
+            ask(service, bob, s.Set(card="sim0", value=value))
+        assert refused.value.code == "unsafe" and "hang" in refused.value.message
+    ask(service, bob, s.Set(card="sim0", value=-55))
+    removed = ask(service, bob, s.UnsafeClear(card="sim0", setting=-60))
+    assert [e.setting for e in removed] == [-60]
+
+
+def test_a_damaged_safety_file_refuses_writes_and_names_it(service):
+    key = service.keys["sim0"]
+    service.state.unsafe_path(key).write_text('{"setting": "-40"}\n')
+    with pytest.raises(DamagedState, match=key):
+        ask(service, Client(1, peer(1000)), s.Set(card="sim0", value=-10))
+    assert service.backend.knob("sim0").current == 0
+
+
+def test_a_trial_end_needs_this_connections_open_trial(service):
+    with pytest.raises(Refused) as refused:
+        ask(service, Client(1, peer(1000)), s.TrialEnd(card="sim0"))
+    assert refused.value.code == "no-trial"
+
+
+# --- reading a user's files as root --------------------------------------------------------------------------------
+def test_a_users_state_is_read_without_following_links_or_foreign_files(tmp_path):
+    home = tmp_path / "home"
+    unsafe = home / ".local/state/tuner/unsafe"
+    unsafe.mkdir(parents=True)
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps({"setting": -99, "unit": "mV"}) + "\n")
+    (unsafe / "link.jsonl").symlink_to(secret)
+    (unsafe / "sim0.jsonl").write_text(json.dumps({"setting": -40, "unit": "mV", "device": "sim0"}) + "\n")
+    fifo = unsafe / "fifo.jsonl"
+    os.mkfifo(fifo)  # must not hang the helper
+    found = read_user_state(home, os.getuid())
+    assert [e.setting for e in found.unsafe] == [-40]
+    assert any("link.jsonl" in p for p in found.problems) and any("fifo.jsonl" in p for p in found.problems)
+    # a file of another user in that directory is not theirs to hand the helper (root's own files are: an old
+    # `sudo tuner` may have left them)
+    if os.geteuid() == 0:
+        os.chown(unsafe / "sim0.jsonl", 4321, 4321)
+        foreign = read_user_state(home, 1000)
+        assert foreign.unsafe == [] and any("sim0.jsonl" in p for p in foreign.problems)
+    # a linked directory in the path is not followed either
+    other = tmp_path / "elsewhere"
+    (other / "unsafe").mkdir(parents=True)
+    (other / "unsafe" / "sim0.jsonl").write_text(json.dumps({"setting": -77}) + "\n")
+    linked = tmp_path / "home2"
+    (linked / ".local/state").mkdir(parents=True)
+    (linked / ".local/state/tuner").symlink_to(other)
+    assert read_user_state(linked, os.getuid()).unsafe == []
+
+
+def test_an_nvidia_lock_clock_choice_is_one_writers_and_goes_back_with_its_connection(tmp_path):
+    nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
+                           MachineState(tmp_path / "nv-state"), group="tuner", log=lambda line: None)
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    stock_lock = nvidia.backend.knob("sim0").lock_clock_mhz
+    assert ask(nvidia, alice, s.LockClock(card="sim0", measured_mhz=2300.0)).mhz == 2295
+    with pytest.raises(CardBusy):
+        ask(nvidia, bob, s.LockClock(card="sim0", mhz=2100))
+    with pytest.raises(Refused):
+        ask(nvidia, alice, s.LockClock(card="sim0", mhz=2100, measured_mhz=2100.0))
+    assert ask(nvidia, alice, s.Set(card="sim0", value=90)).lock_clock_mhz == 2295
+    nvidia.connection_closed(alice)  # unconfirmed: the offset and the lock both go back
+    knob = nvidia.backend.knob("sim0")
+    assert (knob.current, knob.lock_clock_mhz) == (0, stock_lock)
+    ask(nvidia, bob, s.LockClock(card="sim0", mhz=2100))
+    # AMD cards have no lock clock
+    with pytest.raises(Exception, match="NVIDIA"):
+        amd = HelperService(SimulatedBackend(state_path=tmp_path / "amd.json"), MachineState(tmp_path / "a"),
+                            group="tuner", log=lambda line: None)
+        ask(amd, alice, s.LockClock(card="sim0", mhz=2100))

@@ -1,0 +1,109 @@
+"""scripts/install-system.sh: --dry-run prints every file it would write and the torch build for each vendor's
+fake sysfs tree (and writes nothing); the vendor rule (tuner.core.torch_build); --uninstall refuses while a bisect
+runs (tuner.actions.system_install)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.actions import system_install
+from tuner.core import system_units, torch_build
+from tuner.core.card_lock import CardLock
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts/install-system.sh"
+
+
+def fake_tree(root: Path, *vendors: str) -> Path:
+    for i, vendor in enumerate(vendors):
+        (root / f"sys/class/drm/card{i}/device").mkdir(parents=True)
+        (root / f"sys/class/drm/card{i}/device/vendor").write_text(f"{vendor}\n")
+        (root / f"sys/class/drm/card{i}-DP-1").mkdir()  # a connector: never a card
+    (root / "sys/class/drm").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def dry_run(tmp_path: Path, *vendors: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "TUNER_SYSFS_ROOT": str(fake_tree(tmp_path / "root", *vendors)),
+                   "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "TUNER_PREFIX": str(tmp_path / "opt/tuner"),
+                   "TUNER_BIN_DIR": str(tmp_path / "bin"), "PYTHON": sys.executable, **env}
+    environment.pop("TUNER_TORCH", None) if "TUNER_TORCH" not in env else None
+    return subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, env=environment,
+                          timeout=120)
+
+
+@pytest.mark.parametrize(("vendors", "build", "index"), [
+    (("0x10de",), "cuda (NVIDIA card at card0) from PyPI", None),
+    (("0x1002", "0x1002"), "rocm (AMD cards at card0, card1) from https://download.pytorch.org/whl/rocm", None),
+    (("0x8086",), "cpu (no NVIDIA or AMD card found) from https://download.pytorch.org/whl/cpu", None),
+    ((), "cpu (no NVIDIA or AMD card found)", None),
+])
+def test_dry_run_names_the_build_and_every_file_and_writes_nothing(tmp_path, vendors, build, index):
+    proc = dry_run(tmp_path, *vendors)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"install-system.sh: torch build: {build}" in out
+    for unit in system_units.UNIT_NAMES:
+        assert f"would write: {tmp_path}/systemd/{unit}" in out
+        assert f"# {tmp_path}/systemd/{unit}\n" in out  # and its text
+    for path in (f"{tmp_path}/opt/tuner/", f"{tmp_path}/bin/tuner -> {tmp_path}/opt/tuner/bin/tuner"):
+        assert f"would write: {path}" in out
+    assert f"ExecStart={tmp_path}/opt/tuner/bin/tuner-helper --group tuner --state-dir /var/lib/tuner" in out
+    assert not (tmp_path / "systemd").exists() and not (tmp_path / "opt").exists() and not (tmp_path / "bin").exists()
+
+
+def test_tuner_torch_overrides_and_two_vendors_need_a_choice(tmp_path):
+    proc = dry_run(tmp_path, "0x10de", TUNER_TORCH="cpu")
+    assert "torch build: cpu (TUNER_TORCH=cpu)" in proc.stdout
+    (tmp_path / "root").rename(tmp_path / "old")
+    proc = dry_run(tmp_path, "0x10de", "0x1002")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "TUNER_TORCH=cuda or TUNER_TORCH=rocm" in proc.stderr
+    with pytest.raises(torch_build.BuildChoiceError, match="names no torch build"):
+        torch_build.needed_build(tmp_path, {"TUNER_TORCH": "cuda12"})
+
+
+def test_installed_build_from_the_doctors_probe():
+    assert torch_build.installed_build({"torch": "2.13.0", "cuda": "12.8"}) == "cuda"
+    assert torch_build.installed_build({"torch": "2.13.0", "hip": "7.2", "cuda": None}) == "rocm"
+    assert torch_build.installed_build({"torch": "2.13.0+cpu"}) == "cpu"
+    assert torch_build.installed_build({"torch": None, "error": "No module named 'torch'"}) is None
+
+
+def test_uninstall_refuses_while_a_bisect_runs():
+    assert system_install.is_bisect(["/usr/local/bin/tuner", "--simulate", "bisect", "--device", "sim0"])
+    assert system_install.is_bisect(["/opt/undervolt-tuner/bin/python", "-m", "tuner", "bisect"])
+    assert not system_install.is_bisect(["/usr/local/bin/tuner", "status"])
+    assert not system_install.is_bisect(["grep", "bisect"])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "tuner", "bisect"])
+    try:
+        def ours():  # this machine may run other bisects: look at ours alone
+            return [p for p in system_install._processes() if p[0] == proc.pid]
+
+        deadline = time.monotonic() + 30
+        while system_install.busy(ours(), state_dirs=[]) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert f"a bisect is in progress (pid {proc.pid}" in system_install.busy(ours(), state_dirs=[])
+        run = subprocess.run([sys.executable, "-m", "tuner.actions.system_install", "--check-idle"],
+                             capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert run.returncode == 6 and len(run.stderr.strip().splitlines()) == 1
+        assert "nothing was removed" in run.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_held_card_lock_counts_as_in_progress(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert system_install.busy(processes=[], state_dirs=[tmp_path / "tuner"]) is None
+    with CardLock("sim0", "tuner bisect --device sim0"):
+        # another process's view: flock refuses a second open file description
+        held = system_install.busy(processes=[], state_dirs=[tmp_path / "tuner"])
+    assert held is not None and "tuner bisect --device sim0" in held

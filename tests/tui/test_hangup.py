@@ -1,0 +1,370 @@
+"""The terminal goes away under a running UI (issue 28, item 7): the cards end at stock and the process ends, 130.
+
+Found in the field: `tuner --simulate` UIs alive 40 minutes after their tmux server was killed, deaf to SIGTERM,
+the main thread blocked in Textual's `WriterThread.stop` -> `queue.put` on a full queue. Each test here runs the
+real `tuner --simulate` on a pseudo-terminal (or in tmux) and takes the terminal away as an SSH drop does: the
+pty's master closed (with and without the SIGHUP a controlling terminal brings), or a terminal that stops reading
+and then SIGTERM, or a storm of signals; while a keep-or-revert is open, or while a bisect runs its engine.
+Before the fix each one hung (killed by the test after its bound) with the card left at the unconfirmed value.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tuner.backends.simulated import SimulatedBackend
+from tuner.core import exit_codes
+
+TUNER = Path(sys.executable).with_name("tuner")
+EXIT_BOUND_S = 90.0  # generous: make_safe, then at most the guard's grace (10 s), on a busy 2-core machine
+ANSI = re.compile(rb"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def _card_offset(device_id: str = "sim0") -> int:
+    """The simulated card as the next tuner process would read it (the same XDG state as the UI's)."""
+    return SimulatedBackend().knob(device_id).current
+
+
+def _set_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class PtyTuner:
+    """`tuner --simulate` on a pseudo-terminal of its own (80x24). `controlling`: the pty is the process's
+    controlling terminal (it is the session leader, as a login shell's child is after `exec`), so closing the
+    master hangs it up with SIGHUP and SIGCONT; without it nothing is signalled and only writes fail."""
+
+    def __init__(self, *args: str, controlling: bool = True):
+        self.master, slave = os.openpty()
+        _set_size(slave, 24, 80)
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        env["TERM"] = "xterm-256color"
+
+        def session() -> None:
+            os.setsid()
+            if controlling:
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.proc = subprocess.Popen([str(TUNER), "--simulate", *args], stdin=slave, stdout=slave, stderr=slave,
+                                     env=env, preexec_fn=session, close_fds=True)
+        os.close(slave)
+        self.raw = b""
+        self.master_open = True
+
+    @property
+    def text(self) -> str:
+        return ANSI.sub(b"", self.raw).decode("utf-8", "replace")
+
+    def read_for(self, timeout_s: float) -> None:
+        ready, _, _ = select.select([self.master], [], [], timeout_s)
+        if ready:
+            try:
+                self.raw += os.read(self.master, 1 << 16)
+            except OSError:  # EIO: the process has gone and closed the slave
+                pass
+
+    def wait_for(self, *texts: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(t in self.text[-20000:] for t in texts):
+                self.raw = self.raw[-20000:]
+                return
+            if self.proc.poll() is not None:
+                break
+            self.read_for(0.2)
+        raise AssertionError(f"never saw {texts!r} (exit {self.proc.poll()}); last output:\n{self.text[-2000:]}")
+
+    def press(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    def close_master(self) -> None:
+        """The SSH session (or tmux) goes away: the pty's master is closed."""
+        os.close(self.master)
+        self.master_open = False
+
+    def drain(self) -> None:
+        """Keep reading while the process ends (a terminal that is still there)."""
+        while self.master_open and self.proc.poll() is None:
+            self.read_for(0.2)
+
+    def wait_exit(self, timeout_s: float = EXIT_BOUND_S, *, reading: bool = True) -> int:
+        """The exit code, or fail with where its threads are blocked (the hang) after killing it. `reading`: the
+        terminal still takes output meanwhile (False: it stays stalled)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.master_open and reading:
+                self.read_for(0.2)
+            else:
+                time.sleep(0.2)
+            code = self.proc.poll()
+            if code is not None:
+                return code
+        where = _thread_states(self.proc.pid)
+        self.kill()
+        raise AssertionError(f"tuner still running {timeout_s:.0f} s after the terminal went away: {where}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.master_open:
+            os.close(self.master)
+            self.master_open = False
+
+
+def _thread_states(pid: int) -> list[str]:
+    states = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            states.append(f"{task.name}:{(task / 'wchan').read_text()}")
+        except OSError:
+            pass
+    return states
+
+
+@pytest.fixture
+def tuners():
+    started: list[PtyTuner] = []
+
+    def start(*args: str, controlling: bool = True) -> PtyTuner:
+        tuner = PtyTuner(*args, controlling=controlling)
+        started.append(tuner)
+        return tuner
+
+    yield start
+    for tuner in started:
+        tuner.kill()
+
+
+def _open_keep_or_revert(tuner: PtyTuner) -> None:
+    """Tune screen, -10 mV, apply: the keep-or-revert dialog is open and the card holds the unconfirmed -10."""
+    tuner.wait_for("Dashboard", "SIMULATED")
+    tuner.press("2")
+    tuner.wait_for("target +0 mV")
+    tuner.press("\x1b[D")
+    tuner.press("\x1b[D")
+    tuner.wait_for("target -10 mV")
+    tuner.press("a")
+    tuner.wait_for("Keep this setting?")
+    assert _card_offset() == -10
+
+
+@pytest.mark.parametrize("controlling", [True, False], ids=["sighup", "no-signal"])
+def test_terminal_gone_during_keep_or_revert_reverts_and_exits_130(tuners, controlling):
+    """The pty's master closes while the dialog counts down. As the controlling terminal: SIGHUP and SIGCONT
+    arrive (Textual's SIGCONT handler restarted its writer on the dead terminal, and the shutdown blocked for
+    good). Without one: no signal at all, only failing writes (Textual's writer thread died, the UI froze on its
+    next 30 writes). Either way the card must be back at stock and the process gone with 130."""
+    tuner = tuners(controlling=controlling)
+    _open_keep_or_revert(tuner)
+    tuner.close_master()
+    assert tuner.wait_exit() == exit_codes.INTERRUPTED
+    assert _card_offset() == 0
+
+
+def _main_thread_blocked(pid: int) -> bool:
+    """The UI's main thread sleeps on a lock (Textual's full write queue), not in its event loop's epoll."""
+    try:
+        return "futex" in Path(f"/proc/{pid}/task/{pid}/wchan").read_text()
+    except OSError:
+        return False
+
+
+def _stall(tuner: PtyTuner) -> None:
+    """The terminal stops reading (a stalled SSH connection): full repaints at a large size, unread, until the
+    UI's event loop blocks on its output (Textual's writer blocked in write(), its queue of 30 full)."""
+    blocked_since = None
+    deadline = time.monotonic() + 60
+    rows = 60
+    while time.monotonic() < deadline:  # full repaints at a large size until the UI blocks on its output
+        rows = 121 - rows
+        _set_size(tuner.master, rows, 200)
+        tuner.proc.send_signal(signal.SIGWINCH)
+        time.sleep(0.1)
+        if not _main_thread_blocked(tuner.proc.pid):
+            blocked_since = None
+        elif blocked_since is None:
+            blocked_since = time.monotonic()
+        elif time.monotonic() - blocked_since > 2.0:
+            break
+    else:
+        pytest.fail(f"the UI never blocked on its output: {_thread_states(tuner.proc.pid)}")
+
+
+def test_sigterm_with_a_terminal_that_stopped_reading_reverts_and_exits_130(tuners):
+    """A terminal that takes no more output: the event loop is blocked on it. SIGTERM then: the old handler only
+    asked that blocked event loop to leave, so it was ignored. Now the guard makes the card safe and ends the
+    process (130)."""
+    tuner = tuners()
+    _open_keep_or_revert(tuner)
+    _stall(tuner)
+    assert _card_offset() == -10
+    tuner.proc.send_signal(signal.SIGTERM)
+    code = tuner.wait_exit(reading=False)
+    assert code == exit_codes.INTERRUPTED
+    assert _card_offset() == 0
+
+
+def test_a_terminal_that_stopped_reading_cannot_hold_an_unconfirmed_setting(tuners):
+    """No signal at all: the terminal just stops reading while the keep-or-revert counts down. The countdown runs
+    on the blocked event loop, so the unconfirmed -10 mV stayed on the card as long as the stall lasted. Now it is
+    reverted soon after its 15 s, and the UI carries on when the terminal reads again."""
+    tuner = tuners()
+    _open_keep_or_revert(tuner)
+    _stall(tuner)
+    deadline = time.monotonic() + EXIT_BOUND_S
+    while _card_offset() != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _card_offset() == 0, "the unconfirmed setting stayed on the card while the terminal was stalled"
+    assert tuner.proc.poll() is None  # nothing else happened: the UI is still there
+    tuner.wait_for("not confirmed in time")  # reading again: the UI moves on and says what happened
+    tuner.press("q")
+    assert tuner.wait_exit() == exit_codes.OK
+    assert _card_offset() == 0
+
+
+def test_a_signal_storm_reverts_and_exits_130_without_a_traceback(tuners):
+    """HUP, TERM, INT, QUIT, USR1... in a burst while the dialog is open (issue 28, item 7: the card was reverted
+    but the process died by the signal or with a traceback): one exit, 130, card at stock, nothing raised."""
+    tuner = tuners()
+    _open_keep_or_revert(tuner)
+    for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                signal.SIGALRM, signal.SIGPIPE, signal.SIGTERM, signal.SIGHUP):
+        if tuner.proc.poll() is not None:
+            break
+        tuner.proc.send_signal(sig)
+    assert tuner.wait_exit() == exit_codes.INTERRUPTED
+    assert _card_offset() == 0
+    tuner.drain()
+    assert "Traceback" not in tuner.text
+    assert "reverted the unconfirmed setting on sim0" in tuner.text
+
+
+def test_signals_until_the_end_still_end_with_130(tuners):
+    """A storm that lasts until the process is gone (the late ones land during its exit, when Python resets its
+    handlers): never killed by a signal, always 130, the card at stock."""
+    tuner = tuners()
+    _open_keep_or_revert(tuner)
+    storm = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGPIPE, signal.SIGQUIT)
+    deadline = time.monotonic() + EXIT_BOUND_S
+    sent = 0
+    while tuner.proc.poll() is None and time.monotonic() < deadline:
+        try:
+            tuner.proc.send_signal(storm[sent % len(storm)])
+        except ProcessLookupError:
+            break
+        sent += 1
+        tuner.read_for(0.002)
+    assert tuner.wait_exit() == exit_codes.INTERRUPTED, f"after {sent} signals"
+    assert _card_offset() == 0
+
+
+def _engine_processes() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            mine = (proc.info["environ"] or {}).get("XDG_STATE_HOME") == os.environ["XDG_STATE_HOME"]
+        except (psutil.Error, TypeError):
+            continue
+        if "tuner.engine" in cmdline and mine:
+            found.append(proc)
+    return found
+
+
+def test_terminal_gone_during_a_bisect_stops_the_engine_and_the_trial_runs_again(tuners):
+    """An SSH drop mid-bisect (the master closed under the busy Bisect screen): the engine's process group is
+    killed, the card is at stock, the process ends with 130, and the trial cut short counts for nothing: nothing
+    on the unsafe list, no failure recorded, the session resumable (the trial runs again)."""
+    from tuner.app import form_memory
+    from tuner.tuning import journal
+
+    form_memory.remember(SimulatedBackend().devices()[0], {"trial": "2s", "confirm": "2s"})  # short trials
+    tuner = tuners("--sim-vmin", "-52")
+    tuner.wait_for("Dashboard", "SIMULATED")
+    tuner.press("3")
+    tuner.wait_for("verdict", "tok/J", "b start")
+    tuner.press("b")
+    tuner.wait_for("RUNNING")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (_card_offset() < 0 and _engine_processes()):
+        tuner.read_for(0.2)  # the baseline at stock, then the first trial below stock with its engine running
+    engines = _engine_processes()
+    cut_at = _card_offset()
+    assert engines and cut_at < 0, "the bisect never ran a trial below stock"
+    tuner.close_master()
+    assert tuner.wait_exit() == exit_codes.INTERRUPTED
+    _gone, alive = psutil.wait_procs(engines, timeout=30)
+    assert not alive, f"engine left running: {[p.pid for p in alive]}"
+    assert _card_offset() == 0
+    assert journal.unsafe_entries("sim0") == []
+    session = journal.load("sim0")
+    assert session is not None and session["state"] == journal.INTERRUPTED and session["open_trial"] is None
+    recorded = [(t["setting"], t["verdict"]) for t in session["trials"]]
+    assert all(verdict == "pass" for _setting, verdict in recorded), recorded
+    assert cut_at not in [setting for setting, _verdict in recorded], recorded  # not counted: it runs again
+
+
+TMUX = shutil.which("tmux")
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
+def test_tmux_server_killed_during_keep_or_revert(tmp_path):
+    """The field report itself: the UI in tmux, its server killed (-9, so tmux signals nobody; the kernel hangs the
+    pane's terminal up). The process must end and the card be at stock."""
+    sock = tmp_path / "tmux.sock"
+    env_vars = " ".join(f"{k}={os.environ[k]}" for k in ("XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"))
+
+    def tmux(*args: str) -> str:
+        return subprocess.run([TMUX, "-S", str(sock), *args], capture_output=True, text=True, check=True).stdout
+
+    def wait_pane(*texts: str) -> None:
+        deadline = time.monotonic() + 60
+        pane = ""
+        while time.monotonic() < deadline:
+            pane = tmux("capture-pane", "-p", "-t", "hup")
+            if all(t in pane for t in texts):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"never saw {texts!r}; last pane:\n{pane}")
+
+    tmux("new-session", "-d", "-s", "hup", "-x", "80", "-y", "24",
+         f"exec env -u COLUMNS -u LINES {env_vars} TERM=xterm-256color {TUNER} --simulate")
+    server = None
+    try:
+        wait_pane("Dashboard", "SIMULATED")
+        [pane_pid] = tmux("list-panes", "-t", "hup", "-F", "#{pane_pid}").split()
+        app = psutil.Process(int(pane_pid))
+        server = psutil.Process(int(tmux("display-message", "-p", "#{pid}").strip()))
+        tmux("send-keys", "-t", "hup", "2")
+        wait_pane("target +0 mV")
+        tmux("send-keys", "-t", "hup", "Left", "Left")
+        wait_pane("target -10 mV")
+        tmux("send-keys", "-t", "hup", "a")
+        wait_pane("Keep this setting?")
+        assert _card_offset() == -10
+        server.kill()
+        _gone, alive = psutil.wait_procs([app], timeout=EXIT_BOUND_S)
+        if alive:
+            where = _thread_states(app.pid)
+            app.kill()
+            raise AssertionError(f"tuner still running after its tmux server was killed: {where}")
+        assert _card_offset() == 0
+    finally:
+        if server is not None and server.is_running():
+            server.kill()
+        subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)

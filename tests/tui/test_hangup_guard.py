@@ -1,0 +1,264 @@
+"""The pieces behind tests/tui/test_hangup.py, in-process: the guard (tuner.app.hangup), the terminal output that
+never wedges (tuner.app.terminal_driver) and the App's make_safe from another thread while the App still runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tuner.app.hangup import HangUpGuard, terminal_gone
+from tuner.app.terminal_driver import TerminalOutput
+from tuner.core import exit_codes
+from tuner.screens.dialogs import KeepOrRevertDialog
+
+
+def _until(predicate, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition never became true")
+
+
+class Recorder:
+    """make_safe / leave / exit fakes that say which thread called them, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.exits: list[int] = []
+
+    def make_safe(self) -> list[str]:
+        self.calls.append(("make_safe", threading.current_thread().name))
+        return ["reset sim0 to stock (read back)"]
+
+    def leave(self) -> None:
+        self.calls.append(("leave", threading.current_thread().name))  # an event loop that never runs it
+
+    def exit(self, code: int) -> None:
+        self.exits.append(code)
+
+
+def _guard(rec: Recorder, **kwargs) -> HangUpGuard:
+    kwargs.setdefault("grace_s", 0.2)
+    return HangUpGuard(make_safe=rec.make_safe, leave=rec.leave, exit=rec.exit, say=lambda _lines: None, **kwargs)
+
+
+def test_a_stuck_event_loop_does_not_stop_the_guard_making_safe_and_ending_with_130():
+    """The old handler only asked the event loop to leave; here the loop never answers (leave does nothing), and
+    the cards are made safe on the guard's own thread, then the process is ended with 130 after the grace."""
+    rec = Recorder()
+    guard = _guard(rec)
+    guard._thread.start()
+    guard.trigger("SIGHUP")
+    _until(lambda: rec.exits)
+    assert rec.exits == [exit_codes.INTERRUPTED]
+    assert ("make_safe", "tuner-hangup-guard") in rec.calls
+    assert guard.lines == ["reset sim0 to stock (read back)"] and guard.safe.is_set()
+
+
+def test_a_storm_makes_safe_once_and_ends_once():
+    rec = Recorder()
+    guard = _guard(rec)
+    guard._thread.start()
+    for reason in ("SIGHUP", "SIGTERM", "SIGINT", "the terminal went away", "SIGTERM"):
+        guard.trigger(reason)
+    _until(lambda: rec.exits)
+    guard._thread.join(5)
+    assert guard.reason == "SIGHUP"
+    assert [name for name, _thread in rec.calls] == ["leave", "make_safe"]
+    assert rec.exits == [exit_codes.INTERRUPTED]
+
+
+def test_closed_before_any_trigger_the_guard_does_nothing():
+    """A normal quit: the guard stops watching; a late signal (the CLI's handlers own it then) changes nothing."""
+    rec = Recorder()
+    guard = _guard(rec, check_s=0.02)
+    guard._thread.start()
+    guard.close()
+    guard._thread.join(5)
+    assert not guard._thread.is_alive()
+    guard.trigger("SIGTERM")
+    assert rec.calls == [] and rec.exits == []
+
+
+def test_a_closed_terminal_is_noticed_without_any_signal():
+    """A process that is not in the terminal's session gets no SIGHUP: the guard notices the hang-up itself."""
+    master, slave = os.openpty()
+    try:
+        assert not terminal_gone(slave)
+        rec = Recorder()
+        guard = _guard(rec, terminal_fd=slave, check_s=0.02)
+        guard._thread.start()
+        os.close(master)
+        master = -1
+        _until(lambda: rec.exits)
+        assert guard.reason == "the terminal went away"
+        assert [name for name, _thread in rec.calls] == ["leave", "make_safe"]
+    finally:
+        os.close(slave)
+        if master >= 0:
+            os.close(master)
+
+
+def test_a_real_signal_is_taken_by_the_guard_and_given_back():
+    rec = Recorder()
+    guard = _guard(rec)
+    before = signal.getsignal(signal.SIGTERM)
+    guard.install()
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        _until(lambda: rec.exits)
+        assert guard.reason == "SIGTERM"
+    finally:
+        guard.release_signals()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # after a hang-up: a storm's tail cannot kill it
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_after_a_normal_quit_the_signals_go_back():
+    rec = Recorder()
+    guard = _guard(rec)
+    before = signal.getsignal(signal.SIGTERM)
+    guard.install()
+    guard.release_signals()
+    assert signal.getsignal(signal.SIGTERM) == before
+    guard._thread.join(5)
+    assert not guard._thread.is_alive() and rec.calls == []
+
+
+class DeadTerminal:
+    """A terminal whose other end is gone: every write and flush fails as the kernel fails them (EIO)."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def write(self, _text: str) -> int:
+        self.writes += 1
+        raise OSError(5, "Input/output error")
+
+    def flush(self) -> None:
+        raise OSError(5, "Input/output error")
+
+    def fileno(self) -> int:
+        return 2
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_output_never_raises_and_says_once_that_the_terminal_went_away():
+    """Textual's writer thread died on the first EIO and the UI wedged on its next 30 writes; through
+    TerminalOutput every write returns, the first failure is reported once, and nothing more is tried."""
+    lost: list[str] = []
+    silenced: list[bool] = []
+    out = TerminalOutput(DeadTerminal(), lost.append, silence=lambda: silenced.append(True))  # type: ignore[arg-type]
+    for _ in range(100):
+        assert out.write("frame") == len("frame")
+        out.flush()
+    assert lost == ["the terminal went away ([Errno 5] Input/output error)"]
+    assert silenced == [True]
+    assert out._file.writes == 1  # type: ignore[attr-defined]
+
+
+# --- the App's side: make_safe from the guard's thread while the App is still running ---------------------------
+async def _open_keep_or_revert(app, pilot) -> None:
+    await pilot.press("2")
+    await pilot.pause()
+    await pilot.press("left", "left", "a")  # -10 mV
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    assert isinstance(app.screen, KeepOrRevertDialog)
+
+
+async def test_make_safe_from_another_thread_while_the_dialog_is_open(app, backend):
+    """The guard's thread makes the card safe while the App still shows the dialog (its event loop may be stuck);
+    the App's answer afterwards writes nothing, and run_app's later make_safe returns what was done, once."""
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_keep_or_revert(app, pilot)
+        assert backend.knob("sim0").current == -10
+        done: list[list[str]] = []
+        worker = threading.Thread(target=lambda: done.append(app.make_safe()), name="tuner-hangup-guard")
+        worker.start()
+        worker.join(20)
+        assert backend.knob("sim0").current == 0
+        assert done == [["reverted the unconfirmed setting on sim0"]]
+        await pilot.press("k")  # the user's "keep", too late: nothing is kept
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.knob("sim0").current == 0
+    assert app.make_safe() == done[0]
+
+
+async def test_nothing_new_is_written_once_leaving(app, backend):
+    """After a hang-up (make_safe ran, or is running) an apply that was asked for writes nothing."""
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        app.make_safe()
+        await pilot.press("left", "left", "a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.knob("sim0").current == 0
+        assert not isinstance(app.screen, KeepOrRevertDialog)
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_guard_threads():
+    yield
+    _until(lambda: not [t for t in threading.enumerate() if t.name == "tuner-hangup-guard" and t.is_alive()
+                        and t is not threading.current_thread()], timeout_s=10)
+
+
+def test_the_guard_ticks_until_triggered():
+    rec = Recorder()
+    ticks: list[str] = []
+    guard = _guard(rec, check_s=0.02, tick=lambda: ticks.append(threading.current_thread().name))
+    guard._thread.start()
+    _until(lambda: len(ticks) >= 3)
+    guard.trigger("SIGTERM")
+    _until(lambda: rec.exits)
+    seen = len(ticks)
+    time.sleep(0.1)
+    assert len(ticks) == seen and set(ticks) == {"tuner-hangup-guard"}
+
+
+async def test_an_overdue_change_is_reverted_off_the_event_loop(app, backend, clock):
+    """The countdown runs on the event loop; when that loop cannot run (a stalled terminal), the guard's tick
+    reverts a change OVERDUE_S past its deadline. Called here between two awaits, so the dialog's own countdown
+    cannot run first, as when the loop is blocked."""
+    from tuner.app.tuner_app import OVERDUE_S
+
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await _open_keep_or_revert(app, pilot)
+        clock.advance(app.keep_timeout_s - 1)
+        app.revert_overdue()
+        app.revert_overdue()
+        assert backend.knob("sim0").current == -10  # not due yet
+        clock.advance(2)
+        app.revert_overdue()  # due: noted, not yet overdue
+        clock.advance(OVERDUE_S - 1)
+        app.revert_overdue()
+        assert backend.knob("sim0").current == -10
+        clock.advance(1)
+        app.revert_overdue()
+        assert backend.knob("sim0").current == 0 and app.pending is None
+        await pilot.pause(0.5)  # the loop moves again: the dialog's countdown ends it, nothing more is written
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not isinstance(app.screen, KeepOrRevertDialog)
+        assert any("reverted (not confirmed in time)" in n.message for n in app._notifications)
+        assert not [n for n in app._notifications if n.severity == "error"]
+        assert backend.knob("sim0").current == 0
+
+
+async def test_a_hang_up_before_the_event_loop_started_ends_the_app_once_it_does(app):
+    """A signal during start-up (no event loop yet to ask): the App leaves as soon as it is mounted."""
+    app.signal_safe_hang_up()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.hung_up  # hang_up ran: it stopped the jobs and asked the App to exit with 130

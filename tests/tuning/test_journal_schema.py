@@ -1,0 +1,190 @@
+"""The declared shapes of the safety files: what each check accepts, the phrase it gives for what it refuses, and
+the unsafe list's times (issue 28: a `recorded_at` of 1e308, Infinity or NaN is damage, one line, never a traceback
+later). The rig journal the tuner writes fits its declared shape, and the journal module refuses each damage the
+shape names (one schema, declared once: journal.py has no check of its own)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tuner.core.errors import DamagedState
+from tuner.tuning import journal, journal_schema
+
+TRIAL = {"setting": -40, "phase": "coarse", "verdict": "pass", "kind": None, "steps": 120, "duration_s": 5.0,
+         "edge": False}
+JOURNAL = {"version": 1, "session": "20260101-abc", "device": "sim0", "state": "active", "params": {"trial_s": 5},
+           "knob": {"kind": "voltage_offset"}, "trials": [TRIAL], "pid": 123, "boot_id": "b", "reference": None,
+           "created_at": 1.7e9, "updated_at": 1.7e9, "future_key": {"anything": 1},
+           "open_trial": {"session": "20260101-abc", "device": "sim0", "setting": -45, "phase": "refine",
+                          "boot_id": "b", "pid": 123, "started_at": 1.7e9},
+           "recommendation": {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "tuned_tok_s": 1.5,
+                              "measured_at": None, "edge": False}}
+UNSAFE = {"device": "sim0", "serial": None, "setting": -40, "unit": "mV", "kind": "system-reset", "reason": "reset",
+          "edge": True, "session": "s", "boot_id": "b", "recorded_at": 1.7e9, "kernel_log": ["amdgpu: ring timeout"]}
+RIG = {"version": 1, "session": "s1", "devices": ["sim0", "sim1"], "state": "active", "phase": "confirm", "pid": 1,
+       "boot_id": "b", "created_at": 1.7e9, "updated_at": 1.7e9, "params": {}, "stock": {"sim0": 0, "sim1": 0},
+       "sessions": {"sim0": "a", "sim1": "b"}, "candidates": {"sim0": -40, "sim1": -30}, "references": {},
+       "baseline": None, "attempts": [{"settings": {"sim0": -40}}], "never": [{"sim0": -60, "sim1": -50}],
+       "open_trial": {"phase": "confirm", "attempt": 1, "settings": {"sim0": -40, "sim1": -30}, "boot_id": "b",
+                      "pid": 1, "started_at": 1.7e9}}
+
+
+def _with(doc: dict, dotted: str, value) -> dict:
+    """A deep copy of `doc` with one key changed (`...`: removed); `trials.0.setting` indexes lists."""
+    doc = json.loads(json.dumps(doc))
+    *path, last = dotted.split(".")
+    node = doc
+    for key in path:
+        node = node[int(key)] if key.isdigit() else node[key]
+    if value is ...:
+        del node[last]
+    else:
+        node[int(last) if last.isdigit() else last] = value
+    return doc
+
+
+def test_good_documents_pass():
+    assert journal_schema.check_journal(JOURNAL) is None
+    assert journal_schema.check_journal({**JOURNAL, "open_trial": None, "recommendation": None}) is None
+    assert journal_schema.check_guard({"open_trial": {**JOURNAL["open_trial"], "session": None}}) is None
+    assert journal_schema.check_guard({"open_trial": None}) is None
+    assert journal_schema.check_unsafe_entry(UNSAFE) is None
+    assert journal_schema.check_unsafe_entry({"setting": -40, "kind": "hang"}) is None  # the oldest lines
+    assert journal_schema.check_rig_journal(RIG) is None
+    assert journal_schema.check_rig_journal({k: RIG[k] for k in ("version", "session", "devices", "state",
+                                                                 "phase")}) is None
+
+
+@pytest.mark.parametrize(("dotted", "value", "phrase"), [
+    ("version", 2, "'version' is not 1 (got 2)"),
+    ("version", True, "'version' is not 1 (got True)"),
+    ("session", "../x", "'session' is not a session id"),
+    ("device", ..., "'device' is missing"),
+    ("state", "gone", "'state' is not one of active, interrupted, finished (got 'gone')"),
+    ("params", [], "'params' is not an object (got [])"),
+    ("knob", None, "'knob' is not an object (got None)"),
+    ("trials", {}, "'trials' is not a list (got {})"),
+    ("trials.0", 5, "trial 1 is not an object"),
+    ("trials.0.setting", "-40", "trial 1: 'setting' is not a whole number (got '-40')"),
+    ("trials.0.setting", -40.0, "trial 1: 'setting' is not a whole number (got -40.0)"),
+    ("trials.0.verdict", "stopped", "trial 1: 'verdict' is not one of pass, fail, error, inconclusive"),
+    ("trials.0.edge", None, "trial 1: 'edge' is not true or false (got None)"),
+    ("pid", "123", "'pid' is not a whole number (got '123')"),
+    ("open_trial", 5, "'open_trial' is not an object (got 5)"),
+    ("open_trial.session", ..., "open trial: 'session' is missing"),
+    ("open_trial.setting", "-45", "open trial: 'setting' is not a whole number (got '-45')"),
+    ("open_trial.started_at", float("inf"), "open trial: 'started_at' is not a time in seconds since 1970"),
+    ("recommendation.margin", 1.5, "recommendation: 'margin' is not a whole number (got 1.5)"),
+    ("recommendation.unit", ..., "recommendation: 'unit' is missing"),
+    ("updated_at", "yesterday", "'updated_at' is not a time in seconds since 1970 (got 'yesterday')"),
+])
+def test_a_damaged_journal_says_which_key(dotted, value, phrase):
+    problem = journal_schema.check_journal(_with(JOURNAL, dotted, value))
+    assert problem is not None and phrase in problem and "\n" not in problem, problem
+
+
+def test_the_public_checks_keep_their_signatures_and_phrases():
+    """journal.py calls these one by one."""
+    assert journal_schema.check_open_trial(None, in_session=True) is None
+    assert journal_schema.check_open_trial({"setting": 1, "phase": "x"}, in_session=False) is None
+    assert journal_schema.check_open_trial({"setting": 1, "phase": "x"}, in_session=True) == \
+        "open trial: 'session' is missing"
+    assert journal_schema.check_trial_record({"setting": 1, "phase": "x"}, 3) == "trial 3: 'verdict' is missing"
+    assert journal_schema.check_trial_record([], 2) == "trial 2 is not an object"
+    assert journal_schema.check_recommendation(None) is None
+    assert journal_schema.check_recommendation(5) == "'recommendation' is not an object"
+    assert journal_schema.check_guard([]) == "it is not a JSON object"
+    assert journal_schema.check_guard({}) == "'open_trial' is missing"
+    assert journal_schema.check_journal([]) == "it is not a JSON object"
+    assert journal_schema.check_unsafe_entry("x") == "it is not a JSON object"
+    ref = journal_schema.check_journal({**JOURNAL, "reference": "/etc/passwd"}, reference_name="sim0.s.ref")
+    assert ref is not None and ref.startswith("'reference' names '/etc/passwd'")
+
+
+@pytest.mark.parametrize(("dotted", "value", "phrase"), [
+    ("setting", "-40", "'setting' is not a whole number (got '-40')"),
+    ("setting", -40.0, "'setting' is not a whole number (got -40.0)"),
+    ("setting", ..., "'setting' is missing"),
+    ("kind", 5, "'kind' is not a string (got 5)"),
+    ("edge", "yes", "'edge' is not true or false (got 'yes')"),
+    ("kernel_log", "x", "'kernel_log' is not a list (got 'x')"),
+    ("recorded_at", 1e308, "'recorded_at' is not a time in seconds since 1970 (got 1e+308)"),
+    ("recorded_at", float("inf"), "'recorded_at' is not a time in seconds since 1970 (got inf)"),
+    ("recorded_at", float("nan"), "'recorded_at' is not a time in seconds since 1970 (got nan)"),
+    ("recorded_at", -1, "'recorded_at' is not a time in seconds since 1970 (got -1)"),
+    ("recorded_at", journal_schema.LAST_TIME_S + 1, "'recorded_at' is not a time"),
+    ("recorded_at", "2026-01-01", "'recorded_at' is not a time"),
+])
+def test_a_damaged_unsafe_line_says_which_key(dotted, value, phrase):
+    problem = journal_schema.check_unsafe_entry(_with(UNSAFE, dotted, value))
+    assert problem is not None and phrase in problem, problem
+
+
+@pytest.mark.parametrize("when", ["1e308", "Infinity", "-Infinity", "NaN", "1e400"])
+def test_an_absurd_time_in_the_unsafe_list_is_damage_in_one_line(boot, when):
+    """Python's json reads all of these (1e400 as inf); each is one DamagedState naming the line and the key."""
+    path = journal.unsafe_path("sim0")
+    path.parent.mkdir(parents=True)
+    good = json.dumps(UNSAFE)
+    path.write_text(f"{good}\n{good[:-1]}, \"recorded_at\": {when}}}\n")
+    with pytest.raises(DamagedState) as info:
+        journal.unsafe_entries("sim0")
+    line = info.value.one_line()
+    assert "\n" not in line and str(path) in line and "line 2: 'recorded_at' is not a time" in line, line
+
+
+def test_the_last_time_the_list_takes_is_the_end_of_year_9999():
+    assert journal_schema.check_unsafe_entry({**UNSAFE, "recorded_at": journal_schema.LAST_TIME_S}) is None
+    assert journal_schema.check_unsafe_entry({**UNSAFE, "recorded_at": 0}) is None
+
+
+RIG_BAD = [
+    ("version", 2, "'version' is not 1"),
+    ("session", "a/b", "'session' is not a session id"),
+    ("state", "x", "'state' is not one of active, interrupted, finished"),
+    ("phase", "x", "'phase' is not one of search, baseline, confirm, done"),
+    ("devices", [], "'devices' is not a list of card ids (got [])"),
+    ("devices", ["sim0", 5], "'devices' is not a list of card ids"),
+    ("devices", ..., "'devices' is missing"),
+    ("candidates", {"sim0": "-40"}, "'candidates' is not a map of card -> whole number"),
+    ("candidates", {"sim0": True}, "'candidates' is not a map of card -> whole number"),
+    ("stock", [], "'stock' is not a map of card -> whole number"),
+    ("sessions", {"sim0": 5}, "'sessions' is not a map of card -> session id"),
+    ("attempts", {}, "'attempts' is not a list"),
+    ("never", {}, "'never' is not a list of maps of card -> whole number"),
+    ("never", [{"sim0": -60.0}], "'never' is not a list of maps of card -> whole number"),
+    ("open_trial", 5, "'open_trial' is not an object"),
+    ("open_trial.settings", ..., "open trial: 'settings' is missing"),
+    ("open_trial.settings", {"sim0": "x"}, "open trial: 'settings' is not a map of card -> whole number"),
+    ("open_trial.phase", 5, "open trial: 'phase' is not a string"),
+    ("open_trial.pid", "1", "open trial: 'pid' is not a whole number"),
+    ("open_trial.started_at", "x", "open trial: 'started_at' is not a time"),
+]
+
+
+@pytest.mark.parametrize(("dotted", "value", "phrase"), RIG_BAD)
+def test_a_damaged_rig_journal_says_which_key(dotted, value, phrase):
+    problem = journal_schema.check_rig_journal(_with(RIG, dotted, value))
+    assert problem is not None and phrase in problem, problem
+
+
+def test_a_rig_journal_that_is_not_an_object():
+    assert journal_schema.check_rig_journal([]) == "it is not a JSON object"
+
+
+def test_the_rig_journal_the_tuner_writes_fits_the_declared_shape_and_each_damage_is_refused(boot):
+    """What Journal.create_rig and begin_trial write is a RigJournal; each damage above, written over it, makes
+    every card of the rig refuse (check_safety_state, which set, apply, boot apply and bisect call first)."""
+    rig = journal.Journal.create_rig(["sim0", "sim1"], params={"trial_s": 5}, stock={"sim0": 0, "sim1": 0})
+    rig.begin_trial("confirm", attempt=1, settings={"sim0": -40, "sim1": -30})
+    real = json.loads(rig.path.read_text())
+    assert journal_schema.check_rig_journal(real) is None
+    journal.check_safety_state("sim0")  # a sound rig journal refuses nothing
+    for dotted, value, phrase in RIG_BAD:
+        rig.path.write_text(json.dumps(_with(real, dotted, value)))
+        for card in ("sim0", "sim1"):
+            with pytest.raises(DamagedState) as damaged:
+                journal.check_safety_state(card)
+            assert phrase in damaged.value.message and str(rig.path) in damaged.value.message, dotted

@@ -1,0 +1,352 @@
+"""The root helper's client: a Backend that asks `tuner-helper` over its socket instead of writing sysfs or NVML.
+
+Every command and screen works unchanged through it: each Backend call is one request of the helper's closed
+list (`tuner/helper/schema.py`), each refusal comes back as the TunerError (and exit code) the in-process tuner
+raises. The helper puts back any change that is not confirmed (`keep`) when its lease runs out or this
+connection closes, so a heartbeat thread renews the leases while the connection is open: a `kill -9` of the
+tuner puts the previous value back at once, a tuner that stops answering (stopped, hung) loses its changes after
+the lease, and its next write or reset says so (`LeaseLost`) instead of measuring a setting that is gone.
+
+`ReadOnlyBackend` is what a user gets when no helper lets them in: the in-process backend for reading (sysfs,
+NVML queries work as any user), and every write refused with exit code 9 and how to get in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from tuner.backends.base import Backend
+from tuner.core import exit_codes
+from tuner.core.card_lock import CardBusy
+from tuner.core.errors import (
+    DamagedState,
+    DeviceLost,
+    DiskFull,
+    NotApplied,
+    OutOfRange,
+    PermissionDenied,
+    TunerError,
+    UnknownDevice,
+    Unsupported,
+    UsageError,
+)
+from tuner.core.models import Capabilities, DeviceInfo, Knob, StressTarget, Telemetry
+from tuner.helper import schema as s
+
+DEFAULT_LEASE_S = 10.0  # a tuner that stops answering loses its unconfirmed changes after this long
+HEARTBEAT_S = 2.0
+CONNECT_TIMEOUT_S = 5.0
+REPLY_TIMEOUT_S = 120.0  # a write may wait on the driver (NVML), never on another client
+INSTALL_REMEDY = ("install the root helper (docs/helper.md: `tuner-helper` behind /run/tuner/helper.sock) and join "
+                  "its group, or run as root")
+
+
+class HelperUnreachable(TunerError):
+    """A write needs the root helper and none answers, or it does not let this user in; nothing was changed."""
+
+    exit_code = exit_codes.HELPER_UNREACHABLE
+
+
+class HelperRefused(HelperUnreachable):
+    """The helper is there but this user may not ask it (not root, not in its group)."""
+
+
+class LeaseLost(NotApplied):
+    """The helper put a card back while this tuner was not answering: what ran meanwhile ran at another value."""
+
+
+_ERRORS: dict[str, type[TunerError]] = {
+    "busy": CardBusy, "unknown-card": UnknownDevice, "out-of-range": OutOfRange, "overvolt-not-allowed": OutOfRange,
+    "damaged-state": DamagedState, "not-applied": NotApplied, "device-lost": DeviceLost,
+    "permission": PermissionDenied, "unsupported": Unsupported, "disk-full": DiskFull,
+    "not-allowed": HelperRefused, "version": HelperUnreachable, "too-many": HelperUnreachable,
+    "idle": HelperUnreachable, "internal": HelperUnreachable,
+}
+
+
+def error_of(reply: s.RawReply) -> TunerError:
+    """The TunerError a refusal stands for (the in-process tuner's class, so the same exit code)."""
+    error = _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
+    error.helper_code = reply.code  # type: ignore[attr-defined]
+    error.holder = reply.holder  # type: ignore[attr-defined]
+    return error
+
+
+class HelperConnection:
+    """One socket to the helper: a request, then its reply, one at a time (any thread)."""
+
+    def __init__(self, sock: socket.socket, path: Path):
+        self.sock, self.path = sock, path
+        self._reader = sock.makefile("rb")
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.lost: str | None = None  # why the connection is gone
+
+    @classmethod
+    def open(cls, path: Path, timeout_s: float = CONNECT_TIMEOUT_S) -> HelperConnection:
+        """Raises OSError (ENOENT, ECONNREFUSED: no helper; EACCES: not in its group)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            sock.close()
+            raise
+        sock.settimeout(REPLY_TIMEOUT_S)
+        return cls(sock, path)
+
+    def ask(self, request: s.Request, result_type: Any = Any) -> Any:
+        with self._lock:
+            if self.lost is not None:
+                raise HelperUnreachable(f"the helper at {self.path} is gone ({self.lost}); any unconfirmed change "
+                                        "was put back", "run the command again")
+            request.id = next(self._ids)
+            try:
+                self.sock.sendall(s.encode(request))
+                while True:
+                    line = self._reader.readline()
+                    if not line:
+                        raise ConnectionResetError("the helper closed the connection")
+                    reply = msgspec.json.decode(line, type=s.RawReply)
+                    if reply.id in (request.id, 0):
+                        break
+            except (OSError, msgspec.DecodeError) as e:
+                self.lost = str(e) or type(e).__name__
+                raise HelperUnreachable(f"lost the helper at {self.path} ({self.lost}); any unconfirmed change "
+                                        "was put back", "check `systemctl status tuner-helper`, then run the command "
+                                        "again") from None
+        if not reply.ok:
+            raise error_of(reply)
+        return msgspec.json.decode(reply.result, type=result_type)
+
+    def close(self) -> None:
+        self.lost = self.lost or "closed"
+        with contextlib.suppress(OSError):
+            self._reader.close()
+            self.sock.close()
+
+
+def connect(path: Path, *, client: str = "tuner") -> tuple[HelperConnection, s.HelloResult]:
+    """A greeted connection; HelperRefused (not let in) or HelperUnreachable (nobody answers) otherwise."""
+    try:
+        connection = HelperConnection.open(path)
+    except PermissionError:
+        raise HelperRefused(f"the helper at {path} does not let this user in (not in its group)",
+                            "ask an admin: `sudo usermod -aG tuner $USER`, then log in again") from None
+    except OSError as e:
+        raise HelperUnreachable(f"no helper answers at {path} ({e.strerror or e})", INSTALL_REMEDY) from None
+    try:
+        hello: s.HelloResult = connection.ask(s.Hello(version=s.PROTOCOL_VERSION, client=client), s.HelloResult)
+    except BaseException:
+        connection.close()
+        raise
+    return connection, hello
+
+
+class HelperBackend(Backend):
+    """Every Backend call as a request to the helper. Also the helper-only calls the tuner's journal wiring
+    needs: claim/release, trial_begin/trial_end, trials, unsafe_entries/unsafe_clear, kernel_log_source."""
+
+    def __init__(self, connection: HelperConnection, hello: s.HelloResult, *, lease_s: float = DEFAULT_LEASE_S,
+                 warn: Callable[[str], None] | None = None):
+        self.connection, self.hello, self.lease_s = connection, hello, lease_s
+        self.name, self.simulated = hello.backend, hello.simulated
+        self._warn = warn or (lambda message: None)
+        self._cards = {e.info.id: e for e in connection.ask(s.ListCards(), list[s.CardEntry])}
+        self._lost: dict[str, s.LostChange] = {}
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="helper-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    @classmethod
+    def connect(cls, path: Path, *, client: str = "tuner", lease_s: float = DEFAULT_LEASE_S,
+                warn: Callable[[str], None] | None = None) -> HelperBackend:
+        connection, hello = connect(path, client=client)
+        try:
+            return cls(connection, hello, lease_s=lease_s, warn=warn)
+        except BaseException:
+            connection.close()
+            raise
+
+    def _ask(self, request: s.Request, result_type: Any = Any) -> Any:
+        return self.connection.ask(request, result_type)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(HEARTBEAT_S, self.lease_s / 4)):
+            try:
+                lost = self._ask(s.Heartbeat(), s.HeartbeatResult).lost
+            except TunerError:
+                return  # the next call says the helper is gone
+            for change in lost:
+                self._lost[change.card] = change
+                self._warn(f"the helper put {change.card} back: {change.reason}")
+
+    def _check_lost(self, device_id: str) -> None:
+        change = self._lost.pop(device_id, None)
+        if change is not None:
+            raise LeaseLost(f"the helper put {device_id} back while this tuner was not answering ({change.reason}); "
+                            "what ran meanwhile ran at another value", "run it again")
+
+    # --- Backend ------------------------------------------------------------------------------------------------
+    def devices(self) -> list[DeviceInfo]:
+        return [e.info for e in self._cards.values()]
+
+    def knob(self, device_id: str) -> Knob:
+        return self._ask(s.ReadKnob(card=device_id), Knob)
+
+    def telemetry(self, device_id: str) -> Telemetry:
+        return self._ask(s.ReadTelemetry(card=device_id), Telemetry)
+
+    def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
+        self._check_lost(device_id)
+        return self._ask(s.Set(card=device_id, value=value, lease_s=self.lease_s, allow_overvolt=allow_overvolt),
+                         Knob)
+
+    def reset(self, device_id: str) -> Knob:
+        knob = self._ask(s.Reset(card=device_id), Knob)
+        self._check_lost(device_id)
+        return knob
+
+    def keep(self, device_id: str) -> None:
+        self._check_lost(device_id)
+        self._ask(s.Confirm(card=device_id))
+
+    def capabilities(self, device_id: str) -> Capabilities:
+        entry = self._cards.get(device_id)
+        if entry is None:
+            self.device(device_id)  # UnknownDevice with the known ids
+            raise AssertionError("unreachable")
+        if entry.capabilities is None:
+            raise Unsupported(entry.error or f"{device_id} cannot be driven")
+        return entry.capabilities
+
+    def stress_target(self, device_id: str) -> StressTarget:
+        return self._ask(s.ReadTarget(card=device_id), StressTarget)
+
+    def note_load(self, device_id: str, active: bool) -> None:
+        self._ask(s.NoteLoad(card=device_id, active=active))
+
+    def foreign_state(self, device_id: str) -> str | None:
+        return self._ask(s.ReadState(card=device_id), s.CardState).foreign_state
+
+    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
+        return self._ask(s.ReadState(card=device_id), s.CardState).applied_pstates
+
+    def lock_clock_mhz(self, device_id: str) -> int | None:
+        return self.knob(device_id).lock_clock_mhz
+
+    def set_lock_clock(self, device_id: str, mhz: int) -> None:
+        self._ask(s.LockClock(card=device_id, mhz=mhz), s.LockResult)
+
+    def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
+        if self.knob(device_id).lock_clock_mhz is None:
+            return None
+        return self._ask(s.LockClock(card=device_id, measured_mhz=clock_mhz), s.LockResult).mhz
+
+    def close(self) -> None:
+        self._stop.set()
+        self.connection.close()  # the helper puts back whatever is still unconfirmed
+
+    # --- the helper's own calls (the journal's wiring: docs/helper.md) --------------------------------------------
+    def claim(self, device_id: str, purpose: str = "") -> None:
+        self._ask(s.Claim(card=device_id, purpose=purpose[:500]))
+
+    def release(self, device_id: str) -> None:
+        self._ask(s.Release(card=device_id))
+
+    def trial_begin(self, device_id: str, setting: int, phase: str, session: str | None = None) -> s.OpenTrial:
+        return self._ask(s.TrialBegin(card=device_id, setting=setting, phase=phase, session=session), s.OpenTrial)
+
+    def trial_end(self, device_id: str, unsafe: s.UnsafeMark | None = None) -> None:
+        self._ask(s.TrialEnd(card=device_id, unsafe=unsafe))
+
+    def trials(self, device_id: str) -> s.TrialsResult:
+        return self._ask(s.ReadTrials(card=device_id), s.TrialsResult)
+
+    def unsafe_entries(self, device_id: str) -> list[s.UnsafeEntry]:
+        return self._ask(s.UnsafeList(card=device_id), list[s.UnsafeEntry])
+
+    def unsafe_clear(self, device_id: str, setting: int | None = None) -> list[s.UnsafeEntry]:
+        return self._ask(s.UnsafeClear(card=device_id, setting=setting), list[s.UnsafeEntry])
+
+    def kernel_log_source(self, device_ids: list[str]) -> tuple[Iterable[str], Callable[[], None]] | None:
+        """A `tuner.tuning.kernel_log.KernelLogWatcher` source: the helper's kernel-event stream for these cards
+        (on its own connection), or None when the helper cannot read the kernel log."""
+        try:
+            connection, _ = connect(self.connection.path, client="tuner kernel-events")
+            connection.ask(s.KernelEvents(cards=list(device_ids)))
+        except TunerError:
+            return None
+
+        def lines() -> Iterator[str]:
+            with contextlib.suppress(OSError, ValueError):
+                for raw in connection._reader:
+                    reply = msgspec.json.decode(raw, type=s.RawReply)
+                    if reply.ok and reply.result != b"null":
+                        yield msgspec.json.decode(reply.result, type=s.KernelLine).line
+
+        def close() -> None:
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
+            connection.close()
+
+        return lines(), close
+
+
+class ReadOnlyBackend(Backend):
+    """The in-process backend for reading, every write refused (exit 9) with why and how to get in."""
+
+    def __init__(self, inner: Backend, reason: str, remedy: str = INSTALL_REMEDY):
+        self.inner, self.reason, self.remedy = inner, reason, remedy
+        self.name, self.simulated = inner.name, inner.simulated
+
+    def _refuse(self) -> HelperUnreachable:
+        return HelperUnreachable(f"writes go through the root helper and {self.reason}; nothing was changed",
+                                 self.remedy)
+
+    def devices(self) -> list[DeviceInfo]:
+        return self.inner.devices()
+
+    def knob(self, device_id: str) -> Knob:
+        return self.inner.knob(device_id)
+
+    def telemetry(self, device_id: str) -> Telemetry:
+        return self.inner.telemetry(device_id)
+
+    def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
+        raise self._refuse()
+
+    def reset(self, device_id: str) -> Knob:
+        raise self._refuse()
+
+    def set_lock_clock(self, device_id: str, mhz: int) -> None:
+        raise self._refuse()
+
+    def capabilities(self, device_id: str) -> Capabilities:
+        return self.inner.capabilities(device_id)
+
+    def stress_target(self, device_id: str) -> StressTarget:
+        return self.inner.stress_target(device_id)
+
+    def note_load(self, device_id: str, active: bool) -> None:
+        self.inner.note_load(device_id, active)
+
+    def foreign_state(self, device_id: str) -> str | None:
+        return self.inner.foreign_state(device_id)
+
+    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
+        return self.inner.applied_pstates(device_id)
+
+    def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
+        raise self._refuse()
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,112 @@
+"""Reading sysfs and procfs files without trusting what sits at the path.
+
+Every read of `/sys` and `/proc` (under `paths.sysfs_root()`) goes through `read_bytes`/`read_text`, for every
+backend and for the boot id. A file there is expected to be a regular file (the kernel's sysfs attributes report
+S_ISREG and a size of 4096, procfs files S_ISREG and a size of 0: neither size says how much a read returns). So:
+
+- it is opened with O_NONBLOCK, so a FIFO planted at the path (or at TUNER_SYSFS_ROOT's copy of it) cannot block
+  the open, and anything that is not a regular file (a FIFO, /dev/zero, a socket, a directory) is refused before a
+  byte is read: a FIFO would hang the tuner, /dev/zero would fill its memory;
+- at most `max_bytes` are read (a sysfs `show` returns at most a page; more means it is not an attribute);
+- the read runs in a worker thread and is given up after `timeout_s`: a driver that never answers a `show` (a GPU
+  hung in reset), a FUSE or NFS file that blocks, cannot hang `list`, `status` or a bisect that holds a card lock.
+  The main thread keeps taking signals meanwhile (a SIGTERM ends the command as usual).
+
+Failures are OSErrors (`NotAKernelFile`, `TooLarge`, `TimeoutError`), so callers that already treat an unreadable
+attribute as "absent" keep doing so.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+from pathlib import Path
+
+from tuner.core import paths
+
+ATTRIBUTE_MAX_BYTES = 64 * 1024  # a sysfs show() fills at most one page; procfs texts we read are smaller still
+READ_TIMEOUT_S = 5.0
+BOOT_ID_PATH = "proc/sys/kernel/random/boot_id"
+BOOT_ID_MAX_BYTES = 64  # "0f1d...-...\n" is 37 bytes
+
+
+class NotAKernelFile(OSError):
+    """The path holds something other than a regular file (FIFO, device node, socket, directory)."""
+
+
+class TooLarge(OSError):
+    """The file returned more than the cap: it is not the attribute we meant to read."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device node"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def read_bytes(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES,
+               timeout_s: float = READ_TIMEOUT_S) -> bytes:
+    """The file's bytes (at most `max_bytes`); an OSError when it is missing, not a regular file, larger than the
+    cap, or does not answer within `timeout_s`."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)  # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotAKernelFile(errno.EINVAL, f"{_kind(mode)}, not a sysfs or proc file", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    box: dict[str, object] = {}
+    done = threading.Event()
+
+    def read() -> None:  # owns fd from here on: closes it even when the caller gave up waiting
+        try:
+            chunks: list[bytes] = []
+            size = 0
+            while size <= max_bytes:
+                chunk = os.read(fd, max_bytes + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            box["data"] = b"".join(chunks)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+        finally:
+            os.close(fd)
+            done.set()
+
+    threading.Thread(target=read, name=f"read {path}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise TimeoutError(errno.ETIMEDOUT, f"no answer within {timeout_s:g} s", str(path))
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    data = box["data"]
+    assert isinstance(data, bytes)
+    if len(data) > max_bytes:
+        raise TooLarge(errno.EFBIG, f"more than {max_bytes} bytes, not a sysfs or proc attribute", str(path))
+    return data
+
+
+def read_text(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES, timeout_s: float = READ_TIMEOUT_S) -> str:
+    """`read_bytes` decoded as the kernel writes these files (ASCII; anything else replaced, never an error)."""
+    return read_bytes(path, max_bytes=max_bytes, timeout_s=timeout_s).decode("ascii", errors="replace")
+
+
+def boot_id() -> str | None:
+    """This boot's id (`/proc/sys/kernel/random/boot_id` under `paths.sysfs_root()`), or None when it cannot be
+    read as a small regular file: the journal and the per-card records then treat the boot as unknown."""
+    try:
+        text = read_text(paths.sysfs_root() / BOOT_ID_PATH, max_bytes=BOOT_ID_MAX_BYTES).strip()
+    except OSError:
+        return None
+    return text or None

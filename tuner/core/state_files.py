@@ -1,0 +1,179 @@
+"""Opening the tuner's own files (its state directory, the simulated cards) so that nobody else can steer a write.
+
+The tuner may run as root, and its state holds files it truncates and appends to (card locks, journals, the
+unsafe list). A link planted at one of those paths would turn such a write into a write to any file on the
+machine. So, for every path under a *trusted root* (`paths.state_dir()`, `paths.simulated_dir()`):
+
+- every directory from the root down to the file must be a directory owned by the user running the tuner and not
+  writable by anyone else (group-writable is accepted only for the user's private group, the usual umask-002
+  set-up: a group of the user's own name that is their primary group). Then no other user can plant or swap an
+  entry there between our check and our open. Missing directories are created with mode 0700;
+- below the root no directory may be a symbolic link (the root itself may be: it is where the user chose to keep
+  the state), and a file is opened with O_NOFOLLOW and must be a regular file.
+
+A refusal is an `UnsafeStatePath` (an OSError, so every caller that already turns a failed state write into one
+line keeps doing so) whose message names the path and the fix. Paths outside the trusted roots (a report the user
+names, a profile export) are the user's to choose and are not checked here.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import pwd
+import stat
+from pathlib import Path
+
+from tuner.core import paths
+
+
+class UnsafeStatePath(OSError):
+    """A state path the tuner will not write through (a link, a foreign owner, writable by others)."""
+
+    def __init__(self, path: Path | str, problem: str, remedy: str):
+        super().__init__(errno.EPERM, f"{problem}; {remedy}", str(path))
+        self.path = Path(path)
+        self.problem = problem
+        self.remedy = remedy
+
+    def __str__(self) -> str:
+        return f"{self.path} {self.problem}; {self.remedy}"
+
+
+def trusted_root(path: Path) -> Path | None:
+    """The trusted root `path` lies under (the state directory or the simulated cards' directory), else None."""
+    path = Path(path)
+    for root in (paths.state_dir(), paths.simulated_dir()):
+        if path == root or path.is_relative_to(root):
+            return root
+    return None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """The user's own group (same name, their primary group): group-writable there means writable by them."""
+    try:
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return user.pw_gid == gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+
+
+def _check_dir_stat(path: Path, st: os.stat_result) -> None:
+    uid = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeStatePath(path, "is not a directory", "move it aside; the tuner recreates its directories")
+    if st.st_uid != uid:
+        raise UnsafeStatePath(
+            path, f"belongs to {_user_name(st.st_uid)}, not to {_user_name(uid)} who runs the tuner",
+            "point XDG_STATE_HOME at a directory of your own (under sudo: run `sudo -i` or unset it), or chown it")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not _private_group(st.st_gid, uid)):
+        raise UnsafeStatePath(path, f"is writable by other users (mode {mode:04o})", f"run `chmod go-w {path}`")
+
+
+def check_dir(directory: Path) -> None:
+    """Refuse (UnsafeStatePath) when an existing directory from `directory`'s trusted root down to it is a link
+    (below the root), not a directory, not the running user's, or writable by others. Paths outside the trusted
+    roots are not checked."""
+    directory = Path(directory)
+    root = trusted_root(directory)
+    if root is None:
+        return
+    try:
+        st = os.stat(root)  # the root may be a link: following it is the user's own choice of place
+    except FileNotFoundError:
+        return
+    _check_dir_stat(root, st)
+    current = root
+    for part in directory.relative_to(root).parts:
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeStatePath(current, "is a symbolic link", "remove the link; the tuner recreates its directories")
+        _check_dir_stat(current, st)
+
+
+def ensure_dir(directory: Path) -> Path:
+    """Create `directory` (mode 0700 for the tuner's own directories) and check it as `check_dir` does."""
+    directory = Path(directory)
+    root = trusted_root(directory)
+    if root is None:
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+    check_dir(directory)
+    if not root.exists():
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    current = root
+    for part in directory.relative_to(root).parts:
+        current = current / part
+        try:
+            os.mkdir(current, 0o700)
+        except FileExistsError:
+            pass
+    check_dir(directory)  # a race lost to another writer of ours is fine; anything else is refused here
+    return directory
+
+
+def open_file(path: Path, flags: int, mode: int = 0o600) -> int:
+    """`os.open` for a file in the tuner's state: the directory made and checked, the file opened without
+    following a link, and refused unless it is a regular file of the running user's. Returns the descriptor."""
+    path = Path(path)
+    ensure_dir(path.parent)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeStatePath(path, "is a symbolic link", "remove the link (its target was not touched)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeStatePath(path, "is not a regular file", "move it aside")
+        if trusted_root(path) is not None and st.st_uid != os.geteuid():
+            raise UnsafeStatePath(path, f"belongs to {_user_name(st.st_uid)}", "move it aside")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_file(path: Path, max_bytes: int) -> bytes:
+    """A state file's bytes, read without following a link, only when it is a regular file (a FIFO or a device
+    node there would hang the read or never end) and at most `max_bytes` long (UnsafeStatePath beyond);
+    FileNotFoundError when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeStatePath(path, "is a symbolic link", "remove the link; the tuner does not follow one") \
+                from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeStatePath(path, "is not a regular file", "move it aside")
+        os.set_blocking(fd, True)
+        chunks, size = [], 0
+        while size <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:
+            raise UnsafeStatePath(path, f"is larger than {max_bytes} bytes", "move it aside")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

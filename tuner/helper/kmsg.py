@@ -1,0 +1,80 @@
+"""The kernel-event stream: the helper reads the kernel log (root-only where `dmesg_restrict=1`) for its clients.
+
+A client asks for its cards; it gets the lines that name one of them (by PCI address, as
+`tuner.tuning.kernel_log.named_buses` reads it) and GPU failure lines that name no card at all (a machine-wide
+reset), nothing else: the rest of the kernel log stays as private as `dmesg_restrict` makes it. Only records
+logged after the request count (the log is read from its end). `/dev/kmsg` returns one record per read
+(`pri,seq,usec,flags;text`, then indented key=value lines, which are skipped); a FIFO standing in for it in a
+test may return several lines at once, so reads are split on newlines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import stat
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from tuner.tuning.kernel_log import bus_of, classify_line, named_buses
+
+DEFAULT_KMSG = Path("/dev/kmsg")
+_HEADER = re.compile(rb"^\d+,\d+,\d+,[^;]*;")
+
+
+def select_line(text: str, buses: dict[str, str]) -> list[str] | None:
+    """The cards (ids) a line is for, [] for a GPU failure naming no card, None when it is not for this client.
+
+    >>> buses = {"03:00": "0000:03:00.0"}
+    >>> select_line("amdgpu 0000:03:00.0: amdgpu: GPU reset begin!", buses)
+    ['0000:03:00.0']
+    >>> select_line("amdgpu 0000:04:00.0: amdgpu: GPU reset begin!", buses) is None
+    True
+    >>> select_line("usb 1-1: new high-speed USB device", buses) is None
+    True
+    """
+    named = named_buses(text)
+    if named:
+        cards = sorted(buses[b] for b in named if b in buses)
+        return cards or None
+    return [] if classify_line(text) is not None else None
+
+
+def stream(path: Path, cards: list[str], pci_of: Callable[[str], str | None], send: Callable[[str, list[str]], None],
+           client_gone: Callable[[], bool], stop: threading.Event) -> None:
+    """Send the lines for `cards` until the client goes, `send` fails (OSError) or `stop` is set. OSError when
+    the log cannot be opened."""
+    buses = {bus: card for card in cards if (pci := pci_of(card)) and (bus := bus_of(pci))}
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if stat.S_ISCHR(os.fstat(fd).st_mode):
+            os.lseek(fd, 0, os.SEEK_END)  # only records from now on
+        pending = b""
+        while not stop.is_set() and not client_gone():
+            ready, _, _ = select.select([fd], [], [], 0.25)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                if e.errno == 32:  # EPIPE: records were overwritten before we read them; go on
+                    continue
+                raise
+            if not chunk:  # a FIFO whose writer closed: wait for the next one
+                stop.wait(0.1)
+                continue
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                if not raw or raw[:1] in (b" ", b"\t"):
+                    continue
+                text = _HEADER.sub(b"", raw).decode("utf-8", "replace")
+                chosen = select_line(text, buses)
+                if chosen is not None:
+                    send(text, chosen)
+    finally:
+        os.close(fd)

@@ -1,0 +1,480 @@
+"""What the root helper does with each request: re-check it, write, journal, keep or put back.
+
+The helper trusts no request. Before any write to a card it re-checks, whatever the client checked already:
+
+1. the card exists (by id; a request never names a path);
+2. the safety state of the card validates (a damaged unsafe list, trial or writes journal: refused, fail closed);
+3. one writer per card (`leases.Book`): another connection's hold is `busy`, with its uid, pid and command;
+4. the value: the device's real range and step (`Knob.validate`, from `OD_RANGE` or NVML's limits, as the backend
+   reads them) and no overvolt unless the request asks *and* the helper was started with `--allow-overvolt`;
+5. the machine's unsafe list (`core.unsafe_rule`): nothing at or beyond a setting that failed hard;
+
+then it journals the change durably (`state.writes`), writes it through the backend (which validates, writes,
+reads back and restores the previous value on a mismatch) and logs it with the caller's uid. An unconfirmed
+change goes back (the previous value, else stock) when its lease runs out, when its connection closes and when
+the helper is stopped. Everything happens under one lock: the cards have one writer, the helper.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner import __version__
+from tuner.backends.base import Backend
+from tuner.core import exit_codes
+from tuner.core.boot import current_boot_id
+from tuner.core.card_lock import CardBusy
+from tuner.core.errors import OutOfRange, TunerError, UnknownDevice, UsageError
+from tuner.core.models import DeviceInfo, Knob
+from tuner.core.unsafe_rule import blocking_setting
+from tuner.helper import schema as s
+from tuner.helper.leases import Book, Pending
+from tuner.helper.peer import Peer
+from tuner.helper.state import MachineState, Write, card_key
+from tuner.helper.user_import import read_user_state
+
+DEFAULT_LEASE_S = 10.0  # a lock-clock choice's lease (a set names its own)
+
+
+class Refused(TunerError):
+    """A request the helper refuses with a code of its own (`schema.CODES`)."""
+
+    def __init__(self, code: str, message: str, remedy: str | None = None):
+        super().__init__(message, remedy)
+        self.code = code
+
+
+@dataclass
+class Client:
+    """One connection, as the service knows it."""
+
+    conn: int
+    peer: Peer
+    client: str = ""  # what the client said it is in hello
+
+
+class HelperService:
+    def __init__(self, backend: Backend, state: MachineState, *, group: str, allow_overvolt: bool = False,
+                 sim: s.SimConfig | None = None, log: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.backend, self.state = backend, state
+        self.group, self.allow_overvolt, self.sim = group, allow_overvolt, sim
+        self._log = log or (lambda line: print(f"tuner-helper: {line}", file=sys.stderr, flush=True))
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.book = Book()
+        self.lost: dict[int, list[s.LostChange]] = {}
+        self.devices: dict[str, DeviceInfo] = {d.id: d for d in backend.devices()}
+        self.keys = {card: card_key(d) for card, d in self.devices.items()}
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+    def _device(self, card: str) -> DeviceInfo:
+        device = self.devices.get(card)
+        if device is None:
+            raise UnknownDevice(f"no card {card!r}", f"known cards: {', '.join(self.devices) or 'none'}")
+        return device
+
+    def _writer(self, card: str, who: Client) -> str:
+        """The card's key, after the checks every write makes first: it exists, its state validates, no one
+        else holds it."""
+        self._device(card)
+        key = self.keys[card]
+        self.state.check(key)
+        self.book.check_writer(card, who.conn, who.peer)
+        return key
+
+    def _audit(self, event: str, card: str, who: Client, **fields: object) -> None:
+        self.state.log(event, card=card, uid=who.peer.uid, pid=who.peer.pid, command=who.peer.command, **fields)
+        detail = " ".join(f"{k}={v}" for k, v in fields.items())
+        self._log(f"{event} {card} {detail} by uid {who.peer.uid} (pid {who.peer.pid}: {who.peer.command})")
+
+    def _write_record(self, pending: Pending, who: Client) -> Write:
+        return Write(card=pending.card, key=pending.key, previous=pending.previous,
+                     previous_lock_mhz=pending.previous_lock_mhz, value=pending.value if pending.value is not None
+                     else pending.previous, uid=who.peer.uid, pid=who.peer.pid, helper_pid=os.getpid(),
+                     boot_id=current_boot_id(), since=time.time())
+
+    def _pending_for(self, card: str, key: str, who: Client, knob: Knob, lease_s: float) -> Pending:
+        """This connection's unconfirmed change of the card, started now if it has none."""
+        pending = self.book.pending.get(card)
+        if pending is None or pending.conn != who.conn:
+            pending = Pending(who.conn, card, key, knob.current, None, None, lease_s, self.clock() + lease_s)
+            self.book.pending[card] = pending
+        pending.lease_s = lease_s
+        pending.deadline = self.clock() + lease_s
+        return pending
+
+    def _settle(self, card: str, who: Client | None) -> None:
+        """The card has nothing unconfirmed any more: forget the change, its journal entry, and an idle hold."""
+        pending = self.book.pending.pop(card, None)
+        self.state.set_write(self.keys[card], None)
+        conn = who.conn if who else pending.conn if pending else None
+        if conn is not None:
+            self.book.release_if_idle(card, conn)
+
+    # --- requests -----------------------------------------------------------------------------------------------
+    def handle(self, who: Client, request: s.Request) -> object:
+        """The result of `request` (a schema struct or a core dataclass), or a TunerError."""
+        handler = getattr(self, f"_op_{s.op_of(request)}")
+        with self.lock:
+            return handler(who, request)
+
+    def _op_hello(self, who: Client, r: s.Hello) -> s.HelloResult:
+        if r.version != s.PROTOCOL_VERSION:
+            raise Refused("version", f"this helper speaks protocol {s.PROTOCOL_VERSION}, the client {r.version}",
+                          "use a tuner of the same version as tuner-helper")
+        who.client = r.client
+        self.import_user(who.peer.uid)
+        return s.HelloResult(s.PROTOCOL_VERSION, __version__, self.backend.name, self.backend.simulated, self.sim,
+                             self.group, who.peer.uid, self.allow_overvolt)
+
+    def _op_list(self, who: Client, r: s.ListCards) -> list[s.CardEntry]:
+        entries = []
+        for card, device in self.devices.items():
+            try:
+                entries.append(s.CardEntry(device, self.backend.capabilities(card), self.keys[card]))
+            except TunerError as e:
+                entries.append(s.CardEntry(device, None, self.keys[card], e.one_line()))
+        return entries
+
+    def _op_read_knob(self, who: Client, r: s.ReadKnob) -> Knob:
+        self._device(r.card)
+        return self.backend.knob(r.card)
+
+    def _op_read_telemetry(self, who: Client, r: s.ReadTelemetry) -> object:
+        self._device(r.card)
+        return self.backend.telemetry(r.card)
+
+    def _op_read_target(self, who: Client, r: s.ReadTarget) -> object:
+        self._device(r.card)
+        return self.backend.stress_target(r.card)
+
+    def _op_read_state(self, who: Client, r: s.ReadState) -> s.CardState:
+        self._device(r.card)
+        return s.CardState(self.backend.foreign_state(r.card), self.backend.applied_pstates(r.card))
+
+    def _op_set(self, who: Client, r: s.Set) -> Knob:
+        key = self._writer(r.card, who)
+        knob = self.backend.knob(r.card)
+        if r.allow_overvolt and knob.is_overvolt(r.value) and not self.allow_overvolt:
+            raise Refused("overvolt-not-allowed", f"{r.value:+d} {knob.unit} is an overvolt, and this helper does "
+                          "not allow overvolting", "start tuner-helper with --allow-overvolt if you really mean it")
+        knob.validate(r.value, allow_overvolt=r.allow_overvolt)
+        entries = [e for e in self.state.unsafe_entries(key) if e.unit == knob.unit]
+        worst = blocking_setting(knob, r.value, [e.setting for e in entries])
+        if worst is not None:
+            entry = next(e for e in reversed(entries) if e.setting == worst)
+            raise Refused("unsafe", f"{r.value:+d} {knob.unit} is at or beyond {worst:+d} {knob.unit}, which failed "
+                          f"hard on this card ({entry.kind}: {entry.reason or 'no reason recorded'}; machine list)",
+                          "choose a less aggressive value; `tuner unsafe clear` removes the entry if you are sure")
+        self.book.hold(r.card, who.conn, who.peer, time.time())
+        had = self.book.pending.get(r.card)
+        pending = self._pending_for(r.card, key, who, knob, r.lease_s)
+        pending.value = r.value
+        self.state.set_write(key, self._write_record(pending, who))  # durable before the card is touched
+        try:
+            applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
+        except BaseException:
+            if had is None or had.conn != who.conn:  # the backend put the previous value back: nothing pending
+                self._settle(r.card, who)
+            raise
+        self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
+        if applied.current == pending.previous and pending.previous_lock_mhz is None:
+            self._settle(r.card, who)  # back where it was: nothing to put back
+        return applied
+
+    def _op_confirm(self, who: Client, r: s.Confirm) -> None:
+        self._device(r.card)
+        pending = self.book.pending.get(r.card)
+        if pending is None or pending.conn != who.conn:
+            raise Refused("usage", f"nothing of this connection to confirm on {r.card}",
+                          "confirm after a set, before its lease runs out")
+        self._audit("confirm", r.card, who, value=pending.value)
+        self._settle(r.card, who)
+
+    def _op_reset(self, who: Client, r: s.Reset) -> Knob:
+        self._device(r.card)
+        hold = self.book.holds.get(r.card)
+        if hold is not None and hold.conn != who.conn:
+            if not r.force:
+                self.book.check_writer(r.card, who.conn, who.peer)
+            self._drop_other(r.card, hold.conn, f"reset to stock by uid {who.peer.uid} (--force)")
+        knob = self.backend.reset(r.card)
+        self._audit("reset", r.card, who, force=r.force)
+        self._settle(r.card, who)
+        return knob
+
+    def _op_lock_clock(self, who: Client, r: s.LockClock) -> s.LockResult:
+        key = self._writer(r.card, who)
+        if (r.mhz is None) == (r.measured_mhz is None):
+            raise Refused("bad-request", "lock_clock needs exactly one of mhz and measured_mhz")
+        knob = self.backend.knob(r.card)
+        if knob.lock_clock_mhz is None or not hasattr(self.backend, "set_lock_clock"):
+            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+        self.book.hold(r.card, who.conn, who.peer, time.time())
+        current = self.book.pending.get(r.card)
+        pending = self._pending_for(r.card, key, who, knob, current.lease_s if current else DEFAULT_LEASE_S)
+        if pending.previous_lock_mhz is None:
+            pending.previous_lock_mhz = knob.lock_clock_mhz
+        self.state.set_write(key, self._write_record(pending, who))
+        if r.mhz is not None:
+            self.backend.set_lock_clock(r.card, r.mhz)
+            chosen: int | None = r.mhz
+        else:
+            chosen = self.backend.lock_at_measured_clock(r.card, float(r.measured_mhz or 0.0))
+        self._audit("lock_clock", r.card, who, mhz=chosen)
+        return s.LockResult(chosen)
+
+    def _op_note_load(self, who: Client, r: s.NoteLoad) -> None:
+        self._device(r.card)
+        self.backend.note_load(r.card, r.active)
+        if r.active:
+            self.book.loads[r.card] = who.conn
+        else:
+            self.book.loads.pop(r.card, None)
+
+    def _op_heartbeat(self, who: Client, r: s.Heartbeat) -> s.HeartbeatResult:
+        self.book.renew(who.conn, self.clock())
+        return s.HeartbeatResult(self.lost.pop(who.conn, []))
+
+    def _op_claim(self, who: Client, r: s.Claim) -> None:
+        self._writer(r.card, who)
+        self.book.hold(r.card, who.conn, who.peer, time.time(), r.purpose, explicit=True)
+        self._audit("claim", r.card, who, purpose=r.purpose)
+
+    def _op_release(self, who: Client, r: s.Release) -> None:
+        self._device(r.card)
+        self.book.release(r.card, who.conn)
+
+    def _op_trial_begin(self, who: Client, r: s.TrialBegin) -> s.OpenTrial:
+        key = self._writer(r.card, who)
+        if key in self.state.open_trials():
+            raise Refused("usage", f"a trial is already open on {r.card}", "end it first (trial_end)")
+        knob = self.backend.knob(r.card)
+        trial = s.OpenTrial(card=r.card, key=key, setting=r.setting, stock=knob.stock, unit=knob.unit, phase=r.phase,
+                            session=r.session, uid=who.peer.uid, pid=who.peer.pid, helper_pid=os.getpid(),
+                            boot_id=current_boot_id(), started_at=time.time())
+        self.state.set_open_trial(key, trial)  # durable before the trial's setting touches the card
+        self.book.hold(r.card, who.conn, who.peer, time.time())
+        self.book.trials[r.card] = who.conn
+        self._audit("trial_begin", r.card, who, setting=r.setting, phase=r.phase)
+        return trial
+
+    def _op_trial_end(self, who: Client, r: s.TrialEnd) -> None:
+        self._device(r.card)
+        key = self.keys[r.card]
+        trial = self.state.open_trials().get(key)
+        if trial is None or self.book.trials.get(r.card) != who.conn:
+            raise Refused("no-trial", f"this connection has no open trial on {r.card}", "begin one with trial_begin")
+        if r.unsafe is not None and trial.setting != trial.stock:
+            self.state.add_unsafe(key, s.UnsafeEntry(
+                setting=trial.setting, unit=trial.unit, kind=r.unsafe.kind, reason=r.unsafe.reason,
+                edge=r.unsafe.edge, device=r.card, serial=self.devices[r.card].serial, session=trial.session,
+                boot_id=current_boot_id(), recorded_at=time.time(), kernel_log=r.unsafe.kernel_log,
+                uid=who.peer.uid))
+        self.state.set_open_trial(key, None)
+        self.book.trials.pop(r.card, None)
+        self.book.release_if_idle(r.card, who.conn)
+        self._audit("trial_end", r.card, who, setting=trial.setting, unsafe=r.unsafe.kind if r.unsafe else None)
+
+    def _op_read_trials(self, who: Client, r: s.ReadTrials) -> s.TrialsResult:
+        self._device(r.card)
+        key = self.keys[r.card]
+        return s.TrialsResult(self.state.open_trials().get(key), self.state.recovered(key))
+
+    def _op_unsafe_list(self, who: Client, r: s.UnsafeList) -> list[s.UnsafeEntry]:
+        self._device(r.card)
+        return self.state.unsafe_entries(self.keys[r.card])
+
+    def _op_unsafe_clear(self, who: Client, r: s.UnsafeClear) -> list[s.UnsafeEntry]:
+        self._device(r.card)
+        removed = self.state.clear_unsafe(self.keys[r.card], r.setting)
+        self._audit("unsafe_clear", r.card, who, settings=[e.setting for e in removed])
+        return removed
+
+    # --- putting things back ------------------------------------------------------------------------------------
+    def _restore(self, pending: Pending) -> tuple[int | None, str]:
+        """Put the card back where it was before `pending`: the lock clock, then the previous value, else stock."""
+        card, note = pending.card, ""
+        if pending.previous_lock_mhz is not None:
+            try:
+                self.backend.set_lock_clock(card, pending.previous_lock_mhz)  # type: ignore[attr-defined]
+            except TunerError as e:
+                note = f"the lock clock could not be set back ({e.message}); "
+        knob = self.backend.knob(card)
+        if pending.previous != knob.stock and not note:
+            try:
+                if self.backend.apply(card, pending.previous, allow_overvolt=True).current == pending.previous:
+                    return pending.previous, note + "the previous value is back"
+            except TunerError as e:
+                note += f"the previous value could not be written back ({e.message}); "
+        try:
+            return self.backend.reset(card).current, note + "reset to stock"
+        except TunerError as e:
+            return None, note + f"the card could not be reset ({e.message}): reboot to return it to stock"
+
+    def _revert(self, pending: Pending, reason: str) -> s.LostChange:
+        restored, how = self._restore(pending)
+        self.book.pending.pop(pending.card, None)
+        self.state.set_write(pending.key, None)
+        self.book.release_if_idle(pending.card, pending.conn)
+        self.state.log("revert", card=pending.card, value=pending.value, restored=restored, reason=reason)
+        self._log(f"revert {pending.card} {pending.value} -> {restored} ({reason}; {how})")
+        return s.LostChange(pending.card, pending.value if pending.value is not None else pending.previous,
+                            restored, f"{reason}; {how}")
+
+    def _drop_other(self, card: str, conn: int, reason: str) -> None:
+        """Another connection loses the card (a forced reset): its change is forgotten, it learns on its next
+        heartbeat."""
+        pending = self.book.pending.pop(card, None)
+        if pending is not None:
+            self.lost.setdefault(conn, []).append(s.LostChange(card, pending.value or pending.previous, None, reason))
+        self.book.holds.pop(card, None)
+
+    def expire_leases(self) -> None:
+        """Put back every change whose lease ran out (called a few times a second)."""
+        with self.lock:
+            for pending in self.book.expired(self.clock()):
+                lost = self._revert(pending, f"its lease of {pending.lease_s:g} s ran out without a heartbeat")
+                self.lost.setdefault(pending.conn, []).append(lost)
+
+    def connection_closed(self, who: Client) -> None:
+        """The client went away (exit, crash, kill -9): everything it left unconfirmed goes back."""
+        with self.lock:
+            for pending in self.book.pending_of(who.conn):
+                self._revert(pending, f"the client (uid {who.peer.uid} pid {who.peer.pid}) went away unconfirmed")
+            for card in sorted(self.book.cards_of(who.conn)):
+                if self.book.loads.get(card) == who.conn:
+                    self.backend.note_load(card, False)
+                    self.book.loads.pop(card, None)
+                if self.book.trials.get(card) == who.conn:
+                    self._recover_trial(self.keys[card], "inconclusive", "tool-died",
+                                        f"the client (pid {who.peer.pid}) went away during this trial: not evidence "
+                                        "about the voltage; it runs again")
+                    self.book.trials.pop(card, None)
+                hold = self.book.holds.get(card)
+                if hold is not None and hold.conn == who.conn:
+                    del self.book.holds[card]
+            self.lost.pop(who.conn, None)
+
+    def shutdown(self) -> None:
+        """SIGTERM: every unconfirmed change goes back; open trials are recorded as interrupted."""
+        with self.lock:
+            for pending in list(self.book.pending.values()):
+                self._revert(pending, "the helper was stopped")
+            for card in list(self.book.trials):
+                self._recover_trial(self.keys[card], "inconclusive", "tool-died",
+                                    "the helper was stopped during this trial; it runs again")
+            self.book.trials.clear()
+
+    def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
+        trial = self.state.open_trials().get(key)
+        if trial is None:
+            return
+        boot = current_boot_id()
+        self.state.add_recovered(s.RecoveredTrial(trial, verdict, kind, reason, time.time(), boot))
+        if verdict == "fail" and trial.setting != trial.stock:
+            self.state.add_unsafe(key, s.UnsafeEntry(
+                setting=trial.setting, unit=trial.unit, kind=kind, reason=reason, edge=True, device=trial.card,
+                session=trial.session, boot_id=boot, recorded_at=time.time(), uid=trial.uid,
+                source="recovered at helper start"))
+        self.state.set_open_trial(key, None)
+        self._log(f"recovered the open trial at {trial.setting:+d} {trial.unit} on {trial.card}: {verdict} ({reason})")
+
+    def recover_at_start(self) -> None:
+        """After a helper death (kill -9) or a machine reset: put back what the dead helper left unconfirmed (in
+        this boot; a reboot already put the cards at stock) and record its open trials as a tuner death is."""
+        with self.lock:
+            boot = current_boot_id()
+            by_key = {key: card for card, key in self.keys.items()}
+            for key, write in self.state.writes().items():
+                card = by_key.get(key)
+                if card is not None and boot is not None and write.boot_id == boot:
+                    pending = Pending(-1, card, key, write.previous, write.previous_lock_mhz, write.value, 0.0, 0.0)
+                    self._revert(pending, f"the helper (pid {write.helper_pid}) died before it was confirmed")
+                else:
+                    self.state.set_write(key, None)
+            for key, trial in self.state.open_trials().items():
+                same_boot = boot is not None and trial.boot_id == boot
+                if same_boot:
+                    self._recover_trial(key, "inconclusive", "tool-died",
+                                        f"the helper (pid {trial.helper_pid}) died during this trial in this boot: "
+                                        "not evidence about the voltage; it runs again")
+                elif boot is None or trial.boot_id is None:
+                    self._recover_trial(key, "fail", "system-reset", "the helper died during this trial and the "
+                                        "boot id is unreadable, so a machine reset cannot be ruled out")
+                else:
+                    self._recover_trial(key, "fail", "system-reset",
+                                        "the machine froze or reset during this trial (open in an earlier boot)")
+
+    # --- importing a user's own state ---------------------------------------------------------------------------
+    def import_user(self, uid: int, home: Path | None = None) -> int:
+        """Merge `uid`'s per-user unsafe list (and trials its journal left open in an earlier boot) into the
+        machine's; returns how many entries were new."""
+        if home is None:
+            import pwd
+
+            try:
+                home = Path(pwd.getpwuid(uid).pw_dir)
+            except KeyError:
+                return 0
+        found = read_user_state(home, uid)
+        for problem in found.problems:
+            self._log(f"import from uid {uid}: skipped {problem}")
+        by_serial = {d.serial: card for card, d in self.devices.items() if d.serial}
+        boot = current_boot_id()
+        added = 0
+        with self.lock:
+            for line in found.unsafe:
+                key = self._key_for(line.serial, line.device, by_serial)
+                added += self.state.merge_unsafe(key, [s.UnsafeEntry(
+                    setting=line.setting, unit=line.unit, kind=line.kind, reason=line.reason, edge=line.edge,
+                    device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
+                    recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
+                    source=f"import from uid {uid}")])
+            for device, trial in found.open_trials:
+                if trial.boot_id is None or trial.boot_id == boot or trial.setting == 0:
+                    continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
+                key = self._key_for(None, device, by_serial)
+                added += self.state.merge_unsafe(key, [s.UnsafeEntry(
+                    setting=trial.setting, unit=self._unit_of(device), kind="system-reset",
+                    reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
+                    device=device, session=trial.session, boot_id=trial.boot_id,
+                    recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}")])
+        if added:
+            self._log(f"imported {added} unsafe entries from uid {uid}")
+        return added
+
+    def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str:
+        if serial and serial in by_serial:
+            return self.keys[by_serial[serial]]
+        for card in self.devices:
+            if device in (card, card.replace(":", "_")):
+                return self.keys[card]
+        return card_key(DeviceInfo(device or "unknown", "unknown", "", serial=serial))
+
+    def _unit_of(self, device: str) -> str:
+        for card in self.devices:
+            if device in (card, card.replace(":", "_")):
+                return self.backend.knob(card).unit
+        return "mV"
+
+
+def code_of(error: TunerError) -> str:
+    """The wire code of a TunerError (the client maps it back to the same class and exit code)."""
+    if isinstance(error, Refused):
+        return error.code
+    from tuner.core.errors import DamagedState, DeviceLost, DiskFull, NotApplied, PermissionDenied, Unsupported
+
+    for kind, code in ((CardBusy, "busy"), (UnknownDevice, "unknown-card"), (OutOfRange, "out-of-range"),
+                       (DamagedState, "damaged-state"), (DeviceLost, "device-lost"), (NotApplied, "not-applied"),
+                       (PermissionDenied, "permission"), (Unsupported, "unsupported"), (DiskFull, "disk-full")):
+        if isinstance(error, kind):
+            return code
+    return "usage" if error.exit_code == exit_codes.USAGE else "internal"

@@ -1,0 +1,229 @@
+"""The machine's one safety state, owned by the root helper (default `/var/lib/tuner`, `--state-dir`).
+
+Keyed by the card's identity (`card_key`: its serial or unique id where the driver has one, its PCI slot
+otherwise), so a card moved to another slot keeps its unsafe list, and every user of the machine shares it:
+
+- `unsafe/<key>.jsonl`  settings that froze, hung or reset the machine or lost the card in a trial; append-only
+  (only `unsafe_clear` rewrites it). One `schema.UnsafeEntry` a line.
+- `trials.json`         the open trial of each card (`schema.OpenTrial`), written before its setting touches the
+  card and removed when it ends: a freeze or a kill -9 leaves it.
+- `writes.json`         each unconfirmed change the helper made (the value before it), written before the write:
+  the next helper start in the same boot puts those values back.
+- `recovered.jsonl`     trials whose owner went away (`schema.RecoveredTrial`), for the client's journal.
+- `log.jsonl`           every write and who asked (uid, pid, command).
+
+Every file is validated when read; a torn or mistyped one raises DamagedState (fail closed: nothing is written
+to that card) naming the file and the remedy. Files are written atomically (temp, fsync, rename) or appended and
+fsynced; the directory is root's, mode 0755: any user may read the machine's unsafe list.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import msgspec
+
+from tuner.core.atomic import append_durable, write_atomic
+from tuner.core.errors import DamagedState, StateError, disk_full, is_disk_full
+from tuner.core.models import DeviceInfo
+from tuner.helper.schema import OpenTrial, RecoveredTrial, UnsafeEntry
+
+RECOVERED_SHOWN = 20  # recovered trials a `read_trials` answers with, newest last
+
+
+class Write(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An unconfirmed change: what to put back if the helper dies before it is confirmed or reverted."""
+
+    card: str
+    key: str
+    previous: int
+    previous_lock_mhz: int | None
+    value: int
+    uid: int
+    pid: int
+    helper_pid: int
+    boot_id: str | None
+    since: float
+
+
+def card_key(device: DeviceInfo) -> str:
+    """The card's identity as a file name: vendor (or simulated kind) and serial, else vendor and PCI slot.
+
+    >>> card_key(DeviceInfo("0000:03:00.0", "amd", "RX", pci_slot="0000:03:00.0", serial="0x1a2b"))
+    'amd-serial-0x1a2b'
+    >>> card_key(DeviceInfo("0000:03:00.0", "amd", "RX", pci_slot="0000:03:00.0"))
+    'amd-slot-0000_03_00.0'
+    """
+    kind = device.od_format if device.simulated and device.od_format else device.vendor
+    ident = f"serial-{device.serial}" if device.serial else f"slot-{device.pci_slot or device.id}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{kind}-{ident}")[:120]
+
+
+def _damaged(path: Path, problem: str) -> DamagedState:
+    return DamagedState(f"{path} is damaged ({problem})",
+                        "nothing was written to the card; check the file, note any setting it names (it may have "
+                        "crashed the machine), then repair it or move it aside and restart tuner-helper")
+
+
+class MachineState:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    # --- layout -------------------------------------------------------------------------------------------------
+    def unsafe_path(self, key: str) -> Path:
+        return self.root / "unsafe" / f"{key}.jsonl"
+
+    @property
+    def trials_path(self) -> Path:
+        return self.root / "trials.json"
+
+    @property
+    def writes_path(self) -> Path:
+        return self.root / "writes.json"
+
+    @property
+    def recovered_path(self) -> Path:
+        return self.root / "recovered.jsonl"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "log.jsonl"
+
+    def create(self) -> None:
+        (self.root / "unsafe").mkdir(parents=True, exist_ok=True, mode=0o755)
+
+    # --- low level ----------------------------------------------------------------------------------------------
+    def _write(self, path: Path, data: bytes) -> None:
+        try:
+            write_atomic(path, data)
+        except OSError as e:
+            if is_disk_full(e):
+                raise disk_full(path) from None
+            raise StateError(f"cannot write {path}: {e.strerror}", "check the helper's --state-dir") from None
+
+    def _append(self, path: Path, line: bytes) -> None:
+        try:
+            append_durable(path, line.decode())
+        except OSError as e:
+            if is_disk_full(e):
+                raise disk_full(path, "append to") from None
+            raise StateError(f"cannot append to {path}: {e.strerror}", "check the helper's --state-dir") from None
+
+    def _read(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StateError(f"cannot read {path}: {e.strerror}", "check the helper's --state-dir") from None
+
+    def _lines(self, path: Path, kind: type[msgspec.Struct]) -> list:
+        raw = self._read(path)
+        out = []
+        for n, line in enumerate((raw or b"").split(b"\n"), start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(msgspec.json.decode(line, type=kind))
+            except msgspec.MsgspecError as e:
+                raise _damaged(path, f"line {n}: {e}") from None
+        return out
+
+    def _table(self, path: Path, kind: type[msgspec.Struct]) -> dict:
+        raw = self._read(path)
+        if raw is None:
+            return {}
+        try:
+            return msgspec.json.decode(raw, type=dict[str, kind])  # type: ignore[valid-type]
+        except msgspec.MsgspecError as e:
+            raise _damaged(path, str(e)) from None
+
+    def _save_table(self, path: Path, table: dict) -> None:
+        if table:
+            self._write(path, msgspec.json.format(msgspec.json.encode(table), indent=1))
+        else:
+            path.unlink(missing_ok=True)
+
+    # --- the unsafe list ----------------------------------------------------------------------------------------
+    def unsafe_entries(self, key: str) -> list[UnsafeEntry]:
+        return self._lines(self.unsafe_path(key), UnsafeEntry)
+
+    def add_unsafe(self, key: str, entry: UnsafeEntry) -> None:
+        self._append(self.unsafe_path(key), msgspec.json.encode(entry))
+
+    def merge_unsafe(self, key: str, entries: list[UnsafeEntry]) -> int:
+        """Add the entries not already on the card's list (never drops one); returns how many were added."""
+        have = self.unsafe_entries(key)
+        added = 0
+        for entry in entries:
+            if not any(entry.same_event(h) for h in have):
+                self.add_unsafe(key, entry)
+                have.append(entry)
+                added += 1
+        return added
+
+    def clear_unsafe(self, key: str, setting: int | None) -> list[UnsafeEntry]:
+        entries = self.unsafe_entries(key)
+        removed = [e for e in entries if setting is None or e.setting == setting]
+        if removed:
+            kept = [e for e in entries if e not in removed]
+            self._write(self.unsafe_path(key), b"".join(msgspec.json.encode(e) + b"\n" for e in kept))
+        return removed
+
+    # --- open trials, unconfirmed writes ------------------------------------------------------------------------
+    def open_trials(self) -> dict[str, OpenTrial]:
+        return self._table(self.trials_path, OpenTrial)
+
+    def set_open_trial(self, key: str, trial: OpenTrial | None) -> None:
+        table = self.open_trials()
+        if trial is None:
+            if table.pop(key, None) is None:
+                return
+        else:
+            table[key] = trial
+        self._save_table(self.trials_path, table)
+
+    def writes(self) -> dict[str, Write]:
+        return self._table(self.writes_path, Write)
+
+    def set_write(self, key: str, write: Write | None) -> None:
+        table = self.writes()
+        if write is None:
+            if table.pop(key, None) is None:
+                return
+        else:
+            table[key] = write
+        self._save_table(self.writes_path, table)
+
+    def add_recovered(self, record: RecoveredTrial) -> None:
+        self._append(self.recovered_path, msgspec.json.encode(record))
+
+    def recovered(self, key: str) -> list[RecoveredTrial]:
+        return [r for r in self._lines(self.recovered_path, RecoveredTrial) if r.trial.key == key][-RECOVERED_SHOWN:]
+
+    def failed_trial_recovered_in(self, boot_id: str | None) -> RecoveredTrial | None:
+        """A trial found open from an earlier boot (a freeze or reset) and recovered in boot `boot_id`, else None:
+        the boot path applies no profile after such a boot."""
+        for record in reversed(self._lines(self.recovered_path, RecoveredTrial)):
+            if record.verdict == "fail" and record.recovered_boot_id == boot_id:
+                return record
+        return None
+
+    def check(self, key: str) -> None:
+        """DamagedState when a safety file this card's writes depend on does not validate."""
+        self.unsafe_entries(key)
+        self.open_trials()
+        self.writes()
+
+    # --- the write log ------------------------------------------------------------------------------------------
+    def log(self, event: str, **fields: object) -> None:
+        """One line per write with who asked; flushed, not fsynced (the writes journal is the durable record)."""
+        line = json.dumps({"time": time.time(), "event": event, **fields}, sort_keys=True, default=str)
+        try:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass  # the write itself is journaled durably; a full disk must not block putting a card back

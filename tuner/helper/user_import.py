@@ -1,0 +1,135 @@
+"""A user's own safety state, read so the helper can merge it into the machine's (never dropping an entry).
+
+Before the helper, each user's tuner kept its unsafe list and journal under `~/.local/state/tuner`. The helper
+imports, for each account that connects (and for root and the sudo user at its start): every unsafe-list line,
+and every trial that a journal (or a verify guard) left open in an earlier boot, which means the machine froze
+or reset during it. Read as root from a directory the user owns, so nothing is trusted: below the home
+directory every component is opened without following links; only regular files owned by the user (or root)
+and under `MAX_FILE_BYTES` are read; each line is validated. A line that does not validate is reported and not
+imported (the user's own tuner refuses that file until it is repaired, so it is not forgotten).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+USER_STATE = (".local", "state", "tuner")  # the default $XDG_STATE_HOME/tuner: the helper cannot see a user's env
+MAX_FILE_BYTES = 1 << 20
+MAX_FILES = 256  # per directory: one per card and session is a handful; more is not a tuner's state
+
+
+class UserUnsafeLine(msgspec.Struct, frozen=True):
+    """A per-user unsafe-list line (tuner/tuning/journal.py `add_unsafe`); fields it does not know are ignored."""
+
+    setting: int
+    unit: str = "mV"
+    kind: str = "failure"
+    reason: str = ""
+    edge: bool = True
+    device: str | None = None
+    serial: str | None = None
+    session: str | None = None
+    boot_id: str | None = None
+    recorded_at: float = 0.0
+    kernel_log: list[str] = []
+
+
+class UserOpenTrial(msgspec.Struct, frozen=True):
+    """A per-user journal's or guard's `open_trial`."""
+
+    setting: int
+    phase: str = "trial"
+    boot_id: str | None = None
+    session: str | None = None
+    device: str | None = None
+    started_at: float | None = None
+
+
+class _UserDoc(msgspec.Struct):
+    open_trial: UserOpenTrial | None = None
+    device: str | None = None
+
+
+@dataclass
+class UserState:
+    unsafe: list[UserUnsafeLine] = field(default_factory=list)
+    open_trials: list[tuple[str, UserOpenTrial]] = field(default_factory=list)  # (file stem, trial)
+    problems: list[str] = field(default_factory=list)
+
+
+def _open_dir(name: str, dir_fd: int) -> int:
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
+def _read_file(name: str, dir_fd: int, uid: int, where: str, problems: list[str]) -> bytes | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as e:
+        problems.append(f"{where}/{name}: {e.strerror}")
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (uid, 0) or st.st_size > MAX_FILE_BYTES:
+            problems.append(f"{where}/{name}: not a regular file of uid {uid} under {MAX_FILE_BYTES} bytes")
+            return None
+        return f.read(MAX_FILE_BYTES + 1)
+
+
+def read_user_state(home: Path, uid: int) -> UserState:
+    """What `uid`'s `~/.local/state/tuner` holds (empty when there is none)."""
+    found = UserState()
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            for part in USER_STATE:
+                fds.append(_open_dir(part, fds[-1]))
+        except OSError:
+            return found  # no per-user state: nothing to import
+        base = fds[-1]
+        where = str(Path(home, *USER_STATE))
+        for sub, suffix, read in (("unsafe", ".jsonl", _read_unsafe), ("journal", ".json", _read_journal)):
+            try:
+                fd = _open_dir(sub, base)
+            except OSError:
+                continue
+            try:
+                names = sorted(os.listdir(fd))
+                if len(names) > MAX_FILES:
+                    found.problems.append(f"{where}/{sub}: {len(names)} files, only the first {MAX_FILES} read")
+                for name in names[:MAX_FILES]:
+                    if name.endswith(suffix) and not name.startswith(".") and not name.endswith(".rig.json"):
+                        data = _read_file(name, fd, uid, f"{where}/{sub}", found.problems)
+                        if data is not None:
+                            read(name, data, found, f"{where}/{sub}/{name}")
+            finally:
+                os.close(fd)
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+    return found
+
+
+def _read_unsafe(name: str, data: bytes, found: UserState, where: str) -> None:
+    for n, line in enumerate(data.split(b"\n"), start=1):
+        if line.strip():
+            try:
+                found.unsafe.append(msgspec.json.decode(line, type=UserUnsafeLine))
+            except msgspec.MsgspecError as e:
+                found.problems.append(f"{where} line {n}: {e}")
+
+
+def _read_journal(name: str, data: bytes, found: UserState, where: str) -> None:
+    try:
+        doc = msgspec.json.decode(data, type=_UserDoc)
+    except msgspec.MsgspecError as e:
+        found.problems.append(f"{where}: {e}")
+        return
+    if doc.open_trial is not None:
+        stem = name.removesuffix(".json").removesuffix(".guard")
+        found.open_trials.append((doc.open_trial.device or doc.device or stem, doc.open_trial))
