@@ -368,8 +368,9 @@ def _supervise(cards: Mapping[str, _Card], params: TrialParams, stop: threading.
 
 
 def _own_end(c: _Card) -> bool:
-    """The card's engine exited with something other than a pass or a lost peer."""
-    if not c.done.is_set() or c.run is None:
+    """The card's engine exited with something other than a pass or a lost peer. A card whose follower raised is
+    not asked (its engine may have no result; the trial ends as that error, every engine stopped)."""
+    if not c.done.is_set() or c.run is None or c.error is not None:
         return False
     try:
         result = c.run.result(timeout=0.5)
