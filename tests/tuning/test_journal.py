@@ -91,7 +91,11 @@ def test_guarded_trial_left_open_blocks_boot_and_becomes_unsafe(boot):
     ("boot-a", os.getpid(), True, journal.Owner.TOOL_DIED),  # this process's own earlier job: no reset since
     ("boot-a", 2**22 + 12345, False, journal.Owner.UNKNOWN_BOOT),  # unreadable now: a reset cannot be ruled out
     (None, 2**22 + 12345, True, journal.Owner.UNKNOWN_BOOT),  # unreadable then: the same
-    (None, os.getppid(), False, journal.Owner.RUNNING),  # a live process holds it, whatever the boot ids say
+    # a live pid without both boot ids: maybe a number reused after a reset (at boot the low ones all are): fail closed
+    (None, os.getppid(), False, journal.Owner.UNKNOWN_BOOT),
+    ("boot-a", os.getppid(), False, journal.Owner.UNKNOWN_BOOT),
+    (None, os.getppid(), True, journal.Owner.UNKNOWN_BOOT),
+    (None, os.getpid(), False, journal.Owner.TOOL_DIED),  # this process's own: no reset since it started
 ])
 def test_one_rule_says_who_left_an_open_trial(boot, theirs, pid, readable, owner):
     if not readable:

@@ -60,9 +60,8 @@ def safety_warnings(device_id: str, knob) -> list[str]:
     if trial is None:
         return []
     why = {journal.Owner.EARLIER_BOOT: "the machine rebooted during it",
-           journal.Owner.UNKNOWN_BOOT: f"its process {trial['pid']} is gone and the boot id is unreadable, so a "
-                                       "reset cannot be ruled out"}.get(trial["owner"], f"its process {trial['pid']} "
-                                                                                        "is gone")
+           journal.Owner.UNKNOWN_BOOT: "the boot id is unreadable, so a reset during it cannot be ruled out",
+           }.get(trial["owner"], f"its process {trial['pid']} is gone")
     what = f"a {trial['phase'] or 'tuning'} trial at {format_value(trial['setting'], knob.unit)} did not finish ({why})"
     again = f"`tuner bisect --device {trial['resume']} --resume` runs it again" if trial["resume"] else ""
     if knob.current != knob.stock:

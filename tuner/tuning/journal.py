@@ -111,7 +111,7 @@ class Owner(StrEnum):
     RUNNING = "running"  # a live process other than this one holds it: another tuner is trying it now
     TOOL_DIED = "tool-died"  # this boot, its process is gone (kill -9, a full disk): not evidence about a value
     EARLIER_BOOT = "earlier-boot"  # left by an earlier boot: the machine froze or reset during it
-    UNKNOWN_BOOT = "unknown-boot"  # its process is gone and a boot id is unreadable: a reset cannot be ruled out
+    UNKNOWN_BOOT = "unknown-boot"  # a boot id is unreadable: a reset cannot be ruled out (a live pid proves nothing)
 
     @property
     def machine_may_have_reset(self) -> bool:
@@ -124,16 +124,17 @@ def classify_open_trial(trial: Mapping[str, object]) -> Owner:
 
     Both boot ids known and different: an earlier boot (a live pid there is another process reusing the number).
     Written by this very process (an earlier job of it that ended without closing it): the machine has not reset
-    since, so the tool died. Another live process: it is running. Otherwise the process is gone: with both boot ids
-    known (equal) the tool died; with either unreadable, a reset cannot be ruled out."""
+    since, so the tool died. Otherwise a boot id unreadable (now or then): a reset cannot be ruled out, and a live
+    pid proves nothing (after a reset its number may be anyone's; at boot the low numbers are all taken), so fail
+    closed. Both known and equal: a live process is running it, a dead one died."""
     boot, theirs, pid = current_boot_id(), trial.get("boot_id"), trial.get("pid")
     if boot is not None and theirs is not None and theirs != boot:
         return Owner.EARLIER_BOOT
     if pid == os.getpid():
         return Owner.TOOL_DIED
-    if pid_alive(pid):
-        return Owner.RUNNING
-    return Owner.TOOL_DIED if boot is not None and theirs is not None else Owner.UNKNOWN_BOOT
+    if boot is None or theirs is None:
+        return Owner.UNKNOWN_BOOT
+    return Owner.RUNNING if pid_alive(pid) else Owner.TOOL_DIED
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
