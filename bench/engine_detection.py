@@ -21,6 +21,14 @@ matmuls (one X X^T product). Each site runs with the same hooks installed in its
 from the clean run's within the horizon. Per site: consequential flips, caught on their own step bit for bit,
 steps to detection, and what the tolerance comparison (`--tolerance`: loss 5 %, gradient norm 100 %) catches.
 In bf16 the Newton-Schulz iteration runs in bf16, as on GPUs.
+Part E, the tolerance mode of `tuner screen --tolerance` beside the bitwise mode, on the same flips (--tolerance-
+trials): single-bit flips (a weight element, persistent, or one Linear output during a step) at a step in
+[1, --max-flip-step]; the run trains --tolerance-steps steps and scores the fixed held-out windows, as a screen does.
+Bitwise: any step's digest differs from the clean run's (the flip is consequential). Tolerance: the paired held-out
+loss comparison (tuner/actions/screen/tolerance.py, margin --margin) says fail. Also the healthy spread it must
+absorb: the clean run on another "platform" (another CPU thread count: another reduction order), compared the same
+way. Prints detection per bit field and the smallest corruption (relative change of the flipped value) each mode
+catches.
 
     python bench/engine_detection.py [--parts ABCD] [--trials 200] [--horizon 30] [--max-flip-step 20]
         [--site-horizon 5] [--seed 0] [--json]
@@ -402,6 +410,144 @@ def part_c(engine: Engine, trials: int, seed: int) -> int:
     return caught
 
 
+# --- Part E: the tolerance mode (paired held-out losses) beside the bitwise mode, on the same flips ---------------
+
+
+def _train_and_score(engine: Engine, steps: int, flip=None) -> tuple[list[str], list[float], float | None]:
+    """`steps` training steps from the initial state (with `flip(step)` called before each), then the held-out
+    windows as a screen's engine scores them. Returns the digests, the per-window losses and the flip's relative
+    change (None without a flip)."""
+    reset(engine)
+    digests, change = [], None
+    for step in range(1, steps + 1):
+        if flip is not None:
+            got = flip(step)  # called every step: it also disarms an activation flip after its step
+            change = got if got is not None else change
+        r = engine.train_step(step)
+        digests.append(step_digest(r.loss, r.grad_norm, r.param_sum))
+    _bpb, losses = engine.evaluate()
+    engine.state = "train"
+    return digests, losses, change
+
+
+def part_e(args) -> dict:
+    import math
+
+    from tuner.actions.screen.tolerance import paired
+
+    engine = Engine(detection_options(args, steps=1, preset=args.preset, device=args.device, dtype="fp32"),
+                    Emitter(), log=quiet)
+    engine.setup()
+    steps = args.tolerance_steps
+    clean, clean_losses, _ = _train_and_score(engine, steps)
+    threads = torch.get_num_threads()
+    other_threads = 1 if threads > 1 else 2
+    torch.set_num_threads(other_threads)
+    try:
+        other, other_losses, _ = _train_and_score(engine, steps)
+    finally:
+        torch.set_num_threads(threads)
+    platform = paired(clean_losses, other_losses, args.margin)
+    params = list(engine.model.named_parameters())
+    modules = engine.model.linear_modules()
+    by_name = dict(modules)
+    rows = []
+    for trial in range(args.tolerance_trials):
+        rng = random.Random(f"engine-detection-tolerance:{args.seed}:{trial}")
+        flip_step = rng.randint(1, args.max_flip_step)
+        target = rng.choice(("weight", "activation"))
+        bit = rng.randrange(32)
+        injector = FaultInjector(log=quiet)
+
+        def flip(step, rng=rng, target=target, bit=bit, flip_step=flip_step, injector=injector):
+            injector.disarm()
+            if step != flip_step:
+                return None
+            if target == "weight":
+                name, p = FaultInjector._pick_weighted(params, rng)
+                rec = injector.flip_weight(p, name, rng.randrange(p.numel()), bit, step=step, source="bench")
+                return _relative(rec.before, rec.after)
+            name, _ = FaultInjector._pick_weighted([(n, m.weight[:, 0]) for n, m in modules], rng)
+            injector.arm_activation(by_name[name], name, rng, step=step, source="bench", bit=bit)
+            return math.nan  # the activation's own value is not known here: its size is the bit's
+        got, losses, change = _train_and_score(engine, steps, flip)
+        injector.disarm()
+        consequential = got != clean
+        verdict = paired(clean_losses, losses, args.margin).verdict if all(map(math_finite, losses)) else "fail"
+        rows.append({"trial": trial, "target": target, "bit": bit, "step": flip_step, "change": change,
+                     "consequential": consequential, "bitwise": consequential, "tolerance": verdict})
+    # the smallest corruption the tolerance mode sees: one weight element scaled by 2^k at step 5 (an exponent flip
+    # that grows it), a few elements per k; the bitwise mode sees every one of them on its step
+    sweep = []
+    for k in args.sweep_powers:
+        for element in range(args.sweep_elements):
+            rng = random.Random(f"engine-detection-sweep:{args.seed}:{k}:{element}")
+            name, p = FaultInjector._pick_weighted(params, rng)
+            index = rng.randrange(p.numel())
+
+            def scale(step, p=p, index=index, k=k):
+                if step == 5:
+                    with torch.no_grad():
+                        p.view(-1)[index] *= 2.0 ** k
+                return float(2.0 ** k) if step == 5 else None
+            got, losses, _ = _train_and_score(engine, steps, scale)
+            verdict = paired(clean_losses, losses, args.margin).verdict if all(map(math_finite, losses)) else "fail"
+            sweep.append({"power": k, "tensor": name, "bitwise": got != clean, "tolerance": verdict})
+    return {"steps": steps, "windows": len(clean_losses), "margin_nats": args.margin, "sweep": sweep,
+            "platform": {"threads": [threads, other_threads], "bitwise_equal": other == clean,
+                         "mean_nats": platform.mean_nats, "ci95_nats": [platform.low_nats, platform.high_nats],
+                         "verdict": platform.verdict},
+            "flips": rows}
+
+
+def _relative(before: float, after: float) -> float:
+    import math
+
+    if not (math_finite(before) and math_finite(after)):
+        return math.inf
+    return abs(after - before) / abs(before) if before else math.inf
+
+
+BIT_FIELDS = (("mantissa 0-15", range(16)), ("mantissa 16-22", range(16, 23)), ("exponent 23-30", range(23, 31)),
+              ("sign 31", range(31, 32)))
+
+
+def print_part_e(doc: dict) -> None:
+
+    rows = doc["flips"]
+    p = doc["platform"]
+    print(f"Part E: tolerance mode (held-out losses, {doc['windows']} windows after {doc['steps']} steps, margin "
+          f"±{doc['margin_nats']:g} nats) beside bitwise, on the same {len(rows)} flips (tiny preset, fp32)")
+    print(f"  healthy spread it must absorb (threads {p['threads'][0]} vs {p['threads'][1]}: bitwise equal "
+          f"{p['bitwise_equal']}): {p['mean_nats']:+.5f} nats, 95 % [{p['ci95_nats'][0]:+.5f}, "
+          f"{p['ci95_nats'][1]:+.5f}] -> {p['verdict']}")
+    cons = [r for r in rows if r["consequential"]]
+    print(f"  {'bit field':<16} {'flips':>5} {'consequential':>13} {'bitwise':>8} {'tolerance':>9} {'retest':>6}")
+    for label, bits in BIT_FIELDS:
+        sub = [r for r in rows if r["bit"] in bits]
+        c = [r for r in sub if r["consequential"]]
+        print(f"  {label:<16} {len(sub):>5} {len(c):>13} {sum(r['bitwise'] for r in c):>8} "
+              f"{sum(r['tolerance'] == 'fail' for r in c):>9} {sum(r['tolerance'] == 'retest' for r in c):>6}")
+    tol = [r for r in cons if r["tolerance"] == "fail"]
+    print(f"  all: bitwise {pct(len(cons), len(cons))} of consequential flips, tolerance "
+          f"{pct(len(tol), len(cons))}")
+    if doc.get("sweep"):
+        print("  one weight element scaled by 2^k at step 5 (bitwise / tolerance fail / tolerance retest, of each k):")
+        for k in sorted({r["power"] for r in doc["sweep"]}):
+            sub = [r for r in doc["sweep"] if r["power"] == k]
+            print(f"    2^{k:<3} bitwise {sum(r['bitwise'] for r in sub)}/{len(sub)}, tolerance "
+                  f"{sum(r['tolerance'] == 'fail' for r in sub)}/{len(sub)} fail, "
+                  f"{sum(r['tolerance'] == 'retest' for r in sub)} retest")
+        caught = [r["power"] for r in doc["sweep"] if r["tolerance"] == "fail"]
+        print("  smallest scaling the tolerance mode fails: " + (f"2^{min(caught)}" if caught else "none of them"))
+    sized = [r for r in cons if r["change"] is not None and math_finite(r["change"]) and r["target"] == "weight"]
+    if sized:
+        smallest_bitwise = min(r["change"] for r in sized)
+        caught = [r["change"] for r in sized if r["tolerance"] == "fail"]
+        print(f"  smallest weight corruption caught (relative change of the flipped value): bitwise "
+              f"{smallest_bitwise:.2e}, tolerance " + (f"{min(caught):.2e}" if caught else "none caught"))
+
+
 def pct(n: int, d: int) -> str:
     return f"{n:>3}/{d} ({100 * n / d:5.1f} %)"
 
@@ -422,12 +568,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--canary-trials", type=int, default=200)
     ap.add_argument("--gemm-trials", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--parts", default="ABCD", help="which parts to run (default ABCD)")
+    ap.add_argument("--parts", default="ABCD", help="which parts to run (default ABCD; E: the tolerance mode)")
     ap.add_argument("--site-horizon", type=int, default=5, help="Part D: steps observed after the flip (default 5)")
     ap.add_argument("--max-site-step", type=int, default=6, help="Part D: last step a flip may land on (default 6)")
     ap.add_argument("--device", default="cpu", help="Part D: engine device (default cpu; e.g. cuda:0)")
     ap.add_argument("--preset", default="tiny", help="Part D: model preset (default tiny)")
     ap.add_argument("--dtypes", default="fp32,bf16", help="Part D: compute dtypes (default fp32,bf16)")
+    ap.add_argument("--tolerance-trials", type=int, default=60, help="Part E: flips (default 60)")
+    ap.add_argument("--tolerance-steps", type=int, default=200, help="Part E: steps before the held-out windows "
+                    "(default 200)")
+    ap.add_argument("--margin", type=float, default=0.02, help="Part E: the tolerance mode's margin in nats (0.02)")
+    ap.add_argument("--sweep-powers", type=lambda t: [int(x) for x in t.split(",")], default=[1, 2, 4, 8, 16, 32, 64],
+                    help="Part E: scale one weight element by 2^k for these k (default 1,2,4,8,16,32,64)")
+    ap.add_argument("--sweep-elements", type=int, default=2, help="Part E: elements per k (default 2)")
     ap.add_argument("--json", action="store_true", help="print one JSON document (Part D's table and Part A's "
                     "counts) instead of text")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -448,6 +601,10 @@ def main(argv: list[str] | None = None) -> int:
                         for r in rows]
         if not args.json:
             print_part_d(rows, args)
+    if "E" in args.parts:
+        doc["tolerance"] = part_e(args)
+        if not args.json:
+            print_part_e(doc["tolerance"])
     if not set("ABC") & set(args.parts):
         if args.json:
             print(json.dumps(doc, default=list))

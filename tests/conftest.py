@@ -48,3 +48,19 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
 
     monkeypatch.setattr(boot_service, "install_code", lambda: ([Path("/usr/bin/env")], []))
     yield base
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """A test that calls `cli.main` installs the command's fatal-signal handlers (`tuner.core.signals.install`) in
+    the pytest process; a later test must not inherit them (a SIGPIPE from a socket written by a thread would then
+    raise `Terminated` in the main thread instead of the BrokenPipeError Python gives by default)."""
+    import signal
+
+    from tuner.core.signals import FATAL
+
+    before = {sig: signal.getsignal(sig) for sig in FATAL}
+    yield
+    for sig, handler in before.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)

@@ -23,8 +23,8 @@ from tuner.core import exit_codes, signals
 from tuner.core.errors import TunerError, disk_full, is_disk_full
 
 # In the order `tuner --help` lists them; each is tuner/commands/<name>.py (a missing one is an error).
-COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "report", "profile", "apply", "service", "doctor",
-            "unsafe")
+COMMANDS = ("list", "status", "set", "reset", "stress", "bisect", "screen", "reference", "report", "profile", "apply",
+            "service", "doctor", "unsafe")
 
 DESCRIPTION = """\
 Find the lowest stable GPU voltage setting with a real training workload, and keep it.
@@ -95,6 +95,12 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     g.add_argument("--sim-contention-after", type=seconds_between(0, 1e6), metavar="SECONDS",
                    default=default(None), help="runs on the simulated cards stop repeating bit for bit this many "
                    "seconds after the tuner starts (as when another process starts using the GPU)")
+    g.add_argument("--sim-sdc-rate", type=rate_list, metavar="RATE[,RATE...]", default=default(None),
+                   help="a bad card: silent corruption at this per-step probability at every setting, stock "
+                   "included (e.g. 0.001). One value sets sim0; a comma list one card each, in card order")
+    g.add_argument("--sim-driver", metavar="VERSION", default=default(None),
+                   help="the driver version the simulated cards report (default 'simulated'): a card whose "
+                   "fingerprint differs from a reference's")
     parser.add_argument("--ignore-other-tools", action="store_true", default=default(False),
                         help="bisect even while LACT's lactd, CoreCtrl's helper or nvidia-powerd may change the "
                         "same card (what was ignored is recorded in the profile; also TUNER_IGNORE_OTHER_TOOLS=1)")
@@ -108,6 +114,20 @@ def limit_list(text: str) -> int | tuple[int, ...]:
     if any(not p.strip() for p in parts):
         raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}")
     return tuple(whole_number(p) for p in parts)
+
+
+def rate_list(text: str) -> float | tuple[float, ...]:
+    """`0.001` (sim0's rate) or `0,0.01,0` (one per card, in card order): probabilities in [0, 1]."""
+    rates = []
+    for part in text.split(","):
+        try:
+            rate = float(part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected probabilities separated by commas, got {text!r}") from None
+        if not 0.0 <= rate <= 1.0:
+            raise argparse.ArgumentTypeError(f"a per-step rate is between 0 and 1, got {part.strip()!r}")
+        rates.append(rate)
+    return rates[0] if len(rates) == 1 else tuple(rates)
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -35,6 +35,27 @@ def nano_recorded(nano_env):
     return _nano(nano_env, steps=2, record=nano_env["ref"])
 
 
+# The real-shape runs on the CPU (~6 min for the recording alone on a loaded 2-core machine, ~2 min for a second
+# run) and the CPU compile (~45 s) keep the default suite under its time budget only when left out: run them with
+# TUNER_SLOW_TESTS=1. The cheap tests below cover the preset's shape and the tokenizer cache's key; the bf16 and
+# fault tests run nanochat's features at a small size.
+slow = pytest.mark.skipif(not os.environ.get("TUNER_SLOW_TESTS"),
+                          reason="a 2,048-token nanochat run on the CPU; set TUNER_SLOW_TESTS=1 to run it")
+
+
+def test_the_nanochat_preset_is_nanochats_shape():
+    from tuner.engine.model import GPTConfig
+    from tuner.engine.options import PRESETS
+
+    p = PRESETS["nanochat"]
+    cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len, vocab=p.vocab,
+                    window_pattern=p.window_pattern, value_embeds=p.value_embeds)
+    assert (p.vocab, p.seq_len, p.head_dim) == (32768, 2048, 128)
+    assert p.window_pattern == "SSSL" and p.value_embeds is True
+    assert cfg.windows() == [512, 512, 512, 2048, 512, 2048]
+
+
+@slow
 @pytest.mark.timeout(1200)  # the recording (its fixture) is ~8 real 2,048-token steps on a shared CPU
 def test_nanochat_runs_its_real_shape_on_cpu(nano_recorded):
     code, events, _ = nano_recorded
@@ -49,12 +70,6 @@ def test_nanochat_runs_its_real_shape_on_cpu(nano_recorded):
     assert len(of(events, "step")) == 2
     assert start["data"]["tokenizer"]["kind"] == "bpe"
     assert end_of(events)["bpb"] is not None
-
-
-# The second real-shape run (~2 min on 2 cores) and the CPU compile (~45 s) keep the default suite under its time
-# budget only when left out: run them with TUNER_SLOW_TESTS=1. The cheap cache test below covers the cache key.
-slow = pytest.mark.skipif(not os.environ.get("TUNER_SLOW_TESTS"),
-                          reason="a second 2,048-token run on the CPU; set TUNER_SLOW_TESTS=1 to run it")
 
 
 @slow

@@ -116,6 +116,10 @@ class FakeBackend:
         self._knob = dataclasses.replace(self._knob, current=value)
         return self._knob
 
+    def keep(self, device_id):
+        """Backend.keep: `apply --yes` confirms the value it wrote (through the root helper it stays)."""
+        assert device_id == self._device.id and self.applied
+
     def close(self):
         pass
 

@@ -10,11 +10,17 @@ from tuner.actions.verify import verify_setting
 from tuner.profiles import save_profile
 
 
-def fake_trial(calls):
+def fake_trial(calls, records=None):
     """Stands in for the bisect's trial runner: applies, fails exactly when the simulated card injects faults at
-    this setting, and leaves the card at stock as the real one does."""
+    this setting, and leaves the card at stock as the real one does. A stock recording (`workload.record`) writes
+    its file, as the engine does on a pass, and is counted in `records`."""
 
     def run(backend, device_id, value, duration_s, workload, on_line, stop_event):
+        if workload.record is not None:
+            workload.record.write_text("{}")
+            if records is not None:
+                records.append((value, duration_s))
+            return "pass", None
         backend.apply(device_id, value)
         target = backend.stress_target(device_id)
         backend.reset(device_id)
@@ -83,8 +89,81 @@ def test_verify_with_the_real_stress_engine_reverts_on_the_failing_simulated_car
     """End to end: the real CLI, the real trial runner and engine (tiny preset on the CPU)."""
     sim(vmin_mv=-30).apply("sim0", -10)
     save_profile(sim_profile("deep", value=-60))
-    proc = run_tuner("--simulate", "--sim-vmin", "-30", "apply", "deep", "--verify", "20s", timeout=240)
+    proc = run_tuner("--simulate", "--sim-vmin", "-30", "apply", "deep", "--verify", "4s", timeout=240)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "-60 mV failed" in proc.stdout and "reverted to -10 mV" in proc.stdout
     assert "Traceback" not in proc.stderr
     assert sim(vmin_mv=-30).knob("sim0").current == -10
+
+
+def _bundled(tmp_path, name, **sim_kw):
+    """A profile saved with a stock reference beside it, recorded on a simulated card (`sim_kw`: its driver...)."""
+    from tests.screen.helpers import bundle
+    from tuner.profiles import reference_bundle as rb
+
+    path = save_profile(sim_profile(name, value=-25))
+    rb.write_beside(bundle(tmp_path, **sim_kw), path)
+    return path
+
+
+def test_verify_uses_the_bundled_reference_when_it_matches(tmp_path, capsys, monkeypatch):
+    calls, records = [], []
+    monkeypatch.setattr("tuner.actions.verify.bisect_trial", fake_trial(calls, records))
+    _bundled(tmp_path, "carried")
+    from tests.profiles.helpers import tuner
+    code, out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "--sim-vmin", "-30", "apply", "carried",
+                           "--device", "sim1", "--verify", "20s")
+    assert code == 0, err
+    assert records == []  # nothing recorded: the bundled one is used
+    assert calls[0][2].reference is not None and calls[0][2].reference.name.startswith("trajectory-")
+    assert "compared with the profile's bundled stock reference" in out + err
+
+
+def test_verify_records_first_when_the_bundled_reference_does_not_match(tmp_path, capsys, monkeypatch):
+    calls, records = [], []
+    monkeypatch.setattr("tuner.actions.verify.bisect_trial", fake_trial(calls, records))
+    _bundled(tmp_path, "elsewhere", driver="999.1")
+    from tests.profiles.helpers import tuner
+    code, out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "--sim-vmin", "-30", "apply", "elsewhere",
+                           "--device", "sim1",
+                           "--verify", "20s", "--json")
+    assert code == 0, err
+    assert records == [(0, 20.0)]  # at stock, as long as the trial
+    assert "recorded on other hardware or software: card.driver_version" in err
+    import json
+    assert json.loads(out)["verify"]["reference"].startswith("compared with a stock reference recorded on this card")
+
+
+def test_verify_records_when_the_engine_refuses_the_bundled_reference(tmp_path, monkeypatch):
+    from tuner.engine.reference import MISMATCH
+    from tuner.profiles import reference_bundle as rb
+
+    path = _bundled(tmp_path, "refused")
+    seen = []
+
+    def run(backend, device_id, value, duration_s, workload, on_line, stop_event):
+        seen.append(("record" if workload.record else "trial", workload.reference))
+        if workload.record is not None:
+            workload.record.write_text("{}")
+            return "pass", None
+        if workload.reference.name.startswith("trajectory-"):
+            return "error", f"--reference 'x' {MISMATCH}torch_version: reference '1', this run '2'"
+        return "pass", None
+
+    outcome = verify_setting(sim(vmin_mv=-30), "sim1", -25, 5.0, bundled=rb.reference_beside(path), run_trial=run)
+    assert [k for k, _ in seen] == ["trial", "record", "trial"]
+    assert outcome.passed and "the engine refused the bundled reference" in outcome.reference
+
+
+def test_a_gemm_verify_has_no_trajectory_to_compare(tmp_path):
+    from tuner.actions.verify import Workload
+
+    seen = []
+
+    def run(backend, device_id, value, duration_s, workload, on_line, stop_event):
+        seen.append(workload)
+        return "pass", None
+
+    outcome = verify_setting(sim(vmin_mv=-30), "sim0", -25, 5.0, workload=Workload(mode="gemm"), run_trial=run)
+    assert [w.record for w in seen] == [None] and seen[0].reference is None
+    assert outcome.reference.startswith("no stock reference (n/a: a GEMM burn")

@@ -51,6 +51,13 @@ def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
     # the replay at stock compared every recorded step bit for bit and said so in the reference file
     ref = json.loads(Path(journal.Journal.open_existing("sim0").reference).read_text())
     assert ref["repeatable"] is True and ref["replayed_steps"] == doc["trials"][0]["steps"]
+    # and that baseline travels with the profile (docs/screen.md): bundled beside it, its size said
+    from tuner.profiles import reference_bundle
+    from tuner.profiles.store import profile_path
+
+    carried = reference_bundle.read_bundle(reference_bundle.sidecar_path(profile_path("sim-e2e")))
+    assert carried.steps == doc["trials"][0]["steps"] and carried.recording.tier == "bisect baseline"
+    assert "with its stock reference" in proc.stdout
     assert SimulatedBackend().knob("sim0").current == 0
 
 

@@ -31,6 +31,8 @@ class Context:
     sim_kind: str = "amd"
     sim_nondeterministic: bool = False
     sim_contention_after_s: float | None = None
+    sim_sdc_rate: float | tuple[float, ...] | None = None  # a bad card's per-step corruption rate (one per card)
+    sim_driver: str | None = None  # the driver version simulated cards report
     _backend: Backend | None = field(default=None, repr=False)
 
     @classmethod
@@ -43,6 +45,8 @@ class Context:
             sim_kind=args.sim_kind,
             sim_nondeterministic=getattr(args, "sim_nondeterministic", False),
             sim_contention_after_s=getattr(args, "sim_contention_after", None),
+            sim_sdc_rate=getattr(args, "sim_sdc_rate", None),
+            sim_driver=getattr(args, "sim_driver", None),
         )
 
     @property
@@ -61,6 +65,8 @@ class Context:
             sim_kind=self.sim_kind,
             sim_nondeterministic=self.sim_nondeterministic,
             sim_contention_after_s=self.sim_contention_after_s,
+            sim_sdc_rate=self.sim_sdc_rate,
+            sim_driver=self.sim_driver,
         )
 
     def open_backend(self, *, euid: int | None = None,
@@ -95,9 +101,10 @@ class Context:
         return ReadOnlyBackend(local, refusal.message if refusal else f"no helper is installed ({path} is missing)")
 
     def _in_process_checks(self) -> None:
-        if self.sim_nondeterministic or self.sim_contention_after_s is not None:  # as open_backend says it
-            raise UsageError("--sim-nondeterministic and --sim-contention-after need --simulate",
-                             "add --simulate, or leave them out on real hardware")
+        if (self.sim_nondeterministic or self.sim_contention_after_s is not None or self.sim_sdc_rate is not None
+                or self.sim_driver is not None):  # as open_backend says it
+            raise UsageError("--sim-nondeterministic, --sim-contention-after, --sim-sdc-rate and --sim-driver need "
+                             "--simulate", "add --simulate, or leave them out on real hardware")
 
     def _check_simulation(self, helper: HelperBackend) -> Backend:
         """`--simulate` through a helper needs a simulated helper with the same cards; a real helper's cards are
@@ -108,7 +115,8 @@ class Context:
         vmin = self.sim_vmin_mv
         asked = (self.sim_gpus, self.sim_seed, self.sim_kind, list(vmin) if isinstance(vmin, tuple) else vmin,
                  self.sim_nondeterministic, self.sim_contention_after_s)
-        if sim is None or (sim.gpus, sim.seed, sim.kind, sim.vmin, sim.nondeterministic,
+        own = self.sim_sdc_rate is not None or self.sim_driver is not None  # the helper simulates neither
+        if own or sim is None or (sim.gpus, sim.seed, sim.kind, sim.vmin, sim.nondeterministic,
                            sim.contention_after_s) != asked:
             path = helper.connection.path
             helper.close()

@@ -66,6 +66,8 @@ class StressRequest:
     reference: Path | None = None  # compare with this file instead of the cached stock reference
     record: Path | None = None  # record this run as a reference (it then compares with none)
     without_reference: bool = False  # the user chose to run without a stock reference (asked, or --no-reference)
+    batch_size: int | None = None  # pin the batch (tuner screen's tolerance mode runs the reference's batches)
+    fault_seed: int | None = None  # a simulated card's fault draws (tuner screen: one per card and run)
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,8 @@ def engine_config(request: StressRequest, target: StressTarget, *, duration_s: f
         target, preset=request.preset, duration_s=duration_s, steps=steps, mode=request.mode, seed=request.seed,
         dtype=None if request.dtype in (None, "auto") else request.dtype, compile=request.compile,
         canary_every=canary_every, reference=None if reference is None else str(reference),
-        reference_loop=True if reference else None, record=None if record is None else str(record))
+        reference_loop=True if reference else None, record=None if record is None else str(record),
+        batch_size=request.batch_size, fault_seed=request.fault_seed)
 
 
 def cached_reference(device: DeviceInfo, target: StressTarget, request: StressRequest) -> CachedReference:

@@ -545,18 +545,23 @@ class TunerApp(App[int]):
         """The finished bisect as a profile (tuner.actions.bisect, as the CLI's --save), in the user's store: one
         card's own result (`device_id`), or one rig profile of the settings confirmed together."""
         from tuner.actions.bisect import profile_from_outcome, rig_profile_from_outcome
+        from tuner.actions.screen.record import bundle_beside_profile
         from tuner.profiles import save_profile
 
         outcome = self.bisect.outcome
         try:
             if outcome is None or (device_id is not None and device_id not in outcome.per_card):
                 raise UsageError("no finished bisect to save", "run a bisect to its recommendation first")
-            path = save_profile(profile_from_outcome(self.backend, device_id, outcome.per_card[device_id], name)
-                                if device_id is not None else rig_profile_from_outcome(self.backend, outcome, name))
+            if device_id is None:  # a rig profile bundles no baseline (each card's is its own)
+                path, said = save_profile(rig_profile_from_outcome(self.backend, outcome, name)), ""
+            else:
+                card = outcome.per_card[device_id]
+                path = save_profile(profile_from_outcome(self.backend, device_id, card, name))
+                said = bundle_beside_profile(self.backend, device_id, card, path).text()  # as bisect --save
         except TunerError as e:
             self.notify(for_people(e.one_line()), severity="error", timeout=10)
             return
-        self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path})")
+        self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}")
 
     # --- profiles -----------------------------------------------------------------------------------------------
     def apply_profile(self, profile, device_id: str) -> None:

@@ -15,16 +15,19 @@ def open_backend(
     *, simulate: bool, sim_gpus: int = 1, sim_seed: int = 0, sim_vmin_mv: int | tuple[int, ...] | None = None,
     sim_kind: str = "amd",
     sim_nondeterministic: bool = False, sim_contention_after_s: float | None = None,
+    sim_sdc_rate: float | tuple[float, ...] | None = None, sim_driver: str | None = None,
 ) -> Backend:
     """The backend for this run: the simulator when asked, else every real vendor that finds a card."""
     if simulate:
         from tuner.backends.simulated import SimulatedBackend
 
         return SimulatedBackend(gpus=sim_gpus, seed=sim_seed, vmin_mv=sim_vmin_mv, kind=sim_kind,
-                                nondeterministic=sim_nondeterministic, contention_after_s=sim_contention_after_s)
-    if sim_nondeterministic or sim_contention_after_s is not None:
-        raise UsageError("--sim-nondeterministic and --sim-contention-after need --simulate",
-                         "add --simulate, or leave them out on real hardware")
+                                nondeterministic=sim_nondeterministic, contention_after_s=sim_contention_after_s,
+                                sdc_rate=sim_sdc_rate, driver=sim_driver)
+    if (sim_nondeterministic or sim_contention_after_s is not None or sim_sdc_rate is not None
+            or sim_driver is not None):
+        raise UsageError("--sim-nondeterministic, --sim-contention-after, --sim-sdc-rate and --sim-driver need "
+                         "--simulate", "add --simulate, or leave them out on real hardware")
     found: list[Backend] = []
     for module_name in REAL_BACKEND_MODULES:
         backend = importlib.import_module(module_name).discover()  # a missing module is a broken install: raise

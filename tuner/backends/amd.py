@@ -43,7 +43,7 @@ from tuner.backends.amd_throttle import throttle_reasons
 from tuner.backends.base import Backend
 from tuner.core import paths
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
-from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
+from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
 
 OD_FILE = "pp_od_clk_voltage"
 STEP_MV = 1  # the kernel takes any whole mV
@@ -104,6 +104,23 @@ class _Card:
     stock_points: tuple[od.Level, ...] | None = None  # curve formats: the stock voltage points
     amdsmi_handle: AmdsmiHandle | None = None
     vega20: bool = False  # `r` re-reads the firmware's table: reset writes the recorded stock points instead
+
+
+def parse_ras_count(text: str | None) -> dict[str, int] | None:
+    """One `ras/*_err_count` file: {"ue": N, "ce": N[, "de": N]}; None when unreadable or not in that form.
+
+    >>> parse_ras_count("ue: 0\\nce: 3\\n"), parse_ras_count("Query currently inaccessible\\n")
+    ({'ue': 0, 'ce': 3}, None)
+    """
+    if not text:
+        return None
+    out: dict[str, int] = {}
+    for line in text.strip().splitlines():
+        key, sep, value = line.partition(":")
+        if not sep or key.strip() not in ("ue", "ce", "de") or not value.strip().isdigit():
+            return None
+        out[key.strip()] = int(value.strip())
+    return out or None
 
 
 class AmdBackend(Backend):
@@ -431,6 +448,30 @@ class AmdBackend(Backend):
             )
         self._record(card, 0)
         return knob
+
+    def error_counters(self, device_id: str) -> ErrorCounters:
+        """amdgpu's RAS error counts, read-only: `device/ras/<block>_err_count`, lines "ue: N" and "ce: N" (UMC also
+        "de: N" on newer kernels; amdgpu_ras.c, amdgpu_ras_sysfs_read). Cards without RAS (consumer Radeons) have
+        no `ras` directory: none, with why. A block that answers "Query currently inaccessible" is unreadable."""
+        ras = self._card(device_id).dir / "ras"
+        try:
+            files = sorted(f for f in os.listdir(ras) if f.endswith("_err_count"))
+        except OSError:
+            return ErrorCounters(source="amdgpu ras", why="this card has no RAS error counters (no device/ras)")
+        counts: list[tuple[str, int]] = []
+        unreadable: list[str] = []
+        for name in files[:64]:
+            block = name.removesuffix("_err_count")
+            parsed = parse_ras_count(self.io.read_attr(ras / name))
+            if parsed is None:
+                unreadable.append(f"ras_{block}")
+            else:
+                counts += [(f"ras_{block}_{kind}", value) for kind, value in parsed.items()]
+        if not counts:
+            return ErrorCounters(source="amdgpu ras", unreadable=tuple(unreadable),
+                                 why="amdgpu's RAS counters could not be read now" if unreadable
+                                 else "this card reports no RAS error counters")
+        return ErrorCounters(tuple(counts), "amdgpu ras", unreadable=tuple(unreadable))
 
     def telemetry(self, device_id: str) -> Telemetry:
         card = self._card(device_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from tuner.core.errors import UnknownDevice
-from tuner.core.models import Capabilities, DeviceInfo, Knob, StressTarget, Telemetry
+from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, StressTarget, Telemetry
 
 
 class Backend(ABC):
@@ -64,6 +64,11 @@ class Backend(ABC):
 
     def note_load(self, device_id: str, active: bool) -> None:  # noqa: B027 - optional hook
         """Told when a stress run starts or stops on a device. Real cards measure load; the simulator needs it."""
+
+    def error_counters(self, device_id: str) -> ErrorCounters:
+        """The card's hardware error counters (ECC, RAS), read-only; none, with why, where this backend has none."""
+        self.device(device_id)
+        return ErrorCounters(why=f"the {self.name} backend reads no hardware error counters")
 
     def foreign_state(self, device_id: str) -> str | None:
         """A one-line description of a setting on the card that the tuner did not apply (another tool's offset),
@@ -124,6 +129,9 @@ class CompositeBackend(Backend):
 
     def note_load(self, device_id: str, active: bool) -> None:
         self._owner(device_id).note_load(device_id, active)
+
+    def error_counters(self, device_id: str) -> ErrorCounters:
+        return self._owner(device_id).error_counters(device_id)
 
     def foreign_state(self, device_id: str) -> str | None:
         return self._owner(device_id).foreign_state(device_id)

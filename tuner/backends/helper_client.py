@@ -38,7 +38,7 @@ from tuner.core.errors import (
     Unsupported,
     UsageError,
 )
-from tuner.core.models import Capabilities, DeviceInfo, Knob, StressTarget, Telemetry
+from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, StressTarget, Telemetry
 from tuner.helper import schema as s
 
 DEFAULT_LEASE_S = 10.0  # a tuner that stops answering loses its unconfirmed changes after this long
@@ -338,6 +338,9 @@ class ReadOnlyBackend(Backend):
 
     def note_load(self, device_id: str, active: bool) -> None:
         self.inner.note_load(device_id, active)
+
+    def error_counters(self, device_id: str) -> ErrorCounters:
+        return self.inner.error_counters(device_id)  # a read: the in-process backend answers it
 
     def foreign_state(self, device_id: str) -> str | None:
         return self.inner.foreign_state(device_id)

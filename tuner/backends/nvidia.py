@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from tuner.backends import card_records, nvml_offsets
 from tuner.backends.base import Backend
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported, UsageError
-from tuner.core.models import Capabilities, DeviceInfo, Knob, KnobKind, StressTarget, Telemetry
+from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
 
 # Clock event ("throttle") reasons: pynvml's constant suffix -> the name shown. The bits are read from the module
 # (`nvmlClocksEventReason*`, r535 and later; `nvmlClocksThrottleReason*` before, and for BoardLimit/Reliability,
@@ -575,6 +575,35 @@ class NvidiaBackend(Backend):
             vram_used_mib=_mib(getattr(memory, "used", None)),
             vram_total_mib=_mib(getattr(memory, "total", None)),
         )
+
+    def error_counters(self, device_id: str) -> ErrorCounters:
+        """ECC error counts since the driver loaded (volatile: what a screen's before/after compares) and the
+        row-remapping state (Ampere and later data-centre cards), read-only: `nvmlDeviceGetTotalEccErrors(h,
+        NVML_MEMORY_ERROR_TYPE_{CORRECTED,UNCORRECTED}, NVML_VOLATILE_ECC)` and `nvmlDeviceGetRemappedRows(h)` ->
+        (correctable rows, uncorrectable rows, pending, failure). A card without ECC (GeForce) answers
+        NotSupported: none, with why; never a 0 it did not report."""
+        n, h = self.nvml, self._handle(device_id)
+        counts: list[tuple[str, int]] = []
+        missing: list[str] = []
+        for name, kind in (("ecc_corrected_volatile", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+                           ("ecc_uncorrected_volatile", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED")):
+            code, volatile = getattr(n, kind, None), getattr(n, "NVML_VOLATILE_ECC", None)
+            value = None if code is None or volatile is None else self._optional(
+                functools.partial(n.nvmlDeviceGetTotalEccErrors, h, code, volatile))
+            if isinstance(value, int):
+                counts.append((name, value))
+            else:
+                missing.append(name)
+        rows = self._optional(lambda: n.nvmlDeviceGetRemappedRows(h))
+        names = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure")
+        if isinstance(rows, tuple | list) and len(rows) == 4:
+            counts += [(name, int(v)) for name, v in zip(names, rows, strict=True)]
+        else:
+            missing += list(names)
+        if not counts:
+            return ErrorCounters(source="nvml", why="NVML reports no ECC or row-remapping counters for this card "
+                                 "(no ECC memory, or ECC off)")
+        return ErrorCounters(tuple(counts), "nvml", unreadable=tuple(missing))
 
     def capabilities(self, device_id: str) -> Capabilities:
         notes = ["undervolt = locked max clock + positive clock offset (NVML has no voltage control)"]

@@ -112,6 +112,31 @@ def fault_rate_at_depth(depth_mv: float) -> float:
     return round(min(1.0, 0.15 + 0.02 * depth_mv), 6)
 
 
+def combined_rate(*rates: float) -> float:
+    """The per-step fault rate of independent causes (the setting's depth, a bad card's own rate).
+
+    >>> combined_rate(0.0, 0.01), combined_rate(0.5, 0.5)
+    (0.01, 0.75)
+    """
+    clean = 1.0
+    for rate in rates:
+        clean *= 1.0 - rate
+    return round(1.0 - clean, 9)
+
+
+def _per_card_rates(given: float | tuple[float, ...] | list[float] | None, gpus: int) -> list[float]:
+    """`--sim-sdc-rate`: one value is sim0's, a sequence one per card in card order; the rest are good cards."""
+    rates = [] if given is None else [given] if isinstance(given, int | float) else list(given)
+    if len(rates) > gpus:
+        raise UsageError(f"--sim-sdc-rate gives {len(rates)} rates but there are {gpus} simulated cards",
+                         f"give at most one rate per card, or pass --sim-gpus {len(rates)}")
+    for rate in rates:
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
+            raise UsageError(f"--sim-sdc-rate must be a per-step probability between 0 and 1, got {rate}",
+                             "e.g. --sim-sdc-rate 0.001")
+    return [float(r) for r in rates] + [0.0] * (gpus - len(rates))
+
+
 def hangs_at(offset_mv: int, vmin_mv: int) -> bool:
     return offset_mv <= vmin_mv - HANG_DEPTH_MV
 
@@ -142,10 +167,14 @@ class SimulatedBackend(Backend):
         kind: str = "amd",
         nondeterministic: bool = False,
         contention_after_s: float | None = None,
+        sdc_rate: float | tuple[float, ...] | list[float] | None = None,
+        driver: str | None = None,
     ):
         """`vmin_mv` is the hidden limit in the knob's own unit, as `--sim-vmin` gives it (MHz for kind
         "nvidia"): one value is sim0's, a sequence is one per card in card order (sim0, sim1, ...; the cards
-        it leaves out keep the seed's draw)."""
+        it leaves out keep the seed's draw). `sdc_rate` (`--sim-sdc-rate`, the same per-card rule): a bad card,
+        one that corrupts silently at this per-step rate at every setting, stock included. `driver`
+        (`--sim-driver`): the driver version the cards report (default "simulated")."""
         if kind not in KINDS:
             raise UsageError(f"--sim-kind must be one of {', '.join(SIM_KINDS)}, got {kind!r}",
                              "e.g. --sim-kind nvidia")
@@ -168,6 +197,8 @@ class SimulatedBackend(Backend):
                     f"e.g. --sim-vmin {example}",
                 )
         self.gpus, self.seed = gpus, seed
+        self._sdc_rates = _per_card_rates(sdc_rate, gpus)
+        self.driver = driver or "simulated"
         self._limits = [draw_limit(k, seed, i) for i in range(gpus)]
         self._limits[:len(given)] = given
         name = f"seed-{seed}" if k is AMD else f"{k.name}-seed-{seed}"
@@ -219,6 +250,10 @@ class SimulatedBackend(Backend):
             raise ValueError(f"a simulated {self.kind.name} card's limit is in {self.kind.unit}: use limit()")
         return self.limit(device_id)
 
+    def sdc_rate(self, device_id: str) -> float:
+        """The card's own per-step corruption rate at any setting (0: a good card)."""
+        return self._sdc_rates[self._index(device_id)]
+
     def _index(self, device_id: str) -> int:
         self.device(device_id)
         return int(device_id.removeprefix("sim"))
@@ -233,7 +268,7 @@ class SimulatedBackend(Backend):
                 pci_id=self.kind.pci_id,
                 subsystem_id="0000:0000",
                 vbios="SIM.000.000",
-                driver_version="simulated",
+                driver_version=self.driver,
                 serial=f"SIM-{self.seed:04d}-{i:02d}",
                 od_format="simulated" if self.kind is AMD else f"simulated-{self.kind.name}",
                 simulated=True,
@@ -316,7 +351,7 @@ class SimulatedBackend(Backend):
         return StressTarget(
             torch_device="cpu",
             pci_bus_id=None,
-            fault_rate=fault_rate_at_depth(depth_mv),
+            fault_rate=combined_rate(fault_rate_at_depth(depth_mv), self.sdc_rate(device_id)),
             hang=depth_mv >= HANG_DEPTH_MV,
             simulated=True,
             engine_options=self._flaw_options(),

@@ -21,7 +21,7 @@ from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes, system_units
 from tuner.core.errors import UsageError
-from tuner.profiles import Profile, load_profile
+from tuner.profiles import Profile, load_profile, reference_bundle
 from tuner.profiles import boot as boot_rules
 
 _boot_wait = seconds_between(0, 600)
@@ -88,12 +88,14 @@ def run(args, ctx) -> int:
         if not args.json:
             print(f"{device.id}  {device.label}: verifying {format_value(value, knob.unit)} for "
                   f"{args.verify:g} s (reverts to {format_value(knob.current, knob.unit)} on failure)")
-        outcome = verify_setting(backend, device.id, value, args.verify, workload=plan.workload,
+        bundled = None if profile.source is None else reference_bundle.reference_beside(profile.source)
+        outcome = verify_setting(backend, device.id, value, args.verify, workload=plan.workload, bundled=bundled,
                                  on_line=lambda line: print(f"  {line}", file=sys.stderr))
         if args.json:
             print_json(_doc(profile, device, result, outcome.knob, verify=outcome.to_dict()))
         elif outcome.passed:
-            print(f"{device.id}  {device.label}: {format_value(value, knob.unit)} passed and is kept")
+            print(f"{device.id}  {device.label}: {format_value(value, knob.unit)} passed and is kept "
+                  f"({outcome.reference})")
         else:
             print(f"{device.id}  {device.label}: {format_value(value, knob.unit)} {outcome.verdict}ed "
                   f"({outcome.reason or 'no reason given'}); reverted to "

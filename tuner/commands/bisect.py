@@ -406,40 +406,49 @@ def run_in_worker(job):
 
 
 def _save(args, backend, outcome) -> None:
-    """One card: its profile; several: one rig profile, a part per card that got a setting confirmed together (each
-    built by the core)."""
-    from tuner.actions.bisect import profile_from_outcome, rig_profile_from_outcome
+    """One card: its profile, its stock baseline bundled beside it; several: one rig profile, a part per card that
+    got a setting confirmed together (each built by the core; a rig profile bundles no baseline)."""
+    from tuner.actions.bisect import rig_profile_from_outcome
 
     if len(outcome.per_card) == 1:
         [device_id] = outcome.per_card
-        _saved(args, profile_from_outcome(backend, device_id, outcome.card, args.save))
+        _save_card(args, backend, device_id, outcome.card)
         return
-    left_out = [d for d in outcome.per_card if d not in outcome.settings]
-    _saved(args, rig_profile_from_outcome(backend, outcome, args.save), left_out,
-           {"device": "rig", "cards": list(outcome.settings), "left_out": left_out})
-
-
-def _saved(args, profile, left_out: list[str] | None = None, rig: dict | None = None) -> None:
     from tuner.profiles import save_profile
 
+    profile = rig_profile_from_outcome(backend, outcome, args.save)
     path = save_profile(profile, overwrite=False)
+    left_out = [d for d in outcome.per_card if d not in outcome.settings]
     if args.json:
-        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path), **(rig or {})})
-                         + "\n")
-    elif rig is not None:
-        print(f"saved rig profile {args.save!r} ({len(profile.rig_parts)} cards) to {path}"
-              + (f"; left out: {', '.join(left_out or [])}" if left_out else ""))
+        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path), "device": "rig",
+                                     "cards": list(outcome.settings), "left_out": left_out}) + "\n")
     else:
-        print(f"saved profile {args.save!r} to {path}")
+        print(f"saved rig profile {args.save!r} ({len(profile.rig_parts)} cards) to {path}"
+              + (f"; left out: {', '.join(left_out)}" if left_out else ""))
+
+
+def _save_card(args, backend, device_id: str, card) -> None:
+    """One card's profile (`card`: its CardOutcome), with the session's stock baseline beside it (NAME.ref, for
+    `tuner screen` and `apply --verify` elsewhere; tuner.actions.screen.record, as the UI's save)."""
+    from tuner.actions.bisect import profile_from_outcome
+    from tuner.actions.screen.record import bundle_beside_profile
+    from tuner.profiles import save_profile
+
+    path = save_profile(profile_from_outcome(backend, device_id, card, args.save), overwrite=False)
+    reference = bundle_beside_profile(backend, device_id, card, path)
+    if args.json:
+        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path),
+                                     "reference": reference.to_dict()}) + "\n")
+    else:
+        print(f"saved profile {args.save!r} to {path}{reference.text()}")
 
 
 def _save_from_last(args, backend, device_id: str) -> int:
-    from tuner.actions.bisect import profile_from_outcome
     from tuner.tuning.job import last_outcome
 
     if not args.save:
         raise UsageError("--from-last saves the last result and needs --save NAME", "add --save NAME")
-    _saved(args, profile_from_outcome(backend, device_id, last_outcome(device_id, backend.knob(device_id)), args.save))
+    _save_card(args, backend, device_id, last_outcome(device_id, backend.knob(device_id)))
     return exit_codes.OK
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from tuner.actions.exports import profile_export_path
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
-from tuner.profiles import Profile, evidence, validate_name
+from tuner.core.errors import UsageError
+from tuner.profiles import Profile, evidence, reference_bundle, validate_name
 from tuner.profiles.schema import format_created
 from tuner.profiles.store import (
     delete_profile,
@@ -203,9 +204,12 @@ def _rig_lines(profile: Profile, width: int) -> list[str]:
 
 
 def run_show(args, ctx) -> int:
-    profile = read_profile_file(find_in_store(args.name))
+    source = find_in_store(args.name)
+    profile = read_profile_file(source)
+    bundled = _bundled_reference(source)
     if args.json:
-        print_json(_summary(profile))
+        ref = None if bundled is None else {"path": str(bundled[1]), "size_bytes": bundled[2], **bundled[0].summary()}
+        print_json({**_summary(profile), "reference": ref})
         return exit_codes.OK
     if args.toml:
         sys.stdout.write(profile.to_toml())
@@ -217,6 +221,11 @@ def run_show(args, ctx) -> int:
         *_field("created", f"{format_created(profile.meta.created)} by tuner {profile.meta.tool_version}", width),
     ]
     lines += _rig_lines(profile, width) if profile.is_rig else _part_lines(profile, width)
+    if bundled is not None:
+        b, ref_path, size = bundled
+        lines += _field("reference", f"{ref_path.name}: {b.steps:,} stock steps of {b.preset} ({_kib(size)}), "
+                        f"recorded on {b.origin.host or '?'} ({b.origin.device_id}), for `tuner screen` and "
+                        "`apply --verify`", width)
     print("\n".join(lines))
     return exit_codes.OK
 
@@ -227,32 +236,66 @@ def _setting_extras(s) -> str:
 
 
 def run_export(args, ctx) -> int:
-    profile = read_profile_file(find_in_store(args.name))
+    source = find_in_store(args.name)
+    profile = read_profile_file(source)
+    bundled = _bundled_reference(source)  # checked before anything is written
     if args.path == "-":
         sys.stdout.write(profile.to_toml())
+        if bundled is not None:
+            print(f"tuner: note: its stock reference ({bundled[1].name}, {_kib(bundled[2])}) is not carried on "
+                  "stdout: export to a file to carry it beside the profile", file=sys.stderr)
         return exit_codes.OK
     target = Path(args.path) if args.path is not None else profile_export_path(profile.name)
+    if bundled is not None and not args.overwrite and reference_bundle.sidecar_path(target).exists():
+        raise UsageError(f"{reference_bundle.sidecar_path(target)} already exists; nothing was written",
+                         "pass --overwrite to replace it (and the profile)")
     path = write_profile_file(profile, target, overwrite=args.overwrite)
-    print(f"exported {args.name!r} to {path}")
+    if bundled is None:
+        print(f"exported {args.name!r} to {path} (no stock reference bundled: `tuner bisect --save` records one)")
+        return exit_codes.OK
+    ref_path, size = reference_bundle.write_beside(bundled[0], path, overwrite=args.overwrite)
+    b = bundled[0]
+    print(f"exported {args.name!r} to {path} and its stock reference to {ref_path} ({_kib(size)}, {b.steps:,} "
+          f"steps of {b.preset}, sha256 {b.sha256[:16]})")
     return exit_codes.OK
+
+
+def _bundled_reference(profile_path: Path):
+    """The reference stored beside a profile, checked (a damaged one stops the command: one line, nothing written);
+    None when it has none."""
+    return reference_bundle.reference_beside(profile_path)
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
 
 
 def run_import(args, ctx) -> int:
     if args.name is not None:  # `--name ""` is an error, not "no name"
         validate_name(args.name, path="--name")
     profile = read_profile_file(Path(args.path))  # validated (and never through a symlink) before storing
+    bundled = _bundled_reference(Path(args.path))  # the reference beside it, checked before anything is stored
     if args.name is not None:
         profile = profile.renamed(args.name)
     path = save_profile(profile, overwrite=args.overwrite, system=args.system)
-    if args.json:
-        print_json({"imported": profile.name, "path": str(path), "profile": profile.to_json_dict()})
+    reference = None
+    if bundled is not None:
+        ref_path, size = reference_bundle.write_beside(bundled[0], path, overwrite=True)
+        reference = {"path": str(ref_path), "size_bytes": size, "sha256": bundled[0].sha256}
     else:
-        print(f"imported {profile.name!r} ({_device_cell(profile)}, {_setting_cell(profile)}) to {path}")
+        reference_bundle.remove_beside(path)  # a replaced profile's old reference is not this one's
+    if args.json:
+        print_json({"imported": profile.name, "path": str(path), "reference": reference,
+                    "profile": profile.to_json_dict()})
+    else:
+        carried = f", with its stock reference ({_kib(reference['size_bytes'])})" if reference else ""
+        print(f"imported {profile.name!r} ({_device_cell(profile)}, {_setting_cell(profile)}) to {path}{carried}")
     return exit_codes.OK
 
 
 def run_delete(args, ctx) -> int:
     path = delete_profile(args.name, system=args.system)
-    print(f"deleted {path}")
+    ref = reference_bundle.remove_beside(path)
+    print(f"deleted {path}" + (f" and its stock reference {ref}" if ref else ""))
     return exit_codes.OK
 

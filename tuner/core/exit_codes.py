@@ -10,6 +10,8 @@ BUSY = 6  # another tuner process is changing this card; nothing was changed
 DISK_FULL = 7  # a state or profile file could not be written (ENOSPC, EDQUOT); the card was reset where it was touched
 NOT_CONFIRMED = 8  # a change was applied but not confirmed in time, so it was reverted
 HELPER_UNREACHABLE = 9  # a write needs the root helper (docs/helper.md) and none answers, or it refuses this user
+SCREEN_RETEST = 10  # tuner screen: a fault that did not repeat (or a screen that could not finish): run it again
+SCREEN_INCOMPARABLE = 11  # tuner screen: a must-match field differs from the reference's; no bits were compared
 INTERRUPTED = 130  # Ctrl-C / SIGTERM / SIGHUP; any unconfirmed change was reverted
 CLOSED_PIPE = 141  # the reader of the output left (`| head`): 128 + SIGPIPE, as the shell reports it
 
@@ -25,5 +27,7 @@ exit codes:
   7    disk full: a state or profile file could not be written (free space, then resume or retry)
   8    not confirmed: the change was reverted (no yes within the keep-or-revert timeout)
   9    no helper: writes need the root helper (tuner-helper, docs/helper.md) or root; nothing was changed
+  10   screen: retest (a fault that did not repeat, or the screen could not finish)
+  11   screen: incomparable (the card or its software differs from the reference's; nothing compared)
   130  interrupted; any unconfirmed change was reverted
   141  the output's reader left (e.g. `| head`); quiet, as for any command killed by SIGPIPE"""

@@ -204,3 +204,22 @@ class StressTarget:
     env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA_DEVICE_ORDER=PCI_BUS_ID
     # simulated cards only: platform flaws, as engine option fields (sim_nondeterministic, sim_contention_at)
     engine_options: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class ErrorCounters:
+    """A card's hardware error counters, read-only, at one moment: (name, count) pairs as the driver reports them
+    (NVML ECC and row remapping, amdgpu `ras/*_err_count`). No pairs, with `why`: this card or backend has none to
+    read; never a made-up 0. A counter that could not be read this time is absent, and named in `unreadable`."""
+
+    counts: tuple[tuple[str, int], ...] = ()
+    source: str | None = None  # "nvml", "amdgpu ras"
+    why: str | None = None
+    unreadable: tuple[str, ...] = ()
+
+    @property
+    def available(self) -> bool:
+        return bool(self.counts)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.counts)

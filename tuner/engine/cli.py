@@ -13,6 +13,7 @@ import time
 
 T0 = time.monotonic()
 PARENT_AT_START = os.getppid()  # as early as possible: the parent may die while we start
+ORPHAN_BACKSTOP_S = 10.0  # longer than the engine's own clean stop (runner.PARENT_GRACE_S plus a heartbeat)
 
 
 def _protocol_stream():
@@ -24,12 +25,15 @@ def _protocol_stream():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tuner.core import exit_codes
     from tuner.engine.events import EndEvent
-    from tuner.engine.lifeline import parent_alive, set_parent_death_signal
+    from tuner.engine.lifeline import exit_when_orphaned, parent_alive, set_parent_death_signal
     from tuner.engine.options import UsageProblem, parse_args
     from tuner.engine.protocol import Emitter
 
     set_parent_death_signal(signal.SIGTERM)  # a SIGKILLed tuner must not leave us running (re-checked below)
+    # the engine stops cleanly on its own within PARENT_GRACE_S once its heartbeat watches; this ends it regardless
+    exit_when_orphaned(PARENT_AT_START, grace_s=ORPHAN_BACKSTOP_S, code=exit_codes.INTERRUPTED)
     argv = sys.argv[1:] if argv is None else argv
     stream = _protocol_stream()
     emitter = Emitter(stream, t0=T0)

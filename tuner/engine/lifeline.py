@@ -56,3 +56,20 @@ def parent_alive(parent_pid: int | None) -> bool:
     """False once the process that started us is gone: we were re-parented (to init or a subreaper), so our
     parent pid is no longer `parent_pid`. True when there is nothing to watch (`parent_pid` None)."""
     return parent_pid is None or os.getppid() == parent_pid
+
+
+def exit_when_orphaned(parent_pid: int, grace_s: float, code: int, poll_s: float = 0.5) -> None:
+    """A backstop from the first moment: a daemon thread that ends the process `grace_s` after the parent is gone,
+    whatever the main thread is doing. Until the engine's own heartbeat thread watches the parent (and stops it
+    cleanly), nothing else would: the SIGTERM handler runs only when the main thread returns to the interpreter,
+    and a setup step (a torch import, the tokenizer's training) can hold it for a minute on a loaded machine."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while parent_alive(parent_pid):
+            time.sleep(poll_s)
+        time.sleep(grace_s)
+        os._exit(code)
+
+    threading.Thread(target=watch, name="engine-orphan-backstop", daemon=True).start()

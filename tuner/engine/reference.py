@@ -108,18 +108,24 @@ def load_reference(path: str | os.PathLike) -> Reference:
         raise ReferenceProblem(f"--reference {str(path)!r}: no such file (record one with --record)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ReferenceProblem(f"--reference {str(path)!r}: unreadable ({e.__class__.__name__})") from None
+    return parse_reference(doc, f"--reference {str(path)!r}")
+
+
+def parse_reference(doc: object, where: str) -> Reference:
+    """A reference file's parsed JSON held to its format (the engine's rules, also for a bundled copy: the tuner's
+    portable reference, tuner/profiles/reference_bundle.py); `where` names it in the ReferenceProblem."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ReferenceProblem(f"--reference {str(path)!r}: not a tuner engine reference file")
+        raise ReferenceProblem(f"{where}: not a tuner engine reference file")
     if doc.get("version") != VERSION:
-        raise ReferenceProblem(f"--reference {str(path)!r}: version {doc.get('version')!r}, expected {VERSION}")
+        raise ReferenceProblem(f"{where}: version {doc.get('version')!r}, expected {VERSION}")
     digests = doc.get("digests")
     if (not isinstance(digests, list) or doc.get("steps") != len(digests)
             or not all(isinstance(d, str) and len(d) in (16, 32, 48) for d in digests)
             or len({len(d) for d in digests}) > 1):
-        raise ReferenceProblem(f"--reference {str(path)!r}: damaged digest list")
+        raise ReferenceProblem(f"{where}: damaged digest list")
     fp = doc.get("fingerprint")
     if not isinstance(fp, dict):
-        raise ReferenceProblem(f"--reference {str(path)!r}: no fingerprint")
+        raise ReferenceProblem(f"{where}: no fingerprint")
     canary = doc.get("canary")
     repeatable = doc.get("repeatable")
     first = doc.get("first_difference")
@@ -144,3 +150,21 @@ def fingerprint_diff(reference: dict, current: dict) -> list[str]:
         if reference.get(key) != current.get(key):
             out.append(f"{key}: reference {reference.get(key)!r}, this run {current.get(key)!r}")
     return out
+
+
+MISMATCH = "was recorded under another configuration: "  # the engine's refusal of a reference, before the keys
+
+
+def differing_keys(reason: str) -> list[str]:
+    """The fingerprint keys named in the engine's refusal of a reference (its `end` reason, built from
+    `fingerprint_diff` after MISMATCH); empty when the reason is not that refusal.
+
+    >>> differing_keys("--reference 'a' " + MISMATCH + "; ".join(fingerprint_diff({"seed": 0, "x": 1}, {"seed": 1})))
+    ['seed', 'x']
+    >>> differing_keys("out of memory")
+    []
+    """
+    _, found, rest = reason.partition(MISMATCH)
+    if not found:
+        return []
+    return [part.split(": reference ", 1)[0] for part in rest.split("; ") if ": reference " in part]

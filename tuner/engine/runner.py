@@ -79,6 +79,7 @@ from tuner.engine.platform import (
 )
 from tuner.engine.protocol import Emitter, Heartbeat
 from tuner.engine.reference import (
+    MISMATCH,
     Reference,
     ReferenceProblem,
     f32_from_bits,
@@ -564,7 +565,7 @@ class Engine:
             return
         diff = fingerprint_diff(ref.fingerprint, self.fingerprint())
         if diff:
-            raise ReferenceProblem(f"--reference {self.opts.reference!r} was recorded under another configuration: "
+            raise ReferenceProblem(f"--reference {self.opts.reference!r} {MISMATCH}"
                                    + "; ".join(diff))
         tol = self.opts.reference_tolerance if self.opts.tolerance else None
         self.trajectory = ReferenceTrajectory(ref.digests, tol)

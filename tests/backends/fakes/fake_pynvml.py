@@ -36,6 +36,11 @@ Strictness copied from the real thing:
     nvidia-ml-py answers FunctionNotFound (`missing`). `BoardLimit` (0x200) and `Reliability` (0x400) exist only
     as `nvmlClocksThrottleReason*` names, and only from 13.615 (NVML change log v610 -> v615).
   * Any of them may answer NotSupported or NoPermission (`fail`).
+- Error counters, read-only, as pynvml.py (nvidia-ml-py 13.615.71) returns them: `nvmlDeviceGetTotalEccErrors(h,
+  errorType, counterType)` a `c_ulonglong` count (NVML_MEMORY_ERROR_TYPE_CORRECTED 0 / UNCORRECTED 1,
+  NVML_VOLATILE_ECC 0 / NVML_AGGREGATE_ECC 1); `nvmlDeviceGetRemappedRows(h)` the tuple (correctable rows,
+  uncorrectable rows, pending, failure occurred). A card without ECC memory (GeForce) answers NotSupported to both
+  (`ecc=None`, `remapped_rows=None`); row remapping is Ampere data-centre and later only.
 """
 
 from __future__ import annotations
@@ -117,6 +122,8 @@ class FakeGpu:
     memory_total_bytes: int = 25_757_220_864  # an RTX 4090's 24 GiB as nvmlDeviceGetMemoryInfo reports it
     memory_used_bytes: int = 1_610_612_736  # 1.5 GiB
     reasons: int = 0x4  # clock event reasons bitmask (0x4 = SW power cap)
+    ecc: dict[tuple[int, int], int] | None = None  # (error type, counter type) -> count; None: no ECC (NotSupported)
+    remapped_rows: tuple[int, int, int, int] | None = None  # None: NotSupported
 
     @property
     def offset_mhz(self) -> int:
@@ -167,6 +174,8 @@ def make_fake_nvml(
         setattr(m, f"NVML_PSTATE_{n}", n)
     m.NVML_PSTATE_UNKNOWN = 32
     m.NVML_TEMPERATURE_GPU, m.NVML_FEATURE_DISABLED, m.NVML_FEATURE_ENABLED = 0, 0, 1
+    m.NVML_MEMORY_ERROR_TYPE_CORRECTED, m.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 0, 1
+    m.NVML_VOLATILE_ECC, m.NVML_AGGREGATE_ECC = 0, 1
     py_version = tuple(int(x) for x in version.split(".")[:2])
     reason_bits = {"GpuIdle": 0x1, "ApplicationsClocksSetting": 0x2, "SwPowerCap": 0x4, "HwSlowdown": 0x8,
                    "SyncBoost": 0x10, "SwThermalSlowdown": 0x20, "HwThermalSlowdown": 0x40,
@@ -320,6 +329,20 @@ def make_fake_nvml(
         if not g.persistence_settable:
             raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
         g.persistence = mode
+
+    @api
+    def nvmlDeviceGetTotalEccErrors(h, error_type, counter_type):
+        g = gpu(h)
+        if g.ecc is None:
+            raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
+        return g.ecc.get((error_type, counter_type), 0)
+
+    @api
+    def nvmlDeviceGetRemappedRows(h):
+        g = gpu(h)
+        if g.remapped_rows is None:
+            raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
+        return g.remapped_rows
 
     @api
     def nvmlDeviceGetPowerUsage(h):

@@ -1,0 +1,117 @@
+"""Every selected card screened at once against a portable reference, one verdict per card (docs/screen.md).
+
+`Screen.run()` takes every selected card's writer lock first (a screen already running on one, or any other writer,
+refuses the whole screen before anything starts: exit 6), writes the bundled trajectory out once for the engines,
+then screens the cards concurrently, one engine per card (`card.CardScreen`, a thread each), and gathers the
+verdicts into one report (`verdict.ScreenReport`). A stop (Ctrl-C, SIGTERM) stops every card's engine and waits
+for each to put its card back; the cards that did not finish are `retest`, never `pass`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+
+from tuner import __version__
+from tuner.actions.screen import verdict as v
+from tuner.actions.screen.attribution import Tier
+from tuner.actions.screen.card import CardScreen, Emit, ScreenPlan, tier_doc
+from tuner.actions.screen.tolerance import DEFAULT_MARGIN_NATS
+from tuner.actions.stress import EngineFactory
+from tuner.backends.base import Backend
+from tuner.core.card_lock import CardLock
+from tuner.profiles import reference_bundle as rb
+from tuner.tuning import kernel_log
+
+JOIN_POLL_S = 0.2  # the main thread waits in short slices, so Ctrl-C and SIGTERM reach it
+
+
+class Screen:
+    """A screen of `device_ids` against `bundle`: `run()` blocks in the caller's thread; `stop()` may come from
+    another thread (or a signal handler's exception in the caller's)."""
+
+    def __init__(self, backend: Backend, device_ids: list[str], bundle: rb.Bundle, bundle_path: Path, tier: Tier,
+                 *, tolerance: bool = False, margin_nats: float = DEFAULT_MARGIN_NATS, on_event: Emit | None = None,
+                 engine_factory: EngineFactory | None = None,
+                 kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None):
+        self.backend, self.device_ids, self.bundle, self.bundle_path = backend, device_ids, bundle, bundle_path
+        self.tier, self.tolerance, self.margin_nats = tier, tolerance, margin_nats
+        self._emit = on_event
+        self._engine_factory, self._watcher_factory = engine_factory, kernel_watcher_factory
+        self._cards: list[CardScreen] = []
+        self._stopped = threading.Event()
+        self.interrupted = False
+
+    def stop(self) -> None:
+        self._stopped.set()
+        for card in list(self._cards):
+            card.stop()
+
+    def run(self) -> v.ScreenReport:
+        host = rb.host_name()
+        work = Path(tempfile.mkdtemp(prefix="tuner-screen-"))
+        verdicts: dict[str, v.CardVerdict] = {}
+        errors: dict[str, BaseException] = {}
+        try:
+            with ExitStack() as locks:
+                for device_id in self.device_ids:  # every card first: a busy one refuses the screen, nothing run
+                    locks.enter_context(CardLock(device_id, "tuner screen"))
+                trajectory = rb.materialize(self.bundle, work)
+                plan = ScreenPlan(self.bundle, self.bundle_path, trajectory, self.tier, self.tolerance,
+                                  self.margin_nats, host)
+                self._cards = [CardScreen(self.backend, d, plan, on_event=self._emit,
+                                          engine_factory=self._engine_factory,
+                                          kernel_watcher_factory=self._watcher_factory) for d in self.device_ids]
+                threads = [threading.Thread(target=self._work, args=(card, verdicts, errors),
+                                            name=f"screen-{card.device_id}", daemon=True) for card in self._cards]
+                for thread in threads:
+                    thread.start()
+                try:
+                    for thread in threads:
+                        while thread.is_alive():
+                            thread.join(JOIN_POLL_S)
+                except BaseException:  # Ctrl-C, SIGTERM: every engine stopped, every card put back, then raise
+                    self.interrupted = True
+                    self.stop()
+                    for thread in threads:
+                        thread.join()
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if errors:  # a card's own failure (a TunerError: its one line and code)
+            raise next(iter(errors.values()))
+        ordered = [verdicts[d] for d in self.device_ids]
+        return self.report(ordered, host)
+
+    def _work(self, card: CardScreen, verdicts: dict[str, v.CardVerdict],
+              errors: dict[str, BaseException]) -> None:
+        try:
+            verdicts[card.device_id] = card.run()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+            errors[card.device_id] = e
+            self.stop()  # one card's failure ends the screen: the others are stopped and put back
+
+    def report(self, verdicts: list[v.CardVerdict], host: str) -> v.ScreenReport:
+        names = [c.verdict for c in verdicts]
+        code = v.overall_exit(names)
+        counts = {name: names.count(name) for name in v.EXIT_ORDER if name in names}
+        summary = ", ".join(f"{n} {name}" for name, n in counts.items())
+        stamp = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        b = self.bundle
+        reference = v.ReferenceDoc(path=str(self.bundle_path), sha256=b.sha256, tuner_version=b.tuner_version,
+                                   created=b.created, preset=b.preset, steps=b.steps, tier=b.recording.tier,
+                                   load_s=b.recording.load_s, card=msgspec.to_builtins(b.card),
+                                   origin=msgspec.to_builtins(b.origin))
+        return v.ScreenReport(schema=v.SCHEMA_ID, tuner_version=__version__, host=host, created=stamp,
+                              tier=tier_doc(self.tier), reference=reference, verdicts=verdicts, exit_code=code,
+                              summary=f"{len(verdicts)} card{'s' * (len(verdicts) != 1)}: {summary}")
+
+
+__all__ = ["Screen", "ScreenPlan", "Tier"]

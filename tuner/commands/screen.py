@@ -1,0 +1,191 @@
+"""`tuner screen`: compare every selected card with a portable reference and say, per card, pass, fail, retest or
+incomparable (tuner.actions.screen; docs/screen.md). Exit 0 only when every card passes: a scheduler's health
+check drains on anything else."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuner.commands._device import pick_device
+from tuner.commands.reference import TIER_HELP, tier_of
+from tuner.core.atomic import write_atomic
+from tuner.core.durations import format_duration
+from tuner.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from tuner.actions.context import Context
+    from tuner.actions.screen.verdict import CardVerdict, ScreenReport
+
+PROGRESS_INTERVAL_S = 0.25
+
+EPILOG = """\
+verdicts and exit codes (the worst card decides):
+  pass          0   every step matched the reference bit for bit (the bound it supports is printed)
+  fail          1   a difference that repeated (attributed: persistent at this setting -> raise voltage, or
+                    persistent at stock -> drain), or a hang/reset (not re-run)
+  retest        10  a difference that did not repeat, or a screen that could not compare its steps
+  incomparable  11  a must-match field differs from the reference's (named); no bits were compared
+
+examples:
+  tuner screen --reference r9700.ref --device all --tier standard --json > verdict.json
+  tuner --simulate --sim-gpus 4 --sim-sdc-rate 0,0.01 screen --reference A.ref --device all --tier quick
+  A Slurm HealthCheckProgram, a Kubernetes Job and an Ansible playbook are in examples/."""
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "screen",
+        help="compare cards with a portable reference: pass, fail, retest or incomparable per card",
+        description="Run the stress engine on each selected card at its current setting, one engine per card at "
+        "once, and compare every training step bit for bit with a reference recorded at stock on another card of "
+        "the same model and software (`tuner reference record`). A difference is re-run on the same card (does it "
+        "repeat?) and then at stock (does the voltage explain it?; the card is put back at its setting). A card "
+        "whose must-match fields differ from the reference's is `incomparable`, and nothing is compared. Nothing "
+        "on the card changes except that stock run. With --tolerance, where bits cannot match (other hardware), "
+        "the held-out losses after the reference's steps are compared instead (reduced sensitivity, labelled).",
+        epilog=EPILOG,
+    )
+    p.add_argument("--reference", required=True, metavar="FILE", help="the portable reference (.ref)")
+    p.add_argument("--device", metavar="ID", help="a device id, ID,ID, or all (default: the only card)")
+    p.add_argument("--tier", default="quick", metavar="TIER", help=TIER_HELP)
+    p.add_argument("--duration", metavar="DUR", help="load per run instead of the tier's (e.g. 10s, 5m): tier "
+                   "'custom'")
+    p.add_argument("--tolerance", action="store_true",
+                   help="compare held-out losses (paired, 95 %% interval) instead of bits: for other hardware; "
+                   "reduced sensitivity, labelled in the verdict")
+    p.add_argument("--margin", type=float, default=None, metavar="NATS",
+                   help="with --tolerance: pass when the interval lies within +/- NATS (default 0.02)")
+    p.add_argument("--json", action="store_true", help="print one JSON document (docs/schemas/screen-verdict.v1.json)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON document to FILE (atomically)")
+    p.set_defaults(run=run)
+
+
+def select_devices(backend, text: str | None) -> list[str]:
+    """`ID`, `ID,ID` or `all` (every card, in the backend's order); the only card when not given."""
+    if text is None:
+        return [pick_device(backend, None).id]
+    text = text.strip()
+    if text == "all":
+        return [d.id for d in backend.devices()]
+    ids = [part.strip() for part in text.split(",")]
+    if any(not i for i in ids) or len(set(ids)) != len(ids):
+        raise UsageError(f"--device {text!r}: expected ID, ID,ID (each once) or all")
+    return [backend.device(i).id for i in ids]
+
+
+class Progress:
+    """One self-overwriting line on stderr (a terminal only): each card's step and the time left."""
+
+    def __init__(self, stream, load_s: float, clock=time.monotonic):
+        self.stream, self.load_s, self.clock = stream, load_s, clock
+        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
+        self.steps: dict[str, str] = {}
+        self._t0 = clock()
+        self._last = 0.0
+        self._width = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, device_id: str, event: object) -> None:
+        step = getattr(event, "step", None)
+        if type(event).__name__ == "StepEvent" and isinstance(step, int):
+            with self._lock:
+                self.steps[device_id] = f"{device_id} step {step}"
+                now = self.clock()
+                if self.enabled and now - self._last >= PROGRESS_INTERVAL_S:
+                    self._last = now
+                    left = max(0.0, self.load_s - (now - self._t0))
+                    line = "  ".join(self.steps.values()) + f"  ~{format_duration(left)} left"
+                    self._width = max(self._width, len(line))
+                    self.stream.write("\r" + line.ljust(self._width))
+                    self.stream.flush()
+        elif isinstance(event, str) and not event.startswith("reference: compared with"):  # said once, above
+            with self._lock:
+                self._clear()
+                print(f"screen: {device_id}: {event}", file=self.stream, flush=True)
+
+    def _clear(self) -> None:
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._clear()
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from tuner.actions.screen import verdict as v
+    from tuner.actions.screen.fleet import Screen
+    from tuner.actions.screen.tolerance import DEFAULT_MARGIN_NATS
+    from tuner.profiles import reference_bundle as rb
+
+    tier = tier_of(args)
+    if args.margin is not None and not args.tolerance:
+        raise UsageError("--margin is the tolerance mode's", "add --tolerance, or drop --margin")
+    margin = DEFAULT_MARGIN_NATS if args.margin is None else args.margin
+    if not margin > 0:
+        raise UsageError(f"--margin {args.margin}: a margin is a positive number of nats", "e.g. --margin 0.02")
+    path = Path(args.reference)
+    bundle = rb.read_bundle(path)  # one line and exit 2 for a file that is not a usable bundle; nothing run
+    if args.out is not None:
+        _check_out(Path(args.out))
+    backend = ctx.backend
+    device_ids = select_devices(backend, args.device)
+    progress = Progress(sys.stderr, tier.load_s)
+    screen = Screen(backend, device_ids, bundle, path, tier, tolerance=args.tolerance, margin_nats=margin,
+                    on_event=progress)
+    if not args.json:
+        mode = "held-out losses (tolerance mode, reduced sensitivity)" if args.tolerance else "bit for bit"
+        print(f"screening {len(device_ids)} card{'s' * (len(device_ids) != 1)} against {path} "
+              f"({bundle.preset}, {bundle.steps:,} reference steps), tier {tier.name} ({tier.load_s:g} s of load "
+              f"per run), compared {mode}", file=sys.stderr, flush=True)
+    try:
+        report = screen.run()
+    finally:
+        progress.clear()
+    data = v.encode(report)
+    if args.out is not None:
+        write_atomic(Path(args.out), data + b"\n")  # disk full: one line, exit 7 (the cards are as they were)
+    if args.json:
+        sys.stdout.write(data.decode() + "\n")
+    else:
+        print("\n".join(human_lines(report)))
+    return report.exit_code
+
+
+def _check_out(out: Path) -> None:
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out verdict.json")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: no directory {out.parent}", "create it first, or choose another path")
+
+
+def human_lines(report: ScreenReport) -> list[str]:
+    lines = []
+    for c in report.verdicts:
+        lines += card_lines(c)
+    lines.append(f"{report.summary} (exit {report.exit_code})")
+    return lines
+
+
+def card_lines(c: CardVerdict) -> list[str]:
+    label = c.card.model + (" [SIMULATED]" if c.card.simulated else "")
+    head = (f"{c.card.id}  {label} at {c.setting.value:+d} {c.setting.unit}: {c.verdict.upper()} "
+            f"(action: {c.action})" + (f", {c.attribution}" if c.attribution else ""))
+    lines = [head, f"  {c.reason}"]
+    if c.incomparable:
+        lines.append("  differs: " + "; ".join(f"{d.field} reference {d.reference!r}, here {d.here!r}"
+                                               for d in c.incomparable))
+    if c.bound is not None:
+        lines.append(f"  bound: {c.bound.text}")
+    for off in c.evidence.checks_off:
+        lines.append(f"  not at full strength: {off}")
+    return lines
+
+
+__all__ = ["add_parser", "run", "select_devices"]
