@@ -1,5 +1,5 @@
 """Issue 16 item 4 in the UI: the Bisect screen's ALL CARDS target runs every card at once through
-tuner.actions.bisect.prepare_rig_bisect as an App-owned job (the bisect driver's fake engine, tests/tuning/
+tuner.actions.bisect.prepare_bisect of every card as an App-owned job (the bisect driver's fake engine, tests/tuning/
 rig_fakes.FakeRigTrial for the whole-rig run), shows a line per card, the rig attempts and the final settings;
 the result applies through the core's rig apply (one keep-or-revert for every card) and saves as a rig profile."""
 
