@@ -1,10 +1,10 @@
 """N simulated cards bisected at once (`tuner bisect --device all`) against one after another, with the same
 answers: wall time of each, measured (not a test: it prints figures).
 
-Each run gets a fresh state directory. "Concurrent" is `RigBisectJob` (one thread and one engine per card, every
-card's lock held); "serial" is one `BisectJob` per card in card order. Both use the real CPU stress engine on the
-simulated cards unless `--engine fake` (the tests' fake engine: checks the plumbing in seconds, times nothing
-meaningful). The whole-rig confirmation is timed separately: `--rig real` runs tuner.tuning.rig_trial's
+Each run gets a fresh state directory. "Concurrent" is one `BisectJob` of every card (one thread and one engine per
+card, every card's lock held); "serial" is one `BisectJob` of one card per card in card order. Both use the real CPU
+stress engine on the simulated cards unless `--engine fake` (the tests' fake engine: checks the plumbing in seconds,
+times nothing meaningful). The whole-rig confirmation is timed separately: `--rig real` runs tuner.tuning.trial's
 data-parallel trial after the searches; `--rig none` (default while that module is a placeholder) stops the clock
 when the last card's search ends and runs no rig confirmation. The CPU engines share the host's cores, so with
 more cards than cores each engine runs slower (the trials are time-bound, so the search takes as long, but each
@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.durations import parse_duration_s
+from tuner.tuning import trial
 from tuner.tuning.events import BisectFailed, Recommendation
 from tuner.tuning.job import BisectJob, BisectParams
-from tuner.tuning.rig import RigBisectJob
-from tuner.tuning.rig_trial import RigTrialResult
+from tuner.tuning.trial import TrialOutcome
 
 
 class _Clock:
@@ -68,9 +68,9 @@ def run_concurrent(limits: list[int], params: BisectParams, engine: str, rig: st
     backend = SimulatedBackend(gpus=len(limits), vmin_mv=tuple(limits))
     devices = tuple(d.id for d in backend.devices())
     clock = _Clock(len(devices))
-    job = RigBisectJob(backend, devices, params, clock, engine_factory=_engine(engine))
+    job = BisectJob(backend, devices, params, clock, engine_factory=_engine(engine))
     if rig == "none":
-        job._rig_trial = _StopAfterSearch(job)  # the clock stops at the searches' end; nothing is confirmed
+        job._run_trial = _StopAfterSearch(job)  # the clock stops at the searches' end; nothing is confirmed
     outcome = job.run()
     total = time.monotonic() - clock.t0
     answers = {d: (o.recommendation.setting if o.recommendation else o.summary) for d, o in outcome.per_card.items()}
@@ -78,14 +78,17 @@ def run_concurrent(limits: list[int], params: BisectParams, engine: str, rig: st
 
 
 class _StopAfterSearch:
-    """--rig none: the first rig call stops the job (as Ctrl-C would), so no rig trial runs and no card is touched."""
+    """--rig none: a card's own trials run; the first rig call stops the job (as Ctrl-C would), so no rig trial runs
+    and no card is touched by one."""
 
-    def __init__(self, job: RigBisectJob):
+    def __init__(self, job: BisectJob):
         self.job = job
 
-    def __call__(self, backend, settings, params, on_event, stop, **kw) -> RigTrialResult:
+    def __call__(self, backend, settings, params, on_event, stop, **kw) -> TrialOutcome:
+        if len(settings) == 1:
+            return trial.run_trial(backend, settings, params, on_event, stop, **kw)
         self.job.stop()
-        return RigTrialResult({}, (), None, stopped=True)
+        return TrialOutcome({}, stopped=True)
 
 
 def run_serial(limits: list[int], params: BisectParams, engine: str) -> tuple[dict, float]:
@@ -94,7 +97,7 @@ def run_serial(limits: list[int], params: BisectParams, engine: str) -> tuple[di
     t0 = time.monotonic()
     answers = {}
     for device in backend.devices():
-        outcome = BisectJob(backend, device.id, params, engine_factory=_engine(engine)).run()
+        outcome = BisectJob(backend, device.id, params, engine_factory=_engine(engine)).run().card
         answers[device.id] = outcome.recommendation.setting if outcome.recommendation else outcome.summary
     return answers, time.monotonic() - t0
 

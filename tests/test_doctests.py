@@ -5,8 +5,8 @@ import importlib
 
 import pytest
 
-MODULES = ["tuner.core.durations", "tuner.backends.simulated", "tuner.backends.amd_od_table", "tuner.backends.nvidia",
-           "tuner.backends.amd", "tuner.tuning.sampler",
+MODULES = ["tuner.core.durations", "tuner.core.numbers", "tuner.backends.simulated", "tuner.backends.amd_od_table",
+           "tuner.backends.nvidia", "tuner.backends.amd", "tuner.tuning.sampler",
            "tuner.tuning.kernel_log", "tuner.engine.distributed", "tuner.backends.amd_throttle",
            "tuner.profiles.reference_bundle", "tuner.actions.screen.attribution", "tuner.actions.screen.tolerance",
            "tuner.engine.reference"]

@@ -60,7 +60,7 @@ def test_a_special_boot_id_reads_as_unknown_without_hanging(boot, what):
     from tuner.tuning import journal
 
     j = journal.Journal.create("sim0", params={}, knob={})
-    j.begin_trial(-10, "coarse")
+    j.begin_trial("coarse", setting=-10)
     boot_id = boot.root / "proc/sys/kernel/random/boot_id"
     _plant(boot_id, what)
     proc = _tuner("--simulate", "status", env={"TUNER_SYSFS_ROOT": str(boot.root)})

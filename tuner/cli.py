@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from tuner import __version__
 from tuner.actions import other_tools
 from tuner.actions.context import Context
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
 from tuner.commands._argtypes import seconds_between, whole_number
 from tuner.core import exit_codes, signals
 from tuner.core.errors import TunerError, disk_full, is_disk_full
@@ -39,7 +40,7 @@ examples:
   tuner --simulate                      open the UI on a simulated GPU (no hardware touched)
   tuner list --json                     the GPUs found, as JSON
   tuner status --device 0000:03:00.0    one telemetry sample and the current setting
-  tuner set --device 0000:03:00.0 --offset -50    apply, then keep or revert within 15 s
+  tuner set --device 0000:03:00.0 --offset -50    apply, then keep or revert within {KEEP_S:.0f} s
   tuner bisect --device 0000:03:00.0 --save r9700 find the lowest stable setting, save a profile
   tuner apply r9700                     apply a saved profile (checks it is the same card)
   tuner doctor                          check drivers, permissions and kernel settings

@@ -30,7 +30,7 @@ import pytest
 from tests.tui.helpers import FakeClock
 from tuner import cli
 from tuner.actions.profile_apply import plan_rig_apply, prepare_rig_apply
-from tuner.app.state import RigState
+from tuner.app.state import BisectState
 from tuner.app.tuner_app import TunerApp
 from tuner.app.words import for_people
 from tuner.backends.simulated import SimulatedBackend
@@ -217,16 +217,15 @@ def bisect_screen_applies(case: RigCase) -> bool:
     return case.gpus == 3 and case.replaced is None and not case.force
 
 
-def finished_rig_bisect(case: RigCase) -> RigState:
+def finished_rig_bisect(case: RigCase) -> BisectState:
     """The App's state after a bisect of every card that confirmed the case's values together."""
-    from tuner.tuning.job import BisectOutcome
-    from tuner.tuning.rig import RigOutcome
+    from tuner.tuning.job import BisectOutcome, CardOutcome
 
     ids = tuple(f"sim{i}" for i in range(3))
     settings = dict(zip(ids, case.values, strict=True))
-    outcome = RigOutcome(status="recommended", exit_code=0, settings=settings,
-                         per_card={d: BisectOutcome(status="recommended", exit_code=0, session=None) for d in ids})
-    return RigState(device_ids=ids, running=False, settings=settings, outcome=outcome)
+    outcome = BisectOutcome(status="recommended", exit_code=0, settings=settings,
+                            per_card={d: CardOutcome(status="recommended", exit_code=0, session=None) for d in ids})
+    return BisectState(device_ids=ids, running=False, settings=settings, outcome=outcome)
 
 
 async def through_app(case: RigCase, screen: str = "profiles") -> tuple:
@@ -239,7 +238,7 @@ async def through_app(case: RigCase, screen: str = "profiles") -> tuple:
     previous = {}
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
         if screen == "bisect":
-            app.bisect_all, app.rig = True, finished_rig_bisect(case)
+            app.bisect_all, app.bisect = True, finished_rig_bisect(case)
         await pilot.press("4" if screen == "profiles" else "3")
         await pilot.pause()
         await pilot.press("a")

@@ -98,7 +98,7 @@ def started(monkeypatch) -> list:
     seen: list = []
 
     def run(job: BisectJob):
-        knob = job.backend.knob(job.device_id)
+        knob = job.backend.knob(job.device_ids[0])
         plan = job.params.plan_params(knob)
         seen.append((plan.step, plan.resolution, plan.margin))
         raise Started("bisect started")

@@ -104,7 +104,7 @@ def test_a_saved_bisect_profile_carries_its_baseline_beside_it(tmp_path):
     from tuner.actions.screen.record import bundle_beside_profile
     from tuner.backends.simulated import SimulatedBackend
     from tuner.engine.reference import save_reference
-    from tuner.tuning.job import BisectOutcome
+    from tuner.tuning.job import CardOutcome
     from tuner.tuning.journal import reference_path
 
     backend = SimulatedBackend(state_path=tmp_path / "sim")
@@ -114,13 +114,13 @@ def test_a_saved_bisect_profile_carries_its_baseline_beside_it(tmp_path):
     baseline.parent.mkdir(parents=True, exist_ok=True)
     save_reference(baseline, traj)
     profile = save_profile(sim_profile("carried"))
-    got = bundle_beside_profile(backend, "sim0", BisectOutcome("recommended", 0, "s1", params={"trial_s": 6.0}),
+    got = bundle_beside_profile(backend, "sim0", CardOutcome("recommended", 0, "s1", params={"trial_s": 6.0}),
                                 profile)
     assert got.path == rb.sidecar_path(profile) and got.size_bytes == got.path.stat().st_size > 0
     carried = rb.read_bundle(got.path)
     assert (carried.steps, carried.recording.load_s, carried.sha256) == (40, 6.0, got.sha256)
     assert got.text() == f" with its stock reference {got.path} ({got.size_bytes / 1024:.1f} KiB)"
     other = save_profile(sim_profile("stopped"))
-    none = bundle_beside_profile(backend, "sim0", BisectOutcome("stopped", 130, None), other)
+    none = bundle_beside_profile(backend, "sim0", CardOutcome("stopped", 130, None), other)
     assert none.to_dict() == {"path": None, "why": "no bisect session to take it from"}
     assert not rb.sidecar_path(other).exists()

@@ -63,11 +63,12 @@ def prefill(app: TunerApp, samples: int) -> None:
 
 
 def rig_in_confirmation(ids=("sim0", "sim1", "sim2"), settings=(-40, -55, -30)):
-    """A RigState as the App folds it mid-way through the whole-rig confirmation: each card searched (a few
-    trials and its own recommendation), the recording at stock passed, attempt 1 failed on sim1 (backed off),
-    attempt 2 running. Built from the events a RigBisectJob emits, with fixed figures (snapshots)."""
-    from tuner.app.jobs import apply_rig_event
-    from tuner.app.state import BisectState, RigState
+    """A BisectState of every card as the App folds it mid-way through the whole-rig confirmation: each card
+    searched (a few trials and its own recommendation), the recording at stock passed, attempt 1 failed on sim1
+    (backed off), attempt 2 running. Built from the events a BisectJob of several cards emits, with fixed figures
+    (snapshots)."""
+    from tuner.app.jobs import apply_bisect_event
+    from tuner.app.state import BisectState
     from tuner.tuning.events import (
         Recommendation,
         RigConfirmFinished,
@@ -78,8 +79,7 @@ def rig_in_confirmation(ids=("sim0", "sim1", "sim2"), settings=(-40, -55, -30)):
         TrialStarted,
     )
 
-    state = RigState(device_ids=tuple(ids), running=True, cards={d: BisectState(device_id=d, running=True)
-                                                                 for d in ids})
+    state = BisectState.started(tuple(ids))
     events: list = []
     for d, rec in zip(ids, settings, strict=True):
         events.append(SessionStarted(session="s1", device=d, label=d, unit="mV", stock=0, resumed=False))
@@ -104,7 +104,7 @@ def rig_in_confirmation(ids=("sim0", "sim1", "sim2"), settings=(-40, -55, -30)):
         RigConfirmStarted(settings=backed, unit_by_device=units, duration_s=120.0, attempt=2),
     ]
     for event in events:
-        state = apply_rig_event(state, event)
+        state = apply_bisect_event(state, event)
     return state
 
 

@@ -50,7 +50,7 @@ async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_sto
     backend = sim_backend(tmp_path, vmin_mv=-52)
     engine = GatedEngine(hold_at=4)  # baseline, its replay, -10, then hold the -20 trial
     app = make_app(tmp_path, backend=backend, samples=1,
-                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda: None})
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
         await pilot.pause()
@@ -69,20 +69,20 @@ async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_sto
         engine.release.set()
         await _wait(pilot, lambda: not app.bisect.running)
         assert backend.knob("sim0").current == 0
-        assert "stopped" in (app.bisect.failure or "")
+        assert "stopped" in (app.bisect.card("sim0").failure or "")
 
 
 async def test_bisect_to_recommendation_and_save_profile(tmp_path):
     backend = sim_backend(tmp_path, vmin_mv=-52)
     app = make_app(tmp_path, backend=backend, samples=1,
-                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda: None})
+                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda _card: None})
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("3")
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
         await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
-        rec = app.bisect.recommendation
+        rec = app.bisect.card("sim0").recommendation
         assert rec is not None and rec.setting == -40  # vmin -52: lowest pass -50, +10 mV margin
         await pilot.pause(0.6)
         assert "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render())
@@ -102,7 +102,7 @@ async def test_quit_during_bisect_asks_then_stops_and_resets(tmp_path):
     backend = sim_backend(tmp_path, vmin_mv=-52)
     engine = GatedEngine(hold_at=3)  # baseline, its replay, then hold the -10 mV trial
     app = make_app(tmp_path, backend=backend, samples=1,
-                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda: None})
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
         await pilot.pause()
@@ -126,7 +126,7 @@ async def test_resume_shows_every_trial_and_the_form_remembers_its_values(tmp_pa
     backend = sim_backend(tmp_path, vmin_mv=-52)
     engine = GatedEngine(hold_at=3)  # two trials at stock, then hold the third
     app = make_app(tmp_path, backend=backend, samples=1,
-                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda: None})
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
         await pilot.pause()
@@ -136,13 +136,14 @@ async def test_resume_shows_every_trial_and_the_form_remembers_its_values(tmp_pa
         await pilot.press("x")
         engine.release.set()
         await _wait(pilot, lambda: not app.bisect.running)
-        before = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.trials if r["verdict"] != "stopped"]
+        before = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.card("sim0").trials
+                  if r["verdict"] != "stopped"]
         assert len(before) >= 2 and before[0] == (0, "baseline", "pass")
         await pilot.press("u")
         await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None, 60)
-        after = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.trials]
+        after = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.card("sim0").trials]
         assert after[: len(before)] == before  # the earlier trials are still on screen
-        assert app.bisect.recommendation is not None
+        assert app.bisect.card("sim0").recommendation is not None
     again = make_app(tmp_path, backend=backend, samples=1)
     async with again.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
@@ -159,7 +160,7 @@ async def test_export_the_trials_from_the_ui_and_the_cli(tmp_path):
 
     backend = sim_backend(tmp_path, vmin_mv=-52)
     app = make_app(tmp_path, backend=backend, samples=1,
-                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda: None})
+                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda _card: None})
     out_csv = tmp_path / "trials.csv"
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
@@ -173,7 +174,7 @@ async def test_export_the_trials_from_the_ui_and_the_cli(tmp_path):
         app.screen.query_one("#text").value = str(out_csv)
         await pilot.press("enter")
         await pilot.pause()
-        n = len(app.bisect.trials)
+        n = len(app.bisect.card("sim0").trials)
     rows = list(csv.DictReader(out_csv.open()))
     assert len(rows) == n and rows[0]["setting"] == "0" and rows[0]["phase"] == "baseline"
     assert {"verdict", "tok_per_j", "power_w", "reason"} <= set(rows[0])

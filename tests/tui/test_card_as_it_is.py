@@ -3,8 +3,8 @@ and the Bisect screen fits 80 columns with an ETA from what trials really took."
 
 from __future__ import annotations
 
-from tuner.app.jobs import apply_bisect_event
-from tuner.app.state import BisectState
+from tuner.app.jobs import apply_card_event
+from tuner.app.state import BisectState, CardState
 from tuner.screens.dialogs import KeepOrRevertDialog
 from tuner.tuning.events import TrialFinished, TrialProgress, TrialResult, TrialStarted
 from tuner.widgets.key_bar import KeyBar
@@ -81,34 +81,33 @@ def _result(setting, verdict="fail", kind="mismatch", reason="loss diverged from
 def test_a_trial_past_its_time_says_it_is_finishing_not_a_stale_eta():
     """A trial ends at a step boundary (a slow step; in a rig, the peers): past its nominal time the bar stays at
     100 % and the line says the trial is finishing, on the card's own screen and on its ALL CARDS line."""
-    from tuner.app.state import RigState
     from tuner.screens.bisect import rig_card_line
     from tuner.tuning.events import FINISHING
 
-    state = BisectState(device_id="sim0", running=True, unit="mV")
-    state = apply_bisect_event(state, TrialStarted(index=2, setting=-10, unit="mV", phase="descend", duration_s=10.0,
+    state = CardState(device_id="sim0", running=True, unit="mV")
+    state = apply_card_event(state, TrialStarted(index=2, setting=-10, unit="mV", phase="descend", duration_s=10.0,
                                                    started_at=0.0, expected_trials=4), now_s=0.0)
-    on_time = apply_bisect_event(state, TrialProgress(setting=-10, phase="descend", elapsed_s=6.0, duration_s=10.0,
+    on_time = apply_card_event(state, TrialProgress(setting=-10, phase="descend", elapsed_s=6.0, duration_s=10.0,
                                                       eta_s=4.0, step=60), now_s=6.0)
-    over = apply_bisect_event(state, TrialProgress(setting=-10, phase="descend", elapsed_s=13.0, duration_s=10.0,
+    over = apply_card_event(state, TrialProgress(setting=-10, phase="descend", elapsed_s=13.0, duration_s=10.0,
                                                    eta_s=0.0, step=130), now_s=13.0)
     assert on_time.current["finishing"] is False and over.current["finishing"] is True
     assert over.current["progress"] == 1.0
-    lines = {name: rig_card_line(RigState(device_ids=("sim0",), running=True, cards={"sim0": s}), "sim0",
+    lines = {name: rig_card_line(BisectState(device_ids=("sim0",), running=True, cards={"sim0": s}), "sim0",
                                  selected=True).plain for name, s in (("on time", on_time), ("over", over))}
     assert FINISHING not in lines["on time"] and "60 %" in lines["on time"]
     assert FINISHING in lines["over"] and "100 %" in lines["over"], lines
 
 
 def test_eta_comes_from_measured_wall_time_per_trial():
-    state = BisectState(device_id="sim0", running=True)
-    state = apply_bisect_event(state, TrialStarted(index=1, setting=0, unit="mV", phase="baseline", duration_s=1.0,
+    state = CardState(device_id="sim0", running=True)
+    state = apply_card_event(state, TrialStarted(index=1, setting=0, unit="mV", phase="baseline", duration_s=1.0,
                                                    started_at=0.0, expected_trials=4), now_s=100.0)
     # the first trial really took 5 s (engine start, reference, reset), not its nominal 1 s
-    state = apply_bisect_event(state, TrialStarted(index=2, setting=-10, unit="mV", phase="descend",
+    state = apply_card_event(state, TrialStarted(index=2, setting=-10, unit="mV", phase="descend",
                                                    duration_s=1.0, started_at=0.0, expected_trials=4), now_s=105.0)
     assert state.current["eta_s"] == 5.0
-    state = apply_bisect_event(state, TrialProgress(setting=-10, phase="descend", elapsed_s=0.5, duration_s=1.0,
+    state = apply_card_event(state, TrialProgress(setting=-10, phase="descend", elapsed_s=0.5, duration_s=1.0,
                                                     eta_s=0.5, eta_total_s=2.5), now_s=106.0)
     assert state.current["eta_s"] == 4.0  # 5 s expected, 1 s gone
     assert state.current["eta_total_s"] == 14.0  # this trial's 4 s and two more nominal seconds, 5x each
@@ -116,13 +115,13 @@ def test_eta_comes_from_measured_wall_time_per_trial():
 
 async def test_bisect_table_fits_80_columns_with_a_detail_line_and_a_full_bar(app):
     rows = (_result(0, "pass", None, None), _result(-10, "pass", None, None), _result(-20))
-    state = BisectState(device_id="sim0", unit="mV")
+    state = CardState(device_id="sim0", unit="mV")
     for r in rows:
-        state = apply_bisect_event(state, TrialStarted(index=1, setting=r.setting, unit="mV", phase="descend",
+        state = apply_card_event(state, TrialStarted(index=1, setting=r.setting, unit="mV", phase="descend",
                                                        duration_s=1.0, started_at=0.0))
-        state = apply_bisect_event(state, TrialFinished(index=1, result=r))
+        state = apply_card_event(state, TrialFinished(index=1, result=r))
     async with app.run_test(size=(80, 24)) as pilot:
-        app.bisect = state
+        app.bisect = BisectState(device_ids=("sim0",), cards={"sim0": state})
         await pilot.press("3")
         await pilot.pause(0.6)
         screen = app.screen
@@ -149,7 +148,7 @@ def test_cli_flags_become_the_ui_keys():
                       "--resume or discard it with --restart (the unsafe list is kept)")
     assert "--" not in text and "u continues it and n starts afresh" in text
     assert "--" not in for_people("/x/a.toml already exists; nothing was written; pass --overwrite to replace it")
-    assert job_name(BisectRunner(lambda: None, "sim0")) == "the auto-bisect"
+    assert job_name(BisectRunner(lambda: None, ("sim0",))) == "the auto-bisect"
 
 
 def test_a_users_stop_reads_stopped_by_you():
@@ -162,12 +161,21 @@ def test_a_users_stop_reads_stopped_by_you():
                   exit_code=130, median_tok_s=None)
     stopping = StressState(device_id="sim0", running=True, stopping=True)
     assert apply_stress_event(stopping, end).log[-1] == "stopped by you after 431 steps (no fault seen)"
-    stopped = apply_bisect_event(BisectState(device_id="sim0", running=True),
+    stopped = apply_card_event(CardState(device_id="sim0", running=True),
                                  BisectStopped(reason="stopped on request", resumable=True))
     assert stopped.failure == "stopped by you; u resumes it"
 
 
 # --- items 4 and 5: act on the result; honest numbers -------------------------------------------------------------
+def _finished_state(rec) -> BisectState:
+    """The App's state after a bisect of sim0 that recommended `rec` (the job ended: its outcome is there)."""
+    from tuner.tuning.job import BisectOutcome, CardOutcome
+
+    card = CardOutcome("recommended", 0, None, recommendation=rec)
+    return BisectState(device_ids=("sim0",), cards={"sim0": CardState("sim0", unit="mV", recommendation=rec)},
+                       outcome=BisectOutcome("recommended", 0, {"sim0": card}, {"sim0": rec.setting}))
+
+
 def _recommendation(setting=-40):
     from tuner.tuning.events import Recommendation
 
@@ -180,11 +188,8 @@ async def test_apply_the_recommendation_then_keep_offers_to_save(app, backend):
     from tuner.screens.dialogs import TextInputDialog
 
     async with app.run_test(size=(80, 24)) as pilot:
-        from tuner.tuning.job import BisectOutcome
-
         rec = _recommendation()
-        app.bisect = BisectState(device_id="sim0", unit="mV", recommendation=rec,
-                                 outcome=BisectOutcome("recommended", 0, None, recommendation=rec))
+        app.bisect = _finished_state(rec)
         await pilot.press("3")
         await pilot.pause(0.6)
         result = _text(app.screen.query_one("#bisect-result"))

@@ -39,7 +39,7 @@ def test_tuner_report_without_a_file_writes_the_default_in_the_current_directory
 
     monkeypatch.chdir(tmp_path)
     session = Journal.create("sim0", params={}, knob={"unit": "mV"})
-    session.begin_trial(0, "baseline")
+    session.begin_trial("baseline", setting=0)
     session.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
     code, out, err = tuner(capsys, "--simulate", "report")
     assert code == 0, err

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from tests.engine.examples import example
-from tuner.app.jobs import apply_bisect_event, apply_stress_event
-from tuner.app.state import LOG_LINES, BisectState, StressState
+from tuner.app.jobs import apply_bisect_event, apply_card_event, apply_stress_event
+from tuner.app.state import LOG_LINES, BisectState, CardState, StressState
 from tuner.tuning.events import BisectStopped, TrialFinished, TrialResult, TrialStarted
 
 
@@ -37,40 +37,39 @@ def test_an_unknown_event_changes_nothing():
     state = StressState()
     assert apply_stress_event(state, object()) is state
     assert apply_bisect_event(BisectState(), object()) == BisectState()
+    assert apply_card_event(CardState(), object()) == CardState()
 
 
 def test_bisect_events_replace_rows_without_mutating_the_old_snapshot():
     start = TrialStarted(index=1, setting=-10, unit="mV", phase="coarse", duration_s=5.0, started_at=0.0)
-    running = apply_bisect_event(BisectState(device_id="sim0", running=True), start)
+    running = apply_card_event(CardState(device_id="sim0", running=True), start)
     result = TrialResult(setting=-10, unit="mV", phase="coarse", verdict="pass")
-    done = apply_bisect_event(running, TrialFinished(index=1, result=result))
+    done = apply_card_event(running, TrialFinished(index=1, result=result))
     assert running.trials[0]["verdict"] == "running" and running.current["progress"] == 0.0
     assert [r["verdict"] for r in done.trials] == ["pass"] and done.current["progress"] == 1.0
     start2 = TrialStarted(index=2, setting=-20, unit="mV", phase="coarse", duration_s=5.0, started_at=0.0)
-    stopped = apply_bisect_event(apply_bisect_event(done, start2), BisectStopped(reason="you", resumable=True))
+    stopped = apply_card_event(apply_card_event(done, start2), BisectStopped(reason="you", resumable=True))
     assert [r["verdict"] for r in stopped.trials] == ["pass", "stopped"] and "u resumes" in stopped.failure
 
 
 def test_rig_events_go_to_their_card_and_the_rig_rows_without_mutating_the_old_snapshot():
-    from tuner.app.jobs import apply_rig_event
-    from tuner.app.state import RigState, running_label
+    from tuner.app.state import running_label
     from tuner.tuning.events import RigConfirmFinished, RigConfirmStarted, TrialWarning
 
-    rig = RigState(device_ids=("sim0", "sim1"), running=True,
-                   cards={d: BisectState(device_id=d, running=True) for d in ("sim0", "sim1")})
+    rig = BisectState.started(("sim0", "sim1"))
     start = TrialStarted(index=3, setting=-20, unit="mV", phase="coarse", duration_s=5.0, started_at=0.0,
                          device="sim1")
-    searching = apply_rig_event(rig, start)
+    searching = apply_bisect_event(rig, start)
     assert rig.card("sim1").trials == () and searching.card("sim1").trials[0]["setting"] == -20
     assert searching.card("sim0").trials == ()  # another card's event is not this card's
-    assert running_label(StressState(), BisectState(), "sim1", searching, compact=True) == "BISECT trial 3 at -20 mV"
-    assert apply_rig_event(searching, dataclasses.replace(start, device="sim9")) == searching  # not in this rig
-    confirming = apply_rig_event(searching, RigConfirmStarted(settings={"sim0": -40, "sim1": -55},
+    assert running_label(StressState(), searching, "sim1", compact=True) == "BISECT trial 3 at -20 mV"
+    assert apply_bisect_event(searching, dataclasses.replace(start, device="sim9")) == searching  # not in this rig
+    confirming = apply_bisect_event(searching, RigConfirmStarted(settings={"sim0": -40, "sim1": -55},
                                                               unit_by_device={"sim0": "mV", "sim1": "mV"},
                                                               duration_s=120.0, attempt=1, phase="rig-confirm"),
                                  now_s=100.0)
-    assert running_label(StressState(), BisectState(), "sim0", confirming) == "RIG confirm 1 at -40 mV"
-    failed = apply_rig_event(confirming, RigConfirmFinished(attempt=1, passed=False, pinned=("sim1",),
+    assert running_label(StressState(), confirming, "sim0") == "RIG confirm 1 at -40 mV"
+    failed = apply_bisect_event(confirming, RigConfirmFinished(attempt=1, passed=False, pinned=("sim1",),
                                                             machine_event=None,
                                                             backed_off={"sim0": -40, "sim1": -50},
                                                             reasons={"sim1": "fail (mismatch)"}))
@@ -78,5 +77,5 @@ def test_rig_events_go_to_their_card_and_the_rig_rows_without_mutating_the_old_s
     [row] = failed.attempts
     assert row["verdict"] == "fail" and row["pinned"] == ("sim1",) and row["backed_off"]["sim1"] == -50
     assert failed.current is None
-    warned = apply_rig_event(failed, TrialWarning("the rig run was slow", device="rig"))
+    warned = apply_bisect_event(failed, TrialWarning("the rig run was slow", device="rig"))
     assert warned.warnings == ("the rig run was slow",)

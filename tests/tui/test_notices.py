@@ -18,7 +18,7 @@ def _saying(app, words: str) -> list[str]:
 
 async def test_a_refused_bisect_start_is_one_error_notice(app, backend):
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        app.start_bisect("sim0", BisectParams(floor=-10_000))
+        app.start_bisect(("sim0",), BisectParams(floor=-10_000))
         await until(pilot, lambda: not app.bisect.running and _errors(app))
         await app.workers.wait_for_complete()
         await pilot.pause()

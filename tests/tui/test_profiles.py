@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.tui.helpers import make_app, sim_backend
-from tuner.app.state import BisectState
+from tuner.app.state import BisectState, CardState
 from tuner.profiles import build_profile, list_profiles, save_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
 
@@ -24,12 +24,13 @@ async def _type(pilot, text: str):
 def _finished(setting: int) -> BisectState:
     """The App's state after a bisect of sim0 that recommended `setting` (the job ended: its outcome is there)."""
     from tuner.tuning.events import Recommendation
-    from tuner.tuning.job import BisectOutcome
+    from tuner.tuning.job import BisectOutcome, CardOutcome
 
     rec = Recommendation(device="sim0", unit="mV", setting=setting, confirmed=setting - 10, lowest_pass=setting - 10,
                          first_failure=setting - 15, margin=10, edge=False)
-    return BisectState(device_id="sim0", recommendation=rec,
-                       outcome=BisectOutcome("recommended", 0, None, recommendation=rec))
+    card = CardOutcome("recommended", 0, None, recommendation=rec)
+    return BisectState(device_ids=("sim0",), cards={"sim0": CardState("sim0", recommendation=rec)},
+                       outcome=BisectOutcome("recommended", 0, {"sim0": card}, {"sim0": setting}))
 
 
 async def test_save_recommendation_as_profile(app):

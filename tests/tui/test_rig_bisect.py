@@ -1,5 +1,5 @@
 """Issue 16 item 4 in the UI: the Bisect screen's ALL CARDS target runs every card at once through
-tuner.actions.bisect.prepare_rig_bisect as an App-owned job (the bisect driver's fake engine, tests/tuning/
+tuner.actions.bisect.prepare_bisect of every card as an App-owned job (the bisect driver's fake engine, tests/tuning/
 rig_fakes.FakeRigTrial for the whole-rig run), shows a line per card, the rig attempts and the final settings;
 the result applies through the core's rig apply (one keep-or-revert for every card) and saves as a rig profile."""
 
@@ -16,7 +16,7 @@ from tests.tuning.fake_engine import FakeEngine
 from tests.tuning.rig_fakes import FakeRigTrial
 from tuner.profiles import list_profiles
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
-from tuner.tuning import rig_trial
+from tuner.tuning import trial
 
 VMIN = (-52, -67, -40)  # own recommendations: -40, -55, -30 mV
 
@@ -29,14 +29,15 @@ def boot_id(boot):
 @pytest.fixture
 def fake_rig(monkeypatch):
     fake = FakeRigTrial()
-    monkeypatch.setattr(rig_trial, "run_rig_trial", fake)
+    monkeypatch.setattr(trial, "run_trial", fake)
     return fake
 
 
 def _app(tmp_path, *, gpus: int = 3, engine=None, **kw):
     backend = sim_backend(tmp_path, gpus=gpus, vmin_mv=VMIN[:gpus])
     app = make_app(tmp_path, backend=backend, samples=1,
-                   bisect_options={"engine_factory": engine or FakeEngine(), "kernel_watcher_factory": lambda: None},
+                   bisect_options={"engine_factory": engine or FakeEngine(),
+                                   "kernel_watcher_factory": lambda _card: None},
                    **kw)
     return app, backend
 
@@ -57,7 +58,7 @@ async def _wait(pilot, predicate, timeout_s: float = 30.0):
 async def _run_then_apply(pilot, app):
     """Run every card to its result, then press apply: the rig's keep-or-revert question is open."""
     await pilot.press("b")
-    await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
+    await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
     await pilot.press("a")
     await app.workers.wait_for_complete()
     await pilot.pause()
@@ -85,8 +86,8 @@ async def test_all_cards_bisects_every_card_then_the_rig_and_applies_and_saves_t
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app)
         await pilot.press("b")
-        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
-        assert dict(app.rig.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
+        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        assert dict(app.bisect.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
         assert fake_rig.calls[-1][0] == {"sim0": -40, "sim1": -55, "sim2": -30}  # confirmed together
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]  # a bisect leaves stock
         await pilot.pause(0.6)
@@ -157,7 +158,7 @@ class GatedRig(FakeRigTrial):
 
 async def test_the_rig_phase_is_shown_switching_screens_keeps_it_and_quit_resets_every_card(tmp_path, monkeypatch):
     gated = GatedRig()
-    monkeypatch.setattr(rig_trial, "run_rig_trial", gated)
+    monkeypatch.setattr(trial, "run_trial", gated)
     app, backend = _app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app)
@@ -167,7 +168,7 @@ async def test_the_rig_phase_is_shown_switching_screens_keeps_it_and_quit_resets
         for key in "124563":
             await pilot.press(key)
             await pilot.pause()
-            assert app.rig.running
+            assert app.bisect.running
         await pilot.pause(0.6)
         assert "the whole rig: confirmation attempt 1" in _text(app, "#bisect-status")
         assert "RIG confirm 1 at -55 mV" in _text(app, "#rig-cards").splitlines()[1]
@@ -193,7 +194,7 @@ async def test_the_rig_phase_is_shown_switching_screens_keeps_it_and_quit_resets
 
 async def test_stop_then_resume_continues_the_rig_with_every_cards_earlier_trials(tmp_path, monkeypatch):
     gated = GatedRig()
-    monkeypatch.setattr(rig_trial, "run_rig_trial", gated)
+    monkeypatch.setattr(trial, "run_trial", gated)
     app, backend = _app(tmp_path)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await _all_cards(pilot, app)
@@ -201,29 +202,29 @@ async def test_stop_then_resume_continues_the_rig_with_every_cards_earlier_trial
         await _wait(pilot, gated.entered.is_set)
         await pilot.press("x")
         gated.release.set()
-        await _wait(pilot, lambda: not app.rig.running)
-        assert "stopped" in (app.rig.failure or "")
+        await _wait(pilot, lambda: not app.bisect.running)
+        assert "stopped" in (app.bisect.failure or "")
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
         await pilot.pause()
         lines, toasts = _text(app, "#rig-cards"), " ".join(n.message for n in app._notifications)
         assert "--resume" not in lines and "--resume" not in toasts  # the UI's key, not the CLI's flag
         assert lines.count("STOPPED") == 3 and "u resumes" in lines and "u resumes" in toasts
-        before = {d: len(app.rig.card(d).trials) for d in ("sim0", "sim1", "sim2")}
+        before = {d: len(app.bisect.card(d).trials) for d in ("sim0", "sim1", "sim2")}
         await pilot.press("b")  # a new start is refused while an unfinished rig session exists
-        await _wait(pilot, lambda: not app.rig.running and any("unfinished rig" in n.message
+        await _wait(pilot, lambda: not app.bisect.running and any("unfinished rig" in n.message
                                                                 for n in app._notifications))
         assert any("u continues it" in n.message for n in app._notifications)
         gated.entered.clear()
-        monkeypatch.setattr(rig_trial, "run_rig_trial", FakeRigTrial())
+        monkeypatch.setattr(trial, "run_trial", FakeRigTrial())
         await pilot.press("u")
-        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
-        assert dict(app.rig.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
-        assert all(len(app.rig.card(d).trials) >= n for d, n in before.items())  # earlier trials still shown
+        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        assert dict(app.bisect.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
+        assert all(len(app.bisect.card(d).trials) >= n for d, n in before.items())  # earlier trials still shown
 
 
 async def test_restart_discards_the_unfinished_rig_session_and_starts_afresh(tmp_path, monkeypatch):
     gated = GatedRig()
-    monkeypatch.setattr(rig_trial, "run_rig_trial", gated)
+    monkeypatch.setattr(trial, "run_trial", gated)
     app, _backend = _app(tmp_path, gpus=2)
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app, gpus=2)
@@ -231,14 +232,14 @@ async def test_restart_discards_the_unfinished_rig_session_and_starts_afresh(tmp
         await _wait(pilot, gated.entered.is_set)
         await pilot.press("x")
         gated.release.set()
-        await _wait(pilot, lambda: not app.rig.running)
+        await _wait(pilot, lambda: not app.bisect.running)
         fresh = FakeRigTrial()
-        monkeypatch.setattr(rig_trial, "run_rig_trial", fresh)
+        monkeypatch.setattr(trial, "run_trial", fresh)
         await pilot.press("n")
-        await _wait(pilot, lambda: not app.rig.running and app.rig.outcome is not None)
-        assert dict(app.rig.settings) == {"sim0": -40, "sim1": -55}
+        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        assert dict(app.bisect.settings) == {"sim0": -40, "sim1": -55}
         assert fresh.calls[0][1].phase == "rig-baseline"  # from the start: the recording at stock again
-        assert app.rig.card("sim0").trials[0]["phase"] == "baseline"  # a new table, not the stopped one's
+        assert app.bisect.card("sim0").trials[0]["phase"] == "baseline"  # a new table, not the stopped one's
 
 
 async def test_quit_with_the_rig_result_unconfirmed_reverts_every_card(tmp_path, fake_rig):
@@ -265,10 +266,10 @@ async def test_quit_when_the_rig_stops_at_once_still_says_the_session_is_kept(tm
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app, gpus=2)
         await pilot.press("b")
-        await _wait(pilot, lambda: app.rig.running)
+        await _wait(pilot, lambda: app.bisect.running)
         app.stop_jobs()  # what a confirmed quit (or a hang-up) does first
         await app.workers.wait_for_complete()
-        await _wait(pilot, lambda: not app.rig.running)  # the end was handled while the App still ran
+        await _wait(pilot, lambda: not app.bisect.running)  # the end was handled while the App still ran
     done = app.make_safe(wait_s=20)
     assert any("--device sim0,sim1 --resume" in line for line in done), done
     assert [backend.knob(f"sim{i}").current for i in range(2)] == [0, 0]
@@ -280,7 +281,7 @@ async def test_resume_with_no_rig_session_is_an_error_line_not_stopped(tmp_path,
         await _all_cards(pilot, app, gpus=2)
         await pilot.press("u")
         await app.workers.wait_for_complete()
-        await _wait(pilot, lambda: not app.rig.running and bool(app.rig.failure))
+        await _wait(pilot, lambda: not app.bisect.running and bool(app.bisect.failure))
         await pilot.pause(0.3)
         status = _text(app, "#bisect-status")
         assert "ERROR: no unfinished rig bisect" in status, status

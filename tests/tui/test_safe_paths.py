@@ -86,7 +86,7 @@ async def test_bisect_form_blank_means_the_cards_defaults_in_its_unit(tmp_path, 
     started: list = []
 
     def run(job):
-        started.append(job.params.plan_params(job.backend.knob(job.device_id)))
+        started.append(job.params.plan_params(job.backend.knob(job.device_ids[0])))
 
     monkeypatch.setattr(BisectJob, "run", run)
     backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")
@@ -154,7 +154,7 @@ async def test_bisect_with_the_forms_defaults_runs_to_a_recommendation_on_a_mhz_
 
     backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json", limit_mhz=150)
     app = make_app(tmp_path, backend=backend, samples=0,
-                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda: None})
+                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda _card: None})
     async with app.run_test(size=(120, 40)) as pilot:
         await _settle(app, pilot)
         await pilot.press("3")
@@ -166,11 +166,11 @@ async def test_bisect_with_the_forms_defaults_runs_to_a_recommendation_on_a_mhz_
             if not app.bisect.running:
                 break
             await pilot.pause(0.05)
-        rec = app.bisect.recommendation
-        assert rec is not None, app.bisect.failure
+        rec = app.bisect.card("sim0").recommendation
+        assert rec is not None, app.bisect.card("sim0").failure
         # 30 MHz steps pass up to the 150 MHz limit; 180 and 165 fail; 150 confirms; minus the 30 MHz margin
         assert (rec.unit, rec.confirmed, rec.setting, rec.margin) == ("MHz", 150, 120, 30)
-        assert [r["setting"] for r in app.bisect.trials][:7] == [0, 0, 30, 60, 90, 120, 150]
+        assert [r["setting"] for r in app.bisect.card("sim0").trials][:7] == [0, 0, 30, 60, 90, 120, 150]
     assert backend.knob("sim0").current == 0
 
 
@@ -179,7 +179,7 @@ async def test_bisect_on_a_real_card_asks_first_as_the_cli_does(tmp_path, monkey
     from tuner.tuning.job import BisectJob
 
     started: list = []
-    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job.device_id))
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job.device_ids[0]))
     backend = RealLookingSim(gpus=1, state_path=tmp_path / "sim.json")
     app = make_app(tmp_path, backend=backend, samples=0)
     async with app.run_test(size=(120, 40)) as pilot:

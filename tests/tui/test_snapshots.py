@@ -47,7 +47,7 @@ def _three_cards_in_a_rig_confirmation(tmp_path):
     for device_id, value in (("sim0", -40), ("sim1", -50), ("sim2", -30)):  # attempt 2's settings, on the cards
         backend.apply(device_id, value)
     app = make_app(tmp_path, backend=backend, samples=90)
-    app.rig = rig_in_confirmation()
+    app.bisect = rig_in_confirmation()
     return app
 
 

@@ -26,7 +26,7 @@ async def test_a_refused_floor_names_the_forms_field_not_the_cli_flag(app):
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await pilot.press("3")
         await until(pilot, lambda: app.current_mode == "bisect")
-        app.start_bisect("sim0", BisectParams(floor=-10_000))
+        app.start_bisect(("sim0",), BisectParams(floor=-10_000))
         await until(pilot, lambda: any("outside this card's range" in m for m in _said(app)))
         [said] = [m for m in _said(app) if "outside this card's range" in m]
         assert "floor -10000 mV is outside" in said and not _flags(said), said

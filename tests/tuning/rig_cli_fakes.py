@@ -14,7 +14,7 @@ import time
 
 from tests.tuning.fake_engine import FakeEngine
 from tests.tuning.rig_fakes import FakeRigTrial
-from tuner.tuning import rig_trial, trial
+from tuner.tuning import trial
 
 
 def _block_forever() -> None:
@@ -32,7 +32,7 @@ def main() -> int:
     elif what == "rig":
         fake_rig.on_start = lambda settings, params: _block_forever() if params.phase == where else None
     trial.default_engine_factory = engine
-    rig_trial.run_rig_trial = fake_rig
+    trial.run_trial = fake_rig  # several cards at once: the fake; one card: the real trial, the fake engine
     from tuner.cli import main as tuner_main
 
     return tuner_main(sys.argv[1:])

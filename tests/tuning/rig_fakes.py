@@ -1,5 +1,6 @@
-"""A stand-in for `tuner.tuning.rig_trial.run_rig_trial` (h-dp's data-parallel trial), as the rig driver's tests
-need it: fast, deterministic, and never kinder than the real one.
+"""A stand-in for `tuner.tuning.trial.run_trial` when it runs several cards at once (h-dp's data-parallel trial),
+as the bisect job's rig tests need it: fast, deterministic, and never kinder than the real one. A trial of one card
+(a card's own search) goes to the real `run_trial` with the job's engine factory (tests pass the fake engine).
 
 Like the real one it applies every card's setting through the backend (validated, read back), marks the cards
 loaded, writes each card's reference when asked to record (and fails a card whose reference is missing when asked
@@ -21,20 +22,26 @@ from pathlib import Path
 from tuner.backends.base import Backend
 from tuner.core.errors import NotApplied
 from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult
-from tuner.tuning.rig_trial import RigTrialParams, RigTrialResult
+from tuner.tuning.plan import EDGE_KINDS
+from tuner.tuning.trial import TrialOutcome, TrialParams
+from tuner.tuning.trial import run_trial as real_run_trial  # bound now: tests replace the module's with this fake
 
 
 @dataclass
 class FakeRigTrial:
     pin: Callable[[str, int], bool] | None = None
+    pin_kind: str = "mismatch"  # how a pinned card fails: mismatch (its own figures), or hang, device-lost, ... (edges)
     machine_event: Callable[[int, dict], str | None] | None = None
-    on_start: Callable[[dict, RigTrialParams], None] | None = None
+    on_start: Callable[[dict, TrialParams], None] | None = None
     collective: str | None = "gloo"  # what the ranks report they used (the simulated cards' engines: gloo)
-    calls: list[tuple[dict, RigTrialParams]] = field(default_factory=list)
+    calls: list[tuple[dict, TrialParams]] = field(default_factory=list)
 
-    def __call__(self, backend: Backend, settings: Mapping[str, int], params: RigTrialParams,
+    def __call__(self, backend: Backend, settings: Mapping[str, int], params: TrialParams,
                  on_event: Callable[[TrialEvent], None] | None, stop: threading.Event, *,
-                 engine_factory: object = None, kernel_watcher_factory: object = None) -> RigTrialResult:
+                 engine_factory: object = None, kernel_watcher_factory: object = None) -> TrialOutcome:
+        if len(settings) == 1:  # a card's own search: the real trial (the fake engine stands in for the CPU engine)
+            return real_run_trial(backend, settings, params, on_event, stop, engine_factory=engine_factory,
+                                  kernel_watcher_factory=kernel_watcher_factory)
         emit = on_event or (lambda ev: None)
         self.calls.append((dict(settings), params))
         touched: list[str] = []
@@ -48,7 +55,7 @@ class FakeRigTrial:
             if self.on_start:
                 self.on_start(dict(settings), params)
             if stop.is_set():
-                return RigTrialResult({}, (), None, stopped=True)
+                return TrialOutcome({}, stopped=True)
             results: dict[str, TrialResult] = {}
             for device_id, setting in settings.items():
                 knob = backend.knob(device_id)
@@ -69,8 +76,10 @@ class FakeRigTrial:
                     results[device_id] = TrialResult(verdict="fail", kind="mismatch", reason="loss bits differ",
                                                      fault_step=2 + int(target.fault_rate * 10), **common)
                 elif self.pin and self.pin(device_id, setting):
-                    results[device_id] = TrialResult(verdict="fail", kind="mismatch", reason="loss bits differ "
-                                                     "under the rig load", fault_step=7, **common)
+                    edge = self.pin_kind in EDGE_KINDS  # a hang, a reset, a lost device: as the real trial marks it
+                    what = "loss bits differ" if self.pin_kind == "mismatch" else self.pin_kind
+                    results[device_id] = TrialResult(verdict="fail", kind=self.pin_kind, reason=f"{what} under the "
+                                                     "rig load", fault_step=7, edge=edge, **common)
                 else:
                     results[device_id] = TrialResult(verdict="pass", tok_per_j=4.0, **common)
             event = self.machine_event(len(self.calls), dict(settings)) if self.machine_event else None
@@ -79,10 +88,10 @@ class FakeRigTrial:
                                              "reason": event, "kernel_log": (), "warnings": (), "pstates": (),
                                              "throttle_reasons": ()})
                            for d, r in results.items()}
-                return RigTrialResult(results, (), event, collective=self.collective)
+                return TrialOutcome(results, (), event, collective=self.collective)
             steps = {d: r.fault_step for d, r in results.items() if r.verdict == "fail" and r.fault_step}
             first = min(steps.values(), default=None)
-            return RigTrialResult(results, tuple(d for d, s in steps.items() if s == first), None,
+            return TrialOutcome(results, tuple(d for d, s in steps.items() if s == first), None,
                                   collective=self.collective)
         finally:
             for device_id in touched:
@@ -120,7 +129,7 @@ class _Collective:
 
 
 class FakeGroupEngine:
-    """A stand-in for the engines of one data-parallel group (`engine_factory` of the real `run_rig_trial`), as
+    """A stand-in for the engines of one data-parallel group (`engine_factory` of the real `run_trial`), as
     strict as the real thing, whose behaviour it copies (real gloo, measured: tests/engine/test_data_parallel.py):
 
     - the ranks step in lockstep (a barrier per step, like the all-reduce); a rank whose peer is gone or stopped

@@ -134,7 +134,7 @@ def test_watchdog_catches_an_injected_hang_far_below_the_limit():
                          watchdog=WatchdogPolicy(first_step_timeout_s=120, min_silence_s=2, silence_factor=20,
                                                  kill_grace_s=2))
     stop = threading.Event()
-    result = run_trial(backend, "sim0", -100, params, stop_event=stop)  # vmin - 48 mV: the card hangs
+    result = run_trial(backend, {"sim0": -100}, params, stop=stop).result  # vmin - 48 mV: the card hangs
     assert result.verdict == "fail" and result.kind == "hang" and result.edge
     assert result.simulated and result.injected
     assert backend.knob("sim0").current == 0
@@ -156,7 +156,7 @@ def test_a_broken_reference_fails_the_stock_control_too_and_stops_the_search(sys
 
     job = BisectJob(SimulatedBackend(vmin_mv=-52), "sim0", BisectParams(trial_s=3, confirm_s=3, preset="tiny"),
                     engine_factory=corrupt_then_run)
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "failed" and outcome.failure.kind == "not-repeatable", outcome
     assert outcome.exit_code == 1 and "step 4" in outcome.failure.reason
     assert [(t.setting, t.phase, t.verdict, t.kind, t.fault_step, t.reference_step, t.injected)

@@ -97,7 +97,7 @@ def test_a_journal_that_parses_but_is_damaged_blocks_boot_apply(capsys, boot):
 
 def test_status_warns_about_a_value_left_by_a_dead_tool(capsys, boot):
     j = journal.Journal.create("sim0", params={}, knob={})
-    j.begin_trial(-10, "coarse")
+    j.begin_trial("coarse", setting=-10)
     j.doc["open_trial"]["pid"] = 2**22 + 4321  # dead
     j._save()
     sim(gpus=1).apply("sim0", -10)  # a kill -9 left the trial value on the card
@@ -120,7 +120,7 @@ def test_a_journal_naming_a_reference_outside_the_state_directory_is_damaged(boo
 def test_a_trial_too_short_to_compare_50_steps_is_inconclusive_and_runs_longer(boot):
     engine = FakeEngine(steps=lambda r: int((r.options.duration_s or 1) * 30))  # 1 s: 30 steps; 4 s: 120
     _backend, engine, _events, job = _make(engine=engine)
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.recommendation.setting == -40 and outcome.recommendation.confirmed == -50
     short = [t for t in outcome.trials if t.verdict == "inconclusive"]
     assert short and all(t.kind == evidence.TOO_SHORT for t in short)
@@ -138,7 +138,7 @@ def test_a_trial_too_short_to_compare_50_steps_is_inconclusive_and_runs_longer(b
 
 def test_a_trial_that_never_compares_enough_steps_is_never_a_pass(boot):
     backend, engine, _events, job = _make(engine=FakeEngine(steps=lambda r: 1))  # --trial 0.01: one step each
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.recommendation is None and outcome.failure.kind == evidence.TOO_SHORT
     assert outcome.exit_code == exit_codes.TEST_FAILED and "longer --trial" in outcome.failure.reason
     assert [r.options.duration_s for r in engine.requests if not r.options.verify_repeatable][1:] == [1, 4, 16, 64]
@@ -164,14 +164,14 @@ def test_an_engine_killed_from_outside_is_inconclusive_and_runs_again_on_resume(
         return None
 
     backend, engine, _events, job = _make(engine=FakeEngine(override=oom_killer))
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "stopped" and outcome.exit_code == exit_codes.INTERRUPTED
     doc = journal.load("sim0")
     assert doc["state"] == journal.INTERRUPTED and doc["trials"][-1]["verdict"] == "inconclusive"
     assert doc["trials"][-1]["kind"] == evidence.ENGINE_KILLED and doc["trials"][-1]["setting"] == -30
     assert journal.unsafe_settings("sim0") == {} and backend.knob("sim0").current == 0
     backend, engine, _events, job = _make(resume=True)
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.recommendation.setting == -40 and not outcome.recommendation.edge  # as if uninterrupted
     assert -30 in [r.options.fault_seed for r in engine.requests]
 
@@ -183,7 +183,7 @@ def test_a_crash_by_a_signal_the_engine_raised_itself_is_still_a_failure(boot):
                           duration_s=0.5)
         return None
 
-    outcome = _make(engine=FakeEngine(override=segv))[3].run()
+    outcome = _make(engine=FakeEngine(override=segv))[3].run().card
     assert any(t.setting == -60 and t.verdict == "fail" and t.kind == "crash" for t in outcome.trials)
 
 
@@ -364,7 +364,7 @@ def test_a_full_disk_mid_bisect_is_inconclusive_and_resumes(boot, monkeypatch):
     assert backend.knob("sim0").current == 0 and journal.load("sim0")["open_trial"]["setting"] == -30
     full.clear()  # space freed
     backend, engine, _events, job = _make(resume=True)
-    outcome = job.run()
+    outcome = job.run().card
     assert journal.unsafe_settings("sim0") == {} and -30 in [r.options.fault_seed for r in engine.requests]
     assert outcome.recommendation.setting == -40 and not outcome.recommendation.edge
 
@@ -390,7 +390,7 @@ def test_an_engine_that_crashes_on_a_full_disk_is_not_blamed_on_the_voltage(boot
     assert doc["state"] == journal.INTERRUPTED and doc["trials"][-1]["kind"] == evidence.DISK_FULL
     disk["full"] = False
     _backend, _engine, _events, job = _make(resume=True)
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.recommendation.setting == -40 and journal.unsafe_settings("sim0") == {}
 
 
@@ -400,9 +400,9 @@ def test_a_dead_tool_with_an_unreadable_boot_id_fails_closed(boot):
                                knob=SimulatedBackend().knob("sim0").to_dict())
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
     j.reference.write_text('{"steps": 1000}')
-    j.begin_trial(-30, "coarse")
+    j.begin_trial("coarse", setting=-30)
     j.doc["open_trial"]["pid"] = 2**22 + 4321  # dead
     j._save()
     (boot.root / "proc/sys/kernel/random/boot_id").unlink()
-    outcome = _make(resume=True)[3].run()
+    outcome = _make(resume=True)[3].run().card
     assert journal.unsafe_settings("sim0")[-30]["edge"] and outcome.recommendation.edge

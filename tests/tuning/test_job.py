@@ -26,7 +26,7 @@ def make(vmin=-52, **kw):
 
 def test_recommends_lowest_pass_plus_margin_and_records_everything(boot):
     backend, engine, events, job = make()
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.exit_code == exit_codes.OK
     rec = outcome.recommendation
     assert (rec.setting, rec.confirmed, rec.first_failure) == (-40, -50, -55)
@@ -56,7 +56,7 @@ def test_recommends_lowest_pass_plus_margin_and_records_everything(boot):
 def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot):
     # vmin -30: a -10 mV coarse step of 40 jumps straight to -70 (at or below vmin - 40: the card hangs)
     _backend, _engine, _events, job = make(vmin=-30, step=70, resolution=5)
-    outcome = job.run()
+    outcome = job.run().card
     hang = [t for t in outcome.trials if t.kind == "hang"]
     assert hang and hang[0].setting == -70 and hang[0].edge
     assert -70 in journal.unsafe_settings("sim0")
@@ -66,7 +66,7 @@ def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot
 def test_unfinished_session_needs_resume_or_restart(boot):
     backend, engine, _events, job = make()
     engine.on_start = lambda req: job.stop() if req.options.fault_rate == 0 and not req.options.record else None
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "stopped" and outcome.exit_code == exit_codes.INTERRUPTED
     assert backend.knob("sim0").current == 0
     assert journal.load("sim0")["state"] == journal.INTERRUPTED
@@ -74,7 +74,7 @@ def test_unfinished_session_needs_resume_or_restart(boot):
         make()[3].run()
     assert "--resume" in err.value.one_line()
     backend, engine, _events, job = make(resume=True)
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.recommendation.setting == -40
     # the stopped trial was not counted: baseline + 9 - 1 trials before, all once
     assert [t.setting for t in outcome.trials].count(-10) == 1
@@ -88,11 +88,11 @@ def test_open_trial_of_a_dead_tool_is_inconclusive_and_runs_again_on_resume(boot
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "tok_s": 1000.0,
                     "power_w": 300.0, "tok_per_j": 3.3})
     j.reference.write_text('{"steps": 1000}')
-    j.begin_trial(-30, "coarse")
+    j.begin_trial("coarse", setting=-30)
     j.doc["open_trial"]["pid"] = 2**22 + 4321  # dead
     j._save()
     backend, engine, events, job = make(resume=True)
-    outcome = job.run()
+    outcome = job.run().card
     recovered = [e for e in events if isinstance(e, TrialRecovered)]
     assert recovered and recovered[0].result.kind == "tool-died" and not recovered[0].result.edge
     assert recovered[0].result.verdict == "inconclusive"
@@ -109,24 +109,24 @@ def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot
                                knob=backend.knob("sim0").to_dict())
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
     j.reference.write_text('{"steps": 1000}')
-    j.begin_trial(-40, "coarse")
+    j.begin_trial("coarse", setting=-40)
     boot("boot-b")
     backend, engine, _events, job = make(resume=True)
-    outcome = job.run()
+    outcome = job.run().card
     assert journal.unsafe_settings("sim0")[-40]["kind"] == "system-reset"
     assert -40 not in [r.options.fault_seed for r in engine.requests]  # seed 0: the fault seed is the setting
     assert outcome.recommendation.confirmed == -35 and outcome.recommendation.margin == 15
     assert outcome.recommendation.setting == -20
     # a brand-new session keeps the unsafe value out, too
     backend, engine, _events, job = make(restart=True)
-    outcome = job.run()
+    outcome = job.run().card
     assert all(t.setting > -40 for t in outcome.trials)
 
 
 def test_a_live_session_elsewhere_is_refused(boot):
     _backend, _engine, _events, _job = make()
     j = journal.Journal.create("sim0", params={}, knob={})
-    j.begin_trial(-10, "coarse")
+    j.begin_trial("coarse", setting=-10)
     j.doc["open_trial"]["pid"] = os.getppid()  # alive, and not us
     j._save()
     with pytest.raises(UsageError, match="already running"):
@@ -137,7 +137,7 @@ def test_the_same_reference_step_in_different_passes_is_a_software_fault(boot):
     # looped reference of 20 steps: step 27 of one trial and step 47 of the next are both its step 7
     _backend, engine, _events, job = make()
     engine.software_fault = lambda req: ("nonfinite", 27 if len(engine.requests) == 3 else 47, 7)
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "failed" and outcome.failure.kind == "software-fault"
     assert "step 7" in outcome.failure.reason
     assert [(t.setting, t.fault_step, t.reference_step) for t in outcome.trials[2:]] == [(-10, 27, 7), (-5, 47, 7)]
@@ -156,7 +156,7 @@ def test_a_real_fault_at_the_same_step_at_two_settings_is_a_software_fault(boot)
     # vmin -52: nothing is injected at -10 or -5, so the engine's nonfinite at step 7 there is the software's
     _backend, engine, _events, job = make()
     engine.software_fault = lambda req: ("nonfinite", 7, 7)
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "failed" and outcome.failure.kind == "software-fault"
     assert [(t.setting, t.fault_step, t.injected) for t in outcome.trials[2:]] == [(-10, 7, False), (-5, 7, False)]
 
@@ -164,14 +164,14 @@ def test_a_real_fault_at_the_same_step_at_two_settings_is_a_software_fault(boot)
 def test_the_same_absolute_step_at_different_reference_steps_is_not_a_software_fault(boot):
     _backend, engine, _events, job = make()
     engine.software_fault = lambda req: ("nonfinite", 27, 7 if len(engine.requests) == 3 else 17)
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "recommended" and outcome.recommendation.confirmed is None
 
 
 def test_setup_error_is_not_blamed_on_the_voltage(boot):
     _backend, engine, events, job = make()
     engine.error = True
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "failed" and outcome.exit_code == exit_codes.TEST_FAILED
     assert isinstance(events[-1], BisectFailed) and events[-1].kind == "error"
     assert outcome.trials[0].verdict == "error" and journal.unsafe_settings("sim0") == {}

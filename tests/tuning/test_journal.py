@@ -16,13 +16,13 @@ def test_no_journal_means_nothing_open(boot):
 
 def test_open_trial_this_boot_is_not_previous_boot(boot):
     j = journal.Journal.create("sim0", params={}, knob={})
-    j.begin_trial(-50, "coarse")
+    j.begin_trial("coarse", setting=-50)
     assert journal.trial_open_at_previous_boot() is None
 
 
 def test_open_trial_from_previous_boot_is_reported(boot):
     j = journal.Journal.create("0000:03:00.0", params={}, knob={})
-    j.begin_trial(-60, "refine")
+    j.begin_trial("refine", setting=-60)
     boot("boot-b")
     trial = journal.trial_open_at_previous_boot()
     assert trial is not None
@@ -32,7 +32,7 @@ def test_open_trial_from_previous_boot_is_reported(boot):
 
 def test_closed_trial_is_not_reported(boot):
     j = journal.Journal.create("sim0", params={}, knob={})
-    j.begin_trial(-50, "coarse")
+    j.begin_trial("coarse", setting=-50)
     j.finish_trial({"setting": -50, "phase": "coarse", "verdict": "pass"})
     boot("boot-b")
     assert journal.trial_open_at_previous_boot() is None
@@ -43,7 +43,7 @@ def test_closed_trial_is_not_reported(boot):
 def test_unreadable_boot_id_counts_dead_pid(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_SYSFS_ROOT", str(tmp_path / "nothing"))
     j = journal.Journal.create("sim0", params={}, knob={})
-    j.begin_trial(-50, "coarse")
+    j.begin_trial("coarse", setting=-50)
     assert journal.trial_open_at_previous_boot() is None  # our own pid is alive
     j.doc["open_trial"]["pid"] = 2**22 + 12345  # no such process
     j._save()
@@ -82,3 +82,24 @@ def test_guarded_trial_left_open_blocks_boot_and_becomes_unsafe(boot):
     assert journal.recover_stale_guard("sim0", "mV")["setting"] == -75
     assert journal.unsafe_settings("sim0")[-75]["kind"] == "system-reset"
     assert journal.trial_open_at_previous_boot() is None
+
+
+@pytest.mark.parametrize(("theirs", "pid", "readable", "owner"), [
+    ("boot-b", os.getppid(), True, journal.Owner.EARLIER_BOOT),  # another boot: a live pid there is a reused number
+    ("boot-a", os.getppid(), True, journal.Owner.RUNNING),  # another live process in this boot
+    ("boot-a", 2**22 + 12345, True, journal.Owner.TOOL_DIED),  # this boot, its process is gone
+    ("boot-a", os.getpid(), True, journal.Owner.TOOL_DIED),  # this process's own earlier job: no reset since
+    ("boot-a", 2**22 + 12345, False, journal.Owner.UNKNOWN_BOOT),  # unreadable now: a reset cannot be ruled out
+    (None, 2**22 + 12345, True, journal.Owner.UNKNOWN_BOOT),  # unreadable then: the same
+    # a live pid without both boot ids: maybe a number reused after a reset (at boot the low ones all are): fail closed
+    (None, os.getppid(), False, journal.Owner.UNKNOWN_BOOT),
+    ("boot-a", os.getppid(), False, journal.Owner.UNKNOWN_BOOT),
+    (None, os.getppid(), True, journal.Owner.UNKNOWN_BOOT),
+    (None, os.getpid(), False, journal.Owner.TOOL_DIED),  # this process's own: no reset since it started
+])
+def test_one_rule_says_who_left_an_open_trial(boot, theirs, pid, readable, owner):
+    if not readable:
+        (boot.root / "proc/sys/kernel/random/boot_id").unlink()
+    got = journal.classify_open_trial({"boot_id": theirs, "pid": pid, "setting": -40, "phase": "coarse"})
+    assert got == owner
+    assert got.machine_may_have_reset == (owner in (journal.Owner.EARLIER_BOOT, journal.Owner.UNKNOWN_BOOT))

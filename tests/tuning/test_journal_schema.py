@@ -1,6 +1,7 @@
 """The declared shapes of the safety files: what each check accepts, the phrase it gives for what it refuses, and
 the unsafe list's times (issue 28: a `recorded_at` of 1e308, Infinity or NaN is damage, one line, never a traceback
-later). The rig journal's declared check is held to the hand-written one it replaces, document for document."""
+later). The rig journal the tuner writes fits its declared shape, and the journal module refuses each damage the
+shape names (one schema, declared once: journal.py has no check of its own)."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_a_damaged_journal_says_which_key(dotted, value, phrase):
 
 
 def test_the_public_checks_keep_their_signatures_and_phrases():
-    """journal.py and journal_rig.py call these one by one (issue 21: the callers are rewritten meanwhile)."""
+    """journal.py calls these one by one."""
     assert journal_schema.check_open_trial(None, in_session=True) is None
     assert journal_schema.check_open_trial({"setting": 1, "phase": "x"}, in_session=False) is None
     assert journal_schema.check_open_trial({"setting": 1, "phase": "x"}, in_session=True) == \
@@ -139,7 +140,7 @@ def test_the_last_time_the_list_takes_is_the_end_of_year_9999():
     assert journal_schema.check_unsafe_entry({**UNSAFE, "recorded_at": 0}) is None
 
 
-RIG_BAD = [  # each refused by the hand-written check in journal_rig.py too
+RIG_BAD = [
     ("version", 2, "'version' is not 1"),
     ("session", "a/b", "'session' is not a session id"),
     ("state", "x", "'state' is not one of active, interrupted, finished"),
@@ -173,17 +174,17 @@ def test_a_rig_journal_that_is_not_an_object():
     assert journal_schema.check_rig_journal([]) == "it is not a JSON object"
 
 
-def test_the_declared_rig_check_agrees_with_the_hand_written_one(boot):
-    """Until journal_rig.py calls journal_schema.check_rig_journal: the same verdict on every document, a real one
-    written by RigJournal included. (Once it does, this compares the function with itself and still passes.)"""
-    journal_rig = pytest.importorskip("tuner.tuning.journal_rig")  # gone once the one-stack journal lands
-    hand_written = getattr(journal_rig, "check_rig_journal", journal_schema.check_rig_journal)
-    rig = journal_rig.RigJournal.create(["sim0", "sim1"], params={"trial_s": 5}, stock={"sim0": 0, "sim1": 0})
-    rig.begin_trial("confirm", 1, {"sim0": -40, "sim1": -30})
+def test_the_rig_journal_the_tuner_writes_fits_the_declared_shape_and_each_damage_is_refused(boot):
+    """What Journal.create_rig and begin_trial write is a RigJournal; each damage above, written over it, makes
+    every card of the rig refuse (check_safety_state, which set, apply, boot apply and bisect call first)."""
+    rig = journal.Journal.create_rig(["sim0", "sim1"], params={"trial_s": 5}, stock={"sim0": 0, "sim1": 0})
+    rig.begin_trial("confirm", attempt=1, settings={"sim0": -40, "sim1": -30})
     real = json.loads(rig.path.read_text())
-    assert journal_schema.check_rig_journal(real) is None and hand_written(real) is None
-    assert hand_written(RIG) is None
-    for dotted, value, _phrase in RIG_BAD:
-        doc = _with(RIG, dotted, value)
-        assert hand_written(doc) is not None, dotted
-        assert journal_schema.check_rig_journal(doc) is not None, dotted
+    assert journal_schema.check_rig_journal(real) is None
+    journal.check_safety_state("sim0")  # a sound rig journal refuses nothing
+    for dotted, value, phrase in RIG_BAD:
+        rig.path.write_text(json.dumps(_with(real, dotted, value)))
+        for card in ("sim0", "sim1"):
+            with pytest.raises(DamagedState) as damaged:
+                journal.check_safety_state(card)
+            assert phrase in damaged.value.message and str(rig.path) in damaged.value.message, dotted

@@ -12,7 +12,7 @@ from tuner.core import exit_codes
 from tuner.tuning import journal
 from tuner.tuning.engine_client import WatchdogPolicy
 from tuner.tuning.job import BisectJob, BisectParams, control_steps
-from tuner.tuning.trial import _bounded_result
+from tuner.tuning.trial import bounded_result
 
 
 def make(vmin=-52, **kw):
@@ -25,7 +25,7 @@ def make(vmin=-52, **kw):
 def test_a_replay_that_differs_stops_before_any_undervolt(boot):
     backend, engine, job = make()
     engine.replay_fault = lambda req: ("not-repeatable", 141)
-    outcome = job.run()
+    outcome = job.run().card
     assert (outcome.status, outcome.exit_code, outcome.failure.kind) == ("failed", exit_codes.TEST_FAILED,
                                                                           "not-repeatable")
     assert "first differing step 141" in outcome.failure.reason and "--tolerance" in outcome.failure.reason
@@ -37,7 +37,7 @@ def test_a_replay_that_differs_stops_before_any_undervolt(boot):
 def test_a_mismatch_gets_a_stock_control_before_it_counts(boot):
     _backend, engine, job = make()
     engine.software_fault = lambda req: ("mismatch", 7, 7) if req.options.fault_seed == -10 else None
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "recommended", outcome.failure
     phases = [(t.setting, t.phase, t.verdict) for t in outcome.trials]
     assert phases[:4] == [(0, "baseline", "pass"), (0, "replay", "pass"), (-10, "coarse", "fail"),
@@ -52,7 +52,7 @@ def test_a_mismatch_gets_a_stock_control_before_it_counts(boot):
 def test_a_control_that_fails_too_stops_and_blames_no_voltage(boot):
     backend, engine, job = make()
     engine.software_fault = lambda req: ("canary", 30, 10)
-    outcome = job.run()
+    outcome = job.run().card
     assert (outcome.failure.kind, outcome.exit_code) == ("not-repeatable", 1)
     assert [(t.setting, t.phase) for t in outcome.trials][-2:] == [(-10, "coarse"), (0, "control")]
     assert journal.unsafe_settings("sim0") == {} and backend.knob("sim0").current == 0
@@ -60,7 +60,7 @@ def test_a_control_that_fails_too_stops_and_blames_no_voltage(boot):
 
 def test_injected_faults_of_the_simulated_card_need_no_control(boot):
     _backend, _engine, job = make(vmin=-12)
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "recommended"
     assert not [t for t in outcome.trials if t.phase == "control"]
 
@@ -68,7 +68,7 @@ def test_injected_faults_of_the_simulated_card_need_no_control(boot):
 def test_tolerance_is_passed_on_and_recorded_everywhere(boot):
     _backend, engine, job = make(tolerance=True)
     engine.sensitivity = "reduced"
-    outcome = job.run()
+    outcome = job.run().card
     assert outcome.status == "recommended"
     assert all(r.options.tolerance for r in engine.requests)
     assert outcome.recommendation.sensitivity == "reduced" and outcome.tuning()["sensitivity"] == "reduced"
@@ -78,7 +78,7 @@ def test_tolerance_is_passed_on_and_recorded_everywhere(boot):
 def test_reduced_sensitivity_without_asking_is_an_error(boot):
     _backend, engine, job = make()
     engine.sensitivity = "reduced"
-    outcome = job.run()
+    outcome = job.run().card
     assert (outcome.status, outcome.failure.kind) == ("failed", "error")
     assert outcome.trials[0].kind == "reduced-sensitivity" and outcome.recommendation is None
 
@@ -100,6 +100,6 @@ class _SlowRun:
 @pytest.mark.parametrize("ends_after_stop", [True, False])
 def test_the_wait_for_an_engines_result_is_bounded(ends_after_stop):
     run = _SlowRun(ends_after_stop)
-    got = _bounded_result(run, WatchdogPolicy(kill_grace_s=5))
+    got = bounded_result(run, WatchdogPolicy(kill_grace_s=5))
     assert run.stopped and all(t is not None for t in run.timeouts) and len(run.timeouts) == 2
     assert got == ("result" if ends_after_stop else None)

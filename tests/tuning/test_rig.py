@@ -9,7 +9,7 @@ import pytest
 
 from tests.tuning.fake_engine import FakeEngine
 from tests.tuning.rig_fakes import FakeRigTrial
-from tuner.actions.bisect import prepare_rig_bisect, rig_devices
+from tuner.actions.bisect import prepare_bisect, rig_devices
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardBusy, CardLock
@@ -24,7 +24,6 @@ from tuner.tuning.events import (
     TrialStarted,
 )
 from tuner.tuning.job import BisectParams
-from tuner.tuning.journal_rig import RigJournal
 
 LIMITS = (-52, -67, -40)
 CARDS = ("sim0", "sim1", "sim2")
@@ -36,7 +35,7 @@ def make(limits=LIMITS, rig=None, engine=None, **kw):
     rig = rig or FakeRigTrial()
     events: list = []
     params = BisectParams(trial_s=1, confirm_s=2, **kw)
-    job = prepare_rig_bisect(backend, rig_devices(backend, "all"), params, events.append, rig_trial=rig,
+    job = prepare_bisect(backend, rig_devices(backend, "all"), params, events.append, run_trial=rig,
                              engine_factory=engine)
     return backend, engine, rig, events, job
 
@@ -66,7 +65,7 @@ def test_three_cards_get_their_own_recommendations_then_pass_together(boot):
     final = [e for e in events if isinstance(e, RigRecommendation)]
     assert len(final) == 1 and final[0].settings == {"sim0": -40, "sim1": -55, "sim2": -30}
     assert final[0].to_json()["per_card"]["sim1"]["setting"] == -55
-    doc = RigJournal.open_existing(CARDS).doc
+    doc = journal.Journal.open_rig(CARDS).doc
     assert doc["state"] == journal.FINISHED and doc["open_trial"] is None and len(doc["attempts"]) == 1
 
 
@@ -110,7 +109,7 @@ def test_a_card_backed_off_to_stock_stays_there_and_says_why(boot):
 def test_attempts_are_bounded(boot):
     rig = FakeRigTrial(machine_event=lambda call, settings: "collective timed out" if call > 1 else None)
     backend = SimulatedBackend(gpus=2, vmin_mv=(-52, -67))
-    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2), rig_trial=rig,
+    job = prepare_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2), run_trial=rig,
                              engine_factory=FakeEngine(), max_attempts=3)
     outcome = job.run()
     assert len(rig.calls) == 1 + 3 and outcome.status == "failed" and outcome.exit_code == exit_codes.TEST_FAILED
@@ -159,7 +158,7 @@ def test_every_card_is_locked_for_the_rigs_whole_life(boot):
 def test_a_second_rig_over_an_overlapping_card_is_refused(boot):
     backend = SimulatedBackend(gpus=3, vmin_mv=LIMITS)
     with CardLock("sim2", "another bisect"), pytest.raises(CardBusy):
-        prepare_rig_bisect(backend, CARDS, BisectParams(trial_s=1, confirm_s=2), rig_trial=FakeRigTrial(),
+        prepare_bisect(backend, CARDS, BisectParams(trial_s=1, confirm_s=2), run_trial=FakeRigTrial(),
                            engine_factory=FakeEngine()).run()
     assert journal.load("sim0") is None  # nothing started
 
@@ -217,8 +216,8 @@ def test_each_trial_gets_its_own_watcher_for_its_own_card(boot):
         return kernel_log.NullWatcher()
 
     backend = SimulatedBackend(gpus=2, vmin_mv=(-52, -67))
-    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
-                             rig_trial=FakeRigTrial(), engine_factory=FakeEngine(), kernel_watcher_factory=factory)
+    job = prepare_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
+                             run_trial=FakeRigTrial(), engine_factory=FakeEngine(), kernel_watcher_factory=factory)
     outcome = job.run()
     assert made.count("sim0") == len(outcome.per_card["sim0"].trials)
     assert made.count("sim1") == len(outcome.per_card["sim1"].trials)
@@ -235,8 +234,8 @@ def test_the_cards_search_concurrently(boot):
             both.wait()
 
     backend = SimulatedBackend(gpus=2, vmin_mv=(-52, -67))
-    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
-                             rig_trial=FakeRigTrial(), engine_factory=FakeEngine(on_start=meet))
+    job = prepare_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
+                             run_trial=FakeRigTrial(), engine_factory=FakeEngine(on_start=meet))
     assert job.run().exit_code == exit_codes.OK and len(opened) == 2
 
 
@@ -291,7 +290,7 @@ def test_a_rig_resumed_after_its_searches_locks_every_card_at_its_own_baseline_c
     holder: dict = {}
     first = ClockedCards(gpus=3, vmin_mv=LIMITS)
     rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
-    holder["job"] = prepare_rig_bisect(first, CARDS, BisectParams(trial_s=1, confirm_s=2), rig_trial=rig,
+    holder["job"] = prepare_bisect(first, CARDS, BisectParams(trial_s=1, confirm_s=2), run_trial=rig,
                                        engine_factory=FakeEngine())
     assert holder["job"].run().status == "stopped" and len(rig.calls) == 1
     own = dict(first.locks)  # what each card's own search locked at (its baseline)
@@ -300,7 +299,7 @@ def test_a_rig_resumed_after_its_searches_locks_every_card_at_its_own_baseline_c
     resumed = ClockedCards(gpus=3, vmin_mv=LIMITS)  # a new process: no lock chosen yet
     seen: list = []
     rig2 = FakeRigTrial(on_start=lambda settings, params: seen.append(list(resumed.locks)))
-    outcome = prepare_rig_bisect(resumed, CARDS, BisectParams(trial_s=1, confirm_s=2, resume=True), rig_trial=rig2,
+    outcome = prepare_bisect(resumed, CARDS, BisectParams(trial_s=1, confirm_s=2, resume=True), run_trial=rig2,
                                  engine_factory=FakeEngine()).run()
     assert outcome.exit_code == exit_codes.OK
     assert dict(seen[0]) == own, seen  # before the first rig run (the recording at stock), every card locked

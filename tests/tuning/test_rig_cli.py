@@ -12,7 +12,7 @@ from tests.tuning.fake_engine import FakeEngine
 from tests.tuning.rig_fakes import FakeRigTrial
 from tuner import cli
 from tuner.backends.simulated import SimulatedBackend
-from tuner.tuning import rig_trial, trial
+from tuner.tuning import trial
 
 SIM3 = ["--simulate", "--sim-gpus", "3", "--sim-vmin", "-52,-67,-40"]
 FAST = ["--trial", "1s", "--confirm", "2s", "--yes"]
@@ -22,7 +22,7 @@ FAST = ["--trial", "1s", "--confirm", "2s", "--yes"]
 def fakes(monkeypatch):
     engine, rig = FakeEngine(), FakeRigTrial()
     monkeypatch.setattr(trial, "default_engine_factory", engine)
-    monkeypatch.setattr(rig_trial, "run_rig_trial", rig)
+    monkeypatch.setattr(trial, "run_trial", rig)
     return engine, rig
 
 
@@ -120,13 +120,19 @@ def test_save_name_is_checked_before_anything_runs(boot, fakes, capsys):
     assert fakes[0].requests == []
 
 
+def _tty_printer():
+    """The CLI's printer for two cards, as on a terminal."""
+    from tuner.commands.bisect import _Printer
+
+    printer = _Printer(SimulatedBackend(gpus=2), ("sim0", "sim1"), False)
+    printer.tty = True
+    return printer
+
+
 def test_a_card_that_has_its_own_result_says_so_on_its_tty_line_not_a_stale_100_percent(capsys):
-    from tuner.commands.bisect import _Block, _Printer
     from tuner.tuning.events import Recommendation, TrialProgress
 
-    block = _Block(("sim0", "sim1"))
-    block.tty = True  # the progress block redrawn in place, as on a terminal
-    printer = _Printer("mV", False, block=block, device="sim0")
+    printer = _tty_printer()  # the progress block redrawn in place, as on a terminal
     printer(TrialProgress(device="sim0", setting=-35, phase="confirm", elapsed_s=10.0, duration_s=10.0, eta_s=0.0,
                           step=533, eta_total_s=None))
     printer(Recommendation(device="sim0", unit="mV", setting=-25, confirmed=-35, lowest_pass=-35,
@@ -136,12 +142,9 @@ def test_a_card_that_has_its_own_result_says_so_on_its_tty_line_not_a_stale_100_
 
 
 def test_a_trial_past_its_time_says_finishing_on_its_tty_line_not_eta_0s(capsys):
-    from tuner.commands.bisect import _Block, _Printer
     from tuner.tuning.events import FINISHING, TrialProgress
 
-    block = _Block(("sim0", "sim1"))
-    block.tty = True
-    printer = _Printer("mV", False, block=block, device="sim0")
+    printer = _tty_printer()
     printer(TrialProgress(device="sim0", setting=-35, phase="confirm", elapsed_s=12.5, duration_s=10.0, eta_s=0.0,
                           step=533, eta_total_s=None))
     line = capsys.readouterr().err.split("\033[J")[-1].splitlines()[0]

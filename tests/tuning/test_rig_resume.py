@@ -22,7 +22,6 @@ from tests.cli_helpers import REPO
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.card_lock import CardBusy, CardLock
 from tuner.tuning import journal
-from tuner.tuning.journal_rig import RigJournal
 
 SIM = ["--simulate", "--sim-gpus", "2", "--sim-vmin", "-52,-67"]
 CARDS = ("sim0", "sim1")
@@ -108,7 +107,7 @@ def _kill_during_rig_confirm() -> dict[str, int]:
     proc = _tuner(*SIM, *ARGS, block="rig:rig-confirm")
     try:
         def open_confirm() -> bool:
-            rig = RigJournal.open_existing(CARDS)
+            rig = journal.Journal.open_rig(CARDS)
             return rig is not None and (rig.open_trial or {}).get("phase") == "rig-confirm"
 
         _wait_for(open_confirm, proc)
@@ -116,7 +115,7 @@ def _kill_during_rig_confirm() -> dict[str, int]:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=10)
-    rig = RigJournal.open_existing(CARDS)
+    rig = journal.Journal.open_rig(CARDS)
     assert rig is not None and rig.open_trial is not None
     return rig.open_trial["settings"]
 
@@ -145,5 +144,5 @@ def test_a_reset_during_the_rig_confirmation_backs_off_every_card_and_never_appl
     confirms = [e["settings"] for e in events if e["event"] == "rig_confirm_started" and e["phase"] == "rig-confirm"]
     assert left_open not in confirms and confirms == [{"sim0": -35, "sim1": -50}]
     assert next(e for e in events if e["event"] == "rig_outcome")["settings"] == {"sim0": -35, "sim1": -50}
-    assert RigJournal.open_existing(CARDS).doc["never"] == [left_open]
+    assert journal.Journal.open_rig(CARDS).doc["never"] == [left_open]
     assert journal.trial_open_at_previous_boot() is None  # closed now

@@ -1,4 +1,4 @@
-"""`run_rig_trial`, the whole-rig data-parallel trial, on simulated cards.
+"""`run_trial` of several cards at once, the whole-rig data-parallel trial, on simulated cards.
 
 Three tests run real engines (two gloo ranks on the CPU, tiny preset: a recording, then a confirmation with one card
 past its hidden limit, and one whose engine hangs); the rest use `FakeGroupEngine` (tests/tuning/rig_fakes.py),
@@ -16,9 +16,13 @@ from tuner.core.models import Verdict
 from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import WatchdogPolicy
 from tuner.tuning.events import TrialProgress
-from tuner.tuning.rig_trial import RigTrialParams, _judge, _Rank, run_rig_trial
+from tuner.tuning.trial import TrialParams, _Card, _judge, run_trial
 
 FAST = WatchdogPolicy(min_silence_s=0.5, first_step_timeout_s=30, kill_grace_s=1, poll_s=0.05)
+
+
+def RigTrialParams(**kw) -> TrialParams:
+    return TrialParams(**{"phase": "rig-confirm", "mode": "mixed", **kw})
 
 
 def _backend(n: int = 2) -> SimulatedBackend:
@@ -44,7 +48,7 @@ def recorded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rig")
     backend = _backend()
     refs = _refs(tmp, ("sim0", "sim1"), write=False)
-    res = run_rig_trial(backend, {"sim0": 0, "sim1": 0},
+    res = run_trial(backend, {"sim0": 0, "sim1": 0},
                         RigTrialParams(duration_s=2.0, mode="train", record_paths=refs, phase="rig-baseline",
                                        collective_timeout_s=20), None, threading.Event())
     return backend, refs, res
@@ -56,7 +60,7 @@ def test_a_stock_recording_and_a_safe_confirmation_pass_on_real_gloo_ranks(recor
     assert res.collective == "gloo" and res.pinned == () and res.machine_event is None
     assert all(p.exists() for p in refs.values())
     events: list = []
-    ok = run_rig_trial(backend, {"sim0": -40, "sim1": -55},
+    ok = run_trial(backend, {"sim0": -40, "sim1": -55},
                        RigTrialParams(duration_s=3.0, reference_paths=refs, collective_timeout_s=20),
                        events.append, threading.Event())
     assert {d: r.verdict for d, r in ok.results.items()} == {"sim0": "pass", "sim1": "pass"}, ok
@@ -67,7 +71,7 @@ def test_a_stock_recording_and_a_safe_confirmation_pass_on_real_gloo_ranks(recor
 
 def test_a_card_past_its_limit_is_pinned_and_the_other_is_not(recorded):
     backend, refs, _ = recorded
-    res = run_rig_trial(backend, {"sim0": -40, "sim1": -90},
+    res = run_trial(backend, {"sim0": -40, "sim1": -90},
                         RigTrialParams(duration_s=5.0, reference_paths=refs, collective_timeout_s=20),
                         None, threading.Event())
     assert res.pinned == ("sim1",), res
@@ -92,7 +96,7 @@ def test_a_hung_rank_is_pinned_and_its_peer_waiting_in_the_all_reduce_is_not(rec
     backend = HangsOnSim1(gpus=2, vmin_mv=(-52, -67))
     # a silence of 3 s is a hang: well above a tiny step even on a loaded 2-core box
     watchdog = WatchdogPolicy(min_silence_s=3.0, first_step_timeout_s=60, kill_grace_s=1, poll_s=0.05)
-    res = run_rig_trial(backend, {"sim0": -40, "sim1": -55},
+    res = run_trial(backend, {"sim0": -40, "sim1": -55},
                         RigTrialParams(duration_s=30.0, reference_paths=refs, collective_timeout_s=60,
                                        watchdog=watchdog, peer_grace_s=1.0), None, threading.Event())
     assert res.pinned == ("sim1",) and res.results["sim1"].kind == "hang", res
@@ -104,7 +108,7 @@ def test_a_hung_rank_is_pinned_and_its_peer_waiting_in_the_all_reduce_is_not(rec
 # --- the strict fake group ---------------------------------------------------------------------------------------
 def test_three_cards_one_past_its_limit_only_that_one_is_pinned(tmp_path):
     backend = _backend(3)
-    res = run_rig_trial(backend, {"sim0": -40, "sim1": -55, "sim2": -60},  # sim2's limit is -40
+    res = run_trial(backend, {"sim0": -40, "sim1": -55, "sim2": -60},  # sim2's limit is -40
                         RigTrialParams(duration_s=1.0, reference_paths=_refs(tmp_path, ("sim0", "sim1", "sim2")),
                                        watchdog=FAST, peer_grace_s=0.5),
                         None, threading.Event(), engine_factory=FakeGroupEngine())
@@ -120,7 +124,7 @@ def test_a_missing_reference_is_a_setup_error_and_touches_no_card(tmp_path):
     refs = _refs(tmp_path, ("sim0", "sim1"))
     refs["sim1"].unlink()
     engine = FakeGroupEngine()
-    res = run_rig_trial(backend, {"sim0": -40, "sim1": -55}, RigTrialParams(duration_s=1.0, reference_paths=refs),
+    res = run_trial(backend, {"sim0": -40, "sim1": -55}, RigTrialParams(duration_s=1.0, reference_paths=refs),
                         None, threading.Event(), engine_factory=engine)
     assert (res.results["sim1"].verdict, res.results["sim1"].kind) == ("error", "setup")
     assert res.results["sim0"].verdict != "pass"
@@ -141,7 +145,7 @@ def test_a_kernel_line_naming_no_card_is_a_machine_event(tmp_path):
             threading.Timer(0.2, watcher.feed, ("amdgpu: GPU reset begin!",)).start()
 
     backend = _backend()
-    res = run_rig_trial(backend, {"sim0": -40, "sim1": -55},
+    res = run_trial(backend, {"sim0": -40, "sim1": -55},
                         RigTrialParams(duration_s=30.0, reference_paths=_refs(tmp_path, ("sim0", "sim1")),
                                        watchdog=FAST),
                         None, threading.Event(), engine_factory=FakeGroupEngine(on_start=on_start),
@@ -171,7 +175,7 @@ def test_a_kernel_line_naming_a_card_pins_that_card(line, kind):
             threading.Timer(0.2, watcher.feed, (line,)).start()
 
     backend = Bus(gpus=2, vmin_mv=(-52, -67))
-    res = run_rig_trial(backend, {"sim0": -40, "sim1": -55}, RigTrialParams(duration_s=30.0, mode="gemm",
+    res = run_trial(backend, {"sim0": -40, "sim1": -55}, RigTrialParams(duration_s=30.0, mode="gemm",
                                                                              watchdog=FAST),
                         None, threading.Event(), engine_factory=FakeGroupEngine(on_start=on_start),
                         kernel_watcher_factory=lambda d: watcher)
@@ -189,10 +193,10 @@ def test_a_stop_mid_run_ends_promptly_with_every_card_at_stock(tmp_path):
             threading.Timer(0.3, stop.set).start()
 
     engine = FakeGroupEngine(on_start=on_start)
-    res = run_rig_trial(backend, {"sim0": -40, "sim1": -55},
+    res = run_trial(backend, {"sim0": -40, "sim1": -55},
                         RigTrialParams(duration_s=600.0, reference_paths=_refs(tmp_path, ("sim0", "sim1"))),
                         None, stop, engine_factory=engine)
-    assert res.stopped and res.results == {}
+    assert res.stopped and {r.verdict for r in res.results.values()} == {"stopped"}  # not a result: nothing counts
     # every rank was sent its SIGTERM and has ended (none ran out its 600 s). A rank whose peer's SIGTERM landed
     # first may end as `peer` (its all-reduce failed, as on real gloo) before its own arrives: the order is a race
     assert all(run._stopped.is_set() for run in engine.runs) and len(engine.runs) == 2
@@ -203,7 +207,7 @@ def test_a_stop_mid_run_ends_promptly_with_every_card_at_stock(tmp_path):
 
 def test_a_hung_card_is_pinned_and_its_waiting_peer_is_not(tmp_path):
     backend = _backend()
-    res = run_rig_trial(backend, {"sim0": -40, "sim1": -110},  # sim1 at -110: past its limit by 43 mV: it hangs
+    res = run_trial(backend, {"sim0": -40, "sim1": -110},  # sim1 at -110: past its limit by 43 mV: it hangs
                         RigTrialParams(duration_s=30.0, reference_paths=_refs(tmp_path, ("sim0", "sim1")),
                                        watchdog=FAST, peer_grace_s=0.5, collective_timeout_s=60),
                         None, threading.Event(), engine_factory=FakeGroupEngine())
@@ -218,10 +222,10 @@ def _result(verdict: str, kind: str | None = None, step: int | None = None):
     return TrialResult(setting=-40, unit="mV", phase="rig-confirm", verdict=verdict, kind=kind, fault_step=step)
 
 
-def _ranks(figures: dict[str, str | None]) -> dict[str, _Rank]:
+def _ranks(figures: dict[str, str | None]) -> dict[str, _Card]:
     ranks = {}
     for i, (d, fig) in enumerate(figures.items()):
-        ranks[d] = _Rank(d, i, -40)
+        ranks[d] = _Card(d, i, -40)
         ranks[d].figure = fig
     return ranks
 
@@ -253,30 +257,30 @@ def test_every_rank_waiting_for_the_others_is_a_machine_event():
 def test_the_rig_profile_records_the_collective_the_ranks_used(boot):
     from tests.tuning.fake_engine import FakeEngine
     from tests.tuning.rig_fakes import FakeRigTrial
-    from tuner.actions.bisect import prepare_rig_bisect, rig_profile_from_outcome
+    from tuner.actions.bisect import prepare_bisect, rig_profile_from_outcome
     from tuner.tuning.job import BisectParams
 
     backend = _backend()
-    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
-                             rig_trial=FakeRigTrial(collective="nccl"), engine_factory=FakeEngine())
+    job = prepare_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
+                             run_trial=FakeRigTrial(collective="nccl"), engine_factory=FakeEngine())
     outcome = job.run()
     # the vendor rule would say gloo for simulated cards: what the engines reported wins
     assert rig_profile_from_outcome(backend, outcome, "r").rig.backend == "nccl"
 
 
 def test_a_profile_saved_after_resume_still_records_the_collective(boot):
-    """A session resumed after its passing rig attempt has no RigTrialResult of it: the rig journal's record of
+    """A session resumed after its passing rig attempt has no TrialOutcome of it: the rig journal's record of
     the attempt carries the collective, so the profile does not fall back to the vendor rule."""
     from dataclasses import replace
 
     from tests.tuning.fake_engine import FakeEngine
     from tests.tuning.rig_fakes import FakeRigTrial
-    from tuner.actions.bisect import prepare_rig_bisect, rig_profile_from_outcome
+    from tuner.actions.bisect import prepare_bisect, rig_profile_from_outcome
     from tuner.tuning.job import BisectParams
 
     backend = _backend()
-    job = prepare_rig_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
-                             rig_trial=FakeRigTrial(collective="nccl"), engine_factory=FakeEngine())
+    job = prepare_bisect(backend, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2),
+                             run_trial=FakeRigTrial(collective="nccl"), engine_factory=FakeEngine())
     outcome = job.run()
     assert outcome.attempts and outcome.attempts[-1]["collective"] == "nccl"
     resumed = replace(outcome, rig_attempts=())  # what a --resume that found the rig done holds

@@ -1,4 +1,4 @@
-"""`run_rig_trial`'s cleanup cannot be skipped: an exception at any phase of a whole-rig trial (a half-done apply on
+"""`run_trial`'s cleanup cannot be skipped: an exception at any phase of a whole-rig trial (a half-done apply on
 the second card, the load marker, the engine's start, a broken event consumer, an interrupt while the ranks run, a
 failing reset of one card), a stop, or an engine that dies, still leaves EVERY card at stock (read back) and
 unloaded, and stops every engine and the kernel-log watcher. Uses the strict fake group engine (no real engines)."""
@@ -12,10 +12,10 @@ import pytest
 from tests.tuning.rig_fakes import FakeGroupEngine
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.errors import NotApplied
-from tuner.tuning import kernel_log, rig_trial
+from tuner.tuning import kernel_log, trial
 from tuner.tuning.engine_client import WatchdogPolicy
 from tuner.tuning.events import TrialProgress
-from tuner.tuning.rig_trial import RigTrialParams, run_rig_trial
+from tuner.tuning.trial import TrialParams, run_trial
 
 FAST = WatchdogPolicy(min_silence_s=0.5, first_step_timeout_s=30, kill_grace_s=1, poll_s=0.05)
 CARDS = ("sim0", "sim1", "sim2")
@@ -86,11 +86,11 @@ def _run(backend, engine, watcher, tmp_path, *, on_event=None, stop=None, durati
     refs = {d: tmp_path / f"{d}.json" for d in CARDS}
     for p in refs.values():
         p.write_text("{}")
-    return run_rig_trial(backend, SETTINGS, RigTrialParams(duration_s=duration_s, reference_paths=refs,
-                                                           watchdog=FAST, peer_grace_s=0.2,
-                                                           progress_interval_s=0.0),
-                         on_event, stop or threading.Event(), engine_factory=engine,
-                         kernel_watcher_factory=lambda d: watcher)
+    return run_trial(backend, SETTINGS, TrialParams(phase="rig-confirm", duration_s=duration_s, mode="mixed",
+                                                    reference_paths=refs, watchdog=FAST, peer_grace_s=0.2,
+                                                    progress_interval_s=0.0),
+                     on_event, stop or threading.Event(), engine_factory=engine,
+                     kernel_watcher_factory=lambda d: watcher)
 
 
 @pytest.mark.parametrize("point", ["apply", "note_load_True", "note_load_False", "stress_target", "watcher_start",
@@ -117,15 +117,15 @@ def test_an_exception_at_any_phase_leaves_every_card_at_stock(point, tmp_path, m
             raise Boom("on_event")
 
     if point == "interrupt":
-        real = rig_trial._supervise
+        real = trial._supervise
 
         def interrupted(ranks, *args):
             for r in ranks.values():  # once every rank trains
-                while r.state.run is None or not r.state.run.started:
+                while r.run is None or not r.run.started:
                     pass
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(rig_trial, "_supervise", interrupted)
+        monkeypatch.setattr(trial, "_supervise", interrupted)
         assert real is not interrupted
     expected = {"reset": NotApplied, "interrupt": KeyboardInterrupt, "note_load_False": Boom}.get(point, Boom)
     at_the_end = point in ("note_load_False", "reset")  # only reached on the way out: a short run

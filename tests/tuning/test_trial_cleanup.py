@@ -140,7 +140,8 @@ def _run(tmp_path, monkeypatch, point):
     params = TrialParams(phase="coarse", duration_s=1, telemetry_interval_s=0.05, progress_interval_s=0.0)
     outcome = None
     try:
-        outcome = run_trial(backend, "sim0", -20, params, engine_factory=factory, kernel_watcher=watcher)
+        outcome = run_trial(backend, {"sim0": -20}, params, engine_factory=factory,
+                            kernel_watcher_factory=lambda _card: watcher).result
     except Boom as e:
         assert str(e) == point
     else:
@@ -155,7 +156,7 @@ def _assert_everything_undone(backend, watcher, engine, runs):
     assert watcher.stopped or not watcher.started
     assert all(not s._thread.is_alive() for s in FaultySampler.made)  # every sampler that started, stopped
     assert all(r.run.stopped for r in runs) and all(r.stopped for r in engine.runs)  # every engine, stopped
-    assert not [t for t in threading.enumerate() if t.name == "trial-stop"]  # the stop watcher ended
+    assert not [t for t in threading.enumerate() if t.name.startswith("trial-follow")]  # the event follower ended
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -179,6 +180,7 @@ def test_a_trial_stopped_before_it_starts_writes_nothing(tmp_path, monkeypatch):
     backend = FaultyBackend(Faults(None), state_path=tmp_path / "sim.json")
     stop = threading.Event()
     stop.set()
-    result = run_trial(backend, "sim0", -20, TrialParams(phase="coarse", duration_s=1), stop_event=stop,
-                       engine_factory=FakeEngine(), kernel_watcher=kernel_log.NullWatcher())
+    result = run_trial(backend, {"sim0": -20}, TrialParams(phase="coarse", duration_s=1), stop=stop,
+                       engine_factory=FakeEngine(),
+                       kernel_watcher_factory=lambda _card: kernel_log.NullWatcher()).result
     assert result.verdict == "stopped" and backend.knob("sim0").current == 0 and not backend.loaded()

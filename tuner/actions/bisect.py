@@ -1,5 +1,6 @@
-"""Start or resume a bisect: the core's defaults for the card, every parameter check and the `--save` name check
-before anything touches the card. `tuner bisect` and the Auto-bisect screen both call `prepare_bisect`."""
+"""Start or resume a bisect of one card or several at once: the core's defaults for a card, every parameter check
+and the `--save` name check before anything touches a card. `tuner bisect` and the Auto-bisect screen both call
+`prepare_bisect`, and save what it found through `profile_from_outcome` / `rig_profile_from_outcome`."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles.schema import Profile
 from tuner.tuning.events import BisectEvent
-from tuner.tuning.job import BisectJob, BisectOutcome, BisectParams, lock_at_baseline_clock
-from tuner.tuning.plan import PlanParams, check_params
-from tuner.tuning.rig import RigBisectJob, RigOutcome
+from tuner.tuning.job import BisectJob, BisectOutcome, BisectParams, CardOutcome, lock_at_baseline_clock
+from tuner.tuning.plan import PlanParams
 
 
 @dataclass(frozen=True)
@@ -70,24 +70,27 @@ def check_save_name(name: str | None) -> None:
         raise UsageError(f"a profile named {name!r} already exists", "pick another --save name or delete it")
 
 
-def prepare_bisect(backend: Backend, device_id: str, params: BisectParams,
+def prepare_bisect(backend: Backend, device_ids: str | Sequence[str], params: BisectParams,
                    on_event: Callable[[BisectEvent], None] | None = None, *, save: str | None = None,
                    **job_options: Any) -> BisectJob:
-    """Check everything a bisect needs and return its job (not started; `run()` blocks, `stop()` is thread-safe).
-
-    `job_options` are BisectJob's injection points (tests: a fake engine)."""
-    knob = backend.knob(device_id)
+    """Check everything a bisect of one card or several at once needs (every card's parameters, the --save name)
+    and return its job (not started; `run()` blocks, `stop()` is thread-safe). `job_options` are BisectJob's
+    injection points (tests: a fake engine, a fake trial runner)."""
     check_save_name(save)
-    if params.resume and params.restart:
-        raise UsageError("--resume and --restart exclude each other", "pick one")
-    check_params(knob, params.plan_params(knob))
-    other_tools.refuse_before_bisect(backend, [device_id])  # issue 23: LACT, CoreCtrl, nvidia-powerd
-    return BisectJob(backend, device_id, params, on_event, **job_options)
+    job = BisectJob(backend, device_ids, params, on_event, **job_options)  # refuses parameters that do not fit
+    other_tools.refuse_before_bisect(backend, job.device_ids)  # issue 23: LACT, CoreCtrl, nvidia-powerd
+    return job
 
 
-def rig_devices(backend: Backend, spec: str) -> tuple[str, ...]:
-    """`all` (every card the backend sees) or a comma list of ids, each known and named once, in card order."""
+def rig_devices(backend: Backend, spec: str | None) -> tuple[str, ...]:
+    """The cards of a bisect: `all` (every card the backend sees), a comma list of ids (each known and named once,
+    in card order), one id, or None: the only card there is."""
     known = [d.id for d in backend.devices()]
+    if spec is None:
+        if len(known) != 1:
+            raise UsageError("several GPUs found" if known else "no GPU found",
+                             "name one with --device ID, or every card with --device all (see `tuner list`)")
+        return tuple(known)
     if spec.strip() == "all":
         if not known:
             raise UsageError("no GPU found", "check `tuner list`")
@@ -102,32 +105,13 @@ def rig_devices(backend: Backend, spec: str) -> tuple[str, ...]:
     return tuple(sorted(ids, key=known.index))
 
 
-def prepare_rig_bisect(backend: Backend, device_ids: Sequence[str], params: BisectParams,
-                       on_event: Callable[[BisectEvent], None] | None = None, *, save: str | None = None,
-                       rig_trial: Callable | None = None, **job_options: Any) -> RigBisectJob:
-    """Check everything a bisect of several cards at once needs (every card's parameters, the --save name) and
-    return its job (not started). `rig_trial` (default: tuner.tuning.rig_trial.run_rig_trial) and `job_options`
-    (engine_factory, kernel_watcher_factory, max_attempts) are injection points for tests."""
-    check_save_name(save)
-    if params.resume and params.restart:
-        raise UsageError("--resume and --restart exclude each other", "pick one")
-    for device_id in device_ids:
-        check_params(backend.knob(device_id), params.plan_params(backend.knob(device_id)))
-    other_tools.refuse_before_bisect(backend, device_ids)  # issue 23: LACT, CoreCtrl, nvidia-powerd
-    if rig_trial is None:
-        from tuner.tuning import rig_trial as rig_trial_module  # looked up now: tests may replace it
-
-        rig_trial = rig_trial_module.run_rig_trial
-    return RigBisectJob(backend, device_ids, params, on_event, rig_trial=rig_trial, **job_options)
-
-
 def collective_library(vendors: set[str]) -> str:
     """The collective library a data-parallel run over cards of these vendors uses: NCCL on NVIDIA, RCCL on ROCm
     (torch names it "nccl" too), gloo on the CPU engines of the simulated cards and on a mixed rig."""
     return "nccl" if vendors == {"nvidia"} else "rccl" if vendors == {"amd"} else "gloo"
 
 
-def profile_from_outcome(backend: Backend, device_id: str, outcome: BisectOutcome, name: str) -> Profile:
+def profile_from_outcome(backend: Backend, device_id: str, outcome: CardOutcome, name: str) -> Profile:
     """One card's profile from its finished bisect (`tuner bisect --save`, `--from-last`, the Auto-bisect screen's
     save). The knob is read as the trials ran it: on NVIDIA the lock clock is set again from the baseline first,
     since it is this process's choice (a `--from-last` process never locked the card; a knob read before the
@@ -142,7 +126,7 @@ def profile_from_outcome(backend: Backend, device_id: str, outcome: BisectOutcom
                          tuning={**(outcome.tuning() or {}), "other_tools": other_tools.ignored_for(device_id) or None})
 
 
-def rig_profile_from_outcome(backend: Backend, outcome: RigOutcome, name: str) -> Profile:
+def rig_profile_from_outcome(backend: Backend, outcome: BisectOutcome, name: str) -> Profile:
     """One rig profile from a finished rig bisect: a part per card that got a setting confirmed together, and the
     rig's evidence (confirmation time, attempts, collective library, workload). `tuner bisect --save` and the
     Auto-bisect screen's save both build it here, so a profile saved from the UI records what the CLI's does."""
@@ -156,10 +140,9 @@ def rig_profile_from_outcome(backend: Backend, outcome: RigOutcome, name: str) -
     parts = [RigPart(device=backend.device(d), knob=backend.knob(d), setting=v, tuning=outcome.per_card[d].tuning())
              for d, v in outcome.settings.items()]
     params = next((o.params for o in outcome.per_card.values() if o.params), {})
-    # what the ranks actually used (the engines report it) wins over the vendor rule (a resumed rig ran none here)
-    # what the ranks reported: this run's attempts, else the rig journal's records (a session resumed after the
-    # passing attempt has no RigTrialResult of it), else the vendor rule
-    used = ([r.collective for r in outcome.rig_attempts if getattr(r, "collective", None)]
+    # what the ranks reported (it wins over the vendor rule): this run's attempts, else the rig journal's records (a
+    # session resumed after the passing attempt ran none of them here), else the vendor rule
+    used = ([r.collective for r in outcome.rig_attempts if r.collective]
             or [a["collective"] for a in outcome.attempts if a.get("collective")])
     library = used[-1] if used else collective_library({backend.device(d).vendor for d in outcome.settings})
     rig = {"confirm_duration_s": params.get("confirm_s"), "attempts": len(outcome.attempts) or None,

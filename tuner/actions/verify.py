@@ -182,7 +182,6 @@ def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float
     """One `confirm`-phase trial through the bisect's trial runner, compared with `workload.reference` (or, with
     `workload.record`, the stock recording: a baseline trial at stock writing it); a hang or a lost card goes on the
     unsafe list."""
-    from tuner.tuning import kernel_log
     from tuner.tuning.engine_client import default_preset
     from tuner.tuning.events import TrialWarning
     from tuner.tuning.trial import TrialParams, run_trial
@@ -194,17 +193,15 @@ def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float
     recording = workload.record is not None
     params = TrialParams(phase=Phase.BASELINE if recording else Phase.CONFIRM, duration_s=duration_s, preset=preset,
                          mode=Mode.TRAIN if recording else workload.mode or Mode.TRAIN, dtype=workload.dtype,
-                         canary_every=VERIFY_CANARY_EVERY, record_path=workload.record,
-                         reference_path=workload.reference)
-    watcher = kernel_log.NullWatcher() if target.simulated else None  # a simulated card has no kernel log
+                         canary_every=VERIFY_CANARY_EVERY,
+                         record_paths=None if workload.record is None else {device_id: workload.record},
+                         reference_paths=None if workload.reference is None else {device_id: workload.reference})
 
     def on_event(event: object) -> None:
         if isinstance(event, TrialWarning):
             on_line(f"warning: {event.message}")
 
-    unit = backend.knob(device_id).unit
-    result = run_trial(backend, device_id, value, params, on_event, stop_event, kernel_watcher=watcher)
-    if result.verdict == Verdict.FAIL and result.edge:  # a hang or a lost device: never applied again automatically
-        journal.add_unsafe(device_id, value, unit=unit, kind=result.kind or "hang", reason=result.reason,
-                           edge=True, kernel_log=list(result.kernel_log))
+    result = run_trial(backend, {device_id: value}, params, on_event, stop_event).result
+    # a hang or a lost device: never applied again automatically (the one rule, as in a bisect)
+    journal.record_hard_failure(device_id, result, stock=backend.knob(device_id).stock)
     return result.verdict, result.reason or None

@@ -23,7 +23,7 @@ from tuner.actions.stress import (
     cached_reference,
 )
 from tuner.actions.verify import VerifyOutcome, verify_setting
-from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, RigState, StressState, appended
+from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
 from tuner.core.models import Verdict
 from tuner.tuning import kernel_log
@@ -212,18 +212,24 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
 
 
 class BisectRunner(_Job):
-    """A bisect behind the same run/stop/wait shape as StressJob; keeps the outcome.
+    """A bisect of one card or several at once behind the same run/stop/wait shape as StressJob; keeps the outcome.
+    `device_ids` are every card it may leave changed (make_safe resets them all).
 
-    `prepare` (tuner.actions.bisect.prepare_bisect) runs first, in the worker: it reads the card and may refuse
+    `prepare` (tuner.actions.bisect.prepare_bisect) runs first, in the worker: it reads the cards and may refuse
     (raising before anything was touched). A stop asked for before the job exists is passed on when it does."""
 
-    def __init__(self, prepare: Callable[[], BisectJob], device_id: str,
+    def __init__(self, prepare: Callable[[], BisectJob], device_ids: tuple[str, ...],
                  on_prepared: Callable[[], None] | None = None):
-        super().__init__(device_id)
+        super().__init__(",".join(device_ids))
+        self._device_ids = device_ids
         self._prepare = prepare
         self._on_prepared = on_prepared  # runs once the bisect was accepted, before its first event
         self._job: BisectJob | None = None
         self.outcome: BisectOutcome | None = None
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return self._device_ids
 
     def _work(self) -> BisectOutcome:
         self._job = self._prepare()
@@ -240,28 +246,12 @@ class BisectRunner(_Job):
             self._job.stop()
 
 
-class RigBisectRunner(BisectRunner):
-    """A bisect of several cards at once (tuner.actions.bisect.prepare_rig_bisect, then RigBisectJob.run()) behind
-    the same shape; `device_ids` are every card it may leave changed (make_safe resets them all)."""
-
-    def __init__(self, prepare: Callable[[], object], device_ids: tuple[str, ...],
-                 on_prepared: Callable[[], None] | None = None):
-        super().__init__(prepare, "rig", on_prepared)  # type: ignore[arg-type]
-        self._device_ids = device_ids
-
-    @property
-    def device_ids(self) -> tuple[str, ...]:
-        return self._device_ids
-
-
-def describe_bisect_result(outcome) -> str:
-    return "ended" if outcome is None else outcome.summary
-
-
-def describe_rig_result(outcome) -> str:
-    """The rig's end in one line: its status and each card's final setting or why it has none."""
+def describe_bisect_result(outcome: BisectOutcome | None) -> str:
+    """The end in one line: one card's summary; several: the status and each card's final setting or why none."""
     if outcome is None:
         return "ended"
+    if len(outcome.per_card) == 1:
+        return outcome.card.summary
     if outcome.status == "stopped":
         return "stopped; every card is back at stock, u resumes it"
     parts = [f"{d} {v:+d}" for d, v in outcome.settings.items()]
@@ -273,9 +263,9 @@ RIG_ATTEMPTS = 20  # rig runs kept for the screen (at most MAX_RIG_ATTEMPTS + th
 CARD_DONE = (Recommendation, BisectFailed, BisectStopped)
 
 
-def apply_rig_event(state: RigState, event: object, *, now_s: float | None = None) -> RigState:
-    """The RigState after one event of a RigBisectJob: a card's event goes to that card's BisectState (as a
-    single card's would), the rig's own events (device "rig") to the confirmation rows."""
+def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None = None) -> BisectState:
+    """The BisectState after one event of a BisectJob: a card's event goes to that card's CardState, the rig's own
+    events (device "rig") to the confirmation rows."""
     match event:
         case RigConfirmStarted():
             row = {"attempt": event.attempt, "phase": event.phase, "settings": dict(event.settings),
@@ -301,7 +291,7 @@ def apply_rig_event(state: RigState, event: object, *, now_s: float | None = Non
             return replace(state, current={**state.current, "ticks": state.current.get("ticks", 0) + 1})
     device = getattr(event, "device", "")
     if device in state.device_ids:
-        card = apply_bisect_event(state.card(device), event, now_s=now_s)
+        card = apply_card_event(state.card(device), event, now_s=now_s)
         if isinstance(event, CARD_DONE):  # this card's search ended; the others may still run
             card = replace(card, running=False, current=None)
         units = {**state.units, device: card.unit} if card.unit else state.units
@@ -309,6 +299,14 @@ def apply_rig_event(state: RigState, event: object, *, now_s: float | None = Non
     if isinstance(event, TrialWarning):
         return replace(state, warnings=appended(state.warnings, event.message, limit=BISECT_WARNINGS))
     return state
+
+
+def bisect_may_have_changed_cards(before: BisectState, after: BisectState) -> bool:
+    """A trial or a rig run started, was applied (its first progress report), finished, or a search stopped: a
+    card's setting may differ from what was last read."""
+    cur = after.current or {}
+    return any(card_may_have_changed(before.card(d), after.card(d)) for d in after.device_ids) or (
+        (before.current is None) != (after.current is None) or cur.get("ticks") == 1)
 
 
 @dataclass(frozen=True)
@@ -346,8 +344,8 @@ def _finish_row(trials: tuple, row: dict) -> tuple:
     return (*trials, row)
 
 
-def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None = None) -> BisectState:
-    """The BisectState after one tuner.tuning.events event. `now_s` (monotonic seconds) times each trial from
+def apply_card_event(state: CardState, event: object, *, now_s: float | None = None) -> CardState:
+    """One card's CardState after one tuner.tuning.events event. `now_s` (monotonic seconds) times each trial from
     its start to the next one's, set-up and reset included, so the ETA comes from what trials really took."""
     match event:
         case SessionStarted():
@@ -387,7 +385,7 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
     return state
 
 
-def _timed_start(state: BisectState, duration_s: float, now_s: float | None) -> BisectState:
+def _timed_start(state: CardState, duration_s: float, now_s: float | None) -> CardState:
     """Close the previous trial's wall-clock measurement (start to this start: set-up, trial and reset)."""
     if now_s is None:
         return state
@@ -396,7 +394,7 @@ def _timed_start(state: BisectState, duration_s: float, now_s: float | None) -> 
     return replace(state, trial_started_s=now_s, trial_nominal_s=duration_s)
 
 
-def wall_factor(state: BisectState) -> float:
+def wall_factor(state: CardState) -> float:
     """Measured wall seconds per nominal trial second (1.0 until a trial was measured): engine start-up, the
     reference check and the reset between trials all cost time the trial's own duration does not count."""
     wall_s = sum(w for w, _ in state.measured)
@@ -404,11 +402,11 @@ def wall_factor(state: BisectState) -> float:
     return max(1.0, wall_s / nominal_s) if nominal_s > 0 else 1.0
 
 
-def expected_wall_s(state: BisectState, duration_s: float) -> float:
+def expected_wall_s(state: CardState, duration_s: float) -> float:
     return round(duration_s * wall_factor(state), 1)
 
 
-def measured_eta_s(state: BisectState, event: TrialProgress, now_s: float | None) -> tuple[float, float | None]:
+def measured_eta_s(state: CardState, event: TrialProgress, now_s: float | None) -> tuple[float, float | None]:
     """(this trial, the whole bisect) in seconds, scaled by what earlier trials really took."""
     factor = wall_factor(state)
     if now_s is not None and state.trial_started_s is not None:
@@ -419,7 +417,7 @@ def measured_eta_s(state: BisectState, event: TrialProgress, now_s: float | None
     return round(eta_s, 1), (None if rest_s is None else round(eta_s + rest_s, 1))
 
 
-def card_may_have_changed(before: BisectState, after: BisectState) -> bool:
+def card_may_have_changed(before: CardState, after: CardState) -> bool:
     """A trial started, was applied (its first progress report), finished, or the bisect stopped: the card's
     setting may differ from what was last read."""
     b, a = before.current or {}, after.current or {}

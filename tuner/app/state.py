@@ -104,15 +104,14 @@ class StressState:
 
 
 @dataclass(frozen=True)
-class BisectState:
-    """The App's auto-bisect (at most one at a time): an immutable snapshot, swapped by the App."""
+class CardState:
+    """One card's search in the App's auto-bisect: an immutable snapshot, swapped by the App."""
 
     device_id: str | None = None
     running: bool = False
     trials: tuple[Mapping[str, Any], ...] = ()  # one row per started trial, replaced when it finishes
     current: Mapping[str, Any] | None = None  # the running trial: setting, progress 0..1, eta_s, index, total
     recommendation: object | None = None
-    outcome: object | None = None  # tuner.tuning.job.BisectOutcome when it ended
     failure: str | None = None
     unit: str = ""
     session: str | None = None
@@ -123,66 +122,68 @@ class BisectState:
 
 
 @dataclass(frozen=True)
-class RigState:
-    """The App's bisect of every card at once (tuner.tuning.rig.RigBisectJob): one BisectState per card (its own
-    search, folded from the events that name it), then the whole-rig confirmation. An immutable snapshot."""
+class BisectState:
+    """The App's auto-bisect (at most one at a time), of one card or of every card at once
+    (tuner.tuning.job.BisectJob): one CardState per card (its own search, folded from the events that name it), then
+    with several cards the whole-rig confirmation. An immutable snapshot, swapped by the App."""
 
     device_ids: tuple[str, ...] = ()
     running: bool = False
-    cards: Mapping[str, BisectState] = field(default_factory=dict)
+    cards: Mapping[str, CardState] = field(default_factory=dict)
     phase: str = "search"  # search | rig-baseline | rig-confirm | done
     current: Mapping[str, Any] | None = None  # the rig run in progress: attempt, phase, settings, duration_s
     attempts: tuple[Mapping[str, Any], ...] = ()  # one row per rig run: attempt, phase, settings, verdict...
     units: Mapping[str, str] = field(default_factory=dict)
-    settings: Mapping[str, int] | None = None  # the final settings, confirmed together
-    outcome: object | None = None  # tuner.tuning.rig.RigOutcome when it ended
+    settings: Mapping[str, int] | None = None  # the final settings (confirmed together, with several cards)
+    outcome: object | None = None  # tuner.tuning.job.BisectOutcome when it ended
     failure: str | None = None
     warnings: tuple[str, ...] = ()
 
-    def card(self, device_id: str) -> BisectState:
-        return self.cards.get(device_id) or BisectState(device_id=device_id)
+    @classmethod
+    def started(cls, device_ids: tuple[str, ...]) -> BisectState:
+        return cls(device_ids=device_ids, running=True, cards={d: CardState(d, running=True) for d in device_ids})
+
+    def card(self, device_id: str | None) -> CardState:
+        return self.cards.get(device_id or "") or CardState(device_id=device_id)
 
     def unit(self, device_id: str) -> str:
         return self.units.get(device_id) or self.card(device_id).unit
 
 
-def _trial_label(bisect: BisectState, *, compact: bool = False) -> str:
-    cur = bisect.current or {}
+def _trial_label(card: CardState, *, compact: bool = False) -> str:
+    cur = card.current or {}
     k = cur.get("index")
     if k is None:
         return "BISECT starting"
     setting = cur.get("setting")
-    where = f" at {setting:+d} {bisect.unit}" if isinstance(setting, int) else ""
+    where = f" at {setting:+d} {card.unit}" if isinstance(setting, int) else ""
     if compact:
         return f"BISECT trial {k}{where}"
     return f"BISECT trial {k}{of_about(cur.get('total'))} ({cur.get('phase')}){where}"
 
 
-def rig_card_label(rig: RigState, device_id: str, *, compact: bool = False) -> str:
-    """What the rig does on one of its cards, in words."""
-    if rig.current is not None:
-        setting = (rig.current.get("settings") or {}).get(device_id)
+def bisect_card_label(bisect: BisectState, device_id: str, *, compact: bool = False) -> str:
+    """What the bisect does on one of its cards, in words."""
+    if bisect.current is not None:
+        setting = (bisect.current.get("settings") or {}).get(device_id)
         if setting is None:
             return "RIG waiting (not in this run)"
-        where = f"at {setting:+d} {rig.unit(device_id)}"
-        if rig.current.get("phase") == "rig-baseline":
+        where = f"at {setting:+d} {bisect.unit(device_id)}"
+        if bisect.current.get("phase") == "rig-baseline":
             return f"RIG recording {where} (stock)"
-        return f"RIG confirm {rig.current.get('attempt')} {where}"
-    card = rig.card(device_id)
+        return f"RIG confirm {bisect.current.get('attempt')} {where}"
+    card = bisect.card(device_id)
     if card.current is not None and card.running:
         return _trial_label(card, compact=compact)
     if card.recommendation is not None or card.failure:
-        return "BISECT waiting for the other cards"
+        return "BISECT waiting for the other cards" if len(bisect.device_ids) > 1 else "BISECT finishing"
     return "BISECT starting"
 
 
-def running_label(stress: StressState, bisect: BisectState, device_id: str, rig: RigState | None = None, *,
-                  compact: bool = False) -> str:
+def running_label(stress: StressState, bisect: BisectState, device_id: str, *, compact: bool = False) -> str:
     """What is running on a device, in words (never by colour alone). `compact`: a dashboard row's short form."""
-    if rig is not None and rig.running and device_id in rig.device_ids:
-        return rig_card_label(rig, device_id, compact=compact)
-    if bisect.running and bisect.device_id == device_id:
-        return _trial_label(bisect, compact=compact)
+    if bisect.running and device_id in bisect.device_ids:
+        return bisect_card_label(bisect, device_id, compact=compact)
     if stress.running and stress.device_id == device_id:
         return f"STRESS {stress.preset}/{stress.mode}"
     return "idle"

@@ -23,13 +23,14 @@ from textual.drivers.linux_driver import LinuxDriver
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from tuner.actions.bisect import consent_question, prepare_bisect, prepare_rig_bisect
+from tuner.actions.bisect import consent_question, prepare_bisect
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_TIMEOUT_S
 from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_rig_apply, prepare_rig_apply
 from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.app import jobs
 from tuner.app.hangup import HangUpGuard
-from tuner.app.state import BisectState, DeviceHistory, RigState, StressState
+from tuner.app.state import BisectState, DeviceHistory, StressState
 from tuner.app.terminal_driver import HangUpSafeDriver
 from tuner.app.words import for_people, job_name
 from tuner.backends.base import Backend
@@ -59,7 +60,6 @@ SCREEN_CLASSES = {  # mode -> (module, class): each screen is imported on its fi
     "help": ("tuner.screens.help", "HelpScreen"),
 }
 SAMPLE_INTERVAL_S = 1.0
-KEEP_TIMEOUT_S = 15.0
 OVERDUE_S = 5.0  # a change still pending this long past its countdown: the event loop is stuck, revert it anyway
 
 
@@ -153,8 +153,7 @@ class TunerApp(App[int]):
         self.devices = self.backend.devices()
         self.histories: dict[str, DeviceHistory] = {d.id: DeviceHistory() for d in self.devices}
         self.stress = StressState()
-        self.bisect = BisectState()
-        self.rig = RigState()  # the bisect of every card at once (the Bisect screen's ALL CARDS target)
+        self.bisect = BisectState()  # of one card, or of every card at once (the Bisect screen's ALL CARDS target)
         self.bisect_all = False  # the Bisect screen targets every card at once
         self.pending = None  # the PendingChange waiting for keep-or-revert, if any
         self.doctor_checks: list | None = None
@@ -162,7 +161,6 @@ class TunerApp(App[int]):
         self.selected_device_id = self.devices[0].id if self.devices else None
         self._stress_job: jobs.StressJob | jobs.VerifyJob | None = None
         self._bisect_job: jobs.BisectRunner | None = None
-        self._rig_job: jobs.RigBisectRunner | None = None
         # leaving (quit confirmed, hang-up): a job that ends now stays known, so make_safe still resets its cards
         # and says how to resume its session (a fast stop used to end it before make_safe ran, silently)
         self._leaving = False
@@ -225,10 +223,10 @@ class TunerApp(App[int]):
         running = []
         if self.stress.running:
             running.append(f"a stress run on {self.stress.device_id}")
+        ids = self.bisect.device_ids
         if self.bisect.running:
-            running.append(f"an auto-bisect on {self.bisect.device_id}")
-        if self.rig.running:
-            running.append(f"an auto-bisect of every card ({', '.join(self.rig.device_ids)})")
+            running.append(f"an auto-bisect on {ids[0]}" if len(ids) == 1 else
+                           f"an auto-bisect of every card ({', '.join(ids)})")
         if self.pending is not None:
             running.append(f"an unconfirmed setting on {', '.join(self.pending.device_ids)}")
         return running
@@ -290,12 +288,11 @@ class TunerApp(App[int]):
     @property
     def busy(self) -> bool:
         """A stress run, a bisect or a bisect of every card is running: one job at a time."""
-        return self.stress.running or self.bisect.running or self.rig.running
+        return self.stress.running or self.bisect.running
 
     def _bisect_on(self, device_id: str) -> bool:
         """A bisect of this card, alone or with every card, is running."""
-        return (self.bisect.running and self.bisect.device_id == device_id) or (
-            self.rig.running and device_id in self.rig.device_ids)
+        return self.bisect.running and device_id in self.bisect.device_ids
 
     def on_noted(self, message: msg.Noted) -> None:
         self.notify(for_people(message.text), severity=message.severity, timeout=10)
@@ -341,7 +338,7 @@ class TunerApp(App[int]):
         if self.pending is not None:
             self.notify("a change is already waiting for keep-or-revert", severity="warning")
             return
-        if self.bisect.running or self.rig.running:
+        if self.bisect.running:
             self.notify("an auto-bisect is running; stop it first", severity="warning")
             return
         self._on_kept = on_kept
@@ -474,41 +471,46 @@ class TunerApp(App[int]):
         self.notify(f"stress on {message.device_id}: {message.summary}", **ended_notice(message.summary))
         self.sample_now()
 
-    # --- bisect (App-owned) -----------------------------------------------------------------------------------
-    def start_bisect(self, device_id: str, params: BisectParams) -> None:
-        """Start (or resume, per `params`) a bisect through tuner.actions.bisect; a blank form field arrives here
-        as None, which the core turns into the card's default."""
+    # --- bisect of one card or every card at once (App-owned) ---------------------------------------------------
+    def start_bisect(self, device_ids: tuple[str, ...], params: BisectParams) -> None:
+        """Start (or resume, per `params`) a bisect of these cards through tuner.actions.bisect (the CLI's `--device
+        ID` or `--device all`); a blank form field arrives here as None, which the core turns into the card's
+        default. Real cards are asked about first."""
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
-        question = consent_question(self.device(device_id))
-        if question is not None:
+        questions = [q for q in (consent_question(self.device(d)) for d in device_ids) if q]
+        if questions:
+            question = questions[0] if len(device_ids) == 1 else (
+                f"Bisect every card at once ({', '.join(device_ids)})? {questions[0]}")
             self.push_screen(ConfirmDialog(question, yes="Start", no="Cancel"),
-                             lambda yes: yes and self._begin_bisect(device_id, params))
+                             lambda yes: yes and self._begin_bisect(device_ids, params))
             return
-        self._begin_bisect(device_id, params)
+        self._begin_bisect(device_ids, params)
 
-    def _begin_bisect(self, device_id: str, params: BisectParams) -> None:
+    def _begin_bisect(self, ids: tuple[str, ...], params: BisectParams) -> None:
         if self.busy:  # started while the question was open
             return
-        self.bisect = BisectState(device_id=device_id, running=True)
-        def show_earlier_trials() -> None:  # a resumed session: its table starts with the trials done before
-            self.post_message(msg.BisectEventReceived(jobs.earlier_trials(device_id)))
+        self.bisect = BisectState.started(ids)
+
+        def show_earlier_trials() -> None:  # a resumed session: each card's table starts with its earlier trials
+            for device_id in ids:
+                self.post_message(msg.BisectEventReceived(jobs.earlier_trials(device_id)))
 
         self._bisect_job = jobs.BisectRunner(
-            lambda: prepare_bisect(self.backend, device_id, params,
+            lambda: prepare_bisect(self.backend, ids, params,
                                    lambda event: self.post_message(msg.BisectEventReceived(event)),
                                    **self._bisect_options),
-            device_id, on_prepared=show_earlier_trials if params.resume else None)
+            ids, on_prepared=show_earlier_trials if params.resume else None)
         self._run_bisect(self._bisect_job)
 
     @work(thread=True, exit_on_error=False, group="bisect", name="bisect")
     def _run_bisect(self, runner: jobs.BisectRunner) -> None:
         try:
             summary = jobs.describe_bisect_result(runner.run())
-        except Exception as e:  # noqa: BLE001 - a refused start (bad parameters) lands here too; said once, by
-            summary = f"{ERROR_PREFIX}{describe_error(e)}"  # on_bisect_ended (not also as a BackendFailed)
-        self.post_message(msg.BisectEnded(runner.device_id, summary, runner.outcome))
+        except Exception as e:  # noqa: BLE001 - a refused start (bad parameters, an unfinished session) lands here
+            summary = f"{ERROR_PREFIX}{describe_error(e)}"  # too; said once, by on_bisect_ended (not a BackendFailed)
+        self.post_message(msg.BisectEnded(runner.device_ids, summary, runner.outcome))
 
     def stop_bisect(self) -> None:
         if self._bisect_job is not None and self.bisect.running:
@@ -517,108 +519,49 @@ class TunerApp(App[int]):
     def on_bisect_event_received(self, message: msg.BisectEventReceived) -> None:
         before = self.bisect
         self.bisect = jobs.apply_bisect_event(before, message.event, now_s=self.clock())
-        if jobs.card_may_have_changed(before, self.bisect):
-            self.sample_now()  # a phase change writes the card: read it back now, not at the next 1 Hz tick
+        if jobs.bisect_may_have_changed_cards(before, self.bisect):
+            self.sample_now()  # a phase change writes the cards: read them back now, not at the next 1 Hz tick
         self.repaint_screens()
 
     def on_bisect_ended(self, message: msg.BisectEnded) -> None:
-        self.bisect = replace(self.bisect, running=False, current=None, outcome=message.outcome)
-        if not self._leaving:
-            self._bisect_job = None
-        self.notify(f"bisect on {message.device_id}: {for_people(message.summary)}", **ended_notice(message.summary))
-        self.sample_now()
-        self.repaint_screens()
-
-    # --- every card at once (App-owned) -----------------------------------------------------------------------
-    def start_rig_bisect(self, params: BisectParams) -> None:
-        """Every card at once through tuner.actions.bisect.prepare_rig_bisect (the CLI's `--device all`): a search
-        per card, then the whole-rig confirmation. Real cards are asked about first, as a single card is."""
-        if self.busy:
-            self.notify("a stress run or bisect is already running", severity="warning")
-            return
-        ids = tuple(d.id for d in self.devices)
-        questions = [q for q in (consent_question(d) for d in self.devices) if q]
-        if questions:
-            question = (f"Bisect every card at once ({', '.join(ids)})? " + " ".join(questions[:1]))
-            self.push_screen(ConfirmDialog(question, yes="Start", no="Cancel"),
-                             lambda yes: yes and self._begin_rig_bisect(ids, params))
-            return
-        self._begin_rig_bisect(ids, params)
-
-    def _rig_options(self) -> dict:
-        """The single-card injection points in the rig's shape (tests: the fake engine; a watcher per card)."""
-        options = {k: v for k, v in self._bisect_options.items() if k != "kernel_watcher_factory"}
-        factory = self._bisect_options.get("kernel_watcher_factory")
-        if factory is not None:
-            options["kernel_watcher_factory"] = lambda _device_id: factory()
-        return options
-
-    def _begin_rig_bisect(self, ids: tuple[str, ...], params: BisectParams) -> None:
-        if self.busy:
-            return
-        self.rig = RigState(device_ids=ids, running=True, cards={d: BisectState(device_id=d, running=True)
-                                                                 for d in ids})
-
-        def show_earlier_trials() -> None:  # a resumed rig: every card's table starts with its earlier trials
-            for device_id in ids:
-                self.post_message(msg.RigEventReceived(jobs.earlier_trials(device_id)))
-
-        self._rig_job = jobs.RigBisectRunner(
-            lambda: prepare_rig_bisect(self.backend, ids, params,
-                                       lambda event: self.post_message(msg.RigEventReceived(event)),
-                                       **self._rig_options()),
-            ids, on_prepared=show_earlier_trials if params.resume else None)
-        self._run_rig(self._rig_job)
-
-    @work(thread=True, exit_on_error=False, group="bisect", name="rig")
-    def _run_rig(self, runner: jobs.RigBisectRunner) -> None:
-        try:
-            summary = jobs.describe_rig_result(runner.run())
-        except Exception as e:  # noqa: BLE001 - a refused start (an unfinished session, bad parameters); said
-            summary = f"{ERROR_PREFIX}{describe_error(e)}"  # once, by on_rig_ended (not also as a BackendFailed)
-        self.post_message(msg.RigEnded(summary, runner.outcome))
-
-    def stop_rig(self) -> None:
-        if self._rig_job is not None and self.rig.running:
-            self._rig_job.stop()
-
-    def on_rig_event_received(self, message: msg.RigEventReceived) -> None:
-        before = self.rig
-        self.rig = jobs.apply_rig_event(before, message.event, now_s=self.clock())
-        cur = self.rig.current or {}
-        if any(jobs.card_may_have_changed(before.card(d), self.rig.card(d)) for d in self.rig.device_ids) or (
-                (before.current is None) != (self.rig.current is None) or cur.get("ticks") == 1):
-            self.sample_now()  # a rig run started (its first progress: the cards were written) or ended
-        self.repaint_screens()
-
-    def on_rig_ended(self, message: msg.RigEnded) -> None:
         outcome = message.outcome
-        cards = {d: replace(c, running=False, current=None) for d, c in self.rig.cards.items()}
-        failure = None
+        cards = {d: replace(c, running=False, current=None) for d, c in self.bisect.cards.items()}
+        failure = self.bisect.failure
         if outcome is None:
             failure = for_people(message.summary, here="bisect")  # shown on the Bisect screen
-        elif outcome.status == "stopped":
+        elif outcome.status == "stopped" and len(message.device_ids) > 1:
             failure = "stopped by you; u resumes it (every card)"
-        self.rig = replace(self.rig, running=False, current=None, cards=cards, outcome=outcome, failure=failure,
-                           settings=dict(outcome.settings) if outcome is not None else self.rig.settings)
+        self.bisect = replace(self.bisect, running=False, current=None, cards=cards, outcome=outcome, failure=failure,
+                              settings=dict(outcome.settings) if outcome is not None else self.bisect.settings)
         if not self._leaving:
-            self._rig_job = None
-        self.notify(f"bisect of every card: {for_people(message.summary)}", **ended_notice(message.summary))
+            self._bisect_job = None
+        what = message.device_ids[0] if len(message.device_ids) == 1 else "every card"
+        self.notify(f"bisect {'on' if len(message.device_ids) == 1 else 'of'} {what}: {for_people(message.summary)}",
+                    **ended_notice(message.summary))
         self.sample_now()
         self.repaint_screens()
 
-    def save_rig_profile(self, name: str) -> None:
-        """The finished rig as one rig profile (tuner.actions.bisect.rig_profile_from_outcome, as the CLI's
-        --save), in the user's store."""
-        from tuner.actions.bisect import rig_profile_from_outcome
+    def save_bisect_profile(self, name: str, device_id: str | None = None) -> None:
+        """The finished bisect as a profile (tuner.actions.bisect, as the CLI's --save), in the user's store: one
+        card's own result (`device_id`), or one rig profile of the settings confirmed together."""
+        from tuner.actions.bisect import profile_from_outcome, rig_profile_from_outcome
+        from tuner.actions.screen.record import bundle_beside_profile
         from tuner.profiles import save_profile
 
+        outcome = self.bisect.outcome
         try:
-            path = save_profile(rig_profile_from_outcome(self.backend, self.rig.outcome, name))
+            if outcome is None or (device_id is not None and device_id not in outcome.per_card):
+                raise UsageError("no finished bisect to save", "run a bisect to its recommendation first")
+            if device_id is None:  # a rig profile bundles no baseline (each card's is its own)
+                path, said = save_profile(rig_profile_from_outcome(self.backend, outcome, name)), ""
+            else:
+                card = outcome.per_card[device_id]
+                path = save_profile(profile_from_outcome(self.backend, device_id, card, name))
+                said = bundle_beside_profile(self.backend, device_id, card, path).text()  # as bisect --save
         except TunerError as e:
             self.notify(for_people(e.one_line()), severity="error", timeout=10)
             return
-        self.notify(f"saved rig profile {name} ({path})")
+        self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}")
 
     # --- profiles -----------------------------------------------------------------------------------------------
     def apply_profile(self, profile, device_id: str) -> None:
@@ -662,22 +605,6 @@ class TunerApp(App[int]):
             emit=lambda line: self.post_message(msg.StressEventReceived(line)),
         )
         self._run_stress(self._stress_job)
-
-    def save_bisect_profile(self, name: str) -> None:
-        from tuner.actions.bisect import profile_from_outcome
-        from tuner.actions.screen.record import bundle_beside_profile
-        from tuner.profiles import save_profile
-
-        state = self.bisect
-        try:
-            if state.outcome is None or state.device_id is None:
-                raise UsageError("no finished bisect to save", "run a bisect to its recommendation first")
-            path = save_profile(profile_from_outcome(self.backend, state.device_id, state.outcome, name))
-            reference = bundle_beside_profile(self.backend, state.device_id, state.outcome, path)  # as bisect --save
-        except TunerError as e:
-            self.notify(for_people(e.one_line()), severity="error", timeout=10)
-            return
-        self.notify(f"saved profile {name} ({path}){reference.text()}")
 
     # --- apply at boot (tuner.actions.boot_service, as `tuner service`) ---------------------------------------------
     def read_boot_status(self) -> None:
@@ -753,7 +680,7 @@ class TunerApp(App[int]):
         if not running:
             self.exit(exit_codes.OK)
             return
-        several = self.rig.running or len(running) > 1 or (
+        several = (self.bisect.running and len(self.bisect.device_ids) > 1) or len(running) > 1 or (
             self.pending is not None and len(self.pending.device_ids) > 1)
         what = "every card involved" if several else "the card"
         question = f"Quit? This stops {' and '.join(running)} and resets {what} to stock."
@@ -808,7 +735,7 @@ class TunerApp(App[int]):
     def stop_jobs(self) -> None:
         """Ask every running job to stop (non-blocking, thread-safe), so their workers end before the App does."""
         self._leaving = True
-        for job in (self._stress_job, self._bisect_job, self._rig_job):
+        for job in (self._stress_job, self._bisect_job):
             if job is not None:
                 job.stop()
 
@@ -845,22 +772,21 @@ class TunerApp(App[int]):
 
     def _make_safe_now(self, wait_s: float) -> list[str]:
         done, devices_to_reset = [], set()
-        for job in (self._stress_job, self._bisect_job, self._rig_job):
+        for job in (self._stress_job, self._bisect_job):
             if job is not None:
                 job.stop()
                 devices_to_reset.update(job.device_ids)
                 done.append(f"stopped {job_name(job)} on {', '.join(job.device_ids)}")
-        for job in (self._stress_job, self._bisect_job, self._rig_job):
+        for job in (self._stress_job, self._bisect_job):
             if job is not None:
                 job.wait(wait_s)
-        if self._rig_job is not None:
-            ids = ",".join(self._rig_job.device_ids)
-            done.append(f"the unfinished bisect of every card ({ids}) is kept: `tuner bisect --device {ids} "
-                        "--resume` continues it (ALL CARDS, then u on the Bisect screen), --restart starts afresh")
-        if self._bisect_job is not None:  # the CLI's next bisect on this card would otherwise refuse, unexplained
-            device_id = self._bisect_job.device_id
-            done.append(f"the unfinished bisect session on {device_id} is kept: `tuner bisect --device {device_id} "
-                        "--resume` continues it (u on the Bisect screen), --restart starts afresh")
+        if self._bisect_job is not None:  # the CLI's next bisect on these cards would otherwise refuse, unexplained
+            ids = ",".join(self._bisect_job.device_ids)
+            several = len(self._bisect_job.device_ids) > 1
+            what, where = ((f"bisect of every card ({ids})", "ALL CARDS, then u") if several
+                           else (f"bisect session on {ids}", "u"))
+            done.append(f"the unfinished {what} is kept: `tuner bisect --device {ids} --resume` continues it ({where} "
+                        "on the Bisect screen), --restart starts afresh")
         with self._writing:  # a setting worker half-way through a write finishes first; later ones write nothing
             changes = [c for c in (self.pending, *self._unannounced) if c is not None and c.pending]
             self.pending, self._unannounced = None, []

@@ -51,7 +51,7 @@ def _rules(here: str | None) -> tuple[tuple[re.Pattern[str], str], ...]:
 
 
 JOB_NAMES = {"StressJob": "the stress run", "VerifyJob": "the profile's verify trial",
-             "BisectRunner": "the auto-bisect", "RigBisectRunner": "the auto-bisect of every card"}
+             "BisectRunner": "the auto-bisect"}  # of one card or several: make_safe names the cards
 _BACKTICKED = re.compile(r"`[^`]*`")
 
 

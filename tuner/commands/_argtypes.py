@@ -9,17 +9,17 @@ from collections.abc import Callable
 
 from tuner.core.durations import parse_duration_s
 from tuner.core.errors import UsageError
+from tuner.core.numbers import parse_whole_number
 
-# ASCII only: int() and float() also accept other scripts' digits (-٣٠) and underscores (-3_0). 18 digits is
-# beyond any knob or count, and keeps int() clear of its 4,300-digit limit.
-_WHOLE = re.compile(r"[+-]?[0-9]{1,18}")
+# ASCII only, as whole numbers are (tuner.core.numbers): float() also accepts other scripts' digits and underscores.
 _DECIMAL = re.compile(r"[+-]?[0-9]{1,18}(?:\.[0-9]{1,9})?")
 
 
 def whole_number(text: str) -> int:
-    if not _WHOLE.fullmatch(text.strip()):
-        raise argparse.ArgumentTypeError(f"expected a whole number (ASCII digits and a sign), got {text!r}")
-    return int(text.strip(), 10)
+    try:
+        return parse_whole_number(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def positive_int(text: str) -> int:

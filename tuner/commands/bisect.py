@@ -1,17 +1,17 @@
-"""`tuner bisect`: find the lowest stable setting of one card, confirm it, recommend it with a margin."""
+"""`tuner bisect`: find the lowest stable setting of one card, or of every card at once then confirmed together;
+recommend it with a margin. The checks and the search are the core's (tuner.actions.bisect, tuner.tuning.job): this
+file parses, asks, shows and saves."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import threading
 
-from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect
+from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect, rig_devices
 from tuner.commands._argtypes import whole_number
-from tuner.commands._device import pick_device
-from tuner.commands._output import StatusLine, format_table
+from tuner.commands._output import StatusLine, fit, format_table
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
@@ -21,6 +21,9 @@ from tuner.tuning.events import (
     BisectFailed,
     BisectStopped,
     Recommendation,
+    RigConfirmFinished,
+    RigConfirmStarted,
+    RigRecommendation,
     SessionStarted,
     TrialFinished,
     TrialProgress,
@@ -29,7 +32,7 @@ from tuner.tuning.events import (
     TrialStarted,
     TrialWarning,
 )
-from tuner.tuning.job import BisectParams
+from tuner.tuning.job import RIG_BASELINE, BisectParams
 
 
 def add_parser(subparsers) -> None:
@@ -86,69 +89,113 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _confirm_real_card(device, args) -> None:
-    question = consent_question(device)
-    if question is None or args.yes:
+def _confirm_real_cards(backend, devices: tuple[str, ...], args) -> None:
+    questions = [q for q in (consent_question(backend.device(d)) for d in devices) if q]
+    if not questions or args.yes:
         return
     if not sys.stdin.isatty():
-        raise UsageError(f"bisect changes the voltage of {device.label} and may crash the machine",
+        what = backend.device(devices[0]).label if len(devices) == 1 else f"{len(questions)} cards"
+        raise UsageError(f"bisect changes the voltage of {what} and may crash the machine",
                          "pass --yes to run it unattended")
-    answer = input(f"{question} [y/N] ")
-    if answer.strip().lower() not in ("y", "yes"):
-        raise UsageError("bisect cancelled", "pass --yes to skip this question")
+    for q in questions:
+        if input(f"{q} [y/N] ").strip().lower() not in ("y", "yes"):
+            raise UsageError("bisect cancelled", "pass --yes to skip this question")
 
 
 class _Printer:
-    """Human output on stderr: a progress bar on a TTY, plain lines otherwise; one line per finished trial."""
+    """Human output on stderr for one card or several: the lines that stay (finished trials, warnings, rig attempts;
+    each prefixed with its card when there are several) and, on a TTY, one progress line per card redrawn in place
+    under them (a trial past its time reads `finishing`, not `ETA 0s`). `--json`: every event on stdout too."""
 
-    def __init__(self, unit: str, json_lines: bool, *, block: _Block | None = None, device: str = ""):
-        self.unit, self.json_lines = unit, json_lines
-        self.block, self.device = block, device  # several cards: lines go through the block, prefixed
-        self.tty = block.tty if block is not None else sys.stderr.isatty()
-        self._status = StatusLine(sys.stderr)
+    def __init__(self, backend, devices: tuple[str, ...], json_lines: bool):
+        self.devices, self.json_lines = devices, json_lines
+        self.units = {d: backend.knob(d).unit for d in devices}
+        self.several = len(devices) > 1
+        self._line_in_place = StatusLine(sys.stderr)  # one card: its progress line; several: the terminal's width
+        self.tty = self._line_in_place.tty
+        self._status = dict.fromkeys(devices, "waiting")
+        self._labels = dict.fromkeys(devices, "")
+        self._last_plain = dict.fromkeys(devices, 0.0)
+        self._drawn = 0
         self._lock = threading.Lock()
-        self._last_plain = 0.0
-        self._trial_label = ""
 
     def __call__(self, event) -> None:
         with self._lock:
             if self.json_lines:
                 sys.stdout.write(json.dumps(event.to_json(), default=str) + "\n")
                 sys.stdout.flush()
-            self._human(event)
+            if isinstance(event, (RigConfirmStarted, RigConfirmFinished, RigRecommendation)):
+                self._rig(event)
+            else:
+                self._card(event.device or "rig", event)
 
-    def _line(self, text: str) -> None:
-        if self.block is not None:
-            self.block.line(f"[{self.device}] {text}")
+    # --- the terminal: lines that stay, under them the progress (one card: one line; several: a block) -------
+    def _clear(self) -> None:
+        self._line_in_place.clear()
+        if self._drawn:
+            sys.stderr.write(f"\033[{self._drawn}F\033[J")  # up to the block's first line, clear to the end
+            self._drawn = 0
+
+    def _draw(self) -> None:
+        if not self.several:  # one card: its line is drawn when it moves (a finished trial's 100 % is not kept)
             return
-        self._status.clear()
-        sys.stderr.write(text + "\n")
+        width = max(10, self._line_in_place.columns() - 1)  # cut, never wrapped: a wrapped line breaks the count
+        for d in self.devices:
+            sys.stderr.write(fit(f"{d}: {self._status[d]}", width) + "\n")
+        self._drawn = len(self.devices)
+
+    def line(self, device: str, text: str) -> None:
+        if self.tty:
+            self._clear()
+        sys.stderr.write((f"[{device}] " if self.several else "") + text + "\n")
+        if self.tty:
+            self._draw()
         sys.stderr.flush()
 
-    def _v(self, value: int | None) -> str:
-        return "-" if value is None else f"{value:+d} {self.unit}"
+    def status(self, device: str, text: str) -> None:
+        self._status[device] = text
+        if not self.tty:
+            return
+        if not self.several:
+            self._line_in_place.show(text)  # redrawn in place, cut to the terminal's width (issue 24 item 3)
+            return
+        self._clear()
+        self._draw()
+        sys.stderr.flush()
 
-    def _human(self, ev) -> None:
+    def end(self) -> None:
+        if self.tty:
+            self._clear()
+            sys.stderr.flush()
+
+    # --- the words -------------------------------------------------------------------------------------------
+    def _v(self, device: str, value: int | None) -> str:
+        return "-" if value is None else f"{value:+d} {self.units.get(device, '')}".rstrip()
+
+    def _card(self, d: str, ev) -> None:
         if isinstance(ev, SessionStarted):
             what = "resuming session" if ev.resumed else "new session"
-            unsafe = f"; unsafe (never tried): {', '.join(self._v(u) for u in ev.unsafe)}" if ev.unsafe else ""
+            unsafe = f"; unsafe (never tried): {', '.join(self._v(d, u) for u in ev.unsafe)}" if ev.unsafe else ""
             p = ev.params
-            self._line(f"bisect {ev.device} {ev.label}: {what} {ev.session}; step {p.get('step')} res "
-                       f"{p.get('resolution')} margin {p.get('margin')} {ev.unit}, trial "
-                       f"{format_duration(p.get('trial_s', 0))}, confirm {format_duration(p.get('confirm_s', 0))}"
-                       f"{unsafe}")
+            self.line(d, f"bisect {ev.device} {ev.label}: {what} {ev.session}; step {p.get('step')} res "
+                      f"{p.get('resolution')} margin {p.get('margin')} {ev.unit}, trial "
+                      f"{format_duration(p.get('trial_s', 0))}, confirm {format_duration(p.get('confirm_s', 0))}"
+                      f"{unsafe}")
         elif isinstance(ev, TrialRecovered):
-            self._line(f"recovered open trial: {self._v(ev.result.setting)} {ev.result.phase} counted as FAIL "
-                       f"({ev.result.kind}): {ev.result.reason}; added to the unsafe list")
+            r = ev.result
+            counted = ("counted as FAIL" if r.verdict == Verdict.FAIL else f"counted as {r.verdict.upper()}")
+            listed = "; added to the unsafe list" if r.verdict == Verdict.FAIL and r.edge else "; it runs again"
+            self.line(d, f"recovered open trial: {self._v(d, r.setting)} {r.phase} {counted} ({r.kind}): "
+                      f"{r.reason}{listed}")
         elif isinstance(ev, TrialStarted):
             # the plan's count is an upper bound (a descent to the range end), as the TUI says it: "of <=N"
             of = f" of ≤{ev.expected_trials}" if ev.expected_trials else ""
-            self._trial_label = f"trial {ev.index}{of} "
+            self._labels[d] = f"trial {ev.index}{of} "
             if not self.tty:
-                self._line(f"trial {ev.index}{of}: {self._v(ev.setting)} {ev.phase} "
-                           f"({format_duration(ev.duration_s)}) started")
-            elif self.block is not None:
-                self.block.status(self.device, f"{self._trial_label}{self._v(ev.setting)} {ev.phase} started")
+                self.line(d, f"trial {ev.index}{of}: {self._v(d, ev.setting)} {ev.phase} "
+                          f"({format_duration(ev.duration_s)}) started")
+            else:
+                self.status(d, f"{self._labels[d]}{self._v(d, ev.setting)} {ev.phase} started")
         elif isinstance(ev, TrialProgress):
             eta_total = "" if ev.eta_total_s is None else f"  bisect ~{format_duration(ev.eta_total_s)} left"
             if self.tty:
@@ -156,28 +203,50 @@ class _Printer:
                 bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
                 step = "" if ev.step is None else f" step {ev.step}"
                 left = FINISHING if ev.finishing else f"ETA {format_duration(ev.eta_s)}"
-                text = (f"{self._trial_label}[{bar}] {frac:4.0%} {self._v(ev.setting)} {ev.phase}{step}  "
-                        f"{left}{eta_total}")
-                if self.block is not None:
-                    self.block.status(self.device, text)
-                    return
-                self._status.show(text)
-            elif ev.elapsed_s - self._last_plain >= 30 or ev.elapsed_s < self._last_plain:
-                self._last_plain = ev.elapsed_s
-                self._line(f"  {self._v(ev.setting)} {ev.phase}: {format_duration(ev.elapsed_s)} of "
-                           f"{format_duration(ev.duration_s)}{eta_total}")
+                self.status(d, f"{self._labels.get(d, '')}[{bar}] {frac:4.0%} {self._v(d, ev.setting)} {ev.phase}"
+                            f"{step}  {left}{eta_total}")
+            elif ev.elapsed_s - self._last_plain.get(d, 0.0) >= 30 or ev.elapsed_s < self._last_plain.get(d, 0.0):
+                self._last_plain[d] = ev.elapsed_s
+                self.line(d, f"  {self._v(d, ev.setting)} {ev.phase}: {format_duration(ev.elapsed_s)} of "
+                          f"{format_duration(ev.duration_s)}{eta_total}")
         elif isinstance(ev, TrialWarning):
-            self._line(f"tuner: warning: {ev.message}")
+            self.line(d, f"tuner: warning: {ev.message}")
         elif isinstance(ev, TrialFinished):
-            self._last_plain = 0.0
-            self._line(f"trial {ev.index}: " + _trial_line(ev.result))
+            self._last_plain[d] = 0.0
+            self.line(d, f"trial {ev.index}: " + _trial_line(ev.result))
         elif isinstance(ev, Recommendation):  # printed with the final table; a card's line stops showing 100 %
-            if self.block is not None:
-                self.block.status(self.device, f"own result {self._v(ev.setting)}; waiting for the other cards")
+            if self.several:
+                self.status(d, f"own result {self._v(d, ev.setting)}; waiting for the other cards")
         elif isinstance(ev, BisectFailed):
-            self._line(f"bisect failed ({ev.kind}): {ev.reason}")
+            self.line(d, f"bisect failed ({ev.kind}): {ev.reason}")
         elif isinstance(ev, BisectStopped):
-            self._line(f"bisect stopped: {ev.reason}; the card is back at stock; continue with --resume")
+            self.line(d, f"bisect stopped: {ev.reason}; the card is back at stock; continue with --resume")
+
+    def _settings(self, settings: dict[str, int]) -> str:
+        return ", ".join(f"{d} {self._v(d, v)}" for d, v in settings.items())
+
+    def _rig(self, ev) -> None:
+        if isinstance(ev, RigConfirmStarted):
+            if ev.phase == RIG_BASELINE:
+                self.line("rig", f"recording the data-parallel reference at stock on {', '.join(ev.settings)} "
+                          f"({format_duration(ev.duration_s)})")
+            else:
+                self.line("rig", f"confirmation attempt {ev.attempt}: {self._settings(ev.settings)} together for "
+                          f"{format_duration(ev.duration_s)} (mixed, data-parallel)")
+            label = "rig baseline" if ev.attempt == 0 else f"rig attempt {ev.attempt}"
+            for d in ev.settings:
+                self._labels[d] = f"{label} "  # the rig run's progress, not the card's last trial
+                self.status(d, f"{label} running")
+        elif isinstance(ev, RigConfirmFinished):
+            what = "recording at stock" if ev.phase == RIG_BASELINE else f"attempt {ev.attempt}"
+            if ev.passed:
+                self.line("rig", f"{what} PASSED")
+                return
+            why = "; ".join(f"{d}: {r}" for d, r in ev.reasons.items())
+            blame = (f"whole-machine event ({ev.machine_event})" if ev.machine_event else
+                     f"pinned on {', '.join(ev.pinned)}" if ev.pinned else "no card to blame")
+            nxt = f"; next: {self._settings(ev.backed_off)}" if ev.backed_off else ""
+            self.line("rig", f"{what} FAILED: {blame}" + (f" ({why})" if why else "") + nxt)
 
 
 def _fmt(value, spec: str) -> str | None:
@@ -221,15 +290,12 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
 
 def run(args, ctx) -> int:
     backend = ctx.backend
-    if args.device is not None and (args.device.strip() == "all" or "," in args.device):
-        from tuner.commands import _bisect_rig  # several cards at once
-
-        return _bisect_rig.run(args, ctx)
-    device = pick_device(backend, args.device)
-    knob = backend.knob(device.id)
+    devices = rig_devices(backend, args.device)
     if args.from_last:
+        if len(devices) > 1:
+            raise UsageError("--from-last saves one card's last result", "give --device ID (one card)")
         check_save_name(args.save)
-        return _save_from_last(args, backend, device, knob)
+        return _save_from_last(args, backend, devices[0])
     durations = {name: parse_duration_s(text) for name, text in (("trial_s", args.trial), ("confirm_s", args.confirm))
                  if text is not None}  # left out: the core's default
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
@@ -239,31 +305,77 @@ def run(args, ctx) -> int:
         from tuner.tuning.sensitivity import tolerance_note
 
         print(f"tuner: warning: {tolerance_note()}", file=sys.stderr)
-    printer = _Printer(knob.unit, args.json)
-    job = prepare_bisect(backend, device.id, params, printer, save=args.save)
-    _confirm_real_card(device, args)
-    outcome, interrupted = run_in_worker(job)
+    printer = _Printer(backend, devices, args.json)
+    job = prepare_bisect(backend, devices, params, printer, save=args.save)
+    _confirm_real_cards(backend, devices, args)
+    try:
+        outcome, interrupted = run_in_worker(job)
+    finally:
+        printer.end()
+    several = len(devices) > 1
     if interrupted or outcome.status == "stopped":
-        if not args.json and outcome.trials:
-            print(_table(outcome.trials), file=sys.stderr)
+        if several:
+            print("bisect stopped: every card is back at stock; continue with --resume", file=sys.stderr)
+        elif not args.json and outcome.card.trials:
+            print(_table(outcome.card.trials), file=sys.stderr)
         return exit_codes.INTERRUPTED
-    if not args.json:
-        if outcome.trials:
-            print(_table(outcome.trials))
-        if outcome.recommendation is not None:
-            print(_recommendation_text(outcome.recommendation, device.label, device.simulated))
-    if outcome.recommendation is not None and args.save:
+    if several and args.json:
+        sys.stdout.write(json.dumps({"event": "rig_outcome", "device": "rig", "status": outcome.status,
+                                     "exit_code": outcome.exit_code, "settings": dict(outcome.settings),
+                                     "reasons": dict(outcome.reasons)}) + "\n")
+    elif not args.json:
+        _report(backend, outcome)
+    if args.save and outcome.settings:
         try:
-            _save(args, backend, device, outcome)
-        except TunerError as e:  # the name was taken meanwhile, the disk is full...: the journal keeps the result
-            e.remedy = (f"{e.remedy + '; ' if e.remedy else ''}the result is kept: save it with `tuner bisect "
-                        f"--device {device.id} --save NAME --from-last`")
+            _save(args, backend, outcome)
+        except TunerError as e:  # the name was taken meanwhile, the disk is full...: the journals keep the result
+            kept = (f"the result is kept: save it with `tuner bisect --device {devices[0]} --save NAME --from-last`"
+                    if not several else "the per-card results are kept in their journals")
+            e.remedy = f"{e.remedy + '; ' if e.remedy else ''}{kept}"
             raise
+    elif args.save and several:
+        print(f"tuner: not saved: no card got a recommendation confirmed together, so {args.save!r} would be empty",
+              file=sys.stderr)
     return outcome.exit_code
 
 
+def _report(backend, outcome) -> None:
+    """Each card's trials and recommendation; with several cards, the rig's attempts and the final settings."""
+    several = len(outcome.per_card) > 1
+    for d, o in outcome.per_card.items():
+        device = backend.device(d)
+        if several:
+            print(f"== {d} {device.label}")
+        if o.trials:
+            print(_table(o.trials))
+        if o.recommendation is not None:
+            print(_recommendation_text(o.recommendation, device.label, device.simulated))
+        elif several and o.failure is not None:
+            print(f"no recommendation: {o.failure.reason}")
+    if not several:
+        return
+    units = {d: backend.knob(d).unit for d in outcome.per_card}
+    if outcome.attempts:
+        print("== rig confirmation (every card at once, data-parallel)")
+        rows = []
+        for a in outcome.attempts:
+            settings = ", ".join(f"{d} {v:+d} {units.get(d, '')}".rstrip() for d, v in a["settings"].items())
+            blame = (a.get("machine_event") or "") if a.get("machine_event") else ", ".join(a.get("pinned") or [])
+            rows.append((str(a.get("attempt")), settings, "PASS" if a.get("passed") else "FAIL", blame))
+        print(format_table(("attempt", "settings", "result", "pinned / machine event"), rows))
+    print("== final settings")
+    rows = []
+    for d, o in outcome.per_card.items():
+        own = f"{o.recommendation.setting:+d} {units[d]}" if o.recommendation is not None else "-"
+        final = f"{outcome.settings[d]:+d} {units[d]}" if d in outcome.settings else "-"
+        rows.append((d, own, final, outcome.reasons.get(d, "")))
+    print(format_table(("card", "own recommendation", "final (rig)", "why not"), rows))
+    if outcome.reasons:
+        print(f"no recommendation for {', '.join(outcome.reasons)} (see 'why not'); exit code {outcome.exit_code}")
+
+
 def run_in_worker(job):
-    """Run `job` (a BisectJob or a RigBisectJob) and return (its outcome, whether a signal interrupted it).
+    """Run `job` (a BisectJob) and return (its outcome, whether a signal interrupted it).
 
     The job runs in a worker so that a signal in the main thread only asks it to stop (an exception inside
     Thread.join can leave the thread looking finished; an Event does not). Fatal signals are only recorded
@@ -293,56 +405,37 @@ def run_in_worker(job):
     return box["outcome"], inbox.first is not None
 
 
-class _Block:
-    """Several cards' progress on stderr: on a TTY a block of one line per card, redrawn in place under the
-    lines that stay (finished trials, warnings); otherwise only the lines that stay, each prefixed with its card."""
+def _save(args, backend, outcome) -> None:
+    """One card: its profile, its stock baseline bundled beside it; several: one rig profile, a part per card that
+    got a setting confirmed together (each built by the core; a rig profile bundles no baseline)."""
+    from tuner.actions.bisect import rig_profile_from_outcome
 
-    def __init__(self, devices: tuple[str, ...]):
-        self.devices = devices
-        self.tty = sys.stderr.isatty()
-        self._status = dict.fromkeys(devices, "waiting")
-        self._drawn = 0
+    if len(outcome.per_card) == 1:
+        [device_id] = outcome.per_card
+        _save_card(args, backend, device_id, outcome.card)
+        return
+    from tuner.profiles import save_profile
 
-    def _clear(self) -> None:
-        if self._drawn:
-            sys.stderr.write(f"\033[{self._drawn}F\033[J")  # up to the block's first line, clear to the end
-            self._drawn = 0
-
-    def _draw(self) -> None:
-        width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would break the count
-        for d in self.devices:
-            sys.stderr.write(f"{d}: {self._status[d]}"[:width] + "\n")
-        self._drawn = len(self.devices)
-
-    def line(self, text: str) -> None:
-        if self.tty:
-            self._clear()
-            sys.stderr.write(text + "\n")
-            self._draw()
-        else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-
-    def status(self, device: str, text: str) -> None:
-        self._status[device] = text
-        if self.tty:
-            self._clear()
-            self._draw()
-            sys.stderr.flush()
-
-    def end(self) -> None:
-        if self.tty:
-            self._clear()
-            sys.stderr.flush()
+    profile = rig_profile_from_outcome(backend, outcome, args.save)
+    path = save_profile(profile, overwrite=False)
+    left_out = [d for d in outcome.per_card if d not in outcome.settings]
+    if args.json:
+        sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path), "device": "rig",
+                                     "cards": list(outcome.settings), "left_out": left_out}) + "\n")
+    else:
+        print(f"saved rig profile {args.save!r} ({len(profile.rig_parts)} cards) to {path}"
+              + (f"; left out: {', '.join(left_out)}" if left_out else ""))
 
 
-def _save(args, backend, device, outcome) -> None:
+def _save_card(args, backend, device_id: str, card) -> None:
+    """One card's profile (`card`: its CardOutcome), with the session's stock baseline beside it (NAME.ref, for
+    `tuner screen` and `apply --verify` elsewhere; tuner.actions.screen.record, as the UI's save)."""
     from tuner.actions.bisect import profile_from_outcome
     from tuner.actions.screen.record import bundle_beside_profile
     from tuner.profiles import save_profile
 
-    path = save_profile(profile_from_outcome(backend, device.id, outcome, args.save), overwrite=False)
-    reference = bundle_beside_profile(backend, device.id, outcome, path)
+    path = save_profile(profile_from_outcome(backend, device_id, card, args.save), overwrite=False)
+    reference = bundle_beside_profile(backend, device_id, card, path)
     if args.json:
         sys.stdout.write(json.dumps({"event": "profile_saved", "name": args.save, "path": str(path),
                                      "reference": reference.to_dict()}) + "\n")
@@ -350,12 +443,12 @@ def _save(args, backend, device, outcome) -> None:
         print(f"saved profile {args.save!r} to {path}{reference.text()}")
 
 
-def _save_from_last(args, backend, device, knob) -> int:
+def _save_from_last(args, backend, device_id: str) -> int:
     from tuner.tuning.job import last_outcome
 
     if not args.save:
         raise UsageError("--from-last saves the last result and needs --save NAME", "add --save NAME")
-    _save(args, backend, device, last_outcome(device.id, knob))
+    _save_card(args, backend, device_id, last_outcome(device_id, backend.knob(device_id)))
     return exit_codes.OK
 
 

@@ -51,18 +51,19 @@ def format_telemetry(sample: Telemetry) -> list[str]:
 
 
 def safety_warnings(device_id: str, knob) -> list[str]:
-    """Warning signs in the device's safety files: a trial left open by a tool that died (the card may still hold
-    its value), or a damaged file (which blocks set, apply and bisect on the card)."""
+    """Warning signs in the device's safety files: a trial (a card's, a rig's, a verify) left open by a tool that
+    died (the card may still hold its value), or a damaged file (which blocks set, apply and bisect on the card)."""
     try:
         trial = journal.leftover_trial(device_id)
     except StateError as e:
         return [e.one_line()]
     if trial is None:
         return []
-    what = (f"a {trial.get('phase', 'tuning')} trial at {format_value(trial['setting'], knob.unit)} did not finish "
-            + ("(the machine rebooted during it)" if trial.get("rebooted") else
-               f"(its process {trial.get('pid')} is gone)"))
-    again = f"`tuner bisect --device {device_id} --resume` runs it again" if trial.get("session") else ""
+    why = {journal.Owner.EARLIER_BOOT: "the machine rebooted during it",
+           journal.Owner.UNKNOWN_BOOT: "the boot id is unreadable, so a reset during it cannot be ruled out",
+           }.get(trial["owner"], f"its process {trial['pid']} is gone")
+    what = f"a {trial['phase'] or 'tuning'} trial at {format_value(trial['setting'], knob.unit)} did not finish ({why})"
+    again = f"`tuner bisect --device {trial['resume']} --resume` runs it again" if trial["resume"] else ""
     if knob.current != knob.stock:
         return [f"{device_id} reads {format_value(knob.current, knob.unit)}, left over: {what}; run "
                 f"`tuner reset --device {device_id}`" + (f", then {again}" if again else "")]

@@ -684,7 +684,7 @@ class Engine:
         loss.backward()
         grads = [p.grad for p in self.params if p.grad is not None]
         # this rank's own gradients (before the all-reduce): loss and grad_norm are figures only this rank's
-        # computation decides; the training state after the update is the group's (tuner/tuning/rig_trial.py
+        # computation decides; the training state after the update is the group's (tuner/tuning/trial.py
         # pins a fault on the rank whose own figures differ)
         grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
         grad_sum = None

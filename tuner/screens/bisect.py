@@ -5,7 +5,6 @@ The run itself belongs to the App (switching screens never stops it); this scree
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -17,11 +16,12 @@ from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
 from tuner.actions.bisect import bisect_defaults
 from tuner.app import form_memory, jobs
-from tuner.app.state import of_about
+from tuner.app.state import BisectState, of_about
 from tuner.app.words import for_people
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode
+from tuner.core.numbers import parse_whole_number
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
 from tuner.tuning.events import FINISHING
@@ -45,16 +45,10 @@ WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the
 KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
 
 
-_ASCII_WHOLE = re.compile(r"[+-]?[0-9]+")  # ASCII digits and a sign only, as on the command line
-
-
 def _whole_number(label: str, text: str, unit: str) -> int:
-    """A whole number, optionally followed by the card's unit ("15", "15 MHz")."""
-    number = text[: -len(unit)].strip() if unit and text.lower().endswith(unit.lower()) else text
+    """A whole number as on the command line (tuner.core.numbers), optionally followed by the card's unit ("15 MHz")."""
     try:
-        if not _ASCII_WHOLE.fullmatch(number.strip()):
-            raise ValueError(number)  # int() would take "٣٠" and "3_0"
-        return int(number, 10)
+        return parse_whole_number(text, unit)
     except ValueError:
         raise UsageError(f"{label}: expected a whole number of {unit or 'steps'}, got {text!r}", "e.g. 10") from None
 
@@ -225,11 +219,9 @@ class BisectScreen(TunerScreen):
 
     def action_start(self, resume: bool = False, restart: bool = False) -> None:
         params = self._params(resume=resume, restart=restart)
-        if params is not None and self.app.bisect_all:
-            self.app.start_rig_bisect(params)
-            self.query_one("#bisect-trials", DataTable).focus()
-        elif params is not None and self.app.selected_device_id:
-            self.app.start_bisect(self.app.selected_device_id, params)
+        ids = tuple(d.id for d in self.app.devices) if self.app.bisect_all else (self.app.selected_device_id,)
+        if params is not None and all(ids):
+            self.app.start_bisect(ids, params)
             self.query_one("#bisect-trials", DataTable).focus()
 
     def on_input_submitted(self) -> None:
@@ -243,12 +235,11 @@ class BisectScreen(TunerScreen):
         self.action_start(restart=True)
 
     def action_stop(self) -> None:
-        if self.app.rig.running:
-            self.app.stop_rig()
-            self.notify("stopping the bisect of every card; every card goes back to stock")
-        elif self.app.bisect.running:
+        if self.app.bisect.running:
             self.app.stop_bisect()
-            self.notify("stopping the bisect; the card goes back to stock")
+            several = len(self.app.bisect.device_ids) > 1
+            self.notify("stopping the bisect of every card; every card goes back to stock" if several
+                        else "stopping the bisect; the card goes back to stock")
 
     def action_toggle_plot(self) -> None:
         """Below WIDE_COLUMNS the plot takes the table's place (g again brings the table back)."""
@@ -258,10 +249,8 @@ class BisectScreen(TunerScreen):
         self._paint_detail()
 
     def _table_state(self):
-        """The bisect whose trials the table shows: the single card's, or (all cards) the selected card's."""
-        if self.app.bisect_all:
-            return self.app.rig.card(self.app.selected_device_id)
-        return self.app.bisect
+        """The search whose trials the table shows: the selected card's."""
+        return self._shown().card(self.app.selected_device_id)
 
     def _paint_detail(self) -> None:
         state = self._table_state()
@@ -278,7 +267,7 @@ class BisectScreen(TunerScreen):
     def action_next_device(self) -> None:
         """The next card; with two or more cards, after the last one comes ALL CARDS (every card at once)."""
         app = self.app
-        if app.bisect.running or app.rig.running:
+        if app.bisect.running:
             self.notify("a bisect is running; stop it before choosing another card", severity="warning")
             return
         ids = [d.id for d in app.devices]
@@ -331,122 +320,84 @@ class BisectScreen(TunerScreen):
         self.notify(f"exported the trials to {written}")
 
     def action_apply_result(self) -> None:
-        """The recommendation onto the card through the App's apply path (the rules of `tuner set`, then
-        keep-or-revert); once kept, offer to save it as a profile. All cards: every card's final setting through
-        the core's rig apply (one keep-or-revert for the whole rig), then offer to save the rig profile."""
-        if self.app.bisect_all:
-            self._apply_rig_result()
-            return
-        state = self.app.bisect
-        rec = state.recommendation
-        if rec is None or state.running:
-            self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
-            return
-        knob = self.app.histories[state.device_id].knob
-        if knob is not None and knob.current == rec.setting:
-            self.notify(f"{state.device_id} is already at {rec.setting:+d} {rec.unit}; v saves it as a profile")
-            return
-        self.app.apply_setting(state.device_id, rec.setting, on_kept=self.action_save_profile)
-
-    def _apply_rig_result(self) -> None:
+        """One card: its recommendation through the App's apply path (the rules of `tuner set`, then keep-or-revert).
+        All cards: every card's final setting through the core's rig apply (one keep-or-revert for the whole rig).
+        Once kept, offer to save it as a profile (a rig profile)."""
         from tuner.actions.bisect import rig_profile_from_outcome
 
-        rig = self.app.rig
-        if not self._rig_result_ready():
+        app, job = self.app, self._shown()
+        if app.bisect_all:
+            if self._rig_result_ready(job):
+                outcome, backend = job.outcome, app.backend
+                app.apply_rig_profile(lambda: rig_profile_from_outcome(backend, outcome, jobs.RESULT_NAME),
+                                      on_kept=self.action_save_profile)
             return
-        outcome, backend = rig.outcome, self.app.backend
-        self.app.apply_rig_profile(lambda: rig_profile_from_outcome(backend, outcome, jobs.RESULT_NAME),
-                                   on_kept=self.action_save_profile)
-
-    def action_save_profile(self) -> None:
-        if self.app.bisect_all:
-            rig = self.app.rig
-            if not self._rig_result_ready():
-                return
-            self.app.push_screen(TextInputDialog("Save every card's setting as one rig profile:",
-                                                 value=f"rig-{len(rig.settings)}-cards"), self._save_rig_as)
-            return
-        rec = self.app.bisect.recommendation
-        if rec is None or self.app.bisect.outcome is None:  # the outcome (the evidence saved) comes as the job ends
+        device_id = app.selected_device_id
+        rec = job.card(device_id).recommendation
+        if rec is None or job.running:
             self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
             return
-        default = f"{self.app.bisect.device_id}-{abs(rec.setting)}{rec.unit.lower()}"
-        self.app.push_screen(
-            TextInputDialog("Save the recommended setting as profile:", value=default), self._save_as
-        )
+        knob = app.histories[device_id].knob
+        if knob is not None and knob.current == rec.setting:
+            self.notify(f"{device_id} is already at {rec.setting:+d} {rec.unit}; v saves it as a profile")
+            return
+        app.apply_setting(device_id, rec.setting, on_kept=self.action_save_profile)
+
+    def action_save_profile(self) -> None:
+        app, job = self.app, self._shown()
+        if app.bisect_all:
+            if self._rig_result_ready(job):
+                app.push_screen(TextInputDialog("Save every card's setting as one rig profile:",
+                                                value=f"rig-{len(job.settings or {})}-cards"), self._save_as)
+            return
+        device_id = app.selected_device_id
+        rec = job.card(device_id).recommendation
+        if rec is None or job.outcome is None:  # the outcome (the evidence saved) comes as the job ends
+            self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
+            return
+        default = f"{device_id}-{abs(rec.setting)}{rec.unit.lower()}"
+        app.push_screen(TextInputDialog("Save the recommended setting as profile:", value=default), self._save_as)
 
     def _save_as(self, name: str | None) -> None:
         if name:
-            self.app.save_bisect_profile(name)
+            self.app.save_bisect_profile(name, None if self.app.bisect_all else self.app.selected_device_id)
 
-    def _rig_result_ready(self) -> bool:
+    def _rig_result_ready(self, job: BisectState) -> bool:
         """All cards: a finished run with settings confirmed together (what apply and save act on); else say so."""
-        rig = self.app.rig
-        if rig.running or rig.outcome is None or not rig.settings:
+        if job.running or job.outcome is None or not job.settings:
             self.notify("no settings confirmed together yet: a finished bisect of every card gives them",
                         severity="warning")
             return False
         return True
 
-    def _save_rig_as(self, name: str | None) -> None:
-        if name:
-            self.app.save_rig_profile(name)
-
     # --- drawing -------------------------------------------------------------------------------------------------
+    def _shown(self) -> BisectState:
+        """The bisect this target shows: the App's when it is of every card (ALL CARDS) or, for one card, when it
+        includes that card (after a bisect of every card: that card's own search); else none yet."""
+        job, app = self.app.bisect, self.app
+        mine = len(job.device_ids) > 1 if app.bisect_all else app.selected_device_id in job.device_ids
+        return job if mine else BisectState()
+
     def repaint(self) -> None:
-        self.set_class(self.app.bisect_all, "-rig")
-        if self.app.bisect_all:
-            self._repaint_rig()
-        else:
-            self._repaint_card()
-
-    def _repaint_rig(self) -> None:
         app = self.app
-        rig = app.rig
-        selected = app.selected_device_id
-        state = rig.card(selected)
+        every = app.bisect_all
+        self.set_class(every, "-rig")
+        job, selected = self._shown(), app.selected_device_id
+        card = job.card(selected)
         knob = app.histories[selected].knob if selected else None
-        unit = rig.unit(selected) or (knob.unit if knob else "")
-        status = Text(f"ALL CARDS ({', '.join(d.id for d in app.devices)}) at once · table: {selected} (c next)\n")
-        if rig.running:
-            status.append("RUNNING ", style="bold reverse")
-            cur = rig.current
-            if cur is None:
-                status.append(" each card's own search, then the whole rig together")
-            else:
-                what = ("recording every card's reference at stock" if cur.get("phase") == "rig-baseline" else
-                        f"confirmation attempt {cur.get('attempt')}")
-                status.append(f" the whole rig: {what} ({rig_run_time(cur, app.clock())})")
-        elif rig.failure and rig.failure.startswith("stopped"):
-            status.append(f"STOPPED: {rig.failure}", style="bold")
-        elif rig.failure:  # a refused start (no session to resume...) or an error: nothing was stopped
-            status.append(f"ERROR: {rig.failure.removeprefix('error: ')}", style="bold")
-        elif rig.outcome is not None:
-            status.append(f"FINISHED: {getattr(rig.outcome, 'status', '')}")
+        unit = (job.unit(selected) if selected else "") or (knob.unit if knob else "")
+        if every:
+            status = Text(f"ALL CARDS ({', '.join(d.id for d in app.devices)}) at once · table: {selected} (c next)\n")
         else:
-            status.append("idle · b start every card at once · d next target · u resume")
-        self.query_one("#bisect-status", Static).update(status)
-        self.query_one("#rig-cards", Static).update(
-            Text("\n").join(rig_card_line(rig, d.id, selected=d.id == selected) for d in app.devices))
-        self.query_one("#rig-attempts", Static).update(rig_attempts_text(rig))
-        self._show_defaults(knob)
-        self._paint_table(state, unit, selected)
-        simulated = any(app.device(d).simulated for d in (rig.device_ids or (selected,)))
-        self.query_one("#bisect-result", Static).update(rig_result_text(rig, simulated=simulated))
-
-    def _repaint_card(self) -> None:
-        app = self.app
-        state = app.bisect
-        device_id = state.device_id or app.selected_device_id
-        knob = app.histories[device_id].knob if device_id else None
-        unit = state.unit or (knob.unit if knob else "")
-        status = Text()
-        if device_id:
-            status.append(f"{device_id} · {app.device(device_id).label} · {setting_text_short(knob)}\n")
-        if state.running:
-            cur = state.current or {}
+            status = Text(f"{selected} · {app.device(selected).label} · {setting_text_short(knob)}\n" if selected
+                          else "")
+        cur = (card.current if not every else None) or {}
+        if job.running:
             status.append("RUNNING ", style="bold reverse")
-            if cur:
+            if every:
+                status.append(" each card's own search, then the whole rig together" if job.current is None else
+                              f" the whole rig: {rig_run_what(job.current)} ({rig_run_time(job.current, app.clock())})")
+            elif cur:
                 status.append(f" {trial_text(cur, unit)}")
                 if cur.get("finishing"):
                     status.append(f" · {FINISHING}")
@@ -454,23 +405,38 @@ class BisectScreen(TunerScreen):
                     status.append(f" · trial ETA {format_duration(cur['eta_s'])}")
                 if cur.get("eta_total_s") is not None:
                     status.append(f" · all ≤{format_duration(cur['eta_total_s'])}")
-        elif state.failure:
-            status.append(f"STOPPED: {state.failure}", style="bold")
-        elif state.device_id and state.trials:
+        elif not every and card.failure:
+            status.append(f"STOPPED: {card.failure}", style="bold")
+        elif job.failure and job.failure.startswith("stopped"):
+            status.append(f"STOPPED: {job.failure}", style="bold")
+        elif job.failure:  # a refused start (no session to resume...) or an error: nothing was stopped
+            status.append(f"ERROR: {job.failure.removeprefix('error: ')}", style="bold")
+        elif every and job.outcome is not None:
+            status.append(f"FINISHED: {getattr(job.outcome, 'status', '')}")
+        elif not every and card.trials:
             status.append("FINISHED")
+        elif every:
+            status.append("idle · b start every card at once · d next target · u resume")
         else:
             status.append("idle · b start · f edit form · u resume a session"
                           + (" · d next card, then ALL CARDS" if len(app.devices) > 1 else ""))
         self.query_one("#bisect-status", Static).update(status)
-        progress = (state.current or {}).get("progress") or 0.0
-        if not state.running:
-            progress = 1.0 if state.recommendation is not None or (state.trials and not state.failure) else 0.0
+        progress = cur.get("progress") or 0.0
+        if not card.running:
+            progress = 1.0 if card.recommendation is not None or (card.trials and not card.failure) else 0.0
         self.query_one("#bisect-progress", ProgressBar).update(progress=progress)
+        if every:
+            self.query_one("#rig-cards", Static).update(
+                Text("\n").join(rig_card_line(job, d.id, selected=d.id == selected) for d in app.devices))
+            self.query_one("#rig-attempts", Static).update(rig_attempts_text(job))
         self._show_defaults(knob)
-        if self._paint_table(state, unit, device_id):
-            simulated = bool(device_id) and app.device(device_id).simulated
+        shown = (job.device_ids or (selected,)) if every else (selected,)
+        simulated = any(app.device(d).simulated for d in shown if d)
+        if self._paint_table(card, unit, selected) and not every:
             self.query_one("#bisect-result", Static).update(
-                recommendation_text(state.recommendation, unit, simulated=simulated))
+                recommendation_text(card.recommendation, unit, simulated=simulated))
+        elif every:
+            self.query_one("#bisect-result", Static).update(rig_result_text(job, simulated=simulated))
 
     def _paint_table(self, state, unit: str, device_id) -> bool:
         """The trial table, its detail line and the efficiency plot, when they changed. True: repainted."""
@@ -555,7 +521,7 @@ def trial_text(cur, unit: str) -> str:
 
 def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
     """One card of the rig on one line: its trial and progress, its own result, then its final setting."""
-    from tuner.app.state import rig_card_label
+    from tuner.app.state import bisect_card_label
 
     card, unit = rig.card(device_id), rig.unit(device_id)
     line = Text("▶ " if selected else "  ", style="bold" if selected else "")
@@ -571,7 +537,7 @@ def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
             reason = getattr(outcome, 'reasons', {}).get(device_id) or card.failure or 'no setting'
             body = f"NONE: {for_people(str(reason))}"  # the core words it for the CLI (--resume)
     elif rig.running and rig.current is not None:
-        body = rig_card_label(rig, device_id)
+        body = bisect_card_label(rig, device_id)
     elif card.running and card.current:
         cur = card.current
         body = f"{trial_text(cur, unit)} · {int(100 * (cur.get('progress') or 0))} %"
@@ -592,6 +558,11 @@ def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
 
 def _settings_text(settings, rig) -> str:
     return ", ".join(f"{d} {v:+d} {rig.unit(d)}" for d, v in (settings or {}).items())
+
+
+def rig_run_what(current) -> str:
+    return ("recording every card's reference at stock" if current.get("phase") == "rig-baseline" else
+            f"confirmation attempt {current.get('attempt')}")
 
 
 def rig_run_time(current, now_s: float) -> str:

@@ -39,12 +39,12 @@ class DashboardScreen(TunerScreen):
         if many:
             self.query_one("#card-rows", CardRows).paint([
                 card_row(d, app.histories[d.id].knob, app.histories[d.id].latest,
-                         running_label(app.stress, app.bisect, d.id, app.rig, compact=True),
+                         running_label(app.stress, app.bisect, d.id, compact=True),
                          selected=d.id == app.selected_device_id)
                 for d in app.devices])
         for panel in self.query(DevicePanel):
             device_id = panel.device.id
             panel.display = not many or device_id == app.selected_device_id
             if panel.display:
-                panel.paint(app.histories[device_id], running_label(app.stress, app.bisect, device_id, app.rig),
-                            running_label(app.stress, app.bisect, device_id, app.rig, compact=True))
+                panel.paint(app.histories[device_id], running_label(app.stress, app.bisect, device_id),
+                            running_label(app.stress, app.bisect, device_id, compact=True))

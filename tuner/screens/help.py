@@ -6,9 +6,10 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
 from tuner.screens.base import TunerScreen
 
-HELP_TEXT = """\
+HELP_TEXT = f"""\
 [b]Keys[/b] 1 Dashboard 2 Tune 3 Auto-bisect 4 Profiles 5 Doctor 6 Help
      q quit   ctrl+p command palette (every action, by name)
 Dashboard d next card (2+ cards: a row per card, the selected one below)
@@ -25,7 +26,7 @@ Dialogs   enter = the highlighted button; escape = the safe choice
 
 [b]Safety model[/b]
 - Every write is checked against the card's range, applied, read back.
-- A manual setting must be kept within 15 s, or it reverts by itself.
+- A manual setting must be kept within {KEEP_S:.0f} s, or it reverts by itself.
 - Stress and bisect runs keep going while you switch screens. Quitting
   asks, then stops them and resets every card they changed to stock;
   an SSH hang-up does the same without asking.

@@ -65,9 +65,11 @@ class BisectEventReceived(Message):
 
 
 class BisectEnded(Message):
-    def __init__(self, device_id: str, summary: str, outcome=None) -> None:
+    """The App's bisect of these cards (one, or every card at once) ended: its summary and BisectOutcome."""
+
+    def __init__(self, device_ids: tuple[str, ...], summary: str, outcome=None) -> None:
         super().__init__()
-        self.device_id, self.summary, self.outcome = device_id, summary, outcome
+        self.device_ids, self.summary, self.outcome = device_ids, summary, outcome
 
 
 class ProfileChecked(Message):
@@ -90,17 +92,3 @@ class BootServiceRead(Message):
     def __init__(self, status) -> None:
         super().__init__()
         self.status = status
-
-
-class RigEventReceived(Message):
-    """An event of the bisect of every card at once (tuner.tuning.events; each names its card, or "rig")."""
-
-    def __init__(self, event) -> None:
-        super().__init__()
-        self.event = event
-
-
-class RigEnded(Message):
-    def __init__(self, summary: str, outcome=None) -> None:
-        super().__init__()
-        self.summary, self.outcome = summary, outcome

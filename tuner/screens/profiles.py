@@ -17,6 +17,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from tuner.actions.bisect import duration_text
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
 from tuner.app.words import for_people
 from tuner.core.errors import TunerError
 from tuner.screens.base import TunerScreen, too_small
@@ -48,7 +49,7 @@ def match_sentence(match, target_label: str) -> str:
     from tuner.profiles.identity import Match
 
     if match.match == Match.SAME_CARD:
-        return f"On {target_label}: {match.reason}. Press a to apply it, then keep or revert it within 15 s."
+        return f"On {target_label}: {match.reason}. Press a to apply it, then keep or revert it within {KEEP_S:.0f} s."
     if match.match == Match.SAME_MODEL:
         return (f"On {target_label}: {match.reason}. Press a to run a 5-minute stress trial first; the setting is "
                 "kept only if it passes.")
@@ -140,7 +141,7 @@ def rig_detail_text(profile, devices, knobs) -> Text:
         text.append(f"On this machine: cannot be applied ({'; '.join(refused)}).\n")
     else:
         text.append(f"On this machine: {', '.join(here)}. Press a to apply every card, then keep or revert them "
-                    "all within 15 s.\n")
+                    f"all within {KEEP_S:.0f} s.\n")
     return text
 
 

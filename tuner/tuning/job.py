@@ -1,30 +1,45 @@
-"""The bisect driver: runs the trials the state machine (`bisect_plan`) asks for, journals every step durably,
-recovers trials left open by a dead tool or an earlier boot, and turns the outcome into a recommendation.
+"""The bisect job, for one card or every card at once (a single card is a rig of one): the search the state machine
+(`plan`) asks for on each card, journalled durably, then the whole-rig confirmation (a phase a rig of one skips).
 
-A plain class for both the CLI and the TUI's thread worker: `BisectJob(...).run()` blocks and returns a
-`BisectOutcome`; `stop()` is thread-safe (the running engine is stopped, the card reset to stock and verified,
-the journal closed as resumable). Events go to `on_event`.
+`BisectJob(...).run()` blocks and returns a `BisectOutcome`; `stop()` is thread-safe (the running engines are
+stopped, the cards reset to stock and verified, the journals closed as resumable). Events go to `on_event`, one at a
+time, each naming its card (`device`; "rig" for the rig's own). A plain class for the CLI and the UI's worker alike.
+
+1. Every card's writer lock for the job's whole life, taken in sorted order (two jobs over overlapping cards cannot
+   deadlock: the second gets CardBusy). Every check (parameters, damaged state, a live session elsewhere, an
+   unfinished one without --resume or --restart, foreign state) runs for every card before any card is touched.
+2. One search per card, each in its own thread when there are several, each with its own journal, unsafe list and
+   reference exactly as alone; a trial left open by a dead tool or an earlier boot is recovered first.
+3. Several cards (docs/bisect.md, "Every card at once"): a data-parallel recording at stock, then every card at its
+   candidate (its own recommendation) at once in `mixed` mode. A failure pinned on a card backs that card off one
+   resolution step (a hard failure: onto its unsafe list, backed off by the edge margin, as a single card's
+   recommendation keeps it); a whole-machine event backs off every card one step; at most `MAX_RIG_ATTEMPTS`. The
+   rig journal records every rig trial before it touches a card, so `--resume` continues where it stopped.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardLock
-from tuner.core.errors import DeviceLost, DiskFull, NotApplied, UsageError
-from tuner.core.models import DeviceInfo, Knob, Mode
+from tuner.core.errors import DeviceLost, DiskFull, NotApplied, TunerError, UsageError
+from tuner.core.models import Knob, Mode
 from tuner.tuning import evidence, journal, kernel_log, load_check
+from tuner.tuning import trial as trial_module
 from tuner.tuning.engine_client import WatchdogPolicy, default_preset
 from tuner.tuning.events import (
     BisectEvent,
     BisectFailed,
     BisectStopped,
     Recommendation,
+    RigConfirmFinished,
+    RigConfirmStarted,
+    RigRecommendation,
     SessionStarted,
     TrialEvent,
     TrialFinished,
@@ -34,6 +49,7 @@ from tuner.tuning.events import (
     TrialStarted,
     TrialWarning,
 )
+from tuner.tuning.journal import FINISHED, INTERRUPTED, UNRESOLVED, Journal, Owner
 from tuner.tuning.plan import (
     BASELINE,
     CONFIRM,
@@ -48,14 +64,18 @@ from tuner.tuning.plan import (
     Stop,
     check_params,
 )
-from tuner.tuning.trial import STOPPED, TrialParams, run_trial
+from tuner.tuning.trial import STOPPED, TrialOutcome, TrialParams
 
 MODES = tuple(Mode)
+MAX_RIG_ATTEMPTS = 6  # confirmation attempts of the whole rig before it gives up (each is a --confirm long)
+RIG_BASELINE, RIG_CONFIRM = "rig-baseline", "rig-confirm"
+TrialRunner = Callable[..., TrialOutcome]  # tuner.tuning.trial.run_trial's signature
 
 
 @dataclass(frozen=True)
 class BisectParams:
-    """What `tuner bisect` (or the TUI's form) asks for. Settings in the knob's unit; None = the default."""
+    """What `tuner bisect` (or the TUI's form) asks for. Settings in the knob's unit; None = the default. A bad
+    combination is refused here, before anything else happens."""
 
     step: int | None = None
     resolution: int | None = None
@@ -76,6 +96,15 @@ class BisectParams:
     SEARCH_KEYS = ("step", "resolution", "margin", "trial_s", "confirm_s", "floor", "mode", "preset", "dtype",
                    "seed", "tolerance", "compile")
 
+    def __post_init__(self) -> None:
+        if self.resume and self.restart:
+            raise UsageError("--resume and --restart exclude each other", "pick one")
+        if self.mode not in MODES:
+            raise UsageError(f"unknown mode {self.mode!r}", f"use one of {', '.join(MODES)}")
+        if not (self.trial_s >= 1 and self.confirm_s >= 1):  # also catches NaN
+            raise UsageError(f"trials of {min(self.trial_s, self.confirm_s):g} s are too short to compare anything",
+                             "give --trial and --confirm of at least 1 s (the defaults are 5m and 30m)")
+
     def plan_params(self, knob: Knob) -> PlanParams:
         """The plan's parameters for `knob`: a None here is the plan's default for that card."""
         return PlanParams.defaults_for(knob, step=self.step, resolution=self.resolution, margin=self.margin,
@@ -86,7 +115,9 @@ class BisectParams:
 
 
 @dataclass(frozen=True)
-class BisectOutcome:
+class CardOutcome:
+    """One card's search."""
+
     status: str  # recommended | failed | stopped
     exit_code: int
     session: str | None
@@ -106,59 +137,454 @@ class BisectOutcome:
 
     def tuning(self) -> dict | None:
         """The `[tuning]` table of a profile saved from this outcome (None entries dropped by the profile)."""
-        r = self.recommendation
+        r, p = self.recommendation, self.params
         if r is None:
             return None
-        p = self.params
-        return {
-            "baseline_tok_s": r.baseline_tok_s, "tuned_tok_s": r.tuned_tok_s,
-            "baseline_power_w": r.baseline_power_w, "tuned_power_w": r.tuned_power_w,
-            "baseline_tok_per_j": r.baseline_tok_per_j, "tuned_tok_per_j": r.tuned_tok_per_j,
-            "efficiency_gain_pct": r.efficiency_gain_pct, "first_failure": r.first_failure,
-            "lowest_pass": r.lowest_pass, "confirmed": r.confirmed, "margin": r.margin,
-            "step": p.get("step"), "resolution": p.get("resolution"), "trial_duration_s": p.get("trial_s"),
-            "confirm_duration_s": p.get("confirm_s"), "preset": p.get("preset"), "mode": p.get("mode"),
-            "dtype": p.get("dtype"), "sensitivity": r.sensitivity,
-            "trials": [t.profile_trial() for t in self.trials],
-        }
+        measured = ("baseline_tok_s", "tuned_tok_s", "baseline_power_w", "tuned_power_w", "baseline_tok_per_j",
+                    "tuned_tok_per_j", "efficiency_gain_pct", "first_failure", "lowest_pass", "confirmed", "margin",
+                    "sensitivity")
+        searched = {"step": "step", "resolution": "resolution", "trial_duration_s": "trial_s",
+                    "confirm_duration_s": "confirm_s", "preset": "preset", "mode": "mode", "dtype": "dtype"}
+        return {**{k: getattr(r, k) for k in measured}, **{k: p.get(v) for k, v in searched.items()},
+                "trials": [t.profile_trial() for t in self.trials]}
+
+
+@dataclass(frozen=True)
+class BisectOutcome:
+    """The whole job: each card's search and, with several cards, the rig confirmation."""
+
+    status: str  # recommended | partial | failed | stopped
+    exit_code: int  # 0 only if every card got a recommendation (confirmed together, with several)
+    per_card: Mapping[str, CardOutcome]
+    settings: Mapping[str, int]  # the final setting per card that got one
+    rig_attempts: tuple[TrialOutcome, ...] = ()
+    reasons: Mapping[str, str] = field(default_factory=dict)  # card -> why it got no recommendation
+    session: str | None = None  # the rig journal's session (several cards)
+    attempts: tuple[dict, ...] = ()  # the rig journal's record of every attempt (settings, pinned, backed off)
+
+    @property
+    def card(self) -> CardOutcome:
+        """The search of a rig of one card."""
+        [outcome] = self.per_card.values()
+        return outcome
 
 
 class BisectJob:
-    def __init__(self, backend: Backend, device_id: str, params: BisectParams,
+    def __init__(self, backend: Backend, device_ids: str | Sequence[str], params: BisectParams,
                  on_event: Callable[[BisectEvent], None] | None = None, *,
-                 engine_factory: Callable | None = None,
-                 kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
-                 take_lock: bool = True):
-        """`take_lock=False`: the caller already holds this card's writer lock (a rig bisect holds every card's
-        for its whole life) and the job must not try to take it again (a lock is one holder per process)."""
-        self.backend, self.device_id, self.params = backend, device_id, params
-        self._take_lock = take_lock
-        self._emit_cb = on_event or (lambda ev: None)
+                 run_trial: TrialRunner | None = None, engine_factory: Callable | None = None,
+                 kernel_watcher_factory: Callable[[str], kernel_log.KernelLogWatcher | None] | None = None,
+                 max_attempts: int = MAX_RIG_ATTEMPTS):
+        """`run_trial`: the trial runner (default tuner.tuning.trial.run_trial, looked up now: tests replace it).
+        Refuses a card list naming a card twice or none, and parameters that do not fit a card, here."""
+        ids = (device_ids,) if isinstance(device_ids, str) else tuple(device_ids)
+        if len(set(ids)) != len(ids) or not ids:
+            raise UsageError(f"--device names a card twice or none: {','.join(ids)}",
+                             "name each card once, or use --device all")
+        for device_id in ids:  # before anything is touched
+            knob = backend.knob(device_id)
+            check_params(knob, params.plan_params(knob))
+        self.backend, self.device_ids, self.params = backend, ids, params
+        self._on_event = on_event or (lambda ev: None)
+        self._run_trial: TrialRunner = run_trial or trial_module.run_trial
         self._engine_factory = engine_factory
-        self._kernel_watcher_factory = kernel_watcher_factory
+        self._watcher_factory = kernel_watcher_factory
+        self._max_attempts = max_attempts
         self._stop = threading.Event()
-        self._journal: journal.Journal | None = None
-        self._trial_wall_s: list[float] = []
+        self._emit_lock = threading.RLock()
+        self._rig: Journal | None = None
 
     # --- public -----------------------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Thread-safe: end the running trial (engine stopped, card reset and verified); run() then returns."""
+        """Thread-safe: every running trial ends (engines stopped, cards reset and verified); run() returns."""
         self._stop.set()
 
     def run(self) -> BisectOutcome:
-        """Run the whole search; the card's writer lock is held for all of it, so no `set`, `apply` or `reset`
-        from another shell (or the TUI) can change the card under a trial (CardBusy names the bisect)."""
-        if not self._take_lock:
-            return self._run()
-        with CardLock(self.device_id, f"auto-bisect of {self.device_id}"):
+        """Everything, with every card's writer lock held for all of it, so no `set`, `apply` or `reset` from
+        another shell (or the TUI) can change a card under a trial (CardBusy names the bisect)."""
+        with contextlib.ExitStack() as locks:
+            several = len(self.device_ids) > 1
+            purpose = (f"auto-bisect of the rig {','.join(self.device_ids)}" if several
+                       else f"auto-bisect of {self.device_ids[0]}")
+            for device_id in sorted(self.device_ids):
+                locks.enter_context(CardLock(device_id, purpose))
             return self._run()
 
+    def _emit(self, event: BisectEvent) -> None:
+        with self._emit_lock:  # the threads' events one at a time: front ends need not be thread-safe
+            try:
+                self._on_event(event)
+            except Exception:  # noqa: BLE001 - a broken display must not leave a card undervolted
+                pass
+
     def _run(self) -> BisectOutcome:
+        knobs = {d: self.backend.knob(d) for d in self.device_ids}
+        rig = self._rig = self._prepare(knobs)
+        try:
+            per_card = self._search(rig, knobs)
+            if any(o.status == "stopped" for o in per_card.values()) or (rig is not None and self._stop.is_set()):
+                return self._stopped(rig, per_card, {d: o.summary for d, o in per_card.items()
+                                                     if o.recommendation is None})
+            if rig is None:
+                own = {d: o.recommendation.setting for d, o in per_card.items() if o.recommendation is not None}
+                return self._finish(None, per_card, own, {d: o.summary for d, o in per_card.items()
+                                                           if o.recommendation is None}, ())
+            return self._confirm(rig, knobs, per_card)
+        except BaseException:
+            if rig is not None and rig.state != FINISHED:
+                rig.close(INTERRUPTED)
+            raise
+
+    # --- every check, before any card is touched ------------------------------------------------------------------
+    def _prepare(self, knobs: dict[str, Knob]) -> Journal | None:
+        """Refuse what must not start; reset every card to stock; open (or recover) the rig's journal."""
+        p, ids = self.params, self.device_ids
+        several = len(ids) > 1
+        for device_id in ids:
+            journal.check_safety_state(device_id)  # a damaged unsafe list, journal or guard: refuse (fail closed)
+        rig = Journal.open_rig(ids) if several else None
+        cards = {d: Journal.open_existing(d) for d in ids}
+        for j in (rig, *cards.values()):
+            if j is not None and j.open_trial and journal.classify_open_trial(j.open_trial) == Owner.RUNNING:
+                raise UsageError(f"a bisect is already running on {_name(j)} (pid {j.open_trial.get('pid')})",
+                                 "wait for it to finish or stop it first")
+        session = rig if several else cards[ids[0]]  # what --resume continues
+        if p.resume and (session is None or not session.unresolved()):
+            raise UsageError(f"no unfinished {'rig bisect' if several else 'bisect session'} for "
+                             f"{','.join(sorted(ids))}", "start a new one without --resume")
+        if not (p.resume or p.restart):  # before any card is touched, not halfway through the threads
+            for j in (rig, *cards.values()):
+                if j is not None and j.unresolved():
+                    what, done = (("rig bisect", "") if j.device_id is None
+                                  else ("bisect session", f", {len(j.trials)} trials done"))
+                    raise UsageError(f"an unfinished {what} exists for {_name(j)} ({j.session}{done})",
+                                     "continue it with --resume or discard it with --restart (the unsafe list is "
+                                     "kept)")
+        for device_id in ids:  # every card from a known state (a kill -9 left them where they were)
+            foreign = self.backend.foreign_state(device_id)  # PenguinBurner: every offset reads 0 first
+            if foreign:
+                raise UsageError(f"{foreign}; a bisect starts only from a known state",
+                                 "run `tuner reset` (it returns the card to stock), then start the bisect again")
+            trial_module.reset_and_verify(self.backend, device_id)
+        if rig is not None and p.resume:
+            rig.claim()
+            self._recover_rig(rig, knobs)
+            return rig
+        if rig is not None and rig.unresolved():
+            rig.close(FINISHED, outcome="discarded by --restart")
+        if not several:
+            return None
+        search = p.search()
+        if search["preset"] is None:
+            search["preset"] = default_preset(self.backend.stress_target(ids[0]))
+        return Journal.create_rig(ids, params=search, stock={d: k.stock for d, k in knobs.items()})
+
+    def _recover_rig(self, rig: Journal, knobs: dict[str, Knob]) -> None:
+        """A rig trial left open by a dead tool or an earlier boot (each card's journal recovers its own)."""
+        trial = rig.open_trial
+        if trial is None:
+            return
+        settings = {d: int(v) for d, v in trial["settings"].items()}
+        attempt = int(trial.get("attempt") or 0)
+        owner = journal.classify_open_trial(trial)
+        if not owner.machine_may_have_reset:
+            rig.end_trial()
+            self._emit(TrialWarning(f"the tuner died during rig {trial.get('phase')} attempt {attempt} (pid "
+                                    f"{trial.get('pid')}) in this boot: not evidence about the voltages; it runs "
+                                    "again", device="rig"))
+            return
+        why = ("the machine froze or reset during this rig run (open in an earlier boot)" if owner == Owner.EARLIER_BOOT
+               else "the tuner died during this rig run and the boot id is unreadable, so a reset cannot be ruled out")
+        if trial.get("phase") == RIG_BASELINE:
+            rig.end_trial(baseline={"failed": why})
+            return
+        # a whole-machine event: every card backs off one step, the combination is never applied again; nothing
+        # says which card reset the machine, so no card's unsafe list is touched
+        backed = {d: self._back_off(knobs[d], d, s, rig) for d, s in settings.items()}
+        reasons = dict.fromkeys(settings, why)
+        record = {"attempt": attempt, "settings": settings, "passed": False, "pinned": [], "machine_event": why,
+                  "reasons": reasons, "backed_off": backed, "recovered": True}
+        rig.end_trial(attempts=[*rig.attempts, record], never=[*rig.doc.get("never", []), settings],
+                      candidates={**rig.doc.get("candidates", {}), **backed})
+        self._emit(RigConfirmFinished(attempt=attempt, passed=False, pinned=(), machine_event=why,
+                                      backed_off=backed, reasons=reasons))
+
+    # --- the searches -----------------------------------------------------------------------------------------
+    def _search(self, rig: Journal | None, knobs: dict[str, Knob]) -> dict[str, CardOutcome]:
+        outcomes: dict[str, CardOutcome] = {}
+        errors: dict[str, BaseException] = {}
+        searches = []
+        for device_id in self.device_ids:
+            done = self._finished_outcome(rig, device_id, knobs[device_id]) if rig is not None else None
+            if done is not None:
+                outcomes[device_id] = done
+            else:  # each search ends at once, resumable, when the job was stopped before it began
+                searches.append(_Search(self, rig, device_id, knobs[device_id]))
+
+        def work(search: _Search) -> None:
+            try:
+                outcomes[search.device_id] = search.run()
+            except BaseException as e:  # noqa: BLE001 - collected, decided below in the job's thread
+                errors[search.device_id] = e
+
+        if len(searches) == 1 and rig is None:  # a rig of one: no thread, errors propagate as they are
+            outcomes[searches[0].device_id] = searches[0].run()
+        threads = [threading.Thread(target=work, args=(s,), name=f"bisect-{s.device_id}", daemon=True)
+                   for s in searches if rig is not None]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for device_id, error in errors.items():
+            if not isinstance(error, TunerError):
+                raise error  # KeyboardInterrupt, a bug: every other card is already back at stock (joined)
+            failure = BisectFailed(kind="error", reason=error.one_line(), exit_code=error.exit_code, device=device_id)
+            self._emit(failure)
+            outcomes[device_id] = CardOutcome("failed", error.exit_code, None, failure=failure)
+        for device_id in self.device_ids:
+            outcomes.setdefault(device_id, CardOutcome("stopped", exit_codes.INTERRUPTED, None))
+        return {d: outcomes[d] for d in self.device_ids}
+
+    def _card_resume(self, rig: Journal | None, device_id: str) -> bool:
+        """Does this card's search continue its unfinished session? Alone: when asked. In a rig: when its session
+        is the rig's (recorded there, or started after the rig's journal) and unfinished; a card the rig never got
+        to starts its own session now."""
+        if rig is None:
+            return self.params.resume
+        recorded = rig.doc.get("sessions", {}).get(device_id)
+        doc = journal.load(device_id)
+        ours = doc is not None and (doc.get("session") == recorded or (
+            recorded is None and float(doc.get("created_at") or 0) >= float(rig.doc.get("created_at") or 0)))
+        return bool(ours and doc is not None and doc.get("state") in UNRESOLVED)
+
+    def _session_opened(self, rig: Journal | None, device_id: str, session: str) -> None:
+        with self._emit_lock:
+            if rig is not None and rig.doc["sessions"].get(device_id) != session:
+                rig.update(sessions={**rig.doc["sessions"], device_id: session})
+
+    def _finished_outcome(self, rig: Journal, device_id: str, knob: Knob) -> CardOutcome | None:
+        """On resume: a card whose search this rig already finished is not searched again."""
+        recorded = rig.doc.get("sessions", {}).get(device_id)
+        doc = journal.load(device_id)
+        if recorded is None or doc is None or doc.get("session") != recorded or doc.get("state") != FINISHED:
+            return None
+        if doc.get("recommendation") is not None:
+            return last_outcome(device_id, knob)
+        failure = BisectFailed(kind=str(doc.get("outcome") or "failed"), reason=str(doc.get("reason") or ""),
+                               exit_code=exit_codes.TEST_FAILED, device=device_id)
+        return CardOutcome("failed", exit_codes.TEST_FAILED, recorded, failure=failure,
+                           trials=tuple(TrialResult.from_record(r) for r in doc.get("trials", [])),
+                           params=doc.get("params") or {})
+
+    # --- the whole-rig confirmation ---------------------------------------------------------------------------
+    def _back_off(self, knob: Knob, device_id: str, setting: int, rig: Journal, *, edge_margin: int = 0) -> int:
+        """One resolution step toward stock; by the edge margin after a hard failure; never past stock."""
+        step = edge_margin or int(rig.doc.get("steps", {}).get(device_id) or PlanParams.defaults_for(knob).resolution)
+        backed = setting - knob.aggressive_direction * step
+        return backed if knob.more_aggressive(backed, knob.stock) else knob.stock
+
+    def _together(self, rig: Journal, knobs: dict[str, Knob], phase: str, attempt: int, settings: dict[str, int],
+                  duration_s: float, **kw: object) -> TrialOutcome | None:
+        """One run of every card at `settings` together, journalled before any card is touched; None: stopped."""
+        s = rig.doc["params"]
+        self._emit(RigConfirmStarted(settings=settings, unit_by_device={d: knobs[d].unit for d in settings},
+                                     duration_s=duration_s, attempt=attempt, phase=phase))
+        rig.begin_trial(phase, attempt=attempt, settings=settings)
+        params = TrialParams(phase=phase, duration_s=duration_s, preset=s.get("preset"), seed=int(s.get("seed") or 0),
+                             dtype=s.get("dtype"), compile=s.get("compile"), watchdog=self.params.watchdog,
+                             tolerance=bool(s.get("tolerance")), **kw)  # type: ignore[arg-type]
+        res = self._run_trial(self.backend, settings, params, self._emit, self._stop,
+                              engine_factory=self._engine_factory, kernel_watcher_factory=self._watcher_factory)
+        if res.stopped or self._stop.is_set():
+            rig.end_trial()
+            return None
+        return res
+
+    def _confirm(self, rig: Journal, knobs: dict[str, Knob], per_card: dict[str, CardOutcome]) -> BisectOutcome:
+        recs = {d: o.recommendation for d, o in per_card.items() if o.recommendation is not None}
+        reasons = {d: o.summary for d, o in per_card.items() if o.recommendation is None}
+        if rig.phase == "search":
+            rig.update(phase="baseline" if len(recs) >= 2 else "done",
+                       candidates={d: r.setting for d, r in recs.items()},
+                       steps={d: int(per_card[d].params.get("resolution") or
+                                     PlanParams.defaults_for(knobs[d]).resolution) for d in recs})
+        if len(recs) < 2:  # nothing to confirm together: one card's own confirmation is its whole story
+            return self._finish(rig, per_card, {d: r.setting for d, r in recs.items()}, reasons, ())
+        for device_id in recs:  # every rig run on a card at the lock its own search ran at (a resume sets it again)
+            lock_at_baseline_clock(self.backend, device_id, per_card[device_id].trials)
+        edge_margins = {d: PlanParams.defaults_for(knobs[d], margin=per_card[d].params.get("margin")).edge_margin
+                        for d in recs}
+        gemm = rig.doc["params"].get("mode") == "gemm"
+        attempts: list[TrialOutcome] = []
+        stock = {d: knobs[d].stock for d in recs}
+        refs = {d: journal.rig_reference_path(d, rig.session) for d in recs}
+        if rig.phase == "baseline":
+            failed = (rig.doc.get("baseline") or {}).get("failed")
+            if failed is None and not gemm:
+                res = self._together(rig, knobs, RIG_BASELINE, 0, stock, float(rig.doc["params"]["trial_s"]),
+                                     mode="train", record_paths=refs)
+                if res is None:
+                    return self._stopped(rig, per_card, reasons)
+                bad = {d: r for d, r in res.results.items() if not r.passed}
+                if bad or res.machine_event:
+                    failed = "; ".join([f"{d}: {r.verdict} ({r.kind}: {r.reason})" for d, r in bad.items()]
+                                       + ([res.machine_event] if res.machine_event else []))
+                rig.end_trial(baseline={"failed": failed,
+                                        "results": {d: r.to_record() for d, r in res.results.items()}},
+                              references={d: str(p) for d, p in refs.items()},
+                              phase="confirm" if failed is None else "baseline")
+                self._emit(RigConfirmFinished(attempt=0, passed=failed is None, pinned=res.pinned,
+                                              machine_event=res.machine_event, backed_off={},
+                                              reasons={d: r.reason or str(r.kind) for d, r in bad.items()},
+                                              phase=RIG_BASELINE))
+            if failed is not None:
+                why = (f"the data-parallel recording at stock failed ({failed}): the rig cannot be confirmed "
+                       "together (not a voltage problem: check the cards, cooling, power and the PCIe links)")
+                return self._finish(rig, per_card, {}, {**reasons, **dict.fromkeys(recs, why)}, ())
+            rig.update(phase="confirm")
+        while rig.phase == "confirm":
+            candidates = {d: int(v) for d, v in rig.doc["candidates"].items()}
+            while rig.never(candidates) and any(v != knobs[d].stock for d, v in candidates.items()):
+                candidates = {d: self._back_off(knobs[d], d, v, rig) for d, v in candidates.items()}
+            attempt = len(rig.attempts) + 1
+            if attempt > self._max_attempts or rig.never(candidates):
+                why = (f"the rig confirmation failed {len(rig.attempts)} times (at most {self._max_attempts} "
+                       "attempts); each card's own recommendation stands, but not together")
+                return self._finish(rig, per_card, {}, {**reasons, **dict.fromkeys(candidates, why)}, tuple(attempts))
+            res = self._together(rig, knobs, RIG_CONFIRM, attempt, candidates, float(rig.doc["params"]["confirm_s"]),
+                                 mode="gemm" if gemm else "mixed", reference_paths=None if gemm else refs)
+            if res is None:
+                return self._stopped(rig, per_card, reasons)
+            attempts.append(res)
+            verdict = self._judge(res, candidates, knobs, rig, edge_margins)
+            rig.end_trial(attempts=[*rig.attempts, verdict["record"]], candidates=verdict["candidates"],
+                          dropped={**rig.doc.get("dropped", {}), **verdict["dropped"]},
+                          phase="done" if verdict["final"] else "confirm")
+            self._emit(RigConfirmFinished(attempt=attempt, passed=verdict["record"]["passed"],
+                                          pinned=tuple(verdict["record"]["pinned"]),
+                                          machine_event=res.machine_event, backed_off=verdict["backed"],
+                                          reasons=verdict["record"]["reasons"]))
+        return self._final(rig, per_card, reasons, tuple(attempts), knobs)
+
+    def _judge(self, res: TrialOutcome, candidates: dict[str, int], knobs: dict[str, Knob], rig: Journal,
+               edge_margins: dict[str, int]) -> dict:
+        """What one confirmation attempt means: passed, or which cards back off (and which drop out). A hard
+        failure pinned on a card goes on its unsafe list and backs it off by the edge margin (one rule:
+        `journal.record_hard_failure`, as for a single card)."""
+        failing = {d: r for d, r in res.results.items() if d in candidates and r.verdict == "fail"}
+        errors = {d: r for d, r in res.results.items() if d in candidates and r.verdict == "error"}
+        missing = [d for d in candidates if d not in res.results]
+        pinned = [d for d in res.pinned if d in candidates] or list(failing)
+        reasons = {d: f"{r.verdict} ({r.kind}: {r.reason})" for d, r in {**failing, **errors}.items()}
+        for d in missing:
+            reasons[d] = "no result from the rig run"
+        unsure = {d: r for d, r in res.results.items()
+                  if d in candidates and r.verdict not in ("pass", "fail", "error")}
+        for d, r in unsure.items():  # inconclusive (too few steps compared, a rank stopped by another's fault)
+            reasons.setdefault(d, f"{r.verdict} ({r.kind}: {r.reason})")
+        passed = not (failing or errors or missing or unsure or res.machine_event or res.pinned)
+        backed: dict[str, int] = {}
+        dropped: dict[str, str] = {}
+        final = passed
+        if res.machine_event:
+            backed = {d: self._back_off(knobs[d], d, v, rig) for d, v in candidates.items()}
+            if all(v == knobs[d].stock for d, v in candidates.items()):  # at stock: not a voltage problem
+                why = f"a whole-machine event at stock in the rig run ({res.machine_event})"
+                dropped = dict.fromkeys(candidates, why)
+                backed, final = {}, True
+        elif pinned:
+            for d in pinned:
+                if candidates[d] == knobs[d].stock:
+                    dropped[d] = (f"fails the data-parallel confirmation even at stock ({reasons.get(d, 'pinned')}):"
+                                  " not a voltage problem; check the card, its cooling and its PCIe link")
+                    continue
+                hard = d in failing and journal.record_hard_failure(d, failing[d], stock=knobs[d].stock,
+                                                                    session=rig.session)
+                backed[d] = self._back_off(knobs[d], d, candidates[d], rig,
+                                           edge_margin=edge_margins[d] if hard else 0)
+        elif errors and not failing:  # setup trouble (a rank that never ran, a collective that never formed):
+            why = "; ".join(f"{d}: {r.kind}: {r.reason}" for d, r in errors.items())  # not the voltage, as for
+            dropped = dict.fromkeys(candidates, f"the data-parallel run could not run ({why})")  # one card
+            final = True
+        # otherwise (an inconclusive run nobody is blamed for): the same settings run again, within the bound
+        new = {d: v for d, v in {**candidates, **backed}.items() if d not in dropped}
+        if len(new) < 1:
+            final = True
+        record = {"attempt": len(rig.attempts) + 1, "settings": candidates, "passed": passed, "pinned": pinned,
+                  "collective": res.collective,  # kept so a profile saved after --resume says it
+                  "machine_event": res.machine_event, "reasons": reasons, "backed_off": new,
+                  "results": {d: r.to_record() for d, r in res.results.items()}}
+        return {"record": record, "candidates": new, "backed": new if not passed else {}, "dropped": dropped,
+                "final": final}
+
+    def _final(self, rig: Journal, per_card: dict[str, CardOutcome], reasons: dict[str, str],
+               attempts: tuple[TrialOutcome, ...], knobs: dict[str, Knob]) -> BisectOutcome:
+        reasons = {**reasons, **rig.doc.get("dropped", {})}
+        last = rig.attempts[-1] if rig.attempts else None
+        settings: dict[str, int] = {}
+        if last is not None and last.get("passed"):
+            for d, v in last["settings"].items():
+                own = per_card[d].recommendation
+                if v == knobs[d].stock and own is not None and own.setting != knobs[d].stock:
+                    reasons[d] = (f"backed off to stock by the rig confirmation (its own recommendation "
+                                  f"{own.setting:+d} {knobs[d].unit} failed together with the other cards at every "
+                                  "step tried)")
+                else:
+                    settings[d] = int(v)
+        return self._finish(rig, per_card, settings, reasons, attempts)
+
+    # --- endings ----------------------------------------------------------------------------------------------
+    def _stopped(self, rig: Journal | None, per_card: dict[str, CardOutcome],
+                 reasons: dict[str, str]) -> BisectOutcome:
+        if rig is not None:
+            rig.close(INTERRUPTED)
+        return BisectOutcome("stopped", exit_codes.INTERRUPTED, per_card, {}, reasons=reasons,
+                             session=rig.session if rig else None, attempts=tuple(rig.attempts) if rig else ())
+
+    def _finish(self, rig: Journal | None, per_card: dict[str, CardOutcome], settings: dict[str, int],
+                reasons: dict[str, str], attempts: tuple[TrialOutcome, ...]) -> BisectOutcome:
+        """Exit code: 0 only if every card got a recommendation; else 5 if any card's hardware failed, else the
+        first failing card's own code, else 1 (the rig confirmation failed or backed a card off to stock)."""
+        missing = {d: reasons.get(d, "no recommendation") for d in self.device_ids if d not in settings}
+        if not missing:
+            status, code = "recommended", exit_codes.OK
+        else:
+            status = "failed" if not settings else "partial"
+            codes = [per_card[d].exit_code for d in self.device_ids if per_card[d].exit_code != exit_codes.OK]
+            code = (exit_codes.HARDWARE if exit_codes.HARDWARE in codes else codes[0] if codes
+                    else exit_codes.TEST_FAILED)
+        if rig is None:
+            return BisectOutcome(status, code, per_card, dict(settings), reasons=missing)
+        recs = {d: per_card[d].recommendation for d in settings}
+        rig.close(FINISHED, phase="done", outcome=status, settings=settings, reasons=missing)
+        if settings:
+            self._emit(RigRecommendation(settings=dict(settings),
+                                         per_card={d: r for d, r in recs.items() if r is not None}))
+        return BisectOutcome(status, code, per_card, dict(settings), attempts, missing, session=rig.session,
+                             attempts=tuple(rig.attempts))
+
+
+def _name(j: Journal) -> str:
+    return j.device_id or ",".join(j.doc.get("devices") or ())
+
+
+class _Search:
+    """One card's search (docs/bisect.md, "The search"): the plan's trials on this card, journalled in its own
+    journal, exactly as alone; the job's stop, trial runner and events are shared."""
+
+    def __init__(self, job: BisectJob, rig: Journal | None, device_id: str, knob: Knob):
+        self.job, self.rig, self.device_id, self.knob = job, rig, device_id, knob
+        self.backend = job.backend
+
+    def _emit(self, event: BisectEvent) -> None:
+        if getattr(event, "device", None) == "":  # every event names its card (several run at once in a rig)
+            event = replace(event, device=self.device_id)
+        self.job._emit(event)
+
+    def run(self) -> CardOutcome:
+        knob = self.knob
         device = self.backend.device(self.device_id)
-        knob = self.backend.knob(self.device_id)
-        j, params, resumed = self._open_session(device, knob)
-        self._journal = j
-        search = params
+        j, search, resumed = self._open_session(knob)
         plan_params = PlanParams.defaults_for(knob, step=search["step"], resolution=search["resolution"],
                                               margin=search["margin"], floor=search["floor"],
                                               replay_baseline=search["mode"] != "gemm", stock_control=True)
@@ -170,194 +596,139 @@ class BisectJob:
         self._emit(SessionStarted(session=j.session, device=self.device_id, label=device.label, unit=knob.unit,
                                   stock=knob.stock, resumed=resumed, params=search, unsafe=tuple(sorted(unsafe))))
         try:
-            return self._loop(plan, knob, j, search)
+            return self._loop(plan, j, search)
         except BaseException:
             # KeyboardInterrupt / Terminated in the caller's thread: run_trial already reset the card
             if j.open_trial is not None:
                 j.abandon_trial("interrupted")
-            if j.state != journal.FINISHED:
-                j.close(journal.INTERRUPTED)
+            if j.state != FINISHED:
+                j.close(INTERRUPTED)
             raise
 
-    # --- session ----------------------------------------------------------------------------------------------
-    def _open_session(self, device: DeviceInfo, knob: Knob) -> tuple[journal.Journal, dict, bool]:
-        p = self.params
-        journal.check_safety_state(self.device_id)  # a damaged unsafe list, journal or guard: refuse (fail closed)
-        if p.resume and p.restart:
-            raise UsageError("--resume and --restart exclude each other", "pick one")
-        if p.mode not in MODES:
-            raise UsageError(f"unknown mode {p.mode!r}", f"use one of {', '.join(MODES)}")
-        if not (p.trial_s >= 1 and p.confirm_s >= 1):  # also catches NaN
-            raise UsageError(f"trials of {min(p.trial_s, p.confirm_s):g} s are too short to compare anything",
-                             "give --trial and --confirm of at least 1 s (the defaults are 5m and 30m)")
-        check_params(knob, p.plan_params(knob))  # before touching anything
-        existing = journal.Journal.open_existing(self.device_id)
+    def _open_session(self, knob: Knob) -> tuple[Journal, dict, bool]:
+        """The card's session: its open trial recovered, then continued (--resume) or a new one (the job made
+        every check and reset the card)."""
+        p = self.job.params
+        existing = Journal.open_existing(self.device_id)
         if existing is not None and existing.open_trial is not None:
-            self._check_not_running(existing)
-        if existing is not None and existing.unresolved() and not (p.resume or p.restart):
-            n = len(existing.trials)
-            raise UsageError(
-                f"an unfinished bisect session exists for {self.device_id} ({existing.session}, {n} trials "
-                "done)", "continue it with --resume or discard it with --restart (the unsafe list is kept)")
-        if p.resume and (existing is None or not existing.unresolved()):
-            raise UsageError(f"no unfinished bisect session for {self.device_id}", "start a new one without --resume")
-        foreign = self.backend.foreign_state(self.device_id)  # PenguinBurner: every offset reads 0 first
-        if foreign:
-            raise UsageError(f"{foreign}; a bisect starts only from a known state",
-                             "run `tuner reset` (it returns the card to stock), then start the bisect again")
-        self._reset_to_stock()
-        if existing is not None and existing.open_trial is not None:
-            self._recover(existing, knob, device)
-        if p.resume:
-            assert existing is not None  # a --resume without an unfinished session was refused above
+            self._recover(existing, knob)
+        device = self.backend.device(self.device_id)
+        if self.job._card_resume(self.rig, self.device_id):
+            assert existing is not None  # resumable: the job checked there is an unfinished session
             existing.claim()
             stored = existing.doc.get("params") or {}
-            params = {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}
-            return existing, params, True
+            self.job._session_opened(self.rig, self.device_id, existing.session)
+            return existing, {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}, True
         if existing is not None and existing.unresolved():
-            existing.close(journal.FINISHED, outcome="discarded by --restart")
+            existing.close(FINISHED, outcome="discarded by --restart")
         params = p.search()
         if params["preset"] is None:
             params["preset"] = default_preset(self.backend.stress_target(self.device_id))
-        j = journal.Journal.create(self.device_id, params=params, knob=knob.to_dict(), serial=device.serial)
+        j = Journal.create(self.device_id, params=params, knob=knob.to_dict(), serial=device.serial)
+        self.job._session_opened(self.rig, self.device_id, j.session)
         return j, params, False
 
-    def _check_not_running(self, existing: journal.Journal) -> None:
+    def _recover(self, existing: Journal, knob: Knob) -> None:
+        """An open trial whose process is gone. A reset cannot be ruled out (an earlier boot, or an unreadable boot
+        id: fail closed): the machine froze or reset, a failure and an unsafe value. Left in this boot: the tuner
+        died (kill -9, a full disk), which says nothing about the voltage: inconclusive, the plan runs it again."""
         trial = existing.open_trial
-        if trial is None:
-            return
-        boot = journal.current_boot_id()
-        if (trial.get("boot_id") == boot and trial.get("pid") != os.getpid()
-                and journal.pid_alive(trial.get("pid"))):
-            raise UsageError(f"a bisect is already running on {self.device_id} (pid {trial.get('pid')})",
-                             "wait for it to finish or stop it first")
-
-    def _recover(self, existing: journal.Journal, knob: Knob, device: DeviceInfo) -> None:
-        """An open trial whose process is gone. Left by an earlier boot: the machine froze or reset, a failure and
-        an unsafe value. Left in this boot: the tuner died (kill -9, a full disk), which says nothing about the
-        voltage: inconclusive, and the plan runs it again."""
-        trial = existing.open_trial
-        if trial is None:
-            return
-        boot = journal.current_boot_id()
+        assert trial is not None
+        device = self.backend.device(self.device_id)
         setting, phase = int(trial["setting"]), trial.get("phase", "coarse")
-        rebooted = boot is not None and trial.get("boot_id") not in (None, boot)
-        # Without both boot ids a reset cannot be ruled out: fail closed, as after a reset.
-        unknown = boot is None or trial.get("boot_id") is None
-        if phase == BASELINE and not rebooted:
+        owner = journal.classify_open_trial(trial)
+        common = {"setting": setting, "unit": knob.unit, "phase": phase, "started_at": trial.get("started_at"),
+                  "simulated": device.simulated}
+        if phase == BASELINE and owner != Owner.EARLIER_BOOT:
             existing.abandon_trial("the tuner died during the baseline (at stock); it runs again")
             return
-        if unknown and not rebooted:
-            lines, kind, edge = None, "system-reset", True
-            reason = ("the tuner died during this trial and the boot id is unreadable, so a machine reset cannot "
-                      "be ruled out")
-        elif rebooted:
+        if owner == Owner.EARLIER_BOOT:
             target = self.backend.stress_target(self.device_id)
             lines = None if target.simulated else kernel_log.previous_boot_events(target.pci_bus_id)
-            kind = "system-reset"
-            reason = ("the machine froze or reset during this trial (open in an earlier boot)"
-                      + (f"; previous boot's kernel log: {lines[-1][:160]}" if lines else
-                         "; previous boot's kernel log unavailable"))
-            edge = True
+            result = TrialResult(verdict="fail", kind="system-reset", edge=True, kernel_log=tuple(lines or ()),
+                                 reason="the machine froze or reset during this trial (open in an earlier boot)"
+                                 + (f"; previous boot's kernel log: {lines[-1][:160]}" if lines else
+                                    "; previous boot's kernel log unavailable"), **common)
+        elif owner == Owner.UNKNOWN_BOOT:
+            result = TrialResult(verdict="fail", kind="system-reset", edge=True, reason=(
+                "the tuner died during this trial and the boot id is unreadable, so a machine reset cannot be ruled "
+                "out"), **common)
         else:
-            result = TrialResult(setting=setting, unit=knob.unit, phase=phase, verdict=evidence.INCONCLUSIVE,
-                                 kind=evidence.TOOL_DIED, reason=f"the tuner died during this trial (pid "
-                                 f"{trial.get('pid')}) in this boot: not evidence about the voltage; it runs again",
-                                 started_at=trial.get("started_at"), simulated=device.simulated)
-            existing.record_recovered(result.to_record())
-            self._emit(TrialRecovered(result))
-            return
-        result = TrialResult(setting=setting, unit=knob.unit, phase=phase, verdict="fail", kind=kind,
-                             reason=reason, edge=edge, kernel_log=tuple(lines or ()),
-                             started_at=trial.get("started_at"), simulated=device.simulated)
-        existing.record_recovered(result.to_record())
-        if setting != knob.stock:
-            journal.add_unsafe(self.device_id, setting, unit=knob.unit, kind=kind, reason=reason, edge=edge,
-                               session=existing.session, serial=device.serial, kernel_log=lines)
+            result = TrialResult(verdict=evidence.INCONCLUSIVE, kind=evidence.TOOL_DIED, reason=(
+                f"the tuner died during this trial (pid {trial.get('pid')}) in this boot: not evidence about the "
+                "voltage; it runs again"), **common)
+        existing.finish_trial(result.to_record())
+        journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=existing.session,
+                                    serial=device.serial)
         self._emit(TrialRecovered(result))
 
-    def _reset_to_stock(self) -> None:
-        knob = self.backend.reset(self.device_id)
-        if knob.current != knob.stock:
-            raise NotApplied(f"{self.device_id} did not return to stock (reads {knob.current:+d} {knob.unit})",
-                             "run `tuner reset` or reboot before tuning")
-
     # --- the loop ---------------------------------------------------------------------------------------------
-    def _loop(self, plan: BisectPlan, knob: Knob, j: journal.Journal, search: dict) -> BisectOutcome:
+    def _loop(self, plan: BisectPlan, j: Journal, search: dict) -> CardOutcome:
         while True:
             results = [TrialResult.from_record(r) for r in j.trials]
-            if self._stop.is_set():
+            if self.job._stop.is_set():
                 return self._stopped(j, results, search, "stopped on request")
             decision = plan.decide([PlanResult.from_record(r) for r in j.trials])
             if isinstance(decision, Recommend):
-                return self._recommend(decision, knob, j, results, search)
+                return self._recommend(decision, j, results, search)
             if isinstance(decision, Stop):
-                code = exit_codes.TEST_FAILED
-                failure = BisectFailed(kind=decision.kind, reason=decision.reason, exit_code=code)
+                failure = BisectFailed(kind=decision.kind, reason=decision.reason, exit_code=exit_codes.TEST_FAILED)
                 self._emit(failure)
-                j.close(journal.FINISHED, outcome=decision.kind, reason=decision.reason)
-                return BisectOutcome("failed", code, j.session, failure=failure, trials=tuple(results),
-                                     params=search)
+                j.close(FINISHED, outcome=decision.kind, reason=decision.reason)
+                return CardOutcome("failed", exit_codes.TEST_FAILED, j.session, failure=failure,
+                                   trials=tuple(results), params=search)
             assert isinstance(decision, NextTrial)
             if decision.setting in journal.unsafe_settings(self.device_id):  # the plan never proposes these
                 raise AssertionError(f"refusing to apply unsafe {decision.setting}")
-            outcome = self._run_one(decision, plan, knob, j, results, search)
+            outcome = self._run_one(decision, plan, j, results, search)
             if outcome is not None:
                 return outcome
 
-    def _trial_params(self, decision: NextTrial, j: journal.Journal, results: list[TrialResult],
+    def _trial_params(self, decision: NextTrial, j: Journal, results: list[TrialResult],
                       search: dict) -> TrialParams:
-        mode = search["mode"]
+        d, mode = self.device_id, search["mode"]
         reruns = evidence.short_reruns(j.trials, decision.setting, decision.phase)  # too short before: longer
         trial_s = evidence.rerun_duration_s(float(search["trial_s"]), reruns)
         confirm_s = evidence.rerun_duration_s(float(search["confirm_s"]), reruns)
         baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
         common = {"phase": decision.phase, "preset": search["preset"], "seed": int(search["seed"]),
-                  "dtype": search.get("dtype"), "compile": search.get("compile"), "watchdog": self.params.watchdog,
-                  "baseline_tok_per_j": baseline.tok_per_j if baseline else None,
-                  "baseline_voltage_mv": baseline.voltage_mv if baseline else None,
-                  "tolerance": bool(search.get("tolerance"))}
+                  "dtype": search.get("dtype"), "compile": search.get("compile"), "watchdog": self.job.params.watchdog,
+                  "baselines": {d: baseline} if baseline else None, "tolerance": bool(search.get("tolerance"))}
         if decision.phase == BASELINE:
             if mode == "gemm":  # the GEMM burn has no training trajectory to record
                 return TrialParams(duration_s=trial_s, mode=mode, **common)
             # One trial long: later runs loop the reference (--reference-loop), so it covers any length.
-            return TrialParams(duration_s=trial_s, mode="train", record_path=j.reference, **common)
-        reference = j.reference if mode != "gemm" and j.reference.exists() else None
+            return TrialParams(duration_s=trial_s, mode="train", record_paths={d: j.reference}, **common)
+        reference = {d: j.reference} if mode != "gemm" and j.reference.exists() else None
         if decision.phase == REPLAY and baseline is not None:
             # The whole recording, replayed in a second process at stock and compared bit for bit (see
             # docs/engine.md, "Repeatability proven": runs that diverge often do so only after 100+ steps).
             return TrialParams(duration_s=baseline.duration_s or trial_s, steps=max(1, baseline.steps or 1),
-                               mode="train", reference_path=reference, verify_repeatable=True, **common)
+                               mode="train", reference_paths=reference, verify_repeatable=True, **common)
         if decision.phase == CONTROL:
             steps = control_steps(results[-1] if results else None)
-            return TrialParams(duration_s=trial_s, steps=steps, mode="train", reference_path=reference, **common)
+            return TrialParams(duration_s=trial_s, steps=steps, mode="train", reference_paths=reference, **common)
         if decision.phase == CONFIRM:
             return TrialParams(duration_s=confirm_s, mode="gemm" if mode == "gemm" else "mixed",
-                               reference_path=reference, **common)
-        return TrialParams(duration_s=trial_s, mode=mode, reference_path=reference, **common)
+                               reference_paths=reference, **common)
+        return TrialParams(duration_s=trial_s, mode=mode, reference_paths=reference, **common)
 
-    def _run_one(self, decision: NextTrial, plan: BisectPlan, knob: Knob, j: journal.Journal,
-                 results: list[TrialResult], search: dict) -> BisectOutcome | None:
+    def _run_one(self, decision: NextTrial, plan: BisectPlan, j: Journal, results: list[TrialResult],
+                 search: dict) -> CardOutcome | None:
+        knob = self.knob
         reruns = evidence.short_reruns(j.trials, decision.setting, decision.phase)
         if reruns > evidence.MAX_SHORT_RERUNS:
-            return self._too_short(j, results, search, decision, knob)
+            return self._too_short(j, results, search, decision)
         tp = self._trial_params(decision, j, results, search)
-        if decision.phase != BASELINE and tp.mode != "gemm" and tp.reference_path is None:
+        if decision.phase != BASELINE and tp.mode != "gemm" and tp.reference_paths is None:
             # the reference was lost (resumed on another machine, state dir cleaned): record it again
-            j.doc["trials"] = [r for r in j.trials if r.get("phase") != BASELINE]
-            j.set_field("trials", j.doc["trials"])
+            j.set_field("trials", [r for r in j.trials if r.get("phase") != BASELINE])
             return None
         index = len(results) + 1
-        j.begin_trial(decision.setting, decision.phase)
-        open_trial = j.open_trial
-        assert open_trial is not None  # begin_trial has just written it
+        open_trial = j.begin_trial(decision.phase, setting=decision.setting)
         short, confirms = plan.remaining_estimate([PlanResult.from_record(r) for r in j.trials])
         rest_s = short * float(search["trial_s"]) + confirms * float(search["confirm_s"])
-        if decision.phase != CONFIRM:
-            rest_s -= float(search["trial_s"])
-        else:
-            rest_s -= float(search["confirm_s"])
-        rest_s = max(0.0, rest_s)
+        rest_s = max(0.0, rest_s - float(search["confirm_s" if decision.phase == CONFIRM else "trial_s"]))
         self._emit(TrialStarted(index=index, setting=decision.setting, unit=knob.unit, phase=decision.phase,
                                 duration_s=tp.duration_s, started_at=open_trial["started_at"],
                                 expected_trials=index - 1 + short + confirms))
@@ -368,10 +739,10 @@ class BisectJob:
             self._emit(ev)
 
         lock_at_baseline_clock(self.backend, self.device_id, results)
-        watcher = self._kernel_watcher_factory() if self._kernel_watcher_factory else None
         try:
-            result = run_trial(self.backend, self.device_id, decision.setting, tp, on_trial_event, self._stop,
-                               engine_factory=self._engine_factory, kernel_watcher=watcher)
+            result = self.job._run_trial(self.backend, {self.device_id: decision.setting}, tp, on_trial_event,
+                                         self.job._stop, engine_factory=self.job._engine_factory,
+                                         kernel_watcher_factory=self.job._watcher_factory).results[self.device_id]
         except NotApplied as e:
             j.abandon_trial(f"not applied: {e.message}")
             return self._hardware_failure(j, results, search, "not-applied", e.one_line())
@@ -379,9 +750,7 @@ class BisectJob:
             lost = TrialResult(setting=decision.setting, unit=knob.unit, phase=decision.phase, verdict="fail",
                                kind="device-lost", reason=e.one_line(), edge=True)
             j.finish_trial(lost.to_record())
-            if decision.setting != knob.stock:
-                journal.add_unsafe(self.device_id, decision.setting, unit=knob.unit, kind="device-lost",
-                                   reason=e.one_line(), edge=True, session=j.session)
+            journal.record_hard_failure(self.device_id, lost, stock=knob.stock, session=j.session)
             self._emit(TrialFinished(index, lost))
             return self._hardware_failure(j, [*results, lost], search, "device-lost", e.one_line())
         if result.verdict == STOPPED:
@@ -408,45 +777,40 @@ class BisectJob:
             raise DiskFull(f"the disk holding {journal.journal_dir()} is full; the trial at {decision.setting:+d} "
                            f"{knob.unit} did not count", f"free disk space, then `tuner bisect --device "
                            f"{self.device_id} --resume`")
-        if result.verdict == "fail" and result.edge and decision.setting != knob.stock:
-            journal.add_unsafe(self.device_id, decision.setting, unit=knob.unit, kind=result.kind or "hang",
-                               reason=result.reason, edge=True, session=j.session,
-                               kernel_log=list(result.kernel_log))
+        journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=j.session)
         if result.effective is False:
             self._emit(TrialWarning(next(w for w in result.warnings if w.startswith("not effective"))))
         self._emit(TrialFinished(index, result))
         return None
 
     # --- endings ----------------------------------------------------------------------------------------------
-    def _stopped(self, j: journal.Journal, results: list[TrialResult], search: dict, reason: str) -> BisectOutcome:
-        j.close(journal.INTERRUPTED)
+    def _stopped(self, j: Journal, results: list[TrialResult], search: dict, reason: str) -> CardOutcome:
+        j.close(INTERRUPTED)
         self._emit(BisectStopped(reason=reason, resumable=True))
-        return BisectOutcome("stopped", exit_codes.INTERRUPTED, j.session, trials=tuple(results), params=search)
+        return CardOutcome("stopped", exit_codes.INTERRUPTED, j.session, trials=tuple(results), params=search)
 
-    def _too_short(self, j: journal.Journal, results: list[TrialResult], search: dict, decision: NextTrial,
-                   knob: Knob) -> BisectOutcome:
+    def _too_short(self, j: Journal, results: list[TrialResult], search: dict, decision: NextTrial) -> CardOutcome:
         last = next(r for r in reversed(j.trials) if r.get("setting") == decision.setting
                     and r.get("kind") == evidence.TOO_SHORT)
-        reason = (f"{decision.phase} trials at {decision.setting:+d} {knob.unit} compared too few steps "
+        reason = (f"{decision.phase} trials at {decision.setting:+d} {self.knob.unit} compared too few steps "
                   f"({last.get('steps')} steps, {last.get('warmup_steps') or 0} of them warm-up) even at "
                   f"{evidence.RERUN_FACTOR ** evidence.MAX_SHORT_RERUNS}x the duration; a pass needs "
                   f"{evidence.MIN_COMPARED_STEPS} compared steps: give a longer --trial / --confirm")
-        failure = BisectFailed(kind=evidence.TOO_SHORT, reason=reason, exit_code=exit_codes.TEST_FAILED)
-        self._emit(failure)
-        j.close(journal.FINISHED, outcome=evidence.TOO_SHORT, reason=reason)
-        return BisectOutcome("failed", exit_codes.TEST_FAILED, j.session, failure=failure, trials=tuple(results),
-                             params=search)
+        return self._failed(j, results, search, evidence.TOO_SHORT, reason, exit_codes.TEST_FAILED, FINISHED)
 
-    def _hardware_failure(self, j: journal.Journal, results: list[TrialResult], search: dict, kind: str,
-                          reason: str) -> BisectOutcome:
-        failure = BisectFailed(kind=kind, reason=reason, exit_code=exit_codes.HARDWARE)
-        self._emit(failure)
-        j.close(journal.INTERRUPTED, reason=reason)
-        return BisectOutcome("failed", exit_codes.HARDWARE, j.session, failure=failure, trials=tuple(results),
-                             params=search)
+    def _hardware_failure(self, j: Journal, results: list[TrialResult], search: dict, kind: str,
+                          reason: str) -> CardOutcome:
+        return self._failed(j, results, search, kind, reason, exit_codes.HARDWARE, INTERRUPTED)
 
-    def _recommend(self, d: Recommend, knob: Knob, j: journal.Journal, results: list[TrialResult],
-                   search: dict) -> BisectOutcome:
+    def _failed(self, j: Journal, results: list[TrialResult], search: dict, kind: str, reason: str, code: int,
+                state: str) -> CardOutcome:
+        failure = BisectFailed(kind=kind, reason=reason, exit_code=code)
+        self._emit(failure)
+        j.close(state, **({"outcome": kind} if state == FINISHED else {}), reason=reason)
+        return CardOutcome("failed", code, j.session, failure=failure, trials=tuple(results), params=search)
+
+    def _recommend(self, d: Recommend, j: Journal, results: list[TrialResult], search: dict) -> CardOutcome:
+        knob = self.knob
         baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
         measured = _measured_near(d.setting, knob, results)
         gain = None
@@ -464,17 +828,9 @@ class BisectJob:
             measured_at=measured.setting if measured else None, efficiency_gain_pct=gain,
         )
         self._emit(rec)
-        j.close(journal.FINISHED, outcome="recommended", recommendation=asdict(rec))
-        return BisectOutcome("recommended", exit_codes.OK, j.session, recommendation=rec, trials=tuple(results),
-                             params=search)
-
-    def _emit(self, event: BisectEvent) -> None:
-        if getattr(event, "device", None) == "":  # every event names its card (several run at once in a rig)
-            event = replace(event, device=self.device_id)
-        try:
-            self._emit_cb(event)
-        except Exception:  # noqa: BLE001 - a broken display must not leave the card undervolted
-            pass
+        j.close(FINISHED, outcome="recommended", recommendation=asdict(rec))
+        return CardOutcome("recommended", exit_codes.OK, j.session, recommendation=rec, trials=tuple(results),
+                           params=search)
 
 
 CONTROL_MARGIN_STEPS = 20  # a control runs at least this many steps past the failure's step...
@@ -497,12 +853,12 @@ def lock_at_baseline_clock(backend: Backend, device_id: str, results: Sequence[T
         backend.lock_at_measured_clock(device_id, baseline.median_core_clock_mhz)
 
 
-def last_outcome(device_id: str, knob: Knob) -> BisectOutcome:
+def last_outcome(device_id: str, knob: Knob) -> CardOutcome:
     """The finished session's outcome, rebuilt from the journal (validated on load), for saving it as a profile
     after the fact (`tuner bisect --save NAME --from-last`: the save at the end of the run failed, or was not
     asked for). UsageError when the last session did not end with a recommendation."""
     doc = journal.load(device_id)
-    if doc is None or doc.get("state") != journal.FINISHED or doc.get("recommendation") is None:
+    if doc is None or doc.get("state") != FINISHED or doc.get("recommendation") is None:
         raise UsageError(f"no finished bisect with a recommendation for {device_id} in "
                          f"{journal.journal_path(device_id)}",
                          "run `tuner bisect` (a new bisect replaces the last one's result)")
@@ -513,8 +869,8 @@ def last_outcome(device_id: str, knob: Knob) -> BisectOutcome:
                                  margin=stored.get("margin"), floor=stored.get("floor"))
     search = {**stored, "step": pp.step, "resolution": pp.resolution, "margin": pp.margin}
     trials = tuple(TrialResult.from_record(r) for r in doc["trials"])
-    return BisectOutcome("recommended", exit_codes.OK, doc["session"], recommendation=rec, trials=trials,
-                         params=search)
+    return CardOutcome("recommended", exit_codes.OK, doc["session"], recommendation=rec, trials=trials,
+                       params=search)
 
 
 def _measured_near(setting: int, knob: Knob, results: list[TrialResult]) -> TrialResult | None:
@@ -530,12 +886,12 @@ def _measured_near(setting: int, knob: Knob, results: list[TrialResult]) -> Tria
     return max(safer, key=lambda r: ((r.setting - knob.stock) * knob.aggressive_direction, r.phase == CONFIRM))
 
 
-__all__ = ["BisectJob", "BisectOutcome", "BisectParams", "last_outcome"]
-
-
 def _with_load_report(result: TrialResult, preset: str | None) -> tuple[TrialResult, str | None]:
     """The baseline's load against the card's power limit, and a warning when it is light."""
     note = load_check.load_note(result.power_w, result.power_limit_w)
     light = load_check.light_load_warning(result.power_w, result.power_limit_w, preset=preset,
                                           throttle_reasons=result.throttle_reasons)
     return (replace(result, load_note=note) if note else result), light
+
+
+__all__ = ["BisectJob", "BisectOutcome", "BisectParams", "CardOutcome", "last_outcome"]

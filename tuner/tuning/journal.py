@@ -1,21 +1,26 @@
-"""The crash-safe tuning journal (one per device) and the persistent unsafe list.
+"""The crash-safe tuning journals (one per card, one per rig), the persistent unsafe list and the trial guard.
 
 Layout under `$XDG_STATE_HOME/tuner/`:
 
-- `journal/<device>.json`   the session document, rewritten atomically (temp file, fsync, rename). Its
+- `journal/<device>.json`   a card's session document, rewritten atomically (temp file, fsync, rename). Its
   `open_trial` entry {session, device, setting, phase, boot_id, pid, started_at} is written *before* a
   trial touches the card and cleared after the card is back at stock, so a freeze or a reset leaves it set.
 - `journal/<device>.log`    an append-only, fsynced event log (one JSON object a line).
+- `journal/rig+<dev>+<dev>....rig.json`   a rig's session (`tuner bisect --device all`): which per-card sessions
+  belong to it, the data-parallel references recorded at stock, the confirmation attempts, each card's candidate
+  and the open rig trial {phase, attempt, settings, boot_id, pid, started_at}, written before any card is touched.
+  A card id never holds "+", so no card's journal can have this name. A rig of one card has no rig journal: its
+  card's journal is its whole story.
 - `unsafe/<device>.jsonl`   settings that froze, hung or reset the machine or lost the GPU mid-trial (never a
   tool death, a full disk or an engine killed from outside: those trials are inconclusive and run again).
   Append-only; a new session (`--restart`) never clears it, only `tuner unsafe clear` (which asks first), and
-  nothing applies a value in it automatically.
+  nothing applies a value in it automatically. `record_hard_failure` is the one rule that adds to it.
 
-Every file is validated (`journal_schema`) when read. A torn line, a wrong type or bad bytes in any of them fails
-closed: `check_safety_state` raises `DamagedState` naming the file and the remedy, and set, apply, boot apply and
-bisect refuse that card until it is repaired or moved aside. Nothing is skipped silently.
-
-No I/O beyond those files and the boot id; no textual, no torch.
+Who left an open trial is decided in one place, `classify_open_trial`, for every caller (a bisect that resumes,
+`tuner status`, the boot path, the verify guard). Every file is validated when read: a torn line, a wrong type or
+bad bytes in any of them fails closed (`check_safety_state` raises `DamagedState` naming the file and the remedy;
+set, apply, boot apply and bisect refuse that card until it is repaired or moved aside). Nothing is skipped
+silently. No I/O beyond those files and the boot id; no textual, no torch.
 """
 
 from __future__ import annotations
@@ -26,16 +31,19 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
 
 from tuner.core import kernel_files, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, is_disk_full
-from tuner.core.models import Knob
+from tuner.core.models import Knob, Verdict
 from tuner.tuning import journal_schema
+from tuner.tuning.events import TrialResult
 
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 1  # a card's and a rig's
+RIG_SUFFIX = ".rig.json"
 MAX_STATE_FILE_BYTES = 64 * 1024 * 1024  # far above any journal or unsafe list; a bigger file is not one
 
 # Session states
@@ -70,6 +78,20 @@ def reference_path(device_id: str, session: str) -> Path:
     return journal_dir() / f"{_safe_name(device_id)}.{session}.ref"
 
 
+def rig_path(device_ids: Sequence[str]) -> Path:
+    return journal_dir() / f"rig+{'+'.join(_safe_name(d) for d in sorted(device_ids))}{RIG_SUFFIX}"
+
+
+def rig_reference_path(device_id: str, session: str) -> Path:
+    """Where a card's data-parallel reference (recorded at stock in the rig baseline) lives."""
+    return journal_dir() / f"{_safe_name(device_id)}.{session}.rig-ref"
+
+
+def guard_path(device_id: str) -> Path:
+    """Kept beside the session journals, so `trial_open_at_previous_boot` (which globs *.json) sees it too."""
+    return journal_dir() / f"{_safe_name(device_id)}.guard.json"
+
+
 def current_boot_id() -> str | None:
     """This boot's id, or None if unreadable (tuner.core.kernel_files: never a FIFO, /dev/zero or a stall)."""
     return kernel_files.boot_id()
@@ -80,6 +102,39 @@ pid_alive = processes.pid_alive  # the journal's owner check (kept as a name her
 
 def new_session_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+# --- who left this open trial -------------------------------------------------------------------------------------
+class Owner(StrEnum):
+    """Who left an open trial (`classify_open_trial`)."""
+
+    RUNNING = "running"  # a live process other than this one holds it: another tuner is trying it now
+    TOOL_DIED = "tool-died"  # this boot, its process is gone (kill -9, a full disk): not evidence about a value
+    EARLIER_BOOT = "earlier-boot"  # left by an earlier boot: the machine froze or reset during it
+    UNKNOWN_BOOT = "unknown-boot"  # a boot id is unreadable: a reset cannot be ruled out (a live pid proves nothing)
+
+    @property
+    def machine_may_have_reset(self) -> bool:
+        """Fail closed: an unreadable boot id counts as a reset (the value may have crashed the machine)."""
+        return self in (Owner.EARLIER_BOOT, Owner.UNKNOWN_BOOT)
+
+
+def classify_open_trial(trial: Mapping[str, object]) -> Owner:
+    """The one rule for an open trial (a card's, a rig's or a verify guard's), asked by every caller.
+
+    Both boot ids known and different: an earlier boot (a live pid there is another process reusing the number).
+    Written by this very process (an earlier job of it that ended without closing it): the machine has not reset
+    since, so the tool died. Otherwise a boot id unreadable (now or then): a reset cannot be ruled out, and a live
+    pid proves nothing (after a reset its number may be anyone's; at boot the low numbers are all taken), so fail
+    closed. Both known and equal: a live process is running it, a dead one died."""
+    boot, theirs, pid = current_boot_id(), trial.get("boot_id"), trial.get("pid")
+    if boot is not None and theirs is not None and theirs != boot:
+        return Owner.EARLIER_BOOT
+    if pid == os.getpid():
+        return Owner.TOOL_DIED
+    if boot is None or theirs is None:
+        return Owner.UNKNOWN_BOOT
+    return Owner.RUNNING if pid_alive(pid) else Owner.TOOL_DIED
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
@@ -107,16 +162,14 @@ def _read_json(path: Path) -> dict | None:
     return doc
 
 
-def _is_guard(path: Path) -> bool:
-    return path.name.endswith(".guard.json")
-
-
-def _validate(path: Path, doc: dict) -> dict:
-    if path.name.endswith(".rig.json"):  # a rig bisect's journal (tuner/tuning/journal_rig.py)
-        from tuner.tuning.journal_rig import check_rig_journal
-
-        problem = check_rig_journal(doc)
-    elif _is_guard(path):
+def _load(path: Path) -> dict | None:
+    """The document at `path`, validated by its kind (a rig's, a guard, a card's): DamagedState when it is not."""
+    doc = _read_json(path)
+    if doc is None:
+        return None
+    if path.name.endswith(RIG_SUFFIX):
+        problem = journal_schema.check_rig_journal(doc)
+    elif path.name.endswith(".guard.json"):
         problem = journal_schema.check_guard(doc)
     else:
         session = doc.get("session")
@@ -129,19 +182,26 @@ def _validate(path: Path, doc: dict) -> dict:
 
 def load(device_id: str) -> dict | None:
     """The device's journal document (validated: DamagedState when it is not), or None when it has none."""
-    path = journal_path(device_id)
-    doc = _read_json(path)
-    return None if doc is None else _validate(path, doc)
+    return _load(journal_path(device_id))
 
 
 def load_guard(device_id: str) -> dict | None:
-    path = guard_path(device_id)
-    doc = _read_json(path)
-    return None if doc is None else _validate(path, doc)
+    return _load(guard_path(device_id))
+
+
+def rig_journal_paths(device_id: str) -> list[Path]:
+    """Every rig journal whose rig holds this card (by its file name, which a torn file keeps)."""
+    try:
+        found = sorted(journal_dir().glob(f"rig+*{RIG_SUFFIX}"))
+    except OSError:
+        return []
+    name = _safe_name(device_id)
+    return [p for p in found if name in p.name[:-len(RIG_SUFFIX)].split("+")[1:]]
 
 
 def check_safety_state(device_id: str) -> None:
-    """Raise DamagedState when any safety file of the device (unsafe list, journal, guard) does not validate.
+    """Raise DamagedState when any safety file of the device (unsafe list, journal, guard, a rig journal holding
+    it) does not validate.
 
     Every command that writes a setting to a card (set, apply, boot apply, bisect) calls this first: a file we
     cannot trust might be hiding the very value that crashed the machine, so we fail closed.
@@ -149,38 +209,43 @@ def check_safety_state(device_id: str) -> None:
     unsafe_entries(device_id)
     load(device_id)
     load_guard(device_id)
+    for path in rig_journal_paths(device_id):
+        _load(path)
 
 
 def leftover_trial(device_id: str) -> dict | None:
-    """A trial (bisect or guarded verify) left open on this device by a process that is gone, else None.
+    """A trial (a bisect's, a rig's or a guarded verify) left open on this device by a process that is gone, else
+    None: {setting, phase, pid, owner (an Owner), resume (the `--device` to resume it with, None for a verify)}.
 
     The card may still hold its value (a kill -9 gives no chance to reset): `tuner status` warns with it.
     """
-    for doc in (load(device_id), load_guard(device_id)):
+    found = [(load(device_id), device_id), (load_guard(device_id), None)]
+    found += [(doc, ",".join(doc["devices"])) for doc in map(_load, rig_journal_paths(device_id)) if doc is not None]
+    for doc, resume in found:
         trial = (doc or {}).get("open_trial")
-        if isinstance(trial, dict):
-            same_boot = trial.get("boot_id") == current_boot_id()
-            if not (same_boot and pid_alive(trial.get("pid"))):
-                return {**trial, "rebooted": not same_boot}
+        if not isinstance(trial, dict):
+            continue
+        setting = trial["settings"].get(device_id) if "settings" in trial else trial.get("setting")
+        owner = classify_open_trial(trial)
+        if setting is not None and owner != Owner.RUNNING:
+            return {"setting": setting, "phase": trial.get("phase"), "pid": trial.get("pid"), "owner": owner,
+                    "resume": resume if doc is not None and "session" in doc else None}
     return None
 
 
 def trial_open_at_previous_boot() -> dict | None:
-    """The open trial of any device's journal that was left open by an earlier boot, else None.
+    """The open trial of any journal (a card's, a rig's, a guard) that a reset may have ended, else None.
 
-    Used by the boot path (`tuner apply --boot`) to skip applying after a freeze or reset during a trial. When this
-    boot's id cannot be read, an open trial whose process is not running counts too (the safe answer).
+    Used by the boot path (`tuner apply --boot`) to skip applying after a freeze or reset during a trial. A damaged
+    journal counts too (the safe answer).
     """
-    boot_id = current_boot_id()
     try:
         files = sorted(journal_dir().glob("*.json"))
     except OSError:
         return None
     for path in files:
         try:
-            doc = _read_json(path)
-            if doc is not None:
-                _validate(path, doc)
+            doc = _load(path)
         except DamagedState as e:
             # A damaged journal might have held an open trial: at boot, the safe answer is "yes".
             return {"journal": str(path), "reason": f"a tuning journal is unreadable: {e.message}, so a crashed "
@@ -189,12 +254,7 @@ def trial_open_at_previous_boot() -> dict | None:
             return {"journal": str(path), "reason": "a tuning journal is unreadable, so a crashed trial cannot be "
                     "ruled out"}
         trial = (doc or {}).get("open_trial")
-        if not isinstance(trial, dict):
-            continue
-        if boot_id is None:
-            if not pid_alive(trial.get("pid")):
-                return dict(trial)
-        elif trial.get("boot_id") != boot_id:
+        if isinstance(trial, dict) and classify_open_trial(trial).machine_may_have_reset:
             return dict(trial)
     return None
 
@@ -309,12 +369,20 @@ def add_unsafe(device_id: str, setting: int, *, unit: str, kind: str, reason: st
     return entry
 
 
+def record_hard_failure(device_id: str, result: TrialResult, *, stock: int, session: str | None = None,
+                        serial: str | None = None) -> bool:
+    """The one rule for the unsafe list, for a card's search, a rig's confirmation and a verify alike: a failure
+    that hung, reset or lost the card (an edge) at a setting other than stock goes on the card's list for good.
+    Nothing else does: a mismatch says "not this value", a tool that died or an engine killed from outside says
+    nothing about it. True when it was recorded."""
+    if result.verdict != Verdict.FAIL or not result.edge or result.setting == stock:
+        return False
+    add_unsafe(device_id, result.setting, unit=result.unit, kind=result.kind or "hang", reason=result.reason,
+               edge=True, session=session, serial=serial, kernel_log=list(result.kernel_log))
+    return True
+
+
 # --- a lone guarded trial (apply --verify) -----------------------------------------------------------------------
-def guard_path(device_id: str) -> Path:
-    """Kept beside the session journals, so `trial_open_at_previous_boot` (which globs *.json) sees it too."""
-    return journal_dir() / f"{_safe_name(device_id)}.guard.json"
-
-
 def recover_stale_guard(device_id: str, unit: str) -> dict | None:
     """A guard left by an earlier boot means that trial froze or reset the machine: record the setting as unsafe.
     A guard left by a process that died in this boot proves nothing about the voltage (a kill -9, a full disk):
@@ -323,12 +391,10 @@ def recover_stale_guard(device_id: str, unit: str) -> dict | None:
     trial = (load_guard(device_id) or {}).get("open_trial")
     if not isinstance(trial, dict):
         return None
-    boot = current_boot_id()
-    known = boot is not None and trial.get("boot_id") is not None  # else a reset cannot be ruled out
-    same_boot = known and trial.get("boot_id") == boot
-    if (same_boot or not known) and pid_alive(trial.get("pid")):
+    owner = classify_open_trial(trial)
+    if owner == Owner.RUNNING:
         return None  # another live process is verifying right now
-    if not same_boot:
+    if owner.machine_may_have_reset:
         add_unsafe(device_id, trial["setting"], unit=unit, kind="system-reset",
                    reason=f"a {trial.get('phase', 'verify')} trial never finished (open in an earlier boot)",
                    edge=True)
@@ -358,45 +424,51 @@ def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "veri
         guard_path(device_id).unlink(missing_ok=True)
 
 
-# --- the session journal ------------------------------------------------------------------------------------------
+# --- the session journal: a card's or a rig's -----------------------------------------------------------------------
 class Journal:
-    """One device's session document plus its event log. Every change is durable before the call returns."""
+    """One session document: a card's (`journal/<card>.json`, with its event log) or a rig's (`rig_path`). Every
+    change is durable (an atomic rewrite; the log fsynced) before the call returns."""
 
-    def __init__(self, device_id: str, doc: dict):
-        self.device_id = device_id
-        self.doc = doc
+    def __init__(self, path: Path, doc: dict, *, device_id: str | None = None):
+        self.path, self.doc = path, doc
+        self.device_id = device_id  # None: a rig's journal (no event log, no trials of its own)
 
-    # construction
     @classmethod
     def create(cls, device_id: str, *, params: dict, knob: dict, serial: str | None = None) -> Journal:
         session = new_session_id()
-        doc = {
-            "version": JOURNAL_VERSION,
-            "device": device_id,
-            "serial": serial,
-            "session": session,
-            "state": ACTIVE,
-            "pid": os.getpid(),
-            "boot_id": current_boot_id(),
-            "created_at": time.time(),
-            "updated_at": time.time(),
-            "params": params,
-            "knob": knob,
-            "reference": str(reference_path(device_id, session)),
-            "trials": [],
-            "open_trial": None,
-        }
-        journal = cls(device_id, doc)
+        journal = cls(journal_path(device_id), cls._new(
+            session, device=device_id, serial=serial, params=params, knob=knob,
+            reference=str(reference_path(device_id, session)), trials=[]), device_id=device_id)
         journal._save()
         journal.log("session_started", session=session, params=params)
         return journal
 
     @classmethod
+    def create_rig(cls, device_ids: Sequence[str], *, params: dict, stock: dict[str, int]) -> Journal:
+        journal = cls(rig_path(device_ids), cls._new(
+            new_session_id(), devices=sorted(device_ids), phase="search", params=params, stock=stock, sessions={},
+            candidates={}, references={}, baseline=None, attempts=[], never=[]))
+        journal._save()
+        return journal
+
+    @staticmethod
+    def _new(session: str, **fields: object) -> dict:
+        return {"version": JOURNAL_VERSION, "session": session, "state": ACTIVE, "pid": os.getpid(),
+                "boot_id": current_boot_id(), "created_at": time.time(), "updated_at": time.time(),
+                "open_trial": None, **fields}
+
+    @classmethod
     def open_existing(cls, device_id: str) -> Journal | None:
         doc = load(device_id)
-        return None if doc is None else cls(device_id, doc)
+        return None if doc is None else cls(journal_path(device_id), doc, device_id=device_id)
 
-    # properties
+    @classmethod
+    def open_rig(cls, device_ids: Sequence[str]) -> Journal | None:
+        path = rig_path(device_ids)
+        doc = _load(path)
+        return None if doc is None else cls(path, doc)
+
+    # reading
     @property
     def session(self) -> str:
         return self.doc["session"]
@@ -406,96 +478,101 @@ class Journal:
         return self.doc.get("state", ACTIVE)
 
     @property
-    def trials(self) -> list[dict]:
-        return self.doc.setdefault("trials", [])
-
-    @property
     def open_trial(self) -> dict | None:
         trial = self.doc.get("open_trial")
         return trial if isinstance(trial, dict) else None
+
+    def unresolved(self) -> bool:
+        return self.state in UNRESOLVED
+
+    @property
+    def trials(self) -> list[dict]:
+        return self.doc.setdefault("trials", [])
 
     @property
     def reference(self) -> Path:
         """Always the session's file in the state directory, whatever the document says (`load` refuses a
         journal naming another path): we only ever write files we own."""
+        assert self.device_id is not None, "a rig's references are per card (rig_reference_path)"
         return reference_path(self.device_id, self.session)
 
-    def unresolved(self) -> bool:
-        return self.state in UNRESOLVED
+    @property
+    def phase(self) -> str:
+        return self.doc["phase"]
+
+    @property
+    def attempts(self) -> list[dict]:
+        return self.doc.setdefault("attempts", [])
+
+    def never(self, settings: dict[str, int]) -> bool:
+        """A rig's combination that was open when the machine reset: never applied again."""
+        return any(dict(c) == settings for c in self.doc.get("never", []))
 
     # writing
     def _save(self) -> None:
         self.doc["updated_at"] = time.time()
         try:
-            write_atomic(journal_path(self.device_id), json.dumps(self.doc, indent=1, sort_keys=True).encode())
+            write_atomic(self.path, json.dumps(self.doc, indent=1, sort_keys=True, default=str).encode())
         except OSError as e:
             if is_disk_full(e):
-                raise disk_full(journal_path(self.device_id)) from None
-            raise StateError(f"cannot write the tuning journal {journal_path(self.device_id)}: {e.strerror}",
+                raise disk_full(self.path) from None
+            raise StateError(f"cannot write the tuning journal {self.path}: {e.strerror}",
                              "check XDG_STATE_HOME and free disk space") from None
 
     def log(self, event: str, **fields: object) -> None:
+        """A line of the card's event log (a rig's journal has none)."""
+        if self.device_id is None:
+            return
+        path = log_path(self.device_id)
         line = json.dumps({"time": time.time(), "event": event, "session": self.session, **fields},
                           sort_keys=True, default=str)
         try:
-            append_durable(log_path(self.device_id), line)
+            append_durable(path, line)
         except OSError as e:
             if is_disk_full(e):
-                raise disk_full(log_path(self.device_id), "append to") from None
-            raise StateError(f"cannot append to {log_path(self.device_id)}: {e.strerror}",
+                raise disk_full(path, "append to") from None
+            raise StateError(f"cannot append to {path}: {e.strerror}",
                              "check XDG_STATE_HOME and free disk space") from None
+
+    def update(self, **fields: object) -> None:
+        self.doc.update(fields)
+        self._save()
+
+    def set_field(self, key: str, value: object) -> None:
+        self.update(**{key: value})
 
     def claim(self) -> None:
         """This process now runs the session (on resume)."""
-        self.doc["state"] = ACTIVE
-        self.doc["pid"] = os.getpid()
-        self.doc["boot_id"] = current_boot_id()
-        self._save()
+        self.update(state=ACTIVE, pid=os.getpid(), boot_id=current_boot_id())
         self.log("session_resumed", pid=os.getpid())
 
-    def begin_trial(self, setting: int, phase: str) -> dict:
-        """Durably record the trial about to touch the card. Call before applying the setting."""
-        trial = {
-            "session": self.session,
-            "device": self.device_id,
-            "setting": setting,
-            "phase": phase,
-            "boot_id": current_boot_id(),
-            "pid": os.getpid(),
-            "started_at": time.time(),
-        }
-        self.doc["open_trial"] = trial
-        self.doc["state"] = ACTIVE
-        self._save()
+    def begin_trial(self, phase: str, **what: object) -> dict:
+        """Durably record the trial about to touch the card(s): a card's `setting`, a rig's `attempt` and
+        `settings`. Call before applying anything."""
+        mine = {} if self.device_id is None else {"session": self.session, "device": self.device_id}
+        trial = {**mine, "phase": phase, **what, "boot_id": current_boot_id(), "pid": os.getpid(),
+                 "started_at": time.time()}
+        self.update(open_trial=trial, state=ACTIVE)
         self.log("trial_open", **trial)
         return trial
 
+    def end_trial(self, **fields: object) -> None:
+        """Every card is back at stock: close the open trial (with what it found, one atomic write)."""
+        self.update(open_trial=None, **fields)
+
     def finish_trial(self, record: dict) -> None:
-        """The card is back at stock: store the result and close the open trial (one atomic write)."""
+        """A card's trial is over and the card at stock: store its result and close it (one atomic write)."""
         self.trials.append(record)
-        self.doc["open_trial"] = None
-        self._save()
+        self.end_trial()
         self.log("trial_closed", setting=record.get("setting"), phase=record.get("phase"),
                  verdict=record.get("verdict"), kind=record.get("kind"))
 
     def abandon_trial(self, reason: str) -> None:
         """The trial was stopped on purpose and the card reset: no result, rerun it on resume."""
         trial = self.open_trial
-        self.doc["open_trial"] = None
-        self._save()
+        self.end_trial()
         self.log("trial_abandoned", reason=reason, setting=(trial or {}).get("setting"))
 
-    def record_recovered(self, record: dict) -> None:
-        """A trial left open by a dead process or an earlier boot, now counted as a result."""
-        self.finish_trial(record)
-
-    def set_field(self, key: str, value: object) -> None:
-        self.doc[key] = value
-        self._save()
-
     def close(self, state: str, **fields: object) -> None:
-        self.doc["state"] = state
-        self.doc["open_trial"] = None
-        self.doc.update(fields)
-        self._save()
+        self.update(state=state, open_trial=None, **fields)
         self.log("session_" + state, **fields)

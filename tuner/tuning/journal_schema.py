@@ -137,7 +137,7 @@ class RigOpenTrial(_Doc):
 
 
 class RigJournal(_Doc):
-    """A rig bisect's journal (`journal/rig+<dev>+....rig.json`, tuner/tuning/journal_rig.py)."""
+    """A rig bisect's journal (`journal/rig+<dev>+....rig.json`, tuner.tuning.journal.Journal.create_rig)."""
 
     version: Annotated[int, Meta(ge=RIG_VERSION, le=RIG_VERSION, extra={"what": str(RIG_VERSION)})]
     session: SessionId
@@ -224,6 +224,6 @@ def check_unsafe_entry(entry: object) -> str | None:
 
 
 def check_rig_journal(doc: object) -> str | None:
-    """None when `doc` is a valid rig journal, else one phrase saying what is wrong (the declared twin of
-    `journal_rig.check_rig_journal`, which it replaces)."""
+    """None when `doc` is a valid rig journal, else one phrase saying what is wrong (tuner.tuning.journal holds
+    every rig journal it reads to this, and has no check of its own)."""
     return _problem(doc, RigJournal)

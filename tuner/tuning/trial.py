@@ -1,26 +1,36 @@
-"""One trial: one setting on one device under the stress engine, measured and classified.
+"""One trial: every card of `settings` at its setting under the stress engine at once, measured and classified.
+A single card is a trial of one card (the bisect's search); several are one data-parallel training job (the
+whole-rig confirmation, issue 16: one engine per card, `--world-size N --rank R --rendezvous file://...`, gloo on the
+CPU and the simulated cards, nccl/rccl on GPUs, gradients all-reduced every step). Every card keeps its own
+detectors, watchdog, telemetry and reference (recorded at stock with `record_paths`, compared with
+`reference_paths`).
 
-Order (docs/bisect.md): start the kernel-log watcher (only later messages count); apply the setting (the backend
-reads it back); tell the backend the card is loaded; start the engine on `backend.stress_target` (its reported PCI
-bus id must be the target's); watch engine events, the heartbeat watchdog (inside `StressRun`), the kernel log
-and 1 Hz telemetry; tell the backend the load ended; reset to stock and verify; classify.
+Order (docs/bisect.md, "One trial"): start the kernel-log watcher (only later messages count); apply every setting
+(the backend reads it back); mark the cards loaded; start the engines on `backend.stress_target` (each reported PCI
+bus id must be its target's); watch engine events, the heartbeat watchdog (inside `StressRun`), the kernel log and
+1 Hz telemetry; end the load; reset every card to stock and verify; classify each card, then judge who is to blame
+(docs/bisect.md, "The rig trial": a card's own fault pins it, a fault that reached it through the all-reduce or a
+peer's end does not; a kernel line naming no card, or every card failing at once, is a whole-machine event). Every
+undo sits on one ExitStack, so every card is back at stock (verified) whatever happens.
 
-Setup problems (out of memory, a missing library, a NaN that is the software's) are `error`, never blamed on
-the voltage. Core module: no textual, no torch (the engine runs in a subprocess).
+Setup problems (out of memory, a missing library, a NaN that is the software's) are `error`, never blamed on the
+voltage. Core module: no textual, no torch (the engines run in subprocesses).
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.backends.base import Backend
 from tuner.core.errors import NotApplied, TunerError
-from tuner.core.models import StressTarget, Verdict
+from tuner.core.models import Knob, StressTarget, Verdict
 from tuner.tuning import engine_client as sc
 from tuner.tuning import kernel_log
 from tuner.tuning import sampler as sampler_mod
@@ -29,7 +39,16 @@ from tuner.tuning.events import TrialEvent, TrialProgress, TrialResult, TrialWar
 from tuner.tuning.sampler import TelemetrySampler, TelemetrySummary
 
 RESULT_WAIT_S = 60.0  # after the engine's output ended: how long to wait for its exit before stopping it
+CPU_COLLECTIVE_TIMEOUT_S = 30.0  # simulated cards and CPUs: steps of milliseconds, no compile
+GPU_COLLECTIVE_TIMEOUT_S = 300.0  # GPUs: ranks may reach the first collective minutes apart (compile, batch fit)
+PEER_GRACE_S = 5.0  # after one card failed: how long the others get to report their own fault before being stopped
+POLL_S = 0.1
+SHARED_FIGURE = "state"  # the training state after the all-reduce: every rank's, whoever corrupted it
+PEER, STOPPED_BY_PEER = "peer", "peer-failed"
 STOPPED = Verdict.STOPPED
+
+EngineFactory = Callable[[EngineConfig, WatchdogPolicy], sc.StressRun]
+WatcherFactory = Callable[[str], "kernel_log.KernelLogWatcher | None"]
 
 
 @dataclass(frozen=True)
@@ -40,41 +59,54 @@ class TrialParams:
     mode: str = "train"
     seed: int = 0
     dtype: str | None = None
-    record_path: Path | None = None  # the baseline records the reference trajectory here
-    reference_path: Path | None = None  # every other trial compares against it, looping it (--reference-loop)
+    record_paths: Mapping[str, Path] | None = None  # at stock: each card records its reference trajectory here
+    reference_paths: Mapping[str, Path] | None = None  # each card compares against its own, looping it
+    baselines: Mapping[str, TrialResult] | None = None  # each card's stock baseline: efficiency, voltage drop
     canary_every: int | None = None
     watchdog: WatchdogPolicy | None = None  # None: `WatchdogPolicy.for_config` (tighter on the CPU)
     telemetry_interval_s: float = 1.0
-    baseline_tok_per_j: float | None = None  # for efficiency_vs_stock
-    baseline_voltage_mv: float | None = None  # the stock baseline's core voltage under load (measured drop)
     progress_interval_s: float = 1.0
     steps: int | None = None  # bound by steps instead of duration_s (which then only feeds the ETA)
     verify_repeatable: bool = False  # the baseline's replay: record in the reference whether it repeats
     tolerance: bool = False  # the user opted in to the weaker comparison (reduced sensitivity)
     compile: bool | None = None  # torch.compile in the engine (None: its default, on for GPUs)
+    collective_timeout_s: float | None = None  # several cards; None: CPU_/GPU_COLLECTIVE_TIMEOUT_S by the cards
+    peer_grace_s: float = PEER_GRACE_S
 
 
-class StopRequested(Exception):
-    pass
+@dataclass(frozen=True)
+class TrialOutcome:
+    results: Mapping[str, TrialResult]  # one per card
+    pinned: tuple[str, ...] = ()  # the cards to blame (their own fault, at the earliest step)
+    machine_event: str | None = None  # a whole-machine event: nobody's own fault (every card backs off)
+    stopped: bool = False  # stopped on request: not a result
+    collective: str | None = None  # the collective library the ranks used (gloo, nccl, rccl); None: never formed
+
+    @property
+    def result(self) -> TrialResult:
+        """The result of a trial of one card."""
+        [result] = self.results.values()
+        return result
 
 
 def default_engine_factory(config: EngineConfig, watchdog: WatchdogPolicy) -> sc.StressRun:
     return sc.StressRun(config, watchdog=watchdog)
 
 
-def trial_request(target: StressTarget, params: TrialParams, setting: int | None = None,
+def trial_request(target: StressTarget, params: TrialParams, device_id: str, setting: int | None = None,
                   **extra: object) -> EngineConfig:
-    """The engine run for one trial on `target` at `setting` (None: a run at whatever the card is set to, with
-    the engine's default fault seed). `extra`: further engine options (the rig trial's data-parallel rank)."""
+    """The engine run for one card of a trial at `setting` (None: a run at whatever the card is set to, with the
+    engine's default fault seed). `extra`: further engine options (a data-parallel rank)."""
+    record = (params.record_paths or {}).get(device_id)
+    reference = (params.reference_paths or {}).get(device_id)
     return sc.engine_request(
         target, duration_s=None if params.steps is not None else params.duration_s, steps=params.steps,
         preset=params.preset, setting=setting, mode=params.mode,
         seed=params.seed, dtype=params.dtype, canary_every=params.canary_every,
-        record=str(params.record_path) if params.record_path else None,
-        reference=str(params.reference_path) if params.reference_path else None,
+        record=str(record) if record else None, reference=str(reference) if reference else None,
         # a reference one trial long covers a run of any length: past its end the engine restarts from the
         # initial weights and keeps comparing
-        reference_loop=params.reference_path is not None and not params.verify_repeatable,
+        reference_loop=reference is not None and not params.verify_repeatable,
         tolerance=params.tolerance, verify_repeatable=params.verify_repeatable, compile=params.compile, **extra)
 
 
@@ -87,18 +119,26 @@ def same_bus(a: str | None, b: str | None) -> bool:
     return norm(a) == norm(b)
 
 
-class TrialState:
-    """What one trial started and saw; the cleanup fills in what it collects on the way out."""
+class _Card:
+    """One card of the trial: what it started and saw; the cleanup fills in what it collects on the way out."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_id: str, rank: int, setting: int):
+        self.device_id, self.rank, self.setting = device_id, rank, setting
         self.run: sc.StressRun | None = None
         self.target: StressTarget | None = None
+        self.watchdog: WatchdogPolicy | None = None
         self.sampler: TelemetrySampler | None = None
         self.summary: TelemetrySummary | None = None
         self.kernel_events: list[kernel_log.KernelEvent] = []
         self.engine_result: StressResult | None = None
         self.stop_reason: str | None = None
         self.pci_problem: str | None = None
+        self.figure: str | None = None  # the figure its own failing check compared
+        self.library: str | None = None  # the collective library its engine reported
+        self.warnings: list[str] = []
+        self.follower: threading.Thread | None = None
+        self.done = threading.Event()
+        self.error: BaseException | None = None  # raised in its follower (a broken event consumer): re-raised
 
     def stop_engine(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -106,156 +146,237 @@ class TrialState:
         if self.run is not None:
             self.run.stop()
 
+    def keep_summary(self) -> None:
+        if self.sampler is not None:
+            self.summary = self.sampler.stop()
 
-def run_trial(
-    backend: Backend,
-    device_id: str,
-    setting: int,
-    params: TrialParams,
-    on_event: Callable[[TrialEvent], None] | None = None,
-    stop_event: threading.Event | None = None,
-    *,
-    engine_factory: Callable[[EngineConfig, WatchdogPolicy], sc.StressRun] | None = None,
-    kernel_watcher: kernel_log.KernelLogWatcher | None = None,
-    clock: Callable[[], float] = time.time,
-) -> TrialResult:
-    """Run one trial and return its result. The card is back at stock (verified) when this returns or raises.
 
-    Every undo is registered on an ExitStack as soon as the thing it undoes may have happened, so no exception,
-    at any point, can skip one. On the way out, in this order: the stop-watcher thread ends, the engine is stopped, the
-    sampler stops, the load ends (`note_load(False)`), the card is reset to stock and verified, the kernel-log
-    watcher stops (so a message the reset itself provokes still counts against this trial).
+def run_trial(backend: Backend, settings: Mapping[str, int], params: TrialParams,
+              on_event: Callable[[TrialEvent], None] | None = None, stop: threading.Event | None = None, *,
+              engine_factory: EngineFactory | None = None, kernel_watcher_factory: WatcherFactory | None = None,
+              clock: Callable[[], float] = time.time) -> TrialOutcome:
+    """Run every card in `settings` at its setting together; return one TrialResult per card and the blame. Every
+    card is back at stock (verified) when this returns or raises.
 
-    Raises NotApplied / DeviceLost / PermissionDenied when the setting cannot be applied or the card cannot be
-    reset (the caller stops the search). A `stop_event` set from another thread ends the trial with verdict
-    "stopped".
-    """
+    Every undo is registered on an ExitStack just before the call it undoes (a call that raises may have
+    half-happened; every undo is safe on something that never started). On the way out, in this order: the
+    followers end, the engines are stopped, the samplers stop, the loads end (`note_load(False)`), every card is
+    reset to stock and verified (each, even when another's reset raises), the kernel-log watcher stops (so a
+    message the reset itself provokes still counts against this trial).
+
+    Raises NotApplied / DeviceLost / PermissionDenied when a setting cannot be applied or a card cannot be reset
+    (the caller stops). `stop` set from another thread ends the trial promptly (`stopped`). `kernel_watcher_factory`
+    is asked for the trial's one watcher by the card's id (one card) or "rig"; None from it: the default."""
     emit = on_event or (lambda ev: None)
-    stop_event = stop_event or threading.Event()
+    stop = stop or threading.Event()
     engine_factory = engine_factory or default_engine_factory
-    knob = backend.knob(device_id)
+    devices = list(settings)
+    knobs = {d: backend.knob(d) for d in devices}
     started_at = clock()
-    warnings: list[str] = []
-    trial = TrialState()
+    cards = {d: _Card(d, i, int(settings[d])) for i, d in enumerate(devices)}
+    where = devices[0] if len(devices) == 1 else "rig"  # what the trial's own warnings are about
+    machine_lines: list[kernel_log.KernelEvent] = []
+    halt: list[str] = []  # why every card was stopped (a stop, a machine event, a lost card), first reason first
 
-    def warn(message: str) -> None:
-        warnings.append(message)
-        emit(TrialWarning(message))
+    def stop_all(reason: str) -> None:
+        halt.append(reason)
+        for c in cards.values():
+            c.stop_engine(reason)
 
-    if kernel_watcher is None:
-        simulated = backend.device(device_id).simulated  # the host's kernel log says nothing about it
-        kernel_watcher = kernel_log.NullWatcher() if simulated else kernel_log.KernelLogWatcher(warn=warn)
-    elif not kernel_watcher.on_event:
-        kernel_watcher._warn = warn
-    kernel_watcher.on_event = lambda ev: trial.stop_engine("kernel")
-    watcher = kernel_watcher
+    def warn(message: str, device: str = where) -> None:
+        for c in cards.values() if device == where else [cards[device]]:
+            c.warnings.append(message)
+        emit(TrialWarning(message, device=device))
 
+    if params.reference_paths is not None:  # before any card is touched: every card needs its reference
+        missing = [d for d in devices if not (p := params.reference_paths.get(d)) or not Path(p).exists()]
+        if missing:
+            return _not_run(cards, knobs, params, started_at, missing)
+
+    def on_kernel(event: kernel_log.KernelEvent) -> None:
+        owner = _owner(event, cards)
+        if owner is None and len(cards) > 1:
+            machine_lines.append(event)
+        elif owner in cards or owner is None:
+            cards[owner or where].kernel_events.append(event)  # one card: a line naming no card is about it
+        else:
+            return  # another card's line
+        stop_all("kernel")
+
+    watcher = _watcher(backend, devices, where, kernel_watcher_factory, warn)
+    watcher.on_event = on_kernel
     with contextlib.ExitStack() as cleanup:
-        # Each undo is registered just before the call it undoes: a call that raises may have half-happened
-        # (a value written, a thread started), and every undo is safe on something that never started.
-        # 1. the kernel log: only what is logged from now on counts
-        cleanup.callback(lambda: setattr(trial, "kernel_events", watcher.stop()))
+        cleanup.callback(watcher.stop)
         watcher.start()
-        try:
-            if stop_event.is_set():
-                raise StopRequested
-            # 2. apply and verify (the backend validates and reads back)
-            cleanup.callback(reset_and_verify, backend, device_id)
-            applied = backend.apply(device_id, setting)
-            if applied.current != setting:
-                raise NotApplied(f"{device_id} reads back {applied.current:+d} {knob.unit} after writing "
-                                 f"{setting:+d}", "the card was reset to stock; check `tuner doctor`")
-            for line in applied.clamped:  # curve points the driver's range kept from the asked offset
-                warn(f"clamped: {line}")
-            # 3. under load
-            cleanup.callback(end_load, backend, device_id)
-            backend.note_load(device_id, True)
-            target = backend.stress_target(device_id)
-            trial.target = target
-            watcher.pci_bus_id = None if target.simulated else target.pci_bus_id
-            config = trial_request(target, params, setting)
-            sampler = trial.sampler = TelemetrySampler(backend, device_id, interval_s=params.telemetry_interval_s)
-            cleanup.callback(lambda: setattr(trial, "summary", sampler.stop()))
-            sampler.start()
-            watchdog = params.watchdog or WatchdogPolicy.for_config(config)
-            run = trial.run = engine_factory(config, watchdog)
-            cleanup.callback(run.stop)  # safe on a run that never started or already ended
-            run.start()
-            end_watch = threading.Event()
-
-            def watch_stop() -> None:
-                while not end_watch.is_set():
-                    if stop_event.wait(0.2):
-                        trial.stop_engine(STOPPED)
-                        return
-                    if sampler.device_lost:
-                        trial.stop_engine("device-lost")
-                        return
-
-            stopper = threading.Thread(target=watch_stop, name="trial-stop", daemon=True)
-            cleanup.callback(end_thread, end_watch, stopper)
-            stopper.start()
-            follow(run, trial, target, params, setting, started_at, emit, clock)
-            trial.engine_result = bounded_result(run, watchdog)
-        except StopRequested:
-            trial.stop_reason = STOPPED
-
-    pstate_problem = pstate_problem_of(backend, device_id, setting, knob.stock, trial.summary)
-    return classify(
-        setting=setting, unit=knob.unit, params=params, engine_result=trial.engine_result, summary=trial.summary,
-        kernel_events=trial.kernel_events, stop_reason=trial.stop_reason,
-        device_lost=trial.sampler.device_lost if trial.sampler else None, pci_problem=trial.pci_problem,
-        pstate_problem=pstate_problem,
-        injected=bool(trial.target and trial.target.simulated and (trial.target.fault_rate > 0 or trial.target.hang)),
-        simulated=bool(trial.target and trial.target.simulated), warnings=warnings, started_at=started_at,
-        wall_s=clock() - started_at,
-    )
+        if stop.is_set():
+            stop_all(STOPPED)
+        else:
+            _start(backend, cards, params, engine_factory, cleanup, warn)
+            for c in cards.values():
+                c.follower = threading.Thread(target=_follow, name=f"trial-follow-{c.device_id}", daemon=True,
+                                              args=(c, params, started_at, emit, clock))
+                c.follower.start()
+            _supervise(cards, params, stop, stop_all)
+            error = next((c.error for c in cards.values() if c.error is not None), None)
+            if error is not None:
+                raise error
+            for c in cards.values():
+                assert c.run is not None and c.watchdog is not None
+                c.engine_result = bounded_result(c.run, c.watchdog)
+    if halt and halt[0] == STOPPED:
+        for c in cards.values():
+            c.stop_reason = STOPPED  # a stop on request ends every card, whatever else stopped it too
+    results = {d: _classify(backend, c, knobs[d], params, started_at, clock) for d, c in cards.items()}
+    library = next((c.library for c in cards.values() if c.library), None)
+    if any(r.verdict == STOPPED for r in results.values()):
+        return TrialOutcome(results, stopped=True, collective=library)
+    return _judge(results, cards, machine_lines, library)
 
 
-def pstate_problem_of(backend: Backend, device_id: str, setting: int, stock: int,
-                      summary: TelemetrySummary | None) -> str | None:
-    """Why the card ran in performance states its offset does not cover (NVIDIA), or None (also at stock)."""
-    if summary is None or setting == stock:
+def _start(backend: Backend, cards: Mapping[str, _Card], params: TrialParams, engine_factory: EngineFactory,
+           cleanup: contextlib.ExitStack, warn: Callable[..., None]) -> None:
+    """Apply every setting and read it back, mark the cards loaded, start the samplers and the engines."""
+    for d, c in cards.items():
+        cleanup.callback(reset_and_verify, backend, d)
+        applied = backend.apply(d, c.setting)
+        if applied.current != c.setting:
+            raise NotApplied(f"{d} reads back {applied.current:+d} {applied.unit} after writing {c.setting:+d}",
+                             "every card was reset to stock; check `tuner doctor`")
+        for line in applied.clamped:  # curve points the driver's range kept from the asked offset
+            warn(f"clamped: {line}", d)
+    for d, c in cards.items():
+        cleanup.callback(end_load, backend, d)
+        backend.note_load(d, True)
+        c.target = backend.stress_target(d)
+    extra: dict[str, object] = {}
+    if len(cards) > 1:  # one data-parallel group; the rendezvous is a file in a directory of its own
+        rendezvous_dir = Path(tempfile.mkdtemp(prefix="tuner-rig-"))
+        cleanup.callback(shutil.rmtree, rendezvous_dir, True)
+        on_cpu = all(c.target is not None and c.target.torch_device == "cpu" for c in cards.values())
+        extra = {"world_size": len(cards), "rendezvous": f"file://{rendezvous_dir / 'rendezvous'}",
+                 "collective_timeout_s": params.collective_timeout_s if params.collective_timeout_s is not None
+                 else CPU_COLLECTIVE_TIMEOUT_S if on_cpu else GPU_COLLECTIVE_TIMEOUT_S}
+    for d, c in cards.items():
+        c.sampler = TelemetrySampler(backend, d, interval_s=params.telemetry_interval_s)
+        cleanup.callback(c.keep_summary)
+        c.sampler.start()
+    # joined after every engine was stopped (undos run in reverse): a follower ends when its engine's output does
+    cleanup.callback(_join_followers, cards)
+    for d, c in cards.items():
+        assert c.target is not None
+        config = trial_request(c.target, params, d, c.setting, **({**extra, "rank": c.rank} if extra else {}))
+        c.watchdog = params.watchdog or WatchdogPolicy.for_config(config)
+        run = c.run = engine_factory(config, c.watchdog)
+        cleanup.callback(run.stop)  # safe on a run that never started or already ended
+        run.start()  # from this thread, which outlives the trial (the engines' parent-death signal)
+
+
+def _watcher(backend: Backend, devices: list[str], where: str, factory: WatcherFactory | None,
+             warn: Callable[[str], None]) -> kernel_log.KernelLogWatcher:
+    """One watcher for the whole trial, reading every GPU line (attributed by PCI address in `on_kernel`)."""
+    watcher = factory(where) if factory is not None else None
+    if watcher is None:
+        if all(backend.device(d).simulated for d in devices):  # the host's kernel log says nothing about them
+            watcher = kernel_log.NullWatcher()
+        else:
+            watcher = kernel_log.KernelLogWatcher(warn=warn)
+    watcher.pci_bus_id = None  # every line; the trial attributes them
+    return watcher
+
+
+def _owner(event: kernel_log.KernelEvent, cards: Mapping[str, _Card]) -> str | None:
+    """The card a kernel line names ("" for a card outside the trial), or None when it names none, or when a card
+    whose bus is not known (yet) could be the one it names (fail closed)."""
+    named = kernel_log.named_buses(event.line)
+    if not named:
         return None
+    buses = {d: c.target.pci_bus_id if c.target else None for d, c in cards.items()}
+    for d, bus in buses.items():
+        if bus and kernel_log.bus_of(bus) in named:  # the same matching as the watcher's own (`classify_line`)
+            return d
+    return "" if all(buses.values()) else None
+
+
+def _join_followers(cards: Mapping[str, _Card]) -> None:
+    for c in cards.values():
+        if c.follower is not None:
+            end_thread(c.done, c.follower)
+
+
+def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[TrialEvent], None],
+            clock: Callable[[], float]) -> None:
+    """Read one card's engine events until it ends: check it runs on the card being tuned, keep what it reports
+    about the data-parallel group and the figure of its fault, report progress."""
     try:
-        return sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(device_id))
-    except TunerError:
-        return None
+        assert c.run is not None and c.target is not None
+        last_progress, step, tok_s = 0.0, None, None
+        for event in c.run.events():
+            match event:
+                case sc.StartEvent(pci_bus_id=reported, data_parallel=dp):
+                    if dp is not None:
+                        c.library = dp.library
+                    if c.target.pci_bus_id and reported and not same_bus(reported, c.target.pci_bus_id):
+                        c.pci_problem = (f"the engine runs on PCI {reported}, not on the card being tuned "
+                                         f"({c.target.pci_bus_id}); check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
+                        c.stop_engine("pci")
+                case sc.StepEvent(step=step_no, tok_s=rate):
+                    step, tok_s = step_no, rate
+                case sc.GemmEvent(step=step_no):
+                    step = step_no
+                case sc.FaultEvent(figure=str() as figure) | sc.EndEvent(figure=str() as figure):
+                    c.figure = figure
+                case _:
+                    pass
+            now = clock()
+            if now - last_progress >= params.progress_interval_s:
+                last_progress = now
+                latest = c.sampler.latest() if c.sampler else None
+                elapsed = now - started_at
+                emit(TrialProgress(
+                    setting=c.setting, phase=params.phase, elapsed_s=round(elapsed, 1),
+                    duration_s=params.duration_s, eta_s=round(max(0.0, params.duration_s - elapsed), 1),
+                    step=step, tok_s=tok_s, power_w=latest.power_w if latest else None,
+                    temp_c=(latest.temp_hotspot_c or latest.temp_edge_c) if latest else None, device=c.device_id))
+    except BaseException as e:  # noqa: BLE001 - re-raised in the trial's thread, after every engine is stopped
+        c.error = e
+    finally:
+        c.done.set()
 
 
-def follow(run: sc.StressRun, trial: TrialState, target: StressTarget, params: TrialParams, setting: int,
-           started_at: float, emit: Callable[[TrialEvent], None], clock: Callable[[], float], *,
-           device: str = "", seen: Callable[[sc.Event], None] | None = None) -> None:
-    """Read the engine's events until it ends: check it runs on the card being tuned, report progress (about
-    `device`, when given). `seen` gets every event first (the rig trial keeps each rank's start and faults)."""
-    last_progress = 0.0
-    step: int | None = None
-    tok_s: float | None = None
-    for event in run.events():
-        if seen is not None:
-            seen(event)
-        match event:
-            case sc.StartEvent(pci_bus_id=reported):
-                if target.pci_bus_id and reported and not same_bus(reported, target.pci_bus_id):
-                    trial.pci_problem = (f"the engine runs on PCI {reported}, not on the card being tuned "
-                                         f"({target.pci_bus_id}); check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
-                    trial.stop_engine("pci")
-            case sc.StepEvent(step=step_no, tok_s=rate):
-                step, tok_s = step_no, rate
-            case sc.GemmEvent(step=step_no):
-                step = step_no
-            case _:
-                pass
-        now = clock()
-        if now - last_progress >= params.progress_interval_s:
-            last_progress = now
-            latest = trial.sampler.latest() if trial.sampler else None
-            elapsed = now - started_at
-            emit(TrialProgress(
-                setting=setting, phase=params.phase, elapsed_s=round(elapsed, 1),
-                duration_s=params.duration_s, eta_s=round(max(0.0, params.duration_s - elapsed), 1),
-                step=step, tok_s=tok_s, power_w=latest.power_w if latest else None,
-                temp_c=(latest.temp_hotspot_c or latest.temp_edge_c) if latest else None, device=device))
+def _supervise(cards: Mapping[str, _Card], params: TrialParams, stop: threading.Event,
+               stop_all: Callable[[str], None]) -> None:
+    """Wait for every card's engine to end. Stop all on request or when a card is lost; once a card ended with a
+    fault or an error of its own, the others get `peer_grace_s` to report theirs (the same step), then are stopped."""
+    grace_until: float | None = None
+    stopped = lost = False
+    while not all(c.done.is_set() for c in cards.values()):
+        if stop.wait(POLL_S) and not stopped:
+            stopped = True
+            stop_all(STOPPED)
+        if any(c.error is not None for c in cards.values()):
+            stop_all("error")
+        if not lost and any(c.sampler and c.sampler.device_lost for c in cards.values()):
+            lost = True
+            stop_all("device-lost")
+        now = time.monotonic()
+        if grace_until is None and any(_own_end(c) for c in cards.values()):
+            grace_until = now + params.peer_grace_s
+        if grace_until is not None and now >= grace_until:
+            for c in cards.values():
+                if not c.done.is_set():
+                    c.stop_engine(STOPPED_BY_PEER)
+
+
+def _own_end(c: _Card) -> bool:
+    """The card's engine exited with something other than a pass or a lost peer. A card whose follower raised is
+    not asked (its engine may have no result; the trial ends as that error, every engine stopped)."""
+    if not c.done.is_set() or c.run is None or c.error is not None:
+        return False
+    try:
+        result = c.run.result(timeout=0.5)
+    except TimeoutError:
+        return False
+    return not result.passed and result.kind != PEER
 
 
 def end_load(backend: Backend, device_id: str) -> None:
@@ -284,9 +405,6 @@ def bounded_result(run: sc.StressRun, watchdog: WatchdogPolicy) -> StressResult 
         return None
 
 
-_bounded_result = bounded_result  # the old private name (its callers and tests)
-
-
 def reset_and_verify(backend: Backend, device_id: str) -> None:
     knob = backend.reset(device_id)
     if knob.current != knob.stock:
@@ -294,20 +412,32 @@ def reset_and_verify(backend: Backend, device_id: str) -> None:
                          "run `tuner reset` or reboot before tuning again")
 
 
-def classify(*, setting: int, unit: str, params: TrialParams, engine_result: StressResult | None,
-             summary: TelemetrySummary | None, kernel_events: list[kernel_log.KernelEvent],
-             stop_reason: str | None, device_lost: str | None, pci_problem: str | None, injected: bool,
-             simulated: bool, warnings: list[str], started_at: float, wall_s: float,
-             pstate_problem: str | None = None) -> TrialResult:
-    r = engine_result
+def pstate_problem_of(backend: Backend, device_id: str, setting: int, stock: int,
+                      summary: TelemetrySummary | None) -> str | None:
+    """Why the card ran in performance states its offset does not cover (NVIDIA), or None (also at stock)."""
+    if summary is None or setting == stock:
+        return None
+    try:
+        return sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(device_id))
+    except TunerError:
+        return None
+
+
+def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, started_at: float,
+              clock: Callable[[], float]) -> TrialResult:
+    """One card's result: what it measured, its verdict (the first cause that applies, in order), and a stop that
+    was not its own doing (another card's fault, a kernel line, a lost card) inconclusive."""
+    r, summary, target = c.engine_result, c.summary, c.target
     tok_s = r.median_tok_s if r is not None else None
     power_w = summary.mean_power_w if summary else None
     tok_per_j = tok_s / power_w if tok_s and power_w else None
+    baseline = (params.baselines or {}).get(c.device_id)
+    base_tok_per_j = baseline.tok_per_j if baseline is not None else None
     base = TrialResult(
-        setting=setting, unit=unit, phase=params.phase, verdict="pass",
+        setting=c.setting, unit=knob.unit, phase=params.phase, verdict="pass",
         steps=r.steps if r is not None else None,
         warmup_steps=r.start.warmup_steps if r is not None and r.start is not None else None,
-        duration_s=round((r.duration_s if r is not None else None) or wall_s, 3),
+        duration_s=round((r.duration_s if r is not None else None) or clock() - started_at, 3),
         tok_s=tok_s, power_w=None if power_w is None else round(power_w, 2),
         max_temp_c=summary.max_temp_c if summary else None,
         max_temp_edge_c=summary.max_temp_edge_c if summary else None,
@@ -316,31 +446,43 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result: Str
         energy_j=None if not summary or summary.energy_j is None else round(summary.energy_j, 1),
         j_per_tok=None if not tok_per_j else 1.0 / tok_per_j,
         tok_per_j=tok_per_j,
-        efficiency_vs_stock=(tok_per_j / params.baseline_tok_per_j
-                             if tok_per_j and params.baseline_tok_per_j else None),
-        injected=injected, simulated=simulated,
-        sensitivity=r.sensitivity if r is not None else None,
-        kernel_log=tuple(e.line for e in kernel_events), warnings=tuple(warnings), started_at=started_at,
+        efficiency_vs_stock=tok_per_j / base_tok_per_j if tok_per_j and base_tok_per_j else None,
+        injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
+        simulated=bool(target and target.simulated), sensitivity=r.sensitivity if r is not None else None,
+        kernel_log=tuple(e.line for e in c.kernel_events), warnings=tuple(c.warnings), started_at=started_at,
         median_core_clock_mhz=summary.median_core_clock_mhz if summary else None,
         pstates=summary.pstates if summary else (),
         p95_power_w=None if not summary or summary.p95_power_w is None else round(summary.p95_power_w, 2),
         power_limit_w=summary.power_limit_w if summary else None,
         throttle_reasons=summary.throttle_reasons if summary else (),
     )
-    base = _with_voltage_effect(base, params, summary)
+    result = _verdict(c, _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary),
+                      pstate_problem_of(backend, c.device_id, c.setting, knob.stock, summary))
+    if result.verdict in (Verdict.FAIL, STOPPED):
+        return result
+    if r is not None and r.kind == PEER:
+        return replace(result, verdict=Verdict.INCONCLUSIVE, kind=PEER, reason=r.reason)
+    if c.stop_reason in (STOPPED_BY_PEER, "kernel", "device-lost") and not result.passed:
+        why = {STOPPED_BY_PEER: "stopped after another card failed", "kernel": "stopped by a kernel-log event",
+               "device-lost": "stopped: another card was lost"}[c.stop_reason]
+        return replace(result, verdict=Verdict.INCONCLUSIVE, kind=PEER, reason=why)
+    return result
+
+
+def _verdict(c: _Card, base: TrialResult, pstate_problem: str | None) -> TrialResult:
+    r = c.engine_result
     fault_step = r.failure_step if r is not None else None
-    reference_step = r.reference_step if r is not None else None
-    if kernel_events:
-        first = kernel_events[0]
-        return replace(base, verdict="fail", kind=first.kind, reason=kernel_log.summarize(kernel_events),
-                       edge=any(e.edge for e in kernel_events), fault_step=fault_step)
+    device_lost = c.sampler.device_lost if c.sampler else None
+    if c.kernel_events:
+        return replace(base, verdict="fail", kind=c.kernel_events[0].kind, reason=kernel_log.summarize(c.kernel_events),
+                       edge=any(e.edge for e in c.kernel_events), fault_step=fault_step)
     if device_lost:
         return replace(base, verdict="fail", kind="device-lost", reason=f"device lost: {device_lost}", edge=True)
-    if pci_problem:
-        return replace(base, verdict="error", kind="wrong-device", reason=pci_problem)
+    if c.pci_problem:
+        return replace(base, verdict="error", kind="wrong-device", reason=c.pci_problem)
     if pstate_problem:
         return replace(base, verdict="error", kind="pstate", reason=pstate_problem)
-    if stop_reason == STOPPED:
+    if c.stop_reason == STOPPED:
         return replace(base, verdict=STOPPED, reason="stopped on request")
     if r is None:
         return replace(base, verdict="error", kind="no-result", reason="the stress engine did not report a result")
@@ -348,12 +490,12 @@ def classify(*, setting: int, unit: str, params: TrialParams, engine_result: Str
         return base
     if r.verdict == "fail":
         return replace(base, verdict="fail", kind=r.kind, reason=r.reason or str(r.kind), fault_step=fault_step,
-                       reference_step=reference_step, edge=r.kind == "hang")
+                       reference_step=r.reference_step, edge=r.kind == "hang")
     detail = r.reason or ((r.stderr_tail or "").strip().splitlines() or ["setup problem"])[-1]
     return replace(base, verdict="error", kind=r.kind or "setup", reason=detail[:300], fault_step=fault_step)
 
 
-def _with_voltage_effect(result: TrialResult, params: TrialParams,
+def _with_voltage_effect(result: TrialResult, baseline_voltage_mv: float | None,
                          summary: TelemetrySummary | None) -> TrialResult:
     """The measured core voltage, its drop from the stock baseline, and "not effective" when the drop is under
     half of the asked undervolt (mV settings only; NVML reports no voltage)."""
@@ -361,7 +503,7 @@ def _with_voltage_effect(result: TrialResult, params: TrialParams,
     voltage_mv = None if measured is None else round(measured, 1)
     if result.unit != "mV":
         return replace(result, voltage_mv=voltage_mv)
-    drop_mv, effective = sampler_mod.voltage_effect(result.setting, params.baseline_voltage_mv, measured)
+    drop_mv, effective = sampler_mod.voltage_effect(result.setting, baseline_voltage_mv, measured)
     warnings = result.warnings
     if effective is False:
         message = (f"not effective: asked {result.setting:+d} mV, the card dropped only "
@@ -369,3 +511,56 @@ def _with_voltage_effect(result: TrialResult, params: TrialParams,
         warnings = (*warnings, message)
     return replace(result, voltage_mv=voltage_mv, voltage_drop_mv=drop_mv, effective=effective,
                    warnings=warnings)
+
+
+def _judge(results: dict[str, TrialResult], cards: Mapping[str, _Card],
+           machine_lines: list[kernel_log.KernelEvent], library: str | None) -> TrialOutcome:
+    """Who is to blame (see the module's docstring); one card alone is pinned for its own failure."""
+    failed = {d: r for d, r in results.items() if r.verdict == Verdict.FAIL}
+    several = len(results) > 1
+    shared = {d for d, r in failed.items() if several and r.kind == "mismatch" and cards[d].figure == SHARED_FIGURE}
+    own = {d: r for d, r in failed.items() if d not in shared}
+    machine = None
+    if machine_lines:
+        machine = kernel_log.summarize(machine_lines)
+    elif several and failed and all(r.kind == "hang" for r in failed.values()) and len(failed) == len(results):
+        machine = "every rank hung at once (a freeze of the machine or of the collective)"
+    elif several and all(r.kind == PEER for r in results.values()):
+        machine = "the collective stalled on every rank (no rank failed its own checks)"
+    elif not own and shared:
+        steps = {failed[d].fault_step for d in shared}
+        if len(shared) == len(results) and len(steps) == 1:
+            machine = (f"every rank's training state differs after the all-reduce at step {steps.pop()} (the "
+                       "reduction itself, not one card's computation)")
+        else:  # only some ranks' state: each computed its own optimizer update wrongly
+            own = {d: failed[d] for d in shared}
+            shared = set()
+    if machine is not None:
+        results = {d: replace(r, verdict=Verdict.FAIL, kind="machine", reason=machine, edge=True)
+                   for d, r in results.items()}
+        return TrialOutcome(results, (), machine, collective=library)
+    fault_steps = {d: r.fault_step for d, r in own.items()}
+    first = min((s for s in fault_steps.values() if s is not None), default=None)
+    pinned = tuple(d for d, s in fault_steps.items() if s == first or s is None or first is None)
+    for d in shared:  # a peer's fault reached this rank through the all-reduce: not evidence against its voltage
+        results[d] = replace(results[d], verdict=Verdict.INCONCLUSIVE, kind=PEER,
+                             reason=f"the training state after the all-reduce differs ({', '.join(pinned)} failed its "
+                                    f"own checks): {results[d].reason}")
+    for d in own:
+        if d not in pinned:
+            results[d] = replace(results[d], verdict=Verdict.INCONCLUSIVE,
+                                 reason=f"failed after {', '.join(pinned)} (step {first}): {results[d].reason}")
+    return TrialOutcome(results, pinned, None, collective=library)
+
+
+def _not_run(cards: Mapping[str, _Card], knobs: Mapping[str, Knob], params: TrialParams, started_at: float,
+             missing: list[str]) -> TrialOutcome:
+    """A card without its reference cannot compare, and the group cannot run without it: nothing was touched."""
+    results = {}
+    for d, c in cards.items():
+        verdict, reason = ((Verdict.ERROR, f"no reference for {d} (record the data-parallel reference at stock first)")
+                           if d in missing else
+                           (Verdict.INCONCLUSIVE, f"not run: {', '.join(missing)} has no reference"))
+        results[d] = TrialResult(setting=c.setting, unit=knobs[d].unit, phase=params.phase, verdict=verdict,
+                                 kind="setup", reason=reason, started_at=started_at)
+    return TrialOutcome(results)

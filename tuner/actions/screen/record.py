@@ -29,7 +29,7 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.engine.reference import ReferenceProblem, load_reference
 from tuner.profiles import reference_bundle as rb
 from tuner.tuning import kernel_log
-from tuner.tuning.job import BisectOutcome
+from tuner.tuning.job import CardOutcome
 from tuner.tuning.journal import reference_path
 
 
@@ -189,7 +189,7 @@ class BundledReference:
         return f" with its stock reference {self.path} ({self.size_bytes / 1024:.1f} KiB)"
 
 
-def bundle_beside_profile(backend: Backend, device_id: str, outcome: BisectOutcome,
+def bundle_beside_profile(backend: Backend, device_id: str, outcome: CardOutcome,
                           profile_path: Path) -> BundledReference:
     """A saved bisect profile travels with its proof: the session's stock baseline (`bundle_from_bisect`), written
     beside the profile (`NAME.ref`) for `tuner screen` and `apply --verify` on other cards. One place for the CLI's

@@ -1,0 +1,27 @@
+"""What `tuner bisect` says about a trial it recovered on resume (issue 28 item 7): a trial the tool died in is
+inconclusive and runs again, and only a hard failure goes on the unsafe list. The words used to say "counted as FAIL
+... added to the unsafe list" for both."""
+
+from __future__ import annotations
+
+from tuner.backends.simulated import SimulatedBackend
+from tuner.commands.bisect import _Printer
+from tuner.tuning.events import TrialRecovered, TrialResult
+
+
+def _said(capsys, result: TrialResult) -> str:
+    _Printer(SimulatedBackend(gpus=1), ("sim0",), False)(TrialRecovered(result, device="sim0"))
+    return capsys.readouterr().err
+
+
+def test_a_trial_the_tool_died_in_is_inconclusive_and_runs_again(capsys):
+    line = _said(capsys, TrialResult(setting=-30, unit="mV", phase="coarse", verdict="inconclusive",
+                                     kind="tool-died", reason="the tuner died during this trial"))
+    assert "-30 mV coarse counted as INCONCLUSIVE (tool-died)" in line and "it runs again" in line
+    assert "FAIL" not in line and "unsafe" not in line
+
+
+def test_a_trial_open_at_a_reset_is_a_failure_on_the_unsafe_list(capsys):
+    line = _said(capsys, TrialResult(setting=-40, unit="mV", phase="coarse", verdict="fail", kind="system-reset",
+                                     reason="the machine froze or reset during this trial", edge=True))
+    assert "-40 mV coarse counted as FAIL (system-reset)" in line and "added to the unsafe list" in line
