@@ -129,12 +129,15 @@ def test_an_incomparable_card_is_never_written(tmp_path, monkeypatch):
     (lambda b: profile_for(b, value=-205), "-205"),
 ])
 def test_refusals_change_nothing(tmp_path, backend, monkeypatch, make, words):
-    engines, seen, kept = watch(backend, [{}], monkeypatch)
+    profile = make(backend)
+    writes = []
+    monkeypatch.setattr(backend, "apply", lambda *a, **k: writes.append(a))
+    engines = Engines()
     with pytest.raises(TunerError) as e:
-        screen(tmp_path, backend, make(backend), engines).run()
+        screen(tmp_path, backend, profile, engines).run()
     assert e.value.exit_code == exit_codes.USAGE and words in e.value.message
     assert e.value.message.startswith("refusing to screen sim0 at 'p'") and "apply" not in (e.value.remedy or "")
-    assert engines.runs == [] and backend.knob("sim0").current == OWN_MV
+    assert engines.runs == [] and writes == [] and backend.knob("sim0").current == OWN_MV
 
 
 def test_a_value_on_the_unsafe_list_is_refused(tmp_path, backend):
@@ -234,3 +237,43 @@ def test_end_to_end_at_a_profile_setting(tmp_path, reference):
     assert "using the reference bundled with profile 'p'" in r.stderr and "applied for this screen only" in r.stderr
     status = run_tuner(*node, "status", "--device", "sim0", "--json", env=env)
     assert json.loads(status.stdout)["knob"]["current"] == OWN_MV
+
+
+SIGNALLED = """
+import os, platform, signal, sys, threading
+from pathlib import Path
+from tests.screen.helpers import bundle
+from tests.screen.test_card_screen import Engines
+from tuner.actions.screen.attribution import TIERS
+from tuner.actions.screen.fleet import Screen
+from tuner.backends.simulated import SimulatedBackend
+from tuner.core import signals
+from tuner.profiles import build_profile
+from tuner.tuning.kernel_log import NullWatcher
+
+tmp = Path(sys.argv[1])
+signals.install(ends_process=True)  # as the `tuner` command: a fatal signal raises in the main thread
+backend = SimulatedBackend(state_path=tmp / "sim")
+backend.apply("sim0", -10)
+profile = build_profile("p", backend.device("sim0"), backend.knob("sim0"), -30, kernel=platform.release())
+signum = getattr(signal, sys.argv[2])
+started = lambda run: threading.Timer(0.5, os.kill, (os.getpid(), signum)).start()  # the main thread is waiting
+try:
+    Screen(backend, ["sim0"], bundle(tmp), tmp / "A.ref", TIERS["quick"], engine_factory=Engines(
+        {"block": True, "on_start": started}), kernel_watcher_factory=NullWatcher, profile=profile).run()
+except (KeyboardInterrupt, signals.Terminated):
+    print("interrupted at", backend.knob("sim0").current)
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_fatal_signal_puts_the_card_back_before_the_screen_ends(tmp_path, signame):
+    """The signal reaches the main thread while it waits for the card's thread: every card is put back before the
+    exception leaves the screen. (Python 3.11's Thread.join, interrupted by a signal's exception, marks a running
+    thread as ended, so the screen waits on its own events instead.) A process of its own: signals and fakes."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", SIGNALLED, str(tmp_path), signame], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.stdout.strip() == f"interrupted at {OWN_MV}", r.stderr

@@ -35,6 +35,10 @@ from tuner.profiles import reference_bundle as rb
 from tuner.tuning import kernel_log
 
 JOIN_POLL_S = 0.2  # the main thread waits in short slices, so Ctrl-C and SIGTERM reach it
+# It waits on an Event each card's thread sets when it is done (its card put back), never on Thread.join: in
+# Python 3.11 a join interrupted by a signal handler's exception marks a thread that is still running as ended
+# (threading._wait_for_tstate_lock releases the thread's own lock when `lock.locked()`), and a later join returns
+# at once, before that card was put back (tests/screen/test_screen_profile.py::test_a_fatal_signal_...).
 
 
 class Screen:
@@ -83,19 +87,21 @@ class Screen:
                                           engine_factory=self._engine_factory,
                                           kernel_watcher_factory=self._watcher_factory, profile=settings.get(d))
                                for d in self.device_ids]
-                threads = [threading.Thread(target=self._work, args=(card, verdicts, errors),
-                                            name=f"screen-{card.device_id}", daemon=True) for card in self._cards]
+                done = [threading.Event() for _ in self._cards]
+                threads = [threading.Thread(target=self._work, args=(card, verdicts, errors, finished),
+                                            name=f"screen-{card.device_id}", daemon=True)
+                           for card, finished in zip(self._cards, done, strict=True)]
                 for thread in threads:
                     thread.start()
                 try:
-                    for thread in threads:
-                        while thread.is_alive():
-                            thread.join(JOIN_POLL_S)
+                    for finished in done:
+                        while not finished.wait(JOIN_POLL_S):
+                            pass
                 except BaseException:  # Ctrl-C, SIGTERM: every engine stopped, every card put back, then raise
                     self.interrupted = True
                     self.stop()
-                    for thread in threads:
-                        thread.join()
+                    for finished in done:
+                        finished.wait()
                     raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -108,13 +114,15 @@ class Screen:
         if self._emit is not None:
             self._emit(device_id, line)
 
-    def _work(self, card: CardScreen, verdicts: dict[str, v.CardVerdict],
-              errors: dict[str, BaseException]) -> None:
+    def _work(self, card: CardScreen, verdicts: dict[str, v.CardVerdict], errors: dict[str, BaseException],
+              finished: threading.Event) -> None:
         try:
             verdicts[card.device_id] = card.run()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
             errors[card.device_id] = e
             self.stop()  # one card's failure ends the screen: the others are stopped and put back
+        finally:
+            finished.set()  # the card is back where it was (or its failure recorded)
 
     def report(self, verdicts: list[v.CardVerdict], host: str) -> v.ScreenReport:
         names = [c.verdict for c in verdicts]
