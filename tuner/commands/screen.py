@@ -39,7 +39,8 @@ at a profile's setting (--profile NAME):
   The profile's setting is then applied for the screen only and every card is put back to the setting it had
   (also on a failure, Ctrl-C, SIGTERM or SIGHUP): the profile is never left applied (`tuner apply NAME` does
   that). Without --reference, the reference bundled with the profile (NAME.ref beside it) is used, and said.
-  A card another tuner process holds refuses the screen (exit 6), nothing written.
+  A card another tuner process holds refuses the screen (exit 6), nothing written; a card that does not take
+  the setting ends the screen (exit 5, the other cards put back).
 
 examples:
   tuner screen --reference r9700.ref --device all --tier standard --json > verdict.json

@@ -102,7 +102,9 @@ class CardScreen:
         differences = [] if self.plan.tolerance else rb.card_differences(self.plan.bundle, device)
         profile = self.profile
         if profile is None or differences or _at(knob, profile):  # nothing to write (an incomparable card: nothing
-            return self._screen(device, knob, differences)      # run, so nothing applied)
+            if profile is not None and not differences:          # run, so nothing applied)
+                self._emit(self.device_id, f"already at profile {profile.name!r}'s setting: nothing written")
+            return self._screen(device, knob, differences)
         what = f"profile {profile.name!r}"
         try:
             with self._excursion(profile.value, what, lock_clock_mhz=profile.lock_clock_mhz) as (at_profile, back):
