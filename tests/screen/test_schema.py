@@ -31,7 +31,8 @@ def sample(verdict: str = "pass") -> v.ScreenReport:
         host="node1", card=v.CardIdentity(id="sim0", vendor="simulated", model="Sim", pci_id="0000:0000",
                                           pci_slot=None, serial="S", vbios="SIM.000.000", driver_version="simulated",
                                           simulated=True),
-        setting=v.SettingDoc(kind="voltage_offset", unit="mV", value=0, stock=0, at_stock=True, source="current"),
+        setting=v.SettingDoc(kind="voltage_offset", unit="mV", value=0, stock=0, at_stock=True, source="current",
+                             left_at=0),
         tier=v.TierDoc(name="quick", dcgm_level=1, load_s=30.0), mode="bitwise", verdict=verdict,
         severity=v.SEVERITY[verdict], action="ok", reason="r", attribution=None, incomparable=[],
         evidence=v.EvidenceDoc(steps_compared=10, reference_steps=10, segments=1, differences=0,
@@ -41,7 +42,7 @@ def sample(verdict: str = "pass") -> v.ScreenReport:
                                runs=[], tolerance=None, checks_off=[]),
         bound=None, exit_code=v.VERDICT_EXIT[verdict])
     return v.ScreenReport(schema=v.SCHEMA_ID, tuner_version="0.1.0", host="node1", created="2026-12-02T00:00:00Z",
-                          tier=card.tier, reference=v.ReferenceDoc(path="A.ref", sha256="0" * 64,
+                          tier=card.tier, reference=v.ReferenceDoc(path="A.ref", bundled_with=None, sha256="0" * 64,
                                                                    tuner_version="0.1.0", created="x", preset="tiny",
                                                                    steps=10, tier="quick", load_s=30.0, card={},
                                                                    origin={}),

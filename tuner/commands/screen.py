@@ -16,10 +16,12 @@ from tuner.commands.reference import TIER_HELP, tier_of
 from tuner.core.atomic import write_atomic
 from tuner.core.durations import format_duration
 from tuner.core.errors import UsageError
+from tuner.profiles import Profile, load_profile
 
 if TYPE_CHECKING:
     from tuner.actions.context import Context
     from tuner.actions.screen.verdict import CardVerdict, ScreenReport
+    from tuner.profiles.reference_bundle import Bundle
 
 PROGRESS_INTERVAL_S = 0.25
 
@@ -31,8 +33,18 @@ verdicts and exit codes (the worst card decides):
   retest        10  a difference that did not repeat, or a screen that could not compare its steps
   incomparable  11  a must-match field differs from the reference's (named); no bits were compared
 
+at a profile's setting (--profile NAME):
+  each card is checked against the profile as `tuner apply` checks it (vendor and knob, model, range, the
+  unsafe list) before anything is written to any card; a refusal is one line, exit 2, every card untouched.
+  The profile's setting is then applied for the screen only and every card is put back to the setting it had
+  (also on a failure, Ctrl-C, SIGTERM or SIGHUP): the profile is never left applied (`tuner apply NAME` does
+  that). Without --reference, the reference bundled with the profile (NAME.ref beside it) is used, and said.
+  A card another tuner process holds refuses the screen (exit 6), nothing written; a card that does not take
+  the setting ends the screen (exit 5, the other cards put back).
+
 examples:
   tuner screen --reference r9700.ref --device all --tier standard --json > verdict.json
+  tuner screen --profile r9700 --device all --tier standard     (the profile's setting, its bundled reference)
   tuner --simulate --sim-gpus 4 --sim-sdc-rate 0,0.01 screen --reference A.ref --device all --tier quick
   A Slurm HealthCheckProgram, a Kubernetes Job and an Ansible playbook are in examples/."""
 
@@ -41,16 +53,22 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "screen",
         help="compare cards with a portable reference: pass, fail, retest or incomparable per card",
-        description="Run the stress engine on each selected card at its current setting, one engine per card at "
-        "once, and compare every training step bit for bit with a reference recorded at stock on another card of "
-        "the same model and software (`tuner reference record`). A difference is re-run on the same card (does it "
-        "repeat?) and then at stock (does the voltage explain it?; the card is put back at its setting). A card "
-        "whose must-match fields differ from the reference's is `incomparable`, and nothing is compared. Nothing "
-        "on the card changes except that stock run. With --tolerance, where bits cannot match (other hardware), "
-        "the held-out losses after the reference's steps are compared instead (reduced sensitivity, labelled).",
+        description="Run the stress engine on each selected card at its current setting (or, with --profile, at "
+        "the profile's setting, applied for the screen only), one engine per card at once, and compare every "
+        "training step bit for bit with a reference recorded at stock on another card of the same model and "
+        "software (`tuner reference record`). A difference is re-run on the same card (does it repeat?) and then "
+        "at stock (does the voltage explain it?; the card is put back at its setting). A card whose must-match "
+        "fields differ from the reference's is `incomparable`, and nothing is compared. Nothing on the card changes "
+        "except that stock run and a --profile's setting, both put back. With --tolerance, where bits cannot match "
+        "(other hardware), the held-out losses after the reference's steps are compared instead (reduced "
+        "sensitivity, labelled).",
         epilog=EPILOG,
     )
-    p.add_argument("--reference", required=True, metavar="FILE", help="the portable reference (.ref)")
+    p.add_argument("--reference", metavar="FILE", help="the portable reference (.ref); with --profile, default: "
+                   "the one bundled with the profile (NAME.ref beside it)")
+    p.add_argument("--profile", metavar="NAME", help="screen at this profile's setting (name from `tuner profile "
+                   "list`, or a path), checked as `tuner apply` checks it, applied for the screen only: every card "
+                   "is put back to its own setting")
     p.add_argument("--device", metavar="ID", help="a device id, ID,ID, or all (default: the only card)")
     p.add_argument("--tier", default="quick", metavar="TIER", help=TIER_HELP)
     p.add_argument("--duration", metavar="DUR", help="load per run instead of the tier's (e.g. 10s, 5m): tier "
@@ -122,26 +140,29 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from tuner.actions.screen import verdict as v
     from tuner.actions.screen.fleet import Screen
     from tuner.actions.screen.tolerance import DEFAULT_MARGIN_NATS
-    from tuner.profiles import reference_bundle as rb
-
     tier = tier_of(args)
     if args.margin is not None and not args.tolerance:
         raise UsageError("--margin is the tolerance mode's", "add --tolerance, or drop --margin")
     margin = DEFAULT_MARGIN_NATS if args.margin is None else args.margin
     if not margin > 0:
         raise UsageError(f"--margin {args.margin}: a margin is a positive number of nats", "e.g. --margin 0.02")
-    path = Path(args.reference)
-    bundle = rb.read_bundle(path)  # one line and exit 2 for a file that is not a usable bundle; nothing run
+    profile = None if args.profile is None else load_profile(args.profile)  # checked before any card is touched
+    bundle, path, bundled_with = _reference(args.reference, profile)  # a file that is not a usable bundle: exit 2
     if args.out is not None:
         _check_out(Path(args.out))
     backend = ctx.backend
     device_ids = select_devices(backend, args.device)
     progress = Progress(sys.stderr, tier.load_s)
     screen = Screen(backend, device_ids, bundle, path, tier, tolerance=args.tolerance, margin_nats=margin,
-                    on_event=progress)
+                    on_event=progress, profile=profile, bundled_with=bundled_with)
+    if bundled_with is not None:  # said even with --json (on stderr; the document says it too)
+        print(f"screen: using the reference bundled with profile {bundled_with!r}: {path} "
+              f"({path.stat().st_size:,} bytes)", file=sys.stderr, flush=True)
     if not args.json:
         mode = "held-out losses (tolerance mode, reduced sensitivity)" if args.tolerance else "bit for bit"
-        print(f"screening {len(device_ids)} card{'s' * (len(device_ids) != 1)} against {path} "
+        at = ("" if profile is None else f" at profile {profile.name!r}'s setting (applied for the screen only; "
+              "each card is put back to its own)")
+        print(f"screening {len(device_ids)} card{'s' * (len(device_ids) != 1)}{at} against {path} "
               f"({bundle.preset}, {bundle.steps:,} reference steps), tier {tier.name} ({tier.load_s:g} s of load "
               f"per run), compared {mode}", file=sys.stderr, flush=True)
     try:
@@ -156,6 +177,26 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     else:
         print("\n".join(human_lines(report)))
     return report.exit_code
+
+
+def _reference(given: str | None, profile: Profile | None) -> tuple[Bundle, Path, str | None]:
+    """The reference to screen against: --reference FILE; else the one bundled with --profile (NAME.ref beside
+    it); else a one-line usage error. Returns the bundle, its path, and the profile it came with (None: given)."""
+    from tuner.profiles import reference_bundle as rb
+
+    if given is not None:
+        path = Path(given)
+        return rb.read_bundle(path), path, None
+    if profile is None:
+        raise UsageError("which reference? --reference FILE is required",
+                         "record one with `tuner reference record --device ID --out FILE` on a known-good card")
+    beside = None if profile.source is None else rb.reference_beside(profile.source)
+    if beside is None:
+        raise UsageError(f"profile {profile.name!r} has no bundled reference (no {profile.name}.ref beside it): "
+                         "--reference FILE is required", "record one with `tuner reference record --device ID "
+                         "--out FILE` on a known-good card at stock, or save the profile with `tuner bisect --save`")
+    bundle, path, _size = beside
+    return bundle, path, profile.name
 
 
 def _check_out(out: Path) -> None:
@@ -175,9 +216,12 @@ def human_lines(report: ScreenReport) -> list[str]:
 
 def card_lines(c: CardVerdict) -> list[str]:
     label = c.card.model + (" [SIMULATED]" if c.card.simulated else "")
-    head = (f"{c.card.id}  {label} at {c.setting.value:+d} {c.setting.unit}: {c.verdict.upper()} "
+    source = "" if c.setting.source == "current" else f" ({c.setting.source})"
+    head = (f"{c.card.id}  {label} at {c.setting.value:+d} {c.setting.unit}{source}: {c.verdict.upper()} "
             f"(action: {c.action})" + (f", {c.attribution}" if c.attribution else ""))
     lines = [head, f"  {c.reason}"]
+    if c.setting.left_at != c.setting.value:
+        lines.append(f"  left at {c.setting.left_at:+d} {c.setting.unit} (read back)")
     if c.incomparable:
         lines.append("  differs: " + "; ".join(f"{d.field} reference {d.reference!r}, here {d.here!r}"
                                                for d in c.incomparable))

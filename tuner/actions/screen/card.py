@@ -6,27 +6,36 @@ same engine request, canary, watchdog, kernel-log watch and load marker as `tune
 workload (preset, seed, dtype, compile) is the reference's; the engine pins the batch to it and refuses a run
 whose fingerprint differs (that refusal is `incomparable`, naming the keys).
 
-Writes: none, except the stock run of a fault's attribution on a card that is not at stock. That excursion goes
-through the keep-or-revert action (`PendingChange`: stock validated, written and read back; on leaving, always
-reverted: the previous value written back and read back, or stock when it cannot be, said) under the card's
-writer lock, which the whole screen holds; then the restored value is kept (through the root helper it would
-otherwise be put back). A hang, a lost card or a GPU reset is never re-run, and that value goes on the unsafe
-list (never applied again automatically); the card is then left as it reads back (a driver reset puts it at stock)
-and the verdict says so.
+Writes: none, except two excursions, each a keep-or-revert change (`PendingChange`, `_excursion`: the value
+validated, written and read back; on leaving, normally or not, always reverted: the previous value written back and
+read back, or stock when it cannot be, said) under the card's writer lock, which the whole screen holds:
+- with `tuner screen --profile NAME`, the profile's setting for the whole screen (`profile_setting`, checked as
+  `tuner apply` checks it), put back to the card's own setting when the screen ends: a profile's value is never
+  left on the card (`tuner apply NAME` keeps it);
+- the stock run of a fault's attribution on a card that is not at stock, put back to the setting screened.
+Once the card is back at its own setting, that value is kept (through the root helper it would otherwise be put
+back); the profile's value, put back to after a stock run, is never kept, so whatever ends this process, the helper
+puts the card's own setting back. A hang, a lost card or a GPU reset is never re-run, and that value goes on the
+unsafe list (never applied again automatically); the card is then left as it reads back (a driver reset puts it at
+stock) and the verdict says so.
 """
 
 from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.screen import attribution as at
 from tuner.actions.screen import verdict as v
+from tuner.actions.screen.profile_setting import ProfileRefused, ProfileSetting
 from tuner.actions.screen.tolerance import DEFAULT_MARGIN_NATS, PairedComparison, paired
 from tuner.actions.stress import EngineFactory, StressOutcome, StressRequest, StressSession
 from tuner.backends.base import Backend
@@ -58,12 +67,15 @@ UE_MARKERS = ("uncorrected", "uncorrectable", "_ue", "remap_failure", "remap_pen
 
 class CardScreen:
     """Screen one card: `run()` blocks (a worker thread per card) and returns its CardVerdict; `stop()` is
-    thread-safe. The caller holds the card's writer lock for the whole screen."""
+    thread-safe. The caller holds the card's writer lock for the whole screen. `profile`: screen at that setting
+    (checked by `profile_setting.plan_profile_screen` under the lock), not the card's own."""
 
     def __init__(self, backend: Backend, device_id: str, plan: ScreenPlan, *, on_event: Emit | None = None,
                  engine_factory: EngineFactory | None = None,
-                 kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None):
-        self.backend, self.device_id, self.plan = backend, device_id, plan
+                 kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
+                 profile: ProfileSetting | None = None):
+        self.backend, self.device_id, self.plan, self.profile = backend, device_id, plan, profile
+        self._holding = False  # the profile's setting is on the card for this screen: nothing is kept meanwhile
         self._emit = on_event or (lambda device_id, event: None)
         self._engine_factory = engine_factory
         self._watcher_factory = kernel_watcher_factory
@@ -87,8 +99,33 @@ class CardScreen:
     def run(self) -> v.CardVerdict:
         device = self.backend.device(self.device_id)
         knob = self.backend.knob(self.device_id)
-        at_stock = knob.current == knob.stock
         differences = [] if self.plan.tolerance else rb.card_differences(self.plan.bundle, device)
+        profile = self.profile
+        if profile is None or differences or _at(knob, profile):  # nothing to write (an incomparable card: nothing
+            if profile is not None and not differences:          # run, so nothing applied)
+                self._emit(self.device_id, f"already at profile {profile.name!r}'s setting: nothing written")
+            return self._screen(device, knob, differences)
+        what = f"profile {profile.name!r}"
+        try:
+            with self._excursion(profile.value, what, lock_clock_mhz=profile.lock_clock_mhz) as (at_profile, back):
+                self._emit(self.device_id, f"at {what}'s setting for this screen only: {knob.current:+d} -> "
+                           f"{at_profile.current:+d} {at_profile.unit} (read back); put back afterwards")
+                verdict = self._screen(device, at_profile, [])
+        except _NotSet as e:  # checked under the lock, yet the card did not take it: it is as it was
+            raise ProfileRefused(f"{self.device_id}: {what}'s {profile.value:+d} {knob.unit} could not be applied "
+                                 f"({e.cause.message}); the card is as it was", e.cause.remedy,
+                                 e.cause.exit_code) from None
+        left = back[0]
+        note = (f"{profile.source}'s {at_profile.current:+d} {at_profile.unit} was applied for this screen only: the "
+                f"card is back at {left.current:+d} {left.unit} (read back); `tuner apply {profile.name}` applies "
+                "the profile")
+        self._emit(self.device_id, note)
+        setting = msgspec.structs.replace(verdict.setting, left_at=left.current)
+        return msgspec.structs.replace(verdict, setting=setting, reason=f"{verdict.reason}; {note}")
+
+    def _screen(self, device: DeviceInfo, knob: Knob, differences: list[rb.Difference]) -> v.CardVerdict:
+        """The screen at the setting now on the card (`knob`): the runs, the attribution, the verdict."""
+        at_stock = knob.current == knob.stock
         counters_before = self._counters()
         first = repeat = stock = None
         if differences:  # no engine run: these bits cannot be expected to match
@@ -160,24 +197,64 @@ class CardScreen:
 
     def _stock_run(self, knob: Knob) -> at.RunSummary:
         """The same steps at stock, the card put back at `knob.current` afterwards (keep-or-revert: always
-        reverted, then kept)."""
-        change = PendingChange(self.backend, self.device_id, knob.stock, timeout_s=float("inf"))
+        reverted)."""
         try:
-            change.apply()
-        except TunerError as e:
-            summary = at.RunSummary("stock", knob.stock, at.NOT_RUN, f"stock could not be set: {e.one_line()}")
+            with self._excursion(knob.stock, "stock", note=True):
+                return self._checked_run("stock", knob.stock)[0]
+        except _NotSet as e:
+            summary = at.RunSummary("stock", knob.stock, at.NOT_RUN, f"stock could not be set: {e.cause.one_line()}")
             self.runs.append((summary, None))
             return summary
+
+    @contextmanager
+    def _excursion(self, value: int, what: str, *, lock_clock_mhz: int | None = None,
+                   note: bool = False) -> Iterator[tuple[Knob, list[Knob]]]:
+        """The card at `value` for the block, then back at the setting it had, whatever ends the block: a
+        keep-or-revert change (validated, written, read back; reverted to the previous value, read back, or to
+        stock with a note). Yields the knob read back and a list that holds, after the block, the knob it was put
+        back to. `lock_clock_mhz` (NVIDIA): the locked max clock the value was proven at, set first and put back
+        with the value. A value that could not be set raises _NotSet (the card as it was); `note`: say the round
+        trip in the verdict's reason.
+
+        The outermost excursion (a profile's, or the stock run's at the card's own setting) keeps the value it puts
+        back (through the root helper it would otherwise be put back again); one inside a profile's excursion keeps
+        nothing, so the profile's value is never confirmed to the helper."""
+        before = self.backend.knob(self.device_id)
+        outermost = not self._holding
+        previous_lock = before.lock_clock_mhz if lock_clock_mhz is not None else None
+        change = PendingChange(self.backend, self.device_id, value, timeout_s=float("inf"),
+                               previous_lock_clock_mhz=previous_lock)
         try:
-            return self._checked_run("stock", knob.stock)[0]
+            if lock_clock_mhz is not None:
+                self.backend.set_lock_clock(self.device_id, lock_clock_mhz)  # type: ignore[attr-defined]
+            applied = change.apply()
+        except TunerError as e:
+            if previous_lock is not None and change.applied is None:  # the value never took: the lock goes back
+                self._restore_lock(previous_lock)
+            raise _NotSet(e) from e
+        self._holding = True
+        back: list[Knob] = []
+        try:
+            yield applied, back
         finally:
-            back = change.revert()  # the previous value, read back (or stock, with a note, when it cannot be)
+            try:
+                knob = change.revert()  # the previous value, read back (or stock, with a note, when it cannot be)
+            finally:
+                self._holding = not outermost
+            back.append(knob)
             if change.restore_note:
                 self.notes.append(change.restore_note)
-            if back.current != back.stock:
+            if outermost and knob.current != knob.stock:
                 self.backend.keep(self.device_id)  # the user's value, as before: through the helper, kept again
-            self.notes.append(f"went to stock ({knob.stock:+d} {knob.unit}) for the attribution and back to "
-                              f"{back.current:+d} {back.unit} (read back)")
+            if note:
+                self.notes.append(f"went to {what} ({value:+d} {before.unit}) for the attribution and back to "
+                                  f"{knob.current:+d} {knob.unit} (read back)")
+
+    def _restore_lock(self, lock_clock_mhz: int) -> None:
+        try:
+            self.backend.set_lock_clock(self.device_id, lock_clock_mhz)  # type: ignore[attr-defined]
+        except TunerError as e:
+            self.notes.append(f"the lock clock {lock_clock_mhz} MHz could not be set back: {e.one_line()}")
 
     def _tolerance_check(self, run: at.RunSummary) -> tuple[at.RunSummary, list[rb.Difference]]:
         """The tolerance mode's verdict of a finished run: the workload must match, then the paired comparison."""
@@ -261,7 +338,8 @@ class CardScreen:
         return v.CardVerdict(
             host=self.plan.host, card=_identity(device), setting=v.SettingDoc(
                 kind=knob.kind.value, unit=knob.unit, value=knob.current, stock=knob.stock,
-                at_stock=knob.current == knob.stock, source="current"),
+                at_stock=knob.current == knob.stock, source=self.profile.source if self.profile else "current",
+                left_at=after.current),
             tier=tier_doc(self.plan.tier), mode="tolerance" if self.plan.tolerance else "bitwise",
             verdict=decision.verdict, severity=decision.severity, action=decision.action, reason=reason,  # type: ignore[arg-type]
             attribution=decision.attribution, incomparable=[v.DifferenceDoc(**d.to_dict()) for d in differences],  # type: ignore[arg-type]
@@ -275,6 +353,19 @@ class CardScreen:
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
+
+
+class _NotSet(Exception):
+    """An excursion's value could not be set (the card as it was): its cause."""
+
+    def __init__(self, cause: TunerError):
+        super().__init__(cause.message)
+        self.cause = cause
+
+
+def _at(knob: Knob, profile: ProfileSetting) -> bool:
+    """The card already holds the profile's setting: nothing to write."""
+    return knob.current == profile.value and profile.lock_clock_mhz in (None, knob.lock_clock_mhz)
 
 
 def fault_seed_for(device: DeviceInfo, purpose: str) -> int:

@@ -58,14 +58,17 @@ class CardIdentity(_Doc, frozen=True, kw_only=True):
 
 
 class SettingDoc(_Doc, frozen=True, kw_only=True):
-    """The setting the card was screened at (and left at)."""
+    """The setting the card was screened at, where it came from, and where the card was left."""
 
     kind: Annotated[str, _d("voltage_offset (AMD, mV) or clock_offset (NVIDIA, MHz)")]
     unit: str
-    value: int
+    value: Annotated[int, _d("the setting screened")]
     stock: int
     at_stock: bool
-    source: Annotated[str, _d("`current` (the card's own setting) or `profile NAME`")]
+    source: Annotated[str, _d("`current` (the card's own setting) or `profile NAME` (--profile: the profile's "
+                              "setting, applied for the screen only)")]
+    left_at: Annotated[int, _d("the card's setting after the screen, read back: its own setting (a profile's is "
+                               "never left on the card; a driver reset leaves it at stock)")]
 
 
 class TierDoc(_Doc, frozen=True, kw_only=True):
@@ -184,6 +187,8 @@ class CardVerdict(_Doc, frozen=True, kw_only=True):
 
 class ReferenceDoc(_Doc, frozen=True, kw_only=True):
     path: str
+    bundled_with: Annotated[str | None, _d("the profile whose bundled reference (NAME.ref beside it) was used "
+                                           "because --reference was not given; null: --reference FILE")]
     sha256: str
     tuner_version: str
     created: str
