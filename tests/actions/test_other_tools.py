@@ -3,38 +3,17 @@ refuses beside one that may change the same card, `--ignore-other-tools` goes on
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
-
 import pytest
 
 from tests.backends.fakes.trees import SLOTS, make_tree
 from tests.cli_helpers import run_tuner
+from tests.fake_other_tools import fake_lactd  # noqa: F401 - a fixture
 from tests.profiles.helpers import sim
 from tuner.actions import other_tools
 from tuner.core.models import DeviceInfo
 
 
-@pytest.fixture
-def fake_lactd(tmp_path):
-    """A real process whose name (comm) is lactd: a copy of `sleep` under that name."""
-    exe = tmp_path / "bin/lactd"
-    exe.parent.mkdir()
-    shutil.copy(shutil.which("sleep"), exe)
-    proc = subprocess.Popen([str(exe), "300"])
-    try:
-        deadline = time.monotonic() + 30
-        while not any(f.tool.name == "lactd" for f in other_tools.detect(unit_active=lambda u: False)):
-            assert time.monotonic() < deadline, "the fake lactd never showed up in the process table"
-            time.sleep(0.05)
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def test_a_running_lactd_makes_a_bisect_of_a_real_card_refuse_naming_it(tmp_path, fake_lactd):
+def test_a_running_lactd_makes_a_bisect_of_a_real_card_refuse_naming_it(tmp_path, fake_lactd):  # noqa: F811
     make_tree(tmp_path / "root", ["rdna4"])
     slot = SLOTS["rdna4"]
     proc = run_tuner("bisect", "--device", slot, "--yes", "--trial", "10s",
