@@ -80,3 +80,20 @@ def test_the_profile_records_what_was_ignored(monkeypatch):
     profile = build_profile("p", backend.device("sim0"), backend.knob("sim0"), -45,
                             tuning={"other_tools": ("lactd (LACT; process 4242)",), "confirmed": -45})
     assert profile.parts[0].tuning.other_tools == ("lactd (LACT; process 4242)",)
+
+
+def test_a_rig_profile_records_what_was_ignored_per_card_as_a_single_card_profile_does(monkeypatch):
+    """`--ignore-other-tools` is recorded in the evidence of every profile a bisect saves: a rig's part as a
+    single card's (tuner.actions.bisect.card_tuning, one place for both)."""
+    from tuner.actions.bisect import rig_profile_from_outcome
+    from tuner.tuning.job import BisectOutcome
+    from tuner.tuning.rig import RigOutcome
+
+    monkeypatch.setattr(other_tools, "_ignored", {})
+    other_tools.refuse_before_bisect(_OneCard("amd"), ["sim1"], found=_lactd(), ignore=True)  # what a bisect does
+    backend = sim()
+    done = BisectOutcome("recommended", 0, None)
+    rig = rig_profile_from_outcome(backend, RigOutcome("recommended", 0, per_card={"sim0": done, "sim1": done},
+                                                       settings={"sim0": -20, "sim1": -30}), "r")
+    assert rig.parts[1].tuning.other_tools == ("lactd (LACT; process 4242)",)
+    assert rig.parts[0].tuning is None or rig.parts[0].tuning.other_tools is None
