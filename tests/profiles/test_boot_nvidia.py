@@ -16,6 +16,7 @@ from tests.backends.fakes.fake_pynvml import FakeGpu, make_fake_nvml
 from tests.profiles.helpers import tuner
 from tuner.actions.boot_apply import run_boot_apply
 from tuner.backends import nvidia
+from tuner.backends.base import CompositeBackend
 from tuner.backends.helper_client import HelperBackend
 from tuner.backends.simulated import SimulatedBackend
 from tuner.helper.server import HelperServer, bind_listener
@@ -173,3 +174,15 @@ def test_through_the_helper_persistence_refused_leaves_the_card_at_stock_and_nam
     line = next(line for line in lines if line.startswith("could not apply"))
     assert dev in line and "nvidia-persistenced" in line and "vanish" in line
     assert m.gpus[0].offsets[0] == 0 and m.gpus[0].locked is None  # nothing written
+
+
+def test_on_a_machine_with_amd_and_nvidia_cards_the_boot_still_locks_and_turns_persistence_on(boot_root):
+    """A mixed machine's backend is a CompositeBackend: the lock clock and persistence reach the NVIDIA card
+    through it, not dropped because the composite itself is no NvidiaBackend."""
+    m = _nvml(persistence=0)
+    _install_profile(m)
+    lines: list[str] = []
+    report = run_boot_apply(lambda: CompositeBackend([nvidia.NvidiaBackend(m)]), wait_s=0, log=lines.append)
+    assert report.exit_code == 0, lines
+    assert m.gpus[0].locked[1] == LOCK and m.gpus[0].offsets[0] == 120 and m.gpus[0].persistence == 1
+    assert report.results[0].lock_clock_mhz == LOCK

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from tuner.core.errors import UnknownDevice, Unsupported
+from tuner.core.errors import UnknownDevice, Unsupported, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, StressTarget, Telemetry
 
 
@@ -151,6 +151,14 @@ class CompositeBackend(Backend):
 
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
         return self._owner(device_id).lock_at_measured_clock(device_id, clock_mhz)
+
+    def set_lock_clock(self, device_id: str, mhz: int) -> None:
+        """NVIDIA's lock clock, routed like the rest (without it a mixed machine's profile apply and boot would
+        drop the profile's lock: tuner.actions.setting.can_lock_clock asks the backend for this method)."""
+        owner = self._owner(device_id)
+        if not hasattr(owner, "set_lock_clock"):
+            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+        owner.set_lock_clock(device_id, mhz)
 
     def persistence_off(self, device_id: str) -> bool:
         return self._owner(device_id).persistence_off(device_id)
