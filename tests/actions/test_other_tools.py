@@ -3,38 +3,17 @@ refuses beside one that may change the same card, `--ignore-other-tools` goes on
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
-
 import pytest
 
 from tests.backends.fakes.trees import SLOTS, make_tree
 from tests.cli_helpers import run_tuner
+from tests.fake_other_tools import fake_lactd  # noqa: F401 - a fixture
 from tests.profiles.helpers import sim
 from tuner.actions import other_tools
 from tuner.core.models import DeviceInfo
 
 
-@pytest.fixture
-def fake_lactd(tmp_path):
-    """A real process whose name (comm) is lactd: a copy of `sleep` under that name."""
-    exe = tmp_path / "bin/lactd"
-    exe.parent.mkdir()
-    shutil.copy(shutil.which("sleep"), exe)
-    proc = subprocess.Popen([str(exe), "300"])
-    try:
-        deadline = time.monotonic() + 30
-        while not any(f.tool.name == "lactd" for f in other_tools.detect(unit_active=lambda u: False)):
-            assert time.monotonic() < deadline, "the fake lactd never showed up in the process table"
-            time.sleep(0.05)
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def test_a_running_lactd_makes_a_bisect_of_a_real_card_refuse_naming_it(tmp_path, fake_lactd):
+def test_a_running_lactd_makes_a_bisect_of_a_real_card_refuse_naming_it(tmp_path, fake_lactd):  # noqa: F811
     make_tree(tmp_path / "root", ["rdna4"])
     slot = SLOTS["rdna4"]
     proc = run_tuner("bisect", "--device", slot, "--yes", "--trial", "10s",
@@ -101,3 +80,19 @@ def test_the_profile_records_what_was_ignored(monkeypatch):
     profile = build_profile("p", backend.device("sim0"), backend.knob("sim0"), -45,
                             tuning={"other_tools": ("lactd (LACT; process 4242)",), "confirmed": -45})
     assert profile.parts[0].tuning.other_tools == ("lactd (LACT; process 4242)",)
+
+
+def test_a_rig_profile_records_what_was_ignored_per_card_as_a_single_card_profile_does(monkeypatch):
+    """`--ignore-other-tools` is recorded in the evidence of every profile a bisect saves: a rig's part as a
+    single card's (tuner.actions.bisect.card_tuning, one place for both)."""
+    from tuner.actions.bisect import rig_profile_from_outcome
+    from tuner.tuning.job import BisectOutcome, CardOutcome
+
+    monkeypatch.setattr(other_tools, "_ignored", {})
+    other_tools.refuse_before_bisect(_OneCard("amd"), ["sim1"], found=_lactd(), ignore=True)  # what a bisect does
+    backend = sim()
+    done = CardOutcome("recommended", 0, None)
+    rig = rig_profile_from_outcome(backend, BisectOutcome("recommended", 0, per_card={"sim0": done, "sim1": done},
+                                                          settings={"sim0": -20, "sim1": -30}), "r")
+    assert rig.parts[1].tuning.other_tools == ("lactd (LACT; process 4242)",)
+    assert rig.parts[0].tuning is None or rig.parts[0].tuning.other_tools is None

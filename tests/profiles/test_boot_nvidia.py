@@ -5,7 +5,10 @@ whose driver drops every setting when the last client exits with persistence off
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import threading
 
 import pytest
 
@@ -13,7 +16,12 @@ from tests.backends.fakes.fake_pynvml import FakeGpu, make_fake_nvml
 from tests.profiles.helpers import tuner
 from tuner.actions.boot_apply import run_boot_apply
 from tuner.backends import nvidia
+from tuner.backends.base import CompositeBackend
+from tuner.backends.helper_client import HelperBackend
 from tuner.backends.simulated import SimulatedBackend
+from tuner.helper.server import HelperServer, bind_listener
+from tuner.helper.service import HelperService
+from tuner.helper.state import MachineState
 from tuner.profiles import build_profile, save_profile
 
 LOCK = 2205  # below the fake card's max boost (2520) and the simulated card's table top (2505)
@@ -109,3 +117,72 @@ def test_simulated_nvidia_style_boot_logs_the_offset_and_the_lock_below_the_tabl
     assert code == 0, err
     assert ("applied 'sim-proven' to sim0 Simulated Ada-class GPU (NVIDIA-style) [SIMULATED]: +90 MHz at a locked "
             f"max graphics clock of {LOCK} MHz (read back)") in err
+
+
+@contextlib.contextmanager
+def _through_helper(m, tmp_path):
+    """A real helper server (tuner.helper.server, in a thread of this process, so it drives the same fake NVML)
+    on a unix socket; yields a function that opens the HelperBackend the boot run uses (it runs as root here)."""
+    state = MachineState(tmp_path / "helper-state")
+    state.create()
+    service = HelperService(nvidia.NvidiaBackend(m), state, group="root", log=lambda line: None)
+    sock_path = tmp_path / "run/helper.sock"
+    listener, lock_fd = bind_listener(sock_path, os.getgid())
+    server = HelperServer(service, listener, os.getgid())
+    thread = threading.Thread(target=server.serve, name="test-helper", daemon=True)
+    thread.start()
+    opened: list[HelperBackend] = []
+
+    def open_backend() -> HelperBackend:
+        opened.append(HelperBackend.connect(sock_path, client="tuner apply --boot"))
+        return opened[-1]
+
+    try:
+        yield open_backend
+    finally:
+        for backend in opened:
+            backend.close()
+        server.stop.set()
+        thread.join(timeout=30)
+        listener.close()
+        os.close(lock_fd)
+
+
+def test_through_the_helper_persistence_off_is_turned_on_read_back_before_the_write(boot_root, tmp_path):
+    m = _nvml(persistence=0)
+    dev = _install_profile(m)
+    lines: list[str] = []
+    with _through_helper(m, tmp_path) as open_backend:
+        report = run_boot_apply(open_backend, wait_s=0, log=lines.append)
+    assert report.exit_code == 0, lines
+    assert f"{dev}: turned persistence mode on (read back), so the setting outlives this run" in lines
+    assert not any("could not be checked" in line for line in lines), lines
+    assert m.gpus[0].persistence == 1 and m.gpus[0].offsets[0] == 120 and m.gpus[0].locked[1] == LOCK
+    names = [name for name, _ in m.calls]
+    assert names.index("nvmlDeviceSetPersistenceMode") < names.index("nvmlDeviceSetGpuLockedClocks")
+
+
+@pytest.mark.parametrize("gpu", [{"persistence_settable": False}, {"persistence_readback": 0}])
+def test_through_the_helper_persistence_refused_leaves_the_card_at_stock_and_names_the_daemon(boot_root, tmp_path,
+                                                                                             gpu):
+    m = _nvml(persistence=0, **gpu)
+    dev = _install_profile(m)
+    lines: list[str] = []
+    with _through_helper(m, tmp_path) as open_backend:
+        report = run_boot_apply(open_backend, wait_s=0, log=lines.append)
+    assert report.exit_code in (4, 5) and report.results[0].status == "error", lines
+    line = next(line for line in lines if line.startswith("could not apply"))
+    assert dev in line and "nvidia-persistenced" in line and "vanish" in line
+    assert m.gpus[0].offsets[0] == 0 and m.gpus[0].locked is None  # nothing written
+
+
+def test_on_a_machine_with_amd_and_nvidia_cards_the_boot_still_locks_and_turns_persistence_on(boot_root):
+    """A mixed machine's backend is a CompositeBackend: the lock clock and persistence reach the NVIDIA card
+    through it, not dropped because the composite itself is no NvidiaBackend."""
+    m = _nvml(persistence=0)
+    _install_profile(m)
+    lines: list[str] = []
+    report = run_boot_apply(lambda: CompositeBackend([nvidia.NvidiaBackend(m)]), wait_s=0, log=lines.append)
+    assert report.exit_code == 0, lines
+    assert m.gpus[0].locked[1] == LOCK and m.gpus[0].offsets[0] == 120 and m.gpus[0].persistence == 1
+    assert report.results[0].lock_clock_mhz == LOCK

@@ -123,7 +123,13 @@ def profile_from_outcome(backend: Backend, device_id: str, outcome: CardOutcome,
                          "bisect the card again")
     lock_at_baseline_clock(backend, device_id, outcome.trials)
     return build_profile(name, backend.device(device_id), backend.knob(device_id), outcome.recommendation.setting,
-                         tuning={**(outcome.tuning() or {}), "other_tools": other_tools.ignored_for(device_id) or None})
+                         tuning=card_tuning(device_id, outcome))
+
+
+def card_tuning(device_id: str, outcome: CardOutcome) -> dict:
+    """One card's `[tuning]` evidence, for a single-card profile and for each part of a rig profile alike: what its
+    bisect measured, and the other tools it went on beside (--ignore-other-tools; None entries are left out)."""
+    return {**(outcome.tuning() or {}), "other_tools": other_tools.ignored_for(device_id) or None}
 
 
 def rig_profile_from_outcome(backend: Backend, outcome: BisectOutcome, name: str) -> Profile:
@@ -137,8 +143,8 @@ def rig_profile_from_outcome(backend: Backend, outcome: BisectOutcome, name: str
                          "bisect the cards again, or save one card's own result from its journal")
     for device_id in outcome.settings:  # each knob as its trials ran it (NVIDIA: the lock), as profile_from_outcome
         lock_at_baseline_clock(backend, device_id, outcome.per_card[device_id].trials)
-    parts = [RigPart(device=backend.device(d), knob=backend.knob(d), setting=v, tuning=outcome.per_card[d].tuning())
-             for d, v in outcome.settings.items()]
+    parts = [RigPart(device=backend.device(d), knob=backend.knob(d), setting=v,
+                     tuning=card_tuning(d, outcome.per_card[d])) for d, v in outcome.settings.items()]
     params = next((o.params for o in outcome.per_card.values() if o.params), {})
     # what the ranks reported (it wins over the vendor rule): this run's attempts, else the rig journal's records (a
     # session resumed after the passing attempt ran none of them here), else the vendor rule

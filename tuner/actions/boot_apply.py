@@ -14,8 +14,9 @@ Exit status, so `systemctl status tuner-apply` tells the truth:
 
 NVIDIA (issue 23): each part is applied as it was proven, its lock clock and its offset (the log line names both),
 and with persistence mode on: where the driver reports it off, the run turns it on for the cards it applies to
-and reads it back (NvidiaBackend.enable_persistence); where that is refused, the card is not applied (the
-offset would vanish when this one-shot job exits) and the line names the persistence daemon as the remedy.
+and reads it back (Backend.enable_persistence: in-process, or through the root helper's `persistence` request,
+which only root may make); where that is refused, the card is not applied (the offset would vanish when this
+one-shot job exits) and the line names the persistence daemon as the remedy.
 
 `--resume` (the unit ordered after the sleep targets) re-applies the same way after each resume and says, per
 card, what it found: still as installed, back at stock, or at another value (set by something else, or the
@@ -234,12 +235,9 @@ def _apply_part(backend: Backend, profile: Profile, part: ProfilePart, device: D
 
 
 def _persistence(backend: Backend, device: DeviceInfo, say: Callable[[str], None]) -> None:
-    """NVIDIA: persistence mode on before the write, or the driver drops the setting when this job exits."""
+    """NVIDIA: persistence mode on before the write, or the driver drops the setting when this job exits. The same
+    in-process and through the root helper (its `persistence` request), so neither applies on weaker terms."""
     if device.vendor != "nvidia" or device.simulated:
-        return
-    if not hasattr(backend, "persistence_off") or not hasattr(backend, "enable_persistence"):
-        say(f"{device.id}: persistence mode could not be checked through this backend; if it is off the setting "
-            "vanishes when the last NVML client exits (`sudo nvidia-smi -q | grep Persistence`)")
         return
     if backend.persistence_off(device.id):
         backend.enable_persistence(device.id)

@@ -8,7 +8,8 @@ setting applied at boot may be overwritten a second later. So:
 - a bisect refuses to start while one may change the same card (exit 6, the tool named), unless
   `--ignore-other-tools` (or TUNER_IGNORE_OTHER_TOOLS=1) says to go on; what was ignored is kept for the profile's
   evidence (`tuning.other_tools`);
-- `tuner set` and `tuner apply` warn and go on: a person is there, sees the warning and confirms the value;
+- `tuner set`, `tuner apply` (of a rig profile too) and the Tune screen's apply warn with `warnings_for` and go on:
+  a person is there, sees the warning and confirms the value;
 - the boot and resume units leave a card alone while such a tool runs (exit 6), so the two never fight over it.
 A simulated card is never any other tool's. Nothing here writes anything.
 """

@@ -253,6 +253,7 @@ def plan_rig_apply(backend: Backend, profile: Profile, *, force: bool = False, i
     if not any(p.device is not None for p in planned):
         raise UsageError(f"none of the cards of {name!r} is in this machine; nothing was applied",
                          "check `tuner list`")
+    warnings += other_tools.warnings_for(backend, [p.device.id for p in planned if p.device is not None])
     return RigApply(profile, tuple(planned), tuple(warnings))
 
 

@@ -23,6 +23,7 @@ from textual.drivers.linux_driver import LinuxDriver
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from tuner.actions import other_tools
 from tuner.actions.bisect import consent_question, prepare_bisect
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_TIMEOUT_S
 from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_rig_apply, prepare_rig_apply
@@ -325,6 +326,9 @@ class TunerApp(App[int]):
             try:
                 request = profile.set_request(self.backend) if profile is not None else SetRequest(device_id, value)
                 pending = prepare_setting(self.backend, request, timeout_s=self.keep_timeout_s, clock=self.clock)
+                if profile is None:  # as `tuner set` warns (a profile's plan said it already: on_profile_checked)
+                    for warning in other_tools.warnings_for(self.backend, [device_id]):
+                        self.post_message(msg.Noted(warning, "warning"))
                 pending.apply()
             except Exception as e:  # noqa: BLE001 - nothing was kept; say why
                 self.post_message(msg.BackendFailed(f"apply {value:+d} on {device_id}", e))

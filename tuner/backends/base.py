@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from tuner.core.errors import UnknownDevice
+from tuner.core.errors import UnknownDevice, Unsupported, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, StressTarget, Telemetry
 
 
@@ -84,6 +84,16 @@ class Backend(ABC):
         or None where the knob has no locked clock."""
         return None
 
+    def persistence_off(self, device_id: str) -> bool:
+        """NVIDIA: True when the card's persistence mode reads off (a headless driver then drops every setting when
+        its last client exits). False where it reads on, cannot be read, or the card has no such mode."""
+        return False
+
+    def enable_persistence(self, device_id: str) -> None:
+        """NVIDIA: turn persistence mode on and read it back (NvidiaBackend); raises Unsupported, PermissionDenied
+        or NotApplied, nothing else written. A card without such a mode: Unsupported."""
+        raise Unsupported(f"{device_id} has no persistence mode to turn on through the {self.name} backend")
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release libraries (NVML shutdown and the like)."""
 
@@ -141,6 +151,20 @@ class CompositeBackend(Backend):
 
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
         return self._owner(device_id).lock_at_measured_clock(device_id, clock_mhz)
+
+    def set_lock_clock(self, device_id: str, mhz: int) -> None:
+        """NVIDIA's lock clock, routed like the rest (without it a mixed machine's profile apply and boot would
+        drop the profile's lock: tuner.actions.setting.can_lock_clock asks the backend for this method)."""
+        owner = self._owner(device_id)
+        if not hasattr(owner, "set_lock_clock"):
+            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+        owner.set_lock_clock(device_id, mhz)
+
+    def persistence_off(self, device_id: str) -> bool:
+        return self._owner(device_id).persistence_off(device_id)
+
+    def enable_persistence(self, device_id: str) -> None:
+        self._owner(device_id).enable_persistence(device_id)
 
     def close(self) -> None:
         for backend in self.backends:

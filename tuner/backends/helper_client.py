@@ -251,6 +251,12 @@ class HelperBackend(Backend):
             return None
         return self._ask(s.LockClock(card=device_id, measured_mhz=clock_mhz), s.LockResult).mhz
 
+    def persistence_off(self, device_id: str) -> bool:
+        return self._ask(s.Persistence(card=device_id), s.PersistenceResult).off
+
+    def enable_persistence(self, device_id: str) -> None:
+        self._ask(s.Persistence(card=device_id, enable=True), s.PersistenceResult)
+
     def close(self) -> None:
         self._stop.set()
         self.connection.close()  # the helper puts back whatever is still unconfirmed
@@ -349,6 +355,12 @@ class ReadOnlyBackend(Backend):
         return self.inner.applied_pstates(device_id)
 
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
+        raise self._refuse()
+
+    def persistence_off(self, device_id: str) -> bool:
+        return self.inner.persistence_off(device_id)
+
+    def enable_persistence(self, device_id: str) -> None:
         raise self._refuse()
 
     def close(self) -> None:

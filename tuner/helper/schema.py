@@ -97,6 +97,15 @@ class LockClock(_Request, tag="lock_clock"):
     measured_mhz: Annotated[float, msgspec.Meta(ge=1.0, le=10_000.0)] | None = None
 
 
+class Persistence(_Request, tag="persistence"):
+    """NVIDIA: the card's persistence mode; `enable`: turn it on first (nvmlDeviceSetPersistenceMode, what
+    `nvidia-smi -pm 1` does) and read it back. There is no request that turns it off. Only root may enable it
+    (the boot and resume units, for the cards they apply to: docs/install.md, "NVIDIA at boot")."""
+
+    card: Card
+    enable: bool = False
+
+
 class NoteLoad(_Request, tag="note_load"):
     """A stress run starts or stops on the card (the simulated card's telemetry needs it)."""
 
@@ -168,9 +177,10 @@ class KernelEvents(_Request, tag="kernel_events"):
 
 
 Request = (Hello | ListCards | ReadKnob | ReadTelemetry | ReadTarget | ReadState | Set | Confirm | Reset | LockClock
-           | NoteLoad | Heartbeat | Claim | Release | TrialBegin | TrialEnd | ReadTrials | UnsafeList | UnsafeClear
-           | KernelEvents)
-WRITES = (Set, Confirm, Reset, LockClock, Claim, TrialBegin, TrialEnd, UnsafeClear)  # logged with the caller's uid
+           | Persistence | NoteLoad | Heartbeat | Claim | Release | TrialBegin | TrialEnd | ReadTrials | UnsafeList
+           | UnsafeClear | KernelEvents)
+# logged with the caller's uid (Persistence: when it enables)
+WRITES = (Set, Confirm, Reset, LockClock, Persistence, Claim, TrialBegin, TrialEnd, UnsafeClear)
 
 
 # --- replies --------------------------------------------------------------------------------------------------------
@@ -243,6 +253,10 @@ class CardState(msgspec.Struct, frozen=True):
 
 class LockResult(msgspec.Struct, frozen=True):
     mhz: int | None
+
+
+class PersistenceResult(msgspec.Struct, frozen=True):
+    off: bool  # it reads off (NvidiaBackend.persistence_off: False where it reads on or cannot be read)
 
 
 class LostChange(msgspec.Struct, frozen=True):

@@ -30,7 +30,7 @@ from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.boot import current_boot_id
 from tuner.core.card_lock import CardBusy
-from tuner.core.errors import OutOfRange, TunerError, UnknownDevice, UsageError
+from tuner.core.errors import OutOfRange, PermissionDenied, TunerError, UnknownDevice, Unsupported, UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
@@ -230,6 +230,25 @@ class HelperService:
             chosen = self.backend.lock_at_measured_clock(r.card, float(r.measured_mhz or 0.0))
         self._audit("lock_clock", r.card, who, mhz=chosen)
         return s.LockResult(chosen)
+
+    def _op_persistence(self, who: Client, r: s.Persistence) -> s.PersistenceResult:
+        """Read NVIDIA's persistence mode; `enable` turns it on (never off), only for root: the boot and resume
+        runs, for the cards they apply to. A member of the group has no other reason to change the driver's mode,
+        and it outlasts every lease (nothing puts it back)."""
+        device = self._device(r.card)
+        if device.vendor != "nvidia" or device.simulated:
+            raise Unsupported(f"{r.card} has no persistence mode (an NVIDIA driver setting)")
+        if r.enable:
+            if who.peer.uid != 0:
+                raise PermissionDenied(f"only root turns persistence mode on through the helper (uid {who.peer.uid} "
+                                       "asked); the boot and resume units do it for the cards they apply to",
+                                       "run `sudo tuner apply --boot`, or enable NVIDIA's persistence daemon (`sudo "
+                                       "systemctl enable --now nvidia-persistenced`)")
+            self._writer(r.card, who)
+            if self.backend.persistence_off(r.card):
+                self.backend.enable_persistence(r.card)  # read back there: NotApplied if it does not read on
+                self._audit("persistence_on", r.card, who)
+        return s.PersistenceResult(self.backend.persistence_off(r.card))
 
     def _op_note_load(self, who: Client, r: s.NoteLoad) -> None:
         self._device(r.card)

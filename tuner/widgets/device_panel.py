@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -43,7 +45,8 @@ class DevicePanel(Vertical):
     """
 
     def __init__(self, device: DeviceInfo) -> None:
-        super().__init__(id=f"panel-{device.id}")
+        # a real card's id is its PCI slot (0000:03:00.0): ':' and '.' are not allowed in a widget id
+        super().__init__(id="panel-" + re.sub(r"[^A-Za-z0-9_-]", "-", device.id))
         self.device = device
         self.border_title = Text(f"{device.id} · {device.vendor} · {device.label}")
         self._painted_version = -1

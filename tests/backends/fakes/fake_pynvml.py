@@ -23,7 +23,9 @@ Strictness copied from the real thing:
   stock. `persistence_settable=False`: the setter answers NotSupported (the legacy mode is "near end-of-life and
   will be eventually deprecated in favor of the Persistence Daemon", persistence-mode-legacy.html); a mode other
   than 0/1 is InvalidArgument; `fail={"nvmlDeviceSetPersistenceMode": NO_PERMISSION}` is a non-root caller.
-  `persistence_readback`: what the getter reports after a set (a driver that accepts and ignores it).
+  `persistence_readback`: what the getter reports after a set (a driver that accepts and ignores it). The calls'
+  shapes are pynvml.py's (nvidia-ml-py 13.615.71): `nvmlDeviceGetPersistenceMode(handle)` returns `c_state.value`
+  (0 or 1), `nvmlDeviceSetPersistenceMode(handle, mode)` returns None; a refusal is an NVMLError subclass.
 - Dashboard figures, as pynvml.py (nvidia-ml-py 13.615.71) returns them:
   * `nvmlDeviceGetFanSpeed` is a percentage (`c_uint`); fanless, passively cooled boards (data-centre cards such
     as the H200) answer NVML_ERROR_NOT_SUPPORTED: `fan_pct=None`.
