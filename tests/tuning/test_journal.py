@@ -85,19 +85,21 @@ def test_guarded_trial_left_open_blocks_boot_and_becomes_unsafe(boot):
 
 
 @pytest.mark.parametrize(("theirs", "pid", "readable", "owner"), [
-    ("boot-b", os.getppid(), True, journal.Owner.EARLIER_BOOT),  # another boot: a live pid there is a reused number
-    ("boot-a", os.getppid(), True, journal.Owner.RUNNING),  # another live process in this boot
-    ("boot-a", 2**22 + 12345, True, journal.Owner.TOOL_DIED),  # this boot, its process is gone
-    ("boot-a", os.getpid(), True, journal.Owner.TOOL_DIED),  # this process's own earlier job: no reset since
-    ("boot-a", 2**22 + 12345, False, journal.Owner.UNKNOWN_BOOT),  # unreadable now: a reset cannot be ruled out
-    (None, 2**22 + 12345, True, journal.Owner.UNKNOWN_BOOT),  # unreadable then: the same
+    ("boot-b", "parent", True, journal.Owner.EARLIER_BOOT),  # another boot: a live pid there is a reused number
+    ("boot-a", "parent", True, journal.Owner.RUNNING),  # another live process in this boot
+    ("boot-a", "gone", True, journal.Owner.TOOL_DIED),  # this boot, its process is gone
+    ("boot-a", "self", True, journal.Owner.TOOL_DIED),  # this process's own earlier job: no reset since
+    ("boot-a", "gone", False, journal.Owner.UNKNOWN_BOOT),  # unreadable now: a reset cannot be ruled out
+    (None, "gone", True, journal.Owner.UNKNOWN_BOOT),  # unreadable then: the same
     # a live pid without both boot ids: maybe a number reused after a reset (at boot the low ones all are): fail closed
-    (None, os.getppid(), False, journal.Owner.UNKNOWN_BOOT),
-    ("boot-a", os.getppid(), False, journal.Owner.UNKNOWN_BOOT),
-    (None, os.getppid(), True, journal.Owner.UNKNOWN_BOOT),
-    (None, os.getpid(), False, journal.Owner.TOOL_DIED),  # this process's own: no reset since it started
+    (None, "parent", False, journal.Owner.UNKNOWN_BOOT),
+    ("boot-a", "parent", False, journal.Owner.UNKNOWN_BOOT),
+    (None, "parent", True, journal.Owner.UNKNOWN_BOOT),
+    (None, "self", False, journal.Owner.TOOL_DIED),  # this process's own: no reset since it started
 ])
 def test_one_rule_says_who_left_an_open_trial(boot, theirs, pid, readable, owner):
+    # pids by role, resolved here: a pid in the test's id would differ between pytest-xdist's workers
+    pid = {"parent": os.getppid(), "self": os.getpid(), "gone": 2**22 + 12345}[pid]
     if not readable:
         (boot.root / "proc/sys/kernel/random/boot_id").unlink()
     got = journal.classify_open_trial({"boot_id": theirs, "pid": pid, "setting": -40, "phase": "coarse"})
