@@ -27,7 +27,8 @@ async def test_apply_then_timeout_reverts(app, backend, clock):
                     what="the countdown's tick at 14 s")
         assert isinstance(app.screen, KeepOrRevertDialog) and backend.knob("sim0").current == -20
         clock.advance(1.5)
-        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog), what="the revert at 15 s")
+        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog) and app.pending is None
+                    and backend.knob("sim0").current == 0, what="the revert at 15 s")
         await app.workers.wait_for_complete()
         assert backend.knob("sim0").current == 0
         assert app.pending is None

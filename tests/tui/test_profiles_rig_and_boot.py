@@ -132,8 +132,10 @@ async def test_an_unconfirmed_rig_apply_reverts_every_card_when_the_countdown_en
                     what="the countdown's tick at 14 s")
         assert isinstance(app.screen, KeepOrRevertDialog) and backend.knob("sim0").current == -40
         clock.advance(1.5)
-        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog) and app.pending is None,
-                    what="the revert at 15 s")
+        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog) and app.pending is None
+                    and [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
+                    and [app.histories[f"sim{i}"].knob.current for i in range(3)] == [0, 0, 0],
+                    what="the revert at 15 s, read back and shown")
         await app.workers.wait_for_complete()
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
         assert [app.histories[f"sim{i}"].knob.current for i in range(3)] == [0, 0, 0]
