@@ -318,10 +318,9 @@ class EarlierTrials:
 
 
 def earlier_trials(device_id: str) -> EarlierTrials:
-    from tuner.tuning import journal
+    from tuner.actions.safety_files import session_trials
 
-    doc = journal.load(device_id) or {}
-    return EarlierTrials(tuple(doc.get("trials") or ()), device=device_id)
+    return EarlierTrials(session_trials(device_id), device=device_id)
 
 
 def _record_row(record) -> dict:

@@ -549,8 +549,8 @@ class TunerApp(App[int]):
         """The finished bisect as a profile (tuner.actions.bisect, as the CLI's --save), in the user's store: one
         card's own result (`device_id`), or one rig profile of the settings confirmed together."""
         from tuner.actions.bisect import profile_from_outcome, rig_profile_from_outcome
+        from tuner.actions.profile_store import save_profile
         from tuner.actions.screen.record import bundle_beside_profile
-        from tuner.profiles import save_profile
 
         outcome = self.bisect.outcome
         try:

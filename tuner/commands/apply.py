@@ -14,6 +14,7 @@ from tuner.actions.profile_apply import (
     prepare_rig_apply,
     set_profile_lock_clock,
 )
+from tuner.actions.profile_store import load_profile
 from tuner.actions.setting import SetRequest, apply_setting_now, prepare_setting
 from tuner.actions.verify import verify_setting
 from tuner.commands._argtypes import duration, seconds_between
@@ -21,8 +22,9 @@ from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes, system_units
 from tuner.core.errors import UsageError
-from tuner.profiles import Profile, load_profile, reference_bundle
 from tuner.profiles import boot as boot_rules
+from tuner.profiles import reference_bundle
+from tuner.profiles.schema import Profile
 
 _boot_wait = seconds_between(0, 600)
 

@@ -414,7 +414,7 @@ def _save(args, backend, outcome) -> None:
         [device_id] = outcome.per_card
         _save_card(args, backend, device_id, outcome.card)
         return
-    from tuner.profiles import save_profile
+    from tuner.actions.profile_store import save_profile
 
     profile = rig_profile_from_outcome(backend, outcome, args.save)
     path = save_profile(profile, overwrite=False)
@@ -431,8 +431,8 @@ def _save_card(args, backend, device_id: str, card) -> None:
     """One card's profile (`card`: its CardOutcome), with the session's stock baseline beside it (NAME.ref, for
     `tuner screen` and `apply --verify` elsewhere; tuner.actions.screen.record, as the UI's save)."""
     from tuner.actions.bisect import profile_from_outcome
+    from tuner.actions.profile_store import save_profile
     from tuner.actions.screen.record import bundle_beside_profile
-    from tuner.profiles import save_profile
 
     path = save_profile(profile_from_outcome(backend, device_id, card, args.save), overwrite=False)
     reference = bundle_beside_profile(backend, device_id, card, path)

@@ -8,12 +8,7 @@ import textwrap
 from pathlib import Path
 
 from tuner.actions.exports import profile_export_path
-from tuner.commands._output import format_table, format_value, print_json
-from tuner.core import exit_codes
-from tuner.core.errors import UsageError
-from tuner.profiles import Profile, evidence, reference_bundle, validate_name
-from tuner.profiles.schema import format_created
-from tuner.profiles.store import (
+from tuner.actions.profile_store import (
     delete_profile,
     find_in_store,
     is_system,
@@ -22,6 +17,11 @@ from tuner.profiles.store import (
     scan,
     write_profile_file,
 )
+from tuner.commands._output import format_table, format_value, print_json
+from tuner.core import exit_codes
+from tuner.core.errors import UsageError
+from tuner.profiles import evidence, reference_bundle
+from tuner.profiles.schema import Profile, format_created, validate_name
 
 # a workload saved without a dtype ran with the engine's `--dtype auto` (bf16 where the card has it, else fp32)
 AUTO_DTYPE = "auto"

@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tuner.actions.profile_store import load_profile
 from tuner.commands._device import pick_device
 from tuner.commands.reference import TIER_HELP, tier_of
 from tuner.core.atomic import write_atomic
 from tuner.core.durations import format_duration
 from tuner.core.errors import UsageError
-from tuner.profiles import Profile, load_profile
+from tuner.profiles.schema import Profile
 
 if TYPE_CHECKING:
     from tuner.actions.context import Context

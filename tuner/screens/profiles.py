@@ -1,7 +1,8 @@
 """Screen 4: saved profiles. List and detail; export, import, apply (the CLI's identity rules), delete.
 
-File operations go through tuner.profiles; applying goes through the App (keep-or-revert or --verify-style
-trial, in thread workers).
+File operations go through tuner.actions.profile_store, in this screen's thread workers (the UI thread never
+reads or writes a file: a slow disk or a hung network home never freezes it); applying goes through the App
+(keep-or-revert or --verify-style trial, in thread workers).
 """
 
 from __future__ import annotations
@@ -11,25 +12,39 @@ from pathlib import Path
 from typing import ClassVar
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from tuner.actions import profile_store
 from tuner.actions.bisect import duration_text
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
 from tuner.app.words import for_people
 from tuner.core.errors import TunerError
+from tuner.profiles.schema import Profile
 from tuner.screens.base import TunerScreen, too_small
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
 
 
-def _profiles_module():
-    try:
-        from tuner import profiles
-    except ImportError:
-        return None
-    return profiles
+class ProfilesListed(Message):
+    """The worker read the store: the profiles (or the error that stopped it), and the row to select."""
+
+    def __init__(self, profiles: list[Profile], error: Exception | None, select: str | None) -> None:
+        super().__init__()
+        self.profiles, self.error, self.select = profiles, error, select
+
+
+class ProfileFileDone(Message):
+    """A worker finished an export, import or delete: what to say (or the error), and whether the list changed
+    (and which row to select then)."""
+
+    def __init__(self, said: str | None, error: Exception | None, *, reload: bool = False,
+                 select: str | None = None) -> None:
+        super().__init__()
+        self.said, self.error, self.reload, self.select = said, error, reload, select
 
 
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
@@ -225,7 +240,8 @@ class ProfilesScreen(TunerScreen):
     ]
 
     def compose_body(self) -> ComposeResult:
-        self.profiles: list = []
+        self.profiles: list[Profile] = []
+        self.lists_read = 0  # how many times a worker's list of the store arrived (tests wait for it)
         self._wide = self.app.size.width >= WIDE_COLUMNS
         self.set_class(self._wide, "-wide")
         with Horizontal(id="profiles-main"):
@@ -304,20 +320,31 @@ class ProfilesScreen(TunerScreen):
 
     # --- actions -------------------------------------------------------------------------------------------------
     def action_reload(self, select: str | None = None) -> None:
-        module = _profiles_module()
-        table = self.query_one("#profiles-table", DataTable)
-        if module is None:
-            self.profiles = []
-            table.clear()
-            self.query_one("#profile-detail", Static).update("profiles are not available yet in this build")
-            return
+        self._list_profiles(select)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="profile-list", name="profile-list")
+    def _list_profiles(self, select: str | None) -> None:
         try:
-            self.profiles = module.list_profiles()
-        except TunerError as e:
-            self.profiles = []
-            self._error(e)
-        self._fill(table, select)
+            profiles, error = profile_store.list_profiles(), None
+        except (TunerError, OSError) as e:
+            profiles, error = [], e
+        self.post_message(ProfilesListed(profiles, error, select))
+
+    def on_profiles_listed(self, message: ProfilesListed) -> None:
+        self.profiles = message.profiles
+        self.lists_read += 1
+        if message.error is not None:
+            self._error(message.error)
+        self._fill(self.query_one("#profiles-table", DataTable), message.select)
         self.show_detail()
+
+    def on_profile_file_done(self, message: ProfileFileDone) -> None:
+        if message.error is not None:
+            self._error(message.error)
+        elif message.said:
+            self.notify(message.said)
+        if message.reload:
+            self.action_reload(select=message.select)
 
     def on_data_table_row_highlighted(self) -> None:
         self.show_detail()
@@ -420,36 +447,35 @@ class ProfilesScreen(TunerScreen):
             lambda path: self._export(profile, path),
         )
 
-    def _export(self, profile, path: str | None) -> None:
-        if not path:
-            return
-        from tuner.profiles.store import write_profile_file
+    def _export(self, profile: Profile, path: str | None) -> None:
+        if path:
+            self._export_file(profile, Path(path))
 
+    @work(thread=True, exit_on_error=False, group="profile-files")
+    def _export_file(self, profile: Profile, path: Path) -> None:
         try:
-            written = write_profile_file(profile, Path(path).expanduser())
+            written = profile_store.export_profile(profile, path)
         except (TunerError, OSError) as e:
-            self._error(e)
+            self.post_message(ProfileFileDone(None, e))
             return
-        self.notify(f"exported {profile.name} to {written}")
+        self.post_message(ProfileFileDone(f"exported {profile.name} to {written}", None))
 
     def action_import_profile(self) -> None:
         self.app.push_screen(TextInputDialog("Import a profile from path:", placeholder="~/r9700.toml"),
                              self._import)
 
     def _import(self, path: str | None) -> None:
-        if not path:
-            return
-        module = _profiles_module()
-        from tuner.profiles.store import read_profile_file
+        if path:
+            self._import_file(Path(path))
 
+    @work(thread=True, exit_on_error=False, group="profile-files")
+    def _import_file(self, path: Path) -> None:
         try:
-            profile = read_profile_file(Path(path).expanduser())  # validated before it is stored
-            module.save_profile(profile)
+            profile = profile_store.import_profile(path)  # validated before it is stored
         except (TunerError, OSError) as e:
-            self._error(e)
+            self.post_message(ProfileFileDone(None, e))
             return
-        self.notify(f"imported {profile.name}")
-        self.action_reload(select=profile.name)
+        self.post_message(ProfileFileDone(f"imported {profile.name}", None, reload=True, select=profile.name))
 
     def action_delete(self) -> None:
         profile = self.selected()
@@ -460,13 +486,15 @@ class ProfilesScreen(TunerScreen):
             lambda yes: self._delete(profile, yes),
         )
 
-    def _delete(self, profile, yes: bool | None) -> None:
-        if not yes:
-            return
+    def _delete(self, profile: Profile, yes: bool | None) -> None:
+        if yes:
+            self._delete_file(profile)
+
+    @work(thread=True, exit_on_error=False, group="profile-files")
+    def _delete_file(self, profile: Profile) -> None:
         try:
-            _profiles_module().delete_profile(profile.name)
-        except TunerError as e:
-            self._error(e)
+            profile_store.delete_profile(profile.name)
+        except (TunerError, OSError) as e:
+            self.post_message(ProfileFileDone(None, e))
             return
-        self.notify(f"deleted {profile.name}")
-        self.action_reload()
+        self.post_message(ProfileFileDone(f"deleted {profile.name}", None, reload=True))
