@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sys
+from argparse import Namespace, _SubParsersAction
 from collections.abc import Sequence
 
 from tuner import __version__
@@ -61,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line and exit 2 like every other bad input, and a comma list of negative
     numbers (`--sim-vmin -52,-67,-40`) is a value, not an option (argparse knows only single numbers)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Namespace, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-\d+(?:,\S*)?$|^-\d*\.\d+$")
 
@@ -149,7 +150,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 class _SubparsersWithGlobals:
     """Wraps argparse's subparsers so every command also accepts the global options."""
 
-    def __init__(self, subparsers, parent: argparse.ArgumentParser):
+    def __init__(self, subparsers: _SubParsersAction, parent: argparse.ArgumentParser) -> None:
         self._subparsers, self._parent = subparsers, parent
 
     def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:

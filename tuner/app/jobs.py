@@ -60,7 +60,7 @@ class _Job:
     """The shape the App drives every long job through: `run()` blocks (on a worker thread) and sets `done` when
     it ends however it ends, `stop()` is thread-safe and may come before `run()`, `wait()` waits for the end."""
 
-    def __init__(self, device_id: str):
+    def __init__(self, device_id: str) -> None:
         self.device_id = device_id
         self._stop = threading.Event()
         self._done = threading.Event()
@@ -108,10 +108,10 @@ class StressJob(_Job):
     canary, reference and kernel-log policy the CLI's `tuner stress` follows too). `without_reference`: the user
     chose to run without a stock reference (the Tune screen asked). Summed up in one line."""
 
-    def __init__(self, backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
+    def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
                  duration_s: float = MANUAL_STRESS_S, without_reference: bool = False,
                  kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
-                 engine_factory: EngineFactory | None = None, reference_record_s: float | None = None):
+                 engine_factory: EngineFactory | None = None, reference_record_s: float | None = None) -> None:
         super().__init__(device_id)
         request = StressRequest(device_id, duration_s=duration_s, preset=preset, mode=mode,
                                 without_reference=without_reference)
@@ -142,7 +142,8 @@ class VerifyJob(_Job):
     """A profile's verify, behind StressJob's shape: its lock clock, then tuner.actions.verify's journalled trial
     with the profile's workload. Lines the trial reports are handed to `emit`."""
 
-    def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *, emit: Callable[[object], None]):
+    def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *,
+                 emit: Callable[[object], None]) -> None:
         super().__init__(plan.device.id)
         self.backend, self.plan, self.duration_s, self.emit = backend, plan, duration_s, emit
 
@@ -219,7 +220,7 @@ class BisectRunner(_Job):
     (raising before anything was touched). A stop asked for before the job exists is passed on when it does."""
 
     def __init__(self, prepare: Callable[[], BisectJob], device_ids: tuple[str, ...],
-                 on_prepared: Callable[[], None] | None = None):
+                 on_prepared: Callable[[], None] | None = None) -> None:
         super().__init__(",".join(device_ids))
         self._device_ids = device_ids
         self._prepare = prepare

@@ -25,6 +25,7 @@ from textual.worker import Worker, WorkerState
 
 from tuner.actions import other_tools
 from tuner.actions.bisect import consent_question, prepare_bisect
+from tuner.actions.context import Context
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_TIMEOUT_S
 from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_rig_apply, prepare_rig_apply
 from tuner.actions.reset import reset_device
@@ -38,6 +39,7 @@ from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError, UsageError
+from tuner.profiles.schema import Profile
 from tuner.screens import messages as msg
 from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
@@ -181,7 +183,7 @@ class TunerApp(App[int]):
         self._on_kept: Callable[[], None] | None = None
 
     # --- notices ------------------------------------------------------------------------------------------------
-    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+    def notify(self, message: str, *, title: str = "", severity: str="information", timeout: float | None = None,
                markup: bool = False) -> None:
         """A toast whose kind is also a word (ERROR, WARNING) above the text, so NO_COLOR loses nothing. The
         text is never markup (screens' `notify` asks for it by default): a card's `[SIMULATED]` or a path in
@@ -336,7 +338,7 @@ class TunerApp(App[int]):
             self._unannounced.append(pending)  # make_safe reverts it even if the event loop never takes it
         self.post_message(msg.ChangeApplied(pending))
 
-    def apply_rig_profile(self, profile, *, on_kept: Callable[[], None] | None = None) -> None:
+    def apply_rig_profile(self, profile: Profile, *, on_kept: Callable[[], None] | None = None) -> None:
         """`tuner apply` on a rig profile (tuner.actions.profile_apply): every part checked before any write, each
         to the card it was proven on, then one keep-or-revert for the whole rig (a revert puts every card back)."""
         if self.pending is not None:
@@ -349,7 +351,7 @@ class TunerApp(App[int]):
         self._apply_rig(profile)
 
     @work(thread=True, exit_on_error=False, group="setting")
-    def _apply_rig(self, profile) -> None:
+    def _apply_rig(self, profile: Profile) -> None:
         """`profile`: a rig profile, or a function that builds one (the Bisect screen's result, built from the
         backend's cards here in the worker)."""
         with self._writing:
@@ -568,13 +570,13 @@ class TunerApp(App[int]):
         self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}")
 
     # --- profiles -----------------------------------------------------------------------------------------------
-    def apply_profile(self, profile, device_id: str) -> None:
+    def apply_profile(self, profile: Profile, device_id: str) -> None:
         """`tuner apply`'s rules (tuner.actions.profile_apply), without --force: the same card applies
         (keep-or-revert); another card of the same model needs a verify trial; anything else is refused."""
         self._plan_profile(profile, device_id)
 
     @work(thread=True, exit_on_error=False, group="setting")
-    def _plan_profile(self, profile, device_id: str) -> None:
+    def _plan_profile(self, profile: Profile, device_id: str) -> None:
         try:
             plan = plan_profile_apply(self.backend, profile, device_id, verify=True)
         except Exception as e:  # noqa: BLE001 - refused: say why
@@ -834,7 +836,7 @@ class TunerApp(App[int]):
         await self.screen.run_action(action)
 
 
-def run_app(ctx) -> int:
+def run_app(ctx: Context) -> int:
     """The UI, then the cards made safe. A hang-up, SIGTERM (every fatal signal) or the terminal gone goes through
     the guard (tuner.app.hangup): the cards are made safe on its thread at once, and the process ends with 130
     within its grace even when the UI cannot end by itself (Textual blocked writing to a terminal that is gone)."""

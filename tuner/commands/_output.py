@@ -58,7 +58,7 @@ class StatusLine:
     `trial 1 of ≤24 [####....] ... bisect ~2m03s left` lines at 80 columns, about 20 lines a trial). The width
     is read at each redraw, from the stream's own terminal, so a resized window is followed."""
 
-    def __init__(self, stream: IO[str] | None = None):
+    def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.shown = False
 

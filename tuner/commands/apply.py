@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from argparse import Namespace, _SubParsersAction
 
 from tuner.actions.boot_apply import run_boot_apply
+from tuner.actions.context import Context
 from tuner.actions.profile_apply import (
     ProfileApply,
     RigApply,
@@ -29,7 +31,7 @@ from tuner.profiles.schema import Profile
 _boot_wait = seconds_between(0, 600)
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: _SubParsersAction) -> None:
     p = subparsers.add_parser(
         "apply",
         help="apply a saved profile (checks it is the card it was proven on)",
@@ -66,7 +68,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     if args.resume and not args.boot:
         raise UsageError("--resume is a mode of --boot", "use `tuner apply --boot --resume`")
     if args.boot:
@@ -111,7 +113,7 @@ def run(args, ctx) -> int:
     return exit_codes.OK
 
 
-def _apply_with_confirmation(args, ctx, plan: ProfileApply) -> int:
+def _apply_with_confirmation(args: Namespace, ctx: Context, plan: ProfileApply) -> int:
     """The same keep-or-revert confirmation as `tuner set`: kept only on a yes within the timeout."""
     profile, device, result = plan.profile, plan.device, plan.match
     change = prepare_setting(ctx.backend, SetRequest(device.id, plan.value, ignore_unsafe=args.ignore_unsafe),
@@ -135,12 +137,12 @@ def _apply_with_confirmation(args, ctx, plan: ProfileApply) -> int:
     return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
 
 
-def _doc(profile, device, result, knob, **extra) -> dict:
+def _doc(profile: Profile, device, result, knob, **extra) -> dict:
     return {"profile": profile.name, "device": device.to_dict(), "match": result.to_dict(),
             "value": profile.setting.value, "knob": knob.to_dict(), **extra}
 
 
-def _report(args, profile, device, result, after) -> None:
+def _report(args: Namespace, profile: Profile, device, result, after) -> None:
     if args.json:
         print_json(_doc(profile, device, result, after, applied=True))
     else:
@@ -151,7 +153,7 @@ def _report(args, profile, device, result, after) -> None:
 # --- rig profiles -------------------------------------------------------------------------------------------------
 
 
-def _run_rig(args, ctx, profile: Profile) -> int:
+def _run_rig(args: Namespace, ctx: Context, profile: Profile) -> int:
     """Every part to the card it was proven on; all checked before any write, one keep-or-revert for the rig."""
     if args.device:
         raise UsageError(f"{profile.name!r} is a rig profile: each part goes to the card it was proven on",
@@ -211,7 +213,7 @@ def _rig_doc(plan: RigApply, change: RigChange, *, applied: bool) -> dict:
 # --- boot mode ----------------------------------------------------------------------------------------------------
 
 
-def _run_boot(args, ctx) -> int:
+def _run_boot(args: Namespace, ctx: Context) -> int:
     """Apply system profiles to their own cards (tuner.actions.boot_apply holds the rules). A skip by design exits
     0 (the unit is not 'failed'); a part that could not be applied, or a rig's missing card, exits non-zero after
     the others were tried."""

@@ -8,8 +8,11 @@ import argparse
 import json
 import sys
 import threading
+from argparse import Namespace, _SubParsersAction
 
 from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect, rig_devices
+from tuner.actions.context import Context
+from tuner.backends.base import Backend
 from tuner.commands._argtypes import whole_number
 from tuner.commands._output import StatusLine, fit, format_table
 from tuner.core import exit_codes, signals
@@ -35,7 +38,7 @@ from tuner.tuning.events import (
 from tuner.tuning.job import RIG_BASELINE, BisectParams
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: _SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bisect",
         help="find the lowest stable setting, confirm it, recommend it with a margin",
@@ -89,7 +92,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _confirm_real_cards(backend, devices: tuple[str, ...], args) -> None:
+def _confirm_real_cards(backend: Backend, devices: tuple[str, ...], args: Namespace) -> None:
     questions = [q for q in (consent_question(backend.device(d)) for d in devices) if q]
     if not questions or args.yes:
         return
@@ -107,7 +110,7 @@ class _Printer:
     each prefixed with its card when there are several) and, on a TTY, one progress line per card redrawn in place
     under them (a trial past its time reads `finishing`, not `ETA 0s`). `--json`: every event on stdout too."""
 
-    def __init__(self, backend, devices: tuple[str, ...], json_lines: bool):
+    def __init__(self, backend: Backend, devices: tuple[str, ...], json_lines: bool) -> None:
         self.devices, self.json_lines = devices, json_lines
         self.units = {d: backend.knob(d).unit for d in devices}
         self.several = len(devices) > 1
@@ -288,7 +291,7 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
     return head
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     devices = rig_devices(backend, args.device)
     if args.from_last:
@@ -339,7 +342,7 @@ def run(args, ctx) -> int:
     return outcome.exit_code
 
 
-def _report(backend, outcome) -> None:
+def _report(backend: Backend, outcome) -> None:
     """Each card's trials and recommendation; with several cards, the rig's attempts and the final settings."""
     several = len(outcome.per_card) > 1
     for d, o in outcome.per_card.items():
@@ -405,7 +408,7 @@ def run_in_worker(job):
     return box["outcome"], inbox.first is not None
 
 
-def _save(args, backend, outcome) -> None:
+def _save(args: Namespace, backend: Backend, outcome) -> None:
     """One card: its profile, its stock baseline bundled beside it; several: one rig profile, a part per card that
     got a setting confirmed together (each built by the core; a rig profile bundles no baseline)."""
     from tuner.actions.bisect import rig_profile_from_outcome
@@ -427,7 +430,7 @@ def _save(args, backend, outcome) -> None:
               + (f"; left out: {', '.join(left_out)}" if left_out else ""))
 
 
-def _save_card(args, backend, device_id: str, card) -> None:
+def _save_card(args: Namespace, backend: Backend, device_id: str, card) -> None:
     """One card's profile (`card`: its CardOutcome), with the session's stock baseline beside it (NAME.ref, for
     `tuner screen` and `apply --verify` elsewhere; tuner.actions.screen.record, as the UI's save)."""
     from tuner.actions.bisect import profile_from_outcome
@@ -443,7 +446,7 @@ def _save_card(args, backend, device_id: str, card) -> None:
         print(f"saved profile {args.save!r} to {path}{reference.text()}")
 
 
-def _save_from_last(args, backend, device_id: str) -> int:
+def _save_from_last(args: Namespace, backend: Backend, device_id: str) -> int:
     from tuner.tuning.job import last_outcome
 
     if not args.save:

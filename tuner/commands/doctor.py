@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from argparse import Namespace, _SubParsersAction
+
+from tuner.actions.context import Context
 from tuner.actions.doctor import FAIL, run_checks
 from tuner.commands._output import print_json
 from tuner.core import exit_codes
@@ -9,7 +12,7 @@ from tuner.core import exit_codes
 _MARK = {"ok": "[ ok ]", "warn": "[warn]", "fail": "[FAIL]", "info": "[info]"}
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: _SubParsersAction) -> None:
     p = subparsers.add_parser(
         "doctor",
         help="check drivers, kernel settings, permissions and the torch build",
@@ -22,7 +25,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     checks = run_checks(simulate=ctx.simulate)
     failed = any(c.status == FAIL for c in checks)
     if args.json:

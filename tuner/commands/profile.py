@@ -5,8 +5,10 @@ from __future__ import annotations
 import shutil
 import sys
 import textwrap
+from argparse import Namespace, _SubParsersAction
 from pathlib import Path
 
+from tuner.actions.context import Context
 from tuner.actions.exports import profile_export_path
 from tuner.actions.profile_store import (
     delete_profile,
@@ -27,7 +29,7 @@ from tuner.profiles.schema import Profile, format_created, validate_name
 AUTO_DTYPE = "auto"
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: _SubParsersAction) -> None:
     p = subparsers.add_parser(
         "profile",
         help="list, show, export, import or delete saved profiles",
@@ -81,7 +83,7 @@ def _summary(profile: Profile) -> dict:
             "sensitivity": evidence.profile_sensitivity(profile), **profile.to_json_dict()}
 
 
-def run_list(args, ctx) -> int:
+def run_list(args: Namespace, ctx: Context) -> int:
     profiles, bad = scan()
     for _path, why in bad:  # `why` names the file
         print(f"tuner: warning: skipped {why}", file=sys.stderr)
@@ -203,7 +205,7 @@ def _rig_lines(profile: Profile, width: int) -> list[str]:
     return lines
 
 
-def run_show(args, ctx) -> int:
+def run_show(args: Namespace, ctx: Context) -> int:
     source = find_in_store(args.name)
     profile = read_profile_file(source)
     bundled = _bundled_reference(source)
@@ -235,7 +237,7 @@ def _setting_extras(s) -> str:
     return lock + (f", power limit {s.power_limit_w:g} W" if s.power_limit_w else "")
 
 
-def run_export(args, ctx) -> int:
+def run_export(args: Namespace, ctx: Context) -> int:
     source = find_in_store(args.name)
     profile = read_profile_file(source)
     bundled = _bundled_reference(source)  # checked before anything is written
@@ -270,7 +272,7 @@ def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
-def run_import(args, ctx) -> int:
+def run_import(args: Namespace, ctx: Context) -> int:
     if args.name is not None:  # `--name ""` is an error, not "no name"
         validate_name(args.name, path="--name")
     profile = read_profile_file(Path(args.path))  # validated (and never through a symlink) before storing
@@ -293,7 +295,7 @@ def run_import(args, ctx) -> int:
     return exit_codes.OK
 
 
-def run_delete(args, ctx) -> int:
+def run_delete(args: Namespace, ctx: Context) -> int:
     path = delete_profile(args.name, system=args.system)
     ref = reference_bundle.remove_beside(path)
     print(f"deleted {path}" + (f" and its stock reference {ref}" if ref else ""))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from argparse import _SubParsersAction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ TIER_HELP = ("quick (30 s of load, like DCGM level 1; the default), standard (2 
              "level 3); also 1, 2, 3")
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: _SubParsersAction) -> None:
     p = subparsers.add_parser(
         "reference",
         help="record or show a portable stock reference (for `tuner screen` on other machines)",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from argparse import Namespace, _SubParsersAction
+
+from tuner.actions.context import Context
 from tuner.actions.exports import report_export_path
 from tuner.actions.report import last_session, write_report
 from tuner.commands._device import pick_device
 from tuner.core import exit_codes
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: _SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report",
         help="export the latest bisect's trials as CSV or JSON",
@@ -24,7 +27,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     device = pick_device(ctx.backend, args.device)
     doc = last_session(device.id)
     trials = doc.get("trials") or []

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import sys
 import time
+from argparse import Namespace, _SubParsersAction
 
 from tuner.actions import other_tools
+from tuner.actions.context import Context
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.commands._argtypes import seconds_between, whole_number
@@ -27,7 +29,7 @@ from tuner.core import exit_codes
 _keep_timeout = seconds_between(1, 600)
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: _SubParsersAction) -> None:
     p = subparsers.add_parser(
         "set",
         help="apply an undervolt setting, then keep or revert it",
@@ -69,7 +71,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     dev = pick_device(backend, args.device)
     request = SetRequest(dev.id, args.offset, allow_overvolt=args.allow_overvolt,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from argparse import Namespace, _SubParsersAction
 
 from tuner.actions import safety_files
+from tuner.actions.context import Context
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import StateError
@@ -25,7 +27,7 @@ _FIELDS = (  # (label, attribute, format)
 )
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: _SubParsersAction) -> None:
     p = subparsers.add_parser(
         "status",
         help="show one telemetry sample and the current setting",
@@ -70,7 +72,7 @@ def safety_warnings(device_id: str, knob) -> list[str]:
     return [f"{device_id}: {what}; the card is at stock" + (f"; {again}" if again else "")]
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     devices = [backend.device(args.device)] if args.device else backend.devices()
     report = []

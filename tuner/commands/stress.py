@@ -15,6 +15,7 @@ import math
 import sys
 import threading
 import time
+from argparse import _SubParsersAction
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ DEFAULT_DURATION = "5m"
 PROGRESS_INTERVAL_S = 0.25
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: _SubParsersAction) -> None:
     p = subparsers.add_parser(
         "stress",
         help="run the training stress test on one card at its current setting",
@@ -94,7 +95,7 @@ def build_request(args: argparse.Namespace, device_id: str) -> StressRequest:
 class ProgressLine:
     """One self-overwriting line on a terminal: step, loss, tok/s, ETA. Silent when not a terminal."""
 
-    def __init__(self, stream, *, steps: int | None, duration_s: float | None, clock=time.monotonic):
+    def __init__(self, stream, *, steps: int | None, duration_s: float | None, clock=time.monotonic) -> None:
         self.stream, self.steps, self.duration_s, self.clock = stream, steps, duration_s, clock
         self.enabled = bool(getattr(stream, "isatty", lambda: False)())
         self._status = StatusLine(stream)
@@ -220,7 +221,7 @@ class _Reporter:
     are not forwarded: a script reads one run, `start` to `end`). One lock: the kernel-log fault arrives from
     the watcher's thread."""
 
-    def __init__(self, as_json: bool, progress_for: Callable[[EngineConfig], ProgressLine]):
+    def __init__(self, as_json: bool, progress_for: Callable[[EngineConfig], ProgressLine]) -> None:
         self.as_json, self._progress_for = as_json, progress_for
         self.progress: ProgressLine | None = None
         self.config: EngineConfig | None = None

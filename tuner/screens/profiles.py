@@ -122,7 +122,7 @@ def rig_evidence_text(rig) -> str:
     return sentence
 
 
-def rig_detail_text(profile, devices, knobs) -> Text:
+def rig_detail_text(profile: Profile, devices, knobs) -> Text:
     """A rig profile: what it sets on each card (with that card's own efficiency), how the rig was confirmed,
     and where each part would go on this machine. `knobs`: each card's last read knob (no hardware read here)."""
     from tuner.actions.profile_apply import find_part_card
@@ -189,7 +189,7 @@ def boot_status_text(status, profile_name: str | None, refusal: str | None = Non
     return line
 
 
-def detail_text(profile, target_label: str, match) -> Text:
+def detail_text(profile: Profile, target_label: str, match) -> Text:
     """A profile as sentences a user reads once: what it sets, how it was found, what it would do here."""
     s, d = profile.setting, profile.device
     text = Text()
@@ -372,7 +372,7 @@ class ProfilesScreen(TunerScreen):
         widget.update(text)
         self.refresh_keys()
 
-    def boot_refusal(self, profile) -> str | None:
+    def boot_refusal(self, profile: Profile) -> str | None:
         """Why `b` would be refused for `profile` in this session (tuner.actions.boot_service.check_installable: a
         simulated session or a simulated profile), or None. Removing the service that applies it is always
         offered."""
