@@ -8,11 +8,13 @@ No textual here (the import contracts in pyproject.toml check it): the App runs 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
 from tuner.actions.stress import (
+    CachedReference,
     DetectorState,
     EngineFactory,
     NoStockReference,
@@ -25,7 +27,7 @@ from tuner.actions.stress import (
 from tuner.actions.verify import VerifyOutcome, verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
-from tuner.core.models import Verdict
+from tuner.core.models import DeviceInfo, StressTarget, Verdict
 from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import (
     CanaryEvent,
@@ -47,6 +49,7 @@ from tuner.tuning.events import (
     TrialFinished,
     TrialProgress,
     TrialRecovered,
+    TrialResult,
     TrialStarted,
     TrialWarning,
 )
@@ -86,7 +89,7 @@ class _Job:
         return self._done.wait(timeout_s)
 
 
-def stress_reference(device, target, *, preset: str, mode: str):
+def stress_reference(device: DeviceInfo, target: StressTarget, *, preset: str, mode: str) -> CachedReference:
     """The cached stock reference for a manual stress of this workload on this card, keyed as the stress action
     keys it (tuner.actions.stress.cached_reference)."""
     return cached_reference(device, target, StressRequest(device.id, preset=preset, mode=mode))
@@ -324,13 +327,13 @@ def earlier_trials(device_id: str) -> EarlierTrials:
     return EarlierTrials(session_trials(device_id), device=device_id)
 
 
-def _record_row(record) -> dict:
+def _record_row(record: Mapping[str, object]) -> dict:
     row = dict(record)
     row["reason"] = record.get("reason") or record.get("kind") or ""
     return row
 
 
-def _result_row(result) -> dict:
+def _result_row(result: TrialResult) -> dict:
     row = result.to_record()
     row["reason"] = result.reason or result.kind or ""
     return row
@@ -369,8 +372,8 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
                                            "eta_total_s": eta_total_s, "tok_s": event.tok_s,
                                            "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():
-            current = None if state.current is None else {**state.current, "progress": 1.0}
-            return replace(state, trials=_finish_row(state.trials, _result_row(event.result)), current=current)
+            return replace(state, trials=_finish_row(state.trials, _result_row(event.result)),
+                           current=None if state.current is None else {**state.current, "progress": 1.0})
         case Recommendation():
             return replace(state, recommendation=event)
         case BisectFailed():
@@ -430,7 +433,7 @@ def card_may_have_changed(before: CardState, after: CardState) -> bool:
 RESULT_NAME = "bisect-result"  # the unsaved ALL CARDS result's profile name: internal, never shown as a name
 
 
-def keep_question(pending) -> str:
+def keep_question(pending: PendingChange | RigChange) -> str:
     """What the keep-or-revert dialog asks: every card with its value and unit."""
     if not isinstance(pending, RigChange):
         unit = f" {pending.applied.unit}" if pending.applied is not None else ""

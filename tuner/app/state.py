@@ -67,7 +67,7 @@ class DeviceHistory:
         return xs, ys
 
 
-def appended(items: tuple, *new, limit: int) -> tuple:
+def appended(items: tuple, *new: object, limit: int) -> tuple:
     """`items` plus `new`, keeping the last `limit` (a snapshot's bounded log or series)."""
     out = items + new
     return out[-limit:] if len(out) > limit else out

@@ -12,7 +12,7 @@ from typing import IO
 from tuner.core import json_values
 
 
-def print_json(document) -> None:
+def print_json(document: object) -> None:
     """One JSON document on stdout (what `--json` promises): strict JSON, a non-finite number is null."""
     sys.stdout.write(json_values.dumps(document, indent=2) + "\n")
 

@@ -9,6 +9,7 @@ from tuner.backends.base import Backend
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import TunerError
+from tuner.core.models import Knob
 
 
 def add_parser(subparsers: _SubParsersAction) -> None:
@@ -21,7 +22,7 @@ def add_parser(subparsers: _SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _knob_or_error(backend: Backend, device_id):
+def _knob_or_error(backend: Backend, device_id: str) -> tuple[Knob | None, str | None]:
     """One card with Overdrive off must not hide the others: its knob error is shown in its row."""
     try:
         return backend.knob(device_id), None

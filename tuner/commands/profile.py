@@ -6,6 +6,7 @@ import shutil
 import sys
 import textwrap
 from argparse import Namespace, _SubParsersAction
+from collections.abc import Sequence
 from pathlib import Path
 
 from tuner.actions.context import Context
@@ -23,7 +24,8 @@ from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.profiles import evidence, reference_bundle
-from tuner.profiles.schema import Profile, format_created, validate_name
+from tuner.profiles.reference_bundle import Bundle
+from tuner.profiles.schema import Profile, ProfilePart, Setting, Trial, format_created, validate_name
 
 # a workload saved without a dtype ran with the engine's `--dtype auto` (bf16 where the card has it, else fp32)
 AUTO_DTYPE = "auto"
@@ -117,7 +119,7 @@ def _tuned(profile: Profile) -> bool:
     return any(p.tuning is not None for p in profile.parts)
 
 
-def trials_table(trials, unit: str, width: int) -> list[str]:
+def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
     """The trials as a table that fits `width` columns: the reason comes last, cut to the room left, and a cut
     reason is given in full below the table, wrapped to the width (a REASON column 200 characters wide wrapped
     every row into a mess)."""
@@ -148,11 +150,11 @@ def _field(label: str, text: str, width: int, indent: str = "  ") -> list[str]:
                          subsequent_indent=" " * len(head), break_on_hyphens=False) or [head.rstrip()]
 
 
-def _fig(value, fmt: str) -> str:
+def _fig(value: object, fmt: str) -> str:
     return "?" if value is None else fmt.format(value)
 
 
-def _part_lines(part, width: int, indent: str = "  ") -> list[str]:
+def _part_lines(part: Profile | ProfilePart, width: int, indent: str = "  ") -> list[str]:
     """One card's identity, setting and evidence: the body of a single-card show, or one block of a rig's."""
     d, s, t = part.device, part.setting, part.tuning
     lines = [
@@ -232,7 +234,7 @@ def run_show(args: Namespace, ctx: Context) -> int:
     return exit_codes.OK
 
 
-def _setting_extras(s) -> str:
+def _setting_extras(s: Setting) -> str:
     lock = f" at a locked {s.lock_clock_mhz} MHz" if s.lock_clock_mhz else ""
     return lock + (f", power limit {s.power_limit_w:g} W" if s.power_limit_w else "")
 
@@ -262,7 +264,7 @@ def run_export(args: Namespace, ctx: Context) -> int:
     return exit_codes.OK
 
 
-def _bundled_reference(profile_path: Path):
+def _bundled_reference(profile_path: Path) -> tuple[Bundle, Path, int] | None:
     """The reference stored beside a profile, checked (a damaged one stops the command: one line, nothing written);
     None when it has none."""
     return reference_bundle.reference_beside(profile_path)
@@ -280,7 +282,7 @@ def run_import(args: Namespace, ctx: Context) -> int:
     if args.name is not None:
         profile = profile.renamed(args.name)
     path = save_profile(profile, overwrite=args.overwrite, system=args.system)
-    reference = None
+    reference, size = None, 0
     if bundled is not None:
         ref_path, size = reference_bundle.write_beside(bundled[0], path, overwrite=True)
         reference = {"path": str(ref_path), "size_bytes": size, "sha256": bundled[0].sha256}
@@ -290,7 +292,7 @@ def run_import(args: Namespace, ctx: Context) -> int:
         print_json({"imported": profile.name, "path": str(path), "reference": reference,
                     "profile": profile.to_json_dict()})
     else:
-        carried = f", with its stock reference ({_kib(reference['size_bytes'])})" if reference else ""
+        carried = f", with its stock reference ({_kib(size)})" if reference else ""
         print(f"imported {profile.name!r} ({_device_cell(profile)}, {_setting_cell(profile)}) to {path}{carried}")
     return exit_codes.OK
 

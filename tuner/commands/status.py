@@ -10,7 +10,7 @@ from tuner.actions.context import Context
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import StateError
-from tuner.core.models import Telemetry
+from tuner.core.models import Knob, Telemetry
 from tuner.core.telemetry_text import fan_text, limits_text, vram_text
 
 _FIELDS = (  # (label, attribute, format)
@@ -52,7 +52,7 @@ def format_telemetry(sample: Telemetry) -> list[str]:
     return lines
 
 
-def safety_warnings(device_id: str, knob) -> list[str]:
+def safety_warnings(device_id: str, knob: Knob) -> list[str]:
     """Warning signs in the device's safety files: a trial (a card's, a rig's, a verify) left open by a tool that
     died (the card may still hold its value), or a damaged file (which blocks set, apply and bisect on the card)."""
     try:

@@ -27,7 +27,7 @@ MANY_CARD_ACTIONS = ("next_device", "next_table")
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 
 
-def needs_cards(action: str, app) -> bool:
+def needs_cards(action: str, app: TunerApp) -> bool:
     """`d` (next card) and `c` (the next card's table) mean nothing with one card: not offered, and the keys do
     nothing."""
     return action in MANY_CARD_ACTIONS and len(app.devices) < 2
