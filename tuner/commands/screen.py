@@ -9,8 +9,9 @@ import sys
 import threading
 import time
 from argparse import _SubParsersAction
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from tuner.actions.profile_store import load_profile
 from tuner.backends.base import Backend
@@ -102,7 +103,7 @@ def select_devices(backend: Backend, text: str | None) -> list[str]:
 class Progress:
     """One self-overwriting line on stderr (a terminal only): each card's step and the time left."""
 
-    def __init__(self, stream, load_s: float, clock=time.monotonic) -> None:
+    def __init__(self, stream: IO[str], load_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.stream, self.load_s, self.clock = stream, load_s, clock
         self.enabled = bool(getattr(stream, "isatty", lambda: False)())
         self.steps: dict[str, str] = {}
