@@ -7,12 +7,13 @@ reads or writes a file: a slow disk or a hung network home never freezes it); ap
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
@@ -24,9 +25,14 @@ from tuner.actions.bisect import duration_text
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
 from tuner.app.words import for_people
 from tuner.core.errors import TunerError
-from tuner.profiles.schema import Profile
+from tuner.core.models import DeviceInfo, Knob
+from tuner.profiles.schema import Profile, ProfileDevice, ProfilePart, RigEvidence, Tuning
 from tuner.screens.base import TunerScreen, too_small
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
+
+if TYPE_CHECKING:
+    from tuner.actions.boot_service import BootServiceStatus
+    from tuner.profiles.identity import MatchResult
 
 
 class ProfilesListed(Message):
@@ -52,14 +58,14 @@ WIDE_COLUMNS = 100  # from this width the table has a card column
 SIMULATED_CAVEAT = "measured on a SIMULATED card: not a real measurement"
 
 
-def _identity(device) -> str:
+def _identity(device: ProfileDevice) -> str:
     """The card's identity in words, only the parts that are known."""
     parts = [f"{label} {value}" for label, value in (("PCI id", device.pci_id), ("slot", device.pci_slot),
                                                      ("serial", device.serial)) if value]
     return ", ".join(parts) or "no identity recorded"
 
 
-def match_sentence(match, target_label: str) -> str:
+def match_sentence(match: MatchResult, target_label: str) -> str:
     """What applying would do on the selected card, in one sentence."""
     from tuner.profiles.identity import Match
 
@@ -71,14 +77,14 @@ def match_sentence(match, target_label: str) -> str:
     return f"On {target_label}: cannot be applied ({match.reason})."
 
 
-def measured_at(tuning, value: int) -> int | None:
+def measured_at(tuning: Tuning, value: int) -> int | None:
     """The setting the tuned efficiency was measured at: the passing trial with exactly that tok/J, the one nearest
     the saved value (the bisect measures near its recommendation, not always at it). None: not in the trials."""
     hits = [t.setting for t in tuning.trials if t.verdict == "pass" and t.tok_per_j == tuning.tuned_tok_per_j]
     return min(hits, key=lambda setting: abs(setting - value)) if hits else None
 
 
-def efficiency_text(tuning, value: int, unit: str, *, simulated: bool) -> str:
+def efficiency_text(tuning: Tuning | None, value: int, unit: str, *, simulated: bool) -> str:
     """`Efficiency: tok/J 25.1 at -50 mV (+5.5 % vs stock, 23.8)`: rounded, labelled, with the setting it was
     measured at; on a simulated card, the caveat. Empty when the bisect recorded no efficiency."""
     if tuning is None or tuning.tuned_tok_per_j is None:
@@ -93,14 +99,14 @@ def efficiency_text(tuning, value: int, unit: str, *, simulated: bool) -> str:
     return text + (f"; {SIMULATED_CAVEAT}" if simulated else "")
 
 
-def evidence_strength(part, *, why: bool = False) -> str | None:
+def evidence_strength(part: Profile | ProfilePart, *, why: bool = False) -> str | None:
     """How strong the part's evidence is ("sensitivity reduced (--tolerance)"): tuner.profiles.evidence's words."""
     from tuner.profiles.evidence import strength
 
     return strength(part, why=why)
 
 
-def rig_evidence_text(rig) -> str:
+def rig_evidence_text(rig: RigEvidence | None) -> str:
     """The whole-rig confirmation in sentences (tuner.profiles.schema.RigEvidence)."""
     if rig is None:
         return "No whole-rig confirmation was recorded: each card's setting was proven alone."
@@ -122,7 +128,7 @@ def rig_evidence_text(rig) -> str:
     return sentence
 
 
-def rig_detail_text(profile: Profile, devices, knobs) -> Text:
+def rig_detail_text(profile: Profile, devices: Sequence[DeviceInfo], knobs: Mapping[str, Knob]) -> Text:
     """A rig profile: what it sets on each card (with that card's own efficiency), how the rig was confirmed,
     and where each part would go on this machine. `knobs`: each card's last read knob (no hardware read here)."""
     from tuner.actions.profile_apply import find_part_card
@@ -160,7 +166,7 @@ def rig_detail_text(profile: Profile, devices, knobs) -> Text:
     return text
 
 
-def boot_status_text(status, profile_name: str | None, refusal: str | None = None) -> str:
+def boot_status_text(status: BootServiceStatus | None, profile_name: str | None, refusal: str | None = None) -> str:
     """The apply-at-boot service in sentences (tuner.actions.boot_service.status), for the selected profile.
     `refusal`: why `b` cannot install it for this profile here (it is then not offered, and this says why)."""
     if status is None:
@@ -189,7 +195,7 @@ def boot_status_text(status, profile_name: str | None, refusal: str | None = Non
     return line
 
 
-def detail_text(profile: Profile, target_label: str, match) -> Text:
+def detail_text(profile: Profile, target_label: str, match: MatchResult | None) -> Text:
     """A profile as sentences a user reads once: what it sets, how it was found, what it would do here."""
     s, d = profile.setting, profile.device
     text = Text()
@@ -260,7 +266,7 @@ class ProfilesScreen(TunerScreen):
         self.action_reload()
         self.app.read_boot_status()
 
-    async def on_resize(self, event) -> None:
+    async def on_resize(self, event: events.Resize) -> None:  # type: ignore[override]  # textual runs each class's handler, sync or async
         """From 100 columns the table has a card column, each cell in full; below, the card is in the detail. The
         new columns come in a new table, filled before it is mounted (a DataTable laid out, then given its
         columns, kept its old width and rows drawn at the old widths)."""
@@ -284,7 +290,7 @@ class ProfilesScreen(TunerScreen):
 
     @staticmethod
     def _new_table(wide: bool) -> DataTable:
-        table = DataTable(id="profiles-table", cursor_type="row")
+        table: DataTable[str] = DataTable(id="profiles-table", cursor_type="row")
         table.add_columns(*(("name", "setting", "card") if wide else ("name", "setting")))
         return table
 
@@ -308,7 +314,7 @@ class ProfilesScreen(TunerScreen):
             self.show_detail()
 
     # --- helpers -------------------------------------------------------------------------------------------------
-    def selected(self):
+    def selected(self) -> Profile | None:
         table = next(iter(self.query("#profiles-table").results(DataTable)), None)
         if table is None or not self.profiles or table.cursor_row is None or table.cursor_row >= len(self.profiles):
             return None
@@ -363,16 +369,17 @@ class ProfilesScreen(TunerScreen):
         else:
             device_id = self.app.selected_device_id
             match = None
-            if device_id and self.app.histories[device_id].knob is not None:
+            knob = self.app.histories[device_id].knob if device_id else None
+            if device_id and knob is not None:
                 from tuner.profiles.identity import match_device
 
-                match = match_device(profile, self.app.device(device_id), self.app.histories[device_id].knob)
+                match = match_device(profile, self.app.device(device_id), knob)
             text = detail_text(profile, device_id or "-", match)
         text.append(boot_status_text(self.app.boot_status, profile.name, self.boot_refusal(profile)))
         widget.update(text)
         self.refresh_keys()
 
-    def boot_refusal(self, profile: Profile) -> str | None:
+    def boot_refusal(self, profile: Profile | None) -> str | None:
         """Why `b` would be refused for `profile` in this session (tuner.actions.boot_service.check_installable: a
         simulated session or a simulated profile), or None. Removing the service that applies it is always
         offered."""
