@@ -21,6 +21,7 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode, Verdict
 from tuner.tuning.events import (
     FINISHING,
+    BisectEvent,
     BisectFailed,
     BisectStopped,
     Recommendation,
@@ -35,7 +36,7 @@ from tuner.tuning.events import (
     TrialStarted,
     TrialWarning,
 )
-from tuner.tuning.job import RIG_BASELINE, BisectParams
+from tuner.tuning.job import RIG_BASELINE, BisectJob, BisectOutcome, BisectParams, CardOutcome
 
 
 def add_parser(subparsers: _SubParsersAction) -> None:
@@ -122,7 +123,7 @@ class _Printer:
         self._drawn = 0
         self._lock = threading.Lock()
 
-    def __call__(self, event) -> None:
+    def __call__(self, event: BisectEvent) -> None:
         with self._lock:
             if self.json_lines:
                 sys.stdout.write(json.dumps(event.to_json(), default=str) + "\n")
@@ -175,7 +176,7 @@ class _Printer:
     def _v(self, device: str, value: int | None) -> str:
         return "-" if value is None else f"{value:+d} {self.units.get(device, '')}".rstrip()
 
-    def _card(self, d: str, ev) -> None:
+    def _card(self, d: str, ev: BisectEvent) -> None:
         if isinstance(ev, SessionStarted):
             what = "resuming session" if ev.resumed else "new session"
             unsafe = f"; unsafe (never tried): {', '.join(self._v(d, u) for u in ev.unsafe)}" if ev.unsafe else ""
@@ -228,7 +229,7 @@ class _Printer:
     def _settings(self, settings: dict[str, int]) -> str:
         return ", ".join(f"{d} {self._v(d, v)}" for d, v in settings.items())
 
-    def _rig(self, ev) -> None:
+    def _rig(self, ev: BisectEvent) -> None:
         if isinstance(ev, RigConfirmStarted):
             if ev.phase == RIG_BASELINE:
                 self.line("rig", f"recording the data-parallel reference at stock on {', '.join(ev.settings)} "
@@ -252,7 +253,7 @@ class _Printer:
             self.line("rig", f"{what} FAILED: {blame}" + (f" ({why})" if why else "") + nxt)
 
 
-def _fmt(value, spec: str) -> str | None:
+def _fmt(value: object, spec: str) -> str | None:
     return None if value is None else format(value, spec)
 
 
@@ -303,7 +304,7 @@ def run(args: Namespace, ctx: Context) -> int:
                  if text is not None}  # left out: the core's default
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
                           mode=args.mode, preset=args.preset, compile=args.compile, resume=args.resume,
-                          restart=args.restart, tolerance=args.tolerance, **durations)
+                          restart=args.restart, tolerance=args.tolerance, **durations)  # type: ignore[arg-type]  # only trial_s/confirm_s (floats); mypy matches a **dict against every parameter
     if args.tolerance:
         from tuner.tuning.sensitivity import tolerance_note
 
@@ -342,7 +343,7 @@ def run(args: Namespace, ctx: Context) -> int:
     return outcome.exit_code
 
 
-def _report(backend: Backend, outcome) -> None:
+def _report(backend: Backend, outcome: BisectOutcome) -> None:
     """Each card's trials and recommendation; with several cards, the rig's attempts and the final settings."""
     several = len(outcome.per_card) > 1
     for d, o in outcome.per_card.items():
@@ -377,7 +378,7 @@ def _report(backend: Backend, outcome) -> None:
         print(f"no recommendation for {', '.join(outcome.reasons)} (see 'why not'); exit code {outcome.exit_code}")
 
 
-def run_in_worker(job):
+def run_in_worker(job: BisectJob) -> tuple[BisectOutcome, bool]:
     """Run `job` (a BisectJob) and return (its outcome, whether a signal interrupted it).
 
     The job runs in a worker so that a signal in the main thread only asks it to stop (an exception inside
@@ -408,7 +409,7 @@ def run_in_worker(job):
     return box["outcome"], inbox.first is not None
 
 
-def _save(args: Namespace, backend: Backend, outcome) -> None:
+def _save(args: Namespace, backend: Backend, outcome: BisectOutcome) -> None:
     """One card: its profile, its stock baseline bundled beside it; several: one rig profile, a part per card that
     got a setting confirmed together (each built by the core; a rig profile bundles no baseline)."""
     from tuner.actions.bisect import rig_profile_from_outcome
@@ -430,7 +431,7 @@ def _save(args: Namespace, backend: Backend, outcome) -> None:
               + (f"; left out: {', '.join(left_out)}" if left_out else ""))
 
 
-def _save_card(args: Namespace, backend: Backend, device_id: str, card) -> None:
+def _save_card(args: Namespace, backend: Backend, device_id: str, card: CardOutcome) -> None:
     """One card's profile (`card`: its CardOutcome), with the session's stock baseline beside it (NAME.ref, for
     `tuner screen` and `apply --verify` elsewhere; tuner.actions.screen.record, as the UI's save)."""
     from tuner.actions.bisect import profile_from_outcome
