@@ -11,7 +11,9 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ["tuner/core", "tuner/tuning", "tuner/backends", "tuner/profiles", "tuner/actions", "tuner/helper"]
+CHECKED = ["tuner/__init__.py", "tuner/__main__.py", "tuner/cli.py", "tuner/core", "tuner/tuning", "tuner/backends",
+           "tuner/profiles", "tuner/actions", "tuner/helper", "tuner/commands", "tuner/app", "tuner/screens",
+           "tuner/widgets"]
 STRICT_FLAGS = ("disallow_untyped_defs", "disallow_incomplete_defs", "check_untyped_defs", "no_implicit_optional",
                 "warn_unused_ignores")
 
@@ -53,6 +55,11 @@ def _untyped(tree: ast.Module) -> tuple[int, list[str]]:
 def test_mypy_checks_the_headless_core_strictly():
     mypy = _pyproject()["tool"]["mypy"]
     assert sorted(mypy["files"]) == sorted(CHECKED)
+    # every package and module of tuner/ is in the list (a new one is checked the day it is written), but the
+    # engine: issue 21 item 7 is open for it (torch's types), and this line is the one to change when it closes
+    top = {str(p.relative_to(ROOT)) for p in (ROOT / "tuner").iterdir()
+           if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert top - set(CHECKED) == {"tuner/engine"}
     for flag in STRICT_FLAGS:
         assert mypy.get(flag) is True, flag
     for override in mypy.get("overrides", []):  # only missing vendor stubs may be excused, never our own code
@@ -64,7 +71,8 @@ def test_every_definition_in_the_checked_packages_is_annotated():
     modules = definitions = 0
     missing = []
     for package in CHECKED:
-        for path in sorted((ROOT / package).rglob("*.py")):
+        root = ROOT / package
+        for path in [root] if root.is_file() else sorted(root.rglob("*.py")):
             modules += 1
             count, bare = _untyped(ast.parse(path.read_text(), str(path)))
             definitions += count

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
@@ -59,7 +60,10 @@ VERIFY_DURATION_S = 300  # a profile proven on another card of the same model: a
 MANUAL_STRESS_S = 3600.0  # a stress run from the Tune screen lasts until stopped, at most an hour
 
 
-class _Job:
+Result = TypeVar("Result")  # what a job's run() returns: a summary line, or a bisect's outcome
+
+
+class _Job(Generic[Result]):
     """The shape the App drives every long job through: `run()` blocks (on a worker thread) and sets `done` when
     it ends however it ends, `stop()` is thread-safe and may come before `run()`, `wait()` waits for the end."""
 
@@ -73,13 +77,13 @@ class _Job:
         """Every card the job may leave changed (make_safe resets them all): its one card; a rig's, every card."""
         return (self.device_id,)
 
-    def run(self) -> object:
+    def run(self) -> Result:
         try:
             return self._work()
         finally:
             self._done.set()
 
-    def _work(self) -> object:
+    def _work(self) -> Result:
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -106,23 +110,26 @@ def stress_question(backend: Backend, device_id: str, *, preset: str, mode: str)
     return None
 
 
-class StressJob(_Job):
+class StressJob(_Job[str]):
     """One stress run at the card's current setting, through the stress action (tuner.actions.stress: the watchdog,
     canary, reference and kernel-log policy the CLI's `tuner stress` follows too). `without_reference`: the user
     chose to run without a stock reference (the Tune screen asked). Summed up in one line."""
 
-    def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
+    def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], object],
                  duration_s: float = MANUAL_STRESS_S, without_reference: bool = False,
                  kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
                  engine_factory: EngineFactory | None = None, reference_record_s: float | None = None) -> None:
         super().__init__(device_id)
         request = StressRequest(device_id, duration_s=duration_s, preset=preset, mode=mode,
                                 without_reference=without_reference)
-        self.session = StressSession(backend, request, on_event=emit, engine_factory=engine_factory,
+        self.emit = emit
+        self.session = StressSession(backend, request, on_event=self._event, engine_factory=engine_factory,
                                      kernel_watcher_factory=kernel_watcher_factory,
                                      reference_record_s=reference_record_s)
-        self.emit = emit
         self.outcome: StressOutcome | None = None
+
+    def _event(self, event: object) -> None:
+        self.emit(event)  # what emit returns (post_message's bool) is nobody's business
 
     def _work(self) -> str:
         if self._stop.is_set():
@@ -141,21 +148,24 @@ class StressJob(_Job):
         self.session.stop()
 
 
-class VerifyJob(_Job):
+class VerifyJob(_Job[str]):
     """A profile's verify, behind StressJob's shape: its lock clock, then tuner.actions.verify's journalled trial
     with the profile's workload. Lines the trial reports are handed to `emit`."""
 
     def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *,
-                 emit: Callable[[object], None]) -> None:
+                 emit: Callable[[str], object]) -> None:
         super().__init__(plan.device.id)
         self.backend, self.plan, self.duration_s, self.emit = backend, plan, duration_s, emit
+
+    def _line(self, line: str) -> None:
+        self.emit(line)  # what emit returns (post_message's bool) is nobody's business
 
     def _work(self) -> str:
         locked = set_profile_lock_clock(self.backend, self.plan)
         if locked:
             self.emit(locked)
         outcome = verify_setting(self.backend, self.device_id, self.plan.value, self.duration_s,
-                                 workload=self.plan.workload, on_line=self.emit, stop_event=self._stop)
+                                 workload=self.plan.workload, on_line=self._line, stop_event=self._stop)
         return describe_verify_outcome(outcome)
 
 
@@ -215,7 +225,7 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
     return state
 
 
-class BisectRunner(_Job):
+class BisectRunner(_Job[BisectOutcome]):
     """A bisect of one card or several at once behind the same run/stop/wait shape as StressJob; keeps the outcome.
     `device_ids` are every card it may leave changed (make_safe resets them all).
 

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.message import Message
 
-from tuner.actions.boot_service import BootServiceStatus
-from tuner.actions.doctor import Check
-from tuner.actions.keep_or_revert import PendingChange
-from tuner.actions.profile_apply import ProfileApply, RigChange
 from tuner.core.models import Knob, Telemetry
-from tuner.tuning.events import BisectEvent
-from tuner.tuning.job import BisectOutcome
+
+if TYPE_CHECKING:  # what the messages carry, for the type checker (the App imports the modules itself)
+    from textual.notifications import SeverityLevel
+
+    from tuner.actions.boot_service import BootServiceStatus
+    from tuner.actions.doctor import Check
+    from tuner.actions.keep_or_revert import PendingChange
+    from tuner.actions.profile_apply import ProfileApply, RigChange
+    from tuner.app.jobs import EarlierTrials
+    from tuner.tuning.events import BisectEvent
+    from tuner.tuning.job import BisectOutcome
 
 
 class TelemetrySampled(Message):
@@ -30,7 +37,7 @@ class BackendFailed(Message):
 class Noted(Message):
     """Something a worker wants said (a warning from the core), one line."""
 
-    def __init__(self, text: str, severity: str = "information") -> None:
+    def __init__(self, text: str, severity: SeverityLevel = "information") -> None:
         super().__init__()
         self.text, self.severity = text, severity
 
@@ -65,7 +72,7 @@ class StressEnded(Message):
 
 
 class BisectEventReceived(Message):
-    def __init__(self, event: BisectEvent) -> None:
+    def __init__(self, event: BisectEvent | EarlierTrials) -> None:
         super().__init__()
         self.event = event
 

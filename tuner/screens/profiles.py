@@ -430,7 +430,7 @@ class ProfilesScreen(TunerScreen):
             question = (f"Remove the boot service? {profile.name!r} is no longer applied at boot; the profiles in "
                         "the system store are kept.")
             self.app.push_screen(ConfirmDialog(question, yes="Remove", no="Cancel"),
-                                 lambda yes: yes and self.app.change_boot_service(None))
+                                 lambda yes: yes and self.app.change_boot_service(None))  # type: ignore[func-returns-value]  # `and` only for its branch
             return
         system_names = {p.name for p in status.system_profiles}
         replaces = (f" It replaces the system copy of {profile.name!r}." if profile.name in system_names else "")
@@ -440,7 +440,7 @@ class ProfilesScreen(TunerScreen):
                     f"boot service (needs root).{replaces}{instead} Booting with tuner.reset on the kernel command "
                     "line skips it.")
         self.app.push_screen(ConfirmDialog(question, yes="Install", no="Cancel"),
-                             lambda yes: yes and self.app.change_boot_service(profile.name,
+                             lambda yes: yes and self.app.change_boot_service(profile.name,  # type: ignore[func-returns-value]  # as above
                                                                               overwrite=bool(replaces)))
 
     def action_export(self) -> None:
