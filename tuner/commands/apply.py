@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 
 from tuner.actions.boot_apply import run_boot_apply
 from tuner.actions.context import Context
@@ -21,7 +21,7 @@ from tuner.actions.profile_store import load_profile
 from tuner.actions.setting import SetRequest, apply_setting_now, prepare_setting
 from tuner.actions.verify import verify_setting
 from tuner.backends.base import Backend
-from tuner.commands._argtypes import duration, seconds_between
+from tuner.commands._argtypes import Subparsers, duration, seconds_between
 from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes, system_units
@@ -35,7 +35,7 @@ from tuner.profiles.schema import Profile
 _boot_wait = seconds_between(0, 600)
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "apply",
         help="apply a saved profile (checks it is the card it was proven on)",

@@ -8,12 +8,12 @@ import argparse
 import json
 import sys
 import threading
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 
 from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect, rig_devices
 from tuner.actions.context import Context
 from tuner.backends.base import Backend
-from tuner.commands._argtypes import whole_number
+from tuner.commands._argtypes import Subparsers, whole_number
 from tuner.commands._output import StatusLine, fit, format_table
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration, parse_duration_s
@@ -39,7 +39,7 @@ from tuner.tuning.events import (
 from tuner.tuning.job import RIG_BASELINE, BisectJob, BisectOutcome, BisectParams, CardOutcome
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "bisect",
         help="find the lowest stable setting, confirm it, recommend it with a margin",

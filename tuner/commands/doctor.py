@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 
 from tuner.actions.context import Context
 from tuner.actions.doctor import FAIL, run_checks
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import print_json
 from tuner.core import exit_codes
 
 _MARK = {"ok": "[ ok ]", "warn": "[warn]", "fail": "[FAIL]", "info": "[info]"}
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "doctor",
         help="check drivers, kernel settings, permissions and the torch build",

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 
 from tuner.actions.context import Context
 from tuner.backends.base import Backend
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import TunerError
 from tuner.core.models import Knob
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "list",
         help="list the GPUs found and their undervolt knob",

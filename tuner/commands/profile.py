@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 import textwrap
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from tuner.actions.profile_store import (
     scan,
     write_profile_file,
 )
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
@@ -31,7 +32,7 @@ from tuner.profiles.schema import Profile, ProfilePart, Setting, Trial, format_c
 AUTO_DTYPE = "auto"
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "profile",
         help="list, show, export, import or delete saved profiles",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from argparse import _SubParsersAction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
 from tuner.commands._output import print_json
 from tuner.core import exit_codes
@@ -20,7 +20,7 @@ TIER_HELP = ("quick (30 s of load, like DCGM level 1; the default), standard (2 
              "level 3); also 1, 2, 3")
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "reference",
         help="record or show a portable stock reference (for `tuner screen` on other machines)",

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 
 from tuner.actions.context import Context
 from tuner.actions.exports import report_export_path
 from tuner.actions.report import last_session, write_report
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
 from tuner.core import exit_codes
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "report",
         help="export the latest bisect's trials as CSV or JSON",

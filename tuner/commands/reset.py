@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import sys
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 
 from tuner.actions.context import Context
 from tuner.actions.reset import holder_of, reset_device, reset_targets
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "reset",
         help="return a card (or all) to stock settings",

@@ -8,13 +8,13 @@ import argparse
 import sys
 import threading
 import time
-from argparse import _SubParsersAction
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from tuner.actions.profile_store import load_profile
 from tuner.backends.base import Backend
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
 from tuner.commands.reference import TIER_HELP, tier_of
 from tuner.core.atomic import write_atomic
@@ -53,7 +53,7 @@ examples:
   A Slurm HealthCheckProgram, a Kubernetes Job and an Ansible playbook are in examples/."""
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "screen",
         help="compare cards with a portable reference: pass, fail, retest or incomparable per card",

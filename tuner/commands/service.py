@@ -6,18 +6,19 @@ The rules live in tuner.actions.boot_service (the UI calls the same functions); 
 from __future__ import annotations
 
 import sys
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 from datetime import datetime
 
 from tuner.actions import boot_service
 from tuner.actions.context import Context
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import print_json
 from tuner.core import exit_codes, paths
 from tuner.core.errors import TunerError
 from tuner.profiles import boot as boot_rules
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "service",
         help="install or remove the boot service that applies profiles",

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import sys
 import time
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 
 from tuner.actions import other_tools
 from tuner.actions.context import Context
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.actions.setting import SetRequest, prepare_setting
-from tuner.commands._argtypes import seconds_between, whole_number
+from tuner.commands._argtypes import Subparsers, seconds_between, whole_number
 from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json
@@ -29,7 +29,7 @@ from tuner.core import exit_codes
 _keep_timeout = seconds_between(1, 600)
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "set",
         help="apply an undervolt setting, then keep or revert it",

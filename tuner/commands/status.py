@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 
 from tuner.actions import safety_files
 from tuner.actions.context import Context
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import StateError
@@ -27,7 +28,7 @@ _FIELDS = (  # (label, attribute, format)
 )
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "status",
         help="show one telemetry sample and the current setting",

@@ -15,12 +15,11 @@ import math
 import sys
 import threading
 import time
-from argparse import _SubParsersAction
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tuner.commands._argtypes import positive_int
+from tuner.commands._argtypes import Subparsers, positive_int
 from tuner.commands._device import pick_device
 from tuner.commands._output import StatusLine
 from tuner.core import exit_codes
@@ -37,7 +36,7 @@ DEFAULT_DURATION = "5m"
 PROGRESS_INTERVAL_S = 0.25
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "stress",
         help="run the training stress test on one card at its current setting",

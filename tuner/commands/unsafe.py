@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import sys
 import time
-from argparse import Namespace, _SubParsersAction
+from argparse import Namespace
 
 from tuner.actions import safety_files
 from tuner.actions.context import Context
-from tuner.commands._argtypes import whole_number
+from tuner.commands._argtypes import Subparsers, whole_number
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.core.models import printable
 
 
-def add_parser(subparsers: _SubParsersAction) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "unsafe",
         help="show or clear the values that froze, hung or reset a card in a trial",
