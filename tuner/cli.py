@@ -12,7 +12,9 @@ import os
 import re
 import signal
 import sys
+from argparse import _SubParsersAction
 from collections.abc import Sequence
+from typing import Any
 
 from tuner import __version__
 from tuner.actions import other_tools
@@ -61,7 +63,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line and exit 2 like every other bad input, and a comma list of negative
     numbers (`--sim-vmin -52,-67,-40`) is a value, not an option (argparse knows only single numbers)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-\d+(?:,\S*)?$|^-\d*\.\d+$")
 
@@ -73,7 +75,7 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     """The simulator options, accepted before or after the command (`tuner --simulate list` or `tuner list
     --simulate`). On subcommands their defaults are suppressed so they never overwrite the main parser's."""
 
-    def default(value):
+    def default(value: object) -> object:
         return argparse.SUPPRESS if suppress else value
 
     g = parser.add_argument_group("simulated GPU")
@@ -149,10 +151,10 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 class _SubparsersWithGlobals:
     """Wraps argparse's subparsers so every command also accepts the global options."""
 
-    def __init__(self, subparsers, parent: argparse.ArgumentParser):
+    def __init__(self, subparsers: _SubParsersAction, parent: argparse.ArgumentParser) -> None:
         self._subparsers, self._parent = subparsers, parent
 
-    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         kwargs["epilog"] = "\n\n".join(filter(None, [kwargs.get("epilog"), exit_codes.EXIT_CODE_HELP]))
         kwargs["parents"] = [*kwargs.get("parents", []), self._parent]

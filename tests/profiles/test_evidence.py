@@ -134,7 +134,7 @@ async def _detail_when(app, pilot, wanted: str, timeout_s: float = 10.0) -> str:
 
 
 async def test_the_profiles_screen_says_reduced_for_a_single_card_and_per_rig_card(tmp_path):
-    from tests.tui.helpers import make_app, sim_backend
+    from tests.tui.helpers import make_app, open_profiles, sim_backend
 
     backend = sim_backend(tmp_path, gpus=2)
     save_profile(build_rig_profile("a-rig", [RigPart(backend.device(f"sim{i}"), backend.knob(f"sim{i}"), -40,
@@ -143,7 +143,7 @@ async def test_the_profiles_screen_says_reduced_for_a_single_card_and_per_rig_ca
     save_profile(sim_profile("c-bitwise", tuning=_tuning("full")))
     app = make_app(tmp_path, backend=backend)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         rig = await _detail_when(app, pilot, "card[1]: -40 mV")
         assert "card[1]: -40 mV on Simulated" in rig and REDUCED in rig.split("card[1]:")[1], rig
         assert REDUCED not in rig.split("card[1]:")[0]

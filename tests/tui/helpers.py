@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.polling import until  # noqa: F401 - the TUI tests' one wait, re-exported
+from tests.polling import until
 from tuner.actions.doctor import Check
 from tuner.app.tuner_app import TunerApp
 from tuner.backends.simulated import SimulatedBackend
@@ -111,3 +111,10 @@ def rig_in_confirmation(ids=("sim0", "sim1", "sim2"), settings=(-40, -55, -30)):
 def screen_text(app) -> str:
     """What the current screen shows, as plain text (every line of the rendered frame)."""
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+async def open_profiles(pilot, app, *, reads: int = 1) -> None:
+    """Switch to the Profiles screen and wait until its worker has read the store `reads` times (the screen lists
+    profiles off the UI thread, so a key pressed before the list arrives has no row to act on)."""
+    await pilot.press("4")
+    await until(pilot, lambda: getattr(app.screen, "lists_read", 0) >= reads, what="the Profiles screen's list")

@@ -4,7 +4,7 @@ in full in the UI's prompt, the same from the Profiles screen and the CLI (which
 from __future__ import annotations
 
 from tests.profiles.helpers import tuner
-from tests.tui.helpers import make_app, screen_text, until
+from tests.tui.helpers import make_app, open_profiles, screen_text, until
 from tuner.actions.exports import profile_export_path
 from tuner.profiles import build_profile, save_profile
 from tuner.screens.dialogs import TextInputDialog
@@ -15,7 +15,7 @@ async def test_profiles_offers_the_full_default_path_and_writes_there(tmp_path, 
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
     app = make_app(tmp_path, backend=backend, samples=1)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await until(pilot, lambda: "mine" in screen_text(app))
         await pilot.press("e")
         await until(pilot, lambda: isinstance(app.screen, TextInputDialog))

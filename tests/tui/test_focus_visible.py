@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from textual.widgets import Input
 
-from tests.tui.helpers import make_app, screen_text, until
+from tests.tui.helpers import make_app, open_profiles, screen_text, until
 from tuner.profiles import build_profile, save_profile
 from tuner.screens.dialogs import TextInputDialog
 
@@ -49,7 +49,7 @@ async def test_a_focused_framed_field_has_a_heavy_frame(tmp_path, monkeypatch, b
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
     app = make_app(tmp_path, backend=backend, samples=1)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await until(pilot, lambda: "mine" in screen_text(app))
         await pilot.press("e")
         await until(pilot, lambda: isinstance(app.screen, TextInputDialog))
@@ -69,7 +69,7 @@ async def test_the_focused_tables_cursor_row_is_reversed_under_no_color(tmp_path
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
     app = make_app(tmp_path, backend=backend, samples=1)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await until(pilot, lambda: "mine" in screen_text(app))
         table = app.screen.query_one("#profiles-table")
         await until(pilot, lambda: table.has_focus)

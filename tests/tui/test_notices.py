@@ -3,7 +3,7 @@ job that fails says so once (it was said twice: a BackendFailed from the worker 
 
 from __future__ import annotations
 
-from tests.tui.helpers import make_app, screen_text, sim_backend, until
+from tests.tui.helpers import make_app, open_profiles, screen_text, sim_backend, until
 from tuner.tuning.job import BisectParams
 from tuner.widgets.key_bar import KeyBar
 
@@ -63,7 +63,7 @@ async def test_a_notice_sits_above_the_key_bar_and_says_its_kind_in_words(tmp_pa
 
 async def test_notices_do_not_follow_you_to_another_screen(app):
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         app.notify("about the Profiles screen", timeout=30)
         await until(pilot, lambda: "about the Profiles screen" in screen_text(app))
         await pilot.press("1")
@@ -76,6 +76,6 @@ async def test_notices_do_not_follow_you_to_another_screen(app):
 async def test_text_in_brackets_is_shown_as_it_is(app):
     """A notice is never markup: a card's `[SIMULATED]` or a path's `[b]` was eaten as a style tag."""
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         app.notify("on card-x [SIMULATED]: exported to /tmp/[b]/r.csv", timeout=30)
         await until(pilot, lambda: "card-x [SIMULATED]: exported to /tmp/[b]/r.csv" in screen_text(app))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.tui.helpers import make_app, sim_backend
+from tests.tui.helpers import make_app, open_profiles, sim_backend, until
 from tuner.app.state import BisectState, CardState
 from tuner.profiles import build_profile, list_profiles, save_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
@@ -63,7 +63,7 @@ async def test_save_waits_for_the_bisect_to_end(app):
 async def test_apply_profile_on_the_same_card_then_keep(app, backend):
     _save(backend, "mine", -25)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await pilot.pause()
         detail = str(app.screen.query_one("#profile-detail").render())
         assert "On sim0: the same card (serial matches). Press a to apply it" in detail, detail
@@ -82,7 +82,8 @@ async def test_apply_profile_on_the_same_card_then_keep(app, backend):
 async def test_profile_from_another_card_needs_a_trial(app, backend):
     _save(backend, "theirs", -25, serial="SIM-9999-00")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("4", "a")
+        await open_profiles(pilot, app)
+        await pilot.press("a")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)  # verify first? default No
         await pilot.press("escape")
@@ -94,28 +95,27 @@ async def test_export_delete_import(app, backend, tmp_path):
     _save(backend, "roundtrip", -30)
     out = tmp_path / "exported.toml"
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("4", "e")
+        await open_profiles(pilot, app)
+        await pilot.press("e")
         await pilot.pause()
         await pilot.press("ctrl+a", "ctrl+k")
         app.screen.query_one("Input").value = str(out)
         await pilot.press("enter")
-        await pilot.pause()
-        assert out.exists()
+        await until(pilot, out.exists, what="the export (a worker writes it)")
 
         await pilot.press("delete")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)
         await pilot.press("y")
-        await pilot.pause()
-        assert list_profiles() == []
+        await until(pilot, lambda: list_profiles() == [], what="the delete (a worker removes it)")
+        await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 0, what="the emptied list")
 
         await pilot.press("i")
         await pilot.pause()
         app.screen.query_one("Input").value = str(out)
         await pilot.press("enter")
-        await pilot.pause()
+        await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 1, what="the imported row")
         assert [p.name for p in list_profiles()] == ["roundtrip"]
-        assert app.screen.query_one("#profiles-table").row_count == 1
 
 
 async def test_import_of_a_bad_file_is_a_notification(tmp_path):
@@ -123,10 +123,11 @@ async def test_import_of_a_bad_file_is_a_notification(tmp_path):
     bad.write_text("[profile]\nname = 'x'\n")
     app = make_app(tmp_path, backend=sim_backend(tmp_path), samples=1)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        await pilot.press("4", "i")
+        await open_profiles(pilot, app)
+        await pilot.press("i")
         await pilot.pause()
         app.screen.query_one("Input").value = str(bad)
         await pilot.press("enter")
-        await pilot.pause()
-        assert any("schema" in n.message or "missing" in n.message for n in app._notifications)
+        await until(pilot, lambda: any("schema" in n.message or "missing" in n.message for n in app._notifications),
+                    what="the import's error (from a worker)")
         assert list_profiles() == []

@@ -4,7 +4,7 @@ tuner.actions.boot_service, with no real systemd (TUNER_SYSTEMD_DIR points into 
 
 from __future__ import annotations
 
-from tests.tui.helpers import make_app, sim_backend, until
+from tests.tui.helpers import make_app, open_profiles, sim_backend, until
 from tuner.core import paths
 from tuner.profiles import build_profile, save_profile
 from tuner.profiles.boot import unit_path
@@ -39,7 +39,7 @@ def _real_card_profile(backend, monkeypatch, name: str = "mine"):
 
 async def _install_from_profiles(pilot, app):
     """Open Profiles, press b on the selected profile and answer yes: the install has run (or was refused)."""
-    await pilot.press("4")
+    await open_profiles(pilot, app)
     await app.workers.wait_for_complete()
     await until(pilot, lambda: _detail_says(app, "boot service"), what="the profile's boot-service line")
     await pilot.press("b")
@@ -59,7 +59,7 @@ def _rig(backend, name: str = "rig", values=(-40, -30)):
 async def test_the_efficiency_is_shown_with_the_setting_it_was_measured_at(app, backend):
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40, tuning=TUNING))
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await until(pilot, lambda: _detail_says(app, "Efficiency:"), what="the profile's detail")
         detail = _detail(app)
         # measured at -50 mV (the confirm trial), not at the saved -40 mV; rounded, labelled, simulated caveat
@@ -76,7 +76,7 @@ def _rig_on_two_cards(tmp_path):
 async def test_a_rig_profile_shows_every_card_and_the_rig_evidence_and_applies_as_one(tmp_path):
     backend, app = _rig_on_two_cards(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await until(pilot, lambda: _detail_says(app, "Press a to apply every card"), what="the rig's detail")
         assert app.screen.query_one("#profiles-table").get_row_at(0)[1:] == ["rig", "2 cards"]
         detail = " ".join(_detail(app).split())
@@ -106,7 +106,7 @@ async def test_a_rig_parts_setting_and_unit_stay_on_one_line_at_80_columns(tmp_p
 
     _backend, app = _rig_on_two_cards(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await until(pilot, lambda: _detail_says(app, "card[1]:"), what="the rig's parts")
         widget = app.screen.query_one("#profile-detail")
         lines = [line.plain.rstrip() for line in widget.render().wrap(widget.content_size.width)]
@@ -121,7 +121,8 @@ async def test_an_unconfirmed_rig_apply_reverts_every_card_when_the_countdown_en
     _rig(backend, values=(-40, -30, -20))
     app = make_app(tmp_path, backend=backend, clock=clock, samples=2)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("4", "a")
+        await open_profiles(pilot, app)
+        await pilot.press("a")
         await app.workers.wait_for_complete()
         await pilot.pause()
         assert isinstance(app.screen, KeepOrRevertDialog)
@@ -147,7 +148,7 @@ async def test_a_rig_profile_whose_card_is_missing_is_refused_and_nothing_change
     small = sim_backend(tmp_path / "two", gpus=2)  # the third card is gone
     app = make_app(tmp_path, backend=small, samples=1)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await until(pilot, lambda: _detail_says(app, "cannot be applied (card[2]'s card is not in this machine)"),
                     what="the missing card's refusal in the detail")
         await pilot.press("a")
@@ -163,7 +164,7 @@ async def test_b_installs_the_boot_service_for_the_profile_shows_its_status_and_
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
     _real_card_profile(backend, monkeypatch)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await app.workers.wait_for_complete()
         await until(pilot, lambda: _detail_says(app, "the boot service is not installed; b installs it for this "
                                                      "profile"), what="the boot service's status")
@@ -210,7 +211,7 @@ async def test_the_last_boot_run_and_its_result_are_in_the_detail(app, backend, 
               "lines": ["tuner: boot: missing card: 'mine' not applied"]}
     monkeypatch.setattr("tuner.actions.boot_service.read_last_run", lambda: record)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await app.workers.wait_for_complete()
         await until(pilot, lambda: _detail_says(app, "Last boot run"), what="the last boot run")
         detail = " ".join(_detail(app).split())
@@ -245,7 +246,7 @@ async def test_b_on_simulated_cards_is_not_offered_and_says_why_before_any_quest
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await until(pilot, lambda: "b is not offered for this profile here" in " ".join(_detail(app).split()))
         assert "SIMULATED" in _detail(app)
         bar = app.screen.query_one(KeyBar).plain
@@ -264,6 +265,6 @@ async def test_b_is_offered_for_a_real_cards_profile_on_real_cards(app, backend,
 
     _real_card_profile(backend, monkeypatch)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         await until(pilot, lambda: "b At boot" in app.screen.query_one(KeyBar).plain)
         assert "not offered" not in _detail(app)

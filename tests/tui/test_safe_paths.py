@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tests.actions.fakes import ClockOffsetSim
-from tests.tui.helpers import make_app, sim_backend
+from tests.tui.helpers import make_app, open_profiles, sim_backend
 from tuner.profiles import build_profile, save_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
 from tuner.tuning import journal
@@ -62,7 +62,8 @@ async def test_profile_verify_is_guarded_and_uses_the_profiles_workload_and_lock
     save_profile(replace(profile, setting=replace(profile.setting, lock_clock_mhz=2400)))
     app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("4", "a")
+        await open_profiles(pilot, app)
+        await pilot.press("a")
         await _settle(app, pilot)
         assert isinstance(app.screen, ConfirmDialog)
         await pilot.press("y")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tui.helpers import make_app, sim_backend, until
+from tests.tui.helpers import make_app, open_profiles, sim_backend, until
 
 pytest.importorskip("tuner.tuning.engine_client", reason="the stress engine client is not in this checkout")
 pytestmark = pytest.mark.timeout(300)
@@ -88,7 +88,8 @@ async def test_profile_from_another_card_is_verified_and_reverted_when_it_fails(
     save_profile(build_profile("theirs", other, backend.knob("sim0"), -70))
     app = make_app(tmp_path, backend=backend, samples=1, verify_duration_s=30.0)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("4", "a")
+        await open_profiles(pilot, app)
+        await pilot.press("a")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)
         await pilot.press("y")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tui.helpers import make_app, screen_text, sim_backend, until
+from tests.tui.helpers import make_app, open_profiles, screen_text, sim_backend, until
 from tuner.profiles import build_profile, save_profile
 from tuner.widgets.nav_bar import NavBar
 
@@ -64,7 +64,7 @@ async def test_at_120x40_the_profiles_table_shows_every_column_in_full(tmp_path,
     save_profile(build_profile("a-much-longer-profile-name", backend.device("sim0"), backend.knob("sim0"), -25))
     app = make_app(tmp_path, backend=backend, samples=1)
     async with app.run_test(size=first) as pilot:
-        await pilot.press("4")
+        await open_profiles(pilot, app)
         # at 80 columns: name and setting in full, the card in the detail
         name = "a-much-longer-profile-name"
         await until(pilot, lambda: f"{name}  -25 mV" in _table_row(app, name))

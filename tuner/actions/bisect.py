@@ -71,7 +71,7 @@ def check_save_name(name: str | None) -> None:
 
 
 def prepare_bisect(backend: Backend, device_ids: str | Sequence[str], params: BisectParams,
-                   on_event: Callable[[BisectEvent], None] | None = None, *, save: str | None = None,
+                   on_event: Callable[[BisectEvent], object] | None = None, *, save: str | None = None,
                    **job_options: Any) -> BisectJob:
     """Check everything a bisect of one card or several at once needs (every card's parameters, the --save name)
     and return its job (not started; `run()` blocks, `stop()` is thread-safe). `job_options` are BisectJob's

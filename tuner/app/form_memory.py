@@ -7,18 +7,20 @@ card keeps them when it moves slot. A damaged file is ignored (the form starts b
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
+from tuner.core.models import DeviceInfo
 
 FILE_NAME = "bisect-form.json"
 
 
-def card_key(device) -> str:
+def card_key(device: DeviceInfo) -> str:
     return f"{device.vendor}:{device.serial or device.id}"
 
 
-def _path():
+def _path() -> Path:
     return paths.config_dir() / FILE_NAME
 
 
@@ -30,14 +32,14 @@ def _load_all() -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def recall(device) -> dict[str, str]:
+def recall(device: DeviceInfo) -> dict[str, str]:
     values = _load_all().get(card_key(device))
     if not isinstance(values, dict):
         return {}
     return {str(k): str(v) for k, v in values.items() if isinstance(v, str)}
 
 
-def remember(device, values: dict[str, str]) -> None:
+def remember(device: DeviceInfo, values: dict[str, str]) -> None:
     """Keep the non-blank fields; a failed write only loses the convenience, so it is not an error."""
     doc = _load_all()
     doc[card_key(device)] = {k: v for k, v in values.items() if v.strip()}

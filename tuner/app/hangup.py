@@ -78,7 +78,7 @@ class HangUpGuard:
                  terminal_fd: int | None = None, grace_s: float = EXIT_GRACE_S,
                  check_s: float = TERMINAL_CHECK_S, exit_code: int = exit_codes.INTERRUPTED,
                  exit: Callable[[int], object] = os._exit, say: Callable[[list[str]], None] = say_best_effort,
-                 tick: Callable[[], object] | None = None):
+                 tick: Callable[[], object] | None = None) -> None:
         self._make_safe = make_safe
         self._leave = leave
         self._terminal_fd = terminal_fd

@@ -8,11 +8,14 @@ No textual here (the import contracts in pyproject.toml check it): the App runs 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
+from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
 from tuner.actions.stress import (
+    CachedReference,
     DetectorState,
     EngineFactory,
     NoStockReference,
@@ -25,7 +28,7 @@ from tuner.actions.stress import (
 from tuner.actions.verify import VerifyOutcome, verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
-from tuner.core.models import Verdict
+from tuner.core.models import DeviceInfo, StressTarget, Verdict
 from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import (
     CanaryEvent,
@@ -47,6 +50,7 @@ from tuner.tuning.events import (
     TrialFinished,
     TrialProgress,
     TrialRecovered,
+    TrialResult,
     TrialStarted,
     TrialWarning,
 )
@@ -56,11 +60,14 @@ VERIFY_DURATION_S = 300  # a profile proven on another card of the same model: a
 MANUAL_STRESS_S = 3600.0  # a stress run from the Tune screen lasts until stopped, at most an hour
 
 
-class _Job:
+Result = TypeVar("Result")  # what a job's run() returns: a summary line, or a bisect's outcome
+
+
+class _Job(Generic[Result]):
     """The shape the App drives every long job through: `run()` blocks (on a worker thread) and sets `done` when
     it ends however it ends, `stop()` is thread-safe and may come before `run()`, `wait()` waits for the end."""
 
-    def __init__(self, device_id: str):
+    def __init__(self, device_id: str) -> None:
         self.device_id = device_id
         self._stop = threading.Event()
         self._done = threading.Event()
@@ -70,13 +77,13 @@ class _Job:
         """Every card the job may leave changed (make_safe resets them all): its one card; a rig's, every card."""
         return (self.device_id,)
 
-    def run(self) -> object:
+    def run(self) -> Result:
         try:
             return self._work()
         finally:
             self._done.set()
 
-    def _work(self) -> object:
+    def _work(self) -> Result:
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -86,7 +93,7 @@ class _Job:
         return self._done.wait(timeout_s)
 
 
-def stress_reference(device, target, *, preset: str, mode: str):
+def stress_reference(device: DeviceInfo, target: StressTarget, *, preset: str, mode: str) -> CachedReference:
     """The cached stock reference for a manual stress of this workload on this card, keyed as the stress action
     keys it (tuner.actions.stress.cached_reference)."""
     return cached_reference(device, target, StressRequest(device.id, preset=preset, mode=mode))
@@ -103,23 +110,26 @@ def stress_question(backend: Backend, device_id: str, *, preset: str, mode: str)
     return None
 
 
-class StressJob(_Job):
+class StressJob(_Job[str]):
     """One stress run at the card's current setting, through the stress action (tuner.actions.stress: the watchdog,
     canary, reference and kernel-log policy the CLI's `tuner stress` follows too). `without_reference`: the user
     chose to run without a stock reference (the Tune screen asked). Summed up in one line."""
 
-    def __init__(self, backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
+    def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], object],
                  duration_s: float = MANUAL_STRESS_S, without_reference: bool = False,
                  kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
-                 engine_factory: EngineFactory | None = None, reference_record_s: float | None = None):
+                 engine_factory: EngineFactory | None = None, reference_record_s: float | None = None) -> None:
         super().__init__(device_id)
         request = StressRequest(device_id, duration_s=duration_s, preset=preset, mode=mode,
                                 without_reference=without_reference)
-        self.session = StressSession(backend, request, on_event=emit, engine_factory=engine_factory,
+        self.emit = emit
+        self.session = StressSession(backend, request, on_event=self._event, engine_factory=engine_factory,
                                      kernel_watcher_factory=kernel_watcher_factory,
                                      reference_record_s=reference_record_s)
-        self.emit = emit
         self.outcome: StressOutcome | None = None
+
+    def _event(self, event: object) -> None:
+        self.emit(event)  # what emit returns (post_message's bool) is nobody's business
 
     def _work(self) -> str:
         if self._stop.is_set():
@@ -138,20 +148,24 @@ class StressJob(_Job):
         self.session.stop()
 
 
-class VerifyJob(_Job):
+class VerifyJob(_Job[str]):
     """A profile's verify, behind StressJob's shape: its lock clock, then tuner.actions.verify's journalled trial
     with the profile's workload. Lines the trial reports are handed to `emit`."""
 
-    def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *, emit: Callable[[object], None]):
+    def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *,
+                 emit: Callable[[str], object]) -> None:
         super().__init__(plan.device.id)
         self.backend, self.plan, self.duration_s, self.emit = backend, plan, duration_s, emit
+
+    def _line(self, line: str) -> None:
+        self.emit(line)  # what emit returns (post_message's bool) is nobody's business
 
     def _work(self) -> str:
         locked = set_profile_lock_clock(self.backend, self.plan)
         if locked:
             self.emit(locked)
         outcome = verify_setting(self.backend, self.device_id, self.plan.value, self.duration_s,
-                                 workload=self.plan.workload, on_line=self.emit, stop_event=self._stop)
+                                 workload=self.plan.workload, on_line=self._line, stop_event=self._stop)
         return describe_verify_outcome(outcome)
 
 
@@ -211,7 +225,7 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
     return state
 
 
-class BisectRunner(_Job):
+class BisectRunner(_Job[BisectOutcome]):
     """A bisect of one card or several at once behind the same run/stop/wait shape as StressJob; keeps the outcome.
     `device_ids` are every card it may leave changed (make_safe resets them all).
 
@@ -219,7 +233,7 @@ class BisectRunner(_Job):
     (raising before anything was touched). A stop asked for before the job exists is passed on when it does."""
 
     def __init__(self, prepare: Callable[[], BisectJob], device_ids: tuple[str, ...],
-                 on_prepared: Callable[[], None] | None = None):
+                 on_prepared: Callable[[], None] | None = None) -> None:
         super().__init__(",".join(device_ids))
         self._device_ids = device_ids
         self._prepare = prepare
@@ -318,19 +332,18 @@ class EarlierTrials:
 
 
 def earlier_trials(device_id: str) -> EarlierTrials:
-    from tuner.tuning import journal
+    from tuner.actions.safety_files import session_trials
 
-    doc = journal.load(device_id) or {}
-    return EarlierTrials(tuple(doc.get("trials") or ()), device=device_id)
+    return EarlierTrials(session_trials(device_id), device=device_id)
 
 
-def _record_row(record) -> dict:
+def _record_row(record: Mapping[str, object]) -> dict:
     row = dict(record)
     row["reason"] = record.get("reason") or record.get("kind") or ""
     return row
 
 
-def _result_row(result) -> dict:
+def _result_row(result: TrialResult) -> dict:
     row = result.to_record()
     row["reason"] = result.reason or result.kind or ""
     return row
@@ -369,8 +382,8 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
                                            "eta_total_s": eta_total_s, "tok_s": event.tok_s,
                                            "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():
-            current = None if state.current is None else {**state.current, "progress": 1.0}
-            return replace(state, trials=_finish_row(state.trials, _result_row(event.result)), current=current)
+            return replace(state, trials=_finish_row(state.trials, _result_row(event.result)),
+                           current=None if state.current is None else {**state.current, "progress": 1.0})
         case Recommendation():
             return replace(state, recommendation=event)
         case BisectFailed():
@@ -430,7 +443,7 @@ def card_may_have_changed(before: CardState, after: CardState) -> bool:
 RESULT_NAME = "bisect-result"  # the unsaved ALL CARDS result's profile name: internal, never shown as a name
 
 
-def keep_question(pending) -> str:
+def keep_question(pending: PendingChange | RigChange) -> str:
     """What the keep-or-revert dialog asks: every card with its value and unit."""
     if not isinstance(pending, RigChange):
         unit = f" {pending.applied.unit}" if pending.applied is not None else ""

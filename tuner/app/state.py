@@ -10,9 +10,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.core.models import Knob, Mode, Telemetry
+
+if TYPE_CHECKING:
+    from tuner.tuning.events import Recommendation
+    from tuner.tuning.job import BisectOutcome
 
 HISTORY_SAMPLES = 300  # five minutes at 1 Hz
 LOG_LINES = 500
@@ -67,7 +71,7 @@ class DeviceHistory:
         return xs, ys
 
 
-def appended(items: tuple, *new, limit: int) -> tuple:
+def appended(items: tuple, *new: object, limit: int) -> tuple:
     """`items` plus `new`, keeping the last `limit` (a snapshot's bounded log or series)."""
     out = items + new
     return out[-limit:] if len(out) > limit else out
@@ -111,7 +115,7 @@ class CardState:
     running: bool = False
     trials: tuple[Mapping[str, Any], ...] = ()  # one row per started trial, replaced when it finishes
     current: Mapping[str, Any] | None = None  # the running trial: setting, progress 0..1, eta_s, index, total
-    recommendation: object | None = None
+    recommendation: Recommendation | None = None
     failure: str | None = None
     unit: str = ""
     session: str | None = None
@@ -135,7 +139,7 @@ class BisectState:
     attempts: tuple[Mapping[str, Any], ...] = ()  # one row per rig run: attempt, phase, settings, verdict...
     units: Mapping[str, str] = field(default_factory=dict)
     settings: Mapping[str, int] | None = None  # the final settings (confirmed together, with several cards)
-    outcome: object | None = None  # tuner.tuning.job.BisectOutcome when it ended
+    outcome: BisectOutcome | None = None  # when it ended
     failure: str | None = None
     warnings: tuple[str, ...] = ()
 

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -25,6 +25,7 @@ from textual.worker import Worker, WorkerState
 
 from tuner.actions import other_tools
 from tuner.actions.bisect import consent_question, prepare_bisect
+from tuner.actions.context import Context
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_TIMEOUT_S
 from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_rig_apply, prepare_rig_apply
 from tuner.actions.reset import reset_device
@@ -38,11 +39,22 @@ from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError, UsageError
+from tuner.profiles.schema import Profile
 from tuner.screens import messages as msg
 from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
 from tuner.tuning.job import BisectParams
+
+if TYPE_CHECKING:
+    from textual.notifications import SeverityLevel
+    from textual.widget import AwaitMount
+
+    from tuner.actions.boot_service import BootServiceStatus
+    from tuner.actions.keep_or_revert import PendingChange
+    from tuner.actions.profile_apply import RigChange
+    from tuner.app.palette import TunerCommands
+    from tuner.core.models import DeviceInfo, Knob, Telemetry
 
 SCREENS_IN_ORDER = (
     ("1", "dashboard", "Dashboard"),
@@ -81,7 +93,7 @@ def ended_notice(summary: str) -> dict:
     return {"severity": "error", "timeout": 10} if summary.startswith(ERROR_PREFIX) else {}
 
 
-def _palette():
+def _palette() -> type[TunerCommands]:
     """The command palette's provider, imported when the palette first opens (not for the first frame)."""
     from tuner.app.palette import TunerCommands
 
@@ -129,7 +141,7 @@ class TunerApp(App[int]):
 
     def __init__(
         self,
-        ctx=None,
+        ctx: Context | None = None,
         *,
         backend: Backend | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -142,7 +154,8 @@ class TunerApp(App[int]):
         verify_duration_s: float = jobs.VERIFY_DURATION_S,
     ) -> None:
         super().__init__()
-        self.backend: Backend = backend if backend is not None else ctx.backend
+        assert backend is not None or ctx is not None, "TunerApp needs a backend or a ctx that opens one"
+        self.backend: Backend = backend if backend is not None else ctx.backend  # type: ignore[union-attr]  # asserted
         self.clock = clock  # monotonic seconds: keep-or-revert countdowns
         self.sample_interval_s = sample_interval_s
         self.keep_timeout_s = keep_timeout_s
@@ -156,9 +169,9 @@ class TunerApp(App[int]):
         self.stress = StressState()
         self.bisect = BisectState()  # of one card, or of every card at once (the Bisect screen's ALL CARDS target)
         self.bisect_all = False  # the Bisect screen targets every card at once
-        self.pending = None  # the PendingChange waiting for keep-or-revert, if any
+        self.pending: PendingChange | RigChange | None = None  # the PendingChange waiting for keep-or-revert, if any
         self.doctor_checks: list | None = None
-        self.boot_status = None  # tuner.actions.boot_service.status(), read in a worker (systemctl may be slow)
+        self.boot_status: BootServiceStatus | None = None  # read in a worker (systemctl may be slow)
         self.selected_device_id = self.devices[0].id if self.devices else None
         self._stress_job: jobs.StressJob | jobs.VerifyJob | None = None
         self._bisect_job: jobs.BisectRunner | None = None
@@ -181,7 +194,8 @@ class TunerApp(App[int]):
         self._on_kept: Callable[[], None] | None = None
 
     # --- notices ------------------------------------------------------------------------------------------------
-    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None,
                markup: bool = False) -> None:
         """A toast whose kind is also a word (ERROR, WARNING) above the text, so NO_COLOR loses nothing. The
         text is never markup (screens' `notify` asks for it by default): a card's `[SIMULATED]` or a path in
@@ -190,7 +204,7 @@ class TunerApp(App[int]):
         super().notify(for_people(message, here=self.current_mode), title=title or SEVERITY_WORDS.get(severity, ""),
                        severity=severity, timeout=timeout, markup=False)
 
-    def switch_mode(self, mode: str):
+    def switch_mode(self, mode: str) -> AwaitMount:
         """Another screen: the notices of the one left go with it (they said something about what it showed)."""
         if mode != self.current_mode:
             self.clear_notifications()
@@ -212,7 +226,7 @@ class TunerApp(App[int]):
     def simulated(self) -> bool:
         return any(d.simulated for d in self.devices)
 
-    def device(self, device_id: str):
+    def device(self, device_id: str) -> DeviceInfo:
         return next(d for d in self.devices if d.id == device_id)
 
     def select_device(self, step: int) -> None:
@@ -273,7 +287,7 @@ class TunerApp(App[int]):
             if isinstance(screen, TunerScreen) and screen.is_mounted:
                 screen.repaint()
 
-    def record_sample(self, device_id: str, sample, knob) -> None:
+    def record_sample(self, device_id: str, sample: Telemetry, knob: Knob) -> None:
         """Add one sample as the sampler would (tests and snapshots pre-fill history this way)."""
         self.histories[device_id].add(sample)
         self.histories[device_id].set_knob(knob)
@@ -336,7 +350,8 @@ class TunerApp(App[int]):
             self._unannounced.append(pending)  # make_safe reverts it even if the event loop never takes it
         self.post_message(msg.ChangeApplied(pending))
 
-    def apply_rig_profile(self, profile, *, on_kept: Callable[[], None] | None = None) -> None:
+    def apply_rig_profile(self, profile: Profile | Callable[[], Profile], *,
+                          on_kept: Callable[[], None] | None = None) -> None:
         """`tuner apply` on a rig profile (tuner.actions.profile_apply): every part checked before any write, each
         to the card it was proven on, then one keep-or-revert for the whole rig (a revert puts every card back)."""
         if self.pending is not None:
@@ -349,7 +364,7 @@ class TunerApp(App[int]):
         self._apply_rig(profile)
 
     @work(thread=True, exit_on_error=False, group="setting")
-    def _apply_rig(self, profile) -> None:
+    def _apply_rig(self, profile: Profile | Callable[[], Profile]) -> None:
         """`profile`: a rig profile, or a function that builds one (the Bisect screen's result, built from the
         backend's cards here in the worker)."""
         with self._writing:
@@ -363,7 +378,8 @@ class TunerApp(App[int]):
                                            purpose=f"tuner (UI) apply {profile.name}")
                 change.apply()  # a card that fails puts the ones before it back, then raises
             except Exception as e:  # noqa: BLE001 - refused or not applied: say why
-                self.post_message(msg.BackendFailed(f"apply {profile.name!r}", e))
+                what = profile.name if isinstance(profile, Profile) else "the bisect's result"  # its builder failed
+                self.post_message(msg.BackendFailed(f"apply {what!r}", e))
                 return
             self._unannounced.append(change)  # make_safe reverts it even if the event loop never takes it
         for warning in plan.warnings:
@@ -388,7 +404,7 @@ class TunerApp(App[int]):
             self._settle_in_thread(pending, bool(keep))
 
     @work(thread=True, exit_on_error=False, group="setting")
-    def _settle_in_thread(self, pending, keep: bool) -> None:
+    def _settle_in_thread(self, pending: PendingChange | RigChange, keep: bool) -> None:
         cards = pending.device_ids
         try:
             with self._writing:  # make_safe waits for it (a hang-up while the answer is being written)
@@ -441,7 +457,7 @@ class TunerApp(App[int]):
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
-        setting = self.histories[device_id].knob.current if self.histories[device_id].knob else None
+        setting = knob.current if (knob := self.histories[device_id].knob) else None
         self.stress = StressState(device_id=device_id, running=True, setting=setting, preset=preset, mode=mode,
                                   run=self.stress.run + 1).written(
             f"starting {preset}/{mode} stress on {device_id} at {setting}")
@@ -488,7 +504,7 @@ class TunerApp(App[int]):
             question = questions[0] if len(device_ids) == 1 else (
                 f"Bisect every card at once ({', '.join(device_ids)})? {questions[0]}")
             self.push_screen(ConfirmDialog(question, yes="Start", no="Cancel"),
-                             lambda yes: yes and self._begin_bisect(device_ids, params))
+                             lambda yes: yes and self._begin_bisect(device_ids, params))  # type: ignore[func-returns-value]  # `and` only for its branch
             return
         self._begin_bisect(device_ids, params)
 
@@ -549,8 +565,8 @@ class TunerApp(App[int]):
         """The finished bisect as a profile (tuner.actions.bisect, as the CLI's --save), in the user's store: one
         card's own result (`device_id`), or one rig profile of the settings confirmed together."""
         from tuner.actions.bisect import profile_from_outcome, rig_profile_from_outcome
+        from tuner.actions.profile_store import save_profile
         from tuner.actions.screen.record import bundle_beside_profile
-        from tuner.profiles import save_profile
 
         outcome = self.bisect.outcome
         try:
@@ -568,13 +584,13 @@ class TunerApp(App[int]):
         self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}")
 
     # --- profiles -----------------------------------------------------------------------------------------------
-    def apply_profile(self, profile, device_id: str) -> None:
+    def apply_profile(self, profile: Profile, device_id: str) -> None:
         """`tuner apply`'s rules (tuner.actions.profile_apply), without --force: the same card applies
         (keep-or-revert); another card of the same model needs a verify trial; anything else is refused."""
         self._plan_profile(profile, device_id)
 
     @work(thread=True, exit_on_error=False, group="setting")
-    def _plan_profile(self, profile, device_id: str) -> None:
+    def _plan_profile(self, profile: Profile, device_id: str) -> None:
         try:
             plan = plan_profile_apply(self.backend, profile, device_id, verify=True)
         except Exception as e:  # noqa: BLE001 - refused: say why
@@ -593,7 +609,7 @@ class TunerApp(App[int]):
                     f"{format_duration(self.verify_duration_s)} stress trial at {plan.value:+d} {plan.knob.unit} on "
                     f"{plan.device.id}? It is kept only if it passes, else reverted.")
         self.push_screen(ConfirmDialog(question, yes="Verify", no="Cancel"),
-                         lambda yes: yes and self.verify_profile(plan))
+                         lambda yes: yes and self.verify_profile(plan))  # type: ignore[func-returns-value]  # as above
 
     def verify_profile(self, plan: ProfileApply) -> None:
         """`tuner apply --verify`: the journalled trial with the profile's workload and lock clock."""
@@ -743,7 +759,7 @@ class TunerApp(App[int]):
             if job is not None:
                 job.stop()
 
-    def signal_safe_hang_up(self, *_args) -> None:
+    def signal_safe_hang_up(self, *_args: object) -> None:
         """Ask the event loop to leave (from a signal handler or any thread; never blocks). Nothing new is written
         to a card from now on (the setting workers check `_leaving`)."""
         self._leaving = True
@@ -775,7 +791,7 @@ class TunerApp(App[int]):
             return list(self._made_safe)
 
     def _make_safe_now(self, wait_s: float) -> list[str]:
-        done, devices_to_reset = [], set()
+        done, devices_to_reset = [], set[str]()
         for job in (self._stress_job, self._bisect_job):
             if job is not None:
                 job.stop()
@@ -834,7 +850,7 @@ class TunerApp(App[int]):
         await self.screen.run_action(action)
 
 
-def run_app(ctx) -> int:
+def run_app(ctx: Context) -> int:
     """The UI, then the cards made safe. A hang-up, SIGTERM (every fatal signal) or the terminal gone goes through
     the guard (tuner.app.hangup): the cards are made safe on its thread at once, and the process ends with 130
     within its grace even when the UI cannot end by itself (Textual blocked writing to a terminal that is gone)."""

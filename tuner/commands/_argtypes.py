@@ -6,10 +6,19 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from tuner.core.durations import parse_duration_s
 from tuner.core.errors import UsageError
 from tuner.core.numbers import parse_whole_number
+
+
+class Subparsers(Protocol):
+    """What each command's `add_parser(subparsers)` is given: argparse's subparsers, or tuner.cli's wrapper that adds
+    the global options to every command (it has the one method the commands use)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
 
 # ASCII only, as whole numbers are (tuner.core.numbers): float() also accepts other scripts' digits and underscores.
 _DECIMAL = re.compile(r"[+-]?[0-9]{1,18}(?:\.[0-9]{1,9})?")

@@ -17,9 +17,10 @@ import select
 import sys
 from collections.abc import Callable
 from enum import StrEnum
-from typing import IO
+from typing import IO, TypeVar
 
 from tuner.actions.keep_or_revert import PendingChange
+from tuner.actions.profile_apply import RigChange
 from tuner.core import signals
 
 
@@ -29,7 +30,11 @@ class Answer(StrEnum):
     INTERRUPTED = "interrupted"  # a fatal signal: reverted
 
 
-def keep_or_revert(change: PendingChange, *, announce: Callable[[PendingChange], None], yes: bool = False,
+# one card's change or a rig's (every card at once): the same apply, announce, ask, keep-or-revert
+Change = TypeVar("Change", PendingChange, RigChange)
+
+
+def keep_or_revert(change: Change, *, announce: Callable[[Change], None], yes: bool = False,
                    stream: IO[str] | None = None, out: IO[str] | None = None) -> Answer:
     """Apply `change`, announce it, keep it only on a yes in time; revert on anything else. Returns what happened
     (`change.reverted_to` says where a revert left the card)."""
@@ -46,7 +51,7 @@ def keep_or_revert(change: PendingChange, *, announce: Callable[[PendingChange],
     return Answer.KEPT if change.kept else Answer.NOT_CONFIRMED
 
 
-def _ask(change: PendingChange, inbox: signals.Inbox, stream: IO[str] | None, out: IO[str]) -> bool:
+def _ask(change: PendingChange | RigChange, inbox: signals.Inbox, stream: IO[str] | None, out: IO[str]) -> bool:
     """True when the user answers yes before the change expires; False on anything else, a signal included."""
     if stream is None:  # started with stdin closed (`<&-`): no one can answer, so no
         return False

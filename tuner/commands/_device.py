@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from tuner.backends.base import Backend
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo
 
 
-def pick_device(backend, device_id: str | None) -> DeviceInfo:
+def pick_device(backend: Backend, device_id: str | None) -> DeviceInfo:
     if device_id:
         return backend.device(device_id)  # UnknownDevice lists the known ids
     devices = backend.devices()

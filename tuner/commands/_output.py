@@ -12,7 +12,7 @@ from typing import IO
 from tuner.core import json_values
 
 
-def print_json(document) -> None:
+def print_json(document: object) -> None:
     """One JSON document on stdout (what `--json` promises): strict JSON, a non-finite number is null."""
     sys.stdout.write(json_values.dumps(document, indent=2) + "\n")
 
@@ -58,7 +58,7 @@ class StatusLine:
     `trial 1 of ≤24 [####....] ... bisect ~2m03s left` lines at 80 columns, about 20 lines a trial). The width
     is read at each redraw, from the stream's own terminal, so a resized window is followed."""
 
-    def __init__(self, stream: IO[str] | None = None):
+    def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.shown = False
 

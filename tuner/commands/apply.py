@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
 
 from tuner.actions.boot_apply import run_boot_apply
+from tuner.actions.context import Context
+from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import (
     ProfileApply,
     RigApply,
@@ -14,20 +17,25 @@ from tuner.actions.profile_apply import (
     prepare_rig_apply,
     set_profile_lock_clock,
 )
+from tuner.actions.profile_store import load_profile
 from tuner.actions.setting import SetRequest, apply_setting_now, prepare_setting
 from tuner.actions.verify import verify_setting
-from tuner.commands._argtypes import duration, seconds_between
+from tuner.backends.base import Backend
+from tuner.commands._argtypes import Subparsers, duration, seconds_between
 from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes, system_units
 from tuner.core.errors import UsageError
-from tuner.profiles import Profile, load_profile, reference_bundle
+from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import boot as boot_rules
+from tuner.profiles import reference_bundle
+from tuner.profiles.identity import MatchResult
+from tuner.profiles.schema import Profile
 
 _boot_wait = seconds_between(0, 600)
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "apply",
         help="apply a saved profile (checks it is the card it was proven on)",
@@ -64,7 +72,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     if args.resume and not args.boot:
         raise UsageError("--resume is a mode of --boot", "use `tuner apply --boot --resume`")
     if args.boot:
@@ -109,36 +117,39 @@ def run(args, ctx) -> int:
     return exit_codes.OK
 
 
-def _apply_with_confirmation(args, ctx, plan: ProfileApply) -> int:
+def _apply_with_confirmation(args: Namespace, ctx: Context, plan: ProfileApply) -> int:
     """The same keep-or-revert confirmation as `tuner set`: kept only on a yes within the timeout."""
     profile, device, result = plan.profile, plan.device, plan.match
     change = prepare_setting(ctx.backend, SetRequest(device.id, plan.value, ignore_unsafe=args.ignore_unsafe),
                              purpose=f"tuner apply {profile.name}")
 
-    def announce(change) -> None:
+    def announce(change: PendingChange) -> None:
         applied = change.applied
+        assert applied is not None and change.before is not None  # announced once applied and read back
         print(f"{device.id}  {device.label}: {format_value(change.before.current, applied.unit)} -> "
               f"{format_value(applied.current, applied.unit)} from {profile.name!r} (read back)",
               file=sys.stderr if args.json else sys.stdout, flush=True)
 
     answer = keep_or_revert(change, announce=announce)
     if change.kept:
+        assert change.applied is not None  # kept: applied and read back
         _report(args, profile, device, result, change.applied)
         return exit_codes.OK
     why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
-    print(f"{why}: reverted to {format_value(change.reverted_to.current, change.reverted_to.unit)}",
-          file=sys.stderr)
+    reverted = change.reverted_to
+    assert reverted is not None  # not kept: leaving keep_or_revert reverted it (or raised)
+    print(f"{why}: reverted to {format_value(reverted.current, reverted.unit)}", file=sys.stderr)
     if args.json:
-        print_json(_doc(profile, device, result, change.reverted_to, applied=False))
+        print_json(_doc(profile, device, result, reverted, applied=False))
     return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
 
 
-def _doc(profile, device, result, knob, **extra) -> dict:
+def _doc(profile: Profile, device: DeviceInfo, result: MatchResult, knob: Knob, **extra: object) -> dict:
     return {"profile": profile.name, "device": device.to_dict(), "match": result.to_dict(),
             "value": profile.setting.value, "knob": knob.to_dict(), **extra}
 
 
-def _report(args, profile, device, result, after) -> None:
+def _report(args: Namespace, profile: Profile, device: DeviceInfo, result: MatchResult, after: Knob) -> None:
     if args.json:
         print_json(_doc(profile, device, result, after, applied=True))
     else:
@@ -149,7 +160,7 @@ def _report(args, profile, device, result, after) -> None:
 # --- rig profiles -------------------------------------------------------------------------------------------------
 
 
-def _run_rig(args, ctx, profile: Profile) -> int:
+def _run_rig(args: Namespace, ctx: Context, profile: Profile) -> int:
     """Every part to the card it was proven on; all checked before any write, one keep-or-revert for the rig."""
     if args.device:
         raise UsageError(f"{profile.name!r} is a rig profile: each part goes to the card it was proven on",
@@ -168,8 +179,9 @@ def _run_rig(args, ctx, profile: Profile) -> int:
         if args.yes:
             return  # kept without asking: the report below says what each card now holds
         for part, pending in zip(plan.to_apply, change.changes, strict=True):
-            before, applied = pending.before, pending.applied
-            print(f"{part.device.id}  {part.device.label}: {format_value(before.current, applied.unit)} -> "
+            before, applied, device = pending.before, pending.applied, part.device
+            assert before is not None and applied is not None and device is not None  # applied, on a present card
+            print(f"{device.id}  {device.label}: {format_value(before.current, applied.unit)} -> "
                   f"{format_value(applied.current, applied.unit)} from {profile.name!r} card[{part.index}] "
                   "(read back)", file=out, flush=True)
 
@@ -179,8 +191,10 @@ def _run_rig(args, ctx, profile: Profile) -> int:
             print_json(_rig_doc(plan, change, applied=True))
         else:
             for part in plan.to_apply:
-                knob = change.applied[part.device.id]
-                print(f"{part.device.id}  {part.device.label}: applied {profile.name!r} card[{part.index}] "
+                device = part.device
+                assert device is not None  # to_apply holds the parts whose card is here
+                knob = change.applied[device.id]
+                print(f"{device.id}  {device.label}: applied {profile.name!r} card[{part.index}] "
                       f"({format_value(knob.current, knob.unit)}, read back)")
         return exit_codes.OK
     why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
@@ -209,12 +223,12 @@ def _rig_doc(plan: RigApply, change: RigChange, *, applied: bool) -> dict:
 # --- boot mode ----------------------------------------------------------------------------------------------------
 
 
-def _run_boot(args, ctx) -> int:
+def _run_boot(args: Namespace, ctx: Context) -> int:
     """Apply system profiles to their own cards (tuner.actions.boot_apply holds the rules). A skip by design exits
     0 (the unit is not 'failed'); a part that could not be applied, or a rig's missing card, exits non-zero after
     the others were tried."""
 
-    def reopen():
+    def reopen() -> Backend:
         ctx.close()
         ctx._backend = None  # a fresh discovery each try; the driver may have finished probing since
         return ctx.backend

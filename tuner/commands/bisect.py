@@ -8,9 +8,12 @@ import argparse
 import json
 import sys
 import threading
+from argparse import Namespace
 
 from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect, rig_devices
-from tuner.commands._argtypes import whole_number
+from tuner.actions.context import Context
+from tuner.backends.base import Backend
+from tuner.commands._argtypes import Subparsers, whole_number
 from tuner.commands._output import StatusLine, fit, format_table
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration, parse_duration_s
@@ -18,6 +21,7 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode, Verdict
 from tuner.tuning.events import (
     FINISHING,
+    BisectEvent,
     BisectFailed,
     BisectStopped,
     Recommendation,
@@ -32,10 +36,10 @@ from tuner.tuning.events import (
     TrialStarted,
     TrialWarning,
 )
-from tuner.tuning.job import RIG_BASELINE, BisectParams
+from tuner.tuning.job import RIG_BASELINE, BisectJob, BisectOutcome, BisectParams, CardOutcome
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "bisect",
         help="find the lowest stable setting, confirm it, recommend it with a margin",
@@ -89,7 +93,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _confirm_real_cards(backend, devices: tuple[str, ...], args) -> None:
+def _confirm_real_cards(backend: Backend, devices: tuple[str, ...], args: Namespace) -> None:
     questions = [q for q in (consent_question(backend.device(d)) for d in devices) if q]
     if not questions or args.yes:
         return
@@ -107,7 +111,7 @@ class _Printer:
     each prefixed with its card when there are several) and, on a TTY, one progress line per card redrawn in place
     under them (a trial past its time reads `finishing`, not `ETA 0s`). `--json`: every event on stdout too."""
 
-    def __init__(self, backend, devices: tuple[str, ...], json_lines: bool):
+    def __init__(self, backend: Backend, devices: tuple[str, ...], json_lines: bool) -> None:
         self.devices, self.json_lines = devices, json_lines
         self.units = {d: backend.knob(d).unit for d in devices}
         self.several = len(devices) > 1
@@ -119,7 +123,7 @@ class _Printer:
         self._drawn = 0
         self._lock = threading.Lock()
 
-    def __call__(self, event) -> None:
+    def __call__(self, event: BisectEvent) -> None:
         with self._lock:
             if self.json_lines:
                 sys.stdout.write(json.dumps(event.to_json(), default=str) + "\n")
@@ -172,7 +176,7 @@ class _Printer:
     def _v(self, device: str, value: int | None) -> str:
         return "-" if value is None else f"{value:+d} {self.units.get(device, '')}".rstrip()
 
-    def _card(self, d: str, ev) -> None:
+    def _card(self, d: str, ev: BisectEvent) -> None:
         if isinstance(ev, SessionStarted):
             what = "resuming session" if ev.resumed else "new session"
             unsafe = f"; unsafe (never tried): {', '.join(self._v(d, u) for u in ev.unsafe)}" if ev.unsafe else ""
@@ -225,7 +229,7 @@ class _Printer:
     def _settings(self, settings: dict[str, int]) -> str:
         return ", ".join(f"{d} {self._v(d, v)}" for d, v in settings.items())
 
-    def _rig(self, ev) -> None:
+    def _rig(self, ev: BisectEvent) -> None:
         if isinstance(ev, RigConfirmStarted):
             if ev.phase == RIG_BASELINE:
                 self.line("rig", f"recording the data-parallel reference at stock on {', '.join(ev.settings)} "
@@ -249,7 +253,7 @@ class _Printer:
             self.line("rig", f"{what} FAILED: {blame}" + (f" ({why})" if why else "") + nxt)
 
 
-def _fmt(value, spec: str) -> str | None:
+def _fmt(value: object, spec: str) -> str | None:
     return None if value is None else format(value, spec)
 
 
@@ -288,7 +292,7 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
     return head
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     devices = rig_devices(backend, args.device)
     if args.from_last:
@@ -300,7 +304,7 @@ def run(args, ctx) -> int:
                  if text is not None}  # left out: the core's default
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
                           mode=args.mode, preset=args.preset, compile=args.compile, resume=args.resume,
-                          restart=args.restart, tolerance=args.tolerance, **durations)
+                          restart=args.restart, tolerance=args.tolerance, **durations)  # type: ignore[arg-type]  # only trial_s/confirm_s (floats); mypy matches a **dict against every parameter
     if args.tolerance:
         from tuner.tuning.sensitivity import tolerance_note
 
@@ -339,7 +343,7 @@ def run(args, ctx) -> int:
     return outcome.exit_code
 
 
-def _report(backend, outcome) -> None:
+def _report(backend: Backend, outcome: BisectOutcome) -> None:
     """Each card's trials and recommendation; with several cards, the rig's attempts and the final settings."""
     several = len(outcome.per_card) > 1
     for d, o in outcome.per_card.items():
@@ -374,7 +378,7 @@ def _report(backend, outcome) -> None:
         print(f"no recommendation for {', '.join(outcome.reasons)} (see 'why not'); exit code {outcome.exit_code}")
 
 
-def run_in_worker(job):
+def run_in_worker(job: BisectJob) -> tuple[BisectOutcome, bool]:
     """Run `job` (a BisectJob) and return (its outcome, whether a signal interrupted it).
 
     The job runs in a worker so that a signal in the main thread only asks it to stop (an exception inside
@@ -405,7 +409,7 @@ def run_in_worker(job):
     return box["outcome"], inbox.first is not None
 
 
-def _save(args, backend, outcome) -> None:
+def _save(args: Namespace, backend: Backend, outcome: BisectOutcome) -> None:
     """One card: its profile, its stock baseline bundled beside it; several: one rig profile, a part per card that
     got a setting confirmed together (each built by the core; a rig profile bundles no baseline)."""
     from tuner.actions.bisect import rig_profile_from_outcome
@@ -414,7 +418,7 @@ def _save(args, backend, outcome) -> None:
         [device_id] = outcome.per_card
         _save_card(args, backend, device_id, outcome.card)
         return
-    from tuner.profiles import save_profile
+    from tuner.actions.profile_store import save_profile
 
     profile = rig_profile_from_outcome(backend, outcome, args.save)
     path = save_profile(profile, overwrite=False)
@@ -427,12 +431,12 @@ def _save(args, backend, outcome) -> None:
               + (f"; left out: {', '.join(left_out)}" if left_out else ""))
 
 
-def _save_card(args, backend, device_id: str, card) -> None:
+def _save_card(args: Namespace, backend: Backend, device_id: str, card: CardOutcome) -> None:
     """One card's profile (`card`: its CardOutcome), with the session's stock baseline beside it (NAME.ref, for
     `tuner screen` and `apply --verify` elsewhere; tuner.actions.screen.record, as the UI's save)."""
     from tuner.actions.bisect import profile_from_outcome
+    from tuner.actions.profile_store import save_profile
     from tuner.actions.screen.record import bundle_beside_profile
-    from tuner.profiles import save_profile
 
     path = save_profile(profile_from_outcome(backend, device_id, card, args.save), overwrite=False)
     reference = bundle_beside_profile(backend, device_id, card, path)
@@ -443,7 +447,7 @@ def _save_card(args, backend, device_id: str, card) -> None:
         print(f"saved profile {args.save!r} to {path}{reference.text()}")
 
 
-def _save_from_last(args, backend, device_id: str) -> int:
+def _save_from_last(args: Namespace, backend: Backend, device_id: str) -> int:
     from tuner.tuning.job import last_outcome
 
     if not args.save:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
+
+from tuner.actions.context import Context
 from tuner.actions.doctor import FAIL, run_checks
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import print_json
 from tuner.core import exit_codes
 
 _MARK = {"ok": "[ ok ]", "warn": "[warn]", "fail": "[FAIL]", "info": "[info]"}
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "doctor",
         help="check drivers, kernel settings, permissions and the torch build",
@@ -22,7 +26,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     checks = run_checks(simulate=ctx.simulate)
     failed = any(c.status == FAIL for c in checks)
     if args.json:

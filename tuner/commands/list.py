@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
+
+from tuner.actions.context import Context
+from tuner.backends.base import Backend
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import TunerError
+from tuner.core.models import Knob
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "list",
         help="list the GPUs found and their undervolt knob",
@@ -17,7 +23,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _knob_or_error(backend, device_id):
+def _knob_or_error(backend: Backend, device_id: str) -> tuple[Knob | None, str | None]:
     """One card with Overdrive off must not hide the others: its knob error is shown in its row."""
     try:
         return backend.knob(device_id), None
@@ -25,7 +31,7 @@ def _knob_or_error(backend, device_id):
         return None, e.one_line()
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     entries = [(dev, *_knob_or_error(backend, dev.id)) for dev in backend.devices()]
     if args.json:

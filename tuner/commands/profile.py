@@ -5,15 +5,13 @@ from __future__ import annotations
 import shutil
 import sys
 import textwrap
+from argparse import Namespace
+from collections.abc import Sequence
 from pathlib import Path
 
+from tuner.actions.context import Context
 from tuner.actions.exports import profile_export_path
-from tuner.commands._output import format_table, format_value, print_json
-from tuner.core import exit_codes
-from tuner.core.errors import UsageError
-from tuner.profiles import Profile, evidence, reference_bundle, validate_name
-from tuner.profiles.schema import format_created
-from tuner.profiles.store import (
+from tuner.actions.profile_store import (
     delete_profile,
     find_in_store,
     is_system,
@@ -22,12 +20,19 @@ from tuner.profiles.store import (
     scan,
     write_profile_file,
 )
+from tuner.commands._argtypes import Subparsers
+from tuner.commands._output import format_table, format_value, print_json
+from tuner.core import exit_codes
+from tuner.core.errors import UsageError
+from tuner.profiles import evidence, reference_bundle
+from tuner.profiles.reference_bundle import Bundle
+from tuner.profiles.schema import Profile, ProfilePart, Setting, Trial, format_created, validate_name
 
 # a workload saved without a dtype ran with the engine's `--dtype auto` (bf16 where the card has it, else fp32)
 AUTO_DTYPE = "auto"
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "profile",
         help="list, show, export, import or delete saved profiles",
@@ -81,7 +86,7 @@ def _summary(profile: Profile) -> dict:
             "sensitivity": evidence.profile_sensitivity(profile), **profile.to_json_dict()}
 
 
-def run_list(args, ctx) -> int:
+def run_list(args: Namespace, ctx: Context) -> int:
     profiles, bad = scan()
     for _path, why in bad:  # `why` names the file
         print(f"tuner: warning: skipped {why}", file=sys.stderr)
@@ -115,7 +120,7 @@ def _tuned(profile: Profile) -> bool:
     return any(p.tuning is not None for p in profile.parts)
 
 
-def trials_table(trials, unit: str, width: int) -> list[str]:
+def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
     """The trials as a table that fits `width` columns: the reason comes last, cut to the room left, and a cut
     reason is given in full below the table, wrapped to the width (a REASON column 200 characters wide wrapped
     every row into a mess)."""
@@ -146,11 +151,11 @@ def _field(label: str, text: str, width: int, indent: str = "  ") -> list[str]:
                          subsequent_indent=" " * len(head), break_on_hyphens=False) or [head.rstrip()]
 
 
-def _fig(value, fmt: str) -> str:
+def _fig(value: object, fmt: str) -> str:
     return "?" if value is None else fmt.format(value)
 
 
-def _part_lines(part, width: int, indent: str = "  ") -> list[str]:
+def _part_lines(part: Profile | ProfilePart, width: int, indent: str = "  ") -> list[str]:
     """One card's identity, setting and evidence: the body of a single-card show, or one block of a rig's."""
     d, s, t = part.device, part.setting, part.tuning
     lines = [
@@ -203,7 +208,7 @@ def _rig_lines(profile: Profile, width: int) -> list[str]:
     return lines
 
 
-def run_show(args, ctx) -> int:
+def run_show(args: Namespace, ctx: Context) -> int:
     source = find_in_store(args.name)
     profile = read_profile_file(source)
     bundled = _bundled_reference(source)
@@ -230,12 +235,12 @@ def run_show(args, ctx) -> int:
     return exit_codes.OK
 
 
-def _setting_extras(s) -> str:
+def _setting_extras(s: Setting) -> str:
     lock = f" at a locked {s.lock_clock_mhz} MHz" if s.lock_clock_mhz else ""
     return lock + (f", power limit {s.power_limit_w:g} W" if s.power_limit_w else "")
 
 
-def run_export(args, ctx) -> int:
+def run_export(args: Namespace, ctx: Context) -> int:
     source = find_in_store(args.name)
     profile = read_profile_file(source)
     bundled = _bundled_reference(source)  # checked before anything is written
@@ -260,7 +265,7 @@ def run_export(args, ctx) -> int:
     return exit_codes.OK
 
 
-def _bundled_reference(profile_path: Path):
+def _bundled_reference(profile_path: Path) -> tuple[Bundle, Path, int] | None:
     """The reference stored beside a profile, checked (a damaged one stops the command: one line, nothing written);
     None when it has none."""
     return reference_bundle.reference_beside(profile_path)
@@ -270,7 +275,7 @@ def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
-def run_import(args, ctx) -> int:
+def run_import(args: Namespace, ctx: Context) -> int:
     if args.name is not None:  # `--name ""` is an error, not "no name"
         validate_name(args.name, path="--name")
     profile = read_profile_file(Path(args.path))  # validated (and never through a symlink) before storing
@@ -278,7 +283,7 @@ def run_import(args, ctx) -> int:
     if args.name is not None:
         profile = profile.renamed(args.name)
     path = save_profile(profile, overwrite=args.overwrite, system=args.system)
-    reference = None
+    reference, size = None, 0
     if bundled is not None:
         ref_path, size = reference_bundle.write_beside(bundled[0], path, overwrite=True)
         reference = {"path": str(ref_path), "size_bytes": size, "sha256": bundled[0].sha256}
@@ -288,12 +293,12 @@ def run_import(args, ctx) -> int:
         print_json({"imported": profile.name, "path": str(path), "reference": reference,
                     "profile": profile.to_json_dict()})
     else:
-        carried = f", with its stock reference ({_kib(reference['size_bytes'])})" if reference else ""
+        carried = f", with its stock reference ({_kib(size)})" if reference else ""
         print(f"imported {profile.name!r} ({_device_cell(profile)}, {_setting_cell(profile)}) to {path}{carried}")
     return exit_codes.OK
 
 
-def run_delete(args, ctx) -> int:
+def run_delete(args: Namespace, ctx: Context) -> int:
     path = delete_profile(args.name, system=args.system)
     ref = reference_bundle.remove_beside(path)
     print(f"deleted {path}" + (f" and its stock reference {ref}" if ref else ""))

@@ -7,18 +7,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
 from tuner.commands._output import print_json
 from tuner.core import exit_codes
 
 if TYPE_CHECKING:
     from tuner.actions.context import Context
+    from tuner.actions.screen.attribution import Tier
 
 TIER_HELP = ("quick (30 s of load, like DCGM level 1; the default), standard (2 min, level 2) or long (15 min, "
              "level 3); also 1, 2, 3")
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "reference",
         help="record or show a portable stock reference (for `tuner screen` on other machines)",
@@ -56,7 +58,7 @@ def add_parser(subparsers) -> None:
     q.set_defaults(run=run_show)
 
 
-def _tier(text: str):
+def _tier(text: str) -> Tier:
     from tuner.actions.screen.attribution import tier_named
     from tuner.core.errors import UsageError
     try:
@@ -65,7 +67,7 @@ def _tier(text: str):
         raise UsageError(f"--tier: {e}") from None
 
 
-def tier_of(args: argparse.Namespace):
+def tier_of(args: argparse.Namespace) -> Tier:
     """The tier asked for, or a custom one with `--duration`."""
     from dataclasses import replace
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
+
+from tuner.actions.context import Context
 from tuner.actions.exports import report_export_path
 from tuner.actions.report import last_session, write_report
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
 from tuner.core import exit_codes
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "report",
         help="export the latest bisect's trials as CSV or JSON",
@@ -24,7 +28,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     device = pick_device(ctx.backend, args.device)
     doc = last_session(device.id)
     trials = doc.get("trials") or []

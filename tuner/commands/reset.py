@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
 
+from tuner.actions.context import Context
 from tuner.actions.reset import holder_of, reset_device, reset_targets
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "reset",
         help="return a card (or all) to stock settings",
@@ -26,7 +29,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     targets = reset_targets(backend, args.device, all_devices=args.all)
     if args.force:

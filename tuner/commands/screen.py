@@ -8,15 +8,19 @@ import argparse
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
+from tuner.actions.profile_store import load_profile
+from tuner.backends.base import Backend
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
 from tuner.commands.reference import TIER_HELP, tier_of
 from tuner.core.atomic import write_atomic
 from tuner.core.durations import format_duration
 from tuner.core.errors import UsageError
-from tuner.profiles import Profile, load_profile
+from tuner.profiles.schema import Profile
 
 if TYPE_CHECKING:
     from tuner.actions.context import Context
@@ -49,7 +53,7 @@ examples:
   A Slurm HealthCheckProgram, a Kubernetes Job and an Ansible playbook are in examples/."""
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "screen",
         help="compare cards with a portable reference: pass, fail, retest or incomparable per card",
@@ -83,7 +87,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def select_devices(backend, text: str | None) -> list[str]:
+def select_devices(backend: Backend, text: str | None) -> list[str]:
     """`ID`, `ID,ID` or `all` (every card, in the backend's order); the only card when not given."""
     if text is None:
         return [pick_device(backend, None).id]
@@ -99,7 +103,7 @@ def select_devices(backend, text: str | None) -> list[str]:
 class Progress:
     """One self-overwriting line on stderr (a terminal only): each card's step and the time left."""
 
-    def __init__(self, stream, load_s: float, clock=time.monotonic):
+    def __init__(self, stream: IO[str], load_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.stream, self.load_s, self.clock = stream, load_s, clock
         self.enabled = bool(getattr(stream, "isatty", lambda: False)())
         self.steps: dict[str, str] = {}

@@ -6,16 +6,19 @@ The rules live in tuner.actions.boot_service (the UI calls the same functions); 
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
 from datetime import datetime
 
 from tuner.actions import boot_service
+from tuner.actions.context import Context
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import print_json
 from tuner.core import exit_codes, paths
 from tuner.core.errors import TunerError
 from tuner.profiles import boot as boot_rules
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "service",
         help="install or remove the boot service that applies profiles",
@@ -50,7 +53,7 @@ def _print(result: boot_service.BootServiceResult) -> None:
         print(f"tuner: warning: {warning}", file=sys.stderr)
 
 
-def run_install(args, ctx) -> int:
+def run_install(args: Namespace, ctx: Context) -> int:
     try:
         result = boot_service.install(args.profile, overwrite=args.overwrite, simulated_session=ctx.simulate)
     except boot_service.NoSystemProfiles as e:
@@ -59,12 +62,12 @@ def run_install(args, ctx) -> int:
     return exit_codes.OK
 
 
-def run_uninstall(args, ctx) -> int:
+def run_uninstall(args: Namespace, ctx: Context) -> int:
     _print(boot_service.remove())
     return exit_codes.OK
 
 
-def run_status(args, ctx) -> int:
+def run_status(args: Namespace, ctx: Context) -> int:
     backend, error = None, None
     try:  # the cards as they read now (simulated ones with --simulate); without a GPU the rest still shows
         backend = ctx.backend

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import sys
 import time
+from argparse import Namespace
 
 from tuner.actions import other_tools
-from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S
+from tuner.actions.context import Context
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.actions.setting import SetRequest, prepare_setting
-from tuner.commands._argtypes import seconds_between, whole_number
+from tuner.commands._argtypes import Subparsers, seconds_between, whole_number
 from tuner.commands._confirm import Answer, keep_or_revert
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json
@@ -27,7 +29,7 @@ from tuner.core import exit_codes
 _keep_timeout = seconds_between(1, 600)
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "set",
         help="apply an undervolt setting, then keep or revert it",
@@ -69,7 +71,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     dev = pick_device(backend, args.device)
     request = SetRequest(dev.id, args.offset, allow_overvolt=args.allow_overvolt,
@@ -79,8 +81,9 @@ def run(args, ctx) -> int:
     for warning in other_tools.warnings_for(backend, [dev.id]):  # issue 23: warned, not refused (a person confirms)
         print(f"tuner: warning: {warning}", file=sys.stderr)
 
-    def announce(change) -> None:
+    def announce(change: PendingChange) -> None:
         applied = change.applied
+        assert applied is not None and change.before is not None  # announced once applied and read back
         lock = f" at a locked {applied.lock_clock_mhz} MHz" if applied.lock_clock_mhz else ""
         print(f"{dev.id}  {dev.label}: {format_value(change.before.current, change.before.unit)} -> "
               f"{format_value(applied.current, applied.unit)}{lock} (read back)",
@@ -88,6 +91,7 @@ def run(args, ctx) -> int:
 
     answer = keep_or_revert(change, announce=announce, yes=args.yes)
     applied = change.applied
+    assert applied is not None and change.before is not None  # keep_or_revert applied it (or raised)
     if args.json:
         print_json(
             {
@@ -106,6 +110,7 @@ def run(args, ctx) -> int:
             )
         return exit_codes.OK
     reverted = change.reverted_to
+    assert reverted is not None  # not kept: leaving keep_or_revert reverted it (or raised)
     why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
     note = f" ({change.restore_note})" if change.restore_note else ""
     print(f"{why}: reverted to {format_value(reverted.current, reverted.unit)}{note}", file=sys.stderr)

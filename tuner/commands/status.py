@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
 
+from tuner.actions import safety_files
+from tuner.actions.context import Context
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import StateError
-from tuner.core.models import Telemetry
+from tuner.core.models import Knob, Telemetry
 from tuner.core.telemetry_text import fan_text, limits_text, vram_text
-from tuner.tuning import journal
 
 _FIELDS = (  # (label, attribute, format)
     ("power", "power_w", "{:.1f} W"),
@@ -25,7 +28,7 @@ _FIELDS = (  # (label, attribute, format)
 )
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "status",
         help="show one telemetry sample and the current setting",
@@ -50,17 +53,17 @@ def format_telemetry(sample: Telemetry) -> list[str]:
     return lines
 
 
-def safety_warnings(device_id: str, knob) -> list[str]:
+def safety_warnings(device_id: str, knob: Knob) -> list[str]:
     """Warning signs in the device's safety files: a trial (a card's, a rig's, a verify) left open by a tool that
     died (the card may still hold its value), or a damaged file (which blocks set, apply and bisect on the card)."""
     try:
-        trial = journal.leftover_trial(device_id)
+        trial = safety_files.leftover_trial(device_id)
     except StateError as e:
         return [e.one_line()]
     if trial is None:
         return []
-    why = {journal.Owner.EARLIER_BOOT: "the machine rebooted during it",
-           journal.Owner.UNKNOWN_BOOT: "the boot id is unreadable, so a reset during it cannot be ruled out",
+    why = {safety_files.Owner.EARLIER_BOOT: "the machine rebooted during it",
+           safety_files.Owner.UNKNOWN_BOOT: "the boot id is unreadable, so a reset during it cannot be ruled out",
            }.get(trial["owner"], f"its process {trial['pid']} is gone")
     what = f"a {trial['phase'] or 'tuning'} trial at {format_value(trial['setting'], knob.unit)} did not finish ({why})"
     again = f"`tuner bisect --device {trial['resume']} --resume` runs it again" if trial["resume"] else ""
@@ -70,7 +73,7 @@ def safety_warnings(device_id: str, knob) -> list[str]:
     return [f"{device_id}: {what}; the card is at stock" + (f"; {again}" if again else "")]
 
 
-def run(args, ctx) -> int:
+def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     devices = [backend.device(args.device)] if args.device else backend.devices()
     report = []

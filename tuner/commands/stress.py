@@ -17,9 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from tuner.commands._argtypes import positive_int
+from tuner.commands._argtypes import Subparsers, positive_int
 from tuner.commands._device import pick_device
 from tuner.commands._output import StatusLine
 from tuner.core import exit_codes
@@ -30,13 +30,13 @@ if TYPE_CHECKING:
     from tuner.actions.context import Context
     from tuner.actions.stress import StressOutcome, StressRequest
     from tuner.core.models import DeviceInfo
-    from tuner.tuning.engine_client import EngineConfig, StressResult
+    from tuner.tuning.engine_client import EngineConfig, GemmEvent, StepEvent, StressResult
 
 DEFAULT_DURATION = "5m"
 PROGRESS_INTERVAL_S = 0.25
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "stress",
         help="run the training stress test on one card at its current setting",
@@ -94,7 +94,8 @@ def build_request(args: argparse.Namespace, device_id: str) -> StressRequest:
 class ProgressLine:
     """One self-overwriting line on a terminal: step, loss, tok/s, ETA. Silent when not a terminal."""
 
-    def __init__(self, stream, *, steps: int | None, duration_s: float | None, clock=time.monotonic):
+    def __init__(self, stream: IO[str], *, steps: int | None, duration_s: float | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream, self.steps, self.duration_s, self.clock = stream, steps, duration_s, clock
         self.enabled = bool(getattr(stream, "isatty", lambda: False)())
         self._status = StatusLine(stream)
@@ -112,12 +113,13 @@ class ProgressLine:
             return max(0, self.steps - step) * recent[len(recent) // 2] / 1e3
         return None
 
-    def text(self, ev) -> str:
+    def text(self, ev: StepEvent | GemmEvent) -> str:
         parts = [f"step {ev.step}" + (f"/{self.steps}" if self.steps else "")]
-        if getattr(ev, "loss", None) is not None:
-            parts.append(f"loss {ev.loss:.4f}" if math.isfinite(ev.loss) else f"loss {ev.loss}")
-        if getattr(ev, "tok_s", None):
-            parts.append(f"{ev.tok_s:,.0f} tok/s")
+        loss, tok_s = getattr(ev, "loss", None), getattr(ev, "tok_s", None)  # a GEMM step has neither
+        if loss is not None:
+            parts.append(f"loss {loss:.4f}" if math.isfinite(loss) else f"loss {loss}")
+        if tok_s:
+            parts.append(f"{tok_s:,.0f} tok/s")
         elif getattr(ev, "tflops", None):
             parts.append(f"{ev.tflops:.2f} TFLOP/s")
         eta = self.eta_s(ev.step)
@@ -125,7 +127,7 @@ class ProgressLine:
             parts.append(f"ETA {format_duration(eta)}")
         return "  ".join(parts)
 
-    def update(self, ev) -> None:
+    def update(self, ev: object) -> None:
         from tuner.tuning import engine_client as sc
         if isinstance(ev, sc.StartEvent):
             self._t_start = self.clock()
@@ -220,7 +222,7 @@ class _Reporter:
     are not forwarded: a script reads one run, `start` to `end`). One lock: the kernel-log fault arrives from
     the watcher's thread."""
 
-    def __init__(self, as_json: bool, progress_for: Callable[[EngineConfig], ProgressLine]):
+    def __init__(self, as_json: bool, progress_for: Callable[[EngineConfig], ProgressLine]) -> None:
         self.as_json, self._progress_for = as_json, progress_for
         self.progress: ProgressLine | None = None
         self.config: EngineConfig | None = None

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import sys
 import time
+from argparse import Namespace
 
-from tuner.commands._argtypes import whole_number
+from tuner.actions import safety_files
+from tuner.actions.context import Context
+from tuner.commands._argtypes import Subparsers, whole_number
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.core.models import printable
-from tuner.tuning import journal
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "unsafe",
         help="show or clear the values that froze, hung or reset a card in a trial",
@@ -39,7 +41,7 @@ def add_parser(subparsers) -> None:
     q.set_defaults(run=run_clear)
 
 
-def _device_ids(ctx, device_id: str | None) -> list[str]:
+def _device_ids(ctx: Context, device_id: str | None) -> list[str]:
     if device_id:
         return [ctx.backend.device(device_id).id]
     return [d.id for d in ctx.backend.devices()]
@@ -63,8 +65,8 @@ def _row(device_id: str, entry: dict) -> tuple[str, ...]:
             _when(entry), printable(str(entry.get("reason") or ""))[:60])
 
 
-def run_list(args, ctx) -> int:
-    report = {device_id: journal.unsafe_entries(device_id) for device_id in _device_ids(ctx, args.device)}
+def run_list(args: Namespace, ctx: Context) -> int:
+    report = {device_id: safety_files.unsafe_entries(device_id) for device_id in _device_ids(ctx, args.device)}
     if args.json:
         print_json({"unsafe": [{"device": d, "entries": entries} for d, entries in report.items()]})
         return exit_codes.OK
@@ -83,12 +85,12 @@ def _ask(question: str) -> bool:
     return input(question).strip().lower() in ("y", "yes")
 
 
-def run_clear(args, ctx) -> int:
+def run_clear(args: Namespace, ctx: Context) -> int:
     ids = _device_ids(ctx, args.device)
     if len(ids) != 1:
         raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
     device_id = ids[0]
-    entries = journal.unsafe_entries(device_id)
+    entries = safety_files.unsafe_entries(device_id)
     doomed = [e for e in entries if args.value is None or e["setting"] == args.value]
     if not doomed:
         what = "" if args.value is None else f" for {args.value:+d}"
@@ -97,7 +99,7 @@ def run_clear(args, ctx) -> int:
     if not args.yes and not _ask(f"Remove {values} from {device_id}'s unsafe list? They froze, hung or reset "
                                  "the card; bisect may try them again. [y/N] "):
         raise UsageError("nothing was cleared", "answer y, or pass --yes")
-    removed = journal.clear_unsafe(device_id, args.value)
+    removed = safety_files.clear_unsafe(device_id, args.value)
     if args.json:
         print_json({"device": device_id, "removed": removed})
     else:

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = Engine(opts, emitter, environment_notes=environment_notes)
 
-    def on_signal(signum, _frame):
+    def on_signal(signum, _frame) -> None:
         gone = signum == signal.SIGTERM and not parent_alive(opts.parent_pid)  # the parent-death signal
         engine.stop_signal = PARENT_EXIT if gone else signal.Signals(signum).name
 

@@ -103,7 +103,7 @@ def load_corpus(path: str | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES, 
 class WindowSampler:
     """Batches of (inputs, targets) windows: seeded per step for training, fixed for held-out evaluation."""
 
-    def __init__(self, corpus: Corpus, seq_len: int, seed: int):
+    def __init__(self, corpus: Corpus, seq_len: int, seed: int) -> None:
         n = corpus.tokens
         need = 4 * (seq_len + 1)
         split = int(n * (1 - HELDOUT_FRACTION))

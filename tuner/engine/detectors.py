@@ -73,7 +73,7 @@ class ReferenceTrajectory:
 
     kind = "mismatch"
 
-    def __init__(self, digests: list[str], tolerance: float | None = None):
+    def __init__(self, digests: list[str], tolerance: float | None = None) -> None:
         self.digests, self.tolerance = digests, tolerance
         self.compared = 0
         self.beyond = 0
@@ -167,7 +167,7 @@ class CanaryReplay:
 
     kind = "canary"
 
-    def __init__(self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor):
+    def __init__(self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         self.model, self.inputs, self.targets = model, inputs, targets
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.golden: CanarySample | None = None
@@ -237,7 +237,7 @@ class GemmCheck:
 
     kind = "gemm"
 
-    def __init__(self, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 4, seed: int = 10):
+    def __init__(self, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 4, seed: int = 10) -> None:
         g = torch.Generator().manual_seed(seed)
         self.n, self.repeats = n, repeats
         self.a = (torch.rand(n, n, generator=g) * 2 - 1).to(device=device, dtype=dtype)
@@ -305,7 +305,7 @@ class SoftSignals:
 
     def __init__(self, window: int = 100, min_history: int = 20, mad_k: float = 6.0, grad_factor: float = 10.0,
                  tput_ratio: float = 0.9, tput_window: int = 20, tput_min_history: int = 50,
-                 cooldown_steps: int = 50):
+                 cooldown_steps: int = 50) -> None:
         self.mad_k, self.grad_factor, self.tput_ratio = mad_k, grad_factor, tput_ratio
         self.min_history, self.tput_window, self.tput_min_history = min_history, tput_window, tput_min_history
         self.cooldown_steps = cooldown_steps

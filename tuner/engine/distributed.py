@@ -50,7 +50,7 @@ class DataParallel:
     (the engine's heartbeat reports it, so the client's watchdog does not take a wait for a peer as a hang)."""
 
     def __init__(self, world_size: int, rank: int, rendezvous: str, timeout_s: float, device: torch.device,
-                 device_type: str, *, set_state: Callable[[str | None], None] | None = None):
+                 device_type: str, *, set_state: Callable[[str | None], None] | None = None) -> None:
         self.world_size, self.rank, self.rendezvous, self.timeout_s = world_size, rank, rendezvous, timeout_s
         self.device, self.backend = device, backend_for(device_type)
         self._set_state = set_state or (lambda state: None)

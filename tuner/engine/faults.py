@@ -81,7 +81,7 @@ class PlatformFlaw:
     PROBABILITY = 0.5
 
     def __init__(self, nondeterministic: bool = False, contention_at: float | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time) -> None:
         self.nondeterministic, self.contention_at, self.clock = nondeterministic, contention_at, clock
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self.flips = 0
@@ -104,7 +104,7 @@ class PlatformFlaw:
 
 class FaultInjector:
     def __init__(self, injections: list[Injection] | None = None, fault_rate: float = 0.0, seed: int = 0,
-                 log: Callable[[str], None] | None = None, flaw: PlatformFlaw | None = None):
+                 log: Callable[[str], None] | None = None, flaw: PlatformFlaw | None = None) -> None:
         self.flaw = flaw or PlatformFlaw()
         self.injections = list(injections or [])
         self.fault_rate, self.seed = fault_rate, seed

@@ -88,7 +88,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class CastedLinear(nn.Linear):
     """A bias-free Linear whose fp32 master weight is cast to the input's dtype in forward."""
 
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__(in_features, out_features, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +96,7 @@ class CastedLinear(nn.Linear):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int, kernel: str | None = None):
+    def __init__(self, cfg: GPTConfig, layer: int, kernel: str | None = None) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         self.window = cfg.windows()[layer]
@@ -124,7 +124,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.c_fc = CastedLinear(cfg.width, 4 * cfg.width)
         self.c_proj = CastedLinear(4 * cfg.width, cfg.width)
@@ -134,7 +134,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int = 0, kernel: str | None = None):
+    def __init__(self, cfg: GPTConfig, layer: int = 0, kernel: str | None = None) -> None:
         super().__init__()
         self.attn = CausalSelfAttention(cfg, layer, kernel)
         self.mlp = MLP(cfg)
@@ -147,7 +147,7 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig, compute_dtype: torch.dtype = torch.float32,
-                 embed_dtype: torch.dtype = torch.float32, attention_kernels: list[str] | None = None):
+                 embed_dtype: torch.dtype = torch.float32, attention_kernels: list[str] | None = None) -> None:
         """`attention_kernels`: one per layer (`attention.layer_kernels`); default: the CPU's (math, and math
         with a banded mask on sliding-window layers)."""
         super().__init__()

@@ -131,7 +131,7 @@ class Muon:
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
                  ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32, beta2: float = 0.95,
-                 lr_warmup_steps: int = 0, momentum_warmup_steps: int = 0):
+                 lr_warmup_steps: int = 0, momentum_warmup_steps: int = 0) -> None:
         by_shape: dict[tuple, list] = {}
         for p in params:
             by_shape.setdefault(tuple(p.shape), []).append(p)
@@ -171,7 +171,7 @@ class AdamW:
     """AdamW per parameter, math in fp32, per-group lr and betas."""
 
     def __init__(self, groups: list[dict], betas=(0.8, 0.95), eps: float = 1e-10, weight_decay: float = 0.0,
-                 lr_warmup_steps: int = 0):
+                 lr_warmup_steps: int = 0) -> None:
         self.groups = [{"betas": betas, "weight_decay": weight_decay, **g} for g in groups]
         self.eps = eps
         self.lr_warmup_steps = lr_warmup_steps

@@ -26,7 +26,7 @@ class Emitter:
         sink: Callable[[dict[str, Any]], None] | None = None,
         t0: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-    ):
+    ) -> None:
         self._stream, self._sink, self._clock = stream, sink, clock
         self.t0 = clock() if t0 is None else t0
         self._lock = threading.Lock()
@@ -61,7 +61,7 @@ class Heartbeat:
     """
 
     def __init__(self, emitter: Emitter, status: Callable[[], dict[str, Any]], interval_s: float = 0.5,
-                 tick: Callable[[], None] | None = None):
+                 tick: Callable[[], None] | None = None) -> None:
         self._emitter, self._status, self._interval_s, self._tick = emitter, status, interval_s, tick
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-heartbeat", daemon=True)

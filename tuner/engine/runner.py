@@ -109,7 +109,7 @@ class _End(Exception):
     """Ends the run: carries the verdict to `run()`."""
 
     def __init__(self, verdict: str, reason: str, kind: str | None = None, step: int | None = None,
-                 exit_code: int = EXIT_ERROR):
+                 exit_code: int = EXIT_ERROR) -> None:
         super().__init__(reason)
         self.verdict, self.reason, self.kind, self.step, self.exit_code = verdict, reason, kind, step, exit_code
 
@@ -127,7 +127,7 @@ class StepResult:
 class MixedSchedule:
     """Mixed mode: full load, then partial (duty-cycled) load, then an idle gap, repeated; time-based."""
 
-    def __init__(self, full_s: float, partial_s: float, idle_s: float, start: float):
+    def __init__(self, full_s: float, partial_s: float, idle_s: float, start: float) -> None:
         self.full_s, self.partial_s, self.idle_s, self.start = full_s, partial_s, idle_s, start
 
     def phase(self, now: float) -> tuple[str, float]:
@@ -150,7 +150,7 @@ def _log(msg: str) -> None:
 
 class Engine:
     def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = _log,
-                 sleep: Callable[[float], None] = time.sleep, environment_notes: list[str] | None = None):
+                 sleep: Callable[[float], None] = time.sleep, environment_notes: list[str] | None = None) -> None:
         self.opts, self.em, self.log, self.sleep = opts, emitter, log, sleep
         # what `environment.prepare_environment()` overrode when the CLI called it, before torch was imported
         self.environment_notes = list(environment_notes or [])

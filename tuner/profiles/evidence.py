@@ -15,7 +15,7 @@ REDUCED_COST = (f"its trials were compared with tolerances, which catch {TOLERAN
                 f"single-bit flips on their own step, against {BITWISE_CAUGHT_PCT:g} % bit for bit")
 
 
-def sensitivity(part: ProfilePart) -> str | None:
+def sensitivity(part: Profile | ProfilePart) -> str | None:
     """"reduced" when the part's search or any of its trials used a tolerance, "full" when what it recorded was
     compared bit for bit, None when it recorded neither (no bisect evidence, or a file from before the record)."""
     t = part.tuning
@@ -31,7 +31,7 @@ def profile_sensitivity(profile: Profile) -> str | None:
     return "reduced" if "reduced" in recorded else "full" if recorded else None
 
 
-def strength(part: ProfilePart, *, why: bool = False) -> str | None:
+def strength(part: Profile | ProfilePart, *, why: bool = False) -> str | None:
     """The words for the part's evidence (None: it has none); `why`: with what a tolerance costs."""
     if part.tuning is None:
         return None

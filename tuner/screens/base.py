@@ -7,7 +7,9 @@ the terminal is large enough again (the screen keys 1-6 and q still work)."""
 
 from __future__ import annotations
 
-from textual import events
+from typing import TYPE_CHECKING
+
+from textual import events, getters
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -18,11 +20,14 @@ from textual.widgets import Static
 from tuner.widgets.key_bar import KeyBar, footer_items
 from tuner.widgets.nav_bar import NavBar
 
+if TYPE_CHECKING:
+    from tuner.app.tuner_app import TunerApp
+
 MANY_CARD_ACTIONS = ("next_device", "next_table")
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 
 
-def needs_cards(action: str, app) -> bool:
+def needs_cards(action: str, app: TunerApp) -> bool:
     """`d` (next card) and `c` (the next card's table) mean nothing with one card: not offered, and the keys do
     nothing."""
     return action in MANY_CARD_ACTIONS and len(app.devices) < 2
@@ -39,6 +44,9 @@ def too_small_text(size: Size) -> str:
 
 class TunerScreen(Screen):
     """Subclasses set TITLE, compose their body in `compose_body` and draw app state in `repaint`."""
+
+    if TYPE_CHECKING:  # the App these screens run in, for the type checker (textual's own idiom, tuner_app imports us)
+        app = getters.app(TunerApp)
 
     TITLE = ""
     DEFAULT_CSS = """

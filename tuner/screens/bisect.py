@@ -5,10 +5,12 @@ The run itself belongs to the App (switching screens never stops it); this scree
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
@@ -16,15 +18,15 @@ from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
 from tuner.actions.bisect import bisect_defaults
 from tuner.app import form_memory, jobs
-from tuner.app.state import BisectState, of_about
+from tuner.app.state import BisectState, CardState, of_about
 from tuner.app.words import for_people
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
-from tuner.core.models import Mode
+from tuner.core.models import Knob, Mode
 from tuner.core.numbers import parse_whole_number
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
-from tuner.tuning.events import FINISHING
+from tuner.tuning.events import FINISHING, Recommendation
 from tuner.tuning.job import BisectParams
 from tuner.tuning.sensitivity import detection_rate_text
 from tuner.widgets.history_plot import HistoryPlot
@@ -73,7 +75,7 @@ def parse_form(values: dict[str, str], *, unit: str = "", resume: bool = False,
     return BisectParams(**params, resume=resume, restart=restart)
 
 
-def _cell(value, fmt: str = "{}") -> str:
+def _cell(value: object, fmt: str = "{}") -> str:
     if value is None or value == "":
         return "-"
     try:
@@ -82,7 +84,7 @@ def _cell(value, fmt: str = "{}") -> str:
         return str(value)
 
 
-def short_kind(row: dict) -> str:
+def short_kind(row: Mapping[str, Any]) -> str:
     """The reason as a short kind (`mismatch`, `hang`, `stopped`), so every column fits at 80 columns."""
     kind = row.get("kind") or ""
     if not kind:
@@ -91,7 +93,7 @@ def short_kind(row: dict) -> str:
     return kind if len(kind) <= KIND_WIDTH else kind[: KIND_WIDTH - 1] + "…"
 
 
-def trial_detail(row: dict | None, unit: str) -> str:
+def trial_detail(row: Mapping[str, Any] | None, unit: str) -> str:
     """The selected trial in one line, the full reason included."""
     if not row:
         return ""
@@ -101,7 +103,7 @@ def trial_detail(row: dict | None, unit: str) -> str:
     return f"{where} {row.get('phase') or ''}: {verdict}" + (f" · {reason}" if reason else "")
 
 
-def trial_cells(row: dict, unit: str) -> tuple[str, ...]:
+def trial_cells(row: Mapping[str, Any], unit: str) -> tuple[str, ...]:
     verdict = str(row.get("verdict") or "-").upper()
     return (
         _cell(row.get("setting"), "{:+d} " + unit),
@@ -164,7 +166,7 @@ class BisectScreen(TunerScreen):
         yield Static(id="rig-cards")
         yield Static(id="rig-attempts")
         with Horizontal(id="bisect-main"):
-            table = DataTable(id="bisect-trials", cursor_type="row", zebra_stripes=True)
+            table: DataTable[str | Text] = DataTable(id="bisect-trials", cursor_type="row", zebra_stripes=True)
             table.add_columns(*COLUMNS)
             yield table
             yield HistoryPlot("tok/J vs setting", x_label="setting", id="plot-efficiency")
@@ -173,8 +175,8 @@ class BisectScreen(TunerScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self._painted = None
-        self._defaults_for = None
+        self._painted: tuple[object, ...] | None = None
+        self._defaults_for: object = None
         self._recall_form()
         self.query_one("#bisect-trials", DataTable).focus()
 
@@ -188,7 +190,7 @@ class BisectScreen(TunerScreen):
         for field_id, *_ in FIELDS:
             self.query_one(f"#in-{field_id}", Input).value = values.get(field_id, "")
 
-    def _show_defaults(self, knob) -> None:
+    def _show_defaults(self, knob: Knob | None) -> None:
         """Placeholders follow the selected card (its unit and steps), refreshed only when the card changes."""
         key = None if knob is None else (knob.unit, knob.step, knob.stock)
         if key == self._defaults_for:
@@ -197,7 +199,7 @@ class BisectScreen(TunerScreen):
         for field_id, text in _placeholders(knob).items():
             self.query_one(f"#in-{field_id}", Input).placeholder = text
 
-    def on_resize(self) -> None:
+    def on_resize(self, event: events.Resize) -> None:
         self.set_class(self.size.width >= WIDE_COLUMNS, "-wide")
 
     # --- actions -------------------------------------------------------------------------------------------------
@@ -213,14 +215,15 @@ class BisectScreen(TunerScreen):
             form_memory.remember(self.app.device(self.app.selected_device_id), values)
         return params
 
-    def _knob(self):
+    def _knob(self) -> Knob | None:
         device_id = self.app.selected_device_id
         return self.app.histories[device_id].knob if device_id else None
 
     def action_start(self, resume: bool = False, restart: bool = False) -> None:
         params = self._params(resume=resume, restart=restart)
-        ids = tuple(d.id for d in self.app.devices) if self.app.bisect_all else (self.app.selected_device_id,)
-        if params is not None and all(ids):
+        selected = tuple(filter(None, [self.app.selected_device_id]))  # none while no card is known
+        ids = tuple(d.id for d in self.app.devices) if self.app.bisect_all else selected
+        if params is not None and ids:
             self.app.start_bisect(ids, params)
             self.query_one("#bisect-trials", DataTable).focus()
 
@@ -248,7 +251,7 @@ class BisectScreen(TunerScreen):
     def on_data_table_row_highlighted(self) -> None:
         self._paint_detail()
 
-    def _table_state(self):
+    def _table_state(self) -> CardState:
         """The search whose trials the table shows: the selected card's."""
         return self._shown().card(self.app.selected_device_id)
 
@@ -309,6 +312,8 @@ class BisectScreen(TunerScreen):
         from tuner.actions.report import write_report
 
         state = self._table_state()
+        if state.device_id is None:  # no card selected: no trials to write
+            return
         rec = state.recommendation
         try:
             written = write_report(Path(path), state.trials, device_id=state.device_id, session=state.session,
@@ -329,12 +334,13 @@ class BisectScreen(TunerScreen):
         if app.bisect_all:
             if self._rig_result_ready(job):
                 outcome, backend = job.outcome, app.backend
+                assert outcome is not None  # _rig_result_ready: it ended with an outcome
                 app.apply_rig_profile(lambda: rig_profile_from_outcome(backend, outcome, jobs.RESULT_NAME),
                                       on_kept=self.action_save_profile)
             return
         device_id = app.selected_device_id
         rec = job.card(device_id).recommendation
-        if rec is None or job.running:
+        if rec is None or job.running or device_id is None:
             self.notify("no recommendation yet: a finished bisect gives one", severity="warning")
             return
         knob = app.histories[device_id].knob
@@ -438,7 +444,7 @@ class BisectScreen(TunerScreen):
         elif every:
             self.query_one("#bisect-result", Static).update(rig_result_text(job, simulated=simulated))
 
-    def _paint_table(self, state, unit: str, device_id) -> bool:
+    def _paint_table(self, state: CardState, unit: str, device_id: str | None) -> bool:
         """The trial table, its detail line and the efficiency plot, when they changed. True: repainted."""
         painted = (state.trials, state.recommendation, unit, device_id)
         if self._painted is not None and all(a is b for a, b in zip(painted, self._painted, strict=True)):
@@ -463,7 +469,7 @@ class BisectScreen(TunerScreen):
         return True
 
 
-def _placeholders(knob) -> dict[str, str]:
+def _placeholders(knob: Knob | None) -> dict[str, str]:
     """What each blank field means on this card (the core's defaults)."""
     if knob is None:
         return {}
@@ -471,7 +477,7 @@ def _placeholders(knob) -> dict[str, str]:
     return {field_id: defaults.text(name) for field_id, _label, _kind, name in FIELDS}
 
 
-def setting_text_short(knob) -> str:
+def setting_text_short(knob: Knob | None) -> str:
     if knob is None:
         return "setting unknown"
     return f"now {knob.current:+d} {knob.unit}" + (" (STOCK)" if knob.current == knob.stock else " (MODIFIED)")
@@ -480,7 +486,7 @@ def setting_text_short(knob) -> str:
 SIMULATED_NOTE = "SIMULATED card: the simulator's power and the CPU engine's tok/s, not a real gain"
 
 
-def recommendation_text(rec, unit: str, *, simulated: bool = False) -> Text:
+def recommendation_text(rec: Recommendation | None, unit: str, *, simulated: bool = False) -> Text:
     """The result with every figure labelled, rounded and in its unit; the efficiency with the setting it was
     measured at; on a simulated card, the same caveat the CLI prints."""
     if rec is None:
@@ -513,13 +519,13 @@ def _fit(text: str, width: int = LINE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def trial_text(cur, unit: str) -> str:
+def trial_text(cur: Mapping[str, Any], unit: str) -> str:
     """The running trial of a card: `trial 3 of ≤9 (descend) at -20 mV`."""
     return (f"trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
             f"{_cell(cur.get('setting'), '{:+d} ' + unit)}")
 
 
-def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
+def rig_card_line(rig: BisectState, device_id: str, *, selected: bool) -> Text:
     """One card of the rig on one line: its trial and progress, its own result, then its final setting."""
     from tuner.app.state import bisect_card_label
 
@@ -556,16 +562,16 @@ def rig_card_line(rig, device_id: str, *, selected: bool) -> Text:
     return line
 
 
-def _settings_text(settings, rig) -> str:
+def _settings_text(settings: Mapping[str, int] | None, rig: BisectState) -> str:
     return ", ".join(f"{d} {v:+d} {rig.unit(d)}" for d, v in (settings or {}).items())
 
 
-def rig_run_what(current) -> str:
+def rig_run_what(current: Mapping[str, Any]) -> str:
     return ("recording every card's reference at stock" if current.get("phase") == "rig-baseline" else
             f"confirmation attempt {current.get('attempt')}")
 
 
-def rig_run_time(current, now_s: float) -> str:
+def rig_run_time(current: Mapping[str, Any], now_s: float) -> str:
     """`1m05s of 2m00s` (the run's nominal length; the rig trial reports no progress of its own)."""
     total = format_duration(current.get("duration_s") or 0)
     started_s = current.get("started_s")
@@ -574,7 +580,7 @@ def rig_run_time(current, now_s: float) -> str:
     return f"{format_duration(max(0.0, now_s - started_s))} of {total}"
 
 
-def rig_attempt_line(rig, row) -> str:
+def rig_attempt_line(rig: BisectState, row: Mapping[str, Any]) -> str:
     verdict = str(row.get("verdict") or "").upper()
     if row.get("phase") == "rig-baseline":
         head = f"rig recording at stock: {verdict}"
@@ -590,7 +596,7 @@ def rig_attempt_line(rig, row) -> str:
     return _fit(head)
 
 
-def rig_attempts_text(rig) -> Text:
+def rig_attempts_text(rig: BisectState) -> Text:
     """The whole-rig runs so far, the last two (the recording at stock, then each confirmation attempt)."""
     if not rig.attempts:
         return Text("rig: each card's search first, then every card at its setting at once" if rig.running
@@ -598,7 +604,7 @@ def rig_attempts_text(rig) -> Text:
     return Text("\n".join(rig_attempt_line(rig, row) for row in rig.attempts[-2:]))
 
 
-def rig_result_text(rig, *, simulated: bool) -> Text:
+def rig_result_text(rig: BisectState, *, simulated: bool) -> Text:
     """The final settings, confirmed together, with the keys that apply or save them."""
     if rig.running or rig.outcome is None:
         return Text("")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
+
+if TYPE_CHECKING:
+    from tuner.actions.keep_or_revert import PendingChange
+    from tuner.actions.profile_apply import RigChange
 
 DIALOG_CSS = """
 {name} {{ align: center middle; }}
@@ -61,7 +65,7 @@ class KeepOrRevertDialog(ModalScreen[bool]):
         Binding("k", "choose(True)", "Keep"),
     ]
 
-    def __init__(self, pending) -> None:
+    def __init__(self, pending: PendingChange | RigChange) -> None:
         super().__init__()
         self.pending = pending
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import textwrap
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import LoadingIndicator, Static
 
 from tuner.screens.base import TunerScreen
+
+if TYPE_CHECKING:
+    from tuner.actions.doctor import Check
 
 STATUS_MARK = {"ok": "[ OK ]", "warn": "[WARN]", "fail": "[FAIL]", "info": "[INFO]"}
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
@@ -26,7 +30,7 @@ def _hanging(first: str, text: str, width: int, indent: str) -> list[str]:
     return [first + lines[0], *(indent + line for line in lines[1:])]
 
 
-def checks_text(checks: list, width: int = 80) -> Text:
+def checks_text(checks: list[Check], width: int = 80) -> Text:
     """The verdict, then each check (`[FAIL] kernel log: ...`, its remedy under it); a long line wraps under its
     own text, not under the mark, at `width` columns."""
     text = Text()
@@ -63,14 +67,14 @@ class DoctorScreen(TunerScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self._shown = None
+        self._shown: list[Check] | None = None
         if self.app.doctor_checks is None:
             self.app.run_doctor()
 
     def action_rerun(self) -> None:
         self.app.run_doctor()
 
-    def on_resize(self, event) -> None:
+    def on_resize(self, event: events.Resize) -> None:
         self._shown = None  # wrapped again at the new width
         self.repaint()
 
@@ -79,7 +83,7 @@ class DoctorScreen(TunerScreen):
         loading = checks is None
         self.query_one("#doctor-loading").display = loading
         self.query_one("#doctor-body").display = not loading
-        if not loading and checks is not getattr(self, "_shown", None):
+        if checks is not None and checks is not getattr(self, "_shown", None):
             self._shown = checks
             width = self.size.width - 2  # a vertical scrollbar may take two columns
             self.query_one("#doctor-checks", Static).update(checks_text(checks, width))

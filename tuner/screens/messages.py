@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.message import Message
 
 from tuner.core.models import Knob, Telemetry
+
+if TYPE_CHECKING:  # what the messages carry, for the type checker (the App imports the modules itself)
+    from textual.notifications import SeverityLevel
+
+    from tuner.actions.boot_service import BootServiceStatus
+    from tuner.actions.doctor import Check
+    from tuner.actions.keep_or_revert import PendingChange
+    from tuner.actions.profile_apply import ProfileApply, RigChange
+    from tuner.app.jobs import EarlierTrials
+    from tuner.tuning.events import BisectEvent
+    from tuner.tuning.job import BisectOutcome
 
 
 class TelemetrySampled(Message):
@@ -24,7 +37,7 @@ class BackendFailed(Message):
 class Noted(Message):
     """Something a worker wants said (a warning from the core), one line."""
 
-    def __init__(self, text: str, severity: str = "information") -> None:
+    def __init__(self, text: str, severity: SeverityLevel = "information") -> None:
         super().__init__()
         self.text, self.severity = text, severity
 
@@ -32,7 +45,7 @@ class Noted(Message):
 class ChangeApplied(Message):
     """A setting was written and read back; it now waits for keep-or-revert."""
 
-    def __init__(self, pending) -> None:
+    def __init__(self, pending: PendingChange | RigChange) -> None:
         super().__init__()
         self.pending = pending
 
@@ -47,7 +60,7 @@ class ChangeSettled(Message):
 
 
 class StressEventReceived(Message):
-    def __init__(self, event) -> None:
+    def __init__(self, event: object) -> None:
         super().__init__()
         self.event = event
 
@@ -59,7 +72,7 @@ class StressEnded(Message):
 
 
 class BisectEventReceived(Message):
-    def __init__(self, event) -> None:
+    def __init__(self, event: BisectEvent | EarlierTrials) -> None:
         super().__init__()
         self.event = event
 
@@ -67,7 +80,7 @@ class BisectEventReceived(Message):
 class BisectEnded(Message):
     """The App's bisect of these cards (one, or every card at once) ended: its summary and BisectOutcome."""
 
-    def __init__(self, device_ids: tuple[str, ...], summary: str, outcome=None) -> None:
+    def __init__(self, device_ids: tuple[str, ...], summary: str, outcome: BisectOutcome | None = None) -> None:
         super().__init__()
         self.device_ids, self.summary, self.outcome = device_ids, summary, outcome
 
@@ -75,13 +88,13 @@ class BisectEnded(Message):
 class ProfileChecked(Message):
     """tuner.actions.profile_apply allowed a profile (its ProfileApply plan): apply or verify it."""
 
-    def __init__(self, plan) -> None:
+    def __init__(self, plan: ProfileApply) -> None:
         super().__init__()
         self.plan = plan
 
 
 class DoctorFinished(Message):
-    def __init__(self, checks: list) -> None:
+    def __init__(self, checks: list[Check]) -> None:
         super().__init__()
         self.checks = checks
 
@@ -89,6 +102,6 @@ class DoctorFinished(Message):
 class BootServiceRead(Message):
     """The apply-at-boot service's status (tuner.actions.boot_service.BootServiceStatus)."""
 
-    def __init__(self, status) -> None:
+    def __init__(self, status: BootServiceStatus) -> None:
         super().__init__()
         self.status = status

@@ -1,35 +1,56 @@
 """Screen 4: saved profiles. List and detail; export, import, apply (the CLI's identity rules), delete.
 
-File operations go through tuner.profiles; applying goes through the App (keep-or-revert or --verify-style
-trial, in thread workers).
+File operations go through tuner.actions.profile_store, in this screen's thread workers (the UI thread never
+reads or writes a file: a slow disk or a hung network home never freezes it); applying goes through the App
+(keep-or-revert or --verify-style trial, in thread workers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from tuner.actions import profile_store
 from tuner.actions.bisect import duration_text
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
 from tuner.app.words import for_people
 from tuner.core.errors import TunerError
+from tuner.core.models import DeviceInfo, Knob
+from tuner.profiles.schema import Profile, ProfileDevice, ProfilePart, RigEvidence, Tuning
 from tuner.screens.base import TunerScreen, too_small
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
 
+if TYPE_CHECKING:
+    from tuner.actions.boot_service import BootServiceStatus
+    from tuner.profiles.identity import MatchResult
 
-def _profiles_module():
-    try:
-        from tuner import profiles
-    except ImportError:
-        return None
-    return profiles
+
+class ProfilesListed(Message):
+    """The worker read the store: the profiles (or the error that stopped it), and the row to select."""
+
+    def __init__(self, profiles: list[Profile], error: Exception | None, select: str | None) -> None:
+        super().__init__()
+        self.profiles, self.error, self.select = profiles, error, select
+
+
+class ProfileFileDone(Message):
+    """A worker finished an export, import or delete: what to say (or the error), and whether the list changed
+    (and which row to select then)."""
+
+    def __init__(self, said: str | None, error: Exception | None, *, reload: bool = False,
+                 select: str | None = None) -> None:
+        super().__init__()
+        self.said, self.error, self.reload, self.select = said, error, reload, select
 
 
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
@@ -37,14 +58,14 @@ WIDE_COLUMNS = 100  # from this width the table has a card column
 SIMULATED_CAVEAT = "measured on a SIMULATED card: not a real measurement"
 
 
-def _identity(device) -> str:
+def _identity(device: ProfileDevice) -> str:
     """The card's identity in words, only the parts that are known."""
     parts = [f"{label} {value}" for label, value in (("PCI id", device.pci_id), ("slot", device.pci_slot),
                                                      ("serial", device.serial)) if value]
     return ", ".join(parts) or "no identity recorded"
 
 
-def match_sentence(match, target_label: str) -> str:
+def match_sentence(match: MatchResult, target_label: str) -> str:
     """What applying would do on the selected card, in one sentence."""
     from tuner.profiles.identity import Match
 
@@ -56,14 +77,14 @@ def match_sentence(match, target_label: str) -> str:
     return f"On {target_label}: cannot be applied ({match.reason})."
 
 
-def measured_at(tuning, value: int) -> int | None:
+def measured_at(tuning: Tuning, value: int) -> int | None:
     """The setting the tuned efficiency was measured at: the passing trial with exactly that tok/J, the one nearest
     the saved value (the bisect measures near its recommendation, not always at it). None: not in the trials."""
     hits = [t.setting for t in tuning.trials if t.verdict == "pass" and t.tok_per_j == tuning.tuned_tok_per_j]
     return min(hits, key=lambda setting: abs(setting - value)) if hits else None
 
 
-def efficiency_text(tuning, value: int, unit: str, *, simulated: bool) -> str:
+def efficiency_text(tuning: Tuning | None, value: int, unit: str, *, simulated: bool) -> str:
     """`Efficiency: tok/J 25.1 at -50 mV (+5.5 % vs stock, 23.8)`: rounded, labelled, with the setting it was
     measured at; on a simulated card, the caveat. Empty when the bisect recorded no efficiency."""
     if tuning is None or tuning.tuned_tok_per_j is None:
@@ -78,14 +99,14 @@ def efficiency_text(tuning, value: int, unit: str, *, simulated: bool) -> str:
     return text + (f"; {SIMULATED_CAVEAT}" if simulated else "")
 
 
-def evidence_strength(part, *, why: bool = False) -> str | None:
+def evidence_strength(part: Profile | ProfilePart, *, why: bool = False) -> str | None:
     """How strong the part's evidence is ("sensitivity reduced (--tolerance)"): tuner.profiles.evidence's words."""
     from tuner.profiles.evidence import strength
 
     return strength(part, why=why)
 
 
-def rig_evidence_text(rig) -> str:
+def rig_evidence_text(rig: RigEvidence | None) -> str:
     """The whole-rig confirmation in sentences (tuner.profiles.schema.RigEvidence)."""
     if rig is None:
         return "No whole-rig confirmation was recorded: each card's setting was proven alone."
@@ -107,7 +128,7 @@ def rig_evidence_text(rig) -> str:
     return sentence
 
 
-def rig_detail_text(profile, devices, knobs) -> Text:
+def rig_detail_text(profile: Profile, devices: Sequence[DeviceInfo], knobs: Mapping[str, Knob]) -> Text:
     """A rig profile: what it sets on each card (with that card's own efficiency), how the rig was confirmed,
     and where each part would go on this machine. `knobs`: each card's last read knob (no hardware read here)."""
     from tuner.actions.profile_apply import find_part_card
@@ -145,7 +166,7 @@ def rig_detail_text(profile, devices, knobs) -> Text:
     return text
 
 
-def boot_status_text(status, profile_name: str | None, refusal: str | None = None) -> str:
+def boot_status_text(status: BootServiceStatus | None, profile_name: str | None, refusal: str | None = None) -> str:
     """The apply-at-boot service in sentences (tuner.actions.boot_service.status), for the selected profile.
     `refusal`: why `b` cannot install it for this profile here (it is then not offered, and this says why)."""
     if status is None:
@@ -174,7 +195,7 @@ def boot_status_text(status, profile_name: str | None, refusal: str | None = Non
     return line
 
 
-def detail_text(profile, target_label: str, match) -> Text:
+def detail_text(profile: Profile, target_label: str, match: MatchResult | None) -> Text:
     """A profile as sentences a user reads once: what it sets, how it was found, what it would do here."""
     s, d = profile.setting, profile.device
     text = Text()
@@ -225,7 +246,8 @@ class ProfilesScreen(TunerScreen):
     ]
 
     def compose_body(self) -> ComposeResult:
-        self.profiles: list = []
+        self.profiles: list[Profile] = []
+        self.lists_read = 0  # how many times a worker's list of the store arrived (tests wait for it)
         self._wide = self.app.size.width >= WIDE_COLUMNS
         self.set_class(self._wide, "-wide")
         with Horizontal(id="profiles-main"):
@@ -244,7 +266,7 @@ class ProfilesScreen(TunerScreen):
         self.action_reload()
         self.app.read_boot_status()
 
-    async def on_resize(self, event) -> None:
+    async def on_resize(self, event: events.Resize) -> None:  # type: ignore[override]  # textual runs each class's handler, sync or async
         """From 100 columns the table has a card column, each cell in full; below, the card is in the detail. The
         new columns come in a new table, filled before it is mounted (a DataTable laid out, then given its
         columns, kept its old width and rows drawn at the old widths)."""
@@ -268,7 +290,7 @@ class ProfilesScreen(TunerScreen):
 
     @staticmethod
     def _new_table(wide: bool) -> DataTable:
-        table = DataTable(id="profiles-table", cursor_type="row")
+        table: DataTable[str] = DataTable(id="profiles-table", cursor_type="row")
         table.add_columns(*(("name", "setting", "card") if wide else ("name", "setting")))
         return table
 
@@ -292,7 +314,7 @@ class ProfilesScreen(TunerScreen):
             self.show_detail()
 
     # --- helpers -------------------------------------------------------------------------------------------------
-    def selected(self):
+    def selected(self) -> Profile | None:
         table = next(iter(self.query("#profiles-table").results(DataTable)), None)
         if table is None or not self.profiles or table.cursor_row is None or table.cursor_row >= len(self.profiles):
             return None
@@ -304,20 +326,31 @@ class ProfilesScreen(TunerScreen):
 
     # --- actions -------------------------------------------------------------------------------------------------
     def action_reload(self, select: str | None = None) -> None:
-        module = _profiles_module()
-        table = self.query_one("#profiles-table", DataTable)
-        if module is None:
-            self.profiles = []
-            table.clear()
-            self.query_one("#profile-detail", Static).update("profiles are not available yet in this build")
-            return
+        self._list_profiles(select)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="profile-list", name="profile-list")
+    def _list_profiles(self, select: str | None) -> None:
         try:
-            self.profiles = module.list_profiles()
-        except TunerError as e:
-            self.profiles = []
-            self._error(e)
-        self._fill(table, select)
+            profiles, error = profile_store.list_profiles(), None
+        except (TunerError, OSError) as e:
+            profiles, error = [], e
+        self.post_message(ProfilesListed(profiles, error, select))
+
+    def on_profiles_listed(self, message: ProfilesListed) -> None:
+        self.profiles = message.profiles
+        self.lists_read += 1
+        if message.error is not None:
+            self._error(message.error)
+        self._fill(self.query_one("#profiles-table", DataTable), message.select)
         self.show_detail()
+
+    def on_profile_file_done(self, message: ProfileFileDone) -> None:
+        if message.error is not None:
+            self._error(message.error)
+        elif message.said:
+            self.notify(message.said)
+        if message.reload:
+            self.action_reload(select=message.select)
 
     def on_data_table_row_highlighted(self) -> None:
         self.show_detail()
@@ -336,16 +369,17 @@ class ProfilesScreen(TunerScreen):
         else:
             device_id = self.app.selected_device_id
             match = None
-            if device_id and self.app.histories[device_id].knob is not None:
+            knob = self.app.histories[device_id].knob if device_id else None
+            if device_id and knob is not None:
                 from tuner.profiles.identity import match_device
 
-                match = match_device(profile, self.app.device(device_id), self.app.histories[device_id].knob)
+                match = match_device(profile, self.app.device(device_id), knob)
             text = detail_text(profile, device_id or "-", match)
         text.append(boot_status_text(self.app.boot_status, profile.name, self.boot_refusal(profile)))
         widget.update(text)
         self.refresh_keys()
 
-    def boot_refusal(self, profile) -> str | None:
+    def boot_refusal(self, profile: Profile | None) -> str | None:
         """Why `b` would be refused for `profile` in this session (tuner.actions.boot_service.check_installable: a
         simulated session or a simulated profile), or None. Removing the service that applies it is always
         offered."""
@@ -396,7 +430,7 @@ class ProfilesScreen(TunerScreen):
             question = (f"Remove the boot service? {profile.name!r} is no longer applied at boot; the profiles in "
                         "the system store are kept.")
             self.app.push_screen(ConfirmDialog(question, yes="Remove", no="Cancel"),
-                                 lambda yes: yes and self.app.change_boot_service(None))
+                                 lambda yes: yes and self.app.change_boot_service(None))  # type: ignore[func-returns-value]  # `and` only for its branch
             return
         system_names = {p.name for p in status.system_profiles}
         replaces = (f" It replaces the system copy of {profile.name!r}." if profile.name in system_names else "")
@@ -406,7 +440,7 @@ class ProfilesScreen(TunerScreen):
                     f"boot service (needs root).{replaces}{instead} Booting with tuner.reset on the kernel command "
                     "line skips it.")
         self.app.push_screen(ConfirmDialog(question, yes="Install", no="Cancel"),
-                             lambda yes: yes and self.app.change_boot_service(profile.name,
+                             lambda yes: yes and self.app.change_boot_service(profile.name,  # type: ignore[func-returns-value]  # as above
                                                                               overwrite=bool(replaces)))
 
     def action_export(self) -> None:
@@ -420,36 +454,35 @@ class ProfilesScreen(TunerScreen):
             lambda path: self._export(profile, path),
         )
 
-    def _export(self, profile, path: str | None) -> None:
-        if not path:
-            return
-        from tuner.profiles.store import write_profile_file
+    def _export(self, profile: Profile, path: str | None) -> None:
+        if path:
+            self._export_file(profile, Path(path))
 
+    @work(thread=True, exit_on_error=False, group="profile-files")
+    def _export_file(self, profile: Profile, path: Path) -> None:
         try:
-            written = write_profile_file(profile, Path(path).expanduser())
+            written = profile_store.export_profile(profile, path)
         except (TunerError, OSError) as e:
-            self._error(e)
+            self.post_message(ProfileFileDone(None, e))
             return
-        self.notify(f"exported {profile.name} to {written}")
+        self.post_message(ProfileFileDone(f"exported {profile.name} to {written}", None))
 
     def action_import_profile(self) -> None:
         self.app.push_screen(TextInputDialog("Import a profile from path:", placeholder="~/r9700.toml"),
                              self._import)
 
     def _import(self, path: str | None) -> None:
-        if not path:
-            return
-        module = _profiles_module()
-        from tuner.profiles.store import read_profile_file
+        if path:
+            self._import_file(Path(path))
 
+    @work(thread=True, exit_on_error=False, group="profile-files")
+    def _import_file(self, path: Path) -> None:
         try:
-            profile = read_profile_file(Path(path).expanduser())  # validated before it is stored
-            module.save_profile(profile)
+            profile = profile_store.import_profile(path)  # validated before it is stored
         except (TunerError, OSError) as e:
-            self._error(e)
+            self.post_message(ProfileFileDone(None, e))
             return
-        self.notify(f"imported {profile.name}")
-        self.action_reload(select=profile.name)
+        self.post_message(ProfileFileDone(f"imported {profile.name}", None, reload=True, select=profile.name))
 
     def action_delete(self) -> None:
         profile = self.selected()
@@ -460,13 +493,15 @@ class ProfilesScreen(TunerScreen):
             lambda yes: self._delete(profile, yes),
         )
 
-    def _delete(self, profile, yes: bool | None) -> None:
-        if not yes:
-            return
+    def _delete(self, profile: Profile, yes: bool | None) -> None:
+        if yes:
+            self._delete_file(profile)
+
+    @work(thread=True, exit_on_error=False, group="profile-files")
+    def _delete_file(self, profile: Profile) -> None:
         try:
-            _profiles_module().delete_profile(profile.name)
-        except TunerError as e:
-            self._error(e)
+            profile_store.delete_profile(profile.name)
+        except (TunerError, OSError) as e:
+            self.post_message(ProfileFileDone(None, e))
             return
-        self.notify(f"deleted {profile.name}")
-        self.action_reload()
+        self.post_message(ProfileFileDone(f"deleted {profile.name}", None, reload=True))

@@ -17,8 +17,9 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.widgets import Log, Static
 
+from tuner.actions.stress import NoStockReference
 from tuner.app.jobs import stress_question
-from tuner.core.models import Mode
+from tuner.core.models import Knob, Mode
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import ConfirmDialog
 from tuner.widgets.device_panel import setting_text
@@ -40,12 +41,12 @@ REFERENCE_NOTES = {
 class StressChecked(Message):
     """The worker's answer to `s`: start (`question` None) or ask first."""
 
-    def __init__(self, device_id: str, preset: str, mode: str, question) -> None:
+    def __init__(self, device_id: str, preset: str, mode: str, question: NoStockReference | None) -> None:
         super().__init__()
         self.device_id, self.preset, self.mode, self.question = device_id, preset, mode, question
 
 
-def reference_question(problem) -> str:
+def reference_question(problem: NoStockReference) -> str:
     """The dialog's words for a NoStockReference (tuner.actions.stress): what would be off, and the way to avoid it."""
     return (f"{problem.device_id} has no stock reference for {problem.workload} ({problem.why}), and the card is "
             f"at {problem.setting:+d} {problem.unit}, not at stock. This run could not compare its steps with "
@@ -55,7 +56,7 @@ def reference_question(problem) -> str:
             "setting again.")
 
 
-def clamp_target(knob, value: int) -> int:
+def clamp_target(knob: Knob, value: int) -> int:
     """Keep a target inside the knob's range and on the safe side of stock (no overvolt from the UI)."""
     value = max(knob.min, min(knob.max, value))
     return knob.stock if knob.is_overvolt(value) else value
@@ -89,7 +90,7 @@ class TuneScreen(TunerScreen):
         self.target: int | None = None
         self.preset, self.mode = "tiny", Mode.TRAIN
         self._log_shown = 0
-        self._log_run = None
+        self._log_run: int | None = None
         self._seen_setting: tuple | None = None
 
     def compose_body(self) -> ComposeResult:
@@ -106,7 +107,7 @@ class TuneScreen(TunerScreen):
     def device_id(self) -> str | None:
         return self.app.selected_device_id
 
-    def _knob(self):
+    def _knob(self) -> Knob | None:
         return self.app.histories[self.device_id].knob if self.device_id else None
 
     # --- actions -------------------------------------------------------------------------------------------------
@@ -120,7 +121,7 @@ class TuneScreen(TunerScreen):
 
     def action_apply(self) -> None:
         knob = self._knob()
-        if knob is None or self.target is None or self.target == knob.current:
+        if knob is None or self.device_id is None or self.target is None or self.target == knob.current:
             self.notify("move the setting with the arrow keys first, then apply", severity="warning")
             return
         self.app.apply_setting(self.device_id, self.target)

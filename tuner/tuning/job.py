@@ -171,7 +171,7 @@ class BisectOutcome:
 
 class BisectJob:
     def __init__(self, backend: Backend, device_ids: str | Sequence[str], params: BisectParams,
-                 on_event: Callable[[BisectEvent], None] | None = None, *,
+                 on_event: Callable[[BisectEvent], object] | None = None, *,
                  run_trial: TrialRunner | None = None, engine_factory: Callable | None = None,
                  kernel_watcher_factory: Callable[[str], kernel_log.KernelLogWatcher | None] | None = None,
                  max_attempts: int = MAX_RIG_ATTEMPTS):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tuner.core.models import Knob, Telemetry
+from tuner.core.models import DeviceInfo, Knob, Telemetry
 
 ROW_WIDTH = 78  # fits 80 columns with the widget's padding
 
@@ -19,7 +19,7 @@ def setting_cell(knob: Knob | None) -> str:
     return f"{knob.current:+d} {knob.unit} {state}"
 
 
-def card_row(device, knob: Knob | None, sample: Telemetry | None, running: str, *, selected: bool) -> Text:
+def card_row(device: DeviceInfo, knob: Knob | None, sample: Telemetry | None, running: str, *, selected: bool) -> Text:
     """`▶ sim0 SIMULATED  -30 mV APPLIED   212 W  61 °C  BISECT trial 3 at -20 mV`"""
     power = "n/a W" if sample is None or sample.power_w is None else f"{sample.power_w:.0f} W"
     temp = "n/a °C" if sample is None or sample.temp_edge_c is None else f"{sample.temp_edge_c:.0f} °C"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 from textual_plotext import PlotextPlot
 
@@ -50,7 +51,7 @@ def least_span(values: list[float], min_span: float | None) -> float:
     return size / 10 if size else 1.0
 
 
-def finite_points(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
+def finite_points(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
     """The points whose x and y are finite numbers (a NaN loss cannot be placed on an axis)."""
     pairs = [(x, y) for x, y in zip(xs, ys, strict=False) if math.isfinite(x) and math.isfinite(y)]
     return [x for x, _ in pairs], [y for _, y in pairs]
@@ -74,7 +75,7 @@ class HistoryPlot(PlotextPlot):
                  empty_text: str = EMPTY_TEXT) -> None:
         super().__init__(id=id)
         self.title, self.x_label, self.min_span, self.empty_text = title, x_label, min_span, empty_text
-        self._drawn: tuple | None = None
+        self._drawn: object = None
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -113,10 +114,10 @@ class HistoryPlot(PlotextPlot):
 
     def _y_axis(self, ys: list[float], side: str = "left") -> None:
         lo, hi, ticks = nice_axis(ys, least_span(ys, self.min_span), integer=is_whole(ys))
-        self.plt.ylim(lo, hi, yside=side)
-        self.plt.yticks(ticks, [tick_label(t) for t in ticks], yside=side)
+        self.plt.ylim(lo, hi, yside=side)  # type: ignore[arg-type]  # plotext's stub says a number; it takes left/right
+        self.plt.yticks(ticks, [tick_label(t) for t in ticks], yside=side)  # type: ignore[arg-type]  # as ylim
 
-    def show(self, xs: list[float], ys: list[float], *, title: str | None = None) -> None:
+    def show(self, xs: Sequence[float], ys: Sequence[float], *, title: str | None = None) -> None:
         """Redraw with these points; a no-op when nothing changed (the caller's timer sets the rate). A point that
         is not a finite number (a NaN loss) is not drawn: the detectors and the log say what it was."""
         if not self._begin((tuple(xs), tuple(ys), title), title):

@@ -7,6 +7,8 @@ The screen keys are the nav bar's (1-6), so they are not repeated here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import Static
@@ -23,7 +25,7 @@ def key_name(binding: Binding) -> str:
     return KEY_NAMES.get(binding.key, binding.key)
 
 
-def footer_items(bindings) -> list[tuple[str, str]]:
+def footer_items(bindings: Iterable[Binding]) -> list[tuple[str, str]]:
     """(key, label) for each shown binding, the way a user reads them, then the keys every screen has."""
     items = [(key_name(b), b.description) for b in bindings if isinstance(b, Binding) and b.show and b.description]
     return [*items, *ALWAYS]
@@ -50,7 +52,7 @@ class KeyBar(Static):
     KeyBar { dock: bottom; height: auto; max-height: 3; background: $panel; color: $text; }
     """
 
-    def __init__(self, bindings) -> None:
+    def __init__(self, bindings: Iterable[Binding]) -> None:
         super().__init__(id="key-bar")
         self.items = footer_items(bindings)
 

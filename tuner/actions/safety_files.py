@@ -1,0 +1,20 @@
+"""What a card's safety files say, as the front ends read them: a trial left open, the unsafe list, a session's
+recorded trials.
+
+The files belong to tuner.tuning.journal (the one place that decides whose trial is open and what is unsafe); the
+CLI's `status` and `unsafe` and the UI's resumed bisect reach them only through this module (the import contract
+`front-ends-through-actions` in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from tuner.tuning import journal
+from tuner.tuning.journal import Owner, clear_unsafe, leftover_trial, unsafe_entries
+
+__all__ = ["Owner", "clear_unsafe", "leftover_trial", "session_trials", "unsafe_entries"]
+
+
+def session_trials(device_id: str) -> tuple[dict, ...]:
+    """The trials the card's journal recorded for its current session (none when there is no journal)."""
+    doc = journal.load(device_id) or {}
+    return tuple(doc.get("trials") or ())
