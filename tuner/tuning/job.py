@@ -633,7 +633,9 @@ class _Search:
     def _recover(self, existing: Journal, knob: Knob) -> None:
         """An open trial whose process is gone. A reset cannot be ruled out (an earlier boot, or an unreadable boot
         id: fail closed): the machine froze or reset, a failure and an unsafe value. Left in this boot: the tuner
-        died (kill -9, a full disk), which says nothing about the voltage: inconclusive, the plan runs it again."""
+        died (kill -9, a full disk), which says nothing about the voltage: inconclusive, the plan runs it again.
+        Through the root helper, the helper's word counts too (Backend.recovered_trials): a trial of this session it
+        found open after a freeze or reset is that failure, whatever this user's journal could tell."""
         trial = existing.open_trial
         assert trial is not None
         device = self.backend.device(self.device_id)
@@ -641,10 +643,16 @@ class _Search:
         owner = journal.classify_open_trial(trial)
         common = {"setting": setting, "unit": knob.unit, "phase": phase, "started_at": trial.get("started_at"),
                   "simulated": device.simulated}
-        if phase == BASELINE and owner != Owner.EARLIER_BOOT:
+        machine_reset = next((r for r in self.backend.recovered_trials(self.device_id) if r.verdict == "fail"
+                              and r.trial.setting == setting and r.trial.session == existing.session), None)
+        if phase == BASELINE and owner != Owner.EARLIER_BOOT and machine_reset is None:
             existing.abandon_trial("the tuner died during the baseline (at stock); it runs again")
             return
-        if owner == Owner.EARLIER_BOOT:
+        if machine_reset is not None and owner != Owner.EARLIER_BOOT:
+            result = TrialResult(verdict="fail", kind="system-reset", edge=True, reason=(
+                f"the root helper found this trial open after the machine froze or reset ({machine_reset.reason})"),
+                **common)
+        elif owner == Owner.EARLIER_BOOT:
             target = self.backend.stress_target(self.device_id)
             lines = None if target.simulated else kernel_log.previous_boot_events(target.pci_bus_id)
             result = TrialResult(verdict="fail", kind="system-reset", edge=True, kernel_log=tuple(lines or ()),

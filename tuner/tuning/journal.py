@@ -42,6 +42,7 @@ from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, i
 from tuner.core.models import Knob, Verdict
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper.schema import UnsafeMark
+from tuner.helper.state import MachineState
 from tuner.tuning import journal_schema
 from tuner.tuning.events import TrialResult
 
@@ -241,11 +242,39 @@ def leftover_trial(device_id: str) -> dict | None:
 
 
 def trial_open_at_previous_boot() -> dict | None:
-    """The open trial of any journal (a card's, a rig's, a guard) that a reset may have ended, else None.
+    """The open trial of any journal (a card's, a rig's, a guard; this user's or the machine's) that a reset may
+    have ended, else None.
 
     Used by the boot path (`tuner apply --boot`) to skip applying after a freeze or reset during a trial. A damaged
     journal counts too (the safe answer).
     """
+    return _own_trial_open_at_previous_boot() or machine_trial_open_at_previous_boot()
+
+
+def machine_trial_open_at_previous_boot(state_dir: Path | None = None) -> dict | None:
+    """The same question of the root helper's machine-wide state (`paths.system_state_dir()`, readable by any
+    user): a trial it recovered in this boot as a freeze or reset (`MachineState.failed_trial_recovered_in`), or
+    one still open from another boot (the helper has not started since). Unreadable or damaged: yes (fail
+    closed). No helper state at all: None."""
+    state = MachineState(state_dir or paths.system_state_dir())
+    if not state.root.is_dir():
+        return None
+    boot_id = current_boot_id()
+    try:
+        recovered = state.failed_trial_recovered_in(boot_id)
+        still_open = [t for t in state.open_trials().values() if boot_id is None or t.boot_id != boot_id]
+    except StateError as e:  # DamagedState too
+        return {"journal": str(state.root), "reason": f"the machine's trial journal is unreadable ({e.message}), so "
+                "a crashed trial cannot be ruled out"}
+    trial = recovered.trial if recovered is not None else (still_open[0] if still_open else None)
+    if trial is None:
+        return None
+    return {"journal": str(state.trials_path), "device": trial.card, "setting": trial.setting, "phase": trial.phase,
+            "boot_id": trial.boot_id, "uid": trial.uid,
+            "reason": "a tuning trial was still open in the root helper's journal when an earlier boot ended"}
+
+
+def _own_trial_open_at_previous_boot() -> dict | None:
     try:
         files = sorted(journal_dir().glob("*.json"))
     except OSError:
