@@ -40,6 +40,7 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))  # the engine's tokenizer and compiled kernels
     monkeypatch.setenv("TUNER_SYSTEM_PROFILES", str(base / "etc-tuner-profiles"))
     monkeypatch.setenv("TUNER_SYSTEMD_DIR", str(base / "systemd"))
+    monkeypatch.setenv("TUNER_STATE_DIR", str(base / "machine-state"))  # the root helper's (the boot path reads it)
     monkeypatch.delenv("NO_COLOR", raising=False)
     # `tuner service install` refuses code a user other than root can change (tuner.core.root_owned); a checkout
     # may be anyone's, so tests install as from a root-owned tree unless they test that check itself

@@ -100,9 +100,9 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
                          "pass --verify 5m to test it on this card first (reverted on failure), or --force")
     value = profile.setting.value
     knob.validate(value)  # range, step, no overvolt (a profile never overvolts, --force or not)
-    journal.check_safety_state(device.id)  # damaged safety files block even --ignore-unsafe (fail closed)
+    journal.check_safety_state(device.id, backend)  # damaged safety files block even --ignore-unsafe (fail closed)
     if not ignore_unsafe:
-        journal.refuse_unsafe(device.id, knob, value)
+        journal.refuse_unsafe(device.id, knob, value, backend)
     warnings = list(result.warnings)
     if result.match is not Match.SAME_CARD:
         warnings.insert(0, result.reason)

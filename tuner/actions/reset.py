@@ -41,7 +41,7 @@ def reset_device(backend: Backend, device_id: str, *, force: bool = False,
     still hold the lock in this process while they wind down. When the state directory cannot hold the lock
     (read-only, full, unsafe) the card is reset anyway and `warn` (default: a line on stderr) says so."""
     if force:
-        return _reset(backend, device_id)
+        return _reset(backend, device_id, force=True)
     lock = CardLock(device_id, "tuner reset")
     try:
         lock.acquire()
@@ -63,8 +63,8 @@ def holder_of(device_id: str) -> str | None:
     return describe_holder(device_id)
 
 
-def _reset(backend: Backend, device_id: str) -> Knob:
-    knob = backend.reset(device_id)
+def _reset(backend: Backend, device_id: str, *, force: bool = False) -> Knob:
+    knob = backend.reset(device_id, force=True) if force else backend.reset(device_id)
     if knob.current != knob.stock:
         raise NotApplied(f"{device_id}: reset to stock left {knob.current:+d} {knob.unit} (stock {knob.stock:+d})",
                          "run `tuner reset` again as root, or reboot")

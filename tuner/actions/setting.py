@@ -43,9 +43,10 @@ def check_setting(backend: Backend, request: SetRequest) -> Knob:
     """Raise the TunerError a front end shows when `request` may not be written; nothing is written here."""
     knob = backend.knob(request.device_id)
     knob.validate(request.value, allow_overvolt=request.allow_overvolt)
-    journal.check_safety_state(request.device_id)  # damaged safety files block even --ignore-unsafe (fail closed)
+    # damaged safety files block even --ignore-unsafe (fail closed)
+    journal.check_safety_state(request.device_id, backend)
     if not request.ignore_unsafe:
-        journal.refuse_unsafe(request.device_id, knob, request.value)
+        journal.refuse_unsafe(request.device_id, knob, request.value, backend)
     if request.lock_clock_mhz is not None and not can_lock_clock(backend, knob):
         raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
     return knob

@@ -141,7 +141,8 @@ def verify_setting(
     reason: str | None = "interrupted before the trial finished"
     choice = choose_reference(backend, device_id, workload, bundled)
     with CardLock(device_id, f"verify of {value:+d} {knob.unit}"), journal.guarded_trial(device_id, value,
-                                                                                         unit=knob.unit), \
+                                                                                         unit=knob.unit,
+                                                                                         backend=backend), \
             tempfile.TemporaryDirectory(prefix="tuner-verify-") as work:
         try:
             reference = None if choice.bundle is None else rb.materialize(choice.bundle, Path(work))
@@ -203,5 +204,5 @@ def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float
 
     result = run_trial(backend, {device_id: value}, params, on_event, stop_event).result
     # a hang or a lost device: never applied again automatically (the one rule, as in a bisect)
-    journal.record_hard_failure(device_id, result, stock=backend.knob(device_id).stock)
+    journal.record_hard_failure(device_id, result, stock=backend.knob(device_id).stock, backend=backend)
     return result.verdict, result.reason or None

@@ -429,7 +429,7 @@ class AmdBackend(Backend):
                 "run `sudo tuner reset` or reboot",
             ) from cause
 
-    def reset(self, device_id: str) -> Knob:
+    def reset(self, device_id: str, *, force: bool = False) -> Knob:
         card = self._card(device_id)
         self._write(card, self._voltage_commands(card, self._table(card), 0))
         knob = self._knob_from(card, self._table(card))

@@ -6,14 +6,30 @@ a typed `TunerError` (with a one-line remedy) instead of returning a status.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
+from tuner.core.card_lock import CardLock
 from tuner.core.errors import UnknownDevice, Unsupported, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, StressTarget, Telemetry
 
+#: a kernel-log source for `tuner.tuning.kernel_log.KernelLogWatcher`: its lines and how to stop reading them
+KernelLogSource = tuple[Iterable[str], Callable[[], None]]
+
 
 class Backend(ABC):
-    """One vendor's GPUs (or the simulated ones)."""
+    """One vendor's GPUs (or the simulated ones).
+
+    Besides the cards, a backend says where the machine's safety state lives (docs/helper.md, "The safety state
+    through the backend"): the one-writer hold (`claim`/`release`), the open trial (`trial_begin`/`trial_end`, a
+    hard failure marked on the way out), the unsafe list (`unsafe_entries`/`unsafe_clear`), trials recovered after
+    a death (`recovered_trials`) and the kernel log (`kernel_log_source`). In-process (this base class) the tuner's
+    own files are that state: the hold is the per-user `CardLock`, the journal (tuner.tuning.journal) records the
+    trial and the unsafe list in `$XDG_STATE_HOME`, and there is no list beyond it. The root helper's client
+    (`HelperBackend`) answers from the helper's machine-wide state instead, which every user of the machine shares.
+    The journal asks these methods and applies the one rule (tuner.core.unsafe_rule) to what they return."""
 
     #: short name shown in `tuner list` and the doctor: "amd", "nvidia", "simulated"
     name: str = "base"
@@ -47,8 +63,10 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def reset(self, device_id: str) -> Knob:
-        """Return the device to stock and verify it; returns the knob as read back."""
+    def reset(self, device_id: str, *, force: bool = False) -> Knob:
+        """Return the device to stock and verify it; returns the knob as read back. `force` (`tuner reset
+        --force`): also when another writer holds the card. In-process the caller has already decided that (the
+        card lock); through the root helper it is the helper that holds the writer and must be told."""
 
     def keep(self, device_id: str) -> None:  # noqa: B027 - optional hook
         """The value now on the card is confirmed (kept): a backend that puts unconfirmed writes back (the root
@@ -97,6 +115,54 @@ class Backend(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release libraries (NVML shutdown and the like)."""
 
+    # --- the safety state (in-process: the tuner's own files; HelperBackend: the helper's machine-wide state) ----
+    def claim(self, device_id: str, purpose: str = "") -> None:
+        """Hold `device_id` as its one writer until `release` (a bisect holds it across all its trials): CardBusy,
+        naming the holder, when someone else holds it (another job of this tuner too). In-process: the per-user
+        card lock (tuner.core.card_lock)."""
+        lock = CardLock(device_id, purpose or None).acquire()  # CardBusy when held, in this process too
+        self.__dict__.setdefault("_claims", {})[device_id] = lock
+
+    def release(self, device_id: str) -> None:
+        lock = self.__dict__.get("_claims", {}).pop(device_id, None)
+        if lock is not None:
+            lock.release()
+
+    @contextlib.contextmanager
+    def holding(self, device_id: str, purpose: str = "") -> Iterator[None]:
+        """`claim` for the duration of a `with` block, released however it ends."""
+        self.claim(device_id, purpose)
+        try:
+            yield
+        finally:
+            self.release(device_id)
+
+    def trial_begin(self, device_id: str, setting: int, phase: str,  # noqa: B027 - in-process: nothing more
+                    session: str | None = None) -> None:
+        """A trial at `setting` is about to touch the card. In-process the journal's own file is the record (it is
+        written before this is called), so there is nothing more to do."""
+
+    def trial_end(self, device_id: str, unsafe: Any = None) -> None:  # noqa: B027 - in-process: nothing more
+        """The card's trial is over (the card at stock); `unsafe` (a `tuner.helper.schema.UnsafeMark`): it failed
+        hard, and the setting goes on the unsafe list. In-process the journal appends it to its own list."""
+
+    def unsafe_entries(self, device_id: str) -> list[dict[str, Any]]:
+        """The unsafe entries kept beyond the tuner's own list (tuner.tuning.journal's): in-process, none."""
+        return []
+
+    def unsafe_clear(self, device_id: str, setting: int | None = None) -> list[dict[str, Any]]:
+        """Remove entries (all, or those for `setting`) from the list kept beyond the tuner's own; what went."""
+        return []
+
+    def recovered_trials(self, device_id: str) -> list[Any]:
+        """Trials the keeper of the machine's state closed after their client or itself died (the root helper's
+        `tuner.helper.schema.RecoveredTrial`); in-process the journal's own open trial tells it, so none."""
+        return []
+
+    def kernel_log_source(self, device_ids: list[str]) -> KernelLogSource | None:
+        """Where a trial's kernel-log watcher reads; None: from `/dev/kmsg` itself (in-process)."""
+        return None
+
 
 class CompositeBackend(Backend):
     """Several vendors' backends behind one, routing by device id (a box can hold AMD and NVIDIA cards)."""
@@ -125,8 +191,8 @@ class CompositeBackend(Backend):
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         return self._owner(device_id).apply(device_id, value, allow_overvolt=allow_overvolt)
 
-    def reset(self, device_id: str) -> Knob:
-        return self._owner(device_id).reset(device_id)
+    def reset(self, device_id: str, *, force: bool = False) -> Knob:
+        return self._owner(device_id).reset(device_id, force=force)
 
     def keep(self, device_id: str) -> None:
         self._owner(device_id).keep(device_id)

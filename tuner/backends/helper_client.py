@@ -17,13 +17,13 @@ import contextlib
 import itertools
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from tuner.backends.base import Backend
+from tuner.backends.base import Backend, KernelLogSource
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardBusy
 from tuner.core.errors import (
@@ -162,6 +162,7 @@ class HelperBackend(Backend):
         self._warn = warn or (lambda message: None)
         self._cards = {e.info.id: e for e in connection.ask(s.ListCards(), list[s.CardEntry])}
         self._lost: dict[str, s.LostChange] = {}
+        self._open_trials: set[str] = set()  # cards with a trial this connection began and has not ended
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="helper-heartbeat", daemon=True)
         self._heartbeat.start()
@@ -210,8 +211,8 @@ class HelperBackend(Backend):
         return self._ask(s.Set(card=device_id, value=value, lease_s=self.lease_s, allow_overvolt=allow_overvolt),
                          Knob)
 
-    def reset(self, device_id: str) -> Knob:
-        knob = self._ask(s.Reset(card=device_id), Knob)
+    def reset(self, device_id: str, *, force: bool = False) -> Knob:
+        knob = self._ask(s.Reset(card=device_id, force=force), Knob)
         self._check_lost(device_id)
         return knob
 
@@ -261,29 +262,50 @@ class HelperBackend(Backend):
         self._stop.set()
         self.connection.close()  # the helper puts back whatever is still unconfirmed
 
-    # --- the helper's own calls (the journal's wiring: docs/helper.md) --------------------------------------------
+    # --- the safety state: the helper's machine-wide one (Backend's docstring; docs/helper.md) --------------------
     def claim(self, device_id: str, purpose: str = "") -> None:
-        self._ask(s.Claim(card=device_id, purpose=purpose[:500]))
+        """The helper's hold, machine-wide (another user's writes are refused as busy between a bisect's trials),
+        inside this tuner's own lock (Backend.claim: two jobs of one tuner share this connection, which the helper
+        cannot tell apart)."""
+        super().claim(device_id, purpose)
+        try:
+            self._ask(s.Claim(card=device_id, purpose=purpose[:500]))
+        except BaseException:
+            super().release(device_id)
+            raise
 
     def release(self, device_id: str) -> None:
-        self._ask(s.Release(card=device_id))
+        try:
+            self._ask(s.Release(card=device_id))
+        finally:
+            super().release(device_id)
 
-    def trial_begin(self, device_id: str, setting: int, phase: str, session: str | None = None) -> s.OpenTrial:
-        return self._ask(s.TrialBegin(card=device_id, setting=setting, phase=phase, session=session), s.OpenTrial)
+    def trial_begin(self, device_id: str, setting: int, phase: str, session: str | None = None) -> None:
+        self._ask(s.TrialBegin(card=device_id, setting=setting, phase=phase, session=session), s.OpenTrial)
+        self._open_trials.add(device_id)
 
-    def trial_end(self, device_id: str, unsafe: s.UnsafeMark | None = None) -> None:
+    def trial_end(self, device_id: str, unsafe: Any = None) -> None:
+        """Ends this connection's open trial on the card; a second end of the same trial (the journal closes it
+        after a hard failure already ended it with its mark) does nothing."""
+        if device_id not in self._open_trials:
+            return
         self._ask(s.TrialEnd(card=device_id, unsafe=unsafe))
+        self._open_trials.discard(device_id)
 
     def trials(self, device_id: str) -> s.TrialsResult:
         return self._ask(s.ReadTrials(card=device_id), s.TrialsResult)
 
-    def unsafe_entries(self, device_id: str) -> list[s.UnsafeEntry]:
-        return self._ask(s.UnsafeList(card=device_id), list[s.UnsafeEntry])
+    def recovered_trials(self, device_id: str) -> list[Any]:
+        return list(self.trials(device_id).recovered)
 
-    def unsafe_clear(self, device_id: str, setting: int | None = None) -> list[s.UnsafeEntry]:
-        return self._ask(s.UnsafeClear(card=device_id, setting=setting), list[s.UnsafeEntry])
+    def unsafe_entries(self, device_id: str) -> list[dict[str, Any]]:
+        return [msgspec.structs.asdict(e) for e in self._ask(s.UnsafeList(card=device_id), list[s.UnsafeEntry])]
 
-    def kernel_log_source(self, device_ids: list[str]) -> tuple[Iterable[str], Callable[[], None]] | None:
+    def unsafe_clear(self, device_id: str, setting: int | None = None) -> list[dict[str, Any]]:
+        removed = self._ask(s.UnsafeClear(card=device_id, setting=setting), list[s.UnsafeEntry])
+        return [msgspec.structs.asdict(e) for e in removed]
+
+    def kernel_log_source(self, device_ids: list[str]) -> KernelLogSource | None:
         """A `tuner.tuning.kernel_log.KernelLogWatcher` source: the helper's kernel-event stream for these cards
         (on its own connection), or None when the helper cannot read the kernel log."""
         try:
@@ -330,7 +352,7 @@ class ReadOnlyBackend(Backend):
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         raise self._refuse()
 
-    def reset(self, device_id: str) -> Knob:
+    def reset(self, device_id: str, *, force: bool = False) -> Knob:
         raise self._refuse()
 
     def set_lock_clock(self, device_id: str, mhz: int) -> None:

@@ -525,7 +525,7 @@ class NvidiaBackend(Backend):
                 "run `sudo tuner reset` or `sudo nvidia-smi -rgc`",
             ) from cause
 
-    def reset(self, device_id: str) -> Knob:
+    def reset(self, device_id: str, *, force: bool = False) -> Knob:
         n, h = self.nvml, self._handle(device_id)
         recorded = self._record(device_id).get("offset_mhz", 0)
         try:

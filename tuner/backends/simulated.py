@@ -295,7 +295,7 @@ class SimulatedBackend(Backend):
         self._write_setting(device_id, value)
         return self.knob(device_id)
 
-    def reset(self, device_id: str) -> Knob:
+    def reset(self, device_id: str, *, force: bool = False) -> Knob:
         return self.apply(device_id, 0)
 
     # --- the NVIDIA-style lock clock: tuner.backends.nvidia's interface and behaviour (`lock_clock_mhz`,

@@ -66,7 +66,8 @@ def _row(device_id: str, entry: dict) -> tuple[str, ...]:
 
 
 def run_list(args: Namespace, ctx: Context) -> int:
-    report = {device_id: safety_files.unsafe_entries(device_id) for device_id in _device_ids(ctx, args.device)}
+    report = {device_id: safety_files.unsafe_entries(device_id, ctx.backend)
+              for device_id in _device_ids(ctx, args.device)}
     if args.json:
         print_json({"unsafe": [{"device": d, "entries": entries} for d, entries in report.items()]})
         return exit_codes.OK
@@ -90,7 +91,7 @@ def run_clear(args: Namespace, ctx: Context) -> int:
     if len(ids) != 1:
         raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
     device_id = ids[0]
-    entries = safety_files.unsafe_entries(device_id)
+    entries = safety_files.unsafe_entries(device_id, ctx.backend)
     doomed = [e for e in entries if args.value is None or e["setting"] == args.value]
     if not doomed:
         what = "" if args.value is None else f" for {args.value:+d}"
@@ -99,7 +100,7 @@ def run_clear(args: Namespace, ctx: Context) -> int:
     if not args.yes and not _ask(f"Remove {values} from {device_id}'s unsafe list? They froze, hung or reset "
                                  "the card; bisect may try them again. [y/N] "):
         raise UsageError("nothing was cleared", "answer y, or pass --yes")
-    removed = safety_files.clear_unsafe(device_id, args.value)
+    removed = safety_files.clear_unsafe(device_id, args.value, ctx.backend)
     if args.json:
         print_json({"device": device_id, "removed": removed})
     else:

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from tuner.core import paths
+from tuner.core import kernel_files
 
 
 def current_boot_id() -> str | None:
-    """`/proc/sys/kernel/random/boot_id` under `paths.sysfs_root()`, or None when unreadable.
-
-    The root helper reads it here; `tuner.tuning.journal.current_boot_id` reads the same file (one of them should
-    call the other once the journal modules are merged)."""
-    try:
-        text = (paths.sysfs_root() / "proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-    return text or None
+    """`/proc/sys/kernel/random/boot_id` under `paths.sysfs_root()`, or None when unreadable. The one reader: the
+    root helper and the tuner's journal (`tuner.tuning.journal.current_boot_id`) both ask here, and it reads
+    through `tuner.core.kernel_files` (a small regular file only: never a FIFO, /dev/zero or a stall)."""
+    return kernel_files.boot_id()

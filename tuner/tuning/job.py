@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
-from tuner.core.card_lock import CardLock
 from tuner.core.errors import DeviceLost, DiskFull, NotApplied, TunerError, UsageError
 from tuner.core.models import Knob, Mode
 from tuner.tuning import evidence, journal, kernel_log, load_check
@@ -206,8 +205,8 @@ class BisectJob:
             several = len(self.device_ids) > 1
             purpose = (f"auto-bisect of the rig {','.join(self.device_ids)}" if several
                        else f"auto-bisect of {self.device_ids[0]}")
-            for device_id in sorted(self.device_ids):
-                locks.enter_context(CardLock(device_id, purpose))
+            for device_id in sorted(self.device_ids):  # through the root helper: held machine-wide, every user
+                locks.enter_context(self.backend.holding(device_id, purpose))
             return self._run()
 
     def _emit(self, event: BisectEvent) -> None:
@@ -241,9 +240,10 @@ class BisectJob:
         p, ids = self.params, self.device_ids
         several = len(ids) > 1
         for device_id in ids:
-            journal.check_safety_state(device_id)  # a damaged unsafe list, journal or guard: refuse (fail closed)
-        rig = Journal.open_rig(ids) if several else None
-        cards = {d: Journal.open_existing(d) for d in ids}
+            # a damaged unsafe list, journal or guard: refuse (fail closed)
+            journal.check_safety_state(device_id, self.backend)
+        rig = Journal.open_rig(ids, self.backend) if several else None
+        cards = {d: Journal.open_existing(d, self.backend) for d in ids}
         for j in (rig, *cards.values()):
             if j is not None and j.open_trial and journal.classify_open_trial(j.open_trial) == Owner.RUNNING:
                 raise UsageError(f"a bisect is already running on {_name(j)} (pid {j.open_trial.get('pid')})",
@@ -277,7 +277,8 @@ class BisectJob:
         search = p.search()
         if search["preset"] is None:
             search["preset"] = default_preset(self.backend.stress_target(ids[0]))
-        return Journal.create_rig(ids, params=search, stock={d: k.stock for d, k in knobs.items()})
+        return Journal.create_rig(ids, params=search, stock={d: k.stock for d, k in knobs.items()},
+                                  backend=self.backend)
 
     def _recover_rig(self, rig: Journal, knobs: dict[str, Knob]) -> None:
         """A rig trial left open by a dead tool or an earlier boot (each card's journal recovers its own)."""
@@ -499,7 +500,7 @@ class BisectJob:
                                   " not a voltage problem; check the card, its cooling and its PCIe link")
                     continue
                 hard = d in failing and journal.record_hard_failure(d, failing[d], stock=knobs[d].stock,
-                                                                    session=rig.session)
+                                                                    session=rig.session, backend=self.backend)
                 backed[d] = self._back_off(knobs[d], d, candidates[d], rig,
                                            edge_margin=edge_margins[d] if hard else 0)
         elif errors and not failing:  # setup trouble (a rank that never ran, a collective that never formed):
@@ -588,7 +589,7 @@ class _Search:
         plan_params = PlanParams.defaults_for(knob, step=search["step"], resolution=search["resolution"],
                                               margin=search["margin"], floor=search["floor"],
                                               replay_baseline=search["mode"] != "gemm", stock_control=True)
-        unsafe = journal.unsafe_settings(self.device_id)
+        unsafe = journal.unsafe_settings(self.device_id, self.backend)  # the machine's list too, via the helper
         plan = BisectPlan(knob, plan_params, unsafe=list(unsafe),
                           unsafe_edge=any(e.get("edge") for e in unsafe.values()))
         search = {**search, "step": plan_params.step, "resolution": plan_params.resolution,
@@ -609,7 +610,7 @@ class _Search:
         """The card's session: its open trial recovered, then continued (--resume) or a new one (the job made
         every check and reset the card)."""
         p = self.job.params
-        existing = Journal.open_existing(self.device_id)
+        existing = Journal.open_existing(self.device_id, self.backend)
         if existing is not None and existing.open_trial is not None:
             self._recover(existing, knob)
         device = self.backend.device(self.device_id)
@@ -624,14 +625,17 @@ class _Search:
         params = p.search()
         if params["preset"] is None:
             params["preset"] = default_preset(self.backend.stress_target(self.device_id))
-        j = Journal.create(self.device_id, params=params, knob=knob.to_dict(), serial=device.serial)
+        j = Journal.create(self.device_id, params=params, knob=knob.to_dict(), serial=device.serial,
+                           backend=self.backend)
         self.job._session_opened(self.rig, self.device_id, j.session)
         return j, params, False
 
     def _recover(self, existing: Journal, knob: Knob) -> None:
         """An open trial whose process is gone. A reset cannot be ruled out (an earlier boot, or an unreadable boot
         id: fail closed): the machine froze or reset, a failure and an unsafe value. Left in this boot: the tuner
-        died (kill -9, a full disk), which says nothing about the voltage: inconclusive, the plan runs it again."""
+        died (kill -9, a full disk), which says nothing about the voltage: inconclusive, the plan runs it again.
+        Through the root helper, the helper's word counts too (Backend.recovered_trials): a trial of this session it
+        found open after a freeze or reset is that failure, whatever this user's journal could tell."""
         trial = existing.open_trial
         assert trial is not None
         device = self.backend.device(self.device_id)
@@ -639,10 +643,16 @@ class _Search:
         owner = journal.classify_open_trial(trial)
         common = {"setting": setting, "unit": knob.unit, "phase": phase, "started_at": trial.get("started_at"),
                   "simulated": device.simulated}
-        if phase == BASELINE and owner != Owner.EARLIER_BOOT:
+        machine_reset = next((r for r in self.backend.recovered_trials(self.device_id) if r.verdict == "fail"
+                              and r.trial.setting == setting and r.trial.session == existing.session), None)
+        if phase == BASELINE and owner != Owner.EARLIER_BOOT and machine_reset is None:
             existing.abandon_trial("the tuner died during the baseline (at stock); it runs again")
             return
-        if owner == Owner.EARLIER_BOOT:
+        if machine_reset is not None and owner != Owner.EARLIER_BOOT:
+            result = TrialResult(verdict="fail", kind="system-reset", edge=True, reason=(
+                f"the root helper found this trial open after the machine froze or reset ({machine_reset.reason})"),
+                **common)
+        elif owner == Owner.EARLIER_BOOT:
             target = self.backend.stress_target(self.device_id)
             lines = None if target.simulated else kernel_log.previous_boot_events(target.pci_bus_id)
             result = TrialResult(verdict="fail", kind="system-reset", edge=True, kernel_log=tuple(lines or ()),
@@ -678,7 +688,8 @@ class _Search:
                 return CardOutcome("failed", exit_codes.TEST_FAILED, j.session, failure=failure,
                                    trials=tuple(results), params=search)
             assert isinstance(decision, NextTrial)
-            if decision.setting in journal.unsafe_settings(self.device_id):  # the plan never proposes these
+            # the plan never proposes these
+            if decision.setting in journal.unsafe_settings(self.device_id, self.backend):
                 raise AssertionError(f"refusing to apply unsafe {decision.setting}")
             outcome = self._run_one(decision, plan, j, results, search)
             if outcome is not None:
@@ -749,8 +760,10 @@ class _Search:
         except DeviceLost as e:
             lost = TrialResult(setting=decision.setting, unit=knob.unit, phase=decision.phase, verdict="fail",
                                kind="device-lost", reason=e.one_line(), edge=True)
+            # on the unsafe list before the trial closes: through the helper, the mark ends its open trial
+            journal.record_hard_failure(self.device_id, lost, stock=knob.stock, session=j.session,
+                                        backend=self.backend)
             j.finish_trial(lost.to_record())
-            journal.record_hard_failure(self.device_id, lost, stock=knob.stock, session=j.session)
             self._emit(TrialFinished(index, lost))
             return self._hardware_failure(j, [*results, lost], search, "device-lost", e.one_line())
         if result.verdict == STOPPED:
@@ -768,6 +781,8 @@ class _Search:
             result, light = _with_load_report(result, search["preset"])
             if light:
                 self._emit(TrialWarning(light))
+        # on the unsafe list before the trial closes: through the helper, the mark ends its open trial
+        journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=j.session, backend=self.backend)
         j.finish_trial(result.to_record())
         if result.kind == evidence.ENGINE_KILLED:  # re-running now could meet the same killer (the OOM killer)
             self._emit(TrialFinished(index, result))
@@ -777,7 +792,6 @@ class _Search:
             raise DiskFull(f"the disk holding {journal.journal_dir()} is full; the trial at {decision.setting:+d} "
                            f"{knob.unit} did not count", f"free disk space, then `tuner bisect --device "
                            f"{self.device_id} --resume`")
-        journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=j.session)
         if result.effective is False:
             self._emit(TrialWarning(next(w for w in result.warnings if w.startswith("not effective"))))
         self._emit(TrialFinished(index, result))

@@ -34,13 +34,20 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tuner.core import kernel_files, paths, processes, state_files
+from tuner.core import boot, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, is_disk_full
 from tuner.core.models import Knob, Verdict
+from tuner.core.unsafe_rule import blocking_setting
+from tuner.helper.schema import UnsafeMark
+from tuner.helper.state import MachineState
 from tuner.tuning import journal_schema
 from tuner.tuning.events import TrialResult
+
+if TYPE_CHECKING:
+    from tuner.backends.base import Backend
 
 JOURNAL_VERSION = 1  # a card's and a rig's
 RIG_SUFFIX = ".rig.json"
@@ -93,8 +100,8 @@ def guard_path(device_id: str) -> Path:
 
 
 def current_boot_id() -> str | None:
-    """This boot's id, or None if unreadable (tuner.core.kernel_files: never a FIFO, /dev/zero or a stall)."""
-    return kernel_files.boot_id()
+    """This boot's id, or None if unreadable (tuner.core.boot: the one reader, the root helper's too)."""
+    return boot.current_boot_id()
 
 
 pid_alive = processes.pid_alive  # the journal's owner check (kept as a name here: callers use journal.pid_alive)
@@ -199,14 +206,15 @@ def rig_journal_paths(device_id: str) -> list[Path]:
     return [p for p in found if name in p.name[:-len(RIG_SUFFIX)].split("+")[1:]]
 
 
-def check_safety_state(device_id: str) -> None:
+def check_safety_state(device_id: str, backend: Backend | None = None) -> None:
     """Raise DamagedState when any safety file of the device (unsafe list, journal, guard, a rig journal holding
-    it) does not validate.
+    it) does not validate; through the root helper (`backend`), when the machine's list cannot be read (the
+    helper answers a damaged one with DamagedState).
 
     Every command that writes a setting to a card (set, apply, boot apply, bisect) calls this first: a file we
     cannot trust might be hiding the very value that crashed the machine, so we fail closed.
     """
-    unsafe_entries(device_id)
+    unsafe_entries(device_id, backend)
     load(device_id)
     load_guard(device_id)
     for path in rig_journal_paths(device_id):
@@ -234,11 +242,39 @@ def leftover_trial(device_id: str) -> dict | None:
 
 
 def trial_open_at_previous_boot() -> dict | None:
-    """The open trial of any journal (a card's, a rig's, a guard) that a reset may have ended, else None.
+    """The open trial of any journal (a card's, a rig's, a guard; this user's or the machine's) that a reset may
+    have ended, else None.
 
     Used by the boot path (`tuner apply --boot`) to skip applying after a freeze or reset during a trial. A damaged
     journal counts too (the safe answer).
     """
+    return _own_trial_open_at_previous_boot() or machine_trial_open_at_previous_boot()
+
+
+def machine_trial_open_at_previous_boot(state_dir: Path | None = None) -> dict | None:
+    """The same question of the root helper's machine-wide state (`paths.system_state_dir()`, readable by any
+    user): a trial it recovered in this boot as a freeze or reset (`MachineState.failed_trial_recovered_in`), or
+    one still open from another boot (the helper has not started since). Unreadable or damaged: yes (fail
+    closed). No helper state at all: None."""
+    state = MachineState(state_dir or paths.system_state_dir())
+    if not state.root.is_dir():
+        return None
+    boot_id = current_boot_id()
+    try:
+        recovered = state.failed_trial_recovered_in(boot_id)
+        still_open = [t for t in state.open_trials().values() if boot_id is None or t.boot_id != boot_id]
+    except StateError as e:  # DamagedState too
+        return {"journal": str(state.root), "reason": f"the machine's trial journal is unreadable ({e.message}), so "
+                "a crashed trial cannot be ruled out"}
+    trial = recovered.trial if recovered is not None else (still_open[0] if still_open else None)
+    if trial is None:
+        return None
+    return {"journal": str(state.trials_path), "device": trial.card, "setting": trial.setting, "phase": trial.phase,
+            "boot_id": trial.boot_id, "uid": trial.uid,
+            "reason": "a tuning trial was still open in the root helper's journal when an earlier boot ended"}
+
+
+def _own_trial_open_at_previous_boot() -> dict | None:
     try:
         files = sorted(journal_dir().glob("*.json"))
     except OSError:
@@ -260,8 +296,20 @@ def trial_open_at_previous_boot() -> dict | None:
 
 
 # --- the unsafe list ----------------------------------------------------------------------------------------------
-def unsafe_entries(device_id: str) -> list[dict]:
-    """Every recorded unsafe setting of the device, oldest first.
+def unsafe_entries(device_id: str, backend: Backend | None = None) -> list[dict]:
+    """Every recorded unsafe setting of the device: this user's own list, then the list `backend` keeps beyond
+    it (the root helper's, machine-wide, shared by every user; in-process there is none: Backend.unsafe_entries).
+    A value on either is unsafe: a list imported into the helper is never forgotten here, and one a user recorded
+    in-process as root (a rescue without the helper) counts before the helper has imported it.
+
+    The user's own list is read below (`own_unsafe_entries`); the helper checks its own when it serves it.
+    """
+    own = own_unsafe_entries(device_id)
+    return own if backend is None else own + backend.unsafe_entries(device_id)
+
+
+def own_unsafe_entries(device_id: str) -> list[dict]:
+    """Every recorded unsafe setting in this user's own list, oldest first.
 
     Fails closed: a torn line (a crash mid-append), a wrong type (`"setting": "-40"`, `-40.0`) or bytes that are
     not UTF-8 raise DamagedState naming the file and line; skipping the line would forget a value that crashed
@@ -299,16 +347,18 @@ def unsafe_entries(device_id: str) -> list[dict]:
     return entries
 
 
-def clear_unsafe(device_id: str, setting: int | None = None) -> list[dict]:
-    """Remove the device's unsafe entries (all, or those for `setting`); returns what was removed.
+def clear_unsafe(device_id: str, setting: int | None = None, backend: Backend | None = None) -> list[dict]:
+    """Remove the device's unsafe entries (all, or those for `setting`) from this user's own list and from the
+    list `backend` keeps (the root helper's machine-wide one); returns what was removed from both.
 
     Only `tuner unsafe clear` calls this, after asking. The list is rewritten atomically; a damaged list is
     refused (DamagedState) rather than half-cleared.
     """
-    entries = unsafe_entries(device_id)
+    entries = own_unsafe_entries(device_id)
     removed = [e for e in entries if setting is None or e["setting"] == setting]
+    machine = [] if backend is None else backend.unsafe_clear(device_id, setting)
     if not removed:
-        return []
+        return machine
     kept = [e for e in entries if e not in removed]
     path = unsafe_path(device_id)
     data = "".join(json.dumps(e, sort_keys=True) + "\n" for e in kept).encode()
@@ -318,26 +368,27 @@ def clear_unsafe(device_id: str, setting: int | None = None) -> list[dict]:
         if is_disk_full(e):
             raise disk_full(path) from None
         raise StateError(f"cannot write the unsafe list {path}: {e.strerror}", "fix its permissions") from None
-    return removed
+    return removed + machine
 
 
-def unsafe_settings(device_id: str) -> dict[int, dict]:
-    """setting -> its (latest) unsafe entry."""
-    return {e["setting"]: e for e in unsafe_entries(device_id)}
+def unsafe_settings(device_id: str, backend: Backend | None = None) -> dict[int, dict]:
+    """setting -> its (latest) unsafe entry, from this user's list and the machine's (`unsafe_entries`)."""
+    return {e["setting"]: e for e in unsafe_entries(device_id, backend)}
 
 
-def refuse_unsafe(device_id: str, knob: Knob, value: int) -> None:
-    """Raise UsageError when `value` is at or beyond a setting that froze, hung or reset this device in a trial.
+def refuse_unsafe(device_id: str, knob: Knob, value: int, backend: Backend | None = None) -> None:
+    """Raise UsageError when `value` is at or beyond a setting that froze, hung or reset this device in a trial
+    (the rule: tuner.core.unsafe_rule.blocking_setting, the one the root helper applies before every write).
 
     `set` and `apply` call this so a value that crashed the machine is never applied again without the user
-    saying so explicitly (--ignore-unsafe); the bisect plan and the boot path never override it.
+    saying so explicitly (--ignore-unsafe); the bisect plan and the boot path never override it. With the root
+    helper (`backend`), its machine-wide list counts too, and the helper refuses on its own regardless.
     """
-    check_safety_state(device_id)
-    entries = unsafe_settings(device_id)
-    blocking = [s for s in entries if s == value or knob.more_aggressive(value, s)]
-    if not blocking:
+    check_safety_state(device_id, backend)
+    entries = {s: e for s, e in unsafe_settings(device_id, backend).items() if e.get("unit") in (None, knob.unit)}
+    worst = blocking_setting(knob, value, entries)
+    if worst is None:
         return
-    worst = max(blocking, key=lambda s: (s - knob.stock) * -knob.aggressive_direction)  # least aggressive
     raise UsageError(
         f"{value:+d} {knob.unit} is at or beyond {worst:+d} {knob.unit}, which failed hard on {device_id} "
         f"({entries[worst].get('kind', 'failure')}: {entries[worst].get('reason', 'no reason recorded')})",
@@ -370,16 +421,30 @@ def add_unsafe(device_id: str, setting: int, *, unit: str, kind: str, reason: st
 
 
 def record_hard_failure(device_id: str, result: TrialResult, *, stock: int, session: str | None = None,
-                        serial: str | None = None) -> bool:
+                        serial: str | None = None, backend: Backend | None = None) -> bool:
     """The one rule for the unsafe list, for a card's search, a rig's confirmation and a verify alike: a failure
     that hung, reset or lost the card (an edge) at a setting other than stock goes on the card's list for good.
     Nothing else does: a mismatch says "not this value", a tool that died or an engine killed from outside says
-    nothing about it. True when it was recorded."""
+    nothing about it. True when it was recorded.
+
+    It goes on this user's list and, through `backend`, on the machine's: the root helper takes it as the end of
+    the card's open trial (`trial_end` with an `UnsafeMark`: the helper records the setting of the trial it holds
+    open, not one the client names), so call this before the journal closes the trial."""
     if result.verdict != Verdict.FAIL or not result.edge or result.setting == stock:
         return False
-    add_unsafe(device_id, result.setting, unit=result.unit, kind=result.kind or "hang", reason=result.reason,
+    kind = result.kind or "hang"
+    add_unsafe(device_id, result.setting, unit=result.unit, kind=kind, reason=result.reason,
                edge=True, session=session, serial=serial, kernel_log=list(result.kernel_log))
+    if backend is not None:
+        backend.trial_end(device_id, unsafe=unsafe_mark(kind, result.reason, list(result.kernel_log)))
     return True
+
+
+def unsafe_mark(kind: str, reason: str, kernel_log: Sequence[str] = ()) -> UnsafeMark:
+    """A hard failure as the root helper's request carries it (its limits: a word, 500 characters a line)."""
+    word = re.sub(r"[^a-z0-9_-]", "-", kind.lower())[:40]
+    return UnsafeMark(kind=word if word[:1].isalpha() else "hang", reason=reason[:500],
+                      kernel_log=[line[:500] for line in list(kernel_log)[-20:]])
 
 
 # --- a lone guarded trial (apply --verify) -----------------------------------------------------------------------
@@ -403,25 +468,35 @@ def recover_stale_guard(device_id: str, unit: str) -> dict | None:
 
 
 @contextlib.contextmanager
-def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "verify") -> Iterator[dict[str, object]]:
+def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "verify",
+                  backend: Backend | None = None) -> Iterator[dict[str, object]]:
     """Durably mark a trial outside any bisect session as open for its duration.
 
     If the machine freezes or the tool is killed, the guard stays: the boot path then applies nothing, and the
     next guarded trial on the device records the setting as unsafe. A trial that ends (pass or fail) removes it.
+    Through the root helper (`backend`) the helper holds the trial open too (`trial_begin`/`trial_end`), so its
+    machine-wide journal says the same to every user; a hard failure inside ends it with its mark
+    (`record_hard_failure`).
     """
     recover_stale_guard(device_id, unit)
+    if backend is not None:
+        backend.trial_begin(device_id, setting, phase)
     trial = {"device": device_id, "setting": setting, "phase": phase, "boot_id": current_boot_id(),
              "pid": os.getpid(), "started_at": time.time()}
     try:
-        write_atomic(guard_path(device_id), json.dumps({"open_trial": trial}, sort_keys=True).encode())
-    except OSError as e:
-        if is_disk_full(e):
-            raise disk_full(guard_path(device_id)) from None
-        raise
-    try:
-        yield trial
+        try:
+            write_atomic(guard_path(device_id), json.dumps({"open_trial": trial}, sort_keys=True).encode())
+        except OSError as e:
+            if is_disk_full(e):
+                raise disk_full(guard_path(device_id)) from None
+            raise
+        try:
+            yield trial
+        finally:
+            guard_path(device_id).unlink(missing_ok=True)
     finally:
-        guard_path(device_id).unlink(missing_ok=True)
+        if backend is not None:
+            backend.trial_end(device_id)
 
 
 # --- the session journal: a card's or a rig's -----------------------------------------------------------------------
@@ -429,25 +504,30 @@ class Journal:
     """One session document: a card's (`journal/<card>.json`, with its event log) or a rig's (`rig_path`). Every
     change is durable (an atomic rewrite; the log fsynced) before the call returns."""
 
-    def __init__(self, path: Path, doc: dict, *, device_id: str | None = None):
+    def __init__(self, path: Path, doc: dict, *, device_id: str | None = None, backend: Backend | None = None):
         self.path, self.doc = path, doc
         self.device_id = device_id  # None: a rig's journal (no event log, no trials of its own)
+        # where the machine's safety state is told of each trial (Backend.trial_begin/trial_end: the root helper's
+        # machine-wide journal; in-process, this file is the whole record); None: nowhere else
+        self.backend = backend
 
     @classmethod
-    def create(cls, device_id: str, *, params: dict, knob: dict, serial: str | None = None) -> Journal:
+    def create(cls, device_id: str, *, params: dict, knob: dict, serial: str | None = None,
+               backend: Backend | None = None) -> Journal:
         session = new_session_id()
         journal = cls(journal_path(device_id), cls._new(
             session, device=device_id, serial=serial, params=params, knob=knob,
-            reference=str(reference_path(device_id, session)), trials=[]), device_id=device_id)
+            reference=str(reference_path(device_id, session)), trials=[]), device_id=device_id, backend=backend)
         journal._save()
         journal.log("session_started", session=session, params=params)
         return journal
 
     @classmethod
-    def create_rig(cls, device_ids: Sequence[str], *, params: dict, stock: dict[str, int]) -> Journal:
+    def create_rig(cls, device_ids: Sequence[str], *, params: dict, stock: dict[str, int],
+                   backend: Backend | None = None) -> Journal:
         journal = cls(rig_path(device_ids), cls._new(
             new_session_id(), devices=sorted(device_ids), phase="search", params=params, stock=stock, sessions={},
-            candidates={}, references={}, baseline=None, attempts=[], never=[]))
+            candidates={}, references={}, baseline=None, attempts=[], never=[]), backend=backend)
         journal._save()
         return journal
 
@@ -458,15 +538,15 @@ class Journal:
                 "open_trial": None, **fields}
 
     @classmethod
-    def open_existing(cls, device_id: str) -> Journal | None:
+    def open_existing(cls, device_id: str, backend: Backend | None = None) -> Journal | None:
         doc = load(device_id)
-        return None if doc is None else cls(journal_path(device_id), doc, device_id=device_id)
+        return None if doc is None else cls(journal_path(device_id), doc, device_id=device_id, backend=backend)
 
     @classmethod
-    def open_rig(cls, device_ids: Sequence[str]) -> Journal | None:
+    def open_rig(cls, device_ids: Sequence[str], backend: Backend | None = None) -> Journal | None:
         path = rig_path(device_ids)
         doc = _load(path)
-        return None if doc is None else cls(path, doc)
+        return None if doc is None else cls(path, doc, backend=backend)
 
     # reading
     @property
@@ -546,19 +626,49 @@ class Journal:
         self.update(state=ACTIVE, pid=os.getpid(), boot_id=current_boot_id())
         self.log("session_resumed", pid=os.getpid())
 
+    def _trial_settings(self, trial: Mapping[str, object] | None) -> dict[str, int]:
+        """card -> setting of a trial (a card's `setting`, a rig's `settings`)."""
+        if not trial:
+            return {}
+        if self.device_id is not None:
+            setting = trial.get("setting")
+            return {self.device_id: setting} if isinstance(setting, int) else {}
+        settings = trial.get("settings")
+        return {d: v for d, v in settings.items() if isinstance(v, int)} if isinstance(settings, dict) else {}
+
     def begin_trial(self, phase: str, **what: object) -> dict:
         """Durably record the trial about to touch the card(s): a card's `setting`, a rig's `attempt` and
-        `settings`. Call before applying anything."""
+        `settings`. Call before applying anything. The machine's state (`backend.trial_begin`, the root helper's
+        journal) hears of it first: a card another user holds is refused before anything is written here."""
         mine = {} if self.device_id is None else {"session": self.session, "device": self.device_id}
         trial = {**mine, "phase": phase, **what, "boot_id": current_boot_id(), "pid": os.getpid(),
                  "started_at": time.time()}
-        self.update(open_trial=trial, state=ACTIVE)
+        begun: list[str] = []
+        try:
+            if self.backend is not None:
+                for device_id, setting in self._trial_settings(trial).items():
+                    self.backend.trial_begin(device_id, setting, phase, self.session)
+                    begun.append(device_id)
+            self.update(open_trial=trial, state=ACTIVE)
+        except BaseException:
+            for device_id in begun:
+                with contextlib.suppress(Exception):
+                    self.backend.trial_end(device_id)  # type: ignore[union-attr]
+            raise
         self.log("trial_open", **trial)
         return trial
 
+    def _end_machine_trial(self, trial: Mapping[str, object] | None) -> None:
+        """The machine's open trial ends with ours (a hard failure already ended it with its mark)."""
+        if self.backend is not None:
+            for device_id in self._trial_settings(trial):
+                self.backend.trial_end(device_id)
+
     def end_trial(self, **fields: object) -> None:
         """Every card is back at stock: close the open trial (with what it found, one atomic write)."""
+        trial = self.open_trial
         self.update(open_trial=None, **fields)
+        self._end_machine_trial(trial)
 
     def finish_trial(self, record: dict) -> None:
         """A card's trial is over and the card at stock: store its result and close it (one atomic write)."""
@@ -574,5 +684,7 @@ class Journal:
         self.log("trial_abandoned", reason=reason, setting=(trial or {}).get("setting"))
 
     def close(self, state: str, **fields: object) -> None:
+        trial = self.open_trial
         self.update(state=state, open_trial=None, **fields)
+        self._end_machine_trial(trial)
         self.log("session_" + state, **fields)

@@ -80,7 +80,7 @@ def plan_profile_screen(backend: Backend, profile: Profile, device_ids: list[str
         if plan.match.match is Match.OTHER_MODEL:
             raise ProfileRefused(f"{where}: {plan.match.reason}; nothing was run", OWN_MODEL, UsageError.exit_code)
         try:
-            journal.refuse_unsafe(device_id, plan.knob, plan.value)
+            journal.refuse_unsafe(device_id, plan.knob, plan.value, backend)
         except TunerError as e:
             raise ProfileRefused(f"{where}: {e.message}; nothing was run",
                                  "screen at a less aggressive profile, or at the card's current setting (drop "
