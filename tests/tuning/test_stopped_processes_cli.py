@@ -58,7 +58,9 @@ def test_a_stopped_engine_and_a_stopped_tuner_leave_the_answer_and_the_unsafe_li
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "--simulate", "--sim-vmin", "-52", "bisect", "--device",
                              "sim0", "--trial", "5s", "--confirm", "10s", "--yes", "--json"],
                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+                            # a process group of its own in this session, as a shell's job: not orphaned, so
+                            # SIGTSTP really stops it (the kernel drops it for an orphaned group)
+                            process_group=0)
     events, faults, setting = [], [], None
     try:
         assert proc.stdout is not None
