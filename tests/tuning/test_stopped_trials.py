@@ -6,6 +6,7 @@ CLI: tests/tuning/test_stopped_processes_cli.py."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -82,3 +83,25 @@ def test_a_setting_changed_outside_the_bisect_is_inconclusive_and_stops_it(boot)
     _backend, _events, job = _job(FakeEngine(), resume=True)
     assert job.run().card.recommendation.setting == -40
     assert [t["verdict"] for t in _trials(-30)] == ["inconclusive", "pass"]
+
+
+def test_in_a_rig_a_stopped_engine_is_inconclusive_for_its_own_card_only(boot):
+    """A rig is a rig of cards: the same trial stack, each card's search alike (issue 28: "in a rig, a 15 s stop
+    pins a hang on a healthy card")."""
+    from tests.tuning.test_rig import make
+
+    lock, stopped = threading.Lock(), []
+
+    def stopped_once(request):
+        with lock:
+            if request.options.fault_seed != -20 or stopped:
+                return None
+            stopped.append(1)
+        return replace(result("fail", "hang", "no output for 15.0 s", failure_step=4, steps=3), engine_stopped_s=15.0)
+
+    _backend, _engine, _rig, _events, job = make(limits=[-52, -52], engine=FakeEngine(override=stopped_once))
+    outcome = job.run()
+    assert {d: o.recommendation.setting for d, o in outcome.per_card.items()} == {"sim0": -40, "sim1": -40}
+    kinds = {d: [t["kind"] for t in journal.load(d)["trials"] if t["setting"] == -20] for d in ("sim0", "sim1")}
+    assert sorted(kinds.values(), key=len) == [[None], ["engine-stopped", None]], kinds
+    assert journal.unsafe_settings("sim0") == {} and journal.unsafe_settings("sim1") == {}
