@@ -16,6 +16,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from tests.cli_helpers import REPO
 from tuner.backends.simulated import SimulatedBackend
@@ -53,6 +54,7 @@ def _status(pid: int) -> str:
         return "gone"
 
 
+@pytest.mark.timeout(900)  # about 2 minutes alone; a shared 2-core box makes trials too short to count, and longer
 def test_a_stopped_engine_and_a_stopped_tuner_leave_the_answer_and_the_unsafe_list_alone():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "--simulate", "--sim-vmin", "-52", "bisect", "--device",
@@ -81,7 +83,9 @@ def test_a_stopped_engine_and_a_stopped_tuner_leave_the_answer_and_the_unsafe_li
                 proc.send_signal(signal.SIGTSTP)
                 faults.append(("ctrl-z", setting))
                 # before it stops, the engine is gone and the card is back at stock
+                sent = time.monotonic()
                 _wait_for(lambda: _status(proc.pid) == "stopped")
+                print(f"Ctrl-Z to stopped: {time.monotonic() - sent:.1f} s")
                 assert _engine_pids(proc.pid) == [] and SimulatedBackend().knob("sim0").current == 0
                 proc.send_signal(signal.SIGCONT)
         assert proc.wait(60) == 0

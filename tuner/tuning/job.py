@@ -244,6 +244,11 @@ class BisectJob:
                 self._in_flight -= 1
                 self._pause.notify_all()
 
+    def _stop_reason(self) -> str:
+        if self._changed_outside:
+            return f"another card was changed outside this bisect ({self._changed_outside})"
+        return "stopped on request"
+
     def _was_paused(self, stopped: bool) -> bool:
         """A trial that ended stopped, not by a stop of the job: by a pause (Ctrl-Z)."""
         return stopped and not self._stop.is_set()
@@ -733,7 +738,7 @@ class _Search:
         while True:
             results = [TrialResult.from_record(r) for r in j.trials]
             if self.job._stop.is_set():
-                return self._stopped(j, results, search, "stopped on request")
+                return self._stopped(j, results, search, self.job._stop_reason())
             decision = plan.decide([PlanResult.from_record(r) for r in j.trials])
             if isinstance(decision, Recommend):
                 return self._recommend(decision, j, results, search)
@@ -830,7 +835,7 @@ class _Search:
             return None
         if result.verdict == STOPPED:
             j.abandon_trial("stopped")
-            return self._stopped(j, results, search, "stopped on request")
+            return self._stopped(j, results, search, self.job._stop_reason())
         if result.sensitivity == "reduced" and not search.get("tolerance") and result.verdict != "error":
             # the engine compared with tolerances without being asked: never accept a silent downgrade
             result = replace(result, verdict="error", kind="reduced-sensitivity",
