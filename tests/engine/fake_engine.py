@@ -79,6 +79,11 @@ def main() -> None:
         step(1)
         emit("fault", kind="canary", step=2, reference_step=2, detail="canary differs")
         end("fail", "canary", 2, 2, 1, "canary differs", reference_step=2)
+    if MODE == "busy":  # steady steps with a heartbeat after each (a stop from outside lands between them)
+        for n in range(1, 201):
+            step(n)
+            emit("heartbeat", step=n, state="train", progress=n)
+        end(steps=200)
     for n in range(1, 4):
         step(n)
     if MODE == "silent-hang":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -321,3 +322,49 @@ def test_real_engine_stock_reference_then_fault_rate_fails(tmp_path):
     assert ok.passed and ok.steps == 40 and ok.bpb is not None and ok.start.params > 0, ok
     bad = sc.run_stress(config(steps=40, seed=1, reference=str(ref), fault_rate=0.1))
     assert (bad.verdict, bad.kind) == ("fail", "mismatch") and bad.failure_step <= 40
+
+
+# --- stopped processes (issue 28): time nobody could watch is not silence -----------------------------------
+
+
+def _wait_for(condition, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_an_engine_stopped_from_outside_is_not_a_hang_and_says_how_long(fake_python):
+    """SIGSTOP for many times the silence limit, then SIGCONT: the run ends as the engine says (a pass here) and
+    reports the time it spent stopped; the trial decides what that means (tests/tuning/test_stopped_trials.py)."""
+    run = fake_run(fake_python, "busy", steps=None, duration_s=60).start()
+    events = run.events()
+    while next(events).name != "step":
+        pass
+    os.kill(run.pid, signal.SIGSTOP)
+    try:  # the watchdog itself measures the stop: 5 x its silence limit
+        _wait_for(lambda: run._engine_stopped_s > 5 * FAST.min_silence_s)
+    finally:
+        os.kill(run.pid, signal.SIGCONT)
+    for _ in events:
+        pass
+    result = run.result()
+    assert (result.verdict, result.kind) == ("pass", None), result
+    assert result.engine_stopped_s >= round(5 * FAST.min_silence_s, 1)
+
+
+def test_this_process_stopped_is_not_engine_silence(fake_python):
+    """The tuner stopped (SIGSTOP, a suspended laptop): its clock jumps between two watchdog polls while the
+    engine's own clock (its heartbeats' `t`) shows steady work. Before issue 28 that jump read as a hang."""
+    jump = {"s": 0.0}
+    cfg = sc.EngineConfig(EngineOptions(steps=None, duration_s=60), python=fake_python,
+                          env={"FAKE_ENGINE_MODE": "busy"})
+    run = sc.StressRun(cfg, watchdog=FAST, clock=lambda: time.monotonic() + jump["s"]).start()
+    events = run.events()
+    while next(events).name != "step":
+        pass
+    jump["s"] = 30.0  # 50 x the silence limit passed on our clock between two polls
+    for _ in events:
+        pass
+    result = run.result()
+    assert (result.verdict, result.kind, result.engine_stopped_s) == ("pass", None, 0.0), result

@@ -322,7 +322,8 @@ def run(args: Namespace, ctx: Context) -> int:
             print("bisect stopped: every card is back at stock; continue with --resume", file=sys.stderr)
         elif not args.json and outcome.card.trials:
             print(_table(outcome.card.trials), file=sys.stderr)
-        return exit_codes.INTERRUPTED
+        # a signal: 130; otherwise the job's own reason (BUSY: a card was changed outside this bisect)
+        return exit_codes.INTERRUPTED if interrupted else outcome.exit_code
     if several and args.json:
         sys.stdout.write(json.dumps({"event": "rig_outcome", "device": "rig", "status": outcome.status,
                                      "exit_code": outcome.exit_code, "settings": dict(outcome.settings),
@@ -397,16 +398,32 @@ def run_in_worker(job: BisectJob) -> tuple[BisectOutcome, bool]:
             done.set()
 
     worker = threading.Thread(target=work, name="bisect", daemon=True)
-    with signals.Inbox() as inbox:
+    with signals.Inbox(stop_signals=True) as inbox:
         worker.start()
         stopping = False
         while not done.wait(0.2):
             if inbox.first is not None and not stopping:
                 stopping = True
                 job.stop()  # the worker stops the engines, resets the cards, closes the journals (resumable)
+            elif not stopping and inbox.take_stop():
+                _pause_and_stop(job, inbox, done)
     if "error" in box:
         raise box["error"]
     return box["outcome"], inbox.first is not None
+
+
+def _pause_and_stop(job: BisectJob, inbox: signals.Inbox, done: threading.Event) -> None:
+    """Ctrl-Z (issue 28.1): a stopped tuner must not leave its engines loading the cards unwatched (they run in
+    sessions of their own, so the terminal's SIGTSTP never reaches them). The job pauses: every running trial
+    ends without a result, its cards back at stock; then this process stops; on SIGCONT the job goes on and the
+    trial runs again. A fatal signal meanwhile ends the wait (the caller stops the job)."""
+    job.pause()
+    while not job.paused_safely() and not done.is_set() and inbox.first is None:
+        done.wait(0.05)
+    if inbox.first is None and not done.is_set():
+        signals.stop_now()  # returns on SIGCONT
+        inbox.take_stop()  # a second Ctrl-Z while stopping changes nothing
+    job.resume()
 
 
 def _save(args: Namespace, backend: Backend, outcome: BisectOutcome) -> None:

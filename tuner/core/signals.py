@@ -150,6 +150,14 @@ class Inbox:
     def stop_requested(self) -> bool:
         return any(s in STOP_SIGNALS for s in self._received)
 
+    def take_stop(self) -> bool:
+        """Whether a stop signal (Ctrl-Z) arrived since the last call; forgets it, so the next one counts again (a
+        bisect pauses, stops, and goes on after SIGCONT)."""
+        stops = [s for s in self._received if s in STOP_SIGNALS]
+        for s in stops:
+            self._received.remove(s)
+        return bool(stops)
+
     @property
     def fd(self) -> int | None:
         """Readable when a signal arrived: add it to a select() set to wake at once."""

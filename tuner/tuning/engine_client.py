@@ -29,6 +29,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Self
 
+import psutil
+
 from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
 from tuner.core.privileges import EngineIdentity, EngineRefused, engine_identity
@@ -164,6 +166,9 @@ class StressResult:
     # the reference step the failing step was compared with (with --reference-loop: its step within the pass);
     # None without a reference or when the engine could not say (hang, crash)
     reference_step: int | None = None
+    # how long the engine was seen stopped by a signal from outside (state T in /proc/PID/stat: SIGSTOP, a
+    # debugger); 0 when never. Such a run did not load the card for its whole length (see `WatchdogPolicy`)
+    engine_stopped_s: float = 0.0
     start: StartEvent | None = field(default=None, repr=False)
     end: EndEvent | None = field(default=None, repr=False)
 
@@ -188,6 +193,13 @@ class WatchdogPolicy:
     After it: no event at all, or no progress while heartbeats go on (the main thread stuck in a GPU call), for
     max(`min_silence_s`, `silence_factor` x median step time) is a hang. The median leaves out the engine's
     warm-up steps once there are steady ones. A hang ends with SIGTERM, then SIGKILL after `kill_grace_s`.
+
+    Whose clock (issue 28): "no progress while heartbeats go on" is measured on the engine's own clock (every
+    event's `t`), so a backlog read after the tuner itself was stopped shows the engine working, not silent. Time
+    nobody could watch never counts as silence: a gap between two of the watchdog's own polls (this process was
+    stopped: SIGSTOP, a suspended laptop) and time the engine spent stopped from outside (state T in
+    /proc/PID/stat) are left out of both measures. A stopped engine is not a hang; its run reports
+    `engine_stopped_s` and the trial decides (docs/bisect.md, "Stopped processes").
     """
 
     min_silence_s: float = 60.0
@@ -219,6 +231,9 @@ _IDLE_STATES = {"idle", "partial-idle", "eval", "done"}  # heartbeats in these s
 # A data-parallel rank waiting for its peers ("collective") is not stalled either, for as long as its own collective
 # timeout allows (plus this margin): past that the engine should have ended the wait itself, so silence is a hang.
 COLLECTIVE_MARGIN_S = 10.0
+# A watchdog poll later than this past its due time means this process did not run meanwhile (it was stopped):
+# the time beyond it is nobody's silence. Generous, so a busy machine's late poll still counts in full.
+OWN_STOP_SLACK_S = 2.0
 
 
 def classify_stderr(text: str) -> str | None:
@@ -266,7 +281,12 @@ class StressRun:
         opts = config.options
         self._collective_limit_s = opts.collective_timeout_s + COLLECTIVE_MARGIN_S if opts.world_size > 1 else 0.0
         self._t_last_event = 0.0
-        self._t_last_progress = 0.0
+        # the engine's own clock (its events' `t`): at its latest heartbeat, and at its last progress
+        self._engine_t = self._engine_t_progress = 0.0
+        self._engine_stopped_s = 0.0  # seen stopped from outside (state T), all of the run
+        # time nobody could watch (the engine stopped, or this process: a full stdout pipe blocks the engine too)
+        self._paused_s = self._paused_at_progress_s = 0.0  # in all, and before the engine's last progress
+        self._t_last_poll: float | None = None
         self._result: StressResult | None = None
 
     # -- lifecycle
@@ -288,7 +308,7 @@ class StressRun:
                     raise spawn.failed(e) from None
                 raise
             now = self._clock()
-            self._t_launch = self._t_last_event = self._t_last_progress = now
+            self._t_launch = self._t_last_event = now
         for target, name in ((self._read_stdout, "stdout"), (self._read_stderr, "stderr"),
                              (self._watch, "watchdog")):
             t = threading.Thread(target=target, name=f"stress-{name}", daemon=True)
@@ -402,12 +422,18 @@ class StressRun:
                 if self._device_error is None:
                     self._device_error = classify_stderr(line)
 
+    def _progressed(self, ev: Event) -> None:
+        """The engine made progress, on its own clock (`ev.t`). Lock held."""
+        self._engine_t_progress = max(self._engine_t_progress, ev.t)
+        self._paused_at_progress_s = self._paused_s
+
     def _note(self, ev: Event) -> None:
         now = self._clock()
         with self._lock:
             self._t_last_event = now
             match ev:
                 case HeartbeatEvent(state=state, progress=progress):
+                    self._engine_t = max(self._engine_t, ev.t)  # its clock while it says it is alive
                     waiting = state == "collective"
                     if not waiting:
                         self._collective_since = None
@@ -415,11 +441,11 @@ class StressRun:
                         self._collective_since = now
                     if (state in _IDLE_STATES or (progress is not None and progress != self._last_progress_count)
                             or (waiting and now - (self._collective_since or now) <= self._collective_limit_s)):
-                        self._t_last_progress = now
+                        self._progressed(ev)
                     if progress is not None:
                         self._last_progress_count = progress
                 case StepEvent() | GemmEvent():
-                    self._t_last_progress = now
+                    self._progressed(ev)
                     self._steps_seen += 1
                     self._last_step = max(self._last_step, ev.step)
                     if ev.dt_ms is not None and math.isfinite(ev.dt_ms):
@@ -427,13 +453,13 @@ class StressRun:
                     if isinstance(ev, StepEvent) and ev.tok_s is not None and math.isfinite(ev.tok_s):
                         self._tok_s.append(ev.tok_s)
                 case StartEvent():
-                    self._t_last_progress = now
+                    self._progressed(ev)
                     self._start_event = ev
                 case EndEvent():
-                    self._t_last_progress = now
+                    self._progressed(ev)
                     self._end_event = ev
                 case CanaryEvent() | PhaseEvent() | SegmentEvent() | FaultEvent():
-                    self._t_last_progress = now
+                    self._progressed(ev)
                 case InvalidEvent(problem=problem):  # life, not progress; a bug the result must not hide
                     self._protocol_problem = self._protocol_problem or problem
                     self._stderr.append(f"tuner: the engine broke its protocol (docs/engine.md): {problem}")
@@ -447,11 +473,40 @@ class StressRun:
         times = self._step_times[warm:] if len(self._step_times) > warm else self._step_times
         return statistics.median(times) if times else None
 
+    def _engine_is_stopped(self) -> bool:
+        """The engine is stopped by a signal (state T or t in /proc/PID/stat): SIGSTOP from outside, a debugger."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            return psutil.Process(self.proc.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        except (psutil.Error, OSError):
+            return False
+
+    def _unwatched_s(self, now: float, engine_stopped: bool) -> float:
+        """Time since the last poll that must not count as silence: all of it when the engine is stopped; past
+        a late poll's due time when this process was not running (stopped itself). Lock held."""
+        last, self._t_last_poll = self._t_last_poll, now
+        if last is None:
+            return 0.0
+        elapsed = now - last
+        if engine_stopped:
+            self._engine_stopped_s += elapsed
+            unwatched = elapsed
+        else:
+            unwatched = max(0.0, elapsed - OWN_STOP_SLACK_S)
+        self._paused_s += unwatched
+        return unwatched
+
     def _watch(self) -> None:
         while not self._done.wait(self.watchdog.poll_s):
+            stopped = self._engine_is_stopped()
             now = self._clock()
             with self._lock:
-                if self._end_event is not None or self._kill_started:
+                unwatched = self._unwatched_s(now, stopped)
+                # nobody could watch that time (or the engine was not running): it is not silence
+                self._t_launch = min(now, self._t_launch + unwatched)
+                self._t_last_event = min(now, self._t_last_event + unwatched)
+                if self._end_event is not None or self._kill_started or stopped:
                     continue
                 if self._steps_seen == 0:
                     waited = now - self._t_launch
@@ -460,7 +515,10 @@ class StressRun:
                     hung = waited > limit
                 else:
                     limit = self.watchdog.limit_s(self._median_step_s())
-                    silent, stalled = now - self._t_last_event, now - self._t_last_progress
+                    silent = now - self._t_last_event
+                    # on the engine's own clock, less the time nobody could watch since its last progress
+                    stalled = (self._engine_t - self._engine_t_progress
+                               - (self._paused_s - self._paused_at_progress_s))
                     hung = silent > limit or stalled > limit
                     detail = (f"no output for {silent:.1f} s (limit {limit:g} s)" if silent > limit else
                               f"no progress for {stalled:.1f} s while heartbeats continued (limit {limit:g} s)")
@@ -483,7 +541,7 @@ class StressRun:
             "sensitivity": end.sensitivity if end is not None else (start.sensitivity if start else None),
             "duration_s": end.duration_s if end is not None else None,
             "median_tok_s": end.median_tok_s if end is not None else self._median_tok_s(),
-            "bpb": end.bpb if end is not None else None,
+            "bpb": end.bpb if end is not None else None, "engine_stopped_s": round(self._engine_stopped_s, 1),
         }
         if self._hang is not None:
             return StressResult("fail", "hang", self._hang, self._last_step + 1, **common)

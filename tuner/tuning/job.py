@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from tuner.backends.base import Backend
@@ -63,7 +63,9 @@ from tuner.tuning.plan import (
     Stop,
     check_params,
 )
-from tuner.tuning.trial import STOPPED, TrialOutcome, TrialParams
+from tuner.tuning.trial import CHANGED_OUTSIDE, STOPPED, TrialOutcome, TrialParams
+
+PAUSED_LINE = "paused (Ctrl-Z): the trial stopped and the card is back at stock; it runs again on continue (fg)"
 
 MODES = tuple(Mode)
 MAX_RIG_ATTEMPTS = 6  # confirmation attempts of the whole rig before it gives up (each is a --confirm long)
@@ -192,11 +194,63 @@ class BisectJob:
         self._stop = threading.Event()
         self._emit_lock = threading.RLock()
         self._rig: Journal | None = None
+        self._changed_outside: str | None = None  # a card's setting changed under a trial: the job stops (BUSY)
+        # Ctrl-Z (issue 28.1): `pause()` ends every running trial (engines stopped, cards at stock) and holds the
+        # next; `_halt` is what the trials watch (a stop or a pause), `_in_flight` how many are running
+        self._halt = threading.Event()
+        self._pause = threading.Condition()
+        self._paused = False
+        self._in_flight = 0
 
     # --- public -----------------------------------------------------------------------------------------------
     def stop(self) -> None:
         """Thread-safe: every running trial ends (engines stopped, cards reset and verified); run() returns."""
         self._stop.set()
+        with self._pause:
+            self._halt.set()
+            self._pause.notify_all()
+
+    def pause(self) -> None:
+        """Thread-safe (Ctrl-Z): every running trial ends, its cards back at stock and verified, without a result
+        (it runs again after `resume()`); no trial starts until then. `paused_safely()` says when every card is
+        back, so the process may stop."""
+        with self._pause:
+            self._paused = True
+            self._halt.set()
+
+    def paused_safely(self) -> bool:
+        with self._pause:
+            return self._paused and self._in_flight == 0
+
+    def resume(self) -> None:
+        with self._pause:
+            self._paused = False
+            if not self._stop.is_set():
+                self._halt.clear()
+            self._pause.notify_all()
+
+    @contextlib.contextmanager
+    def _trial_slot(self) -> Iterator[None]:
+        """Around everything a trial writes to a card: waits while paused, counts the trial as running."""
+        with self._pause:
+            while self._paused and not self._stop.is_set():
+                self._pause.wait(0.5)
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._pause:
+                self._in_flight -= 1
+                self._pause.notify_all()
+
+    def _stop_reason(self) -> str:
+        if self._changed_outside:
+            return f"another card was changed outside this bisect ({self._changed_outside})"
+        return "stopped on request"
+
+    def _was_paused(self, stopped: bool) -> bool:
+        """A trial that ended stopped, not by a stop of the job: by a pause (Ctrl-Z)."""
+        return stopped and not self._stop.is_set()
 
     def run(self) -> BisectOutcome:
         """Everything, with every card's writer lock held for all of it, so no `set`, `apply` or `reset` from
@@ -388,18 +442,34 @@ class BisectJob:
                   duration_s: float, **kw: object) -> TrialOutcome | None:
         """One run of every card at `settings` together, journalled before any card is touched; None: stopped."""
         s = rig.doc["params"]
-        self._emit(RigConfirmStarted(settings=settings, unit_by_device={d: knobs[d].unit for d in settings},
-                                     duration_s=duration_s, attempt=attempt, phase=phase))
-        rig.begin_trial(phase, attempt=attempt, settings=settings)
         params = TrialParams(phase=phase, duration_s=duration_s, preset=s.get("preset"), seed=int(s.get("seed") or 0),
                              dtype=s.get("dtype"), compile=s.get("compile"), watchdog=self.params.watchdog,
                              tolerance=bool(s.get("tolerance")), **kw)  # type: ignore[arg-type]
-        res = self._run_trial(self.backend, settings, params, self._emit, self._stop,
-                              engine_factory=self._engine_factory, kernel_watcher_factory=self._watcher_factory)
+        while True:
+            with self._trial_slot():
+                self._emit(RigConfirmStarted(settings=settings, unit_by_device={d: knobs[d].unit for d in settings},
+                                             duration_s=duration_s, attempt=attempt, phase=phase))
+                rig.begin_trial(phase, attempt=attempt, settings=settings)
+                res = self._run_trial(self.backend, settings, params, self._emit, self._halt,
+                                      engine_factory=self._engine_factory, kernel_watcher_factory=self._watcher_factory)
+            if not self._was_paused(res.stopped):
+                break
+            rig.end_trial()  # paused (Ctrl-Z): no result; the same run starts again on continue
+            self._emit(TrialWarning(PAUSED_LINE, device="rig"))
+        changed = next((r.reason for r in res.results.values() if r.kind == CHANGED_OUTSIDE), None)
+        if changed:  # not an attempt: the rig stops, resumable (docs/bisect.md, "Changed outside this bisect")
+            self._outside_change(changed)
         if res.stopped or self._stop.is_set():
             rig.end_trial()
             return None
         return res
+
+    def _outside_change(self, reason: str) -> None:
+        """Something outside this bisect changed a card under a trial: every search stops, resumable, exit BUSY
+        (a retry would fight whatever keeps changing it)."""
+        with self._emit_lock:
+            self._changed_outside = self._changed_outside or reason
+        self._stop.set()
 
     def _confirm(self, rig: Journal, knobs: dict[str, Knob], per_card: dict[str, CardOutcome]) -> BisectOutcome:
         recs = {d: o.recommendation for d, o in per_card.items() if o.recommendation is not None}
@@ -539,7 +609,8 @@ class BisectJob:
                  reasons: dict[str, str]) -> BisectOutcome:
         if rig is not None:
             rig.close(INTERRUPTED)
-        return BisectOutcome("stopped", exit_codes.INTERRUPTED, per_card, {}, reasons=reasons,
+        code = exit_codes.BUSY if self._changed_outside else exit_codes.INTERRUPTED
+        return BisectOutcome("stopped", code, per_card, {}, reasons=reasons,
                              session=rig.session if rig else None, attempts=tuple(rig.attempts) if rig else ())
 
     def _finish(self, rig: Journal | None, per_card: dict[str, CardOutcome], settings: dict[str, int],
@@ -677,7 +748,7 @@ class _Search:
         while True:
             results = [TrialResult.from_record(r) for r in j.trials]
             if self.job._stop.is_set():
-                return self._stopped(j, results, search, "stopped on request")
+                return self._stopped(j, results, search, self.job._stop_reason())
             decision = plan.decide([PlanResult.from_record(r) for r in j.trials])
             if isinstance(decision, Recommend):
                 return self._recommend(decision, j, results, search)
@@ -726,7 +797,6 @@ class _Search:
 
     def _run_one(self, decision: NextTrial, plan: BisectPlan, j: Journal, results: list[TrialResult],
                  search: dict) -> CardOutcome | None:
-        knob = self.knob
         reruns = evidence.short_reruns(j.trials, decision.setting, decision.phase)
         if reruns > evidence.MAX_SHORT_RERUNS:
             return self._too_short(j, results, search, decision)
@@ -735,6 +805,12 @@ class _Search:
             # the reference was lost (resumed on another machine, state dir cleaned): record it again
             j.set_field("trials", [r for r in j.trials if r.get("phase") != BASELINE])
             return None
+        with self.job._trial_slot():  # held while paused (Ctrl-Z); counted as running from here
+            return self._run_one_now(decision, plan, j, results, search, tp)
+
+    def _run_one_now(self, decision: NextTrial, plan: BisectPlan, j: Journal, results: list[TrialResult],
+                     search: dict, tp: TrialParams) -> CardOutcome | None:
+        knob = self.knob
         index = len(results) + 1
         open_trial = j.begin_trial(decision.phase, setting=decision.setting)
         short, confirms = plan.remaining_estimate([PlanResult.from_record(r) for r in j.trials])
@@ -752,7 +828,7 @@ class _Search:
         lock_at_baseline_clock(self.backend, self.device_id, results)
         try:
             result = self.job._run_trial(self.backend, {self.device_id: decision.setting}, tp, on_trial_event,
-                                         self.job._stop, engine_factory=self.job._engine_factory,
+                                         self.job._halt, engine_factory=self.job._engine_factory,
                                          kernel_watcher_factory=self.job._watcher_factory).results[self.device_id]
         except NotApplied as e:
             j.abandon_trial(f"not applied: {e.message}")
@@ -766,9 +842,13 @@ class _Search:
             j.finish_trial(lost.to_record())
             self._emit(TrialFinished(index, lost))
             return self._hardware_failure(j, [*results, lost], search, "device-lost", e.one_line())
+        if self.job._was_paused(result.verdict == STOPPED):  # Ctrl-Z: no result, it runs again on continue
+            j.abandon_trial("paused (Ctrl-Z)")
+            self._emit(TrialWarning(PAUSED_LINE))
+            return None
         if result.verdict == STOPPED:
             j.abandon_trial("stopped")
-            return self._stopped(j, results, search, "stopped on request")
+            return self._stopped(j, results, search, self.job._stop_reason())
         if result.sensitivity == "reduced" and not search.get("tolerance") and result.verdict != "error":
             # the engine compared with tolerances without being asked: never accept a silent downgrade
             result = replace(result, verdict="error", kind="reduced-sensitivity",
@@ -784,6 +864,11 @@ class _Search:
         # on the unsafe list before the trial closes: through the helper, the mark ends its open trial
         journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=j.session, backend=self.backend)
         j.finish_trial(result.to_record())
+        if result.kind == CHANGED_OUTSIDE:  # inconclusive, recorded; the bisect stops (docs/bisect.md)
+            self._emit(TrialFinished(index, result))
+            self.job._outside_change(result.reason)
+            return self._stopped(j, results, search, f"{result.reason}; find what changes the card (another "
+                                 "`tuner reset --force`, another tool)", exit_code=exit_codes.BUSY)
         if result.kind == evidence.ENGINE_KILLED:  # re-running now could meet the same killer (the OOM killer)
             self._emit(TrialFinished(index, result))
             return self._stopped(j, results, search, result.reason)
@@ -798,10 +883,11 @@ class _Search:
         return None
 
     # --- endings ----------------------------------------------------------------------------------------------
-    def _stopped(self, j: Journal, results: list[TrialResult], search: dict, reason: str) -> CardOutcome:
+    def _stopped(self, j: Journal, results: list[TrialResult], search: dict, reason: str, *,
+                 exit_code: int = exit_codes.INTERRUPTED) -> CardOutcome:
         j.close(INTERRUPTED)
         self._emit(BisectStopped(reason=reason, resumable=True))
-        return CardOutcome("stopped", exit_codes.INTERRUPTED, j.session, trials=tuple(results), params=search)
+        return CardOutcome("stopped", exit_code, j.session, trials=tuple(results), params=search)
 
     def _too_short(self, j: Journal, results: list[TrialResult], search: dict, decision: NextTrial) -> CardOutcome:
         last = next(r for r in reversed(j.trials) if r.get("setting") == decision.setting

@@ -127,14 +127,21 @@ def pstate_problem(seen: tuple[int, ...], applied: tuple[int, ...] | None) -> st
 
 
 class TelemetrySampler:
-    """Samples `backend.telemetry(device_id)` every `interval_s` in a daemon thread until `stop()`."""
+    """Samples `backend.telemetry(device_id)` every `interval_s` in a daemon thread until `stop()`.
+
+    `expected_setting`: the card must read this setting throughout (a trial, issue 28.5): each sample also reads
+    it back (`backend.knob`), and the first other value is kept in `setting_changed` (a line naming it); the
+    sampler goes on, the trial decides."""
 
     def __init__(self, backend: Backend, device_id: str, *, interval_s: float = 1.0, maxlen: int = 4 * 3600,
-                 on_sample: Callable[[Telemetry], None] | None = None):
+                 on_sample: Callable[[Telemetry], None] | None = None, expected_setting: int | None = None):
         self.backend, self.device_id, self.interval_s = backend, device_id, interval_s
         self.samples: deque[Telemetry] = deque(maxlen=maxlen)
         self.device_lost: str | None = None
         self.error: str | None = None
+        self.expected_setting = expected_setting
+        self.setting_changed: str | None = None
+        self.read_back_problem: str | None = None  # a read-back that failed (the first): the trial warns
         self._on_sample = on_sample
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -161,9 +168,29 @@ class TelemetrySampler:
             return None
         with self._lock:
             self.samples.append(sample)
+        self.check_setting()
         if self._on_sample:
             self._on_sample(sample)
         return sample
+
+    def check_setting(self) -> None:
+        """Read the setting back now (each sample does; the trial once more as its load ends)."""
+        if self.expected_setting is not None and self.setting_changed is None:
+            self._read_back(self.expected_setting)
+
+    def _read_back(self, expected: int) -> None:
+        try:
+            knob = self.backend.knob(self.device_id)
+        except DeviceLost as e:
+            self.device_lost = e.message
+            return
+        except (TunerError, OSError) as e:  # said, never skipped quietly: the trial warns
+            self.read_back_problem = self.read_back_problem or (
+                f"the setting could not be read back during the trial: {getattr(e, 'message', str(e))}")
+            return
+        if knob.current != expected:
+            self.setting_changed = (f"the card read {knob.current:+d} {knob.unit} during the trial, set "
+                                    f"{expected:+d} {knob.unit}: changed outside this bisect")
 
     def stop(self) -> TelemetrySummary:
         self._stop.set()

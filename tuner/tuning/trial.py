@@ -46,6 +46,9 @@ POLL_S = 0.1
 SHARED_FIGURE = "state"  # the training state after the all-reduce: every rank's, whoever corrupted it
 PEER, STOPPED_BY_PEER = "peer", "peer-failed"
 STOPPED = Verdict.STOPPED
+# inconclusive kinds: something outside the tuner (issue 28) -- the setting changed under the trial (another
+# `tuner reset --force`, another tool), or the engine stopped by a signal (SIGSTOP, a debugger)
+CHANGED_OUTSIDE, ENGINE_STOPPED = "changed-outside", "engine-stopped"
 
 EngineFactory = Callable[[EngineConfig, WatchdogPolicy], sc.StressRun]
 WatcherFactory = Callable[[str], "kernel_log.KernelLogWatcher | None"]
@@ -149,6 +152,9 @@ class _Card:
     def keep_summary(self) -> None:
         if self.sampler is not None:
             self.summary = self.sampler.stop()
+            self.sampler.check_setting()  # a change in the last second of the load counts too
+            if self.sampler.read_back_problem:
+                self.warnings.append(self.sampler.read_back_problem)
 
 
 def run_trial(backend: Backend, settings: Mapping[str, int], params: TrialParams,
@@ -257,7 +263,7 @@ def _start(backend: Backend, cards: Mapping[str, _Card], params: TrialParams, en
                  "collective_timeout_s": params.collective_timeout_s if params.collective_timeout_s is not None
                  else CPU_COLLECTIVE_TIMEOUT_S if on_cpu else GPU_COLLECTIVE_TIMEOUT_S}
     for d, c in cards.items():
-        c.sampler = TelemetrySampler(backend, d, interval_s=params.telemetry_interval_s)
+        c.sampler = TelemetrySampler(backend, d, interval_s=params.telemetry_interval_s, expected_setting=c.setting)
         cleanup.callback(c.keep_summary)
         c.sampler.start()
     # joined after every engine was stopped (undos run in reverse): a follower ends when its engine's output does
@@ -355,7 +361,7 @@ def _supervise(cards: Mapping[str, _Card], params: TrialParams, stop: threading.
     """Wait for every card's engine to end. Stop all on request or when a card is lost; once a card ended with a
     fault or an error of its own, the others get `peer_grace_s` to report theirs (the same step), then are stopped."""
     grace_until: float | None = None
-    stopped = lost = False
+    stopped = lost = changed = False
     while not all(c.done.is_set() for c in cards.values()):
         if stop.wait(POLL_S) and not stopped:
             stopped = True
@@ -365,6 +371,9 @@ def _supervise(cards: Mapping[str, _Card], params: TrialParams, stop: threading.
         if not lost and any(c.sampler and c.sampler.device_lost for c in cards.values()):
             lost = True
             stop_all("device-lost")
+        if not changed and any(c.sampler and c.sampler.setting_changed for c in cards.values()):
+            changed = True  # what the card runs at is no longer the trial's: nothing more to learn from it
+            stop_all(CHANGED_OUTSIDE)
         now = time.monotonic()
         if grace_until is None and any(_own_end(c) for c in cards.values()):
             grace_until = now + params.peer_grace_s
@@ -465,13 +474,14 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
     )
     result = _verdict(c, _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary),
                       pstate_problem_of(backend, c.device_id, c.setting, knob.stock, summary))
-    if result.verdict in (Verdict.FAIL, STOPPED):
+    if result.verdict in (Verdict.FAIL, STOPPED, Verdict.INCONCLUSIVE):  # inconclusive: its own reason, said
         return result
     if r is not None and r.kind == PEER:
         return replace(result, verdict=Verdict.INCONCLUSIVE, kind=PEER, reason=r.reason)
-    if c.stop_reason in (STOPPED_BY_PEER, "kernel", "device-lost") and not result.passed:
+    if c.stop_reason in (STOPPED_BY_PEER, "kernel", "device-lost", CHANGED_OUTSIDE) and not result.passed:
         why = {STOPPED_BY_PEER: "stopped after another card failed", "kernel": "stopped by a kernel-log event",
-               "device-lost": "stopped: another card was lost"}[c.stop_reason]
+               "device-lost": "stopped: another card was lost",
+               CHANGED_OUTSIDE: "stopped: another card's setting was changed outside this bisect"}[c.stop_reason]
         return replace(result, verdict=Verdict.INCONCLUSIVE, kind=PEER, reason=why)
     return result
 
@@ -485,6 +495,10 @@ def _verdict(c: _Card, base: TrialResult, pstate_problem: str | None) -> TrialRe
                        edge=any(e.edge for e in c.kernel_events), fault_step=fault_step)
     if device_lost:
         return replace(base, verdict="fail", kind="device-lost", reason=f"device lost: {device_lost}", edge=True)
+    # below: what the kernel and the device said comes first (a hard failure stays one, whoever changed what)
+    changed = c.sampler.setting_changed if c.sampler else None
+    if changed:  # neither a pass nor a fail of the trial's setting
+        return replace(base, verdict=Verdict.INCONCLUSIVE, kind=CHANGED_OUTSIDE, reason=changed)
     if c.pci_problem:
         return replace(base, verdict="error", kind="wrong-device", reason=c.pci_problem)
     if pstate_problem:
@@ -493,6 +507,12 @@ def _verdict(c: _Card, base: TrialResult, pstate_problem: str | None) -> TrialRe
         return replace(base, verdict=STOPPED, reason="stopped on request")
     if r is None:
         return replace(base, verdict="error", kind="no-result", reason="the stress engine did not report a result")
+    if r.engine_stopped_s and (r.verdict == "pass" or r.kind == "hang"):
+        # stopped from outside: the card was not loaded for the whole trial, and its silence was no hang; a fault
+        # the engine found itself (a mismatch) is still evidence
+        return replace(base, verdict=Verdict.INCONCLUSIVE, kind=ENGINE_STOPPED, reason=(
+            f"the stress engine was stopped from outside for {r.engine_stopped_s:.0f} s (SIGSTOP or a debugger: "
+            "state T) with no kernel-log or device error: not evidence about the voltage; it runs again"))
     if r.verdict == "pass":
         return base
     if r.verdict == "fail":
