@@ -33,16 +33,18 @@ def event(name: str, **fields) -> sc.Event:
 
 def result(verdict: str, kind: str | None, reason: str, *, steps: int, failure_step: int | None = None,
            reference_step: int | None = None, duration_s: float | None = 1.0,
-           median_tok_s: float | None = None, sensitivity: str | None = "full") -> sc.StressResult:
+           median_tok_s: float | None = None, sensitivity: str | None = "full",
+           end: sc.EndEvent | None = None) -> sc.StressResult:
     return sc.StressResult(verdict, kind, reason, failure_step, steps, duration_s, median_tok_s, None,
                            exit_code=0 if verdict == "pass" else 1, sensitivity=sensitivity,
-                           reference_step=reference_step)
+                           reference_step=reference_step, end=end)
 
 
 @dataclass
 class FakeEngine:
     requests: list[sc.EngineConfig] = field(default_factory=list)
     tok_s: float = 1000.0
+    step_ms: float | None = 1.0  # the end event's median step time (None: an engine too old to say)
     on_start: object = None  # callable(request) run when a trial starts (tests use it to kill/stop)
     error: bool = False
     # request -> (kind, failing step, reference step) for every trial that does not record; None: no such fault
@@ -85,7 +87,8 @@ class _FakeRun:
         yield event("start", device=o.device, preset=o.preset, mode=o.mode, seed=o.seed, steps=o.steps,
                     duration_s=o.duration_s, fault_rate=o.fault_rate, fault_seed=o.effective_fault_seed,
                     injections=[str(i) for i in o.injections], record=o.record)
-        n = self.engine.steps(self.request) if self.engine.steps else 60  # past the minimum of compared steps
+        # a run bound by steps makes that many (as the engine's --steps); else 60, past the minimum of compared steps
+        n = self.engine.steps(self.request) if self.engine.steps else (o.steps if o.steps is not None else 60)
         if self.engine.override and (forced := self.engine.override(self.request)) is not None:
             self._result = forced
             return
@@ -127,9 +130,13 @@ class _FakeRun:
         if o.record:
             Path(o.record).write_text('{"steps": 1000}')
         took_s = o.duration_s if o.duration_s is not None else 1.0  # a run bound by steps (the replay)
-        yield event("end", steps=n, duration_s=took_s, median_tok_s=self.engine.tok_s)
+        end = event("end", steps=n, duration_s=took_s, median_tok_s=self.engine.tok_s,
+                    median_step_ms=self.engine.step_ms)
+        yield end
+        # the client keeps the end event in its result (engine_client.StressRun._summarise)
+        assert isinstance(end, sc.EndEvent)
         self._result = result("pass", None, "", steps=n, duration_s=took_s, median_tok_s=self.engine.tok_s,
-                              sensitivity=self.engine.sensitivity)
+                              sensitivity=self.engine.sensitivity, end=end)
 
     def stop(self) -> None:
         self._stopped.set()

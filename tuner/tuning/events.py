@@ -66,6 +66,7 @@ class TrialResult:
     power_limit_w: float | None = None  # the board power limit the driver enforced, where it says
     throttle_reasons: tuple[str, ...] = ()  # clock-limit reasons the driver reported under load
     load_note: str | None = None  # baseline: "load X W of the card's Y W limit (Z %)"
+    median_step_ms: float | None = None  # the engine's median step time (its end event): "hours of this load"
 
     @property
     def passed(self) -> bool:

@@ -455,6 +455,7 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
         p95_power_w=None if not summary or summary.p95_power_w is None else round(summary.p95_power_w, 2),
         power_limit_w=summary.power_limit_w if summary else None,
         throttle_reasons=summary.throttle_reasons if summary else (),
+        median_step_ms=r.end.median_step_ms if r is not None and r.end is not None else None,
     )
     result = _verdict(c, _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary),
                       pstate_problem_of(backend, c.device_id, c.setting, knob.stock, summary))
