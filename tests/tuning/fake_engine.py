@@ -10,6 +10,7 @@ baseline fails the way it says (a fault that is the software's, not the card's).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ class _FakeRun:
         self.engine, self.request = engine, request
         self._stopped = threading.Event()
         self._result: sc.StressResult | None = None
+        self._start: sc.Event | None = None
         self.started = False
 
     @property
@@ -84,9 +86,10 @@ class _FakeRun:
 
     def events(self):
         o = self.request.options
-        yield event("start", device=o.device, preset=o.preset, mode=o.mode, seed=o.seed, steps=o.steps,
+        self._start = event("start", device=o.device, preset=o.preset, mode=o.mode, seed=o.seed, steps=o.steps,
                     duration_s=o.duration_s, fault_rate=o.fault_rate, fault_seed=o.effective_fault_seed,
                     injections=[str(i) for i in o.injections], record=o.record)
+        yield self._start
         # a run bound by steps makes that many (as the engine's --steps); else 60, past the minimum of compared steps
         n = self.engine.steps(self.request) if self.engine.steps else (o.steps if o.steps is not None else 60)
         if self.engine.override and (forced := self.engine.override(self.request)) is not None:
@@ -142,4 +145,7 @@ class _FakeRun:
         self._stopped.set()
 
     def result(self, timeout: float | None = None) -> sc.StressResult | None:
-        return self._result
+        if self._result is None or self._start is None:
+            return self._result
+        assert isinstance(self._start, sc.StartEvent)  # the client keeps it in its result, as the end event
+        return dataclasses.replace(self._result, start=self._start)

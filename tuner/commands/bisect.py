@@ -16,6 +16,8 @@ from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode, Verdict
+from tuner.tuning.bound import describe as describe_bound
+from tuner.tuning.bound import parse_bound_s
 from tuner.tuning.events import (
     FINISHING,
     BisectFailed,
@@ -64,6 +66,12 @@ def add_parser(subparsers) -> None:
                    help=f"length of each trial (default {duration_text(BisectParams.trial_s)}; 90s, 5m, 1h)")
     p.add_argument("--confirm", metavar="DUR",
                    help=f"length of the confirmation run (default {duration_text(BisectParams.confirm_s)})")
+    p.add_argument("--bound", metavar="DUR",
+                   help="the proof you need: at most one fault per DUR of this load (95 %% confidence; 10m, 2h). "
+                   "The trials are then sized by what they can still tell (short screens far from the edge, one "
+                   "--trial near it) and the confirmation runs until the bound is reached, within --confirm (then the "
+                   "time allowed; a bound it cannot reach is refused before anything runs). Without it the lengths "
+                   "are --trial and --confirm and the bound reached is stated all the same")
     p.add_argument("--floor", type=whole_number, metavar="VALUE", help="never test beyond this setting")
     p.add_argument("--mode", choices=tuple(Mode), default=Mode.TRAIN,
                    help="stress workload of the trials (default train; the confirmation runs mixed)")
@@ -213,7 +221,8 @@ class _Printer:
             self.line(d, f"tuner: warning: {ev.message}")
         elif isinstance(ev, TrialFinished):
             self._last_plain[d] = 0.0
-            self.line(d, f"trial {ev.index}: " + _trial_line(ev.result))
+            self.line(d, f"trial {ev.index}: " + _trial_line(ev.result)
+                      + (f"; bound {ev.bound_text}" if ev.bound_text else ""))
         elif isinstance(ev, Recommendation):  # printed with the final table; a card's line stops showing 100 %
             if self.several:
                 self.status(d, f"own result {self._v(d, ev.setting)}; waiting for the other cards")
@@ -278,6 +287,9 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
         head = (f"recommendation for {label}: {rec.setting:+d} {rec.unit} (confirmed {rec.confirmed:+d} + "
                 f"{rec.margin} {rec.unit} margin{', edge margin: a trial hung or crashed' if rec.edge else ''}; "
                 f"first failure {'-' if rec.first_failure is None else f'{rec.first_failure:+d}'})")
+    bound = describe_bound(rec.bound, rec.confirmed_bound, rec.setting, rec.confirmed, rec.unit, rec.bound_s)
+    if bound:
+        head += f"\nbound: {bound}"
     if rec.efficiency_gain_pct is not None:
         head += (f"\nefficiency: {rec.tuned_tok_per_j:.3f} tok/J vs {rec.baseline_tok_per_j:.3f} at stock: "
                  f"{rec.efficiency_gain_pct:+.1f}% (measured at {rec.measured_at:+d} {rec.unit}; power "
@@ -298,9 +310,10 @@ def run(args, ctx) -> int:
         return _save_from_last(args, backend, devices[0])
     durations = {name: parse_duration_s(text) for name, text in (("trial_s", args.trial), ("confirm_s", args.confirm))
                  if text is not None}  # left out: the core's default
+    bound_s = None if args.bound is None else parse_bound_s(args.bound)
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
                           mode=args.mode, preset=args.preset, compile=args.compile, resume=args.resume,
-                          restart=args.restart, tolerance=args.tolerance, **durations)
+                          restart=args.restart, tolerance=args.tolerance, bound_s=bound_s, **durations)
     if args.tolerance:
         from tuner.tuning.sensitivity import tolerance_note
 

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
+
 from tuner.actions.exports import profile_export_path
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
@@ -22,6 +24,7 @@ from tuner.profiles.store import (
     scan,
     write_profile_file,
 )
+from tuner.tuning.bound import describe as describe_bound
 
 # a workload saved without a dtype ran with the engine's `--dtype auto` (bf16 where the card has it, else fp32)
 AUTO_DTYPE = "auto"
@@ -150,6 +153,11 @@ def _fig(value, fmt: str) -> str:
     return "?" if value is None else fmt.format(value)
 
 
+def _plain(table) -> dict | None:
+    """A profile's bound table as the dict `Bound.to_dict()` wrote."""
+    return None if table is None else msgspec.to_builtins(table)
+
+
 def _part_lines(part, width: int, indent: str = "  ") -> list[str]:
     """One card's identity, setting and evidence: the body of a single-card show, or one block of a rig's."""
     d, s, t = part.device, part.setting, part.tuning
@@ -178,6 +186,9 @@ def _part_lines(part, width: int, indent: str = "  ") -> list[str]:
                 indent),
         *_field("evidence", evidence.strength(part, why=True) or "", width, indent),
     ]
+    bound = describe_bound(_plain(t.bound), _plain(t.confirmed_bound), s.value, t.confirmed, s.unit, t.bound_s)
+    if bound:
+        lines[-1:-1] = _field("bound", bound, width, indent)
     if t.trials:
         table = trials_table(t.trials, s.unit, width - len(indent) + 2)
         lines += [f"{indent}trials", *(f"{indent[:-2]}{line}" for line in table)]
