@@ -187,8 +187,7 @@ class _Printer:
             p = ev.params
             self.line(d, f"bisect {ev.device} {ev.label}: {what} {ev.session}; step {p.get('step')} res "
                       f"{p.get('resolution')} margin {p.get('margin')} {ev.unit}, trial "
-                      f"{format_duration(p.get('trial_s', 0))}, confirm {format_duration(p.get('confirm_s', 0))}"
-                      f"{unsafe}")
+                      f"{format_duration(p.get('trial_s', 0))}, confirm {_confirm_words(p)}{unsafe}")
         elif isinstance(ev, TrialRecovered):
             r = ev.result
             counted = ("counted as FAIL" if r.verdict == Verdict.FAIL else f"counted as {r.verdict.upper()}")
@@ -256,6 +255,15 @@ class _Printer:
                      f"pinned on {', '.join(ev.pinned)}" if ev.pinned else "no card to blame")
             nxt = f"; next: {self._settings(ev.backed_off)}" if ev.backed_off else ""
             self.line("rig", f"{what} FAILED: {blame}" + (f" ({why})" if why else "") + nxt)
+
+
+def _confirm_words(p: dict) -> str:
+    """'30m00s', or with --bound 'up to 30m00s for a bound of 2m00s' (the plan sizes it; --confirm is the time
+    allowed)."""
+    confirm = format_duration(p.get("confirm_s", 0))
+    if p.get("bound_s") is None:
+        return confirm
+    return f"up to {confirm} for a bound of {format_duration(p['bound_s'])}"
 
 
 def _fmt(value, spec: str) -> str | None:
