@@ -129,3 +129,22 @@ def test_a_bad_bound_on_the_cli_is_one_line_and_exit_2(capsys, boot, bound, says
     code, _out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", f"--bound={bound}", "--yes")
     assert code == exit_codes.USAGE and says in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) <= 2 and journal.load("sim0") is None
+
+
+def test_a_simulated_cards_efficiency_is_its_work_rate_over_its_power_not_the_cpu_engines(boot):
+    # the CPU engine's tok/s swings with the host's load (here: a different figure every trial); the simulated
+    # card's work rate (SimulatedBackend.work_rate_tok_s, bench/sim_efficiency.py) is what its tok/J is made of
+    rates = iter(range(900, 100_000, 37))
+
+    class Swinging(FakeEngine):
+        def __call__(self, request, watchdog):
+            self.tok_s = float(next(rates))
+            return super().__call__(request, watchdog)
+
+    from tuner.backends.simulated import WORK_RATE_TOK_S
+
+    _backend, _engine, _events, job = make(engine=Swinging(), confirm_s=2)
+    rec = job.run().card.recommendation
+    assert rec.tuned_tok_per_j == pytest.approx(WORK_RATE_TOK_S / rec.tuned_power_w)
+    assert rec.baseline_tok_per_j == pytest.approx(WORK_RATE_TOK_S / rec.baseline_power_w)
+    assert rec.efficiency_gain_pct == pytest.approx((rec.baseline_power_w / rec.tuned_power_w - 1) * 100, abs=0.01)

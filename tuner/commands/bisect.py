@@ -303,8 +303,8 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
                  f"{rec.efficiency_gain_pct:+.1f}% (measured at {rec.measured_at:+d} {rec.unit}; power "
                  f"{rec.baseline_power_w:.0f} -> {rec.tuned_power_w:.0f} W)")
         if simulated:
-            head += ("\nnote: SIMULATED card: power is the simulator's; tok/s is the CPU engine's and swings with "
-                     "the host's load, so the gain is not meaningful here")
+            head += ("\nnote: SIMULATED card: power and the work rate (tok/J = its work rate / power) are the "
+                     "simulator's model; the tok/s shown is the CPU engine's, which swings with the host's load")
     return head
 
 
