@@ -10,6 +10,7 @@ baseline fails the way it says (a fault that is the software's, not the card's).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass, field
@@ -33,16 +34,18 @@ def event(name: str, **fields) -> sc.Event:
 
 def result(verdict: str, kind: str | None, reason: str, *, steps: int, failure_step: int | None = None,
            reference_step: int | None = None, duration_s: float | None = 1.0,
-           median_tok_s: float | None = None, sensitivity: str | None = "full") -> sc.StressResult:
+           median_tok_s: float | None = None, sensitivity: str | None = "full",
+           end: sc.EndEvent | None = None) -> sc.StressResult:
     return sc.StressResult(verdict, kind, reason, failure_step, steps, duration_s, median_tok_s, None,
                            exit_code=0 if verdict == "pass" else 1, sensitivity=sensitivity,
-                           reference_step=reference_step)
+                           reference_step=reference_step, end=end)
 
 
 @dataclass
 class FakeEngine:
     requests: list[sc.EngineConfig] = field(default_factory=list)
     tok_s: float = 1000.0
+    step_ms: float | None = 1.0  # the end event's median step time (None: an engine too old to say)
     on_start: object = None  # callable(request) run when a trial starts (tests use it to kill/stop)
     error: bool = False
     # request -> (kind, failing step, reference step) for every trial that does not record; None: no such fault
@@ -69,6 +72,7 @@ class _FakeRun:
         self.engine, self.request = engine, request
         self._stopped = threading.Event()
         self._result: sc.StressResult | None = None
+        self._start: sc.Event | None = None
         self.started = False
 
     @property
@@ -82,10 +86,12 @@ class _FakeRun:
 
     def events(self):
         o = self.request.options
-        yield event("start", device=o.device, preset=o.preset, mode=o.mode, seed=o.seed, steps=o.steps,
+        self._start = event("start", device=o.device, preset=o.preset, mode=o.mode, seed=o.seed, steps=o.steps,
                     duration_s=o.duration_s, fault_rate=o.fault_rate, fault_seed=o.effective_fault_seed,
                     injections=[str(i) for i in o.injections], record=o.record)
-        n = self.engine.steps(self.request) if self.engine.steps else 60  # past the minimum of compared steps
+        yield self._start
+        # a run bound by steps makes that many (as the engine's --steps); else 60, past the minimum of compared steps
+        n = self.engine.steps(self.request) if self.engine.steps else (o.steps if o.steps is not None else 60)
         if self.engine.override and (forced := self.engine.override(self.request)) is not None:
             self._result = forced
             return
@@ -127,12 +133,19 @@ class _FakeRun:
         if o.record:
             Path(o.record).write_text('{"steps": 1000}')
         took_s = o.duration_s if o.duration_s is not None else 1.0  # a run bound by steps (the replay)
-        yield event("end", steps=n, duration_s=took_s, median_tok_s=self.engine.tok_s)
+        end = event("end", steps=n, duration_s=took_s, median_tok_s=self.engine.tok_s,
+                    median_step_ms=self.engine.step_ms)
+        yield end
+        # the client keeps the end event in its result (engine_client.StressRun._summarise)
+        assert isinstance(end, sc.EndEvent)
         self._result = result("pass", None, "", steps=n, duration_s=took_s, median_tok_s=self.engine.tok_s,
-                              sensitivity=self.engine.sensitivity)
+                              sensitivity=self.engine.sensitivity, end=end)
 
     def stop(self) -> None:
         self._stopped.set()
 
     def result(self, timeout: float | None = None) -> sc.StressResult | None:
-        return self._result
+        if self._result is None or self._start is None:
+            return self._result
+        assert isinstance(self._start, sc.StartEvent)  # the client keeps it in its result, as the end event
+        return dataclasses.replace(self._result, start=self._start)

@@ -19,6 +19,8 @@ from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Mode, Verdict
+from tuner.tuning.bound import describe as describe_bound
+from tuner.tuning.bound import parse_bound_s
 from tuner.tuning.events import (
     FINISHING,
     BisectEvent,
@@ -68,6 +70,12 @@ def add_parser(subparsers: Subparsers) -> None:
                    help=f"length of each trial (default {duration_text(BisectParams.trial_s)}; 90s, 5m, 1h)")
     p.add_argument("--confirm", metavar="DUR",
                    help=f"length of the confirmation run (default {duration_text(BisectParams.confirm_s)})")
+    p.add_argument("--bound", metavar="DUR",
+                   help="the proof you need: at most one fault per DUR of this load (95 %% confidence; 10m, 2h). "
+                   "The trials are then sized by what they can still tell (short screens far from the edge, one "
+                   "--trial near it) and the confirmation runs until the bound is reached, within --confirm (then the "
+                   "time allowed; a bound it cannot reach is refused before anything runs). Without it the lengths "
+                   "are --trial and --confirm and the bound reached is stated all the same")
     p.add_argument("--floor", type=whole_number, metavar="VALUE", help="never test beyond this setting")
     p.add_argument("--mode", choices=tuple(Mode), default=Mode.TRAIN,
                    help="stress workload of the trials (default train; the confirmation runs mixed)")
@@ -183,8 +191,7 @@ class _Printer:
             p = ev.params
             self.line(d, f"bisect {ev.device} {ev.label}: {what} {ev.session}; step {p.get('step')} res "
                       f"{p.get('resolution')} margin {p.get('margin')} {ev.unit}, trial "
-                      f"{format_duration(p.get('trial_s', 0))}, confirm {format_duration(p.get('confirm_s', 0))}"
-                      f"{unsafe}")
+                      f"{format_duration(p.get('trial_s', 0))}, confirm {_confirm_words(p)}{unsafe}")
         elif isinstance(ev, TrialRecovered):
             r = ev.result
             counted = ("counted as FAIL" if r.verdict == Verdict.FAIL else f"counted as {r.verdict.upper()}")
@@ -217,7 +224,8 @@ class _Printer:
             self.line(d, f"tuner: warning: {ev.message}")
         elif isinstance(ev, TrialFinished):
             self._last_plain[d] = 0.0
-            self.line(d, f"trial {ev.index}: " + _trial_line(ev.result))
+            self.line(d, f"trial {ev.index}: " + _trial_line(ev.result)
+                      + (f"; bound {ev.bound_text}" if ev.bound_text else ""))
         elif isinstance(ev, Recommendation):  # printed with the final table; a card's line stops showing 100 %
             if self.several:
                 self.status(d, f"own result {self._v(d, ev.setting)}; waiting for the other cards")
@@ -253,6 +261,15 @@ class _Printer:
             self.line("rig", f"{what} FAILED: {blame}" + (f" ({why})" if why else "") + nxt)
 
 
+def _confirm_words(p: dict) -> str:
+    """'30m00s', or with --bound 'up to 30m00s for a bound of 2m00s' (the plan sizes it; --confirm is the time
+    allowed)."""
+    confirm = format_duration(p.get("confirm_s", 0))
+    if p.get("bound_s") is None:
+        return confirm
+    return f"up to {confirm} for a bound of {format_duration(p['bound_s'])}"
+
+
 def _fmt(value: object, spec: str) -> str | None:
     return None if value is None else format(value, spec)
 
@@ -282,13 +299,16 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
         head = (f"recommendation for {label}: {rec.setting:+d} {rec.unit} (confirmed {rec.confirmed:+d} + "
                 f"{rec.margin} {rec.unit} margin{', edge margin: a trial hung or crashed' if rec.edge else ''}; "
                 f"first failure {'-' if rec.first_failure is None else f'{rec.first_failure:+d}'})")
+    bound = describe_bound(rec.bound, rec.confirmed_bound, rec.setting, rec.confirmed, rec.unit, rec.bound_s)
+    if bound:
+        head += f"\nbound: {bound}"
     if rec.efficiency_gain_pct is not None:
         head += (f"\nefficiency: {rec.tuned_tok_per_j:.3f} tok/J vs {rec.baseline_tok_per_j:.3f} at stock: "
                  f"{rec.efficiency_gain_pct:+.1f}% (measured at {rec.measured_at:+d} {rec.unit}; power "
                  f"{rec.baseline_power_w:.0f} -> {rec.tuned_power_w:.0f} W)")
         if simulated:
-            head += ("\nnote: SIMULATED card: power is the simulator's; tok/s is the CPU engine's and swings with "
-                     "the host's load, so the gain is not meaningful here")
+            head += ("\nnote: SIMULATED card: power and the work rate (tok/J = its work rate / power) are the "
+                     "simulator's model; the tok/s shown is the CPU engine's, which swings with the host's load")
     return head
 
 
@@ -302,9 +322,11 @@ def run(args: Namespace, ctx: Context) -> int:
         return _save_from_last(args, backend, devices[0])
     durations = {name: parse_duration_s(text) for name, text in (("trial_s", args.trial), ("confirm_s", args.confirm))
                  if text is not None}  # left out: the core's default
+    bound_s = None if args.bound is None else parse_bound_s(args.bound)
     params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
                           mode=args.mode, preset=args.preset, compile=args.compile, resume=args.resume,
-                          restart=args.restart, tolerance=args.tolerance, **durations)  # type: ignore[arg-type]  # only trial_s/confirm_s (floats); mypy matches a **dict against every parameter
+                          restart=args.restart, tolerance=args.tolerance, bound_s=bound_s,
+                          **durations)  # type: ignore[arg-type]  # only trial_s/confirm_s (floats); mypy matches a **dict against every parameter
     if args.tolerance:
         from tuner.tuning.sensitivity import tolerance_note
 

@@ -9,6 +9,8 @@ from argparse import Namespace
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
+
 from tuner.actions.context import Context
 from tuner.actions.exports import profile_export_path
 from tuner.actions.profile_store import (
@@ -27,6 +29,7 @@ from tuner.core.errors import UsageError
 from tuner.profiles import evidence, reference_bundle
 from tuner.profiles.reference_bundle import Bundle
 from tuner.profiles.schema import Profile, ProfilePart, Setting, Trial, format_created, validate_name
+from tuner.tuning.bound import describe as describe_bound
 
 # a workload saved without a dtype ran with the engine's `--dtype auto` (bf16 where the card has it, else fp32)
 AUTO_DTYPE = "auto"
@@ -155,6 +158,11 @@ def _fig(value: object, fmt: str) -> str:
     return "?" if value is None else fmt.format(value)
 
 
+def _plain(table: object) -> dict | None:
+    """A profile's bound table as the dict `Bound.to_dict()` wrote."""
+    return None if table is None else msgspec.to_builtins(table)
+
+
 def _part_lines(part: Profile | ProfilePart, width: int, indent: str = "  ") -> list[str]:
     """One card's identity, setting and evidence: the body of a single-card show, or one block of a rig's."""
     d, s, t = part.device, part.setting, part.tuning
@@ -183,6 +191,9 @@ def _part_lines(part: Profile | ProfilePart, width: int, indent: str = "  ") -> 
                 indent),
         *_field("evidence", evidence.strength(part, why=True) or "", width, indent),
     ]
+    bound = describe_bound(_plain(t.bound), _plain(t.confirmed_bound), s.value, t.confirmed, s.unit, t.bound_s)
+    if bound:
+        lines[-1:-1] = _field("bound", bound, width, indent)
     if t.trials:
         table = trials_table(t.trials, s.unit, width - len(indent) + 2)
         lines += [f"{indent}trials", *(f"{indent[:-2]}{line}" for line in table)]

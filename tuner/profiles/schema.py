@@ -150,6 +150,35 @@ class Trial:
     sensitivity: Sensitivity | None = None  # "reduced": compared with --tolerance, not bit for bit
 
 
+StepCount = Annotated[int, Meta(ge=0, le=10**12)]  # compared steps: a long bound at a fast step runs millions
+
+
+@dataclass(frozen=True)
+class BoundPart:
+    """Steps with no fault from the trials of one setting and phase that count toward a bound (issue 26)."""
+
+    setting: Int
+    phase: Annotated[str, one_of(PHASES)]
+    steps: StepCount
+
+
+@dataclass(frozen=True)
+class ProfileBound:
+    """What the passes support (`tuner.tuning.bound.Bound.to_dict()`): the per-step fault rate is below
+    `rate_per_step` at `confidence`; with the step time, at most one fault per `duration_s` of this load."""
+
+    confidence: Annotated[float, Meta(gt=0.0, lt=1.0)]
+    steps: StepCount
+    rate_per_step: Annotated[float, Meta(ge=0.0, le=1.0)]
+    steps_per_fault: Amount
+    faults: StepCount = 0
+    duration_s: Amount | None = None
+    hours: Amount | None = None
+    step_s: Amount | None = None
+    contributions: Annotated[tuple[BoundPart, ...], Meta(max_length=MAX_TRIALS, extra={
+        "what": "an array of tables", "count": "{n} contributions, the limit is {hi}"})] = ()
+
+
 @dataclass(frozen=True)
 class Tuning:
     baseline_tok_s: Amount | None = None
@@ -171,6 +200,12 @@ class Tuning:
     mode: Text | None = None
     dtype: Text | None = None
     sensitivity: Sensitivity | None = None
+    # issue 26: the bound asked for (--bound), the pooled bound at this setting and at the confirmed value, and
+    # whether the confirmed value reached the one asked for (older profiles have none)
+    bound_s: Amount | None = None
+    bound: ProfileBound | None = None
+    confirmed_bound: ProfileBound | None = None
+    bound_met: bool | None = None
     # tools found running beside the bisect and overridden with --ignore-other-tools (tuner.actions.other_tools)
     other_tools: Annotated[tuple[Text, ...], Meta(max_length=8, extra={"what": "a list of at most 8 lines"})] | None \
         = None

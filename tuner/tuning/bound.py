@@ -154,6 +154,17 @@ class Bound:
         """'-50 mV confirm 17,650 + -50 mV refine 3,530 + -40 mV coarse 350': where the steps came from."""
         return " + ".join(f"{c.setting:+d} {unit} {c.phase} {c.steps:,}" for c in self.contributions) or "none"
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Bound:
+        """Back from `to_dict` (a profile's `[tuning] bound`, a journal's recommendation); the derived figures are
+        recomputed from the counts, never trusted."""
+        parts = tuple(Contribution(int(c["setting"]), str(c["phase"]), int(c["steps"]))
+                      for c in d.get("contributions") or ())
+        step_s = d.get("step_s")
+        return cls(steps=int(d["steps"]), faults=int(d.get("faults") or 0),
+                   step_s=float(step_s) if step_s else None, contributions=parts,
+                   confidence=float(d.get("confidence") or CONFIDENCE))
+
     def to_dict(self) -> dict:
         """For a profile's `[tuning]` table and `--json` (TOML has no null: an unknown duration is left out)."""
         d: dict = {"confidence": self.confidence, "steps": self.steps, "faults": self.faults,
@@ -164,6 +175,26 @@ class Bound:
             d["hours"] = round(self.duration_s / 3600.0, 3)
             d["step_s"] = self.step_s
         return d
+
+
+def describe(bound: dict | None, confirmed_bound: dict | None, setting: int, confirmed: int | None, unit: str,
+             bound_s: float | None) -> str | None:
+    """The one-line account the bisect's report and `profile show` print (each from `Bound.to_dict()` forms):
+    'at most one fault per 10m12s of this load (95%; 21,498 steps with no fault) at -40 mV: -50 mV confirm 20,792 +
+    -40 mV coarse 353; -50 mV confirmed to 10m00s (asked 10m00s: reached)'. None when no pass counts."""
+    if bound is None:
+        return None
+    b = Bound.from_dict(bound)
+    line = f"{b.text()} at {setting:+d} {unit}: {b.provenance(unit)}"
+    if confirmed_bound is not None and confirmed is not None:
+        c = Bound.from_dict(confirmed_bound)
+        per = format_duration(c.duration_s) if c.duration_s is not None else f"{c.steps_per_fault:,.0f} steps"
+        line += f"; {confirmed:+d} {unit} confirmed to {per}"
+        if bound_s is not None:
+            line += f" (asked {format_duration(bound_s)}: {'reached' if c.reaches(bound_s) else 'NOT reached'})"
+    elif bound_s is not None:
+        line += f" (asked {format_duration(bound_s)}: NOT reached, nothing confirmed)"
+    return line
 
 
 @dataclass(frozen=True)

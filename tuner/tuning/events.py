@@ -66,6 +66,7 @@ class TrialResult:
     power_limit_w: float | None = None  # the board power limit the driver enforced, where it says
     throttle_reasons: tuple[str, ...] = ()  # clock-limit reasons the driver reported under load
     load_note: str | None = None  # baseline: "load X W of the card's Y W limit (Z %)"
+    median_step_ms: float | None = None  # the engine's median step time (its end event): "hours of this load"
 
     @property
     def passed(self) -> bool:
@@ -173,6 +174,10 @@ class TrialFinished(_Event):
     index: int
     result: TrialResult
     device: str = ""  # the card it is about ("": not set; filled by the bisect driver)
+    # a pass: the bound the evidence so far supports at its setting (issue 26; `bound.Bound.to_dict()` and `.text()`,
+    # pooled over every pass there or deeper); None for a failure, a run at stock, or no compared steps
+    bound: dict | None = None
+    bound_text: str | None = None
     event = "trial_finished"
 
 
@@ -195,6 +200,13 @@ class Recommendation(_Event):
     measured_at: int | None = None  # the setting the tuned figures were measured at
     efficiency_gain_pct: float | None = None
     sensitivity: str = "full"  # "reduced" when the user opted in to --tolerance
+    # issue 26: the bound asked for (--bound; None: none), the pooled bound at the recommended setting and at the
+    # confirmed value (`bound.Bound.to_dict()`), whether the confirmed value reached the one asked for, and the
+    # one-line account `profile show` prints (`bound_line`)
+    bound_s: float | None = None
+    bound: dict | None = None
+    confirmed_bound: dict | None = None
+    bound_met: bool | None = None
     event = "recommendation"
 
 

@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
+from tuner.core.durations import format_duration
 from tuner.core.errors import DeviceLost, DiskFull, NotApplied, TunerError, UsageError
 from tuner.core.models import Knob, Mode
+from tuner.tuning import bound as bounds
 from tuner.tuning import evidence, journal, kernel_log, load_check
 from tuner.tuning import trial as trial_module
 from tuner.tuning.engine_client import WatchdogPolicy, default_preset
@@ -53,6 +55,7 @@ from tuner.tuning.plan import (
     BASELINE,
     CONFIRM,
     CONTROL,
+    MIXED_LOAD_FRACTION,
     REPLAY,
     STOCK_PHASES,
     BisectPlan,
@@ -93,9 +96,13 @@ class BisectParams:
     resume: bool = False
     restart: bool = False
     watchdog: WatchdogPolicy | None = None  # None: the policy for the engine's device (tighter on the CPU)
+    # --bound (issue 26): "at most one fault per bound_s of this load" at 95 %; the trials are sized by the plan and
+    # --confirm is the time the confirmation may take. None: the lengths are --trial / --confirm as given (the
+    # bound reached is stated all the same); on --resume, None keeps the session's own (docs/bisect.md)
+    bound_s: float | None = None
 
     SEARCH_KEYS = ("step", "resolution", "margin", "trial_s", "confirm_s", "floor", "mode", "preset", "dtype",
-                   "seed", "tolerance", "compile")
+                   "seed", "tolerance", "compile", "bound_s")
 
     def __post_init__(self) -> None:
         if self.resume and self.restart:
@@ -105,11 +112,14 @@ class BisectParams:
         if not (self.trial_s >= 1 and self.confirm_s >= 1):  # also catches NaN
             raise UsageError(f"trials of {min(self.trial_s, self.confirm_s):g} s are too short to compare anything",
                              "give --trial and --confirm of at least 1 s (the defaults are 5m and 30m)")
+        if self.bound_s is not None and not self.resume:  # a resumed session keeps (and was checked with) its own
+            bounds.check_reachable(self.bound_s, self.confirm_s, f"--confirm {format_duration(self.confirm_s)}",
+                                   load_fraction=MIXED_LOAD_FRACTION)
 
     def plan_params(self, knob: Knob) -> PlanParams:
         """The plan's parameters for `knob`: a None here is the plan's default for that card."""
         return PlanParams.defaults_for(knob, step=self.step, resolution=self.resolution, margin=self.margin,
-                                       floor=self.floor)
+                                       floor=self.floor, bound_s=self.bound_s, trial_s=self.trial_s)
 
     def search(self) -> dict:
         return {k: getattr(self, k) for k in self.SEARCH_KEYS}
@@ -143,7 +153,7 @@ class CardOutcome:
             return None
         measured = ("baseline_tok_s", "tuned_tok_s", "baseline_power_w", "tuned_power_w", "baseline_tok_per_j",
                     "tuned_tok_per_j", "efficiency_gain_pct", "first_failure", "lowest_pass", "confirmed", "margin",
-                    "sensitivity")
+                    "sensitivity", "bound_s", "bound", "confirmed_bound", "bound_met")
         searched = {"step": "step", "resolution": "resolution", "trial_duration_s": "trial_s",
                     "confirm_duration_s": "confirm_s", "preset": "preset", "mode": "mode", "dtype": "dtype"}
         return {**{k: getattr(r, k) for k in measured}, **{k: p.get(v) for k, v in searched.items()},
@@ -636,6 +646,18 @@ class BisectJob:
                              attempts=tuple(rig.attempts))
 
 
+def _check_resumed_bound(asked_s: float | None, stored_s: float | None) -> None:
+    """A resumed session keeps the bound it was started with: its trials were sized for it (None: keep it)."""
+    if asked_s is None or asked_s == stored_s:
+        return
+    if stored_s is None:
+        raise UsageError("this session was started without --bound (its trials were not sized for one)",
+                         "resume without --bound, or start over with --restart")
+    was = format_duration(float(stored_s))
+    raise UsageError(f"this session was started with --bound {was}",
+                     f"resume without --bound (or with --bound {was}), or start over with --restart")
+
+
 def _name(j: Journal) -> str:
     return j.device_id or ",".join(j.doc.get("devices") or ())
 
@@ -659,7 +681,8 @@ class _Search:
         j, search, resumed = self._open_session(knob)
         plan_params = PlanParams.defaults_for(knob, step=search["step"], resolution=search["resolution"],
                                               margin=search["margin"], floor=search["floor"],
-                                              replay_baseline=search["mode"] != "gemm", stock_control=True)
+                                              replay_baseline=search["mode"] != "gemm", stock_control=True,
+                                              bound_s=search.get("bound_s"), trial_s=float(search["trial_s"]))
         unsafe = journal.unsafe_settings(self.device_id, self.backend)  # the machine's list too, via the helper
         plan = BisectPlan(knob, plan_params, unsafe=list(unsafe),
                           unsafe_edge=any(e.get("edge") for e in unsafe.values()))
@@ -687,8 +710,9 @@ class _Search:
         device = self.backend.device(self.device_id)
         if self.job._card_resume(self.rig, self.device_id):
             assert existing is not None  # resumable: the job checked there is an unfinished session
-            existing.claim()
             stored = existing.doc.get("params") or {}
+            _check_resumed_bound(p.bound_s, stored.get("bound_s"))  # before the session is claimed: nothing changed
+            existing.claim()
             self.job._session_opened(self.rig, self.device_id, existing.session)
             return existing, {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}, True
         if existing is not None and existing.unresolved():
@@ -790,6 +814,15 @@ class _Search:
         if decision.phase == CONTROL:
             steps = control_steps(results[-1] if results else None)
             return TrialParams(duration_s=trial_s, steps=steps, mode="train", reference_paths=reference, **common)
+        if decision.steps is not None and decision.duration_s is not None:
+            # sized by the plan (a bound was asked for): its compared steps, the baseline's warm-up on top; the
+            # duration only feeds the ETA (a mixed confirmation's idle and partial phases make it longer)
+            steps = decision.steps + int((baseline.warmup_steps if baseline else None) or 0)
+            confirm = decision.phase == CONFIRM
+            eta_s = decision.duration_s / MIXED_LOAD_FRACTION if confirm and mode != "gemm" else decision.duration_s
+            return TrialParams(duration_s=max(1.0, round(eta_s, 1)), steps=steps,
+                               mode=("gemm" if mode == "gemm" else "mixed") if confirm else mode,
+                               reference_paths=reference, **common)
         if decision.phase == CONFIRM:
             return TrialParams(duration_s=confirm_s, mode="gemm" if mode == "gemm" else "mixed",
                                reference_paths=reference, **common)
@@ -814,8 +847,11 @@ class _Search:
         index = len(results) + 1
         open_trial = j.begin_trial(decision.phase, setting=decision.setting)
         short, confirms = plan.remaining_estimate([PlanResult.from_record(r) for r in j.trials])
-        rest_s = short * float(search["trial_s"]) + confirms * float(search["confirm_s"])
-        rest_s = max(0.0, rest_s - float(search["confirm_s" if decision.phase == CONFIRM else "trial_s"]))
+        trial_s, confirm_s = float(search["trial_s"]), float(search["confirm_s"])
+        if search.get("bound_s") is not None:  # sized: a confirmation takes at most the bound's whole evidence
+            confirm_s = bounds.load_needed_s(float(search["bound_s"])) / MIXED_LOAD_FRACTION
+        rest_s = short * trial_s + confirms * confirm_s  # an upper bound: a screen is a tenth of a --trial
+        rest_s = max(0.0, rest_s - (confirm_s if decision.phase == CONFIRM else trial_s))
         self._emit(TrialStarted(index=index, setting=decision.setting, unit=knob.unit, phase=decision.phase,
                                 duration_s=tp.duration_s, started_at=open_trial["started_at"],
                                 expected_trials=index - 1 + short + confirms))
@@ -879,7 +915,10 @@ class _Search:
                            f"{self.device_id} --resume`")
         if result.effective is False:
             self._emit(TrialWarning(next(w for w in result.warnings if w.startswith("not effective"))))
-        self._emit(TrialFinished(index, result))
+        b = (plan.bound_at(result.setting, [PlanResult.from_record(r) for r in j.trials])
+             if result.passed and decision.phase not in STOCK_PHASES else None)
+        self._emit(TrialFinished(index, result, bound=None if b is None else b.to_dict(),
+                                 bound_text=None if b is None else b.text()))
         return None
 
     # --- endings ----------------------------------------------------------------------------------------------
@@ -926,6 +965,9 @@ class _Search:
             tuned_tok_s=measured.tok_s if measured else None, tuned_power_w=measured.power_w if measured else None,
             tuned_tok_per_j=measured.tok_per_j if measured else None,
             measured_at=measured.setting if measured else None, efficiency_gain_pct=gain,
+            bound_s=d.bound_s, bound=None if d.bound is None else d.bound.to_dict(),
+            confirmed_bound=None if d.confirmed_bound is None else d.confirmed_bound.to_dict(),
+            bound_met=d.bound_met,
         )
         self._emit(rec)
         j.close(FINISHED, outcome="recommended", recommendation=asdict(rec))

@@ -64,6 +64,7 @@ class TrialRecord(_Doc):
     warmup_steps: int | None = None
     duration_s: float | None = None
     edge: bool = False
+    median_step_ms: Annotated[float, Meta(gt=0)] | None = None  # the engine's (issue 26: the bound in hours)
 
 
 class Recommendation(_Doc):

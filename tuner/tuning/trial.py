@@ -139,6 +139,9 @@ class _Card:
         self.figure: str | None = None  # the figure its own failing check compared
         self.library: str | None = None  # the collective library its engine reported
         self.warnings: list[str] = []
+        # a simulated card: its own work rate under load (its tok/J is this over its power; the engine runs on the
+        # CPU, whose tok/s swings with the host's load: SimulatedBackend.work_rate_tok_s)
+        self.work_rate_tok_s: float | None = None
         self.follower: threading.Thread | None = None
         self.done = threading.Event()
         self.error: BaseException | None = None  # raised in its follower (a broken event consumer): re-raised
@@ -254,6 +257,8 @@ def _start(backend: Backend, cards: Mapping[str, _Card], params: TrialParams, en
         cleanup.callback(end_load, backend, d)
         backend.note_load(d, True)
         c.target = backend.stress_target(d)
+        work_rate = getattr(backend, "work_rate_tok_s", None) if c.target.simulated else None
+        c.work_rate_tok_s = work_rate(d) if work_rate is not None else None
     extra: dict[str, object] = {}
     if len(cards) > 1:  # one data-parallel group; the rendezvous is a file in a directory of its own
         rendezvous_dir = Path(tempfile.mkdtemp(prefix="tuner-rig-"))
@@ -446,7 +451,8 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
     r, summary, target = c.engine_result, c.summary, c.target
     tok_s = r.median_tok_s if r is not None else None
     power_w = summary.mean_power_w if summary else None
-    tok_per_j = tok_s / power_w if tok_s and power_w else None
+    work_s = c.work_rate_tok_s or tok_s  # a simulated card: the card's work rate, not the CPU engine's tok/s
+    tok_per_j = work_s / power_w if work_s and tok_s and power_w else None
     baseline = (params.baselines or {}).get(c.device_id)
     base_tok_per_j = baseline.tok_per_j if baseline is not None else None
     base = TrialResult(
@@ -471,6 +477,7 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
         p95_power_w=None if not summary or summary.p95_power_w is None else round(summary.p95_power_w, 2),
         power_limit_w=summary.power_limit_w if summary else None,
         throttle_reasons=summary.throttle_reasons if summary else (),
+        median_step_ms=r.end.median_step_ms if r is not None and r.end is not None else None,
     )
     result = _verdict(c, _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary),
                       pstate_problem_of(backend, c.device_id, c.setting, knob.stock, summary))
