@@ -51,3 +51,19 @@ def test_without_a_stream_the_trial_reads_the_kernel_log_itself(monkeypatch):
     watcher = trial._watcher(RealLookingBackend(None), ["sim0"], "trial", None, warned.append)
     watcher.start()
     assert own == [1] and not watcher.available and "cannot read the kernel log" in warned[0]
+
+
+def test_a_stress_run_watches_the_same_stream_as_a_trial():
+    """The stress action (CLI and UI) asks the backend as a trial does: through the root helper a user's stress run
+    still sees the card's kernel-log lines."""
+    from tuner.actions.stress import StressRequest, StressSession
+    from tuner.core.models import StressTarget
+
+    backend = RealLookingBackend(["amdgpu 0000:10:00.0: amdgpu: GPU reset begin!"])
+    session = StressSession(backend, StressRequest("sim0"))
+    watcher = session._watcher(StressTarget("cpu", "0000:10:00.0"))
+    watcher.start()
+    wait_until(lambda: len(watcher.events) == 1, 10, "the helper's line")
+    assert backend.asked == [["sim0"]] and watcher.available
+    watcher.stop()
+    assert backend.closed

@@ -41,6 +41,7 @@ from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import EngineConfig, StressResult, StressRun, WatchdogPolicy, engine_request
 from tuner.tuning.kernel_log import KernelEvent
 from tuner.tuning.reference_cache import CachedReference, manual_reference
+from tuner.tuning.trial import kernel_log_source
 
 REFERENCE_RECORD_S = 60.0  # a stock reference recorded first: one minute, looped when compared
 SIM_CANARY_EVERY = 10  # simulated cards: canaries often, so short runs meet the injected faults
@@ -336,8 +337,10 @@ class StressSession:
             watcher = self._watcher_factory()
         elif target.simulated:  # the host's kernel log says nothing about a simulated card
             watcher = kernel_log.NullWatcher()
-        else:
-            watcher = kernel_log.KernelLogWatcher(warn=self._emit)
+        else:  # the trial's own source: the root helper's stream where the user cannot read /dev/kmsg
+            device_id = self.request.device_id
+            watcher = kernel_log.KernelLogWatcher(warn=self._emit,
+                                                  source=lambda: kernel_log_source(self.backend, [device_id]))
         watcher.pci_bus_id = None if target.simulated else target.pci_bus_id
         return watcher
 

@@ -290,12 +290,12 @@ def _watcher(backend: Backend, devices: list[str], where: str, factory: WatcherF
         if all(backend.device(d).simulated for d in devices):  # the host's kernel log says nothing about them
             watcher = kernel_log.NullWatcher()
         else:
-            watcher = kernel_log.KernelLogWatcher(warn=warn, source=lambda: _kernel_log_source(backend, devices))
+            watcher = kernel_log.KernelLogWatcher(warn=warn, source=lambda: kernel_log_source(backend, devices))
     watcher.pci_bus_id = None  # every line; the trial attributes them
     return watcher
 
 
-def _kernel_log_source(backend: Backend, devices: list[str]) -> kernel_log.LiveSource | None:
+def kernel_log_source(backend: Backend, devices: list[str]) -> kernel_log.LiveSource | None:
     """The backend's kernel log (the root helper's stream of these cards' lines: a user's tuner cannot read
     `/dev/kmsg` where `dmesg_restrict=1`), else the tuner's own reading of it (in-process, or a helper that
     cannot read it either: then the watcher says the kernel log is off)."""
