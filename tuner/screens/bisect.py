@@ -117,6 +117,10 @@ def trial_cells(row: dict, unit: str) -> tuple[str, ...]:
 
 class BisectScreen(TunerScreen):
     TITLE = "Bisect"
+    # Back from a dialog or another screen with nothing focused, Textual focuses AUTO_FOCUS: by default the first
+    # focusable widget, the step field, where the footer's next key (e, b, v) would be typed. The table instead: a
+    # field takes keys only after `f` gives it focus, which it shows reversed (no colour needed), until esc or enter.
+    AUTO_FOCUS = "#bisect-trials"
     DEFAULT_CSS = """
     BisectScreen #bisect-form { height: 1; padding: 0 1; }
     BisectScreen #bisect-form Label { width: auto; padding: 0; }
