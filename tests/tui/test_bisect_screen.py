@@ -101,3 +101,36 @@ async def test_a_screen_with_nothing_focused_gives_focus_to_the_table_not_a_fiel
         await pilot.press("escape")
         await until(pilot, lambda: isinstance(app.screen, BisectScreen))
         assert not isinstance(app.screen.focused, Input)
+
+
+async def test_each_field_is_labelled_and_shows_its_longest_valid_value_at_80x24(tmp_path):
+    app = _app(tmp_path)
+    longest = {"step": "100 mV", "resolution": "50 mV", "margin": "100 mV", "floor": "-200 mV", "trial": "1h30m",
+               "confirm": "1h30m", "mode": "mixed"}
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
+        for field_id, value in longest.items():
+            app.screen.query_one(f"#in-{field_id}", Input).value = value
+        labels = {f: label for f, label, *_ in FIELDS}
+        await until(pilot, lambda: all(f"{labels[f]}: {v}" in screen_text(app) for f, v in longest.items()),
+                    what="every field's label and whole value")
+
+
+async def test_the_plan_is_shown_before_a_start_by_the_core_rule(tmp_path):
+    from tuner.actions.bisect import bisect_estimate
+    from tuner.tuning.job import BisectParams
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
+        est = bisect_estimate(app.backend, "sim0", BisectParams())
+        await until(pilot, lambda: f"plan ≤{est.trials} trials, confirm 30m, ≤2h25m" in screen_text(app),
+                    what="the default plan")
+        app.screen.query_one("#in-trial", Input).value = "10s"
+        app.screen.query_one("#in-floor", Input).value = "-100"
+        est = bisect_estimate(app.backend, "sim0", BisectParams(trial_s=10, floor=-100))
+        assert est.trials < 24 and est.duration_s == (est.trials - 1) * 10 + 1800
+        await until(pilot, lambda: f"plan ≤{est.trials} trials, confirm 30m, ≤32m" in screen_text(app),
+                    what="the plan after the form changed")

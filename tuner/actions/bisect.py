@@ -14,7 +14,15 @@ from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles.schema import Profile
 from tuner.tuning.events import BisectEvent
-from tuner.tuning.job import BisectJob, BisectOutcome, BisectParams, CardOutcome, lock_at_baseline_clock
+from tuner.tuning.job import (
+    BisectEstimate,
+    BisectJob,
+    BisectOutcome,
+    BisectParams,
+    CardOutcome,
+    estimate_search,
+    lock_at_baseline_clock,
+)
 from tuner.tuning.plan import PlanParams
 
 
@@ -46,6 +54,14 @@ def duration_text(seconds: float) -> str:
 
 def bisect_defaults(knob: Knob) -> BisectDefaults:
     return BisectDefaults(PlanParams.defaults_for(knob), knob.unit)
+
+
+def bisect_estimate(backend: Backend, device_id: str, params: BisectParams) -> BisectEstimate:
+    """The plan a new bisect of this card runs (trials at most, the confirmation, the time at most), by the rule
+    the running bisect's ETA uses (tuner.tuning.job.time_left_s); UsageError for parameters it would refuse."""
+    from tuner.tuning import journal
+
+    return estimate_search(backend.knob(device_id), params, journal.unsafe_settings(device_id))
 
 
 def consent_question(device: DeviceInfo) -> str | None:
