@@ -47,7 +47,7 @@ async def _back_to_the_screen(app, pilot) -> None:
         top = app.screen
         assert isinstance(top, (TextInputDialog, ConfirmDialog, KeepOrRevertDialog)), top
         await pilot.press("escape")
-        await until(pilot, lambda: app.screen is not top, what="the dialog to close")
+        await until(pilot, lambda top=top: app.screen is not top, what="the dialog to close")
     await until(pilot, lambda: not app.bisect.running and not app.jobs_running(), timeout_s=60,
                 what="the job a key started to end")
 
