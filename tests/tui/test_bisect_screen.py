@@ -134,3 +134,18 @@ async def test_the_plan_is_shown_before_a_start_by_the_core_rule(tmp_path):
         assert est.trials < 24 and est.duration_s == (est.trials - 1) * 10 + 1800
         await until(pilot, lambda: f"plan ≤{est.trials} trials, confirm 30m, ≤32m" in screen_text(app),
                     what="the plan after the form changed")
+
+
+async def test_the_export_default_is_the_one_the_cli_and_profiles_use(tmp_path, monkeypatch):
+    from tuner.actions.exports import report_export_path
+
+    monkeypatch.chdir(tmp_path)
+    app = _app(tmp_path)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await _finished_bisect(app, pilot)
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the export dialog")
+        expected = report_export_path("sim0", app.bisect.card("sim0").session)
+        assert app.screen.query_one(Input).value == str(expected) and expected.parent == tmp_path
+        await pilot.press("enter")
+        await until(pilot, expected.exists, what="the export written")

@@ -310,7 +310,9 @@ class BisectScreen(TunerScreen):
         if not state.device_id or not any(r.get("verdict") not in (None, "running") for r in state.trials):
             self.notify("no finished trials to export yet", severity="warning")
             return
-        default = f"~/bisect-{state.device_id}-{state.session or 'trials'}.csv"
+        from tuner.actions.exports import report_export_path
+
+        default = str(report_export_path(state.device_id, state.session))  # as Profiles' e and `tuner report`
         self.app.push_screen(TextInputDialog("Export the trials to (.csv or .json):", value=default), self._export)
 
     def _export(self, path: str | None) -> None:
