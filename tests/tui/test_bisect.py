@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from tests.polling import until
 from tests.tui.helpers import make_app, sim_backend
 from tests.tuning.fake_engine import FakeEngine
 from tuner.profiles import list_profiles
@@ -186,3 +187,30 @@ async def test_export_the_trials_from_the_ui_and_the_cli(tmp_path):
     assert doc["recommendation"]["setting"] == -40
     bad = run_tuner("--simulate", "report", str(tmp_path / "trials.txt"))
     assert bad.returncode == 2 and "a report is .csv or .json" in bad.stderr and "Traceback" not in bad.stderr
+
+
+async def test_a_refused_start_keeps_the_finished_result_on_screen(tmp_path):
+    """Issue 24: a start that is refused (a floor outside the card's range) leaves the finished bisect's table and
+    recommendation where they were, says why once, and the result can still be saved."""
+    from tuner.tuning.job import BisectParams
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda _card: None})
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect")
+        _fast_form(app)
+        await pilot.press("b")
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        finished, rows = app.bisect.outcome, app.bisect.card("sim0").trials
+        await until(pilot, lambda: "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render()))
+        app.start_bisect(("sim0",), BisectParams(floor=-10_000))
+        await until(pilot, lambda: not app.bisect.running and app._bisect_job is None
+                    and any("outside this card's range" in n.message for n in app._notifications))
+        assert app.bisect.outcome is finished and app.bisect.card("sim0").trials == rows
+        await until(pilot, lambda: "outside this card's range" in str(app.screen.query_one("#bisect-status").render()))
+        assert "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render())
+        assert app.screen.query_one("#bisect-trials").row_count == len(rows)
+        refused = [n for n in app._notifications if "outside this card's range" in n.message]
+        assert len(refused) == 1 and refused[0].severity == "error", refused

@@ -231,6 +231,11 @@ class BisectRunner(_Job):
     def device_ids(self) -> tuple[str, ...]:
         return self._device_ids
 
+    @property
+    def accepted(self) -> bool:
+        """`prepare` passed: the bisect got past its checks (before it, a refusal touched nothing)."""
+        return self._job is not None
+
     def _work(self) -> BisectOutcome:
         self._job = self._prepare()
         if self._on_prepared is not None:
