@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from tests.polling import until
-from tests.tui.helpers import make_app, sim_backend
+from tests.tui.helpers import make_app, screen_text, sim_backend
 from tests.tuning.fake_engine import FakeEngine
 from tuner.profiles import list_profiles
 from tuner.screens.dialogs import TextInputDialog
@@ -214,3 +214,34 @@ async def test_a_refused_start_keeps_the_finished_result_on_screen(tmp_path):
         assert app.screen.query_one("#bisect-trials").row_count == len(rows)
         refused = [n for n in app._notifications if "outside this card's range" in n.message]
         assert len(refused) == 1 and refused[0].severity == "error", refused
+
+
+async def test_an_unfinished_sessions_trials_show_when_the_screen_opens(tmp_path):
+    """Issue 24: a session stopped earlier (this App or another run) shows its trials and that u continues it as
+    soon as its card is on the Bisect screen, before anything runs here (not only after u)."""
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    engine = GatedEngine(hold_at=3)  # two trials at stock, then hold the third
+    first = make_app(tmp_path, backend=backend, samples=1,
+                     bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
+    async with first.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: first.current_mode == "bisect")
+        _fast_form(first)
+        await pilot.press("b")
+        await until(pilot, engine.entered.is_set)
+        await pilot.press("x")
+        engine.release.set()
+        await until(pilot, lambda: not first.bisect.running)
+    done = [r for r in first.bisect.card("sim0").trials if r["verdict"] != "stopped"]
+    assert len(done) >= 2
+    app = make_app(tmp_path, backend=backend, samples=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect")
+        table = app.screen.query_one("#bisect-trials")
+        await until(pilot, lambda: table.row_count >= len(done), what="the earlier trials in the table")
+        assert [table.get_row_at(i)[2] for i in range(len(done))] == ["PASS"] * len(done)
+        status = str(app.screen.query_one("#bisect-status").render())
+        assert "UNFINISHED" in status and "u continues it" in status, status
+        assert not app.bisect.running and backend.knob("sim0").current == 0
+        assert "u continues it, n starts afresh" in screen_text(app)  # whole at 80 columns

@@ -329,6 +329,24 @@ def earlier_trials(device_id: str) -> EarlierTrials:
     return EarlierTrials(tuple(doc.get("trials") or ()), device=device_id)
 
 
+def unfinished_session(device_id: str) -> BisectState | None:
+    """The card's unfinished bisect session (its journal), as the Bisect screen shows it before anything ran in
+    this App: its trials so far and what continues it. None when it has none, or when its journal cannot be read
+    (a start then refuses and says why: that is where a damaged journal is explained)."""
+    from tuner.core.errors import TunerError
+    from tuner.tuning.journal import Journal
+
+    try:
+        session = Journal.open_existing(device_id)
+    except (TunerError, OSError):
+        return None
+    if session is None or not session.unresolved():
+        return None
+    state = apply_bisect_event(BisectState(device_ids=(device_id,)),
+                               EarlierTrials(tuple(session.trials), device=device_id))
+    return replace(state, unfinished=f"{len(session.trials)} trials done; u continues it, n starts afresh")
+
+
 def _record_row(record) -> dict:
     row = dict(record)
     row["reason"] = record.get("reason") or record.get("kind") or ""

@@ -138,6 +138,7 @@ class BisectState:
     outcome: object | None = None  # tuner.tuning.job.BisectOutcome when it ended
     failure: str | None = None
     warnings: tuple[str, ...] = ()
+    unfinished: str | None = None  # a card's unfinished session, shown before anything ran (jobs.unfinished_session)
 
     @classmethod
     def started(cls, device_ids: tuple[str, ...]) -> BisectState:

@@ -186,6 +186,7 @@ class BisectScreen(TunerScreen):
     def on_mount(self) -> None:
         super().on_mount()
         self._painted = None
+        self._resting: tuple[tuple, BisectState] | None = None  # (card, bisect running, its outcome), its session
         self._defaults_for = None
         self._recall_form()
         self.query_one("#bisect-trials", DataTable).focus()
@@ -390,7 +391,13 @@ class BisectScreen(TunerScreen):
         includes that card (after a bisect of every card: that card's own search); else none yet."""
         job, app = self.app.bisect, self.app
         mine = len(job.device_ids) > 1 if app.bisect_all else app.selected_device_id in job.device_ids
-        return job if mine else BisectState()
+        if mine or app.bisect_all or not app.selected_device_id:
+            return job if mine else BisectState()
+        # nothing ran here for this card: its unfinished session, if any (read again once a bisect started or ended)
+        key = (app.selected_device_id, job.running, id(job.outcome))
+        if self._resting is None or self._resting[0] != key:
+            self._resting = (key, jobs.unfinished_session(app.selected_device_id) or BisectState())
+        return self._resting[1]
 
     def repaint(self) -> None:
         app = self.app
@@ -427,6 +434,8 @@ class BisectScreen(TunerScreen):
             status.append(f"ERROR: {job.failure.removeprefix('error: ')}", style="bold")
         elif every and job.outcome is not None:
             status.append(f"FINISHED: {getattr(job.outcome, 'status', '')}")
+        elif job.unfinished:
+            status.append(f"UNFINISHED: {job.unfinished}", style="bold")
         elif not every and card.trials:
             status.append("FINISHED")
         elif every:
@@ -437,7 +446,8 @@ class BisectScreen(TunerScreen):
         self.query_one("#bisect-status", Static).update(status)
         progress = cur.get("progress") or 0.0
         if not card.running:
-            progress = 1.0 if card.recommendation is not None or (card.trials and not card.failure) else 0.0
+            progress = 1.0 if card.recommendation is not None or (card.trials and not card.failure
+                                                                   and not job.unfinished) else 0.0
         self.query_one("#bisect-progress", ProgressBar).update(progress=progress)
         if every:
             self.query_one("#rig-cards", Static).update(
