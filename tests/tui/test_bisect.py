@@ -77,7 +77,7 @@ async def test_bisect_to_recommendation_and_save_profile(tmp_path):
     backend = sim_backend(tmp_path, vmin_mv=-52)
     app = make_app(tmp_path, backend=backend, samples=1,
                    bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda _card: None})
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
         await pilot.press("3")
         await pilot.pause()
         _fast_form(app)
@@ -92,7 +92,9 @@ async def test_bisect_to_recommendation_and_save_profile(tmp_path):
         await pilot.pause()
         assert isinstance(app.screen, TextInputDialog)
         await pilot.press("enter")
-        await pilot.pause()
+        await until(pilot, lambda: any(n.message.startswith("saved profile") for n in app._notifications))
+        [said] = [n.message for n in app._notifications if n.message.startswith("saved profile")]
+        assert said.endswith("next: apply it from Profiles (4)"), said  # issue 24: the next step, in UI words
     [profile] = list_profiles()
     assert profile.setting.value == -40 and profile.tuning is not None and profile.tuning.trials
 

@@ -4,6 +4,7 @@ and the `--save` name check before anything touches a card. `tuner bisect` and t
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,15 @@ def consent_question(device: DeviceInfo) -> str | None:
         return None
     return (f"Bisect will undervolt {device.label} ({device.id}) step by step; a step too far can freeze the "
             "machine (the tuner recovers after a reboot). Continue?")
+
+
+def after_save(name: str) -> str:
+    """The next step once a bisect's result is saved as a profile (one card's or a rig's: `tuner apply` takes
+    both), for the CLI; the UI says the same from where the user is (SAVED_NEXT_IN_UI)."""
+    return f"next: tuner apply {shlex.quote(name)}"
+
+
+SAVED_NEXT_IN_UI = "next: apply it from Profiles (4)"  # after_save's step, as the TUI offers it
 
 
 def check_save_name(name: str | None) -> None:

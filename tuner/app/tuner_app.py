@@ -555,7 +555,7 @@ class TunerApp(App[int]):
     def save_bisect_profile(self, name: str, device_id: str | None = None) -> None:
         """The finished bisect as a profile (tuner.actions.bisect, as the CLI's --save), in the user's store: one
         card's own result (`device_id`), or one rig profile of the settings confirmed together."""
-        from tuner.actions.bisect import profile_from_outcome, rig_profile_from_outcome
+        from tuner.actions.bisect import SAVED_NEXT_IN_UI, profile_from_outcome, rig_profile_from_outcome
         from tuner.actions.screen.record import bundle_beside_profile
         from tuner.profiles import save_profile
 
@@ -572,7 +572,8 @@ class TunerApp(App[int]):
         except TunerError as e:
             self.notify(for_people(e.one_line()), severity="error", timeout=10)
             return
-        self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}")
+        self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}; "
+                    f"{SAVED_NEXT_IN_UI}")
 
     # --- profiles -----------------------------------------------------------------------------------------------
     def apply_profile(self, profile, device_id: str) -> None:

@@ -9,7 +9,14 @@ import json
 import sys
 import threading
 
-from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect, rig_devices
+from tuner.actions.bisect import (
+    after_save,
+    check_save_name,
+    consent_question,
+    duration_text,
+    prepare_bisect,
+    rig_devices,
+)
 from tuner.commands._argtypes import whole_number
 from tuner.commands._output import StatusLine, fit, format_table
 from tuner.core import exit_codes, signals
@@ -425,6 +432,7 @@ def _save(args, backend, outcome) -> None:
     else:
         print(f"saved rig profile {args.save!r} ({len(profile.rig_parts)} cards) to {path}"
               + (f"; left out: {', '.join(left_out)}" if left_out else ""))
+        print(after_save(args.save))
 
 
 def _save_card(args, backend, device_id: str, card) -> None:
@@ -441,6 +449,7 @@ def _save_card(args, backend, device_id: str, card) -> None:
                                      "reference": reference.to_dict()}) + "\n")
     else:
         print(f"saved profile {args.save!r} to {path}{reference.text()}")
+        print(after_save(args.save))
 
 
 def _save_from_last(args, backend, device_id: str) -> int:
