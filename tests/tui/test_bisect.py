@@ -39,14 +39,6 @@ def _fast_form(app):
         app.screen.query_one(f"#in-{field_id}").value = value
 
 
-async def _wait(pilot, predicate, timeout_s: float = 20.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition never became true")
-
-
 async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_stock(tmp_path):
     backend = sim_backend(tmp_path, vmin_mv=-52)
     engine = GatedEngine(hold_at=4)  # baseline, its replay, -10, then hold the -20 trial
@@ -57,9 +49,9 @@ async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_sto
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, engine.entered.is_set)
+        await until(pilot, engine.entered.is_set)
         assert backend.knob("sim0").current == -20  # the trial's setting is on the card
-        await _wait(pilot, lambda: app.screen.query_one("#bisect-trials").row_count >= 4)
+        await until(pilot, lambda: app.screen.query_one("#bisect-trials").row_count >= 4)
         table = app.screen.query_one("#bisect-trials")
         assert [table.get_row_at(i)[2] for i in range(3)] == ["PASS", "PASS", "PASS"]
         for key in "1245613":
@@ -68,7 +60,7 @@ async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_sto
             assert app.bisect.running
         await pilot.press("x")
         engine.release.set()
-        await _wait(pilot, lambda: not app.bisect.running)
+        await until(pilot, lambda: not app.bisect.running)
         assert backend.knob("sim0").current == 0
         assert "stopped" in (app.bisect.card("sim0").failure or "")
 
@@ -82,11 +74,10 @@ async def test_bisect_to_recommendation_and_save_profile(tmp_path):
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
         rec = app.bisect.card("sim0").recommendation
         assert rec is not None and rec.setting == -40  # vmin -52: lowest pass -50, +10 mV margin
-        await pilot.pause(0.6)
-        assert "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render())
+        await until(pilot, lambda: "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render()))
         assert backend.knob("sim0").current == 0  # a bisect leaves the card at stock
         await pilot.press("v")
         await pilot.pause()
@@ -111,7 +102,7 @@ async def test_quit_during_bisect_asks_then_stops_and_resets(tmp_path):
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, engine.entered.is_set)
+        await until(pilot, engine.entered.is_set)
         assert backend.knob("sim0").current == -10
         await pilot.press("q")
         await pilot.pause()
@@ -135,15 +126,16 @@ async def test_resume_shows_every_trial_and_the_form_remembers_its_values(tmp_pa
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, engine.entered.is_set)
+        await until(pilot, engine.entered.is_set)
         await pilot.press("x")
         engine.release.set()
-        await _wait(pilot, lambda: not app.bisect.running)
+        await until(pilot, lambda: not app.bisect.running)
         before = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.card("sim0").trials
                   if r["verdict"] != "stopped"]
         assert len(before) >= 2 and before[0] == (0, "baseline", "pass")
         await pilot.press("u")
-        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None, 60)
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None,
+                    timeout_s=60)
         after = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.card("sim0").trials]
         assert after[: len(before)] == before  # the earlier trials are still on screen
         assert app.bisect.card("sim0").recommendation is not None
@@ -170,7 +162,7 @@ async def test_export_the_trials_from_the_ui_and_the_cli(tmp_path):
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
         await pilot.press("e")
         await pilot.pause()
         assert isinstance(app.screen, TextInputDialog)
