@@ -87,6 +87,7 @@ def test_bisect_recommends_in_mhz_and_the_profile_round_trips(boot, monkeypatch,
     assert "step 30 res 15 margin 30 MHz" in out
     assert "recommendation for Simulated Ada-class GPU (NVIDIA-style) [SIMULATED]: +60 MHz (confirmed +90" in out
     assert "saved profile 'nv-sim'" in out
+    assert captured.out.rstrip().endswith("next: tuner apply nv-sim")  # issue 24: the save says what comes next
     assert SimulatedBackend(kind="nvidia").knob("sim0").current == 0
 
     assert tuner(*NV, "profile", "show", "nv-sim", "--json") == 0

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from tests.tui.helpers import make_app, sim_backend
+from tests.polling import until
+from tests.tui.helpers import make_app, screen_text, sim_backend
 from tests.tuning.fake_engine import FakeEngine
 from tuner.profiles import list_profiles
 from tuner.screens.dialogs import TextInputDialog
@@ -38,14 +39,6 @@ def _fast_form(app):
         app.screen.query_one(f"#in-{field_id}").value = value
 
 
-async def _wait(pilot, predicate, timeout_s: float = 20.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition never became true")
-
-
 async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_stock(tmp_path):
     backend = sim_backend(tmp_path, vmin_mv=-52)
     engine = GatedEngine(hold_at=4)  # baseline, its replay, -10, then hold the -20 trial
@@ -56,9 +49,9 @@ async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_sto
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, engine.entered.is_set)
+        await until(pilot, engine.entered.is_set)
         assert backend.knob("sim0").current == -20  # the trial's setting is on the card
-        await _wait(pilot, lambda: app.screen.query_one("#bisect-trials").row_count >= 4)
+        await until(pilot, lambda: app.screen.query_one("#bisect-trials").row_count >= 4)
         table = app.screen.query_one("#bisect-trials")
         assert [table.get_row_at(i)[2] for i in range(3)] == ["PASS", "PASS", "PASS"]
         for key in "1245613":
@@ -67,7 +60,7 @@ async def test_bisect_shows_rows_survives_screen_switches_and_stop_resets_to_sto
             assert app.bisect.running
         await pilot.press("x")
         engine.release.set()
-        await _wait(pilot, lambda: not app.bisect.running)
+        await until(pilot, lambda: not app.bisect.running)
         assert backend.knob("sim0").current == 0
         assert "stopped" in (app.bisect.card("sim0").failure or "")
 
@@ -76,22 +69,23 @@ async def test_bisect_to_recommendation_and_save_profile(tmp_path):
     backend = sim_backend(tmp_path, vmin_mv=-52)
     app = make_app(tmp_path, backend=backend, samples=1,
                    bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda _card: None})
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
         await pilot.press("3")
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
         rec = app.bisect.card("sim0").recommendation
         assert rec is not None and rec.setting == -40  # vmin -52: lowest pass -50, +10 mV margin
-        await pilot.pause(0.6)
-        assert "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render())
+        await until(pilot, lambda: "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render()))
         assert backend.knob("sim0").current == 0  # a bisect leaves the card at stock
         await pilot.press("v")
         await pilot.pause()
         assert isinstance(app.screen, TextInputDialog)
         await pilot.press("enter")
-        await pilot.pause()
+        await until(pilot, lambda: any(n.message.startswith("saved profile") for n in app._notifications))
+        [said] = [n.message for n in app._notifications if n.message.startswith("saved profile")]
+        assert said.endswith("next: apply it from Profiles (4)"), said  # issue 24: the next step, in UI words
     [profile] = list_profiles()
     assert profile.setting.value == -40 and profile.tuning is not None and profile.tuning.trials
 
@@ -108,7 +102,7 @@ async def test_quit_during_bisect_asks_then_stops_and_resets(tmp_path):
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, engine.entered.is_set)
+        await until(pilot, engine.entered.is_set)
         assert backend.knob("sim0").current == -10
         await pilot.press("q")
         await pilot.pause()
@@ -132,15 +126,16 @@ async def test_resume_shows_every_trial_and_the_form_remembers_its_values(tmp_pa
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, engine.entered.is_set)
+        await until(pilot, engine.entered.is_set)
         await pilot.press("x")
         engine.release.set()
-        await _wait(pilot, lambda: not app.bisect.running)
+        await until(pilot, lambda: not app.bisect.running)
         before = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.card("sim0").trials
                   if r["verdict"] != "stopped"]
         assert len(before) >= 2 and before[0] == (0, "baseline", "pass")
         await pilot.press("u")
-        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None, 60)
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None,
+                    timeout_s=60)
         after = [(r["setting"], r["phase"], r["verdict"]) for r in app.bisect.card("sim0").trials]
         assert after[: len(before)] == before  # the earlier trials are still on screen
         assert app.bisect.card("sim0").recommendation is not None
@@ -167,7 +162,7 @@ async def test_export_the_trials_from_the_ui_and_the_cli(tmp_path):
         await pilot.pause()
         _fast_form(app)
         await pilot.press("b")
-        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
         await pilot.press("e")
         await pilot.pause()
         assert isinstance(app.screen, TextInputDialog)
@@ -186,3 +181,61 @@ async def test_export_the_trials_from_the_ui_and_the_cli(tmp_path):
     assert doc["recommendation"]["setting"] == -40
     bad = run_tuner("--simulate", "report", str(tmp_path / "trials.txt"))
     assert bad.returncode == 2 and "a report is .csv or .json" in bad.stderr and "Traceback" not in bad.stderr
+
+
+async def test_a_refused_start_keeps_the_finished_result_on_screen(tmp_path):
+    """Issue 24: a start that is refused (a floor outside the card's range) leaves the finished bisect's table and
+    recommendation where they were, says why once, and the result can still be saved."""
+    from tuner.tuning.job import BisectParams
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda _card: None})
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect")
+        _fast_form(app)
+        await pilot.press("b")
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        finished, rows = app.bisect.outcome, app.bisect.card("sim0").trials
+        await until(pilot, lambda: "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render()))
+        app.start_bisect(("sim0",), BisectParams(floor=-10_000))
+        await until(pilot, lambda: not app.bisect.running and app._bisect_job is None
+                    and any("outside this card's range" in n.message for n in app._notifications))
+        assert app.bisect.outcome is finished and app.bisect.card("sim0").trials == rows
+        await until(pilot, lambda: "outside this card's range" in str(app.screen.query_one("#bisect-status").render()))
+        assert "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render())
+        assert app.screen.query_one("#bisect-trials").row_count == len(rows)
+        refused = [n for n in app._notifications if "outside this card's range" in n.message]
+        assert len(refused) == 1 and refused[0].severity == "error", refused
+
+
+async def test_an_unfinished_sessions_trials_show_when_the_screen_opens(tmp_path):
+    """Issue 24: a session stopped earlier (this App or another run) shows its trials and that u continues it as
+    soon as its card is on the Bisect screen, before anything runs here (not only after u)."""
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    engine = GatedEngine(hold_at=3)  # two trials at stock, then hold the third
+    first = make_app(tmp_path, backend=backend, samples=1,
+                     bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
+    async with first.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: first.current_mode == "bisect")
+        _fast_form(first)
+        await pilot.press("b")
+        await until(pilot, engine.entered.is_set)
+        await pilot.press("x")
+        engine.release.set()
+        await until(pilot, lambda: not first.bisect.running)
+    done = [r for r in first.bisect.card("sim0").trials if r["verdict"] != "stopped"]
+    assert len(done) >= 2
+    app = make_app(tmp_path, backend=backend, samples=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect")
+        table = app.screen.query_one("#bisect-trials")
+        await until(pilot, lambda: table.row_count >= len(done), what="the earlier trials in the table")
+        assert [table.get_row_at(i)[2] for i in range(len(done))] == ["PASS"] * len(done)
+        status = str(app.screen.query_one("#bisect-status").render())
+        assert "UNFINISHED" in status and "u continues it" in status, status
+        assert not app.bisect.running and backend.knob("sim0").current == 0
+        assert "u continues it, n starts afresh" in screen_text(app)  # whole at 80 columns

@@ -3,6 +3,7 @@ and the Bisect screen fits 80 columns with an ETA from what trials really took."
 
 from __future__ import annotations
 
+from tests.polling import until
 from tuner.app.jobs import apply_card_event
 from tuner.app.state import BisectState, CardState
 from tuner.screens.dialogs import KeepOrRevertDialog
@@ -123,7 +124,8 @@ async def test_bisect_table_fits_80_columns_with_a_detail_line_and_a_full_bar(ap
     async with app.run_test(size=(80, 24)) as pilot:
         app.bisect = BisectState(device_ids=("sim0",), cards={"sim0": state})
         await pilot.press("3")
-        await pilot.pause(0.6)
+        await until(pilot, lambda: app.current_mode == "bisect"
+                    and app.screen.query_one("#bisect-trials").row_count == len(rows))
         screen = app.screen
         table = screen.query_one("#bisect-trials")
         assert sum(c.get_render_width(table) for c in table.columns.values()) <= 78  # every column on screen
@@ -191,7 +193,8 @@ async def test_apply_the_recommendation_then_keep_offers_to_save(app, backend):
         rec = _recommendation()
         app.bisect = _finished_state(rec)
         await pilot.press("3")
-        await pilot.pause(0.6)
+        await until(pilot, lambda: app.current_mode == "bisect"
+                    and "tok/J" in _text(app.screen.query_one("#bisect-result")))
         result = _text(app.screen.query_one("#bisect-result"))
         assert "tok/J 23.80 at stock, 25.10 at -50 mV (+5.5 %)" in result  # rounded, with where it was measured
         assert "SIMULATED card" in result and "not a real gain" in result
@@ -210,7 +213,8 @@ async def test_apply_the_recommendation_then_keep_offers_to_save(app, backend):
 # --- item 9: dashboard ----------------------------------------------------------------------------------------------
 async def test_dashboard_shows_fan_vram_power_cap_and_limits(app):
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.6)
+        await until(pilot, lambda: bool(app.screen.query("#figures"))
+                    and "limits:" in _text(app.screen.query_one("#figures")))
         figures = _text(app.screen.query_one("#figures"))
         assert "of 300 W" in figures and "fan " in figures  # the cap has its unit, not a bare 300 and "%" in figures
         assert "VRAM 0.4/32 GiB" in figures and "limits: n/a" in figures  # the AMD-style card, as real amdgpu
@@ -236,7 +240,8 @@ async def test_a_backend_that_cannot_read_limit_reasons_shows_n_a_not_none(tmp_p
     backend.telemetry = lambda device_id: replace(read(device_id), throttle_reasons=None)
     app = make_app(tmp_path, backend=backend, samples=3)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.6)
+        await until(pilot, lambda: bool(app.screen.query("#figures"))
+                    and "limits:" in _text(app.screen.query_one("#figures")))
         figures = _text(app.screen.query_one("#figures"))
         assert "limits: n/a" in figures and "limits: none" not in figures
 

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from tests.polling import until
 from tests.tui.helpers import make_app, sim_backend
 from tests.tuning.fake_engine import FakeEngine
 from tests.tuning.rig_fakes import FakeRigTrial
@@ -47,18 +48,10 @@ def _fast_form(app):
         app.screen.query_one(f"#in-{field_id}").value = value
 
 
-async def _wait(pilot, predicate, timeout_s: float = 30.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition never became true")
-
-
 async def _run_then_apply(pilot, app):
     """Run every card to its result, then press apply: the rig's keep-or-revert question is open."""
     await pilot.press("b")
-    await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+    await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
     await pilot.press("a")
     await app.workers.wait_for_complete()
     await pilot.pause()
@@ -86,11 +79,11 @@ async def test_all_cards_bisects_every_card_then_the_rig_and_applies_and_saves_t
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app)
         await pilot.press("b")
-        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
         assert dict(app.bisect.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
         assert fake_rig.calls[-1][0] == {"sim0": -40, "sim1": -55, "sim2": -30}  # confirmed together
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]  # a bisect leaves stock
-        await pilot.pause(0.6)
+        await until(pilot, lambda: "FINAL -40 mV" in _text(app, "#rig-cards"))
         lines = _text(app, "#rig-cards").splitlines()
         assert lines[0].startswith("▶ sim0") and "FINAL -40 mV (confirmed together)" in lines[0]
         assert "sim1" in lines[1] and "FINAL -55 mV" in lines[1] and "FINAL -30 mV" in lines[2]
@@ -104,8 +97,7 @@ async def test_all_cards_bisects_every_card_then_the_rig_and_applies_and_saves_t
         table = app.screen.query_one("#bisect-trials")
         first = [table.get_row_at(i)[0] for i in range(table.row_count)]
         await pilot.press("c")  # the next card's table
-        await pilot.pause(0.6)
-        assert "table: sim1" in _text(app, "#bisect-status")
+        await until(pilot, lambda: "table: sim1" in _text(app, "#bisect-status"))
         assert [table.get_row_at(i)[0] for i in range(table.row_count)] != first
         assert [table.get_row_at(i)[:3] for i in range(table.row_count)][-1] == ["-65 mV", "confirm", "PASS"]
 
@@ -135,9 +127,9 @@ async def test_the_rig_apply_of_the_result_reverts_every_card_when_not_confirmed
         await _run_then_apply(pilot, app)
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -55, -30]
         clock.advance(15.5)
-        await pilot.pause(0.4)
+        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog)
+                    and [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0])
         await app.workers.wait_for_complete()
-        await pilot.pause()
         assert not isinstance(app.screen, (KeepOrRevertDialog, TextInputDialog))
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
     assert list_profiles() == []
@@ -163,19 +155,18 @@ async def test_the_rig_phase_is_shown_switching_screens_keeps_it_and_quit_resets
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app)
         await pilot.press("b")
-        await _wait(pilot, gated.entered.is_set)
+        await until(pilot, gated.entered.is_set)
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [-40, -55, -30]  # all at once
         for key in "124563":
             await pilot.press(key)
             await pilot.pause()
             assert app.bisect.running
-        await pilot.pause(0.6)
-        assert "the whole rig: confirmation attempt 1" in _text(app, "#bisect-status")
+        await until(pilot, lambda: "the whole rig: confirmation attempt 1" in _text(app, "#bisect-status"))
         assert "RIG confirm 1 at -55 mV" in _text(app, "#rig-cards").splitlines()[1]
         await pilot.press("1")
         app.sample_now()  # what the 1 Hz sampler does (off in tests)
-        await _wait(pilot, lambda: app.histories["sim0"].knob.current == -40)
-        await pilot.pause(0.6)
+        await until(pilot, lambda: app.histories["sim0"].knob.current == -40)
+        await until(pilot, lambda: "-40 mV APPLIED" in _text(app, "#card-rows"))
         rows = _text(app, "#card-rows").splitlines()
         assert "RIG confirm 1 at -40 mV" in rows[0] and "-40 mV APPLIED" in rows[0]
         await pilot.press("q")
@@ -199,10 +190,10 @@ async def test_stop_then_resume_continues_the_rig_with_every_cards_earlier_trial
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await _all_cards(pilot, app)
         await pilot.press("b")
-        await _wait(pilot, gated.entered.is_set)
+        await until(pilot, gated.entered.is_set)
         await pilot.press("x")
         gated.release.set()
-        await _wait(pilot, lambda: not app.bisect.running)
+        await until(pilot, lambda: not app.bisect.running)
         assert "stopped" in (app.bisect.failure or "")
         assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]
         await pilot.pause()
@@ -211,13 +202,13 @@ async def test_stop_then_resume_continues_the_rig_with_every_cards_earlier_trial
         assert lines.count("STOPPED") == 3 and "u resumes" in lines and "u resumes" in toasts
         before = {d: len(app.bisect.card(d).trials) for d in ("sim0", "sim1", "sim2")}
         await pilot.press("b")  # a new start is refused while an unfinished rig session exists
-        await _wait(pilot, lambda: not app.bisect.running and any("unfinished rig" in n.message
+        await until(pilot, lambda: not app.bisect.running and any("unfinished rig" in n.message
                                                                 for n in app._notifications))
         assert any("u continues it" in n.message for n in app._notifications)
         gated.entered.clear()
         monkeypatch.setattr(trial, "run_trial", FakeRigTrial())
         await pilot.press("u")
-        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
         assert dict(app.bisect.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
         assert all(len(app.bisect.card(d).trials) >= n for d, n in before.items())  # earlier trials still shown
 
@@ -229,14 +220,14 @@ async def test_restart_discards_the_unfinished_rig_session_and_starts_afresh(tmp
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app, gpus=2)
         await pilot.press("b")
-        await _wait(pilot, gated.entered.is_set)
+        await until(pilot, gated.entered.is_set)
         await pilot.press("x")
         gated.release.set()
-        await _wait(pilot, lambda: not app.bisect.running)
+        await until(pilot, lambda: not app.bisect.running)
         fresh = FakeRigTrial()
         monkeypatch.setattr(trial, "run_trial", fresh)
         await pilot.press("n")
-        await _wait(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
         assert dict(app.bisect.settings) == {"sim0": -40, "sim1": -55}
         assert fresh.calls[0][1].phase == "rig-baseline"  # from the start: the recording at stock again
         assert app.bisect.card("sim0").trials[0]["phase"] == "baseline"  # a new table, not the stopped one's
@@ -266,10 +257,10 @@ async def test_quit_when_the_rig_stops_at_once_still_says_the_session_is_kept(tm
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app, gpus=2)
         await pilot.press("b")
-        await _wait(pilot, lambda: app.bisect.running)
+        await until(pilot, lambda: app.bisect.running)
         app.stop_jobs()  # what a confirmed quit (or a hang-up) does first
         await app.workers.wait_for_complete()
-        await _wait(pilot, lambda: not app.bisect.running)  # the end was handled while the App still ran
+        await until(pilot, lambda: not app.bisect.running)  # the end was handled while the App still ran
     done = app.make_safe(wait_s=20)
     assert any("--device sim0,sim1 --resume" in line for line in done), done
     assert [backend.knob(f"sim{i}").current for i in range(2)] == [0, 0]
@@ -281,8 +272,8 @@ async def test_resume_with_no_rig_session_is_an_error_line_not_stopped(tmp_path,
         await _all_cards(pilot, app, gpus=2)
         await pilot.press("u")
         await app.workers.wait_for_complete()
-        await _wait(pilot, lambda: not app.bisect.running and bool(app.bisect.failure))
-        await pilot.pause(0.3)
+        await until(pilot, lambda: not app.bisect.running and bool(app.bisect.failure))
+        await until(pilot, lambda: "ERROR" in _text(app, "#bisect-status"))
         status = _text(app, "#bisect-status")
         assert "ERROR: no unfinished rig bisect" in status, status
         assert "STOPPED" not in status and "error:" not in status  # nothing was running to stop

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tests.actions.fakes import ClockOffsetSim
-from tests.tui.helpers import make_app, open_profiles, sim_backend
+from tests.polling import until
+from tests.tui.helpers import make_app, open_profiles, screen_text, sim_backend
 from tuner.profiles import build_profile, save_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
 from tuner.tuning import journal
@@ -68,10 +69,7 @@ async def test_profile_verify_is_guarded_and_uses_the_profiles_workload_and_lock
         assert isinstance(app.screen, ConfirmDialog)
         await pilot.press("y")
         await _settle(app, pilot)
-        for _ in range(100):
-            if not app.stress.running:
-                break
-            await pilot.pause(0.05)
+        await until(pilot, lambda: not app.stress.running)
         assert app.stress.verdict.startswith("verify fail"), app.stress.verdict
     [trial] = seen
     assert trial["guard"], "the verify ran without the crash guard"
@@ -95,7 +93,7 @@ async def test_bisect_form_blank_means_the_cards_defaults_in_its_unit(tmp_path, 
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
         await _settle(app, pilot)
         await pilot.press("3")
-        await pilot.pause(0.6)
+        await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#in-step")))
         inputs = {f: app.screen.query_one(f"#in-{f}") for f in ("step", "resolution", "margin", "trial", "mode")}
         assert {f: i.value for f, i in inputs.items()} == dict.fromkeys(inputs, "")
         assert {f: i.placeholder for f, i in inputs.items()} == {
@@ -129,10 +127,9 @@ async def test_palette_offers_one_quit_and_it_is_the_safe_one(tmp_path):
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"quit")
-        await pilot.pause(0.5)
+        await until(pilot, lambda: "Quit (q)" in screen_text(app), what="the palette offers Quit")
         await pilot.press("enter")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, ConfirmDialog), app.screen  # asked, did not leave
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the quit question")  # asked
         assert app.is_running
     assert backend.knob("sim0").current == -20  # still pending: nothing left behind the user's back
 
@@ -163,10 +160,7 @@ async def test_bisect_with_the_forms_defaults_runs_to_a_recommendation_on_a_mhz_
         app.screen.query_one("#in-trial").value = "1s"
         app.screen.query_one("#in-confirm").value = "2s"
         await pilot.press("b")
-        for _ in range(400):
-            if not app.bisect.running:
-                break
-            await pilot.pause(0.05)
+        await until(pilot, lambda: not app.bisect.running, timeout_s=60)
         rec = app.bisect.card("sim0").recommendation
         assert rec is not None, app.bisect.card("sim0").failure
         # 30 MHz steps pass up to the 150 MHz limit; 180 and 165 fail; 150 confirms; minus the 30 MHz margin

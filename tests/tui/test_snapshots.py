@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from tests.polling import until
 from tests.tui.helpers import make_app, rig_in_confirmation, sim_backend
 from tuner.profiles import Profile, build_profile, save_profile
 
@@ -35,9 +36,11 @@ def test_screen_snapshot(screen, size, snap_compare, tmp_path):
 
     async def run_before(pilot):
         await pilot.press(SCREEN_KEYS[screen])
-        await pilot.pause()
+        await until(pilot, lambda: app.current_mode == screen and app.screen.is_current)
+        if screen == "doctor":  # its checks run in a worker; the body replaces "running the checks"
+            await until(pilot, lambda: not app.screen.query_one("#doctor-loading").display)
         await app.workers.wait_for_complete()
-        await pilot.pause(0.6)
+        await pilot.pause()  # the workers' last messages, handled
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
@@ -56,7 +59,8 @@ def test_multi_card_dashboard_snapshot(snap_compare, tmp_path):
     app = _three_cards_in_a_rig_confirmation(tmp_path)
 
     async def run_before(pilot):
-        await pilot.pause(0.6)
+        await until(pilot, lambda: app.current_mode == "dashboard" and bool(app.screen.query("#card-rows")))
+        await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
@@ -69,6 +73,7 @@ def test_all_cards_bisect_snapshot(snap_compare, tmp_path):
 
     async def run_before(pilot):
         await pilot.press("3")
-        await pilot.pause(0.6)
+        await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#rig-cards")))
+        await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

@@ -75,3 +75,27 @@ def test_no_cli_flag_is_left_in_the_cores_messages_that_reach_the_ui():
             assert here != "bisect" or "Bisect screen" not in said, said
     # a whole command in backticks is plainly a shell line: left as it is
     assert for_people("then `tuner bisect --device sim0 --resume`") == "then `tuner bisect --device sim0 --resume`"
+
+
+# Issue 24: what the Bisect screen and the bisect job's life can show, as tuner.tuning.job / plan word it
+BISECT_LIFECYCLE = [
+    ("--resume and --restart exclude each other; pick one", "resume (u) and restart (n)"),
+    ("too short; give --trial and --confirm of at least 1 s (the defaults are 5m and 30m)", "trial and confirm"),
+    ("stopped; resume with --resume", "u resumes it"),
+    ("--device names a card twice or none: sim0,sim0; name each card once, or use --device all", "ALL CARDS"),
+    ("the engine ran with reduced sensitivity without --tolerance (a silent downgrade)", "`--tolerance`"),
+    ("3 compared steps: give a longer --trial / --confirm", "trial / confirm"),
+    ("a bound needs the length of a deciding trial (--trial) of at least 1 s; give --trial, e.g. 5m", "(trial)"),
+    ("the stock reference of this session is lost; run the baseline again (--restart)", "(n restarts it)"),
+    ("--step 10 is not a multiple of --resolution 3; e.g. --step 10 --resolution 5", "step 10 resolution 5"),
+    ("--margin 3 is not a positive multiple of this card's 5 mV step", "margin 3"),
+    ("no unfinished bisect session for sim0; start a new one without --resume", "start a new one with b"),
+]
+
+
+def test_every_bisect_lifecycle_message_is_said_in_the_screens_words():
+    for text, kept in BISECT_LIFECYCLE:
+        said = for_people(text, here="bisect")
+        assert not _flags(said) and "Bisect screen" not in said and kept in said, (text, said)
+        elsewhere = for_people(text)
+        assert not _flags(elsewhere), (text, elsewhere)

@@ -107,6 +107,7 @@ def test_save_writes_one_rig_profile_with_a_part_per_card(boot, fakes, capsys):
     code = cli.main([*SIM3, "bisect", "--device", "all", *FAST, "--save", "rig3"])
     out = capsys.readouterr().out
     assert code == 0 and "saved rig profile 'rig3' (3 cards)" in out
+    assert out.rstrip().endswith("next: tuner apply rig3")  # issue 24: a rig profile applies the same way
     profile = load_profile("rig3")
     parts = {p.device.serial: p for p in profile.parts}
     assert {s: p.setting.value for s, p in parts.items()} == {"SIM-0000-00": -40, "SIM-0000-01": -55,

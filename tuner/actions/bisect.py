@@ -4,6 +4,7 @@ and the `--save` name check before anything touches a card. `tuner bisect` and t
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,15 @@ from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles.schema import Profile
 from tuner.tuning.events import BisectEvent
-from tuner.tuning.job import BisectJob, BisectOutcome, BisectParams, CardOutcome, lock_at_baseline_clock
+from tuner.tuning.job import (
+    BisectEstimate,
+    BisectJob,
+    BisectOutcome,
+    BisectParams,
+    CardOutcome,
+    estimate_search,
+    lock_at_baseline_clock,
+)
 from tuner.tuning.plan import PlanParams
 
 
@@ -48,6 +57,14 @@ def bisect_defaults(knob: Knob) -> BisectDefaults:
     return BisectDefaults(PlanParams.defaults_for(knob), knob.unit)
 
 
+def bisect_estimate(backend: Backend, device_id: str, params: BisectParams) -> BisectEstimate:
+    """The plan a new bisect of this card runs (trials at most, the confirmation, the time at most), by the rule
+    the running bisect's ETA uses (tuner.tuning.job.time_left_s); UsageError for parameters it would refuse."""
+    from tuner.tuning import journal
+
+    return estimate_search(backend.knob(device_id), params, journal.unsafe_settings(device_id))
+
+
 def consent_question(device: DeviceInfo) -> str | None:
     """What a person must say yes to before a bisect changes a real card's voltage (None: a simulated card).
     Every front end asks it (the CLI on its terminal or through --yes, the App in a dialog)."""
@@ -55,6 +72,15 @@ def consent_question(device: DeviceInfo) -> str | None:
         return None
     return (f"Bisect will undervolt {device.label} ({device.id}) step by step; a step too far can freeze the "
             "machine (the tuner recovers after a reboot). Continue?")
+
+
+def after_save(name: str) -> str:
+    """The next step once a bisect's result is saved as a profile (one card's or a rig's: `tuner apply` takes
+    both), for the CLI; the UI says the same from where the user is (SAVED_NEXT_IN_UI)."""
+    return f"next: tuner apply {shlex.quote(name)}"
+
+
+SAVED_NEXT_IN_UI = "next: apply it from Profiles (4)"  # after_save's step, as the TUI offers it
 
 
 def check_save_name(name: str | None) -> None:

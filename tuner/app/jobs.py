@@ -245,6 +245,11 @@ class BisectRunner(_Job[BisectOutcome]):
     def device_ids(self) -> tuple[str, ...]:
         return self._device_ids
 
+    @property
+    def accepted(self) -> bool:
+        """`prepare` passed: the bisect got past its checks (before it, a refusal touched nothing)."""
+        return self._job is not None
+
     def _work(self) -> BisectOutcome:
         self._job = self._prepare()
         if self._on_prepared is not None:
@@ -335,6 +340,19 @@ def earlier_trials(device_id: str) -> EarlierTrials:
     from tuner.actions.safety_files import session_trials
 
     return EarlierTrials(session_trials(device_id), device=device_id)
+
+
+def unfinished_session(device_id: str) -> BisectState | None:
+    """The card's unfinished bisect session (its journal), as the Bisect screen shows it before anything ran in
+    this App: its trials so far and what continues it. None when it has none, or when its journal cannot be read
+    (a start then refuses and says why: that is where a damaged journal is explained)."""
+    from tuner.actions.safety_files import unfinished_session_trials
+
+    trials = unfinished_session_trials(device_id)
+    if trials is None:
+        return None
+    state = apply_bisect_event(BisectState(device_ids=(device_id,)), EarlierTrials(trials, device=device_id))
+    return replace(state, unfinished=f"{len(trials)} trials done; u continues it, n starts afresh")
 
 
 def _record_row(record: Mapping[str, object]) -> dict:

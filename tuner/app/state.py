@@ -142,6 +142,7 @@ class BisectState:
     outcome: BisectOutcome | None = None  # when it ended
     failure: str | None = None
     warnings: tuple[str, ...] = ()
+    unfinished: str | None = None  # a card's unfinished session, shown before anything ran (jobs.unfinished_session)
 
     @classmethod
     def started(cls, device_ids: tuple[str, ...]) -> BisectState:

@@ -175,6 +175,7 @@ class TunerApp(App[int]):
         self.selected_device_id = self.devices[0].id if self.devices else None
         self._stress_job: jobs.StressJob | jobs.VerifyJob | None = None
         self._bisect_job: jobs.BisectRunner | None = None
+        self._bisect_before = BisectState()  # what the Bisect screen showed before the start in progress
         # leaving (quit confirmed, hang-up): a job that ends now stays known, so make_safe still resets its cards
         # and says how to resume its session (a fast stop used to end it before make_safe ran, silently)
         self._leaving = False
@@ -511,6 +512,8 @@ class TunerApp(App[int]):
     def _begin_bisect(self, ids: tuple[str, ...], params: BisectParams) -> None:
         if self.busy:  # started while the question was open
             return
+        # the finished result stays until this start is accepted: a refused start puts it back (on_bisect_ended)
+        self._bisect_before = self.bisect
         self.bisect = BisectState.started(ids)
 
         def show_earlier_trials() -> None:  # a resumed session: each card's table starts with its earlier trials
@@ -530,7 +533,7 @@ class TunerApp(App[int]):
             summary = jobs.describe_bisect_result(runner.run())
         except Exception as e:  # noqa: BLE001 - a refused start (bad parameters, an unfinished session) lands here
             summary = f"{ERROR_PREFIX}{describe_error(e)}"  # too; said once, by on_bisect_ended (not a BackendFailed)
-        self.post_message(msg.BisectEnded(runner.device_ids, summary, runner.outcome))
+        self.post_message(msg.BisectEnded(runner.device_ids, summary, runner.outcome, accepted=runner.accepted))
 
     def stop_bisect(self) -> None:
         if self._bisect_job is not None and self.bisect.running:
@@ -551,8 +554,12 @@ class TunerApp(App[int]):
             failure = for_people(message.summary, here="bisect")  # shown on the Bisect screen
         elif outcome.status == "stopped" and len(message.device_ids) > 1:
             failure = "stopped by you; u resumes it (every card)"
-        self.bisect = replace(self.bisect, running=False, current=None, cards=cards, outcome=outcome, failure=failure,
-                              settings=dict(outcome.settings) if outcome is not None else self.bisect.settings)
+        if not message.accepted:  # refused before anything ran: the screen keeps what it showed, with the reason
+            self.bisect = replace(self._bisect_before, failure=failure)
+        else:
+            self.bisect = replace(self.bisect, running=False, current=None, cards=cards, outcome=outcome,
+                                  failure=failure,
+                                  settings=dict(outcome.settings) if outcome is not None else self.bisect.settings)
         if not self._leaving:
             self._bisect_job = None
         what = message.device_ids[0] if len(message.device_ids) == 1 else "every card"
@@ -564,7 +571,7 @@ class TunerApp(App[int]):
     def save_bisect_profile(self, name: str, device_id: str | None = None) -> None:
         """The finished bisect as a profile (tuner.actions.bisect, as the CLI's --save), in the user's store: one
         card's own result (`device_id`), or one rig profile of the settings confirmed together."""
-        from tuner.actions.bisect import profile_from_outcome, rig_profile_from_outcome
+        from tuner.actions.bisect import SAVED_NEXT_IN_UI, profile_from_outcome, rig_profile_from_outcome
         from tuner.actions.profile_store import save_profile
         from tuner.actions.screen.record import bundle_beside_profile
 
@@ -581,7 +588,8 @@ class TunerApp(App[int]):
         except TunerError as e:
             self.notify(for_people(e.one_line()), severity="error", timeout=10)
             return
-        self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}")
+        self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}; "
+                    f"{SAVED_NEXT_IN_UI}")
 
     # --- profiles -----------------------------------------------------------------------------------------------
     def apply_profile(self, profile: Profile, device_id: str) -> None:

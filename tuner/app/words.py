@@ -31,7 +31,7 @@ def _rules(here: str | None) -> tuple[tuple[re.Pattern[str], str], ...]:
          "or forget the failure on the command line (`tuner unsafe clear`) if you are sure"),
         (re.compile(r"use --preset nanochat"), "choose the nanochat preset (p on the Tune screen)"),
         (re.compile(r"--no-compile"), "the engine's compile turned off"),
-        (re.compile(r"with --tolerance"), "with the command line's `--tolerance`"),
+        (re.compile(r"(with(?:out)?) --tolerance"), r"\1 the command line's `--tolerance`"),
         (re.compile(r"\(--tolerance\)"), "(the tolerance comparison)"),
         (re.compile(r"tune this card with `tuner bisect`, or pass --force \(and ideally --verify DUR\)"),
          f"tune this card{on} (forcing it is the command line's `tuner apply --force`)"),
@@ -43,6 +43,9 @@ def _rules(here: str | None) -> tuple[tuple[re.Pattern[str], str], ...]:
          f"tune this card{on}"),
         (re.compile(r"--force does not override a vendor or knob mismatch"), "nothing overrides that"),
         (re.compile(r"(?<![\w`-])--(" + "|".join(FORM_FIELDS) + r")\b"), r"\1"),  # the form's field of that name
+        (re.compile(r"or use --device all"), f"or choose ALL CARDS (d{on})"),
+        (re.compile(r"(?<![\w-])--device\b"), "the cards chosen"),
+        (re.compile(r"\(--restart\)"), f"(n restarts it{on})"),
         (re.compile(r"--resume"), f"resume (u{on})"),
         (re.compile(r"--restart"), f"restart (n{on})"),
         # said again on the Bisect screen (a text put in the UI's words before it was known where it would show)

@@ -10,7 +10,14 @@ import sys
 import threading
 from argparse import Namespace
 
-from tuner.actions.bisect import check_save_name, consent_question, duration_text, prepare_bisect, rig_devices
+from tuner.actions.bisect import (
+    after_save,
+    check_save_name,
+    consent_question,
+    duration_text,
+    prepare_bisect,
+    rig_devices,
+)
 from tuner.actions.context import Context
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers, whole_number
@@ -468,6 +475,7 @@ def _save(args: Namespace, backend: Backend, outcome: BisectOutcome) -> None:
     else:
         print(f"saved rig profile {args.save!r} ({len(profile.rig_parts)} cards) to {path}"
               + (f"; left out: {', '.join(left_out)}" if left_out else ""))
+        print(after_save(args.save))
 
 
 def _save_card(args: Namespace, backend: Backend, device_id: str, card: CardOutcome) -> None:
@@ -484,6 +492,7 @@ def _save_card(args: Namespace, backend: Backend, device_id: str, card: CardOutc
                                      "reference": reference.to_dict()}) + "\n")
     else:
         print(f"saved profile {args.save!r} to {path}{reference.text()}")
+        print(after_save(args.save))
 
 
 def _save_from_last(args: Namespace, backend: Backend, device_id: str) -> int:

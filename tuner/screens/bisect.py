@@ -19,7 +19,7 @@ from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 from tuner.actions.bisect import bisect_defaults
 from tuner.app import form_memory, jobs
 from tuner.app.state import BisectState, CardState, of_about
-from tuner.app.words import for_people
+from tuner.app.words import BISECT, for_people
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Knob, Mode
@@ -27,7 +27,7 @@ from tuner.core.numbers import parse_whole_number
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
 from tuner.tuning.events import FINISHING, Recommendation
-from tuner.tuning.job import BisectParams
+from tuner.tuning.job import BisectEstimate, BisectParams
 from tuner.tuning.sensitivity import detection_rate_text
 from tuner.widgets.history_plot import HistoryPlot
 
@@ -37,11 +37,15 @@ FIELDS = (
     ("step", "step", "int", "step"),
     ("resolution", "res", "int", "resolution"),
     ("margin", "margin", "int", "margin"),
+    ("floor", "floor", "int", "floor"),
     ("trial", "trial", "duration", "trial_s"),
     ("confirm", "confirm", "duration", "confirm_s"),
-    ("floor", "floor", "int", "floor"),
     ("mode", "mode", "mode", "mode"),
 )
+# Each field holds its longest valid value and the cursor after it: a setting with its unit ("-300 mV",
+# "+1000 MHz"), a duration ("1h30m"), a mode ("mixed"). Two rows at 80 columns; the plan sits beside the second.
+FIELD_WIDTHS = {"step": 8, "resolution": 8, "margin": 8, "floor": 10, "trial": 6, "confirm": 6, "mode": 6}
+FIRST_ROW = ("step", "resolution", "margin", "floor")
 COLUMNS = ("setting", "phase", "verdict", "why", "tok/s", "W", "tok/J", "max °C")
 WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table; below, g swaps them
 KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
@@ -119,12 +123,14 @@ def trial_cells(row: Mapping[str, Any], unit: str) -> tuple[str, ...]:
 
 class BisectScreen(TunerScreen):
     TITLE = "Bisect"
+    # Back from a dialog or another screen with nothing focused, Textual focuses AUTO_FOCUS: by default the first
+    # focusable widget, the step field, where the footer's next key (e, b, v) would be typed. The table instead: a
+    # field takes keys only after `f` gives it focus, which it shows reversed (no colour needed), until esc or enter.
+    AUTO_FOCUS = "#bisect-trials"
     DEFAULT_CSS = """
-    BisectScreen #bisect-form { height: 1; padding: 0 1; }
-    BisectScreen #bisect-form Label { width: auto; padding: 0; }
-    BisectScreen #bisect-form Input { width: 6; }
-    BisectScreen #bisect-form #in-trial, BisectScreen #bisect-form #in-confirm { width: 4; }
-    BisectScreen #bisect-form #in-floor { width: 5; }
+    BisectScreen .bisect-form { height: 1; padding: 0 1; }
+    BisectScreen .bisect-form Label { width: auto; padding: 0 1 0 0; }
+    BisectScreen #bisect-plan { width: 1fr; }
     BisectScreen #bisect-status { height: 2; padding: 0 1; }
     BisectScreen #bisect-progress { height: 1; padding: 0 1; }
     BisectScreen #bisect-main { height: 1fr; }
@@ -157,10 +163,16 @@ class BisectScreen(TunerScreen):
     ]
 
     def compose_body(self) -> ComposeResult:
-        with Horizontal(id="bisect-form"):
-            for field_id, label, _kind, _name in FIELDS:
-                yield Label(f"{label}:")  # each input is a cell wider than its text: that cell is the gap
-                yield Input(id=f"in-{field_id}", compact=True)
+        for row, fields in (("bisect-form", FIRST_ROW), ("bisect-form-2", None)):
+            with Horizontal(id=row, classes="bisect-form"):
+                for field_id, label, _kind, _name in FIELDS:
+                    if (field_id in FIRST_ROW) == (fields is not None):
+                        field = Input(id=f"in-{field_id}", compact=True)
+                        field.styles.width = FIELD_WIDTHS[field_id]
+                        yield Label(f"{label}:")
+                        yield field
+                if fields is None:
+                    yield Static(id="bisect-plan")
         yield Static(id="bisect-status")
         yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")
         yield Static(id="rig-cards")
@@ -176,6 +188,7 @@ class BisectScreen(TunerScreen):
     def on_mount(self) -> None:
         super().on_mount()
         self._painted: tuple[object, ...] | None = None
+        self._resting: tuple[tuple, BisectState] | None = None  # (card, bisect running, its outcome), its session
         self._defaults_for: object = None
         self._recall_form()
         self.query_one("#bisect-trials", DataTable).focus()
@@ -301,7 +314,9 @@ class BisectScreen(TunerScreen):
         if not state.device_id or not any(r.get("verdict") not in (None, "running") for r in state.trials):
             self.notify("no finished trials to export yet", severity="warning")
             return
-        default = f"~/bisect-{state.device_id}-{state.session or 'trials'}.csv"
+        from tuner.actions.exports import report_export_path
+
+        default = str(report_export_path(state.device_id, state.session))  # as Profiles' e and `tuner report`
         self.app.push_screen(TextInputDialog("Export the trials to (.csv or .json):", value=default), self._export)
 
     def _export(self, path: str | None) -> None:
@@ -382,7 +397,13 @@ class BisectScreen(TunerScreen):
         includes that card (after a bisect of every card: that card's own search); else none yet."""
         job, app = self.app.bisect, self.app
         mine = len(job.device_ids) > 1 if app.bisect_all else app.selected_device_id in job.device_ids
-        return job if mine else BisectState()
+        if mine or app.bisect_all or not app.selected_device_id:
+            return job if mine else BisectState()
+        # nothing ran here for this card: its unfinished session, if any (read again once a bisect started or ended)
+        key = (app.selected_device_id, job.running, id(job.outcome))
+        if self._resting is None or self._resting[0] != key:
+            self._resting = (key, jobs.unfinished_session(app.selected_device_id) or BisectState())
+        return self._resting[1]
 
     def repaint(self) -> None:
         app = self.app
@@ -419,6 +440,8 @@ class BisectScreen(TunerScreen):
             status.append(f"ERROR: {job.failure.removeprefix('error: ')}", style="bold")
         elif every and job.outcome is not None:
             status.append(f"FINISHED: {getattr(job.outcome, 'status', '')}")
+        elif job.unfinished:
+            status.append(f"UNFINISHED: {job.unfinished}", style="bold")
         elif not every and card.trials:
             status.append("FINISHED")
         elif every:
@@ -429,13 +452,15 @@ class BisectScreen(TunerScreen):
         self.query_one("#bisect-status", Static).update(status)
         progress = cur.get("progress") or 0.0
         if not card.running:
-            progress = 1.0 if card.recommendation is not None or (card.trials and not card.failure) else 0.0
+            progress = 1.0 if card.recommendation is not None or (card.trials and not card.failure
+                                                                   and not job.unfinished) else 0.0
         self.query_one("#bisect-progress", ProgressBar).update(progress=progress)
         if every:
             self.query_one("#rig-cards", Static).update(
                 Text("\n").join(rig_card_line(job, d.id, selected=d.id == selected) for d in app.devices))
             self.query_one("#rig-attempts", Static).update(rig_attempts_text(job))
         self._show_defaults(knob)
+        self._paint_plan(job)
         shown = (job.device_ids or (selected,)) if every else (selected,)
         simulated = any(app.device(d).simulated for d in shown if d)
         if self._paint_table(card, unit, selected) and not every:
@@ -443,6 +468,23 @@ class BisectScreen(TunerScreen):
                 recommendation_text(card.recommendation, unit, simulated=simulated))
         elif every:
             self.query_one("#bisect-result", Static).update(rig_result_text(job, simulated=simulated))
+
+    def _paint_plan(self, job: BisectState) -> None:
+        """Before a start: what b runs with the form as it is (trials at most, the confirmation, the time at
+        most), by the core rule the running bisect's ETA uses; a form it would refuse says which field."""
+        from tuner.actions.bisect import bisect_estimate
+
+        device_id = self.app.selected_device_id
+        text = ""
+        if not job.running and device_id:
+            knob = self._knob()
+            try:
+                params = parse_form(self._form_values(), unit=knob.unit if knob else "")
+                text = plan_text(bisect_estimate(self.app.backend, device_id, params), every=self.app.bisect_all)
+            except TunerError as e:
+                text = f"plan: {for_people(e.message, here=BISECT)}"
+        plan = self.query_one("#bisect-plan", Static)
+        plan.update(_fit(text, plan.size.width or LINE_WIDTH))  # a refusal is cut; b says it in full
 
     def _paint_table(self, state: CardState, unit: str, device_id: str | None) -> bool:
         """The trial table, its detail line and the efficiency plot, when they changed. True: repainted."""
@@ -475,6 +517,15 @@ def _placeholders(knob: Knob | None) -> dict[str, str]:
         return {}
     defaults = bisect_defaults(knob)
     return {field_id: defaults.text(name) for field_id, _label, _kind, name in FIELDS}
+
+
+def plan_text(estimate: BisectEstimate, *, every: bool = False) -> str:
+    """`≤24 trials · confirm 30m · ≤2h25m`: one card's new search at most (ALL CARDS: each card's, then the rig)."""
+    from tuner.actions.bisect import duration_text
+
+    head = "each card " if every else "plan "
+    return (f"{head}≤{estimate.trials} trials, confirm {duration_text(estimate.confirm_s)}, "
+            f"≤{format_duration(estimate.duration_s)}")
 
 
 def setting_text_short(knob: Knob | None) -> str:

@@ -78,11 +78,13 @@ class BisectEventReceived(Message):
 
 
 class BisectEnded(Message):
-    """The App's bisect of these cards (one, or every card at once) ended: its summary and BisectOutcome."""
+    """The App's bisect of these cards (one, or every card at once) ended: its summary and BisectOutcome.
+    `accepted`: it got past its checks (False: refused before anything was touched)."""
 
-    def __init__(self, device_ids: tuple[str, ...], summary: str, outcome: BisectOutcome | None = None) -> None:
+    def __init__(self, device_ids: tuple[str, ...], summary: str, outcome: BisectOutcome | None = None, *,
+                 accepted: bool = True) -> None:
         super().__init__()
-        self.device_ids, self.summary, self.outcome = device_ids, summary, outcome
+        self.device_ids, self.summary, self.outcome, self.accepted = device_ids, summary, outcome, accepted
 
 
 class ProfileChecked(Message):

@@ -118,11 +118,55 @@ class BisectParams:
 
     def plan_params(self, knob: Knob) -> PlanParams:
         """The plan's parameters for `knob`: a None here is the plan's default for that card."""
-        return PlanParams.defaults_for(knob, step=self.step, resolution=self.resolution, margin=self.margin,
-                                       floor=self.floor, bound_s=self.bound_s, trial_s=self.trial_s)
+        return search_plan_params(knob, self.search())
 
     def search(self) -> dict:
         return {k: getattr(self, k) for k in self.SEARCH_KEYS}
+
+
+def search_plan_params(knob: Knob, search: dict) -> PlanParams:
+    """A search's plan parameters on `knob` (a None: the card's default): the baseline replayed at stock and a
+    control after a mismatch, except in the GEMM burn (no trajectory to replay)."""
+    return PlanParams.defaults_for(knob, step=search["step"], resolution=search["resolution"],
+                                   margin=search["margin"], floor=search["floor"],
+                                   replay_baseline=search["mode"] != "gemm", stock_control=True,
+                                   bound_s=search.get("bound_s"), trial_s=float(search["trial_s"]))
+
+
+def card_plan(knob: Knob, params: PlanParams, unsafe: dict) -> BisectPlan:
+    """The plan of one card's search, its unsafe list (journal.unsafe_settings) excluded."""
+    return BisectPlan(knob, params, unsafe=list(unsafe), unsafe_edge=any(e.get("edge") for e in unsafe.values()))
+
+
+def confirm_time_s(confirm_s: float, bound_s: float | None) -> float:
+    """How long one confirmation takes at most: `--confirm`, or with `--bound` the bound's whole evidence at the
+    mixed load's share (the plan sizes it)."""
+    return confirm_s if bound_s is None else bounds.load_needed_s(float(bound_s)) / MIXED_LOAD_FRACTION
+
+
+def time_left_s(short_trials: int, confirms: int, trial_s: float, confirm_s: float) -> float:
+    """How long `short_trials` trials and `confirms` confirmations take at most, each at its full length: the one
+    rule behind the CLI's and the UI's `bisect ~N left` and the plan shown before a start (BisectEstimate)."""
+    return short_trials * trial_s + confirms * confirm_s
+
+
+@dataclass(frozen=True)
+class BisectEstimate:
+    """What a new search of one card will run, before it starts: at most `trials` trials (the confirmation
+    included), one confirmation of `confirm_s`, at most `duration_s` in all (BisectPlan.remaining_estimate: a
+    descent to the range end or floor; a failure on the way shortens it)."""
+
+    trials: int
+    confirm_s: float
+    duration_s: float
+
+
+def estimate_search(knob: Knob, params: BisectParams, unsafe: dict) -> BisectEstimate:
+    """The plan a new search of `knob` with `params` runs (UsageError for parameters the job would refuse)."""
+    plan = card_plan(knob, params.plan_params(knob), unsafe)
+    short, confirms = plan.remaining_estimate([])
+    confirm_s = confirm_time_s(params.confirm_s, params.bound_s)
+    return BisectEstimate(short + confirms, confirm_s, time_left_s(short, confirms, params.trial_s, confirm_s))
 
 
 @dataclass(frozen=True)
@@ -679,13 +723,9 @@ class _Search:
         knob = self.knob
         device = self.backend.device(self.device_id)
         j, search, resumed = self._open_session(knob)
-        plan_params = PlanParams.defaults_for(knob, step=search["step"], resolution=search["resolution"],
-                                              margin=search["margin"], floor=search["floor"],
-                                              replay_baseline=search["mode"] != "gemm", stock_control=True,
-                                              bound_s=search.get("bound_s"), trial_s=float(search["trial_s"]))
+        plan_params = search_plan_params(knob, search)
         unsafe = journal.unsafe_settings(self.device_id, self.backend)  # the machine's list too, via the helper
-        plan = BisectPlan(knob, plan_params, unsafe=list(unsafe),
-                          unsafe_edge=any(e.get("edge") for e in unsafe.values()))
+        plan = card_plan(knob, plan_params, unsafe)
         search = {**search, "step": plan_params.step, "resolution": plan_params.resolution,
                   "margin": plan_params.margin}
         self._emit(SessionStarted(session=j.session, device=self.device_id, label=device.label, unit=knob.unit,
@@ -847,10 +887,9 @@ class _Search:
         index = len(results) + 1
         open_trial = j.begin_trial(decision.phase, setting=decision.setting)
         short, confirms = plan.remaining_estimate([PlanResult.from_record(r) for r in j.trials])
-        trial_s, confirm_s = float(search["trial_s"]), float(search["confirm_s"])
-        if search.get("bound_s") is not None:  # sized: a confirmation takes at most the bound's whole evidence
-            confirm_s = bounds.load_needed_s(float(search["bound_s"])) / MIXED_LOAD_FRACTION
-        rest_s = short * trial_s + confirms * confirm_s  # an upper bound: a screen is a tenth of a --trial
+        trial_s = float(search["trial_s"])
+        confirm_s = confirm_time_s(float(search["confirm_s"]), search.get("bound_s"))
+        rest_s = time_left_s(short, confirms, trial_s, confirm_s)  # an upper bound: a screen is a tenth of a --trial
         rest_s = max(0.0, rest_s - (confirm_s if decision.phase == CONFIRM else trial_s))
         self._emit(TrialStarted(index=index, setting=decision.setting, unit=knob.unit, phase=decision.phase,
                                 duration_s=tp.duration_s, started_at=open_trial["started_at"],

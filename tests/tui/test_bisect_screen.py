@@ -1,0 +1,151 @@
+"""Issue 24, the Bisect screen: footer keys never type into the form (a field takes keys only while it visibly has
+focus), fields wide enough for what they hold, the plan shown before a start, a failed start keeps the finished
+result, notices in the UI's words, the shared export default, an unfinished session's trials shown on opening."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Input
+
+from tests.tui.helpers import make_app, screen_text, sim_backend, until
+from tests.tuning.fake_engine import FakeEngine
+from tuner.screens.bisect import FIELDS, BisectScreen
+from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
+
+
+@pytest.fixture(autouse=True)
+def boot_id(boot):
+    """Every test here runs on a fake /proc with a known boot id (the journal records it)."""
+
+
+def _app(tmp_path, engine=None):
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    return make_app(tmp_path, backend=backend, samples=1,
+                    bisect_options={"engine_factory": engine or FakeEngine(),
+                                    "kernel_watcher_factory": lambda _card: None})
+
+
+def _form(app) -> dict[str, str]:
+    screen = next(s for s in app.screen_stack if isinstance(s, BisectScreen))
+    return {f: screen.query_one(f"#in-{f}", Input).value for f, *_ in FIELDS}
+
+
+async def _finished_bisect(app, pilot) -> None:
+    await pilot.press("3")
+    await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
+    for field_id, value in (("trial", "1s"), ("confirm", "2s")):
+        app.screen.query_one(f"#in-{field_id}", Input).value = value
+    await pilot.press("b")
+    await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None, timeout_s=60,
+                what="a finished bisect")
+    await until(pilot, lambda: "RECOMMENDED" in screen_text(app), what="the result on screen")
+
+
+async def _back_to_the_screen(app, pilot) -> None:
+    """Close whatever a key opened (a dialog) and wait for the bisect a key started to end."""
+    while not isinstance(app.screen, BisectScreen):
+        top = app.screen
+        assert isinstance(top, (TextInputDialog, ConfirmDialog, KeepOrRevertDialog)), top
+        await pilot.press("escape")
+        await until(pilot, lambda top=top: app.screen is not top, what="the dialog to close")
+    await until(pilot, lambda: not app.bisect.running and not app.jobs_running(), timeout_s=60,
+                what="the job a key started to end")
+
+
+async def test_footer_keys_after_a_finished_bisect_change_no_field(tmp_path):
+    """The issue's sequence (a, k, v, e, b) and then every key the key bar shows: the form holds what it held."""
+    app = _app(tmp_path)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await _finished_bisect(app, pilot)
+        before = _form(app)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, KeepOrRevertDialog), what="keep or revert")
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the save dialog after keep")
+        await pilot.press("v", "enter")  # the name field has visible focus (a heavy frame): saved as v...
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen))
+        for key in ("e", "b", "v"):
+            await pilot.press(key)
+            await pilot.pause()
+            await _back_to_the_screen(app, pilot)
+            assert _form(app) == before, f"after {key!r}"
+        keys = [b.key for b in app.screen.footer_bindings()]
+        assert {"a", "v", "e", "b", "u"} <= set(keys), keys
+        for key in keys + keys:  # twice: what one key leaves behind (g hides the table) meets every other key
+            await pilot.press(key)
+            await pilot.pause()
+            if isinstance(app.screen, BisectScreen) and isinstance(app.screen.focused, Input):
+                await pilot.press("escape")  # f: the form, visibly focused; esc leaves it
+                await until(pilot, lambda: not isinstance(app.screen.focused, Input), what="esc leaves the form")
+            await _back_to_the_screen(app, pilot)
+            assert not isinstance(app.screen.focused, Input), f"a field kept focus after {key!r}"
+            assert _form(app) == before, f"after {key!r}"
+
+
+async def test_a_screen_with_nothing_focused_gives_focus_to_the_table_not_a_field(tmp_path):
+    """Back from a dialog with nothing focused (a terminal that was too small, a click on a label), the screen's
+    automatic focus went to its first focusable widget: the step field, so the footer's next `e` typed `e` there."""
+    app = _app(tmp_path)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await _finished_bisect(app, pilot)
+        before = _form(app)
+        app.screen.set_focus(None)
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the export dialog")
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen))
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog) or _form(app) != before,
+                    what="the export dialog again")
+        assert _form(app) == before
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen))
+        assert not isinstance(app.screen.focused, Input)
+
+
+async def test_each_field_is_labelled_and_shows_its_longest_valid_value_at_80x24(tmp_path):
+    app = _app(tmp_path)
+    longest = {"step": "100 mV", "resolution": "50 mV", "margin": "100 mV", "floor": "-200 mV", "trial": "1h30m",
+               "confirm": "1h30m", "mode": "mixed"}
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
+        for field_id, value in longest.items():
+            app.screen.query_one(f"#in-{field_id}", Input).value = value
+        labels = {f: label for f, label, *_ in FIELDS}
+        await until(pilot, lambda: all(f"{labels[f]}: {v}" in screen_text(app) for f, v in longest.items()),
+                    what="every field's label and whole value")
+
+
+async def test_the_plan_is_shown_before_a_start_by_the_core_rule(tmp_path):
+    from tuner.actions.bisect import bisect_estimate
+    from tuner.tuning.job import BisectParams
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
+        est = bisect_estimate(app.backend, "sim0", BisectParams())
+        await until(pilot, lambda: f"plan ≤{est.trials} trials, confirm 30m, ≤2h25m" in screen_text(app),
+                    what="the default plan")
+        app.screen.query_one("#in-trial", Input).value = "10s"
+        app.screen.query_one("#in-floor", Input).value = "-100"
+        est = bisect_estimate(app.backend, "sim0", BisectParams(trial_s=10, floor=-100))
+        assert est.trials < 24 and est.duration_s == (est.trials - 1) * 10 + 1800
+        await until(pilot, lambda: f"plan ≤{est.trials} trials, confirm 30m, ≤32m" in screen_text(app),
+                    what="the plan after the form changed")
+
+
+async def test_the_export_default_is_the_one_the_cli_and_profiles_use(tmp_path, monkeypatch):
+    from tuner.actions.exports import report_export_path
+
+    monkeypatch.chdir(tmp_path)
+    app = _app(tmp_path)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await _finished_bisect(app, pilot)
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the export dialog")
+        expected = report_export_path("sim0", app.bisect.card("sim0").session)
+        assert app.screen.query_one(Input).value == str(expected) and expected.parent == tmp_path
+        await pilot.press("enter")
+        await until(pilot, expected.exists, what="the export written")
