@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from tests.profiles.helpers import AMD_KNOB, NV_KNOB, RTX4090, RX9070, save_and_apply, sim, sim_profile, tuner
+from tuner.backends.base import Backend
 from tuner.profiles import build_profile, save_profile
 from tuner.profiles.identity import Match, fingerprint, match_device
 
@@ -91,8 +92,10 @@ def test_cli_picks_the_profiles_own_card_among_several(capsys):
     assert out.startswith("sim1") and sim().knob("sim1").current == -30 and sim().knob("sim0").current == 0
 
 
-class FakeBackend:
-    """A fake 'real' backend: one card with the given identity and knob, recording applies."""
+class FakeBackend(Backend):
+    """A fake 'real' backend: one card with the given identity and knob, recording applies. A Backend, so every
+    hook the commands call (keep, the safety state's unsafe_entries, claim, ...) behaves as the base class does
+    in-process; what these tests never reach fails loudly."""
 
     simulated = False
     name = "fake"
@@ -120,8 +123,17 @@ class FakeBackend:
         """Backend.keep: `apply --yes` confirms the value it wrote (through the root helper it stays)."""
         assert device_id == self._device.id and self.applied
 
-    def close(self):
-        pass
+    def telemetry(self, device_id):
+        raise AssertionError("not reached by these tests")
+
+    def reset(self, device_id, *, force=False):
+        raise AssertionError("not reached by these tests")
+
+    def capabilities(self, device_id):
+        raise AssertionError("not reached by these tests")
+
+    def stress_target(self, device_id):
+        raise AssertionError("not reached by these tests")
 
 
 @pytest.mark.parametrize(("profile_args", "target", "knob", "code", "says"), [
