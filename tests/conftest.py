@@ -65,3 +65,40 @@ def _signal_handlers_restored():
     for sig, handler in before.items():
         if signal.getsignal(sig) is not handler and handler is not None:
             signal.signal(sig, handler)
+
+
+MACHINE_WIDE_LOCK = Path("/tmp/tuner-tests-machine-wide.lock")
+TURNSTILE = Path("/tmp/tuner-tests-machine-wide.turnstile")  # a waiting exclusive holder is not starved
+
+
+@pytest.fixture(autouse=True)
+def _machine_wide_processes():
+    """Some tests start a process the whole machine sees (a fake `lactd`: tests/fake_other_tools.py), and the
+    other-tools check of every real-backend write scans the real process table, so in the other pytest-xdist
+    worker a boot apply would meet it and refuse. Every test holds this lock shared; a test that starts such a
+    process takes it exclusively (`machine_wide_exclusive`) for its life, so none runs beside it."""
+    import fcntl
+
+    with MACHINE_WIDE_LOCK.open("a+") as lock, TURNSTILE.open("a+") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_SH)  # waits while an exclusive holder is queued
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield lock
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def machine_wide_exclusive(lock) -> None:
+    """Upgrade the test's shared hold on MACHINE_WIDE_LOCK: returns once no other test runs. The turnstile stops
+    new tests from starting meanwhile; the shared hold is dropped before waiting there, so two upgrades cannot
+    deadlock."""
+    import fcntl
+
+    fcntl.flock(lock, fcntl.LOCK_UN)  # first: a test waiting at the turnstile holds nothing another waits for
+    with TURNSTILE.open("a+") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)

@@ -8,13 +8,16 @@ import time
 
 import pytest
 
+from tests.conftest import machine_wide_exclusive
 from tuner.actions import other_tools
 
 
 @pytest.fixture
-def fake_lactd(tmp_path):
+def fake_lactd(tmp_path, _machine_wide_processes):
     """A real process whose name (comm) is lactd: a copy of `sleep` under that name, found by the real process
-    scan (psutil), as a running LACT daemon is."""
+    scan (psutil), as a running LACT daemon is. The whole machine sees it: no other test runs while it lives
+    (tests/conftest.py, `machine_wide_exclusive`)."""
+    machine_wide_exclusive(_machine_wide_processes)
     exe = tmp_path / "bin/lactd"
     exe.parent.mkdir()
     shutil.copy(shutil.which("sleep"), exe)
