@@ -40,6 +40,20 @@ class TooLarge(OSError):
     """The file returned more than the cap: it is not the attribute we meant to read."""
 
 
+
+def read_at_most(fd: int, max_bytes: int) -> bytes:
+    """Read `fd` to its end, but never more than `max_bytes` + 1 bytes: a caller that gets more knows the file is
+    over its cap without having read all of an endless one (/dev/zero)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= max_bytes:
+        chunk = os.read(fd, max_bytes + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
 def _kind(mode: int) -> str:
     if stat.S_ISFIFO(mode):
         return "a FIFO"
@@ -70,15 +84,7 @@ def read_bytes(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES,
 
     def read() -> None:  # owns fd from here on: closes it even when the caller gave up waiting
         try:
-            chunks: list[bytes] = []
-            size = 0
-            while size <= max_bytes:
-                chunk = os.read(fd, max_bytes + 1 - size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            box["data"] = b"".join(chunks)
+            box["data"] = read_at_most(fd, max_bytes)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             box["error"] = e
         finally:

@@ -26,6 +26,7 @@ import stat
 from pathlib import Path
 
 from tuner.core import paths
+from tuner.core.kernel_files import read_at_most
 
 
 class UnsafeStatePath(OSError):
@@ -165,15 +166,9 @@ def read_file(path: Path, max_bytes: int) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UnsafeStatePath(path, "is not a regular file", "move it aside")
         os.set_blocking(fd, True)
-        chunks, size = [], 0
-        while size <= max_bytes:
-            chunk = os.read(fd, max_bytes + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > max_bytes:
+        data = read_at_most(fd, max_bytes)
+        if len(data) > max_bytes:
             raise UnsafeStatePath(path, f"is larger than {max_bytes} bytes", "move it aside")
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
