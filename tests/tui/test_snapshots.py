@@ -39,6 +39,8 @@ def test_screen_snapshot(screen, size, snap_compare, tmp_path):
         await until(pilot, lambda: app.current_mode == screen and app.screen.is_current)
         if screen == "doctor":  # its checks run in a worker; the body replaces "running the checks"
             await until(pilot, lambda: not app.screen.query_one("#doctor-loading").display)
+        if screen == "profiles":  # the list and the boot service's status are read in workers
+            await until(pilot, lambda: app.screen.lists_read >= 1 and app.boot_status is not None)
         await app.workers.wait_for_complete()
         await pilot.pause()  # the workers' last messages, handled
 

@@ -651,6 +651,7 @@ class TunerApp(App[int]):
 
     def on_boot_service_read(self, message: msg.BootServiceRead) -> None:
         self.boot_status = message.status
+        self.repaint_screens()  # shown as it arrives, not on the next tick (a snapshot under load caught the gap)
 
     def change_boot_service(self, profile_name: str | None, *, overwrite: bool = False) -> None:
         """Install the boot service for `profile_name`, or remove it (None). The caller asked first."""

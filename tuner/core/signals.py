@@ -206,6 +206,8 @@ class Inbox:
                  tb: TracebackType | None) -> None:
         if not self.active:
             return
+        if _ends_process and self.first is not None:
+            ending()  # the process ends on the signal recorded here: a later one must not cut its last line short
         for sig, handler in self._previous.items():
             # a process already ending keeps ignoring fatal signals (`ending`), whatever was there before
             ignoring = signal.getsignal(sig) == signal.SIG_IGN
