@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO
+from tests.for_others import code_for_others, python_for_others, pythonpath_for_others
 from tuner.core import paths
 
 
@@ -113,12 +114,13 @@ def test_reset_as_a_user_whose_state_directory_is_mode_0555(tmp_path):
 def _reset_as_nobody(home: Path) -> None:
     os.chmod(home, 0o755)
     uid = gid = 65534
-    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(home / "state"), "HOME": str(home)}
+    env = {**os.environ, "PYTHONPATH": pythonpath_for_others(), "XDG_STATE_HOME": str(home / "state"),
+           "HOME": str(home)}
 
     def as_user(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", sys.executable,
-                               "-m", "tuner", "--simulate", *args], capture_output=True, text=True, env=env,
-                              cwd=REPO, timeout=120)
+        return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                               *python_for_others(), "-m", "tuner", "--simulate", *args], capture_output=True,
+                              text=True, env=env, cwd=code_for_others(), timeout=120)
 
     os.chown(home, uid, gid)
     assert as_user("set", "--device", "sim0", "--offset", "-30", "--yes").returncode == 0

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO
+from tests.for_others import code_for_others, python_for_others, pythonpath_for_others
 from tests.polling import wait_until  # noqa: F401 - the helper tests' one wait, re-exported
 from tuner.helper.server import wait_for_socket
 
@@ -189,37 +190,13 @@ def helpers(world: Path) -> Iterator[Callable[..., HelperProcess]]:
             helper.stop()
 
 
-def runnable_by_others(executable: str) -> bool:
-    """Whether any account may run this interpreter (every directory above it searchable, the file executable)."""
-    path = Path(os.path.realpath(executable))
-    return all(p.stat().st_mode & 0o001 for p in path.parents) and bool(path.stat().st_mode & 0o001)
-
-
-# the checkout and this venv's packages, for an interpreter that is not the venv's own
-PYTHONPATH_FOR_OTHERS = os.pathsep.join([str(REPO), *(p for p in sys.path if p.endswith("site-packages"))])
-
-
-def python_for_others() -> list[str]:
-    """An interpreter the test accounts may run, with this venv's packages (PYTHONPATH_FOR_OTHERS): the venv's
-    own, or the system's of the same version (a venv built on a Python under /root is closed to them)."""
-    if runnable_by_others(sys.executable):
-        return [sys.executable]
-    system = Path("/usr/bin/python3")
-    if system.exists() and runnable_by_others(str(system)):
-        version = subprocess.run([str(system), "-c", "import sys; print(sys.version_info[:2])"],
-                                 capture_output=True, text=True).stdout.strip()
-        if version == str(sys.version_info[:2]):
-            return [str(system)]
-    pytest.skip("no interpreter of this Python version that other accounts may run")
-
-
 def as_user(account: Account | None, *args: str, env: dict | None = None, **kwargs) -> subprocess.Popen:
     """`python -m <args>` as `account` (None: uid 65534 with no groups at all), from the checkout."""
     drop = (["setpriv", f"--reuid={account.uid}", f"--regid={account.gid}", "--init-groups"] if account else
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
     home = str(account.home) if account else "/"
-    full_env = {"PATH": os.environ["PATH"], "PYTHONPATH": PYTHONPATH_FOR_OTHERS, "HOME": home, **(env or {})}
-    proc = subprocess.Popen([*drop, *python_for_others(), "-m", *args], cwd=REPO, env=full_env,
+    full_env = {"PATH": os.environ["PATH"], "PYTHONPATH": pythonpath_for_others(), "HOME": home, **(env or {})}
+    proc = subprocess.Popen([*drop, *python_for_others(), "-m", *args], cwd=code_for_others(), env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     _started.append(proc)
     return proc

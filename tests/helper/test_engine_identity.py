@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from tests.cli_helpers import REPO
-from tests.helper.conftest import PYTHONPATH_FOR_OTHERS, needs_root, python_for_others, runnable_by_others, wait_until
+from tests.for_others import python_for_others, pythonpath_for_others, runnable_by_others
+from tests.helper.conftest import needs_root, wait_until
 from tuner.core.privileges import EngineIdentity, EngineRefused, engine_identity
 
 
@@ -63,7 +64,7 @@ def test_a_sudo_started_stress_runs_the_engine_as_the_sudo_user(accounts, world)
     group = accounts.group()
     ann = accounts.user(group)
     record = world / "run.ref"
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH_FOR_OTHERS, "SUDO_UID": str(ann.uid),
+    env = {**os.environ, "PYTHONPATH": pythonpath_for_others(), "SUDO_UID": str(ann.uid),
            "SUDO_GID": str(ann.gid), "SUDO_USER": ann.name}
     tuner = subprocess.Popen([*python, "-m", "tuner", "--simulate", "stress", "--device", "sim0", "--steps", "20",
                               "--record", str(record)], cwd=REPO, env=env, stdout=subprocess.PIPE,
