@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported in compile_model only: cli.py imports this module before torch
+    import torch
+
+    from tuner.engine.model import GPT
 
 
 def cache_root(explicit: str | None) -> Path:
@@ -35,7 +42,7 @@ def cpu_compile_problem() -> str | None:
     return None
 
 
-def compile_model(model):
+def compile_model(model: GPT) -> Callable[..., torch.Tensor]:
     """The model compiled with Inductor in deterministic mode, and the optimizer updates compiled too."""
     import torch
     import torch._inductor.config as inductor_config

@@ -15,11 +15,15 @@ from __future__ import annotations
 import hashlib
 import os
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from tuner.engine.tokenizer import BpeTokenizer
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 HELDOUT_FRACTION = 0.05
@@ -51,13 +55,13 @@ class Corpus:
         return self.raw.decode("utf-8", errors="replace")
 
 
-def tokenize(corpus: Corpus, tokenizer) -> Corpus:
-    """The same corpus as BPE token ids (int32), encoded with `tokenizer` (a `tokenizer.BpeTokenizer`)."""
+def tokenize(corpus: Corpus, tokenizer: BpeTokenizer) -> Corpus:
+    """The same corpus as BPE token ids (int32), encoded with `tokenizer`."""
     ids = torch.tensor(tokenizer.encode(corpus.text()), dtype=torch.int32)
     return replace(corpus, data=ids, tokenizer_sha256=tokenizer.sha256)
 
 
-def _walk(root: Path, keep) -> Iterator[Path]:
+def _walk(root: Path, keep: Callable[[str], bool]) -> Iterator[Path]:
     """Files under `root` in a stable order (sorted, depth-first), lazily: we stop once we have enough."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))

@@ -21,12 +21,17 @@ import math
 import statistics
 import struct
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from tuner.engine.patterns import match_device_error
 from tuner.engine.reference import digest_values, step_digest
+
+if TYPE_CHECKING:
+    from tuner.engine.model import GPT
 
 
 @dataclass(frozen=True)
@@ -52,13 +57,14 @@ class NonFiniteDetector:
         return Finding(self.kind, f"non-finite {' and '.join(bad)} (loss {loss!r}, grad_norm {grad_norm!r})")
 
 
-def bit_checksum(tensors) -> torch.Tensor:
+def bit_checksum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """An exact, order-independent checksum of the tensors' bits: the int64 sum of their elements viewed as
     integers (wrapping). Any single bit flip changes it by +-2^bit, so it can never cancel out by itself."""
     total = None
     for t in tensors:
         s = t.detach().view(_INT_VIEW[t.dtype]).sum(dtype=torch.int64)
         total = s if total is None else total + s
+    assert total is not None  # every caller passes at least one tensor
     return total
 
 
@@ -167,7 +173,7 @@ class CanaryReplay:
 
     kind = "canary"
 
-    def __init__(self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    def __init__(self, model: GPT, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         self.model, self.inputs, self.targets = model, inputs, targets
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.golden: CanarySample | None = None
@@ -178,7 +184,10 @@ class CanaryReplay:
         self.model.zero_grad(set_to_none=True)
         loss = self.model(self.inputs, self.targets)
         loss.backward()
-        raw = [p.grad for p in self.params]
+        raw: list[torch.Tensor] = []
+        for p in self.params:
+            assert p.grad is not None  # the backward just gave every trainable parameter a gradient
+            raw.append(p.grad)
         grads = [g.float() for g in raw]
         sums = torch.stack([g.sum() for g in grads])
         norms = torch.stack(torch._foreach_norm(grads))
@@ -219,7 +228,7 @@ class CanaryReplay:
                                   f"{b[where]!r} (digest {sample.digest()} vs {self.golden.digest()})")
 
 
-def _rel_diff(a, b) -> float:
+def _rel_diff(a: Iterable[float], b: Iterable[float]) -> float:
     worst = 0.0
     for x, y in zip(a, b, strict=False):
         if not (math.isfinite(x) and math.isfinite(y)):
@@ -263,12 +272,14 @@ class GemmCheck:
         return False
 
     def _bit_equal(self, out: torch.Tensor) -> bool:
+        assert self.golden is not None  # set by `calibrate`, before any comparison
         view = _INT_VIEW.get(out.dtype)
         if view is None:
             return torch.equal(out, self.golden)
         return torch.equal(out.view(view), self.golden.view(view))
 
     def _max_abs_diff(self, out: torch.Tensor) -> float:
+        assert self.golden is not None  # set by `calibrate`, before any comparison
         return float((out.float() - self.golden.float()).abs().max())
 
     def compare(self, outputs: list[torch.Tensor]) -> Finding | None:

@@ -26,13 +26,17 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from tuner.engine.options import Injection
+
+if TYPE_CHECKING:
+    from tuner.engine.model import GPT
 
 EXPLICIT_BIT = 22
 _INT_VIEW = {torch.float32: (torch.int32, 32), torch.bfloat16: (torch.int16, 16), torch.float16: (torch.int16, 16)}
@@ -135,7 +139,7 @@ class FaultInjector:
         """The simulated platform flaw, if any (before every training step, the start-up check's included)."""
         self.flaw.perturb(model)
 
-    def before_train_step(self, step: int, model: torch.nn.Module) -> None:
+    def before_train_step(self, step: int, model: GPT) -> None:
         self.platform_noise(model)
         for inj in self.injections:
             if inj.step != step or inj.kind == "hang":
@@ -171,7 +175,7 @@ class FaultInjector:
     # --- canary and GEMM --------------------------------------------------------------------------------------
 
     @contextmanager
-    def during_canary(self, model: torch.nn.Module, index: int) -> Iterator[None]:
+    def during_canary(self, model: GPT, index: int) -> Iterator[None]:
         try:
             if self.fault_rate > 0:
                 rng = self._rng("rate-canary", index)
@@ -196,7 +200,7 @@ class FaultInjector:
     # --- primitives (also used by bench/engine_detection.py) --------------------------------------------------
 
     @staticmethod
-    def _pick_weighted(named: list, rng: random.Random):
+    def _pick_weighted(named: Sequence[tuple[str, torch.Tensor]], rng: random.Random) -> tuple[str, torch.Tensor]:
         total = sum(t.numel() for _, t in named)
         r = rng.randrange(total)
         for name, t in named:
@@ -212,10 +216,10 @@ class FaultInjector:
         self._record(rec)
         return rec
 
-    def _arm_random_activation(self, model: torch.nn.Module, rng: random.Random, *, step: int | None,
+    def _arm_random_activation(self, model: GPT, rng: random.Random, *, step: int | None,
                                where: str) -> None:
         modules = model.linear_modules()
-        name, module = self._pick_weighted([(n, m.weight[:, 0]) for n, m in modules], rng)  # weight by width
+        name, _ = self._pick_weighted([(n, m.weight[:, 0]) for n, m in modules], rng)  # weight by width
         module = dict(modules)[name]
         self.arm_activation(module, name, rng, step=step, source="rate", where=where, bit=None)
 
@@ -225,7 +229,7 @@ class FaultInjector:
         """On `module`'s next forward, flip one bit (random if `bit` is None) of one element (random if `index`
         is None) of its output, or write a NaN there."""
 
-        def hook(_module, _inputs, output):
+        def hook(_module: torch.nn.Module, _inputs: tuple[object, ...], output: torch.Tensor) -> torch.Tensor:
             handle.remove()
             out = output.clone()
             idx = rng.randrange(out.numel()) if index is None else index

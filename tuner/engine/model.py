@@ -146,6 +146,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    cos: torch.Tensor  # buffers (`register_buffer` below), declared for the type checker
+    sin: torch.Tensor
+
     def __init__(self, cfg: GPTConfig, compute_dtype: torch.dtype = torch.float32,
                  embed_dtype: torch.dtype = torch.float32, attention_kernels: list[str] | None = None) -> None:
         """`attention_kernels`: one per layer (`attention.layer_kernels`); default: the CPU's (math, and math
@@ -202,6 +205,7 @@ class GPT(nn.Module):
         fill(self.wte.weight, "normal", 0.8)
         fill(self.lm_head.weight, "normal", 0.001)
         for i, block in enumerate(self.blocks):
+            assert isinstance(block, Block)  # nn.ModuleList's items are typed Module
             for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v):
                 fill(lin.weight, "uniform", bound)
             fill(block.mlp.c_fc.weight, "uniform", 0.4 * bound)
@@ -214,7 +218,9 @@ class GPT(nn.Module):
             self.resid_lambdas[i] = 1.15 - 0.10 * frac
             self.x0_lambdas[i] = 0.20 - 0.15 * frac
         for key in sorted(self.value_embeds, key=int):
-            fill(self.value_embeds[key].weight, "uniform", bound)  # like c_v
+            embed = self.value_embeds[key]
+            assert isinstance(embed, nn.Embedding)  # nn.ModuleDict's items are typed Module
+            fill(embed.weight, "uniform", bound)  # like c_v
 
     def set_compute_dtype(self, dtype: torch.dtype) -> None:
         self.compute_dtype = dtype
@@ -263,8 +269,15 @@ class GPT(nn.Module):
     def linear_modules(self) -> list[tuple[str, CastedLinear]]:
         return [(n, m) for n, m in self.named_modules() if isinstance(m, CastedLinear)]
 
-    def embedding_params(self) -> list[nn.Parameter]:
-        return [self.wte.weight] + [self.value_embeds[k].weight for k in sorted(self.value_embeds, key=int)]
+    def embedding_params(self) -> list[torch.Tensor]:
+        """The token embedding's weight, then the value embeddings' in layer order (parameters: the stubs type an
+        Embedding's weight as a Tensor)."""
+        params = [self.wte.weight]
+        for k in sorted(self.value_embeds, key=int):
+            embed = self.value_embeds[k]
+            assert isinstance(embed, nn.Embedding)  # nn.ModuleDict's items are typed Module
+            params.append(embed.weight)
+        return params
 
     def flops_per_token(self) -> int:
         """nanochat's estimate: 6 x (matmul weights incl. head) + per layer 12 x heads x head_dim x the keys it

@@ -17,7 +17,13 @@ optimizer's own steps, so a fresh optimizer (a `--reference-loop` restart) warms
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
 import torch
+
+if TYPE_CHECKING:
+    from tuner.engine.model import GPT
 
 # Polar Express coefficients for 5 iterations (Amsel et al., arXiv:2505.16932), as nanochat lists them.
 POLAR_EXPRESS = (
@@ -93,7 +99,8 @@ def adamw_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp
     p.copy_(p32)
 
 
-_KERNELS = {"muon": muon_update, "adamw": adamw_update}
+# the two signatures differ; each call site passes its kernel's arguments
+_KERNELS: dict[str, Callable[..., None]] = {"muon": muon_update, "adamw": adamw_update}
 
 
 def compile_updates() -> None:
@@ -102,7 +109,7 @@ def compile_updates() -> None:
         return
     for name, fn in (("muon", muon_update), ("adamw", adamw_update)):
         compiled = torch.compile(fn, fullgraph=True, dynamic=False)
-        compiled._tuner_compiled = True  # type: ignore[attr-defined]
+        compiled._tuner_compiled = True  # type: ignore[attr-defined]  # a marker: a Callable's type has no attributes
         _KERNELS[name] = compiled
 
 
@@ -129,10 +136,10 @@ def muon_momentum(step: int, warmup_steps: int, end: float = MOMENTUM_END) -> fl
 class Muon:
     """Plain class, not a torch.optim.Optimizer: that base class imports torch._dynamo (seconds of start-up)."""
 
-    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
-                 ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32, beta2: float = 0.95,
-                 lr_warmup_steps: int = 0, momentum_warmup_steps: int = 0) -> None:
-        by_shape: dict[tuple, list] = {}
+    def __init__(self, params: Iterable[torch.Tensor], lr: float = 0.02, momentum: float = 0.95,
+                 weight_decay: float = 0.0, ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32,
+                 beta2: float = 0.95, lr_warmup_steps: int = 0, momentum_warmup_steps: int = 0) -> None:
+        by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
         for p in params:
             by_shape.setdefault(tuple(p.shape), []).append(p)
         self.groups = [ps for _, ps in sorted(by_shape.items())]
@@ -154,7 +161,11 @@ class Muon:
             if not ps:
                 continue
             rows, cols = ps[0].shape
-            grads = torch.stack([p.grad for p in ps])
+            present: list[torch.Tensor] = []
+            for p in ps:
+                assert p.grad is not None  # ps holds only the parameters with a gradient
+                present.append(p.grad)
+            grads = torch.stack(present)
             stacked = torch.stack(ps)
             bufs = self.buffers.get(gi)
             if bufs is None or bufs[0].shape != grads.shape:
@@ -170,8 +181,8 @@ class Muon:
 class AdamW:
     """AdamW per parameter, math in fp32, per-group lr and betas."""
 
-    def __init__(self, groups: list[dict], betas=(0.8, 0.95), eps: float = 1e-10, weight_decay: float = 0.0,
-                 lr_warmup_steps: int = 0) -> None:
+    def __init__(self, groups: list[dict[str, Any]], betas: tuple[float, float] = (0.8, 0.95), eps: float = 1e-10,
+                 weight_decay: float = 0.0, lr_warmup_steps: int = 0) -> None:
         self.groups = [{"betas": betas, "weight_decay": weight_decay, **g} for g in groups]
         self.eps = eps
         self.lr_warmup_steps = lr_warmup_steps
@@ -201,9 +212,9 @@ class AdamW:
                                   self._eps_t, self._wd_t)
 
 
-def build_optimizers(model, *, lr_scale: float = 1.0, ns_dtype: torch.dtype = torch.float32,
+def build_optimizers(model: GPT, *, lr_scale: float = 1.0, ns_dtype: torch.dtype = torch.float32,
                      weight_decay: float = 0.0, lr_warmup_steps: int = 0, momentum_warmup_steps: int = 0,
-                     embedding_lr: float = 0.2):
+                     embedding_lr: float = 0.2) -> tuple[Muon, AdamW]:
     """(muon, adamw) with nanochat's learning rates, scaled by (width/768)^-0.5 for the AdamW groups."""
     s = (model.cfg.width / 768) ** -0.5
     muon = Muon(model.matrix_params(), lr=0.02 * lr_scale, momentum=0.95, ns_dtype=ns_dtype,

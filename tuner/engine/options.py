@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 MODES = ("train", "gemm", "mixed")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -300,7 +301,7 @@ def parse_duration_s(text: str) -> float:
 
 
 class _ArgParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageProblem(message)
 
 

@@ -41,7 +41,8 @@ def format_pci_bus_id(domain: int, bus: int, device: int, function: int = 0) -> 
     return f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
 
 
-def _props_bus_id(props) -> str | None:
+def _props_bus_id(props: object) -> str | None:
+    """`props`: a CUDA device's properties, read by name (torch's stubs do not list the pci_* fields)."""
     if not hasattr(props, "pci_bus_id"):
         return None
     return format_pci_bus_id(getattr(props, "pci_domain_id", 0), props.pci_bus_id, getattr(props, "pci_device_id", 0))
@@ -278,4 +279,5 @@ def is_oom(exc: BaseException) -> bool:
 def make_oom(message: str) -> BaseException:
     """An out-of-memory exception of the type torch raises (for the test hooks)."""
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
+    assert oom_type is not None  # RuntimeError at worst (mypy keeps the first getattr's None)
     return oom_type(message)

@@ -20,7 +20,8 @@ def probe() -> dict:
             props = torch.cuda.get_device_properties(i)
             bus = None
             if hasattr(props, "pci_bus_id"):
-                bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+                # ignored: torch's stubs lack pci_domain_id and pci_device_id (torch/numa/binding.py ignores them too)
+                bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"  # type: ignore[attr-defined]
             with torch.cuda.device(i):
                 bf16 = bool(torch.cuda.is_bf16_supported())
             devices.append(

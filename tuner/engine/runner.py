@@ -89,7 +89,7 @@ from tuner.engine.reference import (
     save_reference,
     step_digest,
 )
-from tuner.engine.tokenizer import TokenizerProblem, load_or_train
+from tuner.engine.tokenizer import BpeTokenizer, TokenizerProblem, load_or_train
 
 EXIT_PASS, EXIT_FAULT, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 PHASE_CODES = {"full": 1, "partial": 2, "idle": 3}  # mixed-mode phases in the ranks' agreement (0: none)
@@ -237,7 +237,7 @@ class Engine:
         p = opts.preset_spec
         self.cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len, vocab=p.vocab,
                              window_pattern=p.window_pattern, value_embeds=p.value_embeds)
-        self.tokenizer = None
+        self.tokenizer: BpeTokenizer | None = None
         self.token_bytes: torch.Tensor | None = None  # UTF-8 bytes per token id (BPE presets), for bits per byte
         self.use_compile = opts.mode != "gemm" and opts.compile_enabled(self.spec.type)
         if self.use_compile and self.spec.type == "cpu" and compiled.cpu_compile_problem():
@@ -445,6 +445,7 @@ class Engine:
             steps_ok, step_miss = self._step_check()
             misses += [name for name, ok in (("canary", canary_ok), ("attention", attention_ok)) if not ok]
             if not steps_ok:
+                assert step_miss is not None  # a failed check names what differed
                 misses.append(step_miss)
         self.repeatable = not misses
         self.repeatability = {"gemm": gemm_ok, "canary": canary_ok, "attention": attention_ok,
@@ -465,9 +466,11 @@ class Engine:
         base = [torch.randn(shape, generator=gen).to(self.device, self.dtype) for _ in range(4)]
         self.kernels["sdpa_backend"] = sdpa_backend(base[0])
 
-        def sdpa(q, k, v):
+        def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
+        # fn(q, k, v); "...": the flash check binds its window as a default argument
+        checks: list[tuple[str, Callable[..., torch.Tensor], list[torch.Tensor]]]
         checks = [(f"SDPA, {self.kernels['sdpa_backend']}", sdpa, base)]
         by_seq = [t.transpose(1, 2).contiguous() for t in base]  # flash's (batch, seq, heads, head_dim)
         for w in sorted({w for w, k in zip(self.cfg.windows(), self.attention_kernels, strict=True)
@@ -484,6 +487,7 @@ class Engine:
                     # the gradients of y.backward(inputs[3]), exactly (the product's backward multiplies by 1):
                     # an explicit gradient tensor makes torch.autograd import sympy, ~2 s of every engine's start
                     (y * inputs[3]).sum().backward()
+                    assert q.grad is not None and k.grad is not None and v.grad is not None  # the backward set them
                     outs.append([t.detach().float().cpu() for t in (y, q.grad, k.grad, v.grad)])
             except Exception as e:
                 if is_oom(e):
@@ -579,6 +583,7 @@ class Engine:
         ref = self.reference
         if ref is None or ref.canary is None or not self.repeatable:
             return
+        assert self.canary.golden is not None  # a repeatable start-up check calibrated the canary
         mine = self.canary.golden.digest()
         if mine != ref.canary:
             self._fail(Finding("canary", f"the canary's first result {mine} differs from the reference's "
@@ -619,7 +624,7 @@ class Engine:
                                                          str(self.model.wte.weight.dtype)))
             if training else None,
             compile=bool(training and self.use_compile),
-            attention_kernels=list(self.attention_kernels) if training else None,
+            attention_kernels=tuple(self.attention_kernels) if training else None,
             seed=o.seed,
             steps=o.steps,
             duration_s=o.duration_s,
@@ -814,6 +819,7 @@ class Engine:
 
     def _write_repeatability(self) -> None:
         """--verify-repeatable: record the outcome in the reference file."""
+        assert self.opts.reference is not None  # --verify-repeatable requires --reference (options.py)
         try:
             mark_repeatability(self.opts.reference, self.first_difference is None, self.first_difference, self.step)
         except (OSError, ReferenceProblem) as e:
@@ -1003,6 +1009,7 @@ class Engine:
         recorded = None
         if self.recorder is not None:
             canary = self.canary.golden.digest() if self.repeatable and self.canary.golden else None
+            assert self.opts.record is not None  # the recorder exists only with --record
             save_reference(self.opts.record, Reference(self.fingerprint(), self.recorder.digests, canary))
             recorded = self.opts.record
         return bpb, eval_losses, recorded
@@ -1078,7 +1085,7 @@ class Engine:
             self.log(f"setup error: {e}")
         except Exception as e:  # noqa: BLE001 - classified below
             finding = device_error(e)
-            failed_step = self.step + 1 if self.state == "train" else self.step
+            failed_step: int | None = self.step + 1 if self.state == "train" else self.step
             if finding is not None and self.step == 0:
                 # before the first completed step: the kernels or the environment, not the voltage
                 reason = (f"device error before the first completed step (a setup problem, not instability): "

@@ -14,10 +14,15 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from tuner.core.atomic import write_atomic
+
+if TYPE_CHECKING:
+    from tiktoken import Encoding
 
 # GPT-4's split pattern with numbers of 1-2 digits, as nanochat uses (`SPLIT_PATTERN` in nanochat/tokenizer.py).
 SPLIT_PATTERN = (
@@ -40,7 +45,7 @@ class TokenizerProblem(Exception):
 
 @dataclass(frozen=True)
 class BpeTokenizer:
-    encoding: object  # tiktoken.Encoding
+    encoding: Encoding
     vocab_size: int  # merges + specials actually learned (<= the model's vocabulary)
     sha256: str  # of the cached file: part of the reference fingerprint
     path: Path
@@ -66,7 +71,7 @@ def cache_path(cache_root: Path, vocab: int, corpus_sha256: str) -> Path:
     return Path(cache_root) / "engine" / "tokenizer" / f"bpe-{vocab}-{corpus_sha256[:32]}.json"
 
 
-def _libraries():
+def _libraries() -> tuple[ModuleType, ModuleType]:
     try:
         import rustbpe
         import tiktoken
@@ -86,13 +91,13 @@ def _chunks(text: str) -> Iterator[str]:
         start = end
 
 
-def _encoding(tiktoken, ranks: dict[bytes, int], pattern: str):
+def _encoding(tiktoken: ModuleType, ranks: dict[bytes, int], pattern: str) -> Encoding:
     specials = {name: len(ranks) + i for i, name in enumerate(SPECIAL_TOKENS)}
     return tiktoken.Encoding(name="tuner-engine-bpe", pat_str=pattern, mergeable_ranks=ranks,
                              special_tokens=specials)
 
 
-def _read(path: Path, tiktoken, vocab: int, corpus_sha256: str) -> BpeTokenizer | None:
+def _read(path: Path, tiktoken: ModuleType, vocab: int, corpus_sha256: str) -> BpeTokenizer | None:
     try:
         blob = path.read_bytes()
         doc = json.loads(blob)
@@ -119,8 +124,9 @@ def load_or_train(text: str, corpus_sha256: str, vocab: int, cache_root: Path,
     tok.train_from_iterator(_chunks(text), vocab - len(SPECIAL_TOKENS), pattern=SPLIT_PATTERN)
     pattern = tok.get_pattern()
     ranks = {bytes(k): int(v) for k, v in tok.get_mergeable_ranks()}
+    # (hex, rank) tuples, so the sort key is typed int: json writes them as the same arrays, byte for byte
     doc = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "vocab": vocab, "corpus_sha256": corpus_sha256,
-           "pattern": pattern, "ranks": sorted(([k.hex(), v] for k, v in ranks.items()), key=lambda kv: kv[1])}
+           "pattern": pattern, "ranks": sorted(((k.hex(), v) for k, v in ranks.items()), key=lambda kv: kv[1])}
     blob = json.dumps(doc, separators=(",", ":")).encode()
     try:
         write_atomic(path, blob)
