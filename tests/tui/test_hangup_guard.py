@@ -253,3 +253,25 @@ async def test_a_hang_up_before_the_event_loop_started_ends_the_app_once_it_does
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert app.hung_up  # hang_up ran: it stopped the jobs and asked the App to exit with 130
+
+
+def test_a_signal_that_lands_inside_the_guards_own_handler_never_waits_for_itself():
+    """A storm: the second signal's handler runs on the main thread between two bytecodes of the first one's, while
+    that one holds the guard's lock. Waiting for the lock there waits for itself forever (the UI hung with every
+    thread in futex wait, 90 s after the storm). Here the same thread holds the lock when the handler runs."""
+    rec = Recorder()
+    guard = _guard(rec)
+    guard._thread.start()
+    returned = threading.Event()
+
+    def first_handler_holding_the_lock() -> None:
+        with guard._lock:
+            guard.handle_signal(signal.SIGTERM, None)
+            returned.set()
+
+    inside = threading.Thread(target=first_handler_holding_the_lock, daemon=True)
+    inside.start()
+    assert returned.wait(5), "the nested signal handler blocked on the lock its own thread holds"
+    guard.handle_signal(signal.SIGHUP, None)  # the lock is free again: this one triggers
+    wait_until(lambda: rec.exits)
+    assert guard.reason == "SIGHUP" and rec.exits == [exit_codes.INTERRUPTED]

@@ -129,16 +129,26 @@ class HangUpGuard:
     # --- triggers (any thread, the signal handler included) ---------------------------------------------------
     def handle_signal(self, signum: int, _frame: FrameType | None) -> None:
         """A fatal signal: leave. It runs on the main thread between two bytecodes, even while that thread is
-        blocked on a lock (Textual's write queue): it only records and wakes the guard's thread."""
-        self.trigger(signal.Signals(signum).name)
+        blocked on a lock (Textual's write queue): it only records and wakes the guard's thread. It never waits
+        for the guard's lock: in a storm the next signal lands inside this very handler while it holds the lock,
+        and waiting there waits for itself forever (a UI found hung, every thread in futex wait). A lock that is
+        held means a trigger (or a normal quit's close) is already under way, so this signal adds nothing."""
+        self._trigger(signal.Signals(signum).name, blocking=False)
 
     def trigger(self, reason: str) -> None:
         """Leave: the cards are made safe on the guard's thread and the process ends. The first reason counts;
         later ones (a second signal, a storm) change nothing."""
-        with self._lock:
+        self._trigger(reason, blocking=True)
+
+    def _trigger(self, reason: str, *, blocking: bool) -> None:
+        if not self._lock.acquire(blocking=blocking):
+            return
+        try:
             if self.reason is not None or self._closed.is_set():
                 return
             self.reason = reason
+        finally:
+            self._lock.release()
         try:  # first: the App stops starting anything new before make_safe looks at what it has
             self._leave()
         except Exception:  # noqa: BLE001 - the App's loop may be closing; the guard makes the cards safe anyway
