@@ -134,11 +134,8 @@ def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
         listener, lock_fd = bind_listener(args.socket, gid)
     server = HelperServer(service, listener, gid, kmsg_path=args.kmsg)
 
-    def stop(signum: int, frame: object) -> None:
-        server.stop.set()
-
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, stop)
+        signal.signal(sig, server.request_stop)
     where = "the socket systemd passed" if inherited is not None else str(args.socket)
     print(f"tuner-helper: serving {len(service.devices)} card(s) ({backend.name}"
           f"{', SIMULATED' if backend.simulated else ''}) on {where} for group {args.group}", file=sys.stderr,

@@ -186,6 +186,7 @@ class HelperServer:
                  kmsg_path: Path = kmsg.DEFAULT_KMSG):
         self.service, self.listener, self.gid, self.kmsg_path = service, listener, gid, kmsg_path
         self.stop = threading.Event()
+        self._stop_requested = False  # set by a signal handler (request_stop); `serve` turns it into `stop`
         self._ids = itertools.count(1)
         self._connections: dict[int, _Connection] = {}
         self._lock = threading.Lock()
@@ -197,6 +198,9 @@ class HelperServer:
         self.listener.settimeout(0.25)
         try:
             while not self.stop.is_set():
+                if self._stop_requested:
+                    self.stop.set()
+                    break
                 try:
                     sock, _ = self.listener.accept()
                 except TimeoutError:
@@ -212,6 +216,13 @@ class HelperServer:
                 for connection in list(self._connections.values()):
                     with contextlib.suppress(OSError):
                         connection.sock.shutdown(socket.SHUT_RDWR)
+
+    def request_stop(self, _signum: int = 0, _frame: object = None) -> None:
+        """Stop serving (a signal handler: SIGTERM from systemd, Ctrl-C). Only a flag, which the accept loop
+        sees within its 0.25 s timeout: setting the Event here could wait for a lock that this very thread holds
+        (a second signal landing inside the first one's `Event.set`), and the helper would never put the cards
+        back."""
+        self._stop_requested = True
 
     def _reap(self) -> None:
         while not self.stop.wait(REAP_INTERVAL_S):
