@@ -102,3 +102,15 @@ def machine_wide_exclusive(lock) -> None:
             fcntl.flock(lock, fcntl.LOCK_EX)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests (`@pytest.mark.heavy(seconds=N)`: a whole bisect on real engines; N is what it took in
+    CI's 2-core run) run first, longest first. In file order they came last (tests/tuning), and the run ended with
+    one worker busy on a minute-long test while the other sat idle. A stable sort: every other test keeps its
+    order."""
+    def seconds(item: pytest.Item) -> float:
+        heavy = item.get_closest_marker("heavy")
+        return float(heavy.kwargs["seconds"]) if heavy is not None else 0.0
+
+    items.sort(key=lambda item: -seconds(item))

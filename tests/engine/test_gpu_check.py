@@ -80,6 +80,7 @@ def test_a_missing_rustbpe_is_named_and_the_nanochat_sections_say_so(tmp_path):
     assert notes["attention + GEMM"][1] == "required"  # the rest still runs
 
 
+@pytest.mark.heavy(seconds=15)
 def test_the_sections_run_in_order_and_each_one_is_written_as_it_ends(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run([sys.executable, str(CHECK), "--device", "cpu", "--sections",
@@ -147,6 +148,7 @@ def test_a_killed_check_leaves_the_sections_that_ended_and_nothing_running(tmp_p
     assert children() == []  # the engine went with the check (parent-death signal)
 
 
+@pytest.mark.heavy(seconds=15)
 def test_a_timed_out_process_keeps_its_stderr_tail_and_last_heartbeat_and_its_group_is_killed(gpu_check):
     child = ("import json, subprocess, sys, time\n"
              "grandchild = subprocess.Popen(['sleep', '600'])\n"

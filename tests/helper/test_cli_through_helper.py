@@ -61,6 +61,7 @@ def test_outside_the_group_reads_in_process_and_a_write_exits_9(accounts, helper
     assert missing.returncode == 9 and "docs/helper.md" in missing.stderr.splitlines()[-1], missing.stderr
 
 
+@pytest.mark.heavy(seconds=24)
 @pytest.mark.timeout(900)  # a loaded machine makes trials too short to count, and the bisect runs them again
 def test_a_bisect_through_the_helper_recommends_what_it_does_in_process(accounts, helpers):
     """The card of tests/tuning/test_bisect_engine.py's in-process end-to-end test (limit -22 mV) with a coarser

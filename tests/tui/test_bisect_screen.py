@@ -52,6 +52,7 @@ async def _back_to_the_screen(app, pilot) -> None:
                 what="the job a key started to end")
 
 
+@pytest.mark.heavy(seconds=15)
 async def test_footer_keys_after_a_finished_bisect_change_no_field(tmp_path):
     """The issue's sequence (a, k, v, e, b) and then every key the key bar shows: the form holds what it held."""
     app = _app(tmp_path)

@@ -205,6 +205,7 @@ def _stall(tuner: PtyTuner) -> None:
         pytest.fail(f"the UI never blocked on its output: {_thread_states(tuner.proc.pid)}")
 
 
+@pytest.mark.heavy(seconds=16)
 def test_sigterm_with_a_terminal_that_stopped_reading_reverts_and_exits_130(tuners):
     """A terminal that takes no more output: the event loop is blocked on it. SIGTERM then: the old handler only
     asked that blocked event loop to leave, so it was ignored. Now the guard makes the card safe and ends the
@@ -219,6 +220,7 @@ def test_sigterm_with_a_terminal_that_stopped_reading_reverts_and_exits_130(tune
     assert _card_offset() == 0
 
 
+@pytest.mark.heavy(seconds=24)
 def test_a_terminal_that_stopped_reading_cannot_hold_an_unconfirmed_setting(tuners):
     """No signal at all: the terminal just stops reading while the keep-or-revert counts down. The countdown runs
     on the blocked event loop, so the unconfirmed -10 mV stayed on the card as long as the stall lasted. Now it is

@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 import re
 
+import pytest
+
 from tests.tui.helpers import FAKE_CHECKS
 from tuner.actions.context import Context
 from tuner.app.tuner_app import TunerApp
@@ -36,6 +38,7 @@ async def test_the_app_starts_on_the_nvidia_style_card_and_shows_it():
         ctx.close()
 
 
+@pytest.mark.heavy(seconds=20)
 async def test_a_manual_stress_on_the_nvidia_style_card_records_its_reference_then_compares_with_it():
     """Issue 15 item 8: the first stress at stock records the card's reference (keyed by its serial and the
     engine settings), the next one compares with it instead of recording again; another preset is another key."""

@@ -77,6 +77,7 @@ async def test_no_to_the_reference_question_starts_nothing(tmp_path):
     assert backend.knob("sim0").current == -40
 
 
+@pytest.mark.heavy(seconds=35)
 async def test_profile_from_another_card_is_verified_and_reverted_when_it_fails(tmp_path):
     from dataclasses import replace
 

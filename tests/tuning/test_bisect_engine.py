@@ -37,6 +37,7 @@ def events_of(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.heavy(seconds=47)
 def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
     proc = run_tuner(*SIM, "bisect", "--device", "sim0", *FAST, "--step", "10", "--resolution", "5",
                      "--margin", "10", "--save", "sim-e2e", timeout=300)
@@ -96,6 +97,7 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.heavy(seconds=28)
 @pytest.mark.parametrize("reboot", [False, True], ids=["tool-killed", "machine-reset"])
 def test_kill_9_mid_trial_then_resume(sysroot, reboot):
     _kill_mid_trial(-10)
@@ -140,6 +142,7 @@ def test_watchdog_catches_an_injected_hang_far_below_the_limit():
     assert backend.knob("sim0").current == 0
 
 
+@pytest.mark.heavy(seconds=15)
 def test_a_broken_reference_fails_the_stock_control_too_and_stops_the_search(sysroot):
     """A broken reference (here: step 4's loss bits) fails every trial at step 4 whatever the voltage; at vmin -52
     nothing is injected at -10, so its mismatch gets a control at stock, which fails the same way: the search

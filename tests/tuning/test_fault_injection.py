@@ -99,6 +99,7 @@ def _wait_for_moment(proc: subprocess.Popen, moment: tuple[str, int, int]) -> No
     raise AssertionError(f"the bisect ended before {moment}")
 
 
+@pytest.mark.heavy(seconds=15)
 @pytest.mark.parametrize("fault,moment,seed", _bisect_cases())
 def test_a_fault_mid_bisect_leaves_the_card_at_stock_and_the_journal_resumable(boot, fault, moment, seed):
     proc = _start([*SIM, "bisect", "--device", "sim0", "--trial", "3s", "--confirm", "3s", "--preset", "tiny",

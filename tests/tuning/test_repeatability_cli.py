@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.cli_helpers import run_tuner
 from tuner.backends.simulated import SimulatedBackend
 from tuner.tuning import journal
@@ -40,6 +42,7 @@ def test_a_platform_that_never_repeats_stops_before_the_first_undervolt(boot):
     assert [e["phase"] for e in started] in (["baseline"], ["baseline", "replay"])
 
 
+@pytest.mark.heavy(seconds=48)
 def test_a_platform_that_stops_repeating_later_is_caught_by_the_stock_control(boot):
     # vmin -100: nothing is injected down to -100 mV, so every failure here comes from the contention
     proc = run_tuner("--simulate", "--sim-vmin", "-100", "--sim-contention-after", "45", "bisect", "--device",
@@ -54,6 +57,7 @@ def test_a_platform_that_stops_repeating_later_is_caught_by_the_stock_control(bo
         assert finished[-2] == failing[0]  # the control came right after the failure, before it counted
 
 
+@pytest.mark.heavy(seconds=33)
 def test_tolerance_completes_and_every_record_says_reduced(boot):
     # a coarse search (baseline, replay, -20, -40, confirm): the records, not the search, are under test here
     proc = run_tuner("--simulate", "--sim-nondeterministic", "--sim-vmin", "-22", "bisect", "--device", "sim0",

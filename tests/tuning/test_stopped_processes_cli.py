@@ -54,6 +54,7 @@ def _status(pid: int) -> str:
         return "gone"
 
 
+@pytest.mark.heavy(seconds=87)
 @pytest.mark.timeout(900)  # about 2 minutes alone; a shared 2-core box makes trials too short to count, and longer
 def test_a_stopped_engine_and_a_stopped_tuner_leave_the_answer_and_the_unsafe_list_alone():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
