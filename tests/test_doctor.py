@@ -222,3 +222,20 @@ def test_a_half_installed_system_is_named(tmp_path):
     (c,) = check_system_install(tmp_path, group_exists=lambda g: False)
     assert c.status == FAIL and "half-installed" in c.detail and "which is missing" in c.detail
     assert "group tunertest-nogroup, which does not exist" in c.detail and "install-system.sh" in c.remedy
+
+
+def test_a_user_the_root_helper_lets_in_is_not_told_to_use_sudo(tmp_path, monkeypatch):
+    """With a helper that serves this user, settings are applied without root: the privileges and card checks say
+    so instead of "run `sudo tuner ...`" (the helper's own check is what decides)."""
+    amd_tree(tmp_path)
+    monkeypatch.setattr(doctor.os, "access", lambda _path, _mode: False)  # as a user sees a root-owned 0644 file
+    monkeypatch.setattr(doctor, "check_helper", lambda: doctor.Check("helper", WARN, "the helper refused this user",
+                                                                      "ask to be added to its group"))
+    refused = run(tmp_path)
+    assert refused["privileges"].status == WARN and "sudo" in refused["privileges"].remedy
+    assert refused["amd card card0"].status == WARN and "sudo" in refused["amd card card0"].remedy
+    monkeypatch.setattr(doctor, "check_helper", lambda: doctor.Check("helper", OK, "tuner-helper 0.1.0 serves"))
+    served = run(tmp_path)
+    assert served["privileges"].status == OK and "root helper" in served["privileges"].detail
+    assert not served["privileges"].remedy
+    assert served["amd card card0"].status == OK and "root helper" in served["amd card card0"].detail

@@ -192,7 +192,8 @@ def ppfeaturemask_remedy(mask: int, root: Path | None = None,
     return f"add {param} to the kernel command line: {how}; {modprobe}; then reboot (docs/install.md)"
 
 
-def check_amd(root: Path) -> list[Check]:
+def check_amd(root: Path, *, helper_writes: bool = False) -> list[Check]:
+    """Overdrive on, and each card's pp_od_clk_voltage there (and writable: by this process or the root helper)."""
     cards = amd_card_dirs(root)
     mask = read_ppfeaturemask(root)
     if not cards and mask is None:
@@ -212,6 +213,8 @@ def check_amd(root: Path) -> list[Check]:
             checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing (overdrive is off)", remedy))
         elif os.access(od, os.W_OK):
             checks.append(Check(label, OK, "pp_od_clk_voltage present and writable"))
+        elif helper_writes:
+            checks.append(Check(label, OK, "pp_od_clk_voltage present; the root helper writes it"))
         else:
             checks.append(Check(label, WARN, "pp_od_clk_voltage present but not writable",
                                 "writes need root: run `sudo tuner ...`"))
@@ -230,11 +233,14 @@ def check_gpus_found(card_checks: list[Check]) -> list[Check]:
                   "via NVML)", NO_GPU_REMEDY)]
 
 
-def check_root(euid: int, simulate: bool) -> Check:
+def check_root(euid: int, simulate: bool, *, helper_writes: bool = False) -> Check:
+    """`helper_writes`: a root helper lets this user in (check_helper is OK), so root is not needed to apply."""
     if euid == 0:
         return Check("privileges", OK, "running as root")
     if simulate:
         return Check("privileges", INFO, "not root (fine for the simulated GPU)")
+    if helper_writes:
+        return Check("privileges", OK, "not root: settings are applied through the root helper")
     return Check("privileges", WARN, "not root: settings can be read but not applied",
                  "run `sudo tuner ...` to apply settings")
 
@@ -460,7 +466,9 @@ def run_checks(
     checks = [check_python(), *check_packages()]
     if simulate:
         checks.append(Check("simulated gpu", INFO, "SIMULATED GPUs in use: no hardware is read or written"))
-    amd = check_amd(root)
+    helper = check_helper()
+    helper_writes = helper.status == OK  # then a user's settings need no sudo: say so, not "run sudo tuner"
+    amd = check_amd(root, helper_writes=helper_writes)
     nvidia = check_nvidia(nvml)
     if not simulate:
         checks += check_gpus_found(amd + nvidia)
@@ -473,8 +481,8 @@ def run_checks(
     checks += nvidia + amd
     checks += check_other_tools([] if simulate else None)
     checks += check_system_install()
-    checks.append(check_root(euid, simulate))
-    checks.append(check_helper())
+    checks.append(check_root(euid, simulate, helper_writes=helper_writes))
+    checks.append(helper)
     if not simulate:
         account = engine_account(env, euid)
         if isinstance(account, Check):
