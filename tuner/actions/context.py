@@ -33,6 +33,11 @@ class Context:
     sim_contention_after_s: float | None = None
     sim_sdc_rate: float | tuple[float, ...] | None = None  # a bad card's per-step corruption rate (one per card)
     sim_driver: str | None = None  # the driver version simulated cards report
+    # where a note from the backend goes (the helper put a card back, a read-only fallback): stderr for the CLI;
+    # the UI routes it to a notification while it runs, since nothing printed then reaches the screen. Looked up
+    # at each note, so the helper's heartbeat thread finds the UI's once it has taken over.
+    notice: Callable[[str], None] = field(default=lambda line: print(f"tuner: note: {line}", file=sys.stderr),
+                                          repr=False)
     _backend: Backend | None = field(default=None, repr=False)
 
     @classmethod
@@ -73,7 +78,7 @@ class Context:
                      note: Callable[[str], None] | None = None) -> Backend:
         """The helper's backend when one lets us in, else in-process (read-only unless root or simulated)."""
         euid = os.geteuid() if euid is None else euid
-        note = note or (lambda line: print(f"tuner: note: {line}", file=sys.stderr))
+        note = note or (lambda line: self.notice(line))
         path, chosen = paths.helper_socket()
         refusal: HelperUnreachable | None = None
         if chosen or (not self.simulate and path.exists()):

@@ -156,6 +156,7 @@ class TunerApp(App[int]):
         super().__init__()
         assert backend is not None or ctx is not None, "TunerApp needs a backend or a ctx that opens one"
         self.backend: Backend = backend if backend is not None else ctx.backend  # type: ignore[union-attr]  # asserted
+        self.ctx = ctx
         self.clock = clock  # monotonic seconds: keep-or-revert countdowns
         self.sample_interval_s = sample_interval_s
         self.keep_timeout_s = keep_timeout_s
@@ -214,6 +215,8 @@ class TunerApp(App[int]):
     # --- life cycle ---------------------------------------------------------------------------------------------
     def on_mount(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.ctx is not None:  # backend notes (the helper put a card back) from any thread: a notification
+            self.ctx.notice = self._note_from_any_thread
         if self._leaving:  # hung up before the loop was known (the guard has made the cards safe): leave now
             self.call_later(self.hang_up)
         for device in self.devices:
@@ -309,6 +312,9 @@ class TunerApp(App[int]):
     def _bisect_on(self, device_id: str) -> bool:
         """A bisect of this card, alone or with every card, is running."""
         return self.bisect.running and device_id in self.bisect.device_ids
+
+    def _note_from_any_thread(self, line: str) -> None:
+        self.post_message(msg.Noted(line, "warning"))  # thread-safe and never blocks (a heartbeat must go on)
 
     def on_noted(self, message: msg.Noted) -> None:
         self.notify(for_people(message.text), severity=message.severity, timeout=10)
@@ -863,6 +869,7 @@ def run_app(ctx: Context) -> int:
     """The UI, then the cards made safe. A hang-up, SIGTERM (every fatal signal) or the terminal gone goes through
     the guard (tuner.app.hangup): the cards are made safe on its thread at once, and the process ends with 130
     within its grace even when the UI cannot end by itself (Textual blocked writing to a terminal that is gone)."""
+    on_stderr = ctx.notice
     app = TunerApp(ctx)
     if app.driver_class is LinuxDriver:  # not when TEXTUAL_DRIVER names another (a developer's choice)
         app.driver_class = HangUpSafeDriver
@@ -873,6 +880,7 @@ def run_app(ctx: Context) -> int:
     try:
         result = app.run()
     finally:
+        ctx.notice = on_stderr  # the UI is gone: a late note (the helper put a card back) is printed again
         lines = app.make_safe()  # at once, or what the guard's thread did (it may still be at it: this waits)
         guard.release_signals()  # after a hang-up: ignored from now on, and the deadline stays armed
         for line in lines:
