@@ -1,8 +1,7 @@
 """The parameters of a bisect and of a stress run, each declared once: its flag, its help, how its text is read and
 what a blank means. The CLI adds its options from these (tuner.commands._argtypes.add_arguments); the Bisect screen
 builds a field for each one with a label and reads it with the same parser, so a bad value gets the same words on
-both, after the flag there and the field's label here. Light imports only: `tuner stress` builds its parser quickly.
-"""
+both, after the flag there and the field's label here."""
 
 from __future__ import annotations
 
@@ -29,18 +28,13 @@ def _duration_s(text: str, _unit: str) -> float:
     return parse_duration_s(text)
 
 
-def _bound_s(text: str, _unit: str) -> float:
-    return parse_bound_s(text)  # its words name --bound (the form has no bound)
-
-
 @dataclass(frozen=True)
 class Parameter:
     """One option of `tuner bisect` or `tuner stress`; one with a label is also a field of the Bisect screen."""
 
     id: str  # argparse's attribute and the form field's id; the flag is it with dashes (--canary-every)
     help: str
-    parser: Callable[[str, str], Any] | None = None  # (text, the card's unit) -> value, or ValueError or UsageError
-    # saying what is wrong; None: a choice, or an on/off flag without choices
+    parser: Callable[[str, str], Any] | None = None  # (text, the card's unit) -> value; None: a choice or a flag
     metavar: str | None = None
     choices: tuple[str, ...] = ()
     default: Any = None  # what argparse stores when it is left out (None: the core's default)
@@ -57,9 +51,9 @@ class Parameter:
         return self.field or self.id
 
     def parse(self, text: str, unit: str = "", where: str = "") -> Any:
-        """The value of `text`, in the card's `unit` where it has one ("15 MHz"). UsageError says what is wrong, after
-        `where`: the flag on the command line, the field's label on the form (argparse adds the flag itself)."""
-        text = text.strip()
+        """The value of `text`, in the card's `unit` where it has one ("15 MHz"). UsageError (from the parser's
+        ValueError or UsageError) says what is wrong after `where`: the flag on the command line, the field's label
+        on the form (argparse adds the flag itself)."""
         try:
             if self.parser is not None:
                 return self.parser(text, unit)
@@ -72,7 +66,7 @@ class Parameter:
 
     def placeholder(self, knob: Knob) -> str:
         """What a blank field means on this card: the core's default ("10 mV", "30 MHz", "5m", "train", "none")."""
-        from tuner.tuning.job import BisectParams  # loaded when asked: `tuner stress` never needs it
+        from tuner.tuning.job import BisectParams  # loaded when asked: `tuner stress` builds its parser without it
         from tuner.tuning.plan import PlanParams
 
         value = getattr(BisectParams, self.name)
@@ -96,8 +90,8 @@ BOUND = Parameter("bound", "the proof you need: at most one fault per DUR of thi
                   "The trials are then sized by what they can still tell (short screens far from the edge, one --trial "
                   "near it) and the confirmation runs until the bound is reached, within --confirm (then the time "
                   "allowed; a bound it cannot reach is refused before anything runs). Without it the lengths are "
-                  "--trial and --confirm and the bound reached is stated all the same", _bound_s, "DUR",
-                  field="bound_s", later=True)
+                  "--trial and --confirm and the bound reached is stated all the same",
+                  lambda text, _unit: parse_bound_s(text), "DUR", field="bound_s", later=True)  # its words name --bound
 BISECT = (
     Parameter("step", "coarse step (default 10 mV; NVIDIA: 2 clock steps)", _whole, "N", label="step"),
     Parameter("resolution", "refine down to this (default 5 mV; NVIDIA: 1 step)", _whole, "N", label="res"),

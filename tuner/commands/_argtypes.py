@@ -6,14 +6,12 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from tuner.actions.parameters import Parameter
 from tuner.core.durations import parse_duration_s
 from tuner.core.errors import UsageError
 from tuner.core.numbers import parse_whole_number
-
-if TYPE_CHECKING:
-    from tuner.actions.parameters import Parameter
 
 
 class Subparsers(Protocol):

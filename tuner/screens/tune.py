@@ -26,8 +26,7 @@ from tuner.screens.dialogs import ConfirmDialog
 from tuner.widgets.device_panel import setting_text
 from tuner.widgets.history_plot import HistoryPlot
 
-# as `tuner stress` takes them; p cycles from tiny, the quick one (the simulated card's CPU engine runs it)
-PRESETS = tuple(sorted(parameters.PRESET.choices, key=lambda preset: preset != "tiny"))
+PRESETS = tuple(sorted(parameters.PRESET.choices, key=lambda preset: preset != "tiny"))  # p cycles from the quick one
 MODES = parameters.MODE.choices
 DETECTORS = ("reference", "canary", "gemm", "nonfinite", "device errors", "watchdog", "kernel log")
 
