@@ -40,7 +40,7 @@ class Parameter:
     default: Any = None  # what argparse stores when it is left out (None: the core's default)
     label: str = ""  # the form field's label; "": the command line only
     field: str = ""  # the request's field it fills (BisectParams, StressRequest), when not its id
-    later: bool = False  # argparse keeps the text and the command reads it (a duration, as it always was)
+    later: bool = False  # argparse keeps the text, the command reads it: a bad duration stays the command's error
 
     @property
     def flag(self) -> str:
