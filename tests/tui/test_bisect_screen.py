@@ -27,7 +27,7 @@ def _app(tmp_path, engine=None):
 
 def _form(app) -> dict[str, str]:
     screen = next(s for s in app.screen_stack if isinstance(s, BisectScreen))
-    return {f: screen.query_one(f"#in-{f}", Input).value for f, *_ in FIELDS}
+    return {p.id: screen.query_one(f"#in-{p.id}", Input).value for p in FIELDS}
 
 
 async def _finished_bisect(app, pilot) -> None:
@@ -113,7 +113,7 @@ async def test_each_field_is_labelled_and_shows_its_longest_valid_value_at_80x24
         await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
         for field_id, value in longest.items():
             app.screen.query_one(f"#in-{field_id}", Input).value = value
-        labels = {f: label for f, label, *_ in FIELDS}
+        labels = {p.id: p.label for p in FIELDS}
         await until(pilot, lambda: all(f"{labels[f]}: {v}" in screen_text(app) for f, v in longest.items()),
                     what="every field's label and whole value")
 

@@ -6,20 +6,22 @@ from types import SimpleNamespace
 import pytest
 
 from tuner.core.errors import UsageError
-from tuner.screens.bisect import _whole_number, recommendation_text
+from tuner.screens.bisect import FIELDS, recommendation_text
 from tuner.tuning.sensitivity import BITWISE_CAUGHT_PCT, TOLERANCE_CAUGHT_PCT
+
+STEP = next(p for p in FIELDS if p.id == "step")
 
 
 @pytest.mark.parametrize("text", ["-٣٠", "-3_0", "１５", "15.0", ""])
 def test_the_form_refuses_what_the_cli_refuses(text):
     with pytest.raises(UsageError):
-        _whole_number("step", text, "mV")
+        STEP.parse(text, "mV", "step")
 
 
 @pytest.mark.parametrize(("text", "value"), [("-30", -30), ("+15", 15), ("15 MHz", 15)])
 def test_the_form_takes_ascii_numbers_with_the_cards_unit(text, value):
     unit = "MHz" if "MHz" in text else "mV"
-    assert _whole_number("step", text, unit) == value
+    assert STEP.parse(text, unit, "step") == value
 
 
 def _rec(sensitivity):

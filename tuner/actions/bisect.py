@@ -1,18 +1,17 @@
-"""Start or resume a bisect of one card or several at once: the core's defaults for a card, every parameter check
-and the `--save` name check before anything touches a card. `tuner bisect` and the Auto-bisect screen both call
-`prepare_bisect`, and save what it found through `profile_from_outcome` / `rig_profile_from_outcome`."""
+"""Start or resume a bisect of one card or several at once: every parameter check and the `--save` name check before
+anything touches a card. `tuner bisect` and the Auto-bisect screen both call `prepare_bisect`, and save what it
+found through `profile_from_outcome` / `rig_profile_from_outcome`."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.actions import other_tools
 from tuner.backends.base import Backend
 from tuner.core.errors import UsageError
-from tuner.core.models import DeviceInfo, Knob
+from tuner.core.models import DeviceInfo
 from tuner.profiles.schema import Profile
 from tuner.tuning.events import BisectEvent
 from tuner.tuning.job import (
@@ -24,37 +23,6 @@ from tuner.tuning.job import (
     estimate_search,
     lock_at_baseline_clock,
 )
-from tuner.tuning.plan import PlanParams
-
-
-@dataclass(frozen=True)
-class BisectDefaults:
-    """What a blank field means on this card, as a front end shows it ("10 mV", "30 MHz", "5m")."""
-
-    plan: PlanParams
-    unit: str
-    params: BisectParams = field(default_factory=BisectParams)
-
-    def text(self, field: str) -> str:
-        if field in ("step", "resolution", "margin"):
-            return f"{getattr(self.plan, field)} {self.unit}"
-        if field in ("trial_s", "confirm_s"):
-            return duration_text(getattr(self.params, field))
-        if field == "floor":
-            return "none"
-        return str(getattr(self.params, field))
-
-
-def duration_text(seconds: float) -> str:
-    """A duration as the CLI's --trial takes it, in the largest whole unit: "30m", "90s"."""
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds // size:g}{unit}"
-    return f"{seconds:g}s"
-
-
-def bisect_defaults(knob: Knob) -> BisectDefaults:
-    return BisectDefaults(PlanParams.defaults_for(knob), knob.unit)
 
 
 def bisect_estimate(backend: Backend, device_id: str, params: BisectParams) -> BisectEstimate:

@@ -1,13 +1,14 @@
-"""argparse `type=` converters shared by the commands. Each raises ArgumentTypeError, which the parser turns into
-one `tuner: error:` line and exit 2."""
+"""argparse `type=` converters shared by the commands, and the options of the declared parameters. Each converter
+raises ArgumentTypeError, which the parser turns into one `tuner: error:` line and exit 2."""
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from tuner.actions.parameters import Parameter
 from tuner.core.durations import parse_duration_s
 from tuner.core.errors import UsageError
 from tuner.core.numbers import parse_whole_number
@@ -24,18 +25,20 @@ class Subparsers(Protocol):
 _DECIMAL = re.compile(r"[+-]?[0-9]{1,18}(?:\.[0-9]{1,9})?")
 
 
-def whole_number(text: str) -> int:
-    try:
-        return parse_whole_number(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` as argparse's `type=`: its ValueError or UsageError becomes argparse's one line."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except (ValueError, UsageError) as e:
+            raise argparse.ArgumentTypeError(e.one_line() if isinstance(e, UsageError) else str(e)) from None
+
+    return convert
 
 
-def positive_int(text: str) -> int:
-    value = whole_number(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
+whole_number = argparse_type(parse_whole_number)
+duration = argparse_type(parse_duration_s)  # `90s`, `5m`, `1h` (see tuner.core.durations)
 
 
 def seconds_between(low_s: float, high_s: float) -> Callable[[str], float]:
@@ -52,9 +55,12 @@ def seconds_between(low_s: float, high_s: float) -> Callable[[str], float]:
     return convert
 
 
-def duration(text: str) -> float:
-    """`90s`, `5m`, `1h` (see tuner.core.durations)."""
-    try:
-        return parse_duration_s(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(e.one_line()) from None
+def add_arguments(parser: argparse._ActionsContainer, params: Iterable[Parameter]) -> None:
+    """Each declared parameter as its option (tuner.actions.parameters). Argparse converts a whole number or a choice
+    with the parameter's parser (`argument --step: <its words>`); a duration is kept as typed for the command."""
+    for p in params:
+        if p.parser is None and not p.choices:  # on or off
+            parser.add_argument(p.flag, action=argparse.BooleanOptionalAction, help=p.help)
+        else:
+            parser.add_argument(p.flag, type=str if p.later else argparse_type(p.parse), metavar=p.metavar,
+                                choices=p.choices or None, default=p.default, help=p.help)

@@ -4,30 +4,22 @@ file parses, asks, shows and saves."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import threading
 from argparse import Namespace
 
-from tuner.actions.bisect import (
-    after_save,
-    check_save_name,
-    consent_question,
-    duration_text,
-    prepare_bisect,
-    rig_devices,
-)
+from tuner.actions.bisect import after_save, check_save_name, consent_question, prepare_bisect, rig_devices
 from tuner.actions.context import Context
+from tuner.actions.parameters import BISECT, BOUND, CONFIRM, TRIAL
 from tuner.backends.base import Backend
-from tuner.commands._argtypes import Subparsers, whole_number
+from tuner.commands._argtypes import Subparsers, add_arguments
 from tuner.commands._output import StatusLine, fit, format_table
 from tuner.core import exit_codes, signals
-from tuner.core.durations import format_duration, parse_duration_s
+from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError, UsageError
-from tuner.core.models import Mode, Verdict
+from tuner.core.models import Verdict
 from tuner.tuning.bound import describe as describe_bound
-from tuner.tuning.bound import parse_bound_s
 from tuner.tuning.events import (
     FINISHING,
     BisectEvent,
@@ -68,28 +60,7 @@ def add_parser(subparsers: Subparsers) -> None:
     p.add_argument("--device", metavar="ID|ID,ID|all",
                    help="device id from `tuner list` (default: the only card); a comma list or `all`: those cards "
                    "at once, then a whole-rig confirmation")
-    p.add_argument("--step", type=whole_number, metavar="N", help="coarse step (default 10 mV; NVIDIA: 2 clock steps)")
-    p.add_argument("--resolution", type=whole_number, metavar="N",
-                   help="refine down to this (default 5 mV; NVIDIA: 1 step)")
-    p.add_argument("--margin", type=whole_number, metavar="N",
-                   help="added back to the confirmed value (default 10 mV; NVIDIA: 2 steps)")
-    p.add_argument("--trial", metavar="DUR",
-                   help=f"length of each trial (default {duration_text(BisectParams.trial_s)}; 90s, 5m, 1h)")
-    p.add_argument("--confirm", metavar="DUR",
-                   help=f"length of the confirmation run (default {duration_text(BisectParams.confirm_s)})")
-    p.add_argument("--bound", metavar="DUR",
-                   help="the proof you need: at most one fault per DUR of this load (95 %% confidence; 10m, 2h). "
-                   "The trials are then sized by what they can still tell (short screens far from the edge, one "
-                   "--trial near it) and the confirmation runs until the bound is reached, within --confirm (then the "
-                   "time allowed; a bound it cannot reach is refused before anything runs). Without it the lengths "
-                   "are --trial and --confirm and the bound reached is stated all the same")
-    p.add_argument("--floor", type=whole_number, metavar="VALUE", help="never test beyond this setting")
-    p.add_argument("--mode", choices=tuple(Mode), default=Mode.TRAIN,
-                   help="stress workload of the trials (default train; the confirmation runs mixed)")
-    p.add_argument("--preset", choices=("nanochat", "tiny", "small", "large"),
-                   help="engine model size (default: nanochat on GPUs, tiny on the simulated card's CPU engine)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the engine's model and optimizer (default: on for GPUs)")
+    add_arguments(p, BISECT)
     p.add_argument("--save", metavar="NAME",
                    help="save the recommendation as a profile (several cards: one rig profile, a part per card)")
     p.add_argument("--tolerance", action="store_true",
@@ -327,13 +298,11 @@ def run(args: Namespace, ctx: Context) -> int:
             raise UsageError("--from-last saves one card's last result", "give --device ID (one card)")
         check_save_name(args.save)
         return _save_from_last(args, backend, devices[0])
-    durations = {name: parse_duration_s(text) for name, text in (("trial_s", args.trial), ("confirm_s", args.confirm))
-                 if text is not None}  # left out: the core's default
-    bound_s = None if args.bound is None else parse_bound_s(args.bound)
-    params = BisectParams(step=args.step, resolution=args.resolution, margin=args.margin, floor=args.floor,
-                          mode=args.mode, preset=args.preset, compile=args.compile, resume=args.resume,
-                          restart=args.restart, tolerance=args.tolerance, bound_s=bound_s,
-                          **durations)  # type: ignore[arg-type]  # only trial_s/confirm_s (floats); mypy matches a **dict against every parameter
+    given = {p.name: getattr(args, p.id) for p in BISECT if not p.later}  # argparse converted these
+    given |= {p.name: p.parse(text, where=p.flag) for p in (TRIAL, CONFIRM)
+              if (text := getattr(args, p.id)) is not None}  # a duration left out: the core's default
+    given["bound_s"] = None if args.bound is None else BOUND.parse(args.bound)
+    params = BisectParams(**given, resume=args.resume, restart=args.restart, tolerance=args.tolerance)
     if args.tolerance:
         from tuner.tuning.sensitivity import tolerance_note
 

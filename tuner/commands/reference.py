@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.actions.parameters import PRESET
 from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
 from tuner.commands._output import print_json
@@ -45,7 +46,7 @@ def add_parser(subparsers: Subparsers) -> None:
                    "'custom'")
     q.add_argument("--out", required=True, metavar="FILE", help="the bundle to write (e.g. stock.ref)")
     q.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
-    q.add_argument("--preset", choices=("nanochat", "tiny", "small", "large"),
+    q.add_argument("--preset", choices=PRESET.choices,
                    help="model size (default: nanochat on GPUs, tiny on a simulated card)")
     q.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="compute dtype (default: the engine's)")
     q.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")

@@ -19,12 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tuner.commands._argtypes import Subparsers, positive_int
+from tuner.actions.parameters import DURATION, STRESS, STRESS_DURATION, STRESS_LENGTH
+from tuner.commands._argtypes import Subparsers, add_arguments
 from tuner.commands._device import pick_device
 from tuner.commands._output import StatusLine
 from tuner.core import exit_codes
-from tuner.core.durations import format_duration, parse_duration_s
-from tuner.core.models import Mode, Verdict
+from tuner.core.durations import format_duration
+from tuner.core.models import Verdict
 
 if TYPE_CHECKING:
     from tuner.actions.context import Context
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from tuner.core.models import DeviceInfo
     from tuner.tuning.engine_client import EngineConfig, GemmEvent, StepEvent, StressResult
 
-DEFAULT_DURATION = "5m"
 PROGRESS_INTERVAL_S = 0.25
 
 
@@ -53,20 +53,8 @@ def add_parser(subparsers: Subparsers) -> None:
         "documented in docs/engine.md.",
     )
     p.add_argument("--device", metavar="ID", help="device id from `tuner list` (default: the only card)")
-    bound = p.add_mutually_exclusive_group()
-    bound.add_argument("--duration", metavar="DUR", help=f"how long (default {DEFAULT_DURATION}; 90s, 5m, 1h)")
-    bound.add_argument("--steps", type=positive_int, metavar="N", help="how many training steps instead")
-    p.add_argument("--mode", choices=tuple(Mode), default=Mode.TRAIN,
-                   help="train (default), gemm (GEMM burn only) or mixed (partial load and idle gaps)")
-    p.add_argument("--preset", choices=("nanochat", "tiny", "small", "large"),
-                   help="model size (default: nanochat on GPUs, tiny on the CPU / simulated card)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the engine's model and optimizer (default: on for GPUs)")
-    p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"),
-                   help="compute dtype (default auto: bf16 where supported, else fp32; or $TUNER_DTYPE)")
-    p.add_argument("--seed", type=int, default=0, help="model, data and fault seed (default 0)")
-    p.add_argument("--canary-every", type=positive_int, metavar="K",
-                   help="canary replay every K steps (default 100; 10 on a simulated card)")
+    add_arguments(p.add_mutually_exclusive_group(), STRESS_LENGTH)
+    add_arguments(p, STRESS)
     ref = p.add_mutually_exclusive_group()
     ref.add_argument("--reference", metavar="PATH",
                      help="compare every step with this recorded stock run (default: this card's cached stock "
@@ -84,11 +72,11 @@ def build_request(args: argparse.Namespace, device_id: str) -> StressRequest:
     """The stress action's request for `args` on `device_id` (tuner.actions.stress decides the rest)."""
     from tuner.actions.stress import StressRequest
     steps = args.steps
+    duration_s = None if steps is not None else DURATION.parse(args.duration or STRESS_DURATION, where=DURATION.flag)
     return StressRequest(
-        device_id, duration_s=None if steps is not None else parse_duration_s(args.duration or DEFAULT_DURATION),
-        steps=steps, preset=args.preset, mode=args.mode, seed=args.seed, dtype=args.dtype, compile=args.compile,
-        canary_every=args.canary_every, reference=Path(args.reference) if args.reference else None,
-        record=Path(args.record) if args.record else None, without_reference=args.no_reference)
+        device_id, duration_s=duration_s, steps=steps, **{p.name: getattr(args, p.id) for p in STRESS},
+        reference=Path(args.reference) if args.reference else None, record=Path(args.record) if args.record else None,
+        without_reference=args.no_reference)
 
 
 class ProgressLine:

@@ -39,6 +39,14 @@ def parse_duration_s(text: str) -> float:
     return value
 
 
+def duration_text(seconds: float) -> str:
+    """A duration as `--trial` takes it, in the largest whole unit: "30m", "90s"."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def format_duration(seconds: float) -> str:
     """`format_duration(3725) == '1h02m'`; short forms for ETAs."""
     s = max(0, round(seconds))

@@ -16,14 +16,13 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
-from tuner.actions.bisect import bisect_defaults
+from tuner.actions import parameters
 from tuner.app import form_memory, jobs
 from tuner.app.state import BisectState, CardState, of_about
 from tuner.app.words import BISECT, for_people
-from tuner.core.durations import format_duration, parse_duration_s
+from tuner.core.durations import duration_text, format_duration
 from tuner.core.errors import TunerError, UsageError
-from tuner.core.models import Knob, Mode
-from tuner.core.numbers import parse_whole_number
+from tuner.core.models import Knob
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
 from tuner.tuning.events import FINISHING, Recommendation
@@ -31,52 +30,24 @@ from tuner.tuning.job import BisectEstimate, BisectParams
 from tuner.tuning.sensitivity import detection_rate_text
 from tuner.widgets.history_plot import HistoryPlot
 
-# (field id, label, kind, BisectParams field). A blank field is the core's default for the card, shown as the
-# field's placeholder (tuner.actions.bisect.bisect_defaults: "10 mV", "30 MHz", "5m").
-FIELDS = (
-    ("step", "step", "int", "step"),
-    ("resolution", "res", "int", "resolution"),
-    ("margin", "margin", "int", "margin"),
-    ("floor", "floor", "int", "floor"),
-    ("trial", "trial", "duration", "trial_s"),
-    ("confirm", "confirm", "duration", "confirm_s"),
-    ("mode", "mode", "mode", "mode"),
-)
+# The parameters with a label (tuner.actions.parameters), the first row's first. A blank field is the core's default
+# for the card, shown as the field's placeholder ("10 mV", "30 MHz", "5m").
+FIRST_ROW = ("step", "resolution", "margin", "floor")
+FIELDS = tuple(sorted((p for p in parameters.BISECT if p.label), key=lambda p: p.id not in FIRST_ROW))
 # Each field holds its longest valid value and the cursor after it: a setting with its unit ("-300 mV",
 # "+1000 MHz"), a duration ("1h30m"), a mode ("mixed"). Two rows at 80 columns; the plan sits beside the second.
 FIELD_WIDTHS = {"step": 8, "resolution": 8, "margin": 8, "floor": 10, "trial": 6, "confirm": 6, "mode": 6}
-FIRST_ROW = ("step", "resolution", "margin", "floor")
 COLUMNS = ("setting", "phase", "verdict", "why", "tok/s", "W", "tok/J", "max °C")
 WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table; below, g swaps them
 KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
 
 
-def _whole_number(label: str, text: str, unit: str) -> int:
-    """A whole number as on the command line (tuner.core.numbers), optionally followed by the card's unit ("15 MHz")."""
-    try:
-        return parse_whole_number(text, unit)
-    except ValueError:
-        raise UsageError(f"{label}: expected a whole number of {unit or 'steps'}, got {text!r}", "e.g. 10") from None
-
-
 def parse_form(values: dict[str, str], *, unit: str = "", resume: bool = False,
                restart: bool = False) -> BisectParams:
-    """The form's text as bisect parameters (a blank field: None here, the card's default in the core);
-    UsageError names the bad field."""
-    params: dict = {}
-    for field_id, label, kind, name in FIELDS:
-        text = values.get(field_id, "").strip()
-        if not text:
-            continue
-        if kind == "duration":
-            params[name] = parse_duration_s(text)
-        elif kind == "mode":
-            if text not in tuple(Mode):
-                raise UsageError(f"{label}: {text!r} is not a mode", f"use one of {', '.join(Mode)}")
-            params[name] = Mode(text)
-        else:
-            params[name] = _whole_number(label, text, unit)
-    return BisectParams(**params, resume=resume, restart=restart)
+    """The form's text as bisect parameters, each read as the CLI reads its flag (a blank field: None here, the
+    card's default in the core); UsageError names the bad field."""
+    given = {p.name: p.parse(text, unit, p.label) for p in FIELDS if (text := values.get(p.id, "").strip())}
+    return BisectParams(**given, resume=resume, restart=restart)
 
 
 def _cell(value: object, fmt: str = "{}") -> str:
@@ -165,11 +136,11 @@ class BisectScreen(TunerScreen):
     def compose_body(self) -> ComposeResult:
         for row, fields in (("bisect-form", FIRST_ROW), ("bisect-form-2", None)):
             with Horizontal(id=row, classes="bisect-form"):
-                for field_id, label, _kind, _name in FIELDS:
-                    if (field_id in FIRST_ROW) == (fields is not None):
-                        field = Input(id=f"in-{field_id}", compact=True)
-                        field.styles.width = FIELD_WIDTHS[field_id]
-                        yield Label(f"{label}:")
+                for p in FIELDS:
+                    if (p.id in FIRST_ROW) == (fields is not None):
+                        field = Input(id=f"in-{p.id}", compact=True)
+                        field.styles.width = FIELD_WIDTHS[p.id]
+                        yield Label(f"{p.label}:")
                         yield field
                 if fields is None:
                     yield Static(id="bisect-plan")
@@ -194,23 +165,22 @@ class BisectScreen(TunerScreen):
         self.query_one("#bisect-trials", DataTable).focus()
 
     def _form_values(self) -> dict[str, str]:
-        return {f: self.query_one(f"#in-{f}", Input).value for f, *_ in FIELDS}
+        return {p.id: self.query_one(f"#in-{p.id}", Input).value for p in FIELDS}
 
     def _recall_form(self) -> None:
         """The selected card's last values (tuner.app.form_memory); blank where it has none."""
         device_id = self.app.selected_device_id
         values = form_memory.recall(self.app.device(device_id)) if device_id else {}
-        for field_id, *_ in FIELDS:
-            self.query_one(f"#in-{field_id}", Input).value = values.get(field_id, "")
+        for p in FIELDS:
+            self.query_one(f"#in-{p.id}", Input).value = values.get(p.id, "")
 
     def _show_defaults(self, knob: Knob | None) -> None:
         """Placeholders follow the selected card (its unit and steps), refreshed only when the card changes."""
-        key = None if knob is None else (knob.unit, knob.step, knob.stock)
-        if key == self._defaults_for:
+        if knob is None or (knob.unit, knob.step, knob.stock) == self._defaults_for:
             return
-        self._defaults_for = key
-        for field_id, text in _placeholders(knob).items():
-            self.query_one(f"#in-{field_id}", Input).placeholder = text
+        self._defaults_for = (knob.unit, knob.step, knob.stock)
+        for p in FIELDS:
+            self.query_one(f"#in-{p.id}", Input).placeholder = p.placeholder(knob)
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(self.size.width >= WIDE_COLUMNS, "-wide")
@@ -511,18 +481,8 @@ class BisectScreen(TunerScreen):
         return True
 
 
-def _placeholders(knob: Knob | None) -> dict[str, str]:
-    """What each blank field means on this card (the core's defaults)."""
-    if knob is None:
-        return {}
-    defaults = bisect_defaults(knob)
-    return {field_id: defaults.text(name) for field_id, _label, _kind, name in FIELDS}
-
-
 def plan_text(estimate: BisectEstimate, *, every: bool = False) -> str:
     """`≤24 trials · confirm 30m · ≤2h25m`: one card's new search at most (ALL CARDS: each card's, then the rig)."""
-    from tuner.actions.bisect import duration_text
-
     head = "each card " if every else "plan "
     return (f"{head}≤{estimate.trials} trials, confirm {duration_text(estimate.confirm_s)}, "
             f"≤{format_duration(estimate.duration_s)}")

@@ -21,9 +21,9 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from tuner.actions import profile_store
-from tuner.actions.bisect import duration_text
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
 from tuner.app.words import for_people
+from tuner.core.durations import duration_text
 from tuner.core.errors import TunerError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles.schema import Profile, ProfileDevice, ProfilePart, RigEvidence, Tuning

@@ -17,6 +17,7 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.widgets import Log, Static
 
+from tuner.actions import parameters
 from tuner.actions.stress import NoStockReference
 from tuner.app.jobs import stress_question
 from tuner.core.models import Knob, Mode
@@ -25,8 +26,8 @@ from tuner.screens.dialogs import ConfirmDialog
 from tuner.widgets.device_panel import setting_text
 from tuner.widgets.history_plot import HistoryPlot
 
-PRESETS = ("tiny", "nanochat", "small", "large")
-MODES = tuple(Mode)
+PRESETS = tuple(sorted(parameters.PRESET.choices, key=lambda preset: preset != "tiny"))  # p cycles from the quick one
+MODES = parameters.MODE.choices
 DETECTORS = ("reference", "canary", "gemm", "nonfinite", "device errors", "watchdog", "kernel log")
 
 
@@ -88,7 +89,7 @@ class TuneScreen(TunerScreen):
     def __init__(self) -> None:
         super().__init__()
         self.target: int | None = None
-        self.preset, self.mode = "tiny", Mode.TRAIN
+        self.preset, self.mode = PRESETS[0], str(Mode.TRAIN)
         self._log_shown = 0
         self._log_run: int | None = None
         self._seen_setting: tuple | None = None
