@@ -105,12 +105,16 @@ def machine_wide_exclusive(lock) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests (`@pytest.mark.heavy(seconds=N)`: a whole bisect on real engines; N is what it took in
-    CI's 2-core run) run first, longest first. In file order they came last (tests/tuning), and the run ended with
-    one worker busy on a minute-long test while the other sat idle. A stable sort: every other test keeps its
-    order."""
-    def seconds(item: pytest.Item) -> float:
+    """The order the workers take tests in (a stable sort: every other test keeps its file order):
+    1. the tests that run alone (`fake_lactd`: machine_wide_exclusive): each waits until the other worker's test
+       ends, so they go while those are short, before any heavy one has started;
+    2. the longest tests (`@pytest.mark.heavy(seconds=N)`: a whole bisect on real engines; N is what it took in
+       CI's 2-core run), longest first. In file order they came last (tests/tuning), and the run ended with one
+       worker busy on a minute-long test while the other sat idle."""
+    def order(item: pytest.Item) -> tuple[int, float]:
+        if "fake_lactd" in getattr(item, "fixturenames", ()):
+            return (0, 0.0)
         heavy = item.get_closest_marker("heavy")
-        return float(heavy.kwargs["seconds"]) if heavy is not None else 0.0
+        return (1, -float(heavy.kwargs["seconds"]) if heavy is not None else 0.0)
 
-    items.sort(key=lambda item: -seconds(item))
+    items.sort(key=order)
