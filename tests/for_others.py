@@ -26,9 +26,10 @@ _SITE_PACKAGES = [p for p in sys.path if p.endswith("site-packages")]
 
 
 def reachable_by_others(path: str | Path, *, run: bool = False) -> bool:
-    """Whether any account may reach `path` (every directory above it searchable) and read it (or run it)."""
+    """Whether any account may reach `path` (every directory above it searchable) and read it (or run it). A
+    directory must be listable too: Python's import lists it, and finds nothing in one it cannot list."""
     real = Path(os.path.realpath(path))
-    need = 0o001 if run or real.is_dir() else 0o004
+    need = 0o001 if run else 0o005 if real.is_dir() else 0o004
     return all(p.stat().st_mode & 0o001 for p in real.parents) and bool(real.stat().st_mode & need)
 
 
