@@ -18,20 +18,32 @@ RESET_LINE = "amdgpu 0000:03:00.0: amdgpu: GPU reset begin!"
 
 class FakeKernelLog:
     """A live kernel-log source whose lines the test writes (KernelLogWatcher's `source` seam: the lines, and how
-    to stop reading them, as tuner.tuning.kernel_log.open_live_source returns them)."""
+    to stop reading them, as tuner.tuning.kernel_log.open_live_source returns them). Like /dev/kmsg and
+    `journalctl -f`, every open is a reader of its own: a line written reaches each reader open at that moment,
+    and closing one reader ends only that one."""
 
     def __init__(self) -> None:
-        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._readers: list[queue.Queue[str | None]] = []
         self.opened = 0
 
     def __call__(self):
         self.opened += 1
+        reader: queue.Queue[str | None] = queue.Queue()
+        self._readers.append(reader)
 
         def lines():
-            while (line := self.lines.get()) is not None:
+            while (line := reader.get()) is not None:
                 yield line
 
-        return lines(), lambda: self.lines.put(None)
+        def close() -> None:
+            self._readers.remove(reader)
+            reader.put(None)
+
+        return lines(), close
+
+    def write(self, line: str) -> None:
+        for reader in list(self._readers):
+            reader.put(line)
 
     def watcher(self) -> KernelLogWatcher:
         return KernelLogWatcher(source=self)
@@ -50,10 +62,13 @@ async def test_a_kernel_log_fault_stops_a_stress_run_started_from_the_tune_scree
     async with app.run_test(size=(80, 24)) as pilot:
         try:
             await pilot.press("2", "s")
-            # the run proper (after the stock reference was recorded), a few steps in: the card resets
-            await _wait(pilot, lambda: app.stress.detector("reference") == "ok" and len(app.stress.steps) >= 3
-                        and app.stress.detector("kernel log") == "ok")
-            log.lines.put(RESET_LINE)
+            # the run proper (after the stock reference was recorded), a few steps in: the card resets. Its start
+            # resets the steps, so three steps after it are the run proper's (the recording's last steps, still
+            # shown until then, once let the line land in the recording's watcher as that one closed)
+            await _wait(pilot, lambda: "engine: the stress run" in app.stress.log and len(app.stress.steps) >= 3
+                        and app.stress.detector("reference") == "ok" and app.stress.detector("kernel log") == "ok")
+            assert log.opened == 2  # the recording's reader and the run proper's
+            log.write(RESET_LINE)
             await _wait(pilot, lambda: not app.stress.running, 60.0)  # an hour-long run: only the fault ends it
         finally:
             if app.stress.running:  # the fault did not stop it: stop it, so the test ends
