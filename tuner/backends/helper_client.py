@@ -25,19 +25,7 @@ import msgspec
 
 from tuner.backends.base import Backend, KernelLogSource
 from tuner.core import exit_codes
-from tuner.core.card_lock import CardBusy
-from tuner.core.errors import (
-    DamagedState,
-    DeviceLost,
-    DiskFull,
-    NotApplied,
-    OutOfRange,
-    PermissionDenied,
-    TunerError,
-    UnknownDevice,
-    Unsupported,
-    UsageError,
-)
+from tuner.core.errors import NotApplied, OutOfRange, TunerError, Unsupported, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, StressTarget, Telemetry
 from tuner.helper import schema as s
 
@@ -64,20 +52,14 @@ class LeaseLost(NotApplied):
 
 
 _ERRORS: dict[str, type[TunerError]] = {
-    "busy": CardBusy, "unknown-card": UnknownDevice, "out-of-range": OutOfRange, "overvolt-not-allowed": OutOfRange,
-    "damaged-state": DamagedState, "not-applied": NotApplied, "device-lost": DeviceLost,
-    "permission": PermissionDenied, "unsupported": Unsupported, "disk-full": DiskFull,
-    "not-allowed": HelperRefused, "version": HelperUnreachable, "too-many": HelperUnreachable,
-    "idle": HelperUnreachable, "internal": HelperUnreachable,
+    **s.ERRORS, "overvolt-not-allowed": OutOfRange, "not-allowed": HelperRefused, "version": HelperUnreachable,
+    "too-many": HelperUnreachable, "idle": HelperUnreachable, "internal": HelperUnreachable,
 }
 
 
 def error_of(reply: s.RawReply) -> TunerError:
     """The TunerError a refusal stands for (the in-process tuner's class, so the same exit code)."""
-    error = _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
-    error.helper_code = reply.code  # type: ignore[attr-defined]
-    error.holder = reply.holder  # type: ignore[attr-defined]
-    return error
+    return _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
 
 
 class HelperConnection:

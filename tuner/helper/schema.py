@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from tuner.core import errors
+from tuner.core.card_lock import CardBusy
 from tuner.core.models import Capabilities, DeviceInfo
 
 PROTOCOL_VERSION = 1
@@ -342,6 +344,13 @@ CODES = {
     "disk-full": "a safety file could not be written",
     "usage": "the request cannot be done as asked",
     "internal": "the helper failed; the request changed nothing it could not put back",
+}
+# The codes that stand for one of the in-process tuner's errors, both ways: the helper sends the code of the error
+# its backend or state raised, the client raises that class again.
+ERRORS: dict[str, type[errors.TunerError]] = {
+    "busy": CardBusy, "unknown-card": errors.UnknownDevice, "out-of-range": errors.OutOfRange,
+    "damaged-state": errors.DamagedState, "device-lost": errors.DeviceLost, "not-applied": errors.NotApplied,
+    "permission": errors.PermissionDenied, "unsupported": errors.Unsupported, "disk-full": errors.DiskFull,
 }
 
 _decoder = msgspec.json.Decoder(Request)

@@ -29,8 +29,7 @@ from tuner import __version__
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.boot import current_boot_id
-from tuner.core.card_lock import CardBusy
-from tuner.core.errors import OutOfRange, PermissionDenied, TunerError, UnknownDevice, Unsupported, UsageError
+from tuner.core.errors import PermissionDenied, TunerError, UnknownDevice, Unsupported, UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
@@ -489,11 +488,7 @@ def code_of(error: TunerError) -> str:
     """The wire code of a TunerError (the client maps it back to the same class and exit code)."""
     if isinstance(error, Refused):
         return error.code
-    from tuner.core.errors import DamagedState, DeviceLost, DiskFull, NotApplied, PermissionDenied, Unsupported
-
-    for kind, code in ((CardBusy, "busy"), (UnknownDevice, "unknown-card"), (OutOfRange, "out-of-range"),
-                       (DamagedState, "damaged-state"), (DeviceLost, "device-lost"), (NotApplied, "not-applied"),
-                       (PermissionDenied, "permission"), (Unsupported, "unsupported"), (DiskFull, "disk-full")):
+    for code, kind in s.ERRORS.items():
         if isinstance(error, kind):
             return code
     return "usage" if error.exit_code == exit_codes.USAGE else "internal"
