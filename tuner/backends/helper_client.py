@@ -135,7 +135,7 @@ def connect(path: Path, *, client: str = "tuner") -> tuple[HelperConnection, s.H
 
 class HelperBackend(Backend):
     """Every Backend call as a request to the helper. Also the helper-only calls the tuner's journal wiring
-    needs: claim/release, trial_begin/trial_end, trials, unsafe_entries/unsafe_clear, kernel_log_source."""
+    needs: claim/release, trial_begin/trial_end, recovered_trials, unsafe_entries/unsafe_clear, kernel_log_source."""
 
     def __init__(self, connection: HelperConnection, hello: s.HelloResult, *, lease_s: float = DEFAULT_LEASE_S,
                  warn: Callable[[str], None] | None = None):
@@ -223,9 +223,6 @@ class HelperBackend(Backend):
     def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
         return self._ask(s.ReadState(card=device_id), s.CardState).applied_pstates
 
-    def lock_clock_mhz(self, device_id: str) -> int | None:
-        return self.knob(device_id).lock_clock_mhz
-
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
         self._ask(s.LockClock(card=device_id, mhz=mhz), s.LockResult)
 
@@ -274,11 +271,8 @@ class HelperBackend(Backend):
         self._ask(s.TrialEnd(card=device_id, unsafe=unsafe))
         self._open_trials.discard(device_id)
 
-    def trials(self, device_id: str) -> s.TrialsResult:
-        return self._ask(s.ReadTrials(card=device_id), s.TrialsResult)
-
     def recovered_trials(self, device_id: str) -> list[Any]:
-        return list(self.trials(device_id).recovered)
+        return list(self._ask(s.ReadTrials(card=device_id), s.TrialsResult).recovered)
 
     def unsafe_entries(self, device_id: str) -> list[dict[str, Any]]:
         return [msgspec.structs.asdict(e) for e in self._ask(s.UnsafeList(card=device_id), list[s.UnsafeEntry])]
