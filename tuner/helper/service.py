@@ -290,12 +290,8 @@ class HelperService:
         trial = self.state.open_trials().get(key)
         if trial is None or self.book.trials.get(r.card) != who.conn:
             raise Refused("no-trial", f"this connection has no open trial on {r.card}", "begin one with trial_begin")
-        if r.unsafe is not None and trial.setting != trial.stock:
-            self.state.add_unsafe(key, s.UnsafeEntry(
-                setting=trial.setting, unit=trial.unit, kind=r.unsafe.kind, reason=r.unsafe.reason,
-                edge=r.unsafe.edge, device=r.card, serial=self.devices[r.card].serial, session=trial.session,
-                boot_id=current_boot_id(), recorded_at=time.time(), kernel_log=r.unsafe.kernel_log,
-                uid=who.peer.uid))
+        if r.unsafe is not None:
+            self._mark_unsafe(key, trial, r.unsafe, serial=self.devices[r.card].serial)
         self.state.set_open_trial(key, None)
         self.book.trials.pop(r.card, None)
         self.book.release_if_idle(r.card, who.conn)
@@ -391,17 +387,22 @@ class HelperService:
                                     "the helper was stopped during this trial; it runs again")
             self.book.trials.clear()
 
+    def _mark_unsafe(self, key: str, trial: s.OpenTrial, mark: s.UnsafeMark, *, serial: str | None = None,
+                     source: str = "helper") -> None:
+        """The trial's setting goes on the card's unsafe list (stock never does)."""
+        if trial.setting != trial.stock:
+            self.state.add_unsafe(key, s.UnsafeEntry(
+                setting=trial.setting, unit=trial.unit, kind=mark.kind, reason=mark.reason, edge=mark.edge,
+                device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
+                recorded_at=time.time(), kernel_log=mark.kernel_log, uid=trial.uid, source=source))
+
     def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
         trial = self.state.open_trials().get(key)
         if trial is None:
             return
-        boot = current_boot_id()
-        self.state.add_recovered(s.RecoveredTrial(trial, verdict, kind, reason, time.time(), boot))
-        if verdict == "fail" and trial.setting != trial.stock:
-            self.state.add_unsafe(key, s.UnsafeEntry(
-                setting=trial.setting, unit=trial.unit, kind=kind, reason=reason, edge=True, device=trial.card,
-                session=trial.session, boot_id=boot, recorded_at=time.time(), uid=trial.uid,
-                source="recovered at helper start"))
+        self.state.add_recovered(s.RecoveredTrial(trial, verdict, kind, reason, time.time(), current_boot_id()))
+        if verdict == "fail":
+            self._mark_unsafe(key, trial, s.UnsafeMark(kind, reason), source="recovered at helper start")
         self.state.set_open_trial(key, None)
         self._log(f"recovered the open trial at {trial.setting:+d} {trial.unit} on {trial.card}: {verdict} ({reason})")
 
