@@ -55,7 +55,6 @@ class Client:
 
     conn: int
     peer: Peer
-    client: str = ""  # what the client said it is in hello
 
 
 class HelperService:
@@ -109,13 +108,11 @@ class HelperService:
         pending.deadline = self.clock() + lease_s
         return pending
 
-    def _settle(self, card: str, who: Client | None) -> None:
+    def _settle(self, card: str, who: Client) -> None:
         """The card has nothing unconfirmed any more: forget the change, its journal entry, and an idle hold."""
-        pending = self.book.pending.pop(card, None)
+        self.book.pending.pop(card, None)
         self.state.set_write(self.keys[card], None)
-        conn = who.conn if who else pending.conn if pending else None
-        if conn is not None:
-            self.book.release_if_idle(card, conn)
+        self.book.release_if_idle(card, who.conn)
 
     # --- requests -----------------------------------------------------------------------------------------------
     def handle(self, who: Client, request: s.Request) -> object:
@@ -128,7 +125,6 @@ class HelperService:
         if r.version != s.PROTOCOL_VERSION:
             raise Refused("version", f"this helper speaks protocol {s.PROTOCOL_VERSION}, the client {r.version}",
                           "use a tuner of the same version as tuner-helper")
-        who.client = r.client
         self.import_user(who.peer.uid)
         return s.HelloResult(s.PROTOCOL_VERSION, __version__, self.backend.name, self.backend.simulated, self.sim,
                              self.group, who.peer.uid, self.allow_overvolt)
