@@ -259,8 +259,7 @@ class HelperServer:
         try:
             for line in connection.lines(HELLO_TIMEOUT_S):
                 if line is None:
-                    connection.error(0, "line-too-long", f"a request line is longer than {s.MAX_REQUEST_BYTES} "
-                                     "bytes", "send one request per line")
+                    connection.error(0, "line-too-long", s.CODES["line-too-long"], "send one request per line")
                     continue
                 if not line.strip():
                     continue
@@ -270,7 +269,7 @@ class HelperServer:
                     connection.error(0, e.code, str(e))
                     continue
                 if not greeted and not isinstance(request, s.Hello):
-                    connection.error(request.id, "hello-first", "the first request must be hello",
+                    connection.error(request.id, "hello-first", s.CODES["hello-first"],
                                      f"send {{\"op\":\"hello\",\"version\":{s.PROTOCOL_VERSION}}}")
                     continue
                 if isinstance(request, s.KernelEvents):
