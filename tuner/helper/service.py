@@ -99,7 +99,8 @@ class HelperService:
                      boot_id=current_boot_id(), since=time.time())
 
     def _pending_for(self, card: str, key: str, who: Client, knob: Knob, lease_s: float) -> Pending:
-        """This connection's unconfirmed change of the card, started now if it has none."""
+        """This connection's unconfirmed change of the card (which it now holds), started now if it has none."""
+        self.book.hold(card, who.conn, who.peer, time.time())
         pending = self.book.pending.get(card)
         if pending is None or pending.conn != who.conn:
             pending = Pending(who.conn, card, key, knob.current, None, None, lease_s, self.clock() + lease_s)
@@ -168,7 +169,6 @@ class HelperService:
             raise Refused("unsafe", f"{r.value:+d} {knob.unit} is at or beyond {worst:+d} {knob.unit}, which failed "
                           f"hard on this card ({entry.kind}: {entry.reason or 'no reason recorded'}; machine list)",
                           "choose a less aggressive value; `tuner unsafe clear` removes the entry if you are sure")
-        self.book.hold(r.card, who.conn, who.peer, time.time())
         had = self.book.pending.get(r.card)
         pending = self._pending_for(r.card, key, who, knob, r.lease_s)
         pending.value = r.value
@@ -212,7 +212,6 @@ class HelperService:
         knob = self.backend.knob(r.card)
         if knob.lock_clock_mhz is None or not hasattr(self.backend, "set_lock_clock"):
             raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
-        self.book.hold(r.card, who.conn, who.peer, time.time())
         current = self.book.pending.get(r.card)
         pending = self._pending_for(r.card, key, who, knob, current.lease_s if current else DEFAULT_LEASE_S)
         if pending.previous_lock_mhz is None:
