@@ -294,7 +294,7 @@ class HelperBackend(Backend):
             with contextlib.suppress(OSError, ValueError):
                 for raw in connection._reader:
                     reply = msgspec.json.decode(raw, type=s.RawReply)
-                    if reply.ok and reply.result != b"null":
+                    if reply.ok:
                         yield msgspec.json.decode(reply.result, type=s.KernelLine).line
 
         def close() -> None:
