@@ -36,8 +36,10 @@ class _Request(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_on
     id: RequestId = 0
 
 
-class _CardRequest(_Request):
-    card: Card  # every request about one card names it by id, never by path
+class CardRequest(_Request):
+    """A request about one card, named by its id (never by a path); the helper checks it has that card first."""
+
+    card: Card
 
 
 class Hello(_Request, tag="hello"):
@@ -51,23 +53,23 @@ class ListCards(_Request, tag="list"):
     """Every card the helper drives, with its capabilities and the key its safety state is filed under."""
 
 
-class ReadKnob(_CardRequest, tag="read_knob"):
+class ReadKnob(CardRequest, tag="read_knob"):
     """The undervolt knob with its current value and the device's real range."""
 
 
-class ReadTelemetry(_CardRequest, tag="read_telemetry"):
+class ReadTelemetry(CardRequest, tag="read_telemetry"):
     """One telemetry sample; fields the device does not report are None."""
 
 
-class ReadTarget(_CardRequest, tag="read_target"):
+class ReadTarget(CardRequest, tag="read_target"):
     """How the stress engine reaches the card (its torch device, PCI bus id; a simulated card's faults)."""
 
 
-class ReadState(_CardRequest, tag="read_state"):
+class ReadState(CardRequest, tag="read_state"):
     """Another tool's setting on the card, and the NVIDIA performance states an offset covers."""
 
 
-class Set(_CardRequest, tag="set"):
+class Set(CardRequest, tag="set"):
     """Write `value`, read it back. Unconfirmed, it is put back when `lease_s` runs out without a heartbeat or
     when this connection closes."""
 
@@ -76,17 +78,17 @@ class Set(_CardRequest, tag="set"):
     allow_overvolt: bool = False
 
 
-class Confirm(_CardRequest, tag="confirm"):
+class Confirm(CardRequest, tag="confirm"):
     """Keep this connection's change on the card: it is no longer put back."""
 
 
-class Reset(_CardRequest, tag="reset"):
+class Reset(CardRequest, tag="reset"):
     """Stock, verified. `force`: even while another client holds the card (its change is dropped)."""
 
     force: bool = False
 
 
-class LockClock(_CardRequest, tag="lock_clock"):
+class LockClock(CardRequest, tag="lock_clock"):
     """NVIDIA: the max graphics clock the next `set` locks at; exactly one of `mhz` (a supported clock) and
     `measured_mhz` (a clock measured under the stock baseline, snapped down to a supported one)."""
 
@@ -94,7 +96,7 @@ class LockClock(_CardRequest, tag="lock_clock"):
     measured_mhz: Annotated[float, msgspec.Meta(ge=1.0, le=10_000.0)] | None = None
 
 
-class Persistence(_CardRequest, tag="persistence"):
+class Persistence(CardRequest, tag="persistence"):
     """NVIDIA: the card's persistence mode; `enable`: turn it on first (nvmlDeviceSetPersistenceMode, what
     `nvidia-smi -pm 1` does) and read it back. There is no request that turns it off. Only root may enable it
     (the boot and resume units, for the cards they apply to: docs/install.md, "NVIDIA at boot")."""
@@ -102,7 +104,7 @@ class Persistence(_CardRequest, tag="persistence"):
     enable: bool = False
 
 
-class NoteLoad(_CardRequest, tag="note_load"):
+class NoteLoad(CardRequest, tag="note_load"):
     """A stress run starts or stops on the card (the simulated card's telemetry needs it)."""
 
     active: bool
@@ -112,13 +114,13 @@ class Heartbeat(_Request, tag="heartbeat"):
     """Renew every lease of this connection; the reply lists changes put back since the last one."""
 
 
-class Claim(_CardRequest, tag="claim"):
+class Claim(CardRequest, tag="claim"):
     """Hold the card for this connection until `release` or the connection closes (one writer per card)."""
 
     purpose: Text = ""
 
 
-class Release(_CardRequest, tag="release"):
+class Release(CardRequest, tag="release"):
     """End this connection's `claim` of the card."""
 
 
@@ -131,7 +133,7 @@ class UnsafeMark(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     kernel_log: Annotated[list[Text], msgspec.Meta(max_length=20)] = []
 
 
-class TrialBegin(_CardRequest, tag="trial_begin"):
+class TrialBegin(CardRequest, tag="trial_begin"):
     """Journal an open trial durably before its setting touches the card (a freeze leaves it open)."""
 
     setting: Setting
@@ -139,21 +141,21 @@ class TrialBegin(_CardRequest, tag="trial_begin"):
     session: Session | None = None
 
 
-class TrialEnd(_CardRequest, tag="trial_end"):
+class TrialEnd(CardRequest, tag="trial_end"):
     """Close this connection's open trial; `unsafe`: its setting failed hard and goes on the unsafe list."""
 
     unsafe: UnsafeMark | None = None
 
 
-class ReadTrials(_CardRequest, tag="read_trials"):
+class ReadTrials(CardRequest, tag="read_trials"):
     """The card's open trial and the trials recovered after a death (the client's, the helper's, a reset)."""
 
 
-class UnsafeList(_CardRequest, tag="unsafe_list"):
+class UnsafeList(CardRequest, tag="unsafe_list"):
     """The card's entries on the machine's unsafe list."""
 
 
-class UnsafeClear(_CardRequest, tag="unsafe_clear"):
+class UnsafeClear(CardRequest, tag="unsafe_clear"):
     """Remove the card's unsafe entries (all, or those for `setting`); the caller asked its user first."""
 
     setting: Setting | None = None

@@ -72,16 +72,9 @@ class HelperService:
         self.keys = {card: card_key(d) for card, d in self.devices.items()}
 
     # --- helpers ------------------------------------------------------------------------------------------------
-    def _device(self, card: str) -> DeviceInfo:
-        device = self.devices.get(card)
-        if device is None:
-            raise UnknownDevice(f"no card {card!r}", f"known cards: {', '.join(self.devices) or 'none'}")
-        return device
-
     def _writer(self, card: str, who: Client) -> str:
-        """The card's key, after the checks every write makes first: it exists, its state validates, no one
-        else holds it."""
-        self._device(card)
+        """The card's key, after the checks every write makes first (`handle` has checked the card exists): its
+        state validates, no one else holds it."""
         key = self.keys[card]
         self.state.check(key)
         self.book.check_writer(card, who.conn, who.peer)
@@ -120,6 +113,8 @@ class HelperService:
         """The result of `request` (a schema struct or a core dataclass), or a TunerError."""
         handler = getattr(self, f"_op_{s.op_of(request)}")
         with self.lock:
+            if isinstance(request, s.CardRequest) and request.card not in self.devices:
+                raise UnknownDevice(f"no card {request.card!r}", f"known cards: {', '.join(self.devices) or 'none'}")
             return handler(who, request)
 
     def _op_hello(self, who: Client, r: s.Hello) -> s.HelloResult:
@@ -140,19 +135,15 @@ class HelperService:
         return entries
 
     def _op_read_knob(self, who: Client, r: s.ReadKnob) -> Knob:
-        self._device(r.card)
         return self.backend.knob(r.card)
 
     def _op_read_telemetry(self, who: Client, r: s.ReadTelemetry) -> object:
-        self._device(r.card)
         return self.backend.telemetry(r.card)
 
     def _op_read_target(self, who: Client, r: s.ReadTarget) -> object:
-        self._device(r.card)
         return self.backend.stress_target(r.card)
 
     def _op_read_state(self, who: Client, r: s.ReadState) -> s.CardState:
-        self._device(r.card)
         return s.CardState(self.backend.foreign_state(r.card), self.backend.applied_pstates(r.card))
 
     def _op_set(self, who: Client, r: s.Set) -> Knob:
@@ -185,7 +176,6 @@ class HelperService:
         return applied
 
     def _op_confirm(self, who: Client, r: s.Confirm) -> None:
-        self._device(r.card)
         pending = self.book.pending.get(r.card)
         if pending is None or pending.conn != who.conn:
             raise Refused("usage", f"nothing of this connection to confirm on {r.card}",
@@ -194,7 +184,6 @@ class HelperService:
         self._settle(r.card, who)
 
     def _op_reset(self, who: Client, r: s.Reset) -> Knob:
-        self._device(r.card)
         hold = self.book.holds.get(r.card)
         if hold is not None and hold.conn != who.conn:
             if not r.force:
@@ -229,7 +218,7 @@ class HelperService:
         """Read NVIDIA's persistence mode; `enable` turns it on (never off), only for root: the boot and resume
         runs, for the cards they apply to. A member of the group has no other reason to change the driver's mode,
         and it outlasts every lease (nothing puts it back)."""
-        device = self._device(r.card)
+        device = self.devices[r.card]
         if device.vendor != "nvidia" or device.simulated:
             raise Unsupported(f"{r.card} has no persistence mode (an NVIDIA driver setting)")
         if r.enable:
@@ -245,7 +234,6 @@ class HelperService:
         return s.PersistenceResult(self.backend.persistence_off(r.card))
 
     def _op_note_load(self, who: Client, r: s.NoteLoad) -> None:
-        self._device(r.card)
         self.backend.note_load(r.card, r.active)
         if r.active:
             self.book.loads[r.card] = who.conn
@@ -262,7 +250,6 @@ class HelperService:
         self._audit("claim", r.card, who, purpose=r.purpose)
 
     def _op_release(self, who: Client, r: s.Release) -> None:
-        self._device(r.card)
         self.book.release(r.card, who.conn)
 
     def _op_trial_begin(self, who: Client, r: s.TrialBegin) -> s.OpenTrial:
@@ -280,7 +267,6 @@ class HelperService:
         return trial
 
     def _op_trial_end(self, who: Client, r: s.TrialEnd) -> None:
-        self._device(r.card)
         key = self.keys[r.card]
         trial = self.state.open_trials().get(key)
         if trial is None or self.book.trials.get(r.card) != who.conn:
@@ -293,16 +279,13 @@ class HelperService:
         self._audit("trial_end", r.card, who, setting=trial.setting, unsafe=r.unsafe.kind if r.unsafe else None)
 
     def _op_read_trials(self, who: Client, r: s.ReadTrials) -> s.TrialsResult:
-        self._device(r.card)
         key = self.keys[r.card]
         return s.TrialsResult(self.state.open_trials().get(key), self.state.recovered(key))
 
     def _op_unsafe_list(self, who: Client, r: s.UnsafeList) -> list[s.UnsafeEntry]:
-        self._device(r.card)
         return self.state.unsafe_entries(self.keys[r.card])
 
     def _op_unsafe_clear(self, who: Client, r: s.UnsafeClear) -> list[s.UnsafeEntry]:
-        self._device(r.card)
         removed = self.state.clear_unsafe(self.keys[r.card], r.setting)
         self._audit("unsafe_clear", r.card, who, settings=[e.setting for e in removed])
         return removed
