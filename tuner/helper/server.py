@@ -57,9 +57,8 @@ class AnotherHelper(TunerError):
 def inherited_listener(env: dict[str, str] | None = None) -> socket.socket | None:
     """The socket systemd passed (socket activation), or None when not activated."""
     env = dict(os.environ) if env is None else env
-    if env.get("LISTEN_PID") != str(os.getpid()) or not env.get("LISTEN_FDS", "").isdigit():
-        return None
-    if int(env["LISTEN_FDS"]) < 1:
+    fds = env.get("LISTEN_FDS", "")
+    if env.get("LISTEN_PID") != str(os.getpid()) or not fds.isdigit() or int(fds) < 1:
         return None
     for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(name, None)  # not for anything we start
