@@ -73,10 +73,10 @@ class HelperConnection:
         self.lost: str | None = None  # why the connection is gone
 
     @classmethod
-    def open(cls, path: Path, timeout_s: float = CONNECT_TIMEOUT_S) -> HelperConnection:
+    def open(cls, path: Path) -> HelperConnection:
         """Raises OSError (ENOENT, ECONNREFUSED: no helper; EACCES: not in its group)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.settimeout(timeout_s)
+        sock.settimeout(CONNECT_TIMEOUT_S)
         try:
             sock.connect(str(path))
         except OSError:
