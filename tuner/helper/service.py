@@ -449,18 +449,16 @@ class HelperService:
         return added
 
     def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str:
-        if serial and serial in by_serial:
-            return self.keys[by_serial[serial]]
-        for card in self.devices:
-            if device in (card, card.replace(":", "_")):
-                return self.keys[card]
-        return card_key(DeviceInfo(device or "unknown", "unknown", "", serial=serial))
+        card = (by_serial.get(serial) if serial else None) or self._card_named(device)
+        return self.keys[card] if card else card_key(DeviceInfo(device or "unknown", "unknown", "", serial=serial))
 
     def _unit_of(self, device: str) -> str:
-        for card in self.devices:
-            if device in (card, card.replace(":", "_")):
-                return self.backend.knob(card).unit
-        return "mV"
+        card = self._card_named(device)
+        return self.backend.knob(card).unit if card else "mV"
+
+    def _card_named(self, device: str | None) -> str | None:
+        """The card a user's file names by its id (a file name spells its `:` as `_`), or None."""
+        return next((card for card in self.devices if device in (card, card.replace(":", "_"))), None)
 
 
 def code_of(error: TunerError) -> str:
