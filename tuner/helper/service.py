@@ -398,8 +398,7 @@ class HelperService:
                 else:
                     self.state.set_write(key, None)
             for key, trial in self.state.open_trials().items():
-                same_boot = boot is not None and trial.boot_id == boot
-                if same_boot:
+                if boot is not None and trial.boot_id == boot:
                     self._recover_trial(key, "inconclusive", "tool-died",
                                         f"the helper (pid {trial.helper_pid}) died during this trial in this boot: "
                                         "not evidence about the voltage; it runs again")
