@@ -25,19 +25,7 @@ import msgspec
 
 from tuner.backends.base import Backend, KernelLogSource
 from tuner.core import exit_codes
-from tuner.core.card_lock import CardBusy
-from tuner.core.errors import (
-    DamagedState,
-    DeviceLost,
-    DiskFull,
-    NotApplied,
-    OutOfRange,
-    PermissionDenied,
-    TunerError,
-    UnknownDevice,
-    Unsupported,
-    UsageError,
-)
+from tuner.core.errors import NotApplied, OutOfRange, TunerError, Unsupported, UsageError
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, StressTarget, Telemetry
 from tuner.helper import schema as s
 
@@ -64,20 +52,14 @@ class LeaseLost(NotApplied):
 
 
 _ERRORS: dict[str, type[TunerError]] = {
-    "busy": CardBusy, "unknown-card": UnknownDevice, "out-of-range": OutOfRange, "overvolt-not-allowed": OutOfRange,
-    "damaged-state": DamagedState, "not-applied": NotApplied, "device-lost": DeviceLost,
-    "permission": PermissionDenied, "unsupported": Unsupported, "disk-full": DiskFull,
-    "not-allowed": HelperRefused, "version": HelperUnreachable, "too-many": HelperUnreachable,
-    "idle": HelperUnreachable, "internal": HelperUnreachable,
+    **s.ERRORS, "overvolt-not-allowed": OutOfRange, "not-allowed": HelperRefused, "version": HelperUnreachable,
+    "too-many": HelperUnreachable, "idle": HelperUnreachable, "internal": HelperUnreachable,
 }
 
 
 def error_of(reply: s.RawReply) -> TunerError:
     """The TunerError a refusal stands for (the in-process tuner's class, so the same exit code)."""
-    error = _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
-    error.helper_code = reply.code  # type: ignore[attr-defined]
-    error.holder = reply.holder  # type: ignore[attr-defined]
-    return error
+    return _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
 
 
 class HelperConnection:
@@ -91,10 +73,10 @@ class HelperConnection:
         self.lost: str | None = None  # why the connection is gone
 
     @classmethod
-    def open(cls, path: Path, timeout_s: float = CONNECT_TIMEOUT_S) -> HelperConnection:
+    def open(cls, path: Path) -> HelperConnection:
         """Raises OSError (ENOENT, ECONNREFUSED: no helper; EACCES: not in its group)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.settimeout(timeout_s)
+        sock.settimeout(CONNECT_TIMEOUT_S)
         try:
             sock.connect(str(path))
         except OSError:
@@ -153,7 +135,7 @@ def connect(path: Path, *, client: str = "tuner") -> tuple[HelperConnection, s.H
 
 class HelperBackend(Backend):
     """Every Backend call as a request to the helper. Also the helper-only calls the tuner's journal wiring
-    needs: claim/release, trial_begin/trial_end, trials, unsafe_entries/unsafe_clear, kernel_log_source."""
+    needs: claim/release, trial_begin/trial_end, recovered_trials, unsafe_entries/unsafe_clear, kernel_log_source."""
 
     def __init__(self, connection: HelperConnection, hello: s.HelloResult, *, lease_s: float = DEFAULT_LEASE_S,
                  warn: Callable[[str], None] | None = None):
@@ -241,9 +223,6 @@ class HelperBackend(Backend):
     def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
         return self._ask(s.ReadState(card=device_id), s.CardState).applied_pstates
 
-    def lock_clock_mhz(self, device_id: str) -> int | None:
-        return self.knob(device_id).lock_clock_mhz
-
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
         self._ask(s.LockClock(card=device_id, mhz=mhz), s.LockResult)
 
@@ -292,11 +271,8 @@ class HelperBackend(Backend):
         self._ask(s.TrialEnd(card=device_id, unsafe=unsafe))
         self._open_trials.discard(device_id)
 
-    def trials(self, device_id: str) -> s.TrialsResult:
-        return self._ask(s.ReadTrials(card=device_id), s.TrialsResult)
-
     def recovered_trials(self, device_id: str) -> list[Any]:
-        return list(self.trials(device_id).recovered)
+        return list(self._ask(s.ReadTrials(card=device_id), s.TrialsResult).recovered)
 
     def unsafe_entries(self, device_id: str) -> list[dict[str, Any]]:
         return [msgspec.structs.asdict(e) for e in self._ask(s.UnsafeList(card=device_id), list[s.UnsafeEntry])]
@@ -318,7 +294,7 @@ class HelperBackend(Backend):
             with contextlib.suppress(OSError, ValueError):
                 for raw in connection._reader:
                     reply = msgspec.json.decode(raw, type=s.RawReply)
-                    if reply.ok and reply.result != b"null":
+                    if reply.ok:
                         yield msgspec.json.decode(reply.result, type=s.KernelLine).line
 
         def close() -> None:

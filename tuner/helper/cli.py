@@ -127,11 +127,7 @@ def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
     for uid in {0, int(os.environ.get("SUDO_UID", "0") or 0)}:
         service.import_user(uid)  # the invoking user's own per-user state (root's, and the sudo user's)
     inherited = inherited_listener()
-    lock_fd = None
-    if inherited is not None:
-        listener = inherited
-    else:
-        listener, lock_fd = bind_listener(args.socket, gid)
+    listener, lock_fd = (inherited, None) if inherited is not None else bind_listener(args.socket, gid)
     server = HelperServer(service, listener, gid, kmsg_path=args.kmsg)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

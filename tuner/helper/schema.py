@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from tuner.core import errors
+from tuner.core.card_lock import CardBusy
 from tuner.core.models import Capabilities, DeviceInfo
 
 PROTOCOL_VERSION = 1
@@ -34,6 +36,12 @@ class _Request(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_on
     id: RequestId = 0
 
 
+class CardRequest(_Request):
+    """A request about one card, named by its id (never by a path); the helper checks it has that card first."""
+
+    card: Card
+
+
 class Hello(_Request, tag="hello"):
     """First on every connection: the protocol version this client speaks, and what it is (for `busy` lines)."""
 
@@ -45,71 +53,60 @@ class ListCards(_Request, tag="list"):
     """Every card the helper drives, with its capabilities and the key its safety state is filed under."""
 
 
-class ReadKnob(_Request, tag="read_knob"):
-    card: Card
+class ReadKnob(CardRequest, tag="read_knob"):
+    """The undervolt knob with its current value and the device's real range."""
 
 
-class ReadTelemetry(_Request, tag="read_telemetry"):
-    card: Card
+class ReadTelemetry(CardRequest, tag="read_telemetry"):
+    """One telemetry sample; fields the device does not report are None."""
 
 
-class ReadTarget(_Request, tag="read_target"):
+class ReadTarget(CardRequest, tag="read_target"):
     """How the stress engine reaches the card (its torch device, PCI bus id; a simulated card's faults)."""
 
-    card: Card
 
-
-class ReadState(_Request, tag="read_state"):
+class ReadState(CardRequest, tag="read_state"):
     """Another tool's setting on the card, and the NVIDIA performance states an offset covers."""
 
-    card: Card
 
-
-class Set(_Request, tag="set"):
+class Set(CardRequest, tag="set"):
     """Write `value`, read it back. Unconfirmed, it is put back when `lease_s` runs out without a heartbeat or
     when this connection closes."""
 
-    card: Card
     value: Setting
     lease_s: LeaseS = 10.0
     allow_overvolt: bool = False
 
 
-class Confirm(_Request, tag="confirm"):
+class Confirm(CardRequest, tag="confirm"):
     """Keep this connection's change on the card: it is no longer put back."""
 
-    card: Card
 
-
-class Reset(_Request, tag="reset"):
+class Reset(CardRequest, tag="reset"):
     """Stock, verified. `force`: even while another client holds the card (its change is dropped)."""
 
-    card: Card
     force: bool = False
 
 
-class LockClock(_Request, tag="lock_clock"):
+class LockClock(CardRequest, tag="lock_clock"):
     """NVIDIA: the max graphics clock the next `set` locks at; exactly one of `mhz` (a supported clock) and
     `measured_mhz` (a clock measured under the stock baseline, snapped down to a supported one)."""
 
-    card: Card
     mhz: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
     measured_mhz: Annotated[float, msgspec.Meta(ge=1.0, le=10_000.0)] | None = None
 
 
-class Persistence(_Request, tag="persistence"):
+class Persistence(CardRequest, tag="persistence"):
     """NVIDIA: the card's persistence mode; `enable`: turn it on first (nvmlDeviceSetPersistenceMode, what
     `nvidia-smi -pm 1` does) and read it back. There is no request that turns it off. Only root may enable it
     (the boot and resume units, for the cards they apply to: docs/install.md, "NVIDIA at boot")."""
 
-    card: Card
     enable: bool = False
 
 
-class NoteLoad(_Request, tag="note_load"):
+class NoteLoad(CardRequest, tag="note_load"):
     """A stress run starts or stops on the card (the simulated card's telemetry needs it)."""
 
-    card: Card
     active: bool
 
 
@@ -117,15 +114,14 @@ class Heartbeat(_Request, tag="heartbeat"):
     """Renew every lease of this connection; the reply lists changes put back since the last one."""
 
 
-class Claim(_Request, tag="claim"):
+class Claim(CardRequest, tag="claim"):
     """Hold the card for this connection until `release` or the connection closes (one writer per card)."""
 
-    card: Card
     purpose: Text = ""
 
 
-class Release(_Request, tag="release"):
-    card: Card
+class Release(CardRequest, tag="release"):
+    """End this connection's `claim` of the card."""
 
 
 class UnsafeMark(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -137,36 +133,31 @@ class UnsafeMark(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     kernel_log: Annotated[list[Text], msgspec.Meta(max_length=20)] = []
 
 
-class TrialBegin(_Request, tag="trial_begin"):
+class TrialBegin(CardRequest, tag="trial_begin"):
     """Journal an open trial durably before its setting touches the card (a freeze leaves it open)."""
 
-    card: Card
     setting: Setting
     phase: Word
     session: Session | None = None
 
 
-class TrialEnd(_Request, tag="trial_end"):
+class TrialEnd(CardRequest, tag="trial_end"):
     """Close this connection's open trial; `unsafe`: its setting failed hard and goes on the unsafe list."""
 
-    card: Card
     unsafe: UnsafeMark | None = None
 
 
-class ReadTrials(_Request, tag="read_trials"):
+class ReadTrials(CardRequest, tag="read_trials"):
     """The card's open trial and the trials recovered after a death (the client's, the helper's, a reset)."""
 
-    card: Card
+
+class UnsafeList(CardRequest, tag="unsafe_list"):
+    """The card's entries on the machine's unsafe list."""
 
 
-class UnsafeList(_Request, tag="unsafe_list"):
-    card: Card
-
-
-class UnsafeClear(_Request, tag="unsafe_clear"):
+class UnsafeClear(CardRequest, tag="unsafe_clear"):
     """Remove the card's unsafe entries (all, or those for `setting`); the caller asked its user first."""
 
-    card: Card
     setting: Setting | None = None
 
 
@@ -179,8 +170,6 @@ class KernelEvents(_Request, tag="kernel_events"):
 Request = (Hello | ListCards | ReadKnob | ReadTelemetry | ReadTarget | ReadState | Set | Confirm | Reset | LockClock
            | Persistence | NoteLoad | Heartbeat | Claim | Release | TrialBegin | TrialEnd | ReadTrials | UnsafeList
            | UnsafeClear | KernelEvents)
-# logged with the caller's uid (Persistence: when it enables)
-WRITES = (Set, Confirm, Reset, LockClock, Persistence, Claim, TrialBegin, TrialEnd, UnsafeClear)
 
 
 # --- replies --------------------------------------------------------------------------------------------------------
@@ -193,28 +182,25 @@ class Holder(msgspec.Struct, frozen=True):
     since: float
 
 
-class Reply(msgspec.Struct, omit_defaults=True):
+class _Reply(msgspec.Struct):
+    id: int
+    ok: bool
+    code: str = ""
+    error: str = ""
+    remedy: str = ""
+    holder: Holder | None = None
+
+
+class Reply(_Reply, omit_defaults=True):
     """What the helper sends (`result` is any of the result types below, or a core dataclass)."""
 
-    id: int
-    ok: bool
     result: Any = None
-    code: str = ""
-    error: str = ""
-    remedy: str = ""
-    holder: Holder | None = None
 
 
-class RawReply(msgspec.Struct):
+class RawReply(_Reply):
     """What the client reads: `result` is decoded later, with the type its request expects."""
 
-    id: int
-    ok: bool
     result: msgspec.Raw = msgspec.Raw(b"null")
-    code: str = ""
-    error: str = ""
-    remedy: str = ""
-    holder: Holder | None = None
 
 
 class SimConfig(msgspec.Struct, frozen=True):
@@ -360,6 +346,13 @@ CODES = {
     "disk-full": "a safety file could not be written",
     "usage": "the request cannot be done as asked",
     "internal": "the helper failed; the request changed nothing it could not put back",
+}
+# The codes that stand for one of the in-process tuner's errors, both ways: the helper sends the code of the error
+# its backend or state raised, the client raises that class again.
+ERRORS: dict[str, type[errors.TunerError]] = {
+    "busy": CardBusy, "unknown-card": errors.UnknownDevice, "out-of-range": errors.OutOfRange,
+    "damaged-state": errors.DamagedState, "device-lost": errors.DeviceLost, "not-applied": errors.NotApplied,
+    "permission": errors.PermissionDenied, "unsupported": errors.Unsupported, "disk-full": errors.DiskFull,
 }
 
 _decoder = msgspec.json.Decoder(Request)

@@ -57,9 +57,8 @@ class AnotherHelper(TunerError):
 def inherited_listener(env: dict[str, str] | None = None) -> socket.socket | None:
     """The socket systemd passed (socket activation), or None when not activated."""
     env = dict(os.environ) if env is None else env
-    if env.get("LISTEN_PID") != str(os.getpid()) or not env.get("LISTEN_FDS", "").isdigit():
-        return None
-    if int(env["LISTEN_FDS"]) < 1:
+    fds = env.get("LISTEN_FDS", "")
+    if env.get("LISTEN_PID") != str(os.getpid()) or not fds.isdigit() or int(fds) < 1:
         return None
     for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(name, None)  # not for anything we start
@@ -259,8 +258,7 @@ class HelperServer:
         try:
             for line in connection.lines(HELLO_TIMEOUT_S):
                 if line is None:
-                    connection.error(0, "line-too-long", f"a request line is longer than {s.MAX_REQUEST_BYTES} "
-                                     "bytes", "send one request per line")
+                    connection.error(0, "line-too-long", s.CODES["line-too-long"], "send one request per line")
                     continue
                 if not line.strip():
                     continue
@@ -270,7 +268,7 @@ class HelperServer:
                     connection.error(0, e.code, str(e))
                     continue
                 if not greeted and not isinstance(request, s.Hello):
-                    connection.error(request.id, "hello-first", "the first request must be hello",
+                    connection.error(request.id, "hello-first", s.CODES["hello-first"],
                                      f"send {{\"op\":\"hello\",\"version\":{s.PROTOCOL_VERSION}}}")
                     continue
                 if isinstance(request, s.KernelEvents):

@@ -29,8 +29,7 @@ from tuner import __version__
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.boot import current_boot_id
-from tuner.core.card_lock import CardBusy
-from tuner.core.errors import OutOfRange, PermissionDenied, TunerError, UnknownDevice, Unsupported, UsageError
+from tuner.core.errors import PermissionDenied, TunerError, UnknownDevice, Unsupported, UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
@@ -56,7 +55,6 @@ class Client:
 
     conn: int
     peer: Peer
-    client: str = ""  # what the client said it is in hello
 
 
 class HelperService:
@@ -74,16 +72,9 @@ class HelperService:
         self.keys = {card: card_key(d) for card, d in self.devices.items()}
 
     # --- helpers ------------------------------------------------------------------------------------------------
-    def _device(self, card: str) -> DeviceInfo:
-        device = self.devices.get(card)
-        if device is None:
-            raise UnknownDevice(f"no card {card!r}", f"known cards: {', '.join(self.devices) or 'none'}")
-        return device
-
     def _writer(self, card: str, who: Client) -> str:
-        """The card's key, after the checks every write makes first: it exists, its state validates, no one
-        else holds it."""
-        self._device(card)
+        """The card's key, after the checks every write makes first (`handle` has checked the card exists): its
+        state validates, no one else holds it."""
         key = self.keys[card]
         self.state.check(key)
         self.book.check_writer(card, who.conn, who.peer)
@@ -101,7 +92,8 @@ class HelperService:
                      boot_id=current_boot_id(), since=time.time())
 
     def _pending_for(self, card: str, key: str, who: Client, knob: Knob, lease_s: float) -> Pending:
-        """This connection's unconfirmed change of the card, started now if it has none."""
+        """This connection's unconfirmed change of the card (which it now holds), started now if it has none."""
+        self.book.hold(card, who.conn, who.peer, time.time())
         pending = self.book.pending.get(card)
         if pending is None or pending.conn != who.conn:
             pending = Pending(who.conn, card, key, knob.current, None, None, lease_s, self.clock() + lease_s)
@@ -110,26 +102,25 @@ class HelperService:
         pending.deadline = self.clock() + lease_s
         return pending
 
-    def _settle(self, card: str, who: Client | None) -> None:
+    def _settle(self, card: str, who: Client) -> None:
         """The card has nothing unconfirmed any more: forget the change, its journal entry, and an idle hold."""
-        pending = self.book.pending.pop(card, None)
+        self.book.pending.pop(card, None)
         self.state.set_write(self.keys[card], None)
-        conn = who.conn if who else pending.conn if pending else None
-        if conn is not None:
-            self.book.release_if_idle(card, conn)
+        self.book.release_if_idle(card, who.conn)
 
     # --- requests -----------------------------------------------------------------------------------------------
     def handle(self, who: Client, request: s.Request) -> object:
         """The result of `request` (a schema struct or a core dataclass), or a TunerError."""
         handler = getattr(self, f"_op_{s.op_of(request)}")
         with self.lock:
+            if isinstance(request, s.CardRequest) and request.card not in self.devices:
+                raise UnknownDevice(f"no card {request.card!r}", f"known cards: {', '.join(self.devices) or 'none'}")
             return handler(who, request)
 
     def _op_hello(self, who: Client, r: s.Hello) -> s.HelloResult:
         if r.version != s.PROTOCOL_VERSION:
             raise Refused("version", f"this helper speaks protocol {s.PROTOCOL_VERSION}, the client {r.version}",
                           "use a tuner of the same version as tuner-helper")
-        who.client = r.client
         self.import_user(who.peer.uid)
         return s.HelloResult(s.PROTOCOL_VERSION, __version__, self.backend.name, self.backend.simulated, self.sim,
                              self.group, who.peer.uid, self.allow_overvolt)
@@ -144,19 +135,15 @@ class HelperService:
         return entries
 
     def _op_read_knob(self, who: Client, r: s.ReadKnob) -> Knob:
-        self._device(r.card)
         return self.backend.knob(r.card)
 
     def _op_read_telemetry(self, who: Client, r: s.ReadTelemetry) -> object:
-        self._device(r.card)
         return self.backend.telemetry(r.card)
 
     def _op_read_target(self, who: Client, r: s.ReadTarget) -> object:
-        self._device(r.card)
         return self.backend.stress_target(r.card)
 
     def _op_read_state(self, who: Client, r: s.ReadState) -> s.CardState:
-        self._device(r.card)
         return s.CardState(self.backend.foreign_state(r.card), self.backend.applied_pstates(r.card))
 
     def _op_set(self, who: Client, r: s.Set) -> Knob:
@@ -173,7 +160,6 @@ class HelperService:
             raise Refused("unsafe", f"{r.value:+d} {knob.unit} is at or beyond {worst:+d} {knob.unit}, which failed "
                           f"hard on this card ({entry.kind}: {entry.reason or 'no reason recorded'}; machine list)",
                           "choose a less aggressive value; `tuner unsafe clear` removes the entry if you are sure")
-        self.book.hold(r.card, who.conn, who.peer, time.time())
         had = self.book.pending.get(r.card)
         pending = self._pending_for(r.card, key, who, knob, r.lease_s)
         pending.value = r.value
@@ -190,7 +176,6 @@ class HelperService:
         return applied
 
     def _op_confirm(self, who: Client, r: s.Confirm) -> None:
-        self._device(r.card)
         pending = self.book.pending.get(r.card)
         if pending is None or pending.conn != who.conn:
             raise Refused("usage", f"nothing of this connection to confirm on {r.card}",
@@ -199,7 +184,6 @@ class HelperService:
         self._settle(r.card, who)
 
     def _op_reset(self, who: Client, r: s.Reset) -> Knob:
-        self._device(r.card)
         hold = self.book.holds.get(r.card)
         if hold is not None and hold.conn != who.conn:
             if not r.force:
@@ -217,7 +201,6 @@ class HelperService:
         knob = self.backend.knob(r.card)
         if knob.lock_clock_mhz is None or not hasattr(self.backend, "set_lock_clock"):
             raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
-        self.book.hold(r.card, who.conn, who.peer, time.time())
         current = self.book.pending.get(r.card)
         pending = self._pending_for(r.card, key, who, knob, current.lease_s if current else DEFAULT_LEASE_S)
         if pending.previous_lock_mhz is None:
@@ -235,7 +218,7 @@ class HelperService:
         """Read NVIDIA's persistence mode; `enable` turns it on (never off), only for root: the boot and resume
         runs, for the cards they apply to. A member of the group has no other reason to change the driver's mode,
         and it outlasts every lease (nothing puts it back)."""
-        device = self._device(r.card)
+        device = self.devices[r.card]
         if device.vendor != "nvidia" or device.simulated:
             raise Unsupported(f"{r.card} has no persistence mode (an NVIDIA driver setting)")
         if r.enable:
@@ -251,7 +234,6 @@ class HelperService:
         return s.PersistenceResult(self.backend.persistence_off(r.card))
 
     def _op_note_load(self, who: Client, r: s.NoteLoad) -> None:
-        self._device(r.card)
         self.backend.note_load(r.card, r.active)
         if r.active:
             self.book.loads[r.card] = who.conn
@@ -268,7 +250,6 @@ class HelperService:
         self._audit("claim", r.card, who, purpose=r.purpose)
 
     def _op_release(self, who: Client, r: s.Release) -> None:
-        self._device(r.card)
         self.book.release(r.card, who.conn)
 
     def _op_trial_begin(self, who: Client, r: s.TrialBegin) -> s.OpenTrial:
@@ -286,33 +267,25 @@ class HelperService:
         return trial
 
     def _op_trial_end(self, who: Client, r: s.TrialEnd) -> None:
-        self._device(r.card)
         key = self.keys[r.card]
         trial = self.state.open_trials().get(key)
         if trial is None or self.book.trials.get(r.card) != who.conn:
             raise Refused("no-trial", f"this connection has no open trial on {r.card}", "begin one with trial_begin")
-        if r.unsafe is not None and trial.setting != trial.stock:
-            self.state.add_unsafe(key, s.UnsafeEntry(
-                setting=trial.setting, unit=trial.unit, kind=r.unsafe.kind, reason=r.unsafe.reason,
-                edge=r.unsafe.edge, device=r.card, serial=self.devices[r.card].serial, session=trial.session,
-                boot_id=current_boot_id(), recorded_at=time.time(), kernel_log=r.unsafe.kernel_log,
-                uid=who.peer.uid))
+        if r.unsafe is not None:
+            self._mark_unsafe(key, trial, r.unsafe, serial=self.devices[r.card].serial)
         self.state.set_open_trial(key, None)
         self.book.trials.pop(r.card, None)
         self.book.release_if_idle(r.card, who.conn)
         self._audit("trial_end", r.card, who, setting=trial.setting, unsafe=r.unsafe.kind if r.unsafe else None)
 
     def _op_read_trials(self, who: Client, r: s.ReadTrials) -> s.TrialsResult:
-        self._device(r.card)
         key = self.keys[r.card]
         return s.TrialsResult(self.state.open_trials().get(key), self.state.recovered(key))
 
     def _op_unsafe_list(self, who: Client, r: s.UnsafeList) -> list[s.UnsafeEntry]:
-        self._device(r.card)
         return self.state.unsafe_entries(self.keys[r.card])
 
     def _op_unsafe_clear(self, who: Client, r: s.UnsafeClear) -> list[s.UnsafeEntry]:
-        self._device(r.card)
         removed = self.state.clear_unsafe(self.keys[r.card], r.setting)
         self._audit("unsafe_clear", r.card, who, settings=[e.setting for e in removed])
         return removed
@@ -392,17 +365,22 @@ class HelperService:
                                     "the helper was stopped during this trial; it runs again")
             self.book.trials.clear()
 
+    def _mark_unsafe(self, key: str, trial: s.OpenTrial, mark: s.UnsafeMark, *, serial: str | None = None,
+                     source: str = "helper") -> None:
+        """The trial's setting goes on the card's unsafe list (stock never does)."""
+        if trial.setting != trial.stock:
+            self.state.add_unsafe(key, s.UnsafeEntry(
+                setting=trial.setting, unit=trial.unit, kind=mark.kind, reason=mark.reason, edge=mark.edge,
+                device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
+                recorded_at=time.time(), kernel_log=mark.kernel_log, uid=trial.uid, source=source))
+
     def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
         trial = self.state.open_trials().get(key)
         if trial is None:
             return
-        boot = current_boot_id()
-        self.state.add_recovered(s.RecoveredTrial(trial, verdict, kind, reason, time.time(), boot))
-        if verdict == "fail" and trial.setting != trial.stock:
-            self.state.add_unsafe(key, s.UnsafeEntry(
-                setting=trial.setting, unit=trial.unit, kind=kind, reason=reason, edge=True, device=trial.card,
-                session=trial.session, boot_id=boot, recorded_at=time.time(), uid=trial.uid,
-                source="recovered at helper start"))
+        self.state.add_recovered(s.RecoveredTrial(trial, verdict, kind, reason, time.time(), current_boot_id()))
+        if verdict == "fail":
+            self._mark_unsafe(key, trial, s.UnsafeMark(kind, reason), source="recovered at helper start")
         self.state.set_open_trial(key, None)
         self._log(f"recovered the open trial at {trial.setting:+d} {trial.unit} on {trial.card}: {verdict} ({reason})")
 
@@ -420,8 +398,7 @@ class HelperService:
                 else:
                     self.state.set_write(key, None)
             for key, trial in self.state.open_trials().items():
-                same_boot = boot is not None and trial.boot_id == boot
-                if same_boot:
+                if boot is not None and trial.boot_id == boot:
                     self._recover_trial(key, "inconclusive", "tool-died",
                                         f"the helper (pid {trial.helper_pid}) died during this trial in this boot: "
                                         "not evidence about the voltage; it runs again")
@@ -471,29 +448,23 @@ class HelperService:
         return added
 
     def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str:
-        if serial and serial in by_serial:
-            return self.keys[by_serial[serial]]
-        for card in self.devices:
-            if device in (card, card.replace(":", "_")):
-                return self.keys[card]
-        return card_key(DeviceInfo(device or "unknown", "unknown", "", serial=serial))
+        card = (by_serial.get(serial) if serial else None) or self._card_named(device)
+        return self.keys[card] if card else card_key(DeviceInfo(device or "unknown", "unknown", "", serial=serial))
 
     def _unit_of(self, device: str) -> str:
-        for card in self.devices:
-            if device in (card, card.replace(":", "_")):
-                return self.backend.knob(card).unit
-        return "mV"
+        card = self._card_named(device)
+        return self.backend.knob(card).unit if card else "mV"
+
+    def _card_named(self, device: str | None) -> str | None:
+        """The card a user's file names by its id (a file name spells its `:` as `_`), or None."""
+        return next((card for card in self.devices if device in (card, card.replace(":", "_"))), None)
 
 
 def code_of(error: TunerError) -> str:
     """The wire code of a TunerError (the client maps it back to the same class and exit code)."""
     if isinstance(error, Refused):
         return error.code
-    from tuner.core.errors import DamagedState, DeviceLost, DiskFull, NotApplied, PermissionDenied, Unsupported
-
-    for kind, code in ((CardBusy, "busy"), (UnknownDevice, "unknown-card"), (OutOfRange, "out-of-range"),
-                       (DamagedState, "damaged-state"), (DeviceLost, "device-lost"), (NotApplied, "not-applied"),
-                       (PermissionDenied, "permission"), (Unsupported, "unsupported"), (DiskFull, "disk-full")):
+    for code, kind in s.ERRORS.items():
         if isinstance(error, kind):
             return code
     return "usage" if error.exit_code == exit_codes.USAGE else "internal"

@@ -71,46 +71,31 @@ def _damaged(path: Path, problem: str) -> DamagedState:
 class MachineState:
     def __init__(self, root: Path):
         self.root = Path(root)
+        self.trials_path = self.root / "trials.json"
+        self.writes_path = self.root / "writes.json"
+        self.recovered_path = self.root / "recovered.jsonl"
+        self.log_path = self.root / "log.jsonl"
 
     # --- layout -------------------------------------------------------------------------------------------------
     def unsafe_path(self, key: str) -> Path:
         return self.root / "unsafe" / f"{key}.jsonl"
 
-    @property
-    def trials_path(self) -> Path:
-        return self.root / "trials.json"
-
-    @property
-    def writes_path(self) -> Path:
-        return self.root / "writes.json"
-
-    @property
-    def recovered_path(self) -> Path:
-        return self.root / "recovered.jsonl"
-
-    @property
-    def log_path(self) -> Path:
-        return self.root / "log.jsonl"
-
     def create(self) -> None:
         (self.root / "unsafe").mkdir(parents=True, exist_ok=True, mode=0o755)
 
     # --- low level ----------------------------------------------------------------------------------------------
-    def _write(self, path: Path, data: bytes) -> None:
+    def _store(self, path: Path, data: bytes, *, append: bool = False) -> None:
+        """Replace the file with `data` atomically, or append `data` to it durably."""
+        what = "append to" if append else "write"
         try:
-            write_atomic(path, data)
+            if append:
+                append_durable(path, data.decode())
+            else:
+                write_atomic(path, data)
         except OSError as e:
             if is_disk_full(e):
-                raise disk_full(path) from None
-            raise StateError(f"cannot write {path}: {e.strerror}", "check the helper's --state-dir") from None
-
-    def _append(self, path: Path, line: bytes) -> None:
-        try:
-            append_durable(path, line.decode())
-        except OSError as e:
-            if is_disk_full(e):
-                raise disk_full(path, "append to") from None
-            raise StateError(f"cannot append to {path}: {e.strerror}", "check the helper's --state-dir") from None
+                raise disk_full(path, what) from None
+            raise StateError(f"cannot {what} {path}: {e.strerror}", "check the helper's --state-dir") from None
 
     def _read(self, path: Path) -> bytes | None:
         try:
@@ -141,9 +126,15 @@ class MachineState:
         except msgspec.MsgspecError as e:
             raise _damaged(path, str(e)) from None
 
-    def _save_table(self, path: Path, table: dict) -> None:
+    def _put(self, path: Path, kind: type[msgspec.Struct], key: str, value: msgspec.Struct | None) -> None:
+        """Set `key` of the table at `path` to `value`, or remove it (None); a table left empty is deleted."""
+        table = self._table(path, kind)
+        if value is not None:
+            table[key] = value
+        elif table.pop(key, None) is None:
+            return  # nothing to remove: the file stays as it is
         if table:
-            self._write(path, msgspec.json.format(msgspec.json.encode(table), indent=1))
+            self._store(path, msgspec.json.format(msgspec.json.encode(table), indent=1))
         else:
             path.unlink(missing_ok=True)
 
@@ -152,7 +143,7 @@ class MachineState:
         return self._lines(self.unsafe_path(key), UnsafeEntry)
 
     def add_unsafe(self, key: str, entry: UnsafeEntry) -> None:
-        self._append(self.unsafe_path(key), msgspec.json.encode(entry))
+        self._store(self.unsafe_path(key), msgspec.json.encode(entry), append=True)
 
     def merge_unsafe(self, key: str, entries: list[UnsafeEntry]) -> int:
         """Add the entries not already on the card's list (never drops one); returns how many were added."""
@@ -170,7 +161,7 @@ class MachineState:
         removed = [e for e in entries if setting is None or e.setting == setting]
         if removed:
             kept = [e for e in entries if e not in removed]
-            self._write(self.unsafe_path(key), b"".join(msgspec.json.encode(e) + b"\n" for e in kept))
+            self._store(self.unsafe_path(key), b"".join(msgspec.json.encode(e) + b"\n" for e in kept))
         return removed
 
     # --- open trials, unconfirmed writes ------------------------------------------------------------------------
@@ -178,28 +169,16 @@ class MachineState:
         return self._table(self.trials_path, OpenTrial)
 
     def set_open_trial(self, key: str, trial: OpenTrial | None) -> None:
-        table = self.open_trials()
-        if trial is None:
-            if table.pop(key, None) is None:
-                return
-        else:
-            table[key] = trial
-        self._save_table(self.trials_path, table)
+        self._put(self.trials_path, OpenTrial, key, trial)
 
     def writes(self) -> dict[str, Write]:
         return self._table(self.writes_path, Write)
 
     def set_write(self, key: str, write: Write | None) -> None:
-        table = self.writes()
-        if write is None:
-            if table.pop(key, None) is None:
-                return
-        else:
-            table[key] = write
-        self._save_table(self.writes_path, table)
+        self._put(self.writes_path, Write, key, write)
 
     def add_recovered(self, record: RecoveredTrial) -> None:
-        self._append(self.recovered_path, msgspec.json.encode(record))
+        self._store(self.recovered_path, msgspec.json.encode(record), append=True)
 
     def recovered(self, key: str) -> list[RecoveredTrial]:
         return [r for r in self._lines(self.recovered_path, RecoveredTrial) if r.trial.key == key][-RECOVERED_SHOWN:]
