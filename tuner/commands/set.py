@@ -21,7 +21,7 @@ from tuner.actions.context import Context
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.commands._argtypes import Subparsers, seconds_between, whole_number
-from tuner.commands._confirm import Answer, keep_or_revert
+from tuner.commands._confirm import keep_or_revert, say_applied, say_reverted
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json
 from tuner.core import exit_codes
@@ -82,12 +82,8 @@ def run(args: Namespace, ctx: Context) -> int:
         print(f"tuner: warning: {warning}", file=sys.stderr)
 
     def announce(change: PendingChange) -> None:
-        applied = change.applied
-        assert applied is not None and change.before is not None  # announced once applied and read back
-        lock = f" at a locked {applied.lock_clock_mhz} MHz" if applied.lock_clock_mhz else ""
-        print(f"{dev.id}  {dev.label}: {format_value(change.before.current, change.before.unit)} -> "
-              f"{format_value(applied.current, applied.unit)}{lock} (read back)",
-              file=sys.stderr if args.json else sys.stdout, flush=True)
+        locked = change.applied.lock_clock_mhz if change.applied else None
+        say_applied(change, dev, f" at a locked {locked} MHz" if locked else "", as_json=args.json)
 
     answer = keep_or_revert(change, announce=announce, yes=args.yes)
     applied = change.applied
@@ -111,7 +107,5 @@ def run(args: Namespace, ctx: Context) -> int:
         return exit_codes.OK
     reverted = change.reverted_to
     assert reverted is not None  # not kept: leaving keep_or_revert reverted it (or raised)
-    why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
     note = f" ({change.restore_note})" if change.restore_note else ""
-    print(f"{why}: reverted to {format_value(reverted.current, reverted.unit)}{note}", file=sys.stderr)
-    return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
+    return say_reverted(answer, f"to {format_value(reverted.current, reverted.unit)}{note}")
