@@ -13,6 +13,7 @@ from argparse import Namespace
 from tuner.actions import safety_files
 from tuner.actions.context import Context
 from tuner.commands._argtypes import Subparsers, whole_number
+from tuner.commands._device import pick_device
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
@@ -87,10 +88,7 @@ def _ask(question: str) -> bool:
 
 
 def run_clear(args: Namespace, ctx: Context) -> int:
-    ids = _device_ids(ctx, args.device)
-    if len(ids) != 1:
-        raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
-    device_id = ids[0]
+    device_id = pick_device(ctx.backend, args.device).id
     entries = safety_files.unsafe_entries(device_id, ctx.backend)
     doomed = [e for e in entries if args.value is None or e["setting"] == args.value]
     if not doomed:
