@@ -23,7 +23,7 @@ from tuner.actions.verify import verify_setting
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers, duration, seconds_between
 from tuner.commands._confirm import keep_or_revert, say_applied, say_reverted
-from tuner.commands._output import format_value, print_json
+from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes, system_units
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
@@ -85,8 +85,7 @@ def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     plan = plan_profile_apply(backend, profile, args.device, force=args.force, verify=args.verify is not None,
                               ignore_unsafe=args.ignore_unsafe)
-    for warning in plan.warnings:
-        print(f"tuner: warning: {warning}", file=sys.stderr)
+    warn(plan.warnings)
     locked = set_profile_lock_clock(backend, plan)
     if locked:
         print(locked, file=sys.stderr)
@@ -165,8 +164,7 @@ def _run_rig(args: Namespace, ctx: Context, profile: Profile) -> int:
                          "confirm a rig with `tuner bisect --device all`, or drop --verify")
     backend = ctx.backend
     plan = plan_rig_apply(backend, profile, force=args.force, ignore_unsafe=args.ignore_unsafe)
-    for warning in plan.warnings:
-        print(f"tuner: warning: {warning}", file=sys.stderr)
+    warn(plan.warnings)
     change = prepare_rig_apply(backend, plan, ignore_unsafe=args.ignore_unsafe)
 
     def announce(change: RigChange) -> None:

@@ -14,7 +14,7 @@ from tuner.actions.context import Context
 from tuner.actions.parameters import BISECT, BOUND, CONFIRM, TRIAL
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers, add_arguments
-from tuner.commands._output import StatusLine, fit, format_table
+from tuner.commands._output import StatusLine, fit, format_table, warn
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError, UsageError
@@ -306,7 +306,7 @@ def run(args: Namespace, ctx: Context) -> int:
     if args.tolerance:
         from tuner.tuning.sensitivity import tolerance_note
 
-        print(f"tuner: warning: {tolerance_note()}", file=sys.stderr)
+        warn([tolerance_note()])
     printer = _Printer(backend, devices, args.json)
     job = prepare_bisect(backend, devices, params, printer, save=args.save)
     _confirm_real_cards(backend, devices, args)

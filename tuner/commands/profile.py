@@ -23,7 +23,7 @@ from tuner.actions.profile_store import (
     write_profile_file,
 )
 from tuner.commands._argtypes import Subparsers
-from tuner.commands._output import format_table, format_value, print_json
+from tuner.commands._output import format_table, format_value, print_json, warn
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.profiles import evidence, reference_bundle
@@ -91,8 +91,7 @@ def _summary(profile: Profile) -> dict:
 
 def run_list(args: Namespace, ctx: Context) -> int:
     profiles, bad = scan()
-    for _path, why in bad:  # `why` names the file
-        print(f"tuner: warning: skipped {why}", file=sys.stderr)
+    warn(f"skipped {why}" for _path, why in bad)  # `why` names the file
     if args.json:
         print_json({"profiles": [_summary(p) for p in profiles],
                     "invalid": [{"path": str(path), "error": why} for path, why in bad]})

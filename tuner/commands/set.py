@@ -12,7 +12,6 @@ Exit codes: 0 kept; 2 bad value (nothing written); 3 permission; 4 unsupported; 
 
 from __future__ import annotations
 
-import sys
 import time
 from argparse import Namespace
 
@@ -23,7 +22,7 @@ from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.commands._argtypes import Subparsers, seconds_between, whole_number
 from tuner.commands._confirm import keep_or_revert, say_applied, say_reverted
 from tuner.commands._device import pick_device
-from tuner.commands._output import format_value, print_json
+from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes
 
 _keep_timeout = seconds_between(1, 600)
@@ -78,8 +77,7 @@ def run(args: Namespace, ctx: Context) -> int:
                          ignore_unsafe=args.ignore_unsafe, lock_clock_mhz=args.lock_mhz)
     change = prepare_setting(backend, request, timeout_s=args.keep_timeout, clock=time.monotonic,
                              purpose=f"tuner set --offset {args.offset:+d}")
-    for warning in other_tools.warnings_for(backend, [dev.id]):  # issue 23: warned, not refused (a person confirms)
-        print(f"tuner: warning: {warning}", file=sys.stderr)
+    warn(other_tools.warnings_for(backend, [dev.id]))  # issue 23: warned, not refused (a person confirms)
 
     def announce(change: PendingChange) -> None:
         locked = change.applied.lock_clock_mhz if change.applied else None
