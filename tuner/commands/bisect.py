@@ -253,10 +253,9 @@ def _fmt(value: object, spec: str) -> str | None:
 
 
 def _trial_line(r: TrialResult) -> str:
-    figures = ", ".join(x for x in (
-        _fmt(r.tok_s, ",.0f") and f"{r.tok_s:,.0f} tok/s", _fmt(r.power_w, ".0f") and f"{r.power_w:.0f} W",
-        _fmt(r.tok_per_j, ".2f") and f"{r.tok_per_j:.2f} tok/J",
-        _fmt(r.max_temp_c, ".0f") and f"max {r.max_temp_c:.0f} °C") if x)
+    figures = ", ".join(text.format(value) for value, text in (
+        (r.tok_s, "{:,.0f} tok/s"), (r.power_w, "{:.0f} W"), (r.tok_per_j, "{:.2f} tok/J"),
+        (r.max_temp_c, "max {:.0f} °C")) if value is not None)
     why = f" ({r.kind}: {r.reason})" if r.verdict != Verdict.PASS and r.reason else ""
     load = f"; {r.load_note}" if r.load_note else ""  # the baseline: its power against the card's limit
     return f"{r.setting:+d} {r.unit} {r.phase} {r.verdict.upper()}{why}" + (f"; {figures}" if figures else "") + load
