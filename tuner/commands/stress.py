@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from tuner.actions.context import Context
     from tuner.actions.stress import StressOutcome, StressRequest
     from tuner.core.models import DeviceInfo
-    from tuner.tuning.engine_client import EngineConfig, GemmEvent, StepEvent, StressResult
+    from tuner.tuning.engine_client import EngineConfig, GemmEvent, StepEvent
 
 PROGRESS_INTERVAL_S = 0.25
 
@@ -130,8 +130,7 @@ class ProgressLine:
         self._status.show(self.text(ev))
 
     def clear(self) -> None:
-        if self.enabled:
-            self._status.clear()
+        self._status.clear()  # erases only a line it showed, and it shows one only on a terminal
 
 
 def summary_lines(device: DeviceInfo, config: EngineConfig, outcome: StressOutcome) -> list[str]:
@@ -192,8 +191,8 @@ def result_document(device: DeviceInfo, config: EngineConfig, outcome: StressOut
     }
 
 
-def exit_code_for(outcome: StressOutcome | StressResult) -> int:
-    """An outcome's exit code (a StressOutcome, or the engine's StressResult alone)."""
+def exit_code_for(outcome: StressOutcome) -> int:
+    """A stress outcome's exit code."""
     verdict, kind = outcome.verdict, outcome.kind
     if verdict == Verdict.PASS:
         return exit_codes.OK
