@@ -55,6 +55,9 @@ def fit(text: str, columns: int) -> str:
     return "".join(out) + "…"
 
 
+PROGRESS_INTERVAL_S = 0.25  # a status line that follows every step is redrawn at most this often
+
+
 class StatusLine:
     """The one in-place status line of a command (bisect progress, stress progress), redrawn on a terminal.
 

@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 from tuner.actions.parameters import DURATION, STRESS, STRESS_DURATION, STRESS_LENGTH
 from tuner.commands._argtypes import Subparsers, add_arguments
 from tuner.commands._device import pick_device
-from tuner.commands._output import StatusLine
+from tuner.commands._output import PROGRESS_INTERVAL_S, StatusLine
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.models import Verdict
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from tuner.actions.stress import StressOutcome, StressRequest
     from tuner.core.models import DeviceInfo
     from tuner.tuning.engine_client import EngineConfig, GemmEvent, StepEvent
-
-PROGRESS_INTERVAL_S = 0.25
 
 
 def add_parser(subparsers: Subparsers) -> None:
