@@ -42,12 +42,6 @@ def add_parser(subparsers: Subparsers) -> None:
     q.set_defaults(run=run_clear)
 
 
-def _device_ids(ctx: Context, device_id: str | None) -> list[str]:
-    if device_id:
-        return [ctx.backend.device(device_id).id]
-    return [d.id for d in ctx.backend.devices()]
-
-
 def _when(entry: dict) -> str:
     """The entry's time, or '-' when it holds none a clock can show (NaN, Infinity, 1e308, a string)."""
     at = entry.get("recorded_at")
@@ -67,8 +61,8 @@ def _row(device_id: str, entry: dict) -> tuple[str, ...]:
 
 
 def run_list(args: Namespace, ctx: Context) -> int:
-    report = {device_id: safety_files.unsafe_entries(device_id, ctx.backend)
-              for device_id in _device_ids(ctx, args.device)}
+    devices = [ctx.backend.device(args.device)] if args.device else ctx.backend.devices()
+    report = {d.id: safety_files.unsafe_entries(d.id, ctx.backend) for d in devices}
     if args.json:
         print_json({"unsafe": [{"device": d, "entries": entries} for d, entries in report.items()]})
         return exit_codes.OK
