@@ -21,7 +21,9 @@ from typing import IO, TypeVar
 
 from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import RigChange
-from tuner.core import signals
+from tuner.commands._output import format_value
+from tuner.core import exit_codes, signals
+from tuner.core.models import DeviceInfo
 
 
 class Answer(StrEnum):
@@ -49,6 +51,23 @@ def keep_or_revert(change: Change, *, announce: Callable[[Change], None], yes: b
     if inbox.stop_requested:
         signals.stop_now()  # the card is back; now stop, as Ctrl-Z asked
     return Answer.KEPT if change.kept else Answer.NOT_CONFIRMED
+
+
+def say_applied(change: PendingChange, device: DeviceInfo, note: str, *, as_json: bool) -> None:
+    """`ID  LABEL: BEFORE -> AFTER NOTE (read back)`: one card's change, announced once applied and read back; on
+    stderr with --json (stdout holds the one document)."""
+    before, applied = change.before, change.applied
+    assert before is not None and applied is not None  # announced once applied and read back
+    print(f"{device.id}  {device.label}: {format_value(before.current, applied.unit)} -> "
+          f"{format_value(applied.current, applied.unit)}{note} (read back)",
+          file=sys.stderr if as_json else sys.stdout, flush=True)
+
+
+def say_reverted(answer: Answer, where: str) -> int:
+    """Say on stderr why a change was not kept and `where` the revert left it; the exit code for that."""
+    why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
+    print(f"{why}: reverted {where}", file=sys.stderr)
+    return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
 
 
 def _ask(change: PendingChange | RigChange, inbox: signals.Inbox, stream: IO[str] | None, out: IO[str]) -> bool:

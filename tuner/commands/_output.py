@@ -1,4 +1,4 @@
-"""Small output helpers shared by the commands: JSON documents, plain aligned tables, the in-place status line."""
+"""Small output helpers shared by the commands: JSON documents, warnings, aligned tables, the in-place status line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import IO
 
 from tuner.core import json_values
@@ -15,6 +15,12 @@ from tuner.core import json_values
 def print_json(document: object) -> None:
     """One JSON document on stdout (what `--json` promises): strict JSON, a non-finite number is null."""
     sys.stdout.write(json_values.dumps(document, indent=2) + "\n")
+
+
+def warn(warnings: Iterable[str]) -> None:
+    """Each warning as its own `tuner: warning:` line on stderr."""
+    for warning in warnings:
+        print(f"tuner: warning: {warning}", file=sys.stderr)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -47,6 +53,9 @@ def fit(text: str, columns: int) -> str:
         out.append(c)
         used += w
     return "".join(out) + "…"
+
+
+PROGRESS_INTERVAL_S = 0.25  # a status line that follows every step is redrawn at most this often
 
 
 class StatusLine:

@@ -22,8 +22,8 @@ from tuner.actions.setting import SetRequest, apply_setting_now, prepare_setting
 from tuner.actions.verify import verify_setting
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers, duration, seconds_between
-from tuner.commands._confirm import Answer, keep_or_revert
-from tuner.commands._output import format_value, print_json
+from tuner.commands._confirm import keep_or_revert, say_applied, say_reverted
+from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes, system_units
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
@@ -85,8 +85,7 @@ def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     plan = plan_profile_apply(backend, profile, args.device, force=args.force, verify=args.verify is not None,
                               ignore_unsafe=args.ignore_unsafe)
-    for warning in plan.warnings:
-        print(f"tuner: warning: {warning}", file=sys.stderr)
+    warn(plan.warnings)
     locked = set_profile_lock_clock(backend, plan)
     if locked:
         print(locked, file=sys.stderr)
@@ -124,24 +123,19 @@ def _apply_with_confirmation(args: Namespace, ctx: Context, plan: ProfileApply) 
                              purpose=f"tuner apply {profile.name}")
 
     def announce(change: PendingChange) -> None:
-        applied = change.applied
-        assert applied is not None and change.before is not None  # announced once applied and read back
-        print(f"{device.id}  {device.label}: {format_value(change.before.current, applied.unit)} -> "
-              f"{format_value(applied.current, applied.unit)} from {profile.name!r} (read back)",
-              file=sys.stderr if args.json else sys.stdout, flush=True)
+        say_applied(change, device, f" from {profile.name!r}", as_json=args.json)
 
     answer = keep_or_revert(change, announce=announce)
     if change.kept:
         assert change.applied is not None  # kept: applied and read back
         _report(args, profile, device, result, change.applied)
         return exit_codes.OK
-    why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
     reverted = change.reverted_to
     assert reverted is not None  # not kept: leaving keep_or_revert reverted it (or raised)
-    print(f"{why}: reverted to {format_value(reverted.current, reverted.unit)}", file=sys.stderr)
+    code = say_reverted(answer, f"to {format_value(reverted.current, reverted.unit)}")
     if args.json:
         print_json(_doc(profile, device, result, reverted, applied=False))
-    return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
+    return code
 
 
 def _doc(profile: Profile, device: DeviceInfo, result: MatchResult, knob: Knob, **extra: object) -> dict:
@@ -170,20 +164,15 @@ def _run_rig(args: Namespace, ctx: Context, profile: Profile) -> int:
                          "confirm a rig with `tuner bisect --device all`, or drop --verify")
     backend = ctx.backend
     plan = plan_rig_apply(backend, profile, force=args.force, ignore_unsafe=args.ignore_unsafe)
-    for warning in plan.warnings:
-        print(f"tuner: warning: {warning}", file=sys.stderr)
+    warn(plan.warnings)
     change = prepare_rig_apply(backend, plan, ignore_unsafe=args.ignore_unsafe)
-    out = sys.stderr if args.json else sys.stdout
 
     def announce(change: RigChange) -> None:
         if args.yes:
             return  # kept without asking: the report below says what each card now holds
         for part, pending in zip(plan.to_apply, change.changes, strict=True):
-            before, applied, device = pending.before, pending.applied, part.device
-            assert before is not None and applied is not None and device is not None  # applied, on a present card
-            print(f"{device.id}  {device.label}: {format_value(before.current, applied.unit)} -> "
-                  f"{format_value(applied.current, applied.unit)} from {profile.name!r} card[{part.index}] "
-                  "(read back)", file=out, flush=True)
+            assert part.device is not None  # to_apply holds the parts whose card is here
+            say_applied(pending, part.device, f" from {profile.name!r} card[{part.index}]", as_json=args.json)
 
     answer = keep_or_revert(change, announce=announce, yes=args.yes)  # one prompt, one timeout, every card
     if change.kept:
@@ -197,12 +186,11 @@ def _run_rig(args: Namespace, ctx: Context, profile: Profile) -> int:
                 print(f"{device.id}  {device.label}: applied {profile.name!r} card[{part.index}] "
                       f"({format_value(knob.current, knob.unit)}, read back)")
         return exit_codes.OK
-    why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
     back = ", ".join(f"{dev} to {format_value(k.current, k.unit)}" for dev, k in change.reverted_to.items())
-    print(f"{why}: reverted every card ({back})", file=sys.stderr)
+    code = say_reverted(answer, f"every card ({back})")
     if args.json:
         print_json(_rig_doc(plan, change, applied=False))
-    return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
+    return code
 
 
 def _rig_doc(plan: RigApply, change: RigChange, *, applied: bool) -> dict:

@@ -14,7 +14,7 @@ from tuner.actions.context import Context
 from tuner.actions.parameters import BISECT, BOUND, CONFIRM, TRIAL
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers, add_arguments
-from tuner.commands._output import StatusLine, fit, format_table
+from tuner.commands._output import StatusLine, fit, format_table, warn
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError, UsageError
@@ -253,10 +253,9 @@ def _fmt(value: object, spec: str) -> str | None:
 
 
 def _trial_line(r: TrialResult) -> str:
-    figures = ", ".join(x for x in (
-        _fmt(r.tok_s, ",.0f") and f"{r.tok_s:,.0f} tok/s", _fmt(r.power_w, ".0f") and f"{r.power_w:.0f} W",
-        _fmt(r.tok_per_j, ".2f") and f"{r.tok_per_j:.2f} tok/J",
-        _fmt(r.max_temp_c, ".0f") and f"max {r.max_temp_c:.0f} °C") if x)
+    figures = ", ".join(text.format(value) for value, text in (
+        (r.tok_s, "{:,.0f} tok/s"), (r.power_w, "{:.0f} W"), (r.tok_per_j, "{:.2f} tok/J"),
+        (r.max_temp_c, "max {:.0f} °C")) if value is not None)
     why = f" ({r.kind}: {r.reason})" if r.verdict != Verdict.PASS and r.reason else ""
     load = f"; {r.load_note}" if r.load_note else ""  # the baseline: its power against the card's limit
     return f"{r.setting:+d} {r.unit} {r.phase} {r.verdict.upper()}{why}" + (f"; {figures}" if figures else "") + load
@@ -306,7 +305,7 @@ def run(args: Namespace, ctx: Context) -> int:
     if args.tolerance:
         from tuner.tuning.sensitivity import tolerance_note
 
-        print(f"tuner: warning: {tolerance_note()}", file=sys.stderr)
+        warn([tolerance_note()])
     printer = _Printer(backend, devices, args.json)
     job = prepare_bisect(backend, devices, params, printer, save=args.save)
     _confirm_real_cards(backend, devices, args)

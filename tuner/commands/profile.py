@@ -23,11 +23,10 @@ from tuner.actions.profile_store import (
     write_profile_file,
 )
 from tuner.commands._argtypes import Subparsers
-from tuner.commands._output import format_table, format_value, print_json
+from tuner.commands._output import format_table, format_value, print_json, warn
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.profiles import evidence, reference_bundle
-from tuner.profiles.reference_bundle import Bundle
 from tuner.profiles.schema import Profile, ProfilePart, Setting, Trial, format_created, validate_name
 from tuner.tuning.bound import describe as describe_bound
 
@@ -91,8 +90,7 @@ def _summary(profile: Profile) -> dict:
 
 def run_list(args: Namespace, ctx: Context) -> int:
     profiles, bad = scan()
-    for _path, why in bad:  # `why` names the file
-        print(f"tuner: warning: skipped {why}", file=sys.stderr)
+    warn(f"skipped {why}" for _path, why in bad)  # `why` names the file
     if args.json:
         print_json({"profiles": [_summary(p) for p in profiles],
                     "invalid": [{"path": str(path), "error": why} for path, why in bad]})
@@ -222,7 +220,7 @@ def _rig_lines(profile: Profile, width: int) -> list[str]:
 def run_show(args: Namespace, ctx: Context) -> int:
     source = find_in_store(args.name)
     profile = read_profile_file(source)
-    bundled = _bundled_reference(source)
+    bundled = reference_bundle.reference_beside(source)  # checked: a damaged one stops the command in one line
     if args.json:
         ref = None if bundled is None else {"path": str(bundled[1]), "size_bytes": bundled[2], **bundled[0].summary()}
         print_json({**_summary(profile), "reference": ref})
@@ -254,7 +252,7 @@ def _setting_extras(s: Setting) -> str:
 def run_export(args: Namespace, ctx: Context) -> int:
     source = find_in_store(args.name)
     profile = read_profile_file(source)
-    bundled = _bundled_reference(source)  # checked before anything is written
+    bundled = reference_bundle.reference_beside(source)  # checked before anything is written
     if args.path == "-":
         sys.stdout.write(profile.to_toml())
         if bundled is not None:
@@ -276,12 +274,6 @@ def run_export(args: Namespace, ctx: Context) -> int:
     return exit_codes.OK
 
 
-def _bundled_reference(profile_path: Path) -> tuple[Bundle, Path, int] | None:
-    """The reference stored beside a profile, checked (a damaged one stops the command: one line, nothing written);
-    None when it has none."""
-    return reference_bundle.reference_beside(profile_path)
-
-
 def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
@@ -290,7 +282,7 @@ def run_import(args: Namespace, ctx: Context) -> int:
     if args.name is not None:  # `--name ""` is an error, not "no name"
         validate_name(args.name, path="--name")
     profile = read_profile_file(Path(args.path))  # validated (and never through a symlink) before storing
-    bundled = _bundled_reference(Path(args.path))  # the reference beside it, checked before anything is stored
+    bundled = reference_bundle.reference_beside(Path(args.path))  # checked before anything is stored
     if args.name is not None:
         profile = profile.renamed(args.name)
     path = save_profile(profile, overwrite=args.overwrite, system=args.system)

@@ -59,22 +59,18 @@ def add_parser(subparsers: Subparsers) -> None:
     q.set_defaults(run=run_show)
 
 
-def _tier(text: str) -> Tier:
-    from tuner.actions.screen.attribution import tier_named
-    from tuner.core.errors import UsageError
-    try:
-        return tier_named(text)
-    except ValueError as e:
-        raise UsageError(f"--tier: {e}") from None
-
-
 def tier_of(args: argparse.Namespace) -> Tier:
     """The tier asked for, or a custom one with `--duration`."""
     from dataclasses import replace
 
+    from tuner.actions.screen.attribution import tier_named
     from tuner.core.durations import parse_duration_s
-    tier = _tier(args.tier)
-    if getattr(args, "duration", None) is not None:
+    from tuner.core.errors import UsageError
+    try:
+        tier = tier_named(args.tier)
+    except ValueError as e:
+        raise UsageError(f"--tier: {e}") from None
+    if args.duration is not None:
         tier = replace(tier, name="custom", load_s=parse_duration_s(args.duration), dcgm_level=None)
     return tier
 

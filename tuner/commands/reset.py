@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from argparse import Namespace
 
 from tuner.actions.context import Context
 from tuner.actions.reset import holder_of, reset_device, reset_targets
 from tuner.commands._argtypes import Subparsers
-from tuner.commands._output import format_value, print_json
+from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes
 
 
@@ -36,7 +35,7 @@ def run(args: Namespace, ctx: Context) -> int:
         for dev in targets:
             holder = holder_of(dev.id)
             if holder:
-                print(f"tuner: warning: {dev.id} is held by {holder}; resetting it anyway (--force)", file=sys.stderr)
+                warn([f"{dev.id} is held by {holder}; resetting it anyway (--force)"])
     results = [(dev, reset_device(backend, dev.id, force=args.force)) for dev in targets]
     if args.json:
         print_json({"reset": [{"device": d.id, "knob": k.to_dict()} for d, k in results]})

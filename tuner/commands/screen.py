@@ -16,6 +16,7 @@ from tuner.actions.profile_store import load_profile
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
+from tuner.commands._output import PROGRESS_INTERVAL_S, StatusLine
 from tuner.commands.reference import TIER_HELP, tier_of
 from tuner.core.atomic import write_atomic
 from tuner.core.durations import format_duration
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from tuner.actions.context import Context
     from tuner.actions.screen.verdict import CardVerdict, ScreenReport
     from tuner.profiles.reference_bundle import Bundle
-
-PROGRESS_INTERVAL_S = 0.25
 
 EPILOG = """\
 verdicts and exit codes (the worst card decides):
@@ -101,15 +100,15 @@ def select_devices(backend: Backend, text: str | None) -> list[str]:
 
 
 class Progress:
-    """One self-overwriting line on stderr (a terminal only): each card's step and the time left."""
+    """One self-overwriting line on stderr (a terminal only, tuner.commands._output.StatusLine): each card's step and
+    the time left."""
 
     def __init__(self, stream: IO[str], load_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.stream, self.load_s, self.clock = stream, load_s, clock
-        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
+        self.load_s, self.clock = load_s, clock
+        self.line = StatusLine(stream)
         self.steps: dict[str, str] = {}
         self._t0 = clock()
         self._last = 0.0
-        self._width = 0
         self._lock = threading.Lock()
 
     def __call__(self, device_id: str, event: object) -> None:
@@ -118,26 +117,18 @@ class Progress:
             with self._lock:
                 self.steps[device_id] = f"{device_id} step {step}"
                 now = self.clock()
-                if self.enabled and now - self._last >= PROGRESS_INTERVAL_S:
+                if self.line.tty and now - self._last >= PROGRESS_INTERVAL_S:
                     self._last = now
                     left = max(0.0, self.load_s - (now - self._t0))
-                    line = "  ".join(self.steps.values()) + f"  ~{format_duration(left)} left"
-                    self._width = max(self._width, len(line))
-                    self.stream.write("\r" + line.ljust(self._width))
-                    self.stream.flush()
+                    self.line.show("  ".join(self.steps.values()) + f"  ~{format_duration(left)} left")
         elif isinstance(event, str) and not event.startswith("reference: compared with"):  # said once, above
             with self._lock:
-                self._clear()
-                print(f"screen: {device_id}: {event}", file=self.stream, flush=True)
-
-    def _clear(self) -> None:
-        if self.enabled and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
+                self.line.clear()
+                print(f"screen: {device_id}: {event}", file=self.line.stream, flush=True)
 
     def clear(self) -> None:
         with self._lock:
-            self._clear()
+            self.line.clear()
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:

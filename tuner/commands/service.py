@@ -5,14 +5,13 @@ The rules live in tuner.actions.boot_service (the UI calls the same functions); 
 
 from __future__ import annotations
 
-import sys
 from argparse import Namespace
 from datetime import datetime
 
 from tuner.actions import boot_service
 from tuner.actions.context import Context
 from tuner.commands._argtypes import Subparsers
-from tuner.commands._output import print_json
+from tuner.commands._output import print_json, warn
 from tuner.core import exit_codes, paths
 from tuner.core.errors import TunerError
 from tuner.profiles import boot as boot_rules
@@ -49,8 +48,7 @@ def add_parser(subparsers: Subparsers) -> None:
 def _print(result: boot_service.BootServiceResult) -> None:
     for line in result.messages:
         print(line if not line.startswith("(not run here") else f"  {line}")
-    for warning in result.warnings:
-        print(f"tuner: warning: {warning}", file=sys.stderr)
+    warn(result.warnings)
 
 
 def run_install(args: Namespace, ctx: Context) -> int:

@@ -12,7 +12,6 @@ Exit codes: 0 kept; 2 bad value (nothing written); 3 permission; 4 unsupported; 
 
 from __future__ import annotations
 
-import sys
 import time
 from argparse import Namespace
 
@@ -21,9 +20,9 @@ from tuner.actions.context import Context
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.commands._argtypes import Subparsers, seconds_between, whole_number
-from tuner.commands._confirm import Answer, keep_or_revert
+from tuner.commands._confirm import keep_or_revert, say_applied, say_reverted
 from tuner.commands._device import pick_device
-from tuner.commands._output import format_value, print_json
+from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes
 
 _keep_timeout = seconds_between(1, 600)
@@ -78,16 +77,11 @@ def run(args: Namespace, ctx: Context) -> int:
                          ignore_unsafe=args.ignore_unsafe, lock_clock_mhz=args.lock_mhz)
     change = prepare_setting(backend, request, timeout_s=args.keep_timeout, clock=time.monotonic,
                              purpose=f"tuner set --offset {args.offset:+d}")
-    for warning in other_tools.warnings_for(backend, [dev.id]):  # issue 23: warned, not refused (a person confirms)
-        print(f"tuner: warning: {warning}", file=sys.stderr)
+    warn(other_tools.warnings_for(backend, [dev.id]))  # issue 23: warned, not refused (a person confirms)
 
     def announce(change: PendingChange) -> None:
-        applied = change.applied
-        assert applied is not None and change.before is not None  # announced once applied and read back
-        lock = f" at a locked {applied.lock_clock_mhz} MHz" if applied.lock_clock_mhz else ""
-        print(f"{dev.id}  {dev.label}: {format_value(change.before.current, change.before.unit)} -> "
-              f"{format_value(applied.current, applied.unit)}{lock} (read back)",
-              file=sys.stderr if args.json else sys.stdout, flush=True)
+        locked = change.applied.lock_clock_mhz if change.applied else None
+        say_applied(change, dev, f" at a locked {locked} MHz" if locked else "", as_json=args.json)
 
     answer = keep_or_revert(change, announce=announce, yes=args.yes)
     applied = change.applied
@@ -111,7 +105,5 @@ def run(args: Namespace, ctx: Context) -> int:
         return exit_codes.OK
     reverted = change.reverted_to
     assert reverted is not None  # not kept: leaving keep_or_revert reverted it (or raised)
-    why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
     note = f" ({change.restore_note})" if change.restore_note else ""
-    print(f"{why}: reverted to {format_value(reverted.current, reverted.unit)}{note}", file=sys.stderr)
-    return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED
+    return say_reverted(answer, f"to {format_value(reverted.current, reverted.unit)}{note}")

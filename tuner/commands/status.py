@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from argparse import Namespace
 
 from tuner.actions import safety_files
 from tuner.actions.context import Context
 from tuner.commands._argtypes import Subparsers
-from tuner.commands._output import format_value, print_json
+from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes
 from tuner.core.errors import StateError
 from tuner.core.models import Knob, Telemetry
@@ -76,13 +75,9 @@ def safety_warnings(device_id: str, knob: Knob) -> list[str]:
 def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
     devices = [backend.device(args.device)] if args.device else backend.devices()
-    report = []
-    for dev in devices:
-        report.append((dev, backend.knob(dev.id), backend.telemetry(dev.id)))
+    report = [(dev, backend.knob(dev.id), backend.telemetry(dev.id)) for dev in devices]
     warnings = {d.id: safety_warnings(d.id, k) for d, k, _ in report}
-    for lines in warnings.values():
-        for line in lines:
-            print(f"tuner: warning: {line}", file=sys.stderr)
+    warn(line for lines in warnings.values() for line in lines)
     if args.json:
         docs = [{"device": d.to_dict(), "knob": k.to_dict(), "telemetry": t.to_dict(), "warnings": warnings[d.id]}
                 for d, k, t in report]

@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 from tuner.actions.parameters import DURATION, STRESS, STRESS_DURATION, STRESS_LENGTH
 from tuner.commands._argtypes import Subparsers, add_arguments
 from tuner.commands._device import pick_device
-from tuner.commands._output import StatusLine
+from tuner.commands._output import PROGRESS_INTERVAL_S, StatusLine
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.models import Verdict
@@ -31,9 +31,7 @@ if TYPE_CHECKING:
     from tuner.actions.context import Context
     from tuner.actions.stress import StressOutcome, StressRequest
     from tuner.core.models import DeviceInfo
-    from tuner.tuning.engine_client import EngineConfig, GemmEvent, StepEvent, StressResult
-
-PROGRESS_INTERVAL_S = 0.25
+    from tuner.tuning.engine_client import EngineConfig, GemmEvent, StepEvent
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -130,8 +128,7 @@ class ProgressLine:
         self._status.show(self.text(ev))
 
     def clear(self) -> None:
-        if self.enabled:
-            self._status.clear()
+        self._status.clear()  # erases only a line it showed, and it shows one only on a terminal
 
 
 def summary_lines(device: DeviceInfo, config: EngineConfig, outcome: StressOutcome) -> list[str]:
@@ -192,8 +189,8 @@ def result_document(device: DeviceInfo, config: EngineConfig, outcome: StressOut
     }
 
 
-def exit_code_for(outcome: StressOutcome | StressResult) -> int:
-    """An outcome's exit code (a StressOutcome, or the engine's StressResult alone)."""
+def exit_code_for(outcome: StressOutcome) -> int:
+    """A stress outcome's exit code."""
     verdict, kind = outcome.verdict, outcome.kind
     if verdict == Verdict.PASS:
         return exit_codes.OK

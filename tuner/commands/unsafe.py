@@ -13,6 +13,7 @@ from argparse import Namespace
 from tuner.actions import safety_files
 from tuner.actions.context import Context
 from tuner.commands._argtypes import Subparsers, whole_number
+from tuner.commands._device import pick_device
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
@@ -41,12 +42,6 @@ def add_parser(subparsers: Subparsers) -> None:
     q.set_defaults(run=run_clear)
 
 
-def _device_ids(ctx: Context, device_id: str | None) -> list[str]:
-    if device_id:
-        return [ctx.backend.device(device_id).id]
-    return [d.id for d in ctx.backend.devices()]
-
-
 def _when(entry: dict) -> str:
     """The entry's time, or '-' when it holds none a clock can show (NaN, Infinity, 1e308, a string)."""
     at = entry.get("recorded_at")
@@ -66,8 +61,8 @@ def _row(device_id: str, entry: dict) -> tuple[str, ...]:
 
 
 def run_list(args: Namespace, ctx: Context) -> int:
-    report = {device_id: safety_files.unsafe_entries(device_id, ctx.backend)
-              for device_id in _device_ids(ctx, args.device)}
+    devices = [ctx.backend.device(args.device)] if args.device else ctx.backend.devices()
+    report = {d.id: safety_files.unsafe_entries(d.id, ctx.backend) for d in devices}
     if args.json:
         print_json({"unsafe": [{"device": d, "entries": entries} for d, entries in report.items()]})
         return exit_codes.OK
@@ -87,10 +82,7 @@ def _ask(question: str) -> bool:
 
 
 def run_clear(args: Namespace, ctx: Context) -> int:
-    ids = _device_ids(ctx, args.device)
-    if len(ids) != 1:
-        raise UsageError("several GPUs found", "name one with --device ID (see `tuner list`)")
-    device_id = ids[0]
+    device_id = pick_device(ctx.backend, args.device).id
     entries = safety_files.unsafe_entries(device_id, ctx.backend)
     doomed = [e for e in entries if args.value is None or e["setting"] == args.value]
     if not doomed:
