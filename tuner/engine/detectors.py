@@ -178,7 +178,6 @@ class CanaryReplay:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.golden: CanarySample | None = None
         self.tolerance: float | None = None
-        self.runs = 0
 
     def measure(self) -> CanarySample:
         self.model.zero_grad(set_to_none=True)
@@ -194,7 +193,6 @@ class CanaryReplay:
         vals = torch.cat([loss.detach().float().reshape(1), sums, norms]).cpu().tolist()
         bits = torch.stack([bit_checksum(raw), bit_checksum(self.params)]).cpu().tolist()
         self.model.zero_grad(set_to_none=True)
-        self.runs += 1
         return CanarySample(vals[0], tuple(vals[1:]), tuple(bits))
 
     def calibrate(self, samples: list[CanarySample]) -> bool:
@@ -253,14 +251,12 @@ class GemmCheck:
         self.b = (torch.rand(n, n, generator=g) * 2 - 1).to(device=device, dtype=dtype)
         self.golden: torch.Tensor | None = None
         self.tolerance: float | None = None
-        self.runs = 0
 
     @property
     def flops(self) -> int:
         return 2 * self.n**3 * self.repeats
 
     def compute(self) -> list[torch.Tensor]:
-        self.runs += 1
         return [self.a @ self.b for _ in range(self.repeats)]
 
     def calibrate(self, outputs: list[torch.Tensor]) -> bool:

@@ -34,7 +34,6 @@ PROTOCOL_VERSION = 1
 VERDICT_EXIT_CODES = {"pass": (0,), "fail": (1,), "error": (2, 4, 130)}  # 4: torch (the engine extra) is missing
 FAULT_KINDS = ("mismatch", "canary", "gemm", "nonfinite", "device-error", "not-repeatable")
 ERROR_KINDS = ("usage", "setup", "oom", "internal", "interrupted", "not-repeatable", "peer")
-NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def _d(text: str) -> Meta:

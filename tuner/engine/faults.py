@@ -88,11 +88,6 @@ class PlatformFlaw:
                  clock: Callable[[], float] = time.time) -> None:
         self.nondeterministic, self.contention_at, self.clock = nondeterministic, contention_at, clock
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-        self.flips = 0
-
-    @property
-    def configured(self) -> bool:
-        return self.nondeterministic or self.contention_at is not None
 
     def active(self) -> bool:
         return self.nondeterministic or (self.contention_at is not None and self.clock() >= self.contention_at)
@@ -103,7 +98,6 @@ class PlatformFlaw:
         params = [p for p in model.parameters() if p.ndim == 2]
         p = params[self.rng.randrange(len(params))]
         flip_bit_(p.data, self.rng.randrange(p.numel()), 0)
-        self.flips += 1
 
 
 class FaultInjector:
@@ -125,10 +119,6 @@ class FaultInjector:
         where = f"step {rec.step}" if rec.step is not None else rec.where
         self._log(f"inject ({rec.source}): {where}: {change} of {rec.tensor}[{rec.index}]: "
                   f"{rec.before!r} -> {rec.after!r}")
-
-    @property
-    def active(self) -> bool:
-        return bool(self.injections) or self.fault_rate > 0
 
     def hang_at(self, step: int) -> bool:
         return any(i.kind == "hang" and i.step == step for i in self.injections)

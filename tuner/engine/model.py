@@ -222,9 +222,6 @@ class GPT(nn.Module):
             assert isinstance(embed, nn.Embedding)  # nn.ModuleDict's items are typed Module
             fill(embed.weight, "uniform", bound)  # like c_v
 
-    def set_compute_dtype(self, dtype: torch.dtype) -> None:
-        self.compute_dtype = dtype
-
     def forward(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """Cross-entropy (nats per token) of `targets` given `idx`, both (B, T) int64. fp32 logits, soft-capped."""
         t = idx.size(1)

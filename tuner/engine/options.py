@@ -104,8 +104,6 @@ def rendezvous_problem(url: str) -> str | None:
     return f"bad --rendezvous {url!r}: use file:///PATH (a file every rank can reach) or tcp://HOST:PORT"
 
 
-INJECT_KINDS = ("bitflip", "nan", "hang")
-INJECT_TARGETS = ("weight", "activation")
 _INJECT_RE = re.compile(r"^(bitflip|nan|hang)@(\d+)(?::(weight|activation))?(?::(\d+))?$")
 
 

@@ -248,13 +248,6 @@ def default_gemm_n(spec: DeviceSpec) -> int:
     return 256
 
 
-def free_memory_bytes(spec: DeviceSpec) -> int | None:
-    if spec.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(spec.device)
-        return int(free)
-    return None
-
-
 def synchronize(spec: DeviceSpec) -> None:
     if spec.type == "cuda":
         torch.cuda.synchronize(spec.device)

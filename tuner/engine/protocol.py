@@ -31,7 +31,6 @@ class Emitter:
         self.t0 = clock() if t0 is None else t0
         self._lock = threading.Lock()
         self.broken = False  # the reader went away (EPIPE); the engine should stop
-        self.last_emit = self.t0
 
     def now(self) -> float:
         return self._clock() - self.t0
@@ -40,7 +39,6 @@ class Emitter:
         """Write `event` stamped with the time now; returns the record written (the sink gets the same)."""
         with self._lock:  # stamped inside the lock: `t` never goes backwards between threads
             record = to_record(event, round(self.now(), 4))
-            self.last_emit = self._clock()
             if self._sink is not None:
                 self._sink(record)
             if self._stream is not None and not self.broken:

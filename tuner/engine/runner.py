@@ -499,17 +499,13 @@ class Engine:
                                 for a, b in zip(outs[0], outs[1], strict=False))
         return same
 
-    def _reset_training(self) -> None:
-        """Initial weights and fresh optimizers: the state step 1 starts from."""
-        self._restore_initial()
-
     def _step_check(self) -> tuple[bool, str | None]:
         """CHECK_STEPS real training steps from the initial state, twice, digests compared."""
         pending, self.oom_at_step_pending = self.oom_at_step_pending, None
         runs: list[list[str]] = []
         try:
             for _ in range(REPEATABILITY_RUNS):
-                self._reset_training()
+                self._restore_initial()
                 digests = []
                 for s in range(1, CHECK_STEPS + 1):
                     self.injector.platform_noise(self.model)
@@ -517,7 +513,7 @@ class Engine:
                     digests.append(step_digest(r.loss, r.grad_norm, r.param_sum))
                 runs.append(digests)
         finally:
-            self._reset_training()
+            self._restore_initial()
             self.oom_at_step_pending = pending
         for i, (a, b) in enumerate(zip(runs[0], runs[1], strict=False)):
             if a != b:
