@@ -1,4 +1,4 @@
-"""JSON lines out: one event per line, flushed, thread-safe; and the heartbeat thread. No torch here.
+"""JSON lines out: one event per line, flushed, thread-safe; the heartbeat thread; the log on stderr. No torch here.
 
 The events are declared in `tuner.engine.events` (their fields, types and JSON form, and docs/engine.md's tables);
 this module writes them: every event carries `"event"` and `"t"`, monotonic seconds since the engine started.
@@ -14,6 +14,14 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from tuner.engine.events import Event, HeartbeatEvent, to_record
+
+
+def log_line(msg: str) -> None:
+    """One line of the engine's log on stderr."""
+    try:
+        print(f"engine: {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr is a pipe to a reader that died: nobody to tell
+        pass
 
 
 class Emitter:
@@ -75,10 +83,7 @@ class Heartbeat:
                     self._tick()
                 self._emitter.emit(HeartbeatEvent(**self._status()))
             except Exception as e:  # noqa: BLE001 - a heartbeat must never kill the engine
-                try:
-                    print(f"engine: heartbeat failed: {e!r}", file=sys.stderr, flush=True)
-                except (OSError, ValueError):  # stderr gone with the parent
-                    pass
+                log_line(f"heartbeat failed: {e!r}")
 
     def stop(self) -> None:
         self._stop.set()
