@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tuner.engine.patterns import match_device_error
+from tuner.engine.platform import INT_VIEW
 from tuner.engine.reference import digest_values, step_digest
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def bit_checksum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     integers (wrapping). Any single bit flip changes it by +-2^bit, so it can never cancel out by itself."""
     total = None
     for t in tensors:
-        s = t.detach().view(_INT_VIEW[t.dtype]).sum(dtype=torch.int64)
+        s = t.detach().view(INT_VIEW[t.dtype]).sum(dtype=torch.int64)
         total = s if total is None else total + s
     assert total is not None  # every caller passes at least one tensor
     return total
@@ -235,9 +236,6 @@ def _rel_diff(a: Iterable[float], b: Iterable[float]) -> float:
     return worst
 
 
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
-
-
 class GemmCheck:
     """gpu-burn's method: C = A @ B computed `repeats` times from the same A and B, each compared bitwise with
     the first result (`calibrate`) or, on a platform that is not repeatable, within 4x the observed spread."""
@@ -269,7 +267,7 @@ class GemmCheck:
 
     def _bit_equal(self, out: torch.Tensor) -> bool:
         assert self.golden is not None  # set by `calibrate`, before any comparison
-        view = _INT_VIEW.get(out.dtype)
+        view = INT_VIEW.get(out.dtype)
         if view is None:
             return torch.equal(out, self.golden)
         return torch.equal(out.view(view), self.golden.view(view))
@@ -287,7 +285,7 @@ class GemmCheck:
             diff = self._max_abs_diff(out)
             if self.tolerance is not None and diff <= self.tolerance:
                 continue
-            view = _INT_VIEW.get(out.dtype)
+            view = INT_VIEW.get(out.dtype)
             wrong = int((out.view(view) != self.golden.view(view)).sum()) if view else -1
             return Finding(self.kind, f"GEMM {self.n}x{self.n} repeat {i + 1}/{len(outputs)}: {wrong} element(s) "
                                       f"differ from the first result, max |diff| {diff:.6g}")

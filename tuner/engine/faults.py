@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from tuner.engine.options import Injection
+from tuner.engine.platform import INT_VIEW
 
 if TYPE_CHECKING:
     from tuner.engine.model import GPT
 
 EXPLICIT_BIT = 22
-_INT_VIEW = {torch.float32: (torch.int32, 32), torch.bfloat16: (torch.int16, 16), torch.float16: (torch.int16, 16)}
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class FlipRecord:
 
 def flip_bit_(t: torch.Tensor, index: int, bit: int) -> tuple[float, float]:
     """Flip bit `bit` of element `index` of the contiguous float tensor `t`, in place. Returns (before, after)."""
-    view, nbits = _INT_VIEW[t.dtype]
+    view, nbits = INT_VIEW[t.dtype], torch.finfo(t.dtype).bits
     if not 0 <= bit < nbits:
         raise ValueError(f"bit {bit} out of range for {t.dtype}")
     flat = t.detach().view(-1)
@@ -154,7 +154,7 @@ class FaultInjector:
                 if rng.random() < 0.5:
                     params = list(model.named_parameters())
                     name, p = self._pick_weighted(params, rng)
-                    self.flip_weight(p, name, rng.randrange(p.numel()), rng.randrange(_INT_VIEW[p.dtype][1]),
+                    self.flip_weight(p, name, rng.randrange(p.numel()), rng.randrange(torch.finfo(p.dtype).bits),
                                      step=step, source="rate")
                 else:
                     self._arm_random_activation(model, rng, step=step, where="activation")
@@ -183,7 +183,7 @@ class FaultInjector:
             i = rng.randrange(len(outputs))
             out = outputs[i]
             elem = rng.randrange(out.numel())
-            bit = rng.randrange(_INT_VIEW[out.dtype][1])
+            bit = rng.randrange(torch.finfo(out.dtype).bits)
             before, after = flip_bit_(out, elem, bit)
             self._record(FlipRecord(None, "gemm", f"gemm_output_{i}", elem, bit, before, after, "rate"))
 
@@ -226,7 +226,7 @@ class FaultInjector:
             if nan:
                 before, after, b = set_nan_(out, idx), float("nan"), -1
             else:
-                b = rng.randrange(_INT_VIEW[out.dtype][1]) if bit is None else bit
+                b = rng.randrange(torch.finfo(out.dtype).bits) if bit is None else bit
                 before, after = flip_bit_(out, idx, b)
             self._record(FlipRecord(step, where, f"{name}.output", idx, b, before, after, source))
             return out
