@@ -111,14 +111,12 @@ class ReferenceTrajectory:
                 gn_rel = abs(grad_norm - ref_gn) / max(abs(ref_gn), 1e-12)
                 if loss_rel <= self.tolerance and gn_rel <= 1.0:
                     return None
-        elif got[:16] == want[:16] and got[32:] != want[32:]:
+        elif got[:16] == want[:16]:  # so `figure` is "grads" or "state"
+            what, span = (("this rank's own gradients' bit checksum (before the all-reduce)", slice(32, None))
+                          if figure == "grads" else
+                          ("the training state's bit checksum (parameters and optimizer state)", slice(16, 32)))
             return Finding(self.kind, f"step {step} differs from the reference: same loss and grad_norm bits, but "
-                                      f"this rank's own gradients' bit checksum (before the all-reduce) is "
-                                      f"{got[32:]}, not {want[32:]}", figure)
-        elif got[:16] == want[:16]:
-            return Finding(self.kind, f"step {step} differs from the reference: same loss and grad_norm bits, but "
-                                      f"the training state's bit checksum (parameters and optimizer state) is "
-                                      f"{got[16:32]}, not {want[16:32]}", figure)
+                                      f"{what} is {got[span]}, not {want[span]}", figure)
         # Name only the figures whose bits differ: a one-ulp grad-norm change prints like "x vs x" otherwise.
         differing = [f"{name} {mine!r} vs {theirs!r}" for name, mine, theirs, span in
                      (("loss", loss, ref_loss, slice(0, 8)), ("grad_norm", grad_norm, ref_gn, slice(8, 16)))

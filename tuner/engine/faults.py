@@ -135,19 +135,15 @@ class FaultInjector:
             if inj.step != step or inj.kind == "hang":
                 continue
             rng = self._rng(f"inject-{inj.kind}", step)
-            residual = [(n, m) for n, m in model.linear_modules() if n.endswith("c_proj")]
-            if inj.kind == "nan":
-                name, module = residual[rng.randrange(len(residual))]
-                self.arm_activation(module, name, rng, step=step, nan=True, source="inject")
-            elif inj.target == "weight":
+            bit = EXPLICIT_BIT if inj.bit is None else inj.bit  # unused by a NaN write
+            if inj.kind == "bitflip" and inj.target == "weight":
                 params = [(n, p) for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("blocks.")]
                 name, p = self._pick_weighted(params, rng)
-                self.flip_weight(p, name, rng.randrange(p.numel()), EXPLICIT_BIT if inj.bit is None else inj.bit,
-                                 step=step, source="inject")
-            else:
+                self.flip_weight(p, name, rng.randrange(p.numel()), bit, step=step, source="inject")
+            else:  # a NaN, or a flip, in the output of one residual-stream projection
+                residual = [(n, m) for n, m in model.linear_modules() if n.endswith("c_proj")]
                 name, module = residual[rng.randrange(len(residual))]
-                self.arm_activation(module, name, rng, step=step, source="inject",
-                                    bit=EXPLICIT_BIT if inj.bit is None else inj.bit)
+                self.arm_activation(module, name, rng, step=step, source="inject", bit=bit, nan=inj.kind == "nan")
         if self.fault_rate > 0:
             rng = self._rng("rate-train", step)
             if rng.random() < self.fault_rate:
