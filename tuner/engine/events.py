@@ -437,10 +437,9 @@ def validate(record: dict[str, Any]) -> Event:
     declared = {f.encode_name for f in info.fields if f.name != "t"}
     missing = sorted(f.encode_name for f in info.fields if f.required and f.encode_name not in record)
     extra = sorted(set(record) - declared - {"event", "t"})
-    if missing or extra:
-        raise ProtocolError(f"{name}: " + "; ".join(
-            ([f"missing {', '.join(missing)}"] if missing else []) + ([f"undeclared {', '.join(extra)}"] if extra
-                                                                      else [])))
+    problems = [f"{what} {', '.join(keys)}" for what, keys in (("missing", missing), ("undeclared", extra)) if keys]
+    if problems:
+        raise ProtocolError(f"{name}: " + "; ".join(problems))
     _no_raw_non_finite(record, cls.__name__)
     try:
         event = msgspec.convert(record, cls, strict=False)

@@ -156,11 +156,7 @@ class Muon:
             if not ps:
                 continue
             rows, cols = ps[0].shape
-            present: list[torch.Tensor] = []
-            for p in ps:
-                assert p.grad is not None  # ps holds only the parameters with a gradient
-                present.append(p.grad)
-            grads = torch.stack(present)
+            grads = torch.stack([p.grad for p in ps if p.grad is not None])  # all of ps (the test narrows the type)
             stacked = torch.stack(ps)
             bufs = self.buffers.get(gi)
             if bufs is None or bufs[0].shape != grads.shape:
