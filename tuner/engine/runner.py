@@ -376,9 +376,7 @@ class Engine:
 
     def _fit_batch(self) -> int:
         opts = self.opts
-        pinned = None
-        if self.reference is not None:
-            pinned = self.reference.fingerprint.get("batch_size")
+        pinned = None if self.reference is None else self.reference.fingerprint.get("batch_size")
         batch = opts.batch_size or pinned or opts.preset_spec.batch_size
         if pinned is not None and opts.batch_size is not None and opts.batch_size != pinned:
             raise ReferenceProblem(f"--batch-size {opts.batch_size} differs from the reference's {pinned}")
@@ -577,9 +575,7 @@ class Engine:
         o, p = self.opts, self.opts.preset_spec
         training = o.mode != "gemm"
         tokens = self.batch_size * p.seq_len if training else 0
-        ref = None
-        if self.reference is not None:
-            ref = ReferenceInUse(path=str(o.reference), steps=self.reference.steps)
+        ref = None if self.reference is None else ReferenceInUse(path=str(o.reference), steps=self.reference.steps)
         data = None
         if training:
             tokenizer = TokenizerInfo(kind="bpe", vocab_size=self.tokenizer.vocab_size, sha256=self.tokenizer.sha256,
