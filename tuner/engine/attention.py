@@ -41,7 +41,6 @@ import torch
 import torch.nn.functional as F
 
 FLASH, MATH, FLASH_WINDOW, MATH_WINDOW = "flash", "math", "flash-window", "math-window"
-KERNELS = (FLASH, MATH, FLASH_WINDOW, MATH_WINDOW)
 WINDOW_KERNELS = (FLASH_WINDOW, MATH_WINDOW)
 
 

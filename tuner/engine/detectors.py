@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tuner.engine.patterns import match_device_error
+from tuner.engine.platform import INT_VIEW
 from tuner.engine.reference import digest_values, step_digest
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def bit_checksum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     integers (wrapping). Any single bit flip changes it by +-2^bit, so it can never cancel out by itself."""
     total = None
     for t in tensors:
-        s = t.detach().view(_INT_VIEW[t.dtype]).sum(dtype=torch.int64)
+        s = t.detach().view(INT_VIEW[t.dtype]).sum(dtype=torch.int64)
         total = s if total is None else total + s
     assert total is not None  # every caller passes at least one tensor
     return total
@@ -110,14 +111,12 @@ class ReferenceTrajectory:
                 gn_rel = abs(grad_norm - ref_gn) / max(abs(ref_gn), 1e-12)
                 if loss_rel <= self.tolerance and gn_rel <= 1.0:
                     return None
-        elif got[:16] == want[:16] and got[32:] != want[32:]:
+        elif got[:16] == want[:16]:  # so `figure` is "grads" or "state"
+            what, span = (("this rank's own gradients' bit checksum (before the all-reduce)", slice(32, None))
+                          if figure == "grads" else
+                          ("the training state's bit checksum (parameters and optimizer state)", slice(16, 32)))
             return Finding(self.kind, f"step {step} differs from the reference: same loss and grad_norm bits, but "
-                                      f"this rank's own gradients' bit checksum (before the all-reduce) is "
-                                      f"{got[32:]}, not {want[32:]}", figure)
-        elif got[:16] == want[:16]:
-            return Finding(self.kind, f"step {step} differs from the reference: same loss and grad_norm bits, but "
-                                      f"the training state's bit checksum (parameters and optimizer state) is "
-                                      f"{got[16:32]}, not {want[16:32]}", figure)
+                                      f"{what} is {got[span]}, not {want[span]}", figure)
         # Name only the figures whose bits differ: a one-ulp grad-norm change prints like "x vs x" otherwise.
         differing = [f"{name} {mine!r} vs {theirs!r}" for name, mine, theirs, span in
                      (("loss", loss, ref_loss, slice(0, 8)), ("grad_norm", grad_norm, ref_gn, slice(8, 16)))
@@ -178,7 +177,6 @@ class CanaryReplay:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.golden: CanarySample | None = None
         self.tolerance: float | None = None
-        self.runs = 0
 
     def measure(self) -> CanarySample:
         self.model.zero_grad(set_to_none=True)
@@ -194,7 +192,6 @@ class CanaryReplay:
         vals = torch.cat([loss.detach().float().reshape(1), sums, norms]).cpu().tolist()
         bits = torch.stack([bit_checksum(raw), bit_checksum(self.params)]).cpu().tolist()
         self.model.zero_grad(set_to_none=True)
-        self.runs += 1
         return CanarySample(vals[0], tuple(vals[1:]), tuple(bits))
 
     def calibrate(self, samples: list[CanarySample]) -> bool:
@@ -237,9 +234,6 @@ def _rel_diff(a: Iterable[float], b: Iterable[float]) -> float:
     return worst
 
 
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
-
-
 class GemmCheck:
     """gpu-burn's method: C = A @ B computed `repeats` times from the same A and B, each compared bitwise with
     the first result (`calibrate`) or, on a platform that is not repeatable, within 4x the observed spread."""
@@ -253,14 +247,12 @@ class GemmCheck:
         self.b = (torch.rand(n, n, generator=g) * 2 - 1).to(device=device, dtype=dtype)
         self.golden: torch.Tensor | None = None
         self.tolerance: float | None = None
-        self.runs = 0
 
     @property
     def flops(self) -> int:
         return 2 * self.n**3 * self.repeats
 
     def compute(self) -> list[torch.Tensor]:
-        self.runs += 1
         return [self.a @ self.b for _ in range(self.repeats)]
 
     def calibrate(self, outputs: list[torch.Tensor]) -> bool:
@@ -273,7 +265,7 @@ class GemmCheck:
 
     def _bit_equal(self, out: torch.Tensor) -> bool:
         assert self.golden is not None  # set by `calibrate`, before any comparison
-        view = _INT_VIEW.get(out.dtype)
+        view = INT_VIEW.get(out.dtype)
         if view is None:
             return torch.equal(out, self.golden)
         return torch.equal(out.view(view), self.golden.view(view))
@@ -291,7 +283,7 @@ class GemmCheck:
             diff = self._max_abs_diff(out)
             if self.tolerance is not None and diff <= self.tolerance:
                 continue
-            view = _INT_VIEW.get(out.dtype)
+            view = INT_VIEW.get(out.dtype)
             wrong = int((out.view(view) != self.golden.view(view)).sum()) if view else -1
             return Finding(self.kind, f"GEMM {self.n}x{self.n} repeat {i + 1}/{len(outputs)}: {wrong} element(s) "
                                       f"differ from the first result, max |diff| {diff:.6g}")

@@ -33,11 +33,6 @@ class GroupDidNotForm(Exception):
     """The process group never formed (a rank missing, a bad rendezvous): a setup problem."""
 
 
-def backend_for(device_type: str) -> str:
-    """gloo on the CPU, nccl on CUDA and ROCm (torch's ROCm build maps the nccl backend to RCCL)."""
-    return "nccl" if device_type == "cuda" else "gloo"
-
-
 def collective_library(backend: str) -> str:
     """What the ranks actually used, for the profile: gloo, nccl or rccl."""
     if backend == "nccl" and getattr(torch.version, "hip", None):
@@ -52,7 +47,8 @@ class DataParallel:
     def __init__(self, world_size: int, rank: int, rendezvous: str, timeout_s: float, device: torch.device,
                  device_type: str, *, set_state: Callable[[str | None], None] | None = None) -> None:
         self.world_size, self.rank, self.rendezvous, self.timeout_s = world_size, rank, rendezvous, timeout_s
-        self.device, self.backend = device, backend_for(device_type)
+        # gloo on the CPU, nccl on CUDA and ROCm (torch's ROCm build maps the nccl backend to RCCL)
+        self.device, self.backend = device, "nccl" if device_type == "cuda" else "gloo"
         self._set_state = set_state or (lambda state: None)
         self.collective_s = 0.0  # time spent in collectives (the all-reduce share of a step)
         self.collectives = 0

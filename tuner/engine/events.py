@@ -34,7 +34,6 @@ PROTOCOL_VERSION = 1
 VERDICT_EXIT_CODES = {"pass": (0,), "fail": (1,), "error": (2, 4, 130)}  # 4: torch (the engine extra) is missing
 FAULT_KINDS = ("mismatch", "canary", "gemm", "nonfinite", "device-error", "not-repeatable")
 ERROR_KINDS = ("usage", "setup", "oom", "internal", "interrupted", "not-repeatable", "peer")
-NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def _d(text: str) -> Meta:
@@ -438,10 +437,9 @@ def validate(record: dict[str, Any]) -> Event:
     declared = {f.encode_name for f in info.fields if f.name != "t"}
     missing = sorted(f.encode_name for f in info.fields if f.required and f.encode_name not in record)
     extra = sorted(set(record) - declared - {"event", "t"})
-    if missing or extra:
-        raise ProtocolError(f"{name}: " + "; ".join(
-            ([f"missing {', '.join(missing)}"] if missing else []) + ([f"undeclared {', '.join(extra)}"] if extra
-                                                                      else [])))
+    problems = [f"{what} {', '.join(keys)}" for what, keys in (("missing", missing), ("undeclared", extra)) if keys]
+    if problems:
+        raise ProtocolError(f"{name}: " + "; ".join(problems))
     _no_raw_non_finite(record, cls.__name__)
     try:
         event = msgspec.convert(record, cls, strict=False)

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from tuner.engine.options import Injection
+from tuner.engine.platform import INT_VIEW
 
 if TYPE_CHECKING:
     from tuner.engine.model import GPT
 
 EXPLICIT_BIT = 22
-_INT_VIEW = {torch.float32: (torch.int32, 32), torch.bfloat16: (torch.int16, 16), torch.float16: (torch.int16, 16)}
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class FlipRecord:
 
 def flip_bit_(t: torch.Tensor, index: int, bit: int) -> tuple[float, float]:
     """Flip bit `bit` of element `index` of the contiguous float tensor `t`, in place. Returns (before, after)."""
-    view, nbits = _INT_VIEW[t.dtype]
+    view, nbits = INT_VIEW[t.dtype], torch.finfo(t.dtype).bits
     if not 0 <= bit < nbits:
         raise ValueError(f"bit {bit} out of range for {t.dtype}")
     flat = t.detach().view(-1)
@@ -88,11 +88,6 @@ class PlatformFlaw:
                  clock: Callable[[], float] = time.time) -> None:
         self.nondeterministic, self.contention_at, self.clock = nondeterministic, contention_at, clock
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-        self.flips = 0
-
-    @property
-    def configured(self) -> bool:
-        return self.nondeterministic or self.contention_at is not None
 
     def active(self) -> bool:
         return self.nondeterministic or (self.contention_at is not None and self.clock() >= self.contention_at)
@@ -103,7 +98,6 @@ class PlatformFlaw:
         params = [p for p in model.parameters() if p.ndim == 2]
         p = params[self.rng.randrange(len(params))]
         flip_bit_(p.data, self.rng.randrange(p.numel()), 0)
-        self.flips += 1
 
 
 class FaultInjector:
@@ -126,10 +120,6 @@ class FaultInjector:
         self._log(f"inject ({rec.source}): {where}: {change} of {rec.tensor}[{rec.index}]: "
                   f"{rec.before!r} -> {rec.after!r}")
 
-    @property
-    def active(self) -> bool:
-        return bool(self.injections) or self.fault_rate > 0
-
     def hang_at(self, step: int) -> bool:
         return any(i.kind == "hang" and i.step == step for i in self.injections)
 
@@ -145,26 +135,22 @@ class FaultInjector:
             if inj.step != step or inj.kind == "hang":
                 continue
             rng = self._rng(f"inject-{inj.kind}", step)
-            residual = [(n, m) for n, m in model.linear_modules() if n.endswith("c_proj")]
-            if inj.kind == "nan":
-                name, module = residual[rng.randrange(len(residual))]
-                self.arm_activation(module, name, rng, step=step, nan=True, source="inject")
-            elif inj.target == "weight":
+            bit = EXPLICIT_BIT if inj.bit is None else inj.bit  # unused by a NaN write
+            if inj.kind == "bitflip" and inj.target == "weight":
                 params = [(n, p) for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("blocks.")]
                 name, p = self._pick_weighted(params, rng)
-                self.flip_weight(p, name, rng.randrange(p.numel()), EXPLICIT_BIT if inj.bit is None else inj.bit,
-                                 step=step, source="inject")
-            else:
+                self.flip_weight(p, name, rng.randrange(p.numel()), bit, step=step, source="inject")
+            else:  # a NaN, or a flip, in the output of one residual-stream projection
+                residual = [(n, m) for n, m in model.linear_modules() if n.endswith("c_proj")]
                 name, module = residual[rng.randrange(len(residual))]
-                self.arm_activation(module, name, rng, step=step, source="inject",
-                                    bit=EXPLICIT_BIT if inj.bit is None else inj.bit)
+                self.arm_activation(module, name, rng, step=step, source="inject", bit=bit, nan=inj.kind == "nan")
         if self.fault_rate > 0:
             rng = self._rng("rate-train", step)
             if rng.random() < self.fault_rate:
                 if rng.random() < 0.5:
                     params = list(model.named_parameters())
                     name, p = self._pick_weighted(params, rng)
-                    self.flip_weight(p, name, rng.randrange(p.numel()), rng.randrange(_INT_VIEW[p.dtype][1]),
+                    self.flip_weight(p, name, rng.randrange(p.numel()), rng.randrange(torch.finfo(p.dtype).bits),
                                      step=step, source="rate")
                 else:
                     self._arm_random_activation(model, rng, step=step, where="activation")
@@ -193,7 +179,7 @@ class FaultInjector:
             i = rng.randrange(len(outputs))
             out = outputs[i]
             elem = rng.randrange(out.numel())
-            bit = rng.randrange(_INT_VIEW[out.dtype][1])
+            bit = rng.randrange(torch.finfo(out.dtype).bits)
             before, after = flip_bit_(out, elem, bit)
             self._record(FlipRecord(None, "gemm", f"gemm_output_{i}", elem, bit, before, after, "rate"))
 
@@ -236,7 +222,7 @@ class FaultInjector:
             if nan:
                 before, after, b = set_nan_(out, idx), float("nan"), -1
             else:
-                b = rng.randrange(_INT_VIEW[out.dtype][1]) if bit is None else bit
+                b = rng.randrange(torch.finfo(out.dtype).bits) if bit is None else bit
                 before, after = flip_bit_(out, idx, b)
             self._record(FlipRecord(step, where, f"{name}.output", idx, b, before, after, source))
             return out

@@ -25,31 +25,25 @@ PR_SET_PDEATHSIG = 1
 PR_GET_PDEATHSIG = 2
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+def _prctl(option: int, arg: object) -> int | None:
+    """Linux's `prctl(option, arg)`: what it returns (0: done); None where it cannot be called (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl(option, arg, 0, 0, 0)
+    except (OSError, AttributeError):
+        return None
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
     """Ask the kernel to send `sig` when the parent dies. False where that is not available (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return _libc().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return _prctl(PR_SET_PDEATHSIG, int(sig)) == 0
 
 
 def parent_death_signal() -> int | None:
     """The signal set by `set_parent_death_signal` (0: none); None where it cannot be read."""
-    if not sys.platform.startswith("linux"):
-        return None
     value = ctypes.c_int(0)
-    try:
-        if _libc().prctl(PR_GET_PDEATHSIG, ctypes.byref(value), 0, 0, 0) != 0:
-            return None
-    except (OSError, AttributeError):
-        return None
-    return value.value
+    return value.value if _prctl(PR_GET_PDEATHSIG, ctypes.byref(value)) == 0 else None
 
 
 def parent_alive(parent_pid: int | None) -> bool:

@@ -217,13 +217,8 @@ class GPT(nn.Module):
             frac = i / max(1, self.cfg.depth - 1)
             self.resid_lambdas[i] = 1.15 - 0.10 * frac
             self.x0_lambdas[i] = 0.20 - 0.15 * frac
-        for key in sorted(self.value_embeds, key=int):
-            embed = self.value_embeds[key]
-            assert isinstance(embed, nn.Embedding)  # nn.ModuleDict's items are typed Module
-            fill(embed.weight, "uniform", bound)  # like c_v
-
-    def set_compute_dtype(self, dtype: torch.dtype) -> None:
-        self.compute_dtype = dtype
+        for weight in self.embedding_params()[1:]:  # the value embeddings, in layer order
+            fill(weight, "uniform", bound)  # like c_v
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """Cross-entropy (nats per token) of `targets` given `idx`, both (B, T) int64. fp32 logits, soft-capped."""

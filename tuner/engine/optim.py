@@ -56,11 +56,6 @@ def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.fl
     return x * (target_norm / x.float().norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)).to(x.dtype)
 
 
-def newton_schulz(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Kept for callers of the old name: the orthogonalisation Muon uses now."""
-    return polar_express(g, steps, dtype)
-
-
 def muon_update(grads: torch.Tensor, params: torch.Tensor, momentum_buf: torch.Tensor, second_buf: torch.Tensor,
                 momentum_t: torch.Tensor, lr_t: torch.Tensor, wd_t: torch.Tensor, beta2_t: torch.Tensor,
                 ns_steps: int, red_dim: int, ns_dtype: torch.dtype) -> None:
@@ -161,11 +156,7 @@ class Muon:
             if not ps:
                 continue
             rows, cols = ps[0].shape
-            present: list[torch.Tensor] = []
-            for p in ps:
-                assert p.grad is not None  # ps holds only the parameters with a gradient
-                present.append(p.grad)
-            grads = torch.stack(present)
+            grads = torch.stack([p.grad for p in ps if p.grad is not None])  # all of ps (the test narrows the type)
             stacked = torch.stack(ps)
             bufs = self.buffers.get(gi)
             if bufs is None or bufs[0].shape != grads.shape:

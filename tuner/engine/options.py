@@ -104,8 +104,6 @@ def rendezvous_problem(url: str) -> str | None:
     return f"bad --rendezvous {url!r}: use file:///PATH (a file every rank can reach) or tcp://HOST:PORT"
 
 
-INJECT_KINDS = ("bitflip", "nan", "hang")
-INJECT_TARGETS = ("weight", "activation")
 _INJECT_RE = re.compile(r"^(bitflip|nan|hang)@(\d+)(?::(weight|activation))?(?::(\d+))?$")
 
 
@@ -385,6 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The EngineOptions field each option of `build_parser` sets, where the two names differ.
+_FIELD_OF_DEST = {"duration": "duration_s", "inject": "injections"}
+
+
 def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> EngineOptions:
     """Command line (and $TUNER_DTYPE) -> validated options. Raises UsageProblem."""
     env = os.environ if environ is None else environ
@@ -395,30 +397,17 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
         dtype = parse_dtype(env["TUNER_DTYPE"])
     else:
         dtype = "auto"
-    opts = EngineOptions(
-        device=a.device, preset=a.preset or default_preset(a.device), mode=a.mode, steps=a.steps,
-        duration_s=None if a.duration is None else parse_duration_s(a.duration),
-        seed=a.seed, fault_seed=a.fault_seed, dtype=dtype, batch_size=a.batch_size, warmup_steps=a.warmup_steps,
-        data=a.data,
-        record=a.record, reference=a.reference, canary_every=a.canary_every, canary_every_s=a.canary_every_s,
-        gemm_n=a.gemm_n, gemm_repeats=a.gemm_repeats, threads=a.threads, expect_pci_bus_id=a.expect_pci_bus_id,
-        fault_rate=a.fault_rate, injections=[Injection.parse(s) for s in a.inject],
-        mixed_full_s=a.mixed_full_s, mixed_partial_s=a.mixed_partial_s, idle_gap_s=a.idle_gap_s,
-        partial_duty=a.partial_duty, heartbeat_s=a.heartbeat_s, reference_tolerance=a.reference_tolerance,
-        tolerance=a.tolerance, verify_repeatable=a.verify_repeatable, sim_nondeterministic=a.sim_nondeterministic,
-        sim_contention_at=a.sim_contention_at,
-        reference_loop=a.reference_loop, parent_pid=a.parent_pid, compile=a.compile, cache_dir=a.cache_dir,
-        test_oom_above=a.test_oom_above, test_oom_at_step=a.test_oom_at_step,
-        world_size=a.world_size, rank=a.rank, rendezvous=a.rendezvous, collective_timeout_s=a.collective_timeout_s,
-    )
+    # each option sets the EngineOptions field of its name (`_FIELD_OF_DEST`); these four are converted first
+    fields = {_FIELD_OF_DEST.get(dest, dest): value for dest, value in vars(a).items()}
+    fields.update(preset=a.preset or default_preset(a.device), dtype=dtype,
+                  duration_s=None if a.duration is None else parse_duration_s(a.duration),
+                  injections=[Injection.parse(s) for s in a.inject])
+    opts = EngineOptions(**fields)
     opts.validate()
     return opts
 
 
 # --- options -> command line (the stress client launches the engine with this) ----------------------------
-
-# The EngineOptions field each option of `build_parser` sets, where the two names differ.
-_FIELD_OF_DEST = {"duration": "duration_s", "inject": "injections"}
 
 
 def _render(value: object) -> str:

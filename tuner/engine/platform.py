@@ -20,6 +20,8 @@ import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+# each float dtype's integer dtype of the same width: its bits, for exact checksums, comparisons and flips
+INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
@@ -36,16 +38,12 @@ class DeviceSpec:
     total_memory_bytes: int | None
 
 
-def format_pci_bus_id(domain: int, bus: int, device: int, function: int = 0) -> str:
-    """`format_pci_bus_id(0, 3, 0) == '0000:03:00.0'`."""
-    return f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
-
-
-def _props_bus_id(props: object) -> str | None:
-    """`props`: a CUDA device's properties, read by name (torch's stubs do not list the pci_* fields)."""
+def props_bus_id(props: object) -> str | None:
+    """The PCI bus id, `0000:03:00.0`, of a CUDA device's properties `props` (read by name: torch's stubs do not
+    list the pci_* fields); None where torch does not report it."""
     if not hasattr(props, "pci_bus_id"):
         return None
-    return format_pci_bus_id(getattr(props, "pci_domain_id", 0), props.pci_bus_id, getattr(props, "pci_device_id", 0))
+    return f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
 
 
 def _same_bus_id(a: str, b: str) -> bool:
@@ -80,7 +78,7 @@ def resolve_device(text: str, expect_pci_bus_id: str | None = None) -> DeviceSpe
     if expect_pci_bus_id:
         seen = []
         for i in range(count):
-            bus = _props_bus_id(torch.cuda.get_device_properties(i))
+            bus = props_bus_id(torch.cuda.get_device_properties(i))
             seen.append(f"{i}: {bus}")
             if bus and _same_bus_id(bus, expect_pci_bus_id):
                 index = i
@@ -90,7 +88,7 @@ def resolve_device(text: str, expect_pci_bus_id: str | None = None) -> DeviceSpe
                                "check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)")
     props = torch.cuda.get_device_properties(index)
     torch.cuda.set_device(index)  # capability queries without a device argument ask the current one
-    return DeviceSpec(torch.device("cuda", index), "cuda", props.name, _props_bus_id(props), int(props.total_memory))
+    return DeviceSpec(torch.device("cuda", index), "cuda", props.name, props_bus_id(props), int(props.total_memory))
 
 
 def _cpu_name() -> str:
@@ -246,13 +244,6 @@ def default_gemm_n(spec: DeviceSpec) -> int:
     if spec.type == "mps":
         return 2048
     return 256
-
-
-def free_memory_bytes(spec: DeviceSpec) -> int | None:
-    if spec.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(spec.device)
-        return int(free)
-    return None
 
 
 def synchronize(spec: DeviceSpec) -> None:

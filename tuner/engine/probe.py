@@ -14,19 +14,17 @@ def probe() -> dict:
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure is a finding, not a crash
         return {"torch": None, "error": f"{type(e).__name__}: {e}"}
+    from tuner.engine.platform import props_bus_id
+
     devices = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            bus = None
-            if hasattr(props, "pci_bus_id"):
-                # ignored: torch's stubs lack pci_domain_id and pci_device_id (torch/numa/binding.py ignores them too)
-                bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"  # type: ignore[attr-defined]
             with torch.cuda.device(i):
                 bf16 = bool(torch.cuda.is_bf16_supported())
             devices.append(
                 {"index": i, "name": props.name, "capability": [props.major, props.minor],
-                 "bf16": bf16, "pci_bus_id": bus, "memory_gib": round(props.total_memory / 2**30, 1)}
+                 "bf16": bf16, "pci_bus_id": props_bus_id(props), "memory_gib": round(props.total_memory / 2**30, 1)}
             )
     return {
         "torch": torch.__version__,

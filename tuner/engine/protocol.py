@@ -1,4 +1,4 @@
-"""JSON lines out: one event per line, flushed, thread-safe; and the heartbeat thread. No torch here.
+"""JSON lines out: one event per line, flushed, thread-safe; the heartbeat thread; the log on stderr. No torch here.
 
 The events are declared in `tuner.engine.events` (their fields, types and JSON form, and docs/engine.md's tables);
 this module writes them: every event carries `"event"` and `"t"`, monotonic seconds since the engine started.
@@ -16,6 +16,14 @@ from typing import IO, Any
 from tuner.engine.events import Event, HeartbeatEvent, to_record
 
 
+def log_line(msg: str) -> None:
+    """One line of the engine's log on stderr."""
+    try:
+        print(f"engine: {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr is a pipe to a reader that died: nobody to tell
+        pass
+
+
 class Emitter:
     """Writes events to a text stream (the protocol) and/or hands them to a callback (in-process use)."""
 
@@ -31,7 +39,6 @@ class Emitter:
         self.t0 = clock() if t0 is None else t0
         self._lock = threading.Lock()
         self.broken = False  # the reader went away (EPIPE); the engine should stop
-        self.last_emit = self.t0
 
     def now(self) -> float:
         return self._clock() - self.t0
@@ -40,7 +47,6 @@ class Emitter:
         """Write `event` stamped with the time now; returns the record written (the sink gets the same)."""
         with self._lock:  # stamped inside the lock: `t` never goes backwards between threads
             record = to_record(event, round(self.now(), 4))
-            self.last_emit = self._clock()
             if self._sink is not None:
                 self._sink(record)
             if self._stream is not None and not self.broken:
@@ -77,10 +83,7 @@ class Heartbeat:
                     self._tick()
                 self._emitter.emit(HeartbeatEvent(**self._status()))
             except Exception as e:  # noqa: BLE001 - a heartbeat must never kill the engine
-                try:
-                    print(f"engine: heartbeat failed: {e!r}", file=sys.stderr, flush=True)
-                except (OSError, ValueError):  # stderr gone with the parent
-                    pass
+                log_line(f"heartbeat failed: {e!r}")
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,6 +1,6 @@
 """The reference-trajectory file: per-step digests of a run at stock settings, and what they depend on.
 
-JSON, written atomically (temp file, fsync, rename):
+JSON, written atomically (`tuner.core.atomic.write_atomic`: temp file, fsync, rename):
 
     {"format": "tuner-engine-reference", "version": 1, "steps": N,
      "fingerprint": {...everything the trajectory depends on...},
@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tuner.core.atomic import write_atomic
 
 FORMAT = "tuner-engine-reference"
 VERSION = 1
@@ -84,21 +85,7 @@ class Reference:
 
 
 def save_reference(path: str | os.PathLike, ref: Reference) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(ref.to_json(), f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(Path(path), json.dumps(ref.to_json(), separators=(",", ":")).encode(), mode=0o600)
 
 
 def load_reference(path: str | os.PathLike) -> Reference:

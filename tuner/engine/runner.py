@@ -57,7 +57,7 @@ from tuner.engine.events import (
 from tuner.engine.faults import FaultInjector, PlatformFlaw
 from tuner.engine.lifeline import parent_alive
 from tuner.engine.model import GPT, GPTConfig
-from tuner.engine.optim import build_optimizers
+from tuner.engine.optim import build_optimizers, eager_updates
 from tuner.engine.options import EngineOptions, UsageProblem
 from tuner.engine.platform import (
     DTYPE_NAMES,
@@ -77,7 +77,7 @@ from tuner.engine.platform import (
     versions,
     visibility_env,
 )
-from tuner.engine.protocol import Emitter, Heartbeat
+from tuner.engine.protocol import Emitter, Heartbeat, log_line
 from tuner.engine.reference import (
     MISMATCH,
     Reference,
@@ -141,15 +141,8 @@ class MixedSchedule:
         return "idle", cycle - pos
 
 
-def _log(msg: str) -> None:
-    try:
-        print(f"engine: {msg}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):  # stderr is a pipe to a reader that died: nobody to tell
-        pass
-
-
 class Engine:
-    def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = _log,
+    def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = log_line,
                  sleep: Callable[[float], None] = time.sleep, environment_notes: list[str] | None = None) -> None:
         self.opts, self.em, self.log, self.sleep = opts, emitter, log, sleep
         # what `environment.prepare_environment()` overrode when the CLI called it, before torch was imported
@@ -258,9 +251,8 @@ class Engine:
         else:
             self.batch_size = 0
         self._check_repeatability()
-        if self.opts.mode != "gemm":
-            self._compile_fallback()
         if opts.mode != "gemm":
+            self._compile_fallback()
             self._attach_reference()
         self._setup_done = True
         self._emit_start()
@@ -316,8 +308,6 @@ class Engine:
         self._new_optimizers()
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.flops_per_token = self.model.flops_per_token()
-        from tuner.engine.optim import eager_updates
-
         eager_updates()  # the batch fit's probes run eager kernels; compiled ones are swapped in after it
         self.train_model = self.model
 
@@ -345,8 +335,6 @@ class Engine:
         if steps_ok is False and self.opts.compile is None:
             self.use_compile = False
             self.train_model = self.model
-            from tuner.engine.optim import eager_updates
-
             eager_updates()
             self._setup_warning("compile", "two compiled training steps from the same start differed: running eager "
                                            "kernels (compile is on by default only where it repeats)")
@@ -388,9 +376,7 @@ class Engine:
 
     def _fit_batch(self) -> int:
         opts = self.opts
-        pinned = None
-        if self.reference is not None:
-            pinned = self.reference.fingerprint.get("batch_size")
+        pinned = None if self.reference is None else self.reference.fingerprint.get("batch_size")
         batch = opts.batch_size or pinned or opts.preset_spec.batch_size
         if pinned is not None and opts.batch_size is not None and opts.batch_size != pinned:
             raise ReferenceProblem(f"--batch-size {opts.batch_size} differs from the reference's {pinned}")
@@ -499,17 +485,13 @@ class Engine:
                                 for a, b in zip(outs[0], outs[1], strict=False))
         return same
 
-    def _reset_training(self) -> None:
-        """Initial weights and fresh optimizers: the state step 1 starts from."""
-        self._restore_initial()
-
     def _step_check(self) -> tuple[bool, str | None]:
         """CHECK_STEPS real training steps from the initial state, twice, digests compared."""
         pending, self.oom_at_step_pending = self.oom_at_step_pending, None
         runs: list[list[str]] = []
         try:
             for _ in range(REPEATABILITY_RUNS):
-                self._reset_training()
+                self._restore_initial()
                 digests = []
                 for s in range(1, CHECK_STEPS + 1):
                     self.injector.platform_noise(self.model)
@@ -517,7 +499,7 @@ class Engine:
                     digests.append(step_digest(r.loss, r.grad_norm, r.param_sum))
                 runs.append(digests)
         finally:
-            self._reset_training()
+            self._restore_initial()
             self.oom_at_step_pending = pending
         for i, (a, b) in enumerate(zip(runs[0], runs[1], strict=False)):
             if a != b:
@@ -593,9 +575,7 @@ class Engine:
         o, p = self.opts, self.opts.preset_spec
         training = o.mode != "gemm"
         tokens = self.batch_size * p.seq_len if training else 0
-        ref = None
-        if self.reference is not None:
-            ref = ReferenceInUse(path=str(o.reference), steps=self.reference.steps)
+        ref = None if self.reference is None else ReferenceInUse(path=str(o.reference), steps=self.reference.steps)
         data = None
         if training:
             tokenizer = TokenizerInfo(kind="bpe", vocab_size=self.tokenizer.vocab_size, sha256=self.tokenizer.sha256,
@@ -729,10 +709,13 @@ class Engine:
             return (step - 1) % n + 1
         return step
 
-    def _fail(self, finding: Finding, step: int) -> None:
-        self.fault_figure = finding.figure
+    def _emit_fault(self, finding: Finding, step: int | None) -> None:
         self.em.emit(FaultEvent(kind=finding.kind, step=step, reference_step=self.reference_step(step),
                                 detail=finding.detail, figure=finding.figure))
+
+    def _fail(self, finding: Finding, step: int) -> None:
+        self.fault_figure = finding.figure
+        self._emit_fault(finding, step)
         self.log(f"FAULT {finding.kind} at step {step}: {finding.detail}")
         raise _End("fail", finding.detail, finding.kind, step, EXIT_FAULT)
 
@@ -1099,9 +1082,7 @@ class Engine:
                 self.log(reason)
             elif finding is not None:  # a device error counts against the setting
                 failed_step = failed_step if self._setup_done else None
-                self.em.emit(FaultEvent(kind=finding.kind, step=failed_step,
-                                        reference_step=self.reference_step(failed_step), detail=finding.detail,
-                                        figure=None))
+                self._emit_fault(finding, failed_step)
                 verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, failed_step, EXIT_FAULT
                 self.log(f"FAULT device-error: {finding.detail}")
             elif is_oom(e):
@@ -1118,9 +1099,7 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - the run passed; the report must still go out
                 finding = device_error(e)
                 if finding is not None:
-                    self.em.emit(FaultEvent(kind=finding.kind, step=self.step,
-                                            reference_step=self.reference_step(self.step), detail=finding.detail,
-                                            figure=None))
+                    self._emit_fault(finding, self.step)
                     verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, self.step, EXIT_FAULT
                 else:
                     traceback.print_exc(file=sys.stderr)
