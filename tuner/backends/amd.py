@@ -381,13 +381,8 @@ class AmdBackend(Backend):
         return self.knob(device_id)
 
     def _record(self, card: _Card, value: int) -> None:
-        try:  # the record is a second opinion; the read-back is the proof here
-            if value == 0:
-                card_records.clear(card_records.APPLIED, card.info.id)
-            else:
-                card_records.save(card_records.APPLIED, card.info.id, {"offset_mv": value})
-        except OSError as e:
-            self._warn(card_records.unrecorded(card.info.id, value, "mV", e))
+        # the record is a second opinion; the read-back is the proof here
+        card_records.record_applied(card.info.id, card.info.id, value, "mV", {"offset_mv": value}, self._warn)
 
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a voltage offset the tuner did not set (another tool, an earlier boot service), or

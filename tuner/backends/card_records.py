@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from tuner.core import kernel_files, paths, state_files
@@ -49,16 +50,21 @@ def save(kind: str, card_key: str, data: dict) -> None:
     write_atomic(_path(kind, card_key), json.dumps({**data, "boot_id": boot_id()}, sort_keys=True).encode())
 
 
-def unrecorded(device_id: str, value: int, unit: str, error: OSError) -> str:
-    """The one line a backend prints when the card took `value` but the record of it could not be written."""
-    reason = str(error) if isinstance(error, state_files.UnsafeStatePath) else \
-        f"{error.filename or 'the state directory'}: {error.strerror or error}"
-    return (f"{device_id} is at {value:+d} {unit} (read back); the tuner's own note of it could not be written "
-            f"({reason})")
+def record_applied(card_key: str, device_id: str, value: int, unit: str, data: dict,
+                   warn: Callable[[str], None]) -> None:
+    """Record what the tuner applied (`data`), or clear the record at stock (`value` 0); one that cannot be written
+    is said in one line through `warn`, and the backend goes on (see `save`)."""
+    try:
+        if value == 0:
+            clear(APPLIED, card_key)
+        else:
+            save(APPLIED, card_key, data)
+    except OSError as e:
+        reason = str(e) if isinstance(e, state_files.UnsafeStatePath) else \
+            f"{e.filename or 'the state directory'}: {e.strerror or e}"
+        warn(f"{device_id} is at {value:+d} {unit} (read back); the tuner's own note of it could not be written "
+             f"({reason})")
 
 
 def clear(kind: str, card_key: str) -> None:
-    try:
-        _path(kind, card_key).unlink()
-    except FileNotFoundError:
-        pass
+    _path(kind, card_key).unlink(missing_ok=True)

@@ -293,16 +293,8 @@ class NvidiaBackend(Backend):
     def _save_record(self, device_id: str, offset_mhz: int, lock_mhz: int | None) -> None:
         """Record the offset the tuner applied and the lock it applied it at (NVML cannot read locked clocks back:
         this record is the only memory of the lock); an offset of 0 clears it."""
-        key = self._record_key(device_id)
-        try:
-            if offset_mhz == 0:
-                card_records.clear(card_records.APPLIED, key)
-            else:
-                card_records.save(
-                    card_records.APPLIED, key, {"offset_mhz": offset_mhz, "lock_clock_mhz": lock_mhz}
-                )
-        except OSError as e:
-            self._warn(card_records.unrecorded(device_id, offset_mhz, "MHz", e))
+        card_records.record_applied(self._record_key(device_id), device_id, offset_mhz, "MHz",
+                                    {"offset_mhz": offset_mhz, "lock_clock_mhz": lock_mhz}, self._warn)
 
     def _recorded_lock(self, device_id: str) -> int | None:
         """The lock the tuner's record says it put on the card with the offset it applied this boot, or None."""
