@@ -21,8 +21,8 @@ from fractions import Fraction
 from typing import Any, TypeVar
 
 from tuner.backends import card_records, nvml_offsets
-from tuner.backends.base import Backend
-from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported, UsageError
+from tuner.backends.base import Backend, check_lock_mhz
+from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
 
 # Clock event ("throttle") reasons: pynvml's constant suffix -> the name shown. The bits are read from the module
@@ -332,11 +332,7 @@ class NvidiaBackend(Backend):
         clocks = self._supported_clocks(h)
         lo = int(min(clocks)) if clocks else 1
         hi = self._nv(lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_GRAPHICS), "reading the max clock")
-        if isinstance(mhz, bool) or not isinstance(mhz, int) or not lo <= mhz <= hi:
-            raise UsageError(
-                f"--lock-mhz {mhz} is outside this card's clocks {lo}..{hi} MHz",
-                f"pick a clock between {lo} and {hi} MHz",
-            )
+        check_lock_mhz(mhz, lo, hi)
         self._lock_mhz[device_id] = mhz
 
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
@@ -377,10 +373,12 @@ class NvidiaBackend(Backend):
         """Failure paths: release the lock whatever else went wrong (a lock without its offset caps the card,
         an offset without its lock overclocks it)."""
         with contextlib.suppress(TunerError, AttributeError):
-            self._nv(
-                lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self._handle(device_id)),
-                "unlocking the graphics clock",
-            )
+            self._unlock(device_id)
+
+    def _unlock(self, device_id: str) -> None:
+        """Release the locked graphics clock (`nvmlDeviceResetGpuLockedClocks`)."""
+        h = self._handle(device_id)
+        self._nv(lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
 
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a clock offset the tuner did not set (PenguinBurner checks that every offset reads 0
@@ -500,10 +498,7 @@ class NvidiaBackend(Backend):
                 self.reset(device_id)
             else:
                 if previous_lock is None:
-                    self._nv(
-                        lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self._handle(device_id)),
-                        "unlocking the graphics clock",
-                    )
+                    self._unlock(device_id)
                     self._save_record(device_id, 0, None)
                 else:
                     self._lock(device_id, previous_lock)
@@ -518,7 +513,6 @@ class NvidiaBackend(Backend):
             ) from cause
 
     def reset(self, device_id: str, *, force: bool = False) -> Knob:
-        n, h = self.nvml, self._handle(device_id)
         recorded = self._record(device_id).get("offset_mhz", 0)
         try:
             # Write 0 wherever the driver or the tuner's own record says non-zero (a driver may read 0).
@@ -526,7 +520,7 @@ class NvidiaBackend(Backend):
                 if current != 0 or recorded != 0:
                     self._write_offset(device_id, pstate, 0)
         finally:
-            self._nv(lambda: n.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
+            self._unlock(device_id)
         left = {p: c for p, (c, _, _) in self._read_offsets(device_id).items() if c != 0}
         if left:
             shown = ", ".join(f"{c:+d} MHz" + ("" if p is None else f" at P{p}") for p, c in left.items())
@@ -628,10 +622,8 @@ class NvidiaBackend(Backend):
         )
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(self.nvml.NVMLError):
             self.nvml.nvmlShutdown()
-        except self.nvml.NVMLError:
-            pass
 
 
 def discover(nvml: Nvml | None = None) -> NvidiaBackend | None:
@@ -644,13 +636,10 @@ def discover(nvml: Nvml | None = None) -> NvidiaBackend | None:
     except nvml.NVMLError:  # LibraryNotFound, DriverNotLoaded, ...
         return None
     try:
-        if nvml.nvmlDeviceGetCount() == 0:
-            nvml.nvmlShutdown()
-            return None
-        return NvidiaBackend(nvml)
+        if nvml.nvmlDeviceGetCount() > 0:
+            return NvidiaBackend(nvml)
     except (nvml.NVMLError, TunerError):
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
-        return None
+        pass
+    with contextlib.suppress(nvml.NVMLError):  # no card, or none usable: let go of the library
+        nvml.nvmlShutdown()
+    return None
