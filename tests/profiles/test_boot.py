@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tests.profiles.helpers import sim, sim_profile, tuner
-from tuner.core import paths
+from tuner.core import paths, system_units
 from tuner.core.errors import Unsupported
 from tuner.profiles import boot, build_profile, save_profile
 
@@ -129,8 +129,8 @@ def test_discovery_gives_up_with_the_last_error():
 
 
 def test_unit_text():
-    text = boot.unit_text(exec_args=["/opt/venv/bin/python", "-m", "tuner", "apply", "--boot"],
-                          environment={"XDG_STATE_HOME": "/root/.local/state", "ODD": "50% off"})
+    text = system_units.apply_unit(["/opt/venv/bin/python", "-m", "tuner", "apply", "--boot"],
+                                   {"XDG_STATE_HOME": "/root/.local/state", "ODD": "50% off"})
     lines = text.splitlines()
     for expected in ["[Unit]", ("After=sysinit.target sockets.target systemd-modules-load.service "
                      "systemd-udev-trigger.service"), "DefaultDependencies=no",

@@ -107,9 +107,3 @@ def discover(
         if backend is not None and hasattr(backend, "close"):
             backend.close()
         sleep(interval_s)
-
-
-def unit_text(*, exec_args: list[str], environment: dict[str, str], resume: bool = False) -> str:
-    """The boot unit (or the resume unit): its text and the reasons for each line live in
-    tuner.core.system_units, which the system installer renders too."""
-    return system_units.apply_unit(exec_args, environment, resume=resume)
