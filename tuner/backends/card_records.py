@@ -23,11 +23,6 @@ STOCK = "stock"  # AMD curve formats: {"points": [[index, mhz, mv], ...]}
 MAX_RECORD_BYTES = 64 * 1024
 
 
-def boot_id() -> str | None:
-    """This boot's id, or None if unreadable (tuner.core.kernel_files: never a FIFO or /dev/zero)."""
-    return kernel_files.boot_id()
-
-
 def _path(kind: str, card_key: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", card_key)
     return paths.state_dir() / "cards" / f"{kind}-{safe}.json"
@@ -39,7 +34,7 @@ def load(kind: str, card_key: str) -> dict | None:
         data = json.loads(state_files.read_file(_path(kind, card_key), MAX_RECORD_BYTES))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("boot_id") != boot_id():
+    if not isinstance(data, dict) or data.get("boot_id") != kernel_files.boot_id():
         return None
     return data
 
@@ -47,7 +42,8 @@ def load(kind: str, card_key: str) -> dict | None:
 def save(kind: str, card_key: str, data: dict) -> None:
     """Raises OSError when it cannot be written (a read-only, full or unsafe state directory): the backends say
     so in one line and go on, since a record is a second opinion, never what makes a write safe."""
-    write_atomic(_path(kind, card_key), json.dumps({**data, "boot_id": boot_id()}, sort_keys=True).encode())
+    document = {**data, "boot_id": kernel_files.boot_id()}
+    write_atomic(_path(kind, card_key), json.dumps(document, sort_keys=True).encode())
 
 
 def record_applied(card_key: str, device_id: str, value: int, unit: str, data: dict,
