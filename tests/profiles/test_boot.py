@@ -11,6 +11,7 @@ from tests.profiles.helpers import sim, sim_profile, tuner
 from tuner.core import paths, system_units
 from tuner.core.errors import Unsupported
 from tuner.profiles import boot, build_profile, save_profile
+from tuner.tuning import journal
 
 BOOT_ID = "11111111-2222-3333-4444-555555555555"
 
@@ -86,7 +87,8 @@ def test_a_trial_open_in_this_boot_does_not_block(capsys, fake_root):
 
 def test_open_trial_comes_from_the_journal_module(fake_root):
     _write_journal("old-boot")
-    assert boot.open_trial_from_previous_boot()["setting"] == -80
+    assert journal.trial_open_at_previous_boot()["setting"] == -80
+    assert "setting -80" in boot.skip_reason()
 
 
 def test_boot_skips_a_profile_for_another_card(capsys, fake_root):
