@@ -251,12 +251,8 @@ class AmdBackend(Backend):
 
     @staticmethod
     def _floors(table: od.OdTable, points: tuple[od.Level, ...]) -> dict[int, int]:
-        floors = {}
-        for p in points:
-            r = od.point_volt_range(table, p.index)
-            if r is not None:
-                floors[p.index] = r[0]
-        return floors
+        ranges = {p.index: od.point_volt_range(table, p.index) for p in points}
+        return {index: r[0] for index, r in ranges.items() if r is not None}
 
     def _knob_from(self, card: _Card, table: od.OdTable) -> Knob:
         fmt, source = table.format, "driver"

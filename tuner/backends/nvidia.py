@@ -301,13 +301,6 @@ class NvidiaBackend(Backend):
         lock = self._record(device_id).get("lock_clock_mhz")
         return lock if isinstance(lock, int) and not isinstance(lock, bool) and lock > 0 else None
 
-    def _current(self, device_id: str, offsets: dict) -> int:
-        """The offset on the card: the driver's P0 (or whole-curve) value, unless the driver reads 0 while the
-        tuner's record says it applied one this boot (drivers that report 0 for applied offsets)."""
-        first = offsets[0] if 0 in offsets else offsets[None]
-        recorded = self._record(device_id).get("offset_mhz", 0)
-        return first[0] if first[0] != 0 else int(recorded)
-
     def lock_clock_mhz(self, device_id: str) -> int | None:
         """The max graphics clock `apply` locks to: the one set in this process (measured under the stock
         baseline, --lock-mhz, or put back by a revert), else the one the card is locked at now by the tuner's
@@ -424,12 +417,15 @@ class NvidiaBackend(Backend):
 
     def knob(self, device_id: str) -> Knob:
         offsets = self._read_offsets(device_id)
-        _, lo, hi = offsets[0] if 0 in offsets else offsets[None]
+        current, lo, hi = offsets[0] if 0 in offsets else offsets[None]  # P0's, or the whole curve's
+        if current == 0:
+            # some drivers read 0 for an applied offset: then the tuner's record of what it applied this boot says
+            current = int(self._record(device_id).get("offset_mhz", 0))
         return Knob(
             kind=KnobKind.CLOCK_OFFSET,
             unit="MHz",
             stock=0,
-            current=self._current(device_id, offsets),
+            current=current,
             min=min(lo, 0),
             max=max(hi, 0),
             step=offset_step_mhz(self._supported_clocks(self._handle(device_id))),
