@@ -202,9 +202,6 @@ class AmdBackend(Backend):
         self.device(device_id)  # UnknownDevice with the list of ids
         return self._cards[device_id]
 
-    def _od_path(self, card: _Card) -> Path:
-        return card.dir / OD_FILE
-
     def _busy_retry(self, fn: Callable[[], T]) -> T:
         """Run `fn`, retrying while the GPU answers EPERM-as-root with nothing staged (busy, resetting)."""
         for attempt in range(BUSY_RETRIES):
@@ -218,7 +215,7 @@ class AmdBackend(Backend):
 
     def _table(self, card: _Card) -> od.OdTable:
         try:
-            text = self._busy_retry(lambda: self.io.read_text(self._od_path(card)))
+            text = self._busy_retry(lambda: self.io.read_text(card.dir / OD_FILE))
         except NotAnAttribute:
             raise
         except Unsupported as e:
@@ -337,7 +334,7 @@ class AmdBackend(Backend):
         return {p.index: p.mv for p in table.voltage_points} == want
 
     def _write(self, card: _Card, commands: list[str]) -> None:
-        self._busy_retry(lambda: self.io.write_commands(self._od_path(card), commands))
+        self._busy_retry(lambda: self.io.write_commands(card.dir / OD_FILE, commands))
 
     # --- Backend ----------------------------------------------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:
