@@ -5,13 +5,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuner.backends.simulated import (
+    AMD,
+    HANG_DEPTH_MV,
     KNOB_MAX_MV,
     KNOB_MIN_MV,
     VMIN_RANGE_MV,
     SimulatedBackend,
     draw_vmin_mv,
     fault_rate_per_step,
-    hangs_at,
 )
 from tuner.core.errors import OutOfRange, StateError, UnknownDevice, UsageError
 
@@ -54,7 +55,7 @@ def test_fault_rate_shape(vmin, offset):
         assert 1 - (1 - rate) ** 50 >= 0.99
         assert 1 - (1 - 0.88 * rate) ** 50 >= 0.99
         assert rate >= fault_rate_per_step(offset + 1, vmin)  # deeper is never safer
-    assert hangs_at(offset, vmin) == (offset <= vmin - 40)
+    assert (AMD.depth_mv(offset, vmin) >= HANG_DEPTH_MV) == (offset <= vmin - 40)  # stress_target's hang rule
 
 
 def test_stress_target_carries_the_fault_rate(tmp_path):

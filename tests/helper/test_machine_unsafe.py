@@ -22,7 +22,7 @@ def bisect_as(account, socket, step: int, resolution: int) -> dict:
 
 def test_a_value_that_hung_a_bisect_for_one_user_is_refused_for_another(accounts, helpers):
     """The card of tests/tuning/test_job.py's hang test (limit -30 mV): a first step of 70 jumps straight to
-    -70, at or below vmin - 40, where the simulated card hangs (SimulatedBackend.hangs_at)."""
+    -70, at or below vmin - 40, where the simulated card hangs (HANG_DEPTH_MV, tuner.backends.simulated)."""
     group = accounts.group()
     a, b = accounts.user(group), accounts.user(group)
     helper = helpers(group, fake_amd=False, extra=("--sim-vmin", "-30"))

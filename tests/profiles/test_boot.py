@@ -8,9 +8,10 @@ import os
 import pytest
 
 from tests.profiles.helpers import sim, sim_profile, tuner
-from tuner.core import paths
+from tuner.core import paths, system_units
 from tuner.core.errors import Unsupported
 from tuner.profiles import boot, build_profile, save_profile
+from tuner.tuning import journal
 
 BOOT_ID = "11111111-2222-3333-4444-555555555555"
 
@@ -86,7 +87,8 @@ def test_a_trial_open_in_this_boot_does_not_block(capsys, fake_root):
 
 def test_open_trial_comes_from_the_journal_module(fake_root):
     _write_journal("old-boot")
-    assert boot.open_trial_from_previous_boot()["setting"] == -80
+    assert journal.trial_open_at_previous_boot()["setting"] == -80
+    assert "setting -80" in boot.skip_reason()
 
 
 def test_boot_skips_a_profile_for_another_card(capsys, fake_root):
@@ -129,8 +131,8 @@ def test_discovery_gives_up_with_the_last_error():
 
 
 def test_unit_text():
-    text = boot.unit_text(exec_args=["/opt/venv/bin/python", "-m", "tuner", "apply", "--boot"],
-                          environment={"XDG_STATE_HOME": "/root/.local/state", "ODD": "50% off"})
+    text = system_units.apply_unit(["/opt/venv/bin/python", "-m", "tuner", "apply", "--boot"],
+                                   {"XDG_STATE_HOME": "/root/.local/state", "ODD": "50% off"})
     lines = text.splitlines()
     for expected in ["[Unit]", ("After=sysinit.target sockets.target systemd-modules-load.service "
                      "systemd-udev-trigger.service"), "DefaultDependencies=no",

@@ -36,9 +36,8 @@ from pathlib import Path
 from tuner.actions import other_tools
 from tuner.actions.profile_apply import find_part_card
 from tuner.actions.setting import SetRequest, apply_setting_now, can_lock_clock
-from tuner.backends import card_records
 from tuner.backends.base import Backend
-from tuner.core import exit_codes, paths
+from tuner.core import exit_codes, kernel_files, paths
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import TunerError, Unsupported
 from tuner.core.models import DeviceInfo
@@ -79,7 +78,7 @@ class BootReport:
     def to_dict(self) -> dict:
         return {"skipped": self.skipped, "exit_code": self.exit_code, "results": [r.to_dict() for r in self.results],
                 "lines": list(self.lines), "mode": self.mode, "waited_s": self.waited_s,
-                "boot_id": card_records.boot_id()}
+                "boot_id": kernel_files.boot_id()}
 
 
 def last_run_path() -> Path:

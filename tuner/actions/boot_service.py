@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.actions.boot_apply import read_last_run
-from tuner.backends import card_records
 from tuner.backends.base import Backend
-from tuner.core import paths, root_owned, system_units
+from tuner.core import kernel_files, paths, root_owned, system_units
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import PermissionDenied, StateError, UsageError
 from tuner.core.models import Knob
@@ -352,7 +351,7 @@ def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
                 skips: str | None) -> list[CardState]:
     """Each part against the card it was proven on, as that card reads now."""
     run = read_last_run() or {}
-    this_boot = run.get("boot_id") is not None and run.get("boot_id") == card_records.boot_id()
+    this_boot = run.get("boot_id") is not None and run.get("boot_id") == kernel_files.boot_id()
     results = {(r.get("profile"), r.get("card")): r for r in run.get("results", []) if isinstance(r, dict)}
     devices = backend.devices()
     out = []

@@ -202,9 +202,6 @@ class AmdBackend(Backend):
         self.device(device_id)  # UnknownDevice with the list of ids
         return self._cards[device_id]
 
-    def _od_path(self, card: _Card) -> Path:
-        return card.dir / OD_FILE
-
     def _busy_retry(self, fn: Callable[[], T]) -> T:
         """Run `fn`, retrying while the GPU answers EPERM-as-root with nothing staged (busy, resetting)."""
         for attempt in range(BUSY_RETRIES):
@@ -218,7 +215,7 @@ class AmdBackend(Backend):
 
     def _table(self, card: _Card) -> od.OdTable:
         try:
-            text = self._busy_retry(lambda: self.io.read_text(self._od_path(card)))
+            text = self._busy_retry(lambda: self.io.read_text(card.dir / OD_FILE))
         except NotAnAttribute:
             raise
         except Unsupported as e:
@@ -251,12 +248,8 @@ class AmdBackend(Backend):
 
     @staticmethod
     def _floors(table: od.OdTable, points: tuple[od.Level, ...]) -> dict[int, int]:
-        floors = {}
-        for p in points:
-            r = od.point_volt_range(table, p.index)
-            if r is not None:
-                floors[p.index] = r[0]
-        return floors
+        ranges = {p.index: od.point_volt_range(table, p.index) for p in points}
+        return {index: r[0] for index, r in ranges.items() if r is not None}
 
     def _knob_from(self, card: _Card, table: od.OdTable) -> Knob:
         fmt, source = table.format, "driver"
@@ -341,7 +334,7 @@ class AmdBackend(Backend):
         return {p.index: p.mv for p in table.voltage_points} == want
 
     def _write(self, card: _Card, commands: list[str]) -> None:
-        self._busy_retry(lambda: self.io.write_commands(self._od_path(card), commands))
+        self._busy_retry(lambda: self.io.write_commands(card.dir / OD_FILE, commands))
 
     # --- Backend ----------------------------------------------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:
@@ -381,13 +374,8 @@ class AmdBackend(Backend):
         return self.knob(device_id)
 
     def _record(self, card: _Card, value: int) -> None:
-        try:  # the record is a second opinion; the read-back is the proof here
-            if value == 0:
-                card_records.clear(card_records.APPLIED, card.info.id)
-            else:
-                card_records.save(card_records.APPLIED, card.info.id, {"offset_mv": value})
-        except OSError as e:
-            self._warn(card_records.unrecorded(card.info.id, value, "mV", e))
+        # the record is a second opinion; the read-back is the proof here
+        card_records.record_applied(card.info.id, card.info.id, value, "mV", {"offset_mv": value}, self._warn)
 
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a voltage offset the tuner did not set (another tool, an earlier boot service), or

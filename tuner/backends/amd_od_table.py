@@ -332,24 +332,19 @@ def point_volt_range(t: OdTable, index: int) -> tuple[int, int] | None:
     return (r.lo, r.hi) if r else None
 
 
-def point_clock_range(t: OdTable, index: int) -> tuple[int, int] | None:
-    """The allowed MHz of one point: `VDDC_CURVE_SCLK[i]` (Navi1x) or `SCLK` (GCN)."""
-    r = t.range(f"VDDC_CURVE_SCLK[{index}]") if t.format == NAVI1X else t.range("SCLK")
-    return (r.lo, r.hi) if r else None
-
-
 def clamp_point_mhz(t: OdTable, index: int, mhz: int) -> int:
-    """`mhz` moved into the point's printed clock range. The kernel range-checks the clock of every `vc`/`s`
-    write before its voltage (navi10_od_setting_check_range, vega20_odn_edit_dpm_table), and stock tables can
-    hold points outside it (an RX 5500 XT: point 0 at 500 MHz against 800-2200 MHz): such a point cannot be
-    written back unchanged. amdgpu-sysfs-rs normalises the curve into the range the same way.
+    """`mhz` moved into the point's printed clock range (`VDDC_CURVE_SCLK[i]` on Navi1x, `SCLK` on GCN). The
+    kernel range-checks the clock of every `vc`/`s` write before its voltage (navi10_od_setting_check_range,
+    vega20_odn_edit_dpm_table), and stock tables can hold points outside it (an RX 5500 XT: point 0 at 500 MHz
+    against 800-2200 MHz): such a point cannot be written back unchanged. amdgpu-sysfs-rs normalises the curve
+    into the range the same way.
 
     >>> t = OdTable(NAVI1X, ranges=(Range("VDDC_CURVE_SCLK[0]", 800, 2200, "MHz"),))
     >>> clamp_point_mhz(t, 0, 500), clamp_point_mhz(t, 0, 1000), clamp_point_mhz(t, 1, 500)
     (800, 1000, 500)
     """
-    r = point_clock_range(t, index)
-    return mhz if r is None else min(max(mhz, r[0]), r[1])
+    r = t.range(f"VDDC_CURVE_SCLK[{index}]") if t.format == NAVI1X else t.range("SCLK")
+    return mhz if r is None else min(max(mhz, r.lo), r.hi)
 
 
 def clamp_point_mv(t: OdTable, index: int, mv: int) -> int:

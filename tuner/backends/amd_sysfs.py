@@ -31,6 +31,15 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
+def _read_int(path: Path) -> int | None:
+    """A number the kernel prints in C notation (`0x1002`, `0xfff7bfff`), or None when absent or unreadable."""
+    text = _read_text(path)
+    try:
+        return None if text is None else int(text.strip().strip("\0"), 0)
+    except ValueError:
+        return None
+
+
 def amd_card_dirs(root: Path | str) -> list[Path]:
     """`<root>/sys/class/drm/cardN/device` for every amdgpu card (PCI vendor 0x1002), ordered by N.
 
@@ -48,13 +57,7 @@ def amd_card_dirs(root: Path | str) -> list[Path]:
         if not m:
             continue
         device = entry / "device"
-        vendor = _read_text(device / "vendor")
-        if vendor is None:
-            continue
-        try:
-            if int(vendor.strip().strip("\0"), 0) != AMD_VENDOR_ID:
-                continue
-        except ValueError:
+        if _read_int(device / "vendor") != AMD_VENDOR_ID:
             continue
         try:
             key = device.resolve()
@@ -70,18 +73,7 @@ def amd_card_dirs(root: Path | str) -> list[Path]:
 def read_ppfeaturemask(root: Path | str) -> int | None:
     """The amdgpu module's `ppfeaturemask` (printed in hex, e.g. `0xfff7bfff`), or None when amdgpu is not
     loaded or the value is unreadable."""
-    text = _read_text(Path(root) / PPFEATUREMASK_PATH)
-    if text is None:
-        return None
-    try:
-        return int(text.strip().strip("\0"), 0)
-    except ValueError:
-        return None
-
-
-def overdrive_enabled(mask: int | None) -> bool | None:
-    """True/False from the mask's bit 14; None when the mask is unknown."""
-    return None if mask is None else bool(mask & PP_OVERDRIVE_MASK)
+    return _read_int(Path(root) / PPFEATUREMASK_PATH)
 
 
 def overdrive_remedy(root: Path | str) -> str:

@@ -19,6 +19,13 @@ from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, Str
 KernelLogSource = tuple[Iterable[str], Callable[[], None]]
 
 
+def check_lock_mhz(mhz: int, lo: int, hi: int) -> None:
+    """`--lock-mhz`: a whole number of MHz within the card's clocks `lo`..`hi`, else UsageError."""
+    if isinstance(mhz, bool) or not isinstance(mhz, int) or not lo <= mhz <= hi:
+        raise UsageError(f"--lock-mhz {mhz} is outside this card's clocks {lo}..{hi} MHz",
+                         f"pick a clock between {lo} and {hi} MHz")
+
+
 class Backend(ABC):
     """One vendor's GPUs (or the simulated ones).
 

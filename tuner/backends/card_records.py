@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from tuner.core import kernel_files, paths, state_files
@@ -20,11 +21,6 @@ STOCK = "stock"  # AMD curve formats: {"points": [[index, mhz, mv], ...]}
 
 
 MAX_RECORD_BYTES = 64 * 1024
-
-
-def boot_id() -> str | None:
-    """This boot's id, or None if unreadable (tuner.core.kernel_files: never a FIFO or /dev/zero)."""
-    return kernel_files.boot_id()
 
 
 def _path(kind: str, card_key: str) -> Path:
@@ -38,7 +34,7 @@ def load(kind: str, card_key: str) -> dict | None:
         data = json.loads(state_files.read_file(_path(kind, card_key), MAX_RECORD_BYTES))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("boot_id") != boot_id():
+    if not isinstance(data, dict) or data.get("boot_id") != kernel_files.boot_id():
         return None
     return data
 
@@ -46,19 +42,25 @@ def load(kind: str, card_key: str) -> dict | None:
 def save(kind: str, card_key: str, data: dict) -> None:
     """Raises OSError when it cannot be written (a read-only, full or unsafe state directory): the backends say
     so in one line and go on, since a record is a second opinion, never what makes a write safe."""
-    write_atomic(_path(kind, card_key), json.dumps({**data, "boot_id": boot_id()}, sort_keys=True).encode())
+    document = {**data, "boot_id": kernel_files.boot_id()}
+    write_atomic(_path(kind, card_key), json.dumps(document, sort_keys=True).encode())
 
 
-def unrecorded(device_id: str, value: int, unit: str, error: OSError) -> str:
-    """The one line a backend prints when the card took `value` but the record of it could not be written."""
-    reason = str(error) if isinstance(error, state_files.UnsafeStatePath) else \
-        f"{error.filename or 'the state directory'}: {error.strerror or error}"
-    return (f"{device_id} is at {value:+d} {unit} (read back); the tuner's own note of it could not be written "
-            f"({reason})")
+def record_applied(card_key: str, device_id: str, value: int, unit: str, data: dict,
+                   warn: Callable[[str], None]) -> None:
+    """Record what the tuner applied (`data`), or clear the record at stock (`value` 0); one that cannot be written
+    is said in one line through `warn`, and the backend goes on (see `save`)."""
+    try:
+        if value == 0:
+            clear(APPLIED, card_key)
+        else:
+            save(APPLIED, card_key, data)
+    except OSError as e:
+        reason = str(e) if isinstance(e, state_files.UnsafeStatePath) else \
+            f"{e.filename or 'the state directory'}: {e.strerror or e}"
+        warn(f"{device_id} is at {value:+d} {unit} (read back); the tuner's own note of it could not be written "
+             f"({reason})")
 
 
 def clear(kind: str, card_key: str) -> None:
-    try:
-        _path(kind, card_key).unlink()
-    except FileNotFoundError:
-        pass
+    _path(kind, card_key).unlink(missing_ok=True)

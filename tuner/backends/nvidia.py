@@ -21,8 +21,8 @@ from fractions import Fraction
 from typing import Any, TypeVar
 
 from tuner.backends import card_records, nvml_offsets
-from tuner.backends.base import Backend
-from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported, UsageError
+from tuner.backends.base import Backend, check_lock_mhz
+from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
 
 # Clock event ("throttle") reasons: pynvml's constant suffix -> the name shown. The bits are read from the module
@@ -293,28 +293,13 @@ class NvidiaBackend(Backend):
     def _save_record(self, device_id: str, offset_mhz: int, lock_mhz: int | None) -> None:
         """Record the offset the tuner applied and the lock it applied it at (NVML cannot read locked clocks back:
         this record is the only memory of the lock); an offset of 0 clears it."""
-        key = self._record_key(device_id)
-        try:
-            if offset_mhz == 0:
-                card_records.clear(card_records.APPLIED, key)
-            else:
-                card_records.save(
-                    card_records.APPLIED, key, {"offset_mhz": offset_mhz, "lock_clock_mhz": lock_mhz}
-                )
-        except OSError as e:
-            self._warn(card_records.unrecorded(device_id, offset_mhz, "MHz", e))
+        card_records.record_applied(self._record_key(device_id), device_id, offset_mhz, "MHz",
+                                    {"offset_mhz": offset_mhz, "lock_clock_mhz": lock_mhz}, self._warn)
 
     def _recorded_lock(self, device_id: str) -> int | None:
         """The lock the tuner's record says it put on the card with the offset it applied this boot, or None."""
         lock = self._record(device_id).get("lock_clock_mhz")
         return lock if isinstance(lock, int) and not isinstance(lock, bool) and lock > 0 else None
-
-    def _current(self, device_id: str, offsets: dict) -> int:
-        """The offset on the card: the driver's P0 (or whole-curve) value, unless the driver reads 0 while the
-        tuner's record says it applied one this boot (drivers that report 0 for applied offsets)."""
-        first = offsets[0] if 0 in offsets else offsets[None]
-        recorded = self._record(device_id).get("offset_mhz", 0)
-        return first[0] if first[0] != 0 else int(recorded)
 
     def lock_clock_mhz(self, device_id: str) -> int | None:
         """The max graphics clock `apply` locks to: the one set in this process (measured under the stock
@@ -340,11 +325,7 @@ class NvidiaBackend(Backend):
         clocks = self._supported_clocks(h)
         lo = int(min(clocks)) if clocks else 1
         hi = self._nv(lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_GRAPHICS), "reading the max clock")
-        if isinstance(mhz, bool) or not isinstance(mhz, int) or not lo <= mhz <= hi:
-            raise UsageError(
-                f"--lock-mhz {mhz} is outside this card's clocks {lo}..{hi} MHz",
-                f"pick a clock between {lo} and {hi} MHz",
-            )
+        check_lock_mhz(mhz, lo, hi)
         self._lock_mhz[device_id] = mhz
 
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
@@ -385,10 +366,12 @@ class NvidiaBackend(Backend):
         """Failure paths: release the lock whatever else went wrong (a lock without its offset caps the card,
         an offset without its lock overclocks it)."""
         with contextlib.suppress(TunerError, AttributeError):
-            self._nv(
-                lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self._handle(device_id)),
-                "unlocking the graphics clock",
-            )
+            self._unlock(device_id)
+
+    def _unlock(self, device_id: str) -> None:
+        """Release the locked graphics clock (`nvmlDeviceResetGpuLockedClocks`)."""
+        h = self._handle(device_id)
+        self._nv(lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
 
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a clock offset the tuner did not set (PenguinBurner checks that every offset reads 0
@@ -434,12 +417,15 @@ class NvidiaBackend(Backend):
 
     def knob(self, device_id: str) -> Knob:
         offsets = self._read_offsets(device_id)
-        _, lo, hi = offsets[0] if 0 in offsets else offsets[None]
+        current, lo, hi = offsets[0] if 0 in offsets else offsets[None]  # P0's, or the whole curve's
+        if current == 0:
+            # some drivers read 0 for an applied offset: then the tuner's record of what it applied this boot says
+            current = int(self._record(device_id).get("offset_mhz", 0))
         return Knob(
             kind=KnobKind.CLOCK_OFFSET,
             unit="MHz",
             stock=0,
-            current=self._current(device_id, offsets),
+            current=current,
             min=min(lo, 0),
             max=max(hi, 0),
             step=offset_step_mhz(self._supported_clocks(self._handle(device_id))),
@@ -508,10 +494,7 @@ class NvidiaBackend(Backend):
                 self.reset(device_id)
             else:
                 if previous_lock is None:
-                    self._nv(
-                        lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(self._handle(device_id)),
-                        "unlocking the graphics clock",
-                    )
+                    self._unlock(device_id)
                     self._save_record(device_id, 0, None)
                 else:
                     self._lock(device_id, previous_lock)
@@ -526,7 +509,6 @@ class NvidiaBackend(Backend):
             ) from cause
 
     def reset(self, device_id: str, *, force: bool = False) -> Knob:
-        n, h = self.nvml, self._handle(device_id)
         recorded = self._record(device_id).get("offset_mhz", 0)
         try:
             # Write 0 wherever the driver or the tuner's own record says non-zero (a driver may read 0).
@@ -534,7 +516,7 @@ class NvidiaBackend(Backend):
                 if current != 0 or recorded != 0:
                     self._write_offset(device_id, pstate, 0)
         finally:
-            self._nv(lambda: n.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
+            self._unlock(device_id)
         left = {p: c for p, (c, _, _) in self._read_offsets(device_id).items() if c != 0}
         if left:
             shown = ", ".join(f"{c:+d} MHz" + ("" if p is None else f" at P{p}") for p, c in left.items())
@@ -636,10 +618,8 @@ class NvidiaBackend(Backend):
         )
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(self.nvml.NVMLError):
             self.nvml.nvmlShutdown()
-        except self.nvml.NVMLError:
-            pass
 
 
 def discover(nvml: Nvml | None = None) -> NvidiaBackend | None:
@@ -652,13 +632,10 @@ def discover(nvml: Nvml | None = None) -> NvidiaBackend | None:
     except nvml.NVMLError:  # LibraryNotFound, DriverNotLoaded, ...
         return None
     try:
-        if nvml.nvmlDeviceGetCount() == 0:
-            nvml.nvmlShutdown()
-            return None
-        return NvidiaBackend(nvml)
+        if nvml.nvmlDeviceGetCount() > 0:
+            return NvidiaBackend(nvml)
     except (nvml.NVMLError, TunerError):
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
-        return None
+        pass
+    with contextlib.suppress(nvml.NVMLError):  # no card, or none usable: let go of the library
+        nvml.nvmlShutdown()
+    return None

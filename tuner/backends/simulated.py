@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.backends.base import Backend
+from tuner.backends.base import Backend, check_lock_mhz
 from tuner.backends.simulated_card_files import CardFile
 from tuner.core import paths
 from tuner.core.errors import UsageError
@@ -135,10 +135,6 @@ def _per_card_rates(given: float | tuple[float, ...] | list[float] | None, gpus:
             raise UsageError(f"--sim-sdc-rate must be a per-step probability between 0 and 1, got {rate}",
                              "e.g. --sim-sdc-rate 0.001")
     return [float(r) for r in rates] + [0.0] * (gpus - len(rates))
-
-
-def hangs_at(offset_mv: int, vmin_mv: int) -> bool:
-    return offset_mv <= vmin_mv - HANG_DEPTH_MV
 
 
 def draw_vmin_mv(seed: int, index: int) -> int:
@@ -314,10 +310,7 @@ class SimulatedBackend(Backend):
         if clocks is None:
             raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
         self.device(device_id)
-        lo, hi = clocks
-        if isinstance(mhz, bool) or not isinstance(mhz, int) or not lo <= mhz <= hi:
-            raise UsageError(f"--lock-mhz {mhz} is outside this card's clocks {lo}..{hi} MHz",
-                             f"pick a clock between {lo} and {hi} MHz")
+        check_lock_mhz(mhz, *clocks)
         self._lock_mhz[device_id] = mhz
 
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:

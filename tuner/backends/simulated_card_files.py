@@ -19,7 +19,6 @@ import errno
 import fcntl
 import json
 import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,18 +70,12 @@ class CardFile:
     def read(self) -> dict:
         """The card's record ({} when it was never written: stock, no load)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = state_files.open_regular(self.path, os.O_RDONLY, link_remedy="remove the link")
         except FileNotFoundError:
             return {}
         except OSError as e:
-            if e.errno == errno.ELOOP:
-                e = state_files.UnsafeStatePath(self.path, "is a symbolic link", "remove the link")
             raise self._error(e, "read") from None
         try:
-            if not _regular(fd):
-                raise self._error(state_files.UnsafeStatePath(self.path, "is not a regular file", "move it aside"),
-                                  "read")
-            os.set_blocking(fd, True)
             fcntl.flock(fd, fcntl.LOCK_SH)
             return self._parse(os.pread(fd, RECORD_BYTES + 1, 0))
         finally:
@@ -119,7 +112,3 @@ class CardFile:
             return state_files.open_file(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise self._error(e, "write") from None
-
-
-def _regular(fd: int) -> bool:
-    return stat.S_ISREG(os.fstat(fd).st_mode)

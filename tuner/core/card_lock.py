@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from tuner.core import exit_codes, state_files
@@ -160,6 +159,5 @@ class CardLock:
         self.acquire()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *_: object) -> None:
         self.release()

@@ -110,7 +110,8 @@ def read_text(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES, timeout
 
 def boot_id() -> str | None:
     """This boot's id (`/proc/sys/kernel/random/boot_id` under `paths.sysfs_root()`), or None when it cannot be
-    read as a small regular file: the journal and the per-card records then treat the boot as unknown."""
+    read as a small regular file: the journal and the per-card records then treat the boot as unknown. The one
+    reader: the tuner's journal, the per-card records and the root helper all ask here."""
     try:
         text = read_text(paths.sysfs_root() / BOOT_ID_PATH, max_bytes=BOOT_ID_MAX_BYTES).strip()
     except OSError:

@@ -20,12 +20,13 @@ confirmation must be reverted before the process stops, since a stopped process 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import sys
 import threading
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Self
 
 FATAL: tuple[signal.Signals, ...] = (
@@ -176,11 +177,9 @@ class Inbox:
     def drain(self) -> None:
         if self._read_fd is None:
             return
-        try:
+        with contextlib.suppress(OSError):  # BlockingIOError: drained
             while os.read(self._read_fd, 512):
                 pass
-        except (BlockingIOError, OSError):
-            pass
 
     def raise_received(self) -> None:
         """Act on a recorded fatal signal now that the card is safe."""
@@ -202,8 +201,7 @@ class Inbox:
         self.active = True
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *_: object) -> None:
         if not self.active:
             return
         if _ends_process and self.first is not None:

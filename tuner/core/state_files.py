@@ -127,24 +127,36 @@ def ensure_dir(directory: Path) -> Path:
     return directory
 
 
+def open_regular(path: Path, flags: int, mode: int = 0o600, *,
+                 link_remedy: str = "remove the link (its target was not touched)") -> int:
+    """`os.open` that follows no link and cannot block on a FIFO, refused (UnsafeStatePath) unless `path` is a
+    regular file; the descriptor is returned in blocking mode."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeStatePath(path, "is a symbolic link", link_remedy) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeStatePath(path, "is not a regular file", "move it aside")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_file(path: Path, flags: int, mode: int = 0o600) -> int:
     """`os.open` for a file in the tuner's state: the directory made and checked, the file opened without
     following a link, and refused unless it is a regular file of the running user's. Returns the descriptor."""
     path = Path(path)
     ensure_dir(path.parent)
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise UnsafeStatePath(path, "is a symbolic link", "remove the link (its target was not touched)") from None
-        raise
+    fd = open_regular(path, flags, mode)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeStatePath(path, "is not a regular file", "move it aside")
         if trusted_root(path) is not None and st.st_uid != os.geteuid():
             raise UnsafeStatePath(path, f"belongs to {_user_name(st.st_uid)}", "move it aside")
-        os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
@@ -155,17 +167,8 @@ def read_file(path: Path, max_bytes: int) -> bytes:
     """A state file's bytes, read without following a link, only when it is a regular file (a FIFO or a device
     node there would hang the read or never end) and at most `max_bytes` long (UnsafeStatePath beyond);
     FileNotFoundError when there is none."""
+    fd = open_regular(path, os.O_RDONLY, link_remedy="remove the link; the tuner does not follow one")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise UnsafeStatePath(path, "is a symbolic link", "remove the link; the tuner does not follow one") \
-                from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeStatePath(path, "is not a regular file", "move it aside")
-        os.set_blocking(fd, True)
         data = read_at_most(fd, max_bytes)
         if len(data) > max_bytes:
             raise UnsafeStatePath(path, f"is larger than {max_bytes} bytes", "move it aside")

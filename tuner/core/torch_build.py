@@ -100,13 +100,6 @@ def installed_build(probe: Mapping[str, object]) -> str | None:
     return "rocm" if probe.get("hip") else "cuda" if probe.get("cuda") else "cpu"
 
 
-def pip_arguments(build: TorchBuild, spec: str = "torch>=2.4") -> list[str]:
-    """What `pip install` needs to get `build` (empty for keep)."""
-    if build.name == "keep":
-        return []
-    return [spec] + (["--index-url", build.index_url] if build.index_url else [])
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m tuner.core.torch_build`: the build as shell assignments (build=, why=, index=), for the
     installer; exit 2 with one line on stderr when no single build fits."""

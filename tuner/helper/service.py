@@ -28,8 +28,8 @@ from pathlib import Path
 from tuner import __version__
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
-from tuner.core.boot import current_boot_id
 from tuner.core.errors import PermissionDenied, TunerError, UnknownDevice, Unsupported, UsageError
+from tuner.core.kernel_files import boot_id as current_boot_id
 from tuner.core.models import DeviceInfo, Knob
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s

@@ -51,17 +51,13 @@ def reset_requested() -> bool:
     return any(word == RESET_FLAG or word.startswith(RESET_FLAG + "=") for word in cmdline.split())
 
 
-def open_trial_from_previous_boot() -> dict | None:
-    """The trial a previous boot left open, if any (the tuning journal, `tuner.tuning.journal`, owns the rule)."""
-    from tuner.tuning import journal
-    return journal.trial_open_at_previous_boot()
-
-
 def skip_reason() -> str | None:
     """Why this boot must not apply anything, or None."""
     if reset_requested():
         return f"the kernel command line contains {RESET_FLAG}; leaving the cards at stock"
-    trial = open_trial_from_previous_boot()
+    from tuner.tuning import journal
+
+    trial = journal.trial_open_at_previous_boot()  # the trial a previous boot left open: the journal owns the rule
     if trial is not None:
         what = trial.get("reason") or "a tuning trial was still open when the previous boot ended"
         where = trial.get("journal") or paths.state_dir() / "journal"
@@ -107,9 +103,3 @@ def discover(
         if backend is not None and hasattr(backend, "close"):
             backend.close()
         sleep(interval_s)
-
-
-def unit_text(*, exec_args: list[str], environment: dict[str, str], resume: bool = False) -> str:
-    """The boot unit (or the resume unit): its text and the reasons for each line live in
-    tuner.core.system_units, which the system installer renders too."""
-    return system_units.apply_unit(exec_args, environment, resume=resume)

@@ -10,7 +10,7 @@ import platform
 
 from tuner import __version__
 from tuner.core.models import DeviceInfo, Knob
-from tuner.profiles.schema import MAX_STRING_CHARS, SINGLE_SCHEMA, Profile, format_created, utc_now
+from tuner.profiles.schema import MAX_STRING_CHARS, SINGLE_SCHEMA, Profile, utc_now
 
 
 def _shorten_reason(trial: dict) -> dict:
@@ -55,4 +55,4 @@ def build_profile(
                               **part_doc(device, knob, value, tuning, kernel)})
 
 
-__all__ = ["build_profile", "format_created", "meta_doc", "part_doc"]
+__all__ = ["build_profile", "meta_doc", "part_doc"]

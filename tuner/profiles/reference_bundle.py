@@ -317,7 +317,7 @@ def read_bundle(path: Path) -> Bundle:
     try:
         raw = _inflate(data)
     except (EOFError, OSError, zlib.error) as e:
-        raise BundleProblem(f"{where}: truncated or damaged ({_gzip_why(e)})",
+        raise BundleProblem(f"{where}: truncated or damaged ({str(e) or type(e).__name__})",
                             "copy the file again from where it was recorded") from None
     try:
         doc = json.loads(raw)
@@ -335,10 +335,6 @@ def _inflate(data: bytes) -> bytes:
     if not d.eof:
         raise EOFError("the compressed stream ends early")
     return raw
-
-
-def _gzip_why(e: BaseException) -> str:
-    return str(e) or type(e).__name__
 
 
 def _validated(doc: object, where: str) -> Bundle:

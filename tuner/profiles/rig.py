@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles.build import meta_doc, part_doc
-from tuner.profiles.schema import RIG_SCHEMA, Profile, ProfileError, ProfilePart, RigEvidence
+from tuner.profiles.schema import RIG_SCHEMA, Profile, ProfileError
 
 
 @dataclass(frozen=True)
@@ -44,4 +44,4 @@ def build_rig_profile(name: str, parts: Sequence[RigPart], *, rig: dict | None =
     return Profile.from_dict(doc)
 
 
-__all__ = ["ProfilePart", "RigEvidence", "RigPart", "build_rig_profile"]
+__all__ = ["RigPart", "build_rig_profile"]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from pathlib import Path
 
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import PermissionDenied, StateError, TunerError, UsageError, disk_full, is_disk_full
-from tuner.profiles.schema import MAX_PROFILE_BYTES, Profile, ProfileError, validate_name
+from tuner.profiles.schema import MAX_PROFILE_BYTES, NAME_PATTERN, Profile, ProfileError, validate_name
 
 SUFFIX = ".toml"
 
@@ -80,7 +81,7 @@ def load_profile(name_or_path: str) -> Profile:
     up first (a profile imported as `abc.toml` is applied by that name, as it is shown by it), then anything that
     looks like a path is a file; a name with a separator is only ever a path."""
     has_separator = "/" in name_or_path or os.sep in name_or_path
-    if not has_separator and _valid_name(name_or_path):
+    if not has_separator and re.search(NAME_PATTERN, name_or_path):
         for system in (False, True):
             path = profile_path(name_or_path, system=system)
             if os.path.lexists(path):
@@ -89,14 +90,6 @@ def load_profile(name_or_path: str) -> Profile:
         return read_profile_file(Path(name_or_path))
     validate_name(name_or_path, path="profile name")
     raise UsageError(f"no profile named {name_or_path!r}", "see `tuner profile list`, or give a path to a .toml file")
-
-
-def _valid_name(name: str) -> bool:
-    try:
-        validate_name(name)
-    except ProfileError:
-        return False
-    return True
 
 
 def find_in_store(name: str, *, system: bool | None = None) -> Path:

@@ -36,7 +36,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuner.core import boot, paths, processes, state_files
+from tuner.core import kernel_files, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, is_disk_full
 from tuner.core.models import Knob, Verdict
@@ -100,8 +100,8 @@ def guard_path(device_id: str) -> Path:
 
 
 def current_boot_id() -> str | None:
-    """This boot's id, or None if unreadable (tuner.core.boot: the one reader, the root helper's too)."""
-    return boot.current_boot_id()
+    """This boot's id, or None if unreadable (tuner.core.kernel_files: the one reader, the root helper's too)."""
+    return kernel_files.boot_id()
 
 
 pid_alive = processes.pid_alive  # the journal's owner check (kept as a name here: callers use journal.pid_alive)
