@@ -64,25 +64,19 @@ SCREENS_IN_ORDER = (
     ("5", "doctor", "Doctor"),
     ("6", "help", "Help"),
 )
-SCREEN_CLASSES = {  # mode -> (module, class): each screen is imported on its first visit (or by the palette)
-    "dashboard": ("tuner.screens.dashboard", "DashboardScreen"),
-    "tune": ("tuner.screens.tune", "TuneScreen"),
-    "bisect": ("tuner.screens.bisect", "BisectScreen"),
-    "profiles": ("tuner.screens.profiles", "ProfilesScreen"),
-    "doctor": ("tuner.screens.doctor", "DoctorScreen"),
-    "help": ("tuner.screens.help", "HelpScreen"),
-}
 SAMPLE_INTERVAL_S = 1.0
 OVERDUE_S = 5.0  # a change still pending this long past its countdown: the event loop is stuck, revert it anyway
 
 
-def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
-    """A MODES entry that imports its screen on first visit (the first frame only needs the dashboard)."""
+def screen_class(mode: str) -> type[Screen]:
+    """The class of `mode`'s screen, tuner.screens.<mode>.<Mode>Screen, imported on its first use: its first visit
+    (the first frame only needs the dashboard) or the palette (it lists every screen's keys)."""
+    return getattr(importlib.import_module(f"tuner.screens.{mode}"), f"{mode.capitalize()}Screen")
 
-    def make() -> Screen:
-        return getattr(importlib.import_module(module), name)()
 
-    return make
+def _lazy_screen(mode: str) -> Callable[[], Screen]:
+    """A MODES entry that imports its screen on first visit."""
+    return lambda: screen_class(mode)()
 
 
 ERROR_PREFIX = "error: "  # a job's summary when it raised (a refused start included)
@@ -125,8 +119,8 @@ class TunerApp(App[int]):
     DataTable:nocolor:focus > .datatable--cursor { text-style: bold reverse; }
     """
     MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {  # the dashboard: the first frame needs it
-        mode: DashboardScreen if mode == "dashboard" else _lazy_screen(*where)
-        for mode, where in SCREEN_CLASSES.items()
+        mode: DashboardScreen if mode == "dashboard" else _lazy_screen(mode)
+        for _key, mode, _title in SCREENS_IN_ORDER
     }
     COMMANDS = App.COMMANDS | {_palette}  # every action of every screen, by name, with its key
     DEFAULT_MODE = "dashboard"
@@ -598,13 +592,10 @@ class TunerApp(App[int]):
                     f"{SAVED_NEXT_IN_UI}")
 
     # --- profiles -----------------------------------------------------------------------------------------------
+    @work(thread=True, exit_on_error=False, group="setting")
     def apply_profile(self, profile: Profile, device_id: str) -> None:
         """`tuner apply`'s rules (tuner.actions.profile_apply), without --force: the same card applies
         (keep-or-revert); another card of the same model needs a verify trial; anything else is refused."""
-        self._plan_profile(profile, device_id)
-
-    @work(thread=True, exit_on_error=False, group="setting")
-    def _plan_profile(self, profile: Profile, device_id: str) -> None:
         try:
             plan = plan_profile_apply(self.backend, profile, device_id, verify=True)
         except Exception as e:  # noqa: BLE001 - refused: say why
@@ -641,11 +632,8 @@ class TunerApp(App[int]):
         self._run_stress(self._stress_job)
 
     # --- apply at boot (tuner.actions.boot_service, as `tuner service`) ---------------------------------------------
-    def read_boot_status(self) -> None:
-        self._boot_status_in_thread()
-
     @work(thread=True, exclusive=True, exit_on_error=False, group="service-status")
-    def _boot_status_in_thread(self) -> None:
+    def read_boot_status(self) -> None:
         from tuner.actions import boot_service
 
         try:
@@ -849,11 +837,6 @@ class TunerApp(App[int]):
         for command in super().get_system_commands(screen):
             if command.title != "Quit":
                 yield command
-
-    def screen_class(self, mode: str) -> type[Screen]:
-        """The class of `mode`'s screen (imported now if it was not yet: the palette lists every screen's keys)."""
-        module, name = SCREEN_CLASSES[mode]
-        return getattr(importlib.import_module(module), name)
 
     async def run_on_screen(self, mode: str | None, action: str) -> None:
         """The palette's way to run an action: on `mode`'s screen (switching to it first), or the App's own."""
