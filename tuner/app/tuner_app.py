@@ -34,7 +34,7 @@ from tuner.app import jobs
 from tuner.app.hangup import HangUpGuard
 from tuner.app.state import BisectState, DeviceHistory, StressState
 from tuner.app.terminal_driver import HangUpSafeDriver
-from tuner.app.words import for_people, job_name
+from tuner.app.words import describe_error, for_people, job_name
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
@@ -92,13 +92,6 @@ def _palette() -> type[TunerCommands]:
     from tuner.app.palette import TunerCommands
 
     return TunerCommands
-
-
-def describe_error(error: BaseException) -> str:
-    """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
-    if isinstance(error, TunerError):
-        return for_people(error.one_line())
-    return f"{type(error).__name__}: {error}"
 
 
 SEVERITY_WORDS = {"error": "ERROR", "warning": "WARNING"}  # a notice's kind in words, not only its colour
