@@ -365,7 +365,7 @@ class ProfilesScreen(TunerScreen):
         else:
             device_id = self.app.selected_device_id
             match = None
-            knob = self.app.histories[device_id].knob if device_id else None
+            knob = self._knob()
             if device_id and knob is not None:
                 from tuner.profiles.identity import match_device
 
