@@ -15,7 +15,6 @@ from typing import Generic, TypeVar
 from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
 from tuner.actions.stress import (
-    CachedReference,
     DetectorState,
     EngineFactory,
     NoStockReference,
@@ -23,12 +22,11 @@ from tuner.actions.stress import (
     StressOutcome,
     StressRequest,
     StressSession,
-    cached_reference,
 )
 from tuner.actions.verify import VerifyOutcome, verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
-from tuner.core.models import DeviceInfo, StressTarget, Verdict
+from tuner.core.models import Verdict
 from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import (
     CanaryEvent,
@@ -50,7 +48,6 @@ from tuner.tuning.events import (
     TrialFinished,
     TrialProgress,
     TrialRecovered,
-    TrialResult,
     TrialStarted,
     TrialWarning,
 )
@@ -91,12 +88,6 @@ class _Job(Generic[Result]):
 
     def wait(self, timeout_s: float) -> bool:
         return self._done.wait(timeout_s)
-
-
-def stress_reference(device: DeviceInfo, target: StressTarget, *, preset: str, mode: str) -> CachedReference:
-    """The cached stock reference for a manual stress of this workload on this card, keyed as the stress action
-    keys it (tuner.actions.stress.cached_reference)."""
-    return cached_reference(device, target, StressRequest(device.id, preset=preset, mode=mode))
 
 
 def stress_question(backend: Backend, device_id: str, *, preset: str, mode: str) -> NoStockReference | None:
@@ -214,12 +205,11 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
                 f"FAULT {event.kind} at step {event.step}: {event.detail}")
         case WarningEvent():
             return state.written(f"warning {event.kind}: {event.detail}")
-        case EndEvent() if state.stopping and event.verdict != Verdict.FAIL:
-            return state.written(f"stopped by you after {event.steps} steps (no fault seen)"
-                                 + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
         case EndEvent():
-            return state.written(f"end: {event.verdict} {event.reason or ''} after {event.steps} steps"
-                                 + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
+            median = f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""
+            if state.stopping and event.verdict != Verdict.FAIL:
+                return state.written(f"stopped by you after {event.steps} steps (no fault seen){median}")
+            return state.written(f"end: {event.verdict} {event.reason or ''} after {event.steps} steps{median}")
         case LogEvent(line=line) if line:
             return state.written(line)
     return state
@@ -361,12 +351,6 @@ def _record_row(record: Mapping[str, object]) -> dict:
     return row
 
 
-def _result_row(result: TrialResult) -> dict:
-    row = result.to_record()
-    row["reason"] = result.reason or result.kind or ""
-    return row
-
-
 def _finish_row(trials: tuple, row: dict) -> tuple:
     """`trials` with the last running row at `row`'s setting replaced by `row` (appended when there is none)."""
     for i in range(len(trials) - 1, -1, -1):
@@ -384,7 +368,7 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
         case EarlierTrials():
             return replace(state, trials=(*(_record_row(r) for r in event.records), *state.trials))
         case TrialRecovered():
-            return replace(state, trials=(*state.trials, _result_row(event.result)))
+            return replace(state, trials=(*state.trials, _record_row(event.result.to_record())))
         case TrialStarted():
             state = _timed_start(state, event.duration_s, now_s)
             row = {"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""}
@@ -400,7 +384,7 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
                                            "eta_total_s": eta_total_s, "tok_s": event.tok_s,
                                            "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():
-            return replace(state, trials=_finish_row(state.trials, _result_row(event.result)),
+            return replace(state, trials=_finish_row(state.trials, _record_row(event.result.to_record())),
                            current=None if state.current is None else {**state.current, "progress": 1.0})
         case Recommendation():
             return replace(state, recommendation=event)

@@ -65,7 +65,7 @@ def short_kind(row: Mapping[str, Any]) -> str:
     if not kind:
         reason = str(row.get("reason") or "")
         kind = "stopped" if reason == "stopped by you" else reason.split(":")[0].split(" (")[0]
-    return kind if len(kind) <= KIND_WIDTH else kind[: KIND_WIDTH - 1] + "…"
+    return _fit(kind, KIND_WIDTH)
 
 
 def trial_detail(row: Mapping[str, Any] | None, unit: str) -> str:

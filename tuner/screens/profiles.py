@@ -321,11 +321,8 @@ class ProfilesScreen(TunerScreen):
         return self.profiles[table.cursor_row]
 
     # --- actions -------------------------------------------------------------------------------------------------
-    def action_reload(self, select: str | None = None) -> None:
-        self._list_profiles(select)
-
     @work(thread=True, exclusive=True, exit_on_error=False, group="profile-list", name="profile-list")
-    def _list_profiles(self, select: str | None) -> None:
+    def action_reload(self, select: str | None = None) -> None:
         try:
             profiles, error = profile_store.list_profiles(), None
         except (TunerError, OSError) as e:
