@@ -106,7 +106,7 @@ class StressJob(_Job[str]):
     canary, reference and kernel-log policy the CLI's `tuner stress` follows too). `without_reference`: the user
     chose to run without a stock reference (the Tune screen asked). Summed up in one line."""
 
-    def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], object],
+    def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
                  duration_s: float = MANUAL_STRESS_S, without_reference: bool = False,
                  kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
                  engine_factory: EngineFactory | None = None, reference_record_s: float | None = None) -> None:
@@ -114,13 +114,10 @@ class StressJob(_Job[str]):
         request = StressRequest(device_id, duration_s=duration_s, preset=preset, mode=mode,
                                 without_reference=without_reference)
         self.emit = emit
-        self.session = StressSession(backend, request, on_event=self._event, engine_factory=engine_factory,
+        self.session = StressSession(backend, request, on_event=emit, engine_factory=engine_factory,
                                      kernel_watcher_factory=kernel_watcher_factory,
                                      reference_record_s=reference_record_s)
         self.outcome: StressOutcome | None = None
-
-    def _event(self, event: object) -> None:
-        self.emit(event)  # what emit returns (post_message's bool) is nobody's business
 
     def _work(self) -> str:
         if self._stop.is_set():
@@ -144,19 +141,16 @@ class VerifyJob(_Job[str]):
     with the profile's workload. Lines the trial reports are handed to `emit`."""
 
     def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *,
-                 emit: Callable[[str], object]) -> None:
+                 emit: Callable[[str], None]) -> None:
         super().__init__(plan.device.id)
         self.backend, self.plan, self.duration_s, self.emit = backend, plan, duration_s, emit
-
-    def _line(self, line: str) -> None:
-        self.emit(line)  # what emit returns (post_message's bool) is nobody's business
 
     def _work(self) -> str:
         locked = set_profile_lock_clock(self.backend, self.plan)
         if locked:
             self.emit(locked)
         outcome = verify_setting(self.backend, self.device_id, self.plan.value, self.duration_s,
-                                 workload=self.plan.workload, on_line=self._line, stop_event=self._stop)
+                                 workload=self.plan.workload, on_line=self.emit, stop_event=self._stop)
         return describe_verify_outcome(outcome)
 
 

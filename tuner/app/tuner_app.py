@@ -455,10 +455,8 @@ class TunerApp(App[int]):
         self.stress = StressState(device_id=device_id, running=True, setting=setting, preset=preset, mode=mode,
                                   run=self.stress.run + 1).written(
             f"starting {preset}/{mode} stress on {device_id} at {setting}")
-        self._stress_job = jobs.StressJob(
-            self.backend, device_id, preset=preset, mode=mode, without_reference=without_reference,
-            emit=lambda event: self.post_message(msg.StressEventReceived(event)), **self._stress_options,
-        )
+        self._stress_job = jobs.StressJob(self.backend, device_id, preset=preset, mode=mode, emit=self._stress_event,
+                                          without_reference=without_reference, **self._stress_options)
         self._run_stress(self._stress_job)
 
     @work(thread=True, exit_on_error=False, group="stress", name="stress")
@@ -468,6 +466,10 @@ class TunerApp(App[int]):
         except Exception as e:  # noqa: BLE001 - said once, by on_stress_ended (not also as a BackendFailed)
             summary = f"{ERROR_PREFIX}{describe_error(e)}"
         self.post_message(msg.StressEnded(job.device_id, summary))
+
+    def _stress_event(self, event: object) -> None:
+        """A stress or verify job's event or line, from its worker thread (post_message is thread-safe)."""
+        self.post_message(msg.StressEventReceived(event))
 
     def stop_stress(self) -> None:
         if self._stress_job is not None and self.stress.running:
@@ -618,10 +620,7 @@ class TunerApp(App[int]):
         self.stress = StressState(device_id=device_id, running=True, setting=value, preset="verify",
                                   run=self.stress.run + 1).written(
             f"verifying {value:+d} on {device_id} (kept only if it passes)")
-        self._stress_job = jobs.VerifyJob(
-            self.backend, plan, self.verify_duration_s,
-            emit=lambda line: self.post_message(msg.StressEventReceived(line)),
-        )
+        self._stress_job = jobs.VerifyJob(self.backend, plan, self.verify_duration_s, emit=self._stress_event)
         self._run_stress(self._stress_job)
 
     # --- apply at boot (tuner.actions.boot_service, as `tuner service`) ---------------------------------------------
