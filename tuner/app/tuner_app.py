@@ -262,10 +262,8 @@ class TunerApp(App[int]):
             self._last_sampler_error = None
         knob_changed = False
         for device_id, sample, knob in message.samples:
-            history = self.histories[device_id]
-            knob_changed |= knob != history.knob
-            history.add(sample)
-            history.set_knob(knob)
+            knob_changed |= knob != self.histories[device_id].knob
+            self.record_sample(device_id, sample, knob)
         if knob_changed:
             self.repaint_screens()
         if self._sample_again:
@@ -279,7 +277,7 @@ class TunerApp(App[int]):
                 screen.repaint()
 
     def record_sample(self, device_id: str, sample: Telemetry, knob: Knob) -> None:
-        """Add one sample as the sampler would (tests and snapshots pre-fill history this way)."""
+        """Add one sample: the sampler's, or one tests and snapshots pre-fill history with."""
         self.histories[device_id].add(sample)
         self.histories[device_id].set_knob(knob)
 
