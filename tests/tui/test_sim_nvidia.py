@@ -44,15 +44,15 @@ async def test_a_manual_stress_on_the_nvidia_style_card_records_its_reference_th
     engine settings), the next one compares with it instead of recording again; another preset is another key."""
     import asyncio
 
-    from tuner.app.jobs import stress_reference
+    from tuner.actions.stress import StressRequest, cached_reference
 
     ctx = Context.from_args(_parse(["--simulate", "--sim-kind", "nvidia"]))
     app = TunerApp(ctx, doctor=lambda: list(FAKE_CHECKS), sample_interval_s=None,
                    stress_options={"reference_record_s": 3.0})
     device, target = app.backend.device("sim0"), app.backend.stress_target("sim0")
-    ref = stress_reference(device, target, preset="tiny", mode="train").path
+    ref = cached_reference(device, target, StressRequest("sim0", preset="tiny", mode="train")).path
     assert ref is not None and device.serial in ref.name and not ref.exists()
-    assert stress_reference(device, target, preset="small", mode="train").path != ref
+    assert cached_reference(device, target, StressRequest("sim0", preset="small", mode="train")).path != ref
 
     async def wait(predicate, timeout_s: float = 60.0) -> None:
         for _ in range(int(timeout_s / 0.1)):

@@ -103,11 +103,12 @@ async def test_profile_from_another_card_is_verified_and_reverted_when_it_fails(
 async def test_the_first_stress_records_a_stock_reference_and_later_runs_compare_with_it(tmp_path):
     """Issue 15 item 8: a manual stress checks what a bisect trial checks. At stock with no reference it records
     one (cached per card and workload in the state dir); the next run, below the limit, compares with it."""
-    from tuner.app.jobs import stress_reference
+    from tuner.actions.stress import StressRequest, cached_reference
 
     backend = sim_backend(tmp_path, vmin_mv=-60)
     app = make_app(tmp_path, backend=backend, samples=1, stress_options={"reference_record_s": 3.0})
-    ref = stress_reference(backend.device("sim0"), backend.stress_target("sim0"), preset="tiny", mode="train").path
+    request = StressRequest("sim0", preset="tiny", mode="train")
+    ref = cached_reference(backend.device("sim0"), backend.stress_target("sim0"), request).path
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("2", "s")
         await _wait(pilot, lambda: app.stress.detector("reference") == "recording")

@@ -15,7 +15,6 @@ from typing import Generic, TypeVar
 from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
 from tuner.actions.stress import (
-    CachedReference,
     DetectorState,
     EngineFactory,
     NoStockReference,
@@ -23,12 +22,11 @@ from tuner.actions.stress import (
     StressOutcome,
     StressRequest,
     StressSession,
-    cached_reference,
 )
 from tuner.actions.verify import VerifyOutcome, verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
-from tuner.core.models import DeviceInfo, StressTarget, Verdict
+from tuner.core.models import Verdict
 from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import (
     CanaryEvent,
@@ -50,7 +48,6 @@ from tuner.tuning.events import (
     TrialFinished,
     TrialProgress,
     TrialRecovered,
-    TrialResult,
     TrialStarted,
     TrialWarning,
 )
@@ -93,12 +90,6 @@ class _Job(Generic[Result]):
         return self._done.wait(timeout_s)
 
 
-def stress_reference(device: DeviceInfo, target: StressTarget, *, preset: str, mode: str) -> CachedReference:
-    """The cached stock reference for a manual stress of this workload on this card, keyed as the stress action
-    keys it (tuner.actions.stress.cached_reference)."""
-    return cached_reference(device, target, StressRequest(device.id, preset=preset, mode=mode))
-
-
 def stress_question(backend: Backend, device_id: str, *, preset: str, mode: str) -> NoStockReference | None:
     """Why a stress run of this workload would start only with the user's consent (no stock reference and the
     card not at stock), else None. Reads the card and the reference cache (run it off the UI thread)."""
@@ -115,7 +106,7 @@ class StressJob(_Job[str]):
     canary, reference and kernel-log policy the CLI's `tuner stress` follows too). `without_reference`: the user
     chose to run without a stock reference (the Tune screen asked). Summed up in one line."""
 
-    def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], object],
+    def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
                  duration_s: float = MANUAL_STRESS_S, without_reference: bool = False,
                  kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
                  engine_factory: EngineFactory | None = None, reference_record_s: float | None = None) -> None:
@@ -123,13 +114,10 @@ class StressJob(_Job[str]):
         request = StressRequest(device_id, duration_s=duration_s, preset=preset, mode=mode,
                                 without_reference=without_reference)
         self.emit = emit
-        self.session = StressSession(backend, request, on_event=self._event, engine_factory=engine_factory,
+        self.session = StressSession(backend, request, on_event=emit, engine_factory=engine_factory,
                                      kernel_watcher_factory=kernel_watcher_factory,
                                      reference_record_s=reference_record_s)
         self.outcome: StressOutcome | None = None
-
-    def _event(self, event: object) -> None:
-        self.emit(event)  # what emit returns (post_message's bool) is nobody's business
 
     def _work(self) -> str:
         if self._stop.is_set():
@@ -153,19 +141,16 @@ class VerifyJob(_Job[str]):
     with the profile's workload. Lines the trial reports are handed to `emit`."""
 
     def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *,
-                 emit: Callable[[str], object]) -> None:
+                 emit: Callable[[str], None]) -> None:
         super().__init__(plan.device.id)
         self.backend, self.plan, self.duration_s, self.emit = backend, plan, duration_s, emit
-
-    def _line(self, line: str) -> None:
-        self.emit(line)  # what emit returns (post_message's bool) is nobody's business
 
     def _work(self) -> str:
         locked = set_profile_lock_clock(self.backend, self.plan)
         if locked:
             self.emit(locked)
         outcome = verify_setting(self.backend, self.device_id, self.plan.value, self.duration_s,
-                                 workload=self.plan.workload, on_line=self._line, stop_event=self._stop)
+                                 workload=self.plan.workload, on_line=self.emit, stop_event=self._stop)
         return describe_verify_outcome(outcome)
 
 
@@ -214,12 +199,11 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
                 f"FAULT {event.kind} at step {event.step}: {event.detail}")
         case WarningEvent():
             return state.written(f"warning {event.kind}: {event.detail}")
-        case EndEvent() if state.stopping and event.verdict != Verdict.FAIL:
-            return state.written(f"stopped by you after {event.steps} steps (no fault seen)"
-                                 + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
         case EndEvent():
-            return state.written(f"end: {event.verdict} {event.reason or ''} after {event.steps} steps"
-                                 + (f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""))
+            median = f", median {event.median_tok_s:,.0f} tok/s" if event.median_tok_s else ""
+            if state.stopping and event.verdict != Verdict.FAIL:
+                return state.written(f"stopped by you after {event.steps} steps (no fault seen){median}")
+            return state.written(f"end: {event.verdict} {event.reason or ''} after {event.steps} steps{median}")
         case LogEvent(line=line) if line:
             return state.written(line)
     return state
@@ -361,12 +345,6 @@ def _record_row(record: Mapping[str, object]) -> dict:
     return row
 
 
-def _result_row(result: TrialResult) -> dict:
-    row = result.to_record()
-    row["reason"] = result.reason or result.kind or ""
-    return row
-
-
 def _finish_row(trials: tuple, row: dict) -> tuple:
     """`trials` with the last running row at `row`'s setting replaced by `row` (appended when there is none)."""
     for i in range(len(trials) - 1, -1, -1):
@@ -384,7 +362,7 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
         case EarlierTrials():
             return replace(state, trials=(*(_record_row(r) for r in event.records), *state.trials))
         case TrialRecovered():
-            return replace(state, trials=(*state.trials, _result_row(event.result)))
+            return replace(state, trials=(*state.trials, _record_row(event.result.to_record())))
         case TrialStarted():
             state = _timed_start(state, event.duration_s, now_s)
             row = {"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""}
@@ -400,7 +378,7 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
                                            "eta_total_s": eta_total_s, "tok_s": event.tok_s,
                                            "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():
-            return replace(state, trials=_finish_row(state.trials, _result_row(event.result)),
+            return replace(state, trials=_finish_row(state.trials, _record_row(event.result.to_record())),
                            current=None if state.current is None else {**state.current, "progress": 1.0})
         case Recommendation():
             return replace(state, recommendation=event)

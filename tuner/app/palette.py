@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from tuner.app.tuner_app import SCREENS_IN_ORDER, TunerApp
+from tuner.app.tuner_app import SCREENS_IN_ORDER, TunerApp, screen_class
 from tuner.screens.base import needs_cards
 from tuner.widgets.key_bar import KEY_NAMES
 
@@ -27,14 +27,10 @@ class PaletteEntry:
     run: Callable[[], object]
 
 
-def key_text(key: str) -> str:
-    return KEY_NAMES.get(key, key)
-
-
 def screen_entries(app: TunerApp, mode: str, key: str, title: str, current_mode: str | None) -> Iterator[PaletteEntry]:
     """`mode`'s actions, each by its first key."""
     seen: set[str] = set()
-    for binding in vars(app.screen_class(mode)).get("BINDINGS", []):  # the screen's own, not Textual's tab keys
+    for binding in vars(screen_class(mode)).get("BINDINGS", []):  # the screen's own, not Textual's tab keys
         # a binding with an id is a public (remappable) action; one without is an alias (x for Del) or a key
         # of a form's own (Esc leaves it)
         if not isinstance(binding, Binding) or not binding.id or binding.action in seen:
@@ -43,7 +39,7 @@ def screen_entries(app: TunerApp, mode: str, key: str, title: str, current_mode:
         if needs_cards(binding.action, app):
             continue
         name = binding.tooltip or binding.description  # the tooltip is the longer name (-1 step, +1 step)
-        press = key_text(binding.key)
+        press = KEY_NAMES.get(binding.key, binding.key)
         where = "on this screen" if mode == current_mode else f"on the {title} screen ({key}, then {press})"
         yield PaletteEntry(f"{title}: {name} ({press})", f"key {press} {where}",
                            partial(app.run_on_screen, mode, binding.action))

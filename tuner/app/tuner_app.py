@@ -34,7 +34,7 @@ from tuner.app import jobs
 from tuner.app.hangup import HangUpGuard
 from tuner.app.state import BisectState, DeviceHistory, StressState
 from tuner.app.terminal_driver import HangUpSafeDriver
-from tuner.app.words import for_people, job_name
+from tuner.app.words import describe_error, for_people, job_name
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
@@ -64,25 +64,19 @@ SCREENS_IN_ORDER = (
     ("5", "doctor", "Doctor"),
     ("6", "help", "Help"),
 )
-SCREEN_CLASSES = {  # mode -> (module, class): each screen is imported on its first visit (or by the palette)
-    "dashboard": ("tuner.screens.dashboard", "DashboardScreen"),
-    "tune": ("tuner.screens.tune", "TuneScreen"),
-    "bisect": ("tuner.screens.bisect", "BisectScreen"),
-    "profiles": ("tuner.screens.profiles", "ProfilesScreen"),
-    "doctor": ("tuner.screens.doctor", "DoctorScreen"),
-    "help": ("tuner.screens.help", "HelpScreen"),
-}
 SAMPLE_INTERVAL_S = 1.0
 OVERDUE_S = 5.0  # a change still pending this long past its countdown: the event loop is stuck, revert it anyway
 
 
-def _lazy_screen(module: str, name: str) -> Callable[[], Screen]:
-    """A MODES entry that imports its screen on first visit (the first frame only needs the dashboard)."""
+def screen_class(mode: str) -> type[Screen]:
+    """The class of `mode`'s screen, tuner.screens.<mode>.<Mode>Screen, imported on its first use: its first visit
+    (the first frame only needs the dashboard) or the palette (it lists every screen's keys)."""
+    return getattr(importlib.import_module(f"tuner.screens.{mode}"), f"{mode.capitalize()}Screen")
 
-    def make() -> Screen:
-        return getattr(importlib.import_module(module), name)()
 
-    return make
+def _lazy_screen(mode: str) -> Callable[[], Screen]:
+    """A MODES entry that imports its screen on first visit."""
+    return lambda: screen_class(mode)()
 
 
 ERROR_PREFIX = "error: "  # a job's summary when it raised (a refused start included)
@@ -98,13 +92,6 @@ def _palette() -> type[TunerCommands]:
     from tuner.app.palette import TunerCommands
 
     return TunerCommands
-
-
-def describe_error(error: BaseException) -> str:
-    """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
-    if isinstance(error, TunerError):
-        return for_people(error.one_line())
-    return f"{type(error).__name__}: {error}"
 
 
 SEVERITY_WORDS = {"error": "ERROR", "warning": "WARNING"}  # a notice's kind in words, not only its colour
@@ -125,8 +112,8 @@ class TunerApp(App[int]):
     DataTable:nocolor:focus > .datatable--cursor { text-style: bold reverse; }
     """
     MODES: ClassVar[dict[str, str | Callable[[], Screen]]] = {  # the dashboard: the first frame needs it
-        mode: DashboardScreen if mode == "dashboard" else _lazy_screen(*where)
-        for mode, where in SCREEN_CLASSES.items()
+        mode: DashboardScreen if mode == "dashboard" else _lazy_screen(mode)
+        for _key, mode, _title in SCREENS_IN_ORDER
     }
     COMMANDS = App.COMMANDS | {_palette}  # every action of every screen, by name, with its key
     DEFAULT_MODE = "dashboard"
@@ -275,10 +262,8 @@ class TunerApp(App[int]):
             self._last_sampler_error = None
         knob_changed = False
         for device_id, sample, knob in message.samples:
-            history = self.histories[device_id]
-            knob_changed |= knob != history.knob
-            history.add(sample)
-            history.set_knob(knob)
+            knob_changed |= knob != self.histories[device_id].knob
+            self.record_sample(device_id, sample, knob)
         if knob_changed:
             self.repaint_screens()
         if self._sample_again:
@@ -292,7 +277,7 @@ class TunerApp(App[int]):
                 screen.repaint()
 
     def record_sample(self, device_id: str, sample: Telemetry, knob: Knob) -> None:
-        """Add one sample as the sampler would (tests and snapshots pre-fill history this way)."""
+        """Add one sample: the sampler's, or one tests and snapshots pre-fill history with."""
         self.histories[device_id].add(sample)
         self.histories[device_id].set_knob(knob)
 
@@ -468,10 +453,8 @@ class TunerApp(App[int]):
         self.stress = StressState(device_id=device_id, running=True, setting=setting, preset=preset, mode=mode,
                                   run=self.stress.run + 1).written(
             f"starting {preset}/{mode} stress on {device_id} at {setting}")
-        self._stress_job = jobs.StressJob(
-            self.backend, device_id, preset=preset, mode=mode, without_reference=without_reference,
-            emit=lambda event: self.post_message(msg.StressEventReceived(event)), **self._stress_options,
-        )
+        self._stress_job = jobs.StressJob(self.backend, device_id, preset=preset, mode=mode, emit=self._stress_event,
+                                          without_reference=without_reference, **self._stress_options)
         self._run_stress(self._stress_job)
 
     @work(thread=True, exit_on_error=False, group="stress", name="stress")
@@ -481,6 +464,10 @@ class TunerApp(App[int]):
         except Exception as e:  # noqa: BLE001 - said once, by on_stress_ended (not also as a BackendFailed)
             summary = f"{ERROR_PREFIX}{describe_error(e)}"
         self.post_message(msg.StressEnded(job.device_id, summary))
+
+    def _stress_event(self, event: object) -> None:
+        """A stress or verify job's event or line, from its worker thread (post_message is thread-safe)."""
+        self.post_message(msg.StressEventReceived(event))
 
     def stop_stress(self) -> None:
         if self._stress_job is not None and self.stress.running:
@@ -598,13 +585,10 @@ class TunerApp(App[int]):
                     f"{SAVED_NEXT_IN_UI}")
 
     # --- profiles -----------------------------------------------------------------------------------------------
+    @work(thread=True, exit_on_error=False, group="setting")
     def apply_profile(self, profile: Profile, device_id: str) -> None:
         """`tuner apply`'s rules (tuner.actions.profile_apply), without --force: the same card applies
         (keep-or-revert); another card of the same model needs a verify trial; anything else is refused."""
-        self._plan_profile(profile, device_id)
-
-    @work(thread=True, exit_on_error=False, group="setting")
-    def _plan_profile(self, profile: Profile, device_id: str) -> None:
         try:
             plan = plan_profile_apply(self.backend, profile, device_id, verify=True)
         except Exception as e:  # noqa: BLE001 - refused: say why
@@ -634,18 +618,12 @@ class TunerApp(App[int]):
         self.stress = StressState(device_id=device_id, running=True, setting=value, preset="verify",
                                   run=self.stress.run + 1).written(
             f"verifying {value:+d} on {device_id} (kept only if it passes)")
-        self._stress_job = jobs.VerifyJob(
-            self.backend, plan, self.verify_duration_s,
-            emit=lambda line: self.post_message(msg.StressEventReceived(line)),
-        )
+        self._stress_job = jobs.VerifyJob(self.backend, plan, self.verify_duration_s, emit=self._stress_event)
         self._run_stress(self._stress_job)
 
     # --- apply at boot (tuner.actions.boot_service, as `tuner service`) ---------------------------------------------
-    def read_boot_status(self) -> None:
-        self._boot_status_in_thread()
-
     @work(thread=True, exclusive=True, exit_on_error=False, group="service-status")
-    def _boot_status_in_thread(self) -> None:
+    def read_boot_status(self) -> None:
         from tuner.actions import boot_service
 
         try:
@@ -849,11 +827,6 @@ class TunerApp(App[int]):
         for command in super().get_system_commands(screen):
             if command.title != "Quit":
                 yield command
-
-    def screen_class(self, mode: str) -> type[Screen]:
-        """The class of `mode`'s screen (imported now if it was not yet: the palette lists every screen's keys)."""
-        module, name = SCREEN_CLASSES[mode]
-        return getattr(importlib.import_module(module), name)
 
     async def run_on_screen(self, mode: str | None, action: str) -> None:
         """The palette's way to run an action: on `mode`'s screen (switching to it first), or the App's own."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from tuner.core.errors import TunerError
+
 BISECT = "bisect"  # the Bisect screen's mode (TunerApp.SCREENS_IN_ORDER)
 FORM_FIELDS = ("step", "resolution", "margin", "trial", "confirm", "floor", "mode")  # the Bisect screen's form
 
@@ -81,3 +83,10 @@ def for_people(text: str, *, here: str | None = None) -> str:
 
 def job_name(job: object) -> str:
     return JOB_NAMES.get(type(job).__name__, "the running job")
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a notification: a TunerError's message and remedy, else the exception's type and text."""
+    if isinstance(error, TunerError):
+        return for_people(error.one_line())
+    return f"{type(error).__name__}: {error}"

@@ -22,6 +22,7 @@ from tuner.widgets.nav_bar import NavBar
 
 if TYPE_CHECKING:
     from tuner.app.tuner_app import TunerApp
+    from tuner.core.models import Knob
 
 MANY_CARD_ACTIONS = ("next_device", "next_table")
 MIN_WIDTH, MIN_HEIGHT = 80, 24
@@ -105,6 +106,11 @@ class TunerScreen(Screen):
             bar.items = items
             bar.refresh_items()
             self._place_notices(self.size)
+
+    def _knob(self) -> Knob | None:
+        """The selected card's knob as last read (None before the first read, or with no card)."""
+        device_id = self.app.selected_device_id
+        return self.app.histories[device_id].knob if device_id else None
 
     def _needs_cards(self, action: str) -> bool:
         return needs_cards(action, self.app)

@@ -65,7 +65,7 @@ def short_kind(row: Mapping[str, Any]) -> str:
     if not kind:
         reason = str(row.get("reason") or "")
         kind = "stopped" if reason == "stopped by you" else reason.split(":")[0].split(" (")[0]
-    return kind if len(kind) <= KIND_WIDTH else kind[: KIND_WIDTH - 1] + "…"
+    return _fit(kind, KIND_WIDTH)
 
 
 def trial_detail(row: Mapping[str, Any] | None, unit: str) -> str:
@@ -197,10 +197,6 @@ class BisectScreen(TunerScreen):
         if self.app.selected_device_id:
             form_memory.remember(self.app.device(self.app.selected_device_id), values)
         return params
-
-    def _knob(self) -> Knob | None:
-        device_id = self.app.selected_device_id
-        return self.app.histories[device_id].knob if device_id else None
 
     def action_start(self, resume: bool = False, restart: bool = False) -> None:
         params = self._params(resume=resume, restart=restart)
@@ -381,7 +377,7 @@ class BisectScreen(TunerScreen):
         self.set_class(every, "-rig")
         job, selected = self._shown(), app.selected_device_id
         card = job.card(selected)
-        knob = app.histories[selected].knob if selected else None
+        knob = self._knob()
         unit = (job.unit(selected) if selected else "") or (knob.unit if knob else "")
         if every:
             status = Text(f"ALL CARDS ({', '.join(d.id for d in app.devices)}) at once · table: {selected} (c next)\n")

@@ -22,7 +22,7 @@ from textual.widgets import DataTable, Static
 
 from tuner.actions import profile_store
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
-from tuner.app.words import for_people
+from tuner.app.words import describe_error, for_people
 from tuner.core.durations import duration_text
 from tuner.core.errors import TunerError
 from tuner.core.models import DeviceInfo, Knob
@@ -320,16 +320,9 @@ class ProfilesScreen(TunerScreen):
             return None
         return self.profiles[table.cursor_row]
 
-    def _error(self, e: Exception) -> None:
-        text = for_people(e.one_line()) if isinstance(e, TunerError) else f"{type(e).__name__}: {e}"
-        self.notify(text, severity="error", timeout=10)
-
     # --- actions -------------------------------------------------------------------------------------------------
-    def action_reload(self, select: str | None = None) -> None:
-        self._list_profiles(select)
-
     @work(thread=True, exclusive=True, exit_on_error=False, group="profile-list", name="profile-list")
-    def _list_profiles(self, select: str | None) -> None:
+    def action_reload(self, select: str | None = None) -> None:
         try:
             profiles, error = profile_store.list_profiles(), None
         except (TunerError, OSError) as e:
@@ -340,13 +333,13 @@ class ProfilesScreen(TunerScreen):
         self.profiles = message.profiles
         self.lists_read += 1
         if message.error is not None:
-            self._error(message.error)
+            self.notify(describe_error(message.error), severity="error", timeout=10)
         self._fill(self.query_one("#profiles-table", DataTable), message.select)
         self.show_detail()
 
     def on_profile_file_done(self, message: ProfileFileDone) -> None:
         if message.error is not None:
-            self._error(message.error)
+            self.notify(describe_error(message.error), severity="error", timeout=10)
         elif message.said:
             self.notify(message.said)
         if message.reload:
@@ -369,7 +362,7 @@ class ProfilesScreen(TunerScreen):
         else:
             device_id = self.app.selected_device_id
             match = None
-            knob = self.app.histories[device_id].knob if device_id else None
+            knob = self._knob()
             if device_id and knob is not None:
                 from tuner.profiles.identity import match_device
 

@@ -19,7 +19,7 @@ from textual.widgets import Log, Static
 
 from tuner.actions import parameters
 from tuner.actions.stress import NoStockReference
-from tuner.app.jobs import stress_question
+from tuner.app.jobs import MANUAL_DETECTORS, stress_question
 from tuner.core.models import Knob, Mode
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import ConfirmDialog
@@ -28,7 +28,7 @@ from tuner.widgets.history_plot import HistoryPlot
 
 PRESETS = tuple(sorted(parameters.PRESET.choices, key=lambda preset: preset != "tiny"))  # p cycles from the quick one
 MODES = parameters.MODE.choices
-DETECTORS = ("reference", "canary", "gemm", "nonfinite", "device errors", "watchdog", "kernel log")
+DETECTORS = tuple(name for name, _state in MANUAL_DETECTORS)  # every detector a run shows, in the job's order
 
 
 # what the reference detector's state means, said on the status's third line (the log scrolls)
@@ -107,9 +107,6 @@ class TuneScreen(TunerScreen):
     @property
     def device_id(self) -> str | None:
         return self.app.selected_device_id
-
-    def _knob(self) -> Knob | None:
-        return self.app.histories[self.device_id].knob if self.device_id else None
 
     # --- actions -------------------------------------------------------------------------------------------------
     def action_move(self, steps: int) -> None:

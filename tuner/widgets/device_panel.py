@@ -58,12 +58,11 @@ class DevicePanel(Vertical):
             yield HistoryPlot("power W", id="plot-power", min_span=20.0)
             yield HistoryPlot("edge °C", id="plot-temp", min_span=10.0)
 
-    def paint(self, history: DeviceHistory, running: str, running_short: str | None = None) -> None:
-        """`running` in full on the border; `running_short` (if given) on the setting line, so it fits 80 columns."""
-        short = running_short or running
+    def paint(self, history: DeviceHistory, running: str, running_short: str) -> None:
+        """`running` in full on the border; `running_short` on the setting line, so it fits 80 columns."""
         line = Text(setting_text(history.knob))
         line.append(" · ")
-        line.append(short, style="bold" if short != "idle" else "")
+        line.append(running_short, style="bold" if running_short != "idle" else "")
         self.query_one("#setting", Static).update(line)
         self.border_subtitle = running
         if history.version == self._painted_version:

@@ -71,10 +71,9 @@ class HistoryPlot(PlotextPlot):
     HistoryPlot { height: 1fr; min-height: 6; }
     """
 
-    def __init__(self, title: str, *, x_label: str = "s", id: str | None = None, min_span: float | None = None,
-                 empty_text: str = EMPTY_TEXT) -> None:
+    def __init__(self, title: str, *, x_label: str = "s", id: str | None = None, min_span: float | None = None) -> None:
         super().__init__(id=id)
-        self.title, self.x_label, self.min_span, self.empty_text = title, x_label, min_span, empty_text
+        self.title, self.x_label, self.min_span = title, x_label, min_span
         self._drawn: object = None
 
     def on_mount(self) -> None:
@@ -99,7 +98,7 @@ class HistoryPlot(PlotextPlot):
         plt.ylim(0, 1)
         plt.xticks([])
         plt.yticks([])
-        plt.text(self.empty_text, 0.5, 0.5, alignment="center")
+        plt.text(EMPTY_TEXT, 0.5, 0.5, alignment="center")
 
     def _x_axis(self, xs: list[float]) -> None:
         if self.x_label == "s":  # seconds before now: -100, -50, 0
