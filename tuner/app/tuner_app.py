@@ -180,6 +180,7 @@ class TunerApp(App[int]):
         self._overdue_since: tuple[object, float] | None = None  # (change, when revert_overdue first saw it due)
         self._last_sampler_error: str | None = None
         self._sample_again = False
+        self._sampling = False  # a sample is in flight (sample_now)
         self._on_kept: Callable[[], None] | None = None
 
     # --- notices ------------------------------------------------------------------------------------------------
@@ -241,23 +242,29 @@ class TunerApp(App[int]):
     def sample_now(self) -> None:
         """Read every card now. One sample at a time: while one is in flight (it may have read the card before a
         change), another is queued to follow it, so the screen always ends on a read made after the change."""
-        if any(w.group == "sampler" and not w.is_finished for w in self.workers):
+        # in flight until its sample is handled here, not until Textual marks the worker finished: a worker's thread
+        # can still be running after its sample was handled, and a follow-up queued then would never start
+        if self._sampling:
             self._sample_again = True
             return
+        self._sampling = True
         self._sample_again = False
         self._sample()
 
     @work(thread=True, exit_on_error=False, group="sampler")
     def _sample(self) -> None:
         samples = []
-        for device in self.devices:
-            try:
-                samples.append((device.id, self.backend.telemetry(device.id), self.backend.knob(device.id)))
-            except Exception as e:  # noqa: BLE001 - a bad sample is shown, never fatal
-                self.post_message(msg.BackendFailed(f"reading {device.id}", e))
-        self.post_message(msg.TelemetrySampled(tuple(samples)))
+        try:
+            for device in self.devices:
+                try:
+                    samples.append((device.id, self.backend.telemetry(device.id), self.backend.knob(device.id)))
+                except Exception as e:  # noqa: BLE001 - a bad sample is shown, never fatal
+                    self.post_message(msg.BackendFailed(f"reading {device.id}", e))
+        finally:  # always: it is what ends this sample's turn
+            self.post_message(msg.TelemetrySampled(tuple(samples)))
 
     def on_telemetry_sampled(self, message: msg.TelemetrySampled) -> None:
+        self._sampling = False
         if len(message.samples) == len(self.devices):
             self._last_sampler_error = None
         knob_changed = False
