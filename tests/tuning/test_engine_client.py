@@ -22,6 +22,7 @@ from tests.engine.examples import EXAMPLES
 from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
 from tuner.engine.options import EngineOptions, Injection, parse_args
+from tuner.engine.patterns import match_device_error
 from tuner.tuning import engine_client as sc
 
 FAKE = Path(__file__).parent.parent / "engine" / "fake_engine.py"
@@ -171,8 +172,8 @@ def test_parse_event_is_total_on_json(obj):
 
 
 def test_stderr_classifier():
-    assert sc.classify_stderr("HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION") == "HSA error"
-    assert sc.classify_stderr("engine: train on CPU") is None
+    assert match_device_error("HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION") == "HSA error"
+    assert match_device_error("engine: train on CPU") is None
 
 
 # --- runs with the fake engine ----------------------------------------------------------------------------
@@ -190,7 +191,7 @@ def test_a_passing_run_delivers_every_event_in_order(fake_python):
 
 def test_a_failing_run_reports_kind_and_step(fake_python):
     result = fake_run(fake_python, "fail").run()
-    assert (result.verdict, result.kind, result.failure_step, result.step) == ("fail", "canary", 2, 2)
+    assert (result.verdict, result.kind, result.failure_step) == ("fail", "canary", 2)
     assert result.reference_step == 2
 
 
@@ -310,7 +311,8 @@ def test_context_manager_stops_on_exit(fake_python):
 
 def test_real_engine_hang_is_caught_by_the_watchdog():
     policy = sc.WatchdogPolicy(min_silence_s=2, first_step_timeout_s=120, kill_grace_s=1, poll_s=0.1)
-    hang = sc.run_stress(config(steps=50, injections=[Injection.parse("hang@5")]), watchdog=policy)
+    with sc.StressRun(config(steps=50, injections=[Injection.parse("hang@5")]), watchdog=policy) as run:
+        hang = run.run()
     assert (hang.verdict, hang.kind, hang.failure_step, hang.steps) == ("fail", "hang", 5, 4), hang
     assert hang.exit_code == -9  # the hung engine ignores SIGTERM, like a process stuck in a GPU call
 
@@ -318,9 +320,11 @@ def test_real_engine_hang_is_caught_by_the_watchdog():
 def test_real_engine_stock_reference_then_fault_rate_fails(tmp_path):
     """The simulated GPU's contract: record at stock (fault rate 0 passes), then P = 0.1 fails on a mismatch."""
     ref = tmp_path / "stock.json"
-    ok = sc.run_stress(config(steps=40, seed=1, record=str(ref), canary_every=20))
+    with sc.StressRun(config(steps=40, seed=1, record=str(ref), canary_every=20)) as run:
+        ok = run.run()
     assert ok.passed and ok.steps == 40 and ok.bpb is not None and ok.start.params > 0, ok
-    bad = sc.run_stress(config(steps=40, seed=1, reference=str(ref), fault_rate=0.1))
+    with sc.StressRun(config(steps=40, seed=1, reference=str(ref), fault_rate=0.1)) as run:
+        bad = run.run()
     assert (bad.verdict, bad.kind) == ("fail", "mismatch") and bad.failure_step <= 40
 
 

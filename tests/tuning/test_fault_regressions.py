@@ -110,7 +110,7 @@ def test_status_warns_about_a_value_left_by_a_dead_tool(capsys, boot):
 def test_a_journal_naming_a_reference_outside_the_state_directory_is_damaged(boot, tmp_path):
     j = journal.Journal.create("sim0", params={}, knob={})
     elsewhere = tmp_path / "precious"
-    j.set_field("reference", str(elsewhere))
+    j.update(reference=str(elsewhere))
     with pytest.raises(DamagedState, match="'reference' names"):
         journal.load("sim0")
     assert j.reference == journal.reference_path("sim0", j.session)  # never the path the document names

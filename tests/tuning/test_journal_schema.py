@@ -86,15 +86,15 @@ def test_a_damaged_journal_says_which_key(dotted, value, phrase):
 
 
 def test_the_public_checks_keep_their_signatures_and_phrases():
-    """journal.py calls these one by one."""
-    assert journal_schema.check_open_trial(None, in_session=True) is None
-    assert journal_schema.check_open_trial({"setting": 1, "phase": "x"}, in_session=False) is None
-    assert journal_schema.check_open_trial({"setting": 1, "phase": "x"}, in_session=True) == \
-        "open trial: 'session' is missing"
-    assert journal_schema.check_trial_record({"setting": 1, "phase": "x"}, 3) == "trial 3: 'verdict' is missing"
-    assert journal_schema.check_trial_record([], 2) == "trial 2 is not an object"
-    assert journal_schema.check_recommendation(None) is None
-    assert journal_schema.check_recommendation(5) == "'recommendation' is not an object"
+    """journal.py calls these, one a kind of file; the phrase names the part of the document that is wrong."""
+    bare_trial = {"setting": 1, "phase": "x"}
+    assert journal_schema.check_guard({"open_trial": bare_trial}) is None  # a guard's trial names no session
+    assert journal_schema.check_journal({**JOURNAL, "open_trial": bare_trial}) == "open trial: 'session' is missing"
+    assert journal_schema.check_journal({**JOURNAL, "trials": [TRIAL, TRIAL, bare_trial]}) == \
+        "trial 3: 'verdict' is missing"
+    assert journal_schema.check_journal({**JOURNAL, "trials": [TRIAL, []]}) == "trial 2 is not an object (got [])"
+    assert journal_schema.check_journal({**JOURNAL, "recommendation": 5}) == \
+        "'recommendation' is not an object (got 5)"
     assert journal_schema.check_guard([]) == "it is not a JSON object"
     assert journal_schema.check_guard({}) == "'open_trial' is missing"
     assert journal_schema.check_journal([]) == "it is not a JSON object"

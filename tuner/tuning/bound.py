@@ -214,17 +214,13 @@ def pooled(evidence: Iterable[Evidence], depth: int, fail_depth: int | None, ste
     the shallowest known failure (it fails; no pass can say otherwise)."""
     if fail_depth is not None and depth >= fail_depth:
         return None
-    by_trial: dict[tuple[int, str], int] = {}
-    order: list[tuple[int, int, str]] = []
+    by_trial: dict[tuple[int, int, str], int] = {}  # (depth, setting, phase) -> steps, in the order first seen
     for e in evidence:
         if not e.passed or not e.steps or e.depth < depth or (fail_depth is not None and e.depth >= fail_depth):
             continue
-        key = (e.setting, e.phase)
-        if key not in by_trial:
-            order.append((e.depth, e.setting, e.phase))
-            by_trial[key] = 0
-        by_trial[key] += e.steps
-    parts = tuple(Contribution(s, ph, by_trial[(s, ph)]) for _d, s, ph in sorted(order, key=lambda t: -t[0]))
+        key = (e.depth, e.setting, e.phase)
+        by_trial[key] = by_trial.get(key, 0) + e.steps
+    parts = tuple(Contribution(s, ph, n) for (_d, s, ph), n in sorted(by_trial.items(), key=lambda t: -t[0][0]))
     return Bound(steps=sum(c.steps for c in parts), step_s=step_s, contributions=parts)
 
 

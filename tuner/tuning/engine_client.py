@@ -176,11 +176,6 @@ class StressResult:
     def passed(self) -> bool:
         return self.verdict == "pass"
 
-    @property
-    def step(self) -> int | None:
-        """The failure step (alias of `failure_step`)."""
-        return self.failure_step
-
 
 # --- the watchdog -----------------------------------------------------------------------------------------
 
@@ -234,11 +229,6 @@ COLLECTIVE_MARGIN_S = 10.0
 # A watchdog poll later than this past its due time means this process did not run meanwhile (it was stopped):
 # the time beyond it is nobody's silence. Generous, so a busy machine's late poll still counts in full.
 OWN_STOP_SLACK_S = 2.0
-
-
-def classify_stderr(text: str) -> str | None:
-    """A device-error label for engine stderr the engine could not report itself, else None."""
-    return match_device_error(text)
 
 
 # --- the run ----------------------------------------------------------------------------------------------
@@ -419,8 +409,8 @@ class StressRun:
             line = line.rstrip("\n")
             with self._lock:
                 self._stderr.append(line)
-                if self._device_error is None:
-                    self._device_error = classify_stderr(line)
+                if self._device_error is None:  # a device error the engine could not report itself
+                    self._device_error = match_device_error(line)
 
     def _progressed(self, ev: Event) -> None:
         """The engine made progress, on its own clock (`ev.t`). Lock held."""
@@ -578,21 +568,9 @@ class StressRun:
         return statistics.median(self._tok_s) if self._tok_s else None
 
 
-def run_stress(config: EngineConfig, *, watchdog: WatchdogPolicy | None = None,
-               on_event: Callable[[Event], None] | None = None) -> StressResult:
-    """Start, deliver events, wait: the simple blocking form."""
-    run = StressRun(config, watchdog=watchdog)
-    try:
-        return run.run(on_event)
-    finally:
-        if run.proc is not None and run.proc.poll() is None:
-            run.stop()
-            run.result()
-
-
 __all__ = [  # the events are tuner.engine.events' (re-exported: every reader of the engine names them from here)
     "COLLECTIVE_MARGIN_S", "DEFAULT_DURATION_S", "SIM_HANG_STEP", "CanaryEvent", "EndEvent", "EngineConfig", "Event",
     "FaultEvent", "GemmEvent", "HeartbeatEvent", "InvalidEvent", "LogEvent", "PhaseEvent", "SegmentEvent",
     "StartEvent", "StepEvent", "StressResult", "StressRun", "UnknownEvent", "WarningEvent", "WatchdogPolicy",
-    "classify_stderr", "default_preset", "engine_request", "fault_seed_for", "parse_event", "run_stress",
+    "default_preset", "engine_request", "fault_seed_for", "parse_event",
 ]

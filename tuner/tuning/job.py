@@ -329,14 +329,13 @@ class BisectJob:
         rig = self._rig = self._prepare(knobs)
         try:
             per_card = self._search(rig, knobs)
+            reasons = {d: o.summary for d, o in per_card.items() if o.recommendation is None}
             if any(o.status == "stopped" for o in per_card.values()) or (rig is not None and self._stop.is_set()):
-                return self._stopped(rig, per_card, {d: o.summary for d, o in per_card.items()
-                                                     if o.recommendation is None})
+                return self._stopped(rig, per_card, reasons)
             if rig is None:
                 own = {d: o.recommendation.setting for d, o in per_card.items() if o.recommendation is not None}
-                return self._finish(None, per_card, own, {d: o.summary for d, o in per_card.items()
-                                                           if o.recommendation is None}, ())
-            return self._confirm(rig, knobs, per_card)
+                return self._finish(None, per_card, own, reasons, ())
+            return self._confirm(rig, knobs, per_card, reasons)
         except BaseException:
             if rig is not None and rig.state != FINISHED:
                 rig.close(INTERRUPTED)
@@ -382,9 +381,8 @@ class BisectJob:
             rig.close(FINISHED, outcome="discarded by --restart")
         if not several:
             return None
-        search = p.search()
-        if search["preset"] is None:
-            search["preset"] = default_preset(self.backend.stress_target(ids[0]))
+        search = {**p.search(), "preset": p.preset if p.preset is not None
+                  else default_preset(self.backend.stress_target(ids[0]))}
         return Journal.create_rig(ids, params=search, stock={d: k.stock for d, k in knobs.items()},
                                   backend=self.backend)
 
@@ -525,9 +523,10 @@ class BisectJob:
             self._changed_outside = self._changed_outside or reason
         self._stop.set()
 
-    def _confirm(self, rig: Journal, knobs: dict[str, Knob], per_card: dict[str, CardOutcome]) -> BisectOutcome:
+    def _confirm(self, rig: Journal, knobs: dict[str, Knob], per_card: dict[str, CardOutcome],
+                 reasons: dict[str, str]) -> BisectOutcome:
+        """The whole-rig confirmation; `reasons`: why each card without a recommendation has none."""
         recs = {d: o.recommendation for d, o in per_card.items() if o.recommendation is not None}
-        reasons = {d: o.summary for d, o in per_card.items() if o.recommendation is None}
         if rig.phase == "search":
             rig.update(phase="baseline" if len(recs) >= 2 else "done",
                        candidates={d: r.setting for d, r in recs.items()},
@@ -757,9 +756,8 @@ class _Search:
             return existing, {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}, True
         if existing is not None and existing.unresolved():
             existing.close(FINISHED, outcome="discarded by --restart")
-        params = p.search()
-        if params["preset"] is None:
-            params["preset"] = default_preset(self.backend.stress_target(self.device_id))
+        params = {**p.search(), "preset": p.preset if p.preset is not None
+                  else default_preset(self.backend.stress_target(self.device_id))}
         j = Journal.create(self.device_id, params=params, knob=knob.to_dict(), serial=device.serial,
                            backend=self.backend)
         self.job._session_opened(self.rig, self.device_id, j.session)
@@ -817,11 +815,8 @@ class _Search:
             if isinstance(decision, Recommend):
                 return self._recommend(decision, j, results, search)
             if isinstance(decision, Stop):
-                failure = BisectFailed(kind=decision.kind, reason=decision.reason, exit_code=exit_codes.TEST_FAILED)
-                self._emit(failure)
-                j.close(FINISHED, outcome=decision.kind, reason=decision.reason)
-                return CardOutcome("failed", exit_codes.TEST_FAILED, j.session, failure=failure,
-                                   trials=tuple(results), params=search)
+                return self._failed(j, results, search, decision.kind, decision.reason, exit_codes.TEST_FAILED,
+                                    FINISHED)
             assert isinstance(decision, NextTrial)
             # the plan never proposes these
             if decision.setting in journal.unsafe_settings(self.device_id, self.backend):
@@ -836,7 +831,7 @@ class _Search:
         reruns = evidence.short_reruns(j.trials, decision.setting, decision.phase)  # too short before: longer
         trial_s = evidence.rerun_duration_s(float(search["trial_s"]), reruns)
         confirm_s = evidence.rerun_duration_s(float(search["confirm_s"]), reruns)
-        baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
+        baseline = stock_baseline(results)
         common = {"phase": decision.phase, "preset": search["preset"], "seed": int(search["seed"]),
                   "dtype": search.get("dtype"), "compile": search.get("compile"), "watchdog": self.job.params.watchdog,
                   "baselines": {d: baseline} if baseline else None, "tolerance": bool(search.get("tolerance"))}
@@ -876,7 +871,7 @@ class _Search:
         tp = self._trial_params(decision, j, results, search)
         if decision.phase != BASELINE and tp.mode != "gemm" and tp.reference_paths is None:
             # the reference was lost (resumed on another machine, state dir cleaned): record it again
-            j.set_field("trials", [r for r in j.trials if r.get("phase") != BASELINE])
+            j.update(trials=[r for r in j.trials if r.get("phase") != BASELINE])
             return None
         with self.job._trial_slot():  # held while paused (Ctrl-Z); counted as running from here
             return self._run_one_now(decision, plan, j, results, search, tp)
@@ -989,7 +984,7 @@ class _Search:
 
     def _recommend(self, d: Recommend, j: Journal, results: list[TrialResult], search: dict) -> CardOutcome:
         knob = self.knob
-        baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
+        baseline = stock_baseline(results)
         measured = _measured_near(d.setting, knob, results)
         gain = None
         if baseline and measured and baseline.tok_per_j and measured.tok_per_j:
@@ -1025,11 +1020,16 @@ def control_steps(failed: TrialResult | None) -> int:
     return at + max(CONTROL_MARGIN_STEPS, int(at * CONTROL_MARGIN_FRACTION))
 
 
+def stock_baseline(results: Sequence[TrialResult]) -> TrialResult | None:
+    """The card's last passing baseline at stock: what efficiency, the clock lock and the replay are measured by."""
+    return next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
+
+
 def lock_at_baseline_clock(backend: Backend, device_id: str, results: Sequence[TrialResult]) -> None:
     """NVIDIA: lock at the clock the card sustained under its passing stock baseline, not the V/F table top (which
     caps nothing). Every trial of a card's search and every rig run on it is made at this lock; the lock is the
     process's choice, so a resumed session sets it again from the journal's baseline. No-op on other cards."""
-    baseline = next((r for r in reversed(results) if r.phase == BASELINE and r.passed), None)
+    baseline = stock_baseline(results)
     if baseline is not None and baseline.median_core_clock_mhz:
         backend.lock_at_measured_clock(device_id, baseline.median_core_clock_mhz)
 

@@ -99,14 +99,6 @@ def guard_path(device_id: str) -> Path:
     return journal_dir() / f"{_safe_name(device_id)}.guard.json"
 
 
-def current_boot_id() -> str | None:
-    """This boot's id, or None if unreadable (tuner.core.kernel_files: the one reader, the root helper's too)."""
-    return kernel_files.boot_id()
-
-
-pid_alive = processes.pid_alive  # the journal's owner check (kept as a name here: callers use journal.pid_alive)
-
-
 def new_session_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
@@ -134,14 +126,14 @@ def classify_open_trial(trial: Mapping[str, object]) -> Owner:
     since, so the tool died. Otherwise a boot id unreadable (now or then): a reset cannot be ruled out, and a live
     pid proves nothing (after a reset its number may be anyone's; at boot the low numbers are all taken), so fail
     closed. Both known and equal: a live process is running it, a dead one died."""
-    boot, theirs, pid = current_boot_id(), trial.get("boot_id"), trial.get("pid")
-    if boot is not None and theirs is not None and theirs != boot:
+    ours, theirs, pid = kernel_files.boot_id(), trial.get("boot_id"), trial.get("pid")
+    if ours is not None and theirs is not None and theirs != ours:
         return Owner.EARLIER_BOOT
     if pid == os.getpid():
         return Owner.TOOL_DIED
-    if boot is None or theirs is None:
+    if ours is None or theirs is None:
         return Owner.UNKNOWN_BOOT
-    return Owner.RUNNING if pid_alive(pid) else Owner.TOOL_DIED
+    return Owner.RUNNING if processes.pid_alive(pid) else Owner.TOOL_DIED
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
@@ -151,6 +143,21 @@ _MOVE_ASIDE = ("check it, then move it aside (the unsafe list is kept separately
 
 def _damaged(path: Path, problem: str, remedy: str = _MOVE_ASIDE) -> DamagedState:
     return DamagedState(f"{path} is damaged ({problem})", f"nothing was written to the card; {remedy}")
+
+
+@contextlib.contextmanager
+def _writing(path: Path, what: str = "write", *, refused: str | None = None,
+             remedy: str = "check XDG_STATE_HOME and free disk space") -> Iterator[None]:
+    """Around a write of `path`: a full disk is the one DiskFull naming it (`what`: "write", "append to"); any other
+    OSError becomes StateError(`refused`: the error's text after it), or is raised as it is when `refused` is None."""
+    try:
+        yield
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full(path, what) from None
+        if refused is None:
+            raise
+        raise StateError(f"{refused}: {e.strerror}", remedy) from None
 
 
 def _read_json(path: Path) -> dict | None:
@@ -259,7 +266,7 @@ def machine_trial_open_at_previous_boot(state_dir: Path | None = None) -> dict |
     state = MachineState(state_dir or paths.system_state_dir())
     if not state.root.is_dir():
         return None
-    boot_id = current_boot_id()
+    boot_id = kernel_files.boot_id()
     try:
         recovered = state.failed_trial_recovered_in(boot_id)
         still_open = [t for t in state.open_trials().values() if boot_id is None or t.boot_id != boot_id]
@@ -362,12 +369,8 @@ def clear_unsafe(device_id: str, setting: int | None = None, backend: Backend | 
     kept = [e for e in entries if e not in removed]
     path = unsafe_path(device_id)
     data = "".join(json.dumps(e, sort_keys=True) + "\n" for e in kept).encode()
-    try:
+    with _writing(path, refused=f"cannot write the unsafe list {path}", remedy="fix its permissions"):
         write_atomic(path, data)
-    except OSError as e:
-        if is_disk_full(e):
-            raise disk_full(path) from None
-        raise StateError(f"cannot write the unsafe list {path}: {e.strerror}", "fix its permissions") from None
     return removed + machine
 
 
@@ -407,16 +410,12 @@ def add_unsafe(device_id: str, setting: int, *, unit: str, kind: str, reason: st
         "reason": reason,
         "edge": edge,
         "session": session,
-        "boot_id": current_boot_id(),
+        "boot_id": kernel_files.boot_id(),
         "recorded_at": time.time(),
         "kernel_log": list(kernel_log or [])[-20:],
     }
-    try:
+    with _writing(unsafe_path(device_id), "append to"):
         append_durable(unsafe_path(device_id), json.dumps(entry, sort_keys=True))
-    except OSError as e:
-        if is_disk_full(e):
-            raise disk_full(unsafe_path(device_id), "append to") from None
-        raise
     return entry
 
 
@@ -481,15 +480,11 @@ def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "veri
     recover_stale_guard(device_id, unit)
     if backend is not None:
         backend.trial_begin(device_id, setting, phase)
-    trial = {"device": device_id, "setting": setting, "phase": phase, "boot_id": current_boot_id(),
+    trial = {"device": device_id, "setting": setting, "phase": phase, "boot_id": kernel_files.boot_id(),
              "pid": os.getpid(), "started_at": time.time()}
     try:
-        try:
+        with _writing(guard_path(device_id)):
             write_atomic(guard_path(device_id), json.dumps({"open_trial": trial}, sort_keys=True).encode())
-        except OSError as e:
-            if is_disk_full(e):
-                raise disk_full(guard_path(device_id)) from None
-            raise
         try:
             yield trial
         finally:
@@ -534,7 +529,7 @@ class Journal:
     @staticmethod
     def _new(session: str, **fields: object) -> dict:
         return {"version": JOURNAL_VERSION, "session": session, "state": ACTIVE, "pid": os.getpid(),
-                "boot_id": current_boot_id(), "created_at": time.time(), "updated_at": time.time(),
+                "boot_id": kernel_files.boot_id(), "created_at": time.time(), "updated_at": time.time(),
                 "open_trial": None, **fields}
 
     @classmethod
@@ -591,13 +586,8 @@ class Journal:
     # writing
     def _save(self) -> None:
         self.doc["updated_at"] = time.time()
-        try:
+        with _writing(self.path, refused=f"cannot write the tuning journal {self.path}"):
             write_atomic(self.path, json.dumps(self.doc, indent=1, sort_keys=True, default=str).encode())
-        except OSError as e:
-            if is_disk_full(e):
-                raise disk_full(self.path) from None
-            raise StateError(f"cannot write the tuning journal {self.path}: {e.strerror}",
-                             "check XDG_STATE_HOME and free disk space") from None
 
     def log(self, event: str, **fields: object) -> None:
         """A line of the card's event log (a rig's journal has none)."""
@@ -606,24 +596,16 @@ class Journal:
         path = log_path(self.device_id)
         line = json.dumps({"time": time.time(), "event": event, "session": self.session, **fields},
                           sort_keys=True, default=str)
-        try:
+        with _writing(path, "append to", refused=f"cannot append to {path}"):
             append_durable(path, line)
-        except OSError as e:
-            if is_disk_full(e):
-                raise disk_full(path, "append to") from None
-            raise StateError(f"cannot append to {path}: {e.strerror}",
-                             "check XDG_STATE_HOME and free disk space") from None
 
     def update(self, **fields: object) -> None:
         self.doc.update(fields)
         self._save()
 
-    def set_field(self, key: str, value: object) -> None:
-        self.update(**{key: value})
-
     def claim(self) -> None:
         """This process now runs the session (on resume)."""
-        self.update(state=ACTIVE, pid=os.getpid(), boot_id=current_boot_id())
+        self.update(state=ACTIVE, pid=os.getpid(), boot_id=kernel_files.boot_id())
         self.log("session_resumed", pid=os.getpid())
 
     def _trial_settings(self, trial: Mapping[str, object] | None) -> dict[str, int]:
@@ -641,7 +623,7 @@ class Journal:
         `settings`. Call before applying anything. The machine's state (`backend.trial_begin`, the root helper's
         journal) hears of it first: a card another user holds is refused before anything is written here."""
         mine = {} if self.device_id is None else {"session": self.session, "device": self.device_id}
-        trial = {**mine, "phase": phase, **what, "boot_id": current_boot_id(), "pid": os.getpid(),
+        trial = {**mine, "phase": phase, **what, "boot_id": kernel_files.boot_id(), "pid": os.getpid(),
                  "started_at": time.time()}
         begun: list[str] = []
         try:

@@ -173,34 +173,18 @@ def _subject(path: tuple[str | int, ...]) -> str:
     return f"{label}: {quoted}" if label and quoted else label or quoted
 
 
-def _problem(doc: object, type_: type[_Doc], *, at: tuple[str | int, ...] = ()) -> str | None:
-    """None when `doc` fits `type_`, else the phrase; `at`: where `doc` sits in its file."""
+def _problem(doc: object, type_: type[_Doc]) -> str | None:
+    """None when the document `doc` fits `type_`, else the phrase."""
     if not isinstance(doc, dict):
-        return f"{_subject(at)} is not a JSON object" if not at else f"{_subject(at)} is not an object"
+        return "it is not a JSON object"
     try:
         fit(doc, type_, JSON)
     except Misfit as m:
-        subject = _subject((*at, *m.path))
+        subject = _subject(m.path)
         if m.kind == "missing":
             return f"{subject} is missing"
         return f"{subject} is not {m.expected} (got {m.value!r:.40})"
     return None
-
-
-def check_open_trial(trial: object, *, in_session: bool) -> str | None:
-    """The `open_trial` of a journal (`in_session`) or of a guard file."""
-    if trial is None:
-        return None
-    return _problem(trial, SessionOpenTrial if in_session else OpenTrial, at=("open_trial",))
-
-
-def check_trial_record(record: object, index: int) -> str | None:
-    """The trial numbered `index` (from 1) of a journal."""
-    return _problem(record, TrialRecord, at=("trials", index - 1))
-
-
-def check_recommendation(rec: object) -> str | None:
-    return None if rec is None else _problem(rec, Recommendation, at=("recommendation",))
 
 
 def check_journal(doc: object, *, reference_name: str | None = None) -> str | None:

@@ -103,8 +103,7 @@ class KernelLogWatcher:
     log) is an AttributeError, not a callback nobody calls.
     """
 
-    __slots__ = ("_close", "_events", "_lock", "_source", "_thread", "_warn", "available", "on_event", "pci_bus_id",
-                 "source_name")
+    __slots__ = ("_close", "_events", "_lock", "_source", "_thread", "_warn", "available", "on_event", "pci_bus_id")
 
     def __init__(self, pci_bus_id: str | None = None, *, warn: Callable[[str], None] | None = None,
                  on_event: Callable[[KernelEvent], None] | None = None,
@@ -118,7 +117,6 @@ class KernelLogWatcher:
         self._thread: threading.Thread | None = None
         self._close: Callable[[], None] | None = None
         self.available = False
-        self.source_name = "none"
 
     def start(self) -> KernelLogWatcher:
         opened = self._source()
@@ -129,7 +127,6 @@ class KernelLogWatcher:
             return self
         lines, self._close = opened
         self.available = True
-        self.source_name = getattr(lines, "name", "kernel log")
         self._thread = threading.Thread(target=self._pump, args=(lines,), name="kernel-log", daemon=True)
         self._thread.start()
         return self
@@ -137,13 +134,7 @@ class KernelLogWatcher:
     def _pump(self, lines: Iterable[str]) -> None:
         try:
             for line in lines:
-                event = classify_line(line, self.pci_bus_id)
-                if event is None:
-                    continue
-                with self._lock:
-                    self._events.append(event)
-                if self.on_event:
-                    self.on_event(event)
+                self.feed(line)
         except (OSError, ValueError):
             pass
 
@@ -189,8 +180,6 @@ LiveSource = tuple[Iterable[str], Callable[[], None]]  # the lines, and how to s
 
 
 class _JournalctlLines:
-    name = "journalctl -k -f"
-
     def __init__(self, proc: subprocess.Popen[str]):
         self.proc = proc
 
@@ -228,8 +217,6 @@ def _open_journalctl() -> LiveSource | None:
 
 
 class _KmsgLines:
-    name = "/dev/kmsg"
-
     def __init__(self, fd: int):
         self.fd = fd
         self.closed = threading.Event()

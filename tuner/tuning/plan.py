@@ -94,10 +94,6 @@ class PlanParams:
     trial_s: float | None = None
     min_confirm_load_s: float = MIN_CONFIRM_LOAD_S
 
-    @property
-    def sized(self) -> bool:
-        return self.bound_s is not None
-
     @classmethod
     def defaults_for(cls, knob: Knob, *, step: int | None = None, resolution: int | None = None,
                      margin: int | None = None, floor: int | None = None, replay_baseline: bool = False,
@@ -269,7 +265,7 @@ class BisectPlan:
     # --- the state machine ------------------------------------------------------------------------------------
     def decide(self, results: Sequence[PlanResult]) -> Decision:
         decision = self._decide(results)
-        if isinstance(decision, NextTrial) and self.params.sized:
+        if isinstance(decision, NextTrial) and self.params.bound_s is not None:
             return self._sized(decision, [r for r in results if r.verdict != INCONCLUSIVE])
         return decision
 
@@ -309,10 +305,7 @@ class BisectPlan:
             if control is not None:
                 return control
 
-        fails_k = [self.k_of(r.setting) for r in trials if r.verdict == FAIL]
-        fail_k = min([k for k in fails_k if k is not None] + self.unsafe_k, default=None)
-        passes_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == PASS) if k is not None]
-        lo = max([0] + [k for k in passes_k if fail_k is None or k < fail_k])
+        lo, fail_k = self._bracket(trials)
         hi = fail_k if fail_k is not None and fail_k <= self.k_max else None  # the bracket's failing end
 
         # coarse descent
@@ -329,8 +322,7 @@ class BisectPlan:
             if gaps >= 1:
                 return NextTrial(self.value(lo + ((gaps + 1) // 2) * self.res_k), REFINE)
         # confirm (a value at or beyond a failure is never the confirmed one, whatever passed there before)
-        confirmed_ok = [k for k in (self.k_of(r.setting) for r in confirms if r.verdict == PASS)
-                        if k is not None and (fail_k is None or k < fail_k)]
+        confirmed_ok = self._passes_k(confirms, fail_k)
         if confirmed_ok:
             c_k = confirmed_ok[-1]
             if self._top_up(c_k, confirms, results):
@@ -388,22 +380,29 @@ class BisectPlan:
     def _edge(self, trials: Sequence[PlanResult]) -> bool:
         return self.unsafe_edge or any(r.edge or r.kind in EDGE_KINDS for r in trials if r.verdict == FAIL)
 
-    def _fail_k(self, trials: Sequence[PlanResult]) -> int | None:
-        fails_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == FAIL) if k is not None]
-        return min(fails_k + self.unsafe_k, default=None)
+    def _ks(self, trials: Sequence[PlanResult], verdict: str) -> list[int]:
+        """Steps from stock of the trials with `verdict` (overvolts left out)."""
+        return [k for k in (self.k_of(r.setting) for r in trials if r.verdict == verdict) if k is not None]
 
-    def _rec_k(self, confirmed_k: int | None, trials: Sequence[PlanResult]) -> int:
-        margin = self.params.edge_margin if self._edge(trials) else self.params.margin
-        return 0 if confirmed_k is None else max(0, confirmed_k - margin // self.knob.step)
+    def _fail_k(self, trials: Sequence[PlanResult]) -> int | None:
+        return min(self._ks(trials, FAIL) + self.unsafe_k, default=None)
+
+    def _bracket(self, trials: Sequence[PlanResult]) -> tuple[int, int | None]:
+        """(the deepest pass shallower than the first failure, or stock; the first failure, trial or unsafe list)."""
+        fail_k = self._fail_k(trials)
+        return max([0, *self._passes_k(trials, fail_k)]), fail_k
+
+    def _passes_k(self, trials: Sequence[PlanResult], fail_k: int | None) -> list[int]:
+        """Steps from stock of the passes shallower than `fail_k` (a value at or beyond a failure never counts)."""
+        return [k for k in self._ks(trials, PASS) if fail_k is None or k < fail_k]
 
     def _recommend(self, confirmed_k: int | None, results: Sequence[PlanResult]) -> Recommend:
         trials = [r for r in results if r.phase not in STOCK_PHASES]
         edge = self._edge(trials)
         margin = self.params.edge_margin if edge else self.params.margin
         fail_k = self._fail_k(trials)
-        passes_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == PASS and r.phase != CONFIRM)
-                    if k is not None and (fail_k is None or k < fail_k)]
-        rec_k = self._rec_k(confirmed_k, trials)
+        passes_k = self._passes_k([r for r in trials if r.phase != CONFIRM], fail_k)
+        rec_k = 0 if confirmed_k is None else max(0, confirmed_k - margin // self.knob.step)
         return Recommend(
             setting=self.value(rec_k),
             confirmed=None if confirmed_k is None else self.value(confirmed_k),
@@ -440,7 +439,7 @@ class BisectPlan:
     def _top_up(self, c_k: int, confirms: Sequence[PlanResult], results: Sequence[PlanResult]) -> bool:
         """A passing confirmation that fell short of the bound asked for (it ran fewer steps than asked) runs on
         at the same value, while each pass added steps, at most MAX_CONFIRM_PASSES passes."""
-        if not self.params.sized or self.params.bound_s is None:
+        if self.params.bound_s is None:
             return False
         passes = [r for r in confirms if r.verdict == PASS and self.k_of(r.setting) == c_k]
         if not passes[-1].steps or len(passes) >= MAX_CONFIRM_PASSES:
@@ -496,11 +495,7 @@ class BisectPlan:
             return 1 + refine // 2, 1
         if decision.phase == CONFIRM:
             return 0, 1
-        trials = [r for r in results if r.verdict != INCONCLUSIVE and r.phase not in STOCK_PHASES]
-        fails_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == FAIL) if k is not None]
-        fail_k = min(fails_k + self.unsafe_k, default=None)
-        passes_k = [k for k in (self.k_of(r.setting) for r in trials if r.verdict == PASS) if k is not None]
-        lo = max([0] + [k for k in passes_k if fail_k is None or k < fail_k])
+        lo, fail_k = self._bracket([r for r in results if r.verdict != INCONCLUSIVE and r.phase not in STOCK_PHASES])
         end_k = self.k_max if fail_k is None else min(self.k_max, fail_k - 1)
         coarse = max(1, -(-(end_k - lo) // self.coarse_k))  # ceil: coarse trials left down to the bound
         if decision.phase == COARSE:

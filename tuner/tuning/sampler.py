@@ -10,8 +10,7 @@ import itertools
 import statistics
 import threading
 from collections import deque
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from tuner.backends.base import Backend
 from tuner.core.errors import DeviceLost, TunerError
@@ -23,11 +22,9 @@ class TelemetrySummary:
     samples: int
     duration_s: float
     mean_power_w: float | None
-    max_power_w: float | None
     max_temp_edge_c: float | None
     max_temp_hotspot_c: float | None
     max_temp_mem_c: float | None
-    mean_core_clock_mhz: float | None
     mean_voltage_mv: float | None
     energy_j: float | None
     median_core_clock_mhz: float | None = None  # the clock the card sustained (NVIDIA: the lock for a bisect)
@@ -40,11 +37,6 @@ class TelemetrySummary:
     def max_temp_c(self) -> float | None:
         temps = [t for t in (self.max_temp_edge_c, self.max_temp_hotspot_c, self.max_temp_mem_c) if t is not None]
         return max(temps) if temps else None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["max_temp_c"] = self.max_temp_c
-        return d
 
 
 def _mean(values: list[float]) -> float | None:
@@ -69,11 +61,9 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
         samples=len(samples),
         duration_s=duration_s,
         mean_power_w=_mean(power),
-        max_power_w=max(power) if power else None,
         max_temp_edge_c=max(col("temp_edge_c"), default=None),
         max_temp_hotspot_c=max(col("temp_hotspot_c"), default=None),
         max_temp_mem_c=max(col("temp_mem_c"), default=None),
-        mean_core_clock_mhz=_mean(col("core_clock_mhz")),
         mean_voltage_mv=_mean(col("voltage_mv")),
         energy_j=energy_j,
         median_core_clock_mhz=statistics.median(col("core_clock_mhz")) if col("core_clock_mhz") else None,
@@ -133,16 +123,15 @@ class TelemetrySampler:
     it back (`backend.knob`), and the first other value is kept in `setting_changed` (a line naming it); the
     sampler goes on, the trial decides."""
 
-    def __init__(self, backend: Backend, device_id: str, *, interval_s: float = 1.0, maxlen: int = 4 * 3600,
-                 on_sample: Callable[[Telemetry], None] | None = None, expected_setting: int | None = None):
+    def __init__(self, backend: Backend, device_id: str, *, interval_s: float = 1.0,
+                 expected_setting: int | None = None):
         self.backend, self.device_id, self.interval_s = backend, device_id, interval_s
-        self.samples: deque[Telemetry] = deque(maxlen=maxlen)
+        self.samples: deque[Telemetry] = deque(maxlen=4 * 3600)  # four hours at 1 Hz
         self.device_lost: str | None = None
         self.error: str | None = None
         self.expected_setting = expected_setting
         self.setting_changed: str | None = None
         self.read_back_problem: str | None = None  # a read-back that failed (the first): the trial warns
-        self._on_sample = on_sample
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
@@ -169,8 +158,6 @@ class TelemetrySampler:
         with self._lock:
             self.samples.append(sample)
         self.check_setting()
-        if self._on_sample:
-            self._on_sample(sample)
         return sample
 
     def check_setting(self) -> None:

@@ -113,13 +113,9 @@ def trial_request(target: StressTarget, params: TrialParams, device_id: str, set
         tolerance=params.tolerance, verify_repeatable=params.verify_repeatable, compile=params.compile, **extra)
 
 
-def same_bus(a: str | None, b: str | None) -> bool:
-    if not a or not b:
-        return True
-    def norm(s: str) -> str:
-        parts = s.lower().split(":")
-        return ":".join(parts[-2:]) if len(parts) >= 2 else s.lower()
-    return norm(a) == norm(b)
+def same_bus(a: str, b: str) -> bool:
+    """`0000:03:00.0` matches `03:00.0` (a domain or not): the last two parts of the address, in any case."""
+    return a.lower().split(":")[-2:] == b.lower().split(":")[-2:]
 
 
 class _Card:
@@ -318,7 +314,9 @@ def _owner(event: kernel_log.KernelEvent, cards: Mapping[str, _Card]) -> str | N
 def _join_followers(cards: Mapping[str, _Card]) -> None:
     for c in cards.values():
         if c.follower is not None:
-            end_thread(c.done, c.follower)
+            c.done.set()
+            if c.follower.is_alive():
+                c.follower.join(timeout=5.0)
 
 
 def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[TrialEvent], None],
@@ -405,12 +403,6 @@ def end_load(backend: Backend, device_id: str) -> None:
         backend.note_load(device_id, False)
     except TunerError:
         pass  # the load marker is advisory (the simulated card's telemetry); the reset that follows is not
-
-
-def end_thread(done: threading.Event, thread: threading.Thread) -> None:
-    done.set()
-    if thread.is_alive():
-        thread.join(timeout=5.0)
 
 
 def bounded_result(run: sc.StressRun, watchdog: WatchdogPolicy) -> StressResult | None:
