@@ -291,17 +291,15 @@ class RigChange:
         try:  # every card's lock first: a card someone else is changing refuses the rig before any write
             for _part, request in self.requests:
                 locks.append(CardLock(request.device_id, purpose).acquire())
-            # a part that sets a lock clock (NVIDIA) reverts to the lock its card had, as `set --lock-mhz` does
-            previous_locks = [backend.knob(r.device_id).lock_clock_mhz if r.lock_clock_mhz is not None else None
-                              for _p, r in self.requests]
         except BaseException:
             for lock in locks:
                 lock.release()
             raise
         self._locks = locks
+        # a part that sets a lock clock (NVIDIA) reverts to the lock its card had, as `set --lock-mhz` does
         self.changes = [PendingChange(backend, r.device_id, r.value, timeout_s=timeout_s, clock=clock, lock=lock,
-                                      previous_lock_clock_mhz=previous)
-                        for (_p, r), lock, previous in zip(self.requests, locks, previous_locks, strict=True)]
+                                      lock_clock_mhz=r.lock_clock_mhz)
+                        for (_p, r), lock in zip(self.requests, locks, strict=True)]
         self.kept = False
         self.reverted = False
         self._deadline: float | None = None
@@ -327,34 +325,20 @@ class RigChange:
     def apply(self) -> dict[str, Knob]:
         for (part, request), change in zip(self.requests, self.changes, strict=True):
             try:
-                if request.lock_clock_mhz is not None:
-                    self.backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
-                change.apply()
+                change.apply()  # the lock clock first; one the value did not take is put back
             except TunerError as e:
                 done = [c.device_id for c in self.changes if c.pending]
-                self._unchoose_lock(change)
                 self._release_unapplied()
                 self.revert()
                 back = f"; {', '.join(done)} put back as before" if done else ""
                 raise RigApplyFailed.of(e, f"{self.plan.profile.name!r} {part.label} on {request.device_id}",
                                         back) from e
             except BaseException:
-                self._unchoose_lock(change)
                 self._release_unapplied()
                 self.revert()
                 raise
         self._deadline = self._clock() + self.timeout_s
         return self.applied
-
-    def _unchoose_lock(self, change: PendingChange) -> None:
-        """The part that failed before its value took: the lock clock chosen for it goes back to the card's own
-        (a later write in this process would otherwise lock at the profile's clock)."""
-        previous = change.previous_lock_clock_mhz
-        if change.applied is None and previous is not None:
-            try:
-                self.backend.set_lock_clock(change.device_id, previous)  # type: ignore[attr-defined]
-            except TunerError:
-                pass  # the cause of the failure is what the user needs; the card itself was not written
 
     def _release_unapplied(self) -> None:
         """The parts never applied no longer need their card."""
