@@ -29,7 +29,6 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import Profile, ProfilePart, evidence
 from tuner.profiles.identity import Match, MatchResult, fingerprint, match_device
-from tuner.tuning import journal
 
 
 @dataclass(frozen=True)
@@ -48,17 +47,17 @@ class ProfileApply:
     def value(self) -> int:
         return self.profile.setting.value
 
-    @property
-    def lock_clock_mhz(self) -> int | None:
-        """The lock clock to set before the value (None: nothing to change)."""
-        lock = self.profile.setting.lock_clock_mhz
-        return lock if lock is not None and lock != self.knob.lock_clock_mhz else None
-
     def set_request(self, backend: Backend) -> SetRequest:
         """The value as a `set` request, with the profile's lock clock where the backend can set it: for
         `prepare_setting`, which checks everything again before it writes (the card may have changed since)."""
-        lock = self.lock_clock_mhz if can_lock_clock(backend, self.knob) else None
-        return SetRequest(self.device.id, self.value, lock_clock_mhz=lock)
+        return SetRequest(self.device.id, self.value, lock_clock_mhz=_lock_to_set(self.profile, self.knob, backend))
+
+
+def _lock_to_set(profile: Profile | ProfilePart, knob: Knob, backend: Backend) -> int | None:
+    """The lock clock to set before the value: the profile's, where it differs from the card's and the backend can
+    set it (None: nothing to change)."""
+    lock = profile.setting.lock_clock_mhz
+    return lock if lock != knob.lock_clock_mhz and can_lock_clock(backend, knob) else None
 
 
 def pick_profile_device(profile: Profile, backend: Backend, device_id: str | None) -> DeviceInfo:
@@ -98,11 +97,9 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
     if verify_required and not verify:
         raise UsageError(f"{name!r} was proven on another card: {result.reason}; nothing was applied",
                          "pass --verify 5m to test it on this card first (reverted on failure), or --force")
-    value = profile.setting.value
-    knob.validate(value)  # range, step, no overvolt (a profile never overvolts, --force or not)
-    journal.check_safety_state(device.id, backend)  # damaged safety files block even --ignore-unsafe (fail closed)
-    if not ignore_unsafe:
-        journal.refuse_unsafe(device.id, knob, value, backend)
+    # range, step, no overvolt (a profile never overvolts, --force or not), damaged safety files (even with
+    # --ignore-unsafe: fail closed), the unsafe list
+    check_setting(backend, SetRequest(device.id, profile.setting.value, ignore_unsafe=ignore_unsafe))
     warnings = list(result.warnings)
     if result.match is not Match.SAME_CARD:
         warnings.insert(0, result.reason)
@@ -115,8 +112,8 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
 def set_profile_lock_clock(backend: Backend, plan: ProfileApply) -> str | None:
     """NVIDIA: the offset was proven at a locked max clock; lock to it before the value (as `set --lock-mhz`).
     Returns what was done, for the front end to say."""
-    lock = plan.lock_clock_mhz
-    if lock is None or not can_lock_clock(backend, plan.knob):
+    lock = _lock_to_set(plan.profile, plan.knob, backend)
+    if lock is None:
         return None
     backend.set_lock_clock(plan.device.id, lock)  # type: ignore[attr-defined]
     return f"{plan.device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)"
@@ -161,10 +158,8 @@ class RigPartApply:
     def set_request(self, backend: Backend, *, ignore_unsafe: bool = False) -> SetRequest:
         """The part as a `set` request, with its lock clock where the backend can set it."""
         assert self.device is not None and self.knob is not None, "a skipped part has nothing to set"
-        lock = self.part.setting.lock_clock_mhz
-        if lock == self.knob.lock_clock_mhz or not can_lock_clock(backend, self.knob):
-            lock = None
-        return SetRequest(self.device.id, self.value, ignore_unsafe=ignore_unsafe, lock_clock_mhz=lock)
+        return SetRequest(self.device.id, self.value, ignore_unsafe=ignore_unsafe,
+                          lock_clock_mhz=_lock_to_set(self.part, self.knob, backend))
 
     def to_dict(self) -> dict:
         return {"card": self.index, "device": self.device.to_dict() if self.device else None,
