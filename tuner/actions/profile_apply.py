@@ -9,7 +9,7 @@ card's current range, on its step, and never overvolts.
 A rig profile (one part per card) goes through `plan_rig_apply` (every part checked, nothing written; each part's
 card found by serial, then PCI slot; a missing or different card refused unless `force`) and `prepare_rig_apply`
 (one `RigChange`: all cards applied in turn, the applied ones put back if a later one fails, one keep-or-revert
-for the whole rig), or `apply_rig_now` where nobody confirms. The single-card planner refuses a rig profile.
+for the whole rig). The single-card planner refuses a rig profile.
 """
 
 from __future__ import annotations
@@ -390,12 +390,3 @@ def prepare_rig_apply(backend: Backend, plan: RigApply, *, ignore_unsafe: bool =
             raise RigPartError.of(e, f"{plan.profile.name!r} {part.label} on {request.device_id}") from None
     return RigChange(backend, plan, ignore_unsafe=ignore_unsafe, timeout_s=timeout_s, clock=clock,
                      purpose=purpose or f"tuner apply {plan.profile.name}")
-
-
-def apply_rig_now(backend: Backend, plan: RigApply, *, ignore_unsafe: bool = False) -> dict[str, Knob]:
-    """Apply every part with no prompt (`apply --yes`, the boot service's rig path does its own): all parts or,
-    when one fails, none (RigApplyFailed after the others were put back). Returns each card's knob, read back."""
-    change = prepare_rig_apply(backend, plan, ignore_unsafe=ignore_unsafe)
-    applied = change.apply()
-    change.keep()
-    return applied
