@@ -23,7 +23,7 @@ from typing import Any
 from tuner.actions import other_tools
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
 from tuner.backends.base import Backend
-from tuner.backends.helper_client import HelperRefused, HelperUnreachable, connect
+from tuner.backends.helper_client import HelperUnreachable, connect
 from tuner.core import paths, system_units, torch_build
 from tuner.core.privileges import EngineIdentity, engine_identity
 from tuner.profiles import boot as boot_rules
@@ -316,9 +316,7 @@ def check_helper() -> Check:
                      "install tuner-helper to tune as yourself (docs/helper.md)")
     try:
         connection, hello = connect(path, client="tuner doctor")
-    except HelperRefused as e:
-        return Check("helper", WARN, e.message, e.remedy)
-    except HelperUnreachable as e:
+    except HelperUnreachable as e:  # not there, or it refused this user (HelperRefused)
         return Check("helper", WARN, e.message, e.remedy)
     connection.close()
     what = "SIMULATED cards" if hello.simulated else f"{hello.backend} cards"
@@ -439,8 +437,6 @@ def check_system_install(systemd_dir: Path | None = None, group_exists: Callable
 
 
 def _group_exists(name: str) -> bool:
-    import grp
-
     try:
         grp.getgrnam(name)
     except KeyError:

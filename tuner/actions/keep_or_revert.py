@@ -12,7 +12,6 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from types import TracebackType
 from typing import Self
 
 from tuner.backends.base import Backend
@@ -67,10 +66,6 @@ class PendingChange:
         self.restore_note: str | None = None  # why the card went to stock instead of the previous value
         self.kept = False
         self._deadline: float | None = None
-
-    @property
-    def previous(self) -> int | None:
-        return None if self.before is None else self.before.current
 
     @property
     def device_ids(self) -> tuple[str, ...]:
@@ -197,7 +192,6 @@ class PendingChange:
                 raise
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.pending:
             self.revert()

@@ -275,8 +275,6 @@ class CardScreen:
             return replace(run, outcome=at.FAULT, kind="held-out-loss", reason=comparison.text()), []
         return replace(run, outcome=at.ERROR, reason=f"inconclusive: {comparison.text()}"), []
 
-    tolerance: PairedComparison | None = None
-
     def _counters(self) -> ErrorCounters:
         try:
             return self.backend.error_counters(self.device_id)
