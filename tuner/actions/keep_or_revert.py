@@ -52,8 +52,8 @@ class PendingChange:
         self.backend, self.device_id, self.value = backend, device_id, value
         self._lock = lock  # the card's writer lock, held until the change is kept or reverted
         self.allow_overvolt = allow_overvolt
-        # NVIDIA: a max graphics clock apply() locks before the value (a rig's part, a screen's profile); None: the
-        # lock stays as it is (`set --lock-mhz` locks it before the change, giving the previous one)
+        # NVIDIA: a max graphics clock apply() locks before the value (a rig's part, a screen's profile); None:
+        # apply() leaves the lock alone (prepare_setting locks it for `set --lock-mhz` and passes the previous one)
         self.lock_clock_mhz = lock_clock_mhz
         # NVIDIA: the lock clock in force before this change chose a new one (read by apply() when it locks); a
         # revert sets it back before restoring the value, so the card is not left locked at an unconfirmed clock
