@@ -227,8 +227,8 @@ def test_a_signal_at_the_prompt_reverts_every_card():
 
 
 def test_the_action_api_applies_all_or_none(monkeypatch):
-    """What the UI calls: plan_rig_apply, then apply_rig_now (no prompt) or prepare_rig_apply (keep-or-revert)."""
-    from tuner.actions.profile_apply import RigApplyFailed, apply_rig_now, plan_rig_apply, prepare_rig_apply
+    """What the UI and the CLI call: plan_rig_apply, then prepare_rig_apply (keep-or-revert), kept or not."""
+    from tuner.actions.profile_apply import RigApplyFailed, plan_rig_apply, prepare_rig_apply
 
     profile = save_rig()
     backend = sim(gpus=3)
@@ -239,7 +239,9 @@ def test_the_action_api_applies_all_or_none(monkeypatch):
     with change:
         assert settings() == [-40, -55, -30] and change.pending and not change.expired()
     assert settings() == [0, 0, 0] and {k.current for k in change.reverted_to.values()} == {0}
-    knobs = apply_rig_now(backend, plan)
+    change = prepare_rig_apply(backend, plan)
+    knobs = change.apply()
+    change.keep()
     assert {dev: k.current for dev, k in knobs.items()} == {"sim0": -40, "sim1": -55, "sim2": -30}
 
     for device_id in ("sim0", "sim1", "sim2"):
@@ -252,7 +254,7 @@ def test_the_action_api_applies_all_or_none(monkeypatch):
 
     monkeypatch.setattr(SimulatedBackend, "apply", apply_fails_on_sim2)
     with pytest.raises(RigApplyFailed, match=r"card\[2\].*sim2: refused; sim0, sim1 put back as before") as info:
-        apply_rig_now(backend, plan)
+        prepare_rig_apply(backend, plan).apply()
     assert info.value.exit_code == exit_codes.HARDWARE
     assert settings() == [0, 0, 0]
 

@@ -135,19 +135,12 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
     if not ready(backend):
         say(f"waited {waited:g} s (at most {wait_s:g}, --boot-wait) for every profile's card; applying to the "
             "cards that are here")
-    found = _other_tools(backend)
+    found = other_tools.detect_for(backend.devices())
     results: list[BootCardResult] = []
     for p in profiles:
         results += _apply_rig(p, backend, say, found) if p.is_rig else [_apply_single(p, backend, say, found)]
     worst = next((r.exit_code for r in results if r.exit_code), exit_codes.OK)
     return BootReport(None, tuple(results), worst, tuple(lines), mode, waited)
-
-
-def _other_tools(backend: Backend) -> list[other_tools.Found]:
-    """The other tools running now (none looked for when every card is simulated)."""
-    if all(d.simulated for d in backend.devices()):
-        return []
-    return other_tools.detect()
 
 
 def _same_card(part: ProfilePart, devices: list[DeviceInfo], backend: Backend) -> DeviceInfo | None:

@@ -20,7 +20,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tuner.actions.boot_apply import read_last_run
@@ -139,8 +139,7 @@ class BootServiceStatus:
         return {
             "unit": str(self.unit), "installed": self.installed, "enabled": self.enabled, "active": self.active,
             "profile": self.profile, "exec_start": self.exec_start,
-            "system_profiles": [{"name": p.name, "cards": p.cards, "summary": p.summary}
-                                for p in self.system_profiles],
+            "system_profiles": [asdict(p) for p in self.system_profiles],
             "invalid_profiles": [{"path": str(p), "error": why} for p, why in self.invalid_profiles],
             "next_boot_skips": self.next_boot_skips,
             "last_run": None if last is None else {"finished_at": last.finished_at, "exit_code": last.exit_code,
@@ -176,9 +175,6 @@ def exec_args(profile_name: str | None, *, resume: bool = False) -> list[str]:
     """The interpreter running now, so the units use this installation (a venv included). `-P`: the unit's start
     directory is not put on the import path."""
     return system_units.apply_exec_args(sys.executable, profile_name, resume=resume)
-
-
-unit_environment = system_units.pinned_environment
 
 
 def install_code() -> tuple[list[Path], list[Path]]:
@@ -246,7 +242,7 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
     elif not scan(system=True)[0]:
         raise NoSystemProfiles(f"there are no profiles in {paths.system_profiles_dir()} to apply at boot; nothing "
                                "installed", "choose a profile to apply at boot")
-    env = unit_environment()
+    env = system_units.pinned_environment()
     units = {boot_rules.unit_path(): system_units.apply_unit(exec_args(name), env),
              boot_rules.resume_unit_path(): system_units.apply_unit(exec_args(name, resume=True), env, resume=True)}
     state = Path(env["XDG_STATE_HOME"]) / "tuner"

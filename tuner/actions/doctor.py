@@ -17,13 +17,13 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from tuner.actions import other_tools
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
 from tuner.backends.base import Backend
-from tuner.backends.helper_client import HelperRefused, HelperUnreachable, connect
+from tuner.backends.helper_client import HelperUnreachable, connect
+from tuner.backends.nvidia import import_nvml
 from tuner.core import paths, system_units, torch_build
 from tuner.core.privileges import EngineIdentity, engine_identity
 from tuner.profiles import boot as boot_rules
@@ -67,14 +67,6 @@ def probe_torch() -> dict:
     except (ValueError, IndexError):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"torch": None, "error": tail}
-
-
-def _import_nvml() -> ModuleType | None:
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    return pynvml
 
 
 def check_python() -> Check:
@@ -316,9 +308,7 @@ def check_helper() -> Check:
                      "install tuner-helper to tune as yourself (docs/helper.md)")
     try:
         connection, hello = connect(path, client="tuner doctor")
-    except HelperRefused as e:
-        return Check("helper", WARN, e.message, e.remedy)
-    except HelperUnreachable as e:
+    except HelperUnreachable as e:  # not there, or it refused this user (HelperRefused)
         return Check("helper", WARN, e.message, e.remedy)
     connection.close()
     what = "SIMULATED cards" if hello.simulated else f"{hello.backend} cards"
@@ -439,8 +429,6 @@ def check_system_install(systemd_dir: Path | None = None, group_exists: Callable
 
 
 def _group_exists(name: str) -> bool:
-    import grp
-
     try:
         grp.getgrnam(name)
     except KeyError:
@@ -462,7 +450,7 @@ def run_checks(
     root = paths.sysfs_root() if root is None else root
     env = os.environ if env is None else env
     euid = os.geteuid() if euid is None else euid
-    nvml = _import_nvml() if nvml is ... else nvml
+    nvml = import_nvml() if nvml is ... else nvml
     checks = [check_python(), *check_packages()]
     if simulate:
         checks.append(Check("simulated gpu", INFO, "SIMULATED GPUs in use: no hardware is read or written"))

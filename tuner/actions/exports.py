@@ -12,15 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def export_dir() -> Path:
-    return Path.cwd()
-
-
 def profile_export_path(name: str) -> Path:
     """`<cwd>/NAME.toml`: a profile as one file (`tuner profile export NAME`, the Profiles screen's `e`)."""
-    return export_dir() / f"{name}.toml"
+    return Path.cwd() / f"{name}.toml"
 
 
 def report_export_path(device_id: str, session: str | None) -> Path:
     """`<cwd>/bisect-DEVICE-SESSION.csv`: a bisect's trials (`tuner report`, the Bisect screen's `e`)."""
-    return export_dir() / f"bisect-{device_id}-{session or 'trials'}.csv"
+    return Path.cwd() / f"bisect-{device_id}-{session or 'trials'}.csv"

@@ -12,7 +12,6 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from types import TracebackType
 from typing import Self
 
 from tuner.backends.base import Backend
@@ -47,13 +46,17 @@ class PendingChange:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         lock: CardLock | None = None,
+        lock_clock_mhz: int | None = None,
         previous_lock_clock_mhz: int | None = None,
     ):
         self.backend, self.device_id, self.value = backend, device_id, value
         self._lock = lock  # the card's writer lock, held until the change is kept or reverted
         self.allow_overvolt = allow_overvolt
-        # NVIDIA: the lock clock in force before this change chose a new one (`set --lock-mhz`); a revert sets it
-        # back before restoring the value, so the card is not left locked at an unconfirmed clock
+        # NVIDIA: a max graphics clock apply() locks before the value (a rig's part, a screen's profile); None:
+        # apply() leaves the lock alone (prepare_setting locks it for `set --lock-mhz` and passes the previous one)
+        self.lock_clock_mhz = lock_clock_mhz
+        # NVIDIA: the lock clock in force before this change chose a new one (read by apply() when it locks); a
+        # revert sets it back before restoring the value, so the card is not left locked at an unconfirmed clock
         self.previous_lock_clock_mhz = previous_lock_clock_mhz
         self.timeout_s = timeout_s
         self._clock = clock
@@ -63,10 +66,6 @@ class PendingChange:
         self.restore_note: str | None = None  # why the card went to stock instead of the previous value
         self.kept = False
         self._deadline: float | None = None
-
-    @property
-    def previous(self) -> int | None:
-        return None if self.before is None else self.before.current
 
     @property
     def device_ids(self) -> tuple[str, ...]:
@@ -84,21 +83,36 @@ class PendingChange:
         return self.applied is not None and not self.kept and self.reverted_to is None
 
     def apply(self) -> Knob:
-        """Record the current value, then apply (validated, read back). The timer starts once it took."""
+        """Lock the clock when asked, record the current value, then apply (validated, read back). The timer starts
+        once it took."""
         if self.applied is not None:
             raise RuntimeError("a PendingChange applies once")
-        self.before = self.backend.knob(self.device_id)
-        # A signal between the write and recording it would leave a change nobody reverts: hold signals until
-        # the change is recorded as pending (a held signal is raised right after, and reverts it).
         try:
+            if self.lock_clock_mhz is not None:
+                self.previous_lock_clock_mhz = self.backend.knob(self.device_id).lock_clock_mhz
+                self.backend.set_lock_clock(self.device_id, self.lock_clock_mhz)  # type: ignore[attr-defined]
+            self.before = self.backend.knob(self.device_id)
+            # A signal between the write and recording it would leave a change nobody reverts: hold signals until
+            # the change is recorded as pending (a held signal is raised right after, and reverts it).
             with signals_held():
                 self.applied = self.backend.apply(self.device_id, self.value, allow_overvolt=self.allow_overvolt)
                 self._deadline = self._clock() + self.timeout_s
         except BaseException:
             if not self.pending:  # nothing to keep or revert: the card is free again
+                self._unchoose_lock()
                 self._release_lock()
             raise
         return self.applied
+
+    def _unchoose_lock(self) -> None:
+        """The value did not take: the lock clock apply() chose for it goes back to the card's own (a later write
+        in this process would otherwise lock at this change's clock)."""
+        if self.lock_clock_mhz is None or self.previous_lock_clock_mhz is None:
+            return
+        try:
+            self.backend.set_lock_clock(self.device_id, self.previous_lock_clock_mhz)  # type: ignore[attr-defined]
+        except TunerError:
+            pass  # the cause of the failure is what the user needs; the card itself was not written
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -178,7 +192,6 @@ class PendingChange:
                 raise
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.pending:
             self.revert()

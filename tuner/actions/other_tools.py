@@ -26,6 +26,7 @@ from pathlib import Path
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.errors import TunerError
+from tuner.core.models import DeviceInfo
 
 IGNORE_ENV = "TUNER_IGNORE_OTHER_TOOLS"
 
@@ -116,6 +117,11 @@ def detect(processes: Iterable[Process] | None = None,
     return found
 
 
+def detect_for(devices: Iterable[DeviceInfo]) -> list[Found]:
+    """detect(), unless every one of these cards is simulated (nobody's: then no process scan)."""
+    return [] if all(d.simulated for d in devices) else detect()
+
+
 def affecting(backend: Backend, device_ids: Sequence[str], found: Sequence[Found]) -> dict[str, list[Found]]:
     """{card: the tools found that may change it}; a simulated card is nobody's."""
     out: dict[str, list[Found]] = {}
@@ -139,9 +145,7 @@ def refuse_before_bisect(backend: Backend, device_ids: Sequence[str], *,
     """OtherToolRunning (exit 6, one line naming the tool and what it writes) while a tool that may change one of
     these cards runs, unless `ignore` (default: --ignore-other-tools / TUNER_IGNORE_OTHER_TOOLS); then what was
     ignored is remembered for the profile's evidence (`ignored_for`)."""
-    if found is None and all(backend.device(d).simulated for d in device_ids):
-        return  # nothing to look for: no process scan
-    hits = affecting(backend, device_ids, detect() if found is None else found)
+    hits = affecting(backend, device_ids, detect_for(map(backend.device, device_ids)) if found is None else found)
     if not hits:
         return
     if ignore_requested() if ignore is None else ignore:
@@ -164,8 +168,6 @@ def ignored_for(device_id: str) -> tuple[str, ...]:
 
 def warnings_for(backend: Backend, device_ids: Sequence[str], found: Sequence[Found] | None = None) -> list[str]:
     """What `tuner set` and `tuner apply` say before they write (they go on: a person confirms the value)."""
-    if found is None and all(backend.device(d).simulated for d in device_ids):
-        return []
-    hits = affecting(backend, device_ids, detect() if found is None else found)
+    hits = affecting(backend, device_ids, detect_for(map(backend.device, device_ids)) if found is None else found)
     return [f"{f.describe()} is running and may change {device_id} ({f.tool.writes}); it may overwrite this "
             "setting" for device_id, tools in hits.items() for f in tools]

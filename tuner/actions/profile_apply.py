@@ -9,7 +9,7 @@ card's current range, on its step, and never overvolts.
 A rig profile (one part per card) goes through `plan_rig_apply` (every part checked, nothing written; each part's
 card found by serial, then PCI slot; a missing or different card refused unless `force`) and `prepare_rig_apply`
 (one `RigChange`: all cards applied in turn, the applied ones put back if a later one fails, one keep-or-revert
-for the whole rig), or `apply_rig_now` where nobody confirms. The single-card planner refuses a rig profile.
+for the whole rig). The single-card planner refuses a rig profile.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import Profile, ProfilePart, evidence
 from tuner.profiles.identity import Match, MatchResult, fingerprint, match_device
-from tuner.tuning import journal
 
 
 @dataclass(frozen=True)
@@ -48,17 +47,17 @@ class ProfileApply:
     def value(self) -> int:
         return self.profile.setting.value
 
-    @property
-    def lock_clock_mhz(self) -> int | None:
-        """The lock clock to set before the value (None: nothing to change)."""
-        lock = self.profile.setting.lock_clock_mhz
-        return lock if lock is not None and lock != self.knob.lock_clock_mhz else None
-
     def set_request(self, backend: Backend) -> SetRequest:
         """The value as a `set` request, with the profile's lock clock where the backend can set it: for
         `prepare_setting`, which checks everything again before it writes (the card may have changed since)."""
-        lock = self.lock_clock_mhz if can_lock_clock(backend, self.knob) else None
-        return SetRequest(self.device.id, self.value, lock_clock_mhz=lock)
+        return SetRequest(self.device.id, self.value, lock_clock_mhz=_lock_to_set(self.profile, self.knob, backend))
+
+
+def _lock_to_set(profile: Profile | ProfilePart, knob: Knob, backend: Backend) -> int | None:
+    """The lock clock to set before the value: the profile's, where it differs from the card's and the backend can
+    set it (None: nothing to change)."""
+    lock = profile.setting.lock_clock_mhz
+    return lock if lock != knob.lock_clock_mhz and can_lock_clock(backend, knob) else None
 
 
 def pick_profile_device(profile: Profile, backend: Backend, device_id: str | None) -> DeviceInfo:
@@ -98,11 +97,9 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
     if verify_required and not verify:
         raise UsageError(f"{name!r} was proven on another card: {result.reason}; nothing was applied",
                          "pass --verify 5m to test it on this card first (reverted on failure), or --force")
-    value = profile.setting.value
-    knob.validate(value)  # range, step, no overvolt (a profile never overvolts, --force or not)
-    journal.check_safety_state(device.id, backend)  # damaged safety files block even --ignore-unsafe (fail closed)
-    if not ignore_unsafe:
-        journal.refuse_unsafe(device.id, knob, value, backend)
+    # range, step, no overvolt (a profile never overvolts, --force or not), damaged safety files (even with
+    # --ignore-unsafe: fail closed), the unsafe list
+    check_setting(backend, SetRequest(device.id, profile.setting.value, ignore_unsafe=ignore_unsafe))
     warnings = list(result.warnings)
     if result.match is not Match.SAME_CARD:
         warnings.insert(0, result.reason)
@@ -115,8 +112,8 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
 def set_profile_lock_clock(backend: Backend, plan: ProfileApply) -> str | None:
     """NVIDIA: the offset was proven at a locked max clock; lock to it before the value (as `set --lock-mhz`).
     Returns what was done, for the front end to say."""
-    lock = plan.lock_clock_mhz
-    if lock is None or not can_lock_clock(backend, plan.knob):
+    lock = _lock_to_set(plan.profile, plan.knob, backend)
+    if lock is None:
         return None
     backend.set_lock_clock(plan.device.id, lock)  # type: ignore[attr-defined]
     return f"{plan.device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)"
@@ -161,10 +158,8 @@ class RigPartApply:
     def set_request(self, backend: Backend, *, ignore_unsafe: bool = False) -> SetRequest:
         """The part as a `set` request, with its lock clock where the backend can set it."""
         assert self.device is not None and self.knob is not None, "a skipped part has nothing to set"
-        lock = self.part.setting.lock_clock_mhz
-        if lock == self.knob.lock_clock_mhz or not can_lock_clock(backend, self.knob):
-            lock = None
-        return SetRequest(self.device.id, self.value, ignore_unsafe=ignore_unsafe, lock_clock_mhz=lock)
+        return SetRequest(self.device.id, self.value, ignore_unsafe=ignore_unsafe,
+                          lock_clock_mhz=_lock_to_set(self.part, self.knob, backend))
 
     def to_dict(self) -> dict:
         return {"card": self.index, "device": self.device.to_dict() if self.device else None,
@@ -291,17 +286,15 @@ class RigChange:
         try:  # every card's lock first: a card someone else is changing refuses the rig before any write
             for _part, request in self.requests:
                 locks.append(CardLock(request.device_id, purpose).acquire())
-            # a part that sets a lock clock (NVIDIA) reverts to the lock its card had, as `set --lock-mhz` does
-            previous_locks = [backend.knob(r.device_id).lock_clock_mhz if r.lock_clock_mhz is not None else None
-                              for _p, r in self.requests]
         except BaseException:
             for lock in locks:
                 lock.release()
             raise
         self._locks = locks
+        # a part that sets a lock clock (NVIDIA) reverts to the lock its card had, as `set --lock-mhz` does
         self.changes = [PendingChange(backend, r.device_id, r.value, timeout_s=timeout_s, clock=clock, lock=lock,
-                                      previous_lock_clock_mhz=previous)
-                        for (_p, r), lock, previous in zip(self.requests, locks, previous_locks, strict=True)]
+                                      lock_clock_mhz=r.lock_clock_mhz)
+                        for (_p, r), lock in zip(self.requests, locks, strict=True)]
         self.kept = False
         self.reverted = False
         self._deadline: float | None = None
@@ -327,34 +320,20 @@ class RigChange:
     def apply(self) -> dict[str, Knob]:
         for (part, request), change in zip(self.requests, self.changes, strict=True):
             try:
-                if request.lock_clock_mhz is not None:
-                    self.backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
-                change.apply()
+                change.apply()  # the lock clock first; one the value did not take is put back
             except TunerError as e:
                 done = [c.device_id for c in self.changes if c.pending]
-                self._unchoose_lock(change)
                 self._release_unapplied()
                 self.revert()
                 back = f"; {', '.join(done)} put back as before" if done else ""
                 raise RigApplyFailed.of(e, f"{self.plan.profile.name!r} {part.label} on {request.device_id}",
                                         back) from e
             except BaseException:
-                self._unchoose_lock(change)
                 self._release_unapplied()
                 self.revert()
                 raise
         self._deadline = self._clock() + self.timeout_s
         return self.applied
-
-    def _unchoose_lock(self, change: PendingChange) -> None:
-        """The part that failed before its value took: the lock clock chosen for it goes back to the card's own
-        (a later write in this process would otherwise lock at the profile's clock)."""
-        previous = change.previous_lock_clock_mhz
-        if change.applied is None and previous is not None:
-            try:
-                self.backend.set_lock_clock(change.device_id, previous)  # type: ignore[attr-defined]
-            except TunerError:
-                pass  # the cause of the failure is what the user needs; the card itself was not written
 
     def _release_unapplied(self) -> None:
         """The parts never applied no longer need their card."""
@@ -411,12 +390,3 @@ def prepare_rig_apply(backend: Backend, plan: RigApply, *, ignore_unsafe: bool =
             raise RigPartError.of(e, f"{plan.profile.name!r} {part.label} on {request.device_id}") from None
     return RigChange(backend, plan, ignore_unsafe=ignore_unsafe, timeout_s=timeout_s, clock=clock,
                      purpose=purpose or f"tuner apply {plan.profile.name}")
-
-
-def apply_rig_now(backend: Backend, plan: RigApply, *, ignore_unsafe: bool = False) -> dict[str, Knob]:
-    """Apply every part with no prompt (`apply --yes`, the boot service's rig path does its own): all parts or,
-    when one fails, none (RigApplyFailed after the others were put back). Returns each card's knob, read back."""
-    change = prepare_rig_apply(backend, plan, ignore_unsafe=ignore_unsafe)
-    applied = change.apply()
-    change.keep()
-    return applied

@@ -9,7 +9,6 @@ it from interleaving with another writer, and a lock file no one can create is a
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 
 from tuner.backends.base import Backend
 from tuner.core.card_lock import CardLock, LockUnavailable, describe_holder, lock_path
@@ -32,29 +31,28 @@ def _stderr_warning(message: str) -> None:
     print(f"tuner: warning: {message}", file=sys.stderr)
 
 
-def reset_device(backend: Backend, device_id: str, *, force: bool = False,
-                 warn: Callable[[str], None] | None = None) -> Knob:
+def reset_device(backend: Backend, device_id: str, *, force: bool = False) -> Knob:
     """Back to stock, read back; NotApplied when the card reports anything else.
 
     A reset is a write, so it takes the card's writer lock (CardBusy names the holder). `force` resets anyway:
     for a holder that is stuck (stopped, hung in the driver), and for the App's own safe exit, whose jobs may
     still hold the lock in this process while they wind down. When the state directory cannot hold the lock
-    (read-only, full, unsafe) the card is reset anyway and `warn` (default: a line on stderr) says so."""
+    (read-only, full, unsafe) the card is reset anyway and a line on stderr says so."""
     if force:
         return _reset(backend, device_id, force=True)
     lock = CardLock(device_id, "tuner reset")
     try:
         lock.acquire()
     except LockUnavailable as e:
-        (warn or _stderr_warning)(f"{device_id}: reset without the card lock ({e.message})")
+        _stderr_warning(f"{device_id}: reset without the card lock ({e.message})")
         return _reset(backend, device_id)
     try:
         knob = _reset(backend, device_id)
     finally:
         lock.release()
     if lock.unnamed is not None:
-        (warn or _stderr_warning)(f"{device_id} is at stock; the state directory could not record this reset "
-                                  f"({lock.unnamed.strerror or lock.unnamed}: {lock_path(device_id).parent})")
+        _stderr_warning(f"{device_id} is at stock; the state directory could not record this reset "
+                        f"({lock.unnamed.strerror or lock.unnamed}: {lock_path(device_id).parent})")
     return knob
 
 

@@ -247,11 +247,6 @@ class StressSession:
 
     # --- the decisions ------------------------------------------------------------------------------------------
 
-    def engine_config(self, target: StressTarget, *, duration_s: float | None, steps: int | None,
-                      reference: Path | None = None, record: Path | None = None) -> EngineConfig:
-        return engine_config(self.request, target, duration_s=duration_s, steps=steps, reference=reference,
-                             record=record)
-
     def reference_plan(self, device: DeviceInfo, target: StressTarget) -> ReferencePlan:
         """How this run will compare with stock; raises NoStockReference when it could not and nobody said to go
         on without it. Reads the card's setting and the reference cache; changes nothing."""
@@ -358,7 +353,8 @@ class StressSession:
                 reference: Path | None = None, record: Path | None = None) -> StressResult | None:
         """One engine run on `target`, the card marked as loaded and its kernel log watched; None when stopped
         before it started."""
-        config = self.engine_config(target, duration_s=duration_s, steps=steps, reference=reference, record=record)
+        config = engine_config(self.request, target, duration_s=duration_s, steps=steps, reference=reference,
+                               record=record)
         policy = WatchdogPolicy.for_config(config)
         run = self._engine_factory(config, policy)
         with self._lock:

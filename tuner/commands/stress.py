@@ -252,7 +252,7 @@ def _write_json(doc: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from tuner.actions.stress import StressSession
+    from tuner.actions.stress import StressSession, engine_config
     backend = ctx.backend
     device = pick_device(backend, args.device)
     request = build_request(args, device.id)
@@ -263,8 +263,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         outcome = session.run()  # NoStockReference: a usage error, nothing started
     finally:
         report.clear()
-    config = report.config or session.engine_config(backend.stress_target(device.id),
-                                                    duration_s=request.duration_s, steps=request.steps)
+    config = report.config or engine_config(request, backend.stress_target(device.id),
+                                            duration_s=request.duration_s, steps=request.steps)
     if args.json:
         _write_json(result_document(device, config, outcome))
     else:

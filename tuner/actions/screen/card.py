@@ -221,16 +221,11 @@ class CardScreen:
         nothing, so the profile's value is never confirmed to the helper."""
         before = self.backend.knob(self.device_id)
         outermost = not self._holding
-        previous_lock = before.lock_clock_mhz if lock_clock_mhz is not None else None
         change = PendingChange(self.backend, self.device_id, value, timeout_s=float("inf"),
-                               previous_lock_clock_mhz=previous_lock)
+                               lock_clock_mhz=lock_clock_mhz)
         try:
-            if lock_clock_mhz is not None:
-                self.backend.set_lock_clock(self.device_id, lock_clock_mhz)  # type: ignore[attr-defined]
             applied = change.apply()
-        except TunerError as e:
-            if previous_lock is not None and change.applied is None:  # the value never took: the lock goes back
-                self._restore_lock(previous_lock)
+        except TunerError as e:  # the value never took (a lock clock chosen for it was put back)
             raise _NotSet(e) from e
         self._holding = True
         back: list[Knob] = []
@@ -249,12 +244,6 @@ class CardScreen:
             if note:
                 self.notes.append(f"went to {what} ({value:+d} {before.unit}) for the attribution and back to "
                                   f"{knob.current:+d} {knob.unit} (read back)")
-
-    def _restore_lock(self, lock_clock_mhz: int) -> None:
-        try:
-            self.backend.set_lock_clock(self.device_id, lock_clock_mhz)  # type: ignore[attr-defined]
-        except TunerError as e:
-            self.notes.append(f"the lock clock {lock_clock_mhz} MHz could not be set back: {e.one_line()}")
 
     def _tolerance_check(self, run: at.RunSummary) -> tuple[at.RunSummary, list[rb.Difference]]:
         """The tolerance mode's verdict of a finished run: the workload must match, then the paired comparison."""
@@ -285,8 +274,6 @@ class CardScreen:
         if verdict == "fail":
             return replace(run, outcome=at.FAULT, kind="held-out-loss", reason=comparison.text()), []
         return replace(run, outcome=at.ERROR, reason=f"inconclusive: {comparison.text()}"), []
-
-    tolerance: PairedComparison | None = None
 
     def _counters(self) -> ErrorCounters:
         try:

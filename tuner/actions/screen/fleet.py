@@ -11,7 +11,6 @@ for each to put its card back; the cards that did not finish are `retest`, never
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import threading
 from collections.abc import Callable
@@ -68,43 +67,40 @@ class Screen:
 
     def run(self) -> v.ScreenReport:
         host = rb.host_name()
-        work = Path(tempfile.mkdtemp(prefix="tuner-screen-"))
         verdicts: dict[str, v.CardVerdict] = {}
         errors: dict[str, BaseException] = {}
-        try:
-            with ExitStack() as locks:
-                for device_id in self.device_ids:  # every card first: a busy one refuses the screen, nothing run
-                    locks.enter_context(CardLock(device_id, "tuner screen"))
-                settings = {} if self.profile is None else plan_profile_screen(self.backend, self.profile,
-                                                                                self.device_ids)
-                for device_id, setting in settings.items():
-                    for warning in setting.warnings:
-                        self._say(device_id, f"warning: {warning}")
-                trajectory = rb.materialize(self.bundle, work)
-                plan = ScreenPlan(self.bundle, self.bundle_path, trajectory, self.tier, self.tolerance,
-                                  self.margin_nats, host)
-                self._cards = [CardScreen(self.backend, d, plan, on_event=self._emit,
-                                          engine_factory=self._engine_factory,
-                                          kernel_watcher_factory=self._watcher_factory, profile=settings.get(d))
-                               for d in self.device_ids]
-                done = [threading.Event() for _ in self._cards]
-                threads = [threading.Thread(target=self._work, args=(card, verdicts, errors, finished),
-                                            name=f"screen-{card.device_id}", daemon=True)
-                           for card, finished in zip(self._cards, done, strict=True)]
-                for thread in threads:
-                    thread.start()
-                try:
-                    for finished in done:
-                        while not finished.wait(JOIN_POLL_S):
-                            pass
-                except BaseException:  # Ctrl-C, SIGTERM: every engine stopped, every card put back, then raise
-                    self.interrupted = True
-                    self.stop()
-                    for finished in done:
-                        finished.wait()
-                    raise
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        with (tempfile.TemporaryDirectory(prefix="tuner-screen-", ignore_cleanup_errors=True) as work,
+              ExitStack() as locks):
+            for device_id in self.device_ids:  # every card first: a busy one refuses the screen, nothing run
+                locks.enter_context(CardLock(device_id, "tuner screen"))
+            settings = {} if self.profile is None else plan_profile_screen(self.backend, self.profile,
+                                                                            self.device_ids)
+            for device_id, setting in settings.items():
+                for warning in setting.warnings:
+                    self._say(device_id, f"warning: {warning}")
+            trajectory = rb.materialize(self.bundle, Path(work))
+            plan = ScreenPlan(self.bundle, self.bundle_path, trajectory, self.tier, self.tolerance,
+                              self.margin_nats, host)
+            self._cards = [CardScreen(self.backend, d, plan, on_event=self._emit,
+                                      engine_factory=self._engine_factory,
+                                      kernel_watcher_factory=self._watcher_factory, profile=settings.get(d))
+                           for d in self.device_ids]
+            done = [threading.Event() for _ in self._cards]
+            threads = [threading.Thread(target=self._work, args=(card, verdicts, errors, finished),
+                                        name=f"screen-{card.device_id}", daemon=True)
+                       for card, finished in zip(self._cards, done, strict=True)]
+            for thread in threads:
+                thread.start()
+            try:
+                for finished in done:
+                    while not finished.wait(JOIN_POLL_S):
+                        pass
+            except BaseException:  # Ctrl-C, SIGTERM: every engine stopped, every card put back, then raise
+                self.interrupted = True
+                self.stop()
+                for finished in done:
+                    finished.wait()
+                raise
         if errors:  # a card's own failure (a TunerError: its one line and code)
             raise next(iter(errors.values()))
         ordered = [verdicts[d] for d in self.device_ids]

@@ -14,21 +14,18 @@ with its hash, written atomically. Nothing on the card changes: a card off stock
 from __future__ import annotations
 
 import math
-import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.actions.screen.attribution import Tier
-from tuner.actions.stress import EngineFactory, StressOutcome, StressRequest, StressSession
+from tuner.actions.stress import StressOutcome, StressRequest, StressSession
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardLock
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine.reference import ReferenceProblem, load_reference
 from tuner.profiles import reference_bundle as rb
-from tuner.tuning import kernel_log
 from tuner.tuning.job import CardOutcome
 from tuner.tuning.journal import reference_path
 
@@ -63,9 +60,6 @@ class RecordOutcome:
     replay: StressOutcome
 
 
-Emit = Callable[[str, object], None]  # (what: "record" | "replay", event)
-
-
 def check_destination(out: Path, overwrite: bool) -> None:
     """Before any run: a file we may write (not a directory, not an existing file without --overwrite)."""
     if out.is_dir():
@@ -76,13 +70,8 @@ def check_destination(out: Path, overwrite: bool) -> None:
         raise UsageError(f"--out {out}: no directory {out.parent}", "create it first, or choose another path")
 
 
-def record_reference(backend: Backend, request: RecordRequest, *, on_event: Emit | None = None,
-                     engine_factory: EngineFactory | None = None,
-                     kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
-                     sessions: list[StressSession] | None = None) -> RecordOutcome:
-    """Record, replay, bundle, write. Raises UsageError (nothing run) or RecordingFailed (nothing written).
-    `sessions` (optional) receives each stress session as it starts, so a caller can stop it."""
-    emit = on_event or (lambda what, event: None)
+def record_reference(backend: Backend, request: RecordRequest) -> RecordOutcome:
+    """Record, replay, bundle, write. Raises UsageError (nothing run) or RecordingFailed (nothing written)."""
     out = Path(request.out)
     check_destination(out, request.overwrite)
     device = backend.device(request.device_id)
@@ -91,51 +80,40 @@ def record_reference(backend: Backend, request: RecordRequest, *, on_event: Emit
         raise UsageError(f"{device.id} is at {knob.current:+d} {knob.unit}, not stock: a reference is recorded "
                          "at stock", f"`tuner reset --device {device.id}` first (then set your value again), or "
                          "record on a card at stock")
-    work = Path(tempfile.mkdtemp(prefix="tuner-reference-"))
-    try:
-        with CardLock(device.id, "tuner reference record"):
-            trajectory_path = work / "trajectory.json"
-
-            def session(what: str, stress: StressRequest) -> StressOutcome:
-                s = StressSession(backend, stress, on_event=lambda e: emit(what, e), engine_factory=engine_factory,
-                                  kernel_watcher_factory=kernel_watcher_factory)
-                if sessions is not None:
-                    sessions.append(s)
-                return s.run()
-
-            recorded = session("record", StressRequest(device.id, duration_s=request.tier.load_s,
-                                                       record=trajectory_path, preset=request.preset,
-                                                       seed=request.seed, dtype=request.dtype))
-            result = recorded.result
-            if str(recorded.verdict) != "pass" or result is None or not trajectory_path.exists():
-                raise _failed("the stock recording", recorded)
-            try:
-                trajectory = load_reference(trajectory_path)
-            except ReferenceProblem as e:
-                raise RecordingFailed(f"the stock recording wrote no usable trajectory: {e}") from None
-            fp = trajectory.fingerprint
-            replayed = session("replay", StressRequest(
-                device.id, steps=trajectory.steps, reference=trajectory_path, preset=fp.get("preset"),
-                seed=int(fp.get("seed") or 0), dtype=fp.get("dtype"), compile=bool(fp.get("compile"))))
-            end = replayed.result.end if replayed.result is not None else None
-            compared = end.reference.compared_steps if end is not None and end.reference is not None else 0
-            if str(replayed.verdict) != "pass" or compared < trajectory.steps:
-                raise _failed("the replay of the stock recording in a second engine process", replayed,
-                              "the card or platform does not repeat its own stock run bit for bit, so its "
-                              "reference would fail every card compared with it")
-            record_end = result.end
-            losses = tuple(record_end.eval_losses) if record_end is not None else ()
-            recording = rb.Recording(
-                tier=request.tier.name, load_s=request.tier.load_s, steps=trajectory.steps,
-                median_step_ms=record_end.median_step_ms if record_end is not None else None,
-                repeatable=True, replayed_steps=compared, mode="train",
-                eval_losses=losses if all(math.isfinite(x) for x in losses) else (),
-                bpb=record_end.bpb if record_end is not None else None)
-            bundle = rb.build_bundle(device=device, recording=recording, trajectory=trajectory)
-            size = rb.write_bundle(bundle, out, overwrite=request.overwrite)
-            return RecordOutcome(bundle, out, size, recorded, replayed)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with (tempfile.TemporaryDirectory(prefix="tuner-reference-", ignore_cleanup_errors=True) as work,
+          CardLock(device.id, "tuner reference record")):
+        trajectory_path = Path(work) / "trajectory.json"
+        recorded = StressSession(backend, StressRequest(device.id, duration_s=request.tier.load_s,
+                                                        record=trajectory_path, preset=request.preset,
+                                                        seed=request.seed, dtype=request.dtype)).run()
+        result = recorded.result
+        if str(recorded.verdict) != "pass" or result is None or not trajectory_path.exists():
+            raise _failed("the stock recording", recorded)
+        try:
+            trajectory = load_reference(trajectory_path)
+        except ReferenceProblem as e:
+            raise RecordingFailed(f"the stock recording wrote no usable trajectory: {e}") from None
+        fp = trajectory.fingerprint
+        replayed = StressSession(backend, StressRequest(
+            device.id, steps=trajectory.steps, reference=trajectory_path, preset=fp.get("preset"),
+            seed=int(fp.get("seed") or 0), dtype=fp.get("dtype"), compile=bool(fp.get("compile")))).run()
+        end = replayed.result.end if replayed.result is not None else None
+        compared = end.reference.compared_steps if end is not None and end.reference is not None else 0
+        if str(replayed.verdict) != "pass" or compared < trajectory.steps:
+            raise _failed("the replay of the stock recording in a second engine process", replayed,
+                          "the card or platform does not repeat its own stock run bit for bit, so its "
+                          "reference would fail every card compared with it")
+        record_end = result.end
+        losses = tuple(record_end.eval_losses) if record_end is not None else ()
+        recording = rb.Recording(
+            tier=request.tier.name, load_s=request.tier.load_s, steps=trajectory.steps,
+            median_step_ms=record_end.median_step_ms if record_end is not None else None,
+            repeatable=True, replayed_steps=compared, mode="train",
+            eval_losses=losses if all(math.isfinite(x) for x in losses) else (),
+            bpb=record_end.bpb if record_end is not None else None)
+        bundle = rb.build_bundle(device=device, recording=recording, trajectory=trajectory)
+        size = rb.write_bundle(bundle, out, overwrite=request.overwrite)
+        return RecordOutcome(bundle, out, size, recorded, replayed)
 
 
 def _failed(what: str, outcome: StressOutcome, why: str | None = None) -> TunerError:

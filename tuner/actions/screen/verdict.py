@@ -227,10 +227,6 @@ def encode(report: ScreenReport) -> bytes:
     return msgspec.json.encode(report)
 
 
-def to_builtins(report: ScreenReport) -> dict[str, Any]:
-    return msgspec.to_builtins(report)
-
-
 def json_schema() -> dict[str, Any]:
     """The published schema, generated from the Structs above."""
     body = msgspec.json.schema(ScreenReport)
