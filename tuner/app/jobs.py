@@ -299,12 +299,6 @@ class EarlierTrials:
     device: str = ""  # the card (a rig resumes every card's session)
 
 
-def earlier_trials(device_id: str) -> EarlierTrials:
-    from tuner.actions.safety_files import session_trials
-
-    return EarlierTrials(session_trials(device_id), device=device_id)
-
-
 def unfinished_session(device_id: str) -> BisectState | None:
     """The card's unfinished bisect session (its journal), as the Bisect screen shows it before anything ran in
     this App: its trials so far and what continues it. None when it has none, or when its journal cannot be read
