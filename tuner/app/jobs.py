@@ -14,15 +14,7 @@ from typing import Generic, TypeVar
 
 from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
-from tuner.actions.stress import (
-    DetectorState,
-    EngineFactory,
-    NoStockReference,
-    RunStarted,
-    StressOutcome,
-    StressRequest,
-    StressSession,
-)
+from tuner.actions.stress import DetectorState, NoStockReference, RunStarted, StressRequest, StressSession
 from tuner.actions.verify import verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
@@ -103,29 +95,27 @@ class StressJob(_Job[str]):
     chose to run without a stock reference (the Tune screen asked). Summed up in one line."""
 
     def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
-                 duration_s: float = MANUAL_STRESS_S, without_reference: bool = False,
+                 without_reference: bool = False,
                  kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
-                 engine_factory: EngineFactory | None = None, reference_record_s: float | None = None) -> None:
+                 reference_record_s: float | None = None) -> None:
         super().__init__(device_id)
-        request = StressRequest(device_id, duration_s=duration_s, preset=preset, mode=mode,
+        request = StressRequest(device_id, duration_s=MANUAL_STRESS_S, preset=preset, mode=mode,
                                 without_reference=without_reference)
         self.emit = emit
-        self.session = StressSession(backend, request, on_event=emit, engine_factory=engine_factory,
-                                     kernel_watcher_factory=kernel_watcher_factory,
+        self.session = StressSession(backend, request, on_event=emit, kernel_watcher_factory=kernel_watcher_factory,
                                      reference_record_s=reference_record_s)
-        self.outcome: StressOutcome | None = None
 
     def _work(self) -> str:
         if self._stop.is_set():
             return "stopped before it started"
         try:
-            self.outcome = self.session.run()
+            outcome = self.session.run()
         except NoStockReference as e:  # asked before starting; the card's setting or the cache changed since
             self.emit(f"not started: {e.message}")
             return "not started: no stock reference to compare with (press s again to be asked)"
-        for line in self.outcome.checks_off():
+        for line in outcome.checks_off():
             self.emit(f"this run was weaker: {line}")
-        return self.outcome.summary()
+        return outcome.summary()
 
     def stop(self) -> None:
         super().stop()

@@ -466,13 +466,12 @@ class BisectScreen(TunerScreen):
         if state.trials:  # follow the newest trial unless the user moved up to read an older one
             table.move_cursor(row=len(state.trials) - 1 if following else cursor)
         self._paint_detail()
-        done = [r for r in state.trials if r.get("tok_per_j") is not None and r.get("setting") is not None]
-        done.sort(key=lambda r: r["setting"])
-        xs = [r["setting"] for r in done]
+        done = sorted((r for r in state.trials if r.get("tok_per_j") is not None and r.get("setting") is not None),
+                      key=lambda r: r["setting"])
+        powered = [r for r in done if r.get("power_w") is not None]
         self.query_one("#plot-efficiency", HistoryPlot).show_series(
-            [("tok/J", xs, [r["tok_per_j"] for r in done], "left"),
-             ("W", [r["setting"] for r in done if r.get("power_w") is not None],
-              [r["power_w"] for r in done if r.get("power_w") is not None], "right")],
+            [("tok/J", [r["setting"] for r in done], [r["tok_per_j"] for r in done], "left"),
+             ("W", [r["setting"] for r in powered], [r["power_w"] for r in powered], "right")],
             title=f"tok/J and W vs setting ({unit})" + (" SIMULATED" if self.app.simulated else ""))
         return True
 
