@@ -14,16 +14,8 @@ from typing import Generic, TypeVar
 
 from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
-from tuner.actions.stress import (
-    DetectorState,
-    EngineFactory,
-    NoStockReference,
-    RunStarted,
-    StressOutcome,
-    StressRequest,
-    StressSession,
-)
-from tuner.actions.verify import VerifyOutcome, verify_setting
+from tuner.actions.stress import DetectorState, NoStockReference, RunStarted, StressRequest, StressSession
+from tuner.actions.verify import verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
 from tuner.core.models import Verdict
@@ -64,15 +56,11 @@ class _Job(Generic[Result]):
     """The shape the App drives every long job through: `run()` blocks (on a worker thread) and sets `done` when
     it ends however it ends, `stop()` is thread-safe and may come before `run()`, `wait()` waits for the end."""
 
-    def __init__(self, device_id: str) -> None:
-        self.device_id = device_id
+    def __init__(self, *device_ids: str) -> None:
+        self.device_ids = device_ids  # every card the job may leave changed (make_safe resets them all)
+        self.device_id = ",".join(device_ids)
         self._stop = threading.Event()
         self._done = threading.Event()
-
-    @property
-    def device_ids(self) -> tuple[str, ...]:
-        """Every card the job may leave changed (make_safe resets them all): its one card; a rig's, every card."""
-        return (self.device_id,)
 
     def run(self) -> Result:
         try:
@@ -107,29 +95,27 @@ class StressJob(_Job[str]):
     chose to run without a stock reference (the Tune screen asked). Summed up in one line."""
 
     def __init__(self, backend: Backend, device_id: str, *, preset: str, mode: str, emit: Callable[[object], None],
-                 duration_s: float = MANUAL_STRESS_S, without_reference: bool = False,
+                 without_reference: bool = False,
                  kernel_watcher_factory: Callable[[], kernel_log.KernelLogWatcher] | None = None,
-                 engine_factory: EngineFactory | None = None, reference_record_s: float | None = None) -> None:
+                 reference_record_s: float | None = None) -> None:
         super().__init__(device_id)
-        request = StressRequest(device_id, duration_s=duration_s, preset=preset, mode=mode,
+        request = StressRequest(device_id, duration_s=MANUAL_STRESS_S, preset=preset, mode=mode,
                                 without_reference=without_reference)
         self.emit = emit
-        self.session = StressSession(backend, request, on_event=emit, engine_factory=engine_factory,
-                                     kernel_watcher_factory=kernel_watcher_factory,
+        self.session = StressSession(backend, request, on_event=emit, kernel_watcher_factory=kernel_watcher_factory,
                                      reference_record_s=reference_record_s)
-        self.outcome: StressOutcome | None = None
 
     def _work(self) -> str:
         if self._stop.is_set():
             return "stopped before it started"
         try:
-            self.outcome = self.session.run()
+            outcome = self.session.run()
         except NoStockReference as e:  # asked before starting; the card's setting or the cache changed since
             self.emit(f"not started: {e.message}")
             return "not started: no stock reference to compare with (press s again to be asked)"
-        for line in self.outcome.checks_off():
+        for line in outcome.checks_off():
             self.emit(f"this run was weaker: {line}")
-        return self.outcome.summary()
+        return outcome.summary()
 
     def stop(self) -> None:
         super().stop()
@@ -151,12 +137,8 @@ class VerifyJob(_Job[str]):
             self.emit(locked)
         outcome = verify_setting(self.backend, self.device_id, self.plan.value, self.duration_s,
                                  workload=self.plan.workload, on_line=self.emit, stop_event=self._stop)
-        return describe_verify_outcome(outcome)
-
-
-def describe_verify_outcome(outcome: VerifyOutcome) -> str:
-    summary = f"verify {outcome.verdict}" + (f" ({outcome.reason})" if outcome.reason else "")
-    return summary + ("; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}")
+        summary = f"verify {outcome.verdict}" + (f" ({outcome.reason})" if outcome.reason else "")
+        return summary + ("; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}")
 
 
 DETECTOR_OF_FAULT = {"mismatch": "reference", "canary": "canary", "gemm": "gemm", "nonfinite": "nonfinite",
@@ -211,23 +193,17 @@ def apply_stress_event(state: StressState, event: object) -> StressState:
 
 class BisectRunner(_Job[BisectOutcome]):
     """A bisect of one card or several at once behind the same run/stop/wait shape as StressJob; keeps the outcome.
-    `device_ids` are every card it may leave changed (make_safe resets them all).
 
     `prepare` (tuner.actions.bisect.prepare_bisect) runs first, in the worker: it reads the cards and may refuse
     (raising before anything was touched). A stop asked for before the job exists is passed on when it does."""
 
     def __init__(self, prepare: Callable[[], BisectJob], device_ids: tuple[str, ...],
                  on_prepared: Callable[[], None] | None = None) -> None:
-        super().__init__(",".join(device_ids))
-        self._device_ids = device_ids
+        super().__init__(*device_ids)
         self._prepare = prepare
         self._on_prepared = on_prepared  # runs once the bisect was accepted, before its first event
         self._job: BisectJob | None = None
         self.outcome: BisectOutcome | None = None
-
-    @property
-    def device_ids(self) -> tuple[str, ...]:
-        return self._device_ids
 
     @property
     def accepted(self) -> bool:
@@ -279,14 +255,7 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
             row = {"attempt": event.attempt, "phase": event.phase, "verdict": "pass" if event.passed else "fail",
                    "pinned": tuple(event.pinned), "machine_event": event.machine_event,
                    "backed_off": dict(event.backed_off), "reasons": dict(event.reasons)}
-            attempts = list(state.attempts)
-            for i in range(len(attempts) - 1, -1, -1):
-                if attempts[i].get("verdict") == "running" and attempts[i].get("phase") == event.phase:
-                    attempts[i] = {**attempts[i], **row}
-                    break
-            else:
-                attempts.append(row)
-            return replace(state, current=None, attempts=tuple(attempts))
+            return replace(state, current=None, attempts=_finish_row(state.attempts, row, "phase", merge=True))
         case RigRecommendation():
             return replace(state, phase="done", settings=dict(event.settings), current=None)
         case TrialProgress() if state.current is not None and event.device in state.device_ids:
@@ -320,12 +289,6 @@ class EarlierTrials:
     device: str = ""  # the card (a rig resumes every card's session)
 
 
-def earlier_trials(device_id: str) -> EarlierTrials:
-    from tuner.actions.safety_files import session_trials
-
-    return EarlierTrials(session_trials(device_id), device=device_id)
-
-
 def unfinished_session(device_id: str) -> BisectState | None:
     """The card's unfinished bisect session (its journal), as the Bisect screen shows it before anything ran in
     this App: its trials so far and what continues it. None when it has none, or when its journal cannot be read
@@ -345,12 +308,13 @@ def _record_row(record: Mapping[str, object]) -> dict:
     return row
 
 
-def _finish_row(trials: tuple, row: dict) -> tuple:
-    """`trials` with the last running row at `row`'s setting replaced by `row` (appended when there is none)."""
-    for i in range(len(trials) - 1, -1, -1):
-        if trials[i].get("verdict") == "running" and trials[i].get("setting") == row["setting"]:
-            return (*trials[:i], row, *trials[i + 1:])
-    return (*trials, row)
+def _finish_row(rows: tuple, row: dict, key: str, *, merge: bool = False) -> tuple:
+    """`rows` with the last running row whose `key` is `row`'s replaced by `row` (`merge`: updated with it, keeping
+    what only the running row says), or `row` appended when there is none: a trial's result, a rig run's end."""
+    for i in range(len(rows) - 1, -1, -1):
+        if rows[i].get("verdict") == "running" and rows[i].get(key) == row[key]:
+            return (*rows[:i], {**rows[i], **row} if merge else row, *rows[i + 1:])
+    return (*rows, row)
 
 
 def apply_card_event(state: CardState, event: object, *, now_s: float | None = None) -> CardState:
@@ -368,7 +332,7 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
             row = {"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""}
             current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
                        "phase": event.phase, "progress": 0.0, "duration_s": event.duration_s,
-                       "eta_s": expected_wall_s(state, event.duration_s), "eta_total_s": None}
+                       "eta_s": round(event.duration_s * wall_factor(state), 1), "eta_total_s": None}
             return replace(state, trials=(*state.trials, row), current=current, unit=state.unit or event.unit)
         case TrialProgress() if state.current is not None:
             progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
@@ -378,7 +342,7 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
                                            "eta_total_s": eta_total_s, "tok_s": event.tok_s,
                                            "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():
-            return replace(state, trials=_finish_row(state.trials, _record_row(event.result.to_record())),
+            return replace(state, trials=_finish_row(state.trials, _record_row(event.result.to_record()), "setting"),
                            current=None if state.current is None else {**state.current, "progress": 1.0})
         case Recommendation():
             return replace(state, recommendation=event)
@@ -409,10 +373,6 @@ def wall_factor(state: CardState) -> float:
     wall_s = sum(w for w, _ in state.measured)
     nominal_s = sum(n for _, n in state.measured)
     return max(1.0, wall_s / nominal_s) if nominal_s > 0 else 1.0
-
-
-def expected_wall_s(state: CardState, duration_s: float) -> float:
-    return round(duration_s * wall_factor(state), 1)
 
 
 def measured_eta_s(state: CardState, event: TrialProgress, now_s: float | None) -> tuple[float, float | None]:

@@ -517,8 +517,10 @@ class TunerApp(App[int]):
         self.bisect = BisectState.started(ids)
 
         def show_earlier_trials() -> None:  # a resumed session: each card's table starts with its earlier trials
+            from tuner.actions.safety_files import session_trials
+
             for device_id in ids:
-                self.post_message(msg.BisectEventReceived(jobs.earlier_trials(device_id)))
+                self.post_message(msg.BisectEventReceived(jobs.EarlierTrials(session_trials(device_id), device_id)))
 
         self._bisect_job = jobs.BisectRunner(
             lambda: prepare_bisect(self.backend, ids, params,

@@ -405,7 +405,7 @@ class BisectScreen(TunerScreen):
         elif job.failure:  # a refused start (no session to resume...) or an error: nothing was stopped
             status.append(f"ERROR: {job.failure.removeprefix('error: ')}", style="bold")
         elif every and job.outcome is not None:
-            status.append(f"FINISHED: {getattr(job.outcome, 'status', '')}")
+            status.append(f"FINISHED: {job.outcome.status}")
         elif job.unfinished:
             status.append(f"UNFINISHED: {job.unfinished}", style="bold")
         elif not every and card.trials:
@@ -466,13 +466,12 @@ class BisectScreen(TunerScreen):
         if state.trials:  # follow the newest trial unless the user moved up to read an older one
             table.move_cursor(row=len(state.trials) - 1 if following else cursor)
         self._paint_detail()
-        done = [r for r in state.trials if r.get("tok_per_j") is not None and r.get("setting") is not None]
-        done.sort(key=lambda r: r["setting"])
-        xs = [r["setting"] for r in done]
+        done = sorted((r for r in state.trials if r.get("tok_per_j") is not None and r.get("setting") is not None),
+                      key=lambda r: r["setting"])
+        powered = [r for r in done if r.get("power_w") is not None]
         self.query_one("#plot-efficiency", HistoryPlot).show_series(
-            [("tok/J", xs, [r["tok_per_j"] for r in done], "left"),
-             ("W", [r["setting"] for r in done if r.get("power_w") is not None],
-              [r["power_w"] for r in done if r.get("power_w") is not None], "right")],
+            [("tok/J", [r["setting"] for r in done], [r["tok_per_j"] for r in done], "left"),
+             ("W", [r["setting"] for r in powered], [r["power_w"] for r in powered], "right")],
             title=f"tok/J and W vs setting ({unit})" + (" SIMULATED" if self.app.simulated else ""))
         return True
 
@@ -499,22 +498,19 @@ def recommendation_text(rec: Recommendation | None, unit: str, *, simulated: boo
     if rec is None:
         return Text("")
     text = Text("RECOMMENDED ", style="bold reverse")
-    text.append(f" {_cell(getattr(rec, 'setting', None), '{:+d} ' + unit)}")
-    for attr, label in (("confirmed", "confirmed"), ("first_failure", "first fail")):
-        value = getattr(rec, attr, None)
+    text.append(f" {rec.setting:+d} {unit}")
+    for value, label in ((rec.confirmed, "confirmed"), (rec.first_failure, "first fail")):
         if value is not None:
             text.append(f" · {label} {value:+d} {unit}")
-    if getattr(rec, "margin", None) is not None:
-        text.append(f" · margin {rec.margin} {unit}")
-    text.append("  (a: apply, v: save as profile)")
-    gain = getattr(rec, "efficiency_gain_pct", None)
+    text.append(f" · margin {rec.margin} {unit}  (a: apply, v: save as profile)")
+    gain = rec.efficiency_gain_pct
     if gain is not None and rec.baseline_tok_per_j is not None and rec.tuned_tok_per_j is not None:
-        at = _cell(getattr(rec, "measured_at", None), "{:+d} " + unit)
+        at = _cell(rec.measured_at, "{:+d} " + unit)
         text.append(f"\ntok/J {rec.baseline_tok_per_j:.2f} at stock, {rec.tuned_tok_per_j:.2f} at {at} "
                     f"({gain:+.1f} %)")
         if simulated:
             text.append(f" · {SIMULATED_NOTE}", style="bold")
-    if getattr(rec, "sensitivity", None) == "reduced":  # the user opted in to the weaker comparison: say what it costs
+    if rec.sensitivity == "reduced":  # the user opted in to the weaker comparison: say what it costs
         text.append(f"\n{detection_rate_text()}", style="bold")
     return text
 
@@ -544,10 +540,10 @@ def rig_card_line(rig: BisectState, device_id: str, *, selected: bool) -> Text:
         value = (rig.settings or {}).get(device_id)
         if value is not None:
             body = f"FINAL {value:+d} {unit} (confirmed together)"
-        elif getattr(outcome, "status", None) == "stopped":
+        elif outcome.status == "stopped":
             body = "STOPPED, back at stock; u resumes every card"
         else:
-            reason = getattr(outcome, 'reasons', {}).get(device_id) or card.failure or 'no setting'
+            reason = outcome.reasons.get(device_id) or card.failure or "no setting"
             body = f"NONE: {for_people(str(reason))}"  # the core words it for the CLI (--resume)
     elif rig.running and rig.current is not None:
         body = bisect_card_label(rig, device_id)
