@@ -61,12 +61,7 @@ class NonFiniteDetector:
 def bit_checksum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """An exact, order-independent checksum of the tensors' bits: the int64 sum of their elements viewed as
     integers (wrapping). Any single bit flip changes it by +-2^bit, so it can never cancel out by itself."""
-    total = None
-    for t in tensors:
-        s = t.detach().view(INT_VIEW[t.dtype]).sum(dtype=torch.int64)
-        total = s if total is None else total + s
-    assert total is not None  # every caller passes at least one tensor
-    return total
+    return torch.stack([t.detach().view(INT_VIEW[t.dtype]).sum(dtype=torch.int64) for t in tensors]).sum()
 
 
 class ReferenceTrajectory:
@@ -265,9 +260,7 @@ class GemmCheck:
 
     def _bit_equal(self, out: torch.Tensor) -> bool:
         assert self.golden is not None  # set by `calibrate`, before any comparison
-        view = INT_VIEW.get(out.dtype)
-        if view is None:
-            return torch.equal(out, self.golden)
+        view = INT_VIEW[out.dtype]
         return torch.equal(out.view(view), self.golden.view(view))
 
     def _max_abs_diff(self, out: torch.Tensor) -> float:
@@ -283,8 +276,8 @@ class GemmCheck:
             diff = self._max_abs_diff(out)
             if self.tolerance is not None and diff <= self.tolerance:
                 continue
-            view = INT_VIEW.get(out.dtype)
-            wrong = int((out.view(view) != self.golden.view(view)).sum()) if view else -1
+            view = INT_VIEW[out.dtype]
+            wrong = int((out.view(view) != self.golden.view(view)).sum())
             return Finding(self.kind, f"GEMM {self.n}x{self.n} repeat {i + 1}/{len(outputs)}: {wrong} element(s) "
                                       f"differ from the first result, max |diff| {diff:.6g}")
         return None
