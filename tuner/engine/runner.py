@@ -32,6 +32,7 @@ from tuner.engine.detectors import (
     TrajectoryRecorder,
     bit_checksum,
     device_error,
+    first_differing,
 )
 from tuner.engine.distributed import DataParallel, GroupDidNotForm, PeerLost, data_seed
 from tuner.engine.environment import kernel_env, prepare_environment
@@ -428,11 +429,10 @@ class Engine:
         if self.opts.mode != "gemm":
             canary_ok = self.canary.calibrate([self.canary.measure() for _ in range(REPEATABILITY_RUNS)])
             attention_ok = self._attention_repeatable
-            steps_ok, step_miss = self._step_check()
+            step_miss = self._step_check()
+            steps_ok = step_miss is None
             misses += [name for name, ok in (("canary", canary_ok), ("attention", attention_ok)) if not ok]
-            if not steps_ok:
-                assert step_miss is not None  # a failed check names what differed
-                misses.append(step_miss)
+            misses += [step_miss] if step_miss else []
         self.repeatable = not misses
         self.repeatability = {"gemm": gemm_ok, "canary": canary_ok, "attention": attention_ok,
                               "steps": steps_ok}
@@ -485,8 +485,9 @@ class Engine:
                                 for a, b in zip(outs[0], outs[1], strict=False))
         return same
 
-    def _step_check(self) -> tuple[bool, str | None]:
-        """CHECK_STEPS real training steps from the initial state, twice, digests compared."""
+    def _step_check(self) -> str | None:
+        """CHECK_STEPS real training steps from the initial state, twice, digests compared: the first step that
+        differed and in what, or None when both runs agree."""
         pending, self.oom_at_step_pending = self.oom_at_step_pending, None
         runs: list[list[str]] = []
         try:
@@ -501,11 +502,8 @@ class Engine:
         finally:
             self._restore_initial()
             self.oom_at_step_pending = pending
-        for i, (a, b) in enumerate(zip(runs[0], runs[1], strict=False)):
-            if a != b:
-                figure = "loss" if a[:8] != b[:8] else "grad_norm" if a[8:16] != b[8:16] else "state"
-                return False, f"training step {i + 1} ({figure})"
-        return True, None
+        return next((f"training step {i + 1} ({first_differing(a, b)})"
+                     for i, (a, b) in enumerate(zip(runs[0], runs[1], strict=False)) if a != b), None)
 
     def _enforce_repeatability(self) -> None:
         """No silent downgrade: a start-up check that is not bit-identical is never answered with tolerances
