@@ -50,7 +50,7 @@ def test_an_unrepeatable_platform_is_an_error_without_tolerance():
 def test_a_start_up_miss_while_comparing_is_a_canary_fault_at_step_0(monkeypatch, reference_30):
     from tuner.engine.runner import Engine
 
-    monkeypatch.setattr(Engine, "_step_check", lambda self: (False, "training step 1 (loss)"))
+    monkeypatch.setattr(Engine, "_step_check", lambda self: "training step 1 (loss)")
     code, events, _ = run_engine(steps=10, reference=str(reference_30), reference_loop=True)
     end = end_of(events)
     assert (code, end["verdict"], end["kind"], end["step"]) == (1, "fail", "canary", 0)
@@ -61,7 +61,7 @@ def test_a_start_up_miss_while_comparing_is_a_canary_fault_at_step_0(monkeypatch
 def test_tolerance_is_only_used_on_request(monkeypatch, reference_30):
     from tuner.engine.runner import Engine
 
-    monkeypatch.setattr(Engine, "_step_check", lambda self: (False, "training step 2 (state)"))
+    monkeypatch.setattr(Engine, "_step_check", lambda self: "training step 2 (state)")
     code, events, _ = run_engine(steps=30, reference=str(reference_30), tolerance=True)
     start, end = of(events, "start")[0], end_of(events)
     assert code == 0 and start["repeatable"] is False and start["sensitivity"] == "reduced"
@@ -139,7 +139,7 @@ def test_an_op_without_a_deterministic_implementation_is_a_setup_error(monkeypat
         raise RuntimeError("index_add_cuda_ does not have a deterministic implementation, but you set "
                            "'torch.use_deterministic_algorithms(True)'.")
 
-    monkeypatch.setattr(Engine, "_step_check", lambda self: (True, None))
+    monkeypatch.setattr(Engine, "_step_check", lambda self: None)
     monkeypatch.setattr(Engine, "train_step", strict)
     code, events, _ = run_engine(steps=3, batch_size=8)
     end = end_of(events)

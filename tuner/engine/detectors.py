@@ -29,7 +29,7 @@ import torch
 
 from tuner.engine.patterns import match_device_error
 from tuner.engine.platform import INT_VIEW
-from tuner.engine.reference import digest_values, step_digest
+from tuner.engine.reference import digest_values, f32_bits, step_digest
 
 if TYPE_CHECKING:
     from tuner.engine.model import GPT
@@ -48,6 +48,19 @@ class SoftWarning:
     detail: str
 
 
+# each figure of a step digest (reference.step_digest): its hex digits, and the checksums' names in a finding
+DIGEST_SPANS = {"loss": slice(0, 8), "grad_norm": slice(8, 16), "state": slice(16, 32), "grads": slice(32, 48)}
+CHECKSUMS = {"state": "the training state's bit checksum (parameters and optimizer state)",
+             "grads": "this rank's own gradients' bit checksum"}
+
+
+def first_differing(got: str, want: str) -> str | None:
+    """The figure two step digests are said to differ in (None if they do not): the rank's own figures first;
+    with data-parallel ranks "state" (after the all-reduce) is the group's."""
+    return next((name for name in ("loss", "grad_norm", "grads", "state")
+                 if got[DIGEST_SPANS[name]] != want[DIGEST_SPANS[name]]), None)
+
+
 class NonFiniteDetector:
     kind = "nonfinite"
 
@@ -61,12 +74,7 @@ class NonFiniteDetector:
 def bit_checksum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """An exact, order-independent checksum of the tensors' bits: the int64 sum of their elements viewed as
     integers (wrapping). Any single bit flip changes it by +-2^bit, so it can never cancel out by itself."""
-    total = None
-    for t in tensors:
-        s = t.detach().view(INT_VIEW[t.dtype]).sum(dtype=torch.int64)
-        total = s if total is None else total + s
-    assert total is not None  # every caller passes at least one tensor
-    return total
+    return torch.stack([t.detach().view(INT_VIEW[t.dtype]).sum(dtype=torch.int64) for t in tensors]).sum()
 
 
 class ReferenceTrajectory:
@@ -101,30 +109,22 @@ class ReferenceTrajectory:
         if self.tolerance is None and got == want:
             return None
         ref_loss, ref_gn = digest_values(want)
-        # the rank's own figures first: with data-parallel ranks "state" (after the all-reduce) is the group's
-        figure = next((name for name, span in (("loss", slice(0, 8)), ("grad_norm", slice(8, 16)),
-                                               ("grads", slice(32, 48)), ("state", slice(16, 32)))
-                       if got[span] != want[span]), None)
+        figure = first_differing(got, want)
         if self.tolerance is not None:
             if math.isfinite(loss) and math.isfinite(grad_norm):
                 loss_rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
                 gn_rel = abs(grad_norm - ref_gn) / max(abs(ref_gn), 1e-12)
                 if loss_rel <= self.tolerance and gn_rel <= 1.0:
                     return None
-        elif got[:16] == want[:16]:  # so `figure` is "grads" or "state"
-            what, span = (("this rank's own gradients' bit checksum (before the all-reduce)", slice(32, None))
-                          if figure == "grads" else
-                          ("the training state's bit checksum (parameters and optimizer state)", slice(16, 32)))
+        elif figure in CHECKSUMS:  # the same loss and grad_norm bits
+            what = CHECKSUMS[figure] + (" (before the all-reduce)" if figure == "grads" else "")
+            span = DIGEST_SPANS[figure]
             return Finding(self.kind, f"step {step} differs from the reference: same loss and grad_norm bits, but "
                                       f"{what} is {got[span]}, not {want[span]}", figure)
         # Name only the figures whose bits differ: a one-ulp grad-norm change prints like "x vs x" otherwise.
-        differing = [f"{name} {mine!r} vs {theirs!r}" for name, mine, theirs, span in
-                     (("loss", loss, ref_loss, slice(0, 8)), ("grad_norm", grad_norm, ref_gn, slice(8, 16)))
-                     if got[span] != want[span]]
-        if got[16:32] != want[16:32]:
-            differing.append("the training state's bit checksum (parameters and optimizer state)")
-        if got[32:] != want[32:]:
-            differing.append("this rank's own gradients' bit checksum")
+        named = {"loss": f"loss {loss!r} vs {ref_loss!r}", "grad_norm": f"grad_norm {grad_norm!r} vs {ref_gn!r}",
+                 **CHECKSUMS}
+        differing = [named[name] for name, span in DIGEST_SPANS.items() if got[span] != want[span]]
         return Finding(
             self.kind,
             f"step {step} differs from the reference: {', '.join(differing)} (digest {got} vs {want})",
@@ -157,9 +157,9 @@ class CanarySample:
         packed += struct.pack(f"<{len(self.bits)}Q", *(b & 0xFFFFFFFFFFFFFFFF for b in self.bits))
         return hashlib.sha256(packed).hexdigest()[:16]
 
-
-def _same_bits(a: float, b: float) -> bool:
-    return struct.pack("<f", a) == struct.pack("<f", b)
+    def same_bits(self, other: CanarySample) -> bool:
+        """Bit for bit the same result: every figure's float32 bits and every checksum."""
+        return self.bits == other.bits and [*map(f32_bits, self.values())] == [*map(f32_bits, other.values())]
 
 
 class CanaryReplay:
@@ -196,9 +196,7 @@ class CanaryReplay:
 
     def calibrate(self, samples: list[CanarySample]) -> bool:
         self.golden = samples[0]
-        repeatable = all(s.bits == self.golden.bits and
-                         all(_same_bits(a, b) for a, b in zip(s.values(), self.golden.values(), strict=False))
-                         for s in samples)
+        repeatable = all(s.same_bits(self.golden) for s in samples)
         if not repeatable:
             spread = max(_rel_diff(s.values(), self.golden.values()) for s in samples)
             self.tolerance = max(4 * spread, 1e-6)
@@ -208,12 +206,10 @@ class CanaryReplay:
         if self.golden is None:
             raise RuntimeError("canary not calibrated")
         a, b = sample.values(), self.golden.values()
-        if self.tolerance is None:
-            if all(_same_bits(x, y) for x, y in zip(a, b, strict=False)) and sample.bits == self.golden.bits:
-                return None
-        elif _rel_diff(a, b) <= self.tolerance:
+        agrees = sample.same_bits(self.golden) if self.tolerance is None else _rel_diff(a, b) <= self.tolerance
+        if agrees:
             return None
-        where = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if not _same_bits(x, y)), None)
+        where = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if f32_bits(x) != f32_bits(y)), None)
         if where is None:
             names = ("gradients", "frozen weights")
             what = "bit checksum of the " + " and ".join(
@@ -265,9 +261,7 @@ class GemmCheck:
 
     def _bit_equal(self, out: torch.Tensor) -> bool:
         assert self.golden is not None  # set by `calibrate`, before any comparison
-        view = INT_VIEW.get(out.dtype)
-        if view is None:
-            return torch.equal(out, self.golden)
+        view = INT_VIEW[out.dtype]
         return torch.equal(out.view(view), self.golden.view(view))
 
     def _max_abs_diff(self, out: torch.Tensor) -> float:
@@ -283,8 +277,8 @@ class GemmCheck:
             diff = self._max_abs_diff(out)
             if self.tolerance is not None and diff <= self.tolerance:
                 continue
-            view = INT_VIEW.get(out.dtype)
-            wrong = int((out.view(view) != self.golden.view(view)).sum()) if view else -1
+            view = INT_VIEW[out.dtype]
+            wrong = int((out.view(view) != self.golden.view(view)).sum())
             return Finding(self.kind, f"GEMM {self.n}x{self.n} repeat {i + 1}/{len(outputs)}: {wrong} element(s) "
                                       f"differ from the first result, max |diff| {diff:.6g}")
         return None

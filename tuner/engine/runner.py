@@ -32,6 +32,7 @@ from tuner.engine.detectors import (
     TrajectoryRecorder,
     bit_checksum,
     device_error,
+    first_differing,
 )
 from tuner.engine.distributed import DataParallel, GroupDidNotForm, PeerLost, data_seed
 from tuner.engine.environment import kernel_env, prepare_environment
@@ -428,11 +429,10 @@ class Engine:
         if self.opts.mode != "gemm":
             canary_ok = self.canary.calibrate([self.canary.measure() for _ in range(REPEATABILITY_RUNS)])
             attention_ok = self._attention_repeatable
-            steps_ok, step_miss = self._step_check()
+            step_miss = self._step_check()
+            steps_ok = step_miss is None
             misses += [name for name, ok in (("canary", canary_ok), ("attention", attention_ok)) if not ok]
-            if not steps_ok:
-                assert step_miss is not None  # a failed check names what differed
-                misses.append(step_miss)
+            misses += [step_miss] if step_miss else []
         self.repeatable = not misses
         self.repeatability = {"gemm": gemm_ok, "canary": canary_ok, "attention": attention_ok,
                               "steps": steps_ok}
@@ -485,8 +485,9 @@ class Engine:
                                 for a, b in zip(outs[0], outs[1], strict=False))
         return same
 
-    def _step_check(self) -> tuple[bool, str | None]:
-        """CHECK_STEPS real training steps from the initial state, twice, digests compared."""
+    def _step_check(self) -> str | None:
+        """CHECK_STEPS real training steps from the initial state, twice, digests compared: the first step that
+        differed and in what, or None when both runs agree."""
         pending, self.oom_at_step_pending = self.oom_at_step_pending, None
         runs: list[list[str]] = []
         try:
@@ -501,11 +502,8 @@ class Engine:
         finally:
             self._restore_initial()
             self.oom_at_step_pending = pending
-        for i, (a, b) in enumerate(zip(runs[0], runs[1], strict=False)):
-            if a != b:
-                figure = "loss" if a[:8] != b[:8] else "grad_norm" if a[8:16] != b[8:16] else "state"
-                return False, f"training step {i + 1} ({figure})"
-        return True, None
+        return next((f"training step {i + 1} ({first_differing(a, b)})"
+                     for i, (a, b) in enumerate(zip(runs[0], runs[1], strict=False)) if a != b), None)
 
     def _enforce_repeatability(self) -> None:
         """No silent downgrade: a start-up check that is not bit-identical is never answered with tolerances
@@ -693,11 +691,8 @@ class Engine:
                           time.perf_counter() - t0, x.numel(), bits[2], bits[3] if grad_sum is not None else None)
 
     def _optimizer_state(self) -> list[torch.Tensor]:
-        state = [b for bufs in self.muon.buffers.values() for b in bufs]  # momentum, second moment
-        for pairs in self.adam.state.values():
-            for m, v in pairs:
-                state += [m, v]
-        return state
+        return [*(b for bufs in self.muon.buffers.values() for b in bufs),  # momentum, second moment
+                *(t for pairs in self.adam.state.values() for m, v in pairs for t in (m, v))]
 
     def reference_step(self, step: int | None) -> int | None:
         """The reference step `step` is compared with: itself, or with --reference-loop its step within the pass
@@ -709,15 +704,17 @@ class Engine:
             return (step - 1) % n + 1
         return step
 
-    def _emit_fault(self, finding: Finding, step: int | None) -> None:
+    def _emit_fault(self, finding: Finding, step: int | None) -> _End:
+        """The fault event; returns the run's end it makes."""
         self.em.emit(FaultEvent(kind=finding.kind, step=step, reference_step=self.reference_step(step),
                                 detail=finding.detail, figure=finding.figure))
+        return _End("fail", finding.detail, finding.kind, step, EXIT_FAULT)
 
     def _fail(self, finding: Finding, step: int) -> None:
         self.fault_figure = finding.figure
-        self._emit_fault(finding, step)
+        end = self._emit_fault(finding, step)
         self.log(f"FAULT {finding.kind} at step {step}: {finding.detail}")
-        raise _End("fail", finding.detail, finding.kind, step, EXIT_FAULT)
+        raise end
 
     def step_once(self) -> None:
         """One training step with everything around it: injection, checks, events, canaries, phases."""
@@ -741,10 +738,9 @@ class Engine:
         self._steps_since_idle += 1
         steady = step > self.opts.effective_warmup_steps and self._steps_since_idle > 2
         tok_s = r.tokens / r.dt_s if r.dt_s > 0 else None
-        tflops = self.flops_per_token * r.tokens / r.dt_s / 1e12 if r.dt_s > 0 else None
         self.em.emit(StepEvent(step=step, loss=r.loss, grad_norm=r.grad_norm, dt_ms=round(r.dt_s * 1e3, 3),
                                tok_s=None if tok_s is None else round(tok_s, 1),
-                               tflops=None if tflops is None else round(tflops, 6),
+                               tflops=round(self.flops_per_token * r.tokens / r.dt_s / 1e12, 6) if r.dt_s > 0 else None,
                                phase=self._phase if self.opts.mode == "mixed" else UNSET))
         if steady:
             self.step_times.append(r.dt_s)
@@ -776,11 +772,10 @@ class Engine:
     def _segment_step(self, step: int) -> int:
         """With --reference-loop: the step within the current pass over the reference; at the start of each
         new pass the model and optimizers go back to their initial state, so the recorded trajectory repeats."""
-        if not (self.opts.reference_loop and self.trajectory is not None and self.trajectory.reference_steps):
-            return step
-        n = self.trajectory.reference_steps
-        seg = (step - 1) % n + 1
-        if seg == 1 and step > 1:
+        seg = self.reference_step(step) or step
+        if seg == 1 and step > 1:  # a new pass over the reference (--reference-loop)
+            assert self.trajectory is not None  # the loop is over its steps
+            n = self.trajectory.reference_steps
             self._restore_initial()
             self.soft = SoftSignals()  # the loss restarts high: not a spike
             self.segment = (step - 1) // n + 1
@@ -816,10 +811,7 @@ class Engine:
         with self.injector.during_canary(self.canary.model, index):
             sample = self.canary.measure()
         finding = self.canary.check(sample)
-        outputs = self.gemm.compute()
-        self.injector.tamper_gemm(outputs, index)
-        gemm_finding = self.gemm.compare(outputs)
-        del outputs
+        gemm_finding = self._gemm_round(index)
         self.canary_count = index
         self.progress += 1
         self._last_canary_t = time.monotonic()
@@ -866,21 +858,24 @@ class Engine:
         if self.injector.hang_at(index):
             self._hang(index)
         t0 = time.perf_counter()
-        outputs = self.gemm.compute()
-        self.injector.tamper_gemm(outputs, index)
-        finding = self.gemm.compare(outputs)
+        finding = self._gemm_round(index)
         dt = time.perf_counter() - t0
-        del outputs
         self.step = index
         self.progress += 1
-        tflops = self.gemm.flops / dt / 1e12 if dt > 0 else None
         if index > self.opts.effective_warmup_steps:
             self.step_times.append(dt)
         self.em.emit(GemmEvent(step=index, ok=finding is None, dt_ms=round(dt * 1e3, 3),
-                               tflops=None if tflops is None else round(tflops, 6), n=self.gemm.n,
+                               tflops=round(self.gemm.flops / dt / 1e12, 6) if dt > 0 else None, n=self.gemm.n,
                                repeats=self.gemm.repeats))
         if finding is not None:
             self._fail(finding, index)
+
+    def _gemm_round(self, index: int) -> Finding | None:
+        """The GEMM check's repeats (an injection aimed at round `index` tampers with them), each compared with
+        the first result; the outputs are freed on return."""
+        outputs = self.gemm.compute()
+        self.injector.tamper_gemm(outputs, index)
+        return self.gemm.compare(outputs)
 
     # --- the loop -------------------------------------------------------------------------------------------
 
@@ -997,35 +992,31 @@ class Engine:
             recorded = self.opts.record
         return bpb, eval_losses, recorded
 
-    def _emit_end(self, verdict: str, reason: str, kind: str | None, step: int | None, exit_code: int,
-                  duration_s: float, bpb: float | None = None, eval_losses: list[float] | None = None,
-                  recorded: str | None = None) -> None:
-        eval_losses = eval_losses or []
-        reference = None
-        if self.trajectory is not None:
-            reference = ReferenceCompared(
-                path=str(self.opts.reference),
-                reference_steps=self.trajectory.reference_steps,
-                compared_steps=self.trajectory.compared,
-                beyond_reference_steps=self.trajectory.beyond,
-                note=(f"steps after {self.trajectory.reference_steps} were not compared (past the reference's end)"
-                      if self.trajectory.beyond else None),
-                tolerance=self.trajectory.tolerance,
-                loop=self.opts.reference_loop,
-                segments=self.segment,
-            )
-        med_dt = statistics.median(self.step_times) if self.step_times else None
-        med_tok = statistics.median(self.tok_s) if self.tok_s else None
+    def _emit_end(self, end: _End, duration_s: float, bpb: float | None, eval_losses: list[float],
+                  recorded: str | None) -> None:
+        trajectory = self.trajectory
+        reference = None if trajectory is None else ReferenceCompared(
+            path=str(self.opts.reference),
+            reference_steps=trajectory.reference_steps,
+            compared_steps=trajectory.compared,
+            beyond_reference_steps=trajectory.beyond,
+            note=(f"steps after {trajectory.reference_steps} were not compared (past the reference's end)"
+                  if trajectory.beyond else None),
+            tolerance=trajectory.tolerance,
+            loop=self.opts.reference_loop,
+            segments=self.segment,
+        )
+        failed = end.verdict == "fail"
         self.em.emit(EndEvent(
-            verdict=verdict,
-            reason=reason,
-            kind=kind,
-            step=step,
-            reference_step=self.reference_step(step) if verdict == "fail" else None,
+            verdict=end.verdict,
+            reason=end.reason,
+            kind=end.kind,
+            step=end.step,
+            reference_step=self.reference_step(end.step) if failed else None,
             steps=self.step,
             duration_s=round(duration_s, 3),
-            median_step_ms=None if med_dt is None else round(med_dt * 1e3, 3),
-            median_tok_s=None if med_tok is None else round(med_tok, 1),
+            median_step_ms=round(statistics.median(self.step_times) * 1e3, 3) if self.step_times else None,
+            median_tok_s=round(statistics.median(self.tok_s), 1) if self.tok_s else None,
             bpb=None if bpb is None else round(bpb, 6),
             eval_losses=tuple(round(v, 6) if math.isfinite(v) else v for v in eval_losses),
             reference=reference,
@@ -1035,8 +1026,8 @@ class Engine:
             setup_problems=tuple(self.setup_problems),
             warnings=self.warning_count,
             canaries=self.canary_count,
-            exit_code=exit_code,
-            figure=self.fault_figure if verdict == "fail" else None,
+            exit_code=end.exit_code,
+            figure=self.fault_figure if failed else None,
             data_parallel=self._dp_status(),
         ))
 
@@ -1044,66 +1035,60 @@ class Engine:
         """Set up, loop, end. Always emits exactly one `end` event."""
         watch = self.watch_parent if self.opts.parent_pid is not None else None
         self.heartbeat = Heartbeat(self.em, self.heartbeat_status, self.opts.heartbeat_s, tick=watch).start()
-        verdict, reason, kind, step, code = "pass", "completed", None, None, EXIT_PASS
         try:
             self.watch_parent()  # it may be gone already
             self._check_stop()
             self.setup()
             self.loop()
             if self.opts.duration_s is not None and (self.opts.steps is None or self.step < self.opts.steps):
-                reason = f"completed {self.opts.duration_s:g} s"
+                end = _End("pass", f"completed {self.opts.duration_s:g} s", exit_code=EXIT_PASS)
             else:
-                reason = f"completed {self.step} steps"
+                end = _End("pass", f"completed {self.step} steps", exit_code=EXIT_PASS)
         except _End as e:
-            verdict, reason, kind, step, code = e.verdict, e.reason, e.kind, e.step, e.exit_code
+            end = e
         except PeerLost as e:  # another rank died or stalled: not a fault of this rank (the host: inconclusive)
-            reason = f"peer stalled: {e} (this rank's checks passed up to step {self.step})"
-            verdict, kind, code = "error", "peer", EXIT_ERROR
-            self.log(reason)
+            end = _End("error", f"peer stalled: {e} (this rank's checks passed up to step {self.step})", "peer")
+            self.log(end.reason)
         except (UsageProblem, DataProblem, ReferenceProblem) as e:
-            verdict, reason, kind, code = "error", str(e), "usage", EXIT_ERROR
+            end = _End("error", str(e), "usage")
             self.log(f"error: {e}")
         except SetupProblem as e:
-            verdict, reason, kind, code = "error", str(e), "setup", EXIT_ERROR
+            end = _End("error", str(e), "setup")
             self.log(f"setup error: {e}")
         except Exception as e:  # noqa: BLE001 - classified below
             finding = device_error(e)
-            failed_step: int | None = self.step + 1 if self.state == "train" else self.step
             if finding is not None and self.step == 0:
                 # before the first completed step: the kernels or the environment, not the voltage
-                reason = (f"device error before the first completed step (a setup problem, not instability): "
-                          f"{finding.detail}")
-                verdict, kind, code = "error", "setup", EXIT_ERROR
-                self.log(reason)
+                end = _End("error", f"device error before the first completed step (a setup problem, not "
+                                    f"instability): {finding.detail}", "setup")
+                self.log(end.reason)
             elif NOT_DETERMINISTIC in str(e):
                 first = str(e).strip().splitlines()[0][:300]
-                reason = f"an operation has no deterministic implementation on this platform: {first}"
-                verdict, kind, code = "error", "setup", EXIT_ERROR
-                self.log(reason)
+                end = _End("error", f"an operation has no deterministic implementation on this platform: {first}",
+                           "setup")
+                self.log(end.reason)
             elif finding is not None:  # a device error counts against the setting
-                failed_step = failed_step if self._setup_done else None
-                self._emit_fault(finding, failed_step)
-                verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, failed_step, EXIT_FAULT
+                failed_step = (self.step + 1 if self.state == "train" else self.step) if self._setup_done else None
+                end = self._emit_fault(finding, failed_step)
                 self.log(f"FAULT device-error: {finding.detail}")
             elif is_oom(e):
-                verdict, reason, kind, code = "error", f"out of memory: {e} (setup problem, not instability)", "oom", 2
-                self.log(reason)
+                end = _End("error", f"out of memory: {e} (setup problem, not instability)", "oom")
+                self.log(end.reason)
             else:
-                verdict, reason, kind, code = "error", f"internal error: {type(e).__name__}: {e}", "internal", 2
+                end = _End("error", f"internal error: {type(e).__name__}: {e}", "internal")
                 traceback.print_exc(file=sys.stderr)
         duration = time.monotonic() - self._loop_start if self._loop_start else 0.0
         finished: tuple = (None, [], None)
-        if verdict == "pass" and self._setup_done:
+        if end.verdict == "pass" and self._setup_done:
             try:
                 finished = self._finish()
             except Exception as e:  # noqa: BLE001 - the run passed; the report must still go out
                 finding = device_error(e)
                 if finding is not None:
-                    self._emit_fault(finding, self.step)
-                    verdict, reason, kind, step, code = "fail", finding.detail, finding.kind, self.step, EXIT_FAULT
+                    end = self._emit_fault(finding, self.step)
                 else:
                     traceback.print_exc(file=sys.stderr)
-                    verdict, reason, kind, code = "error", f"error while finishing: {e}", "internal", EXIT_ERROR
+                    end = _End("error", f"error while finishing: {e}", "internal")
         if self.opts.verify_repeatable and self._setup_done:
             self._write_repeatability()
         if self.dp is not None:
@@ -1111,10 +1096,10 @@ class Engine:
         if self.heartbeat is not None:
             self.heartbeat.stop()  # before `end`, which must be the last line
         try:
-            self._emit_end(verdict, reason, kind, step, code, duration, *finished)
+            self._emit_end(end, duration, *finished)
         except Exception as e:  # noqa: BLE001 - the end event must still go out
             traceback.print_exc(file=sys.stderr)
-            self.em.emit(EndEvent.before_work(f"internal error while ending: {e}", "internal", EXIT_ERROR, step=step,
-                                              steps=self.step, duration_s=round(duration, 3)))
-            code = EXIT_ERROR
-        return code
+            self.em.emit(EndEvent.before_work(f"internal error while ending: {e}", "internal", EXIT_ERROR,
+                                              step=end.step, steps=self.step, duration_s=round(duration, 3)))
+            return EXIT_ERROR
+        return end.exit_code
