@@ -2,8 +2,9 @@
 outside (SIGSTOP) for 15 s during a trial below stock, and whose own process is stopped by Ctrl-Z (SIGTSTP) during a
 later one, ends as an undisturbed one does (-40 mV with a -52 mV limit) with nothing on the unsafe list.
 
-One run carries both faults (a run each would double it), on a 20 mV coarse step: 0, -20, -40, -60, then -50
-and -55, confirmed at -50 (two trials fewer than the default 10 mV, the same answer). Each moment is a program
+One run carries both faults (a run each would double it), on a 25 mV coarse step with a -50 mV floor: 0, -25,
+-50, confirmed at -50 (four trials fewer than the default 10 mV, the same answer: -50 + the 10 mV margin; a fault
+read as a failure at -25 or -50 would move it). Each moment is a program
 state read from the `--json` stream (a trial below stock has reported progress, so its engine is loading the card),
 never a time; 15 s is the length of the fault itself."""
 
@@ -60,7 +61,8 @@ def _status(pid: int) -> str:
 def test_a_stopped_engine_and_a_stopped_tuner_leave_the_answer_and_the_unsafe_list_alone():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "--simulate", "--sim-vmin", "-52", "bisect", "--device",
-                             "sim0", "--trial", "5s", "--confirm", "10s", "--step", "20", "--yes", "--json"],
+                             "sim0", "--trial", "5s", "--confirm", "5s", "--step", "25", "--floor", "-50", "--yes",
+                             "--json"],
                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             # a process group of its own in this session, as a shell's job: not orphaned, so
                             # SIGTSTP really stops it (the kernel drops it for an orphaned group)
