@@ -49,6 +49,9 @@ STOPPED = Verdict.STOPPED
 # inconclusive kinds: something outside the tuner (issue 28) -- the setting changed under the trial (another
 # `tuner reset --force`, another tool), or the engine stopped by a signal (SIGSTOP, a debugger)
 CHANGED_OUTSIDE, ENGINE_STOPPED = "changed-outside", "engine-stopped"
+# the sampler's figures a result carries as they are (without a summary: the result's defaults)
+AS_SAMPLED = ("max_temp_c", "max_temp_edge_c", "max_temp_hotspot_c", "max_temp_mem_c", "median_core_clock_mhz",
+              "pstates", "power_limit_w", "throttle_reasons")
 
 EngineFactory = Callable[[EngineConfig, WatchdogPolicy], sc.StressRun]
 WatcherFactory = Callable[[str], "kernel_log.KernelLogWatcher | None"]
@@ -453,10 +456,7 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
         warmup_steps=r.start.warmup_steps if r is not None and r.start is not None else None,
         duration_s=round((r.duration_s if r is not None else None) or clock() - started_at, 3),
         tok_s=tok_s, power_w=None if power_w is None else round(power_w, 2),
-        max_temp_c=summary.max_temp_c if summary else None,
-        max_temp_edge_c=summary.max_temp_edge_c if summary else None,
-        max_temp_hotspot_c=summary.max_temp_hotspot_c if summary else None,
-        max_temp_mem_c=summary.max_temp_mem_c if summary else None,
+        **{name: getattr(summary, name) for name in AS_SAMPLED if summary},
         energy_j=None if not summary or summary.energy_j is None else round(summary.energy_j, 1),
         j_per_tok=None if not tok_per_j else 1.0 / tok_per_j,
         tok_per_j=tok_per_j,
@@ -464,11 +464,7 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
         injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
         simulated=bool(target and target.simulated), sensitivity=r.sensitivity if r is not None else None,
         kernel_log=tuple(e.line for e in c.kernel_events), warnings=tuple(c.warnings), started_at=started_at,
-        median_core_clock_mhz=summary.median_core_clock_mhz if summary else None,
-        pstates=summary.pstates if summary else (),
         p95_power_w=None if not summary or summary.p95_power_w is None else round(summary.p95_power_w, 2),
-        power_limit_w=summary.power_limit_w if summary else None,
-        throttle_reasons=summary.throttle_reasons if summary else (),
         median_step_ms=r.end.median_step_ms if r is not None and r.end is not None else None,
     )
     result = _verdict(c, _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary),
