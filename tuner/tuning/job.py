@@ -815,8 +815,7 @@ class _Search:
             if isinstance(decision, Recommend):
                 return self._recommend(decision, j, results, search)
             if isinstance(decision, Stop):
-                return self._failed(j, results, search, decision.kind, decision.reason, exit_codes.TEST_FAILED,
-                                    FINISHED)
+                return self._failed(j, results, search, decision.kind, decision.reason)
             assert isinstance(decision, NextTrial)
             # the plan never proposes these
             if decision.setting in journal.unsafe_settings(self.device_id, self.backend):
@@ -897,7 +896,7 @@ class _Search:
                                          kernel_watcher_factory=self.job._watcher_factory).results[self.device_id]
         except NotApplied as e:
             j.abandon_trial(f"not applied: {e.message}")
-            return self._hardware_failure(j, results, search, "not-applied", e.one_line())
+            return self._failed(j, results, search, "not-applied", e.one_line(), hardware=True)
         except DeviceLost as e:
             lost = TrialResult(setting=decision.setting, unit=knob.unit, phase=decision.phase, verdict="fail",
                                kind="device-lost", reason=e.one_line(), edge=True)
@@ -906,7 +905,7 @@ class _Search:
                                         backend=self.backend)
             j.finish_trial(lost.to_record())
             self._emit(TrialFinished(index, lost))
-            return self._hardware_failure(j, [*results, lost], search, "device-lost", e.one_line())
+            return self._failed(j, [*results, lost], search, "device-lost", e.one_line(), hardware=True)
         if self.job._was_paused(result.verdict == STOPPED):  # Ctrl-Z: no result, it runs again on continue
             j.abandon_trial("paused (Ctrl-Z)")
             self._emit(TrialWarning(PAUSED_LINE))
@@ -964,14 +963,13 @@ class _Search:
                   f"({last.get('steps')} steps, {last.get('warmup_steps') or 0} of them warm-up) even at "
                   f"{evidence.RERUN_FACTOR ** evidence.MAX_SHORT_RERUNS}x the duration; a pass needs "
                   f"{evidence.MIN_COMPARED_STEPS} compared steps: give a longer --trial / --confirm")
-        return self._failed(j, results, search, evidence.TOO_SHORT, reason, exit_codes.TEST_FAILED, FINISHED)
+        return self._failed(j, results, search, evidence.TOO_SHORT, reason)
 
-    def _hardware_failure(self, j: Journal, results: list[TrialResult], search: dict, kind: str,
-                          reason: str) -> CardOutcome:
-        return self._failed(j, results, search, kind, reason, exit_codes.HARDWARE, INTERRUPTED)
-
-    def _failed(self, j: Journal, results: list[TrialResult], search: dict, kind: str, reason: str, code: int,
-                state: str) -> CardOutcome:
+    def _failed(self, j: Journal, results: list[TrialResult], search: dict, kind: str, reason: str, *,
+                hardware: bool = False) -> CardOutcome:
+        """No recommendation: a failed test finishes the session; a hardware failure (a setting not applied, the
+        card lost) leaves it resumable."""
+        code, state = (exit_codes.HARDWARE, INTERRUPTED) if hardware else (exit_codes.TEST_FAILED, FINISHED)
         failure = BisectFailed(kind=kind, reason=reason, exit_code=code)
         self._emit(failure)
         j.close(state, **({"outcome": kind} if state == FINISHED else {}), reason=reason)
