@@ -27,7 +27,7 @@ from tuner.tuning.job import (
 
 def bisect_estimate(backend: Backend, device_id: str, params: BisectParams) -> BisectEstimate:
     """The plan a new bisect of this card runs (trials at most, the confirmation, the time at most), by the rule
-    the running bisect's ETA uses (tuner.tuning.job.time_left_s); UsageError for parameters it would refuse."""
+    the running bisect's ETA uses (tuner.tuning.job.estimate_left); UsageError for parameters it would refuse."""
     from tuner.tuning import journal
 
     return estimate_search(backend.knob(device_id), params, journal.unsafe_settings(device_id))

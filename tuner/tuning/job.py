@@ -138,35 +138,31 @@ def card_plan(knob: Knob, params: PlanParams, unsafe: dict) -> BisectPlan:
     return BisectPlan(knob, params, unsafe=list(unsafe), unsafe_edge=any(e.get("edge") for e in unsafe.values()))
 
 
-def confirm_time_s(confirm_s: float, bound_s: float | None) -> float:
-    """How long one confirmation takes at most: `--confirm`, or with `--bound` the bound's whole evidence at the
-    mixed load's share (the plan sizes it)."""
-    return confirm_s if bound_s is None else bounds.load_needed_s(float(bound_s)) / MIXED_LOAD_FRACTION
-
-
-def time_left_s(short_trials: int, confirms: int, trial_s: float, confirm_s: float) -> float:
-    """How long `short_trials` trials and `confirms` confirmations take at most, each at its full length: the one
-    rule behind the CLI's and the UI's `bisect ~N left` and the plan shown before a start (BisectEstimate)."""
-    return short_trials * trial_s + confirms * confirm_s
-
-
 @dataclass(frozen=True)
 class BisectEstimate:
-    """What a new search of one card will run, before it starts: at most `trials` trials (the confirmation
-    included), one confirmation of `confirm_s`, at most `duration_s` in all (BisectPlan.remaining_estimate: a
-    descent to the range end or floor; a failure on the way shortens it)."""
+    """What a search will still run: at most `trials` trials (the confirmation included), one confirmation of
+    `confirm_s`, at most `duration_s` in all (BisectPlan.remaining_estimate: a descent to the range end or floor;
+    a failure on the way shortens it)."""
 
     trials: int
     confirm_s: float
     duration_s: float
 
 
+def estimate_left(plan: BisectPlan, done: Sequence[PlanResult], search: Mapping) -> BisectEstimate:
+    """What is left of a search with `done` behind it, each trial at its full length: the one rule behind the CLI's
+    and the UI's `bisect ~N left` and the plan shown before a start. One confirmation takes `--confirm`, or with
+    `--bound` the bound's whole evidence at the mixed load's share (the plan sizes it)."""
+    short, confirms = plan.remaining_estimate(done)
+    bound_s = search.get("bound_s")
+    confirm_s = (float(search["confirm_s"]) if bound_s is None
+                 else bounds.load_needed_s(float(bound_s)) / MIXED_LOAD_FRACTION)
+    return BisectEstimate(short + confirms, confirm_s, short * float(search["trial_s"]) + confirms * confirm_s)
+
+
 def estimate_search(knob: Knob, params: BisectParams, unsafe: dict) -> BisectEstimate:
     """The plan a new search of `knob` with `params` runs (UsageError for parameters the job would refuse)."""
-    plan = card_plan(knob, params.plan_params(knob), unsafe)
-    short, confirms = plan.remaining_estimate([])
-    confirm_s = confirm_time_s(params.confirm_s, params.bound_s)
-    return BisectEstimate(short + confirms, confirm_s, time_left_s(short, confirms, params.trial_s, confirm_s))
+    return estimate_left(card_plan(knob, params.plan_params(knob), unsafe), [], params.search())
 
 
 @dataclass(frozen=True)
@@ -493,10 +489,8 @@ class BisectJob:
     def _together(self, rig: Journal, knobs: dict[str, Knob], phase: str, attempt: int, settings: dict[str, int],
                   duration_s: float, **kw: object) -> TrialOutcome | None:
         """One run of every card at `settings` together, journalled before any card is touched; None: stopped."""
-        s = rig.doc["params"]
-        params = TrialParams(phase=phase, duration_s=duration_s, preset=s.get("preset"), seed=int(s.get("seed") or 0),
-                             dtype=s.get("dtype"), compile=s.get("compile"), watchdog=self.params.watchdog,
-                             tolerance=bool(s.get("tolerance")), **kw)  # type: ignore[arg-type]
+        params = TrialParams(phase=phase, duration_s=duration_s, **self._trial_options(rig.doc["params"]),
+                             **kw)  # type: ignore[arg-type]
         while True:
             with self._trial_slot():
                 self._emit(RigConfirmStarted(settings=settings, unit_by_device={d: knobs[d].unit for d in settings},
@@ -515,6 +509,12 @@ class BisectJob:
             rig.end_trial()
             return None
         return res
+
+    def _trial_options(self, search: Mapping) -> dict:
+        """What every trial of a search runs with, a card's own or the rig's: its load, seed and comparison."""
+        return {"preset": search.get("preset"), "seed": int(search.get("seed") or 0), "dtype": search.get("dtype"),
+                "compile": search.get("compile"), "watchdog": self.params.watchdog,
+                "tolerance": bool(search.get("tolerance"))}
 
     def _outside_change(self, reason: str) -> None:
         """Something outside this bisect changed a card under a trial: every search stops, resumable, exit BUSY
@@ -815,8 +815,7 @@ class _Search:
             if isinstance(decision, Recommend):
                 return self._recommend(decision, j, results, search)
             if isinstance(decision, Stop):
-                return self._failed(j, results, search, decision.kind, decision.reason, exit_codes.TEST_FAILED,
-                                    FINISHED)
+                return self._failed(j, results, search, decision.kind, decision.reason)
             assert isinstance(decision, NextTrial)
             # the plan never proposes these
             if decision.setting in journal.unsafe_settings(self.device_id, self.backend):
@@ -832,9 +831,8 @@ class _Search:
         trial_s = evidence.rerun_duration_s(float(search["trial_s"]), reruns)
         confirm_s = evidence.rerun_duration_s(float(search["confirm_s"]), reruns)
         baseline = stock_baseline(results)
-        common = {"phase": decision.phase, "preset": search["preset"], "seed": int(search["seed"]),
-                  "dtype": search.get("dtype"), "compile": search.get("compile"), "watchdog": self.job.params.watchdog,
-                  "baselines": {d: baseline} if baseline else None, "tolerance": bool(search.get("tolerance"))}
+        common = {"phase": decision.phase, "baselines": {d: baseline} if baseline else None,
+                  **self.job._trial_options(search)}
         if decision.phase == BASELINE:
             if mode == "gemm":  # the GEMM burn has no training trajectory to record
                 return TrialParams(duration_s=trial_s, mode=mode, **common)
@@ -849,19 +847,17 @@ class _Search:
         if decision.phase == CONTROL:
             steps = control_steps(results[-1] if results else None)
             return TrialParams(duration_s=trial_s, steps=steps, mode="train", reference_paths=reference, **common)
+        confirm = decision.phase == CONFIRM
+        run_mode = ("gemm" if mode == "gemm" else "mixed") if confirm else mode
         if decision.steps is not None and decision.duration_s is not None:
             # sized by the plan (a bound was asked for): its compared steps, the baseline's warm-up on top; the
             # duration only feeds the ETA (a mixed confirmation's idle and partial phases make it longer)
             steps = decision.steps + int((baseline.warmup_steps if baseline else None) or 0)
-            confirm = decision.phase == CONFIRM
             eta_s = decision.duration_s / MIXED_LOAD_FRACTION if confirm and mode != "gemm" else decision.duration_s
-            return TrialParams(duration_s=max(1.0, round(eta_s, 1)), steps=steps,
-                               mode=("gemm" if mode == "gemm" else "mixed") if confirm else mode,
+            return TrialParams(duration_s=max(1.0, round(eta_s, 1)), steps=steps, mode=run_mode,
                                reference_paths=reference, **common)
-        if decision.phase == CONFIRM:
-            return TrialParams(duration_s=confirm_s, mode="gemm" if mode == "gemm" else "mixed",
-                               reference_paths=reference, **common)
-        return TrialParams(duration_s=trial_s, mode=mode, reference_paths=reference, **common)
+        return TrialParams(duration_s=confirm_s if confirm else trial_s, mode=run_mode, reference_paths=reference,
+                           **common)
 
     def _run_one(self, decision: NextTrial, plan: BisectPlan, j: Journal, results: list[TrialResult],
                  search: dict) -> CardOutcome | None:
@@ -881,14 +877,12 @@ class _Search:
         knob = self.knob
         index = len(results) + 1
         open_trial = j.begin_trial(decision.phase, setting=decision.setting)
-        short, confirms = plan.remaining_estimate([PlanResult.from_record(r) for r in j.trials])
-        trial_s = float(search["trial_s"])
-        confirm_s = confirm_time_s(float(search["confirm_s"]), search.get("bound_s"))
-        rest_s = time_left_s(short, confirms, trial_s, confirm_s)  # an upper bound: a screen is a tenth of a --trial
-        rest_s = max(0.0, rest_s - (confirm_s if decision.phase == CONFIRM else trial_s))
+        left = estimate_left(plan, [PlanResult.from_record(r) for r in j.trials], search)
+        this_s = left.confirm_s if decision.phase == CONFIRM else float(search["trial_s"])
+        rest_s = max(0.0, left.duration_s - this_s)  # an upper bound: a screen is a tenth of a --trial
         self._emit(TrialStarted(index=index, setting=decision.setting, unit=knob.unit, phase=decision.phase,
                                 duration_s=tp.duration_s, started_at=open_trial["started_at"],
-                                expected_trials=index - 1 + short + confirms))
+                                expected_trials=index - 1 + left.trials))
 
         def on_trial_event(ev: TrialEvent) -> None:
             if isinstance(ev, TrialProgress):
@@ -902,7 +896,7 @@ class _Search:
                                          kernel_watcher_factory=self.job._watcher_factory).results[self.device_id]
         except NotApplied as e:
             j.abandon_trial(f"not applied: {e.message}")
-            return self._hardware_failure(j, results, search, "not-applied", e.one_line())
+            return self._failed(j, results, search, "not-applied", e.one_line(), hardware=True)
         except DeviceLost as e:
             lost = TrialResult(setting=decision.setting, unit=knob.unit, phase=decision.phase, verdict="fail",
                                kind="device-lost", reason=e.one_line(), edge=True)
@@ -911,7 +905,7 @@ class _Search:
                                         backend=self.backend)
             j.finish_trial(lost.to_record())
             self._emit(TrialFinished(index, lost))
-            return self._hardware_failure(j, [*results, lost], search, "device-lost", e.one_line())
+            return self._failed(j, [*results, lost], search, "device-lost", e.one_line(), hardware=True)
         if self.job._was_paused(result.verdict == STOPPED):  # Ctrl-Z: no result, it runs again on continue
             j.abandon_trial("paused (Ctrl-Z)")
             self._emit(TrialWarning(PAUSED_LINE))
@@ -969,14 +963,13 @@ class _Search:
                   f"({last.get('steps')} steps, {last.get('warmup_steps') or 0} of them warm-up) even at "
                   f"{evidence.RERUN_FACTOR ** evidence.MAX_SHORT_RERUNS}x the duration; a pass needs "
                   f"{evidence.MIN_COMPARED_STEPS} compared steps: give a longer --trial / --confirm")
-        return self._failed(j, results, search, evidence.TOO_SHORT, reason, exit_codes.TEST_FAILED, FINISHED)
+        return self._failed(j, results, search, evidence.TOO_SHORT, reason)
 
-    def _hardware_failure(self, j: Journal, results: list[TrialResult], search: dict, kind: str,
-                          reason: str) -> CardOutcome:
-        return self._failed(j, results, search, kind, reason, exit_codes.HARDWARE, INTERRUPTED)
-
-    def _failed(self, j: Journal, results: list[TrialResult], search: dict, kind: str, reason: str, code: int,
-                state: str) -> CardOutcome:
+    def _failed(self, j: Journal, results: list[TrialResult], search: dict, kind: str, reason: str, *,
+                hardware: bool = False) -> CardOutcome:
+        """No recommendation: a failed test finishes the session; a hardware failure (a setting not applied, the
+        card lost) leaves it resumable."""
+        code, state = (exit_codes.HARDWARE, INTERRUPTED) if hardware else (exit_codes.TEST_FAILED, FINISHED)
         failure = BisectFailed(kind=kind, reason=reason, exit_code=code)
         self._emit(failure)
         j.close(state, **({"outcome": kind} if state == FINISHED else {}), reason=reason)

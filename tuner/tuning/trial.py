@@ -49,6 +49,9 @@ STOPPED = Verdict.STOPPED
 # inconclusive kinds: something outside the tuner (issue 28) -- the setting changed under the trial (another
 # `tuner reset --force`, another tool), or the engine stopped by a signal (SIGSTOP, a debugger)
 CHANGED_OUTSIDE, ENGINE_STOPPED = "changed-outside", "engine-stopped"
+# the sampler's figures a result carries as they are (without a summary: the result's defaults)
+AS_SAMPLED = ("max_temp_c", "max_temp_edge_c", "max_temp_hotspot_c", "max_temp_mem_c", "median_core_clock_mhz",
+              "pstates", "power_limit_w", "throttle_reasons")
 
 EngineFactory = Callable[[EngineConfig, WatchdogPolicy], sc.StressRun]
 WatcherFactory = Callable[[str], "kernel_log.KernelLogWatcher | None"]
@@ -96,10 +99,9 @@ def default_engine_factory(config: EngineConfig, watchdog: WatchdogPolicy) -> sc
     return sc.StressRun(config, watchdog=watchdog)
 
 
-def trial_request(target: StressTarget, params: TrialParams, device_id: str, setting: int | None = None,
+def trial_request(target: StressTarget, params: TrialParams, device_id: str, setting: int,
                   **extra: object) -> EngineConfig:
-    """The engine run for one card of a trial at `setting` (None: a run at whatever the card is set to, with the
-    engine's default fault seed). `extra`: further engine options (a data-parallel rank)."""
+    """The engine run for one card of a trial at `setting`; `extra`: further engine options (a data-parallel rank)."""
     record = (params.record_paths or {}).get(device_id)
     reference = (params.reference_paths or {}).get(device_id)
     return sc.engine_request(
@@ -158,8 +160,8 @@ class _Card:
 
 def run_trial(backend: Backend, settings: Mapping[str, int], params: TrialParams,
               on_event: Callable[[TrialEvent], None] | None = None, stop: threading.Event | None = None, *,
-              engine_factory: EngineFactory | None = None, kernel_watcher_factory: WatcherFactory | None = None,
-              clock: Callable[[], float] = time.time) -> TrialOutcome:
+              engine_factory: EngineFactory | None = None,
+              kernel_watcher_factory: WatcherFactory | None = None) -> TrialOutcome:
     """Run every card in `settings` at its setting together; return one TrialResult per card and the blame. Every
     card is back at stock (verified) when this returns or raises.
 
@@ -177,7 +179,7 @@ def run_trial(backend: Backend, settings: Mapping[str, int], params: TrialParams
     engine_factory = engine_factory or default_engine_factory
     devices = list(settings)
     knobs = {d: backend.knob(d) for d in devices}
-    started_at = clock()
+    started_at = time.time()
     cards = {d: _Card(d, i, int(settings[d])) for i, d in enumerate(devices)}
     where = devices[0] if len(devices) == 1 else "rig"  # what the trial's own warnings are about
     machine_lines: list[kernel_log.KernelEvent] = []
@@ -219,7 +221,7 @@ def run_trial(backend: Backend, settings: Mapping[str, int], params: TrialParams
             _start(backend, cards, params, engine_factory, cleanup, warn)
             for c in cards.values():
                 c.follower = threading.Thread(target=_follow, name=f"trial-follow-{c.device_id}", daemon=True,
-                                              args=(c, params, started_at, emit, clock))
+                                              args=(c, params, started_at, emit))
                 c.follower.start()
             _supervise(cards, params, stop, stop_all)
             error = next((c.error for c in cards.values() if c.error is not None), None)
@@ -231,7 +233,7 @@ def run_trial(backend: Backend, settings: Mapping[str, int], params: TrialParams
     if halt and halt[0] == STOPPED:
         for c in cards.values():
             c.stop_reason = STOPPED  # a stop on request ends every card, whatever else stopped it too
-    results = {d: _classify(backend, c, knobs[d], params, started_at, clock) for d, c in cards.items()}
+    results = {d: _classify(backend, c, knobs[d], params, started_at) for d, c in cards.items()}
     library = next((c.library for c in cards.values() if c.library), None)
     if any(r.verdict == STOPPED for r in results.values()):
         return TrialOutcome(results, stopped=True, collective=library)
@@ -319,8 +321,7 @@ def _join_followers(cards: Mapping[str, _Card]) -> None:
                 c.follower.join(timeout=5.0)
 
 
-def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[TrialEvent], None],
-            clock: Callable[[], float]) -> None:
+def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[TrialEvent], None]) -> None:
     """Read one card's engine events until it ends: check it runs on the card being tuned, keep what it reports
     about the data-parallel group and the figure of its fault, report progress."""
     try:
@@ -343,7 +344,7 @@ def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[Tr
                     c.figure = figure
                 case _:
                     pass
-            now = clock()
+            now = time.time()
             if now - last_progress >= params.progress_interval_s:
                 last_progress = now
                 latest = c.sampler.latest() if c.sampler else None
@@ -436,8 +437,7 @@ def pstate_problem_of(backend: Backend, device_id: str, setting: int, stock: int
         return None
 
 
-def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, started_at: float,
-              clock: Callable[[], float]) -> TrialResult:
+def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, started_at: float) -> TrialResult:
     """One card's result: what it measured, its verdict (the first cause that applies, in order), and a stop that
     was not its own doing (another card's fault, a kernel line, a lost card) inconclusive."""
     r, summary, target = c.engine_result, c.summary, c.target
@@ -451,12 +451,9 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
         setting=c.setting, unit=knob.unit, phase=params.phase, verdict="pass",
         steps=r.steps if r is not None else None,
         warmup_steps=r.start.warmup_steps if r is not None and r.start is not None else None,
-        duration_s=round((r.duration_s if r is not None else None) or clock() - started_at, 3),
+        duration_s=round((r.duration_s if r is not None else None) or time.time() - started_at, 3),
         tok_s=tok_s, power_w=None if power_w is None else round(power_w, 2),
-        max_temp_c=summary.max_temp_c if summary else None,
-        max_temp_edge_c=summary.max_temp_edge_c if summary else None,
-        max_temp_hotspot_c=summary.max_temp_hotspot_c if summary else None,
-        max_temp_mem_c=summary.max_temp_mem_c if summary else None,
+        **{name: getattr(summary, name) for name in AS_SAMPLED if summary},
         energy_j=None if not summary or summary.energy_j is None else round(summary.energy_j, 1),
         j_per_tok=None if not tok_per_j else 1.0 / tok_per_j,
         tok_per_j=tok_per_j,
@@ -464,11 +461,7 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
         injected=bool(target and target.simulated and (target.fault_rate > 0 or target.hang)),
         simulated=bool(target and target.simulated), sensitivity=r.sensitivity if r is not None else None,
         kernel_log=tuple(e.line for e in c.kernel_events), warnings=tuple(c.warnings), started_at=started_at,
-        median_core_clock_mhz=summary.median_core_clock_mhz if summary else None,
-        pstates=summary.pstates if summary else (),
         p95_power_w=None if not summary or summary.p95_power_w is None else round(summary.p95_power_w, 2),
-        power_limit_w=summary.power_limit_w if summary else None,
-        throttle_reasons=summary.throttle_reasons if summary else (),
         median_step_ms=r.end.median_step_ms if r is not None and r.end is not None else None,
     )
     result = _verdict(c, _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary),
