@@ -41,13 +41,12 @@ from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import EngineConfig, StressResult, StressRun, WatchdogPolicy, engine_request
 from tuner.tuning.kernel_log import KernelEvent
 from tuner.tuning.reference_cache import CachedReference, manual_reference
-from tuner.tuning.trial import kernel_log_source
+from tuner.tuning.trial import EngineFactory, default_engine_factory, kernel_log_source
 
 REFERENCE_RECORD_S = 60.0  # a stock reference recorded first: one minute, looped when compared
 SIM_CANARY_EVERY = 10  # simulated cards: canaries often, so short runs meet the injected faults
 RESULT_WAIT_S = 5.0  # after a stop, beyond the watchdog's kill grace, for the engine to be gone
 
-EngineFactory = Callable[[EngineConfig, WatchdogPolicy], StressRun]
 Emit = Callable[[object], None]
 
 
@@ -219,10 +218,6 @@ def cached_reference(device: DeviceInfo, target: StressTarget, request: StressRe
     """Where this card's stock reference for `request`'s workload is cached: keyed by what will really run (every
     trajectory option of the request, rendered as the engine gets it; tuner.tuning.reference_cache)."""
     return manual_reference(device, engine_config(request, target, duration_s=REFERENCE_RECORD_S, steps=None).options)
-
-
-def default_engine_factory(config: EngineConfig, watchdog: WatchdogPolicy) -> StressRun:
-    return StressRun(config, watchdog=watchdog)
 
 
 class StressSession:
