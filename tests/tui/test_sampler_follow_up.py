@@ -1,7 +1,7 @@
 """The App's telemetry sampler never loses the read that follows a change. A change (an apply, a revert, a phase)
 asks for a sample; while one is in flight, another is queued to follow it. The queued read must start even when
 the first worker's thread has posted its sample but not yet ended (preempted on a loaded box) when the App
-handles that sample: the tests run without the 1 Hz sampler, and so does nothing else retry."""
+handles that sample: the tests run without the 1 Hz sampler, so nothing else would read the card again."""
 
 from __future__ import annotations
 
