@@ -253,12 +253,23 @@ async def test_quit_with_the_rig_result_unconfirmed_reverts_every_card(tmp_path,
 async def test_quit_when_the_rig_stops_at_once_still_says_the_session_is_kept(tmp_path, fake_rig):
     """A stop during a card's trial ends the rig job quickly: its end can be handled before make_safe runs; the
     exit lines must still say that the session is kept and how to resume it."""
-    app, backend = _app(tmp_path, gpus=2)
+    # The first card trial is held until the stop: with a fast fake engine the whole rig could otherwise end
+    # between two polls of `running`, and the stop would land on no trial at all.
+    entered, release = threading.Event(), threading.Event()
+
+    def hold_first_trial(_request):
+        if not entered.is_set():
+            entered.set()
+            release.wait(20)
+
+    app, backend = _app(tmp_path, gpus=2, engine=FakeEngine(on_start=hold_first_trial))
     async with app.run_test(size=(80, 24)) as pilot:
         await _all_cards(pilot, app, gpus=2)
         await pilot.press("b")
-        await until(pilot, lambda: app.bisect.running)
+        await until(pilot, entered.is_set, what="the first card trial started")
+        assert app.bisect.running
         app.stop_jobs()  # what a confirmed quit (or a hang-up) does first
+        release.set()
         await app.workers.wait_for_complete()
         await until(pilot, lambda: not app.bisect.running)  # the end was handled while the App still ran
     done = app.make_safe(wait_s=20)
