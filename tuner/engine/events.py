@@ -21,6 +21,7 @@ together; the client says so), and anything else (`LogEvent`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -432,8 +433,7 @@ def validate(record: dict[str, Any]) -> Event:
     t = record.get("t")
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
         raise ProtocolError(f"{name}: `t` must be seconds since start, got {t!r}")
-    info = msgspec.inspect.type_info(cls)
-    assert isinstance(info, msgspec.inspect.StructType)
+    info = _struct_info(cls)
     declared = {f.encode_name for f in info.fields if f.name != "t"}
     missing = sorted(f.encode_name for f in info.fields if f.required and f.encode_name not in record)
     extra = sorted(set(record) - declared - {"event", "t"})
@@ -451,6 +451,15 @@ def validate(record: dict[str, Any]) -> Event:
             raise ProtocolError(f"{name}.{key}: {value!r} does not read back as declared "
                                 f"({_type_text(_field_type(info, key))})")
     return _with_raw(event, record)
+
+
+@functools.cache
+def _struct_info(cls: type[Event]) -> msgspec.inspect.StructType:
+    """An event type's fields, read once: `type_info` rebuilds them on every call, and the fakes validate every line
+    they write (a fake rig's test makes thousands)."""
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return info
 
 
 def _no_raw_non_finite(value: Any, where: str) -> None:
@@ -560,8 +569,7 @@ def markdown() -> str:
     """The event tables of docs/engine.md, from the declarations above."""
     out: list[str] = []
     for cls in ENGINE_EVENTS:
-        info = msgspec.inspect.type_info(cls)
-        assert isinstance(info, msgspec.inspect.StructType)
+        info = _struct_info(cls)
         out += [f"### `{info.tag}`: {(cls.__doc__ or '').strip()}", *_table(info), *_object_tables(info, ""), ""]
     return "\n".join(out).rstrip() + "\n"
 
