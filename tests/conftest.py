@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,35 @@ from hypothesis import settings
 # default 200 ms per-example deadline.
 settings.register_profile("tuner", deadline=None)
 settings.load_profile("tuner")
+
+
+RAM_DISK = Path("/dev/shm")
+RAM_DISK_MIN_FREE_BYTES = 1 << 30
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmp_path plugin reads the option
+def pytest_configure(config: pytest.Config) -> None:
+    """Test files on a RAM disk where the machine has one with room: the product fsyncs every journal and profile
+    write (tuner/core/atomic.py), and on a disk those waits were most of a small bisect test's time (on tmpfs fsync
+    returns at once; the same code runs). Not where `--basetemp` was given, nor in an xdist worker (it gets the
+    controller's). A run's folder is kept for a look after a failure; a dead run's is removed by the next."""
+    if config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    try:
+        disk = os.statvfs(RAM_DISK)
+    except OSError:
+        return
+    if disk.f_bavail * disk.f_frsize < RAM_DISK_MIN_FREE_BYTES or not os.access(RAM_DISK, os.W_OK):
+        return
+    for old in RAM_DISK.glob(f"tuner-tests-{os.getuid()}-*"):
+        pid = old.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    config.option.basetemp = str(RAM_DISK / f"tuner-tests-{os.getuid()}-{os.getpid()}")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"test files under: {config.option.basetemp or 'pytest default (a disk)'}"
 
 
 class FakeBoot:
