@@ -33,7 +33,9 @@ def _form(app) -> dict[str, str]:
 async def _finished_bisect(app, pilot) -> None:
     await pilot.press("3")
     await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
-    for field_id, value in (("trial", "1s"), ("confirm", "2s")):
+    # short trials, and a coarse step from a floor near the card's limit (-52): a few trials reach a result
+    for field_id, value in (("trial", "1s"), ("confirm", "2s"), ("step", "20"), ("resolution", "10"),
+                            ("floor", "-60")):
         app.screen.query_one(f"#in-{field_id}", Input).value = value
     await pilot.press("b")
     await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None, timeout_s=60,

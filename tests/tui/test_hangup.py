@@ -6,6 +6,8 @@ real `tuner --simulate` on a pseudo-terminal (or in tmux) and takes the terminal
 pty's master closed (with and without the SIGHUP a controlling terminal brings), or a terminal that stops reading
 and then SIGTERM, or a storm of signals; while a keep-or-revert is open, or while a bisect runs its engine.
 Before the fix each one hung (killed by the test after its bound) with the card left at the unconfirmed value.
+The two whose terminal stops reading run the same entry point with one of the product's waits shortened
+(`_short_waits`), a wait their assertions do not measure.
 """
 
 from __future__ import annotations
@@ -26,12 +28,33 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.cli_helpers import REPO
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
 
 TUNER = Path(sys.executable).with_name("tuner")
 EXIT_BOUND_S = 90.0  # generous: make_safe, then at most the guard's grace (10 s), on a busy 2-core machine
 ANSI = re.compile(rb"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def _short_waits(*, overdue_s: float | None = None, grace_s: float | None = None) -> list[str]:
+    """`tuner` as its console script runs it (tuner.cli.main), with the App's OVERDUE_S (how long a keep-or-revert
+    may stay pending past its countdown before the guard's thread reverts it for a stuck event loop; 5 s) or the
+    hang-up guard's grace (how long the process may take to end by itself once the cards are safe; 10 s) shorter.
+    Which path runs, and its end state, are the product's own; only the idle wait before it is shorter."""
+    code = ["import sys", "from tuner.app import hangup, tuner_app", "from tuner.cli import main",
+            "sys.argv[0] = 'tuner'"]
+    if overdue_s is not None:
+        code += [f"assert tuner_app.OVERDUE_S > {overdue_s!r}", f"tuner_app.OVERDUE_S = {overdue_s!r}"]
+    if grace_s is not None:
+        code += ["assert tuner_app.HangUpGuard is hangup.HangUpGuard",
+                 "class Guard(hangup.HangUpGuard):",
+                 "    def __init__(self, **kwargs):",
+                 f"        assert {grace_s!r} < hangup.EXIT_GRACE_S and 'grace_s' not in kwargs",
+                 f"        super().__init__(grace_s={grace_s!r}, **kwargs)",
+                 "tuner_app.HangUpGuard = Guard"]
+    code.append("sys.exit(main())")
+    return [sys.executable, "-c", "\n".join(code)]
 
 
 def _card_offset(device_id: str = "sim0") -> int:
@@ -48,19 +71,21 @@ class PtyTuner:
     controlling terminal (it is the session leader, as a login shell's child is after `exec`), so closing the
     master hangs it up with SIGHUP and SIGCONT; without it nothing is signalled and only writes fail."""
 
-    def __init__(self, *args: str, controlling: bool = True):
+    def __init__(self, *args: str, controlling: bool = True, command: list[str] | None = None):
         self.master, slave = os.openpty()
         _set_size(slave, 24, 80)
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
         env["TERM"] = "xterm-256color"
+        if command is not None:  # the checkout's tuner, as tests.cli_helpers runs it
+            env["PYTHONPATH"] = str(REPO)
 
         def session() -> None:
             os.setsid()
             if controlling:
                 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-        self.proc = subprocess.Popen([str(TUNER), "--simulate", *args], stdin=slave, stdout=slave, stderr=slave,
-                                     env=env, preexec_fn=session, close_fds=True)
+        self.proc = subprocess.Popen([*(command or [str(TUNER)]), "--simulate", *args], stdin=slave, stdout=slave,
+                                     stderr=slave, env=env, preexec_fn=session, close_fds=True)
         os.close(slave)
         self.raw = b""
         self.master_open = True
@@ -140,8 +165,8 @@ def _thread_states(pid: int) -> list[str]:
 def tuners():
     started: list[PtyTuner] = []
 
-    def start(*args: str, controlling: bool = True) -> PtyTuner:
-        tuner = PtyTuner(*args, controlling=controlling)
+    def start(*args: str, controlling: bool = True, command: list[str] | None = None) -> PtyTuner:
+        tuner = PtyTuner(*args, controlling=controlling, command=command)
         started.append(tuner)
         return tuner
 
@@ -205,12 +230,11 @@ def _stall(tuner: PtyTuner) -> None:
         pytest.fail(f"the UI never blocked on its output: {_thread_states(tuner.proc.pid)}")
 
 
-@pytest.mark.heavy(seconds=16)
 def test_sigterm_with_a_terminal_that_stopped_reading_reverts_and_exits_130(tuners):
     """A terminal that takes no more output: the event loop is blocked on it. SIGTERM then: the old handler only
     asked that blocked event loop to leave, so it was ignored. Now the guard makes the card safe and ends the
-    process (130)."""
-    tuner = tuners()
+    process (130) once its grace is over (1 s here: the blocked UI cannot end by itself in any grace)."""
+    tuner = tuners(command=_short_waits(grace_s=1.0))
     _open_keep_or_revert(tuner)
     _stall(tuner)
     assert _card_offset() == -10
@@ -220,12 +244,13 @@ def test_sigterm_with_a_terminal_that_stopped_reading_reverts_and_exits_130(tune
     assert _card_offset() == 0
 
 
-@pytest.mark.heavy(seconds=24)
+@pytest.mark.heavy(seconds=20)
 def test_a_terminal_that_stopped_reading_cannot_hold_an_unconfirmed_setting(tuners):
     """No signal at all: the terminal just stops reading while the keep-or-revert counts down. The countdown runs
     on the blocked event loop, so the unconfirmed -10 mV stayed on the card as long as the stall lasted. Now it is
-    reverted soon after its 15 s, and the UI carries on when the terminal reads again."""
-    tuner = tuners()
+    reverted soon after its 15 s (the guard's thread reverts what is still pending OVERDUE_S later: 1 s here, 5 s
+    in the product), and the UI carries on when the terminal reads again."""
+    tuner = tuners(command=_short_waits(overdue_s=1.0))
     _open_keep_or_revert(tuner)
     _stall(tuner)
     deadline = time.monotonic() + EXIT_BOUND_S

@@ -48,7 +48,7 @@ async def test_a_manual_stress_on_the_nvidia_style_card_records_its_reference_th
 
     ctx = Context.from_args(_parse(["--simulate", "--sim-kind", "nvidia"]))
     app = TunerApp(ctx, doctor=lambda: list(FAKE_CHECKS), sample_interval_s=None,
-                   stress_options={"reference_record_s": 3.0})
+                   stress_options={"reference_record_s": 1.0})
     device, target = app.backend.device("sim0"), app.backend.stress_target("sim0")
     ref = cached_reference(device, target, StressRequest("sim0", preset="tiny", mode="train")).path
     assert ref is not None and device.serial in ref.name and not ref.exists()

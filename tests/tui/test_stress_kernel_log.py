@@ -58,7 +58,7 @@ async def test_a_kernel_log_fault_stops_a_stress_run_started_from_the_tune_scree
     log = FakeKernelLog()
     backend = sim_backend(tmp_path)
     app = make_app(tmp_path, backend=backend, samples=1,
-                   stress_options={"reference_record_s": 3.0, "kernel_watcher_factory": log.watcher})
+                   stress_options={"reference_record_s": 1.0, "kernel_watcher_factory": log.watcher})
     async with app.run_test(size=(80, 24)) as pilot:
         try:
             await pilot.press("2", "s")
