@@ -42,15 +42,16 @@ def test_a_platform_that_never_repeats_stops_before_the_first_undervolt(boot):
     assert [e["phase"] for e in started] in (["baseline"], ["baseline", "replay"])
 
 
-@pytest.mark.heavy(seconds=25)
+@pytest.mark.heavy(seconds=29)
 def test_a_platform_that_stops_repeating_later_is_caught_by_the_stock_control(boot):
     # vmin -100: nothing is injected down to -100 mV, so every failure here comes from the contention.
-    # The contention starts 20 s in, a wall-clock time: it should land after the baseline and its replay, which
+    # The contention starts 24 s in, a wall-clock time: it should land after the baseline and its replay, which
     # pass however short (stock runs need no least number of compared steps), so trials are 1 s: both end about
-    # 8 s in on a loaded 2-core box. The undervolts that follow are 1 s too (too short to count: each runs again
-    # 4 s, and that only fills the time until the contention). Landing earlier still stops the bisect as
-    # not-repeatable, in the baseline or replay; the branch below checks the control when it landed later.
-    proc = run_tuner("--simulate", "--sim-vmin", "-100", "--sim-contention-after", "20", "bisect", "--device",
+    # 8 s in on a loaded 2-core box, 19 s at a load of 10 (the margin 45 s with 8 s trials had there). The
+    # undervolts that follow are 1 s too (too short to count: each runs again 4 s, and that only fills the time
+    # until the contention). Landing earlier still stops the bisect as not-repeatable, in the baseline or
+    # replay; the branch below checks the control when it landed later.
+    proc = run_tuner("--simulate", "--sim-vmin", "-100", "--sim-contention-after", "24", "bisect", "--device",
                      "sim0", "--trial", "1s", "--confirm", "20s", "--yes", "--json", timeout=400)
     events = _stopped_not_repeatable(proc)
     finished = [e["result"] for e in events if e["event"] == "trial_finished"]
