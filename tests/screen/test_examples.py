@@ -1,6 +1,9 @@
 """The examples/ run against the simulated card on this machine: the Slurm health check and the Kubernetes Job's
 script with the scheduler's environment set by hand (a fake scontrol and kubectl record what they were asked), the
-Ansible playbook with ansible-playbook when it is installed (`pip install ansible-core`)."""
+Ansible playbook with ansible-playbook when it is installed (`pip install ansible-core`). The scripts' tests of a
+passing node run `tuner` with its screen's engine runs faked (tests/screen/faked_engine_tuner.py): what is tested is
+what a script does with the verdict; the real engine's pass screen is test_screen_cli.py's
+test_pass_on_another_machine."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from tests.screen.test_screen_cli import SCHEMA
 
 REPO = Path(__file__).resolve().parents[2]
 TUNER = f"{sys.executable} -m tuner"
+FAKED = f"{sys.executable} {REPO / 'tests/screen/faked_engine_tuner.py'}"  # engine runs faked: they pass
 
 
 def fake_tool(tmp_path: Path, name: str) -> tuple[Path, Path]:
@@ -29,8 +33,8 @@ def fake_tool(tmp_path: Path, name: str) -> tuple[Path, Path]:
     return tool, log
 
 
-def run_script(script: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(REPO), "TUNER": TUNER, **env}
+def run_script(script: str, env: dict, timeout: float = 300, tuner: str = TUNER) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONPATH": str(REPO), "TUNER": tuner, **env}
     return subprocess.run([str(REPO / script)], capture_output=True, text=True, env=full, timeout=timeout, cwd=REPO)
 
 
@@ -44,7 +48,7 @@ def slurm_env(tmp_path, reference, sim_args: str = "") -> tuple[dict, Path]:
 
 def test_slurm_health_check_keeps_a_good_node(tmp_path, reference):
     env, log = slurm_env(tmp_path, reference)
-    r = run_script("examples/slurm/tuner-healthcheck.sh", env)
+    r = run_script("examples/slurm/tuner-healthcheck.sh", env, tuner=FAKED)
     assert r.returncode == 0, r.stderr
     assert not log.exists()
     jsonschema.validate(json.loads((tmp_path / "verdicts/screen-node17.json").read_text()), SCHEMA)
@@ -81,7 +85,7 @@ def k8s_env(tmp_path, reference, sim_args: str = "") -> tuple[dict, Path]:
 
 def test_kubernetes_job_script(tmp_path, reference):
     env, log = k8s_env(tmp_path, reference)
-    r = run_script("examples/kubernetes/screen.sh", env)
+    r = run_script("examples/kubernetes/screen.sh", env, tuner=FAKED)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, SCHEMA)

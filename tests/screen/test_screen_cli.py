@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from tests.cli_helpers import run_tuner
-from tests.screen.helpers import LOAD, raw, state, write_raw
+from tests.screen.helpers import FAULT_LOAD, LOAD, raw, state, write_raw
 from tuner.actions.screen import verdict as v
 from tuner.core import exit_codes
 
@@ -25,9 +25,9 @@ slow = pytest.mark.skipif(not os.environ.get("TUNER_SLOW_TESTS"),
                           reason="three real engine runs; set TUNER_SLOW_TESTS=1 to run it")
 
 
-def screen(tmp_path, reference, *extra, env_name="screener", global_args=()):
+def screen(tmp_path, reference, *extra, env_name="screener", global_args=(), load=LOAD):
     r = run_tuner("--simulate", "--sim-seed", "1", *global_args, "screen", "--reference", str(reference),
-                  "--device", "sim0", "--tier", "quick", *LOAD, "--json", *extra, env=state(tmp_path, env_name),
+                  "--device", "sim0", "--tier", "quick", *load, "--json", *extra, env=state(tmp_path, env_name),
                   timeout=300)
     doc = json.loads(r.stdout) if r.stdout.strip() else None
     if doc is not None:
@@ -58,7 +58,8 @@ def test_another_driver_is_incomparable_and_names_it(tmp_path, reference):
 
 
 def test_a_bad_card_fails_persistent_at_stock(tmp_path, reference):
-    r, doc = screen(tmp_path, reference, global_args=("--sim-sdc-rate", "0.3"))  # 3 s of load: a high rate
+    # a high rate, and 3 s of load (the screen and its repeat end at their first fault, a few steps in)
+    r, doc = screen(tmp_path, reference, global_args=("--sim-sdc-rate", "0.3"), load=FAULT_LOAD)
     assert r.returncode == exit_codes.TEST_FAILED
     [card] = doc["verdicts"]
     assert (card["verdict"], card["attribution"], card["action"]) == ("fail", "persistent at stock", "drain")
@@ -72,7 +73,7 @@ def test_off_stock_a_fault_is_run_at_stock_and_the_card_put_back(tmp_path, refer
     assert run_tuner("--simulate", "--sim-seed", "1", "--sim-vmin", "-40", "set", "--device", "sim0", "--offset",
                      "-60", "--yes", env=env).returncode == 0
     r = run_tuner("--simulate", "--sim-seed", "1", "--sim-vmin", "-40", "screen", "--reference", str(reference),
-                  "--device", "sim0", *LOAD, "--json", env=env, timeout=300)
+                  "--device", "sim0", *FAULT_LOAD, "--json", env=env, timeout=300)
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, SCHEMA)
     [card] = doc["verdicts"]
@@ -174,7 +175,7 @@ def test_a_screen_of_a_busy_card_is_refused(tmp_path, reference, monkeypatch):
 @slow  # covered without engines: test_card_screen.py::test_every_card_at_once_one_engine_each_the_worst_decides
 def test_every_card_at_once_the_worst_decides(tmp_path, reference):
     r = run_tuner("--simulate", "--sim-seed", "1", "--sim-gpus", "2", "--sim-sdc-rate", "0,0.3", "screen",
-                  "--reference", str(reference), "--device", "all", *LOAD, "--json", env=state(tmp_path, "rig"),
+                  "--reference", str(reference), "--device", "all", *FAULT_LOAD, "--json", env=state(tmp_path, "rig"),
                   timeout=300)
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, SCHEMA)
