@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,19 +68,18 @@ def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
 
 
 def _kill_mid_trial(setting: int) -> None:
-    """Start a bisect, wait until the trial at `setting` is running, then SIGKILL the tool; its engine (in its
-    own session) must end by itself, since it watches its parent."""
+    """Start a bisect, wait until the trial at `setting` has reported progress (its engine is running steps),
+    then SIGKILL the tool; its engine (in its own session) must end by itself, since it watches its parent."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "tuner", *SIM, "bisect", "--device", "sim0", *KILLED, "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
     try:
         for line in proc.stdout:
             ev = json.loads(line)
-            if ev["event"] == "trial_started" and ev["setting"] == setting:
+            if ev["event"] == "trial_progress" and ev["setting"] == setting:
                 break
         else:
-            raise AssertionError("the trial never started")
-        time.sleep(1.0)
+            raise AssertionError("the trial never reported progress")
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children, "no engine running"
         proc.send_signal(signal.SIGKILL)  # kill -9 the tool
@@ -101,11 +101,9 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-@pytest.mark.heavy(seconds=28)
-@pytest.mark.parametrize("reboot", [False, True], ids=["tool-killed", "machine-reset"])
-def test_kill_9_mid_trial_then_resume(sysroot, reboot):
-    _kill_mid_trial(-10)
-    assert journal.load("sim0")["open_trial"]["setting"] == -10
+def _resume_after_kill(sysroot: Path, reboot: bool) -> None:
+    """From the state the kill left: refused without --resume, then resumed to the end, as the same boot or
+    after a machine reset."""
     if reboot:
         (sysroot / "proc/sys/kernel/random/boot_id").write_text("boot-b\n")
     # without --resume or --restart a new run is refused and nothing changes
@@ -132,6 +130,26 @@ def test_kill_9_mid_trial_then_resume(sysroot, reboot):
     # a new session keeps the unsafe value out as well
     again = journal.Journal.open_existing("sim0")
     assert again.state == journal.FINISHED
+
+
+@pytest.mark.heavy(seconds=40)
+def test_kill_9_mid_trial_then_resume(sysroot, _isolated_dirs):
+    """One kill -9 in the trial at -10, then two resumes of the very state it left: in the same boot (the tool
+    died: inconclusive, -10 runs again) and, with every file put back as the kill left it, after a simulated
+    machine reset (-10 goes on the unsafe list). The kill is the expensive part (a baseline, its replay and a
+    trial's start), so it runs once; the test's directories hold all a resume reads (the journal, the reference,
+    the simulated card, the fake /proc with the boot id), and they are put back byte for byte between the two."""
+    _kill_mid_trial(-10)
+    assert journal.load("sim0")["open_trial"]["setting"] == -10
+    saved = {d: d.parent / f"{d.name}-as-killed" for d in (_isolated_dirs, sysroot)}
+    for d, copy in saved.items():
+        shutil.copytree(d, copy, symlinks=True)
+    _resume_after_kill(sysroot, reboot=False)
+    for d, copy in saved.items():
+        shutil.rmtree(d)
+        shutil.copytree(copy, d, symlinks=True)
+    assert journal.load("sim0")["open_trial"]["setting"] == -10 and journal.unsafe_settings("sim0") == {}
+    _resume_after_kill(sysroot, reboot=True)
 
 
 def test_watchdog_catches_an_injected_hang_far_below_the_limit():
