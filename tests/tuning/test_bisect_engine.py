@@ -162,8 +162,9 @@ def test_kill_9_mid_trial_then_resume(sysroot, _isolated_dirs):
 def test_watchdog_catches_an_injected_hang_far_below_the_limit():
     backend = SimulatedBackend(vmin_mv=-52)
     params = TrialParams(phase="coarse", duration_s=60, preset="tiny",
+                         # the hang ignores SIGTERM (tuner.engine.runner), so the grace always runs out: SIGKILL
                          watchdog=WatchdogPolicy(first_step_timeout_s=120, min_silence_s=2, silence_factor=20,
-                                                 kill_grace_s=2))
+                                                 kill_grace_s=0.5))
     stop = threading.Event()
     result = run_trial(backend, {"sim0": -100}, params, stop=stop).result  # vmin - 48 mV: the card hangs
     assert result.verdict == "fail" and result.kind == "hang" and result.edge
@@ -175,7 +176,9 @@ def test_watchdog_catches_an_injected_hang_far_below_the_limit():
 def test_a_broken_reference_fails_the_stock_control_too_and_stops_the_search(sysroot):
     """A broken reference (here: step 4's loss bits) fails every trial at step 4 whatever the voltage; at vmin -52
     nothing is injected at -10, so its mismatch gets a control at stock, which fails the same way: the search
-    stops (not repeatable) before blaming the voltage, and nothing goes on the unsafe list."""
+    stops (not repeatable) before blaming the voltage, and nothing goes on the unsafe list. 1 s trials: the baseline
+    records dozens of steps (step 4 is all it needs; it and its replay at stock need no minimum of compared steps),
+    and the two failures come at step 4 whatever the length."""
     def corrupt_then_run(request, watchdog):
         options = request.options
         if options.reference and options.fault_seed == -10:  # the first trial after the baseline
@@ -186,7 +189,7 @@ def test_a_broken_reference_fails_the_stock_control_too_and_stops_the_search(sys
             path.write_text(json.dumps(doc))
         return default_engine_factory(request, watchdog)
 
-    job = BisectJob(SimulatedBackend(vmin_mv=-52), "sim0", BisectParams(trial_s=3, confirm_s=3, preset="tiny"),
+    job = BisectJob(SimulatedBackend(vmin_mv=-52), "sim0", BisectParams(trial_s=1, confirm_s=1, preset="tiny"),
                     engine_factory=corrupt_then_run)
     outcome = job.run().card
     assert outcome.status == "failed" and outcome.failure.kind == "not-repeatable", outcome
