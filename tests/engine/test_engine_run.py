@@ -76,10 +76,11 @@ def test_nan_is_caught_by_the_nonfinite_detector_at_its_step():
 @pytest.mark.parametrize("seed", range(3))
 def test_fault_rate_with_a_reference_fails_quickly(tmp_path, seed):
     ref = tmp_path / "ref.json"
-    assert run_engine(steps=40, seed=seed, record=str(ref), canary_every=0)[0] == 0
-    code, events, engine = run_engine(steps=40, seed=seed, reference=str(ref), fault_rate=0.1, canary_every=0)
+    # 20 steps: each seed draws its faults the same every run (today seeds 0, 1, 2 are caught at steps 11, 10, 2)
+    assert run_engine(steps=20, seed=seed, record=str(ref), canary_every=0)[0] == 0
+    code, events, engine = run_engine(steps=20, seed=seed, reference=str(ref), fault_rate=0.1, canary_every=0)
     end = end_of(events)
-    assert code == 1 and end["kind"] in ("mismatch", "nonfinite") and end["step"] <= 40
+    assert code == 1 and end["kind"] in ("mismatch", "nonfinite") and end["step"] <= 20
     first_flip = min(r.step for r in engine.injector.records if r.step is not None)
     assert end["step"] >= first_flip
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO
+from tests.polling import wait_until
 
 CHECK = REPO / "bench" / "gpu_check.py"
 ORDER = ["preflight", "attention + GEMM", "nanochat record", "nanochat replay", "nanochat, no compile",
@@ -148,16 +149,29 @@ def test_a_killed_check_leaves_the_sections_that_ended_and_nothing_running(tmp_p
     assert children() == []  # the engine went with the check (parent-death signal)
 
 
-@pytest.mark.heavy(seconds=15)
-def test_a_timed_out_process_keeps_its_stderr_tail_and_last_heartbeat_and_its_group_is_killed(gpu_check):
-    child = ("import json, subprocess, sys, time\n"
+def test_a_timed_out_process_keeps_its_stderr_tail_and_last_heartbeat_and_its_group_is_killed(gpu_check, tmp_path,
+                                                                                             monkeypatch):
+    ready = tmp_path / "ready"
+    child = ("import json, pathlib, subprocess, sys, time\n"
              "grandchild = subprocess.Popen(['sleep', '600'])\n"
              "print(json.dumps({'event': 'heartbeat', 'step': 1, 'state': 'train', 'progress': 1}), flush=True)\n"
              "print(json.dumps({'event': 'heartbeat', 'step': 3, 'state': 'train', 'progress': 3,"
              " 'grandchild': grandchild.pid}), flush=True)\n"
              "print('engine: compiling, stuck', file=sys.stderr, flush=True)\n"
+             "pathlib.Path(sys.argv[1]).touch()\n"
              "time.sleep(600)\n")
-    p = gpu_check.run_process([sys.executable, "-c", child], 15.0, dict(os.environ))
+
+    class StartsTheTimeoutOnceTheChildWrote(subprocess.Popen):
+        """run_process's timed wait begins only after the child wrote its heartbeats and stderr line (program
+        state, not a guess at how long a loaded box takes to start Python), so its 1 s timeout is enough."""
+
+        def wait(self, timeout=None):
+            if timeout is not None:
+                wait_until(ready.exists, 120, "the child's heartbeats and stderr line")
+            return super().wait(timeout)
+
+    monkeypatch.setattr(subprocess, "Popen", StartsTheTimeoutOnceTheChildWrote)
+    p = gpu_check.run_process([sys.executable, "-c", child, str(ready)], 1.0, dict(os.environ))
     assert p.timed_out and p.code is None
     fields = gpu_check.timeout_fields(p)
     assert fields["last_heartbeat"]["step"] == 3 and "compiling, stuck" in fields["stderr_tail"]

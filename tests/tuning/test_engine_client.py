@@ -310,7 +310,7 @@ def test_context_manager_stops_on_exit(fake_python):
 
 
 def test_real_engine_hang_is_caught_by_the_watchdog():
-    policy = sc.WatchdogPolicy(min_silence_s=2, first_step_timeout_s=120, kill_grace_s=1, poll_s=0.1)
+    policy = sc.WatchdogPolicy(min_silence_s=2, first_step_timeout_s=120, kill_grace_s=0.3, poll_s=0.1)
     with sc.StressRun(config(steps=50, injections=[Injection.parse("hang@5")]), watchdog=policy) as run:
         hang = run.run()
     assert (hang.verdict, hang.kind, hang.failure_step, hang.steps) == ("fail", "hang", 5, 4), hang
@@ -320,12 +320,14 @@ def test_real_engine_hang_is_caught_by_the_watchdog():
 def test_real_engine_stock_reference_then_fault_rate_fails(tmp_path):
     """The simulated GPU's contract: record at stock (fault rate 0 passes), then P = 0.1 fails on a mismatch."""
     ref = tmp_path / "stock.json"
-    with sc.StressRun(config(steps=40, seed=1, record=str(ref), canary_every=20)) as run:
+    with sc.StressRun(config(steps=20, seed=1, record=str(ref), canary_every=10)) as run:
         ok = run.run()
-    assert ok.passed and ok.steps == 40 and ok.bpb is not None and ok.start.params > 0, ok
-    with sc.StressRun(config(steps=40, seed=1, reference=str(ref), fault_rate=0.1)) as run:
+    assert ok.passed and ok.steps == 20 and ok.bpb is not None and ok.start.params > 0, ok
+    # 20 steps are enough for P = 0.1: seed 1's faults are drawn the same every run (the first one caught is at
+    # step 10 today), so this is no matter of luck
+    with sc.StressRun(config(steps=20, seed=1, reference=str(ref), fault_rate=0.1)) as run:
         bad = run.run()
-    assert (bad.verdict, bad.kind) == ("fail", "mismatch") and bad.failure_step <= 40
+    assert (bad.verdict, bad.kind) == ("fail", "mismatch") and bad.failure_step <= 20
 
 
 # --- stopped processes (issue 28): time nobody could watch is not silence -----------------------------------
@@ -346,15 +348,15 @@ def test_an_engine_stopped_from_outside_is_not_a_hang_and_says_how_long(fake_pyt
     while next(events).name != "step":
         pass
     os.kill(run.pid, signal.SIGSTOP)
-    try:  # the watchdog itself measures the stop: 5 x its silence limit
-        _wait_for(lambda: run._engine_stopped_s > 5 * FAST.min_silence_s)
+    try:  # the watchdog itself measures the stop: 3 x its silence limit
+        _wait_for(lambda: run._engine_stopped_s > 3 * FAST.min_silence_s)
     finally:
         os.kill(run.pid, signal.SIGCONT)
     for _ in events:
         pass
     result = run.result()
     assert (result.verdict, result.kind) == ("pass", None), result
-    assert result.engine_stopped_s >= round(5 * FAST.min_silence_s, 1)
+    assert result.engine_stopped_s >= round(3 * FAST.min_silence_s, 1)
 
 
 def test_this_process_stopped_is_not_engine_silence(fake_python):
