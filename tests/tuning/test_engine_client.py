@@ -362,14 +362,26 @@ def test_an_engine_stopped_from_outside_is_not_a_hang_and_says_how_long(fake_pyt
 def test_this_process_stopped_is_not_engine_silence(fake_python):
     """The tuner stopped (SIGSTOP, a suspended laptop): its clock jumps between two watchdog polls while the
     engine's own clock (its heartbeats' `t`) shows steady work. Before issue 28 that jump read as a hang."""
-    jump = {"s": 0.0}
     cfg = sc.EngineConfig(EngineOptions(steps=None, duration_s=60), python=fake_python,
                           env={"FAKE_ENGINE_MODE": "busy"})
-    run = sc.StressRun(cfg, watchdog=FAST, clock=lambda: time.monotonic() + jump["s"]).start()
+    # The hard order, every time: the watchdog's first poll after the stop comes before any event read after it
+    # (the jump shows to every thread from the watchdog's next reading of the clock; events read before that keep
+    # their old times). The watchdog counts up to OWN_STOP_SLACK_S (2 s) of a late poll as silence, so that a busy
+    # machine's late poll is never excused in full: the limit here is just above the slack (the real one is 60 s),
+    # and the stop is 10 x it.
+    policy = replace(FAST, min_silence_s=sc.OWN_STOP_SLACK_S + 1.0)
+    clock = {"jump_s": 0.0, "armed": False}
+
+    def now() -> float:
+        if clock["armed"] and threading.current_thread().name == "stress-watchdog":
+            clock["jump_s"], clock["armed"] = 10 * policy.min_silence_s, False
+        return time.monotonic() + clock["jump_s"]
+
+    run = sc.StressRun(cfg, watchdog=policy, clock=now).start()
     events = run.events()
     while next(events).name != "step":
         pass
-    jump["s"] = 30.0  # 50 x the silence limit passed on our clock between two polls
+    clock["armed"] = True
     for _ in events:
         pass
     result = run.result()
