@@ -31,6 +31,7 @@ which is reported apart from "not repeatable". Exit 0 when every section that ra
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -123,11 +124,15 @@ def _json_lines(text: str) -> list[dict]:
     return out
 
 
-def _child_setup() -> None:
+def _child_setup(check_pid: int) -> None:
     """In the child, before exec: its own process group (a timeout kills the whole group: Inductor's compile
-    workers too) and SIGKILL when this check dies (a `timeout -s KILL` of the check leaves nothing running)."""
+    workers too) and SIGKILL when this check dies (a `timeout -s KILL` of the check leaves nothing running).
+    A check that died between the fork and the prctl sends no signal, ever: the child then ends itself (a fresh
+    clone's test run once found an engine still running 60 s after the check was killed)."""
     os.setpgid(0, 0)
     set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != check_pid:
+        os._exit(137)
 
 
 def run_process(cmd: list[str], timeout_s: float, env: dict[str, str]) -> Proc:
@@ -135,7 +140,8 @@ def run_process(cmd: list[str], timeout_s: float, env: dict[str, str]) -> Proc:
     timeout."""
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO, preexec_fn=_child_setup)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO,
+                                preexec_fn=functools.partial(_child_setup, os.getpid()))
         try:
             code: int | None = proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
