@@ -5,6 +5,8 @@ the exit code's rule."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
@@ -146,7 +148,11 @@ def test_a_killed_check_leaves_the_sections_that_ended_and_nothing_running(tmp_p
     deadline = time.monotonic() + 60
     while children() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert children() == []  # the engine went with the check (parent-death signal)
+    left = children()
+    for pid in left:  # a failure must not leave a 10,000,000-step engine burning a core for the rest of the run
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == []  # the engine went with the check (parent-death signal)
 
 
 def test_a_timed_out_process_keeps_its_stderr_tail_and_last_heartbeat_and_its_group_is_killed(gpu_check, tmp_path,
@@ -202,3 +208,25 @@ def test_the_exit_code_fails_a_required_section_that_did_not_run_but_not_an_opti
     assert code_for({"nanochat-eager": "not run (budget)"}) == 1
     assert code_for({"nanochat-replay": "not repeatable"}) == 1
     assert code_for({"preset-tiny": "timed out"}) == 1
+
+
+def test_a_child_whose_check_died_before_its_parent_death_signal_was_set_ends_itself(gpu_check):
+    """The kernel sends the parent-death signal only for a death after the prctl: a check killed between the fork
+    and the prctl (a killed check once left its engine running 13 minutes) must not leave the child running. Here
+    the child is told to expect another parent, as it would find after such a death."""
+    not_our_parent = os.getpid() + 1_000_000
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             preexec_fn=functools.partial(gpu_check._child_setup, not_our_parent))
+    try:
+        assert child.wait(timeout=30) == 137
+    finally:
+        if child.poll() is None:
+            child.kill()
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            preexec_fn=functools.partial(gpu_check._child_setup, os.getpid()))
+    try:  # with its real parent alive it runs on
+        time.sleep(0.5)
+        assert ours.poll() is None
+    finally:
+        ours.kill()
+        ours.wait()
