@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tuner.actions.boot_apply import read_last_run
+from tuner.actions.profile_apply import proven_card
 from tuner.backends.base import Backend
 from tuner.core import kernel_files, paths, root_owned, system_units
 from tuner.core.atomic import write_atomic
@@ -31,7 +32,6 @@ from tuner.core.errors import PermissionDenied, StateError, UsageError
 from tuner.core.models import Knob
 from tuner.profiles import Profile, load_profile, save_profile
 from tuner.profiles import boot as boot_rules
-from tuner.profiles.identity import Match, match_device
 from tuner.profiles.store import scan
 
 
@@ -356,8 +356,7 @@ def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
         for index, part in enumerate(profile.parts):
             card = index if profile.is_rig else None
             setting = part.setting
-            device = next((d for d in devices
-                           if match_device(part, d, backend.knob(d.id)).match is Match.SAME_CARD), None)
+            device = proven_card(part, devices, backend)
             if device is None:
                 waited = run.get("waited_s") if this_boot else None
                 missing = "its card is not in this machine" + (

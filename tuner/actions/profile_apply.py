@@ -65,9 +65,8 @@ def pick_profile_device(profile: Profile, backend: Backend, device_id: str | Non
     if device_id:
         return backend.device(device_id)
     devices = backend.devices()
-    for dev in devices:
-        if match_device(profile, dev, backend.knob(dev.id)).match is Match.SAME_CARD:
-            return dev
+    if (proven := proven_card(profile, devices, backend)) is not None:
+        return proven
     if len(devices) == 1:
         return devices[0]
     raise UsageError(f"the card this profile was proven on ({fingerprint(profile.device)}) is not here, and there are "
@@ -180,7 +179,7 @@ class RigApply:
         return tuple(p for p in self.parts if p.device is not None)
 
 
-def find_part_card(part: ProfilePart, devices: list[DeviceInfo]) -> tuple[DeviceInfo | None, str]:
+def find_part_card(part: Profile | ProfilePart, devices: list[DeviceInfo]) -> tuple[DeviceInfo | None, str]:
     """The card a part was proven on: the one with its serial (wherever it sits now), else the one in its PCI
     slot (whatever it is: the identity rules then say whether it is the same card), else none."""
     serial, slot = part.device.serial, part.device.pci_slot
@@ -193,6 +192,14 @@ def find_part_card(part: ProfilePart, devices: list[DeviceInfo]) -> tuple[Device
             if dev.pci_slot and dev.pci_slot.lower() == slot.lower():
                 return dev, "pci_slot"
     return None, "missing"
+
+
+def proven_card(part: Profile | ProfilePart, devices: list[DeviceInfo], backend: Backend) -> DeviceInfo | None:
+    """The card `part` was proven on, if it is here and is that very card (never another card of its model)."""
+    device, _how = find_part_card(part, devices)
+    if device is not None and match_device(part, device, backend.knob(device.id)).match is Match.SAME_CARD:
+        return device
+    return None
 
 
 def plan_rig_apply(backend: Backend, profile: Profile, *, force: bool = False, ignore_unsafe: bool = False,
