@@ -87,8 +87,7 @@ def last_run_path() -> Path:
 
 def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None = None,
                    wait_s: float = boot_rules.DEFAULT_DISCOVERY_WAIT_S,
-                   log: Callable[[str], None] = boot_rules.log, resume: bool = False,
-                   clock: Callable[[], float] = time.monotonic) -> BootReport:
+                   log: Callable[[str], None] = boot_rules.log, resume: bool = False) -> BootReport:
     """Apply `profile` (a name or path), else every system profile, at boot (or after a resume). Records the run
     (last_run_path)."""
     lines: list[str] = []
@@ -99,7 +98,7 @@ def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None =
 
     mode = "resume" if resume else "boot"
     try:
-        report = _run(open_backend, profile, wait_s, say, lines, mode, clock)
+        report = _run(open_backend, profile, wait_s, say, lines, mode)
     except TunerError as e:  # no backend, a bad profile named on the command line: the record says so too
         _record(BootReport(None, (), e.exit_code, (*lines, f"error: {e.one_line()}"), mode))
         raise
@@ -108,7 +107,7 @@ def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None =
 
 
 def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: float,
-         say: Callable[[str], None], lines: list[str], mode: str, clock: Callable[[], float]) -> BootReport:
+         say: Callable[[str], None], lines: list[str], mode: str) -> BootReport:
     reason = boot_rules.skip_reason()
     if reason:
         say(f"skipped: {reason}")
@@ -127,11 +126,11 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
         devices = backend.devices()
         return all(proven_card(part, devices, backend) is not None for p in profiles for part in p.parts)
 
-    started = clock()
+    started = time.monotonic()
     backend = boot_rules.discover(open_backend, ready, wait_s=wait_s)
     if backend is None:  # discover re-raises the open error itself; this only keeps the type honest
         raise Unsupported("no GPU backend could be opened at boot", "see `tuner doctor`")
-    waited = round(clock() - started, 1)
+    waited = round(time.monotonic() - started, 1)
     if not ready(backend):
         say(f"waited {waited:g} s (at most {wait_s:g}, --boot-wait) for every profile's card; applying to the "
             "cards that are here")

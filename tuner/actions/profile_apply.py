@@ -74,8 +74,7 @@ def pick_profile_device(profile: Profile, backend: Backend, device_id: str | Non
 
 
 def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None, *, force: bool = False,
-                       verify: bool = False, ignore_unsafe: bool = False,
-                       kernel: str | None = None) -> ProfileApply:
+                       verify: bool = False, ignore_unsafe: bool = False) -> ProfileApply:
     """Every check of applying `profile`; raises UsageError/OutOfRange before anything is written.
 
     `verify`: the front end will run a verify trial (so another card of the same model is allowed)."""
@@ -84,7 +83,7 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
                          f"apply the whole rig with `tuner apply {profile.name}`")
     device = pick_profile_device(profile, backend, device_id)
     knob = backend.knob(device.id)
-    result = match_device(profile, device, knob, kernel=platform.release() if kernel is None else kernel)
+    result = match_device(profile, device, knob, kernel=platform.release())
     name = profile.name
     if result.match is Match.INCOMPATIBLE:
         raise UsageError(f"refusing to apply {name!r} to {device.id}: {result.reason}; nothing was applied",
