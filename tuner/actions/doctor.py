@@ -21,7 +21,6 @@ from typing import Any
 
 from tuner.actions import other_tools
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
-from tuner.backends.base import Backend
 from tuner.backends.helper_client import HelperUnreachable, connect
 from tuner.backends.nvidia import import_nvml
 from tuner.core import paths, system_units, torch_build
@@ -437,7 +436,6 @@ def _group_exists(name: str) -> bool:
 
 
 def run_checks(
-    backend: Backend | None = None,
     *,
     simulate: bool = False,
     root: Path | None = None,

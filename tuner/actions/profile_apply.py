@@ -287,7 +287,6 @@ class RigChange:
                  purpose: str | None = None):
         self.backend, self.plan, self.timeout_s, self._clock = backend, plan, timeout_s, clock
         self.requests = [(p, p.set_request(backend, ignore_unsafe=ignore_unsafe)) for p in plan.to_apply]
-        self.changes: list[PendingChange] = []
         locks: list[CardLock] = []
         try:  # every card's lock first: a card someone else is changing refuses the rig before any write
             for _part, request in self.requests:
