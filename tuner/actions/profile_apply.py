@@ -181,15 +181,11 @@ class RigApply:
 def find_part_card(part: Profile | ProfilePart, devices: list[DeviceInfo]) -> tuple[DeviceInfo | None, str]:
     """The card a part was proven on: the one with its serial (wherever it sits now), else the one in its PCI
     slot (whatever it is: the identity rules then say whether it is the same card), else none."""
-    serial, slot = part.device.serial, part.device.pci_slot
-    if serial:
+    for field in ("serial", "pci_slot"):  # also what found it
+        wanted = getattr(part.device, field)
         for dev in devices:
-            if dev.serial and dev.serial.lower() == serial.lower():
-                return dev, "serial"
-    if slot:
-        for dev in devices:
-            if dev.pci_slot and dev.pci_slot.lower() == slot.lower():
-                return dev, "pci_slot"
+            if wanted and (getattr(dev, field) or "").lower() == wanted.lower():
+                return dev, field
     return None, "missing"
 
 
