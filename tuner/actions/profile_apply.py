@@ -322,17 +322,15 @@ class RigChange:
         for (part, request), change in zip(self.requests, self.changes, strict=True):
             try:
                 change.apply()  # the lock clock first; one the value did not take is put back
-            except TunerError as e:
+            except BaseException as e:
                 done = [c.device_id for c in self.changes if c.pending]
                 self._release_unapplied()
                 self.revert()
+                if not isinstance(e, TunerError):
+                    raise
                 back = f"; {', '.join(done)} put back as before" if done else ""
                 raise RigApplyFailed.of(e, f"{self.plan.profile.name!r} {part.label} on {request.device_id}",
                                         back) from e
-            except BaseException:
-                self._release_unapplied()
-                self.revert()
-                raise
         self._deadline = self._clock() + self.timeout_s
         return self.applied
 
