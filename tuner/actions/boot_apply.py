@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tuner.actions import other_tools
-from tuner.actions.profile_apply import find_part_card
+from tuner.actions.profile_apply import find_part_card, proven_card
 from tuner.actions.setting import SetRequest, apply_setting_now, can_lock_clock
 from tuner.backends.base import Backend
 from tuner.core import exit_codes, kernel_files, paths
@@ -43,7 +43,7 @@ from tuner.core.errors import TunerError, Unsupported
 from tuner.core.models import DeviceInfo
 from tuner.profiles import Profile, load_profile
 from tuner.profiles import boot as boot_rules
-from tuner.profiles.identity import Match, fingerprint, match_device
+from tuner.profiles.identity import fingerprint
 from tuner.profiles.schema import ProfilePart
 from tuner.profiles.store import scan
 
@@ -87,8 +87,7 @@ def last_run_path() -> Path:
 
 def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None = None,
                    wait_s: float = boot_rules.DEFAULT_DISCOVERY_WAIT_S,
-                   log: Callable[[str], None] = boot_rules.log, resume: bool = False,
-                   clock: Callable[[], float] = time.monotonic) -> BootReport:
+                   log: Callable[[str], None] = boot_rules.log, resume: bool = False) -> BootReport:
     """Apply `profile` (a name or path), else every system profile, at boot (or after a resume). Records the run
     (last_run_path)."""
     lines: list[str] = []
@@ -99,7 +98,7 @@ def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None =
 
     mode = "resume" if resume else "boot"
     try:
-        report = _run(open_backend, profile, wait_s, say, lines, mode, clock)
+        report = _run(open_backend, profile, wait_s, say, lines, mode)
     except TunerError as e:  # no backend, a bad profile named on the command line: the record says so too
         _record(BootReport(None, (), e.exit_code, (*lines, f"error: {e.one_line()}"), mode))
         raise
@@ -108,7 +107,7 @@ def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None =
 
 
 def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: float,
-         say: Callable[[str], None], lines: list[str], mode: str, clock: Callable[[], float]) -> BootReport:
+         say: Callable[[str], None], lines: list[str], mode: str) -> BootReport:
     reason = boot_rules.skip_reason()
     if reason:
         say(f"skipped: {reason}")
@@ -125,13 +124,13 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
 
     def ready(backend: Backend) -> bool:  # every part's own card is up (the driver may still be probing)
         devices = backend.devices()
-        return all(_same_card(part, devices, backend) is not None for p in profiles for part in p.parts)
+        return all(proven_card(part, devices, backend) is not None for p in profiles for part in p.parts)
 
-    started = clock()
+    started = time.monotonic()
     backend = boot_rules.discover(open_backend, ready, wait_s=wait_s)
     if backend is None:  # discover re-raises the open error itself; this only keeps the type honest
         raise Unsupported("no GPU backend could be opened at boot", "see `tuner doctor`")
-    waited = round(clock() - started, 1)
+    waited = round(time.monotonic() - started, 1)
     if not ready(backend):
         say(f"waited {waited:g} s (at most {wait_s:g}, --boot-wait) for every profile's card; applying to the "
             "cards that are here")
@@ -143,19 +142,11 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
     return BootReport(None, tuple(results), worst, tuple(lines), mode, waited)
 
 
-def _same_card(part: ProfilePart, devices: list[DeviceInfo], backend: Backend) -> DeviceInfo | None:
-    """The card `part` was proven on, if it is here and is that very card (never another card at boot)."""
-    device, _how = find_part_card(part, devices)
-    if device is not None and match_device(part, device, backend.knob(device.id)).match is Match.SAME_CARD:
-        return device
-    return None
-
-
 def _apply_single(profile: Profile, backend: Backend, say: Callable[[str], None],
                   found: list[other_tools.Found]) -> BootCardResult:
-    for device in backend.devices():
-        if match_device(profile, device, backend.knob(device.id)).match is Match.SAME_CARD:
-            return _apply_part(backend, profile, profile.parts[0], device, say, None, found)
+    device = proven_card(profile, backend.devices(), backend)
+    if device is not None:
+        return _apply_part(backend, profile, profile.parts[0], device, say, None, found)
     why = (f"its card ({fingerprint(profile.device)}) is not in this machine; at boot a profile applies only to the "
            "card it was proven on (use `tuner apply NAME --verify 5m` for another card)")
     say(f"skipped {profile.name!r}: {why}")
@@ -168,7 +159,7 @@ def _apply_rig(profile: Profile, backend: Backend, say: Callable[[str], None],
     devices = backend.devices()
     out = []
     for index, part in enumerate(profile.parts):
-        device = _same_card(part, devices, backend)
+        device = proven_card(part, devices, backend)
         if device is None:
             card, _how = find_part_card(part, devices)
             serial = part.device.serial or "?"
@@ -181,12 +172,6 @@ def _apply_rig(profile: Profile, backend: Backend, say: Callable[[str], None],
             continue
         out.append(_apply_part(backend, profile, part, device, say, index, found))
     return out
-
-
-def describe(value: int, unit: str, lock_clock_mhz: int | None) -> str:
-    """`-45 mV`, or `+120 MHz at a locked max graphics clock of 2205 MHz`."""
-    text = f"{value:+d} {unit}"
-    return f"{text} at a locked max graphics clock of {lock_clock_mhz} MHz" if lock_clock_mhz else text
 
 
 def _apply_part(backend: Backend, profile: Profile, part: ProfilePart, device: DeviceInfo,
@@ -221,7 +206,8 @@ def _apply_part(backend: Backend, profile: Profile, part: ProfilePart, device: D
     except TunerError as e:
         return failed(e)
     locked = after.lock_clock_mhz if lock is not None else None
-    say(f"applied {what} to {device.id} {device.label}: {describe(after.current, after.unit, locked)} (read back)")
+    at_lock = f" at a locked max graphics clock of {locked} MHz" if locked else ""
+    say(f"applied {what} to {device.id} {device.label}: {after.current:+d} {after.unit}{at_lock} (read back)")
     return BootCardResult(profile.name, "applied", exit_codes.OK, card, device.id, after.current,
                           lock_clock_mhz=locked, found=knob.current)
 

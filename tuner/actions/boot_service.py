@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tuner.actions.boot_apply import read_last_run
+from tuner.actions.profile_apply import proven_card
 from tuner.backends.base import Backend
 from tuner.core import kernel_files, paths, root_owned, system_units
 from tuner.core.atomic import write_atomic
@@ -31,7 +32,6 @@ from tuner.core.errors import PermissionDenied, StateError, UsageError
 from tuner.core.models import Knob
 from tuner.profiles import Profile, load_profile, save_profile
 from tuner.profiles import boot as boot_rules
-from tuner.profiles.identity import Match, match_device
 from tuner.profiles.store import scan
 
 
@@ -171,12 +171,6 @@ def _systemctl(messages: list[str], warnings: list[str], *args: str) -> None:
         warnings.append(f"systemctl {' '.join(args)} failed: {proc.stderr.strip()}")
 
 
-def exec_args(profile_name: str | None, *, resume: bool = False) -> list[str]:
-    """The interpreter running now, so the units use this installation (a venv included). `-P`: the unit's start
-    directory is not put on the import path."""
-    return system_units.apply_exec_args(sys.executable, profile_name, resume=resume)
-
-
 def install_code() -> tuple[list[Path], list[Path]]:
     """What the units would run as root (tuner.core.root_owned.import_code); tests replace it."""
     return root_owned.import_code()
@@ -243,8 +237,10 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
         raise NoSystemProfiles(f"there are no profiles in {paths.system_profiles_dir()} to apply at boot; nothing "
                                "installed", "choose a profile to apply at boot")
     env = system_units.pinned_environment()
-    units = {boot_rules.unit_path(): system_units.apply_unit(exec_args(name), env),
-             boot_rules.resume_unit_path(): system_units.apply_unit(exec_args(name, resume=True), env, resume=True)}
+    python = sys.executable  # the interpreter running now, so the units use this installation (a venv included)
+    units = {boot_rules.unit_path(): system_units.apply_unit(system_units.apply_exec_args(python, name), env),
+             boot_rules.resume_unit_path(): system_units.apply_unit(
+                 system_units.apply_exec_args(python, name, resume=True), env, resume=True)}
     state = Path(env["XDG_STATE_HOME"]) / "tuner"
     try:
         state.mkdir(parents=True, exist_ok=True)  # the units may write only there (ReadWritePaths): it must exist
@@ -356,8 +352,7 @@ def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
         for index, part in enumerate(profile.parts):
             card = index if profile.is_rig else None
             setting = part.setting
-            device = next((d for d in devices
-                           if match_device(part, d, backend.knob(d.id)).match is Match.SAME_CARD), None)
+            device = proven_card(part, devices, backend)
             if device is None:
                 waited = run.get("waited_s") if this_boot else None
                 missing = "its card is not in this machine" + (

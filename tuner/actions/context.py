@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from tuner.backends import Backend, open_backend
 from tuner.backends.helper_client import HelperBackend, HelperRefused, HelperUnreachable, ReadOnlyBackend
@@ -61,18 +61,8 @@ class Context:
             self._backend = self.open_backend()
         return self._backend
 
-    def _in_process(self) -> Backend:
-        return open_backend(
-            simulate=self.simulate,
-            sim_gpus=self.sim_gpus,
-            sim_seed=self.sim_seed,
-            sim_vmin_mv=self.sim_vmin_mv,
-            sim_kind=self.sim_kind,
-            sim_nondeterministic=self.sim_nondeterministic,
-            sim_contention_after_s=self.sim_contention_after_s,
-            sim_sdc_rate=self.sim_sdc_rate,
-            sim_driver=self.sim_driver,
-        )
+    def _in_process(self) -> Backend:  # every simulation option, under open_backend's own names
+        return open_backend(**{f.name: getattr(self, f.name) for f in fields(self) if f.name.startswith("sim")})
 
     def open_backend(self, *, euid: int | None = None,
                      note: Callable[[str], None] | None = None) -> Backend:

@@ -21,7 +21,6 @@ from typing import Any
 
 from tuner.actions import other_tools
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
-from tuner.backends.base import Backend
 from tuner.backends.helper_client import HelperUnreachable, connect
 from tuner.backends.nvidia import import_nvml
 from tuner.core import paths, system_units, torch_build
@@ -78,18 +77,16 @@ def check_python() -> Check:
 
 
 def check_packages() -> list[Check]:
+    missing = {d: Check(f"package {d}", FAIL, "not installed", f"pip install {d}") for d in REQUIRED_PACKAGES}
+    missing["amdsmi"] = Check("package amdsmi", INFO, "not installed (optional: sysfs is used for AMD control; "
+                              "without it AMD cards show no energy counter and `limits: n/a`)",
+                              "pip install 'undervolt-tuner[amd]' (needs ROCm's libamd_smi.so)")
     checks = []
-    for dist in REQUIRED_PACKAGES:
+    for dist, if_missing in missing.items():
         try:
             checks.append(Check(f"package {dist}", OK, importlib.metadata.version(dist)))
         except importlib.metadata.PackageNotFoundError:
-            checks.append(Check(f"package {dist}", FAIL, "not installed", f"pip install {dist}"))
-    try:
-        checks.append(Check("package amdsmi", OK, importlib.metadata.version("amdsmi")))
-    except importlib.metadata.PackageNotFoundError:
-        checks.append(Check("package amdsmi", INFO, "not installed (optional: sysfs is used for AMD control; "
-                            "without it AMD cards show no energy counter and `limits: n/a`)",
-                            "pip install 'undervolt-tuner[amd]' (needs ROCm's libamd_smi.so)"))
+            checks.append(if_missing)
     return checks
 
 
@@ -437,7 +434,6 @@ def _group_exists(name: str) -> bool:
 
 
 def run_checks(
-    backend: Backend | None = None,
     *,
     simulate: bool = False,
     root: Path | None = None,

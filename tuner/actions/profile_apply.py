@@ -65,9 +65,8 @@ def pick_profile_device(profile: Profile, backend: Backend, device_id: str | Non
     if device_id:
         return backend.device(device_id)
     devices = backend.devices()
-    for dev in devices:
-        if match_device(profile, dev, backend.knob(dev.id)).match is Match.SAME_CARD:
-            return dev
+    if (proven := proven_card(profile, devices, backend)) is not None:
+        return proven
     if len(devices) == 1:
         return devices[0]
     raise UsageError(f"the card this profile was proven on ({fingerprint(profile.device)}) is not here, and there are "
@@ -75,8 +74,7 @@ def pick_profile_device(profile: Profile, backend: Backend, device_id: str | Non
 
 
 def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None, *, force: bool = False,
-                       verify: bool = False, ignore_unsafe: bool = False,
-                       kernel: str | None = None) -> ProfileApply:
+                       verify: bool = False, ignore_unsafe: bool = False) -> ProfileApply:
     """Every check of applying `profile`; raises UsageError/OutOfRange before anything is written.
 
     `verify`: the front end will run a verify trial (so another card of the same model is allowed)."""
@@ -85,7 +83,7 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
                          f"apply the whole rig with `tuner apply {profile.name}`")
     device = pick_profile_device(profile, backend, device_id)
     knob = backend.knob(device.id)
-    result = match_device(profile, device, knob, kernel=platform.release() if kernel is None else kernel)
+    result = match_device(profile, device, knob, kernel=platform.release())
     name = profile.name
     if result.match is Match.INCOMPATIBLE:
         raise UsageError(f"refusing to apply {name!r} to {device.id}: {result.reason}; nothing was applied",
@@ -180,19 +178,23 @@ class RigApply:
         return tuple(p for p in self.parts if p.device is not None)
 
 
-def find_part_card(part: ProfilePart, devices: list[DeviceInfo]) -> tuple[DeviceInfo | None, str]:
+def find_part_card(part: Profile | ProfilePart, devices: list[DeviceInfo]) -> tuple[DeviceInfo | None, str]:
     """The card a part was proven on: the one with its serial (wherever it sits now), else the one in its PCI
     slot (whatever it is: the identity rules then say whether it is the same card), else none."""
-    serial, slot = part.device.serial, part.device.pci_slot
-    if serial:
+    for field in ("serial", "pci_slot"):  # also what found it
+        wanted = getattr(part.device, field)
         for dev in devices:
-            if dev.serial and dev.serial.lower() == serial.lower():
-                return dev, "serial"
-    if slot:
-        for dev in devices:
-            if dev.pci_slot and dev.pci_slot.lower() == slot.lower():
-                return dev, "pci_slot"
+            if wanted and (getattr(dev, field) or "").lower() == wanted.lower():
+                return dev, field
     return None, "missing"
+
+
+def proven_card(part: Profile | ProfilePart, devices: list[DeviceInfo], backend: Backend) -> DeviceInfo | None:
+    """The card `part` was proven on, if it is here and is that very card (never another card of its model)."""
+    device, _how = find_part_card(part, devices)
+    if device is not None and match_device(part, device, backend.knob(device.id)).match is Match.SAME_CARD:
+        return device
+    return None
 
 
 def plan_rig_apply(backend: Backend, profile: Profile, *, force: bool = False, ignore_unsafe: bool = False,
@@ -281,7 +283,6 @@ class RigChange:
                  purpose: str | None = None):
         self.backend, self.plan, self.timeout_s, self._clock = backend, plan, timeout_s, clock
         self.requests = [(p, p.set_request(backend, ignore_unsafe=ignore_unsafe)) for p in plan.to_apply]
-        self.changes: list[PendingChange] = []
         locks: list[CardLock] = []
         try:  # every card's lock first: a card someone else is changing refuses the rig before any write
             for _part, request in self.requests:
@@ -321,17 +322,15 @@ class RigChange:
         for (part, request), change in zip(self.requests, self.changes, strict=True):
             try:
                 change.apply()  # the lock clock first; one the value did not take is put back
-            except TunerError as e:
+            except BaseException as e:
                 done = [c.device_id for c in self.changes if c.pending]
                 self._release_unapplied()
                 self.revert()
+                if not isinstance(e, TunerError):
+                    raise
                 back = f"; {', '.join(done)} put back as before" if done else ""
                 raise RigApplyFailed.of(e, f"{self.plan.profile.name!r} {part.label} on {request.device_id}",
                                         back) from e
-            except BaseException:
-                self._release_unapplied()
-                self.revert()
-                raise
         self._deadline = self._clock() + self.timeout_s
         return self.applied
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from tuner.backends.base import Backend
-from tuner.core.card_lock import CardLock, LockUnavailable, describe_holder, lock_path
+from tuner.core.card_lock import CardLock, LockUnavailable, lock_path
 from tuner.core.errors import NotApplied, UsageError
 from tuner.core.models import DeviceInfo, Knob
 
@@ -54,11 +54,6 @@ def reset_device(backend: Backend, device_id: str, *, force: bool = False) -> Kn
         _stderr_warning(f"{device_id} is at stock; the state directory could not record this reset "
                         f"({lock.unnamed.strerror or lock.unnamed}: {lock_path(device_id).parent})")
     return knob
-
-
-def holder_of(device_id: str) -> str | None:
-    """Who holds the card's writer lock now, as `reset --force` reports it (None: nobody named)."""
-    return describe_holder(device_id)
 
 
 def _reset(backend: Backend, device_id: str, *, force: bool = False) -> Knob:

@@ -687,7 +687,7 @@ class TunerApp(App[int]):
             else:
                 from tuner.actions.doctor import run_checks
 
-                checks = run_checks(self.backend, simulate=self.backend.simulated)
+                checks = run_checks(simulate=self.backend.simulated)
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed("doctor", e))
             checks = []

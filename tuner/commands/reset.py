@@ -5,10 +5,11 @@ from __future__ import annotations
 from argparse import Namespace
 
 from tuner.actions.context import Context
-from tuner.actions.reset import holder_of, reset_device, reset_targets
+from tuner.actions.reset import reset_device, reset_targets
 from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes
+from tuner.core.card_lock import describe_holder
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -33,7 +34,7 @@ def run(args: Namespace, ctx: Context) -> int:
     targets = reset_targets(backend, args.device, all_devices=args.all)
     if args.force:
         for dev in targets:
-            holder = holder_of(dev.id)
+            holder = describe_holder(dev.id)
             if holder:
                 warn([f"{dev.id} is held by {holder}; resetting it anyway (--force)"])
     results = [(dev, reset_device(backend, dev.id, force=args.force)) for dev in targets]

@@ -296,7 +296,10 @@ class CardScreen:
 
     def _verdict(self, device: DeviceInfo, knob: Knob, decision: at.Decision, differences: list[rb.Difference],
                  counters: v.CountersDoc, first: at.RunSummary) -> v.CardVerdict:
-        after = self._knob_now(knob)
+        try:
+            after = self.backend.knob(self.device_id)
+        except TunerError:
+            after = knob
         reason = decision.reason
         if after.current != knob.current:
             reason += (f"; the card now reads {after.current:+d} {after.unit} (it was {knob.current:+d}: a driver "
@@ -304,7 +307,7 @@ class CardScreen:
         if self.notes:
             reason += "; " + "; ".join(self.notes)
         runs = [s for s, _ in self.runs]
-        fired = _fired(runs, decision, counters)
+        fired = _fired(runs, counters)
         screen_outcome = next((o for s, o in self.runs if s.purpose == "screen"), None)
         evidence = v.EvidenceDoc(
             steps_compared=first.compared_steps, reference_steps=first.reference_steps or self.plan.bundle.steps,
@@ -331,12 +334,6 @@ class CardScreen:
             verdict=decision.verdict, severity=decision.severity, action=decision.action, reason=reason,  # type: ignore[arg-type]
             attribution=decision.attribution, incomparable=[v.DifferenceDoc(**d.to_dict()) for d in differences],  # type: ignore[arg-type]
             evidence=evidence, bound=bound, exit_code=decision.exit_code)
-
-    def _knob_now(self, before: Knob) -> Knob:
-        try:
-            return self.backend.knob(self.device_id)
-        except TunerError:
-            return before
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
@@ -444,7 +441,7 @@ def _run_doc(run: at.RunSummary) -> v.RunDoc:
                     reason=run.reason)
 
 
-def _fired(runs: list[at.RunSummary], decision: at.Decision, counters: v.CountersDoc) -> list[str]:
+def _fired(runs: list[at.RunSummary], counters: v.CountersDoc) -> list[str]:
     fired = []
     for run in runs:
         if run.outcome in (at.FAULT, at.HARD):

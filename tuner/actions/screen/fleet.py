@@ -54,7 +54,7 @@ class Screen:
         self.backend, self.device_ids, self.bundle, self.bundle_path = backend, device_ids, bundle, bundle_path
         self.profile, self.bundled_with = profile, bundled_with
         self.tier, self.tolerance, self.margin_nats = tier, tolerance, margin_nats
-        self._emit = on_event
+        self._emit = on_event or (lambda device_id, event: None)
         self._engine_factory, self._watcher_factory = engine_factory, kernel_watcher_factory
         self._cards: list[CardScreen] = []
         self._stopped = threading.Event()
@@ -77,7 +77,7 @@ class Screen:
                                                                             self.device_ids)
             for device_id, setting in settings.items():
                 for warning in setting.warnings:
-                    self._say(device_id, f"warning: {warning}")
+                    self._emit(device_id, f"warning: {warning}")
             trajectory = rb.materialize(self.bundle, Path(work))
             plan = ScreenPlan(self.bundle, self.bundle_path, trajectory, self.tier, self.tolerance,
                               self.margin_nats, host)
@@ -103,12 +103,7 @@ class Screen:
                 raise
         if errors:  # a card's own failure (a TunerError: its one line and code)
             raise next(iter(errors.values()))
-        ordered = [verdicts[d] for d in self.device_ids]
-        return self.report(ordered, host)
-
-    def _say(self, device_id: str, line: str) -> None:
-        if self._emit is not None:
-            self._emit(device_id, line)
+        return self.report([verdicts[d] for d in self.device_ids], host)
 
     def _work(self, card: CardScreen, verdicts: dict[str, v.CardVerdict], errors: dict[str, BaseException],
               finished: threading.Event) -> None:

@@ -72,11 +72,10 @@ def plan_profile_screen(backend: Backend, profile: Profile, device_ids: list[str
             plan = plan_profile_apply(backend, profile, device_id, force=True, verify=True, ignore_unsafe=True)
         except TunerError as e:
             identity = f"refusing to apply {name!r} to {device_id}: "  # another vendor or knob kind
-            if e.message.startswith(identity):
-                raise ProfileRefused(f"{where}: {_without_tail(e.message.removeprefix(identity))}; nothing was run",
-                                     OWN_MODEL, e.exit_code) from None
-            raise ProfileRefused(f"{where}: {_without_tail(e.message)}; nothing was run", e.remedy,
-                                 e.exit_code) from None
+            remedy = OWN_MODEL if e.message.startswith(identity) else e.remedy
+            # apply's refusals end in '; nothing was applied': the screen says '; nothing was run' instead
+            why = e.message.removeprefix(identity).removesuffix("; nothing was applied")
+            raise ProfileRefused(f"{where}: {why}; nothing was run", remedy, e.exit_code) from None
         if plan.match.match is Match.OTHER_MODEL:
             raise ProfileRefused(f"{where}: {plan.match.reason}; nothing was run", OWN_MODEL, UsageError.exit_code)
         try:
@@ -88,11 +87,6 @@ def plan_profile_screen(backend: Backend, profile: Profile, device_ids: list[str
         lock = plan.set_request(backend).lock_clock_mhz
         planned[device_id] = ProfileSetting(name, plan.value, lock, plan.warnings)
     return planned
-
-
-def _without_tail(message: str) -> str:
-    """Apply's refusals end in '; nothing was applied': the screen says '; nothing was run' instead."""
-    return message.removesuffix("; nothing was applied")
 
 
 __all__ = ["ProfileRefused", "ProfileSetting", "plan_profile_screen"]
