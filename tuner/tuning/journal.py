@@ -182,9 +182,9 @@ def _load(path: Path) -> dict | None:
     if doc is None:
         return None
     if path.name.endswith(RIG_SUFFIX):
-        problem = journal_schema.check_rig_journal(doc)
+        problem = journal_schema.problem(doc, journal_schema.RigJournal)
     elif path.name.endswith(".guard.json"):
-        problem = journal_schema.check_guard(doc)
+        problem = journal_schema.problem(doc, journal_schema.Guard)
     else:
         session = doc.get("session")
         name = f"{path.name[:-len('.json')]}.{session}.ref" if isinstance(session, str) else None
@@ -347,7 +347,7 @@ def own_unsafe_entries(device_id: str) -> list[dict]:
             entry = json.loads(line)
         except (ValueError, RecursionError):
             raise _damaged(path, f"line {n} is not valid JSON (torn?)", remedy(n)) from None
-        problem = journal_schema.check_unsafe_entry(entry)
+        problem = journal_schema.problem(entry, journal_schema.UnsafeEntry)
         if problem:
             raise _damaged(path, f"line {n}: {problem}", remedy(n))
         entries.append(entry)
@@ -640,17 +640,14 @@ class Journal:
         self.log("trial_open", **trial)
         return trial
 
-    def _end_machine_trial(self, trial: Mapping[str, object] | None) -> None:
-        """The machine's open trial ends with ours (a hard failure already ended it with its mark)."""
+    def end_trial(self, **fields: object) -> None:
+        """Every card is back at stock: close the open trial (with what it found, one atomic write). The machine's
+        open trial ends with ours (a hard failure already ended it with its mark)."""
+        trial = self.open_trial
+        self.update(open_trial=None, **fields)
         if self.backend is not None:
             for device_id in self._trial_settings(trial):
                 self.backend.trial_end(device_id)
-
-    def end_trial(self, **fields: object) -> None:
-        """Every card is back at stock: close the open trial (with what it found, one atomic write)."""
-        trial = self.open_trial
-        self.update(open_trial=None, **fields)
-        self._end_machine_trial(trial)
 
     def finish_trial(self, record: dict) -> None:
         """A card's trial is over and the card at stock: store its result and close it (one atomic write)."""
@@ -666,7 +663,5 @@ class Journal:
         self.log("trial_abandoned", reason=reason, setting=(trial or {}).get("setting"))
 
     def close(self, state: str, **fields: object) -> None:
-        trial = self.open_trial
-        self.update(state=state, open_trial=None, **fields)
-        self._end_machine_trial(trial)
+        self.end_trial(state=state, **fields)
         self.log("session_" + state, **fields)

@@ -2,9 +2,9 @@
 
 Each document is a msgspec Struct below; `tuner.core.documents.fit` holds a parsed file to it, strictly (an
 integer is really an int, not "-40" or -40.0; a time is a finite number of seconds, not 1e308 or NaN). Keys a
-newer tuner may add are let through. Each `check_*` returns None when the document is valid, else one short phrase
-saying what is wrong and where (the caller names the file and the remedy). Nothing here reads files; no textual,
-no torch.
+newer tuner may add are let through. `problem` (and `check_journal`, for a session journal) returns None when the
+document is valid, else one short phrase saying what is wrong and where (the caller names the file and the
+remedy). Nothing here reads files; no textual, no torch.
 """
 
 from __future__ import annotations
@@ -173,8 +173,8 @@ def _subject(path: tuple[str | int, ...]) -> str:
     return f"{label}: {quoted}" if label and quoted else label or quoted
 
 
-def _problem(doc: object, type_: type[_Doc]) -> str | None:
-    """None when the document `doc` fits `type_`, else the phrase."""
+def problem(doc: object, type_: type[_Doc]) -> str | None:
+    """None when the document `doc` fits `type_` (a `Guard`, an `UnsafeEntry` line, a `RigJournal`), else the phrase."""
     if not isinstance(doc, dict):
         return "it is not a JSON object"
     try:
@@ -190,25 +190,10 @@ def _problem(doc: object, type_: type[_Doc]) -> str | None:
 def check_journal(doc: object, *, reference_name: str | None = None) -> str | None:
     """A session journal. `reference_name`: the file name the session's reference must have (in the state
     directory); a journal naming any other file is damaged (we only write what we own)."""
-    problem = _problem(doc, Journal)
-    if problem or not isinstance(doc, dict):
-        return problem
+    found = problem(doc, Journal)
+    if found or not isinstance(doc, dict):
+        return found
     ref = doc.get("reference")
     if ref is not None and reference_name is not None and not ref.endswith("/" + reference_name):
         return f"'reference' names {ref!r:.80}, not the session's own file in the state directory"
     return None
-
-
-def check_guard(doc: object) -> str | None:
-    return _problem(doc, Guard)
-
-
-def check_unsafe_entry(entry: object) -> str | None:
-    """One line of the unsafe list."""
-    return _problem(entry, UnsafeEntry)
-
-
-def check_rig_journal(doc: object) -> str | None:
-    """None when `doc` is a valid rig journal, else one phrase saying what is wrong (tuner.tuning.journal holds
-    every rig journal it reads to this, and has no check of its own)."""
-    return _problem(doc, RigJournal)
