@@ -92,8 +92,7 @@ def open_helper_backend(args: argparse.Namespace, state_dir: Path) -> Backend:
     from tuner.backends.simulated import SimulatedBackend
 
     name = f"seed-{args.sim_seed}.json" if args.sim_kind == "amd" else f"{args.sim_kind}-seed-{args.sim_seed}.json"
-    vmin = tuple(args.sim_vmin) if isinstance(args.sim_vmin, list) else args.sim_vmin
-    return SimulatedBackend(gpus=args.sim_gpus, seed=args.sim_seed, vmin_mv=vmin, kind=args.sim_kind,
+    return SimulatedBackend(gpus=args.sim_gpus, seed=args.sim_seed, vmin_mv=args.sim_vmin, kind=args.sim_kind,
                             state_path=state_dir / "simulated" / name, nondeterministic=args.sim_nondeterministic,
                             contention_after_s=args.sim_contention_after)
 

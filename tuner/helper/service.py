@@ -102,11 +102,11 @@ class HelperService:
         pending.deadline = self.clock() + lease_s
         return pending
 
-    def _settle(self, card: str, who: Client) -> None:
-        """The card has nothing unconfirmed any more: forget the change, its journal entry, and an idle hold."""
+    def _settle(self, card: str, conn: int) -> None:
+        """The card has nothing unconfirmed any more: forget the change, its journal entry, `conn`'s idle hold."""
         self.book.pending.pop(card, None)
         self.state.set_write(self.keys[card], None)
-        self.book.release_if_idle(card, who.conn)
+        self.book.release_if_idle(card, conn)
 
     # --- requests -----------------------------------------------------------------------------------------------
     def handle(self, who: Client, request: s.Request) -> object:
@@ -168,11 +168,11 @@ class HelperService:
             applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
         except BaseException:
             if had is None or had.conn != who.conn:  # the backend put the previous value back: nothing pending
-                self._settle(r.card, who)
+                self._settle(r.card, who.conn)
             raise
         self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
         if applied.current == pending.previous and pending.previous_lock_mhz is None:
-            self._settle(r.card, who)  # back where it was: nothing to put back
+            self._settle(r.card, who.conn)  # back where it was: nothing to put back
         return applied
 
     def _op_confirm(self, who: Client, r: s.Confirm) -> None:
@@ -181,7 +181,7 @@ class HelperService:
             raise Refused("usage", f"nothing of this connection to confirm on {r.card}",
                           "confirm after a set, before its lease runs out")
         self._audit("confirm", r.card, who, value=pending.value)
-        self._settle(r.card, who)
+        self._settle(r.card, who.conn)
 
     def _op_reset(self, who: Client, r: s.Reset) -> Knob:
         hold = self.book.holds.get(r.card)
@@ -191,7 +191,7 @@ class HelperService:
             self._drop_other(r.card, hold.conn, f"reset to stock by uid {who.peer.uid} (--force)")
         knob = self.backend.reset(r.card)
         self._audit("reset", r.card, who, force=r.force)
-        self._settle(r.card, who)
+        self._settle(r.card, who.conn)
         return knob
 
     def _op_lock_clock(self, who: Client, r: s.LockClock) -> s.LockResult:
@@ -313,9 +313,7 @@ class HelperService:
 
     def _revert(self, pending: Pending, reason: str) -> s.LostChange:
         restored, how = self._restore(pending)
-        self.book.pending.pop(pending.card, None)
-        self.state.set_write(pending.key, None)
-        self.book.release_if_idle(pending.card, pending.conn)
+        self._settle(pending.card, pending.conn)
         self.state.log("revert", card=pending.card, value=pending.value, restored=restored, reason=reason)
         self._log(f"revert {pending.card} {pending.value} -> {restored} ({reason}; {how})")
         return s.LostChange(pending.card, pending.value if pending.value is not None else pending.previous,
