@@ -49,7 +49,6 @@ from tuner.tuning.events import TrialResult
 if TYPE_CHECKING:
     from tuner.backends.base import Backend
 
-JOURNAL_VERSION = 1  # a card's and a rig's
 RIG_SUFFIX = ".rig.json"
 MAX_STATE_FILE_BYTES = 64 * 1024 * 1024  # far above any journal or unsafe list; a bigger file is not one
 
@@ -258,12 +257,12 @@ def trial_open_at_previous_boot() -> dict | None:
     return _own_trial_open_at_previous_boot() or machine_trial_open_at_previous_boot()
 
 
-def machine_trial_open_at_previous_boot(state_dir: Path | None = None) -> dict | None:
+def machine_trial_open_at_previous_boot() -> dict | None:
     """The same question of the root helper's machine-wide state (`paths.system_state_dir()`, readable by any
     user): a trial it recovered in this boot as a freeze or reset (`MachineState.failed_trial_recovered_in`), or
     one still open from another boot (the helper has not started since). Unreadable or damaged: yes (fail
     closed). No helper state at all: None."""
-    state = MachineState(state_dir or paths.system_state_dir())
+    state = MachineState(paths.system_state_dir())
     if not state.root.is_dir():
         return None
     boot_id = kernel_files.boot_id()
@@ -528,7 +527,7 @@ class Journal:
 
     @staticmethod
     def _new(session: str, **fields: object) -> dict:
-        return {"version": JOURNAL_VERSION, "session": session, "state": ACTIVE, "pid": os.getpid(),
+        return {"version": journal_schema.VERSION, "session": session, "state": ACTIVE, "pid": os.getpid(),
                 "boot_id": kernel_files.boot_id(), "created_at": time.time(), "updated_at": time.time(),
                 "open_trial": None, **fields}
 

@@ -9,7 +9,6 @@ remedy). Nothing here reads files; no textual, no torch.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 import msgspec
@@ -17,17 +16,17 @@ from msgspec import Meta
 
 from tuner.core.documents import Misfit, Words, fit, one_of
 
-SESSION_RE = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 STATES = ("active", "interrupted", "finished")
 # Trial verdicts as the journal stores them ("stopped" trials are abandoned, never stored).
 VERDICTS = ("pass", "fail", "error", "inconclusive")
-RIG_VERSION = 1
+VERSION = 1  # a card's journal and a rig's
 RIG_PHASES = ("search", "baseline", "confirm", "done")
 LAST_TIME_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z: any later "time" is damage, not a date
 JSON = Words(integer="a whole number", number="a number", string="a string", boolean="true or false",
              date_time="a date-time", table="an object", array="a list")
 
-SessionId = Annotated[str, Meta(pattern=rf"\A{SESSION_RE.pattern}\Z",
+Version = Annotated[int, Meta(ge=VERSION, le=VERSION, extra={"what": str(VERSION)})]
+SessionId = Annotated[str, Meta(pattern=r"\A[A-Za-z0-9_.-]{1,80}\Z",
                                 extra={"what": "a session id (letters, digits, '.', '_', '-')"})]
 Time = Annotated[float, Meta(ge=0.0, le=LAST_TIME_S, extra={"what": "a time in seconds since 1970"})]
 CardSettings = Annotated[dict[str, int], Meta(extra={"what": "a map of card -> whole number", "whole": True})]
@@ -90,7 +89,7 @@ class Recommendation(_Doc):
 class Journal(_Doc):
     """A card's session journal."""
 
-    version: Annotated[int, Meta(ge=1, le=1, extra={"what": "1"})]
+    version: Version
     session: SessionId
     device: str
     state: Annotated[str, one_of(STATES)]
@@ -140,7 +139,7 @@ class RigOpenTrial(_Doc):
 class RigJournal(_Doc):
     """A rig bisect's journal (`journal/rig+<dev>+....rig.json`, tuner.tuning.journal.Journal.create_rig)."""
 
-    version: Annotated[int, Meta(ge=RIG_VERSION, le=RIG_VERSION, extra={"what": str(RIG_VERSION)})]
+    version: Version
     session: SessionId
     state: Annotated[str, one_of(STATES)]
     phase: Annotated[str, one_of(RIG_PHASES)]
