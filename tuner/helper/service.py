@@ -427,20 +427,20 @@ class HelperService:
         with self.lock:
             for line in found.unsafe:
                 key = self._key_for(line.serial, line.device, by_serial)
-                added += self.state.merge_unsafe(key, [s.UnsafeEntry(
+                added += self.state.merge_unsafe(key, s.UnsafeEntry(
                     setting=line.setting, unit=line.unit, kind=line.kind, reason=line.reason, edge=line.edge,
                     device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
                     recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
-                    source=f"import from uid {uid}")])
+                    source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
                 if trial.boot_id is None or trial.boot_id == boot or trial.setting == 0:
                     continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
                 key = self._key_for(None, device, by_serial)
-                added += self.state.merge_unsafe(key, [s.UnsafeEntry(
+                added += self.state.merge_unsafe(key, s.UnsafeEntry(
                     setting=trial.setting, unit=self._unit_of(device), kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
                     device=device, session=trial.session, boot_id=trial.boot_id,
-                    recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}")])
+                    recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
         if added:
             self._log(f"imported {added} unsafe entries from uid {uid}")
         return added
