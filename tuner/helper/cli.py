@@ -7,6 +7,7 @@ Started by systemd socket activation in a system install; in the foreground for 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -79,13 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def sim_config(args: argparse.Namespace) -> s.SimConfig | None:
-    if not args.simulate:
-        return None
-    return s.SimConfig(args.sim_gpus, args.sim_seed, args.sim_kind, args.sim_vmin, args.sim_nondeterministic,
-                       args.sim_contention_after)
-
-
 def open_helper_backend(args: argparse.Namespace, state_dir: Path) -> Backend:
     if not args.simulate:
         return open_backend(simulate=False)
@@ -120,8 +114,9 @@ def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
         raise UsageError(f"no group {args.group!r}", f"create it: `groupadd --system {args.group}`") from None
     state = prepare_state_dir(args.state_dir or paths.system_state_dir())
     backend = backend or open_helper_backend(args, state.root)
-    service = HelperService(backend, state, group=args.group, allow_overvolt=args.allow_overvolt,
-                            sim=sim_config(args))
+    sim = s.SimConfig(args.sim_gpus, args.sim_seed, args.sim_kind, args.sim_vmin, args.sim_nondeterministic,
+                      args.sim_contention_after) if args.simulate else None
+    service = HelperService(backend, state, group=args.group, allow_overvolt=args.allow_overvolt, sim=sim)
     service.recover_at_start()
     for uid in {0, int(os.environ.get("SUDO_UID", "0") or 0)}:
         service.import_user(uid)  # the invoking user's own per-user state (root's, and the sudo user's)
@@ -140,20 +135,14 @@ def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
     finally:
         listener.close()
         if inherited is None:
-            _unlink_own_socket(args.socket)  # still ours: the startup lock is held until here
+            with contextlib.suppress(OSError):  # still ours: the startup lock is held until here
+                if os.lstat(args.socket).st_uid == os.geteuid():
+                    os.unlink(args.socket)
         if lock_fd is not None:
             os.close(lock_fd)
         backend.close()
     print("tuner-helper: stopped; every unconfirmed change was put back", file=sys.stderr, flush=True)
     return exit_codes.OK
-
-
-def _unlink_own_socket(path: Path) -> None:
-    try:
-        if os.lstat(path).st_uid == os.geteuid():
-            os.unlink(path)
-    except OSError:
-        pass
 
 
 def main(argv: Sequence[str] | None = None, backend: Backend | None = None) -> int:

@@ -18,6 +18,7 @@ the helper is stopped. Everything happens under one lock: the cards have one wri
 from __future__ import annotations
 
 import os
+import pwd
 import sys
 import threading
 import time
@@ -408,16 +409,13 @@ class HelperService:
                                         "the machine froze or reset during this trial (open in an earlier boot)")
 
     # --- importing a user's own state ---------------------------------------------------------------------------
-    def import_user(self, uid: int, home: Path | None = None) -> int:
+    def import_user(self, uid: int) -> int:
         """Merge `uid`'s per-user unsafe list (and trials its journal left open in an earlier boot) into the
         machine's; returns how many entries were new."""
-        if home is None:
-            import pwd
-
-            try:
-                home = Path(pwd.getpwuid(uid).pw_dir)
-            except KeyError:
-                return 0
+        try:
+            home = Path(pwd.getpwuid(uid).pw_dir)
+        except KeyError:
+            return 0
         found = read_user_state(home, uid)
         for problem in found.problems:
             self._log(f"import from uid {uid}: skipped {problem}")
