@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuner.core import kernel_files, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
@@ -243,7 +243,7 @@ def leftover_trial(device_id: str) -> dict | None:
         owner = classify_open_trial(trial)
         if setting is not None and owner != Owner.RUNNING:
             return {"setting": setting, "phase": trial.get("phase"), "pid": trial.get("pid"), "owner": owner,
-                    "resume": resume if doc is not None and "session" in doc else None}
+                    "resume": resume}
     return None
 
 
@@ -553,8 +553,7 @@ class Journal:
 
     @property
     def open_trial(self) -> dict | None:
-        trial = self.doc.get("open_trial")
-        return trial if isinstance(trial, dict) else None
+        return self.doc.get("open_trial")
 
     def unresolved(self) -> bool:
         return self.state in UNRESOLVED
@@ -607,15 +606,12 @@ class Journal:
         self.update(state=ACTIVE, pid=os.getpid(), boot_id=kernel_files.boot_id())
         self.log("session_resumed", pid=os.getpid())
 
-    def _trial_settings(self, trial: Mapping[str, object] | None) -> dict[str, int]:
-        """card -> setting of a trial (a card's `setting`, a rig's `settings`)."""
+    def _trial_settings(self, trial: Mapping[str, Any] | None) -> dict[str, int]:
+        """card -> setting of a trial (a card's `setting`, a rig's `settings`: both whole numbers, as begin_trial
+        writes them and `load` holds them to)."""
         if not trial:
             return {}
-        if self.device_id is not None:
-            setting = trial.get("setting")
-            return {self.device_id: setting} if isinstance(setting, int) else {}
-        settings = trial.get("settings")
-        return {d: v for d, v in settings.items() if isinstance(v, int)} if isinstance(settings, dict) else {}
+        return {self.device_id: trial["setting"]} if self.device_id is not None else dict(trial["settings"])
 
     def begin_trial(self, phase: str, **what: object) -> dict:
         """Durably record the trial about to touch the card(s): a card's `setting`, a rig's `attempt` and
