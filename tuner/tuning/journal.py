@@ -466,7 +466,7 @@ def recover_stale_guard(device_id: str, unit: str) -> dict | None:
 
 
 @contextlib.contextmanager
-def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "verify",
+def guarded_trial(device_id: str, setting: int, *, unit: str,
                   backend: Backend | None = None) -> Iterator[dict[str, object]]:
     """Durably mark a trial outside any bisect session as open for its duration.
 
@@ -478,8 +478,8 @@ def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "veri
     """
     recover_stale_guard(device_id, unit)
     if backend is not None:
-        backend.trial_begin(device_id, setting, phase)
-    trial = {"device": device_id, "setting": setting, "phase": phase, "boot_id": kernel_files.boot_id(),
+        backend.trial_begin(device_id, setting, "verify")
+    trial = {"device": device_id, "setting": setting, "phase": "verify", "boot_id": kernel_files.boot_id(),
              "pid": os.getpid(), "started_at": time.time()}
     try:
         with _writing(guard_path(device_id)):
