@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import grp
 import os
 import signal
 import sys
@@ -20,7 +21,6 @@ from tuner.core import exit_codes, paths
 from tuner.core.errors import PermissionDenied, TunerError, UsageError
 from tuner.helper import kmsg
 from tuner.helper import schema as s
-from tuner.helper.peer import group_id
 from tuner.helper.server import HelperServer, bind_listener, inherited_listener
 from tuner.helper.service import HelperService
 from tuner.helper.state import MachineState
@@ -109,7 +109,7 @@ def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
         raise PermissionDenied("tuner-helper writes GPU settings and must run as root", "start it as root (or "
                                "through its systemd socket unit), or pass --simulate to try it")
     try:
-        gid = group_id(args.group)
+        gid = grp.getgrnam(args.group).gr_gid
     except KeyError:
         raise UsageError(f"no group {args.group!r}", f"create it: `groupadd --system {args.group}`") from None
     state = prepare_state_dir(args.state_dir or paths.system_state_dir())
