@@ -11,6 +11,7 @@ import pytest
 
 from tuner.core.errors import DamagedState
 from tuner.tuning import journal, journal_schema
+from tuner.tuning.journal_schema import Guard, RigJournal, UnsafeEntry, problem
 
 TRIAL = {"setting": -40, "phase": "coarse", "verdict": "pass", "kind": None, "steps": 120, "duration_s": 5.0,
          "edge": False}
@@ -48,13 +49,12 @@ def _with(doc: dict, dotted: str, value) -> dict:
 def test_good_documents_pass():
     assert journal_schema.check_journal(JOURNAL) is None
     assert journal_schema.check_journal({**JOURNAL, "open_trial": None, "recommendation": None}) is None
-    assert journal_schema.check_guard({"open_trial": {**JOURNAL["open_trial"], "session": None}}) is None
-    assert journal_schema.check_guard({"open_trial": None}) is None
-    assert journal_schema.check_unsafe_entry(UNSAFE) is None
-    assert journal_schema.check_unsafe_entry({"setting": -40, "kind": "hang"}) is None  # the oldest lines
-    assert journal_schema.check_rig_journal(RIG) is None
-    assert journal_schema.check_rig_journal({k: RIG[k] for k in ("version", "session", "devices", "state",
-                                                                 "phase")}) is None
+    assert problem({"open_trial": {**JOURNAL["open_trial"], "session": None}}, Guard) is None
+    assert problem({"open_trial": None}, Guard) is None
+    assert problem(UNSAFE, UnsafeEntry) is None
+    assert problem({"setting": -40, "kind": "hang"}, UnsafeEntry) is None  # the oldest lines
+    assert problem(RIG, RigJournal) is None
+    assert problem({k: RIG[k] for k in ("version", "session", "devices", "state", "phase")}, RigJournal) is None
 
 
 @pytest.mark.parametrize(("dotted", "value", "phrase"), [
@@ -85,20 +85,20 @@ def test_a_damaged_journal_says_which_key(dotted, value, phrase):
     assert problem is not None and phrase in problem and "\n" not in problem, problem
 
 
-def test_the_public_checks_keep_their_signatures_and_phrases():
+def test_the_checks_give_their_phrases():
     """journal.py calls these, one a kind of file; the phrase names the part of the document that is wrong."""
     bare_trial = {"setting": 1, "phase": "x"}
-    assert journal_schema.check_guard({"open_trial": bare_trial}) is None  # a guard's trial names no session
+    assert problem({"open_trial": bare_trial}, Guard) is None  # a guard's trial names no session
     assert journal_schema.check_journal({**JOURNAL, "open_trial": bare_trial}) == "open trial: 'session' is missing"
     assert journal_schema.check_journal({**JOURNAL, "trials": [TRIAL, TRIAL, bare_trial]}) == \
         "trial 3: 'verdict' is missing"
     assert journal_schema.check_journal({**JOURNAL, "trials": [TRIAL, []]}) == "trial 2 is not an object (got [])"
     assert journal_schema.check_journal({**JOURNAL, "recommendation": 5}) == \
         "'recommendation' is not an object (got 5)"
-    assert journal_schema.check_guard([]) == "it is not a JSON object"
-    assert journal_schema.check_guard({}) == "'open_trial' is missing"
+    assert problem([], Guard) == "it is not a JSON object"
+    assert problem({}, Guard) == "'open_trial' is missing"
     assert journal_schema.check_journal([]) == "it is not a JSON object"
-    assert journal_schema.check_unsafe_entry("x") == "it is not a JSON object"
+    assert problem("x", UnsafeEntry) == "it is not a JSON object"
     ref = journal_schema.check_journal({**JOURNAL, "reference": "/etc/passwd"}, reference_name="sim0.s.ref")
     assert ref is not None and ref.startswith("'reference' names '/etc/passwd'")
 
@@ -118,8 +118,8 @@ def test_the_public_checks_keep_their_signatures_and_phrases():
     ("recorded_at", "2026-01-01", "'recorded_at' is not a time"),
 ])
 def test_a_damaged_unsafe_line_says_which_key(dotted, value, phrase):
-    problem = journal_schema.check_unsafe_entry(_with(UNSAFE, dotted, value))
-    assert problem is not None and phrase in problem, problem
+    found = problem(_with(UNSAFE, dotted, value), UnsafeEntry)
+    assert found is not None and phrase in found, found
 
 
 @pytest.mark.parametrize("when", ["1e308", "Infinity", "-Infinity", "NaN", "1e400"])
@@ -136,8 +136,8 @@ def test_an_absurd_time_in_the_unsafe_list_is_damage_in_one_line(boot, when):
 
 
 def test_the_last_time_the_list_takes_is_the_end_of_year_9999():
-    assert journal_schema.check_unsafe_entry({**UNSAFE, "recorded_at": journal_schema.LAST_TIME_S}) is None
-    assert journal_schema.check_unsafe_entry({**UNSAFE, "recorded_at": 0}) is None
+    assert problem({**UNSAFE, "recorded_at": journal_schema.LAST_TIME_S}, UnsafeEntry) is None
+    assert problem({**UNSAFE, "recorded_at": 0}, UnsafeEntry) is None
 
 
 RIG_BAD = [
@@ -166,12 +166,12 @@ RIG_BAD = [
 
 @pytest.mark.parametrize(("dotted", "value", "phrase"), RIG_BAD)
 def test_a_damaged_rig_journal_says_which_key(dotted, value, phrase):
-    problem = journal_schema.check_rig_journal(_with(RIG, dotted, value))
-    assert problem is not None and phrase in problem, problem
+    found = problem(_with(RIG, dotted, value), RigJournal)
+    assert found is not None and phrase in found, found
 
 
 def test_a_rig_journal_that_is_not_an_object():
-    assert journal_schema.check_rig_journal([]) == "it is not a JSON object"
+    assert problem([], RigJournal) == "it is not a JSON object"
 
 
 def test_the_rig_journal_the_tuner_writes_fits_the_declared_shape_and_each_damage_is_refused(boot):
@@ -180,7 +180,7 @@ def test_the_rig_journal_the_tuner_writes_fits_the_declared_shape_and_each_damag
     rig = journal.Journal.create_rig(["sim0", "sim1"], params={"trial_s": 5}, stock={"sim0": 0, "sim1": 0})
     rig.begin_trial("confirm", attempt=1, settings={"sim0": -40, "sim1": -30})
     real = json.loads(rig.path.read_text())
-    assert journal_schema.check_rig_journal(real) is None
+    assert problem(real, RigJournal) is None
     journal.check_safety_state("sim0")  # a sound rig journal refuses nothing
     for dotted, value, phrase in RIG_BAD:
         rig.path.write_text(json.dumps(_with(real, dotted, value)))

@@ -7,6 +7,8 @@ Started by systemd socket activation in a system install; in the foreground for 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import grp
 import os
 import signal
 import sys
@@ -19,7 +21,6 @@ from tuner.core import exit_codes, paths
 from tuner.core.errors import PermissionDenied, TunerError, UsageError
 from tuner.helper import kmsg
 from tuner.helper import schema as s
-from tuner.helper.peer import group_id
 from tuner.helper.server import HelperServer, bind_listener, inherited_listener
 from tuner.helper.service import HelperService
 from tuner.helper.state import MachineState
@@ -79,21 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def sim_config(args: argparse.Namespace) -> s.SimConfig | None:
-    if not args.simulate:
-        return None
-    return s.SimConfig(args.sim_gpus, args.sim_seed, args.sim_kind, args.sim_vmin, args.sim_nondeterministic,
-                       args.sim_contention_after)
-
-
 def open_helper_backend(args: argparse.Namespace, state_dir: Path) -> Backend:
     if not args.simulate:
         return open_backend(simulate=False)
     from tuner.backends.simulated import SimulatedBackend
 
     name = f"seed-{args.sim_seed}.json" if args.sim_kind == "amd" else f"{args.sim_kind}-seed-{args.sim_seed}.json"
-    vmin = tuple(args.sim_vmin) if isinstance(args.sim_vmin, list) else args.sim_vmin
-    return SimulatedBackend(gpus=args.sim_gpus, seed=args.sim_seed, vmin_mv=vmin, kind=args.sim_kind,
+    return SimulatedBackend(gpus=args.sim_gpus, seed=args.sim_seed, vmin_mv=args.sim_vmin, kind=args.sim_kind,
                             state_path=state_dir / "simulated" / name, nondeterministic=args.sim_nondeterministic,
                             contention_after_s=args.sim_contention_after)
 
@@ -116,13 +109,14 @@ def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
         raise PermissionDenied("tuner-helper writes GPU settings and must run as root", "start it as root (or "
                                "through its systemd socket unit), or pass --simulate to try it")
     try:
-        gid = group_id(args.group)
+        gid = grp.getgrnam(args.group).gr_gid
     except KeyError:
         raise UsageError(f"no group {args.group!r}", f"create it: `groupadd --system {args.group}`") from None
     state = prepare_state_dir(args.state_dir or paths.system_state_dir())
     backend = backend or open_helper_backend(args, state.root)
-    service = HelperService(backend, state, group=args.group, allow_overvolt=args.allow_overvolt,
-                            sim=sim_config(args))
+    sim = s.SimConfig(args.sim_gpus, args.sim_seed, args.sim_kind, args.sim_vmin, args.sim_nondeterministic,
+                      args.sim_contention_after) if args.simulate else None
+    service = HelperService(backend, state, group=args.group, allow_overvolt=args.allow_overvolt, sim=sim)
     service.recover_at_start()
     for uid in {0, int(os.environ.get("SUDO_UID", "0") or 0)}:
         service.import_user(uid)  # the invoking user's own per-user state (root's, and the sudo user's)
@@ -141,20 +135,14 @@ def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
     finally:
         listener.close()
         if inherited is None:
-            _unlink_own_socket(args.socket)  # still ours: the startup lock is held until here
+            with contextlib.suppress(OSError):  # still ours: the startup lock is held until here
+                if os.lstat(args.socket).st_uid == os.geteuid():
+                    os.unlink(args.socket)
         if lock_fd is not None:
             os.close(lock_fd)
         backend.close()
     print("tuner-helper: stopped; every unconfirmed change was put back", file=sys.stderr, flush=True)
     return exit_codes.OK
-
-
-def _unlink_own_socket(path: Path) -> None:
-    try:
-        if os.lstat(path).st_uid == os.geteuid():
-            os.unlink(path)
-    except OSError:
-        pass
 
 
 def main(argv: Sequence[str] | None = None, backend: Backend | None = None) -> int:

@@ -6,7 +6,6 @@ check, for a socket handed over with other permissions (systemd activation) or a
 
 from __future__ import annotations
 
-import grp
 import socket
 import struct
 from dataclasses import dataclass
@@ -48,8 +47,3 @@ def command_of(pid: int) -> str:
         parts[0] = parts[0].rsplit("/", 1)[-1]
     text = " ".join(parts)
     return "".join(ch if ch.isprintable() else "?" for ch in text)[:120] or "?"
-
-
-def group_id(name: str) -> int:
-    """The gid of group `name`; KeyError when there is none."""
-    return grp.getgrnam(name).gr_gid

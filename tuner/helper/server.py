@@ -54,11 +54,10 @@ class AnotherHelper(TunerError):
 
 
 # --- the listening socket -------------------------------------------------------------------------------------------
-def inherited_listener(env: dict[str, str] | None = None) -> socket.socket | None:
+def inherited_listener() -> socket.socket | None:
     """The socket systemd passed (socket activation), or None when not activated."""
-    env = dict(os.environ) if env is None else env
-    fds = env.get("LISTEN_FDS", "")
-    if env.get("LISTEN_PID") != str(os.getpid()) or not fds.isdigit() or int(fds) < 1:
+    fds = os.environ.get("LISTEN_FDS", "")
+    if os.environ.get("LISTEN_PID") != str(os.getpid()) or not fds.isdigit() or int(fds) < 1:
         return None
     for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(name, None)  # not for anything we start

@@ -18,6 +18,7 @@ the helper is stopped. Everything happens under one lock: the cards have one wri
 from __future__ import annotations
 
 import os
+import pwd
 import sys
 import threading
 import time
@@ -102,11 +103,11 @@ class HelperService:
         pending.deadline = self.clock() + lease_s
         return pending
 
-    def _settle(self, card: str, who: Client) -> None:
-        """The card has nothing unconfirmed any more: forget the change, its journal entry, and an idle hold."""
+    def _settle(self, card: str, conn: int) -> None:
+        """The card has nothing unconfirmed any more: forget the change, its journal entry, `conn`'s idle hold."""
         self.book.pending.pop(card, None)
         self.state.set_write(self.keys[card], None)
-        self.book.release_if_idle(card, who.conn)
+        self.book.release_if_idle(card, conn)
 
     # --- requests -----------------------------------------------------------------------------------------------
     def handle(self, who: Client, request: s.Request) -> object:
@@ -168,11 +169,11 @@ class HelperService:
             applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
         except BaseException:
             if had is None or had.conn != who.conn:  # the backend put the previous value back: nothing pending
-                self._settle(r.card, who)
+                self._settle(r.card, who.conn)
             raise
         self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
         if applied.current == pending.previous and pending.previous_lock_mhz is None:
-            self._settle(r.card, who)  # back where it was: nothing to put back
+            self._settle(r.card, who.conn)  # back where it was: nothing to put back
         return applied
 
     def _op_confirm(self, who: Client, r: s.Confirm) -> None:
@@ -181,7 +182,7 @@ class HelperService:
             raise Refused("usage", f"nothing of this connection to confirm on {r.card}",
                           "confirm after a set, before its lease runs out")
         self._audit("confirm", r.card, who, value=pending.value)
-        self._settle(r.card, who)
+        self._settle(r.card, who.conn)
 
     def _op_reset(self, who: Client, r: s.Reset) -> Knob:
         hold = self.book.holds.get(r.card)
@@ -191,7 +192,7 @@ class HelperService:
             self._drop_other(r.card, hold.conn, f"reset to stock by uid {who.peer.uid} (--force)")
         knob = self.backend.reset(r.card)
         self._audit("reset", r.card, who, force=r.force)
-        self._settle(r.card, who)
+        self._settle(r.card, who.conn)
         return knob
 
     def _op_lock_clock(self, who: Client, r: s.LockClock) -> s.LockResult:
@@ -313,9 +314,7 @@ class HelperService:
 
     def _revert(self, pending: Pending, reason: str) -> s.LostChange:
         restored, how = self._restore(pending)
-        self.book.pending.pop(pending.card, None)
-        self.state.set_write(pending.key, None)
-        self.book.release_if_idle(pending.card, pending.conn)
+        self._settle(pending.card, pending.conn)
         self.state.log("revert", card=pending.card, value=pending.value, restored=restored, reason=reason)
         self._log(f"revert {pending.card} {pending.value} -> {restored} ({reason}; {how})")
         return s.LostChange(pending.card, pending.value if pending.value is not None else pending.previous,
@@ -410,16 +409,13 @@ class HelperService:
                                         "the machine froze or reset during this trial (open in an earlier boot)")
 
     # --- importing a user's own state ---------------------------------------------------------------------------
-    def import_user(self, uid: int, home: Path | None = None) -> int:
+    def import_user(self, uid: int) -> int:
         """Merge `uid`'s per-user unsafe list (and trials its journal left open in an earlier boot) into the
         machine's; returns how many entries were new."""
-        if home is None:
-            import pwd
-
-            try:
-                home = Path(pwd.getpwuid(uid).pw_dir)
-            except KeyError:
-                return 0
+        try:
+            home = Path(pwd.getpwuid(uid).pw_dir)
+        except KeyError:
+            return 0
         found = read_user_state(home, uid)
         for problem in found.problems:
             self._log(f"import from uid {uid}: skipped {problem}")
@@ -429,20 +425,20 @@ class HelperService:
         with self.lock:
             for line in found.unsafe:
                 key = self._key_for(line.serial, line.device, by_serial)
-                added += self.state.merge_unsafe(key, [s.UnsafeEntry(
+                added += self.state.merge_unsafe(key, s.UnsafeEntry(
                     setting=line.setting, unit=line.unit, kind=line.kind, reason=line.reason, edge=line.edge,
                     device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
                     recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
-                    source=f"import from uid {uid}")])
+                    source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
                 if trial.boot_id is None or trial.boot_id == boot or trial.setting == 0:
                     continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
                 key = self._key_for(None, device, by_serial)
-                added += self.state.merge_unsafe(key, [s.UnsafeEntry(
+                added += self.state.merge_unsafe(key, s.UnsafeEntry(
                     setting=trial.setting, unit=self._unit_of(device), kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
                     device=device, session=trial.session, boot_id=trial.boot_id,
-                    recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}")])
+                    recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
         if added:
             self._log(f"imported {added} unsafe entries from uid {uid}")
         return added

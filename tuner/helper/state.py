@@ -145,16 +145,12 @@ class MachineState:
     def add_unsafe(self, key: str, entry: UnsafeEntry) -> None:
         self._store(self.unsafe_path(key), msgspec.json.encode(entry), append=True)
 
-    def merge_unsafe(self, key: str, entries: list[UnsafeEntry]) -> int:
-        """Add the entries not already on the card's list (never drops one); returns how many were added."""
-        have = self.unsafe_entries(key)
-        added = 0
-        for entry in entries:
-            if not any(entry.same_event(h) for h in have):
-                self.add_unsafe(key, entry)
-                have.append(entry)
-                added += 1
-        return added
+    def merge_unsafe(self, key: str, entry: UnsafeEntry) -> bool:
+        """Add `entry` unless the card's list has it already (never drops one); True when it was added."""
+        if any(entry.same_event(h) for h in self.unsafe_entries(key)):
+            return False
+        self.add_unsafe(key, entry)
+        return True
 
     def clear_unsafe(self, key: str, setting: int | None) -> list[UnsafeEntry]:
         entries = self.unsafe_entries(key)

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuner.core import kernel_files, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
@@ -49,7 +49,6 @@ from tuner.tuning.events import TrialResult
 if TYPE_CHECKING:
     from tuner.backends.base import Backend
 
-JOURNAL_VERSION = 1  # a card's and a rig's
 RIG_SUFFIX = ".rig.json"
 MAX_STATE_FILE_BYTES = 64 * 1024 * 1024  # far above any journal or unsafe list; a bigger file is not one
 
@@ -182,9 +181,9 @@ def _load(path: Path) -> dict | None:
     if doc is None:
         return None
     if path.name.endswith(RIG_SUFFIX):
-        problem = journal_schema.check_rig_journal(doc)
+        problem = journal_schema.problem(doc, journal_schema.RigJournal)
     elif path.name.endswith(".guard.json"):
-        problem = journal_schema.check_guard(doc)
+        problem = journal_schema.problem(doc, journal_schema.Guard)
     else:
         session = doc.get("session")
         name = f"{path.name[:-len('.json')]}.{session}.ref" if isinstance(session, str) else None
@@ -244,7 +243,7 @@ def leftover_trial(device_id: str) -> dict | None:
         owner = classify_open_trial(trial)
         if setting is not None and owner != Owner.RUNNING:
             return {"setting": setting, "phase": trial.get("phase"), "pid": trial.get("pid"), "owner": owner,
-                    "resume": resume if doc is not None and "session" in doc else None}
+                    "resume": resume}
     return None
 
 
@@ -258,12 +257,12 @@ def trial_open_at_previous_boot() -> dict | None:
     return _own_trial_open_at_previous_boot() or machine_trial_open_at_previous_boot()
 
 
-def machine_trial_open_at_previous_boot(state_dir: Path | None = None) -> dict | None:
+def machine_trial_open_at_previous_boot() -> dict | None:
     """The same question of the root helper's machine-wide state (`paths.system_state_dir()`, readable by any
     user): a trial it recovered in this boot as a freeze or reset (`MachineState.failed_trial_recovered_in`), or
     one still open from another boot (the helper has not started since). Unreadable or damaged: yes (fail
     closed). No helper state at all: None."""
-    state = MachineState(state_dir or paths.system_state_dir())
+    state = MachineState(paths.system_state_dir())
     if not state.root.is_dir():
         return None
     boot_id = kernel_files.boot_id()
@@ -347,7 +346,7 @@ def own_unsafe_entries(device_id: str) -> list[dict]:
             entry = json.loads(line)
         except (ValueError, RecursionError):
             raise _damaged(path, f"line {n} is not valid JSON (torn?)", remedy(n)) from None
-        problem = journal_schema.check_unsafe_entry(entry)
+        problem = journal_schema.problem(entry, journal_schema.UnsafeEntry)
         if problem:
             raise _damaged(path, f"line {n}: {problem}", remedy(n))
         entries.append(entry)
@@ -467,7 +466,7 @@ def recover_stale_guard(device_id: str, unit: str) -> dict | None:
 
 
 @contextlib.contextmanager
-def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "verify",
+def guarded_trial(device_id: str, setting: int, *, unit: str,
                   backend: Backend | None = None) -> Iterator[dict[str, object]]:
     """Durably mark a trial outside any bisect session as open for its duration.
 
@@ -479,8 +478,8 @@ def guarded_trial(device_id: str, setting: int, *, unit: str, phase: str = "veri
     """
     recover_stale_guard(device_id, unit)
     if backend is not None:
-        backend.trial_begin(device_id, setting, phase)
-    trial = {"device": device_id, "setting": setting, "phase": phase, "boot_id": kernel_files.boot_id(),
+        backend.trial_begin(device_id, setting, "verify")
+    trial = {"device": device_id, "setting": setting, "phase": "verify", "boot_id": kernel_files.boot_id(),
              "pid": os.getpid(), "started_at": time.time()}
     try:
         with _writing(guard_path(device_id)):
@@ -528,7 +527,7 @@ class Journal:
 
     @staticmethod
     def _new(session: str, **fields: object) -> dict:
-        return {"version": JOURNAL_VERSION, "session": session, "state": ACTIVE, "pid": os.getpid(),
+        return {"version": journal_schema.VERSION, "session": session, "state": ACTIVE, "pid": os.getpid(),
                 "boot_id": kernel_files.boot_id(), "created_at": time.time(), "updated_at": time.time(),
                 "open_trial": None, **fields}
 
@@ -554,8 +553,7 @@ class Journal:
 
     @property
     def open_trial(self) -> dict | None:
-        trial = self.doc.get("open_trial")
-        return trial if isinstance(trial, dict) else None
+        return self.doc.get("open_trial")
 
     def unresolved(self) -> bool:
         return self.state in UNRESOLVED
@@ -608,15 +606,12 @@ class Journal:
         self.update(state=ACTIVE, pid=os.getpid(), boot_id=kernel_files.boot_id())
         self.log("session_resumed", pid=os.getpid())
 
-    def _trial_settings(self, trial: Mapping[str, object] | None) -> dict[str, int]:
-        """card -> setting of a trial (a card's `setting`, a rig's `settings`)."""
+    def _trial_settings(self, trial: Mapping[str, Any] | None) -> dict[str, int]:
+        """card -> setting of a trial (a card's `setting`, a rig's `settings`: both whole numbers, as begin_trial
+        writes them and `load` holds them to)."""
         if not trial:
             return {}
-        if self.device_id is not None:
-            setting = trial.get("setting")
-            return {self.device_id: setting} if isinstance(setting, int) else {}
-        settings = trial.get("settings")
-        return {d: v for d, v in settings.items() if isinstance(v, int)} if isinstance(settings, dict) else {}
+        return {self.device_id: trial["setting"]} if self.device_id is not None else dict(trial["settings"])
 
     def begin_trial(self, phase: str, **what: object) -> dict:
         """Durably record the trial about to touch the card(s): a card's `setting`, a rig's `attempt` and
@@ -640,17 +635,14 @@ class Journal:
         self.log("trial_open", **trial)
         return trial
 
-    def _end_machine_trial(self, trial: Mapping[str, object] | None) -> None:
-        """The machine's open trial ends with ours (a hard failure already ended it with its mark)."""
+    def end_trial(self, **fields: object) -> None:
+        """Every card is back at stock: close the open trial (with what it found, one atomic write). The machine's
+        open trial ends with ours (a hard failure already ended it with its mark)."""
+        trial = self.open_trial
+        self.update(open_trial=None, **fields)
         if self.backend is not None:
             for device_id in self._trial_settings(trial):
                 self.backend.trial_end(device_id)
-
-    def end_trial(self, **fields: object) -> None:
-        """Every card is back at stock: close the open trial (with what it found, one atomic write)."""
-        trial = self.open_trial
-        self.update(open_trial=None, **fields)
-        self._end_machine_trial(trial)
 
     def finish_trial(self, record: dict) -> None:
         """A card's trial is over and the card at stock: store its result and close it (one atomic write)."""
@@ -666,7 +658,5 @@ class Journal:
         self.log("trial_abandoned", reason=reason, setting=(trial or {}).get("setting"))
 
     def close(self, state: str, **fields: object) -> None:
-        trial = self.open_trial
-        self.update(state=state, open_trial=None, **fields)
-        self._end_machine_trial(trial)
+        self.end_trial(state=state, **fields)
         self.log("session_" + state, **fields)

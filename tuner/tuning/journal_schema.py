@@ -2,14 +2,13 @@
 
 Each document is a msgspec Struct below; `tuner.core.documents.fit` holds a parsed file to it, strictly (an
 integer is really an int, not "-40" or -40.0; a time is a finite number of seconds, not 1e308 or NaN). Keys a
-newer tuner may add are let through. Each `check_*` returns None when the document is valid, else one short phrase
-saying what is wrong and where (the caller names the file and the remedy). Nothing here reads files; no textual,
-no torch.
+newer tuner may add are let through. `problem` (and `check_journal`, for a session journal) returns None when the
+document is valid, else one short phrase saying what is wrong and where (the caller names the file and the
+remedy). Nothing here reads files; no textual, no torch.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 import msgspec
@@ -17,17 +16,17 @@ from msgspec import Meta
 
 from tuner.core.documents import Misfit, Words, fit, one_of
 
-SESSION_RE = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 STATES = ("active", "interrupted", "finished")
 # Trial verdicts as the journal stores them ("stopped" trials are abandoned, never stored).
 VERDICTS = ("pass", "fail", "error", "inconclusive")
-RIG_VERSION = 1
+VERSION = 1  # a card's journal and a rig's
 RIG_PHASES = ("search", "baseline", "confirm", "done")
 LAST_TIME_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z: any later "time" is damage, not a date
 JSON = Words(integer="a whole number", number="a number", string="a string", boolean="true or false",
              date_time="a date-time", table="an object", array="a list")
 
-SessionId = Annotated[str, Meta(pattern=rf"\A{SESSION_RE.pattern}\Z",
+Version = Annotated[int, Meta(ge=VERSION, le=VERSION, extra={"what": str(VERSION)})]
+SessionId = Annotated[str, Meta(pattern=r"\A[A-Za-z0-9_.-]{1,80}\Z",
                                 extra={"what": "a session id (letters, digits, '.', '_', '-')"})]
 Time = Annotated[float, Meta(ge=0.0, le=LAST_TIME_S, extra={"what": "a time in seconds since 1970"})]
 CardSettings = Annotated[dict[str, int], Meta(extra={"what": "a map of card -> whole number", "whole": True})]
@@ -90,7 +89,7 @@ class Recommendation(_Doc):
 class Journal(_Doc):
     """A card's session journal."""
 
-    version: Annotated[int, Meta(ge=1, le=1, extra={"what": "1"})]
+    version: Version
     session: SessionId
     device: str
     state: Annotated[str, one_of(STATES)]
@@ -140,7 +139,7 @@ class RigOpenTrial(_Doc):
 class RigJournal(_Doc):
     """A rig bisect's journal (`journal/rig+<dev>+....rig.json`, tuner.tuning.journal.Journal.create_rig)."""
 
-    version: Annotated[int, Meta(ge=RIG_VERSION, le=RIG_VERSION, extra={"what": str(RIG_VERSION)})]
+    version: Version
     session: SessionId
     state: Annotated[str, one_of(STATES)]
     phase: Annotated[str, one_of(RIG_PHASES)]
@@ -173,8 +172,8 @@ def _subject(path: tuple[str | int, ...]) -> str:
     return f"{label}: {quoted}" if label and quoted else label or quoted
 
 
-def _problem(doc: object, type_: type[_Doc]) -> str | None:
-    """None when the document `doc` fits `type_`, else the phrase."""
+def problem(doc: object, type_: type[_Doc]) -> str | None:
+    """None when the document `doc` fits `type_` (a `Guard`, an `UnsafeEntry` line, a `RigJournal`), else the phrase."""
     if not isinstance(doc, dict):
         return "it is not a JSON object"
     try:
@@ -190,25 +189,10 @@ def _problem(doc: object, type_: type[_Doc]) -> str | None:
 def check_journal(doc: object, *, reference_name: str | None = None) -> str | None:
     """A session journal. `reference_name`: the file name the session's reference must have (in the state
     directory); a journal naming any other file is damaged (we only write what we own)."""
-    problem = _problem(doc, Journal)
-    if problem or not isinstance(doc, dict):
-        return problem
+    found = problem(doc, Journal)
+    if found or not isinstance(doc, dict):
+        return found
     ref = doc.get("reference")
     if ref is not None and reference_name is not None and not ref.endswith("/" + reference_name):
         return f"'reference' names {ref!r:.80}, not the session's own file in the state directory"
     return None
-
-
-def check_guard(doc: object) -> str | None:
-    return _problem(doc, Guard)
-
-
-def check_unsafe_entry(entry: object) -> str | None:
-    """One line of the unsafe list."""
-    return _problem(entry, UnsafeEntry)
-
-
-def check_rig_journal(doc: object) -> str | None:
-    """None when `doc` is a valid rig journal, else one phrase saying what is wrong (tuner.tuning.journal holds
-    every rig journal it reads to this, and has no check of its own)."""
-    return _problem(doc, RigJournal)
