@@ -46,7 +46,6 @@ from tuner.tuning.evidence import MIN_COMPARED_STEPS
 BASELINE, COARSE, REFINE, CONFIRM = Phase.BASELINE, Phase.COARSE, Phase.REFINE, Phase.CONFIRM
 # at stock: the baseline replayed in a second process; a control after a fault
 REPLAY, CONTROL = Phase.REPLAY, Phase.CONTROL
-PHASES = (BASELINE, REPLAY, COARSE, REFINE, CONFIRM, CONTROL)
 STOCK_PHASES = (BASELINE, REPLAY, CONTROL)  # runs at stock that test the platform, not a setting
 PASS, FAIL, ERROR = Verdict.PASS, Verdict.FAIL, Verdict.ERROR
 # Not evidence either way (too few compared steps, the tool died, the engine was killed from outside): the

@@ -162,10 +162,9 @@ class TelemetrySampler:
 
     def check_setting(self) -> None:
         """Read the setting back now (each sample does; the trial once more as its load ends)."""
-        if self.expected_setting is not None and self.setting_changed is None:
-            self._read_back(self.expected_setting)
-
-    def _read_back(self, expected: int) -> None:
+        expected = self.expected_setting
+        if expected is None or self.setting_changed is not None:
+            return
         try:
             knob = self.backend.knob(self.device_id)
         except DeviceLost as e:
