@@ -116,17 +116,13 @@ class BisectParams:
             bounds.check_reachable(self.bound_s, self.confirm_s, f"--confirm {format_duration(self.confirm_s)}",
                                    load_fraction=MIXED_LOAD_FRACTION)
 
-    def plan_params(self, knob: Knob) -> PlanParams:
-        """The plan's parameters for `knob`: a None here is the plan's default for that card."""
-        return search_plan_params(knob, self.search())
-
     def search(self) -> dict:
         return {k: getattr(self, k) for k in self.SEARCH_KEYS}
 
 
 def search_plan_params(knob: Knob, search: dict) -> PlanParams:
-    """A search's plan parameters on `knob` (a None: the card's default): the baseline replayed at stock and a
-    control after a mismatch, except in the GEMM burn (no trajectory to replay)."""
+    """A search's plan parameters on `knob` (a None: the plan's default for that card): the baseline replayed at
+    stock and a control after a mismatch, except in the GEMM burn (no trajectory to replay)."""
     return PlanParams.defaults_for(knob, step=search["step"], resolution=search["resolution"],
                                    margin=search["margin"], floor=search["floor"],
                                    replay_baseline=search["mode"] != "gemm", stock_control=True,
@@ -162,7 +158,8 @@ def estimate_left(plan: BisectPlan, done: Sequence[PlanResult], search: Mapping)
 
 def estimate_search(knob: Knob, params: BisectParams, unsafe: dict) -> BisectEstimate:
     """The plan a new search of `knob` with `params` runs (UsageError for parameters the job would refuse)."""
-    return estimate_left(card_plan(knob, params.plan_params(knob), unsafe), [], params.search())
+    search = params.search()
+    return estimate_left(card_plan(knob, search_plan_params(knob, search), unsafe), [], search)
 
 
 @dataclass(frozen=True)
@@ -234,7 +231,7 @@ class BisectJob:
                              "name each card once, or use --device all")
         for device_id in ids:  # before anything is touched
             knob = backend.knob(device_id)
-            check_params(knob, params.plan_params(knob))
+            check_params(knob, search_plan_params(knob, params.search()))
         self.backend, self.device_ids, self.params = backend, ids, params
         self._on_event = on_event or (lambda ev: None)
         self._run_trial: TrialRunner = run_trial or trial_module.run_trial

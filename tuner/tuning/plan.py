@@ -88,10 +88,9 @@ class PlanParams:
     replay_baseline: bool = False  # replay the baseline at stock in a second process before any undervolt
     stock_control: bool = False  # a control at stock after a mismatch/canary failure
     # Trial sizing, on when `bound_s` is set: "at most one fault per bound_s of this load" at 95 % at the
-    # recommendation; `trial_s` is one deciding trial (--trial), `min_confirm_load_s` the confirmation's least load.
+    # recommendation; `trial_s` is one deciding trial (--trial).
     bound_s: float | None = None
     trial_s: float | None = None
-    min_confirm_load_s: float = MIN_CONFIRM_LOAD_S
 
     @classmethod
     def defaults_for(cls, knob: Knob, *, step: int | None = None, resolution: int | None = None,
@@ -465,7 +464,7 @@ class BisectPlan:
             pooled = self.bound_at(d.setting, results)  # the confirmed value's own: "the bound at the answer"
             have = pooled.steps if pooled is not None else 0
             again = any(r.phase == CONFIRM and r.verdict == PASS and r.setting == d.setting for r in trials)
-            least = MIN_COMPARED_STEPS if again else max(MIN_COMPARED_STEPS, math.ceil(p.min_confirm_load_s / step_s))
+            least = MIN_COMPARED_STEPS if again else max(MIN_COMPARED_STEPS, math.ceil(MIN_CONFIRM_LOAD_S / step_s))
             steps = max(need - have, least)
             return NextTrial(d.setting, d.phase, steps=steps, duration_s=round(steps * step_s, 3), purpose=BOUND,
                              bound_s=p.bound_s, bound_steps=need, pooled_steps=have)
