@@ -291,17 +291,12 @@ class BisectPlan:
                 return Stop("error", "the baseline's replay at stock could not run (a setup problem, not the "
                             "voltage)")
         trials = [r for r in results if r.phase not in STOCK_PHASES]
-        for r in trials:
-            if r.verdict == ERROR:
-                return Stop("error", f"the trial at {self._fmt(r.setting)} could not run (a setup problem, not "
-                            "the voltage)")
-        software = self._software_fault(trials)
-        if software:
-            return software
-        if self.params.stock_control:
-            control = self._control(results)
-            if control is not None:
-                return control
+        if (error := next((r for r in trials if r.verdict == ERROR), None)) is not None:
+            return Stop("error", f"the trial at {self._fmt(error.setting)} could not run (a setup problem, not "
+                        "the voltage)")
+        due = self._software_fault(trials) or (self._control(results) if self.params.stock_control else None)
+        if due is not None:  # a software fault stops the search; a control at stock runs before anything else
+            return due
 
         lo, fail_k = self._bracket(trials)
         hi = fail_k if fail_k is not None and fail_k <= self.k_max else None  # the bracket's failing end

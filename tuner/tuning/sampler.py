@@ -20,7 +20,6 @@ from tuner.core.models import Telemetry
 @dataclass(frozen=True)
 class TelemetrySummary:
     samples: int
-    duration_s: float
     mean_power_w: float | None
     max_temp_edge_c: float | None
     max_temp_hotspot_c: float | None
@@ -47,7 +46,6 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
     def col(name: str) -> list[float]:
         return [getattr(s, name) for s in samples if getattr(s, name) is not None]
 
-    duration_s = samples[-1].time_s - samples[0].time_s if len(samples) > 1 else 0.0
     counters = [(s.time_s, s.energy_j) for s in samples if s.energy_j is not None]
     energy_j: float | None = None
     if len(counters) > 1 and counters[-1][1] >= counters[0][1]:
@@ -59,7 +57,6 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
     power = col("power_w")
     return TelemetrySummary(
         samples=len(samples),
-        duration_s=duration_s,
         mean_power_w=_mean(power),
         max_temp_edge_c=max(col("temp_edge_c"), default=None),
         max_temp_hotspot_c=max(col("temp_hotspot_c"), default=None),

@@ -426,17 +426,6 @@ def reset_and_verify(backend: Backend, device_id: str) -> None:
                          "run `tuner reset` or reboot before tuning again")
 
 
-def pstate_problem_of(backend: Backend, device_id: str, setting: int, stock: int,
-                      summary: TelemetrySummary | None) -> str | None:
-    """Why the card ran in performance states its offset does not cover (NVIDIA), or None (also at stock)."""
-    if summary is None or setting == stock:
-        return None
-    try:
-        return sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(device_id))
-    except TunerError:
-        return None
-
-
 def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, started_at: float) -> TrialResult:
     """One card's result: what it measured, its verdict (the first cause that applies, in order), and a stop that
     was not its own doing (another card's fault, a kernel line, a lost card) inconclusive."""
@@ -464,8 +453,12 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
         p95_power_w=None if not summary or summary.p95_power_w is None else round(summary.p95_power_w, 2),
         median_step_ms=r.end.median_step_ms if r is not None and r.end is not None else None,
     )
+    pstate_problem = None  # the card ran in performance states its offset does not cover (NVIDIA; not at stock)
+    if summary is not None and c.setting != knob.stock:
+        with contextlib.suppress(TunerError):
+            pstate_problem = sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(c.device_id))
     result = _verdict(c, _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary),
-                      pstate_problem_of(backend, c.device_id, c.setting, knob.stock, summary))
+                      pstate_problem)
     if result.verdict in (Verdict.FAIL, STOPPED, Verdict.INCONCLUSIVE):  # inconclusive: its own reason, said
         return result
     if r is not None and r.kind == PEER:
