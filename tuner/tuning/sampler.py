@@ -38,10 +38,6 @@ class TelemetrySummary:
         return max(temps) if temps else None
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def summarize(samples: list[Telemetry]) -> TelemetrySummary:
     def col(name: str) -> list[float]:
         return [getattr(s, name) for s in samples if getattr(s, name) is not None]
@@ -54,16 +50,16 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
         powered = [(s.time_s, s.power_w) for s in samples if s.power_w is not None]
         if len(powered) > 1:
             energy_j = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(powered))
-    power = col("power_w")
+    power, volts, clocks = col("power_w"), col("voltage_mv"), col("core_clock_mhz")
     return TelemetrySummary(
         samples=len(samples),
-        mean_power_w=_mean(power),
+        mean_power_w=statistics.fmean(power) if power else None,
         max_temp_edge_c=max(col("temp_edge_c"), default=None),
         max_temp_hotspot_c=max(col("temp_hotspot_c"), default=None),
         max_temp_mem_c=max(col("temp_mem_c"), default=None),
-        mean_voltage_mv=_mean(col("voltage_mv")),
+        mean_voltage_mv=statistics.fmean(volts) if volts else None,
         energy_j=energy_j,
-        median_core_clock_mhz=statistics.median(col("core_clock_mhz")) if col("core_clock_mhz") else None,
+        median_core_clock_mhz=statistics.median(clocks) if clocks else None,
         pstates=tuple(dict.fromkeys(int(p) for p in col("pstate"))),
         p95_power_w=percentile(power, 95),
         power_limit_w=col("power_limit_w")[-1] if col("power_limit_w") else None,
@@ -179,12 +175,8 @@ class TelemetrySampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
-        return self.summary()
-
-    def summary(self) -> TelemetrySummary:
         with self._lock:
-            samples = list(self.samples)
-        return summarize(samples)
+            return summarize(list(self.samples))
 
     def latest(self) -> Telemetry | None:
         with self._lock:
