@@ -240,7 +240,6 @@ class BisectJob:
         self._max_attempts = max_attempts
         self._stop = threading.Event()
         self._emit_lock = threading.RLock()
-        self._rig: Journal | None = None
         self._changed_outside: str | None = None  # a card's setting changed under a trial: the job stops (BUSY)
         # Ctrl-Z (issue 28.1): `pause()` ends every running trial (engines stopped, cards at stock) and holds the
         # next; `_halt` is what the trials watch (a stop or a pause), `_in_flight` how many are running
@@ -319,7 +318,7 @@ class BisectJob:
 
     def _run(self) -> BisectOutcome:
         knobs = {d: self.backend.knob(d) for d in self.device_ids}
-        rig = self._rig = self._prepare(knobs)
+        rig = self._prepare(knobs)
         try:
             per_card = self._search(rig, knobs)
             reasons = {d: o.summary for d, o in per_card.items() if o.recommendation is None}

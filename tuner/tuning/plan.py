@@ -262,13 +262,13 @@ class BisectPlan:
 
     # --- the state machine ------------------------------------------------------------------------------------
     def decide(self, results: Sequence[PlanResult]) -> Decision:
+        results = [r for r in results if r.verdict != INCONCLUSIVE]
         decision = self._decide(results)
         if isinstance(decision, NextTrial) and self.params.bound_s is not None:
-            return self._sized(decision, [r for r in results if r.verdict != INCONCLUSIVE])
+            return self._sized(decision, results)
         return decision
 
-    def _decide(self, results: Sequence[PlanResult]) -> Decision:
-        results = [r for r in results if r.verdict != INCONCLUSIVE]
+    def _decide(self, results: list[PlanResult]) -> Decision:
         baseline = [r for r in results if r.phase == BASELINE]
         if not baseline:
             return NextTrial(self.value(0), BASELINE)

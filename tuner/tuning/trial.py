@@ -342,8 +342,6 @@ def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[Tr
                     step = step_no
                 case sc.FaultEvent(figure=str() as figure) | sc.EndEvent(figure=str() as figure):
                     c.figure = figure
-                case _:
-                    pass
             now = time.time()
             if now - last_progress >= params.progress_interval_s:
                 last_progress = now
