@@ -41,7 +41,7 @@ from tuner.core.models import Knob, Phase, Verdict
 from tuner.engine.options import EngineOptions
 from tuner.tuning import bound as bounds
 from tuner.tuning.bound import Bound
-from tuner.tuning.evidence import MIN_COMPARED_STEPS
+from tuner.tuning.evidence import MIN_COMPARED_STEPS, compared_steps
 
 BASELINE, COARSE, REFINE, CONFIRM = Phase.BASELINE, Phase.COARSE, Phase.REFINE, Phase.CONFIRM
 # at stock: the baseline replayed in a second process; a control after a fault
@@ -135,8 +135,6 @@ class PlanResult:
         if step is None:
             step = record.get("fault_step")
         fault_step = None if record.get("injected") else step
-        steps = record.get("steps")
-        compared = None if steps is None else max(0, int(steps) - int(record.get("warmup_steps") or 0))
         # Only the engine's median step time: a trial's duration over its steps counts the start-up and the
         # compile, which would overstate the bound in hours.
         step_ms = record.get("median_step_ms")
@@ -144,7 +142,8 @@ class PlanResult:
             step_ms = None
         return cls(setting=record["setting"], phase=record["phase"], verdict=record["verdict"],
                    kind=record.get("kind"), fault_step=fault_step, edge=bool(record.get("edge")),
-                   injected=bool(record.get("injected")), reason=record.get("reason") or "", steps=compared,
+                   injected=bool(record.get("injected")), reason=record.get("reason") or "",
+                   steps=compared_steps(record.get("steps"), record.get("warmup_steps")),
                    step_s=step_ms / 1000.0 if step_ms else None)
 
 
