@@ -129,9 +129,10 @@ def search_plan_params(knob: Knob, search: dict) -> PlanParams:
                                    bound_s=search.get("bound_s"), trial_s=float(search["trial_s"]))
 
 
-def card_plan(knob: Knob, params: PlanParams, unsafe: dict) -> BisectPlan:
-    """The plan of one card's search, its unsafe list (journal.unsafe_settings) excluded."""
-    return BisectPlan(knob, params, unsafe=list(unsafe), unsafe_edge=any(e.get("edge") for e in unsafe.values()))
+def card_plan(knob: Knob, search: dict, unsafe: dict) -> BisectPlan:
+    """The plan of one card's search (search_plan_params), its unsafe list (journal.unsafe_settings) excluded."""
+    return BisectPlan(knob, search_plan_params(knob, search), unsafe=list(unsafe),
+                      unsafe_edge=any(e.get("edge") for e in unsafe.values()))
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,7 @@ def estimate_left(plan: BisectPlan, done: Sequence[PlanResult], search: Mapping)
 
 def estimate_search(knob: Knob, params: BisectParams, unsafe: dict) -> BisectEstimate:
     """The plan a new search of `knob` with `params` runs (UsageError for parameters the job would refuse)."""
-    search = params.search()
-    return estimate_left(card_plan(knob, search_plan_params(knob, search), unsafe), [], search)
+    return estimate_left(card_plan(knob, params.search(), unsafe), [], params.search())
 
 
 @dataclass(frozen=True)
@@ -711,11 +711,10 @@ class _Search:
         knob = self.knob
         device = self.backend.device(self.device_id)
         j, search, resumed = self._open_session(knob)
-        plan_params = search_plan_params(knob, search)
         unsafe = journal.unsafe_settings(self.device_id, self.backend)  # the machine's list too, via the helper
-        plan = card_plan(knob, plan_params, unsafe)
-        search = {**search, "step": plan_params.step, "resolution": plan_params.resolution,
-                  "margin": plan_params.margin}
+        plan = card_plan(knob, search, unsafe)
+        search = {**search, "step": plan.params.step, "resolution": plan.params.resolution,
+                  "margin": plan.params.margin}
         self._emit(SessionStarted(session=j.session, device=self.device_id, label=device.label, unit=knob.unit,
                                   stock=knob.stock, resumed=resumed, params=search, unsafe=tuple(sorted(unsafe))))
         try:
