@@ -514,13 +514,11 @@ def _with_voltage_effect(result: TrialResult, baseline_voltage_mv: float | None,
     if result.unit != "mV":
         return replace(result, voltage_mv=voltage_mv)
     drop_mv, effective = sampler_mod.voltage_effect(result.setting, baseline_voltage_mv, measured)
-    warnings = result.warnings
     if effective is False:
         message = (f"not effective: asked {result.setting:+d} mV, the card dropped only "
                    f"{drop_mv:.0f} mV under load (the measured voltage is the evidence)")
-        warnings = (*warnings, message)
-    return replace(result, voltage_mv=voltage_mv, voltage_drop_mv=drop_mv, effective=effective,
-                   warnings=warnings)
+        result = replace(result, warnings=(*result.warnings, message))
+    return replace(result, voltage_mv=voltage_mv, voltage_drop_mv=drop_mv, effective=effective)
 
 
 def _judge(results: dict[str, TrialResult], cards: Mapping[str, _Card],
