@@ -310,11 +310,10 @@ class BisectJob:
             return self._run()
 
     def _emit(self, event: BisectEvent) -> None:
-        with self._emit_lock:  # the threads' events one at a time: front ends need not be thread-safe
-            try:
-                self._on_event(event)
-            except Exception:  # noqa: BLE001 - a broken display must not leave a card undervolted
-                pass
+        # the threads' events one at a time (front ends need not be thread-safe); a broken display must not leave a
+        # card undervolted
+        with self._emit_lock, contextlib.suppress(Exception):
+            self._on_event(event)
 
     def _run(self) -> BisectOutcome:
         knobs = {d: self.backend.knob(d) for d in self.device_ids}

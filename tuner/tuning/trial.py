@@ -398,10 +398,9 @@ def _own_end(c: _Card) -> bool:
 
 
 def end_load(backend: Backend, device_id: str) -> None:
-    try:
+    """The load marker is advisory (the simulated card's telemetry); the reset that follows is not."""
+    with contextlib.suppress(TunerError):
         backend.note_load(device_id, False)
-    except TunerError:
-        pass  # the load marker is advisory (the simulated card's telemetry); the reset that follows is not
 
 
 def bounded_result(run: sc.StressRun, watchdog: WatchdogPolicy) -> StressResult | None:
