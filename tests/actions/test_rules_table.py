@@ -31,7 +31,7 @@ from tuner.core.models import Knob, KnobKind
 from tuner.profiles import build_profile, save_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
 from tuner.tuning import journal
-from tuner.tuning.job import BisectJob, BisectParams
+from tuner.tuning.job import BisectJob, BisectParams, search_plan_params
 
 DEVICE = "sim0"
 
@@ -99,7 +99,7 @@ def started(monkeypatch) -> list:
 
     def run(job: BisectJob):
         knob = job.backend.knob(job.device_ids[0])
-        plan = job.params.plan_params(knob)
+        plan = search_plan_params(knob, job.params.search())
         seen.append((plan.step, plan.resolution, plan.margin))
         raise Started("bisect started")
 

@@ -80,12 +80,12 @@ async def test_profile_verify_is_guarded_and_uses_the_profiles_workload_and_lock
 
 
 async def test_bisect_form_blank_means_the_cards_defaults_in_its_unit(tmp_path, monkeypatch):
-    from tuner.tuning.job import BisectJob
+    from tuner.tuning.job import BisectJob, search_plan_params
 
     started: list = []
 
     def run(job):
-        started.append(job.params.plan_params(job.backend.knob(job.device_ids[0])))
+        started.append(search_plan_params(job.backend.knob(job.device_ids[0]), job.params.search()))
 
     monkeypatch.setattr(BisectJob, "run", run)
     backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")

@@ -88,7 +88,7 @@ def test_sampler_summary_energy_and_temperatures():
     sampler = TelemetrySampler(backend, "sim0", interval_s=0.01)
     for _ in range(3):
         sampler.sample_once()
-    summary = sampler.summary()
+    summary = sampler.stop()  # never started: the summary of the samples taken by hand
     assert summary.samples == 3 and summary.mean_power_w > 0 and summary.max_temp_c >= summary.max_temp_edge_c
     samples = [Telemetry(time_s=t, power_w=100.0, temp_edge_c=50.0 + t) for t in range(5)]
     s = summarize(samples)

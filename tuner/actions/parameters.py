@@ -70,7 +70,7 @@ class Parameter:
         from tuner.tuning.plan import PlanParams
 
         value = getattr(BisectParams, self.name)
-        if value is None:  # left to the plan (BisectParams.plan_params): its default for this card, in its unit
+        if value is None:  # left to the plan (job.search_plan_params): its default for this card, in its unit
             value = getattr(PlanParams.defaults_for(knob), self.name)
             return "none" if value is None else f"{value} {knob.unit}"
         return duration_text(value) if self.parser is _duration_s else str(value)

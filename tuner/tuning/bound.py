@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from tuner.core.durations import format_duration, parse_duration_s
 from tuner.core.errors import UsageError
@@ -108,9 +108,6 @@ class Contribution:
     phase: str
     steps: int
 
-    def to_dict(self) -> dict:
-        return {"setting": self.setting, "phase": self.phase, "steps": self.steps}
-
 
 @dataclass(frozen=True)
 class Bound:
@@ -169,7 +166,7 @@ class Bound:
         """For a profile's `[tuning]` table and `--json` (TOML has no null: an unknown duration is left out)."""
         d: dict = {"confidence": self.confidence, "steps": self.steps, "faults": self.faults,
                    "rate_per_step": self.rate, "steps_per_fault": round(self.steps_per_fault, 1),
-                   "contributions": [c.to_dict() for c in self.contributions]}
+                   "contributions": [asdict(c) for c in self.contributions]}
         if self.duration_s is not None:
             d["duration_s"] = round(self.duration_s, 1)
             d["hours"] = round(self.duration_s / 3600.0, 3)

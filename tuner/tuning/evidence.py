@@ -40,11 +40,11 @@ EXTERNAL_SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGPIP
 _DIED_OF = re.compile(r"died of (SIG[A-Z0-9]+)")
 
 
-def compared_steps(result: TrialResult) -> int | None:
+def compared_steps(steps: int | None, warmup_steps: int | None) -> int | None:
     """Steps compared after warm-up, or None when the engine did not report its step count."""
-    if result.steps is None:
+    if steps is None:
         return None
-    return max(0, result.steps - (result.warmup_steps or 0))
+    return max(0, steps - (warmup_steps or 0))
 
 
 def disk_full(path: Path) -> bool:
@@ -65,7 +65,7 @@ def judge(result: TrialResult, *, baseline: bool, disk_is_full: bool = False) ->
                        reason=f"the disk is full ({result.reason or result.kind}): not evidence about the voltage; "
                        "it runs again on resume")
     if result.verdict == "pass" and not baseline:
-        n = compared_steps(result)
+        n = compared_steps(result.steps, result.warmup_steps)
         if n is None or n < MIN_COMPARED_STEPS:
             got = "an unknown number of" if n is None else str(n)
             return replace(result, verdict=INCONCLUSIVE, kind=TOO_SHORT,

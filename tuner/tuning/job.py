@@ -116,26 +116,23 @@ class BisectParams:
             bounds.check_reachable(self.bound_s, self.confirm_s, f"--confirm {format_duration(self.confirm_s)}",
                                    load_fraction=MIXED_LOAD_FRACTION)
 
-    def plan_params(self, knob: Knob) -> PlanParams:
-        """The plan's parameters for `knob`: a None here is the plan's default for that card."""
-        return search_plan_params(knob, self.search())
-
     def search(self) -> dict:
         return {k: getattr(self, k) for k in self.SEARCH_KEYS}
 
 
 def search_plan_params(knob: Knob, search: dict) -> PlanParams:
-    """A search's plan parameters on `knob` (a None: the card's default): the baseline replayed at stock and a
-    control after a mismatch, except in the GEMM burn (no trajectory to replay)."""
+    """A search's plan parameters on `knob` (a None: the plan's default for that card): the baseline replayed at
+    stock and a control after a mismatch, except in the GEMM burn (no trajectory to replay)."""
     return PlanParams.defaults_for(knob, step=search["step"], resolution=search["resolution"],
                                    margin=search["margin"], floor=search["floor"],
                                    replay_baseline=search["mode"] != "gemm", stock_control=True,
                                    bound_s=search.get("bound_s"), trial_s=float(search["trial_s"]))
 
 
-def card_plan(knob: Knob, params: PlanParams, unsafe: dict) -> BisectPlan:
-    """The plan of one card's search, its unsafe list (journal.unsafe_settings) excluded."""
-    return BisectPlan(knob, params, unsafe=list(unsafe), unsafe_edge=any(e.get("edge") for e in unsafe.values()))
+def card_plan(knob: Knob, search: dict, unsafe: dict) -> BisectPlan:
+    """The plan of one card's search (search_plan_params), its unsafe list (journal.unsafe_settings) excluded."""
+    return BisectPlan(knob, search_plan_params(knob, search), unsafe=list(unsafe),
+                      unsafe_edge=any(e.get("edge") for e in unsafe.values()))
 
 
 @dataclass(frozen=True)
@@ -162,7 +159,7 @@ def estimate_left(plan: BisectPlan, done: Sequence[PlanResult], search: Mapping)
 
 def estimate_search(knob: Knob, params: BisectParams, unsafe: dict) -> BisectEstimate:
     """The plan a new search of `knob` with `params` runs (UsageError for parameters the job would refuse)."""
-    return estimate_left(card_plan(knob, params.plan_params(knob), unsafe), [], params.search())
+    return estimate_left(card_plan(knob, params.search(), unsafe), [], params.search())
 
 
 @dataclass(frozen=True)
@@ -234,7 +231,7 @@ class BisectJob:
                              "name each card once, or use --device all")
         for device_id in ids:  # before anything is touched
             knob = backend.knob(device_id)
-            check_params(knob, params.plan_params(knob))
+            check_params(knob, search_plan_params(knob, params.search()))
         self.backend, self.device_ids, self.params = backend, ids, params
         self._on_event = on_event or (lambda ev: None)
         self._run_trial: TrialRunner = run_trial or trial_module.run_trial
@@ -243,7 +240,6 @@ class BisectJob:
         self._max_attempts = max_attempts
         self._stop = threading.Event()
         self._emit_lock = threading.RLock()
-        self._rig: Journal | None = None
         self._changed_outside: str | None = None  # a card's setting changed under a trial: the job stops (BUSY)
         # Ctrl-Z (issue 28.1): `pause()` ends every running trial (engines stopped, cards at stock) and holds the
         # next; `_halt` is what the trials watch (a stop or a pause), `_in_flight` how many are running
@@ -314,15 +310,14 @@ class BisectJob:
             return self._run()
 
     def _emit(self, event: BisectEvent) -> None:
-        with self._emit_lock:  # the threads' events one at a time: front ends need not be thread-safe
-            try:
-                self._on_event(event)
-            except Exception:  # noqa: BLE001 - a broken display must not leave a card undervolted
-                pass
+        # the threads' events one at a time (front ends need not be thread-safe); a broken display must not leave a
+        # card undervolted
+        with self._emit_lock, contextlib.suppress(Exception):
+            self._on_event(event)
 
     def _run(self) -> BisectOutcome:
         knobs = {d: self.backend.knob(d) for d in self.device_ids}
-        rig = self._rig = self._prepare(knobs)
+        rig = self._prepare(knobs)
         try:
             per_card = self._search(rig, knobs)
             reasons = {d: o.summary for d, o in per_card.items() if o.recommendation is None}
@@ -414,11 +409,14 @@ class BisectJob:
 
     # --- the searches -----------------------------------------------------------------------------------------
     def _search(self, rig: Journal | None, knobs: dict[str, Knob]) -> dict[str, CardOutcome]:
+        if rig is None:  # a rig of one: no thread, errors propagate as they are
+            [device_id] = self.device_ids
+            return {device_id: _Search(self, None, device_id, knobs[device_id]).run()}
         outcomes: dict[str, CardOutcome] = {}
         errors: dict[str, BaseException] = {}
         searches = []
         for device_id in self.device_ids:
-            done = self._finished_outcome(rig, device_id, knobs[device_id]) if rig is not None else None
+            done = self._finished_outcome(rig, device_id, knobs[device_id])
             if done is not None:
                 outcomes[device_id] = done
             else:  # each search ends at once, resumable, when the job was stopped before it began
@@ -430,10 +428,8 @@ class BisectJob:
             except BaseException as e:  # noqa: BLE001 - collected, decided below in the job's thread
                 errors[search.device_id] = e
 
-        if len(searches) == 1 and rig is None:  # a rig of one: no thread, errors propagate as they are
-            outcomes[searches[0].device_id] = searches[0].run()
         threads = [threading.Thread(target=work, args=(s,), name=f"bisect-{s.device_id}", daemon=True)
-                   for s in searches if rig is not None]
+                   for s in searches]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -580,20 +576,13 @@ class BisectJob:
             if res is None:
                 return self._stopped(rig, per_card, reasons)
             attempts.append(res)
-            verdict = self._judge(res, candidates, knobs, rig, edge_margins)
-            rig.end_trial(attempts=[*rig.attempts, verdict["record"]], candidates=verdict["candidates"],
-                          dropped={**rig.doc.get("dropped", {}), **verdict["dropped"]},
-                          phase="done" if verdict["final"] else "confirm")
-            self._emit(RigConfirmFinished(attempt=attempt, passed=verdict["record"]["passed"],
-                                          pinned=tuple(verdict["record"]["pinned"]),
-                                          machine_event=res.machine_event, backed_off=verdict["backed"],
-                                          reasons=verdict["record"]["reasons"]))
+            self._judge(res, attempt, candidates, knobs, rig, edge_margins)
         return self._final(rig, per_card, reasons, tuple(attempts), knobs)
 
-    def _judge(self, res: TrialOutcome, candidates: dict[str, int], knobs: dict[str, Knob], rig: Journal,
-               edge_margins: dict[str, int]) -> dict:
-        """What one confirmation attempt means: passed, or which cards back off (and which drop out). A hard
-        failure pinned on a card goes on its unsafe list and backs it off by the edge margin (one rule:
+    def _judge(self, res: TrialOutcome, attempt: int, candidates: dict[str, int], knobs: dict[str, Knob],
+               rig: Journal, edge_margins: dict[str, int]) -> None:
+        """What one confirmation attempt means, journalled and said: passed, or which cards back off (and which drop
+        out). A hard failure pinned on a card goes on its unsafe list and backs it off by the edge margin (one rule:
         `journal.record_hard_failure`, as for a single card)."""
         failing = {d: r for d, r in res.results.items() if d in candidates and r.verdict == "fail"}
         errors = {d: r for d, r in res.results.items() if d in candidates and r.verdict == "error"}
@@ -602,20 +591,18 @@ class BisectJob:
         reasons = {d: f"{r.verdict} ({r.kind}: {r.reason})" for d, r in {**failing, **errors}.items()}
         for d in missing:
             reasons[d] = "no result from the rig run"
-        unsure = {d: r for d, r in res.results.items()
-                  if d in candidates and r.verdict not in ("pass", "fail", "error")}
-        for d, r in unsure.items():  # inconclusive (too few steps compared, a rank stopped by another's fault)
-            reasons.setdefault(d, f"{r.verdict} ({r.kind}: {r.reason})")
-        passed = not (failing or errors or missing or unsure or res.machine_event or res.pinned)
+        for d, r in res.results.items():  # inconclusive (too few steps compared, a rank stopped by another's fault)
+            if d in candidates and r.verdict not in ("pass", "fail", "error"):
+                reasons[d] = f"{r.verdict} ({r.kind}: {r.reason})"
+        passed = not (reasons or res.machine_event or res.pinned)  # a reason for every card that did not pass
         backed: dict[str, int] = {}
         dropped: dict[str, str] = {}
-        final = passed
         if res.machine_event:
-            backed = {d: self._back_off(knobs[d], d, v, rig) for d, v in candidates.items()}
             if all(v == knobs[d].stock for d, v in candidates.items()):  # at stock: not a voltage problem
                 why = f"a whole-machine event at stock in the rig run ({res.machine_event})"
                 dropped = dict.fromkeys(candidates, why)
-                backed, final = {}, True
+            else:
+                backed = {d: self._back_off(knobs[d], d, v, rig) for d, v in candidates.items()}
         elif pinned:
             for d in pinned:
                 if candidates[d] == knobs[d].stock:
@@ -629,17 +616,18 @@ class BisectJob:
         elif errors and not failing:  # setup trouble (a rank that never ran, a collective that never formed):
             why = "; ".join(f"{d}: {r.kind}: {r.reason}" for d, r in errors.items())  # not the voltage, as for
             dropped = dict.fromkeys(candidates, f"the data-parallel run could not run ({why})")  # one card
-            final = True
         # otherwise (an inconclusive run nobody is blamed for): the same settings run again, within the bound
         new = {d: v for d, v in {**candidates, **backed}.items() if d not in dropped}
-        if len(new) < 1:
-            final = True
-        record = {"attempt": len(rig.attempts) + 1, "settings": candidates, "passed": passed, "pinned": pinned,
+        record = {"attempt": attempt, "settings": candidates, "passed": passed, "pinned": pinned,
                   "collective": res.collective,  # kept so a profile saved after --resume says it
                   "machine_event": res.machine_event, "reasons": reasons, "backed_off": new,
                   "results": {d: r.to_record() for d, r in res.results.items()}}
-        return {"record": record, "candidates": new, "backed": new if not passed else {}, "dropped": dropped,
-                "final": final}
+        rig.end_trial(attempts=[*rig.attempts, record], candidates=new,
+                      dropped={**rig.doc.get("dropped", {}), **dropped},
+                      phase="done" if passed or not new else "confirm")
+        self._emit(RigConfirmFinished(attempt=attempt, passed=passed, pinned=tuple(pinned),
+                                      machine_event=res.machine_event, backed_off={} if passed else new,
+                                      reasons=reasons))
 
     def _final(self, rig: Journal, per_card: dict[str, CardOutcome], reasons: dict[str, str],
                attempts: tuple[TrialOutcome, ...], knobs: dict[str, Knob]) -> BisectOutcome:
@@ -722,11 +710,10 @@ class _Search:
         knob = self.knob
         device = self.backend.device(self.device_id)
         j, search, resumed = self._open_session(knob)
-        plan_params = search_plan_params(knob, search)
         unsafe = journal.unsafe_settings(self.device_id, self.backend)  # the machine's list too, via the helper
-        plan = card_plan(knob, plan_params, unsafe)
-        search = {**search, "step": plan_params.step, "resolution": plan_params.resolution,
-                  "margin": plan_params.margin}
+        plan = card_plan(knob, search, unsafe)
+        search = {**search, "step": plan.params.step, "resolution": plan.params.resolution,
+                  "margin": plan.params.margin}
         self._emit(SessionStarted(session=j.session, device=self.device_id, label=device.label, unit=knob.unit,
                                   stock=knob.stock, resumed=resumed, params=search, unsafe=tuple(sorted(unsafe))))
         try:

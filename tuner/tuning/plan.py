@@ -41,12 +41,11 @@ from tuner.core.models import Knob, Phase, Verdict
 from tuner.engine.options import EngineOptions
 from tuner.tuning import bound as bounds
 from tuner.tuning.bound import Bound
-from tuner.tuning.evidence import MIN_COMPARED_STEPS
+from tuner.tuning.evidence import MIN_COMPARED_STEPS, compared_steps
 
 BASELINE, COARSE, REFINE, CONFIRM = Phase.BASELINE, Phase.COARSE, Phase.REFINE, Phase.CONFIRM
 # at stock: the baseline replayed in a second process; a control after a fault
 REPLAY, CONTROL = Phase.REPLAY, Phase.CONTROL
-PHASES = (BASELINE, REPLAY, COARSE, REFINE, CONFIRM, CONTROL)
 STOCK_PHASES = (BASELINE, REPLAY, CONTROL)  # runs at stock that test the platform, not a setting
 PASS, FAIL, ERROR = Verdict.PASS, Verdict.FAIL, Verdict.ERROR
 # Not evidence either way (too few compared steps, the tool died, the engine was killed from outside): the
@@ -89,10 +88,9 @@ class PlanParams:
     replay_baseline: bool = False  # replay the baseline at stock in a second process before any undervolt
     stock_control: bool = False  # a control at stock after a mismatch/canary failure
     # Trial sizing, on when `bound_s` is set: "at most one fault per bound_s of this load" at 95 % at the
-    # recommendation; `trial_s` is one deciding trial (--trial), `min_confirm_load_s` the confirmation's least load.
+    # recommendation; `trial_s` is one deciding trial (--trial).
     bound_s: float | None = None
     trial_s: float | None = None
-    min_confirm_load_s: float = MIN_CONFIRM_LOAD_S
 
     @classmethod
     def defaults_for(cls, knob: Knob, *, step: int | None = None, resolution: int | None = None,
@@ -137,8 +135,6 @@ class PlanResult:
         if step is None:
             step = record.get("fault_step")
         fault_step = None if record.get("injected") else step
-        steps = record.get("steps")
-        compared = None if steps is None else max(0, int(steps) - int(record.get("warmup_steps") or 0))
         # Only the engine's median step time: a trial's duration over its steps counts the start-up and the
         # compile, which would overstate the bound in hours.
         step_ms = record.get("median_step_ms")
@@ -146,7 +142,8 @@ class PlanResult:
             step_ms = None
         return cls(setting=record["setting"], phase=record["phase"], verdict=record["verdict"],
                    kind=record.get("kind"), fault_step=fault_step, edge=bool(record.get("edge")),
-                   injected=bool(record.get("injected")), reason=record.get("reason") or "", steps=compared,
+                   injected=bool(record.get("injected")), reason=record.get("reason") or "",
+                   steps=compared_steps(record.get("steps"), record.get("warmup_steps")),
                    step_s=step_ms / 1000.0 if step_ms else None)
 
 
@@ -264,13 +261,13 @@ class BisectPlan:
 
     # --- the state machine ------------------------------------------------------------------------------------
     def decide(self, results: Sequence[PlanResult]) -> Decision:
+        results = [r for r in results if r.verdict != INCONCLUSIVE]
         decision = self._decide(results)
         if isinstance(decision, NextTrial) and self.params.bound_s is not None:
-            return self._sized(decision, [r for r in results if r.verdict != INCONCLUSIVE])
+            return self._sized(decision, results)
         return decision
 
-    def _decide(self, results: Sequence[PlanResult]) -> Decision:
-        results = [r for r in results if r.verdict != INCONCLUSIVE]
+    def _decide(self, results: list[PlanResult]) -> Decision:
         baseline = [r for r in results if r.phase == BASELINE]
         if not baseline:
             return NextTrial(self.value(0), BASELINE)
@@ -293,17 +290,12 @@ class BisectPlan:
                 return Stop("error", "the baseline's replay at stock could not run (a setup problem, not the "
                             "voltage)")
         trials = [r for r in results if r.phase not in STOCK_PHASES]
-        for r in trials:
-            if r.verdict == ERROR:
-                return Stop("error", f"the trial at {self._fmt(r.setting)} could not run (a setup problem, not "
-                            "the voltage)")
-        software = self._software_fault(trials)
-        if software:
-            return software
-        if self.params.stock_control:
-            control = self._control(results)
-            if control is not None:
-                return control
+        if (error := next((r for r in trials if r.verdict == ERROR), None)) is not None:
+            return Stop("error", f"the trial at {self._fmt(error.setting)} could not run (a setup problem, not "
+                        "the voltage)")
+        due = self._software_fault(trials) or (self._control(results) if self.params.stock_control else None)
+        if due is not None:  # a software fault stops the search; a control at stock runs before anything else
+            return due
 
         lo, fail_k = self._bracket(trials)
         hi = fail_k if fail_k is not None and fail_k <= self.k_max else None  # the bracket's failing end
@@ -466,7 +458,7 @@ class BisectPlan:
             pooled = self.bound_at(d.setting, results)  # the confirmed value's own: "the bound at the answer"
             have = pooled.steps if pooled is not None else 0
             again = any(r.phase == CONFIRM and r.verdict == PASS and r.setting == d.setting for r in trials)
-            least = MIN_COMPARED_STEPS if again else max(MIN_COMPARED_STEPS, math.ceil(p.min_confirm_load_s / step_s))
+            least = MIN_COMPARED_STEPS if again else max(MIN_COMPARED_STEPS, math.ceil(MIN_CONFIRM_LOAD_S / step_s))
             steps = max(need - have, least)
             return NextTrial(d.setting, d.phase, steps=steps, duration_s=round(steps * step_s, 3), purpose=BOUND,
                              bound_s=p.bound_s, bound_steps=need, pooled_steps=have)

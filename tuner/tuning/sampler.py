@@ -20,7 +20,6 @@ from tuner.core.models import Telemetry
 @dataclass(frozen=True)
 class TelemetrySummary:
     samples: int
-    duration_s: float
     mean_power_w: float | None
     max_temp_edge_c: float | None
     max_temp_hotspot_c: float | None
@@ -39,15 +38,10 @@ class TelemetrySummary:
         return max(temps) if temps else None
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def summarize(samples: list[Telemetry]) -> TelemetrySummary:
     def col(name: str) -> list[float]:
         return [getattr(s, name) for s in samples if getattr(s, name) is not None]
 
-    duration_s = samples[-1].time_s - samples[0].time_s if len(samples) > 1 else 0.0
     counters = [(s.time_s, s.energy_j) for s in samples if s.energy_j is not None]
     energy_j: float | None = None
     if len(counters) > 1 and counters[-1][1] >= counters[0][1]:
@@ -56,17 +50,16 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
         powered = [(s.time_s, s.power_w) for s in samples if s.power_w is not None]
         if len(powered) > 1:
             energy_j = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(powered))
-    power = col("power_w")
+    power, volts, clocks = col("power_w"), col("voltage_mv"), col("core_clock_mhz")
     return TelemetrySummary(
         samples=len(samples),
-        duration_s=duration_s,
-        mean_power_w=_mean(power),
+        mean_power_w=statistics.fmean(power) if power else None,
         max_temp_edge_c=max(col("temp_edge_c"), default=None),
         max_temp_hotspot_c=max(col("temp_hotspot_c"), default=None),
         max_temp_mem_c=max(col("temp_mem_c"), default=None),
-        mean_voltage_mv=_mean(col("voltage_mv")),
+        mean_voltage_mv=statistics.fmean(volts) if volts else None,
         energy_j=energy_j,
-        median_core_clock_mhz=statistics.median(col("core_clock_mhz")) if col("core_clock_mhz") else None,
+        median_core_clock_mhz=statistics.median(clocks) if clocks else None,
         pstates=tuple(dict.fromkeys(int(p) for p in col("pstate"))),
         p95_power_w=percentile(power, 95),
         power_limit_w=col("power_limit_w")[-1] if col("power_limit_w") else None,
@@ -162,10 +155,9 @@ class TelemetrySampler:
 
     def check_setting(self) -> None:
         """Read the setting back now (each sample does; the trial once more as its load ends)."""
-        if self.expected_setting is not None and self.setting_changed is None:
-            self._read_back(self.expected_setting)
-
-    def _read_back(self, expected: int) -> None:
+        expected = self.expected_setting
+        if expected is None or self.setting_changed is not None:
+            return
         try:
             knob = self.backend.knob(self.device_id)
         except DeviceLost as e:
@@ -183,12 +175,8 @@ class TelemetrySampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
-        return self.summary()
-
-    def summary(self) -> TelemetrySummary:
         with self._lock:
-            samples = list(self.samples)
-        return summarize(samples)
+            return summarize(list(self.samples))
 
     def latest(self) -> Telemetry | None:
         with self._lock:

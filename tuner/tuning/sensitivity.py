@@ -10,15 +10,15 @@ from __future__ import annotations
 
 TOLERANCE_CAUGHT_PCT = 1.9  # --tolerance: caught on their own step, % of consequential flips
 BITWISE_CAUGHT_PCT = 100.0  # bit for bit (the default)
+_CATCHES = (f"catches {TOLERANCE_CAUGHT_PCT:g} % of consequential single-bit flips on their own step, against "
+            f"{BITWISE_CAUGHT_PCT:g} % bit for bit")
 
 
 def detection_rate_text() -> str:
     """The measured detection rate of the reduced-sensitivity mode, in words for any front end."""
-    return (f"reduced sensitivity: catches {TOLERANCE_CAUGHT_PCT:g} % of consequential single-bit flips on their "
-            f"own step, against {BITWISE_CAUGHT_PCT:g} % bit for bit")
+    return f"reduced sensitivity: {_CATCHES}"
 
 
 def tolerance_note() -> str:
-    return (f"reduced sensitivity (--tolerance): the tolerance comparison catches {TOLERANCE_CAUGHT_PCT:g} % of "
-            f"consequential single-bit flips on their own step, against {BITWISE_CAUGHT_PCT:g} % bit for bit "
-            "(bench/engine_detection.py); a silent miscomputation at a setting may go unnoticed")
+    return (f"reduced sensitivity (--tolerance): the tolerance comparison {_CATCHES} (bench/engine_detection.py); "
+            "a silent miscomputation at a setting may go unnoticed")

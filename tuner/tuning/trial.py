@@ -342,8 +342,6 @@ def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[Tr
                     step = step_no
                 case sc.FaultEvent(figure=str() as figure) | sc.EndEvent(figure=str() as figure):
                     c.figure = figure
-                case _:
-                    pass
             now = time.time()
             if now - last_progress >= params.progress_interval_s:
                 last_progress = now
@@ -400,10 +398,9 @@ def _own_end(c: _Card) -> bool:
 
 
 def end_load(backend: Backend, device_id: str) -> None:
-    try:
+    """The load marker is advisory (the simulated card's telemetry); the reset that follows is not."""
+    with contextlib.suppress(TunerError):
         backend.note_load(device_id, False)
-    except TunerError:
-        pass  # the load marker is advisory (the simulated card's telemetry); the reset that follows is not
 
 
 def bounded_result(run: sc.StressRun, watchdog: WatchdogPolicy) -> StressResult | None:
@@ -424,17 +421,6 @@ def reset_and_verify(backend: Backend, device_id: str) -> None:
     if knob.current != knob.stock:
         raise NotApplied(f"{device_id} did not return to stock (reads {knob.current:+d} {knob.unit})",
                          "run `tuner reset` or reboot before tuning again")
-
-
-def pstate_problem_of(backend: Backend, device_id: str, setting: int, stock: int,
-                      summary: TelemetrySummary | None) -> str | None:
-    """Why the card ran in performance states its offset does not cover (NVIDIA), or None (also at stock)."""
-    if summary is None or setting == stock:
-        return None
-    try:
-        return sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(device_id))
-    except TunerError:
-        return None
 
 
 def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, started_at: float) -> TrialResult:
@@ -464,8 +450,12 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
         p95_power_w=None if not summary or summary.p95_power_w is None else round(summary.p95_power_w, 2),
         median_step_ms=r.end.median_step_ms if r is not None and r.end is not None else None,
     )
+    pstate_problem = None  # the card ran in performance states its offset does not cover (NVIDIA; not at stock)
+    if summary is not None and c.setting != knob.stock:
+        with contextlib.suppress(TunerError):
+            pstate_problem = sampler_mod.pstate_problem(summary.pstates, backend.applied_pstates(c.device_id))
     result = _verdict(c, _with_voltage_effect(base, baseline.voltage_mv if baseline is not None else None, summary),
-                      pstate_problem_of(backend, c.device_id, c.setting, knob.stock, summary))
+                      pstate_problem)
     if result.verdict in (Verdict.FAIL, STOPPED, Verdict.INCONCLUSIVE):  # inconclusive: its own reason, said
         return result
     if r is not None and r.kind == PEER:
@@ -523,13 +513,11 @@ def _with_voltage_effect(result: TrialResult, baseline_voltage_mv: float | None,
     if result.unit != "mV":
         return replace(result, voltage_mv=voltage_mv)
     drop_mv, effective = sampler_mod.voltage_effect(result.setting, baseline_voltage_mv, measured)
-    warnings = result.warnings
     if effective is False:
         message = (f"not effective: asked {result.setting:+d} mV, the card dropped only "
                    f"{drop_mv:.0f} mV under load (the measured voltage is the evidence)")
-        warnings = (*warnings, message)
-    return replace(result, voltage_mv=voltage_mv, voltage_drop_mv=drop_mv, effective=effective,
-                   warnings=warnings)
+        result = replace(result, warnings=(*result.warnings, message))
+    return replace(result, voltage_mv=voltage_mv, voltage_drop_mv=drop_mv, effective=effective)
 
 
 def _judge(results: dict[str, TrialResult], cards: Mapping[str, _Card],
