@@ -57,7 +57,7 @@ from tuner.engine.events import (
 )
 from tuner.engine.faults import FaultInjector, PlatformFlaw
 from tuner.engine.lifeline import parent_alive
-from tuner.engine.model import GPT, GPTConfig
+from tuner.engine.model import GPT
 from tuner.engine.optim import build_optimizers, eager_updates
 from tuner.engine.options import EngineOptions, UsageProblem
 from tuner.engine.platform import (
@@ -228,9 +228,7 @@ class Engine:
         if opts.world_size > 1:
             self._join_group()
         self.gemm = GemmCheck(opts.gemm_n or default_gemm_n(self.spec), self.dtype, self.device, opts.gemm_repeats)
-        p = opts.preset_spec
-        self.cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len, vocab=p.vocab,
-                             window_pattern=p.window_pattern, value_embeds=p.value_embeds)
+        p = self.cfg = opts.preset_spec
         self.tokenizer: BpeTokenizer | None = None
         self.token_bytes: torch.Tensor | None = None  # UTF-8 bytes per token id (BPE presets), for bits per byte
         self.use_compile = opts.mode != "gemm" and opts.compile_enabled(self.spec.type)
