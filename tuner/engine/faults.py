@@ -125,12 +125,8 @@ class FaultInjector:
 
     # --- training steps ---------------------------------------------------------------------------------------
 
-    def platform_noise(self, model: torch.nn.Module) -> None:
-        """The simulated platform flaw, if any (before every training step, the start-up check's included)."""
-        self.flaw.perturb(model)
-
     def before_train_step(self, step: int, model: GPT) -> None:
-        self.platform_noise(model)
+        self.flaw.perturb(model)  # the simulated platform flaw, if any (the start-up check's steps too)
         for inj in self.injections:
             if inj.step != step or inj.kind == "hang":
                 continue
@@ -154,9 +150,6 @@ class FaultInjector:
                                      step=step, source="rate")
                 else:
                     self._arm_random_activation(model, rng, step=step, where="activation")
-
-    def after_train_step(self) -> None:
-        self.disarm()
 
     # --- canary and GEMM --------------------------------------------------------------------------------------
 

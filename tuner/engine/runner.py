@@ -493,7 +493,7 @@ class Engine:
                 self._restore_initial()
                 digests = []
                 for s in range(1, CHECK_STEPS + 1):
-                    self.injector.platform_noise(self.model)
+                    self.injector.flaw.perturb(self.model)
                     r = self.train_step(s)
                     digests.append(step_digest(r.loss, r.grad_norm, r.param_sum))
                 runs.append(digests)
@@ -725,12 +725,12 @@ class Engine:
         try:
             r = self.train_step(step, seg_step)
         except Exception as e:
-            self.injector.after_train_step()
             if is_oom(e):
                 self._oom_mid_run(step)
                 return
             raise
-        self.injector.after_train_step()
+        finally:
+            self.injector.disarm()
         self.step = step
         self.progress += 1
         self._steps_since_idle += 1
