@@ -220,11 +220,8 @@ class GPT(nn.Module):
         buffers = []
         for params in by_dtype.values():
             flat = torch.cat([p.detach().reshape(-1) for p in params])
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.data = flat[offset:offset + n].view_as(p)
-                offset += n
+            for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
+                p.data = part.view_as(p)
             buffers.append(flat)
         return buffers
 
