@@ -448,8 +448,8 @@ def validate(record: dict[str, Any]) -> Event:
     again = to_record(event, t)
     for key, value in record.items():
         if key not in ("event", "t") and not _same(again.get(key), value):
-            raise ProtocolError(f"{name}.{key}: {value!r} does not read back as declared "
-                                f"({_type_text(_field_type(info, key))})")
+            field_type = next(f.type for f in info.fields if f.encode_name == key)
+            raise ProtocolError(f"{name}.{key}: {value!r} does not read back as declared ({_type_text(field_type)})")
     return _with_raw(event, record)
 
 
@@ -518,10 +518,6 @@ def _refuse_constant(text: str) -> Any:
 
 
 # --- the docs tables ------------------------------------------------------------------------------------------------
-
-
-def _field_type(info: msgspec.inspect.StructType, encode_name: str) -> msgspec.inspect.Type:
-    return next(f.type for f in info.fields if f.encode_name == encode_name)
 
 
 def _type_text(t: msgspec.inspect.Type) -> str:

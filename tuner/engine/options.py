@@ -410,12 +410,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
     """Command line (and $TUNER_DTYPE) -> validated options. Raises UsageProblem."""
     env = os.environ if environ is None else environ
     a = build_parser().parse_args(argv)
-    if a.dtype is not None:
-        dtype = parse_dtype(a.dtype)
-    elif env.get("TUNER_DTYPE"):
-        dtype = parse_dtype(env["TUNER_DTYPE"])
-    else:
-        dtype = "auto"
+    dtype = parse_dtype(a.dtype if a.dtype is not None else env.get("TUNER_DTYPE") or "auto")
     # each option sets the EngineOptions field of its name (`_FIELD_OF_DEST`); these four are converted first
     fields = {_FIELD_OF_DEST.get(dest, dest): value for dest, value in vars(a).items()}
     fields.update(preset=a.preset or default_preset(a.device), dtype=dtype,

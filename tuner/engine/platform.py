@@ -260,15 +260,12 @@ def empty_cache(spec: DeviceSpec) -> None:
         torch.mps.empty_cache()
 
 
+# torch.cuda.OutOfMemoryError (torch >= 1.13; torch.OutOfMemoryError names it too from 2.5): also on CPU builds
 def is_oom(exc: BaseException) -> bool:
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    return isinstance(exc, (RuntimeError, MemoryError)) and "out of memory" in str(exc).lower()
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
+        isinstance(exc, (RuntimeError, MemoryError)) and "out of memory" in str(exc).lower())
 
 
 def make_oom(message: str) -> BaseException:
     """An out-of-memory exception of the type torch raises (for the test hooks)."""
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
-    assert oom_type is not None  # RuntimeError at worst (mypy keeps the first getattr's None)
-    return oom_type(message)
+    return torch.cuda.OutOfMemoryError(message)

@@ -530,7 +530,9 @@ class StressRun:
             "steps": steps, "exit_code": code, "stderr_tail": tail, "start": start, "end": end,
             "sensitivity": end.sensitivity if end is not None else (start.sensitivity if start else None),
             "duration_s": end.duration_s if end is not None else None,
-            "median_tok_s": end.median_tok_s if end is not None else self._median_tok_s(),
+            # from the step events when the run ended without an `end` event
+            "median_tok_s": end.median_tok_s if end is not None else
+            (statistics.median(self._tok_s) if self._tok_s else None),
             "bpb": end.bpb if end is not None else None, "engine_stopped_s": round(self._engine_stopped_s, 1),
         }
         if self._hang is not None:
@@ -562,11 +564,6 @@ class StressRun:
                                 **common)
         return StressResult("fail", "crash", f"the engine exited with code {code} without an end event after "
                                              f"step {self._last_step}", self._last_step + 1, **common)
-
-    def _median_tok_s(self) -> float | None:
-        """From the step events, for runs that ended without an `end` event."""
-        return statistics.median(self._tok_s) if self._tok_s else None
-
 
 __all__ = [  # the events are tuner.engine.events' (re-exported: every reader of the engine names them from here)
     "COLLECTIVE_MARGIN_S", "DEFAULT_DURATION_S", "SIM_HANG_STEP", "CanaryEvent", "EndEvent", "EngineConfig", "Event",

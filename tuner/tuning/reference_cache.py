@@ -67,10 +67,6 @@ def _plain(value: object) -> object:
     return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
-
-
 def manual_reference(device: DeviceInfo, options: EngineOptions) -> CachedReference:
     """The cached stock reference for a run of `options` on `device`:
     `$XDG_STATE_HOME/tuner/references/<vendor>-<serial or pci>-<preset>-<mode>-<hash of the settings>.ref`.
@@ -85,7 +81,7 @@ def manual_reference(device: DeviceInfo, options: EngineOptions) -> CachedRefere
                                      "could not be told apart from another card's")
     key = {"vendor": device.vendor, "card": identity, **trajectory_settings(options)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    name = _safe(f"{device.vendor}-{identity}-{options.preset}-{options.mode}-{digest}")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{device.vendor}-{identity}-{options.preset}-{options.mode}-{digest}")
     return CachedReference(paths.state_dir() / "references" / f"{name}.ref")
 
 
