@@ -306,18 +306,6 @@ class StressRun:
             self._threads.append(t)
         return self
 
-    def __enter__(self) -> Self:
-        return self.start() if self.proc is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.stop()
-        self.result()
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
     def events(self) -> Iterator[Event]:
         """Events as they arrive, until the engine's stdout closes. One consumer only."""
         while True:
@@ -326,15 +314,6 @@ class StressRun:
                 self._queue.put(None)  # later calls end at once
                 return
             yield item
-
-    def run(self, on_event: Callable[[Event], None] | None = None) -> StressResult:
-        """start() (if needed), deliver every event to `on_event`, return the result."""
-        if self.proc is None:
-            self.start()
-        for ev in self.events():
-            if on_event is not None:
-                on_event(ev)
-        return self.result()
 
     def stop(self) -> None:
         """Ask the engine to stop: SIGTERM to its process group, SIGKILL after the grace period."""
