@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tuner.engine.events import validate_stream
+from tests.engine.conftest import validate_stream
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -490,33 +490,6 @@ def _same(written: Any, given: Any) -> bool:
     return type(written) is type(given) and written == given
 
 
-def validate_stream(lines: list[str]) -> list[dict[str, Any]]:
-    """A whole run's stdout, checked: every line strict JSON (no NaN literals) and a valid event (`validate`);
-    exactly one `end`, last; `start` before the first step; `t` never goes backwards. Returns the records."""
-    records: list[dict[str, Any]] = []
-    for line in lines:
-        try:
-            record = json.loads(line, parse_constant=_refuse_constant)
-        except ValueError as e:
-            raise ProtocolError(f"not strict JSON: {e}: {line[:200]!r}") from None
-        validate(record)
-        records.append(record)
-    names = [r["event"] for r in records]
-    if names.count("end") != 1 or names[-1] != "end":
-        raise ProtocolError(f"exactly one `end`, last: {names[-5:]}")
-    work = [i for i, n in enumerate(names) if n in ("step", "gemm")]
-    if work and "start" not in names[:work[0]]:
-        raise ProtocolError("`start` must come before the first step")
-    ts = [r["t"] for r in records]
-    if ts != sorted(ts):
-        raise ProtocolError("`t` must not go backwards")
-    return records
-
-
-def _refuse_constant(text: str) -> Any:
-    raise ValueError(f"literal {text}")
-
-
 # --- the docs tables ------------------------------------------------------------------------------------------------
 
 

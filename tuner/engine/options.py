@@ -460,8 +460,3 @@ def to_argv(opts: EngineOptions) -> list[str]:
             argv.append(f"{flag}={_render(value)}")
     return argv
 
-
-def option_fields() -> set[str]:
-    """The EngineOptions fields the command line sets (tests check that this is all of them)."""
-    return {_FIELD_OF_DEST.get(a.dest, a.dest) for a in build_parser()._actions
-            if a.option_strings and not isinstance(a, argparse._HelpAction)}
