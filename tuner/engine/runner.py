@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import torch
 from msgspec import UNSET
 
@@ -125,21 +126,16 @@ class StepResult:
     grad_sum: int | None = None  # data-parallel: bit checksum of this rank's own gradients, before the all-reduce
 
 
-class MixedSchedule:
-    """Mixed mode: full load, then partial (duty-cycled) load, then an idle gap, repeated; time-based."""
-
-    def __init__(self, full_s: float, partial_s: float, idle_s: float, start: float) -> None:
-        self.full_s, self.partial_s, self.idle_s, self.start = full_s, partial_s, idle_s, start
-
-    def phase(self, now: float) -> tuple[str, float]:
-        """(phase, seconds left in it)."""
-        cycle = self.full_s + self.partial_s + self.idle_s
-        pos = (now - self.start) % cycle
-        if pos < self.full_s:
-            return "full", self.full_s - pos
-        if pos < self.full_s + self.partial_s:
-            return "partial", self.full_s + self.partial_s - pos
-        return "idle", cycle - pos
+def mixed_phase(o: EngineOptions, elapsed_s: float) -> tuple[str, float]:
+    """Mixed mode: full load, then partial (duty-cycled) load, then an idle gap, repeated; time-based. The phase
+    `elapsed_s` into the loop, and the seconds left in it."""
+    cycle = o.mixed_full_s + o.mixed_partial_s + o.idle_gap_s
+    pos = elapsed_s % cycle
+    if pos < o.mixed_full_s:
+        return "full", o.mixed_full_s - pos
+    if pos < o.mixed_full_s + o.mixed_partial_s:
+        return "partial", o.mixed_full_s + o.mixed_partial_s - pos
+    return "idle", cycle - pos
 
 
 class Engine:
@@ -162,7 +158,7 @@ class Engine:
                                       flaw=PlatformFlaw(opts.sim_nondeterministic, opts.sim_contention_at))
         self.kernels: dict = {}
         self.attention_kernels: list[str] = []  # one per layer (attention.layer_kernels); none in gemm mode
-        self.first_difference: dict | None = None  # the first step (0: start-up check) that did not repeat
+        self.first_difference: FirstDifference | None = None  # the first step (0: start-up check) that did not repeat
         self.bitwise_probe: ReferenceTrajectory | None = None  # --verify-repeatable with --tolerance
         self.reference: Reference | None = None
         self.trajectory: ReferenceTrajectory | None = None
@@ -435,7 +431,7 @@ class Engine:
         self.repeatability = {"gemm": gemm_ok, "canary": canary_ok, "attention": attention_ok,
                               "steps": steps_ok}
         if misses:
-            self.first_difference = {"step": 0, "figure": "start-up check: " + ", ".join(misses)}
+            self.first_difference = FirstDifference(step=0, figure="start-up check: " + ", ".join(misses))
             self.log(f"start-up repeatability check: not bit-identical ({', '.join(misses)})")
         self._last_canary_t = time.monotonic()
 
@@ -508,7 +504,7 @@ class Engine:
         unless the run asked for them (--tolerance)."""
         if self.repeatable or self.opts.tolerance:
             return
-        what = self.first_difference["figure"] if self.first_difference else "start-up check"
+        what = self.first_difference.figure if self.first_difference else "start-up check"
         if self.opts.verify_repeatable:
             self._fail(Finding("not-repeatable", f"this platform does not repeat bit for bit: the {what} differed "
                                                  f"between two runs in one process; {NOT_REPEATABLE_HELP}"), 0)
@@ -612,7 +608,7 @@ class Engine:
             data=data,
             repeatable=bool(self.repeatable),
             repeatability=self.repeatability,
-            first_difference=self._first_difference(),
+            first_difference=self.first_difference,
             sensitivity=self.sensitivity,
             tolerance=self.opts.tolerance,
             verify_repeatable=self.opts.verify_repeatable,
@@ -643,10 +639,6 @@ class Engine:
         return DataParallelStatus(world_size=self.opts.world_size, rank=self.opts.rank, backend=self.dp.backend,
                                   library=self.dp.library, collectives=self.dp.collectives,
                                   collective_s=round(self.dp.collective_s, 4))
-
-    def _first_difference(self) -> FirstDifference | None:
-        d = self.first_difference
-        return None if d is None else FirstDifference(step=int(d["step"]), figure=str(d["figure"]))
 
     @property
     def sensitivity(self) -> str:
@@ -787,7 +779,7 @@ class Engine:
         bitwise = finding if self.bitwise_probe is None else \
             self.bitwise_probe.check(step, r.loss, r.grad_norm, r.param_sum, r.grad_sum)
         if bitwise is not None and self.first_difference is None:
-            self.first_difference = {"step": step, "figure": bitwise.figure}
+            self.first_difference = FirstDifference(step=step, figure=str(bitwise.figure))
         if finding is None:
             return None
         return Finding("not-repeatable", f"a replay at stock in a second process is not bit-identical: "
@@ -797,7 +789,8 @@ class Engine:
         """--verify-repeatable: record the outcome in the reference file."""
         assert self.opts.reference is not None  # --verify-repeatable requires --reference (options.py)
         try:
-            mark_repeatability(self.opts.reference, self.first_difference is None, self.first_difference, self.step)
+            first = None if self.first_difference is None else msgspec.structs.asdict(self.first_difference)
+            mark_repeatability(self.opts.reference, first is None, first, self.step)
         except (OSError, ReferenceProblem) as e:
             self.log(f"could not record the replay's outcome in {self.opts.reference}: {e}")
 
@@ -904,12 +897,13 @@ class Engine:
             self.sleep(min(left, 0.05))
         self._steps_since_idle = 0
 
-    def _agree(self, schedule: MixedSchedule | None) -> tuple[bool, tuple[str, float] | None]:
+    def _agree(self) -> tuple[bool, tuple[str, float] | None]:
         """(stop now, the mixed-mode phase and seconds left in it). With data-parallel ranks, one small collective:
         every rank stops when any reached its bound (so all make the same number of steps), and every rank
         follows rank 0's phase (so they idle together instead of waiting for each other)."""
         bounded = self._bounded()
-        phase = schedule.phase(time.monotonic()) if schedule is not None else None
+        mixed = self.opts.mode == "mixed"
+        phase = mixed_phase(self.opts, time.monotonic() - self._loop_start) if mixed else None
         if self.dp is None:
             return bounded, phase
         mine = [int(bounded), 0, 0]
@@ -921,13 +915,9 @@ class Engine:
     def loop(self) -> None:
         self._loop_start = time.monotonic()
         self._dp_sync = True
-        schedule = None
-        if self.opts.mode == "mixed":
-            o = self.opts
-            schedule = MixedSchedule(o.mixed_full_s, o.mixed_partial_s, o.idle_gap_s, self._loop_start)
         while True:
             self._check_stop()
-            stop, phase_left = self._agree(schedule)
+            stop, phase_left = self._agree()
             if stop:
                 break
             if self.opts.mode == "gemm":
@@ -941,9 +931,9 @@ class Engine:
                     continue
             t0 = time.monotonic()
             self.step_once()
-            if schedule is not None and self._phase == "partial":
+            if self._phase == "partial":  # mixed mode only
                 busy = time.monotonic() - t0
-                phase, left = schedule.phase(time.monotonic())
+                phase, left = mixed_phase(self.opts, time.monotonic() - self._loop_start)
                 if phase == "partial":
                     self.state = "partial-idle"
                     self.sleep(min(busy * (1 / self.opts.partial_duty - 1), left))
@@ -1020,7 +1010,7 @@ class Engine:
             reference=reference,
             recorded=recorded,
             sensitivity=None if self.repeatable is None else self.sensitivity,
-            first_difference=self._first_difference(),
+            first_difference=self.first_difference,
             setup_problems=tuple(self.setup_problems),
             warnings=self.warning_count,
             canaries=self.canary_count,

@@ -138,9 +138,7 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
     return EngineConfig(opts, env=dict(target.env or {}), identity=engine_identity(simulated=target.simulated))
 
 
-# --- events -----------------------------------------------------------------------------------------------
-# The engine's events are declared once, in tuner.engine.events (torch-free): the engine builds them, this client
-# decodes each stdout line into them (`parse_event`, which never raises) and docs/engine.md's tables come from them.
+# --- events (declared once, in tuner.engine.events: see the module docstring) ------------------------------
 
 parse_event = decode_line
 
@@ -408,11 +406,10 @@ class StressRun:
                         self._collective_since = None
                     elif self._collective_since is None:
                         self._collective_since = now
-                    if (state in _IDLE_STATES or (progress is not None and progress != self._last_progress_count)
+                    if (state in _IDLE_STATES or progress != self._last_progress_count
                             or (waiting and now - (self._collective_since or now) <= self._collective_limit_s)):
                         self._progressed(ev)
-                    if progress is not None:
-                        self._last_progress_count = progress
+                    self._last_progress_count = progress
                 case StepEvent() | GemmEvent():
                     self._progressed(ev)
                     self._steps_seen += 1
