@@ -149,9 +149,7 @@ parse_event = decode_line
 @dataclass(frozen=True)
 class StressResult:
     verdict: str  # "pass", "fail" or "error"
-    kind: str | None  # failure or error kind: the engine's ("mismatch", "canary", "gemm", "nonfinite",
-    #                   "device-error", "usage", "setup", "oom", "internal", "interrupted") or ours ("hang",
-    #                   "crash", "stopped")
+    kind: str | None  # the engine's (FAULT_KINDS, ERROR_KINDS of tuner.engine.events) or ours: hang, crash, stopped
     reason: str
     failure_step: int | None
     steps: int
