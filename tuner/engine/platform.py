@@ -109,20 +109,20 @@ def choose_dtype(requested: str, spec: DeviceSpec) -> torch.dtype:
     else fp32; fp16 only on request. CPU and MPS default to fp32."""
     if requested != "auto":
         dtype = DTYPES[requested]
-        if spec.type == "cuda" and dtype is torch.bfloat16 and not _bf16_supported(spec):
+        if spec.type == "cuda" and dtype is torch.bfloat16 and not bf16_supported(spec.device):
             raise SetupProblem(f"--dtype bf16: {spec.name} does not support bfloat16")
         return dtype
     if spec.type == "cuda":
         if torch.version.hip:
-            return torch.bfloat16 if _bf16_supported(spec) else torch.float32
+            return torch.bfloat16 if bf16_supported(spec.device) else torch.float32
         major, _ = torch.cuda.get_device_capability(spec.device)
         return torch.bfloat16 if major >= 8 else torch.float32
     return torch.float32
 
 
-def _bf16_supported(spec: DeviceSpec) -> bool:
-    """Ask the device in use (is_bf16_supported() asks the *current* device)."""
-    with torch.cuda.device(spec.device):
+def bf16_supported(device: torch.device | int) -> bool:
+    """Ask `device` (is_bf16_supported() asks the *current* device)."""
+    with torch.cuda.device(device):
         return bool(torch.cuda.is_bf16_supported())
 
 
