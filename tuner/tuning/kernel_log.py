@@ -9,7 +9,6 @@ Only lines after `start()` count. A line naming a PCI address that is not the wa
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import select
@@ -237,8 +236,10 @@ def _open_kmsg() -> LiveSource | None:
 
     def close() -> None:
         closed.set()
-        with contextlib.suppress(OSError):
+        try:
             os.close(fd)
+        except OSError:
+            pass
 
     return lines(), close
 
