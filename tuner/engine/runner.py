@@ -224,7 +224,7 @@ class Engine:
         if opts.world_size > 1:
             self._join_group()
         self.gemm = GemmCheck(opts.gemm_n or default_gemm_n(self.spec), self.dtype, self.device, opts.gemm_repeats)
-        p = self.cfg = opts.preset_spec
+        p = opts.preset_spec
         self.tokenizer: BpeTokenizer | None = None
         self.token_bytes: torch.Tensor | None = None  # UTF-8 bytes per token id (BPE presets), for bits per byte
         self.use_compile = opts.mode != "gemm" and opts.compile_enabled(self.spec.type)
@@ -290,11 +290,10 @@ class Engine:
         p = self.opts.preset_spec
         # nanochat stores the embeddings in the compute dtype (fp32 when computing in fp16: no loss scaling)
         embed_dtype = self.dtype if p.bf16_embeddings and self.dtype != torch.float16 else torch.float32
-        c = self.cfg
-        where = attention.attention_platform(self.spec.type, self.device, self.dtype, c.n_head, c.head_dim,
-                                             c.seq_len)
-        self.attention_kernels = attention.layer_kernels(c.windows(), c.seq_len, where)
-        model = GPT(self.cfg, self.dtype, embed_dtype=embed_dtype, attention_kernels=self.attention_kernels)
+        where = attention.attention_platform(self.spec.type, self.device, self.dtype, p.n_head, p.head_dim,
+                                             p.seq_len)
+        self.attention_kernels = attention.layer_kernels(p.windows(), p.seq_len, where)
+        model = GPT(p, self.dtype, embed_dtype=embed_dtype, attention_kernels=self.attention_kernels)
         model.init_weights(gen)
         self.model = model.to(self.device)
         self.flat_params = self.model.flatten_parameters_()
@@ -453,7 +452,7 @@ class Engine:
         checks: list[tuple[str, Callable[..., torch.Tensor], list[torch.Tensor]]]
         checks = [(f"SDPA, {self.kernels['sdpa_backend']}", sdpa, base)]
         by_seq = [t.transpose(1, 2).contiguous() for t in base]  # flash's (batch, seq, heads, head_dim)
-        for w in sorted({w for w, k in zip(self.cfg.windows(), self.attention_kernels, strict=True)
+        for w in sorted({w for w, k in zip(p.windows(), self.attention_kernels, strict=True)
                          if k == attention.FLASH_WINDOW}):
             checks.append((f"flash with window {w}",
                            lambda q, k, v, w=w: attention.flash_window(q, k, v, w), by_seq))
@@ -515,17 +514,16 @@ class Engine:
                    f"runs); {NOT_REPEATABLE_HELP}", "not-repeatable", 0, EXIT_ERROR)
 
     def fingerprint(self) -> dict:
-        c = self.cfg
+        p = self.opts.preset_spec
         fp = {
-            "protocol": PROTOCOL_VERSION, "preset": self.opts.preset, "depth": c.depth, "width": c.width,
-            "head_dim": c.head_dim, "seq_len": c.seq_len, "batch_size": self.batch_size, "seed": self.opts.seed,
+            "protocol": PROTOCOL_VERSION, "preset": self.opts.preset, "depth": p.depth, "width": p.width,
+            "head_dim": p.head_dim, "seq_len": p.seq_len, "batch_size": self.batch_size, "seed": self.opts.seed,
             "dtype": DTYPE_NAMES[self.dtype], "device_type": self.spec.type, "device_name": self.spec.name,
             "data_sha256": self.corpus.sha256, **versions(),
             # what decides which kernels run, and so the bits: the choices, the environment, the driver
             "kernels": dict(self.kernels.items()), "kernel_env": kernel_env(),
             "driver_version": driver_version(self.spec),
         }
-        p = self.opts.preset_spec
         if p.bpe:  # only where they differ from the byte-level presets, so older references still load
             fp.update(vocab=p.vocab, window_pattern=p.window_pattern, value_embeds=p.value_embeds,
                       tokenizer_sha256=self.corpus.tokenizer_sha256)
@@ -590,7 +588,7 @@ class Engine:
             batch_size=self.batch_size,
             seq_len=p.seq_len,
             model=ModelShape(depth=p.depth, width=p.width, n_head=p.n_head, head_dim=p.head_dim, vocab=p.vocab,
-                             window_pattern=p.window_pattern, windows=tuple(self.cfg.windows()),
+                             window_pattern=p.window_pattern, windows=tuple(p.windows()),
                              value_embeds=p.value_embeds,
                              embed_dtype=DTYPE_NAMES.get(self.model.wte.weight.dtype,
                                                          str(self.model.wte.weight.dtype)))
