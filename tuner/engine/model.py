@@ -67,11 +67,11 @@ class CastedLinear(nn.Linear):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int, kernel: str | None = None) -> None:
+    def __init__(self, cfg: GPTConfig, layer: int, kernel: str) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         self.window = cfg.windows()[layer]
-        self.kernel = kernel or attention.layer_kernels([self.window], cfg.seq_len, attention.CPU)[0]
+        self.kernel = kernel
         inner = cfg.n_head * cfg.head_dim
         self.c_q = CastedLinear(cfg.width, inner)
         self.c_k = CastedLinear(cfg.width, inner)
@@ -105,7 +105,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int = 0, kernel: str | None = None) -> None:
+    def __init__(self, cfg: GPTConfig, layer: int, kernel: str) -> None:
         super().__init__()
         self.attn = CausalSelfAttention(cfg, layer, kernel)
         self.mlp = MLP(cfg)
