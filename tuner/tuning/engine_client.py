@@ -88,9 +88,7 @@ class EngineConfig:
         return [self.python, "-u", "-m", "tuner.engine", *to_argv(options)]
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ if base is None else base)
-        env.update(self.env)
-        env["PYTHONUNBUFFERED"] = "1"
+        env = {**(os.environ if base is None else base), **self.env, "PYTHONUNBUFFERED": "1"}
         root = str(Path(__file__).resolve().parents[2])  # so `-m tuner.engine` works from any directory
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
