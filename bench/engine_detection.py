@@ -130,7 +130,7 @@ def site_activation(engine, flip, rng):
 def _attention_site(part: str):
     def site(engine, flip, rng):
         real = F.scaled_dot_product_attention
-        target_call = rng.randrange(engine.cfg.depth) if flip else -1
+        target_call = rng.randrange(engine.opts.preset_spec.depth) if flip else -1
         calls = [0]
 
         def sdpa(q, k, v, is_causal=True, **kw):

@@ -48,7 +48,7 @@ import torch
 
 from tuner.engine import attention, compiled, optim
 from tuner.engine.data import WindowSampler, load_corpus, tokenize
-from tuner.engine.model import GPT, GPTConfig
+from tuner.engine.model import GPT
 from tuner.engine.options import PRESETS, EngineOptions, default_preset
 from tuner.engine.platform import (
     DTYPES,
@@ -91,8 +91,7 @@ def bare_loop(preset: str, device: str, steps: int, warmup: int, compile_on: boo
 
         corpus = tokenize(corpus, load_or_train(corpus.text(), corpus.sha256, p.vocab, Path(cache_dir)))
     sampler = WindowSampler(corpus, p.seq_len, 0)
-    cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len, vocab=p.vocab,
-                    window_pattern=p.window_pattern, value_embeds=p.value_embeds)
+    cfg = p
     where = attention.attention_platform(spec.type, spec.device, dtype, cfg.n_head, cfg.head_dim, cfg.seq_len)
     layers = attention.layer_kernels(cfg.windows(), cfg.seq_len, where)
     if not deterministic:

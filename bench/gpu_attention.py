@@ -34,6 +34,7 @@ import statistics
 import sys
 import time
 import warnings
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -45,7 +46,7 @@ prepare_environment()  # before torch is imported, as the engine's CLI does
 import torch
 
 from tuner.engine import attention
-from tuner.engine.model import GPTConfig, window_mask
+from tuner.engine.model import window_mask
 from tuner.engine.options import PRESETS
 from tuner.engine.platform import DTYPE_NAMES, choose_dtype, choose_kernels, enable_determinism, resolve_device
 
@@ -152,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = a.batch or (32 if gpu else 1)
     repeats = a.repeats or (10 if gpu else 2)
     p = PRESETS["nanochat"]
-    cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=a.seq_len or p.seq_len, vocab=p.vocab,
-                    window_pattern=p.window_pattern)
+    cfg = replace(p, seq_len=a.seq_len or p.seq_len)
     window = min(cfg.windows())
     t, h, d = cfg.seq_len, cfg.n_head, cfg.head_dim
     where = attention.attention_platform(spec.type, spec.device, dtype, h, d, t)

@@ -99,13 +99,11 @@ def _attention(device: str) -> dict:
     import torch
 
     from tuner.engine import attention
-    from tuner.engine.model import GPTConfig
     from tuner.engine.options import PRESETS
     from tuner.engine.platform import choose_dtype, choose_kernels, enable_determinism, resolve_device
 
     p = PRESETS["nanochat"]
-    cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len, vocab=p.vocab,
-                    window_pattern=p.window_pattern, value_embeds=p.value_embeds)
+    cfg = p
     enable_determinism()
     spec = resolve_device(device)
     kernels = choose_kernels(spec)

@@ -15,9 +15,7 @@ from tuner.engine.model import GPT, GPTConfig
 from tuner.engine.options import PRESETS
 
 NANOCHAT = PRESETS["nanochat"]
-NANO_CFG = GPTConfig(depth=NANOCHAT.depth, width=NANOCHAT.width, head_dim=NANOCHAT.head_dim,
-                     seq_len=NANOCHAT.seq_len, vocab=NANOCHAT.vocab, window_pattern=NANOCHAT.window_pattern,
-                     value_embeds=NANOCHAT.value_embeds)
+NANO_CFG = NANOCHAT  # a preset is a GPTConfig
 
 # platform -> the nanochat preset's layers (windows 512, 512, 512, 2048, 512, 2048: "SSSL", the last layer long)
 DECISION_TABLE = [

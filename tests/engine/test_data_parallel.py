@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.engine.events import validate_stream
+from tests.engine.conftest import validate_stream
 from tuner.engine.options import EngineOptions, UsageProblem, parse_args, to_argv
 
 ROOT = Path(__file__).resolve().parents[2]

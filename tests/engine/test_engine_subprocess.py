@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tuner.engine.events import validate_stream
+from tests.engine.conftest import validate_stream
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,7 +122,9 @@ def test_the_engine_ends_when_its_parent_is_killed(tmp_path, extra):
 
 
 def test_the_parent_death_signal_is_set_at_start_up():
-    code = ("from tuner.engine.lifeline import parent_death_signal as get, set_parent_death_signal as set_; "
+    code = ("import ctypes, ctypes.util; from tuner.engine.lifeline import set_parent_death_signal as set_; "
+            "libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6'); v = ctypes.c_int(-1); "
+            "get = lambda: (libc.prctl(2, ctypes.byref(v), 0, 0, 0), v.value)[1]; "  # PR_GET_PDEATHSIG
             "print(get(), set_(), get())")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert p.stdout.split() == ["0", "True", str(int(signal.SIGTERM))]

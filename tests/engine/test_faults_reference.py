@@ -56,7 +56,7 @@ def test_explicit_weight_flip_happens_once_at_its_step():
     snap = {n: p.detach().clone() for n, p in m.named_parameters()}
     for step in (1, 2):
         inj.before_train_step(step, m)
-        inj.after_train_step()
+        inj.disarm()
     assert all(torch.equal(p, snap[n]) for n, p in m.named_parameters())
     inj.before_train_step(3, m)
     changed = [n for n, p in m.named_parameters() if not torch.equal(p, snap[n])]
@@ -72,7 +72,7 @@ def test_activation_flip_fires_in_the_next_forward_only():
     inj = FaultInjector([Injection("bitflip", 1, "activation", 30)], seed=1, log=lambda s: None)
     inj.before_train_step(1, m)
     dirty = m(x, x).detach()
-    inj.after_train_step()
+    inj.disarm()
     assert not torch.equal(clean, dirty) and inj.records[0].where == "activation"
     assert torch.equal(m(x, x).detach(), clean)
 
@@ -83,7 +83,7 @@ def test_fault_rate_draws_depend_only_on_seed_and_step():
         inj = FaultInjector(fault_rate=0.5, seed=seed, log=lambda s: None)
         for step in order:
             inj.before_train_step(step, m)
-            inj.after_train_step()
+            inj.disarm()
         return {(r.step, r.tensor, r.index, r.bit) for r in inj.records if r.where == "weight"}
 
     assert flips(3, range(1, 40)) == flips(3, reversed(range(1, 40)))

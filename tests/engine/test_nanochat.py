@@ -44,12 +44,10 @@ slow = pytest.mark.skipif(not os.environ.get("TUNER_SLOW_TESTS"),
 
 
 def test_the_nanochat_preset_is_nanochats_shape():
-    from tuner.engine.model import GPTConfig
     from tuner.engine.options import PRESETS
 
     p = PRESETS["nanochat"]
-    cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len, vocab=p.vocab,
-                    window_pattern=p.window_pattern, value_embeds=p.value_embeds)
+    cfg = p  # a preset is the model's GPTConfig
     assert (p.vocab, p.seq_len, p.head_dim) == (32768, 2048, 128)
     assert p.window_pattern == "SSSL" and p.value_embeds is True
     assert cfg.windows() == [512, 512, 512, 2048, 512, 2048]

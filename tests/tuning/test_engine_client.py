@@ -49,6 +49,16 @@ def fake_run(fake_python, mode, *, policy=FAST, **options):
     return sc.StressRun(cfg, watchdog=policy)
 
 
+def finish(run, on_event=None):
+    """start() (if needed), deliver every event to `on_event`, the result (the tuner's callers loop themselves)."""
+    if run.proc is None:
+        run.start()
+    for ev in run.events():
+        if on_event is not None:
+            on_event(ev)
+    return run.result()
+
+
 # --- the request ------------------------------------------------------------------------------------------
 
 
@@ -182,7 +192,7 @@ def test_stderr_classifier():
 def test_a_passing_run_delivers_every_event_in_order(fake_python):
     run = fake_run(fake_python, "pass")
     seen = []
-    result = run.run(seen.append)
+    result = finish(run, seen.append)
     assert [e.name for e in seen] == ["start"] + ["step"] * 5 + ["end"]
     assert result.passed and result.verdict == "pass" and result.steps == 5 and result.exit_code == 0
     assert result.median_tok_s == 51200.0 and result.bpb == 3.5 and result.sensitivity == "full"
@@ -190,26 +200,26 @@ def test_a_passing_run_delivers_every_event_in_order(fake_python):
 
 
 def test_a_failing_run_reports_kind_and_step(fake_python):
-    result = fake_run(fake_python, "fail").run()
+    result = finish(fake_run(fake_python, "fail"))
     assert (result.verdict, result.kind, result.failure_step) == ("fail", "canary", 2)
     assert result.reference_step == 2
 
 
 def test_silence_is_a_hang_and_sigkill_follows_an_ignored_sigterm(fake_python):
     t0 = time.monotonic()
-    result = fake_run(fake_python, "silent-hang").run()
+    result = finish(fake_run(fake_python, "silent-hang"))
     assert (result.verdict, result.kind, result.failure_step) == ("fail", "hang", 4)
     assert "no output" in result.reason and result.exit_code == -9
     assert time.monotonic() - t0 < 15
 
 
 def test_heartbeats_without_progress_are_a_hang(fake_python):
-    result = fake_run(fake_python, "stall").run()
+    result = finish(fake_run(fake_python, "stall"))
     assert (result.verdict, result.kind) == ("fail", "hang") and "no progress" in result.reason
 
 
 def test_idle_heartbeats_are_not_a_hang(fake_python):
-    result = fake_run(fake_python, "idle").run()
+    result = finish(fake_run(fake_python, "idle"))
     assert result.verdict == "pass", result
 
 
@@ -217,45 +227,45 @@ DP = {"world_size": 2, "rank": 1, "rendezvous": "file:///tmp/rdv"}
 
 
 def test_a_rank_waiting_for_its_peers_is_not_a_hang_within_its_collective_timeout(fake_python):
-    result = fake_run(fake_python, "collective", collective_timeout_s=5.0, **DP).run()
+    result = finish(fake_run(fake_python, "collective", collective_timeout_s=5.0, **DP))
     assert result.verdict == "pass", result
 
 
 def test_a_collective_wait_past_the_rank_s_own_timeout_is_a_hang(fake_python, monkeypatch):
     monkeypatch.setattr(sc, "COLLECTIVE_MARGIN_S", 0.1)
-    result = fake_run(fake_python, "collective", collective_timeout_s=0.5, **DP).run()
+    result = finish(fake_run(fake_python, "collective", collective_timeout_s=0.5, **DP))
     assert (result.verdict, result.kind) == ("fail", "hang") and "no progress" in result.reason
     # a single engine has no peers: a "collective" state there is a stall like any other
-    single = fake_run(fake_python, "collective").run()
+    single = finish(fake_run(fake_python, "collective"))
     assert (single.verdict, single.kind) == ("fail", "hang")
 
 
 def test_no_first_step_in_time_is_a_hang(fake_python):
-    result = fake_run(fake_python, "no-first-step").run()
+    result = finish(fake_run(fake_python, "no-first-step"))
     assert (result.verdict, result.kind, result.failure_step) == ("fail", "hang", 1)
     assert "first step" in result.reason
 
 
 def test_death_by_signal_is_a_crash(fake_python):
-    result = fake_run(fake_python, "segv").run()
+    result = finish(fake_run(fake_python, "segv"))
     assert (result.verdict, result.kind, result.failure_step) == ("fail", "crash", 4) and "SIGSEGV" in result.reason
 
 
 def test_a_runtime_abort_with_a_gpu_message_is_a_device_error(fake_python):
-    result = fake_run(fake_python, "hip-abort").run()
+    result = finish(fake_run(fake_python, "hip-abort"))
     assert (result.verdict, result.kind) == ("fail", "device-error")
     assert "Memory access fault" in result.stderr_tail
 
 
 def test_exit_without_end_is_a_crash_but_before_start_a_setup_error(fake_python):
-    assert (fake_run(fake_python, "exit-no-end").run().kind) == "crash"
-    r = fake_run(fake_python, "exit-before-start").run()
+    assert (finish(fake_run(fake_python, "exit-no-end")).kind) == "crash"
+    r = finish(fake_run(fake_python, "exit-before-start"))
     assert (r.verdict, r.kind, r.exit_code) == ("error", "setup", 1) and "torch" in r.stderr_tail
 
 
 def test_an_end_that_breaks_the_protocol_is_an_error_never_a_verdict(fake_python):
     seen = []
-    result = fake_run(fake_python, "bad-end").run(seen.append)
+    result = finish(fake_run(fake_python, "bad-end"), seen.append)
     assert [type(e).__name__ for e in seen][-1] == "InvalidEvent"
     assert (result.verdict, result.kind) == ("error", "internal") and "broke its protocol" in result.reason
     assert "exit code 1 does not go with verdict 'pass'" in result.reason
@@ -264,7 +274,7 @@ def test_an_end_that_breaks_the_protocol_is_an_error_never_a_verdict(fake_python
 
 def test_garbage_on_stdout_is_kept_not_fatal(fake_python):
     seen = []
-    result = fake_run(fake_python, "garbage").run(seen.append)
+    result = finish(fake_run(fake_python, "garbage"), seen.append)
     assert result.passed
     assert [type(e).__name__ for e in seen if e.name not in ("start", "step", "end")] == \
         ["LogEvent", "UnknownEvent", "LogEvent"]
@@ -298,21 +308,12 @@ def test_stop_escalates_to_sigkill(fake_python):
     assert 0.4 < time.monotonic() - t0 < 8
 
 
-def test_context_manager_stops_on_exit(fake_python):
-    with fake_run(fake_python, "term-graceful", steps=None, duration_s=60) as run:
-        it = run.events()
-        while next(it).name != "step":
-            pass
-    assert run.result().kind == "stopped"
-
-
 # --- the real engine --------------------------------------------------------------------------------------
 
 
 def test_real_engine_hang_is_caught_by_the_watchdog():
     policy = sc.WatchdogPolicy(min_silence_s=2, first_step_timeout_s=120, kill_grace_s=0.3, poll_s=0.1)
-    with sc.StressRun(config(steps=50, injections=[Injection.parse("hang@5")]), watchdog=policy) as run:
-        hang = run.run()
+    hang = finish(sc.StressRun(config(steps=50, injections=[Injection.parse("hang@5")]), watchdog=policy))
     assert (hang.verdict, hang.kind, hang.failure_step, hang.steps) == ("fail", "hang", 5, 4), hang
     assert hang.exit_code == -9  # the hung engine ignores SIGTERM, like a process stuck in a GPU call
 
@@ -320,13 +321,11 @@ def test_real_engine_hang_is_caught_by_the_watchdog():
 def test_real_engine_stock_reference_then_fault_rate_fails(tmp_path):
     """The simulated GPU's contract: record at stock (fault rate 0 passes), then P = 0.1 fails on a mismatch."""
     ref = tmp_path / "stock.json"
-    with sc.StressRun(config(steps=20, seed=1, record=str(ref), canary_every=10)) as run:
-        ok = run.run()
+    ok = finish(sc.StressRun(config(steps=20, seed=1, record=str(ref), canary_every=10)))
     assert ok.passed and ok.steps == 20 and ok.bpb is not None and ok.start.params > 0, ok
     # 20 steps are enough for P = 0.1: seed 1's faults are drawn the same every run (the first one caught is at
     # step 10 today), so this is no matter of luck
-    with sc.StressRun(config(steps=20, seed=1, reference=str(ref), fault_rate=0.1)) as run:
-        bad = run.run()
+    bad = finish(sc.StressRun(config(steps=20, seed=1, reference=str(ref), fault_rate=0.1)))
     assert (bad.verdict, bad.kind) == ("fail", "mismatch") and bad.failure_step <= 20
 
 
@@ -347,11 +346,11 @@ def test_an_engine_stopped_from_outside_is_not_a_hang_and_says_how_long(fake_pyt
     events = run.events()
     while next(events).name != "step":
         pass
-    os.kill(run.pid, signal.SIGSTOP)
+    os.kill(run.proc.pid, signal.SIGSTOP)
     try:  # the watchdog itself measures the stop: 3 x its silence limit
         _wait_for(lambda: run._engine_stopped_s > 3 * FAST.min_silence_s)
     finally:
-        os.kill(run.pid, signal.SIGCONT)
+        os.kill(run.proc.pid, signal.SIGCONT)
     for _ in events:
         pass
     result = run.result()

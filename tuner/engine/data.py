@@ -122,16 +122,16 @@ class WindowSampler:
         w = self.data[offsets[:, None] + self._arange].long()
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
+    def _random_windows(self, seed: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return self._windows(torch.randint(0, self.split - self.seq_len - 1, (batch_size,), generator=g))
+
     def train_batch(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed((self.seed * 1_000_003 + step) % (2**63))
-        offsets = torch.randint(0, self.split - self.seq_len - 1, (batch_size,), generator=g)
-        return self._windows(offsets)
+        return self._random_windows((self.seed * 1_000_003 + step) % (2**63), batch_size)
 
     def fixed_batch(self, tag: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch that depends only on `tag` (the canary's), not on the run's seed."""
-        g = torch.Generator().manual_seed(0x5EED0000 + tag)
-        offsets = torch.randint(0, self.split - self.seq_len - 1, (batch_size,), generator=g)
-        return self._windows(offsets)
+        return self._random_windows(0x5EED0000 + tag, batch_size)
 
     def heldout_batch(self, windows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`windows` evenly spaced windows from the held-out tail; the same on every run."""

@@ -105,11 +105,8 @@ class DataParallel:
             flat = flat.to(self._tensor_device())
         self._collective(lambda: dist.all_reduce(flat, op=dist.ReduceOp.SUM))
         flat.div_(self.world_size)
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
-            offset += n
+        for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+            g.copy_(part.view_as(g))
 
     def agree(self, values: list[int]) -> list[int]:
         """The element-wise maximum of `values` over the ranks (a rank sends 0 where it has nothing to say)."""

@@ -54,7 +54,5 @@ def prepare_environment() -> list[str]:
 
 def kernel_env() -> dict:
     """The environment variables that affect kernel selection, as set now."""
-    def relevant(name: str) -> bool:
-        return any(name.startswith(k) if k.endswith("_") else name == k for k in KERNEL_ENV)
-
-    return {k: os.environ[k] for k in sorted(os.environ) if relevant(k)}
+    return {name: os.environ[name] for name in sorted(os.environ)
+            if any(name.startswith(k) if k.endswith("_") else name == k for k in KERNEL_ENV)}

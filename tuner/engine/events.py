@@ -49,11 +49,7 @@ class ProtocolError(ValueError):
 # --- objects inside events ------------------------------------------------------------------------------------------
 
 
-class _Object(Struct, frozen=True, kw_only=True):
-    """A JSON object inside an event (not an event itself)."""
-
-
-class ModelShape(_Object, frozen=True, kw_only=True):
+class ModelShape(Struct, frozen=True, kw_only=True):
     depth: Annotated[int, _d("transformer layers")]
     width: Annotated[int, _d("model width")]
     n_head: Annotated[int, _d("attention heads")]
@@ -65,7 +61,7 @@ class ModelShape(_Object, frozen=True, kw_only=True):
     embed_dtype: Annotated[str, _d("dtype of the embeddings")]
 
 
-class TokenizerInfo(_Object, frozen=True, kw_only=True):
+class TokenizerInfo(Struct, frozen=True, kw_only=True):
     kind: Annotated[str, _d("`bpe`")]
     vocab_size: Annotated[int, _d("learnt vocabulary (at most the model's)")]
     sha256: Annotated[str, _d("of the tokenizer")]
@@ -73,7 +69,7 @@ class TokenizerInfo(_Object, frozen=True, kw_only=True):
     path: Annotated[str, _d("where it is cached")]
 
 
-class DataSource(_Object, frozen=True, kw_only=True):
+class DataSource(Struct, frozen=True, kw_only=True):
     source: Annotated[str, _d("`stdlib` (the embedded default) or the `--data` path")]
     bytes: Annotated[int, _d("text size")]
     files: Annotated[int, _d("files read")]
@@ -82,12 +78,12 @@ class DataSource(_Object, frozen=True, kw_only=True):
     tokenizer: Annotated[TokenizerInfo, _d("BPE presets only")] | UnsetType = UNSET
 
 
-class ReferenceInUse(_Object, frozen=True, kw_only=True):
+class ReferenceInUse(Struct, frozen=True, kw_only=True):
     path: Annotated[str, _d("the `--reference` file")]
     steps: Annotated[int, _d("steps it recorded")]
 
 
-class ReferenceCompared(_Object, frozen=True, kw_only=True):
+class ReferenceCompared(Struct, frozen=True, kw_only=True):
     path: Annotated[str, _d("the `--reference` file")]
     reference_steps: Annotated[int, _d("steps it recorded")]
     compared_steps: Annotated[int, _d("steps compared with it")]
@@ -98,12 +94,12 @@ class ReferenceCompared(_Object, frozen=True, kw_only=True):
     segments: Annotated[int, _d("passes over the reference")]
 
 
-class FirstDifference(_Object, frozen=True, kw_only=True):
+class FirstDifference(Struct, frozen=True, kw_only=True):
     step: Annotated[int, _d("the step (0: the start-up check)")]
     figure: Annotated[str, _d("what differed")]
 
 
-class DataParallelStatus(_Object, frozen=True, kw_only=True):
+class DataParallelStatus(Struct, frozen=True, kw_only=True):
     world_size: Annotated[int, _d("ranks in the group")]
     rank: Annotated[int, _d("this rank")]
     backend: Annotated[str, _d("`gloo` or `nccl`")]
@@ -448,8 +444,8 @@ def validate(record: dict[str, Any]) -> Event:
     again = to_record(event, t)
     for key, value in record.items():
         if key not in ("event", "t") and not _same(again.get(key), value):
-            raise ProtocolError(f"{name}.{key}: {value!r} does not read back as declared "
-                                f"({_type_text(_field_type(info, key))})")
+            field_type = next(f.type for f in info.fields if f.encode_name == key)
+            raise ProtocolError(f"{name}.{key}: {value!r} does not read back as declared ({_type_text(field_type)})")
     return _with_raw(event, record)
 
 
@@ -490,38 +486,7 @@ def _same(written: Any, given: Any) -> bool:
     return type(written) is type(given) and written == given
 
 
-def validate_stream(lines: list[str]) -> list[dict[str, Any]]:
-    """A whole run's stdout, checked: every line strict JSON (no NaN literals) and a valid event (`validate`);
-    exactly one `end`, last; `start` before the first step; `t` never goes backwards. Returns the records."""
-    records: list[dict[str, Any]] = []
-    for line in lines:
-        try:
-            record = json.loads(line, parse_constant=_refuse_constant)
-        except ValueError as e:
-            raise ProtocolError(f"not strict JSON: {e}: {line[:200]!r}") from None
-        validate(record)
-        records.append(record)
-    names = [r["event"] for r in records]
-    if names.count("end") != 1 or names[-1] != "end":
-        raise ProtocolError(f"exactly one `end`, last: {names[-5:]}")
-    work = [i for i, n in enumerate(names) if n in ("step", "gemm")]
-    if work and "start" not in names[:work[0]]:
-        raise ProtocolError("`start` must come before the first step")
-    ts = [r["t"] for r in records]
-    if ts != sorted(ts):
-        raise ProtocolError("`t` must not go backwards")
-    return records
-
-
-def _refuse_constant(text: str) -> Any:
-    raise ValueError(f"literal {text}")
-
-
 # --- the docs tables ------------------------------------------------------------------------------------------------
-
-
-def _field_type(info: msgspec.inspect.StructType, encode_name: str) -> msgspec.inspect.Type:
-    return next(f.type for f in info.fields if f.encode_name == encode_name)
 
 
 def _type_text(t: msgspec.inspect.Type) -> str:

@@ -78,9 +78,7 @@ def set_nan_(t: torch.Tensor, index: int) -> float:
 
 class PlatformFlaw:
     """A simulated platform that does not repeat bit for bit: always (`nondeterministic`) or from the wall-clock
-    time `contention_at` on (another process starts using the GPU). Per step, with probability 1/2, bit 0 of one
-    weight element flips; the draws are seeded by the OS, so they differ between processes and between the two
-    halves of the in-process start-up check."""
+    time `contention_at` on (another process starts using the GPU); how, the module docstring says."""
 
     PROBABILITY = 0.5
 
@@ -125,12 +123,8 @@ class FaultInjector:
 
     # --- training steps ---------------------------------------------------------------------------------------
 
-    def platform_noise(self, model: torch.nn.Module) -> None:
-        """The simulated platform flaw, if any (before every training step, the start-up check's included)."""
-        self.flaw.perturb(model)
-
     def before_train_step(self, step: int, model: GPT) -> None:
-        self.platform_noise(model)
+        self.flaw.perturb(model)  # the simulated platform flaw, if any (the start-up check's steps too)
         for inj in self.injections:
             if inj.step != step or inj.kind == "hang":
                 continue
@@ -154,9 +148,6 @@ class FaultInjector:
                                      step=step, source="rate")
                 else:
                     self._arm_random_activation(model, rng, step=step, where="activation")
-
-    def after_train_step(self) -> None:
-        self.disarm()
 
     # --- canary and GEMM --------------------------------------------------------------------------------------
 
@@ -206,19 +197,17 @@ class FaultInjector:
                                where: str) -> None:
         modules = model.linear_modules()
         name, _ = self._pick_weighted([(n, m.weight[:, 0]) for n, m in modules], rng)  # weight by width
-        module = dict(modules)[name]
-        self.arm_activation(module, name, rng, step=step, source="rate", where=where, bit=None)
+        self.arm_activation(dict(modules)[name], name, rng, step=step, source="rate", where=where)
 
     def arm_activation(self, module: torch.nn.Module, name: str, rng: random.Random, *, step: int | None,
-                       source: str, where: str = "activation", bit: int | None = None, nan: bool = False,
-                       index: int | None = None) -> None:
-        """On `module`'s next forward, flip one bit (random if `bit` is None) of one element (random if `index`
-        is None) of its output, or write a NaN there."""
+                       source: str, where: str = "activation", bit: int | None = None, nan: bool = False) -> None:
+        """On `module`'s next forward, flip one bit (random if `bit` is None) of one random element of its output,
+        or write a NaN there."""
 
         def hook(_module: torch.nn.Module, _inputs: tuple[object, ...], output: torch.Tensor) -> torch.Tensor:
             handle.remove()
             out = output.clone()
-            idx = rng.randrange(out.numel()) if index is None else index
+            idx = rng.randrange(out.numel())
             if nan:
                 before, after, b = set_nan_(out, idx), float("nan"), -1
             else:

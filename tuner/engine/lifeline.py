@@ -22,7 +22,6 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
-PR_GET_PDEATHSIG = 2
 
 
 def _prctl(option: int, arg: object) -> int | None:
@@ -38,12 +37,6 @@ def _prctl(option: int, arg: object) -> int | None:
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
     """Ask the kernel to send `sig` when the parent dies. False where that is not available (not Linux)."""
     return _prctl(PR_SET_PDEATHSIG, int(sig)) == 0
-
-
-def parent_death_signal() -> int | None:
-    """The signal set by `set_parent_death_signal` (0: none); None where it cannot be read."""
-    value = ctypes.c_int(0)
-    return value.value if _prctl(PR_GET_PDEATHSIG, ctypes.byref(value)) == 0 else None
 
 
 def parent_alive(parent_pid: int | None) -> bool:

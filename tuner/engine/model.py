@@ -21,48 +21,19 @@ instead of zero, so the canary (frozen initial weights) exercises every path.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tuner.engine import attention
+from tuner.engine.options import GPTConfig
 
-VOCAB = 256
 SOFTCAP = 15.0
 ROPE_BASE = 100_000.0
 
 
 VE_GATE_CHANNELS = 12
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    depth: int
-    width: int
-    head_dim: int
-    seq_len: int
-    vocab: int = VOCAB
-    window_pattern: str = "L"  # "L": full causal attention everywhere
-    value_embeds: bool = False
-
-    @property
-    def n_head(self) -> int:
-        return self.width // self.head_dim
-
-    def windows(self) -> list[int]:
-        """Each layer's attention window: how far back it may look, in tokens (`window_mask`)."""
-        long_w = self.seq_len
-        short_w = -(-long_w // 4 // 128) * 128  # nanochat: a quarter of the context, ceil to 128 (2048 -> 512)
-        sizes = [short_w if self.window_pattern[i % len(self.window_pattern)] == "S" else long_w
-                 for i in range(self.depth)]
-        sizes[-1] = long_w
-        return sizes
-
-    def has_ve(self, layer: int) -> bool:
-        """nanochat's `has_ve`: alternate layers, the last one always."""
-        return self.value_embeds and layer % 2 == (self.depth - 1) % 2
 
 
 def window_mask(seq_len: int, window: int) -> torch.Tensor:
@@ -96,11 +67,11 @@ class CastedLinear(nn.Linear):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int, kernel: str | None = None) -> None:
+    def __init__(self, cfg: GPTConfig, layer: int, kernel: str) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         self.window = cfg.windows()[layer]
-        self.kernel = kernel or attention.layer_kernels([self.window], cfg.seq_len, attention.CPU)[0]
+        self.kernel = kernel
         inner = cfg.n_head * cfg.head_dim
         self.c_q = CastedLinear(cfg.width, inner)
         self.c_k = CastedLinear(cfg.width, inner)
@@ -134,7 +105,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int = 0, kernel: str | None = None) -> None:
+    def __init__(self, cfg: GPTConfig, layer: int, kernel: str) -> None:
         super().__init__()
         self.attn = CausalSelfAttention(cfg, layer, kernel)
         self.mlp = MLP(cfg)
@@ -249,11 +220,8 @@ class GPT(nn.Module):
         buffers = []
         for params in by_dtype.values():
             flat = torch.cat([p.detach().reshape(-1) for p in params])
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.data = flat[offset:offset + n].view_as(p)
-                offset += n
+            for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
+                p.data = part.view_as(p)
             buffers.append(flat)
         return buffers
 

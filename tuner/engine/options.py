@@ -23,22 +23,45 @@ class UsageProblem(Exception):
 
 
 @dataclass(frozen=True)
-class Preset:
-    """A model shape and the batch it tries first (the batch auto-fit may step it down)."""
+class GPTConfig:
+    """The model's shape (`tuner.engine.model.GPT`)."""
 
-    name: str
     depth: int
     width: int
     head_dim: int
     seq_len: int
+    vocab: int = 256  # 256: token = byte; larger: a BPE tokenizer trained on the corpus (tokenizer.py)
+    window_pattern: str = "L"  # sliding-window pattern tiled over the layers ("L": full context everywhere)
+    value_embeds: bool = False
+
+    @property
+    def n_head(self) -> int:
+        return self.width // self.head_dim
+
+    def windows(self) -> list[int]:
+        """Each layer's attention window: how far back it may look, in tokens (`model.window_mask`)."""
+        long_w = self.seq_len
+        short_w = -(-long_w // 4 // 128) * 128  # nanochat: a quarter of the context, ceil to 128 (2048 -> 512)
+        sizes = [short_w if self.window_pattern[i % len(self.window_pattern)] == "S" else long_w
+                 for i in range(self.depth)]
+        sizes[-1] = long_w
+        return sizes
+
+    def has_ve(self, layer: int) -> bool:
+        """nanochat's `has_ve`: alternate layers, the last one always."""
+        return self.value_embeds and layer % 2 == (self.depth - 1) % 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preset(GPTConfig):
+    """A model shape and the batch it tries first (the batch auto-fit may step it down)."""
+
+    name: str
     batch_size: int
     canary_batch: int  # rows of the canary's fixed batch (at most batch_size)
     eval_windows: int  # fixed held-out windows scored at the end
     warmup_steps: int  # default steps excluded from throughput medians and soft signals
     lr_scale: float = 1.0  # multiplies every learning rate
-    vocab: int = 256  # 256: token = byte; larger: a BPE tokenizer trained on the corpus (tokenizer.py)
-    window_pattern: str = "L"  # sliding-window pattern tiled over the layers ("L": full context everywhere)
-    value_embeds: bool = False
     bf16_embeddings: bool = False  # token and value embeddings stored in the compute dtype, as nanochat does
     weight_decay: float = 0.0  # Muon's (cautious) weight decay
     lr_warmup_steps: int = 0  # learning rates rise linearly over these optimizer steps
@@ -50,10 +73,6 @@ class Preset:
     def bpe(self) -> bool:
         return self.vocab != 256
 
-    @property
-    def n_head(self) -> int:
-        return self.width // self.head_dim
-
 
 PRESETS: dict[str, Preset] = {
     # The load that matters (the default on GPUs): nanochat's depth-6 model as nanochat builds it today
@@ -61,20 +80,20 @@ PRESETS: dict[str, Preset] = {
     # tokens, value embeddings, "SSSL" windows, bf16 embeddings, Muon with its momentum warm-up, weight decay 0.2,
     # embedding lr 0.3. ~168 M FLOPs per token, the head 54 % of the matmul FLOPs. The batch grows on a GPU up to
     # nanochat's own batch for depth 6 (262,144 tokens per optimizer step), memory permitting.
-    "nanochat": Preset("nanochat", depth=6, width=384, head_dim=128, seq_len=2048, batch_size=8, canary_batch=2,
-                       eval_windows=4, warmup_steps=20, vocab=32768, window_pattern="SSSL", value_embeds=True,
-                       bf16_embeddings=True, weight_decay=0.2, lr_warmup_steps=0, momentum_warmup_steps=300,
-                       target_tokens=2**18, embedding_lr=0.3),
+    "nanochat": Preset(name="nanochat", depth=6, width=384, head_dim=128, seq_len=2048, batch_size=8,
+                       canary_batch=2, eval_windows=4, warmup_steps=20, vocab=32768, window_pattern="SSSL",
+                       value_embeds=True, bf16_embeddings=True, weight_decay=0.2, lr_warmup_steps=0,
+                       momentum_warmup_steps=300, target_tokens=2**18, embedding_lr=0.3),
     # CPU and tests: ~0.13 M parameters, 512 tokens a step, a few ms a step.
-    "tiny": Preset("tiny", depth=2, width=64, head_dim=32, seq_len=64, batch_size=8, canary_batch=8,
+    "tiny": Preset(name="tiny", depth=2, width=64, head_dim=32, seq_len=64, batch_size=8, canary_batch=8,
                    eval_windows=8, warmup_steps=5),
     # Byte-level depth 6 at 512 tokens: a light load for small or shared GPUs (about half nanochat's FLOPs per
     # token, no 32,768-wide head); the batch grows on a GPU up to 131,072 tokens per step.
-    "small": Preset("small", depth=6, width=384, head_dim=64, seq_len=512, batch_size=32, canary_batch=8,
+    "small": Preset(name="small", depth=6, width=384, head_dim=64, seq_len=512, batch_size=32, canary_batch=8,
                     eval_windows=16, warmup_steps=20, target_tokens=2**17),
     # Depth 12, width 768 (nanochat d12's trunk) at 2,048 tokens, byte-level: the most trunk FLOPs per token
     # for a big GPU; the batch grows up to 524,288 tokens per step (or memory).
-    "large": Preset("large", depth=12, width=768, head_dim=128, seq_len=2048, batch_size=64, canary_batch=4,
+    "large": Preset(name="large", depth=12, width=768, head_dim=128, seq_len=2048, batch_size=64, canary_batch=4,
                     eval_windows=16, warmup_steps=20, target_tokens=2**19),
 }
 
@@ -391,12 +410,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
     """Command line (and $TUNER_DTYPE) -> validated options. Raises UsageProblem."""
     env = os.environ if environ is None else environ
     a = build_parser().parse_args(argv)
-    if a.dtype is not None:
-        dtype = parse_dtype(a.dtype)
-    elif env.get("TUNER_DTYPE"):
-        dtype = parse_dtype(env["TUNER_DTYPE"])
-    else:
-        dtype = "auto"
+    dtype = parse_dtype(a.dtype if a.dtype is not None else env.get("TUNER_DTYPE") or "auto")
     # each option sets the EngineOptions field of its name (`_FIELD_OF_DEST`); these four are converted first
     fields = {_FIELD_OF_DEST.get(dest, dest): value for dest, value in vars(a).items()}
     fields.update(preset=a.preset or default_preset(a.device), dtype=dtype,
@@ -446,8 +460,3 @@ def to_argv(opts: EngineOptions) -> list[str]:
             argv.append(f"{flag}={_render(value)}")
     return argv
 
-
-def option_fields() -> set[str]:
-    """The EngineOptions fields the command line sets (tests check that this is all of them)."""
-    return {_FIELD_OF_DEST.get(a.dest, a.dest) for a in build_parser()._actions
-            if a.option_strings and not isinstance(a, argparse._HelpAction)}

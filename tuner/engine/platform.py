@@ -109,20 +109,20 @@ def choose_dtype(requested: str, spec: DeviceSpec) -> torch.dtype:
     else fp32; fp16 only on request. CPU and MPS default to fp32."""
     if requested != "auto":
         dtype = DTYPES[requested]
-        if spec.type == "cuda" and dtype is torch.bfloat16 and not _bf16_supported(spec):
+        if spec.type == "cuda" and dtype is torch.bfloat16 and not bf16_supported(spec.device):
             raise SetupProblem(f"--dtype bf16: {spec.name} does not support bfloat16")
         return dtype
     if spec.type == "cuda":
         if torch.version.hip:
-            return torch.bfloat16 if _bf16_supported(spec) else torch.float32
+            return torch.bfloat16 if bf16_supported(spec.device) else torch.float32
         major, _ = torch.cuda.get_device_capability(spec.device)
         return torch.bfloat16 if major >= 8 else torch.float32
     return torch.float32
 
 
-def _bf16_supported(spec: DeviceSpec) -> bool:
-    """Ask the device in use (is_bf16_supported() asks the *current* device)."""
-    with torch.cuda.device(spec.device):
+def bf16_supported(device: torch.device | int) -> bool:
+    """Ask `device` (is_bf16_supported() asks the *current* device)."""
+    with torch.cuda.device(device):
         return bool(torch.cuda.is_bf16_supported())
 
 
@@ -260,15 +260,12 @@ def empty_cache(spec: DeviceSpec) -> None:
         torch.mps.empty_cache()
 
 
+# torch.cuda.OutOfMemoryError (torch >= 1.13; torch.OutOfMemoryError names it too from 2.5): also on CPU builds
 def is_oom(exc: BaseException) -> bool:
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    return isinstance(exc, (RuntimeError, MemoryError)) and "out of memory" in str(exc).lower()
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
+        isinstance(exc, (RuntimeError, MemoryError)) and "out of memory" in str(exc).lower())
 
 
 def make_oom(message: str) -> BaseException:
     """An out-of-memory exception of the type torch raises (for the test hooks)."""
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
-    assert oom_type is not None  # RuntimeError at worst (mypy keeps the first getattr's None)
-    return oom_type(message)
+    return torch.cuda.OutOfMemoryError(message)

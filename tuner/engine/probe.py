@@ -14,17 +14,16 @@ def probe() -> dict:
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure is a finding, not a crash
         return {"torch": None, "error": f"{type(e).__name__}: {e}"}
-    from tuner.engine.platform import props_bus_id
+    from tuner.engine.platform import bf16_supported, props_bus_id
 
     devices = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            with torch.cuda.device(i):
-                bf16 = bool(torch.cuda.is_bf16_supported())
             devices.append(
                 {"index": i, "name": props.name, "capability": [props.major, props.minor],
-                 "bf16": bf16, "pci_bus_id": props_bus_id(props), "memory_gib": round(props.total_memory / 2**30, 1)}
+                 "bf16": bf16_supported(i), "pci_bus_id": props_bus_id(props),
+                 "memory_gib": round(props.total_memory / 2**30, 1)}
             )
     return {
         "torch": torch.__version__,

@@ -132,11 +132,8 @@ def mark_repeatability(path: str | os.PathLike, repeatable: bool, first_differen
 
 def fingerprint_diff(reference: dict, current: dict) -> list[str]:
     """Human-readable differences, e.g. ["seed: reference 0, this run 1"]; empty when they match."""
-    out = []
-    for key in sorted(set(reference) | set(current)):
-        if reference.get(key) != current.get(key):
-            out.append(f"{key}: reference {reference.get(key)!r}, this run {current.get(key)!r}")
-    return out
+    return [f"{key}: reference {reference.get(key)!r}, this run {current.get(key)!r}"
+            for key in sorted(set(reference) | set(current)) if reference.get(key) != current.get(key)]
 
 
 MISMATCH = "was recorded under another configuration: "  # the engine's refusal of a reference, before the keys

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import torch
 from msgspec import UNSET
 
@@ -57,7 +58,7 @@ from tuner.engine.events import (
 )
 from tuner.engine.faults import FaultInjector, PlatformFlaw
 from tuner.engine.lifeline import parent_alive
-from tuner.engine.model import GPT, GPTConfig
+from tuner.engine.model import GPT
 from tuner.engine.optim import build_optimizers, eager_updates
 from tuner.engine.options import EngineOptions, UsageProblem
 from tuner.engine.platform import (
@@ -125,21 +126,16 @@ class StepResult:
     grad_sum: int | None = None  # data-parallel: bit checksum of this rank's own gradients, before the all-reduce
 
 
-class MixedSchedule:
-    """Mixed mode: full load, then partial (duty-cycled) load, then an idle gap, repeated; time-based."""
-
-    def __init__(self, full_s: float, partial_s: float, idle_s: float, start: float) -> None:
-        self.full_s, self.partial_s, self.idle_s, self.start = full_s, partial_s, idle_s, start
-
-    def phase(self, now: float) -> tuple[str, float]:
-        """(phase, seconds left in it)."""
-        cycle = self.full_s + self.partial_s + self.idle_s
-        pos = (now - self.start) % cycle
-        if pos < self.full_s:
-            return "full", self.full_s - pos
-        if pos < self.full_s + self.partial_s:
-            return "partial", self.full_s + self.partial_s - pos
-        return "idle", cycle - pos
+def mixed_phase(o: EngineOptions, elapsed_s: float) -> tuple[str, float]:
+    """Mixed mode: full load, then partial (duty-cycled) load, then an idle gap, repeated; time-based. The phase
+    `elapsed_s` into the loop, and the seconds left in it."""
+    cycle = o.mixed_full_s + o.mixed_partial_s + o.idle_gap_s
+    pos = elapsed_s % cycle
+    if pos < o.mixed_full_s:
+        return "full", o.mixed_full_s - pos
+    if pos < o.mixed_full_s + o.mixed_partial_s:
+        return "partial", o.mixed_full_s + o.mixed_partial_s - pos
+    return "idle", cycle - pos
 
 
 class Engine:
@@ -162,7 +158,7 @@ class Engine:
                                       flaw=PlatformFlaw(opts.sim_nondeterministic, opts.sim_contention_at))
         self.kernels: dict = {}
         self.attention_kernels: list[str] = []  # one per layer (attention.layer_kernels); none in gemm mode
-        self.first_difference: dict | None = None  # the first step (0: start-up check) that did not repeat
+        self.first_difference: FirstDifference | None = None  # the first step (0: start-up check) that did not repeat
         self.bitwise_probe: ReferenceTrajectory | None = None  # --verify-repeatable with --tolerance
         self.reference: Reference | None = None
         self.trajectory: ReferenceTrajectory | None = None
@@ -229,8 +225,6 @@ class Engine:
             self._join_group()
         self.gemm = GemmCheck(opts.gemm_n or default_gemm_n(self.spec), self.dtype, self.device, opts.gemm_repeats)
         p = opts.preset_spec
-        self.cfg = GPTConfig(depth=p.depth, width=p.width, head_dim=p.head_dim, seq_len=p.seq_len, vocab=p.vocab,
-                             window_pattern=p.window_pattern, value_embeds=p.value_embeds)
         self.tokenizer: BpeTokenizer | None = None
         self.token_bytes: torch.Tensor | None = None  # UTF-8 bytes per token id (BPE presets), for bits per byte
         self.use_compile = opts.mode != "gemm" and opts.compile_enabled(self.spec.type)
@@ -296,11 +290,10 @@ class Engine:
         p = self.opts.preset_spec
         # nanochat stores the embeddings in the compute dtype (fp32 when computing in fp16: no loss scaling)
         embed_dtype = self.dtype if p.bf16_embeddings and self.dtype != torch.float16 else torch.float32
-        c = self.cfg
-        where = attention.attention_platform(self.spec.type, self.device, self.dtype, c.n_head, c.head_dim,
-                                             c.seq_len)
-        self.attention_kernels = attention.layer_kernels(c.windows(), c.seq_len, where)
-        model = GPT(self.cfg, self.dtype, embed_dtype=embed_dtype, attention_kernels=self.attention_kernels)
+        where = attention.attention_platform(self.spec.type, self.device, self.dtype, p.n_head, p.head_dim,
+                                             p.seq_len)
+        self.attention_kernels = attention.layer_kernels(p.windows(), p.seq_len, where)
+        model = GPT(p, self.dtype, embed_dtype=embed_dtype, attention_kernels=self.attention_kernels)
         model.init_weights(gen)
         self.model = model.to(self.device)
         self.flat_params = self.model.flatten_parameters_()
@@ -437,7 +430,7 @@ class Engine:
         self.repeatability = {"gemm": gemm_ok, "canary": canary_ok, "attention": attention_ok,
                               "steps": steps_ok}
         if misses:
-            self.first_difference = {"step": 0, "figure": "start-up check: " + ", ".join(misses)}
+            self.first_difference = FirstDifference(step=0, figure="start-up check: " + ", ".join(misses))
             self.log(f"start-up repeatability check: not bit-identical ({', '.join(misses)})")
         self._last_canary_t = time.monotonic()
 
@@ -459,7 +452,7 @@ class Engine:
         checks: list[tuple[str, Callable[..., torch.Tensor], list[torch.Tensor]]]
         checks = [(f"SDPA, {self.kernels['sdpa_backend']}", sdpa, base)]
         by_seq = [t.transpose(1, 2).contiguous() for t in base]  # flash's (batch, seq, heads, head_dim)
-        for w in sorted({w for w, k in zip(self.cfg.windows(), self.attention_kernels, strict=True)
+        for w in sorted({w for w, k in zip(p.windows(), self.attention_kernels, strict=True)
                          if k == attention.FLASH_WINDOW}):
             checks.append((f"flash with window {w}",
                            lambda q, k, v, w=w: attention.flash_window(q, k, v, w), by_seq))
@@ -495,7 +488,7 @@ class Engine:
                 self._restore_initial()
                 digests = []
                 for s in range(1, CHECK_STEPS + 1):
-                    self.injector.platform_noise(self.model)
+                    self.injector.flaw.perturb(self.model)
                     r = self.train_step(s)
                     digests.append(step_digest(r.loss, r.grad_norm, r.param_sum))
                 runs.append(digests)
@@ -510,7 +503,7 @@ class Engine:
         unless the run asked for them (--tolerance)."""
         if self.repeatable or self.opts.tolerance:
             return
-        what = self.first_difference["figure"] if self.first_difference else "start-up check"
+        what = self.first_difference.figure if self.first_difference else "start-up check"
         if self.opts.verify_repeatable:
             self._fail(Finding("not-repeatable", f"this platform does not repeat bit for bit: the {what} differed "
                                                  f"between two runs in one process; {NOT_REPEATABLE_HELP}"), 0)
@@ -521,17 +514,16 @@ class Engine:
                    f"runs); {NOT_REPEATABLE_HELP}", "not-repeatable", 0, EXIT_ERROR)
 
     def fingerprint(self) -> dict:
-        c = self.cfg
+        p = self.opts.preset_spec
         fp = {
-            "protocol": PROTOCOL_VERSION, "preset": self.opts.preset, "depth": c.depth, "width": c.width,
-            "head_dim": c.head_dim, "seq_len": c.seq_len, "batch_size": self.batch_size, "seed": self.opts.seed,
+            "protocol": PROTOCOL_VERSION, "preset": self.opts.preset, "depth": p.depth, "width": p.width,
+            "head_dim": p.head_dim, "seq_len": p.seq_len, "batch_size": self.batch_size, "seed": self.opts.seed,
             "dtype": DTYPE_NAMES[self.dtype], "device_type": self.spec.type, "device_name": self.spec.name,
             "data_sha256": self.corpus.sha256, **versions(),
             # what decides which kernels run, and so the bits: the choices, the environment, the driver
             "kernels": dict(self.kernels.items()), "kernel_env": kernel_env(),
             "driver_version": driver_version(self.spec),
         }
-        p = self.opts.preset_spec
         if p.bpe:  # only where they differ from the byte-level presets, so older references still load
             fp.update(vocab=p.vocab, window_pattern=p.window_pattern, value_embeds=p.value_embeds,
                       tokenizer_sha256=self.corpus.tokenizer_sha256)
@@ -596,7 +588,7 @@ class Engine:
             batch_size=self.batch_size,
             seq_len=p.seq_len,
             model=ModelShape(depth=p.depth, width=p.width, n_head=p.n_head, head_dim=p.head_dim, vocab=p.vocab,
-                             window_pattern=p.window_pattern, windows=tuple(self.cfg.windows()),
+                             window_pattern=p.window_pattern, windows=tuple(p.windows()),
                              value_embeds=p.value_embeds,
                              embed_dtype=DTYPE_NAMES.get(self.model.wte.weight.dtype,
                                                          str(self.model.wte.weight.dtype)))
@@ -614,7 +606,7 @@ class Engine:
             data=data,
             repeatable=bool(self.repeatable),
             repeatability=self.repeatability,
-            first_difference=self._first_difference(),
+            first_difference=self.first_difference,
             sensitivity=self.sensitivity,
             tolerance=self.opts.tolerance,
             verify_repeatable=self.opts.verify_repeatable,
@@ -645,10 +637,6 @@ class Engine:
         return DataParallelStatus(world_size=self.opts.world_size, rank=self.opts.rank, backend=self.dp.backend,
                                   library=self.dp.library, collectives=self.dp.collectives,
                                   collective_s=round(self.dp.collective_s, 4))
-
-    def _first_difference(self) -> FirstDifference | None:
-        d = self.first_difference
-        return None if d is None else FirstDifference(step=int(d["step"]), figure=str(d["figure"]))
 
     @property
     def sensitivity(self) -> str:
@@ -727,12 +715,12 @@ class Engine:
         try:
             r = self.train_step(step, seg_step)
         except Exception as e:
-            self.injector.after_train_step()
             if is_oom(e):
                 self._oom_mid_run(step)
                 return
             raise
-        self.injector.after_train_step()
+        finally:
+            self.injector.disarm()
         self.step = step
         self.progress += 1
         self._steps_since_idle += 1
@@ -789,7 +777,7 @@ class Engine:
         bitwise = finding if self.bitwise_probe is None else \
             self.bitwise_probe.check(step, r.loss, r.grad_norm, r.param_sum, r.grad_sum)
         if bitwise is not None and self.first_difference is None:
-            self.first_difference = {"step": step, "figure": bitwise.figure}
+            self.first_difference = FirstDifference(step=step, figure=str(bitwise.figure))
         if finding is None:
             return None
         return Finding("not-repeatable", f"a replay at stock in a second process is not bit-identical: "
@@ -799,7 +787,8 @@ class Engine:
         """--verify-repeatable: record the outcome in the reference file."""
         assert self.opts.reference is not None  # --verify-repeatable requires --reference (options.py)
         try:
-            mark_repeatability(self.opts.reference, self.first_difference is None, self.first_difference, self.step)
+            first = None if self.first_difference is None else msgspec.structs.asdict(self.first_difference)
+            mark_repeatability(self.opts.reference, first is None, first, self.step)
         except (OSError, ReferenceProblem) as e:
             self.log(f"could not record the replay's outcome in {self.opts.reference}: {e}")
 
@@ -906,12 +895,13 @@ class Engine:
             self.sleep(min(left, 0.05))
         self._steps_since_idle = 0
 
-    def _agree(self, schedule: MixedSchedule | None) -> tuple[bool, tuple[str, float] | None]:
+    def _agree(self) -> tuple[bool, tuple[str, float] | None]:
         """(stop now, the mixed-mode phase and seconds left in it). With data-parallel ranks, one small collective:
         every rank stops when any reached its bound (so all make the same number of steps), and every rank
         follows rank 0's phase (so they idle together instead of waiting for each other)."""
         bounded = self._bounded()
-        phase = schedule.phase(time.monotonic()) if schedule is not None else None
+        mixed = self.opts.mode == "mixed"
+        phase = mixed_phase(self.opts, time.monotonic() - self._loop_start) if mixed else None
         if self.dp is None:
             return bounded, phase
         mine = [int(bounded), 0, 0]
@@ -923,13 +913,9 @@ class Engine:
     def loop(self) -> None:
         self._loop_start = time.monotonic()
         self._dp_sync = True
-        schedule = None
-        if self.opts.mode == "mixed":
-            o = self.opts
-            schedule = MixedSchedule(o.mixed_full_s, o.mixed_partial_s, o.idle_gap_s, self._loop_start)
         while True:
             self._check_stop()
-            stop, phase_left = self._agree(schedule)
+            stop, phase_left = self._agree()
             if stop:
                 break
             if self.opts.mode == "gemm":
@@ -943,9 +929,9 @@ class Engine:
                     continue
             t0 = time.monotonic()
             self.step_once()
-            if schedule is not None and self._phase == "partial":
+            if self._phase == "partial":  # mixed mode only
                 busy = time.monotonic() - t0
-                phase, left = schedule.phase(time.monotonic())
+                phase, left = mixed_phase(self.opts, time.monotonic() - self._loop_start)
                 if phase == "partial":
                     self.state = "partial-idle"
                     self.sleep(min(busy * (1 / self.opts.partial_duty - 1), left))
@@ -1022,7 +1008,7 @@ class Engine:
             reference=reference,
             recorded=recorded,
             sensitivity=None if self.repeatable is None else self.sensitivity,
-            first_difference=self._first_difference(),
+            first_difference=self.first_difference,
             setup_problems=tuple(self.setup_problems),
             warnings=self.warning_count,
             canaries=self.canary_count,

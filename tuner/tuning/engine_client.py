@@ -88,9 +88,7 @@ class EngineConfig:
         return [self.python, "-u", "-m", "tuner.engine", *to_argv(options)]
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ if base is None else base)
-        env.update(self.env)
-        env["PYTHONUNBUFFERED"] = "1"
+        env = {**(os.environ if base is None else base), **self.env, "PYTHONUNBUFFERED": "1"}
         root = str(Path(__file__).resolve().parents[2])  # so `-m tuner.engine` works from any directory
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
@@ -138,9 +136,7 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
     return EngineConfig(opts, env=dict(target.env or {}), identity=engine_identity(simulated=target.simulated))
 
 
-# --- events -----------------------------------------------------------------------------------------------
-# The engine's events are declared once, in tuner.engine.events (torch-free): the engine builds them, this client
-# decodes each stdout line into them (`parse_event`, which never raises) and docs/engine.md's tables come from them.
+# --- events (declared once, in tuner.engine.events: see the module docstring) ------------------------------
 
 parse_event = decode_line
 
@@ -151,9 +147,7 @@ parse_event = decode_line
 @dataclass(frozen=True)
 class StressResult:
     verdict: str  # "pass", "fail" or "error"
-    kind: str | None  # failure or error kind: the engine's ("mismatch", "canary", "gemm", "nonfinite",
-    #                   "device-error", "usage", "setup", "oom", "internal", "interrupted") or ours ("hang",
-    #                   "crash", "stopped")
+    kind: str | None  # the engine's (FAULT_KINDS, ERROR_KINDS of tuner.engine.events) or ours: hang, crash, stopped
     reason: str
     failure_step: int | None
     steps: int
@@ -306,18 +300,6 @@ class StressRun:
             self._threads.append(t)
         return self
 
-    def __enter__(self) -> Self:
-        return self.start() if self.proc is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.stop()
-        self.result()
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
     def events(self) -> Iterator[Event]:
         """Events as they arrive, until the engine's stdout closes. One consumer only."""
         while True:
@@ -326,15 +308,6 @@ class StressRun:
                 self._queue.put(None)  # later calls end at once
                 return
             yield item
-
-    def run(self, on_event: Callable[[Event], None] | None = None) -> StressResult:
-        """start() (if needed), deliver every event to `on_event`, return the result."""
-        if self.proc is None:
-            self.start()
-        for ev in self.events():
-            if on_event is not None:
-                on_event(ev)
-        return self.result()
 
     def stop(self) -> None:
         """Ask the engine to stop: SIGTERM to its process group, SIGKILL after the grace period."""
@@ -429,11 +402,10 @@ class StressRun:
                         self._collective_since = None
                     elif self._collective_since is None:
                         self._collective_since = now
-                    if (state in _IDLE_STATES or (progress is not None and progress != self._last_progress_count)
+                    if (state in _IDLE_STATES or progress != self._last_progress_count
                             or (waiting and now - (self._collective_since or now) <= self._collective_limit_s)):
                         self._progressed(ev)
-                    if progress is not None:
-                        self._last_progress_count = progress
+                    self._last_progress_count = progress
                 case StepEvent() | GemmEvent():
                     self._progressed(ev)
                     self._steps_seen += 1
@@ -530,7 +502,9 @@ class StressRun:
             "steps": steps, "exit_code": code, "stderr_tail": tail, "start": start, "end": end,
             "sensitivity": end.sensitivity if end is not None else (start.sensitivity if start else None),
             "duration_s": end.duration_s if end is not None else None,
-            "median_tok_s": end.median_tok_s if end is not None else self._median_tok_s(),
+            # from the step events when the run ended without an `end` event
+            "median_tok_s": end.median_tok_s if end is not None else
+            (statistics.median(self._tok_s) if self._tok_s else None),
             "bpb": end.bpb if end is not None else None, "engine_stopped_s": round(self._engine_stopped_s, 1),
         }
         if self._hang is not None:
@@ -562,11 +536,6 @@ class StressRun:
                                 **common)
         return StressResult("fail", "crash", f"the engine exited with code {code} without an end event after "
                                              f"step {self._last_step}", self._last_step + 1, **common)
-
-    def _median_tok_s(self) -> float | None:
-        """From the step events, for runs that ended without an `end` event."""
-        return statistics.median(self._tok_s) if self._tok_s else None
-
 
 __all__ = [  # the events are tuner.engine.events' (re-exported: every reader of the engine names them from here)
     "COLLECTIVE_MARGIN_S", "DEFAULT_DURATION_S", "SIM_HANG_STEP", "CanaryEvent", "EndEvent", "EngineConfig", "Event",

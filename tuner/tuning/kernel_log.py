@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 # (kind, regex, edge): edge = the card or machine had to be reset, or fell off the bus
 PATTERNS: tuple[tuple[str, str, bool], ...] = (
@@ -168,34 +167,12 @@ class NullWatcher(KernelLogWatcher):
 
     __slots__ = ()
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, source=lambda: None, **kwargs)
-
     def start(self) -> KernelLogWatcher:
         return self
 
 
 # --- live sources ---------------------------------------------------------------------------------------------------
 LiveSource = tuple[Iterable[str], Callable[[], None]]  # the lines, and how to stop reading them
-
-
-class _JournalctlLines:
-    def __init__(self, proc: subprocess.Popen[str]):
-        self.proc = proc
-
-    def __iter__(self) -> Iterator[str]:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            yield line.rstrip("\n")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def _open_journalctl() -> LiveSource | None:
@@ -212,37 +189,18 @@ def _open_journalctl() -> LiveSource | None:
     time.sleep(0.2)
     if proc.poll() is not None:
         return None
-    lines = _JournalctlLines(proc)
-    return lines, lines.close
 
-
-class _KmsgLines:
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.closed = threading.Event()
-
-    def __iter__(self) -> Iterator[str]:
-        while not self.closed.is_set():
-            ready, _, _ = select.select([self.fd], [], [], 0.2)
-            if not ready:
-                continue
+    def close() -> None:
+        if proc.poll() is None:
+            proc.terminate()
             try:
-                record = os.read(self.fd, 8192)
-            except BlockingIOError:
-                continue
-            except OSError as e:
-                if e.errno == 32:  # EPIPE: records were overwritten; keep reading
-                    continue
-                return
-            text = record.decode("utf-8", "replace")
-            yield text.split(";", 1)[-1].split("\n", 1)[0]
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
-    def close(self) -> None:
-        self.closed.set()
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+    assert proc.stdout is not None  # stdout=PIPE
+    return (line.rstrip("\n") for line in proc.stdout), close
 
 
 def _open_kmsg() -> LiveSource | None:
@@ -258,8 +216,32 @@ def _open_kmsg() -> LiveSource | None:
     except OSError:
         os.close(fd)
         return None
-    lines = _KmsgLines(fd)
-    return lines, lines.close
+    closed = threading.Event()
+
+    def lines() -> Iterator[str]:
+        while not closed.is_set():
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                if e.errno == 32:  # EPIPE: records were overwritten; keep reading
+                    continue
+                return
+            text = record.decode("utf-8", "replace")
+            yield text.split(";", 1)[-1].split("\n", 1)[0]
+
+    def close() -> None:
+        closed.set()
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    return lines(), close
 
 
 def open_live_source() -> LiveSource | None:

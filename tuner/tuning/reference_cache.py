@@ -55,20 +55,10 @@ def card_identity(device: DeviceInfo) -> str | None:
     return None
 
 
-def trajectory_settings(options: EngineOptions) -> dict[str, object]:
-    """Every engine option that changes the trajectory, by name (JSON-ready)."""
-    return {f.name: _plain(getattr(options, f.name)) for f in dataclasses.fields(options)
-            if f.name not in NOT_TRAJECTORY}
-
-
 def _plain(value: object) -> object:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
-
-
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
 
 def manual_reference(device: DeviceInfo, options: EngineOptions) -> CachedReference:
@@ -83,10 +73,12 @@ def manual_reference(device: DeviceInfo, options: EngineOptions) -> CachedRefere
     if identity is None:
         return CachedReference(None, "this card reports neither a serial nor a PCI address, so a cached reference "
                                      "could not be told apart from another card's")
-    key = {"vendor": device.vendor, "card": identity, **trajectory_settings(options)}
+    key = {"vendor": device.vendor, "card": identity,  # and every engine option that changes the trajectory
+           **{f.name: _plain(getattr(options, f.name)) for f in dataclasses.fields(options)
+              if f.name not in NOT_TRAJECTORY}}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    name = _safe(f"{device.vendor}-{identity}-{options.preset}-{options.mode}-{digest}")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{device.vendor}-{identity}-{options.preset}-{options.mode}-{digest}")
     return CachedReference(paths.state_dir() / "references" / f"{name}.ref")
 
 
-__all__ = ["NOT_TRAJECTORY", "CachedReference", "card_identity", "manual_reference", "trajectory_settings"]
+__all__ = ["NOT_TRAJECTORY", "CachedReference", "card_identity", "manual_reference"]
