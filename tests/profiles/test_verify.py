@@ -167,3 +167,26 @@ def test_a_gemm_verify_has_no_trajectory_to_compare(tmp_path):
     outcome = verify_setting(sim(vmin_mv=-30), "sim0", -25, 5.0, workload=Workload(mode="gemm"), run_trial=run)
     assert [w.record for w in seen] == [None] and seen[0].reference is None
     assert outcome.reference.startswith("no stock reference (n/a: a GEMM burn")
+
+
+def test_a_damaged_bundled_reference_refuses_the_verify_before_the_lock_clock_is_set(tmp_path, stress_calls):
+    """`tuner apply --verify` set the profile's lock clock first and read the bundle after: a damaged bundle then
+    failed the command with the card's lock changed. The bundle is read first now (one action, both front ends)."""
+    from dataclasses import replace
+
+    from tests.actions.fakes import ClockOffsetSim
+    from tuner.actions.profile_apply import plan_profile_apply, verify_profile
+    from tuner.profiles import build_profile
+    from tuner.profiles import reference_bundle as rb
+
+    backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")
+    other = replace(backend.device("sim0"), serial="SIM-9999-00")
+    profile = build_profile("damaged", other, backend.knob("sim0"), 90, kernel="6.14.0-test")
+    path = save_profile(replace(profile, setting=replace(profile.setting, lock_clock_mhz=2400)))
+    rb.sidecar_path(path).write_bytes(b"not a bundle")
+    plan = plan_profile_apply(backend, profile.__class__.from_bytes(path.read_bytes(), source=path), "sim0",
+                              verify=True)
+    with pytest.raises(rb.BundleProblem, match="not a tuner reference bundle"):
+        verify_profile(backend, plan, 5.0, on_line=lambda line: None)
+    assert backend.lock_calls == [] and stress_calls == []
+    assert backend.knob("sim0").current == 0

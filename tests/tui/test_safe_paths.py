@@ -190,3 +190,32 @@ async def test_bisect_on_a_real_card_asks_first_as_the_cli_does(tmp_path, monkey
         await pilot.press("y")
         await _settle(app, pilot)
     assert started == ["sim0"]
+
+
+async def test_profile_verify_compares_with_the_profiles_bundled_reference(tmp_path, monkeypatch):
+    """The screen's verify used to ignore the reference saved beside the profile (the CLI's read it), so a profile
+    carried with its proof was compared with a fresh recording on this card instead: one action decides now."""
+    from tests.screen.helpers import bundle
+    from tests.tui.helpers import sim_backend
+    from tuner.profiles import reference_bundle as rb
+
+    seen: list = []
+    monkeypatch.setattr("tuner.actions.verify.bisect_trial", _fake_trial(seen))
+    backend = sim_backend(tmp_path, vmin_mv=-30)
+    other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card: a verify
+    path = save_profile(build_profile("carried", other, backend.knob("sim0"), -25, kernel="6.14.0-test"))
+    rb.write_beside(bundle(tmp_path / "recorded"), path)
+    app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_profiles(pilot, app)
+        await pilot.press("a")
+        await _settle(app, pilot)
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")
+        await _settle(app, pilot)
+        await until(pilot, lambda: not app.stress.running)
+        assert app.stress.verdict.startswith("verify fail"), app.stress.verdict
+    assert [t["workload"].record for t in seen] == [None], "a stock reference was recorded instead of the bundled one"
+    [trial] = seen
+    assert trial["workload"].reference is not None and trial["workload"].reference.name.startswith("trajectory-")
+    assert backend.knob("sim0").current == 0

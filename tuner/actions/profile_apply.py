@@ -1,10 +1,10 @@
 """Apply a saved profile: the identity rules, `--force` limits, the unsafe list and the lock clock, in one place.
 
 `tuner apply` and the Profiles screen both call `plan_profile_apply` (every check, nothing written) and then
-`set_profile_lock_clock` before they write the value (keep-or-revert, a direct apply, or a verify trial with the
-profile's own workload). Rules (tuner.profiles.identity): another vendor or knob kind is always refused; another
-model needs `force`; another card of the same model needs a verify trial or `force`; the value must lie in the
-card's current range, on its step, and never overvolts.
+`set_profile_lock_clock` before they write the value (keep-or-revert or a direct apply), or `verify_profile` (a
+verify trial with the profile's own workload, lock clock and bundled reference). Rules (tuner.profiles.identity):
+another vendor or knob kind is always refused; another model needs `force`; another card of the same model needs a
+verify trial or `force`; the value must lie in the card's current range, on its step, and never overvolts.
 
 A rig profile (one part per card) goes through `plan_rig_apply` (every part checked, nothing written; each part's
 card found by serial, then PCI slot; a missing or different card refused unless `force`) and `prepare_rig_apply`
@@ -15,6 +15,7 @@ for the whole rig). The single-card planner refuses a rig profile.
 from __future__ import annotations
 
 import platform
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,12 +23,13 @@ from dataclasses import dataclass
 from tuner.actions import other_tools
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.actions.setting import SetRequest, can_lock_clock, check_setting
-from tuner.actions.verify import Workload
+from tuner.actions.verify import VerifyOutcome, Workload, verify_setting
 from tuner.backends.base import Backend
 from tuner.core.card_lock import CardLock
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import Profile, ProfilePart, evidence
+from tuner.profiles import reference_bundle as rb
 from tuner.profiles.identity import Match, MatchResult, fingerprint, match_device
 
 
@@ -115,6 +117,20 @@ def set_profile_lock_clock(backend: Backend, plan: ProfileApply) -> str | None:
         return None
     backend.set_lock_clock(plan.device.id, lock)  # type: ignore[attr-defined]
     return f"{plan.device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)"
+
+
+def verify_profile(backend: Backend, plan: ProfileApply, duration_s: float, *, on_line: Callable[[str], None],
+                   stop_event: threading.Event | None = None) -> VerifyOutcome:
+    """A verify trial of the profile on the plan's card, for `tuner apply --verify` and the Profiles screen alike:
+    the reference bundled beside the profile is read first (a damaged one is refused before anything is written),
+    then the profile's lock clock, then `verify_setting` with the profile's workload, compared with that bundle."""
+    source = plan.profile.source
+    bundled = None if source is None else rb.reference_beside(source)
+    locked = set_profile_lock_clock(backend, plan)
+    if locked:
+        on_line(locked)
+    return verify_setting(backend, plan.device.id, plan.value, duration_s, workload=plan.workload, bundled=bundled,
+                          on_line=on_line, stop_event=stop_event)
 
 
 def _unapplied_fields(profile: Profile | ProfilePart, knob: Knob, backend: Backend) -> list[str]:

@@ -13,9 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from tuner.actions.keep_or_revert import PendingChange
-from tuner.actions.profile_apply import ProfileApply, RigChange, set_profile_lock_clock
+from tuner.actions.profile_apply import ProfileApply, RigChange, verify_profile
 from tuner.actions.stress import DetectorState, NoStockReference, RunStarted, StressRequest, StressSession
-from tuner.actions.verify import verify_setting
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
 from tuner.core.models import Verdict
@@ -123,8 +122,8 @@ class StressJob(_Job[str]):
 
 
 class VerifyJob(_Job[str]):
-    """A profile's verify, behind StressJob's shape: its lock clock, then tuner.actions.verify's journalled trial
-    with the profile's workload. Lines the trial reports are handed to `emit`."""
+    """A profile's verify, behind StressJob's shape: `tuner apply --verify`'s own action (its bundled reference,
+    its lock clock, the journalled trial with its workload). Lines the trial reports are handed to `emit`."""
 
     def __init__(self, backend: Backend, plan: ProfileApply, duration_s: float, *,
                  emit: Callable[[str], None]) -> None:
@@ -132,11 +131,7 @@ class VerifyJob(_Job[str]):
         self.backend, self.plan, self.duration_s, self.emit = backend, plan, duration_s, emit
 
     def _work(self) -> str:
-        locked = set_profile_lock_clock(self.backend, self.plan)
-        if locked:
-            self.emit(locked)
-        outcome = verify_setting(self.backend, self.device_id, self.plan.value, self.duration_s,
-                                 workload=self.plan.workload, on_line=self.emit, stop_event=self._stop)
+        outcome = verify_profile(self.backend, self.plan, self.duration_s, on_line=self.emit, stop_event=self._stop)
         summary = f"verify {outcome.verdict}" + (f" ({outcome.reason})" if outcome.reason else "")
         return summary + ("; kept" if outcome.passed else f"; reverted to {outcome.knob.current:+d}")
 

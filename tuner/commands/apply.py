@@ -16,10 +16,10 @@ from tuner.actions.profile_apply import (
     plan_rig_apply,
     prepare_rig_apply,
     set_profile_lock_clock,
+    verify_profile,
 )
 from tuner.actions.profile_store import load_profile
 from tuner.actions.setting import SetRequest, apply_setting_now, prepare_setting
-from tuner.actions.verify import verify_setting
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers, duration, seconds_between
 from tuner.commands._confirm import keep_or_revert, say_applied, say_reverted
@@ -28,7 +28,6 @@ from tuner.core import exit_codes, system_units
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import boot as boot_rules
-from tuner.profiles import reference_bundle
 from tuner.profiles.identity import MatchResult
 from tuner.profiles.schema import Profile
 
@@ -86,18 +85,13 @@ def run(args: Namespace, ctx: Context) -> int:
     plan = plan_profile_apply(backend, profile, args.device, force=args.force, verify=args.verify is not None,
                               ignore_unsafe=args.ignore_unsafe)
     warn(plan.warnings)
-    locked = set_profile_lock_clock(backend, plan)
-    if locked:
-        print(locked, file=sys.stderr)
     device, knob, result, value = plan.device, plan.knob, plan.match, plan.value
 
     if args.verify is not None:
         if not args.json:
             print(f"{device.id}  {device.label}: verifying {format_value(value, knob.unit)} for "
                   f"{args.verify:g} s (reverts to {format_value(knob.current, knob.unit)} on failure)")
-        bundled = None if profile.source is None else reference_bundle.reference_beside(profile.source)
-        outcome = verify_setting(backend, device.id, value, args.verify, workload=plan.workload, bundled=bundled,
-                                 on_line=lambda line: print(f"  {line}", file=sys.stderr))
+        outcome = verify_profile(backend, plan, args.verify, on_line=lambda line: print(f"  {line}", file=sys.stderr))
         if args.json:
             print_json(_doc(profile, device, result, outcome.knob, verify=outcome.to_dict()))
         elif outcome.passed:
@@ -109,6 +103,9 @@ def run(args: Namespace, ctx: Context) -> int:
                   f"{format_value(outcome.knob.current, outcome.knob.unit)}")
         return exit_codes.OK if outcome.passed else exit_codes.TEST_FAILED
 
+    locked = set_profile_lock_clock(backend, plan)
+    if locked:
+        print(locked, file=sys.stderr)
     if not args.yes:
         return _apply_with_confirmation(args, ctx, plan)
     after = apply_setting_now(backend, SetRequest(device.id, value, ignore_unsafe=args.ignore_unsafe))
