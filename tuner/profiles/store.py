@@ -22,12 +22,6 @@ from tuner.profiles.schema import MAX_PROFILE_BYTES, NAME_PATTERN, Profile, Prof
 SUFFIX = ".toml"
 
 
-def looks_like_path(name_or_path: str) -> bool:
-    """`apply PROFILE` takes a name or a path: anything with a separator or a .toml suffix may be a path (a store
-    name is tried first unless it has a separator: `load_profile`)."""
-    return "/" in name_or_path or os.sep in name_or_path or name_or_path.endswith(SUFFIX)
-
-
 def store_dir(*, system: bool = False) -> Path:
     return paths.system_profiles_dir() if system else paths.user_profiles_dir()
 
@@ -79,14 +73,14 @@ def load_profile(name_or_path: str) -> Profile:
 
     One rule for `apply`, `apply --boot` and `service install`, matching `profile show`: a store name is looked
     up first (a profile imported as `abc.toml` is applied by that name, as it is shown by it), then anything that
-    looks like a path is a file; a name with a separator is only ever a path."""
+    looks like a path (a separator or the .toml suffix) is a file; a name with a separator is only ever a path."""
     has_separator = "/" in name_or_path or os.sep in name_or_path
     if not has_separator and re.search(NAME_PATTERN, name_or_path):
         for system in (False, True):
             path = profile_path(name_or_path, system=system)
             if os.path.lexists(path):
                 return read_profile_file(path)
-    if looks_like_path(name_or_path):
+    if has_separator or name_or_path.endswith(SUFFIX):
         return read_profile_file(Path(name_or_path))
     validate_name(name_or_path, path="profile name")
     raise UsageError(f"no profile named {name_or_path!r}", "see `tuner profile list`, or give a path to a .toml file")
@@ -106,8 +100,7 @@ def find_in_store(name: str, *, system: bool | None = None) -> Path:
 def save_profile(profile: Profile, *, overwrite: bool = False, system: bool = False) -> Path:
     """Write `profile` to the store as NAME.toml, atomically. Refuses to replace an existing file unless
     `overwrite`; the system store needs root (PermissionDenied otherwise)."""
-    path = profile_path(profile.name, system=system)
-    return write_profile_file(profile, path, overwrite=overwrite)
+    return write_profile_file(profile, profile_path(profile.name, system=system), overwrite=overwrite)
 
 
 def write_profile_file(profile: Profile, path: Path, *, overwrite: bool = False) -> Path:
