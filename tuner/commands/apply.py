@@ -32,8 +32,6 @@ from tuner.profiles import reference_bundle
 from tuner.profiles.identity import MatchResult
 from tuner.profiles.schema import Profile
 
-_boot_wait = seconds_between(0, 600)
-
 
 def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
@@ -62,7 +60,7 @@ def add_parser(subparsers: Subparsers) -> None:
     p.add_argument("--resume", action="store_true",
                    help="with --boot: the run after a resume from suspend or hibernation (the resume unit): says "
                    "per card whether it came back as installed, at stock or at another value, and re-applies")
-    p.add_argument("--boot-wait", type=_boot_wait, default=None, metavar="S",
+    p.add_argument("--boot-wait", type=seconds_between(0, 600), default=None, metavar="S",
                    help="with --boot: how long to retry device discovery "
                    f"(default {boot_rules.DEFAULT_DISCOVERY_WAIT_S:g}, {system_units.RESUME_WAIT_S:g} with --resume)")
     p.add_argument("--ignore-unsafe", action="store_true",

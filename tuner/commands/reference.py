@@ -108,11 +108,9 @@ def run_show(args: argparse.Namespace, ctx: Context) -> int:
     lines = [(f"{path}  ({_size(doc['size_bytes'])}, sha256 {bundle.sha256[:16]}, tuner {bundle.tuner_version}, "
              f"{bundle.created})"),
              (f"  recording   {r.steps:,} steps of {bundle.preset} ({r.tier}, {r.load_s:g} s), replayed bit for bit "
-             f"({r.replayed_steps:,} steps)"),
-             "  must match"]
-    lines += [f"    {k:<28} {_short(v)}" for k, v in doc["must_match"].items()]
-    lines.append("  may differ")
-    lines += [f"    {k:<28} {_short(v)}" for k, v in doc["may_differ"].items()]
+             f"({r.replayed_steps:,} steps)")]
+    for title, key in (("must match", "must_match"), ("may differ", "may_differ")):
+        lines += [f"  {title}", *(f"    {k:<28} {_short(v)}" for k, v in doc[key].items())]
     print("\n".join(lines))
     return exit_codes.OK
 

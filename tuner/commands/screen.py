@@ -225,6 +225,3 @@ def card_lines(c: CardVerdict) -> list[str]:
     for off in c.evidence.checks_off:
         lines.append(f"  not at full strength: {off}")
     return lines
-
-
-__all__ = ["add_parser", "run", "select_devices"]

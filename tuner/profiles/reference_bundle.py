@@ -154,9 +154,6 @@ class Bundle(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     def trajectory_reference(self) -> Reference:
         return parse_reference(self.trajectory, "the bundled trajectory")
 
-    def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
-
     def summary(self) -> dict[str, object]:
         """What a report says about the reference used (no digests)."""
         return {"sha256": self.sha256, "tuner_version": self.tuner_version, "created": self.created,
