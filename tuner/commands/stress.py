@@ -207,8 +207,8 @@ class _Reporter:
     are not forwarded: a script reads one run, `start` to `end`). One lock: the kernel-log fault arrives from
     the watcher's thread."""
 
-    def __init__(self, as_json: bool, progress_for: Callable[[EngineConfig], ProgressLine]) -> None:
-        self.as_json, self._progress_for = as_json, progress_for
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
         self.progress: ProgressLine | None = None
         self.config: EngineConfig | None = None
         self._forwarding = False
@@ -222,7 +222,8 @@ class _Reporter:
             if isinstance(event, RunStarted):
                 self._forwarding = event.purpose == "stress"
                 self.config = event.config
-                self.progress = self._progress_for(event.config)
+                options = event.config.options
+                self.progress = ProgressLine(sys.stderr, steps=options.steps, duration_s=options.duration_s)
             elif isinstance(event, DetectorState):
                 said = self._said.get(event.name)
                 self._said[event.name] = event.value
@@ -256,8 +257,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     backend = ctx.backend
     device = pick_device(backend, args.device)
     request = build_request(args, device.id)
-    report = _Reporter(args.json, lambda config: ProgressLine(sys.stderr, steps=config.options.steps,
-                                                              duration_s=config.options.duration_s))
+    report = _Reporter(args.json)
     session = StressSession(backend, request, on_event=report)
     try:
         outcome = session.run()  # NoStockReference: a usage error, nothing started

@@ -408,8 +408,3 @@ def remove_beside(profile_path: Path) -> Path | None:
     path.unlink()
     return path
 
-
-__all__ = ["FORMAT", "SUFFIX", "TOLERANCE_KEYS", "VERSION", "Bundle", "BundleProblem", "CardFields", "Difference",
-           "Origin", "Recording", "build_bundle", "card_differences", "card_fields", "encode", "engine_differences",
-           "materialize", "read_bundle", "reference_beside", "remove_beside", "seal", "sidecar_path",
-           "tolerance_differences", "vbios_family", "write_beside", "write_bundle"]
