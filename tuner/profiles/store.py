@@ -17,6 +17,7 @@ from pathlib import Path
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import PermissionDenied, StateError, TunerError, UsageError, disk_full, is_disk_full
+from tuner.core.kernel_files import read_at_most
 from tuner.profiles.schema import MAX_PROFILE_BYTES, NAME_PATTERN, Profile, ProfileError, validate_name
 
 SUFFIX = ".toml"
@@ -41,9 +42,8 @@ def read_profile_file(path: Path) -> Profile:
 
 
 def _read_capped(path: Path) -> bytes:
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ProfileError("no such file") from None
     except PermissionError:
@@ -60,10 +60,7 @@ def _read_capped(path: Path) -> bytes:
         if st.st_size > MAX_PROFILE_BYTES:
             raise ProfileError(f"file is {st.st_size} bytes, larger than {MAX_PROFILE_BYTES // 1024} KiB; "
                                "not a profile")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(MAX_PROFILE_BYTES + 1)  # +1: a file that grew after fstat is still caught
-    except IsADirectoryError:
-        raise ProfileError("is a directory") from None
+        return read_at_most(fd, MAX_PROFILE_BYTES)  # up to one byte over: a file that grew after fstat is caught
     finally:
         os.close(fd)
 
