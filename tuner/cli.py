@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parse(argv)
         ctx = Context.from_args(args)
-        if getattr(args, "ignore_other_tools", False):
+        if args.ignore_other_tools:
             os.environ[other_tools.IGNORE_ENV] = "1"  # read where a bisect is prepared (CLI or UI)
         if args.command is None:
             from tuner.app.tuner_app import run_app  # the UI is imported only when it is used

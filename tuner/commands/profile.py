@@ -131,9 +131,9 @@ def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
             for x in trials]
     headers = ("SETTING", "PHASE", "VERDICT", "S", "TOK/S", "W", "MAX °C")
     fixed = format_table(headers, rows).splitlines()
-    room = max(12, width - len(indent) - max(len(line) for line in fixed) - 2)
+    fixed_width = max(len(line) for line in fixed)
+    room = max(12, width - len(indent) - fixed_width - 2)
     notes, out = [], []
-    fixed_width = max(len(x) for x in fixed)
     for i, line in enumerate(fixed):
         reason = "REASON" if i == 0 else (trials[i - 1].reason or "-")
         if len(reason) > room:

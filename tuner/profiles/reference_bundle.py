@@ -395,7 +395,7 @@ def reference_beside(profile_path: Path) -> tuple[Bundle, Path, int] | None:
 def write_beside(bundle: Bundle, profile_path: Path, *, overwrite: bool = False) -> tuple[Path, int]:
     """Store `bundle` beside the profile at `profile_path`; returns its path and size."""
     path = sidecar_path(profile_path)
-    if os.path.lexists(path) and path.is_symlink():
+    if path.is_symlink():
         raise UsageError(f"{path} is a symbolic link; nothing was written", "remove it first")
     return path, write_bundle(bundle, path, overwrite=overwrite)
 
