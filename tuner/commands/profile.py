@@ -157,11 +157,6 @@ def _fig(value: object, fmt: str) -> str:
     return "?" if value is None else fmt.format(value)
 
 
-def _plain(table: object) -> dict | None:
-    """A profile's bound table as the dict `Bound.to_dict()` wrote."""
-    return None if table is None else msgspec.to_builtins(table)
-
-
 def _part_lines(part: Profile | ProfilePart, width: int, indent: str = "  ") -> list[str]:
     """One card's identity, setting and evidence: the body of a single-card show, or one block of a rig's."""
     d, s, t = part.device, part.setting, part.tuning
@@ -187,7 +182,8 @@ def _part_lines(part: Profile | ProfilePart, width: int, indent: str = "  ") -> 
                f"trials {_fig(t.trial_duration_s, '{:g}')} s, confirm {_fig(t.confirm_duration_s, '{:g}')} s"),
         *field("evidence", evidence.strength(part, why=True) or ""),
     ]
-    bound = describe_bound(_plain(t.bound), _plain(t.confirmed_bound), s.value, t.confirmed, s.unit, t.bound_s)
+    bound = describe_bound(msgspec.to_builtins(t.bound), msgspec.to_builtins(t.confirmed_bound), s.value,
+                           t.confirmed, s.unit, t.bound_s)  # the bound tables as the dicts Bound.to_dict() wrote
     if bound:
         lines[-1:-1] = field("bound", bound)
     if t.trials:

@@ -188,13 +188,9 @@ def card_fields(device: DeviceInfo) -> CardFields:
 
 
 def origin_fields(device: DeviceInfo) -> Origin:
-    return Origin(host=host_name(), device_id=device.id, pci_slot=device.pci_slot, serial=device.serial,
+    return Origin(host=socket.gethostname(), device_id=device.id, pci_slot=device.pci_slot, serial=device.serial,
                   subsystem_id=device.subsystem_id, vbios=device.vbios, kernel=platform.release(),
                   simulated=device.simulated)
-
-
-def host_name() -> str:
-    return socket.gethostname()
 
 
 @dataclass(frozen=True)
