@@ -99,8 +99,8 @@ def run_list(args: Namespace, ctx: Context) -> int:
     if not profiles:
         print("no profiles yet (`tuner bisect --save NAME` makes one; `tuner profile import FILE` adds one)")
         return exit_codes.OK
-    rows = [(_store_name(p), _where(p), _device_cell(p), _setting_cell(p), "yes" if _tuned(p) else "no",
-             format_created(p.meta.created)) for p in profiles]
+    rows = [(_store_name(p), _where(p), _device_cell(p), _setting_cell(p),
+             "yes" if any(part.tuning for part in p.parts) else "no", format_created(p.meta.created)) for p in profiles]
     print(format_table(("NAME", "STORE", "DEVICE", "SETTING", "TUNED", "CREATED"), rows))
     return exit_codes.OK
 
@@ -116,10 +116,6 @@ def _setting_cell(profile: Profile) -> str:
     if len(units) == 1:
         return ", ".join(f"{p.setting.value:+d}" for p in profile.parts) + f" {units.pop()}"
     return ", ".join(format_value(p.setting.value, p.setting.unit) for p in profile.parts)
-
-
-def _tuned(profile: Profile) -> bool:
-    return any(p.tuning is not None for p in profile.parts)
 
 
 def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
