@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 from tuner.actions.parameters import DURATION, STRESS, STRESS_DURATION, STRESS_LENGTH
 from tuner.commands._argtypes import Subparsers, add_arguments
 from tuner.commands._device import pick_device
-from tuner.commands._output import PROGRESS_INTERVAL_S, StatusLine
+from tuner.commands._output import StatusLine
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.models import Verdict
@@ -83,10 +83,8 @@ class ProgressLine:
     def __init__(self, stream: IO[str], *, steps: int | None, duration_s: float | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.stream, self.steps, self.duration_s, self.clock = stream, steps, duration_s, clock
-        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
         self._status = StatusLine(stream)
         self._t_start: float | None = None
-        self._last_draw = 0.0
         self._dts: list[float] = []
 
     def eta_s(self, step: int) -> float | None:
@@ -121,11 +119,8 @@ class ProgressLine:
             return
         if ev.dt_ms is not None:
             self._dts.append(ev.dt_ms)
-        now = self.clock()
-        if not self.enabled or now - self._last_draw < PROGRESS_INTERVAL_S:
-            return
-        self._last_draw = now
-        self._status.show(self.text(ev))
+        if self._status.due(self.clock()):
+            self._status.show(self.text(ev))
 
     def clear(self) -> None:
         self._status.clear()  # erases only a line it showed, and it shows one only on a terminal
