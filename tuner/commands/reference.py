@@ -86,9 +86,8 @@ def run_record(args: argparse.Namespace, ctx: Context) -> int:
               "load), then replaying it in a second engine process", file=sys.stderr, flush=True)
     outcome = record_reference(backend, RecordRequest(device.id, tier, out, overwrite=args.overwrite,
                                                       preset=args.preset, seed=args.seed, dtype=args.dtype))
-    doc = _show_doc(outcome.bundle, outcome.path, outcome.size_bytes)
     if args.json:
-        print_json(doc)
+        print_json(_show_doc(outcome.bundle, outcome.path, outcome.size_bytes))
     else:
         r = outcome.bundle.recording
         print(f"wrote {outcome.path} ({_size(outcome.size_bytes)}): {r.steps:,} steps of {outcome.bundle.preset}, "
