@@ -7,7 +7,6 @@ from argparse import Namespace
 
 from tuner.actions.boot_apply import run_boot_apply
 from tuner.actions.context import Context
-from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import (
     ProfileApply,
     RigApply,
@@ -119,11 +118,8 @@ def _apply_with_confirmation(args: Namespace, ctx: Context, plan: ProfileApply) 
     profile, device, result = plan.profile, plan.device, plan.match
     change = prepare_setting(ctx.backend, SetRequest(device.id, plan.value, ignore_unsafe=args.ignore_unsafe),
                              purpose=f"tuner apply {profile.name}")
-
-    def announce(change: PendingChange) -> None:
-        say_applied(change, device, f" from {profile.name!r}", as_json=args.json)
-
-    answer = keep_or_revert(change, announce=announce)
+    answer = keep_or_revert(
+        change, announce=lambda c: say_applied(c, device, f" from {profile.name!r}", as_json=args.json))
     if change.kept:
         assert change.applied is not None  # kept: applied and read back
         _report(args, profile, device, result, change.applied)

@@ -82,7 +82,7 @@ class ProgressLine:
 
     def __init__(self, stream: IO[str], *, steps: int | None, duration_s: float | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.stream, self.steps, self.duration_s, self.clock = stream, steps, duration_s, clock
+        self.steps, self.duration_s, self.clock = steps, duration_s, clock
         self._status = StatusLine(stream)
         self._t_start: float | None = None
         self._dts: list[float] = []
