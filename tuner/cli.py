@@ -71,39 +71,38 @@ class _Parser(argparse.ArgumentParser):
         self.exit(exit_codes.USAGE, f"tuner: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+def _global_options(parser: argparse.ArgumentParser) -> None:
     """The simulator options, accepted before or after the command (`tuner --simulate list` or `tuner list
-    --simulate`). On subcommands their defaults are suppressed so they never overwrite the main parser's."""
-
-    def default(value: object) -> object:
-        return argparse.SUPPRESS if suppress else value
-
+    --simulate`). The subcommands' parent parser suppresses every default (`argument_default=SUPPRESS`), so they
+    never overwrite the main parser's; the main parser's defaults are set here."""
+    if parser.argument_default is not argparse.SUPPRESS:
+        parser.set_defaults(sim_gpus=1, sim_seed=0, sim_kind="amd")
     g = parser.add_argument_group("simulated GPU")
-    g.add_argument("--simulate", action="store_true", default=default(False),
+    g.add_argument("--simulate", action="store_true",
                    help="use simulated GPUs instead of real hardware (no root needed, nothing touched)")
-    g.add_argument("--sim-gpus", type=whole_number, metavar="N", default=default(1),
+    g.add_argument("--sim-gpus", type=whole_number, metavar="N",
                    help="number of simulated cards (default 1)")
-    g.add_argument("--sim-seed", type=whole_number, metavar="S", default=default(0),
+    g.add_argument("--sim-seed", type=whole_number, metavar="S",
                    help="seed for the simulated cards' hidden limits and telemetry (default 0)")
-    g.add_argument("--sim-kind", choices=("amd", "nvidia"), default=default("amd"),
+    g.add_argument("--sim-kind", choices=("amd", "nvidia"),
                    help="amd (default): a voltage offset in mV; nvidia: a positive clock offset in MHz (15 MHz "
                    "steps) at a locked max clock")
-    g.add_argument("--sim-vmin", type=limit_list, metavar="LIMIT[,LIMIT...]", default=default(None),
+    g.add_argument("--sim-vmin", type=limit_list, metavar="LIMIT[,LIMIT...]",
                    help="hidden stable limit in the knob's unit: mV (default: drawn from the seed in -120..-30), or "
                    "MHz with --sim-kind nvidia (drawn in 60..240). One value sets sim0; a comma list sets one "
                    "card each, in card order (sim0,sim1,...; no more values than --sim-gpus)")
-    g.add_argument("--sim-nondeterministic", action="store_true", default=default(False),
+    g.add_argument("--sim-nondeterministic", action="store_true",
                    help="runs on the simulated cards never repeat bit for bit (a platform flaw, for testing)")
     g.add_argument("--sim-contention-after", type=seconds_between(0, 1e6), metavar="SECONDS",
-                   default=default(None), help="runs on the simulated cards stop repeating bit for bit this many "
+                   help="runs on the simulated cards stop repeating bit for bit this many "
                    "seconds after the tuner starts (as when another process starts using the GPU)")
-    g.add_argument("--sim-sdc-rate", type=rate_list, metavar="RATE[,RATE...]", default=default(None),
+    g.add_argument("--sim-sdc-rate", type=rate_list, metavar="RATE[,RATE...]",
                    help="a bad card: silent corruption at this per-step probability at every setting, stock "
                    "included (e.g. 0.001). One value sets sim0; a comma list one card each, in card order")
-    g.add_argument("--sim-driver", metavar="VERSION", default=default(None),
+    g.add_argument("--sim-driver", metavar="VERSION",
                    help="the driver version the simulated cards report (default 'simulated'): a card whose "
                    "fingerprint differs from a reference's")
-    parser.add_argument("--ignore-other-tools", action="store_true", default=default(False),
+    parser.add_argument("--ignore-other-tools", action="store_true",
                         help="bisect even while LACT's lactd, CoreCtrl's helper or nvidia-powerd may change the "
                         "same card (what was ignored is recorded in the profile; also TUNER_IGNORE_OTHER_TOOLS=1)")
 
@@ -172,9 +171,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
-    _global_options(parser, suppress=False)
-    parent = _Parser(add_help=False)
-    _global_options(parent, suppress=True)
+    _global_options(parser)
+    parent = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
+    _global_options(parent)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     wrapped = _SubparsersWithGlobals(subparsers, parent)
     for name in COMMANDS if only is None else (only,):
@@ -187,7 +186,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     imported only when something besides the global options is given (the UI's first frame comes sooner)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     globals_only = _Parser(prog="tuner", add_help=False)
-    _global_options(globals_only, suppress=False)
+    _global_options(globals_only)
     args, rest = globals_only.parse_known_args(argv)
     if not rest:
         args.command = None
@@ -206,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parse(argv)
         ctx = Context.from_args(args)
-        if getattr(args, "ignore_other_tools", False):
+        if args.ignore_other_tools:
             os.environ[other_tools.IGNORE_ENV] = "1"  # read where a bisect is prepared (CLI or UI)
         if args.command is None:
             from tuner.app.tuner_app import run_app  # the UI is imported only when it is used

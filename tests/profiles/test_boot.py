@@ -209,7 +209,7 @@ def test_a_simulated_part_of_a_rig_profile_is_refused_too(monkeypatch):
     from tests.profiles.helpers import AMD_KNOB, RX9070, sim
     from tuner.actions import boot_service
     from tuner.core.errors import UsageError
-    from tuner.profiles.rig import RigPart, build_rig_profile
+    from tuner.profiles.build import RigPart, build_rig_profile
 
     monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
     backend = sim()

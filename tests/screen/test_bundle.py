@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 
+import msgspec
 import pytest
 
 from tests.screen.helpers import bundle, raw, write_raw
@@ -102,7 +103,7 @@ def test_truncated_and_foreign_files(tmp_path):
 
 def test_a_resealed_bundle_with_a_bad_trajectory_is_refused(tmp_path):
     """Someone who recomputes the hash still cannot hand the engine a damaged trajectory: its own rules apply."""
-    doc = bundle(tmp_path).to_dict()
+    doc = msgspec.to_builtins(bundle(tmp_path))
     doc["trajectory"]["digests"][2] = "xyz"
     rb.write_bundle(rb.seal(doc), tmp_path / "C.ref")
     with pytest.raises(rb.BundleProblem, match="damaged digest list"):

@@ -10,7 +10,7 @@ from tests.tui.helpers import make_app
 from tuner.actions.profile_apply import plan_rig_apply
 from tuner.backends import amd
 from tuner.backends.amd_sysfs import amd_card_dirs
-from tuner.profiles.rig import RigPart, build_rig_profile
+from tuner.profiles.build import RigPart, build_rig_profile
 from tuner.screens.dialogs import KeepOrRevertDialog
 
 

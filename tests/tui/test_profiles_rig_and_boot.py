@@ -8,7 +8,7 @@ from tests.tui.helpers import make_app, open_profiles, sim_backend, until
 from tuner.core import paths
 from tuner.profiles import build_profile, save_profile
 from tuner.profiles.boot import unit_path
-from tuner.profiles.rig import RigPart, build_rig_profile
+from tuner.profiles.build import RigPart, build_rig_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
 
 TUNING = {"baseline_tok_per_j": 23.81, "tuned_tok_per_j": 25.12, "efficiency_gain_pct": 5.5, "confirmed": -50,

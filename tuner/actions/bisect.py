@@ -130,7 +130,7 @@ def rig_profile_from_outcome(backend: Backend, outcome: BisectOutcome, name: str
     """One rig profile from a finished rig bisect: a part per card that got a setting confirmed together, and the
     rig's evidence (confirmation time, attempts, collective library, workload). `tuner bisect --save` and the
     Auto-bisect screen's save both build it here, so a profile saved from the UI records what the CLI's does."""
-    from tuner.profiles.rig import RigPart, build_rig_profile
+    from tuner.profiles.build import RigPart, build_rig_profile
 
     if not outcome.settings:
         raise UsageError("no card got a setting confirmed together, so the rig profile would be empty",

@@ -70,6 +70,7 @@ class StatusLine:
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.shown = False
+        self._last_due = 0.0
 
     @property
     def tty(self) -> bool:
@@ -83,6 +84,13 @@ class StatusLine:
             return os.get_terminal_size(self.stream.fileno()).columns
         except (AttributeError, ValueError, OSError):
             return shutil.get_terminal_size().columns
+
+    def due(self, now: float) -> bool:
+        """Whether a line that follows every step may be redrawn `now`: on a terminal, every PROGRESS_INTERVAL_S."""
+        if not self.tty or now - self._last_due < PROGRESS_INTERVAL_S:
+            return False
+        self._last_due = now
+        return True
 
     def show(self, text: str) -> None:
         """Replace the line with `text` (cut to the width)."""

@@ -7,7 +7,6 @@ from argparse import Namespace
 
 from tuner.actions.boot_apply import run_boot_apply
 from tuner.actions.context import Context
-from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import (
     ProfileApply,
     RigApply,
@@ -30,8 +29,6 @@ from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import boot as boot_rules
 from tuner.profiles.identity import MatchResult
 from tuner.profiles.schema import Profile
-
-_boot_wait = seconds_between(0, 600)
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -61,7 +58,7 @@ def add_parser(subparsers: Subparsers) -> None:
     p.add_argument("--resume", action="store_true",
                    help="with --boot: the run after a resume from suspend or hibernation (the resume unit): says "
                    "per card whether it came back as installed, at stock or at another value, and re-applies")
-    p.add_argument("--boot-wait", type=_boot_wait, default=None, metavar="S",
+    p.add_argument("--boot-wait", type=seconds_between(0, 600), default=None, metavar="S",
                    help="with --boot: how long to retry device discovery "
                    f"(default {boot_rules.DEFAULT_DISCOVERY_WAIT_S:g}, {system_units.RESUME_WAIT_S:g} with --resume)")
     p.add_argument("--ignore-unsafe", action="store_true",
@@ -118,11 +115,8 @@ def _apply_with_confirmation(args: Namespace, ctx: Context, plan: ProfileApply) 
     profile, device, result = plan.profile, plan.device, plan.match
     change = prepare_setting(ctx.backend, SetRequest(device.id, plan.value, ignore_unsafe=args.ignore_unsafe),
                              purpose=f"tuner apply {profile.name}")
-
-    def announce(change: PendingChange) -> None:
-        say_applied(change, device, f" from {profile.name!r}", as_json=args.json)
-
-    answer = keep_or_revert(change, announce=announce)
+    answer = keep_or_revert(
+        change, announce=lambda c: say_applied(c, device, f" from {profile.name!r}", as_json=args.json))
     if change.kept:
         assert change.applied is not None  # kept: applied and read back
         _report(args, profile, device, result, change.applied)

@@ -470,6 +470,3 @@ def _save_from_last(args: Namespace, backend: Backend, device_id: str) -> int:
         raise UsageError("--from-last saves the last result and needs --save NAME", "add --save NAME")
     _save_card(args, backend, device_id, last_outcome(device_id, backend.knob(device_id)))
     return exit_codes.OK
-
-
-__all__ = ["add_parser", "run", "run_in_worker"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import textwrap
@@ -98,8 +99,8 @@ def run_list(args: Namespace, ctx: Context) -> int:
     if not profiles:
         print("no profiles yet (`tuner bisect --save NAME` makes one; `tuner profile import FILE` adds one)")
         return exit_codes.OK
-    rows = [(_store_name(p), _where(p), _device_cell(p), _setting_cell(p), "yes" if _tuned(p) else "no",
-             format_created(p.meta.created)) for p in profiles]
+    rows = [(_store_name(p), _where(p), _device_cell(p), _setting_cell(p),
+             "yes" if any(part.tuning for part in p.parts) else "no", format_created(p.meta.created)) for p in profiles]
     print(format_table(("NAME", "STORE", "DEVICE", "SETTING", "TUNED", "CREATED"), rows))
     return exit_codes.OK
 
@@ -117,10 +118,6 @@ def _setting_cell(profile: Profile) -> str:
     return ", ".join(format_value(p.setting.value, p.setting.unit) for p in profile.parts)
 
 
-def _tuned(profile: Profile) -> bool:
-    return any(p.tuning is not None for p in profile.parts)
-
-
 def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
     """The trials as a table that fits `width` columns: the reason comes last, cut to the room left, and a cut
     reason is given in full below the table, wrapped to the width (a REASON column 200 characters wide wrapped
@@ -130,9 +127,9 @@ def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
             for x in trials]
     headers = ("SETTING", "PHASE", "VERDICT", "S", "TOK/S", "W", "MAX °C")
     fixed = format_table(headers, rows).splitlines()
-    room = max(12, width - len(indent) - max(len(line) for line in fixed) - 2)
+    fixed_width = max(len(line) for line in fixed)
+    room = max(12, width - len(indent) - fixed_width - 2)
     notes, out = [], []
-    fixed_width = max(len(x) for x in fixed)
     for i, line in enumerate(fixed):
         reason = "REASON" if i == 0 else (trials[i - 1].reason or "-")
         if len(reason) > room:
@@ -156,42 +153,35 @@ def _fig(value: object, fmt: str) -> str:
     return "?" if value is None else fmt.format(value)
 
 
-def _plain(table: object) -> dict | None:
-    """A profile's bound table as the dict `Bound.to_dict()` wrote."""
-    return None if table is None else msgspec.to_builtins(table)
-
-
 def _part_lines(part: Profile | ProfilePart, width: int, indent: str = "  ") -> list[str]:
     """One card's identity, setting and evidence: the body of a single-card show, or one block of a rig's."""
     d, s, t = part.device, part.setting, part.tuning
+    field = functools.partial(_field, width=width, indent=indent)
     lines = [
-        *_field("device", f"{d.label} ({d.vendor}, {d.pci_id or '?'} / {d.subsystem_id or '?'})", width, indent),
-        *_field("card", f"slot {d.pci_slot or '?'}, serial {d.serial or '?'}, VBIOS {d.vbios or '?'}", width,
-                indent),
-        *_field("software", f"driver {d.driver_version or '?'}, kernel {d.kernel or '?'}, OD format "
-                f"{d.od_format or '?'}", width, indent),
-        *_field("setting", f"{s.kind} {format_value(s.value, s.unit)}{_setting_extras(s)}", width, indent),
+        *field("device", f"{d.label} ({d.vendor}, {d.pci_id or '?'} / {d.subsystem_id or '?'})"),
+        *field("card", f"slot {d.pci_slot or '?'}, serial {d.serial or '?'}, VBIOS {d.vbios or '?'}"),
+        *field("software", f"driver {d.driver_version or '?'}, kernel {d.kernel or '?'}, OD format "
+               f"{d.od_format or '?'}"),
+        *field("setting", f"{s.kind} {format_value(s.value, s.unit)}{_setting_extras(s)}"),
     ]
     if t is None:
-        return [*lines, *_field("tuning", "none recorded (not from a bisect)", width, indent)]
+        return [*lines, *field("tuning", "none recorded (not from a bisect)")]
     lines += [
-        *_field("throughput", f"{_fig(t.baseline_tok_s, '{:.0f}')} -> {_fig(t.tuned_tok_s, '{:.0f}')} tok/s", width,
-                indent),
-        *_field("power", f"{_fig(t.baseline_power_w, '{:.1f}')} -> {_fig(t.tuned_power_w, '{:.1f}')} W", width,
-                indent),
-        *_field("efficiency", f"{_fig(t.baseline_tok_per_j, '{:.2f}')} -> {_fig(t.tuned_tok_per_j, '{:.2f}')} tok/J "
-                f"({_fig(t.efficiency_gain_pct, '{:+.1f}')} %)", width, indent),
-        *_field("search", f"first failure {_fig(t.first_failure, '{:+d}')}, lowest pass "
-                f"{_fig(t.lowest_pass, '{:+d}')}, confirmed {_fig(t.confirmed, '{:+d}')}, margin "
-                f"{_fig(t.margin, '{:d}')} {s.unit}", width, indent),
-        *_field("workload", f"preset {t.preset or '?'}, mode {t.mode or '?'}, dtype {t.dtype or AUTO_DTYPE}, "
-                f"trials {_fig(t.trial_duration_s, '{:g}')} s, confirm {_fig(t.confirm_duration_s, '{:g}')} s", width,
-                indent),
-        *_field("evidence", evidence.strength(part, why=True) or "", width, indent),
+        *field("throughput", f"{_fig(t.baseline_tok_s, '{:.0f}')} -> {_fig(t.tuned_tok_s, '{:.0f}')} tok/s"),
+        *field("power", f"{_fig(t.baseline_power_w, '{:.1f}')} -> {_fig(t.tuned_power_w, '{:.1f}')} W"),
+        *field("efficiency", f"{_fig(t.baseline_tok_per_j, '{:.2f}')} -> {_fig(t.tuned_tok_per_j, '{:.2f}')} tok/J "
+               f"({_fig(t.efficiency_gain_pct, '{:+.1f}')} %)"),
+        *field("search", f"first failure {_fig(t.first_failure, '{:+d}')}, lowest pass "
+               f"{_fig(t.lowest_pass, '{:+d}')}, confirmed {_fig(t.confirmed, '{:+d}')}, margin "
+               f"{_fig(t.margin, '{:d}')} {s.unit}"),
+        *field("workload", f"preset {t.preset or '?'}, mode {t.mode or '?'}, dtype {t.dtype or AUTO_DTYPE}, "
+               f"trials {_fig(t.trial_duration_s, '{:g}')} s, confirm {_fig(t.confirm_duration_s, '{:g}')} s"),
+        *field("evidence", evidence.strength(part, why=True) or ""),
     ]
-    bound = describe_bound(_plain(t.bound), _plain(t.confirmed_bound), s.value, t.confirmed, s.unit, t.bound_s)
+    bound = describe_bound(msgspec.to_builtins(t.bound), msgspec.to_builtins(t.confirmed_bound), s.value,
+                           t.confirmed, s.unit, t.bound_s)  # the bound tables as the dicts Bound.to_dict() wrote
     if bound:
-        lines[-1:-1] = _field("bound", bound, width, indent)
+        lines[-1:-1] = field("bound", bound)
     if t.trials:
         table = trials_table(t.trials, s.unit, width - len(indent) + 2)
         lines += [f"{indent}trials", *(f"{indent[:-2]}{line}" for line in table)]

@@ -86,9 +86,8 @@ def run_record(args: argparse.Namespace, ctx: Context) -> int:
               "load), then replaying it in a second engine process", file=sys.stderr, flush=True)
     outcome = record_reference(backend, RecordRequest(device.id, tier, out, overwrite=args.overwrite,
                                                       preset=args.preset, seed=args.seed, dtype=args.dtype))
-    doc = _show_doc(outcome.bundle, outcome.path, outcome.size_bytes)
     if args.json:
-        print_json(doc)
+        print_json(_show_doc(outcome.bundle, outcome.path, outcome.size_bytes))
     else:
         r = outcome.bundle.recording
         print(f"wrote {outcome.path} ({_size(outcome.size_bytes)}): {r.steps:,} steps of {outcome.bundle.preset}, "
@@ -108,11 +107,9 @@ def run_show(args: argparse.Namespace, ctx: Context) -> int:
     lines = [(f"{path}  ({_size(doc['size_bytes'])}, sha256 {bundle.sha256[:16]}, tuner {bundle.tuner_version}, "
              f"{bundle.created})"),
              (f"  recording   {r.steps:,} steps of {bundle.preset} ({r.tier}, {r.load_s:g} s), replayed bit for bit "
-             f"({r.replayed_steps:,} steps)"),
-             "  must match"]
-    lines += [f"    {k:<28} {_short(v)}" for k, v in doc["must_match"].items()]
-    lines.append("  may differ")
-    lines += [f"    {k:<28} {_short(v)}" for k, v in doc["may_differ"].items()]
+             f"({r.replayed_steps:,} steps)")]
+    for title, key in (("must match", "must_match"), ("may differ", "may_differ")):
+        lines += [f"  {title}", *(f"    {k:<28} {_short(v)}" for k, v in doc[key].items())]
     print("\n".join(lines))
     return exit_codes.OK
 

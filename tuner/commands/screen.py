@@ -16,7 +16,7 @@ from tuner.actions.profile_store import load_profile
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
-from tuner.commands._output import PROGRESS_INTERVAL_S, StatusLine
+from tuner.commands._output import StatusLine
 from tuner.commands.reference import TIER_HELP, tier_of
 from tuner.core.atomic import write_atomic
 from tuner.core.durations import format_duration
@@ -108,7 +108,6 @@ class Progress:
         self.line = StatusLine(stream)
         self.steps: dict[str, str] = {}
         self._t0 = clock()
-        self._last = 0.0
         self._lock = threading.Lock()
 
     def __call__(self, device_id: str, event: object) -> None:
@@ -117,8 +116,7 @@ class Progress:
             with self._lock:
                 self.steps[device_id] = f"{device_id} step {step}"
                 now = self.clock()
-                if self.line.tty and now - self._last >= PROGRESS_INTERVAL_S:
-                    self._last = now
+                if self.line.due(now):
                     left = max(0.0, self.load_s - (now - self._t0))
                     self.line.show("  ".join(self.steps.values()) + f"  ~{format_duration(left)} left")
         elif isinstance(event, str) and not event.startswith("reference: compared with"):  # said once, above
@@ -225,6 +223,3 @@ def card_lines(c: CardVerdict) -> list[str]:
     for off in c.evidence.checks_off:
         lines.append(f"  not at full strength: {off}")
     return lines
-
-
-__all__ = ["add_parser", "run", "select_devices"]

@@ -25,8 +25,6 @@ from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes
 
-_keep_timeout = seconds_between(1, 600)
-
 
 def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
@@ -49,7 +47,7 @@ def add_parser(subparsers: Subparsers) -> None:
     p.add_argument(
         "--keep-timeout",
         metavar="S",
-        type=_keep_timeout,
+        type=seconds_between(1, 600),
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds to wait for confirmation before reverting (default {DEFAULT_TIMEOUT_S:.0f})",
     )

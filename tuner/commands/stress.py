@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 from tuner.actions.parameters import DURATION, STRESS, STRESS_DURATION, STRESS_LENGTH
 from tuner.commands._argtypes import Subparsers, add_arguments
 from tuner.commands._device import pick_device
-from tuner.commands._output import PROGRESS_INTERVAL_S, StatusLine
+from tuner.commands._output import StatusLine
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.models import Verdict
@@ -82,11 +82,9 @@ class ProgressLine:
 
     def __init__(self, stream: IO[str], *, steps: int | None, duration_s: float | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.stream, self.steps, self.duration_s, self.clock = stream, steps, duration_s, clock
-        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
+        self.steps, self.duration_s, self.clock = steps, duration_s, clock
         self._status = StatusLine(stream)
         self._t_start: float | None = None
-        self._last_draw = 0.0
         self._dts: list[float] = []
 
     def eta_s(self, step: int) -> float | None:
@@ -121,11 +119,8 @@ class ProgressLine:
             return
         if ev.dt_ms is not None:
             self._dts.append(ev.dt_ms)
-        now = self.clock()
-        if not self.enabled or now - self._last_draw < PROGRESS_INTERVAL_S:
-            return
-        self._last_draw = now
-        self._status.show(self.text(ev))
+        if self._status.due(self.clock()):
+            self._status.show(self.text(ev))
 
     def clear(self) -> None:
         self._status.clear()  # erases only a line it showed, and it shows one only on a terminal
@@ -207,8 +202,8 @@ class _Reporter:
     are not forwarded: a script reads one run, `start` to `end`). One lock: the kernel-log fault arrives from
     the watcher's thread."""
 
-    def __init__(self, as_json: bool, progress_for: Callable[[EngineConfig], ProgressLine]) -> None:
-        self.as_json, self._progress_for = as_json, progress_for
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
         self.progress: ProgressLine | None = None
         self.config: EngineConfig | None = None
         self._forwarding = False
@@ -222,7 +217,8 @@ class _Reporter:
             if isinstance(event, RunStarted):
                 self._forwarding = event.purpose == "stress"
                 self.config = event.config
-                self.progress = self._progress_for(event.config)
+                options = event.config.options
+                self.progress = ProgressLine(sys.stderr, steps=options.steps, duration_s=options.duration_s)
             elif isinstance(event, DetectorState):
                 said = self._said.get(event.name)
                 self._said[event.name] = event.value
@@ -256,8 +252,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     backend = ctx.backend
     device = pick_device(backend, args.device)
     request = build_request(args, device.id)
-    report = _Reporter(args.json, lambda config: ProgressLine(sys.stderr, steps=config.options.steps,
-                                                              duration_s=config.options.duration_s))
+    report = _Reporter(args.json)
     session = StressSession(backend, request, on_event=report)
     try:
         outcome = session.run()  # NoStockReference: a usage error, nothing started

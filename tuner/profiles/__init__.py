@@ -5,8 +5,7 @@ Core code: no UI toolkit, no torch. The CLI commands `tuner profile`, `tuner app
 bisect's `--save` go through this facade.
 """
 
-from tuner.profiles.build import build_profile
-from tuner.profiles.rig import RigPart, build_rig_profile
+from tuner.profiles.build import RigPart, build_profile, build_rig_profile
 from tuner.profiles.schema import SCHEMA_VERSION, Profile, ProfileError, ProfilePart, validate_name
 from tuner.profiles.store import delete_profile, list_profiles, load_profile, save_profile
 

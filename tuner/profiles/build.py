@@ -1,4 +1,8 @@
-"""Turn what the tuner knows (a device, its knob, a value, and optionally a bisect's evidence) into a Profile.
+"""Turn what the tuner knows (a device, its knob, a value, and optionally a bisect's evidence) into a Profile: one
+card's (schema 1), or a rig's (schema 2, issue 16, profiles/README.md): one part per card of a machine, proven
+together, each holding what a single-card profile holds, with the optional `rig` evidence of the whole-rig
+confirmation that ran every card at its setting at once. `tuner bisect --save NAME` builds them; `tuner apply` and
+the boot service apply each part to the card it was proven on (tuner.actions.profile_apply).
 
 The result goes through the same validation as a file read from disk, so a bisect that records something odd
 fails here, at save time, rather than when someone tries to apply the profile.
@@ -7,10 +11,12 @@ fails here, at save time, rather than when someone tries to apply the profile.
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tuner import __version__
 from tuner.core.models import DeviceInfo, Knob
-from tuner.profiles.schema import MAX_STRING_CHARS, SINGLE_SCHEMA, Profile, utc_now
+from tuner.profiles.schema import MAX_STRING_CHARS, RIG_SCHEMA, SINGLE_SCHEMA, Profile, ProfileError, utc_now
 
 
 def _shorten_reason(trial: dict) -> dict:
@@ -55,4 +61,30 @@ def build_profile(
                               **part_doc(device, knob, value, tuning, kernel)})
 
 
-__all__ = ["build_profile", "meta_doc", "part_doc"]
+
+@dataclass(frozen=True)
+class RigPart:
+    """What the tuner knows about one card of the rig: who it is, its knob, the setting, and its evidence."""
+
+    device: DeviceInfo
+    knob: Knob
+    setting: int
+    tuning: dict | None = None  # BisectOutcome.tuning() of that card (None values are left out)
+
+
+def build_rig_profile(name: str, parts: Sequence[RigPart], *, rig: dict | None = None,
+                      kernel: str | None = None) -> Profile:
+    """A validated rig profile (schema 2): one [[card]] per part, in the order given.
+
+    `rig`: the whole-rig confirmation's evidence, keys of `RigEvidence` (confirm_duration_s, attempts, backend
+    (gloo|nccl|rccl), mode, preset, dtype, tok_s, power_w, tok_per_j); None values are left out, an unknown key
+    is a ProfileError naming `rig.KEY`. `kernel` defaults to the running kernel's release. Raises ProfileError
+    for no parts, two parts naming the same card, or a part whose card has neither a serial nor a PCI slot.
+    """
+    if not parts:
+        raise ProfileError("card: a rig profile needs at least one card")
+    doc: dict[str, object] = {"profile": meta_doc(name, RIG_SCHEMA)}
+    if rig:
+        doc["rig"] = rig
+    doc["card"] = [part_doc(p.device, p.knob, p.setting, p.tuning, kernel) for p in parts]
+    return Profile.from_dict(doc)

@@ -38,12 +38,8 @@ class MatchResult:
 
 def fingerprint(device: DeviceInfo | ProfileDevice) -> str:
     """One line that identifies a card: `vendor pci_id/subsystem_id od_format @slot #serial` (unknowns as '?')."""
-
-    def part(value: str | None) -> str:
-        return value if value else "?"
-
-    return (f"{device.vendor} {part(device.pci_id)}/{part(device.subsystem_id)} {part(device.od_format)} "
-            f"@{part(device.pci_slot)} #{part(device.serial)}")
+    return (f"{device.vendor} {device.pci_id or '?'}/{device.subsystem_id or '?'} {device.od_format or '?'} "
+            f"@{device.pci_slot or '?'} #{device.serial or '?'}")
 
 
 def _differs(a: str | None, b: str | None) -> bool:

@@ -154,9 +154,6 @@ class Bundle(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     def trajectory_reference(self) -> Reference:
         return parse_reference(self.trajectory, "the bundled trajectory")
 
-    def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
-
     def summary(self) -> dict[str, object]:
         """What a report says about the reference used (no digests)."""
         return {"sha256": self.sha256, "tuner_version": self.tuner_version, "created": self.created,
@@ -191,13 +188,9 @@ def card_fields(device: DeviceInfo) -> CardFields:
 
 
 def origin_fields(device: DeviceInfo) -> Origin:
-    return Origin(host=host_name(), device_id=device.id, pci_slot=device.pci_slot, serial=device.serial,
+    return Origin(host=socket.gethostname(), device_id=device.id, pci_slot=device.pci_slot, serial=device.serial,
                   subsystem_id=device.subsystem_id, vbios=device.vbios, kernel=platform.release(),
                   simulated=device.simulated)
-
-
-def host_name() -> str:
-    return socket.gethostname()
 
 
 @dataclass(frozen=True)
@@ -398,7 +391,7 @@ def reference_beside(profile_path: Path) -> tuple[Bundle, Path, int] | None:
 def write_beside(bundle: Bundle, profile_path: Path, *, overwrite: bool = False) -> tuple[Path, int]:
     """Store `bundle` beside the profile at `profile_path`; returns its path and size."""
     path = sidecar_path(profile_path)
-    if os.path.lexists(path) and path.is_symlink():
+    if path.is_symlink():
         raise UsageError(f"{path} is a symbolic link; nothing was written", "remove it first")
     return path, write_bundle(bundle, path, overwrite=overwrite)
 
@@ -411,8 +404,3 @@ def remove_beside(profile_path: Path) -> Path | None:
     path.unlink()
     return path
 
-
-__all__ = ["FORMAT", "SUFFIX", "TOLERANCE_KEYS", "VERSION", "Bundle", "BundleProblem", "CardFields", "Difference",
-           "Origin", "Recording", "build_bundle", "card_differences", "card_fields", "encode", "engine_differences",
-           "materialize", "read_bundle", "reference_beside", "remove_beside", "seal", "sidecar_path",
-           "tolerance_differences", "vbios_family", "write_beside", "write_bundle"]

@@ -17,15 +17,10 @@ from pathlib import Path
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import PermissionDenied, StateError, TunerError, UsageError, disk_full, is_disk_full
+from tuner.core.kernel_files import read_at_most
 from tuner.profiles.schema import MAX_PROFILE_BYTES, NAME_PATTERN, Profile, ProfileError, validate_name
 
 SUFFIX = ".toml"
-
-
-def looks_like_path(name_or_path: str) -> bool:
-    """`apply PROFILE` takes a name or a path: anything with a separator or a .toml suffix may be a path (a store
-    name is tried first unless it has a separator: `load_profile`)."""
-    return "/" in name_or_path or os.sep in name_or_path or name_or_path.endswith(SUFFIX)
 
 
 def store_dir(*, system: bool = False) -> Path:
@@ -47,9 +42,8 @@ def read_profile_file(path: Path) -> Profile:
 
 
 def _read_capped(path: Path) -> bytes:
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ProfileError("no such file") from None
     except PermissionError:
@@ -66,10 +60,7 @@ def _read_capped(path: Path) -> bytes:
         if st.st_size > MAX_PROFILE_BYTES:
             raise ProfileError(f"file is {st.st_size} bytes, larger than {MAX_PROFILE_BYTES // 1024} KiB; "
                                "not a profile")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(MAX_PROFILE_BYTES + 1)  # +1: a file that grew after fstat is still caught
-    except IsADirectoryError:
-        raise ProfileError("is a directory") from None
+        return read_at_most(fd, MAX_PROFILE_BYTES)  # up to one byte over: a file that grew after fstat is caught
     finally:
         os.close(fd)
 
@@ -79,14 +70,14 @@ def load_profile(name_or_path: str) -> Profile:
 
     One rule for `apply`, `apply --boot` and `service install`, matching `profile show`: a store name is looked
     up first (a profile imported as `abc.toml` is applied by that name, as it is shown by it), then anything that
-    looks like a path is a file; a name with a separator is only ever a path."""
+    looks like a path (a separator or the .toml suffix) is a file; a name with a separator is only ever a path."""
     has_separator = "/" in name_or_path or os.sep in name_or_path
     if not has_separator and re.search(NAME_PATTERN, name_or_path):
         for system in (False, True):
             path = profile_path(name_or_path, system=system)
             if os.path.lexists(path):
                 return read_profile_file(path)
-    if looks_like_path(name_or_path):
+    if has_separator or name_or_path.endswith(SUFFIX):
         return read_profile_file(Path(name_or_path))
     validate_name(name_or_path, path="profile name")
     raise UsageError(f"no profile named {name_or_path!r}", "see `tuner profile list`, or give a path to a .toml file")
@@ -106,8 +97,7 @@ def find_in_store(name: str, *, system: bool | None = None) -> Path:
 def save_profile(profile: Profile, *, overwrite: bool = False, system: bool = False) -> Path:
     """Write `profile` to the store as NAME.toml, atomically. Refuses to replace an existing file unless
     `overwrite`; the system store needs root (PermissionDenied otherwise)."""
-    path = profile_path(profile.name, system=system)
-    return write_profile_file(profile, path, overwrite=overwrite)
+    return write_profile_file(profile, profile_path(profile.name, system=system), overwrite=overwrite)
 
 
 def write_profile_file(profile: Profile, path: Path, *, overwrite: bool = False) -> Path:

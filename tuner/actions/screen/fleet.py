@@ -11,6 +11,7 @@ for each to put its card back; the cards that did not finish are `retest`, never
 
 from __future__ import annotations
 
+import socket
 import tempfile
 import threading
 from collections.abc import Callable
@@ -66,7 +67,7 @@ class Screen:
             card.stop()
 
     def run(self) -> v.ScreenReport:
-        host = rb.host_name()
+        host = socket.gethostname()
         verdicts: dict[str, v.CardVerdict] = {}
         errors: dict[str, BaseException] = {}
         with (tempfile.TemporaryDirectory(prefix="tuner-screen-", ignore_cleanup_errors=True) as work,
