@@ -4,6 +4,7 @@ it and says what to do: another format version, cut, edited (hash), not gzip, an
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -125,3 +126,23 @@ def test_write_refuses_to_replace_without_overwrite(tmp_path):
     with pytest.raises(UsageError, match="already exists"):
         rb.write_bundle(b, tmp_path / "A.ref")
     rb.write_bundle(b, tmp_path / "A.ref", overwrite=True)
+
+
+def test_a_fifo_or_a_device_node_is_refused_without_waiting(tmp_path):
+    """`--reference` and NAME.ref beside a profile are paths a person types or copies: a FIFO there used to block
+    the open until something wrote to it (a hung `tuner apply --verify`), /dev/zero was read up to the cap."""
+    import concurrent.futures
+    import os
+
+    fifo = tmp_path / "pipe.ref"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "is a FIFO"), (Path("/dev/zero"), "is a device node")):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = pool.submit(rb.read_bundle, path)
+            try:
+                error = future.exception(timeout=20)
+            except concurrent.futures.TimeoutError:
+                with open(fifo, "wb"):  # let the blocked open return, so the test ends
+                    pass
+                raise AssertionError(f"read_bundle({path}) blocked") from None
+        assert isinstance(error, rb.BundleProblem) and f"{path}: {kind}, not a file" in error.message, error

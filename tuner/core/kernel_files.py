@@ -54,7 +54,8 @@ def read_at_most(fd: int, max_bytes: int) -> bytes:
         size += len(chunk)
     return b"".join(chunks)
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file holds, for an error message (`a FIFO`)."""
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -75,7 +76,7 @@ def read_bytes(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES,
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotAKernelFile(errno.EINVAL, f"{_kind(mode)}, not a sysfs or proc file", str(path))
+            raise NotAKernelFile(errno.EINVAL, f"{file_kind(mode)}, not a sysfs or proc file", str(path))
     except BaseException:
         os.close(fd)
         raise

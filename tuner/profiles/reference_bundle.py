@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import socket
+import stat
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from tuner import __version__
 from tuner.core.atomic import write_atomic
 from tuner.core.documents import Misfit, Words, fit
 from tuner.core.errors import UsageError
+from tuner.core.kernel_files import file_kind, read_at_most
 from tuner.core.models import DeviceInfo
 from tuner.engine.reference import Reference, ReferenceProblem, parse_reference, save_reference
 
@@ -292,15 +294,22 @@ def read_bundle(path: Path) -> Bundle:
     path = Path(path)
     where = f"reference {path}"
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        # O_NONBLOCK: a FIFO at the path must not block the open until something writes to it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise BundleProblem(f"{where}: no such file",
                             "record one with `tuner reference record --device ID --out FILE`") from None
-    except IsADirectoryError:
-        raise BundleProblem(f"{where}: is a directory", "give the .ref file itself") from None
     except PermissionError:
         raise BundleProblem(f"{where}: permission denied", "check the file's permissions") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise BundleProblem(f"{where}: is a directory", "give the .ref file itself")
+        if not stat.S_ISREG(mode):  # a FIFO would hang the read, /dev/zero would be read up to the cap
+            raise BundleProblem(f"{where}: is {file_kind(mode)}, not a file", "give the .ref file itself")
+        data = read_at_most(fd, MAX_FILE_BYTES)
+    finally:
+        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise BundleProblem(f"{where}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a reference bundle")
     if data[:2] != b"\x1f\x8b":
