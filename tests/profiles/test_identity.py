@@ -175,3 +175,16 @@ def test_cli_without_yes_uses_the_keep_or_revert_prompt():
     proc = run_tuner("--simulate", "apply", "mine", input="y\n")
     assert proc.returncode == 0, proc.stderr
     assert "applied 'mine' (-45 mV, read back)" in proc.stdout and sim().knob("sim0").current == -45
+
+
+def test_cli_apply_says_why_a_revert_went_to_stock_as_set_does():
+    """Another tool left the card at an off-grid -7 mV: the revert cannot write it back and resets to stock. `set`
+    said why; `apply` said only "reverted to +0 mV", as if the card had been at stock before."""
+    from tests.cli_helpers import run_tuner
+
+    save_profile(sim_profile("mine", value=-45))
+    sim()._write_setting("sim0", -7)  # not a tuner write: off the 5 mV grid
+    proc = run_tuner("--simulate", "apply", "mine", input="")  # EOF: not confirmed, reverted
+    assert proc.returncode == 8, proc.stderr
+    assert "not confirmed: reverted to +0 mV (the previous value -7 mV could not be written back" in proc.stderr
+    assert "reset to stock instead)" in proc.stderr and sim().knob("sim0").current == 0

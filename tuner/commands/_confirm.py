@@ -63,8 +63,14 @@ def say_applied(change: PendingChange, device: DeviceInfo, note: str, *, as_json
           file=sys.stderr if as_json else sys.stdout, flush=True)
 
 
-def say_reverted(answer: Answer, where: str) -> int:
-    """Say on stderr why a change was not kept and `where` the revert left it; the exit code for that."""
+def say_reverted(answer: Answer, where: str | PendingChange) -> int:
+    """Say on stderr why a change was not kept and `where` the revert left it (for one card's change: its value, and
+    why it went to stock instead of the previous value when it did); the exit code for that."""
+    if isinstance(where, PendingChange):
+        reverted = where.reverted_to
+        assert reverted is not None  # not kept: leaving keep_or_revert reverted it (or raised)
+        note = f" ({where.restore_note})" if where.restore_note else ""
+        where = f"to {format_value(reverted.current, reverted.unit)}{note}"
     why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
     print(f"{why}: reverted {where}", file=sys.stderr)
     return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED

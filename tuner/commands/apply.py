@@ -121,11 +121,10 @@ def _apply_with_confirmation(args: Namespace, ctx: Context, plan: ProfileApply) 
         assert change.applied is not None  # kept: applied and read back
         _report(args, profile, device, result, change.applied)
         return exit_codes.OK
-    reverted = change.reverted_to
-    assert reverted is not None  # not kept: leaving keep_or_revert reverted it (or raised)
-    code = say_reverted(answer, f"to {format_value(reverted.current, reverted.unit)}")
+    code = say_reverted(answer, change)
     if args.json:
-        print_json(_doc(profile, device, result, reverted, applied=False))
+        assert change.reverted_to is not None  # not kept: leaving keep_or_revert reverted it (or raised)
+        print_json(_doc(profile, device, result, change.reverted_to, applied=False))
     return code
 
 

@@ -101,7 +101,4 @@ def run(args: Namespace, ctx: Context) -> int:
                 "`tuner reset`)"
             )
         return exit_codes.OK
-    reverted = change.reverted_to
-    assert reverted is not None  # not kept: leaving keep_or_revert reverted it (or raised)
-    note = f" ({change.restore_note})" if change.restore_note else ""
-    return say_reverted(answer, f"to {format_value(reverted.current, reverted.unit)}{note}")
+    return say_reverted(answer, change)
