@@ -99,9 +99,7 @@ class StressState:
         return dict(self.detectors).get(name, default)
 
     def with_detector(self, name: str, value: str) -> StressState:
-        d = dict(self.detectors)
-        d[name] = value
-        return replace(self, detectors=tuple(d.items()))
+        return replace(self, detectors=tuple({**dict(self.detectors), name: value}.items()))
 
     def written(self, *lines: str) -> StressState:
         return replace(self, log=appended(self.log, *lines, limit=LOG_LINES), log_written=self.log_written + len(lines))

@@ -207,10 +207,8 @@ class TunerApp(App[int]):
             self.ctx.notice = self._note_from_any_thread
         if self._leaving:  # hung up before the loop was known (the guard has made the cards safe): leave now
             self.call_later(self.hang_up)
-        for device in self.devices:
-            if self.histories[device.id].knob is None:
-                self.sample_now()
-                break
+        if any(history.knob is None for history in self.histories.values()):
+            self.sample_now()
         if self.sample_interval_s:
             self.set_interval(self.sample_interval_s, self.sample_now, name="sampler")
 

@@ -90,7 +90,7 @@ class TunerScreen(Screen):
 
     def footer_bindings(self) -> list[Binding]:
         """The keys this screen offers now (the key bar shows exactly these)."""
-        return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not self._needs_cards(b.action)
+        return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not needs_cards(b.action, self.app)
                 and self.offers(b.action)]
 
     def offers(self, action: str) -> bool:
@@ -112,20 +112,15 @@ class TunerScreen(Screen):
         device_id = self.app.selected_device_id
         return self.app.histories[device_id].knob if device_id else None
 
-    def _needs_cards(self, action: str) -> bool:
-        return needs_cards(action, self.app)
-
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not self._needs_cards(action) and not self.has_class("-too-small")
+        return not needs_cards(action, self.app) and not self.has_class("-too-small")
 
     def compose_body(self) -> ComposeResult:
         yield from ()
 
+    # Textual calls every class's handler, the subclass's first: a screen's own on_mount (on_resize, on_screen_resume)
+    # adds to these and never calls them (a second call started a second timer, never paused while hidden)
     def on_mount(self) -> None:
-        # Textual calls every class's on_mount and a subclass's calls this one too: one timer, not two (the second
-        # was never paused while the screen was hidden)
-        if hasattr(self, "_repaint_timer"):
-            return
         self._repaint_timer = self.set_interval(self.app.repaint_interval_s, self.repaint, name="repaint")
         self.call_after_refresh(self.repaint)
 

@@ -157,7 +157,6 @@ class BisectScreen(TunerScreen):
         yield Static(id="bisect-result")
 
     def on_mount(self) -> None:
-        super().on_mount()
         self._painted: tuple[object, ...] | None = None
         self._resting: tuple[tuple, BisectState] | None = None  # (card, bisect running, its outcome), its session
         self._defaults_for: object = None

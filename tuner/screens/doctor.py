@@ -66,7 +66,6 @@ class DoctorScreen(TunerScreen):
             yield Static(id="doctor-checks")
 
     def on_mount(self) -> None:
-        super().on_mount()
         self._shown: list[Check] | None = None
         if self.app.doctor_checks is None:
             self.app.run_doctor()

@@ -28,7 +28,8 @@ from tuner.app.words import describe_error, for_people
 from tuner.core.durations import duration_text
 from tuner.core.errors import TunerError
 from tuner.core.models import DeviceInfo, Knob
-from tuner.profiles.schema import Profile, ProfileDevice, ProfilePart, RigEvidence, Tuning
+from tuner.profiles import evidence
+from tuner.profiles.schema import Profile, ProfileDevice, RigEvidence, Tuning
 from tuner.screens.base import TunerScreen, too_small
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
 
@@ -103,13 +104,6 @@ def efficiency_text(tuning: Tuning | None, value: int, unit: str, *, simulated: 
     return text + (f"; {SIMULATED_CAVEAT}" if simulated else "")
 
 
-def evidence_strength(part: Profile | ProfilePart, *, why: bool = False) -> str | None:
-    """How strong the part's evidence is ("sensitivity reduced (--tolerance)"): tuner.profiles.evidence's words."""
-    from tuner.profiles.evidence import strength
-
-    return strength(part, why=why)
-
-
 def rig_evidence_text(rig: RigEvidence | None) -> str:
     """The whole-rig confirmation in sentences (tuner.profiles.schema.RigEvidence)."""
     if rig is None:
@@ -150,7 +144,7 @@ def rig_detail_text(profile: Profile, devices: Sequence[DeviceInfo], knobs: Mapp
         # the setting first: at the start of its line, "-40 mV" is never split across two lines by the wrap
         text.append(f"card[{index}]: {s.value:+d} {s.unit} on {d.label} ({_identity(d)})")
         efficiency = efficiency_text(part.tuning, s.value, s.unit, simulated=d.simulated)
-        strength = evidence_strength(part)
+        strength = evidence.strength(part)
         text.append("".join(f"; {x}" for x in (efficiency, strength) if x) + ".\n")
         device, _found_by = find_part_card(part, list(devices))
         if device is None:
@@ -222,7 +216,7 @@ def detail_text(profile: Profile, target_label: str, match: MatchResult | None) 
         efficiency = efficiency_text(t, s.value, s.unit, simulated=d.simulated)
         if efficiency:
             text.append(f"{efficiency}.\n")
-        text.append(f"Evidence: {evidence_strength(profile.parts[0], why=True)}.\n")
+        text.append(f"Evidence: {evidence.strength(profile.parts[0], why=True)}.\n")
     if match is not None:
         text.append(match_sentence(match, target_label) + "\n")
         for warning in match.warnings:
@@ -260,13 +254,11 @@ class ProfilesScreen(TunerScreen):
                 yield Static(id="profile-detail")
 
     def on_mount(self) -> None:
-        super().on_mount()
         self.action_reload()
         self.app.read_boot_status()
         self.query_one("#profiles-table", DataTable).focus()
 
     def on_screen_resume(self) -> None:
-        super().on_screen_resume()
         self.action_reload()
         self.app.read_boot_status()
 

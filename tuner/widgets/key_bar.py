@@ -56,15 +56,14 @@ class KeyBar(Static):
         super().__init__(id="key-bar")
         self.items = footer_items(bindings)
 
-    def on_mount(self) -> None:
-        self._draw(self.size.width or self.app.size.width)
-
     def on_resize(self) -> None:
         self._draw(self.size.width)
 
     def refresh_items(self) -> None:
         """Draw `items` again (the screen changed what it offers)."""
         self._draw(self.size.width or self.app.size.width)
+
+    on_mount = refresh_items
 
     def lines(self, width: int) -> list[Text]:
         """The key bar's lines at `width` columns (the screen keeps its notices above them)."""
