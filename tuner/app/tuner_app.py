@@ -853,8 +853,8 @@ def run_app(ctx: Context) -> int:
     app = TunerApp(ctx)
     if app.driver_class is LinuxDriver:  # not when TEXTUAL_DRIVER names another (a developer's choice)
         app.driver_class = HangUpSafeDriver
-    guard = HangUpGuard(make_safe=app.make_safe, leave=app.signal_safe_hang_up, terminal_fd=_terminal_fd(),
-                        tick=app.revert_overdue)
+    guard = HangUpGuard(make_safe=app.make_safe, leave=app.signal_safe_hang_up, tick=app.revert_overdue,
+                        terminal_fd=0 if os.isatty(0) else None)  # the UI's terminal (stdin) is watched for a hang-up
     app.hang_up_guard = guard
     guard.install()
     try:
@@ -868,8 +868,3 @@ def run_app(ctx: Context) -> int:
     if app.hung_up or guard.triggered:
         return exit_codes.INTERRUPTED
     return exit_codes.OK if result is None else result
-
-
-def _terminal_fd() -> int | None:
-    """The terminal the UI runs on (watched for a hang-up), if stdin is one."""
-    return 0 if os.isatty(0) else None

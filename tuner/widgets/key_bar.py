@@ -20,9 +20,7 @@ SEPARATOR = "  "
 
 
 def key_name(binding: Binding) -> str:
-    if binding.key_display:
-        return binding.key_display
-    return KEY_NAMES.get(binding.key, binding.key)
+    return binding.key_display or KEY_NAMES.get(binding.key, binding.key)
 
 
 def footer_items(bindings: Iterable[Binding]) -> list[tuple[str, str]]:
