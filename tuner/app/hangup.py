@@ -75,8 +75,7 @@ class HangUpGuard:
     """
 
     def __init__(self, *, make_safe: Callable[[], list[str]], leave: Callable[[], None],
-                 terminal_fd: int | None = None, grace_s: float = EXIT_GRACE_S,
-                 check_s: float = TERMINAL_CHECK_S, exit_code: int = exit_codes.INTERRUPTED,
+                 terminal_fd: int | None = None, grace_s: float = EXIT_GRACE_S, check_s: float = TERMINAL_CHECK_S,
                  exit: Callable[[int], object] = os._exit, say: Callable[[list[str]], None] = say_best_effort,
                  tick: Callable[[], object] | None = None) -> None:
         self._make_safe = make_safe
@@ -84,7 +83,6 @@ class HangUpGuard:
         self._terminal_fd = terminal_fd
         self.grace_s = grace_s
         self._check_s = check_s
-        self.exit_code = exit_code
         self._exit = exit
         self._say = say
         self._tick = tick
@@ -177,4 +175,4 @@ class HangUpGuard:
         self._closed.wait(self.grace_s)  # close() is a no-op once triggered: this waits the full grace
         # still here: the UI could not end by itself (its event loop blocked on a terminal that is gone or full)
         self._say([*self.lines, f"the terminal does not answer; ending now ({self.reason})"])
-        self._exit(self.exit_code)
+        self._exit(exit_codes.INTERRUPTED)

@@ -26,7 +26,6 @@ from textual.worker import Worker, WorkerState
 from tuner.actions import other_tools
 from tuner.actions.bisect import consent_question, prepare_bisect
 from tuner.actions.context import Context
-from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_TIMEOUT_S
 from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_rig_apply, prepare_rig_apply
 from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
@@ -133,9 +132,7 @@ class TunerApp(App[int]):
         backend: Backend | None = None,
         clock: Callable[[], float] = time.monotonic,
         sample_interval_s: float | None = SAMPLE_INTERVAL_S,
-        keep_timeout_s: float = KEEP_TIMEOUT_S,
         doctor: Callable[[], list] | None = None,
-        repaint_interval_s: float = 0.5,
         bisect_options: dict | None = None,
         stress_options: dict | None = None,
         verify_duration_s: float = jobs.VERIFY_DURATION_S,
@@ -146,8 +143,6 @@ class TunerApp(App[int]):
         self.ctx = ctx
         self.clock = clock  # monotonic seconds: keep-or-revert countdowns
         self.sample_interval_s = sample_interval_s
-        self.keep_timeout_s = keep_timeout_s
-        self.repaint_interval_s = min(max(repaint_interval_s, 0.25), 5.0)  # plots repaint at most 4 Hz
         self._doctor = doctor
         self.verify_duration_s = verify_duration_s
         self._bisect_options = bisect_options or {}  # extra BisectJob keywords (tests: a fake engine)
@@ -336,7 +331,7 @@ class TunerApp(App[int]):
                 return
             try:
                 request = profile.set_request(self.backend) if profile is not None else SetRequest(device_id, value)
-                pending = prepare_setting(self.backend, request, timeout_s=self.keep_timeout_s, clock=self.clock)
+                pending = prepare_setting(self.backend, request, clock=self.clock)
                 if profile is None:  # as `tuner set` warns (a profile's plan said it already: on_profile_checked)
                     for warning in other_tools.warnings_for(self.backend, [device_id]):
                         self.post_message(msg.Noted(warning, "warning"))
@@ -371,7 +366,7 @@ class TunerApp(App[int]):
                 if callable(profile):
                     profile = profile()
                 plan = plan_rig_apply(self.backend, profile)
-                change = prepare_rig_apply(self.backend, plan, timeout_s=self.keep_timeout_s, clock=self.clock,
+                change = prepare_rig_apply(self.backend, plan, clock=self.clock,
                                            purpose=f"tuner (UI) apply {profile.name}")
                 change.apply()  # a card that fails puts the ones before it back, then raises
             except Exception as e:  # noqa: BLE001 - refused or not applied: say why

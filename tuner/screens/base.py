@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 MANY_CARD_ACTIONS = ("next_device", "next_table")
 MIN_WIDTH, MIN_HEIGHT = 80, 24
+REPAINT_INTERVAL_S = 0.5
 
 
 def needs_cards(action: str, app: TunerApp) -> bool:
@@ -121,7 +122,7 @@ class TunerScreen(Screen):
     # Textual calls every class's handler, the subclass's first: a screen's own on_mount (on_resize, on_screen_resume)
     # adds to these and never calls them (a second call started a second timer, never paused while hidden)
     def on_mount(self) -> None:
-        self._repaint_timer = self.set_interval(self.app.repaint_interval_s, self.repaint, name="repaint")
+        self._repaint_timer = self.set_interval(REPAINT_INTERVAL_S, self.repaint, name="repaint")
         self.call_after_refresh(self.repaint)
 
     def on_screen_suspend(self) -> None:
@@ -133,4 +134,4 @@ class TunerScreen(Screen):
             self.repaint()
 
     def repaint(self) -> None:
-        """Read the App's state and update widgets (called at most 4 times a second, never while hidden)."""
+        """Read the App's state and update widgets (on a timer and when the App asks; never while hidden)."""
