@@ -33,18 +33,13 @@ def of_about(total: int | None) -> str:
 
 @dataclass
 class DeviceHistory:
-    """The last `maxlen` telemetry samples of one device, one deque per plotted figure."""
+    """The last HISTORY_SAMPLES telemetry samples of one device, one deque per plotted figure."""
 
-    maxlen: int = HISTORY_SAMPLES
-    time_s: deque = field(init=False)
-    series: dict[str, deque] = field(init=False)
+    time_s: deque = field(default_factory=lambda: deque(maxlen=HISTORY_SAMPLES))
+    series: dict[str, deque] = field(default_factory=lambda: {f: deque(maxlen=HISTORY_SAMPLES) for f in PLOTTED_FIELDS})
     latest: Telemetry | None = None
     knob: Knob | None = None
     version: int = 0  # bumped on every change, so a screen repaints only when something changed
-
-    def __post_init__(self) -> None:
-        self.time_s = deque(maxlen=self.maxlen)
-        self.series = {name: deque(maxlen=self.maxlen) for name in PLOTTED_FIELDS}
 
     def add(self, sample: Telemetry) -> None:
         self.time_s.append(sample.time_s)
@@ -84,7 +79,6 @@ class StressState:
 
     device_id: str | None = None
     running: bool = False
-    setting: int | None = None
     preset: str = "tiny"
     mode: str = Mode.TRAIN
     run: int = 0  # which run this is: a screen starts its log afresh when it changes

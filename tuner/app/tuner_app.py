@@ -450,9 +450,8 @@ class TunerApp(App[int]):
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         setting = knob.current if (knob := self.histories[device_id].knob) else None
-        self.stress = StressState(device_id=device_id, running=True, setting=setting, preset=preset, mode=mode,
-                                  run=self.stress.run + 1).written(
-            f"starting {preset}/{mode} stress on {device_id} at {setting}")
+        started = StressState(device_id=device_id, running=True, preset=preset, mode=mode, run=self.stress.run + 1)
+        self.stress = started.written(f"starting {preset}/{mode} stress on {device_id} at {setting}")
         self._stress_job = jobs.StressJob(self.backend, device_id, preset=preset, mode=mode, emit=self._stress_event,
                                           without_reference=without_reference, **self._stress_options)
         self._run_stress(self._stress_job)
@@ -617,8 +616,7 @@ class TunerApp(App[int]):
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         device_id, value = plan.device.id, plan.value
-        self.stress = StressState(device_id=device_id, running=True, setting=value, preset="verify",
-                                  run=self.stress.run + 1).written(
+        self.stress = StressState(device_id=device_id, running=True, preset="verify", run=self.stress.run + 1).written(
             f"verifying {value:+d} on {device_id} (kept only if it passes)")
         self._stress_job = jobs.VerifyJob(self.backend, plan, self.verify_duration_s, emit=self._stress_event)
         self._run_stress(self._stress_job)
