@@ -249,7 +249,7 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
         case RigConfirmStarted():
             row = {"attempt": event.attempt, "phase": event.phase, "settings": dict(event.settings),
                    "verdict": "running", "duration_s": event.duration_s, "started_s": now_s}
-            return replace(state, phase=event.phase, current=row, units={**state.units, **event.unit_by_device},
+            return replace(state, current=row, units={**state.units, **event.unit_by_device},
                            attempts=appended(state.attempts, row, limit=RIG_ATTEMPTS))
         case RigConfirmFinished():
             row = {"attempt": event.attempt, "phase": event.phase, "verdict": "pass" if event.passed else "fail",
@@ -257,7 +257,7 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
                    "backed_off": dict(event.backed_off), "reasons": dict(event.reasons)}
             return replace(state, current=None, attempts=_finish_row(state.attempts, row, "phase", merge=True))
         case RigRecommendation():
-            return replace(state, phase="done", settings=dict(event.settings), current=None)
+            return replace(state, settings=dict(event.settings), current=None)
         case TrialProgress() if state.current is not None and event.device in state.device_ids:
             # the rig run's progress (its cards were written when the first one arrives)
             return replace(state, current={**state.current, "ticks": state.current.get("ticks", 0) + 1})

@@ -126,7 +126,6 @@ class BisectState:
     device_ids: tuple[str, ...] = ()
     running: bool = False
     cards: Mapping[str, CardState] = field(default_factory=dict)
-    phase: str = "search"  # search | rig-baseline | rig-confirm | done
     current: Mapping[str, Any] | None = None  # the rig run in progress: attempt, phase, settings, duration_s
     attempts: tuple[Mapping[str, Any], ...] = ()  # one row per rig run: attempt, phase, settings, verdict...
     units: Mapping[str, str] = field(default_factory=dict)
