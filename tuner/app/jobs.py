@@ -331,16 +331,15 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
             state = _timed_start(state, event.duration_s, now_s)
             row = {"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""}
             current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
-                       "phase": event.phase, "progress": 0.0, "duration_s": event.duration_s,
+                       "phase": event.phase, "progress": 0.0,
                        "eta_s": round(event.duration_s * wall_factor(state), 1), "eta_total_s": None}
             return replace(state, trials=(*state.trials, row), current=current, unit=state.unit or event.unit)
         case TrialProgress() if state.current is not None:
             progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
             eta_s, eta_total_s = measured_eta_s(state, event, now_s)
             return replace(state, current={**state.current, "progress": progress, "eta_s": eta_s,
-                                           "finishing": event.finishing,
-                                           "eta_total_s": eta_total_s, "tok_s": event.tok_s,
-                                           "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
+                                           "finishing": event.finishing, "eta_total_s": eta_total_s,
+                                           "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():
             return replace(state, trials=_finish_row(state.trials, _record_row(event.result.to_record()), "setting"),
                            current=None if state.current is None else {**state.current, "progress": 1.0})

@@ -22,7 +22,7 @@ HISTORY_SAMPLES = 300  # five minutes at 1 Hz
 LOG_LINES = 500
 BISECT_WARNINGS = 20
 
-PLOTTED_FIELDS = ("power_w", "temp_edge_c", "temp_hotspot_c", "core_clock_mhz", "voltage_mv", "util_pct")
+PLOTTED_FIELDS = ("power_w", "temp_edge_c")  # the dashboard's two plots
 
 
 def of_about(total: int | None) -> str:
