@@ -24,6 +24,7 @@ Plain Python (no Textual): tested without a terminal; the App and run_app supply
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import termios
@@ -55,10 +56,8 @@ def say_best_effort(lines: list[str], fd: int = 1, timeout_s: float = SAY_TIMEOU
     data = "".join(f"tuner: {line}\n" for line in lines).encode()
 
     def write() -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.write(fd, data)
-        except OSError:
-            pass
 
     writer = threading.Thread(target=write, name="tuner-last-words", daemon=True)
     writer.start()
@@ -147,10 +146,9 @@ class HangUpGuard:
             self.reason = reason
         finally:
             self._lock.release()
-        try:  # first: the App stops starting anything new before make_safe looks at what it has
+        # first: the App stops starting anything new before make_safe looks at what it has
+        with contextlib.suppress(Exception):  # the App's loop may be closing; the guard makes the cards safe anyway
             self._leave()
-        except Exception:  # noqa: BLE001 - the App's loop may be closing; the guard makes the cards safe anyway
-            pass
         self._triggered.set()
 
     # --- the guard's thread -----------------------------------------------------------------------------------
@@ -161,10 +159,8 @@ class HangUpGuard:
             if self._terminal_fd is not None and terminal_gone(self._terminal_fd):
                 self.trigger("the terminal went away")
             elif self._tick is not None:
-                try:
+                with contextlib.suppress(Exception):  # the tick says what failed itself; the guard goes on
                     self._tick()
-                except Exception:  # noqa: BLE001 - the tick says what failed itself; the guard goes on
-                    pass
         if self._closed.is_set() and self.reason is None:
             return
         try:

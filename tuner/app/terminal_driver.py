@@ -24,6 +24,7 @@ here can unblock it. tuner.app.hangup still makes the cards safe and ends the pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -85,10 +86,8 @@ def _silence_stdio() -> None:
         return
     try:
         for fd in (1, 2):
-            try:
+            with contextlib.suppress(OSError):
                 os.dup2(null, fd)
-            except OSError:
-                pass
     finally:
         os.close(null)
 

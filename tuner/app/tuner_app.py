@@ -8,6 +8,7 @@ screens never stops them; quitting while one runs asks first, then stops it and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import threading
@@ -757,10 +758,8 @@ class TunerApp(App[int]):
         to a card from now on (the setting workers check `_leaving`)."""
         self._leaving = True
         if self._loop is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the App has already ended
                 self._loop.call_soon_threadsafe(self.hang_up)
-            except RuntimeError:  # the loop has closed: the App has already ended
-                pass
 
     def terminal_went_away(self, reason: str) -> None:
         """The driver found the terminal gone (tuner.app.terminal_driver): leave as on SIGHUP, through the guard
