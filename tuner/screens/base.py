@@ -39,11 +39,6 @@ def too_small(size: Size) -> bool:
     return size.width < MIN_WIDTH or size.height < MIN_HEIGHT
 
 
-def too_small_text(size: Size) -> str:
-    """`terminal 60x20: tuner needs 80x24; enlarge it (q quits)`: one line at 60 columns."""
-    return f"terminal {size.width}x{size.height}: tuner needs {MIN_WIDTH}x{MIN_HEIGHT}; enlarge it (q quits)"
-
-
 class TunerScreen(Screen):
     """Subclasses set TITLE, compose their body in `compose_body` and draw app state in `repaint`."""
 
@@ -66,13 +61,12 @@ class TunerScreen(Screen):
         yield KeyBar(self.footer_bindings())
 
     def on_resize(self, event: events.Resize) -> None:
-        self._fit(event.size)
-
-    def _fit(self, size: Size) -> None:
         """Below the minimum: the nav bar and one line, nothing focused (a hidden field must not take keys)."""
+        size = event.size
         small = too_small(size)
-        if small:
-            self.query_one("#too-small", Static).update(too_small_text(size))
+        if small:  # one line at 60 columns
+            self.query_one("#too-small", Static).update(
+                f"terminal {size.width}x{size.height}: tuner needs {MIN_WIDTH}x{MIN_HEIGHT}; enlarge it (q quits)")
             if self.focused is not None:
                 self._focus_before_small = self.focused
                 self.set_focus(None)
