@@ -19,13 +19,10 @@ ALWAYS = (("q", "Quit"), ("^p", "Palette"))
 SEPARATOR = "  "
 
 
-def key_name(binding: Binding) -> str:
-    return binding.key_display or KEY_NAMES.get(binding.key, binding.key)
-
-
 def footer_items(bindings: Iterable[Binding]) -> list[tuple[str, str]]:
     """(key, label) for each shown binding, the way a user reads them, then the keys every screen has."""
-    items = [(key_name(b), b.description) for b in bindings if isinstance(b, Binding) and b.show and b.description]
+    items = [(b.key_display or KEY_NAMES.get(b.key, b.key), b.description) for b in bindings
+             if isinstance(b, Binding) and b.show and b.description]
     return [*items, *ALWAYS]
 
 
