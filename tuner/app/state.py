@@ -146,16 +146,10 @@ class BisectState:
         return self.units.get(device_id) or self.card(device_id).unit
 
 
-def _trial_label(card: CardState, *, compact: bool = False) -> str:
-    cur = card.current or {}
-    k = cur.get("index")
-    if k is None:
-        return "BISECT starting"
-    setting = cur.get("setting")
-    where = f" at {setting:+d} {card.unit}" if isinstance(setting, int) else ""
-    if compact:
-        return f"BISECT trial {k}{where}"
-    return f"BISECT trial {k}{of_about(cur.get('total'))} ({cur.get('phase')}){where}"
+def trial_text(cur: Mapping[str, Any], unit: str, *, compact: bool = False) -> str:
+    """A card's running trial (CardState.current): `trial 3 of ≤9 (descend) at -20 mV`; compact: `trial 3 at -20 mV`."""
+    total_and_phase = "" if compact else f"{of_about(cur.get('total'))} ({cur.get('phase')})"
+    return f"trial {cur.get('index')}{total_and_phase} at {cur.get('setting'):+d} {unit}"
 
 
 def bisect_card_label(bisect: BisectState, device_id: str, *, compact: bool = False) -> str:
@@ -170,7 +164,7 @@ def bisect_card_label(bisect: BisectState, device_id: str, *, compact: bool = Fa
         return f"RIG confirm {bisect.current.get('attempt')} {where}"
     card = bisect.card(device_id)
     if card.current is not None and card.running:
-        return _trial_label(card, compact=compact)
+        return f"BISECT {trial_text(card.current, card.unit, compact=compact)}"
     if card.recommendation is not None or card.failure:
         return "BISECT waiting for the other cards" if len(bisect.device_ids) > 1 else "BISECT finishing"
     return "BISECT starting"

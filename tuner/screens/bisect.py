@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
 from tuner.actions import parameters
 from tuner.app import form_memory, jobs
-from tuner.app.state import BisectState, CardState, of_about
+from tuner.app.state import BisectState, CardState, trial_text
 from tuner.app.words import BISECT, for_people
 from tuner.core.durations import duration_text, format_duration
 from tuner.core.errors import TunerError, UsageError
@@ -519,12 +519,6 @@ LINE_WIDTH = 78  # one line per card at 80 columns (the widget's padding include
 
 def _fit(text: str, width: int = LINE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def trial_text(cur: Mapping[str, Any], unit: str) -> str:
-    """The running trial of a card: `trial 3 of ≤9 (descend) at -20 mV`."""
-    return (f"trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
-            f"{_cell(cur.get('setting'), '{:+d} ' + unit)}")
 
 
 def rig_card_line(rig: BisectState, device_id: str, *, selected: bool) -> Text:
