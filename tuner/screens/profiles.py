@@ -253,12 +253,7 @@ class ProfilesScreen(TunerScreen):
             with VerticalScroll(id="profiles-detail"):
                 yield Static(id="profile-detail")
 
-    def on_mount(self) -> None:
-        self.action_reload()
-        self.app.read_boot_status()
-        self.query_one("#profiles-table", DataTable).focus()
-
-    def on_screen_resume(self) -> None:
+    def on_screen_resume(self) -> None:  # also on the first visit, after on_mount
         self.action_reload()
         self.app.read_boot_status()
 
