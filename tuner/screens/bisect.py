@@ -161,7 +161,6 @@ class BisectScreen(TunerScreen):
         self._resting: tuple[tuple, BisectState] | None = None  # (card, bisect running, its outcome), its session
         self._defaults_for: object = None
         self._recall_form()
-        self.query_one("#bisect-trials", DataTable).focus()
 
     def _form_values(self) -> dict[str, str]:
         return {p.id: self.query_one(f"#in-{p.id}", Input).value for p in FIELDS}
