@@ -107,6 +107,11 @@ class TunerScreen(Screen):
         device_id = self.app.selected_device_id
         return self.app.histories[device_id].knob if device_id else None
 
+    def action_next_device(self) -> None:
+        """`d`: the next card (the repaint shows it; Tune's target then starts from that card's setting)."""
+        self.app.select_device(1)
+        self.repaint()
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not needs_cards(action, self.app) and not self.has_class("-too-small")
 

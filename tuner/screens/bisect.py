@@ -26,7 +26,7 @@ from tuner.core.models import Knob
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
 from tuner.tuning.events import FINISHING, Recommendation
-from tuner.tuning.job import BisectEstimate, BisectParams
+from tuner.tuning.job import BisectEstimate, BisectOutcome, BisectParams
 from tuner.tuning.sensitivity import detection_rate_text
 from tuner.widgets.history_plot import HistoryPlot
 
@@ -311,10 +311,8 @@ class BisectScreen(TunerScreen):
 
         app, job = self.app, self._shown()
         if app.bisect_all:
-            if self._rig_result_ready(job):
-                outcome, backend = job.outcome, app.backend
-                assert outcome is not None  # _rig_result_ready: it ended with an outcome
-                app.apply_rig_profile(lambda: rig_profile_from_outcome(backend, outcome, jobs.RESULT_NAME),
+            if (outcome := self._rig_outcome(job)) is not None:
+                app.apply_rig_profile(lambda: rig_profile_from_outcome(app.backend, outcome, jobs.RESULT_NAME),
                                       on_kept=self.action_save_profile)
             return
         device_id = app.selected_device_id
@@ -331,7 +329,7 @@ class BisectScreen(TunerScreen):
     def action_save_profile(self) -> None:
         app, job = self.app, self._shown()
         if app.bisect_all:
-            if self._rig_result_ready(job):
+            if self._rig_outcome(job) is not None:
                 app.push_screen(TextInputDialog("Save every card's setting as one rig profile:",
                                                 value=f"rig-{len(job.settings or {})}-cards"), self._save_as)
             return
@@ -347,13 +345,13 @@ class BisectScreen(TunerScreen):
         if name:
             self.app.save_bisect_profile(name, None if self.app.bisect_all else self.app.selected_device_id)
 
-    def _rig_result_ready(self, job: BisectState) -> bool:
+    def _rig_outcome(self, job: BisectState) -> BisectOutcome | None:
         """All cards: a finished run with settings confirmed together (what apply and save act on); else say so."""
         if job.running or job.outcome is None or not job.settings:
             self.notify("no settings confirmed together yet: a finished bisect of every card gives them",
                         severity="warning")
-            return False
-        return True
+            return None
+        return job.outcome
 
     # --- drawing -------------------------------------------------------------------------------------------------
     def _shown(self) -> BisectState:

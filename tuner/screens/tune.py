@@ -170,11 +170,6 @@ class TuneScreen(TunerScreen):
         self.preset = PRESETS[(PRESETS.index(self.preset) + 1) % len(PRESETS)]
         self.repaint()
 
-    def action_next_device(self) -> None:
-        self.app.select_device(1)
-        self.target = None
-        self.repaint()
-
     # --- drawing -------------------------------------------------------------------------------------------------
     def repaint(self) -> None:
         app = self.app
