@@ -184,23 +184,17 @@ class BisectScreen(TunerScreen):
         self.set_class(self.size.width >= WIDE_COLUMNS, "-wide")
 
     # --- actions -------------------------------------------------------------------------------------------------
-    def _params(self, *, resume: bool, restart: bool) -> BisectParams | None:
-        values = self._form_values()
-        knob = self._knob()
+    def action_start(self, resume: bool = False, restart: bool = False) -> None:
+        values, knob, selected = self._form_values(), self._knob(), self.app.selected_device_id
         try:
             params = parse_form(values, unit=knob.unit if knob else "", resume=resume, restart=restart)
         except UsageError as e:
             self.notify(e.one_line(), severity="error", timeout=8)
-            return None
-        if self.app.selected_device_id:
-            form_memory.remember(self.app.device(self.app.selected_device_id), values)
-        return params
-
-    def action_start(self, resume: bool = False, restart: bool = False) -> None:
-        params = self._params(resume=resume, restart=restart)
-        selected = tuple(filter(None, [self.app.selected_device_id]))  # none while no card is known
-        ids = tuple(d.id for d in self.app.devices) if self.app.bisect_all else selected
-        if params is not None and ids:
+            return
+        if selected:  # none while no card is known
+            form_memory.remember(self.app.device(selected), values)
+        ids = tuple(d.id for d in self.app.devices) if self.app.bisect_all else tuple(filter(None, [selected]))
+        if ids:
             self.app.start_bisect(ids, params)
             self.query_one("#bisect-trials", DataTable).focus()
 

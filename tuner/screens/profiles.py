@@ -253,7 +253,7 @@ class ProfilesScreen(TunerScreen):
             with VerticalScroll(id="profiles-detail"):
                 yield Static(id="profile-detail")
 
-    def on_screen_resume(self) -> None:  # also on the first visit, after on_mount
+    def on_screen_resume(self) -> None:  # every visit, the first one included (after the mount)
         self.action_reload()
         self.app.read_boot_status()
 
