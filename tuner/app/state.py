@@ -55,15 +55,9 @@ class DeviceHistory:
 
     def points(self, name: str) -> tuple[list[float], list[float]]:
         """(seconds relative to the newest sample, values), skipping samples the device did not report."""
-        if not self.time_s:
-            return [], []
-        newest_s = self.time_s[-1]
-        xs, ys = [], []
-        for t_s, value in zip(self.time_s, self.series[name], strict=True):
-            if value is not None:
-                xs.append(round(t_s - newest_s, 1))
-                ys.append(value)
-        return xs, ys
+        kept = [(round(t_s - self.time_s[-1], 1), value)
+                for t_s, value in zip(self.time_s, self.series[name], strict=True) if value is not None]
+        return [x for x, _ in kept], [y for _, y in kept]
 
 
 def appended(items: tuple, *new: object, limit: int) -> tuple:
