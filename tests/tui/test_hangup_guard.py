@@ -223,11 +223,12 @@ async def test_an_overdue_change_is_reverted_off_the_event_loop(app, backend, cl
     """The countdown runs on the event loop; when that loop cannot run (a stalled terminal), the guard's tick
     reverts a change OVERDUE_S past its deadline. Called here between two awaits, so the dialog's own countdown
     cannot run first, as when the loop is blocked."""
+    from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S
     from tuner.app.tuner_app import OVERDUE_S
 
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await _open_keep_or_revert(app, pilot)
-        clock.advance(app.keep_timeout_s - 1)
+        clock.advance(DEFAULT_TIMEOUT_S - 1)
         app.revert_overdue()
         app.revert_overdue()
         assert backend.knob("sim0").current == -10  # not due yet

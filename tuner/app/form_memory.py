@@ -6,6 +6,7 @@ card keeps them when it moves slot. A damaged file is ignored (the form starts b
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -43,7 +44,5 @@ def remember(device: DeviceInfo, values: dict[str, str]) -> None:
     """Keep the non-blank fields; a failed write only loses the convenience, so it is not an error."""
     doc = _load_all()
     doc[card_key(device)] = {k: v for k, v in values.items() if v.strip()}
-    try:
+    with contextlib.suppress(OSError):
         write_atomic(_path(), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
-    except OSError:
-        pass

@@ -24,6 +24,7 @@ Plain Python (no Textual): tested without a terminal; the App and run_app supply
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import termios
@@ -55,10 +56,8 @@ def say_best_effort(lines: list[str], fd: int = 1, timeout_s: float = SAY_TIMEOU
     data = "".join(f"tuner: {line}\n" for line in lines).encode()
 
     def write() -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.write(fd, data)
-        except OSError:
-            pass
 
     writer = threading.Thread(target=write, name="tuner-last-words", daemon=True)
     writer.start()
@@ -75,8 +74,7 @@ class HangUpGuard:
     """
 
     def __init__(self, *, make_safe: Callable[[], list[str]], leave: Callable[[], None],
-                 terminal_fd: int | None = None, grace_s: float = EXIT_GRACE_S,
-                 check_s: float = TERMINAL_CHECK_S, exit_code: int = exit_codes.INTERRUPTED,
+                 terminal_fd: int | None = None, grace_s: float = EXIT_GRACE_S, check_s: float = TERMINAL_CHECK_S,
                  exit: Callable[[int], object] = os._exit, say: Callable[[list[str]], None] = say_best_effort,
                  tick: Callable[[], object] | None = None) -> None:
         self._make_safe = make_safe
@@ -84,7 +82,6 @@ class HangUpGuard:
         self._terminal_fd = terminal_fd
         self.grace_s = grace_s
         self._check_s = check_s
-        self.exit_code = exit_code
         self._exit = exit
         self._say = say
         self._tick = tick
@@ -149,10 +146,9 @@ class HangUpGuard:
             self.reason = reason
         finally:
             self._lock.release()
-        try:  # first: the App stops starting anything new before make_safe looks at what it has
+        # first: the App stops starting anything new before make_safe looks at what it has
+        with contextlib.suppress(Exception):  # the App's loop may be closing; the guard makes the cards safe anyway
             self._leave()
-        except Exception:  # noqa: BLE001 - the App's loop may be closing; the guard makes the cards safe anyway
-            pass
         self._triggered.set()
 
     # --- the guard's thread -----------------------------------------------------------------------------------
@@ -163,10 +159,8 @@ class HangUpGuard:
             if self._terminal_fd is not None and terminal_gone(self._terminal_fd):
                 self.trigger("the terminal went away")
             elif self._tick is not None:
-                try:
+                with contextlib.suppress(Exception):  # the tick says what failed itself; the guard goes on
                     self._tick()
-                except Exception:  # noqa: BLE001 - the tick says what failed itself; the guard goes on
-                    pass
         if self._closed.is_set() and self.reason is None:
             return
         try:
@@ -177,4 +171,4 @@ class HangUpGuard:
         self._closed.wait(self.grace_s)  # close() is a no-op once triggered: this waits the full grace
         # still here: the UI could not end by itself (its event loop blocked on a terminal that is gone or full)
         self._say([*self.lines, f"the terminal does not answer; ending now ({self.reason})"])
-        self._exit(self.exit_code)
+        self._exit(exit_codes.INTERRUPTED)

@@ -244,7 +244,7 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
         case RigConfirmStarted():
             row = {"attempt": event.attempt, "phase": event.phase, "settings": dict(event.settings),
                    "verdict": "running", "duration_s": event.duration_s, "started_s": now_s}
-            return replace(state, phase=event.phase, current=row, units={**state.units, **event.unit_by_device},
+            return replace(state, current=row, units={**state.units, **event.unit_by_device},
                            attempts=appended(state.attempts, row, limit=RIG_ATTEMPTS))
         case RigConfirmFinished():
             row = {"attempt": event.attempt, "phase": event.phase, "verdict": "pass" if event.passed else "fail",
@@ -252,7 +252,7 @@ def apply_bisect_event(state: BisectState, event: object, *, now_s: float | None
                    "backed_off": dict(event.backed_off), "reasons": dict(event.reasons)}
             return replace(state, current=None, attempts=_finish_row(state.attempts, row, "phase", merge=True))
         case RigRecommendation():
-            return replace(state, phase="done", settings=dict(event.settings), current=None)
+            return replace(state, settings=dict(event.settings), current=None)
         case TrialProgress() if state.current is not None and event.device in state.device_ids:
             # the rig run's progress (its cards were written when the first one arrives)
             return replace(state, current={**state.current, "ticks": state.current.get("ticks", 0) + 1})
@@ -326,16 +326,15 @@ def apply_card_event(state: CardState, event: object, *, now_s: float | None = N
             state = _timed_start(state, event.duration_s, now_s)
             row = {"setting": event.setting, "phase": event.phase, "verdict": "running", "reason": ""}
             current = {"index": event.index, "total": event.expected_trials, "setting": event.setting,
-                       "phase": event.phase, "progress": 0.0, "duration_s": event.duration_s,
+                       "phase": event.phase, "progress": 0.0,
                        "eta_s": round(event.duration_s * wall_factor(state), 1), "eta_total_s": None}
             return replace(state, trials=(*state.trials, row), current=current, unit=state.unit or event.unit)
         case TrialProgress() if state.current is not None:
             progress = min(1.0, event.elapsed_s / event.duration_s) if event.duration_s else 0.0
             eta_s, eta_total_s = measured_eta_s(state, event, now_s)
             return replace(state, current={**state.current, "progress": progress, "eta_s": eta_s,
-                                           "finishing": event.finishing,
-                                           "eta_total_s": eta_total_s, "tok_s": event.tok_s,
-                                           "power_w": event.power_w, "ticks": state.current.get("ticks", 0) + 1})
+                                           "finishing": event.finishing, "eta_total_s": eta_total_s,
+                                           "ticks": state.current.get("ticks", 0) + 1})
         case TrialFinished():
             return replace(state, trials=_finish_row(state.trials, _record_row(event.result.to_record()), "setting"),
                            current=None if state.current is None else {**state.current, "progress": 1.0})

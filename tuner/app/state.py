@@ -22,7 +22,7 @@ HISTORY_SAMPLES = 300  # five minutes at 1 Hz
 LOG_LINES = 500
 BISECT_WARNINGS = 20
 
-PLOTTED_FIELDS = ("power_w", "temp_edge_c", "temp_hotspot_c", "core_clock_mhz", "voltage_mv", "util_pct")
+PLOTTED_FIELDS = ("power_w", "temp_edge_c")  # the dashboard's two plots
 
 
 def of_about(total: int | None) -> str:
@@ -33,18 +33,13 @@ def of_about(total: int | None) -> str:
 
 @dataclass
 class DeviceHistory:
-    """The last `maxlen` telemetry samples of one device, one deque per plotted figure."""
+    """The last HISTORY_SAMPLES telemetry samples of one device, one deque per plotted figure."""
 
-    maxlen: int = HISTORY_SAMPLES
-    time_s: deque = field(init=False)
-    series: dict[str, deque] = field(init=False)
+    time_s: deque = field(default_factory=lambda: deque(maxlen=HISTORY_SAMPLES))
+    series: dict[str, deque] = field(default_factory=lambda: {f: deque(maxlen=HISTORY_SAMPLES) for f in PLOTTED_FIELDS})
     latest: Telemetry | None = None
     knob: Knob | None = None
     version: int = 0  # bumped on every change, so a screen repaints only when something changed
-
-    def __post_init__(self) -> None:
-        self.time_s = deque(maxlen=self.maxlen)
-        self.series = {name: deque(maxlen=self.maxlen) for name in PLOTTED_FIELDS}
 
     def add(self, sample: Telemetry) -> None:
         self.time_s.append(sample.time_s)
@@ -60,15 +55,9 @@ class DeviceHistory:
 
     def points(self, name: str) -> tuple[list[float], list[float]]:
         """(seconds relative to the newest sample, values), skipping samples the device did not report."""
-        if not self.time_s:
-            return [], []
-        newest_s = self.time_s[-1]
-        xs, ys = [], []
-        for t_s, value in zip(self.time_s, self.series[name], strict=True):
-            if value is not None:
-                xs.append(round(t_s - newest_s, 1))
-                ys.append(value)
-        return xs, ys
+        kept = [(round(t_s - self.time_s[-1], 1), value)
+                for t_s, value in zip(self.time_s, self.series[name], strict=True) if value is not None]
+        return [x for x, _ in kept], [y for _, y in kept]
 
 
 def appended(items: tuple, *new: object, limit: int) -> tuple:
@@ -84,7 +73,6 @@ class StressState:
 
     device_id: str | None = None
     running: bool = False
-    setting: int | None = None
     preset: str = "tiny"
     mode: str = Mode.TRAIN
     run: int = 0  # which run this is: a screen starts its log afresh when it changes
@@ -99,9 +87,7 @@ class StressState:
         return dict(self.detectors).get(name, default)
 
     def with_detector(self, name: str, value: str) -> StressState:
-        d = dict(self.detectors)
-        d[name] = value
-        return replace(self, detectors=tuple(d.items()))
+        return replace(self, detectors=tuple({**dict(self.detectors), name: value}.items()))
 
     def written(self, *lines: str) -> StressState:
         return replace(self, log=appended(self.log, *lines, limit=LOG_LINES), log_written=self.log_written + len(lines))
@@ -134,7 +120,6 @@ class BisectState:
     device_ids: tuple[str, ...] = ()
     running: bool = False
     cards: Mapping[str, CardState] = field(default_factory=dict)
-    phase: str = "search"  # search | rig-baseline | rig-confirm | done
     current: Mapping[str, Any] | None = None  # the rig run in progress: attempt, phase, settings, duration_s
     attempts: tuple[Mapping[str, Any], ...] = ()  # one row per rig run: attempt, phase, settings, verdict...
     units: Mapping[str, str] = field(default_factory=dict)
@@ -155,16 +140,10 @@ class BisectState:
         return self.units.get(device_id) or self.card(device_id).unit
 
 
-def _trial_label(card: CardState, *, compact: bool = False) -> str:
-    cur = card.current or {}
-    k = cur.get("index")
-    if k is None:
-        return "BISECT starting"
-    setting = cur.get("setting")
-    where = f" at {setting:+d} {card.unit}" if isinstance(setting, int) else ""
-    if compact:
-        return f"BISECT trial {k}{where}"
-    return f"BISECT trial {k}{of_about(cur.get('total'))} ({cur.get('phase')}){where}"
+def trial_text(cur: Mapping[str, Any], unit: str, *, compact: bool = False) -> str:
+    """A card's running trial (CardState.current): `trial 3 of ≤9 (descend) at -20 mV`; compact: `trial 3 at -20 mV`."""
+    total_and_phase = "" if compact else f"{of_about(cur.get('total'))} ({cur.get('phase')})"
+    return f"trial {cur.get('index')}{total_and_phase} at {cur.get('setting'):+d} {unit}"
 
 
 def bisect_card_label(bisect: BisectState, device_id: str, *, compact: bool = False) -> str:
@@ -179,7 +158,7 @@ def bisect_card_label(bisect: BisectState, device_id: str, *, compact: bool = Fa
         return f"RIG confirm {bisect.current.get('attempt')} {where}"
     card = bisect.card(device_id)
     if card.current is not None and card.running:
-        return _trial_label(card, compact=compact)
+        return f"BISECT {trial_text(card.current, card.unit, compact=compact)}"
     if card.recommendation is not None or card.failure:
         return "BISECT waiting for the other cards" if len(bisect.device_ids) > 1 else "BISECT finishing"
     return "BISECT starting"

@@ -24,6 +24,7 @@ here can unblock it. tuner.app.hangup still makes the cards safe and ends the pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -85,10 +86,8 @@ def _silence_stdio() -> None:
         return
     try:
         for fd in (1, 2):
-            try:
+            with contextlib.suppress(OSError):
                 os.dup2(null, fd)
-            except OSError:
-                pass
     finally:
         os.close(null)
 
@@ -96,17 +95,12 @@ def _silence_stdio() -> None:
 class HangUpSafeDriver(LinuxDriver):
     """LinuxDriver whose output never wedges the UI and whose SIGCONT handler restarts nothing it did not stop.
 
-    The App it drives may define `terminal_went_away(reason)`; it is called (from the writer thread) when the
-    terminal is found gone."""
+    The App it drives (run_app's TunerApp) is told with `terminal_went_away(reason)`, from the writer thread, when
+    the terminal is found gone."""
 
     def __init__(self, app: Any, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._file = TerminalOutput(self._file, self._terminal_lost)  # type: ignore[arg-type, assignment]
-
-    def _terminal_lost(self, reason: str) -> None:
-        went_away = getattr(self._app, "terminal_went_away", None)
-        if went_away is not None:
-            went_away(reason)
+        self._file = TerminalOutput(self._file, app.terminal_went_away)  # type: ignore[arg-type, assignment]
 
     def _sigcont_application(self, *args: Any) -> None:
         if self._must_signal_resume:  # back from our own Ctrl-Z (the driver stopped itself first): resume

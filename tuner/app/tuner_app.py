@@ -8,6 +8,7 @@ screens never stops them; quitting while one runs asks first, then stops it and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import threading
@@ -26,7 +27,6 @@ from textual.worker import Worker, WorkerState
 from tuner.actions import other_tools
 from tuner.actions.bisect import consent_question, prepare_bisect
 from tuner.actions.context import Context
-from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_TIMEOUT_S
 from tuner.actions.profile_apply import ProfileApply, plan_profile_apply, plan_rig_apply, prepare_rig_apply
 from tuner.actions.reset import reset_device
 from tuner.actions.setting import SetRequest, prepare_setting
@@ -133,9 +133,7 @@ class TunerApp(App[int]):
         backend: Backend | None = None,
         clock: Callable[[], float] = time.monotonic,
         sample_interval_s: float | None = SAMPLE_INTERVAL_S,
-        keep_timeout_s: float = KEEP_TIMEOUT_S,
         doctor: Callable[[], list] | None = None,
-        repaint_interval_s: float = 0.5,
         bisect_options: dict | None = None,
         stress_options: dict | None = None,
         verify_duration_s: float = jobs.VERIFY_DURATION_S,
@@ -146,8 +144,6 @@ class TunerApp(App[int]):
         self.ctx = ctx
         self.clock = clock  # monotonic seconds: keep-or-revert countdowns
         self.sample_interval_s = sample_interval_s
-        self.keep_timeout_s = keep_timeout_s
-        self.repaint_interval_s = min(max(repaint_interval_s, 0.25), 5.0)  # plots repaint at most 4 Hz
         self._doctor = doctor
         self.verify_duration_s = verify_duration_s
         self._bisect_options = bisect_options or {}  # extra BisectJob keywords (tests: a fake engine)
@@ -207,10 +203,8 @@ class TunerApp(App[int]):
             self.ctx.notice = self._note_from_any_thread
         if self._leaving:  # hung up before the loop was known (the guard has made the cards safe): leave now
             self.call_later(self.hang_up)
-        for device in self.devices:
-            if self.histories[device.id].knob is None:
-                self.sample_now()
-                break
+        if any(history.knob is None for history in self.histories.values()):
+            self.sample_now()
         if self.sample_interval_s:
             self.set_interval(self.sample_interval_s, self.sample_now, name="sampler")
 
@@ -338,7 +332,7 @@ class TunerApp(App[int]):
                 return
             try:
                 request = profile.set_request(self.backend) if profile is not None else SetRequest(device_id, value)
-                pending = prepare_setting(self.backend, request, timeout_s=self.keep_timeout_s, clock=self.clock)
+                pending = prepare_setting(self.backend, request, clock=self.clock)
                 if profile is None:  # as `tuner set` warns (a profile's plan said it already: on_profile_checked)
                     for warning in other_tools.warnings_for(self.backend, [device_id]):
                         self.post_message(msg.Noted(warning, "warning"))
@@ -373,7 +367,7 @@ class TunerApp(App[int]):
                 if callable(profile):
                     profile = profile()
                 plan = plan_rig_apply(self.backend, profile)
-                change = prepare_rig_apply(self.backend, plan, timeout_s=self.keep_timeout_s, clock=self.clock,
+                change = prepare_rig_apply(self.backend, plan, clock=self.clock,
                                            purpose=f"tuner (UI) apply {profile.name}")
                 change.apply()  # a card that fails puts the ones before it back, then raises
             except Exception as e:  # noqa: BLE001 - refused or not applied: say why
@@ -457,9 +451,8 @@ class TunerApp(App[int]):
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         setting = knob.current if (knob := self.histories[device_id].knob) else None
-        self.stress = StressState(device_id=device_id, running=True, setting=setting, preset=preset, mode=mode,
-                                  run=self.stress.run + 1).written(
-            f"starting {preset}/{mode} stress on {device_id} at {setting}")
+        started = StressState(device_id=device_id, running=True, preset=preset, mode=mode, run=self.stress.run + 1)
+        self.stress = started.written(f"starting {preset}/{mode} stress on {device_id} at {setting}")
         self._stress_job = jobs.StressJob(self.backend, device_id, preset=preset, mode=mode, emit=self._stress_event,
                                           without_reference=without_reference, **self._stress_options)
         self._run_stress(self._stress_job)
@@ -624,8 +617,7 @@ class TunerApp(App[int]):
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         device_id, value = plan.device.id, plan.value
-        self.stress = StressState(device_id=device_id, running=True, setting=value, preset="verify",
-                                  run=self.stress.run + 1).written(
+        self.stress = StressState(device_id=device_id, running=True, preset="verify", run=self.stress.run + 1).written(
             f"verifying {value:+d} on {device_id} (kept only if it passes)")
         self._stress_job = jobs.VerifyJob(self.backend, plan, self.verify_duration_s, emit=self._stress_event)
         self._run_stress(self._stress_job)
@@ -766,10 +758,8 @@ class TunerApp(App[int]):
         to a card from now on (the setting workers check `_leaving`)."""
         self._leaving = True
         if self._loop is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the App has already ended
                 self._loop.call_soon_threadsafe(self.hang_up)
-            except RuntimeError:  # the loop has closed: the App has already ended
-                pass
 
     def terminal_went_away(self, reason: str) -> None:
         """The driver found the terminal gone (tuner.app.terminal_driver): leave as on SIGHUP, through the guard
@@ -855,8 +845,8 @@ def run_app(ctx: Context) -> int:
     app = TunerApp(ctx)
     if app.driver_class is LinuxDriver:  # not when TEXTUAL_DRIVER names another (a developer's choice)
         app.driver_class = HangUpSafeDriver
-    guard = HangUpGuard(make_safe=app.make_safe, leave=app.signal_safe_hang_up, terminal_fd=_terminal_fd(),
-                        tick=app.revert_overdue)
+    guard = HangUpGuard(make_safe=app.make_safe, leave=app.signal_safe_hang_up, tick=app.revert_overdue,
+                        terminal_fd=0 if os.isatty(0) else None)  # the UI's terminal (stdin) is watched for a hang-up
     app.hang_up_guard = guard
     guard.install()
     try:
@@ -870,8 +860,3 @@ def run_app(ctx: Context) -> int:
     if app.hung_up or guard.triggered:
         return exit_codes.INTERRUPTED
     return exit_codes.OK if result is None else result
-
-
-def _terminal_fd() -> int | None:
-    """The terminal the UI runs on (watched for a hang-up), if stdin is one."""
-    return 0 if os.isatty(0) else None

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 MANY_CARD_ACTIONS = ("next_device", "next_table")
 MIN_WIDTH, MIN_HEIGHT = 80, 24
+REPAINT_INTERVAL_S = 0.5
 
 
 def needs_cards(action: str, app: TunerApp) -> bool:
@@ -36,11 +37,6 @@ def needs_cards(action: str, app: TunerApp) -> bool:
 
 def too_small(size: Size) -> bool:
     return size.width < MIN_WIDTH or size.height < MIN_HEIGHT
-
-
-def too_small_text(size: Size) -> str:
-    """`terminal 60x20: tuner needs 80x24; enlarge it (q quits)`: one line at 60 columns."""
-    return f"terminal {size.width}x{size.height}: tuner needs {MIN_WIDTH}x{MIN_HEIGHT}; enlarge it (q quits)"
 
 
 class TunerScreen(Screen):
@@ -65,13 +61,12 @@ class TunerScreen(Screen):
         yield KeyBar(self.footer_bindings())
 
     def on_resize(self, event: events.Resize) -> None:
-        self._fit(event.size)
-
-    def _fit(self, size: Size) -> None:
         """Below the minimum: the nav bar and one line, nothing focused (a hidden field must not take keys)."""
+        size = event.size
         small = too_small(size)
-        if small:
-            self.query_one("#too-small", Static).update(too_small_text(size))
+        if small:  # one line at 60 columns
+            self.query_one("#too-small", Static).update(
+                f"terminal {size.width}x{size.height}: tuner needs {MIN_WIDTH}x{MIN_HEIGHT}; enlarge it (q quits)")
             if self.focused is not None:
                 self._focus_before_small = self.focused
                 self.set_focus(None)
@@ -90,7 +85,7 @@ class TunerScreen(Screen):
 
     def footer_bindings(self) -> list[Binding]:
         """The keys this screen offers now (the key bar shows exactly these)."""
-        return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not self._needs_cards(b.action)
+        return [b for b in type(self).BINDINGS if isinstance(b, Binding) and not needs_cards(b.action, self.app)
                 and self.offers(b.action)]
 
     def offers(self, action: str) -> bool:
@@ -112,21 +107,21 @@ class TunerScreen(Screen):
         device_id = self.app.selected_device_id
         return self.app.histories[device_id].knob if device_id else None
 
-    def _needs_cards(self, action: str) -> bool:
-        return needs_cards(action, self.app)
+    def action_next_device(self) -> None:
+        """`d`: the next card (the repaint shows it; Tune's target then starts from that card's setting)."""
+        self.app.select_device(1)
+        self.repaint()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not self._needs_cards(action) and not self.has_class("-too-small")
+        return not needs_cards(action, self.app) and not self.has_class("-too-small")
 
     def compose_body(self) -> ComposeResult:
         yield from ()
 
+    # Textual calls every class's handler, the subclass's first: a screen's own on_mount (on_resize, on_screen_resume)
+    # adds to these and never calls them (a second call started a second timer, never paused while hidden)
     def on_mount(self) -> None:
-        # Textual calls every class's on_mount and a subclass's calls this one too: one timer, not two (the second
-        # was never paused while the screen was hidden)
-        if hasattr(self, "_repaint_timer"):
-            return
-        self._repaint_timer = self.set_interval(self.app.repaint_interval_s, self.repaint, name="repaint")
+        self._repaint_timer = self.set_interval(REPAINT_INTERVAL_S, self.repaint, name="repaint")
         self.call_after_refresh(self.repaint)
 
     def on_screen_suspend(self) -> None:
@@ -138,4 +133,4 @@ class TunerScreen(Screen):
             self.repaint()
 
     def repaint(self) -> None:
-        """Read the App's state and update widgets (called at most 4 times a second, never while hidden)."""
+        """Read the App's state and update widgets (on a timer and when the App asks; never while hidden)."""

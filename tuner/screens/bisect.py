@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
 from tuner.actions import parameters
 from tuner.app import form_memory, jobs
-from tuner.app.state import BisectState, CardState, of_about
+from tuner.app.state import BisectState, CardState, trial_text
 from tuner.app.words import BISECT, for_people
 from tuner.core.durations import duration_text, format_duration
 from tuner.core.errors import TunerError, UsageError
@@ -26,7 +26,7 @@ from tuner.core.models import Knob
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
 from tuner.tuning.events import FINISHING, Recommendation
-from tuner.tuning.job import BisectEstimate, BisectParams
+from tuner.tuning.job import BisectEstimate, BisectOutcome, BisectParams
 from tuner.tuning.sensitivity import detection_rate_text
 from tuner.widgets.history_plot import HistoryPlot
 
@@ -157,12 +157,10 @@ class BisectScreen(TunerScreen):
         yield Static(id="bisect-result")
 
     def on_mount(self) -> None:
-        super().on_mount()
         self._painted: tuple[object, ...] | None = None
         self._resting: tuple[tuple, BisectState] | None = None  # (card, bisect running, its outcome), its session
         self._defaults_for: object = None
         self._recall_form()
-        self.query_one("#bisect-trials", DataTable).focus()
 
     def _form_values(self) -> dict[str, str]:
         return {p.id: self.query_one(f"#in-{p.id}", Input).value for p in FIELDS}
@@ -186,23 +184,17 @@ class BisectScreen(TunerScreen):
         self.set_class(self.size.width >= WIDE_COLUMNS, "-wide")
 
     # --- actions -------------------------------------------------------------------------------------------------
-    def _params(self, *, resume: bool, restart: bool) -> BisectParams | None:
-        values = self._form_values()
-        knob = self._knob()
+    def action_start(self, resume: bool = False, restart: bool = False) -> None:
+        values, knob, selected = self._form_values(), self._knob(), self.app.selected_device_id
         try:
             params = parse_form(values, unit=knob.unit if knob else "", resume=resume, restart=restart)
         except UsageError as e:
             self.notify(e.one_line(), severity="error", timeout=8)
-            return None
-        if self.app.selected_device_id:
-            form_memory.remember(self.app.device(self.app.selected_device_id), values)
-        return params
-
-    def action_start(self, resume: bool = False, restart: bool = False) -> None:
-        params = self._params(resume=resume, restart=restart)
-        selected = tuple(filter(None, [self.app.selected_device_id]))  # none while no card is known
-        ids = tuple(d.id for d in self.app.devices) if self.app.bisect_all else selected
-        if params is not None and ids:
+            return
+        if selected:  # none while no card is known
+            form_memory.remember(self.app.device(selected), values)
+        ids = tuple(d.id for d in self.app.devices) if self.app.bisect_all else tuple(filter(None, [selected]))
+        if ids:
             self.app.start_bisect(ids, params)
             self.query_one("#bisect-trials", DataTable).focus()
 
@@ -313,10 +305,8 @@ class BisectScreen(TunerScreen):
 
         app, job = self.app, self._shown()
         if app.bisect_all:
-            if self._rig_result_ready(job):
-                outcome, backend = job.outcome, app.backend
-                assert outcome is not None  # _rig_result_ready: it ended with an outcome
-                app.apply_rig_profile(lambda: rig_profile_from_outcome(backend, outcome, jobs.RESULT_NAME),
+            if (outcome := self._rig_outcome(job)) is not None:
+                app.apply_rig_profile(lambda: rig_profile_from_outcome(app.backend, outcome, jobs.RESULT_NAME),
                                       on_kept=self.action_save_profile)
             return
         device_id = app.selected_device_id
@@ -333,7 +323,7 @@ class BisectScreen(TunerScreen):
     def action_save_profile(self) -> None:
         app, job = self.app, self._shown()
         if app.bisect_all:
-            if self._rig_result_ready(job):
+            if self._rig_outcome(job) is not None:
                 app.push_screen(TextInputDialog("Save every card's setting as one rig profile:",
                                                 value=f"rig-{len(job.settings or {})}-cards"), self._save_as)
             return
@@ -349,13 +339,13 @@ class BisectScreen(TunerScreen):
         if name:
             self.app.save_bisect_profile(name, None if self.app.bisect_all else self.app.selected_device_id)
 
-    def _rig_result_ready(self, job: BisectState) -> bool:
+    def _rig_outcome(self, job: BisectState) -> BisectOutcome | None:
         """All cards: a finished run with settings confirmed together (what apply and save act on); else say so."""
         if job.running or job.outcome is None or not job.settings:
             self.notify("no settings confirmed together yet: a finished bisect of every card gives them",
                         severity="warning")
-            return False
-        return True
+            return None
+        return job.outcome
 
     # --- drawing -------------------------------------------------------------------------------------------------
     def _shown(self) -> BisectState:
@@ -520,12 +510,6 @@ LINE_WIDTH = 78  # one line per card at 80 columns (the widget's padding include
 
 def _fit(text: str, width: int = LINE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def trial_text(cur: Mapping[str, Any], unit: str) -> str:
-    """The running trial of a card: `trial 3 of ≤9 (descend) at -20 mV`."""
-    return (f"trial {cur.get('index')}{of_about(cur.get('total'))} ({cur.get('phase')}) at "
-            f"{_cell(cur.get('setting'), '{:+d} ' + unit)}")
 
 
 def rig_card_line(rig: BisectState, device_id: str, *, selected: bool) -> Text:

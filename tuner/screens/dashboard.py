@@ -29,10 +29,6 @@ class DashboardScreen(TunerScreen):
             for device in devices:
                 yield DevicePanel(device)
 
-    def action_next_device(self) -> None:
-        self.app.select_device(1)
-        self.repaint()
-
     def repaint(self) -> None:
         app = self.app
         many = len(app.devices) > 1

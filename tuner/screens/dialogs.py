@@ -42,14 +42,11 @@ class ConfirmDialog(ModalScreen[bool]):
         with Vertical():
             yield Static(self.question)
             with Horizontal():
-                yield Button(f"{self.yes} (y)", id="yes", variant="error")
-                yield Button(f"{self.no} (n)", id="no", variant="primary")
+                yield Button(f"{self.yes} (y)", id="yes", variant="error", action="screen.choose(True)")
+                yield Button(f"{self.no} (n)", id="no", variant="primary", action="screen.choose(False)")
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "yes")
 
     def action_choose(self, yes: bool) -> None:
         self.dismiss(yes)
@@ -76,8 +73,8 @@ class KeepOrRevertDialog(ModalScreen[bool]):
             yield Static(keep_question(self.pending), id="keep-question")
             yield Label(id="countdown")
             with Horizontal():
-                yield Button("Revert (r)", id="revert", variant="primary")
-                yield Button("Keep (k)", id="keep", variant="warning")
+                yield Button("Revert (r)", id="revert", variant="primary", action="screen.choose(False)")
+                yield Button("Keep (k)", id="keep", variant="warning", action="screen.choose(True)")
 
     def on_mount(self) -> None:
         self.query_one("#revert", Button).focus()
@@ -92,9 +89,6 @@ class KeepOrRevertDialog(ModalScreen[bool]):
             return
         left_s = max(0, int(self.pending.seconds_left() + 0.999))
         self.query_one("#countdown", Label).update(f"Reverting in {left_s} s unless you keep it.")
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "keep")
 
     def action_choose(self, keep: bool) -> None:
         self.dismiss(keep)

@@ -42,9 +42,7 @@ def checks_text(checks: list[Check], width: int = 80) -> Text:
         mark = STATUS_MARK.get(check.status, f"[{check.status}]")
         lines = _hanging(" " * len(mark) + " ", f"{check.name}: {check.detail}", width, INDENT)
         text.append(mark, style=STATUS_STYLE.get(check.status, ""))
-        text.append(lines[0][len(mark):] + "\n")
-        for line in lines[1:]:
-            text.append(line + "\n")
+        text.append("\n".join(lines)[len(mark):] + "\n")
         if check.remedy and check.status != "ok":
             remedy = _hanging(INDENT + REMEDY, check.remedy, width, INDENT + " " * len(REMEDY))
             text.append("\n".join(remedy) + "\n", style="italic")
@@ -66,7 +64,6 @@ class DoctorScreen(TunerScreen):
             yield Static(id="doctor-checks")
 
     def on_mount(self) -> None:
-        super().on_mount()
         self._shown: list[Check] | None = None
         if self.app.doctor_checks is None:
             self.app.run_doctor()

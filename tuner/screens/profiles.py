@@ -7,8 +7,10 @@ reads or writes a file: a slow disk or a hung network home never freezes it); ap
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,7 +28,8 @@ from tuner.app.words import describe_error, for_people
 from tuner.core.durations import duration_text
 from tuner.core.errors import TunerError
 from tuner.core.models import DeviceInfo, Knob
-from tuner.profiles.schema import Profile, ProfileDevice, ProfilePart, RigEvidence, Tuning
+from tuner.profiles import evidence
+from tuner.profiles.schema import Profile, ProfileDevice, RigEvidence, Tuning
 from tuner.screens.base import TunerScreen, too_small
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
 
@@ -35,22 +38,24 @@ if TYPE_CHECKING:
     from tuner.profiles.identity import MatchResult
 
 
+@dataclass
 class ProfilesListed(Message):
     """The worker read the store: the profiles (or the error that stopped it), and the row to select."""
 
-    def __init__(self, profiles: list[Profile], error: Exception | None, select: str | None) -> None:
-        super().__init__()
-        self.profiles, self.error, self.select = profiles, error, select
+    profiles: list[Profile]
+    error: Exception | None
+    select: str | None
 
 
+@dataclass
 class ProfileFileDone(Message):
     """A worker finished an export, import or delete: what to say (or the error), and whether the list changed
     (and which row to select then)."""
 
-    def __init__(self, said: str | None, error: Exception | None, *, reload: bool = False,
-                 select: str | None = None) -> None:
-        super().__init__()
-        self.said, self.error, self.reload, self.select = said, error, reload, select
+    said: str | None
+    error: Exception | None
+    reload: bool = False
+    select: str | None = None
 
 
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
@@ -99,13 +104,6 @@ def efficiency_text(tuning: Tuning | None, value: int, unit: str, *, simulated: 
     return text + (f"; {SIMULATED_CAVEAT}" if simulated else "")
 
 
-def evidence_strength(part: Profile | ProfilePart, *, why: bool = False) -> str | None:
-    """How strong the part's evidence is ("sensitivity reduced (--tolerance)"): tuner.profiles.evidence's words."""
-    from tuner.profiles.evidence import strength
-
-    return strength(part, why=why)
-
-
 def rig_evidence_text(rig: RigEvidence | None) -> str:
     """The whole-rig confirmation in sentences (tuner.profiles.schema.RigEvidence)."""
     if rig is None:
@@ -146,7 +144,7 @@ def rig_detail_text(profile: Profile, devices: Sequence[DeviceInfo], knobs: Mapp
         # the setting first: at the start of its line, "-40 mV" is never split across two lines by the wrap
         text.append(f"card[{index}]: {s.value:+d} {s.unit} on {d.label} ({_identity(d)})")
         efficiency = efficiency_text(part.tuning, s.value, s.unit, simulated=d.simulated)
-        strength = evidence_strength(part)
+        strength = evidence.strength(part)
         text.append("".join(f"; {x}" for x in (efficiency, strength) if x) + ".\n")
         device, _found_by = find_part_card(part, list(devices))
         if device is None:
@@ -218,7 +216,7 @@ def detail_text(profile: Profile, target_label: str, match: MatchResult | None) 
         efficiency = efficiency_text(t, s.value, s.unit, simulated=d.simulated)
         if efficiency:
             text.append(f"{efficiency}.\n")
-        text.append(f"Evidence: {evidence_strength(profile.parts[0], why=True)}.\n")
+        text.append(f"Evidence: {evidence.strength(profile.parts[0], why=True)}.\n")
     if match is not None:
         text.append(match_sentence(match, target_label) + "\n")
         for warning in match.warnings:
@@ -255,14 +253,7 @@ class ProfilesScreen(TunerScreen):
             with VerticalScroll(id="profiles-detail"):
                 yield Static(id="profile-detail")
 
-    def on_mount(self) -> None:
-        super().on_mount()
-        self.action_reload()
-        self.app.read_boot_status()
-        self.query_one("#profiles-table", DataTable).focus()
-
-    def on_screen_resume(self) -> None:
-        super().on_screen_resume()
+    def on_screen_resume(self) -> None:  # every visit, the first one included (after the mount)
         self.action_reload()
         self.app.read_boot_status()
 
@@ -436,65 +427,57 @@ class ProfilesScreen(TunerScreen):
                              lambda yes: yes and self.app.change_boot_service(profile.name,  # type: ignore[func-returns-value]  # as above
                                                                               overwrite=bool(replaces)))
 
+    @work(thread=True, exit_on_error=False, group="profile-files")
+    def _file_work(self, do: Callable[[], ProfileFileDone]) -> None:
+        """An export, import or delete (tuner.actions.profile_store), off the UI thread: what `do` says it did,
+        or the error that stopped it."""
+        try:
+            done = do()
+        except (TunerError, OSError) as e:
+            done = ProfileFileDone(None, e)
+        self.post_message(done)
+
     def action_export(self) -> None:
         profile = self.selected()
         if profile is None:
             return
         from tuner.actions.exports import profile_export_path
 
+        def export(path: Path) -> ProfileFileDone:
+            return ProfileFileDone(f"exported {profile.name} to {profile_store.export_profile(profile, path)}", None)
+
+        def answered(path: str | None) -> None:
+            if path:
+                self._file_work(partial(export, Path(path)))
+
         self.app.push_screen(  # the default in full: where it goes is never a guess
             TextInputDialog(f"Export {profile.name!r} to path:", value=str(profile_export_path(profile.name))),
-            lambda path: self._export(profile, path),
-        )
-
-    def _export(self, profile: Profile, path: str | None) -> None:
-        if path:
-            self._export_file(profile, Path(path))
-
-    @work(thread=True, exit_on_error=False, group="profile-files")
-    def _export_file(self, profile: Profile, path: Path) -> None:
-        try:
-            written = profile_store.export_profile(profile, path)
-        except (TunerError, OSError) as e:
-            self.post_message(ProfileFileDone(None, e))
-            return
-        self.post_message(ProfileFileDone(f"exported {profile.name} to {written}", None))
+            answered)
 
     def action_import_profile(self) -> None:
-        self.app.push_screen(TextInputDialog("Import a profile from path:", placeholder="~/r9700.toml"),
-                             self._import)
-
-    def _import(self, path: str | None) -> None:
-        if path:
-            self._import_file(Path(path))
-
-    @work(thread=True, exit_on_error=False, group="profile-files")
-    def _import_file(self, path: Path) -> None:
-        try:
+        def import_file(path: Path) -> ProfileFileDone:
             profile = profile_store.import_profile(path)  # validated before it is stored
-        except (TunerError, OSError) as e:
-            self.post_message(ProfileFileDone(None, e))
-            return
-        self.post_message(ProfileFileDone(f"imported {profile.name}", None, reload=True, select=profile.name))
+            return ProfileFileDone(f"imported {profile.name}", None, reload=True, select=profile.name)
+
+        def answered(path: str | None) -> None:
+            if path:
+                self._file_work(partial(import_file, Path(path)))
+
+        self.app.push_screen(TextInputDialog("Import a profile from path:", placeholder="~/r9700.toml"), answered)
 
     def action_delete(self) -> None:
         profile = self.selected()
         if profile is None:
             return
+
+        def delete() -> ProfileFileDone:
+            profile_store.delete_profile(profile.name)
+            return ProfileFileDone(f"deleted {profile.name}", None, reload=True)
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._file_work(delete)
+
         self.app.push_screen(
             ConfirmDialog(f"Delete profile {profile.name!r}? This cannot be undone.", yes="Delete", no="Keep"),
-            lambda yes: self._delete(profile, yes),
-        )
-
-    def _delete(self, profile: Profile, yes: bool | None) -> None:
-        if yes:
-            self._delete_file(profile)
-
-    @work(thread=True, exit_on_error=False, group="profile-files")
-    def _delete_file(self, profile: Profile) -> None:
-        try:
-            profile_store.delete_profile(profile.name)
-        except (TunerError, OSError) as e:
-            self.post_message(ProfileFileDone(None, e))
-            return
-        self.post_message(ProfileFileDone(f"deleted {profile.name}", None, reload=True))
+            answered)

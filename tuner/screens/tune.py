@@ -7,6 +7,7 @@ cancel and record one (r resets to stock, s records it first). Nothing starts be
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.text import Text
@@ -39,12 +40,14 @@ REFERENCE_NOTES = {
 }
 
 
+@dataclass
 class StressChecked(Message):
     """The worker's answer to `s`: start (`question` None) or ask first."""
 
-    def __init__(self, device_id: str, preset: str, mode: str, question: NoStockReference | None) -> None:
-        super().__init__()
-        self.device_id, self.preset, self.mode, self.question = device_id, preset, mode, question
+    device_id: str
+    preset: str
+    mode: str
+    question: NoStockReference | None
 
 
 def reference_question(problem: NoStockReference) -> str:
@@ -165,11 +168,6 @@ class TuneScreen(TunerScreen):
 
     def action_cycle_preset(self) -> None:
         self.preset = PRESETS[(PRESETS.index(self.preset) + 1) % len(PRESETS)]
-        self.repaint()
-
-    def action_next_device(self) -> None:
-        self.app.select_device(1)
-        self.target = None
         self.repaint()
 
     # --- drawing -------------------------------------------------------------------------------------------------

@@ -12,21 +12,16 @@ from tuner.core.models import DeviceInfo, Knob, Telemetry
 ROW_WIDTH = 78  # fits 80 columns with the widget's padding
 
 
-def setting_cell(knob: Knob | None) -> str:
-    if knob is None:
-        return "reading..."
-    state = "STOCK" if knob.current == knob.stock else "APPLIED"
-    return f"{knob.current:+d} {knob.unit} {state}"
-
-
 def card_row(device: DeviceInfo, knob: Knob | None, sample: Telemetry | None, running: str, *, selected: bool) -> Text:
     """`▶ sim0 SIMULATED  -30 mV APPLIED   212 W  61 °C  BISECT trial 3 at -20 mV`"""
     power = "n/a W" if sample is None or sample.power_w is None else f"{sample.power_w:.0f} W"
     temp = "n/a °C" if sample is None or sample.temp_edge_c is None else f"{sample.temp_edge_c:.0f} °C"
+    setting = "reading..." if knob is None else (
+        f"{knob.current:+d} {knob.unit} {'STOCK' if knob.current == knob.stock else 'APPLIED'}")
     row = Text("▶ " if selected else "  ", style="bold" if selected else "")
     row.append(f"{device.id:<6}", style="bold" if selected else "")
     row.append(" SIMULATED" if device.simulated else "", style="reverse" if device.simulated else "")
-    row.append(f"  {setting_cell(knob):<16} {power:>6} {temp:>7}  ")
+    row.append(f"  {setting:<16} {power:>6} {temp:>7}  ")
     left = ROW_WIDTH - len(row.plain)
     job = running if len(running) <= left else running[: max(0, left - 1)] + "…"
     row.append(job, style="bold" if running != "idle" else "")

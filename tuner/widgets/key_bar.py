@@ -19,15 +19,10 @@ ALWAYS = (("q", "Quit"), ("^p", "Palette"))
 SEPARATOR = "  "
 
 
-def key_name(binding: Binding) -> str:
-    if binding.key_display:
-        return binding.key_display
-    return KEY_NAMES.get(binding.key, binding.key)
-
-
 def footer_items(bindings: Iterable[Binding]) -> list[tuple[str, str]]:
     """(key, label) for each shown binding, the way a user reads them, then the keys every screen has."""
-    items = [(key_name(b), b.description) for b in bindings if isinstance(b, Binding) and b.show and b.description]
+    items = [(b.key_display or KEY_NAMES.get(b.key, b.key), b.description) for b in bindings
+             if isinstance(b, Binding) and b.show and b.description]
     return [*items, *ALWAYS]
 
 
@@ -56,15 +51,14 @@ class KeyBar(Static):
         super().__init__(id="key-bar")
         self.items = footer_items(bindings)
 
-    def on_mount(self) -> None:
-        self._draw(self.size.width or self.app.size.width)
-
     def on_resize(self) -> None:
         self._draw(self.size.width)
 
     def refresh_items(self) -> None:
         """Draw `items` again (the screen changed what it offers)."""
         self._draw(self.size.width or self.app.size.width)
+
+    on_mount = refresh_items
 
     def lines(self, width: int) -> list[Text]:
         """The key bar's lines at `width` columns (the screen keeps its notices above them)."""

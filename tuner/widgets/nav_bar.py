@@ -39,11 +39,9 @@ class NavBar(Static):
         line = Text()
         if self.simulated:
             line.append(BADGE, style="bold reverse")
-        line.append(f" [{self._current_key()} {self.current}]", style="reverse bold")
+        key = next((key for key, title in SCREENS if title == self.current), "?")
+        line.append(f" [{key} {self.current}]", style="reverse bold")
         return line
-
-    def _current_key(self) -> str:
-        return next((key for key, title in SCREENS if title == self.current), "?")
 
     def _screens(self, style: str) -> Text:
         """Full names when they fit (they do at 80 columns, badge included), else the first four letters, else the
