@@ -36,7 +36,7 @@ from tuner.engine.detectors import (
     first_differing,
 )
 from tuner.engine.distributed import DataParallel, GroupDidNotForm, PeerLost, data_seed
-from tuner.engine.environment import kernel_env, prepare_environment
+from tuner.engine.environment import kernel_env
 from tuner.engine.events import (
     PROTOCOL_VERSION,
     CanaryEvent,
@@ -142,7 +142,7 @@ class Engine:
     def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = log_line,
                  sleep: Callable[[float], None] = time.sleep, environment_notes: list[str] | None = None) -> None:
         self.opts, self.em, self.log, self.sleep = opts, emitter, log, sleep
-        # what `environment.prepare_environment()` overrode when the CLI called it, before torch was imported
+        # what `compiled.prepare_environment()` overrode when the CLI called it, before torch was imported
         self.environment_notes = list(environment_notes or [])
         self.state = "setup"
         self.step = 0  # completed training steps (gemm mode: completed GEMM rounds)
@@ -206,8 +206,8 @@ class Engine:
         opts = self.opts
         opts.validate()
         self.cache_root = compiled.cache_root(opts.cache_dir)
-        compiled.prepare_environment(self.cache_root)
-        for line in [*self.environment_notes, *prepare_environment()]:  # in-process runs: the second list
+        # the CLI's notes (it prepared the environment before torch was imported), or an in-process run's, here
+        for line in [*self.environment_notes, *compiled.prepare_environment(self.cache_root)]:
             self._setup_warning("environment", line)
         if opts.threads:
             torch.set_num_threads(opts.threads)
