@@ -74,6 +74,7 @@ from tuner.engine.platform import (
     is_oom,
     make_oom,
     resolve_device,
+    same_bus_id,
     sdpa_backend,
     synchronize,
     versions,
@@ -216,9 +217,10 @@ class Engine:
         enable_determinism()
         self.spec = resolve_device(opts.device, opts.expect_pci_bus_id)
         self.kernels = choose_kernels(self.spec)
-        if opts.expect_pci_bus_id and (self.spec.pci_bus_id or "").lower() != opts.expect_pci_bus_id.lower():
-            raise SetupProblem(f"--device {opts.device} is {self.spec.name} at PCI {self.spec.pci_bus_id}, not the "
-                               f"expected {opts.expect_pci_bus_id} (check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)")
+        expected, bus = opts.expect_pci_bus_id, self.spec.pci_bus_id  # bus: None on the CPU and MPS
+        if expected and not (bus and same_bus_id(bus, expected)):  # resolve_device's own comparison
+            raise SetupProblem(f"--device {opts.device} is {self.spec.name} at PCI {bus}, not the "
+                               f"expected {expected} (check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)")
         self.dtype = choose_dtype(opts.dtype, self.spec)
         self.device = self.spec.device
         if opts.world_size > 1:
