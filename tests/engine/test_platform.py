@@ -86,3 +86,32 @@ def test_the_engine_sets_its_environment_before_torch_is_imported(tmp_path):
     assert json.loads(seen.read_text()) == {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
         "PYTORCH_TUNABLEOP_ENABLED": "0", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache" / "engine" / "inductor")}
+
+
+def test_the_engine_runs_on_the_card_resolve_device_matched(three_gpus, monkeypatch, tmp_path):
+    """`--expect-pci-bus-id 03:00.0` names the card reporting `0000:03:00.0`: resolve_device matched it, and setup
+    (which compared the two again as exact strings, and refused) agrees; a CPU device is still not the card."""
+    from tuner.engine import compiled, runner
+    from tuner.engine.options import EngineOptions
+    from tuner.engine.protocol import Emitter
+
+    class PastTheCheck(Exception):
+        pass
+
+    def past(*args):
+        raise PastTheCheck
+
+    monkeypatch.setattr(compiled, "prepare_environment", lambda root: [])  # this process's environment stays
+    monkeypatch.setattr(runner, "choose_kernels", lambda spec: {})
+    monkeypatch.setattr(runner, "choose_dtype", past)  # the next step of setup after the bus id check
+
+    def setup(device: str) -> None:
+        opts = EngineOptions(device=device, expect_pci_bus_id="03:00.0", steps=1, cache_dir=str(tmp_path),
+                             threads=torch.get_num_threads())  # as many as now: setup sets them
+        runner.Engine(opts, Emitter(sink=lambda ev: None), log=lambda msg: None).setup()
+
+    with pytest.raises(PastTheCheck):
+        setup("cuda:0")
+    assert three_gpus == [1]  # GPU B, at 0000:03:00.0
+    with pytest.raises(platform.SetupProblem, match=r"--device cpu is CPU.* not the expected 03:00\.0"):
+        setup("cpu")

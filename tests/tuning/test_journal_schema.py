@@ -188,3 +188,17 @@ def test_the_rig_journal_the_tuner_writes_fits_the_declared_shape_and_each_damag
             with pytest.raises(DamagedState) as damaged:
                 journal.check_safety_state(card)
             assert phrase in damaged.value.message and str(rig.path) in damaged.value.message, dotted
+
+
+def test_the_recommendation_the_journal_holds_is_the_events_own():
+    """A finished journal holds the Recommendation event as `asdict` writes it (job.py); the schema declares the
+    keys it checks with the event's names, leniently (an older journal may lack some), so the two stay two
+    declarations: this keeps the schema's keys among the event's fields, and the event's document valid."""
+    from dataclasses import asdict, fields
+
+    from tuner.tuning.events import Recommendation
+
+    assert set(journal_schema.Recommendation.__struct_fields__) <= {f.name for f in fields(Recommendation)}
+    rec = Recommendation(device="sim0", unit="mV", setting=-40, confirmed=-50, lowest_pass=-50, first_failure=-55,
+                         margin=10, edge=False, tuned_tok_s=1.5, measured_at=-40, bound={"s": 1.0})
+    assert journal_schema.check_journal({**JOURNAL, "recommendation": asdict(rec)}) is None

@@ -41,7 +41,7 @@ from tuner.tuning import kernel_log
 from tuner.tuning.engine_client import EngineConfig, StressResult, StressRun, WatchdogPolicy, engine_request
 from tuner.tuning.kernel_log import KernelEvent
 from tuner.tuning.reference_cache import CachedReference, manual_reference
-from tuner.tuning.trial import EngineFactory, default_engine_factory, kernel_log_source
+from tuner.tuning.trial import EngineFactory, default_engine_factory, default_watcher
 
 REFERENCE_RECORD_S = 60.0  # a stock reference recorded first: one minute, looped when compared
 SIM_CANARY_EVERY = 10  # simulated cards: canaries often, so short runs meet the injected faults
@@ -325,12 +325,8 @@ class StressSession:
     def _watcher(self, target: StressTarget) -> kernel_log.KernelLogWatcher:
         if self._watcher_factory is not None:
             watcher = self._watcher_factory()
-        elif target.simulated:  # the host's kernel log says nothing about a simulated card
-            watcher = kernel_log.NullWatcher()
-        else:  # the trial's own source: the root helper's stream where the user cannot read /dev/kmsg
-            device_id = self.request.device_id
-            watcher = kernel_log.KernelLogWatcher(warn=self._emit,
-                                                  source=lambda: kernel_log_source(self.backend, [device_id]))
+        else:  # a trial's: the root helper's stream where the user cannot read /dev/kmsg; n/a on a simulated card
+            watcher = default_watcher(self.backend, [self.request.device_id], self._emit, simulated=target.simulated)
         watcher.pci_bus_id = None if target.simulated else target.pci_bus_id
         return watcher
 

@@ -66,11 +66,9 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: harmless
     from tuner.engine import compiled
-    from tuner.engine.environment import prepare_environment
 
     # before anything imports torch: the allocator, cuBLAS and TunableOp read theirs at import or first use
-    environment_notes = prepare_environment()
-    compiled.prepare_environment(compiled.cache_root(opts.cache_dir))
+    environment_notes = compiled.prepare_environment(compiled.cache_root(opts.cache_dir))
     from tuner.engine.runner import PARENT_EXIT, Engine
 
     engine = Engine(opts, emitter, environment_notes=environment_notes)

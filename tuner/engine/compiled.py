@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tuner.engine import environment
+
 if TYPE_CHECKING:  # torch is imported in compile_model only: cli.py imports this module before torch
     import torch
 
@@ -28,11 +30,13 @@ def cache_root(explicit: str | None) -> Path:
     return cache_dir()
 
 
-def prepare_environment(root: Path) -> None:
-    """Before torch is imported (and so before the first compile); explicit settings in the environment win."""
+def prepare_environment(root: Path) -> list[str]:
+    """Before torch is imported (and so before the first compile); explicit settings in the environment win. The
+    engine's other variables too (`environment.prepare_environment`): returns what that overrode."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "engine" / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "engine" / "triton"))
     os.environ.setdefault("TORCHINDUCTOR_DETERMINISTIC", "1")  # also read by compile worker processes
+    return environment.prepare_environment()
 
 
 def cpu_compile_problem() -> str | None:

@@ -46,7 +46,7 @@ def props_bus_id(props: object) -> str | None:
     return f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
 
 
-def _same_bus_id(a: str, b: str) -> bool:
+def same_bus_id(a: str, b: str) -> bool:
     """`0000:03:00.0` matches `03:00.0` and `00000000:03:00.0` (NVML's long domain)."""
     def norm(s: str) -> tuple[int, ...]:
         parts = s.lower().replace(".", ":").split(":")
@@ -80,7 +80,7 @@ def resolve_device(text: str, expect_pci_bus_id: str | None = None) -> DeviceSpe
         for i in range(count):
             bus = props_bus_id(torch.cuda.get_device_properties(i))
             seen.append(f"{i}: {bus}")
-            if bus and _same_bus_id(bus, expect_pci_bus_id):
+            if bus and same_bus_id(bus, expect_pci_bus_id):
                 index = i
                 break
         else:

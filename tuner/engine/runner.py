@@ -36,7 +36,7 @@ from tuner.engine.detectors import (
     first_differing,
 )
 from tuner.engine.distributed import DataParallel, GroupDidNotForm, PeerLost, data_seed
-from tuner.engine.environment import kernel_env, prepare_environment
+from tuner.engine.environment import kernel_env
 from tuner.engine.events import (
     PROTOCOL_VERSION,
     CanaryEvent,
@@ -74,6 +74,7 @@ from tuner.engine.platform import (
     is_oom,
     make_oom,
     resolve_device,
+    same_bus_id,
     sdpa_backend,
     synchronize,
     versions,
@@ -142,7 +143,7 @@ class Engine:
     def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = log_line,
                  sleep: Callable[[float], None] = time.sleep, environment_notes: list[str] | None = None) -> None:
         self.opts, self.em, self.log, self.sleep = opts, emitter, log, sleep
-        # what `environment.prepare_environment()` overrode when the CLI called it, before torch was imported
+        # what `compiled.prepare_environment()` overrode when the CLI called it, before torch was imported
         self.environment_notes = list(environment_notes or [])
         self.state = "setup"
         self.step = 0  # completed training steps (gemm mode: completed GEMM rounds)
@@ -206,8 +207,8 @@ class Engine:
         opts = self.opts
         opts.validate()
         self.cache_root = compiled.cache_root(opts.cache_dir)
-        compiled.prepare_environment(self.cache_root)
-        for line in [*self.environment_notes, *prepare_environment()]:  # in-process runs: the second list
+        # the CLI's notes (it prepared the environment before torch was imported), or an in-process run's, here
+        for line in [*self.environment_notes, *compiled.prepare_environment(self.cache_root)]:
             self._setup_warning("environment", line)
         if opts.threads:
             torch.set_num_threads(opts.threads)
@@ -216,9 +217,10 @@ class Engine:
         enable_determinism()
         self.spec = resolve_device(opts.device, opts.expect_pci_bus_id)
         self.kernels = choose_kernels(self.spec)
-        if opts.expect_pci_bus_id and (self.spec.pci_bus_id or "").lower() != opts.expect_pci_bus_id.lower():
-            raise SetupProblem(f"--device {opts.device} is {self.spec.name} at PCI {self.spec.pci_bus_id}, not the "
-                               f"expected {opts.expect_pci_bus_id} (check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)")
+        expected, bus = opts.expect_pci_bus_id, self.spec.pci_bus_id  # bus: None on the CPU and MPS
+        if expected and not (bus and same_bus_id(bus, expected)):  # resolve_device's own comparison
+            raise SetupProblem(f"--device {opts.device} is {self.spec.name} at PCI {bus}, not the "
+                               f"expected {expected} (check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES)")
         self.dtype = choose_dtype(opts.dtype, self.spec)
         self.device = self.spec.device
         if opts.world_size > 1:

@@ -45,6 +45,8 @@ from tuner.helper.schema import UnsafeMark
 from tuner.helper.state import MachineState
 from tuner.tuning import journal_schema
 from tuner.tuning.events import TrialResult
+from tuner.tuning.journal_schema import ACTIVE, INTERRUPTED
+from tuner.tuning.journal_schema import FINISHED as FINISHED  # the session states (job.py reads journal.FINISHED)
 
 if TYPE_CHECKING:
     from tuner.backends.base import Backend
@@ -52,10 +54,6 @@ if TYPE_CHECKING:
 RIG_SUFFIX = ".rig.json"
 MAX_STATE_FILE_BYTES = 64 * 1024 * 1024  # far above any journal or unsafe list; a bigger file is not one
 
-# Session states
-ACTIVE = "active"  # a process is (or was, if it died) running this session
-INTERRUPTED = "interrupted"  # stopped cleanly (Ctrl-C, SIGTERM, stop()); resumable
-FINISHED = "finished"  # ended with a recommendation or a final failure; nothing to resume
 UNRESOLVED = (ACTIVE, INTERRUPTED)
 
 

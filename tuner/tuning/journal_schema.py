@@ -16,7 +16,11 @@ from msgspec import Meta
 
 from tuner.core.documents import Misfit, Words, fit, one_of
 
-STATES = ("active", "interrupted", "finished")
+# Session states
+ACTIVE = "active"  # a process is (or was, if it died) running this session
+INTERRUPTED = "interrupted"  # stopped cleanly (Ctrl-C, SIGTERM, stop()); resumable
+FINISHED = "finished"  # ended with a recommendation or a final failure; nothing to resume
+STATES = (ACTIVE, INTERRUPTED, FINISHED)
 # Trial verdicts as the journal stores them ("stopped" trials are abandoned, never stored).
 VERDICTS = ("pass", "fail", "error", "inconclusive")
 VERSION = 1  # a card's journal and a rig's

@@ -282,15 +282,25 @@ def _start(backend: Backend, cards: Mapping[str, _Card], params: TrialParams, en
 
 def _watcher(backend: Backend, devices: list[str], where: str, factory: WatcherFactory | None,
              warn: Callable[[str], None]) -> kernel_log.KernelLogWatcher:
-    """One watcher for the whole trial, reading every GPU line (attributed by PCI address in `on_kernel`)."""
+    """One watcher for the whole trial, reading every GPU line (attributed by PCI address in `on_kernel`). It
+    starts before any card is touched, so before the cards' stress targets (read once their settings are applied)
+    exist: whether they are simulated is asked of the cards themselves."""
     watcher = factory(where) if factory is not None else None
     if watcher is None:
-        if all(backend.device(d).simulated for d in devices):  # the host's kernel log says nothing about them
-            watcher = kernel_log.NullWatcher()
-        else:
-            watcher = kernel_log.KernelLogWatcher(warn=warn, source=lambda: kernel_log_source(backend, devices))
+        simulated = all(backend.device(d).simulated for d in devices)
+        watcher = default_watcher(backend, devices, warn, simulated=simulated)
     watcher.pci_bus_id = None  # every line; the trial attributes them
     return watcher
+
+
+def default_watcher(backend: Backend, devices: list[str], warn: Callable[[str], None], *,
+                    simulated: bool) -> kernel_log.KernelLogWatcher:
+    """The kernel-log watcher of a run on `devices` (a trial's, `tuner stress`'s) when its caller was given none:
+    none for simulated cards (the host's kernel log says nothing about them), else one reading
+    `kernel_log_source`."""
+    if simulated:
+        return kernel_log.NullWatcher()
+    return kernel_log.KernelLogWatcher(warn=warn, source=lambda: kernel_log_source(backend, devices))
 
 
 def kernel_log_source(backend: Backend, devices: list[str]) -> kernel_log.LiveSource | None:
