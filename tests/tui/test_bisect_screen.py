@@ -152,3 +152,24 @@ async def test_the_export_default_is_the_one_the_cli_and_profiles_use(tmp_path, 
         assert app.screen.query_one(Input).value == str(expected) and expected.parent == tmp_path
         await pilot.press("enter")
         await until(pilot, expected.exists, what="the export written")
+
+
+async def test_a_trial_warning_is_said_and_stays_on_the_screen(tmp_path):
+    """A bisect's warnings (a check at less than full strength, a clamped setting, a pause) were folded into the
+    App's state and shown nowhere: the CLI prints each one. Now each is a toast, and the last stays in view."""
+    from tuner.app.state import BisectState, CardState
+    from tuner.screens import messages as msg
+    from tuner.tuning.events import TrialWarning
+
+    app = _app(tmp_path)
+    line = "clamped: the card limited its clock during the trial"
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
+        app.bisect = BisectState(device_ids=("sim0",), cards={"sim0": CardState("sim0")})
+        app.post_message(msg.BisectEventReceived(TrialWarning(line, device="sim0")))
+        await until(pilot, lambda: any(line in n.message for n in app._notifications), what="the toast")
+        [toast] = [n for n in app._notifications if line in n.message]
+        assert toast.severity == "warning" and toast.message.startswith("sim0: ")
+        app.clear_notifications()
+        await until(pilot, lambda: f"warning: {line}" in screen_text(app), what="the warning on the screen")

@@ -44,6 +44,7 @@ from tuner.screens import messages as msg
 from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
+from tuner.tuning.events import TrialWarning
 from tuner.tuning.job import BisectParams
 
 if TYPE_CHECKING:
@@ -537,6 +538,9 @@ class TunerApp(App[int]):
     def on_bisect_event_received(self, message: msg.BisectEventReceived) -> None:
         before = self.bisect
         self.bisect = jobs.apply_bisect_event(before, message.event, now_s=self.clock())
+        if isinstance(message.event, TrialWarning):  # a check at less than full strength, a pause: said at once
+            where = f"{message.event.device}: " if message.event.device else ""
+            self.notify(for_people(where + message.event.message, here="bisect"), severity="warning", timeout=15)
         if jobs.bisect_may_have_changed_cards(before, self.bisect):
             self.sample_now()  # a phase change writes the cards: read them back now, not at the next 1 Hz tick
         self.repaint_screens()

@@ -102,7 +102,7 @@ class BisectScreen(TunerScreen):
     BisectScreen .bisect-form { height: 1; padding: 0 1; }
     BisectScreen .bisect-form Label { width: auto; padding: 0 1 0 0; }
     BisectScreen #bisect-plan { width: 1fr; }
-    BisectScreen #bisect-status { height: 2; padding: 0 1; }
+    BisectScreen #bisect-status { height: auto; min-height: 2; max-height: 3; padding: 0 1; }
     BisectScreen #bisect-progress { height: 1; padding: 0 1; }
     BisectScreen #bisect-main { height: 1fr; }
     BisectScreen #bisect-trials { width: 1fr; }
@@ -405,6 +405,9 @@ class BisectScreen(TunerScreen):
         else:
             status.append("idle · b start · f edit form · u resume a session"
                           + (" · d next card, then ALL CARDS" if len(app.devices) > 1 else ""))
+        warnings = card.warnings + (job.warnings if every else ())  # every card: the rig's own too
+        if warnings:  # the last one stays in view (a toast said each as it came)
+            status.append(f"\nwarning: {for_people(warnings[-1], here='bisect')}", style="bold yellow")
         self.query_one("#bisect-status", Static).update(status)
         progress = cur.get("progress") or 0.0
         if not card.running:
