@@ -73,3 +73,17 @@ async def test_quit_with_unconfirmed_setting_reverts_it(app, backend):
     assert backend.knob("sim0").current == -20  # the App has stopped; run_app now makes the card safe
     done = app.make_safe()
     assert backend.knob("sim0").current == 0, done
+
+
+async def test_a_revert_that_went_to_stock_says_why(app, backend):
+    """Another tool left the card at an off-grid -7 mV: the revert cannot write it back and resets to stock. The
+    CLI said why; the UI said only "reverted, now +0 mV", as if the card had been at stock before."""
+    backend._write_setting("sim0", -7)  # not a tuner write: off the 5 mV grid
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        app.apply_setting("sim0", -20)
+        await until(pilot, lambda: isinstance(app.screen, KeepOrRevertDialog), what="the keep-or-revert dialog")
+        await pilot.press("enter")  # Revert
+        await until(pilot, lambda: any("now +0 mV" in n.message for n in app._notifications), what="the revert")
+        [said] = [n.message for n in app._notifications if "now +0 mV" in n.message]
+        assert said.startswith("sim0: reverted (the previous value -7 mV could not be written back"), said
+        assert "reset to stock instead" in said and backend.knob("sim0").current == 0

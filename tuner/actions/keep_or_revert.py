@@ -78,6 +78,11 @@ class PendingChange:
         return {} if self.applied is None else {self.device_id: self.applied}
 
     @property
+    def restore_notes(self) -> dict[str, str]:
+        """Each card whose revert went to stock instead of its previous value, and why (as RigChange answers it)."""
+        return {} if self.restore_note is None else {self.device_id: self.restore_note}
+
+    @property
     def pending(self) -> bool:
         """Applied, and neither kept nor reverted yet."""
         return self.applied is not None and not self.kept and self.reverted_to is None

@@ -331,6 +331,10 @@ class RigChange:
         return {c.device_id: c.reverted_to for c in self.changes if c.reverted_to is not None}
 
     @property
+    def restore_notes(self) -> dict[str, str]:
+        return {d: note for c in self.changes for d, note in c.restore_notes.items()}
+
+    @property
     def pending(self) -> bool:
         return any(c.pending for c in self.changes)
 

@@ -88,6 +88,13 @@ def ended_notice(summary: str) -> dict:
     return {"severity": "error", "timeout": 10} if summary.startswith(ERROR_PREFIX) else {}
 
 
+def _reverted(outcome: str, change: PendingChange | RigChange) -> str:
+    """The outcome of a revert, with why a card went to stock instead of its previous value (as the CLI says it)."""
+    one = len(change.device_ids) == 1
+    notes = "; ".join(note if one else f"{d}: {note}" for d, note in change.restore_notes.items())
+    return f"{outcome} ({notes})" if notes else outcome
+
+
 def _palette() -> type[TunerCommands]:
     """The command palette's provider, imported when the palette first opens (not for the first frame)."""
     from tuner.app.palette import TunerCommands
@@ -412,7 +419,7 @@ class TunerApp(App[int]):
         except Exception as e:  # noqa: BLE001
             self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {', '.join(cards)}", e))
             return
-        self.post_message(msg.ChangeSettled(knobs, "kept" if keep else "reverted"))
+        self.post_message(msg.ChangeSettled(knobs, "kept" if keep else _reverted("reverted", pending)))
 
     def reset_to_stock(self, device_id: str) -> None:
         if (self.stress.running and self.stress.device_id == device_id) or self._bisect_on(device_id):
@@ -748,7 +755,7 @@ class TunerApp(App[int]):
                 self.pending = pending if pending.pending else None
                 self._overdue_since = (pending, now)  # tried again after OVERDUE_S, not every second
                 return
-        self.post_message(msg.ChangeSettled(knobs, "reverted (not confirmed in time)"))
+        self.post_message(msg.ChangeSettled(knobs, _reverted("reverted (not confirmed in time)", pending)))
 
     def stop_jobs(self) -> None:
         """Ask every running job to stop (non-blocking, thread-safe), so their workers end before the App does."""

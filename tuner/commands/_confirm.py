@@ -23,7 +23,7 @@ from tuner.actions.keep_or_revert import PendingChange
 from tuner.actions.profile_apply import RigChange
 from tuner.commands._output import format_value
 from tuner.core import exit_codes, signals
-from tuner.core.models import DeviceInfo
+from tuner.core.models import DeviceInfo, Knob
 
 
 class Answer(StrEnum):
@@ -63,14 +63,20 @@ def say_applied(change: PendingChange, device: DeviceInfo, note: str, *, as_json
           file=sys.stderr if as_json else sys.stdout, flush=True)
 
 
-def say_reverted(answer: Answer, where: str | PendingChange) -> int:
-    """Say on stderr why a change was not kept and `where` the revert left it (for one card's change: its value, and
-    why it went to stock instead of the previous value when it did); the exit code for that."""
-    if isinstance(where, PendingChange):
-        reverted = where.reverted_to
-        assert reverted is not None  # not kept: leaving keep_or_revert reverted it (or raised)
-        note = f" ({where.restore_note})" if where.restore_note else ""
-        where = f"to {format_value(reverted.current, reverted.unit)}{note}"
+def say_reverted(answer: Answer, change: PendingChange | RigChange) -> int:
+    """Say on stderr why a change was not kept and where the revert left each card (and why a card went to stock
+    instead of its previous value, when one did); the exit code for that."""
+    notes = change.restore_notes
+
+    def left(device_id: str, knob: Knob) -> str:
+        note = f" ({notes[device_id]})" if device_id in notes else ""
+        return f"to {format_value(knob.current, knob.unit)}{note}"
+
+    if isinstance(change, PendingChange):
+        assert change.reverted_to is not None  # not kept: leaving keep_or_revert reverted it (or raised)
+        where = left(change.device_id, change.reverted_to)
+    else:
+        where = "every card (" + ", ".join(f"{d} {left(d, k)}" for d, k in change.reverted_to.items()) + ")"
     why = "interrupted" if answer is Answer.INTERRUPTED else "not confirmed"
     print(f"{why}: reverted {where}", file=sys.stderr)
     return exit_codes.INTERRUPTED if answer is Answer.INTERRUPTED else exit_codes.NOT_CONFIRMED

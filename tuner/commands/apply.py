@@ -176,8 +176,7 @@ def _run_rig(args: Namespace, ctx: Context, profile: Profile) -> int:
                 print(f"{device.id}  {device.label}: applied {profile.name!r} card[{part.index}] "
                       f"({format_value(knob.current, knob.unit)}, read back)")
         return exit_codes.OK
-    back = ", ".join(f"{dev} to {format_value(k.current, k.unit)}" for dev, k in change.reverted_to.items())
-    code = say_reverted(answer, f"every card ({back})")
+    code = say_reverted(answer, change)
     if args.json:
         print_json(_rig_doc(plan, change, applied=False))
     return code
