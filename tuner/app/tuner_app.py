@@ -547,7 +547,7 @@ class TunerApp(App[int]):
         self.bisect = jobs.apply_bisect_event(before, message.event, now_s=self.clock())
         if isinstance(message.event, TrialWarning):  # a check at less than full strength, a pause: said at once
             where = f"{message.event.device}: " if message.event.device else ""
-            self.notify(for_people(where + message.event.message, here="bisect"), severity="warning", timeout=15)
+            self.notify(where + message.event.message, severity="warning", timeout=15)  # notify speaks the UI
         if jobs.bisect_may_have_changed_cards(before, self.bisect):
             self.sample_now()  # a phase change writes the cards: read them back now, not at the next 1 Hz tick
         self.repaint_screens()
