@@ -23,10 +23,10 @@ from typing import Any
 
 import msgspec
 
-from tuner.backends.base import Backend, KernelLogSource
+from tuner.backends.base import Backend, ForwardingBackend, KernelLogSource
 from tuner.core import exit_codes
 from tuner.core.errors import NotApplied, OutOfRange, TunerError, Unsupported, UsageError
-from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, StressTarget, Telemetry
+from tuner.core.models import Capabilities, DeviceInfo, Knob, StressTarget, Telemetry
 from tuner.helper import schema as s
 
 DEFAULT_LEASE_S = 10.0  # a tuner that stops answering loses its unconfirmed changes after this long
@@ -305,12 +305,15 @@ class HelperBackend(Backend):
         return lines(), close
 
 
-class ReadOnlyBackend(Backend):
+class ReadOnlyBackend(ForwardingBackend):
     """The in-process backend for reading, every write refused (exit 9) with why and how to get in."""
 
     def __init__(self, inner: Backend, reason: str, remedy: str = INSTALL_REMEDY):
         self.inner, self.reason, self.remedy = inner, reason, remedy
         self.name, self.simulated = inner.name, inner.simulated
+
+    def _to(self, device_id: str) -> Backend:
+        return self.inner
 
     def _refuse(self) -> HelperUnreachable:
         return HelperUnreachable(f"writes go through the root helper and {self.reason}; nothing was changed",
@@ -318,12 +321,6 @@ class ReadOnlyBackend(Backend):
 
     def devices(self) -> list[DeviceInfo]:
         return self.inner.devices()
-
-    def knob(self, device_id: str) -> Knob:
-        return self.inner.knob(device_id)
-
-    def telemetry(self, device_id: str) -> Telemetry:
-        return self.inner.telemetry(device_id)
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         raise self._refuse()
@@ -334,29 +331,8 @@ class ReadOnlyBackend(Backend):
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
         raise self._refuse()
 
-    def capabilities(self, device_id: str) -> Capabilities:
-        return self.inner.capabilities(device_id)
-
-    def stress_target(self, device_id: str) -> StressTarget:
-        return self.inner.stress_target(device_id)
-
-    def note_load(self, device_id: str, active: bool) -> None:
-        self.inner.note_load(device_id, active)
-
-    def error_counters(self, device_id: str) -> ErrorCounters:
-        return self.inner.error_counters(device_id)  # a read: the in-process backend answers it
-
-    def foreign_state(self, device_id: str) -> str | None:
-        return self.inner.foreign_state(device_id)
-
-    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
-        return self.inner.applied_pstates(device_id)
-
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
         raise self._refuse()
-
-    def persistence_off(self, device_id: str) -> bool:
-        return self.inner.persistence_off(device_id)
 
     def enable_persistence(self, device_id: str) -> None:
         raise self._refuse()
