@@ -78,10 +78,7 @@ class OdTable:
     other_sections: tuple[str, ...] = field(default=())  # sections the tuner does not use (CCLK_RANGE ...)
 
     def range(self, name: str) -> Range | None:
-        for r in self.ranges:
-            if r.name == name:
-                return r
-        return None
+        return next((r for r in self.ranges if r.name == name), None)
 
     @property
     def voltage_points(self) -> tuple[Level, ...]:

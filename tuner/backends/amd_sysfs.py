@@ -8,10 +8,12 @@ should be is refused instead of hanging `list` or filling memory.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from tuner.core import kernel_files
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
@@ -226,12 +228,10 @@ def _number(text: str | None) -> float | None:
 
 def pci_slot(device_dir: Path) -> str | None:
     """`0000:03:00.0`, from the device symlink's target or, in plain trees, from uevent's PCI_SLOT_NAME."""
-    try:
+    with contextlib.suppress(OSError):
         name = device_dir.resolve().name
         if _PCI_SLOT.fullmatch(name):
             return name.lower()
-    except OSError:
-        pass
     uevent = _read_text(device_dir / "uevent") or ""
     for line in uevent.splitlines():
         key, _, value = line.partition("=")
@@ -295,10 +295,9 @@ def hwmon_telemetry(device_dir: Path, now_s: float, io: SysfsIO | None = None) -
         return _number(io.read_attr(path))
 
     hw = hwmon_dir(device_dir)
-    values: dict[str, float | None] = {}
+    values: dict[str, Any] = {}  # Telemetry's float fields, by name
     if hw is not None:
-        mv = num(hw / "in0_input")
-        values["voltage_mv"] = mv
+        values["voltage_mv"] = num(hw / "in0_input")
         power_uw = num(hw / "power1_average")
         if power_uw is None:
             power_uw = num(hw / "power1_input")
@@ -327,19 +326,4 @@ def hwmon_telemetry(device_dir: Path, now_s: float, io: SysfsIO | None = None) -
     for name, key in (("mem_info_vram_used", "vram_used_mib"), ("mem_info_vram_total", "vram_total_mib")):
         n_bytes = num(device_dir / name)
         values[key] = None if n_bytes is None else round(n_bytes / MIB, 1)
-    return Telemetry(
-        time_s=now_s,
-        power_w=values.get("power_w"),
-        temp_edge_c=values.get("temp_edge_c"),
-        temp_hotspot_c=values.get("temp_hotspot_c"),
-        temp_mem_c=values.get("temp_mem_c"),
-        core_clock_mhz=values.get("core_clock_mhz"),
-        mem_clock_mhz=values.get("mem_clock_mhz"),
-        voltage_mv=values.get("voltage_mv"),
-        util_pct=values.get("util_pct"),
-        fan_rpm=values.get("fan_rpm"),
-        power_limit_w=values.get("power_limit_w"),
-        fan_pct=values.get("fan_pct"),
-        vram_used_mib=values.get("vram_used_mib"),
-        vram_total_mib=values.get("vram_total_mib"),
-    )
+    return Telemetry(time_s=now_s, **values)

@@ -631,11 +631,9 @@ def discover(nvml: Nvml | None = None) -> NvidiaBackend | None:
         nvml.nvmlInit()
     except nvml.NVMLError:  # LibraryNotFound, DriverNotLoaded, ...
         return None
-    try:
+    with contextlib.suppress(nvml.NVMLError, TunerError):
         if nvml.nvmlDeviceGetCount() > 0:
             return NvidiaBackend(nvml)
-    except (nvml.NVMLError, TunerError):
-        pass
     with contextlib.suppress(nvml.NVMLError):  # no card, or none usable: let go of the library
         nvml.nvmlShutdown()
     return None
