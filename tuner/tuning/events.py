@@ -4,24 +4,10 @@ the TUI's messages). Plus `TrialResult`, the measured outcome of one trial. No I
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 
+from tuner.core.json_values import finite
 from tuner.core.models import Verdict
-
-
-def _clean(value: object) -> object:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
-def _clean_dict(d: dict[str, object]) -> dict[str, object]:
-    return {k: _clean(v) for k, v in d.items()}
 
 
 @dataclass(frozen=True)
@@ -73,7 +59,7 @@ class TrialResult:
         return self.verdict == Verdict.PASS
 
     def to_record(self) -> dict:
-        return _clean_dict(asdict(self))
+        return finite(asdict(self))
 
     @classmethod
     def from_record(cls, record: dict) -> TrialResult:
@@ -92,7 +78,7 @@ class TrialResult:
              "effective": self.effective, "pstates": list(self.pstates) or None,
              "clamped": [w.removeprefix("clamped: ") for w in self.warnings if w.startswith("clamped: ")] or None,
              "sensitivity": self.sensitivity}
-        return {k: v for k, v in _clean_dict(d).items() if v is not None}
+        return {k: v for k, v in finite(d).items() if v is not None}
 
 
 class _Event:
@@ -100,7 +86,7 @@ class _Event:
 
     def to_json(self) -> dict:
         # Every concrete event is a dataclass; this base is not, so asdict() cannot be proven to accept self.
-        return {"event": self.event, **_clean_dict(asdict(self))}  # type: ignore[call-overload]
+        return {"event": self.event, **finite(asdict(self))}  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)
