@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -40,7 +39,7 @@ from tuner.backends.amd_sysfs import (
     read_value,
 )
 from tuner.backends.amd_throttle import throttle_reasons
-from tuner.backends.base import Backend
+from tuner.backends.base import Backend, warn_on_stderr
 from tuner.core import paths
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
@@ -141,7 +140,7 @@ class AmdBackend(Backend):
         self.io = sysfs or SysfsIO()
         self._amdsmi = amdsmi
         self._clock = clock
-        self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
+        self._warn = warn or warn_on_stderr
         self._sleep = sleep
         self._cards: dict[str, _Card] = {}
         handles = self._amdsmi_handles()

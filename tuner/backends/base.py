@@ -7,6 +7,7 @@ a typed `TunerError` (with a one-line remedy) instead of returning a status.
 from __future__ import annotations
 
 import contextlib
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -17,6 +18,11 @@ from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, Str
 
 #: a kernel-log source for `tuner.tuning.kernel_log.KernelLogWatcher`: its lines and how to stop reading them
 KernelLogSource = tuple[Iterable[str], Callable[[], None]]
+
+
+def warn_on_stderr(message: str) -> None:
+    """A backend's warnings when its caller routes them nowhere else: one `tuner: warning:` line on stderr."""
+    print(f"tuner: warning: {message}", file=sys.stderr)
 
 
 def check_lock_mhz(mhz: int, lo: int, hi: int) -> None:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import math
 import os
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.backends.base import Backend, check_lock_mhz
+from tuner.backends.base import Backend, check_lock_mhz, warn_on_stderr
 from tuner.backends.simulated_card_files import CardFile
 from tuner.core import paths
 from tuner.core.errors import UsageError
@@ -204,7 +203,7 @@ class SimulatedBackend(Backend):
         # simulated platform flaws, carried out by the engine's fault-injection module (tuner/engine/faults.py)
         self.nondeterministic = nondeterministic
         self.contention_at = None if contention_after_s is None else time.time() + contention_after_s
-        self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
+        self._warn = warn or warn_on_stderr
         self._thermal: dict[str, tuple[float, float, float]] = {}  # id -> (time_s, temp_c, energy_j)
         self._samples = 0
         self._lock_mhz: dict[str, int] = {}
