@@ -203,10 +203,7 @@ class HelperBackend(Backend):
         self._ask(s.Confirm(card=device_id))
 
     def capabilities(self, device_id: str) -> Capabilities:
-        entry = self._cards.get(device_id)
-        if entry is None:
-            self.device(device_id)  # UnknownDevice with the known ids
-            raise AssertionError("unreachable")
+        entry = self._cards[self.device(device_id).id]  # UnknownDevice with the known ids
         if entry.capabilities is None:
             raise Unsupported(entry.error or f"{device_id} cannot be driven")
         return entry.capabilities
