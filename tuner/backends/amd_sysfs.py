@@ -23,22 +23,10 @@ AMD_VENDOR_ID = 0x1002
 PP_OVERDRIVE_MASK = 0x4000  # bit 14 of amdgpu.ppfeaturemask (amd_shared.h)
 PPFEATUREMASK_PATH = "sys/module/amdgpu/parameters/ppfeaturemask"
 
-_CARD_NAME = re.compile(r"card(\d+)")  # not the connectors (card0-DP-1), which also match card*
-
-
 def _read_text(path: Path) -> str | None:
     try:
         return kernel_files.read_text(path)
     except OSError:
-        return None
-
-
-def _read_int(path: Path) -> int | None:
-    """A number the kernel prints in C notation (`0x1002`, `0xfff7bfff`), or None when absent or unreadable."""
-    text = _read_text(path)
-    try:
-        return None if text is None else int(text.strip().strip("\0"), 0)
-    except ValueError:
         return None
 
 
@@ -47,35 +35,25 @@ def amd_card_dirs(root: Path | str) -> list[Path]:
 
     A directory is listed once even when two cardN entries point at it (render nodes never do, but be safe).
     """
-    drm = Path(root) / "sys" / "class" / "drm"
-    try:
-        entries = list(drm.iterdir())
-    except OSError:
-        return []
-    found: list[tuple[int, Path]] = []
+    found: list[Path] = []
     seen: set[Path] = set()
-    for entry in entries:
-        m = _CARD_NAME.fullmatch(entry.name)
-        if not m:
-            continue
-        device = entry / "device"
-        if _read_int(device / "vendor") != AMD_VENDOR_ID:
+    for _, device, vendor in kernel_files.drm_cards(root):
+        if vendor != AMD_VENDOR_ID:
             continue
         try:
             key = device.resolve()
         except OSError:
             key = device
-        if key in seen:
-            continue
-        seen.add(key)
-        found.append((int(m.group(1)), device))
-    return [device for _, device in sorted(found)]
+        if key not in seen:
+            seen.add(key)
+            found.append(device)
+    return found
 
 
 def read_ppfeaturemask(root: Path | str) -> int | None:
     """The amdgpu module's `ppfeaturemask` (printed in hex, e.g. `0xfff7bfff`), or None when amdgpu is not
     loaded or the value is unreadable."""
-    return _read_int(Path(root) / PPFEATUREMASK_PATH)
+    return kernel_files.read_int(Path(root) / PPFEATUREMASK_PATH)
 
 
 def overdrive_remedy(root: Path | str) -> str:
