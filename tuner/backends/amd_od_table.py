@@ -32,7 +32,6 @@ NAVI1X = "vega20-navi1x"  # three-point OD_VDDC_CURVE "N: MHz mV", write `vc <pt
 GCN = "gcn"  # Polaris/Vega10 OD_SCLK/OD_MCLK states with mV, write `s|m <lvl> <MHz> <mV>`
 APU = "apu"  # OD_SCLK (and CCLK on Van Gogh) only: no voltage knob
 CLOCKS_ONLY = "clocks-only"  # a dGPU table without any voltage section: no voltage knob
-FORMATS = (RDNA4, RDNA3, RDNA2, RDNA3_EARLY, NAVI1X, GCN, APU, CLOCKS_ONLY)
 VO_FORMATS = (RDNA4, RDNA3, RDNA2)
 CURVE_FORMATS = (NAVI1X, GCN)
 

@@ -239,12 +239,6 @@ class SimulatedBackend(Backend):
         """The most aggressive stable setting, in the knob's unit."""
         return self._limits[self._index(device_id)]
 
-    def vmin_mv(self, device_id: str) -> int:
-        """The AMD-style card's limit in mV."""
-        if self.kind is not AMD:
-            raise ValueError(f"a simulated {self.kind.name} card's limit is in {self.kind.unit}: use limit()")
-        return self.limit(device_id)
-
     def sdc_rate(self, device_id: str) -> float:
         """The card's own per-step corruption rate at any setting (0: a good card)."""
         return self._sdc_rates[self._index(device_id)]

@@ -150,10 +150,6 @@ class CardLock:
             self._fd = None
             _held_here.pop(self._key, None)
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
     def __enter__(self) -> Self:
         self.acquire()
         return self
