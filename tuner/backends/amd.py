@@ -252,18 +252,15 @@ class AmdBackend(Backend):
 
     def _knob_from(self, card: _Card, table: od.OdTable) -> Knob:
         fmt, source = table.format, "driver"
-        if fmt in od.VO_FORMATS:
-            if table.vddgfx_offset_mv is None:
+        if fmt in od.VO_FORMATS or fmt == od.RDNA3_EARLY:
+            if fmt == od.RDNA3_EARLY:
+                r, current = table.range("VDDC_CURVE"), min(od.point_mv(p) for p in table.vddc_curve)
+            elif table.vddgfx_offset_mv is None:
                 raise Unsupported(f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)")
-            r = table.range("VDDGFX_OFFSET")
+            else:
+                r, current = table.range("VDDGFX_OFFSET"), table.vddgfx_offset_mv
             lo, hi = (r.lo, r.hi) if r else od.RDNA2_BUILTIN_RANGE_MV
             source = "driver" if r else "built-in"
-            current = table.vddgfx_offset_mv
-        elif fmt == od.RDNA3_EARLY:
-            r = table.range("VDDC_CURVE")
-            lo, hi = (r.lo, r.hi) if r else od.RDNA2_BUILTIN_RANGE_MV
-            source = "driver" if r else "built-in"
-            current = min(od.point_mv(p) for p in table.vddc_curve)
         elif fmt in od.CURVE_FORMATS:
             stock = self._stock_points(card, table)
             top = max(stock, key=lambda p: p.index)
