@@ -376,11 +376,10 @@ class AmdBackend(Backend):
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a voltage offset the tuner did not set (another tool, an earlier boot service), or
         None when the card is at stock or holds what the tuner recorded applying."""
-        card = self._card(device_id)
-        current = self._knob_from(card, self._table(card)).current
+        current = self.knob(device_id).current
         if current == 0:
             return None
-        record = card_records.load(card_records.APPLIED, card.info.id) or {}
+        record = card_records.load(card_records.APPLIED, device_id) or {}
         if record.get("offset_mv") == current:
             return None
         return f"{device_id} carries a {current:+d} mV voltage offset the tuner did not set"

@@ -28,7 +28,6 @@ HELPER_SERVICE_UNIT = "tuner-helper.service"
 UNIT_NAMES = (APPLY_UNIT, RESUME_UNIT, HELPER_SOCKET_UNIT, HELPER_SERVICE_UNIT)
 DEFAULT_PREFIX = "/opt/undervolt-tuner"
 DEFAULT_GROUP = "tuner"
-HELPER_SOCKET_PATH = "/run/tuner/helper.sock"
 RESET_FLAG = "tuner.reset"
 # systemd enters these targets on the way down and leaves them on the way up: a unit WantedBy and After them runs
 # once each resume (systemd.special(7); the pattern of nvidia-resume.service and LACT's own resume hook).
@@ -185,7 +184,7 @@ def helper_socket_unit(group: str = DEFAULT_GROUP) -> str:
 Description=undervolt-tuner root helper socket
 
 [Socket]
-ListenStream={HELPER_SOCKET_PATH}
+ListenStream={paths.DEFAULT_HELPER_SOCKET}
 SocketMode=0660
 SocketUser=root
 SocketGroup={group}
