@@ -196,14 +196,6 @@ def read_value(path: Path) -> str | None:
     return _clean(_read_text(path))
 
 
-def _number(text: str | None) -> float | None:
-    text = _clean(text)
-    try:
-        return float(text) if text is not None else None
-    except ValueError:
-        return None
-
-
 def pci_slot(device_dir: Path) -> str | None:
     """`0000:03:00.0`, from the device symlink's target or, in plain trees, from uevent's PCI_SLOT_NAME."""
     with contextlib.suppress(OSError):
@@ -270,7 +262,11 @@ def hwmon_telemetry(device_dir: Path, now_s: float, io: SysfsIO | None = None) -
     io = io or SysfsIO()
 
     def num(path: Path) -> float | None:
-        return _number(io.read_attr(path))
+        text = _clean(io.read_attr(path))
+        try:
+            return float(text) if text is not None else None
+        except ValueError:
+            return None
 
     hw = hwmon_dir(device_dir)
     values: dict[str, Any] = {}  # Telemetry's float fields, by name

@@ -57,11 +57,6 @@ _ERRORS: dict[str, type[TunerError]] = {
 }
 
 
-def error_of(reply: s.RawReply) -> TunerError:
-    """The TunerError a refusal stands for (the in-process tuner's class, so the same exit code)."""
-    return _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
-
-
 class HelperConnection:
     """One socket to the helper: a request, then its reply, one at a time (any thread)."""
 
@@ -106,7 +101,8 @@ class HelperConnection:
                                         "was put back", "check `systemctl status tuner-helper`, then run the command "
                                         "again") from None
         if not reply.ok:
-            raise error_of(reply)
+            # the in-process tuner's class for this refusal, so the same exit code
+            raise _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
         return msgspec.json.decode(reply.result, type=result_type)
 
     def close(self) -> None:
