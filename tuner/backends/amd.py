@@ -230,10 +230,8 @@ class AmdBackend(Backend):
             record = card_records.load(card_records.STOCK, card.info.id)
             points = None
             if record and record.get("format") == table.format:
-                try:
+                with contextlib.suppress(KeyError, TypeError, ValueError):  # a damaged record: read the table
                     points = tuple(od.Level(int(i), int(mhz), int(mv)) for i, mhz, mv in record["points"])
-                except (KeyError, TypeError, ValueError):
-                    points = None
             if points is None:
                 points = table.voltage_points
                 with contextlib.suppress(OSError):  # an unwritable state dir only loses the cross-run memory
