@@ -40,8 +40,8 @@ def test_vmin_is_deterministic_and_in_range():
 
 def test_sim_vmin_overrides_sim0_only(tmp_path):
     b = make(tmp_path, gpus=2, seed=3, vmin_mv=-52)
-    assert b.vmin_mv("sim0") == -52
-    assert b.vmin_mv("sim1") == draw_vmin_mv(3, 1)
+    assert b.limit("sim0") == -52
+    assert b.limit("sim1") == draw_vmin_mv(3, 1)
 
 
 @given(vmin=st.integers(*VMIN_RANGE_MV), offset=st.integers(KNOB_MIN_MV, KNOB_MAX_MV))

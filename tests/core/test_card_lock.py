@@ -48,8 +48,8 @@ def test_a_killed_holder_releases_the_card(tmp_path):
     proc = _holder(tmp_path)
     proc.kill()
     proc.wait(10)
-    with CardLock("sim0") as lock:
-        assert lock.held
+    with CardLock("sim0"):  # acquired (CardBusy otherwise)
+        pass
 
 
 def test_one_writer_per_card_inside_one_process_too():

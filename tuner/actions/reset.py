@@ -8,9 +8,7 @@ it from interleaving with another writer, and a lock file no one can create is a
 
 from __future__ import annotations
 
-import sys
-
-from tuner.backends.base import Backend
+from tuner.backends.base import Backend, warn_on_stderr
 from tuner.core.card_lock import CardLock, LockUnavailable, lock_path
 from tuner.core.errors import NotApplied, UsageError
 from tuner.core.models import DeviceInfo, Knob
@@ -27,10 +25,6 @@ def reset_targets(backend: Backend, device_id: str | None, *, all_devices: bool 
     raise UsageError("several GPUs found", "name one with --device ID or pass --all")
 
 
-def _stderr_warning(message: str) -> None:
-    print(f"tuner: warning: {message}", file=sys.stderr)
-
-
 def reset_device(backend: Backend, device_id: str, *, force: bool = False) -> Knob:
     """Back to stock, read back; NotApplied when the card reports anything else.
 
@@ -44,14 +38,14 @@ def reset_device(backend: Backend, device_id: str, *, force: bool = False) -> Kn
     try:
         lock.acquire()
     except LockUnavailable as e:
-        _stderr_warning(f"{device_id}: reset without the card lock ({e.message})")
+        warn_on_stderr(f"{device_id}: reset without the card lock ({e.message})")
         return _reset(backend, device_id)
     try:
         knob = _reset(backend, device_id)
     finally:
         lock.release()
     if lock.unnamed is not None:
-        _stderr_warning(f"{device_id} is at stock; the state directory could not record this reset "
+        warn_on_stderr(f"{device_id} is at stock; the state directory could not record this reset "
                         f"({lock.unnamed.strerror or lock.unnamed}: {lock_path(device_id).parent})")
     return knob
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -40,7 +39,7 @@ from tuner.backends.amd_sysfs import (
     read_value,
 )
 from tuner.backends.amd_throttle import throttle_reasons
-from tuner.backends.base import Backend
+from tuner.backends.base import Backend, warn_on_stderr
 from tuner.core import paths
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
@@ -141,7 +140,7 @@ class AmdBackend(Backend):
         self.io = sysfs or SysfsIO()
         self._amdsmi = amdsmi
         self._clock = clock
-        self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
+        self._warn = warn or warn_on_stderr
         self._sleep = sleep
         self._cards: dict[str, _Card] = {}
         handles = self._amdsmi_handles()
@@ -231,10 +230,8 @@ class AmdBackend(Backend):
             record = card_records.load(card_records.STOCK, card.info.id)
             points = None
             if record and record.get("format") == table.format:
-                try:
+                with contextlib.suppress(KeyError, TypeError, ValueError):  # a damaged record: read the table
                     points = tuple(od.Level(int(i), int(mhz), int(mv)) for i, mhz, mv in record["points"])
-                except (KeyError, TypeError, ValueError):
-                    points = None
             if points is None:
                 points = table.voltage_points
                 with contextlib.suppress(OSError):  # an unwritable state dir only loses the cross-run memory
@@ -253,18 +250,15 @@ class AmdBackend(Backend):
 
     def _knob_from(self, card: _Card, table: od.OdTable) -> Knob:
         fmt, source = table.format, "driver"
-        if fmt in od.VO_FORMATS:
-            if table.vddgfx_offset_mv is None:
+        if fmt in od.VO_FORMATS or fmt == od.RDNA3_EARLY:
+            if fmt == od.RDNA3_EARLY:
+                r, current = table.range("VDDC_CURVE"), min(od.point_mv(p) for p in table.vddc_curve)
+            elif table.vddgfx_offset_mv is None:
                 raise Unsupported(f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)")
-            r = table.range("VDDGFX_OFFSET")
+            else:
+                r, current = table.range("VDDGFX_OFFSET"), table.vddgfx_offset_mv
             lo, hi = (r.lo, r.hi) if r else od.RDNA2_BUILTIN_RANGE_MV
             source = "driver" if r else "built-in"
-            current = table.vddgfx_offset_mv
-        elif fmt == od.RDNA3_EARLY:
-            r = table.range("VDDC_CURVE")
-            lo, hi = (r.lo, r.hi) if r else od.RDNA2_BUILTIN_RANGE_MV
-            source = "driver" if r else "built-in"
-            current = min(od.point_mv(p) for p in table.vddc_curve)
         elif fmt in od.CURVE_FORMATS:
             stock = self._stock_points(card, table)
             top = max(stock, key=lambda p: p.index)
@@ -380,11 +374,10 @@ class AmdBackend(Backend):
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a voltage offset the tuner did not set (another tool, an earlier boot service), or
         None when the card is at stock or holds what the tuner recorded applying."""
-        card = self._card(device_id)
-        current = self._knob_from(card, self._table(card)).current
+        current = self.knob(device_id).current
         if current == 0:
             return None
-        record = card_records.load(card_records.APPLIED, card.info.id) or {}
+        record = card_records.load(card_records.APPLIED, device_id) or {}
         if record.get("offset_mv") == current:
             return None
         return f"{device_id} carries a {current:+d} mV voltage offset the tuner did not set"

@@ -32,7 +32,6 @@ NAVI1X = "vega20-navi1x"  # three-point OD_VDDC_CURVE "N: MHz mV", write `vc <pt
 GCN = "gcn"  # Polaris/Vega10 OD_SCLK/OD_MCLK states with mV, write `s|m <lvl> <MHz> <mV>`
 APU = "apu"  # OD_SCLK (and CCLK on Van Gogh) only: no voltage knob
 CLOCKS_ONLY = "clocks-only"  # a dGPU table without any voltage section: no voltage knob
-FORMATS = (RDNA4, RDNA3, RDNA2, RDNA3_EARLY, NAVI1X, GCN, APU, CLOCKS_ONLY)
 VO_FORMATS = (RDNA4, RDNA3, RDNA2)
 CURVE_FORMATS = (NAVI1X, GCN)
 
@@ -78,10 +77,7 @@ class OdTable:
     other_sections: tuple[str, ...] = field(default=())  # sections the tuner does not use (CCLK_RANGE ...)
 
     def range(self, name: str) -> Range | None:
-        for r in self.ranges:
-            if r.name == name:
-                return r
-        return None
+        return next((r for r in self.ranges if r.name == name), None)
 
     @property
     def voltage_points(self) -> tuple[Level, ...]:
@@ -251,47 +247,6 @@ def detect_format(t: OdTable) -> str:
     if not t.sclk and not t.mclk and not t.ranges:
         raise OdParseError("pp_od_clk_voltage has no section the tuner knows")
     return CLOCKS_ONLY
-
-
-# --- rendering (as the kernel prints; used by tests and the fake kernel) --------------------------------------------
-
-
-def render_od_table(t: OdTable) -> str:
-    """Text in the kernel's layout for `t.format`. parse_od_table(render_od_table(t)) == t for parsed tables."""
-    out: list[str] = []
-
-    def levels(header: str, items: tuple[Level, ...]) -> None:
-        out.append(f"{header}:")
-        for lv in items:
-            cols = [f"{lv.index}:"]
-            if lv.mhz is not None:
-                cols.append(f"{lv.mhz:>10}Mhz")
-            if lv.mv is not None:
-                cols.append(f"{lv.mv:>10}mV")
-            out.append(" ".join(cols))
-
-    if t.sclk_offset_mhz is not None:
-        out += ["OD_SCLK_OFFSET:", f"{t.sclk_offset_mhz}Mhz"]
-    elif t.sclk_offset_limits_mhz is not None:
-        out += [
-            "OD_SCLK_OFFSET:",
-            f"0: {t.sclk_offset_limits_mhz[0]}Mhz",
-            f"1: {t.sclk_offset_limits_mhz[1]}Mhz",
-        ]
-    if t.sclk:
-        levels("OD_SCLK", t.sclk)
-    if t.mclk:
-        levels("OD_MCLK", t.mclk)
-    if t.vddc_curve:
-        levels("OD_VDDC_CURVE", t.vddc_curve)
-    if t.vddgfx_offset_mv is not None:
-        out += ["OD_VDDGFX_OFFSET:", f"{t.vddgfx_offset_mv}mV"]
-    if t.ranges:
-        out.append("OD_RANGE:")
-        out += [f"{r.name}: {r.lo:>7}{r.unit} {r.hi:>10}{r.unit}" for r in t.ranges]
-    for name in t.other_sections:
-        out.append(f"{name}:")
-    return "\n".join(out) + "\n"
 
 
 # --- encoders: one kernel command each, without the newline the writer adds ---------------------------------------

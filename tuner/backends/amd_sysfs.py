@@ -8,10 +8,12 @@ should be is refused instead of hanging `list` or filling memory.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from tuner.core import kernel_files
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
@@ -21,22 +23,10 @@ AMD_VENDOR_ID = 0x1002
 PP_OVERDRIVE_MASK = 0x4000  # bit 14 of amdgpu.ppfeaturemask (amd_shared.h)
 PPFEATUREMASK_PATH = "sys/module/amdgpu/parameters/ppfeaturemask"
 
-_CARD_NAME = re.compile(r"card(\d+)")  # not the connectors (card0-DP-1), which also match card*
-
-
 def _read_text(path: Path) -> str | None:
     try:
         return kernel_files.read_text(path)
     except OSError:
-        return None
-
-
-def _read_int(path: Path) -> int | None:
-    """A number the kernel prints in C notation (`0x1002`, `0xfff7bfff`), or None when absent or unreadable."""
-    text = _read_text(path)
-    try:
-        return None if text is None else int(text.strip().strip("\0"), 0)
-    except ValueError:
         return None
 
 
@@ -45,35 +35,25 @@ def amd_card_dirs(root: Path | str) -> list[Path]:
 
     A directory is listed once even when two cardN entries point at it (render nodes never do, but be safe).
     """
-    drm = Path(root) / "sys" / "class" / "drm"
-    try:
-        entries = list(drm.iterdir())
-    except OSError:
-        return []
-    found: list[tuple[int, Path]] = []
+    found: list[Path] = []
     seen: set[Path] = set()
-    for entry in entries:
-        m = _CARD_NAME.fullmatch(entry.name)
-        if not m:
-            continue
-        device = entry / "device"
-        if _read_int(device / "vendor") != AMD_VENDOR_ID:
+    for _, device, vendor in kernel_files.drm_cards(root):
+        if vendor != AMD_VENDOR_ID:
             continue
         try:
             key = device.resolve()
         except OSError:
             key = device
-        if key in seen:
-            continue
-        seen.add(key)
-        found.append((int(m.group(1)), device))
-    return [device for _, device in sorted(found)]
+        if key not in seen:
+            seen.add(key)
+            found.append(device)
+    return found
 
 
 def read_ppfeaturemask(root: Path | str) -> int | None:
     """The amdgpu module's `ppfeaturemask` (printed in hex, e.g. `0xfff7bfff`), or None when amdgpu is not
     loaded or the value is unreadable."""
-    return _read_int(Path(root) / PPFEATUREMASK_PATH)
+    return kernel_files.read_int(Path(root) / PPFEATUREMASK_PATH)
 
 
 def overdrive_remedy(root: Path | str) -> str:
@@ -216,22 +196,12 @@ def read_value(path: Path) -> str | None:
     return _clean(_read_text(path))
 
 
-def _number(text: str | None) -> float | None:
-    text = _clean(text)
-    try:
-        return float(text) if text is not None else None
-    except ValueError:
-        return None
-
-
 def pci_slot(device_dir: Path) -> str | None:
     """`0000:03:00.0`, from the device symlink's target or, in plain trees, from uevent's PCI_SLOT_NAME."""
-    try:
+    with contextlib.suppress(OSError):
         name = device_dir.resolve().name
         if _PCI_SLOT.fullmatch(name):
             return name.lower()
-    except OSError:
-        pass
     uevent = _read_text(device_dir / "uevent") or ""
     for line in uevent.splitlines():
         key, _, value = line.partition("=")
@@ -292,13 +262,16 @@ def hwmon_telemetry(device_dir: Path, now_s: float, io: SysfsIO | None = None) -
     io = io or SysfsIO()
 
     def num(path: Path) -> float | None:
-        return _number(io.read_attr(path))
+        text = _clean(io.read_attr(path))
+        try:
+            return float(text) if text is not None else None
+        except ValueError:
+            return None
 
     hw = hwmon_dir(device_dir)
-    values: dict[str, float | None] = {}
+    values: dict[str, Any] = {}  # Telemetry's float fields, by name
     if hw is not None:
-        mv = num(hw / "in0_input")
-        values["voltage_mv"] = mv
+        values["voltage_mv"] = num(hw / "in0_input")
         power_uw = num(hw / "power1_average")
         if power_uw is None:
             power_uw = num(hw / "power1_input")
@@ -327,19 +300,4 @@ def hwmon_telemetry(device_dir: Path, now_s: float, io: SysfsIO | None = None) -
     for name, key in (("mem_info_vram_used", "vram_used_mib"), ("mem_info_vram_total", "vram_total_mib")):
         n_bytes = num(device_dir / name)
         values[key] = None if n_bytes is None else round(n_bytes / MIB, 1)
-    return Telemetry(
-        time_s=now_s,
-        power_w=values.get("power_w"),
-        temp_edge_c=values.get("temp_edge_c"),
-        temp_hotspot_c=values.get("temp_hotspot_c"),
-        temp_mem_c=values.get("temp_mem_c"),
-        core_clock_mhz=values.get("core_clock_mhz"),
-        mem_clock_mhz=values.get("mem_clock_mhz"),
-        voltage_mv=values.get("voltage_mv"),
-        util_pct=values.get("util_pct"),
-        fan_rpm=values.get("fan_rpm"),
-        power_limit_w=values.get("power_limit_w"),
-        fan_pct=values.get("fan_pct"),
-        vram_used_mib=values.get("vram_used_mib"),
-        vram_total_mib=values.get("vram_total_mib"),
-    )
+    return Telemetry(time_s=now_s, **values)

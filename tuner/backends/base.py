@@ -7,6 +7,7 @@ a typed `TunerError` (with a one-line remedy) instead of returning a status.
 from __future__ import annotations
 
 import contextlib
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -17,6 +18,11 @@ from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, Str
 
 #: a kernel-log source for `tuner.tuning.kernel_log.KernelLogWatcher`: its lines and how to stop reading them
 KernelLogSource = tuple[Iterable[str], Callable[[], None]]
+
+
+def warn_on_stderr(message: str) -> None:
+    """A backend's warnings when its caller routes them nowhere else: one `tuner: warning:` line on stderr."""
+    print(f"tuner: warning: {message}", file=sys.stderr)
 
 
 def check_lock_mhz(mhz: int, lo: int, hi: int) -> None:
@@ -171,7 +177,58 @@ class Backend(ABC):
         return None
 
 
-class CompositeBackend(Backend):
+class ForwardingBackend(Backend):
+    """A backend that hands each card's calls to the backend that drives it (`_to`): `CompositeBackend` routes by
+    device id, `tuner.backends.helper_client.ReadOnlyBackend` wraps one and refuses its writes."""
+
+    @abstractmethod
+    def _to(self, device_id: str) -> Backend:
+        """The backend that drives `device_id`."""
+
+    def knob(self, device_id: str) -> Knob:
+        return self._to(device_id).knob(device_id)
+
+    def telemetry(self, device_id: str) -> Telemetry:
+        return self._to(device_id).telemetry(device_id)
+
+    def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
+        return self._to(device_id).apply(device_id, value, allow_overvolt=allow_overvolt)
+
+    def reset(self, device_id: str, *, force: bool = False) -> Knob:
+        return self._to(device_id).reset(device_id, force=force)
+
+    def keep(self, device_id: str) -> None:
+        self._to(device_id).keep(device_id)
+
+    def capabilities(self, device_id: str) -> Capabilities:
+        return self._to(device_id).capabilities(device_id)
+
+    def stress_target(self, device_id: str) -> StressTarget:
+        return self._to(device_id).stress_target(device_id)
+
+    def note_load(self, device_id: str, active: bool) -> None:
+        self._to(device_id).note_load(device_id, active)
+
+    def error_counters(self, device_id: str) -> ErrorCounters:
+        return self._to(device_id).error_counters(device_id)
+
+    def foreign_state(self, device_id: str) -> str | None:
+        return self._to(device_id).foreign_state(device_id)
+
+    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
+        return self._to(device_id).applied_pstates(device_id)
+
+    def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
+        return self._to(device_id).lock_at_measured_clock(device_id, clock_mhz)
+
+    def persistence_off(self, device_id: str) -> bool:
+        return self._to(device_id).persistence_off(device_id)
+
+    def enable_persistence(self, device_id: str) -> None:
+        self._to(device_id).enable_persistence(device_id)
+
+
+class CompositeBackend(ForwardingBackend):
     """Several vendors' backends behind one, routing by device id (a box can hold AMD and NVIDIA cards)."""
 
     name = "composite"
@@ -179,7 +236,7 @@ class CompositeBackend(Backend):
     def __init__(self, backends: list[Backend]):
         self.backends = backends
 
-    def _owner(self, device_id: str) -> Backend:
+    def _to(self, device_id: str) -> Backend:
         for backend in self.backends:
             if any(d.id == device_id for d in backend.devices()):
                 return backend
@@ -189,55 +246,13 @@ class CompositeBackend(Backend):
     def devices(self) -> list[DeviceInfo]:
         return [d for b in self.backends for d in b.devices()]
 
-    def knob(self, device_id: str) -> Knob:
-        return self._owner(device_id).knob(device_id)
-
-    def telemetry(self, device_id: str) -> Telemetry:
-        return self._owner(device_id).telemetry(device_id)
-
-    def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
-        return self._owner(device_id).apply(device_id, value, allow_overvolt=allow_overvolt)
-
-    def reset(self, device_id: str, *, force: bool = False) -> Knob:
-        return self._owner(device_id).reset(device_id, force=force)
-
-    def keep(self, device_id: str) -> None:
-        self._owner(device_id).keep(device_id)
-
-    def capabilities(self, device_id: str) -> Capabilities:
-        return self._owner(device_id).capabilities(device_id)
-
-    def stress_target(self, device_id: str) -> StressTarget:
-        return self._owner(device_id).stress_target(device_id)
-
-    def note_load(self, device_id: str, active: bool) -> None:
-        self._owner(device_id).note_load(device_id, active)
-
-    def error_counters(self, device_id: str) -> ErrorCounters:
-        return self._owner(device_id).error_counters(device_id)
-
-    def foreign_state(self, device_id: str) -> str | None:
-        return self._owner(device_id).foreign_state(device_id)
-
-    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
-        return self._owner(device_id).applied_pstates(device_id)
-
-    def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
-        return self._owner(device_id).lock_at_measured_clock(device_id, clock_mhz)
-
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
         """NVIDIA's lock clock, routed like the rest (without it a mixed machine's profile apply and boot would
         drop the profile's lock: tuner.actions.setting.can_lock_clock asks the backend for this method)."""
-        owner = self._owner(device_id)
+        owner = self._to(device_id)
         if not hasattr(owner, "set_lock_clock"):
             raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
         owner.set_lock_clock(device_id, mhz)
-
-    def persistence_off(self, device_id: str) -> bool:
-        return self._owner(device_id).persistence_off(device_id)
-
-    def enable_persistence(self, device_id: str) -> None:
-        self._owner(device_id).enable_persistence(device_id)
 
     def close(self) -> None:
         for backend in self.backends:

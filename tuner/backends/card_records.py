@@ -52,7 +52,7 @@ def record_applied(card_key: str, device_id: str, value: int, unit: str, data: d
     is said in one line through `warn`, and the backend goes on (see `save`)."""
     try:
         if value == 0:
-            clear(APPLIED, card_key)
+            _path(APPLIED, card_key).unlink(missing_ok=True)
         else:
             save(APPLIED, card_key, data)
     except OSError as e:
@@ -60,7 +60,3 @@ def record_applied(card_key: str, device_id: str, value: int, unit: str, data: d
             f"{e.filename or 'the state directory'}: {e.strerror or e}"
         warn(f"{device_id} is at {value:+d} {unit} (read back); the tuner's own note of it could not be written "
              f"({reason})")
-
-
-def clear(kind: str, card_key: str) -> None:
-    _path(kind, card_key).unlink(missing_ok=True)

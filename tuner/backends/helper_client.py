@@ -23,10 +23,10 @@ from typing import Any
 
 import msgspec
 
-from tuner.backends.base import Backend, KernelLogSource
+from tuner.backends.base import Backend, ForwardingBackend, KernelLogSource
 from tuner.core import exit_codes
 from tuner.core.errors import NotApplied, OutOfRange, TunerError, Unsupported, UsageError
-from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, StressTarget, Telemetry
+from tuner.core.models import Capabilities, DeviceInfo, Knob, StressTarget, Telemetry
 from tuner.helper import schema as s
 
 DEFAULT_LEASE_S = 10.0  # a tuner that stops answering loses its unconfirmed changes after this long
@@ -55,11 +55,6 @@ _ERRORS: dict[str, type[TunerError]] = {
     **s.ERRORS, "overvolt-not-allowed": OutOfRange, "not-allowed": HelperRefused, "version": HelperUnreachable,
     "too-many": HelperUnreachable, "idle": HelperUnreachable, "internal": HelperUnreachable,
 }
-
-
-def error_of(reply: s.RawReply) -> TunerError:
-    """The TunerError a refusal stands for (the in-process tuner's class, so the same exit code)."""
-    return _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
 
 
 class HelperConnection:
@@ -106,7 +101,8 @@ class HelperConnection:
                                         "was put back", "check `systemctl status tuner-helper`, then run the command "
                                         "again") from None
         if not reply.ok:
-            raise error_of(reply)
+            # the in-process tuner's class for this refusal, so the same exit code
+            raise _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
         return msgspec.json.decode(reply.result, type=result_type)
 
     def close(self) -> None:
@@ -203,10 +199,7 @@ class HelperBackend(Backend):
         self._ask(s.Confirm(card=device_id))
 
     def capabilities(self, device_id: str) -> Capabilities:
-        entry = self._cards.get(device_id)
-        if entry is None:
-            self.device(device_id)  # UnknownDevice with the known ids
-            raise AssertionError("unreachable")
+        entry = self._cards[self.device(device_id).id]  # UnknownDevice with the known ids
         if entry.capabilities is None:
             raise Unsupported(entry.error or f"{device_id} cannot be driven")
         return entry.capabilities
@@ -305,12 +298,15 @@ class HelperBackend(Backend):
         return lines(), close
 
 
-class ReadOnlyBackend(Backend):
+class ReadOnlyBackend(ForwardingBackend):
     """The in-process backend for reading, every write refused (exit 9) with why and how to get in."""
 
     def __init__(self, inner: Backend, reason: str, remedy: str = INSTALL_REMEDY):
         self.inner, self.reason, self.remedy = inner, reason, remedy
         self.name, self.simulated = inner.name, inner.simulated
+
+    def _to(self, device_id: str) -> Backend:
+        return self.inner
 
     def _refuse(self) -> HelperUnreachable:
         return HelperUnreachable(f"writes go through the root helper and {self.reason}; nothing was changed",
@@ -318,12 +314,6 @@ class ReadOnlyBackend(Backend):
 
     def devices(self) -> list[DeviceInfo]:
         return self.inner.devices()
-
-    def knob(self, device_id: str) -> Knob:
-        return self.inner.knob(device_id)
-
-    def telemetry(self, device_id: str) -> Telemetry:
-        return self.inner.telemetry(device_id)
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         raise self._refuse()
@@ -334,29 +324,8 @@ class ReadOnlyBackend(Backend):
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
         raise self._refuse()
 
-    def capabilities(self, device_id: str) -> Capabilities:
-        return self.inner.capabilities(device_id)
-
-    def stress_target(self, device_id: str) -> StressTarget:
-        return self.inner.stress_target(device_id)
-
-    def note_load(self, device_id: str, active: bool) -> None:
-        self.inner.note_load(device_id, active)
-
-    def error_counters(self, device_id: str) -> ErrorCounters:
-        return self.inner.error_counters(device_id)  # a read: the in-process backend answers it
-
-    def foreign_state(self, device_id: str) -> str | None:
-        return self.inner.foreign_state(device_id)
-
-    def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
-        return self.inner.applied_pstates(device_id)
-
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
         raise self._refuse()
-
-    def persistence_off(self, device_id: str) -> bool:
-        return self.inner.persistence_off(device_id)
 
     def enable_persistence(self, device_id: str) -> None:
         raise self._refuse()

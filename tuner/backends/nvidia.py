@@ -14,14 +14,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import sys
 import time
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, TypeVar
 
 from tuner.backends import card_records, nvml_offsets
-from tuner.backends.base import Backend, check_lock_mhz
+from tuner.backends.base import Backend, check_lock_mhz, warn_on_stderr
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
 from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
 
@@ -128,7 +127,7 @@ class NvidiaBackend(Backend):
     ):
         """`nvml` is an initialised pynvml module (or a fake with the same names)."""
         self.nvml = nvml
-        self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
+        self._warn = warn or warn_on_stderr
         self._clock = clock
         self._handles: dict[str, NvmlHandle] = {}
         self._infos: list[DeviceInfo] = []
@@ -631,11 +630,9 @@ def discover(nvml: Nvml | None = None) -> NvidiaBackend | None:
         nvml.nvmlInit()
     except nvml.NVMLError:  # LibraryNotFound, DriverNotLoaded, ...
         return None
-    try:
+    with contextlib.suppress(nvml.NVMLError, TunerError):
         if nvml.nvmlDeviceGetCount() > 0:
             return NvidiaBackend(nvml)
-    except (nvml.NVMLError, TunerError):
-        pass
     with contextlib.suppress(nvml.NVMLError):  # no card, or none usable: let go of the library
         nvml.nvmlShutdown()
     return None

@@ -15,13 +15,12 @@ from __future__ import annotations
 import math
 import os
 import random
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner.backends.base import Backend, check_lock_mhz
+from tuner.backends.base import Backend, check_lock_mhz, warn_on_stderr
 from tuner.backends.simulated_card_files import CardFile
 from tuner.core import paths
 from tuner.core.errors import UsageError
@@ -37,18 +36,13 @@ SIM_KINDS = ("amd", "nvidia")
 
 @dataclass(frozen=True)
 class SimKind:
-    """What one kind of simulated card looks like: its knob, the range its hidden limit is drawn from, and how
-    its knob's unit maps onto the mV fault model (`units_per_mv`: on the NVIDIA-style card 15 MHz of offset at a
-    locked clock is worth about 5 mV less voltage, so 3 MHz a mV)."""
+    """What one kind of simulated card looks like: its knob (at stock), the range its hidden limit is drawn from,
+    and how its knob's unit maps onto the mV fault model (`units_per_mv`: on the NVIDIA-style card 15 MHz of
+    offset at a locked clock is worth about 5 mV less voltage, so 3 MHz a mV)."""
 
     name: str
     card_name: str
-    kind: KnobKind
-    unit: str
-    knob_min: int
-    knob_max: int
-    knob_step: int
-    aggressive_direction: int
+    knob: Knob
     limit_range: tuple[int, int]
     units_per_mv: int
     lock_clocks_mhz: tuple[int, int] | None = None  # lowest and stock max graphics clock (NVIDIA-style only)
@@ -56,19 +50,20 @@ class SimKind:
 
     @property
     def state_key(self) -> str:
-        return f"offset_{self.unit.lower()}"
+        return f"offset_{self.knob.unit.lower()}"
 
     def depth_mv(self, setting: int, limit: int) -> float:
         """How far past the limit `setting` is, in mV of the fault model (<= 0: at or inside the limit)."""
-        return (setting - limit) * self.aggressive_direction / self.units_per_mv
+        return (setting - limit) * self.knob.aggressive_direction / self.units_per_mv
 
 
-AMD = SimKind("amd", "Simulated RDNA-class GPU", KnobKind.VOLTAGE_OFFSET, "mV", KNOB_MIN_MV, KNOB_MAX_MV,
-              KNOB_STEP_MV, -1, VMIN_RANGE_MV, 1)
+AMD = SimKind("amd", "Simulated RDNA-class GPU",
+              Knob(KnobKind.VOLTAGE_OFFSET, "mV", 0, 0, KNOB_MIN_MV, KNOB_MAX_MV, KNOB_STEP_MV, -1), VMIN_RANGE_MV, 1)
 # Clock offsets as NVML offers them on Ada/Blackwell cards: 15 MHz steps (tuner.backends.nvml_offsets), a
 # negative side that is the less efficient one, a stock max boost to lock at.
-NVIDIA = SimKind("nvidia", "Simulated Ada-class GPU (NVIDIA-style)", KnobKind.CLOCK_OFFSET, "MHz", -300, 600, 15,
-                 +1, (60, 240), 3, lock_clocks_mhz=(210, 2505), pci_id="10de:0000")
+NVIDIA = SimKind("nvidia", "Simulated Ada-class GPU (NVIDIA-style)",
+                 Knob(KnobKind.CLOCK_OFFSET, "MHz", 0, 0, -300, 600, 15, +1), (60, 240), 3,
+                 lock_clocks_mhz=(210, 2505), pci_id="10de:0000")
 KINDS = {k.name: k for k in (AMD, NVIDIA)}
 SIM_NVIDIA_PSTATES = (0, 2)  # the states an offset covers; the card works in P2 and idles in P8
 
@@ -179,7 +174,7 @@ class SimulatedBackend(Backend):
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_SIM_GPUS:
             raise UsageError(f"--sim-gpus must be 1..{MAX_SIM_GPUS}, got {gpus}", "e.g. --sim-gpus 2")
         # the limit lies between stock (always stable) and the knob's aggressive end
-        lo, hi = sorted((0, k.knob_min if k.aggressive_direction < 0 else k.knob_max))
+        lo, hi = sorted((0, k.knob.min if k.knob.aggressive_direction < 0 else k.knob.max))
         given = [] if vmin_mv is None else [vmin_mv] if isinstance(vmin_mv, int) else list(vmin_mv)
         if len(given) > gpus:
             raise UsageError(f"--sim-vmin gives {len(given)} limits but there are {gpus} simulated cards",
@@ -188,7 +183,7 @@ class SimulatedBackend(Backend):
             if isinstance(value, bool) or not isinstance(value, int) or not lo < value < hi:
                 example = (k.limit_range[0] + k.limit_range[1]) // 2
                 raise UsageError(
-                    f"--sim-vmin must be between {lo} and {hi} {k.unit} (exclusive) on a simulated {k.name} "
+                    f"--sim-vmin must be between {lo} and {hi} {k.knob.unit} (exclusive) on a simulated {k.name} "
                     f"card, got {value}",
                     f"e.g. --sim-vmin {example}",
                 )
@@ -204,7 +199,7 @@ class SimulatedBackend(Backend):
         # simulated platform flaws, carried out by the engine's fault-injection module (tuner/engine/faults.py)
         self.nondeterministic = nondeterministic
         self.contention_at = None if contention_after_s is None else time.time() + contention_after_s
-        self._warn = warn or (lambda msg: print(f"tuner: warning: {msg}", file=sys.stderr))
+        self._warn = warn or warn_on_stderr
         self._thermal: dict[str, tuple[float, float, float]] = {}  # id -> (time_s, temp_c, energy_j)
         self._samples = 0
         self._lock_mhz: dict[str, int] = {}
@@ -240,12 +235,6 @@ class SimulatedBackend(Backend):
         """The most aggressive stable setting, in the knob's unit."""
         return self._limits[self._index(device_id)]
 
-    def vmin_mv(self, device_id: str) -> int:
-        """The AMD-style card's limit in mV."""
-        if self.kind is not AMD:
-            raise ValueError(f"a simulated {self.kind.name} card's limit is in {self.kind.unit}: use limit()")
-        return self.limit(device_id)
-
     def sdc_rate(self, device_id: str) -> float:
         """The card's own per-step corruption rate at any setting (0: a good card)."""
         return self._sdc_rates[self._index(device_id)]
@@ -273,18 +262,7 @@ class SimulatedBackend(Backend):
         ]
 
     def knob(self, device_id: str) -> Knob:
-        k = self.kind
-        return Knob(
-            kind=k.kind,
-            unit=k.unit,
-            stock=0,
-            current=self._setting(device_id),
-            min=k.knob_min,
-            max=k.knob_max,
-            step=k.knob_step,
-            aggressive_direction=k.aggressive_direction,
-            lock_clock_mhz=self.lock_clock_mhz(device_id),
-        )
+        return replace(self.kind.knob, current=self._setting(device_id), lock_clock_mhz=self.lock_clock_mhz(device_id))
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         self.knob(device_id).validate(value, allow_overvolt=allow_overvolt)
@@ -320,7 +298,7 @@ class SimulatedBackend(Backend):
         if clocks is None:
             return None
         lo, hi = clocks
-        mhz = max(lo, min(hi, lo + int((clock_mhz - lo) // self.kind.knob_step) * self.kind.knob_step))
+        mhz = max(lo, min(hi, lo + int((clock_mhz - lo) // self.kind.knob.step) * self.kind.knob.step))
         self.set_lock_clock(device_id, mhz)
         return mhz
 

@@ -17,6 +17,7 @@ could create, which is why `tuner reset` may go on without it (returning to stoc
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -143,17 +144,11 @@ class CardLock:
         with _held_here_lock:
             if self._fd is None:
                 return
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, 0)  # the file no longer names a holder
-            except OSError:
-                pass
             os.close(self._fd)  # closing releases the flock
             self._fd = None
             _held_here.pop(self._key, None)
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
 
     def __enter__(self) -> Self:
         self.acquire()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import threading
 from pathlib import Path
@@ -30,6 +31,7 @@ ATTRIBUTE_MAX_BYTES = 64 * 1024  # a sysfs show() fills at most one page; procfs
 READ_TIMEOUT_S = 5.0
 BOOT_ID_PATH = "proc/sys/kernel/random/boot_id"
 BOOT_ID_MAX_BYTES = 64  # "0f1d...-...\n" is 37 bytes
+_DRM_CARD = re.compile(r"card(\d+)")  # not the connectors (card0-DP-1), which also match card*
 
 
 class NotAKernelFile(OSError):
@@ -107,6 +109,25 @@ def read_bytes(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES,
 def read_text(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES, timeout_s: float = READ_TIMEOUT_S) -> str:
     """`read_bytes` decoded as the kernel writes these files (ASCII; anything else replaced, never an error)."""
     return read_bytes(path, max_bytes=max_bytes, timeout_s=timeout_s).decode("ascii", errors="replace")
+
+
+def read_int(path: Path | str) -> int | None:
+    """A number the kernel prints in C notation (`0x1002`, `0xfff7bfff`), or None when absent or unreadable."""
+    try:
+        return int(read_text(path).strip().strip("\0"), 0)
+    except (OSError, ValueError):
+        return None
+
+
+def drm_cards(root: Path | str) -> list[tuple[str, Path, int | None]]:
+    """Each `<root>/sys/class/drm/cardN` in N order: its name, its `device` directory and the PCI vendor id read
+    there (None when unreadable)."""
+    try:
+        cards = [(int(m.group(1)), e) for e in (Path(root) / "sys/class/drm").iterdir()
+                 if (m := _DRM_CARD.fullmatch(e.name))]
+    except OSError:
+        return []
+    return [(e.name, e / "device", read_int(e / "device/vendor")) for _, e in sorted(cards)]
 
 
 def boot_id() -> str | None:

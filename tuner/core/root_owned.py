@@ -10,6 +10,7 @@ does not show them); a directory with an ACL granting writes shows `+` in `ls -l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import stat
@@ -91,8 +92,6 @@ def import_code(interpreter: str | None = None, package: Path | None = None,
         if not entry or not directory.is_dir():
             continue
         code.append(directory)
-        try:
+        with contextlib.suppress(OSError):
             code += sorted(directory.iterdir())
-        except OSError:
-            pass
     return code, [package]

@@ -116,10 +116,6 @@ def _quiet_race_reports() -> None:
     sys.unraisablehook = hook
 
 
-def name(signum: int) -> str:
-    return signal.Signals(signum).name
-
-
 class Inbox:
     """Record fatal signals (and optionally SIGTSTP) instead of acting on them; restore the old handlers on exit.
 

@@ -18,6 +18,7 @@ names, a profile export) are the user's to choose and are not checked here.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
 import os
@@ -119,10 +120,8 @@ def ensure_dir(directory: Path) -> Path:
     current = root
     for part in directory.relative_to(root).parts:
         current = current / part
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(current, 0o700)
-        except FileExistsError:
-            pass
     check_dir(directory)  # a race lost to another writer of ours is fine; anything else is refused here
     return directory
 

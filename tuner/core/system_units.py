@@ -28,7 +28,6 @@ HELPER_SERVICE_UNIT = "tuner-helper.service"
 UNIT_NAMES = (APPLY_UNIT, RESUME_UNIT, HELPER_SOCKET_UNIT, HELPER_SERVICE_UNIT)
 DEFAULT_PREFIX = "/opt/undervolt-tuner"
 DEFAULT_GROUP = "tuner"
-HELPER_SOCKET_PATH = "/run/tuner/helper.sock"
 RESET_FLAG = "tuner.reset"
 # systemd enters these targets on the way down and leaves them on the way up: a unit WantedBy and After them runs
 # once each resume (systemd.special(7); the pattern of nvidia-resume.service and LACT's own resume hook).
@@ -137,43 +136,37 @@ def apply_unit(exec_args: Sequence[str], environment: Mapping[str, str], *, resu
     writable = [str(Path(state) / "tuner")] if state else []
     name = RESUME_UNIT if resume else APPLY_UNIT
     if resume:
-        head = f"""\
-# Written by `tuner service install`; remove with `tuner service uninstall`.
-# Re-applies the system profiles after each resume from suspend or hibernation, and checks each card reads them.
-# Boot with `{RESET_FLAG}` on the kernel command line to skip it. Logs: journalctl -u {name}
-[Unit]
+        purpose = ("Re-applies the system profiles after each resume from suspend or hibernation, and checks each card "
+                   "reads them.")
+        unit = f"""\
 Description=Re-apply undervolt-tuner GPU profiles after resume
 After={' '.join(SLEEP_TARGETS)} nvidia-resume.service
-ConditionPathIsDirectory=/sys/class/drm
-ConditionKernelCommandLine=!{RESET_FLAG}
-
-[Service]
-Type=oneshot
-TimeoutStartSec={RESUME_TIMEOUT_S}
 """
+        service = f"TimeoutStartSec={RESUME_TIMEOUT_S}\n"
         install = f"WantedBy={' '.join(SLEEP_TARGETS)}\n"
     else:
-        head = f"""\
-# Written by `tuner service install`; remove with `tuner service uninstall`.
-# Applies the profiles in the system profile store to the cards they were proven on, once per boot.
-# Boot with `{RESET_FLAG}` on the kernel command line to skip it. Logs: journalctl -u {name}
-[Unit]
+        purpose = "Applies the profiles in the system profile store to the cards they were proven on, once per boot."
+        unit = """\
 Description=Apply undervolt-tuner GPU profiles
 DefaultDependencies=no
 After=sysinit.target sockets.target systemd-modules-load.service systemd-udev-trigger.service
 After=nvidia-persistenced.service
 Before=shutdown.target
 Conflicts=shutdown.target
-ConditionPathIsDirectory=/sys/class/drm
+"""
+        service = f"RemainAfterExit=yes\nTimeoutStartSec={BOOT_TIMEOUT_S}\n"
+        install = "WantedBy=multi-user.target\n"
+    return f"""\
+# Written by `tuner service install`; remove with `tuner service uninstall`.
+# {purpose}
+# Boot with `{RESET_FLAG}` on the kernel command line to skip it. Logs: journalctl -u {name}
+[Unit]
+{unit}ConditionPathIsDirectory=/sys/class/drm
 ConditionKernelCommandLine=!{RESET_FLAG}
 
 [Service]
 Type=oneshot
-RemainAfterExit=yes
-TimeoutStartSec={BOOT_TIMEOUT_S}
-"""
-        install = "WantedBy=multi-user.target\n"
-    return f"""{head}{env_lines}Environment=PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+{service}{env_lines}Environment=PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 ExecStart={command}
 StandardOutput=journal
 StandardError=journal
@@ -191,7 +184,7 @@ def helper_socket_unit(group: str = DEFAULT_GROUP) -> str:
 Description=undervolt-tuner root helper socket
 
 [Socket]
-ListenStream={HELPER_SOCKET_PATH}
+ListenStream={paths.DEFAULT_HELPER_SOCKET}
 SocketMode=0660
 SocketUser=root
 SocketGroup={group}

@@ -14,13 +14,14 @@ A machine with both vendors' cards needs one build per vendor, which one venv ca
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-VENDOR_IDS = {"0x10de": "nvidia", "0x1002": "amd"}
+from tuner.core import kernel_files
+
+VENDOR_IDS = {0x10DE: "nvidia", 0x1002: "amd"}
 BUILD_OF_VENDOR = {"nvidia": "cuda", "amd": "rocm"}
 BUILDS = ("cpu", "cuda", "rocm", "keep")
 # Where each build comes from. PyPI's own torch wheels for Linux x86_64 are the CUDA build; the ROCm and CPU builds
@@ -31,7 +32,6 @@ INDEX_URLS = {
     "rocm": "https://download.pytorch.org/whl/rocm7.2",
 }
 WORDS = {"cpu": "CPU-only", "cuda": "CUDA", "rocm": "ROCm", "keep": "the one already installed"}
-_CARD = re.compile(r"card\d+$")  # not the connectors (card0-DP-1)
 
 
 class BuildChoiceError(ValueError):
@@ -52,18 +52,9 @@ class TorchBuild:
 def gpu_vendors(root: Path) -> dict[str, list[str]]:
     """{vendor: [card, ...]} for the NVIDIA and AMD cards under `root`/sys/class/drm, in card order."""
     found: dict[str, list[str]] = {}
-    drm = root / "sys/class/drm"
-    try:
-        cards = sorted((p for p in drm.iterdir() if _CARD.fullmatch(p.name)), key=lambda p: int(p.name[4:]))
-    except OSError:
-        return found
-    for card in cards:
-        try:
-            vendor = VENDOR_IDS.get((card / "device/vendor").read_text().strip().lower())
-        except OSError:
-            continue
-        if vendor:
-            found.setdefault(vendor, []).append(card.name)
+    for card, _, vendor_id in kernel_files.drm_cards(root):
+        if vendor_id in VENDOR_IDS:
+            found.setdefault(VENDOR_IDS[vendor_id], []).append(card)
     return found
 
 

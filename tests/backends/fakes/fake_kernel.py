@@ -31,6 +31,44 @@ from tuner.backends import amd_od_table as od
 from tuner.backends.amd_sysfs import SysfsIO
 
 
+def render_od_table(t: od.OdTable) -> str:
+    """Text in the kernel's layout for `t.format`. parse_od_table(render_od_table(t)) == t for parsed tables."""
+    out: list[str] = []
+
+    def levels(header: str, items: tuple[od.Level, ...]) -> None:
+        out.append(f"{header}:")
+        for lv in items:
+            cols = [f"{lv.index}:"]
+            if lv.mhz is not None:
+                cols.append(f"{lv.mhz:>10}Mhz")
+            if lv.mv is not None:
+                cols.append(f"{lv.mv:>10}mV")
+            out.append(" ".join(cols))
+
+    if t.sclk_offset_mhz is not None:
+        out += ["OD_SCLK_OFFSET:", f"{t.sclk_offset_mhz}Mhz"]
+    elif t.sclk_offset_limits_mhz is not None:
+        out += [
+            "OD_SCLK_OFFSET:",
+            f"0: {t.sclk_offset_limits_mhz[0]}Mhz",
+            f"1: {t.sclk_offset_limits_mhz[1]}Mhz",
+        ]
+    if t.sclk:
+        levels("OD_SCLK", t.sclk)
+    if t.mclk:
+        levels("OD_MCLK", t.mclk)
+    if t.vddc_curve:
+        levels("OD_VDDC_CURVE", t.vddc_curve)
+    if t.vddgfx_offset_mv is not None:
+        out += ["OD_VDDGFX_OFFSET:", f"{t.vddgfx_offset_mv}mV"]
+    if t.ranges:
+        out.append("OD_RANGE:")
+        out += [f"{r.name}: {r.lo:>7}{r.unit} {r.hi:>10}{r.unit}" for r in t.ranges]
+    for name in t.other_sections:
+        out.append(f"{name}:")
+    return "\n".join(out) + "\n"
+
+
 def _einval(why: str) -> OSError:
     e = OSError(errno.EINVAL, f"Invalid argument ({why})")
     return e
@@ -80,7 +118,7 @@ class FakeOdKernel:
     def read(self) -> str:
         if self._busy():
             raise OSError(errno.EPERM, "Operation not permitted")
-        text = od.render_od_table(self.committed)
+        text = render_od_table(self.committed)
         return text.replace("OD_RANGE:", "\0" * 23 + "OD_RANGE:")  # NUL padding, as real kernels print
 
     # --- writes --------------------------------------------------------------------------------------------------
