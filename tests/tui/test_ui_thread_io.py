@@ -72,3 +72,34 @@ async def test_the_bisect_screens_file_work_runs_off_the_ui_thread(tmp_path, mon
     assert {name for _m, name in FILE_FUNCTIONS} <= calls.keys(), calls
     on_ui_thread = {name for name, threads in calls.items() if any(threads)}
     assert not on_ui_thread, f"file work on the UI thread: {sorted(on_ui_thread)}"
+
+
+async def test_a_start_before_the_remembered_form_arrives_waits_for_it(tmp_path, monkeypatch):
+    """The form's remembered values are read in a worker: b pressed before they arrive must not start with a blank
+    form (the default 5-minute trials), but start once they are filled in, with them."""
+    from tuner.app import form_memory
+    from tuner.tuning.job import BisectJob
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    form_memory.remember(backend.device("sim0"), {"trial": "7s", "confirm": "9s"})
+    release = threading.Event()
+    real_recall = form_memory.recall
+
+    def slow_recall(device):
+        release.wait(20)
+        return real_recall(device)
+
+    monkeypatch.setattr(form_memory, "recall", slow_recall)
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job.params))
+    app = make_app(tmp_path, backend=backend, samples=0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#in-trial")))
+        await pilot.press("b")
+        await pilot.pause()
+        assert started == [] and not app.bisect.running  # waiting for the form, not started with a blank one
+        release.set()
+        await until(pilot, lambda: started != [], what="the start, once the form is filled in")
+    [params] = started
+    assert (params.trial_s, params.confirm_s) == (7.0, 9.0)

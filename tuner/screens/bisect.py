@@ -204,6 +204,8 @@ class BisectScreen(TunerScreen):
         self._session_asked: tuple | None = None  # the key of the unfinished-session read in flight
         self._plan: tuple[object, str] = (None, "")  # (key, the plan line estimated for it)
         self._plan_asked: object = None
+        self._recalls = 0  # form recalls in flight: a start waits for them (it must use the remembered values)
+        self._start_after_recall: tuple[bool, bool] | None = None
         self._recall_form()
 
     @work(thread=True, exit_on_error=False, group="bisect-files")
@@ -224,13 +226,19 @@ class BisectScreen(TunerScreen):
             self._fill_form({})
             return
         device, asked = self.app.device(device_id), self._form_values()
+        self._recalls += 1
         self._file_work(lambda: FormRecalled(device_id, asked, form_memory.recall(device)))
 
     def on_form_recalled(self, message: FormRecalled) -> None:
-        """Filled in unless the card changed or the form was edited meanwhile (what was typed is kept)."""
+        """Filled in unless the card changed or the form was edited meanwhile (what was typed is kept); a start
+        asked for meanwhile runs now, with the form as filled."""
+        self._recalls -= 1
         if message.device_id == self.app.selected_device_id and self._form_values() == message.asked:
             self._fill_form(message.values)
             self.repaint()
+        if self._recalls == 0 and self._start_after_recall is not None:
+            (resume, restart), self._start_after_recall = self._start_after_recall, None
+            self.action_start(resume=resume, restart=restart)
 
     def _fill_form(self, values: Mapping[str, str]) -> None:
         for p in FIELDS:
@@ -249,6 +257,9 @@ class BisectScreen(TunerScreen):
 
     # --- actions -------------------------------------------------------------------------------------------------
     def action_start(self, resume: bool = False, restart: bool = False) -> None:
+        if self._recalls:  # b pressed before the remembered form arrived: started once it is filled in
+            self._start_after_recall = (resume, restart)
+            return
         values, knob, selected = self._form_values(), self._knob(), self.app.selected_device_id
         try:
             params = parse_form(values, unit=knob.unit if knob else "", resume=resume, restart=restart)
