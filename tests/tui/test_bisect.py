@@ -142,8 +142,9 @@ async def test_resume_shows_every_trial_and_the_form_remembers_its_values(tmp_pa
     again = make_app(tmp_path, backend=backend, samples=1)
     async with again.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
-        await pilot.pause()
-        assert again.screen.query_one("#in-trial").value == "1s"
+        await until(pilot, lambda: again.current_mode == "bisect")
+        await until(pilot, lambda: again.screen.query_one("#in-trial").value == "1s",
+                    what="the remembered form, read in a worker")
         assert again.screen.query_one("#in-confirm").value == "2s"
 
 
@@ -168,7 +169,7 @@ async def test_export_the_trials_from_the_ui_and_the_cli(tmp_path):
         assert isinstance(app.screen, TextInputDialog)
         app.screen.query_one("#text").value = str(out_csv)
         await pilot.press("enter")
-        await pilot.pause()
+        await until(pilot, out_csv.exists, what="the export, written in a worker")  # written whole (atomic)
         n = len(app.bisect.card("sim0").trials)
     rows = list(csv.DictReader(out_csv.open()))
     assert len(rows) == n and rows[0]["setting"] == "0" and rows[0]["phase"] == "baseline"

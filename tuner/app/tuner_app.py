@@ -45,7 +45,7 @@ from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
 from tuner.tuning.events import TrialWarning
-from tuner.tuning.job import BisectParams
+from tuner.tuning.job import BisectOutcome, BisectParams
 
 if TYPE_CHECKING:
     from textual.notifications import SeverityLevel
@@ -577,14 +577,21 @@ class TunerApp(App[int]):
     def save_bisect_profile(self, name: str, device_id: str | None = None) -> None:
         """The finished bisect as a profile (tuner.actions.bisect, as the CLI's --save), in the user's store: one
         card's own result (`device_id`), or one rig profile of the settings confirmed together."""
+        outcome = self.bisect.outcome
+        if outcome is None or (device_id is not None and device_id not in outcome.per_card):
+            error = UsageError("no finished bisect to save", "run a bisect to its recommendation first")
+            self.notify(for_people(error.one_line()), severity="error", timeout=10)
+            return
+        self._save_bisect_profile_in_thread(outcome, name, device_id)
+
+    @work(thread=True, exit_on_error=False, group="profile-files")
+    def _save_bisect_profile_in_thread(self, outcome: BisectOutcome, name: str, device_id: str | None) -> None:
+        """save_bisect_profile's writes (the profile, one card's bundled evidence), off the UI thread."""
         from tuner.actions.bisect import SAVED_NEXT_IN_UI, profile_from_outcome, rig_profile_from_outcome
         from tuner.actions.profile_store import save_profile
         from tuner.actions.screen.record import bundle_beside_profile
 
-        outcome = self.bisect.outcome
         try:
-            if outcome is None or (device_id is not None and device_id not in outcome.per_card):
-                raise UsageError("no finished bisect to save", "run a bisect to its recommendation first")
             if device_id is None:  # a rig profile bundles no baseline (each card's is its own)
                 path, said = save_profile(rig_profile_from_outcome(self.backend, outcome, name)), ""
             else:
@@ -592,10 +599,17 @@ class TunerApp(App[int]):
                 path = save_profile(profile_from_outcome(self.backend, device_id, card, name))
                 said = bundle_beside_profile(self.backend, device_id, card, path).text()  # as bisect --save
         except TunerError as e:
-            self.notify(for_people(e.one_line()), severity="error", timeout=10)
+            self.post_message(msg.BisectProfileSaved(None, e))
             return
-        self.notify(f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}; "
-                    f"{SAVED_NEXT_IN_UI}")
+        self.post_message(msg.BisectProfileSaved(
+            f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}; {SAVED_NEXT_IN_UI}",
+            None))
+
+    def on_bisect_profile_saved(self, message: msg.BisectProfileSaved) -> None:
+        if message.error is not None:
+            self.notify(for_people(message.error.one_line()), severity="error", timeout=10)
+        elif message.said:
+            self.notify(message.said)
 
     # --- profiles -----------------------------------------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="setting")

@@ -5,15 +5,18 @@ The run itself belongs to the App (switching screens never stops it); this scree
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
-from textual import events
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
+from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
 from tuner.actions import parameters
@@ -30,6 +33,9 @@ from tuner.tuning.job import BisectEstimate, BisectOutcome, BisectParams
 from tuner.tuning.sensitivity import detection_rate_text
 from tuner.widgets.history_plot import HistoryPlot
 
+if TYPE_CHECKING:
+    from tuner.backends.base import Backend
+
 # The parameters with a label (tuner.actions.parameters), the first row's first. A blank field is the core's default
 # for the card, shown as the field's placeholder ("10 mV", "30 MHz", "5m").
 FIRST_ROW = ("step", "resolution", "margin", "floor")
@@ -40,6 +46,41 @@ FIELD_WIDTHS = {"step": 8, "resolution": 8, "margin": 8, "floor": 10, "trial": 6
 COLUMNS = ("setting", "phase", "verdict", "why", "tok/s", "W", "tok/J", "max °C")
 WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table; below, g swaps them
 KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
+
+
+# What the screen's file worker (BisectScreen._file_work) posts back: the files are read and written off the UI
+# thread (issue 21), each answer handled on it.
+@dataclass
+class FormRecalled(Message):
+    """The card's remembered form (tuner.app.form_memory), and the form as it was when it was asked for."""
+
+    device_id: str
+    asked: dict[str, str]
+    values: dict[str, str]
+
+
+@dataclass
+class SessionRead(Message):
+    """The card's unfinished session (its journal), for the key it was read for."""
+
+    key: tuple
+    state: BisectState
+
+
+@dataclass
+class PlanRead(Message):
+    """The plan line for the key it was estimated for (the unsafe list is read for it)."""
+
+    key: tuple
+    text: str
+
+
+@dataclass
+class ExportDone(Message):
+    """The trials were written (what to say), or the error that stopped it."""
+
+    said: str | None
+    error: TunerError | None
 
 
 def parse_form(values: dict[str, str], *, unit: str = "", resume: bool = False,
@@ -160,15 +201,46 @@ class BisectScreen(TunerScreen):
         self._painted: tuple[object, ...] | None = None
         self._resting: tuple[tuple, BisectState] | None = None  # (card, bisect running, its outcome), its session
         self._defaults_for: object = None
+        self._session_asked: tuple | None = None  # the key of the unfinished-session read in flight
+        self._plan: tuple[object, str] = (None, "")  # (key, the plan line estimated for it)
+        self._plan_asked: object = None
+        self._recalls = 0  # form recalls in flight: a start waits for them (it must use the remembered values)
+        self._start_after_recall: tuple[bool, bool] | None = None
         self._recall_form()
+
+    @work(thread=True, exit_on_error=False, group="bisect-files")
+    def _file_work(self, do: Callable[[], Message | None]) -> None:
+        """A read or write of the form memory, the journal, the unsafe list or a report, off the UI thread: the
+        message `do` returns is handled back on it."""
+        message = do()
+        if message is not None:
+            self.post_message(message)
 
     def _form_values(self) -> dict[str, str]:
         return {p.id: self.query_one(f"#in-{p.id}", Input).value for p in FIELDS}
 
     def _recall_form(self) -> None:
-        """The selected card's last values (tuner.app.form_memory); blank where it has none."""
+        """The selected card's last values (tuner.app.form_memory), read in a worker; blank where it has none."""
         device_id = self.app.selected_device_id
-        values = form_memory.recall(self.app.device(device_id)) if device_id else {}
+        if not device_id:
+            self._fill_form({})
+            return
+        device, asked = self.app.device(device_id), self._form_values()
+        self._recalls += 1
+        self._file_work(lambda: FormRecalled(device_id, asked, form_memory.recall(device)))
+
+    def on_form_recalled(self, message: FormRecalled) -> None:
+        """Filled in unless the card changed or the form was edited meanwhile (what was typed is kept); a start
+        asked for meanwhile runs now, with the form as filled."""
+        self._recalls -= 1
+        if message.device_id == self.app.selected_device_id and self._form_values() == message.asked:
+            self._fill_form(message.values)
+            self.repaint()
+        if self._recalls == 0 and self._start_after_recall is not None:
+            (resume, restart), self._start_after_recall = self._start_after_recall, None
+            self.action_start(resume=resume, restart=restart)
+
+    def _fill_form(self, values: Mapping[str, str]) -> None:
         for p in FIELDS:
             self.query_one(f"#in-{p.id}", Input).value = values.get(p.id, "")
 
@@ -185,6 +257,9 @@ class BisectScreen(TunerScreen):
 
     # --- actions -------------------------------------------------------------------------------------------------
     def action_start(self, resume: bool = False, restart: bool = False) -> None:
+        if self._recalls:  # b pressed before the remembered form arrived: started once it is filled in
+            self._start_after_recall = (resume, restart)
+            return
         values, knob, selected = self._form_values(), self._knob(), self.app.selected_device_id
         try:
             params = parse_form(values, unit=knob.unit if knob else "", resume=resume, restart=restart)
@@ -192,7 +267,8 @@ class BisectScreen(TunerScreen):
             self.notify(e.one_line(), severity="error", timeout=8)
             return
         if selected:  # none while no card is known
-            form_memory.remember(self.app.device(selected), values)
+            device = self.app.device(selected)
+            self._file_work(lambda: form_memory.remember(device, values))
         ids = tuple(d.id for d in self.app.devices) if self.app.bisect_all else tuple(filter(None, [selected]))
         if ids:
             self.app.start_bisect(ids, params)
@@ -285,17 +361,27 @@ class BisectScreen(TunerScreen):
         from tuner.actions.report import write_report
 
         state = self._table_state()
-        if state.device_id is None:  # no card selected: no trials to write
+        device_id = state.device_id
+        if device_id is None:  # no card selected: no trials to write
             return
         rec = state.recommendation
-        try:
-            written = write_report(Path(path), state.trials, device_id=state.device_id, session=state.session,
-                                   simulated=self.app.device(state.device_id).simulated,
-                                   recommendation=asdict(rec) if rec is not None else None)
-        except TunerError as e:
-            self.notify(for_people(e.one_line()), severity="error", timeout=10)
-            return
-        self.notify(f"exported the trials to {written}")
+        simulated = self.app.device(device_id).simulated
+
+        def export() -> ExportDone:  # in the file worker
+            try:
+                written = write_report(Path(path), state.trials, device_id=device_id, session=state.session,
+                                       simulated=simulated, recommendation=asdict(rec) if rec is not None else None)
+            except TunerError as e:
+                return ExportDone(None, e)
+            return ExportDone(f"exported the trials to {written}", None)
+
+        self._file_work(export)
+
+    def on_export_done(self, message: ExportDone) -> None:
+        if message.error is not None:
+            self.notify(for_people(message.error.one_line()), severity="error", timeout=10)
+        elif message.said:
+            self.notify(message.said)
 
     def action_apply_result(self) -> None:
         """One card: its recommendation through the App's apply path (the rules of `tuner set`, then keep-or-revert).
@@ -355,11 +441,22 @@ class BisectScreen(TunerScreen):
         mine = len(job.device_ids) > 1 if app.bisect_all else app.selected_device_id in job.device_ids
         if mine or app.bisect_all or not app.selected_device_id:
             return job if mine else BisectState()
-        # nothing ran here for this card: its unfinished session, if any (read again once a bisect started or ended)
+        # nothing ran here for this card: its unfinished session, if any (read again once a bisect started or ended,
+        # in the file worker; until it answers, what was read for this card before, else nothing)
         key = (app.selected_device_id, job.running, id(job.outcome))
-        if self._resting is None or self._resting[0] != key:
-            self._resting = (key, jobs.unfinished_session(app.selected_device_id) or BisectState())
-        return self._resting[1]
+        if self._resting is not None and self._resting[0] == key:
+            return self._resting[1]
+        if self._session_asked != key:
+            self._session_asked, device_id = key, app.selected_device_id
+            self._file_work(lambda: SessionRead(key, jobs.unfinished_session(device_id) or BisectState()))
+        if self._resting is not None and self._resting[0][0] == app.selected_device_id:
+            return self._resting[1]
+        return BisectState()
+
+    def on_session_read(self, message: SessionRead) -> None:
+        if message.key == self._session_asked:
+            self._resting = (message.key, message.state)
+            self.repaint()
 
     def repaint(self) -> None:
         app = self.app
@@ -431,19 +528,22 @@ class BisectScreen(TunerScreen):
     def _paint_plan(self, job: BisectState) -> None:
         """Before a start: what b runs with the form as it is (trials at most, the confirmation, the time at
         most), by the core rule the running bisect's ETA uses; a form it would refuse says which field."""
-        from tuner.actions.bisect import bisect_estimate
-
         device_id = self.app.selected_device_id
         text = ""
         if not job.running and device_id:
-            knob = self._knob()
-            try:
-                params = parse_form(self._form_values(), unit=knob.unit if knob else "")
-                text = plan_text(bisect_estimate(self.app.backend, device_id, params), every=self.app.bisect_all)
-            except TunerError as e:
-                text = f"plan: {for_people(e.message, here=BISECT)}"
+            knob, values, every = self._knob(), self._form_values(), self.app.bisect_all
+            key = (device_id, values, knob, every, id(job.outcome))  # the unsafe list changes only with a bisect
+            if self._plan[0] != key and self._plan_asked != key:
+                self._plan_asked = key
+                self._file_work(partial(_plan_read, key, self.app.backend, device_id, values, knob, every))
+            text = self._plan[1]  # until the worker answers, the last plan line
         plan = self.query_one("#bisect-plan", Static)
         plan.update(_fit(text, plan.size.width or LINE_WIDTH))  # a refusal is cut; b says it in full
+
+    def on_plan_read(self, message: PlanRead) -> None:
+        if message.key == self._plan_asked:
+            self._plan = (message.key, message.text)
+            self.repaint()
 
     def _paint_table(self, state: CardState, unit: str, device_id: str | None) -> bool:
         """The trial table, its detail line and the efficiency plot, when they changed. True: repainted."""
@@ -467,6 +567,19 @@ class BisectScreen(TunerScreen):
              ("W", [r["setting"] for r in powered], [r["power_w"] for r in powered], "right")],
             title=f"tok/J and W vs setting ({unit})" + (" SIMULATED" if self.app.simulated else ""))
         return True
+
+
+def _plan_read(key: tuple, backend: Backend, device_id: str, values: dict[str, str], knob: Knob | None,
+               every: bool) -> PlanRead:
+    """In the file worker: the plan line (tuner.actions.bisect.bisect_estimate reads the card's unsafe list)."""
+    from tuner.actions.bisect import bisect_estimate
+
+    try:
+        params = parse_form(values, unit=knob.unit if knob else "")
+        text = plan_text(bisect_estimate(backend, device_id, params), every=every)
+    except TunerError as e:
+        text = f"plan: {for_people(e.message, here=BISECT)}"
+    return PlanRead(key, text)
 
 
 def plan_text(estimate: BisectEstimate, *, every: bool = False) -> str:

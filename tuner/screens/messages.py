@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # what the messages carry, for the type checker (the App impo
     from tuner.actions.keep_or_revert import PendingChange
     from tuner.actions.profile_apply import ProfileApply, RigChange
     from tuner.app.jobs import EarlierTrials
+    from tuner.core.errors import TunerError
     from tuner.tuning.events import BisectEvent
     from tuner.tuning.job import BisectOutcome
 
@@ -102,3 +103,11 @@ class BootServiceRead(Message):
     """The apply-at-boot service's status (tuner.actions.boot_service.BootServiceStatus)."""
 
     status: BootServiceStatus
+
+
+@dataclass
+class BisectProfileSaved(Message):
+    """The finished bisect was saved as a profile (what to say), or the error that stopped it."""
+
+    said: str | None
+    error: TunerError | None

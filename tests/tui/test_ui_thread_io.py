@@ -1,0 +1,105 @@
+"""Issue 21: the Bisect screen and the App read and write no file on Textual's event-loop thread (the main thread
+under run_test): the remembered form, the journal, the unsafe list (the plan), the export and the saved profile
+are each reached from a thread worker."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.polling import until
+from tests.tui.helpers import make_app, sim_backend
+from tests.tuning.fake_engine import FakeEngine
+from tuner.screens.dialogs import TextInputDialog
+
+FILE_FUNCTIONS = (  # (module, name): what the Bisect screen and the App's bisect save reach files through
+    ("tuner.app.form_memory", "recall"),
+    ("tuner.app.form_memory", "remember"),
+    ("tuner.app.jobs", "unfinished_session"),
+    ("tuner.actions.bisect", "bisect_estimate"),
+    ("tuner.actions.report", "write_report"),
+    ("tuner.actions.profile_store", "save_profile"),
+)
+
+
+@pytest.fixture(autouse=True)
+def boot_id(boot):
+    """A fake /proc with a known boot id (the journal records it)."""
+
+
+async def test_the_bisect_screens_file_work_runs_off_the_ui_thread(tmp_path, monkeypatch):
+    import importlib
+
+    calls: dict[str, list[bool]] = {}  # name -> for each call: was it on the main (event-loop) thread
+
+    for module_name, name in FILE_FUNCTIONS:
+        module = importlib.import_module(module_name)
+        real = getattr(module, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.setdefault(_name, []).append(threading.current_thread() is threading.main_thread())
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": FakeEngine(), "kernel_watcher_factory": lambda _card: None})
+    out = tmp_path / "trials.csv"
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        assert threading.current_thread() is threading.main_thread()  # the event loop runs here
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect" and {"recall", "unfinished_session",
+                                                                      "bisect_estimate"} <= calls.keys())
+        await until(pilot, lambda: "plan" in str(app.screen.query_one("#bisect-plan").render()))
+        for field_id, value in (("trial", "1s"), ("confirm", "2s")):
+            app.screen.query_one(f"#in-{field_id}").value = value
+        await pilot.press("b")
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await until(pilot, lambda: "RECOMMENDED" in str(app.screen.query_one("#bisect-result").render()))
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog))
+        app.screen.query_one("#text").value = str(out)
+        await pilot.press("enter")
+        await until(pilot, lambda: any(n.message.startswith("exported the trials") for n in app._notifications))
+        await until(pilot, lambda: not isinstance(app.screen, TextInputDialog))
+        await pilot.press("v")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog))
+        await pilot.press("enter")
+        await until(pilot, lambda: any(n.message.startswith("saved profile") for n in app._notifications))
+    assert out.exists()
+    assert {name for _m, name in FILE_FUNCTIONS} <= calls.keys(), calls
+    on_ui_thread = {name for name, threads in calls.items() if any(threads)}
+    assert not on_ui_thread, f"file work on the UI thread: {sorted(on_ui_thread)}"
+
+
+async def test_a_start_before_the_remembered_form_arrives_waits_for_it(tmp_path, monkeypatch):
+    """The form's remembered values are read in a worker: b pressed before they arrive must not start with a blank
+    form (the default 5-minute trials), but start once they are filled in, with them."""
+    from tuner.app import form_memory
+    from tuner.tuning.job import BisectJob
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    form_memory.remember(backend.device("sim0"), {"trial": "7s", "confirm": "9s"})
+    release = threading.Event()
+    real_recall = form_memory.recall
+
+    def slow_recall(device):
+        release.wait(20)
+        return real_recall(device)
+
+    monkeypatch.setattr(form_memory, "recall", slow_recall)
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job.params))
+    app = make_app(tmp_path, backend=backend, samples=0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#in-trial")))
+        await pilot.press("b")
+        await pilot.pause()
+        assert started == [] and not app.bisect.running  # waiting for the form, not started with a blank one
+        release.set()
+        await until(pilot, lambda: started != [], what="the start, once the form is filled in")
+    [params] = started
+    assert (params.trial_s, params.confirm_s) == (7.0, 9.0)
