@@ -156,7 +156,8 @@ async def test_the_export_default_is_the_one_the_cli_and_profiles_use(tmp_path, 
 
 async def test_a_trial_warning_is_said_and_stays_on_the_screen(tmp_path):
     """A bisect's warnings (a check at less than full strength, a clamped setting, a pause) were folded into the
-    App's state and shown nowhere: the CLI prints each one. Now each is a toast, and the last stays in view."""
+    App's state and shown nowhere: the CLI prints each one. Now each is a toast, and the last stays in view, cut to
+    what is left of the status's state line."""
     from tuner.app.state import BisectState, CardState
     from tuner.screens import messages as msg
     from tuner.tuning.events import TrialWarning
@@ -172,4 +173,8 @@ async def test_a_trial_warning_is_said_and_stays_on_the_screen(tmp_path):
         [toast] = [n for n in app._notifications if line in n.message]
         assert toast.severity == "warning" and toast.message.startswith("sim0: ")
         app.clear_notifications()
-        await until(pilot, lambda: f"warning: {line}" in screen_text(app), what="the warning on the screen")
+        await until(pilot, lambda: "· warning: clamped: the car" in screen_text(app), what="the warning on screen")
+        # on the state's line, cut to fit: the status takes no extra row (the SIMULATED note must stay in view)
+        assert app.screen.query_one("#bisect-status").size.height == 2
+        [shown] = [row for row in screen_text(app).splitlines() if "· warning:" in row]
+        assert shown.startswith(" idle · b start") and shown.rstrip().endswith("…"), shown

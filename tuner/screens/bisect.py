@@ -143,7 +143,7 @@ class BisectScreen(TunerScreen):
     BisectScreen .bisect-form { height: 1; padding: 0 1; }
     BisectScreen .bisect-form Label { width: auto; padding: 0 1 0 0; }
     BisectScreen #bisect-plan { width: 1fr; }
-    BisectScreen #bisect-status { height: auto; min-height: 2; max-height: 3; padding: 0 1; }
+    BisectScreen #bisect-status { height: 2; padding: 0 1; }
     BisectScreen #bisect-progress { height: 1; padding: 0 1; }
     BisectScreen #bisect-main { height: 1fr; }
     BisectScreen #bisect-trials { width: 1fr; }
@@ -503,8 +503,8 @@ class BisectScreen(TunerScreen):
             status.append("idle · b start · f edit form · u resume a session"
                           + (" · d next card, then ALL CARDS" if len(app.devices) > 1 else ""))
         warnings = card.warnings + (job.warnings if every else ())  # every card: the rig's own too
-        if warnings:  # the last one stays in view (a toast said each as it came)
-            status.append(f"\nwarning: {for_people(warnings[-1], here='bisect')}", style="bold yellow")
+        if warnings:  # the last one stays in view, on the state's line (a toast said each one whole as it came)
+            status.append(self._warning_text(warnings[-1], after=status.plain.rsplit("\n", 1)[-1]))
         self.query_one("#bisect-status", Static).update(status)
         progress = cur.get("progress") or 0.0
         if not card.running:
@@ -524,6 +524,14 @@ class BisectScreen(TunerScreen):
                 recommendation_text(card.recommendation, unit, simulated=simulated))
         elif every:
             self.query_one("#bisect-result", Static).update(rig_result_text(job, simulated=simulated))
+
+    def _warning_text(self, warning: str, *, after: str) -> Text:
+        """` · warning: ...` cut to what is left of the status's last line: the status never takes another row
+        (at 80x24 that row would push the SIMULATED note off the screen)."""
+        room = self.query_one("#bisect-status", Static).content_region.width - len(after)
+        text = Text(f" · warning: {for_people(warning, here='bisect')}", style="bold yellow")
+        text.truncate(max(room, 0), overflow="ellipsis")
+        return text
 
     def _paint_plan(self, job: BisectState) -> None:
         """Before a start: what b runs with the form as it is (trials at most, the confirmation, the time at
