@@ -52,6 +52,19 @@ def _fake_trial(seen: list):
     return run
 
 
+async def _verify_from_the_profiles_screen(app) -> None:
+    """Apply the one saved profile from the Profiles screen, say yes to its verify, wait for the (failing) trial."""
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_profiles(pilot, app)
+        await pilot.press("a")
+        await _settle(app, pilot)
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")
+        await _settle(app, pilot)
+        await until(pilot, lambda: not app.stress.running)
+        assert app.stress.verdict.startswith("verify fail"), app.stress.verdict
+
+
 async def test_profile_verify_is_guarded_and_uses_the_profiles_workload_and_lock(tmp_path, monkeypatch):
     seen: list = []
     monkeypatch.setattr("tuner.actions.verify.bisect_trial", _fake_trial(seen))
@@ -62,15 +75,7 @@ async def test_profile_verify_is_guarded_and_uses_the_profiles_workload_and_lock
                             tuning={"preset": "large", "mode": "gemm", "dtype": "float32"})
     save_profile(replace(profile, setting=replace(profile.setting, lock_clock_mhz=2400)))
     app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await open_profiles(pilot, app)
-        await pilot.press("a")
-        await _settle(app, pilot)
-        assert isinstance(app.screen, ConfirmDialog)
-        await pilot.press("y")
-        await _settle(app, pilot)
-        await until(pilot, lambda: not app.stress.running)
-        assert app.stress.verdict.startswith("verify fail"), app.stress.verdict
+    await _verify_from_the_profiles_screen(app)
     [trial] = seen
     assert trial["guard"], "the verify ran without the crash guard"
     assert (trial["workload"].preset, trial["workload"].mode, trial["workload"].dtype) == ("large", "gemm", "float32")
@@ -206,15 +211,7 @@ async def test_profile_verify_compares_with_the_profiles_bundled_reference(tmp_p
     path = save_profile(build_profile("carried", other, backend.knob("sim0"), -25, kernel="6.14.0-test"))
     rb.write_beside(bundle(tmp_path / "recorded"), path)
     app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await open_profiles(pilot, app)
-        await pilot.press("a")
-        await _settle(app, pilot)
-        assert isinstance(app.screen, ConfirmDialog)
-        await pilot.press("y")
-        await _settle(app, pilot)
-        await until(pilot, lambda: not app.stress.running)
-        assert app.stress.verdict.startswith("verify fail"), app.stress.verdict
+    await _verify_from_the_profiles_screen(app)
     assert [t["workload"].record for t in seen] == [None], "a stock reference was recorded instead of the bundled one"
     [trial] = seen
     assert trial["workload"].reference is not None and trial["workload"].reference.name.startswith("trajectory-")
