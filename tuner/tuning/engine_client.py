@@ -410,7 +410,7 @@ class StressRun:
                     self._progressed(ev)
                     self._steps_seen += 1
                     self._last_step = max(self._last_step, ev.step)
-                    if ev.dt_ms is not None and math.isfinite(ev.dt_ms):
+                    if math.isfinite(ev.dt_ms):
                         self._step_times.append(ev.dt_ms / 1e3)
                     if isinstance(ev, StepEvent) and ev.tok_s is not None and math.isfinite(ev.tok_s):
                         self._tok_s.append(ev.tok_s)
@@ -431,7 +431,7 @@ class StressRun:
     # -- watchdog
 
     def _median_step_s(self) -> float | None:
-        warm = self._start_event.warmup_steps if self._start_event and self._start_event.warmup_steps else 0
+        warm = self._start_event.warmup_steps if self._start_event else 0
         times = self._step_times[warm:] if len(self._step_times) > warm else self._step_times
         return statistics.median(times) if times else None
 
@@ -496,10 +496,9 @@ class StressRun:
         assert proc is not None
         code = proc.returncode
         end, start = self._end_event, self._start_event
-        tail = "\n".join(self._stderr)
-        steps = end.steps if end is not None and end.steps is not None else self._last_step
         common: dict[str, Any] = {
-            "steps": steps, "exit_code": code, "stderr_tail": tail, "start": start, "end": end,
+            "steps": end.steps if end is not None else self._last_step, "exit_code": code, "start": start,
+            "end": end, "stderr_tail": "\n".join(self._stderr),
             "sensitivity": end.sensitivity if end is not None else (start.sensitivity if start else None),
             "duration_s": end.duration_s if end is not None else None,
             # from the step events when the run ended without an `end` event
