@@ -186,7 +186,7 @@ def _load(path: Path) -> dict | None:
         problem = journal_schema.problem(doc, journal_schema.Guard)
     else:
         session = doc.get("session")
-        name = f"{path.name[:-len('.json')]}.{session}.ref" if isinstance(session, str) else None
+        name = reference_path(path.stem, session).name if isinstance(session, str) else None  # stem: already safe
         problem = journal_schema.check_journal(doc, reference_name=name)
     if problem:
         raise _damaged(path, problem)
