@@ -2,9 +2,8 @@
 
 - `engine_request(target, ...)` is the one builder of an `EngineConfig`: the engine's own options
   (`tuner.engine.options`, torch-free) rendered to its command line by `.argv()`.
-- `parse_event(line)` turns one JSON line into the typed, frozen event `tuner.engine.events` declares; an
-  unknown event name (a newer engine) is an `UnknownEvent`, a declared event that breaks the schema an
-  `InvalidEvent` (the run says so), anything else a `LogEvent`.
+- `parse_event(line)` is `tuner.engine.events.decode_line`: one line to the typed, frozen event, never raising
+  (an unknown name is an `UnknownEvent`, a broken event an `InvalidEvent` the run reports, anything else a `LogEvent`).
 - `StressRun` starts the engine in its own session, yields events as they arrive (iterate from a worker
   thread), watches for hangs (`WatchdogPolicy`), stops it on request (SIGTERM to the group, SIGKILL after a
   grace period), and sums it up in a `StressResult`.
@@ -216,6 +215,8 @@ class WatchdogPolicy:
         return max(self.min_silence_s, self.silence_factor * (median_step_s or 0.0))
 
 
+# the engine's work; heartbeats are progress by their count, warnings, unknown events and stray lines life only
+_WORK_EVENTS = (StartEvent, StepEvent, GemmEvent, CanaryEvent, PhaseEvent, SegmentEvent, FaultEvent, EndEvent)
 _IDLE_STATES = {"idle", "partial-idle", "eval", "done"}  # heartbeats in these states are not a stall
 # A data-parallel rank waiting for its peers ("collective") is not stalled either, for as long as its own collective
 # timeout allows (plus this margin): past that the engine should have ended the wait itself, so silence is a hang.
@@ -394,6 +395,8 @@ class StressRun:
         now = self._clock()
         with self._lock:
             self._t_last_event = now
+            if isinstance(ev, _WORK_EVENTS):
+                self._progressed(ev)
             match ev:
                 case HeartbeatEvent(state=state, progress=progress):
                     self._engine_t = max(self._engine_t, ev.t)  # its clock while it says it is alive
@@ -407,31 +410,24 @@ class StressRun:
                         self._progressed(ev)
                     self._last_progress_count = progress
                 case StepEvent() | GemmEvent():
-                    self._progressed(ev)
                     self._steps_seen += 1
                     self._last_step = max(self._last_step, ev.step)
-                    if ev.dt_ms is not None and math.isfinite(ev.dt_ms):
+                    if math.isfinite(ev.dt_ms):
                         self._step_times.append(ev.dt_ms / 1e3)
                     if isinstance(ev, StepEvent) and ev.tok_s is not None and math.isfinite(ev.tok_s):
                         self._tok_s.append(ev.tok_s)
                 case StartEvent():
-                    self._progressed(ev)
                     self._start_event = ev
                 case EndEvent():
-                    self._progressed(ev)
                     self._end_event = ev
-                case CanaryEvent() | PhaseEvent() | SegmentEvent() | FaultEvent():
-                    self._progressed(ev)
                 case InvalidEvent(problem=problem):  # life, not progress; a bug the result must not hide
                     self._protocol_problem = self._protocol_problem or problem
                     self._stderr.append(f"tuner: the engine broke its protocol (docs/engine.md): {problem}")
-                case _:  # warnings, unknown events and stray lines show life, not progress
-                    pass
 
     # -- watchdog
 
     def _median_step_s(self) -> float | None:
-        warm = self._start_event.warmup_steps if self._start_event and self._start_event.warmup_steps else 0
+        warm = self._start_event.warmup_steps if self._start_event else 0
         times = self._step_times[warm:] if len(self._step_times) > warm else self._step_times
         return statistics.median(times) if times else None
 
@@ -496,10 +492,9 @@ class StressRun:
         assert proc is not None
         code = proc.returncode
         end, start = self._end_event, self._start_event
-        tail = "\n".join(self._stderr)
-        steps = end.steps if end is not None and end.steps is not None else self._last_step
         common: dict[str, Any] = {
-            "steps": steps, "exit_code": code, "stderr_tail": tail, "start": start, "end": end,
+            "steps": end.steps if end is not None else self._last_step, "exit_code": code, "start": start,
+            "end": end, "stderr_tail": "\n".join(self._stderr),
             "sensitivity": end.sensitivity if end is not None else (start.sensitivity if start else None),
             "duration_s": end.duration_s if end is not None else None,
             # from the step events when the run ended without an `end` event

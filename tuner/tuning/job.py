@@ -586,14 +586,12 @@ class BisectJob:
         `journal.record_hard_failure`, as for a single card)."""
         failing = {d: r for d, r in res.results.items() if d in candidates and r.verdict == "fail"}
         errors = {d: r for d, r in res.results.items() if d in candidates and r.verdict == "error"}
-        missing = [d for d in candidates if d not in res.results]
         pinned = [d for d in res.pinned if d in candidates] or list(failing)
         reasons = {d: f"{r.verdict} ({r.kind}: {r.reason})" for d, r in {**failing, **errors}.items()}
-        for d in missing:
-            reasons[d] = "no result from the rig run"
-        for d, r in res.results.items():  # inconclusive (too few steps compared, a rank stopped by another's fault)
-            if d in candidates and r.verdict not in ("pass", "fail", "error"):
-                reasons[d] = f"{r.verdict} ({r.kind}: {r.reason})"
+        reasons |= dict.fromkeys((d for d in candidates if d not in res.results), "no result from the rig run")
+        # inconclusive (too few steps compared, a rank stopped by another's fault)
+        reasons |= {d: f"{r.verdict} ({r.kind}: {r.reason})" for d, r in res.results.items()
+                    if d in candidates and r.verdict not in ("pass", "fail", "error")}
         passed = not (reasons or res.machine_event or res.pinned)  # a reason for every card that did not pass
         backed: dict[str, int] = {}
         dropped: dict[str, str] = {}

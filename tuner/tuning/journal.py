@@ -36,6 +36,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from tuner.core import kernel_files, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, is_disk_full
@@ -184,7 +186,7 @@ def _load(path: Path) -> dict | None:
         problem = journal_schema.problem(doc, journal_schema.Guard)
     else:
         session = doc.get("session")
-        name = f"{path.name[:-len('.json')]}.{session}.ref" if isinstance(session, str) else None
+        name = reference_path(path.stem, session).name if isinstance(session, str) else None  # stem: already safe
         problem = journal_schema.check_journal(doc, reference_name=name)
     if problem:
         raise _damaged(path, problem)
@@ -398,19 +400,11 @@ def refuse_unsafe(device_id: str, knob: Knob, value: int, backend: Backend | Non
 
 def add_unsafe(device_id: str, setting: int, *, unit: str, kind: str, reason: str, edge: bool,
                session: str | None = None, serial: str | None = None, kernel_log: list[str] | None = None) -> dict:
-    entry = {
-        "device": device_id,
-        "serial": serial,
-        "setting": setting,
-        "unit": unit,
-        "kind": kind,
-        "reason": reason,
-        "edge": edge,
-        "session": session,
-        "boot_id": kernel_files.boot_id(),
-        "recorded_at": time.time(),
-        "kernel_log": list(kernel_log or [])[-20:],
-    }
+    # built as the type its reader holds it to: a misspelt or missing key fails here, not when the list is read
+    entry = msgspec.structs.asdict(journal_schema.UnsafeEntry(
+        setting=setting, kind=kind, unit=unit, device=device_id, serial=serial, session=session,
+        boot_id=kernel_files.boot_id(), reason=reason, edge=edge, recorded_at=time.time(),
+        kernel_log=list(kernel_log or [])[-20:]))
     with _writing(unsafe_path(device_id), "append to"):
         append_durable(unsafe_path(device_id), json.dumps(entry, sort_keys=True))
     return entry

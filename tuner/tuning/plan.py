@@ -268,10 +268,10 @@ class BisectPlan:
         return decision
 
     def _decide(self, results: list[PlanResult]) -> Decision:
-        baseline = [r for r in results if r.phase == BASELINE]
-        if not baseline:
+        at = max((i for i, r in enumerate(results) if r.phase == BASELINE), default=None)  # the last baseline
+        if at is None:
             return NextTrial(self.value(0), BASELINE)
-        last_baseline = baseline[-1]
+        last_baseline = results[at]
         if last_baseline.kind == NOT_REPEATABLE:
             return self._not_repeatable(last_baseline, "the baseline's start-up check")
         if last_baseline.verdict == ERROR:
@@ -280,8 +280,7 @@ class BisectPlan:
             return Stop("baseline-failed", f"the baseline at stock failed ({last_baseline.kind or 'fault'}): the "
                         "card or the software is unstable before any undervolt")
         if self.params.replay_baseline:
-            after = results[max(i for i, r in enumerate(results) if r.phase == BASELINE) + 1:]
-            replay = next((r for r in after if r.phase == REPLAY), None)
+            replay = next((r for r in results[at + 1:] if r.phase == REPLAY), None)
             if replay is None:
                 return NextTrial(self.value(0), REPLAY)
             if replay.verdict == FAIL or replay.kind == NOT_REPEATABLE:
@@ -303,10 +302,8 @@ class BisectPlan:
         # coarse descent
         if hi is None and lo < self.k_max:
             return NextTrial(self.value(min(lo + self.coarse_k, self.k_max)), COARSE)
-        if hi is not None and not any(r.phase in (REFINE, CONFIRM) for r in trials):
-            candidate = lo + self.coarse_k
-            if candidate < hi and candidate <= self.k_max:
-                return NextTrial(self.value(candidate), COARSE)
+        if hi is not None and lo + self.coarse_k < hi and not any(r.phase in (REFINE, CONFIRM) for r in trials):
+            return NextTrial(self.value(lo + self.coarse_k), COARSE)  # short of the failure (so of the range end)
         # refine (bisection on the resolution grid above the last pass)
         confirms = [r for r in trials if r.phase == CONFIRM]
         if hi is not None and not confirms:
