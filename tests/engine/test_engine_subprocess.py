@@ -128,3 +128,19 @@ def test_the_parent_death_signal_is_set_at_start_up():
             "print(get(), set_(), get())")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert p.stdout.split() == ["0", "True", str(int(signal.SIGTERM))]
+
+
+def test_an_engine_whose_given_parent_is_gone_ends_before_its_setup(tmp_path):
+    """`--parent-pid` names a parent that died before the engine read its own: the early backstop watched the pid
+    it saw (init), so a setup the main thread cannot leave (here a torch import that never returns) ran on."""
+    (tmp_path / "torch.py").write_text("import time\ntime.sleep(600)\n")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    p = subprocess.run([sys.executable, "-u", "-m", "tuner.engine", "--steps", "1", "--parent-pid", str(dead.pid)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=20, check=False)
+    events = validate_stream(p.stdout.splitlines())
+    assert p.returncode == 130 and [e["event"] for e in events] == ["end"], p.stderr
+    assert (events[0]["kind"], events[0]["exit_code"]) == ("interrupted", 130)
+    assert "the exit of the process that started the engine" in events[0]["reason"]
+    assert "Traceback" not in p.stderr

@@ -4,6 +4,7 @@ are each reached from a thread worker."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -103,3 +104,30 @@ async def test_a_start_before_the_remembered_form_arrives_waits_for_it(tmp_path,
         await until(pilot, lambda: started != [], what="the start, once the form is filled in")
     [params] = started
     assert (params.trial_s, params.confirm_s) == (7.0, 9.0)
+
+
+async def test_a_fifo_at_the_form_memory_is_refused_in_one_line_and_b_starts(tmp_path, monkeypatch):
+    """Reading a FIFO blocks until something writes to it: the recall never came back, so b never started."""
+    import os
+
+    from tuner.app import form_memory
+    from tuner.tuning.job import BisectJob
+
+    path = form_memory._path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job.params))
+    app = make_app(tmp_path, backend=sim_backend(tmp_path, vmin_mv=-52), samples=0)
+    try:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            await pilot.press("3")
+            await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#in-trial")))
+            await pilot.press("b")
+            await until(pilot, lambda: started != [], timeout_s=10, what="the start, with the blank form")
+            notes = [n.message for n in app._notifications if "FIFO" in n.message]
+            assert len(notes) == 1 and str(path) in notes[0] and "\n" not in notes[0], notes
+    finally:  # on the code before the fix, a worker is still blocked opening the FIFO: a writer lets it go
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert path.is_fifo()  # not ours to replace

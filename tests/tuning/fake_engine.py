@@ -58,6 +58,7 @@ class FakeEngine:
     steps: object = None
     # request -> a result that replaces the run's (an engine killed from outside, ...); None: run normally
     override: object = None
+    pci_bus_id: str | None = None  # the PCI bus id its start event reports (as a GPU engine's does)
 
     def __call__(self, request: sc.EngineConfig, watchdog: sc.WatchdogPolicy) -> _FakeRun:
         assert isinstance(request, sc.EngineConfig) and isinstance(watchdog, sc.WatchdogPolicy)
@@ -88,7 +89,8 @@ class _FakeRun:
         o = self.request.options
         self._start = event("start", device=o.device, preset=o.preset, mode=o.mode, seed=o.seed, steps=o.steps,
                     duration_s=o.duration_s, fault_rate=o.fault_rate, fault_seed=o.effective_fault_seed,
-                    injections=[str(i) for i in o.injections], record=o.record)
+                    injections=[str(i) for i in o.injections], record=o.record,
+                    pci_bus_id=self.engine.pci_bus_id)
         yield self._start
         # a run bound by steps makes that many (as the engine's --steps); else 60, past the minimum of compared steps
         n = self.engine.steps(self.request) if self.engine.steps else (o.steps if o.steps is not None else 60)

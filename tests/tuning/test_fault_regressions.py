@@ -85,6 +85,21 @@ def test_a_journal_of_valid_json_with_wrong_types_is_one_line(capsys, boot, doc)
     assert str(path) in err and "damaged" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("lacking", ["confirmed", "lowest_pass", "first_failure", "edge"])
+def test_a_finished_journal_whose_recommendation_lacks_a_key_is_one_line(capsys, boot, lacking):
+    """A hand-edited journal: `--from-last` rebuilt the recommendation with a TypeError (a traceback)."""
+    rec = {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50, "first_failure": -60,
+           "edge": False}
+    del rec[lacking]
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "state": "finished",
+                                "params": {}, "trials": [], "recommendation": rec}))
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
+    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, err
+    assert str(path) in err and "damaged" in err and repr(lacking) in err
+
+
 def test_a_journal_that_parses_but_is_damaged_blocks_boot_apply(capsys, boot):
     path = journal.journal_path("sim1")
     path.parent.mkdir(parents=True)

@@ -20,8 +20,8 @@ JOURNAL = {"version": 1, "session": "20260101-abc", "device": "sim0", "state": "
            "created_at": 1.7e9, "updated_at": 1.7e9, "future_key": {"anything": 1},
            "open_trial": {"session": "20260101-abc", "device": "sim0", "setting": -45, "phase": "refine",
                           "boot_id": "b", "pid": 123, "started_at": 1.7e9},
-           "recommendation": {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "tuned_tok_s": 1.5,
-                              "measured_at": None, "edge": False}}
+           "recommendation": {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50,
+                              "first_failure": -55, "tuned_tok_s": 1.5, "measured_at": None, "edge": False}}
 UNSAFE = {"device": "sim0", "serial": None, "setting": -40, "unit": "mV", "kind": "system-reset", "reason": "reset",
           "edge": True, "session": "s", "boot_id": "b", "recorded_at": 1.7e9, "kernel_log": ["amdgpu: ring timeout"]}
 RIG = {"version": 1, "session": "s1", "devices": ["sim0", "sim1"], "state": "active", "phase": "confirm", "pid": 1,
@@ -192,8 +192,9 @@ def test_the_rig_journal_the_tuner_writes_fits_the_declared_shape_and_each_damag
 
 def test_the_recommendation_the_journal_holds_is_the_events_own():
     """A finished journal holds the Recommendation event as `asdict` writes it (job.py); the schema declares the
-    keys it checks with the event's names, leniently (an older journal may lack some), so the two stay two
-    declarations: this keeps the schema's keys among the event's fields, and the event's document valid."""
+    keys it checks with the event's names (required where the event has no default: every journal has those), so
+    the two stay two declarations: this keeps the schema's keys among the event's fields, and the event's document
+    valid."""
     from dataclasses import asdict, fields
 
     from tuner.tuning.events import Recommendation

@@ -192,6 +192,19 @@ class Capabilities:
     notes: tuple[str, ...] = ()
 
 
+def same_bus_id(a: str, b: str) -> bool:
+    """Two PCI addresses name one slot: `0000:03:00.0` matches `03:00.0` (no domain: domain 0000) and
+    `00000000:03:00.0` (NVML's long domain), never `0001:03:00.0`. Text that is no address matches only itself."""
+    def norm(s: str) -> tuple[int, ...]:
+        parts = s.lower().replace(".", ":").split(":")
+        nums = [int(x, 16) for x in parts if x]
+        return tuple(nums[-3:]) + ((nums[-4],) if len(nums) >= 4 else (0,))
+    try:
+        return norm(a) == norm(b)
+    except ValueError:
+        return a.lower() == b.lower()
+
+
 @dataclass(frozen=True)
 class StressTarget:
     """How to stress one device: the engine's `--device` string, and the faults a simulated card injects."""

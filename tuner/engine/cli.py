@@ -29,7 +29,7 @@ def _protocol_stream() -> io.TextIOWrapper:
 def main(argv: list[str] | None = None) -> int:
     from tuner.core import exit_codes
     from tuner.engine.events import EndEvent
-    from tuner.engine.lifeline import exit_when_orphaned, parent_alive, set_parent_death_signal
+    from tuner.engine.lifeline import PARENT_EXIT, exit_when_orphaned, parent_alive, set_parent_death_signal
     from tuner.engine.options import UsageProblem, parse_args
     from tuner.engine.protocol import Emitter
 
@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     if opts.parent_pid is None:
         opts.parent_pid = PARENT_AT_START
+    elif not parent_alive(opts.parent_pid):  # gone before we read PARENT_AT_START: the backstop watches init
+        print("tuner.engine: the process that started the engine has exited: stopping", file=sys.stderr, flush=True)
+        emitter.emit(EndEvent.before_work(f"interrupted by {PARENT_EXIT}", "interrupted", exit_codes.INTERRUPTED))
+        return exit_codes.INTERRUPTED
 
     import importlib.util
 
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # before anything imports torch: the allocator, cuBLAS and TunableOp read theirs at import or first use
     environment_notes = compiled.prepare_environment(compiled.cache_root(opts.cache_dir))
-    from tuner.engine.runner import PARENT_EXIT, Engine
+    from tuner.engine.runner import Engine
 
     engine = Engine(opts, emitter, environment_notes=environment_notes)
 

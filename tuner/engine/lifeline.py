@@ -22,6 +22,7 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+PARENT_EXIT = "the exit of the process that started the engine"  # a stop_signal, like "SIGTERM"
 
 
 def _prctl(option: int, arg: object) -> int | None:

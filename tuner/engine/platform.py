@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tuner.core.models import same_bus_id  # the one rule, shared with the trial
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 # each float dtype's integer dtype of the same width: its bits, for exact checksums, comparisons and flips
@@ -44,18 +46,6 @@ def props_bus_id(props: object) -> str | None:
     if not hasattr(props, "pci_bus_id"):
         return None
     return f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
-
-
-def same_bus_id(a: str, b: str) -> bool:
-    """`0000:03:00.0` matches `03:00.0` and `00000000:03:00.0` (NVML's long domain)."""
-    def norm(s: str) -> tuple[int, ...]:
-        parts = s.lower().replace(".", ":").split(":")
-        nums = [int(x, 16) for x in parts if x]
-        return tuple(nums[-3:]) + ((nums[-4],) if len(nums) >= 4 else (0,))
-    try:
-        return norm(a) == norm(b)
-    except ValueError:
-        return a.lower() == b.lower()
 
 
 def resolve_device(text: str, expect_pci_bus_id: str | None = None) -> DeviceSpec:

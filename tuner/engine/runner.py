@@ -57,7 +57,7 @@ from tuner.engine.events import (
     WarningEvent,
 )
 from tuner.engine.faults import FaultInjector, PlatformFlaw
-from tuner.engine.lifeline import parent_alive
+from tuner.engine.lifeline import PARENT_EXIT, parent_alive
 from tuner.engine.model import GPT
 from tuner.engine.optim import build_optimizers, eager_updates
 from tuner.engine.options import EngineOptions, UsageProblem
@@ -104,7 +104,6 @@ NOT_REPEATABLE_HELP = ("likely causes: a kernel that is not deterministic on thi
                        "start event), or another process using the GPU (a display, a second job); remedies: stop "
                        "other GPU work, update the driver and PyTorch, or opt in to the weaker comparison with "
                        "--tolerance (reduced sensitivity)")
-PARENT_EXIT = "the exit of the process that started the engine"  # a stop_signal, like "SIGTERM"
 PARENT_GRACE_S = 3.0  # after the parent died, how long the main thread gets to stop before the process exits
 
 

@@ -56,7 +56,7 @@ class FormRecalled(Message):
 
     device_id: str
     asked: dict[str, str]
-    values: dict[str, str]
+    recalled: tuple[dict[str, str], str | None]  # the values, and why none could be read (form_memory.recall)
 
 
 @dataclass
@@ -233,8 +233,11 @@ class BisectScreen(TunerScreen):
         """Filled in unless the card changed or the form was edited meanwhile (what was typed is kept); a start
         asked for meanwhile runs now, with the form as filled."""
         self._recalls -= 1
+        values, note = message.recalled
+        if note is not None:
+            self.notify(note, severity="warning", timeout=8)
         if message.device_id == self.app.selected_device_id and self._form_values() == message.asked:
-            self._fill_form(message.values)
+            self._fill_form(values)
             self.repaint()
         if self._recalls == 0 and self._start_after_recall is not None:
             (resume, restart), self._start_after_recall = self._start_after_recall, None

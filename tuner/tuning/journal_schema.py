@@ -71,14 +71,16 @@ class TrialRecord(_Doc):
 
 
 class Recommendation(_Doc):
-    """A finished session's recommendation (what `tuner bisect --save NAME --from-last` saves)."""
+    """A finished session's recommendation (what `tuner bisect --save NAME --from-last` saves). The keys without a
+    default are the ones `events.Recommendation` has none for: the writer always writes them (`asdict`)."""
 
     setting: int
     margin: int
     unit: str
-    confirmed: int | None = None
-    lowest_pass: int | None = None
-    first_failure: int | None = None
+    confirmed: int | None
+    lowest_pass: int | None
+    first_failure: int | None
+    edge: bool
     measured_at: int | None = None
     baseline_tok_s: float | None = None
     baseline_power_w: float | None = None
@@ -87,7 +89,6 @@ class Recommendation(_Doc):
     tuned_power_w: float | None = None
     tuned_tok_per_j: float | None = None
     efficiency_gain_pct: float | None = None
-    edge: bool = False
 
 
 class Journal(_Doc):

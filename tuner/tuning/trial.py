@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tuner.backends.base import Backend
 from tuner.core.errors import NotApplied, TunerError
-from tuner.core.models import Knob, StressTarget, Verdict
+from tuner.core.models import Knob, StressTarget, Verdict, same_bus_id
 from tuner.tuning import engine_client as sc
 from tuner.tuning import kernel_log
 from tuner.tuning import sampler as sampler_mod
@@ -113,11 +113,6 @@ def trial_request(target: StressTarget, params: TrialParams, device_id: str, set
         # initial weights and keeps comparing
         reference_loop=reference is not None and not params.verify_repeatable,
         tolerance=params.tolerance, verify_repeatable=params.verify_repeatable, compile=params.compile, **extra)
-
-
-def same_bus(a: str, b: str) -> bool:
-    """`0000:03:00.0` matches `03:00.0` (a domain or not): the last two parts of the address, in any case."""
-    return a.lower().split(":")[-2:] == b.lower().split(":")[-2:]
 
 
 class _Card:
@@ -342,7 +337,7 @@ def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[Tr
                 case sc.StartEvent(pci_bus_id=reported, data_parallel=dp):
                     if dp is not None:
                         c.library = dp.library
-                    if c.target.pci_bus_id and reported and not same_bus(reported, c.target.pci_bus_id):
+                    if c.target.pci_bus_id and reported and not same_bus_id(reported, c.target.pci_bus_id):
                         c.pci_problem = (f"the engine runs on PCI {reported}, not on the card being tuned "
                                          f"({c.target.pci_bus_id}); check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
                         c.stop_engine("pci")
