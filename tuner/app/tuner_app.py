@@ -599,15 +599,16 @@ class TunerApp(App[int]):
                 path = save_profile(profile_from_outcome(self.backend, device_id, card, name))
                 said = bundle_beside_profile(self.backend, device_id, card, path).text()  # as bisect --save
         except TunerError as e:
-            self.post_message(msg.BisectProfileSaved(None, e))
+            self.post_message(msg.FileWorkDone(None, e))
             return
-        self.post_message(msg.BisectProfileSaved(
+        self.post_message(msg.FileWorkDone(
             f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}; {SAVED_NEXT_IN_UI}",
             None))
 
-    def on_bisect_profile_saved(self, message: msg.BisectProfileSaved) -> None:
+    def on_file_work_done(self, message: msg.FileWorkDone) -> None:
+        """What a file worker did, or the error that stopped it: the App's own, and every screen's (bubbled up)."""
         if message.error is not None:
-            self.notify(for_people(message.error.one_line()), severity="error", timeout=10)
+            self.notify(describe_error(message.error), severity="error", timeout=10)
         elif message.said:
             self.notify(message.said)
 

@@ -28,6 +28,7 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Knob
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
+from tuner.screens.messages import FileWorkDone
 from tuner.tuning.events import FINISHING, Recommendation
 from tuner.tuning.job import BisectEstimate, BisectOutcome, BisectParams
 from tuner.tuning.sensitivity import detection_rate_text
@@ -73,14 +74,6 @@ class PlanRead(Message):
 
     key: tuple
     text: str
-
-
-@dataclass
-class ExportDone(Message):
-    """The trials were written (what to say), or the error that stopped it."""
-
-    said: str | None
-    error: TunerError | None
 
 
 def parse_form(values: dict[str, str], *, unit: str = "", resume: bool = False,
@@ -367,21 +360,15 @@ class BisectScreen(TunerScreen):
         rec = state.recommendation
         simulated = self.app.device(device_id).simulated
 
-        def export() -> ExportDone:  # in the file worker
+        def export() -> FileWorkDone:  # in the file worker; said by the App
             try:
                 written = write_report(Path(path), state.trials, device_id=device_id, session=state.session,
                                        simulated=simulated, recommendation=asdict(rec) if rec is not None else None)
             except TunerError as e:
-                return ExportDone(None, e)
-            return ExportDone(f"exported the trials to {written}", None)
+                return FileWorkDone(None, e)
+            return FileWorkDone(f"exported the trials to {written}", None)
 
         self._file_work(export)
-
-    def on_export_done(self, message: ExportDone) -> None:
-        if message.error is not None:
-            self.notify(for_people(message.error.one_line()), severity="error", timeout=10)
-        elif message.said:
-            self.notify(message.said)
 
     def action_apply_result(self) -> None:
         """One card: its recommendation through the App's apply path (the rules of `tuner set`, then keep-or-revert).

@@ -32,6 +32,7 @@ from tuner.profiles import evidence
 from tuner.profiles.schema import Profile, ProfileDevice, RigEvidence, Tuning
 from tuner.screens.base import TunerScreen, too_small
 from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
+from tuner.screens.messages import FileWorkDone
 
 if TYPE_CHECKING:
     from tuner.actions.boot_service import BootServiceStatus
@@ -45,17 +46,6 @@ class ProfilesListed(Message):
     profiles: list[Profile]
     error: Exception | None
     select: str | None
-
-
-@dataclass
-class ProfileFileDone(Message):
-    """A worker finished an export, import or delete: what to say (or the error), and whether the list changed
-    (and which row to select then)."""
-
-    said: str | None
-    error: Exception | None
-    reload: bool = False
-    select: str | None = None
 
 
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
@@ -328,11 +318,7 @@ class ProfilesScreen(TunerScreen):
         self._fill(self.query_one("#profiles-table", DataTable), message.select)
         self.show_detail()
 
-    def on_profile_file_done(self, message: ProfileFileDone) -> None:
-        if message.error is not None:
-            self.notify(describe_error(message.error), severity="error", timeout=10)
-        elif message.said:
-            self.notify(message.said)
+    def on_file_work_done(self, message: FileWorkDone) -> None:  # then said by the App
         if message.reload:
             self.action_reload(select=message.select)
 
@@ -428,13 +414,13 @@ class ProfilesScreen(TunerScreen):
                                                                               overwrite=bool(replaces)))
 
     @work(thread=True, exit_on_error=False, group="profile-files")
-    def _file_work(self, do: Callable[[], ProfileFileDone]) -> None:
+    def _file_work(self, do: Callable[[], FileWorkDone]) -> None:
         """An export, import or delete (tuner.actions.profile_store), off the UI thread: what `do` says it did,
         or the error that stopped it."""
         try:
             done = do()
         except (TunerError, OSError) as e:
-            done = ProfileFileDone(None, e)
+            done = FileWorkDone(None, e)
         self.post_message(done)
 
     def action_export(self) -> None:
@@ -443,8 +429,8 @@ class ProfilesScreen(TunerScreen):
             return
         from tuner.actions.exports import profile_export_path
 
-        def export(path: Path) -> ProfileFileDone:
-            return ProfileFileDone(f"exported {profile.name} to {profile_store.export_profile(profile, path)}", None)
+        def export(path: Path) -> FileWorkDone:
+            return FileWorkDone(f"exported {profile.name} to {profile_store.export_profile(profile, path)}", None)
 
         def answered(path: str | None) -> None:
             if path:
@@ -455,9 +441,9 @@ class ProfilesScreen(TunerScreen):
             answered)
 
     def action_import_profile(self) -> None:
-        def import_file(path: Path) -> ProfileFileDone:
+        def import_file(path: Path) -> FileWorkDone:
             profile = profile_store.import_profile(path)  # validated before it is stored
-            return ProfileFileDone(f"imported {profile.name}", None, reload=True, select=profile.name)
+            return FileWorkDone(f"imported {profile.name}", None, reload=True, select=profile.name)
 
         def answered(path: str | None) -> None:
             if path:
@@ -470,9 +456,9 @@ class ProfilesScreen(TunerScreen):
         if profile is None:
             return
 
-        def delete() -> ProfileFileDone:
+        def delete() -> FileWorkDone:
             profile_store.delete_profile(profile.name)
-            return ProfileFileDone(f"deleted {profile.name}", None, reload=True)
+            return FileWorkDone(f"deleted {profile.name}", None, reload=True)
 
         def answered(yes: bool | None) -> None:
             if yes:
