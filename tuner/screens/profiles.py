@@ -7,7 +7,7 @@ reads or writes a file: a slow disk or a hung network home never freezes it); ap
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -412,16 +412,6 @@ class ProfilesScreen(TunerScreen):
         self.app.push_screen(ConfirmDialog(question, yes="Install", no="Cancel"),
                              lambda yes: yes and self.app.change_boot_service(profile.name,  # type: ignore[func-returns-value]  # as above
                                                                               overwrite=bool(replaces)))
-
-    @work(thread=True, exit_on_error=False, group="profile-files")
-    def _file_work(self, do: Callable[[], FileWorkDone]) -> None:
-        """An export, import or delete (tuner.actions.profile_store), off the UI thread: what `do` says it did,
-        or the error that stopped it."""
-        try:
-            done = do()
-        except (TunerError, OSError) as e:
-            done = FileWorkDone(None, e)
-        self.post_message(done)
 
     def action_export(self) -> None:
         profile = self.selected()
