@@ -44,7 +44,7 @@ from tuner.profiles.schema import Profile
 from tuner.screens import messages as msg
 from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
-from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
+from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, if_answered
 from tuner.tuning.events import TrialWarning
 from tuner.tuning.job import BisectOutcome, BisectParams
 
@@ -513,7 +513,7 @@ class TunerApp(App[int]):
             question = questions[0] if len(device_ids) == 1 else (
                 f"Bisect every card at once ({', '.join(device_ids)})? {questions[0]}")
             self.push_screen(ConfirmDialog(question, yes="Start", no="Cancel"),
-                             lambda yes: yes and self._begin_bisect(device_ids, params))  # type: ignore[func-returns-value]  # `and` only for its branch
+                             if_answered(lambda _yes: self._begin_bisect(device_ids, params)))
             return
         self._begin_bisect(device_ids, params)
 
@@ -638,7 +638,7 @@ class TunerApp(App[int]):
                     f"{format_duration(self.verify_duration_s)} stress trial at {plan.value:+d} {plan.knob.unit} on "
                     f"{plan.device.id}? It is kept only if it passes, else reverted.")
         self.push_screen(ConfirmDialog(question, yes="Verify", no="Cancel"),
-                         lambda yes: yes and self.verify_profile(plan))  # type: ignore[func-returns-value]  # as above
+                         if_answered(lambda _yes: self.verify_profile(plan)))
 
     def verify_profile(self, plan: ProfileApply) -> None:
         """`tuner apply --verify`: the journalled trial with the profile's workload and lock clock."""

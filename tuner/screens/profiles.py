@@ -31,7 +31,7 @@ from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import evidence
 from tuner.profiles.schema import Profile, ProfileDevice, RigEvidence, Tuning
 from tuner.screens.base import TunerScreen, too_small
-from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
+from tuner.screens.dialogs import ConfirmDialog, TextInputDialog, if_answered
 from tuner.screens.messages import FileWorkDone
 
 if TYPE_CHECKING:
@@ -400,7 +400,7 @@ class ProfilesScreen(TunerScreen):
             question = (f"Remove the boot service? {profile.name!r} is no longer applied at boot; the profiles in "
                         "the system store are kept.")
             self.app.push_screen(ConfirmDialog(question, yes="Remove", no="Cancel"),
-                                 lambda yes: yes and self.app.change_boot_service(None))  # type: ignore[func-returns-value]  # `and` only for its branch
+                                 if_answered(lambda _yes: self.app.change_boot_service(None)))
             return
         system_names = {p.name for p in status.system_profiles}
         replaces = (f" It replaces the system copy of {profile.name!r}." if profile.name in system_names else "")
@@ -410,8 +410,8 @@ class ProfilesScreen(TunerScreen):
                     f"boot service (needs root).{replaces}{instead} Booting with tuner.reset on the kernel command "
                     "line skips it.")
         self.app.push_screen(ConfirmDialog(question, yes="Install", no="Cancel"),
-                             lambda yes: yes and self.app.change_boot_service(profile.name,  # type: ignore[func-returns-value]  # as above
-                                                                              overwrite=bool(replaces)))
+                             if_answered(lambda _yes: self.app.change_boot_service(profile.name,
+                                                                                   overwrite=bool(replaces))))
 
     def action_export(self) -> None:
         profile = self.selected()
@@ -422,24 +422,17 @@ class ProfilesScreen(TunerScreen):
         def export(path: Path) -> FileWorkDone:
             return FileWorkDone(f"exported {profile.name} to {profile_store.export_profile(profile, path)}", None)
 
-        def answered(path: str | None) -> None:
-            if path:
-                self._file_work(partial(export, Path(path)))
-
         self.app.push_screen(  # the default in full: where it goes is never a guess
             TextInputDialog(f"Export {profile.name!r} to path:", value=str(profile_export_path(profile.name))),
-            answered)
+            if_answered(lambda path: self._file_work(partial(export, Path(path)))))
 
     def action_import_profile(self) -> None:
         def import_file(path: Path) -> FileWorkDone:
             profile = profile_store.import_profile(path)  # validated before it is stored
             return FileWorkDone(f"imported {profile.name}", None, reload=True, select=profile.name)
 
-        def answered(path: str | None) -> None:
-            if path:
-                self._file_work(partial(import_file, Path(path)))
-
-        self.app.push_screen(TextInputDialog("Import a profile from path:", placeholder="~/r9700.toml"), answered)
+        self.app.push_screen(TextInputDialog("Import a profile from path:", placeholder="~/r9700.toml"),
+                             if_answered(lambda path: self._file_work(partial(import_file, Path(path)))))
 
     def action_delete(self) -> None:
         profile = self.selected()
@@ -450,10 +443,6 @@ class ProfilesScreen(TunerScreen):
             profile_store.delete_profile(profile.name)
             return FileWorkDone(f"deleted {profile.name}", None, reload=True)
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._file_work(delete)
-
         self.app.push_screen(
             ConfirmDialog(f"Delete profile {profile.name!r}? This cannot be undone.", yes="Delete", no="Keep"),
-            answered)
+            if_answered(lambda _yes: self._file_work(delete)))
