@@ -213,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = run_app(ctx)
         else:
             code = args.run(args, ctx)
-        _flush_stdout()
+        if sys.stdout is not None:  # flushed now: a reader that left (`| head`) is seen here, not at interpreter exit
+            sys.stdout.flush()
     except BaseException as e:  # noqa: BLE001 - every way out of a command gets its line and its code
         if owns_process:
             signals.ending()  # first: a signal now must not cut this handling short with a second exception
@@ -240,12 +241,6 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
-
-def _flush_stdout() -> None:
-    """Flush now, so a reader that left (`| head`) is seen here and not as an error at interpreter exit."""
-    if sys.stdout is not None:
-        sys.stdout.flush()
 
 
 def _closed_pipe() -> int:

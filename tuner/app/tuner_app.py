@@ -21,6 +21,7 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.drivers.linux_driver import LinuxDriver
+from textual.message import Message
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -43,7 +44,7 @@ from tuner.profiles.schema import Profile
 from tuner.screens import messages as msg
 from tuner.screens.base import TunerScreen
 from tuner.screens.dashboard import DashboardScreen
-from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog
+from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, if_answered
 from tuner.tuning.events import TrialWarning
 from tuner.tuning.job import BisectOutcome, BisectParams
 
@@ -318,6 +319,16 @@ class TunerApp(App[int]):
         if event.state == WorkerState.ERROR and event.worker.error is not None:
             self.notify(f"{event.worker.name}: {describe_error(event.worker.error)}", severity="error", timeout=10)
 
+    def _post_result(self, what: str, do: Callable[[], Message | None]) -> None:
+        """In a worker: post the message `do` returns (None: nothing to say), or BackendFailed(what) when it raised
+        (refused, not root...: said in one line, never fatal)."""
+        try:
+            message = do()
+        except Exception as e:  # noqa: BLE001 - shown, never fatal
+            message = msg.BackendFailed(what, e)
+        if message is not None:
+            self.post_message(message)
+
     # --- manual setting: apply, keep or revert, reset ------------------------------------------------------------
     def apply_setting(self, device_id: str, value: int, *, profile: ProfileApply | None = None,
                       on_kept: Callable[[], None] | None = None) -> None:
@@ -406,20 +417,18 @@ class TunerApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="setting")
     def _settle_in_thread(self, pending: PendingChange | RigChange, keep: bool) -> None:
-        cards = pending.device_ids
-        try:
+        def settle() -> msg.ChangeSettled | None:
             with self._writing:  # make_safe waits for it (a hang-up while the answer is being written)
                 if not pending.pending:  # revert_overdue reverted it while the event loop was stuck
-                    return
+                    return None
                 if keep:
                     pending.keep()
                 else:
                     pending.revert()
-            knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
-        except Exception as e:  # noqa: BLE001
-            self.post_message(msg.BackendFailed(f"{'keep' if keep else 'revert'} on {', '.join(cards)}", e))
-            return
-        self.post_message(msg.ChangeSettled(knobs, "kept" if keep else _reverted("reverted", pending)))
+            knobs = {device_id: self.backend.knob(device_id) for device_id in pending.device_ids}
+            return msg.ChangeSettled(knobs, "kept" if keep else _reverted("reverted", pending))
+
+        self._post_result(f"{'keep' if keep else 'revert'} on {', '.join(pending.device_ids)}", settle)
 
     def reset_to_stock(self, device_id: str) -> None:
         if (self.stress.running and self.stress.device_id == device_id) or self._bisect_on(device_id):
@@ -429,13 +438,11 @@ class TunerApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="setting")
     def _reset(self, device_id: str) -> None:
-        try:
+        def reset() -> msg.ChangeSettled:
             with self._writing:  # make_safe waits for it
-                knob = reset_device(self.backend, device_id)
-        except Exception as e:  # noqa: BLE001
-            self.post_message(msg.BackendFailed(f"reset {device_id}", e))
-            return
-        self.post_message(msg.ChangeSettled({device_id: knob}, "reset to stock"))
+                return msg.ChangeSettled({device_id: reset_device(self.backend, device_id)}, "reset to stock")
+
+        self._post_result(f"reset {device_id}", reset)
 
     def on_change_settled(self, message: msg.ChangeSettled) -> None:
         for device_id, knob in message.knobs.items():
@@ -506,7 +513,7 @@ class TunerApp(App[int]):
             question = questions[0] if len(device_ids) == 1 else (
                 f"Bisect every card at once ({', '.join(device_ids)})? {questions[0]}")
             self.push_screen(ConfirmDialog(question, yes="Start", no="Cancel"),
-                             lambda yes: yes and self._begin_bisect(device_ids, params))  # type: ignore[func-returns-value]  # `and` only for its branch
+                             if_answered(lambda _yes: self._begin_bisect(device_ids, params)))
             return
         self._begin_bisect(device_ids, params)
 
@@ -599,15 +606,16 @@ class TunerApp(App[int]):
                 path = save_profile(profile_from_outcome(self.backend, device_id, card, name))
                 said = bundle_beside_profile(self.backend, device_id, card, path).text()  # as bisect --save
         except TunerError as e:
-            self.post_message(msg.BisectProfileSaved(None, e))
+            self.post_message(msg.FileWorkDone(None, e))
             return
-        self.post_message(msg.BisectProfileSaved(
+        self.post_message(msg.FileWorkDone(
             f"saved {'profile' if device_id is not None else 'rig profile'} {name} ({path}){said}; {SAVED_NEXT_IN_UI}",
             None))
 
-    def on_bisect_profile_saved(self, message: msg.BisectProfileSaved) -> None:
+    def on_file_work_done(self, message: msg.FileWorkDone) -> None:
+        """What a file worker did, or the error that stopped it: the App's own, and every screen's (bubbled up)."""
         if message.error is not None:
-            self.notify(for_people(message.error.one_line()), severity="error", timeout=10)
+            self.notify(describe_error(message.error), severity="error", timeout=10)
         elif message.said:
             self.notify(message.said)
 
@@ -616,12 +624,8 @@ class TunerApp(App[int]):
     def apply_profile(self, profile: Profile, device_id: str) -> None:
         """`tuner apply`'s rules (tuner.actions.profile_apply), without --force: the same card applies
         (keep-or-revert); another card of the same model needs a verify trial; anything else is refused."""
-        try:
-            plan = plan_profile_apply(self.backend, profile, device_id, verify=True)
-        except Exception as e:  # noqa: BLE001 - refused: say why
-            self.post_message(msg.BackendFailed(f"apply {profile.name!r}", e))
-            return
-        self.post_message(msg.ProfileChecked(plan))
+        self._post_result(f"apply {profile.name!r}",
+                          lambda: msg.ProfileChecked(plan_profile_apply(self.backend, profile, device_id, verify=True)))
 
     def on_profile_checked(self, message: msg.ProfileChecked) -> None:
         plan = message.plan
@@ -634,7 +638,7 @@ class TunerApp(App[int]):
                     f"{format_duration(self.verify_duration_s)} stress trial at {plan.value:+d} {plan.knob.unit} on "
                     f"{plan.device.id}? It is kept only if it passes, else reverted.")
         self.push_screen(ConfirmDialog(question, yes="Verify", no="Cancel"),
-                         lambda yes: yes and self.verify_profile(plan))  # type: ignore[func-returns-value]  # as above
+                         if_answered(lambda _yes: self.verify_profile(plan)))
 
     def verify_profile(self, plan: ProfileApply) -> None:
         """`tuner apply --verify`: the journalled trial with the profile's workload and lock clock."""
@@ -652,12 +656,7 @@ class TunerApp(App[int]):
     def read_boot_status(self) -> None:
         from tuner.actions import boot_service
 
-        try:
-            status = boot_service.status()
-        except Exception as e:  # noqa: BLE001 - shown, never fatal
-            self.post_message(msg.BackendFailed("boot service status", e))
-            return
-        self.post_message(msg.BootServiceRead(status))
+        self._post_result("boot service status", lambda: msg.BootServiceRead(boot_service.status()))
 
     def on_boot_service_read(self, message: msg.BootServiceRead) -> None:
         self.boot_status = message.status
@@ -671,15 +670,12 @@ class TunerApp(App[int]):
     def _boot_service_in_thread(self, profile_name: str | None, overwrite: bool) -> None:
         from tuner.actions import boot_service
 
-        try:
+        def change() -> None:
             if profile_name is None:
                 result = boot_service.remove()
             else:
                 result = boot_service.install(profile_name, overwrite=overwrite,
                                               simulated_session=self.backend.simulated)
-        except Exception as e:  # noqa: BLE001 - refused (not root, no such profile): one line
-            self.post_message(msg.BackendFailed("boot service", e))
-        else:
             if profile_name is not None:
                 done = f"boot service installed: {profile_name!r} is applied at every boot"
             elif result.changed:
@@ -689,6 +685,8 @@ class TunerApp(App[int]):
             self.post_message(msg.Noted(done))
             for warning in result.warnings:  # systemctl's stderr is several lines: a toast says it in one
                 self.post_message(msg.Noted(" ".join(warning.split()), "warning"))
+
+        self._post_result("boot service", change)
         self.call_from_thread(self.read_boot_status)  # workers are started from the event loop
 
     # --- doctor --------------------------------------------------------------------------------------------------

@@ -7,16 +7,20 @@ the terminal is large enough again (the screen keys 1-6 and q still work)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from textual import events, getters
+from textual import events, getters, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.geometry import Size
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static
 
+from tuner.core.errors import TunerError
+from tuner.screens.messages import FileWorkDone
 from tuner.widgets.key_bar import KeyBar, footer_items
 from tuner.widgets.nav_bar import NavBar
 
@@ -101,6 +105,18 @@ class TunerScreen(Screen):
             bar.items = items
             bar.refresh_items()
             self._place_notices(self.size)
+
+    @work(thread=True, exit_on_error=False, group="screen-files")
+    def _file_work(self, do: Callable[[], Message | None]) -> None:
+        """A read or write of a file (the profile store, the form memory, a journal, the unsafe list, a report) off the
+        UI thread (issue 21): the message `do` returns is handled back on it (None: nothing to say); a TunerError or
+        OSError that stopped it is said (FileWorkDone)."""
+        try:
+            message = do()
+        except (TunerError, OSError) as e:
+            message = FileWorkDone(None, e)
+        if message is not None:
+            self.post_message(message)
 
     def _knob(self) -> Knob | None:
         """The selected card's knob as last read (None before the first read, or with no card)."""

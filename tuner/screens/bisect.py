@@ -5,14 +5,14 @@ The run itself belongs to the App (switching screens never stops it); this scree
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
-from textual import events, work
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
@@ -28,6 +28,7 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Knob
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import TextInputDialog
+from tuner.screens.messages import FileWorkDone
 from tuner.tuning.events import FINISHING, Recommendation
 from tuner.tuning.job import BisectEstimate, BisectOutcome, BisectParams
 from tuner.tuning.sensitivity import detection_rate_text
@@ -48,7 +49,7 @@ WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the
 KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
 
 
-# What the screen's file worker (BisectScreen._file_work) posts back: the files are read and written off the UI
+# What the screen's file worker (TunerScreen._file_work) posts back: the files are read and written off the UI
 # thread (issue 21), each answer handled on it.
 @dataclass
 class FormRecalled(Message):
@@ -73,14 +74,6 @@ class PlanRead(Message):
 
     key: tuple
     text: str
-
-
-@dataclass
-class ExportDone(Message):
-    """The trials were written (what to say), or the error that stopped it."""
-
-    said: str | None
-    error: TunerError | None
 
 
 def parse_form(values: dict[str, str], *, unit: str = "", resume: bool = False,
@@ -207,14 +200,6 @@ class BisectScreen(TunerScreen):
         self._recalls = 0  # form recalls in flight: a start waits for them (it must use the remembered values)
         self._start_after_recall: tuple[bool, bool] | None = None
         self._recall_form()
-
-    @work(thread=True, exit_on_error=False, group="bisect-files")
-    def _file_work(self, do: Callable[[], Message | None]) -> None:
-        """A read or write of the form memory, the journal, the unsafe list or a report, off the UI thread: the
-        message `do` returns is handled back on it."""
-        message = do()
-        if message is not None:
-            self.post_message(message)
 
     def _form_values(self) -> dict[str, str]:
         return {p.id: self.query_one(f"#in-{p.id}", Input).value for p in FIELDS}
@@ -370,21 +355,12 @@ class BisectScreen(TunerScreen):
         rec = state.recommendation
         simulated = self.app.device(device_id).simulated
 
-        def export() -> ExportDone:  # in the file worker
-            try:
-                written = write_report(Path(path), state.trials, device_id=device_id, session=state.session,
-                                       simulated=simulated, recommendation=asdict(rec) if rec is not None else None)
-            except TunerError as e:
-                return ExportDone(None, e)
-            return ExportDone(f"exported the trials to {written}", None)
+        def export() -> FileWorkDone:  # in the file worker; said by the App
+            written = write_report(Path(path), state.trials, device_id=device_id, session=state.session,
+                                   simulated=simulated, recommendation=asdict(rec) if rec is not None else None)
+            return FileWorkDone(f"exported the trials to {written}", None)
 
         self._file_work(export)
-
-    def on_export_done(self, message: ExportDone) -> None:
-        if message.error is not None:
-            self.notify(for_people(message.error.one_line()), severity="error", timeout=10)
-        elif message.said:
-            self.notify(message.said)
 
     def action_apply_result(self) -> None:
         """One card: its recommendation through the App's apply path (the rules of `tuner set`, then keep-or-revert).

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -23,6 +24,16 @@ DIALOG_CSS = """
 {name} Button {{ margin: 0 1; }}
 {name} Input {{ margin: 0 0 1 0; }}
 """
+
+
+def if_answered(then: Callable[[Any], object]) -> Callable[[Any], None]:
+    """A dialog's callback that runs `then(answer)` only on a yes or a line typed (not on a no, Escape, a blank)."""
+
+    def answered(answer: Any) -> None:
+        if answer:
+            then(answer)
+
+    return answered
 
 
 class ConfirmDialog(ModalScreen[bool]):

@@ -17,7 +17,6 @@ if TYPE_CHECKING:  # what the messages carry, for the type checker (the App impo
     from tuner.actions.keep_or_revert import PendingChange
     from tuner.actions.profile_apply import ProfileApply, RigChange
     from tuner.app.jobs import EarlierTrials
-    from tuner.core.errors import TunerError
     from tuner.tuning.events import BisectEvent
     from tuner.tuning.job import BisectOutcome
 
@@ -106,8 +105,11 @@ class BootServiceRead(Message):
 
 
 @dataclass
-class BisectProfileSaved(Message):
-    """The finished bisect was saved as a profile (what to say), or the error that stopped it."""
+class FileWorkDone(Message):
+    """A file worker finished (the App's profile save; a screen's export, import or delete, which bubbles up to the
+    App): what to say, or the error that stopped it; `reload`: the profile list changed (`select`: its row then)."""
 
     said: str | None
-    error: TunerError | None
+    error: Exception | None
+    reload: bool = False
+    select: str | None = None

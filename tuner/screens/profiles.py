@@ -7,7 +7,7 @@ reads or writes a file: a slow disk or a hung network home never freezes it); ap
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -31,7 +31,8 @@ from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import evidence
 from tuner.profiles.schema import Profile, ProfileDevice, RigEvidence, Tuning
 from tuner.screens.base import TunerScreen, too_small
-from tuner.screens.dialogs import ConfirmDialog, TextInputDialog
+from tuner.screens.dialogs import ConfirmDialog, TextInputDialog, if_answered
+from tuner.screens.messages import FileWorkDone
 
 if TYPE_CHECKING:
     from tuner.actions.boot_service import BootServiceStatus
@@ -45,17 +46,6 @@ class ProfilesListed(Message):
     profiles: list[Profile]
     error: Exception | None
     select: str | None
-
-
-@dataclass
-class ProfileFileDone(Message):
-    """A worker finished an export, import or delete: what to say (or the error), and whether the list changed
-    (and which row to select then)."""
-
-    said: str | None
-    error: Exception | None
-    reload: bool = False
-    select: str | None = None
 
 
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
@@ -328,11 +318,7 @@ class ProfilesScreen(TunerScreen):
         self._fill(self.query_one("#profiles-table", DataTable), message.select)
         self.show_detail()
 
-    def on_profile_file_done(self, message: ProfileFileDone) -> None:
-        if message.error is not None:
-            self.notify(describe_error(message.error), severity="error", timeout=10)
-        elif message.said:
-            self.notify(message.said)
+    def on_file_work_done(self, message: FileWorkDone) -> None:  # then said by the App
         if message.reload:
             self.action_reload(select=message.select)
 
@@ -414,7 +400,7 @@ class ProfilesScreen(TunerScreen):
             question = (f"Remove the boot service? {profile.name!r} is no longer applied at boot; the profiles in "
                         "the system store are kept.")
             self.app.push_screen(ConfirmDialog(question, yes="Remove", no="Cancel"),
-                                 lambda yes: yes and self.app.change_boot_service(None))  # type: ignore[func-returns-value]  # `and` only for its branch
+                                 if_answered(lambda _yes: self.app.change_boot_service(None)))
             return
         system_names = {p.name for p in status.system_profiles}
         replaces = (f" It replaces the system copy of {profile.name!r}." if profile.name in system_names else "")
@@ -424,18 +410,8 @@ class ProfilesScreen(TunerScreen):
                     f"boot service (needs root).{replaces}{instead} Booting with tuner.reset on the kernel command "
                     "line skips it.")
         self.app.push_screen(ConfirmDialog(question, yes="Install", no="Cancel"),
-                             lambda yes: yes and self.app.change_boot_service(profile.name,  # type: ignore[func-returns-value]  # as above
-                                                                              overwrite=bool(replaces)))
-
-    @work(thread=True, exit_on_error=False, group="profile-files")
-    def _file_work(self, do: Callable[[], ProfileFileDone]) -> None:
-        """An export, import or delete (tuner.actions.profile_store), off the UI thread: what `do` says it did,
-        or the error that stopped it."""
-        try:
-            done = do()
-        except (TunerError, OSError) as e:
-            done = ProfileFileDone(None, e)
-        self.post_message(done)
+                             if_answered(lambda _yes: self.app.change_boot_service(profile.name,
+                                                                                   overwrite=bool(replaces))))
 
     def action_export(self) -> None:
         profile = self.selected()
@@ -443,41 +419,30 @@ class ProfilesScreen(TunerScreen):
             return
         from tuner.actions.exports import profile_export_path
 
-        def export(path: Path) -> ProfileFileDone:
-            return ProfileFileDone(f"exported {profile.name} to {profile_store.export_profile(profile, path)}", None)
-
-        def answered(path: str | None) -> None:
-            if path:
-                self._file_work(partial(export, Path(path)))
+        def export(path: Path) -> FileWorkDone:
+            return FileWorkDone(f"exported {profile.name} to {profile_store.export_profile(profile, path)}", None)
 
         self.app.push_screen(  # the default in full: where it goes is never a guess
             TextInputDialog(f"Export {profile.name!r} to path:", value=str(profile_export_path(profile.name))),
-            answered)
+            if_answered(lambda path: self._file_work(partial(export, Path(path)))))
 
     def action_import_profile(self) -> None:
-        def import_file(path: Path) -> ProfileFileDone:
+        def import_file(path: Path) -> FileWorkDone:
             profile = profile_store.import_profile(path)  # validated before it is stored
-            return ProfileFileDone(f"imported {profile.name}", None, reload=True, select=profile.name)
+            return FileWorkDone(f"imported {profile.name}", None, reload=True, select=profile.name)
 
-        def answered(path: str | None) -> None:
-            if path:
-                self._file_work(partial(import_file, Path(path)))
-
-        self.app.push_screen(TextInputDialog("Import a profile from path:", placeholder="~/r9700.toml"), answered)
+        self.app.push_screen(TextInputDialog("Import a profile from path:", placeholder="~/r9700.toml"),
+                             if_answered(lambda path: self._file_work(partial(import_file, Path(path)))))
 
     def action_delete(self) -> None:
         profile = self.selected()
         if profile is None:
             return
 
-        def delete() -> ProfileFileDone:
+        def delete() -> FileWorkDone:
             profile_store.delete_profile(profile.name)
-            return ProfileFileDone(f"deleted {profile.name}", None, reload=True)
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._file_work(delete)
+            return FileWorkDone(f"deleted {profile.name}", None, reload=True)
 
         self.app.push_screen(
             ConfirmDialog(f"Delete profile {profile.name!r}? This cannot be undone.", yes="Delete", no="Keep"),
-            answered)
+            if_answered(lambda _yes: self._file_work(delete)))
