@@ -7,6 +7,7 @@ interrupted) after emitting `end`. Tests and benchmarks may also call `setup()` 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import statistics
@@ -446,18 +447,13 @@ class Engine:
         shape = (rows, p.n_head, p.seq_len, p.head_dim)
         base = [torch.randn(shape, generator=gen).to(self.device, self.dtype) for _ in range(4)]
         self.kernels["sdpa_backend"] = sdpa_backend(base[0])
-
-        def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-        # fn(q, k, v); "...": the flash check binds its window as a default argument
-        checks: list[tuple[str, Callable[..., torch.Tensor], list[torch.Tensor]]]
+        sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, is_causal=True)
+        checks: list[tuple[str, Callable[..., torch.Tensor], list[torch.Tensor]]]  # fn(q, k, v)
         checks = [(f"SDPA, {self.kernels['sdpa_backend']}", sdpa, base)]
         by_seq = [t.transpose(1, 2).contiguous() for t in base]  # flash's (batch, seq, heads, head_dim)
         for w in sorted({w for w, k in zip(p.windows(), self.attention_kernels, strict=True)
                          if k == attention.FLASH_WINDOW}):
-            checks.append((f"flash with window {w}",
-                           lambda q, k, v, w=w: attention.flash_window(q, k, v, w), by_seq))
+            checks.append((f"flash with window {w}", functools.partial(attention.flash_window, window=w), by_seq))
         same = True
         for label, fn, inputs in checks:
             outs = []
