@@ -1024,10 +1024,9 @@ class Engine:
             self._check_stop()
             self.setup()
             self.loop()
-            if self.opts.duration_s is not None and (self.opts.steps is None or self.step < self.opts.steps):
-                end = _End("pass", f"completed {self.opts.duration_s:g} s", exit_code=EXIT_PASS)
-            else:
-                end = _End("pass", f"completed {self.step} steps", exit_code=EXIT_PASS)
+            by_time = self.opts.duration_s is not None and (self.opts.steps is None or self.step < self.opts.steps)
+            end = _End("pass", f"completed {self.opts.duration_s:g} s" if by_time else f"completed {self.step} steps",
+                       exit_code=EXIT_PASS)
         except _End as e:
             end = e
         except PeerLost as e:  # another rank died or stalled: not a fault of this rank (the host: inconclusive)
