@@ -588,10 +588,9 @@ class Engine:
             model=ModelShape(depth=p.depth, width=p.width, n_head=p.n_head, head_dim=p.head_dim, vocab=p.vocab,
                              window_pattern=p.window_pattern, windows=tuple(p.windows()),
                              value_embeds=p.value_embeds,
-                             embed_dtype=DTYPE_NAMES.get(self.model.wte.weight.dtype,
-                                                         str(self.model.wte.weight.dtype)))
+                             embed_dtype=DTYPE_NAMES[self.model.wte.weight.dtype])
             if training else None,
-            compile=bool(training and self.use_compile),
+            compile=self.use_compile,  # never on in gemm mode
             attention_kernels=tuple(self.attention_kernels) if training else None,
             seed=o.seed,
             steps=o.steps,
