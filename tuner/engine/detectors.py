@@ -111,11 +111,8 @@ class ReferenceTrajectory:
         ref_loss, ref_gn = digest_values(want)
         figure = first_differing(got, want)
         if self.tolerance is not None:
-            if math.isfinite(loss) and math.isfinite(grad_norm):
-                loss_rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
-                gn_rel = abs(grad_norm - ref_gn) / max(abs(ref_gn), 1e-12)
-                if loss_rel <= self.tolerance and gn_rel <= 1.0:
-                    return None
+            if _rel_diff([loss], [ref_loss]) <= self.tolerance and _rel_diff([grad_norm], [ref_gn]) <= 1.0:
+                return None
         elif figure in CHECKSUMS:  # the same loss and grad_norm bits
             what = CHECKSUMS[figure] + (" (before the all-reduce)" if figure == "grads" else "")
             span = DIGEST_SPANS[figure]
@@ -214,11 +211,10 @@ class CanaryReplay:
             names = ("gradients", "frozen weights")
             what = "bit checksum of the " + " and ".join(
                 n for n, x, y in zip(names, sample.bits, self.golden.bits, strict=False) if x != y)
-            return Finding(self.kind, f"canary replay differs from its first result: {what} "
-                                      f"(digest {sample.digest()} vs {self.golden.digest()})")
-        what = "loss" if where == 0 else f"gradient statistic #{where}"
-        return Finding(self.kind, f"canary replay differs from its first result: {what} {a[where]!r} vs "
-                                  f"{b[where]!r} (digest {sample.digest()} vs {self.golden.digest()})")
+        else:
+            what = f"{'loss' if where == 0 else f'gradient statistic #{where}'} {a[where]!r} vs {b[where]!r}"
+        return Finding(self.kind, f"canary replay differs from its first result: {what} "
+                                  f"(digest {sample.digest()} vs {self.golden.digest()})")
 
 
 def _rel_diff(a: Iterable[float], b: Iterable[float]) -> float:

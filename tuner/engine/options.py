@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass, field
-from typing import NoReturn
+from dataclasses import dataclass, field, fields
+from typing import Any, NoReturn
 
 MODES = ("train", "gemm", "mixed")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -158,57 +158,91 @@ class Injection:
         return f"bitflip@{self.step}:{self.target}" + ("" if self.bit is None else f":{self.bit}")
 
 
+def _option(default: Any, text: str, /, **argparse_kwargs: Any) -> Any:
+    """A field of EngineOptions declared with its command-line option (`build_parser`): the flag is `--NAME`
+    from the field's name unless `flag` says otherwise; `text` is the help; `argparse_kwargs` go to
+    `add_argument` (a `default` there is the command line's own, where it differs from the field's)."""
+    return field(default=default, metadata={"option": {"help": text, **argparse_kwargs}})
+
+
 @dataclass
 class EngineOptions:
-    """Everything the command line sets. Tests build this directly to run the engine in-process."""
+    """Everything the command line sets, each field with its option: one declaration, in the order of `--help`.
+    Tests build this directly to run the engine in-process."""
 
-    device: str = "cpu"
-    preset: str = "tiny"
-    mode: str = "train"
-    steps: int | None = None
-    duration_s: float | None = None
-    seed: int = 0  # model init and data order (and the fault draws, unless fault_seed is given)
-    fault_seed: int | None = None  # fault-injection draws; None: seed
-    dtype: str = "auto"
-    batch_size: int | None = None
-    warmup_steps: int | None = None
-    data: str | None = None
-    record: str | None = None
-    reference: str | None = None
-    canary_every: int = 100  # steps; 0 = only time-based / soft-signal canaries
-    canary_every_s: float = 60.0  # seconds; 0 = off
-    gemm_n: int | None = None  # side of the GEMM check's square matrices (default: sized to the device)
-    gemm_repeats: int = 4
-    threads: int | None = None
-    expect_pci_bus_id: str | None = None
-    fault_rate: float = 0.0
-    injections: list[Injection] = field(default_factory=list)
+    device: str = _option("cpu", "cuda:N, cpu or mps (default cpu)")
+    preset: str = _option("tiny", "model shape (default nanochat on GPUs, tiny on the CPU and MPS)", default=None,
+                          choices=list(PRESETS))
+    mode: str = _option("train", "train (default), gemm (GEMM burn only) or mixed (partial-load phases and idle gaps)",
+                        choices=list(MODES))
+    steps: int | None = _option(None, "stop after N steps (gemm mode: N GEMM rounds)", type=int, metavar="N")
+    duration_s: float | None = _option(None, "stop after TIME: seconds, or 90s / 5m / 1h", flag="--duration",
+                                       metavar="TIME")
+    seed: int = _option(0, "model init and data order (default 0)", type=int)
+    fault_seed: int | None = _option(None, "seed of the fault-injection draws (default: --seed); the training data "
+                                     "and weights, and so the reference trajectory, depend on --seed only",
+                                     type=int, metavar="N")
+    dtype: str = _option("auto", "compute dtype: auto (default; bf16 where supported, else fp32), bf16, fp16, fp32; "
+                         "else $TUNER_DTYPE", default=None)
+    batch_size: int | None = _option(None, "sequences per step (default: preset, auto-fit)", type=int, metavar="B")
+    warmup_steps: int | None = _option(None, "steps left out of throughput medians", type=int, metavar="N")
+    data: str | None = _option(None, "train on these files (a file or a directory) instead of the running Python's "
+                               "standard library sources", metavar="PATH")
+    record: str | None = _option(None, "save per-step digests as a reference trajectory", metavar="PATH")
+    reference: str | None = _option(None, "compare every step with this recorded trajectory", metavar="PATH")
+    reference_loop: bool = _option(False, "past the reference's end, restart training from the initial weights "
+                                   "(same batches) and keep comparing, so a run of any length is compared at every "
+                                   "step", action="store_true")
+    canary_every: int = _option(100, "canary replay every K steps (default 100; 0 = off)", type=int, metavar="K")
+    canary_every_s: float = _option(60.0, "also a canary when S seconds passed since the last (default 60; 0 = off)",
+                                    type=float, metavar="S")
+    gemm_n: int | None = _option(None, "GEMM check matrix side (default: sized to device)", type=int, metavar="N")
+    gemm_repeats: int = _option(4, "GEMMs per check (default 4)", type=int, metavar="R")
+    threads: int | None = _option(None, "CPU threads for torch (default: torch's)", type=int, metavar="N")
+    expect_pci_bus_id: str | None = _option(None, "fail setup unless the GPU used has this PCI bus id (e.g. "
+                                            "0000:03:00.0)", metavar="BUSID")
+    fault_rate: float = _option(0.0, "per-step probability of one silent bit flip (simulated GPU and tests)",
+                                type=float, metavar="P")
+    injections: list[Injection] = field(default_factory=list, metadata={"option": {
+        "flag": "--inject", "action": "append", "default": [], "metavar": "FAULT",
+        "help": "bitflip@STEP[:weight|activation][:BIT], nan@STEP or hang@STEP (repeatable)"}})
     # mixed mode: full load, then duty-cycled partial load, then an idle gap, repeated
-    mixed_full_s: float = 126.0
-    mixed_partial_s: float = 36.0
-    idle_gap_s: float = 12.0
-    partial_duty: float = 0.5
-    heartbeat_s: float = 0.5
-    reference_tolerance: float = 0.05  # relative loss tolerance, used only with `tolerance`
-    tolerance: bool = False  # opt-in weaker comparison ("reduced" sensitivity); never chosen by the engine itself
-    # replay a reference at stock; write `repeatable` (and the first difference) into it
-    verify_repeatable: bool = False
+    mixed_full_s: float = _option(126.0, "mixed: full-load phase", type=float, metavar="S")
+    mixed_partial_s: float = _option(36.0, "mixed: partial-load phase", type=float, metavar="S")
+    idle_gap_s: float = _option(12.0, "mixed: idle gap (default 12)", type=float, metavar="S")
+    partial_duty: float = _option(0.5, "mixed: busy fraction in the partial-load phase (default 0.5)", type=float,
+                                  metavar="F")
+    heartbeat_s: float = _option(0.5, "heartbeat interval (default 0.5)", type=float, metavar="S")
+    tolerance: bool = _option(False, "compare with tolerances instead of bit for bit (reduced sensitivity: catches "
+                              "far fewer faults); only on request, never automatic", action="store_true")
+    reference_tolerance: float = _option(0.05, "relative loss tolerance with --tolerance (default 0.05)", type=float,
+                                         metavar="REL")
+    verify_repeatable: bool = _option(False, "with --reference: replay it at stock and record in the file whether it "
+                                      "repeats bit for bit (and the first differing step); a difference ends the run "
+                                      "with kind not-repeatable", action="store_true")
     # simulated platform flaws (the simulated GPU; tuner/engine/faults.py): runs never repeat bit for bit, or stop
     # repeating from this wall-clock time (seconds since the epoch) on
-    sim_nondeterministic: bool = False
-    sim_contention_at: float | None = None
-    reference_loop: bool = False  # past the reference's end, restart from the initial weights and compare again
-    parent_pid: int | None = None  # end when this process is gone (the CLI defaults it to the parent at start-up)
-    compile: bool | None = None  # torch.compile of the model and the optimizer updates; None: on for GPUs
+    sim_nondeterministic: bool = _option(False, argparse.SUPPRESS, action="store_true")
+    sim_contention_at: float | None = _option(None, argparse.SUPPRESS, type=float)
+    parent_pid: int | None = _option(None, "end (exit 130) when this process is gone (default: the parent at "
+                                     "start-up; the stress client passes its own pid)", type=int, metavar="PID")
+    compile: bool | None = _option(None, "torch.compile the model and the optimizer updates (default: on for GPUs, "
+                                   "off on the CPU)", action=argparse.BooleanOptionalAction)
+    cache_dir: str | None = _option(None, "where the tokenizer and compiled kernels are cached (default "
+                                    "$XDG_CACHE_HOME/tuner)", metavar="DIR")
     # data-parallel ranks (tuner/engine/distributed.py): one engine per device, gradients all-reduced every step
-    world_size: int = 1
-    rank: int = 0
-    rendezvous: str | None = None  # file:///PATH or tcp://HOST:PORT, the same for every rank
-    collective_timeout_s: float = 60.0  # a collective (or the group's forming) waiting longer: a peer is lost
-    cache_dir: str | None = None  # tokenizer and compiled kernels (default $XDG_CACHE_HOME/tuner)
-    # test hooks (hidden on the command line)
-    test_oom_above: int | None = None  # simulate out-of-memory for any batch larger than this
-    test_oom_at_step: int | None = None  # simulate out-of-memory once, at this step
+    world_size: int = _option(1, "data-parallel: N engines (ranks), one per device, gradients all-reduced every "
+                              "step (default 1: no collectives)", type=int, metavar="N")
+    rank: int = _option(0, "data-parallel: this engine's rank, 0..N-1", type=int, metavar="R")
+    rendezvous: str | None = _option(None, "data-parallel: where the ranks meet, file:///PATH or tcp://HOST:PORT (the "
+                                     "same for all)", metavar="URL")
+    collective_timeout_s: float = _option(60.0, "data-parallel: a collective (or the group's forming) waiting longer "
+                                          "than S seconds means a peer died or stalled; this rank ends with kind peer "
+                                          "(default 60)", type=float, metavar="S")
+    # test hooks (hidden on the command line): simulate out-of-memory for any batch larger than this, or once, at
+    # this step
+    test_oom_above: int | None = _option(None, argparse.SUPPRESS, type=int)
+    test_oom_at_step: int | None = _option(None, argparse.SUPPRESS, type=int)
 
     @property
     def preset_spec(self) -> Preset:
@@ -329,81 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
         "miscomputation. JSON lines on stdout (docs/engine.md), logs on stderr. "
         "Exit 0 pass, 1 fault detected, 2 usage or setup error, 130 interrupted.",
     )
-    p.add_argument("--device", default="cpu", help="cuda:N, cpu or mps (default cpu)")
-    p.add_argument("--preset", default=None, choices=list(PRESETS),
-                   help="model shape (default nanochat on GPUs, tiny on the CPU and MPS)")
-    p.add_argument("--mode", default="train", choices=list(MODES),
-                   help="train (default), gemm (GEMM burn only) or mixed (partial-load phases and idle gaps)")
-    p.add_argument("--steps", type=int, metavar="N", help="stop after N steps (gemm mode: N GEMM rounds)")
-    p.add_argument("--duration", metavar="TIME", help="stop after TIME: seconds, or 90s / 5m / 1h")
-    p.add_argument("--seed", type=int, default=0, help="model init and data order (default 0)")
-    p.add_argument("--fault-seed", type=int, default=None, metavar="N",
-                   help="seed of the fault-injection draws (default: --seed); the training data and weights, and so "
-                   "the reference trajectory, depend on --seed only")
-    p.add_argument("--dtype", default=None,
-                   help="compute dtype: auto (default; bf16 where supported, else fp32), bf16, fp16, fp32; "
-                   "else $TUNER_DTYPE")
-    p.add_argument("--batch-size", type=int, metavar="B", help="sequences per step (default: preset, auto-fit)")
-    p.add_argument("--warmup-steps", type=int, metavar="N", help="steps left out of throughput medians")
-    p.add_argument("--data", metavar="PATH", help="train on these files (a file or a directory) instead of "
-                   "the running Python's standard library sources")
-    p.add_argument("--record", metavar="PATH", help="save per-step digests as a reference trajectory")
-    p.add_argument("--reference", metavar="PATH", help="compare every step with this recorded trajectory")
-    p.add_argument("--reference-loop", action="store_true",
-                   help="past the reference's end, restart training from the initial weights (same batches) and "
-                   "keep comparing, so a run of any length is compared at every step")
-    p.add_argument("--canary-every", type=int, default=100, metavar="K",
-                   help="canary replay every K steps (default 100; 0 = off)")
-    p.add_argument("--canary-every-s", type=float, default=60.0, metavar="S",
-                   help="also a canary when S seconds passed since the last (default 60; 0 = off)")
-    p.add_argument("--gemm-n", type=int, metavar="N", help="GEMM check matrix side (default: sized to device)")
-    p.add_argument("--gemm-repeats", type=int, default=4, metavar="R", help="GEMMs per check (default 4)")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
-    p.add_argument("--expect-pci-bus-id", metavar="BUSID",
-                   help="fail setup unless the GPU used has this PCI bus id (e.g. 0000:03:00.0)")
-    p.add_argument("--fault-rate", type=float, default=0.0, metavar="P",
-                   help="per-step probability of one silent bit flip (simulated GPU and tests)")
-    p.add_argument("--inject", action="append", default=[], metavar="FAULT",
-                   help="bitflip@STEP[:weight|activation][:BIT], nan@STEP or hang@STEP (repeatable)")
-    p.add_argument("--mixed-full-s", type=float, default=126.0, metavar="S", help="mixed: full-load phase")
-    p.add_argument("--mixed-partial-s", type=float, default=36.0, metavar="S", help="mixed: partial-load phase")
-    p.add_argument("--idle-gap-s", type=float, default=12.0, metavar="S", help="mixed: idle gap (default 12)")
-    p.add_argument("--partial-duty", type=float, default=0.5, metavar="F",
-                   help="mixed: busy fraction in the partial-load phase (default 0.5)")
-    p.add_argument("--heartbeat-s", type=float, default=0.5, metavar="S", help="heartbeat interval (default 0.5)")
-    p.add_argument("--tolerance", action="store_true",
-                   help="compare with tolerances instead of bit for bit (reduced sensitivity: catches far fewer "
-                   "faults); only on request, never automatic")
-    p.add_argument("--reference-tolerance", type=float, default=0.05, metavar="REL",
-                   help="relative loss tolerance with --tolerance (default 0.05)")
-    p.add_argument("--verify-repeatable", action="store_true",
-                   help="with --reference: replay it at stock and record in the file whether it repeats bit for bit "
-                   "(and the first differing step); a difference ends the run with kind not-repeatable")
-    p.add_argument("--sim-nondeterministic", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--sim-contention-at", type=float, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--parent-pid", type=int, default=None, metavar="PID",
-                   help="end (exit 130) when this process is gone (default: the parent at start-up; the stress "
-                   "client passes its own pid)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the model and the optimizer updates (default: on for GPUs, off on the CPU)")
-    p.add_argument("--cache-dir", metavar="DIR", default=None,
-                   help="where the tokenizer and compiled kernels are cached (default $XDG_CACHE_HOME/tuner)")
-    p.add_argument("--world-size", type=int, default=1, metavar="N",
-                   help="data-parallel: N engines (ranks), one per device, gradients all-reduced every step "
-                   "(default 1: no collectives)")
-    p.add_argument("--rank", type=int, default=0, metavar="R", help="data-parallel: this engine's rank, 0..N-1")
-    p.add_argument("--rendezvous", metavar="URL", default=None,
-                   help="data-parallel: where the ranks meet, file:///PATH or tcp://HOST:PORT (the same for all)")
-    p.add_argument("--collective-timeout-s", type=float, default=60.0, metavar="S",
-                   help="data-parallel: a collective (or the group's forming) waiting longer than S seconds means "
-                   "a peer died or stalled; this rank ends with kind peer (default 60)")
-    p.add_argument("--test-oom-above", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--test-oom-at-step", type=int, default=None, help=argparse.SUPPRESS)
+    for f in fields(EngineOptions):
+        option = {"default": f.default, **f.metadata["option"]}
+        p.add_argument(option.pop("flag", "--" + f.name.replace("_", "-")), dest=f.name, **option)
     return p
-
-
-# The EngineOptions field each option of `build_parser` sets, where the two names differ.
-_FIELD_OF_DEST = {"duration": "duration_s", "inject": "injections"}
 
 
 def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> EngineOptions:
@@ -411,12 +374,11 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Engine
     env = os.environ if environ is None else environ
     a = build_parser().parse_args(argv)
     dtype = parse_dtype(a.dtype if a.dtype is not None else env.get("TUNER_DTYPE") or "auto")
-    # each option sets the EngineOptions field of its name (`_FIELD_OF_DEST`); these four are converted first
-    fields = {_FIELD_OF_DEST.get(dest, dest): value for dest, value in vars(a).items()}
-    fields.update(preset=a.preset or default_preset(a.device), dtype=dtype,
-                  duration_s=None if a.duration is None else parse_duration_s(a.duration),
-                  injections=[Injection.parse(s) for s in a.inject])
-    opts = EngineOptions(**fields)
+    # each option sets the EngineOptions field it is declared with; these four are converted first
+    given = vars(a) | {"preset": a.preset or default_preset(a.device), "dtype": dtype,
+                       "duration_s": None if a.duration_s is None else parse_duration_s(a.duration_s),
+                       "injections": [Injection.parse(s) for s in a.injections]}
+    opts = EngineOptions(**given)
     opts.validate()
     return opts
 
@@ -444,7 +406,7 @@ def to_argv(opts: EngineOptions) -> list[str]:
     for action in build_parser()._actions:
         if not action.option_strings or isinstance(action, argparse._HelpAction):
             continue
-        name = _FIELD_OF_DEST.get(action.dest, action.dest)
+        name = action.dest
         value = getattr(opts, name)
         # the preset is always written: the command line's default depends on the device (nanochat on GPUs)
         if value == getattr(defaults, name) and name != "preset":

@@ -7,6 +7,7 @@ interrupted) after emitting `end`. Tests and benchmarks may also call `setup()` 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import statistics
@@ -445,18 +446,13 @@ class Engine:
         shape = (rows, p.n_head, p.seq_len, p.head_dim)
         base = [torch.randn(shape, generator=gen).to(self.device, self.dtype) for _ in range(4)]
         self.kernels["sdpa_backend"] = sdpa_backend(base[0])
-
-        def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-        # fn(q, k, v); "...": the flash check binds its window as a default argument
-        checks: list[tuple[str, Callable[..., torch.Tensor], list[torch.Tensor]]]
+        sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, is_causal=True)
+        checks: list[tuple[str, Callable[..., torch.Tensor], list[torch.Tensor]]]  # fn(q, k, v)
         checks = [(f"SDPA, {self.kernels['sdpa_backend']}", sdpa, base)]
         by_seq = [t.transpose(1, 2).contiguous() for t in base]  # flash's (batch, seq, heads, head_dim)
         for w in sorted({w for w, k in zip(p.windows(), self.attention_kernels, strict=True)
                          if k == attention.FLASH_WINDOW}):
-            checks.append((f"flash with window {w}",
-                           lambda q, k, v, w=w: attention.flash_window(q, k, v, w), by_seq))
+            checks.append((f"flash with window {w}", functools.partial(attention.flash_window, window=w), by_seq))
         same = True
         for label, fn, inputs in checks:
             outs = []
@@ -591,10 +587,9 @@ class Engine:
             model=ModelShape(depth=p.depth, width=p.width, n_head=p.n_head, head_dim=p.head_dim, vocab=p.vocab,
                              window_pattern=p.window_pattern, windows=tuple(p.windows()),
                              value_embeds=p.value_embeds,
-                             embed_dtype=DTYPE_NAMES.get(self.model.wte.weight.dtype,
-                                                         str(self.model.wte.weight.dtype)))
+                             embed_dtype=DTYPE_NAMES[self.model.wte.weight.dtype])
             if training else None,
-            compile=bool(training and self.use_compile),
+            compile=self.use_compile,  # never on in gemm mode
             attention_kernels=tuple(self.attention_kernels) if training else None,
             seed=o.seed,
             steps=o.steps,
@@ -1027,10 +1022,9 @@ class Engine:
             self._check_stop()
             self.setup()
             self.loop()
-            if self.opts.duration_s is not None and (self.opts.steps is None or self.step < self.opts.steps):
-                end = _End("pass", f"completed {self.opts.duration_s:g} s", exit_code=EXIT_PASS)
-            else:
-                end = _End("pass", f"completed {self.step} steps", exit_code=EXIT_PASS)
+            by_time = self.opts.duration_s is not None and (self.opts.steps is None or self.step < self.opts.steps)
+            end = _End("pass", f"completed {self.opts.duration_s:g} s" if by_time else f"completed {self.step} steps",
+                       exit_code=EXIT_PASS)
         except _End as e:
             end = e
         except PeerLost as e:  # another rank died or stalled: not a fault of this rank (the host: inconclusive)
