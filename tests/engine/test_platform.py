@@ -115,3 +115,14 @@ def test_the_engine_runs_on_the_card_resolve_device_matched(three_gpus, monkeypa
     assert three_gpus == [1]  # GPU B, at 0000:03:00.0
     with pytest.raises(platform.SetupProblem, match=r"--device cpu is CPU.* not the expected 03:00\.0"):
         setup("cpu")
+
+
+@pytest.mark.parametrize("message, said", [("", "none (RuntimeError)"),
+                                           ("No available kernel.\nAborting.", "none (No available kernel.)")])
+def test_an_sdpa_backend_that_cannot_be_chosen_is_said_in_one_line(monkeypatch, message, said):
+    """A RuntimeError with no text used to raise IndexError out of sdpa_backend (its first line was read blindly)."""
+    def no_kernel(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", no_kernel, raising=False)
+    assert platform.sdpa_backend(torch.zeros(1, 1, 4, 8)) == said

@@ -85,3 +85,16 @@ def disk_full(path: str | os.PathLike[str], what: str = "write") -> DiskFull:
 
 def is_disk_full(error: OSError) -> bool:
     return error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """An exception's first line of text, cut to `limit`, or its type's name where it has no text: the part of a
+    (multi-line, often huge) torch or driver error that fits in one line of an event or a log.
+
+    >>> first_line(RuntimeError("CUDA error: an illegal memory access\\nCompile with TORCH_USE_CUDA_DSA"))
+    'CUDA error: an illegal memory access'
+    >>> first_line(RuntimeError(""))
+    'RuntimeError'
+    """
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tuner.core.errors import first_line
 from tuner.engine.patterns import match_device_error
 from tuner.engine.platform import INT_VIEW
 from tuner.engine.reference import digest_values, f32_bits, step_digest
@@ -287,8 +288,7 @@ def device_error(exc: BaseException) -> Finding | None:
         label = "accelerator error"
     if label is None:
         return None
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return Finding("device-error", f"{label}: {first[:300]}")
+    return Finding("device-error", f"{label}: {first_line(exc)}")
 
 
 class SoftSignals:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tuner.core.errors import first_line
 from tuner.core.models import same_bus_id  # the one rule, shared with the trial
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -194,7 +195,7 @@ def sdpa_backend(q: torch.Tensor) -> str:
     try:
         code = int(fn(q, q, q, is_causal=True))
     except RuntimeError as e:
-        return f"none ({str(e).splitlines()[0][:80]})"
+        return f"none ({first_line(e, 80)})"
     enum = getattr(torch._C, "_SDPBackend", None)
     names = {int(v): k for k, v in enum.__members__.items()} if enum is not None else {}
     return names.get(code, str(code)).lower()

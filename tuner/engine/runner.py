@@ -21,6 +21,7 @@ import msgspec
 import torch
 from msgspec import UNSET
 
+from tuner.core.errors import first_line
 from tuner.engine import attention, compiled
 from tuner.engine.batchfit import BatchDoesNotFit, fit_batch
 from tuner.engine.data import DataProblem, WindowSampler, load_corpus, tokenize
@@ -468,9 +469,8 @@ class Engine:
             except Exception as e:
                 if is_oom(e):
                     raise
-                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
                 raise SetupProblem(f"attention ({label}) failed at the {p.name} preset's shape {list(shape)} in "
-                                   f"{DTYPE_NAMES[self.dtype]}: {first}") from None
+                                   f"{DTYPE_NAMES[self.dtype]}: {first_line(e, 200)}") from None
             same = same and all(torch.equal(a.view(torch.int32), b.view(torch.int32))
                                 for a, b in zip(outs[0], outs[1], strict=False))
         return same
@@ -1044,8 +1044,8 @@ class Engine:
                                     f"instability): {finding.detail}", "setup")
                 self.log(end.reason)
             elif NOT_DETERMINISTIC in str(e):
-                first = str(e).strip().splitlines()[0][:300]
-                end = _End("error", f"an operation has no deterministic implementation on this platform: {first}",
+                end = _End("error", f"an operation has no deterministic implementation on this platform: "
+                                    f"{first_line(e)}",
                            "setup")
                 self.log(end.reason)
             elif finding is not None:  # a device error counts against the setting
