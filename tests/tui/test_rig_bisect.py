@@ -15,6 +15,7 @@ from tests.polling import until
 from tests.tui.helpers import make_app, sim_backend
 from tests.tuning.fake_engine import FakeEngine
 from tests.tuning.rig_fakes import FakeRigTrial
+from tuner.app import jobs
 from tuner.profiles import list_profiles
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
 from tuner.tuning import trial
@@ -288,3 +289,24 @@ async def test_resume_with_no_rig_session_is_an_error_line_not_stopped(tmp_path,
         status = _text(app, "#bisect-status")
         assert "ERROR: no unfinished rig bisect" in status, status
         assert "STOPPED" not in status and "error:" not in status  # nothing was running to stop
+
+
+async def test_a_refused_rig_apply_of_the_result_names_it_in_words_not_its_internal_name(tmp_path, fake_rig,
+                                                                                         monkeypatch):
+    from tuner.app import tuner_app
+    from tuner.core.errors import NotApplied
+
+    def refused(_backend, _profile):
+        raise NotApplied("sim1 did not take the value", "check the card")
+
+    monkeypatch.setattr(tuner_app, "plan_rig_apply", refused)
+    app, backend = _app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _all_cards(pilot, app)
+        await pilot.press("b")
+        await until(pilot, lambda: not app.bisect.running and app.bisect.outcome is not None)
+        await pilot.press("a")
+        await until(pilot, lambda: any("did not take" in str(n.message) for n in app._notifications))
+        [said] = [str(n.message) for n in app._notifications if "did not take" in str(n.message)]
+        assert said.startswith("apply the bisect's result:") and jobs.RESULT_NAME not in said
+    assert [backend.knob(f"sim{i}").current for i in range(3)] == [0, 0, 0]

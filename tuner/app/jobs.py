@@ -393,6 +393,11 @@ def card_may_have_changed(before: CardState, after: CardState) -> bool:
 RESULT_NAME = "bisect-result"  # the unsaved ALL CARDS result's profile name: internal, never shown as a name
 
 
+def profile_words(name: str) -> str:
+    """A rig profile as the UI says it: its quoted name, or "the bisect's result" for the unsaved one."""
+    return "the bisect's result" if name == RESULT_NAME else repr(name)
+
+
 def keep_question(pending: PendingChange | RigChange) -> str:
     """What the keep-or-revert dialog asks: every card with its value and unit."""
     if not isinstance(pending, RigChange):
@@ -400,7 +405,5 @@ def keep_question(pending: PendingChange | RigChange) -> str:
         return f"Applied {pending.value:+d}{unit} on {pending.device_id}. Keep this setting?"
     cards = ", ".join(f"{c.device_id} {c.value:+d}" + (f" {c.applied.unit}" if c.applied is not None else "")
                       for c in pending.changes)
-    name = pending.plan.profile.name
-    what = "the bisect's result" if name == RESULT_NAME else repr(name)
-    return (f"Applied {what} to {len(pending.changes)} cards at once: {cards}. Keep all of "
-            "them? Revert puts every card back.")
+    return (f"Applied {profile_words(pending.plan.profile.name)} to {len(pending.changes)} cards at once: {cards}. "
+            "Keep all of them? Revert puts every card back.")

@@ -390,8 +390,8 @@ class TunerApp(App[int]):
                                            purpose=f"tuner (UI) apply {profile.name}")
                 change.apply()  # a card that fails puts the ones before it back, then raises
             except Exception as e:  # noqa: BLE001 - refused or not applied: say why
-                what = profile.name if isinstance(profile, Profile) else "the bisect's result"  # its builder failed
-                self.post_message(msg.BackendFailed(f"apply {what!r}", e))
+                what = jobs.profile_words(profile.name if isinstance(profile, Profile) else jobs.RESULT_NAME)
+                self.post_message(msg.BackendFailed(f"apply {what}", e))
                 return
             self._unannounced.append(change)  # make_safe reverts it even if the event loop never takes it
         for warning in plan.warnings:
