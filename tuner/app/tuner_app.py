@@ -312,7 +312,7 @@ class TunerApp(App[int]):
         self.post_message(msg.Noted(line, "warning"))  # thread-safe and never blocks (a heartbeat must go on)
 
     def on_noted(self, message: msg.Noted) -> None:
-        self.notify(for_people(message.text), severity=message.severity, timeout=10)
+        self.notify(message.text, severity=message.severity, timeout=10)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """One place for workers that died with an unexpected error: show it, keep running."""
@@ -576,7 +576,7 @@ class TunerApp(App[int]):
         if not self._leaving:
             self._bisect_job = None
         what = message.device_ids[0] if len(message.device_ids) == 1 else "every card"
-        self.notify(f"bisect {'on' if len(message.device_ids) == 1 else 'of'} {what}: {for_people(message.summary)}",
+        self.notify(f"bisect {'on' if len(message.device_ids) == 1 else 'of'} {what}: {message.summary}",
                     **ended_notice(message.summary))
         self.sample_now()
         self.repaint_screens()
@@ -587,7 +587,7 @@ class TunerApp(App[int]):
         outcome = self.bisect.outcome
         if outcome is None or (device_id is not None and device_id not in outcome.per_card):
             error = UsageError("no finished bisect to save", "run a bisect to its recommendation first")
-            self.notify(for_people(error.one_line()), severity="error", timeout=10)
+            self.notify(error.one_line(), severity="error", timeout=10)
             return
         self._save_bisect_profile_in_thread(outcome, name, device_id)
 
