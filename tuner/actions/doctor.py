@@ -234,15 +234,18 @@ def check_root(euid: int, simulate: bool, *, helper_writes: bool = False) -> Che
                  "run `sudo tuner ...` to apply settings")
 
 
+def _run(*command: str) -> subprocess.CompletedProcess[str] | None:
+    """`command` run to its end (10 s at most) with its output kept; None when it could not run or timed out."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def check_kernel_log(root: Path, which: Callable[[str], str | None] = shutil.which) -> Check:
-    if which("journalctl"):
-        try:
-            proc = subprocess.run(["journalctl", "-k", "-n", "1", "--no-pager", "-q"],
-                                  capture_output=True, text=True, timeout=10)
-            if proc.returncode == 0 and proc.stdout.strip():
-                return Check("kernel log", OK, "readable through journalctl")
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    proc = _run("journalctl", "-k", "-n", "1", "--no-pager", "-q") if which("journalctl") else None
+    if proc is not None and proc.returncode == 0 and proc.stdout.strip():
+        return Check("kernel log", OK, "readable through journalctl")
     kmsg = root / "dev" / "kmsg"
     if kmsg.exists() and os.access(kmsg, os.R_OK):
         return Check("kernel log", OK, f"readable through {kmsg}")
@@ -347,13 +350,8 @@ def secure_boot_enabled(root: Path, which: Callable[[str], str | None] = shutil.
             return data[-1] == 1
     except OSError:
         pass
-    if str(root) == "/" and which("mokutil"):
-        try:
-            out = subprocess.run(["mokutil", "--sb-state"], capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return "enabled" in out.lower() if out else None
-    return None
+    proc = _run("mokutil", "--sb-state") if str(root) == "/" and which("mokutil") else None
+    return "enabled" in proc.stdout.lower() if proc is not None and proc.stdout else None
 
 
 def _unbound_nvidia(root: Path) -> list[str]:
