@@ -14,6 +14,7 @@ for the whole rig). The single-card planner refuses a rig profile.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import threading
 import time
@@ -310,19 +311,15 @@ class RigChange:
                  timeout_s: float = DEFAULT_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
                  purpose: str | None = None):
         self.backend, self.plan, self.requests, self.timeout_s, self._clock = backend, plan, requests, timeout_s, clock
-        locks: list[CardLock] = []
-        try:  # every card's lock first: a card someone else is changing refuses the rig before any write
-            for _part, request in self.requests:
-                locks.append(CardLock(request.device_id, purpose).acquire())
-        except BaseException:
-            for lock in locks:
-                lock.release()
-            raise
-        self._locks = locks
+        # every card's lock first: a card someone else is changing refuses the rig before any write (the locks
+        # taken are released); else they are held until the change is kept or reverted
+        with contextlib.ExitStack() as taken:
+            self._locks = [taken.enter_context(CardLock(r.device_id, purpose)) for _p, r in requests]
+            taken.pop_all()
         # a part that sets a lock clock (NVIDIA) reverts to the lock its card had, as `set --lock-mhz` does
         self.changes = [PendingChange(backend, r.device_id, r.value, timeout_s=timeout_s, clock=clock, lock=lock,
                                       lock_clock_mhz=r.lock_clock_mhz)
-                        for (_p, r), lock in zip(self.requests, locks, strict=True)]
+                        for (_p, r), lock in zip(self.requests, self._locks, strict=True)]
         self.kept = False
         self.reverted = False
         self._deadline: float | None = None
@@ -355,7 +352,9 @@ class RigChange:
                 change.apply()  # the lock clock first; one the value did not take is put back
             except BaseException as e:
                 done = [c.device_id for c in self.changes if c.pending]
-                self._release_unapplied()
+                for unapplied, lock in zip(self.changes, self._locks, strict=True):
+                    if unapplied.applied is None:  # never applied: it no longer needs its card
+                        lock.release()
                 self.revert()
                 if not isinstance(e, TunerError):
                     raise
@@ -363,12 +362,6 @@ class RigChange:
                 raise RigApplyFailed.of(e, part.where(self.plan.profile.name), back) from e
         self._deadline = self._clock() + self.timeout_s
         return self.applied
-
-    def _release_unapplied(self) -> None:
-        """The parts never applied no longer need their card."""
-        for change, lock in zip(self.changes, self._locks, strict=True):
-            if change.applied is None:
-                lock.release()
 
     def keep(self) -> None:
         if not self.pending:
