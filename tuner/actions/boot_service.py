@@ -269,11 +269,9 @@ def remove() -> BootServiceResult:
     _systemctl(messages, warnings, "disable", *(u.name for u in present))
     for path in present:
         try:
-            path.unlink()
+            path.unlink(missing_ok=True)
         except PermissionError:
             raise PermissionDenied(f"cannot remove {path}: permission denied", "run it with sudo") from None
-        except FileNotFoundError:
-            pass
     _systemctl(messages, warnings, "daemon-reload")
     messages.append(f"removed {', '.join(str(u) for u in present)}; the profiles in {paths.system_profiles_dir()} "
                     "are kept")

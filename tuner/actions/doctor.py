@@ -6,6 +6,7 @@ Core module: no textual, no torch (torch is probed in a subprocess). Every sourc
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import importlib.metadata
 import json
@@ -151,10 +152,8 @@ def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of i
                                     "settings vanish when the driver unloads: `sudo nvidia-smi -pm 1`"))
         return checks
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def ppfeaturemask_remedy(mask: int, root: Path | None = None,
@@ -344,12 +343,10 @@ def check_torch_build(probe: dict, root: Path, env: Mapping[str, str]) -> Check:
 
 def secure_boot_enabled(root: Path, which: Callable[[str], str | None] = shutil.which) -> bool | None:
     """Secure Boot on (True), off (False) or unknown (None): the EFI variable (its last byte), else mokutil."""
-    try:
+    with contextlib.suppress(OSError):
         data = (root / EFI_SECURE_BOOT).read_bytes()
         if data:
             return data[-1] == 1
-    except OSError:
-        pass
     proc = _run("mokutil", "--sb-state") if str(root) == "/" and which("mokutil") else None
     return "enabled" in proc.stdout.lower() if proc is not None and proc.stdout else None
 
