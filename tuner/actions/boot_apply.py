@@ -135,9 +135,7 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
         say(f"waited {waited:g} s (at most {wait_s:g}, --boot-wait) for every profile's card; applying to the "
             "cards that are here")
     found = other_tools.detect_for(backend.devices())
-    results: list[BootCardResult] = []
-    for p in profiles:
-        results += _apply_profile(p, backend, say, found)
+    results = [r for p in profiles for r in _apply_profile(p, backend, say, found)]
     worst = next((r.exit_code for r in results if r.exit_code), exit_codes.OK)
     return BootReport(None, tuple(results), worst, tuple(lines), mode, waited)
 
