@@ -157,7 +157,7 @@ class Bundle(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     def trajectory_reference(self) -> Reference:
         return parse_reference(self.trajectory, "the bundled trajectory")
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> dict[str, Any]:
         """What a report says about the reference used (no digests)."""
         return {"sha256": self.sha256, "tuner_version": self.tuner_version, "created": self.created,
                 "preset": self.preset, "steps": self.steps, "tier": self.recording.tier,

@@ -18,8 +18,6 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-import msgspec
-
 from tuner import __version__
 from tuner.actions.screen import verdict as v
 from tuner.actions.screen.attribution import Tier
@@ -122,11 +120,7 @@ class Screen:
         counts = {name: names.count(name) for name in v.EXIT_ORDER if name in names}
         summary = ", ".join(f"{n} {name}" for name, n in counts.items())
         stamp = format_created(utc_now())
-        b = self.bundle
-        reference = v.ReferenceDoc(path=str(self.bundle_path), bundled_with=self.bundled_with, sha256=b.sha256,
-                                   tuner_version=b.tuner_version, created=b.created, preset=b.preset, steps=b.steps,
-                                   tier=b.recording.tier, load_s=b.recording.load_s, card=msgspec.to_builtins(b.card),
-                                   origin=msgspec.to_builtins(b.origin))
+        reference = v.ReferenceDoc(path=str(self.bundle_path), bundled_with=self.bundled_with, **self.bundle.summary())
         return v.ScreenReport(schema=v.SCHEMA_ID, tuner_version=__version__, host=host, created=stamp,
                               tier=tier_doc(self.tier), reference=reference, verdicts=verdicts, exit_code=code,
                               summary=f"{len(verdicts)} card{'s' * (len(verdicts) != 1)}: {summary}")
