@@ -135,42 +135,36 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
         say(f"waited {waited:g} s (at most {wait_s:g}, --boot-wait) for every profile's card; applying to the "
             "cards that are here")
     found = other_tools.detect_for(backend.devices())
-    results: list[BootCardResult] = []
-    for p in profiles:
-        results += _apply_rig(p, backend, say, found) if p.is_rig else [_apply_single(p, backend, say, found)]
+    results = [r for p in profiles for r in _apply_profile(p, backend, say, found)]
     worst = next((r.exit_code for r in results if r.exit_code), exit_codes.OK)
     return BootReport(None, tuple(results), worst, tuple(lines), mode, waited)
 
 
-def _apply_single(profile: Profile, backend: Backend, say: Callable[[str], None],
-                  found: list[other_tools.Found]) -> BootCardResult:
-    device = proven_card(profile, backend.devices(), backend)
-    if device is not None:
-        return _apply_part(backend, profile, profile.parts[0], device, say, None, found)
-    why = (f"its card ({fingerprint(profile.device)}) is not in this machine; at boot a profile applies only to the "
-           "card it was proven on (use `tuner apply NAME --verify 5m` for another card)")
-    say(f"skipped {profile.name!r}: {why}")
-    return BootCardResult(profile.name, "skipped", reason=why)
-
-
-def _apply_rig(profile: Profile, backend: Backend, say: Callable[[str], None],
-               found: list[other_tools.Found]) -> list[BootCardResult]:
-    """Each part to its own card; a missing or replaced card is logged and fails the run, the others apply."""
+def _apply_profile(profile: Profile, backend: Backend, say: Callable[[str], None],
+                   found: list[other_tools.Found]) -> list[BootCardResult]:
+    """Each part to its own card. A single-card profile whose card is not here is skipped; a rig's missing or
+    replaced card is logged and fails the run, the rig's other cards still apply."""
     devices = backend.devices()
     out = []
     for index, part in enumerate(profile.parts):
+        card = index if profile.is_rig else None
         device = proven_card(part, devices, backend)
-        if device is None:
-            card, _how = find_part_card(part, devices)
+        if device is not None:
+            out.append(_apply_part(backend, profile, part, device, say, card, found))
+        elif card is None:
+            why = (f"its card ({fingerprint(profile.device)}) is not in this machine; at boot a profile applies only "
+                   "to the card it was proven on (use `tuner apply NAME --verify 5m` for another card)")
+            say(f"skipped {profile.name!r}: {why}")
+            out.append(BootCardResult(profile.name, "skipped", reason=why))
+        else:
+            other, _how = find_part_card(part, devices)
             serial = part.device.serial or "?"
-            why = (f"its card (serial {serial}, slot {part.device.pci_slot or '?'}) is not in this machine" if card
-                   is None else f"{card.id} is not the card it was proven on (serial {serial})")
+            why = (f"its card (serial {serial}, slot {part.device.pci_slot or '?'}) is not in this machine" if other
+                   is None else f"{other.id} is not the card it was proven on (serial {serial})")
             say(f"missing card: {profile.name!r} card[{index}] not applied: {why}; the rig's other cards are still "
                 "applied. Check the card, or tune the rig again with `tuner bisect --device all`")
             out.append(BootCardResult(profile.name, "missing", exit_codes.HARDWARE, index,
-                                      card.id if card else None, reason=why))
-            continue
-        out.append(_apply_part(backend, profile, part, device, say, index, found))
+                                      other.id if other else None, reason=why))
     return out
 
 

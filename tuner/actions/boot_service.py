@@ -66,13 +66,13 @@ class SystemProfileInfo:
 
     @classmethod
     def of(cls, profile: Profile) -> SystemProfileInfo:
-        name = profile.source.stem if profile.source else profile.name
         if profile.is_rig:
             values = ", ".join(f"{p.setting.value:+d}" for p in profile.parts)
             units = sorted({p.setting.unit for p in profile.parts})
-            return cls(name, len(profile.parts), f"rig of {len(profile.parts)} cards: {values} {'/'.join(units)}")
+            return cls(profile.store_name, len(profile.parts),
+                       f"rig of {len(profile.parts)} cards: {values} {'/'.join(units)}")
         s = profile.setting
-        return cls(name, 1, f"{profile.device.label}, {s.value:+d} {s.unit}")
+        return cls(profile.store_name, 1, f"{profile.device.label}, {s.value:+d} {s.unit}")
 
 
 @dataclass(frozen=True)
@@ -192,8 +192,7 @@ def refuse_simulated(profile: Profile) -> None:
     """A profile proven on a SIMULATED card (any part of a rig) never goes into the real boot path: UsageError.
     Checked before anything is written, root or not (a simulated session run as root once installed a real unit
     in /etc for a simulated profile)."""
-    parts = [p.device for p in profile.rig_parts] or [profile.device]
-    if any(d.simulated for d in parts):
+    if any(p.device.simulated for p in profile.parts):
         raise UsageError(f"profile {profile.name!r} was measured on a SIMULATED card, and the boot service applies "
                          "profiles to real cards at every boot: nothing installed",
                          "bisect the real card and install the boot service for that profile")
@@ -270,11 +269,9 @@ def remove() -> BootServiceResult:
     _systemctl(messages, warnings, "disable", *(u.name for u in present))
     for path in present:
         try:
-            path.unlink()
+            path.unlink(missing_ok=True)
         except PermissionError:
             raise PermissionDenied(f"cannot remove {path}: permission denied", "run it with sudo") from None
-        except FileNotFoundError:
-            pass
     _systemctl(messages, warnings, "daemon-reload")
     messages.append(f"removed {', '.join(str(u) for u in present)}; the profiles in {paths.system_profiles_dir()} "
                     "are kept")
@@ -348,7 +345,7 @@ def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
     devices = backend.devices()
     out = []
     for profile in profiles:
-        name = profile.source.stem if profile.source else profile.name
+        name = profile.store_name
         for index, part in enumerate(profile.parts):
             card = index if profile.is_rig else None
             setting = part.setting

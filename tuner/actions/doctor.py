@@ -6,6 +6,7 @@ Core module: no textual, no torch (torch is probed in a subprocess). Every sourc
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import importlib.metadata
 import json
@@ -151,10 +152,8 @@ def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of i
                                     "settings vanish when the driver unloads: `sudo nvidia-smi -pm 1`"))
         return checks
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def ppfeaturemask_remedy(mask: int, root: Path | None = None,
@@ -234,15 +233,18 @@ def check_root(euid: int, simulate: bool, *, helper_writes: bool = False) -> Che
                  "run `sudo tuner ...` to apply settings")
 
 
+def _run(*command: str) -> subprocess.CompletedProcess[str] | None:
+    """`command` run to its end (10 s at most) with its output kept; None when it could not run or timed out."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def check_kernel_log(root: Path, which: Callable[[str], str | None] = shutil.which) -> Check:
-    if which("journalctl"):
-        try:
-            proc = subprocess.run(["journalctl", "-k", "-n", "1", "--no-pager", "-q"],
-                                  capture_output=True, text=True, timeout=10)
-            if proc.returncode == 0 and proc.stdout.strip():
-                return Check("kernel log", OK, "readable through journalctl")
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    proc = _run("journalctl", "-k", "-n", "1", "--no-pager", "-q") if which("journalctl") else None
+    if proc is not None and proc.returncode == 0 and proc.stdout.strip():
+        return Check("kernel log", OK, "readable through journalctl")
     kmsg = root / "dev" / "kmsg"
     if kmsg.exists() and os.access(kmsg, os.R_OK):
         return Check("kernel log", OK, f"readable through {kmsg}")
@@ -341,19 +343,12 @@ def check_torch_build(probe: dict, root: Path, env: Mapping[str, str]) -> Check:
 
 def secure_boot_enabled(root: Path, which: Callable[[str], str | None] = shutil.which) -> bool | None:
     """Secure Boot on (True), off (False) or unknown (None): the EFI variable (its last byte), else mokutil."""
-    try:
+    with contextlib.suppress(OSError):
         data = (root / EFI_SECURE_BOOT).read_bytes()
         if data:
             return data[-1] == 1
-    except OSError:
-        pass
-    if str(root) == "/" and which("mokutil"):
-        try:
-            out = subprocess.run(["mokutil", "--sb-state"], capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return "enabled" in out.lower() if out else None
-    return None
+    proc = _run("mokutil", "--sb-state") if str(root) == "/" and which("mokutil") else None
+    return "enabled" in proc.stdout.lower() if proc is not None and proc.stdout else None
 
 
 def _unbound_nvidia(root: Path) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Self
 
 from tuner.backends.base import Backend
@@ -35,37 +35,29 @@ def signals_held() -> Iterator[None]:
     inbox.raise_received()
 
 
+@dataclass(eq=False)  # one change is one change: compared (and found in a list) by identity
 class PendingChange:
-    def __init__(
-        self,
-        backend: Backend,
-        device_id: str,
-        value: int,
-        *,
-        allow_overvolt: bool = False,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        clock: Callable[[], float] = time.monotonic,
-        lock: CardLock | None = None,
-        lock_clock_mhz: int | None = None,
-        previous_lock_clock_mhz: int | None = None,
-    ):
-        self.backend, self.device_id, self.value = backend, device_id, value
-        self._lock = lock  # the card's writer lock, held until the change is kept or reverted
-        self.allow_overvolt = allow_overvolt
-        # NVIDIA: a max graphics clock apply() locks before the value (a rig's part, a screen's profile); None:
-        # apply() leaves the lock alone (prepare_setting locks it for `set --lock-mhz` and passes the previous one)
-        self.lock_clock_mhz = lock_clock_mhz
-        # NVIDIA: the lock clock in force before this change chose a new one (read by apply() when it locks); a
-        # revert sets it back before restoring the value, so the card is not left locked at an unconfirmed clock
-        self.previous_lock_clock_mhz = previous_lock_clock_mhz
-        self.timeout_s = timeout_s
-        self._clock = clock
-        self.before: Knob | None = None  # the knob as it was before apply()
-        self.applied: Knob | None = None  # the knob as read back after apply()
-        self.reverted_to: Knob | None = None
-        self.restore_note: str | None = None  # why the card went to stock instead of the previous value
-        self.kept = False
-        self._deadline: float | None = None
+    backend: Backend
+    device_id: str
+    value: int
+    _: KW_ONLY
+    allow_overvolt: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    clock: Callable[[], float] = time.monotonic
+    lock: CardLock | None = None  # the card's writer lock, held until the change is kept or reverted
+    # NVIDIA: a max graphics clock apply() locks before the value (a rig's part, a screen's profile); None:
+    # apply() leaves the lock alone (prepare_setting locks it for `set --lock-mhz` and passes the previous one)
+    lock_clock_mhz: int | None = None
+    # NVIDIA: the lock clock in force before this change chose a new one (read by apply() when it locks); a
+    # revert sets it back before restoring the value, so the card is not left locked at an unconfirmed clock
+    previous_lock_clock_mhz: int | None = None
+    before: Knob | None = field(default=None, init=False)  # the knob as it was before apply()
+    applied: Knob | None = field(default=None, init=False)  # the knob as read back after apply()
+    reverted_to: Knob | None = field(default=None, init=False)
+    # why the card went to stock instead of the previous value
+    restore_note: str | None = field(default=None, init=False)
+    kept: bool = field(default=False, init=False)
+    _deadline: float | None = field(default=None, init=False, repr=False)
 
     @property
     def device_ids(self) -> tuple[str, ...]:
@@ -101,7 +93,7 @@ class PendingChange:
             # the change is recorded as pending (a held signal is raised right after, and reverts it).
             with signals_held():
                 self.applied = self.backend.apply(self.device_id, self.value, allow_overvolt=self.allow_overvolt)
-                self._deadline = self._clock() + self.timeout_s
+                self._deadline = self.clock() + self.timeout_s
         except BaseException:
             if not self.pending:  # nothing to keep or revert: the card is free again
                 self._unchoose_lock()
@@ -120,8 +112,8 @@ class PendingChange:
             pass  # the cause of the failure is what the user needs; the card itself was not written
 
     def _release_lock(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
+        if self.lock is not None:
+            self.lock.release()
 
     def keep(self) -> None:
         if not self.pending:
@@ -182,7 +174,7 @@ class PendingChange:
     def seconds_left(self) -> float:
         if self._deadline is None:
             return self.timeout_s
-        return max(0.0, self._deadline - self._clock())
+        return max(0.0, self._deadline - self.clock())
 
     def expired(self) -> bool:
         return self._deadline is not None and self.seconds_left() <= 0.0

@@ -14,6 +14,7 @@ for the whole rig). The single-card planner refuses a rig profile.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import threading
 import time
@@ -169,6 +170,11 @@ class RigPartApply:
         d = self.part.device
         return f"card[{self.index}] ({f'serial {d.serial}' if d.serial else f'slot {d.pci_slot}'})"
 
+    def where(self, profile_name: str) -> str:
+        """`'rig' card[1] (serial SIM-0000-01) on sim1`: how a refusal names the part on its card."""
+        assert self.device is not None, "a skipped part is on no card"
+        return f"{profile_name!r} {self.label} on {self.device.id}"
+
     def set_request(self, backend: Backend, *, ignore_unsafe: bool = False) -> SetRequest:
         """The part as a `set` request, with its lock clock where the backend can set it."""
         assert self.device is not None and self.knob is not None, "a skipped part has nothing to set"
@@ -253,10 +259,7 @@ def plan_rig_apply(backend: Backend, profile: Profile, *, force: bool = False, i
             raise UsageError(f"refusing to apply {where} to {device.id}: {result.reason}; nothing was applied",
                              "tune this rig with `tuner bisect --device all`, or pass --force")
         plan = RigPartApply(index, part, device, knob, result, found_by)
-        try:
-            check_setting(backend, plan.set_request(backend, ignore_unsafe=ignore_unsafe))
-        except TunerError as e:
-            raise RigPartError.of(e, f"{where} on {device.id}") from None
+        _checked_request(backend, name, plan, ignore_unsafe)
         warnings += [f"{where} on {device.id}: {w}" for w in result.warnings]
         if result.match is not Match.SAME_CARD:
             warnings.append(f"{where} on {device.id}: {result.reason} (--force)")
@@ -268,6 +271,16 @@ def plan_rig_apply(backend: Backend, profile: Profile, *, force: bool = False, i
                          "check `tuner list`")
     warnings += other_tools.warnings_for(backend, [p.device.id for p in planned if p.device is not None])
     return RigApply(profile, tuple(planned), tuple(warnings))
+
+
+def _checked_request(backend: Backend, name: str, part: RigPartApply, ignore_unsafe: bool) -> SetRequest:
+    """The part's `set` request once `check_setting` passed; a refusal names the part (RigPartError)."""
+    request = part.set_request(backend, ignore_unsafe=ignore_unsafe)
+    try:
+        check_setting(backend, request)
+    except TunerError as e:
+        raise RigPartError.of(e, part.where(name)) from None
+    return request
 
 
 class RigPartError(TunerError):
@@ -294,24 +307,19 @@ class RigChange:
     reverted before the error (RigApplyFailed, with the cause's exit code) is raised. Each card's writer lock is
     taken before the first write and held until the change is kept or reverted."""
 
-    def __init__(self, backend: Backend, plan: RigApply, *, ignore_unsafe: bool = False,
+    def __init__(self, backend: Backend, plan: RigApply, requests: list[tuple[RigPartApply, SetRequest]], *,
                  timeout_s: float = DEFAULT_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
                  purpose: str | None = None):
-        self.backend, self.plan, self.timeout_s, self._clock = backend, plan, timeout_s, clock
-        self.requests = [(p, p.set_request(backend, ignore_unsafe=ignore_unsafe)) for p in plan.to_apply]
-        locks: list[CardLock] = []
-        try:  # every card's lock first: a card someone else is changing refuses the rig before any write
-            for _part, request in self.requests:
-                locks.append(CardLock(request.device_id, purpose).acquire())
-        except BaseException:
-            for lock in locks:
-                lock.release()
-            raise
-        self._locks = locks
+        self.backend, self.plan, self.requests, self.timeout_s, self._clock = backend, plan, requests, timeout_s, clock
+        # every card's lock first: a card someone else is changing refuses the rig before any write (the locks
+        # taken are released); else they are held until the change is kept or reverted
+        with contextlib.ExitStack() as taken:
+            self._locks = [taken.enter_context(CardLock(r.device_id, purpose)) for _p, r in requests]
+            taken.pop_all()
         # a part that sets a lock clock (NVIDIA) reverts to the lock its card had, as `set --lock-mhz` does
         self.changes = [PendingChange(backend, r.device_id, r.value, timeout_s=timeout_s, clock=clock, lock=lock,
                                       lock_clock_mhz=r.lock_clock_mhz)
-                        for (_p, r), lock in zip(self.requests, locks, strict=True)]
+                        for (_p, r), lock in zip(self.requests, self._locks, strict=True)]
         self.kept = False
         self.reverted = False
         self._deadline: float | None = None
@@ -339,26 +347,21 @@ class RigChange:
         return any(c.pending for c in self.changes)
 
     def apply(self) -> dict[str, Knob]:
-        for (part, request), change in zip(self.requests, self.changes, strict=True):
+        for (part, _request), change in zip(self.requests, self.changes, strict=True):
             try:
                 change.apply()  # the lock clock first; one the value did not take is put back
             except BaseException as e:
                 done = [c.device_id for c in self.changes if c.pending]
-                self._release_unapplied()
+                for unapplied, lock in zip(self.changes, self._locks, strict=True):
+                    if unapplied.applied is None:  # never applied: it no longer needs its card
+                        lock.release()
                 self.revert()
                 if not isinstance(e, TunerError):
                     raise
                 back = f"; {', '.join(done)} put back as before" if done else ""
-                raise RigApplyFailed.of(e, f"{self.plan.profile.name!r} {part.label} on {request.device_id}",
-                                        back) from e
+                raise RigApplyFailed.of(e, part.where(self.plan.profile.name), back) from e
         self._deadline = self._clock() + self.timeout_s
         return self.applied
-
-    def _release_unapplied(self) -> None:
-        """The parts never applied no longer need their card."""
-        for change, lock in zip(self.changes, self._locks, strict=True):
-            if change.applied is None:
-                lock.release()
 
     def keep(self) -> None:
         if not self.pending:
@@ -402,10 +405,7 @@ def prepare_rig_apply(backend: Backend, plan: RigApply, *, ignore_unsafe: bool =
                       clock: Callable[[], float] = time.monotonic) -> RigChange:
     """The whole rig as one keep-or-revert change, not yet applied (each card checked again, its lock taken).
     `clock`: monotonic seconds for the countdown (the UI's tests move it by hand)."""
-    for part, request in ((p, p.set_request(backend, ignore_unsafe=ignore_unsafe)) for p in plan.to_apply):
-        try:  # the card may have changed since the plan
-            check_setting(backend, request)
-        except TunerError as e:
-            raise RigPartError.of(e, f"{plan.profile.name!r} {part.label} on {request.device_id}") from None
-    return RigChange(backend, plan, ignore_unsafe=ignore_unsafe, timeout_s=timeout_s, clock=clock,
+    # checked again: the card may have changed since the plan
+    requests = [(p, _checked_request(backend, plan.profile.name, p, ignore_unsafe)) for p in plan.to_apply]
+    return RigChange(backend, plan, requests, timeout_s=timeout_s, clock=clock,
                      purpose=purpose or f"tuner apply {plan.profile.name}")

@@ -383,7 +383,6 @@ def _ended(run: StressRun, policy: WatchdogPolicy) -> None:
     """The engine is gone: stopped if it still runs (an error, Ctrl-C, SIGTERM here), waited for a bounded time.
     (After a normal end the stop is a no-op and the result was already summed up.)"""
     run.stop()
-    try:
+    # still running after SIGKILL; or it never started (the error says why)
+    with contextlib.suppress(TimeoutError, RuntimeError):
         run.result(timeout=policy.kill_grace_s + RESULT_WAIT_S)
-    except (TimeoutError, RuntimeError):  # still running after SIGKILL; or it never started (the error says why)
-        pass

@@ -11,6 +11,7 @@ life) in root's state directory and in every home directory's.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sys
@@ -40,10 +41,8 @@ def is_bisect(cmdline: Sequence[str]) -> bool:
 
 def _state_dirs() -> list[Path]:
     dirs = [paths.state_dir(), Path("/root/.local/state/tuner")]
-    try:
+    with contextlib.suppress(OSError):
         dirs += [home / ".local/state/tuner" for home in Path("/home").iterdir()]
-    except OSError:
-        pass
     return list(dict.fromkeys(dirs))
 
 

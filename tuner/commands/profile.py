@@ -80,12 +80,8 @@ def _where(profile: Profile) -> str:
     return "system" if is_system(profile) else "user"
 
 
-def _store_name(profile: Profile) -> str:
-    return profile.source.stem if profile.source else profile.name
-
-
 def _summary(profile: Profile) -> dict:
-    return {"name": _store_name(profile), "store": _where(profile), "path": str(profile.source),
+    return {"name": profile.store_name, "store": _where(profile), "path": str(profile.source),
             "sensitivity": evidence.profile_sensitivity(profile), **profile.to_json_dict()}
 
 
@@ -99,7 +95,7 @@ def run_list(args: Namespace, ctx: Context) -> int:
     if not profiles:
         print("no profiles yet (`tuner bisect --save NAME` makes one; `tuner profile import FILE` adds one)")
         return exit_codes.OK
-    rows = [(_store_name(p), _where(p), _device_cell(p), _setting_cell(p),
+    rows = [(p.store_name, _where(p), _device_cell(p), _setting_cell(p),
              "yes" if any(part.tuning for part in p.parts) else "no", format_created(p.meta.created)) for p in profiles]
     print(format_table(("NAME", "STORE", "DEVICE", "SETTING", "TUNED", "CREATED"), rows))
     return exit_codes.OK
@@ -220,7 +216,7 @@ def run_show(args: Namespace, ctx: Context) -> int:
         return exit_codes.OK
     width = shutil.get_terminal_size().columns
     lines = [
-        *textwrap.wrap(f"{_store_name(profile)}  ({_where(profile)} store: {profile.source})", width=max(40, width),
+        *textwrap.wrap(f"{profile.store_name}  ({_where(profile)} store: {profile.source})", width=max(40, width),
                        subsequent_indent="    "),
         *_field("created", f"{format_created(profile.meta.created)} by tuner {profile.meta.tool_version}", width),
     ]

@@ -92,16 +92,14 @@ def _refuse_existing(path: Path) -> None:
         what = "a regular file" if stat.S_ISREG(st.st_mode) else "not a socket"
         raise SocketProblem(f"{path} exists and is {what}; refusing to replace it",
                             "remove it if it is yours, or pick another --socket path")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        return  # stale: its helper died
-    except OSError:
-        pass  # answering but refusing us, or slow: someone is there
-    finally:
-        probe.close()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return  # stale: its helper died
+        except OSError:
+            pass  # answering but refusing us, or slow: someone is there
     raise AnotherHelper(f"another helper answers at {path}", "stop it first (systemctl stop tuner-helper.socket)")
 
 
@@ -342,12 +340,10 @@ def wait_for_socket(path: Path, timeout_s: float = 10.0) -> bool:
     """True once something accepts connections at `path` (tests and the bench start a helper and wait)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-            return True
-        except OSError:
-            time.sleep(0.05)
-        finally:
-            probe.close()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+                return True
+            except OSError:
+                time.sleep(0.05)
     return False

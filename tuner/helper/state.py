@@ -19,6 +19,7 @@ fsynced; the directory is root's, mode 0755: any user may read the machine's uns
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -197,8 +198,6 @@ class MachineState:
     def log(self, event: str, **fields: object) -> None:
         """One line per write with who asked; flushed, not fsynced (the writes journal is the durable record)."""
         line = json.dumps({"time": time.time(), "event": event, **fields}, sort_keys=True, default=str)
-        try:
-            with open(self.log_path, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
-        except OSError:
-            pass  # the write itself is journaled durably; a full disk must not block putting a card back
+        # the write itself is journaled durably; a full disk must not block putting a card back
+        with contextlib.suppress(OSError), open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")

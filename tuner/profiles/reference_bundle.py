@@ -42,7 +42,7 @@ import stat
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -56,6 +56,7 @@ from tuner.core.errors import UsageError
 from tuner.core.kernel_files import file_kind, read_at_most
 from tuner.core.models import DeviceInfo
 from tuner.engine.reference import Reference, ReferenceProblem, parse_reference, save_reference
+from tuner.profiles.schema import format_created, utc_now
 
 FORMAT = "tuner-reference-bundle"
 VERSION = 1
@@ -156,7 +157,7 @@ class Bundle(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     def trajectory_reference(self) -> Reference:
         return parse_reference(self.trajectory, "the bundled trajectory")
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> dict[str, Any]:
         """What a report says about the reference used (no digests)."""
         return {"sha256": self.sha256, "tuner_version": self.tuner_version, "created": self.created,
                 "preset": self.preset, "steps": self.steps, "tier": self.recording.tier,
@@ -258,7 +259,7 @@ def _content_hash(doc: Mapping[str, Any]) -> str:
 def build_bundle(*, device: DeviceInfo, recording: Recording, trajectory: Reference,
                  created: datetime | None = None) -> Bundle:
     """A sealed bundle (its hash set) from a recorded trajectory on `device`."""
-    stamp = (created or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    stamp = format_created(created or utc_now())
     doc = {"format": FORMAT, "version": VERSION, "created": stamp, "tuner_version": __version__,
            "card": msgspec.to_builtins(card_fields(device)), "origin": msgspec.to_builtins(origin_fields(device)),
            "recording": msgspec.to_builtins(recording), "trajectory": trajectory.to_json()}

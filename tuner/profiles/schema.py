@@ -324,6 +324,11 @@ class Profile:
         return self.meta.name
 
     @property
+    def store_name(self) -> str:
+        """The name it is stored and shown under: its file's stem (an imported `abc.toml` is `abc`), else its own."""
+        return self.source.stem if self.source else self.name
+
+    @property
     def is_rig(self) -> bool:
         """A rig profile (schema 2): one part per card, applied together."""
         return bool(self.rig_parts)

@@ -16,10 +16,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
-from datetime import UTC, datetime
 from pathlib import Path
-
-import msgspec
 
 from tuner import __version__
 from tuner.actions.screen import verdict as v
@@ -32,6 +29,7 @@ from tuner.backends.base import Backend
 from tuner.core.card_lock import CardLock
 from tuner.profiles import Profile
 from tuner.profiles import reference_bundle as rb
+from tuner.profiles.schema import format_created, utc_now
 from tuner.tuning import kernel_log
 
 JOIN_POLL_S = 0.2  # the main thread waits in short slices, so Ctrl-C and SIGTERM reach it
@@ -121,12 +119,8 @@ class Screen:
         code = v.overall_exit(names)
         counts = {name: names.count(name) for name in v.EXIT_ORDER if name in names}
         summary = ", ".join(f"{n} {name}" for name, n in counts.items())
-        stamp = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-        b = self.bundle
-        reference = v.ReferenceDoc(path=str(self.bundle_path), bundled_with=self.bundled_with, sha256=b.sha256,
-                                   tuner_version=b.tuner_version, created=b.created, preset=b.preset, steps=b.steps,
-                                   tier=b.recording.tier, load_s=b.recording.load_s, card=msgspec.to_builtins(b.card),
-                                   origin=msgspec.to_builtins(b.origin))
+        stamp = format_created(utc_now())
+        reference = v.ReferenceDoc(path=str(self.bundle_path), bundled_with=self.bundled_with, **self.bundle.summary())
         return v.ScreenReport(schema=v.SCHEMA_ID, tuner_version=__version__, host=host, created=stamp,
                               tier=tier_doc(self.tier), reference=reference, verdicts=verdicts, exit_code=code,
                               summary=f"{len(verdicts)} card{'s' * (len(verdicts) != 1)}: {summary}")
