@@ -217,3 +217,15 @@ def test_an_nvidia_lock_clock_choice_is_one_writers_and_goes_back_with_its_conne
         amd = HelperService(SimulatedBackend(state_path=tmp_path / "amd.json"), MachineState(tmp_path / "a"),
                             group="tuner", log=lambda line: None)
         ask(amd, alice, s.LockClock(card="sim0", mhz=2100))
+
+
+def test_a_forced_reset_reports_a_lost_change_to_stock_as_the_value_written(service):
+    """A change to 0 (stock) that another user's forced reset took back is lost at 0, not at the value before it:
+    the helper said `value or previous`, which reads 0 as no value."""
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.Set(card="sim0", value=-30))
+    ask(service, alice, s.Confirm(card="sim0"))
+    ask(service, alice, s.Set(card="sim0", value=0))  # unconfirmed, from -30
+    ask(service, bob, s.Reset(card="sim0", force=True))
+    [lost] = ask(service, alice, s.Heartbeat()).lost
+    assert (lost.card, lost.value) == ("sim0", 0) and "--force" in lost.reason

@@ -49,6 +49,11 @@ class Pending:
     lease_s: float
     deadline: float  # monotonic
 
+    @property
+    def setting(self) -> int:
+        """The value this change leaves on the card: the one written, or the previous one (lock clock only)."""
+        return self.value if self.value is not None else self.previous
+
 
 @dataclass
 class Book:

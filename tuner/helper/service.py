@@ -88,9 +88,8 @@ class HelperService:
 
     def _write_record(self, pending: Pending, who: Client) -> Write:
         return Write(card=pending.card, key=pending.key, previous=pending.previous,
-                     previous_lock_mhz=pending.previous_lock_mhz, value=pending.value if pending.value is not None
-                     else pending.previous, uid=who.peer.uid, pid=who.peer.pid, helper_pid=os.getpid(),
-                     boot_id=current_boot_id(), since=time.time())
+                     previous_lock_mhz=pending.previous_lock_mhz, value=pending.setting, uid=who.peer.uid,
+                     pid=who.peer.pid, helper_pid=os.getpid(), boot_id=current_boot_id(), since=time.time())
 
     def _pending_for(self, card: str, key: str, who: Client, knob: Knob, lease_s: float) -> Pending:
         """This connection's unconfirmed change of the card (which it now holds), started now if it has none."""
@@ -317,15 +316,14 @@ class HelperService:
         self._settle(pending.card, pending.conn)
         self.state.log("revert", card=pending.card, value=pending.value, restored=restored, reason=reason)
         self._log(f"revert {pending.card} {pending.value} -> {restored} ({reason}; {how})")
-        return s.LostChange(pending.card, pending.value if pending.value is not None else pending.previous,
-                            restored, f"{reason}; {how}")
+        return s.LostChange(pending.card, pending.setting, restored, f"{reason}; {how}")
 
     def _drop_other(self, card: str, conn: int, reason: str) -> None:
         """Another connection loses the card (a forced reset): its change is forgotten, it learns on its next
         heartbeat."""
         pending = self.book.pending.pop(card, None)
         if pending is not None:
-            self.lost.setdefault(conn, []).append(s.LostChange(card, pending.value or pending.previous, None, reason))
+            self.lost.setdefault(conn, []).append(s.LostChange(card, pending.setting, None, reason))
         self.book.holds.pop(card, None)
 
     def expire_leases(self) -> None:
