@@ -139,19 +139,18 @@ class TelemetrySampler:
             if self.device_lost or self.error or self._stop.wait(self.interval_s):
                 return
 
-    def sample_once(self) -> Telemetry | None:
+    def sample_once(self) -> None:
         try:
             sample = self.backend.telemetry(self.device_id)
         except DeviceLost as e:
             self.device_lost = e.message
-            return None
+            return
         except (TunerError, OSError) as e:
             self.error = getattr(e, "message", str(e))
-            return None
+            return
         with self._lock:
             self.samples.append(sample)
         self.check_setting()
-        return sample
 
     def check_setting(self) -> None:
         """Read the setting back now (each sample does; the trial once more as its load ends)."""
