@@ -371,7 +371,6 @@ class StressSession:
             for event in run.events():
                 self._emit(event)
             return run.result()
-        return None  # unreachable: mypy cannot see that the ExitStack never swallows
 
 
 def _ended(run: StressRun, policy: WatchdogPolicy) -> None:
