@@ -19,7 +19,6 @@ from tuner.core.models import Telemetry
 
 @dataclass(frozen=True)
 class TelemetrySummary:
-    samples: int
     mean_power_w: float | None
     max_temp_edge_c: float | None
     max_temp_hotspot_c: float | None
@@ -52,7 +51,6 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
             energy_j = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(powered))
     power, volts, clocks = col("power_w"), col("voltage_mv"), col("core_clock_mhz")
     return TelemetrySummary(
-        samples=len(samples),
         mean_power_w=statistics.fmean(power) if power else None,
         max_temp_edge_c=max(col("temp_edge_c"), default=None),
         max_temp_hotspot_c=max(col("temp_hotspot_c"), default=None),
