@@ -174,7 +174,7 @@ def test_without_a_reference_the_run_says_so_before_and_after(tmp_path):
     assert outcome.checks_off() == [("the stock-reference comparison did not run: you chose to run without a stock "
                                     "reference")]
     assert "the stock-reference comparison did not run" in outcome.summary()
-    assert outcome.to_dict()["reference"]["compared"] is False
+    assert outcome.reference.compared is False
 
 
 def test_an_unreadable_kernel_log_is_said_and_in_the_summary(tmp_path):

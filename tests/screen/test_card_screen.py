@@ -5,7 +5,6 @@ uncorrectable counters, a stop)."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -80,7 +79,7 @@ class Engines:
 
 def card(tmp_path, backend, engines, **kw) -> CardScreen:
     b = bundle(tmp_path)
-    plan = ScreenPlan(b, tmp_path / "A.ref", rb.materialize(b, tmp_path), TIERS["quick"], host="h")
+    plan = ScreenPlan(b, rb.materialize(b, tmp_path), TIERS["quick"], host="h")
     return CardScreen(backend, "sim0", plan, engine_factory=engines, kernel_watcher_factory=NullWatcher, **kw)
 
 
@@ -163,7 +162,7 @@ def test_a_kernel_log_reset_is_hard(tmp_path, backend):
 
     backend.apply("sim0", -30)
     b = bundle(tmp_path)
-    plan = ScreenPlan(b, Path("A.ref"), rb.materialize(b, tmp_path), TIERS["quick"], host="h")
+    plan = ScreenPlan(b, rb.materialize(b, tmp_path), TIERS["quick"], host="h")
     v = CardScreen(backend, "sim0", plan, engine_factory=Engines({}), kernel_watcher_factory=Watcher).run()
     assert (v.verdict, v.attribution) == ("fail", "not attributed")
     assert v.evidence.kernel_log == ["amdgpu: GPU reset begin!"] and "kernel log" in v.evidence.detectors_fired

@@ -50,11 +50,6 @@ class BootServiceResult:
     messages: tuple[str, ...] = ()  # what was done, one sentence each, in order
     warnings: tuple[str, ...] = ()  # systemctl steps that failed (the unit file itself was written/removed)
 
-    def to_dict(self) -> dict:
-        return {"changed": self.changed, "unit": str(self.unit), "profile": self.profile,
-                "profile_path": str(self.profile_path) if self.profile_path else None,
-                "messages": list(self.messages), "warnings": list(self.warnings)}
-
 
 @dataclass(frozen=True)
 class SystemProfileInfo:

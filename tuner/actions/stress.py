@@ -196,11 +196,6 @@ class StressOutcome:
             said.append("the kernel log was not watched")
         return f"{head}; {', '.join(said)}"
 
-    def to_dict(self) -> dict[str, object]:
-        return {"verdict": str(self.verdict), "kind": self.kind, "reason": self.reason, "stopped": self.stopped,
-                "run": self.purpose, "reference": self.reference.to_dict(), "kernel_log": self.kernel_log,
-                "kernel_events": [e.to_dict() for e in self.kernel_events], "checks_off": self.checks_off()}
-
 
 def engine_config(request: StressRequest, target: StressTarget, *, duration_s: float | None, steps: int | None,
                   reference: Path | None = None, record: Path | None = None) -> EngineConfig:
@@ -376,7 +371,6 @@ class StressSession:
             for event in run.events():
                 self._emit(event)
             return run.result()
-        return None  # unreachable: mypy cannot see that the ExitStack never swallows
 
 
 def _ended(run: StressRun, policy: WatchdogPolicy) -> None:

@@ -36,15 +36,14 @@ class Answer(StrEnum):
 Change = TypeVar("Change", PendingChange, RigChange)
 
 
-def keep_or_revert(change: Change, *, announce: Callable[[Change], None], yes: bool = False,
-                   stream: IO[str] | None = None, out: IO[str] | None = None) -> Answer:
+def keep_or_revert(change: Change, *, announce: Callable[[Change], None], yes: bool = False) -> Answer:
     """Apply `change`, announce it, keep it only on a yes in time; revert on anything else. Returns what happened
     (`change.reverted_to` says where a revert left the card)."""
     with signals.Inbox(stop_signals=True) as inbox, change:  # applies now; reverts on leaving unless kept
         announce(change)
         if inbox.received:
             pass  # a signal arrived while it was applied: revert at once
-        elif yes or _ask(change, inbox, stream or sys.stdin, out or sys.stderr):
+        elif yes or _ask(change, inbox, sys.stdin, sys.stderr):
             change.keep()
     if inbox.first is not None:
         return Answer.INTERRUPTED

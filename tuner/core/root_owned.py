@@ -77,21 +77,17 @@ def first_writable(code: Iterable[Path], *, recursive: Sequence[Path] = ()) -> t
     return None
 
 
-def import_code(interpreter: str | None = None, package: Path | None = None,
-                search_path: Sequence[str] | None = None) -> tuple[list[Path], list[Path]]:
+def import_code() -> tuple[list[Path], list[Path]]:
     """What `PYTHON -P -m tuner` runs: (the interpreter and each directory on its import path, with the entries
     directly inside those directories (a `.pth` file there runs at start-up)), and the package tree itself."""
     import tuner
 
-    interpreter = interpreter or sys.executable
-    package = package or Path(tuner.__file__).parent
-    search_path = sys.path[1:] if search_path is None else search_path  # [0]: this process's start directory
-    code = [Path(interpreter)]
-    for entry in search_path:
+    code = [Path(sys.executable)]
+    for entry in sys.path[1:]:  # [0]: this process's start directory
         directory = Path(entry)
         if not entry or not directory.is_dir():
             continue
         code.append(directory)
         with contextlib.suppress(OSError):
             code += sorted(directory.iterdir())
-    return code, [package]
+    return code, [Path(tuner.__file__).parent]

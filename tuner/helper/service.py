@@ -407,13 +407,13 @@ class HelperService:
                                         "the machine froze or reset during this trial (open in an earlier boot)")
 
     # --- importing a user's own state ---------------------------------------------------------------------------
-    def import_user(self, uid: int) -> int:
+    def import_user(self, uid: int) -> None:
         """Merge `uid`'s per-user unsafe list (and trials its journal left open in an earlier boot) into the
-        machine's; returns how many entries were new."""
+        machine's."""
         try:
             home = Path(pwd.getpwuid(uid).pw_dir)
         except KeyError:
-            return 0
+            return
         found = read_user_state(home, uid)
         for problem in found.problems:
             self._log(f"import from uid {uid}: skipped {problem}")
@@ -439,7 +439,6 @@ class HelperService:
                     recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
         if added:
             self._log(f"imported {added} unsafe entries from uid {uid}")
-        return added
 
     def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str:
         card = (by_serial.get(serial) if serial else None) or self._card_named(device)

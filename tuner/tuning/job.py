@@ -207,7 +207,6 @@ class BisectOutcome:
     settings: Mapping[str, int]  # the final setting per card that got one
     rig_attempts: tuple[TrialOutcome, ...] = ()
     reasons: Mapping[str, str] = field(default_factory=dict)  # card -> why it got no recommendation
-    session: str | None = None  # the rig journal's session (several cards)
     attempts: tuple[dict, ...] = ()  # the rig journal's record of every attempt (settings, pinned, backed off)
 
     @property
@@ -650,7 +649,7 @@ class BisectJob:
             rig.close(INTERRUPTED)
         code = exit_codes.BUSY if self._changed_outside else exit_codes.INTERRUPTED
         return BisectOutcome("stopped", code, per_card, {}, reasons=reasons,
-                             session=rig.session if rig else None, attempts=tuple(rig.attempts) if rig else ())
+                             attempts=tuple(rig.attempts) if rig else ())
 
     def _finish(self, rig: Journal | None, per_card: dict[str, CardOutcome], settings: dict[str, int],
                 reasons: dict[str, str], attempts: tuple[TrialOutcome, ...]) -> BisectOutcome:
@@ -671,8 +670,7 @@ class BisectJob:
         if settings:
             self._emit(RigRecommendation(settings=dict(settings),
                                          per_card={d: r for d, r in recs.items() if r is not None}))
-        return BisectOutcome(status, code, per_card, dict(settings), attempts, missing, session=rig.session,
-                             attempts=tuple(rig.attempts))
+        return BisectOutcome(status, code, per_card, dict(settings), attempts, missing, attempts=tuple(rig.attempts))
 
 
 def _check_resumed_bound(asked_s: float | None, stored_s: float | None) -> None:

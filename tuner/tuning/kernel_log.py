@@ -137,7 +137,7 @@ class KernelLogWatcher:
         except (OSError, ValueError):
             pass
 
-    def feed(self, line: str) -> KernelEvent | None:
+    def feed(self, line: str) -> None:
         """Classify and count one line (for callers that read the log themselves, and tests)."""
         event = classify_line(line, self.pci_bus_id)
         if event is not None:
@@ -145,7 +145,6 @@ class KernelLogWatcher:
                 self._events.append(event)
             if self.on_event:
                 self.on_event(event)
-        return event
 
     @property
     def events(self) -> list[KernelEvent]:
@@ -251,10 +250,9 @@ def open_live_source() -> LiveSource | None:
 
 # --- after a crash ----------------------------------------------------------------------------------------------------
 def previous_boot_events(pci_bus_id: str | None = None, *,
-                         run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
-                         tail: int = 20) -> list[str] | None:
-    """GPU failure lines from the previous boot's kernel log (`journalctl -k -b -1`), or None when unavailable
-    (no persistent journal, no permission)."""
+                         run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> list[str] | None:
+    """The last 20 GPU failure lines from the previous boot's kernel log (`journalctl -k -b -1`), or None when
+    unavailable (no persistent journal, no permission)."""
     exe = shutil.which("journalctl")
     if not exe:
         return None
@@ -266,7 +264,7 @@ def previous_boot_events(pci_bus_id: str | None = None, *,
     if proc.returncode != 0:
         return None
     lines = [ev.line for ev in (classify_line(ln, pci_bus_id) for ln in proc.stdout.splitlines()) if ev]
-    return lines[-tail:]
+    return lines[-20:]
 
 
 def summarize(events: Iterable[KernelEvent]) -> str:

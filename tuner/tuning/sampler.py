@@ -19,7 +19,6 @@ from tuner.core.models import Telemetry
 
 @dataclass(frozen=True)
 class TelemetrySummary:
-    samples: int
     mean_power_w: float | None
     max_temp_edge_c: float | None
     max_temp_hotspot_c: float | None
@@ -52,7 +51,6 @@ def summarize(samples: list[Telemetry]) -> TelemetrySummary:
             energy_j = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(powered))
     power, volts, clocks = col("power_w"), col("voltage_mv"), col("core_clock_mhz")
     return TelemetrySummary(
-        samples=len(samples),
         mean_power_w=statistics.fmean(power) if power else None,
         max_temp_edge_c=max(col("temp_edge_c"), default=None),
         max_temp_hotspot_c=max(col("temp_hotspot_c"), default=None),
@@ -139,19 +137,18 @@ class TelemetrySampler:
             if self.device_lost or self.error or self._stop.wait(self.interval_s):
                 return
 
-    def sample_once(self) -> Telemetry | None:
+    def sample_once(self) -> None:
         try:
             sample = self.backend.telemetry(self.device_id)
         except DeviceLost as e:
             self.device_lost = e.message
-            return None
+            return
         except (TunerError, OSError) as e:
             self.error = getattr(e, "message", str(e))
-            return None
+            return
         with self._lock:
             self.samples.append(sample)
         self.check_setting()
-        return sample
 
     def check_setting(self) -> None:
         """Read the setting back now (each sample does; the trial once more as its load ends)."""

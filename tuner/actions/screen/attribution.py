@@ -20,7 +20,7 @@ A run that could not compare any step (setup error, stopped, too short) is never
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tuner.actions.screen.verdict import SEVERITY, VERDICT_EXIT
 from tuner.tuning.plan import EDGE_KINDS
@@ -89,7 +89,6 @@ class RunSummary:
     segments: int = 0
     keys: tuple[str, ...] = ()  # INCOMPARABLE: the engine fingerprint keys that differ
     kernel_lines: tuple[str, ...] = ()
-    checks_off: tuple[str, ...] = field(default=())
 
 
 def classify(verdict: str, kind: str | None, *, compared_steps: int, edge: bool = False,

@@ -54,7 +54,6 @@ class ScreenPlan:
     """What every card of a screen runs: the reference, the tier (its load per run) and the comparison mode."""
 
     bundle: rb.Bundle
-    bundle_path: Path
     trajectory_path: Path  # the bundled trajectory, written out for the engine's --reference
     tier: at.Tier
     tolerance: bool = False  # the labelled tolerance mode: held-out losses, not bits
@@ -389,7 +388,7 @@ def summarize(purpose: str, setting: int, outcome: StressOutcome, *, tolerance: 
         figure=None if end is None else end.figure, duration_s=None if r is None else r.duration_s,
         median_step_ms=None if end is None else end.median_step_ms,
         reference_steps=0 if ref is None else ref.reference_steps, segments=0 if ref is None else ref.segments,
-        keys=keys, kernel_lines=tuple(e.line for e in outcome.kernel_events), checks_off=tuple(outcome.checks_off()))
+        keys=keys, kernel_lines=tuple(e.line for e in outcome.kernel_events))
 
 
 def _workload(start: Any) -> dict[str, object]:

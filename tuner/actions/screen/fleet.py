@@ -78,8 +78,7 @@ class Screen:
                 for warning in setting.warnings:
                     self._emit(device_id, f"warning: {warning}")
             trajectory = rb.materialize(self.bundle, Path(work))
-            plan = ScreenPlan(self.bundle, self.bundle_path, trajectory, self.tier, self.tolerance,
-                              self.margin_nats, host)
+            plan = ScreenPlan(self.bundle, trajectory, self.tier, self.tolerance, self.margin_nats, host)
             self._cards = [CardScreen(self.backend, d, plan, on_event=self._emit,
                                       engine_factory=self._engine_factory,
                                       kernel_watcher_factory=self._watcher_factory, profile=settings.get(d))

@@ -56,8 +56,6 @@ class RecordOutcome:
     bundle: rb.Bundle
     path: Path
     size_bytes: int
-    record: StressOutcome
-    replay: StressOutcome
 
 
 def check_destination(out: Path, overwrite: bool) -> None:
@@ -113,7 +111,7 @@ def record_reference(backend: Backend, request: RecordRequest) -> RecordOutcome:
             bpb=record_end.bpb if record_end is not None else None)
         bundle = rb.build_bundle(device=device, recording=recording, trajectory=trajectory)
         size = rb.write_bundle(bundle, out, overwrite=request.overwrite)
-        return RecordOutcome(bundle, out, size, recorded, replayed)
+        return RecordOutcome(bundle, out, size)
 
 
 def _failed(what: str, outcome: StressOutcome, why: str | None = None) -> TunerError:
