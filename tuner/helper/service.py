@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner import __version__
-from tuner.backends.base import Backend
+from tuner.backends.base import Backend, no_lock_clock
 from tuner.core import exit_codes
-from tuner.core.errors import PermissionDenied, TunerError, UnknownDevice, Unsupported, UsageError
+from tuner.core.errors import PermissionDenied, TunerError, UnknownDevice, Unsupported
 from tuner.core.kernel_files import boot_id as current_boot_id
 from tuner.core.models import DeviceInfo, Knob
 from tuner.core.unsafe_rule import blocking_setting
@@ -199,8 +199,8 @@ class HelperService:
         if (r.mhz is None) == (r.measured_mhz is None):
             raise Refused("bad-request", "lock_clock needs exactly one of mhz and measured_mhz")
         knob = self.backend.knob(r.card)
-        if knob.lock_clock_mhz is None or not hasattr(self.backend, "set_lock_clock"):
-            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+        if knob.lock_clock_mhz is None:
+            raise no_lock_clock()
         current = self.book.pending.get(r.card)
         pending = self._pending_for(r.card, key, who, knob, current.lease_s if current else DEFAULT_LEASE_S)
         if pending.previous_lock_mhz is None:
@@ -296,7 +296,7 @@ class HelperService:
         card, note = pending.card, ""
         if pending.previous_lock_mhz is not None:
             try:
-                self.backend.set_lock_clock(card, pending.previous_lock_mhz)  # type: ignore[attr-defined]
+                self.backend.set_lock_clock(card, pending.previous_lock_mhz)
             except TunerError as e:
                 note = f"the lock clock could not be set back ({e.message}); "
         knob = self.backend.knob(card)

@@ -84,7 +84,7 @@ def plan_profile_screen(backend: Backend, profile: Profile, device_ids: list[str
             raise ProfileRefused(f"{where}: {e.message}; nothing was run",
                                  "screen at a less aggressive profile, or at the card's current setting (drop "
                                  "--profile)", e.exit_code) from None
-        lock = plan.set_request(backend).lock_clock_mhz
+        lock = plan.set_request().lock_clock_mhz
         planned[device_id] = ProfileSetting(name, plan.value, lock, plan.warnings)
     return planned
 
