@@ -286,13 +286,9 @@ def _checked_request(backend: Backend, name: str, part: RigPartApply, ignore_uns
 class RigPartError(TunerError):
     """A part of a rig profile was refused (nothing was applied). Names the part; exit code: the cause's."""
 
-    def __init__(self, message: str, remedy: str | None, exit_code: int):
-        super().__init__(message, remedy)
-        self.exit_code = exit_code
-
     @classmethod
     def of(cls, cause: TunerError, where: str, tail: str = "; nothing was applied") -> RigPartError:
-        return cls(f"{where}: {cause.message}{tail}", cause.remedy, cause.exit_code)
+        return cls(f"{where}: {cause.message}{tail}", cause.remedy, exit_code=cause.exit_code)
 
 
 class RigApplyFailed(RigPartError):

@@ -43,9 +43,7 @@ class LockUnavailable(TunerError):
     """The card's lock file could not be opened or made (a read-only, full or unsafe state directory). Nobody
     else could have made it either; the message names the path and the reason, the code fits the reason."""
 
-    def __init__(self, message: str, remedy: str | None = None, *, exit_code: int = exit_codes.PERMISSION):
-        super().__init__(message, remedy)
-        self.exit_code = exit_code
+    exit_code = exit_codes.PERMISSION
 
 
 def _unavailable(path: Path, error: OSError) -> LockUnavailable:

@@ -12,14 +12,17 @@ from tuner.core import exit_codes
 
 
 class TunerError(Exception):
-    """Base class: something the user can act on. Never shown with a traceback."""
+    """Base class: something the user can act on. Never shown with a traceback. `exit_code`: the class's, unless
+    one is given (an error that names its cause and exits with the cause's code)."""
 
     exit_code = exit_codes.USAGE
 
-    def __init__(self, message: str, remedy: str | None = None):
+    def __init__(self, message: str, remedy: str | None = None, *, exit_code: int | None = None):
         super().__init__(message)
         self.message = message
         self.remedy = remedy
+        if exit_code is not None:
+            self.exit_code = exit_code
 
     def one_line(self) -> str:
         """The message and its remedy on one line, as the CLI prints it."""
