@@ -5,8 +5,10 @@ Library code raises these; only the composition roots (cli, app) turn them into 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections.abc import Iterator
 
 from tuner.core import exit_codes
 
@@ -101,3 +103,18 @@ def first_line(error: BaseException, limit: int = 300) -> str:
     """
     text = str(error).strip()
     return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def write_errors(path: str | os.PathLike[str], what: str = "write", *, refused: str | None = None,
+                 remedy: str | None = None) -> Iterator[None]:
+    """Around a write of `path`: a full disk is the one DiskFull naming it (`what`: "write", "append to"); any other
+    OSError becomes StateError(`refused`: the error's text after it), or is raised as it is when `refused` is None."""
+    try:
+        yield
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full(path, what) from None
+        if refused is None:
+            raise
+        raise StateError(f"{refused}: {e.strerror}", remedy) from None
