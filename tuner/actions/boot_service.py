@@ -340,7 +340,7 @@ def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
                 skips: str | None) -> list[CardState]:
     """Each part against the card it was proven on, as that card reads now."""
     run = read_last_run() or {}
-    this_boot = run.get("boot_id") is not None and run.get("boot_id") == kernel_files.boot_id()
+    this_boot = kernel_files.same_boot(run.get("boot_id"), kernel_files.boot_id())
     results = {(r.get("profile"), r.get("card")): r for r in run.get("results", []) if isinstance(r, dict)}
     devices = backend.devices()
     out = []

@@ -257,7 +257,7 @@ def machine_trial_open_at_previous_boot() -> dict | None:
     boot_id = kernel_files.boot_id()
     try:
         recovered = state.failed_trial_recovered_in(boot_id)
-        still_open = [t for t in state.open_trials().values() if boot_id is None or t.boot_id != boot_id]
+        still_open = [t for t in state.open_trials().values() if not kernel_files.same_boot(t.boot_id, boot_id)]
     except StateError as e:  # DamagedState too
         return {"journal": str(state.root), "reason": f"the machine's trial journal is unreadable ({e.message}), so "
                 "a crashed trial cannot be ruled out"}
