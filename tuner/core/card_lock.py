@@ -130,7 +130,7 @@ class CardLock:
         except state_files.UnsafeStatePath as e:
             raise _unavailable(path, e) from None
         except OSError as e:
-            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
+            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) and not is_disk_full(e):
                 raise _unavailable(path, e) from None
             first = e
         try:  # read-only or full: an existing lock file still takes a flock
