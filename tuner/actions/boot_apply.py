@@ -189,7 +189,7 @@ def _apply_part(backend: Backend, profile: Profile, part: ProfilePart, device: D
             "store")
         return BootCardResult(profile.name, "busy", exit_codes.BUSY, card, device.id, reason=why,
                               found=knob.current)
-    lock = part.setting.lock_clock_mhz if can_lock_clock(backend, knob) else None
+    lock = part.setting.lock_clock_mhz if can_lock_clock(knob) else None
     if knob.current not in (knob.stock, value):
         say(f"{device.id} reads {knob.current:+d} {knob.unit}, not stock and not the installed {value:+d} {unit} "
             f"(set by something else since); applying {what} again")

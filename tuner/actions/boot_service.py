@@ -232,9 +232,8 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
                                "installed", "choose a profile to apply at boot")
     env = system_units.pinned_environment()
     python = sys.executable  # the interpreter running now, so the units use this installation (a venv included)
-    units = {boot_rules.unit_path(): system_units.apply_unit(system_units.apply_exec_args(python, name), env),
-             boot_rules.resume_unit_path(): system_units.apply_unit(
-                 system_units.apply_exec_args(python, name, resume=True), env, resume=True)}
+    units = {boot_rules.systemd_dir() / file: text
+             for file, text in system_units.apply_units(python, name, env).items()}
     state = Path(env["XDG_STATE_HOME"]) / "tuner"
     try:
         state.mkdir(parents=True, exist_ok=True)  # the units may write only there (ReadWritePaths): it must exist
@@ -335,7 +334,7 @@ def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
                 skips: str | None) -> list[CardState]:
     """Each part against the card it was proven on, as that card reads now."""
     run = read_last_run() or {}
-    this_boot = run.get("boot_id") is not None and run.get("boot_id") == kernel_files.boot_id()
+    this_boot = kernel_files.same_boot(run.get("boot_id"), kernel_files.boot_id())
     results = {(r.get("profile"), r.get("card")): r for r in run.get("results", []) if isinstance(r, dict)}
     devices = backend.devices()
     out = []

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-from tuner.backends import Backend, open_backend
+from tuner.backends import Backend, check_no_simulator_options, open_backend
 from tuner.backends.helper_client import HelperBackend, HelperRefused, HelperUnreachable, ReadOnlyBackend
 from tuner.core import paths
 from tuner.core.errors import UsageError
@@ -73,7 +73,8 @@ class Context:
         refusal: HelperUnreachable | None = None
         if chosen or (not self.simulate and path.exists()):
             if not self.simulate:
-                self._in_process_checks()
+                check_no_simulator_options(self.sim_nondeterministic, self.sim_contention_after_s, self.sim_sdc_rate,
+                                           self.sim_driver)
             try:
                 helper = HelperBackend.connect(path, client=" ".join(sys.argv)[:200] or "tuner",
                                                warn=lambda line: note(line))
@@ -94,12 +95,6 @@ class Context:
             note(f"read-only: {refusal.message}; {refusal.remedy}")
             return ReadOnlyBackend(local, "the helper does not let this user in", refusal.remedy or "")
         return ReadOnlyBackend(local, refusal.message if refusal else f"no helper is installed ({path} is missing)")
-
-    def _in_process_checks(self) -> None:
-        if (self.sim_nondeterministic or self.sim_contention_after_s is not None or self.sim_sdc_rate is not None
-                or self.sim_driver is not None):  # as open_backend says it
-            raise UsageError("--sim-nondeterministic, --sim-contention-after, --sim-sdc-rate and --sim-driver need "
-                             "--simulate", "add --simulate, or leave them out on real hardware")
 
     def _check_simulation(self, helper: HelperBackend) -> Backend:
         """`--simulate` through a helper needs a simulated helper with the same cards; a real helper's cards are

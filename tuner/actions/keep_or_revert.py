@@ -87,7 +87,7 @@ class PendingChange:
         try:
             if self.lock_clock_mhz is not None:
                 self.previous_lock_clock_mhz = self.backend.knob(self.device_id).lock_clock_mhz
-                self.backend.set_lock_clock(self.device_id, self.lock_clock_mhz)  # type: ignore[attr-defined]
+                self.backend.set_lock_clock(self.device_id, self.lock_clock_mhz)
             self.before = self.backend.knob(self.device_id)
             # A signal between the write and recording it would leave a change nobody reverts: hold signals until
             # the change is recorded as pending (a held signal is raised right after, and reverts it).
@@ -107,7 +107,7 @@ class PendingChange:
         if self.lock_clock_mhz is None or self.previous_lock_clock_mhz is None:
             return
         try:
-            self.backend.set_lock_clock(self.device_id, self.previous_lock_clock_mhz)  # type: ignore[attr-defined]
+            self.backend.set_lock_clock(self.device_id, self.previous_lock_clock_mhz)
         except TunerError:
             pass  # the cause of the failure is what the user needs; the card itself was not written
 
@@ -146,7 +146,7 @@ class PendingChange:
     def _restore(self, before: Knob) -> Knob:
         if self.previous_lock_clock_mhz is not None:
             try:  # the lock choice first: restoring the value re-locks at it, a reset releases it
-                self.backend.set_lock_clock(self.device_id, self.previous_lock_clock_mhz)  # type: ignore[attr-defined]
+                self.backend.set_lock_clock(self.device_id, self.previous_lock_clock_mhz)
             except TunerError as e:
                 before = replace(before, current=before.stock)  # a value at an unknown lock is no known state
                 self.restore_note = (f"the previous lock clock {self.previous_lock_clock_mhz} MHz could not be set "

@@ -50,17 +50,17 @@ class ProfileApply:
     def value(self) -> int:
         return self.profile.setting.value
 
-    def set_request(self, backend: Backend) -> SetRequest:
+    def set_request(self) -> SetRequest:
         """The value as a `set` request, with the profile's lock clock where the backend can set it: for
         `prepare_setting`, which checks everything again before it writes (the card may have changed since)."""
-        return SetRequest(self.device.id, self.value, lock_clock_mhz=_lock_to_set(self.profile, self.knob, backend))
+        return SetRequest(self.device.id, self.value, lock_clock_mhz=_lock_to_set(self.profile, self.knob))
 
 
-def _lock_to_set(profile: Profile | ProfilePart, knob: Knob, backend: Backend) -> int | None:
+def _lock_to_set(profile: Profile | ProfilePart, knob: Knob) -> int | None:
     """The lock clock to set before the value: the profile's, where it differs from the card's and the backend can
     set it (None: nothing to change)."""
     lock = profile.setting.lock_clock_mhz
-    return lock if lock != knob.lock_clock_mhz and can_lock_clock(backend, knob) else None
+    return lock if lock != knob.lock_clock_mhz and can_lock_clock(knob) else None
 
 
 def pick_profile_device(profile: Profile, backend: Backend, device_id: str | None) -> DeviceInfo:
@@ -113,10 +113,10 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
 def set_profile_lock_clock(backend: Backend, plan: ProfileApply) -> str | None:
     """NVIDIA: the offset was proven at a locked max clock; lock to it before the value (as `set --lock-mhz`).
     Returns what was done, for the front end to say."""
-    lock = _lock_to_set(plan.profile, plan.knob, backend)
+    lock = _lock_to_set(plan.profile, plan.knob)
     if lock is None:
         return None
-    backend.set_lock_clock(plan.device.id, lock)  # type: ignore[attr-defined]
+    backend.set_lock_clock(plan.device.id, lock)
     return f"{plan.device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)"
 
 
@@ -138,7 +138,7 @@ def _unapplied_fields(profile: Profile | ProfilePart, knob: Knob, backend: Backe
     """Fields the backend cannot set: said out loud, never silently dropped."""
     out = []
     s = profile.setting
-    if s.lock_clock_mhz is not None and s.lock_clock_mhz != knob.lock_clock_mhz and not can_lock_clock(backend, knob):
+    if s.lock_clock_mhz is not None and s.lock_clock_mhz != knob.lock_clock_mhz and not can_lock_clock(knob):
         out.append(f"the profile was proven at a locked max clock of {s.lock_clock_mhz} MHz, this card is at "
                    f"{knob.lock_clock_mhz or 'no lock'}, and this backend cannot change the lock")
     if s.power_limit_w is not None:
@@ -175,11 +175,11 @@ class RigPartApply:
         assert self.device is not None, "a skipped part is on no card"
         return f"{profile_name!r} {self.label} on {self.device.id}"
 
-    def set_request(self, backend: Backend, *, ignore_unsafe: bool = False) -> SetRequest:
+    def set_request(self, *, ignore_unsafe: bool = False) -> SetRequest:
         """The part as a `set` request, with its lock clock where the backend can set it."""
         assert self.device is not None and self.knob is not None, "a skipped part has nothing to set"
         return SetRequest(self.device.id, self.value, ignore_unsafe=ignore_unsafe,
-                          lock_clock_mhz=_lock_to_set(self.part, self.knob, backend))
+                          lock_clock_mhz=_lock_to_set(self.part, self.knob))
 
     def to_dict(self) -> dict:
         return {"card": self.index, "device": self.device.to_dict() if self.device else None,
@@ -275,7 +275,7 @@ def plan_rig_apply(backend: Backend, profile: Profile, *, force: bool = False, i
 
 def _checked_request(backend: Backend, name: str, part: RigPartApply, ignore_unsafe: bool) -> SetRequest:
     """The part's `set` request once `check_setting` passed; a refusal names the part (RigPartError)."""
-    request = part.set_request(backend, ignore_unsafe=ignore_unsafe)
+    request = part.set_request(ignore_unsafe=ignore_unsafe)
     try:
         check_setting(backend, request)
     except TunerError as e:
@@ -286,13 +286,9 @@ def _checked_request(backend: Backend, name: str, part: RigPartApply, ignore_uns
 class RigPartError(TunerError):
     """A part of a rig profile was refused (nothing was applied). Names the part; exit code: the cause's."""
 
-    def __init__(self, message: str, remedy: str | None, exit_code: int):
-        super().__init__(message, remedy)
-        self.exit_code = exit_code
-
     @classmethod
     def of(cls, cause: TunerError, where: str, tail: str = "; nothing was applied") -> RigPartError:
-        return cls(f"{where}: {cause.message}{tail}", cause.remedy, cause.exit_code)
+        return cls(f"{where}: {cause.message}{tail}", cause.remedy, exit_code=cause.exit_code)
 
 
 class RigApplyFailed(RigPartError):

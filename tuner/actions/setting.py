@@ -31,12 +31,11 @@ class SetRequest:
     lock_clock_mhz: int | None = None
 
 
-def can_lock_clock(backend: Backend, knob: Knob) -> bool:
-    """True when this card's offset is defined at a lock clock the backend can change (NVIDIA), also where the
-    driver reports no max boost clock to default to (the knob's lock is then None, and a profile's lock is the
-    only one there is)."""
-    return (knob.lock_clock_mhz is not None or knob.kind is KnobKind.CLOCK_OFFSET) and hasattr(backend,
-                                                                                            "set_lock_clock")
+def can_lock_clock(knob: Knob) -> bool:
+    """True when this card's offset is defined at a lock clock (NVIDIA: `Backend.set_lock_clock` changes it), also
+    where the driver reports no max boost clock to default to (the knob's lock is then None, and a profile's lock
+    is the only one there is)."""
+    return knob.lock_clock_mhz is not None or knob.kind is KnobKind.CLOCK_OFFSET
 
 
 def check_setting(backend: Backend, request: SetRequest) -> Knob:
@@ -47,7 +46,7 @@ def check_setting(backend: Backend, request: SetRequest) -> Knob:
     journal.check_safety_state(request.device_id, backend)
     if not request.ignore_unsafe:
         journal.refuse_unsafe(request.device_id, knob, request.value, backend)
-    if request.lock_clock_mhz is not None and not can_lock_clock(backend, knob):
+    if request.lock_clock_mhz is not None and not can_lock_clock(knob):
         raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
     return knob
 
@@ -67,7 +66,7 @@ def prepare_setting(
     lock = CardLock(request.device_id, purpose).acquire()  # one writer per card, held until kept or reverted
     try:
         if request.lock_clock_mhz is not None:
-            backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
+            backend.set_lock_clock(request.device_id, request.lock_clock_mhz)
         # a revert puts back the lock in force before this request along with the value
         previous_lock = knob.lock_clock_mhz if request.lock_clock_mhz is not None else None
         return PendingChange(backend, request.device_id, request.value, allow_overvolt=request.allow_overvolt,
@@ -83,7 +82,7 @@ def apply_setting_now(backend: Backend, request: SetRequest) -> Knob:
     check_setting(backend, request)
     with CardLock(request.device_id, "tuner apply"):
         if request.lock_clock_mhz is not None:
-            backend.set_lock_clock(request.device_id, request.lock_clock_mhz)  # type: ignore[attr-defined]
+            backend.set_lock_clock(request.device_id, request.lock_clock_mhz)
         knob = backend.apply(request.device_id, request.value, allow_overvolt=request.allow_overvolt)
         backend.keep(request.device_id)  # nobody confirms later: through the root helper, it is kept now
         return knob

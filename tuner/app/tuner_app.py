@@ -350,7 +350,7 @@ class TunerApp(App[int]):
             if self._leaving:  # quitting or hung up: nothing new goes on a card
                 return
             try:
-                request = profile.set_request(self.backend) if profile is not None else SetRequest(device_id, value)
+                request = profile.set_request() if profile is not None else SetRequest(device_id, value)
                 pending = prepare_setting(self.backend, request, clock=self.clock)
                 if profile is None:  # as `tuner set` warns (a profile's plan said it already: on_profile_checked)
                     for warning in other_tools.warnings_for(self.backend, [device_id]):

@@ -24,10 +24,7 @@ def open_backend(
         return SimulatedBackend(gpus=sim_gpus, seed=sim_seed, vmin_mv=sim_vmin_mv, kind=sim_kind,
                                 nondeterministic=sim_nondeterministic, contention_after_s=sim_contention_after_s,
                                 sdc_rate=sim_sdc_rate, driver=sim_driver)
-    if (sim_nondeterministic or sim_contention_after_s is not None or sim_sdc_rate is not None
-            or sim_driver is not None):
-        raise UsageError("--sim-nondeterministic, --sim-contention-after, --sim-sdc-rate and --sim-driver need "
-                         "--simulate", "add --simulate, or leave them out on real hardware")
+    check_no_simulator_options(sim_nondeterministic, sim_contention_after_s, sim_sdc_rate, sim_driver)
     found: list[Backend] = []
     for module_name in REAL_BACKEND_MODULES:
         backend = importlib.import_module(module_name).discover()  # a missing module is a broken install: raise
@@ -41,4 +38,12 @@ def open_backend(
     return found[0] if len(found) == 1 else CompositeBackend(found)
 
 
-__all__ = ["Backend", "CompositeBackend", "open_backend"]
+def check_no_simulator_options(nondeterministic: bool, contention_after_s: float | None,
+                               sdc_rate: float | tuple[float, ...] | None, driver: str | None) -> None:
+    """Real cards (in-process or through the helper): the simulator's own options are a UsageError."""
+    if nondeterministic or contention_after_s is not None or sdc_rate is not None or driver is not None:
+        raise UsageError("--sim-nondeterministic, --sim-contention-after, --sim-sdc-rate and --sim-driver need "
+                         "--simulate", "add --simulate, or leave them out on real hardware")
+
+
+__all__ = ["Backend", "CompositeBackend", "check_no_simulator_options", "open_backend"]

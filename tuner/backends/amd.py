@@ -278,18 +278,7 @@ class AmdBackend(Backend):
         clamped: tuple[str, ...] = ()
         if fmt in od.CURVE_FORMATS and current != 0:
             clamped = od.clamp_report(table, self._stock_points(card, table), current)
-        return Knob(
-            kind=KnobKind.VOLTAGE_OFFSET,
-            unit="mV",
-            stock=0,
-            current=current,
-            min=min(lo, 0),
-            max=max(hi, 0),
-            step=STEP_MV,
-            aggressive_direction=-1,
-            range_source=source,
-            clamped=clamped,
-        )
+        return Knob.offset(KnobKind.VOLTAGE_OFFSET, current, lo, hi, STEP_MV, range_source=source, clamped=clamped)
 
     def _commands(self, card: _Card, table: od.OdTable, value: int, *, every_point: bool = False) -> list[str]:
         """The edit commands that put `value` in place (without the commit). Curve points are written only where

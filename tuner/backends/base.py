@@ -32,6 +32,11 @@ def check_lock_mhz(mhz: int, lo: int, hi: int) -> None:
                          f"pick a clock between {lo} and {hi} MHz")
 
 
+def no_lock_clock() -> UsageError:
+    """`--lock-mhz` on a card without a locked max clock (AMD): the one refusal, whoever meets it."""
+    return UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+
+
 class Backend(ABC):
     """One vendor's GPUs (or the simulated ones).
 
@@ -109,6 +114,11 @@ class Backend(ABC):
     def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
         """NVIDIA: the performance states an applied offset covers; None where the notion does not apply."""
         return None
+
+    def set_lock_clock(self, device_id: str, mhz: int) -> None:
+        """NVIDIA: the max graphics clock the next `apply` locks to (`--lock-mhz`); a backend without a locked
+        clock (AMD) refuses with UsageError, nothing written."""
+        raise no_lock_clock()
 
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
         """NVIDIA: lock future applies at the clock measured under the stock baseline; returns the lock chosen,
@@ -218,6 +228,9 @@ class ForwardingBackend(Backend):
     def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
         return self._to(device_id).applied_pstates(device_id)
 
+    def set_lock_clock(self, device_id: str, mhz: int) -> None:
+        self._to(device_id).set_lock_clock(device_id, mhz)
+
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
         return self._to(device_id).lock_at_measured_clock(device_id, clock_mhz)
 
@@ -245,14 +258,6 @@ class CompositeBackend(ForwardingBackend):
 
     def devices(self) -> list[DeviceInfo]:
         return [d for b in self.backends for d in b.devices()]
-
-    def set_lock_clock(self, device_id: str, mhz: int) -> None:
-        """NVIDIA's lock clock, routed like the rest (without it a mixed machine's profile apply and boot would
-        drop the profile's lock: tuner.actions.setting.can_lock_clock asks the backend for this method)."""
-        owner = self._to(device_id)
-        if not hasattr(owner, "set_lock_clock"):
-            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
-        owner.set_lock_clock(device_id, mhz)
 
     def close(self) -> None:
         for backend in self.backends:

@@ -420,17 +420,8 @@ class NvidiaBackend(Backend):
         if current == 0:
             # some drivers read 0 for an applied offset: then the tuner's record of what it applied this boot says
             current = int(self._record(device_id).get("offset_mhz", 0))
-        return Knob(
-            kind=KnobKind.CLOCK_OFFSET,
-            unit="MHz",
-            stock=0,
-            current=current,
-            min=min(lo, 0),
-            max=max(hi, 0),
-            step=offset_step_mhz(self._supported_clocks(self._handle(device_id))),
-            aggressive_direction=1,
-            lock_clock_mhz=self.lock_clock_mhz(device_id),
-        )
+        step = offset_step_mhz(self._supported_clocks(self._handle(device_id)))
+        return Knob.offset(KnobKind.CLOCK_OFFSET, current, lo, hi, step, lock_clock_mhz=self.lock_clock_mhz(device_id))
 
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         before = self.knob(device_id)

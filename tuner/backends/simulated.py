@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner.backends.base import Backend, check_lock_mhz, warn_on_stderr
+from tuner.backends.base import Backend, check_lock_mhz, no_lock_clock, warn_on_stderr
 from tuner.backends.simulated_card_files import CardFile
 from tuner.core import paths
 from tuner.core.errors import UsageError
@@ -286,7 +286,7 @@ class SimulatedBackend(Backend):
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
         clocks = self.kind.lock_clocks_mhz
         if clocks is None:
-            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+            raise no_lock_clock()
         self.device(device_id)
         check_lock_mhz(mhz, *clocks)
         self._lock_mhz[device_id] = mhz

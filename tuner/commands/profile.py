@@ -28,6 +28,7 @@ from tuner.commands._output import format_table, format_value, print_json, warn
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.profiles import evidence, reference_bundle
+from tuner.profiles.reference_bundle import kib
 from tuner.profiles.schema import Profile, ProfilePart, Setting, Trial, format_created, validate_name
 from tuner.tuning.bound import describe as describe_bound
 
@@ -223,7 +224,7 @@ def run_show(args: Namespace, ctx: Context) -> int:
     lines += _rig_lines(profile, width) if profile.is_rig else _part_lines(profile, width)
     if bundled is not None:
         b, ref_path, size = bundled
-        lines += _field("reference", f"{ref_path.name}: {b.steps:,} stock steps of {b.preset} ({_kib(size)}), "
+        lines += _field("reference", f"{ref_path.name}: {b.steps:,} stock steps of {b.preset} ({kib(size)}), "
                         f"recorded on {b.origin.host or '?'} ({b.origin.device_id}), for `tuner screen` and "
                         "`apply --verify`", width)
     print("\n".join(lines))
@@ -242,7 +243,7 @@ def run_export(args: Namespace, ctx: Context) -> int:
     if args.path == "-":
         sys.stdout.write(profile.to_toml())
         if bundled is not None:
-            print(f"tuner: note: its stock reference ({bundled[1].name}, {_kib(bundled[2])}) is not carried on "
+            print(f"tuner: note: its stock reference ({bundled[1].name}, {kib(bundled[2])}) is not carried on "
                   "stdout: export to a file to carry it beside the profile", file=sys.stderr)
         return exit_codes.OK
     target = Path(args.path) if args.path is not None else profile_export_path(profile.name)
@@ -255,13 +256,9 @@ def run_export(args: Namespace, ctx: Context) -> int:
         return exit_codes.OK
     ref_path, size = reference_bundle.write_beside(bundled[0], path, overwrite=args.overwrite)
     b = bundled[0]
-    print(f"exported {args.name!r} to {path} and its stock reference to {ref_path} ({_kib(size)}, {b.steps:,} "
+    print(f"exported {args.name!r} to {path} and its stock reference to {ref_path} ({kib(size)}, {b.steps:,} "
           f"steps of {b.preset}, sha256 {b.sha256[:16]})")
     return exit_codes.OK
-
-
-def _kib(n: int) -> str:
-    return f"{n / 1024:.1f} KiB"
 
 
 def run_import(args: Namespace, ctx: Context) -> int:
@@ -282,7 +279,7 @@ def run_import(args: Namespace, ctx: Context) -> int:
         print_json({"imported": profile.name, "path": str(path), "reference": reference,
                     "profile": profile.to_json_dict()})
     else:
-        carried = f", with its stock reference ({_kib(size)})" if reference else ""
+        carried = f", with its stock reference ({kib(size)})" if reference else ""
         print(f"imported {profile.name!r} ({_device_cell(profile)}, {_setting_cell(profile)}) to {path}{carried}")
     return exit_codes.OK
 

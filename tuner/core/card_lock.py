@@ -43,9 +43,7 @@ class LockUnavailable(TunerError):
     """The card's lock file could not be opened or made (a read-only, full or unsafe state directory). Nobody
     else could have made it either; the message names the path and the reason, the code fits the reason."""
 
-    def __init__(self, message: str, remedy: str | None = None, *, exit_code: int = exit_codes.PERMISSION):
-        super().__init__(message, remedy)
-        self.exit_code = exit_code
+    exit_code = exit_codes.PERMISSION
 
 
 def _unavailable(path: Path, error: OSError) -> LockUnavailable:
@@ -132,7 +130,7 @@ class CardLock:
         except state_files.UnsafeStatePath as e:
             raise _unavailable(path, e) from None
         except OSError as e:
-            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
+            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) and not is_disk_full(e):
                 raise _unavailable(path, e) from None
             first = e
         try:  # read-only or full: an existing lock file still takes a flock

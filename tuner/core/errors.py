@@ -5,21 +5,26 @@ Library code raises these; only the composition roots (cli, app) turn them into 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections.abc import Iterator
 
 from tuner.core import exit_codes
 
 
 class TunerError(Exception):
-    """Base class: something the user can act on. Never shown with a traceback."""
+    """Base class: something the user can act on. Never shown with a traceback. `exit_code`: the class's, unless
+    one is given (an error that names its cause and exits with the cause's code)."""
 
     exit_code = exit_codes.USAGE
 
-    def __init__(self, message: str, remedy: str | None = None):
+    def __init__(self, message: str, remedy: str | None = None, *, exit_code: int | None = None):
         super().__init__(message)
         self.message = message
         self.remedy = remedy
+        if exit_code is not None:
+            self.exit_code = exit_code
 
     def one_line(self) -> str:
         """The message and its remedy on one line, as the CLI prints it."""
@@ -98,3 +103,18 @@ def first_line(error: BaseException, limit: int = 300) -> str:
     """
     text = str(error).strip()
     return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def write_errors(path: str | os.PathLike[str], what: str = "write", *, refused: str | None = None,
+                 remedy: str | None = None) -> Iterator[None]:
+    """Around a write of `path`: a full disk is the one DiskFull naming it (`what`: "write", "append to"); any other
+    OSError becomes StateError(`refused`: the error's text after it), or is raised as it is when `refused` is None."""
+    try:
+        yield
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full(path, what) from None
+        if refused is None:
+            raise
+        raise StateError(f"{refused}: {e.strerror}", remedy) from None

@@ -139,3 +139,9 @@ def boot_id() -> str | None:
     except OSError:
         return None
     return text or None
+
+
+def same_boot(recorded: str | None, now: str | None) -> bool:
+    """True when a record's boot id is this boot's (`now`, from `boot_id`); an unreadable one on either side is
+    never the same boot (a reset since cannot be ruled out)."""
+    return now is not None and recorded == now

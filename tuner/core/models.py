@@ -107,6 +107,15 @@ class Knob:
     # actually achieved at that point, or a clock moved into OD_RANGE). Empty when every point got what was asked.
     clamped: tuple[str, ...] = ()
 
+    @classmethod
+    def offset(cls, kind: KnobKind, current: int, lo: int, hi: int, step: int, *, lock_clock_mhz: int | None = None,
+               range_source: str = "driver", clamped: tuple[str, ...] = ()) -> Knob:
+        """A driver's offset knob: stock is no offset, and the range `lo`..`hi` read from the driver is widened to
+        take stock in; the unit and the aggressive direction are the kind's (mV lower, MHz higher)."""
+        unit, direction = ("mV", -1) if kind is KnobKind.VOLTAGE_OFFSET else ("MHz", 1)
+        return cls(kind, unit, 0, current, min(lo, 0), max(hi, 0), step, direction, lock_clock_mhz=lock_clock_mhz,
+                   range_source=range_source, clamped=clamped)
+
     def is_overvolt(self, value: int) -> bool:
         """True when `value` is on the less efficient side of stock (more voltage than stock at a clock)."""
         return (value - self.stock) * self.aggressive_direction < 0

@@ -229,14 +229,21 @@ def apply_exec_args(python: str, profile: str | None = None, *, resume: bool = F
     return [*args, profile] if profile else args
 
 
+def apply_units(python: str, profile: str | None, environment: Mapping[str, str]) -> dict[str, str]:
+    """The apply unit and its resume twin, by file name: `tuner apply --boot [--resume] [PROFILE]` run by
+    `python`."""
+    return {
+        APPLY_UNIT: apply_unit(apply_exec_args(python, profile), environment),
+        RESUME_UNIT: apply_unit(apply_exec_args(python, profile, resume=True), environment, resume=True),
+    }
+
+
 def system_units(prefix: str = DEFAULT_PREFIX, group: str = DEFAULT_GROUP,
                  environment: Mapping[str, str] | None = None, profile: str | None = None) -> dict[str, str]:
     """Every unit of a system install, by file name."""
-    python = f"{prefix}/bin/python"
     env = pinned_environment() if environment is None else environment
     return {
-        APPLY_UNIT: apply_unit(apply_exec_args(python, profile), env),
-        RESUME_UNIT: apply_unit(apply_exec_args(python, profile, resume=True), env, resume=True),
+        **apply_units(f"{prefix}/bin/python", profile, env),
         HELPER_SOCKET_UNIT: helper_socket_unit(group),
         HELPER_SERVICE_UNIT: helper_service_unit(prefix, group),
     }

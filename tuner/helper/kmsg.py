@@ -3,25 +3,20 @@
 A client asks for its cards; it gets the lines that name one of them (by PCI address, as
 `tuner.tuning.kernel_log.named_buses` reads it) and GPU failure lines that name no card at all (a machine-wide
 reset), nothing else: the rest of the kernel log stays as private as `dmesg_restrict` makes it. Only records
-logged after the request count (the log is read from its end). `/dev/kmsg` returns one record per read
-(`pri,seq,usec,flags;text`, then indented key=value lines, which are skipped); a FIFO standing in for it in a
-test may return several lines at once, so reads are split on newlines.
+logged after the request count (the log is read from its end, with `tuner.tuning.kernel_log.kmsg_lines`).
 """
 
 from __future__ import annotations
 
 import os
-import re
-import select
 import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from tuner.tuning.kernel_log import bus_of, classify_line, named_buses
+from tuner.tuning.kernel_log import bus_of, classify_line, kmsg_lines, named_buses
 
 DEFAULT_KMSG = Path("/dev/kmsg")
-_HEADER = re.compile(rb"^\d+,\d+,\d+,[^;]*;")
 
 
 def select_line(text: str, buses: dict[str, str]) -> list[str] | None:
@@ -51,30 +46,9 @@ def stream(path: Path, cards: list[str], pci_of: Callable[[str], str | None], se
     try:
         if stat.S_ISCHR(os.fstat(fd).st_mode):
             os.lseek(fd, 0, os.SEEK_END)  # only records from now on
-        pending = b""
-        while not stop.is_set() and not client_gone():
-            ready, _, _ = select.select([fd], [], [], 0.25)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(fd, 8192)
-            except BlockingIOError:
-                continue
-            except OSError as e:
-                if e.errno == 32:  # EPIPE: records were overwritten before we read them; go on
-                    continue
-                raise
-            if not chunk:  # a FIFO whose writer closed: wait for the next one
-                stop.wait(0.1)
-                continue
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                if not raw or raw[:1] in (b" ", b"\t"):
-                    continue
-                text = _HEADER.sub(b"", raw).decode("utf-8", "replace")
-                chosen = select_line(text, buses)
-                if chosen is not None:
-                    send(text, chosen)
+        for text in kmsg_lines(fd, stop, client_gone):
+            chosen = select_line(text, buses)
+            if chosen is not None:
+                send(text, chosen)
     finally:
         os.close(fd)

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner import __version__
-from tuner.backends.base import Backend
+from tuner.backends.base import Backend, no_lock_clock
 from tuner.core import exit_codes
-from tuner.core.errors import PermissionDenied, TunerError, UnknownDevice, Unsupported, UsageError
+from tuner.core.errors import PermissionDenied, TunerError, UnknownDevice, Unsupported
 from tuner.core.kernel_files import boot_id as current_boot_id
+from tuner.core.kernel_files import same_boot
 from tuner.core.models import DeviceInfo, Knob
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
@@ -199,8 +200,8 @@ class HelperService:
         if (r.mhz is None) == (r.measured_mhz is None):
             raise Refused("bad-request", "lock_clock needs exactly one of mhz and measured_mhz")
         knob = self.backend.knob(r.card)
-        if knob.lock_clock_mhz is None or not hasattr(self.backend, "set_lock_clock"):
-            raise UsageError("--lock-mhz applies only to NVIDIA cards", "drop --lock-mhz")
+        if knob.lock_clock_mhz is None:
+            raise no_lock_clock()
         current = self.book.pending.get(r.card)
         pending = self._pending_for(r.card, key, who, knob, current.lease_s if current else DEFAULT_LEASE_S)
         if pending.previous_lock_mhz is None:
@@ -296,7 +297,7 @@ class HelperService:
         card, note = pending.card, ""
         if pending.previous_lock_mhz is not None:
             try:
-                self.backend.set_lock_clock(card, pending.previous_lock_mhz)  # type: ignore[attr-defined]
+                self.backend.set_lock_clock(card, pending.previous_lock_mhz)
             except TunerError as e:
                 note = f"the lock clock could not be set back ({e.message}); "
         knob = self.backend.knob(card)
@@ -389,13 +390,13 @@ class HelperService:
             by_key = {key: card for card, key in self.keys.items()}
             for key, write in self.state.writes().items():
                 card = by_key.get(key)
-                if card is not None and boot is not None and write.boot_id == boot:
+                if card is not None and same_boot(write.boot_id, boot):
                     pending = Pending(-1, card, key, write.previous, write.previous_lock_mhz, write.value, 0.0, 0.0)
                     self._revert(pending, f"the helper (pid {write.helper_pid}) died before it was confirmed")
                 else:
                     self.state.set_write(key, None)
             for key, trial in self.state.open_trials().items():
-                if boot is not None and trial.boot_id == boot:
+                if same_boot(trial.boot_id, boot):
                     self._recover_trial(key, "inconclusive", "tool-died",
                                         f"the helper (pid {trial.helper_pid}) died during this trial in this boot: "
                                         "not evidence about the voltage; it runs again")
@@ -429,7 +430,7 @@ class HelperService:
                     recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
                     source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
-                if trial.boot_id is None or trial.boot_id == boot or trial.setting == 0:
+                if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
                     continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
                 key = self._key_for(None, device, by_serial)
                 added += self.state.merge_unsafe(key, s.UnsafeEntry(

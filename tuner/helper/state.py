@@ -28,7 +28,7 @@ from pathlib import Path
 import msgspec
 
 from tuner.core.atomic import append_durable, write_atomic
-from tuner.core.errors import DamagedState, StateError, disk_full, is_disk_full
+from tuner.core.errors import DamagedState, StateError, write_errors
 from tuner.core.models import DeviceInfo
 from tuner.helper.schema import OpenTrial, RecoveredTrial, UnsafeEntry
 
@@ -88,15 +88,11 @@ class MachineState:
     def _store(self, path: Path, data: bytes, *, append: bool = False) -> None:
         """Replace the file with `data` atomically, or append `data` to it durably."""
         what = "append to" if append else "write"
-        try:
+        with write_errors(path, what, refused=f"cannot {what} {path}", remedy="check the helper's --state-dir"):
             if append:
                 append_durable(path, data.decode())
             else:
                 write_atomic(path, data)
-        except OSError as e:
-            if is_disk_full(e):
-                raise disk_full(path, what) from None
-            raise StateError(f"cannot {what} {path}: {e.strerror}", "check the helper's --state-dir") from None
 
     def _read(self, path: Path) -> bytes | None:
         try:

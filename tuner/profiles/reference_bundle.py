@@ -290,6 +290,11 @@ def write_bundle(bundle: Bundle, path: Path, *, overwrite: bool = False) -> int:
     return len(data)
 
 
+def kib(size_bytes: int) -> str:
+    """A bundle's size as a saved or exported profile's line says it: `123.4 KiB`."""
+    return f"{size_bytes / 1024:.1f} KiB"
+
+
 def read_bundle(path: Path) -> Bundle:
     """Read, decompress, validate and check the hash; every problem is one BundleProblem naming the file."""
     path = Path(path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
-from tuner.core.errors import PermissionDenied, StateError, TunerError, UsageError, disk_full, is_disk_full
+from tuner.core.errors import PermissionDenied, StateError, TunerError, UsageError, write_errors
 from tuner.core.kernel_files import read_at_most
 from tuner.profiles.schema import MAX_PROFILE_BYTES, NAME_PATTERN, Profile, ProfileError, validate_name
 
@@ -106,15 +106,12 @@ def write_profile_file(profile: Profile, path: Path, *, overwrite: bool = False)
         raise UsageError(f"{path} already exists; nothing was written", "pass --overwrite to replace it")
     _refuse_non_regular(path)
     data = profile.to_toml().encode("utf-8")
-    try:
-        write_atomic(path, data)
-    except PermissionError:
-        hint = "run as root (sudo)" if path.is_relative_to(paths.system_profiles_dir()) else "check its permissions"
-        raise PermissionDenied(f"cannot write {path}: permission denied", hint) from None
-    except OSError as e:
-        if is_disk_full(e):
-            raise disk_full(path) from None
-        raise StateError(f"cannot write {path}: {e.strerror}") from None
+    with write_errors(path, refused=f"cannot write {path}"):
+        try:
+            write_atomic(path, data)
+        except PermissionError:
+            hint = "run as root (sudo)" if path.is_relative_to(paths.system_profiles_dir()) else "check its permissions"
+            raise PermissionDenied(f"cannot write {path}: permission denied", hint) from None
     return path
 
 

@@ -26,6 +26,7 @@ silently. No I/O beyond those files and the boot id; no textual, no torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -40,7 +41,7 @@ import msgspec
 
 from tuner.core import kernel_files, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
-from tuner.core.errors import DamagedState, StateError, UsageError, disk_full, is_disk_full
+from tuner.core.errors import DamagedState, StateError, UsageError, write_errors
 from tuner.core.models import Knob, Verdict
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper.schema import UnsafeMark
@@ -144,19 +145,7 @@ def _damaged(path: Path, problem: str, remedy: str = _MOVE_ASIDE) -> DamagedStat
     return DamagedState(f"{path} is damaged ({problem})", f"nothing was written to the card; {remedy}")
 
 
-@contextlib.contextmanager
-def _writing(path: Path, what: str = "write", *, refused: str | None = None,
-             remedy: str = "check XDG_STATE_HOME and free disk space") -> Iterator[None]:
-    """Around a write of `path`: a full disk is the one DiskFull naming it (`what`: "write", "append to"); any other
-    OSError becomes StateError(`refused`: the error's text after it), or is raised as it is when `refused` is None."""
-    try:
-        yield
-    except OSError as e:
-        if is_disk_full(e):
-            raise disk_full(path, what) from None
-        if refused is None:
-            raise
-        raise StateError(f"{refused}: {e.strerror}", remedy) from None
+_writing = functools.partial(write_errors, remedy="check XDG_STATE_HOME and free disk space")
 
 
 def _read_json(path: Path) -> dict | None:
@@ -268,7 +257,7 @@ def machine_trial_open_at_previous_boot() -> dict | None:
     boot_id = kernel_files.boot_id()
     try:
         recovered = state.failed_trial_recovered_in(boot_id)
-        still_open = [t for t in state.open_trials().values() if boot_id is None or t.boot_id != boot_id]
+        still_open = [t for t in state.open_trials().values() if not kernel_files.same_boot(t.boot_id, boot_id)]
     except StateError as e:  # DamagedState too
         return {"journal": str(state.root), "reason": f"the machine's trial journal is unreadable ({e.message}), so "
                 "a crashed trial cannot be ruled out"}

@@ -217,22 +217,6 @@ def _open_kmsg() -> LiveSource | None:
         return None
     closed = threading.Event()
 
-    def lines() -> Iterator[str]:
-        while not closed.is_set():
-            ready, _, _ = select.select([fd], [], [], 0.2)
-            if not ready:
-                continue
-            try:
-                record = os.read(fd, 8192)
-            except BlockingIOError:
-                continue
-            except OSError as e:
-                if e.errno == 32:  # EPIPE: records were overwritten; keep reading
-                    continue
-                return
-            text = record.decode("utf-8", "replace")
-            yield text.split(";", 1)[-1].split("\n", 1)[0]
-
     def close() -> None:
         closed.set()
         try:
@@ -240,7 +224,38 @@ def _open_kmsg() -> LiveSource | None:
         except OSError:
             pass
 
-    return lines(), close
+    return kmsg_lines(fd, closed), close
+
+
+_KMSG_HEADER = re.compile(rb"^\d+,\d+,\d+,[^;]*;")
+
+
+def kmsg_lines(fd: int, stop: threading.Event, gone: Callable[[], bool] = lambda: False) -> Iterator[str]:
+    """The kernel log's lines read from `fd` until `stop` is set or `gone()`. `/dev/kmsg` returns one record per
+    read (`pri,seq,usec,flags;text`, then indented key=value lines, which are skipped); a FIFO standing in for it
+    in a test may return several lines at once, so reads are split on newlines. Records overwritten before they
+    were read (EPIPE) are passed over; any other OSError is raised."""
+    pending = b""
+    while not stop.is_set() and not gone():
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 8192)
+        except BlockingIOError:
+            continue
+        except OSError as e:
+            if e.errno == 32:  # EPIPE: records were overwritten before we read them; go on
+                continue
+            raise
+        if not chunk:  # a FIFO whose writer closed: wait for the next one
+            stop.wait(0.1)
+            continue
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            if raw and raw[:1] not in (b" ", b"\t"):
+                yield _KMSG_HEADER.sub(b"", raw).decode("utf-8", "replace")
 
 
 def open_live_source() -> LiveSource | None:

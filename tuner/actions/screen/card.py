@@ -113,7 +113,7 @@ class CardScreen:
         except _NotSet as e:  # checked under the lock, yet the card did not take it: it is as it was
             raise ProfileRefused(f"{self.device_id}: {what}'s {profile.value:+d} {knob.unit} could not be applied "
                                  f"({e.cause.message}); the card is as it was", e.cause.remedy,
-                                 e.cause.exit_code) from None
+                                 exit_code=e.cause.exit_code) from None
         left = back[0]
         note = (f"{profile.source}'s {at_profile.current:+d} {at_profile.unit} was applied for this screen only: the "
                 f"card is back at {left.current:+d} {left.unit} (read back); `tuner apply {profile.name}` applies "

@@ -48,10 +48,6 @@ class ProfileRefused(TunerError):
     """The profile cannot be screened on a selected card (nothing was written, nothing run). Exit code: the
     cause's (2 for bad input)."""
 
-    def __init__(self, message: str, remedy: str | None, exit_code: int):
-        super().__init__(message, remedy)
-        self.exit_code = exit_code
-
 
 def plan_profile_screen(backend: Backend, profile: Profile, device_ids: list[str]) -> dict[str, ProfileSetting]:
     """Every selected card checked against `profile` before any is written; the first refusal raised (a
@@ -75,16 +71,16 @@ def plan_profile_screen(backend: Backend, profile: Profile, device_ids: list[str
             remedy = OWN_MODEL if e.message.startswith(identity) else e.remedy
             # apply's refusals end in '; nothing was applied': the screen says '; nothing was run' instead
             why = e.message.removeprefix(identity).removesuffix("; nothing was applied")
-            raise ProfileRefused(f"{where}: {why}; nothing was run", remedy, e.exit_code) from None
+            raise ProfileRefused(f"{where}: {why}; nothing was run", remedy, exit_code=e.exit_code) from None
         if plan.match.match is Match.OTHER_MODEL:
-            raise ProfileRefused(f"{where}: {plan.match.reason}; nothing was run", OWN_MODEL, UsageError.exit_code)
+            raise ProfileRefused(f"{where}: {plan.match.reason}; nothing was run", OWN_MODEL)
         try:
             journal.refuse_unsafe(device_id, plan.knob, plan.value, backend)
         except TunerError as e:
             raise ProfileRefused(f"{where}: {e.message}; nothing was run",
                                  "screen at a less aggressive profile, or at the card's current setting (drop "
-                                 "--profile)", e.exit_code) from None
-        lock = plan.set_request(backend).lock_clock_mhz
+                                 "--profile)", exit_code=e.exit_code) from None
+        lock = plan.set_request().lock_clock_mhz
         planned[device_id] = ProfileSetting(name, plan.value, lock, plan.warnings)
     return planned
 

@@ -162,7 +162,7 @@ class BundledReference:
         """The tail of a "saved profile" line."""
         if self.path is None:
             return f" (no stock reference bundled: {self.why})"
-        return f" with its stock reference {self.path} ({self.size_bytes / 1024:.1f} KiB)"
+        return f" with its stock reference {self.path} ({rb.kib(self.size_bytes)})"
 
 
 def bundle_beside_profile(backend: Backend, device_id: str, outcome: CardOutcome,
