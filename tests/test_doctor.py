@@ -186,6 +186,29 @@ def test_secure_boot_with_an_unsigned_nvidia_module_names_mok_enrolment(tmp_path
         in c.detail
 
 
+def test_an_unbound_nvidia_card_whose_module_key_this_boot_rejected_names_mok_enrolment(tmp_path, monkeypatch):
+    """No Secure Boot flag to read (no efivars, no mokutil), but this boot's kernel log says why the module failed."""
+    import subprocess
+
+    from tuner.actions import doctor
+
+    asked = []
+
+    def journalctl(*command):
+        asked.append(command)
+        return subprocess.CompletedProcess(command, 0, "nvidia: module verification failed: signature missing\n"
+                                                       "nvidia: Key was rejected by service\n", "")
+
+    _unbound_nvidia(tmp_path)
+    monkeypatch.setattr(doctor, "_run", journalctl)
+    (c,) = doctor.check_secure_boot(tmp_path, which=lambda name: f"/usr/bin/{name}" if name == "journalctl" else None)
+    assert (c.name, c.status) == ("secure boot", doctor.FAIL) and "key was rejected" in c.detail
+    assert "mokutil --import" in c.remedy and asked == [("journalctl", "-k", "-b", "--no-pager", "-q")]
+    monkeypatch.setattr(doctor, "_run", lambda *command: subprocess.CompletedProcess(command, 0, "", ""))
+    (c,) = doctor.check_secure_boot(tmp_path, which=lambda name: f"/usr/bin/{name}" if name == "journalctl" else None)
+    assert c.name == "nvidia module"  # nothing in the log: the generic remedy
+
+
 @pytest.mark.parametrize(("tool", "expected"), [
     ("kernelstub", "sudo kernelstub -a amdgpu.ppfeaturemask=0xfff7ffff"),
     ("rpm-ostree", "sudo rpm-ostree kargs --append=amdgpu.ppfeaturemask=0xfff7ffff"),

@@ -377,7 +377,14 @@ def check_secure_boot(root: Path, which: Callable[[str], str | None] = shutil.wh
     if not unbound:
         return []
     if secure_boot_enabled(root, which):
-        return [Check("secure boot", FAIL, f"NVIDIA card at {', '.join(unbound)} has no driver, and Secure Boot is on",
+        why = "Secure Boot is on"
+    else:  # the firmware's flag unreadable (no efivars, no mokutil): this boot's kernel log may still say it
+        proc = _run("journalctl", "-k", "-b", "--no-pager", "-q") if which("journalctl") else None
+        log = proc.stdout if proc is not None and proc.returncode == 0 else ""
+        rejected = any(s in log for s in ("Key was rejected by service", "module verification failed"))
+        why = "the kernel log says the module's key was rejected" if rejected else ""
+    if why:
+        return [Check("secure boot", FAIL, f"NVIDIA card at {', '.join(unbound)} has no driver, and {why}",
                       MOK_REMEDY)]
     return [Check("nvidia module", FAIL, f"NVIDIA card at {', '.join(unbound)} has no driver bound",
                   "install and load the NVIDIA driver (`sudo modprobe nvidia`; its error names the cause)")]
