@@ -54,19 +54,26 @@ def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
     assert "recommendation for Simulated RDNA-class GPU [SIMULATED]: -10 mV (confirmed -20" in proc.stdout
     assert "saved profile 'sim-e2e'" in proc.stdout
     doc = journal.load("sim0")
-    assert [(t["setting"], t["phase"], t["verdict"]) for t in doc["trials"]] == [
+    # a trial too short to count (a loaded machine: fewer steps compared than it needs) is inconclusive and run
+    # again at the same setting and phase; the search decides on the ones that counted
+    trials = [(t["setting"], t["phase"], t["verdict"]) for t in doc["trials"]]
+    for i, (setting, phase, verdict) in enumerate(trials):
+        if verdict == "inconclusive":
+            assert trials[i + 1][:2] == (setting, phase), trials
+    decided = [t for t in doc["trials"] if t["verdict"] != "inconclusive"]
+    assert [(t["setting"], t["phase"], t["verdict"]) for t in decided] == [
         (0, "baseline", "pass"), (0, "replay", "pass"), (-20, "coarse", "pass"), (-30, "coarse", "fail"),
         (-25, "refine", "fail"), (-20, "confirm", "pass")]
-    assert doc["trials"][3]["kind"] in ("mismatch", "canary", "gemm", "nonfinite")
+    assert decided[3]["kind"] in ("mismatch", "canary", "gemm", "nonfinite")
     # the replay at stock compared every recorded step bit for bit and said so in the reference file
     ref = json.loads(Path(journal.Journal.open_existing("sim0").reference).read_text())
-    assert ref["repeatable"] is True and ref["replayed_steps"] == doc["trials"][0]["steps"]
+    assert ref["repeatable"] is True and ref["replayed_steps"] == decided[0]["steps"]
     # and that baseline travels with the profile (docs/screen.md): bundled beside it, its size said
     from tuner.profiles import reference_bundle
     from tuner.profiles.store import profile_path
 
     carried = reference_bundle.read_bundle(reference_bundle.sidecar_path(profile_path("sim-e2e")))
-    assert carried.steps == doc["trials"][0]["steps"] and carried.recording.tier == "bisect baseline"
+    assert carried.steps == decided[0]["steps"] and carried.recording.tier == "bisect baseline"
     assert "with its stock reference" in proc.stdout
     assert SimulatedBackend().knob("sim0").current == 0
 
