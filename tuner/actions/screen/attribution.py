@@ -22,7 +22,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.actions.screen.verdict import SEVERITY, VERDICT_EXIT
+from tuner.actions.screen.verdict import (
+    SEVERITY,
+    VERDICT_EXIT,
+    Action,
+    Attribution,
+    RunPurpose,
+    Severity,
+    TierName,
+    VerdictName,
+)
 from tuner.tuning.plan import EDGE_KINDS
 
 # how a run ended, as the attribution needs it
@@ -39,7 +48,7 @@ DETECTOR_OF = {"mismatch": "reference", "not-repeatable": "reference", "canary":
 class Tier:
     """A screen's length, named like DCGM's diagnostic levels (dcgmi diag -r 1/2/3: quick, medium, long)."""
 
-    name: str
+    name: TierName
     load_s: float
     dcgm_level: int | None
 
@@ -72,7 +81,7 @@ def attribution_load_s(tier_load_s: float, first_fault_after_s: float | None) ->
 class RunSummary:
     """One engine run as the verdict needs it."""
 
-    purpose: str  # screen, repeat, stock
+    purpose: RunPurpose
     setting: int
     outcome: str  # PASS, FAULT, HARD, ERROR, INCOMPARABLE, STOPPED, NOT_RUN
     reason: str
@@ -107,13 +116,13 @@ def classify(verdict: str, kind: str | None, *, compared_steps: int, edge: bool 
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: str
-    action: str
-    attribution: str | None
+    verdict: VerdictName
+    action: Action
+    attribution: Attribution | None
     reason: str
 
     @property
-    def severity(self) -> str:
+    def severity(self) -> Severity:
         return SEVERITY[self.verdict]
 
     @property

@@ -150,7 +150,7 @@ class CardScreen:
 
     # --- engine runs ----------------------------------------------------------------------------------------------
 
-    def _request(self, purpose: str) -> StressRequest:
+    def _request(self, purpose: v.RunPurpose) -> StressRequest:
         fp = self.plan.bundle.engine_fingerprint
         seed = int(fp.get("seed") or 0)
         fault_seed = fault_seed_for(self.backend.device(self.device_id), purpose)
@@ -162,7 +162,7 @@ class CardScreen:
         load_s = self.plan.tier.load_s if purpose == "screen" else self._attribution_load_s
         return StressRequest(self.device_id, duration_s=load_s, reference=self.plan.trajectory_path, **common)
 
-    def _engine_run(self, purpose: str, setting: int) -> at.RunSummary:
+    def _engine_run(self, purpose: v.RunPurpose, setting: int) -> at.RunSummary:
         if self._stop.is_set():
             return at.RunSummary(purpose, setting, at.STOPPED, "stopped before it started")
         session = StressSession(self.backend, self._request(purpose), on_event=lambda e: self._emit(self.device_id, e),
@@ -184,7 +184,7 @@ class CardScreen:
         self.runs.append((summary, outcome))
         return summary
 
-    def _checked_run(self, purpose: str, setting: int) -> tuple[at.RunSummary, list[rb.Difference]]:
+    def _checked_run(self, purpose: v.RunPurpose, setting: int) -> tuple[at.RunSummary, list[rb.Difference]]:
         """An engine run, judged: bitwise by the engine itself; in the tolerance mode by the paired held-out
         comparison afterwards. The must-match fields that differ, when the run could not compare."""
         run = self._engine_run(purpose, setting)
@@ -330,8 +330,9 @@ class CardScreen:
                 at_stock=knob.current == knob.stock, source=self.profile.source if self.profile else "current",
                 left_at=after.current),
             tier=tier_doc(self.plan.tier), mode="tolerance" if self.plan.tolerance else "bitwise",
-            verdict=decision.verdict, severity=decision.severity, action=decision.action, reason=reason,  # type: ignore[arg-type]
-            attribution=decision.attribution, incomparable=[v.DifferenceDoc(**d.to_dict()) for d in differences],  # type: ignore[arg-type]
+            verdict=decision.verdict, severity=decision.severity, action=decision.action, reason=reason,
+            attribution=decision.attribution,
+            incomparable=[v.DifferenceDoc(field=d.field, reference=d.reference, here=d.here) for d in differences],
             evidence=evidence, bound=bound, exit_code=decision.exit_code)
 
 
@@ -359,10 +360,10 @@ def fault_seed_for(device: DeviceInfo, purpose: str) -> int:
 
 
 def tier_doc(tier: at.Tier) -> v.TierDoc:
-    return v.TierDoc(name=tier.name, dcgm_level=tier.dcgm_level, load_s=tier.load_s)  # type: ignore[arg-type]
+    return v.TierDoc(name=tier.name, dcgm_level=tier.dcgm_level, load_s=tier.load_s)
 
 
-def summarize(purpose: str, setting: int, outcome: StressOutcome, *, tolerance: bool = False) -> at.RunSummary:
+def summarize(purpose: v.RunPurpose, setting: int, outcome: StressOutcome, *, tolerance: bool = False) -> at.RunSummary:
     """A stress outcome as the attribution needs it."""
     r = outcome.result
     end = None if r is None else r.end
@@ -435,7 +436,7 @@ def _first_difference(run: at.RunSummary) -> v.FirstDifference | None:
 
 
 def _run_doc(run: at.RunSummary) -> v.RunDoc:
-    return v.RunDoc(purpose=run.purpose, setting=run.setting, verdict=run.engine_verdict, kind=run.kind,  # type: ignore[arg-type]
+    return v.RunDoc(purpose=run.purpose, setting=run.setting, verdict=run.engine_verdict, kind=run.kind,
                     steps=run.steps, compared_steps=run.compared_steps, step=run.step, duration_s=run.duration_s,
                     reason=run.reason)
 

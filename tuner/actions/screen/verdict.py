@@ -27,12 +27,14 @@ Severity = Literal["ok", "warning", "critical"]
 Action = Literal["ok", "retest", "drain", "raise voltage", "reset to stock"]
 Attribution = Literal["transient", "persistent at this setting", "persistent at stock", "not attributed"]
 TierName = Literal["quick", "standard", "long", "custom"]
+RunPurpose = Literal["screen", "repeat", "stock"]
 
 # exit code per verdict; a screen of several cards exits with the worst (EXIT_ORDER: worst first)
 VERDICT_EXIT = {"pass": exit_codes.OK, "fail": exit_codes.TEST_FAILED, "retest": exit_codes.SCREEN_RETEST,
                 "incomparable": exit_codes.SCREEN_INCOMPARABLE}
 EXIT_ORDER = ("fail", "incomparable", "retest", "pass")
-SEVERITY = {"pass": "ok", "retest": "warning", "incomparable": "warning", "fail": "critical"}
+SEVERITY: dict[VerdictName, Severity] = {"pass": "ok", "retest": "warning", "incomparable": "warning",
+                                        "fail": "critical"}
 
 
 def _d(text: str) -> Meta:
@@ -96,7 +98,7 @@ class FirstDifference(_Doc, frozen=True, kw_only=True):
 class RunDoc(_Doc, frozen=True, kw_only=True):
     """One engine run of this screen."""
 
-    purpose: Annotated[Literal["screen", "repeat", "stock"], _d(
+    purpose: Annotated[RunPurpose, _d(
         "screen: the run at the card's setting; repeat: the same steps again at that setting; stock: the same "
         "steps at stock (the card put back afterwards)")]
     setting: int
