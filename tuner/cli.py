@@ -14,7 +14,7 @@ import signal
 import sys
 from argparse import _SubParsersAction
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from tuner import __version__
 from tuner.actions import other_tools
@@ -67,7 +67,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-\d+(?:,\S*)?$|^-\d*\.\d+$")
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(exit_codes.USAGE, f"tuner: error: {message} (see `{self.prog} --help`)\n")
 
 

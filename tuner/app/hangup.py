@@ -113,7 +113,7 @@ class HangUpGuard:
         self.close()  # a signal from here on is the CLI's, not a hang-up of the UI
         ending = self.triggered
         for sig, handler in self._previous.items():
-            signal.signal(sig, signal.SIG_IGN if ending else handler)  # type: ignore[arg-type]
+            signal.signal(sig, signal.SIG_IGN if ending else handler)  # type: ignore[arg-type]  # what getsignal gave
         self._previous.clear()
 
     def close(self) -> None:

@@ -100,7 +100,7 @@ class HangUpSafeDriver(LinuxDriver):
 
     def __init__(self, app: Any, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._file = TerminalOutput(self._file, app.terminal_went_away)  # type: ignore[arg-type, assignment]
+        self._file = TerminalOutput(self._file, app.terminal_went_away)  # type: ignore[arg-type, assignment]  # a TextIO in all but name
 
     def _sigcont_application(self, *args: Any) -> None:
         if self._must_signal_resume:  # back from our own Ctrl-Z (the driver stopped itself first): resume

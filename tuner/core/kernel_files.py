@@ -82,7 +82,7 @@ def read_bytes(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES,
     except BaseException:
         os.close(fd)
         raise
-    box: dict[str, object] = {}
+    box: dict[str, bytes | BaseException] = {}
     done = threading.Event()
 
     def read() -> None:  # owns fd from here on: closes it even when the caller gave up waiting
@@ -97,10 +97,9 @@ def read_bytes(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES,
     threading.Thread(target=read, name=f"read {path}", daemon=True).start()
     if not done.wait(timeout_s):
         raise TimeoutError(errno.ETIMEDOUT, f"no answer within {timeout_s:g} s", str(path))
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    data = box["data"]
-    assert isinstance(data, bytes)
+    data = box["data"] if "data" in box else box["error"]
+    if isinstance(data, BaseException):
+        raise data
     if len(data) > max_bytes:
         raise TooLarge(errno.EFBIG, f"more than {max_bytes} bytes, not a sysfs or proc attribute", str(path))
     return data

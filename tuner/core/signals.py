@@ -205,7 +205,7 @@ class Inbox:
         for sig, handler in self._previous.items():
             # a process already ending keeps ignoring fatal signals (`ending`), whatever was there before
             ignoring = signal.getsignal(sig) == signal.SIG_IGN
-            signal.signal(sig, signal.SIG_IGN if ignoring else handler)  # type: ignore[arg-type]
+            signal.signal(sig, signal.SIG_IGN if ignoring else handler)  # type: ignore[arg-type]  # getsignal's
         signal.set_wakeup_fd(self._previous_wakeup_fd)
         for fd in (self._read_fd, self._write_fd):
             if fd is not None:

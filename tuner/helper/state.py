@@ -119,7 +119,7 @@ class MachineState:
         if raw is None:
             return {}
         try:
-            return msgspec.json.decode(raw, type=dict[str, kind])  # type: ignore[valid-type]
+            return msgspec.json.decode(raw, type=dict[str, kind])  # type: ignore[valid-type]  # built at run time
         except msgspec.MsgspecError as e:
             raise _damaged(path, str(e)) from None
 

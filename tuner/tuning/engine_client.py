@@ -285,7 +285,7 @@ class StressRun:
                 self.proc = subprocess.Popen(
                     spawn.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     env=spawn.env, start_new_session=True, bufsize=1, text=True, encoding="utf-8",
-                    errors="replace", **spawn.popen_kwargs,  # type: ignore[call-overload]
+                    errors="replace", **spawn.popen_kwargs,  # type: ignore[call-overload]  # Popen's own keywords (user, group...)
                 )
             except BaseException as e:
                 spawn.finish()

@@ -485,7 +485,7 @@ class BisectJob:
                   duration_s: float, **kw: object) -> TrialOutcome | None:
         """One run of every card at `settings` together, journalled before any card is touched; None: stopped."""
         params = TrialParams(phase=phase, duration_s=duration_s, **self._trial_options(rig.doc["params"]),
-                             **kw)  # type: ignore[arg-type]
+                             **kw)  # type: ignore[arg-type]  # kw: TrialParams' own fields, by name
         while True:
             with self._trial_slot():
                 self._emit(RigConfirmStarted(settings=settings, unit_by_device={d: knobs[d].unit for d in settings},

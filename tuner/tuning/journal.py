@@ -611,7 +611,7 @@ class Journal:
         except BaseException:
             for device_id in begun:
                 with contextlib.suppress(Exception):
-                    self.backend.trial_end(device_id)  # type: ignore[union-attr]
+                    self.backend.trial_end(device_id)  # type: ignore[union-attr]  # only begun with a backend
             raise
         self.log("trial_open", **trial)
         return trial
