@@ -11,7 +11,6 @@ import grp
 import importlib.metadata
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from tuner.backends.helper_client import HelperUnreachable, connect
 from tuner.backends.nvidia import import_nvml
 from tuner.core import paths, system_units, torch_build
 from tuner.core.privileges import EngineIdentity, engine_identity
+from tuner.core.state_files import user_name
 from tuner.profiles import boot as boot_rules
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
@@ -286,11 +286,7 @@ def check_device_groups(root: Path, uid: int, groups: set[int], user: str) -> li
 def engine_account(env: Mapping[str, str], euid: int) -> tuple[int, set[int], str] | Check:
     """The account the stress engine runs as (uid, groups, name), or the check saying there is none."""
     if euid != 0:
-        try:
-            name = pwd.getpwuid(euid).pw_name
-        except KeyError:
-            name = f"uid {euid}"
-        return euid, {os.getegid(), *os.getgroups()}, name
+        return euid, {os.getegid(), *os.getgroups()}, user_name(euid)
     identity = engine_identity(simulated=False, euid=euid, env=env)
     if isinstance(identity, EngineIdentity):
         return identity.uid, {identity.gid, *identity.extra_groups}, identity.user

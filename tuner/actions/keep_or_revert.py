@@ -35,8 +35,22 @@ def signals_held() -> Iterator[None]:
     inbox.raise_received()
 
 
+class Countdown:
+    """The keep-or-revert timer of a change (and of a rig's): `timeout_s` seconds of `clock` once the change took."""
+
+    timeout_s: float
+    clock: Callable[[], float]
+    _deadline: float | None = None  # set to clock() + timeout_s once the change took
+
+    def seconds_left(self) -> float:
+        return self.timeout_s if self._deadline is None else max(0.0, self._deadline - self.clock())
+
+    def expired(self) -> bool:
+        return self._deadline is not None and self.seconds_left() <= 0.0
+
+
 @dataclass(eq=False)  # one change is one change: compared (and found in a list) by identity
-class PendingChange:
+class PendingChange(Countdown):
     backend: Backend
     device_id: str
     value: int
@@ -57,7 +71,6 @@ class PendingChange:
     # why the card went to stock instead of the previous value
     restore_note: str | None = field(default=None, init=False)
     kept: bool = field(default=False, init=False)
-    _deadline: float | None = field(default=None, init=False, repr=False)
 
     @property
     def device_ids(self) -> tuple[str, ...]:
@@ -170,14 +183,6 @@ class PendingChange:
             raise NotApplied(f"{self.device_id}: the card could not be restored: it reads {knob.current:+d} "
                              f"{knob.unit} after a reset to stock", "reboot to return the card to stock")
         return knob
-
-    def seconds_left(self) -> float:
-        if self._deadline is None:
-            return self.timeout_s
-        return max(0.0, self._deadline - self.clock())
-
-    def expired(self) -> bool:
-        return self._deadline is not None and self.seconds_left() <= 0.0
 
     def __enter__(self) -> Self:
         if self.applied is None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.actions import other_tools
-from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
+from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, Countdown, PendingChange
 from tuner.actions.setting import SetRequest, can_lock_clock, check_setting
 from tuner.actions.verify import VerifyOutcome, Workload, verify_setting
 from tuner.backends.base import Backend
@@ -295,7 +295,7 @@ class RigApplyFailed(RigPartError):
     """A part could not be applied; the cards applied before it were put back first."""
 
 
-class RigChange:
+class RigChange(Countdown):
     """Every part of a rig profile as one keep-or-revert change: one timeout for the whole rig, and a revert puts
     every card back. It has the interface `keep_or_revert` uses (`with`, keep, expired, seconds_left, kept).
 
@@ -306,7 +306,7 @@ class RigChange:
     def __init__(self, backend: Backend, plan: RigApply, requests: list[tuple[RigPartApply, SetRequest]], *,
                  timeout_s: float = DEFAULT_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
                  purpose: str | None = None):
-        self.backend, self.plan, self.requests, self.timeout_s, self._clock = backend, plan, requests, timeout_s, clock
+        self.backend, self.plan, self.requests, self.timeout_s, self.clock = backend, plan, requests, timeout_s, clock
         # every card's lock first: a card someone else is changing refuses the rig before any write (the locks
         # taken are released); else they are held until the change is kept or reverted
         with contextlib.ExitStack() as taken:
@@ -318,7 +318,6 @@ class RigChange:
                         for (_p, r), lock in zip(self.requests, self._locks, strict=True)]
         self.kept = False
         self.reverted = False
-        self._deadline: float | None = None
 
     @property
     def applied(self) -> dict[str, Knob]:
@@ -356,7 +355,7 @@ class RigChange:
                     raise
                 back = f"; {', '.join(done)} put back as before" if done else ""
                 raise RigApplyFailed.of(e, part.where(self.plan.profile.name), back) from e
-        self._deadline = self._clock() + self.timeout_s
+        self._deadline = self.clock() + self.timeout_s
         return self.applied
 
     def keep(self) -> None:
@@ -379,12 +378,6 @@ class RigChange:
         if error is not None:
             raise error
         return self.reverted_to
-
-    def seconds_left(self) -> float:
-        return self.timeout_s if self._deadline is None else max(0.0, self._deadline - self._clock())
-
-    def expired(self) -> bool:
-        return self._deadline is not None and self.seconds_left() <= 0.0
 
     def __enter__(self) -> RigChange:
         if not self.applied:

@@ -52,7 +52,8 @@ def trusted_root(path: Path) -> Path | None:
     return None
 
 
-def _user_name(uid: int) -> str:
+def user_name(uid: int) -> str:
+    """`uid`'s login name, or `uid N` when it has none."""
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -75,7 +76,7 @@ def _check_dir_stat(path: Path, st: os.stat_result) -> None:
         raise UnsafeStatePath(path, "is not a directory", "move it aside; the tuner recreates its directories")
     if st.st_uid != uid:
         raise UnsafeStatePath(
-            path, f"belongs to {_user_name(st.st_uid)}, not to {_user_name(uid)} who runs the tuner",
+            path, f"belongs to {user_name(st.st_uid)}, not to {user_name(uid)} who runs the tuner",
             "point XDG_STATE_HOME at a directory of your own (under sudo: run `sudo -i` or unset it), or chown it")
     mode = stat.S_IMODE(st.st_mode)
     if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not _private_group(st.st_gid, uid)):
@@ -155,7 +156,7 @@ def open_file(path: Path, flags: int, mode: int = 0o600) -> int:
     try:
         st = os.fstat(fd)
         if trusted_root(path) is not None and st.st_uid != os.geteuid():
-            raise UnsafeStatePath(path, f"belongs to {_user_name(st.st_uid)}", "move it aside")
+            raise UnsafeStatePath(path, f"belongs to {user_name(st.st_uid)}", "move it aside")
     except BaseException:
         os.close(fd)
         raise
