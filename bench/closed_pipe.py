@@ -17,10 +17,11 @@ from tests.test_closed_pipe import COMMANDS, head_one
 def main(rounds: int = 30) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.update(XDG_STATE_HOME=f"{tmp}/state", XDG_CONFIG_HOME=f"{tmp}/config")
+        from tuner.backends.simulated import SimulatedBackend
         from tuner.profiles.store import read_profile_file, save_profile
         from tuner.tuning import journal
 
-        journal.Journal.create("sim0", params={}, knob={})
+        journal.Journal.create("sim0", params={}, knob={}, backend=SimulatedBackend(state_path=Path(tmp) / "sim"))
         save_profile(read_profile_file(Path(__file__).resolve().parent.parent / "tests/profiles/data/v1-sim.toml"))
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
         for name, args in COMMANDS.items():

@@ -63,6 +63,15 @@ def boot(tmp_path, monkeypatch) -> FakeBoot:
     return fake
 
 
+@pytest.fixture
+def in_process_backend(tmp_path):
+    """An in-process backend (its trial_begin/trial_end add nothing to the journal's own file) for a journal or a
+    guarded trial a test builds by hand."""
+    from tuner.backends.simulated import SimulatedBackend
+
+    return SimulatedBackend(state_path=tmp_path / "sim")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_dirs(tmp_path_factory, monkeypatch):
     base = tmp_path_factory.mktemp("home")

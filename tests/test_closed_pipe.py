@@ -34,10 +34,11 @@ def head_one(args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def _session_and_profiles(tmp_path) -> None:
     """Something for `report` and `profile list` to print."""
+    from tuner.backends.simulated import SimulatedBackend
     from tuner.profiles.store import read_profile_file, save_profile
     from tuner.tuning import journal
 
-    journal.Journal.create("sim0", params={}, knob={})
+    journal.Journal.create("sim0", params={}, knob={}, backend=SimulatedBackend(state_path=tmp_path / "sim"))
     for name in ("a", "b", "c"):
         save_profile(read_profile_file(REPO / "tests/profiles/data/v1-sim.toml").renamed(name))
 

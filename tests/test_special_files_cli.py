@@ -55,11 +55,11 @@ def test_list_status_set_reset_refuse_a_special_file_at_an_attribute(tmp_path, w
 
 
 @pytest.mark.parametrize("what", ["fifo", "zero"])
-def test_a_special_boot_id_reads_as_unknown_without_hanging(boot, what):
+def test_a_special_boot_id_reads_as_unknown_without_hanging(boot, what, in_process_backend):
     """The boot id is read wherever a journal's open trial is judged: `status` over a trial left open."""
     from tuner.tuning import journal
 
-    j = journal.Journal.create("sim0", params={}, knob={})
+    j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
     j.begin_trial("coarse", setting=-10)
     boot_id = boot.root / "proc/sys/kernel/random/boot_id"
     _plant(boot_id, what)

@@ -33,12 +33,13 @@ def test_the_cli_writes_to_the_same_default(tmp_path, monkeypatch, capsys, backe
     assert (tmp_path / "mine.toml").exists() and str(tmp_path / "mine.toml") in out
 
 
-def test_tuner_report_without_a_file_writes_the_default_in_the_current_directory(tmp_path, monkeypatch, capsys):
+def test_tuner_report_without_a_file_writes_the_default_in_the_current_directory(tmp_path, monkeypatch, capsys,
+                                                                                  in_process_backend):
     from tuner.actions.exports import report_export_path
     from tuner.tuning.journal import Journal
 
     monkeypatch.chdir(tmp_path)
-    session = Journal.create("sim0", params={}, knob={"unit": "mV"})
+    session = Journal.create("sim0", params={}, knob={"unit": "mV"}, backend=in_process_backend)
     session.begin_trial("baseline", setting=0)
     session.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
     code, out, err = tuner(capsys, "--simulate", "report")

@@ -1,7 +1,7 @@
 """A stand-in for `tuner.tuning.engine_client.StressRun`, fast and deterministic, for driver tests.
 
-Speaks the real types: its events are the client's event dataclasses, made by the client's own parser
-(`engine_client.parse_event`) from protocol lines checked against the engine's protocol (tuner/engine/events.py,
+Speaks the real types: its events are the engine's event dataclasses, made by the client's own parser
+(`tuner.engine.events.decode_line`) from protocol lines checked against the engine's protocol (tuner/engine/events.py,
 docs/engine.md), and its result is a `StressResult`. Fails (kind "mismatch", at step 2 + 10 x the fault rate)
 whenever the simulated card injects faults, hangs when it says so; with `software_fault`, every trial after the
 baseline fails the way it says (a fault that is the software's, not the card's). Records every request
@@ -17,25 +17,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.engine.examples import EXAMPLES
-from tuner.engine.events import validate
+from tuner.engine.events import EndEvent, Event, LogEvent, StartEvent, UnknownEvent, decode_line, validate
 from tuner.tuning import engine_client as sc
 
 
-def event(name: str, **fields) -> sc.Event:
+def event(name: str, **fields) -> Event:
     """One protocol line, checked against the engine's protocol and read by the client's own parser."""
     unknown = set(fields) - set(EXAMPLES[name])
     assert not unknown, f"the engine never sends {name}.{unknown}"
     doc = {"event": name, "t": 0.0, **EXAMPLES[name], **fields}
     validate(doc)
-    ev = sc.parse_event(json.dumps(doc))
-    assert not isinstance(ev, (sc.UnknownEvent, sc.LogEvent)), name
+    ev = decode_line(json.dumps(doc))
+    assert not isinstance(ev, (UnknownEvent, LogEvent)), name
     return ev
 
 
 def result(verdict: str, kind: str | None, reason: str, *, steps: int, failure_step: int | None = None,
            reference_step: int | None = None, duration_s: float | None = 1.0,
            median_tok_s: float | None = None, sensitivity: str | None = "full",
-           end: sc.EndEvent | None = None) -> sc.StressResult:
+           end: EndEvent | None = None) -> sc.StressResult:
     return sc.StressResult(verdict, kind, reason, failure_step, steps, duration_s, median_tok_s, None,
                            exit_code=0 if verdict == "pass" else 1, sensitivity=sensitivity,
                            reference_step=reference_step, end=end)
@@ -73,7 +73,7 @@ class _FakeRun:
         self.engine, self.request = engine, request
         self._stopped = threading.Event()
         self._result: sc.StressResult | None = None
-        self._start: sc.Event | None = None
+        self._start: Event | None = None
         self.started = False
 
     @property
@@ -139,7 +139,7 @@ class _FakeRun:
                     median_step_ms=self.engine.step_ms)
         yield end
         # the client keeps the end event in its result (engine_client.StressRun._summarise)
-        assert isinstance(end, sc.EndEvent)
+        assert isinstance(end, EndEvent)
         self._result = result("pass", None, "", steps=n, duration_s=took_s, median_tok_s=self.engine.tok_s,
                               sensitivity=self.engine.sensitivity, end=end)
 
@@ -149,5 +149,5 @@ class _FakeRun:
     def result(self, timeout: float | None = None) -> sc.StressResult | None:
         if self._result is None or self._start is None:
             return self._result
-        assert isinstance(self._start, sc.StartEvent)  # the client keeps it in its result, as the end event
+        assert isinstance(self._start, StartEvent)  # the client keeps it in its result, as the end event
         return dataclasses.replace(self._result, start=self._start)

@@ -43,7 +43,7 @@ def events_of(stdout: str) -> list[dict]:
 
 
 @pytest.mark.heavy(seconds=40)
-def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
+def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot, in_process_backend):
     """The whole search on the real engine against a -22 mV limit, every phase once: baseline and its replay at
     stock, a coarse pass (-20), a coarse step cut short by the floor (-30, past the limit: fails), a refinement
     between them (-25: fails), the confirmation of the lowest pass (-20); the answer is -20 + the 10 mV margin.
@@ -66,7 +66,7 @@ def test_end_to_end_recommends_lowest_pass_plus_margin(sysroot):
         (-25, "refine", "fail"), (-20, "confirm", "pass")]
     assert decided[3]["kind"] in ("mismatch", "canary", "gemm", "nonfinite")
     # the replay at stock compared every recorded step bit for bit and said so in the reference file
-    ref = json.loads(Path(journal.Journal.open_existing("sim0").reference).read_text())
+    ref = json.loads(Path(journal.Journal.open_existing("sim0", in_process_backend).reference).read_text())
     assert ref["repeatable"] is True and ref["replayed_steps"] == decided[0]["steps"]
     # and that baseline travels with the profile (docs/screen.md): bundled beside it, its size said
     from tuner.profiles import reference_bundle
@@ -139,7 +139,7 @@ def _resume_after_kill(sysroot: Path, reboot: bool) -> None:
     rec = next(e for e in events if e["event"] == "recommendation")
     assert rec["confirmed"] == -5 and rec["margin"] == 15 and rec["setting"] == 0
     # a new session keeps the unsafe value out as well
-    again = journal.Journal.open_existing("sim0")
+    again = journal.Journal.open_existing("sim0", SimulatedBackend())
     assert again.state == journal.FINISHED
 
 

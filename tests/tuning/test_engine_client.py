@@ -21,6 +21,23 @@ from hypothesis import strategies as st
 from tests.engine.examples import EXAMPLES
 from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
+from tuner.engine.events import (
+    CanaryEvent,
+    EndEvent,
+    Event,
+    FaultEvent,
+    GemmEvent,
+    HeartbeatEvent,
+    InvalidEvent,
+    LogEvent,
+    PhaseEvent,
+    SegmentEvent,
+    StartEvent,
+    StepEvent,
+    UnknownEvent,
+    WarningEvent,
+    decode_line,
+)
 from tuner.engine.options import EngineOptions, Injection, parse_args
 from tuner.engine.patterns import match_device_error
 from tuner.tuning import engine_client as sc
@@ -129,56 +146,56 @@ def _line(name: str, **fields) -> str:
 
 
 def test_parse_typed_events():
-    step = sc.parse_event(_line("step", step=7, loss="NaN", dt_ms=12, tok_s=4000.5))
-    assert isinstance(step, sc.StepEvent) and step.step == 7 and math.isnan(step.loss) and step.dt_ms == 12.0
+    step = decode_line(_line("step", step=7, loss="NaN", dt_ms=12, tok_s=4000.5))
+    assert isinstance(step, StepEvent) and step.step == 7 and math.isnan(step.loss) and step.dt_ms == 12.0
     assert step.name == "step" and step.raw["tok_s"] == 4000.5 and step.t == 1.5
-    end = sc.parse_event(_line("end", verdict="fail", kind="mismatch", step=7, steps=7, exit_code=1,
+    end = decode_line(_line("end", verdict="fail", kind="mismatch", step=7, steps=7, exit_code=1,
                                eval_losses=[1.5, "Infinity"], setup_problems=["x"], figure="loss",
                                reference={"path": "r", "reference_steps": 7, "compared_steps": 7,
                                           "beyond_reference_steps": 0, "note": None, "tolerance": None,
                                           "loop": False, "segments": 1}))
-    assert isinstance(end, sc.EndEvent) and end.verdict == "fail" and end.eval_losses == (1.5, math.inf)
+    assert isinstance(end, EndEvent) and end.verdict == "fail" and end.eval_losses == (1.5, math.inf)
     assert end.reference is not None and end.reference.compared_steps == 7 and end.setup_problems == ("x",)
     assert end.figure == "loss"  # declared: a reader never digs it out of `raw`
-    fault = sc.parse_event(_line("fault", kind="mismatch", step=100, reference_step=40, figure="state"))
-    assert isinstance(fault, sc.FaultEvent) and (fault.kind, fault.step, fault.reference_step, fault.figure) == \
+    fault = decode_line(_line("fault", kind="mismatch", step=100, reference_step=40, figure="state"))
+    assert isinstance(fault, FaultEvent) and (fault.kind, fault.step, fault.reference_step, fault.figure) == \
         ("mismatch", 100, 40, "state")
-    hb = sc.parse_event(_line("heartbeat", step=4, state="train", progress=9))
-    assert isinstance(hb, sc.HeartbeatEvent) and hb.progress == 9
-    start = sc.parse_event(_line("start", repeatable=False, data_parallel={
+    hb = decode_line(_line("heartbeat", step=4, state="train", progress=9))
+    assert isinstance(hb, HeartbeatEvent) and hb.progress == 9
+    start = decode_line(_line("start", repeatable=False, data_parallel={
         "world_size": 2, "rank": 1, "backend": "gloo", "library": "gloo", "collectives": 3, "collective_s": 0.1}))
-    assert isinstance(start, sc.StartEvent) and start.repeatable is False and start.data_parallel.library == "gloo"
-    for name, cls in (("canary", sc.CanaryEvent), ("warning", sc.WarningEvent), ("phase", sc.PhaseEvent),
-                      ("gemm", sc.GemmEvent), ("segment", sc.SegmentEvent)):
-        assert isinstance(sc.parse_event(_line(name)), cls)
+    assert isinstance(start, StartEvent) and start.repeatable is False and start.data_parallel.library == "gloo"
+    for name, cls in (("canary", CanaryEvent), ("warning", WarningEvent), ("phase", PhaseEvent),
+                      ("gemm", GemmEvent), ("segment", SegmentEvent)):
+        assert isinstance(decode_line(_line(name)), cls)
 
 
 def test_unexpected_lines_never_raise():
-    assert isinstance(sc.parse_event("Traceback (most recent call last):"), sc.LogEvent)
-    assert isinstance(sc.parse_event("[1,2]"), sc.LogEvent)
-    future = sc.parse_event('{"event":"future","t":1,"x":2}')  # a newer engine's event: kept, not an error
-    assert isinstance(future, sc.UnknownEvent) and future.name == "future" and future.raw["x"] == 2
-    newer = sc.parse_event(_line("step", newer_field=[1]))  # a newer engine's field: ignored, kept in raw
-    assert isinstance(newer, sc.StepEvent) and newer.raw["newer_field"] == [1]
-    wrong = sc.parse_event('{"event":"step","t":"soon","step":"seven","loss":[1]}')
-    assert isinstance(wrong, sc.InvalidEvent) and wrong.name == "step" and math.isnan(wrong.t)
+    assert isinstance(decode_line("Traceback (most recent call last):"), LogEvent)
+    assert isinstance(decode_line("[1,2]"), LogEvent)
+    future = decode_line('{"event":"future","t":1,"x":2}')  # a newer engine's event: kept, not an error
+    assert isinstance(future, UnknownEvent) and future.name == "future" and future.raw["x"] == 2
+    newer = decode_line(_line("step", newer_field=[1]))  # a newer engine's field: ignored, kept in raw
+    assert isinstance(newer, StepEvent) and newer.raw["newer_field"] == [1]
+    wrong = decode_line('{"event":"step","t":"soon","step":"seven","loss":[1]}')
+    assert isinstance(wrong, InvalidEvent) and wrong.name == "step" and math.isnan(wrong.t)
     assert "step" in wrong.problem
-    missing = sc.parse_event('{"event":"start","t":0.1,"repeatable":false}')
-    assert isinstance(missing, sc.InvalidEvent) and "protocol" in missing.problem
-    bad_end = sc.parse_event(_line("end", verdict="pass", exit_code=1))  # a verdict and exit code that disagree
-    assert isinstance(bad_end, sc.InvalidEvent) and "exit code 1" in bad_end.problem
+    missing = decode_line('{"event":"start","t":0.1,"repeatable":false}')
+    assert isinstance(missing, InvalidEvent) and "protocol" in missing.problem
+    bad_end = decode_line(_line("end", verdict="pass", exit_code=1))  # a verdict and exit code that disagree
+    assert isinstance(bad_end, InvalidEvent) and "exit code 1" in bad_end.problem
 
 
 @given(st.text(max_size=200))
 def test_parse_event_is_total_on_text(text):
-    assert isinstance(sc.parse_event(text), sc.Event)
+    assert isinstance(decode_line(text), Event)
 
 
 @given(st.dictionaries(st.sampled_from(["event", "t", "step", "loss", "verdict", "kind", "eval_losses", "ok"]),
                        st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
                                  st.lists(st.integers(), max_size=3)), max_size=8))
 def test_parse_event_is_total_on_json(obj):
-    assert isinstance(sc.parse_event(json.dumps(obj)), sc.Event)
+    assert isinstance(decode_line(json.dumps(obj)), Event)
 
 
 def test_stderr_classifier():
@@ -293,7 +310,7 @@ def test_stop_is_thread_safe_idempotent_and_graceful(fake_python):
     run.stop()
     result = run.result(timeout=10)
     assert (result.verdict, result.kind, result.exit_code) == ("error", "stopped", 130)
-    assert list(run.events()) == [] or all(isinstance(e, sc.Event) for e in run.events())
+    assert list(run.events()) == [] or all(isinstance(e, Event) for e in run.events())
 
 
 def test_stop_escalates_to_sigkill(fake_python):

@@ -106,7 +106,8 @@ def _wait_for_moment(proc: subprocess.Popen, moment: tuple[str, int, int]) -> No
 
 @pytest.mark.heavy(seconds=15)
 @pytest.mark.parametrize("fault,moment,seed", _bisect_cases())
-def test_a_fault_mid_bisect_leaves_the_card_at_stock_and_the_journal_resumable(boot, fault, moment, seed):
+def test_a_fault_mid_bisect_leaves_the_card_at_stock_and_the_journal_resumable(boot, fault, moment, seed,
+                                                                               in_process_backend):
     trial = CI_TRIAL if moment in CI_MOMENTS else TRIAL
     proc = _start([*SIM, "bisect", "--device", "sim0", "--trial", trial, "--confirm", "3s", "--preset", "tiny",
                    "--json"], stdout=subprocess.PIPE, text=True)
@@ -123,7 +124,7 @@ def test_a_fault_mid_bisect_leaves_the_card_at_stock_and_the_journal_resumable(b
             proc.wait()
     doc = journal.load("sim0")
     if doc is not None and doc.get("state") != journal.FINISHED:
-        assert journal.Journal.open_existing("sim0").unresolved  # `--resume` picks it up
+        assert journal.Journal.open_existing("sim0", in_process_backend).unresolved  # `--resume` picks it up
         assert doc.get("open_trial") is None or proc.returncode < 0  # closed cleanly unless killed outright
 
 

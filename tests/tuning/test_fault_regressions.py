@@ -110,8 +110,8 @@ def test_a_journal_that_parses_but_is_damaged_blocks_boot_apply(capsys, boot):
     assert sim().knob("sim0").current == 0
 
 
-def test_status_warns_about_a_value_left_by_a_dead_tool(capsys, boot):
-    j = journal.Journal.create("sim0", params={}, knob={})
+def test_status_warns_about_a_value_left_by_a_dead_tool(capsys, boot, in_process_backend):
+    j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
     j.begin_trial("coarse", setting=-10)
     j.doc["open_trial"]["pid"] = 2**22 + 4321  # dead
     j._save()
@@ -122,8 +122,8 @@ def test_status_warns_about_a_value_left_by_a_dead_tool(capsys, boot):
     assert "tuner reset --device sim0" in err
 
 
-def test_a_journal_naming_a_reference_outside_the_state_directory_is_damaged(boot, tmp_path):
-    j = journal.Journal.create("sim0", params={}, knob={})
+def test_a_journal_naming_a_reference_outside_the_state_directory_is_damaged(boot, tmp_path, in_process_backend):
+    j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
     elsewhere = tmp_path / "precious"
     j.update(reference=str(elsewhere))
     with pytest.raises(DamagedState, match="'reference' names"):
@@ -409,10 +409,10 @@ def test_an_engine_that_crashes_on_a_full_disk_is_not_blamed_on_the_voltage(boot
     assert outcome.recommendation.setting == -40 and journal.unsafe_settings("sim0") == {}
 
 
-def test_a_dead_tool_with_an_unreadable_boot_id_fails_closed(boot):
+def test_a_dead_tool_with_an_unreadable_boot_id_fails_closed(boot, in_process_backend):
     # without both boot ids a machine reset cannot be ruled out: the value is treated as after a reset
     j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
-                               knob=SimulatedBackend().knob("sim0").to_dict())
+                               knob=SimulatedBackend().knob("sim0").to_dict(), backend=in_process_backend)
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
     j.reference.write_text('{"steps": 1000}')
     j.begin_trial("coarse", setting=-30)

@@ -84,7 +84,7 @@ def test_open_trial_of_a_dead_tool_is_inconclusive_and_runs_again_on_resume(boot
     # issue 11 defect 7: a kill -9 of the tuner (or a full disk) in this boot says nothing about the voltage
     backend, engine, events, job = make()
     j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
-                               knob=backend.knob("sim0").to_dict())
+                               knob=backend.knob("sim0").to_dict(), backend=backend)
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "tok_s": 1000.0,
                     "power_w": 300.0, "tok_per_j": 3.3})
     j.reference.write_text('{"steps": 1000}')
@@ -106,7 +106,7 @@ def test_open_trial_of_a_dead_tool_is_inconclusive_and_runs_again_on_resume(boot
 def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot):
     backend, engine, _events, job = make()
     j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
-                               knob=backend.knob("sim0").to_dict())
+                               knob=backend.knob("sim0").to_dict(), backend=backend)
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
     j.reference.write_text('{"steps": 1000}')
     j.begin_trial("coarse", setting=-40)
@@ -124,8 +124,8 @@ def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot
 
 
 def test_a_live_session_elsewhere_is_refused(boot):
-    _backend, _engine, _events, _job = make()
-    j = journal.Journal.create("sim0", params={}, knob={})
+    backend, _engine, _events, _job = make()
+    j = journal.Journal.create("sim0", params={}, knob={}, backend=backend)
     j.begin_trial("coarse", setting=-10)
     j.doc["open_trial"]["pid"] = os.getppid()  # alive, and not us
     j._save()

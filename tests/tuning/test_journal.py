@@ -14,14 +14,14 @@ def test_no_journal_means_nothing_open(boot):
     assert journal.trial_open_at_previous_boot() is None
 
 
-def test_open_trial_this_boot_is_not_previous_boot(boot):
-    j = journal.Journal.create("sim0", params={}, knob={})
+def test_open_trial_this_boot_is_not_previous_boot(boot, in_process_backend):
+    j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
     j.begin_trial("coarse", setting=-50)
     assert journal.trial_open_at_previous_boot() is None
 
 
-def test_open_trial_from_previous_boot_is_reported(boot):
-    j = journal.Journal.create("0000:03:00.0", params={}, knob={})
+def test_open_trial_from_previous_boot_is_reported(boot, in_process_backend):
+    j = journal.Journal.create("0000:03:00.0", params={}, knob={}, backend=in_process_backend)
     j.begin_trial("refine", setting=-60)
     boot("boot-b")
     trial = journal.trial_open_at_previous_boot()
@@ -30,8 +30,8 @@ def test_open_trial_from_previous_boot_is_reported(boot):
     assert trial["phase"] == "refine" and trial["pid"] == os.getpid()
 
 
-def test_closed_trial_is_not_reported(boot):
-    j = journal.Journal.create("sim0", params={}, knob={})
+def test_closed_trial_is_not_reported(boot, in_process_backend):
+    j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
     j.begin_trial("coarse", setting=-50)
     j.finish_trial({"setting": -50, "phase": "coarse", "verdict": "pass"})
     boot("boot-b")
@@ -40,9 +40,9 @@ def test_closed_trial_is_not_reported(boot):
     assert doc["trials"][0]["verdict"] == "pass" and doc["open_trial"] is None
 
 
-def test_unreadable_boot_id_counts_dead_pid(tmp_path, monkeypatch):
+def test_unreadable_boot_id_counts_dead_pid(tmp_path, monkeypatch, in_process_backend):
     monkeypatch.setenv("TUNER_SYSFS_ROOT", str(tmp_path / "nothing"))
-    j = journal.Journal.create("sim0", params={}, knob={})
+    j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
     j.begin_trial("coarse", setting=-50)
     assert journal.trial_open_at_previous_boot() is None  # our own pid is alive
     j.doc["open_trial"]["pid"] = 2**22 + 12345  # no such process
@@ -50,9 +50,9 @@ def test_unreadable_boot_id_counts_dead_pid(tmp_path, monkeypatch):
     assert journal.trial_open_at_previous_boot()["setting"] == -50
 
 
-def test_unsafe_list_is_append_only_and_survives_a_new_session(boot):
+def test_unsafe_list_is_append_only_and_survives_a_new_session(boot, in_process_backend):
     journal.add_unsafe("sim0", -90, unit="mV", kind="system-reset", reason="machine reset", edge=True)
-    journal.Journal.create("sim0", params={}, knob={})  # a new session
+    journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)  # a new session
     journal.add_unsafe("sim0", -70, unit="mV", kind="tool-died", reason="tool died", edge=False)
     assert sorted(journal.unsafe_settings("sim0")) == [-90, -70]
     assert journal.unsafe_settings("sim0")[-90]["edge"] is True
@@ -69,13 +69,13 @@ def test_corrupt_journal_is_a_state_error(boot):
     assert "unreadable" in journal.trial_open_at_previous_boot()["reason"]
 
 
-def test_guarded_trial_left_open_blocks_boot_and_becomes_unsafe(boot):
-    with journal.guarded_trial("sim0", -70, unit="mV"):
+def test_guarded_trial_left_open_blocks_boot_and_becomes_unsafe(boot, in_process_backend):
+    with journal.guarded_trial("sim0", -70, unit="mV", backend=in_process_backend):
         assert journal.trial_open_at_previous_boot() is None  # this boot, live pid
     assert not journal.guard_path("sim0").exists()  # a finished trial leaves nothing behind
 
     # a trial interrupted by a freeze: the guard survives the "reboot"
-    guard = journal.guarded_trial("sim0", -75, unit="mV")
+    guard = journal.guarded_trial("sim0", -75, unit="mV", backend=in_process_backend)
     guard.__enter__()
     boot("boot-b")
     assert journal.trial_open_at_previous_boot()["setting"] == -75

@@ -75,7 +75,7 @@ def test_a_resume_takes_the_helpers_word_that_its_open_trial_ended_in_a_reset(bo
     boot("boot-a")
     backend = SimulatedBackend(vmin_mv=-52)
     params = BisectParams(trial_s=1, confirm_s=2, preset="tiny")
-    j = journal.Journal.create("sim0", params=params.search(), knob=backend.knob("sim0").to_dict())
+    j = journal.Journal.create("sim0", params=params.search(), knob=backend.knob("sim0").to_dict(), backend=backend)
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "tok_s": 1000.0,
                     "power_w": 300.0, "tok_per_j": 3.3})
     j.reference.write_text('{"steps": 1000}')

@@ -174,10 +174,11 @@ def test_a_rig_journal_that_is_not_an_object():
     assert problem([], RigJournal) == "it is not a JSON object"
 
 
-def test_the_rig_journal_the_tuner_writes_fits_the_declared_shape_and_each_damage_is_refused(boot):
+def test_the_rig_journal_the_tuner_writes_fits_the_declared_shape_and_each_damage_is_refused(boot, in_process_backend):
     """What Journal.create_rig and begin_trial write is a RigJournal; each damage above, written over it, makes
     every card of the rig refuse (check_safety_state, which set, apply, boot apply and bisect call first)."""
-    rig = journal.Journal.create_rig(["sim0", "sim1"], params={"trial_s": 5}, stock={"sim0": 0, "sim1": 0})
+    rig = journal.Journal.create_rig(["sim0", "sim1"], params={"trial_s": 5}, stock={"sim0": 0, "sim1": 0},
+                                     backend=in_process_backend)
     rig.begin_trial("confirm", attempt=1, settings={"sim0": -40, "sim1": -30})
     real = json.loads(rig.path.read_text())
     assert problem(real, RigJournal) is None

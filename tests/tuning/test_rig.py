@@ -65,7 +65,7 @@ def test_three_cards_get_their_own_recommendations_then_pass_together(boot):
     final = [e for e in events if isinstance(e, RigRecommendation)]
     assert len(final) == 1 and final[0].settings == {"sim0": -40, "sim1": -55, "sim2": -30}
     assert final[0].to_json()["per_card"]["sim1"]["setting"] == -55
-    doc = journal.Journal.open_rig(CARDS).doc
+    doc = journal.Journal.open_rig(CARDS, backend).doc
     assert doc["state"] == journal.FINISHED and doc["open_trial"] is None and len(doc["attempts"]) == 1
 
 

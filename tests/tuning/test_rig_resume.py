@@ -107,7 +107,7 @@ def _kill_during_rig_confirm() -> dict[str, int]:
     proc = _tuner(*SIM, *ARGS, block="rig:rig-confirm")
     try:
         def open_confirm() -> bool:
-            rig = journal.Journal.open_rig(CARDS)
+            rig = journal.Journal.open_rig(CARDS, SimulatedBackend(gpus=2))
             return rig is not None and (rig.open_trial or {}).get("phase") == "rig-confirm"
 
         _wait_for(open_confirm, proc)
@@ -115,7 +115,7 @@ def _kill_during_rig_confirm() -> dict[str, int]:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=10)
-    rig = journal.Journal.open_rig(CARDS)
+    rig = journal.Journal.open_rig(CARDS, SimulatedBackend(gpus=2))
     assert rig is not None and rig.open_trial is not None
     return rig.open_trial["settings"]
 
@@ -144,5 +144,5 @@ def test_a_reset_during_the_rig_confirmation_backs_off_every_card_and_never_appl
     confirms = [e["settings"] for e in events if e["event"] == "rig_confirm_started" and e["phase"] == "rig-confirm"]
     assert left_open not in confirms and confirms == [{"sim0": -35, "sim1": -50}]
     assert next(e for e in events if e["event"] == "rig_outcome")["settings"] == {"sim0": -35, "sim1": -50}
-    assert journal.Journal.open_rig(CARDS).doc["never"] == [left_open]
+    assert journal.Journal.open_rig(CARDS, SimulatedBackend(gpus=2)).doc["never"] == [left_open]
     assert journal.trial_open_at_previous_boot() is None  # closed now

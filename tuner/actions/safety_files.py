@@ -26,9 +26,9 @@ def unfinished_session_trials(device_id: str) -> tuple[dict, ...] | None:
     from tuner.core.errors import TunerError
 
     try:
-        session = journal.Journal.open_existing(device_id)
+        doc = journal.load(device_id)
     except (TunerError, OSError):
         return None
-    if session is None or not session.unresolved():
+    if doc is None or doc["state"] not in journal.UNRESOLVED:
         return None
-    return tuple(session.trials)
+    return tuple(doc["trials"])

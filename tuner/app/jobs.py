@@ -18,8 +18,7 @@ from tuner.actions.stress import DetectorState, NoStockReference, RunStarted, St
 from tuner.app.state import BISECT_WARNINGS, HISTORY_SAMPLES, BisectState, CardState, StressState, appended
 from tuner.backends.base import Backend
 from tuner.core.models import Verdict
-from tuner.tuning import kernel_log
-from tuner.tuning.engine_client import (
+from tuner.engine.events import (
     CanaryEvent,
     EndEvent,
     FaultEvent,
@@ -28,6 +27,7 @@ from tuner.tuning.engine_client import (
     StepEvent,
     WarningEvent,
 )
+from tuner.tuning import kernel_log
 from tuner.tuning.events import (
     BisectFailed,
     BisectStopped,

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from tuner.actions.context import Context
     from tuner.actions.stress import StressOutcome, StressRequest
     from tuner.core.models import DeviceInfo
-    from tuner.tuning.engine_client import EngineConfig, GemmEvent, StepEvent
+    from tuner.engine.events import GemmEvent, StepEvent
+    from tuner.tuning.engine_client import EngineConfig
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -112,10 +113,10 @@ class ProgressLine:
         return "  ".join(parts)
 
     def update(self, ev: object) -> None:
-        from tuner.tuning import engine_client as sc
-        if isinstance(ev, sc.StartEvent):
+        from tuner.engine.events import GemmEvent, StartEvent, StepEvent
+        if isinstance(ev, StartEvent):
             self._t_start = self.clock()
-        if not isinstance(ev, (sc.StepEvent, sc.GemmEvent)):
+        if not isinstance(ev, (StepEvent, GemmEvent)):
             return
         if ev.dt_ms is not None:
             self._dts.append(ev.dt_ms)
@@ -212,7 +213,7 @@ class _Reporter:
 
     def __call__(self, event: object) -> None:
         from tuner.actions.stress import DetectorState, RunStarted
-        from tuner.tuning import engine_client as sc
+        from tuner.engine.events import Event, LogEvent
         with self._lock:
             if isinstance(event, RunStarted):
                 self._forwarding = event.purpose == "stress"
@@ -226,9 +227,9 @@ class _Reporter:
                     self._say(f"{event.name}: {event.value}")
             elif isinstance(event, str):
                 self._say(event)
-            elif isinstance(event, sc.Event):
+            elif isinstance(event, Event):
                 if self.as_json and self._forwarding:
-                    doc = {"event": "log", "line": event.line} if isinstance(event, sc.LogEvent) else event.raw
+                    doc = {"event": "log", "line": event.line} if isinstance(event, LogEvent) else event.raw
                     _write_json(doc)
                 if self.progress is not None:
                     self.progress.update(event)

@@ -2,7 +2,7 @@
 
 - `engine_request(target, ...)` is the one builder of an `EngineConfig`: the engine's own options
   (`tuner.engine.options`, torch-free) rendered to its command line by `.argv()`.
-- `parse_event(line)` is `tuner.engine.events.decode_line`: one line to the typed, frozen event, never raising
+- each line is read with `tuner.engine.events.decode_line`: one line to the typed, frozen event, never raising
   (an unknown name is an `UnknownEvent`, a broken event an `InvalidEvent` the run reports, anything else a `LogEvent`).
 - `StressRun` starts the engine in its own session, yields events as they arrive (iterate from a worker
   thread), watches for hangs (`WatchdogPolicy`), stops it on request (SIGTERM to the group, SIGKILL after a
@@ -41,13 +41,10 @@ from tuner.engine.events import (
     GemmEvent,
     HeartbeatEvent,
     InvalidEvent,
-    LogEvent,
     PhaseEvent,
     SegmentEvent,
     StartEvent,
     StepEvent,
-    UnknownEvent,
-    WarningEvent,
     decode_line,
 )
 from tuner.engine.options import GPU_DEFAULT_PRESET, EngineOptions, Injection, UsageProblem, to_argv
@@ -133,11 +130,6 @@ def engine_request(target: StressTarget, *, duration_s: float | None = None, ste
     except TypeError as e:  # a misspelt option is a programming error, but say which
         raise ValueError(f"engine_request: {e}") from None
     return EngineConfig(opts, env=dict(target.env or {}), identity=engine_identity(simulated=target.simulated))
-
-
-# --- events (declared once, in tuner.engine.events: see the module docstring) ------------------------------
-
-parse_event = decode_line
 
 
 # --- result -----------------------------------------------------------------------------------------------
@@ -369,7 +361,7 @@ class StressRun:
             for line in self.proc.stdout:
                 if not line.strip():
                     continue
-                ev = parse_event(line)
+                ev = decode_line(line)
                 self._note(ev)
                 self._queue.put(ev)
         finally:
@@ -531,10 +523,3 @@ class StressRun:
                                 **common)
         return StressResult("fail", "crash", f"the engine exited with code {code} without an end event after "
                                              f"step {self._last_step}", self._last_step + 1, **common)
-
-__all__ = [  # the events are tuner.engine.events' (re-exported: every reader of the engine names them from here)
-    "COLLECTIVE_MARGIN_S", "DEFAULT_DURATION_S", "SIM_HANG_STEP", "CanaryEvent", "EndEvent", "EngineConfig", "Event",
-    "FaultEvent", "GemmEvent", "HeartbeatEvent", "InvalidEvent", "LogEvent", "PhaseEvent", "SegmentEvent",
-    "StartEvent", "StepEvent", "StressResult", "StressRun", "UnknownEvent", "WarningEvent", "WatchdogPolicy",
-    "default_preset", "engine_request", "fault_seed_for", "parse_event",
-]

@@ -447,8 +447,7 @@ def recover_stale_guard(device_id: str, unit: str) -> dict | None:
 
 
 @contextlib.contextmanager
-def guarded_trial(device_id: str, setting: int, *, unit: str,
-                  backend: Backend | None = None) -> Iterator[dict[str, object]]:
+def guarded_trial(device_id: str, setting: int, *, unit: str, backend: Backend) -> Iterator[dict[str, object]]:
     """Durably mark a trial outside any bisect session as open for its duration.
 
     If the machine freezes or the tool is killed, the guard stays: the boot path then applies nothing, and the
@@ -458,8 +457,7 @@ def guarded_trial(device_id: str, setting: int, *, unit: str,
     (`record_hard_failure`).
     """
     recover_stale_guard(device_id, unit)
-    if backend is not None:
-        backend.trial_begin(device_id, setting, "verify")
+    backend.trial_begin(device_id, setting, "verify")
     trial = {"device": device_id, "setting": setting, "phase": "verify", "boot_id": kernel_files.boot_id(),
              "pid": os.getpid(), "started_at": time.time()}
     try:
@@ -470,8 +468,7 @@ def guarded_trial(device_id: str, setting: int, *, unit: str,
         finally:
             guard_path(device_id).unlink(missing_ok=True)
     finally:
-        if backend is not None:
-            backend.trial_end(device_id)
+        backend.trial_end(device_id)
 
 
 # --- the session journal: a card's or a rig's -----------------------------------------------------------------------
@@ -479,16 +476,16 @@ class Journal:
     """One session document: a card's (`journal/<card>.json`, with its event log) or a rig's (`rig_path`). Every
     change is durable (an atomic rewrite; the log fsynced) before the call returns."""
 
-    def __init__(self, path: Path, doc: dict, *, device_id: str | None = None, backend: Backend | None = None):
+    def __init__(self, path: Path, doc: dict, *, backend: Backend, device_id: str | None = None):
         self.path, self.doc = path, doc
         self.device_id = device_id  # None: a rig's journal (no event log, no trials of its own)
         # where the machine's safety state is told of each trial (Backend.trial_begin/trial_end: the root helper's
-        # machine-wide journal; in-process, this file is the whole record); None: nowhere else
+        # machine-wide journal; in-process, this file is the whole record)
         self.backend = backend
 
     @classmethod
     def create(cls, device_id: str, *, params: dict, knob: dict, serial: str | None = None,
-               backend: Backend | None = None) -> Journal:
+               backend: Backend) -> Journal:
         session = new_session_id()
         journal = cls(journal_path(device_id), cls._new(
             session, device=device_id, serial=serial, params=params, knob=knob,
@@ -499,7 +496,7 @@ class Journal:
 
     @classmethod
     def create_rig(cls, device_ids: Sequence[str], *, params: dict, stock: dict[str, int],
-                   backend: Backend | None = None) -> Journal:
+                   backend: Backend) -> Journal:
         journal = cls(rig_path(device_ids), cls._new(
             new_session_id(), devices=sorted(device_ids), phase="search", params=params, stock=stock, sessions={},
             candidates={}, references={}, baseline=None, attempts=[], never=[]), backend=backend)
@@ -513,12 +510,12 @@ class Journal:
                 "open_trial": None, **fields}
 
     @classmethod
-    def open_existing(cls, device_id: str, backend: Backend | None = None) -> Journal | None:
+    def open_existing(cls, device_id: str, backend: Backend) -> Journal | None:
         doc = load(device_id)
         return None if doc is None else cls(journal_path(device_id), doc, device_id=device_id, backend=backend)
 
     @classmethod
-    def open_rig(cls, device_ids: Sequence[str], backend: Backend | None = None) -> Journal | None:
+    def open_rig(cls, device_ids: Sequence[str], backend: Backend) -> Journal | None:
         path = rig_path(device_ids)
         doc = _load(path)
         return None if doc is None else cls(path, doc, backend=backend)
@@ -603,15 +600,14 @@ class Journal:
                  "started_at": time.time()}
         begun: list[str] = []
         try:
-            if self.backend is not None:
-                for device_id, setting in self._trial_settings(trial).items():
-                    self.backend.trial_begin(device_id, setting, phase, self.session)
-                    begun.append(device_id)
+            for device_id, setting in self._trial_settings(trial).items():
+                self.backend.trial_begin(device_id, setting, phase, self.session)
+                begun.append(device_id)
             self.update(open_trial=trial, state=ACTIVE)
         except BaseException:
             for device_id in begun:
                 with contextlib.suppress(Exception):
-                    self.backend.trial_end(device_id)  # type: ignore[union-attr]  # only begun with a backend
+                    self.backend.trial_end(device_id)
             raise
         self.log("trial_open", **trial)
         return trial
@@ -621,9 +617,8 @@ class Journal:
         open trial ends with ours (a hard failure already ended it with its mark)."""
         trial = self.open_trial
         self.update(open_trial=None, **fields)
-        if self.backend is not None:
-            for device_id in self._trial_settings(trial):
-                self.backend.trial_end(device_id)
+        for device_id in self._trial_settings(trial):
+            self.backend.trial_end(device_id)
 
     def finish_trial(self, record: dict) -> None:
         """A card's trial is over and the card at stock: store its result and close it (one atomic write)."""

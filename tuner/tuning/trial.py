@@ -31,6 +31,7 @@ from pathlib import Path
 from tuner.backends.base import Backend
 from tuner.core.errors import NotApplied, TunerError
 from tuner.core.models import Knob, StressTarget, Verdict, same_bus_id
+from tuner.engine.events import EndEvent, FaultEvent, GemmEvent, StartEvent, StepEvent
 from tuner.tuning import engine_client as sc
 from tuner.tuning import kernel_log
 from tuner.tuning import sampler as sampler_mod
@@ -334,18 +335,18 @@ def _follow(c: _Card, params: TrialParams, started_at: float, emit: Callable[[Tr
         last_progress, step, tok_s = 0.0, None, None
         for event in c.run.events():
             match event:
-                case sc.StartEvent(pci_bus_id=reported, data_parallel=dp):
+                case StartEvent(pci_bus_id=reported, data_parallel=dp):
                     if dp is not None:
                         c.library = dp.library
                     if c.target.pci_bus_id and reported and not same_bus_id(reported, c.target.pci_bus_id):
                         c.pci_problem = (f"the engine runs on PCI {reported}, not on the card being tuned "
                                          f"({c.target.pci_bus_id}); check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
                         c.stop_engine("pci")
-                case sc.StepEvent(step=step_no, tok_s=rate):
+                case StepEvent(step=step_no, tok_s=rate):
                     step, tok_s = step_no, rate
-                case sc.GemmEvent(step=step_no):
+                case GemmEvent(step=step_no):
                     step = step_no
-                case sc.FaultEvent(figure=str() as figure) | sc.EndEvent(figure=str() as figure):
+                case FaultEvent(figure=str() as figure) | EndEvent(figure=str() as figure):
                     c.figure = figure
             now = time.time()
             if now - last_progress >= params.progress_interval_s:
