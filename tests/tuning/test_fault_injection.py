@@ -124,7 +124,7 @@ def test_a_fault_mid_bisect_leaves_the_card_at_stock_and_the_journal_resumable(b
             proc.wait()
     doc = journal.load("sim0")
     if doc is not None and doc.get("state") != journal.FINISHED:
-        assert journal.Journal.open_existing("sim0", in_process_backend).unresolved  # `--resume` picks it up
+        assert journal.Journal.open_existing("sim0", in_process_backend).unresolved()  # `--resume` picks it up
         assert doc.get("open_trial") is None or proc.returncode < 0  # closed cleanly unless killed outright
 
 
