@@ -146,3 +146,16 @@ def test_a_fifo_or_a_device_node_is_refused_without_waiting(tmp_path):
                     pass
                 raise AssertionError(f"read_bundle({path}) blocked") from None
         assert isinstance(error, rb.BundleProblem) and f"{path}: {kind}, not a file" in error.message, error
+
+
+def test_a_path_through_a_file_or_a_link_loop_is_one_bundle_problem(tmp_path):
+    """Any error opening the path is the one-line BundleProblem naming the file, not a raw OSError (ENOTDIR from a
+    file used as a folder in the path, ELOOP from a link to itself)."""
+    (tmp_path / "profile.toml").write_text("")
+    loop = tmp_path / "loop.ref"
+    loop.symlink_to(loop)
+    for path, said in ((tmp_path / "profile.toml" / "x.ref", "not a directory"),
+                       (loop, "too many levels of symbolic links")):
+        with pytest.raises(rb.BundleProblem) as refused:
+            rb.read_bundle(path)
+        assert f"reference {path}: " in refused.value.message and said in refused.value.message.lower()

@@ -307,6 +307,8 @@ def read_bundle(path: Path) -> Bundle:
                             "record one with `tuner reference record --device ID --out FILE`") from None
     except PermissionError:
         raise BundleProblem(f"{where}: permission denied", "check the file's permissions") from None
+    except OSError as e:  # a file used as a folder in the path, a link loop, a name too long...
+        raise BundleProblem(f"{where}: {e.strerror or e}", "give the .ref file itself") from None
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
