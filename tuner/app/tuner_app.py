@@ -35,7 +35,7 @@ from tuner.app import jobs
 from tuner.app.hangup import HangUpGuard
 from tuner.app.state import BisectState, DeviceHistory, StressState
 from tuner.app.terminal_driver import HangUpSafeDriver
-from tuner.app.words import describe_error, for_people, job_name
+from tuner.app.words import SCREENS_IN_ORDER, describe_error, for_people, job_name, short_title
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
@@ -58,14 +58,6 @@ if TYPE_CHECKING:
     from tuner.app.palette import TunerCommands
     from tuner.core.models import DeviceInfo, Knob, Telemetry
 
-SCREENS_IN_ORDER = (
-    ("1", "dashboard", "Dashboard"),
-    ("2", "tune", "Tune"),
-    ("3", "bisect", "Auto-bisect"),
-    ("4", "profiles", "Profiles"),
-    ("5", "doctor", "Doctor"),
-    ("6", "help", "Help"),
-)
 SAMPLE_INTERVAL_S = 1.0
 OVERDUE_S = 5.0  # a change still pending this long past its countdown: the event loop is stuck, revert it anyway
 
@@ -128,7 +120,7 @@ class TunerApp(App[int]):
     DEFAULT_MODE = "dashboard"
     BINDINGS: ClassVar[list[BindingType]] = [
         *[
-            Binding(key, f"switch_mode('{mode}')", title.split("-")[-1].capitalize()[:6], id=f"screen.{mode}")
+            Binding(key, f"switch_mode('{mode}')", short_title(title)[:6], id=f"screen.{mode}")
             for key, mode, title in SCREENS_IN_ORDER
         ],
         Binding("q", "request_quit", "Quit", id="app.quit"),
