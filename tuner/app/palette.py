@@ -15,7 +15,8 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from tuner.app.tuner_app import SCREENS_IN_ORDER, TunerApp, screen_class
+from tuner.app.tuner_app import TunerApp, screen_class
+from tuner.app.words import SCREENS_IN_ORDER
 from tuner.screens.base import needs_cards
 from tuner.widgets.key_bar import KEY_NAMES
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.models import Knob, Mode, Telemetry
+from tuner.tuning.events import of_about
 
 if TYPE_CHECKING:
     from tuner.tuning.events import Recommendation
@@ -23,12 +24,6 @@ LOG_LINES = 500
 BISECT_WARNINGS = 20
 
 PLOTTED_FIELDS = ("power_w", "temp_edge_c")  # the dashboard's two plots
-
-
-def of_about(total: int | None) -> str:
-    """' of ≤24': the plan's count is an upper bound (a descent to the range end or floor); it holds while trials
-    pass and drops when a failure closes the bracket (tuner.tuning.plan.BisectPlan.remaining_estimate)."""
-    return f" of ≤{total}" if total else ""
 
 
 @dataclass

@@ -35,7 +35,7 @@ from tuner.app import jobs
 from tuner.app.hangup import HangUpGuard
 from tuner.app.state import BisectState, DeviceHistory, StressState
 from tuner.app.terminal_driver import HangUpSafeDriver
-from tuner.app.words import describe_error, for_people, job_name
+from tuner.app.words import SCREENS_IN_ORDER, describe_error, for_people, job_name, short_title
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
@@ -58,14 +58,6 @@ if TYPE_CHECKING:
     from tuner.app.palette import TunerCommands
     from tuner.core.models import DeviceInfo, Knob, Telemetry
 
-SCREENS_IN_ORDER = (
-    ("1", "dashboard", "Dashboard"),
-    ("2", "tune", "Tune"),
-    ("3", "bisect", "Auto-bisect"),
-    ("4", "profiles", "Profiles"),
-    ("5", "doctor", "Doctor"),
-    ("6", "help", "Help"),
-)
 SAMPLE_INTERVAL_S = 1.0
 OVERDUE_S = 5.0  # a change still pending this long past its countdown: the event loop is stuck, revert it anyway
 
@@ -128,7 +120,7 @@ class TunerApp(App[int]):
     DEFAULT_MODE = "dashboard"
     BINDINGS: ClassVar[list[BindingType]] = [
         *[
-            Binding(key, f"switch_mode('{mode}')", title.split("-")[-1].capitalize()[:6], id=f"screen.{mode}")
+            Binding(key, f"switch_mode('{mode}')", short_title(title)[:6], id=f"screen.{mode}")
             for key, mode, title in SCREENS_IN_ORDER
         ],
         Binding("q", "request_quit", "Quit", id="app.quit"),
@@ -341,61 +333,58 @@ class TunerApp(App[int]):
         if self._bisect_on(device_id):
             self.notify("an auto-bisect is running on this card; stop it first", severity="warning")
             return
-        self._on_kept = on_kept
-        self._apply(device_id, value, profile)
 
-    @work(thread=True, exit_on_error=False, group="setting")
-    def _apply(self, device_id: str, value: int, profile: ProfileApply | None) -> None:
-        with self._writing:
-            if self._leaving:  # quitting or hung up: nothing new goes on a card
-                return
-            try:
-                request = profile.set_request() if profile is not None else SetRequest(device_id, value)
-                pending = prepare_setting(self.backend, request, clock=self.clock)
-                if profile is None:  # as `tuner set` warns (a profile's plan said it already: on_profile_checked)
-                    for warning in other_tools.warnings_for(self.backend, [device_id]):
-                        self.post_message(msg.Noted(warning, "warning"))
-                pending.apply()
-            except Exception as e:  # noqa: BLE001 - nothing was kept; say why
-                self.post_message(msg.BackendFailed(f"apply {value:+d} on {device_id}", e))
-                return
-            self._unannounced.append(pending)  # make_safe reverts it even if the event loop never takes it
-        self.post_message(msg.ChangeApplied(pending))
+        def apply() -> PendingChange:
+            request = profile.set_request() if profile is not None else SetRequest(device_id, value)
+            pending = prepare_setting(self.backend, request, clock=self.clock)
+            if profile is None:  # as `tuner set` warns (a profile's plan said it already: on_profile_checked)
+                for warning in other_tools.warnings_for(self.backend, [device_id]):
+                    self.post_message(msg.Noted(warning, "warning"))
+            pending.apply()
+            return pending
+
+        self._on_kept = on_kept
+        self._apply(apply, f"apply {value:+d} on {device_id}")
 
     def apply_rig_profile(self, profile: Profile | Callable[[], Profile], *,
                           on_kept: Callable[[], None] | None = None) -> None:
         """`tuner apply` on a rig profile (tuner.actions.profile_apply): every part checked before any write, each
-        to the card it was proven on, then one keep-or-revert for the whole rig (a revert puts every card back)."""
+        to the card it was proven on, then one keep-or-revert for the whole rig (a revert puts every card back).
+        `profile`: a rig profile, or a function that builds one (the Bisect screen's result, built from the
+        backend's cards in the worker)."""
         if self.pending is not None:
             self.notify("a change is already waiting for keep-or-revert", severity="warning")
             return
         if self.bisect.running:
             self.notify("an auto-bisect is running; stop it first", severity="warning")
             return
+
+        def apply() -> RigChange:
+            built = profile() if callable(profile) else profile
+            plan = plan_rig_apply(self.backend, built)
+            change = prepare_rig_apply(self.backend, plan, clock=self.clock, purpose=f"tuner (UI) apply {built.name}")
+            change.apply()  # a card that fails puts the ones before it back, then raises
+            for warning in plan.warnings:
+                self.post_message(msg.Noted(warning, "warning"))
+            return change
+
         self._on_kept = on_kept
-        self._apply_rig(profile)
+        name = profile.name if isinstance(profile, Profile) else jobs.RESULT_NAME  # the name the function builds
+        self._apply(apply, f"apply {jobs.profile_words(name)}")
 
     @work(thread=True, exit_on_error=False, group="setting")
-    def _apply_rig(self, profile: Profile | Callable[[], Profile]) -> None:
-        """`profile`: a rig profile, or a function that builds one (the Bisect screen's result, built from the
-        backend's cards here in the worker)."""
+    def _apply(self, apply: Callable[[], PendingChange | RigChange], what: str) -> None:
+        """`apply` prepares the change (a setting, a rig profile), applies it and returns it, in this worker under
+        the write lock; the keep-or-revert follows. Refused or not applied: said as `what` and why."""
         with self._writing:
             if self._leaving:  # quitting or hung up: nothing new goes on a card
                 return
             try:
-                if callable(profile):
-                    profile = profile()
-                plan = plan_rig_apply(self.backend, profile)
-                change = prepare_rig_apply(self.backend, plan, clock=self.clock,
-                                           purpose=f"tuner (UI) apply {profile.name}")
-                change.apply()  # a card that fails puts the ones before it back, then raises
-            except Exception as e:  # noqa: BLE001 - refused or not applied: say why
-                what = jobs.profile_words(profile.name if isinstance(profile, Profile) else jobs.RESULT_NAME)
-                self.post_message(msg.BackendFailed(f"apply {what}", e))
+                change = apply()
+            except Exception as e:  # noqa: BLE001 - nothing was kept; say why
+                self.post_message(msg.BackendFailed(what, e))
                 return
             self._unannounced.append(change)  # make_safe reverts it even if the event loop never takes it
-        for warning in plan.warnings:
-            self.post_message(msg.Noted(warning, "warning"))
         self.post_message(msg.ChangeApplied(change))
 
     def on_change_applied(self, message: msg.ChangeApplied) -> None:

@@ -15,8 +15,22 @@ import re
 
 from tuner.core.errors import TunerError
 
-BISECT = "bisect"  # the Bisect screen's mode (TunerApp.SCREENS_IN_ORDER)
+# Every screen: its key, mode (tuner.screens.<mode>) and title; the App, its palette, key bar and nav bar read it
+SCREENS_IN_ORDER = (
+    ("1", "dashboard", "Dashboard"),
+    ("2", "tune", "Tune"),
+    ("3", "bisect", "Auto-bisect"),
+    ("4", "profiles", "Profiles"),
+    ("5", "doctor", "Doctor"),
+    ("6", "help", "Help"),
+)
+BISECT = "bisect"  # the Bisect screen's mode
 FORM_FIELDS = ("step", "resolution", "margin", "trial", "confirm", "floor", "mode")  # the Bisect screen's form
+
+
+def short_title(title: str) -> str:
+    """"Auto-bisect" -> "Bisect": a screen's name on the nav bar (its TITLE) and, cut to six letters, the key bar."""
+    return title.split("-")[-1].capitalize()
 
 
 def _rules(here: str | None) -> tuple[tuple[re.Pattern[str], str], ...]:

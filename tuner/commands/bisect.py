@@ -36,6 +36,7 @@ from tuner.tuning.events import (
     TrialResult,
     TrialStarted,
     TrialWarning,
+    of_about,
 )
 from tuner.tuning.job import RIG_BASELINE, BisectJob, BisectOutcome, BisectParams, CardOutcome
 
@@ -177,8 +178,7 @@ class _Printer:
             self.line(d, f"recovered open trial: {self._v(d, r.setting)} {r.phase} {counted} ({r.kind}): "
                       f"{r.reason}{listed}")
         elif isinstance(ev, TrialStarted):
-            # the plan's count is an upper bound (a descent to the range end), as the TUI says it: "of <=N"
-            of = f" of ≤{ev.expected_trials}" if ev.expected_trials else ""
+            of = of_about(ev.expected_trials)
             self._labels[d] = f"trial {ev.index}{of} "
             if not self.tty:
                 self.line(d, f"trial {ev.index}{of}: {self._v(d, ev.setting)} {ev.phase} "

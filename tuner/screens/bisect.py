@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from rich.text import Text
 from textual import events
@@ -47,6 +47,7 @@ FIELD_WIDTHS = {"step": 8, "resolution": 8, "margin": 8, "floor": 10, "trial": 6
 COLUMNS = ("setting", "phase", "verdict", "why", "tok/s", "W", "tok/J", "max °C")
 WIDE_COLUMNS = 100  # at this width and more the efficiency plot sits beside the table; below, g swaps them
 KIND_WIDTH = 10  # the reason column holds a short kind; the selected row's full reason is on the detail line
+T = TypeVar("T")
 
 
 # What the screen's file worker (TunerScreen._file_work) posts back: the files are read and written off the UI
@@ -60,20 +61,30 @@ class FormRecalled(Message):
     recalled: tuple[dict[str, str], str | None]  # the values, and why none could be read (form_memory.recall)
 
 
+class Asked(Generic[T]):
+    """A value the file worker reads for a key (the card's unfinished session, the plan line): kept with the key it
+    was read for; an answer for a key asked before the last one is dropped (Read)."""
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+        self.key: tuple | None = None  # the key `value` was read for (None: the first value, read for none)
+        self.asked: tuple | None = None
+
+    def ask(self, key: tuple) -> bool:
+        """True: `key` is now asked (the caller reads it), neither its answer nor its read being under way."""
+        if key in (self.key, self.asked):
+            return False
+        self.asked = key
+        return True
+
+
 @dataclass
-class SessionRead(Message):
-    """The card's unfinished session (its journal), for the key it was read for."""
+class Read(Message, Generic[T]):
+    """What the file worker read for `into`, for the key it was read for."""
 
+    into: Asked[T]
     key: tuple
-    state: BisectState
-
-
-@dataclass
-class PlanRead(Message):
-    """The plan line for the key it was estimated for (the unsafe list is read for it)."""
-
-    key: tuple
-    text: str
+    value: T
 
 
 def parse_form(values: dict[str, str], *, unit: str = "", resume: bool = False,
@@ -192,11 +203,9 @@ class BisectScreen(TunerScreen):
 
     def on_mount(self) -> None:
         self._painted: tuple[object, ...] | None = None
-        self._resting: tuple[tuple, BisectState] | None = None  # (card, bisect running, its outcome), its session
+        self._session = Asked(BisectState())  # for (card, bisect running, its outcome): its unfinished session
         self._defaults_for: object = None
-        self._session_asked: tuple | None = None  # the key of the unfinished-session read in flight
-        self._plan: tuple[object, str] = (None, "")  # (key, the plan line estimated for it)
-        self._plan_asked: object = None
+        self._plan = Asked("")  # the plan line, for the form as it was estimated for
         self._recalls = 0  # form recalls in flight: a start waits for them (it must use the remembered values)
         self._start_after_recall: tuple[bool, bool] | None = None
         self._recall_form()
@@ -422,19 +431,15 @@ class BisectScreen(TunerScreen):
             return job if mine else BisectState()
         # nothing ran here for this card: its unfinished session, if any (read again once a bisect started or ended,
         # in the file worker; until it answers, what was read for this card before, else nothing)
-        key = (app.selected_device_id, job.running, id(job.outcome))
-        if self._resting is not None and self._resting[0] == key:
-            return self._resting[1]
-        if self._session_asked != key:
-            self._session_asked, device_id = key, app.selected_device_id
-            self._file_work(lambda: SessionRead(key, jobs.unfinished_session(device_id) or BisectState()))
-        if self._resting is not None and self._resting[0][0] == app.selected_device_id:
-            return self._resting[1]
-        return BisectState()
+        device_id, resting = app.selected_device_id, self._session
+        key = (device_id, job.running, id(job.outcome))
+        if resting.ask(key):
+            self._file_work(lambda: Read(resting, key, jobs.unfinished_session(device_id) or BisectState()))
+        return resting.value if resting.key is not None and resting.key[0] == device_id else BisectState()
 
-    def on_session_read(self, message: SessionRead) -> None:
-        if message.key == self._session_asked:
-            self._resting = (message.key, message.state)
+    def on_read(self, message: Read) -> None:
+        if message.key == message.into.asked:
+            message.into.key, message.into.value = message.key, message.value
             self.repaint()
 
     def repaint(self) -> None:
@@ -520,17 +525,11 @@ class BisectScreen(TunerScreen):
         if not job.running and device_id:
             knob, values, every = self._knob(), self._form_values(), self.app.bisect_all
             key = (device_id, values, knob, every, id(job.outcome))  # the unsafe list changes only with a bisect
-            if self._plan[0] != key and self._plan_asked != key:
-                self._plan_asked = key
-                self._file_work(partial(_plan_read, key, self.app.backend, device_id, values, knob, every))
-            text = self._plan[1]  # until the worker answers, the last plan line
+            if self._plan.ask(key):
+                self._file_work(partial(_plan_read, self._plan, key, self.app.backend, device_id, values, knob, every))
+            text = self._plan.value  # until the worker answers, the last plan line
         plan = self.query_one("#bisect-plan", Static)
         plan.update(_fit(text, plan.size.width or LINE_WIDTH))  # a refusal is cut; b says it in full
-
-    def on_plan_read(self, message: PlanRead) -> None:
-        if message.key == self._plan_asked:
-            self._plan = (message.key, message.text)
-            self.repaint()
 
     def _paint_table(self, state: CardState, unit: str, device_id: str | None) -> bool:
         """The trial table, its detail line and the efficiency plot, when they changed. True: repainted."""
@@ -556,8 +555,8 @@ class BisectScreen(TunerScreen):
         return True
 
 
-def _plan_read(key: tuple, backend: Backend, device_id: str, values: dict[str, str], knob: Knob | None,
-               every: bool) -> PlanRead:
+def _plan_read(into: Asked[str], key: tuple, backend: Backend, device_id: str, values: dict[str, str],
+               knob: Knob | None, every: bool) -> Read[str]:
     """In the file worker: the plan line (tuner.actions.bisect.bisect_estimate reads the card's unsafe list)."""
     from tuner.actions.bisect import bisect_estimate
 
@@ -566,7 +565,7 @@ def _plan_read(key: tuple, backend: Backend, device_id: str, values: dict[str, s
         text = plan_text(bisect_estimate(backend, device_id, params), every=every)
     except TunerError as e:
         text = f"plan: {for_people(e.message, here=BISECT)}"
-    return PlanRead(key, text)
+    return Read(into, key, text)
 
 
 def plan_text(estimate: BisectEstimate, *, every: bool = False) -> str:

@@ -127,6 +127,12 @@ class TrialStarted(_Event):
 FINISHING = "finishing"  # what a front end says of a trial past its time (TrialProgress.finishing)
 
 
+def of_about(total: int | None) -> str:
+    """' of ≤24': the plan's count is an upper bound (a descent to the range end or floor); it holds while trials
+    pass and drops when a failure closes the bracket (tuner.tuning.plan.BisectPlan.remaining_estimate)."""
+    return f" of ≤{total}" if total else ""
+
+
 @dataclass(frozen=True)
 class TrialProgress(_Event):
     setting: int

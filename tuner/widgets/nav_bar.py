@@ -8,7 +8,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-SCREENS = (("1", "Dashboard"), ("2", "Tune"), ("3", "Bisect"), ("4", "Profiles"), ("5", "Doctor"), ("6", "Help"))
+from tuner.app.words import SCREENS_IN_ORDER, short_title
+
+SCREENS = tuple((key, short_title(title)) for key, _mode, title in SCREENS_IN_ORDER)
 BADGE = " SIMULATED "
 # how the screens other than the current one are named, from the widest to the narrowest
 STYLES = ("full", "short", "keys")
