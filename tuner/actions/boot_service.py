@@ -137,8 +137,7 @@ class BootServiceStatus:
             "system_profiles": [asdict(p) for p in self.system_profiles],
             "invalid_profiles": [{"path": str(p), "error": why} for p, why in self.invalid_profiles],
             "next_boot_skips": self.next_boot_skips,
-            "last_run": None if last is None else {"finished_at": last.finished_at, "exit_code": last.exit_code,
-                                                   "skipped": last.skipped, "lines": list(last.lines)},
+            "last_run": None if last is None else {**asdict(last), "lines": list(last.lines)},
             "cards": [c.to_dict() for c in self.cards], "cards_error": self.cards_error,
         }
 

@@ -26,7 +26,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -329,10 +329,10 @@ class CardScreen:
                 kind=knob.kind.value, unit=knob.unit, value=knob.current, stock=knob.stock,
                 at_stock=knob.current == knob.stock, source=self.profile.source if self.profile else "current",
                 left_at=after.current),
-            tier=tier_doc(self.plan.tier), mode="tolerance" if self.plan.tolerance else "bitwise",
+            tier=v.TierDoc(**asdict(self.plan.tier)), mode="tolerance" if self.plan.tolerance else "bitwise",
             verdict=decision.verdict, severity=decision.severity, action=decision.action, reason=reason,
             attribution=decision.attribution,
-            incomparable=[v.DifferenceDoc(field=d.field, reference=d.reference, here=d.here) for d in differences],
+            incomparable=[v.DifferenceDoc(**asdict(d)) for d in differences],
             evidence=evidence, bound=bound, exit_code=decision.exit_code)
 
 
@@ -357,10 +357,6 @@ def fault_seed_for(device: DeviceInfo, purpose: str) -> int:
     between simulated machines; else its id) and run, so a repeat is a new draw, as a real card's random corruption
     would be, and two cards never fault on the same step by construction. Real cards inject nothing."""
     return zlib.crc32(f"{device.serial or device.id}:{purpose}".encode()) & 0x7FFFFFFF
-
-
-def tier_doc(tier: at.Tier) -> v.TierDoc:
-    return v.TierDoc(name=tier.name, dcgm_level=tier.dcgm_level, load_s=tier.load_s)
 
 
 def summarize(purpose: v.RunPurpose, setting: int, outcome: StressOutcome, *, tolerance: bool = False) -> at.RunSummary:

@@ -16,12 +16,13 @@ import tempfile
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import asdict
 from pathlib import Path
 
 from tuner import __version__
 from tuner.actions.screen import verdict as v
 from tuner.actions.screen.attribution import Tier
-from tuner.actions.screen.card import CardScreen, Emit, ScreenPlan, tier_doc
+from tuner.actions.screen.card import CardScreen, Emit, ScreenPlan
 from tuner.actions.screen.profile_setting import plan_profile_screen
 from tuner.actions.screen.tolerance import DEFAULT_MARGIN_NATS
 from tuner.actions.stress import EngineFactory
@@ -121,7 +122,8 @@ class Screen:
         stamp = format_created(utc_now())
         reference = v.ReferenceDoc(path=str(self.bundle_path), bundled_with=self.bundled_with, **self.bundle.summary())
         return v.ScreenReport(schema=v.SCHEMA_ID, tuner_version=__version__, host=host, created=stamp,
-                              tier=tier_doc(self.tier), reference=reference, verdicts=verdicts, exit_code=code,
+                              tier=v.TierDoc(**asdict(self.tier)), reference=reference, verdicts=verdicts,
+                              exit_code=code,
                               summary=f"{len(verdicts)} card{'s' * (len(verdicts) != 1)}: {summary}")
 
 
