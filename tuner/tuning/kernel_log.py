@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 # (kind, regex, edge): edge = the card or machine had to be reset, or fell off the bus
 PATTERNS: tuple[tuple[str, str, bool], ...] = (
@@ -45,7 +45,7 @@ class KernelEvent:
     xid: int | None = None
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "line": self.line, "edge": self.edge, "xid": self.xid}
+        return asdict(self)
 
 
 def bus_of(pci: str) -> str | None:
