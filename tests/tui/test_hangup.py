@@ -253,6 +253,7 @@ def test_a_terminal_that_stopped_reading_cannot_hold_an_unconfirmed_setting(tune
     tuner = tuners(command=_short_waits(overdue_s=1.0))
     _open_keep_or_revert(tuner)
     _stall(tuner)
+    assert _card_offset() == -10  # still there once the UI is blocked: what reverts it now is the guard's thread
     deadline = time.monotonic() + EXIT_BOUND_S
     while _card_offset() != 0 and time.monotonic() < deadline:
         time.sleep(0.5)
