@@ -317,7 +317,6 @@ class RigChange(Countdown):
                                       lock_clock_mhz=r.lock_clock_mhz)
                         for (_p, r), lock in zip(self.requests, self._locks, strict=True)]
         self.kept = False
-        self.reverted = False
 
     @property
     def applied(self) -> dict[str, Knob]:
@@ -367,7 +366,6 @@ class RigChange(Countdown):
 
     def revert(self) -> dict[str, Knob]:
         """Put every applied card back (each is tried even when another fails; the first failure is raised)."""
-        self.reverted = True
         error: BaseException | None = None
         for change in self.changes:
             if change.pending:

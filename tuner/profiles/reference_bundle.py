@@ -207,13 +207,6 @@ class Difference:
     def text(self) -> str:
         return f"{self.field}: reference {self.reference!r}, this card {self.here!r}"
 
-    def to_dict(self) -> dict[str, object]:
-        return {"field": self.field, "reference": _plain(self.reference), "here": _plain(self.here)}
-
-
-def _plain(value: object) -> object:
-    return value if value is None or isinstance(value, (bool, int, float, str)) else json.loads(json.dumps(value))
-
 
 def card_differences(bundle: Bundle, device: DeviceInfo) -> list[Difference]:
     """The must-match fields this tuner and this card give that differ from the bundle's (the engine's half is
