@@ -207,7 +207,8 @@ class WatchdogPolicy:
         return max(self.min_silence_s, self.silence_factor * (median_step_s or 0.0))
 
 
-# the engine's work; heartbeats are progress by their count, warnings, unknown events and stray lines life only
+# events that are the engine's progress; heartbeats count by their progress field; warnings, unknown events and
+# stray lines show only that it is alive
 _WORK_EVENTS = (StartEvent, StepEvent, GemmEvent, CanaryEvent, PhaseEvent, SegmentEvent, FaultEvent, EndEvent)
 _IDLE_STATES = {"idle", "partial-idle", "eval", "done"}  # heartbeats in these states are not a stall
 # A data-parallel rank waiting for its peers ("collective") is not stalled either, for as long as its own collective
