@@ -186,8 +186,17 @@ def test_secure_boot_with_an_unsigned_nvidia_module_names_mok_enrolment(tmp_path
         in c.detail
 
 
-def test_an_unbound_nvidia_card_whose_module_key_this_boot_rejected_names_mok_enrolment(tmp_path, monkeypatch):
-    """No Secure Boot flag to read (no efivars, no mokutil), but this boot's kernel log says why the module failed."""
+@pytest.mark.parametrize("line", [
+    # linux kernel/module/signing.c module_sig_check: with module.sig_enforce, pr_notice("Loading of %s is rejected")
+    "Loading of unsigned module is rejected",
+    "Loading of module with unavailable key is rejected",
+    # security/lockdown/lockdown.c lockdown_is_locked_down: "Lockdown: %s: %s is restricted; see man
+    # kernel_lockdown.7", lockdown_reasons[LOCKDOWN_MODULE_SIGNATURE] = "unsigned module loading"
+    "Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7",
+])
+def test_an_unbound_nvidia_card_whose_module_this_boot_refused_names_mok_enrolment(tmp_path, monkeypatch, line):
+    """No Secure Boot flag to read (no efivars, no mokutil), but this boot's kernel log says a module was refused
+    for its signature: the lines the kernel itself prints."""
     import subprocess
 
     from tuner.actions import doctor
@@ -196,17 +205,32 @@ def test_an_unbound_nvidia_card_whose_module_key_this_boot_rejected_names_mok_en
 
     def journalctl(*command):
         asked.append(command)
-        return subprocess.CompletedProcess(command, 0, "nvidia: module verification failed: signature missing\n"
-                                                       "nvidia: Key was rejected by service\n", "")
+        return subprocess.CompletedProcess(command, 0, f"kernel: {line}\n", "")
 
     _unbound_nvidia(tmp_path)
     monkeypatch.setattr(doctor, "_run", journalctl)
     (c,) = doctor.check_secure_boot(tmp_path, which=lambda name: f"/usr/bin/{name}" if name == "journalctl" else None)
-    assert (c.name, c.status) == ("secure boot", doctor.FAIL) and "key was rejected" in c.detail
+    assert (c.name, c.status) == ("secure boot", doctor.FAIL) and "refused" in c.detail
     assert "mokutil --import" in c.remedy and asked == [("journalctl", "-k", "-b", "--no-pager", "-q")]
-    monkeypatch.setattr(doctor, "_run", lambda *command: subprocess.CompletedProcess(command, 0, "", ""))
+
+
+@pytest.mark.parametrize("log", [
+    "",
+    # modprobe's own words (strerror(EKEYREJECTED)), on its stderr: never a kernel line
+    "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service",
+    # kernel/module/main.c without enforcement: the module still loads (tainted), so it is not why a card is unbound
+    "nvidia: module verification failed: signature and/or required key missing - tainting kernel",
+])
+def test_an_unbound_nvidia_card_without_a_refused_module_in_the_kernel_log_gets_the_generic_remedy(tmp_path,
+                                                                                                   monkeypatch, log):
+    import subprocess
+
+    from tuner.actions import doctor
+
+    _unbound_nvidia(tmp_path)
+    monkeypatch.setattr(doctor, "_run", lambda *command: subprocess.CompletedProcess(command, 0, log + "\n", ""))
     (c,) = doctor.check_secure_boot(tmp_path, which=lambda name: f"/usr/bin/{name}" if name == "journalctl" else None)
-    assert c.name == "nvidia module"  # nothing in the log: the generic remedy
+    assert c.name == "nvidia module" and "modprobe nvidia" in c.remedy
 
 
 @pytest.mark.parametrize(("tool", "expected"), [

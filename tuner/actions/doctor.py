@@ -11,6 +11,7 @@ import grp
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -366,19 +367,26 @@ MOK_REMEDY = ("the NVIDIA module is not signed with a key this machine trusts: e
               "reboot and confirm the enrolment in the blue MOK manager), or disable Secure Boot in the firmware")
 
 
+# The kernel's own lines when it refuses a module for its signature (modprobe's "Key was rejected by service" is
+# on its stderr, never in the kernel log): kernel/module/signing.c module_sig_check under module.sig_enforce
+# ("Loading of unsigned module is rejected"), security/lockdown/lockdown.c lockdown_is_locked_down under Secure
+# Boot's lockdown ("Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7").
+MODULE_REFUSED = re.compile(r"Loading of .*module.* is rejected|: unsigned module loading is restricted")
+
+
 def check_secure_boot(root: Path, which: Callable[[str], str | None] = shutil.which) -> list[Check]:
-    """An NVIDIA card no driver took while Secure Boot is on: most often the module was refused ("Key was
-    rejected by service", "module verification failed"), which the generic no-GPU remedy would not say."""
+    """An NVIDIA card no driver took while Secure Boot is on (or, where its flag cannot be read, after this boot's
+    kernel refused a module for its signature): the module is not signed with an enrolled key, which the generic
+    no-GPU remedy would not say."""
     unbound = _unbound_nvidia(root)
     if not unbound:
         return []
     if secure_boot_enabled(root, which):
         why = "Secure Boot is on"
-    else:  # the firmware's flag unreadable (no efivars, no mokutil): this boot's kernel log may still say it
+    else:  # off or unknown (no efivars, no mokutil): this boot's kernel may still have refused it (sig_enforce)
         proc = _run("journalctl", "-k", "-b", "--no-pager", "-q") if which("journalctl") else None
         log = proc.stdout if proc is not None and proc.returncode == 0 else ""
-        rejected = any(s in log for s in ("Key was rejected by service", "module verification failed"))
-        why = "the kernel log says the module's key was rejected" if rejected else ""
+        why = "this boot's kernel log says a module was refused for its signature" if MODULE_REFUSED.search(log) else ""
     if why:
         return [Check("secure boot", FAIL, f"NVIDIA card at {', '.join(unbound)} has no driver, and {why}",
                       MOK_REMEDY)]
