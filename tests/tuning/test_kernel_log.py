@@ -97,3 +97,43 @@ def test_sampler_summary_energy_and_temperatures():
     time.sleep(0.05)
     sampler2.stop()
     assert len(sampler2.samples) >= 1
+
+
+def test_kmsg_lines_reads_records_as_dev_kmsg_gives_them(monkeypatch):
+    """/dev/kmsg as linux Documentation/ABI/testing/dev-kmsg describes it: one record per read(),
+    `pri,seq,usec,flags;text` then indented key=value continuation lines; records overwritten while it was open make
+    the next read() fail with EPIPE and reading goes on at the next record. Any other error ends the stream."""
+    import errno
+    import os
+
+    r, w = os.pipe()
+    os.write(w, b"x")  # always readable: select() says the fd is ready, the fake read below answers
+    answers = [
+        b"3,1201,5120391,-;amdgpu 0000:03:00.0: amdgpu: GPU reset begin!\n SUBSYSTEM=pci\n DEVICE=+pci:0000:03:00.0\n",
+        OSError(errno.EPIPE, "Broken pipe"),
+        b"4,1209,5120400,c;NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n",
+        OSError(errno.EIO, "Input/output error"),
+    ]
+    real_read = os.read
+
+    def kmsg_read(fd, n):
+        if fd != r:
+            return real_read(fd, n)
+        answer = answers.pop(0)
+        if isinstance(answer, OSError):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(kernel_log.os, "read", kmsg_read)
+    lines = []
+    try:
+        for line in kernel_log.kmsg_lines(r, threading.Event()):
+            lines.append(line)
+        raise AssertionError("EIO did not end the stream")
+    except OSError as e:
+        assert e.errno == errno.EIO
+    finally:
+        os.close(r)
+        os.close(w)
+    assert lines == ["amdgpu 0000:03:00.0: amdgpu: GPU reset begin!",
+                     "NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus."]
