@@ -1,5 +1,5 @@
 """Issue 28.1's acceptance, with the simulated card and the real tiny engine: a bisect whose engine is stopped from
-outside (SIGSTOP) for 15 s during a trial below stock, and whose own process is stopped by Ctrl-Z (SIGTSTP) during a
+outside (SIGSTOP) for 12 s during a trial below stock, and whose own process is stopped by Ctrl-Z (SIGTSTP) during a
 later one, ends as an undisturbed one does (-40 mV with a -52 mV limit) with nothing on the unsafe list.
 
 One run carries both faults (a run each would double it), on a 50 mV coarse step with a -50 mV floor: 0, then
@@ -7,8 +7,10 @@ One run carries both faults (a run each would double it), on a 50 mV coarse step
 a fault read as a failure at -50, in its trial or its confirmation, would move it). The engine is stopped in the
 first trial at -50 (it runs again), Ctrl-Z comes in the confirmation (it runs again too). Each moment is a program
 state read from the `--json` stream (a trial below stock has reported progress, so its engine is loading the card),
-never a time; 15 s is the length of the fault itself. 4 s trials are about 75 compared steps even at 50 ms a step
-(a pass needs 50); on a box loaded harder a trial too short to count runs again, longer, and changes nothing here."""
+never a time; 12 s is the length of the fault itself, past the 10 s of silence the watchdog reads as a hang on
+the CPU (max(10 s, 20 steps), for steps up to 0.6 s), so a stop counted as silence would show as one. 4 s trials
+are about 75 compared steps even at 50 ms a step (a pass needs 50); on a box loaded harder a trial too short to
+count runs again, longer, and changes nothing here."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from tests.cli_helpers import REPO
 from tuner.backends.simulated import SimulatedBackend
 from tuner.tuning import journal
 
-ENGINE_STOP_S = 15.0
+ENGINE_STOP_S = 12.0
 
 
 def _wait_for(condition, timeout_s: float = 60.0) -> None:
