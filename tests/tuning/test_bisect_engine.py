@@ -25,7 +25,12 @@ from tuner.tuning.job import BisectJob, BisectParams
 from tuner.tuning.trial import TrialParams, default_engine_factory, run_trial
 
 SIM = ["--simulate", "--sim-vmin", "-22"]
-FAST = ["--trial", "6s", "--confirm", "8s", "--preset", "tiny"]
+# Only a pass below stock needs a length: 50 steps compared after the 5-step warm-up (tuner/tuning/evidence.py);
+# the baseline and its replay at stock are exempt, and a failure comes within a few steps. On a 2-core box the tiny
+# preset runs about 15-25 steps a second in a trial and 8-12 in a confirmation (mixed mode), so 4 s and 8 s give
+# 60-100 and 65-95. Shorter, a pass is often too short to count (3 s confirmations gave 30-35 steps) and runs again
+# 4x longer, with one engine start more: the tests allow that (a loaded box), but it costs more than it saves.
+FAST = ["--trial", "4s", "--confirm", "8s", "--preset", "tiny"]
 QUICK = ["--trial", "3s", "--confirm", "3s", "--preset", "tiny"]  # no fault needs catching: short is fine
 # the kill lands in the trial at -10; a floor there ends the resumed search at the first value that decides it (in
 # this boot: -10 again, then its confirmation, not a descent to -30; after a reset: -5 and its confirmation, as
