@@ -7,7 +7,8 @@ pty's master closed (with and without the SIGHUP a controlling terminal brings),
 and then SIGTERM, or a storm of signals; while a keep-or-revert is open, or while a bisect runs its engine.
 Before the fix each one hung (killed by the test after its bound) with the card left at the unconfirmed value.
 The two whose terminal stops reading run the same entry point with one of the product's waits shortened
-(`_short_waits`), a wait their assertions do not measure.
+(`_short_waits`), a wait their assertions do not measure; one of them also ends the keep-or-revert countdown once
+the UI is blocked rather than waiting out its 15 s.
 """
 
 from __future__ import annotations
@@ -37,15 +38,27 @@ EXIT_BOUND_S = 90.0  # generous: make_safe, then at most the guard's grace (10 s
 ANSI = re.compile(rb"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
 
 
-def _short_waits(*, overdue_s: float | None = None, grace_s: float | None = None) -> list[str]:
+def _short_waits(*, overdue_s: float | None = None, grace_s: float | None = None,
+                 countdown_ends_on: Path | None = None) -> list[str]:
     """`tuner` as its console script runs it (tuner.cli.main), with the App's OVERDUE_S (how long a keep-or-revert
     may stay pending past its countdown before the guard's thread reverts it for a stuck event loop; 5 s) or the
-    hang-up guard's grace (how long the process may take to end by itself once the cards are safe; 10 s) shorter.
+    hang-up guard's grace (how long the process may take to end by itself once the cards are safe; 10 s) shorter,
+    or (`countdown_ends_on`) a keep-or-revert countdown whose clock moves past its 15 s once that file exists, so
+    the test ends the countdown at a state it chose (the UI blocked) instead of waiting it out.
     Which path runs, and its end state, are the product's own; only the idle wait before it is shorter."""
     code = ["import sys", "from tuner.app import hangup, tuner_app", "from tuner.cli import main",
             "sys.argv[0] = 'tuner'"]
     if overdue_s is not None:
         code += [f"assert tuner_app.OVERDUE_S > {overdue_s!r}", f"tuner_app.OVERDUE_S = {overdue_s!r}"]
+    if countdown_ends_on is not None:
+        code += ["import os",
+                 "from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S",
+                 "prepare_setting = tuner_app.prepare_setting",
+                 "def prepare(backend, request, *, clock, **kwargs):",
+                 f"    def moved() -> float:  # past the countdown's end once {str(countdown_ends_on)!r} exists",
+                 f"        return clock() + (DEFAULT_TIMEOUT_S if os.path.exists({str(countdown_ends_on)!r}) else 0.0)",
+                 "    return prepare_setting(backend, request, clock=moved, **kwargs)",
+                 "tuner_app.prepare_setting = prepare"]
     if grace_s is not None:
         code += ["assert tuner_app.HangUpGuard is hangup.HangUpGuard",
                  "class Guard(hangup.HangUpGuard):",
@@ -245,15 +258,19 @@ def test_sigterm_with_a_terminal_that_stopped_reading_reverts_and_exits_130(tune
 
 
 @pytest.mark.heavy(seconds=20)
-def test_a_terminal_that_stopped_reading_cannot_hold_an_unconfirmed_setting(tuners):
+def test_a_terminal_that_stopped_reading_cannot_hold_an_unconfirmed_setting(tuners, tmp_path):
     """No signal at all: the terminal just stops reading while the keep-or-revert counts down. The countdown runs
     on the blocked event loop, so the unconfirmed -10 mV stayed on the card as long as the stall lasted. Now it is
     reverted soon after its 15 s (the guard's thread reverts what is still pending OVERDUE_S later: 1 s here, 5 s
-    in the product), and the UI carries on when the terminal reads again."""
-    tuner = tuners(command=_short_waits(overdue_s=1.0))
+    in the product), and the UI carries on when the terminal reads again. The 15 s end here once the UI is seen
+    blocked (the countdown's clock is moved past them: `_short_waits`), not after 15 s of waiting; the countdown
+    still ends during the stall, as in the field."""
+    expire = tmp_path / "countdown-over"
+    tuner = tuners(command=_short_waits(overdue_s=1.0, countdown_ends_on=expire))
     _open_keep_or_revert(tuner)
     _stall(tuner)
     assert _card_offset() == -10  # still there once the UI is blocked: what reverts it now is the guard's thread
+    expire.touch()  # the countdown is over, with the event loop that runs it still blocked
     deadline = time.monotonic() + EXIT_BOUND_S
     while _card_offset() != 0 and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -321,7 +338,9 @@ def test_terminal_gone_during_a_bisect_stops_the_engine_and_the_trial_runs_again
     from tuner.app import form_memory
     from tuner.tuning import journal
 
-    form_memory.remember(SimulatedBackend().devices()[0], {"trial": "2s", "confirm": "2s"})  # short trials
+    # short trials: the cut comes in the third (the first below stock); the two before it, the stock baseline and its
+    # replay, pass however short (no least number of compared steps at stock: tuner.tuning.evidence.judge)
+    form_memory.remember(SimulatedBackend().devices()[0], {"trial": "1s", "confirm": "1s"})
     tuner = tuners("--sim-vmin", "-52")
     tuner.wait_for("Dashboard", "SIMULATED")
     tuner.press("3")

@@ -80,8 +80,9 @@ async def test_no_to_the_reference_question_starts_nothing(tmp_path):
 async def test_profile_from_another_card_is_verified_and_reverted_when_it_fails(tmp_path):
     """A profile proven on another card of the same model is verified on this one before it is kept: a stock
     reference recorded first (as long as the trial), then the trial at -70, 10 mV past this card's limit, fails and
-    the card is reverted. The simulated fault is seeded and lands on the trial's first steps, so a 2 s trial is
-    plenty (the verdict does not depend on the length; the product's default is 5 minutes)."""
+    the card is reverted. The simulated fault is seeded and lands on the trial's first steps, so a 1 s trial (and a
+    1 s reference, which holds those steps) is plenty (the verdict does not depend on the length; the product's
+    default is 5 minutes)."""
     from dataclasses import replace
 
     from tuner.profiles import build_profile, save_profile
@@ -90,7 +91,7 @@ async def test_profile_from_another_card_is_verified_and_reverted_when_it_fails(
     backend = sim_backend(tmp_path, vmin_mv=-60)
     other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card
     save_profile(build_profile("theirs", other, backend.knob("sim0"), -70))
-    app = make_app(tmp_path, backend=backend, samples=1, verify_duration_s=2.0)
+    app = make_app(tmp_path, backend=backend, samples=1, verify_duration_s=1.0)
     async with app.run_test(size=(80, 24)) as pilot:
         await open_profiles(pilot, app)
         await pilot.press("a")
