@@ -110,6 +110,14 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
     return ProfileApply(profile, device, knob, result, verify_required, tuple(warnings), Workload.of_profile(profile))
 
 
+def profile_lock_note(plan: ProfileApply) -> str | None:
+    """What a front end says when the profile's lock clock comes with its value (None: the lock stays)."""
+    lock = _lock_to_set(plan.profile, plan.knob)
+    if lock is None:
+        return None
+    return f"{plan.device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)"
+
+
 def set_profile_lock_clock(backend: Backend, plan: ProfileApply) -> str | None:
     """NVIDIA: the offset was proven at a locked max clock; lock to it before the value (as `set --lock-mhz`).
     Returns what was done, for the front end to say."""
@@ -117,7 +125,7 @@ def set_profile_lock_clock(backend: Backend, plan: ProfileApply) -> str | None:
     if lock is None:
         return None
     backend.set_lock_clock(plan.device.id, lock)
-    return f"{plan.device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)"
+    return profile_lock_note(plan)
 
 
 def verify_profile(backend: Backend, plan: ProfileApply, duration_s: float, *, on_line: Callable[[str], None],
