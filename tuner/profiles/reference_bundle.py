@@ -329,6 +329,9 @@ def read_bundle(path: Path) -> Bundle:
     except (UnicodeDecodeError, ValueError):
         raise BundleProblem(f"{where}: damaged (its content is not JSON)",
                             "copy the file again from where it was recorded") from None
+    except RecursionError:  # arrays nested past the interpreter's limit: no bundle nests so deep
+        raise BundleProblem(f"{where}: damaged (its content is nested too deeply)",
+                            "copy the file again from where it was recorded") from None
     return _validated(doc, where)
 
 
