@@ -122,3 +122,25 @@ def test_a_profile_saved_from_last_records_the_lock_the_trials_ran_at(boot, monk
         assert tuner(*NV, "profile", "show", name, "--json") == 0
         locks[name] = json.loads(capsys.readouterr().out)["setting"]["lock_clock_mhz"]
     assert locks == {"now": 1905, "later": 1905}
+
+
+def test_an_unconfirmed_apply_puts_back_the_lock_clock_the_card_had(monkeypatch, capsys):
+    """`tuner apply` set the profile's lock clock before the keep-or-revert change, outside it: a change not
+    confirmed then put the card's previous offset back at the profile's lock, a clock nobody confirmed (on NVIDIA
+    the lock is what the next write locks to, tuner/backends/nvidia.py `set_lock_clock`)."""
+    from dataclasses import replace
+
+    from tests.profiles.helpers import tuner as tuner_in_process
+    from tuner.profiles import build_profile, save_profile
+
+    backend = SimulatedBackend(gpus=1, kind="nvidia")  # one process: the lock lives in the backend, as on NVIDIA
+    monkeypatch.setattr("tuner.actions.context.open_backend", lambda **_kw: backend)
+    dev = backend.devices()[0]
+    profile = build_profile("nvlock", dev, backend.knob(dev.id), 45, kernel="6.14.0-test")
+    save_profile(replace(profile, setting=replace(profile.setting, lock_clock_mhz=2400)))
+    backend.set_lock_clock("sim0", 2280)
+    backend.apply("sim0", 30)  # the card holds +30 MHz locked at 2280 MHz before the apply
+    code, _out, err = tuner_in_process(capsys, *NV, "apply", "nvlock")  # stdin cannot answer: not confirmed
+    assert code == 8, err
+    knob = backend.knob("sim0")
+    assert (knob.current, knob.lock_clock_mhz) == (30, 2280)

@@ -21,7 +21,7 @@ from tests.actions.fakes import ClockOffsetSim
 from tests.tui.helpers import FakeClock
 from tuner import cli
 from tuner.actions.bisect import prepare_bisect
-from tuner.actions.profile_apply import plan_profile_apply, set_profile_lock_clock
+from tuner.actions.profile_apply import plan_profile_apply
 from tuner.actions.setting import SetRequest, prepare_setting
 from tuner.app.tuner_app import TunerApp
 from tuner.app.words import BISECT, for_people
@@ -152,8 +152,7 @@ def through_actions(case: Case, backend, started) -> tuple:
             plan = plan_profile_apply(backend, make_profile(backend, request), DEVICE, verify=True)
             if plan.verify_required:
                 return ("verify",)
-            set_profile_lock_clock(backend, plan)
-            change = prepare_setting(backend, SetRequest(DEVICE, plan.value))
+            change = prepare_setting(backend, plan.set_request())  # the lock clock with the value, as the UI does
             change.apply()
             change.keep()
         else:

@@ -83,3 +83,21 @@ def test_without_a_gpu_the_rest_of_the_status_still_shows(capsys, tmp_path, monk
     monkeypatch.setattr("tuner.backends.nvidia.import_nvml", lambda: None)
     code, out, _err = tuner(capsys, "service", "status")
     assert code == 0 and "cards       not read:" in out and "unit " in out
+
+
+@pytest.mark.parametrize("damage", [{"waited_s": "3 s"}, {"results": 7}, {"results": [{"card": []}]}])
+def test_a_last_run_record_with_a_field_of_another_type_is_not_a_traceback(capsys, boot, damage):
+    """The last boot run's record is read for the status (`read_last_run`); a field of another type (a hand edit,
+    another version's file) raised ValueError ("Unknown format code 'g'") or TypeError ("'int' object is not
+    iterable", "unhashable type") out of `service status`: a traceback instead of the cards' states."""
+    from tuner.core import kernel_files
+
+    save_profile(sim_profile("elsewhere", seed=9, value=-45), system=True)  # its card is missing: waited_s is read
+    save_profile(sim_profile("mine", value=-50), system=True)  # its card is here, not applied: results are read
+    path = boot_apply.last_run_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"finished_at": 1.0, "exit_code": 0, "boot_id": kernel_files.boot_id(), "lines": [],
+                                "results": [], "waited_s": 1.0, **damage}))
+    code, out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "service", "status")
+    assert code == 0, err
+    assert len(_card_lines(out)) == 2

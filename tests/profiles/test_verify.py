@@ -190,3 +190,26 @@ def test_a_damaged_bundled_reference_refuses_the_verify_before_the_lock_clock_is
         verify_profile(backend, plan, 5.0, on_line=lambda line: None)
     assert backend.lock_calls == [] and stress_calls == []
     assert backend.knob("sim0").current == 0
+
+
+def test_a_failed_verify_puts_back_the_lock_clock_the_card_had(stress_calls):
+    """`verify_profile` locked the card at the profile's clock before the trial and nothing put the old lock back:
+    a failed verify restored the card's previous offset at the profile's lock, a clock nobody confirmed (on NVIDIA
+    the lock is what the next write locks to, tuner/backends/nvidia.py `set_lock_clock`)."""
+    from dataclasses import replace
+
+    from tuner.actions.profile_apply import plan_profile_apply, verify_profile
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.profiles import build_profile
+
+    backend = SimulatedBackend(gpus=1, kind="nvidia", vmin_mv=100)  # faults past +100 MHz
+    profile = build_profile("too-far", backend.device("sim0"), backend.knob("sim0"), 150, kernel="6.14.0-test")
+    path = save_profile(replace(profile, setting=replace(profile.setting, lock_clock_mhz=2400)))
+    backend.set_lock_clock("sim0", 2280)
+    backend.apply("sim0", 30)  # the card holds +30 MHz locked at 2280 MHz before the verify
+    plan = plan_profile_apply(backend, profile.__class__.from_bytes(path.read_bytes(), source=path), "sim0",
+                              verify=True)
+    outcome = verify_profile(backend, plan, 5.0, on_line=lambda line: None)
+    assert outcome.verdict == "fail" and stress_calls
+    knob = backend.knob("sim0")
+    assert (knob.current, knob.lock_clock_mhz) == (30, 2280)

@@ -77,6 +77,30 @@ def test_bad_documents(tmp_path, damage, words):
     assert e.value.exit_code == exit_codes.USAGE
 
 
+@pytest.mark.parametrize("number", [b"NaN", b"-Infinity", b"1" * 5000])
+def test_a_number_json_does_not_have_is_one_bundle_problem(tmp_path, number):
+    """Python's json reads NaN and Infinity (not JSON) and refuses integers over 4,300 digits with a ValueError: a
+    hand-edited bundle with one of them escaped `read_bundle` (the content hash re-encodes with allow_nan=False) as
+    a traceback instead of one line."""
+    rb.write_bundle(bundle(tmp_path), tmp_path / "A.ref")
+    text = gzip.decompress((tmp_path / "A.ref").read_bytes())
+    (tmp_path / "B.ref").write_bytes(gzip.compress(text.replace(b'"bpb":null', b'"bpb":' + number)))
+    assert b'"bpb":null' in text
+    with pytest.raises(rb.BundleProblem) as e:
+        rb.read_bundle(tmp_path / "B.ref")
+    assert "damaged (its content is not JSON)" in e.value.one_line() and str(tmp_path / "B.ref") in e.value.message
+
+
+def test_a_deeply_nested_bundle_is_one_bundle_problem(tmp_path):
+    """A few hundred KiB of `[` inflate into JSON nested past Python's recursion limit: json.loads raised
+    RecursionError, a traceback (the profile reader already says "nested too deeply" for its TOML)."""
+    deep = b'{"format": "tuner-reference-bundle", "version": 1, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    (tmp_path / "B.ref").write_bytes(gzip.compress(deep))
+    with pytest.raises(rb.BundleProblem) as e:
+        rb.read_bundle(tmp_path / "B.ref")
+    assert "damaged" in e.value.one_line() and str(tmp_path / "B.ref") in e.value.message
+
+
 def test_a_newer_format_names_the_tuner_to_use(tmp_path):
     rb.write_bundle(bundle(tmp_path), tmp_path / "A.ref")
     doc = raw(tmp_path / "A.ref")

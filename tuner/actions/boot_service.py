@@ -334,7 +334,7 @@ def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
     """Each part against the card it was proven on, as that card reads now."""
     run = read_last_run() or {}
     this_boot = kernel_files.same_boot(run.get("boot_id"), kernel_files.boot_id())
-    results = {(r.get("profile"), r.get("card")): r for r in run.get("results", []) if isinstance(r, dict)}
+    results = _recorded_results(run)
     devices = backend.devices()
     out = []
     for profile in profiles:
@@ -345,6 +345,7 @@ def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
             device = proven_card(part, devices, backend)
             if device is None:
                 waited = run.get("waited_s") if this_boot else None
+                waited = waited if isinstance(waited, int | float) and not isinstance(waited, bool) else None
                 missing = "its card is not in this machine" + (
                     f" (the boot waited {waited:g} s for it, then applied the others)" if waited is not None else "")
                 out.append(CardState(name, card, None, None, setting.value, setting.unit, None, "missing", missing))
@@ -356,6 +357,15 @@ def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
             out.append(CardState(name, card, device.id, device.label, setting.value, setting.unit, knob.current,
                                  state, why))
     return out
+
+
+def _recorded_results(run: dict) -> dict[tuple[str | None, int | None], dict]:
+    """The last run's per-card results by (profile, card); the record is a file, so an entry of another shape (a
+    hand edit, another version's) is left out rather than trusted."""
+    listed = run.get("results")
+    return {(r.get("profile"), r.get("card")): r for r in (listed if isinstance(listed, list) else [])
+            if isinstance(r, dict) and isinstance(r.get("profile"), str | None)
+            and (r.get("card") is None or (isinstance(r.get("card"), int) and not isinstance(r.get("card"), bool)))}
 
 
 def _compare(knob: Knob, value: int, lock_mhz: int | None) -> tuple[str, str | None]:

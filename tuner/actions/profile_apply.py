@@ -1,10 +1,11 @@
 """Apply a saved profile: the identity rules, `--force` limits, the unsafe list and the lock clock, in one place.
 
 `tuner apply` and the Profiles screen both call `plan_profile_apply` (every check, nothing written) and then
-`set_profile_lock_clock` before they write the value (keep-or-revert or a direct apply), or `verify_profile` (a
-verify trial with the profile's own workload, lock clock and bundled reference). Rules (tuner.profiles.identity):
-another vendor or knob kind is always refused; another model needs `force`; another card of the same model needs a
-verify trial or `force`; the value must lie in the card's current range, on its step, and never overvolts.
+write `ProfileApply.set_request()` (the value with its lock clock, so a revert puts the card's lock back too;
+keep-or-revert or a direct apply), or `verify_profile` (a verify trial with the profile's own workload, lock clock
+and bundled reference). Rules (tuner.profiles.identity): another vendor or knob kind is always refused; another
+model needs `force`; another card of the same model needs a verify trial or `force`; the value must lie in the
+card's current range, on its step, and never overvolts.
 
 A rig profile (one part per card) goes through `plan_rig_apply` (every part checked, nothing written; each part's
 card found by serial, then PCI slot; a missing or different card refused unless `force`) and `prepare_rig_apply`
@@ -110,13 +111,11 @@ def plan_profile_apply(backend: Backend, profile: Profile, device_id: str | None
     return ProfileApply(profile, device, knob, result, verify_required, tuple(warnings), Workload.of_profile(profile))
 
 
-def set_profile_lock_clock(backend: Backend, plan: ProfileApply) -> str | None:
-    """NVIDIA: the offset was proven at a locked max clock; lock to it before the value (as `set --lock-mhz`).
-    Returns what was done, for the front end to say."""
+def profile_lock_note(plan: ProfileApply) -> str | None:
+    """What a front end says when the profile's lock clock comes with its value (None: the lock stays)."""
     lock = _lock_to_set(plan.profile, plan.knob)
     if lock is None:
         return None
-    backend.set_lock_clock(plan.device.id, lock)
     return f"{plan.device.id}: the offset is applied at a locked max graphics clock of {lock} MHz (as proven)"
 
 
@@ -127,11 +126,12 @@ def verify_profile(backend: Backend, plan: ProfileApply, duration_s: float, *, o
     then the profile's lock clock, then `verify_setting` with the profile's workload, compared with that bundle."""
     source = plan.profile.source
     bundled = None if source is None else rb.reference_beside(source)
-    locked = set_profile_lock_clock(backend, plan)
+    locked = profile_lock_note(plan)
     if locked:
         on_line(locked)
+    # the lock is set inside the verify, so anything but a pass puts back the lock the card had too
     return verify_setting(backend, plan.device.id, plan.value, duration_s, workload=plan.workload, bundled=bundled,
-                          on_line=on_line, stop_event=stop_event)
+                          on_line=on_line, stop_event=stop_event, lock_clock_mhz=plan.set_request().lock_clock_mhz)
 
 
 def _unapplied_fields(profile: Profile | ProfilePart, knob: Knob, backend: Backend) -> list[str]:

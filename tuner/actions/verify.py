@@ -127,16 +127,19 @@ def verify_setting(
     run_trial: TrialRunner | None = None,
     on_line: Callable[[str], None] = lambda line: None,
     stop_event: threading.Event | None = None,
+    lock_clock_mhz: int | None = None,
 ) -> VerifyOutcome:
     """Run one guarded trial at `value` (validated: never an overvolt), every step compared with a stock reference
-    (`bundled`, the profile's, when it fits; else recorded on this card first); keep `value` only on a pass."""
+    (`bundled`, the profile's, when it fits; else recorded on this card first); keep `value` only on a pass.
+    `lock_clock_mhz`: NVIDIA, the max clock to lock to first (a profile's); anything but a pass puts back the lock
+    the card had with its previous value."""
     from tuner.actions.stress import REFERENCE_RECORD_S
 
     run_trial = run_trial or bisect_trial
     stop_event = stop_event or threading.Event()
     knob = backend.knob(device_id)
     knob.validate(value)
-    previous = knob.current
+    previous, previous_lock = knob.current, knob.lock_clock_mhz
     verdict: str = Verdict.ERROR
     reason: str | None = "interrupted before the trial finished"
     choice = choose_reference(backend, device_id, workload, bundled)
@@ -145,6 +148,8 @@ def verify_setting(
                                                                                          backend=backend), \
             tempfile.TemporaryDirectory(prefix="tuner-verify-") as work:
         try:
+            if lock_clock_mhz is not None:
+                backend.set_lock_clock(device_id, lock_clock_mhz)
             reference = None if choice.bundle is None else rb.materialize(choice.bundle, Path(work))
             record_s = min(duration_s, REFERENCE_RECORD_S)
             for _attempt in range(2):
@@ -171,10 +176,14 @@ def verify_setting(
                 if verdict == Verdict.PASS:
                     backend.apply(device_id, value)
                     backend.keep(device_id)  # kept on a pass (through the root helper, it stops reverting)
-                elif previous == knob.stock:
-                    backend.reset(device_id)
                 else:
-                    backend.apply(device_id, previous, allow_overvolt=True)  # restoring is never a new overvolt
+                    if lock_clock_mhz is not None and previous_lock is not None:
+                        # the lock first: restoring the value re-locks at it (a reset releases it)
+                        backend.set_lock_clock(device_id, previous_lock)
+                    if previous == knob.stock:
+                        backend.reset(device_id)
+                    else:
+                        backend.apply(device_id, previous, allow_overvolt=True)  # never a new overvolt
     return VerifyOutcome(verdict, reason, previous, backend.knob(device_id), choice.said())
 
 

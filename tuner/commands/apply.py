@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from argparse import Namespace
+from dataclasses import replace
 
 from tuner.actions.boot_apply import run_boot_apply
 from tuner.actions.context import Context
@@ -14,7 +15,7 @@ from tuner.actions.profile_apply import (
     plan_profile_apply,
     plan_rig_apply,
     prepare_rig_apply,
-    set_profile_lock_clock,
+    profile_lock_note,
     verify_profile,
 )
 from tuner.actions.profile_store import load_profile
@@ -100,21 +101,22 @@ def run(args: Namespace, ctx: Context) -> int:
                   f"{format_value(outcome.knob.current, outcome.knob.unit)}")
         return exit_codes.OK if outcome.passed else exit_codes.TEST_FAILED
 
-    locked = set_profile_lock_clock(backend, plan)
+    # the lock clock goes with the value in one request, so a revert puts back the lock the card had too
+    request = replace(plan.set_request(), ignore_unsafe=args.ignore_unsafe)
+    locked = profile_lock_note(plan)
     if locked:
         print(locked, file=sys.stderr)
     if not args.yes:
-        return _apply_with_confirmation(args, ctx, plan)
-    after = apply_setting_now(backend, SetRequest(device.id, value, ignore_unsafe=args.ignore_unsafe))
+        return _apply_with_confirmation(args, ctx, plan, request)
+    after = apply_setting_now(backend, request)
     _report(args, profile, device, result, after)
     return exit_codes.OK
 
 
-def _apply_with_confirmation(args: Namespace, ctx: Context, plan: ProfileApply) -> int:
+def _apply_with_confirmation(args: Namespace, ctx: Context, plan: ProfileApply, request: SetRequest) -> int:
     """The same keep-or-revert confirmation as `tuner set`: kept only on a yes within the timeout."""
     profile, device, result = plan.profile, plan.device, plan.match
-    change = prepare_setting(ctx.backend, SetRequest(device.id, plan.value, ignore_unsafe=args.ignore_unsafe),
-                             purpose=f"tuner apply {profile.name}")
+    change = prepare_setting(ctx.backend, request, purpose=f"tuner apply {profile.name}")
     answer = keep_or_revert(
         change, announce=lambda c: say_applied(c, device, f" from {profile.name!r}", as_json=args.json))
     if change.kept:

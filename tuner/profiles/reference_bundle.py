@@ -323,11 +323,20 @@ def read_bundle(path: Path) -> Bundle:
         raise BundleProblem(f"{where}: truncated or damaged ({str(e) or type(e).__name__})",
                             "copy the file again from where it was recorded") from None
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        # NaN and Infinity are not JSON (the hash is over strict JSON); a ValueError also says an integer is over
+        # Python's 4,300-digit conversion limit
+        doc = json.loads(raw, parse_constant=_not_json)
+    except (UnicodeDecodeError, ValueError):
         raise BundleProblem(f"{where}: damaged (its content is not JSON)",
                             "copy the file again from where it was recorded") from None
+    except RecursionError:  # arrays nested past the interpreter's limit: no bundle nests so deep
+        raise BundleProblem(f"{where}: damaged (its content is nested too deeply)",
+                            "copy the file again from where it was recorded") from None
     return _validated(doc, where)
+
+
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _inflate(data: bytes) -> bytes:
