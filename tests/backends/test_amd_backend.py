@@ -78,6 +78,22 @@ def test_gcn_lower_states_follow_and_floor_at_vddc_min(tmp_path):
     assert fio.commands()[:2] == ["s 1 600 740", "s 2 900 870"] and fio.commands()[-1] == "c"
 
 
+@pytest.mark.parametrize(("fmt", "expected"), [
+    ("vega20-navi1x", ["vc 1 1400 825", "vc 2 2000 1155", "c"]),
+    ("gcn", [f"s {i} {mhz} {mv + 5}" for i, mhz, mv in
+             ((1, 600, 760), (2, 900, 900), (3, 1100, 1100), (4, 1200, 1130), (5, 1250, 1140), (6, 1300, 1150),
+              (7, 1350, 1160))] + ["c"]),
+])
+def test_an_overvolt_asked_for_on_a_curve_is_written(tmp_path, fmt, expected):
+    # The knob's range reaches above stock (VDDC_CURVE_VOLT[2] / VDDC up to 1180 / 1200 mV) and --allow-overvolt
+    # asks for it: the raised points are written, not silently left out and then reported as refused by the card.
+    backend, fio = amd_on_fake_kernel(tmp_path, [fmt])
+    dev = backend.devices()[0].id
+    assert backend.knob(dev).max > 5
+    assert backend.apply(dev, 5, allow_overvolt=True).current == 5
+    assert fio.commands() == expected
+
+
 def test_rdna2_range_is_built_in_and_flagged(tmp_path):
     backend, _ = amd_on_fake_kernel(tmp_path, ["rdna2"])
     knob = backend.knob(backend.devices()[0].id)

@@ -299,8 +299,10 @@ class AmdBackend(Backend):
             # The kernel checks the clock before the voltage: a stock point outside OD_RANGE must move into it.
             mhz = od.clamp_point_mhz(table, p.index, od.point_mhz(cur if cur is not None else p))
             mv = od.clamp_point_mv(table, p.index, od.point_mv(p))
-            if mv > stock_mv.get(p.index, mv):
-                continue  # a stock voltage below the range cannot be written back; raising it would overvolt
+            if mv > od.point_mv(p) and mv > stock_mv.get(p.index, mv):
+                # a stock voltage below the range cannot be written back; the clamp raising it would overvolt
+                # (an overvolt asked for with allow_overvolt is the target itself, not a clamp, and is written)
+                continue
             if table.format == od.NAVI1X:
                 cmds.append(od.encode_vc(p.index, mhz, mv))
             else:
