@@ -19,7 +19,7 @@ from tuner.backends.amd_sysfs import (
 from tuner.core.errors import DeviceLost, NotApplied, OutOfRange, PermissionDenied, Unsupported
 
 from .conftest import amd_on_fake_kernel
-from .fakes.fake_kernel import FakeOdKernel
+from .fakes.fake_kernel import FakeKernelIO, FakeOdKernel
 from .fakes.trees import OD_TEXT, make_card, make_tree
 
 
@@ -147,6 +147,33 @@ def test_apu_has_no_voltage_knob(tmp_path):
     with pytest.raises(Unsupported):
         backend.apply(dev, -10)
     assert backend.capabilities(dev).can_apply is False and fio.log == []
+
+
+@pytest.mark.parametrize(("text", "user_edit"), [
+    (OD_TEXT["apu"], b"s 1 2400\n"),
+    # a dGPU table without a voltage section (the board's FeatureCtrlMask lacks the VF-curve bit: control.md §2.3)
+    (("OD_SCLK:\n0: 500Mhz\n1: 2600Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1250MHz\nOD_RANGE:\nSCLK: 500Mhz 3000Mhz\n"
+      "MCLK: 97Mhz 1500Mhz\n"), b"s 1 2400\n"),
+    # RDNA4 with the clock offset but no OD_VDDGFX_OFFSET section: `vo` gets EINVAL there
+    (("OD_SCLK_OFFSET:\n0Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1259MHz\nOD_RANGE:\nSCLK_OFFSET: -500Mhz 1000Mhz\n"
+      "MCLK: 97Mhz 1500Mhz\n"), b"s 100\n"),
+])
+def test_reset_of_a_card_without_a_voltage_knob_writes_nothing(tmp_path, text, user_edit):
+    # `r` restores the whole overdrive table: on a card the tuner cannot tune it would only wipe the user's own
+    # clock settings. Reset touches only the voltage, and there is none here: unsupported (exit 4), nothing written.
+    make_tree(tmp_path, [])
+    make_card(tmp_path, 0, None, od_text=text)
+    (d,) = amd_card_dirs(tmp_path)
+    kernel = FakeOdKernel(text)
+    fio = FakeKernelIO({d / "pp_od_clk_voltage": kernel})
+    backend = amd.AmdBackend([d], root=tmp_path, sysfs=fio)
+    kernel.write(user_edit)  # the user's own clock setting, committed
+    kernel.write(b"c\n")
+    users = kernel.committed
+    with pytest.raises(Unsupported) as e:
+        backend.reset(backend.devices()[0].id)
+    assert e.value.exit_code == 4
+    assert fio.log == [] and kernel.committed == users
 
 
 def test_nothing_is_written_outside_the_allow_list(tmp_path):

@@ -248,14 +248,26 @@ class AmdBackend(Backend):
         ranges = {p.index: od.point_volt_range(table, p.index) for p in points}
         return {index: r[0] for index, r in ranges.items() if r is not None}
 
+    @staticmethod
+    def _voltage_format(card: _Card, table: od.OdTable) -> str:
+        """The table's format when it has a voltage the tuner can set, else Unsupported (nothing is written)."""
+        fmt = table.format
+        if fmt in od.VO_FORMATS and table.vddgfx_offset_mv is None:
+            raise Unsupported(f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)")
+        if fmt not in (*od.VO_FORMATS, od.RDNA3_EARLY, *od.CURVE_FORMATS):
+            raise Unsupported(
+                f"{card.info.id}: the {fmt} overdrive table has no voltage control",
+                "APUs and boards without a voltage section can only change clocks",
+            )
+        return fmt
+
     def _knob_from(self, card: _Card, table: od.OdTable) -> Knob:
-        fmt, source = table.format, "driver"
+        fmt, source = self._voltage_format(card, table), "driver"
         if fmt in od.VO_FORMATS or fmt == od.RDNA3_EARLY:
             if fmt == od.RDNA3_EARLY:
                 r, current = table.range("VDDC_CURVE"), min(od.point_mv(p) for p in table.vddc_curve)
-            elif table.vddgfx_offset_mv is None:
-                raise Unsupported(f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)")
             else:
+                assert table.vddgfx_offset_mv is not None  # always: _voltage_format refused a table without it
                 r, current = table.range("VDDGFX_OFFSET"), table.vddgfx_offset_mv
             lo, hi = (r.lo, r.hi) if r else od.RDNA2_BUILTIN_RANGE_MV
             source = "driver" if r else "built-in"
@@ -270,11 +282,6 @@ class AmdBackend(Backend):
                 lo, hi = volt_range
             lo, hi = lo - top_mv, hi - top_mv
             current = od.offset_of(stock, table.voltage_points)
-        else:
-            raise Unsupported(
-                f"{card.info.id}: the {fmt} overdrive table has no voltage control",
-                "APUs and boards without a voltage section can only change clocks",
-            )
         clamped: tuple[str, ...] = ()
         if fmt in od.CURVE_FORMATS and current != 0:
             clamped = od.clamp_report(table, self._stock_points(card, table), current)
@@ -374,8 +381,9 @@ class AmdBackend(Backend):
         return f"{device_id} carries a {current:+d} mV voltage offset the tuner did not set"
 
     def _voltage_commands(self, card: _Card, table: od.OdTable, value: int) -> list[str]:
-        """Commands (commit included) that set only the voltage to `value`, whatever the kernel has staged."""
-        fmt = table.format
+        """Commands (commit included) that set only the voltage to `value`, whatever the kernel has staged. A table
+        without a voltage is Unsupported: its `r` would only wipe the user's own clock settings."""
+        fmt = self._voltage_format(card, table)
         if fmt in od.VO_FORMATS or fmt == od.RDNA3_EARLY:
             # `vo`/anchors only: `r` would also restore the fan curve and memory clock (SMU13/14 restore the whole
             # overdrive table), undoing the user's other settings.
