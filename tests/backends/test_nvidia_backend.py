@@ -134,6 +134,17 @@ def test_each_error_is_typed(nv, code, error, exit_code):
         assert m.gpus[0].offset_mhz == 0 and m.gpus[0].locked is None
 
 
+def test_without_root_set_is_needs_root_with_nothing_written():
+    # Not root: NVML refuses every setter, the lock's reset included. The lock, the first write, was refused, so
+    # nothing needs restoring: exit 3 "run with sudo", not exit 5 "restoring also failed, run `sudo tuner reset`".
+    m = make_fake_nvml([FakeGpu()], root=False)
+    backend = nvidia.discover(m)
+    with pytest.raises(PermissionDenied) as e:
+        backend.apply(backend.devices()[0].id, 30)
+    assert e.value.exit_code == 3 and "sudo" in e.value.remedy and "restoring" not in e.value.message
+    assert m.gpus[0].offset_mhz == 0 and m.gpus[0].locked is None
+
+
 def test_lost_gpu_in_telemetry_is_device_lost(nv):
     m, backend, dev, _ = nv
     assert backend.telemetry(dev).voltage_mv is None

@@ -431,6 +431,7 @@ class NvidiaBackend(Backend):
         # The lock that came with the offset on the card now (None: at stock, or an offset the tuner did not set):
         # a failed apply puts it back with the offset.
         previous_lock = self._recorded_lock(device_id) if before.current != before.stock else None
+        lock: int | None = None
         try:
             lock = self._lock(device_id)
             # Recorded before the write: if the driver's read-back lies or the tuner dies, reset still knows.
@@ -442,6 +443,10 @@ class NvidiaBackend(Backend):
             self._unlock_quietly(device_id)
             raise
         except TunerError as e:
+            if isinstance(e, PermissionDenied) and lock is None:
+                # Not root: the lock, the first write, was refused, and so would every write of a restore
+                # (NVML answers NoPermission to each setter): nothing was written, say "needs root" as it is.
+                raise
             self._restore(device_id, before.current, e, previous_lock)
             raise
         if self.persistence_off(device_id):

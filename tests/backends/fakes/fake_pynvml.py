@@ -38,6 +38,11 @@ Strictness copied from the real thing:
     nvidia-ml-py answers FunctionNotFound (`missing`). `BoardLimit` (0x200) and `Reliability` (0x400) exist only
     as `nvmlClocksThrottleReason*` names, and only from 13.615 (NVML change log v610 -> v615).
   * Any of them may answer NotSupported or NoPermission (`fail`).
+- `root=False`: a caller without root. nvml.h says "Requires root/admin permissions" of every setter the backend
+  uses (nvmlDeviceSetGpuLockedClocks, nvmlDeviceResetGpuLockedClocks, nvmlDeviceSetClockOffsets,
+  nvmlDeviceSetGpcClkVfOffset, nvmlDeviceSetPersistenceMode) and lists NVML_ERROR_NO_PERMISSION "if the user
+  doesn't have permission to perform this operation": every one of them answers NoPermission, the reset of the
+  locked clocks too (`nvidia-smi -rgc` as a user: "Insufficient Permissions"), while the getters still answer.
 - Error counters, read-only, as pynvml.py (nvidia-ml-py 13.615.71) returns them: `nvmlDeviceGetTotalEccErrors(h,
   errorType, counterType)` a `c_ulonglong` count (NVML_MEMORY_ERROR_TYPE_CORRECTED 0 / UNCORRECTED 1,
   NVML_VOLATILE_ECC 0 / NVML_AGGREGATE_ECC 1); `nvmlDeviceGetRemappedRows(h)` the tuple (correctable rows,
@@ -157,6 +162,7 @@ def make_fake_nvml(
     missing: set[str] | None = None,
     fail: dict[str, int] | None = None,
     version: str = "13.580",
+    root: bool = True,
 ):
     """A module object standing in for pynvml. `missing`: NVML functions this driver lacks (FunctionNotFound);
     `fail`: function name -> NVML error code to return. `m.calls` logs (name, args) of every call."""
@@ -165,6 +171,7 @@ def make_fake_nvml(
     m.calls = []
     m.missing = set(missing or ())
     m.fail = dict(fail or {})
+    m.root = root
     m.NVMLError = NVMLError
     for name, cls in ((c.__name__, c) for c in NVMLError._by_code.values()):
         setattr(m, name, cls)
@@ -215,6 +222,8 @@ def make_fake_nvml(
                 raise NVMLError(CODES["NVML_ERROR_FUNCTION_NOT_FOUND"])
             if name in m.fail:
                 raise NVMLError(m.fail[name])
+            if not m.root and ("Set" in name or "Reset" in name):
+                raise NVMLError(CODES["NVML_ERROR_NO_PERMISSION"])
             if args and isinstance(args[0], FakeGpu) and args[0].lost:
                 raise NVMLError(CODES["NVML_ERROR_GPU_IS_LOST"])
             return fn(*args)
@@ -429,6 +438,8 @@ def make_fake_nvml(
         )
         if ret or "nvmlDeviceSetClockOffsets" in m.fail:
             return ret or m.fail["nvmlDeviceSetClockOffsets"]
+        if not m.root:
+            return CODES["NVML_ERROR_NO_PERMISSION"]
         if h.lost:
             return CODES["NVML_ERROR_GPU_IS_LOST"]
         if info.pstate not in h.offsets:
