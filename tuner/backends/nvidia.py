@@ -419,7 +419,9 @@ class NvidiaBackend(Backend):
         current, lo, hi = offsets[0] if 0 in offsets else offsets[None]  # P0's, or the whole curve's
         if current == 0:
             # some drivers read 0 for an applied offset: then the tuner's record of what it applied this boot says
-            current = int(self._record(device_id).get("offset_mhz", 0))
+            # (a value that is not a whole number, a damaged or hand-edited record, is no record)
+            recorded = self._record(device_id).get("offset_mhz", 0)
+            current = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else 0
         step = offset_step_mhz(self._supported_clocks(self._handle(device_id)))
         return Knob.offset(KnobKind.CLOCK_OFFSET, current, lo, hi, step, lock_clock_mhz=self.lock_clock_mhz(device_id))
 
