@@ -122,6 +122,24 @@ def parse_ras_count(text: str | None) -> dict[str, int] | None:
     return out or None
 
 
+def recorded_points(record: dict) -> tuple[od.Level, ...] | None:
+    """A stock record's points, or None when it is damaged or hand-edited: not a non-empty list of
+    [index, MHz, mV] whole numbers (JSON may hold anything there: Infinity, strings, a dict).
+
+    >>> recorded_points({"points": [[0, 800, 711], [2, 2100, 1191]]})
+    (Level(index=0, mhz=800, mv=711), Level(index=2, mhz=2100, mv=1191))
+    >>> recorded_points({"points": {"012": 0}}), recorded_points({"points": [[0, 800, 1e999]]})
+    (None, None)
+    """
+    points = record.get("points")
+    if not isinstance(points, list) or not points or not all(
+        isinstance(p, list) and len(p) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in p)
+        for p in points
+    ):
+        return None
+    return tuple(od.Level(i, mhz, mv) for i, mhz, mv in points)
+
+
 class AmdBackend(Backend):
     name = "amd"
 
@@ -230,8 +248,7 @@ class AmdBackend(Backend):
             record = card_records.load(card_records.STOCK, card.info.id)
             points = None
             if record and record.get("format") == table.format:
-                with contextlib.suppress(KeyError, TypeError, ValueError):  # a damaged record: read the table
-                    points = tuple(od.Level(int(i), int(mhz), int(mv)) for i, mhz, mv in record["points"])
+                points = recorded_points(record)  # None for a damaged record: read the table
             if points is None:
                 points = table.voltage_points
                 with contextlib.suppress(OSError):  # an unwritable state dir only loses the cross-run memory
