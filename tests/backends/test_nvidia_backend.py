@@ -145,6 +145,17 @@ def test_without_root_set_is_needs_root_with_nothing_written():
     assert m.gpus[0].offset_mhz == 0 and m.gpus[0].locked is None
 
 
+def test_a_card_without_locked_clocks_is_unsupported_with_nothing_written():
+    # Before Volta NVML refuses Set- and ResetGpuLockedClocks alike (NotSupported). The lock, the first write, was
+    # refused: exit 4 "not supported", not exit 5 "restoring also failed, run `sudo tuner reset`".
+    m = make_fake_nvml([FakeGpu(locks_supported=False)])
+    backend = nvidia.discover(m)
+    with pytest.raises(Unsupported) as e:
+        backend.apply(backend.devices()[0].id, 30)
+    assert e.value.exit_code == 4 and "restoring" not in e.value.message
+    assert m.gpus[0].offset_mhz == 0 and m.gpus[0].locked is None
+
+
 def test_lost_gpu_in_telemetry_is_device_lost(nv):
     m, backend, dev, _ = nv
     assert backend.telemetry(dev).voltage_mv is None

@@ -445,9 +445,9 @@ class NvidiaBackend(Backend):
             self._unlock_quietly(device_id)
             raise
         except TunerError as e:
-            if isinstance(e, PermissionDenied) and lock is None:
-                # Not root: the lock, the first write, was refused, and so would every write of a restore
-                # (NVML answers NoPermission to each setter): nothing was written, say "needs root" as it is.
+            if isinstance(e, PermissionDenied | Unsupported) and lock is None:
+                # The lock, the first write, was refused (not root; a card without locked clocks), and so would
+                # the restore's unlock be (NVML answers each setter alike): nothing was written, say why as it is.
                 raise
             self._restore(device_id, before.current, e, previous_lock)
             raise

@@ -38,11 +38,15 @@ Strictness copied from the real thing:
     nvidia-ml-py answers FunctionNotFound (`missing`). `BoardLimit` (0x200) and `Reliability` (0x400) exist only
     as `nvmlClocksThrottleReason*` names, and only from 13.615 (NVML change log v610 -> v615).
   * Any of them may answer NotSupported or NoPermission (`fail`).
-- `root=False`: a caller without root. nvml.h says "Requires root/admin permissions" of every setter the backend
-  uses (nvmlDeviceSetGpuLockedClocks, nvmlDeviceResetGpuLockedClocks, nvmlDeviceSetClockOffsets,
-  nvmlDeviceSetGpcClkVfOffset, nvmlDeviceSetPersistenceMode) and lists NVML_ERROR_NO_PERMISSION "if the user
-  doesn't have permission to perform this operation": every one of them answers NoPermission, the reset of the
-  locked clocks too (`nvidia-smi -rgc` as a user: "Insufficient Permissions"), while the getters still answer.
+- `root=False`: a caller without root. The NVML reference, "Device Commands" (the chapter of every setter the
+  backend uses: nvmlDeviceSetGpuLockedClocks, nvmlDeviceResetGpuLockedClocks, nvmlDeviceSetClockOffsets,
+  nvmlDeviceSetGpcClkVfOffset, nvmlDeviceSetPersistenceMode; docs.nvidia.com/deploy/nvml-api/
+  group__nvmlDeviceCommands.html): "Each of these requires root/admin access. Non-admin users will see an
+  NVML_ERROR_NO_PERMISSION error code when invoking any of these methods": every one of them answers
+  NoPermission, the reset of the locked clocks too, while the getters still answer.
+- `locks_supported=False`: a card without locked clocks. The NVML reference documents nvmlDeviceSetGpuLockedClocks
+  and nvmlDeviceResetGpuLockedClocks "For Volta or newer fully supported devices", NVML_ERROR_NOT_SUPPORTED "if the
+  device does not support this feature": the reset is refused like the set, not a no-op.
 - Error counters, read-only, as pynvml.py (nvidia-ml-py 13.615.71) returns them: `nvmlDeviceGetTotalEccErrors(h,
   errorType, counterType)` a `c_ulonglong` count (NVML_MEMORY_ERROR_TYPE_CORRECTED 0 / UNCORRECTED 1,
   NVML_VOLATILE_ECC 0 / NVML_AGGREGATE_ECC 1); `nvmlDeviceGetRemappedRows(h)` the tuple (correctable rows,
@@ -122,6 +126,7 @@ class FakeGpu:
     persistence_readback: int | None = None  # not None: the getter reports this whatever was set
     kept_alive: bool = False  # another client (an X server) keeps the GPU initialised with persistence off
     lost: bool = False
+    locks_supported: bool = True  # False: Set/ResetGpuLockedClocks answer NotSupported (before Volta)
     ignore_offsets: bool = False  # the driver accepts offsets but they do not stick (read-back stays put)
     readback_zero: bool = False  # offsets stick but the driver reports 0 for them
     snap_mhz: int | None = None  # the driver rounds offsets down to this increment
@@ -304,12 +309,16 @@ def make_fake_nvml(
 
     @api
     def nvmlDeviceSetGpuLockedClocks(h, lo, hi):
+        if not gpu(h).locks_supported:
+            raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
         if lo > hi:
             raise NVMLError(CODES["NVML_ERROR_INVALID_ARGUMENT"])
         gpu(h).locked = (lo, hi)
 
     @api
     def nvmlDeviceResetGpuLockedClocks(h):
+        if not gpu(h).locks_supported:
+            raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
         gpu(h).locked = None
 
     @api
