@@ -156,6 +156,16 @@ def test_a_card_without_locked_clocks_is_unsupported_with_nothing_written():
     assert m.gpus[0].offset_mhz == 0 and m.gpus[0].locked is None
 
 
+def test_reset_of_a_card_without_locked_clocks_puts_the_offset_back_and_succeeds():
+    # nvmlDeviceSetClockOffsets is "For Maxwell or newer", locked clocks "For Volta or newer" (NVML reference): a
+    # Pascal card takes offsets (another tool's, here) but has no lock to release. Its reset writes 0 and is done.
+    m = make_fake_nvml([FakeGpu(locks_supported=False)])
+    m.gpus[0].offsets[0] = 60
+    backend = nvidia.discover(m)
+    assert backend.reset(backend.devices()[0].id).current == 0
+    assert m.gpus[0].offsets[0] == 0
+
+
 def test_lost_gpu_in_telemetry_is_device_lost(nv):
     m, backend, dev, _ = nv
     assert backend.telemetry(dev).voltage_mv is None

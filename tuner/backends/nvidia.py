@@ -368,9 +368,12 @@ class NvidiaBackend(Backend):
             self._unlock(device_id)
 
     def _unlock(self, device_id: str) -> None:
-        """Release the locked graphics clock (`nvmlDeviceResetGpuLockedClocks`)."""
+        """Release the locked graphics clock (`nvmlDeviceResetGpuLockedClocks`). A card without locked clocks holds
+        no lock to release: the NVML reference gives offsets "For Maxwell or newer" but locked clocks "For Volta or
+        newer", so a Pascal card's reset answers NotSupported and is still done once its offsets are 0."""
         h = self._handle(device_id)
-        self._nv(lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
+        with contextlib.suppress(Unsupported):
+            self._nv(lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
 
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a clock offset the tuner did not set (PenguinBurner checks that every offset reads 0
