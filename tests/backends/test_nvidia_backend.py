@@ -196,6 +196,21 @@ def test_discover_returns_none_without_library_driver_or_cards(monkeypatch):
     assert nvidia.discover() is None
 
 
+def test_a_gpu_that_fell_off_the_bus_does_not_hide_the_others(capsys):
+    # After one card of a rig is lost (Xid 79: NVML answers GpuIsLost for it), the others still carry their
+    # offsets and locks: a new `tuner reset --all` must still see and reset them.
+    healthy = FakeGpu(bus_id=b"00000000:2B:00.0")
+    lost = FakeGpu(bus_id=b"00000000:2C:00.0", lost=True)
+    m = make_fake_nvml([lost, healthy])
+    healthy.offsets[0], healthy.locked = 60, (210, 2520)
+    backend = nvidia.discover(m)
+    assert backend is not None and [d.id for d in backend.devices()] == ["0000:2b:00.0"]
+    backend.reset("0000:2b:00.0")
+    assert healthy.offsets[0] == 0 and healthy.locked is None
+    assert "fallen off the bus" in capsys.readouterr().err
+    assert nvidia.discover(make_fake_nvml([FakeGpu(lost=True)])) is None  # none usable: no backend
+
+
 def test_telemetry_reports_the_enforced_power_limit(nv):
     m, backend, dev, _ = nv
     assert backend.telemetry(dev).power_limit_w == 350.0  # NVML answers in milliwatts

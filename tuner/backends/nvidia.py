@@ -137,8 +137,13 @@ class NvidiaBackend(Backend):
         self._pstates: dict[str, tuple[int, ...]] = {}
         driver = self._nv(lambda: _text(nvml.nvmlSystemGetDriverVersion()), "reading the driver version")
         for index in range(self._nv(nvml.nvmlDeviceGetCount, "counting GPUs")):
-            h = self._nv(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index), "opening a GPU")
-            info = self._describe(h, driver)
+            try:
+                h = self._nv(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index), "opening a GPU")
+                info = self._describe(h, driver)
+            except DeviceLost as e:
+                # one card that fell off the bus must not hide the others: they may still carry settings to reset
+                self._warn(f"NVIDIA GPU {index} is left out: {e.message}")
+                continue
             self._handles[info.id] = h
             self._infos.append(info)
 
@@ -633,7 +638,9 @@ def discover(nvml: Nvml | None = None) -> NvidiaBackend | None:
         return None
     with contextlib.suppress(nvml.NVMLError, TunerError):
         if nvml.nvmlDeviceGetCount() > 0:
-            return NvidiaBackend(nvml)
+            backend = NvidiaBackend(nvml)
+            if backend.devices():
+                return backend
     with contextlib.suppress(nvml.NVMLError):  # no card, or none usable: let go of the library
         nvml.nvmlShutdown()
     return None
