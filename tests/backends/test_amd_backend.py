@@ -19,7 +19,7 @@ from tuner.backends.amd_sysfs import (
 from tuner.core.errors import DeviceLost, NotApplied, OutOfRange, PermissionDenied, Unsupported
 
 from .conftest import amd_on_fake_kernel
-from .fakes.fake_kernel import FakeOdKernel
+from .fakes.fake_kernel import FakeKernelIO, FakeOdKernel
 from .fakes.trees import OD_TEXT, make_card, make_tree
 
 
@@ -78,6 +78,22 @@ def test_gcn_lower_states_follow_and_floor_at_vddc_min(tmp_path):
     assert fio.commands()[:2] == ["s 1 600 740", "s 2 900 870"] and fio.commands()[-1] == "c"
 
 
+@pytest.mark.parametrize(("fmt", "expected"), [
+    ("vega20-navi1x", ["vc 1 1400 825", "vc 2 2000 1155", "c"]),
+    ("gcn", [f"s {i} {mhz} {mv + 5}" for i, mhz, mv in
+             ((1, 600, 760), (2, 900, 900), (3, 1100, 1100), (4, 1200, 1130), (5, 1250, 1140), (6, 1300, 1150),
+              (7, 1350, 1160))] + ["c"]),
+])
+def test_an_overvolt_asked_for_on_a_curve_is_written(tmp_path, fmt, expected):
+    # The knob's range reaches above stock (VDDC_CURVE_VOLT[2] / VDDC up to 1180 / 1200 mV) and --allow-overvolt
+    # asks for it: the raised points are written, not silently left out and then reported as refused by the card.
+    backend, fio = amd_on_fake_kernel(tmp_path, [fmt])
+    dev = backend.devices()[0].id
+    assert backend.knob(dev).max > 5
+    assert backend.apply(dev, 5, allow_overvolt=True).current == 5
+    assert fio.commands() == expected
+
+
 def test_rdna2_range_is_built_in_and_flagged(tmp_path):
     backend, _ = amd_on_fake_kernel(tmp_path, ["rdna2"])
     knob = backend.knob(backend.devices()[0].id)
@@ -131,6 +147,33 @@ def test_apu_has_no_voltage_knob(tmp_path):
     with pytest.raises(Unsupported):
         backend.apply(dev, -10)
     assert backend.capabilities(dev).can_apply is False and fio.log == []
+
+
+@pytest.mark.parametrize(("text", "user_edit"), [
+    (OD_TEXT["apu"], b"s 1 2400\n"),
+    # a dGPU table without a voltage section (the board's FeatureCtrlMask lacks the VF-curve bit: control.md §2.3)
+    (("OD_SCLK:\n0: 500Mhz\n1: 2600Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1250MHz\nOD_RANGE:\nSCLK: 500Mhz 3000Mhz\n"
+      "MCLK: 97Mhz 1500Mhz\n"), b"s 1 2400\n"),
+    # RDNA4 with the clock offset but no OD_VDDGFX_OFFSET section: `vo` gets EINVAL there
+    (("OD_SCLK_OFFSET:\n0Mhz\nOD_MCLK:\n0: 97Mhz\n1: 1259MHz\nOD_RANGE:\nSCLK_OFFSET: -500Mhz 1000Mhz\n"
+      "MCLK: 97Mhz 1500Mhz\n"), b"s 100\n"),
+])
+def test_reset_of_a_card_without_a_voltage_knob_writes_nothing(tmp_path, text, user_edit):
+    # `r` restores the whole overdrive table: on a card the tuner cannot tune it would only wipe the user's own
+    # clock settings. Reset touches only the voltage, and there is none here: unsupported (exit 4), nothing written.
+    make_tree(tmp_path, [])
+    make_card(tmp_path, 0, None, od_text=text)
+    (d,) = amd_card_dirs(tmp_path)
+    kernel = FakeOdKernel(text)
+    fio = FakeKernelIO({d / "pp_od_clk_voltage": kernel})
+    backend = amd.AmdBackend([d], root=tmp_path, sysfs=fio)
+    kernel.write(user_edit)  # the user's own clock setting, committed
+    kernel.write(b"c\n")
+    users = kernel.committed
+    with pytest.raises(Unsupported) as e:
+        backend.reset(backend.devices()[0].id)
+    assert e.value.exit_code == 4
+    assert fio.log == [] and kernel.committed == users
 
 
 def test_nothing_is_written_outside_the_allow_list(tmp_path):

@@ -99,6 +99,9 @@ def test_van_gogh_extra_sections_are_tolerated():
         "OD_RANGE:\nSCLK: 1Mhz\n",
         "OD_VDDC_CURVE:\n0: 0mv\n1: 800MHz 700mV\n",
         "OD_SCLK:\nOD_SCLK:\n",
+        # longer than int() converts (4300 digits): a planted file under TUNER_SYSFS_ROOT; the kernel prints %d
+        "OD_VDDGFX_OFFSET:\n" + "1" * 5000 + "mV\n",
+        "OD_SCLK:\n" + "9" * 5000 + ": 500Mhz\n",
     ],
 )
 def test_garbage_raises_a_typed_parse_error(text):

@@ -60,6 +60,28 @@ def test_navi1x_achieved_offset_per_point_is_reported_when_a_floor_clamps_it(tmp
 # --- item 2: Vega20's `r` is not stock ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("points", [
+    [[0, 700, 720], [1, 1400, 820], [2, 2000, float("inf")]],  # json writes Infinity, int() cannot take it
+    {"012": 0},  # a dict: iterating gives "012", which unpacks into three one-digit "points"
+])
+def test_a_damaged_stock_record_is_ignored_and_the_table_read(tmp_path, points):
+    # The stock record is a JSON file in the user's state directory; damaged or hand-edited, it is no record (as
+    # _stock_points says): the table as read now is stock. Never a traceback, never a made-up offset.
+    import json
+
+    from tuner.backends import card_records
+
+    text = OD_TEXT["vega20-navi1x"]
+    backend, _, _, _ = _backend(tmp_path, text)
+    dev = backend.devices()[0].id
+    path = card_records._path(card_records.STOCK, dev)
+    record = json.loads(path.read_text())
+    record["points"] = points
+    path.write_text(json.dumps(record))
+    again, _, _, _ = _backend(tmp_path / "again", text)
+    assert again.knob(dev).current == 0
+
+
 def test_vega20_reset_writes_the_recorded_stock_points_not_r(tmp_path):
     backend, fio, kernel, _ = _backend(tmp_path, OD_TEXT["vega20-navi1x"], variant="vega20", device="0x66af")
     dev = backend.devices()[0].id

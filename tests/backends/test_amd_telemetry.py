@@ -94,6 +94,18 @@ def test_no_vram_files_is_none_not_zero(tmp_path):
     assert t.vram_used_mib is None and t.vram_total_mib is None
 
 
+@pytest.mark.parametrize("text", ["nan\n", "inf\n", "-infinity\n", "1" * 400 + "\n"])
+def test_a_figure_that_is_not_a_finite_number_is_none(tmp_path, text):
+    # amdgpu prints integers; float() also takes "nan", "inf" and overflows a long number to inf (a planted tree
+    # under TUNER_SYSFS_ROOT). Such a figure is unreadable, None ("n/a"), never NaN: NaN compares false with
+    # every limit, so a check on it (temperature, power) would silently never fire.
+    backend, _io, dev = _backend(tmp_path)
+    for name in ("in0_input", "power1_average", "temp1_input"):
+        (_hwmon(tmp_path) / name).write_text(text)
+    t = backend.telemetry(dev)
+    assert (t.voltage_mv, t.power_w, t.temp_edge_c) == (None, None, None)
+
+
 def test_power_cap_that_the_driver_cannot_read_is_none(tmp_path):
     backend, _io, dev = _backend(tmp_path)
     hw = _hwmon(tmp_path)

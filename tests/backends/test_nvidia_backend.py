@@ -134,6 +134,38 @@ def test_each_error_is_typed(nv, code, error, exit_code):
         assert m.gpus[0].offset_mhz == 0 and m.gpus[0].locked is None
 
 
+def test_without_root_set_is_needs_root_with_nothing_written():
+    # Not root: NVML refuses every setter, the lock's reset included. The lock, the first write, was refused, so
+    # nothing needs restoring: exit 3 "run with sudo", not exit 5 "restoring also failed, run `sudo tuner reset`".
+    m = make_fake_nvml([FakeGpu()], root=False)
+    backend = nvidia.discover(m)
+    with pytest.raises(PermissionDenied) as e:
+        backend.apply(backend.devices()[0].id, 30)
+    assert e.value.exit_code == 3 and "sudo" in e.value.remedy and "restoring" not in e.value.message
+    assert m.gpus[0].offset_mhz == 0 and m.gpus[0].locked is None
+
+
+def test_a_card_without_locked_clocks_is_unsupported_with_nothing_written():
+    # Before Volta NVML refuses Set- and ResetGpuLockedClocks alike (NotSupported). The lock, the first write, was
+    # refused: exit 4 "not supported", not exit 5 "restoring also failed, run `sudo tuner reset`".
+    m = make_fake_nvml([FakeGpu(locks_supported=False)])
+    backend = nvidia.discover(m)
+    with pytest.raises(Unsupported) as e:
+        backend.apply(backend.devices()[0].id, 30)
+    assert e.value.exit_code == 4 and "restoring" not in e.value.message
+    assert m.gpus[0].offset_mhz == 0 and m.gpus[0].locked is None
+
+
+def test_reset_of_a_card_without_locked_clocks_puts_the_offset_back_and_succeeds():
+    # nvmlDeviceSetClockOffsets is "For Maxwell or newer", locked clocks "For Volta or newer" (NVML reference): a
+    # Pascal card takes offsets (another tool's, here) but has no lock to release. Its reset writes 0 and is done.
+    m = make_fake_nvml([FakeGpu(locks_supported=False)])
+    m.gpus[0].offsets[0] = 60
+    backend = nvidia.discover(m)
+    assert backend.reset(backend.devices()[0].id).current == 0
+    assert m.gpus[0].offsets[0] == 0
+
+
 def test_lost_gpu_in_telemetry_is_device_lost(nv):
     m, backend, dev, _ = nv
     assert backend.telemetry(dev).voltage_mv is None
@@ -162,6 +194,21 @@ def test_discover_returns_none_without_library_driver_or_cards(monkeypatch):
     assert nvidia.discover(make_fake_nvml(gpus=[])) is None
     monkeypatch.setattr(nvidia, "import_nvml", lambda: None)
     assert nvidia.discover() is None
+
+
+def test_a_gpu_that_fell_off_the_bus_does_not_hide_the_others(capsys):
+    # After one card of a rig is lost (Xid 79: NVML answers GpuIsLost for it), the others still carry their
+    # offsets and locks: a new `tuner reset --all` must still see and reset them.
+    healthy = FakeGpu(bus_id=b"00000000:2B:00.0")
+    lost = FakeGpu(bus_id=b"00000000:2C:00.0", lost=True)
+    m = make_fake_nvml([lost, healthy])
+    healthy.offsets[0], healthy.locked = 60, (210, 2520)
+    backend = nvidia.discover(m)
+    assert backend is not None and [d.id for d in backend.devices()] == ["0000:2b:00.0"]
+    backend.reset("0000:2b:00.0")
+    assert healthy.offsets[0] == 0 and healthy.locked is None
+    assert "fallen off the bus" in capsys.readouterr().err
+    assert nvidia.discover(make_fake_nvml([FakeGpu(lost=True)])) is None  # none usable: no backend
 
 
 def test_telemetry_reports_the_enforced_power_limit(nv):

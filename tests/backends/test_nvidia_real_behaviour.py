@@ -40,6 +40,27 @@ def test_read_back_of_zero_is_unverified_not_restored_and_reset_still_writes_zer
     assert gpu.offsets[0] == 0 and gpu.offsets[2] == 0 and gpu.locked is None
 
 
+@pytest.mark.parametrize("damaged", ["ninety", [90], {"0": 90}, 1e308 * 10])
+def test_a_damaged_offset_in_the_record_is_ignored_not_a_traceback(damaged):
+    # The record is a JSON file in the user's state directory: hand-edited or damaged, its offset may be any JSON
+    # value. The lock beside it is type-checked (_recorded_lock); the offset must be too, since knob() falls back to
+    # it when the driver reads 0. A value that is not a whole number is no record: the driver's 0 stands.
+    import json
+
+    from tuner.backends import card_records
+
+    m, backend, dev, _ = _nv(FakeGpu(readback_zero=True))
+    backend.apply(dev, 90)
+    path = card_records._path(card_records.APPLIED, "GPU-00000000-fake")
+    record = json.loads(path.read_text())
+    record["offset_mhz"] = damaged
+    path.write_text(json.dumps(record))
+    again = nvidia.NvidiaBackend(m)
+    assert again.knob(dev).current == 0
+    again.reset(dev)  # and reset still writes 0 everywhere the card may hold an offset
+    assert m.gpus[0].offsets[0] == 0 and m.gpus[0].locked is None
+
+
 def test_a_lost_gpu_mid_apply_still_releases_the_lock():
     m, backend, dev, _ = _nv()
     m.fail["nvmlDeviceSetClockOffsets"] = CODES["NVML_ERROR_GPU_IS_LOST"]

@@ -122,6 +122,24 @@ def parse_ras_count(text: str | None) -> dict[str, int] | None:
     return out or None
 
 
+def recorded_points(record: dict) -> tuple[od.Level, ...] | None:
+    """A stock record's points, or None when it is damaged or hand-edited: not a non-empty list of
+    [index, MHz, mV] whole numbers (JSON may hold anything there: Infinity, strings, a dict).
+
+    >>> recorded_points({"points": [[0, 800, 711], [2, 2100, 1191]]})
+    (Level(index=0, mhz=800, mv=711), Level(index=2, mhz=2100, mv=1191))
+    >>> recorded_points({"points": {"012": 0}}), recorded_points({"points": [[0, 800, 1e999]]})
+    (None, None)
+    """
+    points = record.get("points")
+    if not isinstance(points, list) or not points or not all(
+        isinstance(p, list) and len(p) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in p)
+        for p in points
+    ):
+        return None
+    return tuple(od.Level(i, mhz, mv) for i, mhz, mv in points)
+
+
 class AmdBackend(Backend):
     name = "amd"
 
@@ -230,8 +248,7 @@ class AmdBackend(Backend):
             record = card_records.load(card_records.STOCK, card.info.id)
             points = None
             if record and record.get("format") == table.format:
-                with contextlib.suppress(KeyError, TypeError, ValueError):  # a damaged record: read the table
-                    points = tuple(od.Level(int(i), int(mhz), int(mv)) for i, mhz, mv in record["points"])
+                points = recorded_points(record)  # None for a damaged record: read the table
             if points is None:
                 points = table.voltage_points
                 with contextlib.suppress(OSError):  # an unwritable state dir only loses the cross-run memory
@@ -248,14 +265,26 @@ class AmdBackend(Backend):
         ranges = {p.index: od.point_volt_range(table, p.index) for p in points}
         return {index: r[0] for index, r in ranges.items() if r is not None}
 
+    @staticmethod
+    def _voltage_format(card: _Card, table: od.OdTable) -> str:
+        """The table's format when it has a voltage the tuner can set, else Unsupported (nothing is written)."""
+        fmt = table.format
+        if fmt in od.VO_FORMATS and table.vddgfx_offset_mv is None:
+            raise Unsupported(f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)")
+        if fmt not in (*od.VO_FORMATS, od.RDNA3_EARLY, *od.CURVE_FORMATS):
+            raise Unsupported(
+                f"{card.info.id}: the {fmt} overdrive table has no voltage control",
+                "APUs and boards without a voltage section can only change clocks",
+            )
+        return fmt
+
     def _knob_from(self, card: _Card, table: od.OdTable) -> Knob:
-        fmt, source = table.format, "driver"
+        fmt, source = self._voltage_format(card, table), "driver"
         if fmt in od.VO_FORMATS or fmt == od.RDNA3_EARLY:
             if fmt == od.RDNA3_EARLY:
                 r, current = table.range("VDDC_CURVE"), min(od.point_mv(p) for p in table.vddc_curve)
-            elif table.vddgfx_offset_mv is None:
-                raise Unsupported(f"{card.info.id}: this board exposes no voltage offset (no OD_VDDGFX_OFFSET)")
             else:
+                assert table.vddgfx_offset_mv is not None  # always: _voltage_format refused a table without it
                 r, current = table.range("VDDGFX_OFFSET"), table.vddgfx_offset_mv
             lo, hi = (r.lo, r.hi) if r else od.RDNA2_BUILTIN_RANGE_MV
             source = "driver" if r else "built-in"
@@ -270,11 +299,6 @@ class AmdBackend(Backend):
                 lo, hi = volt_range
             lo, hi = lo - top_mv, hi - top_mv
             current = od.offset_of(stock, table.voltage_points)
-        else:
-            raise Unsupported(
-                f"{card.info.id}: the {fmt} overdrive table has no voltage control",
-                "APUs and boards without a voltage section can only change clocks",
-            )
         clamped: tuple[str, ...] = ()
         if fmt in od.CURVE_FORMATS and current != 0:
             clamped = od.clamp_report(table, self._stock_points(card, table), current)
@@ -299,8 +323,10 @@ class AmdBackend(Backend):
             # The kernel checks the clock before the voltage: a stock point outside OD_RANGE must move into it.
             mhz = od.clamp_point_mhz(table, p.index, od.point_mhz(cur if cur is not None else p))
             mv = od.clamp_point_mv(table, p.index, od.point_mv(p))
-            if mv > stock_mv.get(p.index, mv):
-                continue  # a stock voltage below the range cannot be written back; raising it would overvolt
+            if mv > od.point_mv(p) and mv > stock_mv.get(p.index, mv):
+                # a stock voltage below the range cannot be written back; the clamp raising it would overvolt
+                # (an overvolt asked for with allow_overvolt is the target itself, not a clamp, and is written)
+                continue
             if table.format == od.NAVI1X:
                 cmds.append(od.encode_vc(p.index, mhz, mv))
             else:
@@ -372,8 +398,9 @@ class AmdBackend(Backend):
         return f"{device_id} carries a {current:+d} mV voltage offset the tuner did not set"
 
     def _voltage_commands(self, card: _Card, table: od.OdTable, value: int) -> list[str]:
-        """Commands (commit included) that set only the voltage to `value`, whatever the kernel has staged."""
-        fmt = table.format
+        """Commands (commit included) that set only the voltage to `value`, whatever the kernel has staged. A table
+        without a voltage is Unsupported: its `r` would only wipe the user's own clock settings."""
+        fmt = self._voltage_format(card, table)
         if fmt in od.VO_FORMATS or fmt == od.RDNA3_EARLY:
             # `vo`/anchors only: `r` would also restore the fan curve and memory clock (SMU13/14 restore the whole
             # overdrive table), undoing the user's other settings.

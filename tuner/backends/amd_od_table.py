@@ -98,6 +98,15 @@ _RANGE_LINE = re.compile(r"([A-Z][A-Z0-9_]*(?:\[\d+\])?):\s*(.*)")
 _UNITS = {"mhz": "MHz", "mv": "mV"}
 
 
+def _number(digits: str, line: str) -> int:
+    """`int(digits)`; a number longer than int() converts (4300 digits: only a planted file, the kernel prints %d)
+    is an OdParseError like any other text the tuner does not expect."""
+    try:
+        return int(digits)
+    except ValueError:
+        raise OdParseError(f"number too long in pp_od_clk_voltage line {line[:40]!r}...") from None
+
+
 def _values(text: str, line: str) -> list[tuple[int, str]]:
     """`"  852Mhz   800mV"` -> [(852, "MHz"), (800, "mV")]; anything else in the text is an error."""
     out, pos = [], 0
@@ -105,7 +114,7 @@ def _values(text: str, line: str) -> list[tuple[int, str]]:
     for m in _VALUE.finditer(text):
         if text[pos : m.start()].strip():
             raise OdParseError(f"unexpected text in pp_od_clk_voltage line {line!r}")
-        out.append((int(m.group(1)), _UNITS[m.group(2).lower()]))
+        out.append((_number(m.group(1), line), _UNITS[m.group(2).lower()]))
         pos = m.end()
     if text[pos:].strip() or not out:
         raise OdParseError(f"unexpected text in pp_od_clk_voltage line {line!r}")
@@ -153,7 +162,7 @@ def _indexed(lines: list[str], section: str) -> tuple[Level, ...]:
         m = _INDEXED.fullmatch(line)
         if not m:
             raise OdParseError(f"unexpected line in {section}: {line!r}")
-        levels.append(_level(int(m.group(1)), _values(m.group(2), line), line))
+        levels.append(_level(_number(m.group(1), line), _values(m.group(2), line), line))
     if len({lv.index for lv in levels}) != len(levels):
         raise OdParseError(f"{section} repeats an index")
     return tuple(levels)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import re
 from pathlib import Path
@@ -264,9 +265,12 @@ def hwmon_telemetry(device_dir: Path, now_s: float, io: SysfsIO | None = None) -
     def num(path: Path) -> float | None:
         text = _clean(io.read_attr(path))
         try:
-            return float(text) if text is not None else None
+            value = float(text) if text is not None else None
         except ValueError:
             return None
+        # the kernel prints integers: "nan", "inf" or a number float() overflows is no reading (NaN would pass
+        # every limit check silently)
+        return value if value is None or math.isfinite(value) else None
 
     hw = hwmon_dir(device_dir)
     values: dict[str, Any] = {}  # Telemetry's float fields, by name

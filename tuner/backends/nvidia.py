@@ -137,8 +137,13 @@ class NvidiaBackend(Backend):
         self._pstates: dict[str, tuple[int, ...]] = {}
         driver = self._nv(lambda: _text(nvml.nvmlSystemGetDriverVersion()), "reading the driver version")
         for index in range(self._nv(nvml.nvmlDeviceGetCount, "counting GPUs")):
-            h = self._nv(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index), "opening a GPU")
-            info = self._describe(h, driver)
+            try:
+                h = self._nv(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index), "opening a GPU")
+                info = self._describe(h, driver)
+            except DeviceLost as e:
+                # one card that fell off the bus must not hide the others: they may still carry settings to reset
+                self._warn(f"NVIDIA GPU {index} is left out: {e.message}")
+                continue
             self._handles[info.id] = h
             self._infos.append(info)
 
@@ -368,9 +373,12 @@ class NvidiaBackend(Backend):
             self._unlock(device_id)
 
     def _unlock(self, device_id: str) -> None:
-        """Release the locked graphics clock (`nvmlDeviceResetGpuLockedClocks`)."""
+        """Release the locked graphics clock (`nvmlDeviceResetGpuLockedClocks`). A card without locked clocks holds
+        no lock to release: the NVML reference gives offsets "For Maxwell or newer" but locked clocks "For Volta or
+        newer", so a Pascal card's reset answers NotSupported and is still done once its offsets are 0."""
         h = self._handle(device_id)
-        self._nv(lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
+        with contextlib.suppress(Unsupported):
+            self._nv(lambda: self.nvml.nvmlDeviceResetGpuLockedClocks(h), "unlocking the graphics clock")
 
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a clock offset the tuner did not set (PenguinBurner checks that every offset reads 0
@@ -419,7 +427,9 @@ class NvidiaBackend(Backend):
         current, lo, hi = offsets[0] if 0 in offsets else offsets[None]  # P0's, or the whole curve's
         if current == 0:
             # some drivers read 0 for an applied offset: then the tuner's record of what it applied this boot says
-            current = int(self._record(device_id).get("offset_mhz", 0))
+            # (a value that is not a whole number, a damaged or hand-edited record, is no record)
+            recorded = self._record(device_id).get("offset_mhz", 0)
+            current = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else 0
         step = offset_step_mhz(self._supported_clocks(self._handle(device_id)))
         return Knob.offset(KnobKind.CLOCK_OFFSET, current, lo, hi, step, lock_clock_mhz=self.lock_clock_mhz(device_id))
 
@@ -431,6 +441,7 @@ class NvidiaBackend(Backend):
         # The lock that came with the offset on the card now (None: at stock, or an offset the tuner did not set):
         # a failed apply puts it back with the offset.
         previous_lock = self._recorded_lock(device_id) if before.current != before.stock else None
+        lock: int | None = None
         try:
             lock = self._lock(device_id)
             # Recorded before the write: if the driver's read-back lies or the tuner dies, reset still knows.
@@ -442,6 +453,10 @@ class NvidiaBackend(Backend):
             self._unlock_quietly(device_id)
             raise
         except TunerError as e:
+            if isinstance(e, PermissionDenied | Unsupported) and lock is None:
+                # The lock, the first write, was refused (not root; a card without locked clocks), and so would
+                # the restore's unlock be (NVML answers each setter alike): nothing was written, say why as it is.
+                raise
             self._restore(device_id, before.current, e, previous_lock)
             raise
         if self.persistence_off(device_id):
@@ -623,7 +638,9 @@ def discover(nvml: Nvml | None = None) -> NvidiaBackend | None:
         return None
     with contextlib.suppress(nvml.NVMLError, TunerError):
         if nvml.nvmlDeviceGetCount() > 0:
-            return NvidiaBackend(nvml)
+            backend = NvidiaBackend(nvml)
+            if backend.devices():
+                return backend
     with contextlib.suppress(nvml.NVMLError):  # no card, or none usable: let go of the library
         nvml.nvmlShutdown()
     return None

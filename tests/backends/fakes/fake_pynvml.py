@@ -38,6 +38,15 @@ Strictness copied from the real thing:
     nvidia-ml-py answers FunctionNotFound (`missing`). `BoardLimit` (0x200) and `Reliability` (0x400) exist only
     as `nvmlClocksThrottleReason*` names, and only from 13.615 (NVML change log v610 -> v615).
   * Any of them may answer NotSupported or NoPermission (`fail`).
+- `root=False`: a caller without root. The NVML reference, "Device Commands" (the chapter of every setter the
+  backend uses: nvmlDeviceSetGpuLockedClocks, nvmlDeviceResetGpuLockedClocks, nvmlDeviceSetClockOffsets,
+  nvmlDeviceSetGpcClkVfOffset, nvmlDeviceSetPersistenceMode; docs.nvidia.com/deploy/nvml-api/
+  group__nvmlDeviceCommands.html): "Each of these requires root/admin access. Non-admin users will see an
+  NVML_ERROR_NO_PERMISSION error code when invoking any of these methods": every one of them answers
+  NoPermission, the reset of the locked clocks too, while the getters still answer.
+- `locks_supported=False`: a card without locked clocks. The NVML reference documents nvmlDeviceSetGpuLockedClocks
+  and nvmlDeviceResetGpuLockedClocks "For Volta or newer fully supported devices", NVML_ERROR_NOT_SUPPORTED "if the
+  device does not support this feature": the reset is refused like the set, not a no-op.
 - Error counters, read-only, as pynvml.py (nvidia-ml-py 13.615.71) returns them: `nvmlDeviceGetTotalEccErrors(h,
   errorType, counterType)` a `c_ulonglong` count (NVML_MEMORY_ERROR_TYPE_CORRECTED 0 / UNCORRECTED 1,
   NVML_VOLATILE_ECC 0 / NVML_AGGREGATE_ECC 1); `nvmlDeviceGetRemappedRows(h)` the tuple (correctable rows,
@@ -117,6 +126,7 @@ class FakeGpu:
     persistence_readback: int | None = None  # not None: the getter reports this whatever was set
     kept_alive: bool = False  # another client (an X server) keeps the GPU initialised with persistence off
     lost: bool = False
+    locks_supported: bool = True  # False: Set/ResetGpuLockedClocks answer NotSupported (before Volta)
     ignore_offsets: bool = False  # the driver accepts offsets but they do not stick (read-back stays put)
     readback_zero: bool = False  # offsets stick but the driver reports 0 for them
     snap_mhz: int | None = None  # the driver rounds offsets down to this increment
@@ -157,6 +167,7 @@ def make_fake_nvml(
     missing: set[str] | None = None,
     fail: dict[str, int] | None = None,
     version: str = "13.580",
+    root: bool = True,
 ):
     """A module object standing in for pynvml. `missing`: NVML functions this driver lacks (FunctionNotFound);
     `fail`: function name -> NVML error code to return. `m.calls` logs (name, args) of every call."""
@@ -165,6 +176,7 @@ def make_fake_nvml(
     m.calls = []
     m.missing = set(missing or ())
     m.fail = dict(fail or {})
+    m.root = root
     m.NVMLError = NVMLError
     for name, cls in ((c.__name__, c) for c in NVMLError._by_code.values()):
         setattr(m, name, cls)
@@ -215,6 +227,8 @@ def make_fake_nvml(
                 raise NVMLError(CODES["NVML_ERROR_FUNCTION_NOT_FOUND"])
             if name in m.fail:
                 raise NVMLError(m.fail[name])
+            if not m.root and ("Set" in name or "Reset" in name):
+                raise NVMLError(CODES["NVML_ERROR_NO_PERMISSION"])
             if args and isinstance(args[0], FakeGpu) and args[0].lost:
                 raise NVMLError(CODES["NVML_ERROR_GPU_IS_LOST"])
             return fn(*args)
@@ -295,12 +309,16 @@ def make_fake_nvml(
 
     @api
     def nvmlDeviceSetGpuLockedClocks(h, lo, hi):
+        if not gpu(h).locks_supported:
+            raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
         if lo > hi:
             raise NVMLError(CODES["NVML_ERROR_INVALID_ARGUMENT"])
         gpu(h).locked = (lo, hi)
 
     @api
     def nvmlDeviceResetGpuLockedClocks(h):
+        if not gpu(h).locks_supported:
+            raise NVMLError(CODES["NVML_ERROR_NOT_SUPPORTED"])
         gpu(h).locked = None
 
     @api
@@ -429,6 +447,8 @@ def make_fake_nvml(
         )
         if ret or "nvmlDeviceSetClockOffsets" in m.fail:
             return ret or m.fail["nvmlDeviceSetClockOffsets"]
+        if not m.root:
+            return CODES["NVML_ERROR_NO_PERMISSION"]
         if h.lost:
             return CODES["NVML_ERROR_GPU_IS_LOST"]
         if info.pstate not in h.offsets:
