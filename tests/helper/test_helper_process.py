@@ -225,3 +225,38 @@ def test_under_socket_activation_it_serves_the_socket_it_inherits(accounts, worl
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "the socket systemd passed" in out
     assert stat.S_ISSOCK(os.lstat(path).st_mode) and not (world / "unused.sock").exists()
+
+
+def test_a_client_that_never_says_hello_is_cut_off_at_the_hello_timeout_whatever_else_it_sends(tmp_path,
+                                                                                              monkeypatch):
+    """docs/helper.md: "no `hello` within 5 s ... closes the connection". Any line (a blank one, a request refused
+    as hello-first) used to switch the connection to the 30 s idle timeout, so a client sending a line now and then
+    held a connection (of 64, 16 per user) without ever saying hello. In-process, with the timeouts shortened."""
+    from tuner.helper import server as helper_server
+    from tuner.helper.service import HelperService
+    from tuner.helper.state import MachineState
+
+    monkeypatch.setattr(helper_server, "HELLO_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(helper_server, "IDLE_TIMEOUT_S", 3600.0)
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(SimulatedBackend(state_path=tmp_path / "sim.json"), state, group="root",
+                            log=lambda line: None)
+    listener, lock_fd = helper_server.bind_listener(tmp_path / "run" / "h.sock", os.getgid())
+    server = helper_server.HelperServer(service, listener, os.getgid())
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        for first in (b"\n", (json.dumps({"op": "read_knob", "card": "sim0"}) + "\n").encode()):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(tmp_path / "run" / "h.sock"))
+            sock.sendall(first)
+            sock.settimeout(20)  # a generous bound; the helper hangs up after 0.5 s
+            codes = [json.loads(line)["code"] for line in sock.makefile("rb")]
+            assert codes[-1] == "idle", codes
+            sock.close()
+    finally:
+        server.stop.set()
+        thread.join(timeout=30)
+        listener.close()
+        os.close(lock_fd)

@@ -142,6 +142,7 @@ class _Connection:
         self.sock, self.id, self.peer = sock, conn_id, peer
         self.buffer = b""
         self.send_lock = threading.Lock()
+        self.hello_by: float | None = None  # monotonic: hello is due by then, whatever else comes; None: greeted
 
     def send(self, message: s.Reply) -> None:
         data = s.encode(message)
@@ -153,21 +154,32 @@ class _Connection:
               holder: s.Holder | None = None) -> None:
         self.send(s.Reply(id=request_id, ok=False, code=code, error=message, remedy=remedy or "", holder=holder))
 
-    def lines(self, first_timeout_s: float) -> Iterator[bytes | None]:
+    def _timeout_s(self) -> float:
+        """Until hello, what is left of the hello timeout (other lines do not extend it); then the idle timeout."""
+        if self.hello_by is None:
+            return IDLE_TIMEOUT_S
+        left = self.hello_by - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no hello in time")
+        return left
+
+    def lines(self, hello_timeout_s: float) -> Iterator[bytes | None]:
         """Request lines as they come; None for a line over the size cap (its bytes are skipped). Ends on EOF;
-        raises TimeoutError when nothing comes in time."""
-        timeout, skipping = first_timeout_s, False
+        raises TimeoutError when nothing comes in time, or no hello within `hello_timeout_s` (clear `hello_by`
+        once greeted)."""
+        self.hello_by = time.monotonic() + hello_timeout_s
+        skipping = False
         while True:
+            self._timeout_s()  # a client sending anything but hello is still cut off in time
             while b"\n" not in self.buffer:
                 if len(self.buffer) >= s.MAX_REQUEST_BYTES:
                     self.buffer, skipping = b"", True
-                self.sock.settimeout(timeout)
+                self.sock.settimeout(self._timeout_s())
                 chunk = self.sock.recv(65536)
                 if not chunk:
                     return
                 self.buffer += chunk
             line, self.buffer = self.buffer.split(b"\n", 1)
-            timeout = IDLE_TIMEOUT_S
             if skipping:
                 skipping = False
                 yield None
@@ -273,6 +285,8 @@ class HelperServer:
                     return
                 self._answer(connection, who, request)
                 greeted = greeted or (isinstance(request, s.Hello) and request.version == s.PROTOCOL_VERSION)
+                if greeted:
+                    connection.hello_by = None
         except TimeoutError:
             with contextlib.suppress(OSError):
                 connection.error(0, "idle", "nothing was asked in time; closing",
