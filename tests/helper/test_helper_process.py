@@ -260,3 +260,23 @@ def test_a_client_that_never_says_hello_is_cut_off_at_the_hello_timeout_whatever
         thread.join(timeout=30)
         listener.close()
         os.close(lock_fd)
+
+
+def _helper_main(capsys, *args: str) -> tuple[int, str]:
+    """`tuner-helper --simulate ARGS` in this process; its exit code and stderr."""
+    from tuner.helper.cli import main
+
+    code = main(["--simulate", "--group", grp.getgrgid(os.getgid()).gr_name, *args])
+    return code, capsys.readouterr().err
+
+
+def test_a_state_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    """Bad argv is one line with a documented exit code: a --state-dir naming a regular file (or a link to one)
+    was a FileExistsError traceback from mkdir."""
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    for state_dir in ("file", "link"):
+        code, err = _helper_main(capsys, "--state-dir", str(tmp_path / state_dir), "--socket", str(tmp_path / "h.sock"))
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert str(tmp_path / state_dir) in err
+    assert (tmp_path / "file").read_text() == "mine"

@@ -93,8 +93,13 @@ def open_helper_backend(args: argparse.Namespace, state_dir: Path) -> Backend:
 
 def prepare_state_dir(path: Path) -> MachineState:
     """The state directory, created if missing; refused when others could write into it or it is a link."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o755)
-    st = os.lstat(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o755)
+        st = os.lstat(path)
+    except OSError as e:  # a regular file there, or a link to one; a parent that is not a directory
+        reason = "it exists and is not a directory" if isinstance(e, FileExistsError) else e.strerror
+        raise UsageError(f"cannot use the state directory {path}: {reason}",
+                         "give --state-dir a directory only root can write (it is created if missing)") from None
     if os.path.islink(path) or (os.geteuid() == 0 and st.st_uid != 0) or st.st_mode & 0o022:
         raise UsageError(f"the state directory {path} is a link, or others can write into it",
                          f"use a directory only root can write (`chown root {path} && chmod 755 {path}`)")
