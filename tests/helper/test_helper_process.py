@@ -280,3 +280,19 @@ def test_a_state_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
         assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert str(tmp_path / state_dir) in err
     assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_a_socket_path_that_cannot_be_bound_is_one_line_and_exit_2(tmp_path, capsys):
+    """Bad argv is one line with a documented exit code: a --socket under a regular file was a FileExistsError
+    traceback, and a path near the 107-byte limit of a unix socket (the temporary name it is bound under first is
+    longer) was `OSError: AF_UNIX path too long` with a traceback."""
+    (tmp_path / "file").write_text("mine")
+    padded = tmp_path / ("d" * (100 - len(str(tmp_path)) - len("/h.sock") - 1))
+    padded.mkdir()
+    for socket_path in (tmp_path / "file" / "h.sock", padded / "h.sock"):
+        assert len(str(socket_path)) <= 107
+        code, err = _helper_main(capsys, "--state-dir", str(tmp_path / "state"), "--socket", str(socket_path))
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert str(socket_path.parent) in err
+    assert (tmp_path / "file").read_text() == "mine"
+    assert not [p for p in padded.iterdir() if p.name == "h.sock" or p.name.endswith(".tmp")]

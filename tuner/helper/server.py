@@ -107,7 +107,12 @@ def bind_listener(path: Path, gid: int) -> tuple[socket.socket, int]:
     """A listening socket at `path`, mode 0660, owner root (this process), group `gid`; and the startup lock's fd
     (keep it open while serving)."""
     directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+    except OSError as e:  # a file where the directory (or one above it) should be
+        reason = "it exists and is not a directory" if isinstance(e, FileExistsError) else e.strerror
+        raise SocketProblem(f"cannot make the socket's directory {directory}: {reason}",
+                            "give --socket a path in a root-owned directory (e.g. /run/tuner/helper.sock)") from None
     _check_directory(directory)
     lock_fd = os.open(directory / f".{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
@@ -124,6 +129,10 @@ def bind_listener(path: Path, gid: int) -> tuple[socket.socket, int]:
         old_umask = os.umask(0o177)  # 0600 from the start: nobody gets in before the group is set
         try:
             sock.bind(str(tmp))
+        except OSError as e:  # "AF_UNIX path too long": the temporary name is longer than the path itself
+            sock.close()
+            raise SocketProblem(f"cannot bind {path} (first as {tmp.name} beside it): {e.strerror or e}",
+                                "a unix socket's path is at most 107 bytes; pick a shorter --socket path") from None
         finally:
             os.umask(old_umask)
         os.chown(tmp, os.geteuid(), gid)
