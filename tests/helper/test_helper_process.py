@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from tests.cli_helpers import REPO
 from tests.helper.conftest import HELLO, HelperProcess, as_user, client, needs_root, wait_until
 from tuner.backends.simulated import SimulatedBackend
@@ -296,3 +298,16 @@ def test_a_socket_path_that_cannot_be_bound_is_one_line_and_exit_2(tmp_path, cap
         assert str(socket_path.parent) in err
     assert (tmp_path / "file").read_text() == "mine"
     assert not [p for p in padded.iterdir() if p.name == "h.sock" or p.name.endswith(".tmp")]
+
+
+def test_a_bad_option_is_one_line_and_exit_2(capsys):
+    """Bad argv is one line (non-negotiable 2), as `tuner`'s own parser makes it: argparse's default printed the
+    whole usage block (six lines) before its error."""
+    from tuner.helper.cli import main
+
+    for argv in (["--bogus"], ["--sim-gpus", "x"], ["--sim-kind", "intel"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("tuner-helper: error: ") and "--help" in err

@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from tuner import __version__
 from tuner.backends import Backend, open_backend
@@ -55,9 +56,17 @@ def whole_numbers(text: str) -> int | list[int]:
     return values[0] if len(values) == 1 else values
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit 2, as every other bad input (and as `tuner`'s parser,
+    tuner/cli.py, which the helper may not import): argparse's own prints the whole usage block first."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(exit_codes.USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tuner-helper", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="tuner-helper", description=DESCRIPTION, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"tuner-helper {__version__}")
     p.add_argument("--socket", type=Path, default=Path(paths.DEFAULT_HELPER_SOCKET), metavar="PATH",
                    help=f"the unix socket to listen on (default {paths.DEFAULT_HELPER_SOCKET}; ignored under "
