@@ -229,3 +229,32 @@ def test_a_forced_reset_reports_a_lost_change_to_stock_as_the_value_written(serv
     ask(service, bob, s.Reset(card="sim0", force=True))
     [lost] = ask(service, alice, s.Heartbeat()).lost
     assert (lost.card, lost.value) == ("sim0", 0) and "--force" in lost.reason
+
+
+def test_a_lost_card_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path):
+    """A card that falls off the bus (NVML GpuIsLost, an unreadable pp_od_clk_voltage: the backend's knob() raises
+    DeviceLost) while its client goes away. `_restore` read the knob outside its error handling, so
+    `connection_closed` stopped at that card: the client's other card stayed held by a dead connection (busy for
+    everyone until the helper restarts) and its open trial was never recorded."""
+    from tuner.core.errors import DeviceLost
+
+    backend = SimulatedBackend(gpus=2, state_path=tmp_path / "sim.json")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(backend, state, group="tuner", log=lambda line: None)
+    alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
+    ask(service, alice, s.Claim(card="sim1", purpose="auto-bisect"))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.Set(card="sim0", value=-60))
+    real_knob = backend.knob
+
+    def knob(card: str):
+        if card == "sim0":
+            raise DeviceLost("sim0: the GPU has fallen off the bus", "reboot")
+        return real_knob(card)
+
+    backend.knob = knob  # type: ignore[method-assign]
+    service.connection_closed(alice)
+    assert ask(service, bob, s.Set(card="sim1", value=-10)).current == -10  # not held by the dead connection
+    [recovered] = state.recovered(service.keys["sim0"])
+    assert recovered.verdict == "inconclusive" and state.open_trials() == {}

@@ -300,8 +300,11 @@ class HelperService:
                 self.backend.set_lock_clock(card, pending.previous_lock_mhz)
             except TunerError as e:
                 note = f"the lock clock could not be set back ({e.message}); "
-        knob = self.backend.knob(card)
-        if pending.previous != knob.stock and not note:
+        try:
+            stock: int | None = self.backend.knob(card).stock
+        except TunerError as e:  # a card that fell off the bus: still try a reset, and go on with the others
+            stock, note = None, note + f"the card could not be read ({e.message}); "
+        if pending.previous != stock and not note:
             try:
                 if self.backend.apply(card, pending.previous, allow_overvolt=True).current == pending.previous:
                     return pending.previous, note + "the previous value is back"
