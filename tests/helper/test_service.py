@@ -258,3 +258,18 @@ def test_a_lost_card_does_not_stop_the_rest_of_a_closed_connection_going_back(tm
     assert ask(service, bob, s.Set(card="sim1", value=-10)).current == -10  # not held by the dead connection
     [recovered] = state.recovered(service.keys["sim0"])
     assert recovered.verdict == "inconclusive" and state.open_trials() == {}
+
+
+def test_clearing_the_machine_list_is_a_write_another_connections_hold_refuses(service):
+    """docs/helper.md lists `unsafe_clear` as a write, and a write needs the card's safety state to validate and no
+    other connection holding the card. It checked neither: another user cleared the machine's list in the middle
+    of a bisect that held the card (and whose plan had skipped those values)."""
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="the engine hung")))
+    ask(service, alice, s.Claim(card="sim0", purpose="auto-bisect of sim0"))
+    with pytest.raises(CardBusy, match=r"uid 1000 pid 11 \(auto-bisect of sim0\)"):
+        ask(service, bob, s.UnsafeClear(card="sim0", setting=-60))
+    assert [e.setting for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [-60]
+    ask(service, alice, s.Release(card="sim0"))
+    assert [e.setting for e in ask(service, bob, s.UnsafeClear(card="sim0", setting=-60))] == [-60]

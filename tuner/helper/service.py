@@ -287,7 +287,8 @@ class HelperService:
         return self.state.unsafe_entries(self.keys[r.card])
 
     def _op_unsafe_clear(self, who: Client, r: s.UnsafeClear) -> list[s.UnsafeEntry]:
-        removed = self.state.clear_unsafe(self.keys[r.card], r.setting)
+        key = self._writer(r.card, who)  # a write: not under another connection's bisect, not on a damaged state
+        removed = self.state.clear_unsafe(key, r.setting)
         self._audit("unsafe_clear", r.card, who, settings=[e.setting for e in removed])
         return removed
 
