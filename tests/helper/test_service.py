@@ -6,11 +6,14 @@ import doctest
 import importlib
 import json
 import os
+import pwd
+import threading
 import typing
 
 import msgspec
 import pytest
 
+from tests.polling import wait_until
 from tuner.backends.helper_client import _ERRORS
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.card_lock import CardBusy
@@ -273,3 +276,36 @@ def test_clearing_the_machine_list_is_a_write_another_connections_hold_refuses(s
     assert [e.setting for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [-60]
     ask(service, alice, s.Release(card="sim0"))
     assert [e.setting for e in ask(service, bob, s.UnsafeClear(card="sim0", setting=-60))] == [-60]
+
+
+def test_reading_a_users_home_at_hello_does_not_stop_the_helper_putting_changes_back(service, monkeypatch):
+    """`import_user` reads the caller's home as root, then takes the service's lock only to merge; but `handle`
+    held the lock around the whole hello, so a home whose read does not return (a hung NFS mount, a user's FUSE
+    file system) stopped every other request and the lease reaper: another user's expired change was never put
+    back. The slow file system is stood in for by a reader that waits."""
+    from tuner.helper import service as service_module
+    from tuner.helper.user_import import UserState
+
+    reading, release = threading.Event(), threading.Event()
+
+    def hung_read(home, uid):
+        reading.set()
+        release.wait(60)
+        return UserState()
+
+    monkeypatch.setattr(service_module, "read_user_state", hung_read)
+    alice, mallory = Client(1, peer(1000)), Client(2, peer(pwd.getpwnam("nobody").pw_uid))  # an account: a home
+    ask(service, alice, s.Set(card="sim0", value=-50, lease_s=5))
+    hello = threading.Thread(target=ask, args=(service, mallory, s.Hello(version=s.PROTOCOL_VERSION)), daemon=True)
+    hello.start()
+    try:
+        wait_until(reading.is_set, 30, "the hello to start reading the home")
+        service.clock_.now += 6
+        reaper = threading.Thread(target=service.expire_leases, daemon=True)
+        reaper.start()
+        reaper.join(20)
+        assert not reaper.is_alive(), "the lease reaper waited for another user's home to be read"
+        assert service.backend.knob("sim0").current == 0
+    finally:
+        release.set()
+        hello.join(30)

@@ -113,6 +113,10 @@ class HelperService:
     def handle(self, who: Client, request: s.Request) -> object:
         """The result of `request` (a schema struct or a core dataclass), or a TunerError."""
         handler = getattr(self, f"_op_{s.op_of(request)}")
+        if isinstance(request, s.Hello):
+            # it reads the caller's home, which may never answer (a hung NFS mount, the user's own FUSE file
+            # system): without the lock, which `import_user` takes only to merge
+            return handler(who, request)
         with self.lock:
             if isinstance(request, s.CardRequest) and request.card not in self.devices:
                 raise UnknownDevice(f"no card {request.card!r}", f"known cards: {', '.join(self.devices) or 'none'}")
