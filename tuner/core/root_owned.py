@@ -46,11 +46,13 @@ def why_writable(path: Path, *, above_code: bool = False) -> str | None:
 
 
 def _chain(path: Path) -> list[Path]:
-    """`path` and every directory above it, from / down; through a symlink, its target's chain too."""
+    """`path` and every directory above it, from / down; through a symlink (at its end or any directory on the
+    way), the real path's chain too: whoever can change a directory above the link's target can swap the code."""
     path = Path(os.path.abspath(path))
     out = [*reversed(path.parents), path]
-    if path.is_symlink():
-        out += _chain(path.resolve())
+    real = path.resolve()
+    if real != path:
+        out += _chain(real)
     return out
 
 
