@@ -58,7 +58,8 @@ def _chain(path: Path) -> list[Path]:
 
 def first_writable(code: Iterable[Path], *, recursive: Sequence[Path] = ()) -> tuple[Path, str] | None:
     """The first path, highest first, that a non-root user can change: each of `code` with every directory above
-    it; and every file and directory below each of `recursive` (the package itself). None: all root's."""
+    it; and every file and directory below each of `recursive` (the package itself; a link there, with what it
+    points to and every directory above that). None: all root's."""
     seen: set[Path] = set()
     for target in [*code, *recursive]:
         chain = _chain(target)
@@ -76,6 +77,10 @@ def first_writable(code: Iterable[Path], *, recursive: Sequence[Path] = ()) -> t
                 why = why_writable(path)
                 if why:
                     return path, why
+                if path.is_symlink():  # its own owner and mode mean nothing: what it points to runs
+                    found = first_writable([path])
+                    if found:
+                        return found
     return None
 
 
