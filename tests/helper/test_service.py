@@ -309,3 +309,15 @@ def test_reading_a_users_home_at_hello_does_not_stop_the_helper_putting_changes_
     finally:
         release.set()
         hello.join(30)
+
+
+def test_a_holders_purpose_reaches_another_user_without_control_characters(service):
+    """A `busy` refusal shows another user what the holder said it is doing (`claim`'s purpose), in that user's
+    terminal. The holder's command line is escaped (peer.command_of), its purpose was not: a member could send
+    escape sequences (clear the screen, retitle the terminal) or a newline into every other user's error line."""
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.Claim(card="sim0", purpose="auto-bisect\x1b[2J\x1b]0;owned\x07\nline two\u202e"))
+    with pytest.raises(CardBusy) as busy:
+        ask(service, bob, s.Set(card="sim0", value=-10))
+    shown = busy.value.one_line() + busy.value.hold.purpose
+    assert "auto-bisect" in shown and not [ch for ch in shown if not ch.isprintable()], shown

@@ -32,7 +32,7 @@ from tuner.core import exit_codes
 from tuner.core.errors import PermissionDenied, TunerError, UnknownDevice, Unsupported
 from tuner.core.kernel_files import boot_id as current_boot_id
 from tuner.core.kernel_files import same_boot
-from tuner.core.models import DeviceInfo, Knob
+from tuner.core.models import DeviceInfo, Knob, printable
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
 from tuner.helper.leases import Book, Pending
@@ -251,8 +251,9 @@ class HelperService:
 
     def _op_claim(self, who: Client, r: s.Claim) -> None:
         self._writer(r.card, who)
-        self.book.hold(r.card, who.conn, who.peer, time.time(), r.purpose, explicit=True)
-        self._audit("claim", r.card, who, purpose=r.purpose)
+        purpose = printable(r.purpose)  # shown to other users in their `busy` line, as the holder's command is
+        self.book.hold(r.card, who.conn, who.peer, time.time(), purpose, explicit=True)
+        self._audit("claim", r.card, who, purpose=purpose)
 
     def _op_release(self, who: Client, r: s.Release) -> None:
         self.book.release(r.card, who.conn)
