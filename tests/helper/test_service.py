@@ -321,3 +321,27 @@ def test_a_holders_purpose_reaches_another_user_without_control_characters(servi
         ask(service, bob, s.Set(card="sim0", value=-10))
     shown = busy.value.one_line() + busy.value.hold.purpose
     assert "auto-bisect" in shown and not [ch for ch in shown if not ch.isprintable()], shown
+
+
+def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(service, tmp_path, monkeypatch):
+    """The machine's list is shown to every user (the `unsafe` refusal, the tuner's own refusal built from the
+    entries the helper lists). Its kind and reason come from another user: a trial_end's mark, or a line of that
+    user's own file imported as root. They were stored and shown as sent, escape sequences and newlines included."""
+    from tuner.helper import service as service_module
+
+    hostile = "hung\x1b[2J\x1b]0;owned\x07\nline two\u202e"
+    alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason=hostile)))
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(
+        json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "kind": hostile, "reason": hostile}) + "\n")
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    entries = ask(service, bob, s.UnsafeList(card="sim0"))
+    assert sorted(e.setting for e in entries) == [-60, -40]
+    with pytest.raises(Refused) as refused:
+        ask(service, bob, s.Set(card="sim0", value=-60))
+    shown = [refused.value.one_line(), *(e.kind for e in entries), *(e.reason for e in entries)]
+    assert not [text for text in shown if not text.isprintable()], shown

@@ -374,11 +374,12 @@ class HelperService:
 
     def _mark_unsafe(self, key: str, trial: s.OpenTrial, mark: s.UnsafeMark, *, serial: str | None = None,
                      source: str = "helper") -> None:
-        """The trial's setting goes on the card's unsafe list (stock never does)."""
+        """The trial's setting goes on the card's unsafe list (stock never does); its words are escaped, as they are
+        shown to every other user."""
         if trial.setting != trial.stock:
             self.state.add_unsafe(key, s.UnsafeEntry(
-                setting=trial.setting, unit=trial.unit, kind=mark.kind, reason=mark.reason, edge=mark.edge,
-                device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
+                setting=trial.setting, unit=trial.unit, kind=printable(mark.kind), reason=printable(mark.reason),
+                edge=mark.edge, device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
                 recorded_at=time.time(), kernel_log=mark.kernel_log, uid=trial.uid, source=source))
 
     def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
@@ -433,9 +434,9 @@ class HelperService:
         with self.lock:
             for line in found.unsafe:
                 key = self._key_for(line.serial, line.device, by_serial)
-                added += self.state.merge_unsafe(key, s.UnsafeEntry(
-                    setting=line.setting, unit=line.unit, kind=line.kind, reason=line.reason, edge=line.edge,
-                    device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
+                added += self.state.merge_unsafe(key, s.UnsafeEntry(  # the words are shown to every other user
+                    setting=line.setting, unit=line.unit, kind=printable(line.kind), reason=printable(line.reason),
+                    edge=line.edge, device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
                     recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
                     source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
