@@ -311,3 +311,17 @@ def test_a_bad_option_is_one_line_and_exit_2(capsys):
         err = capsys.readouterr().err
         assert exited.value.code == 2 and len(err.strip().splitlines()) == 1, err
         assert err.startswith("tuner-helper: error: ") and "--help" in err
+
+
+def test_socket_activation_variables_naming_no_socket_are_one_line_and_exit_2(tmp_path):
+    """Bad env is one line with a documented exit code: LISTEN_PID/LISTEN_FDS set (by hand, or leaked from a
+    parent) while fd 3 is a regular file, or closed, was `OSError: [Errno 88] Socket operation on non-socket` (or
+    EBADF) with a traceback."""
+    for fd3 in ("3</etc/hostname", "3<&-"):
+        command = (f"LISTEN_PID=$$ LISTEN_FDS=1 exec {sys.executable} -m tuner.helper --simulate --group "
+                   f"{grp.getgrgid(os.getgid()).gr_name} --state-dir {tmp_path / 'state'} --socket "
+                   f"{tmp_path / 'h.sock'} {fd3}")
+        proc = subprocess.run(["sh", "-c", command], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "LISTEN_FDS" in proc.stderr and "Traceback" not in proc.stderr

@@ -61,7 +61,12 @@ def inherited_listener() -> socket.socket | None:
         return None
     for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(name, None)  # not for anything we start
-    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    try:
+        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    except OSError as e:  # fd 3 closed, or a file: the variables were set by hand or leaked from a parent
+        raise SocketProblem(f"LISTEN_PID and LISTEN_FDS say systemd passed a socket, but fd {SD_LISTEN_FDS_START} "
+                            f"is not one ({e.strerror})", "start tuner-helper from its socket unit, or unset "
+                            "LISTEN_PID and LISTEN_FDS") from None
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
         raise SocketProblem("the socket systemd passed is not a unix stream socket",
                             "use ListenStream=/run/tuner/helper.sock in the socket unit")
