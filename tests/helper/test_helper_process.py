@@ -325,3 +325,16 @@ def test_socket_activation_variables_naming_no_socket_are_one_line_and_exit_2(tm
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "LISTEN_FDS" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_state_dir_below_a_directory_another_user_can_change_is_refused(tmp_path, capsys):
+    """The state directory must be root's and not writable by others; a directory above it that another user
+    owns lets that user rename it away and put their own in its place (a log.jsonl there that is a link, a
+    trials.json of their making), read and appended to by root. It was accepted as long as the last directory
+    was root's; the socket's directory is refused for the same reason."""
+    parent = tmp_path / "home/alice"
+    (parent / "state").mkdir(parents=True)
+    os.chown(parent, 65534, 65534)
+    code, err = _helper_main(capsys, "--state-dir", str(parent / "state"), "--socket", str(tmp_path / "h.sock"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(parent) in err, err
+    assert not (tmp_path / "h.sock").exists()

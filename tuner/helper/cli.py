@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from tuner import __version__
 from tuner.backends import Backend, open_backend
-from tuner.core import exit_codes, paths
+from tuner.core import exit_codes, paths, root_owned
 from tuner.core.errors import PermissionDenied, TunerError, UsageError
 from tuner.helper import kmsg
 from tuner.helper import schema as s
@@ -112,6 +112,11 @@ def prepare_state_dir(path: Path) -> MachineState:
     if os.path.islink(path) or (os.geteuid() == 0 and st.st_uid != 0) or st.st_mode & 0o022:
         raise UsageError(f"the state directory {path} is a link, or others can write into it",
                          f"use a directory only root can write (`chown root {path} && chmod 755 {path}`)")
+    above = root_owned.first_writable([path.parent]) if os.geteuid() == 0 else None
+    if above is not None:  # its owner could rename the state directory away and put their own in its place
+        raise UsageError(f"the state directory {path} is below {above[0]}, which another user can change "
+                         f"({above[1]})", "use a directory whose every parent only root can write (e.g. "
+                         f"{paths.DEFAULT_SYSTEM_STATE_DIR})")
     state = MachineState(path)
     state.create()
     return state
