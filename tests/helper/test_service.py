@@ -345,3 +345,28 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
         ask(service, bob, s.Set(card="sim0", value=-60))
     shown = [refused.value.one_line(), *(e.kind for e in entries), *(e.reason for e in entries)]
     assert not [text for text in shown if not text.isprintable()], shown
+
+
+def test_a_full_disk_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path, monkeypatch):
+    """A full disk must not block putting a card back (state.log). When the client of a rig went away, the first
+    card was put back, then forgetting its journal entry (writes.json) raised DiskFull out of
+    `connection_closed`: the second card's unconfirmed change stayed on the card, and a card the client held was
+    busy for everyone until the helper restarted."""
+    from tuner.core.errors import DiskFull
+
+    backend = SimulatedBackend(gpus=3, state_path=tmp_path / "sim.json")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(backend, state, group="tuner", log=lambda line: None)
+    alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
+    ask(service, alice, s.Set(card="sim0", value=-50))
+    ask(service, alice, s.Set(card="sim1", value=-50))
+    ask(service, alice, s.Claim(card="sim2", purpose="rig"))
+
+    def full(path, data, *, append=False):
+        raise DiskFull(f"{path}: no space left on device", "free some space")
+
+    monkeypatch.setattr(state, "_store", full)
+    service.connection_closed(alice)
+    assert [backend.knob(card).current for card in ("sim0", "sim1")] == [0, 0]
+    ask(service, bob, s.Claim(card="sim2", purpose="tuner set"))  # not busy (a set needs the disk to journal it)

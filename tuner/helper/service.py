@@ -346,20 +346,30 @@ class HelperService:
     def connection_closed(self, who: Client) -> None:
         """The client went away (exit, crash, kill -9): everything it left unconfirmed goes back."""
         with self.lock:
+            # one card's failure (a full disk under the state directory) must not keep the others from going back
             for pending in self.book.pending_of(who.conn):
-                self._revert(pending, f"the client (uid {who.peer.uid} pid {who.peer.pid}) went away unconfirmed")
+                try:
+                    self._revert(pending, f"the client (uid {who.peer.uid} pid {who.peer.pid}) went away unconfirmed")
+                except TunerError as e:
+                    self._log(f"putting back {pending.card} after its client went away: {e.one_line()}")
             for card in sorted(self.book.cards_of(who.conn)):
-                if self.book.loads.get(card) == who.conn:
-                    self.backend.note_load(card, False)
-                    self.book.loads.pop(card, None)
-                if self.book.trials.get(card) == who.conn:
-                    self._recover_trial(self.keys[card], "inconclusive", "tool-died",
-                                        f"the client (pid {who.peer.pid}) went away during this trial: not evidence "
-                                        "about the voltage; it runs again")
-                    self.book.trials.pop(card, None)
-                hold = self.book.holds.get(card)
-                if hold is not None and hold.conn == who.conn:
-                    del self.book.holds[card]
+                try:
+                    if self.book.loads.get(card) == who.conn:
+                        self.backend.note_load(card, False)
+                    if self.book.trials.get(card) == who.conn:
+                        self._recover_trial(self.keys[card], "inconclusive", "tool-died",
+                                            f"the client (pid {who.peer.pid}) went away during this trial: not "
+                                            "evidence about the voltage; it runs again")
+                except TunerError as e:
+                    self._log(f"releasing {card} after its client went away: {e.one_line()}")
+                finally:
+                    if self.book.loads.get(card) == who.conn:
+                        self.book.loads.pop(card, None)
+                    if self.book.trials.get(card) == who.conn:
+                        self.book.trials.pop(card, None)
+                    hold = self.book.holds.get(card)
+                    if hold is not None and hold.conn == who.conn:
+                        del self.book.holds[card]
             self.lost.pop(who.conn, None)
 
     def shutdown(self) -> None:
