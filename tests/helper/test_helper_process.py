@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from tests.cli_helpers import REPO
 from tests.helper.conftest import HELLO, HelperProcess, as_user, client, needs_root, wait_until
 from tuner.backends.simulated import SimulatedBackend
@@ -225,3 +227,114 @@ def test_under_socket_activation_it_serves_the_socket_it_inherits(accounts, worl
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "the socket systemd passed" in out
     assert stat.S_ISSOCK(os.lstat(path).st_mode) and not (world / "unused.sock").exists()
+
+
+def test_a_client_that_never_says_hello_is_cut_off_at_the_hello_timeout_whatever_else_it_sends(tmp_path,
+                                                                                              monkeypatch):
+    """docs/helper.md: "no `hello` within 5 s ... closes the connection". Any line (a blank one, a request refused
+    as hello-first) used to switch the connection to the 30 s idle timeout, so a client sending a line now and then
+    held a connection (of 64, 16 per user) without ever saying hello. In-process, with the timeouts shortened."""
+    from tuner.helper import server as helper_server
+    from tuner.helper.service import HelperService
+    from tuner.helper.state import MachineState
+
+    monkeypatch.setattr(helper_server, "HELLO_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(helper_server, "IDLE_TIMEOUT_S", 3600.0)
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(SimulatedBackend(state_path=tmp_path / "sim.json"), state, group="root",
+                            log=lambda line: None)
+    listener, lock_fd = helper_server.bind_listener(tmp_path / "run" / "h.sock", os.getgid())
+    server = helper_server.HelperServer(service, listener, os.getgid())
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        for first in (b"\n", (json.dumps({"op": "read_knob", "card": "sim0"}) + "\n").encode()):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(tmp_path / "run" / "h.sock"))
+            sock.sendall(first)
+            sock.settimeout(20)  # a generous bound; the helper hangs up after 0.5 s
+            codes = [json.loads(line)["code"] for line in sock.makefile("rb")]
+            assert codes[-1] == "idle", codes
+            sock.close()
+    finally:
+        server.stop.set()
+        thread.join(timeout=30)
+        listener.close()
+        os.close(lock_fd)
+
+
+def _helper_main(capsys, *args: str) -> tuple[int, str]:
+    """`tuner-helper --simulate ARGS` in this process; its exit code and stderr."""
+    from tuner.helper.cli import main
+
+    code = main(["--simulate", "--group", grp.getgrgid(os.getgid()).gr_name, *args])
+    return code, capsys.readouterr().err
+
+
+def test_a_state_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    """Bad argv is one line with a documented exit code: a --state-dir naming a regular file (or a link to one)
+    was a FileExistsError traceback from mkdir."""
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    for state_dir in ("file", "link"):
+        code, err = _helper_main(capsys, "--state-dir", str(tmp_path / state_dir), "--socket", str(tmp_path / "h.sock"))
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert str(tmp_path / state_dir) in err
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_a_socket_path_that_cannot_be_bound_is_one_line_and_exit_2(tmp_path, capsys):
+    """Bad argv is one line with a documented exit code: a --socket under a regular file was a FileExistsError
+    traceback, and a path near the 107-byte limit of a unix socket (the temporary name it is bound under first is
+    longer) was `OSError: AF_UNIX path too long` with a traceback."""
+    (tmp_path / "file").write_text("mine")
+    padded = tmp_path / ("d" * (100 - len(str(tmp_path)) - len("/h.sock") - 1))
+    padded.mkdir()
+    for socket_path in (tmp_path / "file" / "h.sock", padded / "h.sock"):
+        assert len(str(socket_path)) <= 107
+        code, err = _helper_main(capsys, "--state-dir", str(tmp_path / "state"), "--socket", str(socket_path))
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert str(socket_path.parent) in err
+    assert (tmp_path / "file").read_text() == "mine"
+    assert not [p for p in padded.iterdir() if p.name == "h.sock" or p.name.endswith(".tmp")]
+
+
+def test_a_bad_option_is_one_line_and_exit_2(capsys):
+    """Bad argv is one line (non-negotiable 2), as `tuner`'s own parser makes it: argparse's default printed the
+    whole usage block (six lines) before its error."""
+    from tuner.helper.cli import main
+
+    for argv in (["--bogus"], ["--sim-gpus", "x"], ["--sim-kind", "intel"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("tuner-helper: error: ") and "--help" in err
+
+
+def test_socket_activation_variables_naming_no_socket_are_one_line_and_exit_2(tmp_path):
+    """Bad env is one line with a documented exit code: LISTEN_PID/LISTEN_FDS set (by hand, or leaked from a
+    parent) while fd 3 is a regular file, or closed, was `OSError: [Errno 88] Socket operation on non-socket` (or
+    EBADF) with a traceback."""
+    for fd3 in ("3</etc/hostname", "3<&-"):
+        command = (f"LISTEN_PID=$$ LISTEN_FDS=1 exec {sys.executable} -m tuner.helper --simulate --group "
+                   f"{grp.getgrgid(os.getgid()).gr_name} --state-dir {tmp_path / 'state'} --socket "
+                   f"{tmp_path / 'h.sock'} {fd3}")
+        proc = subprocess.run(["sh", "-c", command], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "LISTEN_FDS" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_state_dir_below_a_directory_another_user_can_change_is_refused(tmp_path, capsys):
+    """The state directory must be root's and not writable by others; a directory above it that another user
+    owns lets that user rename it away and put their own in its place (a log.jsonl there that is a link, a
+    trials.json of their making), read and appended to by root. It was accepted as long as the last directory
+    was root's; the socket's directory is refused for the same reason."""
+    parent = tmp_path / "home/alice"
+    (parent / "state").mkdir(parents=True)
+    os.chown(parent, 65534, 65534)
+    code, err = _helper_main(capsys, "--state-dir", str(parent / "state"), "--socket", str(tmp_path / "h.sock"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(parent) in err, err
+    assert not (tmp_path / "h.sock").exists()

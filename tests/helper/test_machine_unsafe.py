@@ -58,3 +58,27 @@ def test_unsafe_clear_through_the_helper_clears_the_machine_list(accounts, helpe
     done = tuner(b, "--simulate", "--sim-vmin", "-30", "set", "--device", "sim0", "--offset", "-70", "--yes",
                  socket=helper.socket)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_hard_failure_with_a_long_kernel_log_still_reaches_the_machine_list(accounts, helpers):
+    """`journal.unsafe_mark` keeps a mark within the schema's limits (a reason and 20 kernel lines of 500
+    characters), but the helper refuses any request line over 4096 bytes unread: twenty long GPU-failure lines
+    (journalctl's prefix, a page fault naming its process) made `trial_end` fail with line-too-long, so the
+    setting that hung the card never reached the machine's list (the trial was then recorded as a tool death)."""
+    from tuner.backends.helper_client import HelperBackend
+    from tuner.tuning.journal import unsafe_mark
+
+    group = accounts.group()
+    helper = helpers(group, fake_amd=False, extra=("--sim-vmin", "-30"))
+    lines = [f"[ {1234 + n}.567890] workstation kernel: amdgpu 0000:03:00.0: amdgpu: [gfxhub] page fault (src_id:0 "
+             f"ring:24 vmid:3 pasid:32774, for process python3 pid 4321 thread python3:cs0 pid 4330) in page starting "
+             f"at address 0x00008001{n:08x} from client 0x1b (UTCL2)" for n in range(30)]
+    backend = HelperBackend.connect(helper.socket, client="test")
+    try:
+        backend.trial_begin("sim0", -70, "coarse", session="s")
+        backend.trial_end("sim0", unsafe=unsafe_mark("hang", "the engine stopped answering at -70 mV " * 12, lines))
+    finally:
+        backend.close()
+    [entry] = helper.ask({"op": "unsafe_list", "card": "sim0"})[0]["result"]
+    assert (entry["setting"], entry["kind"]) == (-70, "hang")
+    assert entry["kernel_log"] and entry["kernel_log"][-1] == lines[-1]  # the newest lines are the ones kept

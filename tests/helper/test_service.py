@@ -6,11 +6,14 @@ import doctest
 import importlib
 import json
 import os
+import pwd
+import threading
 import typing
 
 import msgspec
 import pytest
 
+from tests.polling import wait_until
 from tuner.backends.helper_client import _ERRORS
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.card_lock import CardBusy
@@ -229,3 +232,141 @@ def test_a_forced_reset_reports_a_lost_change_to_stock_as_the_value_written(serv
     ask(service, bob, s.Reset(card="sim0", force=True))
     [lost] = ask(service, alice, s.Heartbeat()).lost
     assert (lost.card, lost.value) == ("sim0", 0) and "--force" in lost.reason
+
+
+def test_a_lost_card_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path):
+    """A card that falls off the bus (NVML GpuIsLost, an unreadable pp_od_clk_voltage: the backend's knob() raises
+    DeviceLost) while its client goes away. `_restore` read the knob outside its error handling, so
+    `connection_closed` stopped at that card: the client's other card stayed held by a dead connection (busy for
+    everyone until the helper restarts) and its open trial was never recorded."""
+    from tuner.core.errors import DeviceLost
+
+    backend = SimulatedBackend(gpus=2, state_path=tmp_path / "sim.json")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(backend, state, group="tuner", log=lambda line: None)
+    alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
+    ask(service, alice, s.Claim(card="sim1", purpose="auto-bisect"))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.Set(card="sim0", value=-60))
+    real_knob = backend.knob
+
+    def knob(card: str):
+        if card == "sim0":
+            raise DeviceLost("sim0: the GPU has fallen off the bus", "reboot")
+        return real_knob(card)
+
+    backend.knob = knob  # type: ignore[method-assign]
+    service.connection_closed(alice)
+    assert ask(service, bob, s.Set(card="sim1", value=-10)).current == -10  # not held by the dead connection
+    [recovered] = state.recovered(service.keys["sim0"])
+    assert recovered.verdict == "inconclusive" and state.open_trials() == {}
+
+
+def test_clearing_the_machine_list_is_a_write_another_connections_hold_refuses(service):
+    """docs/helper.md lists `unsafe_clear` as a write, and a write needs the card's safety state to validate and no
+    other connection holding the card. It checked neither: another user cleared the machine's list in the middle
+    of a bisect that held the card (and whose plan had skipped those values)."""
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="the engine hung")))
+    ask(service, alice, s.Claim(card="sim0", purpose="auto-bisect of sim0"))
+    with pytest.raises(CardBusy, match=r"uid 1000 pid 11 \(auto-bisect of sim0\)"):
+        ask(service, bob, s.UnsafeClear(card="sim0", setting=-60))
+    assert [e.setting for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [-60]
+    ask(service, alice, s.Release(card="sim0"))
+    assert [e.setting for e in ask(service, bob, s.UnsafeClear(card="sim0", setting=-60))] == [-60]
+
+
+def test_reading_a_users_home_at_hello_does_not_stop_the_helper_putting_changes_back(service, monkeypatch):
+    """`import_user` reads the caller's home as root, then takes the service's lock only to merge; but `handle`
+    held the lock around the whole hello, so a home whose read does not return (a hung NFS mount, a user's FUSE
+    file system) stopped every other request and the lease reaper: another user's expired change was never put
+    back. The slow file system is stood in for by a reader that waits."""
+    from tuner.helper import service as service_module
+    from tuner.helper.user_import import UserState
+
+    reading, release = threading.Event(), threading.Event()
+
+    def hung_read(home, uid):
+        reading.set()
+        release.wait(60)
+        return UserState()
+
+    monkeypatch.setattr(service_module, "read_user_state", hung_read)
+    alice, mallory = Client(1, peer(1000)), Client(2, peer(pwd.getpwnam("nobody").pw_uid))  # an account: a home
+    ask(service, alice, s.Set(card="sim0", value=-50, lease_s=5))
+    hello = threading.Thread(target=ask, args=(service, mallory, s.Hello(version=s.PROTOCOL_VERSION)), daemon=True)
+    hello.start()
+    try:
+        wait_until(reading.is_set, 30, "the hello to start reading the home")
+        service.clock_.now += 6
+        reaper = threading.Thread(target=service.expire_leases, daemon=True)
+        reaper.start()
+        reaper.join(20)
+        assert not reaper.is_alive(), "the lease reaper waited for another user's home to be read"
+        assert service.backend.knob("sim0").current == 0
+    finally:
+        release.set()
+        hello.join(30)
+
+
+def test_a_holders_purpose_reaches_another_user_without_control_characters(service):
+    """A `busy` refusal shows another user what the holder said it is doing (`claim`'s purpose), in that user's
+    terminal. The holder's command line is escaped (peer.command_of), its purpose was not: a member could send
+    escape sequences (clear the screen, retitle the terminal) or a newline into every other user's error line."""
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.Claim(card="sim0", purpose="auto-bisect\x1b[2J\x1b]0;owned\x07\nline two\u202e"))
+    with pytest.raises(CardBusy) as busy:
+        ask(service, bob, s.Set(card="sim0", value=-10))
+    shown = busy.value.one_line() + busy.value.hold.purpose
+    assert "auto-bisect" in shown and not [ch for ch in shown if not ch.isprintable()], shown
+
+
+def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(service, tmp_path, monkeypatch):
+    """The machine's list is shown to every user (the `unsafe` refusal, the tuner's own refusal built from the
+    entries the helper lists). Its kind and reason come from another user: a trial_end's mark, or a line of that
+    user's own file imported as root. They were stored and shown as sent, escape sequences and newlines included."""
+    from tuner.helper import service as service_module
+
+    hostile = "hung\x1b[2J\x1b]0;owned\x07\nline two\u202e"
+    alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason=hostile)))
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(
+        json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "kind": hostile, "reason": hostile}) + "\n")
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    entries = ask(service, bob, s.UnsafeList(card="sim0"))
+    assert sorted(e.setting for e in entries) == [-60, -40]
+    with pytest.raises(Refused) as refused:
+        ask(service, bob, s.Set(card="sim0", value=-60))
+    shown = [refused.value.one_line(), *(e.kind for e in entries), *(e.reason for e in entries)]
+    assert not [text for text in shown if not text.isprintable()], shown
+
+
+def test_a_full_disk_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path, monkeypatch):
+    """A full disk must not block putting a card back (state.log). When the client of a rig went away, the first
+    card was put back, then forgetting its journal entry (writes.json) raised DiskFull out of
+    `connection_closed`: the second card's unconfirmed change stayed on the card, and a card the client held was
+    busy for everyone until the helper restarted."""
+    from tuner.core.errors import DiskFull
+
+    backend = SimulatedBackend(gpus=3, state_path=tmp_path / "sim.json")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(backend, state, group="tuner", log=lambda line: None)
+    alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
+    ask(service, alice, s.Set(card="sim0", value=-50))
+    ask(service, alice, s.Set(card="sim1", value=-50))
+    ask(service, alice, s.Claim(card="sim2", purpose="rig"))
+
+    def full(path, data, *, append=False):
+        raise DiskFull(f"{path}: no space left on device", "free some space")
+
+    monkeypatch.setattr(state, "_store", full)
+    service.connection_closed(alice)
+    assert [backend.knob(card).current for card in ("sim0", "sim1")] == [0, 0]
+    ask(service, bob, s.Claim(card="sim2", purpose="tuner set"))  # not busy (a set needs the disk to journal it)

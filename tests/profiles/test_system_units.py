@@ -139,6 +139,37 @@ def test_a_user_owned_directory_above_the_code_is_named(tmp_path):
     assert path == tmp_path / "home/alice" and why.startswith("owned by uid 65534")
 
 
+@needs_root
+def test_a_user_owned_directory_above_a_linked_directory_on_the_codes_path_is_named(tmp_path):
+    """`/opt/undervolt-tuner` a link to a root-owned tree inside alice's home: alice can rename that tree and put
+    her own in its place, so her home is above the code. Only a link at the end of the path was followed; one
+    in the middle was not, and alice's home was never looked at."""
+    tree = tmp_path / "home/alice/tuner"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "bin/python").write_text("")
+    os.chown(tmp_path / "home/alice", 65534, 65534)
+    (tmp_path / "opt").mkdir()
+    (tmp_path / "opt/undervolt-tuner").symlink_to(tree)
+    path, why = root_owned.first_writable([tmp_path / "opt/undervolt-tuner/bin/python"])
+    assert path == tmp_path / "home/alice" and why.startswith("owned by uid 65534")
+
+
+@needs_root
+def test_a_link_inside_the_package_to_a_users_file_is_named(tmp_path):
+    """A module of the package that is a (root-owned) link to a file in alice's home runs her code as root: the
+    walk below the package looked at the link itself, whose own owner and mode mean nothing, never at its
+    target."""
+    package = tmp_path / "opt/tuner"
+    package.mkdir(parents=True)
+    alices = tmp_path / "home/alice/mod.py"
+    alices.parent.mkdir(parents=True)
+    alices.write_text("")
+    os.chown(alices, 65534, 65534)
+    (package / "mod.py").symlink_to(alices)
+    path, why = root_owned.first_writable([], recursive=[package])
+    assert path == alices and why.startswith("owned by uid 65534")
+
+
 def test_group_and_world_writable_code_is_named_but_a_sticky_directory_above_it_is_not(tmp_path):
     top = tmp_path / "sticky"
     top.mkdir()

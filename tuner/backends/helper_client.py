@@ -129,6 +129,24 @@ def connect(path: Path, *, client: str = "tuner") -> tuple[HelperConnection, s.H
     return connection, hello
 
 
+_ID_BYTES = 16  # `ask` numbers the request after it is fitted: room for the digits of its id (at most 2**53)
+
+
+def _fitted(request: s.TrialEnd) -> s.TrialEnd:
+    """`request` within the helper's line limit, which refuses a longer line unread: a mark's own limits (a reason
+    and 20 kernel lines of 500 characters each) add up to more. The oldest kernel lines go first, then the end of
+    the reason; the setting, the kind and the newest lines always reach the machine's list (this user's own list
+    keeps everything)."""
+    while request.unsafe is not None and len(s.encode(request)) + _ID_BYTES > s.MAX_REQUEST_BYTES:
+        mark = request.unsafe
+        if mark.kernel_log:
+            mark = msgspec.structs.replace(mark, kernel_log=mark.kernel_log[1:])
+        else:
+            mark = msgspec.structs.replace(mark, reason=mark.reason[: len(mark.reason) // 2])
+        request = msgspec.structs.replace(request, unsafe=mark)
+    return request
+
+
 class HelperBackend(Backend):
     """Every Backend call as a request to the helper. Also the helper-only calls the tuner's journal wiring
     needs: claim/release, trial_begin/trial_end, recovered_trials, unsafe_entries/unsafe_clear, kernel_log_source."""
@@ -261,7 +279,7 @@ class HelperBackend(Backend):
         after a hard failure already ended it with its mark) does nothing."""
         if device_id not in self._open_trials:
             return
-        self._ask(s.TrialEnd(card=device_id, unsafe=unsafe))
+        self._ask(_fitted(s.TrialEnd(card=device_id, unsafe=unsafe)))
         self._open_trials.discard(device_id)
 
     def recovered_trials(self, device_id: str) -> list[Any]:

@@ -46,17 +46,20 @@ def why_writable(path: Path, *, above_code: bool = False) -> str | None:
 
 
 def _chain(path: Path) -> list[Path]:
-    """`path` and every directory above it, from / down; through a symlink, its target's chain too."""
+    """`path` and every directory above it, from / down; through a symlink (at its end or any directory on the
+    way), the real path's chain too: whoever can change a directory above the link's target can swap the code."""
     path = Path(os.path.abspath(path))
     out = [*reversed(path.parents), path]
-    if path.is_symlink():
-        out += _chain(path.resolve())
+    real = path.resolve()
+    if real != path:
+        out += _chain(real)
     return out
 
 
 def first_writable(code: Iterable[Path], *, recursive: Sequence[Path] = ()) -> tuple[Path, str] | None:
     """The first path, highest first, that a non-root user can change: each of `code` with every directory above
-    it; and every file and directory below each of `recursive` (the package itself). None: all root's."""
+    it; and every file and directory below each of `recursive` (the package itself; a link there, with what it
+    points to and every directory above that). None: all root's."""
     seen: set[Path] = set()
     for target in [*code, *recursive]:
         chain = _chain(target)
@@ -74,6 +77,10 @@ def first_writable(code: Iterable[Path], *, recursive: Sequence[Path] = ()) -> t
                 why = why_writable(path)
                 if why:
                     return path, why
+                if path.is_symlink():  # its own owner and mode mean nothing: what it points to runs
+                    found = first_writable([path])
+                    if found:
+                        return found
     return None
 
 

@@ -14,10 +14,11 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from tuner import __version__
 from tuner.backends import Backend, open_backend
-from tuner.core import exit_codes, paths
+from tuner.core import exit_codes, paths, root_owned
 from tuner.core.errors import PermissionDenied, TunerError, UsageError
 from tuner.helper import kmsg
 from tuner.helper import schema as s
@@ -55,9 +56,17 @@ def whole_numbers(text: str) -> int | list[int]:
     return values[0] if len(values) == 1 else values
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit 2, as every other bad input (and as `tuner`'s parser,
+    tuner/cli.py, which the helper may not import): argparse's own prints the whole usage block first."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(exit_codes.USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tuner-helper", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="tuner-helper", description=DESCRIPTION, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"tuner-helper {__version__}")
     p.add_argument("--socket", type=Path, default=Path(paths.DEFAULT_HELPER_SOCKET), metavar="PATH",
                    help=f"the unix socket to listen on (default {paths.DEFAULT_HELPER_SOCKET}; ignored under "
@@ -93,11 +102,21 @@ def open_helper_backend(args: argparse.Namespace, state_dir: Path) -> Backend:
 
 def prepare_state_dir(path: Path) -> MachineState:
     """The state directory, created if missing; refused when others could write into it or it is a link."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o755)
-    st = os.lstat(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o755)
+        st = os.lstat(path)
+    except OSError as e:  # a regular file there, or a link to one; a parent that is not a directory
+        reason = "it exists and is not a directory" if isinstance(e, FileExistsError) else e.strerror
+        raise UsageError(f"cannot use the state directory {path}: {reason}",
+                         "give --state-dir a directory only root can write (it is created if missing)") from None
     if os.path.islink(path) or (os.geteuid() == 0 and st.st_uid != 0) or st.st_mode & 0o022:
         raise UsageError(f"the state directory {path} is a link, or others can write into it",
                          f"use a directory only root can write (`chown root {path} && chmod 755 {path}`)")
+    above = root_owned.first_writable([path.parent]) if os.geteuid() == 0 else None
+    if above is not None:  # its owner could rename the state directory away and put their own in its place
+        raise UsageError(f"the state directory {path} is below {above[0]}, which another user can change "
+                         f"({above[1]})", "use a directory whose every parent only root can write (e.g. "
+                         f"{paths.DEFAULT_SYSTEM_STATE_DIR})")
     state = MachineState(path)
     state.create()
     return state

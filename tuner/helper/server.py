@@ -61,7 +61,12 @@ def inherited_listener() -> socket.socket | None:
         return None
     for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(name, None)  # not for anything we start
-    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    try:
+        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    except OSError as e:  # fd 3 closed, or a file: the variables were set by hand or leaked from a parent
+        raise SocketProblem(f"LISTEN_PID and LISTEN_FDS say systemd passed a socket, but fd {SD_LISTEN_FDS_START} "
+                            f"is not one ({e.strerror})", "start tuner-helper from its socket unit, or unset "
+                            "LISTEN_PID and LISTEN_FDS") from None
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
         raise SocketProblem("the socket systemd passed is not a unix stream socket",
                             "use ListenStream=/run/tuner/helper.sock in the socket unit")
@@ -107,7 +112,12 @@ def bind_listener(path: Path, gid: int) -> tuple[socket.socket, int]:
     """A listening socket at `path`, mode 0660, owner root (this process), group `gid`; and the startup lock's fd
     (keep it open while serving)."""
     directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+    except OSError as e:  # a file where the directory (or one above it) should be
+        reason = "it exists and is not a directory" if isinstance(e, FileExistsError) else e.strerror
+        raise SocketProblem(f"cannot make the socket's directory {directory}: {reason}",
+                            "give --socket a path in a root-owned directory (e.g. /run/tuner/helper.sock)") from None
     _check_directory(directory)
     lock_fd = os.open(directory / f".{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
@@ -124,6 +134,10 @@ def bind_listener(path: Path, gid: int) -> tuple[socket.socket, int]:
         old_umask = os.umask(0o177)  # 0600 from the start: nobody gets in before the group is set
         try:
             sock.bind(str(tmp))
+        except OSError as e:  # "AF_UNIX path too long": the temporary name is longer than the path itself
+            sock.close()
+            raise SocketProblem(f"cannot bind {path} (first as {tmp.name} beside it): {e.strerror or e}",
+                                "a unix socket's path is at most 107 bytes; pick a shorter --socket path") from None
         finally:
             os.umask(old_umask)
         os.chown(tmp, os.geteuid(), gid)
@@ -142,6 +156,7 @@ class _Connection:
         self.sock, self.id, self.peer = sock, conn_id, peer
         self.buffer = b""
         self.send_lock = threading.Lock()
+        self.hello_by: float | None = None  # monotonic: hello is due by then, whatever else comes; None: greeted
 
     def send(self, message: s.Reply) -> None:
         data = s.encode(message)
@@ -153,21 +168,32 @@ class _Connection:
               holder: s.Holder | None = None) -> None:
         self.send(s.Reply(id=request_id, ok=False, code=code, error=message, remedy=remedy or "", holder=holder))
 
-    def lines(self, first_timeout_s: float) -> Iterator[bytes | None]:
+    def _timeout_s(self) -> float:
+        """Until hello, what is left of the hello timeout (other lines do not extend it); then the idle timeout."""
+        if self.hello_by is None:
+            return IDLE_TIMEOUT_S
+        left = self.hello_by - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no hello in time")
+        return left
+
+    def lines(self, hello_timeout_s: float) -> Iterator[bytes | None]:
         """Request lines as they come; None for a line over the size cap (its bytes are skipped). Ends on EOF;
-        raises TimeoutError when nothing comes in time."""
-        timeout, skipping = first_timeout_s, False
+        raises TimeoutError when nothing comes in time, or no hello within `hello_timeout_s` (clear `hello_by`
+        once greeted)."""
+        self.hello_by = time.monotonic() + hello_timeout_s
+        skipping = False
         while True:
+            self._timeout_s()  # a client sending anything but hello is still cut off in time
             while b"\n" not in self.buffer:
                 if len(self.buffer) >= s.MAX_REQUEST_BYTES:
                     self.buffer, skipping = b"", True
-                self.sock.settimeout(timeout)
+                self.sock.settimeout(self._timeout_s())
                 chunk = self.sock.recv(65536)
                 if not chunk:
                     return
                 self.buffer += chunk
             line, self.buffer = self.buffer.split(b"\n", 1)
-            timeout = IDLE_TIMEOUT_S
             if skipping:
                 skipping = False
                 yield None
@@ -273,6 +299,8 @@ class HelperServer:
                     return
                 self._answer(connection, who, request)
                 greeted = greeted or (isinstance(request, s.Hello) and request.version == s.PROTOCOL_VERSION)
+                if greeted:
+                    connection.hello_by = None
         except TimeoutError:
             with contextlib.suppress(OSError):
                 connection.error(0, "idle", "nothing was asked in time; closing",

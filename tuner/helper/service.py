@@ -32,7 +32,7 @@ from tuner.core import exit_codes
 from tuner.core.errors import PermissionDenied, TunerError, UnknownDevice, Unsupported
 from tuner.core.kernel_files import boot_id as current_boot_id
 from tuner.core.kernel_files import same_boot
-from tuner.core.models import DeviceInfo, Knob
+from tuner.core.models import DeviceInfo, Knob, printable
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
 from tuner.helper.leases import Book, Pending
@@ -113,6 +113,10 @@ class HelperService:
     def handle(self, who: Client, request: s.Request) -> object:
         """The result of `request` (a schema struct or a core dataclass), or a TunerError."""
         handler = getattr(self, f"_op_{s.op_of(request)}")
+        if isinstance(request, s.Hello):
+            # it reads the caller's home, which may never answer (a hung NFS mount, the user's own FUSE file
+            # system): without the lock, which `import_user` takes only to merge
+            return handler(who, request)
         with self.lock:
             if isinstance(request, s.CardRequest) and request.card not in self.devices:
                 raise UnknownDevice(f"no card {request.card!r}", f"known cards: {', '.join(self.devices) or 'none'}")
@@ -247,8 +251,9 @@ class HelperService:
 
     def _op_claim(self, who: Client, r: s.Claim) -> None:
         self._writer(r.card, who)
-        self.book.hold(r.card, who.conn, who.peer, time.time(), r.purpose, explicit=True)
-        self._audit("claim", r.card, who, purpose=r.purpose)
+        purpose = printable(r.purpose)  # shown to other users in their `busy` line, as the holder's command is
+        self.book.hold(r.card, who.conn, who.peer, time.time(), purpose, explicit=True)
+        self._audit("claim", r.card, who, purpose=purpose)
 
     def _op_release(self, who: Client, r: s.Release) -> None:
         self.book.release(r.card, who.conn)
@@ -287,7 +292,8 @@ class HelperService:
         return self.state.unsafe_entries(self.keys[r.card])
 
     def _op_unsafe_clear(self, who: Client, r: s.UnsafeClear) -> list[s.UnsafeEntry]:
-        removed = self.state.clear_unsafe(self.keys[r.card], r.setting)
+        key = self._writer(r.card, who)  # a write: not under another connection's bisect, not on a damaged state
+        removed = self.state.clear_unsafe(key, r.setting)
         self._audit("unsafe_clear", r.card, who, settings=[e.setting for e in removed])
         return removed
 
@@ -300,8 +306,11 @@ class HelperService:
                 self.backend.set_lock_clock(card, pending.previous_lock_mhz)
             except TunerError as e:
                 note = f"the lock clock could not be set back ({e.message}); "
-        knob = self.backend.knob(card)
-        if pending.previous != knob.stock and not note:
+        try:
+            stock: int | None = self.backend.knob(card).stock
+        except TunerError as e:  # a card that fell off the bus: still try a reset, and go on with the others
+            stock, note = None, note + f"the card could not be read ({e.message}); "
+        if pending.previous != stock and not note:
             try:
                 if self.backend.apply(card, pending.previous, allow_overvolt=True).current == pending.previous:
                     return pending.previous, note + "the previous value is back"
@@ -337,20 +346,30 @@ class HelperService:
     def connection_closed(self, who: Client) -> None:
         """The client went away (exit, crash, kill -9): everything it left unconfirmed goes back."""
         with self.lock:
+            # one card's failure (a full disk under the state directory) must not keep the others from going back
             for pending in self.book.pending_of(who.conn):
-                self._revert(pending, f"the client (uid {who.peer.uid} pid {who.peer.pid}) went away unconfirmed")
+                try:
+                    self._revert(pending, f"the client (uid {who.peer.uid} pid {who.peer.pid}) went away unconfirmed")
+                except TunerError as e:
+                    self._log(f"putting back {pending.card} after its client went away: {e.one_line()}")
             for card in sorted(self.book.cards_of(who.conn)):
-                if self.book.loads.get(card) == who.conn:
-                    self.backend.note_load(card, False)
-                    self.book.loads.pop(card, None)
-                if self.book.trials.get(card) == who.conn:
-                    self._recover_trial(self.keys[card], "inconclusive", "tool-died",
-                                        f"the client (pid {who.peer.pid}) went away during this trial: not evidence "
-                                        "about the voltage; it runs again")
-                    self.book.trials.pop(card, None)
-                hold = self.book.holds.get(card)
-                if hold is not None and hold.conn == who.conn:
-                    del self.book.holds[card]
+                try:
+                    if self.book.loads.get(card) == who.conn:
+                        self.backend.note_load(card, False)
+                    if self.book.trials.get(card) == who.conn:
+                        self._recover_trial(self.keys[card], "inconclusive", "tool-died",
+                                            f"the client (pid {who.peer.pid}) went away during this trial: not "
+                                            "evidence about the voltage; it runs again")
+                except TunerError as e:
+                    self._log(f"releasing {card} after its client went away: {e.one_line()}")
+                finally:
+                    if self.book.loads.get(card) == who.conn:
+                        self.book.loads.pop(card, None)
+                    if self.book.trials.get(card) == who.conn:
+                        self.book.trials.pop(card, None)
+                    hold = self.book.holds.get(card)
+                    if hold is not None and hold.conn == who.conn:
+                        del self.book.holds[card]
             self.lost.pop(who.conn, None)
 
     def shutdown(self) -> None:
@@ -365,11 +384,12 @@ class HelperService:
 
     def _mark_unsafe(self, key: str, trial: s.OpenTrial, mark: s.UnsafeMark, *, serial: str | None = None,
                      source: str = "helper") -> None:
-        """The trial's setting goes on the card's unsafe list (stock never does)."""
+        """The trial's setting goes on the card's unsafe list (stock never does); its words are escaped, as they are
+        shown to every other user."""
         if trial.setting != trial.stock:
             self.state.add_unsafe(key, s.UnsafeEntry(
-                setting=trial.setting, unit=trial.unit, kind=mark.kind, reason=mark.reason, edge=mark.edge,
-                device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
+                setting=trial.setting, unit=trial.unit, kind=printable(mark.kind), reason=printable(mark.reason),
+                edge=mark.edge, device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
                 recorded_at=time.time(), kernel_log=mark.kernel_log, uid=trial.uid, source=source))
 
     def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
@@ -424,9 +444,9 @@ class HelperService:
         with self.lock:
             for line in found.unsafe:
                 key = self._key_for(line.serial, line.device, by_serial)
-                added += self.state.merge_unsafe(key, s.UnsafeEntry(
-                    setting=line.setting, unit=line.unit, kind=line.kind, reason=line.reason, edge=line.edge,
-                    device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
+                added += self.state.merge_unsafe(key, s.UnsafeEntry(  # the words are shown to every other user
+                    setting=line.setting, unit=line.unit, kind=printable(line.kind), reason=printable(line.reason),
+                    edge=line.edge, device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
                     recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
                     source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
