@@ -199,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     process: a signal storm then ends with the documented code (`signals.install(ends_process=True)`)."""
     owns_process = argv is None
     signals.install(ends_process=owns_process)  # first: a signal during parsing ends through the same paths
+    _closed_streams_to_devnull()
     ctx: Context | None = None
     code = exit_codes.OK
     ignore_before = os.environ.get(other_tools.IGNORE_ENV)
@@ -233,6 +234,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if code == exit_codes.OK:
                     code = _exit_code_for(e)
     return code
+
+
+def _closed_streams_to_devnull() -> None:
+    """A stream the process was started without (`2>&-`) is None in Python, and `print(file=None)` writes to stdout:
+    an error line or a prompt would land in the document a script reads. Its writes go nowhere instead."""
+    for name in ("stderr",):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - the process's own stream, open until exit
 
 
 def _say(line: str) -> None:
