@@ -91,3 +91,12 @@ def test_a_closed_stderr_never_sends_its_lines_to_stdout(tmp_path, boot):
     document, rc = proc.stdout.rsplit("rc=", 1)
     assert rc.strip() == "8" and json.loads(document)["reverted_to"]["current"] == -10, proc.stdout
 
+
+def test_json_with_stdout_closed_is_quiet(tmp_path, boot):
+    """Started with stdout closed (`>&-`), sys.stdout is None: the text commands print nothing and exit 0 (print
+    skips a None stdout); --json must not differ. Before: `list --json >&-` ended in a traceback
+    (`AttributeError: 'NoneType' object has no attribute 'write'`), exit 1."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for args in ("--simulate list", "--simulate list --json", "--simulate status --json"):
+        proc = closed(args, ">&-", env)
+        assert (proc.stderr.strip(), proc.stdout) == ("rc=0", ""), (args, proc.stderr)

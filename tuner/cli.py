@@ -237,9 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _closed_streams_to_devnull() -> None:
-    """A stream the process was started without (`2>&-`) is None in Python, and `print(file=None)` writes to stdout:
-    an error line or a prompt would land in the document a script reads. Its writes go nowhere instead."""
-    for name in ("stderr",):
+    """A stream the process was started without (`2>&-`, `>&-`) is None in Python: `print(file=None)` writes to
+    stdout (an error line or a prompt would land in the document a script reads), and a --json document written to
+    a None stdout was a traceback where a plain print writes nothing. Its writes go nowhere instead."""
+    for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - the process's own stream, open until exit
 
