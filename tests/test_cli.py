@@ -48,6 +48,13 @@ def test_state_persists_between_invocations_and_reset_restores(monkeypatch):
     (["--simulate", "status", "--device", "sim9"], "no device 'sim9'"),
     (["--simulate", "--sim-vmin", "-500", "list"], "--sim-vmin must be between"),
     (["--simulate", "frobnicate"], "invalid choice"),
+    # an empty id (`--device "$DEV"` with DEV unset) is not "no --device": it acted on the only card, or all of them
+    (["--simulate", "set", "--device", "", "--offset", "-10", "--yes"], "no device ''"),
+    (["--simulate", "--sim-gpus", "2", "reset", "--device", ""], "no device ''"),
+    (["--simulate", "status", "--device", "", "--json"], "no device ''"),
+    (["--simulate", "unsafe", "list", "--device", ""], "no device ''"),
+    (["--simulate", "unsafe", "clear", "--device", "", "--yes"], "no device ''"),
+    (["--simulate", "stress", "--device", "", "--steps", "1"], "no device ''"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, fragment):
     proc = run_tuner(*args)

@@ -8,7 +8,9 @@ from tuner.core.models import DeviceInfo
 
 
 def pick_device(backend: Backend, device_id: str | None) -> DeviceInfo:
-    if device_id:
+    """`device_id` None: the only card. An empty id (`--device "$DEV"` with DEV unset) is an unknown id, never
+    "not given": it must not act on whichever card happens to be the only one."""
+    if device_id is not None:
         return backend.device(device_id)  # UnknownDevice lists the known ids
     devices = backend.devices()
     if len(devices) == 1:

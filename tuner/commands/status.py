@@ -74,14 +74,14 @@ def safety_warnings(device_id: str, knob: Knob) -> list[str]:
 
 def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
-    devices = [backend.device(args.device)] if args.device else backend.devices()
+    devices = [backend.device(args.device)] if args.device is not None else backend.devices()
     report = [(dev, backend.knob(dev.id), backend.telemetry(dev.id)) for dev in devices]
     warnings = {d.id: safety_warnings(d.id, k) for d, k, _ in report}
     warn(line for lines in warnings.values() for line in lines)
     if args.json:
         docs = [{"device": d.to_dict(), "knob": k.to_dict(), "telemetry": t.to_dict(), "warnings": warnings[d.id]}
                 for d, k, t in report]
-        print_json(docs[0] if args.device else {"devices": docs})
+        print_json(docs[0] if args.device is not None else {"devices": docs})
         return exit_codes.OK
     for dev, knob, sample in report:
         print(f"{dev.id}  {dev.label}")
