@@ -125,6 +125,20 @@ def test_list_shows_every_card_even_when_one_has_overdrive_off(tmp_path):
     assert "unsupported" in table and "-200..+0 mV" in table
 
 
+@pytest.mark.parametrize("option", [["--sim-vmin", "-50"], ["--sim-gpus", "2"], ["--sim-kind", "nvidia"],
+                                    ["--sim-seed", "3"], ["--sim-driver", "999.1"]])
+def test_a_simulator_option_without_simulate_is_refused(tmp_path, option):
+    """`tuner --sim-vmin -52 set ...` (the README's demo with --simulate forgotten) must not quietly act on the real
+    cards: --sim-nondeterministic, --sim-contention-after, --sim-sdc-rate and --sim-driver were refused without
+    --simulate, --sim-vmin, --sim-gpus, --sim-kind and --sim-seed were ignored and the real card listed, exit 0."""
+    from tests.backends.fakes.trees import make_tree
+
+    make_tree(tmp_path, ["rdna4"])
+    proc = run_tuner(*option, "list", env={"TUNER_SYSFS_ROOT": str(tmp_path)})
+    assert proc.returncode == 2 and "need --simulate" in proc.stderr, (proc.returncode, proc.stdout, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1 and option[0] in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--simulate", "set", "--device", "sim0", "--offset", "abc"], "expected a whole number"),
     (["--simulate", "set", "--device", "sim0", "--offset", "-5", "--keep-timeout", "0"], "expected 1..600 seconds"),
