@@ -169,3 +169,19 @@ def test_a_command_imports_only_its_own_module(tmp_path):
     helped = subprocess.run([sys.executable, "-m", "tuner", "--help"], capture_output=True, text=True, cwd=REPO,
                             timeout=120)
     assert all(f"    {name}" in helped.stdout for name in ("list", "bisect", "screen", "doctor", "unsafe"))
+
+
+def test_a_name_or_sign_the_terminal_cannot_encode_is_escaped_not_a_traceback(tmp_path, boot):
+    """Python's stdout is strict in a UTF-8 locale other than C.UTF-8 (en_US.UTF-8: PYTHONIOENCODING=utf-8 here),
+    so a file name with a non-UTF-8 byte (a Latin-1 name: Python holds it as a lone surrogate) could not be printed:
+    `tuner report` wrote the file, then ended in `UnicodeEncodeError: ... surrogates not allowed`, exit 1. With an
+    ASCII stdout `tuner status` died on its first `°C`. Such characters are escaped, as Python's stderr does."""
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.tuning import journal
+
+    journal.Journal.create("sim0", params={}, knob={}, backend=SimulatedBackend(state_path=tmp_path / "sim"))
+    latin1 = str(tmp_path / "r\udce9sum\u00e9.csv")  # b"r\xe9sum\xc3\xa9.csv" on disk
+    proc = run_tuner("--simulate", "report", latin1, env={"PYTHONIOENCODING": "utf-8"})
+    assert proc.returncode == 0 and "r\\udce9sumé.csv" in proc.stdout, (proc.returncode, proc.stderr)
+    proc = run_tuner("--simulate", "status", env={"PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0 and "\\xb0C" in proc.stdout, (proc.returncode, proc.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import re
 import signal
@@ -200,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     owns_process = argv is None
     signals.install(ends_process=owns_process)  # first: a signal during parsing ends through the same paths
     _closed_streams_to_devnull()
+    if owns_process:
+        _unencodable_escaped()
     ctx: Context | None = None
     code = exit_codes.OK
     ignore_before = os.environ.get(other_tools.IGNORE_ENV)
@@ -243,6 +246,15 @@ def _closed_streams_to_devnull() -> None:
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - the process's own stream, open until exit
+
+
+def _unencodable_escaped() -> None:
+    """stdout is strict in most UTF-8 locales (en_US.UTF-8; C.UTF-8 is not): a file name with a non-UTF-8 byte (held
+    as a lone surrogate) or a `°C` on an ASCII stdout was a UnicodeEncodeError after the command had done its work.
+    Such characters are written as escapes instead, as Python's own stderr writes them."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _say(line: str) -> None:
