@@ -125,6 +125,25 @@ def test_list_shows_every_card_even_when_one_has_overdrive_off(tmp_path):
     assert "unsupported" in table and "-200..+0 mV" in table
 
 
+def test_status_shows_every_card_even_when_one_has_overdrive_off(tmp_path):
+    """As `tuner list`: one card with Overdrive off must not hide the others. Before, `tuner status` (every card)
+    stopped at that card's knob: exit 4 and no line, not even the working card's telemetry."""
+    from tests.backends.fakes.trees import make_tree
+
+    make_tree(tmp_path, ["rdna4", "rdna3"])
+    (tmp_path / "sys/devices/pci0000:00/0000:11:00.0/pp_od_clk_voltage").unlink()  # rdna3 card: overdrive off
+    env = {"TUNER_SYSFS_ROOT": str(tmp_path)}
+    proc = run_tuner("status", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    devices = {d["device"]["id"]: d for d in json.loads(proc.stdout)["devices"]}
+    assert devices["0000:10:00.0"]["knob"]["min"] == -200 and devices["0000:10:00.0"]["telemetry"]
+    assert devices["0000:11:00.0"]["knob"] is None and "ppfeaturemask" in devices["0000:11:00.0"]["error"]
+    text = run_tuner("status", env=env)
+    assert text.returncode == 0 and "unsupported" in text.stdout and "-200..+0" in text.stdout, text.stderr
+    one = run_tuner("status", "--device", "0000:11:00.0", env=env)  # the card asked for: its error is the answer
+    assert one.returncode == 4 and "ppfeaturemask" in one.stderr, one.stderr
+
+
 @pytest.mark.parametrize("option", [["--sim-vmin", "-50"], ["--sim-gpus", "2"], ["--sim-kind", "nvidia"],
                                     ["--sim-seed", "3"], ["--sim-driver", "999.1"]])
 def test_a_simulator_option_without_simulate_is_refused(tmp_path, option):
