@@ -34,3 +34,21 @@ def test_a_relative_home_is_not_used(monkeypatch, tmp_path):
         assert config_dir() == account_home / ".config/tuner", home
     monkeypatch.setenv("HOME", str(tmp_path))  # an absolute HOME is the home
     assert state_dir() == tmp_path / ".local/state/tuner"
+
+
+def test_an_empty_override_is_the_default(monkeypatch):
+    """`TUNER_SYSFS_ROOT=` (exported empty, or `TUNER_SYSFS_ROOT=$ROOT` with ROOT unset) is no override, as an empty
+    TUNER_STATE_DIR or TUNER_HELPER_SOCKET is. Path("") is the current directory: `tuner list` looked for
+    ./sys/class/drm and said "no supported GPU found" on a machine with GPUs, and the boot id was read from
+    ./proc; an empty TUNER_SYSTEM_PROFILES made the boot profiles those of the current directory."""
+    from tuner.core.paths import sysfs_root, system_profiles_dir
+    from tuner.core.torch_build import gpu_vendors, needed_build
+
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", "")
+    monkeypatch.setenv("TUNER_SYSTEM_PROFILES", "")
+    assert sysfs_root() == Path("/")
+    assert system_profiles_dir() == Path("/etc/tuner/profiles")
+    seen: list[Path] = []
+    monkeypatch.setattr("tuner.core.torch_build.gpu_vendors", lambda root: seen.append(root) or gpu_vendors(root))
+    needed_build(env={"TUNER_SYSFS_ROOT": ""})
+    assert seen == [Path("/")]

@@ -59,7 +59,7 @@ def user_profiles_dir() -> Path:
 
 def system_profiles_dir() -> Path:
     """Profiles the boot service applies; written only as root."""
-    return Path(os.environ.get("TUNER_SYSTEM_PROFILES", "/etc/tuner/profiles"))
+    return Path(os.environ.get("TUNER_SYSTEM_PROFILES") or "/etc/tuner/profiles")  # empty: unset, as the others
 
 
 DEFAULT_SYSTEM_STATE_DIR = "/var/lib/tuner"
@@ -81,4 +81,4 @@ def helper_socket() -> tuple[Path, bool]:
 
 def sysfs_root() -> Path:
     """Root under which `/sys` and `/proc` are read: `TUNER_SYSFS_ROOT` lets tests and dry runs use a fake tree."""
-    return Path(os.environ.get("TUNER_SYSFS_ROOT", "/"))
+    return Path(os.environ.get("TUNER_SYSFS_ROOT") or "/")  # empty is unset: Path("") would be the current directory
