@@ -164,6 +164,12 @@ def test_a_simulator_option_without_simulate_is_refused(tmp_path, option):
     (["--simulate", "stress", "--device", "sim0", "--steps", "0"], "expected at least 1"),
     (["--simulate", "bisect", "--device", "sim0", "--trial", "5 minutes"], "bad duration"),
     (["--simulate", "apply", "x", "--verify", "soon"], "bad duration"),
+    # as every whole number: ASCII digits, at most 18 (int() took both, and the engine died on the first after a
+    # start: "internal error: ValueError: Overflow when unpacking long long"; the second recorded with seed 3)
+    (["--simulate", "reference", "record", "--seed", "99999999999999999999999", "--duration", "2s", "--out",
+      "/proc/x.ref"], "expected a whole number"),
+    (["--simulate", "reference", "record", "--seed", "\u0663", "--duration", "2s", "--out", "/proc/x.ref"],
+     "expected a whole number"),
 ])
 def test_bad_option_values_are_one_line_and_exit_2(args, fragment):
     proc = run_tuner(*args)
