@@ -100,3 +100,17 @@ def test_json_with_stdout_closed_is_quiet(tmp_path, boot):
     for args in ("--simulate list", "--simulate list --json", "--simulate status --json"):
         proc = closed(args, ">&-", env)
         assert (proc.stderr.strip(), proc.stdout) == ("rc=0", ""), (args, proc.stderr)
+
+
+def test_bisect_of_a_real_card_with_stdin_closed_asks_for_yes(tmp_path):
+    """`tuner bisect <&-` on a real card: Python's sys.stdin is None, and the consent question checked
+    `sys.stdin.isatty()`: a traceback (`'NoneType' object has no attribute 'isatty'`), exit 1. With no one to
+    answer it is the refusal a non-terminal stdin gets: pass --yes, exit 2, the card untouched."""
+    from tests.backends.fakes.trees import make_tree
+
+    make_tree(tmp_path, ["rdna4"])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_SYSFS_ROOT": str(tmp_path)}
+    script = f"{sys.executable} -m tuner bisect --trial 2s <&-; echo \"rc=$?\""
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert proc.stdout.strip() == "rc=2" and "pass --yes" in proc.stderr, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr

@@ -240,12 +240,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _closed_streams_to_devnull() -> None:
-    """A stream the process was started without (`2>&-`, `>&-`) is None in Python: `print(file=None)` writes to
-    stdout (an error line or a prompt would land in the document a script reads), and a --json document written to
-    a None stdout was a traceback where a plain print writes nothing. Its writes go nowhere instead."""
-    for name in ("stdout", "stderr"):
+    """A stream the process was started without (`2>&-`, `>&-`, `<&-`) is None in Python: `print(file=None)` writes
+    to stdout (an error line or a prompt would land in the document a script reads), a --json document written to
+    a None stdout was a traceback where a plain print writes nothing, and so was a question asked of a None stdin.
+    It is /dev/null instead: writes go nowhere, a read is at its end (no one can answer, so the answer is no)."""
+    for name, mode in (("stdin", "r"), ("stdout", "w"), ("stderr", "w")):
         if getattr(sys, name) is None:
-            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - the process's own stream, open until exit
+            setattr(sys, name, open(os.devnull, mode))  # noqa: SIM115 - the process's own stream, open until exit
 
 
 def _unencodable_escaped() -> None:
