@@ -101,6 +101,17 @@ def test_version_and_help_document_exit_codes():
     assert "XDG_STATE_HOME" in help_text and "TUNER_SYSFS_ROOT" in help_text
 
 
+def test_help_names_where_the_simulated_cards_live(tmp_path, monkeypatch):
+    """`tuner --help` said the simulated cards are in $XDG_STATE_HOME/tuner; they are beside it, in
+    $XDG_STATE_HOME/tuner-simulated (tuner.core.paths.simulated_dir, and the README's Files section)."""
+    from tuner.core import paths
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert paths.simulated_dir() == tmp_path / "tuner-simulated"
+    help_text = " ".join(run_tuner("--help").stdout.split())
+    assert "simulated cards in $XDG_STATE_HOME/tuner-simulated" in help_text, help_text
+
+
 def test_xdg_state_home_is_honoured(tmp_path):
     run_tuner("--simulate", "list", env={"XDG_STATE_HOME": str(tmp_path)})
     from tuner.backends.simulated import SimulatedBackend

@@ -52,7 +52,8 @@ examples:
 
 environment:
   XDG_CONFIG_HOME   profiles live in $XDG_CONFIG_HOME/tuner/profiles (default ~/.config)
-  XDG_STATE_HOME    journals, the unsafe list and simulated cards in $XDG_STATE_HOME/tuner (default ~/.local/state)
+  XDG_STATE_HOME    journals and the unsafe list in $XDG_STATE_HOME/tuner, simulated cards in
+                    $XDG_STATE_HOME/tuner-simulated (default ~/.local/state)
   TUNER_SYSFS_ROOT  read and write sysfs under this root instead of / (fake trees, dry runs)
   TUNER_HELPER_SOCKET  the root helper to write through (default /run/tuner/helper.sock when it exists)
   TUNER_IGNORE_OTHER_TOOLS=1  as --ignore-other-tools (the UI's bisect too)
