@@ -133,6 +133,23 @@ def test_unknown_device_is_a_usage_error():
         stress.run(args, Context.from_args(args))
 
 
+@pytest.mark.parametrize("existing", ["file", "directory"])
+def test_record_never_replaces_what_is_at_its_path(tmp_path, existing):
+    """`tuner reference record --out` and `tuner report` refuse a path that exists unless asked to overwrite;
+    `tuner stress --record PATH` replaced whatever was there (a portable `.ref` bundle that took a recording and
+    its replay, any file) once the run passed, and at a directory it ran the whole stress, then ended in an
+    internal error. Now nothing runs and nothing is touched."""
+    target = tmp_path / "stock.ref"
+    if existing == "file":
+        target.write_bytes(b"precious")
+    else:
+        target.mkdir()
+    args = parse("--simulate", "stress", "--device", "sim0", "--steps", "5", "--record", str(target))
+    with pytest.raises(UsageError, match="already exists"):
+        stress.run(args, Context.from_args(args))
+    assert target.is_dir() if existing == "directory" else target.read_bytes() == b"precious"
+
+
 def test_without_a_stock_reference_off_stock_nothing_starts_unless_asked(capsys, monkeypatch):
     """Issue 24 item 2, the CLI's side: after an undervolt there is no stock reference to compare with. The run
     does not start on weaker checks by itself: a one-line usage error says so and how to get the full check."""

@@ -8,6 +8,7 @@ raised again inside its handling).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,3 +65,52 @@ def test_a_pipe_closed_before_the_first_write_is_141_and_silent(tmp_path, boot):
                               cwd=REPO, timeout=120)
         os.close(write_end)
         assert (proc.returncode, proc.stderr) == (141, ""), name
+
+
+def closed(args: str, fd: str, env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess:
+    """`tuner ARGS` started with `fd` (`>&-` stdout, `2>&-` stderr) closed, as a shell does; `rc=N` (tuner's exit
+    code) ends the other stream."""
+    other = ">&2" if fd == ">&-" else ""
+    script = f"{sys.executable} -m tuner {args} {fd}; echo \"rc=$?\" {other}"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+                          input=stdin)
+
+
+def test_a_closed_stderr_never_sends_its_lines_to_stdout(tmp_path, boot):
+    """Started with stderr closed (`2>&-`), Python's sys.stderr is None, and `print(file=None)` writes to stdout:
+    an error line, a warning or the keep-or-revert prompt then went into the --json document a script reads.
+    Before: `status --device nope --json 2>&-` printed `tuner: error: no device 'nope'...` on stdout, and `set` with
+    no answer crashed writing its prompt (`'NoneType' object has no attribute 'write'`), exit 1 instead of 8."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = closed("--simulate status --device nope --json", "2>&-", env)
+    assert proc.stdout.strip() == "rc=2", proc.stdout
+    proc = closed("--simulate set --offset -10 --yes --json", "2>&-", env)
+    document, rc = proc.stdout.rsplit("rc=", 1)
+    assert rc.strip() == "0" and json.loads(document)["kept"] is True, proc.stdout
+    proc = closed("--simulate set --offset -20 --json", "2>&-", env, stdin="n\n")
+    document, rc = proc.stdout.rsplit("rc=", 1)
+    assert rc.strip() == "8" and json.loads(document)["reverted_to"]["current"] == -10, proc.stdout
+
+
+def test_json_with_stdout_closed_is_quiet(tmp_path, boot):
+    """Started with stdout closed (`>&-`), sys.stdout is None: the text commands print nothing and exit 0 (print
+    skips a None stdout); --json must not differ. Before: `list --json >&-` ended in a traceback
+    (`AttributeError: 'NoneType' object has no attribute 'write'`), exit 1."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for args in ("--simulate list", "--simulate list --json", "--simulate status --json"):
+        proc = closed(args, ">&-", env)
+        assert (proc.stderr.strip(), proc.stdout) == ("rc=0", ""), (args, proc.stderr)
+
+
+def test_bisect_of_a_real_card_with_stdin_closed_asks_for_yes(tmp_path):
+    """`tuner bisect <&-` on a real card: Python's sys.stdin is None, and the consent question checked
+    `sys.stdin.isatty()`: a traceback (`'NoneType' object has no attribute 'isatty'`), exit 1. With no one to
+    answer it is the refusal a non-terminal stdin gets: pass --yes, exit 2, the card untouched."""
+    from tests.backends.fakes.trees import make_tree
+
+    make_tree(tmp_path, ["rdna4"])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_SYSFS_ROOT": str(tmp_path)}
+    script = f"{sys.executable} -m tuner bisect --trial 2s <&-; echo \"rc=$?\""
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert proc.stdout.strip() == "rc=2" and "pass --yes" in proc.stderr, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr

@@ -76,3 +76,14 @@ def test_the_boot_id_reader_refuses_special_files_at_once(tmp_path):
     for path in (fifo, "/dev/zero", tmp_path):
         with pytest.raises(kernel_files.NotAKernelFile):
             kernel_files.read_bytes(path, timeout_s=DEADLINE_S)
+
+
+def test_stress_refuses_a_fifo_given_as_its_reference(tmp_path):
+    """`tuner reference show` and `tuner screen` refuse a FIFO where a reference file should be; `tuner stress
+    --reference FIFO` started the engine, whose read of the reference blocked until something wrote to the FIFO: the
+    command hung, nothing ran (a device node such as /dev/zero would have been read until memory ran out)."""
+    fifo = tmp_path / "stock.ref"
+    os.mkfifo(fifo)
+    proc = _tuner("--simulate", "stress", "--device", "sim0", "--steps", "5", "--reference", str(fifo), env={})
+    assert proc.returncode == 2 and "a FIFO" in proc.stdout + proc.stderr, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import re
 import signal
@@ -51,7 +52,8 @@ examples:
 
 environment:
   XDG_CONFIG_HOME   profiles live in $XDG_CONFIG_HOME/tuner/profiles (default ~/.config)
-  XDG_STATE_HOME    journals, the unsafe list and simulated cards in $XDG_STATE_HOME/tuner (default ~/.local/state)
+  XDG_STATE_HOME    journals and the unsafe list in $XDG_STATE_HOME/tuner, simulated cards in
+                    $XDG_STATE_HOME/tuner-simulated (default ~/.local/state)
   TUNER_SYSFS_ROOT  read and write sysfs under this root instead of / (fake trees, dry runs)
   TUNER_HELPER_SOCKET  the root helper to write through (default /run/tuner/helper.sock when it exists)
   TUNER_IGNORE_OTHER_TOOLS=1  as --ignore-other-tools (the UI's bisect too)
@@ -199,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     process: a signal storm then ends with the documented code (`signals.install(ends_process=True)`)."""
     owns_process = argv is None
     signals.install(ends_process=owns_process)  # first: a signal during parsing ends through the same paths
+    _closed_streams_to_devnull()
+    if owns_process:
+        _unencodable_escaped()
     ctx: Context | None = None
     code = exit_codes.OK
     ignore_before = os.environ.get(other_tools.IGNORE_ENV)
@@ -233,6 +238,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if code == exit_codes.OK:
                     code = _exit_code_for(e)
     return code
+
+
+def _closed_streams_to_devnull() -> None:
+    """A stream the process was started without (`2>&-`, `>&-`, `<&-`) is None in Python: `print(file=None)` writes
+    to stdout (an error line or a prompt would land in the document a script reads), a --json document written to
+    a None stdout was a traceback where a plain print writes nothing, and so was a question asked of a None stdin.
+    It is /dev/null instead: writes go nowhere, a read is at its end (no one can answer, so the answer is no)."""
+    for name, mode in (("stdin", "r"), ("stdout", "w"), ("stderr", "w")):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, mode))  # noqa: SIM115 - the process's own stream, open until exit
+
+
+def _unencodable_escaped() -> None:
+    """stdout is strict in most UTF-8 locales (en_US.UTF-8; C.UTF-8 is not): a file name with a non-UTF-8 byte (held
+    as a lone surrogate) or a `°C` on an ASCII stdout was a UnicodeEncodeError after the command had done its work.
+    Such characters are written as escapes instead, as Python's own stderr writes them."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _say(line: str) -> None:

@@ -71,3 +71,29 @@ def test_a_change_nobody_confirmed_has_its_own_exit_code():
     assert proc.returncode == exit_codes.NOT_CONFIRMED == 8
     assert "not confirmed: reverted to +0 mV" in proc.stderr
     assert SimulatedBackend().knob("sim0").current == 0
+
+
+def test_reset_all_resets_every_card_it_can_when_one_is_held():
+    """`tuner reset --all` with one card held by another writer: the held card is refused (exit 6, its holder named)
+    but every other card still goes back to stock. Before, the reset stopped at the held card: sim2 kept its
+    undervolt, sim0 had been reset without a word, and the one line said "nothing was changed"."""
+    code = textwrap.dedent("""
+        import sys
+        from tuner.core.card_lock import CardLock
+        with CardLock("sim1", "auto-bisect of sim1"):
+            print("held", flush=True)
+            sys.stdin.read()
+    """)
+    backend = SimulatedBackend(gpus=3)
+    for card in ("sim0", "sim1", "sim2"):
+        backend.apply(card, -10)
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}) as holder:
+        assert holder.stdout.readline().strip() == "held"
+        proc = run_tuner("--simulate", "--sim-gpus", "3", "reset", "--all")
+        holder.stdin.close()
+    assert proc.returncode == exit_codes.BUSY, proc.stderr
+    assert f"pid {holder.pid} (auto-bisect of sim1)" in proc.stderr and "Traceback" not in proc.stderr
+    assert "sim0" in proc.stdout and "sim2" in proc.stdout, proc.stdout  # what was reset is said
+    after = SimulatedBackend(gpus=3)
+    assert [after.knob(c).current for c in ("sim0", "sim1", "sim2")] == [0, -10, 0]

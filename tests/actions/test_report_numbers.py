@@ -30,3 +30,14 @@ def test_non_finite_figures_are_null_in_json_and_empty_in_csv(tmp_path):
                                             simulated=True).open()))
     assert (rows[0]["tok_per_j"], rows[0]["efficiency_vs_stock"], rows[0]["tok_s"]) == ("", "", "1200.0")
     assert json.loads(rows[0]["sensitivity"]) == {"x": None}
+
+
+def test_a_simulated_cards_csv_says_so_on_every_row(tmp_path):
+    """A simulated card is labelled SIMULATED wherever it is shown: the JSON report carries `simulated` and a note,
+    but the CSV of the same trials (power from the simulator, tok/s from the CPU engine) looked like a real card's.
+    A real card's CSV is unchanged."""
+    rows = list(csv.DictReader(write_report(tmp_path / "sim.csv", TRIALS * 2, device_id="sim0", session="s",
+                                            simulated=True).open()))
+    assert [r.get("simulated") for r in rows] == ["SIMULATED", "SIMULATED"], rows
+    real = write_report(tmp_path / "real.csv", TRIALS, device_id="0000:03:00.0", session="s", simulated=False)
+    assert "simulated" not in real.read_text().lower()

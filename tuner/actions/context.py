@@ -74,7 +74,8 @@ class Context:
         if chosen or (not self.simulate and path.exists()):
             if not self.simulate:
                 check_no_simulator_options(self.sim_nondeterministic, self.sim_contention_after_s, self.sim_sdc_rate,
-                                           self.sim_driver)
+                                           self.sim_driver, vmin=self.sim_vmin_mv, gpus=self.sim_gpus,
+                                           seed=self.sim_seed, kind=self.sim_kind)
             try:
                 helper = HelperBackend.connect(path, client=" ".join(sys.argv)[:200] or "tuner",
                                                warn=lambda line: note(line))

@@ -39,14 +39,17 @@ def _cell(value: object) -> object:
     return "" if value is None else value
 
 
-def to_csv(trials: list[dict]) -> str:
+def to_csv(trials: list[dict], *, simulated: bool = False) -> str:
+    """One row per trial. A simulated card's rows each say SIMULATED in a first `simulated` column: a CSV has no
+    note beside its rows (the JSON's), and a row copied out of it must not pass for a real card's measurement."""
     extra = sorted({k for t in trials for k in t} - set(COLUMNS))
     columns = [c for c in COLUMNS if any(c in t for t in trials)] + extra
+    label = ["simulated"] if simulated else []
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
+    writer.writerow(label + columns)
     for t in trials:
-        writer.writerow([_cell(t.get(c)) for c in columns])
+        writer.writerow(["SIMULATED"] * len(label) + [_cell(t.get(c)) for c in columns])
     return out.getvalue()
 
 
@@ -70,8 +73,8 @@ def write_report(path: Path, trials: Iterable[Mapping], *, device_id: str, sessi
     if path.exists() and not overwrite:
         raise UsageError(f"{path} already exists; nothing was written", "choose another file name")
     rows = finished_trials(trials)
-    text = to_csv(rows) if suffix == ".csv" else to_json(rows, device_id=device_id, session=session,
-                                                          simulated=simulated, recommendation=recommendation)
+    text = to_csv(rows, simulated=simulated) if suffix == ".csv" else to_json(
+        rows, device_id=device_id, session=session, simulated=simulated, recommendation=recommendation)
     try:
         write_atomic(path, text.encode())
     except OSError as e:

@@ -18,7 +18,7 @@ def reset_targets(backend: Backend, device_id: str | None, *, all_devices: bool 
     """The cards a reset acts on: the one named, else all of them when asked or when there is only one (or they
     are simulated, where nothing real is at stake)."""
     devices = backend.devices()
-    if device_id:
+    if device_id is not None:  # an empty id is unknown (UnknownDevice), not "all of them"
         return [backend.device(device_id)]
     if all_devices or len(devices) == 1 or backend.simulated:
         return devices

@@ -24,7 +24,8 @@ def open_backend(
         return SimulatedBackend(gpus=sim_gpus, seed=sim_seed, vmin_mv=sim_vmin_mv, kind=sim_kind,
                                 nondeterministic=sim_nondeterministic, contention_after_s=sim_contention_after_s,
                                 sdc_rate=sim_sdc_rate, driver=sim_driver)
-    check_no_simulator_options(sim_nondeterministic, sim_contention_after_s, sim_sdc_rate, sim_driver)
+    check_no_simulator_options(sim_nondeterministic, sim_contention_after_s, sim_sdc_rate, sim_driver,
+                               vmin=sim_vmin_mv, gpus=sim_gpus, seed=sim_seed, kind=sim_kind)
     found: list[Backend] = []
     for module_name in REAL_BACKEND_MODULES:
         backend = importlib.import_module(module_name).discover()  # a missing module is a broken install: raise
@@ -39,11 +40,20 @@ def open_backend(
 
 
 def check_no_simulator_options(nondeterministic: bool, contention_after_s: float | None,
-                               sdc_rate: float | tuple[float, ...] | None, driver: str | None) -> None:
-    """Real cards (in-process or through the helper): the simulator's own options are a UsageError."""
-    if nondeterministic or contention_after_s is not None or sdc_rate is not None or driver is not None:
-        raise UsageError("--sim-nondeterministic, --sim-contention-after, --sim-sdc-rate and --sim-driver need "
-                         "--simulate", "add --simulate, or leave them out on real hardware")
+                               sdc_rate: float | tuple[float, ...] | None, driver: str | None, *,
+                               vmin: int | tuple[int, ...] | None = None, gpus: int = 1, seed: int = 0,
+                               kind: str = "amd") -> None:
+    """Real cards (in-process or through the helper): the simulator's own options are a UsageError, so a command
+    meant for the simulator (`tuner --sim-vmin -52 set ...` with --simulate forgotten) never acts on a real card.
+    `gpus`, `seed` and `kind` have the simulator's defaults (the parser's): another value was given."""
+    given = [flag for flag, on in (("--sim-gpus", gpus != 1), ("--sim-seed", seed != 0), ("--sim-kind", kind != "amd"),
+                                   ("--sim-vmin", vmin is not None), ("--sim-nondeterministic", nondeterministic),
+                                   ("--sim-contention-after", contention_after_s is not None),
+                                   ("--sim-sdc-rate", sdc_rate is not None), ("--sim-driver", driver is not None))
+             if on]
+    if given:
+        raise UsageError(f"the simulator's options ({', '.join(given)}) need --simulate",
+                         "add --simulate, or leave them out on real hardware")
 
 
 __all__ = ["Backend", "CompositeBackend", "check_no_simulator_options", "open_backend"]

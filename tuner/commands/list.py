@@ -5,12 +5,10 @@ from __future__ import annotations
 from argparse import Namespace
 
 from tuner.actions.context import Context
-from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers
+from tuner.commands._device import knob_or_error
 from tuner.commands._output import format_table, format_value, print_json
 from tuner.core import exit_codes
-from tuner.core.errors import TunerError
-from tuner.core.models import Knob
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -23,28 +21,21 @@ def add_parser(subparsers: Subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _knob_or_error(backend: Backend, device_id: str) -> tuple[Knob | None, str | None]:
-    """One card with Overdrive off must not hide the others: its knob error is shown in its row."""
-    try:
-        return backend.knob(device_id), None
-    except TunerError as e:
-        return None, e.one_line()
-
-
 def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
-    entries = [(dev, *_knob_or_error(backend, dev.id)) for dev in backend.devices()]
+    entries = [(dev, *knob_or_error(backend, dev.id)) for dev in backend.devices()]
     if args.json:
         print_json(
             {"backend": backend.name, "simulated": backend.simulated,
-             "devices": [{**dev.to_dict(), "knob": knob and knob.to_dict(), **({"error": error} if error else {})}
+             "devices": [{**dev.to_dict(), "knob": knob and knob.to_dict(),
+                          **({"error": error.one_line()} if error else {})}
                          for dev, knob, error in entries]}
         )
         return exit_codes.OK
     rows = [
         (dev.id, dev.label, format_value(knob.current, knob.unit),
          f"{knob.min:+d}..{knob.max:+d} {knob.unit} step {knob.step}")
-        if knob else (dev.id, dev.label, "unsupported", error)
+        if knob else (dev.id, dev.label, "unsupported", error and error.one_line())
         for dev, knob, error in entries
     ]
     print(format_table(("DEVICE", "NAME", "SETTING", "RANGE"), rows))

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.actions.parameters import PRESET
-from tuner.commands._argtypes import Subparsers
+from tuner.commands._argtypes import Subparsers, whole_number
 from tuner.commands._device import pick_device
 from tuner.commands._output import print_json
 from tuner.core import exit_codes
@@ -49,7 +49,7 @@ def add_parser(subparsers: Subparsers) -> None:
     q.add_argument("--preset", choices=PRESET.choices,
                    help="model size (default: nanochat on GPUs, tiny on a simulated card)")
     q.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="compute dtype (default: the engine's)")
-    q.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
+    q.add_argument("--seed", type=whole_number, default=0, help="model and data seed (default 0)")
     q.add_argument("--json", action="store_true", help="print one JSON document")
     q.set_defaults(run=run_record)
 

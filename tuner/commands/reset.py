@@ -10,6 +10,7 @@ from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes
 from tuner.core.card_lock import describe_holder
+from tuner.core.errors import TunerError
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -37,10 +38,18 @@ def run(args: Namespace, ctx: Context) -> int:
             holder = describe_holder(dev.id)
             if holder:
                 warn([f"{dev.id} is held by {holder}; resetting it anyway (--force)"])
-    results = [(dev, reset_device(backend, dev.id, force=args.force)) for dev in targets]
+    results, refused = [], []
+    for dev in targets:
+        try:
+            results.append((dev, reset_device(backend, dev.id, force=args.force)))
+        except TunerError as e:  # a held card (or one that did not take stock) never keeps the others undervolted
+            refused.append(e)
     if args.json:
         print_json({"reset": [{"device": d.id, "knob": k.to_dict()} for d, k in results]})
     else:
         for dev, knob in results:
             print(f"{dev.id}  {dev.label}: reset to stock ({format_value(knob.current, knob.unit)})")
+    if refused:  # the first card's error is the exit code and the error line; any others are said before it
+        warn(e.one_line() for e in refused[1:])
+        raise refused[0]
     return exit_codes.OK

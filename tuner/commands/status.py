@@ -7,10 +7,11 @@ from argparse import Namespace
 from tuner.actions import safety_files
 from tuner.actions.context import Context
 from tuner.commands._argtypes import Subparsers
+from tuner.commands._device import knob_or_error
 from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes
-from tuner.core.errors import StateError
-from tuner.core.models import Knob, Telemetry
+from tuner.core.errors import StateError, TunerError
+from tuner.core.models import DeviceInfo, Knob, Telemetry
 from tuner.core.telemetry_text import fan_text, limits_text, vram_text
 
 _FIELDS = (  # (label, attribute, format)
@@ -74,20 +75,31 @@ def safety_warnings(device_id: str, knob: Knob) -> list[str]:
 
 def run(args: Namespace, ctx: Context) -> int:
     backend = ctx.backend
-    devices = [backend.device(args.device)] if args.device else backend.devices()
-    report = [(dev, backend.knob(dev.id), backend.telemetry(dev.id)) for dev in devices]
-    warnings = {d.id: safety_warnings(d.id, k) for d, k, _ in report}
+    report: list[tuple[DeviceInfo, Knob | None, TunerError | None, Telemetry]]
+    if args.device is not None:  # the card asked for: its knob error is the answer
+        dev = backend.device(args.device)
+        report = [(dev, backend.knob(dev.id), None, backend.telemetry(dev.id))]
+    else:  # every card: one without a knob does not hide the others, but when none has one that is the answer
+        knobs = [(dev, *knob_or_error(backend, dev.id)) for dev in backend.devices()]
+        first_error = next((e for _, k, e in knobs if e is not None), None)
+        if first_error is not None and all(k is None for _, k, _ in knobs):
+            raise first_error
+        report = [(dev, knob, error, backend.telemetry(dev.id)) for dev, knob, error in knobs]
+    warnings = {d.id: safety_warnings(d.id, k) if k else [] for d, k, _, _ in report}
     warn(line for lines in warnings.values() for line in lines)
     if args.json:
-        docs = [{"device": d.to_dict(), "knob": k.to_dict(), "telemetry": t.to_dict(), "warnings": warnings[d.id]}
-                for d, k, t in report]
-        print_json(docs[0] if args.device else {"devices": docs})
+        docs = [{"device": d.to_dict(), "knob": k and k.to_dict(), **({"error": e.one_line()} if e else {}),
+                 "telemetry": t.to_dict(), "warnings": warnings[d.id]} for d, k, e, t in report]
+        print_json(docs[0] if args.device is not None else {"devices": docs})
         return exit_codes.OK
-    for dev, knob, sample in report:
+    for dev, knob, error, sample in report:
         print(f"{dev.id}  {dev.label}")
-        print(f"  {'setting':<12} {format_value(knob.current, knob.unit)} (stock {format_value(knob.stock, knob.unit)},"
-              f" range {knob.min:+d}..{knob.max:+d}, step {knob.step})")
-        for line in knob.clamped:  # curve points the driver's range kept from the asked offset
-            print(f"  {'clamped':<12} {line}")
+        if knob is None:
+            print(f"  {'setting':<12} unsupported: {error and error.one_line()}")
+        else:
+            print(f"  {'setting':<12} {format_value(knob.current, knob.unit)} (stock "
+                  f"{format_value(knob.stock, knob.unit)}, range {knob.min:+d}..{knob.max:+d}, step {knob.step})")
+            for line in knob.clamped:  # curve points the driver's range kept from the asked offset
+                print(f"  {'clamped':<12} {line}")
         print("\n".join(format_telemetry(sample)))
     return exit_codes.OK

@@ -25,6 +25,7 @@ from tuner.commands._device import pick_device
 from tuner.commands._output import StatusLine
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
+from tuner.core.errors import UsageError
 from tuner.core.models import Verdict
 
 if TYPE_CHECKING:
@@ -61,8 +62,8 @@ def add_parser(subparsers: Subparsers) -> None:
     ref.add_argument("--no-reference", action="store_true",
                      help="run without comparing with a stock reference (weaker: canary, GEMM, non-finite, device "
                      "errors, watchdog and kernel log only); needed when there is none and the card is not at stock")
-    ref.add_argument("--record", metavar="PATH", help="save this run's per-step digests as a reference (the run "
-                     "then compares with none)")
+    ref.add_argument("--record", metavar="PATH", help="save this run's per-step digests as a reference in a new "
+                     "file PATH (the run then compares with none)")
     p.add_argument("--json", action="store_true", help="engine events as JSON lines on stdout, then a result")
     p.set_defaults(run=run)
 
@@ -72,9 +73,13 @@ def build_request(args: argparse.Namespace, device_id: str) -> StressRequest:
     from tuner.actions.stress import StressRequest
     steps = args.steps
     duration_s = None if steps is not None else DURATION.parse(args.duration or STRESS_DURATION, where=DURATION.flag)
+    record = Path(args.record) if args.record else None
+    if record is not None and (record.exists() or record.is_symlink()):  # as `reference record --out`, `report`
+        raise UsageError(f"--record {record}: already exists; nothing was run",
+                         "choose another file name, or move that one aside first")
     return StressRequest(
         device_id, duration_s=duration_s, steps=steps, **{p.name: getattr(args, p.id) for p in STRESS},
-        reference=Path(args.reference) if args.reference else None, record=Path(args.record) if args.record else None,
+        reference=Path(args.reference) if args.reference else None, record=record,
         without_reference=args.no_reference)
 
 

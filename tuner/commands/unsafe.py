@@ -61,7 +61,7 @@ def _row(device_id: str, entry: dict) -> tuple[str, ...]:
 
 
 def run_list(args: Namespace, ctx: Context) -> int:
-    devices = [ctx.backend.device(args.device)] if args.device else ctx.backend.devices()
+    devices = [ctx.backend.device(args.device)] if args.device is not None else ctx.backend.devices()
     report = {d.id: safety_files.unsafe_entries(d.id, ctx.backend) for d in devices}
     if args.json:
         print_json({"unsafe": [{"device": d, "entries": entries} for d, entries in report.items()]})

@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import os
+import pwd
 from pathlib import Path
+
+from tuner.core.errors import UsageError
+
+
+def _home() -> Path:
+    """$HOME when it is absolute, else the account's home from the password database (as with no HOME at all): a
+    relative or empty HOME would put the state, the unsafe list and the trial journals included, relative to the
+    current directory, so two commands run from two directories would not see the same ones."""
+    home = os.environ.get("HOME", "")
+    if os.path.isabs(home):
+        return Path(home)
+    try:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        raise UsageError("HOME is not an absolute path and this user has no home directory in the password "
+                         "database", "set HOME (or XDG_CONFIG_HOME, XDG_STATE_HOME) to an absolute path") from None
 
 
 def _xdg(var: str, fallback: str) -> Path:
     value = os.environ.get(var)
     # The spec says relative paths are invalid and must be ignored.
-    return Path(value) if value and os.path.isabs(value) else Path.home() / fallback
+    return Path(value) if value and os.path.isabs(value) else _home() / fallback
 
 
 def config_dir() -> Path:
@@ -42,7 +59,7 @@ def user_profiles_dir() -> Path:
 
 def system_profiles_dir() -> Path:
     """Profiles the boot service applies; written only as root."""
-    return Path(os.environ.get("TUNER_SYSTEM_PROFILES", "/etc/tuner/profiles"))
+    return Path(os.environ.get("TUNER_SYSTEM_PROFILES") or "/etc/tuner/profiles")  # empty: unset, as the others
 
 
 DEFAULT_SYSTEM_STATE_DIR = "/var/lib/tuner"
@@ -64,4 +81,4 @@ def helper_socket() -> tuple[Path, bool]:
 
 def sysfs_root() -> Path:
     """Root under which `/sys` and `/proc` are read: `TUNER_SYSFS_ROOT` lets tests and dry runs use a fake tree."""
-    return Path(os.environ.get("TUNER_SYSFS_ROOT", "/"))
+    return Path(os.environ.get("TUNER_SYSFS_ROOT") or "/")  # empty is unset: Path("") would be the current directory

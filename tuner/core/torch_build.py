@@ -61,7 +61,7 @@ def gpu_vendors(root: Path) -> dict[str, list[str]]:
 def needed_build(root: Path | None = None, env: Mapping[str, str] | None = None) -> TorchBuild:
     """The build this machine needs (TUNER_TORCH first). Raises BuildChoiceError."""
     env = os.environ if env is None else env
-    root = Path(env.get("TUNER_SYSFS_ROOT", "/")) if root is None else root
+    root = Path(env.get("TUNER_SYSFS_ROOT") or "/") if root is None else root  # empty is unset, as paths.sysfs_root
     override = env.get("TUNER_TORCH", "").strip()
     if override:
         if override not in BUILDS:

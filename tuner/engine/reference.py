@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.core.atomic import write_atomic
+from tuner.core.kernel_files import file_kind
 
 FORMAT = "tuner-engine-reference"
 VERSION = 1
@@ -90,7 +92,16 @@ def save_reference(path: str | os.PathLike, ref: Reference) -> None:
 
 def load_reference(path: str | os.PathLike) -> Reference:
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        # O_NONBLOCK: a FIFO at the path must not block the open; only a regular file is read (a FIFO would block
+        # the read, a device node such as /dev/zero never end), as `tuner reference show` refuses them
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise ReferenceProblem(f"--reference {str(path)!r}: is {file_kind(mode)}, not a file "
+                                       "(give the reference file itself)")
+            os.set_blocking(fd, True)
+            doc = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
         raise ReferenceProblem(f"--reference {str(path)!r}: no such file (record one with --record)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
