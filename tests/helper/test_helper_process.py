@@ -338,3 +338,18 @@ def test_a_state_dir_below_a_directory_another_user_can_change_is_refused(tmp_pa
     code, err = _helper_main(capsys, "--state-dir", str(parent / "state"), "--socket", str(tmp_path / "h.sock"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and str(parent) in err, err
     assert not (tmp_path / "h.sock").exists()
+
+
+def test_a_simulator_option_without_simulate_is_refused_before_anything_is_made(tmp_path, capsys):
+    """`tuner-helper --sim-vmin -52` with --simulate forgotten served the real cards as root, the option silently
+    dropped; `tuner` refuses the same mistake (tuner.backends.check_no_simulator_options). Refused first: no
+    state directory, no socket."""
+    from tuner.helper.cli import main
+
+    for extra in (["--sim-vmin", "-52"], ["--sim-gpus", "2"], ["--sim-nondeterministic"],
+                  ["--sim-contention-after", "5"]):
+        code = main([*extra, "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "h.sock")])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert extra[0] in err and "--simulate" in err
+        assert not (tmp_path / "state").exists() and not (tmp_path / "h.sock").exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from tuner import __version__
-from tuner.backends import Backend, open_backend
+from tuner.backends import Backend, check_no_simulator_options, open_backend
 from tuner.core import exit_codes, paths, root_owned
 from tuner.core.errors import PermissionDenied, TunerError, UsageError
 from tuner.helper import kmsg
@@ -124,6 +124,9 @@ def prepare_state_dir(path: Path) -> MachineState:
 
 def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
     """Run the helper until SIGTERM/SIGINT/SIGHUP. `backend`: tests hand in one over a fake kernel."""
+    if not args.simulate:  # a --sim-* option with --simulate forgotten must not drive the real cards as root
+        check_no_simulator_options(args.sim_nondeterministic, args.sim_contention_after, None, None,
+                                   vmin=args.sim_vmin, gpus=args.sim_gpus, seed=args.sim_seed, kind=args.sim_kind)
     if os.geteuid() != 0 and not args.simulate:
         raise PermissionDenied("tuner-helper writes GPU settings and must run as root", "start it as root (or "
                                "through its systemd socket unit), or pass --simulate to try it")
