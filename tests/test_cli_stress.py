@@ -109,7 +109,11 @@ OFF = stress_action.ReferencePlan("off", None, "you chose to run without a stock
 
 
 def _outcome(reference=COMPARED, **kw):
-    return stress_action.StressOutcome(_result(**kw), reference, "n/a (simulated)")
+    """A run as the engine ends it: its `end` names the comparison when one ran (as the real engine's does)."""
+    compared = {"path": "r.ref", "reference_steps": 10, "compared_steps": 10, "beyond_reference_steps": 0,
+                "note": None, "tolerance": None, "loop": True, "segments": 1} if reference.compared else None
+    result = replace(_result(**kw), end=example("end", reference=compared))
+    return stress_action.StressOutcome(result, reference, "n/a (simulated)")
 
 
 def test_exit_codes_and_summary():
@@ -202,6 +206,19 @@ def test_at_stock_the_first_run_records_the_reference_then_compares_and_json_say
     assert result["checks_off"] == [] and result["verdict"] == "pass"
     assert end["reference"]["compared_steps"] == 20 and end["reference"]["loop"] is True
     assert "recording it first, at stock" in captured.err and "stock reference recorded" in captured.err
+
+
+def test_a_reference_the_engine_could_not_read_is_not_reported_as_compared(capsys, tmp_path):
+    """The result said the plan, not what ran: with a `--reference` file that is not there, the engine ends at its
+    setup (nothing compared), yet the --json result said `"compared": true` and `checks_off` was empty."""
+    missing = tmp_path / "gone.ref"
+    args = parse("--simulate", "stress", "--device", "sim0", "--steps", "5", "--json", "--reference", str(missing))
+    assert stress.run(args, Context.from_args(args)) == 2
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["verdict"] == "error" and result["reference"]["state"] == "given"
+    assert result["reference"]["compared"] is False
+    [off] = result["checks_off"]
+    assert off.startswith("the stock-reference comparison did not run: ") and "no such file" in off
 
 
 @pytest.fixture

@@ -34,22 +34,29 @@ class FakeRun:
         return self
 
     def events(self):
-        yield example("start")
+        # as the engine: a `--reference` it was given shows in its start and, compared, in its end
+        ref = self.config.options.reference
+        start = example("start", reference=None if ref is None else {"path": ref, "steps": self.steps})
+        yield start
         step = 0
         while self.forever or step < self.steps:
             step += 1
             if self.stopped.wait(0.01 if self.forever else 0):
-                self._result = _result("error", "stopped", "stopped", step)
+                self._result = _result("error", "stopped", "stopped", step, start=start)
                 return
             if step == self.fail_at:
                 yield example("fault", step=step)
-                self._result = _result("fail", "mismatch", "loss bits differ", step)
+                self._result = _result("fail", "mismatch", "loss bits differ", step, start=start)
                 return
             yield example("step", step=step)
         if self.config.options.record and self.write_record:
             Path(self.config.options.record).write_text("{}")
-        yield example("end", steps=step)
-        self._result = _result("pass", None, "completed", step)
+        compared = None if ref is None else {
+            "path": ref, "reference_steps": step, "compared_steps": step, "beyond_reference_steps": 0, "note": None,
+            "tolerance": None, "loop": True, "segments": 1}
+        end = example("end", steps=step, reference=compared)
+        yield end
+        self._result = _result("pass", None, "completed", step, start=start, end=end)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -58,9 +65,9 @@ class FakeRun:
         return self._result
 
 
-def _result(verdict, kind, reason, steps):
+def _result(verdict, kind, reason, steps, *, start=None, end=None):
     return sc.StressResult(verdict, kind, reason, steps if verdict == "fail" else None, steps, 1.0, 1000.0, None,
-                           0 if verdict == "pass" else 1)
+                           0 if verdict == "pass" else 1, start=start, end=end)
 
 
 class Engines:

@@ -167,9 +167,30 @@ class StressOutcome:
                 " (the run passed but wrote no reference)" if self.result.verdict == Verdict.PASS else "")
         return self.result.reason
 
+    @property
+    def compared(self) -> bool:
+        """The stock-reference comparison ran, not only was planned: the engine's end says so (null: none ran, e.g.
+        a reference it could not read ends the run at its setup); with no end (a hang, a crash), its start does."""
+        r = self.result
+        if not self.reference.compared or r is None:
+            return False
+        said = r.end if r.end is not None else r.start
+        return said is not None and said.reference is not None
+
+    @property
+    def reference_why(self) -> str:
+        """What was compared, or why nothing was."""
+        if self.compared or not self.reference.compared:
+            return self.reference.why
+        return f"the run ended before it compared a step ({self.reason})"
+
+    def reference_doc(self) -> dict[str, object]:
+        """The reference plan (`ReferencePlan.to_dict`) as it turned out."""
+        return {**self.reference.to_dict(), "compared": self.compared, "why": self.reference_why}
+
     def checks_off(self) -> list[str]:
         """Every check that did not run at full strength, with why (empty: all of them ran)."""
-        off = [] if self.reference.compared else [f"the stock-reference comparison did not run: {self.reference.why}"]
+        off = [] if self.compared else [f"the stock-reference comparison did not run: {self.reference_why}"]
         if self.kernel_log.startswith("OFF"):
             off.append(f"the kernel log was not watched: {self.kernel_log.removeprefix('OFF: ')}")
         return off
@@ -190,7 +211,7 @@ class StressOutcome:
                     else f"stopped by you after {r.steps} steps (no fault seen)")
         else:
             head = r.verdict.upper() + (f" ({r.reason})" if r.reason else "")
-        said = ["compared with the stock reference" if self.reference.compared
+        said = ["compared with the stock reference" if self.compared
                 else "the stock-reference comparison did not run"]
         if self.kernel_log.startswith("OFF"):
             said.append("the kernel log was not watched")

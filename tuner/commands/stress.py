@@ -160,8 +160,7 @@ def summary_lines(device: DeviceInfo, config: EngineConfig, outcome: StressOutco
         if result.sensitivity:
             facts.append(f"sensitivity {result.sensitivity}")
         lines.append("  " + ", ".join(facts))
-    lines.append(f"  reference: {'compared' if outcome.reference.compared else 'NOT compared'} "
-                 f"({outcome.reference.why})")
+    lines.append(f"  reference: {'compared' if outcome.compared else 'NOT compared'} ({outcome.reference_why})")
     end = None if result is None else result.end
     if end is not None and end.reference is not None and end.reference.note:
         lines.append(f"  reference: {end.reference.note}")
@@ -183,7 +182,7 @@ def result_document(device: DeviceInfo, config: EngineConfig, outcome: StressOut
         "duration_s": None if r is None else r.duration_s, "median_tok_s": None if r is None else r.median_tok_s,
         "bpb": None if r is None else r.bpb, "sensitivity": None if r is None else r.sensitivity,
         "engine_exit_code": None if r is None else r.exit_code, "run": outcome.purpose,
-        "reference": outcome.reference.to_dict(), "kernel_log": outcome.kernel_log,
+        "reference": outcome.reference_doc(), "kernel_log": outcome.kernel_log,
         "kernel_events": [e.to_dict() for e in outcome.kernel_events], "checks_off": outcome.checks_off(),
         "exit_code": exit_code_for(outcome),
     }
