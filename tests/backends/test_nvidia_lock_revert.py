@@ -110,6 +110,21 @@ def test_a_failed_apply_restores_the_previous_lock_with_the_previous_offset(card
     assert (gpu.offset_mhz, gpu.locked) == (30, (FLOOR_MHZ, BOOST_MHZ))
 
 
+def test_a_failed_set_with_lock_mhz_leaves_no_lock_choice_for_the_next_apply(card):
+    """`set --lock-mhz` (prepare_setting chooses the lock) whose offset does not take: the same process (the TUI)
+    must not lock its next apply at the clock of the change that failed."""
+    m, gpu = card
+    _kept_earlier(m)
+    backend, dev = _process(m)
+    gpu.ignore_offsets = True  # the driver takes the call but the offset does not stick
+    with pytest.raises(NotApplied), prepare_setting(backend, SetRequest(dev, 60, lock_clock_mhz=1500)):
+        pass
+    assert backend.knob(dev).lock_clock_mhz == BOOST_MHZ
+    gpu.ignore_offsets = False
+    backend.apply(dev, 45)
+    assert gpu.locked == (FLOOR_MHZ, BOOST_MHZ)
+
+
 def test_a_failed_apply_over_a_foreign_offset_releases_the_lock(card):
     """An offset the tuner did not set came with no lock the tuner knows of: restoring it must not leave the new,
     unconfirmed lock behind."""

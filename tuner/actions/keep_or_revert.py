@@ -115,9 +115,10 @@ class PendingChange(Countdown):
         return self.applied
 
     def _unchoose_lock(self) -> None:
-        """The value did not take: the lock clock apply() chose for it goes back to the card's own (a later write
-        in this process would otherwise lock at this change's clock)."""
-        if self.lock_clock_mhz is None or self.previous_lock_clock_mhz is None:
+        """The value did not take: the lock clock chosen for it (by apply(), or by prepare_setting, which passes
+        the previous one) goes back to the card's own (a later write in this process would otherwise lock at this
+        change's clock)."""
+        if self.previous_lock_clock_mhz is None:  # set only when a lock was chosen for this change
             return
         try:
             self.backend.set_lock_clock(self.device_id, self.previous_lock_clock_mhz)
