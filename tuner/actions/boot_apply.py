@@ -124,7 +124,10 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
 
     def ready(backend: Backend) -> bool:  # every part's own card is up (the driver may still be probing)
         devices = backend.devices()
-        return all(proven_card(part, devices, backend) is not None for p in profiles for part in p.parts)
+        try:
+            return all(proven_card(part, devices, backend) is not None for p in profiles for part in p.parts)
+        except TunerError:  # a card whose setting cannot be read (yet): waited for, then that card's error
+            return False
 
     started = time.monotonic()
     backend = boot_rules.discover(open_backend, ready, wait_s=wait_s)
@@ -148,7 +151,15 @@ def _apply_profile(profile: Profile, backend: Backend, say: Callable[[str], None
     out = []
     for index, part in enumerate(profile.parts):
         card = index if profile.is_rig else None
-        device = proven_card(part, devices, backend)
+        try:
+            device = proven_card(part, devices, backend)  # reads the card's knob to compare it with the part's
+        except TunerError as e:  # that card's error: the other cards still get their parts
+            where, _how = find_part_card(part, devices)
+            what = f"{profile.name!r}" + (f" card[{card}]" if card is not None else "")
+            say(f"could not apply {what} to {where.id if where else '?'}: {e.one_line()}")
+            out.append(BootCardResult(profile.name, "error", e.exit_code, card, where.id if where else None,
+                                      reason=e.one_line()))
+            continue
         if device is not None:
             out.append(_apply_part(backend, profile, part, device, say, card, found))
         elif card is None:
