@@ -268,6 +268,22 @@ def test_a_half_installed_system_is_named(tmp_path):
     assert "group tunertest-nogroup, which does not exist" in c.detail and "install-system.sh" in c.remedy
 
 
+def test_a_whole_install_under_a_prefix_the_units_quote_is_whole(tmp_path):
+    """The units quote their program (a prefix with a space, a `%` doubled for systemd): the doctor reads the
+    program as systemd does, not up to the first space, and does not call a whole install half-installed."""
+    from tuner.actions.doctor import OK, check_system_install
+    from tuner.core import system_units
+
+    prefix = tmp_path / "under volt 100%"
+    (prefix / "bin").mkdir(parents=True)
+    for program in ("python", "tuner-helper"):
+        (prefix / "bin" / program).write_text("")
+    for name, text in system_units.system_units(prefix=str(prefix), group="tuner").items():
+        (tmp_path / name).write_text(text)
+    (c,) = check_system_install(tmp_path, group_exists=lambda g: True)
+    assert c.status == OK, c.detail
+
+
 def test_a_user_the_root_helper_lets_in_is_not_told_to_use_sudo(tmp_path, monkeypatch):
     """With a helper that serves this user, settings are applied without root: the privileges and card checks say
     so instead of "run `sudo tuner ...`" (the helper's own check is what decides)."""

@@ -414,8 +414,8 @@ def check_system_install(systemd_dir: Path | None = None, group_exists: Callable
         text = (systemd_dir / name).read_text(errors="replace")
         for line in text.splitlines():
             if line.startswith("ExecStart="):
-                program = line.removeprefix("ExecStart=").split()[0]
-                if not Path(program).exists():
+                program = system_units.exec_program(line.removeprefix("ExecStart="))
+                if program and not Path(program).exists():
                     problems.append(f"{name} runs {program}, which is missing")
             if line.startswith("SocketGroup="):
                 group = line.removeprefix("SocketGroup=")
