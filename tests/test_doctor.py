@@ -80,6 +80,16 @@ def test_overdrive_on_and_file_present(tmp_path):
     assert checks["amd card card0"].status in (OK, WARN)  # writable as root, not as a user
 
 
+def test_a_missing_overdrive_file_with_the_bit_already_set_is_not_told_to_set_it(tmp_path):
+    """The mask has the overdrive bit and pp_od_clk_voltage is still missing (RDNA3 before kernel 6.7, control.md
+    section 1.8): adding the same ppfeaturemask and rebooting changes nothing, and overdrive is not off."""
+    checks = run(tmp_path, root=amd_tree(tmp_path, mask="0xffffffff", od=False))
+    assert checks["amdgpu overdrive"].status == OK
+    card = checks["amd card card0"]
+    assert card.status == FAIL and "overdrive is off" not in card.detail
+    assert "ppfeaturemask=" not in card.remedy and "kernel" in card.remedy
+
+
 def test_no_gpu_at_all_is_a_failure_with_a_remedy(tmp_path):
     """`tuner list` exits 4 with "no supported GPU found" here; doctor must not say all is well (issue 15)."""
     checks = run(tmp_path)

@@ -197,7 +197,13 @@ def check_amd(root: Path, *, helper_writes: bool = False) -> list[Check]:
     for card in cards:
         od = card / "pp_od_clk_voltage"
         label = f"amd card {card.parent.name}"
-        if not od.exists():
+        if not od.exists() and mask is not None and mask & PP_OVERDRIVE_MASK:
+            # the bit is set, so the same parameter again changes nothing: the driver offers no overdrive for this
+            # card (RDNA3 before kernel 6.7, LACT #205; control.md)
+            checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing although ppfeaturemask has the overdrive "
+                                "bit: this kernel's amdgpu offers no overdrive for this card",
+                                "update the kernel (RDNA3 needs 6.7 or newer), then reboot"))
+        elif not od.exists():
             remedy = ppfeaturemask_remedy(mask) if mask is not None else "enable amdgpu overdrive (ppfeaturemask)"
             checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing (overdrive is off)", remedy))
         elif os.access(od, os.W_OK):
