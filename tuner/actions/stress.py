@@ -335,6 +335,14 @@ class StressSession:
             self._kernel_log = "ok"
         self._emit(DetectorState("kernel log", self._kernel_log.split(":")[0]))
 
+    def _stop_watching(self, watcher: kernel_log.KernelLogWatcher) -> None:
+        """The watcher's events kept; a kernel log that stopped being readable during the run is that check off
+        (said by the watcher's warning; kept for the summary), never "ok"."""
+        self._kernel_events.extend(watcher.stop())
+        if watcher.lost is not None:
+            self._kernel_log = f"OFF: it stopped being readable during the run ({watcher.lost})"
+            self._emit(DetectorState("kernel log", "OFF"))
+
     def _engine(self, target: StressTarget, purpose: str, *, duration_s: float | None, steps: int | None,
                 reference: Path | None = None, record: Path | None = None) -> StressResult | None:
         """One engine run on `target`, the card marked as loaded and its kernel log watched; None when stopped
@@ -359,7 +367,7 @@ class StressSession:
         with contextlib.ExitStack() as cleanup:
             # each undo registered as soon as what it undoes happened; they run in reverse: the engine is stopped,
             # the load ends, then the watcher stops (a message the stop provokes still counts)
-            cleanup.callback(lambda: self._kernel_events.extend(watcher.stop()))
+            cleanup.callback(self._stop_watching, watcher)
             self._start_watching(watcher, target)
             self._emit(RunStarted(purpose, config))
             self.backend.note_load(device_id, True)
