@@ -37,7 +37,7 @@ from tuner.actions import other_tools
 from tuner.actions.profile_apply import find_part_card, proven_card
 from tuner.actions.setting import SetRequest, apply_setting_now, can_lock_clock
 from tuner.backends.base import Backend
-from tuner.core import exit_codes, kernel_files, paths
+from tuner.core import exit_codes, kernel_files, paths, state_files
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import TunerError, Unsupported
 from tuner.core.models import DeviceInfo
@@ -79,6 +79,9 @@ class BootReport:
         return {"skipped": self.skipped, "exit_code": self.exit_code, "results": [r.to_dict() for r in self.results],
                 "lines": list(self.lines), "mode": self.mode, "waited_s": self.waited_s,
                 "boot_id": kernel_files.boot_id()}
+
+
+LAST_RUN_MAX_BYTES = 1 << 20  # a run's lines for every card of every profile; far more is not a record we wrote
 
 
 def last_run_path() -> Path:
@@ -237,9 +240,9 @@ def _record(report: BootReport) -> None:
 
 
 def read_last_run() -> dict | None:
-    """The last boot run recorded on this machine (None: never, or unreadable)."""
+    """The last boot run recorded on this machine (None: never, or unreadable: a link, a FIFO, too large)."""
     try:
-        doc = json.loads(last_run_path().read_text(encoding="utf-8"))
+        doc = json.loads(state_files.read_file(last_run_path(), LAST_RUN_MAX_BYTES).decode("utf-8"))
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
