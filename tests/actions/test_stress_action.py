@@ -255,6 +255,26 @@ def test_a_kernel_log_that_stops_being_readable_mid_run_is_said_and_in_the_summa
     assert detector(seen, "kernel log")[-1] == "OFF"
 
 
+def test_a_pass_while_the_engine_was_stopped_from_outside_says_the_load_was_not_held(tmp_path):
+    """An engine stopped from outside (SIGSTOP, a debugger) loads nothing meanwhile and its silence is no hang
+    (docs/engine.md, "Whose clock"): a bisect trial calls such a pass inconclusive; a stress run's outcome must at
+    least say the check did not run at full strength, not a plain PASS."""
+    from dataclasses import replace
+
+    backend = SimulatedBackend(state_path=tmp_path / "sim.json")
+
+    class StoppedMeanwhile(FakeRun):
+        def result(self, timeout=None):
+            r = super().result(timeout)
+            return None if r is None else replace(r, engine_stopped_s=42.0)
+
+    outcome = session(backend, engines=lambda config, watchdog: StoppedMeanwhile(config, watchdog),
+                      without_reference=True).run()
+    assert outcome.verdict == "pass"
+    assert any("stopped from outside for 42 s" in line for line in outcome.checks_off())
+    assert "stopped from outside" in outcome.summary()
+
+
 def test_a_stop_before_the_run_starts_nothing(tmp_path):
     backend = SimulatedBackend(state_path=tmp_path / "sim.json")
     engines = Engines()

@@ -172,6 +172,11 @@ class StressOutcome:
         off = [] if self.reference.compared else [f"the stock-reference comparison did not run: {self.reference.why}"]
         if self.kernel_log.startswith("OFF"):
             off.append(f"the kernel log was not watched: {self.kernel_log.removeprefix('OFF: ')}")
+        if self.result is not None and self.result.engine_stopped_s:
+            # nothing loaded the card meanwhile and the watchdog did not count it (a bisect trial calls such a
+            # pass inconclusive, tuner.tuning.trial)
+            off.append(f"the card was not under load for the whole run: the stress engine was stopped from outside "
+                       f"for {self.result.engine_stopped_s:.0f} s (SIGSTOP or a debugger)")
         return off
 
     def summary(self) -> str:
@@ -194,6 +199,8 @@ class StressOutcome:
                 else "the stock-reference comparison did not run"]
         if self.kernel_log.startswith("OFF"):
             said.append("the kernel log was not watched")
+        if r is not None and r.engine_stopped_s:
+            said.append(f"the engine was stopped from outside for {r.engine_stopped_s:.0f} s")
         return f"{head}; {', '.join(said)}"
 
 
