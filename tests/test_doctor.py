@@ -121,6 +121,18 @@ def test_nvidia_persistence_off_and_old_driver(tmp_path):
     assert run(tmp_path, nvml=FakeNvml(driver="510.47"))["nvidia driver"].status == FAIL
 
 
+def test_an_nvidia_gpu_that_fell_off_the_bus_is_a_check_not_a_traceback(tmp_path):
+    """NVML answers GpuIsLost for a card that fell off the bus (Xid 79) on every per-device call (the fake follows
+    the NVML reference): the doctor, run exactly then, must name that card and still check the others."""
+    from tests.backends.fakes.fake_pynvml import FakeGpu, make_fake_nvml
+
+    m = make_fake_nvml([FakeGpu(bus_id=b"00000000:2C:00.0", lost=True), FakeGpu(bus_id=b"00000000:2B:00.0")])
+    checks = run(tmp_path, nvml=m)
+    lost = checks["nvidia gpu 0"]
+    assert lost.status == FAIL and lost.remedy
+    assert checks["nvidia gpu 1 persistence"].status in (OK, WARN)
+
+
 def test_hidden_devices_root_and_broken_torch(tmp_path):
     checks = run(tmp_path, env={"CUDA_VISIBLE_DEVICES": ""}, euid=1000,
                  torch_probe=lambda: {"torch": None, "error": "ImportError: libcudart.so.12"})

@@ -140,8 +140,15 @@ def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of i
             checks.append(Check("nvidia driver", FAIL, f"driver {driver} cannot set clock offsets",
                                 f"install NVIDIA driver {NVML_VF_OFFSET_DRIVER} or newer"))
         for i in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = _text(nvml.nvmlDeviceGetName(handle))
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                name = _text(nvml.nvmlDeviceGetName(handle))
+            except Exception as e:  # noqa: BLE001 - GpuIsLost (fallen off the bus), Unknown: this card's check
+                checks.append(Check(f"nvidia gpu {i}", FAIL, f"GPU {i} does not answer NVML "
+                                    f"({_text(e) or type(e).__name__}); the other cards are still checked",
+                                    "reboot; if it happens again, check the card's seating and power (a GPU that "
+                                    "fell off the bus: Xid 79 in the kernel log)"))
+                continue
             try:
                 persistent = nvml.nvmlDeviceGetPersistenceMode(handle) == 1
             except Exception:  # noqa: BLE001 - not supported on some boards
