@@ -7,6 +7,8 @@ open by the previous boot) live in tuner.profiles.boot.
 
 Exit status, so `systemctl status tuner-apply` tells the truth:
 - a single-card profile whose card is not here is a skip by design (a profile for another machine): exit 0;
+- a card that is here (its serial) but no longer fits its profile (a kernel or driver update changed its
+  overdrive format or knob) is not applied, with the identity rule's reason: exit 4 (UNSUPPORTED);
 - a rig profile's card that is missing or replaced is not: the rig was proven and confirmed with that card, so
   the run exits non-zero (HARDWARE, as a card that was lost) after the other cards got their parts. Those parts
   still apply because each was proven on its own card and confirmed under a heavier load (every card at once);
@@ -43,7 +45,7 @@ from tuner.core.errors import TunerError, Unsupported
 from tuner.core.models import DeviceInfo
 from tuner.profiles import Profile, load_profile
 from tuner.profiles import boot as boot_rules
-from tuner.profiles.identity import fingerprint
+from tuner.profiles.identity import fingerprint, match_device
 from tuner.profiles.schema import ProfilePart
 from tuner.profiles.store import scan
 
@@ -163,15 +165,24 @@ def _apply_profile(profile: Profile, backend: Backend, say: Callable[[str], None
             out.append(BootCardResult(profile.name, "error", e.exit_code, card, where.id if where else None,
                                       reason=e.one_line()))
             continue
+        here, how = find_part_card(part, devices)
         if device is not None:
             out.append(_apply_part(backend, profile, part, device, say, card, found))
+        elif here is not None and how == "serial":
+            # the very card (its serial) is here, but its part no longer fits it (a kernel or driver update
+            # changed its overdrive format or knob): not applied, and not a skip that reads as success
+            why = match_device(part, here, backend.knob(here.id)).reason
+            what = f"{profile.name!r}" + (f" card[{card}]" if card is not None else "")
+            say(f"not applied {what} to {here.id}: it is the card the profile was proven on, but {why}; tune it "
+                "again (`tuner bisect`) and install the new profile")
+            out.append(BootCardResult(profile.name, "error", exit_codes.UNSUPPORTED, card, here.id, reason=why))
         elif card is None:
             why = (f"its card ({fingerprint(profile.device)}) is not in this machine; at boot a profile applies only "
                    "to the card it was proven on (use `tuner apply NAME --verify 5m` for another card)")
             say(f"skipped {profile.name!r}: {why}")
             out.append(BootCardResult(profile.name, "skipped", reason=why))
         else:
-            other, _how = find_part_card(part, devices)
+            other = here
             serial = part.device.serial or "?"
             why = (f"its card (serial {serial}, slot {part.device.pci_slot or '?'}) is not in this machine" if other
                    is None else f"{other.id} is not the card it was proven on (serial {serial})")
