@@ -138,6 +138,21 @@ def test_a_failed_apply_over_a_foreign_offset_releases_the_lock(card):
     assert (gpu.offset_mhz, gpu.locked) == (45, None)
 
 
+def test_a_revert_over_an_offset_with_no_known_lock_does_not_leave_the_new_lock(card):
+    """A card whose driver reports no max boost clock, at another tool's offset (no lock the tuner knows of):
+    `set --lock-mhz 1500` not confirmed must not leave the card locked at the 1500 MHz nobody confirmed (restoring
+    the offset re-locks at the lock in force)."""
+    m = make_fake_nvml([FakeGpu(max_boost_mhz=None)])
+    gpu = m.gpus[0]
+    gpu.offsets[0] = gpu.offsets[2] = 45  # another tool's offset, no record
+    backend, dev = _process(m)
+    change = prepare_setting(backend, SetRequest(dev, 60, lock_clock_mhz=1500))
+    with change:
+        assert gpu.locked == (FLOOR_MHZ, 1500)
+    assert gpu.locked is None and gpu.offset_mhz == 0  # stock: the one known state without that lock
+    assert "lock" in (change.restore_note or "")
+
+
 def test_reset_releases_the_lock_and_the_record_of_it(card):
     m, gpu = card
     _kept_earlier(m)
