@@ -80,6 +80,16 @@ def test_overdrive_on_and_file_present(tmp_path):
     assert checks["amd card card0"].status in (OK, WARN)  # writable as root, not as a user
 
 
+def test_a_missing_overdrive_file_with_the_bit_already_set_is_not_told_to_set_it(tmp_path):
+    """The mask has the overdrive bit and pp_od_clk_voltage is still missing (RDNA3 before kernel 6.7, control.md
+    section 1.8): adding the same ppfeaturemask and rebooting changes nothing, and overdrive is not off."""
+    checks = run(tmp_path, root=amd_tree(tmp_path, mask="0xffffffff", od=False))
+    assert checks["amdgpu overdrive"].status == OK
+    card = checks["amd card card0"]
+    assert card.status == FAIL and "overdrive is off" not in card.detail
+    assert "ppfeaturemask=" not in card.remedy and "kernel" in card.remedy
+
+
 def test_no_gpu_at_all_is_a_failure_with_a_remedy(tmp_path):
     """`tuner list` exits 4 with "no supported GPU found" here; doctor must not say all is well (issue 15)."""
     checks = run(tmp_path)
@@ -109,6 +119,18 @@ def test_nvidia_persistence_off_and_old_driver(tmp_path):
     assert "capability 8.9" in checks["torch device 0"].detail and nvml.shutdown_called
     assert run(tmp_path, nvml=FakeNvml(driver="535.1"))["nvidia driver"].status == WARN
     assert run(tmp_path, nvml=FakeNvml(driver="510.47"))["nvidia driver"].status == FAIL
+
+
+def test_an_nvidia_gpu_that_fell_off_the_bus_is_a_check_not_a_traceback(tmp_path):
+    """NVML answers GpuIsLost for a card that fell off the bus (Xid 79) on every per-device call (the fake follows
+    the NVML reference): the doctor, run exactly then, must name that card and still check the others."""
+    from tests.backends.fakes.fake_pynvml import FakeGpu, make_fake_nvml
+
+    m = make_fake_nvml([FakeGpu(bus_id=b"00000000:2C:00.0", lost=True), FakeGpu(bus_id=b"00000000:2B:00.0")])
+    checks = run(tmp_path, nvml=m)
+    lost = checks["nvidia gpu 0"]
+    assert lost.status == FAIL and lost.remedy
+    assert checks["nvidia gpu 1 persistence"].status in (OK, WARN)
 
 
 def test_hidden_devices_root_and_broken_torch(tmp_path):
@@ -266,6 +288,22 @@ def test_a_half_installed_system_is_named(tmp_path):
     (c,) = check_system_install(tmp_path, group_exists=lambda g: False)
     assert c.status == FAIL and "half-installed" in c.detail and "which is missing" in c.detail
     assert "group tunertest-nogroup, which does not exist" in c.detail and "install-system.sh" in c.remedy
+
+
+def test_a_whole_install_under_a_prefix_the_units_quote_is_whole(tmp_path):
+    """The units quote their program (a prefix with a space, a `%` doubled for systemd): the doctor reads the
+    program as systemd does, not up to the first space, and does not call a whole install half-installed."""
+    from tuner.actions.doctor import OK, check_system_install
+    from tuner.core import system_units
+
+    prefix = tmp_path / "under volt 100%"
+    (prefix / "bin").mkdir(parents=True)
+    for program in ("python", "tuner-helper"):
+        (prefix / "bin" / program).write_text("")
+    for name, text in system_units.system_units(prefix=str(prefix), group="tuner").items():
+        (tmp_path / name).write_text(text)
+    (c,) = check_system_install(tmp_path, group_exists=lambda g: True)
+    assert c.status == OK, c.detail
 
 
 def test_a_user_the_root_helper_lets_in_is_not_told_to_use_sudo(tmp_path, monkeypatch):

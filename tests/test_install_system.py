@@ -4,6 +4,7 @@ runs (tuner.actions.system_install)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -107,3 +108,22 @@ def test_a_held_card_lock_counts_as_in_progress(tmp_path, monkeypatch):
         # another process's view: flock refuses a second open file description
         held = system_install.busy(processes=[], state_dirs=[tmp_path / "tuner"])
     assert held is not None and "tuner bisect --device sim0" in held
+
+
+def test_a_fifo_or_a_link_planted_as_a_lock_file_neither_hangs_nor_is_followed(tmp_path):
+    """`--check-idle` runs as root over every home's lock directory: a FIFO a user planted there must not hang the
+    uninstall (an open for reading waits for a writer), and a link must not make root read its target."""
+    locks = tmp_path / "tuner" / "locks"
+    locks.mkdir(parents=True)
+    os.mkfifo(locks / "planted.lock")
+    secret = tmp_path / "secret"
+    secret.write_text("root's secret\n")
+    (locks / "link.lock").symlink_to(secret)
+    held = os.open(secret, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # a file someone holds a flock on: followed, root would print its text
+    code = ("import sys, pathlib; from tuner.actions import system_install as s; "
+            "print(s.busy(processes=[], state_dirs=[pathlib.Path(sys.argv[1])]))")
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tuner")], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    os.close(held)
+    assert (run.returncode, run.stdout.strip()) == (0, "None"), run.stderr

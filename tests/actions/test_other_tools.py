@@ -96,3 +96,13 @@ def test_a_rig_profile_records_what_was_ignored_per_card_as_a_single_card_profil
                                                           settings={"sim0": -20, "sim1": -30}), "r")
     assert rig.parts[1].tuning.other_tools == ("lactd (LACT; process 4242)",)
     assert rig.parts[0].tuning is None or rig.parts[0].tuning.other_tools is None
+
+
+def test_a_later_bisect_of_the_card_beside_no_tool_does_not_inherit_what_an_earlier_one_ignored(monkeypatch):
+    """The UI runs many bisects in one process: what an earlier bisect of a card went on beside is that bisect's
+    evidence, not the next one's (its profile would claim LACT ran beside it)."""
+    monkeypatch.setattr(other_tools, "_ignored", {})
+    other_tools.refuse_before_bisect(_OneCard("amd"), ["0000:03:00.0"], found=_lactd(), ignore=True)
+    assert other_tools.ignored_for("0000:03:00.0")
+    other_tools.refuse_before_bisect(_OneCard("amd"), ["0000:03:00.0"], found=[], ignore=False)  # LACT stopped
+    assert other_tools.ignored_for("0000:03:00.0") == ()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.examples import example
+from tests.polling import wait_until
 from tuner.actions import stress
 from tuner.backends.simulated import SimulatedBackend
 from tuner.tuning import engine_client as sc
@@ -228,6 +229,57 @@ def test_a_kernel_log_fault_stops_the_run_and_fails_it(tmp_path):
     assert (outcome.verdict, outcome.kind) == ("fail", "gpu-reset")
     assert outcome.summary().startswith(f"FAIL (kernel log: {RESET_LINE})")
     assert detector(seen, "kernel log")[-1] == "FAULT" and f"FAULT kernel log: {RESET_LINE}" in lines(seen)
+
+
+def test_a_kernel_log_that_stops_being_readable_mid_run_is_said_and_in_the_summary(tmp_path):
+    """The stream ends while the engine runs (journalctl killed, the helper's stream closed, a read error): from
+    then on nothing is watched, so the outcome must not say the kernel log was watched."""
+    backend = SimulatedBackend(state_path=tmp_path / "sim.json")
+    seen: list = []
+    watchers: list[KernelLogWatcher] = []
+
+    def source():
+        def read():
+            raise OSError(5, "Input/output error")
+            yield ""  # a generator
+
+        return read(), lambda: None
+
+    def watcher() -> KernelLogWatcher:
+        watchers.append(KernelLogWatcher(warn=seen.append, source=source))
+        return watchers[-1]
+
+    def on_event(event) -> None:
+        seen.append(event)
+        if getattr(event, "name", None) == "step" and event.step == 1:  # program state: the reader is gone
+            wait_until(lambda: not watchers[0]._thread.is_alive(), what="the kernel-log reader to end")
+
+    s = stress.StressSession(backend, stress.StressRequest("sim0", steps=3, without_reference=True),
+                             on_event=on_event, engine_factory=Engines(), kernel_watcher_factory=watcher)
+    outcome = s.run()
+    assert any(line.startswith("the kernel log was not watched") for line in outcome.checks_off())
+    assert "the kernel log was not watched" in outcome.summary()
+    assert detector(seen, "kernel log")[-1] == "OFF"
+
+
+def test_a_pass_while_the_engine_was_stopped_from_outside_says_the_load_was_not_held(tmp_path):
+    """An engine stopped from outside (SIGSTOP, a debugger) loads nothing meanwhile and its silence is no hang
+    (docs/engine.md, "Whose clock"): a bisect trial calls such a pass inconclusive; a stress run's outcome must at
+    least say the check did not run at full strength, not a plain PASS."""
+    from dataclasses import replace
+
+    backend = SimulatedBackend(state_path=tmp_path / "sim.json")
+
+    class StoppedMeanwhile(FakeRun):
+        def result(self, timeout=None):
+            r = super().result(timeout)
+            return None if r is None else replace(r, engine_stopped_s=42.0)
+
+    outcome = session(backend, engines=lambda config, watchdog: StoppedMeanwhile(config, watchdog),
+                      without_reference=True).run()
+    assert outcome.verdict == "pass"
+    assert any("stopped from outside for 42 s" in line for line in outcome.checks_off())
+    assert "stopped from outside" in outcome.summary()
 
 
 def test_a_stop_before_the_run_starts_nothing(tmp_path):

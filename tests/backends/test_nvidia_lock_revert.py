@@ -110,6 +110,21 @@ def test_a_failed_apply_restores_the_previous_lock_with_the_previous_offset(card
     assert (gpu.offset_mhz, gpu.locked) == (30, (FLOOR_MHZ, BOOST_MHZ))
 
 
+def test_a_failed_set_with_lock_mhz_leaves_no_lock_choice_for_the_next_apply(card):
+    """`set --lock-mhz` (prepare_setting chooses the lock) whose offset does not take: the same process (the TUI)
+    must not lock its next apply at the clock of the change that failed."""
+    m, gpu = card
+    _kept_earlier(m)
+    backend, dev = _process(m)
+    gpu.ignore_offsets = True  # the driver takes the call but the offset does not stick
+    with pytest.raises(NotApplied), prepare_setting(backend, SetRequest(dev, 60, lock_clock_mhz=1500)):
+        pass
+    assert backend.knob(dev).lock_clock_mhz == BOOST_MHZ
+    gpu.ignore_offsets = False
+    backend.apply(dev, 45)
+    assert gpu.locked == (FLOOR_MHZ, BOOST_MHZ)
+
+
 def test_a_failed_apply_over_a_foreign_offset_releases_the_lock(card):
     """An offset the tuner did not set came with no lock the tuner knows of: restoring it must not leave the new,
     unconfirmed lock behind."""
@@ -121,6 +136,21 @@ def test_a_failed_apply_over_a_foreign_offset_releases_the_lock(card):
     with pytest.raises(NotApplied):
         backend.apply(dev, 60)
     assert (gpu.offset_mhz, gpu.locked) == (45, None)
+
+
+def test_a_revert_over_an_offset_with_no_known_lock_does_not_leave_the_new_lock(card):
+    """A card whose driver reports no max boost clock, at another tool's offset (no lock the tuner knows of):
+    `set --lock-mhz 1500` not confirmed must not leave the card locked at the 1500 MHz nobody confirmed (restoring
+    the offset re-locks at the lock in force)."""
+    m = make_fake_nvml([FakeGpu(max_boost_mhz=None)])
+    gpu = m.gpus[0]
+    gpu.offsets[0] = gpu.offsets[2] = 45  # another tool's offset, no record
+    backend, dev = _process(m)
+    change = prepare_setting(backend, SetRequest(dev, 60, lock_clock_mhz=1500))
+    with change:
+        assert gpu.locked == (FLOOR_MHZ, 1500)
+    assert gpu.locked is None and gpu.offset_mhz == 0  # stock: the one known state without that lock
+    assert "lock" in (change.restore_note or "")
 
 
 def test_reset_releases_the_lock_and_the_record_of_it(card):

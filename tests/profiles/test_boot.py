@@ -218,3 +218,19 @@ def test_a_simulated_part_of_a_rig_profile_is_refused_too(monkeypatch):
     with pytest.raises(UsageError, match="SIMULATED"):
         boot_service.install("mixed")
     assert not boot.unit_path().exists() and not paths.system_profiles_dir().exists()
+
+
+def test_a_card_that_is_here_but_no_longer_fits_its_profile_is_not_a_skip(capsys, fake_root):
+    """The same card (its serial) after a kernel or driver update that changed its overdrive format: the profile
+    no longer fits it, so it is not applied, but the card is here: not "not in this machine" with exit 0 (a
+    `systemctl status` that says success while the undervolt is gone)."""
+    from dataclasses import replace
+
+    backend = sim()
+    dev = backend.devices()[0]
+    proven = replace(dev, od_format="rdna4-before-the-update")
+    save_profile(build_profile("mine", proven, backend.knob(dev.id), -45, kernel="6.14.0-test"), system=True)
+    code, _out, err = _boot(capsys)
+    assert "is not in this machine" not in err
+    assert code != 0 and "overdrive format" in err
+    assert sim().knob("sim0").current == 0

@@ -159,3 +159,26 @@ def test_a_boot_run_that_errors_is_recorded_too(capsys, fake_root):
     last = boot_service.status().last_run
     assert last is not None and last.exit_code == exit_codes.USAGE
     assert last.lines[-1].startswith("error: no profile named 'no-such-profile'")
+
+
+def test_a_card_whose_setting_cannot_be_read_fails_alone_the_others_still_apply(capsys, fake_root, monkeypatch):
+    """Each card is applied on its own (boot_apply's docstring): one card whose knob cannot be read (the driver
+    lost it, a missing overdrive file) is that card's error, not the end of the boot run for every card."""
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.core.errors import DeviceLost
+
+    _system_rig()
+    original = SimulatedBackend.knob
+
+    def knob(self, device_id):
+        if device_id == "sim1":
+            raise DeviceLost("sim1: the card stopped answering", "reboot")
+        return original(self, device_id)
+
+    monkeypatch.setattr(SimulatedBackend, "knob", knob)
+    code, out, err = _boot(capsys, "--json")
+    assert code == exit_codes.HARDWARE, err
+    assert out, err
+    assert [r["status"] for r in json.loads(out)["boot"]] == ["applied", "error", "applied"]
+    monkeypatch.setattr(SimulatedBackend, "knob", original)
+    assert settings() == [-40, 0, -30]

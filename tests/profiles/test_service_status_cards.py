@@ -101,3 +101,24 @@ def test_a_last_run_record_with_a_field_of_another_type_is_not_a_traceback(capsy
     code, out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "service", "status")
     assert code == 0, err
     assert len(_card_lines(out)) == 2
+
+
+def test_a_fifo_or_a_link_at_the_last_run_record_is_no_record_not_a_hang(boot, tmp_path):
+    """The last boot run's record is a state file: a FIFO there (nothing writes it) hung `service status` and the
+    UI's boot panel in the open; a link was followed. Either is read as no record."""
+    import os
+
+    from tests.cli_helpers import run_tuner
+
+    save_profile(sim_profile("mine", value=-50), system=True)
+    path = boot_apply.last_run_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    done = run_tuner("--simulate", "--sim-gpus", "2", "service", "status", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert len(_card_lines(done.stdout)) == 1
+    path.unlink()
+    elsewhere = tmp_path / "planted.json"
+    elsewhere.write_text(json.dumps({"finished_at": 1.0, "exit_code": 0, "lines": [], "results": []}))
+    path.symlink_to(elsewhere)
+    assert boot_apply.read_last_run() is None

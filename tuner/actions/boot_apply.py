@@ -7,6 +7,8 @@ open by the previous boot) live in tuner.profiles.boot.
 
 Exit status, so `systemctl status tuner-apply` tells the truth:
 - a single-card profile whose card is not here is a skip by design (a profile for another machine): exit 0;
+- a card that is here (its serial) but no longer fits its profile (a kernel or driver update changed its
+  overdrive format or knob) is not applied, with the identity rule's reason: exit 4 (UNSUPPORTED);
 - a rig profile's card that is missing or replaced is not: the rig was proven and confirmed with that card, so
   the run exits non-zero (HARDWARE, as a card that was lost) after the other cards got their parts. Those parts
   still apply because each was proven on its own card and confirmed under a heavier load (every card at once);
@@ -37,13 +39,13 @@ from tuner.actions import other_tools
 from tuner.actions.profile_apply import find_part_card, proven_card
 from tuner.actions.setting import SetRequest, apply_setting_now, can_lock_clock
 from tuner.backends.base import Backend
-from tuner.core import exit_codes, kernel_files, paths
+from tuner.core import exit_codes, kernel_files, paths, state_files
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import TunerError, Unsupported
 from tuner.core.models import DeviceInfo
 from tuner.profiles import Profile, load_profile
 from tuner.profiles import boot as boot_rules
-from tuner.profiles.identity import fingerprint
+from tuner.profiles.identity import fingerprint, match_device
 from tuner.profiles.schema import ProfilePart
 from tuner.profiles.store import scan
 
@@ -79,6 +81,9 @@ class BootReport:
         return {"skipped": self.skipped, "exit_code": self.exit_code, "results": [r.to_dict() for r in self.results],
                 "lines": list(self.lines), "mode": self.mode, "waited_s": self.waited_s,
                 "boot_id": kernel_files.boot_id()}
+
+
+LAST_RUN_MAX_BYTES = 1 << 20  # a run's lines for every card of every profile; far more is not a record we wrote
 
 
 def last_run_path() -> Path:
@@ -124,7 +129,10 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
 
     def ready(backend: Backend) -> bool:  # every part's own card is up (the driver may still be probing)
         devices = backend.devices()
-        return all(proven_card(part, devices, backend) is not None for p in profiles for part in p.parts)
+        try:
+            return all(proven_card(part, devices, backend) is not None for p in profiles for part in p.parts)
+        except TunerError:  # a card whose setting cannot be read (yet): waited for, then that card's error
+            return False
 
     started = time.monotonic()
     backend = boot_rules.discover(open_backend, ready, wait_s=wait_s)
@@ -148,16 +156,33 @@ def _apply_profile(profile: Profile, backend: Backend, say: Callable[[str], None
     out = []
     for index, part in enumerate(profile.parts):
         card = index if profile.is_rig else None
-        device = proven_card(part, devices, backend)
+        try:
+            device = proven_card(part, devices, backend)  # reads the card's knob to compare it with the part's
+        except TunerError as e:  # that card's error: the other cards still get their parts
+            where, _how = find_part_card(part, devices)
+            what = f"{profile.name!r}" + (f" card[{card}]" if card is not None else "")
+            say(f"could not apply {what} to {where.id if where else '?'}: {e.one_line()}")
+            out.append(BootCardResult(profile.name, "error", e.exit_code, card, where.id if where else None,
+                                      reason=e.one_line()))
+            continue
+        here, how = find_part_card(part, devices)
         if device is not None:
             out.append(_apply_part(backend, profile, part, device, say, card, found))
+        elif here is not None and how == "serial":
+            # the very card (its serial) is here, but its part no longer fits it (a kernel or driver update
+            # changed its overdrive format or knob): not applied, and not a skip that reads as success
+            why = match_device(part, here, backend.knob(here.id)).reason
+            what = f"{profile.name!r}" + (f" card[{card}]" if card is not None else "")
+            say(f"not applied {what} to {here.id}: it is the card the profile was proven on, but {why}; tune it "
+                "again (`tuner bisect`) and install the new profile")
+            out.append(BootCardResult(profile.name, "error", exit_codes.UNSUPPORTED, card, here.id, reason=why))
         elif card is None:
             why = (f"its card ({fingerprint(profile.device)}) is not in this machine; at boot a profile applies only "
                    "to the card it was proven on (use `tuner apply NAME --verify 5m` for another card)")
             say(f"skipped {profile.name!r}: {why}")
             out.append(BootCardResult(profile.name, "skipped", reason=why))
         else:
-            other, _how = find_part_card(part, devices)
+            other = here
             serial = part.device.serial or "?"
             why = (f"its card (serial {serial}, slot {part.device.pci_slot or '?'}) is not in this machine" if other
                    is None else f"{other.id} is not the card it was proven on (serial {serial})")
@@ -226,9 +251,9 @@ def _record(report: BootReport) -> None:
 
 
 def read_last_run() -> dict | None:
-    """The last boot run recorded on this machine (None: never, or unreadable)."""
+    """The last boot run recorded on this machine (None: never, or unreadable: a link, a FIFO, too large)."""
     try:
-        doc = json.loads(last_run_path().read_text(encoding="utf-8"))
+        doc = json.loads(state_files.read_file(last_run_path(), LAST_RUN_MAX_BYTES).decode("utf-8"))
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None

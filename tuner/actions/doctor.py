@@ -140,8 +140,15 @@ def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of i
             checks.append(Check("nvidia driver", FAIL, f"driver {driver} cannot set clock offsets",
                                 f"install NVIDIA driver {NVML_VF_OFFSET_DRIVER} or newer"))
         for i in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = _text(nvml.nvmlDeviceGetName(handle))
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                name = _text(nvml.nvmlDeviceGetName(handle))
+            except Exception as e:  # noqa: BLE001 - GpuIsLost (fallen off the bus), Unknown: this card's check
+                checks.append(Check(f"nvidia gpu {i}", FAIL, f"GPU {i} does not answer NVML "
+                                    f"({_text(e) or type(e).__name__}); the other cards are still checked",
+                                    "reboot; if it happens again, check the card's seating and power (a GPU that "
+                                    "fell off the bus: Xid 79 in the kernel log)"))
+                continue
             try:
                 persistent = nvml.nvmlDeviceGetPersistenceMode(handle) == 1
             except Exception:  # noqa: BLE001 - not supported on some boards
@@ -197,7 +204,13 @@ def check_amd(root: Path, *, helper_writes: bool = False) -> list[Check]:
     for card in cards:
         od = card / "pp_od_clk_voltage"
         label = f"amd card {card.parent.name}"
-        if not od.exists():
+        if not od.exists() and mask is not None and mask & PP_OVERDRIVE_MASK:
+            # the bit is set, so the same parameter again changes nothing: the driver offers no overdrive for this
+            # card (RDNA3 before kernel 6.7, LACT #205; control.md)
+            checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing although ppfeaturemask has the overdrive "
+                                "bit: this kernel's amdgpu offers no overdrive for this card",
+                                "update the kernel (RDNA3 needs 6.7 or newer), then reboot"))
+        elif not od.exists():
             remedy = ppfeaturemask_remedy(mask) if mask is not None else "enable amdgpu overdrive (ppfeaturemask)"
             checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing (overdrive is off)", remedy))
         elif os.access(od, os.W_OK):
@@ -414,8 +427,8 @@ def check_system_install(systemd_dir: Path | None = None, group_exists: Callable
         text = (systemd_dir / name).read_text(errors="replace")
         for line in text.splitlines():
             if line.startswith("ExecStart="):
-                program = line.removeprefix("ExecStart=").split()[0]
-                if not Path(program).exists():
+                program = system_units.exec_program(line.removeprefix("ExecStart="))
+                if program and not Path(program).exists():
                     problems.append(f"{name} runs {program}, which is missing")
             if line.startswith("SocketGroup="):
                 group = line.removeprefix("SocketGroup=")

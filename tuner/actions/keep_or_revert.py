@@ -115,9 +115,10 @@ class PendingChange(Countdown):
         return self.applied
 
     def _unchoose_lock(self) -> None:
-        """The value did not take: the lock clock apply() chose for it goes back to the card's own (a later write
-        in this process would otherwise lock at this change's clock)."""
-        if self.lock_clock_mhz is None or self.previous_lock_clock_mhz is None:
+        """The value did not take: the lock clock chosen for it (by apply(), or by prepare_setting, which passes
+        the previous one) goes back to the card's own (a later write in this process would otherwise lock at this
+        change's clock)."""
+        if self.previous_lock_clock_mhz is None:  # set only when a lock was chosen for this change
             return
         try:
             self.backend.set_lock_clock(self.device_id, self.previous_lock_clock_mhz)
@@ -164,6 +165,12 @@ class PendingChange(Countdown):
                 before = replace(before, current=before.stock)  # a value at an unknown lock is no known state
                 self.restore_note = (f"the previous lock clock {self.previous_lock_clock_mhz} MHz could not be set "
                                      f"back ({e.message}); reset to stock instead")
+        elif self.lock_clock_mhz is not None and before.current != before.stock:
+            # no lock was known before this change chose one: writing the value back would lock it at this
+            # change's unconfirmed clock, so stock (a reset releases the lock) is the known state
+            before = replace(before, current=before.stock)
+            self.restore_note = (f"no lock clock was known before this change's {self.lock_clock_mhz} MHz, and the "
+                                 "previous value cannot be written back without one; reset to stock instead")
         if before.current != before.stock:
             try:
                 knob = self.backend.apply(self.device_id, before.current, allow_overvolt=True)

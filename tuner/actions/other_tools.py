@@ -145,6 +145,8 @@ def refuse_before_bisect(backend: Backend, device_ids: Sequence[str], *,
     """OtherToolRunning (exit 6, one line naming the tool and what it writes) while a tool that may change one of
     these cards runs, unless `ignore` (default: --ignore-other-tools / TUNER_IGNORE_OTHER_TOOLS); then what was
     ignored is remembered for the profile's evidence (`ignored_for`)."""
+    for device_id in device_ids:  # this bisect's evidence starts empty: not what an earlier one went on beside
+        _ignored.pop(device_id, None)
     hits = affecting(backend, device_ids, detect_for(map(backend.device, device_ids)) if found is None else found)
     if not hits:
         return

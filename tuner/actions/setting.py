@@ -2,8 +2,8 @@
 
 `tuner set` and the Tune screen both call `prepare_setting`; neither may write to the card another way. The
 checks, in order: the knob's range and step, the overvolt guard, the unsafe list (a value at or beyond one that
-froze, hung or reset this card), and the NVIDIA lock clock. Only when all pass is anything written (the lock
-clock first, as the offset is defined at it); the change itself is applied by the returned `PendingChange`.
+froze, hung or reset this card), and the NVIDIA lock clock. Only when all pass is anything written; the change
+itself is applied by the returned `PendingChange` (the lock clock first, as the offset is defined at it).
 """
 
 from __future__ import annotations
@@ -59,18 +59,16 @@ def prepare_setting(
     clock: Callable[[], float] = time.monotonic,
     purpose: str | None = None,
 ) -> PendingChange:
-    """Check `request`, set the lock clock when asked, and return the keep-or-revert change, not yet applied.
+    """Check `request` and return the keep-or-revert change (it sets the lock clock when asked), not yet applied.
 
     The caller applies it (`with change:` or `change.apply()`) and keeps or reverts it."""
-    knob = check_setting(backend, request)
+    check_setting(backend, request)
     lock = CardLock(request.device_id, purpose).acquire()  # one writer per card, held until kept or reverted
     try:
-        if request.lock_clock_mhz is not None:
-            backend.set_lock_clock(request.device_id, request.lock_clock_mhz)
-        # a revert puts back the lock in force before this request along with the value
-        previous_lock = knob.lock_clock_mhz if request.lock_clock_mhz is not None else None
+        # apply() locks the clock first and records the lock in force before it, which a revert puts back with
+        # the value (or, where none was known, goes to stock rather than keep this request's lock)
         return PendingChange(backend, request.device_id, request.value, allow_overvolt=request.allow_overvolt,
-                             timeout_s=timeout_s, clock=clock, lock=lock, previous_lock_clock_mhz=previous_lock)
+                             timeout_s=timeout_s, clock=clock, lock=lock, lock_clock_mhz=request.lock_clock_mhz)
     except BaseException:
         lock.release()
         raise

@@ -193,6 +193,11 @@ class StressOutcome:
         off = [] if self.compared else [f"the stock-reference comparison did not run: {self.reference_why}"]
         if self.kernel_log.startswith("OFF"):
             off.append(f"the kernel log was not watched: {self.kernel_log.removeprefix('OFF: ')}")
+        if self.result is not None and self.result.engine_stopped_s:
+            # nothing loaded the card meanwhile and the watchdog did not count it (a bisect trial calls such a
+            # pass inconclusive, tuner.tuning.trial)
+            off.append(f"the card was not under load for the whole run: the stress engine was stopped from outside "
+                       f"for {self.result.engine_stopped_s:.0f} s (SIGSTOP or a debugger)")
         return off
 
     def summary(self) -> str:
@@ -215,6 +220,8 @@ class StressOutcome:
                 else "the stock-reference comparison did not run"]
         if self.kernel_log.startswith("OFF"):
             said.append("the kernel log was not watched")
+        if r is not None and r.engine_stopped_s:
+            said.append(f"the engine was stopped from outside for {r.engine_stopped_s:.0f} s")
         return f"{head}; {', '.join(said)}"
 
 
@@ -356,6 +363,14 @@ class StressSession:
             self._kernel_log = "ok"
         self._emit(DetectorState("kernel log", self._kernel_log.split(":")[0]))
 
+    def _stop_watching(self, watcher: kernel_log.KernelLogWatcher) -> None:
+        """The watcher's events kept; a kernel log that stopped being readable during the run is that check off
+        (said by the watcher's warning; kept for the summary), never "ok"."""
+        self._kernel_events.extend(watcher.stop())
+        if watcher.lost is not None:
+            self._kernel_log = f"OFF: it stopped being readable during the run ({watcher.lost})"
+            self._emit(DetectorState("kernel log", "OFF"))
+
     def _engine(self, target: StressTarget, purpose: str, *, duration_s: float | None, steps: int | None,
                 reference: Path | None = None, record: Path | None = None) -> StressResult | None:
         """One engine run on `target`, the card marked as loaded and its kernel log watched; None when stopped
@@ -380,7 +395,7 @@ class StressSession:
         with contextlib.ExitStack() as cleanup:
             # each undo registered as soon as what it undoes happened; they run in reverse: the engine is stopped,
             # the load ends, then the watcher stops (a message the stop provokes still counts)
-            cleanup.callback(lambda: self._kernel_events.extend(watcher.stop()))
+            cleanup.callback(self._stop_watching, watcher)
             self._start_watching(watcher, target)
             self._emit(RunStarted(purpose, config))
             self.backend.note_load(device_id, True)

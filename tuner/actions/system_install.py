@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tuner.core import exit_codes, paths
+from tuner.core import exit_codes, kernel_files, paths, state_files
 
 Process = tuple[int, Sequence[str]]
 
@@ -55,14 +55,14 @@ def held_locks(state_dirs: Iterable[Path]) -> list[str]:
         except OSError:
             continue
         for lock in locks:
-            try:
-                fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+            try:  # as root, in users' directories: no link followed, no FIFO waited on (not a lock file either)
+                fd = state_files.open_regular(lock, os.O_RDONLY)
             except OSError:
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                text = lock.read_text(errors="replace").strip()[:160]
+                text = kernel_files.read_at_most(fd, 160).decode(errors="replace").strip()[:160]
                 held.append(f"{lock} ({text or 'holder not named'})")
             finally:
                 os.close(fd)

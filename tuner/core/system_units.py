@@ -91,6 +91,16 @@ def _quote(word: str) -> str:
     return shlex.quote(word).replace("%", "%%")  # systemd expands %-specifiers inside these lines
 
 
+def exec_program(command: str) -> str:
+    """The program an `ExecStart=` value written with `_quote` runs (its quoting and `%%` undone, as systemd
+    reads it), for a reader checking that program exists; "" for an empty (or hand-edited, unbalanced) line."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unclosed quote: not a line this module wrote
+        words = command.split()
+    return words[0].replace("%%", "%") if words else ""
+
+
 def _hardening(*, apply: bool, writable: Sequence[str]) -> str:
     lines = list(HARDENING)
     if apply:

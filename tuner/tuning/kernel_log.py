@@ -102,7 +102,8 @@ class KernelLogWatcher:
     log) is an AttributeError, not a callback nobody calls.
     """
 
-    __slots__ = ("_close", "_events", "_lock", "_source", "_thread", "_warn", "available", "on_event", "pci_bus_id")
+    __slots__ = ("_close", "_events", "_lock", "_source", "_stopping", "_thread", "_warn", "available", "lost",
+                 "on_event", "pci_bus_id")
 
     def __init__(self, pci_bus_id: str | None = None, *, warn: Callable[[str], None] | None = None,
                  on_event: Callable[[KernelEvent], None] | None = None,
@@ -116,6 +117,8 @@ class KernelLogWatcher:
         self._thread: threading.Thread | None = None
         self._close: Callable[[], None] | None = None
         self.available = False
+        self.lost: str | None = None  # why the stream ended before stop() (nothing was watched from then on)
+        self._stopping = False
 
     def start(self) -> KernelLogWatcher:
         opened = self._source()
@@ -131,11 +134,15 @@ class KernelLogWatcher:
         return self
 
     def _pump(self, lines: Iterable[str]) -> None:
+        why = "its stream ended"
         try:
             for line in lines:
                 self.feed(line)
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError) as e:
+            why = f"reading it failed: {getattr(e, 'strerror', None) or e}"
+        if not self._stopping:  # ended on its own (journalctl killed, the helper's stream closed): said, not hidden
+            self.lost = why
+            self._warn(f"the kernel log stopped being readable ({why}): kernel-level GPU errors are no longer seen")
 
     def feed(self, line: str) -> None:
         """Classify and count one line (for callers that read the log themselves, and tests)."""
@@ -152,6 +159,7 @@ class KernelLogWatcher:
             return list(self._events)
 
     def stop(self) -> list[KernelEvent]:
+        self._stopping = True  # the stream ends because we close it, not because it was lost
         if self._close is not None:
             self._close()
             self._close = None
