@@ -178,3 +178,17 @@ async def test_a_trial_warning_is_said_and_stays_on_the_screen(tmp_path):
         assert app.screen.query_one("#bisect-status").size.height == 2
         [shown] = [row for row in screen_text(app).splitlines() if "· warning:" in row]
         assert shown.startswith(" idle · b start") and shown.rstrip().endswith("…"), shown
+
+
+async def test_a_form_value_that_looks_like_markup_is_refused_as_typed(tmp_path):
+    """The plan line quotes a refused field as typed: `[/]` (or `[b]`) is text there, never Textual markup (it
+    crashed the App with MarkupError: auto closing tag ('[/]') has nothing to close)."""
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:  # wide enough for the refusal in full
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
+        await pilot.press("f")
+        app.screen.query_one("#in-floor", Input).value = "[/]"
+        await until(pilot, lambda: "got '[/]'" in screen_text(app), what="the refusal quoting the field as typed")
+        app.screen.query_one("#in-floor", Input).value = "[b]x"
+        await until(pilot, lambda: "got '[b]x'" in screen_text(app), what="the refusal quoting the field as typed")

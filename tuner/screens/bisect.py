@@ -188,7 +188,7 @@ class BisectScreen(TunerScreen):
                         yield Label(f"{p.label}:")
                         yield field
                 if fields is None:
-                    yield Static(id="bisect-plan")
+                    yield Static(id="bisect-plan", markup=False)  # it quotes a refused field as typed
         yield Static(id="bisect-status")
         yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")
         yield Static(id="rig-cards")
