@@ -198,7 +198,7 @@ class BisectScreen(TunerScreen):
             table.add_columns(*COLUMNS)
             yield table
             yield HistoryPlot("tok/J vs setting", x_label="setting", id="plot-efficiency")
-        yield Static(id="bisect-detail")
+        yield Static(id="bisect-detail", markup=False)  # a reason quotes the kernel log: amdgpu's `[gfxhub]`
         yield Static(id="bisect-result")
 
     def on_mount(self) -> None:
