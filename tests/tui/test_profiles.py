@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.tui.helpers import make_app, open_profiles, sim_backend, until
+from tests.tui.helpers import make_app, open_profiles, screen_text, sim_backend, until
 from tuner.app.state import BisectState, CardState
 from tuner.profiles import build_profile, list_profiles, save_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
@@ -131,3 +131,16 @@ async def test_import_of_a_bad_file_is_a_notification(tmp_path):
         await until(pilot, lambda: any("schema" in n.message or "missing" in n.message for n in app._notifications),
                     what="the import's error (from a worker)")
         assert list_profiles() == []
+
+
+async def test_a_card_name_that_looks_like_markup_is_listed_as_written(app, backend):
+    """The wide table's card column shows the card's name from the profile file (any text but control characters):
+    `[bold]` in it was read as a style and `[/]` crashed the App (MarkupError) at 120 columns."""
+    from dataclasses import replace
+
+    device = replace(backend.device("sim0"), name="Radeon [/] [bold]Pro")
+    save_profile(build_profile("odd-name", device, backend.knob("sim0"), -30))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_profiles(pilot, app)
+        await until(pilot, lambda: "Radeon [/] [bold]Pro [SIMULATED]" in screen_text(app),
+                    what="the card's name as written")
