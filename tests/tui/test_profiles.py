@@ -144,3 +144,20 @@ async def test_a_card_name_that_looks_like_markup_is_listed_as_written(app, back
         await open_profiles(pilot, app)
         await until(pilot, lambda: "Radeon [/] [bold]Pro [SIMULATED]" in screen_text(app),
                     what="the card's name as written")
+
+
+async def test_the_verify_question_quotes_the_profiles_serial_as_written(app, backend):
+    """Another card of the same model: the question names the profile's serial (any text the file holds); `[b]`
+    in it was eaten as a style (the dialog said `serial SN7`), and a `[/]` left over crashed the App."""
+    from textual.widgets import Static
+
+    _save(backend, "theirs", -25, serial="SN[b]7[/]")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_profiles(pilot, app)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the verify question")
+        question = app.screen.query_one(Static)
+        await until(pilot, lambda: "(serial SN[b]7[/]," in str(question.render()), what="the serial as written")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmDialog), what="the question to close")
+    assert backend.knob("sim0").current == 0

@@ -51,7 +51,7 @@ class ConfirmDialog(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question)
+            yield Static(self.question, markup=False)  # it quotes names, serials and reasons from files and drivers
             with Horizontal():
                 yield Button(f"{self.yes} (y)", id="yes", variant="error", action="screen.choose(True)")
                 yield Button(f"{self.no} (n)", id="no", variant="primary", action="screen.choose(False)")
