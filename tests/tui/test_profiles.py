@@ -161,3 +161,18 @@ async def test_the_verify_question_quotes_the_profiles_serial_as_written(app, ba
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmDialog), what="the question to close")
     assert backend.knob("sim0").current == 0
+
+
+async def test_a_card_name_with_format_characters_cannot_reorder_the_screen(app, backend):
+    """A profile file's card name may hold any character but ASCII controls: a bidi override (U+202E) or a C1
+    control (U+009B, CSI) went to the terminal as they were, in the table and the detail, where a card's own name
+    has them escaped (DeviceInfo.label)."""
+    from dataclasses import replace
+
+    device = replace(backend.device("sim0"), name="Radeon\u202eXT\x9b2J")
+    save_profile(build_profile("odd-chars", device, backend.knob("sim0"), -30))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_profiles(pilot, app)
+        await until(pilot, lambda: screen_text(app).count("Radeon\\u202eXT\\x9b2J") == 2,
+                    what="the name escaped, in the table and the detail")
+        assert "\u202e" not in screen_text(app) and "\x9b" not in screen_text(app)
