@@ -178,3 +178,43 @@ async def test_a_trial_warning_is_said_and_stays_on_the_screen(tmp_path):
         assert app.screen.query_one("#bisect-status").size.height == 2
         [shown] = [row for row in screen_text(app).splitlines() if "· warning:" in row]
         assert shown.startswith(" idle · b start") and shown.rstrip().endswith("…"), shown
+
+
+async def test_a_form_value_that_looks_like_markup_is_refused_as_typed(tmp_path):
+    """The plan line quotes a refused field as typed: `[/]` (or `[b]`) is text there, never Textual markup (it
+    crashed the App with MarkupError: auto closing tag ('[/]') has nothing to close)."""
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:  # wide enough for the refusal in full
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
+        await pilot.press("f")
+        app.screen.query_one("#in-floor", Input).value = "[/]"
+        await until(pilot, lambda: "got '[/]'" in screen_text(app), what="the refusal quoting the field as typed")
+        app.screen.query_one("#in-floor", Input).value = "[b]x"
+        await until(pilot, lambda: "got '[b]x'" in screen_text(app), what="the refusal quoting the field as typed")
+
+
+async def test_a_trials_reason_is_shown_as_the_kernel_wrote_it(tmp_path):
+    """The detail line under the trial table shows the selected trial's full reason: a kernel-log line quotes
+    amdgpu's `[gfxhub]` (stress.md), which Textual's markup ate, and a `[/]` in it crashed the App."""
+    from dataclasses import replace
+
+    from tuner.app.jobs import apply_bisect_event
+    from tuner.app.state import BisectState
+    from tuner.tuning.events import SessionStarted, TrialFinished, TrialResult, TrialStarted
+
+    reason = "kernel log: page-fault: amdgpu 0000:03:00.0: amdgpu: [gfxhub] page fault (src_id:0 ring:24) [/]"
+    state = BisectState.started(("sim0",))
+    for event in (SessionStarted(session="s1", device="sim0", label="sim0", unit="mV", stock=0, resumed=False),
+                  TrialStarted(index=1, setting=-40, unit="mV", phase="coarse", duration_s=60.0, started_at=0.0,
+                               expected_trials=8, device="sim0"),
+                  TrialFinished(index=1, device="sim0", result=TrialResult(
+                      setting=-40, unit="mV", phase="coarse", verdict="fail", kind="kernel", reason=reason))):
+        state = apply_bisect_event(state, event)
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:  # wide enough for the reason in full
+        app.bisect = replace(state, running=False)
+        await pilot.press("3")
+        await until(pilot, lambda: isinstance(app.screen, BisectScreen), what="the Bisect screen")
+        await until(pilot, lambda: "[gfxhub] page fault (src_id:0 ring:24) [/]" in screen_text(app),
+                    what="the reason as the kernel wrote it")

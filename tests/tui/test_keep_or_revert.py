@@ -87,3 +87,20 @@ async def test_a_revert_that_went_to_stock_says_why(app, backend):
         [said] = [n.message for n in app._notifications if "now +0 mV" in n.message]
         assert said.startswith("sim0: reverted (the previous value -7 mV could not be written back"), said
         assert "reset to stock instead" in said and backend.knob("sim0").current == 0
+
+
+async def test_the_countdown_reverts_while_the_palette_is_open(app, backend, clock):
+    """ctrl+p opens the command palette over the keep-or-revert dialog; the countdown ticked only while its dialog
+    was on top, so with the palette left open the unconfirmed setting stayed on the card past its 15 s (and from
+    the palette another screen could be chosen, leaving the dialog hidden on the Tune screen's stack)."""
+    from textual.command import CommandPalette
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _apply_minus_20(app, pilot)
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: isinstance(app.screen, CommandPalette), what="the palette")
+        clock.advance(15.5)
+        await until(pilot, lambda: app.pending is None and backend.knob("sim0").current == 0,
+                    what="the revert at 15 s")
+        await pilot.press("escape")  # the palette closes, and the answered dialog with it
+        await until(pilot, lambda: type(app.screen).__name__ == "TuneScreen", what="the Tune screen again")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.tui.helpers import make_app, open_profiles, sim_backend, until
+from tests.tui.helpers import make_app, open_profiles, screen_text, sim_backend, until
 from tuner.app.state import BisectState, CardState
 from tuner.profiles import build_profile, list_profiles, save_profile
 from tuner.screens.dialogs import ConfirmDialog, KeepOrRevertDialog, TextInputDialog
@@ -131,3 +131,48 @@ async def test_import_of_a_bad_file_is_a_notification(tmp_path):
         await until(pilot, lambda: any("schema" in n.message or "missing" in n.message for n in app._notifications),
                     what="the import's error (from a worker)")
         assert list_profiles() == []
+
+
+async def test_a_card_name_that_looks_like_markup_is_listed_as_written(app, backend):
+    """The wide table's card column shows the card's name from the profile file (any text but control characters):
+    `[bold]` in it was read as a style and `[/]` crashed the App (MarkupError) at 120 columns."""
+    from dataclasses import replace
+
+    device = replace(backend.device("sim0"), name="Radeon [/] [bold]Pro")
+    save_profile(build_profile("odd-name", device, backend.knob("sim0"), -30))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_profiles(pilot, app)
+        await until(pilot, lambda: "Radeon [/] [bold]Pro [SIMULATED]" in screen_text(app),
+                    what="the card's name as written")
+
+
+async def test_the_verify_question_quotes_the_profiles_serial_as_written(app, backend):
+    """Another card of the same model: the question names the profile's serial (any text the file holds); `[b]`
+    in it was eaten as a style (the dialog said `serial SN7`), and a `[/]` left over crashed the App."""
+    from textual.widgets import Static
+
+    _save(backend, "theirs", -25, serial="SN[b]7[/]")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_profiles(pilot, app)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the verify question")
+        question = app.screen.query_one(Static)
+        await until(pilot, lambda: "(serial SN[b]7[/]," in str(question.render()), what="the serial as written")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmDialog), what="the question to close")
+    assert backend.knob("sim0").current == 0
+
+
+async def test_a_card_name_with_format_characters_cannot_reorder_the_screen(app, backend):
+    """A profile file's card name may hold any character but ASCII controls: a bidi override (U+202E) or a C1
+    control (U+009B, CSI) went to the terminal as they were, in the table and the detail, where a card's own name
+    has them escaped (DeviceInfo.label)."""
+    from dataclasses import replace
+
+    device = replace(backend.device("sim0"), name="Radeon\u202eXT\x9b2J")
+    save_profile(build_profile("odd-chars", device, backend.knob("sim0"), -30))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_profiles(pilot, app)
+        await until(pilot, lambda: screen_text(app).count("Radeon\\u202eXT\\x9b2J") == 2,
+                    what="the name escaped, in the table and the detail")
+        assert "\u202e" not in screen_text(app) and "\x9b" not in screen_text(app)

@@ -27,7 +27,7 @@ from msgspec import Meta
 from tuner import __version__
 from tuner.core.documents import Misfit, Words, fit, form, one_of, show
 from tuner.core.errors import UsageError
-from tuner.core.models import Phase, Verdict
+from tuner.core.models import Phase, Verdict, printable
 
 SCHEMA_VERSION = 2  # the newest schema this tuner reads
 SINGLE_SCHEMA = 1  # one card: [device], [setting], [tuning]. Still written at 1 so older tuners read it
@@ -111,8 +111,10 @@ class ProfileDevice:
 
     @property
     def label(self) -> str:
-        """Name as shown to people; a simulated card always says so."""
-        return f"{self.name} [SIMULATED]" if self.simulated else self.name
+        """Name as shown to people; a simulated card always says so. Escaped as a card's own name is
+        (DeviceInfo.label): the file's text may hold a bidi override or a C1 control."""
+        name = printable(self.name)
+        return f"{name} [SIMULATED]" if self.simulated else name
 
 
 @dataclass(frozen=True)

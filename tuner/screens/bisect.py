@@ -188,7 +188,7 @@ class BisectScreen(TunerScreen):
                         yield Label(f"{p.label}:")
                         yield field
                 if fields is None:
-                    yield Static(id="bisect-plan")
+                    yield Static(id="bisect-plan", markup=False)  # it quotes a refused field as typed
         yield Static(id="bisect-status")
         yield ProgressBar(total=1.0, show_eta=False, id="bisect-progress")
         yield Static(id="rig-cards")
@@ -198,7 +198,7 @@ class BisectScreen(TunerScreen):
             table.add_columns(*COLUMNS)
             yield table
             yield HistoryPlot("tok/J vs setting", x_label="setting", id="plot-efficiency")
-        yield Static(id="bisect-detail")
+        yield Static(id="bisect-detail", markup=False)  # a reason quotes the kernel log: amdgpu's `[gfxhub]`
         yield Static(id="bisect-result")
 
     def on_mount(self) -> None:

@@ -51,7 +51,7 @@ class ConfirmDialog(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question)
+            yield Static(self.question, markup=False)  # it quotes names, serials and reasons from files and drivers
             with Horizontal():
                 yield Button(f"{self.yes} (y)", id="yes", variant="error", action="screen.choose(True)")
                 yield Button(f"{self.no} (n)", id="no", variant="primary", action="screen.choose(False)")
@@ -76,6 +76,7 @@ class KeepOrRevertDialog(ModalScreen[bool]):
     def __init__(self, pending: PendingChange | RigChange) -> None:
         super().__init__()
         self.pending = pending
+        self._timed_out = False  # the countdown ended while another screen was on top: already answered Revert
 
     def compose(self) -> ComposeResult:
         from tuner.app.jobs import keep_question
@@ -93,7 +94,15 @@ class KeepOrRevertDialog(ModalScreen[bool]):
         self.set_interval(0.25, self._tick, name="countdown")
 
     def _tick(self) -> None:
-        if not self.is_attached or self.app.screen is not self:
+        if not self.is_attached:
+            return
+        if self.app.screen is not self:  # the palette or the quit question on top: the countdown still ends on time
+            if self.pending.expired() and not self._timed_out:
+                self._timed_out = True
+                self._result_callbacks[-1](False)  # Revert now; this dialog closes once it is on top again
+            return
+        if self._timed_out:
+            self.app.pop_screen()  # answered already (a second answer would settle a later change)
             return
         if self.pending.expired():
             self.dismiss(False)

@@ -271,7 +271,7 @@ class ProfilesScreen(TunerScreen):
 
     @staticmethod
     def _new_table(wide: bool) -> DataTable:
-        table: DataTable[str] = DataTable(id="profiles-table", cursor_type="row")
+        table: DataTable[str | Text] = DataTable(id="profiles-table", cursor_type="row")
         table.add_columns(*(("name", "setting", "card") if wide else ("name", "setting")))
         return table
 
@@ -279,10 +279,12 @@ class ProfilesScreen(TunerScreen):
         """One row per profile (the card's label from 100 columns: a simulated one says SIMULATED)."""
         table.clear()
         for profile in self.profiles:
+            cells: tuple[str | Text, ...]
             if profile.is_rig:
                 cells = (profile.name, "rig", f"{len(profile.parts)} cards")
             else:
-                cells = (profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.label)
+                # the card's name is any text the profile file holds: a cell of plain text, never markup
+                cells = (profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", Text(profile.device.label))
             table.add_row(*cells[: len(table.columns)])
         names = [p.name for p in self.profiles]
         if select in names:
