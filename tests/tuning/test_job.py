@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from tests.tuning.fake_engine import FakeEngine
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
-from tuner.core.errors import UsageError
+from tuner.core.errors import DiskFull, UsageError
 from tuner.tuning import journal
 from tuner.tuning.events import BisectFailed, Recommendation, TrialFinished, TrialRecovered
 from tuner.tuning.job import BisectJob, BisectParams
@@ -120,6 +121,33 @@ def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot
     # a brand-new session keeps the unsafe value out, too
     backend, engine, _events, job = make(restart=True)
     outcome = job.run().card
+    assert all(t.setting > -40 for t in outcome.trials)
+
+
+def test_a_reset_trial_stays_open_until_its_value_is_on_the_unsafe_list(boot, monkeypatch):
+    # the journal closed the trial that reset the machine before the unsafe list had its value: a full disk (or a
+    # kill) between the two lost the value for good, and a --restart applied it again
+    backend, _engine, _events, _job = make()
+    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
+                               knob=backend.knob("sim0").to_dict(), backend=backend)
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
+    j.reference.write_text('{"steps": 1000}')
+    j.begin_trial("coarse", setting=-40)
+    boot("boot-b")
+    append = journal.append_durable
+
+    def full_for_the_unsafe_list(path, line):
+        if path == journal.unsafe_path("sim0"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return append(path, line)
+
+    monkeypatch.setattr(journal, "append_durable", full_for_the_unsafe_list)
+    with pytest.raises(DiskFull):
+        make(resume=True)[3].run()
+    monkeypatch.setattr(journal, "append_durable", append)
+    _backend, _engine, _events, job = make(restart=True)
+    outcome = job.run().card
+    assert journal.unsafe_settings("sim0")[-40]["kind"] == "system-reset"
     assert all(t.setting > -40 for t in outcome.trials)
 
 

@@ -783,9 +783,11 @@ class _Search:
             result = TrialResult(verdict=evidence.INCONCLUSIVE, kind=evidence.TOOL_DIED, reason=(
                 f"the tuner died during this trial (pid {trial.get('pid')}) in this boot: not evidence about the "
                 "voltage; it runs again"), **common)
-        existing.finish_trial(result.to_record())
+        # on the unsafe list before the trial closes: a kill or a full disk between the two must leave the trial
+        # open (recovered again next time), never a closed trial whose value no list remembers
         journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=existing.session,
                                     serial=device.serial)
+        existing.finish_trial(result.to_record())
         self._emit(TrialRecovered(result))
 
     # --- the loop ---------------------------------------------------------------------------------------------
