@@ -238,7 +238,11 @@ class BisectPlan:
         self.coarse_k = params.step // knob.step
         self.res_k = params.resolution // knob.step
         self.k_max = self._k_limit()
-        self.unsafe_k = sorted({k for k in (self.k_of(v) for v in unsafe) if k is not None and k > 0})
+        # a listed value blocks every grid point at or beyond it (tuner.core.unsafe_rule), so the first blocked one
+        # is its depth rounded away from stock: k_of's rounding toward stock dropped a value between stock and the
+        # first step (-3 mV listed, the search went on to -10)
+        depths = ((v - knob.stock) * knob.aggressive_direction for v in unsafe)
+        self.unsafe_k = sorted({-(-d // knob.step) for d in depths if d > 0})
         self.unsafe_edge = unsafe_edge
 
     # --- conversions ------------------------------------------------------------------------------------------
