@@ -64,6 +64,22 @@ def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot
     assert outcome.recommendation.margin == 15 and outcome.recommendation.edge
 
 
+@pytest.mark.parametrize("listed", [0, 10])
+def test_stock_on_the_unsafe_list_stops_the_search_in_one_line(boot, listed):
+    # a hand-edited list (or a verify at stock that the machine reset under) blocks stock itself, and with an
+    # overvolt every setting (tuner.core.unsafe_rule): the plan still proposed the baseline at stock and the
+    # job's own guard raised AssertionError, a traceback
+    path = journal.unsafe_path("sim0")
+    path.parent.mkdir(parents=True)
+    path.write_text(f'{{"setting": {listed}, "kind": "hang", "edge": true}}\n')
+    _backend, engine, events, job = make()
+    outcome = job.run().card
+    assert outcome.exit_code == exit_codes.TEST_FAILED and outcome.recommendation is None
+    [failure] = [e for e in events if isinstance(e, BisectFailed)]
+    assert f"{listed:+d} mV" in failure.reason and "tuner unsafe clear" in failure.reason
+    assert engine.requests == []  # nothing ran, not even at stock
+
+
 def test_unfinished_session_needs_resume_or_restart(boot):
     backend, engine, _events, job = make()
     engine.on_start = lambda req: job.stop() if req.options.fault_rate == 0 and not req.options.record else None

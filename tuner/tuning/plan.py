@@ -241,8 +241,10 @@ class BisectPlan:
         # a listed value blocks every grid point at or beyond it (tuner.core.unsafe_rule), so the first blocked one
         # is its depth rounded away from stock: k_of's rounding toward stock dropped a value between stock and the
         # first step (-3 mV listed, the search went on to -10)
-        depths = ((v - knob.stock) * knob.aggressive_direction for v in unsafe)
-        self.unsafe_k = sorted({-(-d // knob.step) for d in depths if d > 0})
+        listed = {v: (v - knob.stock) * knob.aggressive_direction for v in unsafe}
+        self.unsafe_k = sorted({-(-d // knob.step) for d in listed.values() if d > 0})
+        # stock listed, or an overvolt: every setting of the card, stock included, is at or beyond it
+        self.unsafe_stock = next((v for v, d in sorted(listed.items(), key=lambda vd: vd[1]) if d <= 0), None)
         self.unsafe_edge = unsafe_edge
 
     # --- conversions ------------------------------------------------------------------------------------------
@@ -272,6 +274,10 @@ class BisectPlan:
         return decision
 
     def _decide(self, results: list[PlanResult]) -> Decision:
+        if self.unsafe_stock is not None:  # not even the baseline may run
+            return Stop("error", f"{self._fmt(self.unsafe_stock)} is on this card's unsafe list, so every setting "
+                        f"is at or beyond it, stock ({self._fmt(self.knob.stock)}) included: nothing can be "
+                        "searched; if that entry is wrong, remove it with `tuner unsafe clear`")
         at = max((i for i, r in enumerate(results) if r.phase == BASELINE), default=None)  # the last baseline
         if at is None:
             return NextTrial(self.value(0), BASELINE)
