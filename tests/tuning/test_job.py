@@ -10,7 +10,7 @@ import pytest
 from tests.tuning.fake_engine import FakeEngine
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
-from tuner.core.errors import DiskFull, UsageError
+from tuner.core.errors import DamagedState, DiskFull, UsageError
 from tuner.tuning import journal
 from tuner.tuning.events import BisectFailed, Recommendation, TrialFinished, TrialRecovered
 from tuner.tuning.job import BisectJob, BisectParams
@@ -165,6 +165,22 @@ def test_a_reset_trial_stays_open_until_its_value_is_on_the_unsafe_list(boot, mo
     outcome = job.run().card
     assert journal.unsafe_settings("sim0")[-40]["kind"] == "system-reset"
     assert all(t.setting > -40 for t in outcome.trials)
+
+
+@pytest.mark.parametrize(("key", "value"), [("step", "10"), ("trial_s", "5m"), ("seed", "x"), ("floor", 1e300),
+                                            ("floor", -52.5)])
+def test_a_hand_edited_search_parameter_is_damage_in_one_line(boot, key, value):
+    # the parameters --resume takes from the journal were never checked: a string or a float where a whole number
+    # belongs raised TypeError / ValueError (a traceback), or ran a search with a fractional floor
+    backend, _engine, _events, _job = make()
+    params = BisectParams(trial_s=1, confirm_s=2, preset="tiny").search()
+    j = journal.Journal.create("sim0", params={**params, key: value}, knob=backend.knob("sim0").to_dict(),
+                               backend=backend)
+    j.close(journal.INTERRUPTED)
+    _backend, engine, _events, job = make(resume=True)
+    with pytest.raises(DamagedState, match=f"'params'\\['{key}'\\]") as e:
+        job.run()
+    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
 
 
 def test_a_live_session_elsewhere_is_refused(boot):

@@ -91,6 +91,25 @@ class Recommendation(_Doc):
     efficiency_gain_pct: float | None = None
 
 
+class SearchParams(_Doc):
+    """A session's search parameters (tuner.tuning.job.BisectParams.SEARCH_KEYS), which --resume runs with. A key
+    an older tuner did not write may be missing (the command line's value stands in); one that is there must fit."""
+
+    step: int | None = None
+    resolution: int | None = None
+    margin: int | None = None
+    trial_s: float | msgspec.UnsetType = msgspec.UNSET
+    confirm_s: float | msgspec.UnsetType = msgspec.UNSET
+    floor: int | None = None
+    mode: str | msgspec.UnsetType = msgspec.UNSET
+    preset: str | None = None
+    dtype: str | None = None
+    seed: int | msgspec.UnsetType = msgspec.UNSET
+    tolerance: bool | msgspec.UnsetType = msgspec.UNSET
+    compile: bool | None = None
+    bound_s: float | None = None
+
+
 class Journal(_Doc):
     """A card's session journal."""
 
@@ -98,7 +117,7 @@ class Journal(_Doc):
     session: SessionId
     device: str
     state: Annotated[str, one_of(STATES)]
-    params: dict[str, Any]
+    params: SearchParams
     trials: list[TrialRecord]
     knob: dict[str, Any] = {}
     pid: int | None = None
@@ -149,6 +168,7 @@ class RigJournal(_Doc):
     state: Annotated[str, one_of(STATES)]
     phase: Annotated[str, one_of(RIG_PHASES)]
     devices: Annotated[list[str], Meta(min_length=1, extra={"what": "a list of card ids", "whole": True})]
+    params: SearchParams | msgspec.UnsetType = msgspec.UNSET
     candidates: CardSettings = {}
     stock: CardSettings = {}
     sessions: Annotated[dict[str, str], Meta(extra={"what": "a map of card -> session id", "whole": True})] = {}
