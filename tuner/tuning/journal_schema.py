@@ -33,6 +33,8 @@ Version = Annotated[int, Meta(ge=VERSION, le=VERSION, extra={"what": str(VERSION
 SessionId = Annotated[str, Meta(pattern=r"\A[A-Za-z0-9_.-]{1,80}\Z",
                                 extra={"what": "a session id (letters, digits, '.', '_', '-')"})]
 Time = Annotated[float, Meta(ge=0.0, le=LAST_TIME_S, extra={"what": "a time in seconds since 1970"})]
+# pid_t is 32 bits (the kernel's PID_MAX_LIMIT is far below): a larger number names no process, and os.kill refuses it
+Pid = Annotated[int, Meta(ge=1, le=2**31 - 1, extra={"what": "a whole number from 1 to 2147483647, a process id"})]
 CardSettings = Annotated[dict[str, int], Meta(extra={"what": "a map of card -> whole number", "whole": True})]
 
 
@@ -46,7 +48,7 @@ class OpenTrial(_Doc):
     setting: int
     phase: str
     boot_id: str | None = None
-    pid: int | None = None
+    pid: Pid | None = None
     started_at: Time | None = None
     device: str | None = None
     session: str | None = None
@@ -156,7 +158,7 @@ class RigOpenTrial(_Doc):
     phase: str
     attempt: int | None = None
     boot_id: str | None = None
-    pid: int | None = None
+    pid: Pid | None = None
     started_at: Time | None = None
 
 
