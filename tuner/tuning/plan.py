@@ -293,6 +293,8 @@ class BisectPlan:
             replay = next((r for r in results[at + 1:] if r.phase == REPLAY), None)
             if replay is None:
                 return NextTrial(self.value(0), REPLAY)
+            if replay.verdict == FAIL and self._is_edge(replay):
+                return self._unstable_at_stock(replay)
             if replay.verdict == FAIL or replay.kind == NOT_REPEATABLE:
                 return self._not_repeatable(replay, "a replay of the baseline in a second process")
             if replay.verdict == ERROR:
@@ -358,6 +360,8 @@ class BisectPlan:
             if nxt.phase != CONTROL:
                 continue  # recorded before controls existed
             controlled.add(r.setting)
+            if nxt.verdict == FAIL and self._is_edge(nxt):
+                return self._unstable_at_stock(nxt)
             if nxt.verdict != PASS:
                 return self._not_repeatable(nxt, f"a control at stock after {r.kind} at {self._fmt(r.setting)}")
         return None
@@ -376,8 +380,21 @@ class BisectPlan:
                 seen.setdefault(key, r.setting)
         return None
 
+    @staticmethod
+    def _is_edge(r: PlanResult) -> bool:
+        """The trial hung, reset the machine or lost the card (not a comparison that differed)."""
+        return r.edge or r.kind in EDGE_KINDS
+
     def _edge(self, trials: Sequence[PlanResult]) -> bool:
-        return self.unsafe_edge or any(r.edge or r.kind in EDGE_KINDS for r in trials if r.verdict == FAIL)
+        return self.unsafe_edge or any(self._is_edge(r) for r in trials if r.verdict == FAIL)
+
+    @staticmethod
+    def _unstable_at_stock(r: PlanResult) -> Stop:
+        """A run at stock (the replay, a control) that hung or reset: nothing differed, so it says nothing about
+        repeatability (and --tolerance would not help): the card or the machine is unstable before any undervolt."""
+        detail = f": {r.reason}" if r.reason else ""
+        return Stop("baseline-failed", f"the {r.phase} at stock failed ({r.kind or 'hang'}{detail}): the card or the "
+                    "machine is unstable before any undervolt")
 
     def _ks(self, trials: Sequence[PlanResult], verdict: str) -> list[int]:
         """Steps from stock of the trials with `verdict` (overvolts left out)."""
