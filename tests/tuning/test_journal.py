@@ -80,7 +80,7 @@ def test_guarded_trial_left_open_blocks_boot_and_becomes_unsafe(boot, in_process
     guard.__enter__()
     boot("boot-b")
     assert journal.trial_open_at_previous_boot()["setting"] == -75
-    assert journal.recover_stale_guard("sim0", "mV")["setting"] == -75
+    assert journal.recover_stale_guard("sim0", "mV", 0)["setting"] == -75
     assert journal.unsafe_settings("sim0")[-75]["kind"] == "system-reset"
     assert journal.trial_open_at_previous_boot() is None
 
@@ -123,3 +123,14 @@ def test_a_pid_no_process_can_have_is_damage_not_a_traceback(boot, in_process_ba
         journal.guard_path("sim0").write_text(json.dumps({"open_trial": trial}))
     with pytest.raises(DamagedState, match="open trial: 'pid' is not a whole number from 1 to 2147483647"):
         journal.leftover_trial("sim0")
+
+
+def test_a_verify_at_stock_that_a_reset_ended_does_not_put_stock_on_the_unsafe_list(boot, in_process_backend):
+    # the one rule (record_hard_failure) never lists stock: the card cannot avoid it, and listed it blocks every
+    # setting (set, apply, bisect). The stale verify guard added its setting itself, stock included
+    guard = journal.guarded_trial("sim0", 0, unit="mV", backend=in_process_backend)
+    guard.__enter__()
+    boot("boot-b")
+    with journal.guarded_trial("sim0", -10, unit="mV", backend=in_process_backend):
+        pass
+    assert 0 not in journal.unsafe_settings("sim0")
