@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.engine.examples import EXAMPLES
+from tests.polling import wait_until
 from tuner.core.errors import UsageError
 from tuner.core.models import StressTarget
 from tuner.engine.events import (
@@ -287,6 +288,17 @@ def test_an_end_that_breaks_the_protocol_is_an_error_never_a_verdict(fake_python
     assert (result.verdict, result.kind) == ("error", "internal") and "broke its protocol" in result.reason
     assert "exit code 1 does not go with verdict 'pass'" in result.reason
     assert "broke its protocol" in result.stderr_tail
+
+
+def test_an_engine_that_never_exits_after_its_end_is_stopped_as_a_hang(fake_python):
+    # the watchdog stopped watching once `end` arrived, and the events end only when the process exits: an engine
+    # stuck after its end (a wedged GPU's teardown) kept the trial, and the card at its setting, waiting forever
+    done: list = []
+    worker = threading.Thread(target=lambda: done.append(finish(fake_run(fake_python, "linger"))), daemon=True)
+    worker.start()
+    wait_until(lambda: done, timeout_s=60.0, what="the run to end")
+    result = done[0]
+    assert (result.verdict, result.kind) == ("fail", "hang") and result.exit_code < 0, result
 
 
 def test_garbage_on_stdout_is_kept_not_fatal(fake_python):

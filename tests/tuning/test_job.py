@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from tests.tuning.fake_engine import FakeEngine
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
-from tuner.core.errors import UsageError
+from tuner.core.errors import DamagedState, DiskFull, UsageError
 from tuner.tuning import journal
 from tuner.tuning.events import BisectFailed, Recommendation, TrialFinished, TrialRecovered
 from tuner.tuning.job import BisectJob, BisectParams
@@ -61,6 +62,22 @@ def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot
     assert hang and hang[0].setting == -70 and hang[0].edge
     assert -70 in journal.unsafe_settings("sim0")
     assert outcome.recommendation.margin == 15 and outcome.recommendation.edge
+
+
+@pytest.mark.parametrize("listed", [0, 10])
+def test_stock_on_the_unsafe_list_stops_the_search_in_one_line(boot, listed):
+    # a hand-edited list (or a verify at stock that the machine reset under) blocks stock itself, and with an
+    # overvolt every setting (tuner.core.unsafe_rule): the plan still proposed the baseline at stock and the
+    # job's own guard raised AssertionError, a traceback
+    path = journal.unsafe_path("sim0")
+    path.parent.mkdir(parents=True)
+    path.write_text(f'{{"setting": {listed}, "kind": "hang", "edge": true}}\n')
+    _backend, engine, events, job = make()
+    outcome = job.run().card
+    assert outcome.exit_code == exit_codes.TEST_FAILED and outcome.recommendation is None
+    [failure] = [e for e in events if isinstance(e, BisectFailed)]
+    assert f"{listed:+d} mV" in failure.reason and "tuner unsafe clear" in failure.reason
+    assert engine.requests == []  # nothing ran, not even at stock
 
 
 def test_unfinished_session_needs_resume_or_restart(boot):
@@ -121,6 +138,49 @@ def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot
     backend, engine, _events, job = make(restart=True)
     outcome = job.run().card
     assert all(t.setting > -40 for t in outcome.trials)
+
+
+def test_a_reset_trial_stays_open_until_its_value_is_on_the_unsafe_list(boot, monkeypatch):
+    # the journal closed the trial that reset the machine before the unsafe list had its value: a full disk (or a
+    # kill) between the two lost the value for good, and a --restart applied it again
+    backend, _engine, _events, _job = make()
+    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
+                               knob=backend.knob("sim0").to_dict(), backend=backend)
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
+    j.reference.write_text('{"steps": 1000}')
+    j.begin_trial("coarse", setting=-40)
+    boot("boot-b")
+    append = journal.append_durable
+
+    def full_for_the_unsafe_list(path, line):
+        if path == journal.unsafe_path("sim0"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return append(path, line)
+
+    monkeypatch.setattr(journal, "append_durable", full_for_the_unsafe_list)
+    with pytest.raises(DiskFull):
+        make(resume=True)[3].run()
+    monkeypatch.setattr(journal, "append_durable", append)
+    _backend, _engine, _events, job = make(restart=True)
+    outcome = job.run().card
+    assert journal.unsafe_settings("sim0")[-40]["kind"] == "system-reset"
+    assert all(t.setting > -40 for t in outcome.trials)
+
+
+@pytest.mark.parametrize(("key", "value"), [("step", "10"), ("trial_s", "5m"), ("seed", "x"), ("floor", 1e300),
+                                            ("floor", -52.5)])
+def test_a_hand_edited_search_parameter_is_damage_in_one_line(boot, key, value):
+    # the parameters --resume takes from the journal were never checked: a string or a float where a whole number
+    # belongs raised TypeError / ValueError (a traceback), or ran a search with a fractional floor
+    backend, _engine, _events, _job = make()
+    params = BisectParams(trial_s=1, confirm_s=2, preset="tiny").search()
+    j = journal.Journal.create("sim0", params={**params, key: value}, knob=backend.knob("sim0").to_dict(),
+                               backend=backend)
+    j.close(journal.INTERRUPTED)
+    _backend, engine, _events, job = make(resume=True)
+    with pytest.raises(DamagedState, match=f"'params'\\['{key}'\\]") as e:
+        job.run()
+    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
 
 
 def test_a_live_session_elsewhere_is_refused(boot):

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tuner.core.errors import DamagedState
 from tuner.tuning import journal
 
 
@@ -79,7 +80,7 @@ def test_guarded_trial_left_open_blocks_boot_and_becomes_unsafe(boot, in_process
     guard.__enter__()
     boot("boot-b")
     assert journal.trial_open_at_previous_boot()["setting"] == -75
-    assert journal.recover_stale_guard("sim0", "mV")["setting"] == -75
+    assert journal.recover_stale_guard("sim0", "mV", 0)["setting"] == -75
     assert journal.unsafe_settings("sim0")[-75]["kind"] == "system-reset"
     assert journal.trial_open_at_previous_boot() is None
 
@@ -105,3 +106,31 @@ def test_one_rule_says_who_left_an_open_trial(boot, theirs, pid, readable, owner
     got = journal.classify_open_trial({"boot_id": theirs, "pid": pid, "setting": -40, "phase": "coarse"})
     assert got == owner
     assert got.machine_may_have_reset == (owner in (journal.Owner.EARLIER_BOOT, journal.Owner.UNKNOWN_BOOT))
+
+
+@pytest.mark.parametrize("where", ["journal", "guard"])
+def test_a_pid_no_process_can_have_is_damage_not_a_traceback(boot, in_process_backend, where):
+    # pid_t is 32 bits: a hand-edited pid of 2**31 passed the schema, and asking whether it is alive (same boot)
+    # raised OverflowError in status, bisect and verify
+    if where == "journal":
+        j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
+        j.begin_trial("coarse", setting=-50)
+        j.doc["open_trial"]["pid"] = 2**31
+        j._save()
+    else:
+        trial = {"setting": -50, "phase": "verify", "boot_id": "boot-a", "pid": 2**31, "started_at": 1.7e9}
+        journal.guard_path("sim0").parent.mkdir(parents=True)
+        journal.guard_path("sim0").write_text(json.dumps({"open_trial": trial}))
+    with pytest.raises(DamagedState, match="open trial: 'pid' is not a whole number from 1 to 2147483647"):
+        journal.leftover_trial("sim0")
+
+
+def test_a_verify_at_stock_that_a_reset_ended_does_not_put_stock_on_the_unsafe_list(boot, in_process_backend):
+    # the one rule (record_hard_failure) never lists stock: the card cannot avoid it, and listed it blocks every
+    # setting (set, apply, bisect). The stale verify guard added its setting itself, stock included
+    guard = journal.guarded_trial("sim0", 0, unit="mV", backend=in_process_backend)
+    guard.__enter__()
+    boot("boot-b")
+    with journal.guarded_trial("sim0", -10, unit="mV", backend=in_process_backend):
+        pass
+    assert 0 not in journal.unsafe_settings("sim0")

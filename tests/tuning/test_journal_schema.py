@@ -161,6 +161,9 @@ RIG_BAD = [
     ("open_trial.phase", 5, "open trial: 'phase' is not a string"),
     ("open_trial.pid", "1", "open trial: 'pid' is not a whole number"),
     ("open_trial.started_at", "x", "open trial: 'started_at' is not a time"),
+    # the rig's confirmation reads float(params['confirm_s']) and its mode: a hand-edited one was a ValueError
+    ("params.confirm_s", "30m", "'params'['confirm_s'] is not a number"),
+    ("params.mode", 5, "'params'['mode'] is not a string"),
 ]
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tuner.core.errors import UsageError
 from tuner.core.models import Knob, KnobKind
+from tuner.core.unsafe_rule import blocking_setting
 from tuner.tuning.plan import (
     BASELINE,
     COARSE,
@@ -151,6 +152,20 @@ def test_unsafe_values_are_never_proposed(setup, limit_k, unsafe_k, edge):
     assert decision.confirmed == (None if lowest == 0 else plan.value(lowest))
     margin = params.edge_margin if (edge and unsafe_k) else params.margin
     assert decision.setting == plan.value(max(0, lowest - margin // knob.step))
+
+
+@settings(max_examples=200, deadline=None)
+@given(setups(), st.integers(0, 400), st.integers(1, 2000))
+def test_an_off_grid_unsafe_value_blocks_everything_at_or_beyond_it(setup, limit_k, depth):
+    # a hand-edited list, or one written with another step, can hold a value between two grid points; one between
+    # stock and the first step was dropped (rounded to stock) and the search went on past it (-3 mV listed, -10
+    # tried on a 5 mV card), where `set` and the root helper refuse it (tuner.core.unsafe_rule)
+    knob, params = setup
+    unsafe = knob.stock + depth * knob.aggressive_direction
+    plan = BisectPlan(knob, params, unsafe=[unsafe])
+    _decision, _results, proposed = run_plan(plan, lambda k, phase: k <= limit_k)
+    tried = [plan.value(k) for k, _ in proposed]
+    assert [v for v in tried if blocking_setting(knob, v, [unsafe]) is not None] == []
 
 
 @settings(max_examples=100, deadline=None)

@@ -42,6 +42,21 @@ def test_the_replay_comes_right_after_the_baseline_and_gates_every_undervolt():
     assert isinstance(stop, Stop) and stop.kind == "not-repeatable" and "start-up check" in stop.reason
 
 
+def test_a_machine_reset_or_hang_at_stock_is_not_called_a_platform_that_does_not_repeat():
+    # a reset during the replay or a control (recovered on resume as system-reset) was reported as "this platform
+    # does not repeat bit for bit", with --tolerance (reduced sensitivity) among the remedies: nothing differed
+    plan = plan_with_rules()
+    base = PlanResult(0, BASELINE, "pass")
+    mismatch = PlanResult(-10, COARSE, "fail", "mismatch", 12)
+    for kind in ("system-reset", "hang"):
+        for results in ([base, PlanResult(0, REPLAY, "fail", kind, edge=True)],
+                        [base, PlanResult(0, REPLAY, "pass"), mismatch, PlanResult(0, CONTROL, "fail", kind,
+                                                                                   edge=True)]):
+            stop = plan.decide(results)
+            assert isinstance(stop, Stop) and stop.kind == "baseline-failed", stop
+            assert kind in stop.reason and "--tolerance" not in stop.reason
+
+
 def test_a_control_follows_a_mismatch_or_canary_but_not_other_kinds_or_injected_faults():
     plan = plan_with_rules()
     head = [PlanResult(0, BASELINE, "pass"), PlanResult(0, REPLAY, "pass")]

@@ -303,3 +303,20 @@ def test_a_rig_resumed_after_its_searches_locks_every_card_at_its_own_baseline_c
                                  engine_factory=FakeEngine()).run()
     assert outcome.exit_code == exit_codes.OK
     assert dict(seen[0]) == own, seen  # before the first rig run (the recording at stock), every card locked
+
+
+def test_a_rig_resumed_never_applies_a_value_its_card_listed_unsafe_meanwhile(boot):
+    # sim1's own search recommended -55; before the rig resumed, a verify at -50 on sim1 reset the machine (its
+    # unsafe list holds -50). The resumed confirmation applied the journal's candidates as they were: -55 on
+    # sim1, beyond a value that crashed the machine (in-process nothing else refuses it)
+    holder: dict = {}
+    rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
+    _backend, _engine, _rig, _events, holder["job"] = make(rig=rig)
+    assert holder["job"].run().status == "stopped"
+    journal.add_unsafe("sim1", -50, unit="mV", kind="system-reset", reason="a verify trial never finished",
+                       edge=True)
+    rig2 = FakeRigTrial()
+    outcome = make(rig=rig2, resume=True)[4].run()
+    applied = [settings["sim1"] for settings, _params in rig2.calls]
+    assert applied and all(v > -50 for v in applied), applied
+    assert outcome.settings.get("sim1", 0) > -50

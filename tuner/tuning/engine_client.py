@@ -457,7 +457,9 @@ class StressRun:
                 # nobody could watch that time (or the engine was not running): it is not silence
                 self._t_launch = min(now, self._t_launch + unwatched)
                 self._t_last_event = min(now, self._t_last_event + unwatched)
-                if self._end_event is not None or self._kill_started or stopped:
+                # an `end` does not stop the watch: the events end only when the process exits, so an engine
+                # stuck after its end (a wedged GPU's teardown) is silence like any other
+                if self._kill_started or stopped:
                     continue
                 if self._steps_seen == 0:
                     waited = now - self._t_launch

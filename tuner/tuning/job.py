@@ -29,6 +29,7 @@ from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import DeviceLost, DiskFull, NotApplied, TunerError, UsageError
 from tuner.core.models import Knob, Mode
+from tuner.core.unsafe_rule import blocking_setting
 from tuner.tuning import bound as bounds
 from tuner.tuning import evidence, journal, kernel_log, load_check
 from tuner.tuning import trial as trial_module
@@ -481,6 +482,14 @@ class BisectJob:
         backed = setting - knob.aggressive_direction * step
         return backed if knob.more_aggressive(backed, knob.stock) else knob.stock
 
+    def _clear_of_unsafe(self, knob: Knob, device_id: str, setting: int, rig: Journal) -> int:
+        """`setting` backed off until nothing on the card's unsafe list blocks it: a value listed after the card's
+        own search ended (a verify that reset the machine before the rig resumed) is never applied by the rig."""
+        unsafe = journal.unsafe_settings(device_id, self.backend)
+        while setting != knob.stock and blocking_setting(knob, setting, unsafe) is not None:
+            setting = self._back_off(knob, device_id, setting, rig)
+        return setting
+
     def _together(self, rig: Journal, knobs: dict[str, Knob], phase: str, attempt: int, settings: dict[str, int],
                   duration_s: float, **kw: object) -> TrialOutcome | None:
         """One run of every card at `settings` together, journalled before any card is touched; None: stopped."""
@@ -562,7 +571,7 @@ class BisectJob:
                 return self._finish(rig, per_card, {}, {**reasons, **dict.fromkeys(recs, why)}, ())
             rig.update(phase="confirm")
         while rig.phase == "confirm":
-            candidates = {d: int(v) for d, v in rig.doc["candidates"].items()}
+            candidates = {d: self._clear_of_unsafe(knobs[d], d, int(v), rig) for d, v in rig.doc["candidates"].items()}
             while rig.never(candidates) and any(v != knobs[d].stock for d, v in candidates.items()):
                 candidates = {d: self._back_off(knobs[d], d, v, rig) for d, v in candidates.items()}
             attempt = len(rig.attempts) + 1
@@ -783,9 +792,11 @@ class _Search:
             result = TrialResult(verdict=evidence.INCONCLUSIVE, kind=evidence.TOOL_DIED, reason=(
                 f"the tuner died during this trial (pid {trial.get('pid')}) in this boot: not evidence about the "
                 "voltage; it runs again"), **common)
-        existing.finish_trial(result.to_record())
+        # on the unsafe list before the trial closes: a kill or a full disk between the two must leave the trial
+        # open (recovered again next time), never a closed trial whose value no list remembers
         journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=existing.session,
                                     serial=device.serial)
+        existing.finish_trial(result.to_record())
         self._emit(TrialRecovered(result))
 
     # --- the loop ---------------------------------------------------------------------------------------------

@@ -427,11 +427,11 @@ def unsafe_mark(kind: str, reason: str, kernel_log: Sequence[str] = ()) -> Unsaf
 
 
 # --- a lone guarded trial (apply --verify) -----------------------------------------------------------------------
-def recover_stale_guard(device_id: str, unit: str) -> dict | None:
-    """A guard left by an earlier boot means that trial froze or reset the machine: record the setting as unsafe.
-    A guard left by a process that died in this boot proves nothing about the voltage (a kill -9, a full disk):
-    it is dropped without an unsafe entry. Returns the stale trial, else None. A damaged guard raises
-    DamagedState (fail closed)."""
+def recover_stale_guard(device_id: str, unit: str, stock: int) -> dict | None:
+    """A guard left by an earlier boot means that trial froze or reset the machine: record the setting as unsafe
+    (the one rule, `record_hard_failure`: never stock). A guard left by a process that died in this boot proves
+    nothing about the voltage (a kill -9, a full disk): it is dropped without an unsafe entry. Returns the stale
+    trial, else None. A damaged guard raises DamagedState (fail closed)."""
     trial = (load_guard(device_id) or {}).get("open_trial")
     if not isinstance(trial, dict):
         return None
@@ -439,9 +439,10 @@ def recover_stale_guard(device_id: str, unit: str) -> dict | None:
     if owner == Owner.RUNNING:
         return None  # another live process is verifying right now
     if owner.machine_may_have_reset:
-        add_unsafe(device_id, trial["setting"], unit=unit, kind="system-reset",
-                   reason=f"a {trial.get('phase', 'verify')} trial never finished (open in an earlier boot)",
-                   edge=True)
+        phase = trial.get("phase", "verify")
+        record_hard_failure(device_id, TrialResult(
+            setting=trial["setting"], unit=unit, phase=phase, verdict=Verdict.FAIL, kind="system-reset", edge=True,
+            reason=f"a {phase} trial never finished (open in an earlier boot)"), stock=stock)
     guard_path(device_id).unlink(missing_ok=True)
     return trial
 
@@ -456,7 +457,7 @@ def guarded_trial(device_id: str, setting: int, *, unit: str, backend: Backend) 
     machine-wide journal says the same to every user; a hard failure inside ends it with its mark
     (`record_hard_failure`).
     """
-    recover_stale_guard(device_id, unit)
+    recover_stale_guard(device_id, unit, backend.knob(device_id).stock)
     backend.trial_begin(device_id, setting, "verify")
     trial = {"device": device_id, "setting": setting, "phase": "verify", "boot_id": kernel_files.boot_id(),
              "pid": os.getpid(), "started_at": time.time()}

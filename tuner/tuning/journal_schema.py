@@ -33,6 +33,8 @@ Version = Annotated[int, Meta(ge=VERSION, le=VERSION, extra={"what": str(VERSION
 SessionId = Annotated[str, Meta(pattern=r"\A[A-Za-z0-9_.-]{1,80}\Z",
                                 extra={"what": "a session id (letters, digits, '.', '_', '-')"})]
 Time = Annotated[float, Meta(ge=0.0, le=LAST_TIME_S, extra={"what": "a time in seconds since 1970"})]
+# pid_t is 32 bits (the kernel's PID_MAX_LIMIT is far below): a larger number names no process, and os.kill refuses it
+Pid = Annotated[int, Meta(ge=1, le=2**31 - 1, extra={"what": "a whole number from 1 to 2147483647, a process id"})]
 CardSettings = Annotated[dict[str, int], Meta(extra={"what": "a map of card -> whole number", "whole": True})]
 
 
@@ -46,7 +48,7 @@ class OpenTrial(_Doc):
     setting: int
     phase: str
     boot_id: str | None = None
-    pid: int | None = None
+    pid: Pid | None = None
     started_at: Time | None = None
     device: str | None = None
     session: str | None = None
@@ -91,6 +93,25 @@ class Recommendation(_Doc):
     efficiency_gain_pct: float | None = None
 
 
+class SearchParams(_Doc):
+    """A session's search parameters (tuner.tuning.job.BisectParams.SEARCH_KEYS), which --resume runs with. A key
+    an older tuner did not write may be missing (the command line's value stands in); one that is there must fit."""
+
+    step: int | None = None
+    resolution: int | None = None
+    margin: int | None = None
+    trial_s: float | msgspec.UnsetType = msgspec.UNSET
+    confirm_s: float | msgspec.UnsetType = msgspec.UNSET
+    floor: int | None = None
+    mode: str | msgspec.UnsetType = msgspec.UNSET
+    preset: str | None = None
+    dtype: str | None = None
+    seed: int | msgspec.UnsetType = msgspec.UNSET
+    tolerance: bool | msgspec.UnsetType = msgspec.UNSET
+    compile: bool | None = None
+    bound_s: float | None = None
+
+
 class Journal(_Doc):
     """A card's session journal."""
 
@@ -98,7 +119,7 @@ class Journal(_Doc):
     session: SessionId
     device: str
     state: Annotated[str, one_of(STATES)]
-    params: dict[str, Any]
+    params: SearchParams
     trials: list[TrialRecord]
     knob: dict[str, Any] = {}
     pid: int | None = None
@@ -137,7 +158,7 @@ class RigOpenTrial(_Doc):
     phase: str
     attempt: int | None = None
     boot_id: str | None = None
-    pid: int | None = None
+    pid: Pid | None = None
     started_at: Time | None = None
 
 
@@ -149,6 +170,7 @@ class RigJournal(_Doc):
     state: Annotated[str, one_of(STATES)]
     phase: Annotated[str, one_of(RIG_PHASES)]
     devices: Annotated[list[str], Meta(min_length=1, extra={"what": "a list of card ids", "whole": True})]
+    params: SearchParams | msgspec.UnsetType = msgspec.UNSET
     candidates: CardSettings = {}
     stock: CardSettings = {}
     sessions: Annotated[dict[str, str], Meta(extra={"what": "a map of card -> session id", "whole": True})] = {}

@@ -238,7 +238,13 @@ class BisectPlan:
         self.coarse_k = params.step // knob.step
         self.res_k = params.resolution // knob.step
         self.k_max = self._k_limit()
-        self.unsafe_k = sorted({k for k in (self.k_of(v) for v in unsafe) if k is not None and k > 0})
+        # a listed value blocks every grid point at or beyond it (tuner.core.unsafe_rule), so the first blocked one
+        # is its depth rounded away from stock: k_of's rounding toward stock dropped a value between stock and the
+        # first step (-3 mV listed, the search went on to -10)
+        listed = {v: (v - knob.stock) * knob.aggressive_direction for v in unsafe}
+        self.unsafe_k = sorted({-(-d // knob.step) for d in listed.values() if d > 0})
+        # stock listed, or an overvolt: every setting of the card, stock included, is at or beyond it
+        self.unsafe_stock = next((v for v, d in sorted(listed.items(), key=lambda vd: vd[1]) if d <= 0), None)
         self.unsafe_edge = unsafe_edge
 
     # --- conversions ------------------------------------------------------------------------------------------
@@ -268,6 +274,10 @@ class BisectPlan:
         return decision
 
     def _decide(self, results: list[PlanResult]) -> Decision:
+        if self.unsafe_stock is not None:  # not even the baseline may run
+            return Stop("error", f"{self._fmt(self.unsafe_stock)} is on this card's unsafe list, so every setting "
+                        f"is at or beyond it, stock ({self._fmt(self.knob.stock)}) included: nothing can be "
+                        "searched; if that entry is wrong, remove it with `tuner unsafe clear`")
         at = max((i for i, r in enumerate(results) if r.phase == BASELINE), default=None)  # the last baseline
         if at is None:
             return NextTrial(self.value(0), BASELINE)
@@ -283,6 +293,8 @@ class BisectPlan:
             replay = next((r for r in results[at + 1:] if r.phase == REPLAY), None)
             if replay is None:
                 return NextTrial(self.value(0), REPLAY)
+            if replay.verdict == FAIL and self._is_edge(replay):
+                return self._unstable_at_stock(replay)
             if replay.verdict == FAIL or replay.kind == NOT_REPEATABLE:
                 return self._not_repeatable(replay, "a replay of the baseline in a second process")
             if replay.verdict == ERROR:
@@ -348,6 +360,8 @@ class BisectPlan:
             if nxt.phase != CONTROL:
                 continue  # recorded before controls existed
             controlled.add(r.setting)
+            if nxt.verdict == FAIL and self._is_edge(nxt):
+                return self._unstable_at_stock(nxt)
             if nxt.verdict != PASS:
                 return self._not_repeatable(nxt, f"a control at stock after {r.kind} at {self._fmt(r.setting)}")
         return None
@@ -366,8 +380,21 @@ class BisectPlan:
                 seen.setdefault(key, r.setting)
         return None
 
+    @staticmethod
+    def _is_edge(r: PlanResult) -> bool:
+        """The trial hung, reset the machine or lost the card (not a comparison that differed)."""
+        return r.edge or r.kind in EDGE_KINDS
+
     def _edge(self, trials: Sequence[PlanResult]) -> bool:
-        return self.unsafe_edge or any(r.edge or r.kind in EDGE_KINDS for r in trials if r.verdict == FAIL)
+        return self.unsafe_edge or any(self._is_edge(r) for r in trials if r.verdict == FAIL)
+
+    @staticmethod
+    def _unstable_at_stock(r: PlanResult) -> Stop:
+        """A run at stock (the replay, a control) that hung or reset: nothing differed, so it says nothing about
+        repeatability (and --tolerance would not help): the card or the machine is unstable before any undervolt."""
+        detail = f": {r.reason}" if r.reason else ""
+        return Stop("baseline-failed", f"the {r.phase} at stock failed ({r.kind or 'hang'}{detail}): the card or the "
+                    "machine is unstable before any undervolt")
 
     def _ks(self, trials: Sequence[PlanResult], verdict: str) -> list[int]:
         """Steps from stock of the trials with `verdict` (overvolts left out)."""
