@@ -120,14 +120,19 @@ def test_open_trial_of_a_dead_tool_is_inconclusive_and_runs_again_on_resume(boot
     assert not outcome.recommendation.edge
 
 
-def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot):
-    backend, engine, _events, job = make()
+def _left_open_by_an_earlier_boot(backend, boot) -> None:
+    """A session whose coarse trial at -40 was open when the machine reset: the next process runs in another boot."""
     j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
                                knob=backend.knob("sim0").to_dict(), backend=backend)
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
     j.reference.write_text('{"steps": 1000}')
     j.begin_trial("coarse", setting=-40)
     boot("boot-b")
+
+
+def test_open_trial_from_a_previous_boot_is_a_hard_failure_with_edge_margin(boot):
+    backend, engine, _events, job = make()
+    _left_open_by_an_earlier_boot(backend, boot)
     backend, engine, _events, job = make(resume=True)
     outcome = job.run().card
     assert journal.unsafe_settings("sim0")[-40]["kind"] == "system-reset"
@@ -144,12 +149,7 @@ def test_a_reset_trial_stays_open_until_its_value_is_on_the_unsafe_list(boot, mo
     # the journal closed the trial that reset the machine before the unsafe list had its value: a full disk (or a
     # kill) between the two lost the value for good, and a --restart applied it again
     backend, _engine, _events, _job = make()
-    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
-                               knob=backend.knob("sim0").to_dict(), backend=backend)
-    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass"})
-    j.reference.write_text('{"steps": 1000}')
-    j.begin_trial("coarse", setting=-40)
-    boot("boot-b")
+    _left_open_by_an_earlier_boot(backend, boot)
     append = journal.append_durable
 
     def full_for_the_unsafe_list(path, line):
