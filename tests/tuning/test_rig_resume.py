@@ -146,3 +146,19 @@ def test_a_reset_during_the_rig_confirmation_backs_off_every_card_and_never_appl
     assert next(e for e in events if e["event"] == "rig_outcome")["settings"] == {"sim0": -35, "sim1": -50}
     assert journal.Journal.open_rig(CARDS, SimulatedBackend(gpus=2)).doc["never"] == [left_open]
     assert journal.trial_open_at_previous_boot() is None  # closed now
+
+
+def test_a_combination_that_reset_the_machine_is_never_applied_by_a_later_rig_session(boot):
+    """`never` lived in one session's rig journal: --restart discarded the session without recovering its open
+    trial, and every new rig journal began with `never=[]`, so the same searches reached the same candidates and
+    applied the combination that had reset the machine again (docs/bisect.md: never applied again)."""
+    left_open = _kill_during_rig_confirm()
+    boot("boot-b")
+    for extra in (["--restart"], []):  # a restart of the unfinished session, then a new one after a finished one
+        proc = _tuner(*SIM, *ARGS, *extra)
+        out, err = proc.communicate(timeout=90)
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        confirms = [e["settings"] for e in events
+                    if e["event"] == "rig_confirm_started" and e["phase"] == "rig-confirm"]
+        assert confirms and left_open not in confirms, (extra, confirms, err[-2000:])
+        assert left_open in journal.Journal.open_rig(CARDS, SimulatedBackend(gpus=2)).doc["never"]

@@ -369,13 +369,16 @@ class BisectJob:
             self._recover_rig(rig, knobs)
             return rig
         if rig is not None and rig.unresolved():
+            rig.claim()
+            self._recover_rig(rig, knobs)  # a combination open at a reset goes on `never` before the session goes
             rig.close(FINISHED, outcome="discarded by --restart")
         if not several:
             return None
         search = {**p.search(), "preset": p.preset if p.preset is not None
                   else default_preset(self.backend.stress_target(ids[0]))}
+        # a combination that reset the machine is never applied again, in this session or any later one
         return Journal.create_rig(ids, params=search, stock={d: k.stock for d, k in knobs.items()},
-                                  backend=self.backend)
+                                  backend=self.backend, never=rig.doc.get("never", []) if rig is not None else [])
 
     def _recover_rig(self, rig: Journal, knobs: dict[str, Knob]) -> None:
         """A rig trial left open by a dead tool or an earlier boot (each card's journal recovers its own)."""

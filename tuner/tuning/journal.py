@@ -497,10 +497,11 @@ class Journal:
 
     @classmethod
     def create_rig(cls, device_ids: Sequence[str], *, params: dict, stock: dict[str, int],
-                   backend: Backend) -> Journal:
+                   backend: Backend, never: Sequence[dict] = ()) -> Journal:
+        """A new rig session; `never`: the combinations earlier sessions of these cards saw reset the machine."""
         journal = cls(rig_path(device_ids), cls._new(
             new_session_id(), devices=sorted(device_ids), phase="search", params=params, stock=stock, sessions={},
-            candidates={}, references={}, baseline=None, attempts=[], never=[]), backend=backend)
+            candidates={}, references={}, baseline=None, attempts=[], never=list(never)), backend=backend)
         journal._save()
         return journal
 
