@@ -113,6 +113,12 @@ def main() -> None:
     if MODE == "bad-end":  # what the engine never writes: a pass that exits 1
         sys.stdout.write(json.dumps({"event": "end", "t": 1.0, **EXAMPLES["end"], "exit_code": 1}) + "\n")
         sys.exit(1)
+    if MODE == "two-ends":  # what the engine never writes: its fail, then a pass
+        step(1)
+        emit("fault", kind="canary", step=2, reference_step=2, detail="canary differs")
+        emit("end", verdict="fail", reason="canary differs", kind="canary", step=2, reference_step=2, steps=2,
+             exit_code=1)
+        end(steps=2)
     if MODE == "garbage":
         print("this is not json", flush=True)
         emit("mystery", value=1)

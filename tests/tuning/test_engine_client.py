@@ -301,6 +301,13 @@ def test_an_engine_that_never_exits_after_its_end_is_stopped_as_a_hang(fake_pyth
     assert (result.verdict, result.kind) == ("fail", "hang") and result.exit_code < 0, result
 
 
+def test_a_second_end_never_turns_a_fail_into_a_pass(fake_python):
+    """The last `end` read was the verdict: a fail followed by a pass read as a pass. The engine writes one end, so a
+    second is a broken protocol and neither counts."""
+    result = finish(fake_run(fake_python, "two-ends"))
+    assert (result.verdict, result.kind) == ("error", "internal") and "second `end`" in result.reason
+
+
 def test_garbage_on_stdout_is_kept_not_fatal(fake_python):
     seen = []
     result = finish(fake_run(fake_python, "garbage"), seen.append)

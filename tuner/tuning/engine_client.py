@@ -248,6 +248,7 @@ class StressRun:
         self._hang: str | None = None
         self._start_event: StartEvent | None = None
         self._end_event: EndEvent | None = None
+        self._ended_twice = False
         self._protocol_problem: str | None = None  # the first line that broke the schema (InvalidEvent)
         self._last_step = 0
         self._steps_seen = 0
@@ -411,11 +412,17 @@ class StressRun:
                         self._tok_s.append(ev.tok_s)
                 case StartEvent():
                     self._start_event = ev
-                case EndEvent():
+                case EndEvent() if self._end_event is None and not self._ended_twice:
                     self._end_event = ev
+                case EndEvent():  # the engine writes one end: a second could turn its fail into a pass, so neither
+                    self._end_event, self._ended_twice = None, True  # counts
+                    self._broke_protocol("a second `end` event (the engine writes one)")
                 case InvalidEvent(problem=problem):  # life, not progress; a bug the result must not hide
-                    self._protocol_problem = self._protocol_problem or problem
-                    self._stderr.append(f"tuner: the engine broke its protocol (docs/engine.md): {problem}")
+                    self._broke_protocol(problem)
+
+    def _broke_protocol(self, problem: str) -> None:
+        self._protocol_problem = self._protocol_problem or problem
+        self._stderr.append(f"tuner: the engine broke its protocol (docs/engine.md): {problem}")
 
     # -- watchdog
 
