@@ -112,3 +112,26 @@ def test_a_helper_killed_during_a_trial_leaves_it_journaled_and_puts_the_card_ba
     assert not (helper.state_dir / "writes.json").exists()
     [entries] = [r["result"] for r in helper.ask({"op": "unsafe_list", "card": "sim0"})]
     assert entries == []  # a tool death in this boot says nothing about the voltage
+
+
+def test_an_unconfirmed_change_left_by_a_dead_helper_goes_to_stock_when_the_boot_id_cannot_be_read(
+        accounts, helpers):
+    """With the boot id unreadable at the next start, a reboot can be neither ruled out nor confirmed: the record
+    was dropped and the card kept the unconfirmed -50 for good. Stock is safe either way (after a reboot the card
+    is there already)."""
+    group = accounts.group()
+    helper = helpers(group, fake_amd=False)
+    helper.ask({"op": "set", "card": "sim0", "value": -15}, {"op": "confirm", "card": "sim0"})
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(helper.socket))
+    reader = sock.makefile("rb")
+    for request in (HELLO, {"op": "set", "card": "sim0", "value": -50, "lease_s": 600}):
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        assert json.loads(reader.readline())["ok"]
+    helper.stop(signal.SIGKILL)
+    sock.close()
+    assert sim_card(helper).knob("sim0").current == -50
+    (helper.sysroot / "proc/sys/kernel/random/boot_id").unlink()
+    helper.start()
+    assert sim_card(helper).knob("sim0").current == 0
+    assert not (helper.state_dir / "writes.json").exists()

@@ -413,6 +413,16 @@ class HelperService:
                 if card is not None and same_boot(write.boot_id, boot):
                     pending = Pending(-1, card, key, write.previous, write.previous_lock_mhz, write.value, 0.0, 0.0)
                     self._revert(pending, f"the helper (pid {write.helper_pid}) died before it was confirmed")
+                elif card is not None and (boot is None or write.boot_id is None):
+                    # whether the machine reset since cannot be told: stock is safe either way (after a reset the
+                    # card is there already); dropping the record would leave an unconfirmed change for good
+                    try:
+                        stock = self.backend.knob(card).stock
+                    except TunerError:
+                        stock = 0  # unreadable: _restore reads it again and resets
+                    pending = Pending(-1, card, key, stock, None, write.value, 0.0, 0.0)
+                    self._revert(pending, f"the helper (pid {write.helper_pid}) died before it was confirmed and "
+                                          "the boot id is unreadable")
                 else:
                     self.state.set_write(key, None)
             for key, trial in self.state.open_trials().items():
