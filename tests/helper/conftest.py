@@ -202,6 +202,18 @@ def as_user(account: Account | None, *args: str, env: dict | None = None, **kwar
     return proc
 
 
+def open_connection(socket_path: Path, *requests: dict) -> socket.socket:
+    """A connection of this process (root) that sent `requests`, each answered ok, and is left open: what a
+    client holds when the helper dies under it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(socket_path))
+    reader = sock.makefile("rb")
+    for request in requests:
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        assert json.loads(reader.readline())["ok"]
+    return sock
+
+
 def client(account: Account | None, socket_path: Path, *requests: dict | str, timeout_s: float = 60) -> list[str]:
     """Run the raw client as `account`; its output lines (one reply each, or REFUSED/CLOSED)."""
     lines = [r if isinstance(r, str) else json.dumps(r) for r in requests]

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.cli_helpers import REPO
-from tests.helper.conftest import HELLO, HelperProcess, as_user, client, needs_root, wait_until
+from tests.helper.conftest import HELLO, HelperProcess, as_user, client, needs_root, open_connection, wait_until
 from tuner.backends.simulated import SimulatedBackend
 
 pytestmark = needs_root
@@ -93,12 +93,7 @@ def test_kill_9_before_confirm_puts_the_previous_value_back_and_a_second_client_
 def test_sigterm_puts_back_every_unconfirmed_change(accounts, helpers):
     group = accounts.group()
     helper = helpers(group, fake_amd=False)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(helper.socket))
-    reader = sock.makefile("rb")
-    for request in (HELLO, {"op": "set", "card": "sim0", "value": -60, "lease_s": 600}):
-        sock.sendall(json.dumps(request).encode() + b"\n")
-        assert json.loads(reader.readline())["ok"]
+    sock = open_connection(helper.socket, HELLO, {"op": "set", "card": "sim0", "value": -60, "lease_s": 600})
     assert helper.stop(signal.SIGTERM) == 0
     sock.close()
     assert SimulatedBackend(state_path=helper.state_dir / "simulated" / "seed-0.json").knob("sim0").current == 0

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 
-from tests.helper.conftest import HELLO, as_user, client, needs_root
+from tests.helper.conftest import HELLO, as_user, client, needs_root, open_connection
 from tuner.backends.simulated import SimulatedBackend
 
 pytestmark = needs_root
@@ -92,13 +91,9 @@ def test_a_helper_killed_during_a_trial_leaves_it_journaled_and_puts_the_card_ba
     [trials] = [r["result"] for r in helper.ask({"op": "read_trials", "card": "sim0"})]
     assert trials["open"] is None and trials["recovered"][-1]["verdict"] == "inconclusive"
     # now the helper itself dies with a trial open and a value set
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(helper.socket))
-    reader = sock.makefile("rb")
-    for request in (HELLO, {"op": "trial_begin", "card": "sim0", "setting": -50, "phase": "refine"},
-                    {"op": "set", "card": "sim0", "value": -50, "lease_s": 600}):
-        sock.sendall(json.dumps(request).encode() + b"\n")
-        assert json.loads(reader.readline())["ok"]
+    sock = open_connection(helper.socket, HELLO, {"op": "trial_begin", "card": "sim0", "setting": -50,
+                                                  "phase": "refine"},
+                           {"op": "set", "card": "sim0", "value": -50, "lease_s": 600})
     helper.stop(signal.SIGKILL)
     sock.close()
     assert sim_card(helper).knob("sim0").current == -50  # nobody put it back: the helper is dead
@@ -122,12 +117,7 @@ def test_an_unconfirmed_change_left_by_a_dead_helper_goes_to_stock_when_the_boot
     group = accounts.group()
     helper = helpers(group, fake_amd=False)
     helper.ask({"op": "set", "card": "sim0", "value": -15}, {"op": "confirm", "card": "sim0"})
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(helper.socket))
-    reader = sock.makefile("rb")
-    for request in (HELLO, {"op": "set", "card": "sim0", "value": -50, "lease_s": 600}):
-        sock.sendall(json.dumps(request).encode() + b"\n")
-        assert json.loads(reader.readline())["ok"]
+    sock = open_connection(helper.socket, HELLO, {"op": "set", "card": "sim0", "value": -50, "lease_s": 600})
     helper.stop(signal.SIGKILL)
     sock.close()
     assert sim_card(helper).knob("sim0").current == -50
