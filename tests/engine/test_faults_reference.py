@@ -10,6 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tuner.engine import reference
 from tuner.engine.faults import FaultInjector, flip_bit_, set_nan_
 from tuner.engine.model import GPT, GPTConfig
 from tuner.engine.options import Injection
@@ -109,6 +110,16 @@ def test_reference_file_round_trip_and_damage(tmp_path):
         load_reference(path)
     with pytest.raises(ReferenceProblem, match="no such file"):
         load_reference(tmp_path / "nope.json")
+
+
+def test_a_reference_over_the_cap_is_refused_in_one_line_before_it_is_parsed(tmp_path, monkeypatch):
+    """A reference file is read as every file someone else chose (kernel_files.read_regular): only a regular file,
+    and at most the cap a bundle inflates to, so a huge file is said, not read whole into memory."""
+    path = tmp_path / "ref.json"
+    save_reference(path, Reference({"seed": 0}, [step_digest(5.5, 1.0)] * 50, "ab" * 8))
+    monkeypatch.setattr(reference, "MAX_FILE_BYTES", path.stat().st_size - 1)
+    with pytest.raises(ReferenceProblem, match=r"^--reference '.*ref\.json': larger than 0 MiB; not a reference file$"):
+        load_reference(path)
 
 
 def test_fingerprint_diff_names_what_changed():

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import stat
 from pathlib import Path
 
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
-from tuner.core.kernel_files import file_kind, read_at_most
+from tuner.core.kernel_files import NotARegularFile, read_regular
 from tuner.core.models import DeviceInfo
 
 FILE_NAME = "bisect-form.json"
@@ -34,14 +32,9 @@ def _load_all() -> tuple[dict, str | None]:
     """The file's document ({} when missing or damaged), and the one line saying it is not a file, if it is not."""
     path = _path()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO's open must not wait for a writer
-        try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                return {}, f"{path} is {file_kind(mode)}, not a file: the form starts blank (move it aside)"
-            doc = json.loads(read_at_most(fd, MAX_BYTES))
-        finally:
-            os.close(fd)
+        doc = json.loads(read_regular(path, MAX_BYTES))
+    except NotARegularFile as e:
+        return {}, f"{path} is {e.kind}, not a file: the form starts blank (move it aside)"
     except (OSError, ValueError, RecursionError):
         return {}, None
     return (doc if isinstance(doc, dict) else {}), None

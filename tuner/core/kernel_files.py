@@ -13,7 +13,8 @@ S_ISREG and a size of 4096, procfs files S_ISREG and a size of 0: neither size s
   The main thread keeps taking signals meanwhile (a SIGTERM ends the command as usual).
 
 Failures are OSErrors (`NotAKernelFile`, `TooLarge`, `TimeoutError`), so callers that already treat an unreadable
-attribute as "absent" keep doing so.
+attribute as "absent" keep doing so. `open_regular`/`read_regular` hold any other path someone else chose (a
+profile, a reference, the Bisect form's memory) to the same rule, without the thread: only a regular file is read.
 """
 
 from __future__ import annotations
@@ -34,8 +35,16 @@ BOOT_ID_MAX_BYTES = 64  # "0f1d...-...\n" is 37 bytes
 _DRM_CARD = re.compile(r"card(\d+)")  # not the connectors (card0-DP-1), which also match card*
 
 
-class NotAKernelFile(OSError):
-    """The path holds something other than a regular file (FIFO, device node, socket, directory)."""
+class NotARegularFile(OSError):
+    """The path holds something other than a regular file; `kind` says what (`a FIFO`, `a directory`)."""
+
+    def __init__(self, path: str | os.PathLike[str], mode: int, expected: str = "a regular file"):
+        self.kind = file_kind(mode)
+        super().__init__(errno.EINVAL, f"{self.kind}, not {expected}", str(path))
+
+
+class NotAKernelFile(NotARegularFile):
+    """A sysfs or procfs path holds something other than a regular file (FIFO, device node, socket, directory)."""
 
 
 class TooLarge(OSError):
@@ -69,19 +78,39 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def open_regular(path: str | os.PathLike[str], *, follow_links: bool = True,
+                 error: type[NotARegularFile] = NotARegularFile, expected: str = "a regular file") -> int:
+    """A read-only descriptor (blocking; the caller closes it) of `path` when it holds a regular file, else
+    `error` saying it is not `expected`, raised before a byte is read. The one opener of a path someone else chose:
+    O_NONBLOCK, so opening a FIFO returns at once instead of waiting for a writer, and a FIFO (the read would hang),
+    a device node (/dev/zero never ends), a socket or a directory is refused. `follow_links=False`: a link is ELOOP."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise error(path, mode, expected)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow_links: bool = True) -> bytes:
+    """`open_regular`'s file read to its end, but at most `max_bytes` + 1 bytes (more says it is over the cap)."""
+    fd = open_regular(path, follow_links=follow_links)
+    try:
+        return read_at_most(fd, max_bytes)
+    finally:
+        os.close(fd)
+
+
 def read_bytes(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES,
                timeout_s: float = READ_TIMEOUT_S) -> bytes:
     """The file's bytes (at most `max_bytes`); an OSError when it is missing, not a regular file, larger than the
     cap, or does not answer within `timeout_s`."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)  # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotAKernelFile(errno.EINVAL, f"{file_kind(mode)}, not a sysfs or proc file", str(path))
-    except BaseException:
-        os.close(fd)
-        raise
+    fd = open_regular(path, error=NotAKernelFile, expected="a sysfs or proc file")
     box: dict[str, bytes | BaseException] = {}
     done = threading.Event()
 

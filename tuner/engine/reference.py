@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.core.atomic import write_atomic
-from tuner.core.kernel_files import file_kind
+from tuner.core.kernel_files import NotARegularFile, read_regular
 
 FORMAT = "tuner-engine-reference"
 VERSION = 1
+MAX_FILE_BYTES = 256 * 1024 * 1024  # far above any recording (15 minutes of the tiny preset: ~2 MiB gzipped)
 
 
 class ReferenceProblem(Exception):
@@ -91,22 +91,19 @@ def save_reference(path: str | os.PathLike, ref: Reference) -> None:
 
 
 def load_reference(path: str | os.PathLike) -> Reference:
+    where = f"--reference {str(path)!r}"
     try:
-        # O_NONBLOCK: a FIFO at the path must not block the open; only a regular file is read (a FIFO would block
-        # the read, a device node such as /dev/zero never end), as `tuner reference show` refuses them
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise ReferenceProblem(f"--reference {str(path)!r}: is {file_kind(mode)}, not a file "
-                                       "(give the reference file itself)")
-            os.set_blocking(fd, True)
-            doc = json.loads(f.read().decode("utf-8"))
+        data = read_regular(path, MAX_FILE_BYTES)
+        if len(data) > MAX_FILE_BYTES:
+            raise ReferenceProblem(f"{where}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a reference file")
+        doc = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
-        raise ReferenceProblem(f"--reference {str(path)!r}: no such file (record one with --record)") from None
+        raise ReferenceProblem(f"{where}: no such file (record one with --record)") from None
+    except NotARegularFile as e:
+        raise ReferenceProblem(f"{where}: is {e.kind}, not a file (give the reference file itself)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ReferenceProblem(f"--reference {str(path)!r}: unreadable ({e.__class__.__name__})") from None
-    return parse_reference(doc, f"--reference {str(path)!r}")
+        raise ReferenceProblem(f"{where}: unreadable ({e.__class__.__name__})") from None
+    return parse_reference(doc, where)
 
 
 def parse_reference(doc: object, where: str) -> Reference:

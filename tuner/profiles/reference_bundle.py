@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import socket
-import stat
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,8 +52,9 @@ from tuner import __version__
 from tuner.core.atomic import write_atomic
 from tuner.core.documents import Misfit, Words, fit
 from tuner.core.errors import UsageError
-from tuner.core.kernel_files import file_kind, read_at_most
+from tuner.core.kernel_files import NotARegularFile, read_regular
 from tuner.core.models import DeviceInfo
+from tuner.engine.reference import MAX_FILE_BYTES as MAX_REFERENCE_BYTES
 from tuner.engine.reference import Reference, ReferenceProblem, parse_reference, save_reference
 from tuner.profiles.schema import format_created, utc_now
 
@@ -62,7 +62,7 @@ FORMAT = "tuner-reference-bundle"
 VERSION = 1
 SUFFIX = ".ref"
 MAX_FILE_BYTES = 64 * 1024 * 1024  # compressed; a 15-minute recording of the tiny preset is ~2 MiB
-MAX_JSON_BYTES = 256 * 1024 * 1024  # decompressed: a damaged or hostile file is not inflated past this
+MAX_JSON_BYTES = MAX_REFERENCE_BYTES  # decompressed: a damaged or hostile file is not inflated past a reference
 
 # Vendors whose PCI device id alone does not name the SKU: one AMD device id covers several products that differ
 # in compute units (Navi 21's 1002:73bf is the RX 6800, 6800 XT and 6900 XT, told apart by revision and VBIOS
@@ -293,24 +293,16 @@ def read_bundle(path: Path) -> Bundle:
     path = Path(path)
     where = f"reference {path}"
     try:
-        # O_NONBLOCK: a FIFO at the path must not block the open until something writes to it
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         raise BundleProblem(f"{where}: no such file",
                             "record one with `tuner reference record --device ID --out FILE`") from None
     except PermissionError:
         raise BundleProblem(f"{where}: permission denied", "check the file's permissions") from None
+    except NotARegularFile as e:
+        raise BundleProblem(f"{where}: is {e.kind}, not a file", "give the .ref file itself") from None
     except OSError as e:  # a file used as a folder in the path, a link loop, a name too long...
         raise BundleProblem(f"{where}: {e.strerror or e}", "give the .ref file itself") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise BundleProblem(f"{where}: is a directory", "give the .ref file itself")
-        if not stat.S_ISREG(mode):  # a FIFO would hang the read, /dev/zero would be read up to the cap
-            raise BundleProblem(f"{where}: is {file_kind(mode)}, not a file", "give the .ref file itself")
-        data = read_at_most(fd, MAX_FILE_BYTES)
-    finally:
-        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise BundleProblem(f"{where}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a reference bundle")
     if data[:2] != b"\x1f\x8b":

@@ -17,7 +17,7 @@ from pathlib import Path
 from tuner.core import paths
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import PermissionDenied, StateError, TunerError, UsageError, write_errors
-from tuner.core.kernel_files import read_at_most
+from tuner.core.kernel_files import NotARegularFile, open_regular, read_at_most
 from tuner.profiles.schema import MAX_PROFILE_BYTES, NAME_PATTERN, Profile, ProfileError, validate_name
 
 SUFFIX = ".toml"
@@ -43,11 +43,13 @@ def read_profile_file(path: Path) -> Profile:
 
 def _read_capped(path: Path) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path, follow_links=False)
     except FileNotFoundError:
         raise ProfileError("no such file") from None
     except PermissionError:
         raise PermissionDenied(f"profile {path}: permission denied", "check the file's permissions") from None
+    except NotARegularFile:
+        raise ProfileError("not a regular file") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise ProfileError("is a symbolic link; the tuner does not follow links to profiles",
@@ -55,8 +57,6 @@ def _read_capped(path: Path) -> bytes:
         raise ProfileError(f"cannot open: {e.strerror}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ProfileError("not a regular file")
         if st.st_size > MAX_PROFILE_BYTES:
             raise ProfileError(f"file is {st.st_size} bytes, larger than {MAX_PROFILE_BYTES // 1024} KiB; "
                                "not a profile")
