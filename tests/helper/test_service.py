@@ -234,6 +234,27 @@ def test_a_forced_reset_reports_a_lost_change_to_stock_as_the_value_written(serv
     assert (lost.card, lost.value) == ("sim0", 0) and "--force" in lost.reason
 
 
+def test_a_forced_reset_ends_the_other_connections_open_trial(service):
+    """`tuner reset --force` (the `busy` line's remedy) dropped another connection's hold and change but left its
+    trial open in trials.json and the book: no one held the card, yet every other trial on it was refused ("a
+    trial is already open", ended only by a connection that no longer holds it), and a freeze after someone
+    else's later change would be recorded at the next start as the forced-out trial's setting failing. The trial
+    ends as a dead client's does: inconclusive, recovered; its client learns on its next heartbeat."""
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, bob, s.Reset(card="sim0", force=True))  # before alice's set: no change of hers is pending
+    trials = ask(service, bob, s.ReadTrials(card="sim0"))
+    assert trials.open is None, trials.open
+    [recovered] = trials.recovered
+    assert (recovered.trial.setting, recovered.verdict) == (-60, "inconclusive") and "--force" in recovered.reason
+    [lost] = ask(service, alice, s.Heartbeat()).lost
+    assert (lost.card, lost.value) == ("sim0", -60) and "--force" in lost.reason
+    ask(service, bob, s.TrialBegin(card="sim0", setting=-40, phase="coarse", session="b"))
+    with pytest.raises(Refused) as refused:  # alice's trial is over; she cannot end bob's
+        ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="x")))
+    assert refused.value.code == "no-trial"
+
+
 def test_a_lost_card_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path):
     """A card that falls off the bus (NVML GpuIsLost, an unreadable pp_od_clk_voltage: the backend's knob() raises
     DeviceLost) while its client goes away. `_restore` read the knob outside its error handling, so

@@ -330,10 +330,18 @@ class HelperService:
 
     def _drop_other(self, card: str, conn: int, reason: str) -> None:
         """Another connection loses the card (a forced reset): its change is forgotten, it learns on its next
-        heartbeat."""
+        heartbeat. Its open trial ends as a dead client's does (inconclusive): left open with no one holding the
+        card, it would refuse every other trial there and be blamed for a freeze at someone else's later value."""
         pending = self.book.pending.pop(card, None)
+        trial = self.state.open_trials().get(self.keys[card]) if self.book.trials.get(card) == conn else None
         if pending is not None:
             self.lost.setdefault(conn, []).append(s.LostChange(card, pending.setting, None, reason))
+        elif trial is not None:  # no change of its trial's yet: its next write must still learn the card is gone
+            self.lost.setdefault(conn, []).append(s.LostChange(card, trial.setting, None, reason))
+        if trial is not None:
+            self._recover_trial(self.keys[card], "inconclusive", "tool-died",
+                                f"{reason} during this trial: not evidence about the voltage; it runs again")
+            self.book.trials.pop(card, None)
         self.book.holds.pop(card, None)
 
     def expire_leases(self) -> None:
