@@ -368,6 +368,31 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
     assert not [text for text in shown if not text.isprintable()], shown
 
 
+def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_per_line(service, tmp_path,
+                                                                                         monkeypatch):
+    """Each imported line was merged on its own: the card's whole machine list read (and a line fsynced) per line,
+    under the service lock. A member's file within the caps (1 MiB: some 25,000 short lines) made that quadratic:
+    hours of root's work at every hello, with every request and the lease reaper (which puts unconfirmed changes
+    back) waiting for the lock. The work counted here is the reads of the machine's list."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "recorded_at": 1000.0 + n}) + "\n"
+        for n in range(300)))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    machine_list = service.state.unsafe_path(service.keys["sim0"])
+    reads: list[object] = []
+    real_read = MachineState._read
+    monkeypatch.setattr(MachineState, "_read", lambda self, path: (reads.append(path), real_read(self, path))[1])
+    service.import_user(os.getuid())
+    assert reads.count(machine_list) <= 1, reads.count(machine_list)
+    assert len(ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))) == 300
+    service.import_user(os.getuid())  # idempotent: nothing twice
+    assert len(ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))) == 300
+
+
 def test_a_full_disk_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path, monkeypatch):
     """A full disk must not block putting a card back (state.log). When the client of a rig went away, the first
     card was put back, then forgetting its journal entry (writes.json) raised DiskFull out of

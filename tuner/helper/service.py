@@ -458,11 +458,11 @@ class HelperService:
             self._log(f"import from uid {uid}: skipped {problem}")
         by_serial = {d.serial: card for card, d in self.devices.items() if d.serial}
         boot = current_boot_id()
-        added = 0
+        by_key: dict[str, list[s.UnsafeEntry]] = {}  # merged once per card (state.merge_unsafe says why)
         with self.lock:
             for line in found.unsafe:
                 key = self._key_for(line.serial, line.device, by_serial)
-                added += self.state.merge_unsafe(key, s.UnsafeEntry(  # the words are shown to every other user
+                by_key.setdefault(key, []).append(s.UnsafeEntry(  # the words are shown to every other user
                     setting=line.setting, unit=line.unit, kind=printable(line.kind), reason=printable(line.reason),
                     edge=line.edge, device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
                     recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
@@ -471,11 +471,12 @@ class HelperService:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
                     continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
                 key = self._key_for(None, device, by_serial)
-                added += self.state.merge_unsafe(key, s.UnsafeEntry(
+                by_key.setdefault(key, []).append(s.UnsafeEntry(
                     setting=trial.setting, unit=self._unit_of(device), kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
                     device=device, session=trial.session, boot_id=trial.boot_id,
                     recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
+            added = sum(self.state.merge_unsafe(key, entries) for key, entries in by_key.items())
         if added:
             self._log(f"imported {added} unsafe entries from uid {uid}")
 
