@@ -393,6 +393,25 @@ def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_p
     assert len(ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))) == 300
 
 
+def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_root(service, tmp_path, monkeypatch):
+    """A user's line naming a card this machine does not have went to a machine list of its own, named from the
+    line ("unknown-slot-<device>.jsonl"), which no card's key ever reads. So each distinct name made root create a
+    file in its state directory: a member's file of 25,000 lines naming 25,000 made-up cards, at every hello, until
+    the disk or its inodes ran out (and with them every durable write the helper needs to put a card back)."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": -40, "unit": "mV", "device": device}) + "\n"
+        for device in ["sim0", *(f"0000:{n:02x}:00.0" for n in range(50))]))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    made = sorted(p.name for p in (service.state.root / "unsafe").iterdir())
+    assert made == [f"{service.keys['sim0']}.jsonl"], made[:3]
+    assert [e.setting for e in ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))] == [-40]
+
+
 def test_a_full_disk_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path, monkeypatch):
     """A full disk must not block putting a card back (state.log). When the client of a rig went away, the first
     card was put back, then forgetting its journal entry (writes.json) raised DiskFull out of

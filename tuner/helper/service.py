@@ -459,9 +459,13 @@ class HelperService:
         by_serial = {d.serial: card for card, d in self.devices.items() if d.serial}
         boot = current_boot_id()
         by_key: dict[str, list[s.UnsafeEntry]] = {}  # merged once per card (state.merge_unsafe says why)
+        elsewhere = 0
         with self.lock:
             for line in found.unsafe:
                 key = self._key_for(line.serial, line.device, by_serial)
+                if key is None:
+                    elsewhere += 1
+                    continue
                 by_key.setdefault(key, []).append(s.UnsafeEntry(  # the words are shown to every other user
                     setting=line.setting, unit=line.unit, kind=printable(line.kind), reason=printable(line.reason),
                     edge=line.edge, device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
@@ -471,6 +475,9 @@ class HelperService:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
                     continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
                 key = self._key_for(None, device, by_serial)
+                if key is None:
+                    elsewhere += 1
+                    continue
                 by_key.setdefault(key, []).append(s.UnsafeEntry(
                     setting=trial.setting, unit=self._unit_of(device), kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
@@ -479,10 +486,15 @@ class HelperService:
             added = sum(self.state.merge_unsafe(key, entries) for key, entries in by_key.items())
         if added:
             self._log(f"imported {added} unsafe entries from uid {uid}")
+        if elsewhere:  # one line, however many: the user writes these
+            self._log(f"import from uid {uid}: skipped {elsewhere} entries naming no card of this machine (their "
+                      "own tuner still refuses them)")
 
-    def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str:
+    def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str | None:
+        """The machine list of the card a user's entry names, or None when it names no card of this machine: a list
+        of its own would never be read (no card has its key), and each made-up name would be a file root creates."""
         card = (by_serial.get(serial) if serial else None) or self._card_named(device)
-        return self.keys[card] if card else card_key(DeviceInfo(device or "unknown", "unknown", "", serial=serial))
+        return self.keys[card] if card else None
 
     def _unit_of(self, device: str) -> str:
         card = self._card_named(device)
