@@ -350,6 +350,18 @@ def test_a_simulator_option_without_simulate_is_refused_before_anything_is_made(
         assert not (tmp_path / "state").exists() and not (tmp_path / "h.sock").exists()
 
 
+@pytest.mark.parametrize("sudo_uid", ["abc", "1000x", "\u00b2", "-1 "])
+def test_a_sudo_uid_that_is_not_a_uid_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, sudo_uid):
+    """Bad env is one line with a documented exit code: the helper imports the sudo user's own state at its start,
+    and read SUDO_UID with int(), so a value that is not a whole number was a ValueError traceback (after the state
+    directory was made and the cards' leftovers put back). Refused first, as the other bad input is."""
+    monkeypatch.setenv("SUDO_UID", sudo_uid)
+    code, err = _helper_main(capsys, "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "h.sock"))
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "SUDO_UID" in err
+    assert not (tmp_path / "state").exists() and not (tmp_path / "h.sock").exists()
+
+
 def test_a_client_whose_command_line_cannot_be_read_does_not_stall_the_others(tmp_path, monkeypatch):
     """The peer's command line comes from /proc/<pid>/cmdline, and that read can block: the kernel copies it out
     of the process's memory under its mmap lock (fs/proc/base.c get_mm_cmdline -> access_remote_vm ->

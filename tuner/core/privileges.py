@@ -19,6 +19,8 @@ import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tuner.core.errors import UsageError
+
 ENGINE_SYSTEM_USER = "tuner-engine"
 # root's own directories: the engine gets the user's (their defaults under HOME) instead
 _ROOT_ONLY_VARIABLES = ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR")
@@ -47,6 +49,18 @@ class EngineRefused:
 
     reason: str
     remedy: str
+
+
+def sudo_uid(env: Mapping[str, str] | None = None) -> int | None:
+    """The uid sudo started this process for (`SUDO_UID`); None when it is unset, empty or 0. Anything but ASCII
+    digits is a UsageError: sudo writes a whole number, and a value set by hand is not guessed at (int() takes
+    " 5", "-1" and "\u00b2" is a digit to str.isdigit, but not to int())."""
+    value = (os.environ if env is None else env).get("SUDO_UID", "")
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise UsageError(f"SUDO_UID={value!r} is not a uid", "unset it, or start this through sudo")
+    return int(value) or None
 
 
 def identity_of(user: str | int, gid: int | None = None) -> EngineIdentity:
