@@ -79,13 +79,16 @@ def engine_identity(*, simulated: bool, euid: int | None = None,
     env = os.environ if env is None else env
     if euid != 0:
         return None
-    sudo_uid = env.get("SUDO_UID", "")
-    if sudo_uid.isdigit() and int(sudo_uid) != 0:
+    try:
+        sudo = sudo_uid(env)
+    except UsageError as e:
+        return EngineRefused(f"the stress engine must not run as root, and {e.message}", e.remedy or "")
+    if sudo is not None:
         sudo_gid = env.get("SUDO_GID", "")
         try:
-            return identity_of(int(sudo_uid), int(sudo_gid) if sudo_gid.isdigit() else None)
+            return identity_of(sudo, int(sudo_gid) if sudo_gid.isascii() and sudo_gid.isdigit() else None)
         except KeyError:
-            return EngineRefused(f"the stress engine must not run as root, and SUDO_UID {sudo_uid} has no account",
+            return EngineRefused(f"the stress engine must not run as root, and SUDO_UID {sudo} has no account",
                                  "run the tuner from your own account through sudo, or set TUNER_ENGINE_USER")
     chosen = env.get("TUNER_ENGINE_USER", "")
     for name in ((chosen,) if chosen else (ENGINE_SYSTEM_USER,)):
