@@ -70,6 +70,8 @@ class HelperService:
         self.lock = threading.RLock()
         self.book = Book()
         self.lost: dict[int, list[s.LostChange]] = {}
+        # connection -> cards whose open trial a forced reset ended: its own trial_end is then answered as done
+        self.ended: dict[int, set[str]] = {}
         self.devices: dict[str, DeviceInfo] = {d.id: d for d in backend.devices()}
         self.keys = {card: card_key(d) for card, d in self.devices.items()}
 
@@ -269,11 +271,15 @@ class HelperService:
         self.state.set_open_trial(key, trial)  # durable before the trial's setting touches the card
         self.book.hold(r.card, who.conn, who.peer, time.time())
         self.book.trials[r.card] = who.conn
+        self.ended.get(who.conn, set()).discard(r.card)  # its end is this trial's now
         self._audit("trial_begin", r.card, who, setting=r.setting, phase=r.phase)
         return trial
 
     def _op_trial_end(self, who: Client, r: s.TrialEnd) -> None:
         key = self.keys[r.card]
+        if r.card in self.ended.get(who.conn, set()):
+            self.ended[who.conn].discard(r.card)  # a forced reset ended it (and said so): its mark is moot
+            return
         trial = self.state.open_trials().get(key)
         if trial is None or self.book.trials.get(r.card) != who.conn:
             raise Refused("no-trial", f"this connection has no open trial on {r.card}", "begin one with trial_begin")
@@ -331,7 +337,8 @@ class HelperService:
     def _drop_other(self, card: str, conn: int, reason: str) -> None:
         """Another connection loses the card (a forced reset): its change is forgotten, it learns on its next
         heartbeat. Its open trial ends as a dead client's does (inconclusive): left open with no one holding the
-        card, it would refuse every other trial there and be blamed for a freeze at someone else's later value."""
+        card, it would refuse every other trial there and be blamed for a freeze at someone else's later value; the
+        client's own trial_end of it is then answered once as done (`ended`), so the error it reports is its own."""
         pending = self.book.pending.pop(card, None)
         trial = self.state.open_trials().get(self.keys[card]) if self.book.trials.get(card) == conn else None
         if pending is not None:
@@ -342,6 +349,7 @@ class HelperService:
             self._recover_trial(self.keys[card], "inconclusive", "tool-died",
                                 f"{reason} during this trial: not evidence about the voltage; it runs again")
             self.book.trials.pop(card, None)
+            self.ended.setdefault(conn, set()).add(card)
         self.book.holds.pop(card, None)
 
     def expire_leases(self) -> None:
@@ -379,6 +387,7 @@ class HelperService:
                     if hold is not None and hold.conn == who.conn:
                         del self.book.holds[card]
             self.lost.pop(who.conn, None)
+            self.ended.pop(who.conn, None)
 
     def shutdown(self) -> None:
         """SIGTERM: every unconfirmed change goes back; open trials are recorded as interrupted."""
