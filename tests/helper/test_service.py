@@ -17,7 +17,7 @@ from tests.polling import wait_until
 from tuner.backends.helper_client import _ERRORS
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.card_lock import CardBusy
-from tuner.core.errors import DamagedState, OutOfRange
+from tuner.core.errors import DamagedState, OutOfRange, TunerError
 from tuner.helper import schema as s
 from tuner.helper.peer import Peer
 from tuner.helper.service import Client, HelperService, Refused
@@ -415,6 +415,18 @@ def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_r
     made = sorted(p.name for p in (service.state.root / "unsafe").iterdir())
     assert made == [f"{service.keys['sim0']}.jsonl"], made[:3]
     assert [e.setting for e in ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))] == [-40]
+
+
+def test_nothing_is_written_after_the_helper_put_everything_back_to_stop(service):
+    """On SIGTERM `serve` calls `shutdown` (every unconfirmed change goes back) and the process exits; but each
+    connection's thread lives until then, and a `set` waiting for the service lock got it right after `shutdown`
+    released it: written, unconfirmed, and left on the card by a helper that said "every unconfirmed change was
+    put back" (under socket activation nothing starts it again to put it back until someone connects)."""
+    alice = Client(1, peer(1000))
+    service.shutdown()
+    with pytest.raises(TunerError):
+        ask(service, alice, s.Set(card="sim0", value=-50))
+    assert service.backend.knob("sim0").current == 0
 
 
 def test_a_full_disk_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path, monkeypatch):

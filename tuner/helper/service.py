@@ -72,6 +72,7 @@ class HelperService:
         self.lost: dict[int, list[s.LostChange]] = {}
         # connection -> cards whose open trial a forced reset ended: its own trial_end is then answered as done
         self.ended: dict[int, set[str]] = {}
+        self.stopped = False  # `shutdown` ran: the process exits, so nothing it could not put back is done
         self.devices: dict[str, DeviceInfo] = {d.id: d for d in backend.devices()}
         self.keys = {card: card_key(d) for card, d in self.devices.items()}
 
@@ -120,6 +121,9 @@ class HelperService:
             # system): without the lock, which `import_user` takes only to merge
             return handler(who, request)
         with self.lock:
+            if self.stopped:  # a connection's thread outlives `shutdown` until the process exits
+                raise Refused("idle", "tuner-helper is stopping; nothing was changed",
+                              "run the command again once tuner-helper is back")
             if isinstance(request, s.CardRequest) and request.card not in self.devices:
                 raise UnknownDevice(f"no card {request.card!r}", f"known cards: {', '.join(self.devices) or 'none'}")
             return handler(who, request)
@@ -392,6 +396,7 @@ class HelperService:
     def shutdown(self) -> None:
         """SIGTERM: every unconfirmed change goes back; open trials are recorded as interrupted."""
         with self.lock:
+            self.stopped = True
             for pending in list(self.book.pending.values()):
                 self._revert(pending, "the helper was stopped")
             for card in list(self.book.trials):
