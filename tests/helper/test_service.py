@@ -429,6 +429,51 @@ def test_nothing_is_written_after_the_helper_put_everything_back_to_stop(service
     assert service.backend.knob("sim0").current == 0
 
 
+def test_a_set_the_backend_could_not_undo_stays_unconfirmed_and_goes_back(tmp_path):
+    """The backend's own put-back can fail too: amdgpu commits the value, then the card stops answering (a GPU
+    reset, EPERM, as an undervolt that is too deep causes) and the AMD backend's restore cannot even read the
+    table; it raises NotApplied "restoring ... also failed". The helper took any failure of a first change as
+    "the backend put the previous value back" and forgot it: no lease, no put-back when the client went away, the
+    value left on the card (amdgpu re-applies the user's table after its reset). The fake kernel stops answering
+    right after the commit, then answers again."""
+    import errno
+
+    from tests.backends.fakes.fake_kernel import FakeKernelIO, FakeOdKernel
+    from tests.backends.fakes.trees import OD_TEXT, make_tree
+    from tuner.backends import amd
+    from tuner.backends.amd_sysfs import amd_card_dirs
+
+    make_tree(tmp_path, ["rdna4"])
+    (d,) = amd_card_dirs(tmp_path)
+    od_file = d / "pp_od_clk_voltage"
+    kernel = FakeOdKernel(OD_TEXT["rdna4"])
+    io = FakeKernelIO({od_file: kernel})
+    backend = amd.AmdBackend([d], root=tmp_path, sysfs=io, sleep=lambda s: None)
+    state = MachineState(tmp_path / "state")
+    state.create()
+    clock = Clock()
+    service = HelperService(backend, state, group="tuner", clock=clock, log=lambda line: None)
+    card, alice = backend.devices()[0].id, Client(1, peer(1000))
+    real_write = kernel.write
+
+    def write(data: bytes) -> int:
+        written = real_write(data)
+        if data == b"c\n":
+            kernel.in_reset = True  # the GPU resets under the new value: EPERM on every read and write
+            io.read_errors[od_file] = errno.EPERM
+        return written
+
+    kernel.write = write  # type: ignore[method-assign]
+    with pytest.raises(TunerError):
+        ask(service, alice, s.Set(card=card, value=-50, lease_s=5))
+    kernel.write, kernel.in_reset = real_write, False  # type: ignore[method-assign]  # the reset is over
+    io.read_errors.clear()
+    assert backend.knob(card).current == -50  # what the failed set left on the card
+    clock.now += 6
+    service.expire_leases()
+    assert backend.knob(card).current == 0
+
+
 def test_a_full_disk_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path, monkeypatch):
     """A full disk must not block putting a card back (state.log). When the client of a rig went away, the first
     card was put back, then forgetting its journal entry (writes.json) raised DiskFull out of

@@ -17,6 +17,7 @@ the helper is stopped. Everything happens under one lock: the cards have one wri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import sys
@@ -178,8 +179,12 @@ class HelperService:
         try:
             applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
         except BaseException:
-            if had is None or had.conn != who.conn:  # the backend put the previous value back: nothing pending
-                self._settle(r.card, who.conn)
+            # nothing pending once the card reads the previous value again; the backend's own put-back can fail too
+            # (NotApplied "restoring ... also failed", an unreadable card), and then the lease still puts it back
+            if had is None or had.conn != who.conn:
+                with contextlib.suppress(TunerError):
+                    if self.backend.knob(r.card).current == pending.previous:
+                        self._settle(r.card, who.conn)
             raise
         self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
         if applied.current == pending.previous and pending.previous_lock_mhz is None:
