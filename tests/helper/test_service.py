@@ -474,6 +474,28 @@ def test_a_set_the_backend_could_not_undo_stays_unconfirmed_and_goes_back(tmp_pa
     assert backend.knob(card).current == 0
 
 
+def test_an_unconfirmed_change_never_goes_back_to_a_value_the_machine_list_now_refuses(service, tmp_path,
+                                                                                     monkeypatch):
+    """Putting a change back is automatic, and a value that failed hard is never applied again automatically.
+    The value before the change (here a kept -100 mV) can reach the machine's list meanwhile (another user's
+    own list, imported at their hello); the lease put it back anyway. It goes to stock instead."""
+    from tuner.helper import service as service_module
+
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card="sim0", value=-100, lease_s=5))
+    ask(service, alice, s.Confirm(card="sim0"))
+    ask(service, alice, s.Set(card="sim0", value=-120, lease_s=5))
+    home = tmp_path / "bob"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(
+        json.dumps({"setting": -100, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n")
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    service.clock_.now += 6
+    service.expire_leases()
+    assert service.backend.knob("sim0").current == 0
+
+
 def test_a_full_disk_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path, monkeypatch):
     """A full disk must not block putting a card back (state.log). When the client of a rig went away, the first
     card was put back, then forgetting its journal entry (writes.json) raised DiskFull out of

@@ -322,9 +322,17 @@ class HelperService:
             except TunerError as e:
                 note = f"the lock clock could not be set back ({e.message}); "
         try:
-            stock: int | None = self.backend.knob(card).stock
+            knob = self.backend.knob(card)
+            stock: int | None = knob.stock
         except TunerError as e:  # a card that fell off the bus: still try a reset, and go on with the others
             stock, note = None, note + f"the card could not be read ({e.message}); "
+        if pending.previous != stock and not note:
+            try:  # never applied again automatically once it failed hard (the list may have it since the change)
+                listed = [e.setting for e in self.state.unsafe_entries(pending.key) if e.unit == knob.unit]
+                if blocking_setting(knob, pending.previous, listed) is not None:
+                    note = f"{pending.previous:+d} {knob.unit} is on the machine's unsafe list now; "
+            except TunerError as e:
+                note = f"the machine's unsafe list could not be read ({e.message}); "
         if pending.previous != stock and not note:
             try:
                 if self.backend.apply(card, pending.previous, allow_overvolt=True).current == pending.previous:
