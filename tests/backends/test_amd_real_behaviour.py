@@ -95,6 +95,27 @@ def test_vega20_reset_writes_the_recorded_stock_points_not_r(tmp_path):
     assert kernel.committed.vddc_curve == kernel.boot.vddc_curve
 
 
+def test_a_stock_record_of_another_card_in_the_same_slot_is_not_its_stock(tmp_path):
+    """The stock record was looked up by PCI slot alone: another card in that slot in the same boot (an eGPU
+    swapped, PCIe hot plug) was measured against the first card's points, and its reset wrote them (here 1150 mV
+    on a card whose stock is 1100 mV: an overvolt nobody asked for). A record names the card it belongs to."""
+    first = OD_TEXT["vega20-navi1x"]
+    backend, _, _, _ = _backend(tmp_path, first, variant="vega20", device="0x66af")
+    dev = backend.devices()[0].id
+    other_text = first.replace("2000MHz 1150mV", "2000MHz 1100mV")
+    make_tree(tmp_path / "swapped", [])
+    make_card(tmp_path / "swapped", 0, None, od_text=other_text, device="0x66af")
+    (d,) = amd_card_dirs(tmp_path / "swapped")
+    (d / "serial_number").write_text("0x0badc0de\n")  # amdgpu's unique_id-backed serial: another card
+    kernel = FakeOdKernel(other_text, variant="vega20")
+    swapped = amd.AmdBackend([d], root=tmp_path / "swapped", sysfs=FakeKernelIO({d / "pp_od_clk_voltage": kernel}))
+    assert swapped.devices()[0].id == dev
+    assert swapped.knob(dev).current == 0
+    swapped.apply(dev, -20)
+    swapped.reset(dev)
+    assert kernel.committed.vddc_curve == kernel.boot.vddc_curve
+
+
 def test_vega20_r_really_keeps_the_firmware_table(tmp_path):
     """The fake is as strict as vega20_odn_edit_dpm_table: `r` then `c` leaves an undervolt in place."""
     kernel = FakeOdKernel(OD_TEXT["vega20-navi1x"], variant="vega20")

@@ -23,6 +23,13 @@ def test_not_root_runs_the_engine_as_itself():
     assert engine_identity(simulated=False, euid=1000, env={"SUDO_UID": "1234"}) is None
 
 
+def test_a_sudo_uid_that_is_not_a_uid_refuses_the_engine_in_one_line():
+    """str.isdigit takes a superscript two, int() does not: SUDO_UID=\u00b2 was a ValueError traceback out of the
+    stress run (and `tuner doctor`) as root. It is a refusal naming the variable, as an unknown uid is."""
+    refused = engine_identity(simulated=False, euid=0, env={"SUDO_UID": "\u00b2"})
+    assert isinstance(refused, EngineRefused) and "SUDO_UID" in refused.reason, refused
+
+
 def test_root_without_sudo_refuses_a_real_card_and_names_the_remedy():
     refused = engine_identity(simulated=False, euid=0, env={})
     if not isinstance(refused, EngineRefused):

@@ -348,3 +348,63 @@ def test_a_simulator_option_without_simulate_is_refused_before_anything_is_made(
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert extra[0] in err and "--simulate" in err
         assert not (tmp_path / "state").exists() and not (tmp_path / "h.sock").exists()
+
+
+@pytest.mark.parametrize("sudo_uid", ["abc", "1000x", "\u00b2", "-1 "])
+def test_a_sudo_uid_that_is_not_a_uid_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, sudo_uid):
+    """Bad env is one line with a documented exit code: the helper imports the sudo user's own state at its start,
+    and read SUDO_UID with int(), so a value that is not a whole number was a ValueError traceback (after the state
+    directory was made and the cards' leftovers put back). Refused first, as the other bad input is."""
+    monkeypatch.setenv("SUDO_UID", sudo_uid)
+    code, err = _helper_main(capsys, "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "h.sock"))
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "SUDO_UID" in err
+    assert not (tmp_path / "state").exists() and not (tmp_path / "h.sock").exists()
+
+
+def test_a_client_whose_command_line_cannot_be_read_does_not_stall_the_others(tmp_path, monkeypatch):
+    """The peer's command line comes from /proc/<pid>/cmdline, and that read can block: the kernel copies it out
+    of the process's memory under its mmap lock (fs/proc/base.c get_mm_cmdline -> access_remote_vm ->
+    mmap_read_lock_killable), which a process stuck in a page fault on a hung FUSE or NFS mapping, or a
+    hostile one that arranges it, keeps taken. The helper read it on its accept thread, so one such client
+    stopped every other client from being let in. The fake blocks the first read until the test ends."""
+    from tuner.helper import peer as helper_peer
+    from tuner.helper import server as helper_server
+    from tuner.helper.service import HelperService
+    from tuner.helper.state import MachineState
+
+    first_read, release = threading.Event(), threading.Event()
+    real_command_of = helper_peer.command_of
+
+    def command_of(pid: int) -> str:
+        if not first_read.is_set():
+            first_read.set()
+            release.wait()  # the blocked read of the stalled client
+        return real_command_of(pid)
+
+    monkeypatch.setattr(helper_peer, "command_of", command_of)
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(SimulatedBackend(state_path=tmp_path / "sim.json"), state, group="root",
+                            log=lambda line: None)
+    path = tmp_path / "run" / "h.sock"
+    listener, lock_fd = helper_server.bind_listener(path, os.getgid())
+    server = helper_server.HelperServer(service, listener, os.getgid())
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        stalled.connect(str(path))
+        wait_until(first_read.is_set, what="the stalled client's command line is being read")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
+            other.connect(str(path))
+            other.sendall((json.dumps(HELLO) + "\n").encode())
+            other.settimeout(20)  # a generous bound; answered at once unless the accept thread is stuck
+            assert json.loads(other.makefile("rb").readline())["ok"] is True
+    finally:
+        release.set()
+        stalled.close()
+        server.stop.set()
+        thread.join(timeout=30)
+        listener.close()
+        os.close(lock_fd)

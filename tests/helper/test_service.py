@@ -17,7 +17,7 @@ from tests.polling import wait_until
 from tuner.backends.helper_client import _ERRORS
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.card_lock import CardBusy
-from tuner.core.errors import DamagedState, OutOfRange
+from tuner.core.errors import DamagedState, OutOfRange, TunerError
 from tuner.helper import schema as s
 from tuner.helper.peer import Peer
 from tuner.helper.service import Client, HelperService, Refused
@@ -234,6 +234,32 @@ def test_a_forced_reset_reports_a_lost_change_to_stock_as_the_value_written(serv
     assert (lost.card, lost.value) == ("sim0", 0) and "--force" in lost.reason
 
 
+def test_a_forced_reset_ends_the_other_connections_open_trial(service):
+    """`tuner reset --force` (the `busy` line's remedy) dropped another connection's hold and change but left its
+    trial open in trials.json and the book: no one held the card, yet every other trial on it was refused ("a
+    trial is already open", ended only by a connection that no longer holds it), and a freeze after someone
+    else's later change would be recorded at the next start as the forced-out trial's setting failing. The trial
+    ends as a dead client's does: inconclusive, recovered; its client learns on its next heartbeat."""
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, bob, s.Reset(card="sim0", force=True))  # before alice's set: no change of hers is pending
+    trials = ask(service, bob, s.ReadTrials(card="sim0"))
+    assert trials.open is None, trials.open
+    [recovered] = trials.recovered
+    assert (recovered.trial.setting, recovered.verdict) == (-60, "inconclusive") and "--force" in recovered.reason
+    [lost] = ask(service, alice, s.Heartbeat()).lost
+    assert (lost.card, lost.value) == ("sim0", -60) and "--force" in lost.reason
+    ask(service, bob, s.TrialBegin(card="sim0", setting=-40, phase="coarse", session="b"))
+    # alice's tuner still ends its trial (a `finally`): answered, so its own error (LeaseLost) is what it reports,
+    # and it neither marks -60 (that trial was cut short by the reset) nor ends bob's trial
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="x")))
+    assert ask(service, bob, s.ReadTrials(card="sim0")).open.session == "b"
+    assert ask(service, bob, s.UnsafeList(card="sim0")) == []
+    with pytest.raises(Refused) as refused:  # once: a second end is this connection's mistake again
+        ask(service, alice, s.TrialEnd(card="sim0"))
+    assert refused.value.code == "no-trial"
+
+
 def test_a_lost_card_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path):
     """A card that falls off the bus (NVML GpuIsLost, an unreadable pp_od_clk_voltage: the backend's knob() raises
     DeviceLost) while its client goes away. `_restore` read the knob outside its error handling, so
@@ -345,6 +371,129 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
         ask(service, bob, s.Set(card="sim0", value=-60))
     shown = [refused.value.one_line(), *(e.kind for e in entries), *(e.reason for e in entries)]
     assert not [text for text in shown if not text.isprintable()], shown
+
+
+def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_per_line(service, tmp_path,
+                                                                                         monkeypatch):
+    """Each imported line was merged on its own: the card's whole machine list read (and a line fsynced) per line,
+    under the service lock. A member's file within the caps (1 MiB: some 25,000 short lines) made that quadratic:
+    hours of root's work at every hello, with every request and the lease reaper (which puts unconfirmed changes
+    back) waiting for the lock. The work counted here is the reads of the machine's list."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "recorded_at": 1000.0 + n}) + "\n"
+        for n in range(300)))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    machine_list = service.state.unsafe_path(service.keys["sim0"])
+    reads: list[object] = []
+    real_read = MachineState._read
+    monkeypatch.setattr(MachineState, "_read", lambda self, path: (reads.append(path), real_read(self, path))[1])
+    service.import_user(os.getuid())
+    assert reads.count(machine_list) <= 1, reads.count(machine_list)
+    assert len(ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))) == 300
+    service.import_user(os.getuid())  # idempotent: nothing twice
+    assert len(ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))) == 300
+
+
+def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_root(service, tmp_path, monkeypatch):
+    """A user's line naming a card this machine does not have went to a machine list of its own, named from the
+    line ("unknown-slot-<device>.jsonl"), which no card's key ever reads. So each distinct name made root create a
+    file in its state directory: a member's file of 25,000 lines naming 25,000 made-up cards, at every hello, until
+    the disk or its inodes ran out (and with them every durable write the helper needs to put a card back)."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": -40, "unit": "mV", "device": device}) + "\n"
+        for device in ["sim0", *(f"0000:{n:02x}:00.0" for n in range(50))]))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    made = sorted(p.name for p in (service.state.root / "unsafe").iterdir())
+    assert made == [f"{service.keys['sim0']}.jsonl"], made[:3]
+    assert [e.setting for e in ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))] == [-40]
+
+
+def test_nothing_is_written_after_the_helper_put_everything_back_to_stop(service):
+    """On SIGTERM `serve` calls `shutdown` (every unconfirmed change goes back) and the process exits; but each
+    connection's thread lives until then, and a `set` waiting for the service lock got it right after `shutdown`
+    released it: written, unconfirmed, and left on the card by a helper that said "every unconfirmed change was
+    put back" (under socket activation nothing starts it again to put it back until someone connects)."""
+    alice = Client(1, peer(1000))
+    service.shutdown()
+    with pytest.raises(TunerError):
+        ask(service, alice, s.Set(card="sim0", value=-50))
+    assert service.backend.knob("sim0").current == 0
+
+
+def test_a_set_the_backend_could_not_undo_stays_unconfirmed_and_goes_back(tmp_path):
+    """The backend's own put-back can fail too: amdgpu commits the value, then the card stops answering (a GPU
+    reset, EPERM, as an undervolt that is too deep causes) and the AMD backend's restore cannot even read the
+    table; it raises NotApplied "restoring ... also failed". The helper took any failure of a first change as
+    "the backend put the previous value back" and forgot it: no lease, no put-back when the client went away, the
+    value left on the card (amdgpu re-applies the user's table after its reset). The fake kernel stops answering
+    right after the commit, then answers again."""
+    import errno
+
+    from tests.backends.fakes.fake_kernel import FakeKernelIO, FakeOdKernel
+    from tests.backends.fakes.trees import OD_TEXT, make_tree
+    from tuner.backends import amd
+    from tuner.backends.amd_sysfs import amd_card_dirs
+
+    make_tree(tmp_path, ["rdna4"])
+    (d,) = amd_card_dirs(tmp_path)
+    od_file = d / "pp_od_clk_voltage"
+    kernel = FakeOdKernel(OD_TEXT["rdna4"])
+    io = FakeKernelIO({od_file: kernel})
+    backend = amd.AmdBackend([d], root=tmp_path, sysfs=io, sleep=lambda s: None)
+    state = MachineState(tmp_path / "state")
+    state.create()
+    clock = Clock()
+    service = HelperService(backend, state, group="tuner", clock=clock, log=lambda line: None)
+    card, alice = backend.devices()[0].id, Client(1, peer(1000))
+    real_write = kernel.write
+
+    def write(data: bytes) -> int:
+        written = real_write(data)
+        if data == b"c\n":
+            kernel.in_reset = True  # the GPU resets under the new value: EPERM on every read and write
+            io.read_errors[od_file] = errno.EPERM
+        return written
+
+    kernel.write = write  # type: ignore[method-assign]
+    with pytest.raises(TunerError):
+        ask(service, alice, s.Set(card=card, value=-50, lease_s=5))
+    kernel.write, kernel.in_reset = real_write, False  # type: ignore[method-assign]  # the reset is over
+    io.read_errors.clear()
+    assert backend.knob(card).current == -50  # what the failed set left on the card
+    clock.now += 6
+    service.expire_leases()
+    assert backend.knob(card).current == 0
+
+
+def test_an_unconfirmed_change_never_goes_back_to_a_value_the_machine_list_now_refuses(service, tmp_path,
+                                                                                     monkeypatch):
+    """Putting a change back is automatic, and a value that failed hard is never applied again automatically.
+    The value before the change (here a kept -100 mV) can reach the machine's list meanwhile (another user's
+    own list, imported at their hello); the lease put it back anyway. It goes to stock instead."""
+    from tuner.helper import service as service_module
+
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card="sim0", value=-100, lease_s=5))
+    ask(service, alice, s.Confirm(card="sim0"))
+    ask(service, alice, s.Set(card="sim0", value=-120, lease_s=5))
+    home = tmp_path / "bob"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(
+        json.dumps({"setting": -100, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n")
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    service.clock_.now += 6
+    service.expire_leases()
+    assert service.backend.knob("sim0").current == 0
 
 
 def test_a_full_disk_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path, monkeypatch):

@@ -246,8 +246,11 @@ class AmdBackend(Backend):
         recorded them (the card may be undervolted now), else the table as read now, recorded."""
         if card.stock_points is None and table.format in od.CURVE_FORMATS:
             record = card_records.load(card_records.STOCK, card.info.id)
+            # the file is named by slot, and another card can be in that slot this boot (an eGPU swapped, PCIe hot
+            # plug): its points written as "stock" would be an overvolt there. The record names its card.
+            identity = [card.info.pci_id, card.info.serial]
             points = None
-            if record and record.get("format") == table.format:
+            if record and record.get("format") == table.format and record.get("card") == identity:
                 points = recorded_points(record)  # None for a damaged record: read the table
             if points is None:
                 points = table.voltage_points
@@ -255,7 +258,7 @@ class AmdBackend(Backend):
                     card_records.save(
                         card_records.STOCK,
                         card.info.id,
-                        {"format": table.format, "points": [[p.index, p.mhz, p.mv] for p in points]},
+                        {"format": table.format, "card": identity, "points": [[p.index, p.mhz, p.mv] for p in points]},
                     )
             card.stock_points = points
         return card.stock_points or ()

@@ -19,6 +19,8 @@ import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tuner.core.errors import UsageError
+
 ENGINE_SYSTEM_USER = "tuner-engine"
 # root's own directories: the engine gets the user's (their defaults under HOME) instead
 _ROOT_ONLY_VARIABLES = ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR")
@@ -49,6 +51,18 @@ class EngineRefused:
     remedy: str
 
 
+def sudo_uid(env: Mapping[str, str] | None = None) -> int | None:
+    """The uid sudo started this process for (`SUDO_UID`); None when it is unset, empty or 0. Anything but ASCII
+    digits is a UsageError: sudo writes a whole number, and a value set by hand is not guessed at (int() takes
+    " 5", "-1" and "\u00b2" is a digit to str.isdigit, but not to int())."""
+    value = (os.environ if env is None else env).get("SUDO_UID", "")
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise UsageError(f"SUDO_UID={value!r} is not a uid", "unset it, or start this through sudo")
+    return int(value) or None
+
+
 def identity_of(user: str | int, gid: int | None = None) -> EngineIdentity:
     """The account named by `user` (a name or a uid), with `gid` (default: its primary group) and every group
     the account belongs to. Raises KeyError when there is no such account."""
@@ -65,13 +79,16 @@ def engine_identity(*, simulated: bool, euid: int | None = None,
     env = os.environ if env is None else env
     if euid != 0:
         return None
-    sudo_uid = env.get("SUDO_UID", "")
-    if sudo_uid.isdigit() and int(sudo_uid) != 0:
+    try:
+        sudo = sudo_uid(env)
+    except UsageError as e:
+        return EngineRefused(f"the stress engine must not run as root, and {e.message}", e.remedy or "")
+    if sudo is not None:
         sudo_gid = env.get("SUDO_GID", "")
         try:
-            return identity_of(int(sudo_uid), int(sudo_gid) if sudo_gid.isdigit() else None)
+            return identity_of(sudo, int(sudo_gid) if sudo_gid.isascii() and sudo_gid.isdigit() else None)
         except KeyError:
-            return EngineRefused(f"the stress engine must not run as root, and SUDO_UID {sudo_uid} has no account",
+            return EngineRefused(f"the stress engine must not run as root, and SUDO_UID {sudo} has no account",
                                  "run the tuner from your own account through sudo, or set TUNER_ENGINE_USER")
     chosen = env.get("TUNER_ENGINE_USER", "")
     for name in ((chosen,) if chosen else (ENGINE_SYSTEM_USER,)):

@@ -20,6 +20,7 @@ from tuner import __version__
 from tuner.backends import Backend, check_no_simulator_options, open_backend
 from tuner.core import exit_codes, paths, root_owned
 from tuner.core.errors import PermissionDenied, TunerError, UsageError
+from tuner.core.privileges import sudo_uid
 from tuner.helper import kmsg
 from tuner.helper import schema as s
 from tuner.helper.server import HelperServer, bind_listener, inherited_listener
@@ -130,6 +131,7 @@ def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
     if os.geteuid() != 0 and not args.simulate:
         raise PermissionDenied("tuner-helper writes GPU settings and must run as root", "start it as root (or "
                                "through its systemd socket unit), or pass --simulate to try it")
+    sudo_user = sudo_uid()  # refused before anything is made
     try:
         gid = grp.getgrnam(args.group).gr_gid
     except KeyError:
@@ -140,7 +142,7 @@ def serve(args: argparse.Namespace, backend: Backend | None = None) -> int:
                       args.sim_contention_after) if args.simulate else None
     service = HelperService(backend, state, group=args.group, allow_overvolt=args.allow_overvolt, sim=sim)
     service.recover_at_start()
-    for uid in {0, int(os.environ.get("SUDO_UID", "0") or 0)}:
+    for uid in {0, sudo_user or 0}:
         service.import_user(uid)  # the invoking user's own per-user state (root's, and the sudo user's)
     inherited = inherited_listener()
     listener, lock_fd = (inherited, None) if inherited is not None else bind_listener(args.socket, gid)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; Python names it from 3.x on some builds
@@ -28,13 +28,23 @@ class Peer:
 
 
 def peer_of(sock: socket.socket) -> Peer:
+    """The kernel's credentials of the peer, at once; its command is "?" until `with_command` reads it (that read
+    can block, see there)."""
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     try:
         raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 256)
         groups = struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
     except OSError:  # ERANGE: more than 256 groups; or an old kernel: fall back to the primary group only
         groups = ()
-    return Peer(pid, uid, gid, tuple(groups), command_of(pid))
+    return Peer(pid, uid, gid, tuple(groups), "?")
+
+
+def with_command(peer: Peer) -> Peer:
+    """`peer` with its command line. Call it on the connection's own thread, never the accept loop: reading
+    /proc/<pid>/cmdline copies it out of that process's memory under its mmap lock (fs/proc/base.c get_mm_cmdline
+    -> access_remote_vm), which can wait as long as the process keeps the lock (stuck on a hung FUSE or NFS
+    mapping, or arranged by a hostile client)."""
+    return replace(peer, command=command_of(peer.pid))
 
 
 def command_of(pid: int) -> str:

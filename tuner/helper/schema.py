@@ -273,10 +273,9 @@ class UnsafeEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     uid: int | None = None
     source: str = "helper"  # "helper", "import from uid N", "recovered at start"
 
-    def same_event(self, other: UnsafeEntry) -> bool:
-        """Two copies of one event (a merge keeps one)."""
-        return (self.setting, self.unit, self.kind, self.session, round(self.recorded_at, 3)) == (
-            other.setting, other.unit, other.kind, other.session, round(other.recorded_at, 3))
+    def event(self) -> tuple[int, str, str, str | None, float]:
+        """What two copies of one event share (a merge keeps one); hashable, so a merge of many is not quadratic."""
+        return (self.setting, self.unit, self.kind, self.session, round(self.recorded_at, 3))
 
 
 class OpenTrial(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

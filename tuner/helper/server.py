@@ -33,7 +33,7 @@ from tuner.core.errors import TunerError
 from tuner.helper import kmsg
 from tuner.helper import schema as s
 from tuner.helper.leases import Busy
-from tuner.helper.peer import Peer, peer_of
+from tuner.helper.peer import Peer, peer_of, with_command
 from tuner.helper.service import Client, HelperService, code_of
 
 HELLO_TIMEOUT_S = 5.0
@@ -276,6 +276,7 @@ class HelperServer:
                          daemon=True).start()
 
     def _serve_connection(self, connection: _Connection) -> None:
+        connection.peer = with_command(connection.peer)  # here, not in `_admit`: the read can block (peer.py)
         who = Client(connection.id, connection.peer)
         greeted = False
         try:

@@ -17,6 +17,7 @@ the helper is stopped. Everything happens under one lock: the cards have one wri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import sys
@@ -70,6 +71,9 @@ class HelperService:
         self.lock = threading.RLock()
         self.book = Book()
         self.lost: dict[int, list[s.LostChange]] = {}
+        # connection -> cards whose open trial a forced reset ended: its own trial_end is then answered as done
+        self.ended: dict[int, set[str]] = {}
+        self.stopped = False  # `shutdown` ran: the process exits, so nothing it could not put back is done
         self.devices: dict[str, DeviceInfo] = {d.id: d for d in backend.devices()}
         self.keys = {card: card_key(d) for card, d in self.devices.items()}
 
@@ -118,6 +122,9 @@ class HelperService:
             # system): without the lock, which `import_user` takes only to merge
             return handler(who, request)
         with self.lock:
+            if self.stopped:  # a connection's thread outlives `shutdown` until the process exits
+                raise Refused("idle", "tuner-helper is stopping; nothing was changed",
+                              "run the command again once tuner-helper is back")
             if isinstance(request, s.CardRequest) and request.card not in self.devices:
                 raise UnknownDevice(f"no card {request.card!r}", f"known cards: {', '.join(self.devices) or 'none'}")
             return handler(who, request)
@@ -172,8 +179,12 @@ class HelperService:
         try:
             applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
         except BaseException:
-            if had is None or had.conn != who.conn:  # the backend put the previous value back: nothing pending
-                self._settle(r.card, who.conn)
+            # nothing pending once the card reads the previous value again; the backend's own put-back can fail too
+            # (NotApplied "restoring ... also failed", an unreadable card), and then the lease still puts it back
+            if had is None or had.conn != who.conn:
+                with contextlib.suppress(TunerError):
+                    if self.backend.knob(r.card).current == pending.previous:
+                        self._settle(r.card, who.conn)
             raise
         self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
         if applied.current == pending.previous and pending.previous_lock_mhz is None:
@@ -269,11 +280,15 @@ class HelperService:
         self.state.set_open_trial(key, trial)  # durable before the trial's setting touches the card
         self.book.hold(r.card, who.conn, who.peer, time.time())
         self.book.trials[r.card] = who.conn
+        self.ended.get(who.conn, set()).discard(r.card)  # its end is this trial's now
         self._audit("trial_begin", r.card, who, setting=r.setting, phase=r.phase)
         return trial
 
     def _op_trial_end(self, who: Client, r: s.TrialEnd) -> None:
         key = self.keys[r.card]
+        if r.card in self.ended.get(who.conn, set()):
+            self.ended[who.conn].discard(r.card)  # a forced reset ended it (and said so): its mark is moot
+            return
         trial = self.state.open_trials().get(key)
         if trial is None or self.book.trials.get(r.card) != who.conn:
             raise Refused("no-trial", f"this connection has no open trial on {r.card}", "begin one with trial_begin")
@@ -307,9 +322,17 @@ class HelperService:
             except TunerError as e:
                 note = f"the lock clock could not be set back ({e.message}); "
         try:
-            stock: int | None = self.backend.knob(card).stock
+            knob = self.backend.knob(card)
+            stock: int | None = knob.stock
         except TunerError as e:  # a card that fell off the bus: still try a reset, and go on with the others
             stock, note = None, note + f"the card could not be read ({e.message}); "
+        if pending.previous != stock and not note:
+            try:  # never applied again automatically once it failed hard (the list may have it since the change)
+                listed = [e.setting for e in self.state.unsafe_entries(pending.key) if e.unit == knob.unit]
+                if blocking_setting(knob, pending.previous, listed) is not None:
+                    note = f"{pending.previous:+d} {knob.unit} is on the machine's unsafe list now; "
+            except TunerError as e:
+                note = f"the machine's unsafe list could not be read ({e.message}); "
         if pending.previous != stock and not note:
             try:
                 if self.backend.apply(card, pending.previous, allow_overvolt=True).current == pending.previous:
@@ -330,10 +353,20 @@ class HelperService:
 
     def _drop_other(self, card: str, conn: int, reason: str) -> None:
         """Another connection loses the card (a forced reset): its change is forgotten, it learns on its next
-        heartbeat."""
+        heartbeat. Its open trial ends as a dead client's does (inconclusive): left open with no one holding the
+        card, it would refuse every other trial there and be blamed for a freeze at someone else's later value; the
+        client's own trial_end of it is then answered once as done (`ended`), so the error it reports is its own."""
         pending = self.book.pending.pop(card, None)
+        trial = self.state.open_trials().get(self.keys[card]) if self.book.trials.get(card) == conn else None
         if pending is not None:
             self.lost.setdefault(conn, []).append(s.LostChange(card, pending.setting, None, reason))
+        elif trial is not None:  # no change of its trial's yet: its next write must still learn the card is gone
+            self.lost.setdefault(conn, []).append(s.LostChange(card, trial.setting, None, reason))
+        if trial is not None:
+            self._recover_trial(self.keys[card], "inconclusive", "tool-died",
+                                f"{reason} during this trial: not evidence about the voltage; it runs again")
+            self.book.trials.pop(card, None)
+            self.ended.setdefault(conn, set()).add(card)
         self.book.holds.pop(card, None)
 
     def expire_leases(self) -> None:
@@ -371,10 +404,12 @@ class HelperService:
                     if hold is not None and hold.conn == who.conn:
                         del self.book.holds[card]
             self.lost.pop(who.conn, None)
+            self.ended.pop(who.conn, None)
 
     def shutdown(self) -> None:
         """SIGTERM: every unconfirmed change goes back; open trials are recorded as interrupted."""
         with self.lock:
+            self.stopped = True
             for pending in list(self.book.pending.values()):
                 self._revert(pending, "the helper was stopped")
             for card in list(self.book.trials):
@@ -450,11 +485,15 @@ class HelperService:
             self._log(f"import from uid {uid}: skipped {problem}")
         by_serial = {d.serial: card for card, d in self.devices.items() if d.serial}
         boot = current_boot_id()
-        added = 0
+        by_key: dict[str, list[s.UnsafeEntry]] = {}  # merged once per card (state.merge_unsafe says why)
+        elsewhere = 0
         with self.lock:
             for line in found.unsafe:
                 key = self._key_for(line.serial, line.device, by_serial)
-                added += self.state.merge_unsafe(key, s.UnsafeEntry(  # the words are shown to every other user
+                if key is None:
+                    elsewhere += 1
+                    continue
+                by_key.setdefault(key, []).append(s.UnsafeEntry(  # the words are shown to every other user
                     setting=line.setting, unit=line.unit, kind=printable(line.kind), reason=printable(line.reason),
                     edge=line.edge, device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
                     recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
@@ -463,17 +502,26 @@ class HelperService:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
                     continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
                 key = self._key_for(None, device, by_serial)
-                added += self.state.merge_unsafe(key, s.UnsafeEntry(
+                if key is None:
+                    elsewhere += 1
+                    continue
+                by_key.setdefault(key, []).append(s.UnsafeEntry(
                     setting=trial.setting, unit=self._unit_of(device), kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
                     device=device, session=trial.session, boot_id=trial.boot_id,
                     recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
+            added = sum(self.state.merge_unsafe(key, entries) for key, entries in by_key.items())
         if added:
             self._log(f"imported {added} unsafe entries from uid {uid}")
+        if elsewhere:  # one line, however many: the user writes these
+            self._log(f"import from uid {uid}: skipped {elsewhere} entries naming no card of this machine (their "
+                      "own tuner still refuses them)")
 
-    def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str:
+    def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str | None:
+        """The machine list of the card a user's entry names, or None when it names no card of this machine: a list
+        of its own would never be read (no card has its key), and each made-up name would be a file root creates."""
         card = (by_serial.get(serial) if serial else None) or self._card_named(device)
-        return self.keys[card] if card else card_key(DeviceInfo(device or "unknown", "unknown", "", serial=serial))
+        return self.keys[card] if card else None
 
     def _unit_of(self, device: str) -> str:
         card = self._card_named(device)

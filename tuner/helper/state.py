@@ -142,12 +142,19 @@ class MachineState:
     def add_unsafe(self, key: str, entry: UnsafeEntry) -> None:
         self._store(self.unsafe_path(key), msgspec.json.encode(entry), append=True)
 
-    def merge_unsafe(self, key: str, entry: UnsafeEntry) -> bool:
-        """Add `entry` unless the card's list has it already (never drops one); True when it was added."""
-        if any(entry.same_event(h) for h in self.unsafe_entries(key)):
-            return False
-        self.add_unsafe(key, entry)
-        return True
+    def merge_unsafe(self, key: str, entries: list[UnsafeEntry]) -> int:
+        """Add each of `entries` the card's list does not have already (never drops one); how many were added.
+        The list is read once and the new lines appended in one durable write: a user's file may hold thousands
+        of lines, and merging them one by one was quadratic, under the lock every request waits for."""
+        seen = {h.event() for h in self.unsafe_entries(key)}
+        new: list[UnsafeEntry] = []
+        for entry in entries:
+            if entry.event() not in seen:
+                seen.add(entry.event())
+                new.append(entry)
+        if new:
+            self._store(self.unsafe_path(key), b"\n".join(msgspec.json.encode(e) for e in new), append=True)
+        return len(new)
 
     def clear_unsafe(self, key: str, setting: int | None) -> list[UnsafeEntry]:
         entries = self.unsafe_entries(key)
