@@ -24,7 +24,7 @@ from tuner.actions import other_tools
 from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
 from tuner.backends.helper_client import HelperUnreachable, connect
 from tuner.backends.nvidia import import_nvml
-from tuner.core import paths, system_units, torch_build
+from tuner.core import kernel_files, paths, system_units, torch_build
 from tuner.core.privileges import EngineIdentity, engine_identity
 from tuner.core.state_files import user_name
 from tuner.profiles import boot as boot_rules
@@ -353,8 +353,8 @@ def check_torch_build(probe: dict, root: Path, env: Mapping[str, str]) -> Check:
 
 def secure_boot_enabled(root: Path, which: Callable[[str], str | None] = shutil.which) -> bool | None:
     """Secure Boot on (True), off (False) or unknown (None): the EFI variable (its last byte), else mokutil."""
-    with contextlib.suppress(OSError):
-        data = (root / EFI_SECURE_BOOT).read_bytes()
+    with contextlib.suppress(OSError):  # kernel_files: a FIFO planted at the variable cannot hang the doctor
+        data = kernel_files.read_bytes(root / EFI_SECURE_BOOT)
         if data:
             return data[-1] == 1
     proc = _run("mokutil", "--sb-state") if str(root) == "/" and which("mokutil") else None
@@ -366,8 +366,9 @@ def _unbound_nvidia(root: Path) -> list[str]:
     out = []
     for dev in sorted((root / "sys/bus/pci/devices").glob("*")):
         try:
-            vendor = (dev / "vendor").read_text().strip().lower()
-            cls = (dev / "class").read_text().strip().lower()
+            # kernel_files: a FIFO or a wedged attribute is an unreadable device, never a hung doctor
+            vendor = kernel_files.read_text(dev / "vendor").strip().lower()
+            cls = kernel_files.read_text(dev / "class").strip().lower()
         except OSError:
             continue
         if vendor == "0x10de" and cls.startswith("0x03") and not (dev / "driver").exists():
