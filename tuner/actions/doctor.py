@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from tuner.actions import other_tools
-from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
+from tuner.backends.amd_sysfs import (
+    NO_OVERDRIVE_FOR_CARD,
+    NO_OVERDRIVE_FOR_CARD_REMEDY,
+    PP_OVERDRIVE_MASK,
+    amd_card_dirs,
+    ppfeaturemask_with_overdrive,
+    read_ppfeaturemask,
+)
 from tuner.backends.helper_client import HelperUnreachable, connect
 from tuner.backends.nvidia import import_nvml
 from tuner.core import kernel_files, paths, system_units, torch_build
@@ -169,8 +176,8 @@ def ppfeaturemask_remedy(mask: int, root: Path | None = None,
     """The exact kernel parameter to add (e.g. `amdgpu.ppfeaturemask=0xfff7ffff`) and how, for this machine's boot
     setup: kernelstub (Pop!_OS), rpm-ostree (Fedora Atomic), systemd-boot (/boot/loader/entries), else GRUB; and
     the modprobe.d alternative with the initramfs rebuild. docs/install.md has each in full."""
-    value = f"{mask | PP_OVERDRIVE_MASK:#010x}"
-    param = f"amdgpu.ppfeaturemask={value}"
+    param = ppfeaturemask_with_overdrive(mask)
+    value = param.partition("=")[2]
     root = Path("/") if root is None else root
     if which("kernelstub"):
         how = f"`sudo kernelstub -a {param}`"
@@ -207,9 +214,8 @@ def check_amd(root: Path, *, helper_writes: bool = False) -> list[Check]:
         if not od.exists() and mask is not None and mask & PP_OVERDRIVE_MASK:
             # the bit is set, so the same parameter again changes nothing: the driver offers no overdrive for this
             # card (RDNA3 before kernel 6.7, LACT #205; control.md)
-            checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing although ppfeaturemask has the overdrive "
-                                "bit: this kernel's amdgpu offers no overdrive for this card",
-                                "update the kernel (RDNA3 needs 6.7 or newer), then reboot"))
+            checks.append(Check(label, FAIL, f"pp_od_clk_voltage is missing: {NO_OVERDRIVE_FOR_CARD}",
+                                NO_OVERDRIVE_FOR_CARD_REMEDY))
         elif not od.exists():
             remedy = ppfeaturemask_remedy(mask) if mask is not None else "enable amdgpu overdrive (ppfeaturemask)"
             checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing (overdrive is off)", remedy))

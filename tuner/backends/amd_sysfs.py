@@ -57,12 +57,25 @@ def read_ppfeaturemask(root: Path | str) -> int | None:
     return kernel_files.read_int(Path(root) / PPFEATUREMASK_PATH)
 
 
-def overdrive_remedy(root: Path | str) -> str:
-    """The exact kernel parameter to add so `pp_od_clk_voltage` appears (current mask OR 0x4000)."""
+# The mask has the overdrive bit and `pp_od_clk_voltage` is still missing: the same parameter again changes nothing,
+# this kernel's amdgpu offers no overdrive for the card (RDNA3 before kernel 6.7, LACT #205; control.md).
+NO_OVERDRIVE_FOR_CARD = "this kernel's amdgpu offers no overdrive for this card, although ppfeaturemask has the bit"
+NO_OVERDRIVE_FOR_CARD_REMEDY = "update the kernel (RDNA3 needs 6.7 or newer), then reboot"
+
+
+def ppfeaturemask_with_overdrive(mask: int | None) -> str:
+    """The `amdgpu.ppfeaturemask=...` to add: the current mask OR 0x4000 (the default mask's when unreadable)."""
+    return f"amdgpu.ppfeaturemask={(0xFFF7BFFF if mask is None else mask) | PP_OVERDRIVE_MASK:#010x}"
+
+
+def overdrive_missing(root: Path | str) -> tuple[str, str]:
+    """Why `pp_od_clk_voltage` is missing and the remedy: overdrive off (the exact kernel parameter to add), or,
+    when the mask already has the bit, a kernel that offers none for this card."""
     mask = read_ppfeaturemask(root)
-    wanted = (0xFFF7BFFF if mask is None else mask) | PP_OVERDRIVE_MASK
-    return (
-        f"add amdgpu.ppfeaturemask=0x{wanted:08x} to the kernel command line and reboot "
+    if mask is not None and mask & PP_OVERDRIVE_MASK:
+        return NO_OVERDRIVE_FOR_CARD, NO_OVERDRIVE_FOR_CARD_REMEDY
+    return "Overdrive is off", (
+        f"add {ppfeaturemask_with_overdrive(mask)} to the kernel command line and reboot "
         "(it enables Overdrive and taints the kernel; see docs/backends.md)"
     )
 
