@@ -13,6 +13,7 @@ import errno
 import math
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,11 @@ class SysfsIO:
     per write, so a buffered "vo -50\\nc\\n" would arrive as one write and be rejected.
     """
 
+    # A store() takes the same runtime-PM reference and SMU lock as a show(), so a GPU wedged there blocks a write as
+    # it blocks a read: the same bound as every read (kernel_files), then the device counts as lost, so `set`, its
+    # revert and the helper never hang on one card.
+    write_timeout_s: float = kernel_files.READ_TIMEOUT_S
+
     def is_root(self) -> bool:
         return os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
@@ -135,12 +141,35 @@ class SysfsIO:
             if not 0 < len(data) <= 127:
                 raise AssertionError(f"kernel command must be 1..127 bytes: {command!r}")
             payloads.append((command, data))
+        box: dict[str, BaseException] = {}
+        waiting_on: dict[str, str | None] = {"command": None}  # None: the open
+        done = threading.Event()
+
+        def write() -> None:  # the caller may give up waiting; the worker still closes its descriptor
+            try:
+                self._write_payloads(path, payloads, waiting_on)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=write, name=f"write {path}", daemon=True).start()
+        if not done.wait(self.write_timeout_s):
+            timeout = TimeoutError(errno.ETIMEDOUT, f"no answer within {self.write_timeout_s:g} s", str(path))
+            raise self._error(timeout, path, waiting_on["command"]) from None
+        if "error" in box:
+            raise box["error"]
+
+    def _write_payloads(self, path: Path, payloads: list[tuple[str, bytes]],
+                        waiting_on: dict[str, str | None]) -> None:
+        """Open, write each command (`waiting_on` names the one under way), close."""
         try:
             fd = self._open(path)
         except OSError as e:
             raise self._error(e, path, None) from None
         try:
             for sent, (command, data) in enumerate(payloads):
+                waiting_on["command"] = command
                 try:
                     written = self._write(fd, data)
                 except OSError as e:
