@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -24,6 +25,7 @@ from tuner.actions import other_tools
 from tuner.backends.amd_sysfs import (
     NO_OVERDRIVE_FOR_CARD,
     NO_OVERDRIVE_FOR_CARD_REMEDY,
+    NOT_AN_ATTRIBUTE_REMEDY,
     PP_OVERDRIVE_MASK,
     amd_card_dirs,
     ppfeaturemask_with_overdrive,
@@ -219,6 +221,10 @@ def check_amd(root: Path, *, helper_writes: bool = False) -> list[Check]:
         elif not od.exists():
             remedy = ppfeaturemask_remedy(mask) if mask is not None else "enable amdgpu overdrive (ppfeaturemask)"
             checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing (overdrive is off)", remedy))
+        elif not stat.S_ISREG(mode := od.stat().st_mode):
+            # what `tuner set` refuses (kernel_files: a FIFO would hang it, /dev/zero fill its memory)
+            checks.append(Check(label, FAIL, f"pp_od_clk_voltage is {kernel_files.file_kind(mode)}, not a sysfs "
+                                "attribute", NOT_AN_ATTRIBUTE_REMEDY))
         elif os.access(od, os.W_OK):
             checks.append(Check(label, OK, "pp_od_clk_voltage present and writable"))
         elif helper_writes:

@@ -91,6 +91,10 @@ class KernelRejected(NotApplied):
     """The kernel answered EINVAL: out of range, malformed, or the feature is off on this board."""
 
 
+NOT_AN_ATTRIBUTE_REMEDY = ("a sysfs attribute is a regular file: check the driver (or TUNER_SYSFS_ROOT, when it "
+                           "points at a copied tree)")
+
+
 class NotAnAttribute(Unsupported):
     """Something other than a sysfs attribute sits at the path (a FIFO, a device node, a huge file)."""
 
@@ -195,8 +199,7 @@ class SysfsIO:
     def _error(self, e: OSError, path: Path, command: str | None) -> TunerError:
         what = f"writing {command!r} to {path}" if command else f"accessing {path}"
         if isinstance(e, (kernel_files.NotAKernelFile, kernel_files.TooLarge)):
-            return NotAnAttribute(f"{path} is {e.strerror}", "a sysfs attribute is a regular file: check the driver "
-                               "(or TUNER_SYSFS_ROOT, when it points at a copied tree)")
+            return NotAnAttribute(f"{path} is {e.strerror}", NOT_AN_ATTRIBUTE_REMEDY)
         if isinstance(e, TimeoutError):
             return DeviceLost(f"the GPU did not answer {what}: {e.strerror}",
                               "check `sudo dmesg | tail`; the card may be hung (a reboot clears it)")
