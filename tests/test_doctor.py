@@ -90,6 +90,20 @@ def test_a_missing_overdrive_file_with_the_bit_already_set_is_not_told_to_set_it
     assert "ppfeaturemask=" not in card.remedy and "kernel" in card.remedy
 
 
+@pytest.mark.parametrize("what", ["fifo", "zero"])
+def test_a_special_file_at_pp_od_clk_voltage_is_not_ready(tmp_path, what):
+    """`tuner set` refuses a FIFO or /dev/zero at pp_od_clk_voltage (one line, exit 4: kernel_files); the doctor
+    only asked whether the path existed and was writable, and answered `ok ... present and writable`."""
+    import os
+
+    root = amd_tree(tmp_path, mask="0xffffffff")
+    od = root / "sys/class/drm/card0/device/pp_od_clk_voltage"
+    od.unlink()
+    os.mkfifo(od) if what == "fifo" else od.symlink_to("/dev/zero")
+    card = run(tmp_path, root=root)["amd card card0"]
+    assert card.status == FAIL and "not a sysfs" in card.detail, card
+
+
 def test_no_gpu_at_all_is_a_failure_with_a_remedy(tmp_path):
     """`tuner list` exits 4 with "no supported GPU found" here; doctor must not say all is well (issue 15)."""
     checks = run(tmp_path)

@@ -87,3 +87,23 @@ def test_stress_refuses_a_fifo_given_as_its_reference(tmp_path):
     proc = _tuner("--simulate", "stress", "--device", "sim0", "--steps", "5", "--reference", str(fifo), env={})
     assert proc.returncode == 2 and "a FIFO" in proc.stdout + proc.stderr, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("attribute", ["vendor", "class", "efivar"])
+def test_doctor_refuses_a_fifo_under_the_sysfs_root_without_hanging(tmp_path, attribute):
+    """`tuner doctor` looks for an NVIDIA card no driver took (`sys/bus/pci/devices/*/vendor`, `class`) and reads
+    the Secure Boot EFI variable: each read went straight to `Path.read_text`/`read_bytes`, whose open of a FIFO
+    waits for a writer, so the doctor hung instead of reading through tuner.core.kernel_files."""
+    from tuner.actions.doctor import EFI_SECURE_BOOT
+
+    dev = tmp_path / "sys/bus/pci/devices/0000:01:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x10de\n")
+    (dev / "class").write_text("0x030000\n")
+    efivar = tmp_path / EFI_SECURE_BOOT
+    efivar.parent.mkdir(parents=True)
+    efivar.write_bytes(b"\x06\x00\x00\x00\x01")
+    _plant(efivar if attribute == "efivar" else dev / attribute, "fifo")
+    proc = _tuner("doctor", env={"TUNER_SYSFS_ROOT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""})
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 4 and "[FAIL] gpu: no supported GPU found" in proc.stdout, proc.stdout

@@ -117,6 +117,17 @@ def test_overdrive_off_names_the_kernel_parameter(tmp_path):
     assert "amdgpu.ppfeaturemask=0xfff7ffff" in e.value.remedy and e.value.exit_code == 4
 
 
+def test_a_missing_overdrive_file_with_the_bit_already_set_is_not_told_to_set_it(tmp_path):
+    """The mask has the overdrive bit and pp_od_clk_voltage is still missing (RDNA3 before kernel 6.7, LACT #205,
+    control.md): adding the same ppfeaturemask and rebooting changes nothing. `tuner doctor` says so; `list`, `set`
+    and `status` (this backend) told the user to add `amdgpu.ppfeaturemask=0xffffffff`, the mask already there."""
+    make_tree(tmp_path, ["rdna3"], mask="0xffffffff", od=False)
+    backend = amd.discover(root=tmp_path)
+    with pytest.raises(Unsupported) as e:
+        backend.knob(backend.devices()[0].id)
+    assert "ppfeaturemask=" not in e.value.remedy and "kernel" in e.value.remedy and e.value.exit_code == 4
+
+
 def test_permission_denied_exit_3(tmp_path):
     backend, fio = amd_on_fake_kernel(tmp_path, ["rdna4"])
     fio.denied |= set(fio.kernels)

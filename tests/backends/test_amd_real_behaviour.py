@@ -218,3 +218,33 @@ def test_a_table_that_is_only_a_newline_is_unsupported_not_empty(tmp_path):
     with pytest.raises(od.OdParseError) as e:
         backend.knob(backend.devices()[0].id)
     assert "no overdrive table" in e.value.message
+
+
+def test_a_write_the_gpu_never_answers_is_a_lost_device_not_a_hung_tuner(tmp_path):
+    """Reads of pp_od_clk_voltage are given up after a bound (kernel_files); its writes were not: a store() blocked
+    in a wedged driver hung `set`, and then its revert on exit, for good. The write and the restore after it are
+    each given up after the same kind of bound, and the card counts as lost (exit 5)."""
+    import threading
+
+    from tests.polling import wait_until
+
+    backend, fio, kernel, _ = _backend(tmp_path, OD_TEXT["rdna3"])
+    fio.write_timeout_s = 0.2  # the bound itself is not what is tested: that it exists
+    kernel.wedged.set()
+    box: dict[str, BaseException] = {}
+
+    def apply() -> None:
+        try:
+            backend.apply(backend.devices()[0].id, -30)
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=apply, daemon=True)
+    worker.start()
+    try:
+        wait_until(lambda: not worker.is_alive(), what="apply to give up on a write the GPU never answers")
+    finally:
+        kernel.unwedged.set()
+    error = box.get("error")
+    assert isinstance(error, DeviceLost) and error.exit_code == 5, error
+    assert "did not answer" in error.message and "restoring" in error.message, error.message

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -21,10 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from tuner.actions import other_tools
-from tuner.backends.amd_sysfs import PP_OVERDRIVE_MASK, amd_card_dirs, read_ppfeaturemask
+from tuner.backends.amd_sysfs import (
+    NO_OVERDRIVE_FOR_CARD,
+    NO_OVERDRIVE_FOR_CARD_REMEDY,
+    NOT_AN_ATTRIBUTE_REMEDY,
+    PP_OVERDRIVE_MASK,
+    amd_card_dirs,
+    ppfeaturemask_with_overdrive,
+    read_ppfeaturemask,
+)
 from tuner.backends.helper_client import HelperUnreachable, connect
 from tuner.backends.nvidia import import_nvml
-from tuner.core import paths, system_units, torch_build
+from tuner.core import kernel_files, paths, system_units, torch_build
 from tuner.core.privileges import EngineIdentity, engine_identity
 from tuner.core.state_files import user_name
 from tuner.profiles import boot as boot_rules
@@ -169,8 +178,8 @@ def ppfeaturemask_remedy(mask: int, root: Path | None = None,
     """The exact kernel parameter to add (e.g. `amdgpu.ppfeaturemask=0xfff7ffff`) and how, for this machine's boot
     setup: kernelstub (Pop!_OS), rpm-ostree (Fedora Atomic), systemd-boot (/boot/loader/entries), else GRUB; and
     the modprobe.d alternative with the initramfs rebuild. docs/install.md has each in full."""
-    value = f"{mask | PP_OVERDRIVE_MASK:#010x}"
-    param = f"amdgpu.ppfeaturemask={value}"
+    param = ppfeaturemask_with_overdrive(mask)
+    value = param.partition("=")[2]
     root = Path("/") if root is None else root
     if which("kernelstub"):
         how = f"`sudo kernelstub -a {param}`"
@@ -207,12 +216,15 @@ def check_amd(root: Path, *, helper_writes: bool = False) -> list[Check]:
         if not od.exists() and mask is not None and mask & PP_OVERDRIVE_MASK:
             # the bit is set, so the same parameter again changes nothing: the driver offers no overdrive for this
             # card (RDNA3 before kernel 6.7, LACT #205; control.md)
-            checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing although ppfeaturemask has the overdrive "
-                                "bit: this kernel's amdgpu offers no overdrive for this card",
-                                "update the kernel (RDNA3 needs 6.7 or newer), then reboot"))
+            checks.append(Check(label, FAIL, f"pp_od_clk_voltage is missing: {NO_OVERDRIVE_FOR_CARD}",
+                                NO_OVERDRIVE_FOR_CARD_REMEDY))
         elif not od.exists():
             remedy = ppfeaturemask_remedy(mask) if mask is not None else "enable amdgpu overdrive (ppfeaturemask)"
             checks.append(Check(label, FAIL, "pp_od_clk_voltage is missing (overdrive is off)", remedy))
+        elif not stat.S_ISREG(mode := od.stat().st_mode):
+            # what `tuner set` refuses (kernel_files: a FIFO would hang it, /dev/zero fill its memory)
+            checks.append(Check(label, FAIL, f"pp_od_clk_voltage is {kernel_files.file_kind(mode)}, not a sysfs "
+                                "attribute", NOT_AN_ATTRIBUTE_REMEDY))
         elif os.access(od, os.W_OK):
             checks.append(Check(label, OK, "pp_od_clk_voltage present and writable"))
         elif helper_writes:
@@ -353,8 +365,8 @@ def check_torch_build(probe: dict, root: Path, env: Mapping[str, str]) -> Check:
 
 def secure_boot_enabled(root: Path, which: Callable[[str], str | None] = shutil.which) -> bool | None:
     """Secure Boot on (True), off (False) or unknown (None): the EFI variable (its last byte), else mokutil."""
-    with contextlib.suppress(OSError):
-        data = (root / EFI_SECURE_BOOT).read_bytes()
+    with contextlib.suppress(OSError):  # kernel_files: a FIFO planted at the variable cannot hang the doctor
+        data = kernel_files.read_bytes(root / EFI_SECURE_BOOT)
         if data:
             return data[-1] == 1
     proc = _run("mokutil", "--sb-state") if str(root) == "/" and which("mokutil") else None
@@ -366,8 +378,9 @@ def _unbound_nvidia(root: Path) -> list[str]:
     out = []
     for dev in sorted((root / "sys/bus/pci/devices").glob("*")):
         try:
-            vendor = (dev / "vendor").read_text().strip().lower()
-            cls = (dev / "class").read_text().strip().lower()
+            # kernel_files: a FIFO or a wedged attribute is an unreadable device, never a hung doctor
+            vendor = kernel_files.read_text(dev / "vendor").strip().lower()
+            cls = kernel_files.read_text(dev / "class").strip().lower()
         except OSError:
             continue
         if vendor == "0x10de" and cls.startswith("0x03") and not (dev / "driver").exists():

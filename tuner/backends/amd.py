@@ -33,7 +33,7 @@ from tuner.backends.amd_sysfs import (
     amd_card_dirs,
     hwmon_dir,
     hwmon_telemetry,
-    overdrive_remedy,
+    overdrive_missing,
     pci_pair,
     pci_slot,
     read_value,
@@ -236,9 +236,8 @@ class AmdBackend(Backend):
         except NotAnAttribute:
             raise
         except Unsupported as e:
-            raise Unsupported(
-                f"{card.info.id}: {OD_FILE} is missing, so Overdrive is off", overdrive_remedy(self.root)
-            ) from e
+            why, remedy = overdrive_missing(self.root)
+            raise Unsupported(f"{card.info.id}: {OD_FILE} is missing: {why}", remedy) from e
         return od.parse_od_table(text)
 
     def _stock_points(self, card: _Card, table: od.OdTable) -> tuple[od.Level, ...]:

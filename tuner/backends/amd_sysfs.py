@@ -13,6 +13,7 @@ import errno
 import math
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +58,25 @@ def read_ppfeaturemask(root: Path | str) -> int | None:
     return kernel_files.read_int(Path(root) / PPFEATUREMASK_PATH)
 
 
-def overdrive_remedy(root: Path | str) -> str:
-    """The exact kernel parameter to add so `pp_od_clk_voltage` appears (current mask OR 0x4000)."""
+# The mask has the overdrive bit and `pp_od_clk_voltage` is still missing: the same parameter again changes nothing,
+# this kernel's amdgpu offers no overdrive for the card (RDNA3 before kernel 6.7, LACT #205; control.md).
+NO_OVERDRIVE_FOR_CARD = "this kernel's amdgpu offers no overdrive for this card, although ppfeaturemask has the bit"
+NO_OVERDRIVE_FOR_CARD_REMEDY = "update the kernel (RDNA3 needs 6.7 or newer), then reboot"
+
+
+def ppfeaturemask_with_overdrive(mask: int | None) -> str:
+    """The `amdgpu.ppfeaturemask=...` to add: the current mask OR 0x4000 (the default mask's when unreadable)."""
+    return f"amdgpu.ppfeaturemask={(0xFFF7BFFF if mask is None else mask) | PP_OVERDRIVE_MASK:#010x}"
+
+
+def overdrive_missing(root: Path | str) -> tuple[str, str]:
+    """Why `pp_od_clk_voltage` is missing and the remedy: overdrive off (the exact kernel parameter to add), or,
+    when the mask already has the bit, a kernel that offers none for this card."""
     mask = read_ppfeaturemask(root)
-    wanted = (0xFFF7BFFF if mask is None else mask) | PP_OVERDRIVE_MASK
-    return (
-        f"add amdgpu.ppfeaturemask=0x{wanted:08x} to the kernel command line and reboot "
+    if mask is not None and mask & PP_OVERDRIVE_MASK:
+        return NO_OVERDRIVE_FOR_CARD, NO_OVERDRIVE_FOR_CARD_REMEDY
+    return "Overdrive is off", (
+        f"add {ppfeaturemask_with_overdrive(mask)} to the kernel command line and reboot "
         "(it enables Overdrive and taints the kernel; see docs/backends.md)"
     )
 
@@ -75,6 +89,10 @@ WRITABLE_FILES = frozenset({"pp_od_clk_voltage", "power_dpm_force_performance_le
 
 class KernelRejected(NotApplied):
     """The kernel answered EINVAL: out of range, malformed, or the feature is off on this board."""
+
+
+NOT_AN_ATTRIBUTE_REMEDY = ("a sysfs attribute is a regular file: check the driver (or TUNER_SYSFS_ROOT, when it "
+                           "points at a copied tree)")
 
 
 class NotAnAttribute(Unsupported):
@@ -95,6 +113,11 @@ class SysfsIO:
     Each command goes out in its own `os.write` on an unbuffered O_WRONLY descriptor: the kernel parses one command
     per write, so a buffered "vo -50\\nc\\n" would arrive as one write and be rejected.
     """
+
+    # A store() takes the same runtime-PM reference and SMU lock as a show(), so a GPU wedged there blocks a write as
+    # it blocks a read: the same bound as every read (kernel_files), then the device counts as lost, so `set`, its
+    # revert and the helper never hang on one card.
+    write_timeout_s: float = kernel_files.READ_TIMEOUT_S
 
     def is_root(self) -> bool:
         return os.geteuid() == 0 if hasattr(os, "geteuid") else False
@@ -122,12 +145,35 @@ class SysfsIO:
             if not 0 < len(data) <= 127:
                 raise AssertionError(f"kernel command must be 1..127 bytes: {command!r}")
             payloads.append((command, data))
+        box: dict[str, BaseException] = {}
+        waiting_on: dict[str, str | None] = {"command": None}  # None: the open
+        done = threading.Event()
+
+        def write() -> None:  # the caller may give up waiting; the worker still closes its descriptor
+            try:
+                self._write_payloads(path, payloads, waiting_on)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=write, name=f"write {path}", daemon=True).start()
+        if not done.wait(self.write_timeout_s):
+            timeout = TimeoutError(errno.ETIMEDOUT, f"no answer within {self.write_timeout_s:g} s", str(path))
+            raise self._error(timeout, path, waiting_on["command"]) from None
+        if "error" in box:
+            raise box["error"]
+
+    def _write_payloads(self, path: Path, payloads: list[tuple[str, bytes]],
+                        waiting_on: dict[str, str | None]) -> None:
+        """Open, write each command (`waiting_on` names the one under way), close."""
         try:
             fd = self._open(path)
         except OSError as e:
             raise self._error(e, path, None) from None
         try:
             for sent, (command, data) in enumerate(payloads):
+                waiting_on["command"] = command
                 try:
                     written = self._write(fd, data)
                 except OSError as e:
@@ -153,8 +199,7 @@ class SysfsIO:
     def _error(self, e: OSError, path: Path, command: str | None) -> TunerError:
         what = f"writing {command!r} to {path}" if command else f"accessing {path}"
         if isinstance(e, (kernel_files.NotAKernelFile, kernel_files.TooLarge)):
-            return NotAnAttribute(f"{path} is {e.strerror}", "a sysfs attribute is a regular file: check the driver "
-                               "(or TUNER_SYSFS_ROOT, when it points at a copied tree)")
+            return NotAnAttribute(f"{path} is {e.strerror}", NOT_AN_ATTRIBUTE_REMEDY)
         if isinstance(e, TimeoutError):
             return DeviceLost(f"the GPU did not answer {what}: {e.strerror}",
                               "check `sudo dmesg | tail`; the card may be hung (a reboot clears it)")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -105,6 +106,11 @@ class FakeOdKernel:
         self.in_reset = False  # EPERM on every write, like amdgpu_in_reset()
         self.reject_commits = 0  # the SMU refuses the next N uploads (EINVAL on `c`)
         self.clamp_vo_mv: int | None = None  # firmware silently clamps vo to this floor (read-back differs)
+        # A write that never returns while set: `amdgpu_set_pp_od_clk_voltage` takes the same runtime-PM reference
+        # (`amdgpu_pm_get_access`) and SMU mutex as a read, so a GPU wedged there blocks a store() as it blocks a
+        # show() (kernel_files bounds the reads for that reason). Cleared, the blocked write goes on.
+        self.wedged = threading.Event()
+        self.unwedged = threading.Event()
 
     # --- reads ---------------------------------------------------------------------------------------------------
     def _busy(self) -> bool:
@@ -125,6 +131,8 @@ class FakeOdKernel:
     def write(self, data: bytes) -> int:
         text = data.decode("ascii", errors="replace")
         self.received.append(text)
+        if self.wedged.is_set():
+            self.unwedged.wait()
         if self._busy():
             raise OSError(errno.EPERM, "Operation not permitted")
         if not 0 < len(data) <= 127:
