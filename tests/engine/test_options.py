@@ -33,6 +33,15 @@ def test_usage_errors(argv):
         parse_args(argv, environ={})
 
 
+@pytest.mark.parametrize("flag", ["--canary-every-s", "--heartbeat-s", "--mixed-full-s", "--mixed-partial-s",
+                                  "--idle-gap-s"])
+def test_nan_is_a_usage_error(flag):
+    # NaN compares false both ways, so `< 0` and `> 1` let it through: --canary-every-s nan turned the timed canary
+    # off without a word (`elapsed >= nan` is never true), --heartbeat-s nan gave the heartbeat no interval
+    with pytest.raises(UsageProblem, match=flag):
+        parse_args(["--steps", "3", flag, "nan"], environ={})
+
+
 def test_dtype_flag_beats_environment_which_beats_auto():
     assert parse_args(["--steps", "1"], environ={}).dtype == "auto"
     assert parse_args(["--steps", "1"], environ={"TUNER_DTYPE": "bfloat16"}).dtype == "bf16"

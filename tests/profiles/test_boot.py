@@ -234,3 +234,20 @@ def test_a_card_that_is_here_but_no_longer_fits_its_profile_is_not_a_skip(capsys
     assert "is not in this machine" not in err
     assert code != 0 and "overdrive format" in err
     assert sim().knob("sim0").current == 0
+
+
+def test_boot_logs_the_identity_warnings_that_apply_shows(capsys, fake_root):
+    # the same card, but its VBIOS changed since tuning: `tuner apply` warns that the limit can move; at boot, where
+    # nobody watches, the log and the last-run record (`tuner service status`) must say it too
+    import dataclasses
+
+    from tuner.actions.boot_apply import read_last_run
+
+    backend = sim()
+    dev = dataclasses.replace(backend.devices()[0], vbios="SIM.OLD.000")
+    save_profile(build_profile("mine", dev, backend.knob("sim0"), -45, kernel="6.14.0-test"), system=True)
+    code, _out, err = _boot(capsys)
+    assert code == 0 and sim().knob("sim0").current == -45, err
+    warning = "VBIOS changed since tuning (SIM.OLD.000 -> SIM.000.000)"
+    assert warning in err
+    assert any(warning in line for line in read_last_run()["lines"])

@@ -114,6 +114,30 @@ async def test_quit_during_bisect_asks_then_stops_and_resets(tmp_path):
     assert backend.knob("sim0").current == 0, done
 
 
+async def test_no_job_starts_once_the_app_is_leaving(tmp_path):
+    """A key pressed after the hang-up guard made the cards safe (the App's loop still runs) starts nothing: a job
+    started then would write the card after the revert, with nobody left to make it safe."""
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    engine = GatedEngine(hold_at=3)  # baseline, its replay, then hold the -10 mV trial
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("3")
+            await pilot.pause()
+            _fast_form(app)
+            assert app.make_safe() == []  # the guard's thread: nothing to do yet
+            await pilot.press("b")
+            await pilot.pause()
+            assert not app.bisect.running and engine.started == 0
+            app.start_stress("sim0", "tiny", "train")
+            await pilot.pause()
+            assert not app.stress.running
+    finally:
+        engine.release.set()
+    assert backend.knob("sim0").current == 0
+
+
 async def test_resume_shows_every_trial_and_the_form_remembers_its_values(tmp_path):
     """Issue 15 item 10: a resumed session's table starts with the trials done before the stop; the form keeps
     the last values per card (XDG config)."""

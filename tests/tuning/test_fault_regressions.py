@@ -131,6 +131,19 @@ def test_a_journal_naming_a_reference_outside_the_state_directory_is_damaged(boo
     assert j.reference == journal.reference_path("sim0", j.session)  # never the path the document names
 
 
+def test_a_journal_copied_to_another_cards_name_is_damaged(boot, in_process_backend):
+    # sim0's history (its passes, its open trial) is not sim1's: resuming it on sim1 would take trials sim1 never
+    # ran as its evidence, and mark sim0's open setting unsafe on sim1
+    j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
+    j.begin_trial("coarse", setting=-10)
+    # without its 'reference' (optional), only the 'device' key tells whose history it is
+    doc = {k: v for k, v in json.loads(journal.journal_path("sim0").read_text()).items() if k != "reference"}
+    journal.journal_path("sim1").write_text(json.dumps(doc))
+    with pytest.raises(DamagedState, match="'device' is 'sim0'"):
+        journal.load("sim1")
+    assert journal.load("sim0") is not None
+
+
 # --- defects 6 and 7: evidence, not accidents ----------------------------------------------------------------------
 def test_a_trial_too_short_to_compare_50_steps_is_inconclusive_and_runs_longer(boot):
     engine = FakeEngine(steps=lambda r: int((r.options.duration_s or 1) * 30))  # 1 s: 30 steps; 4 s: 120

@@ -71,6 +71,9 @@ def test_good_documents_pass():
     ("trials.0.setting", -40.0, "trial 1: 'setting' is not a whole number (got -40.0)"),
     ("trials.0.verdict", "stopped", "trial 1: 'verdict' is not one of pass, fail, error, inconclusive"),
     ("trials.0.edge", None, "trial 1: 'edge' is not true or false (got None)"),
+    # a negative warm-up would count more steps compared than ran (evidence.compared_steps): a short pass as a pass
+    ("trials.0.warmup_steps", -1000, "trial 1: 'warmup_steps' is not a number of steps, 0 or more (got -1000)"),
+    ("trials.0.steps", -5, "trial 1: 'steps' is not a number of steps, 0 or more (got -5)"),
     ("pid", "123", "'pid' is not a whole number (got '123')"),
     ("open_trial", 5, "'open_trial' is not an object (got 5)"),
     ("open_trial.session", ..., "open trial: 'session' is missing"),

@@ -30,6 +30,7 @@ would fight over it. The wait for a late driver or a missing card is bounded (`-
 from __future__ import annotations
 
 import json
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -227,6 +228,10 @@ def _apply_part(backend: Backend, profile: Profile, part: ProfilePart, device: D
     locked = after.lock_clock_mhz if lock is not None else None
     at_lock = f" at a locked max graphics clock of {locked} MHz" if locked else ""
     say(f"applied {what} to {device.id} {device.label}: {after.current:+d} {after.unit}{at_lock} (read back)")
+    # the drift `tuner apply` warns about (a driver, VBIOS or kernel update since tuning can move the limit): at
+    # boot nobody watches, so the log and the last-run record say it
+    for warning in match_device(part, device, knob, kernel=platform.release()).warnings:
+        say(f"warning: {what} on {device.id}: {warning}")
     return BootCardResult(profile.name, "applied", exit_codes.OK, card, device.id, after.current,
                           lock_clock_mhz=locked, found=knob.current)
 

@@ -451,6 +451,8 @@ class TunerApp(App[int]):
     def start_stress(self, device_id: str, preset: str, mode: str, *, without_reference: bool = False) -> None:
         """A stress run through tuner.actions.stress; `without_reference`: the user chose to run without a stock
         reference (the Tune screen asked)."""
+        if self._leaving:  # quitting or hung up: nothing new goes on a card (make_safe may have run already)
+            return
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
@@ -507,6 +509,8 @@ class TunerApp(App[int]):
         self._begin_bisect(device_ids, params)
 
     def _begin_bisect(self, ids: tuple[str, ...], params: BisectParams) -> None:
+        if self._leaving:  # quitting or hung up: nothing new goes on a card (make_safe may have run already)
+            return
         if self.busy:  # started while the question was open
             return
         # the finished result stays until this start is accepted: a refused start puts it back (on_bisect_ended)
@@ -631,6 +635,8 @@ class TunerApp(App[int]):
 
     def verify_profile(self, plan: ProfileApply) -> None:
         """`tuner apply --verify`: the journalled trial with the profile's workload and lock clock."""
+        if self._leaving:  # quitting or hung up: nothing new goes on a card (make_safe may have run already)
+            return
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return

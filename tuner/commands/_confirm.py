@@ -106,7 +106,10 @@ def _ask(change: PendingChange | RigChange, inbox: signals.Inbox, stream: IO[str
         if fd not in ready:
             inbox.drain()
             continue
-        line = os.read(fd, 256).decode(errors="replace")
+        try:
+            line = os.read(fd, 256).decode(errors="replace")
+        except OSError:  # EIO: a background job's read of its terminal (signals.TERMINAL_STOPS), a hung-up one
+            return False
         if tty:
             out.write("\n")
         return line.strip().lower() in ("y", "yes")  # EOF reads b"" and is a no

@@ -15,7 +15,9 @@ fatal signal is ignored (`ending()`), and the command's `finally:` blocks run to
 
 Fatal means "ends the process by default": HUP (an SSH drop), INT, TERM, QUIT (Ctrl-\\), USR1, USR2, ALRM and PIPE.
 SIGTSTP (Ctrl-Z) is recorded too when the owner asks (`Inbox(stop_signals=True)`): a change waiting for
-confirmation must be reverted before the process stops, since a stopped process never reverts.
+confirmation must be reverted before the process stops, since a stopped process never reverts. So are SIGTTIN and
+SIGTTOU, the kernel's stop for a background job (`&`, or Ctrl-Z then `bg`) that reads its terminal, or writes to it
+under `stty tostop`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ FATAL: tuple[signal.Signals, ...] = (
     signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT,
     signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGPIPE,
 )
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTSTP,)
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+# Caught, these would be sent again on every retry of the terminal read or write that raised them (the kernel's
+# tty_check_change answers a caught one with -ERESTARTSYS; Python retries on EINTR, PEP 475): a loop the owner never
+# leaves to revert. Once recorded they are ignored until the owner took the stop (`take_stop`): the read then fails
+# (EIO), the write goes through.
+TERMINAL_STOPS: tuple[signal.Signals, ...] = (signal.SIGTTIN, signal.SIGTTOU)
 
 
 class Terminated(BaseException):
@@ -153,6 +160,10 @@ class Inbox:
         stops = [s for s in self._received if s in STOP_SIGNALS]
         for s in stops:
             self._received.remove(s)
+        if stops and self.active and threading.current_thread() is threading.main_thread():
+            for sig in TERMINAL_STOPS:  # `_record` ignored them until now
+                if sig in self._signals:
+                    signal.signal(sig, self._record)
         return bool(stops)
 
     @property
@@ -185,6 +196,9 @@ class Inbox:
     # --- life cycle ---------------------------------------------------------------------------------------------
     def _record(self, signum: int, _frame: FrameType | None) -> None:
         self._received.append(signum)  # only record: the owner of the card decides what happens
+        if signum in TERMINAL_STOPS:
+            for sig in TERMINAL_STOPS:
+                signal.signal(sig, signal.SIG_IGN)
 
     def __enter__(self) -> Self:
         if threading.current_thread() is not threading.main_thread() or _open_inboxes:
@@ -204,7 +218,7 @@ class Inbox:
             ending()  # the process ends on the signal recorded here: a later one must not cut its last line short
         for sig, handler in self._previous.items():
             # a process already ending keeps ignoring fatal signals (`ending`), whatever was there before
-            ignoring = signal.getsignal(sig) == signal.SIG_IGN
+            ignoring = sig in FATAL and signal.getsignal(sig) == signal.SIG_IGN
             signal.signal(sig, signal.SIG_IGN if ignoring else handler)  # type: ignore[arg-type]  # getsignal's
         signal.set_wakeup_fd(self._previous_wakeup_fd)
         for fd in (self._read_fd, self._write_fd):

@@ -265,19 +265,21 @@ class EngineOptions:
             raise UsageProblem(f"--fault-rate must be between 0 and 1, got {self.fault_rate}")
         if self.batch_size is not None and self.batch_size < 1:
             raise UsageProblem(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.canary_every < 0 or self.canary_every_s < 0:
-            raise UsageProblem("--canary-every and --canary-every-s must not be negative")
+        # each float bound below is written so that NaN fails it (NaN compares false both ways)
+        if not (self.canary_every >= 0 and self.canary_every_s >= 0):
+            raise UsageProblem("--canary-every and --canary-every-s must be 0 or more (0 = off)")
         if self.gemm_n is not None and self.gemm_n < 8:
             raise UsageProblem(f"--gemm-n must be at least 8, got {self.gemm_n}")
         if self.gemm_repeats < 2:
             raise UsageProblem(f"--gemm-repeats must be at least 2, got {self.gemm_repeats}")
-        if min(self.mixed_full_s, self.mixed_partial_s, self.idle_gap_s) < 0 or self.mixed_full_s == 0:
-            raise UsageProblem("mixed-mode phase lengths must not be negative, and the full-load phase must be > 0")
+        if not (self.mixed_full_s > 0 and self.mixed_partial_s >= 0 and self.idle_gap_s >= 0):
+            raise UsageProblem("mixed-mode phase lengths: --mixed-full-s must be > 0, --mixed-partial-s and "
+                               "--idle-gap-s 0 or more")
         if not 0.05 <= self.partial_duty <= 1.0:
             raise UsageProblem(f"--partial-duty must be in 0.05..1, got {self.partial_duty}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise UsageProblem("--warmup-steps must not be negative")
-        if self.heartbeat_s <= 0 or self.heartbeat_s > 1.0:
+        if not 0 < self.heartbeat_s <= 1.0:
             raise UsageProblem("--heartbeat-s must be in (0, 1]")
         if self.parent_pid is not None and self.parent_pid < 1:
             raise UsageProblem(f"--parent-pid must be a process id, got {self.parent_pid}")

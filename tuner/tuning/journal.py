@@ -177,6 +177,10 @@ def _load(path: Path) -> dict | None:
         session = doc.get("session")
         name = reference_path(path.stem, session).name if isinstance(session, str) else None  # stem: already safe
         problem = journal_schema.check_journal(doc, reference_name=name)
+        device = doc.get("device")
+        if not problem and isinstance(device, str) and _safe_name(device) != path.stem:
+            # another card's history (copied or renamed): its passes and its open trial are not this card's
+            problem = f"'device' is {device!r:.80}, not the card this file is named after"
     if problem:
         raise _damaged(path, problem)
     return doc

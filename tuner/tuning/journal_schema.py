@@ -35,6 +35,8 @@ SessionId = Annotated[str, Meta(pattern=r"\A[A-Za-z0-9_.-]{1,80}\Z",
 Time = Annotated[float, Meta(ge=0.0, le=LAST_TIME_S, extra={"what": "a time in seconds since 1970"})]
 # pid_t is 32 bits (the kernel's PID_MAX_LIMIT is far below): a larger number names no process, and os.kill refuses it
 Pid = Annotated[int, Meta(ge=1, le=2**31 - 1, extra={"what": "a whole number from 1 to 2147483647, a process id"})]
+# a count the engine reported: a negative warm-up would count more steps compared than ran (evidence.compared_steps)
+Steps = Annotated[int, Meta(ge=0, extra={"what": "a number of steps, 0 or more"})]
 CardSettings = Annotated[dict[str, int], Meta(extra={"what": "a map of card -> whole number", "whole": True})]
 
 
@@ -65,8 +67,8 @@ class TrialRecord(_Doc):
     phase: str
     verdict: Annotated[str, one_of(VERDICTS)]
     kind: str | None = None
-    steps: int | None = None
-    warmup_steps: int | None = None
+    steps: Steps | None = None
+    warmup_steps: Steps | None = None
     duration_s: float | None = None
     edge: bool = False
     median_step_ms: Annotated[float, Meta(gt=0)] | None = None  # the engine's (issue 26: the bound in hours)
