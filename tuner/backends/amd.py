@@ -42,7 +42,16 @@ from tuner.backends.amd_throttle import throttle_reasons
 from tuner.backends.base import Backend, warn_on_stderr
 from tuner.core import paths
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
-from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
+from tuner.core.models import (
+    Capabilities,
+    DeviceInfo,
+    ErrorCounters,
+    Knob,
+    KnobKind,
+    StressTarget,
+    Telemetry,
+    known_serial,
+)
 
 OD_FILE = "pp_od_clk_voltage"
 STEP_MV = 1  # the kernel takes any whole mV
@@ -196,7 +205,8 @@ class AmdBackend(Backend):
         asic = self._smi("amdsmi_get_gpu_asic_info", handle) or {}
         vbios_info = self._smi("amdsmi_get_gpu_vbios_info", handle) or {}
         name = asic.get("market_name") or read_value(device_dir / "product_name") or f"AMD GPU {pci_id or slot}"
-        serial = asic.get("asic_serial") or read_value(device_dir / "serial_number")
+        # a placeholder ("N/A", all f) is no serial: fall through to sysfs, then to none (identity by slot)
+        serial = known_serial(asic.get("asic_serial")) or known_serial(read_value(device_dir / "serial_number"))
         kernel = read_value(self.root / "proc/sys/kernel/osrelease")
         od_format = None
         with contextlib.suppress(TunerError):
@@ -210,7 +220,7 @@ class AmdBackend(Backend):
             pci_slot=slot,
             vbios=vbios_info.get("version") or read_value(device_dir / "vbios_version"),
             driver_version=f"amdgpu (kernel {kernel})" if kernel else "amdgpu",
-            serial=str(serial) if serial else None,
+            serial=serial,
             od_format=od_format,
         )
 
