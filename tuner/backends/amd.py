@@ -255,9 +255,8 @@ class AmdBackend(Backend):
         recorded them (the card may be undervolted now), else the table as read now, recorded."""
         if card.stock_points is None and table.format in od.CURVE_FORMATS:
             record = card_records.load(card_records.STOCK, card.info.id)
-            # the file is named by slot, and another card can be in that slot this boot (an eGPU swapped, PCIe hot
-            # plug): its points written as "stock" would be an overvolt there. The record names its card.
-            identity = [card.info.pci_id, card.info.serial]
+            # its points written as "stock" on another card in the slot would be an overvolt there
+            identity = self._record_owner(card)
             points = None
             if record and record.get("format") == table.format and record.get("card") == identity:
                 points = recorded_points(record)  # None for a damaged record: read the table
@@ -271,6 +270,12 @@ class AmdBackend(Backend):
                     )
             card.stock_points = points
         return card.stock_points or ()
+
+    @staticmethod
+    def _record_owner(card: _Card) -> list[str | None]:
+        """The card a per-card record belongs to. Records are named by slot, and another card can be in that slot
+        this boot (an eGPU swapped, PCIe hot plug): a record counts only for the card it names."""
+        return [card.info.pci_id, card.info.serial]
 
     @staticmethod
     def _floors(table: od.OdTable, points: tuple[od.Level, ...]) -> dict[int, int]:
@@ -396,7 +401,8 @@ class AmdBackend(Backend):
 
     def _record(self, card: _Card, value: int) -> None:
         # the record is a second opinion; the read-back is the proof here
-        card_records.record_applied(card.info.id, card.info.id, value, "mV", {"offset_mv": value}, self._warn)
+        card_records.record_applied(card.info.id, card.info.id, value, "mV",
+                                    {"offset_mv": value, "card": self._record_owner(card)}, self._warn)
 
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a voltage offset the tuner did not set (another tool, an earlier boot service), or
@@ -405,7 +411,7 @@ class AmdBackend(Backend):
         if current == 0:
             return None
         record = card_records.load(card_records.APPLIED, device_id) or {}
-        if record.get("offset_mv") == current:
+        if record.get("offset_mv") == current and record.get("card") == self._record_owner(self._card(device_id)):
             return None
         return f"{device_id} carries a {current:+d} mV voltage offset the tuner did not set"
 
