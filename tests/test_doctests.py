@@ -9,7 +9,7 @@ MODULES = ["tuner.core.durations", "tuner.core.numbers", "tuner.backends.simulat
            "tuner.backends.nvidia", "tuner.backends.amd", "tuner.tuning.sampler",
            "tuner.tuning.kernel_log", "tuner.engine.distributed", "tuner.backends.amd_throttle",
            "tuner.profiles.reference_bundle", "tuner.actions.screen.attribution", "tuner.actions.screen.tolerance",
-           "tuner.engine.reference"]
+           "tuner.engine.reference", "tuner.core.models"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -294,3 +294,36 @@ def test_hwmon_power_cap_is_the_power_limit(tmp_path):
     (avg,) = list(tmp_path.rglob("power1_average"))
     (avg.parent / "power1_cap").write_text("300000000\n")  # microwatts, as amdgpu's hwmon reports it
     assert backend.telemetry(dev).power_limit_w == 300.0
+
+
+@pytest.mark.parametrize(("smi_serial", "sysfs_serial"), [
+    ("N/A", None),  # amdsmi cannot read it (ROCm/rocm-systems PR #3041), no sysfs serial_number
+    ("ffffffffffffffff", None),  # older amdsmi printed the placeholder as hex (PR #2269)
+    ("0x0000000000000000", None),
+    (None, "0000000000000000\n"),  # no amdsmi; amdgpu's serial_number with unique_id left at 0
+    (None, "\n"),  # a board without an FRU: serial_number is empty
+    (None, " N/A \n"),
+])
+def test_a_placeholder_serial_is_no_serial(tmp_path, smi_serial, sysfs_serial):
+    """amdsmi answers 'N/A' (or, older, a hex placeholder) for a serial it cannot read, and amdgpu's serial_number
+    can be all zeros or empty: two such cards had the same serial, so every identity rule (boot apply's card by
+    serial, the helper's unsafe list, form memory, the reference cache) called them one card. A placeholder is no
+    serial: the cards are told apart by their PCI slot."""
+    from tests.backends.fakes.fake_amdsmi import fake_amdsmi
+    from tuner.app import form_memory
+    from tuner.helper.state import card_key
+    from tuner.tuning.reference_cache import card_identity
+
+    make_tree(tmp_path, [])
+    slots = ["0000:03:00.0", "0000:04:00.0"]
+    for i, slot in enumerate(slots):
+        dev = make_card(tmp_path, i, "rdna4", slot=slot)
+        if sysfs_serial is not None:
+            (dev / "serial_number").write_text(sysfs_serial)
+    smi = fake_amdsmi(dict.fromkeys(slots, smi_serial)) if smi_serial is not None else None
+    backend = amd.AmdBackend(amd_card_dirs(tmp_path), root=tmp_path, amdsmi=smi)
+    a, b = backend.devices()
+    assert (a.serial, b.serial) == (None, None)
+    assert card_key(a) != card_key(b)
+    assert form_memory.card_key(a) != form_memory.card_key(b)
+    assert card_identity(a) != card_identity(b)

@@ -206,6 +206,30 @@ def test_foreign_offset_is_reported_and_the_tuners_own_is_not(tmp_path):
     assert "-35 mV" in backend.foreign_state(dev)
 
 
+def test_an_applied_record_of_another_card_in_the_same_slot_does_not_vouch_for_this_one(tmp_path):
+    """The applied record was looked up by PCI slot alone (the stock record was made per card in 19ec281): another
+    card in that slot in the same boot (an eGPU swapped, PCIe hot plug) carrying the value another tool set was
+    judged "set by the tuner", so a bisect started from that unknown state. A record names the card it belongs to."""
+
+    def card(name, serial):
+        make_tree(tmp_path / name, [])
+        make_card(tmp_path / name, 0, None, od_text=OD_TEXT["rdna3"])
+        (d,) = amd_card_dirs(tmp_path / name)
+        (d / "serial_number").write_text(f"{serial}\n")
+        kernel = FakeOdKernel(OD_TEXT["rdna3"])
+        return amd.AmdBackend([d], root=tmp_path / name, sysfs=FakeKernelIO({d / "pp_od_clk_voltage": kernel})), kernel
+
+    first, _ = card("first", "0x1111aaaa")
+    dev = first.devices()[0].id
+    first.apply(dev, -25)
+    assert first.foreign_state(dev) is None  # the tuner's own
+    swapped, kernel = card("swapped", "0x2222bbbb")
+    assert swapped.devices()[0].id == dev
+    for cmd in (b"vo -25\n", b"c\n"):  # another tool, on the card now in that slot
+        kernel.write(cmd)
+    assert "-25 mV" in (swapped.foreign_state(dev) or "")
+
+
 @pytest.mark.parametrize("key", ["energy_accumulator", "power"])
 def test_amdsmi_energy_key_differs_by_version(key):
     assert amd.energy_joules({key: 1_000_000, "counter_resolution": 15.3}) == 15.3

@@ -251,3 +251,33 @@ def test_boot_logs_the_identity_warnings_that_apply_shows(capsys, fake_root):
     warning = "VBIOS changed since tuning (SIM.OLD.000 -> SIM.000.000)"
     assert warning in err
     assert any(warning in line for line in read_last_run()["lines"])
+
+
+def test_boot_never_applies_a_profile_to_another_card_whose_serial_is_a_placeholder(fake_root, tmp_path):
+    """amdsmi answers 'N/A' for a serial it cannot read (ROCm/rocm-systems PR #3041): two such cards had the same
+    serial, so boot apply found the profile's card "by serial" in the first slot with one, called it the same card,
+    and wrote a limit proven on the card in the other slot to it. A placeholder is no serial: found by slot."""
+    from tests.backends.fakes.fake_amdsmi import fake_amdsmi
+    from tests.backends.fakes.fake_kernel import FakeKernelIO, FakeOdKernel
+    from tests.backends.fakes.trees import OD_TEXT, make_card, make_tree
+    from tuner.actions.boot_apply import run_boot_apply
+    from tuner.backends import amd
+    from tuner.backends.amd_sysfs import amd_card_dirs
+
+    hw = tmp_path / "hw"
+    make_tree(hw, [])
+    slots = ["0000:03:00.0", "0000:04:00.0"]
+    for i, slot in enumerate(slots):
+        make_card(hw, i, "rdna4", slot=slot)
+    dirs = amd_card_dirs(hw)
+    kernels = {d / "pp_od_clk_voltage": FakeOdKernel(OD_TEXT["rdna4"]) for d in dirs}
+    smi = fake_amdsmi(dict.fromkeys(slots, "N/A"))
+    backend = amd.AmdBackend(dirs, root=hw, sysfs=FakeKernelIO(kernels), amdsmi=smi)
+    proven_on = backend.devices()[1]  # the card in the second slot
+    assert proven_on.pci_slot == slots[1]
+    save_profile(build_profile("second", proven_on, backend.knob(proven_on.id), -30, kernel="6.14.0-fake"),
+                 system=True)
+    report = run_boot_apply(lambda: backend, wait_s=0, log=lambda line: None)
+    assert [(r.status, r.device) for r in report.results] == [("applied", slots[1])], report.lines
+    assert backend.knob(slots[0]).current == 0
+    assert backend.knob(slots[1]).current == -30

@@ -42,7 +42,16 @@ from tuner.backends.amd_throttle import throttle_reasons
 from tuner.backends.base import Backend, warn_on_stderr
 from tuner.core import paths
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
-from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
+from tuner.core.models import (
+    Capabilities,
+    DeviceInfo,
+    ErrorCounters,
+    Knob,
+    KnobKind,
+    StressTarget,
+    Telemetry,
+    known_serial,
+)
 
 OD_FILE = "pp_od_clk_voltage"
 STEP_MV = 1  # the kernel takes any whole mV
@@ -196,7 +205,8 @@ class AmdBackend(Backend):
         asic = self._smi("amdsmi_get_gpu_asic_info", handle) or {}
         vbios_info = self._smi("amdsmi_get_gpu_vbios_info", handle) or {}
         name = asic.get("market_name") or read_value(device_dir / "product_name") or f"AMD GPU {pci_id or slot}"
-        serial = asic.get("asic_serial") or read_value(device_dir / "serial_number")
+        # a placeholder ("N/A", all f) is no serial: fall through to sysfs, then to none (identity by slot)
+        serial = known_serial(asic.get("asic_serial")) or known_serial(read_value(device_dir / "serial_number"))
         kernel = read_value(self.root / "proc/sys/kernel/osrelease")
         od_format = None
         with contextlib.suppress(TunerError):
@@ -210,7 +220,7 @@ class AmdBackend(Backend):
             pci_slot=slot,
             vbios=vbios_info.get("version") or read_value(device_dir / "vbios_version"),
             driver_version=f"amdgpu (kernel {kernel})" if kernel else "amdgpu",
-            serial=str(serial) if serial else None,
+            serial=serial,
             od_format=od_format,
         )
 
@@ -245,9 +255,8 @@ class AmdBackend(Backend):
         recorded them (the card may be undervolted now), else the table as read now, recorded."""
         if card.stock_points is None and table.format in od.CURVE_FORMATS:
             record = card_records.load(card_records.STOCK, card.info.id)
-            # the file is named by slot, and another card can be in that slot this boot (an eGPU swapped, PCIe hot
-            # plug): its points written as "stock" would be an overvolt there. The record names its card.
-            identity = [card.info.pci_id, card.info.serial]
+            # its points written as "stock" on another card in the slot would be an overvolt there
+            identity = self._record_owner(card)
             points = None
             if record and record.get("format") == table.format and record.get("card") == identity:
                 points = recorded_points(record)  # None for a damaged record: read the table
@@ -261,6 +270,12 @@ class AmdBackend(Backend):
                     )
             card.stock_points = points
         return card.stock_points or ()
+
+    @staticmethod
+    def _record_owner(card: _Card) -> list[str | None]:
+        """The card a per-card record belongs to. Records are named by slot, and another card can be in that slot
+        this boot (an eGPU swapped, PCIe hot plug): a record counts only for the card it names."""
+        return [card.info.pci_id, card.info.serial]
 
     @staticmethod
     def _floors(table: od.OdTable, points: tuple[od.Level, ...]) -> dict[int, int]:
@@ -386,7 +401,8 @@ class AmdBackend(Backend):
 
     def _record(self, card: _Card, value: int) -> None:
         # the record is a second opinion; the read-back is the proof here
-        card_records.record_applied(card.info.id, card.info.id, value, "mV", {"offset_mv": value}, self._warn)
+        card_records.record_applied(card.info.id, card.info.id, value, "mV",
+                                    {"offset_mv": value, "card": self._record_owner(card)}, self._warn)
 
     def foreign_state(self, device_id: str) -> str | None:
         """A description of a voltage offset the tuner did not set (another tool, an earlier boot service), or
@@ -395,7 +411,7 @@ class AmdBackend(Backend):
         if current == 0:
             return None
         record = card_records.load(card_records.APPLIED, device_id) or {}
-        if record.get("offset_mv") == current:
+        if record.get("offset_mv") == current and record.get("card") == self._record_owner(self._card(device_id)):
             return None
         return f"{device_id} carries a {current:+d} mV voltage offset the tuner did not set"
 

@@ -22,7 +22,16 @@ from typing import Any, TypeVar
 from tuner.backends import card_records, nvml_offsets
 from tuner.backends.base import Backend, check_lock_mhz, warn_on_stderr
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
-from tuner.core.models import Capabilities, DeviceInfo, ErrorCounters, Knob, KnobKind, StressTarget, Telemetry
+from tuner.core.models import (
+    Capabilities,
+    DeviceInfo,
+    ErrorCounters,
+    Knob,
+    KnobKind,
+    StressTarget,
+    Telemetry,
+    known_serial,
+)
 
 # Clock event ("throttle") reasons: pynvml's constant suffix -> the name shown. The bits are read from the module
 # (`nvmlClocksEventReason*`, r535 and later; `nvmlClocksThrottleReason*` before, and for BoardLimit/Reliability,
@@ -160,7 +169,7 @@ class NvidiaBackend(Backend):
             pci_slot=slot,
             vbios=self._optional(lambda: _text(nvml.nvmlDeviceGetVbiosVersion(h))),
             driver_version=driver,
-            serial=self._optional(lambda: _text(nvml.nvmlDeviceGetUUID(h))),
+            serial=known_serial(self._optional(lambda: _text(nvml.nvmlDeviceGetUUID(h)))),
             od_format="nvml",
         )
 

@@ -57,6 +57,27 @@ def printable(text: str) -> str:
                    (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") for ch in text)
 
 
+# What drivers and libraries print for a serial they cannot read: amdsmi "N/A" (ROCm/rocm-systems PR #3041), older
+# amdsmi a hex placeholder (all f, PR #2269, or all zeros), amdgpu's serial_number an empty line or zeros (unique_id
+# 0). Every card without a serial prints the same one, so taken as a serial it would make them one card.
+SERIAL_PLACEHOLDERS = frozenset({"n/a", "na", "none", "null", "unknown", "not available", "not supported"})
+
+
+def known_serial(raw: object) -> str | None:
+    """The serial a driver reported, or None when it is none or a placeholder (the rule every backend uses).
+
+    >>> known_serial(" 0x1a2b "), known_serial("GPU-8f2c"), known_serial("N/A"), known_serial("0xFFFFFFFFFFFFFFFF")
+    ('0x1a2b', 'GPU-8f2c', None, None)
+    >>> known_serial("0000000000000000"), known_serial(""), known_serial(None)
+    (None, None, None)
+    """
+    serial = str(raw).strip() if raw is not None else ""
+    digits = serial.lower().removeprefix("0x")
+    if not digits or serial.lower() in SERIAL_PLACEHOLDERS or set(digits) in ({"0"}, {"f"}):
+        return None
+    return serial
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """Who a card is. `id` is its PCI slot (`0000:03:00.0`) for real cards, `simN` for simulated ones."""

@@ -38,7 +38,7 @@ from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
 from tuner.helper.leases import Book, Pending
 from tuner.helper.peer import Peer
-from tuner.helper.state import MachineState, Write, card_key
+from tuner.helper.state import MachineState, Write, card_key, placeholder_keys
 from tuner.helper.user_import import read_user_state
 
 DEFAULT_LEASE_S = 10.0  # a lock-clock choice's lease (a set names its own)
@@ -441,6 +441,11 @@ class HelperService:
         """After a helper death (kill -9) or a machine reset: put back what the dead helper left unconfirmed (in
         this boot; a reboot already put the cards at stock) and record its open trials as a tuner death is."""
         with self.lock:
+            for name, device in self.devices.items():
+                # a list an older helper kept under a placeholder serial was every such card's: which one hung is
+                # unknown, so each keeps refusing what it holds (never fewer refusals after an upgrade)
+                for old in placeholder_keys(self.state.root, device):
+                    self.state.merge_unsafe(self.keys[name], self.state.unsafe_entries(old))
             boot = current_boot_id()
             by_key = {key: card for card, key in self.keys.items()}
             for key, write in self.state.writes().items():

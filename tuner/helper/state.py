@@ -23,13 +23,14 @@ import contextlib
 import json
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
 
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, write_errors
-from tuner.core.models import DeviceInfo
+from tuner.core.models import DeviceInfo, known_serial
 from tuner.helper.schema import OpenTrial, RecoveredTrial, UnsafeEntry
 
 RECOVERED_SHOWN = 20  # recovered trials a `read_trials` answers with, newest last
@@ -61,6 +62,22 @@ def card_key(device: DeviceInfo) -> str:
     kind = device.od_format if device.simulated and device.od_format else device.vendor
     ident = f"serial-{device.serial}" if device.serial else f"slot-{device.pci_slot or device.id}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{kind}-{ident}")[:120]
+
+
+def placeholder_keys(root: Path, device: DeviceInfo) -> list[str]:
+    """The keys under which an older helper kept the lists of `device` when it has no serial: its driver printed a
+    placeholder ("N/A", all f; tuner.core.models.known_serial) and that text was taken as its serial, so one list
+    (`amd-serial-N_A`) was every such card's of its kind."""
+    if device.serial:
+        return []
+    prefix = card_key(replace(device, serial="-"))[:-1]  # "<kind>-serial-"
+    try:
+        names = sorted(p.name for p in (root / "unsafe").iterdir() if p.name.startswith(prefix))
+    except OSError:
+        return []
+    # a file name spells the serial's "/" as "_" (card_key): "N_A" was "N/A"
+    return [key for key in (n.removesuffix(".jsonl") for n in names if n.endswith(".jsonl"))
+            if known_serial(key[len(prefix):].replace("_", "/")) is None]
 
 
 def _damaged(path: Path, problem: str) -> DamagedState:
