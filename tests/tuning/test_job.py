@@ -168,7 +168,13 @@ def test_a_reset_trial_stays_open_until_its_value_is_on_the_unsafe_list(boot, mo
 
 
 @pytest.mark.parametrize(("key", "value"), [("step", "10"), ("trial_s", "5m"), ("seed", "x"), ("floor", 1e300),
-                                            ("floor", -52.5)])
+                                            ("floor", -52.5),
+                                            # a value of the right type that no command line can give (the
+                                            # parameters' own bounds: tuner.core.durations, Mode, the engine's
+                                            # presets and dtypes) reached the trials as it was
+                                            ("trial_s", float("nan")), ("trial_s", 0), ("trial_s", -5.0),
+                                            ("confirm_s", 0.5), ("confirm_s", 1e9), ("bound_s", -60.0),
+                                            ("mode", "burn"), ("preset", "huge"), ("dtype", "fp8")])
 def test_a_hand_edited_search_parameter_is_damage_in_one_line(boot, key, value):
     # the parameters --resume takes from the journal were never checked: a string or a float where a whole number
     # belongs raised TypeError / ValueError (a traceback), or ran a search with a fractional floor
