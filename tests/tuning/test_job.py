@@ -189,6 +189,23 @@ def test_a_hand_edited_search_parameter_is_damage_in_one_line(boot, key, value):
     assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
 
 
+def test_stored_search_parameters_this_card_cannot_take_are_refused_before_the_session_is_claimed(boot):
+    # --resume runs with the session's stored --step (off this card's 5 mV grid here: a hand-edited journal, or a
+    # driver whose step changed): the plan refused it only after the session was claimed (state "active", our pid)
+    # and told the user to "use a multiple of 5", which --resume cannot do
+    backend, _engine, _events, _job = make()
+    params = BisectParams(trial_s=1, confirm_s=2, preset="tiny").search()
+    j = journal.Journal.create("sim0", params={**params, "step": 7}, knob=backend.knob("sim0").to_dict(),
+                               backend=backend)
+    j.close(journal.INTERRUPTED)
+    _backend, engine, _events, job = make(resume=True)
+    with pytest.raises(UsageError, match="--step 7 mV") as e:
+        job.run()
+    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
+    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
+    assert journal.load("sim0")["state"] == journal.INTERRUPTED
+
+
 def test_a_live_session_elsewhere_is_refused(boot):
     backend, _engine, _events, _job = make()
     j = journal.Journal.create("sim0", params={}, knob={}, backend=backend)
