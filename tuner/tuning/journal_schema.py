@@ -78,7 +78,9 @@ class TrialRecord(_Doc):
     warmup_steps: Steps | None = None
     duration_s: float | None = None
     edge: bool = False
-    median_step_ms: Annotated[float, Meta(gt=0)] | None = None  # the engine's (issue 26: the bound in hours)
+    # the engine's (issue 26: the bound in hours); a step is no longer than a trial can be (a finite time: Infinity
+    # sized the resumed trials with an infinite step)
+    median_step_ms: Annotated[float, Meta(gt=0, le=MAX_DURATION_S * 1000.0)] | None = None
 
 
 class Recommendation(_Doc):
