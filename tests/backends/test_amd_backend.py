@@ -72,6 +72,30 @@ def test_navi1x_apply_moves_top_points_and_reset(tmp_path):
     assert fio.commands() == ["vc 1 1400 760", "vc 2 2000 1090", "c", "r", "c"]
 
 
+def test_a_restore_the_card_does_not_take_is_not_called_restored(tmp_path):
+    """A set that fails puts the previous value back, and that write is verified like every other: navi10's `r`
+    restores the kernel's boot table (navi10_od_edit_dpm_table, the fake's "navi10" variant), and a curve another
+    tool lowered before the tuner first saw the card (recorded then as its stock) is not that table. The restore
+    said nothing while the card read +20 mV; `reset` reads back the same and refuses to call it stock."""
+    make_tree(tmp_path, ["vega20-navi1x"])
+    [card_dir] = amd_card_dirs(tmp_path)
+    kernel = FakeOdKernel(OD_TEXT["vega20-navi1x"])
+    for command in (b"vc 2 2000 1130\n", b"c\n"):  # another tool's undervolt of the top point, before first contact
+        kernel.write(command)
+    kernel.received.clear()
+    fio = FakeKernelIO({card_dir / "pp_od_clk_voltage": kernel})
+    backend = amd.discover(root=tmp_path, sysfs=fio)
+    dev = backend.devices()[0].id
+    assert backend.knob(dev).current == 0
+    kernel.reject_commits = 1  # the SMU refuses the upload (EINVAL on `c`): the restore runs
+    with pytest.raises(NotApplied) as e:
+        backend.apply(dev, -30)
+    assert fio.commands() == ["vc 1 1400 790", "vc 2 2000 1100", "c", "r", "c"]
+    assert backend.knob(dev).current == 20  # not the +0 mV put back
+    assert "restoring +0 mV also failed" in e.value.message and "+20 mV" in e.value.message, e.value.message
+    assert e.value.remedy == "run `sudo tuner reset` or reboot"
+
+
 def test_gcn_lower_states_follow_and_floor_at_vddc_min(tmp_path):
     backend, fio = amd_on_fake_kernel(tmp_path, ["gcn"])
     backend.apply(backend.devices()[0].id, -30)

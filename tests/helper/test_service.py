@@ -17,7 +17,7 @@ from tests.polling import wait_until
 from tuner.backends.helper_client import _ERRORS
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.card_lock import CardBusy
-from tuner.core.errors import DamagedState, OutOfRange, TunerError
+from tuner.core.errors import DamagedState, NotApplied, OutOfRange, TunerError
 from tuner.helper import schema as s
 from tuner.helper.peer import Peer
 from tuner.helper.service import Client, HelperService, Refused
@@ -106,6 +106,33 @@ def test_a_lease_that_runs_out_puts_the_previous_value_back_and_the_next_heartbe
     assert (lost.card, lost.value, lost.restored) == ("sim0", -50, -20) and "lease" in lost.reason
     # the card is free again: another client may write
     ask(service, Client(2, peer(1001)), s.Set(card="sim0", value=-10))
+
+
+def test_a_second_set_that_fails_leaves_the_record_at_the_value_the_card_holds(service, monkeypatch):
+    """A connection's second unconfirmed set that the backend refused (its own restore put the first one back)
+    kept the refused value as the change: the writes journal, the revert line of the audit log and the client's
+    lost change named -50 mV, a value the card never held (putting it back used the right previous value)."""
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card="sim0", value=-20, lease_s=5))
+    real_apply = service.backend.apply
+
+    def refused(card, value, **kw):  # the driver read back another value; the backend put -20 back
+        raise NotApplied(f"{card}: wrote {value:+d} mV but the card reads back -30 mV; restored -20 mV")
+
+    monkeypatch.setattr(service.backend, "apply", refused)
+    with pytest.raises(NotApplied):
+        ask(service, alice, s.Set(card="sim0", value=-50, lease_s=5))
+    monkeypatch.setattr(service.backend, "apply", real_apply)
+    assert service.backend.knob("sim0").current == -20
+    assert service.state.writes()[service.keys["sim0"]].value == -20
+    service.clock_.now += 6
+    service.expire_leases()
+    assert service.backend.knob("sim0").current == 0
+    [lost] = ask(service, alice, s.Heartbeat()).lost
+    assert (lost.value, lost.restored) == (-20, 0)
+    [revert] = [json.loads(line) for line in service.state.log_path.read_text().splitlines()
+                if json.loads(line)["event"] == "revert"]
+    assert revert["value"] == -20
 
 
 def test_one_writer_per_card_names_the_holder_and_a_forced_reset_takes_it_back(service):

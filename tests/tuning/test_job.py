@@ -168,7 +168,13 @@ def test_a_reset_trial_stays_open_until_its_value_is_on_the_unsafe_list(boot, mo
 
 
 @pytest.mark.parametrize(("key", "value"), [("step", "10"), ("trial_s", "5m"), ("seed", "x"), ("floor", 1e300),
-                                            ("floor", -52.5)])
+                                            ("floor", -52.5),
+                                            # a value of the right type that no command line can give (the
+                                            # parameters' own bounds: tuner.core.durations, Mode, the engine's
+                                            # presets and dtypes) reached the trials as it was
+                                            ("trial_s", float("nan")), ("trial_s", 0), ("trial_s", -5.0),
+                                            ("confirm_s", 0.5), ("confirm_s", 1e9), ("bound_s", -60.0),
+                                            ("mode", "burn"), ("preset", "huge"), ("dtype", "fp8")])
 def test_a_hand_edited_search_parameter_is_damage_in_one_line(boot, key, value):
     # the parameters --resume takes from the journal were never checked: a string or a float where a whole number
     # belongs raised TypeError / ValueError (a traceback), or ran a search with a fractional floor
@@ -181,6 +187,23 @@ def test_a_hand_edited_search_parameter_is_damage_in_one_line(boot, key, value):
     with pytest.raises(DamagedState, match=f"'params'\\['{key}'\\]") as e:
         job.run()
     assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
+
+
+def test_stored_search_parameters_this_card_cannot_take_are_refused_before_the_session_is_claimed(boot):
+    # --resume runs with the session's stored --step (off this card's 5 mV grid here: a hand-edited journal, or a
+    # driver whose step changed): the plan refused it only after the session was claimed (state "active", our pid)
+    # and told the user to "use a multiple of 5", which --resume cannot do
+    backend, _engine, _events, _job = make()
+    params = BisectParams(trial_s=1, confirm_s=2, preset="tiny").search()
+    j = journal.Journal.create("sim0", params={**params, "step": 7}, knob=backend.knob("sim0").to_dict(),
+                               backend=backend)
+    j.close(journal.INTERRUPTED)
+    _backend, engine, _events, job = make(resume=True)
+    with pytest.raises(UsageError, match="--step 7 mV") as e:
+        job.run()
+    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
+    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
+    assert journal.load("sim0")["state"] == journal.INTERRUPTED
 
 
 def test_a_live_session_elsewhere_is_refused(boot):

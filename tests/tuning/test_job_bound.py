@@ -9,7 +9,7 @@ import pytest
 from tests.tuning.fake_engine import FakeEngine
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
-from tuner.core.errors import UsageError
+from tuner.core.errors import DamagedState, UsageError
 from tuner.tuning import journal
 from tuner.tuning.events import Recommendation, TrialFinished
 from tuner.tuning.job import BisectJob, BisectParams
@@ -148,3 +148,21 @@ def test_a_simulated_cards_efficiency_is_its_work_rate_over_its_power_not_the_cp
     assert rec.tuned_tok_per_j == pytest.approx(WORK_RATE_TOK_S / rec.tuned_power_w)
     assert rec.baseline_tok_per_j == pytest.approx(WORK_RATE_TOK_S / rec.baseline_power_w)
     assert rec.efficiency_gain_pct == pytest.approx((rec.baseline_power_w / rec.tuned_power_w - 1) * 100, abs=0.01)
+
+
+@pytest.mark.parametrize("step_ms", [float("inf"), 1e300])
+def test_a_stored_step_time_that_is_not_a_finite_time_is_damage_in_one_line(boot, step_ms):
+    # the schema held a trial's median_step_ms only above 0: Infinity sized the resumed trials with an infinite step
+    # (OverflowError, a traceback) and 1e300 ms ran a search sized by it; a time is finite (journal_schema's rule)
+    backend, _engine, _events, _job = make()
+    params = BisectParams(trial_s=10, confirm_s=600, preset="tiny", bound_s=60.0).search()
+    j = journal.Journal.create("sim0", params=params, knob=backend.knob("sim0").to_dict(), backend=backend)
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "steps": 200,
+                    "warmup_steps": 5, "median_step_ms": step_ms})
+    j.reference.write_text('{"steps": 1000}')
+    j.close(journal.INTERRUPTED)
+    _backend, engine, _events, job = make(engine=FakeEngine(step_ms=100.0), trial_s=10, resume=True)
+    with pytest.raises(DamagedState, match=r"trial 1: 'median_step_ms'") as e:
+        job.run()
+    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
+

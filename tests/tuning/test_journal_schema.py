@@ -165,8 +165,8 @@ RIG_BAD = [
     ("open_trial.pid", "1", "open trial: 'pid' is not a whole number"),
     ("open_trial.started_at", "x", "open trial: 'started_at' is not a time"),
     # the rig's confirmation reads float(params['confirm_s']) and its mode: a hand-edited one was a ValueError
-    ("params.confirm_s", "30m", "'params'['confirm_s'] is not a number"),
-    ("params.mode", 5, "'params'['mode'] is not a string"),
+    ("params.confirm_s", "30m", "'params'['confirm_s'] is not a duration"),
+    ("params.mode", 5, "'params'['mode'] is not one of train, gemm, mixed"),
 ]
 
 

@@ -436,11 +436,17 @@ class AmdBackend(Backend):
     def _restore(self, card: _Card, previous: int, cause: TunerError) -> None:
         try:
             self._write(card, self._voltage_commands(card, self._table(card), previous))
+            # read back like every write: `r` (Navi1x, GCN) puts the kernel's boot table back, which is not always
+            # the stock the tuner recorded
+            got = self._knob_from(card, self._table(card)).current
+            if got != previous:
+                raise NotApplied(f"the card reads back {got:+d} mV")
         except TunerError as e:
             # Keep the cause's type: a lost device must still read as lost to the trial runner.
             error_type = DeviceLost if isinstance(cause, DeviceLost) else NotApplied
+            said = cause.message.removesuffix(f"; restored {previous:+d} mV")  # apply's read-back said it ahead
             raise error_type(
-                f"{cause.message}; restoring {previous:+d} mV also failed: {e.message}",
+                f"{said}; restoring {previous:+d} mV also failed: {e.message}",
                 "run `sudo tuner reset` or reboot",
             ) from cause
 

@@ -174,6 +174,7 @@ class HelperService:
                           "choose a less aggressive value; `tuner unsafe clear` removes the entry if you are sure")
         had = self.book.pending.get(r.card)
         pending = self._pending_for(r.card, key, who, knob, r.lease_s)
+        was = pending.value  # this connection's earlier unconfirmed value (None: only its lock clock, or none)
         pending.value = r.value
         self.state.set_write(key, self._write_record(pending, who))  # durable before the card is touched
         try:
@@ -181,10 +182,16 @@ class HelperService:
         except BaseException:
             # nothing pending once the card reads the previous value again; the backend's own put-back can fail too
             # (NotApplied "restoring ... also failed", an unreadable card), and then the lease still puts it back
-            if had is None or had.conn != who.conn:
-                with contextlib.suppress(TunerError):
-                    if self.backend.knob(r.card).current == pending.previous:
+            with contextlib.suppress(TunerError):
+                current = self.backend.knob(r.card).current
+                if had is None or had.conn != who.conn:
+                    if current == pending.previous:
                         self._settle(r.card, who.conn)
+                elif current == (pending.previous if was is None else was):
+                    # the backend put this connection's earlier change back: the record and the audit log name
+                    # what the card holds, not the value it refused
+                    pending.value = was
+                    self.state.set_write(key, self._write_record(pending, who))
             raise
         self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
         if applied.current == pending.previous and pending.previous_lock_mhz is None:

@@ -697,6 +697,17 @@ def _check_resumed_bound(asked_s: float | None, stored_s: float | None) -> None:
                      f"resume without --bound (or with --bound {was}), or start over with --restart")
 
 
+def _check_resumed_search(knob: Knob, search: dict) -> None:
+    """A resumed session runs with its stored steps, margin and floor (the command line's are not used): ones this
+    card cannot take (a hand-edited journal, a driver whose step changed) are refused before the session is claimed,
+    with the remedy --resume leaves (check_params' own would ask for a flag --resume ignores)."""
+    try:
+        check_params(knob, search_plan_params(knob, search))
+    except UsageError as e:
+        raise UsageError(f"this session's stored parameters do not fit this card: {e.message}",
+                         "start over with --restart") from None
+
+
 def _name(j: Journal) -> str:
     return j.device_id or ",".join(j.doc.get("devices") or ())
 
@@ -746,9 +757,11 @@ class _Search:
             assert existing is not None  # resumable: the job checked there is an unfinished session
             stored = existing.doc.get("params") or {}
             _check_resumed_bound(p.bound_s, stored.get("bound_s"))  # before the session is claimed: nothing changed
+            search = {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}
+            _check_resumed_search(knob, search)
             existing.claim()
             self.job._session_opened(self.rig, self.device_id, existing.session)
-            return existing, {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}, True
+            return existing, search, True
         if existing is not None and existing.unresolved():
             existing.close(FINISHED, outcome="discarded by --restart")
         params = {**p.search(), "preset": p.preset if p.preset is not None

@@ -15,6 +15,9 @@ import msgspec
 from msgspec import Meta
 
 from tuner.core.documents import Misfit, Words, fit, one_of
+from tuner.core.durations import MAX_DURATION_S, MIN_DURATION_S
+from tuner.core.models import Mode
+from tuner.engine.options import DTYPES, PRESETS
 
 # Session states
 ACTIVE = "active"  # a process is (or was, if it died) running this session
@@ -38,6 +41,10 @@ Pid = Annotated[int, Meta(ge=1, le=2**31 - 1, extra={"what": "a whole number fro
 # a count the engine reported: a negative warm-up would count more steps compared than ran (evidence.compared_steps)
 Steps = Annotated[int, Meta(ge=0, extra={"what": "a number of steps, 0 or more"})]
 CardSettings = Annotated[dict[str, int], Meta(extra={"what": "a map of card -> whole number", "whole": True})]
+# a search's --trial, --confirm and --bound: the bounds every duration the command line and the form take has
+# (tuner.core.durations); --resume runs with the stored one, so a NaN, 0 or -5 there is damage, not a trial length
+Duration = Annotated[float, Meta(ge=MIN_DURATION_S, le=MAX_DURATION_S,
+                                 extra={"what": "a duration of 1 to 604800 seconds (1 s to 7 days)"})]
 
 
 class _Doc(msgspec.Struct):
@@ -71,7 +78,9 @@ class TrialRecord(_Doc):
     warmup_steps: Steps | None = None
     duration_s: float | None = None
     edge: bool = False
-    median_step_ms: Annotated[float, Meta(gt=0)] | None = None  # the engine's (issue 26: the bound in hours)
+    # the engine's (issue 26: the bound in hours); a step is no longer than a trial can be (a finite time: Infinity
+    # sized the resumed trials with an infinite step)
+    median_step_ms: Annotated[float, Meta(gt=0, le=MAX_DURATION_S * 1000.0)] | None = None
 
 
 class Recommendation(_Doc):
@@ -102,16 +111,17 @@ class SearchParams(_Doc):
     step: int | None = None
     resolution: int | None = None
     margin: int | None = None
-    trial_s: float | msgspec.UnsetType = msgspec.UNSET
-    confirm_s: float | msgspec.UnsetType = msgspec.UNSET
+    trial_s: Duration | msgspec.UnsetType = msgspec.UNSET
+    confirm_s: Duration | msgspec.UnsetType = msgspec.UNSET
     floor: int | None = None
-    mode: str | msgspec.UnsetType = msgspec.UNSET
-    preset: str | None = None
-    dtype: str | None = None
+    # the choices the command line offers (tuner.actions.parameters) are these: the core's modes, the engine's own
+    mode: Annotated[str, one_of(Mode)] | msgspec.UnsetType = msgspec.UNSET
+    preset: Annotated[str, one_of(PRESETS)] | None = None
+    dtype: Annotated[str, one_of(DTYPES)] | None = None
     seed: int | msgspec.UnsetType = msgspec.UNSET
     tolerance: bool | msgspec.UnsetType = msgspec.UNSET
     compile: bool | None = None
-    bound_s: float | None = None
+    bound_s: Duration | None = None
 
 
 class Journal(_Doc):
