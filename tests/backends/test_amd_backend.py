@@ -17,6 +17,7 @@ from tuner.backends.amd_sysfs import (
     read_ppfeaturemask,
 )
 from tuner.core.errors import DeviceLost, NotApplied, OutOfRange, PermissionDenied, Unsupported
+from tuner.core.models import same_serial
 
 from .conftest import amd_on_fake_kernel
 from .fakes.fake_kernel import FakeKernelIO, FakeOdKernel
@@ -351,3 +352,28 @@ def test_a_placeholder_serial_is_no_serial(tmp_path, smi_serial, sysfs_serial):
     assert card_key(a) != card_key(b)
     assert form_memory.card_key(a) != form_memory.card_key(b)
     assert card_identity(a) != card_identity(b)
+
+
+def test_the_serial_is_the_same_with_and_without_amdsmi(tmp_path):
+    """amdsmi's asic_serial is the card's unique_id, which amdgpu prints "%016llx" (drivers/gpu/drm/amd/pm/
+    amdgpu_pm.c, amdgpu_get_unique_id) and newer amdsmi releases as unpadded hex (ROCm/amdsmi src/amd_smi/amd_smi.cc,
+    amdsmi_get_gpu_asic_info: `ss << std::hex << dv_uid`; old ones "%lu"); `serial_number` is the board's FRU serial
+    (amdgpu_fru_eeprom.c), on some server boards only. Without amdsmi the sysfs path took serial_number: one card
+    had two serials (a profile made with amdsmi did not match at boot without it; the helper's card_key changed
+    between starts and orphaned its unsafe list). The kernel's text is the serial either way; what an older version
+    called the card is a former serial (the helper merges lists kept under it), and a profile's serial matches as
+    a number."""
+    from tests.backends.fakes.fake_amdsmi import fake_amdsmi
+    from tuner.helper.state import card_key
+
+    make_tree(tmp_path, [])
+    slot = "0000:03:00.0"
+    dev = make_card(tmp_path, 0, "rdna4", slot=slot)
+    (dev / "unique_id").write_text("0a0b3c4d6e7f8091\n")
+    (dev / "serial_number").write_text("PJ0123456789\n")  # the FRU's
+    with_smi = amd.AmdBackend(amd_card_dirs(tmp_path), root=tmp_path, amdsmi=fake_amdsmi({slot: "a0b3c4d6e7f8091"}))
+    without = amd.AmdBackend(amd_card_dirs(tmp_path), root=tmp_path, amdsmi=None)
+    assert with_smi.devices()[0].serial == without.devices()[0].serial == "0a0b3c4d6e7f8091"
+    assert card_key(with_smi.devices()[0]) == card_key(without.devices()[0])
+    assert with_smi.former_serials(slot) == ("a0b3c4d6e7f8091", "PJ0123456789")
+    assert same_serial("a0b3c4d6e7f8091", with_smi.devices()[0].serial)  # a profile an older version made with amdsmi

@@ -577,3 +577,37 @@ def test_a_machine_list_kept_under_a_placeholder_serial_still_refuses_after_the_
             ask(service, Client(1, peer(1000)), s.Set(card=card, value=-100))
         assert refused.value.code == "unsafe"
         assert backend.knob(card).current == 0
+
+
+def test_a_machine_list_kept_under_the_serial_an_older_helper_read_still_refuses(tmp_path):
+    """Without amdsmi, an older helper knew an AMD card by its board's FRU `serial_number`, or, with none, by its
+    slot; amdsmi's asic_serial (and now the sysfs path too) is the chip's `unique_id`. Under the new key those
+    lists were read by no card: a value that hung the machine was applied again."""
+    from tests.backends.fakes.fake_kernel import FakeKernelIO, FakeOdKernel
+    from tests.backends.fakes.trees import OD_TEXT, make_card, make_tree
+    from tuner.backends import amd
+    from tuner.backends.amd_sysfs import amd_card_dirs
+
+    hw = tmp_path / "hw"
+    make_tree(hw, [])
+    slots = ["0000:03:00.0", "0000:04:00.0"]
+    for i, slot in enumerate(slots):
+        dev = make_card(hw, i, "rdna4", slot=slot)
+        (dev / "unique_id").write_text(f"5a0b3c4d6e7f809{i}\n")
+    (dev / "serial_number").write_text("PJ0123456789\n")  # the second card's FRU
+    dirs = amd_card_dirs(hw)
+    kernels = FakeKernelIO({d / "pp_od_clk_voltage": FakeOdKernel(OD_TEXT["rdna4"]) for d in dirs})
+    backend = amd.AmdBackend(dirs, root=hw, sysfs=kernels, amdsmi=None)
+    state = MachineState(tmp_path / "state")
+    state.create()
+    state.add_unsafe("amd-slot-0000_03_00.0", s.UnsafeEntry(setting=-100, unit="mV", kind="hang", reason="hung",
+                                                            device=slots[0], session="old"))
+    state.add_unsafe("amd-serial-PJ0123456789", s.UnsafeEntry(setting=-90, unit="mV", kind="hang", reason="hung",
+                                                              device=slots[1], serial="PJ0123456789", session="old"))
+    service = HelperService(backend, state, group="tuner", log=lambda line: None)
+    service.recover_at_start()  # as tuner-helper starts
+    for card, value in zip(slots, (-100, -90), strict=True):
+        with pytest.raises(Refused) as refused:
+            ask(service, Client(1, peer(1000)), s.Set(card=card, value=value))
+        assert refused.value.code == "unsafe"
+        assert backend.knob(card).current == 0

@@ -270,3 +270,22 @@ def test_every_started_trial_carries_a_running_estimate_of_the_total(boot):
     assert all(e.expected_trials is not None and e.expected_trials >= e.index for e in started)
     # the estimate is exact by the time the confirmation starts (it is the last trial)
     assert started[-1].phase == "confirm" and started[-1].expected_trials == started[-1].index
+
+
+def test_resume_refuses_another_card_swapped_into_the_slot(boot):
+    # the journal is keyed by the slot: a card swapped in (another serial) took over the other card's trials as its
+    # own evidence on --resume, and its search went on from them
+    backend, engine, _events, job = make()
+    engine.on_start = lambda req: job.stop() if req.options.fault_rate == 0 and not req.options.record else None
+    assert job.run().card.status == "stopped"
+    before = journal.load("sim0")
+    other = SimulatedBackend(vmin_mv=-52, seed=1)  # the same model, another serial, in slot sim0
+    assert other.device("sim0").serial != backend.device("sim0").serial
+    engine = FakeEngine()
+    job = BisectJob(other, "sim0", BisectParams(trial_s=1, confirm_s=2, resume=True), lambda e: None,
+                    engine_factory=engine)
+    with pytest.raises(UsageError, match="another card") as e:
+        job.run()
+    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
+    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
+    assert journal.load("sim0") == before

@@ -13,6 +13,7 @@ from tuner.core.durations import duration_text, parse_duration_s
 from tuner.core.errors import UsageError
 from tuner.core.models import Knob, Mode
 from tuner.core.numbers import parse_whole_number
+from tuner.engine.options import PRESETS
 from tuner.tuning.bound import parse_bound_s
 
 _whole = parse_whole_number  # ASCII digits and a sign; on the form, optionally the card's unit ("15 MHz")
@@ -79,7 +80,7 @@ class Parameter:
 MODE = Parameter("mode", "stress workload of the trials (default train; the confirmation runs mixed)",
                  choices=tuple(Mode), default=Mode.TRAIN, label="mode")
 PRESET = Parameter("preset", "engine model size (default: nanochat on GPUs, tiny on the simulated card's CPU engine)",
-                   choices=("nanochat", "tiny", "small", "large"))
+                   choices=tuple(PRESETS))  # the engine's own list (torch-free), never a copy
 COMPILE = Parameter("compile", "torch.compile the engine's model and optimizer (default: on for GPUs)")
 # each help's default is the one a blank field shows (the core's): tests/tui/test_parameters.py holds them to it
 TRIAL = Parameter("trial", "length of each trial (default 5m; 90s, 5m, 1h)", _duration_s, "DUR", label="trial",

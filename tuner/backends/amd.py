@@ -93,6 +93,13 @@ def energy_joules(energy: object) -> float | None:
     return round(counter * energy["counter_resolution"] / 1e6, 3)  # resolution is in µJ
 
 
+def _first_word(path: Path) -> str | None:
+    """A sysfs attribute's first word, as amdsmi reads `unique_id` (fscanf "%s"): amdgpu prints it "%016llx\\n",
+    and nothing at all while the id is 0 (drivers/gpu/drm/amd/pm/amdgpu_pm.c, amdgpu_get_unique_id)."""
+    words = (read_value(path) or "").split()
+    return words[0] if words else None
+
+
 def import_amdsmi() -> Amdsmi | None:
     """amdsmi, or None. Without ROCm's libamd_smi.so the import prints to stdout and raises KeyError (control.md
     §4); stdout is captured so it cannot corrupt a terminal UI."""
@@ -205,8 +212,13 @@ class AmdBackend(Backend):
         asic = self._smi("amdsmi_get_gpu_asic_info", handle) or {}
         vbios_info = self._smi("amdsmi_get_gpu_vbios_info", handle) or {}
         name = asic.get("market_name") or read_value(device_dir / "product_name") or f"AMD GPU {pci_id or slot}"
-        # a placeholder ("N/A", all f) is no serial: fall through to sysfs, then to none (identity by slot)
-        serial = known_serial(asic.get("asic_serial")) or known_serial(read_value(device_dir / "serial_number"))
+        # One card, one serial, with or without amdsmi and whatever its version: the kernel's `unique_id` text first
+        # (amdgpu prints it "%016llx"). amdsmi's asic_serial is that same number, but printed "%lu" by old releases
+        # and as unpadded hex by newer ones (ROCm/amdsmi src/amd_smi/amd_smi.cc, amdsmi_get_gpu_asic_info), so it
+        # counts only where sysfs has none; then the board's FRU `serial_number` (amdgpu_fru_eeprom.c; some server
+        # boards only). A placeholder ("N/A", all f) is no serial: with none the card is known by its slot.
+        serial = (known_serial(_first_word(device_dir / "unique_id")) or known_serial(asic.get("asic_serial"))
+                  or known_serial(read_value(device_dir / "serial_number")))
         kernel = read_value(self.root / "proc/sys/kernel/osrelease")
         od_format = None
         with contextlib.suppress(TunerError):
@@ -223,6 +235,14 @@ class AmdBackend(Backend):
             serial=serial,
             od_format=od_format,
         )
+
+    def former_serials(self, device_id: str) -> tuple[str, ...]:
+        """Before one card had one serial (`_identify`), it was amdsmi's asic_serial text where amdsmi was installed,
+        else its FRU `serial_number`."""
+        card = self._card(device_id)
+        asic = self._smi("amdsmi_get_gpu_asic_info", card.amdsmi_handle) or {}
+        found = (known_serial(asic.get("asic_serial")), known_serial(read_value(card.dir / "serial_number")))
+        return tuple(dict.fromkeys(s for s in found if s is not None and s != card.info.serial))
 
     # --- the OD table ---------------------------------------------------------------------------------------------
     def _card(self, device_id: str) -> _Card:

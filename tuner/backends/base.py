@@ -186,6 +186,10 @@ class Backend(ABC):
         """Where a trial's kernel-log watcher reads; None: from `/dev/kmsg` itself (in-process)."""
         return None
 
+    def former_serials(self, device_id: str) -> tuple[str, ...]:
+        """Serials an older version knew this card by (the root helper's lists kept under them stay this card's)."""
+        return ()
+
 
 class ForwardingBackend(Backend):
     """A backend that hands each card's calls to the backend that drives it (`_to`): `CompositeBackend` routes by
@@ -224,6 +228,9 @@ class ForwardingBackend(Backend):
 
     def foreign_state(self, device_id: str) -> str | None:
         return self._to(device_id).foreign_state(device_id)
+
+    def former_serials(self, device_id: str) -> tuple[str, ...]:
+        return self._to(device_id).former_serials(device_id)
 
     def applied_pstates(self, device_id: str) -> tuple[int, ...] | None:
         return self._to(device_id).applied_pstates(device_id)

@@ -78,6 +78,27 @@ def known_serial(raw: object) -> str | None:
     return serial
 
 
+def same_serial(a: str | None, b: str | None) -> bool | None:
+    """Are two recorded serials the same card's? None when either is unknown (a placeholder included: it never counts
+    as a difference or as a match); the one rule for a profile's card (tuner.profiles.identity) and a journal's.
+
+    A hexadecimal serial is compared as a number: amdsmi prints a card's unique_id without the kernel's leading zeros.
+
+    >>> same_serial("GPU-8F2C", "gpu-8f2c"), same_serial("0x1a", "0x1b"), same_serial("N/A", "0x1a")
+    (True, False, None)
+    >>> same_serial("0a0b3c4d6e7f8091", "a0b3c4d6e7f8091")
+    True
+    """
+    a, b = known_serial(a), known_serial(b)
+    return None if a is None or b is None else _serial_text(a) == _serial_text(b)
+
+
+def _serial_text(serial: str) -> str:
+    text = serial.lower()
+    digits = text.removeprefix("0x")
+    return digits.lstrip("0") if all(c in "0123456789abcdef" for c in digits) else text
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """Who a card is. `id` is its PCI slot (`0000:03:00.0`) for real cards, `simN` for simulated ones."""

@@ -38,7 +38,7 @@ from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
 from tuner.helper.leases import Book, Pending
 from tuner.helper.peer import Peer
-from tuner.helper.state import MachineState, Write, card_key, placeholder_keys
+from tuner.helper.state import MachineState, Write, card_key, former_keys, placeholder_keys
 from tuner.helper.user_import import read_user_state
 
 DEFAULT_LEASE_S = 10.0  # a lock-clock choice's lease (a set names its own)
@@ -451,7 +451,9 @@ class HelperService:
             for name, device in self.devices.items():
                 # a list an older helper kept under a placeholder serial was every such card's: which one hung is
                 # unknown, so each keeps refusing what it holds (never fewer refusals after an upgrade)
-                for old in placeholder_keys(self.state.root, device):
+                # and one kept under the serial an older helper read (the FRU's, or none: the slot) is this card's
+                for old in [*placeholder_keys(self.state.root, device),
+                            *former_keys(device, self.backend.former_serials(name))]:
                     self.state.merge_unsafe(self.keys[name], self.state.unsafe_entries(old))
             boot = current_boot_id()
             by_key = {key: card for card, key in self.keys.items()}

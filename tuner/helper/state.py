@@ -23,6 +23,7 @@ import contextlib
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -78,6 +79,15 @@ def placeholder_keys(root: Path, device: DeviceInfo) -> list[str]:
     # a file name spells the serial's "/" as "_" (card_key): "N_A" was "N/A"
     return [key for key in (n.removesuffix(".jsonl") for n in names if n.endswith(".jsonl"))
             if known_serial(key[len(prefix):].replace("_", "/")) is None]
+
+
+def former_keys(device: DeviceInfo, former_serials: Sequence[str]) -> list[str]:
+    """The keys under which an older helper kept the lists of `device`, a card with a serial now: without amdsmi an
+    AMD card's serial was its board's FRU `serial_number` (`former_serials`), or with none its slot (the AMD
+    backend's `_identify` reads `unique_id` as amdsmi does now)."""
+    if not device.serial:
+        return []
+    return [card_key(replace(device, serial=serial)) for serial in (*former_serials, None)]
 
 
 def _damaged(path: Path, problem: str) -> DamagedState:

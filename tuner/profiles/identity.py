@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tuner.core.models import DeviceInfo, Knob
+from tuner.core.models import DeviceInfo, Knob, same_serial
 from tuner.profiles.schema import Profile, ProfileDevice, ProfilePart
 
 
@@ -65,8 +65,9 @@ def match_device(profile: Profile | ProfilePart, target: DeviceInfo, knob: Knob,
         return MatchResult(Match.OTHER_MODEL, f"another model: the profile is for {theirs.name!r}, {target.id} "
                                               f"is {target.name!r}")
     warnings = _drift_warnings(theirs, target, kernel)
-    if theirs.serial and target.serial:
-        if theirs.serial.lower() != target.serial.lower():
+    same = same_serial(theirs.serial, target.serial)
+    if same is not None:
+        if not same:
             return MatchResult(Match.SAME_MODEL, f"the same model but another card (serial {theirs.serial}, "
                                                  f"{target.id} is {target.serial}); silicon differs card to card")
         moved = _differs(theirs.pci_slot, target.pci_slot)

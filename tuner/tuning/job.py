@@ -28,7 +28,7 @@ from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import DeviceLost, DiskFull, NotApplied, TunerError, UsageError
-from tuner.core.models import Knob, Mode
+from tuner.core.models import Knob, Mode, same_serial
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.tuning import bound as bounds
 from tuner.tuning import evidence, journal, kernel_log, load_check
@@ -350,6 +350,13 @@ class BisectJob:
         if p.resume and (session is None or not session.unresolved()):
             raise UsageError(f"no unfinished {'rig bisect' if several else 'bisect session'} for "
                              f"{','.join(sorted(ids))}", "start a new one without --resume")
+        if p.resume:  # the journals are keyed by slot: another card swapped in must not take these trials as its own
+            for device_id, j in cards.items():
+                serial = self.backend.device(device_id).serial
+                if j is not None and j.unresolved() and same_serial(j.doc.get("serial"), serial) is False:
+                    raise UsageError(f"the unfinished bisect session for {device_id} ({j.session}) was run on another "
+                                     f"card (serial {j.doc.get('serial')}; this one is {serial}): its trials say "
+                                     "nothing about this card", "start over with --restart (the unsafe list is kept)")
         if not (p.resume or p.restart):  # before any card is touched, not halfway through the threads
             for j in (rig, *cards.values()):
                 if j is not None and j.unresolved():

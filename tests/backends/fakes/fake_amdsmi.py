@@ -13,7 +13,10 @@ NOT_AVAILABLE = "N/A"  # what amdsmi's Python interface puts in a field the libr
 
 
 def fake_amdsmi(serials: dict[str, str | None], *, market_name: str = "Radeon Fake 9070") -> types.SimpleNamespace:
-    """amdsmi over the cards at the PCI addresses in `serials`; a None serial is one the library cannot read."""
+    """amdsmi over the cards at the PCI addresses in `serials`; a None serial is one the library cannot read. The real
+    asic_serial is the card's unique_id printed as unpadded hex by newer releases ("%lu" by old ones; ROCm/amdsmi
+    src/amd_smi/amd_smi.cc, amdsmi_get_gpu_asic_info), where the kernel's sysfs `unique_id` is "%016llx": a test
+    that gives both writes the two texts of one number."""
     handles = {f"h{i}": bdf for i, bdf in enumerate(serials)}
     return types.SimpleNamespace(
         AmdSmiInitFlags=types.SimpleNamespace(INIT_AMD_GPUS=1),
