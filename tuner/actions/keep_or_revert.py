@@ -173,7 +173,7 @@ class PendingChange(Countdown):
                                  "previous value cannot be written back without one; reset to stock instead")
         if before.current != before.stock:
             try:
-                knob = self.backend.apply(self.device_id, before.current, allow_overvolt=True)
+                knob = self.backend.revert(self.device_id, before.current)
                 if knob.current == before.current:
                     return knob
                 self.restore_note = (f"the card read back {knob.current:+d} {before.unit} after restoring "
