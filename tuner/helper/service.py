@@ -177,7 +177,12 @@ class HelperService:
         pending.value = r.value
         self.state.set_write(key, self._write_record(pending, who))  # durable before the card is touched
         try:
-            applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
+            if had is not None and had.conn == who.conn and r.value == had.previous:
+                # this connection sets back the value its unconfirmed change found (a client's revert): put back
+                # the state it found, as the lease would, not a new setting at that value
+                applied = self.backend.revert(r.card, r.value)
+            else:
+                applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
         except BaseException:
             # nothing pending once the card reads the previous value again; the backend's own put-back can fail too
             # (NotApplied "restoring ... also failed", an unreadable card), and then the lease still puts it back
@@ -197,6 +202,7 @@ class HelperService:
             raise Refused("usage", f"nothing of this connection to confirm on {r.card}",
                           "confirm after a set, before its lease runs out")
         self._audit("confirm", r.card, who, value=pending.value)
+        self.backend.keep(r.card)  # kept: what the change found is no longer what a later revert puts back
         self._settle(r.card, who.conn)
 
     def _op_reset(self, who: Client, r: s.Reset) -> Knob:
@@ -335,7 +341,7 @@ class HelperService:
                 note = f"the machine's unsafe list could not be read ({e.message}); "
         if pending.previous != stock and not note:
             try:
-                if self.backend.apply(card, pending.previous, allow_overvolt=True).current == pending.previous:
+                if self.backend.revert(card, pending.previous).current == pending.previous:
                     return pending.previous, note + "the previous value is back"
             except TunerError as e:
                 note += f"the previous value could not be written back ({e.message}); "
