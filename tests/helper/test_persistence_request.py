@@ -114,3 +114,14 @@ def test_after_a_confirm_a_revert_puts_back_the_confirmed_state_not_the_one_foun
     ask(service, alice, s.Set(card=card, value=150, lease_s=5))
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (120, 105, (210, 2520))
+
+
+def test_an_unconfirmed_set_to_the_value_the_knob_already_reads_still_goes_back_as_found(tmp_path):
+    """+105 over another tool's P0-only +105 reads the same on the knob but locks the card and writes P2: it is a
+    change like any other, put back when its lease ends unconfirmed."""
+    gpu, service, card = _foreign(tmp_path)
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card=card, value=105, lease_s=5))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 105, (210, 2520))
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)

@@ -176,10 +176,11 @@ class HelperService:
         pending = self._pending_for(r.card, key, who, knob, r.lease_s)
         pending.value = r.value
         self.state.set_write(key, self._write_record(pending, who))  # durable before the card is touched
+        # this connection sets back the value its unconfirmed change found (a client's revert): put back the state
+        # it found, as the lease would, not a new setting at that value
+        reverting = had is not None and had.conn == who.conn and r.value == had.previous
         try:
-            if had is not None and had.conn == who.conn and r.value == had.previous:
-                # this connection sets back the value its unconfirmed change found (a client's revert): put back
-                # the state it found, as the lease would, not a new setting at that value
+            if reverting:
                 applied = self.backend.revert(r.card, r.value)
             else:
                 applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
@@ -192,8 +193,10 @@ class HelperService:
                         self._settle(r.card, who.conn)
             raise
         self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
-        if applied.current == pending.previous and pending.previous_lock_mhz is None:
+        if reverting and applied.current == pending.previous and pending.previous_lock_mhz is None:
             self._settle(r.card, who.conn)  # back where it was: nothing to put back
+        # a new Set that reads the previous value is still a change (NVIDIA: it locks the clock and writes every
+        # pstate), put back unless confirmed
         return applied
 
     def _op_confirm(self, who: Client, r: s.Confirm) -> None:
