@@ -243,3 +243,14 @@ def test_a_revert_on_a_driver_that_reads_offsets_as_zero_puts_back_the_recorded_
     with prepare_setting(backend, SetRequest(dev, 60, lock_clock_mhz=1500)):
         assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (60, 60, (FLOOR_MHZ, 1500))
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (30, 30, (FLOOR_MHZ, BOOST_MHZ))
+
+
+def test_a_revert_puts_back_a_foreign_offset_at_p2_when_p0_reads_stock(card):
+    """The knob reads P0 alone: another tool's P2-only +105 reads as stock, and a revert through `reset` (stock)
+    wiped it. A revert leaves the card as it was found."""
+    m, gpu = card
+    gpu.offsets[2] = 105
+    backend, dev = _process(m)
+    with prepare_setting(backend, SetRequest(dev, 150)):
+        assert (gpu.offsets[0], gpu.offsets[2]) == (150, 150)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)

@@ -125,3 +125,12 @@ def test_an_unconfirmed_set_to_the_value_the_knob_already_reads_still_goes_back_
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 105, (210, 2520))
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+
+
+def test_a_lease_that_runs_out_puts_back_a_foreign_offset_at_p2_when_p0_reads_stock(tmp_path):
+    gpu, service, card = _foreign(tmp_path)
+    gpu.offsets[0], gpu.offsets[2] = 0, 105  # the knob (P0) reads stock
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card=card, value=150, lease_s=5))
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)

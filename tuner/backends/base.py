@@ -89,8 +89,10 @@ class Backend(ABC):
     def revert(self, device_id: str, value: int) -> Knob:
         """Put back what the card held before the unconfirmed change in progress, whose knob read `value` then
         (keep-or-revert, the helper's lease). It is what the card held, not a request: never refused as a new
-        overvolt. Here the knob is the whole state, so the value is written; NvidiaBackend also puts back each
-        performance state's own offset and the lock (or none) it found."""
+        overvolt. Here the knob is the whole state, so the value is written back; NvidiaBackend also puts back each
+        performance state's own offset and the lock (or none) it found. A stock value goes back as a reset."""
+        if value == self.knob(device_id).stock:
+            return self.reset(device_id)
         return self.apply(device_id, value, allow_overvolt=True)
 
     def keep(self, device_id: str) -> None:  # noqa: B027 - optional hook

@@ -342,7 +342,7 @@ class HelperService:
                     note = f"{pending.previous:+d} {knob.unit} is on the machine's unsafe list now; "
             except TunerError as e:
                 note = f"the machine's unsafe list could not be read ({e.message}); "
-        if pending.previous != stock and not note:
+        if not note:  # a stock value too: the knob is one figure, and NVIDIA's revert puts back every pstate's
             try:
                 if self.backend.revert(card, pending.previous).current == pending.previous:
                     return pending.previous, note + "the previous value is back"
