@@ -189,3 +189,68 @@ def test_a_previous_lock_that_cannot_be_set_back_reverts_to_stock_not_to_the_new
         monkeypatch.setattr(backend, "set_lock_clock", refuse)
     assert (gpu.offset_mhz, gpu.locked) == (0, None)  # stock: no offset left at an unconfirmed lock
     assert "lock clock" in (change.restore_note or "")
+
+
+def _refusing(gpu, mhz):
+    """The driver takes the call but `mhz` does not stick (read-back stays put); every other value does."""
+    store = gpu.store
+
+    def refuse(pstate, value):
+        if value != mhz:
+            store(pstate, value)
+
+    gpu.store = refuse
+
+
+def test_a_revert_puts_back_a_foreign_per_pstate_state_as_found(card):
+    """Another tool's per-pstate state (LACT's `gpu_clock_offsets: {0: 105}`: P0 +105, P2 0, no lock). An unconfirmed
+    `tuner set --offset 150` must leave the card as it was found: not P2 at +105 too (where CUDA runs on GeForce),
+    nor a lock at a clock the card never had. NVML's offsets are per pstate (nvmlDeviceSetClockOffsets takes one;
+    nvmlDeviceGetClockOffsets reads one), and nvmlDeviceResetGpuLockedClocks is the only way to say "no lock"."""
+    m, gpu = card
+    gpu.offsets[0] = 105
+    backend, dev = _process(m)
+    with prepare_setting(backend, SetRequest(dev, 150)):
+        assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (150, 150, (FLOOR_MHZ, BOOST_MHZ))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+
+
+def test_a_revert_of_a_set_to_stock_puts_back_a_foreign_per_pstate_state_as_found(card):
+    m, gpu = card
+    gpu.offsets[0] = 105
+    backend, dev = _process(m)
+    with prepare_setting(backend, SetRequest(dev, 0)):
+        assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 0, None)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+
+
+def test_a_failed_apply_puts_back_a_foreign_per_pstate_state_as_found(card):
+    m, gpu = card
+    gpu.offsets[0] = 105
+    backend, dev = _process(m)
+    _refusing(gpu, 150)
+    with pytest.raises(NotApplied):
+        backend.apply(dev, 150)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+
+
+def test_a_revert_on_a_driver_that_reads_offsets_as_zero_puts_back_the_recorded_offset():
+    """Issue 13: some drivers read 0 for an applied offset; the tuner's record is then the only memory of it."""
+    m = make_fake_nvml([FakeGpu(readback_zero=True)])
+    gpu = m.gpus[0]
+    _kept_earlier(m)
+    backend, dev = _process(m)
+    with prepare_setting(backend, SetRequest(dev, 60, lock_clock_mhz=1500)):
+        assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (60, 60, (FLOOR_MHZ, 1500))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (30, 30, (FLOOR_MHZ, BOOST_MHZ))
+
+
+def test_a_revert_puts_back_a_foreign_offset_at_p2_when_p0_reads_stock(card):
+    """The knob reads P0 alone: another tool's P2-only +105 reads as stock, and a revert through `reset` (stock)
+    wiped it. A revert leaves the card as it was found."""
+    m, gpu = card
+    gpu.offsets[2] = 105
+    backend, dev = _process(m)
+    with prepare_setting(backend, SetRequest(dev, 150)):
+        assert (gpu.offsets[0], gpu.offsets[2]) == (150, 150)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)

@@ -70,3 +70,67 @@ def test_a_card_without_the_mode_is_unsupported_even_for_root(tmp_path):
     service = _service(tmp_path, SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"))
     with pytest.raises(Unsupported):
         ask(service, Client(2, peer(0)), s.Persistence(card="sim0", enable=True))
+
+
+# --- putting a foreign per-pstate state back, through the helper ---------------------------------------------------
+# Not persistence, but the same fake NVML through the same service: an unconfirmed change on a card carrying another
+# tool's per-pstate offsets (LACT's `gpu_clock_offsets: {0: 105}`: P0 +105, P2 0, no lock) goes back as found.
+
+
+def _foreign(tmp_path):
+    m = make_fake_nvml([FakeGpu()])
+    m.nvmlInit()
+    service = _service(tmp_path, NvidiaBackend(m, warn=lambda line: None))
+    gpu = service.backend.devices()[0].id
+    m.gpus[0].offsets[0] = 105
+    return m.gpus[0], service, gpu
+
+
+def test_a_lease_that_runs_out_puts_a_foreign_per_pstate_state_back_as_found(tmp_path):
+    gpu, service, card = _foreign(tmp_path)
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card=card, value=150, lease_s=5))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (150, 150, (210, 2520))
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+
+
+def test_a_clients_revert_through_the_helper_puts_a_foreign_per_pstate_state_back_as_found(tmp_path):
+    """`tuner set` through the helper reverts by setting the previous value back on its own connection."""
+    gpu, service, card = _foreign(tmp_path)
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card=card, value=150, lease_s=5))
+    ask(service, alice, s.Set(card=card, value=105, lease_s=5, allow_overvolt=True))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+
+
+def test_after_a_confirm_a_revert_puts_back_the_confirmed_state_not_the_one_found_before_it(tmp_path):
+    """Confirmed, the change is the card's state: a later unconfirmed change goes back to it, lock and all."""
+    gpu, service, card = _foreign(tmp_path)
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card=card, value=120, lease_s=5))
+    ask(service, alice, s.Confirm(card=card))
+    gpu.offsets[2] = 105  # meanwhile another tool changes P2 alone: the card's knob (P0) still reads +120
+    ask(service, alice, s.Set(card=card, value=150, lease_s=5))
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (120, 105, (210, 2520))
+
+
+def test_an_unconfirmed_set_to_the_value_the_knob_already_reads_still_goes_back_as_found(tmp_path):
+    """+105 over another tool's P0-only +105 reads the same on the knob but locks the card and writes P2: it is a
+    change like any other, put back when its lease ends unconfirmed."""
+    gpu, service, card = _foreign(tmp_path)
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card=card, value=105, lease_s=5))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 105, (210, 2520))
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+
+
+def test_a_lease_that_runs_out_puts_back_a_foreign_offset_at_p2_when_p0_reads_stock(tmp_path):
+    gpu, service, card = _foreign(tmp_path)
+    gpu.offsets[0], gpu.offsets[2] = 0, 105  # the knob (P0) reads stock
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card=card, value=150, lease_s=5))
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)

@@ -171,16 +171,20 @@ class PendingChange(Countdown):
             before = replace(before, current=before.stock)
             self.restore_note = (f"no lock clock was known before this change's {self.lock_clock_mhz} MHz, and the "
                                  "previous value cannot be written back without one; reset to stock instead")
+        # also where the knob read stock: it is one figure (NVIDIA: P0's offset), and the card may have held more
+        # (another tool's P2 offset) that a revert puts back and a reset would not; a stock value reverts as a reset
+        note = None
+        try:
+            knob = self.backend.revert(self.device_id, before.current)
+            if knob.current == before.current:
+                return knob
+            note = (f"the card read back {knob.current:+d} {before.unit} after restoring {before.current:+d}; reset "
+                    "to stock instead")
+        except TunerError as e:
+            note = (f"the previous value {before.current:+d} {before.unit} could not be written back ({e.message}); "
+                    "reset to stock instead")
         if before.current != before.stock:
-            try:
-                knob = self.backend.apply(self.device_id, before.current, allow_overvolt=True)
-                if knob.current == before.current:
-                    return knob
-                self.restore_note = (f"the card read back {knob.current:+d} {before.unit} after restoring "
-                                     f"{before.current:+d}; reset to stock instead")
-            except TunerError as e:
-                self.restore_note = (f"the previous value {before.current:+d} {before.unit} could not be written "
-                                     f"back ({e.message}); reset to stock instead")
+            self.restore_note = note
         try:
             knob = self.backend.reset(self.device_id)
         except TunerError as e:

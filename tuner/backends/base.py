@@ -86,6 +86,15 @@ class Backend(ABC):
         --force`): also when another writer holds the card. In-process the caller has already decided that (the
         card lock); through the root helper it is the helper that holds the writer and must be told."""
 
+    def revert(self, device_id: str, value: int) -> Knob:
+        """Put back what the card held before the unconfirmed change in progress, whose knob read `value` then
+        (keep-or-revert, the helper's lease). It is what the card held, not a request: never refused as a new
+        overvolt. Here the knob is the whole state, so the value is written back; NvidiaBackend also puts back each
+        performance state's own offset and the lock (or none) it found. A stock value goes back as a reset."""
+        if value == self.knob(device_id).stock:
+            return self.reset(device_id)
+        return self.apply(device_id, value, allow_overvolt=True)
+
     def keep(self, device_id: str) -> None:  # noqa: B027 - optional hook
         """The value now on the card is confirmed (kept): a backend that puts unconfirmed writes back (the root
         helper's client) stops doing so. Writes in-process stay until changed, so this does nothing here."""
@@ -210,6 +219,9 @@ class ForwardingBackend(Backend):
 
     def reset(self, device_id: str, *, force: bool = False) -> Knob:
         return self._to(device_id).reset(device_id, force=force)
+
+    def revert(self, device_id: str, value: int) -> Knob:
+        return self._to(device_id).revert(device_id, value)
 
     def keep(self, device_id: str) -> None:
         self._to(device_id).keep(device_id)

@@ -339,6 +339,9 @@ class ReadOnlyBackend(ForwardingBackend):
     def reset(self, device_id: str, *, force: bool = False) -> Knob:
         raise self._refuse()
 
+    def revert(self, device_id: str, value: int) -> Knob:
+        raise self._refuse()
+
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
         raise self._refuse()
 

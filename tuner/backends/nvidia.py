@@ -6,7 +6,8 @@ at a lower point of its V/F curve, hence a lower voltage. The knob is that offse
 the lock defaults to the card's stock maximum boost and can be changed with `set_lock_clock`.
 Offsets use `nvmlDeviceSetClockOffsets` (driver >= 555, called through `nvml_offsets` because pynvml's wrapper
 ignores errors) and fall back to `nvmlDeviceSetGpcClkVfOffset` (driver >= 520). Reset = offset 0 and
-`nvmlDeviceResetGpuLockedClocks`.
+`nvmlDeviceResetGpuLockedClocks` (stock); revert = the state found before the change (each pstate's offset, and
+the tuner's own lock or none), read back.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import functools
 import itertools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeVar
 
@@ -60,6 +62,21 @@ VF_OFFSET_API = "nvmlDeviceSetGpcClkVfOffset"
 Nvml = Any
 NvmlHandle = Any
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class FoundState:
+    """What a card held before a write: each performance state's offset as NVML reads it (key None on the older
+    whole-curve API), the knob's reading of it, and the tuner's record with the lock that came with it. NVML cannot
+    read locked clocks back, so the lock is the one the tuner's record says it set with the offset on the card; any
+    other state (stock, another tool's offset) counts as unlocked: a lock another tool set is not visible, and
+    putting the tuner's own lock on a card that had none caps it at a clock it never had (docs/backends.md)."""
+
+    offsets_mhz: dict[int | None, int]  # what to write back
+    read_mhz: dict[int | None, int]  # what NVML read: what it must read again once they are back
+    knob_mhz: int
+    record_offset_mhz: int
+    lock_mhz: int | None
 
 
 def import_nvml() -> Nvml | None:
@@ -144,6 +161,8 @@ class NvidiaBackend(Backend):
         self._boost_mhz: dict[str, int] = {}  # the card's max customer boost clock, when it reports one
         self._api: dict[str, str] = {}
         self._pstates: dict[str, tuple[int, ...]] = {}
+        # the state found before the first write of the change in progress: what `revert` puts back
+        self._found: dict[str, FoundState] = {}
         driver = self._nv(lambda: _text(nvml.nvmlSystemGetDriverVersion()), "reading the driver version")
         for index in range(self._nv(nvml.nvmlDeviceGetCount, "counting GPUs")):
             try:
@@ -445,11 +464,21 @@ class NvidiaBackend(Backend):
     def apply(self, device_id: str, value: int, *, allow_overvolt: bool = False) -> Knob:
         before = self.knob(device_id)
         before.validate(value, allow_overvolt=allow_overvolt)  # OutOfRange: nothing written
+        state = self._snapshot(device_id, before)  # a failed apply puts exactly this back
+        first = device_id not in self._found  # the first write of a change: what a revert of it puts back
+        found = self._found.get(device_id, state)
+        try:
+            knob = self._apply(device_id, value, before, state)
+        except BaseException:
+            if first:  # the card is back where it was found (or could not be): no change in progress
+                self._found.pop(device_id, None)
+            raise
+        self._found[device_id] = found  # after the write: a reset to stock forgets what came before it
+        return knob
+
+    def _apply(self, device_id: str, value: int, before: Knob, state: FoundState) -> Knob:
         if value == before.stock:
             return self.reset(device_id)
-        # The lock that came with the offset on the card now (None: at stock, or an offset the tuner did not set):
-        # a failed apply puts it back with the offset.
-        previous_lock = self._recorded_lock(device_id) if before.current != before.stock else None
         lock: int | None = None
         try:
             lock = self._lock(device_id)
@@ -466,7 +495,7 @@ class NvidiaBackend(Backend):
                 # The lock, the first write, was refused (not root; a card without locked clocks), and so would
                 # the restore's unlock be (NVML answers each setter alike): nothing was written, say why as it is.
                 raise
-            self._restore(device_id, before.current, e, previous_lock)
+            self._restore(device_id, state, e)
             raise
         if self.persistence_off(device_id):
             self._warn(
@@ -500,27 +529,64 @@ class NvidiaBackend(Backend):
                 "resets it as applied (check the sustained clock under load)"
             )
 
-    def _restore(self, device_id: str, previous: int, cause: TunerError, previous_lock: int | None) -> None:
-        """Put back the previous offset and the lock it came with. An offset the tuner did not set has no lock
-        the tuner knows of (NVML cannot read one): the new lock is released and the offset stays foreign."""
+    def _snapshot(self, device_id: str, knob: Knob) -> FoundState:
+        """The card's state now (`knob` is its reading): each pstate's offset, and the lock only where the tuner's
+        record says the offset on the card is its own (NVML cannot read a lock; see FoundState)."""
+        read = {pstate: current for pstate, (current, _, _) in self._read_offsets(device_id).items()}
+        recorded = self._record(device_id).get("offset_mhz", 0)
+        own = isinstance(recorded, int) and not isinstance(recorded, bool) and recorded == knob.current != 0
+        # the tuner writes its offset to every pstate it applies at; where a driver reads that back as 0 (issue 13)
+        # its record is the only memory of it, as in `knob`
+        offsets = {pstate: recorded if own and current == 0 else current for pstate, current in read.items()}
+        return FoundState(offsets, read, knob.current, recorded if own else 0,
+                          self._recorded_lock(device_id) if own else None)
+
+    def _put_back(self, device_id: str, state: FoundState) -> None:
+        """Write `state` back as it was, each pstate's own offset and its lock (none: unlocked), and read it back;
+        NotApplied when the card reads otherwise."""
+        self._save_record(device_id, state.record_offset_mhz, state.lock_mhz)  # before the writes, as apply does
+        # offsets before the lock: releasing the lock first would leave the new offset on an unlocked card, an
+        # overclock, however briefly
+        for pstate, mhz in state.offsets_mhz.items():
+            self._write_offset(device_id, pstate, mhz)
+        if state.lock_mhz is None:
+            self._unlock(device_id)
+        else:
+            self._lock(device_id, state.lock_mhz)
+        now = {pstate: current for pstate, (current, _, _) in self._read_offsets(device_id).items()}
+        if now != state.read_mhz:
+            shown = ", ".join(f"{c:+d} MHz" + ("" if p is None else f" at P{p}") for p, c in now.items())
+            raise NotApplied(f"{device_id}: after putting the previous offsets back NVML reads {shown}",
+                             "run `sudo tuner reset` or `sudo nvidia-smi -rgc`")
+
+    def _restore(self, device_id: str, state: FoundState, cause: TunerError) -> None:
+        """A failed apply: put back the state before it (`_put_back`), else release the lock and say so."""
         try:
-            if previous == 0:
-                self.reset(device_id)
-            else:
-                if previous_lock is None:
-                    self._unlock(device_id)
-                    self._save_record(device_id, 0, None)
-                else:
-                    self._lock(device_id, previous_lock)
-                    self._save_record(device_id, previous, previous_lock)
-                for pstate in self._read_offsets(device_id):
-                    self._write_offset(device_id, pstate, previous)
+            self._put_back(device_id, state)
         except TunerError as e:
             self._unlock_quietly(device_id)
             raise NotApplied(
-                f"{cause.message}; restoring {previous:+d} MHz also failed: {e.message}",
+                f"{cause.message}; restoring {state.knob_mhz:+d} MHz also failed: {e.message}",
                 "run `sudo tuner reset` or `sudo nvidia-smi -rgc`",
             ) from cause
+
+    def revert(self, device_id: str, value: int) -> Knob:
+        """Put back the state found before the change in progress (each pstate's offset, the lock or none), read
+        back. Without a record of it (another process's change) or where the card's knob read otherwise then, the
+        value, as every backend does."""
+        found = self._found.pop(device_id, None)
+        if found is None or found.knob_mhz != value:
+            return super().revert(device_id, value)
+        try:
+            self._put_back(device_id, found)
+        except DeviceLost:
+            self._unlock_quietly(device_id)
+            raise
+        return self.knob(device_id)
+
+    def keep(self, device_id: str) -> None:
+        """The change in progress is kept: what it found is no longer what a revert puts back."""
+        self._found.pop(device_id, None)
 
     def reset(self, device_id: str, *, force: bool = False) -> Knob:
         recorded = self._record(device_id).get("offset_mhz", 0)
@@ -538,6 +604,7 @@ class NvidiaBackend(Backend):
                 f"{device_id}: after reset NVML reads {shown}, not 0", "run `sudo nvidia-smi -rgc` or reboot"
             )
         self._save_record(device_id, 0, None)
+        self._found.pop(device_id, None)  # at stock: a known state, nothing found before it to put back
         return self.knob(device_id)
 
     def telemetry(self, device_id: str) -> Telemetry:

@@ -177,8 +177,14 @@ class HelperService:
         was = pending.value  # this connection's earlier unconfirmed value (None: only its lock clock, or none)
         pending.value = r.value
         self.state.set_write(key, self._write_record(pending, who))  # durable before the card is touched
+        # this connection sets back the value its unconfirmed change found (a client's revert): put back the state
+        # it found, as the lease would, not a new setting at that value
+        reverting = had is not None and had.conn == who.conn and r.value == had.previous
         try:
-            applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
+            if reverting:
+                applied = self.backend.revert(r.card, r.value)
+            else:
+                applied = self.backend.apply(r.card, r.value, allow_overvolt=r.allow_overvolt)
         except BaseException:
             # nothing pending once the card reads the previous value again; the backend's own put-back can fail too
             # (NotApplied "restoring ... also failed", an unreadable card), and then the lease still puts it back
@@ -194,8 +200,10 @@ class HelperService:
                     self.state.set_write(key, self._write_record(pending, who))
             raise
         self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
-        if applied.current == pending.previous and pending.previous_lock_mhz is None:
+        if reverting and applied.current == pending.previous and pending.previous_lock_mhz is None:
             self._settle(r.card, who.conn)  # back where it was: nothing to put back
+        # a new Set that reads the previous value is still a change (NVIDIA: it locks the clock and writes every
+        # pstate), put back unless confirmed
         return applied
 
     def _op_confirm(self, who: Client, r: s.Confirm) -> None:
@@ -204,6 +212,7 @@ class HelperService:
             raise Refused("usage", f"nothing of this connection to confirm on {r.card}",
                           "confirm after a set, before its lease runs out")
         self._audit("confirm", r.card, who, value=pending.value)
+        self.backend.keep(r.card)  # kept: what the change found is no longer what a later revert puts back
         self._settle(r.card, who.conn)
 
     def _op_reset(self, who: Client, r: s.Reset) -> Knob:
@@ -340,9 +349,9 @@ class HelperService:
                     note = f"{pending.previous:+d} {knob.unit} is on the machine's unsafe list now; "
             except TunerError as e:
                 note = f"the machine's unsafe list could not be read ({e.message}); "
-        if pending.previous != stock and not note:
+        if not note:  # a stock value too: the knob is one figure, and NVIDIA's revert puts back every pstate's
             try:
-                if self.backend.apply(card, pending.previous, allow_overvolt=True).current == pending.previous:
+                if self.backend.revert(card, pending.previous).current == pending.previous:
                     return pending.previous, note + "the previous value is back"
             except TunerError as e:
                 note += f"the previous value could not be written back ({e.message}); "
