@@ -4,15 +4,22 @@ turn it on (the boot and resume units), for an NVIDIA card, never off; a refusal
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+
 import pytest
 
 from tests.backends.fakes.fake_pynvml import FakeGpu, make_fake_nvml
 from tests.helper.test_service import ask, peer
+from tuner.actions.setting import SetRequest, prepare_setting
+from tuner.backends.helper_client import HelperBackend
 from tuner.backends.nvidia import NvidiaBackend
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core.card_lock import CardBusy
 from tuner.core.errors import NotApplied, PermissionDenied, Unsupported
 from tuner.helper import schema as s
+from tuner.helper.server import HelperServer, bind_listener
 from tuner.helper.service import Client, HelperService
 from tuner.helper.state import MachineState
 
@@ -134,3 +141,35 @@ def test_a_lease_that_runs_out_puts_back_a_foreign_offset_at_p2_when_p0_reads_st
     ask(service, alice, s.Set(card=card, value=150, lease_s=5))
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+
+
+@contextlib.contextmanager
+def _served(service, tmp_path):
+    """`service` behind a real helper server (in a thread of this process, on the same fake NVML); yields a
+    connected HelperBackend, the client `tuner set` uses through the helper."""
+    sock_path = tmp_path / "run/helper.sock"
+    listener, lock_fd = bind_listener(sock_path, os.getgid())
+    server = HelperServer(service, listener, os.getgid())
+    thread = threading.Thread(target=server.serve, name="test-helper", daemon=True)
+    thread.start()
+    backend = HelperBackend.connect(sock_path, client="tuner set")
+    try:
+        yield backend
+    finally:
+        backend.close()
+        server.stop.set()
+        thread.join(timeout=30)
+        listener.close()
+        os.close(lock_fd)
+
+
+def test_a_clients_revert_through_the_helper_puts_back_a_foreign_offset_at_p2_when_p0_reads_stock(tmp_path):
+    """The knob (P0) reads stock, so the client's revert is of a stock value: it still goes back as found (P2's
+    +105), as in-process, not as a reset that writes 0 to every pstate."""
+    gpu, service, card = _foreign(tmp_path)
+    gpu.offsets[0], gpu.offsets[2] = 0, 105
+    with _served(service, tmp_path) as backend:
+        with prepare_setting(backend, SetRequest(card, 150)):
+            assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (150, 150, (210, 2520))
+        assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+        assert service.book.pending == {}  # put back: nothing left for the lease to undo
