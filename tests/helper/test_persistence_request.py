@@ -8,6 +8,7 @@ import contextlib
 import os
 import threading
 
+import msgspec
 import pytest
 
 from tests.backends.fakes.fake_pynvml import FakeGpu, make_fake_nvml
@@ -173,3 +174,51 @@ def test_a_clients_revert_through_the_helper_puts_back_a_foreign_offset_at_p2_wh
             assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (150, 150, (210, 2520))
         assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
         assert service.book.pending == {}  # put back: nothing left for the lease to undo
+
+
+def test_a_helper_killed_mid_change_puts_a_foreign_per_pstate_state_back_as_found_when_it_starts_again(tmp_path):
+    """The helper dies (kill -9) with the change unconfirmed: the next one, a new process with a new backend, has
+    only the writes journal to go by, and puts back the state the change found, not P0's +105 spread to P2 and
+    locked."""
+    gpu, service, card = _foreign(tmp_path)
+    ask(service, Client(1, peer(1000)), s.Set(card=card, value=150, lease_s=5))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (150, 150, (210, 2520))
+    # killed: nothing put back; tuner-helper starts again on the same card and state directory
+    again = HelperService(NvidiaBackend(service.backend.nvml, warn=lambda line: None), service.state,
+                          group="tuner", log=lambda line: None)
+    again.recover_at_start()
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+    assert again.state.writes() == {}
+
+
+def test_a_writes_journal_of_an_older_helper_still_puts_the_previous_value_back(tmp_path):
+    """A record an older helper wrote (no found state in it) still loads and is put back as before."""
+    gpu, service, card = _foreign(tmp_path)
+    ask(service, Client(1, peer(1000)), s.Set(card=card, value=150, lease_s=5))
+    record = service.state.writes_path.read_bytes()
+    assert b'"found"' in record
+    older = msgspec.json.decode(record)
+    for write in older.values():
+        del write["found"]
+    service.state.writes_path.write_bytes(msgspec.json.encode(older))
+    again = HelperService(NvidiaBackend(service.backend.nvml, warn=lambda line: None), service.state,
+                          group="tuner", log=lambda line: None)
+    again.recover_at_start()
+    assert gpu.offsets[0] == 105  # the previous value, as an older helper put it back
+    assert again.state.writes() == {}
+
+
+def test_a_found_state_outside_the_cards_range_is_never_written_back(tmp_path):
+    """writes.json is read back as any input is: an offset beyond the pstate's real range is not put on the card;
+    the previous value goes back instead."""
+    gpu, service, card = _foreign(tmp_path)
+    ask(service, Client(1, peer(1000)), s.Set(card=card, value=150, lease_s=5))
+    table = msgspec.json.decode(service.state.writes_path.read_bytes())
+    for write in table.values():
+        write["found"]["offsets_mhz"] = [[0, 105], [2, 99_999]]
+    service.state.writes_path.write_bytes(msgspec.json.encode(table))
+    again = HelperService(NvidiaBackend(service.backend.nvml, warn=lambda line: None), service.state,
+                          group="tuner", log=lambda line: None)
+    again.recover_at_start()
+    assert gpu.offsets[0] == 105 and gpu.offsets[2] != 99_999
+    assert again.state.writes() == {}

@@ -94,7 +94,8 @@ class HelperService:
     def _write_record(self, pending: Pending, who: Client) -> Write:
         return Write(card=pending.card, key=pending.key, previous=pending.previous,
                      previous_lock_mhz=pending.previous_lock_mhz, value=pending.setting, uid=who.peer.uid,
-                     pid=who.peer.pid, helper_pid=os.getpid(), boot_id=current_boot_id(), since=time.time())
+                     pid=who.peer.pid, helper_pid=os.getpid(), boot_id=current_boot_id(), since=time.time(),
+                     found=self.backend.found_state(pending.card))
 
     def _pending_for(self, card: str, key: str, who: Client, knob: Knob, lease_s: float) -> Pending:
         """This connection's unconfirmed change of the card (which it now holds), started now if it has none."""
@@ -469,6 +470,13 @@ class HelperService:
             for key, write in self.state.writes().items():
                 card = by_key.get(key)
                 if card is not None and same_boot(write.boot_id, boot):
+                    try:
+                        fits = write.found is None or self.backend.adopt_found(card, write.found)
+                    except TunerError:
+                        fits = False  # an unreadable card: _restore reads it again, and resets it
+                    if not fits:
+                        self._log(f"the state {card}'s change found does not fit the card now: its previous value "
+                                  "goes back instead")
                     pending = Pending(-1, card, key, write.previous, write.previous_lock_mhz, write.value, 0.0, 0.0)
                     self._revert(pending, f"the helper (pid {write.helper_pid}) died before it was confirmed")
                 elif card is not None and (boot is None or write.boot_id is None):
