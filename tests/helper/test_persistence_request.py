@@ -222,3 +222,20 @@ def test_a_found_state_outside_the_cards_range_is_never_written_back(tmp_path):
     again.recover_at_start()
     assert gpu.offsets[0] == 105 and gpu.offsets[2] != 99_999
     assert again.state.writes() == {}
+
+
+def test_a_clients_revert_of_a_set_with_a_lock_clock_stays_as_found_when_the_client_then_exits(tmp_path):
+    """`tuner set --offset 150 --lock-mhz 1500` through the helper, not confirmed: the client sets the lock choice
+    back, then the value it found (a revert), then exits. The card stays as found (P2's +105): closing the
+    connection must not put it back a second time through a reset."""
+    gpu, service, card = _foreign(tmp_path)
+    gpu.offsets[0], gpu.offsets[2] = 0, 105  # the knob (P0) reads stock
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.LockClock(card=card, mhz=1500))
+    ask(service, alice, s.Set(card=card, value=150, lease_s=5))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (150, 150, (210, 1500))
+    ask(service, alice, s.LockClock(card=card, mhz=2520))  # keep_or_revert: the previous lock choice first
+    ask(service, alice, s.Set(card=card, value=0, lease_s=5, allow_overvolt=True))  # then the value it found
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)

@@ -201,8 +201,17 @@ class HelperService:
                     self.state.set_write(key, self._write_record(pending, who))
             raise
         self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
-        if reverting and applied.current == pending.previous and pending.previous_lock_mhz is None:
-            self._settle(r.card, who.conn)  # back where it was: nothing to put back
+        if reverting and applied.current == pending.previous:
+            # back as found; the lock clock choice too (keep_or_revert sets it back first: this is the same choice),
+            # and then nothing is left to put back: a second revert at the lease's end would find no state of the
+            # change's and put the value back over it (NVIDIA: a reset wiping P2's offset, or P0's spread and locked)
+            try:
+                if pending.previous_lock_mhz is not None:
+                    self.backend.set_lock_clock(r.card, pending.previous_lock_mhz)
+            except TunerError:
+                pass  # the choice could not be set back: the change stays, and its lease puts it back
+            else:
+                self._settle(r.card, who.conn)
         # a new Set that reads the previous value is still a change (NVIDIA: it locks the clock and writes every
         # pstate), put back unless confirmed
         return applied
