@@ -239,3 +239,26 @@ def test_a_clients_revert_of_a_set_with_a_lock_clock_stays_as_found_when_the_cli
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+
+
+@pytest.mark.parametrize("request_of", [lambda card: s.Set(card=card, value=150, lease_s=5),
+                                        lambda card: s.LockClock(card=card, mhz=1500)], ids=["set", "lock_clock"])
+def test_a_write_the_helper_could_not_journal_leaves_the_card_as_found_when_the_client_exits(tmp_path, monkeypatch,
+                                                                                             request_of):
+    """A full disk refuses the write before the card is touched (DiskFull, nothing changed): there is no change to
+    put back, and closing the connection must not put one back (NVIDIA: a reset wiping P2's +105)."""
+    from tuner.core.errors import DiskFull
+
+    gpu, service, card = _foreign(tmp_path)
+    gpu.offsets[0], gpu.offsets[2] = 0, 105  # the knob (P0) reads stock
+    alice = Client(1, peer(1000))
+
+    def full(path, data, *, append=False):
+        raise DiskFull(f"{path}: no space left on device", "free some space")
+
+    monkeypatch.setattr(service.state, "_store", full)
+    with pytest.raises(DiskFull):
+        ask(service, alice, request_of(card))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)

@@ -18,6 +18,7 @@ the helper is stopped. Everything happens under one lock: the cards have one wri
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pwd
 import sys
@@ -108,6 +109,20 @@ class HelperService:
         pending.deadline = self.clock() + lease_s
         return pending
 
+    def _journal(self, pending: Pending, who: Client, before: Pending | None) -> None:
+        """Journal `pending` durably, before the card is touched. When that fails nothing was written, so the book
+        goes back to `before` (this connection's change as it was before the request, or none): a change left
+        pending that was never made would be put back over the card as found (NVIDIA: a reset wiping P2's offset)."""
+        try:
+            self.state.set_write(pending.key, self._write_record(pending, who))
+        except BaseException:
+            if before is None:
+                self.book.pending.pop(pending.card, None)
+                self.book.release_if_idle(pending.card, who.conn)
+            else:
+                self.book.pending[pending.card] = before
+            raise
+
     def _settle(self, card: str, conn: int) -> None:
         """The card has nothing unconfirmed any more: forget the change, its journal entry, `conn`'s idle hold."""
         self.book.pending.pop(card, None)
@@ -174,10 +189,11 @@ class HelperService:
                           f"hard on this card ({entry.kind}: {entry.reason or 'no reason recorded'}; machine list)",
                           "choose a less aggressive value; `tuner unsafe clear` removes the entry if you are sure")
         had = self.book.pending.get(r.card)
+        before = dataclasses.replace(had) if had is not None else None
         pending = self._pending_for(r.card, key, who, knob, r.lease_s)
         was = pending.value  # this connection's earlier unconfirmed value (None: only its lock clock, or none)
         pending.value = r.value
-        self.state.set_write(key, self._write_record(pending, who))  # durable before the card is touched
+        self._journal(pending, who, before)
         # this connection sets back the value its unconfirmed change found (a client's revert): put back the state
         # it found, as the lease would, not a new setting at that value
         reverting = had is not None and had.conn == who.conn and r.value == had.previous
@@ -244,10 +260,11 @@ class HelperService:
         if knob.lock_clock_mhz is None:
             raise no_lock_clock()
         current = self.book.pending.get(r.card)
+        before = dataclasses.replace(current) if current is not None else None
         pending = self._pending_for(r.card, key, who, knob, current.lease_s if current else DEFAULT_LEASE_S)
         if pending.previous_lock_mhz is None:
             pending.previous_lock_mhz = knob.lock_clock_mhz
-        self.state.set_write(key, self._write_record(pending, who))
+        self._journal(pending, who, before)
         if r.mhz is not None:
             self.backend.set_lock_clock(r.card, r.mhz)
             chosen: int | None = r.mhz
