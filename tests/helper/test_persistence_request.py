@@ -262,3 +262,16 @@ def test_a_write_the_helper_could_not_journal_leaves_the_card_as_found_when_the_
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+
+
+def test_a_lock_clock_choice_alone_goes_back_without_touching_the_card(tmp_path):
+    """A lock clock chosen and no value written (the client's set was refused, or it went away before): the choice
+    is the helper's memory, not the card's state, and putting it back must leave the card as found."""
+    gpu, service, card = _foreign(tmp_path)
+    gpu.offsets[0], gpu.offsets[2] = 0, 105  # the knob (P0) reads stock
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.LockClock(card=card, mhz=1500))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+    assert service.backend.knob(card).lock_clock_mhz == 2520  # the choice is back

@@ -364,6 +364,10 @@ class HelperService:
                 self.backend.set_lock_clock(card, pending.previous_lock_mhz)
             except TunerError as e:
                 note = f"the lock clock could not be set back ({e.message}); "
+        if pending.value is None and not note:
+            # only a lock clock was chosen (the helper's memory until a value is written): the card holds what it
+            # held, and a revert of a value never written would write over it (NVIDIA: a reset wiping P2's offset)
+            return pending.previous, "the lock clock choice is back; nothing was written to the card"
         try:
             knob = self.backend.knob(card)
             stock: int | None = knob.stock
