@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 
 import msgspec
 import pytest
@@ -275,3 +276,22 @@ def test_a_lock_clock_choice_alone_goes_back_without_touching_the_card(tmp_path)
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
     assert service.backend.knob(card).lock_clock_mhz == 2520  # the choice is back
+
+
+def test_a_clients_revert_after_its_lease_ran_out_leaves_the_card_as_the_helper_put_it_back(tmp_path):
+    """The tuner stopped answering (no heartbeat) and the helper put its change back as found; its own revert,
+    when it runs again, finds nothing of its own on the card and must not write over it (a Set of the stock value
+    P0 read is a reset, which wiped P2's +105)."""
+    gpu, service, card = _foreign(tmp_path)
+    gpu.offsets[0], gpu.offsets[2] = 0, 105  # the knob (P0) reads stock
+    with _served(service, tmp_path) as backend:
+        change = prepare_setting(backend, SetRequest(card, 150))
+        change.apply()
+        assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (150, 150, (210, 2520))
+        backend._stop.set()  # stopped (SIGSTOP, a hung terminal): no heartbeat
+        later = time.monotonic() + 3600
+        service.clock = lambda: later
+        service.expire_leases()
+        assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+        change.revert()  # it runs again: nobody confirmed
+        assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)

@@ -175,6 +175,11 @@ class HelperService:
         return s.CardState(self.backend.foreign_state(r.card), self.backend.applied_pstates(r.card))
 
     def _op_set(self, who: Client, r: s.Set) -> Knob:
+        had = self.book.pending.get(r.card)
+        if r.revert and (had is None or had.conn != who.conn):
+            # nothing of this connection's is pending there: its lease or a forced reset put it back already, and
+            # a write now would be a new setting over that (a stock value: a reset, wiping NVIDIA's P2 offset)
+            return self.backend.knob(r.card)
         key = self._writer(r.card, who)
         knob = self.backend.knob(r.card)
         if r.allow_overvolt and knob.is_overvolt(r.value) and not self.allow_overvolt:
@@ -188,7 +193,6 @@ class HelperService:
             raise Refused("unsafe", f"{r.value:+d} {knob.unit} is at or beyond {worst:+d} {knob.unit}, which failed "
                           f"hard on this card ({entry.kind}: {entry.reason or 'no reason recorded'}; machine list)",
                           "choose a less aggressive value; `tuner unsafe clear` removes the entry if you are sure")
-        had = self.book.pending.get(r.card)
         before = dataclasses.replace(had) if had is not None else None
         pending = self._pending_for(r.card, key, who, knob, r.lease_s)
         was = pending.value  # this connection's earlier unconfirmed value (None: only its lock clock, or none)
