@@ -95,6 +95,18 @@ class Backend(ABC):
             return self.reset(device_id)
         return self.apply(device_id, value, allow_overvolt=True)
 
+    def found_state(self, device_id: str) -> dict[str, Any] | None:
+        """What `revert` puts back beyond the knob's value (NVIDIA: each performance state's offset and the lock),
+        found by the change in progress, or what the next write would find when none is: plain JSON data for a record
+        that outlives this process (the root helper's writes journal), given back by `adopt_found`. None: the
+        knob's value is the whole state."""
+        return None
+
+    def adopt_found(self, device_id: str, found: dict[str, Any]) -> bool:
+        """The unconfirmed change on the card is a dead process's that found `found` (`found_state`'s): the next
+        `revert` puts that back. False where it does not fit this card (the value goes back as it always did)."""
+        return False
+
     def keep(self, device_id: str) -> None:  # noqa: B027 - optional hook
         """The value now on the card is confirmed (kept): a backend that puts unconfirmed writes back (the root
         helper's client) stops doing so. Writes in-process stay until changed, so this does nothing here."""
@@ -222,6 +234,12 @@ class ForwardingBackend(Backend):
 
     def revert(self, device_id: str, value: int) -> Knob:
         return self._to(device_id).revert(device_id, value)
+
+    def found_state(self, device_id: str) -> dict[str, Any] | None:
+        return self._to(device_id).found_state(device_id)
+
+    def adopt_found(self, device_id: str, found: dict[str, Any]) -> bool:
+        return self._to(device_id).adopt_found(device_id, found)
 
     def keep(self, device_id: str) -> None:
         self._to(device_id).keep(device_id)

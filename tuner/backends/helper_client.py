@@ -207,6 +207,15 @@ class HelperBackend(Backend):
         return self._ask(s.Set(card=device_id, value=value, lease_s=self.lease_s, allow_overvolt=allow_overvolt),
                          Knob)
 
+    def revert(self, device_id: str, value: int) -> Knob:
+        """The helper puts back what this connection's change found (HelperService._op_set), a stock value too: a
+        Reset would write stock over the state found (NVIDIA: another tool's P2-only offset, which the knob, P0's,
+        reads as stock). A change the helper put back already (its lease) is not written again, and its loss is
+        this revert's own outcome, not news for a later write."""
+        self._lost.pop(device_id, None)
+        return self._ask(s.Set(card=device_id, value=value, lease_s=self.lease_s, allow_overvolt=True, revert=True),
+                         Knob)
+
     def reset(self, device_id: str, *, force: bool = False) -> Knob:
         knob = self._ask(s.Reset(card=device_id, force=force), Knob)
         self._check_lost(device_id)

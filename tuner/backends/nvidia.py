@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeVar
 
+import msgspec
+
 from tuner.backends import card_records, nvml_offsets
 from tuner.backends.base import Backend, check_lock_mhz, warn_on_stderr
 from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
@@ -74,6 +76,17 @@ class FoundState:
 
     offsets_mhz: dict[int | None, int]  # what to write back
     read_mhz: dict[int | None, int]  # what NVML read: what it must read again once they are back
+    knob_mhz: int
+    record_offset_mhz: int
+    lock_mhz: int | None
+
+
+class _FoundRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A FoundState as a record outliving the process (`found_state`): JSON has no None key, so (pstate, MHz)
+    pairs."""
+
+    offsets_mhz: list[tuple[int | None, int]]
+    read_mhz: list[tuple[int | None, int]]
     knob_mhz: int
     record_offset_mhz: int
     lock_mhz: int | None
@@ -353,12 +366,16 @@ class NvidiaBackend(Backend):
 
     def set_lock_clock(self, device_id: str, mhz: int) -> None:
         """The max graphics clock the next `apply` locks to (default: the card's stock max boost)."""
+        check_lock_mhz(mhz, *self._lock_range(device_id))
+        self._lock_mhz[device_id] = mhz
+
+    def _lock_range(self, device_id: str) -> tuple[int, int]:
+        """The clocks a lock may be set at: the lowest supported one up to the card's max graphics clock."""
         n, h = self.nvml, self._handle(device_id)
         clocks = self._supported_clocks(h)
         lo = int(min(clocks)) if clocks else 1
         hi = self._nv(lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_GRAPHICS), "reading the max clock")
-        check_lock_mhz(mhz, lo, hi)
-        self._lock_mhz[device_id] = mhz
+        return lo, hi
 
     def lock_at_measured_clock(self, device_id: str, clock_mhz: float) -> int | None:
         """Lock at the clock the card sustained under the stock baseline (its median SM clock), snapped down to
@@ -583,6 +600,31 @@ class NvidiaBackend(Backend):
             self._unlock_quietly(device_id)
             raise
         return self.knob(device_id)
+
+    def found_state(self, device_id: str) -> dict[str, Any] | None:
+        found = self._found.get(device_id) or self._snapshot(device_id, self.knob(device_id))
+        return msgspec.to_builtins(_FoundRecord(list(found.offsets_mhz.items()), list(found.read_mhz.items()),
+                                                found.knob_mhz, found.record_offset_mhz, found.lock_mhz))
+
+    def adopt_found(self, device_id: str, found: dict[str, Any]) -> bool:
+        try:
+            record = msgspec.convert(found, _FoundRecord)
+        except msgspec.ValidationError:
+            return False
+        offsets, read = dict(record.offsets_mhz), dict(record.read_mhz)
+        ranges = self._read_offsets(device_id)
+        # written back like any value: within each pstate's real range, to the pstates the card has now
+        if offsets.keys() != ranges.keys() or read.keys() != ranges.keys():
+            return False
+        if any(not lo <= offsets[pstate] <= hi for pstate, (_, lo, hi) in ranges.items()):
+            return False
+        if record.lock_mhz is not None:
+            lo, hi = self._lock_range(device_id)
+            if not lo <= record.lock_mhz <= hi:
+                return False
+        self._found[device_id] = FoundState(offsets, read, record.knob_mhz, record.record_offset_mhz,
+                                            record.lock_mhz)
+        return True
 
     def keep(self, device_id: str) -> None:
         """The change in progress is kept: what it found is no longer what a revert puts back."""

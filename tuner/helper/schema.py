@@ -71,11 +71,13 @@ class ReadState(CardRequest, tag="read_state"):
 
 class Set(CardRequest, tag="set"):
     """Write `value`, read it back. Unconfirmed, it is put back when `lease_s` runs out without a heartbeat or
-    when this connection closes."""
+    when this connection closes. `revert`: the client's revert of its unconfirmed change, whose `value` it found;
+    where none is left (its lease ran out, a forced reset) nothing is written."""
 
     value: Setting
     lease_s: LeaseS = 10.0
     allow_overvolt: bool = False
+    revert: bool = False
 
 
 class Confirm(CardRequest, tag="confirm"):

@@ -18,6 +18,7 @@ the helper is stopped. Everything happens under one lock: the cards have one wri
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pwd
 import sys
@@ -94,7 +95,8 @@ class HelperService:
     def _write_record(self, pending: Pending, who: Client) -> Write:
         return Write(card=pending.card, key=pending.key, previous=pending.previous,
                      previous_lock_mhz=pending.previous_lock_mhz, value=pending.setting, uid=who.peer.uid,
-                     pid=who.peer.pid, helper_pid=os.getpid(), boot_id=current_boot_id(), since=time.time())
+                     pid=who.peer.pid, helper_pid=os.getpid(), boot_id=current_boot_id(), since=time.time(),
+                     found=self.backend.found_state(pending.card))
 
     def _pending_for(self, card: str, key: str, who: Client, knob: Knob, lease_s: float) -> Pending:
         """This connection's unconfirmed change of the card (which it now holds), started now if it has none."""
@@ -106,6 +108,20 @@ class HelperService:
         pending.lease_s = lease_s
         pending.deadline = self.clock() + lease_s
         return pending
+
+    def _journal(self, pending: Pending, who: Client, before: Pending | None) -> None:
+        """Journal `pending` durably, before the card is touched. When that fails nothing was written, so the book
+        goes back to `before` (this connection's change as it was before the request, or none): a change left
+        pending that was never made would be put back over the card as found (NVIDIA: a reset wiping P2's offset)."""
+        try:
+            self.state.set_write(pending.key, self._write_record(pending, who))
+        except BaseException:
+            if before is None:
+                self.book.pending.pop(pending.card, None)
+                self.book.release_if_idle(pending.card, who.conn)
+            else:
+                self.book.pending[pending.card] = before
+            raise
 
     def _settle(self, card: str, conn: int) -> None:
         """The card has nothing unconfirmed any more: forget the change, its journal entry, `conn`'s idle hold."""
@@ -159,6 +175,11 @@ class HelperService:
         return s.CardState(self.backend.foreign_state(r.card), self.backend.applied_pstates(r.card))
 
     def _op_set(self, who: Client, r: s.Set) -> Knob:
+        had = self.book.pending.get(r.card)
+        if r.revert and (had is None or had.conn != who.conn):
+            # nothing of this connection's is pending there: its lease or a forced reset put it back already, and
+            # a write now would be a new setting over that (a stock value: a reset, wiping NVIDIA's P2 offset)
+            return self.backend.knob(r.card)
         key = self._writer(r.card, who)
         knob = self.backend.knob(r.card)
         if r.allow_overvolt and knob.is_overvolt(r.value) and not self.allow_overvolt:
@@ -172,11 +193,11 @@ class HelperService:
             raise Refused("unsafe", f"{r.value:+d} {knob.unit} is at or beyond {worst:+d} {knob.unit}, which failed "
                           f"hard on this card ({entry.kind}: {entry.reason or 'no reason recorded'}; machine list)",
                           "choose a less aggressive value; `tuner unsafe clear` removes the entry if you are sure")
-        had = self.book.pending.get(r.card)
+        before = dataclasses.replace(had) if had is not None else None
         pending = self._pending_for(r.card, key, who, knob, r.lease_s)
         was = pending.value  # this connection's earlier unconfirmed value (None: only its lock clock, or none)
         pending.value = r.value
-        self.state.set_write(key, self._write_record(pending, who))  # durable before the card is touched
+        self._journal(pending, who, before)
         # this connection sets back the value its unconfirmed change found (a client's revert): put back the state
         # it found, as the lease would, not a new setting at that value
         reverting = had is not None and had.conn == who.conn and r.value == had.previous
@@ -200,8 +221,17 @@ class HelperService:
                     self.state.set_write(key, self._write_record(pending, who))
             raise
         self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
-        if reverting and applied.current == pending.previous and pending.previous_lock_mhz is None:
-            self._settle(r.card, who.conn)  # back where it was: nothing to put back
+        if reverting and applied.current == pending.previous:
+            # back as found; the lock clock choice too (keep_or_revert sets it back first: this is the same choice),
+            # and then nothing is left to put back: a second revert at the lease's end would find no state of the
+            # change's and put the value back over it (NVIDIA: a reset wiping P2's offset, or P0's spread and locked)
+            try:
+                if pending.previous_lock_mhz is not None:
+                    self.backend.set_lock_clock(r.card, pending.previous_lock_mhz)
+            except TunerError:
+                pass  # the choice could not be set back: the change stays, and its lease puts it back
+            else:
+                self._settle(r.card, who.conn)
         # a new Set that reads the previous value is still a change (NVIDIA: it locks the clock and writes every
         # pstate), put back unless confirmed
         return applied
@@ -234,10 +264,11 @@ class HelperService:
         if knob.lock_clock_mhz is None:
             raise no_lock_clock()
         current = self.book.pending.get(r.card)
+        before = dataclasses.replace(current) if current is not None else None
         pending = self._pending_for(r.card, key, who, knob, current.lease_s if current else DEFAULT_LEASE_S)
         if pending.previous_lock_mhz is None:
             pending.previous_lock_mhz = knob.lock_clock_mhz
-        self.state.set_write(key, self._write_record(pending, who))
+        self._journal(pending, who, before)
         if r.mhz is not None:
             self.backend.set_lock_clock(r.card, r.mhz)
             chosen: int | None = r.mhz
@@ -337,6 +368,10 @@ class HelperService:
                 self.backend.set_lock_clock(card, pending.previous_lock_mhz)
             except TunerError as e:
                 note = f"the lock clock could not be set back ({e.message}); "
+        if pending.value is None and not note:
+            # only a lock clock was chosen (the helper's memory until a value is written): the card holds what it
+            # held, and a revert of a value never written would write over it (NVIDIA: a reset wiping P2's offset)
+            return pending.previous, "the lock clock choice is back; nothing was written to the card"
         try:
             knob = self.backend.knob(card)
             stock: int | None = knob.stock
@@ -469,6 +504,13 @@ class HelperService:
             for key, write in self.state.writes().items():
                 card = by_key.get(key)
                 if card is not None and same_boot(write.boot_id, boot):
+                    try:
+                        fits = write.found is None or self.backend.adopt_found(card, write.found)
+                    except TunerError:
+                        fits = False  # an unreadable card: _restore reads it again, and resets it
+                    if not fits:
+                        self._log(f"the state {card}'s change found does not fit the card now: its previous value "
+                                  "goes back instead")
                     pending = Pending(-1, card, key, write.previous, write.previous_lock_mhz, write.value, 0.0, 0.0)
                     self._revert(pending, f"the helper (pid {write.helper_pid}) died before it was confirmed")
                 elif card is not None and (boot is None or write.boot_id is None):

@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -37,7 +38,7 @@ from tuner.helper.schema import OpenTrial, RecoveredTrial, UnsafeEntry
 RECOVERED_SHOWN = 20  # recovered trials a `read_trials` answers with, newest last
 
 
-class Write(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Write(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """An unconfirmed change: what to put back if the helper dies before it is confirmed or reverted."""
 
     card: str
@@ -50,6 +51,10 @@ class Write(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     helper_pid: int
     boot_id: str | None
     since: float
+    # what the change found beyond the previous value (Backend.found_state: NVIDIA's per-pstate offsets and lock),
+    # so a helper started after a kill puts the card back as found; absent in an older helper's record, and then
+    # the previous value goes back as it did
+    found: dict[str, Any] | None = None
 
 
 def card_key(device: DeviceInfo) -> str:
