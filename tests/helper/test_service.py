@@ -249,6 +249,24 @@ def test_an_nvidia_lock_clock_choice_is_one_writers_and_goes_back_with_its_conne
         ask(amd, alice, s.LockClock(card="sim0", mhz=2100))
 
 
+def test_an_unconfirmed_lock_clock_that_goes_back_names_the_setting_in_the_audit_log(tmp_path):
+    """A connection that only chose the lock clock left the offset where it was (Pending.setting: the previous
+    value): the revert line of the audit log and the helper's own log said value None, where the lost change the
+    client gets says the value the card held."""
+    lines: list[str] = []
+    nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
+                           MachineState(tmp_path / "nv-state"), group="tuner", log=lines.append)
+    nvidia.state.create()
+    alice = Client(1, peer(1000, pid=11))
+    ask(nvidia, alice, s.LockClock(card="sim0", measured_mhz=2300.0))
+    nvidia.connection_closed(alice)
+    [revert] = [json.loads(line) for line in nvidia.state.log_path.read_text().splitlines()
+                if json.loads(line)["event"] == "revert"]
+    assert revert["value"] == 0, revert
+    [said] = [line for line in lines if line.startswith("revert ")]
+    assert "None" not in said, said
+
+
 def test_a_forced_reset_reports_a_lost_change_to_stock_as_the_value_written(service):
     """A change to 0 (stock) that another user's forced reset took back is lost at 0, not at the value before it:
     the helper said `value or previous`, which reads 0 as no value."""
