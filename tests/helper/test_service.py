@@ -267,6 +267,20 @@ def test_an_unconfirmed_lock_clock_that_goes_back_names_the_setting_in_the_audit
     assert "None" not in said, said
 
 
+def test_a_confirmed_lock_clock_names_the_setting_in_the_audit_log(tmp_path):
+    """The confirm line of the audit log, as the revert line: a change that only chose the lock clock keeps the
+    offset the card had (Pending.setting), not value None."""
+    nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
+                           MachineState(tmp_path / "nv-state"), group="tuner", log=lambda line: None)
+    nvidia.state.create()
+    alice = Client(1, peer(1000, pid=11))
+    ask(nvidia, alice, s.LockClock(card="sim0", measured_mhz=2300.0))
+    ask(nvidia, alice, s.Confirm(card="sim0"))
+    [confirm] = [json.loads(line) for line in nvidia.state.log_path.read_text().splitlines()
+                 if json.loads(line)["event"] == "confirm"]
+    assert confirm["value"] == 0, confirm
+
+
 def test_a_forced_reset_reports_a_lost_change_to_stock_as_the_value_written(service):
     """A change to 0 (stock) that another user's forced reset took back is lost at 0, not at the value before it:
     the helper said `value or previous`, which reads 0 as no value."""

@@ -241,7 +241,7 @@ class HelperService:
         if pending is None or pending.conn != who.conn:
             raise Refused("usage", f"nothing of this connection to confirm on {r.card}",
                           "confirm after a set, before its lease runs out")
-        self._audit("confirm", r.card, who, value=pending.value)
+        self._audit("confirm", r.card, who, value=pending.setting)  # not .value: None for a lock clock only
         self.backend.keep(r.card)  # kept: what the change found is no longer what a later revert puts back
         self._settle(r.card, who.conn)
 
