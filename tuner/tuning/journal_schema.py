@@ -81,6 +81,11 @@ class TrialRecord(_Doc):
     warmup_steps: Steps | None = None
     duration_s: Seconds | None = None
     edge: bool = False
+    # the stock baseline's is the lock a resumed NVIDIA bisect sets again (job.lock_at_baseline_clock; 0: none
+    # measured): NaN or a negative one snapped to the lowest clock, Infinity to the table's top, which caps nothing;
+    # the helper's wire takes no clock above 10000 MHz either (tuner.helper.schema.LockClock)
+    median_core_clock_mhz: Annotated[float, Meta(ge=0.0, le=10_000.0,
+                                                 extra={"what": "a clock of 0 to 10000 MHz"})] | None = None
     # the engine's (issue 26: the bound in hours); a step is no longer than a trial can be (a finite time: Infinity
     # sized the resumed trials with an infinite step)
     median_step_ms: Annotated[float, Meta(gt=0, le=MAX_DURATION_S * 1000.0)] | None = None
