@@ -57,6 +57,22 @@ def test_a_card_is_never_a_path(card):
         s.decode_request(json.dumps({"op": "read_knob", "card": card}).encode())
 
 
+@pytest.mark.parametrize(("request_", "field"), [
+    ({"op": "trial_begin", "card": "sim0", "setting": -5, "phase": "coarse\n"}, "phase"),
+    ({"op": "trial_begin", "card": "sim0", "setting": -5, "phase": "coarse", "session": "s1\n"}, "session"),
+    ({"op": "trial_end", "card": "sim0", "unsafe": {"kind": "hang\n", "reason": "r"}}, "kind"),
+    ({"op": "read_knob", "card": "sim0\n"}, "card"),
+])
+def test_a_word_from_the_wire_ends_where_its_pattern_does_not_before_a_newline(request_, field):
+    """Python's `$` also matches before a final newline (msgspec checks a pattern with re.search): 'coarse\n' was
+    a Word, so a client's phase split the helper's audit line in two ('trial_begin sim0 setting=-5 phase=coarse'
+    and, alone on the next line, 'by uid ...'), and an unsafe kind with a newline reached the machine's list that
+    other users read. The patterns are anchored at the very end (\\Z), as journal_schema's are."""
+    with pytest.raises(s.BadRequest) as refused:
+        s.decode_request(json.dumps(request_).encode())
+    assert refused.value.code == "bad-request" and field in str(refused.value)
+
+
 def test_every_code_the_client_maps_is_declared():
     assert set(_ERRORS) <= set(s.CODES)
 
