@@ -161,6 +161,16 @@ def test_an_nvml_that_loads_but_does_not_answer_is_a_check_not_a_traceback(tmp_p
     assert checks["torch build"].status == OK and not m.initialised  # the others checked; NVML shut down
 
 
+def test_a_persistence_mode_nvml_does_not_report_is_not_said_to_be_off(tmp_path):
+    """nvmlDeviceGetPersistenceMode answers NVML_ERROR_NOT_SUPPORTED "if the device does not support this feature"
+    (the NVML reference): the doctor read that as a mode it could not know and still said "persistence mode off"."""
+    from tests.backends.fakes.fake_pynvml import CODES, make_fake_nvml
+
+    m = make_fake_nvml(fail={"nvmlDeviceGetPersistenceMode": CODES["NVML_ERROR_NOT_SUPPORTED"]})
+    check = run(tmp_path, nvml=m)["nvidia gpu 0 persistence"]
+    assert check.status == WARN and "off" not in check.detail and "NVML" in check.detail, check
+
+
 @pytest.mark.parametrize("driver", ["", "unknown", "R560", "²"])
 def test_a_driver_version_that_is_not_a_number_is_a_warning_not_a_traceback(tmp_path, driver):
     checks = run(tmp_path, nvml=FakeNvml(driver=driver))

@@ -171,10 +171,14 @@ def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of i
                 continue
             try:
                 persistent = nvml.nvmlDeviceGetPersistenceMode(handle) == 1
-            except Exception:  # noqa: BLE001 - not supported on some boards
-                persistent = None
+            except Exception as e:  # noqa: BLE001 - not supported on some boards
+                persistent, unread = None, _text(e) or type(e).__name__
             if persistent:
                 checks.append(Check(f"nvidia gpu {i} persistence", OK, f"{name}: persistence mode on"))
+            elif persistent is None:  # unknown, not off: say what NVML answered
+                checks.append(Check(f"nvidia gpu {i} persistence", WARN, f"{name}: NVML does not report the "
+                                    f"persistence mode ({unread})", "settings vanish when the driver unloads "
+                                    "unless it stays loaded: `sudo nvidia-smi -pm 1` where the card supports it"))
             else:
                 checks.append(Check(f"nvidia gpu {i} persistence", WARN, f"{name}: persistence mode off",
                                     "settings vanish when the driver unloads: `sudo nvidia-smi -pm 1`"))
