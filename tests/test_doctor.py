@@ -147,6 +147,37 @@ def test_an_nvidia_gpu_that_fell_off_the_bus_is_a_check_not_a_traceback(tmp_path
     assert checks["nvidia gpu 1 persistence"].status in (OK, WARN)
 
 
+@pytest.mark.parametrize("call", ["nvmlSystemGetDriverVersion", "nvmlDeviceGetCount"])
+def test_an_nvml_that_loads_but_does_not_answer_is_a_check_not_a_traceback(tmp_path, call):
+    """nvmlInit can succeed and the next call still fail (the NVML reference lists NVML_ERROR_UNKNOWN, "on any
+    unexpected error", for nvmlDeviceGetCount; the fake raises what real NVML raises): the doctor must say so in its
+    NVIDIA check line, with a remedy, and go on with the others."""
+    from tests.backends.fakes.fake_pynvml import CODES, make_fake_nvml
+
+    m = make_fake_nvml(fail={call: CODES["NVML_ERROR_UNKNOWN"]})
+    checks = run(tmp_path, nvml=m, torch_probe=lambda: CUDA_TORCH)
+    failed = [c for c in checks.values() if c.name.startswith("nvidia") and c.status == FAIL]
+    assert failed and all(c.remedy for c in failed), checks
+    assert checks["torch build"].status == OK and not m.initialised  # the others checked; NVML shut down
+
+
+def test_a_persistence_mode_nvml_does_not_report_is_not_said_to_be_off(tmp_path):
+    """nvmlDeviceGetPersistenceMode answers NVML_ERROR_NOT_SUPPORTED "if the device does not support this feature"
+    (the NVML reference): the doctor read that as a mode it could not know and still said "persistence mode off"."""
+    from tests.backends.fakes.fake_pynvml import CODES, make_fake_nvml
+
+    m = make_fake_nvml(fail={"nvmlDeviceGetPersistenceMode": CODES["NVML_ERROR_NOT_SUPPORTED"]})
+    check = run(tmp_path, nvml=m)["nvidia gpu 0 persistence"]
+    assert check.status == WARN and "off" not in check.detail and "NVML" in check.detail, check
+
+
+@pytest.mark.parametrize("driver", ["", "unknown", "R560", "²"])
+def test_a_driver_version_that_is_not_a_number_is_a_warning_not_a_traceback(tmp_path, driver):
+    checks = run(tmp_path, nvml=FakeNvml(driver=driver))
+    assert checks["nvidia driver"].status == WARN and checks["nvidia driver"].remedy
+    assert checks["nvidia gpu 0 persistence"].status == WARN  # the cards are still checked
+
+
 def test_hidden_devices_root_and_broken_torch(tmp_path):
     checks = run(tmp_path, env={"CUDA_VISIBLE_DEVICES": ""}, euid=1000,
                  torch_probe=lambda: {"torch": None, "error": "ImportError: libcudart.so.12"})

@@ -44,6 +44,18 @@ def test_an_engine_user_that_is_root_or_missing_is_refused():
                       EngineRefused)
 
 
+def test_an_engine_user_that_is_not_a_uid_nor_a_name_is_refused_in_one_line(tmp_path):
+    """TUNER_ENGINE_USER took str.isdigit's digits as a uid, as SUDO_UID once did: a superscript two went to int()
+    (ValueError), a traceback out of a root stress run and `tuner doctor`. It is a name then, which no account has."""
+    from tuner.actions import doctor
+
+    env = {"TUNER_ENGINE_USER": "\u00b2"}
+    refused = engine_identity(simulated=True, euid=0, env=env)
+    assert isinstance(refused, EngineRefused) and "TUNER_ENGINE_USER" in refused.reason, refused
+    account = doctor.engine_account(env, 0)
+    assert isinstance(account, doctor.Check) and account.status == doctor.WARN and account.remedy
+
+
 def test_the_identity_environment_is_the_users_not_roots():
     identity = EngineIdentity(1000, 1000, (44, 109), "ann", "/home/ann")
     env = identity.environ({"HOME": "/root", "USER": "root", "XDG_CACHE_HOME": "/root/.cache", "PATH": "/usr/bin"})

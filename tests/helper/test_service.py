@@ -57,6 +57,22 @@ def test_a_card_is_never_a_path(card):
         s.decode_request(json.dumps({"op": "read_knob", "card": card}).encode())
 
 
+@pytest.mark.parametrize(("request_", "field"), [
+    ({"op": "trial_begin", "card": "sim0", "setting": -5, "phase": "coarse\n"}, "phase"),
+    ({"op": "trial_begin", "card": "sim0", "setting": -5, "phase": "coarse", "session": "s1\n"}, "session"),
+    ({"op": "trial_end", "card": "sim0", "unsafe": {"kind": "hang\n", "reason": "r"}}, "kind"),
+    ({"op": "read_knob", "card": "sim0\n"}, "card"),
+])
+def test_a_word_from_the_wire_ends_where_its_pattern_does_not_before_a_newline(request_, field):
+    """Python's `$` also matches before a final newline (msgspec checks a pattern with re.search): 'coarse\n' was
+    a Word, so a client's phase split the helper's audit line in two ('trial_begin sim0 setting=-5 phase=coarse'
+    and, alone on the next line, 'by uid ...'), and an unsafe kind with a newline reached the machine's list that
+    other users read. The patterns are anchored at the very end (\\Z), as journal_schema's are."""
+    with pytest.raises(s.BadRequest) as refused:
+        s.decode_request(json.dumps(request_).encode())
+    assert refused.value.code == "bad-request" and field in str(refused.value)
+
+
 def test_every_code_the_client_maps_is_declared():
     assert set(_ERRORS) <= set(s.CODES)
 
@@ -247,6 +263,38 @@ def test_an_nvidia_lock_clock_choice_is_one_writers_and_goes_back_with_its_conne
         amd = HelperService(SimulatedBackend(state_path=tmp_path / "amd.json"), MachineState(tmp_path / "a"),
                             group="tuner", log=lambda line: None)
         ask(amd, alice, s.LockClock(card="sim0", mhz=2100))
+
+
+def test_an_unconfirmed_lock_clock_that_goes_back_names_the_setting_in_the_audit_log(tmp_path):
+    """A connection that only chose the lock clock left the offset where it was (Pending.setting: the previous
+    value): the revert line of the audit log and the helper's own log said value None, where the lost change the
+    client gets says the value the card held."""
+    lines: list[str] = []
+    nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
+                           MachineState(tmp_path / "nv-state"), group="tuner", log=lines.append)
+    nvidia.state.create()
+    alice = Client(1, peer(1000, pid=11))
+    ask(nvidia, alice, s.LockClock(card="sim0", measured_mhz=2300.0))
+    nvidia.connection_closed(alice)
+    [revert] = [json.loads(line) for line in nvidia.state.log_path.read_text().splitlines()
+                if json.loads(line)["event"] == "revert"]
+    assert revert["value"] == 0, revert
+    [said] = [line for line in lines if line.startswith("revert ")]
+    assert "None" not in said, said
+
+
+def test_a_confirmed_lock_clock_names_the_setting_in_the_audit_log(tmp_path):
+    """The confirm line of the audit log, as the revert line: a change that only chose the lock clock keeps the
+    offset the card had (Pending.setting), not value None."""
+    nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
+                           MachineState(tmp_path / "nv-state"), group="tuner", log=lambda line: None)
+    nvidia.state.create()
+    alice = Client(1, peer(1000, pid=11))
+    ask(nvidia, alice, s.LockClock(card="sim0", measured_mhz=2300.0))
+    ask(nvidia, alice, s.Confirm(card="sim0"))
+    [confirm] = [json.loads(line) for line in nvidia.state.log_path.read_text().splitlines()
+                 if json.loads(line)["event"] == "confirm"]
+    assert confirm["value"] == 0, confirm
 
 
 def test_a_forced_reset_reports_a_lost_change_to_stock_as_the_value_written(service):

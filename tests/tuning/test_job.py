@@ -289,3 +289,25 @@ def test_resume_refuses_another_card_swapped_into_the_slot(boot):
     assert "--restart" in (e.value.remedy or ""), e.value.one_line()
     assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
     assert journal.load("sim0") == before
+
+
+@pytest.mark.parametrize("setting", [-100_000, 50])
+def test_a_stored_trial_outside_the_cards_range_is_refused_with_the_remedy_resume_leaves(boot, setting):
+    """A hand-edited or damaged journal with a pass at -100000 mV: the plan took it as the lowest pass and tried to
+    confirm it, and the resumed bisect ended on the card's own refusal ('-100000 mV is outside this card's range'),
+    naming a value the user never asked for and no way out. The stored trials are refused as the stored parameters
+    are (_check_resumed_search): one line, --restart, before anything runs."""
+    backend, engine = SimulatedBackend(vmin_mv=-52), FakeEngine()
+    params = BisectParams(trial_s=10, confirm_s=600, preset="tiny").search()
+    j = journal.Journal.create("sim0", params=params, knob=backend.knob("sim0").to_dict(), backend=backend)
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "steps": 200,
+                    "warmup_steps": 5, "duration_s": 5.0})
+    j.finish_trial({"setting": setting, "unit": "mV", "phase": "coarse", "verdict": "pass", "steps": 200,
+                    "warmup_steps": 5, "duration_s": 5.0})
+    j.reference.write_text('{"steps": 1000}')
+    j.close(journal.INTERRUPTED)
+    job = BisectJob(backend, "sim0", BisectParams(trial_s=10, confirm_s=600, resume=True), lambda _e: None,
+                    engine_factory=engine)
+    with pytest.raises(UsageError, match=r"trial 2: [+-]\d+ mV is outside this card's range") as e:
+        job.run()
+    assert "--restart" in (e.value.remedy or "") and engine.requests == []

@@ -74,6 +74,14 @@ def test_good_documents_pass():
     # a negative warm-up would count more steps compared than ran (evidence.compared_steps): a short pass as a pass
     ("trials.0.warmup_steps", -1000, "trial 1: 'warmup_steps' is not a number of steps, 0 or more (got -1000)"),
     ("trials.0.steps", -5, "trial 1: 'steps' is not a number of steps, 0 or more (got -5)"),
+    # a stored length is the replay's on resume (job._trial_params): NaN and Infinity were shown as nothing at all
+    ("trials.0.duration_s", float("nan"), "trial 1: 'duration_s' is not a number of seconds, 0 or more (got nan)"),
+    ("trials.0.duration_s", float("inf"), "trial 1: 'duration_s' is not a number of seconds, 0 or more (got inf)"),
+    ("trials.0.duration_s", -5.0, "trial 1: 'duration_s' is not a number of seconds, 0 or more (got -5.0)"),
+    # the stock baseline's is NVIDIA's lock on resume (job.lock_at_baseline_clock); the helper's wire takes 1..10000
+    ("trials.0.median_core_clock_mhz", float("nan"), "trial 1: 'median_core_clock_mhz' is not a clock of 0 to 10000"),
+    ("trials.0.median_core_clock_mhz", float("inf"), "trial 1: 'median_core_clock_mhz' is not a clock of 0 to 10000"),
+    ("trials.0.median_core_clock_mhz", -5.0, "trial 1: 'median_core_clock_mhz' is not a clock of 0 to 10000"),
     ("pid", "123", "'pid' is not a whole number (got '123')"),
     ("open_trial", 5, "'open_trial' is not an object (got 5)"),
     ("open_trial.session", ..., "open trial: 'session' is missing"),
@@ -210,3 +218,55 @@ def test_the_recommendation_the_journal_holds_is_the_events_own():
     rec = Recommendation(device="sim0", unit="mV", setting=-40, confirmed=-50, lowest_pass=-50, first_failure=-55,
                          margin=10, edge=False, tuned_tok_s=1.5, measured_at=-40, bound={"s": 1.0})
     assert journal_schema.check_journal({**JOURNAL, "recommendation": asdict(rec)}) is None
+
+
+@pytest.mark.parametrize("duration_s", [float("inf"), float("nan"), -5.0])
+def test_a_stored_trial_length_that_is_not_a_number_of_seconds_is_damage_in_one_line(boot, duration_s):
+    """The stock baseline's stored length is the replay's on resume: Infinity or NaN ran it announced as a trial of
+    inf s, and the command line's "started" line (format_duration: OverflowError, ValueError) vanished in the
+    job's display guard. A damaged journal is one line and exit 2, before the engine runs."""
+    from tests.tuning.fake_engine import FakeEngine
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.core import exit_codes
+    from tuner.tuning.job import BisectJob, BisectParams
+
+    backend, engine = SimulatedBackend(vmin_mv=-52), FakeEngine()
+    params = BisectParams(trial_s=10, confirm_s=600, preset="tiny").search()
+    j = journal.Journal.create("sim0", params=params, knob=backend.knob("sim0").to_dict(), backend=backend)
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "steps": 200,
+                    "warmup_steps": 5, "duration_s": duration_s})
+    j.reference.write_text('{"steps": 1000}')
+    j.close(journal.INTERRUPTED)
+    events: list = []
+    job = BisectJob(backend, "sim0", BisectParams(trial_s=10, confirm_s=600, resume=True), events.append,
+                    engine_factory=engine)
+    with pytest.raises(DamagedState, match=r"trial 1: 'duration_s'") as e:
+        job.run()
+    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
+
+
+@pytest.mark.parametrize("clock_mhz", [float("inf"), float("nan"), -5.0, 1e9])
+def test_a_stored_baseline_clock_that_is_not_a_clock_is_damage_in_one_line(boot, clock_mhz):
+    """The stock baseline's median core clock is the lock a resumed NVIDIA bisect sets again
+    (job.lock_at_baseline_clock): Infinity or NaN died in the simulated card's snapping (ValueError, a traceback),
+    and the real backend snaps a NaN or a negative one to the lowest clock and Infinity or 1e9 to the top of the
+    table, which caps nothing (tuner/backends/nvidia.py lock_at_measured_clock). Damage: one line, exit 2."""
+    from tests.tuning.fake_engine import FakeEngine
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.core import exit_codes
+    from tuner.tuning.job import BisectJob, BisectParams
+
+    backend, engine = SimulatedBackend(kind="nvidia", vmin_mv=100), FakeEngine()
+    lock_before = backend.knob("sim0").lock_clock_mhz
+    params = BisectParams(trial_s=10, confirm_s=600, preset="tiny").search()
+    j = journal.Journal.create("sim0", params=params, knob=backend.knob("sim0").to_dict(), backend=backend)
+    j.finish_trial({"setting": 0, "unit": "MHz", "phase": "baseline", "verdict": "pass", "steps": 200,
+                    "warmup_steps": 5, "median_core_clock_mhz": clock_mhz})
+    j.reference.write_text('{"steps": 1000}')
+    j.close(journal.INTERRUPTED)
+    job = BisectJob(backend, "sim0", BisectParams(trial_s=10, confirm_s=600, resume=True), lambda _e: None,
+                    engine_factory=engine)
+    with pytest.raises(DamagedState, match=r"trial 1: 'median_core_clock_mhz'") as e:
+        job.run()
+    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
+    assert backend.knob("sim0").lock_clock_mhz == lock_before

@@ -137,18 +137,29 @@ def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of i
     except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
         return [Check("nvidia driver", INFO, f"no NVIDIA driver ({_text(e) or type(e).__name__})")]
     try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
-        major = int(driver.split(".")[0])
+        try:
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+            count = nvml.nvmlDeviceGetCount()
+        except Exception as e:  # noqa: BLE001 - NVML loaded but does not answer (Unknown, a driver mid-update)
+            return [Check("nvidia driver", FAIL, f"the NVIDIA driver does not answer NVML "
+                          f"({_text(e) or type(e).__name__})",
+                          "run `nvidia-smi`: the same error there means the driver is broken; reboot (a driver "
+                          "updated since boot no longer matches its kernel module)")]
+        major_text = driver.split(".")[0]
         checks = []
-        if major >= NVML_OFFSETS_DRIVER:
+        if not major_text.isdecimal():  # not "560.35.03": no number to compare with the driver the calls need
+            checks.append(Check("nvidia driver", WARN, f"driver version {driver!r} is not a number",
+                                f"check `nvidia-smi`: driver {NVML_OFFSETS_DRIVER} or newer is needed to set clock "
+                                "offsets"))
+        elif int(major_text) >= NVML_OFFSETS_DRIVER:
             checks.append(Check("nvidia driver", OK, f"driver {driver}"))
-        elif major >= NVML_VF_OFFSET_DRIVER:
+        elif int(major_text) >= NVML_VF_OFFSET_DRIVER:
             checks.append(Check("nvidia driver", WARN, f"driver {driver} (uses the deprecated VF offset call)",
                                 f"driver {NVML_OFFSETS_DRIVER} or newer is preferred"))
         else:
             checks.append(Check("nvidia driver", FAIL, f"driver {driver} cannot set clock offsets",
                                 f"install NVIDIA driver {NVML_VF_OFFSET_DRIVER} or newer"))
-        for i in range(nvml.nvmlDeviceGetCount()):
+        for i in range(count):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
                 name = _text(nvml.nvmlDeviceGetName(handle))
@@ -160,10 +171,14 @@ def check_nvidia(nvml: Any) -> list[Check]:  # the pynvml module, or a fake of i
                 continue
             try:
                 persistent = nvml.nvmlDeviceGetPersistenceMode(handle) == 1
-            except Exception:  # noqa: BLE001 - not supported on some boards
-                persistent = None
+            except Exception as e:  # noqa: BLE001 - not supported on some boards
+                persistent, unread = None, _text(e) or type(e).__name__
             if persistent:
                 checks.append(Check(f"nvidia gpu {i} persistence", OK, f"{name}: persistence mode on"))
+            elif persistent is None:  # unknown, not off: say what NVML answered
+                checks.append(Check(f"nvidia gpu {i} persistence", WARN, f"{name}: NVML does not report the "
+                                    f"persistence mode ({unread})", "settings vanish when the driver unloads "
+                                    "unless it stays loaded: `sudo nvidia-smi -pm 1` where the card supports it"))
             else:
                 checks.append(Check(f"nvidia gpu {i} persistence", WARN, f"{name}: persistence mode off",
                                     "settings vanish when the driver unloads: `sudo nvidia-smi -pm 1`"))

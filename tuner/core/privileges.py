@@ -93,7 +93,8 @@ def engine_identity(*, simulated: bool, euid: int | None = None,
     chosen = env.get("TUNER_ENGINE_USER", "")
     for name in ((chosen,) if chosen else (ENGINE_SYSTEM_USER,)):
         try:
-            identity = identity_of(int(name) if name.isdigit() else name)
+            # ASCII digits only, as SUDO_UID (sudo_uid): "\u00b2" is a digit to str.isdigit, not to int()
+            identity = identity_of(int(name) if name.isascii() and name.isdigit() else name)
         except KeyError:
             if chosen:
                 return EngineRefused(f"TUNER_ENGINE_USER={chosen} names no account",

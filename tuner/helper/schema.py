@@ -23,12 +23,14 @@ from tuner.core.models import Capabilities, DeviceInfo
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 4096  # one request line, newline included; a longer line is refused unread
 
-Card = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,63}$")]
+# \A and \Z, not ^ and $: msgspec checks a pattern with re.search, and `$` matches before a final newline too
+# ("coarse\n" was a Word: it split the helper's audit line and reached the unsafe list other users read)
+Card = Annotated[str, msgspec.Meta(pattern=r"\A[A-Za-z0-9][A-Za-z0-9:._-]{0,63}\Z")]
 Setting = Annotated[int, msgspec.Meta(ge=-100_000, le=100_000)]  # in the knob's unit; the card's range decides
 LeaseS = Annotated[float, msgspec.Meta(ge=1.0, le=600.0)]
 Text = Annotated[str, msgspec.Meta(max_length=500)]
-Word = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_-]{0,39}$")]
-Session = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,80}$")]
+Word = Annotated[str, msgspec.Meta(pattern=r"\A[a-z][a-z0-9_-]{0,39}\Z")]
+Session = Annotated[str, msgspec.Meta(pattern=r"\A[A-Za-z0-9_.-]{1,80}\Z")]
 RequestId = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
 
 

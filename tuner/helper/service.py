@@ -241,7 +241,7 @@ class HelperService:
         if pending is None or pending.conn != who.conn:
             raise Refused("usage", f"nothing of this connection to confirm on {r.card}",
                           "confirm after a set, before its lease runs out")
-        self._audit("confirm", r.card, who, value=pending.value)
+        self._audit("confirm", r.card, who, value=pending.setting)  # not .value: None for a lock clock only
         self.backend.keep(r.card)  # kept: what the change found is no longer what a later revert puts back
         self._settle(r.card, who.conn)
 
@@ -398,8 +398,9 @@ class HelperService:
     def _revert(self, pending: Pending, reason: str) -> s.LostChange:
         restored, how = self._restore(pending)
         self._settle(pending.card, pending.conn)
-        self.state.log("revert", card=pending.card, value=pending.value, restored=restored, reason=reason)
-        self._log(f"revert {pending.card} {pending.value} -> {restored} ({reason}; {how})")
+        # the setting, as the lost change says: `value` is None for a change that only chose the lock clock
+        self.state.log("revert", card=pending.card, value=pending.setting, restored=restored, reason=reason)
+        self._log(f"revert {pending.card} {pending.setting} -> {restored} ({reason}; {how})")
         return s.LostChange(pending.card, pending.setting, restored, f"{reason}; {how}")
 
     def _drop_other(self, card: str, conn: int, reason: str) -> None:

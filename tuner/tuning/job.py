@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
-from tuner.core.errors import DeviceLost, DiskFull, NotApplied, TunerError, UsageError
+from tuner.core.errors import DeviceLost, DiskFull, NotApplied, OutOfRange, TunerError, UsageError
 from tuner.core.models import Knob, Mode, same_serial
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.tuning import bound as bounds
@@ -715,6 +715,18 @@ def _check_resumed_search(knob: Knob, search: dict) -> None:
                          "start over with --restart") from None
 
 
+def _check_resumed_trials(knob: Knob, records: Sequence[Mapping]) -> None:
+    """A resumed session's stored trials steer its plan (a stored pass is where it confirms): one this card cannot
+    take (a hand-edited or damaged journal) is refused as the stored parameters are, not left to end the search on
+    the card's own refusal of a value the user never asked for."""
+    for n, record in enumerate(records, 1):
+        try:
+            knob.validate(record["setting"], allow_overvolt=True)
+        except OutOfRange as e:
+            raise UsageError(f"this session's stored trials do not fit this card: trial {n}: {e.message}",
+                             "start over with --restart") from None
+
+
 def _name(j: Journal) -> str:
     return j.device_id or ",".join(j.doc.get("devices") or ())
 
@@ -766,6 +778,7 @@ class _Search:
             _check_resumed_bound(p.bound_s, stored.get("bound_s"))  # before the session is claimed: nothing changed
             search = {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}
             _check_resumed_search(knob, search)
+            _check_resumed_trials(knob, existing.trials)
             existing.claim()
             self.job._session_opened(self.rig, self.device_id, existing.session)
             return existing, search, True

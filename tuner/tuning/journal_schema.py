@@ -40,6 +40,9 @@ Time = Annotated[float, Meta(ge=0.0, le=LAST_TIME_S, extra={"what": "a time in s
 Pid = Annotated[int, Meta(ge=1, le=2**31 - 1, extra={"what": "a whole number from 1 to 2147483647, a process id"})]
 # a count the engine reported: a negative warm-up would count more steps compared than ran (evidence.compared_steps)
 Steps = Annotated[int, Meta(ge=0, extra={"what": "a number of steps, 0 or more"})]
+# a trial's measured length (trial.py: the engine's, else the wall clock's); the stock baseline's is the replay's
+# length on resume (job._trial_params), so NaN, Infinity or -5 there is damage, not a length
+Seconds = Annotated[float, Meta(ge=0.0, le=LAST_TIME_S, extra={"what": "a number of seconds, 0 or more"})]
 CardSettings = Annotated[dict[str, int], Meta(extra={"what": "a map of card -> whole number", "whole": True})]
 # a search's --trial, --confirm and --bound: the bounds every duration the command line and the form take has
 # (tuner.core.durations); --resume runs with the stored one, so a NaN, 0 or -5 there is damage, not a trial length
@@ -76,8 +79,13 @@ class TrialRecord(_Doc):
     kind: str | None = None
     steps: Steps | None = None
     warmup_steps: Steps | None = None
-    duration_s: float | None = None
+    duration_s: Seconds | None = None
     edge: bool = False
+    # the stock baseline's is the lock a resumed NVIDIA bisect sets again (job.lock_at_baseline_clock; 0: none
+    # measured): NaN or a negative one snapped to the lowest clock, Infinity to the table's top, which caps nothing;
+    # the helper's wire takes no clock above 10000 MHz either (tuner.helper.schema.LockClock)
+    median_core_clock_mhz: Annotated[float, Meta(ge=0.0, le=10_000.0,
+                                                 extra={"what": "a clock of 0 to 10000 MHz"})] | None = None
     # the engine's (issue 26: the bound in hours); a step is no longer than a trial can be (a finite time: Infinity
     # sized the resumed trials with an infinite step)
     median_step_ms: Annotated[float, Meta(gt=0, le=MAX_DURATION_S * 1000.0)] | None = None

@@ -443,7 +443,8 @@ def _classify(backend: Backend, c: _Card, knob: Knob, params: TrialParams, start
         setting=c.setting, unit=knob.unit, phase=params.phase, verdict="pass",
         steps=r.steps if r is not None else None,
         warmup_steps=r.start.warmup_steps if r is not None and r.start is not None else None,
-        duration_s=round((r.duration_s if r is not None else None) or time.time() - started_at, 3),
+        # the wall clock may step back during a trial: a negative length is one the journal refuses on resume
+        duration_s=round((r.duration_s if r is not None else None) or max(0.0, time.time() - started_at), 3),
         tok_s=tok_s, power_w=None if power_w is None else round(power_w, 2),
         **{name: getattr(summary, name) for name in AS_SAMPLED if summary},
         energy_j=None if not summary or summary.energy_j is None else round(summary.energy_j, 1),

@@ -71,6 +71,9 @@ CODES = {
     "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
     "NVML_ERROR_GPU_IS_LOST": 15,
     "NVML_ERROR_ARGUMENT_VERSION_MISMATCH": 25,
+    # nvml.h: "An internal driver error occurred"; the NVML reference gives it for nvmlDeviceGetCount ("on any
+    # unexpected error") and nearly every other call, after nvmlInit has succeeded
+    "NVML_ERROR_UNKNOWN": 999,
 }
 _BYREF_TYPE = type(ctypes.byref(ctypes.c_int()))
 
