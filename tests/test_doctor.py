@@ -366,3 +366,31 @@ def test_a_user_the_root_helper_lets_in_is_not_told_to_use_sudo(tmp_path, monkey
     assert served["privileges"].status == OK and "root helper" in served["privileges"].detail
     assert not served["privileges"].remedy
     assert served["amd card card0"].status == OK and "root helper" in served["amd card card0"].detail
+
+
+def test_a_foreign_server_on_the_helper_socket_is_a_check_not_a_traceback(tmp_path, monkeypatch):
+    """Another program (or a helper of another protocol) on the socket answers a well-formed reply whose result is
+    not a hello: `msgspec.ValidationError` escaped the client's `ask` and `tuner doctor` died with a traceback."""
+    import socket
+    import threading
+
+    path = tmp_path / "h.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.makefile("rb").readline()
+            conn.sendall(b'{"id": 1, "ok": true, "result": {"protocol": "two", "backend": 7}}\n')
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv("TUNER_HELPER_SOCKET", str(path))
+    try:
+        c = doctor.check_helper()
+    finally:
+        thread.join(timeout=30)
+        listener.close()
+    assert c.status == WARN and str(path) in c.detail and c.remedy, c
