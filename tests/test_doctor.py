@@ -335,6 +335,18 @@ def test_a_half_installed_system_is_named(tmp_path):
     assert "group tunertest-nogroup, which does not exist" in c.detail and "install-system.sh" in c.remedy
 
 
+def test_a_unit_path_that_is_a_directory_is_a_check_not_a_traceback(tmp_path):
+    """A unit name the doctor finds in the systemd directory but cannot read as a file (a directory there; a FIFO
+    would hang `read_text`): `IsADirectoryError` escaped `check_system_install` and `tuner doctor` tracebacked."""
+    from tuner.actions.doctor import FAIL, check_system_install
+    from tuner.core import system_units
+
+    (tmp_path / system_units.UNIT_NAMES[0]).mkdir()
+    (c,) = check_system_install(tmp_path, group_exists=lambda g: True)
+    assert c.status == FAIL and system_units.UNIT_NAMES[0] in c.detail and "directory" in c.detail, c
+    assert "install-system.sh" in c.remedy
+
+
 def test_a_whole_install_under_a_prefix_the_units_quote_is_whole(tmp_path):
     """The units quote their program (a prefix with a space, a `%` doubled for systemd): the doctor reads the
     program as systemd does, not up to the first space, and does not call a whole install half-installed."""

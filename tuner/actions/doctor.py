@@ -443,6 +443,9 @@ def check_other_tools(found: list[other_tools.Found] | None = None) -> list[Chec
                   f"`sudo systemctl stop {(f.tool.units or (f.tool.name,))[0]}`") for f in found]
 
 
+UNIT_MAX_BYTES = 64 * 1024  # the installer's units are a few hundred bytes
+
+
 def check_system_install(systemd_dir: Path | None = None, group_exists: Callable[[str], bool] | None = None
                          ) -> list[Check]:
     """A system install that is whole: units whose programs exist, the helper socket's group present."""
@@ -452,7 +455,11 @@ def check_system_install(systemd_dir: Path | None = None, group_exists: Callable
         return [Check("system install", INFO, "no system units installed (`sudo bash scripts/install-system.sh`)")]
     problems = []
     for name in present:
-        text = (systemd_dir / name).read_text(errors="replace")
+        try:  # kernel_files: a directory, FIFO or unreadable file there is a problem named, not a hung doctor
+            text = kernel_files.read_regular(systemd_dir / name, UNIT_MAX_BYTES).decode(errors="replace")
+        except OSError as e:
+            problems.append(f"{name} cannot be read ({e.strerror or e})")
+            continue
         for line in text.splitlines():
             if line.startswith("ExecStart="):
                 program = system_units.exec_program(line.removeprefix("ExecStart="))
