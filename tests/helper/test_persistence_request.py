@@ -105,11 +105,12 @@ def test_a_lease_that_runs_out_puts_a_foreign_per_pstate_state_back_as_found(tmp
 
 
 def test_a_clients_revert_through_the_helper_puts_a_foreign_per_pstate_state_back_as_found(tmp_path):
-    """`tuner set` through the helper reverts by setting the previous value back on its own connection."""
+    """`tuner set` through the helper reverts by setting the previous value back on its own connection, marked as
+    its revert (HelperBackend.revert)."""
     gpu, service, card = _foreign(tmp_path)
     alice = Client(1, peer(1000))
     ask(service, alice, s.Set(card=card, value=150, lease_s=5))
-    ask(service, alice, s.Set(card=card, value=105, lease_s=5, allow_overvolt=True))
+    ask(service, alice, s.Set(card=card, value=105, lease_s=5, allow_overvolt=True, revert=True))
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
 
 
@@ -134,6 +135,20 @@ def test_an_unconfirmed_set_to_the_value_the_knob_already_reads_still_goes_back_
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 105, (210, 2520))
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+
+
+def test_a_new_set_at_the_value_the_change_found_is_a_new_setting_not_a_revert(tmp_path):
+    """Only a `set` marked `revert` puts back what the change found (docs/helper.md, the `set` row): a plain one at
+    that value, sent while a change is pending, is a new setting (every pstate, locked), kept by its confirm. It was
+    taken as a revert: the card went back as found, the change closed and the confirm was refused."""
+    gpu, service, card = _foreign(tmp_path)
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card=card, value=150, lease_s=5))
+    ask(service, alice, s.Set(card=card, value=105, lease_s=5))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 105, (210, 2520))
+    ask(service, alice, s.Confirm(card=card))
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 105, (210, 2520))
 
 
 def test_a_lease_that_runs_out_puts_back_a_foreign_offset_at_p2_when_p0_reads_stock(tmp_path):
@@ -236,7 +251,8 @@ def test_a_clients_revert_of_a_set_with_a_lock_clock_stays_as_found_when_the_cli
     ask(service, alice, s.Set(card=card, value=150, lease_s=5))
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (150, 150, (210, 1500))
     ask(service, alice, s.LockClock(card=card, mhz=2520))  # keep_or_revert: the previous lock choice first
-    ask(service, alice, s.Set(card=card, value=0, lease_s=5, allow_overvolt=True))  # then the value it found
+    ask(service, alice, s.Set(card=card, value=0, lease_s=5, allow_overvolt=True, revert=True))  # then the value
+    # it found, as HelperBackend.revert sends it
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)

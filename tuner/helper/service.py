@@ -198,9 +198,10 @@ class HelperService:
         was = pending.value  # this connection's earlier unconfirmed value (None: only its lock clock, or none)
         pending.value = r.value
         self._journal(pending, who, before)
-        # this connection sets back the value its unconfirmed change found (a client's revert): put back the state
-        # it found, as the lease would, not a new setting at that value
-        reverting = had is not None and had.conn == who.conn and r.value == had.previous
+        # the client's revert (marked on the wire) of the value this connection's unconfirmed change found: put back
+        # the state it found, as the lease would; a plain set at that value is a new setting (NVIDIA: every pstate,
+        # locked), which its confirm keeps
+        reverting = r.revert and had is not None and had.conn == who.conn and r.value == had.previous
         try:
             if reverting:
                 applied = self.backend.revert(r.card, r.value)
