@@ -311,3 +311,23 @@ def test_a_clients_revert_after_its_lease_ran_out_leaves_the_card_as_the_helper_
         assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
         change.revert()  # it runs again: nobody confirmed
         assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+
+
+def test_an_offset_the_driver_snapped_is_recorded_and_audited_as_read_back(tmp_path):
+    """The driver snaps +105 MHz to +100 (LACT issue #1202; the fake's `snap_mhz`): the card holds +100, so the
+    writes journal, the audit line and a lost change name +100, not the +105 requested."""
+    lines: list[str] = []
+    _, service, card = _nvidia(tmp_path, snap_mhz=10, graphics_clocks=[])  # step 1: 105 validates
+    service._log = lines.append
+    alice = Client(1, peer(1000))
+    assert ask(service, alice, s.Set(card=card, value=105, lease_s=5)).current == 100
+    assert service.state.writes()[service.keys[card]].value == 100
+    [audit] = [msgspec.json.decode(line) for line in service.state.log_path.read_text().splitlines()
+               if msgspec.json.decode(line)["event"] == "set"]
+    assert audit["value"] == 100, audit
+    [said] = [line for line in lines if line.startswith("set ")]
+    assert said.split()[2] == "value=100", said
+    service.connection_closed(alice)
+    [revert] = [msgspec.json.decode(line) for line in service.state.log_path.read_text().splitlines()
+                if msgspec.json.decode(line)["event"] == "revert"]
+    assert revert["value"] == 100, revert

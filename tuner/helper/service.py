@@ -221,7 +221,14 @@ class HelperService:
                     pending.value = was
                     self.state.set_write(key, self._write_record(pending, who))
             raise
-        self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
+        if applied.current != pending.value and not reverting:
+            # the driver snapped the offset (NVIDIA, LACT issue #1202): the record and the audit line name what the
+            # card holds, not the value asked for; a record left at the request only misnames it (what goes back is
+            # `previous`), so a failure to rewrite it does not fail a write that was made
+            pending.value = applied.current
+            with contextlib.suppress(TunerError):
+                self.state.set_write(key, self._write_record(pending, who))
+        self._audit("set", r.card, who, value=pending.value, unit=knob.unit, lease_s=r.lease_s)
         if reverting and applied.current == pending.previous:
             # back as found; the lock clock choice too (keep_or_revert sets it back first: this is the same choice),
             # and then nothing is left to put back: a second revert at the lease's end would find no state of the
