@@ -368,12 +368,12 @@ def test_a_user_the_root_helper_lets_in_is_not_told_to_use_sudo(tmp_path, monkey
     so instead of "run `sudo tuner ...`" (the helper's own check is what decides)."""
     amd_tree(tmp_path)
     monkeypatch.setattr(doctor.os, "access", lambda _path, _mode: False)  # as a user sees a root-owned 0644 file
-    monkeypatch.setattr(doctor, "check_helper", lambda: doctor.Check("helper", WARN, "the helper refused this user",
-                                                                      "ask to be added to its group"))
+    monkeypatch.setattr(doctor, "check_helper", lambda _sim: doctor.Check("helper", WARN, "the helper refused this "
+                                                                          "user", "ask to be added to its group"))
     refused = run(tmp_path)
     assert refused["privileges"].status == WARN and "sudo" in refused["privileges"].remedy
     assert refused["amd card card0"].status == WARN and "sudo" in refused["amd card card0"].remedy
-    monkeypatch.setattr(doctor, "check_helper", lambda: doctor.Check("helper", OK, "tuner-helper 0.1.0 serves"))
+    monkeypatch.setattr(doctor, "check_helper", lambda _sim: doctor.Check("helper", OK, "tuner-helper 0.1.0 serves"))
     served = run(tmp_path)
     assert served["privileges"].status == OK and "root helper" in served["privileges"].detail
     assert not served["privileges"].remedy
@@ -406,3 +406,38 @@ def test_a_foreign_server_on_the_helper_socket_is_a_check_not_a_traceback(tmp_pa
         thread.join(timeout=30)
         listener.close()
     assert c.status == WARN and str(path) in c.detail and c.remedy, c
+
+
+def test_a_simulated_helper_is_not_said_to_write_this_machines_cards(tmp_path, monkeypatch):
+    """A helper started with --simulate (TUNER_HELPER_SOCKET names it) drives SIMULATED cards: the doctor said the
+    real card's pp_od_clk_voltage was written by "the root helper" and that settings need no root, which only a
+    helper of real cards makes true (a silent downgrade of both checks)."""
+    import os
+    import threading
+
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.helper.server import HelperServer, bind_listener
+    from tuner.helper.service import HelperService
+    from tuner.helper.state import MachineState
+
+    amd_tree(tmp_path / "sysroot")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(SimulatedBackend(state_path=tmp_path / "sim.json"), state, group="tuner",
+                            log=lambda line: None)
+    listener, lock_fd = bind_listener(tmp_path / "run/h.sock", os.getgid())
+    server = HelperServer(service, listener, os.getgid())
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv("TUNER_HELPER_SOCKET", str(tmp_path / "run/h.sock"))
+    monkeypatch.setattr(doctor.os, "access", lambda _path, _mode: False)  # as a user sees a root-owned 0644 file
+    try:
+        checks = run(tmp_path, root=tmp_path / "sysroot")
+    finally:
+        server.stop.set()
+        thread.join(timeout=30)
+        listener.close()
+        os.close(lock_fd)
+    assert checks["amd card card0"].status == WARN, checks["amd card card0"]
+    assert checks["privileges"].status == WARN and "sudo" in checks["privileges"].remedy, checks["privileges"]
+    assert "SIMULATED" in checks["helper"].detail and checks["helper"].status == WARN, checks["helper"]

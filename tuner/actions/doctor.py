@@ -336,8 +336,9 @@ def engine_account(env: Mapping[str, str], euid: int) -> tuple[int, set[int], st
     return Check("engine account", WARN, identity.reason, identity.remedy)
 
 
-def check_helper() -> Check:
-    """Is the root helper there, and does it let this user in? (docs/helper.md)"""
+def check_helper(simulate: bool = False) -> Check:
+    """Is the root helper there, and does it let this user in? (docs/helper.md) OK only where it drives the cards
+    this run means: a simulated helper writes none of this machine's (`simulate`: the doctor's own --simulate)."""
     path, chosen = paths.helper_socket()
     if not chosen and not path.exists():
         return Check("helper", INFO, f"no root helper ({path} is missing): writes need root",
@@ -348,7 +349,12 @@ def check_helper() -> Check:
         return Check("helper", WARN, e.message, e.remedy)
     connection.close()
     what = "SIMULATED cards" if hello.simulated else f"{hello.backend} cards"
-    return Check("helper", OK, f"tuner-helper {hello.helper_version} at {path} drives {what} (group {hello.group})")
+    detail = f"tuner-helper {hello.helper_version} at {path} drives {what} (group {hello.group})"
+    if hello.simulated and not simulate:
+        return Check("helper", WARN, f"{detail}: the tuner's commands use them, and it writes none of this "
+                     "machine's cards", "unset TUNER_HELPER_SOCKET, or stop the simulated helper, to tune the real "
+                     "cards")
+    return Check("helper", OK, detail)
 
 
 def check_hidden_devices(env: Mapping[str, str]) -> list[Check]:
@@ -501,7 +507,7 @@ def run_checks(
     checks = [check_python(), *check_packages()]
     if simulate:
         checks.append(Check("simulated gpu", INFO, "SIMULATED GPUs in use: no hardware is read or written"))
-    helper = check_helper()
+    helper = check_helper(simulate)
     helper_writes = helper.status == OK  # then a user's settings need no sudo: say so, not "run sudo tuner"
     amd = check_amd(root, helper_writes=helper_writes)
     nvidia = check_nvidia(nvml)
