@@ -335,6 +335,18 @@ def test_a_half_installed_system_is_named(tmp_path):
     assert "group tunertest-nogroup, which does not exist" in c.detail and "install-system.sh" in c.remedy
 
 
+def test_a_unit_path_that_is_a_directory_is_a_check_not_a_traceback(tmp_path):
+    """A unit name the doctor finds in the systemd directory but cannot read as a file (a directory there; a FIFO
+    would hang `read_text`): `IsADirectoryError` escaped `check_system_install` and `tuner doctor` tracebacked."""
+    from tuner.actions.doctor import FAIL, check_system_install
+    from tuner.core import system_units
+
+    (tmp_path / system_units.UNIT_NAMES[0]).mkdir()
+    (c,) = check_system_install(tmp_path, group_exists=lambda g: True)
+    assert c.status == FAIL and system_units.UNIT_NAMES[0] in c.detail and "directory" in c.detail, c
+    assert "install-system.sh" in c.remedy
+
+
 def test_a_whole_install_under_a_prefix_the_units_quote_is_whole(tmp_path):
     """The units quote their program (a prefix with a space, a `%` doubled for systemd): the doctor reads the
     program as systemd does, not up to the first space, and does not call a whole install half-installed."""
@@ -356,13 +368,76 @@ def test_a_user_the_root_helper_lets_in_is_not_told_to_use_sudo(tmp_path, monkey
     so instead of "run `sudo tuner ...`" (the helper's own check is what decides)."""
     amd_tree(tmp_path)
     monkeypatch.setattr(doctor.os, "access", lambda _path, _mode: False)  # as a user sees a root-owned 0644 file
-    monkeypatch.setattr(doctor, "check_helper", lambda: doctor.Check("helper", WARN, "the helper refused this user",
-                                                                      "ask to be added to its group"))
+    monkeypatch.setattr(doctor, "check_helper", lambda _sim: doctor.Check("helper", WARN, "the helper refused this "
+                                                                          "user", "ask to be added to its group"))
     refused = run(tmp_path)
     assert refused["privileges"].status == WARN and "sudo" in refused["privileges"].remedy
     assert refused["amd card card0"].status == WARN and "sudo" in refused["amd card card0"].remedy
-    monkeypatch.setattr(doctor, "check_helper", lambda: doctor.Check("helper", OK, "tuner-helper 0.1.0 serves"))
+    monkeypatch.setattr(doctor, "check_helper", lambda _sim: doctor.Check("helper", OK, "tuner-helper 0.1.0 serves"))
     served = run(tmp_path)
     assert served["privileges"].status == OK and "root helper" in served["privileges"].detail
     assert not served["privileges"].remedy
     assert served["amd card card0"].status == OK and "root helper" in served["amd card card0"].detail
+
+
+def test_a_foreign_server_on_the_helper_socket_is_a_check_not_a_traceback(tmp_path, monkeypatch):
+    """Another program (or a helper of another protocol) on the socket answers a well-formed reply whose result is
+    not a hello: `msgspec.ValidationError` escaped the client's `ask` and `tuner doctor` died with a traceback."""
+    import socket
+    import threading
+
+    path = tmp_path / "h.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.makefile("rb").readline()
+            conn.sendall(b'{"id": 1, "ok": true, "result": {"protocol": "two", "backend": 7}}\n')
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv("TUNER_HELPER_SOCKET", str(path))
+    try:
+        c = doctor.check_helper()
+    finally:
+        thread.join(timeout=30)
+        listener.close()
+    assert c.status == WARN and str(path) in c.detail and c.remedy, c
+
+
+def test_a_simulated_helper_is_not_said_to_write_this_machines_cards(tmp_path, monkeypatch):
+    """A helper started with --simulate (TUNER_HELPER_SOCKET names it) drives SIMULATED cards: the doctor said the
+    real card's pp_od_clk_voltage was written by "the root helper" and that settings need no root, which only a
+    helper of real cards makes true (a silent downgrade of both checks)."""
+    import os
+    import threading
+
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.helper.server import HelperServer, bind_listener
+    from tuner.helper.service import HelperService
+    from tuner.helper.state import MachineState
+
+    amd_tree(tmp_path / "sysroot")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(SimulatedBackend(state_path=tmp_path / "sim.json"), state, group="tuner",
+                            log=lambda line: None)
+    listener, lock_fd = bind_listener(tmp_path / "run/h.sock", os.getgid())
+    server = HelperServer(service, listener, os.getgid())
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv("TUNER_HELPER_SOCKET", str(tmp_path / "run/h.sock"))
+    monkeypatch.setattr(doctor.os, "access", lambda _path, _mode: False)  # as a user sees a root-owned 0644 file
+    try:
+        checks = run(tmp_path, root=tmp_path / "sysroot")
+    finally:
+        server.stop.set()
+        thread.join(timeout=30)
+        listener.close()
+        os.close(lock_fd)
+    assert checks["amd card card0"].status == WARN, checks["amd card card0"]
+    assert checks["privileges"].status == WARN and "sudo" in checks["privileges"].remedy, checks["privileges"]
+    assert "SIMULATED" in checks["helper"].detail and checks["helper"].status == WARN, checks["helper"]

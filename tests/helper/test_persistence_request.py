@@ -105,11 +105,12 @@ def test_a_lease_that_runs_out_puts_a_foreign_per_pstate_state_back_as_found(tmp
 
 
 def test_a_clients_revert_through_the_helper_puts_a_foreign_per_pstate_state_back_as_found(tmp_path):
-    """`tuner set` through the helper reverts by setting the previous value back on its own connection."""
+    """`tuner set` through the helper reverts by setting the previous value back on its own connection, marked as
+    its revert (HelperBackend.revert)."""
     gpu, service, card = _foreign(tmp_path)
     alice = Client(1, peer(1000))
     ask(service, alice, s.Set(card=card, value=150, lease_s=5))
-    ask(service, alice, s.Set(card=card, value=105, lease_s=5, allow_overvolt=True))
+    ask(service, alice, s.Set(card=card, value=105, lease_s=5, allow_overvolt=True, revert=True))
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
 
 
@@ -134,6 +135,20 @@ def test_an_unconfirmed_set_to_the_value_the_knob_already_reads_still_goes_back_
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 105, (210, 2520))
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 0, None)
+
+
+def test_a_new_set_at_the_value_the_change_found_is_a_new_setting_not_a_revert(tmp_path):
+    """Only a `set` marked `revert` puts back what the change found (docs/helper.md, the `set` row): a plain one at
+    that value, sent while a change is pending, is a new setting (every pstate, locked), kept by its confirm. It was
+    taken as a revert: the card went back as found, the change closed and the confirm was refused."""
+    gpu, service, card = _foreign(tmp_path)
+    alice = Client(1, peer(1000))
+    ask(service, alice, s.Set(card=card, value=150, lease_s=5))
+    ask(service, alice, s.Set(card=card, value=105, lease_s=5))
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 105, (210, 2520))
+    ask(service, alice, s.Confirm(card=card))
+    service.connection_closed(alice)
+    assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (105, 105, (210, 2520))
 
 
 def test_a_lease_that_runs_out_puts_back_a_foreign_offset_at_p2_when_p0_reads_stock(tmp_path):
@@ -236,7 +251,8 @@ def test_a_clients_revert_of_a_set_with_a_lock_clock_stays_as_found_when_the_cli
     ask(service, alice, s.Set(card=card, value=150, lease_s=5))
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (150, 150, (210, 1500))
     ask(service, alice, s.LockClock(card=card, mhz=2520))  # keep_or_revert: the previous lock choice first
-    ask(service, alice, s.Set(card=card, value=0, lease_s=5, allow_overvolt=True))  # then the value it found
+    ask(service, alice, s.Set(card=card, value=0, lease_s=5, allow_overvolt=True, revert=True))  # then the value
+    # it found, as HelperBackend.revert sends it
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
     service.connection_closed(alice)
     assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
@@ -295,3 +311,23 @@ def test_a_clients_revert_after_its_lease_ran_out_leaves_the_card_as_the_helper_
         assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
         change.revert()  # it runs again: nobody confirmed
         assert (gpu.offsets[0], gpu.offsets[2], gpu.locked) == (0, 105, None)
+
+
+def test_an_offset_the_driver_snapped_is_recorded_and_audited_as_read_back(tmp_path):
+    """The driver snaps +105 MHz to +100 (LACT issue #1202; the fake's `snap_mhz`): the card holds +100, so the
+    writes journal, the audit line and a lost change name +100, not the +105 requested."""
+    lines: list[str] = []
+    _, service, card = _nvidia(tmp_path, snap_mhz=10, graphics_clocks=[])  # step 1: 105 validates
+    service._log = lines.append
+    alice = Client(1, peer(1000))
+    assert ask(service, alice, s.Set(card=card, value=105, lease_s=5)).current == 100
+    assert service.state.writes()[service.keys[card]].value == 100
+    [audit] = [msgspec.json.decode(line) for line in service.state.log_path.read_text().splitlines()
+               if msgspec.json.decode(line)["event"] == "set"]
+    assert audit["value"] == 100, audit
+    [said] = [line for line in lines if line.startswith("set ")]
+    assert said.split()[2] == "value=100", said
+    service.connection_closed(alice)
+    [revert] = [msgspec.json.decode(line) for line in service.state.log_path.read_text().splitlines()
+                if msgspec.json.decode(line)["event"] == "revert"]
+    assert revert["value"] == 100, revert

@@ -124,6 +124,25 @@ def test_a_lease_that_runs_out_puts_the_previous_value_back_and_the_next_heartbe
     ask(service, Client(2, peer(1001)), s.Set(card="sim0", value=-10))
 
 
+def test_a_clients_revert_to_the_overvolt_it_found_is_not_refused_as_a_new_overvolt(tmp_path):
+    """The card held -15 MHz (an overvolt, another tool's) when this connection set +60: its revert puts back what
+    the card held, which Backend.revert never refuses as a new overvolt, and the lease would put back anyway. The
+    helper refused it (`overvolt-not-allowed`), so `tuner set`'s revert failed and the card stayed at +60."""
+    nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
+                           MachineState(tmp_path / "nv-state"), group="tuner", log=lambda line: None)
+    nvidia.state.create()
+    nvidia.backend.apply("sim0", -15, allow_overvolt=True)  # another tool's overvolt, before this connection
+    alice = Client(1, peer(1000))
+    ask(nvidia, alice, s.Set(card="sim0", value=60, lease_s=5))
+    assert ask(nvidia, alice, s.Set(card="sim0", value=-15, lease_s=5, allow_overvolt=True, revert=True)).current \
+        == -15
+    assert nvidia.book.pending == {}
+    ask(nvidia, alice, s.Set(card="sim0", value=60, lease_s=5))
+    with pytest.raises(Refused) as refused:  # a value the change did not find is still refused, revert or not
+        ask(nvidia, alice, s.Set(card="sim0", value=-30, lease_s=5, allow_overvolt=True, revert=True))
+    assert refused.value.code == "overvolt-not-allowed"
+
+
 def test_a_second_set_that_fails_leaves_the_record_at_the_value_the_card_holds(service, monkeypatch):
     """A connection's second unconfirmed set that the backend refused (its own restore put the first one back)
     kept the refused value as the change: the writes journal, the revert line of the audit log and the client's

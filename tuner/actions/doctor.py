@@ -336,8 +336,9 @@ def engine_account(env: Mapping[str, str], euid: int) -> tuple[int, set[int], st
     return Check("engine account", WARN, identity.reason, identity.remedy)
 
 
-def check_helper() -> Check:
-    """Is the root helper there, and does it let this user in? (docs/helper.md)"""
+def check_helper(simulate: bool = False) -> Check:
+    """Is the root helper there, and does it let this user in? (docs/helper.md) OK only where it drives the cards
+    this run means: a simulated helper writes none of this machine's (`simulate`: the doctor's own --simulate)."""
     path, chosen = paths.helper_socket()
     if not chosen and not path.exists():
         return Check("helper", INFO, f"no root helper ({path} is missing): writes need root",
@@ -348,7 +349,12 @@ def check_helper() -> Check:
         return Check("helper", WARN, e.message, e.remedy)
     connection.close()
     what = "SIMULATED cards" if hello.simulated else f"{hello.backend} cards"
-    return Check("helper", OK, f"tuner-helper {hello.helper_version} at {path} drives {what} (group {hello.group})")
+    detail = f"tuner-helper {hello.helper_version} at {path} drives {what} (group {hello.group})"
+    if hello.simulated and not simulate:
+        return Check("helper", WARN, f"{detail}: the tuner's commands use them, and it writes none of this "
+                     "machine's cards", "unset TUNER_HELPER_SOCKET, or stop the simulated helper, to tune the real "
+                     "cards")
+    return Check("helper", OK, detail)
 
 
 def check_hidden_devices(env: Mapping[str, str]) -> list[Check]:
@@ -443,6 +449,9 @@ def check_other_tools(found: list[other_tools.Found] | None = None) -> list[Chec
                   f"`sudo systemctl stop {(f.tool.units or (f.tool.name,))[0]}`") for f in found]
 
 
+UNIT_MAX_BYTES = 64 * 1024  # the installer's units are a few hundred bytes
+
+
 def check_system_install(systemd_dir: Path | None = None, group_exists: Callable[[str], bool] | None = None
                          ) -> list[Check]:
     """A system install that is whole: units whose programs exist, the helper socket's group present."""
@@ -452,7 +461,11 @@ def check_system_install(systemd_dir: Path | None = None, group_exists: Callable
         return [Check("system install", INFO, "no system units installed (`sudo bash scripts/install-system.sh`)")]
     problems = []
     for name in present:
-        text = (systemd_dir / name).read_text(errors="replace")
+        try:  # kernel_files: a directory, FIFO or unreadable file there is a problem named, not a hung doctor
+            text = kernel_files.read_regular(systemd_dir / name, UNIT_MAX_BYTES).decode(errors="replace")
+        except OSError as e:
+            problems.append(f"{name} cannot be read ({e.strerror or e})")
+            continue
         for line in text.splitlines():
             if line.startswith("ExecStart="):
                 program = system_units.exec_program(line.removeprefix("ExecStart="))
@@ -494,7 +507,7 @@ def run_checks(
     checks = [check_python(), *check_packages()]
     if simulate:
         checks.append(Check("simulated gpu", INFO, "SIMULATED GPUs in use: no hardware is read or written"))
-    helper = check_helper()
+    helper = check_helper(simulate)
     helper_writes = helper.status == OK  # then a user's settings need no sudo: say so, not "run sudo tuner"
     amd = check_amd(root, helper_writes=helper_writes)
     nvidia = check_nvidia(nvml)

@@ -95,6 +95,9 @@ class HelperConnection:
                     reply = msgspec.json.decode(line, type=s.RawReply)
                     if reply.id in (request.id, 0):
                         break
+                # a result not of the request's type is a broken reply too (another program or protocol on the
+                # socket), not a traceback
+                result = msgspec.json.decode(reply.result, type=result_type) if reply.ok else None
             except (OSError, msgspec.DecodeError) as e:
                 self.lost = str(e) or type(e).__name__
                 raise HelperUnreachable(f"lost the helper at {self.path} ({self.lost}); any unconfirmed change "
@@ -103,7 +106,7 @@ class HelperConnection:
         if not reply.ok:
             # the in-process tuner's class for this refusal, so the same exit code
             raise _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
-        return msgspec.json.decode(reply.result, type=result_type)
+        return result
 
     def close(self) -> None:
         self.lost = self.lost or "closed"

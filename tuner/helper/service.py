@@ -180,9 +180,14 @@ class HelperService:
             # nothing of this connection's is pending there: its lease or a forced reset put it back already, and
             # a write now would be a new setting over that (a stock value: a reset, wiping NVIDIA's P2 offset)
             return self.backend.knob(r.card)
+        # the client's revert (marked on the wire) of the value this connection's unconfirmed change found: put back
+        # the state it found, as the lease would; a plain set at that value is a new setting (NVIDIA: every pstate,
+        # locked), which its confirm keeps
+        reverting = r.revert and had is not None and had.conn == who.conn and r.value == had.previous
         key = self._writer(r.card, who)
         knob = self.backend.knob(r.card)
-        if r.allow_overvolt and knob.is_overvolt(r.value) and not self.allow_overvolt:
+        # what the card held is no new overvolt (Backend.revert; the lease puts it back all the same)
+        if r.allow_overvolt and knob.is_overvolt(r.value) and not self.allow_overvolt and not reverting:
             raise Refused("overvolt-not-allowed", f"{r.value:+d} {knob.unit} is an overvolt, and this helper does "
                           "not allow overvolting", "start tuner-helper with --allow-overvolt if you really mean it")
         knob.validate(r.value, allow_overvolt=r.allow_overvolt)
@@ -198,9 +203,6 @@ class HelperService:
         was = pending.value  # this connection's earlier unconfirmed value (None: only its lock clock, or none)
         pending.value = r.value
         self._journal(pending, who, before)
-        # this connection sets back the value its unconfirmed change found (a client's revert): put back the state
-        # it found, as the lease would, not a new setting at that value
-        reverting = had is not None and had.conn == who.conn and r.value == had.previous
         try:
             if reverting:
                 applied = self.backend.revert(r.card, r.value)
@@ -220,7 +222,14 @@ class HelperService:
                     pending.value = was
                     self.state.set_write(key, self._write_record(pending, who))
             raise
-        self._audit("set", r.card, who, value=r.value, unit=knob.unit, lease_s=r.lease_s)
+        if applied.current != pending.value and not reverting:
+            # the driver snapped the offset (NVIDIA, LACT issue #1202): the record and the audit line name what the
+            # card holds, not the value asked for; a record left at the request only misnames it (what goes back is
+            # `previous`), so a failure to rewrite it does not fail a write that was made
+            pending.value = applied.current
+            with contextlib.suppress(TunerError):
+                self.state.set_write(key, self._write_record(pending, who))
+        self._audit("set", r.card, who, value=pending.value, unit=knob.unit, lease_s=r.lease_s)
         if reverting and applied.current == pending.previous:
             # back as found; the lock clock choice too (keep_or_revert sets it back first: this is the same choice),
             # and then nothing is left to put back: a second revert at the lease's end would find no state of the
