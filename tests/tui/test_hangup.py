@@ -30,6 +30,7 @@ import psutil
 import pytest
 
 from tests.cli_helpers import REPO
+from tests.polling import wait_until
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
 
@@ -318,6 +319,32 @@ def test_signals_until_the_end_still_end_with_130(tuners):
     assert _card_offset() == 0
 
 
+def _stopped(tuner: PtyTuner) -> bool:
+    try:
+        return psutil.Process(tuner.proc.pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sigtstp_during_keep_or_revert_reverts_before_the_process_stops(tuners):
+    """`kill -TSTP` (or Ctrl-Z through a key binding) while a change waits for keep-or-revert: Textual's driver
+    stopped the process at once, and the unconfirmed -10 mV stayed on the card, unwatched, for as long as it stayed
+    stopped (`tuner set` reverts first, tuner.core.signals STOP_SIGNALS). Now the card is back before the process
+    stops, and after SIGCONT the UI carries on and says what happened."""
+    tuner = tuners(command=_short_waits())  # the checkout's tuner
+    _open_keep_or_revert(tuner)
+    tuner.proc.send_signal(signal.SIGTSTP)
+    wait_until(lambda: _stopped(tuner) or tuner.proc.poll() is not None, EXIT_BOUND_S, "the process to stop")
+    assert _stopped(tuner)
+    assert _card_offset() == 0, "the unconfirmed setting stayed on the card while the process was stopped"
+    tuner.proc.send_signal(signal.SIGCONT)
+    tuner.wait_for("reverted")  # back: the UI moves on and says what happened
+    assert tuner.proc.poll() is None
+    tuner.press("q")
+    assert tuner.wait_exit() == exit_codes.OK
+    assert _card_offset() == 0
+
+
 def _engine_processes() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "environ"]):
@@ -364,6 +391,39 @@ def test_terminal_gone_during_a_bisect_stops_the_engine_and_the_trial_runs_again
     recorded = [(t["setting"], t["verdict"]) for t in session["trials"]]
     assert all(verdict == "pass" for _setting, verdict in recorded), recorded
     assert cut_at not in [setting for setting, _verdict in recorded], recorded  # not counted: it runs again
+
+
+def test_sigtstp_during_a_bisect_pauses_it_at_stock_before_the_process_stops(tuners):
+    """`kill -TSTP` mid-trial: Textual stopped the process at once, the trial's setting left on the card and its
+    engine (in a session of its own) loading it, unwatched. Now the bisect pauses first (the trial ends without a
+    result, its engine gone, the card at stock), as `tuner bisect` does; on SIGCONT the trial runs again."""
+    from tuner.app import form_memory
+
+    form_memory.remember(SimulatedBackend().devices()[0], {"trial": "1s", "confirm": "1s"})
+    tuner = tuners("--sim-vmin", "-52", command=_short_waits())  # the checkout's tuner
+    tuner.wait_for("Dashboard", "SIMULATED")
+    tuner.press("3")
+    tuner.wait_for("verdict", "tok/J", "b start")
+    tuner.press("b")
+    tuner.wait_for("RUNNING")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (_card_offset() < 0 and _engine_processes()):
+        tuner.read_for(0.2)  # the baseline at stock, then the first trial below stock with its engine running
+    engines = _engine_processes()
+    cut_at = _card_offset()
+    assert engines and cut_at < 0, "the bisect never ran a trial below stock"
+    tuner.proc.send_signal(signal.SIGTSTP)
+    wait_until(lambda: _stopped(tuner) or tuner.proc.poll() is not None, EXIT_BOUND_S, "the process to stop")
+    assert _stopped(tuner)
+    assert _card_offset() == 0, "the trial's setting stayed on the card while the process was stopped"
+    _gone, alive = psutil.wait_procs(engines, timeout=30)
+    assert not alive, f"engine left running while stopped: {[p.pid for p in alive]}"
+    tuner.proc.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (_card_offset() < 0 and _engine_processes()):
+        tuner.read_for(0.2)  # the bisect goes on: a trial below stock runs again
+    assert _card_offset() < 0 and _engine_processes(), "the bisect did not go on after SIGCONT"
+    assert tuner.proc.poll() is None
 
 
 TMUX = shutil.which("tmux")

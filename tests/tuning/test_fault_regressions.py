@@ -100,6 +100,36 @@ def test_a_finished_journal_whose_recommendation_lacks_a_key_is_one_line(capsys,
     assert str(path) in err and "damaged" in err and repr(lacking) in err
 
 
+@pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN"])
+def test_a_finished_journal_whose_measurement_is_not_finite_names_the_file(capsys, boot, value):
+    """A hand-edited journal (Python's json reads Infinity and NaN): `--from-last` ended with
+    `tuning.tuned_tok_s: expected a finite number, got inf`, naming neither the journal nor a remedy."""
+    rec = {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50, "first_failure": -60,
+           "edge": False, "tuned_tok_s": 0.0}
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "state": "finished",
+                                "params": {}, "trials": [], "recommendation": rec}).replace("0.0", value))
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
+    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, err
+    assert str(path) in err and "damaged" in err and "tuned_tok_s" in err and "move it aside" in err, err
+
+
+@pytest.mark.parametrize("setting", [-5000, 5000])
+def test_a_finished_journal_whose_recommendation_this_card_cannot_take_names_the_file(capsys, boot, setting):
+    """A journal from another card, or hand-edited: `--from-last` ended on the profile's own check,
+    `setting.value: -5000 mV is outside -500..+0 mV for a voltage_offset`, naming neither the journal nor a way out."""
+    rec = {"setting": setting, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50,
+           "first_failure": -60, "edge": False}
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "state": "finished",
+                                "params": {}, "trials": [], "recommendation": rec}))
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
+    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, err
+    assert str(path) in err and f"{setting:+d} mV" in err and "tuner bisect" in err, err
+
+
 def test_a_journal_that_parses_but_is_damaged_blocks_boot_apply(capsys, boot):
     path = journal.journal_path("sim1")
     path.parent.mkdir(parents=True)

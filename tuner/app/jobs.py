@@ -198,6 +198,7 @@ class BisectRunner(_Job[BisectOutcome]):
         self._prepare = prepare
         self._on_prepared = on_prepared  # runs once the bisect was accepted, before its first event
         self._job: BisectJob | None = None
+        self._pausing = False  # Ctrl-Z (TunerApp.make_safe_to_stop): passed on to the job when it exists
         self.outcome: BisectOutcome | None = None
 
     @property
@@ -211,6 +212,8 @@ class BisectRunner(_Job[BisectOutcome]):
             self._on_prepared()
         if self._stop.is_set():
             self._job.stop()
+        if self._pausing:  # a Ctrl-Z came while `prepare` ran
+            self._job.pause()
         self.outcome = self._job.run()
         return self.outcome
 
@@ -218,6 +221,21 @@ class BisectRunner(_Job[BisectOutcome]):
         super().stop()
         if self._job is not None:
             self._job.stop()
+
+    def pause(self) -> None:
+        """Ctrl-Z: the job's running trials end without a result, their cards at stock (BisectJob.pause)."""
+        self._pausing = True
+        if self._job is not None:
+            self._job.pause()
+
+    def paused_safely(self) -> bool:
+        """No trial is running (before the job exists, none can be)."""
+        return self._job is None or self._job.paused_safely()
+
+    def resume(self) -> None:
+        self._pausing = False
+        if self._job is not None:
+            self._job.resume()
 
 
 def describe_bisect_result(outcome: BisectOutcome | None) -> str:

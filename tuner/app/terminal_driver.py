@@ -18,6 +18,10 @@ write, Textual's shutdown and Python's last flush included, goes nowhere instead
 SIGCONT resumes application mode only after a suspend of our own (`_must_signal_resume`, set by the driver's
 SIGTSTP handler); any other SIGCONT leaves the running driver alone.
 
+And a SIGTSTP (`kill -TSTP`, `App.action_suspend_process`) no longer stops the process at once: the App makes its
+cards safe first (an unconfirmed change reverted, a bisect paused at stock), as the CLI does before it stops
+(tuner.core.signals).
+
 A terminal that stops reading without going away (a stalled connection) blocks the writer inside write(); nothing
 here can unblock it. tuner.app.hangup still makes the cards safe and ends the process on the signal that follows.
 """
@@ -101,6 +105,41 @@ class HangUpSafeDriver(LinuxDriver):
     def __init__(self, app: Any, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._file = TerminalOutput(self._file, app.terminal_went_away)  # type: ignore[arg-type, assignment]  # a TextIO in all but name
+        self._stopping = False  # a SIGTSTP is being handled: the cards are made safe, then the process stops
+
+    def _sigtstp_application(self, *args: Any) -> None:
+        """SIGTSTP (`kill -TSTP`, `App.action_suspend_process`). Textual's handler stopped the process at once,
+        leaving an unconfirmed change or a bisect trial on the card, unwatched, for as long as it stayed stopped.
+        Here the App makes its cards safe first (`make_safe_to_stop`), on a thread of its own: this handler runs on
+        the event loop's thread, which may hold the lock the App's revert waits for. The process stops from the
+        event loop once they are safe; a SIGTSTP meanwhile adds nothing."""
+        if self._stopping:
+            return
+        self._stopping = True
+        threading.Thread(target=self._stop_when_safe, args=args, name="tuner-stop", daemon=True).start()
+
+    def _stop_when_safe(self, *args: Any) -> None:
+        app: Any = self._app  # run_app's TunerApp
+        try:
+            safe = app.make_safe_to_stop()
+        except Exception:  # noqa: BLE001 - not known to be safe: not stopped (the App said what failed)
+            safe = False
+        if safe:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the App has ended, nothing to stop
+                self._loop.call_soon_threadsafe(self._stop_now, *args)
+                return
+        self._stopping = False
+
+    def _stop_now(self, *args: Any) -> None:
+        """On the event loop, the cards safe: Textual's stop (application mode suspended, SIGSTOP); it returns on
+        SIGCONT, and the App goes on (a paused bisect runs its trial again)."""
+        app: Any = self._app  # run_app's TunerApp
+        try:
+            if not app.leaving:  # a hang-up meanwhile: the guard is making the cards safe, never stop it
+                super()._sigtstp_application(*args)
+        finally:
+            self._stopping = False
+            app.resume_after_stop()
 
     def _sigcont_application(self, *args: Any) -> None:
         if self._must_signal_resume:  # back from our own Ctrl-Z (the driver stopped itself first): resume

@@ -837,6 +837,52 @@ class TunerApp(App[int]):
                     done.append(f"could not reset {device_id}: {describe_error(e)}")
         return done
 
+    def make_safe_to_stop(self, wait_s: float = 30.0) -> bool:
+        """Before the process stops (SIGTSTP: `kill -TSTP`; the driver, tuner.app.terminal_driver, stops it
+        once this returns True): a stopped process reverts nothing and watches no engine (they run in sessions of
+        their own), so, as `tuner set` and `tuner bisect` do before they stop, an unconfirmed change is reverted and
+        a bisect pauses (its running trials end without a result, their cards at stock and verified; they run again
+        after `resume_after_stop`). Blocks: never on the event loop (a setting worker holding `_writing` may be
+        waiting for it). False: the App is leaving (make_safe has the cards) or a trial did not end in `wait_s`;
+        the process does not stop then."""
+        runner = self._bisect_job
+        if runner is not None:
+            runner.pause()
+            deadline = time.monotonic() + wait_s
+            while not runner.paused_safely() and not runner.wait(0.05):
+                if time.monotonic() > deadline:
+                    runner.resume()
+                    self.post_message(msg.Noted("not stopped (Ctrl-Z): the running trial did not end in time",
+                                                "warning"))
+                    return False
+        with self._writing:  # a setting worker half-way through a write finishes first
+            if self._leaving:
+                return False
+            for change in [c for c in (self.pending, *self._unannounced) if c is not None and c.pending]:
+                cards = change.device_ids
+                try:
+                    change.revert()  # the previous value, else stock (PendingChange.revert), read back
+                    knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
+                except Exception as e:  # noqa: BLE001 - a card not known to be safe: the process must not stop
+                    self.post_message(msg.BackendFailed(f"not stopped (Ctrl-Z): revert on {', '.join(cards)}", e))
+                    return False
+                if change is self.pending:  # its dialog closes (KeepOrRevertDialog: no longer pending)
+                    self.pending = None
+                else:  # applied, not yet announced: on_change_applied drops it
+                    self._unannounced.remove(change)
+                self.post_message(msg.ChangeSettled(knobs, _reverted("reverted (Ctrl-Z)", change)))
+        return True
+
+    @property
+    def leaving(self) -> bool:
+        """Quitting or hung up: nothing new goes on a card, make_safe has (or will have) the cards."""
+        return self._leaving
+
+    def resume_after_stop(self) -> None:
+        """Back from a stop (SIGCONT): a paused bisect goes on; the trial that was cut short runs again."""
+        if self._bisect_job is not None:
+            self._bisect_job.resume()
+
     # --- command palette -----------------------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """Textual's own commands (theme, keys, screenshot) without its Quit, which exits at once, skipping the safe

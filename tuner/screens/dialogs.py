@@ -96,15 +96,17 @@ class KeepOrRevertDialog(ModalScreen[bool]):
     def _tick(self) -> None:
         if not self.is_attached:
             return
+        # not pending: reverted by the App before a Ctrl-Z stopped the process (TunerApp.make_safe_to_stop)
+        over = self.pending.expired() or not self.pending.pending
         if self.app.screen is not self:  # the palette or the quit question on top: the countdown still ends on time
-            if self.pending.expired() and not self._timed_out:
+            if over and not self._timed_out:
                 self._timed_out = True
                 self._result_callbacks[-1](False)  # Revert now; this dialog closes once it is on top again
             return
         if self._timed_out:
             self.app.pop_screen()  # answered already (a second answer would settle a later change)
             return
-        if self.pending.expired():
+        if over:
             self.dismiss(False)
             return
         left_s = max(0, int(self.pending.seconds_left() + 0.999))

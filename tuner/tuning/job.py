@@ -1068,6 +1068,12 @@ def last_outcome(device_id: str, knob: Knob) -> CardOutcome:
                          "run `tuner bisect` (a new bisect replaces the last one's result)")
     names = {f.name for f in fields(Recommendation)}
     rec = Recommendation(**{"device": device_id, **{k: v for k, v in doc["recommendation"].items() if k in names}})
+    try:  # a journal from another card, or hand-edited: said here, with the file, not by the profile's check
+        knob.validate(rec.setting)  # no overvolt: a profile records an undervolt
+    except OutOfRange as e:
+        raise UsageError(f"the last bisect's recommendation in {journal.journal_path(device_id)} does not fit this "
+                         f"card: {e.message}", "run `tuner bisect` (a new bisect replaces the last one's result)"
+                         ) from None
     stored = doc["params"]
     pp = PlanParams.defaults_for(knob, step=stored.get("step"), resolution=stored.get("resolution"),
                                  margin=stored.get("margin"), floor=stored.get("floor"))

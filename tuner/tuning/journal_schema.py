@@ -9,6 +9,7 @@ remedy). Nothing here reads files; no textual, no torch.
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any
 
 import msgspec
@@ -48,6 +49,10 @@ CardSettings = Annotated[dict[str, int], Meta(extra={"what": "a map of card -> w
 # (tuner.core.durations); --resume runs with the stored one, so a NaN, 0 or -5 there is damage, not a trial length
 Duration = Annotated[float, Meta(ge=MIN_DURATION_S, le=MAX_DURATION_S,
                                  extra={"what": "a duration of 1 to 604800 seconds (1 s to 7 days)"})]
+# a recommendation's measurement (tok/s, W, tok/J, a gain in %), which `--from-last` saves into a profile: the writer
+# stores a non-finite one as null (tuner.core.json_values), so Infinity or NaN here (Python's json reads both) is
+# damage; let through, the profile refused it later without naming this file. Finite = within the float's range.
+Measure = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max, extra={"what": "a finite number"})]
 
 
 class _Doc(msgspec.Struct):
@@ -103,13 +108,13 @@ class Recommendation(_Doc):
     first_failure: int | None
     edge: bool
     measured_at: int | None = None
-    baseline_tok_s: float | None = None
-    baseline_power_w: float | None = None
-    baseline_tok_per_j: float | None = None
-    tuned_tok_s: float | None = None
-    tuned_power_w: float | None = None
-    tuned_tok_per_j: float | None = None
-    efficiency_gain_pct: float | None = None
+    baseline_tok_s: Measure | None = None
+    baseline_power_w: Measure | None = None
+    baseline_tok_per_j: Measure | None = None
+    tuned_tok_s: Measure | None = None
+    tuned_power_w: Measure | None = None
+    tuned_tok_per_j: Measure | None = None
+    efficiency_gain_pct: Measure | None = None
 
 
 class SearchParams(_Doc):
