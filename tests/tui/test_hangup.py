@@ -340,7 +340,15 @@ def test_sigtstp_during_keep_or_revert_reverts_before_the_process_stops(tuners):
     tuner.proc.send_signal(signal.SIGCONT)
     tuner.wait_for("reverted")  # back: the UI moves on and says what happened
     assert tuner.proc.poll() is None
-    tuner.press("q")
+
+    def quit_heard() -> bool:
+        # Textual takes the terminal back (raw mode) on SIGCONT in its own time: a key typed before that is read by
+        # the cooked terminal, so quit is asked until the tuner hears it (each `q` asks the same thing)
+        tuner.press("q")
+        tuner.read_for(1.0)
+        return tuner.proc.poll() is not None
+
+    wait_until(quit_heard, EXIT_BOUND_S, "the tuner to quit after SIGCONT")
     assert tuner.wait_exit() == exit_codes.OK
     assert _card_offset() == 0
 
