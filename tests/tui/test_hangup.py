@@ -366,6 +366,22 @@ def _engine_processes() -> list[psutil.Process]:
     return found
 
 
+def _bisect_until_a_trial_below_stock(tuner: PtyTuner) -> tuple[list[psutil.Process], int]:
+    """Start a bisect from the Bisect screen and wait for the baseline at stock, then the first trial below stock
+    with its engine running: (the engines, the trial's setting)."""
+    tuner.wait_for("Dashboard", "SIMULATED")
+    tuner.press("3")
+    tuner.wait_for("verdict", "tok/J", "b start")
+    tuner.press("b")
+    tuner.wait_for("RUNNING")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (_card_offset() < 0 and _engine_processes()):
+        tuner.read_for(0.2)
+    engines, cut_at = _engine_processes(), _card_offset()
+    assert engines and cut_at < 0, "the bisect never ran a trial below stock"
+    return engines, cut_at
+
+
 def test_terminal_gone_during_a_bisect_stops_the_engine_and_the_trial_runs_again(tuners):
     """An SSH drop mid-bisect (the master closed under the busy Bisect screen): the engine's process group is
     killed, the card is at stock, the process ends with 130, and the trial cut short counts for nothing: nothing
@@ -377,17 +393,7 @@ def test_terminal_gone_during_a_bisect_stops_the_engine_and_the_trial_runs_again
     # replay, pass however short (no least number of compared steps at stock: tuner.tuning.evidence.judge)
     form_memory.remember(SimulatedBackend().devices()[0], {"trial": "1s", "confirm": "1s"})
     tuner = tuners("--sim-vmin", "-52")
-    tuner.wait_for("Dashboard", "SIMULATED")
-    tuner.press("3")
-    tuner.wait_for("verdict", "tok/J", "b start")
-    tuner.press("b")
-    tuner.wait_for("RUNNING")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (_card_offset() < 0 and _engine_processes()):
-        tuner.read_for(0.2)  # the baseline at stock, then the first trial below stock with its engine running
-    engines = _engine_processes()
-    cut_at = _card_offset()
-    assert engines and cut_at < 0, "the bisect never ran a trial below stock"
+    engines, cut_at = _bisect_until_a_trial_below_stock(tuner)
     tuner.close_master()
     assert tuner.wait_exit() == exit_codes.INTERRUPTED
     _gone, alive = psutil.wait_procs(engines, timeout=30)
@@ -409,17 +415,7 @@ def test_sigtstp_during_a_bisect_pauses_it_at_stock_before_the_process_stops(tun
 
     form_memory.remember(SimulatedBackend().devices()[0], {"trial": "1s", "confirm": "1s"})
     tuner = tuners("--sim-vmin", "-52", command=_short_waits())  # the checkout's tuner
-    tuner.wait_for("Dashboard", "SIMULATED")
-    tuner.press("3")
-    tuner.wait_for("verdict", "tok/J", "b start")
-    tuner.press("b")
-    tuner.wait_for("RUNNING")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (_card_offset() < 0 and _engine_processes()):
-        tuner.read_for(0.2)  # the baseline at stock, then the first trial below stock with its engine running
-    engines = _engine_processes()
-    cut_at = _card_offset()
-    assert engines and cut_at < 0, "the bisect never ran a trial below stock"
+    engines, _cut_at = _bisect_until_a_trial_below_stock(tuner)
     tuner.proc.send_signal(signal.SIGTSTP)
     wait_until(lambda: _stopped(tuner) or tuner.proc.poll() is not None, EXIT_BOUND_S, "the process to stop")
     assert _stopped(tuner)

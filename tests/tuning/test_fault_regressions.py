@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -91,13 +92,20 @@ def test_a_finished_journal_whose_recommendation_lacks_a_key_is_one_line(capsys,
     rec = {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50, "first_failure": -60,
            "edge": False}
     del rec[lacking]
+    path, err = _from_last_of_a_finished_journal(capsys, rec)
+    assert str(path) in err and "damaged" in err and repr(lacking) in err
+
+
+def _from_last_of_a_finished_journal(capsys, rec: dict, *, edit=lambda text: text) -> tuple[Path, str]:
+    """`bisect --from-last` over a finished journal holding `rec` (`edit` changes its JSON text, as a hand would): the
+    journal's path and what it said on stderr, after checking it ended with one line, exit 2 and nothing on stdout."""
     path = journal.journal_path("sim0")
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "state": "finished",
-                                "params": {}, "trials": [], "recommendation": rec}))
+    path.write_text(edit(json.dumps({"version": 1, "session": "s1", "device": "sim0", "state": "finished",
+                                     "params": {}, "trials": [], "recommendation": rec})))
     code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
     assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, err
-    assert str(path) in err and "damaged" in err and repr(lacking) in err
+    return path, err
 
 
 @pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN"])
@@ -106,12 +114,7 @@ def test_a_finished_journal_whose_measurement_is_not_finite_names_the_file(capsy
     `tuning.tuned_tok_s: expected a finite number, got inf`, naming neither the journal nor a remedy."""
     rec = {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50, "first_failure": -60,
            "edge": False, "tuned_tok_s": 0.0}
-    path = journal.journal_path("sim0")
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "state": "finished",
-                                "params": {}, "trials": [], "recommendation": rec}).replace("0.0", value))
-    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
-    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, err
+    path, err = _from_last_of_a_finished_journal(capsys, rec, edit=lambda text: text.replace("0.0", value))
     assert str(path) in err and "damaged" in err and "tuned_tok_s" in err and "move it aside" in err, err
 
 
@@ -121,12 +124,7 @@ def test_a_finished_journal_whose_recommendation_this_card_cannot_take_names_the
     `setting.value: -5000 mV is outside -500..+0 mV for a voltage_offset`, naming neither the journal nor a way out."""
     rec = {"setting": setting, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50,
            "first_failure": -60, "edge": False}
-    path = journal.journal_path("sim0")
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "state": "finished",
-                                "params": {}, "trials": [], "recommendation": rec}))
-    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
-    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, err
+    path, err = _from_last_of_a_finished_journal(capsys, rec)
     assert str(path) in err and f"{setting:+d} mV" in err and "tuner bisect" in err, err
 
 
