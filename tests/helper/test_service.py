@@ -619,20 +619,9 @@ def test_a_machine_list_kept_under_a_placeholder_serial_still_refuses_after_the_
     """Before placeholder serials meant 'no serial', every AMD card whose serial amdsmi could not read ("N/A") had
     its machine list at `unsafe/amd-serial-N_A.jsonl`; now each is keyed by its slot, and that list was read by
     no card: a value that hung the machine was applied again. Such a list was every such card's, so it stays so."""
-    from tests.backends.fakes.fake_amdsmi import fake_amdsmi
-    from tests.backends.fakes.fake_kernel import FakeKernelIO, FakeOdKernel
-    from tests.backends.fakes.trees import OD_TEXT, make_card, make_tree
-    from tuner.backends import amd
-    from tuner.backends.amd_sysfs import amd_card_dirs
+    from tests.backends.fakes.trees import two_rdna4_cards_without_serials
 
-    hw = tmp_path / "hw"
-    make_tree(hw, [])
-    slots = ["0000:03:00.0", "0000:04:00.0"]
-    for i, slot in enumerate(slots):
-        make_card(hw, i, "rdna4", slot=slot)
-    dirs = amd_card_dirs(hw)
-    kernels = FakeKernelIO({d / "pp_od_clk_voltage": FakeOdKernel(OD_TEXT["rdna4"]) for d in dirs})
-    backend = amd.AmdBackend(dirs, root=hw, sysfs=kernels, amdsmi=fake_amdsmi(dict.fromkeys(slots, "N/A")))
+    backend, slots = two_rdna4_cards_without_serials(tmp_path / "hw")
     state = MachineState(tmp_path / "state")
     state.create()
     state.add_unsafe("amd-serial-N_A", s.UnsafeEntry(setting=-100, unit="mV", kind="hang", reason="the engine hung",

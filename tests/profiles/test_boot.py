@@ -257,22 +257,10 @@ def test_boot_never_applies_a_profile_to_another_card_whose_serial_is_a_placehol
     """amdsmi answers 'N/A' for a serial it cannot read (ROCm/rocm-systems PR #3041): two such cards had the same
     serial, so boot apply found the profile's card "by serial" in the first slot with one, called it the same card,
     and wrote a limit proven on the card in the other slot to it. A placeholder is no serial: found by slot."""
-    from tests.backends.fakes.fake_amdsmi import fake_amdsmi
-    from tests.backends.fakes.fake_kernel import FakeKernelIO, FakeOdKernel
-    from tests.backends.fakes.trees import OD_TEXT, make_card, make_tree
+    from tests.backends.fakes.trees import two_rdna4_cards_without_serials
     from tuner.actions.boot_apply import run_boot_apply
-    from tuner.backends import amd
-    from tuner.backends.amd_sysfs import amd_card_dirs
 
-    hw = tmp_path / "hw"
-    make_tree(hw, [])
-    slots = ["0000:03:00.0", "0000:04:00.0"]
-    for i, slot in enumerate(slots):
-        make_card(hw, i, "rdna4", slot=slot)
-    dirs = amd_card_dirs(hw)
-    kernels = {d / "pp_od_clk_voltage": FakeOdKernel(OD_TEXT["rdna4"]) for d in dirs}
-    smi = fake_amdsmi(dict.fromkeys(slots, "N/A"))
-    backend = amd.AmdBackend(dirs, root=hw, sysfs=FakeKernelIO(kernels), amdsmi=smi)
+    backend, slots = two_rdna4_cards_without_serials(tmp_path / "hw")
     proven_on = backend.devices()[1]  # the card in the second slot
     assert proven_on.pci_slot == slots[1]
     save_profile(build_profile("second", proven_on, backend.knob(proven_on.id), -30, kernel="6.14.0-fake"),

@@ -175,3 +175,20 @@ def make_tree(root: Path, formats: list[str | None], *, mask: str = "0xfff7ffff"
     write(root / "sys/module/amdgpu/parameters/ppfeaturemask", mask + "\n")
     write(root / "proc/sys/kernel/osrelease", "6.14.0-fake\n")
     return [make_card(root, i, fmt, **kw) for i, fmt in enumerate(formats)]
+
+
+def two_rdna4_cards_without_serials(root: Path):
+    """An AMD backend over two RDNA4 cards in slots 03 and 04 whose amdsmi serial is its "N/A" placeholder (the
+    backend's strict fake kernel behind each OD file), and the two slots."""
+    from tests.backends.fakes.fake_amdsmi import fake_amdsmi
+    from tests.backends.fakes.fake_kernel import FakeKernelIO, FakeOdKernel
+    from tuner.backends import amd
+    from tuner.backends.amd_sysfs import amd_card_dirs
+
+    make_tree(root, [])
+    slots = ["0000:03:00.0", "0000:04:00.0"]
+    for i, slot in enumerate(slots):
+        make_card(root, i, "rdna4", slot=slot)
+    dirs = amd_card_dirs(root)
+    kernels = FakeKernelIO({d / "pp_od_clk_voltage": FakeOdKernel(OD_TEXT["rdna4"]) for d in dirs})
+    return amd.AmdBackend(dirs, root=root, sysfs=kernels, amdsmi=fake_amdsmi(dict.fromkeys(slots, "N/A"))), slots
