@@ -341,6 +341,12 @@ class NvidiaBackend(Backend):
         card_records.record_applied(self._record_key(device_id), device_id, offset_mhz, "MHz",
                                     {"offset_mhz": offset_mhz, "lock_clock_mhz": lock_mhz}, self._warn)
 
+    def _recorded_offset(self, device_id: str) -> int:
+        """The offset the tuner's record says it applied this boot; 0 without one, or for a value that is not a whole
+        number (a damaged or hand-edited record is no record)."""
+        offset = self._record(device_id).get("offset_mhz", 0)
+        return offset if isinstance(offset, int) and not isinstance(offset, bool) else 0
+
     def _recorded_lock(self, device_id: str) -> int | None:
         """The lock the tuner's record says it put on the card with the offset it applied this boot, or None."""
         lock = self._record(device_id).get("lock_clock_mhz")
@@ -472,9 +478,7 @@ class NvidiaBackend(Backend):
         current, lo, hi = offsets[0] if 0 in offsets else offsets[None]  # P0's, or the whole curve's
         if current == 0:
             # some drivers read 0 for an applied offset: then the tuner's record of what it applied this boot says
-            # (a value that is not a whole number, a damaged or hand-edited record, is no record)
-            recorded = self._record(device_id).get("offset_mhz", 0)
-            current = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else 0
+            current = self._recorded_offset(device_id)
         step = offset_step_mhz(self._supported_clocks(self._handle(device_id)))
         return Knob.offset(KnobKind.CLOCK_OFFSET, current, lo, hi, step, lock_clock_mhz=self.lock_clock_mhz(device_id))
 
@@ -550,8 +554,8 @@ class NvidiaBackend(Backend):
         """The card's state now (`knob` is its reading): each pstate's offset, and the lock only where the tuner's
         record says the offset on the card is its own (NVML cannot read a lock; see FoundState)."""
         read = {pstate: current for pstate, (current, _, _) in self._read_offsets(device_id).items()}
-        recorded = self._record(device_id).get("offset_mhz", 0)
-        own = isinstance(recorded, int) and not isinstance(recorded, bool) and recorded == knob.current != 0
+        recorded = self._recorded_offset(device_id)
+        own = recorded == knob.current != 0
         # the tuner writes its offset to every pstate it applies at; where a driver reads that back as 0 (issue 13)
         # its record is the only memory of it, as in `knob`
         offsets = {pstate: recorded if own and current == 0 else current for pstate, current in read.items()}
