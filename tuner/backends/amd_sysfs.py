@@ -13,7 +13,6 @@ import errno
 import math
 import os
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -145,24 +144,11 @@ class SysfsIO:
             if not 0 < len(data) <= 127:
                 raise AssertionError(f"kernel command must be 1..127 bytes: {command!r}")
             payloads.append((command, data))
-        box: dict[str, BaseException] = {}
         waiting_on: dict[str, str | None] = {"command": None}  # None: the open
-        done = threading.Event()
-
-        def write() -> None:  # the caller may give up waiting; the worker still closes its descriptor
-            try:
-                self._write_payloads(path, payloads, waiting_on)
-            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-                box["error"] = e
-            finally:
-                done.set()
-
-        threading.Thread(target=write, name=f"write {path}", daemon=True).start()
-        if not done.wait(self.write_timeout_s):
-            timeout = TimeoutError(errno.ETIMEDOUT, f"no answer within {self.write_timeout_s:g} s", str(path))
+        try:  # the caller may give up waiting; the worker still closes its descriptor
+            kernel_files.within(self.write_timeout_s, lambda: self._write_payloads(path, payloads, waiting_on), path)
+        except TimeoutError as timeout:  # the worker's own OSErrors are TunerErrors already (_error)
             raise self._error(timeout, path, waiting_on["command"]) from None
-        if "error" in box:
-            raise box["error"]
 
     def _write_payloads(self, path: Path, payloads: list[tuple[str, bytes]],
                         waiting_on: dict[str, str | None]) -> None:

@@ -24,7 +24,9 @@ import os
 import re
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tuner.core import paths
 
@@ -32,6 +34,7 @@ ATTRIBUTE_MAX_BYTES = 64 * 1024  # a sysfs show() fills at most one page; procfs
 READ_TIMEOUT_S = 5.0
 BOOT_ID_PATH = "proc/sys/kernel/random/boot_id"
 BOOT_ID_MAX_BYTES = 64  # "0f1d...-...\n" is 37 bytes
+T = TypeVar("T")
 _DRM_CARD = re.compile(r"card(\d+)")  # not the connectors (card0-DP-1), which also match card*
 
 
@@ -106,29 +109,43 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow_links: 
         os.close(fd)
 
 
+def within(timeout_s: float, work: Callable[[], T], path: Path | str) -> T:
+    """`work()`'s result, run in a worker thread and given up after `timeout_s` (TimeoutError naming `path`): a
+    driver that never answers a `show` or a `store` (a GPU hung in reset), a FUSE or NFS file that blocks, cannot hang
+    the tuner, and the main thread keeps taking signals meanwhile. A `work` given up on runs on: it releases what it
+    holds itself."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"sysfs {path}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise TimeoutError(errno.ETIMEDOUT, f"no answer within {timeout_s:g} s", str(path))
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def read_bytes(path: Path | str, *, max_bytes: int = ATTRIBUTE_MAX_BYTES,
                timeout_s: float = READ_TIMEOUT_S) -> bytes:
     """The file's bytes (at most `max_bytes`); an OSError when it is missing, not a regular file, larger than the
     cap, or does not answer within `timeout_s`."""
     fd = open_regular(path, error=NotAKernelFile, expected="a sysfs or proc file")
-    box: dict[str, bytes | BaseException] = {}
-    done = threading.Event()
 
-    def read() -> None:  # owns fd from here on: closes it even when the caller gave up waiting
+    def read() -> bytes:  # owns fd from here on: closes it even when the caller gave up waiting
         try:
-            box["data"] = read_at_most(fd, max_bytes)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = e
+            return read_at_most(fd, max_bytes)
         finally:
             os.close(fd)
-            done.set()
 
-    threading.Thread(target=read, name=f"read {path}", daemon=True).start()
-    if not done.wait(timeout_s):
-        raise TimeoutError(errno.ETIMEDOUT, f"no answer within {timeout_s:g} s", str(path))
-    data = box["data"] if "data" in box else box["error"]
-    if isinstance(data, BaseException):
-        raise data
+    data = within(timeout_s, read, path)
     if len(data) > max_bytes:
         raise TooLarge(errno.EFBIG, f"more than {max_bytes} bytes, not a sysfs or proc attribute", str(path))
     return data
