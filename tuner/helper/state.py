@@ -87,9 +87,9 @@ def placeholder_keys(root: Path, device: DeviceInfo) -> list[str]:
 
 
 def former_keys(device: DeviceInfo, former_serials: Sequence[str]) -> list[str]:
-    """The keys under which an older helper kept the lists of `device`, a card with a serial now: without amdsmi an
-    AMD card's serial was its board's FRU `serial_number` (`former_serials`), or with none its slot (the AMD
-    backend's `_identify` reads `unique_id` as amdsmi does now)."""
+    """The keys under which an older helper kept the lists of `device`, a card with a serial now: an AMD card's
+    serial was amdsmi's text of its unique_id, or without amdsmi its board's FRU `serial_number` (`former_serials`),
+    or with none its slot (the AMD backend's `_identify` reads the kernel's `unique_id` first now)."""
     if not device.serial:
         return []
     return [card_key(replace(device, serial=serial)) for serial in (*former_serials, None)]
