@@ -787,6 +787,10 @@ class TunerApp(App[int]):
         else:
             self.signal_safe_hang_up()
 
+    def _unconfirmed_changes(self) -> list[PendingChange | RigChange]:
+        """Changes applied and neither kept nor reverted: the one asked about, and those not yet announced."""
+        return [c for c in (self.pending, *self._unannounced) if c is not None and c.pending]
+
     def make_safe(self, wait_s: float = 30.0) -> list[str]:
         """Stop every job, revert an unconfirmed setting and reset cards that had a job on them to stock.
 
@@ -818,7 +822,7 @@ class TunerApp(App[int]):
             done.append(f"the unfinished {what} is kept: `tuner bisect --device {ids} --resume` continues it ({where} "
                         "on the Bisect screen), --restart starts afresh")
         with self._writing:  # a setting worker half-way through a write finishes first; later ones write nothing
-            changes = [c for c in (self.pending, *self._unannounced) if c is not None and c.pending]
+            changes = self._unconfirmed_changes()
             self.pending, self._unannounced = None, []
             for change in changes:  # applied, neither kept nor reverted
                 cards = change.device_ids
@@ -858,7 +862,7 @@ class TunerApp(App[int]):
         with self._writing:  # a setting worker half-way through a write finishes first
             if self._leaving:
                 return False
-            for change in [c for c in (self.pending, *self._unannounced) if c is not None and c.pending]:
+            for change in self._unconfirmed_changes():
                 cards = change.device_ids
                 try:
                     change.revert()  # the previous value, else stock (PendingChange.revert), read back
