@@ -108,6 +108,38 @@ def _from_last_of_a_finished_journal(capsys, rec: dict, *, edit=lambda text: tex
     return path, err
 
 
+def _finished_journal_of_sim0() -> None:
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    rec = {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50, "first_failure": -60,
+           "edge": False}
+    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "state": "finished",
+                                "params": {}, "trials": [], "recommendation": rec}))
+
+
+@pytest.mark.parametrize("flag", [("--resume",), ("--restart",), ("--margin", "20"), ("--step", "5"),
+                                  ("--trial", "1m"), ("--bound", "10m"), ("--tolerance",), ("--floor", "-30")])
+def test_from_last_refuses_a_flag_of_a_run_it_does_not_make(capsys, boot, flag):
+    """`--from-last` runs nothing and saves the journal's result as it is: `--resume`, `--restart`, `--margin 20`
+    and every other search flag were accepted and did nothing (exit 0, a profile saved with the journal's own
+    margin). A flag that cannot apply is refused with one line, exit 2, nothing saved."""
+    _finished_journal_of_sim0()
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last",
+                           *flag)
+    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert flag[0] in err and "--from-last" in err, err
+    assert not _store("later").exists()
+
+
+def test_from_last_answers_in_json_when_asked(capsys, boot):
+    _finished_journal_of_sim0()
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last",
+                           "--json")
+    assert code == 0, err
+    [line] = out.splitlines()
+    assert json.loads(line)["event"] == "profile_saved" and json.loads(line)["name"] == "later"
+
+
 @pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN"])
 def test_a_finished_journal_whose_measurement_is_not_finite_names_the_file(capsys, boot, value):
     """A hand-edited journal (Python's json reads Infinity and NaN): `--from-last` ended with

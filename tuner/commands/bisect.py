@@ -295,6 +295,7 @@ def run(args: Namespace, ctx: Context) -> int:
     if args.from_last:
         if len(devices) > 1:
             raise UsageError("--from-last saves one card's last result", "give --device ID (one card)")
+        _refuse_run_flags(args)
         check_save_name(args.save)
         return _save_from_last(args, backend, devices[0])
     given = {p.name: getattr(args, p.id) for p in BISECT if not p.later}  # argparse converted these
@@ -461,6 +462,18 @@ def _save_card(args: Namespace, backend: Backend, device_id: str, card: CardOutc
     else:
         print(f"saved profile {args.save!r} to {path}{reference.text()}")
         print(after_save(args.save))
+
+
+def _refuse_run_flags(args: Namespace) -> None:
+    """--from-last runs nothing and saves the journal's result as it was found: a flag that shapes a run (--resume,
+    --restart, --tolerance, a search parameter such as --margin) would be silently ignored, and a user who passed
+    --margin 20 would get a profile with the journal's margin. Refused, nothing saved."""
+    given = [p.flag for p in BISECT if getattr(args, p.id) != p.default]
+    given += [flag for flag, on in (("--resume", args.resume), ("--restart", args.restart),
+                                    ("--tolerance", args.tolerance)) if on]
+    if given:
+        raise UsageError(f"--from-last runs nothing, so {', '.join(given)} would do nothing",
+                         f"drop {'it' if len(given) == 1 else 'them'}, or run a bisect without --from-last")
 
 
 def _save_from_last(args: Namespace, backend: Backend, device_id: str) -> int:
