@@ -140,6 +140,25 @@ def test_from_last_answers_in_json_when_asked(capsys, boot):
     assert json.loads(line)["event"] == "profile_saved" and json.loads(line)["name"] == "later"
 
 
+def test_an_end_of_input_at_the_bisect_question_is_a_no_not_a_traceback(capsys, boot, monkeypatch):
+    """Ctrl-D at "Continue? [y/N]" on a terminal: input() raised EOFError, which no exit code maps, so the command
+    ended in a traceback. Nobody said yes: cancelled, one line, exit 2, the card untouched."""
+    import io
+
+    from tests.actions.fakes import RealLookingSim
+
+    class EndedTerminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    backend = RealLookingSim(vmin_mv=-52)
+    monkeypatch.setattr("tuner.actions.context.open_backend", lambda **_kw: backend)
+    monkeypatch.setattr("sys.stdin", EndedTerminal(""))
+    code, _out, err = tuner(capsys, "bisect", "--device", "sim0", "--trial", "1s", "--confirm", "2s")
+    assert code == exit_codes.USAGE and "cancelled" in err and len(err.strip().splitlines()) == 1, (code, err)
+    assert backend.knob("sim0").current == 0 and journal.load("sim0") is None
+
+
 @pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN"])
 def test_a_finished_journal_whose_measurement_is_not_finite_names_the_file(capsys, boot, value):
     """A hand-edited journal (Python's json reads Infinity and NaN): `--from-last` ended with

@@ -89,7 +89,11 @@ def _confirm_real_cards(backend: Backend, devices: tuple[str, ...], args: Namesp
         raise UsageError(f"bisect changes the voltage of {what} and may crash the machine",
                          "pass --yes to run it unattended")
     for q in questions:
-        if input(f"{q} [y/N] ").strip().lower() not in ("y", "yes"):
+        try:
+            answer = input(f"{q} [y/N] ")
+        except EOFError:  # Ctrl-D, or a terminal that closed: nobody said yes
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
             raise UsageError("bisect cancelled", "pass --yes to skip this question")
 
 
