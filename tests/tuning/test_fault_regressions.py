@@ -349,6 +349,24 @@ def test_a_result_whose_save_failed_is_saved_later_from_the_journal(capsys, boot
     assert saved.setting.value == -40 and saved.tuning is not None and saved.tuning.confirmed == -50
 
 
+def test_a_save_name_taken_by_a_dangling_link_is_refused_before_the_run(capsys, boot, monkeypatch):
+    """The --save name is checked before hours of trials, but with exists(), which follows a link: a dangling link
+    at NAME.toml passed, the whole bisect ran, and the save at its end (lexists: the store never writes through a
+    link) refused the name. Refused up front, nothing run."""
+    engine = FakeEngine()
+    real_init = BisectJob.__init__
+    monkeypatch.setattr(BisectJob, "__init__", lambda self, *a, **kw: real_init(self, *a, engine_factory=engine,
+                                                                                **kw))
+    link = _store("taken")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(link.parent / "gone.toml")
+    code, out, err = tuner(capsys, "--simulate", "--sim-vmin", "-52", "bisect", "--device", "sim0", "--trial", "1s",
+                           "--confirm", "2s", "--save", "taken")
+    assert code == exit_codes.USAGE and "already exists" in err and len(err.strip().splitlines()) == 1, (code, err)
+    assert out == "" and journal.load("sim0") is None
+    assert link.is_symlink()
+
+
 def _store(name):
     from tuner.profiles.store import profile_path
 
