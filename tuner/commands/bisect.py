@@ -433,6 +433,7 @@ def _save(args: Namespace, backend: Backend, outcome: BisectOutcome) -> None:
     got a setting confirmed together (each built by the core; a rig profile bundles no baseline)."""
     from tuner.actions.bisect import rig_profile_from_outcome
 
+    check_save_name(args.save)  # taken meanwhile: said with this command's remedy (the store's names --overwrite)
     if len(outcome.per_card) == 1:
         [device_id] = outcome.per_card
         _save_card(args, backend, device_id, outcome.card)
