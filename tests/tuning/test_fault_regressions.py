@@ -117,6 +117,22 @@ def _finished_journal_of_sim0() -> None:
                                 "params": {}, "trials": [], "recommendation": rec}))
 
 
+def test_from_last_refuses_a_result_found_on_another_card_in_the_slot(capsys, boot):
+    """The journals are keyed by slot, so --resume refuses a session run on another card (its serial). --from-last
+    did not ask: a card swapped into sim0's slot got a profile for itself holding the other card's result, which
+    `tuner apply` then applies to it. Refused in one line, nothing saved."""
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    rec = {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50, "first_failure": -60,
+           "edge": False}
+    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "serial": "SIM-9999-00",
+                                "state": "finished", "params": {}, "trials": [], "recommendation": rec}))
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
+    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert "SIM-9999-00" in err and "another card" in err, err
+    assert not _store("later").exists()
+
+
 @pytest.mark.parametrize("flag", [("--resume",), ("--restart",), ("--margin", "20"), ("--step", "5"),
                                   ("--trial", "1m"), ("--bound", "10m"), ("--tolerance",), ("--floor", "-30")])
 def test_from_last_refuses_a_flag_of_a_run_it_does_not_make(capsys, boot, flag):

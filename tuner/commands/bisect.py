@@ -486,5 +486,6 @@ def _save_from_last(args: Namespace, backend: Backend, device_id: str) -> int:
 
     if not args.save:
         raise UsageError("--from-last saves the last result and needs --save NAME", "add --save NAME")
-    _save_card(args, backend, device_id, last_outcome(device_id, backend.knob(device_id)))
+    outcome = last_outcome(device_id, backend.knob(device_id), backend.device(device_id).serial)
+    _save_card(args, backend, device_id, outcome)
     return exit_codes.OK
