@@ -131,3 +131,36 @@ async def test_a_fifo_at_the_form_memory_is_refused_in_one_line_and_b_starts(tmp
         with contextlib.suppress(OSError):
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
     assert path.is_fifo()  # not ours to replace
+
+
+async def test_a_fifo_at_the_form_memory_is_said_once_not_at_every_card_switch(tmp_path, monkeypatch):
+    """The form is recalled for each card `d` selects: the FIFO's line came again at every switch (two cards, ALL CARDS
+    and back: four toasts saying the same thing). Said once per file in a session."""
+    import os
+
+    from tuner.app import form_memory
+
+    path = form_memory._path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    recalls: list[str] = []
+    real_recall = form_memory.recall
+
+    def counted(device):
+        try:
+            return real_recall(device)
+        finally:
+            recalls.append(device.id)
+
+    monkeypatch.setattr(form_memory, "recall", counted)
+    app = make_app(tmp_path, backend=sim_backend(tmp_path, gpus=2, vmin_mv=-52), samples=0)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect" and len(recalls) == 1 and not app.screen._recalls)
+        for switches in (2, 3, 4):  # sim1, ALL CARDS, sim0
+            await pilot.press("d")
+            await until(pilot, lambda n=switches: len(recalls) == n and not app.screen._recalls,
+                        what=f"recall {switches}")
+        notes = [n.message for n in app._notifications if "FIFO" in n.message]
+    assert len(notes) == 1 and str(path) in notes[0], notes
+    assert path.is_fifo()

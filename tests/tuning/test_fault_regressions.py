@@ -108,6 +108,73 @@ def _from_last_of_a_finished_journal(capsys, rec: dict, *, edit=lambda text: tex
     return path, err
 
 
+def _finished_journal_of_sim0() -> None:
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    rec = {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50, "first_failure": -60,
+           "edge": False}
+    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "state": "finished",
+                                "params": {}, "trials": [], "recommendation": rec}))
+
+
+def test_from_last_refuses_a_result_found_on_another_card_in_the_slot(capsys, boot):
+    """The journals are keyed by slot, so --resume refuses a session run on another card (its serial). --from-last
+    did not ask: a card swapped into sim0's slot got a profile for itself holding the other card's result, which
+    `tuner apply` then applies to it. Refused in one line, nothing saved."""
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    rec = {"setting": -40, "margin": 10, "unit": "mV", "confirmed": -50, "lowest_pass": -50, "first_failure": -60,
+           "edge": False}
+    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "serial": "SIM-9999-00",
+                                "state": "finished", "params": {}, "trials": [], "recommendation": rec}))
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
+    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert "SIM-9999-00" in err and "another card" in err, err
+    assert not _store("later").exists()
+
+
+@pytest.mark.parametrize("flag", [("--resume",), ("--restart",), ("--margin", "20"), ("--step", "5"),
+                                  ("--trial", "1m"), ("--bound", "10m"), ("--tolerance",), ("--floor", "-30")])
+def test_from_last_refuses_a_flag_of_a_run_it_does_not_make(capsys, boot, flag):
+    """`--from-last` runs nothing and saves the journal's result as it is: `--resume`, `--restart`, `--margin 20`
+    and every other search flag were accepted and did nothing (exit 0, a profile saved with the journal's own
+    margin). A flag that cannot apply is refused with one line, exit 2, nothing saved."""
+    _finished_journal_of_sim0()
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last",
+                           *flag)
+    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert flag[0] in err and "--from-last" in err, err
+    assert not _store("later").exists()
+
+
+def test_from_last_answers_in_json_when_asked(capsys, boot):
+    _finished_journal_of_sim0()
+    code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last",
+                           "--json")
+    assert code == 0, err
+    [line] = out.splitlines()
+    assert json.loads(line)["event"] == "profile_saved" and json.loads(line)["name"] == "later"
+
+
+def test_an_end_of_input_at_the_bisect_question_is_a_no_not_a_traceback(capsys, boot, monkeypatch):
+    """Ctrl-D at "Continue? [y/N]" on a terminal: input() raised EOFError, which no exit code maps, so the command
+    ended in a traceback. Nobody said yes: cancelled, one line, exit 2, the card untouched."""
+    import io
+
+    from tests.actions.fakes import RealLookingSim
+
+    class EndedTerminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    backend = RealLookingSim(vmin_mv=-52)
+    monkeypatch.setattr("tuner.actions.context.open_backend", lambda **_kw: backend)
+    monkeypatch.setattr("sys.stdin", EndedTerminal(""))
+    code, _out, err = tuner(capsys, "bisect", "--device", "sim0", "--trial", "1s", "--confirm", "2s")
+    assert code == exit_codes.USAGE and "cancelled" in err and len(err.strip().splitlines()) == 1, (code, err)
+    assert backend.knob("sim0").current == 0 and journal.load("sim0") is None
+
+
 @pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN"])
 def test_a_finished_journal_whose_measurement_is_not_finite_names_the_file(capsys, boot, value):
     """A hand-edited journal (Python's json reads Infinity and NaN): `--from-last` ended with
@@ -289,6 +356,7 @@ def test_a_result_whose_save_failed_is_saved_later_from_the_journal(capsys, boot
     code, out, err = tuner(capsys, "--simulate", "--sim-vmin", "-52", "bisect", "--device", "sim0", "--trial", "1s",
                            "--confirm", "2s", "--save", "taken")
     assert code == exit_codes.USAGE and "already exists" in err and "--from-last" in err, err
+    assert "--overwrite" not in err  # a flag `tuner bisect` does not take: its remedy is another --save name
     assert "recommendation for" in out
     code, out, err = tuner(capsys, "--simulate", "bisect", "--device", "sim0", "--save", "later", "--from-last")
     assert code == 0, err
@@ -296,6 +364,24 @@ def test_a_result_whose_save_failed_is_saved_later_from_the_journal(capsys, boot
 
     saved = load_profile("later")
     assert saved.setting.value == -40 and saved.tuning is not None and saved.tuning.confirmed == -50
+
+
+def test_a_save_name_taken_by_a_dangling_link_is_refused_before_the_run(capsys, boot, monkeypatch):
+    """The --save name is checked before hours of trials, but with exists(), which follows a link: a dangling link
+    at NAME.toml passed, the whole bisect ran, and the save at its end (lexists: the store never writes through a
+    link) refused the name. Refused up front, nothing run."""
+    engine = FakeEngine()
+    real_init = BisectJob.__init__
+    monkeypatch.setattr(BisectJob, "__init__", lambda self, *a, **kw: real_init(self, *a, engine_factory=engine,
+                                                                                **kw))
+    link = _store("taken")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(link.parent / "gone.toml")
+    code, out, err = tuner(capsys, "--simulate", "--sim-vmin", "-52", "bisect", "--device", "sim0", "--trial", "1s",
+                           "--confirm", "2s", "--save", "taken")
+    assert code == exit_codes.USAGE and "already exists" in err and len(err.strip().splitlines()) == 1, (code, err)
+    assert out == "" and journal.load("sim0") is None
+    assert link.is_symlink()
 
 
 def _store(name):

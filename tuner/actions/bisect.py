@@ -4,6 +4,7 @@ found through `profile_from_outcome` / `rig_profile_from_outcome`."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -60,7 +61,7 @@ def check_save_name(name: str | None) -> None:
     from tuner.profiles.store import profile_path
 
     validate_name(name, path="--save")
-    if profile_path(name).exists():
+    if os.path.lexists(profile_path(name)):  # as the save itself sees it: a link, dangling or not, takes the name
         raise UsageError(f"a profile named {name!r} already exists", "pick another --save name or delete it")
 
 

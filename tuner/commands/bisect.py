@@ -89,7 +89,11 @@ def _confirm_real_cards(backend: Backend, devices: tuple[str, ...], args: Namesp
         raise UsageError(f"bisect changes the voltage of {what} and may crash the machine",
                          "pass --yes to run it unattended")
     for q in questions:
-        if input(f"{q} [y/N] ").strip().lower() not in ("y", "yes"):
+        try:
+            answer = input(f"{q} [y/N] ")
+        except EOFError:  # Ctrl-D, or a terminal that closed: nobody said yes
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
             raise UsageError("bisect cancelled", "pass --yes to skip this question")
 
 
@@ -295,6 +299,7 @@ def run(args: Namespace, ctx: Context) -> int:
     if args.from_last:
         if len(devices) > 1:
             raise UsageError("--from-last saves one card's last result", "give --device ID (one card)")
+        _refuse_run_flags(args)
         check_save_name(args.save)
         return _save_from_last(args, backend, devices[0])
     given = {p.name: getattr(args, p.id) for p in BISECT if not p.later}  # argparse converted these
@@ -428,6 +433,7 @@ def _save(args: Namespace, backend: Backend, outcome: BisectOutcome) -> None:
     got a setting confirmed together (each built by the core; a rig profile bundles no baseline)."""
     from tuner.actions.bisect import rig_profile_from_outcome
 
+    check_save_name(args.save)  # taken meanwhile: said with this command's remedy (the store's names --overwrite)
     if len(outcome.per_card) == 1:
         [device_id] = outcome.per_card
         _save_card(args, backend, device_id, outcome.card)
@@ -463,10 +469,23 @@ def _save_card(args: Namespace, backend: Backend, device_id: str, card: CardOutc
         print(after_save(args.save))
 
 
+def _refuse_run_flags(args: Namespace) -> None:
+    """--from-last runs nothing and saves the journal's result as it was found: a flag that shapes a run (--resume,
+    --restart, --tolerance, a search parameter such as --margin) would be silently ignored, and a user who passed
+    --margin 20 would get a profile with the journal's margin. Refused, nothing saved."""
+    given = [p.flag for p in BISECT if getattr(args, p.id) != p.default]
+    given += [flag for flag, on in (("--resume", args.resume), ("--restart", args.restart),
+                                    ("--tolerance", args.tolerance)) if on]
+    if given:
+        raise UsageError(f"--from-last runs nothing, so {', '.join(given)} would do nothing",
+                         f"drop {'it' if len(given) == 1 else 'them'}, or run a bisect without --from-last")
+
+
 def _save_from_last(args: Namespace, backend: Backend, device_id: str) -> int:
     from tuner.tuning.job import last_outcome
 
     if not args.save:
         raise UsageError("--from-last saves the last result and needs --save NAME", "add --save NAME")
-    _save_card(args, backend, device_id, last_outcome(device_id, backend.knob(device_id)))
+    outcome = last_outcome(device_id, backend.knob(device_id), backend.device(device_id).serial)
+    _save_card(args, backend, device_id, outcome)
     return exit_codes.OK

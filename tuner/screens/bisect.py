@@ -208,6 +208,7 @@ class BisectScreen(TunerScreen):
         self._plan = Asked("")  # the plan line, for the form as it was estimated for
         self._recalls = 0  # form recalls in flight: a start waits for them (it must use the remembered values)
         self._start_after_recall: tuple[bool, bool] | None = None
+        self._notes_said: set[str] = set()  # a FIFO at the form memory: said once, not at every card's recall
         self._recall_form()
 
     def _form_values(self) -> dict[str, str]:
@@ -228,7 +229,8 @@ class BisectScreen(TunerScreen):
         asked for meanwhile runs now, with the form as filled."""
         self._recalls -= 1
         values, note = message.recalled
-        if note is not None:
+        if note is not None and note not in self._notes_said:  # the line names the file: once per file
+            self._notes_said.add(note)
             self.notify(note, severity="warning", timeout=8)
         if message.device_id == self.app.selected_device_id and self._form_values() == message.asked:
             self._fill_form(values)

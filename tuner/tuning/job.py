@@ -1057,15 +1057,20 @@ def lock_at_baseline_clock(backend: Backend, device_id: str, results: Sequence[T
         backend.lock_at_measured_clock(device_id, baseline.median_core_clock_mhz)
 
 
-def last_outcome(device_id: str, knob: Knob) -> CardOutcome:
+def last_outcome(device_id: str, knob: Knob, serial: str | None = None) -> CardOutcome:
     """The finished session's outcome, rebuilt from the journal (validated on load), for saving it as a profile
     after the fact (`tuner bisect --save NAME --from-last`: the save at the end of the run failed, or was not
-    asked for). UsageError when the last session did not end with a recommendation."""
+    asked for). UsageError when the last session did not end with a recommendation, or was run on another card
+    than the one of `serial` now in the slot."""
     doc = journal.load(device_id)
     if doc is None or doc.get("state") != FINISHED or doc.get("recommendation") is None:
         raise UsageError(f"no finished bisect with a recommendation for {device_id} in "
                          f"{journal.journal_path(device_id)}",
                          "run `tuner bisect` (a new bisect replaces the last one's result)")
+    if same_serial(doc.get("serial"), serial) is False:  # keyed by slot, as --resume refuses it (BisectJob)
+        raise UsageError(f"the last bisect of {device_id} ({doc.get('session')}) was run on another card (serial "
+                         f"{doc.get('serial')}; this one is {serial}): its result says nothing about this card",
+                         "run `tuner bisect` on this card")
     names = {f.name for f in fields(Recommendation)}
     rec = Recommendation(**{"device": device_id, **{k: v for k, v in doc["recommendation"].items() if k in names}})
     try:  # a journal from another card, or hand-edited: said here, with the file, not by the profile's check
