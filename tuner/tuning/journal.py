@@ -26,6 +26,7 @@ silently. No I/O beyond those files and the boot id; no textual, no torch.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import json
 import os
@@ -195,12 +196,31 @@ def load_guard(device_id: str) -> dict | None:
     return _load(guard_path(device_id))
 
 
-def rig_journal_paths(device_id: str) -> list[Path]:
-    """Every rig journal whose rig holds this card (by its file name, which a torn file keeps)."""
+def _journal_files(pattern: str) -> list[Path]:
+    """The journal directory's entries whose name matches `pattern` (fnmatch, as a glob), sorted; none when the
+    directory does not exist. DamagedState when it cannot be listed: a journal in it may hold the trial that crashed
+    the machine, so a safety check that cannot list it fails closed.
+
+    Listed with os.scandir, not Path.glob: glob answers a directory it cannot list as empty (CPython 3.11/3.12
+    pathlib, `_WildcardSelector._select_from`: `except PermissionError: return`), so an `except OSError` around it
+    never runs."""
+    directory = journal_dir()
     try:
-        found = sorted(journal_dir().glob(f"rig+*{RIG_SUFFIX}"))
-    except OSError:
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries]
+    except FileNotFoundError:
         return []
+    except OSError as e:
+        raise DamagedState(f"cannot list the tuning journals in {directory} ({e.strerror})",
+                           "nothing was written to the card; fix the directory's permissions (a journal in it may "
+                           "hold a trial that crashed the machine)") from None
+    return sorted(directory / name for name in names if fnmatch.fnmatchcase(name, pattern))
+
+
+def rig_journal_paths(device_id: str) -> list[Path]:
+    """Every rig journal whose rig holds this card (by its file name, which a torn file keeps); DamagedState when
+    the journal directory cannot be listed (`_journal_files`)."""
+    found = _journal_files(f"rig+*{RIG_SUFFIX}")
     name = _safe_name(device_id)
     return [p for p in found if name in p.name[:-len(RIG_SUFFIX)].split("+")[1:]]
 
@@ -275,9 +295,9 @@ def machine_trial_open_at_previous_boot() -> dict | None:
 
 def _own_trial_open_at_previous_boot() -> dict | None:
     try:
-        files = sorted(journal_dir().glob("*.json"))
-    except OSError:
-        return None
+        files = _journal_files("*.json")
+    except DamagedState as e:
+        return {"journal": str(journal_dir()), "reason": f"{e.message}, so a crashed trial cannot be ruled out"}
     for path in files:
         try:
             doc = _load(path)
