@@ -829,9 +829,12 @@ class _Search:
                 f"the tuner died during this trial (pid {trial.get('pid')}) in this boot: not evidence about the "
                 "voltage; it runs again"), **common)
         # on the unsafe list before the trial closes: a kill or a full disk between the two must leave the trial
-        # open (recovered again next time), never a closed trial whose value no list remembers
+        # open (recovered again next time), never a closed trial whose value no list remembers. Under the serial of
+        # the card the trial ran on (the session's), not the card in the slot now: one swapped in since (a
+        # --restart) must not take the refusal while the card that crashed keeps none (the helper files a line
+        # under its serial's card)
         journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=existing.session,
-                                    serial=device.serial)
+                                    serial=existing.doc.get("serial"))
         existing.finish_trial(result.to_record())
         self._emit(TrialRecovered(result))
 
