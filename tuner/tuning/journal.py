@@ -165,13 +165,30 @@ def _read_json(path: Path) -> dict | None:
     return doc
 
 
+def _stray_rig_card(doc: dict, path: Path) -> str | None:
+    """A rig journal's cards are those its file name says: its 'devices' are those, and its maps of card -> value
+    name no other. Else it is another rig's (copied or renamed) or hand-edited, and its trial would be recovered
+    on a card the rig holds no knob for."""
+    devices = doc["devices"]
+    if sorted(map(_safe_name, devices)) != sorted(path.name[:-len(RIG_SUFFIX)].split("+")[1:]):
+        return f"'devices' is {devices!r:.80}, not the cards this file is named after"
+    trial = doc.get("open_trial") or {}
+    maps = {"open trial: 'settings'": trial.get("settings", {}), "'candidates'": doc.get("candidates", {}),
+            "'stock'": doc.get("stock", {}), "'sessions'": doc.get("sessions", {})}
+    for where, cards in maps.items():
+        stray = sorted(set(cards) - set(devices))
+        if stray:
+            return f"{where} names {stray[0]!r:.80}, not a card of this rig"
+    return None
+
+
 def _load(path: Path) -> dict | None:
     """The document at `path`, validated by its kind (a rig's, a guard, a card's): DamagedState when it is not."""
     doc = _read_json(path)
     if doc is None:
         return None
     if path.name.endswith(RIG_SUFFIX):
-        problem = journal_schema.problem(doc, journal_schema.RigJournal)
+        problem = journal_schema.problem(doc, journal_schema.RigJournal) or _stray_rig_card(doc, path)
     elif path.name.endswith(".guard.json"):
         problem = journal_schema.problem(doc, journal_schema.Guard)
     else:
