@@ -802,8 +802,11 @@ class _Search:
         device = self.backend.device(self.device_id)
         setting, phase = int(trial["setting"]), trial.get("phase", "coarse")
         owner = journal.classify_open_trial(trial)
-        common = {"setting": setting, "unit": knob.unit, "phase": phase, "started_at": trial.get("started_at"),
-                  "simulated": device.simulated}
+        # in the unit the trial ran in (the session's knob): a card of another kind swapped into the slot since has
+        # another, and -40 mV recorded as -40 MHz blocked that card's stock while the crashed card's list ignored it
+        ran_in = (existing.doc.get("knob") or {}).get("unit")
+        common = {"setting": setting, "unit": ran_in if isinstance(ran_in, str) else knob.unit, "phase": phase,
+                  "started_at": trial.get("started_at"), "simulated": device.simulated}
         machine_reset = next((r for r in self.backend.recovered_trials(self.device_id) if r.verdict == "fail"
                               and r.trial.setting == setting and r.trial.session == existing.session), None)
         if phase == BASELINE and owner != Owner.EARLIER_BOOT and machine_reset is None:
