@@ -403,9 +403,12 @@ def clear_unsafe(device_id: str, setting: int | None = None, backend: Backend | 
     return removed + machine
 
 
-def unsafe_settings(device_id: str, backend: Backend | None = None) -> dict[int, dict]:
-    """setting -> its (latest) unsafe entry, from this user's list and the machine's (`unsafe_entries`)."""
-    return {e["setting"]: e for e in unsafe_entries(device_id, backend)}
+def unsafe_settings(device_id: str, backend: Backend | None = None, unit: str | None = None) -> dict[int, dict]:
+    """setting -> its (latest) unsafe entry, from this user's list and the machine's (`unsafe_entries`); with
+    `unit`, only the entries in that unit (or in none recorded). Filtered before they are keyed: a later entry at
+    the same number in another unit (another kind of card swapped into the slot) must not hide this one."""
+    return {e["setting"]: e for e in unsafe_entries(device_id, backend)
+            if unit is None or e.get("unit") in (None, unit)}
 
 
 def refuse_unsafe(device_id: str, knob: Knob, value: int, backend: Backend | None = None) -> None:
@@ -417,7 +420,7 @@ def refuse_unsafe(device_id: str, knob: Knob, value: int, backend: Backend | Non
     helper (`backend`), its machine-wide list counts too, and the helper refuses on its own regardless.
     """
     check_safety_state(device_id, backend)
-    entries = {s: e for s, e in unsafe_settings(device_id, backend).items() if e.get("unit") in (None, knob.unit)}
+    entries = unsafe_settings(device_id, backend, unit=knob.unit)
     worst = blocking_setting(knob, value, entries)
     if worst is None:
         return
