@@ -136,6 +136,27 @@ def test_a_verify_at_stock_that_a_reset_ended_does_not_put_stock_on_the_unsafe_l
     assert 0 not in journal.unsafe_settings("sim0")
 
 
+
+def test_a_verify_a_reset_ended_is_recorded_in_the_unit_and_under_the_serial_of_the_card_it_ran_on(boot):
+    """A -40 mV verify (apply --verify) reset the machine; another kind of card (a clock offset in MHz) is in the
+    slot at the next guarded trial. The guard kept neither unit nor serial, so the recovery recorded -40 in the
+    new card's unit with no serial: -40 MHz, which blocks the new card's stock, while the card that crashed (the
+    root helper counts only entries in a card's own unit, and files a line with no serial under the slot's card)
+    kept no refusal of -40 mV."""
+    from tuner.backends.simulated import SimulatedBackend
+
+    crashed = SimulatedBackend(state_path=boot.root.parent / "amd")
+    guard = journal.guarded_trial("sim0", -40, unit="mV", backend=crashed)
+    guard.__enter__()
+    boot("boot-b")
+    swapped = SimulatedBackend(kind="nvidia", seed=1, state_path=boot.root.parent / "nvidia")
+    assert swapped.knob("sim0").unit == "MHz"
+    with journal.guarded_trial("sim0", 30, unit="MHz", backend=swapped):
+        pass
+    [entry] = journal.own_unsafe_entries("sim0")
+    assert (entry["setting"], entry["unit"], entry["serial"]) == (-40, "mV", crashed.device("sim0").serial)
+
+
 # --- a journal directory its user cannot list (Path.glob answers it as empty) ------------------------------------
 _NOBODY = 65534
 

@@ -484,9 +484,12 @@ def recover_stale_guard(device_id: str, unit: str, stock: int) -> dict | None:
         return None  # another live process is verifying right now
     if owner.machine_may_have_reset:
         phase = trial.get("phase", "verify")
+        # in the unit and under the serial of the card it ran on (the guard's; a guard of an older tuner has
+        # neither): a card of another kind swapped into the slot since must not turn -40 mV into -40 MHz
         record_hard_failure(device_id, TrialResult(
-            setting=trial["setting"], unit=unit, phase=phase, verdict=Verdict.FAIL, kind="system-reset", edge=True,
-            reason=f"a {phase} trial never finished (open in an earlier boot)"), stock=stock)
+            setting=trial["setting"], unit=trial.get("unit") or unit, phase=phase, verdict=Verdict.FAIL,
+            kind="system-reset", edge=True, reason=f"a {phase} trial never finished (open in an earlier boot)"),
+            stock=stock, serial=trial.get("serial"))
     guard_path(device_id).unlink(missing_ok=True)
     return trial
 
@@ -503,8 +506,8 @@ def guarded_trial(device_id: str, setting: int, *, unit: str, backend: Backend) 
     """
     recover_stale_guard(device_id, unit, backend.knob(device_id).stock)
     backend.trial_begin(device_id, setting, "verify")
-    trial = {"device": device_id, "setting": setting, "phase": "verify", "boot_id": kernel_files.boot_id(),
-             "pid": os.getpid(), "started_at": time.time()}
+    trial = {"device": device_id, "setting": setting, "unit": unit, "serial": backend.device(device_id).serial,
+             "phase": "verify", "boot_id": kernel_files.boot_id(), "pid": os.getpid(), "started_at": time.time()}
     try:
         with _writing(guard_path(device_id)):
             write_atomic(guard_path(device_id), json.dumps({"open_trial": trial}, sort_keys=True).encode())
