@@ -134,3 +134,107 @@ def test_a_verify_at_stock_that_a_reset_ended_does_not_put_stock_on_the_unsafe_l
     with journal.guarded_trial("sim0", -10, unit="mV", backend=in_process_backend):
         pass
     assert 0 not in journal.unsafe_settings("sim0")
+
+
+
+def test_a_verify_a_reset_ended_is_recorded_in_the_unit_and_under_the_serial_of_the_card_it_ran_on(boot):
+    """A -40 mV verify (apply --verify) reset the machine; another kind of card (a clock offset in MHz) is in the
+    slot at the next guarded trial. The guard kept neither unit nor serial, so the recovery recorded -40 in the
+    new card's unit with no serial: -40 MHz, which blocks the new card's stock, while the card that crashed (the
+    root helper counts only entries in a card's own unit, and files a line with no serial under the slot's card)
+    kept no refusal of -40 mV."""
+    from tuner.backends.simulated import SimulatedBackend
+
+    crashed = SimulatedBackend(state_path=boot.root.parent / "amd")
+    guard = journal.guarded_trial("sim0", -40, unit="mV", backend=crashed)
+    guard.__enter__()
+    boot("boot-b")
+    swapped = SimulatedBackend(kind="nvidia", seed=1, state_path=boot.root.parent / "nvidia")
+    assert swapped.knob("sim0").unit == "MHz"
+    with journal.guarded_trial("sim0", 30, unit="MHz", backend=swapped):
+        pass
+    [entry] = journal.own_unsafe_entries("sim0")
+    assert (entry["setting"], entry["unit"], entry["serial"]) == (-40, "mV", crashed.device("sim0").serial)
+
+
+# --- a journal directory its user cannot list (Path.glob answers it as empty) ------------------------------------
+_NOBODY = 65534
+
+
+def _as_nobody(home, code: str):
+    """Run `code` (with `journal` imported) as an unprivileged uid for real: root lists any directory, so only
+    another uid meets the EACCES a mode-0311 directory gives on listing (while its files stay reachable)."""
+    import subprocess
+
+    from tests.for_others import code_for_others, python_for_others, pythonpath_for_others
+
+    env = {**os.environ, "PYTHONPATH": pythonpath_for_others(), "XDG_STATE_HOME": str(home / "state"),
+           "HOME": str(home), "TUNER_SYSFS_ROOT": str(home / "sysroot"), "TUNER_STATE_DIR": str(home / "machine")}
+    return subprocess.run(["setpriv", f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups",
+                           *python_for_others(), "-c", f"from tuner.tuning import journal\n{code}"],
+                          capture_output=True, text=True, env=env, cwd=code_for_others(), timeout=120)
+
+
+@pytest.fixture
+def nobody_home(monkeypatch):
+    """A state directory owned by an unprivileged uid, with a fake boot id it can read; its journal directory is
+    made unlistable (mode 0311) by `unlistable`. Under /tmp: pytest's own directories are root's alone (0700)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from tests.conftest import FakeBoot
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root to run the check as another, unprivileged uid")
+    home = Path(tempfile.mkdtemp(prefix="tuner-nobody-"))
+    os.chmod(home, 0o755)
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
+    boot = FakeBoot(home / "sysroot")
+    boot("boot-a")
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(boot.root))
+    journal.journal_dir().mkdir(parents=True)
+    try:
+        yield home, boot
+    finally:
+        shutil.rmtree(home)
+
+
+def _unlistable(home) -> None:
+    for directory, _dirs, files in os.walk(home / "state"):
+        for name in [directory, *(os.path.join(directory, f) for f in files)]:
+            os.chown(name, _NOBODY, _NOBODY)
+    os.chmod(journal.journal_dir(), 0o311)  # its owner may reach and write its files, not list them
+
+
+def test_a_journal_directory_its_user_cannot_list_fails_the_safety_check_closed(nobody_home):
+    """A torn rig journal holding the card (which might hold the value that crashed the machine) is only found by
+    listing the directory: one that cannot be listed is not "no rig journal", it is a check that cannot be made."""
+    home, _boot = nobody_home
+    journal.rig_path(["sim0", "sim1"]).write_bytes(b'{"open_trial": {"settings": {"sim0": -1')  # torn
+    with pytest.raises(DamagedState):
+        journal.check_safety_state("sim0")  # as root, who lists anything: the torn file is found
+    _unlistable(home)
+    proc = _as_nobody(home, """
+try:
+    journal.check_safety_state("sim0")
+    print("passed")
+except journal.StateError as e:
+    print(type(e).__name__, "|", e.message, "|", e.remedy)
+""")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("DamagedState |") and "Permission denied" in proc.stdout, proc.stdout
+    assert len(proc.stdout.strip().splitlines()) == 1
+
+
+def test_a_journal_directory_the_boot_path_cannot_list_answers_a_crash_cannot_be_ruled_out(nobody_home,
+                                                                                           in_process_backend):
+    home, boot = nobody_home
+    j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
+    j.begin_trial("refine", setting=-60)
+    boot("boot-b")  # the machine reset during the trial
+    assert journal.trial_open_at_previous_boot()["setting"] == -60  # as root: found
+    _unlistable(home)
+    proc = _as_nobody(home, "print(journal.trial_open_at_previous_boot())")
+    assert proc.returncode == 0, proc.stderr
+    assert "cannot be ruled out" in proc.stdout and "Permission denied" in proc.stdout, proc.stdout

@@ -13,7 +13,7 @@ from tuner.actions.bisect import prepare_bisect, rig_devices
 from tuner.backends.simulated import SimulatedBackend
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardBusy, CardLock
-from tuner.core.errors import UsageError
+from tuner.core.errors import DamagedState, UsageError
 from tuner.tuning import journal, kernel_log
 from tuner.tuning.events import (
     RigConfirmFinished,
@@ -320,3 +320,21 @@ def test_a_rig_resumed_never_applies_a_value_its_card_listed_unsafe_meanwhile(bo
     applied = [settings["sim1"] for settings, _params in rig2.calls]
     assert applied and all(v > -50 for v in applied), applied
     assert outcome.settings.get("sim1", 0) > -50
+
+
+
+@pytest.mark.parametrize("devices", [["sim0", "sim1"], ["sim0", "sim7"]])
+def test_a_rig_journal_whose_open_trial_names_a_card_not_in_the_rig_is_damage_not_a_traceback(boot, devices):
+    """A hand-edited rig journal (its open trial names a card the rig does not hold), or another rig's renamed to
+    this rig's name ('devices' is not what the name says): recovering its trial after a reset backed off each
+    card it named by that card's knob, and one the rig has no knob for was a KeyError, a traceback."""
+    backend = SimulatedBackend(gpus=2, vmin_mv=(-52, -67))
+    j = journal.Journal.create_rig(["sim0", "sim1"], params={}, stock={"sim0": 0, "sim1": 0}, backend=backend)
+    j.update(devices=devices, phase="confirm", open_trial={
+        "settings": {"sim0": -40, "sim7": -40}, "phase": "rig-confirm", "attempt": 1, "boot_id": "boot-a",
+        "pid": 4242, "started_at": 1.0})
+    boot("boot-b")
+    _backend, engine, _rig, _events, job = make(limits=(-52, -67), restart=True)
+    with pytest.raises(DamagedState, match="sim7"):
+        job.run()
+    assert engine.requests == []

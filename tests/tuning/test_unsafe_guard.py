@@ -35,3 +35,20 @@ def test_apply_refuses_an_unsafe_profile_value(tmp_path):
     proc = run_tuner("--simulate", "apply", "edge", "--yes")
     assert proc.returncode == 2 and "failed hard" in proc.stderr, proc.stderr
     assert SimulatedBackend().knob("sim0").current == 0
+
+
+def test_a_later_entry_in_another_unit_at_the_same_number_does_not_hide_an_unsafe_value():
+    """The slot's list holds -40 mV (the card that reset the machine) and, later, -40 MHz (another kind of card
+    swapped into the slot): the entries were first keyed by setting, the latest winning, then filtered by the
+    knob's unit, so the -40 mV entry was gone before the filter and -40 mV was applied to the card that crashed."""
+    import pytest
+
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.core.errors import UsageError
+
+    _mark_unsafe(-40)
+    journal.add_unsafe("sim0", -40, unit="MHz", kind="hang", reason="hang at -40 MHz", edge=True)
+    knob = SimulatedBackend().knob("sim0")
+    assert knob.unit == "mV"
+    with pytest.raises(UsageError, match="failed hard"):
+        journal.refuse_unsafe("sim0", knob, -40)

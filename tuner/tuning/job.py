@@ -802,8 +802,11 @@ class _Search:
         device = self.backend.device(self.device_id)
         setting, phase = int(trial["setting"]), trial.get("phase", "coarse")
         owner = journal.classify_open_trial(trial)
-        common = {"setting": setting, "unit": knob.unit, "phase": phase, "started_at": trial.get("started_at"),
-                  "simulated": device.simulated}
+        # in the unit the trial ran in (the session's knob): a card of another kind swapped into the slot since has
+        # another, and -40 mV recorded as -40 MHz blocked that card's stock while the crashed card's list ignored it
+        ran_in = (existing.doc.get("knob") or {}).get("unit")
+        common = {"setting": setting, "unit": ran_in if isinstance(ran_in, str) else knob.unit, "phase": phase,
+                  "started_at": trial.get("started_at"), "simulated": device.simulated}
         machine_reset = next((r for r in self.backend.recovered_trials(self.device_id) if r.verdict == "fail"
                               and r.trial.setting == setting and r.trial.session == existing.session), None)
         if phase == BASELINE and owner != Owner.EARLIER_BOOT and machine_reset is None:
@@ -829,9 +832,12 @@ class _Search:
                 f"the tuner died during this trial (pid {trial.get('pid')}) in this boot: not evidence about the "
                 "voltage; it runs again"), **common)
         # on the unsafe list before the trial closes: a kill or a full disk between the two must leave the trial
-        # open (recovered again next time), never a closed trial whose value no list remembers
+        # open (recovered again next time), never a closed trial whose value no list remembers. Under the serial of
+        # the card the trial ran on (the session's), not the card in the slot now: one swapped in since (a
+        # --restart) must not take the refusal while the card that crashed keeps none (the helper files a line
+        # under its serial's card)
         journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=existing.session,
-                                    serial=device.serial)
+                                    serial=existing.doc.get("serial"))
         existing.finish_trial(result.to_record())
         self._emit(TrialRecovered(result))
 

@@ -26,6 +26,7 @@ silently. No I/O beyond those files and the boot id; no textual, no torch.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import json
 import os
@@ -164,13 +165,30 @@ def _read_json(path: Path) -> dict | None:
     return doc
 
 
+def _stray_rig_card(doc: dict, path: Path) -> str | None:
+    """A rig journal's cards are those its file name says: its 'devices' are those, and its maps of card -> value
+    name no other. Else it is another rig's (copied or renamed) or hand-edited, and its trial would be recovered
+    on a card the rig holds no knob for."""
+    devices = doc["devices"]
+    if sorted(map(_safe_name, devices)) != sorted(path.name[:-len(RIG_SUFFIX)].split("+")[1:]):
+        return f"'devices' is {devices!r:.80}, not the cards this file is named after"
+    trial = doc.get("open_trial") or {}
+    maps = {"open trial: 'settings'": trial.get("settings", {}), "'candidates'": doc.get("candidates", {}),
+            "'stock'": doc.get("stock", {}), "'sessions'": doc.get("sessions", {})}
+    for where, cards in maps.items():
+        stray = sorted(set(cards) - set(devices))
+        if stray:
+            return f"{where} names {stray[0]!r:.80}, not a card of this rig"
+    return None
+
+
 def _load(path: Path) -> dict | None:
     """The document at `path`, validated by its kind (a rig's, a guard, a card's): DamagedState when it is not."""
     doc = _read_json(path)
     if doc is None:
         return None
     if path.name.endswith(RIG_SUFFIX):
-        problem = journal_schema.problem(doc, journal_schema.RigJournal)
+        problem = journal_schema.problem(doc, journal_schema.RigJournal) or _stray_rig_card(doc, path)
     elif path.name.endswith(".guard.json"):
         problem = journal_schema.problem(doc, journal_schema.Guard)
     else:
@@ -195,12 +213,31 @@ def load_guard(device_id: str) -> dict | None:
     return _load(guard_path(device_id))
 
 
-def rig_journal_paths(device_id: str) -> list[Path]:
-    """Every rig journal whose rig holds this card (by its file name, which a torn file keeps)."""
+def _journal_files(pattern: str) -> list[Path]:
+    """The journal directory's entries whose name matches `pattern` (fnmatch, as a glob), sorted; none when the
+    directory does not exist. DamagedState when it cannot be listed: a journal in it may hold the trial that crashed
+    the machine, so a safety check that cannot list it fails closed.
+
+    Listed with os.scandir, not Path.glob: glob answers a directory it cannot list as empty (CPython 3.11/3.12
+    pathlib, `_WildcardSelector._select_from`: `except PermissionError: return`), so an `except OSError` around it
+    never runs."""
+    directory = journal_dir()
     try:
-        found = sorted(journal_dir().glob(f"rig+*{RIG_SUFFIX}"))
-    except OSError:
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries]
+    except FileNotFoundError:
         return []
+    except OSError as e:
+        raise DamagedState(f"cannot list the tuning journals in {directory} ({e.strerror})",
+                           "nothing was written to the card; fix the directory's permissions (a journal in it may "
+                           "hold a trial that crashed the machine)") from None
+    return sorted(directory / name for name in names if fnmatch.fnmatchcase(name, pattern))
+
+
+def rig_journal_paths(device_id: str) -> list[Path]:
+    """Every rig journal whose rig holds this card (by its file name, which a torn file keeps); DamagedState when
+    the journal directory cannot be listed (`_journal_files`)."""
+    found = _journal_files(f"rig+*{RIG_SUFFIX}")
     name = _safe_name(device_id)
     return [p for p in found if name in p.name[:-len(RIG_SUFFIX)].split("+")[1:]]
 
@@ -275,9 +312,9 @@ def machine_trial_open_at_previous_boot() -> dict | None:
 
 def _own_trial_open_at_previous_boot() -> dict | None:
     try:
-        files = sorted(journal_dir().glob("*.json"))
-    except OSError:
-        return None
+        files = _journal_files("*.json")
+    except DamagedState as e:
+        return {"journal": str(journal_dir()), "reason": f"{e.message}, so a crashed trial cannot be ruled out"}
     for path in files:
         try:
             doc = _load(path)
@@ -366,9 +403,12 @@ def clear_unsafe(device_id: str, setting: int | None = None, backend: Backend | 
     return removed + machine
 
 
-def unsafe_settings(device_id: str, backend: Backend | None = None) -> dict[int, dict]:
-    """setting -> its (latest) unsafe entry, from this user's list and the machine's (`unsafe_entries`)."""
-    return {e["setting"]: e for e in unsafe_entries(device_id, backend)}
+def unsafe_settings(device_id: str, backend: Backend | None = None, unit: str | None = None) -> dict[int, dict]:
+    """setting -> its (latest) unsafe entry, from this user's list and the machine's (`unsafe_entries`); with
+    `unit`, only the entries in that unit (or in none recorded). Filtered before they are keyed: a later entry at
+    the same number in another unit (another kind of card swapped into the slot) must not hide this one."""
+    return {e["setting"]: e for e in unsafe_entries(device_id, backend)
+            if unit is None or e.get("unit") in (None, unit)}
 
 
 def refuse_unsafe(device_id: str, knob: Knob, value: int, backend: Backend | None = None) -> None:
@@ -380,7 +420,7 @@ def refuse_unsafe(device_id: str, knob: Knob, value: int, backend: Backend | Non
     helper (`backend`), its machine-wide list counts too, and the helper refuses on its own regardless.
     """
     check_safety_state(device_id, backend)
-    entries = {s: e for s, e in unsafe_settings(device_id, backend).items() if e.get("unit") in (None, knob.unit)}
+    entries = unsafe_settings(device_id, backend, unit=knob.unit)
     worst = blocking_setting(knob, value, entries)
     if worst is None:
         return
@@ -444,9 +484,12 @@ def recover_stale_guard(device_id: str, unit: str, stock: int) -> dict | None:
         return None  # another live process is verifying right now
     if owner.machine_may_have_reset:
         phase = trial.get("phase", "verify")
+        # in the unit and under the serial of the card it ran on (the guard's; a guard of an older tuner has
+        # neither): a card of another kind swapped into the slot since must not turn -40 mV into -40 MHz
         record_hard_failure(device_id, TrialResult(
-            setting=trial["setting"], unit=unit, phase=phase, verdict=Verdict.FAIL, kind="system-reset", edge=True,
-            reason=f"a {phase} trial never finished (open in an earlier boot)"), stock=stock)
+            setting=trial["setting"], unit=trial.get("unit") or unit, phase=phase, verdict=Verdict.FAIL,
+            kind="system-reset", edge=True, reason=f"a {phase} trial never finished (open in an earlier boot)"),
+            stock=stock, serial=trial.get("serial"))
     guard_path(device_id).unlink(missing_ok=True)
     return trial
 
@@ -463,8 +506,8 @@ def guarded_trial(device_id: str, setting: int, *, unit: str, backend: Backend) 
     """
     recover_stale_guard(device_id, unit, backend.knob(device_id).stock)
     backend.trial_begin(device_id, setting, "verify")
-    trial = {"device": device_id, "setting": setting, "phase": "verify", "boot_id": kernel_files.boot_id(),
-             "pid": os.getpid(), "started_at": time.time()}
+    trial = {"device": device_id, "setting": setting, "unit": unit, "serial": backend.device(device_id).serial,
+             "phase": "verify", "boot_id": kernel_files.boot_id(), "pid": os.getpid(), "started_at": time.time()}
     try:
         with _writing(guard_path(device_id)):
             write_atomic(guard_path(device_id), json.dumps({"open_trial": trial}, sort_keys=True).encode())

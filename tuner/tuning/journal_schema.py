@@ -69,6 +69,8 @@ class OpenTrial(_Doc):
     started_at: Time | None = None
     device: str | None = None
     session: str | None = None
+    unit: str | None = None  # a guard's: the unit and serial of the card it ran on (absent from an older one)
+    serial: str | None = None
 
 
 class SessionOpenTrial(OpenTrial, kw_only=True):
