@@ -33,6 +33,7 @@ DEFAULT_LEASE_S = 10.0  # a tuner that stops answering loses its unconfirmed cha
 HEARTBEAT_S = 2.0
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0  # a write may wait on the driver (NVML), never on another client
+HELLO_TIMEOUT_S = 10.0  # a hello touches no card (it reads the caller's few state files): silence is no helper
 INSTALL_REMEDY = ("install the root helper (docs/helper.md: `tuner-helper` behind /run/tuner/helper.sock) and join "
                   "its group, or run as root")
 
@@ -125,7 +126,9 @@ def connect(path: Path, *, client: str = "tuner") -> tuple[HelperConnection, s.H
     except OSError as e:
         raise HelperUnreachable(f"no helper answers at {path} ({e.strerror or e})", INSTALL_REMEDY) from None
     try:
+        connection.sock.settimeout(HELLO_TIMEOUT_S)
         hello: s.HelloResult = connection.ask(s.Hello(version=s.PROTOCOL_VERSION, client=client), s.HelloResult)
+        connection.sock.settimeout(REPLY_TIMEOUT_S)
     except BaseException:
         connection.close()
         raise

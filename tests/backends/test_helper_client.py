@@ -1,0 +1,82 @@
+"""The root helper's client (`tuner/backends/helper_client.py`) against fake helpers: a unix socket that answers
+(or does not) as a test scripts it, so what the client does with a silent, terse or refusing helper is seen."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tuner.backends import helper_client
+from tuner.core import exit_codes
+from tuner.helper import schema as s
+
+HELLO = {"version": s.PROTOCOL_VERSION, "helper_version": "0.0-fake", "backend": "simulated", "simulated": True,
+         "sim": None, "group": "tuner", "uid": 1000, "allow_overvolt": False}
+Answer = Callable[[dict], "bytes | None"]  # a request -> the reply line(s), or None: no answer at all
+
+
+def ok(request: dict, result: object = None) -> bytes:
+    return (json.dumps({"id": request["id"], "ok": True, "result": result}) + "\n").encode()
+
+
+def greeting(request: dict) -> bytes | None:
+    """A helper that answers hello, list (no cards) and heartbeats, and nothing else."""
+    return {"hello": lambda: ok(request, HELLO), "list": lambda: ok(request, []),
+            "heartbeat": lambda: ok(request, {"lost": []})}.get(request["op"], lambda: None)()
+
+
+@contextlib.contextmanager
+def fake_helper(tmp_path: Path, answer: Answer) -> Iterator[Path]:
+    """A listening unix socket whose connections are each served by `answer`, one request line at a time."""
+    path = tmp_path / "h.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    accepted: list[socket.socket] = []
+
+    def serve_one(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in conn.makefile("rb"):
+                reply = answer(json.loads(line))
+                if reply is not None:
+                    conn.sendall(reply)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                accepted.append(conn)
+                threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        for conn in accepted:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        thread.join(timeout=30)
+
+
+@pytest.mark.timeout(30)  # the guard: the old client waited the whole reply timeout (made an hour here)
+def test_a_helper_that_accepts_and_never_answers_hello_is_one_line_not_a_long_wait(tmp_path, monkeypatch):
+    """The hello waited as long as any request (120 s, for a write the driver may hold), so `tuner doctor` and
+    every command hung for two minutes on a socket that accepts and never answers. The helper answers hello without
+    touching a card: its own short bound ends in the client's one line, exit 9."""
+    monkeypatch.setattr(helper_client, "REPLY_TIMEOUT_S", 3600.0)
+    monkeypatch.setattr(helper_client, "HELLO_TIMEOUT_S", 0.2, raising=False)
+    with fake_helper(tmp_path, lambda request: None) as path, \
+            pytest.raises(helper_client.HelperUnreachable) as refused:
+        helper_client.connect(path)
+    assert refused.value.exit_code == exit_codes.HELPER_UNREACHABLE
+    assert str(path) in refused.value.message and "\n" not in refused.value.one_line()
