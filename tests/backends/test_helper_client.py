@@ -80,3 +80,37 @@ def test_a_helper_that_accepts_and_never_answers_hello_is_one_line_not_a_long_wa
         helper_client.connect(path)
     assert refused.value.exit_code == exit_codes.HELPER_UNREACHABLE
     assert str(path) in refused.value.message and "\n" not in refused.value.one_line()
+
+
+def opened_connections(monkeypatch) -> list[helper_client.HelperConnection]:
+    """Every connection the client opens, in order (to see which it closed)."""
+    opened: list[helper_client.HelperConnection] = []
+    real_open = helper_client.HelperConnection.open
+
+    def spy(cls, path):
+        opened.append(real_open(path))
+        return opened[-1]
+
+    monkeypatch.setattr(helper_client.HelperConnection, "open", classmethod(spy))
+    return opened
+
+
+def test_a_kernel_event_stream_the_helper_refuses_closes_its_connection(tmp_path, monkeypatch):
+    """`kernel_log_source` returned None on a refusal (a helper that cannot read the kernel log) and left its own
+    connection open: a socket leaked (a ResourceWarning when collected) and the helper kept a connection of this
+    user's 16 until this tuner exited."""
+    def refusing(request: dict) -> bytes | None:
+        if request["op"] == "kernel_events":
+            return (json.dumps({"id": request["id"], "ok": False, "code": "unsupported",
+                                "error": "cannot read the kernel log /dev/kmsg: Permission denied"}) + "\n").encode()
+        return greeting(request)
+
+    opened = opened_connections(monkeypatch)
+    with fake_helper(tmp_path, refusing) as path:
+        backend = helper_client.HelperBackend.connect(path)
+        try:
+            assert backend.kernel_log_source(["sim0"]) is None
+            assert len(opened) == 2
+            assert opened[1].sock.fileno() == -1, "the refused stream's connection is still open"
+        finally:
+            backend.close()

@@ -312,9 +312,15 @@ class HelperBackend(Backend):
         (on its own connection), or None when the helper cannot read the kernel log."""
         try:
             connection, _ = connect(self.connection.path, client="tuner kernel-events")
-            connection.ask(s.KernelEvents(cards=list(device_ids)))
         except TunerError:
             return None
+        try:
+            connection.ask(s.KernelEvents(cards=list(device_ids)))
+        except BaseException as e:
+            connection.close()  # a refused stream's socket: not left to the collector, nor held as one of the user's 16
+            if isinstance(e, TunerError):
+                return None
+            raise
 
         def lines() -> Iterator[str]:
             with contextlib.suppress(OSError, ValueError):
