@@ -114,3 +114,17 @@ def test_a_kernel_event_stream_the_helper_refuses_closes_its_connection(tmp_path
             assert opened[1].sock.fileno() == -1, "the refused stream's connection is still open"
         finally:
             backend.close()
+
+
+@pytest.mark.parametrize("refusal", [{}, {"code": "", "error": "", "remedy": ""}, {"code": "internal"}])
+def test_a_refusal_without_words_says_the_helper_gave_no_reason_and_where_its_log_is(tmp_path, refusal):
+    """An error reply without text (another helper version, a foreign program on the socket) became an empty error
+    line (or a bare code): the user saw `error: ` and nothing to act on."""
+    def terse(request: dict) -> bytes | None:
+        return (json.dumps({"id": request["id"], "ok": False, **refusal}) + "\n").encode()
+
+    with fake_helper(tmp_path, terse) as path, pytest.raises(helper_client.TunerError) as refused:
+        helper_client.connect(path)
+    line = refused.value.one_line()
+    assert "hello" in refused.value.message and "without a reason" in refused.value.message, line
+    assert "journalctl -u tuner-helper" in (refused.value.remedy or ""), line

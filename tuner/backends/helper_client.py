@@ -105,8 +105,12 @@ class HelperConnection:
                                         "was put back", "check `systemctl status tuner-helper`, then run the command "
                                         "again") from None
         if not reply.ok:
-            # the in-process tuner's class for this refusal, so the same exit code
-            raise _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
+            # the in-process tuner's class for this refusal, so the same exit code; a refusal without words (another
+            # version, another program on the socket) still says what was refused and where the helper says why
+            code = f" ({reply.code})" if reply.code else ""
+            raise _ERRORS.get(reply.code, UsageError)(
+                reply.error or f"the helper refused {s.op_of(request)} without a reason{code}",
+                reply.remedy or (None if reply.error else "see its log: `journalctl -u tuner-helper`"))
         return result
 
     def close(self) -> None:
