@@ -128,3 +128,22 @@ def test_a_refusal_without_words_says_the_helper_gave_no_reason_and_where_its_lo
     line = refused.value.one_line()
     assert "hello" in refused.value.message and "without a reason" in refused.value.message, line
     assert "journalctl -u tuner-helper" in (refused.value.remedy or ""), line
+
+
+def test_a_kernel_event_stream_waits_for_the_next_line_without_the_reply_timeout(tmp_path, monkeypatch):
+    """The stream's connection kept the reply timeout (120 s): a kernel that logged nothing about the card for two
+    minutes, the usual case, timed the read out, the stream ended and the watcher said the kernel log stopped being
+    readable (a stress run's kernel-log check OFF from then on). A quiet stream is waited on until `close`."""
+    def streaming(request: dict) -> bytes | None:
+        return ok(request) if request["op"] == "kernel_events" else greeting(request)
+
+    opened = opened_connections(monkeypatch)
+    with fake_helper(tmp_path, streaming) as path:
+        backend = helper_client.HelperBackend.connect(path)
+        try:
+            source = backend.kernel_log_source(["sim0"])
+            assert source is not None
+            assert opened[1].sock.gettimeout() is None, f"a stream that times out after {opened[1].sock.gettimeout()} s"
+            source[1]()
+        finally:
+            backend.close()

@@ -325,6 +325,9 @@ class HelperBackend(Backend):
             if isinstance(e, TunerError):
                 return None
             raise
+        # a kernel that logs nothing about the card for minutes is the usual case, not a lost helper: the stream
+        # waits for its next line until `close` (the reply timeout would end it, and the watcher say it is lost)
+        connection.sock.settimeout(None)
 
         def lines() -> Iterator[str]:
             with contextlib.suppress(OSError, ValueError):
