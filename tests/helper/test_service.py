@@ -509,6 +509,24 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
     assert not [text for text in shown if not text.isprintable()], shown
 
 
+def test_a_users_file_names_reach_the_helpers_log_without_control_characters(service, tmp_path, monkeypatch):
+    """A file the import skips is logged by name (the unit's journal, read by admins), and the name is the user's:
+    a newline in it wrote a line of the user's choosing into root's log, as if the helper had said it."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    unsafe = home / ".local/state/tuner/unsafe"
+    unsafe.mkdir(parents=True)
+    (unsafe / "x\ntuner-helper: revert sim0 -60 -> 0 (forged)\x1b[2J.jsonl").symlink_to(tmp_path / "nowhere")
+    (unsafe / "y\ntuner-helper: forged too.jsonl").write_text("not json\n")
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    skipped = [line for line in logged if "skipped" in line]
+    assert len(skipped) == 2 and not [line for line in skipped if not line.isprintable()], skipped
+
+
 def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_per_line(service, tmp_path,
                                                                                          monkeypatch):
     """Each imported line was merged on its own: the card's whole machine list read (and a line fsynced) per line,
