@@ -43,6 +43,11 @@ def fake_helper(tmp_path: Path, answer: Answer) -> Iterator[Path]:
     def serve_one(conn: socket.socket) -> None:
         with contextlib.suppress(OSError, ValueError):
             for line in conn.makefile("rb"):
+                try:  # held to the helper's own schema, as tuner/helper/server.py holds every request line
+                    s.decode_request(line)
+                except s.BadRequest as e:
+                    conn.sendall(s.encode(s.Reply(id=0, ok=False, code=e.code, error=str(e))))
+                    continue
                 reply = answer(json.loads(line))
                 if reply is not None:
                     conn.sendall(reply)
@@ -147,3 +152,23 @@ def test_a_kernel_event_stream_waits_for_the_next_line_without_the_reply_timeout
             source[1]()
         finally:
             backend.close()
+
+
+def test_a_command_line_with_a_non_utf8_file_name_still_greets_the_helper(tmp_path):
+    """The hello names the client by its command line (`tuner apply café.toml`), and a file name with a byte that
+    is not UTF-8 is a lone surrogate in Python's argv: encoding the hello raised UnicodeEncodeError, and every
+    command given such a name (a valid path) ended in a traceback wherever a helper is installed."""
+    said: list[str] = []
+
+    def listening(request: dict) -> bytes | None:
+        if request["op"] == "hello":
+            said.append(request["client"])
+        return greeting(request)
+
+    with fake_helper(tmp_path, listening) as path:
+        connection, hello = helper_client.connect(path, client="tuner apply caf\udce9.toml")
+        connection.close()
+        connection, _ = helper_client.connect(path, client="tuner apply " + "\udce9" * 194)  # argv's 200, escaped
+        connection.close()
+    assert hello.simulated and said[0] == "tuner apply caf\\udce9.toml", said
+    assert said[1].startswith("tuner apply \\udce9") and len(said[1]) <= 500, said

@@ -129,6 +129,9 @@ def connect(path: Path, *, client: str = "tuner") -> tuple[HelperConnection, s.H
                             "ask an admin: `sudo usermod -aG tuner $USER`, then log in again") from None
     except OSError as e:
         raise HelperUnreachable(f"no helper answers at {path} ({e.strerror or e})", INSTALL_REMEDY) from None
+    # the command line names the client, and a file name's non-UTF-8 byte is a lone surrogate in argv, which no JSON
+    # line carries: written as its escape, within the wire's 500 characters of Text
+    client = client.encode("utf-8", "backslashreplace").decode()[:500]
     try:
         connection.sock.settimeout(HELLO_TIMEOUT_S)
         hello: s.HelloResult = connection.ask(s.Hello(version=s.PROTOCOL_VERSION, client=client), s.HelloResult)
