@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.polling import wait_until
 from tuner.backends import helper_client
 from tuner.core import exit_codes
 from tuner.helper import schema as s
@@ -32,15 +33,16 @@ def greeting(request: dict) -> bytes | None:
 
 
 @contextlib.contextmanager
-def fake_helper(tmp_path: Path, answer: Answer) -> Iterator[Path]:
-    """A listening unix socket whose connections are each served by `answer`, one request line at a time."""
+def fake_helper(tmp_path: Path, answer: Answer, ended: list[int] | None = None) -> Iterator[Path]:
+    """A listening unix socket whose connections are each served by `answer`, one request line at a time; the
+    number of each connection the client closed is appended to `ended`."""
     path = tmp_path / "h.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(8)
     accepted: list[socket.socket] = []
 
-    def serve_one(conn: socket.socket) -> None:
+    def serve_one(conn: socket.socket, number: int) -> None:
         with contextlib.suppress(OSError, ValueError):
             for line in conn.makefile("rb"):
                 try:  # held to the helper's own schema, as tuner/helper/server.py holds every request line
@@ -51,13 +53,15 @@ def fake_helper(tmp_path: Path, answer: Answer) -> Iterator[Path]:
                 reply = answer(json.loads(line))
                 if reply is not None:
                     conn.sendall(reply)
+            if ended is not None:
+                ended.append(number)
 
     def accept() -> None:
         with contextlib.suppress(OSError):
             while True:
                 conn, _ = listener.accept()
                 accepted.append(conn)
-                threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+                threading.Thread(target=serve_one, args=(conn, len(accepted)), daemon=True).start()
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
@@ -172,3 +176,23 @@ def test_a_command_line_with_a_non_utf8_file_name_still_greets_the_helper(tmp_pa
         connection.close()
     assert hello.simulated and said[0] == "tuner apply caf\\udce9.toml", said
     assert said[1].startswith("tuner apply \\udce9") and len(said[1]) <= 500, said
+
+
+def test_a_connection_the_client_declares_lost_is_closed_so_the_helper_puts_back_at_once(tmp_path):
+    """A reply the client cannot read (garbled, another program) or none in time: the error says "any unconfirmed
+    change was put back", but the socket stayed open, so the helper kept the change until the lease ran out (or the
+    tuner exited), and the tuner went on beside it meanwhile. Closed at once, the helper puts it back as it does for
+    a `kill -9` (docs/helper.md, Leases)."""
+    def garbling(request: dict) -> bytes | None:
+        return b"\x00not a reply\n" if request["op"] == "set" else greeting(request)
+
+    ended: list[int] = []
+    with fake_helper(tmp_path, garbling, ended) as path:
+        backend = helper_client.HelperBackend.connect(path)
+        try:
+            with pytest.raises(helper_client.HelperUnreachable) as lost:
+                backend.apply("sim0", -50)
+            assert "put back" in lost.value.message
+            wait_until(lambda: ended, 10, "the helper to see the lost connection closed")
+        finally:
+            backend.close()

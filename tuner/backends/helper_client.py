@@ -101,6 +101,8 @@ class HelperConnection:
                 result = msgspec.json.decode(reply.result, type=result_type) if reply.ok else None
             except (OSError, msgspec.DecodeError) as e:
                 self.lost = str(e) or type(e).__name__
+                with contextlib.suppress(OSError):  # the helper sees it closed and puts back now, not at the lease
+                    self.sock.shutdown(socket.SHUT_RDWR)
                 raise HelperUnreachable(f"lost the helper at {self.path} ({self.lost}); any unconfirmed change "
                                         "was put back", "check `systemctl status tuner-helper`, then run the command "
                                         "again") from None
