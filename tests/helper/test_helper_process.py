@@ -191,6 +191,37 @@ def test_kernel_events_stream_only_the_lines_naming_the_card_or_no_card(accounts
         backend.close()
 
 
+def test_a_helper_that_cannot_read_the_kernel_log_gives_no_stream_so_the_tuner_reads_its_own(tmp_path):
+    """`kernel_log_source` is None "when the helper cannot read the kernel log", so a trial falls back to the
+    user's own journalctl (tuning/trial.py). The helper acknowledged the stream before it opened the log, so the
+    client got a stream that ended at once with the reason unread: the trial watched nothing (the watcher said only
+    "its stream ended") where the user could have read the log. In-process, with a --kmsg that does not exist."""
+    from tuner.backends.helper_client import HelperBackend
+    from tuner.helper import server as helper_server
+    from tuner.helper.service import HelperService
+    from tuner.helper.state import MachineState
+
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(SimulatedBackend(state_path=tmp_path / "sim.json"), state, group="root",
+                            log=lambda line: None)
+    listener, lock_fd = helper_server.bind_listener(tmp_path / "run" / "h.sock", os.getgid())
+    server = helper_server.HelperServer(service, listener, os.getgid(), kmsg_path=tmp_path / "no-kmsg")
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        backend = HelperBackend.connect(tmp_path / "run" / "h.sock")
+        try:
+            assert backend.kernel_log_source(["sim0"]) is None
+        finally:
+            backend.close()
+    finally:
+        server.stop.set()
+        thread.join(timeout=30)
+        listener.close()
+        os.close(lock_fd)
+
+
 def _open_writer(path) -> int | None:
     try:
         return os.open(path, os.O_WRONLY | os.O_NONBLOCK)

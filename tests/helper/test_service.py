@@ -262,6 +262,48 @@ def test_a_users_state_is_read_without_following_links_or_foreign_files(tmp_path
     assert read_user_state(linked, os.getuid()).unsafe == []
 
 
+def test_a_users_directory_of_many_files_is_listed_only_to_the_cap(tmp_path, monkeypatch):
+    """`os.listdir` listed the whole directory before the cap was applied: a user directory of millions of entries
+    was read in full by root at every hello (memory and time), only to keep the first MAX_FILES."""
+    from tuner.helper import user_import
+
+    monkeypatch.setattr(user_import, "MAX_FILES", 3)
+    unsafe = tmp_path / "home/.local/state/tuner/unsafe"
+    unsafe.mkdir(parents=True)
+    for n in range(53):
+        (unsafe / f"card{n:02}.jsonl").write_text(json.dumps({"setting": -n, "device": "sim0"}) + "\n")
+    listed: list[str] = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    class Counted:  # os.scandir's iterator, counting each entry handed out
+        def __init__(self, entries):
+            self.entries = entries
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.entries.close()
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            entry = next(self.entries)
+            listed.append(entry.name)
+            return entry
+
+        def close(self):
+            self.entries.close()
+
+    monkeypatch.setattr(user_import.os, "scandir", lambda path=".": Counted(real_scandir(path)))
+    monkeypatch.setattr(user_import.os, "listdir", lambda path=".": listed.extend(real_listdir(path)) or
+                        real_listdir(path))
+    found = read_user_state(tmp_path / "home", os.getuid())
+    assert len(listed) <= 3 + 1, f"{len(listed)} entries listed for a cap of 3"
+    assert len(found.unsafe) == 3 and any("only 3 read" in p for p in found.problems), found.problems
+
+
 def test_an_nvidia_lock_clock_choice_is_one_writers_and_goes_back_with_its_connection(tmp_path):
     nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
                            MachineState(tmp_path / "nv-state"), group="tuner", log=lambda line: None)
@@ -465,6 +507,24 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
         ask(service, bob, s.Set(card="sim0", value=-60))
     shown = [refused.value.one_line(), *(e.kind for e in entries), *(e.reason for e in entries)]
     assert not [text for text in shown if not text.isprintable()], shown
+
+
+def test_a_users_file_names_reach_the_helpers_log_without_control_characters(service, tmp_path, monkeypatch):
+    """A file the import skips is logged by name (the unit's journal, read by admins), and the name is the user's:
+    a newline in it wrote a line of the user's choosing into root's log, as if the helper had said it."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    unsafe = home / ".local/state/tuner/unsafe"
+    unsafe.mkdir(parents=True)
+    (unsafe / "x\ntuner-helper: revert sim0 -60 -> 0 (forged)\x1b[2J.jsonl").symlink_to(tmp_path / "nowhere")
+    (unsafe / "y\ntuner-helper: forged too.jsonl").write_text("not json\n")
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    skipped = [line for line in logged if "skipped" in line]
+    assert len(skipped) == 2 and not [line for line in skipped if not line.isprintable()], skipped
 
 
 def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_per_line(service, tmp_path,

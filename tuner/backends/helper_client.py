@@ -33,6 +33,7 @@ DEFAULT_LEASE_S = 10.0  # a tuner that stops answering loses its unconfirmed cha
 HEARTBEAT_S = 2.0
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0  # a write may wait on the driver (NVML), never on another client
+HELLO_TIMEOUT_S = 10.0  # a hello touches no card (it reads the caller's few state files): silence is no helper
 INSTALL_REMEDY = ("install the root helper (docs/helper.md: `tuner-helper` behind /run/tuner/helper.sock) and join "
                   "its group, or run as root")
 
@@ -100,12 +101,18 @@ class HelperConnection:
                 result = msgspec.json.decode(reply.result, type=result_type) if reply.ok else None
             except (OSError, msgspec.DecodeError) as e:
                 self.lost = str(e) or type(e).__name__
+                with contextlib.suppress(OSError):  # the helper sees it closed and puts back now, not at the lease
+                    self.sock.shutdown(socket.SHUT_RDWR)
                 raise HelperUnreachable(f"lost the helper at {self.path} ({self.lost}); any unconfirmed change "
                                         "was put back", "check `systemctl status tuner-helper`, then run the command "
                                         "again") from None
         if not reply.ok:
-            # the in-process tuner's class for this refusal, so the same exit code
-            raise _ERRORS.get(reply.code, UsageError)(reply.error or reply.code, reply.remedy or None)
+            # the in-process tuner's class for this refusal, so the same exit code; a refusal without words (another
+            # version, another program on the socket) still says what was refused and where the helper says why
+            code = f" ({reply.code})" if reply.code else ""
+            raise _ERRORS.get(reply.code, UsageError)(
+                reply.error or f"the helper refused {s.op_of(request)} without a reason{code}",
+                reply.remedy or (None if reply.error else "see its log: `journalctl -u tuner-helper`"))
         return result
 
     def close(self) -> None:
@@ -124,8 +131,13 @@ def connect(path: Path, *, client: str = "tuner") -> tuple[HelperConnection, s.H
                             "ask an admin: `sudo usermod -aG tuner $USER`, then log in again") from None
     except OSError as e:
         raise HelperUnreachable(f"no helper answers at {path} ({e.strerror or e})", INSTALL_REMEDY) from None
+    # the command line names the client, and a file name's non-UTF-8 byte is a lone surrogate in argv, which no JSON
+    # line carries: written as its escape, within the wire's 500 characters of Text
+    client = client.encode("utf-8", "backslashreplace").decode()[:500]
     try:
+        connection.sock.settimeout(HELLO_TIMEOUT_S)
         hello: s.HelloResult = connection.ask(s.Hello(version=s.PROTOCOL_VERSION, client=client), s.HelloResult)
+        connection.sock.settimeout(REPLY_TIMEOUT_S)
     except BaseException:
         connection.close()
         raise
@@ -309,9 +321,18 @@ class HelperBackend(Backend):
         (on its own connection), or None when the helper cannot read the kernel log."""
         try:
             connection, _ = connect(self.connection.path, client="tuner kernel-events")
-            connection.ask(s.KernelEvents(cards=list(device_ids)))
         except TunerError:
             return None
+        try:
+            connection.ask(s.KernelEvents(cards=list(device_ids)))
+        except BaseException as e:
+            connection.close()  # a refused stream's socket: not left to the collector, nor held as one of the user's 16
+            if isinstance(e, TunerError):
+                return None
+            raise
+        # a kernel that logs nothing about the card for minutes is the usual case, not a lost helper: the stream
+        # waits for its next line until `close` (the reply timeout would end it, and the watcher say it is lost)
+        connection.sock.settimeout(None)
 
         def lines() -> Iterator[str]:
             with contextlib.suppress(OSError, ValueError):

@@ -38,12 +38,14 @@ def select_line(text: str, buses: dict[str, str]) -> list[str] | None:
 
 
 def stream(path: Path, cards: list[str], pci_of: Callable[[str], str | None], send: Callable[[str, list[str]], None],
-           client_gone: Callable[[], bool], stop: threading.Event) -> None:
+           client_gone: Callable[[], bool], stop: threading.Event, opened: Callable[[], None]) -> None:
     """Send the lines for `cards` until the client goes, `send` fails (OSError) or `stop` is set. OSError when
-    the log cannot be opened."""
+    the log cannot be opened; `opened()` once it is (the stream's acknowledgement: a client told of a stream the
+    helper cannot read would not read the log itself)."""
     buses = {bus: card for card in cards if (pci := pci_of(card)) and (bus := bus_of(pci))}
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
+        opened()
         if stat.S_ISCHR(os.fstat(fd).st_mode):
             os.lseek(fd, 0, os.SEEK_END)  # only records from now on
         for text in kmsg_lines(fd, stop, client_gone):

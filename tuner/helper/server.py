@@ -343,7 +343,6 @@ class HelperServer:
             connection.error(request.id, "unknown-card", f"no card {unknown[0]!r}",
                              f"known cards: {', '.join(pci) or 'none'}")
             return
-        connection.send(s.Reply(id=request.id, ok=True, result=None))
 
         def gone() -> bool:
             try:
@@ -358,7 +357,8 @@ class HelperServer:
             connection.send(s.Reply(id=request.id, ok=True, result=s.KernelLine(line, cards)))
 
         try:
-            kmsg.stream(self.kmsg_path, request.cards, pci.get, send, gone, self.stop)
+            kmsg.stream(self.kmsg_path, request.cards, pci.get, send, gone, self.stop,
+                        opened=lambda: connection.send(s.Reply(id=request.id, ok=True, result=None)))
         except OSError as e:
             with contextlib.suppress(OSError):
                 connection.error(request.id, "unsupported", f"cannot read the kernel log {self.kmsg_path}: "

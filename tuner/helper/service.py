@@ -556,8 +556,8 @@ class HelperService:
         except KeyError:
             return
         found = read_user_state(home, uid)
-        for problem in found.problems:
-            self._log(f"import from uid {uid}: skipped {problem}")
+        for problem in found.problems:  # it names the user's files: a newline in a name would forge a log line
+            self._log(f"import from uid {uid}: skipped {printable(problem)}")
         by_serial = {d.serial: card for card, d in self.devices.items() if d.serial}
         boot = current_boot_id()
         by_key: dict[str, list[s.UnsafeEntry]] = {}  # merged once per card (state.merge_unsafe says why)

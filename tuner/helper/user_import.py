@@ -11,6 +11,7 @@ imported (the user's own tuner refuses that file until it is repaired, so it is 
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from dataclasses import dataclass, field
@@ -99,9 +100,10 @@ def read_user_state(home: Path, uid: int) -> UserState:
             except OSError:
                 continue
             try:
-                names = sorted(os.listdir(fd))
+                with os.scandir(fd) as entries:  # lazily, to the cap: a directory of millions is not listed by root
+                    names = sorted(entry.name for entry in itertools.islice(entries, MAX_FILES + 1))
                 if len(names) > MAX_FILES:
-                    found.problems.append(f"{where}/{sub}: {len(names)} files, only the first {MAX_FILES} read")
+                    found.problems.append(f"{where}/{sub}: over {MAX_FILES} files, only {MAX_FILES} read")
                 for name in names[:MAX_FILES]:
                     if name.endswith(suffix) and not name.startswith(".") and not name.endswith(".rig.json"):
                         data = _read_file(name, fd, uid, f"{where}/{sub}", found.problems)
