@@ -163,9 +163,12 @@ def test_permission_denied_exit_3(tmp_path):
 
 def test_eperm_while_resetting_is_device_lost(tmp_path):
     backend, fio = amd_on_fake_kernel(tmp_path, ["rdna4"])
+    waits: list[float] = []
+    backend._sleep = waits.append  # the waits between tries, counted instead of slept (4 s of nothing)
     next(iter(fio.kernels.values())).in_reset = True
     with pytest.raises(DeviceLost):
         backend.apply(backend.devices()[0].id, -20)
+    assert waits == [amd.BUSY_WAIT_S] * (amd.BUSY_RETRIES - 1)  # it waited for the reset to end before giving up
 
 
 def test_einval_points_to_dmesg_and_restores(tmp_path):
