@@ -338,3 +338,30 @@ def test_a_rig_journal_whose_open_trial_names_a_card_not_in_the_rig_is_damage_no
     with pytest.raises(DamagedState, match="sim7"):
         job.run()
     assert engine.requests == []
+
+
+@pytest.mark.parametrize("older", [False, True])
+def test_a_rig_resume_refuses_a_card_swapped_in_after_its_search_finished(boot, older):
+    # the rig journal recorded no serials and a finished card's result was taken on --resume without a look at the
+    # card now in its slot: another card (another serial) swapped in was confirmed at the other card's value. An
+    # older tuner's rig journal (no 'serials') still loads; each card's own journal of the rig's session says it
+    holder: dict = {}
+    rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
+    _backend, _engine, _rig, _events, holder["job"] = make(limits=(-52, -67), rig=rig)
+    assert holder["job"].run().status == "stopped"
+    if older:
+        j = journal.Journal.open_rig(("sim0", "sim1"), _backend)
+        assert j is not None and j.doc.pop("serials") == {d: _backend.device(d).serial for d in ("sim0", "sim1")}
+        j._save()
+    assert all(journal.load(d)["state"] == journal.FINISHED for d in ("sim0", "sim1"))
+    before = journal._load(journal.rig_path(("sim0", "sim1")))
+    swapped = SimulatedBackend(gpus=2, vmin_mv=(-52, -67), seed=1)  # the same models, other serials, same slots
+    assert swapped.device("sim1").serial != _backend.device("sim1").serial
+    rig2, engine = FakeRigTrial(), FakeEngine()
+    job = prepare_bisect(swapped, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2, resume=True),
+                         run_trial=rig2, engine_factory=engine)
+    with pytest.raises(UsageError, match="another card") as e:
+        job.run()
+    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
+    assert e.value.exit_code == exit_codes.USAGE and rig2.calls == [] and engine.requests == []
+    assert journal._load(journal.rig_path(("sim0", "sim1"))) == before

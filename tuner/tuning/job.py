@@ -357,6 +357,13 @@ class BisectJob:
                     raise UsageError(f"the unfinished bisect session for {device_id} ({j.session}) was run on another "
                                      f"card (serial {j.doc.get('serial')}; this one is {serial}): its trials say "
                                      "nothing about this card", "start over with --restart (the unsafe list is kept)")
+        if p.resume and rig is not None:  # a card whose search finished too: its result is reused, not searched
+            for device_id in ids:
+                recorded, serial = self._rig_serial(rig, device_id), self.backend.device(device_id).serial
+                if same_serial(recorded, serial) is False:
+                    raise UsageError(f"the unfinished rig bisect for {_name(rig)} ({rig.session}) was run with another "
+                                     f"card in {device_id} (serial {recorded}; this one is {serial}): its results say "
+                                     "nothing about this card", "start over with --restart (the unsafe list is kept)")
         if not (p.resume or p.restart):  # before any card is touched, not halfway through the threads
             for j in (rig, *cards.values()):
                 if j is not None and j.unresolved():
@@ -385,7 +392,20 @@ class BisectJob:
                   else default_preset(self.backend.stress_target(ids[0]))}
         # a combination that reset the machine is never applied again, in this session or any later one
         return Journal.create_rig(ids, params=search, stock={d: k.stock for d, k in knobs.items()},
-                                  backend=self.backend, never=rig.doc.get("never", []) if rig is not None else [])
+                                  backend=self.backend, never=rig.doc.get("never", []) if rig is not None else [],
+                                  serials={d: self.backend.device(d).serial for d in ids})
+
+    @staticmethod
+    def _rig_serial(rig: Journal, device_id: str) -> str | None:
+        """The serial of the card the rig ran on in this slot: the rig journal's; an older tuner's recorded none,
+        so the card's own journal of the rig's session says it (None: unknown, nothing to refuse by)."""
+        serials = rig.doc.get("serials") or {}
+        if device_id in serials:
+            return serials[device_id]
+        doc = journal.load(device_id)
+        recorded = rig.doc.get("sessions", {}).get(device_id)
+        ours = doc is not None and recorded is not None and doc.get("session") == recorded
+        return doc.get("serial") if ours and doc is not None else None
 
     def _recover_rig(self, rig: Journal, knobs: dict[str, Knob]) -> None:
         """A rig trial left open by a dead tool or an earlier boot (each card's journal recovers its own)."""
