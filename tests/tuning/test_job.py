@@ -353,3 +353,17 @@ def test_a_stored_trial_outside_the_cards_range_is_refused_with_the_remedy_resum
     with pytest.raises(UsageError, match=r"trial 2: [+-]\d+ mV is outside this card's range") as e:
         job.run()
     assert "--restart" in (e.value.remedy or "") and engine.requests == []
+
+
+def test_an_unsafe_entry_in_another_unit_does_not_narrow_the_search(boot):
+    # the slot's list holds -30 MHz (another kind of card, once in this slot, hung there): the plan counted it as
+    # -30 mV on this mV card (job.py read the list without the knob's unit) while set/apply and the helper ignore it
+    from tuner.tuning.events import SessionStarted
+
+    journal.add_unsafe("sim0", -30, unit="MHz", kind="hang", reason="hang at -30 MHz", edge=True)
+    backend, _engine, events, job = make()
+    assert backend.knob("sim0").unit == "mV"
+    outcome = job.run().card
+    started = next(e for e in events if isinstance(e, SessionStarted))
+    assert started.unsafe == (), started.unsafe
+    assert outcome.exit_code == exit_codes.OK and outcome.recommendation.setting < -30

@@ -323,6 +323,20 @@ def test_a_rig_resumed_never_applies_a_value_its_card_listed_unsafe_meanwhile(bo
 
 
 
+def test_a_rig_resumed_is_not_backed_off_by_an_unsafe_entry_in_another_unit(boot):
+    # sim1's list holds -50 MHz (another kind of card once in the slot): the resumed confirmation backed the mV card
+    # off past it as if it were -50 mV (_clear_of_unsafe read the list without the knob's unit)
+    holder: dict = {}
+    rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
+    _backend, _engine, _rig, _events, holder["job"] = make(rig=rig)
+    assert holder["job"].run().status == "stopped"
+    journal.add_unsafe("sim1", -50, unit="MHz", kind="hang", reason="hang at -50 MHz", edge=True)
+    rig2 = FakeRigTrial()
+    outcome = make(rig=rig2, resume=True)[4].run()
+    assert outcome.exit_code == exit_codes.OK
+    assert dict(outcome.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
+
+
 @pytest.mark.parametrize("devices", [["sim0", "sim1"], ["sim0", "sim7"]])
 def test_a_rig_journal_whose_open_trial_names_a_card_not_in_the_rig_is_damage_not_a_traceback(boot, devices):
     """A hand-edited rig journal (its open trial names a card the rig does not hold), or another rig's renamed to

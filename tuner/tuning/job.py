@@ -515,7 +515,7 @@ class BisectJob:
     def _clear_of_unsafe(self, knob: Knob, device_id: str, setting: int, rig: Journal) -> int:
         """`setting` backed off until nothing on the card's unsafe list blocks it: a value listed after the card's
         own search ended (a verify that reset the machine before the rig resumed) is never applied by the rig."""
-        unsafe = journal.unsafe_settings(device_id, self.backend)
+        unsafe = journal.unsafe_settings(device_id, self.backend, unit=knob.unit)  # this card's unit, as set does
         while setting != knob.stock and blocking_setting(knob, setting, unsafe) is not None:
             setting = self._back_off(knob, device_id, setting, rig)
         return setting
@@ -768,7 +768,8 @@ class _Search:
         knob = self.knob
         device = self.backend.device(self.device_id)
         j, search, resumed = self._open_session(knob)
-        unsafe = journal.unsafe_settings(self.device_id, self.backend)  # the machine's list too, via the helper
+        # the machine's list too, via the helper; in this card's unit only, the rule set, apply and the helper use
+        unsafe = journal.unsafe_settings(self.device_id, self.backend, unit=knob.unit)
         plan = card_plan(knob, search, unsafe)
         search = {**search, "step": plan.params.step, "resolution": plan.params.resolution,
                   "margin": plan.params.margin}
@@ -874,7 +875,7 @@ class _Search:
                 return self._failed(j, results, search, decision.kind, decision.reason)
             assert isinstance(decision, NextTrial)
             # the plan never proposes these
-            if decision.setting in journal.unsafe_settings(self.device_id, self.backend):
+            if decision.setting in journal.unsafe_settings(self.device_id, self.backend, unit=self.knob.unit):
                 raise AssertionError(f"refusing to apply unsafe {decision.setting}")
             outcome = self._run_one(decision, plan, j, results, search)
             if outcome is not None:
