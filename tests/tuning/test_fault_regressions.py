@@ -323,6 +323,22 @@ def test_unsafe_list_and_clear(capsys, boot):
     assert "-95 mV" in out and "-80 mV" not in out
 
 
+def test_an_end_of_input_at_the_unsafe_clear_question_is_a_no_not_a_traceback(capsys, boot, monkeypatch):
+    """Ctrl-D at "Remove ... from sim0's unsafe list? [y/N]" on a terminal: input() raised EOFError, a traceback.
+    Nobody said yes: nothing is cleared, one line, exit 2."""
+    import io
+
+    class EndedTerminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    journal.add_unsafe("sim0", -80, unit="mV", kind="system-reset", reason="reset", edge=True)
+    monkeypatch.setattr("sys.stdin", EndedTerminal(""))
+    code, _out, err = tuner(capsys, "--simulate", "unsafe", "clear", "--device", "sim0", "-80")
+    assert code == exit_codes.USAGE and "nothing was cleared" in err and len(err.strip().splitlines()) == 1, err
+    assert set(journal.unsafe_settings("sim0")) == {-80}
+
+
 # --- defect 8: write only what we own ------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
 def test_export_overwrite_refuses_anything_but_a_regular_file(capsys, tmp_path, kind):

@@ -14,7 +14,7 @@ from tuner.actions import safety_files
 from tuner.actions.context import Context
 from tuner.commands._argtypes import Subparsers, whole_number
 from tuner.commands._device import pick_device
-from tuner.commands._output import format_table, format_value, print_json
+from tuner.commands._output import format_table, format_value, print_json, said_yes
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.core.models import printable
@@ -78,7 +78,7 @@ def _ask(question: str) -> bool:
     stdin = sys.stdin
     if stdin is None or not stdin.isatty():
         raise UsageError("clearing the unsafe list needs a yes", "pass --yes to clear without asking")
-    return input(question).strip().lower() in ("y", "yes")
+    return said_yes(question)
 
 
 def run_clear(args: Namespace, ctx: Context) -> int:
