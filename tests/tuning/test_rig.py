@@ -337,6 +337,25 @@ def test_a_rig_resumed_is_not_backed_off_by_an_unsafe_entry_in_another_unit(boot
     assert dict(outcome.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
 
 
+@pytest.mark.parametrize("candidate", [-150, -100_000, 50])
+def test_a_rig_candidate_beyond_its_cards_own_recommendation_is_refused_before_anything_runs(boot, candidate):
+    # a hand-edited or damaged rig journal: sim1's candidate -150 mV (its own search recommended -55) was applied
+    # to the card in the rig confirmation, a value no search ever confirmed; one outside the card's range ended the
+    # rig on the card's own refusal ("-100000 mV is outside this card's range") after the recording at stock ran
+    holder: dict = {}
+    rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
+    backend, _engine, _rig, _events, holder["job"] = make(rig=rig)
+    assert holder["job"].run().status == "stopped"
+    j = journal.Journal.open_rig(CARDS, backend)
+    assert j is not None and j.doc["candidates"]["sim1"] == -55
+    j.update(candidates={**j.doc["candidates"], "sim1": candidate})
+    rig2 = FakeRigTrial()
+    with pytest.raises(UsageError, match="sim1") as e:
+        make(rig=rig2, resume=True)[4].run()
+    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
+    assert e.value.exit_code == exit_codes.USAGE and rig2.calls == []
+
+
 @pytest.mark.parametrize("devices", [["sim0", "sim1"], ["sim0", "sim7"]])
 def test_a_rig_journal_whose_open_trial_names_a_card_not_in_the_rig_is_damage_not_a_traceback(boot, devices):
     """A hand-edited rig journal (its open trial names a card the rig does not hold), or another rig's renamed to

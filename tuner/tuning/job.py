@@ -568,6 +568,7 @@ class BisectJob:
                                      PlanParams.defaults_for(knobs[d]).resolution) for d in recs})
         if len(recs) < 2:  # nothing to confirm together: one card's own confirmation is its whole story
             return self._finish(rig, per_card, {d: r.setting for d, r in recs.items()}, reasons, ())
+        _check_resumed_candidates(knobs, recs, rig.doc["candidates"])
         for device_id in recs:  # every rig run on a card at the lock its own search ran at (a resume sets it again)
             lock_at_baseline_clock(self.backend, device_id, per_card[device_id].trials)
         edge_margins = {d: PlanParams.defaults_for(knobs[d], margin=per_card[d].params.get("margin")).edge_margin
@@ -745,6 +746,20 @@ def _check_resumed_trials(knob: Knob, records: Sequence[Mapping]) -> None:
         except OutOfRange as e:
             raise UsageError(f"this session's stored trials do not fit this card: trial {n}: {e.message}",
                              "start over with --restart") from None
+
+
+def _check_resumed_candidates(knobs: Mapping[str, Knob], recs: Mapping[str, Recommendation],
+                              candidates: Mapping[str, int]) -> None:
+    """A rig's stored candidates are where it confirms: each starts at its card's own recommendation and only backs
+    off toward stock. One beyond that (a hand-edited or damaged rig journal), or of a card with no recommendation,
+    would apply a value no search confirmed: refused before any card is touched, as stored trials are."""
+    for device_id, value in candidates.items():
+        knob, rec = knobs[device_id], recs.get(device_id)
+        if rec is None or knob.more_aggressive(value, rec.setting) or knob.more_aggressive(knob.stock, value):
+            own = "none" if rec is None else f"{rec.setting:+d} {knob.unit}"
+            raise UsageError(f"this rig's stored candidates do not fit its cards: {device_id} at {value:+d} "
+                             f"{knob.unit} is not between its stock ({knob.stock:+d} {knob.unit}) and its own "
+                             f"recommendation ({own})", "start over with --restart")
 
 
 def _name(j: Journal) -> str:
