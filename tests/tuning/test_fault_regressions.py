@@ -339,6 +339,20 @@ def test_an_end_of_input_at_the_unsafe_clear_question_is_a_no_not_a_traceback(ca
     assert set(journal.unsafe_settings("sim0")) == {-80}
 
 
+def test_unsafe_clear_is_refused_while_a_bisect_holds_the_card(capsys, boot):
+    """A bisect holds the card's writer lock for its whole life and appends to its unsafe list when a trial hangs or
+    resets the card. `tuner unsafe clear` took no lock: it read the list, then rewrote it without the entries it
+    removed, so a line the bisect appended in between was lost (and it cleared under a running bisect, which the
+    root helper refuses: service._op_unsafe_clear, `_writer`). Busy: one line, exit 6, the list untouched."""
+    from tuner.core.card_lock import CardLock
+
+    journal.add_unsafe("sim0", -80, unit="mV", kind="system-reset", reason="reset", edge=True)
+    with CardLock("sim0", "auto-bisect of sim0"):
+        code, _out, err = tuner(capsys, "--simulate", "unsafe", "clear", "--device", "sim0", "--yes")
+    assert code == exit_codes.BUSY and "auto-bisect of sim0" in err, (code, err)
+    assert set(journal.unsafe_settings("sim0")) == {-80}
+
+
 # --- defect 8: write only what we own ------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
 def test_export_overwrite_refuses_anything_but_a_regular_file(capsys, tmp_path, kind):
