@@ -64,6 +64,16 @@ def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot
     assert outcome.recommendation.margin == 15 and outcome.recommendation.edge
 
 
+def test_a_hard_failure_in_a_trial_is_listed_under_the_serial_of_the_card_it_ran_on(boot):
+    # a trial's own hard failure went on the list with serial None (only a recovered one named its card), so the
+    # root helper, importing the user's list, filed it under whatever card is in the slot then (service._key_for),
+    # not under the card that hung
+    backend, _engine, _events, job = make(vmin=-30, step=70, resolution=5)
+    job.run()
+    [entry] = journal.own_unsafe_entries("sim0")
+    assert (entry["setting"], entry["serial"]) == (-70, backend.device("sim0").serial)
+
+
 @pytest.mark.parametrize("listed", [0, 10])
 def test_stock_on_the_unsafe_list_stops_the_search_in_one_line(boot, listed):
     # a hand-edited list (or a verify at stock that the machine reset under) blocks stock itself, and with an

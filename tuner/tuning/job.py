@@ -647,7 +647,8 @@ class BisectJob:
                                   " not a voltage problem; check the card, its cooling and its PCIe link")
                     continue
                 hard = d in failing and journal.record_hard_failure(d, failing[d], stock=knobs[d].stock,
-                                                                    session=rig.session, backend=self.backend)
+                                                                    session=rig.session, backend=self.backend,
+                                                                    serial=self._rig_serial(rig, d))
                 backed[d] = self._back_off(knobs[d], d, candidates[d], rig,
                                            edge_margin=edge_margins[d] if hard else 0)
         elif errors and not failing:  # setup trouble (a rank that never ran, a collective that never formed):
@@ -974,7 +975,7 @@ class _Search:
                                kind="device-lost", reason=e.one_line(), edge=True)
             # on the unsafe list before the trial closes: through the helper, the mark ends its open trial
             journal.record_hard_failure(self.device_id, lost, stock=knob.stock, session=j.session,
-                                        backend=self.backend)
+                                        serial=j.doc.get("serial"), backend=self.backend)
             j.finish_trial(lost.to_record())
             self._emit(TrialFinished(index, lost))
             return self._failed(j, [*results, lost], search, "device-lost", e.one_line(), hardware=True)
@@ -997,8 +998,11 @@ class _Search:
             result, light = _with_load_report(result, search["preset"])
             if light:
                 self._emit(TrialWarning(light))
-        # on the unsafe list before the trial closes: through the helper, the mark ends its open trial
-        journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=j.session, backend=self.backend)
+        # on the unsafe list before the trial closes: through the helper, the mark ends its open trial. Under the
+        # session's serial (the card it ran on, read before any trial: a lost card may answer nothing now), which
+        # the helper files an imported line by (service._key_for), not the slot whatever card is in it then
+        journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=j.session,
+                                    serial=j.doc.get("serial"), backend=self.backend)
         j.finish_trial(result.to_record())
         if result.kind == CHANGED_OUTSIDE:  # inconclusive, recorded; the bisect stops (docs/bisect.md)
             self._emit(TrialFinished(index, result))
