@@ -339,6 +339,22 @@ def test_an_end_of_input_at_the_unsafe_clear_question_is_a_no_not_a_traceback(ca
     assert set(journal.unsafe_settings("sim0")) == {-80}
 
 
+def test_the_unsafe_clear_question_keeps_out_of_the_json_document(capsys, boot, monkeypatch):
+    """`--json` prints one JSON document (README): the question was input()'s prompt on stdout, before the
+    document, so `unsafe clear --json` answered on a terminal printed "Remove ...? [y/N] {...}", no JSON."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    journal.add_unsafe("sim0", -80, unit="mV", kind="system-reset", reason="reset", edge=True)
+    monkeypatch.setattr("sys.stdin", Terminal("y\n"))
+    code, out, err = tuner(capsys, "--simulate", "unsafe", "clear", "--device", "sim0", "-80", "--json")
+    assert code == 0 and json.loads(out)["removed"][0]["setting"] == -80, out
+    assert "Remove -80 mV" in err and journal.unsafe_settings("sim0") == {}
+
+
 def test_unsafe_clear_is_refused_while_a_bisect_holds_the_card(capsys, boot):
     """A bisect holds the card's writer lock for its whole life and appends to its unsafe list when a trial hangs or
     resets the card. `tuner unsafe clear` took no lock: it read the list, then rewrote it without the entries it

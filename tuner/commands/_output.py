@@ -15,9 +15,11 @@ from tuner.core import json_values
 
 def said_yes(question: str) -> bool:
     """A person's y or yes to `question`, asked on the terminal (`tuner bisect`'s consent, `tuner unsafe clear`);
-    Ctrl-D, or a terminal that closed, is a no, not a traceback (EOFError maps to no exit code)."""
+    Ctrl-D, or a terminal that closed, is a no, not a traceback (EOFError maps to no exit code). Asked on stderr:
+    with --json, stdout holds only the JSON."""
+    print(question, end="", file=sys.stderr, flush=True)
     try:
-        answer = input(question)
+        answer = input()
     except EOFError:  # nobody said yes
         return False
     return answer.strip().lower() in ("y", "yes")
