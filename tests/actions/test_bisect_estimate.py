@@ -22,3 +22,16 @@ def test_the_estimate_counts_the_machines_unsafe_list_as_the_bisect_does(tmp_pat
     run = estimate_search(knob, params, {-40: backend.unsafe_entries("sim0")[0]})  # what job.py plans with
     assert shown == run
     assert shown != estimate_search(knob, params, {})  # the machine's entry changes the plan
+
+
+class OtherUnitBackend(SimulatedBackend):
+    """A slot whose machine-wide list holds an entry of another kind of card (MHz) once in it."""
+
+    def unsafe_entries(self, device_id):
+        return [{"setting": -40, "unit": "MHz", "kind": "hang", "edge": True, "reason": "froze the machine"}]
+
+
+def test_the_estimate_ignores_an_unsafe_entry_in_another_unit_as_set_and_apply_do(tmp_path):
+    backend = OtherUnitBackend(state_path=tmp_path / "sim")
+    params = BisectParams(floor=-100)
+    assert bisect_estimate(backend, "sim0", params) == estimate_search(backend.knob("sim0"), params, {})

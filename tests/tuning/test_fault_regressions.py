@@ -323,6 +323,52 @@ def test_unsafe_list_and_clear(capsys, boot):
     assert "-95 mV" in out and "-80 mV" not in out
 
 
+def test_an_end_of_input_at_the_unsafe_clear_question_is_a_no_not_a_traceback(capsys, boot, monkeypatch):
+    """Ctrl-D at "Remove ... from sim0's unsafe list? [y/N]" on a terminal: input() raised EOFError, a traceback.
+    Nobody said yes: nothing is cleared, one line, exit 2."""
+    import io
+
+    class EndedTerminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    journal.add_unsafe("sim0", -80, unit="mV", kind="system-reset", reason="reset", edge=True)
+    monkeypatch.setattr("sys.stdin", EndedTerminal(""))
+    code, _out, err = tuner(capsys, "--simulate", "unsafe", "clear", "--device", "sim0", "-80")
+    assert code == exit_codes.USAGE and "nothing was cleared" in err and len(err.strip().splitlines()) == 1, err
+    assert set(journal.unsafe_settings("sim0")) == {-80}
+
+
+def test_the_unsafe_clear_question_keeps_out_of_the_json_document(capsys, boot, monkeypatch):
+    """`--json` prints one JSON document (README): the question was input()'s prompt on stdout, before the
+    document, so `unsafe clear --json` answered on a terminal printed "Remove ...? [y/N] {...}", no JSON."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    journal.add_unsafe("sim0", -80, unit="mV", kind="system-reset", reason="reset", edge=True)
+    monkeypatch.setattr("sys.stdin", Terminal("y\n"))
+    code, out, err = tuner(capsys, "--simulate", "unsafe", "clear", "--device", "sim0", "-80", "--json")
+    assert code == 0 and json.loads(out)["removed"][0]["setting"] == -80, out
+    assert "Remove -80 mV" in err and journal.unsafe_settings("sim0") == {}
+
+
+def test_unsafe_clear_is_refused_while_a_bisect_holds_the_card(capsys, boot):
+    """A bisect holds the card's writer lock for its whole life and appends to its unsafe list when a trial hangs or
+    resets the card. `tuner unsafe clear` took no lock: it read the list, then rewrote it without the entries it
+    removed, so a line the bisect appended in between was lost (and it cleared under a running bisect, which the
+    root helper refuses: service._op_unsafe_clear, `_writer`). Busy: one line, exit 6, the list untouched."""
+    from tuner.core.card_lock import CardLock
+
+    journal.add_unsafe("sim0", -80, unit="mV", kind="system-reset", reason="reset", edge=True)
+    with CardLock("sim0", "auto-bisect of sim0"):
+        code, _out, err = tuner(capsys, "--simulate", "unsafe", "clear", "--device", "sim0", "--yes")
+    assert code == exit_codes.BUSY and "auto-bisect of sim0" in err, (code, err)
+    assert set(journal.unsafe_settings("sim0")) == {-80}
+
+
 # --- defect 8: write only what we own ------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
 def test_export_overwrite_refuses_anything_but_a_regular_file(capsys, tmp_path, kind):

@@ -64,6 +64,16 @@ def test_hang_far_below_the_limit_lands_in_the_unsafe_list_with_edge_margin(boot
     assert outcome.recommendation.margin == 15 and outcome.recommendation.edge
 
 
+def test_a_hard_failure_in_a_trial_is_listed_under_the_serial_of_the_card_it_ran_on(boot):
+    # a trial's own hard failure went on the list with serial None (only a recovered one named its card), so the
+    # root helper, importing the user's list, filed it under whatever card is in the slot then (service._key_for),
+    # not under the card that hung
+    backend, _engine, _events, job = make(vmin=-30, step=70, resolution=5)
+    job.run()
+    [entry] = journal.own_unsafe_entries("sim0")
+    assert (entry["setting"], entry["serial"]) == (-70, backend.device("sim0").serial)
+
+
 @pytest.mark.parametrize("listed", [0, 10])
 def test_stock_on_the_unsafe_list_stops_the_search_in_one_line(boot, listed):
     # a hand-edited list (or a verify at stock that the machine reset under) blocks stock itself, and with an
@@ -353,3 +363,17 @@ def test_a_stored_trial_outside_the_cards_range_is_refused_with_the_remedy_resum
     with pytest.raises(UsageError, match=r"trial 2: [+-]\d+ mV is outside this card's range") as e:
         job.run()
     assert "--restart" in (e.value.remedy or "") and engine.requests == []
+
+
+def test_an_unsafe_entry_in_another_unit_does_not_narrow_the_search(boot):
+    # the slot's list holds -30 MHz (another kind of card, once in this slot, hung there): the plan counted it as
+    # -30 mV on this mV card (job.py read the list without the knob's unit) while set/apply and the helper ignore it
+    from tuner.tuning.events import SessionStarted
+
+    journal.add_unsafe("sim0", -30, unit="MHz", kind="hang", reason="hang at -30 MHz", edge=True)
+    backend, _engine, events, job = make()
+    assert backend.knob("sim0").unit == "mV"
+    outcome = job.run().card
+    started = next(e for e in events if isinstance(e, SessionStarted))
+    assert started.unsafe == (), started.unsafe
+    assert outcome.exit_code == exit_codes.OK and outcome.recommendation.setting < -30

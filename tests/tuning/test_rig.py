@@ -323,6 +323,39 @@ def test_a_rig_resumed_never_applies_a_value_its_card_listed_unsafe_meanwhile(bo
 
 
 
+def test_a_rig_resumed_is_not_backed_off_by_an_unsafe_entry_in_another_unit(boot):
+    # sim1's list holds -50 MHz (another kind of card once in the slot): the resumed confirmation backed the mV card
+    # off past it as if it were -50 mV (_clear_of_unsafe read the list without the knob's unit)
+    holder: dict = {}
+    rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
+    _backend, _engine, _rig, _events, holder["job"] = make(rig=rig)
+    assert holder["job"].run().status == "stopped"
+    journal.add_unsafe("sim1", -50, unit="MHz", kind="hang", reason="hang at -50 MHz", edge=True)
+    rig2 = FakeRigTrial()
+    outcome = make(rig=rig2, resume=True)[4].run()
+    assert outcome.exit_code == exit_codes.OK
+    assert dict(outcome.settings) == {"sim0": -40, "sim1": -55, "sim2": -30}
+
+
+@pytest.mark.parametrize("candidate", [-150, -100_000, 50])
+def test_a_rig_candidate_beyond_its_cards_own_recommendation_is_refused_before_anything_runs(boot, candidate):
+    # a hand-edited or damaged rig journal: sim1's candidate -150 mV (its own search recommended -55) was applied
+    # to the card in the rig confirmation, a value no search ever confirmed; one outside the card's range ended the
+    # rig on the card's own refusal ("-100000 mV is outside this card's range") after the recording at stock ran
+    holder: dict = {}
+    rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
+    backend, _engine, _rig, _events, holder["job"] = make(rig=rig)
+    assert holder["job"].run().status == "stopped"
+    j = journal.Journal.open_rig(CARDS, backend)
+    assert j is not None and j.doc["candidates"]["sim1"] == -55
+    j.update(candidates={**j.doc["candidates"], "sim1": candidate})
+    rig2 = FakeRigTrial()
+    with pytest.raises(UsageError, match="sim1") as e:
+        make(rig=rig2, resume=True)[4].run()
+    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
+    assert e.value.exit_code == exit_codes.USAGE and rig2.calls == []
+
+
 @pytest.mark.parametrize("devices", [["sim0", "sim1"], ["sim0", "sim7"]])
 def test_a_rig_journal_whose_open_trial_names_a_card_not_in_the_rig_is_damage_not_a_traceback(boot, devices):
     """A hand-edited rig journal (its open trial names a card the rig does not hold), or another rig's renamed to
@@ -338,3 +371,30 @@ def test_a_rig_journal_whose_open_trial_names_a_card_not_in_the_rig_is_damage_no
     with pytest.raises(DamagedState, match="sim7"):
         job.run()
     assert engine.requests == []
+
+
+@pytest.mark.parametrize("older", [False, True])
+def test_a_rig_resume_refuses_a_card_swapped_in_after_its_search_finished(boot, older):
+    # the rig journal recorded no serials and a finished card's result was taken on --resume without a look at the
+    # card now in its slot: another card (another serial) swapped in was confirmed at the other card's value. An
+    # older tuner's rig journal (no 'serials') still loads; each card's own journal of the rig's session says it
+    holder: dict = {}
+    rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
+    _backend, _engine, _rig, _events, holder["job"] = make(limits=(-52, -67), rig=rig)
+    assert holder["job"].run().status == "stopped"
+    if older:
+        j = journal.Journal.open_rig(("sim0", "sim1"), _backend)
+        assert j is not None and j.doc.pop("serials") == {d: _backend.device(d).serial for d in ("sim0", "sim1")}
+        j._save()
+    assert all(journal.load(d)["state"] == journal.FINISHED for d in ("sim0", "sim1"))
+    before = journal._load(journal.rig_path(("sim0", "sim1")))
+    swapped = SimulatedBackend(gpus=2, vmin_mv=(-52, -67), seed=1)  # the same models, other serials, same slots
+    assert swapped.device("sim1").serial != _backend.device("sim1").serial
+    rig2, engine = FakeRigTrial(), FakeEngine()
+    job = prepare_bisect(swapped, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2, resume=True),
+                         run_trial=rig2, engine_factory=engine)
+    with pytest.raises(UsageError, match="another card") as e:
+        job.run()
+    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
+    assert e.value.exit_code == exit_codes.USAGE and rig2.calls == [] and engine.requests == []
+    assert journal._load(journal.rig_path(("sim0", "sim1"))) == before

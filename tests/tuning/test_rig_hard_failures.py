@@ -45,6 +45,8 @@ def test_a_hard_failure_in_the_rig_confirmation_goes_on_the_unsafe_list_with_the
     outcome = job.run()
     # the value that failed hard is never tried again on that card; nothing is blamed on the other card
     assert journal.unsafe_settings("sim1")[-55]["edge"] and journal.unsafe_settings("sim1")[-55]["kind"] == kind
+    # under the serial of the card it ran on (the root helper files an imported line by it: service._key_for)
+    assert journal.unsafe_settings("sim1")[-55]["serial"] == SimulatedBackend(gpus=2).device("sim1").serial
     assert journal.unsafe_settings("sim0") == {}
     # backed off by the edge margin (15 mV), as a single card's recommendation keeps it after a hard failure
     first = next(e for e in events if isinstance(e, RigConfirmFinished) and e.attempt == 1)

@@ -31,7 +31,8 @@ def bisect_estimate(backend: Backend, device_id: str, params: BisectParams) -> B
     the running bisect's ETA uses (tuner.tuning.job.estimate_left); UsageError for parameters it would refuse."""
     from tuner.tuning import journal
 
-    return estimate_search(backend.knob(device_id), params, journal.unsafe_settings(device_id, backend))
+    knob = backend.knob(device_id)
+    return estimate_search(knob, params, journal.unsafe_settings(device_id, backend, unit=knob.unit))
 
 
 def consent_question(device: DeviceInfo) -> str | None:

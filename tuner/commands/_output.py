@@ -1,4 +1,5 @@
-"""Small output helpers shared by the commands: JSON documents, warnings, aligned tables, the in-place status line."""
+"""Small output helpers shared by the commands: JSON documents, warnings, aligned tables, the in-place status line,
+a yes/no question on the terminal."""
 
 from __future__ import annotations
 
@@ -10,6 +11,18 @@ from collections.abc import Iterable, Sequence
 from typing import IO
 
 from tuner.core import json_values
+
+
+def said_yes(question: str) -> bool:
+    """A person's y or yes to `question`, asked on the terminal (`tuner bisect`'s consent, `tuner unsafe clear`);
+    Ctrl-D, or a terminal that closed, is a no, not a traceback (EOFError maps to no exit code). Asked on stderr:
+    with --json, stdout holds only the JSON."""
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        answer = input()
+    except EOFError:  # nobody said yes
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 def print_json(document: object) -> None:

@@ -14,7 +14,7 @@ from tuner.actions.context import Context
 from tuner.actions.parameters import BISECT, BOUND, CONFIRM, TRIAL
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers, add_arguments
-from tuner.commands._output import StatusLine, fit, format_table, warn
+from tuner.commands._output import StatusLine, fit, format_table, said_yes, warn
 from tuner.core import exit_codes, signals
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError, UsageError
@@ -89,11 +89,7 @@ def _confirm_real_cards(backend: Backend, devices: tuple[str, ...], args: Namesp
         raise UsageError(f"bisect changes the voltage of {what} and may crash the machine",
                          "pass --yes to run it unattended")
     for q in questions:
-        try:
-            answer = input(f"{q} [y/N] ")
-        except EOFError:  # Ctrl-D, or a terminal that closed: nobody said yes
-            answer = ""
-        if answer.strip().lower() not in ("y", "yes"):
+        if not said_yes(f"{q} [y/N] "):
             raise UsageError("bisect cancelled", "pass --yes to skip this question")
 
 

@@ -14,7 +14,7 @@ from tuner.actions import safety_files
 from tuner.actions.context import Context
 from tuner.commands._argtypes import Subparsers, whole_number
 from tuner.commands._device import pick_device
-from tuner.commands._output import format_table, format_value, print_json
+from tuner.commands._output import format_table, format_value, print_json, said_yes
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.core.models import printable
@@ -78,21 +78,24 @@ def _ask(question: str) -> bool:
     stdin = sys.stdin
     if stdin is None or not stdin.isatty():
         raise UsageError("clearing the unsafe list needs a yes", "pass --yes to clear without asking")
-    return input(question).strip().lower() in ("y", "yes")
+    return said_yes(question)
 
 
 def run_clear(args: Namespace, ctx: Context) -> int:
     device_id = pick_device(ctx.backend, args.device).id
-    entries = safety_files.unsafe_entries(device_id, ctx.backend)
-    doomed = [e for e in entries if args.value is None or e["setting"] == args.value]
-    if not doomed:
-        what = "" if args.value is None else f" for {args.value:+d}"
-        raise UsageError(f"no unsafe entry{what} on {device_id}", "see `tuner unsafe list`")
-    values = ", ".join(sorted({format_value(e["setting"], e.get("unit") or "") for e in doomed}))
-    if not args.yes and not _ask(f"Remove {values} from {device_id}'s unsafe list? They froze, hung or reset "
-                                 "the card; bisect may try them again. [y/N] "):
-        raise UsageError("nothing was cleared", "answer y, or pass --yes")
-    removed = safety_files.clear_unsafe(device_id, args.value, ctx.backend)
+    # as the card's writer (CardBusy while a bisect or verify holds it): they append to this list, and a line
+    # appended between our read and our rewrite would be lost; the root helper refuses its own list's clear alike
+    with ctx.backend.holding(device_id, "tuner unsafe clear"):
+        entries = safety_files.unsafe_entries(device_id, ctx.backend)
+        doomed = [e for e in entries if args.value is None or e["setting"] == args.value]
+        if not doomed:
+            what = "" if args.value is None else f" for {args.value:+d}"
+            raise UsageError(f"no unsafe entry{what} on {device_id}", "see `tuner unsafe list`")
+        values = ", ".join(sorted({format_value(e["setting"], e.get("unit") or "") for e in doomed}))
+        if not args.yes and not _ask(f"Remove {values} from {device_id}'s unsafe list? They froze, hung or reset "
+                                     "the card; bisect may try them again. [y/N] "):
+            raise UsageError("nothing was cleared", "answer y, or pass --yes")
+        removed = safety_files.clear_unsafe(device_id, args.value, ctx.backend)
     if args.json:
         print_json({"device": device_id, "removed": removed})
     else:

@@ -357,6 +357,13 @@ class BisectJob:
                     raise UsageError(f"the unfinished bisect session for {device_id} ({j.session}) was run on another "
                                      f"card (serial {j.doc.get('serial')}; this one is {serial}): its trials say "
                                      "nothing about this card", "start over with --restart (the unsafe list is kept)")
+        if p.resume and rig is not None:  # a card whose search finished too: its result is reused, not searched
+            for device_id in ids:
+                recorded, serial = self._rig_serial(rig, device_id), self.backend.device(device_id).serial
+                if same_serial(recorded, serial) is False:
+                    raise UsageError(f"the unfinished rig bisect for {_name(rig)} ({rig.session}) was run with another "
+                                     f"card in {device_id} (serial {recorded}; this one is {serial}): its results say "
+                                     "nothing about this card", "start over with --restart (the unsafe list is kept)")
         if not (p.resume or p.restart):  # before any card is touched, not halfway through the threads
             for j in (rig, *cards.values()):
                 if j is not None and j.unresolved():
@@ -385,7 +392,20 @@ class BisectJob:
                   else default_preset(self.backend.stress_target(ids[0]))}
         # a combination that reset the machine is never applied again, in this session or any later one
         return Journal.create_rig(ids, params=search, stock={d: k.stock for d, k in knobs.items()},
-                                  backend=self.backend, never=rig.doc.get("never", []) if rig is not None else [])
+                                  backend=self.backend, never=rig.doc.get("never", []) if rig is not None else [],
+                                  serials={d: self.backend.device(d).serial for d in ids})
+
+    @staticmethod
+    def _rig_serial(rig: Journal, device_id: str) -> str | None:
+        """The serial of the card the rig ran on in this slot: the rig journal's; an older tuner's recorded none,
+        so the card's own journal of the rig's session says it (None: unknown, nothing to refuse by)."""
+        serials = rig.doc.get("serials") or {}
+        if device_id in serials:
+            return serials[device_id]
+        doc = journal.load(device_id)
+        recorded = rig.doc.get("sessions", {}).get(device_id)
+        ours = doc is not None and recorded is not None and doc.get("session") == recorded
+        return doc.get("serial") if ours and doc is not None else None
 
     def _recover_rig(self, rig: Journal, knobs: dict[str, Knob]) -> None:
         """A rig trial left open by a dead tool or an earlier boot (each card's journal recovers its own)."""
@@ -495,7 +515,7 @@ class BisectJob:
     def _clear_of_unsafe(self, knob: Knob, device_id: str, setting: int, rig: Journal) -> int:
         """`setting` backed off until nothing on the card's unsafe list blocks it: a value listed after the card's
         own search ended (a verify that reset the machine before the rig resumed) is never applied by the rig."""
-        unsafe = journal.unsafe_settings(device_id, self.backend)
+        unsafe = journal.unsafe_settings(device_id, self.backend, unit=knob.unit)  # this card's unit, as set does
         while setting != knob.stock and blocking_setting(knob, setting, unsafe) is not None:
             setting = self._back_off(knob, device_id, setting, rig)
         return setting
@@ -548,6 +568,7 @@ class BisectJob:
                                      PlanParams.defaults_for(knobs[d]).resolution) for d in recs})
         if len(recs) < 2:  # nothing to confirm together: one card's own confirmation is its whole story
             return self._finish(rig, per_card, {d: r.setting for d, r in recs.items()}, reasons, ())
+        _check_resumed_candidates(knobs, recs, rig.doc["candidates"])
         for device_id in recs:  # every rig run on a card at the lock its own search ran at (a resume sets it again)
             lock_at_baseline_clock(self.backend, device_id, per_card[device_id].trials)
         edge_margins = {d: PlanParams.defaults_for(knobs[d], margin=per_card[d].params.get("margin")).edge_margin
@@ -626,7 +647,8 @@ class BisectJob:
                                   " not a voltage problem; check the card, its cooling and its PCIe link")
                     continue
                 hard = d in failing and journal.record_hard_failure(d, failing[d], stock=knobs[d].stock,
-                                                                    session=rig.session, backend=self.backend)
+                                                                    session=rig.session, backend=self.backend,
+                                                                    serial=self._rig_serial(rig, d))
                 backed[d] = self._back_off(knobs[d], d, candidates[d], rig,
                                            edge_margin=edge_margins[d] if hard else 0)
         elif errors and not failing:  # setup trouble (a rank that never ran, a collective that never formed):
@@ -727,6 +749,20 @@ def _check_resumed_trials(knob: Knob, records: Sequence[Mapping]) -> None:
                              "start over with --restart") from None
 
 
+def _check_resumed_candidates(knobs: Mapping[str, Knob], recs: Mapping[str, Recommendation],
+                              candidates: Mapping[str, int]) -> None:
+    """A rig's stored candidates are where it confirms: each starts at its card's own recommendation and only backs
+    off toward stock. One beyond that (a hand-edited or damaged rig journal), or of a card with no recommendation,
+    would apply a value no search confirmed: refused before any card is touched, as stored trials are."""
+    for device_id, value in candidates.items():
+        knob, rec = knobs[device_id], recs.get(device_id)
+        if rec is None or knob.more_aggressive(value, rec.setting) or knob.more_aggressive(knob.stock, value):
+            own = "none" if rec is None else f"{rec.setting:+d} {knob.unit}"
+            raise UsageError(f"this rig's stored candidates do not fit its cards: {device_id} at {value:+d} "
+                             f"{knob.unit} is not between its stock ({knob.stock:+d} {knob.unit}) and its own "
+                             f"recommendation ({own})", "start over with --restart")
+
+
 def _name(j: Journal) -> str:
     return j.device_id or ",".join(j.doc.get("devices") or ())
 
@@ -748,7 +784,8 @@ class _Search:
         knob = self.knob
         device = self.backend.device(self.device_id)
         j, search, resumed = self._open_session(knob)
-        unsafe = journal.unsafe_settings(self.device_id, self.backend)  # the machine's list too, via the helper
+        # the machine's list too, via the helper; in this card's unit only, the rule set, apply and the helper use
+        unsafe = journal.unsafe_settings(self.device_id, self.backend, unit=knob.unit)
         plan = card_plan(knob, search, unsafe)
         search = {**search, "step": plan.params.step, "resolution": plan.params.resolution,
                   "margin": plan.params.margin}
@@ -854,7 +891,7 @@ class _Search:
                 return self._failed(j, results, search, decision.kind, decision.reason)
             assert isinstance(decision, NextTrial)
             # the plan never proposes these
-            if decision.setting in journal.unsafe_settings(self.device_id, self.backend):
+            if decision.setting in journal.unsafe_settings(self.device_id, self.backend, unit=self.knob.unit):
                 raise AssertionError(f"refusing to apply unsafe {decision.setting}")
             outcome = self._run_one(decision, plan, j, results, search)
             if outcome is not None:
@@ -938,7 +975,7 @@ class _Search:
                                kind="device-lost", reason=e.one_line(), edge=True)
             # on the unsafe list before the trial closes: through the helper, the mark ends its open trial
             journal.record_hard_failure(self.device_id, lost, stock=knob.stock, session=j.session,
-                                        backend=self.backend)
+                                        serial=j.doc.get("serial"), backend=self.backend)
             j.finish_trial(lost.to_record())
             self._emit(TrialFinished(index, lost))
             return self._failed(j, [*results, lost], search, "device-lost", e.one_line(), hardware=True)
@@ -961,8 +998,11 @@ class _Search:
             result, light = _with_load_report(result, search["preset"])
             if light:
                 self._emit(TrialWarning(light))
-        # on the unsafe list before the trial closes: through the helper, the mark ends its open trial
-        journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=j.session, backend=self.backend)
+        # on the unsafe list before the trial closes: through the helper, the mark ends its open trial. Under the
+        # session's serial (the card it ran on, read before any trial: a lost card may answer nothing now), which
+        # the helper files an imported line by (service._key_for), not the slot whatever card is in it then
+        journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=j.session,
+                                    serial=j.doc.get("serial"), backend=self.backend)
         j.finish_trial(result.to_record())
         if result.kind == CHANGED_OUTSIDE:  # inconclusive, recorded; the bisect stops (docs/bisect.md)
             self._emit(TrialFinished(index, result))

@@ -544,10 +544,13 @@ class Journal:
 
     @classmethod
     def create_rig(cls, device_ids: Sequence[str], *, params: dict, stock: dict[str, int],
-                   backend: Backend, never: Sequence[dict] = ()) -> Journal:
-        """A new rig session; `never`: the combinations earlier sessions of these cards saw reset the machine."""
+                   backend: Backend, never: Sequence[dict] = (),
+                   serials: dict[str, str | None] | None = None) -> Journal:
+        """A new rig session; `never`: the combinations earlier sessions of these cards saw reset the machine;
+        `serials`: each card's (the journal is keyed by slots: a resume must see a card swapped in)."""
         journal = cls(rig_path(device_ids), cls._new(
             new_session_id(), devices=sorted(device_ids), phase="search", params=params, stock=stock, sessions={},
+            serials=dict(serials or {}),
             candidates={}, references={}, baseline=None, attempts=[], never=list(never)), backend=backend)
         journal._save()
         return journal

@@ -201,6 +201,9 @@ class RigJournal(_Doc):
     candidates: CardSettings = {}
     stock: CardSettings = {}
     sessions: Annotated[dict[str, str], Meta(extra={"what": "a map of card -> session id", "whole": True})] = {}
+    # each card's serial when the rig began (None: unknown); absent from an older tuner's rig journal, whose resume
+    # takes the serial from each card's own journal of the rig's session instead (BisectJob._prepare)
+    serials: Annotated[dict[str, str | None], Meta(extra={"what": "a map of card -> serial", "whole": True})] = {}
     attempts: list[Any] = []
     pid: int | None = None
     boot_id: str | None = None
