@@ -571,6 +571,42 @@ def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_r
     assert [e.setting for e in ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))] == [-40]
 
 
+def test_a_trial_a_users_journal_left_open_is_filed_under_the_card_and_in_the_unit_it_ran_in(tmp_path, monkeypatch):
+    """The import filed a user's trial left open in an earlier boot under the card in that slot now, in that card's
+    unit: it never read the serial and unit the journal holds (the user's own tuner records such a trial under the
+    card it ran on since 28c354b/cea5df3). After a card swap the crashed card's value went to the wrong card: the
+    card now in the slot refused it, while the card that crashed (moved to another slot) kept no refusal. A guard
+    file holds both in its open trial; an older journal with neither still falls back to the slot's card."""
+    from tuner.helper import service as service_module
+
+    backend = SimulatedBackend(gpus=2, state_path=tmp_path / "sim.json")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(backend, state, group="tuner", log=lambda line: None)
+    moved = backend.device("sim1").serial  # the card that crashed in slot sim0, now in slot sim1
+    home = tmp_path / "alice"
+    journal = home / ".local/state/tuner/journal"
+    journal.mkdir(parents=True)
+    (journal / "sim0.json").write_text(json.dumps({
+        "device": "sim0", "serial": moved, "knob": {"unit": "mV", "stock": 0},
+        "open_trial": {"setting": -60, "phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}}))
+    (journal / "sim0.guard.json").write_text(json.dumps({"open_trial": {
+        "device": "sim0", "setting": -70, "unit": "MHz", "serial": moved, "phase": "verify",
+        "boot_id": "boot-earlier"}}))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    alice = Client(1, peer(1000))
+    assert ask(service, alice, s.UnsafeList(card="sim0")) == []
+    assert sorted((e.setting, e.unit, e.serial) for e in ask(service, alice, s.UnsafeList(card="sim1"))) == [
+        (-70, "MHz", moved), (-60, "mV", moved)]
+    # an older journal (no serial, no unit): the card in its slot, in that card's unit, as before
+    (journal / "sim0.guard.json").unlink()
+    (journal / "sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
+        "setting": -50, "phase": "coarse", "boot_id": "boot-earlier", "session": "s2"}}))
+    service.import_user(os.getuid())
+    assert [(e.setting, e.unit) for e in ask(service, alice, s.UnsafeList(card="sim0"))] == [(-50, "mV")]
+
+
 def test_nothing_is_written_after_the_helper_put_everything_back_to_stop(service):
     """On SIGTERM `serve` calls `shutdown` (every unconfirmed change goes back) and the process exits; but each
     connection's thread lives until then, and a `set` waiting for the service lock got it right after `shutdown`

@@ -576,14 +576,16 @@ class HelperService:
             for device, trial in found.open_trials:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
                     continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
-                key = self._key_for(None, device, by_serial)
+                # under the card it ran on and in its unit (the journal's: the slot may hold another card since);
+                # an older journal says neither: the card in its slot, in that card's unit
+                key = self._key_for(trial.serial, device, by_serial)
                 if key is None:
                     elsewhere += 1
                     continue
                 by_key.setdefault(key, []).append(s.UnsafeEntry(
-                    setting=trial.setting, unit=self._unit_of(device), kind="system-reset",
+                    setting=trial.setting, unit=trial.unit or self._unit_of(device), kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
-                    device=device, session=trial.session, boot_id=trial.boot_id,
+                    device=device, serial=trial.serial, session=trial.session, boot_id=trial.boot_id,
                     recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
             added = sum(self.state.merge_unsafe(key, entries) for key, entries in by_key.items())
         if added:

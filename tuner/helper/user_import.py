@@ -41,7 +41,8 @@ class UserUnsafeLine(msgspec.Struct, frozen=True):
 
 
 class UserOpenTrial(msgspec.Struct, frozen=True):
-    """A per-user journal's or guard's `open_trial`."""
+    """A per-user journal's or guard's `open_trial`, with the serial and unit of the card it ran on (a guard's own;
+    a journal's session's, filled in by `_read_journal`; None in an older tuner's files)."""
 
     setting: int
     phase: str = "trial"
@@ -49,11 +50,19 @@ class UserOpenTrial(msgspec.Struct, frozen=True):
     session: str | None = None
     device: str | None = None
     started_at: float | None = None
+    serial: str | None = None
+    unit: str | None = None
+
+
+class _UserKnob(msgspec.Struct):
+    unit: str | None = None
 
 
 class _UserDoc(msgspec.Struct):
     open_trial: UserOpenTrial | None = None
     device: str | None = None
+    serial: str | None = None  # the card the session ran on (the slot may hold another card since)
+    knob: _UserKnob | None = None  # its unit, likewise
 
 
 @dataclass
@@ -134,4 +143,6 @@ def _read_journal(name: str, data: bytes, found: UserState, where: str) -> None:
         return
     if doc.open_trial is not None:
         stem = name.removesuffix(".json").removesuffix(".guard")
-        found.open_trials.append((doc.open_trial.device or doc.device or stem, doc.open_trial))
+        trial = msgspec.structs.replace(doc.open_trial, serial=doc.open_trial.serial or doc.serial,
+                                        unit=doc.open_trial.unit or (doc.knob.unit if doc.knob else None))
+        found.open_trials.append((trial.device or doc.device or stem, trial))
