@@ -262,6 +262,27 @@ def test_a_users_state_is_read_without_following_links_or_foreign_files(tmp_path
     assert read_user_state(linked, os.getuid()).unsafe == []
 
 
+def test_a_users_state_directory_that_cannot_be_opened_is_reported_not_skipped_in_silence(tmp_path):
+    """A skipped file gets a line in the helper's log; a whole `journal` or `unsafe` directory that could not be
+    opened (a link, a file, unreadable) was skipped with none, and every entry in it with it. A missing one is
+    simply none to import."""
+    home = tmp_path / "home"
+    base = home / ".local/state/tuner"
+    base.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "sim0.jsonl").write_text(json.dumps({"setting": -40, "device": "sim0"}) + "\n")
+    (base / "unsafe").symlink_to(elsewhere)
+    (base / "journal").write_text("not a directory")
+    found = read_user_state(home, os.getuid())
+    assert found.unsafe == []
+    assert any(f"{base}/unsafe" in p for p in found.problems), found.problems
+    assert any(f"{base}/journal" in p for p in found.problems), found.problems
+    (base / "unsafe").unlink()
+    (base / "journal").unlink()
+    assert read_user_state(home, os.getuid()).problems == []
+
+
 def test_a_users_directory_of_many_files_is_listed_only_to_the_cap(tmp_path, monkeypatch):
     """`os.listdir` listed the whole directory before the cap was applied: a user directory of millions of entries
     was read in full by root at every hello (memory and time), only to keep the first MAX_FILES."""

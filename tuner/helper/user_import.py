@@ -11,6 +11,7 @@ imported (the user's own tuner refuses that file until it is repaired, so it is 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import stat
@@ -106,7 +107,9 @@ def read_user_state(home: Path, uid: int) -> UserState:
         for sub, suffix, read in (("unsafe", ".jsonl", _read_unsafe), ("journal", ".json", _read_journal)):
             try:
                 fd = _open_dir(sub, base)
-            except OSError:
+            except OSError as e:
+                if e.errno != errno.ENOENT:  # a link, a file, unreadable: every entry in it is skipped, so said
+                    found.problems.append(f"{where}/{sub}: {e.strerror}")
                 continue
             try:
                 with os.scandir(fd) as entries:  # lazily, to the cap: a directory of millions is not listed by root
