@@ -530,6 +530,26 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
     assert not [text for text in shown if not text.isprintable()], shown
 
 
+def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, tmp_path, monkeypatch):
+    """A trial_end's mark is held to the wire's limits (a reason and each kernel-log line of `schema.Text`, at most
+    `MAX_KERNEL_LOG_LINES` lines); a line of a member's own file, imported as root, kept its words at any length: a
+    1 MiB reason or kernel-log line grew root's machine list (read at every set) up to the import's caps."""
+    from tuner.helper import service as service_module
+
+    huge = "r" * 10_000
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(json.dumps({
+        "setting": -40, "unit": "mV", "device": "sim0", "kind": "k" * 10_000, "reason": huge,
+        "kernel_log": [huge] * 30}) + "\n")
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    [entry] = ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))
+    assert len(entry.reason) <= s.MAX_TEXT_CHARS and len(entry.kind) <= s.MAX_TEXT_CHARS
+    assert len(entry.kernel_log) <= s.MAX_KERNEL_LOG_LINES
+    assert all(len(line) <= s.MAX_TEXT_CHARS for line in entry.kernel_log), [len(line) for line in entry.kernel_log]
+
+
 def test_a_users_file_names_reach_the_helpers_log_without_control_characters(service, tmp_path, monkeypatch):
     """A file the import skips is logged by name (the unit's journal, read by admins), and the name is the user's:
     a newline in it wrote a line of the user's choosing into root's log, as if the helper had said it."""

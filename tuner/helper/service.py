@@ -568,11 +568,14 @@ class HelperService:
                 if key is None:
                     elsewhere += 1
                     continue
-                by_key.setdefault(key, []).append(s.UnsafeEntry(  # the words are shown to every other user
-                    setting=line.setting, unit=line.unit, kind=printable(line.kind), reason=printable(line.reason),
-                    edge=line.edge, device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
-                    recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
-                    source=f"import from uid {uid}"))
+                # the words are shown to every other user, and held to a trial_end mark's limits (the wire's): a
+                # member's file must not grow root's list beyond what a trial's end can
+                by_key.setdefault(key, []).append(s.UnsafeEntry(
+                    setting=line.setting, unit=line.unit, kind=printable(line.kind[:s.MAX_TEXT_CHARS]),
+                    reason=printable(line.reason[:s.MAX_TEXT_CHARS]), edge=line.edge, device=line.device,
+                    serial=line.serial, session=line.session, boot_id=line.boot_id, recorded_at=line.recorded_at,
+                    kernel_log=[text[:s.MAX_TEXT_CHARS] for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
+                    uid=uid, source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
                     continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
