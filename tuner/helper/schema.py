@@ -22,6 +22,9 @@ from tuner.core.models import Capabilities, DeviceInfo
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 4096  # one request line, newline included; a longer line is refused unread
+# one reply line, newline included: the largest is a card's unsafe list, a few dozen entries of a few KiB each; a
+# longer line is no helper's (another program on the socket, a broken helper) and the client stops reading it
+MAX_REPLY_BYTES = 64 << 20
 
 # \A and \Z, not ^ and $: msgspec checks a pattern with re.search, and `$` matches before a final newline too
 # ("coarse\n" was a Word: it split the helper's audit line and reached the unsafe list other users read)
