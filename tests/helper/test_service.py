@@ -550,6 +550,25 @@ def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, 
     assert all(len(line) <= s.MAX_TEXT_CHARS for line in entry.kernel_log), [len(line) for line in entry.kernel_log]
 
 
+def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, tmp_path, monkeypatch):
+    """Stock never goes on a list (`_mark_unsafe`, the user's own `record_hard_failure`): it is where every
+    failure goes back to. A line of a member's own file at the card's stock was imported as it was, and the helper
+    then refused `set` to stock on that card for every user ("+0 mV is at or beyond +0 mV, which failed hard")."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": setting, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n"
+        for setting in (0, -40)))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    bob = Client(2, peer(1001))
+    assert [e.setting for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [-40]
+    ask(service, bob, s.Set(card="sim0", value=-20))
+    assert ask(service, bob, s.Set(card="sim0", value=0)).current == 0
+
+
 def test_a_users_file_names_reach_the_helpers_log_without_control_characters(service, tmp_path, monkeypatch):
     """A file the import skips is logged by name (the unit's journal, read by admins), and the name is the user's:
     a newline in it wrote a line of the user's choosing into root's log, as if the helper had said it."""

@@ -564,6 +564,8 @@ class HelperService:
         elsewhere = 0
         with self.lock:
             for line in found.unsafe:
+                if line.setting == 0:
+                    continue  # stock (every knob is an offset: Knob.offset) never goes on a list (_mark_unsafe)
                 key = self._key_for(line.serial, line.device, by_serial)
                 if key is None:
                     elsewhere += 1
