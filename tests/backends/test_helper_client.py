@@ -196,3 +196,21 @@ def test_a_connection_the_client_declares_lost_is_closed_so_the_helper_puts_back
             wait_until(lambda: ended, 10, "the helper to see the lost connection closed")
         finally:
             backend.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_reply_line_longer_than_any_the_wire_sends_is_a_lost_helper_not_unbounded_memory(tmp_path, monkeypatch):
+    """`readline()` had no bound: a program listening where TUNER_HELPER_SOCKET points (or a broken helper) that
+    sends bytes without a newline had the client read them all into memory, as long as it kept sending. A line
+    longer than the wire's largest reply (`schema.MAX_REPLY_BYTES`, made 1 MiB here) is the client's one line:
+    the helper is lost."""
+    monkeypatch.setattr(s, "MAX_REPLY_BYTES", 1 << 20)
+    monkeypatch.setattr(helper_client, "HELLO_TIMEOUT_S", 2.0)  # bounds the old client's wait, once it read it all
+
+    def flooding(request: dict) -> bytes | None:
+        return b"x" * (16 << 20)  # no newline: 16 times the limit
+
+    with fake_helper(tmp_path, flooding) as path, pytest.raises(helper_client.HelperUnreachable) as lost:
+        helper_client.connect(path)
+    assert "1048576 bytes" in lost.value.message, lost.value.one_line()
+    assert "\n" not in lost.value.one_line()

@@ -262,6 +262,27 @@ def test_a_users_state_is_read_without_following_links_or_foreign_files(tmp_path
     assert read_user_state(linked, os.getuid()).unsafe == []
 
 
+def test_a_users_state_directory_that_cannot_be_opened_is_reported_not_skipped_in_silence(tmp_path):
+    """A skipped file gets a line in the helper's log; a whole `journal` or `unsafe` directory that could not be
+    opened (a link, a file, unreadable) was skipped with none, and every entry in it with it. A missing one is
+    simply none to import."""
+    home = tmp_path / "home"
+    base = home / ".local/state/tuner"
+    base.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "sim0.jsonl").write_text(json.dumps({"setting": -40, "device": "sim0"}) + "\n")
+    (base / "unsafe").symlink_to(elsewhere)
+    (base / "journal").write_text("not a directory")
+    found = read_user_state(home, os.getuid())
+    assert found.unsafe == []
+    assert any(f"{base}/unsafe" in p for p in found.problems), found.problems
+    assert any(f"{base}/journal" in p for p in found.problems), found.problems
+    (base / "unsafe").unlink()
+    (base / "journal").unlink()
+    assert read_user_state(home, os.getuid()).problems == []
+
+
 def test_a_users_directory_of_many_files_is_listed_only_to_the_cap(tmp_path, monkeypatch):
     """`os.listdir` listed the whole directory before the cap was applied: a user directory of millions of entries
     was read in full by root at every hello (memory and time), only to keep the first MAX_FILES."""
@@ -509,6 +530,45 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
     assert not [text for text in shown if not text.isprintable()], shown
 
 
+def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, tmp_path, monkeypatch):
+    """A trial_end's mark is held to the wire's limits (a reason and each kernel-log line of `schema.Text`, at most
+    `MAX_KERNEL_LOG_LINES` lines); a line of a member's own file, imported as root, kept its words at any length: a
+    1 MiB reason or kernel-log line grew root's machine list (read at every set) up to the import's caps."""
+    from tuner.helper import service as service_module
+
+    huge = "r" * 10_000
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(json.dumps({
+        "setting": -40, "unit": "mV", "device": "sim0", "kind": "k" * 10_000, "reason": huge,
+        "kernel_log": [huge] * 30}) + "\n")
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    [entry] = ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))
+    assert len(entry.reason) <= s.MAX_TEXT_CHARS and len(entry.kind) <= s.MAX_TEXT_CHARS
+    assert len(entry.kernel_log) <= s.MAX_KERNEL_LOG_LINES
+    assert all(len(line) <= s.MAX_TEXT_CHARS for line in entry.kernel_log), [len(line) for line in entry.kernel_log]
+
+
+def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, tmp_path, monkeypatch):
+    """Stock never goes on a list (`_mark_unsafe`, the user's own `record_hard_failure`): it is where every
+    failure goes back to. A line of a member's own file at the card's stock was imported as it was, and the helper
+    then refused `set` to stock on that card for every user ("+0 mV is at or beyond +0 mV, which failed hard")."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": setting, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n"
+        for setting in (0, -40)))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    bob = Client(2, peer(1001))
+    assert [e.setting for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [-40]
+    ask(service, bob, s.Set(card="sim0", value=-20))
+    assert ask(service, bob, s.Set(card="sim0", value=0)).current == 0
+
+
 def test_a_users_file_names_reach_the_helpers_log_without_control_characters(service, tmp_path, monkeypatch):
     """A file the import skips is logged by name (the unit's journal, read by admins), and the name is the user's:
     a newline in it wrote a line of the user's choosing into root's log, as if the helper had said it."""
@@ -569,6 +629,42 @@ def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_r
     made = sorted(p.name for p in (service.state.root / "unsafe").iterdir())
     assert made == [f"{service.keys['sim0']}.jsonl"], made[:3]
     assert [e.setting for e in ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))] == [-40]
+
+
+def test_a_trial_a_users_journal_left_open_is_filed_under_the_card_and_in_the_unit_it_ran_in(tmp_path, monkeypatch):
+    """The import filed a user's trial left open in an earlier boot under the card in that slot now, in that card's
+    unit: it never read the serial and unit the journal holds (the user's own tuner records such a trial under the
+    card it ran on since 28c354b/cea5df3). After a card swap the crashed card's value went to the wrong card: the
+    card now in the slot refused it, while the card that crashed (moved to another slot) kept no refusal. A guard
+    file holds both in its open trial; an older journal with neither still falls back to the slot's card."""
+    from tuner.helper import service as service_module
+
+    backend = SimulatedBackend(gpus=2, state_path=tmp_path / "sim.json")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    service = HelperService(backend, state, group="tuner", log=lambda line: None)
+    moved = backend.device("sim1").serial  # the card that crashed in slot sim0, now in slot sim1
+    home = tmp_path / "alice"
+    journal = home / ".local/state/tuner/journal"
+    journal.mkdir(parents=True)
+    (journal / "sim0.json").write_text(json.dumps({
+        "device": "sim0", "serial": moved, "knob": {"unit": "mV", "stock": 0},
+        "open_trial": {"setting": -60, "phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}}))
+    (journal / "sim0.guard.json").write_text(json.dumps({"open_trial": {
+        "device": "sim0", "setting": -70, "unit": "MHz", "serial": moved, "phase": "verify",
+        "boot_id": "boot-earlier"}}))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    alice = Client(1, peer(1000))
+    assert ask(service, alice, s.UnsafeList(card="sim0")) == []
+    assert sorted((e.setting, e.unit, e.serial) for e in ask(service, alice, s.UnsafeList(card="sim1"))) == [
+        (-70, "MHz", moved), (-60, "mV", moved)]
+    # an older journal (no serial, no unit): the card in its slot, in that card's unit, as before
+    (journal / "sim0.guard.json").unlink()
+    (journal / "sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
+        "setting": -50, "phase": "coarse", "boot_id": "boot-earlier", "session": "s2"}}))
+    service.import_user(os.getuid())
+    assert [(e.setting, e.unit) for e in ask(service, alice, s.UnsafeList(card="sim0"))] == [(-50, "mV")]
 
 
 def test_nothing_is_written_after_the_helper_put_everything_back_to_stop(service):

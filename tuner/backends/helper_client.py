@@ -90,10 +90,7 @@ class HelperConnection:
             try:
                 self.sock.sendall(s.encode(request))
                 while True:
-                    line = self._reader.readline()
-                    if not line:
-                        raise ConnectionResetError("the helper closed the connection")
-                    reply = msgspec.json.decode(line, type=s.RawReply)
+                    reply = msgspec.json.decode(self.read_line(), type=s.RawReply)
                     if reply.id in (request.id, 0):
                         break
                 # a result not of the request's type is a broken reply too (another program or protocol on the
@@ -114,6 +111,16 @@ class HelperConnection:
                 reply.error or f"the helper refused {s.op_of(request)} without a reason{code}",
                 reply.remedy or (None if reply.error else "see its log: `journalctl -u tuner-helper`"))
         return result
+
+    def read_line(self) -> bytes:
+        """The next reply line; OSError when the connection closed, msgspec.DecodeError when the line is longer than
+        any the helper sends (read no further: a program on the socket could send without end)."""
+        line = self._reader.readline(s.MAX_REPLY_BYTES + 1)
+        if not line:
+            raise ConnectionResetError("the helper closed the connection")
+        if len(line) > s.MAX_REPLY_BYTES:
+            raise msgspec.DecodeError(f"a reply line longer than {s.MAX_REPLY_BYTES} bytes")
+        return line
 
     def close(self) -> None:
         self.lost = self.lost or "closed"
@@ -336,8 +343,8 @@ class HelperBackend(Backend):
 
         def lines() -> Iterator[str]:
             with contextlib.suppress(OSError, ValueError):
-                for raw in connection._reader:
-                    reply = msgspec.json.decode(raw, type=s.RawReply)
+                while True:
+                    reply = msgspec.json.decode(connection.read_line(), type=s.RawReply)
                     if reply.ok:
                         yield msgspec.json.decode(reply.result, type=s.KernelLine).line
 

@@ -22,13 +22,18 @@ from tuner.core.models import Capabilities, DeviceInfo
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 4096  # one request line, newline included; a longer line is refused unread
+# one reply line, newline included: the largest is a card's unsafe list, a few dozen entries of a few KiB each; a
+# longer line is no helper's (another program on the socket, a broken helper) and the client stops reading it
+MAX_REPLY_BYTES = 64 << 20
 
 # \A and \Z, not ^ and $: msgspec checks a pattern with re.search, and `$` matches before a final newline too
 # ("coarse\n" was a Word: it split the helper's audit line and reached the unsafe list other users read)
 Card = Annotated[str, msgspec.Meta(pattern=r"\A[A-Za-z0-9][A-Za-z0-9:._-]{0,63}\Z")]
 Setting = Annotated[int, msgspec.Meta(ge=-100_000, le=100_000)]  # in the knob's unit; the card's range decides
 LeaseS = Annotated[float, msgspec.Meta(ge=1.0, le=600.0)]
-Text = Annotated[str, msgspec.Meta(max_length=500)]
+MAX_TEXT_CHARS = 500  # a reason, a client's name, a kernel-log line: from the wire, or imported from a user's file
+MAX_KERNEL_LOG_LINES = 20  # an unsafe mark's kernel-log lines, likewise
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 Word = Annotated[str, msgspec.Meta(pattern=r"\A[a-z][a-z0-9_-]{0,39}\Z")]
 Session = Annotated[str, msgspec.Meta(pattern=r"\A[A-Za-z0-9_.-]{1,80}\Z")]
 RequestId = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
@@ -134,7 +139,7 @@ class UnsafeMark(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     kind: Word
     reason: Text
     edge: bool = True
-    kernel_log: Annotated[list[Text], msgspec.Meta(max_length=20)] = []
+    kernel_log: Annotated[list[Text], msgspec.Meta(max_length=MAX_KERNEL_LOG_LINES)] = []
 
 
 class TrialBegin(CardRequest, tag="trial_begin"):

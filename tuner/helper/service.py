@@ -564,26 +564,33 @@ class HelperService:
         elsewhere = 0
         with self.lock:
             for line in found.unsafe:
+                if line.setting == 0:
+                    continue  # stock (every knob is an offset: Knob.offset) never goes on a list (_mark_unsafe)
                 key = self._key_for(line.serial, line.device, by_serial)
                 if key is None:
                     elsewhere += 1
                     continue
-                by_key.setdefault(key, []).append(s.UnsafeEntry(  # the words are shown to every other user
-                    setting=line.setting, unit=line.unit, kind=printable(line.kind), reason=printable(line.reason),
-                    edge=line.edge, device=line.device, serial=line.serial, session=line.session, boot_id=line.boot_id,
-                    recorded_at=line.recorded_at, kernel_log=line.kernel_log[-20:], uid=uid,
-                    source=f"import from uid {uid}"))
+                # the words are shown to every other user, and held to a trial_end mark's limits (the wire's): a
+                # member's file must not grow root's list beyond what a trial's end can
+                by_key.setdefault(key, []).append(s.UnsafeEntry(
+                    setting=line.setting, unit=line.unit, kind=printable(line.kind[:s.MAX_TEXT_CHARS]),
+                    reason=printable(line.reason[:s.MAX_TEXT_CHARS]), edge=line.edge, device=line.device,
+                    serial=line.serial, session=line.session, boot_id=line.boot_id, recorded_at=line.recorded_at,
+                    kernel_log=[text[:s.MAX_TEXT_CHARS] for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
+                    uid=uid, source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
                     continue  # open in this boot: the user's tuner decides (it may still run); 0 is stock
-                key = self._key_for(None, device, by_serial)
+                # under the card it ran on and in its unit (the journal's: the slot may hold another card since);
+                # an older journal says neither: the card in its slot, in that card's unit
+                key = self._key_for(trial.serial, device, by_serial)
                 if key is None:
                     elsewhere += 1
                     continue
                 by_key.setdefault(key, []).append(s.UnsafeEntry(
-                    setting=trial.setting, unit=self._unit_of(device), kind="system-reset",
+                    setting=trial.setting, unit=trial.unit or self._unit_of(device), kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
-                    device=device, session=trial.session, boot_id=trial.boot_id,
+                    device=device, serial=trial.serial, session=trial.session, boot_id=trial.boot_id,
                     recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
             added = sum(self.state.merge_unsafe(key, entries) for key, entries in by_key.items())
         if added:

@@ -11,6 +11,7 @@ imported (the user's own tuner refuses that file until it is repaired, so it is 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import stat
@@ -41,7 +42,8 @@ class UserUnsafeLine(msgspec.Struct, frozen=True):
 
 
 class UserOpenTrial(msgspec.Struct, frozen=True):
-    """A per-user journal's or guard's `open_trial`."""
+    """A per-user journal's or guard's `open_trial`, with the serial and unit of the card it ran on (a guard's own;
+    a journal's session's, filled in by `_read_journal`; None in an older tuner's files)."""
 
     setting: int
     phase: str = "trial"
@@ -49,11 +51,19 @@ class UserOpenTrial(msgspec.Struct, frozen=True):
     session: str | None = None
     device: str | None = None
     started_at: float | None = None
+    serial: str | None = None
+    unit: str | None = None
+
+
+class _UserKnob(msgspec.Struct):
+    unit: str | None = None
 
 
 class _UserDoc(msgspec.Struct):
     open_trial: UserOpenTrial | None = None
     device: str | None = None
+    serial: str | None = None  # the card the session ran on (the slot may hold another card since)
+    knob: _UserKnob | None = None  # its unit, likewise
 
 
 @dataclass
@@ -97,7 +107,9 @@ def read_user_state(home: Path, uid: int) -> UserState:
         for sub, suffix, read in (("unsafe", ".jsonl", _read_unsafe), ("journal", ".json", _read_journal)):
             try:
                 fd = _open_dir(sub, base)
-            except OSError:
+            except OSError as e:
+                if e.errno != errno.ENOENT:  # a link, a file, unreadable: every entry in it is skipped, so said
+                    found.problems.append(f"{where}/{sub}: {e.strerror}")
                 continue
             try:
                 with os.scandir(fd) as entries:  # lazily, to the cap: a directory of millions is not listed by root
@@ -134,4 +146,6 @@ def _read_journal(name: str, data: bytes, found: UserState, where: str) -> None:
         return
     if doc.open_trial is not None:
         stem = name.removesuffix(".json").removesuffix(".guard")
-        found.open_trials.append((doc.open_trial.device or doc.device or stem, doc.open_trial))
+        trial = msgspec.structs.replace(doc.open_trial, serial=doc.open_trial.serial or doc.serial,
+                                        unit=doc.open_trial.unit or (doc.knob.unit if doc.knob else None))
+        found.open_trials.append((trial.device or doc.device or stem, trial))

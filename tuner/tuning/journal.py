@@ -45,7 +45,7 @@ from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, UsageError, write_errors
 from tuner.core.models import Knob, Verdict
 from tuner.core.unsafe_rule import blocking_setting
-from tuner.helper.schema import UnsafeMark
+from tuner.helper.schema import MAX_KERNEL_LOG_LINES, MAX_TEXT_CHARS, UnsafeMark
 from tuner.helper.state import MachineState
 from tuner.tuning import journal_schema
 from tuner.tuning.events import TrialResult
@@ -466,8 +466,8 @@ def record_hard_failure(device_id: str, result: TrialResult, *, stock: int, sess
 def unsafe_mark(kind: str, reason: str, kernel_log: Sequence[str] = ()) -> UnsafeMark:
     """A hard failure as the root helper's request carries it (its limits: a word, 500 characters a line)."""
     word = re.sub(r"[^a-z0-9_-]", "-", kind.lower())[:40]
-    return UnsafeMark(kind=word if word[:1].isalpha() else "hang", reason=reason[:500],
-                      kernel_log=[line[:500] for line in list(kernel_log)[-20:]])
+    return UnsafeMark(kind=word if word[:1].isalpha() else "hang", reason=reason[:MAX_TEXT_CHARS],
+                      kernel_log=[line[:MAX_TEXT_CHARS] for line in list(kernel_log)[-MAX_KERNEL_LOG_LINES:]])
 
 
 # --- a lone guarded trial (apply --verify) -----------------------------------------------------------------------
