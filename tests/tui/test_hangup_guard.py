@@ -199,6 +199,42 @@ async def test_nothing_new_is_written_once_leaving(app, backend):
         assert not isinstance(app.screen, KeepOrRevertDialog)
 
 
+async def test_nothing_new_goes_on_a_card_between_made_safe_to_stop_and_the_stop(app, backend, monkeypatch):
+    """SIGTSTP: the driver's stop thread makes the cards safe (make_safe_to_stop), then queues the stop on the event
+    loop, which handles what came before it: a key (a), a worker's answer. An apply or a bisect start there went on
+    the card after it was made safe, and stayed on it, unwatched, while the process was stopped. Until the process
+    is back (resume_after_stop), nothing new is written; then it is as before."""
+    from tuner.tuning.job import BisectJob, BisectParams
+
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job))
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        made_safe: list[bool] = []
+        stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+        stopper.start()
+        stopper.join(20)
+        assert made_safe == [True]
+        # the driver's _stop_now is queued now; what the event loop handles before it:
+        await pilot.press("left", "left", "a")
+        app.start_bisect(("sim0",), BisectParams())
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.knob("sim0").current == 0, "a setting went on the card after it was made safe to stop"
+        assert not isinstance(app.screen, KeepOrRevertDialog) and app.pending is None
+        assert started == [] and not app.bisect.running, "a bisect started after the cards were made safe to stop"
+        said = [n.message for n in app._notifications if "stopping (Ctrl-Z)" in n.message]
+        assert len(said) == 2 and "apply -10 on sim0" in said[0] and "bisect on sim0" in said[1], said
+        app.resume_after_stop()  # SIGCONT: back, and an apply asked for now goes on as ever
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: isinstance(app.screen, KeepOrRevertDialog), what="the keep-or-revert dialog")
+        assert backend.knob("sim0").current == -10
+        await pilot.press("escape")
+        await until(pilot, lambda: app.pending is None and backend.knob("sim0").current == 0, what="the revert")
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_guard_threads():
     yield
