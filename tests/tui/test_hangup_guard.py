@@ -235,6 +235,43 @@ async def test_nothing_new_goes_on_a_card_between_made_safe_to_stop_and_the_stop
         await until(pilot, lambda: app.pending is None and backend.knob("sim0").current == 0, what="the revert")
 
 
+async def test_a_stop_that_could_not_make_a_card_safe_leaves_the_bisect_running(tmp_path, boot, monkeypatch):
+    """SIGTSTP with a bisect on sim0 and an unconfirmed change on sim1 whose revert fails: the process does not stop
+    (a card not known to be safe), but the bisect, paused for the stop, was never resumed: it sat paused, showing
+    RUNNING, for good. A stop that does not happen leaves the bisect going on."""
+    from tests.tui.helpers import make_app, sim_backend
+    from tests.tui.test_bisect import GatedEngine
+    from tuner.core.errors import DeviceLost
+    from tuner.tuning.job import BisectParams
+
+    backend = sim_backend(tmp_path, gpus=2, vmin_mv=-52)
+    engine = GatedEngine(hold_at=1)  # the first trial (the stock reference) holds until released
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        app.apply_setting("sim1", -10)
+        await until(pilot, lambda: app.pending is not None, what="the change on sim1")
+
+        def revert_fails() -> None:
+            raise DeviceLost("sim1: the card went away")
+
+        monkeypatch.setattr(app.pending, "revert", revert_fails)
+        app.start_bisect(("sim0",), BisectParams(trial_s=1, confirm_s=2))
+        await until(pilot, engine.entered.is_set, what="the first trial")
+        made_safe: list[bool] = []
+        stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+        stopper.start()
+        engine.release.set()
+        await until(pilot, lambda: not stopper.is_alive(), what="make_safe_to_stop")
+        assert made_safe == [False]  # sim1 is not known to be safe: the process does not stop
+        try:
+            await until(pilot, lambda: not app.bisect.running, what="the bisect to go on to its end")
+        finally:
+            app.stop_bisect()
+        assert app.bisect.card("sim0").recommendation is not None
+        assert backend.knob("sim0").current == 0
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_guard_threads():
     yield

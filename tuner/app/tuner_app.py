@@ -861,29 +861,32 @@ class TunerApp(App[int]):
         # handles keys and answers before the driver's stop, and a write then would stay on the card while stopped
         self._stopping = True
         runner = self._bisect_job
+
+        def not_stopped() -> bool:  # the process goes on: so do the paused bisect (unless leaving) and new writes
+            self._stopping = False
+            if runner is not None and not self._leaving:  # leaving: make_safe stops it, no trial starts first
+                runner.resume()
+            return False
+
         if runner is not None:
             runner.pause()
             deadline = time.monotonic() + wait_s
             while not runner.paused_safely() and not runner.wait(0.05):
                 if time.monotonic() > deadline:
-                    runner.resume()
-                    self._stopping = False
                     self.post_message(msg.Noted("not stopped (Ctrl-Z): the running trial did not end in time",
                                                 "warning"))
-                    return False
+                    return not_stopped()
         with self._writing:  # a setting worker half-way through a write finishes first
             if self._leaving:
-                self._stopping = False
-                return False
+                return not_stopped()
             for change in self._unconfirmed_changes():
                 cards = change.device_ids
                 try:
                     change.revert()  # the previous value, else stock (PendingChange.revert), read back
                     knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
                 except Exception as e:  # noqa: BLE001 - a card not known to be safe: the process must not stop
-                    self._stopping = False
                     self.post_message(msg.BackendFailed(f"not stopped (Ctrl-Z): revert on {', '.join(cards)}", e))
-                    return False
+                    return not_stopped()
                 if change is self.pending:  # its dialog closes (KeepOrRevertDialog: no longer pending)
                     self.pending = None
                 else:  # applied, not yet announced: on_change_applied drops it
