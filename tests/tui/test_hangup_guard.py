@@ -272,6 +272,56 @@ async def test_a_stop_that_could_not_make_a_card_safe_leaves_the_bisect_running(
         assert backend.knob("sim0").current == 0
 
 
+async def test_a_stop_during_a_profiles_verify_puts_the_previous_value_back_first(tmp_path, monkeypatch):
+    """SIGTSTP while a profile is verified on this card (its value on the card, kept only on a pass): the App made
+    nothing safe (the verify is no keep-or-revert change, no bisect), so the unconfirmed value stayed on the card,
+    its trial unwatched, for as long as the process was stopped. The verify is stopped first (anything but a pass
+    puts the previous value back), as an unconfirmed change is reverted."""
+    from dataclasses import replace
+
+    from tests.actions.fakes import ClockOffsetSim
+    from tests.tui.helpers import make_app, open_profiles
+    from tuner.profiles import build_profile, save_profile
+    from tuner.screens.dialogs import ConfirmDialog
+
+    entered = threading.Event()
+
+    def held_trial(backend, device_id, value, duration_s, workload, on_line, stop_event):
+        if workload.record is not None:  # the stock reference, recorded first on this card: passes
+            workload.record.write_text("{}")
+            return "pass", None
+        backend.apply(device_id, value)  # the trial runs with the profile's value on the card
+        entered.set()
+        stop_event.wait(20)
+        return ("stopped", "stopped by you") if stop_event.is_set() else ("pass", None)
+
+    monkeypatch.setattr("tuner.actions.verify.bisect_trial", held_trial)
+    backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")
+    backend.apply("sim0", 45)
+    other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card: a verify
+    save_profile(build_profile("theirs", other, backend.knob("sim0"), 90, kernel="6.14.0-test"))
+    app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_profiles(pilot, app)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the verify question")
+        await pilot.press("y")
+        await until(pilot, entered.is_set, what="the verify's trial")
+        assert backend.knob("sim0").current == 90
+        made_safe: list[bool] = []
+        stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+        stopper.start()
+        try:
+            await until(pilot, lambda: not stopper.is_alive(), what="make_safe_to_stop")
+            assert made_safe == [True]
+            assert backend.knob("sim0").current == 45, "the verify's unconfirmed value stayed on the stopped card"
+        finally:
+            app.stop_stress()
+            app.resume_after_stop()
+        await until(pilot, lambda: not app.stress.running, what="the verify's end")
+    assert backend.knob("sim0").current == 45
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_guard_threads():
     yield

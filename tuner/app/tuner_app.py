@@ -852,8 +852,9 @@ class TunerApp(App[int]):
     def make_safe_to_stop(self, wait_s: float = 30.0) -> bool:
         """Before the process stops (SIGTSTP: `kill -TSTP`; the driver, tuner.app.terminal_driver, stops it
         once this returns True): a stopped process reverts nothing and watches no engine (they run in sessions of
-        their own), so, as `tuner set` and `tuner bisect` do before they stop, an unconfirmed change is reverted and
-        a bisect pauses (its running trials end without a result, their cards at stock and verified; they run again
+        their own), so, as `tuner set` and `tuner bisect` do before they stop, an unconfirmed change is reverted (a
+        profile's verify, whose value is kept only on a pass, is stopped: the previous value goes back) and a bisect
+        pauses (its running trials end without a result, their cards at stock and verified; they run again
         after `resume_after_stop`). Blocks: never on the event loop (a setting worker holding `_writing` may be
         waiting for it). False: the App is leaving (make_safe has the cards) or a trial did not end in `wait_s`;
         the process does not stop then."""
@@ -876,6 +877,14 @@ class TunerApp(App[int]):
                     self.post_message(msg.Noted("not stopped (Ctrl-Z): the running trial did not end in time",
                                                 "warning"))
                     return not_stopped()
+        verify = self._stress_job if isinstance(self._stress_job, jobs.VerifyJob) else None
+        if verify is not None and not verify.wait(0):  # its value is unconfirmed (kept only on a pass): it ends
+            verify.stop()  # anything but a pass puts the previous value back (tuner.actions.verify)
+            self.post_message(msg.Noted(f"verify on {verify.device_id} stopped (Ctrl-Z): the value is not kept; "
+                                        "apply the profile again to verify it", "warning"))
+            if not verify.wait(wait_s):
+                self.post_message(msg.Noted("not stopped (Ctrl-Z): the verify did not end in time", "warning"))
+                return not_stopped()
         with self._writing:  # a setting worker half-way through a write finishes first
             if self._leaving:
                 return not_stopped()
