@@ -298,6 +298,9 @@ class BisectScreen(TunerScreen):
         self.action_start(restart=True)
 
     def action_stop(self) -> None:
+        if self._start_after_recall is not None:  # b pressed, its start waiting for the form: it never starts
+            target, self._start_after_recall = self._start_after_recall[2], None
+            self.notify(f"the bisect of {self._target_words(target)} was not started (x)")
         if self.app.bisect.running:
             self.app.stop_bisect()
             several = len(self.app.bisect.device_ids) > 1
