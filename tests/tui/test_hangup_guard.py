@@ -322,6 +322,35 @@ async def test_a_stop_during_a_profiles_verify_puts_the_previous_value_back_firs
     assert backend.knob("sim0").current == 45
 
 
+async def test_back_from_a_stop_into_a_hang_up_the_paused_bisect_stays_paused(tmp_path, boot):
+    """SIGHUP while stopped comes with a SIGCONT: the driver's stop returns and resumes the paused bisect, while the
+    hang-up has already begun (leaving: nothing new goes on a card). The resume let the next trial start, writing
+    its setting, until make_safe stopped it. Leaving, the bisect stays paused."""
+    from tests.tui.helpers import make_app, sim_backend
+    from tests.tui.test_bisect import GatedEngine
+    from tuner.tuning.job import BisectParams
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    engine = GatedEngine(hold_at=1)
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.start_bisect(("sim0",), BisectParams(trial_s=1, confirm_s=2))
+        await until(pilot, engine.entered.is_set, what="the first trial")
+        runner = app._bisect_job
+        made_safe: list[bool] = []
+        stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+        stopper.start()
+        engine.release.set()
+        await until(pilot, lambda: not stopper.is_alive(), what="make_safe_to_stop")
+        assert made_safe == [True] and runner.paused_safely()
+        app.signal_safe_hang_up()  # the SIGHUP, handled before the stop returns (no await between the two)
+        app.resume_after_stop()  # the driver's stop returns (SIGCONT)
+        assert runner.paused_safely(), "back from the stop into a hang-up, the bisect went on"
+    app.make_safe()
+    assert backend.knob("sim0").current == 0
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_guard_threads():
     yield

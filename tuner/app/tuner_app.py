@@ -918,7 +918,8 @@ class TunerApp(App[int]):
     def resume_after_stop(self) -> None:
         """Back from a stop (SIGCONT): a paused bisect goes on; the trial that was cut short runs again."""
         self._stopping = False
-        if self._bisect_job is not None:
+        # leaving (a hang-up's SIGCONT woke us): make_safe stops the bisect; resumed, it would start a trial first
+        if self._bisect_job is not None and not self._leaving:
             self._bisect_job.resume()
 
     # --- command palette -----------------------------------------------------------------------------------------
