@@ -199,6 +199,158 @@ async def test_nothing_new_is_written_once_leaving(app, backend):
         assert not isinstance(app.screen, KeepOrRevertDialog)
 
 
+async def test_nothing_new_goes_on_a_card_between_made_safe_to_stop_and_the_stop(app, backend, monkeypatch):
+    """SIGTSTP: the driver's stop thread makes the cards safe (make_safe_to_stop), then queues the stop on the event
+    loop, which handles what came before it: a key (a), a worker's answer. An apply or a bisect start there went on
+    the card after it was made safe, and stayed on it, unwatched, while the process was stopped. Until the process
+    is back (resume_after_stop), nothing new is written; then it is as before."""
+    from tuner.tuning.job import BisectJob, BisectParams
+
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job))
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        made_safe: list[bool] = []
+        stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+        stopper.start()
+        stopper.join(20)
+        assert made_safe == [True]
+        # the driver's _stop_now is queued now; what the event loop handles before it:
+        await pilot.press("left", "left", "a")
+        app.start_bisect(("sim0",), BisectParams())
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert backend.knob("sim0").current == 0, "a setting went on the card after it was made safe to stop"
+        assert not isinstance(app.screen, KeepOrRevertDialog) and app.pending is None
+        assert started == [] and not app.bisect.running, "a bisect started after the cards were made safe to stop"
+        said = [n.message for n in app._notifications if "stopping (Ctrl-Z)" in n.message]
+        assert len(said) == 2 and "apply -10 on sim0" in said[0] and "bisect on sim0" in said[1], said
+        app.resume_after_stop()  # SIGCONT: back, and an apply asked for now goes on as ever
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: isinstance(app.screen, KeepOrRevertDialog), what="the keep-or-revert dialog")
+        assert backend.knob("sim0").current == -10
+        await pilot.press("escape")
+        await until(pilot, lambda: app.pending is None and backend.knob("sim0").current == 0, what="the revert")
+
+
+async def test_a_stop_that_could_not_make_a_card_safe_leaves_the_bisect_running(tmp_path, boot, monkeypatch):
+    """SIGTSTP with a bisect on sim0 and an unconfirmed change on sim1 whose revert fails: the process does not stop
+    (a card not known to be safe), but the bisect, paused for the stop, was never resumed: it sat paused, showing
+    RUNNING, for good. A stop that does not happen leaves the bisect going on."""
+    from tests.tui.helpers import make_app, sim_backend
+    from tests.tui.test_bisect import GatedEngine
+    from tuner.core.errors import DeviceLost
+    from tuner.tuning.job import BisectParams
+
+    backend = sim_backend(tmp_path, gpus=2, vmin_mv=-52)
+    engine = GatedEngine(hold_at=1)  # the first trial (the stock reference) holds until released
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        app.apply_setting("sim1", -10)
+        await until(pilot, lambda: app.pending is not None, what="the change on sim1")
+
+        def revert_fails() -> None:
+            raise DeviceLost("sim1: the card went away")
+
+        monkeypatch.setattr(app.pending, "revert", revert_fails)
+        app.start_bisect(("sim0",), BisectParams(trial_s=1, confirm_s=2))
+        await until(pilot, engine.entered.is_set, what="the first trial")
+        made_safe: list[bool] = []
+        stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+        stopper.start()
+        engine.release.set()
+        await until(pilot, lambda: not stopper.is_alive(), what="make_safe_to_stop")
+        assert made_safe == [False]  # sim1 is not known to be safe: the process does not stop
+        try:
+            await until(pilot, lambda: not app.bisect.running, what="the bisect to go on to its end")
+        finally:
+            app.stop_bisect()
+        assert app.bisect.card("sim0").recommendation is not None
+        assert backend.knob("sim0").current == 0
+
+
+async def test_a_stop_during_a_profiles_verify_puts_the_previous_value_back_first(tmp_path, monkeypatch):
+    """SIGTSTP while a profile is verified on this card (its value on the card, kept only on a pass): the App made
+    nothing safe (the verify is no keep-or-revert change, no bisect), so the unconfirmed value stayed on the card,
+    its trial unwatched, for as long as the process was stopped. The verify is stopped first (anything but a pass
+    puts the previous value back), as an unconfirmed change is reverted."""
+    from dataclasses import replace
+
+    from tests.actions.fakes import ClockOffsetSim
+    from tests.tui.helpers import make_app, open_profiles
+    from tuner.profiles import build_profile, save_profile
+    from tuner.screens.dialogs import ConfirmDialog
+
+    entered = threading.Event()
+
+    def held_trial(backend, device_id, value, duration_s, workload, on_line, stop_event):
+        if workload.record is not None:  # the stock reference, recorded first on this card: passes
+            workload.record.write_text("{}")
+            return "pass", None
+        backend.apply(device_id, value)  # the trial runs with the profile's value on the card
+        entered.set()
+        stop_event.wait(20)
+        return ("stopped", "stopped by you") if stop_event.is_set() else ("pass", None)
+
+    monkeypatch.setattr("tuner.actions.verify.bisect_trial", held_trial)
+    backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")
+    backend.apply("sim0", 45)
+    other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card: a verify
+    save_profile(build_profile("theirs", other, backend.knob("sim0"), 90, kernel="6.14.0-test"))
+    app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_profiles(pilot, app)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the verify question")
+        await pilot.press("y")
+        await until(pilot, entered.is_set, what="the verify's trial")
+        assert backend.knob("sim0").current == 90
+        made_safe: list[bool] = []
+        stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+        stopper.start()
+        try:
+            await until(pilot, lambda: not stopper.is_alive(), what="make_safe_to_stop")
+            assert made_safe == [True]
+            assert backend.knob("sim0").current == 45, "the verify's unconfirmed value stayed on the stopped card"
+        finally:
+            app.stop_stress()
+            app.resume_after_stop()
+        await until(pilot, lambda: not app.stress.running, what="the verify's end")
+    assert backend.knob("sim0").current == 45
+
+
+async def test_back_from_a_stop_into_a_hang_up_the_paused_bisect_stays_paused(tmp_path, boot):
+    """SIGHUP while stopped comes with a SIGCONT: the driver's stop returns and resumes the paused bisect, while the
+    hang-up has already begun (leaving: nothing new goes on a card). The resume let the next trial start, writing
+    its setting, until make_safe stopped it. Leaving, the bisect stays paused."""
+    from tests.tui.helpers import make_app, sim_backend
+    from tests.tui.test_bisect import GatedEngine
+    from tuner.tuning.job import BisectParams
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    engine = GatedEngine(hold_at=1)
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.start_bisect(("sim0",), BisectParams(trial_s=1, confirm_s=2))
+        await until(pilot, engine.entered.is_set, what="the first trial")
+        runner = app._bisect_job
+        made_safe: list[bool] = []
+        stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+        stopper.start()
+        engine.release.set()
+        await until(pilot, lambda: not stopper.is_alive(), what="make_safe_to_stop")
+        assert made_safe == [True] and runner.paused_safely()
+        app.signal_safe_hang_up()  # the SIGHUP, handled before the stop returns (no await between the two)
+        app.resume_after_stop()  # the driver's stop returns (SIGCONT)
+        assert runner.paused_safely(), "back from the stop into a hang-up, the bisect went on"
+    app.make_safe()
+    assert backend.knob("sim0").current == 0
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_guard_threads():
     yield

@@ -164,3 +164,69 @@ async def test_a_fifo_at_the_form_memory_is_said_once_not_at_every_card_switch(t
         notes = [n.message for n in app._notifications if "FIFO" in n.message]
     assert len(notes) == 1 and str(path) in notes[0], notes
     assert path.is_fifo()
+
+
+async def test_a_start_waiting_for_the_form_is_cancelled_when_d_chooses_another_card(tmp_path, monkeypatch):
+    """b on sim0, then d before sim0's remembered form arrived: the deferred start ran on sim1 (the card d chose,
+    with sim1's form), a bisect of a card b was never pressed for. The card changed: the start is cancelled, said."""
+    from tuner.app import form_memory
+    from tuner.tuning.job import BisectJob
+
+    backend = sim_backend(tmp_path, gpus=2, vmin_mv=-52)
+    release = threading.Event()
+    real_recall = form_memory.recall
+
+    def slow_recall(device):
+        release.wait(20)
+        return real_recall(device)
+
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job))
+    app = make_app(tmp_path, backend=backend, samples=0)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#in-trial"))
+                    and not app.screen._recalls, what="the first recall")
+        monkeypatch.setattr(form_memory, "recall", slow_recall)
+        app.screen._recall_form()  # sim0's form, on its way (as when the screen opens)
+        await pilot.press("b")
+        await pilot.press("d")
+        assert app.selected_device_id == "sim1" and not app.bisect.running
+        release.set()
+        await until(pilot, lambda: not app.screen._recalls, what="both recalls")
+        await pilot.pause()
+        cancelled = [n.message for n in app._notifications if "not started" in n.message]
+        assert not app.bisect.running and started == [], app.bisect.device_ids
+        assert len(cancelled) == 1 and "sim0" in cancelled[0], [n.message for n in app._notifications]
+
+
+async def test_x_before_the_remembered_form_arrives_cancels_the_start_b_asked_for(tmp_path, monkeypatch):
+    """b, then x (stop) before the card's remembered form arrived: x found nothing running and did nothing, and the
+    bisect started anyway once the form came. x cancels the start that is waiting, and says so."""
+    from tuner.app import form_memory
+    from tuner.tuning.job import BisectJob
+
+    backend = sim_backend(tmp_path, vmin_mv=-52)
+    release = threading.Event()
+    real_recall = form_memory.recall
+
+    def slow_recall(device):
+        release.wait(20)
+        return real_recall(device)
+
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job))
+    app = make_app(tmp_path, backend=backend, samples=0)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#in-trial"))
+                    and not app.screen._recalls, what="the first recall")
+        monkeypatch.setattr(form_memory, "recall", slow_recall)
+        app.screen._recall_form()  # the form, on its way (as when the screen opens)
+        await pilot.press("b")
+        await pilot.press("x")
+        release.set()
+        await until(pilot, lambda: not app.screen._recalls, what="the recall")
+        await pilot.pause()
+        assert started == [] and not app.bisect.running, "x was pressed, and the bisect started anyway"
+        assert any("not started" in n.message for n in app._notifications), [n.message for n in app._notifications]

@@ -164,6 +164,8 @@ class TunerApp(App[int]):
         # leaving (quit confirmed, hang-up): a job that ends now stays known, so make_safe still resets its cards
         # and says how to resume its session (a fast stop used to end it before make_safe ran, silently)
         self._leaving = False
+        # stopping (SIGTSTP): from make_safe_to_stop until back from the stop, nothing new goes on a card
+        self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hung_up = False
         # leaving safely from any thread (tuner.app.hangup): make_safe runs once, whoever asks first; the setting
@@ -377,7 +379,7 @@ class TunerApp(App[int]):
         """`apply` prepares the change (a setting, a rig profile), applies it and returns it, in this worker under
         the write lock; the keep-or-revert follows. Refused or not applied: said as `what` and why."""
         with self._writing:
-            if self._leaving:  # quitting or hung up: nothing new goes on a card
+            if self._leaving or self._stopping_refuses(what):  # quitting, hung up, stopping: nothing new on a card
                 return
             try:
                 change = apply()
@@ -453,6 +455,8 @@ class TunerApp(App[int]):
         reference (the Tune screen asked)."""
         if self._leaving:  # quitting or hung up: nothing new goes on a card (make_safe may have run already)
             return
+        if self._stopping_refuses(f"stress on {device_id}"):
+            return
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
             return
@@ -510,6 +514,8 @@ class TunerApp(App[int]):
 
     def _begin_bisect(self, ids: tuple[str, ...], params: BisectParams) -> None:
         if self._leaving:  # quitting or hung up: nothing new goes on a card (make_safe may have run already)
+            return
+        if self._stopping_refuses(f"bisect on {', '.join(ids)}"):
             return
         if self.busy:  # started while the question was open
             return
@@ -636,6 +642,8 @@ class TunerApp(App[int]):
     def verify_profile(self, plan: ProfileApply) -> None:
         """`tuner apply --verify`: the journalled trial with the profile's workload and lock clock."""
         if self._leaving:  # quitting or hung up: nothing new goes on a card (make_safe may have run already)
+            return
+        if self._stopping_refuses(f"verify on {plan.device.id}"):
             return
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
@@ -844,24 +852,42 @@ class TunerApp(App[int]):
     def make_safe_to_stop(self, wait_s: float = 30.0) -> bool:
         """Before the process stops (SIGTSTP: `kill -TSTP`; the driver, tuner.app.terminal_driver, stops it
         once this returns True): a stopped process reverts nothing and watches no engine (they run in sessions of
-        their own), so, as `tuner set` and `tuner bisect` do before they stop, an unconfirmed change is reverted and
-        a bisect pauses (its running trials end without a result, their cards at stock and verified; they run again
+        their own), so, as `tuner set` and `tuner bisect` do before they stop, an unconfirmed change is reverted (a
+        profile's verify, whose value is kept only on a pass, is stopped: the previous value goes back) and a bisect
+        pauses (its running trials end without a result, their cards at stock and verified; they run again
         after `resume_after_stop`). Blocks: never on the event loop (a setting worker holding `_writing` may be
         waiting for it). False: the App is leaving (make_safe has the cards) or a trial did not end in `wait_s`;
         the process does not stop then."""
+        # from here until back from the stop (resume_after_stop), nothing new goes on a card: the event loop still
+        # handles keys and answers before the driver's stop, and a write then would stay on the card while stopped
+        self._stopping = True
         runner = self._bisect_job
+
+        def not_stopped() -> bool:  # the process goes on: so do the paused bisect (unless leaving) and new writes
+            self._stopping = False
+            if runner is not None and not self._leaving:  # leaving: make_safe stops it, no trial starts first
+                runner.resume()
+            return False
+
         if runner is not None:
             runner.pause()
             deadline = time.monotonic() + wait_s
             while not runner.paused_safely() and not runner.wait(0.05):
                 if time.monotonic() > deadline:
-                    runner.resume()
                     self.post_message(msg.Noted("not stopped (Ctrl-Z): the running trial did not end in time",
                                                 "warning"))
-                    return False
+                    return not_stopped()
+        verify = self._stress_job if isinstance(self._stress_job, jobs.VerifyJob) else None
+        if verify is not None and not verify.wait(0):  # its value is unconfirmed (kept only on a pass): it ends
+            verify.stop()  # anything but a pass puts the previous value back (tuner.actions.verify)
+            self.post_message(msg.Noted(f"verify on {verify.device_id} stopped (Ctrl-Z): the value is not kept; "
+                                        "apply the profile again to verify it", "warning"))
+            if not verify.wait(wait_s):
+                self.post_message(msg.Noted("not stopped (Ctrl-Z): the verify did not end in time", "warning"))
+                return not_stopped()
         with self._writing:  # a setting worker half-way through a write finishes first
             if self._leaving:
-                return False
+                return not_stopped()
             for change in self._unconfirmed_changes():
                 cards = change.device_ids
                 try:
@@ -869,13 +895,20 @@ class TunerApp(App[int]):
                     knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
                 except Exception as e:  # noqa: BLE001 - a card not known to be safe: the process must not stop
                     self.post_message(msg.BackendFailed(f"not stopped (Ctrl-Z): revert on {', '.join(cards)}", e))
-                    return False
+                    return not_stopped()
                 if change is self.pending:  # its dialog closes (KeepOrRevertDialog: no longer pending)
                     self.pending = None
                 else:  # applied, not yet announced: on_change_applied drops it
                     self._unannounced.remove(change)
                 self.post_message(msg.ChangeSettled(knobs, _reverted("reverted (Ctrl-Z)", change)))
         return True
+
+    def _stopping_refuses(self, what: str) -> bool:
+        """True while the process is being stopped (make_safe_to_stop until resume_after_stop): `what` is not done,
+        and the UI says so once it is back. From any thread."""
+        if self._stopping:
+            self.post_message(msg.Noted(f"{what}: not done, the UI was stopping (Ctrl-Z); ask again", "warning"))
+        return self._stopping
 
     @property
     def leaving(self) -> bool:
@@ -884,7 +917,9 @@ class TunerApp(App[int]):
 
     def resume_after_stop(self) -> None:
         """Back from a stop (SIGCONT): a paused bisect goes on; the trial that was cut short runs again."""
-        if self._bisect_job is not None:
+        self._stopping = False
+        # leaving (a hang-up's SIGCONT woke us): make_safe stops the bisect; resumed, it would start a trial first
+        if self._bisect_job is not None and not self._leaving:
             self._bisect_job.resume()
 
     # --- command palette -----------------------------------------------------------------------------------------

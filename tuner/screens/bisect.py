@@ -207,7 +207,8 @@ class BisectScreen(TunerScreen):
         self._defaults_for: object = None
         self._plan = Asked("")  # the plan line, for the form as it was estimated for
         self._recalls = 0  # form recalls in flight: a start waits for them (it must use the remembered values)
-        self._start_after_recall: tuple[bool, bool] | None = None
+        # (resume, restart) and the target b was pressed for (card, ALL CARDS): the start waits for the recall
+        self._start_after_recall: tuple[bool, bool, tuple[str | None, bool]] | None = None
         self._notes_said: set[str] = set()  # a FIFO at the form memory: said once, not at every card's recall
         self._recall_form()
 
@@ -236,7 +237,11 @@ class BisectScreen(TunerScreen):
             self._fill_form(values)
             self.repaint()
         if self._recalls == 0 and self._start_after_recall is not None:
-            (resume, restart), self._start_after_recall = self._start_after_recall, None
+            (resume, restart, target), self._start_after_recall = self._start_after_recall, None
+            if target != self._target():  # d chose another card meanwhile: its form is not the one b was pressed on
+                self.notify(f"the bisect of {self._target_words(target)} was not started: d chose another card "
+                            "before its form was read; b starts one here", severity="warning")
+                return
             self.action_start(resume=resume, restart=restart)
 
     def _fill_form(self, values: Mapping[str, str]) -> None:
@@ -257,7 +262,7 @@ class BisectScreen(TunerScreen):
     # --- actions -------------------------------------------------------------------------------------------------
     def action_start(self, resume: bool = False, restart: bool = False) -> None:
         if self._recalls:  # b pressed before the remembered form arrived: started once it is filled in
-            self._start_after_recall = (resume, restart)
+            self._start_after_recall = (resume, restart, self._target())
             return
         values, knob, selected = self._form_values(), self._knob(), self.app.selected_device_id
         try:
@@ -273,6 +278,15 @@ class BisectScreen(TunerScreen):
             self.app.start_bisect(ids, params)
             self.query_one("#bisect-trials", DataTable).focus()
 
+    def _target(self) -> tuple[str | None, bool]:
+        """What b starts now: the selected card, or every card (ALL CARDS)."""
+        return self.app.selected_device_id, self.app.bisect_all
+
+    @staticmethod
+    def _target_words(target: tuple[str | None, bool]) -> str:
+        device_id, every = target
+        return "every card" if every else str(device_id)
+
     def on_input_submitted(self) -> None:
         self.action_start()
 
@@ -284,6 +298,9 @@ class BisectScreen(TunerScreen):
         self.action_start(restart=True)
 
     def action_stop(self) -> None:
+        if self._start_after_recall is not None:  # b pressed, its start waiting for the form: it never starts
+            target, self._start_after_recall = self._start_after_recall[2], None
+            self.notify(f"the bisect of {self._target_words(target)} was not started (x)")
         if self.app.bisect.running:
             self.app.stop_bisect()
             several = len(self.app.bisect.device_ids) > 1
