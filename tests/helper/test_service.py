@@ -530,6 +530,30 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
     assert not [text for text in shown if not text.isprintable()], shown
 
 
+def test_an_unsafe_entrys_kernel_log_reaches_other_users_without_control_characters(service, tmp_path, monkeypatch):
+    """An entry's kernel-log lines are shown to every other user as its kind and reason are (`tuner unsafe list
+    --json`, read with `jq -r`), and come from another user too: a trial_end's mark, or a line of that user's own
+    file imported as root. Kind and reason went through `printable`, the kernel-log lines did not: stored and
+    listed with their escape sequences and newlines."""
+    from tuner.helper import service as service_module
+
+    hostile = "amdgpu: ring gfx timeout\x1b[2J\x1b]0;owned\x07\nline two\u202e"
+    alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="r", kernel_log=[hostile])))
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(
+        json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "kind": "hang", "kernel_log": [hostile]}) + "\n")
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    entries = ask(service, bob, s.UnsafeList(card="sim0"))
+    assert sorted(e.setting for e in entries) == [-60, -40]
+    shown = [line for e in entries for line in e.kernel_log]
+    assert len(shown) == 2 and all("ring gfx timeout" in line for line in shown), shown
+    assert not [line for line in shown if not line.isprintable()], shown
+
+
 def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, tmp_path, monkeypatch):
     """A trial_end's mark is held to the wire's limits (a reason and each kernel-log line of `schema.Text`, at most
     `MAX_KERNEL_LOG_LINES` lines); a line of a member's own file, imported as root, kept its words at any length: a

@@ -486,7 +486,8 @@ class HelperService:
             self.state.add_unsafe(key, s.UnsafeEntry(
                 setting=trial.setting, unit=trial.unit, kind=printable(mark.kind), reason=printable(mark.reason),
                 edge=mark.edge, device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
-                recorded_at=time.time(), kernel_log=mark.kernel_log, uid=trial.uid, source=source))
+                recorded_at=time.time(), kernel_log=[printable(text) for text in mark.kernel_log], uid=trial.uid,
+                source=source))
 
     def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
         trial = self.state.open_trials().get(key)
@@ -576,7 +577,8 @@ class HelperService:
                     setting=line.setting, unit=line.unit, kind=printable(line.kind[:s.MAX_TEXT_CHARS]),
                     reason=printable(line.reason[:s.MAX_TEXT_CHARS]), edge=line.edge, device=line.device,
                     serial=line.serial, session=line.session, boot_id=line.boot_id, recorded_at=line.recorded_at,
-                    kernel_log=[text[:s.MAX_TEXT_CHARS] for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
+                    kernel_log=[printable(text[:s.MAX_TEXT_CHARS])
+                                for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
                     uid=uid, source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
