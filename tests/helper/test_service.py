@@ -574,6 +574,47 @@ def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, 
     assert all(len(line) <= s.MAX_TEXT_CHARS for line in entry.kernel_log), [len(line) for line in entry.kernel_log]
 
 
+def test_an_imported_entrys_unit_card_serial_session_and_boot_id_are_held_to_the_wires_types(service, tmp_path,
+                                                                                            monkeypatch):
+    """A member's own unsafe lines and open trials, imported as root, kept their unit, card, serial, session, boot
+    id and phase as the file had them: any characters, any length. The unit reaches every other user's terminal
+    unescaped (`tuner unsafe list`'s SETTING column, `tuner unsafe clear`'s question), so a member could clear
+    their screens or retitle their terminals, or file a 10 KiB session on root's list. Each is held to the wire's
+    type (a card id, a session, a word, a knob unit); a line that is not is skipped and logged, as other bad
+    lines are (the member's own tuner still refuses it)."""
+    from tuner.helper import service as service_module
+
+    serial = service.devices["sim0"].serial
+    hostile = "\x1b[2J\x1b]0;owned\x07"
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/journal").mkdir(parents=True)
+    line = {"unit": "mV", "device": "sim0", "kind": "hang"}
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(json.dumps({**line, **fields}) + "\n"
+                                                                       for fields in [
+        {"setting": -40, "unit": "mV" + hostile}, {"setting": -45, "session": "s" * 10_240},
+        {"setting": -50, "serial": "x" + hostile}, {"setting": -35, "boot_id": "b" + hostile},
+        {"setting": -30, "serial": serial, "device": "x" + hostile}, {"setting": -55}]))
+    trial = {"phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}
+    for name, device, fields in [("a", "sim0", {"setting": -60, "phase": "coarse" + hostile}),
+                                 ("b", "sim0", {"setting": -70, "session": "s" * 10_240}),
+                                 ("c" + hostile, None, {"setting": -75, "serial": serial}),
+                                 ("d", "sim0", {"setting": -80, "unit": "MHz" + hostile}),
+                                 ("e", "sim0", {"setting": -85})]:
+        (home / ".local/state/tuner/journal" / f"{name}.json").write_text(
+            json.dumps({"device": device, "open_trial": {**trial, **fields}}))
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    entries = ask(service, Client(2, peer(1001)), s.UnsafeList(card="sim0"))
+    words = [w for e in entries for w in (e.unit, e.device, e.serial, e.session, e.boot_id, e.kind, e.reason) if w]
+    assert not [w for w in words if not w.isprintable() or len(w) > s.MAX_TEXT_CHARS], words
+    assert {e.unit for e in entries} <= {"mV", "MHz"}, entries
+    assert sorted(e.setting for e in entries) == [-85, -55], entries
+    assert len([line for line in logged if "skipped" in line]) == 9, logged
+
+
 def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, tmp_path, monkeypatch):
     """Stock never goes on a list (`_mark_unsafe`, the user's own `record_hard_failure`): it is where every
     failure goes back to. A line of a member's own file at the card's stock was imported as it was, and the helper

@@ -5,8 +5,10 @@ imports, for each account that connects (and for root and the sudo user at its s
 and every trial that a journal (or a verify guard) left open in an earlier boot, which means the machine froze
 or reset during it. Read as root from a directory the user owns, so nothing is trusted: below the home
 directory every component is opened without following links; only regular files owned by the user (or root)
-and under `MAX_FILE_BYTES` are read; each line is validated. A line that does not validate is reported and not
-imported (the user's own tuner refuses that file until it is repaired, so it is not forgotten).
+and under `MAX_FILE_BYTES` are read; each line is validated, what it says of the card with the wire's own types
+(a card id, a session, a phase word, a knob's unit: they reach every other user's terminal). A line that does not
+validate is reported and not imported (the user's own tuner refuses that file until it is repaired, so it is not
+forgotten).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 
 import msgspec
 
+from tuner.helper.schema import BootId, Card, Serial, Session, Unit, Word
+
 USER_STATE = (".local", "state", "tuner")  # the default $XDG_STATE_HOME/tuner: the helper cannot see a user's env
 MAX_FILE_BYTES = 1 << 20
 MAX_FILES = 256  # per directory: one per card and session is a handful; more is not a tuner's state
@@ -29,14 +33,14 @@ class UserUnsafeLine(msgspec.Struct, frozen=True):
     """A per-user unsafe-list line (tuner/tuning/journal.py `add_unsafe`); fields it does not know are ignored."""
 
     setting: int
-    unit: str = "mV"
+    unit: Unit = "mV"
     kind: str = "failure"
     reason: str = ""
     edge: bool = True
-    device: str | None = None
-    serial: str | None = None
-    session: str | None = None
-    boot_id: str | None = None
+    device: Card | None = None
+    serial: Serial | None = None
+    session: Session | None = None
+    boot_id: BootId | None = None
     recorded_at: float = 0.0
     kernel_log: list[str] = []
 
@@ -46,23 +50,23 @@ class UserOpenTrial(msgspec.Struct, frozen=True):
     a journal's session's, filled in by `_read_journal`; None in an older tuner's files)."""
 
     setting: int
-    phase: str = "trial"
-    boot_id: str | None = None
-    session: str | None = None
-    device: str | None = None
+    phase: Word = "trial"
+    boot_id: BootId | None = None
+    session: Session | None = None
+    device: Card | None = None
     started_at: float | None = None
-    serial: str | None = None
-    unit: str | None = None
+    serial: Serial | None = None
+    unit: Unit | None = None
 
 
 class _UserKnob(msgspec.Struct):
-    unit: str | None = None
+    unit: Unit | None = None
 
 
 class _UserDoc(msgspec.Struct):
     open_trial: UserOpenTrial | None = None
-    device: str | None = None
-    serial: str | None = None  # the card the session ran on (the slot may hold another card since)
+    device: Card | None = None
+    serial: Serial | None = None  # the card the session ran on (the slot may hold another card since)
     knob: _UserKnob | None = None  # its unit, likewise
 
 
@@ -148,4 +152,8 @@ def _read_journal(name: str, data: bytes, found: UserState, where: str) -> None:
         stem = name.removesuffix(".json").removesuffix(".guard")
         trial = msgspec.structs.replace(doc.open_trial, serial=doc.open_trial.serial or doc.serial,
                                         unit=doc.open_trial.unit or (doc.knob.unit if doc.knob else None))
-        found.open_trials.append((trial.device or doc.device or stem, trial))
+        device = trial.device or doc.device or stem
+        try:  # a file's name is the user's too: held to a card id as a field is
+            found.open_trials.append((msgspec.convert(device, Card), trial))
+        except msgspec.ValidationError as e:
+            found.problems.append(f"{where}: its name is no card id: {e}")
