@@ -615,6 +615,28 @@ def test_an_imported_entrys_unit_card_serial_session_and_boot_id_are_held_to_the
     assert len([line for line in logged if "skipped" in line]) == 9, logged
 
 
+def test_every_imported_setting_is_one_an_unsafe_clear_request_can_name(service, tmp_path, monkeypatch):
+    """`tuner unsafe clear VALUE` removes one listed setting, and the wire holds VALUE to `schema.Setting`. A member's
+    own line (or open trial) was imported at any setting, -10**20 included: listed to every user, and no request could
+    name it to clear it (bad-request), only a clear of the card's whole list. A setting beyond the wire's bounds
+    (wider than any card's range) is skipped and logged, as other bad lines are."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/journal").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": setting, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n"
+        for setting in (-10**20, -200_000, -40)))
+    (home / ".local/state/tuner/journal/sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
+        "setting": -10**20, "phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}}))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    for entry in ask(service, Client(2, peer(1001)), s.UnsafeList(card="sim0")):
+        s.decode_request(json.dumps({"op": "unsafe_clear", "card": "sim0", "setting": entry.setting}).encode())
+    assert [e.setting for e in ask(service, Client(2, peer(1001)), s.UnsafeList(card="sim0"))] == [-40]
+
+
 def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, tmp_path, monkeypatch):
     """Stock never goes on a list (`_mark_unsafe`, the user's own `record_hard_failure`): it is where every
     failure goes back to. A line of a member's own file at the card's stock was imported as it was, and the helper

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from tuner.helper.schema import BootId, Card, Serial, Session, Unit, Word
+from tuner.helper.schema import BootId, Card, Serial, Session, Setting, Unit, Word
 
 USER_STATE = (".local", "state", "tuner")  # the default $XDG_STATE_HOME/tuner: the helper cannot see a user's env
 MAX_FILE_BYTES = 1 << 20
@@ -32,7 +32,7 @@ MAX_FILES = 256  # per directory: one per card and session is a handful; more is
 class UserUnsafeLine(msgspec.Struct, frozen=True):
     """A per-user unsafe-list line (tuner/tuning/journal.py `add_unsafe`); fields it does not know are ignored."""
 
-    setting: int
+    setting: Setting  # as an unsafe_clear request names it
     unit: Unit = "mV"
     kind: str = "failure"
     reason: str = ""
@@ -49,7 +49,7 @@ class UserOpenTrial(msgspec.Struct, frozen=True):
     """A per-user journal's or guard's `open_trial`, with the serial and unit of the card it ran on (a guard's own;
     a journal's session's, filled in by `_read_journal`; None in an older tuner's files)."""
 
-    setting: int
+    setting: Setting
     phase: Word = "trial"
     boot_id: BootId | None = None
     session: Session | None = None
