@@ -554,6 +554,23 @@ def test_an_unsafe_entrys_kernel_log_reaches_other_users_without_control_charact
     assert not [line for line in shown if not line.isprintable()], shown
 
 
+def test_an_older_helpers_unsafe_entry_reaches_other_users_without_control_characters(service):
+    """The words of an entry are escaped as they are stored (since 1ea447b, and its kernel-log lines since); a
+    machine list an older helper kept holds them as a member sent them, and the list is never dropped: its kind and
+    reason reached every other user's terminal raw, in the helper's `unsafe` refusal and in its list."""
+    hostile = "hung\x1b[2J\x1b]0;owned\x07\nline two\u202e"
+    path = service.state.unsafe_path(service.keys["sim0"])
+    path.write_text(json.dumps({"setting": -40, "unit": "mV", "kind": hostile, "reason": hostile, "device": "sim0",
+                                "session": "s", "kernel_log": [hostile], "source": "import from uid 1000"}) + "\n"
+                    + json.dumps({"setting": -45, "unit": "mV" + hostile, "kind": "hang", "reason": "r"}) + "\n")
+    bob = Client(2, peer(1001))
+    with pytest.raises(Refused) as refused:
+        ask(service, bob, s.Set(card="sim0", value=-40))
+    entries = ask(service, bob, s.UnsafeList(card="sim0"))
+    shown = [refused.value.one_line(), *(w for e in entries for w in (e.unit, e.kind, e.reason, *e.kernel_log))]
+    assert not [text for text in shown if not text.isprintable()], shown
+
+
 def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, tmp_path, monkeypatch):
     """A trial_end's mark is held to the wire's limits (a reason and each kernel-log line of `schema.Text`, at most
     `MAX_KERNEL_LOG_LINES` lines); a line of a member's own file, imported as root, kept its words at any length: a

@@ -32,7 +32,7 @@ import msgspec
 
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, write_errors
-from tuner.core.models import DeviceInfo, known_serial
+from tuner.core.models import DeviceInfo, known_serial, printable
 from tuner.helper.schema import OpenTrial, RecoveredTrial, UnsafeEntry
 
 RECOVERED_SHOWN = 20  # recovered trials a `read_trials` answers with, newest last
@@ -169,7 +169,12 @@ class MachineState:
 
     # --- the unsafe list ----------------------------------------------------------------------------------------
     def unsafe_entries(self, key: str) -> list[UnsafeEntry]:
-        return self._lines(self.unsafe_path(key), UnsafeEntry)
+        """The card's list, its words escaped (`printable`, which leaves escaped text as it is): they are escaped as
+        they are stored since 1ea447b, but a list an older helper kept holds them as a member sent them, and they
+        are shown to every other user (the `unsafe` refusal, `unsafe_list`: `tuner unsafe list` prints its unit)."""
+        return [msgspec.structs.replace(e, unit=printable(e.unit), kind=printable(e.kind), reason=printable(e.reason),
+                                        kernel_log=[printable(text) for text in e.kernel_log])
+                for e in self._lines(self.unsafe_path(key), UnsafeEntry)]
 
     def add_unsafe(self, key: str, entry: UnsafeEntry) -> None:
         self._store(self.unsafe_path(key), msgspec.json.encode(entry), append=True)
