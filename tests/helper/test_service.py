@@ -691,6 +691,25 @@ def test_a_users_file_names_reach_the_helpers_log_without_control_characters(ser
     assert len(skipped) == 2 and not [line for line in skipped if not line.isprintable()], skipped
 
 
+def test_a_users_bad_lines_do_not_flood_the_helpers_log(service, tmp_path, monkeypatch):
+    """Each line of a member's file the import skips was logged on its own, at every hello: a 1 MiB file of bad
+    lines ("x\\n") wrote some 500,000 lines into root's log per file per hello, and journald's rate limit then drops
+    the helper's own lines with them (a revert, a write's audit). The user writes these: a few lines, then one
+    saying how many more (as for the entries naming no card)."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    for n in range(3):
+        (home / f".local/state/tuner/unsafe/sim{n}.jsonl").write_text("x\n" * 5_000)
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    assert 1 <= len(logged) <= 20, (len(logged), logged[-1])
+    assert f"skipped {15_000 - len(logged) + 1} more" in logged[-1], logged[-1]
+
+
 def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_per_line(service, tmp_path,
                                                                                          monkeypatch):
     """Each imported line was merged on its own: the card's whole machine list read (and a line fsynced) per line,

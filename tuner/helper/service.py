@@ -559,6 +559,9 @@ class HelperService:
         found = read_user_state(home, uid)
         for problem in found.problems:  # it names the user's files: a newline in a name would forge a log line
             self._log(f"import from uid {uid}: skipped {printable(problem)}")
+        if found.more_problems:  # one line, however many: the user writes these
+            self._log(f"import from uid {uid}: skipped {found.more_problems} more files or lines (their own tuner "
+                      "refuses a damaged file until it is repaired)")
         by_serial = {d.serial: card for card, d in self.devices.items() if d.serial}
         boot = current_boot_id()
         by_key: dict[str, list[s.UnsafeEntry]] = {}  # merged once per card (state.merge_unsafe says why)

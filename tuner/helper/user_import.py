@@ -27,6 +27,10 @@ from tuner.helper.schema import BootId, Card, Serial, Session, Setting, Unit, Wo
 USER_STATE = (".local", "state", "tuner")  # the default $XDG_STATE_HOME/tuner: the helper cannot see a user's env
 MAX_FILE_BYTES = 1 << 20
 MAX_FILES = 256  # per directory: one per card and session is a handful; more is not a tuner's state
+# problems kept to be said one by one; the rest are counted: the user writes them (a 1 MiB file of bad lines is
+# 500,000), and root's memory and log (journald drops a flooding unit's lines, the helper's own among them) are not
+# theirs to fill
+MAX_PROBLEMS_KEPT = 10
 
 
 class UserUnsafeLine(msgspec.Struct, frozen=True):
@@ -74,23 +78,31 @@ class _UserDoc(msgspec.Struct):
 class UserState:
     unsafe: list[UserUnsafeLine] = field(default_factory=list)
     open_trials: list[tuple[str, UserOpenTrial]] = field(default_factory=list)  # (file stem, trial)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the first MAX_PROBLEMS_KEPT
+    more_problems: int = 0  # how many more there were
+
+    def skip(self, problem: str) -> None:
+        """A file or line not imported, and why."""
+        if len(self.problems) < MAX_PROBLEMS_KEPT:
+            self.problems.append(problem)
+        else:
+            self.more_problems += 1
 
 
 def _open_dir(name: str, dir_fd: int) -> int:
     return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
 
-def _read_file(name: str, dir_fd: int, uid: int, where: str, problems: list[str]) -> bytes | None:
+def _read_file(name: str, dir_fd: int, uid: int, where: str, found: UserState) -> bytes | None:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError as e:
-        problems.append(f"{where}/{name}: {e.strerror}")
+        found.skip(f"{where}/{name}: {e.strerror}")
         return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_uid not in (uid, 0) or st.st_size > MAX_FILE_BYTES:
-            problems.append(f"{where}/{name}: not a regular file of uid {uid} under {MAX_FILE_BYTES} bytes")
+            found.skip(f"{where}/{name}: not a regular file of uid {uid} under {MAX_FILE_BYTES} bytes")
             return None
         return f.read(MAX_FILE_BYTES + 1)
 
@@ -113,16 +125,16 @@ def read_user_state(home: Path, uid: int) -> UserState:
                 fd = _open_dir(sub, base)
             except OSError as e:
                 if e.errno != errno.ENOENT:  # a link, a file, unreadable: every entry in it is skipped, so said
-                    found.problems.append(f"{where}/{sub}: {e.strerror}")
+                    found.skip(f"{where}/{sub}: {e.strerror}")
                 continue
             try:
                 with os.scandir(fd) as entries:  # lazily, to the cap: a directory of millions is not listed by root
                     names = sorted(entry.name for entry in itertools.islice(entries, MAX_FILES + 1))
                 if len(names) > MAX_FILES:
-                    found.problems.append(f"{where}/{sub}: over {MAX_FILES} files, only {MAX_FILES} read")
+                    found.skip(f"{where}/{sub}: over {MAX_FILES} files, only {MAX_FILES} read")
                 for name in names[:MAX_FILES]:
                     if name.endswith(suffix) and not name.startswith(".") and not name.endswith(".rig.json"):
-                        data = _read_file(name, fd, uid, f"{where}/{sub}", found.problems)
+                        data = _read_file(name, fd, uid, f"{where}/{sub}", found)
                         if data is not None:
                             read(name, data, found, f"{where}/{sub}/{name}")
             finally:
@@ -139,14 +151,14 @@ def _read_unsafe(name: str, data: bytes, found: UserState, where: str) -> None:
             try:
                 found.unsafe.append(msgspec.json.decode(line, type=UserUnsafeLine))
             except msgspec.MsgspecError as e:
-                found.problems.append(f"{where} line {n}: {e}")
+                found.skip(f"{where} line {n}: {e}")
 
 
 def _read_journal(name: str, data: bytes, found: UserState, where: str) -> None:
     try:
         doc = msgspec.json.decode(data, type=_UserDoc)
     except msgspec.MsgspecError as e:
-        found.problems.append(f"{where}: {e}")
+        found.skip(f"{where}: {e}")
         return
     if doc.open_trial is not None:
         stem = name.removesuffix(".json").removesuffix(".guard")
@@ -156,4 +168,4 @@ def _read_journal(name: str, data: bytes, found: UserState, where: str) -> None:
         try:  # a file's name is the user's too: held to a card id as a field is
             found.open_trials.append((msgspec.convert(device, Card), trial))
         except msgspec.ValidationError as e:
-            found.problems.append(f"{where}: its name is no card id: {e}")
+            found.skip(f"{where}: its name is no card id: {e}")
