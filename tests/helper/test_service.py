@@ -790,6 +790,37 @@ def test_a_trial_a_users_journal_left_open_is_filed_under_the_card_and_in_the_un
     assert [(e.setting, e.unit) for e in ask(service, alice, s.UnsafeList(card="sim0"))] == [(-50, "mV")]
 
 
+def test_a_card_whose_knob_cannot_be_read_does_not_refuse_a_users_hello(service, tmp_path, monkeypatch):
+    """An older journal's open trial says no unit, so the import asked the card in its slot for its knob; where
+    that read failed (an AMD card without overdrive enabled: Unsupported; one that fell off the bus) the error
+    left `import_user`, so the member's `hello` was refused (every command of theirs, on every card, failed) and
+    a helper starting for a sudo user with such a journal did not start. The trial is left for a later import
+    (it stays in the user's journal), and said."""
+    from tuner.core.errors import Unsupported
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "alice"
+    journal = home / ".local/state/tuner/journal"
+    journal.mkdir(parents=True)
+    (journal / "sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
+        "setting": -50, "phase": "coarse", "boot_id": "boot-earlier", "session": "s2"}}))
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    real_knob = service.backend.knob
+
+    def no_overdrive(card):
+        raise Unsupported(f"{card} has no overdrive table", "enable overdrive")
+
+    monkeypatch.setattr(service.backend, "knob", no_overdrive)
+    alice = Client(1, peer(os.getuid()))
+    assert ask(service, alice, s.Hello(version=s.PROTOCOL_VERSION)).uid == os.getuid()
+    assert [line for line in logged if "sim0" in line and "skipped" in line], logged
+    monkeypatch.setattr(service.backend, "knob", real_knob)
+    ask(service, alice, s.Hello(version=s.PROTOCOL_VERSION))  # readable again: imported then
+    assert [(e.setting, e.unit) for e in ask(service, alice, s.UnsafeList(card="sim0"))] == [(-50, "mV")]
+
+
 def test_nothing_is_written_after_the_helper_put_everything_back_to_stop(service):
     """On SIGTERM `serve` calls `shutdown` (every unconfirmed change goes back) and the process exits; but each
     connection's thread lives until then, and a `set` waiting for the service lock got it right after `shutdown`

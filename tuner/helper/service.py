@@ -592,8 +592,14 @@ class HelperService:
                 if key is None:
                     elsewhere += 1
                     continue
+                try:
+                    unit = trial.unit or self._unit_of(device)
+                except TunerError as e:  # one card's unreadable knob must not refuse this user's hello (or the start)
+                    self._log(f"import from uid {uid}: skipped the open trial on {device} until its unit can be read "
+                              f"(it stays in their journal): {printable(e.one_line())}")
+                    continue
                 by_key.setdefault(key, []).append(s.UnsafeEntry(
-                    setting=trial.setting, unit=trial.unit or self._unit_of(device), kind="system-reset",
+                    setting=trial.setting, unit=unit, kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
                     device=device, serial=trial.serial, session=trial.session, boot_id=trial.boot_id,
                     recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
