@@ -821,6 +821,35 @@ def test_a_card_whose_knob_cannot_be_read_does_not_refuse_a_users_hello(service,
     assert [(e.setting, e.unit) for e in ask(service, alice, s.UnsafeList(card="sim0"))] == [(-50, "mV")]
 
 
+def test_one_cards_damaged_machine_list_does_not_refuse_a_users_hello(tmp_path, monkeypatch):
+    """A damaged machine list refuses every write to its card (fail closed). The import merged a user's lines into
+    each card's list at their hello, and the DamagedState of one card's list left `import_user`: the hello was
+    refused, so that user could do nothing through the helper on any card, not even reset another card to stock
+    (and a helper starting for a sudo user with such lines exited). The other cards' lines are merged; the damaged
+    one's stay in the user's file for a later import, and one line says so."""
+    from tuner.helper import service as service_module
+
+    backend = SimulatedBackend(gpus=2, state_path=tmp_path / "sim.json")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    logged: list[str] = []
+    service = HelperService(backend, state, group="tuner", log=logged.append)
+    state.unsafe_path(service.keys["sim0"]).write_text("{torn\n")
+    home = tmp_path / "alice"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": -40, "unit": "mV", "device": device, "kind": "hang"}) + "\n"
+        for device in ("sim0", "sim1")))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    alice = Client(1, peer(os.getuid()))
+    assert ask(service, alice, s.Hello(version=s.PROTOCOL_VERSION)).uid == os.getuid()
+    assert [e.setting for e in ask(service, alice, s.UnsafeList(card="sim1"))] == [-40]
+    assert ask(service, alice, s.Reset(card="sim1")).current == 0
+    assert [line for line in logged if "sim0" in line and "damaged" in line], logged
+    with pytest.raises(DamagedState):
+        ask(service, alice, s.Set(card="sim0", value=-10))
+
+
 def test_nothing_is_written_after_the_helper_put_everything_back_to_stop(service):
     """On SIGTERM `serve` calls `shutdown` (every unconfirmed change goes back) and the process exits; but each
     connection's thread lives until then, and a `set` waiting for the service lock got it right after `shutdown`

@@ -603,7 +603,14 @@ class HelperService:
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
                     device=device, serial=trial.serial, session=trial.session, boot_id=trial.boot_id,
                     recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
-            added = sum(self.state.merge_unsafe(key, entries) for key, entries in by_key.items())
+            added = 0
+            cards = {key: card for card, key in self.keys.items()}
+            for key, entries in by_key.items():
+                try:
+                    added += self.state.merge_unsafe(key, entries)
+                except TunerError as e:  # that card's writes are refused (fail closed), not this user's hello
+                    self._log(f"import from uid {uid}: skipped {len(entries)} entries of {cards[key]} for now "
+                              f"(they stay in the user's files): {printable(e.one_line())}")
         if added:
             self._log(f"imported {added} unsafe entries from uid {uid}")
         if elsewhere:  # one line, however many: the user writes these
