@@ -735,6 +735,42 @@ def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_p
     assert len(ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))) == 300
 
 
+def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, tmp_path, monkeypatch):
+    """The machine list of a card is one `unsafe_list` reply, which the client reads no further than
+    `schema.MAX_REPLY_BYTES` (then: the helper is lost, exit 9), and it is read whole at every `set`. The import
+    added every distinct line of a member's files (256 files of 1 MiB a directory, at every hello): 130 MiB of
+    long lines grew a card's list to 70 MB in one hello, past the reply's bound, so every user's tuner failed on
+    that card, `tuner unsafe clear` included (it lists first). An import adds nothing to a list already at
+    `state.MAX_IMPORTED_LIST_BYTES` (an eighth of a reply); what it leaves stays in the member's files (their own
+    tuner refuses it) and one line says how many. Never an entry dropped from the list."""
+    from tuner.helper import service as service_module
+    from tuner.helper import state as state_module
+
+    home = tmp_path / "mallory"
+    unsafe = home / ".local/state/tuner/unsafe"
+    unsafe.mkdir(parents=True)
+    long = "r" * s.MAX_TEXT_CHARS
+    n = 0
+    for f in range(24):
+        lines = []
+        for _ in range(80):  # about 1 MiB a file
+            lines.append(json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "kind": "hang", "reason": long,
+                                     "kernel_log": [long] * s.MAX_KERNEL_LOG_LINES, "recorded_at": 1000.0 + n}))
+            n += 1
+        (unsafe / f"f{f:03d}.jsonl").write_text("\n".join(lines) + "\n")
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    size = service.state.unsafe_path(service.keys["sim0"]).stat().st_size
+    assert size <= state_module.MAX_IMPORTED_LIST_BYTES < s.MAX_REPLY_BYTES, size
+    assert [line for line in logged if "more entries" in line], logged
+    alice = Client(1, peer(1000))  # a helper's own record still goes on the list
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="froze")))
+    assert ask(service, alice, s.UnsafeList(card="sim0"))[-1].setting == -60
+
+
 def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_root(service, tmp_path, monkeypatch):
     """A user's line naming a card this machine does not have went to a machine list of its own, named from the
     line ("unknown-slot-<device>.jsonl"), which no card's key ever reads. So each distinct name made root create a

@@ -39,7 +39,7 @@ from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
 from tuner.helper.leases import Book, Pending
 from tuner.helper.peer import Peer
-from tuner.helper.state import MachineState, Write, card_key, former_keys, placeholder_keys
+from tuner.helper.state import MAX_IMPORTED_LIST_BYTES, MachineState, Write, card_key, former_keys, placeholder_keys
 from tuner.helper.user_import import read_user_state
 
 DEFAULT_LEASE_S = 10.0  # a lock-clock choice's lease (a set names its own)
@@ -603,16 +603,20 @@ class HelperService:
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
                     device=device, serial=trial.serial, session=trial.session, boot_id=trial.boot_id,
                     recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
-            added = 0
+            added = left = 0
             cards = {key: card for card, key in self.keys.items()}
             for key, entries in by_key.items():
                 try:
-                    added += self.state.merge_unsafe(key, entries)
+                    merged = self.state.merge_unsafe(key, entries, max_bytes=MAX_IMPORTED_LIST_BYTES)
+                    added, left = added + merged[0], left + merged[1]
                 except TunerError as e:  # that card's writes are refused (fail closed), not this user's hello
                     self._log(f"import from uid {uid}: skipped {len(entries)} entries of {cards[key]} for now "
                               f"(they stay in the user's files): {printable(e.one_line())}")
         if added:
             self._log(f"imported {added} unsafe entries from uid {uid}")
+        if left:  # likewise
+            self._log(f"import from uid {uid}: skipped {left} more entries: their card's machine list holds "
+                      f"{MAX_IMPORTED_LIST_BYTES} bytes already (their own tuner still refuses them)")
         if elsewhere:  # one line, however many: the user writes these
             self._log(f"import from uid {uid}: skipped {elsewhere} entries naming no card of this machine (their "
                       "own tuner still refuses them)")
