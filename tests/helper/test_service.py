@@ -530,6 +530,47 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
     assert not [text for text in shown if not text.isprintable()], shown
 
 
+def test_an_unsafe_entrys_kernel_log_reaches_other_users_without_control_characters(service, tmp_path, monkeypatch):
+    """An entry's kernel-log lines are shown to every other user as its kind and reason are (`tuner unsafe list
+    --json`, read with `jq -r`), and come from another user too: a trial_end's mark, or a line of that user's own
+    file imported as root. Kind and reason went through `printable`, the kernel-log lines did not: stored and
+    listed with their escape sequences and newlines."""
+    from tuner.helper import service as service_module
+
+    hostile = "amdgpu: ring gfx timeout\x1b[2J\x1b]0;owned\x07\nline two\u202e"
+    alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="r", kernel_log=[hostile])))
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(
+        json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "kind": "hang", "kernel_log": [hostile]}) + "\n")
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    entries = ask(service, bob, s.UnsafeList(card="sim0"))
+    assert sorted(e.setting for e in entries) == [-60, -40]
+    shown = [line for e in entries for line in e.kernel_log]
+    assert len(shown) == 2 and all("ring gfx timeout" in line for line in shown), shown
+    assert not [line for line in shown if not line.isprintable()], shown
+
+
+def test_an_older_helpers_unsafe_entry_reaches_other_users_without_control_characters(service):
+    """The words of an entry are escaped as they are stored (since 1ea447b, and its kernel-log lines since); a
+    machine list an older helper kept holds them as a member sent them, and the list is never dropped: its kind and
+    reason reached every other user's terminal raw, in the helper's `unsafe` refusal and in its list."""
+    hostile = "hung\x1b[2J\x1b]0;owned\x07\nline two\u202e"
+    path = service.state.unsafe_path(service.keys["sim0"])
+    path.write_text(json.dumps({"setting": -40, "unit": "mV", "kind": hostile, "reason": hostile, "device": "sim0",
+                                "session": "s", "kernel_log": [hostile], "source": "import from uid 1000"}) + "\n"
+                    + json.dumps({"setting": -45, "unit": "mV" + hostile, "kind": "hang", "reason": "r"}) + "\n")
+    bob = Client(2, peer(1001))
+    with pytest.raises(Refused) as refused:
+        ask(service, bob, s.Set(card="sim0", value=-40))
+    entries = ask(service, bob, s.UnsafeList(card="sim0"))
+    shown = [refused.value.one_line(), *(w for e in entries for w in (e.unit, e.kind, e.reason, *e.kernel_log))]
+    assert not [text for text in shown if not text.isprintable()], shown
+
+
 def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, tmp_path, monkeypatch):
     """A trial_end's mark is held to the wire's limits (a reason and each kernel-log line of `schema.Text`, at most
     `MAX_KERNEL_LOG_LINES` lines); a line of a member's own file, imported as root, kept its words at any length: a
@@ -548,6 +589,69 @@ def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, 
     assert len(entry.reason) <= s.MAX_TEXT_CHARS and len(entry.kind) <= s.MAX_TEXT_CHARS
     assert len(entry.kernel_log) <= s.MAX_KERNEL_LOG_LINES
     assert all(len(line) <= s.MAX_TEXT_CHARS for line in entry.kernel_log), [len(line) for line in entry.kernel_log]
+
+
+def test_an_imported_entrys_unit_card_serial_session_and_boot_id_are_held_to_the_wires_types(service, tmp_path,
+                                                                                            monkeypatch):
+    """A member's own unsafe lines and open trials, imported as root, kept their unit, card, serial, session, boot
+    id and phase as the file had them: any characters, any length. The unit reaches every other user's terminal
+    unescaped (`tuner unsafe list`'s SETTING column, `tuner unsafe clear`'s question), so a member could clear
+    their screens or retitle their terminals, or file a 10 KiB session on root's list. Each is held to the wire's
+    type (a card id, a session, a word, a knob unit); a line that is not is skipped and logged, as other bad
+    lines are (the member's own tuner still refuses it)."""
+    from tuner.helper import service as service_module
+
+    serial = service.devices["sim0"].serial
+    hostile = "\x1b[2J\x1b]0;owned\x07"
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/journal").mkdir(parents=True)
+    line = {"unit": "mV", "device": "sim0", "kind": "hang"}
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(json.dumps({**line, **fields}) + "\n"
+                                                                       for fields in [
+        {"setting": -40, "unit": "mV" + hostile}, {"setting": -45, "session": "s" * 10_240},
+        {"setting": -50, "serial": "x" + hostile}, {"setting": -35, "boot_id": "b" + hostile},
+        {"setting": -30, "serial": serial, "device": "x" + hostile}, {"setting": -55}]))
+    trial = {"phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}
+    for name, device, fields in [("a", "sim0", {"setting": -60, "phase": "coarse" + hostile}),
+                                 ("b", "sim0", {"setting": -70, "session": "s" * 10_240}),
+                                 ("c" + hostile, None, {"setting": -75, "serial": serial}),
+                                 ("d", "sim0", {"setting": -80, "unit": "MHz" + hostile}),
+                                 ("e", "sim0", {"setting": -85})]:
+        (home / ".local/state/tuner/journal" / f"{name}.json").write_text(
+            json.dumps({"device": device, "open_trial": {**trial, **fields}}))
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    entries = ask(service, Client(2, peer(1001)), s.UnsafeList(card="sim0"))
+    words = [w for e in entries for w in (e.unit, e.device, e.serial, e.session, e.boot_id, e.kind, e.reason) if w]
+    assert not [w for w in words if not w.isprintable() or len(w) > s.MAX_TEXT_CHARS], words
+    assert {e.unit for e in entries} <= {"mV", "MHz"}, entries
+    assert sorted(e.setting for e in entries) == [-85, -55], entries
+    assert len([line for line in logged if "skipped" in line]) == 9, logged
+
+
+def test_every_imported_setting_is_one_an_unsafe_clear_request_can_name(service, tmp_path, monkeypatch):
+    """`tuner unsafe clear VALUE` removes one listed setting, and the wire holds VALUE to `schema.Setting`. A member's
+    own line (or open trial) was imported at any setting, -10**20 included: listed to every user, and no request could
+    name it to clear it (bad-request), only a clear of the card's whole list. A setting beyond the wire's bounds
+    (wider than any card's range) is skipped and logged, as other bad lines are."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/journal").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": setting, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n"
+        for setting in (-10**20, -200_000, -40)))
+    (home / ".local/state/tuner/journal/sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
+        "setting": -10**20, "phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}}))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    for entry in ask(service, Client(2, peer(1001)), s.UnsafeList(card="sim0")):
+        s.decode_request(json.dumps({"op": "unsafe_clear", "card": "sim0", "setting": entry.setting}).encode())
+    assert [e.setting for e in ask(service, Client(2, peer(1001)), s.UnsafeList(card="sim0"))] == [-40]
 
 
 def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, tmp_path, monkeypatch):
@@ -587,6 +691,25 @@ def test_a_users_file_names_reach_the_helpers_log_without_control_characters(ser
     assert len(skipped) == 2 and not [line for line in skipped if not line.isprintable()], skipped
 
 
+def test_a_users_bad_lines_do_not_flood_the_helpers_log(service, tmp_path, monkeypatch):
+    """Each line of a member's file the import skips was logged on its own, at every hello: a 1 MiB file of bad
+    lines ("x\\n") wrote some 500,000 lines into root's log per file per hello, and journald's rate limit then drops
+    the helper's own lines with them (a revert, a write's audit). The user writes these: a few lines, then one
+    saying how many more (as for the entries naming no card)."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    for n in range(3):
+        (home / f".local/state/tuner/unsafe/sim{n}.jsonl").write_text("x\n" * 5_000)
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    assert 1 <= len(logged) <= 20, (len(logged), logged[-1])
+    assert f"skipped {15_000 - len(logged) + 1} more" in logged[-1], logged[-1]
+
+
 def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_per_line(service, tmp_path,
                                                                                          monkeypatch):
     """Each imported line was merged on its own: the card's whole machine list read (and a line fsynced) per line,
@@ -610,6 +733,42 @@ def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_p
     assert len(ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))) == 300
     service.import_user(os.getuid())  # idempotent: nothing twice
     assert len(ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))) == 300
+
+
+def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, tmp_path, monkeypatch):
+    """The machine list of a card is one `unsafe_list` reply, which the client reads no further than
+    `schema.MAX_REPLY_BYTES` (then: the helper is lost, exit 9), and it is read whole at every `set`. The import
+    added every distinct line of a member's files (256 files of 1 MiB a directory, at every hello): 130 MiB of
+    long lines grew a card's list to 70 MB in one hello, past the reply's bound, so every user's tuner failed on
+    that card, `tuner unsafe clear` included (it lists first). An import adds nothing to a list already at
+    `state.MAX_IMPORTED_LIST_BYTES` (an eighth of a reply); what it leaves stays in the member's files (their own
+    tuner refuses it) and one line says how many. Never an entry dropped from the list."""
+    from tuner.helper import service as service_module
+    from tuner.helper import state as state_module
+
+    home = tmp_path / "mallory"
+    unsafe = home / ".local/state/tuner/unsafe"
+    unsafe.mkdir(parents=True)
+    long = "r" * s.MAX_TEXT_CHARS
+    n = 0
+    for f in range(24):
+        lines = []
+        for _ in range(80):  # about 1 MiB a file
+            lines.append(json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "kind": "hang", "reason": long,
+                                     "kernel_log": [long] * s.MAX_KERNEL_LOG_LINES, "recorded_at": 1000.0 + n}))
+            n += 1
+        (unsafe / f"f{f:03d}.jsonl").write_text("\n".join(lines) + "\n")
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    size = service.state.unsafe_path(service.keys["sim0"]).stat().st_size
+    assert size <= state_module.MAX_IMPORTED_LIST_BYTES < s.MAX_REPLY_BYTES, size
+    assert [line for line in logged if "more entries" in line], logged
+    alice = Client(1, peer(1000))  # a helper's own record still goes on the list
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="froze")))
+    assert ask(service, alice, s.UnsafeList(card="sim0"))[-1].setting == -60
 
 
 def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_root(service, tmp_path, monkeypatch):
@@ -665,6 +824,66 @@ def test_a_trial_a_users_journal_left_open_is_filed_under_the_card_and_in_the_un
         "setting": -50, "phase": "coarse", "boot_id": "boot-earlier", "session": "s2"}}))
     service.import_user(os.getuid())
     assert [(e.setting, e.unit) for e in ask(service, alice, s.UnsafeList(card="sim0"))] == [(-50, "mV")]
+
+
+def test_a_card_whose_knob_cannot_be_read_does_not_refuse_a_users_hello(service, tmp_path, monkeypatch):
+    """An older journal's open trial says no unit, so the import asked the card in its slot for its knob; where
+    that read failed (an AMD card without overdrive enabled: Unsupported; one that fell off the bus) the error
+    left `import_user`, so the member's `hello` was refused (every command of theirs, on every card, failed) and
+    a helper starting for a sudo user with such a journal did not start. The trial is left for a later import
+    (it stays in the user's journal), and said."""
+    from tuner.core.errors import Unsupported
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "alice"
+    journal = home / ".local/state/tuner/journal"
+    journal.mkdir(parents=True)
+    (journal / "sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
+        "setting": -50, "phase": "coarse", "boot_id": "boot-earlier", "session": "s2"}}))
+    logged: list[str] = []
+    monkeypatch.setattr(service, "_log", logged.append)
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    real_knob = service.backend.knob
+
+    def no_overdrive(card):
+        raise Unsupported(f"{card} has no overdrive table", "enable overdrive")
+
+    monkeypatch.setattr(service.backend, "knob", no_overdrive)
+    alice = Client(1, peer(os.getuid()))
+    assert ask(service, alice, s.Hello(version=s.PROTOCOL_VERSION)).uid == os.getuid()
+    assert [line for line in logged if "sim0" in line and "skipped" in line], logged
+    monkeypatch.setattr(service.backend, "knob", real_knob)
+    ask(service, alice, s.Hello(version=s.PROTOCOL_VERSION))  # readable again: imported then
+    assert [(e.setting, e.unit) for e in ask(service, alice, s.UnsafeList(card="sim0"))] == [(-50, "mV")]
+
+
+def test_one_cards_damaged_machine_list_does_not_refuse_a_users_hello(tmp_path, monkeypatch):
+    """A damaged machine list refuses every write to its card (fail closed). The import merged a user's lines into
+    each card's list at their hello, and the DamagedState of one card's list left `import_user`: the hello was
+    refused, so that user could do nothing through the helper on any card, not even reset another card to stock
+    (and a helper starting for a sudo user with such lines exited). The other cards' lines are merged; the damaged
+    one's stay in the user's file for a later import, and one line says so."""
+    from tuner.helper import service as service_module
+
+    backend = SimulatedBackend(gpus=2, state_path=tmp_path / "sim.json")
+    state = MachineState(tmp_path / "state")
+    state.create()
+    logged: list[str] = []
+    service = HelperService(backend, state, group="tuner", log=logged.append)
+    state.unsafe_path(service.keys["sim0"]).write_text("{torn\n")
+    home = tmp_path / "alice"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": -40, "unit": "mV", "device": device, "kind": "hang"}) + "\n"
+        for device in ("sim0", "sim1")))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    alice = Client(1, peer(os.getuid()))
+    assert ask(service, alice, s.Hello(version=s.PROTOCOL_VERSION)).uid == os.getuid()
+    assert [e.setting for e in ask(service, alice, s.UnsafeList(card="sim1"))] == [-40]
+    assert ask(service, alice, s.Reset(card="sim1")).current == 0
+    assert [line for line in logged if "sim0" in line and "damaged" in line], logged
+    with pytest.raises(DamagedState):
+        ask(service, alice, s.Set(card="sim0", value=-10))
 
 
 def test_nothing_is_written_after_the_helper_put_everything_back_to_stop(service):

@@ -17,6 +17,10 @@ class KnobKind(str, Enum):
     CLOCK_OFFSET = "clock_offset"  # NVIDIA: a positive graphics clock offset in MHz at a locked max clock
 
 
+# each knob kind's unit, declared once (a knob, a profile's setting, the root helper's imported entries)
+KIND_UNITS = {KnobKind.VOLTAGE_OFFSET.value: "mV", KnobKind.CLOCK_OFFSET.value: "MHz"}
+
+
 class Mode(StrEnum):
     """The stress engine's workload (its `--mode`)."""
 
@@ -154,7 +158,7 @@ class Knob:
                range_source: str = "driver", clamped: tuple[str, ...] = ()) -> Knob:
         """A driver's offset knob: stock is no offset, and the range `lo`..`hi` read from the driver is widened to
         take stock in; the unit and the aggressive direction are the kind's (mV lower, MHz higher)."""
-        unit, direction = ("mV", -1) if kind is KnobKind.VOLTAGE_OFFSET else ("MHz", 1)
+        unit, direction = KIND_UNITS[kind.value], (-1 if kind is KnobKind.VOLTAGE_OFFSET else 1)
         return cls(kind, unit, 0, current, min(lo, 0), max(hi, 0), step, direction, lock_clock_mhz=lock_clock_mhz,
                    range_source=range_source, clamped=clamped)
 

@@ -18,7 +18,8 @@ import msgspec
 
 from tuner.core import errors
 from tuner.core.card_lock import CardBusy
-from tuner.core.models import Capabilities, DeviceInfo
+from tuner.core.documents import one_of
+from tuner.core.models import KIND_UNITS, Capabilities, DeviceInfo
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 4096  # one request line, newline included; a longer line is refused unread
@@ -36,6 +37,12 @@ MAX_KERNEL_LOG_LINES = 20  # an unsafe mark's kernel-log lines, likewise
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 Word = Annotated[str, msgspec.Meta(pattern=r"\A[a-z][a-z0-9_-]{0,39}\Z")]
 Session = Annotated[str, msgspec.Meta(pattern=r"\A[A-Za-z0-9_.-]{1,80}\Z")]
+# what a member's own files say of a card, imported as root onto the list every user is shown (user_import): a
+# knob's unit; a driver's serial (an NVIDIA UUID, amdgpu's unique_id, a board's FRU serial: printable ASCII); a
+# boot id (/proc/sys/kernel/random/boot_id, a UUID; kernel_files.BOOT_ID_MAX_BYTES)
+Unit = Annotated[str, one_of(KIND_UNITS.values())]
+Serial = Annotated[str, msgspec.Meta(pattern=r"\A[ -~]{1,128}\Z")]
+BootId = Annotated[str, msgspec.Meta(pattern=r"\A[A-Za-z0-9_.-]{1,64}\Z")]
 RequestId = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
 
 

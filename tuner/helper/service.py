@@ -39,7 +39,7 @@ from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
 from tuner.helper.leases import Book, Pending
 from tuner.helper.peer import Peer
-from tuner.helper.state import MachineState, Write, card_key, former_keys, placeholder_keys
+from tuner.helper.state import MAX_IMPORTED_LIST_BYTES, MachineState, Write, card_key, former_keys, placeholder_keys
 from tuner.helper.user_import import read_user_state
 
 DEFAULT_LEASE_S = 10.0  # a lock-clock choice's lease (a set names its own)
@@ -486,7 +486,8 @@ class HelperService:
             self.state.add_unsafe(key, s.UnsafeEntry(
                 setting=trial.setting, unit=trial.unit, kind=printable(mark.kind), reason=printable(mark.reason),
                 edge=mark.edge, device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
-                recorded_at=time.time(), kernel_log=mark.kernel_log, uid=trial.uid, source=source))
+                recorded_at=time.time(), kernel_log=[printable(text) for text in mark.kernel_log], uid=trial.uid,
+                source=source))
 
     def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
         trial = self.state.open_trials().get(key)
@@ -558,6 +559,9 @@ class HelperService:
         found = read_user_state(home, uid)
         for problem in found.problems:  # it names the user's files: a newline in a name would forge a log line
             self._log(f"import from uid {uid}: skipped {printable(problem)}")
+        if found.more_problems:  # one line, however many: the user writes these
+            self._log(f"import from uid {uid}: skipped {found.more_problems} more files or lines (their own tuner "
+                      "refuses a damaged file until it is repaired)")
         by_serial = {d.serial: card for card, d in self.devices.items() if d.serial}
         boot = current_boot_id()
         by_key: dict[str, list[s.UnsafeEntry]] = {}  # merged once per card (state.merge_unsafe says why)
@@ -576,7 +580,8 @@ class HelperService:
                     setting=line.setting, unit=line.unit, kind=printable(line.kind[:s.MAX_TEXT_CHARS]),
                     reason=printable(line.reason[:s.MAX_TEXT_CHARS]), edge=line.edge, device=line.device,
                     serial=line.serial, session=line.session, boot_id=line.boot_id, recorded_at=line.recorded_at,
-                    kernel_log=[text[:s.MAX_TEXT_CHARS] for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
+                    kernel_log=[printable(text[:s.MAX_TEXT_CHARS])
+                                for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
                     uid=uid, source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
@@ -587,14 +592,31 @@ class HelperService:
                 if key is None:
                     elsewhere += 1
                     continue
+                try:
+                    unit = trial.unit or self._unit_of(device)
+                except TunerError as e:  # one card's unreadable knob must not refuse this user's hello (or the start)
+                    self._log(f"import from uid {uid}: skipped the open trial on {device} until its unit can be read "
+                              f"(it stays in their journal): {printable(e.one_line())}")
+                    continue
                 by_key.setdefault(key, []).append(s.UnsafeEntry(
-                    setting=trial.setting, unit=trial.unit or self._unit_of(device), kind="system-reset",
+                    setting=trial.setting, unit=unit, kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
                     device=device, serial=trial.serial, session=trial.session, boot_id=trial.boot_id,
                     recorded_at=trial.started_at or 0.0, uid=uid, source=f"import from uid {uid}"))
-            added = sum(self.state.merge_unsafe(key, entries) for key, entries in by_key.items())
+            added = left = 0
+            cards = {key: card for card, key in self.keys.items()}
+            for key, entries in by_key.items():
+                try:
+                    merged = self.state.merge_unsafe(key, entries, max_bytes=MAX_IMPORTED_LIST_BYTES)
+                    added, left = added + merged[0], left + merged[1]
+                except TunerError as e:  # that card's writes are refused (fail closed), not this user's hello
+                    self._log(f"import from uid {uid}: skipped {len(entries)} entries of {cards[key]} for now "
+                              f"(they stay in the user's files): {printable(e.one_line())}")
         if added:
             self._log(f"imported {added} unsafe entries from uid {uid}")
+        if left:  # likewise
+            self._log(f"import from uid {uid}: skipped {left} more entries: their card's machine list holds "
+                      f"{MAX_IMPORTED_LIST_BYTES} bytes already (their own tuner still refuses them)")
         if elsewhere:  # one line, however many: the user writes these
             self._log(f"import from uid {uid}: skipped {elsewhere} entries naming no card of this machine (their "
                       "own tuner still refuses them)")

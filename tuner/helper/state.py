@@ -32,10 +32,14 @@ import msgspec
 
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, write_errors
-from tuner.core.models import DeviceInfo, known_serial
-from tuner.helper.schema import OpenTrial, RecoveredTrial, UnsafeEntry
+from tuner.core.models import DeviceInfo, known_serial, printable
+from tuner.helper.schema import MAX_REPLY_BYTES, OpenTrial, RecoveredTrial, UnsafeEntry
 
 RECOVERED_SHOWN = 20  # recovered trials a `read_trials` answers with, newest last
+# a card's list is one `unsafe_list` reply (the client reads MAX_REPLY_BYTES at most) and is read whole at every
+# set; a real one is a few dozen entries of a few KiB. An import (a member's files: 256 of 1 MiB, at every hello)
+# adds nothing to a list this size, leaving the rest in their files; what the helper records itself always goes on
+MAX_IMPORTED_LIST_BYTES = MAX_REPLY_BYTES // 8
 
 
 class Write(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -169,24 +173,40 @@ class MachineState:
 
     # --- the unsafe list ----------------------------------------------------------------------------------------
     def unsafe_entries(self, key: str) -> list[UnsafeEntry]:
-        return self._lines(self.unsafe_path(key), UnsafeEntry)
+        """The card's list, its words escaped (`printable`, which leaves escaped text as it is): they are escaped as
+        they are stored since 1ea447b, but a list an older helper kept holds them as a member sent them, and they
+        are shown to every other user (the `unsafe` refusal, `unsafe_list`: `tuner unsafe list` prints its unit)."""
+        return [msgspec.structs.replace(e, unit=printable(e.unit), kind=printable(e.kind), reason=printable(e.reason),
+                                        kernel_log=[printable(text) for text in e.kernel_log])
+                for e in self._lines(self.unsafe_path(key), UnsafeEntry)]
 
     def add_unsafe(self, key: str, entry: UnsafeEntry) -> None:
         self._store(self.unsafe_path(key), msgspec.json.encode(entry), append=True)
 
-    def merge_unsafe(self, key: str, entries: list[UnsafeEntry]) -> int:
-        """Add each of `entries` the card's list does not have already (never drops one); how many were added.
-        The list is read once and the new lines appended in one durable write: a user's file may hold thousands
-        of lines, and merging them one by one was quadratic, under the lock every request waits for."""
+    def merge_unsafe(self, key: str, entries: list[UnsafeEntry], *, max_bytes: int | None = None) -> tuple[int, int]:
+        """Add each of `entries` the card's list does not have already (never drops one): how many were added, and
+        how many were left because the list holds `max_bytes` (an import: MAX_IMPORTED_LIST_BYTES). The list is
+        read once and the new lines appended in one durable write: a user's file may hold thousands of lines, and
+        merging them one by one was quadratic, under the lock every request waits for."""
         seen = {h.event() for h in self.unsafe_entries(key)}
-        new: list[UnsafeEntry] = []
+        try:
+            size = self.unsafe_path(key).stat().st_size
+        except FileNotFoundError:
+            size = 0
+        new: list[bytes] = []
+        left = 0
         for entry in entries:
             if entry.event() not in seen:
+                line = msgspec.json.encode(entry)
+                if max_bytes is not None and size + len(line) + 1 > max_bytes:
+                    left += 1
+                    continue
                 seen.add(entry.event())
-                new.append(entry)
+                size += len(line) + 1
+                new.append(line)
         if new:
-            self._store(self.unsafe_path(key), b"\n".join(msgspec.json.encode(e) for e in new), append=True)
-        return len(new)
+            self._store(self.unsafe_path(key), b"\n".join(new), append=True)
+        return len(new), left
 
     def clear_unsafe(self, key: str, setting: int | None) -> list[UnsafeEntry]:
         entries = self.unsafe_entries(key)

@@ -27,7 +27,7 @@ from msgspec import Meta
 from tuner import __version__
 from tuner.core.documents import Misfit, Words, fit, form, one_of, show
 from tuner.core.errors import UsageError
-from tuner.core.models import Phase, Verdict, printable
+from tuner.core.models import KIND_UNITS, Phase, Verdict, printable
 
 SCHEMA_VERSION = 2  # the newest schema this tuner reads
 SINGLE_SCHEMA = 1  # one card: [device], [setting], [tuning]. Still written at 1 so older tuners read it
@@ -40,7 +40,6 @@ MAX_ABS_INT = 1_000_000
 MAX_ABS_FLOAT = 1e9
 
 VENDORS = ("amd", "nvidia", "simulated")
-KIND_UNITS = {"voltage_offset": "mV", "clock_offset": "MHz"}
 # Sanity bounds for a recorded setting, wider than any real card's range; the target card's own range is checked
 # again when applying. The sign is fixed: a profile records an undervolt, never an overvolt.
 SETTING_BOUNDS = {"voltage_offset": (-500, 0), "clock_offset": (0, 3000)}
