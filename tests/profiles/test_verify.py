@@ -213,3 +213,20 @@ def test_a_failed_verify_puts_back_the_lock_clock_the_card_had(stress_calls):
     assert outcome.verdict == "fail" and stress_calls
     knob = backend.knob("sim0")
     assert (knob.current, knob.lock_clock_mhz) == (30, 2280)
+
+
+def test_a_hang_in_a_verify_is_listed_under_the_serial_of_the_card_it_ran_on(boot, monkeypatch):
+    """A verify's hang went on the unsafe list with serial None (a bisect's trial names its card's since 9ee135d),
+    so the root helper, importing the user's list, filed it under whatever card is in the slot then
+    (service._key_for), not under the card that hung."""
+    from tests.tuning.fake_engine import FakeEngine
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.tuning import journal, trial
+
+    real_run_trial = trial.run_trial
+    monkeypatch.setattr(trial, "run_trial", lambda *a, **kw: real_run_trial(*a, engine_factory=FakeEngine(), **kw))
+    backend = SimulatedBackend(vmin_mv=-30)  # hangs at -70 mV (HANG_DEPTH_MV past its limit)
+    outcome = verify_setting(backend, "sim0", -70, 2.0)
+    assert outcome.verdict == "fail" and backend.knob("sim0").current == 0
+    [entry] = journal.own_unsafe_entries("sim0")
+    assert (entry["setting"], entry["serial"]) == (-70, backend.device("sim0").serial)

@@ -353,6 +353,27 @@ def test_sigtstp_during_keep_or_revert_reverts_before_the_process_stops(tuners):
     assert _card_offset() == 0
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTTIN, signal.SIGTTOU], ids=["SIGTTIN", "SIGTTOU"])
+def test_a_terminal_stop_during_keep_or_revert_reverts_before_the_process_stops(tuners, stop):
+    """SIGTTIN/SIGTTOU, the kernel's stop for a background job that reads its terminal or sets its modes (after
+    `kill -STOP` then `bg`, the UI runs on in the background): the driver handled only SIGTSTP, so the default
+    action stopped the process at once with the unconfirmed -10 mV on the card, unwatched (`tuner set` reverts
+    first on both, tuner.core.signals STOP_SIGNALS). The same safe stop as SIGTSTP now (its return on SIGCONT:
+    test_sigtstp_during_keep_or_revert_reverts_before_the_process_stops)."""
+    # under a job-control shell, as a user runs it: a process group whose parent shares its session (the kernel
+    # discards these stops for an orphaned group, as the session leader PtyTuner starts alone would be); the shell
+    # stays (a shell that exits orphans the stopped group: the kernel hangs it up)
+    tuner = tuners(command=["bash", "-c", 'set -m; "$@"; sleep 600', "bash", *_short_waits()])
+    _open_keep_or_revert(tuner)
+    [ui] = psutil.Process(tuner.proc.pid).children()
+    try:
+        ui.send_signal(stop)
+        wait_until(lambda: ui.status() == psutil.STATUS_STOPPED, EXIT_BOUND_S, "the process to stop")
+        assert _card_offset() == 0, "the unconfirmed setting stayed on the card while the process was stopped"
+    finally:
+        ui.kill()
+
+
 def _engine_processes() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "environ"]):

@@ -272,6 +272,54 @@ async def test_a_stop_that_could_not_make_a_card_safe_leaves_the_bisect_running(
         assert backend.knob("sim0").current == 0
 
 
+async def test_a_stop_whose_step_raises_leaves_the_bisect_running_and_writes_allowed(tmp_path, boot, monkeypatch):
+    """SIGTSTP where a step of make_safe_to_stop raises something it does not catch: the driver's stop thread takes
+    it for "not stopped" (terminal_driver._stop_when_safe), but the App's stopping flag stayed set and the bisect
+    paused, so the bisect sat paused for good and every later write was refused with "the UI was stopping". A stop
+    that does not happen leaves both as they were, and says why."""
+    from tests.tui.helpers import make_app, sim_backend
+    from tests.tui.test_bisect import GatedEngine
+    from tuner.tuning.job import BisectParams
+
+    backend = sim_backend(tmp_path, gpus=2, vmin_mv=-52)
+    engine = GatedEngine(hold_at=1)  # the first trial (the stock reference) holds until released
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        app.start_bisect(("sim0",), BisectParams(trial_s=1, confirm_s=2))
+        await until(pilot, engine.entered.is_set, what="the first trial")
+
+        def unreadable() -> list:
+            raise RuntimeError("the changes could not be listed")
+
+        monkeypatch.setattr(app, "_unconfirmed_changes", unreadable)
+        made_safe: list[object] = []
+
+        def stop() -> None:
+            try:
+                made_safe.append(app.make_safe_to_stop())
+            except Exception as e:  # noqa: BLE001 - what the driver's stop thread would take as "not stopped"
+                made_safe.append(e)
+
+        stopper = threading.Thread(target=stop, name="tuner-stop")
+        stopper.start()
+        engine.release.set()
+        await until(pilot, lambda: not stopper.is_alive(), what="make_safe_to_stop")
+        monkeypatch.undo()
+        try:
+            await until(pilot, lambda: not app.bisect.running, what="the bisect to go on to its end")
+        finally:
+            app.stop_bisect()
+            app.resume_after_stop()  # on a failure above: a bisect left paused would never end
+        assert app.bisect.card("sim0").recommendation is not None
+        assert made_safe == [False], made_safe  # not stopped, said (below), not raised into the driver
+        app.apply_setting("sim1", -10)  # a write asked for now goes on, not refused as "stopping"
+        await until(pilot, lambda: app.pending is not None, what="the change on sim1")
+        assert backend.knob("sim1").current == -10
+        said = [n.message for n in app._notifications if "not stopped (Ctrl-Z)" in n.message]
+        assert said and "could not be listed" in said[0], said
+
+
 async def test_a_stop_during_a_profiles_verify_puts_the_previous_value_back_first(tmp_path, monkeypatch):
     """SIGTSTP while a profile is verified on this card (its value on the card, kept only on a pass): the App made
     nothing safe (the verify is no keep-or-revert change, no bisect), so the unconfirmed value stayed on the card,

@@ -133,6 +133,25 @@ def test_from_last_refuses_a_result_found_on_another_card_in_the_slot(capsys, bo
     assert not _store("later").exists()
 
 
+@pytest.mark.parametrize("serial", [None, "SIM-0000-00"])
+def test_from_last_refuses_a_result_found_on_a_card_of_another_kind(capsys, boot, serial):
+    """The journals are keyed by slot and a serial may be unknown (or, on the simulated kinds, the same): a result
+    found in mV on an AMD card was saved for the NVIDIA card now in the slot as -45 MHz (only a value off the 15 MHz
+    step was refused, by the step check, with a message about the step). Refused in one line, exit 2, nothing
+    saved: the last result was found on a card of another kind."""
+    path = journal.journal_path("sim0")
+    path.parent.mkdir(parents=True)
+    rec = {"setting": -45, "margin": 10, "unit": "mV", "confirmed": -55, "lowest_pass": -55, "first_failure": -60,
+           "edge": False}
+    path.write_text(json.dumps({"version": 1, "session": "s1", "device": "sim0", "serial": serial,
+                                "state": "finished", "params": {}, "trials": [], "recommendation": rec}))
+    code, out, err = tuner(capsys, "--simulate", "--sim-kind", "nvidia", "bisect", "--device", "sim0", "--save",
+                           "later", "--from-last")
+    assert code == exit_codes.USAGE and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert "another kind" in err and "mV" in err and "MHz" in err and "tuner bisect" in err, err
+    assert not _store("later").exists()
+
+
 @pytest.mark.parametrize("flag", [("--resume",), ("--restart",), ("--margin", "20"), ("--step", "5"),
                                   ("--trial", "1m"), ("--bound", "10m"), ("--tolerance",), ("--floor", "-30")])
 def test_from_last_refuses_a_flag_of_a_run_it_does_not_make(capsys, boot, flag):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import IO, Any
@@ -106,6 +107,17 @@ class HangUpSafeDriver(LinuxDriver):
         super().__init__(app, **kwargs)
         self._file = TerminalOutput(self._file, app.terminal_went_away)  # type: ignore[arg-type, assignment]  # a TextIO in all but name
         self._stopping = False  # a SIGTSTP is being handled: the cards are made safe, then the process stops
+
+    def start_application_mode(self) -> None:
+        """Textual's, then SIGTTIN and SIGTTOU take the same safe stop as SIGTSTP: the kernel's stop for a background
+        job that reads its terminal or sets its modes (after `kill -STOP` then `bg`, the UI runs on in the
+        background) stopped the process at once, an unconfirmed change or a bisect trial left on the card, as the CLI
+        never does (tuner.core.signals TERMINAL_STOPS). Set here, not once: Textual's start puts both back to
+        SIG_DFL (its own check for a `bg` before it takes the terminal again)."""
+        super().start_application_mode()
+        if os.isatty(self.fileno):
+            for stop in (signal.SIGTTIN, signal.SIGTTOU):
+                signal.signal(stop, self._sigtstp_application)
 
     def _sigtstp_application(self, *args: Any) -> None:
         """SIGTSTP (`kill -TSTP`, `App.action_suspend_process`). Textual's handler stopped the process at once,

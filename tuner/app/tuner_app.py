@@ -856,8 +856,8 @@ class TunerApp(App[int]):
         profile's verify, whose value is kept only on a pass, is stopped: the previous value goes back) and a bisect
         pauses (its running trials end without a result, their cards at stock and verified; they run again
         after `resume_after_stop`). Blocks: never on the event loop (a setting worker holding `_writing` may be
-        waiting for it). False: the App is leaving (make_safe has the cards) or a trial did not end in `wait_s`;
-        the process does not stop then."""
+        waiting for it). False: the App is leaving (make_safe has the cards), a trial did not end in `wait_s`, or a
+        step raised (said); the process does not stop then, and the bisect and new writes go on."""
         # from here until back from the stop (resume_after_stop), nothing new goes on a card: the event loop still
         # handles keys and answers before the driver's stop, and a write then would stay on the card while stopped
         self._stopping = True
@@ -869,38 +869,42 @@ class TunerApp(App[int]):
                 runner.resume()
             return False
 
-        if runner is not None:
-            runner.pause()
-            deadline = time.monotonic() + wait_s
-            while not runner.paused_safely() and not runner.wait(0.05):
-                if time.monotonic() > deadline:
-                    self.post_message(msg.Noted("not stopped (Ctrl-Z): the running trial did not end in time",
-                                                "warning"))
+        try:
+            if runner is not None:
+                runner.pause()
+                deadline = time.monotonic() + wait_s
+                while not runner.paused_safely() and not runner.wait(0.05):
+                    if time.monotonic() > deadline:
+                        self.post_message(msg.Noted("not stopped (Ctrl-Z): the running trial did not end in time",
+                                                    "warning"))
+                        return not_stopped()
+            verify = self._stress_job if isinstance(self._stress_job, jobs.VerifyJob) else None
+            if verify is not None and not verify.wait(0):  # its value is unconfirmed (kept only on a pass): it ends
+                verify.stop()  # anything but a pass puts the previous value back (tuner.actions.verify)
+                self.post_message(msg.Noted(f"verify on {verify.device_id} stopped (Ctrl-Z): the value is not kept; "
+                                            "apply the profile again to verify it", "warning"))
+                if not verify.wait(wait_s):
+                    self.post_message(msg.Noted("not stopped (Ctrl-Z): the verify did not end in time", "warning"))
                     return not_stopped()
-        verify = self._stress_job if isinstance(self._stress_job, jobs.VerifyJob) else None
-        if verify is not None and not verify.wait(0):  # its value is unconfirmed (kept only on a pass): it ends
-            verify.stop()  # anything but a pass puts the previous value back (tuner.actions.verify)
-            self.post_message(msg.Noted(f"verify on {verify.device_id} stopped (Ctrl-Z): the value is not kept; "
-                                        "apply the profile again to verify it", "warning"))
-            if not verify.wait(wait_s):
-                self.post_message(msg.Noted("not stopped (Ctrl-Z): the verify did not end in time", "warning"))
-                return not_stopped()
-        with self._writing:  # a setting worker half-way through a write finishes first
-            if self._leaving:
-                return not_stopped()
-            for change in self._unconfirmed_changes():
-                cards = change.device_ids
-                try:
-                    change.revert()  # the previous value, else stock (PendingChange.revert), read back
-                    knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
-                except Exception as e:  # noqa: BLE001 - a card not known to be safe: the process must not stop
-                    self.post_message(msg.BackendFailed(f"not stopped (Ctrl-Z): revert on {', '.join(cards)}", e))
+            with self._writing:  # a setting worker half-way through a write finishes first
+                if self._leaving:
                     return not_stopped()
-                if change is self.pending:  # its dialog closes (KeepOrRevertDialog: no longer pending)
-                    self.pending = None
-                else:  # applied, not yet announced: on_change_applied drops it
-                    self._unannounced.remove(change)
-                self.post_message(msg.ChangeSettled(knobs, _reverted("reverted (Ctrl-Z)", change)))
+                for change in self._unconfirmed_changes():
+                    cards = change.device_ids
+                    try:
+                        change.revert()  # the previous value, else stock (PendingChange.revert), read back
+                        knobs = {device_id: self.backend.knob(device_id) for device_id in cards}
+                    except Exception as e:  # noqa: BLE001 - a card not known to be safe: the process must not stop
+                        self.post_message(msg.BackendFailed(f"not stopped (Ctrl-Z): revert on {', '.join(cards)}", e))
+                        return not_stopped()
+                    if change is self.pending:  # its dialog closes (KeepOrRevertDialog: no longer pending)
+                        self.pending = None
+                    else:  # applied, not yet announced: on_change_applied drops it
+                        self._unannounced.remove(change)
+                    self.post_message(msg.ChangeSettled(knobs, _reverted("reverted (Ctrl-Z)", change)))
+        except Exception as e:  # noqa: BLE001 - a step that raised: not stopped, and not left stopping for good
+            self.post_message(msg.BackendFailed("not stopped (Ctrl-Z)", e))
+            return not_stopped()
         return True
 
     def _stopping_refuses(self, what: str) -> bool:

@@ -1107,7 +1107,7 @@ def last_outcome(device_id: str, knob: Knob, serial: str | None = None) -> CardO
     """The finished session's outcome, rebuilt from the journal (validated on load), for saving it as a profile
     after the fact (`tuner bisect --save NAME --from-last`: the save at the end of the run failed, or was not
     asked for). UsageError when the last session did not end with a recommendation, or was run on another card
-    than the one of `serial` now in the slot."""
+    than the one of `serial` now in the slot, or on a card of another kind (its unit)."""
     doc = journal.load(device_id)
     if doc is None or doc.get("state") != FINISHED or doc.get("recommendation") is None:
         raise UsageError(f"no finished bisect with a recommendation for {device_id} in "
@@ -1119,6 +1119,10 @@ def last_outcome(device_id: str, knob: Knob, serial: str | None = None) -> CardO
                          "run `tuner bisect` on this card")
     names = {f.name for f in fields(Recommendation)}
     rec = Recommendation(**{"device": device_id, **{k: v for k, v in doc["recommendation"].items() if k in names}})
+    if rec.unit != knob.unit:  # a serial may be unknown: a card of another kind swapped in must not read -45 mV as MHz
+        raise UsageError(f"the last bisect of {device_id} ({doc.get('session')}) was run on a card of another kind "
+                         f"(its result is {rec.setting:+d} {rec.unit}; this card's setting is in {knob.unit}): it says "
+                         "nothing about this card", "run `tuner bisect` on this card")
     try:  # a journal from another card, or hand-edited: said here, with the file, not by the profile's check
         knob.validate(rec.setting)  # no overvolt: a profile records an undervolt
     except OutOfRange as e:
