@@ -230,3 +230,33 @@ def test_a_hang_in_a_verify_is_listed_under_the_serial_of_the_card_it_ran_on(boo
     assert outcome.verdict == "fail" and backend.knob("sim0").current == 0
     [entry] = journal.own_unsafe_entries("sim0")
     assert (entry["setting"], entry["serial"]) == (-70, backend.device("sim0").serial)
+
+
+def test_a_verify_that_loses_its_card_still_lists_the_value(boot, monkeypatch):
+    """A card lost in a verify's trial may answer nothing afterwards: its stock was read only after the trial, so the
+    read raised and the hang never reached the unsafe list (the one value that must never be applied again)."""
+    import threading
+
+    from tests.tuning.fake_engine import FakeEngine
+    from tuner.actions.verify import Workload, bisect_trial
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.core.errors import DeviceLost
+    from tuner.tuning import journal, trial
+
+    backend = SimulatedBackend(vmin_mv=-30)  # hangs at -70 mV (HANG_DEPTH_MV past its limit)
+    real_run_trial = trial.run_trial
+
+    def then_lost(*a, **kw):
+        ran = real_run_trial(*a, engine_factory=FakeEngine(), **kw)
+
+        def no_answer(device_id):
+            raise DeviceLost(f"{device_id} fell off the bus", "reboot")
+
+        monkeypatch.setattr(backend, "knob", no_answer)
+        return ran
+
+    monkeypatch.setattr(trial, "run_trial", then_lost)
+    verdict, _ = bisect_trial(backend, "sim0", -70, 2.0, Workload(), lambda line: None, threading.Event())
+    assert verdict == "fail"
+    [entry] = journal.own_unsafe_entries("sim0")
+    assert (entry["setting"], entry["serial"]) == (-70, backend.device("sim0").serial)

@@ -197,9 +197,10 @@ def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float
     from tuner.tuning.trial import TrialParams, run_trial
 
     target = backend.stress_target(device_id)
-    # the card's serial, read before the trial (a lost card may answer nothing after it): its hard failure is listed
-    # under it, which the root helper files an imported line by (service._key_for), not whatever card is in the slot
-    serial = backend.device(device_id).serial
+    # the card's serial and stock, read before the trial (a lost card may answer nothing after it, and its hard
+    # failure must still be listed): under the serial, which the root helper files an imported line by
+    # (service._key_for), not whatever card is in the slot
+    serial, stock = backend.device(device_id).serial, backend.knob(device_id).stock
     preset = workload.preset or default_preset(target)
     # canary replays every VERIFY_CANARY_EVERY steps besides the reference (a few % of throughput), so a short trial
     # on a slow device also checks the frozen weights often
@@ -216,6 +217,5 @@ def bisect_trial(backend: Backend, device_id: str, value: int, duration_s: float
 
     result = run_trial(backend, {device_id: value}, params, on_event, stop_event).result
     # a hang or a lost device: never applied again automatically (the one rule, as in a bisect)
-    journal.record_hard_failure(device_id, result, stock=backend.knob(device_id).stock, serial=serial,
-                                backend=backend)
+    journal.record_hard_failure(device_id, result, stock=stock, serial=serial, backend=backend)
     return result.verdict, result.reason or None
