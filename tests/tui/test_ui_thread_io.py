@@ -166,13 +166,11 @@ async def test_a_fifo_at_the_form_memory_is_said_once_not_at_every_card_switch(t
     assert path.is_fifo()
 
 
-async def test_a_start_waiting_for_the_form_is_cancelled_when_d_chooses_another_card(tmp_path, monkeypatch):
-    """b on sim0, then d before sim0's remembered form arrived: the deferred start ran on sim1 (the card d chose,
-    with sim1's form), a bisect of a card b was never pressed for. The card changed: the start is cancelled, said."""
+def _a_slow_form_recall(tmp_path, monkeypatch, gpus: int):
+    """An App whose BisectJob only records that it was started, and a form recall that waits for `release`."""
     from tuner.app import form_memory
     from tuner.tuning.job import BisectJob
 
-    backend = sim_backend(tmp_path, gpus=2, vmin_mv=-52)
     release = threading.Event()
     real_recall = form_memory.recall
 
@@ -182,14 +180,27 @@ async def test_a_start_waiting_for_the_form_is_cancelled_when_d_chooses_another_
 
     started: list = []
     monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job))
-    app = make_app(tmp_path, backend=backend, samples=0)
+    app = make_app(tmp_path, backend=sim_backend(tmp_path, gpus=gpus, vmin_mv=-52), samples=0)
+    return app, release, started, lambda: monkeypatch.setattr(form_memory, "recall", slow_recall)
+
+
+async def _b_while_the_form_is_on_its_way(app, pilot, slow_recalls) -> None:
+    """The Bisect screen open, its first recall done; then the card's form on its way again (as when the screen
+    opens) and b pressed before it arrives."""
+    await pilot.press("3")
+    await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#in-trial"))
+                and not app.screen._recalls, what="the first recall")
+    slow_recalls()
+    app.screen._recall_form()
+    await pilot.press("b")
+
+
+async def test_a_start_waiting_for_the_form_is_cancelled_when_d_chooses_another_card(tmp_path, monkeypatch):
+    """b on sim0, then d before sim0's remembered form arrived: the deferred start ran on sim1 (the card d chose,
+    with sim1's form), a bisect of a card b was never pressed for. The card changed: the start is cancelled, said."""
+    app, release, started, slow_recalls = _a_slow_form_recall(tmp_path, monkeypatch, gpus=2)
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
-        await pilot.press("3")
-        await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#in-trial"))
-                    and not app.screen._recalls, what="the first recall")
-        monkeypatch.setattr(form_memory, "recall", slow_recall)
-        app.screen._recall_form()  # sim0's form, on its way (as when the screen opens)
-        await pilot.press("b")
+        await _b_while_the_form_is_on_its_way(app, pilot, slow_recalls)  # b on sim0
         await pilot.press("d")
         assert app.selected_device_id == "sim1" and not app.bisect.running
         release.set()
@@ -203,27 +214,9 @@ async def test_a_start_waiting_for_the_form_is_cancelled_when_d_chooses_another_
 async def test_x_before_the_remembered_form_arrives_cancels_the_start_b_asked_for(tmp_path, monkeypatch):
     """b, then x (stop) before the card's remembered form arrived: x found nothing running and did nothing, and the
     bisect started anyway once the form came. x cancels the start that is waiting, and says so."""
-    from tuner.app import form_memory
-    from tuner.tuning.job import BisectJob
-
-    backend = sim_backend(tmp_path, vmin_mv=-52)
-    release = threading.Event()
-    real_recall = form_memory.recall
-
-    def slow_recall(device):
-        release.wait(20)
-        return real_recall(device)
-
-    started: list = []
-    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job))
-    app = make_app(tmp_path, backend=backend, samples=0)
+    app, release, started, slow_recalls = _a_slow_form_recall(tmp_path, monkeypatch, gpus=1)
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
-        await pilot.press("3")
-        await until(pilot, lambda: app.current_mode == "bisect" and bool(app.screen.query("#in-trial"))
-                    and not app.screen._recalls, what="the first recall")
-        monkeypatch.setattr(form_memory, "recall", slow_recall)
-        app.screen._recall_form()  # the form, on its way (as when the screen opens)
-        await pilot.press("b")
+        await _b_while_the_form_is_on_its_way(app, pilot, slow_recalls)
         await pilot.press("x")
         release.set()
         await until(pilot, lambda: not app.screen._recalls, what="the recall")

@@ -177,17 +177,24 @@ def test_a_reset_trial_stays_open_until_its_value_is_on_the_unsafe_list(boot, mo
     assert all(t.setting > -40 for t in outcome.trials)
 
 
-def test_a_reset_trial_recovered_after_the_card_was_swapped_is_recorded_under_the_card_it_ran_on(boot):
-    # the card that was in the slot when the machine reset was swapped for another of its model; --restart recovered
-    # the open trial with the serial of the card now in the slot, so the root helper (which files a user's unsafe
-    # line under the card of its serial: helper/service.py _key_for) put the refusal on the new card's list and the
-    # card that crashed kept none
+def _a_trial_at_40_open_when_the_machine_reset(boot) -> SimulatedBackend:
+    """A bisect session of sim0 whose coarse trial at -40 was open when the machine reset (now boot-b); the card
+    it ran on."""
     crashed = SimulatedBackend(vmin_mv=-52)
     j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
                                knob=crashed.knob("sim0").to_dict(), serial=crashed.device("sim0").serial,
                                backend=crashed)
     j.begin_trial("coarse", setting=-40)
     boot("boot-b")
+    return crashed
+
+
+def test_a_reset_trial_recovered_after_the_card_was_swapped_is_recorded_under_the_card_it_ran_on(boot):
+    # the card that was in the slot when the machine reset was swapped for another of its model; --restart recovered
+    # the open trial with the serial of the card now in the slot, so the root helper (which files a user's unsafe
+    # line under the card of its serial: helper/service.py _key_for) put the refusal on the new card's list and the
+    # card that crashed kept none
+    crashed = _a_trial_at_40_open_when_the_machine_reset(boot)
     swapped = SimulatedBackend(vmin_mv=-52, seed=1)  # the same model, another serial, in slot sim0
     assert swapped.device("sim0").serial != crashed.device("sim0").serial
     job = BisectJob(swapped, "sim0", BisectParams(trial_s=1, confirm_s=2, restart=True), lambda e: None,
@@ -204,12 +211,7 @@ def test_a_reset_trial_recovered_after_the_card_was_swapped_keeps_the_unit_it_ra
     # its serial (the one that crashed) and counts only entries in that card's unit (helper/service.py: e.unit ==
     # knob.unit), so the crashed card's -40 mV was refused by no one; and the new card, whose stock is at or beyond
     # -40 MHz, could not be searched at all
-    crashed = SimulatedBackend(vmin_mv=-52)
-    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
-                               knob=crashed.knob("sim0").to_dict(), serial=crashed.device("sim0").serial,
-                               backend=crashed)
-    j.begin_trial("coarse", setting=-40)
-    boot("boot-b")
+    crashed = _a_trial_at_40_open_when_the_machine_reset(boot)
     swapped = SimulatedBackend(kind="nvidia", seed=1)
     assert swapped.knob("sim0").unit == "MHz"
     job = BisectJob(swapped, "sim0", BisectParams(trial_s=1, confirm_s=2, restart=True), lambda e: None,
