@@ -765,10 +765,10 @@ def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, tmp_p
     size = service.state.unsafe_path(service.keys["sim0"]).stat().st_size
     assert size <= state_module.MAX_IMPORTED_LIST_BYTES < s.MAX_REPLY_BYTES, size
     assert [line for line in logged if "more entries" in line], logged
-    alice = Client(1, peer(1000))  # a helper's own record still goes on the list
-    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    alice = Client(1, peer(1000))  # a helper's own record still goes on the list (one the -40s do not refuse)
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-20, phase="coarse", session="s"))
     ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="froze")))
-    assert ask(service, alice, s.UnsafeList(card="sim0"))[-1].setting == -60
+    assert ask(service, alice, s.UnsafeList(card="sim0"))[-1].setting == -20
 
 
 def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_root(service, tmp_path, monkeypatch):
@@ -1042,3 +1042,23 @@ def test_a_machine_list_kept_under_the_serial_an_older_helper_read_still_refuses
             ask(service, Client(1, peer(1000)), s.Set(card=card, value=value))
         assert refused.value.code == "unsafe"
         assert backend.knob(card).current == 0
+
+
+def test_a_member_repeating_a_hard_failure_does_not_grow_the_machine_list_without_bound(service):
+    """A group member could loop trial_begin/trial_end with an unsafe mark at a value the list refused already:
+    each mark (a new recorded_at, a long reason and kernel log) went on, so the list grew without bound, past the
+    reply the client reads (`schema.MAX_REPLY_BYTES`): every user's tuner then lost the helper on that card,
+    `tuner unsafe clear` included. A mark the list refuses already (at that value or beyond a listed one of its
+    unit: `unsafe_rule`) adds nothing to refuse and is not recorded again; one that refuses more still goes on.
+    Nor is a setting the card cannot take (outside its range or step: `Knob.validate`, as a set is held to), so
+    the list holds at most one entry a value of the card's range; +100000 mV had refused stock itself."""
+    mallory = Client(1, peer(1000))
+    long = "r" * s.MAX_TEXT_CHARS
+    mark = s.UnsafeMark(kind="hang", reason=long, kernel_log=[long] * s.MAX_KERNEL_LOG_LINES)
+    for setting in (100_000, -100_000, -61, -60, -60, -65, -60, -100):
+        ask(service, mallory, s.TrialBegin(card="sim0", setting=setting, phase="coarse", session="s"))
+        ask(service, mallory, s.TrialEnd(card="sim0", unsafe=mark))
+    assert [e.setting for e in ask(service, mallory, s.UnsafeList(card="sim0"))] == [-60]
+    ask(service, mallory, s.TrialBegin(card="sim0", setting=-40, phase="coarse", session="s"))
+    ask(service, mallory, s.TrialEnd(card="sim0", unsafe=mark))
+    assert [e.setting for e in ask(service, mallory, s.UnsafeList(card="sim0"))] == [-60, -40]

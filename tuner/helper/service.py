@@ -481,13 +481,34 @@ class HelperService:
     def _mark_unsafe(self, key: str, trial: s.OpenTrial, mark: s.UnsafeMark, *, serial: str | None = None,
                      source: str = "helper") -> None:
         """The trial's setting goes on the card's unsafe list (stock never does); its words are escaped, as they are
-        shown to every other user."""
-        if trial.setting != trial.stock:
+        shown to every other user. A setting the helper would never write adds nothing to refuse and is not
+        recorded (`_refused_already`): each mark is a new line, and a member looping trial_begin/trial_end grew the
+        list past the reply the client reads (schema.MAX_REPLY_BYTES), failing every user on that card."""
+        if trial.setting != trial.stock and not self._refused_already(key, trial):
             self.state.add_unsafe(key, s.UnsafeEntry(
                 setting=trial.setting, unit=trial.unit, kind=printable(mark.kind), reason=printable(mark.reason),
                 edge=mark.edge, device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
                 recorded_at=time.time(), kernel_log=[printable(text) for text in mark.kernel_log], uid=trial.uid,
                 source=source))
+
+    def _refused_already(self, key: str, trial: s.OpenTrial) -> bool:
+        """True when no set could ever write the trial's setting to the card under `key`: outside its range or step
+        (`Knob.validate`; an overvolt counts, the helper may allow it), or at or beyond a setting of its unit its
+        list holds (`unsafe_rule`). Such a trial never touched the card, so the list holds at most one entry a
+        value of the card's range. A card or list that cannot be read: False, the mark is recorded as ever."""
+        card = next((c for c, k in self.keys.items() if k == key), None)
+        try:
+            knob = self.backend.knob(card) if card is not None else None
+            listed = [e.setting for e in self.state.unsafe_entries(key) if e.unit == trial.unit]
+        except TunerError:
+            return False
+        if knob is None or knob.unit != trial.unit:
+            return False
+        try:
+            knob.validate(trial.setting, allow_overvolt=True)
+        except TunerError:
+            return True
+        return blocking_setting(knob, trial.setting, listed) is not None
 
     def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
         trial = self.state.open_trials().get(key)
