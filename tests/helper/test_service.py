@@ -1062,3 +1062,27 @@ def test_a_member_repeating_a_hard_failure_does_not_grow_the_machine_list_withou
     ask(service, mallory, s.TrialBegin(card="sim0", setting=-40, phase="coarse", session="s"))
     ask(service, mallory, s.TrialEnd(card="sim0", unsafe=mark))
     assert [e.setting for e in ask(service, mallory, s.UnsafeList(card="sim0"))] == [-60, -40]
+
+
+def test_a_member_opening_trials_and_going_away_does_not_grow_the_recovered_file_without_bound(service):
+    """Each trial whose client goes away is appended to `recovered.jsonl`, which never shrank and is read whole at
+    every `read_trials` and by every user's boot check: a member opening a trial and closing the connection, over
+    and over, grew it without bound. It keeps each card's newest `RECOVERED_SHOWN` (all `read_trials` answers
+    with) and every failure recovered in this boot (what the boot check `failed_trial_recovered_in` asks for)."""
+    from tuner.core.kernel_files import boot_id
+    from tuner.helper.state import RECOVERED_SHOWN
+
+    key = service.keys["sim0"]
+    opened = s.OpenTrial(card="sim0", key=key, setting=-80, stock=0, unit="mV", phase="coarse", session="old",
+                         uid=1000, pid=1, helper_pid=1, boot_id="earlier", started_at=1.0)
+    froze = s.RecoveredTrial(opened, "fail", "system-reset", "froze", 2.0, boot_id())
+    service.state.add_recovered(froze)
+    for n in range(3 * RECOVERED_SHOWN):
+        mallory = Client(n + 10, peer(1000, pid=n + 10))
+        ask(service, mallory, s.TrialBegin(card="sim0", setting=-5, phase="coarse", session=f"m{n}"))
+        service.connection_closed(mallory)
+    lines = service.state.recovered_path.read_bytes().splitlines()
+    assert len(lines) <= RECOVERED_SHOWN + 1, len(lines)
+    assert service.state.failed_trial_recovered_in(boot_id()) == froze
+    shown = ask(service, Client(1, peer(1001)), s.ReadTrials(card="sim0")).recovered
+    assert [r.trial.session for r in shown] == [f"m{n}" for n in range(2 * RECOVERED_SHOWN, 3 * RECOVERED_SHOWN)]
