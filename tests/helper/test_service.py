@@ -673,6 +673,29 @@ def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, tmp_
     assert ask(service, bob, s.Set(card="sim0", value=0)).current == 0
 
 
+def test_an_imported_line_beyond_stock_outside_the_cards_range_does_not_refuse_stock(service, tmp_path, monkeypatch):
+    """As a line at stock (above), a member's line at a setting the card cannot take on the overvolt side of stock
+    (+5 mV, outside the range -200..0 mV: `Knob.validate`) was imported, and stock is "beyond" it in the aggressive
+    direction: the helper then refused `set` to stock on that card for every user. No set could ever have written
+    such a setting, so it adds nothing to refuse (as a trial's mark: `_refused_already`) and is left in the file."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": setting, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n"
+        for setting in (5, 100_000, -40)))
+    (home / ".local/state/tuner/journal").mkdir()  # a trial its journal left open in an earlier boot, likewise
+    (home / ".local/state/tuner/journal/sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
+        "setting": 7, "unit": "mV", "phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}}))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    bob = Client(2, peer(1001))
+    assert [e.setting for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [-40]
+    ask(service, bob, s.Set(card="sim0", value=-20))
+    assert ask(service, bob, s.Set(card="sim0", value=0)).current == 0
+
+
 def test_a_users_file_names_reach_the_helpers_log_without_control_characters(service, tmp_path, monkeypatch):
     """A file the import skips is logged by name (the unit's journal, read by admins), and the name is the user's:
     a newline in it wrote a line of the user's choosing into root's log, as if the helper had said it."""

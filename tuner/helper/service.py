@@ -496,19 +496,29 @@ class HelperService:
         (`Knob.validate`; an overvolt counts, the helper may allow it), or at or beyond a setting of its unit its
         list holds (`unsafe_rule`). Such a trial never touched the card, so the list holds at most one entry a
         value of the card's range. A card or list that cannot be read: False, the mark is recorded as ever."""
-        card = next((c for c, k in self.keys.items() if k == key), None)
+        knob = self._knob_once(key, {})
         try:
-            knob = self.backend.knob(card) if card is not None else None
             listed = [e.setting for e in self.state.unsafe_entries(key) if e.unit == trial.unit]
         except TunerError:
             return False
         if knob is None or knob.unit != trial.unit:
             return False
+        return self._never_written(knob, trial.setting, trial.unit) or \
+            blocking_setting(knob, trial.setting, listed) is not None
+
+    @staticmethod
+    def _never_written(knob: Knob | None, setting: int, unit: str) -> bool:
+        """True when no set could ever write `setting` to the card of `knob`: outside its range or step
+        (`Knob.validate`; an overvolt counts, the helper may allow it). Listed, it refuses nothing the card can
+        take, and one beyond stock (+5 mV on a -200..0 card) refused stock itself. An unreadable card (None) or
+        another knob's unit: False, recorded as ever."""
+        if knob is None or knob.unit != unit:
+            return False
         try:
-            knob.validate(trial.setting, allow_overvolt=True)
+            knob.validate(setting, allow_overvolt=True)
         except TunerError:
             return True
-        return blocking_setting(knob, trial.setting, listed) is not None
+        return False
 
     def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
         trial = self.state.open_trials().get(key)
@@ -586,7 +596,8 @@ class HelperService:
         by_serial = {d.serial: card for card, d in self.devices.items() if d.serial}
         boot = current_boot_id()
         by_key: dict[str, list[s.UnsafeEntry]] = {}  # merged once per card (state.merge_unsafe says why)
-        elsewhere = 0
+        elsewhere = never = 0
+        knobs: dict[str, Knob | None] = {}  # read once per card, not once per line
         with self.lock:
             for line in found.unsafe:
                 if line.setting == 0:
@@ -594,6 +605,9 @@ class HelperService:
                 key = self._key_for(line.serial, line.device, by_serial)
                 if key is None:
                     elsewhere += 1
+                    continue
+                if self._never_written(self._knob_once(key, knobs), line.setting, line.unit):
+                    never += 1
                     continue
                 # the words are shown to every other user, and held to a trial_end mark's limits (the wire's): a
                 # member's file must not grow root's list beyond what a trial's end can
@@ -619,6 +633,9 @@ class HelperService:
                     self._log(f"import from uid {uid}: skipped the open trial on {device} until its unit can be read "
                               f"(it stays in their journal): {printable(e.one_line())}")
                     continue
+                if self._never_written(self._knob_once(key, knobs), trial.setting, unit):
+                    never += 1
+                    continue
                 by_key.setdefault(key, []).append(s.UnsafeEntry(
                     setting=trial.setting, unit=unit, kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
@@ -638,9 +655,22 @@ class HelperService:
         if left:  # likewise
             self._log(f"import from uid {uid}: skipped {left} more entries: their card's machine list holds "
                       f"{MAX_IMPORTED_LIST_BYTES} bytes already (their own tuner still refuses them)")
+        if never:  # likewise
+            self._log(f"import from uid {uid}: skipped {never} entries at settings their card cannot take (outside "
+                      "its range or step: they refuse nothing it can be set to)")
         if elsewhere:  # one line, however many: the user writes these
             self._log(f"import from uid {uid}: skipped {elsewhere} entries naming no card of this machine (their "
                       "own tuner still refuses them)")
+
+    def _knob_once(self, key: str, knobs: dict[str, Knob | None]) -> Knob | None:
+        """The knob of the card under `key`, read once into `knobs`; None when it cannot be read."""
+        if key not in knobs:
+            card = next((c for c, k in self.keys.items() if k == key), None)
+            try:
+                knobs[key] = self.backend.knob(card) if card is not None else None
+            except TunerError:
+                knobs[key] = None
+        return knobs[key]
 
     def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str | None:
         """The machine list of the card a user's entry names, or None when it names no card of this machine: a list
