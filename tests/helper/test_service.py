@@ -673,6 +673,29 @@ def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, tmp_
     assert ask(service, bob, s.Set(card="sim0", value=0)).current == 0
 
 
+def test_an_imported_line_beyond_stock_outside_the_cards_range_does_not_refuse_stock(service, tmp_path, monkeypatch):
+    """As a line at stock (above), a member's line at a setting the card cannot take on the overvolt side of stock
+    (+5 mV, outside the range -200..0 mV: `Knob.validate`) was imported, and stock is "beyond" it in the aggressive
+    direction: the helper then refused `set` to stock on that card for every user. No set could ever have written
+    such a setting, so it adds nothing to refuse (as a trial's mark: `_refused_already`) and is left in the file."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
+        json.dumps({"setting": setting, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n"
+        for setting in (5, 100_000, -40)))
+    (home / ".local/state/tuner/journal").mkdir()  # a trial its journal left open in an earlier boot, likewise
+    (home / ".local/state/tuner/journal/sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
+        "setting": 7, "unit": "mV", "phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}}))
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    service.import_user(os.getuid())
+    bob = Client(2, peer(1001))
+    assert [e.setting for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [-40]
+    ask(service, bob, s.Set(card="sim0", value=-20))
+    assert ask(service, bob, s.Set(card="sim0", value=0)).current == 0
+
+
 def test_a_users_file_names_reach_the_helpers_log_without_control_characters(service, tmp_path, monkeypatch):
     """A file the import skips is logged by name (the unit's journal, read by admins), and the name is the user's:
     a newline in it wrote a line of the user's choosing into root's log, as if the helper had said it."""
@@ -765,10 +788,10 @@ def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, tmp_p
     size = service.state.unsafe_path(service.keys["sim0"]).stat().st_size
     assert size <= state_module.MAX_IMPORTED_LIST_BYTES < s.MAX_REPLY_BYTES, size
     assert [line for line in logged if "more entries" in line], logged
-    alice = Client(1, peer(1000))  # a helper's own record still goes on the list
-    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    alice = Client(1, peer(1000))  # a helper's own record still goes on the list (one the -40s do not refuse)
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-20, phase="coarse", session="s"))
     ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="froze")))
-    assert ask(service, alice, s.UnsafeList(card="sim0"))[-1].setting == -60
+    assert ask(service, alice, s.UnsafeList(card="sim0"))[-1].setting == -20
 
 
 def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_root(service, tmp_path, monkeypatch):
@@ -1042,3 +1065,47 @@ def test_a_machine_list_kept_under_the_serial_an_older_helper_read_still_refuses
             ask(service, Client(1, peer(1000)), s.Set(card=card, value=value))
         assert refused.value.code == "unsafe"
         assert backend.knob(card).current == 0
+
+
+def test_a_member_repeating_a_hard_failure_does_not_grow_the_machine_list_without_bound(service):
+    """A group member could loop trial_begin/trial_end with an unsafe mark at a value the list refused already:
+    each mark (a new recorded_at, a long reason and kernel log) went on, so the list grew without bound, past the
+    reply the client reads (`schema.MAX_REPLY_BYTES`): every user's tuner then lost the helper on that card,
+    `tuner unsafe clear` included. A mark the list refuses already (at that value or beyond a listed one of its
+    unit: `unsafe_rule`) adds nothing to refuse and is not recorded again; one that refuses more still goes on.
+    Nor is a setting the card cannot take (outside its range or step: `Knob.validate`, as a set is held to), so
+    the list holds at most one entry a value of the card's range; +100000 mV had refused stock itself."""
+    mallory = Client(1, peer(1000))
+    long = "r" * s.MAX_TEXT_CHARS
+    mark = s.UnsafeMark(kind="hang", reason=long, kernel_log=[long] * s.MAX_KERNEL_LOG_LINES)
+    for setting in (100_000, -100_000, -61, -60, -60, -65, -60, -100):
+        ask(service, mallory, s.TrialBegin(card="sim0", setting=setting, phase="coarse", session="s"))
+        ask(service, mallory, s.TrialEnd(card="sim0", unsafe=mark))
+    assert [e.setting for e in ask(service, mallory, s.UnsafeList(card="sim0"))] == [-60]
+    ask(service, mallory, s.TrialBegin(card="sim0", setting=-40, phase="coarse", session="s"))
+    ask(service, mallory, s.TrialEnd(card="sim0", unsafe=mark))
+    assert [e.setting for e in ask(service, mallory, s.UnsafeList(card="sim0"))] == [-60, -40]
+
+
+def test_a_member_opening_trials_and_going_away_does_not_grow_the_recovered_file_without_bound(service):
+    """Each trial whose client goes away is appended to `recovered.jsonl`, which never shrank and is read whole at
+    every `read_trials` and by every user's boot check: a member opening a trial and closing the connection, over
+    and over, grew it without bound. It keeps each card's newest `RECOVERED_SHOWN` (all `read_trials` answers
+    with) and every failure recovered in this boot (what the boot check `failed_trial_recovered_in` asks for)."""
+    from tuner.core.kernel_files import boot_id
+    from tuner.helper.state import RECOVERED_SHOWN
+
+    key = service.keys["sim0"]
+    opened = s.OpenTrial(card="sim0", key=key, setting=-80, stock=0, unit="mV", phase="coarse", session="old",
+                         uid=1000, pid=1, helper_pid=1, boot_id="earlier", started_at=1.0)
+    froze = s.RecoveredTrial(opened, "fail", "system-reset", "froze", 2.0, boot_id())
+    service.state.add_recovered(froze)
+    for n in range(3 * RECOVERED_SHOWN):
+        mallory = Client(n + 10, peer(1000, pid=n + 10))
+        ask(service, mallory, s.TrialBegin(card="sim0", setting=-5, phase="coarse", session=f"m{n}"))
+        service.connection_closed(mallory)
+    lines = service.state.recovered_path.read_bytes().splitlines()
+    assert len(lines) <= RECOVERED_SHOWN + 1, len(lines)
+    assert service.state.failed_trial_recovered_in(boot_id()) == froze
+    shown = ask(service, Client(1, peer(1001)), s.ReadTrials(card="sim0")).recovered
+    assert [r.trial.session for r in shown] == [f"m{n}" for n in range(2 * RECOVERED_SHOWN, 3 * RECOVERED_SHOWN)]

@@ -481,13 +481,44 @@ class HelperService:
     def _mark_unsafe(self, key: str, trial: s.OpenTrial, mark: s.UnsafeMark, *, serial: str | None = None,
                      source: str = "helper") -> None:
         """The trial's setting goes on the card's unsafe list (stock never does); its words are escaped, as they are
-        shown to every other user."""
-        if trial.setting != trial.stock:
+        shown to every other user. A setting the helper would never write adds nothing to refuse and is not
+        recorded (`_refused_already`): each mark is a new line, and a member looping trial_begin/trial_end grew the
+        list past the reply the client reads (schema.MAX_REPLY_BYTES), failing every user on that card."""
+        if trial.setting != trial.stock and not self._refused_already(key, trial):
             self.state.add_unsafe(key, s.UnsafeEntry(
                 setting=trial.setting, unit=trial.unit, kind=printable(mark.kind), reason=printable(mark.reason),
                 edge=mark.edge, device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
                 recorded_at=time.time(), kernel_log=[printable(text) for text in mark.kernel_log], uid=trial.uid,
                 source=source))
+
+    def _refused_already(self, key: str, trial: s.OpenTrial) -> bool:
+        """True when no set could ever write the trial's setting to the card under `key`: outside its range or step
+        (`Knob.validate`; an overvolt counts, the helper may allow it), or at or beyond a setting of its unit its
+        list holds (`unsafe_rule`). Such a trial never touched the card, so the list holds at most one entry a
+        value of the card's range. A card or list that cannot be read: False, the mark is recorded as ever."""
+        knob = self._knob_once(key, {})
+        try:
+            listed = [e.setting for e in self.state.unsafe_entries(key) if e.unit == trial.unit]
+        except TunerError:
+            return False
+        if knob is None or knob.unit != trial.unit:
+            return False
+        return self._never_written(knob, trial.setting, trial.unit) or \
+            blocking_setting(knob, trial.setting, listed) is not None
+
+    @staticmethod
+    def _never_written(knob: Knob | None, setting: int, unit: str) -> bool:
+        """True when no set could ever write `setting` to the card of `knob`: outside its range or step
+        (`Knob.validate`; an overvolt counts, the helper may allow it). Listed, it refuses nothing the card can
+        take, and one beyond stock (+5 mV on a -200..0 card) refused stock itself. An unreadable card (None) or
+        another knob's unit: False, recorded as ever."""
+        if knob is None or knob.unit != unit:
+            return False
+        try:
+            knob.validate(setting, allow_overvolt=True)
+        except TunerError:
+            return True
+        return False
 
     def _recover_trial(self, key: str, verdict: str, kind: str, reason: str) -> None:
         trial = self.state.open_trials().get(key)
@@ -565,7 +596,8 @@ class HelperService:
         by_serial = {d.serial: card for card, d in self.devices.items() if d.serial}
         boot = current_boot_id()
         by_key: dict[str, list[s.UnsafeEntry]] = {}  # merged once per card (state.merge_unsafe says why)
-        elsewhere = 0
+        elsewhere = never = 0
+        knobs: dict[str, Knob | None] = {}  # read once per card, not once per line
         with self.lock:
             for line in found.unsafe:
                 if line.setting == 0:
@@ -573,6 +605,9 @@ class HelperService:
                 key = self._key_for(line.serial, line.device, by_serial)
                 if key is None:
                     elsewhere += 1
+                    continue
+                if self._never_written(self._knob_once(key, knobs), line.setting, line.unit):
+                    never += 1
                     continue
                 # the words are shown to every other user, and held to a trial_end mark's limits (the wire's): a
                 # member's file must not grow root's list beyond what a trial's end can
@@ -598,6 +633,9 @@ class HelperService:
                     self._log(f"import from uid {uid}: skipped the open trial on {device} until its unit can be read "
                               f"(it stays in their journal): {printable(e.one_line())}")
                     continue
+                if self._never_written(self._knob_once(key, knobs), trial.setting, unit):
+                    never += 1
+                    continue
                 by_key.setdefault(key, []).append(s.UnsafeEntry(
                     setting=trial.setting, unit=unit, kind="system-reset",
                     reason=f"a {trial.phase} trial was open when the machine froze or reset (uid {uid}'s journal)",
@@ -617,9 +655,22 @@ class HelperService:
         if left:  # likewise
             self._log(f"import from uid {uid}: skipped {left} more entries: their card's machine list holds "
                       f"{MAX_IMPORTED_LIST_BYTES} bytes already (their own tuner still refuses them)")
+        if never:  # likewise
+            self._log(f"import from uid {uid}: skipped {never} entries at settings their card cannot take (outside "
+                      "its range or step: they refuse nothing it can be set to)")
         if elsewhere:  # one line, however many: the user writes these
             self._log(f"import from uid {uid}: skipped {elsewhere} entries naming no card of this machine (their "
                       "own tuner still refuses them)")
+
+    def _knob_once(self, key: str, knobs: dict[str, Knob | None]) -> Knob | None:
+        """The knob of the card under `key`, read once into `knobs`; None when it cannot be read."""
+        if key not in knobs:
+            card = next((c for c, k in self.keys.items() if k == key), None)
+            try:
+                knobs[key] = self.backend.knob(card) if card is not None else None
+            except TunerError:
+                knobs[key] = None
+        return knobs[key]
 
     def _key_for(self, serial: str | None, device: str | None, by_serial: dict[str, str]) -> str | None:
         """The machine list of the card a user's entry names, or None when it names no card of this machine: a list

@@ -9,7 +9,8 @@ otherwise), so a card moved to another slot keeps its unsafe list, and every use
   card and removed when it ends: a freeze or a kill -9 leaves it.
 - `writes.json`         each unconfirmed change the helper made (the value before it), written before the write:
   the next helper start in the same boot puts those values back.
-- `recovered.jsonl`     trials whose owner went away (`schema.RecoveredTrial`), for the client's journal.
+- `recovered.jsonl`     trials whose owner went away (`schema.RecoveredTrial`), for the client's journal: each
+  card's newest RECOVERED_SHOWN and the failures recovered in this boot (`add_recovered`).
 - `log.jsonl`           every write and who asked (uid, pid, command).
 
 Every file is validated when read; a torn or mistyped one raises DamagedState (fail closed: nothing is written
@@ -230,7 +231,22 @@ class MachineState:
         self._put(self.writes_path, Write, key, write)
 
     def add_recovered(self, record: RecoveredTrial) -> None:
-        self._store(self.recovered_path, msgspec.json.encode(record), append=True)
+        """Add `record`, keeping what is ever read: each card's newest RECOVERED_SHOWN (`recovered`) and every
+        failure recovered in `record`'s boot (`failed_trial_recovered_in`, the boot check). Appending alone grew the
+        file without bound (a member opening trials and going away), and it is read whole at every `read_trials`."""
+        try:
+            records = [*self._lines(self.recovered_path, RecoveredTrial), record]
+        except DamagedState:  # left as it is for its remedy (fail closed where it is read): appended, as ever
+            self._store(self.recovered_path, msgspec.json.encode(record), append=True)
+            return
+        newest: dict[str, int] = {}
+        kept = []
+        for r in reversed(records):
+            newest[r.trial.key] = newest.get(r.trial.key, 0) + 1
+            if newest[r.trial.key] <= RECOVERED_SHOWN or (
+                    r.verdict == "fail" and r.recovered_boot_id == record.recovered_boot_id):
+                kept.append(r)
+        self._store(self.recovered_path, b"".join(msgspec.json.encode(r) + b"\n" for r in reversed(kept)))
 
     def recovered(self, key: str) -> list[RecoveredTrial]:
         return [r for r in self._lines(self.recovered_path, RecoveredTrial) if r.trial.key == key][-RECOVERED_SHOWN:]
