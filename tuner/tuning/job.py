@@ -498,7 +498,11 @@ class BisectJob:
         if recorded is None or doc is None or doc.get("session") != recorded or doc.get("state") != FINISHED:
             return None
         if doc.get("recommendation") is not None:
-            return last_outcome(device_id, knob)
+            try:
+                return last_outcome(device_id, knob)
+            except UsageError as e:  # its refusal (another kind of card, a range it does not fit) with a rig's
+                # remedy: `tuner bisect` alone is refused while this rig's journal stays unfinished
+                raise UsageError(e.message, "start over with --restart (the unsafe list is kept)") from None
         failure = BisectFailed(kind=str(doc.get("outcome") or "failed"), reason=str(doc.get("reason") or ""),
                                exit_code=exit_codes.TEST_FAILED, device=device_id)
         return CardOutcome("failed", exit_codes.TEST_FAILED, recorded, failure=failure,
