@@ -357,6 +357,13 @@ class BisectJob:
                     raise UsageError(f"the unfinished bisect session for {device_id} ({j.session}) was run on another "
                                      f"card (serial {j.doc.get('serial')}; this one is {serial}): its trials say "
                                      "nothing about this card", "start over with --restart (the unsafe list is kept)")
+                ran_in = (j.doc.get("knob") or {}).get("unit") if j is not None and j.unresolved() else None
+                if j is not None and isinstance(ran_in, str) and ran_in != knobs[device_id].unit:  # a serial may be
+                    # unknown (the simulated kinds share them): a card of another kind has another unit
+                    raise UsageError(f"the unfinished bisect session for {device_id} ({j.session}) was run on a card "
+                                     f"of another kind (its trials are in {ran_in}; this card's setting is in "
+                                     f"{knobs[device_id].unit}): its trials say nothing about this card",
+                                     "start over with --restart (the unsafe list is kept)")
         if p.resume and rig is not None:  # a card whose search finished too: its result is reused, not searched
             for device_id in ids:
                 recorded, serial = self._rig_serial(rig, device_id), self.backend.device(device_id).serial
