@@ -18,3 +18,16 @@ def test_trials_table_fits_80_columns_and_keeps_the_full_reason():
     assert " ".join(line.strip() for line in lines[3:]).startswith("-40 mV: loss diverged")
     assert "no kernel message" in lines[-1]
     assert len(trials_table(trials, "mV", 400)) == 3  # wide enough: nothing cut, no notes
+
+
+def test_trials_table_cuts_a_wide_reason_by_terminal_columns():
+    """The reason was cut by len(): a reason in CJK (two columns a character) drew its row past the 80th column.
+    (The full reason below the table is wrapped by textwrap, by characters: not checked here.)"""
+    from tuner.commands._output import display_width
+
+    trials = [TrialResult(setting=-40, unit="mV", phase="coarse", verdict="fail", kind="mismatch",
+                          reason="损失与库存参考值不一致" * 8, duration_s=300, tok_s=9010, power_w=231.5,
+                          max_temp_c=68)]
+    table = trials_table(trials, "mV", 80)[:2]  # the header and the trial's row
+    assert all(display_width(line) <= 80 for line in table), [display_width(line) for line in table]
+    assert table[1].endswith("…")

@@ -21,7 +21,7 @@ import termios
 import time
 
 from tests.cli_helpers import REPO, run_tuner
-from tuner.commands._output import StatusLine, display_width, fit
+from tuner.commands._output import StatusLine, display_width, fit, format_table
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 REDRAW = "\r\x1b[K"
@@ -32,6 +32,16 @@ def test_fit_cuts_by_terminal_columns_and_marks_the_cut():
     cut = fit("trial 1 of ≤24 [######....]  32% +0 mV baseline  ETA 3s  bisect ~2m03s left", 40)
     assert display_width(cut) == 40 and cut.endswith("…")
     assert display_width(fit("表" * 50, 79)) <= 79  # wide characters count two columns
+
+
+def test_a_table_aligns_its_columns_by_terminal_columns():
+    """format_table measured its cells with len(): a profile named in CJK (two columns a character) pushed the
+    columns after it to the right of the other rows' (`tuner profile list`, `tuner unsafe list`)."""
+    lines = format_table(("NAME", "SETTING", "TUNED"), [("显卡", "-40 mV", "yes"), ("card", "-30 mV", "no"),
+                                                        ("e\u0301", "-5 mV", "no")]).splitlines()
+    starts = [lines[0].index("SETTING")] + [line.index("-") for line in lines[1:]]
+    at = {display_width(line[:i]) for line, i in zip(lines, starts, strict=True)}  # where each SETTING cell starts
+    assert len(at) == 1, lines
 
 
 def test_a_cli_bisect_in_an_80_column_terminal_never_draws_past_column_80():

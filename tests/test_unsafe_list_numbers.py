@@ -48,3 +48,16 @@ def test_an_unsafe_line_with_a_number_no_clock_can_show(recorded_at):
         assert entries[1]["recorded_at"] in (None, 1e308)
     else:
         assert as_json.returncode == 2 and as_json.stderr.count("\n") == 1, as_json.stderr
+
+
+def test_unsafe_clear_names_its_values_in_numeric_order():
+    """`tuner unsafe clear` sorted the values it names as strings: '-10 mV' came before '-100 mV' and '-5 mV' before
+    '-50 mV' (a space sorts before a digit), so the list it asks about read out of order. In numeric order now."""
+    path = journal.unsafe_path("sim0")
+    path.parent.mkdir(parents=True)
+    entry = {"device": "sim0", "serial": None, "unit": "mV", "kind": "hang", "reason": "froze", "edge": False,
+             "session": None, "boot_id": None, "recorded_at": 1_700_000_000.0, "kernel_log": []}
+    path.write_text("".join(json.dumps({**entry, "setting": s}) + "\n" for s in (-10, -100, -5, -50)))
+    proc = run_tuner("--simulate", "unsafe", "clear", "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "removed -100 mV, -50 mV, -10 mV, -5 mV from sim0's unsafe list", proc.stdout

@@ -13,6 +13,7 @@ the UI is blocked rather than waiting out its 15 s.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -500,3 +501,40 @@ def test_tmux_server_killed_during_keep_or_revert(tmp_path):
         if server is not None and server.is_running():
             server.kill()
         subprocess.run([TMUX, "-S", str(sock), "kill-server"], capture_output=True, check=False)
+
+
+def test_sigterm_while_the_ui_runs_in_the_background_reverts_and_exits_130(tuners, tmp_path):
+    """`kill -STOP` then `bg` (the UI runs on in the background), then SIGTERM: on its way out Textual sets the
+    terminal's modes back (tcsetattr), which the kernel answers with SIGTTOU for a background job, and SIGTTOU takes
+    the safe stop (0381903). Quitting must still end the process, 130, the card at stock: not stopped, not hung."""
+    rc = tmp_path / "rc"
+    # the job-control shell of test_a_terminal_stop_during_keep_or_revert_reverts_before_the_process_stops; once the
+    # UI is stopped the shell takes the terminal back and waits for the job (now in the background) to end
+    tuner = tuners(command=["bash", "-c", f'set -m; "$@"; wait -f $(jobs -p); echo $? > {rc}; sleep 600', "bash",
+                            *_short_waits()])
+    _open_keep_or_revert(tuner)
+    [ui] = psutil.Process(tuner.proc.pid).children()
+    try:
+        ui.send_signal(signal.SIGSTOP)
+        wait_until(lambda: ui.status() == psutil.STATUS_STOPPED, EXIT_BOUND_S, "the process to stop")
+        wait_until(lambda: os.tcgetpgrp(tuner.master) != ui.pid, EXIT_BOUND_S, "the shell to take the terminal")
+        ui.send_signal(signal.SIGCONT)  # `bg`
+        wait_until(lambda: ui.status() != psutil.STATUS_STOPPED, EXIT_BOUND_S, "the process to run in the background")
+        tuner.read_for(0.5)
+        ui.send_signal(signal.SIGTERM)
+
+        def ended() -> bool:
+            tuner.read_for(0.2)
+            return rc.exists() and rc.read_text().strip() != ""
+
+        try:
+            wait_until(ended, EXIT_BOUND_S, "the tuner to end")
+        except AssertionError:
+            state = ui.status() if ui.is_running() else "gone"
+            raise AssertionError(f"tuner did not end after SIGTERM in the background: {state}; "
+                                 f"{_thread_states(ui.pid)}") from None
+        assert int(rc.read_text()) == exit_codes.INTERRUPTED
+        assert _card_offset() == 0
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            ui.kill()

@@ -379,3 +379,22 @@ def test_an_unsafe_entry_in_another_unit_does_not_narrow_the_search(boot):
     started = next(e for e in events if isinstance(e, SessionStarted))
     assert started.unsafe == (), started.unsafe
     assert outcome.exit_code == exit_codes.OK and outcome.recommendation.setting < -30
+
+
+def test_resume_refuses_a_card_of_another_kind_swapped_into_the_slot(boot):
+    # a serial may be unknown (the simulated kinds even share them): a card of another kind in the slot must not
+    # take the other card's stock baseline and trials as its own evidence on --resume (its search went on in MHz
+    # from the mV card's baseline, one journal holding both units)
+    _backend, engine, _events, job = make()
+    engine.on_start = lambda req: job.stop() if req.options.fault_rate == 0 and not req.options.record else None
+    assert job.run().card.status == "stopped"
+    before = journal.load("sim0")
+    other = SimulatedBackend(kind="nvidia")
+    engine = FakeEngine()
+    job = BisectJob(other, "sim0", BisectParams(trial_s=1, confirm_s=2, resume=True), lambda e: None,
+                    engine_factory=engine)
+    with pytest.raises(UsageError, match="another kind") as e:
+        job.run()
+    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
+    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
+    assert journal.load("sim0") == before

@@ -398,3 +398,23 @@ def test_a_rig_resume_refuses_a_card_swapped_in_after_its_search_finished(boot, 
     assert "--restart" in (e.value.remedy or ""), e.value.one_line()
     assert e.value.exit_code == exit_codes.USAGE and rig2.calls == [] and engine.requests == []
     assert journal._load(journal.rig_path(("sim0", "sim1"))) == before
+
+
+def test_a_rig_resume_refuses_a_card_of_another_kind_with_the_rigs_remedy(boot):
+    # a finished card's result found on a card of another kind (its unit; the simulated kinds share serials) was
+    # refused on a rig --resume by last_outcome with --from-last's remedy, 'run `tuner bisect` on this card', which
+    # the unfinished rig journal refuses in turn (an unfinished rig bisect exists): a rig resume starts over with
+    # --restart, as its other refusals say
+    holder: dict = {}
+    rig = FakeRigTrial(on_start=lambda settings, params: holder["job"].stop())  # stops at the rig's recording
+    _backend, _engine, _rig, _events, holder["job"] = make(limits=(-52, -67), rig=rig)
+    assert holder["job"].run().status == "stopped"
+    assert all(journal.load(d)["state"] == journal.FINISHED for d in ("sim0", "sim1"))
+    swapped = SimulatedBackend(gpus=2, kind="nvidia")
+    rig2, engine = FakeRigTrial(), FakeEngine()
+    job = prepare_bisect(swapped, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2, resume=True),
+                         run_trial=rig2, engine_factory=engine)
+    with pytest.raises(UsageError, match="another kind") as e:
+        job.run()
+    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
+    assert e.value.exit_code == exit_codes.USAGE and rig2.calls == [] and engine.requests == []

@@ -37,11 +37,17 @@ def warn(warnings: Iterable[str]) -> None:
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Left-aligned columns separated by two spaces; None shows as '-'."""
+    """Left-aligned columns separated by two spaces; None shows as '-'. Widths in terminal columns (display_width):
+    a name in CJK takes two a character, and len() would push the columns after it out of line."""
     cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
+    widths = [max(display_width(h), *(display_width(r[i]) for r in cells)) if cells else display_width(h)
+              for i, h in enumerate(headers)]
+
+    def pad(text: str, columns: int) -> str:
+        return text + " " * (columns - display_width(text))
+
+    lines = ["  ".join(pad(h, w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(pad(c, w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ from tuner.actions.profile_store import (
     write_profile_file,
 )
 from tuner.commands._argtypes import Subparsers
-from tuner.commands._output import format_table, format_value, print_json, warn
+from tuner.commands._output import display_width, fit, format_table, format_value, print_json, warn
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.profiles import evidence, reference_bundle
@@ -129,9 +129,9 @@ def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
     notes, out = [], []
     for i, line in enumerate(fixed):
         reason = "REASON" if i == 0 else (trials[i - 1].reason or "-")
-        if len(reason) > room:
+        if display_width(reason) > room:  # terminal columns: a CJK character takes two
             notes.append((rows[i - 1][0], reason))
-            reason = reason[: room - 1] + "…"
+            reason = fit(reason, room)
         out.append(f"{indent}{line.ljust(fixed_width)}  {reason}".rstrip())
     for setting, reason in notes:
         out += textwrap.wrap(f"{setting}: {reason}", width=max(20, width - len(indent)), initial_indent=indent,

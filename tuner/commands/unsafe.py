@@ -91,7 +91,9 @@ def run_clear(args: Namespace, ctx: Context) -> int:
         if not doomed:
             what = "" if args.value is None else f" for {args.value:+d}"
             raise UsageError(f"no unsafe entry{what} on {device_id}", "see `tuner unsafe list`")
-        values = ", ".join(sorted({format_value(e["setting"], e.get("unit") or "") for e in doomed}))
+        # sorted as numbers, not as text ("-10 mV" sorts before "-100 mV" as text)
+        values = ", ".join(format_value(setting, unit)
+                           for setting, unit in sorted({(e["setting"], e.get("unit") or "") for e in doomed}))
         if not args.yes and not _ask(f"Remove {values} from {device_id}'s unsafe list? They froze, hung or reset "
                                      "the card; bisect may try them again. [y/N] "):
             raise UsageError("nothing was cleared", "answer y, or pass --yes")

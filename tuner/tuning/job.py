@@ -357,6 +357,13 @@ class BisectJob:
                     raise UsageError(f"the unfinished bisect session for {device_id} ({j.session}) was run on another "
                                      f"card (serial {j.doc.get('serial')}; this one is {serial}): its trials say "
                                      "nothing about this card", "start over with --restart (the unsafe list is kept)")
+                ran_in = (j.doc.get("knob") or {}).get("unit") if j is not None and j.unresolved() else None
+                if j is not None and isinstance(ran_in, str) and ran_in != knobs[device_id].unit:  # a serial may be
+                    # unknown (the simulated kinds share them): a card of another kind has another unit
+                    raise UsageError(f"the unfinished bisect session for {device_id} ({j.session}) was run on a card "
+                                     f"of another kind (its trials are in {ran_in}; this card's setting is in "
+                                     f"{knobs[device_id].unit}): its trials say nothing about this card",
+                                     "start over with --restart (the unsafe list is kept)")
         if p.resume and rig is not None:  # a card whose search finished too: its result is reused, not searched
             for device_id in ids:
                 recorded, serial = self._rig_serial(rig, device_id), self.backend.device(device_id).serial
@@ -498,7 +505,11 @@ class BisectJob:
         if recorded is None or doc is None or doc.get("session") != recorded or doc.get("state") != FINISHED:
             return None
         if doc.get("recommendation") is not None:
-            return last_outcome(device_id, knob)
+            try:
+                return last_outcome(device_id, knob)
+            except UsageError as e:  # its refusal (another kind of card, a range it does not fit) with a rig's
+                # remedy: `tuner bisect` alone is refused while this rig's journal stays unfinished
+                raise UsageError(e.message, "start over with --restart (the unsafe list is kept)") from None
         failure = BisectFailed(kind=str(doc.get("outcome") or "failed"), reason=str(doc.get("reason") or ""),
                                exit_code=exit_codes.TEST_FAILED, device=device_id)
         return CardOutcome("failed", exit_codes.TEST_FAILED, recorded, failure=failure,
