@@ -91,6 +91,16 @@ def peer(uid: int, pid: int = 4242) -> Peer:
 
 
 @pytest.fixture
+def mallory_home(tmp_path, monkeypatch):
+    """A member's home directory, as the helper finds it (pwd) for the uid that says hello: its state is imported."""
+    from tuner.helper import service as service_module
+
+    home = tmp_path / "mallory"
+    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
+    return home
+
+
+@pytest.fixture
 def service(tmp_path):
     clock = Clock()
     backend = SimulatedBackend(state_path=tmp_path / "sim.json")
@@ -506,21 +516,19 @@ def test_a_holders_purpose_reaches_another_user_without_control_characters(servi
     assert "auto-bisect" in shown and not [ch for ch in shown if not ch.isprintable()], shown
 
 
-def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(service, tmp_path, monkeypatch):
+def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(service, mallory_home):
     """The machine's list is shown to every user (the `unsafe` refusal, the tuner's own refusal built from the
     entries the helper lists). Its kind and reason come from another user: a trial_end's mark, or a line of that
     user's own file imported as root. They were stored and shown as sent, escape sequences and newlines included."""
-    from tuner.helper import service as service_module
 
     hostile = "hung\x1b[2J\x1b]0;owned\x07\nline two\u202e"
     alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
     ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
     ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason=hostile)))
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(
         json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "kind": hostile, "reason": hostile}) + "\n")
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     entries = ask(service, bob, s.UnsafeList(card="sim0"))
     assert sorted(e.setting for e in entries) == [-60, -40]
@@ -530,22 +538,20 @@ def test_an_unsafe_entrys_words_reach_other_users_without_control_characters(ser
     assert not [text for text in shown if not text.isprintable()], shown
 
 
-def test_an_unsafe_entrys_kernel_log_reaches_other_users_without_control_characters(service, tmp_path, monkeypatch):
+def test_an_unsafe_entrys_kernel_log_reaches_other_users_without_control_characters(service, mallory_home):
     """An entry's kernel-log lines are shown to every other user as its kind and reason are (`tuner unsafe list
     --json`, read with `jq -r`), and come from another user too: a trial_end's mark, or a line of that user's own
     file imported as root. Kind and reason went through `printable`, the kernel-log lines did not: stored and
     listed with their escape sequences and newlines."""
-    from tuner.helper import service as service_module
 
     hostile = "amdgpu: ring gfx timeout\x1b[2J\x1b]0;owned\x07\nline two\u202e"
     alice, bob = Client(1, peer(1000)), Client(2, peer(1001))
     ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
     ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="r", kernel_log=[hostile])))
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(
         json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "kind": "hang", "kernel_log": [hostile]}) + "\n")
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     entries = ask(service, bob, s.UnsafeList(card="sim0"))
     assert sorted(e.setting for e in entries) == [-60, -40]
@@ -571,19 +577,17 @@ def test_an_older_helpers_unsafe_entry_reaches_other_users_without_control_chara
     assert not [text for text in shown if not text.isprintable()], shown
 
 
-def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, tmp_path, monkeypatch):
+def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, mallory_home):
     """A trial_end's mark is held to the wire's limits (a reason and each kernel-log line of `schema.Text`, at most
     `MAX_KERNEL_LOG_LINES` lines); a line of a member's own file, imported as root, kept its words at any length: a
     1 MiB reason or kernel-log line grew root's machine list (read at every set) up to the import's caps."""
-    from tuner.helper import service as service_module
 
     huge = "r" * 10_000
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(json.dumps({
         "setting": -40, "unit": "mV", "device": "sim0", "kind": "k" * 10_000, "reason": huge,
         "kernel_log": [huge] * 30}) + "\n")
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     [entry] = ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))
     assert len(entry.reason) <= s.MAX_TEXT_CHARS and len(entry.kind) <= s.MAX_TEXT_CHARS
@@ -591,19 +595,18 @@ def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, 
     assert all(len(line) <= s.MAX_TEXT_CHARS for line in entry.kernel_log), [len(line) for line in entry.kernel_log]
 
 
-def test_an_imported_entrys_unit_card_serial_session_and_boot_id_are_held_to_the_wires_types(service, tmp_path,
-                                                                                            monkeypatch):
+def test_an_imported_entrys_unit_card_serial_session_and_boot_id_are_held_to_the_wires_types(
+        service, monkeypatch, mallory_home):
     """A member's own unsafe lines and open trials, imported as root, kept their unit, card, serial, session, boot
     id and phase as the file had them: any characters, any length. The unit reaches every other user's terminal
     unescaped (`tuner unsafe list`'s SETTING column, `tuner unsafe clear`'s question), so a member could clear
     their screens or retitle their terminals, or file a 10 KiB session on root's list. Each is held to the wire's
     type (a card id, a session, a word, a knob unit); a line that is not is skipped and logged, as other bad
     lines are (the member's own tuner still refuses it)."""
-    from tuner.helper import service as service_module
 
     serial = service.devices["sim0"].serial
     hostile = "\x1b[2J\x1b]0;owned\x07"
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     (home / ".local/state/tuner/journal").mkdir(parents=True)
     line = {"unit": "mV", "device": "sim0", "kind": "hang"}
@@ -622,7 +625,6 @@ def test_an_imported_entrys_unit_card_serial_session_and_boot_id_are_held_to_the
             json.dumps({"device": device, "open_trial": {**trial, **fields}}))
     logged: list[str] = []
     monkeypatch.setattr(service, "_log", logged.append)
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     entries = ask(service, Client(2, peer(1001)), s.UnsafeList(card="sim0"))
     words = [w for e in entries for w in (e.unit, e.device, e.serial, e.session, e.boot_id, e.kind, e.reason) if w]
@@ -632,14 +634,13 @@ def test_an_imported_entrys_unit_card_serial_session_and_boot_id_are_held_to_the
     assert len([line for line in logged if "skipped" in line]) == 9, logged
 
 
-def test_every_imported_setting_is_one_an_unsafe_clear_request_can_name(service, tmp_path, monkeypatch):
+def test_every_imported_setting_is_one_an_unsafe_clear_request_can_name(service, mallory_home):
     """`tuner unsafe clear VALUE` removes one listed setting, and the wire holds VALUE to `schema.Setting`. A member's
     own line (or open trial) was imported at any setting, -10**20 included: listed to every user, and no request could
     name it to clear it (bad-request), only a clear of the card's whole list. A setting beyond the wire's bounds
     (wider than any card's range) is skipped and logged, as other bad lines are."""
-    from tuner.helper import service as service_module
 
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     (home / ".local/state/tuner/journal").mkdir(parents=True)
     (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
@@ -647,25 +648,22 @@ def test_every_imported_setting_is_one_an_unsafe_clear_request_can_name(service,
         for setting in (-10**20, -200_000, -40)))
     (home / ".local/state/tuner/journal/sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
         "setting": -10**20, "phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}}))
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     for entry in ask(service, Client(2, peer(1001)), s.UnsafeList(card="sim0")):
         s.decode_request(json.dumps({"op": "unsafe_clear", "card": "sim0", "setting": entry.setting}).encode())
     assert [e.setting for e in ask(service, Client(2, peer(1001)), s.UnsafeList(card="sim0"))] == [-40]
 
 
-def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, tmp_path, monkeypatch):
+def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, mallory_home):
     """Stock never goes on a list (`_mark_unsafe`, the user's own `record_hard_failure`): it is where every
     failure goes back to. A line of a member's own file at the card's stock was imported as it was, and the helper
     then refused `set` to stock on that card for every user ("+0 mV is at or beyond +0 mV, which failed hard")."""
-    from tuner.helper import service as service_module
 
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
         json.dumps({"setting": setting, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n"
         for setting in (0, -40)))
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     bob = Client(2, peer(1001))
     assert [e.setting for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [-40]
@@ -673,14 +671,13 @@ def test_an_imported_line_at_the_cards_stock_does_not_refuse_stock(service, tmp_
     assert ask(service, bob, s.Set(card="sim0", value=0)).current == 0
 
 
-def test_an_imported_line_beyond_stock_outside_the_cards_range_does_not_refuse_stock(service, tmp_path, monkeypatch):
+def test_an_imported_line_beyond_stock_outside_the_cards_range_does_not_refuse_stock(service, mallory_home):
     """As a line at stock (above), a member's line at a setting the card cannot take on the overvolt side of stock
     (+5 mV, outside the range -200..0 mV: `Knob.validate`) was imported, and stock is "beyond" it in the aggressive
     direction: the helper then refused `set` to stock on that card for every user. No set could ever have written
     such a setting, so it adds nothing to refuse (as a trial's mark: `_refused_already`) and is left in the file."""
-    from tuner.helper import service as service_module
 
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
         json.dumps({"setting": setting, "unit": "mV", "device": "sim0", "kind": "hang"}) + "\n"
@@ -688,7 +685,6 @@ def test_an_imported_line_beyond_stock_outside_the_cards_range_does_not_refuse_s
     (home / ".local/state/tuner/journal").mkdir()  # a trial its journal left open in an earlier boot, likewise
     (home / ".local/state/tuner/journal/sim0.json").write_text(json.dumps({"device": "sim0", "open_trial": {
         "setting": 7, "unit": "mV", "phase": "coarse", "boot_id": "boot-earlier", "session": "s1"}}))
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     bob = Client(2, peer(1001))
     assert [e.setting for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [-40]
@@ -696,57 +692,52 @@ def test_an_imported_line_beyond_stock_outside_the_cards_range_does_not_refuse_s
     assert ask(service, bob, s.Set(card="sim0", value=0)).current == 0
 
 
-def test_a_users_file_names_reach_the_helpers_log_without_control_characters(service, tmp_path, monkeypatch):
+def test_a_users_file_names_reach_the_helpers_log_without_control_characters(
+        service, tmp_path, monkeypatch, mallory_home):
     """A file the import skips is logged by name (the unit's journal, read by admins), and the name is the user's:
     a newline in it wrote a line of the user's choosing into root's log, as if the helper had said it."""
-    from tuner.helper import service as service_module
 
-    home = tmp_path / "mallory"
+    home = mallory_home
     unsafe = home / ".local/state/tuner/unsafe"
     unsafe.mkdir(parents=True)
     (unsafe / "x\ntuner-helper: revert sim0 -60 -> 0 (forged)\x1b[2J.jsonl").symlink_to(tmp_path / "nowhere")
     (unsafe / "y\ntuner-helper: forged too.jsonl").write_text("not json\n")
     logged: list[str] = []
     monkeypatch.setattr(service, "_log", logged.append)
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     skipped = [line for line in logged if "skipped" in line]
     assert len(skipped) == 2 and not [line for line in skipped if not line.isprintable()], skipped
 
 
-def test_a_users_bad_lines_do_not_flood_the_helpers_log(service, tmp_path, monkeypatch):
+def test_a_users_bad_lines_do_not_flood_the_helpers_log(service, monkeypatch, mallory_home):
     """Each line of a member's file the import skips was logged on its own, at every hello: a 1 MiB file of bad
     lines ("x\\n") wrote some 500,000 lines into root's log per file per hello, and journald's rate limit then drops
     the helper's own lines with them (a revert, a write's audit). The user writes these: a few lines, then one
     saying how many more (as for the entries naming no card)."""
-    from tuner.helper import service as service_module
 
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     for n in range(3):
         (home / f".local/state/tuner/unsafe/sim{n}.jsonl").write_text("x\n" * 5_000)
     logged: list[str] = []
     monkeypatch.setattr(service, "_log", logged.append)
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     assert 1 <= len(logged) <= 20, (len(logged), logged[-1])
     assert f"skipped {15_000 - len(logged) + 1} more" in logged[-1], logged[-1]
 
 
-def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_per_line(service, tmp_path,
-                                                                                         monkeypatch):
+def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_per_line(
+        service, monkeypatch, mallory_home):
     """Each imported line was merged on its own: the card's whole machine list read (and a line fsynced) per line,
     under the service lock. A member's file within the caps (1 MiB: some 25,000 short lines) made that quadratic:
     hours of root's work at every hello, with every request and the lease reaper (which puts unconfirmed changes
     back) waiting for the lock. The work counted here is the reads of the machine's list."""
-    from tuner.helper import service as service_module
 
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
         json.dumps({"setting": -40, "unit": "mV", "device": "sim0", "recorded_at": 1000.0 + n}) + "\n"
         for n in range(300)))
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     machine_list = service.state.unsafe_path(service.keys["sim0"])
     reads: list[object] = []
     real_read = MachineState._read
@@ -758,7 +749,7 @@ def test_importing_a_users_list_reads_the_machines_list_once_per_card_not_once_p
     assert len(ask(service, Client(1, peer(1000)), s.UnsafeList(card="sim0"))) == 300
 
 
-def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, tmp_path, monkeypatch):
+def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, monkeypatch, mallory_home):
     """The machine list of a card is one `unsafe_list` reply, which the client reads no further than
     `schema.MAX_REPLY_BYTES` (then: the helper is lost, exit 9), and it is read whole at every `set`. The import
     added every distinct line of a member's files (256 files of 1 MiB a directory, at every hello): 130 MiB of
@@ -766,10 +757,9 @@ def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, tmp_p
     that card, `tuner unsafe clear` included (it lists first). An import adds nothing to a list already at
     `state.MAX_IMPORTED_LIST_BYTES` (an eighth of a reply); what it leaves stays in the member's files (their own
     tuner refuses it) and one line says how many. Never an entry dropped from the list."""
-    from tuner.helper import service as service_module
     from tuner.helper import state as state_module
 
-    home = tmp_path / "mallory"
+    home = mallory_home
     unsafe = home / ".local/state/tuner/unsafe"
     unsafe.mkdir(parents=True)
     long = "r" * s.MAX_TEXT_CHARS
@@ -783,7 +773,6 @@ def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, tmp_p
         (unsafe / f"f{f:03d}.jsonl").write_text("\n".join(lines) + "\n")
     logged: list[str] = []
     monkeypatch.setattr(service, "_log", logged.append)
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     size = service.state.unsafe_path(service.keys["sim0"]).stat().st_size
     assert size <= state_module.MAX_IMPORTED_LIST_BYTES < s.MAX_REPLY_BYTES, size
@@ -794,19 +783,17 @@ def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, tmp_p
     assert ask(service, alice, s.UnsafeList(card="sim0"))[-1].setting == -20
 
 
-def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_root(service, tmp_path, monkeypatch):
+def test_importing_lines_that_name_no_card_of_this_machine_creates_no_files_as_root(service, mallory_home):
     """A user's line naming a card this machine does not have went to a machine list of its own, named from the
     line ("unknown-slot-<device>.jsonl"), which no card's key ever reads. So each distinct name made root create a
     file in its state directory: a member's file of 25,000 lines naming 25,000 made-up cards, at every hello, until
     the disk or its inodes ran out (and with them every durable write the helper needs to put a card back)."""
-    from tuner.helper import service as service_module
 
-    home = tmp_path / "mallory"
+    home = mallory_home
     (home / ".local/state/tuner/unsafe").mkdir(parents=True)
     (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text("".join(
         json.dumps({"setting": -40, "unit": "mV", "device": device}) + "\n"
         for device in ["sim0", *(f"0000:{n:02x}:00.0" for n in range(50))]))
-    monkeypatch.setattr(service_module.pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": str(home)}))
     service.import_user(os.getuid())
     made = sorted(p.name for p in (service.state.root / "unsafe").iterdir())
     assert made == [f"{service.keys['sim0']}.jsonl"], made[:3]

@@ -335,10 +335,16 @@ def test_resume_refuses_another_card_swapped_into_the_slot(boot):
     before = journal.load("sim0")
     other = SimulatedBackend(vmin_mv=-52, seed=1)  # the same model, another serial, in slot sim0
     assert other.device("sim0").serial != backend.device("sim0").serial
+    _a_resume_on_it_is_refused_before_anything_runs(other, "another card", before)
+
+
+def _a_resume_on_it_is_refused_before_anything_runs(other: SimulatedBackend, match: str, before: dict) -> None:
+    """`--resume` on the card `other` now in slot sim0: one line (`match`), --restart, exit 2, no engine started,
+    the journal as it was (`before`)."""
     engine = FakeEngine()
     job = BisectJob(other, "sim0", BisectParams(trial_s=1, confirm_s=2, resume=True), lambda e: None,
                     engine_factory=engine)
-    with pytest.raises(UsageError, match="another card") as e:
+    with pytest.raises(UsageError, match=match) as e:
         job.run()
     assert "--restart" in (e.value.remedy or ""), e.value.one_line()
     assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
@@ -390,11 +396,4 @@ def test_resume_refuses_a_card_of_another_kind_swapped_into_the_slot(boot):
     assert job.run().card.status == "stopped"
     before = journal.load("sim0")
     other = SimulatedBackend(kind="nvidia")
-    engine = FakeEngine()
-    job = BisectJob(other, "sim0", BisectParams(trial_s=1, confirm_s=2, resume=True), lambda e: None,
-                    engine_factory=engine)
-    with pytest.raises(UsageError, match="another kind") as e:
-        job.run()
-    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
-    assert e.value.exit_code == exit_codes.USAGE and engine.requests == []
-    assert journal.load("sim0") == before
+    _a_resume_on_it_is_refused_before_anything_runs(other, "another kind", before)

@@ -390,14 +390,20 @@ def test_a_rig_resume_refuses_a_card_swapped_in_after_its_search_finished(boot, 
     before = journal._load(journal.rig_path(("sim0", "sim1")))
     swapped = SimulatedBackend(gpus=2, vmin_mv=(-52, -67), seed=1)  # the same models, other serials, same slots
     assert swapped.device("sim1").serial != _backend.device("sim1").serial
+    _a_rig_resume_on_them_is_refused_before_anything_runs(swapped, "another card")
+    assert journal._load(journal.rig_path(("sim0", "sim1"))) == before
+
+
+def _a_rig_resume_on_them_is_refused_before_anything_runs(swapped: SimulatedBackend, match: str) -> None:
+    """A rig `--resume` of sim0+sim1 on the cards `swapped` now in the slots: one line (`match`), --restart, exit 2,
+    no rig trial and no engine started."""
     rig2, engine = FakeRigTrial(), FakeEngine()
     job = prepare_bisect(swapped, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2, resume=True),
                          run_trial=rig2, engine_factory=engine)
-    with pytest.raises(UsageError, match="another card") as e:
+    with pytest.raises(UsageError, match=match) as e:
         job.run()
     assert "--restart" in (e.value.remedy or ""), e.value.one_line()
     assert e.value.exit_code == exit_codes.USAGE and rig2.calls == [] and engine.requests == []
-    assert journal._load(journal.rig_path(("sim0", "sim1"))) == before
 
 
 def test_a_rig_resume_refuses_a_card_of_another_kind_with_the_rigs_remedy(boot):
@@ -411,10 +417,4 @@ def test_a_rig_resume_refuses_a_card_of_another_kind_with_the_rigs_remedy(boot):
     assert holder["job"].run().status == "stopped"
     assert all(journal.load(d)["state"] == journal.FINISHED for d in ("sim0", "sim1"))
     swapped = SimulatedBackend(gpus=2, kind="nvidia")
-    rig2, engine = FakeRigTrial(), FakeEngine()
-    job = prepare_bisect(swapped, ("sim0", "sim1"), BisectParams(trial_s=1, confirm_s=2, resume=True),
-                         run_trial=rig2, engine_factory=engine)
-    with pytest.raises(UsageError, match="another kind") as e:
-        job.run()
-    assert "--restart" in (e.value.remedy or ""), e.value.one_line()
-    assert e.value.exit_code == exit_codes.USAGE and rig2.calls == [] and engine.requests == []
+    _a_rig_resume_on_them_is_refused_before_anything_runs(swapped, "another kind")
