@@ -352,16 +352,17 @@ class BisectJob:
                              f"{','.join(sorted(ids))}", "start a new one without --resume")
         if p.resume:  # the journals are keyed by slot: another card swapped in must not take these trials as its own
             for device_id, j in cards.items():
+                if j is None or not j.unresolved():
+                    continue
                 serial = self.backend.device(device_id).serial
-                if j is not None and j.unresolved() and same_serial(j.doc.get("serial"), serial) is False:
+                if same_serial(j.serial, serial) is False:
                     raise UsageError(f"the unfinished bisect session for {device_id} ({j.session}) was run on another "
-                                     f"card (serial {j.doc.get('serial')}; this one is {serial}): its trials say "
-                                     "nothing about this card", "start over with --restart (the unsafe list is kept)")
-                ran_in = (j.doc.get("knob") or {}).get("unit") if j is not None and j.unresolved() else None
-                if j is not None and isinstance(ran_in, str) and ran_in != knobs[device_id].unit:  # a serial may be
-                    # unknown (the simulated kinds share them): a card of another kind has another unit
+                                     f"card (serial {j.serial}; this one is {serial}): its trials say nothing about "
+                                     "this card", "start over with --restart (the unsafe list is kept)")
+                if j.unit is not None and j.unit != knobs[device_id].unit:  # a serial may be unknown (the simulated
+                    # kinds share them): a card of another kind has another unit
                     raise UsageError(f"the unfinished bisect session for {device_id} ({j.session}) was run on a card "
-                                     f"of another kind (its trials are in {ran_in}; this card's setting is in "
+                                     f"of another kind (its trials are in {j.unit}; this card's setting is in "
                                      f"{knobs[device_id].unit}): its trials say nothing about this card",
                                      "start over with --restart (the unsafe list is kept)")
         if p.resume and rig is not None:  # a card whose search finished too: its result is reused, not searched
@@ -852,8 +853,7 @@ class _Search:
         owner = journal.classify_open_trial(trial)
         # in the unit the trial ran in (the session's knob): a card of another kind swapped into the slot since has
         # another, and -40 mV recorded as -40 MHz blocked that card's stock while the crashed card's list ignored it
-        ran_in = (existing.doc.get("knob") or {}).get("unit")
-        common = {"setting": setting, "unit": ran_in if isinstance(ran_in, str) else knob.unit, "phase": phase,
+        common = {"setting": setting, "unit": existing.unit or knob.unit, "phase": phase,
                   "started_at": trial.get("started_at"), "simulated": device.simulated}
         machine_reset = next((r for r in self.backend.recovered_trials(self.device_id) if r.verdict == "fail"
                               and r.trial.setting == setting and r.trial.session == existing.session), None)
@@ -885,7 +885,7 @@ class _Search:
         # --restart) must not take the refusal while the card that crashed keeps none (the helper files a line
         # under its serial's card)
         journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=existing.session,
-                                    serial=existing.doc.get("serial"))
+                                    serial=existing.serial)
         existing.finish_trial(result.to_record())
         self._emit(TrialRecovered(result))
 
@@ -986,7 +986,7 @@ class _Search:
                                kind="device-lost", reason=e.one_line(), edge=True)
             # on the unsafe list before the trial closes: through the helper, the mark ends its open trial
             journal.record_hard_failure(self.device_id, lost, stock=knob.stock, session=j.session,
-                                        serial=j.doc.get("serial"), backend=self.backend)
+                                        serial=j.serial, backend=self.backend)
             j.finish_trial(lost.to_record())
             self._emit(TrialFinished(index, lost))
             return self._failed(j, [*results, lost], search, "device-lost", e.one_line(), hardware=True)
@@ -1013,7 +1013,7 @@ class _Search:
         # session's serial (the card it ran on, read before any trial: a lost card may answer nothing now), which
         # the helper files an imported line by (service._key_for), not the slot whatever card is in it then
         journal.record_hard_failure(self.device_id, result, stock=knob.stock, session=j.session,
-                                    serial=j.doc.get("serial"), backend=self.backend)
+                                    serial=j.serial, backend=self.backend)
         j.finish_trial(result.to_record())
         if result.kind == CHANGED_OUTSIDE:  # inconclusive, recorded; the bisect stops (docs/bisect.md)
             self._emit(TrialFinished(index, result))

@@ -582,6 +582,18 @@ class Journal:
         return self.doc.get("state", ACTIVE)
 
     @property
+    def serial(self) -> str | None:
+        """The serial of the card a card's session ran on (None: unknown; a rig's are per card, 'serials')."""
+        return self.doc.get("serial")
+
+    @property
+    def unit(self) -> str | None:
+        """The unit of the knob the session ran with (None: an older journal recorded no knob). The journal is keyed
+        by slot: a card of another kind swapped in since has another unit."""
+        unit = (self.doc.get("knob") or {}).get("unit")
+        return unit if isinstance(unit, str) else None
+
+    @property
     def open_trial(self) -> dict | None:
         return self.doc.get("open_trial")
 
