@@ -139,8 +139,8 @@ def connect(path: Path, *, client: str = "tuner") -> tuple[HelperConnection, s.H
     except OSError as e:
         raise HelperUnreachable(f"no helper answers at {path} ({e.strerror or e})", INSTALL_REMEDY) from None
     # the command line names the client, and a file name's non-UTF-8 byte is a lone surrogate in argv, which no JSON
-    # line carries: written as its escape, within the wire's 500 characters of Text
-    client = client.encode("utf-8", "backslashreplace").decode()[:500]
+    # line carries: written as its escape, within the wire's Text
+    client = client.encode("utf-8", "backslashreplace").decode()[:s.MAX_TEXT_CHARS]
     try:
         connection.sock.settimeout(HELLO_TIMEOUT_S)
         hello: s.HelloResult = connection.ask(s.Hello(version=s.PROTOCOL_VERSION, client=client), s.HelloResult)
@@ -290,7 +290,7 @@ class HelperBackend(Backend):
         cannot tell apart)."""
         super().claim(device_id, purpose)
         try:
-            self._ask(s.Claim(card=device_id, purpose=purpose[:500]))
+            self._ask(s.Claim(card=device_id, purpose=purpose[:s.MAX_TEXT_CHARS]))
         except BaseException:
             super().release(device_id)
             raise

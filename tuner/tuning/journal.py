@@ -437,7 +437,7 @@ def add_unsafe(device_id: str, setting: int, *, unit: str, kind: str, reason: st
     entry = msgspec.structs.asdict(journal_schema.UnsafeEntry(
         setting=setting, kind=kind, unit=unit, device=device_id, serial=serial, session=session,
         boot_id=kernel_files.boot_id(), reason=reason, edge=edge, recorded_at=time.time(),
-        kernel_log=list(kernel_log or [])[-20:]))
+        kernel_log=list(kernel_log or [])[-MAX_KERNEL_LOG_LINES:]))
     with _writing(unsafe_path(device_id), "append to"):
         append_durable(unsafe_path(device_id), json.dumps(entry, sort_keys=True))
     return entry
