@@ -497,14 +497,15 @@ class HelperService:
         list holds (`unsafe_rule`). Such a trial never touched the card, so the list holds at most one entry a
         value of the card's range. A card or list that cannot be read: False, the mark is recorded as ever."""
         knob = self._knob_once(key, {})
+        if knob is None or knob.unit != trial.unit:
+            return False
+        if self._never_written(knob, trial.setting, trial.unit):
+            return True
         try:
             listed = [e.setting for e in self.state.unsafe_entries(key) if e.unit == trial.unit]
         except TunerError:
             return False
-        if knob is None or knob.unit != trial.unit:
-            return False
-        return self._never_written(knob, trial.setting, trial.unit) or \
-            blocking_setting(knob, trial.setting, listed) is not None
+        return blocking_setting(knob, trial.setting, listed) is not None
 
     @staticmethod
     def _never_written(knob: Knob | None, setting: int, unit: str) -> bool:
