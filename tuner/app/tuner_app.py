@@ -379,7 +379,7 @@ class TunerApp(App[int]):
         """`apply` prepares the change (a setting, a rig profile), applies it and returns it, in this worker under
         the write lock; the keep-or-revert follows. Refused or not applied: said as `what` and why."""
         with self._writing:
-            if self._leaving or self._stopping_refuses(what):  # quitting, hung up, stopping: nothing new on a card
+            if self._refuses_new_writes(what):
                 return
             try:
                 change = apply()
@@ -453,9 +453,7 @@ class TunerApp(App[int]):
     def start_stress(self, device_id: str, preset: str, mode: str, *, without_reference: bool = False) -> None:
         """A stress run through tuner.actions.stress; `without_reference`: the user chose to run without a stock
         reference (the Tune screen asked)."""
-        if self._leaving:  # quitting or hung up: nothing new goes on a card (make_safe may have run already)
-            return
-        if self._stopping_refuses(f"stress on {device_id}"):
+        if self._refuses_new_writes(f"stress on {device_id}"):
             return
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
@@ -513,9 +511,7 @@ class TunerApp(App[int]):
         self._begin_bisect(device_ids, params)
 
     def _begin_bisect(self, ids: tuple[str, ...], params: BisectParams) -> None:
-        if self._leaving:  # quitting or hung up: nothing new goes on a card (make_safe may have run already)
-            return
-        if self._stopping_refuses(f"bisect on {', '.join(ids)}"):
+        if self._refuses_new_writes(f"bisect on {', '.join(ids)}"):
             return
         if self.busy:  # started while the question was open
             return
@@ -641,9 +637,7 @@ class TunerApp(App[int]):
 
     def verify_profile(self, plan: ProfileApply) -> None:
         """`tuner apply --verify`: the journalled trial with the profile's workload and lock clock."""
-        if self._leaving:  # quitting or hung up: nothing new goes on a card (make_safe may have run already)
-            return
-        if self._stopping_refuses(f"verify on {plan.device.id}"):
+        if self._refuses_new_writes(f"verify on {plan.device.id}"):
             return
         if self.busy:
             self.notify("a stress run or bisect is already running", severity="warning")
@@ -907,9 +901,13 @@ class TunerApp(App[int]):
             return not_stopped()
         return True
 
-    def _stopping_refuses(self, what: str) -> bool:
-        """True while the process is being stopped (make_safe_to_stop until resume_after_stop): `what` is not done,
-        and the UI says so once it is back. From any thread."""
+    def _refuses_new_writes(self, what: str) -> bool:
+        """True when nothing new may go on a card, so `what` (a setting, a stress run, a bisect, a verify) is not
+        done: the App is leaving (quit confirmed, hung up: make_safe may have run already; nothing to say), or the
+        process is being stopped (make_safe_to_stop until resume_after_stop: the UI says so once it is back). From
+        any thread."""
+        if self._leaving:
+            return True
         if self._stopping:
             self.post_message(msg.Noted(f"{what}: not done, the UI was stopping (Ctrl-Z); ask again", "warning"))
         return self._stopping
