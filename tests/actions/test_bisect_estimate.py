@@ -8,10 +8,15 @@ from tuner.tuning.job import BisectParams, estimate_search
 
 
 class MachineListBackend(SimulatedBackend):
-    """A card whose root helper keeps an unsafe entry the user's own list does not have (another user's hang)."""
+    """A card whose root helper keeps an unsafe entry the user's own list does not have (another user's hang), in
+    `unit` (MHz: another kind of card, once in this slot, hung there)."""
+
+    def __init__(self, *args, unit: str = "mV", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unit = unit
 
     def unsafe_entries(self, device_id):
-        return [{"setting": -40, "unit": "mV", "kind": "hang", "edge": True, "reason": "froze the machine"}]
+        return [{"setting": -40, "unit": self.unit, "kind": "hang", "edge": True, "reason": "froze the machine"}]
 
 
 def test_the_estimate_counts_the_machines_unsafe_list_as_the_bisect_does(tmp_path):
@@ -24,14 +29,7 @@ def test_the_estimate_counts_the_machines_unsafe_list_as_the_bisect_does(tmp_pat
     assert shown != estimate_search(knob, params, {})  # the machine's entry changes the plan
 
 
-class OtherUnitBackend(SimulatedBackend):
-    """A slot whose machine-wide list holds an entry of another kind of card (MHz) once in it."""
-
-    def unsafe_entries(self, device_id):
-        return [{"setting": -40, "unit": "MHz", "kind": "hang", "edge": True, "reason": "froze the machine"}]
-
-
 def test_the_estimate_ignores_an_unsafe_entry_in_another_unit_as_set_and_apply_do(tmp_path):
-    backend = OtherUnitBackend(state_path=tmp_path / "sim")
+    backend = MachineListBackend(state_path=tmp_path / "sim", unit="MHz")
     params = BisectParams(floor=-100)
     assert bisect_estimate(backend, "sim0", params) == estimate_search(backend.knob("sim0"), params, {})
