@@ -10,19 +10,19 @@ import argparse
 import importlib
 import io
 import os
-import re
 import signal
 import sys
 from argparse import _SubParsersAction
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from tuner import __version__
 from tuner.actions import other_tools
 from tuner.actions.context import Context
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S as KEEP_S
-from tuner.commands._argtypes import seconds_between, whole_number
+from tuner.backends.simulated_options import add_simulator_options
 from tuner.core import exit_codes, signals
+from tuner.core.argtypes import OneLineParser
 from tuner.core.errors import TunerError, disk_full, is_disk_full
 
 # In the order `tuner --help` lists them; each is tuner/commands/<name>.py (a missing one is an error).
@@ -61,76 +61,17 @@ environment:
   NO_COLOR          no colour in the UI"""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 like every other bad input, and a comma list of negative
-    numbers (`--sim-vmin -52,-67,-40`) is a value, not an option (argparse knows only single numbers)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-\d+(?:,\S*)?$|^-\d*\.\d+$")
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(exit_codes.USAGE, f"tuner: error: {message} (see `{self.prog} --help`)\n")
-
-
 def _global_options(parser: argparse.ArgumentParser) -> None:
     """The simulator options, accepted before or after the command (`tuner --simulate list` or `tuner list
     --simulate`). The subcommands' parent parser suppresses every default (`argument_default=SUPPRESS`), so they
-    never overwrite the main parser's; the main parser's defaults are set here."""
-    if parser.argument_default is not argparse.SUPPRESS:
-        parser.set_defaults(sim_gpus=1, sim_seed=0, sim_kind="amd")
+    never overwrite the main parser's (tuner.backends.simulated_options sets those)."""
     g = parser.add_argument_group("simulated GPU")
     g.add_argument("--simulate", action="store_true",
                    help="use simulated GPUs instead of real hardware (no root needed, nothing touched)")
-    g.add_argument("--sim-gpus", type=whole_number, metavar="N",
-                   help="number of simulated cards (default 1)")
-    g.add_argument("--sim-seed", type=whole_number, metavar="S",
-                   help="seed for the simulated cards' hidden limits and telemetry (default 0)")
-    g.add_argument("--sim-kind", choices=("amd", "nvidia"),
-                   help="amd (default): a voltage offset in mV; nvidia: a positive clock offset in MHz (15 MHz "
-                   "steps) at a locked max clock")
-    g.add_argument("--sim-vmin", type=limit_list, metavar="LIMIT[,LIMIT...]",
-                   help="hidden stable limit in the knob's unit: mV (default: drawn from the seed in -120..-30), or "
-                   "MHz with --sim-kind nvidia (drawn in 60..240). One value sets sim0; a comma list sets one "
-                   "card each, in card order (sim0,sim1,...; no more values than --sim-gpus)")
-    g.add_argument("--sim-nondeterministic", action="store_true",
-                   help="runs on the simulated cards never repeat bit for bit (a platform flaw, for testing)")
-    g.add_argument("--sim-contention-after", type=seconds_between(0, 1e6), metavar="SECONDS",
-                   help="runs on the simulated cards stop repeating bit for bit this many "
-                   "seconds after the tuner starts (as when another process starts using the GPU)")
-    g.add_argument("--sim-sdc-rate", type=rate_list, metavar="RATE[,RATE...]",
-                   help="a bad card: silent corruption at this per-step probability at every setting, stock "
-                   "included (e.g. 0.001). One value sets sim0; a comma list one card each, in card order")
-    g.add_argument("--sim-driver", metavar="VERSION",
-                   help="the driver version the simulated cards report (default 'simulated'): a card whose "
-                   "fingerprint differs from a reference's")
+    add_simulator_options(g)
     parser.add_argument("--ignore-other-tools", action="store_true",
                         help="bisect even while LACT's lactd, CoreCtrl's helper or nvidia-powerd may change the "
                         "same card (what was ignored is recorded in the profile; also TUNER_IGNORE_OTHER_TOOLS=1)")
-
-
-def limit_list(text: str) -> int | tuple[int, ...]:
-    """`-52` (sim0's limit, as always) or `-52,-67,-40` (one per card, in card order)."""
-    parts = text.split(",")
-    if len(parts) == 1:
-        return whole_number(text)
-    if any(not p.strip() for p in parts):
-        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}")
-    return tuple(whole_number(p) for p in parts)
-
-
-def rate_list(text: str) -> float | tuple[float, ...]:
-    """`0.001` (sim0's rate) or `0,0.01,0` (one per card, in card order): probabilities in [0, 1]."""
-    rates = []
-    for part in text.split(","):
-        try:
-            rate = float(part.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected probabilities separated by commas, got {text!r}") from None
-        if not 0.0 <= rate <= 1.0:
-            raise argparse.ArgumentTypeError(f"a per-step rate is between 0 and 1, got {part.strip()!r}")
-        rates.append(rate)
-    return rates[0] if len(rates) == 1 else tuple(rates)
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -166,7 +107,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line (`tuner --help` lists every command), or with `only` the one command given: each
     command module imports what its command needs (the bisect the tuning job, the doctor its checks), and a command
     should not pay for the others' (`tuner status` starts in half the CPU time)."""
-    parser = _Parser(
+    parser = OneLineParser(
         prog="tuner",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -174,9 +115,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     _global_options(parser)
-    parent = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
+    parent = OneLineParser(add_help=False, argument_default=argparse.SUPPRESS)
     _global_options(parent)
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     wrapped = _SubparsersWithGlobals(subparsers, parent)
     for name in COMMANDS if only is None else (only,):
         importlib.import_module(f"tuner.commands.{name}").add_parser(wrapped)
@@ -187,7 +128,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse the command line. `tuner [global options]` opens the UI: it needs no command modules, so they are
     imported only when something besides the global options is given (the UI's first frame comes sooner)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    globals_only = _Parser(prog="tuner", add_help=False)
+    globals_only = OneLineParser(prog="tuner", add_help=False)
     _global_options(globals_only)
     args, rest = globals_only.parse_known_args(argv)
     if not rest:

@@ -79,3 +79,14 @@ def test_a_bisect_through_the_helper_recommends_what_it_does_in_process(accounts
     assert sim_card(helper).knob("sim0").current == 0  # every trial put the card back
     log = (helper.state_dir / "log.jsonl").read_text()
     assert f'"uid": {member.uid}' in log and '"value": -40' in log  # the writes went through the helper
+
+
+def test_a_simulated_rig_with_one_limit_per_card_is_served_to_a_tuner_with_the_same_options(accounts, helpers):
+    """`--sim-vmin -52,-67` (one limit per card): the helper refused it as "expected one argument" (its parser took
+    the comma list for an option), so the remedy the tuner gives ("start the helper with the same --sim options")
+    could not be followed for a simulated rig."""
+    group = accounts.group()
+    member = accounts.user(group)
+    helper = helpers(group, fake_amd=False, extra=("--sim-gpus", "2", "--sim-vmin", "-52,-67"))
+    listed = tuner(member, "--simulate", "--sim-gpus", "2", "--sim-vmin", "-52,-67", "list", socket=helper.socket)
+    assert listed.returncode == 0 and "sim1" in listed.stdout, listed.stderr

@@ -103,9 +103,8 @@ class Context:
         if not self.simulate:
             return helper
         sim = helper.hello.sim
-        vmin = self.sim_vmin_mv
-        asked = (self.sim_gpus, self.sim_seed, self.sim_kind, list(vmin) if isinstance(vmin, tuple) else vmin,
-                 self.sim_nondeterministic, self.sim_contention_after_s)
+        asked = (self.sim_gpus, self.sim_seed, self.sim_kind, self.sim_vmin_mv, self.sim_nondeterministic,
+                 self.sim_contention_after_s)
         own = self.sim_sdc_rate is not None or self.sim_driver is not None  # the helper simulates neither
         if own or sim is None or (sim.gpus, sim.seed, sim.kind, sim.vmin, sim.nondeterministic,
                            sim.contention_after_s) != asked:

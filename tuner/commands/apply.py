@@ -21,10 +21,11 @@ from tuner.actions.profile_apply import (
 from tuner.actions.profile_store import load_profile
 from tuner.actions.setting import SetRequest, apply_setting_now, prepare_setting
 from tuner.backends.base import Backend
-from tuner.commands._argtypes import Subparsers, duration, seconds_between
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._confirm import keep_or_revert, say_applied, say_reverted
 from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes, system_units
+from tuner.core.argtypes import duration, seconds_between
 from tuner.core.errors import UsageError
 from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import boot as boot_rules

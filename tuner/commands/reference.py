@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.actions.parameters import PRESET
-from tuner.commands._argtypes import Subparsers, whole_number
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
 from tuner.commands._output import print_json
 from tuner.core import exit_codes
+from tuner.core.argtypes import whole_number
 
 if TYPE_CHECKING:
     from tuner.actions.context import Context

@@ -19,11 +19,12 @@ from tuner.actions import other_tools
 from tuner.actions.context import Context
 from tuner.actions.keep_or_revert import DEFAULT_TIMEOUT_S, PendingChange
 from tuner.actions.setting import SetRequest, prepare_setting
-from tuner.commands._argtypes import Subparsers, seconds_between, whole_number
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._confirm import keep_or_revert, say_applied, say_reverted
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_value, print_json, warn
 from tuner.core import exit_codes
+from tuner.core.argtypes import seconds_between, whole_number
 
 
 def add_parser(subparsers: Subparsers) -> None:

@@ -12,10 +12,11 @@ from argparse import Namespace
 
 from tuner.actions import safety_files
 from tuner.actions.context import Context
-from tuner.commands._argtypes import Subparsers, whole_number
+from tuner.commands._argtypes import Subparsers
 from tuner.commands._device import pick_device
 from tuner.commands._output import format_table, format_value, print_json, said_yes
 from tuner.core import exit_codes
+from tuner.core.argtypes import whole_number
 from tuner.core.errors import UsageError
 from tuner.core.models import printable
 

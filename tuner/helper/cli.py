@@ -14,11 +14,12 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from tuner import __version__
 from tuner.backends import Backend, check_no_simulator_options, open_backend
+from tuner.backends.simulated_options import add_simulator_options
 from tuner.core import exit_codes, paths, root_owned
+from tuner.core.argtypes import OneLineParser
 from tuner.core.errors import PermissionDenied, TunerError, UsageError
 from tuner.core.privileges import sudo_uid
 from tuner.helper import kmsg
@@ -49,24 +50,8 @@ environment:
   TUNER_SYSFS_ROOT  read and write sysfs under this root instead of / (fake trees)"""
 
 
-def whole_numbers(text: str) -> int | list[int]:
-    try:
-        values = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
-    return values[0] if len(values) == 1 else values
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit 2, as every other bad input (and as `tuner`'s parser,
-    tuner/cli.py, which the helper may not import): argparse's own prints the whole usage block first."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(exit_codes.USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tuner-helper", description=DESCRIPTION, epilog=EPILOG,
+    p = OneLineParser(prog="tuner-helper", description=DESCRIPTION, epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"tuner-helper {__version__}")
     p.add_argument("--socket", type=Path, default=Path(paths.DEFAULT_HELPER_SOCKET), metavar="PATH",
@@ -81,12 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kmsg", type=Path, default=kmsg.DEFAULT_KMSG, metavar="PATH", help=argparse.SUPPRESS)
     g = p.add_argument_group("simulated GPU")
     g.add_argument("--simulate", action="store_true", help="drive simulated GPUs (no hardware is touched)")
-    g.add_argument("--sim-gpus", type=int, default=1, metavar="N")
-    g.add_argument("--sim-seed", type=int, default=0, metavar="S")
-    g.add_argument("--sim-kind", choices=("amd", "nvidia"), default="amd")
-    g.add_argument("--sim-vmin", type=whole_numbers, default=None, metavar="LIMIT[,LIMIT...]")
-    g.add_argument("--sim-nondeterministic", action="store_true")
-    g.add_argument("--sim-contention-after", type=float, default=None, metavar="SECONDS")
+    add_simulator_options(g, for_helper=True)
     return p
 
 

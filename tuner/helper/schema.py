@@ -225,7 +225,7 @@ class SimConfig(msgspec.Struct, frozen=True):
     gpus: int
     seed: int
     kind: str
-    vmin: int | list[int] | None
+    vmin: int | tuple[int, ...] | None  # one value: sim0's limit; a tuple: one per card (an array on the wire)
     nondeterministic: bool
     contention_after_s: float | None
 
