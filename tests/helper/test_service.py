@@ -1096,3 +1096,21 @@ def test_a_member_opening_trials_and_going_away_does_not_grow_the_recovered_file
     assert service.state.failed_trial_recovered_in(boot_id()) == froze
     shown = ask(service, Client(1, peer(1001)), s.ReadTrials(card="sim0")).recovered
     assert [r.trial.session for r in shown] == [f"m{n}" for n in range(2 * RECOVERED_SHOWN, 3 * RECOVERED_SHOWN)]
+
+
+def test_the_write_log_keeps_one_older_generation_and_never_grows_past_twice_its_cap(tmp_path, monkeypatch):
+    """log.jsonl had no bound: a group member setting and resetting in a loop grew root's state directory (under
+    /var/lib) by a line per request until the disk was full. It keeps the newest MAX_LOG_BYTES, and the generation
+    before in log.jsonl.1, with no line lost at the turn."""
+    from tuner.helper import state as state_module
+
+    monkeypatch.setattr(state_module, "MAX_LOG_BYTES", 4096, raising=False)
+    state = MachineState(tmp_path)
+    state.create()
+    for i in range(500):
+        state.log("set", card="sim0", value=-i, uid=1000)
+    older = state.log_path.with_name("log.jsonl.1")
+    assert state.log_path.stat().st_size <= 4096 and older.exists() and older.stat().st_size <= 4096
+    newest = [json.loads(line) for line in state.log_path.read_text().splitlines()]
+    before = [json.loads(line) for line in older.read_text().splitlines()]
+    assert newest[-1]["value"] == -499 and before[-1]["value"] == newest[0]["value"] + 1
