@@ -1061,11 +1061,19 @@ def test_a_member_repeating_a_hard_failure_does_not_grow_the_machine_list_withou
     `tuner unsafe clear` included. A mark the list refuses already (at that value or beyond a listed one of its
     unit: `unsafe_rule`) adds nothing to refuse and is not recorded again; one that refuses more still goes on.
     Nor is a setting the card cannot take (outside its range or step: `Knob.validate`, as a set is held to), so
-    the list holds at most one entry a value of the card's range; +100000 mV had refused stock itself."""
+    the list holds at most one entry a value of the card's range; +100000 mV had refused stock itself. (A
+    trial_begin of such a value is refused now; one an older helper journaled fails at a machine reset.)"""
     mallory = Client(1, peer(1000))
     long = "r" * s.MAX_TEXT_CHARS
     mark = s.UnsafeMark(kind="hang", reason=long, kernel_log=[long] * s.MAX_KERNEL_LOG_LINES)
-    for setting in (100_000, -100_000, -61, -60, -60, -65, -60, -100):
+    key = service.keys["sim0"]
+    for setting in (100_000, -100_000, -61):  # -61: off the card's 5 mV step
+        service.state.set_open_trial(key, s.OpenTrial(
+            card="sim0", key=key, setting=setting, stock=0, unit="mV", phase="coarse", session="s", uid=1000,
+            pid=1, helper_pid=1, boot_id="an-earlier-boot", started_at=1.0))
+        service.recover_at_start()  # the machine reset during it: a hard failure, marked
+        assert service.state.open_trials() == {}
+    for setting in (-60, -60, -65, -60, -100):
         ask(service, mallory, s.TrialBegin(card="sim0", setting=setting, phase="coarse", session="s"))
         ask(service, mallory, s.TrialEnd(card="sim0", unsafe=mark))
     assert [e.setting for e in ask(service, mallory, s.UnsafeList(card="sim0"))] == [-60]
@@ -1096,3 +1104,32 @@ def test_a_member_opening_trials_and_going_away_does_not_grow_the_recovered_file
     assert service.state.failed_trial_recovered_in(boot_id()) == froze
     shown = ask(service, Client(1, peer(1001)), s.ReadTrials(card="sim0")).recovered
     assert [r.trial.session for r in shown] == [f"m{n}" for n in range(2 * RECOVERED_SHOWN, 3 * RECOVERED_SHOWN)]
+
+
+def test_the_write_log_keeps_one_older_generation_and_never_grows_past_twice_its_cap(tmp_path, monkeypatch):
+    """log.jsonl had no bound: a group member setting and resetting in a loop grew root's state directory (under
+    /var/lib) by a line per request until the disk was full. It keeps the newest MAX_LOG_BYTES, and the generation
+    before in log.jsonl.1, with no line lost at the turn."""
+    from tuner.helper import state as state_module
+
+    monkeypatch.setattr(state_module, "MAX_LOG_BYTES", 4096, raising=False)
+    state = MachineState(tmp_path)
+    state.create()
+    for i in range(500):
+        state.log("set", card="sim0", value=-i, uid=1000)
+    older = state.log_path.with_name("log.jsonl.1")
+    assert state.log_path.stat().st_size <= 4096 and older.exists() and older.stat().st_size <= 4096
+    newest = [json.loads(line) for line in state.log_path.read_text().splitlines()]
+    before = [json.loads(line) for line in older.read_text().splitlines()]
+    assert newest[-1]["value"] == -499 and before[-1]["value"] == newest[0]["value"] + 1
+
+
+@pytest.mark.parametrize("setting", [-100_000, 5, -3])  # past the card's range, beyond stock, off its 5 mV step
+def test_a_trial_of_a_value_the_card_cannot_take_is_refused_and_nothing_is_opened(service, setting):
+    """trial_begin took any setting within the wire's ±100,000 and journaled an open trial for it: held as the card's
+    open trial (every other user's `read_trials` showed it, and a next trial_begin was refused) for a value no set
+    could ever write. It is refused as a set of it would be, and nothing is journaled."""
+    alice = Client(1, peer(1000))
+    with pytest.raises(OutOfRange):
+        ask(service, alice, s.TrialBegin(card="sim0", setting=setting, phase="coarse"))
+    assert service.state.open_trials() == {}

@@ -330,6 +330,9 @@ class HelperService:
         if key in self.state.open_trials():
             raise Refused("usage", f"a trial is already open on {r.card}", "end it first (trial_end)")
         knob = self.backend.knob(r.card)
+        # a value no set could write (out of range or step: OutOfRange) would be held as the card's open trial
+        # for nothing; an overvolt within the range is a set's question (`--allow-overvolt`), not the trial's
+        knob.validate(r.setting, allow_overvolt=True)
         trial = s.OpenTrial(card=r.card, key=key, setting=r.setting, stock=knob.stock, unit=knob.unit, phase=r.phase,
                             session=r.session, uid=who.peer.uid, pid=who.peer.pid, helper_pid=os.getpid(),
                             boot_id=current_boot_id(), started_at=time.time())

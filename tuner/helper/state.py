@@ -11,7 +11,7 @@ otherwise), so a card moved to another slot keeps its unsafe list, and every use
   the next helper start in the same boot puts those values back.
 - `recovered.jsonl`     trials whose owner went away (`schema.RecoveredTrial`), for the client's journal: each
   card's newest RECOVERED_SHOWN and the failures recovered in this boot (`add_recovered`).
-- `log.jsonl`           every write and who asked (uid, pid, command).
+- `log.jsonl`           every write and who asked (uid, pid, command); `log.jsonl.1` the one before it (MAX_LOG_BYTES).
 
 Every file is validated when read; a torn or mistyped one raises DamagedState (fail closed: nothing is written
 to that card) naming the file and the remedy. Files are written atomically (temp, fsync, rename) or appended and
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -41,6 +42,9 @@ RECOVERED_SHOWN = 20  # recovered trials a `read_trials` answers with, newest la
 # set; a real one is a few dozen entries of a few KiB. An import (a member's files: 256 of 1 MiB, at every hello)
 # adds nothing to a list this size, leaving the rest in their files; what the helper records itself always goes on
 MAX_IMPORTED_LIST_BYTES = MAX_REPLY_BYTES // 8
+# the write log (a line per write, each under a few KiB): a member setting and resetting in a loop must not fill the
+# disk of the state directory, so it turns over at this size, keeping one older generation (log.jsonl.1)
+MAX_LOG_BYTES = 8 * 1024 * 1024
 
 
 class Write(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -113,6 +117,7 @@ class MachineState:
         self.writes_path = self.root / "writes.json"
         self.recovered_path = self.root / "recovered.jsonl"
         self.log_path = self.root / "log.jsonl"
+        self.older_log_path = self.root / "log.jsonl.1"
 
     # --- layout -------------------------------------------------------------------------------------------------
     def unsafe_path(self, key: str) -> Path:
@@ -267,8 +272,12 @@ class MachineState:
 
     # --- the write log ------------------------------------------------------------------------------------------
     def log(self, event: str, **fields: object) -> None:
-        """One line per write with who asked; flushed, not fsynced (the writes journal is the durable record)."""
-        line = json.dumps({"time": time.time(), "event": event, **fields}, sort_keys=True, default=str)
+        """One line per write with who asked; flushed, not fsynced (the writes journal is the durable record). At
+        MAX_LOG_BYTES the log turns over: it becomes log.jsonl.1 (the one before goes) and a new one starts."""
+        line = json.dumps({"time": time.time(), "event": event, **fields}, sort_keys=True, default=str) + "\n"
         # the write itself is journaled durably; a full disk must not block putting a card back
+        with contextlib.suppress(OSError):
+            if self.log_path.stat().st_size + len(line.encode()) > MAX_LOG_BYTES:
+                os.replace(self.log_path, self.older_log_path)
         with contextlib.suppress(OSError), open(self.log_path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+            f.write(line)
