@@ -335,6 +335,31 @@ def test_a_users_directory_of_many_files_is_listed_only_to_the_cap(tmp_path, mon
     assert len(found.unsafe) == 3 and any("only 3 read" in p for p in found.problems), found.problems
 
 
+def test_one_import_holds_a_bounded_number_of_a_members_lines_however_many_files_they_write(tmp_path):
+    """Each hello imports the member's own files as root: up to MAX_FILES unsafe files of MAX_FILE_BYTES each, every
+    valid line held before the merge. A line of 14 bytes (`{"setting":1}`) is a Python object of ~180 bytes: 256
+    files of 1 MiB were ~19 million lines, over 3 GiB of root's memory at every hello (16 at once per uid). What
+    one import reads of a member's unsafe lines, all files together, is bounded; the rest stay in their files,
+    said once."""
+    import tracemalloc
+
+    from tuner.helper import user_import
+
+    unsafe = tmp_path / "home/.local/state/tuner/unsafe"
+    unsafe.mkdir(parents=True)
+    line = b'{"setting":1}\n'
+    for n in range(3):  # of 256 allowed: enough to show the growth
+        (unsafe / f"card{n}.jsonl").write_bytes(line * (user_import.MAX_FILE_BYTES // len(line)))
+    tracemalloc.start()
+    try:
+        found = read_user_state(tmp_path / "home", os.getuid())
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak_bytes < 24 << 20, f"{peak_bytes >> 20} MiB held by one import of 3 MiB of lines"
+    assert found.unsafe and any("only the first" in p for p in found.problems), found.problems
+
+
 def test_an_nvidia_lock_clock_choice_is_one_writers_and_goes_back_with_its_connection(tmp_path):
     nvidia = HelperService(SimulatedBackend(kind="nvidia", state_path=tmp_path / "nv.json"),
                            MachineState(tmp_path / "nv-state"), group="tuner", log=lambda line: None)
@@ -758,7 +783,11 @@ def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, monke
     `state.MAX_IMPORTED_LIST_BYTES` (an eighth of a reply); what it leaves stays in the member's files (their own
     tuner refuses it) and one line says how many. Never an entry dropped from the list."""
     from tuner.helper import state as state_module
+    from tuner.helper import user_import
 
+    # one import reads MAX_IMPORTED_BYTES of a member's lines; a member renaming their files between hellos gets
+    # the rest read at later ones: the list's own cap, as if one hello read them all
+    monkeypatch.setattr(user_import, "MAX_IMPORTED_BYTES", user_import.MAX_FILES * user_import.MAX_FILE_BYTES)
     home = mallory_home
     unsafe = home / ".local/state/tuner/unsafe"
     unsafe.mkdir(parents=True)
