@@ -443,13 +443,31 @@ def test_a_forced_reset_ends_the_other_connections_open_trial(service):
     assert (lost.card, lost.value) == ("sim0", -60) and "--force" in lost.reason
     ask(service, bob, s.TrialBegin(card="sim0", setting=-40, phase="coarse", session="b"))
     # alice's tuner still ends its trial (a `finally`): answered, so its own error (LeaseLost) is what it reports,
-    # and it neither marks -60 (that trial was cut short by the reset) nor ends bob's trial
-    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="x")))
+    # and it does not end bob's trial (its hard-failure mark is -60's own:
+    # test_a_hard_failure_marked_after_a_forced_reset_ended_the_trial_still_goes_on_the_machine_list)
+    ask(service, alice, s.TrialEnd(card="sim0"))
     assert ask(service, bob, s.ReadTrials(card="sim0")).open.session == "b"
     assert ask(service, bob, s.UnsafeList(card="sim0")) == []
     with pytest.raises(Refused) as refused:  # once: a second end is this connection's mistake again
         ask(service, alice, s.TrialEnd(card="sim0"))
     assert refused.value.code == "no-trial"
+
+
+def test_a_hard_failure_marked_after_a_forced_reset_ended_the_trial_still_goes_on_the_machine_list(service):
+    """A member's trial at -60 hangs the card; another user, seeing it stuck, runs `tuner reset --force`, which ends
+    the trial (inconclusive: the reset, not the voltage). The first tuner's trial_end then arrives with its hang
+    mark (`journal.record_hard_failure`: a hang, reset or lost card seen at that setting), and it was answered as
+    done and dropped: -60 stayed off the machine's list, so the other user's next set (or their bisect) applied the
+    value that had just hung the card. The mark is evidence of the trial's own setting, whenever it arrives."""
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.Set(card="sim0", value=-60))
+    ask(service, bob, s.Reset(card="sim0", force=True))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="ring gfx timeout")))
+    assert [(e.setting, e.kind) for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [(-60, "hang")]
+    with pytest.raises(Refused) as refused:
+        ask(service, bob, s.Set(card="sim0", value=-60))
+    assert refused.value.code == "unsafe"
 
 
 def test_a_lost_card_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path):

@@ -72,8 +72,9 @@ class HelperService:
         self.lock = threading.RLock()
         self.book = Book()
         self.lost: dict[int, list[s.LostChange]] = {}
-        # connection -> cards whose open trial a forced reset ended: its own trial_end is then answered as done
-        self.ended: dict[int, set[str]] = {}
+        # connection -> card -> its open trial a forced reset ended: its own trial_end is then answered as done, and
+        # its hard-failure mark still recorded (evidence of that trial's setting)
+        self.ended: dict[int, dict[str, s.OpenTrial]] = {}
         self.stopped = False  # `shutdown` ran: the process exits, so nothing it could not put back is done
         self.devices: dict[str, DeviceInfo] = {d.id: d for d in backend.devices()}
         self.keys = {card: card_key(d) for card, d in self.devices.items()}
@@ -339,14 +340,17 @@ class HelperService:
         self.state.set_open_trial(key, trial)  # durable before the trial's setting touches the card
         self.book.hold(r.card, who.conn, who.peer, time.time())
         self.book.trials[r.card] = who.conn
-        self.ended.get(who.conn, set()).discard(r.card)  # its end is this trial's now
+        self.ended.get(who.conn, {}).pop(r.card, None)  # its end is this trial's now
         self._audit("trial_begin", r.card, who, setting=r.setting, phase=r.phase)
         return trial
 
     def _op_trial_end(self, who: Client, r: s.TrialEnd) -> None:
         key = self.keys[r.card]
-        if r.card in self.ended.get(who.conn, set()):
-            self.ended[who.conn].discard(r.card)  # a forced reset ended it (and said so): its mark is moot
+        ended = self.ended.get(who.conn, {}).pop(r.card, None)
+        if ended is not None:  # a forced reset ended it (and said so); a hard failure seen at its setting still
+            if r.unsafe is not None:  # counts: the reset may well be why the card came back (never applied again)
+                self._mark_unsafe(key, ended, r.unsafe, serial=self.devices[r.card].serial)
+                self._audit("trial_end", r.card, who, setting=ended.setting, unsafe=r.unsafe.kind)
             return
         trial = self.state.open_trials().get(key)
         if trial is None or self.book.trials.get(r.card) != who.conn:
@@ -419,7 +423,8 @@ class HelperService:
         """Another connection loses the card (a forced reset): its change is forgotten, it learns on its next
         heartbeat. Its open trial ends as a dead client's does (inconclusive): left open with no one holding the
         card, it would refuse every other trial there and be blamed for a freeze at someone else's later value; the
-        client's own trial_end of it is then answered once as done (`ended`), so the error it reports is its own."""
+        client's own trial_end of it is then answered once as done (`ended`), so the error it reports is its own, and
+        a hard-failure mark it carries goes on the list as ever: it was seen at that trial's setting."""
         pending = self.book.pending.pop(card, None)
         trial = self.state.open_trials().get(self.keys[card]) if self.book.trials.get(card) == conn else None
         if pending is not None:
@@ -430,7 +435,7 @@ class HelperService:
             self._recover_trial(self.keys[card], "inconclusive", "tool-died",
                                 f"{reason} during this trial: not evidence about the voltage; it runs again")
             self.book.trials.pop(card, None)
-            self.ended.setdefault(conn, set()).add(card)
+            self.ended.setdefault(conn, {})[card] = trial
         self.book.holds.pop(card, None)
 
     def expire_leases(self) -> None:
