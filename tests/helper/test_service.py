@@ -638,6 +638,28 @@ def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, 
     assert all(len(line) <= s.MAX_TEXT_CHARS for line in entry.kernel_log), [len(line) for line in entry.kernel_log]
 
 
+def test_an_entrys_escaped_words_keep_the_limits_of_a_trial_ends_mark(service, mallory_home):
+    """A word shown to other users is escaped (`printable`), and escaping makes one character up to seven (U+E0001,
+    a format character, is `\\ue0001`): an imported line's kind, reason and 20 kernel-log lines of 500 such characters
+    each became an entry of ~88 KB (and a trial_end's ~8 KB), where a real one is a few hundred bytes; the list of a
+    card is read whole at every set. Each word is cut to MAX_TEXT_CHARS after escaping, as the wire holds a mark."""
+    hostile = "\U000e0001" * s.MAX_TEXT_CHARS
+    alice = Client(1, peer(1000))
+    mark = msgspec.convert({"kind": "hang", "reason": hostile, "kernel_log": [hostile]}, s.UnsafeMark)
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=mark))
+    home = mallory_home
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(json.dumps({
+        "setting": -70, "unit": "mV", "device": "sim0", "kind": hostile, "reason": hostile,
+        "kernel_log": [hostile] * s.MAX_KERNEL_LOG_LINES}) + "\n")
+    service.import_user(os.getuid())
+    entries = ask(service, alice, s.UnsafeList(card="sim0"))
+    assert sorted(e.setting for e in entries) == [-70, -60]
+    sizes = [len(w) for e in entries for w in (e.kind, e.reason, *e.kernel_log)]
+    assert max(sizes) <= s.MAX_TEXT_CHARS, sizes
+
+
 def test_an_imported_entrys_unit_card_serial_session_and_boot_id_are_held_to_the_wires_types(
         service, monkeypatch, mallory_home):
     """A member's own unsafe lines and open trials, imported as root, kept their unit, card, serial, session, boot

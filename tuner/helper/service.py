@@ -494,9 +494,9 @@ class HelperService:
         list past the reply the client reads (schema.MAX_REPLY_BYTES), failing every user on that card."""
         if trial.setting != trial.stock and not self._refused_already(key, trial):
             self.state.add_unsafe(key, s.UnsafeEntry(
-                setting=trial.setting, unit=trial.unit, kind=printable(mark.kind), reason=printable(mark.reason),
+                setting=trial.setting, unit=trial.unit, kind=shown(mark.kind), reason=shown(mark.reason),
                 edge=mark.edge, device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
-                recorded_at=time.time(), kernel_log=[printable(text) for text in mark.kernel_log], uid=trial.uid,
+                recorded_at=time.time(), kernel_log=[shown(text) for text in mark.kernel_log], uid=trial.uid,
                 source=source))
 
     def _refused_already(self, key: str, trial: s.OpenTrial) -> bool:
@@ -621,11 +621,10 @@ class HelperService:
                 # the words are shown to every other user, and held to a trial_end mark's limits (the wire's): a
                 # member's file must not grow root's list beyond what a trial's end can
                 by_key.setdefault(key, []).append(s.UnsafeEntry(
-                    setting=line.setting, unit=line.unit, kind=printable(line.kind[:s.MAX_TEXT_CHARS]),
-                    reason=printable(line.reason[:s.MAX_TEXT_CHARS]), edge=line.edge, device=line.device,
+                    setting=line.setting, unit=line.unit, kind=shown(line.kind), reason=shown(line.reason),
+                    edge=line.edge, device=line.device,
                     serial=line.serial, session=line.session, boot_id=line.boot_id, recorded_at=line.recorded_at,
-                    kernel_log=[printable(text[:s.MAX_TEXT_CHARS])
-                                for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
+                    kernel_log=[shown(text) for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
                     uid=uid, source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
@@ -694,6 +693,13 @@ class HelperService:
     def _card_named(self, device: str | None) -> str | None:
         """The card a user's file names by its id (a file name spells its `:` as `_`), or None."""
         return next((card for card in self.devices if device in (card, card.replace(":", "_"))), None)
+
+
+def shown(text: str) -> str:
+    """A word of an unsafe entry as every other user is shown it: escaped (`printable`), and held to the wire's
+    MAX_TEXT_CHARS after escaping too, which makes one character up to seven (U+E0001 is `\\ue0001`): an entry of
+    22 such words was ~88 KB, and a card's list is read whole at every set."""
+    return printable(text[:s.MAX_TEXT_CHARS])[:s.MAX_TEXT_CHARS]
 
 
 def code_of(error: TunerError) -> str:
