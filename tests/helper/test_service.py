@@ -293,6 +293,24 @@ def test_a_users_state_directory_that_cannot_be_opened_is_reported_not_skipped_i
     assert read_user_state(home, os.getuid()).problems == []
 
 
+@pytest.mark.parametrize("part", [".local", ".local/state", ".local/state/tuner"])
+def test_a_users_state_directory_above_the_lists_that_cannot_be_opened_is_reported_too(tmp_path, part):
+    """The rule above holds for every directory on the way: a `~/.local/state/tuner` (or `.local`) that is a link
+    (state kept on another disk) or a file is not followed, and every list and journal below it was skipped with no
+    line in the helper's log, as if the user had none."""
+    home = tmp_path / "home"
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "unsafe").mkdir(parents=True)
+    (elsewhere / "unsafe" / "sim0.jsonl").write_text(json.dumps({"setting": -40, "device": "sim0"}) + "\n")
+    (home / part).parent.mkdir(parents=True)
+    (home / part).symlink_to(elsewhere)
+    found = read_user_state(home, os.getuid())
+    assert found.unsafe == []
+    assert any(f"{home / part}" in p for p in found.problems), found.problems
+    (home / part).unlink()
+    assert read_user_state(home, os.getuid()).problems == []
+
+
 def test_a_users_directory_of_many_files_is_listed_only_to_the_cap(tmp_path, monkeypatch):
     """`os.listdir` listed the whole directory before the cap was applied: a user directory of millions of entries
     was read in full by root at every hello (memory and time), only to keep the first MAX_FILES."""

@@ -120,7 +120,9 @@ def read_user_state(home: Path, uid: int) -> UserState:
             fds.append(os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
             for part in USER_STATE:
                 fds.append(_open_dir(part, fds[-1]))
-        except OSError:
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # a link, a file, unreadable: every list below it is skipped, so said
+                found.skip(f"{Path(home, *USER_STATE[:len(fds)])}: {e.strerror}")
             return found  # no per-user state: nothing to import
         base = fds[-1]
         where = str(Path(home, *USER_STATE))
