@@ -293,6 +293,24 @@ def test_a_users_state_directory_that_cannot_be_opened_is_reported_not_skipped_i
     assert read_user_state(home, os.getuid()).problems == []
 
 
+@pytest.mark.parametrize("part", [".local", ".local/state", ".local/state/tuner"])
+def test_a_users_state_directory_above_the_lists_that_cannot_be_opened_is_reported_too(tmp_path, part):
+    """The rule above holds for every directory on the way: a `~/.local/state/tuner` (or `.local`) that is a link
+    (state kept on another disk) or a file is not followed, and every list and journal below it was skipped with no
+    line in the helper's log, as if the user had none."""
+    home = tmp_path / "home"
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "unsafe").mkdir(parents=True)
+    (elsewhere / "unsafe" / "sim0.jsonl").write_text(json.dumps({"setting": -40, "device": "sim0"}) + "\n")
+    (home / part).parent.mkdir(parents=True)
+    (home / part).symlink_to(elsewhere)
+    found = read_user_state(home, os.getuid())
+    assert found.unsafe == []
+    assert any(f"{home / part}" in p for p in found.problems), found.problems
+    (home / part).unlink()
+    assert read_user_state(home, os.getuid()).problems == []
+
+
 def test_a_users_directory_of_many_files_is_listed_only_to_the_cap(tmp_path, monkeypatch):
     """`os.listdir` listed the whole directory before the cap was applied: a user directory of millions of entries
     was read in full by root at every hello (memory and time), only to keep the first MAX_FILES."""
@@ -333,6 +351,31 @@ def test_a_users_directory_of_many_files_is_listed_only_to_the_cap(tmp_path, mon
     found = read_user_state(tmp_path / "home", os.getuid())
     assert len(listed) <= 3 + 1, f"{len(listed)} entries listed for a cap of 3"
     assert len(found.unsafe) == 3 and any("only 3 read" in p for p in found.problems), found.problems
+
+
+def test_one_import_holds_a_bounded_number_of_a_members_lines_however_many_files_they_write(tmp_path):
+    """Each hello imports the member's own files as root: up to MAX_FILES unsafe files of MAX_FILE_BYTES each, every
+    valid line held before the merge. A line of 14 bytes (`{"setting":1}`) is a Python object of ~180 bytes: 256
+    files of 1 MiB were ~19 million lines, over 3 GiB of root's memory at every hello (16 at once per uid). What
+    one import reads of a member's unsafe lines, all files together, is bounded; the rest stay in their files,
+    said once."""
+    import tracemalloc
+
+    from tuner.helper import user_import
+
+    unsafe = tmp_path / "home/.local/state/tuner/unsafe"
+    unsafe.mkdir(parents=True)
+    line = b'{"setting":1}\n'
+    for n in range(3):  # of 256 allowed: enough to show the growth
+        (unsafe / f"card{n}.jsonl").write_bytes(line * (user_import.MAX_FILE_BYTES // len(line)))
+    tracemalloc.start()
+    try:
+        found = read_user_state(tmp_path / "home", os.getuid())
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak_bytes < 24 << 20, f"{peak_bytes >> 20} MiB held by one import of 3 MiB of lines"
+    assert found.unsafe and any("only the first" in p for p in found.problems), found.problems
 
 
 def test_an_nvidia_lock_clock_choice_is_one_writers_and_goes_back_with_its_connection(tmp_path):
@@ -418,13 +461,31 @@ def test_a_forced_reset_ends_the_other_connections_open_trial(service):
     assert (lost.card, lost.value) == ("sim0", -60) and "--force" in lost.reason
     ask(service, bob, s.TrialBegin(card="sim0", setting=-40, phase="coarse", session="b"))
     # alice's tuner still ends its trial (a `finally`): answered, so its own error (LeaseLost) is what it reports,
-    # and it neither marks -60 (that trial was cut short by the reset) nor ends bob's trial
-    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="x")))
+    # and it does not end bob's trial (its hard-failure mark is -60's own:
+    # test_a_hard_failure_marked_after_a_forced_reset_ended_the_trial_still_goes_on_the_machine_list)
+    ask(service, alice, s.TrialEnd(card="sim0"))
     assert ask(service, bob, s.ReadTrials(card="sim0")).open.session == "b"
     assert ask(service, bob, s.UnsafeList(card="sim0")) == []
     with pytest.raises(Refused) as refused:  # once: a second end is this connection's mistake again
         ask(service, alice, s.TrialEnd(card="sim0"))
     assert refused.value.code == "no-trial"
+
+
+def test_a_hard_failure_marked_after_a_forced_reset_ended_the_trial_still_goes_on_the_machine_list(service):
+    """A member's trial at -60 hangs the card; another user, seeing it stuck, runs `tuner reset --force`, which ends
+    the trial (inconclusive: the reset, not the voltage). The first tuner's trial_end then arrives with its hang
+    mark (`journal.record_hard_failure`: a hang, reset or lost card seen at that setting), and it was answered as
+    done and dropped: -60 stayed off the machine's list, so the other user's next set (or their bisect) applied the
+    value that had just hung the card. The mark is evidence of the trial's own setting, whenever it arrives."""
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.Set(card="sim0", value=-60))
+    ask(service, bob, s.Reset(card="sim0", force=True))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=s.UnsafeMark(kind="hang", reason="ring gfx timeout")))
+    assert [(e.setting, e.kind) for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [(-60, "hang")]
+    with pytest.raises(Refused) as refused:
+        ask(service, bob, s.Set(card="sim0", value=-60))
+    assert refused.value.code == "unsafe"
 
 
 def test_a_lost_card_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path):
@@ -595,6 +656,28 @@ def test_an_imported_entrys_words_keep_the_limits_of_a_trial_ends_mark(service, 
     assert all(len(line) <= s.MAX_TEXT_CHARS for line in entry.kernel_log), [len(line) for line in entry.kernel_log]
 
 
+def test_an_entrys_escaped_words_keep_the_limits_of_a_trial_ends_mark(service, mallory_home):
+    """A word shown to other users is escaped (`printable`), and escaping makes one character up to seven (U+E0001,
+    a format character, is `\\ue0001`): an imported line's kind, reason and 20 kernel-log lines of 500 such characters
+    each became an entry of ~88 KB (and a trial_end's ~8 KB), where a real one is a few hundred bytes; the list of a
+    card is read whole at every set. Each word is cut to MAX_TEXT_CHARS after escaping, as the wire holds a mark."""
+    hostile = "\U000e0001" * s.MAX_TEXT_CHARS
+    alice = Client(1, peer(1000))
+    mark = msgspec.convert({"kind": "hang", "reason": hostile, "kernel_log": [hostile]}, s.UnsafeMark)
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=mark))
+    home = mallory_home
+    (home / ".local/state/tuner/unsafe").mkdir(parents=True)
+    (home / ".local/state/tuner/unsafe/sim0.jsonl").write_text(json.dumps({
+        "setting": -70, "unit": "mV", "device": "sim0", "kind": hostile, "reason": hostile,
+        "kernel_log": [hostile] * s.MAX_KERNEL_LOG_LINES}) + "\n")
+    service.import_user(os.getuid())
+    entries = ask(service, alice, s.UnsafeList(card="sim0"))
+    assert sorted(e.setting for e in entries) == [-70, -60]
+    sizes = [len(w) for e in entries for w in (e.kind, e.reason, *e.kernel_log)]
+    assert max(sizes) <= s.MAX_TEXT_CHARS, sizes
+
+
 def test_an_imported_entrys_unit_card_serial_session_and_boot_id_are_held_to_the_wires_types(
         service, monkeypatch, mallory_home):
     """A member's own unsafe lines and open trials, imported as root, kept their unit, card, serial, session, boot
@@ -758,7 +841,11 @@ def test_an_import_leaves_a_cards_machine_list_far_inside_a_reply(service, monke
     `state.MAX_IMPORTED_LIST_BYTES` (an eighth of a reply); what it leaves stays in the member's files (their own
     tuner refuses it) and one line says how many. Never an entry dropped from the list."""
     from tuner.helper import state as state_module
+    from tuner.helper import user_import
 
+    # one import reads MAX_IMPORTED_BYTES of a member's lines; a member renaming their files between hellos gets
+    # the rest read at later ones: the list's own cap, as if one hello read them all
+    monkeypatch.setattr(user_import, "MAX_IMPORTED_BYTES", user_import.MAX_FILES * user_import.MAX_FILE_BYTES)
     home = mallory_home
     unsafe = home / ".local/state/tuner/unsafe"
     unsafe.mkdir(parents=True)

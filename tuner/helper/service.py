@@ -72,8 +72,9 @@ class HelperService:
         self.lock = threading.RLock()
         self.book = Book()
         self.lost: dict[int, list[s.LostChange]] = {}
-        # connection -> cards whose open trial a forced reset ended: its own trial_end is then answered as done
-        self.ended: dict[int, set[str]] = {}
+        # connection -> card -> its open trial a forced reset ended: its own trial_end is then answered as done, and
+        # its hard-failure mark still recorded (evidence of that trial's setting)
+        self.ended: dict[int, dict[str, s.OpenTrial]] = {}
         self.stopped = False  # `shutdown` ran: the process exits, so nothing it could not put back is done
         self.devices: dict[str, DeviceInfo] = {d.id: d for d in backend.devices()}
         self.keys = {card: card_key(d) for card, d in self.devices.items()}
@@ -339,14 +340,17 @@ class HelperService:
         self.state.set_open_trial(key, trial)  # durable before the trial's setting touches the card
         self.book.hold(r.card, who.conn, who.peer, time.time())
         self.book.trials[r.card] = who.conn
-        self.ended.get(who.conn, set()).discard(r.card)  # its end is this trial's now
+        self.ended.get(who.conn, {}).pop(r.card, None)  # its end is this trial's now
         self._audit("trial_begin", r.card, who, setting=r.setting, phase=r.phase)
         return trial
 
     def _op_trial_end(self, who: Client, r: s.TrialEnd) -> None:
         key = self.keys[r.card]
-        if r.card in self.ended.get(who.conn, set()):
-            self.ended[who.conn].discard(r.card)  # a forced reset ended it (and said so): its mark is moot
+        ended = self.ended.get(who.conn, {}).pop(r.card, None)
+        if ended is not None:  # a forced reset ended it (and said so); a hard failure seen at its setting still
+            if r.unsafe is not None:  # counts: the reset may well be why the card came back (never applied again)
+                self._mark_unsafe(key, ended, r.unsafe, serial=self.devices[r.card].serial)
+                self._audit("trial_end", r.card, who, setting=ended.setting, unsafe=r.unsafe.kind)
             return
         trial = self.state.open_trials().get(key)
         if trial is None or self.book.trials.get(r.card) != who.conn:
@@ -419,7 +423,8 @@ class HelperService:
         """Another connection loses the card (a forced reset): its change is forgotten, it learns on its next
         heartbeat. Its open trial ends as a dead client's does (inconclusive): left open with no one holding the
         card, it would refuse every other trial there and be blamed for a freeze at someone else's later value; the
-        client's own trial_end of it is then answered once as done (`ended`), so the error it reports is its own."""
+        client's own trial_end of it is then answered once as done (`ended`), so the error it reports is its own, and
+        a hard-failure mark it carries goes on the list as ever: it was seen at that trial's setting."""
         pending = self.book.pending.pop(card, None)
         trial = self.state.open_trials().get(self.keys[card]) if self.book.trials.get(card) == conn else None
         if pending is not None:
@@ -430,7 +435,7 @@ class HelperService:
             self._recover_trial(self.keys[card], "inconclusive", "tool-died",
                                 f"{reason} during this trial: not evidence about the voltage; it runs again")
             self.book.trials.pop(card, None)
-            self.ended.setdefault(conn, set()).add(card)
+            self.ended.setdefault(conn, {})[card] = trial
         self.book.holds.pop(card, None)
 
     def expire_leases(self) -> None:
@@ -489,9 +494,9 @@ class HelperService:
         list past the reply the client reads (schema.MAX_REPLY_BYTES), failing every user on that card."""
         if trial.setting != trial.stock and not self._refused_already(key, trial):
             self.state.add_unsafe(key, s.UnsafeEntry(
-                setting=trial.setting, unit=trial.unit, kind=printable(mark.kind), reason=printable(mark.reason),
+                setting=trial.setting, unit=trial.unit, kind=shown(mark.kind), reason=shown(mark.reason),
                 edge=mark.edge, device=trial.card, serial=serial, session=trial.session, boot_id=current_boot_id(),
-                recorded_at=time.time(), kernel_log=[printable(text) for text in mark.kernel_log], uid=trial.uid,
+                recorded_at=time.time(), kernel_log=[shown(text) for text in mark.kernel_log], uid=trial.uid,
                 source=source))
 
     def _refused_already(self, key: str, trial: s.OpenTrial) -> bool:
@@ -616,11 +621,10 @@ class HelperService:
                 # the words are shown to every other user, and held to a trial_end mark's limits (the wire's): a
                 # member's file must not grow root's list beyond what a trial's end can
                 by_key.setdefault(key, []).append(s.UnsafeEntry(
-                    setting=line.setting, unit=line.unit, kind=printable(line.kind[:s.MAX_TEXT_CHARS]),
-                    reason=printable(line.reason[:s.MAX_TEXT_CHARS]), edge=line.edge, device=line.device,
+                    setting=line.setting, unit=line.unit, kind=shown(line.kind), reason=shown(line.reason),
+                    edge=line.edge, device=line.device,
                     serial=line.serial, session=line.session, boot_id=line.boot_id, recorded_at=line.recorded_at,
-                    kernel_log=[printable(text[:s.MAX_TEXT_CHARS])
-                                for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
+                    kernel_log=[shown(text) for text in line.kernel_log[-s.MAX_KERNEL_LOG_LINES:]],
                     uid=uid, source=f"import from uid {uid}"))
             for device, trial in found.open_trials:
                 if trial.boot_id is None or same_boot(trial.boot_id, boot) or trial.setting == 0:
@@ -689,6 +693,13 @@ class HelperService:
     def _card_named(self, device: str | None) -> str | None:
         """The card a user's file names by its id (a file name spells its `:` as `_`), or None."""
         return next((card for card in self.devices if device in (card, card.replace(":", "_"))), None)
+
+
+def shown(text: str) -> str:
+    """A word of an unsafe entry as every other user is shown it: escaped (`printable`), and held to the wire's
+    MAX_TEXT_CHARS after escaping too, which makes one character up to seven (U+E0001 is `\\ue0001`): an entry of
+    22 such words was ~88 KB, and a card's list is read whole at every set."""
+    return printable(text[:s.MAX_TEXT_CHARS])[:s.MAX_TEXT_CHARS]
 
 
 def code_of(error: TunerError) -> str:

@@ -5,10 +5,10 @@ imports, for each account that connects (and for root and the sudo user at its s
 and every trial that a journal (or a verify guard) left open in an earlier boot, which means the machine froze
 or reset during it. Read as root from a directory the user owns, so nothing is trusted: below the home
 directory every component is opened without following links; only regular files owned by the user (or root)
-and under `MAX_FILE_BYTES` are read; each line is validated, what it says of the card with the wire's own types
-(a card id, a session, a phase word, a knob's unit: they reach every other user's terminal). A line that does not
-validate is reported and not imported (the user's own tuner refuses that file until it is repaired, so it is not
-forgotten).
+and under `MAX_FILE_BYTES` are read, `MAX_IMPORTED_BYTES` of unsafe lines in all; each line is validated, what
+it says of the card with the wire's own types (a card id, a session, a phase word, a knob's unit: they reach every
+other user's terminal). A line that does not validate is reported and not imported (the user's own tuner refuses
+that file until it is repaired, so it is not forgotten).
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ from tuner.helper.schema import BootId, Card, Serial, Session, Setting, Unit, Wo
 USER_STATE = (".local", "state", "tuner")  # the default $XDG_STATE_HOME/tuner: the helper cannot see a user's env
 MAX_FILE_BYTES = 1 << 20
 MAX_FILES = 256  # per directory: one per card and session is a handful; more is not a tuner's state
+# a member's unsafe lines one import reads, all files together: each valid line is held until the merge, and a line
+# of 14 bytes is a Python object of ~180, so MAX_FILES files of MAX_FILE_BYTES were over 3 GiB of root's memory at
+# every hello; a real list is a few KiB (and the machine list takes MAX_IMPORTED_LIST_BYTES of imports at most)
+MAX_IMPORTED_BYTES = MAX_FILE_BYTES
 # problems kept to be said one by one; the rest are counted: the user writes them (a 1 MiB file of bad lines is
 # 500,000), and root's memory and log (journald drops a flooding unit's lines, the helper's own among them) are not
 # theirs to fill
@@ -116,7 +120,9 @@ def read_user_state(home: Path, uid: int) -> UserState:
             fds.append(os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
             for part in USER_STATE:
                 fds.append(_open_dir(part, fds[-1]))
-        except OSError:
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # a link, a file, unreadable: every list below it is skipped, so said
+                found.skip(f"{Path(home, *USER_STATE[:len(fds)])}: {e.strerror}")
             return found  # no per-user state: nothing to import
         base = fds[-1]
         where = str(Path(home, *USER_STATE))
@@ -132,9 +138,16 @@ def read_user_state(home: Path, uid: int) -> UserState:
                     names = sorted(entry.name for entry in itertools.islice(entries, MAX_FILES + 1))
                 if len(names) > MAX_FILES:
                     found.skip(f"{where}/{sub}: over {MAX_FILES} files, only {MAX_FILES} read")
+                left_bytes = MAX_IMPORTED_BYTES
                 for name in names[:MAX_FILES]:
                     if name.endswith(suffix) and not name.startswith(".") and not name.endswith(".rig.json"):
                         data = _read_file(name, fd, uid, f"{where}/{sub}", found)
+                        if data is not None and read is _read_unsafe:
+                            if len(data) > left_bytes:
+                                found.skip(f"{where}/{sub}: only the first {MAX_IMPORTED_BYTES} bytes of unsafe "
+                                           f"lines read, from {name} on not (their own tuner still refuses them)")
+                                break
+                            left_bytes -= len(data)
                         if data is not None:
                             read(name, data, found, f"{where}/{sub}/{name}")
             finally:
