@@ -31,3 +31,16 @@ def test_trials_table_cuts_a_wide_reason_by_terminal_columns():
     table = trials_table(trials, "mV", 80)[:2]  # the header and the trial's row
     assert all(display_width(line) <= 80 for line in table), [display_width(line) for line in table]
     assert table[1].endswith("…")
+
+
+def test_the_full_reason_below_the_table_is_wrapped_by_terminal_columns():
+    """The full reason below the table was wrapped by textwrap, by characters: a CJK reason (two columns a
+    character) gave lines of up to 150 columns at 80."""
+    from tuner.commands._output import display_width
+
+    reason = "损失与库存参考值不一致" * 8 + " then 第412步 mismatch"
+    trials = [TrialResult(setting=-40, unit="mV", phase="coarse", verdict="fail", kind="mismatch", reason=reason,
+                          duration_s=300, tok_s=9010, power_w=231.5, max_temp_c=68)]
+    lines = trials_table(trials, "mV", 80)
+    assert all(display_width(line) <= 80 for line in lines), [display_width(line) for line in lines]
+    assert "".join(line.strip() for line in lines[2:]).replace(" ", "") == f"-40mV:{reason}".replace(" ", "")

@@ -24,7 +24,7 @@ from tuner.actions.profile_store import (
     write_profile_file,
 )
 from tuner.commands._argtypes import Subparsers
-from tuner.commands._output import display_width, fit, format_table, format_value, print_json, warn
+from tuner.commands._output import display_width, fit, format_table, format_value, print_json, warn, wrap
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.profiles import evidence, reference_bundle
@@ -134,8 +134,8 @@ def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
             reason = fit(reason, room)
         out.append(f"{indent}{line.ljust(fixed_width)}  {reason}".rstrip())
     for setting, reason in notes:
-        out += textwrap.wrap(f"{setting}: {reason}", width=max(20, width - len(indent)), initial_indent=indent,
-                             subsequent_indent=indent + "  ")
+        out += wrap(f"{setting}: {reason}", max(20, width - len(indent)), initial_indent=indent,
+                    subsequent_indent=indent + "  ")
     return out
 
 
