@@ -417,4 +417,10 @@ def test_a_rig_resume_refuses_a_card_of_another_kind_with_the_rigs_remedy(boot):
     assert holder["job"].run().status == "stopped"
     assert all(journal.load(d)["state"] == journal.FINISHED for d in ("sim0", "sim1"))
     swapped = SimulatedBackend(gpus=2, kind="nvidia")
+    swapped.apply("sim0", 60)  # left there by a `tuner set`: the refusal must not reset it
+    # the refusal came after every card was reset to stock and the rig journal claimed (state, pid, updated_at,
+    # a `session_resumed` line in its log): bad input changes nothing
+    before = {p: p.read_bytes() for d in (journal.journal_dir(), swapped.state_path) for p in d.iterdir()}
     _a_rig_resume_on_them_is_refused_before_anything_runs(swapped, "another kind")
+    assert swapped.knob("sim0").current == 60
+    assert {p: p.read_bytes() for d in (journal.journal_dir(), swapped.state_path) for p in d.iterdir()} == before

@@ -372,6 +372,9 @@ class BisectJob:
                     raise UsageError(f"the unfinished rig bisect for {_name(rig)} ({rig.session}) was run with another "
                                      f"card in {device_id} (serial {recorded}; this one is {serial}): its results say "
                                      "nothing about this card", "start over with --restart (the unsafe list is kept)")
+                # a finished card's result on a card of another kind (or one its range cannot take) is refused
+                # here, before any card is reset or the rig journal claimed, not when its search would start
+                self._finished_outcome(rig, device_id, knobs[device_id])
         if not (p.resume or p.restart):  # before any card is touched, not halfway through the threads
             for j in (rig, *cards.values()):
                 if j is not None and j.unresolved():
