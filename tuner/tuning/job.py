@@ -120,6 +120,10 @@ class BisectParams:
     def search(self) -> dict:
         return {k: getattr(self, k) for k in self.SEARCH_KEYS}
 
+    def resumed_search(self, stored: Mapping) -> dict:
+        """A resumed session's search: its stored parameters (the command line's only where it stored none)."""
+        return {k: stored.get(k, getattr(self, k)) for k in self.SEARCH_KEYS}
+
 
 def search_plan_params(knob: Knob, search: dict) -> PlanParams:
     """A search's plan parameters on `knob` (a None: the plan's default for that card): the baseline replayed at
@@ -365,6 +369,13 @@ class BisectJob:
                                      f"of another kind (its trials are in {j.unit}; this card's setting is in "
                                      f"{knobs[device_id].unit}): its trials say nothing about this card",
                                      "start over with --restart (the unsafe list is kept)")
+        if p.resume:  # the sessions it continues keep their bound, parameters and trials: refused before any card
+            for device_id, j in cards.items():  # is reset, not when its search opens the session (nothing changed)
+                if j is not None and self._card_resume(rig, device_id):
+                    stored = j.doc.get("params") or {}
+                    _check_resumed_bound(p.bound_s, stored.get("bound_s"))
+                    _check_resumed_search(knobs[device_id], p.resumed_search(stored))
+                    _check_resumed_trials(knobs[device_id], j.trials)
         if p.resume and rig is not None:  # a card whose search finished too: its result is reused, not searched
             for device_id in ids:
                 recorded, serial = self._rig_serial(rig, device_id), self.backend.device(device_id).serial
@@ -827,10 +838,7 @@ class _Search:
         if self.job._card_resume(self.rig, self.device_id):
             assert existing is not None  # resumable: the job checked there is an unfinished session
             stored = existing.doc.get("params") or {}
-            _check_resumed_bound(p.bound_s, stored.get("bound_s"))  # before the session is claimed: nothing changed
-            search = {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}
-            _check_resumed_search(knob, search)
-            _check_resumed_trials(knob, existing.trials)
+            search = p.resumed_search(stored)  # checked by the job (_prepare), before any card was reset
             existing.claim()
             self.job._session_opened(self.rig, self.device_id, existing.session)
             return existing, search, True
