@@ -383,9 +383,14 @@ class BisectJob:
                     raise UsageError(f"the unfinished rig bisect for {_name(rig)} ({rig.session}) was run with another "
                                      f"card in {device_id} (serial {recorded}; this one is {serial}): its results say "
                                      "nothing about this card", "start over with --restart (the unsafe list is kept)")
-                # a finished card's result on a card of another kind (or one its range cannot take) is refused
-                # here, before any card is reset or the rig journal claimed, not when its search would start
-                self._finished_outcome(rig, device_id, knobs[device_id])
+        if p.resume and rig is not None:
+            # a finished card's result on a card of another kind (or one its range cannot take), and stored
+            # candidates beyond the cards' own recommendations, are refused here, before any card is reset or the
+            # rig journal claimed, not when the searches or the confirmation would start
+            finished = {d: self._finished_outcome(rig, d, knobs[d]) for d in ids}
+            recs = {d: o.recommendation for d, o in finished.items() if o is not None and o.recommendation is not None}
+            if rig.phase != "search" and len(recs) >= 2:  # the confirmation's own, stored when it began
+                _check_resumed_candidates(knobs, recs, rig.doc["candidates"])
         if not (p.resume or p.restart):  # before any card is touched, not halfway through the threads
             for j in (rig, *cards.values()):
                 if j is not None and j.unresolved():
@@ -594,7 +599,6 @@ class BisectJob:
                                      PlanParams.defaults_for(knobs[d]).resolution) for d in recs})
         if len(recs) < 2:  # nothing to confirm together: one card's own confirmation is its whole story
             return self._finish(rig, per_card, {d: r.setting for d, r in recs.items()}, reasons, ())
-        _check_resumed_candidates(knobs, recs, rig.doc["candidates"])
         for device_id in recs:  # every rig run on a card at the lock its own search ran at (a resume sets it again)
             lock_at_baseline_clock(self.backend, device_id, per_card[device_id].trials)
         edge_margins = {d: PlanParams.defaults_for(knobs[d], margin=per_card[d].params.get("margin")).edge_margin
