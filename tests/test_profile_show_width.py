@@ -44,3 +44,21 @@ def test_the_full_reason_below_the_table_is_wrapped_by_terminal_columns():
     lines = trials_table(trials, "mV", 80)
     assert all(display_width(line) <= 80 for line in lines), [display_width(line) for line in lines]
     assert "".join(line.strip() for line in lines[2:]).replace(" ", "") == f"-40mV:{reason}".replace(" ", "")
+
+
+def test_profile_show_wraps_a_wide_card_name_by_terminal_columns(capsys, monkeypatch):
+    """The fields above the table (`device`, `evidence`, ...) were wrapped by textwrap, by characters: a card name
+    in CJK (an imported profile's, two columns a character) drew its line past the 80th column."""
+    import dataclasses
+
+    from tests.profiles.helpers import sim_profile, tuner
+    from tuner.commands._output import display_width
+    from tuner.profiles import save_profile
+
+    profile = sim_profile("wide")
+    save_profile(dataclasses.replace(profile, device=dataclasses.replace(profile.device, name="显卡型号" * 12)))
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = tuner(capsys, "profile", "show", "wide")
+    assert code == 0, err
+    assert all(display_width(line) <= 80 for line in out.splitlines()), [display_width(x) for x in out.splitlines()]
+    assert "".join(line.strip() for line in out.splitlines()).count("显卡型号") == 12

@@ -4,6 +4,7 @@ a yes/no question on the terminal."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import unicodedata
@@ -80,9 +81,10 @@ def wrap(text: str, columns: int, initial_indent: str = "", subsequent_indent: s
     is dropped but the spaces the lines break at."""
     lines: list[str] = []
     line, empty = initial_indent, True
-    for word in text.split():
-        if not empty and display_width(line) + 1 + display_width(word) <= columns:
-            line += " " + word
+    for gap, word in re.findall(r"(\s*)(\S+)", text):  # the spaces between words kept, as textwrap keeps them
+        gap = " " * len(gap)
+        if not empty and display_width(line) + len(gap) + display_width(word) <= columns:
+            line += gap + word
             continue
         if not empty:
             lines.append(line)
