@@ -48,3 +48,13 @@ def test_cli_bad_rate_is_one_line(value):
 def test_exit_codes_are_documented():
     r = run_tuner("--help")
     assert "10   screen: retest" in r.stdout and "11   screen: incomparable" in r.stdout
+
+
+@pytest.mark.parametrize("value", ["٠.٥", "0.0_1", "0,٠.٥", "1e-3", "nan"])
+def test_a_rate_is_ascii_decimal_digits_like_every_other_number(value):
+    """float() takes other scripts' digits (`٠.٥` is 0.5), underscores and exponents; every other number on the
+    command line is ASCII digits only (tuner.core.argtypes, tuner.core.numbers)."""
+    r = run_tuner("--simulate", "--sim-sdc-rate", value, "list")
+    assert r.returncode == exit_codes.USAGE, r.stdout
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "ASCII" in r.stderr

@@ -96,6 +96,20 @@ def test_a_resume_with_another_bound_is_refused_and_changes_nothing(boot):
     assert outcome.recommendation.bound_s == 60.0 and outcome.recommendation.bound_met
 
 
+def test_a_resume_with_another_bound_leaves_the_card_and_the_journal_as_they_were(boot):
+    # the refusal came when the card's search opened its session, after the job had reset every card to stock: a
+    # card set by hand since the stop (`tuner set`) was back at stock after a command that refused to start
+    backend, engine, _events, job = _sized()
+    engine.on_start = lambda req: job.stop() if req.options.fault_rate == 0 and not req.options.record else None
+    assert job.run().card.status == "stopped"
+    backend.apply("sim0", -20)
+    before = journal.journal_path("sim0").read_bytes()
+    with pytest.raises(UsageError, match="started with --bound 1m00s"):
+        make(engine=FakeEngine(step_ms=100.0), trial_s=10, bound_s=120.0, resume=True)[3].run()
+    assert SimulatedBackend(vmin_mv=-52).knob("sim0").current == -20
+    assert journal.journal_path("sim0").read_bytes() == before
+
+
 def test_an_unsized_session_resumed_with_a_bound_is_refused(boot):
     _backend, engine, _events, job = make()
     engine.on_start = lambda req: job.stop() if req.options.fault_rate == 0 and not req.options.record else None

@@ -349,11 +349,15 @@ def test_a_rig_candidate_beyond_its_cards_own_recommendation_is_refused_before_a
     j = journal.Journal.open_rig(CARDS, backend)
     assert j is not None and j.doc["candidates"]["sim1"] == -55
     j.update(candidates={**j.doc["candidates"], "sim1": candidate})
+    backend.apply("sim2", -20)  # set by hand since the stop: the refusal came after every card was reset to stock
+    before = {p: p.read_bytes() for p in journal.journal_dir().iterdir()}
     rig2 = FakeRigTrial()
     with pytest.raises(UsageError, match="sim1") as e:
         make(rig=rig2, resume=True)[4].run()
     assert "--restart" in (e.value.remedy or ""), e.value.one_line()
     assert e.value.exit_code == exit_codes.USAGE and rig2.calls == []
+    assert backend.knob("sim2").current == -20
+    assert {p: p.read_bytes() for p in journal.journal_dir().iterdir()} == before  # nor the rig journal claimed
 
 
 @pytest.mark.parametrize("devices", [["sim0", "sim1"], ["sim0", "sim7"]])
@@ -417,4 +421,10 @@ def test_a_rig_resume_refuses_a_card_of_another_kind_with_the_rigs_remedy(boot):
     assert holder["job"].run().status == "stopped"
     assert all(journal.load(d)["state"] == journal.FINISHED for d in ("sim0", "sim1"))
     swapped = SimulatedBackend(gpus=2, kind="nvidia")
+    swapped.apply("sim0", 60)  # left there by a `tuner set`: the refusal must not reset it
+    # the refusal came after every card was reset to stock and the rig journal claimed (state, pid, updated_at,
+    # a `session_resumed` line in its log): bad input changes nothing
+    before = {p: p.read_bytes() for d in (journal.journal_dir(), swapped.state_path) for p in d.iterdir()}
     _a_rig_resume_on_them_is_refused_before_anything_runs(swapped, "another kind")
+    assert swapped.knob("sim0").current == 60
+    assert {p: p.read_bytes() for d in (journal.journal_dir(), swapped.state_path) for p in d.iterdir()} == before

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.core.argtypes import seconds_between, whole_number
+from tuner.core.argtypes import DECIMAL, seconds_between, whole_number
 
 
 def add_simulator_options(group: argparse._ActionsContainer, *, for_helper: bool = False) -> None:
@@ -56,10 +56,9 @@ def rate_list(text: str) -> float | tuple[float, ...]:
     """`0.001` (sim0's rate) or `0,0.01,0` (one per card, in card order): probabilities in [0, 1]."""
     rates = []
     for part in text.split(","):
-        try:
-            rate = float(part.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected probabilities separated by commas, got {text!r}") from None
+        if not DECIMAL.fullmatch(part.strip()):  # float() also takes `٠.٥`, `0.0_1`, `1e-3` and `nan`
+            raise argparse.ArgumentTypeError(f"expected probabilities (ASCII digits) separated by commas, got {text!r}")
+        rate = float(part.strip())
         if not 0.0 <= rate <= 1.0:
             raise argparse.ArgumentTypeError(f"a per-step rate is between 0 and 1, got {part.strip()!r}")
         rates.append(rate)

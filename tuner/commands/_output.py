@@ -4,6 +4,7 @@ a yes/no question on the terminal."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import unicodedata
@@ -72,6 +73,32 @@ def fit(text: str, columns: int) -> str:
         out.append(c)
         used += w
     return "".join(out) + "…"
+
+
+def wrap(text: str, columns: int, initial_indent: str = "", subsequent_indent: str = "") -> list[str]:
+    """`text` wrapped to lines of at most `columns` terminal columns (textwrap counts characters: a line of CJK, two
+    columns a character, came out twice as wide), at spaces, and a word wider than a line cut where it must. Nothing
+    is dropped but the spaces the lines break at."""
+    lines: list[str] = []
+    line, empty = initial_indent, True
+    for gap, word in re.findall(r"(\s*)(\S+)", text):  # the spaces between words kept, as textwrap keeps them
+        gap = " " * len(gap)
+        if not empty and display_width(line) + len(gap) + display_width(word) <= columns:
+            line += gap + word
+            continue
+        if not empty:
+            lines.append(line)
+            line = subsequent_indent
+        while display_width(line) + display_width(word) > columns:
+            room, cut = columns - display_width(line), 1  # at least one character a line, or it never ends
+            while cut < len(word) and display_width(word[: cut + 1]) <= room:
+                cut += 1
+            lines.append(line + word[:cut])
+            line, word = subsequent_indent, word[cut:]
+        line, empty = line + word, not word
+    if not empty:
+        lines.append(line)
+    return lines
 
 
 PROGRESS_INTERVAL_S = 0.25  # a status line that follows every step is redrawn at most this often

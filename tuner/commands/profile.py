@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import shutil
 import sys
-import textwrap
 from argparse import Namespace
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from tuner.actions.profile_store import (
     write_profile_file,
 )
 from tuner.commands._argtypes import Subparsers
-from tuner.commands._output import display_width, fit, format_table, format_value, print_json, warn
+from tuner.commands._output import display_width, fit, format_table, format_value, print_json, warn, wrap
 from tuner.core import exit_codes
 from tuner.core.errors import UsageError
 from tuner.profiles import evidence, reference_bundle
@@ -134,16 +133,16 @@ def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
             reason = fit(reason, room)
         out.append(f"{indent}{line.ljust(fixed_width)}  {reason}".rstrip())
     for setting, reason in notes:
-        out += textwrap.wrap(f"{setting}: {reason}", width=max(20, width - len(indent)), initial_indent=indent,
-                             subsequent_indent=indent + "  ")
+        out += wrap(f"{setting}: {reason}", max(20, width - len(indent)), initial_indent=indent,
+                    subsequent_indent=indent + "  ")
     return out
 
 
 def _field(label: str, text: str, width: int, indent: str = "  ") -> list[str]:
     """`  label        text`, the text wrapped to `width` under its own column (never cut)."""
     head = f"{indent}{label:<12} "
-    return textwrap.wrap(text, width=max(len(head) + 20, width), initial_indent=head,
-                         subsequent_indent=" " * len(head), break_on_hyphens=False) or [head.rstrip()]
+    return wrap(text, max(len(head) + 20, width), initial_indent=head, subsequent_indent=" " * len(head)) or [
+        head.rstrip()]
 
 
 def _fig(value: object, fmt: str) -> str:
@@ -217,8 +216,8 @@ def run_show(args: Namespace, ctx: Context) -> int:
         return exit_codes.OK
     width = shutil.get_terminal_size().columns
     lines = [
-        *textwrap.wrap(f"{profile.store_name}  ({_where(profile)} store: {profile.source})", width=max(40, width),
-                       subsequent_indent="    "),
+        *wrap(f"{profile.store_name}  ({_where(profile)} store: {profile.source})", max(40, width),
+              subsequent_indent="    "),
         *_field("created", f"{format_created(profile.meta.created)} by tuner {profile.meta.tool_version}", width),
     ]
     lines += _rig_lines(profile, width) if profile.is_rig else _part_lines(profile, width)

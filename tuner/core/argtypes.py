@@ -15,7 +15,8 @@ from tuner.core.durations import parse_duration_s
 from tuner.core.errors import UsageError
 from tuner.core.numbers import parse_whole_number
 
-_DECIMAL = re.compile(r"[+-]?[0-9]{1,18}(?:\.[0-9]{1,9})?")
+# A decimal number as the command line takes it (seconds, rates): ASCII digits, a sign and a point, no exponent.
+DECIMAL = re.compile(r"[+-]?[0-9]{1,18}(?:\.[0-9]{1,9})?")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -51,7 +52,7 @@ def seconds_between(low_s: float, high_s: float) -> Callable[[str], float]:
     """A converter for a plain number of seconds in [low_s, high_s]."""
 
     def convert(text: str) -> float:
-        if not _DECIMAL.fullmatch(text.strip()):
+        if not DECIMAL.fullmatch(text.strip()):
             raise argparse.ArgumentTypeError(f"expected seconds (ASCII digits), got {text!r}")
         value = float(text)
         if not low_s <= value <= high_s:

@@ -120,6 +120,10 @@ class BisectParams:
     def search(self) -> dict:
         return {k: getattr(self, k) for k in self.SEARCH_KEYS}
 
+    def resumed_search(self, stored: Mapping) -> dict:
+        """A resumed session's search: its stored parameters (the command line's only where it stored none)."""
+        return {k: stored.get(k, getattr(self, k)) for k in self.SEARCH_KEYS}
+
 
 def search_plan_params(knob: Knob, search: dict) -> PlanParams:
     """A search's plan parameters on `knob` (a None: the plan's default for that card): the baseline replayed at
@@ -365,6 +369,13 @@ class BisectJob:
                                      f"of another kind (its trials are in {j.unit}; this card's setting is in "
                                      f"{knobs[device_id].unit}): its trials say nothing about this card",
                                      "start over with --restart (the unsafe list is kept)")
+        if p.resume:  # the sessions it continues keep their bound, parameters and trials: refused before any card
+            for device_id, j in cards.items():  # is reset, not when its search opens the session (nothing changed)
+                if j is not None and self._card_resume(rig, device_id):
+                    stored = j.doc.get("params") or {}
+                    _check_resumed_bound(p.bound_s, stored.get("bound_s"))
+                    _check_resumed_search(knobs[device_id], p.resumed_search(stored))
+                    _check_resumed_trials(knobs[device_id], j.trials)
         if p.resume and rig is not None:  # a card whose search finished too: its result is reused, not searched
             for device_id in ids:
                 recorded, serial = self._rig_serial(rig, device_id), self.backend.device(device_id).serial
@@ -372,6 +383,14 @@ class BisectJob:
                     raise UsageError(f"the unfinished rig bisect for {_name(rig)} ({rig.session}) was run with another "
                                      f"card in {device_id} (serial {recorded}; this one is {serial}): its results say "
                                      "nothing about this card", "start over with --restart (the unsafe list is kept)")
+        if p.resume and rig is not None:
+            # a finished card's result on a card of another kind (or one its range cannot take), and stored
+            # candidates beyond the cards' own recommendations, are refused here, before any card is reset or the
+            # rig journal claimed, not when the searches or the confirmation would start
+            finished = {d: self._finished_outcome(rig, d, knobs[d]) for d in ids}
+            recs = {d: o.recommendation for d, o in finished.items() if o is not None and o.recommendation is not None}
+            if rig.phase != "search" and len(recs) >= 2:  # the confirmation's own, stored when it began
+                _check_resumed_candidates(knobs, recs, rig.doc["candidates"])
         if not (p.resume or p.restart):  # before any card is touched, not halfway through the threads
             for j in (rig, *cards.values()):
                 if j is not None and j.unresolved():
@@ -580,7 +599,6 @@ class BisectJob:
                                      PlanParams.defaults_for(knobs[d]).resolution) for d in recs})
         if len(recs) < 2:  # nothing to confirm together: one card's own confirmation is its whole story
             return self._finish(rig, per_card, {d: r.setting for d, r in recs.items()}, reasons, ())
-        _check_resumed_candidates(knobs, recs, rig.doc["candidates"])
         for device_id in recs:  # every rig run on a card at the lock its own search ran at (a resume sets it again)
             lock_at_baseline_clock(self.backend, device_id, per_card[device_id].trials)
         edge_margins = {d: PlanParams.defaults_for(knobs[d], margin=per_card[d].params.get("margin")).edge_margin
@@ -824,10 +842,7 @@ class _Search:
         if self.job._card_resume(self.rig, self.device_id):
             assert existing is not None  # resumable: the job checked there is an unfinished session
             stored = existing.doc.get("params") or {}
-            _check_resumed_bound(p.bound_s, stored.get("bound_s"))  # before the session is claimed: nothing changed
-            search = {k: stored.get(k, getattr(p, k)) for k in BisectParams.SEARCH_KEYS}
-            _check_resumed_search(knob, search)
-            _check_resumed_trials(knob, existing.trials)
+            search = p.resumed_search(stored)  # checked by the job (_prepare), before any card was reset
             existing.claim()
             self.job._session_opened(self.rig, self.device_id, existing.session)
             return existing, search, True
