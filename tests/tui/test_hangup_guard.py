@@ -235,6 +235,41 @@ async def test_nothing_new_goes_on_a_card_between_made_safe_to_stop_and_the_stop
         await until(pilot, lambda: app.pending is None and backend.knob("sim0").current == 0, what="the revert")
 
 
+async def test_a_stop_made_safe_as_a_bisect_starts_either_pauses_it_or_refuses_it(app, backend, monkeypatch):
+    """SIGTSTP's handler runs on the event loop's thread, between any two bytecodes, and hands make_safe_to_stop to
+    a thread of its own: it can run to its end while _begin_bisect is past its `_stopping` check but has not yet
+    set `_bisect_job`. make_safe_to_stop then saw no bisect to pause and said the cards were safe, and the bisect
+    started anyway: its trial ran unwatched while the process was stopped. Ordered here by program state: the stop
+    runs inside the runner's construction."""
+    from tuner.app import jobs
+    from tuner.tuning.job import BisectJob, BisectParams
+
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job))
+    made_safe: list[bool] = []
+
+    class StoppedWhileBuilt(jobs.BisectRunner):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+            stopper.start()
+            stopper.join(20)
+
+    monkeypatch.setattr(jobs, "BisectRunner", StoppedWhileBuilt)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        app.start_bisect(("sim0",), BisectParams())
+        assert made_safe == [True]
+        runner = app._bisect_job
+        assert runner is None or runner._pausing, "a bisect started unpaused after the cards were made safe to stop"
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert started == [] and not app.bisect.running, "a bisect ran after the cards were made safe to stop"
+        said = [n.message for n in app._notifications if "stopping (Ctrl-Z)" in n.message]
+        assert len(said) == 1 and "bisect on sim0" in said[0], said
+        app.resume_after_stop()
+    assert backend.knob("sim0").current == 0
+
+
 async def test_a_stop_that_could_not_make_a_card_safe_leaves_the_bisect_running(tmp_path, boot, monkeypatch):
     """SIGTSTP with a bisect on sim0 and an unconfirmed change on sim1 whose revert fails: the process does not stop
     (a card not known to be safe), but the bisect, paused for the stop, was never resumed: it sat paused, showing

@@ -525,12 +525,18 @@ class TunerApp(App[int]):
             for device_id in ids:
                 self.post_message(msg.BisectEventReceived(jobs.EarlierTrials(session_trials(device_id), device_id)))
 
-        self._bisect_job = jobs.BisectRunner(
+        self._bisect_job = runner = jobs.BisectRunner(
             lambda: prepare_bisect(self.backend, ids, params,
                                    lambda event: self.post_message(msg.BisectEventReceived(event)),
                                    **self._bisect_options),
             ids, on_prepared=show_earlier_trials if params.resume else None)
-        self._run_bisect(self._bisect_job)
+        # asked again now that the job is known: a Ctrl-Z (make_safe_to_stop, on another thread, may have run since
+        # the check above) sets `_stopping` before it reads `_bisect_job`, so either it paused this runner or this
+        # sees `_stopping`; else the bisect started unpaused and its trial ran unwatched while the process was stopped
+        if self._refuses_new_writes(f"bisect on {', '.join(ids)}"):
+            self._bisect_job, self.bisect = None, self._bisect_before
+            return
+        self._run_bisect(runner)
 
     @work(thread=True, exit_on_error=False, group="bisect", name="bisect")
     def _run_bisect(self, runner: jobs.BisectRunner) -> None:
