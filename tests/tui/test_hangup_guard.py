@@ -405,6 +405,63 @@ async def test_a_stop_during_a_profiles_verify_puts_the_previous_value_back_firs
     assert backend.knob("sim0").current == 45
 
 
+async def test_a_stop_made_safe_as_a_verify_starts_refuses_it(tmp_path, monkeypatch):
+    """The verify's twin of the bisect's race: make_safe_to_stop, on the driver's stop thread, ran to its end after
+    verify_profile's `_stopping` check and before `_stress_job` was set, so it saw no verify to stop and said the
+    cards were safe; the verify then put the profile's value on the card, unconfirmed and unwatched while the
+    process was stopped. Ordered by program state: the stop runs inside the job's construction."""
+    from dataclasses import replace
+
+    from tests.actions.fakes import ClockOffsetSim
+    from tests.tui.helpers import make_app, open_profiles
+    from tuner.app import jobs
+    from tuner.profiles import build_profile, save_profile
+    from tuner.screens.dialogs import ConfirmDialog
+
+    entered = threading.Event()
+
+    def held_trial(backend, device_id, value, duration_s, workload, on_line, stop_event):
+        if workload.record is not None:  # the stock reference, recorded first on this card: passes
+            workload.record.write_text("{}")
+            return "pass", None
+        backend.apply(device_id, value)
+        entered.set()
+        stop_event.wait(20)
+        return ("stopped", "stopped by you") if stop_event.is_set() else ("pass", None)
+
+    monkeypatch.setattr("tuner.actions.verify.bisect_trial", held_trial)
+    backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")
+    backend.apply("sim0", 45)
+    other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card: a verify
+    save_profile(build_profile("theirs", other, backend.knob("sim0"), 90, kernel="6.14.0-test"))
+    app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
+    made_safe: list[bool] = []
+
+    class StoppedWhileBuilt(jobs.VerifyJob):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+            stopper.start()
+            stopper.join(20)
+
+    monkeypatch.setattr(jobs, "VerifyJob", StoppedWhileBuilt)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await open_profiles(pilot, app)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the verify question")
+        await pilot.press("y")
+        await until(pilot, lambda: made_safe, what="make_safe_to_stop")
+        assert made_safe == [True]
+        assert app._stress_job is None, "a verify started after the cards were made safe to stop"
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not entered.is_set() and not app.stress.running
+        assert backend.knob("sim0").current == 45
+        said = [n.message for n in app._notifications if "stopping (Ctrl-Z)" in n.message]
+        assert len(said) == 1 and "verify on sim0" in said[0], said
+        app.resume_after_stop()
+
+
 async def test_back_from_a_stop_into_a_hang_up_the_paused_bisect_stays_paused(tmp_path, boot):
     """SIGHUP while stopped comes with a SIGCONT: the driver's stop returns and resumes the paused bisect, while the
     hang-up has already begun (leaving: nothing new goes on a card). The resume let the next trial start, writing

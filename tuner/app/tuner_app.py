@@ -649,10 +649,16 @@ class TunerApp(App[int]):
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         device_id, value = plan.device.id, plan.value
+        before = self.stress
         self.stress = StressState(device_id=device_id, running=True, preset="verify", run=self.stress.run + 1).written(
             f"verifying {value:+d} on {device_id} (kept only if it passes)")
-        self._stress_job = jobs.VerifyJob(self.backend, plan, self.verify_duration_s, emit=self._stress_event)
-        self._run_stress(self._stress_job)
+        self._stress_job = job = jobs.VerifyJob(self.backend, plan, self.verify_duration_s, emit=self._stress_event)
+        # asked again now that the job is known, as _begin_bisect does: a Ctrl-Z's make_safe_to_stop sets
+        # `_stopping` before it reads `_stress_job`, so either it stopped this verify or this sees `_stopping`
+        if self._refuses_new_writes(f"verify on {device_id}"):
+            self._stress_job, self.stress = None, before
+            return
+        self._run_stress(job)
 
     # --- apply at boot (tuner.actions.boot_service, as `tuner service`) ---------------------------------------------
     @work(thread=True, exclusive=True, exit_on_error=False, group="service-status")
