@@ -381,6 +381,12 @@ class TunerApp(App[int]):
         with self._writing:
             if self._refuses_new_writes(what):
                 return
+            # one change at a time, checked here under the lock: apply_setting's check sees only an announced change,
+            # and a second apply asked for before the first was announced took `pending`'s place, the first orphaned
+            if self._unconfirmed_changes():
+                self.post_message(msg.Noted(f"{what}: not done, a change is already waiting for keep-or-revert",
+                                            "warning"))
+                return
             try:
                 change = apply()
             except Exception as e:  # noqa: BLE001 - nothing was kept; say why
