@@ -235,6 +235,41 @@ async def test_nothing_new_goes_on_a_card_between_made_safe_to_stop_and_the_stop
         await until(pilot, lambda: app.pending is None and backend.knob("sim0").current == 0, what="the revert")
 
 
+async def test_a_stop_made_safe_as_a_bisect_starts_either_pauses_it_or_refuses_it(app, backend, monkeypatch):
+    """SIGTSTP's handler runs on the event loop's thread, between any two bytecodes, and hands make_safe_to_stop to
+    a thread of its own: it can run to its end while _begin_bisect is past its `_stopping` check but has not yet
+    set `_bisect_job`. make_safe_to_stop then saw no bisect to pause and said the cards were safe, and the bisect
+    started anyway: its trial ran unwatched while the process was stopped. Ordered here by program state: the stop
+    runs inside the runner's construction."""
+    from tuner.app import jobs
+    from tuner.tuning.job import BisectJob, BisectParams
+
+    started: list = []
+    monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job))
+    made_safe: list[bool] = []
+
+    class StoppedWhileBuilt(jobs.BisectRunner):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+            stopper.start()
+            stopper.join(20)
+
+    monkeypatch.setattr(jobs, "BisectRunner", StoppedWhileBuilt)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        app.start_bisect(("sim0",), BisectParams())
+        assert made_safe == [True]
+        runner = app._bisect_job
+        assert runner is None or runner._pausing, "a bisect started unpaused after the cards were made safe to stop"
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert started == [] and not app.bisect.running, "a bisect ran after the cards were made safe to stop"
+        said = [n.message for n in app._notifications if "stopping (Ctrl-Z)" in n.message]
+        assert len(said) == 1 and "bisect on sim0" in said[0], said
+        app.resume_after_stop()
+    assert backend.knob("sim0").current == 0
+
+
 async def test_a_stop_that_could_not_make_a_card_safe_leaves_the_bisect_running(tmp_path, boot, monkeypatch):
     """SIGTSTP with a bisect on sim0 and an unconfirmed change on sim1 whose revert fails: the process does not stop
     (a card not known to be safe), but the bisect, paused for the stop, was never resumed: it sat paused, showing
@@ -368,6 +403,63 @@ async def test_a_stop_during_a_profiles_verify_puts_the_previous_value_back_firs
             app.resume_after_stop()
         await until(pilot, lambda: not app.stress.running, what="the verify's end")
     assert backend.knob("sim0").current == 45
+
+
+async def test_a_stop_made_safe_as_a_verify_starts_refuses_it(tmp_path, monkeypatch):
+    """The verify's twin of the bisect's race: make_safe_to_stop, on the driver's stop thread, ran to its end after
+    verify_profile's `_stopping` check and before `_stress_job` was set, so it saw no verify to stop and said the
+    cards were safe; the verify then put the profile's value on the card, unconfirmed and unwatched while the
+    process was stopped. Ordered by program state: the stop runs inside the job's construction."""
+    from dataclasses import replace
+
+    from tests.actions.fakes import ClockOffsetSim
+    from tests.tui.helpers import make_app, open_profiles
+    from tuner.app import jobs
+    from tuner.profiles import build_profile, save_profile
+    from tuner.screens.dialogs import ConfirmDialog
+
+    entered = threading.Event()
+
+    def held_trial(backend, device_id, value, duration_s, workload, on_line, stop_event):
+        if workload.record is not None:  # the stock reference, recorded first on this card: passes
+            workload.record.write_text("{}")
+            return "pass", None
+        backend.apply(device_id, value)
+        entered.set()
+        stop_event.wait(20)
+        return ("stopped", "stopped by you") if stop_event.is_set() else ("pass", None)
+
+    monkeypatch.setattr("tuner.actions.verify.bisect_trial", held_trial)
+    backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")
+    backend.apply("sim0", 45)
+    other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card: a verify
+    save_profile(build_profile("theirs", other, backend.knob("sim0"), 90, kernel="6.14.0-test"))
+    app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
+    made_safe: list[bool] = []
+
+    class StoppedWhileBuilt(jobs.VerifyJob):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+            stopper.start()
+            stopper.join(20)
+
+    monkeypatch.setattr(jobs, "VerifyJob", StoppedWhileBuilt)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await open_profiles(pilot, app)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the verify question")
+        await pilot.press("y")
+        await until(pilot, lambda: made_safe, what="make_safe_to_stop")
+        assert made_safe == [True]
+        assert app._stress_job is None, "a verify started after the cards were made safe to stop"
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not entered.is_set() and not app.stress.running
+        assert backend.knob("sim0").current == 45
+        said = [n.message for n in app._notifications if "stopping (Ctrl-Z)" in n.message]
+        assert len(said) == 1 and "verify on sim0" in said[0], said
+        app.resume_after_stop()
 
 
 async def test_back_from_a_stop_into_a_hang_up_the_paused_bisect_stays_paused(tmp_path, boot):

@@ -104,3 +104,32 @@ async def test_the_countdown_reverts_while_the_palette_is_open(app, backend, clo
                     what="the revert at 15 s")
         await pilot.press("escape")  # the palette closes, and the answered dialog with it
         await until(pilot, lambda: type(app.screen).__name__ == "TuneScreen", what="the Tune screen again")
+
+
+
+async def test_a_second_cards_apply_before_the_first_is_announced_does_not_orphan_the_first(tmp_path):
+    """`a` on two cards before the first apply's worker is heard back from (sim0 from the Tune screen, then `d` and
+    sim1): apply_setting refused only a change already announced (`pending`), so both were applied, and the second
+    announced change took `pending`'s place over the first. The first, unconfirmed, was then in no list: its
+    dialog's answer (or countdown) settled nothing, quitting did not revert it, and it stayed on the card."""
+    from tests.tui.helpers import make_app, sim_backend
+
+    backend = sim_backend(tmp_path, gpus=2)
+    app = make_app(tmp_path, backend=backend, samples=0)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        app.apply_setting("sim0", -10)
+        app.apply_setting("sim1", -10)  # before the first's worker posted ChangeApplied
+        await app.workers.wait_for_complete()
+        for _ in range(2):  # answer every keep-or-revert dialog there is: revert
+            await pilot.pause()
+            if isinstance(app.screen, KeepOrRevertDialog):
+                await pilot.press("escape")
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog), what="no dialog left")
+        await app.workers.wait_for_complete()
+        unconfirmed = [c.device_ids for c in app._unconfirmed_changes()]
+        knobs = {d: backend.knob(d).current for d in ("sim0", "sim1")}
+        assert knobs == {"sim0": 0, "sim1": 0} or unconfirmed, f"left on the cards, in no list: {knobs}"
+        assert not unconfirmed
+        said = [n.message for n in app._notifications if "already waiting for keep-or-revert" in n.message]
+        assert len(said) == 1 and "apply -10 on sim1" in said[0], said

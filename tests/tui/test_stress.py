@@ -115,8 +115,13 @@ async def test_the_first_stress_records_a_stock_reference_and_later_runs_compare
     ref = cached_reference(backend.device("sim0"), backend.stress_target("sim0"), request).path
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("2", "s")
-        await _wait(pilot, lambda: app.stress.detector("reference") == "recording")
-        await _wait(pilot, lambda: app.stress.detector("reference") == "ok" and len(app.stress.steps) >= 3)
+        # the stress run's own steps: the recording's steps are still shown after the reference is "ok", until the
+        # stress run starts (RunStarted clears them); a stop between the two is "stopped before it started". And the
+        # recording is read from the log, not caught while it lasts (a busy loop can miss a state that short).
+        await _wait(pilot, lambda: "engine: the stress run" in app.stress.log and len(app.stress.steps) >= 3)
+        assert app.stress.detector("reference") == "ok"
+        assert any(line.startswith("reference: none yet for this card and workload: recording it first")
+                   for line in app.stress.log), app.stress.log
         assert ref.exists()
         assert app.stress.detector("kernel log") == "n/a (simulated)"  # said, not silently off
         await pilot.press("s")

@@ -381,6 +381,12 @@ class TunerApp(App[int]):
         with self._writing:
             if self._refuses_new_writes(what):
                 return
+            # one change at a time, checked here under the lock: apply_setting's check sees only an announced change,
+            # and a second apply asked for before the first was announced took `pending`'s place, the first orphaned
+            if self._unconfirmed_changes():
+                self.post_message(msg.Noted(f"{what}: not done, a change is already waiting for keep-or-revert",
+                                            "warning"))
+                return
             try:
                 change = apply()
             except Exception as e:  # noqa: BLE001 - nothing was kept; say why
@@ -525,12 +531,18 @@ class TunerApp(App[int]):
             for device_id in ids:
                 self.post_message(msg.BisectEventReceived(jobs.EarlierTrials(session_trials(device_id), device_id)))
 
-        self._bisect_job = jobs.BisectRunner(
+        self._bisect_job = runner = jobs.BisectRunner(
             lambda: prepare_bisect(self.backend, ids, params,
                                    lambda event: self.post_message(msg.BisectEventReceived(event)),
                                    **self._bisect_options),
             ids, on_prepared=show_earlier_trials if params.resume else None)
-        self._run_bisect(self._bisect_job)
+        # asked again now that the job is known: a Ctrl-Z (make_safe_to_stop, on another thread, may have run since
+        # the check above) sets `_stopping` before it reads `_bisect_job`, so either it paused this runner or this
+        # sees `_stopping`; else the bisect started unpaused and its trial ran unwatched while the process was stopped
+        if self._refuses_new_writes(f"bisect on {', '.join(ids)}"):
+            self._bisect_job, self.bisect = None, self._bisect_before
+            return
+        self._run_bisect(runner)
 
     @work(thread=True, exit_on_error=False, group="bisect", name="bisect")
     def _run_bisect(self, runner: jobs.BisectRunner) -> None:
@@ -643,10 +655,16 @@ class TunerApp(App[int]):
             self.notify("a stress run or bisect is already running", severity="warning")
             return
         device_id, value = plan.device.id, plan.value
+        before = self.stress
         self.stress = StressState(device_id=device_id, running=True, preset="verify", run=self.stress.run + 1).written(
             f"verifying {value:+d} on {device_id} (kept only if it passes)")
-        self._stress_job = jobs.VerifyJob(self.backend, plan, self.verify_duration_s, emit=self._stress_event)
-        self._run_stress(self._stress_job)
+        self._stress_job = job = jobs.VerifyJob(self.backend, plan, self.verify_duration_s, emit=self._stress_event)
+        # asked again now that the job is known, as _begin_bisect does: a Ctrl-Z's make_safe_to_stop sets
+        # `_stopping` before it reads `_stress_job`, so either it stopped this verify or this sees `_stopping`
+        if self._refuses_new_writes(f"verify on {device_id}"):
+            self._stress_job, self.stress = None, before
+            return
+        self._run_stress(job)
 
     # --- apply at boot (tuner.actions.boot_service, as `tuner service`) ---------------------------------------------
     @work(thread=True, exclusive=True, exit_on_error=False, group="service-status")
