@@ -16,9 +16,12 @@ async def _wait(pilot, predicate, timeout_s: float = 90.0):
 
 
 async def test_stress_start_survives_screens_then_stop(tmp_path):
+    """A stress run survives screen switches, and an apply on its card is refused while it runs: the first run
+    records the card's stock reference, and a setting kept meanwhile made a reference recorded partly at -70 mV the
+    cached stock one (every later run compared with it); a run's result is for the setting it ran at."""
     backend = sim_backend(tmp_path)
     app = make_app(tmp_path, backend=backend, samples=1)
-    async with app.run_test(size=(80, 24)) as pilot:
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await pilot.press("2", "s")
         await _wait(pilot, lambda: len(app.stress.steps) >= 3)
         assert backend._loaded("sim0")  # the simulated card knows it is under load
@@ -26,6 +29,14 @@ async def test_stress_start_survives_screens_then_stop(tmp_path):
             await pilot.press(key)
             await pilot.pause()
         assert app.stress.running
+        await pilot.press("left", "a")
+        try:
+            await _wait(pilot, lambda: any("stop it first" in str(n.message) for n in app._notifications),
+                        timeout_s=30)
+            assert app.pending is None and backend.knob("sim0").current == 0 and app.stress.running
+        except BaseException:
+            app.stop_stress()  # a failure must not leave the hour-long run for the App's exit to wait on
+            raise
         await _wait(pilot, lambda: "RUNNING" in str(app.screen.query_one("#stress-status").render()))
         await pilot.press("s")
         await _wait(pilot, lambda: not app.stress.running)
