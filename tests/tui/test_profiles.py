@@ -37,7 +37,7 @@ async def test_save_recommendation_as_profile(app):
     async with app.run_test(size=(80, 24)) as pilot:
         app.bisect = _finished(-40)
         await pilot.press("3", "v")
-        await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the save dialog")
         assert isinstance(app.screen, TextInputDialog)
         await pilot.press("ctrl+a", "ctrl+k")
         await _type(pilot, "mycard")
@@ -64,13 +64,14 @@ async def test_apply_profile_on_the_same_card_then_keep(app, backend):
     _save(backend, "mine", -25)
     async with app.run_test(size=(100, 30)) as pilot:
         await open_profiles(pilot, app)
-        await pilot.pause()
+        sentence = "On sim0: the same card (serial matches). Press a to apply it"
+        await until(pilot, lambda: sentence in str(app.screen.query_one("#profile-detail").render()),
+                    what="the profile's detail (a worker reads it)")
         detail = str(app.screen.query_one("#profile-detail").render())
-        assert "On sim0: the same card (serial matches). Press a to apply it" in detail, detail
         assert "SAME CARD" not in detail and "#SIM" not in detail  # sentences, not enum names or fingerprints
         await pilot.press("a")
         await app.workers.wait_for_complete()
-        await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, KeepOrRevertDialog), what="the keep-or-revert dialog")
         assert isinstance(app.screen, KeepOrRevertDialog)
         assert backend.knob("sim0").current == -25
         await pilot.press("k")
@@ -84,7 +85,7 @@ async def test_profile_from_another_card_needs_a_trial(app, backend):
     async with app.run_test(size=(80, 24)) as pilot:
         await open_profiles(pilot, app)
         await pilot.press("a")
-        await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the verify-first question")
         assert isinstance(app.screen, ConfirmDialog)  # verify first? default No
         await pilot.press("escape")
         await pilot.pause()
@@ -97,21 +98,21 @@ async def test_export_delete_import(app, backend, tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         await open_profiles(pilot, app)
         await pilot.press("e")
-        await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the export dialog")
         await pilot.press("ctrl+a", "ctrl+k")
         app.screen.query_one("Input").value = str(out)
         await pilot.press("enter")
         await until(pilot, out.exists, what="the export (a worker writes it)")
 
         await pilot.press("delete")
-        await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the delete question")
         assert isinstance(app.screen, ConfirmDialog)
         await pilot.press("y")
         await until(pilot, lambda: list_profiles() == [], what="the delete (a worker removes it)")
         await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 0, what="the emptied list")
 
         await pilot.press("i")
-        await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the import dialog")
         app.screen.query_one("Input").value = str(out)
         await pilot.press("enter")
         await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 1, what="the imported row")
@@ -125,7 +126,7 @@ async def test_import_of_a_bad_file_is_a_notification(tmp_path):
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await open_profiles(pilot, app)
         await pilot.press("i")
-        await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the import dialog")
         app.screen.query_one("Input").value = str(bad)
         await pilot.press("enter")
         await until(pilot, lambda: any("schema" in n.message or "missing" in n.message for n in app._notifications),
