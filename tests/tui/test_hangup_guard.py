@@ -248,13 +248,7 @@ async def test_a_stop_made_safe_as_a_bisect_starts_either_pauses_it_or_refuses_i
     monkeypatch.setattr(BisectJob, "run", lambda job: started.append(job))
     made_safe: list[bool] = []
 
-    class StoppedWhileBuilt(jobs.BisectRunner):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
-            stopper.start()
-            stopper.join(20)
-
+    StoppedWhileBuilt = stopped_while_built(jobs.BisectRunner, app, made_safe)
     monkeypatch.setattr(jobs, "BisectRunner", StoppedWhileBuilt)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         app.start_bisect(("sim0",), BisectParams())
@@ -437,13 +431,7 @@ async def test_a_stop_made_safe_as_a_verify_starts_refuses_it(tmp_path, monkeypa
     app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
     made_safe: list[bool] = []
 
-    class StoppedWhileBuilt(jobs.VerifyJob):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
-            stopper.start()
-            stopper.join(20)
-
+    StoppedWhileBuilt = stopped_while_built(jobs.VerifyJob, app, made_safe)
     monkeypatch.setattr(jobs, "VerifyJob", StoppedWhileBuilt)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await open_profiles(pilot, app)
@@ -568,3 +556,18 @@ def test_a_signal_that_lands_inside_the_guards_own_handler_never_waits_for_itsel
     guard.handle_signal(signal.SIGHUP, None)  # the lock is free again: this one triggers
     wait_until(lambda: rec.exits)
     assert guard.reason == "SIGHUP" and rec.exits == [exit_codes.INTERRUPTED]
+
+
+def stopped_while_built(job_class: type, app, made_safe: list[bool]) -> type:
+    """`job_class` whose construction runs the App's safe stop (make_safe_to_stop, on a thread of its own as the
+    driver's SIGTSTP handler does) to its end: the stop lands after the starter's check and before the job is known,
+    by program state, never by time. Each answer is appended to `made_safe`."""
+
+    class StoppedWhileBuilt(job_class):  # type: ignore[misc,valid-type]  # a class chosen at run time
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            stopper = threading.Thread(target=lambda: made_safe.append(app.make_safe_to_stop()), name="tuner-stop")
+            stopper.start()
+            stopper.join(20)
+
+    return StoppedWhileBuilt
