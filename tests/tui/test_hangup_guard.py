@@ -354,30 +354,12 @@ async def test_a_stop_during_a_profiles_verify_puts_the_previous_value_back_firs
     nothing safe (the verify is no keep-or-revert change, no bisect), so the unconfirmed value stayed on the card,
     its trial unwatched, for as long as the process was stopped. The verify is stopped first (anything but a pass
     puts the previous value back), as an unconfirmed change is reverted."""
-    from dataclasses import replace
 
-    from tests.actions.fakes import ClockOffsetSim
-    from tests.tui.helpers import make_app, open_profiles
-    from tuner.profiles import build_profile, save_profile
+    from tests.tui.helpers import open_profiles
     from tuner.screens.dialogs import ConfirmDialog
 
     entered = threading.Event()
-
-    def held_trial(backend, device_id, value, duration_s, workload, on_line, stop_event):
-        if workload.record is not None:  # the stock reference, recorded first on this card: passes
-            workload.record.write_text("{}")
-            return "pass", None
-        backend.apply(device_id, value)  # the trial runs with the profile's value on the card
-        entered.set()
-        stop_event.wait(20)
-        return ("stopped", "stopped by you") if stop_event.is_set() else ("pass", None)
-
-    monkeypatch.setattr("tuner.actions.verify.bisect_trial", held_trial)
-    backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")
-    backend.apply("sim0", 45)
-    other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card: a verify
-    save_profile(build_profile("theirs", other, backend.knob("sim0"), 90, kernel="6.14.0-test"))
-    app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
+    backend, app = held_verify(monkeypatch, tmp_path, entered)
     async with app.run_test(size=(80, 24)) as pilot:
         await open_profiles(pilot, app)
         await pilot.press("a")
@@ -404,31 +386,13 @@ async def test_a_stop_made_safe_as_a_verify_starts_refuses_it(tmp_path, monkeypa
     verify_profile's `_stopping` check and before `_stress_job` was set, so it saw no verify to stop and said the
     cards were safe; the verify then put the profile's value on the card, unconfirmed and unwatched while the
     process was stopped. Ordered by program state: the stop runs inside the job's construction."""
-    from dataclasses import replace
 
-    from tests.actions.fakes import ClockOffsetSim
-    from tests.tui.helpers import make_app, open_profiles
+    from tests.tui.helpers import open_profiles
     from tuner.app import jobs
-    from tuner.profiles import build_profile, save_profile
     from tuner.screens.dialogs import ConfirmDialog
 
     entered = threading.Event()
-
-    def held_trial(backend, device_id, value, duration_s, workload, on_line, stop_event):
-        if workload.record is not None:  # the stock reference, recorded first on this card: passes
-            workload.record.write_text("{}")
-            return "pass", None
-        backend.apply(device_id, value)
-        entered.set()
-        stop_event.wait(20)
-        return ("stopped", "stopped by you") if stop_event.is_set() else ("pass", None)
-
-    monkeypatch.setattr("tuner.actions.verify.bisect_trial", held_trial)
-    backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")
-    backend.apply("sim0", 45)
-    other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card: a verify
-    save_profile(build_profile("theirs", other, backend.knob("sim0"), 90, kernel="6.14.0-test"))
-    app = make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
+    backend, app = held_verify(monkeypatch, tmp_path, entered)
     made_safe: list[bool] = []
 
     StoppedWhileBuilt = stopped_while_built(jobs.VerifyJob, app, made_safe)
@@ -571,3 +535,29 @@ def stopped_while_built(job_class: type, app, made_safe: list[bool]) -> type:
             stopper.join(20)
 
     return StoppedWhileBuilt
+
+
+def held_verify(monkeypatch, tmp_path, entered: threading.Event):
+    """A card at +45 MHz and a profile of +90 proven on another card of its model (so applying it verifies), whose
+    verify trial puts the value on the card, sets `entered` and holds until it is stopped (20 s at most)."""
+    from dataclasses import replace
+
+    from tests.actions.fakes import ClockOffsetSim
+    from tests.tui.helpers import make_app
+    from tuner.profiles import build_profile, save_profile
+
+    def held_trial(backend, device_id, value, duration_s, workload, on_line, stop_event):
+        if workload.record is not None:  # the stock reference, recorded first on this card: passes
+            workload.record.write_text("{}")
+            return "pass", None
+        backend.apply(device_id, value)  # the trial runs with the profile's value on the card
+        entered.set()
+        stop_event.wait(20)
+        return ("stopped", "stopped by you") if stop_event.is_set() else ("pass", None)
+
+    monkeypatch.setattr("tuner.actions.verify.bisect_trial", held_trial)
+    backend = ClockOffsetSim(gpus=1, state_path=tmp_path / "sim.json")
+    backend.apply("sim0", 45)
+    other = replace(backend.device("sim0"), serial="SIM-9999-00")  # same model, another card: a verify
+    save_profile(build_profile("theirs", other, backend.knob("sim0"), 90, kernel="6.14.0-test"))
+    return backend, make_app(tmp_path, backend=backend, samples=0, verify_duration_s=30.0)
