@@ -54,7 +54,10 @@ from tuner.engine.lifeline import set_parent_death_signal  # torch-free
 TOTAL_BUDGET_S = 480.0
 STDERR_TAIL_CHARS = 2000
 # what the nanochat preset imports beyond torch (tuner/engine/tokenizer.py): without them its sections are skipped
-NANOCHAT_NEEDS = ("rustbpe", "tiktoken")
+# what an engine process imports beyond torch (tuner/engine/events.py, the event schema), and the nanochat preset
+# beyond that (tuner/engine/tokenizer.py): without them the sections that run it are skipped, and say why
+ENGINE_NEEDS = ("msgspec",)
+NANOCHAT_NEEDS = (*ENGINE_NEEDS, "rustbpe", "tiktoken")
 PRESET_STEPS_GPU = {"tiny": 200, "small": 200, "large": 60}
 
 
@@ -76,14 +79,14 @@ def plan_sections(args: argparse.Namespace) -> list[Section]:
         Section("nanochat-record", "nanochat record", 170, needs=NANOCHAT_NEEDS),
         Section("nanochat-replay", "nanochat replay", 80, needs=NANOCHAT_NEEDS),
         Section("nanochat-eager", "nanochat, no compile", 45, needs=NANOCHAT_NEEDS),
-        Section("detection", "detection (compile off)", 40),
+        Section("detection", "detection (compile off)", 40, needs=ENGINE_NEEDS),
         Section("nvml", "NVML probe", 10, required=False, needs=("pynvml",), gpu_only=True),
     ]
     preset_budgets = {"tiny": 25.0, "small": 35.0, "large": 90.0}
     for preset in [p for p in args.presets.split(",") if p]:
         sections.append(Section(f"preset-{preset}", f"preset {preset}", preset_budgets.get(preset, 60.0),
-                                required=False))
-    sections.append(Section("data-parallel", "data-parallel", 60.0, required=False))
+                                required=False, needs=ENGINE_NEEDS))
+    sections.append(Section("data-parallel", "data-parallel", 60.0, required=False, needs=ENGINE_NEEDS))
     out = []
     for s in sections:
         if s.key in args.budget:

@@ -27,9 +27,30 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from tuner.engine.environment import kernel_env, prepare_environment
 
 # module -> distribution, for every import the engine and the check need beyond the standard library and torch
-# (scripts/prepare-gpu-wheels.sh fetches those the GPU image lacks)
-NEEDED = {"rustbpe": "rustbpe", "tiktoken": "tiktoken", "regex": "regex", "requests": "requests",
-          "pynvml": "nvidia-ml-py"}
+# (tests/engine/test_gpu_check.py runs the engine and fails on an import missing here). Every engine process
+# imports msgspec (tuner/engine/events.py, the event schema); the nanochat preset rustbpe and tiktoken
+# (tuner/engine/tokenizer.py), tiktoken regex and requests; the NVML probe pynvml.
+NEEDED = {"msgspec": "msgspec", "rustbpe": "rustbpe", "tiktoken": "tiktoken", "regex": "regex",
+          "requests": "requests", "pynvml": "nvidia-ml-py"}
+# what the lent GPU image already holds of NEEDED (/work/.library/device/KINDS.md, "Python packages already
+# there", read 2026-11-17): scripts/prepare-gpu-wheels.sh fetches the rest (`--fetch-list`)
+IMAGE_HAS = frozenset({"tiktoken", "regex", "requests", "nvidia-ml-py"})
+
+
+def fetch_list() -> list[str]:
+    """NAME==VERSION for each distribution of NEEDED the image lacks, at the version this checkout runs (the
+    tokenizer rustbpe trains is part of the references' fingerprint; one version of each)."""
+    import importlib.metadata as md
+
+    out = []
+    for dist in NEEDED.values():
+        if dist in IMAGE_HAS:
+            continue
+        try:
+            out.append(f"{dist}=={md.version(dist)}")
+        except md.PackageNotFoundError:
+            raise SystemExit(f"gpu_preflight.py: {dist} is not installed here; run scripts/setup.sh first") from None
+    return out
 
 
 def _module(name: str, dist: str) -> dict:
@@ -147,7 +168,12 @@ def preflight(device: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--fetch-list", action="store_true",
+                    help="print NAME==VERSION of each wheel the GPU image lacks (scripts/prepare-gpu-wheels.sh)")
     a = ap.parse_args(argv)
+    if a.fetch_list:
+        print("\n".join(fetch_list()))
+        return 0
     print(json.dumps(preflight(a.device), default=str), flush=True)
     return 0
 

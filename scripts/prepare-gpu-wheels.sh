@@ -4,12 +4,10 @@
 # bench/gpu_check.py installs them there with `pip install --no-index --no-deps --target DIR` and puts DIR on
 # PYTHONPATH (`--wheels`, default .whl/ when it exists). docs/engine.md, "On a GPU", says how it is run.
 #
-# Which: every module the engine and the check import beyond the standard library and torch, less what the GPU
-# image already has. The engine imports torch, rustbpe and tiktoken (tiktoken needs regex and requests); the check's
-# NVML probe imports pynvml (nvidia-ml-py). The lent image ('cuda': CPython 3.12, x86-64, torch 2.11 + CUDA 13;
-# its package list read 2026-11-17) has tiktoken 0.14.0, regex, requests, nvidia-ml-py and psutil, but not
-# rustbpe: so rustbpe, at the version this checkout runs (the tokenizer it trains is part of the references'
-# fingerprint). The check's preflight names any module still missing there, before anything runs on it.
+# Which: bench/gpu_preflight.py --fetch-list, declared there once (NEEDED: every module the engine and the check
+# import beyond the standard library and torch; IMAGE_HAS: what the lent image, 'cuda': CPython 3.12, x86-64,
+# torch 2.11 + CUDA 13, already holds), at the versions this checkout runs. Today msgspec and rustbpe. The check's
+# preflight names any module still missing there, before anything runs on it.
 #
 #   scripts/prepare-gpu-wheels.sh [--python-version 3.12] [--dest DIR] [NAME==VERSION ...]
 #
@@ -33,9 +31,8 @@ done
 
 python="${PYTHON:-.venv/bin/python}"
 [ -x "$python" ] || python=python3
-# the rustbpe this checkout runs (scripts/setup.sh installs it), else the one pyproject.toml asks for at least
-rustbpe_version="$("$python" -c 'import importlib.metadata as m; print(m.version("rustbpe"))' 2>/dev/null || echo 0.1.0)"
-wanted=("rustbpe==${rustbpe_version}" "${extra[@]}")
+mapfile -t needed < <("$python" bench/gpu_preflight.py --fetch-list)
+wanted=("${needed[@]}" "${extra[@]}")
 
 mkdir -p "$dest"
 for req in "${wanted[@]}"; do

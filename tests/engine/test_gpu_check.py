@@ -230,3 +230,71 @@ def test_a_child_whose_check_died_before_its_parent_death_signal_was_set_ends_it
     finally:
         ours.kill()
         ours.wait()
+
+
+# The child behind the test below: runs the engine's CLI (tiny preset, 2 steps, the CPU) after loading the nanochat
+# preset's tokenizer libraries, then prints every top-level module that was imported.
+_IMPORTS_OF_AN_ENGINE = """
+import json, runpy, sys
+from tuner.engine import tokenizer
+tokenizer._libraries()
+sys.argv = ["tuner.engine", "--preset", "tiny", "--steps", "2", "--cache-dir", sys.argv[1], "--canary-every-s", "0"]
+try:
+    runpy.run_module("tuner.engine", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "modules": sorted({m.split(".")[0] for m in list(sys.modules)})}), file=sys.stderr)
+"""
+
+
+def _requirements(dist: str) -> set[str]:
+    """`dist` and everything it requires (its extras left out), by distribution name, lower case."""
+    import importlib.metadata as md
+
+    seen: set[str] = set()
+    todo = [dist]
+    while todo:
+        name = re.split(r"[<>=!~;\[ (]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        todo += [r for r in requires if "extra ==" not in r]
+    return seen
+
+
+@pytest.mark.heavy(seconds=4)
+def test_every_module_an_engine_imports_is_one_the_gpu_preflight_checks_and_the_wheel_script_fetches(tmp_path):
+    """The lent GPU image holds torch and a fixed package list, nothing else, and nothing can be fetched there: a
+    module the engine imports that the preflight does not name fails every engine section on the first lent GPU
+    (msgspec, once the event schema used it). Each module an engine process imports, beyond the standard library,
+    the tuner and torch with its requirements, must be in gpu_preflight.NEEDED."""
+    import importlib.metadata as md
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_preflight
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS_OF_AN_ENGINE, str(tmp_path / "cache")], capture_output=True,
+                          text=True, timeout=300, cwd=REPO, check=False)
+    result = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert result["code"] == 0, proc.stderr[-2000:]
+    owners = md.packages_distributions()
+    allowed = _requirements("torch") | {d.lower() for d in gpu_preflight.NEEDED.values()}
+    foreign = {}
+    for module in result["modules"]:
+        if module in sys.stdlib_module_names or module in ("tuner", "__main__") or module.startswith("_"):
+            continue
+        dists = {d.lower().replace("_", "-") for d in owners.get(module, [module])}
+        if not dists & allowed:
+            foreign[module] = sorted(dists)
+    assert foreign == {}, f"add these to bench/gpu_preflight.py NEEDED (and IMAGE_HAS if the image has them): {foreign}"
+    assert "msgspec" in result["modules"] and "rustbpe" in result["modules"]  # the check saw what it checks
+    # what the wheel script fetches: each needed distribution the image lacks, at the version this checkout runs
+    fetched = {req.split("==")[0] for req in gpu_preflight.fetch_list()}
+    assert fetched == {d for d in gpu_preflight.NEEDED.values() if d not in gpu_preflight.IMAGE_HAS}
+    assert "msgspec" in fetched and "rustbpe" in fetched
