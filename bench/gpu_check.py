@@ -1,8 +1,8 @@
 """One prepared check of the stress engine on a lent GPU, in an order that keeps the most valuable figures when the
 window is short: each section has its own budget, prints its row and rewrites the `--out` JSON as soon as it ends.
 
-    python bench/gpu_check.py [--device cuda:0] [--out FILE] [--json] [--plan] [--budget-s 480]
-        [--wheels DIR] [--sections KEYS] [--budget KEY=S ...] [--presets tiny,small] [--cache-dir DIR]
+    python bench/gpu_check.py [--device cuda:0] [--out FILE] [--json] [--plan] [--budget-s 550]
+        [--wheels DIR] [--sections KEYS] [--budget KEY=S ...] [--presets tiny] [--cache-dir DIR]
 
 Sections, in order (`--plan` runs the preflight and prints them with their budgets and what would be skipped):
  1. preflight: installs the prepared wheels (`--wheels`, default .whl/ when it exists: scripts/prepare-gpu-wheels.sh)
@@ -19,11 +19,14 @@ Sections, in order (`--plan` runs the preflight and prints them with their budge
  5. nanochat without compile, at the fitted batch: ms/step, tok/s, MFU (what compile buys);
  6. detection: bench/engine_detection.py Part D on the device in bf16, compile off (it injects);
  7. NVML: bench/nvml_probe.py, read only (NVIDIA);
- 8. the small presets (`--presets`, default tiny,small): record and replay each, while time is left;
- 9. data-parallel (`--dp-steps`, 0 by default: one GPU is lent): bench/dp_run.py over every visible GPU.
+ 8. detector overhead: bench/engine_throughput.py at the nanochat preset, compile off, at the fitted batch: the
+    engine with every detector against a bare training loop of the same model (and the bare loop under torch's
+    defaults: what determinism costs), steps sized to the budget from section 5's step time;
+ 9. the small presets (`--presets`, default tiny): record and replay each, while time is left;
+10. data-parallel (`--dp-steps`, 0 by default: one GPU is lent): bench/dp_run.py over every visible GPU.
 A section runs as its own processes under its budget (`--budget KEY=S` changes one); one that times out is killed
 with its process group and keeps its stderr tail and the engine's last heartbeat. A section starts only with at
-least half its budget left of `--budget-s` (480 by default; the budgets sum to it), else it is "not run (budget)",
+least half its budget left of `--budget-s` (550 by default; the budgets sum to it), else it is "not run (budget)",
 which is reported apart from "not repeatable". Exit 0 when every section that ran passed and no required one
 (1-6) was skipped; 1 otherwise. `--device cpu` runs the same plan on the CPU with small sizes (tested).
 """
@@ -51,7 +54,7 @@ from gpu_nanochat import peak_tflops
 
 from tuner.engine.lifeline import set_parent_death_signal  # torch-free
 
-TOTAL_BUDGET_S = 480.0
+TOTAL_BUDGET_S = 550.0
 STDERR_TAIL_CHARS = 2000
 # what the nanochat preset imports beyond torch (tuner/engine/tokenizer.py): without them its sections are skipped
 # what an engine process imports beyond torch (tuner/engine/events.py, the event schema), and the nanochat preset
@@ -72,15 +75,16 @@ class Section:
 
 
 def plan_sections(args: argparse.Namespace) -> list[Section]:
-    """The sections in order, with their default budgets (seconds; they sum to 480)."""
+    """The sections in order, with their default budgets (seconds; they sum to 550)."""
     sections = [
-        Section("preflight", "preflight", 30),
+        Section("preflight", "preflight", 60),  # a fresh machine's first CUDA process: cold caches
         Section("attention", "attention + GEMM", 45),
         Section("nanochat-record", "nanochat record", 170, needs=NANOCHAT_NEEDS),
         Section("nanochat-replay", "nanochat replay", 80, needs=NANOCHAT_NEEDS),
         Section("nanochat-eager", "nanochat, no compile", 45, needs=NANOCHAT_NEEDS),
         Section("detection", "detection (compile off)", 40, needs=ENGINE_NEEDS),
         Section("nvml", "NVML probe", 10, required=False, needs=("pynvml",), gpu_only=True),
+        Section("overhead", "detector overhead", 75, required=False, needs=NANOCHAT_NEEDS),
     ]
     preset_budgets = {"tiny": 25.0, "small": 35.0, "large": 90.0}
     for preset in [p for p in args.presets.split(",") if p]:
@@ -567,7 +571,46 @@ class Check:
         status = "timed out" if p.timed_out else ("ok" if p.code == 0 else "failed")
         return {"status": status, "report": text, "lines": text.splitlines()[-20:]}
 
-    # 8. presets
+    # 8. detector overhead
+    def section_overhead(self, s: Section, timeout_s: float) -> dict:
+        """engine_throughput.py's three loops in one process, compile off (three compiles would not fit), steps
+        sized so the four runs (bare, bare default, the engine's recording and its compared run) take about half
+        the budget at the eager step time section 5 measured; the CPU runs the tiny preset."""
+        eager = self.doc["sections"].get("nanochat-eager") or {}
+        record = self.doc["sections"].get("nanochat-record") or {}
+        cmd = [sys.executable, str(BENCH / "engine_throughput.py"), "--device", self.args.device, "--no-compile",
+               "--rounds", "1", "--json"]
+        if self.gpu:
+            step_s = (eager.get("median_step_ms") or 500.0) / 1e3
+            steps = int(max(10, min(100, 0.5 * timeout_s / (4 * step_s) - 5)))
+            cmd += ["--preset", "nanochat", "--steps", str(steps), "--warmup", "5"]
+            if record.get("batch_size"):
+                cmd += ["--batch-size", str(record["batch_size"])]
+        else:
+            steps = 6
+            cmd += ["--preset", "tiny", "--steps", str(steps), "--warmup", "2"]
+        from tuner.core.paths import cache_dir  # torch-free: the engine's default cache
+
+        # the tokenizer the nanochat record trained (and cached there), not a fresh one trained inside the budget
+        env = dict(self.env(), TUNER_BENCH_CACHE=self.args.cache_dir or str(cache_dir()))
+        p = run_process(cmd, timeout_s, env)
+        docs = [e for e in _json_lines(p.stdout) if "ratio" in e]
+        if p.timed_out or p.code != 0 or not docs:
+            return {"status": "timed out" if p.timed_out else "failed", "steps": steps, **timeout_fields(p)}
+        r = docs[-1]
+        bare, default, eng = r["bare"], r["bare_default"], r["engine"]
+        goal = "met" if r["meets_goal"] else "NOT met"
+        lines = [f"{r['preset']}, compile off, batch {bare['batch']}, {steps} steady steps, 1 round",
+                 f"bare default {default['tok_s']:,.0f} tok/s ({default['median_step_ms']:.1f} ms/step)",
+                 f"bare deterministic {bare['tok_s']:,.0f} tok/s ({bare['median_step_ms']:.1f} ms/step)",
+                 (f"engine {eng['tok_s']:,.0f} tok/s ({eng['median_step_ms']:.1f} ms/step, {eng['compared_steps']} "
+                 f"steps compared, {eng['canaries']} canaries)"),
+                 f"detectors: engine / bare deterministic {r['ratio']:.3f} (goal >= {r['goal']:.2f}: {goal})",
+                 (f"determinism: bare deterministic / bare default {r['determinism_ratio']:.3f}; same switches as "
+                 f"the engine: {r['same_switches_as_engine']}")]
+        return {"status": "ok", "steps": steps, "result": r, "lines": lines}
+
+    # 9. presets
     def section_preset(self, s: Section, timeout_s: float) -> dict:
         preset = s.key.split("-", 1)[1]
         steps = self.args.steps or (PRESET_STEPS_GPU.get(preset, 100) if self.gpu else 8)
@@ -603,7 +646,7 @@ class Check:
             lines.append(f"reason: {f['reason']}")
         return {"status": status, **out, "lines": lines}
 
-    # 9. data-parallel
+    # 10. data-parallel
     def section_data(self, s: Section, timeout_s: float) -> dict:
         from dp_run import data_parallel_check, format_check
 
@@ -656,7 +699,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sections", default=None, help="only these section keys, comma-separated (preflight always)")
     ap.add_argument("--wheels", default=None, help="wheels to install before anything runs (default .whl/ when it "
                     "exists; '' for none)")
-    ap.add_argument("--presets", default="tiny,small", help="the small presets, run while time is left")
+    ap.add_argument("--presets", default="tiny", help="the small presets, run while time is left (default "
+                    "tiny; small and large on request)")
     ap.add_argument("--steps", type=int, default=None, help="steps per process of the small presets (default: tiny "
                     "and small 200, large 60 on GPUs; 8 on the CPU)")
     ap.add_argument("--nanochat-steps", type=int, default=None, help="steps per nanochat process (default 60 on "

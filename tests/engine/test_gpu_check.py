@@ -23,13 +23,13 @@ from tests.polling import wait_until
 
 CHECK = REPO / "bench" / "gpu_check.py"
 ORDER = ["preflight", "attention + GEMM", "nanochat record", "nanochat replay", "nanochat, no compile",
-         "detection (compile off)", "NVML probe", "preset tiny", "preset small", "data-parallel"]
+         "detection (compile off)", "NVML probe", "detector overhead", "preset tiny", "data-parallel"]
 NANOCHAT_SECTIONS = ORDER[2:5]
 # the budgets are sized for the GPU machine; on a shared 2-core box importing torch alone can take longer than the
-# preflight's 30 s, so the plan tests give it 300 s (and the whole check 270 s more), and the runs more to each
-SLOW_BOX = ["--budget", "preflight=300", "--budget-s", "750"]
-SLOW_RUN = ["--budget-s", "3000", *(f"--budget={key}=300" for key in ("preflight", "attention", "preset-tiny",
-                                                                        "data-parallel"))]
+# preflight's 60 s, so the plan tests give it 300 s (and the whole check 270 s more), and the runs more to each
+SLOW_BOX = ["--budget", "preflight=300", "--budget-s", "800"]
+SLOW_RUN = ["--budget-s", "3000", *(f"--budget={key}=300" for key in ("preflight", "attention", "overhead",
+                                                                        "preset-tiny", "data-parallel"))]
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +51,10 @@ def _plan(env: dict | None = None) -> tuple[list[tuple[str, float, str]], str]:
     return [(title, float(budget), note) for title, budget, note in rows], proc.stdout
 
 
-def test_the_default_plan_fits_480_s_with_the_nanochat_sections_first(gpu_check):
+def test_the_default_plan_fits_550_s_with_the_nanochat_sections_first(gpu_check):
     sections = gpu_check.plan_sections(gpu_check.parse_args(["--device", "cuda:0"]))
     assert [s.title for s in sections] == ORDER
-    assert sum(s.budget_s for s in sections if s.key != "data-parallel") == 480  # data-parallel: --dp-steps only
+    assert sum(s.budget_s for s in sections if s.key != "data-parallel") == 550  # data-parallel: --dp-steps only
     assert [s.key for s in sections if s.required] == ["preflight", "attention", "nanochat-record",
                                                        "nanochat-replay", "nanochat-eager", "detection"]
 
@@ -63,8 +63,8 @@ def test_the_plan_runs_the_preflight_and_lists_the_sections_in_order_with_budget
     rows, out = _plan()
     assert [r[0] for r in rows] == ORDER
     assert "python " in out and "torch " in out  # the preflight ran first and printed its findings
-    total = float(re.search(r"total (\d+) s of 750 s", out).group(1))
-    assert total == sum(budget for _, budget, _ in rows) == 470 - 30 + 300  # NVML and data-parallel skipped
+    total = float(re.search(r"total (\d+) s of 800 s", out).group(1))
+    assert total == sum(budget for _, budget, _ in rows) == 540 - 60 + 300  # NVML and data-parallel skipped
     notes = {title: note for title, _, note in rows}
     assert notes["nanochat record"] == "required" and notes["preset tiny"] == "while time is left"
     assert notes["NVML probe"] == "skipped: GPUs only" and notes["data-parallel"] == "skipped: --dp-steps 0"
@@ -83,11 +83,12 @@ def test_a_missing_rustbpe_is_named_and_the_nanochat_sections_say_so(tmp_path):
     assert notes["attention + GEMM"][1] == "required"  # the rest still runs
 
 
-@pytest.mark.heavy(seconds=15)
+@pytest.mark.heavy(seconds=30)
 def test_the_sections_run_in_order_and_each_one_is_written_as_it_ends(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run([sys.executable, str(CHECK), "--device", "cpu", "--sections",
-                           "attention,preset-tiny,data-parallel", "--steps", "4", "--dp-steps", "4", "--wheels", "",
+                           "attention,overhead,preset-tiny,data-parallel", "--steps", "4", "--dp-steps", "4",
+                           "--wheels", "",
                            *SLOW_RUN, "--cache-dir", str(tmp_path / "cache"), "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -102,6 +103,10 @@ def test_the_sections_run_in_order_and_each_one_is_written_as_it_ends(tmp_path):
     tiny = sections["preset-tiny"]
     assert tiny["status"] == "ok" and tiny["replay"]["repeatable"] is True and tiny["record"]["steps"] == 4
     assert [(r["rank"], r["bitwise_replay"]) for r in sections["data-parallel"]["ranks"]] == [(0, True), (1, True)]
+    overhead = sections["overhead"]
+    assert overhead["status"] == "ok", overhead
+    assert overhead["result"]["engine"]["compared_steps"] > 0 and overhead["result"]["ratio"] > 0
+    assert overhead["result"]["same_switches_as_engine"] is True  # the bare loop ran under the engine's switches
     for key in ("nanochat-record", "detection"):
         assert sections[key]["status"] == "skipped: not selected (--sections)"
     assert doc["exit_code"] == 0
