@@ -1,7 +1,7 @@
 """One prepared check of the stress engine on a lent GPU, in an order that keeps the most valuable figures when the
 window is short: each section has its own budget, prints its row and rewrites the `--out` JSON as soon as it ends.
 
-    python bench/gpu_check.py [--device cuda:0] [--out FILE] [--json] [--plan] [--budget-s 550]
+    python bench/gpu_check.py [--device cuda:0] [--out FILE] [--json] [--plan] [--budget-s 520]
         [--wheels DIR] [--sections KEYS] [--budget KEY=S ...] [--presets tiny] [--cache-dir DIR]
 
 Sections, in order (`--plan` runs the preflight and prints them with their budgets and what would be skipped):
@@ -26,7 +26,7 @@ Sections, in order (`--plan` runs the preflight and prints them with their budge
 10. data-parallel (`--dp-steps`, 0 by default: one GPU is lent): bench/dp_run.py over every visible GPU.
 A section runs as its own processes under its budget (`--budget KEY=S` changes one); one that times out is killed
 with its process group and keeps its stderr tail and the engine's last heartbeat. A section starts only with at
-least half its budget left of `--budget-s` (550 by default; the budgets sum to it), else it is "not run (budget)",
+least half its budget left of `--budget-s` (520 by default; the budgets sum to it), else it is "not run (budget)",
 which is reported apart from "not repeatable". Exit 0 when every section that ran passed and no required one
 (1-6) was skipped; 1 otherwise. `--device cpu` runs the same plan on the CPU with small sizes (tested).
 """
@@ -54,7 +54,7 @@ from gpu_nanochat import peak_tflops
 
 from tuner.engine.lifeline import set_parent_death_signal  # torch-free
 
-TOTAL_BUDGET_S = 550.0
+TOTAL_BUDGET_S = 520.0
 STDERR_TAIL_CHARS = 2000
 # what the nanochat preset imports beyond torch (tuner/engine/tokenizer.py): without them its sections are skipped
 # what an engine process imports beyond torch (tuner/engine/events.py, the event schema), and the nanochat preset
@@ -75,18 +75,21 @@ class Section:
 
 
 def plan_sections(args: argparse.Namespace) -> list[Section]:
-    """The sections in order, with their default budgets (seconds; they sum to 550)."""
+    """The sections in order, with their default budgets (seconds; they sum to 520)."""
     sections = [
-        Section("preflight", "preflight", 60),  # a fresh machine's first CUDA process: cold caches
-        Section("attention", "attention + GEMM", 45),
-        Section("nanochat-record", "nanochat record", 170, needs=NANOCHAT_NEEDS),
-        Section("nanochat-replay", "nanochat replay", 80, needs=NANOCHAT_NEEDS),
-        Section("nanochat-eager", "nanochat, no compile", 45, needs=NANOCHAT_NEEDS),
+        # about twice what each took on the first lent H200 (a fresh machine, cold caches; docs/engine.md): 9.5,
+        # 10.3, 59.4 (50.5 of it setup: the tokenizer, the batch fit, the compile), 27.0, 15.7, 16.4, 0.2, 57.2 s
+        Section("preflight", "preflight", 45),
+        Section("attention", "attention + GEMM", 30),
+        Section("nanochat-record", "nanochat record", 130, needs=NANOCHAT_NEEDS),
+        Section("nanochat-replay", "nanochat replay", 60, needs=NANOCHAT_NEEDS),
+        Section("nanochat-eager", "nanochat, no compile", 40, needs=NANOCHAT_NEEDS),
         Section("detection", "detection (compile off)", 40, needs=ENGINE_NEEDS),
         Section("nvml", "NVML probe", 10, required=False, needs=("pynvml",), gpu_only=True),
-        Section("overhead", "detector overhead", 75, required=False, needs=NANOCHAT_NEEDS),
+        Section("overhead", "detector overhead", 90, required=False, needs=NANOCHAT_NEEDS),
     ]
-    preset_budgets = {"tiny": 25.0, "small": 35.0, "large": 90.0}
+    # tiny took 61 s there (record and replay, each compiling: setup 27.3 s); 25 s timed it out in its compile
+    preset_budgets = {"tiny": 75.0, "small": 90.0, "large": 150.0}
     for preset in [p for p in args.presets.split(",") if p]:
         sections.append(Section(f"preset-{preset}", f"preset {preset}", preset_budgets.get(preset, 60.0),
                                 required=False, needs=ENGINE_NEEDS))
@@ -456,7 +459,7 @@ class Check:
             "attention_kernels": start.get("attention_kernels"), "kernels": start.get("kernels"),
             "start_repeatability": start.get("repeatability"), "setup_problems": start.get("setup_problems"),
             "steps": end.get("steps"), "median_step_ms": ms, "median_tok_s": end.get("median_tok_s"),
-            "tflops": None if achieved is None else round(achieved, 2),
+            "tflops": None if achieved is None else round(achieved, 3),
             "mfu": None if achieved is None or not peak else round(achieved / peak, 4),
             "mfu_of_measured_gemm": None if achieved is None or not ceiling else round(achieved / ceiling, 4),
             "peak_bf16_tflops": peak, "wall_s": p.wall_s,
@@ -467,7 +470,7 @@ class Check:
             return "-" if v is None else format(v, fmt)
         return (f"setup {num(f['setup_s'], '.1f')} s, batch {f['batch_size']}, compile {f['compile']}, "
                 f"{num(f['median_step_ms'], '.1f')} ms/step, {num(f['median_tok_s'], ',.0f')} tok/s, "
-                f"{num(f['tflops'], '.1f')} TFLOP/s, MFU {num(f['mfu'], '.1%')} (of the measured GEMM "
+                f"{num(f['tflops'], '.3g')} TFLOP/s, MFU {num(f['mfu'], '.1%')} (of the measured GEMM "
                 f"{num(f['mfu_of_measured_gemm'], '.1%')})")
 
     def engine_status(self, p: Proc, f: dict) -> str:

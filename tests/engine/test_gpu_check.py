@@ -26,7 +26,7 @@ ORDER = ["preflight", "attention + GEMM", "nanochat record", "nanochat replay", 
          "detection (compile off)", "NVML probe", "detector overhead", "preset tiny", "data-parallel"]
 NANOCHAT_SECTIONS = ORDER[2:5]
 # the budgets are sized for the GPU machine; on a shared 2-core box importing torch alone can take longer than the
-# preflight's 60 s, so the plan tests give it 300 s (and the whole check 270 s more), and the runs more to each
+# preflight's 45 s, so the plan tests give it 300 s (and the whole check 270 s more), and the runs more to each
 SLOW_BOX = ["--budget", "preflight=300", "--budget-s", "800"]
 SLOW_RUN = ["--budget-s", "3000", *(f"--budget={key}=300" for key in ("preflight", "attention", "overhead",
                                                                         "preset-tiny", "data-parallel"))]
@@ -51,10 +51,10 @@ def _plan(env: dict | None = None) -> tuple[list[tuple[str, float, str]], str]:
     return [(title, float(budget), note) for title, budget, note in rows], proc.stdout
 
 
-def test_the_default_plan_fits_550_s_with_the_nanochat_sections_first(gpu_check):
+def test_the_default_plan_fits_520_s_with_the_nanochat_sections_first(gpu_check):
     sections = gpu_check.plan_sections(gpu_check.parse_args(["--device", "cuda:0"]))
     assert [s.title for s in sections] == ORDER
-    assert sum(s.budget_s for s in sections if s.key != "data-parallel") == 550  # data-parallel: --dp-steps only
+    assert sum(s.budget_s for s in sections if s.key != "data-parallel") == 520  # data-parallel: --dp-steps only
     assert [s.key for s in sections if s.required] == ["preflight", "attention", "nanochat-record",
                                                        "nanochat-replay", "nanochat-eager", "detection"]
 
@@ -64,7 +64,7 @@ def test_the_plan_runs_the_preflight_and_lists_the_sections_in_order_with_budget
     assert [r[0] for r in rows] == ORDER
     assert "python " in out and "torch " in out  # the preflight ran first and printed its findings
     total = float(re.search(r"total (\d+) s of 800 s", out).group(1))
-    assert total == sum(budget for _, budget, _ in rows) == 540 - 60 + 300  # NVML and data-parallel skipped
+    assert total == sum(budget for _, budget, _ in rows) == 510 - 45 + 300  # NVML and data-parallel skipped
     notes = {title: note for title, _, note in rows}
     assert notes["nanochat record"] == "required" and notes["preset tiny"] == "while time is left"
     assert notes["NVML probe"] == "skipped: GPUs only" and notes["data-parallel"] == "skipped: --dp-steps 0"
