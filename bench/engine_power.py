@@ -1,7 +1,7 @@
 """Is the engine a heavy load? Its mean board power against a bf16 GEMM burn loop (gpu-burn's kind of load) on
 the same NVIDIA GPU, both sampled with NVML at 10 Hz over the same length of steady load.
 
-    python bench/engine_power.py [--device cuda:0] [--seconds 60] [--preset nanochat] [--json]
+    python bench/engine_power.py [--device cuda:0] [--seconds 60] [--preset nanochat] [--batch-size B] [--json]
 
 The engine runs as the tuner runs it (`python -m tuner.engine`, every detector on); the burn loop is
 `C = A @ B` on 8192 x 8192 bf16 matrices, back to back. Goal: engine / burn >= 0.9. Without a GPU (or without
@@ -73,6 +73,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--seconds", type=float, default=60.0, help="steady load measured for each (default 60)")
     ap.add_argument("--preset", default="nanochat")
+    ap.add_argument("--batch-size", type=int, default=None, help="the engine's batch (default: its own fit)")
     ap.add_argument("--settle-s", type=float, default=10.0, help="load left out at the start of each (default 10)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -95,7 +96,9 @@ def main() -> int:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     total = a.settle_s + a.seconds
     engine = subprocess.run([sys.executable, "-m", "tuner.engine", "--device", a.device, "--preset", a.preset,
-                             "--duration", f"{total:g}"], cwd=root, capture_output=True, text=True, check=False)
+                             "--duration", f"{total:g}",
+                             *(["--batch-size", str(a.batch_size)] if a.batch_size else [])],
+                            cwd=root, capture_output=True, text=True, check=False)
     events = [json.loads(line) for line in engine.stdout.splitlines() if line.startswith("{")]
     end = events[-1] if events else {}
     if end.get("verdict") != "pass":
@@ -111,12 +114,13 @@ def main() -> int:
     sampler.stop()
     ratio = engine_w["mean_w"] / burn_w["mean_w"] if engine_w["mean_w"] and burn_w["mean_w"] else None
     result = {"device": a.device, "preset": a.preset, "limit_w": limit_w, "engine": engine_w, "burn": burn_w,
-              "burn_tflops": tflops, "engine_tok_s": end.get("median_tok_s"), "ratio": ratio, "goal": 0.9}
+              "burn_tflops": tflops, "engine_tok_s": end.get("median_tok_s"), "ratio": ratio, "goal": 0.9,
+              "batch_size": next((e.get("batch_size") for e in events if e["event"] == "start"), None)}
     if a.json:
         print(json.dumps(result))
         return 0
-    print(f"board power, {a.preset} engine vs bf16 GEMM burn on {a.device} (limit {limit_w:.0f} W, "
-          f"{a.seconds:g} s each)")
+    print(f"board power, {a.preset} engine (batch {result['batch_size']}, {end.get('median_tok_s')} tok/s) vs bf16 "
+          f"GEMM burn on {a.device} (limit {limit_w:.0f} W, {a.seconds:g} s each)")
     print(f"{'':<8} {'mean W':>8} {'p95 W':>8} {'of limit':>9}")
     for name, s in (("engine", engine_w), ("burn", burn_w)):
         print(f"{name:<8} {s['mean_w']:>8.0f} {s['p95_w']:>8.0f} {s['mean_w'] / limit_w:>9.0%}")
