@@ -238,3 +238,20 @@ def test_a_journal_directory_the_boot_path_cannot_list_answers_a_crash_cannot_be
     proc = _as_nobody(home, "print(journal.trial_open_at_previous_boot())")
     assert proc.returncode == 0, proc.stderr
     assert "cannot be ruled out" in proc.stdout and "Permission denied" in proc.stdout, proc.stdout
+
+
+def test_a_mark_appended_after_a_torn_line_is_a_line_of_its_own(boot):
+    """A crash mid-append leaves the unsafe list's last line without its newline (ext4 keeps what reached the
+    disk: 'data=ordered' orders data before metadata, not whole lines). The next mark must start a line of its
+    own: glued to the torn one, both values would be in one damaged line, and deleting that line by hand (as the
+    error's remedy says) would forget the new one too."""
+    path = journal.unsafe_path("sim0")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"setting": -40, "kind": "hang", "ed')  # torn: no closing brace, no newline
+    journal.add_unsafe("sim0", -65, unit="mV", kind="reset", reason="the machine reset", edge=True)
+    with pytest.raises(DamagedState, match="line 1 "):
+        journal.own_unsafe_entries("sim0")
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["setting"] == -65
+    path.write_text(lines[1] + "\n")  # the remedy: delete the torn line
+    assert [e["setting"] for e in journal.own_unsafe_entries("sim0")] == [-65]
