@@ -488,6 +488,32 @@ def test_a_hard_failure_marked_after_a_forced_reset_ended_the_trial_still_goes_o
     assert refused.value.code == "unsafe"
 
 
+def test_a_mark_after_a_forced_reset_whose_write_failed_can_be_sent_again(service, monkeypatch):
+    """The same mark as above, but the machine list's disk is full when it arrives (ENOSPC: `DiskFull`). The
+    trial's end was taken before the write, so the same request sent again once space was freed was refused as
+    `no-trial` and the hang at -60 never reached the machine's list. The end stays until its mark is written."""
+    import errno
+
+    alice, bob = Client(1, peer(1000, pid=11)), Client(2, peer(1001, pid=22))
+    ask(service, alice, s.TrialBegin(card="sim0", setting=-60, phase="coarse", session="s"))
+    ask(service, alice, s.Set(card="sim0", value=-60))
+    ask(service, bob, s.Reset(card="sim0", force=True))
+    from tuner.helper import state as state_module
+
+    real_append = state_module.append_durable
+
+    def disk_full(path, line):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(state_module, "append_durable", disk_full)
+    mark = s.UnsafeMark(kind="hang", reason="ring gfx timeout")
+    with pytest.raises(TunerError, match="no space left on the device"):
+        ask(service, alice, s.TrialEnd(card="sim0", unsafe=mark))
+    monkeypatch.setattr(state_module, "append_durable", real_append)
+    ask(service, alice, s.TrialEnd(card="sim0", unsafe=mark))  # sent again
+    assert [(e.setting, e.kind) for e in ask(service, bob, s.UnsafeList(card="sim0"))] == [(-60, "hang")]
+
+
 def test_a_lost_card_does_not_stop_the_rest_of_a_closed_connection_going_back(tmp_path):
     """A card that falls off the bus (NVML GpuIsLost, an unreadable pp_od_clk_voltage: the backend's knob() raises
     DeviceLost) while its client goes away. `_restore` read the knob outside its error handling, so

@@ -346,11 +346,13 @@ class HelperService:
 
     def _op_trial_end(self, who: Client, r: s.TrialEnd) -> None:
         key = self.keys[r.card]
-        ended = self.ended.get(who.conn, {}).pop(r.card, None)
+        ended = self.ended.get(who.conn, {}).get(r.card)
         if ended is not None:  # a forced reset ended it (and said so); a hard failure seen at its setting still
             if r.unsafe is not None:  # counts: the reset may well be why the card came back (never applied again)
                 self._mark_unsafe(key, ended, r.unsafe, serial=self.devices[r.card].serial)
                 self._audit("trial_end", r.card, who, setting=ended.setting, unsafe=r.unsafe.kind)
+            # taken only now: a mark whose write failed (a full disk) can be sent again
+            self.ended.get(who.conn, {}).pop(r.card, None)
             return
         trial = self.state.open_trials().get(key)
         if trial is None or self.book.trials.get(r.card) != who.conn:
