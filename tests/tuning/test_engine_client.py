@@ -394,6 +394,29 @@ def test_an_engine_stopped_from_outside_is_not_a_hang_and_says_how_long(fake_pyt
     assert result.engine_stopped_s >= round(3 * FAST.min_silence_s, 1)
 
 
+def test_this_process_stopped_before_the_watchdogs_first_poll_is_not_engine_silence(fake_python):
+    """The same stop, but before the watchdog's first poll (a laptop suspended just after the engine was launched,
+    or a loaded machine that ran the engine's first step before the watchdog thread ever ran): the first poll had
+    no earlier one to measure its lateness from, so the whole jump read as silence, and the run failed as a hang
+    ('no first step within 1.5 s of launch'; in a fresh clone's CI run once, as 'no output for 30.0 s' in the
+    test above). The launch is the first poll's starting point."""
+    cfg = sc.EngineConfig(EngineOptions(steps=None, duration_s=60), python=fake_python,
+                          env={"FAKE_ENGINE_MODE": "busy"})
+    policy = replace(FAST, min_silence_s=sc.OWN_STOP_SLACK_S + 1.0)
+    clock = {"jump_s": 0.0, "armed": True}  # armed before the start: the watchdog's very first reading jumps
+
+    def now() -> float:
+        if clock["armed"] and threading.current_thread().name == "stress-watchdog":
+            clock["jump_s"], clock["armed"] = 10 * policy.min_silence_s, False
+        return time.monotonic() + clock["jump_s"]
+
+    run = sc.StressRun(cfg, watchdog=policy, clock=now).start()
+    for _ in run.events():
+        pass
+    result = run.result()
+    assert (result.verdict, result.kind, result.engine_stopped_s) == ("pass", None, 0.0), result
+
+
 def test_this_process_stopped_is_not_engine_silence(fake_python):
     """The tuner stopped (SIGSTOP, a suspended laptop): its clock jumps between two watchdog polls while the
     engine's own clock (its heartbeats' `t`) shows steady work. Before issue 28 that jump read as a hang."""

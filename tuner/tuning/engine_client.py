@@ -265,7 +265,7 @@ class StressRun:
         self._engine_stopped_s = 0.0  # seen stopped from outside (state T), all of the run
         # time nobody could watch (the engine stopped, or this process: a full stdout pipe blocks the engine too)
         self._paused_s = self._paused_at_progress_s = 0.0  # in all, and before the engine's last progress
-        self._t_last_poll: float | None = None
+        self._t_last_poll = 0.0  # set at the launch
         self._result: StressResult | None = None
 
     # -- lifecycle
@@ -287,7 +287,9 @@ class StressRun:
                     raise spawn.failed(e) from None
                 raise
             now = self._clock()
-            self._t_launch = self._t_last_event = now
+            # the launch is the first poll's starting point: a stop of this process before it (a suspend just
+            # after the launch) is measured like any other, not read as the engine's silence
+            self._t_launch = self._t_last_event = self._t_last_poll = now
         for target, name in ((self._read_stdout, "stdout"), (self._read_stderr, "stderr"),
                              (self._watch, "watchdog")):
             t = threading.Thread(target=target, name=f"stress-{name}", daemon=True)
@@ -444,8 +446,6 @@ class StressRun:
         """Time since the last poll that must not count as silence: all of it when the engine is stopped; past
         a late poll's due time when this process was not running (stopped itself). Lock held."""
         last, self._t_last_poll = self._t_last_poll, now
-        if last is None:
-            return 0.0
         elapsed = now - last
         if engine_stopped:
             self._engine_stopped_s += elapsed
