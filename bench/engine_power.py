@@ -113,9 +113,12 @@ def main() -> int:
     burn_w = summary(sampler.between(t0 + a.settle_s, time.monotonic()))
     sampler.stop()
     ratio = engine_w["mean_w"] / burn_w["mean_w"] if engine_w["mean_w"] and burn_w["mean_w"] else None
+    # what the engine changed at setup (a batch that did not fit and was stepped down): part of the figure
+    warnings = [f"{e.get('kind')}: {e.get('detail')}" for e in events if e["event"] == "warning" and e.get("setup")]
     result = {"device": a.device, "preset": a.preset, "limit_w": limit_w, "engine": engine_w, "burn": burn_w,
               "burn_tflops": tflops, "engine_tok_s": end.get("median_tok_s"), "ratio": ratio, "goal": 0.9,
-              "batch_size": next((e.get("batch_size") for e in events if e["event"] == "start"), None)}
+              "batch_size": next((e.get("batch_size") for e in events if e["event"] == "start"), None),
+              "setup_warnings": warnings}
     if a.json:
         print(json.dumps(result))
         return 0
@@ -124,6 +127,8 @@ def main() -> int:
     print(f"{'':<8} {'mean W':>8} {'p95 W':>8} {'of limit':>9}")
     for name, s in (("engine", engine_w), ("burn", burn_w)):
         print(f"{name:<8} {s['mean_w']:>8.0f} {s['p95_w']:>8.0f} {s['mean_w'] / limit_w:>9.0%}")
+    for line in warnings:
+        print(f"engine setup: {line}")
     shown = "-" if ratio is None else f"{ratio:.3f}"
     print(f"{'ratio':<8} {shown:>8}  goal >= 0.90: {'met' if ratio and ratio >= 0.9 else 'NOT met'}")
     return 0
