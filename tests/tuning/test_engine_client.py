@@ -402,7 +402,10 @@ def test_this_process_stopped_before_the_watchdogs_first_poll_is_not_engine_sile
     test above). The launch is the first poll's starting point."""
     cfg = sc.EngineConfig(EngineOptions(steps=None, duration_s=60), python=fake_python,
                           env={"FAKE_ENGINE_MODE": "busy"})
-    policy = replace(FAST, min_silence_s=sc.OWN_STOP_SLACK_S + 1.0)
+    # the first poll may come before the first step: then the first-step timeout applies, and up to the slack
+    # (2 s) of the late poll counts against it, so it is well above the slack here (the real one is minutes);
+    # the stop (30 s) is far beyond both
+    policy = replace(FAST, min_silence_s=sc.OWN_STOP_SLACK_S + 1.0, first_step_timeout_s=sc.OWN_STOP_SLACK_S + 10.0)
     clock = {"jump_s": 0.0, "armed": True}  # armed before the start: the watchdog's very first reading jumps
 
     def now() -> float:
