@@ -58,9 +58,9 @@ def append_durable(path: Path, line: str) -> None:
     A file whose last line a crash tore (no newline at its end) gets the newline first: the new line stays a line
     of its own, readable once the torn one is repaired, instead of being glued into it."""
     fd = state_files.open_file(Path(path), os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    size = os.fstat(fd).st_size
-    torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
+    with os.fdopen(fd, "a", encoding="utf-8") as f:  # closes the descriptor whatever fails below
+        size = os.fstat(fd).st_size
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
         f.write(("\n" if torn else "") + line.rstrip("\n") + "\n")
         f.flush()
         os.fsync(f.fileno())
