@@ -56,7 +56,6 @@ from tuner.engine.lifeline import set_parent_death_signal  # torch-free
 
 TOTAL_BUDGET_S = 520.0
 STDERR_TAIL_CHARS = 2000
-# what the nanochat preset imports beyond torch (tuner/engine/tokenizer.py): without them its sections are skipped
 # what an engine process imports beyond torch (tuner/engine/events.py, the event schema), and the nanochat preset
 # beyond that (tuner/engine/tokenizer.py): without them the sections that run it are skipped, and say why
 ENGINE_NEEDS = ("msgspec",)
