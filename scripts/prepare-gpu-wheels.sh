@@ -31,7 +31,10 @@ done
 
 python="${PYTHON:-.venv/bin/python}"
 [ -x "$python" ] || python=python3
-mapfile -t needed < <("$python" bench/gpu_preflight.py --fetch-list)
+# a command substitution, not `< <(...)`: set -e stops the script when the list cannot be made (a process
+# substitution's failure is ignored, and the script would fetch nothing and say it prepared what was asked)
+needed_text="$("$python" bench/gpu_preflight.py --fetch-list)"
+mapfile -t needed <<< "$needed_text"
 wanted=("${needed[@]}" "${extra[@]}")
 
 mkdir -p "$dest"
