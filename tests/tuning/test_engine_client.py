@@ -394,6 +394,19 @@ def test_an_engine_stopped_from_outside_is_not_a_hang_and_says_how_long(fake_pyt
     assert result.engine_stopped_s >= round(3 * FAST.min_silence_s, 1)
 
 
+class _StopOfThisProcess:
+    """The clock of a process stopped once for `jump_s` (SIGSTOP, a suspend): once armed, the watchdog's next
+    reading jumps, and every thread sees the jump from then on."""
+
+    def __init__(self, jump_s: float, *, armed: bool) -> None:
+        self.jump_s, self.armed, self._offset_s = jump_s, armed, 0.0
+
+    def __call__(self) -> float:
+        if self.armed and threading.current_thread().name == "stress-watchdog":
+            self._offset_s, self.armed = self.jump_s, False
+        return time.monotonic() + self._offset_s
+
+
 def test_this_process_stopped_before_the_watchdogs_first_poll_is_not_engine_silence(fake_python):
     """The same stop, but before the watchdog's first poll (a laptop suspended just after the engine was launched,
     or a loaded machine that ran the engine's first step before the watchdog thread ever ran): the first poll had
@@ -406,13 +419,8 @@ def test_this_process_stopped_before_the_watchdogs_first_poll_is_not_engine_sile
     # (2 s) of the late poll counts against it, so it is well above the slack here (the real one is minutes);
     # the stop (30 s) is far beyond both
     policy = replace(FAST, min_silence_s=sc.OWN_STOP_SLACK_S + 1.0, first_step_timeout_s=sc.OWN_STOP_SLACK_S + 10.0)
-    clock = {"jump_s": 0.0, "armed": True}  # armed before the start: the watchdog's very first reading jumps
-
-    def now() -> float:
-        if clock["armed"] and threading.current_thread().name == "stress-watchdog":
-            clock["jump_s"], clock["armed"] = 10 * policy.min_silence_s, False
-        return time.monotonic() + clock["jump_s"]
-
+    # armed before the start: the watchdog's very first reading jumps
+    now = _StopOfThisProcess(10 * policy.min_silence_s, armed=True)
     run = sc.StressRun(cfg, watchdog=policy, clock=now).start()
     for _ in run.events():
         pass
@@ -431,18 +439,12 @@ def test_this_process_stopped_is_not_engine_silence(fake_python):
     # machine's late poll is never excused in full: the limit here is just above the slack (the real one is 60 s),
     # and the stop is 10 x it.
     policy = replace(FAST, min_silence_s=sc.OWN_STOP_SLACK_S + 1.0)
-    clock = {"jump_s": 0.0, "armed": False}
-
-    def now() -> float:
-        if clock["armed"] and threading.current_thread().name == "stress-watchdog":
-            clock["jump_s"], clock["armed"] = 10 * policy.min_silence_s, False
-        return time.monotonic() + clock["jump_s"]
-
+    now = _StopOfThisProcess(10 * policy.min_silence_s, armed=False)
     run = sc.StressRun(cfg, watchdog=policy, clock=now).start()
     events = run.events()
     while next(events).name != "step":
         pass
-    clock["armed"] = True
+    now.armed = True
     for _ in events:
         pass
     result = run.result()
