@@ -141,6 +141,8 @@ def mixed_phase(o: EngineOptions, elapsed_s: float) -> tuple[str, float]:
 
 
 class Engine:
+    train_model: Callable[..., torch.Tensor]  # the model (eager) or its compiled wrapper: what a training step runs
+
     def __init__(self, opts: EngineOptions, emitter: Emitter, *, log: Callable[[str], None] = log_line,
                  sleep: Callable[[float], None] = time.sleep, environment_notes: list[str] | None = None) -> None:
         self.opts, self.em, self.log, self.sleep = opts, emitter, log, sleep
@@ -231,6 +233,7 @@ class Engine:
         self.tokenizer: BpeTokenizer | None = None
         self.token_bytes: torch.Tensor | None = None  # UTF-8 bytes per token id (BPE presets), for bits per byte
         self.use_compile = opts.mode != "gemm" and opts.compile_enabled(self.spec.type)
+        self.compiled_fit = False  # the batch was one only the compiled step fits (the fit's compiled probe)
         if self.use_compile and self.spec.type == "cpu" and compiled.cpu_compile_problem():
             raise SetupProblem(f"--compile: {compiled.cpu_compile_problem()}")
         if opts.mode != "gemm":
@@ -243,7 +246,7 @@ class Engine:
             self._build_model()
             self._attention_repeatable = self._attention_smoke()  # before the batch fit: a clearer error
             self.batch_size = self._fit_batch()
-            if self.use_compile:  # after the fit, whose probes run eager kernels (_oom_probe)
+            if self.use_compile and self.train_model is self.model:  # the fit's probes ran eager kernels only
                 self.train_model = compiled.compile_model(self.model)
             self._build_canary()
         else:
@@ -335,6 +338,10 @@ class Engine:
             eager_updates()
             self._setup_warning("compile", "two compiled training steps from the same start differed: running eager "
                                            "kernels (compile is on by default only where it repeats)")
+            if self.compiled_fit:  # a batch only the compiled step fits: the eager kernels get one they fit
+                torch._dynamo.reset()
+                self.batch_size = self._fit_batch(eager_only=True)
+                self._build_canary()
             self.first_difference = None
             self._check_repeatability()
         self.repeatability["compiled"] = bool(self.use_compile and self.repeatability.get("steps"))
@@ -346,12 +353,12 @@ class Engine:
         x, y = self.sampler.fixed_batch(0, rows)
         self.canary = CanaryReplay(canary_model, x.to(self.device), y.to(self.device))
 
-    def _oom_probe(self, batch: int) -> int | None:
+    def _oom_probe(self, batch: int, model: Callable[..., torch.Tensor] | None = None) -> int | None:
         """One whole training step at `batch` (forward, backward, both optimizers with their state and
         temporaries), then back to the initial weights and fresh optimizers. Returns the peak memory in bytes
         (CUDA; None elsewhere). Eager kernels, the model's and the optimizer updates' (compiling once per probed
-        batch would cost minutes): `setup` compiles after the fit. Eager kernels keep more temporaries than
-        compiled ones, so a batch that fits eager fits compiled."""
+        batch would cost minutes), unless `model` is the compiled one (`_compiled_probe`). Eager kernels keep
+        more temporaries than compiled ones, so a batch that fits eager fits compiled."""
         if self.opts.test_oom_above is not None and batch > self.opts.test_oom_above:
             raise make_oom(f"out of memory: simulated by the test hook at batch {batch}")
         cuda = self.spec.type == "cuda"
@@ -359,7 +366,7 @@ class Engine:
             torch.cuda.reset_peak_memory_stats(self.spec.device)
         try:
             x, y = self.sampler.train_batch(0, batch)
-            loss = self.model(x.to(self.device), y.to(self.device))
+            loss = (model or self.model)(x.to(self.device), y.to(self.device))
             loss.backward()
             del loss
             self.muon.step()
@@ -371,7 +378,7 @@ class Engine:
         finally:
             self._restore_initial()
 
-    def _fit_batch(self) -> int:
+    def _fit_batch(self, eager_only: bool = False) -> int:
         opts = self.opts
         pinned = None if self.reference is None else self.reference.fingerprint.get("batch_size")
         batch = opts.batch_size or pinned or opts.preset_spec.batch_size
@@ -390,23 +397,51 @@ class Engine:
         def on_oom() -> None:
             self.model.zero_grad(set_to_none=True)
             empty_cache(self.spec)
-            if pinned is not None:
-                raise SetupProblem(f"out of memory at batch {batch}, which the reference was recorded with; "
-                                   f"free memory on the device or record a new reference")
 
+        compiled_probe = None if eager_only or not self._fit_compiled() else self._compiled_probe
+        fit = None
         try:
             fit = fit_batch(batch, self._oom_probe, is_oom, on_oom, seq_len=opts.preset_spec.seq_len,
                             target_tokens=opts.preset_spec.target_tokens if grow else 0,
-                            total_memory_bytes=self.spec.total_memory_bytes, base_memory_bytes=base)
-        except BatchDoesNotFit:
+                            total_memory_bytes=self.spec.total_memory_bytes, base_memory_bytes=base,
+                            compiled_probe=compiled_probe, step_down=pinned is None)
+        except BatchDoesNotFit as e:
+            if pinned is not None:
+                raise SetupProblem(f"out of memory at batch {e.batch}, which the reference was recorded with; "
+                                   f"free memory on the device or record a new reference") from None
             raise SetupProblem("out of memory even at batch 1: free memory on the device or use a smaller "
                                "--preset") from None
+        finally:
+            if fit is None or not fit.compiled_fit:
+                self._forget_compiled()  # a compiled try that lost: setup compiles afresh at the batch taken
+        self.compiled_fit = fit.compiled_fit
         for line in fit.step_downs:
             self._setup_warning("oom", line)
         for line in fit.growth:
             self.log(f"batch fit: {line}")
         empty_cache(self.spec)
         return fit.batch
+
+    def _fit_compiled(self) -> bool:
+        """Whether the fit may try the compiled step where the eager probes run out of memory: on a GPU, where
+        the training compiles (on the CPU a fixed batch is not probed and the batch never grows)."""
+        return self.use_compile and self.spec.type == "cuda"
+
+    def _compiled_probe(self, batch: int) -> int | None:
+        """The probe with the kernels the training will run: the model and the optimizer updates compiled here,
+        and kept when the fit takes this batch (the start-up check's steps then run the same compiled code)."""
+        if self.train_model is self.model:
+            self.train_model = compiled.compile_model(self.model)
+        return self._oom_probe(batch, self.train_model)
+
+    def _forget_compiled(self) -> None:
+        """Back to eager kernels and an empty compile cache, so the training's compile at another batch is the
+        one a fresh process makes (a replay pinned to that batch compiles it from nothing)."""
+        if self.train_model is self.model:
+            return
+        torch._dynamo.reset()
+        self.train_model = self.model
+        eager_updates()
 
     def _setup_warning(self, kind: str, detail: str) -> None:
         self.setup_problems.append(detail)
