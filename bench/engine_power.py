@@ -115,10 +115,11 @@ def main() -> int:
     ratio = engine_w["mean_w"] / burn_w["mean_w"] if engine_w["mean_w"] and burn_w["mean_w"] else None
     # what the engine changed at setup (a batch that did not fit and was stepped down): part of the figure
     warnings = [f"{e.get('kind')}: {e.get('detail')}" for e in events if e["event"] == "warning" and e.get("setup")]
+    fit_lines = [line.split("batch fit: ", 1)[1] for line in engine.stderr.splitlines() if "batch fit: " in line]
     result = {"device": a.device, "preset": a.preset, "limit_w": limit_w, "engine": engine_w, "burn": burn_w,
               "burn_tflops": tflops, "engine_tok_s": end.get("median_tok_s"), "ratio": ratio, "goal": 0.9,
               "batch_size": next((e.get("batch_size") for e in events if e["event"] == "start"), None),
-              "setup_warnings": warnings}
+              "setup_warnings": warnings, "batch_fit": fit_lines}
     if a.json:
         print(json.dumps(result))
         return 0
@@ -129,6 +130,8 @@ def main() -> int:
         print(f"{name:<8} {s['mean_w']:>8.0f} {s['p95_w']:>8.0f} {s['mean_w'] / limit_w:>9.0%}")
     for line in warnings:
         print(f"engine setup: {line}")
+    for line in fit_lines:
+        print(f"batch fit: {line}")
     shown = "-" if ratio is None else f"{ratio:.3f}"
     print(f"{'ratio':<8} {shown:>8}  goal >= 0.90: {'met' if ratio and ratio >= 0.9 else 'NOT met'}")
     return 0
