@@ -182,6 +182,10 @@ def _compiled_fit_run(monkeypatch, *, eager_limit: int, compiled_limit: int, **e
         def __call__(self, *a, **kw):
             return self.model(*a, **kw)
 
+        def __len__(self):  # as torch/_dynamo/eval_frame.py OptimizedModule.__len__ of a module that is no container:
+            # so `compiled or model` raises, as it did on the first GPU run of this fit
+            raise TypeError(f"{type(self.model).__name__} does not support len()")
+
     def probe(self, batch, model=None):
         kind = "eager" if model is None else "compiled"
         calls.append((kind, batch))

@@ -366,7 +366,7 @@ class Engine:
             torch.cuda.reset_peak_memory_stats(self.spec.device)
         try:
             x, y = self.sampler.train_batch(0, batch)
-            loss = (model or self.model)(x.to(self.device), y.to(self.device))
+            loss = (self.model if model is None else model)(x.to(self.device), y.to(self.device))
             loss.backward()
             del loss
             self.muon.step()
