@@ -176,6 +176,19 @@ def _thread_states(pid: int) -> list[str]:
     return states
 
 
+def _shell_state(pid: int) -> str:
+    """A wrapper shell's status, its threads' wait channels and its children, for a failure message."""
+    try:
+        shell = psutil.Process(pid)
+        children = []
+        for c in shell.children():
+            with contextlib.suppress(psutil.Error):
+                children.append((c.pid, c.status(), c.cmdline()[:3]))
+        return f"{shell.status()} {_thread_states(pid)}, its children {children}"
+    except psutil.Error as e:
+        return f"unknown ({e!r})"
+
+
 @pytest.fixture
 def tuners():
     started: list[PtyTuner] = []
@@ -531,8 +544,10 @@ def test_sigterm_while_the_ui_runs_in_the_background_reverts_and_exits_130(tuner
             wait_until(ended, EXIT_BOUND_S, "the tuner to end")
         except AssertionError:
             state = ui.status() if ui.is_running() else "gone"
+            # the job-control shell too: it is what writes the rc file (seen once: the UI gone, no rc in 90 s)
             raise AssertionError(f"tuner did not end after SIGTERM in the background: {state}; "
-                                 f"{_thread_states(ui.pid)}") from None
+                                 f"{_thread_states(ui.pid)}; the shell: {_shell_state(tuner.proc.pid)}, "
+                                 f"rc file {rc.read_text() if rc.exists() else 'absent'!r}") from None
         assert int(rc.read_text()) == exit_codes.INTERRUPTED
         assert _card_offset() == 0
     finally:

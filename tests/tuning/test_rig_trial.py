@@ -25,8 +25,8 @@ def RigTrialParams(**kw) -> TrialParams:
     return TrialParams(**{"phase": "rig-confirm", "mode": "mixed", **kw})
 
 
-def _backend(n: int = 2) -> SimulatedBackend:
-    return SimulatedBackend(gpus=n, vmin_mv=(-52, -67, -40)[:n])
+def _backend(n: int = 2, **kw) -> SimulatedBackend:
+    return SimulatedBackend(gpus=n, vmin_mv=(-52, -67, -40)[:n], **kw)
 
 
 def _at_stock(backend: SimulatedBackend, devices) -> bool:
@@ -44,14 +44,26 @@ def _refs(tmp_path, devices, write=True):
 # --- real engines ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """Two simulated cards record their data-parallel references at stock (real engines)."""
+    """Two simulated cards record their data-parallel references at stock (real engines). The cards are the
+    module's own: a module fixture is set up before conftest's per-test XDG directories, so a default
+    SimulatedBackend here was the home directory's sim0/sim1, shared with the other xdist worker's copy of this
+    fixture (and anything else on the machine): one worker's -40/-55 landed under the other's trial, which ended
+    `changed-outside` (both cards inconclusive, or a recording with no references and the tests on it ERROR)."""
     tmp = tmp_path_factory.mktemp("rig")
-    backend = _backend()
+    backend = _backend(state_path=tmp / "simulated")
     refs = _refs(tmp, ("sim0", "sim1"), write=False)
     res = run_trial(backend, {"sim0": 0, "sim1": 0},
                         RigTrialParams(duration_s=2.0, mode="train", record_paths=refs, phase="rig-baseline",
                                        collective_timeout_s=20), None, threading.Event())
+    # every test on it needs both references: a recording that failed says so here, not as a missing reference
+    assert {d: r.verdict for d, r in res.results.items()} == {"sim0": "pass", "sim1": "pass"}, res
     return backend, refs, res
+
+
+def test_the_recorded_cards_are_this_module_s_own(recorded, tmp_path_factory):
+    backend, refs, _ = recorded
+    assert backend.state_path.is_relative_to(tmp_path_factory.getbasetemp()), backend.state_path
+    assert backend.state_path.parent == refs["sim0"].parent
 
 
 def test_a_stock_recording_and_a_safe_confirmation_pass_on_real_gloo_ranks(recorded):
