@@ -133,3 +133,37 @@ async def test_a_second_cards_apply_before_the_first_is_announced_does_not_orpha
         assert not unconfirmed
         said = [n.message for n in app._notifications if "already waiting for keep-or-revert" in n.message]
         assert len(said) == 1 and "apply -10 on sim1" in said[0], said
+
+
+async def test_the_kept_callback_belongs_to_the_change_that_was_applied_not_to_a_refused_second_apply(app, backend,
+                                                                                                     monkeypatch):
+    """The Bisect screen applies its result with an `on_kept` (offer to save it as a profile). A second apply asked
+    for before the first was announced is refused in its worker (one change at a time), but it had already set the
+    App's `_on_kept` to its own (here none): keeping the first change then offered nothing."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    real_apply = type(backend).apply
+
+    def held_apply(self, device_id, value, **kw):
+        if value == -20:  # the first apply: held inside its write, under the App's write lock
+            entered.set()
+            release.wait(20)
+        return real_apply(self, device_id, value, **kw)
+
+    monkeypatch.setattr(type(backend), "apply", held_apply)
+    kept: list[str] = []
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.apply_setting("sim0", -20, on_kept=lambda: kept.append("first"))
+        await until(pilot, entered.is_set, what="the first apply inside its write")
+        app.apply_setting("sim0", -30)  # no keep-or-revert is announced yet: refused in its worker, later
+        release.set()
+        await until(pilot, lambda: isinstance(app.screen, KeepOrRevertDialog), what="the first change's dialog")
+        await app.workers.wait_for_complete()
+        assert backend.knob("sim0").current == -20  # the second apply was refused
+        await pilot.press("k")
+        await until(pilot, lambda: not isinstance(app.screen, KeepOrRevertDialog) and app.pending is None,
+                    what="the dialog answered")
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: bool(kept) or app.histories["sim0"].knob.current == -20, what="the keep settled")
+        assert backend.knob("sim0").current == -20 and kept == ["first"]

@@ -350,8 +350,7 @@ class TunerApp(App[int]):
             pending.apply()
             return pending
 
-        self._on_kept = on_kept
-        self._apply(apply, f"apply {value:+d} on {device_id}")
+        self._apply(apply, f"apply {value:+d} on {device_id}", on_kept)
 
     def apply_rig_profile(self, profile: Profile | Callable[[], Profile], *,
                           on_kept: Callable[[], None] | None = None) -> None:
@@ -375,14 +374,15 @@ class TunerApp(App[int]):
                 self.post_message(msg.Noted(warning, "warning"))
             return change
 
-        self._on_kept = on_kept
         name = profile.name if isinstance(profile, Profile) else jobs.RESULT_NAME  # the name the function builds
-        self._apply(apply, f"apply {jobs.profile_words(name)}")
+        self._apply(apply, f"apply {jobs.profile_words(name)}", on_kept)
 
     @work(thread=True, exit_on_error=False, group="setting")
-    def _apply(self, apply: Callable[[], PendingChange | RigChange], what: str) -> None:
+    def _apply(self, apply: Callable[[], PendingChange | RigChange], what: str,
+               on_kept: Callable[[], None] | None) -> None:
         """`apply` prepares the change (a setting, a rig profile), applies it and returns it, in this worker under
-        the write lock; the keep-or-revert follows. Refused or not applied: said as `what` and why."""
+        the write lock; the keep-or-revert follows, and `on_kept` travels with the change (a second apply refused
+        here must not replace the first one's). Refused or not applied: said as `what` and why."""
         with self._writing:
             if self._refuses_new_writes(what):
                 return
@@ -398,7 +398,7 @@ class TunerApp(App[int]):
                 self.post_message(msg.BackendFailed(what, e))
                 return
             self._unannounced.append(change)  # make_safe reverts it even if the event loop never takes it
-        self.post_message(msg.ChangeApplied(change))
+        self.post_message(msg.ChangeApplied(change, on_kept))
 
     def on_change_applied(self, message: msg.ChangeApplied) -> None:
         with self._writing:
@@ -406,6 +406,7 @@ class TunerApp(App[int]):
                 return
             self._unannounced.remove(message.pending)
             self.pending = message.pending
+            self._on_kept = message.on_kept
         for device_id, knob in message.pending.applied_by_card.items():  # read back: shown before the dialog
             self.histories[device_id].set_knob(knob)
         self.repaint_screens()

@@ -10,6 +10,8 @@ from textual.message import Message
 from tuner.core.models import Knob, Telemetry
 
 if TYPE_CHECKING:  # what the messages carry, for the type checker (the App imports the modules itself)
+    from collections.abc import Callable
+
     from textual.notifications import SeverityLevel
 
     from tuner.actions.boot_service import BootServiceStatus
@@ -44,9 +46,11 @@ class Noted(Message):
 
 @dataclass
 class ChangeApplied(Message):
-    """A setting was written and read back; it now waits for keep-or-revert."""
+    """A setting was written and read back; it now waits for keep-or-revert. `on_kept`: what the apply asked to
+    run once it is kept (the Bisect screen's offer to save it as a profile)."""
 
     pending: PendingChange | RigChange
+    on_kept: Callable[[], None] | None = None
 
 
 @dataclass
