@@ -119,7 +119,7 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
         say(f"skipped: {reason}")
         return BootReport(reason, (), exit_codes.OK, tuple(lines), mode)
     if profile_name is not None:
-        profiles = [load_profile(profile_name)]
+        profiles = [load_profile(profile_name, system=True)]  # never the installer's user store
     else:
         profiles, bad = scan(system=True)
         for path, why in bad:
