@@ -77,7 +77,11 @@ if [ "$mode" = uninstall ]; then
     [ ! -e "$systemd_dir/$unit" ] || run rm -f "$systemd_dir/$unit"
   done
   ! systemd_live || run systemctl daemon-reload
-  if [ -L "$bin_link" ] || [ -e "$bin_link" ]; then run rm -f "$bin_link"; fi
+  if [ -L "$bin_link" ] && [ "$(readlink "$bin_link")" = "$prefix/bin/tuner" ]; then
+    run rm -f "$bin_link"  # the link the install wrote (ln -sfn), dangling or not
+  elif [ -L "$bin_link" ] || [ -e "$bin_link" ]; then
+    say "kept $bin_link: not the link to $prefix/bin/tuner this installer writes (another program's)"
+  fi
   created_group=0
   [ ! -f "$prefix/.created-group" ] || created_group=1
   [ ! -e "$prefix" ] || run rm -rf "$prefix"

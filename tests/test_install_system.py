@@ -127,3 +127,37 @@ def test_a_fifo_or_a_link_planted_as_a_lock_file_neither_hangs_nor_is_followed(t
                          timeout=60, cwd=REPO)
     os.close(held)
     assert (run.returncode, run.stdout.strip()) == (0, "None"), run.stderr
+
+
+def uninstall(tmp_path: Path) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "PYTHON": sys.executable,
+                   "TUNER_PREFIX": str(tmp_path / "opt/tuner"), "TUNER_BIN_DIR": str(tmp_path / "bin")}
+    return subprocess.run(["bash", str(SCRIPT), "--uninstall"], capture_output=True, text=True, env=environment,
+                          timeout=120)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--uninstall needs root")
+@pytest.mark.parametrize("other", ["file", "link"])
+def test_uninstall_keeps_a_tuner_command_it_did_not_install(tmp_path, other):
+    """The installer writes BIN_DIR/tuner as a link to PREFIX/bin/tuner; another program of that name (a file, or
+    a link elsewhere) is not its to remove."""
+    (tmp_path / "bin").mkdir()
+    theirs = tmp_path / "bin/tuner"
+    if other == "file":
+        theirs.write_text("#!/bin/sh\necho another tuner\n")
+    else:
+        (tmp_path / "elsewhere").write_text("#!/bin/sh\n")
+        theirs.symlink_to(tmp_path / "elsewhere")
+    proc = uninstall(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert os.path.lexists(theirs)
+    assert f"kept {theirs}" in proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--uninstall needs root")
+def test_uninstall_removes_its_own_link(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/tuner").symlink_to(tmp_path / "opt/tuner/bin/tuner")  # dangling: the venv is half gone
+    proc = uninstall(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not os.path.lexists(tmp_path / "bin/tuner")
