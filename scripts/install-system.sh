@@ -116,19 +116,17 @@ if [ "$dry" = 1 ]; then
 fi
 
 say "torch build: $build ($why) from $torch_from"
-if ! getent group "$group" >/dev/null; then
-  groupadd --system "$group"
-  new_group=1
-  say "created group $group"
-else
-  new_group=0
-fi
-
 if [ ! -x "$prefix/bin/python" ]; then
   "$python" -m venv "$prefix"  # also repairs a half-installed prefix (a directory without its venv)
   say "created the venv $prefix"
 fi
-[ "$new_group" = 0 ] || touch "$prefix/.created-group"
+# the group after the venv, marked at once: --uninstall removes only a group marked as this install's, so a run
+# that failed between the two must not leave one unmarked (the next run would find it and never mark it)
+if ! getent group "$group" >/dev/null; then
+  groupadd --system "$group"
+  touch "$prefix/.created-group"
+  say "created group $group"
+fi
 pip() { "$prefix/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 installed_build="$("$prefix/bin/python" -c 'import torch; print("rocm" if torch.version.hip else "cuda" if torch.version.cuda else "cpu")' 2>/dev/null || true)"
 if [ "$build" != keep ] && [ "$installed_build" != "$build" ]; then

@@ -161,3 +161,30 @@ def test_uninstall_removes_its_own_link(tmp_path):
     proc = uninstall(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert not os.path.lexists(tmp_path / "bin/tuner")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the install needs root (it runs groupadd for real)")
+def test_an_install_that_fails_before_its_venv_leaves_no_group_that_uninstall_would_not_remove(tmp_path):
+    """`--uninstall` removes the group only where `PREFIX/.created-group` says the install made it. A first install
+    whose venv cannot be made (Debian without python3-venv) must not leave a group without that mark: the run
+    after the fix would find the group there, not mark it, and the uninstall would leave it behind for good."""
+    import grp
+    import secrets
+
+    group = f"tunertest{secrets.token_hex(3)}"
+    python = tmp_path / "python3"  # the real interpreter, but `-m venv` fails as it does without python3-venv
+    python.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = venv ] && {{ echo "ensurepip is not available" >&2; '
+                      f'exit 1; }}; done\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    environment = {**os.environ, "TUNER_SYSFS_ROOT": str(fake_tree(tmp_path / "root")), "TUNER_TORCH": "cpu",
+                   "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "TUNER_PREFIX": str(tmp_path / "opt/tuner"),
+                   "TUNER_BIN_DIR": str(tmp_path / "bin"), "TUNER_SYSTEM_PROFILES": str(tmp_path / "profiles"),
+                   "TUNER_GROUP": group, "PYTHON": str(python)}
+    try:
+        proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=environment, timeout=120)
+        assert proc.returncode != 0 and "ensurepip" in proc.stderr
+        made = any(g.gr_name == group for g in grp.getgrall())
+        assert not made or (tmp_path / "opt/tuner/.created-group").exists(), "group made, and not marked as made"
+    finally:
+        if any(g.gr_name == group for g in grp.getgrall()):
+            subprocess.run(["groupdel", group], check=True, timeout=60)
