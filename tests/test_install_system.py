@@ -188,3 +188,35 @@ def test_an_install_that_fails_before_its_venv_leaves_no_group_that_uninstall_wo
     finally:
         if any(g.gr_name == group for g in grp.getgrall()):
             subprocess.run(["groupdel", group], check=True, timeout=60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the install needs root")
+def test_install_refuses_to_replace_a_tuner_command_it_did_not_write(tmp_path):
+    """`ln -sfn` would replace another program's BIN_DIR/tuner without a word: the install refuses first (exit 2,
+    one line naming it), before the group or the venv is made."""
+    import grp
+    import secrets
+
+    (tmp_path / "bin").mkdir()
+    theirs = tmp_path / "bin/tuner"
+    theirs.write_text("#!/bin/sh\necho another tuner\n")
+    group = f"tunertest{secrets.token_hex(3)}"
+    python = tmp_path / "python3"  # an install that got past the check stops at its venv, before pip or the network
+    python.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = venv ] && exit 1; done\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    environment = {**os.environ, "TUNER_SYSFS_ROOT": str(fake_tree(tmp_path / "root")), "TUNER_TORCH": "cpu",
+                   "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "TUNER_PREFIX": str(tmp_path / "opt/tuner"),
+                   "TUNER_BIN_DIR": str(tmp_path / "bin"), "TUNER_SYSTEM_PROFILES": str(tmp_path / "profiles"),
+                   "TUNER_GROUP": group, "PYTHON": str(python)}
+    try:
+        for args in ([], ["--dry-run"]):
+            proc = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=environment,
+                                  timeout=120)
+            assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+            assert len(proc.stderr.strip().splitlines()) == 1 and f"{theirs} is not" in proc.stderr
+            assert theirs.read_text() == "#!/bin/sh\necho another tuner\n"
+            assert not (tmp_path / "opt").exists() and not (tmp_path / "systemd").exists()
+            assert not any(g.gr_name == group for g in grp.getgrall())
+    finally:
+        if any(g.gr_name == group for g in grp.getgrall()):
+            subprocess.run(["groupdel", group], check=True, timeout=60)
