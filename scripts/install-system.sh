@@ -11,7 +11,8 @@
 # while a bisect runs. --dry-run prints every file it would write and the torch build, and changes nothing.
 #
 # usage: sudo bash scripts/install-system.sh [--dry-run] [--uninstall [--purge]]
-# exit codes: 0 done; 2 bad usage or no single torch build fits; 3 not root; 4 no Python 3.11;
+# exit codes: 0 done; 2 bad usage, no single torch build fits, or BIN_DIR/tuner is another program's;
+#             3 not root; 4 no Python 3.11;
 #             6 a bisect is in progress (--uninstall); 5 the cards could not be reset (--uninstall; nothing removed)
 set -euo pipefail
 umask 022
@@ -32,7 +33,7 @@ for arg in "$@"; do
     --dry-run) dry=1 ;;
     --uninstall) mode=uninstall ;;
     --purge) purge=1 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-system.sh: error: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -77,7 +78,11 @@ if [ "$mode" = uninstall ]; then
     [ ! -e "$systemd_dir/$unit" ] || run rm -f "$systemd_dir/$unit"
   done
   ! systemd_live || run systemctl daemon-reload
-  if [ -L "$bin_link" ] || [ -e "$bin_link" ]; then run rm -f "$bin_link"; fi
+  if [ -L "$bin_link" ] && [ "$(readlink "$bin_link")" = "$prefix/bin/tuner" ]; then
+    run rm -f "$bin_link"  # the link the install wrote (ln -sfn), dangling or not
+  elif [ -L "$bin_link" ] || [ -e "$bin_link" ]; then
+    say "kept $bin_link: not the link to $prefix/bin/tuner this installer writes (another program's)"
+  fi
   created_group=0
   [ ! -f "$prefix/.created-group" ] || created_group=1
   [ ! -e "$prefix" ] || run rm -rf "$prefix"
@@ -92,6 +97,11 @@ if [ "$mode" = uninstall ]; then
 fi
 
 # --- install ----------------------------------------------------------------------------------------------------
+# BIN_DIR/tuner is this installer's link (ln -sfn replaces it on an update); another program's is never replaced
+if { [ -L "$bin_link" ] || [ -e "$bin_link" ]; } && \
+   ! { [ -L "$bin_link" ] && [ "$(readlink "$bin_link")" = "$prefix/bin/tuner" ]; }; then
+  die "$bin_link is not the link to $prefix/bin/tuner this installer writes (another program's); nothing was changed: move it aside or set TUNER_BIN_DIR" 2
+fi
 choice="$(PYTHONPATH="$src" "$python" -S -m tuner.core.torch_build)" || exit 2
 eval "$choice"  # build=, why=, index= (tuner/core/torch_build.py)
 torch_from="${index:-PyPI}"
@@ -112,19 +122,17 @@ if [ "$dry" = 1 ]; then
 fi
 
 say "torch build: $build ($why) from $torch_from"
-if ! getent group "$group" >/dev/null; then
-  groupadd --system "$group"
-  new_group=1
-  say "created group $group"
-else
-  new_group=0
-fi
-
 if [ ! -x "$prefix/bin/python" ]; then
   "$python" -m venv "$prefix"  # also repairs a half-installed prefix (a directory without its venv)
   say "created the venv $prefix"
 fi
-[ "$new_group" = 0 ] || touch "$prefix/.created-group"
+# the group after the venv, marked at once: --uninstall removes only a group marked as this install's, so a run
+# that failed between the two must not leave one unmarked (the next run would find it and never mark it)
+if ! getent group "$group" >/dev/null; then
+  groupadd --system "$group"
+  touch "$prefix/.created-group"
+  say "created group $group"
+fi
 pip() { "$prefix/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 installed_build="$("$prefix/bin/python" -c 'import torch; print("rocm" if torch.version.hip else "cuda" if torch.version.cuda else "cpu")' 2>/dev/null || true)"
 if [ "$build" != keep ] && [ "$installed_build" != "$build" ]; then

@@ -127,3 +127,96 @@ def test_a_fifo_or_a_link_planted_as_a_lock_file_neither_hangs_nor_is_followed(t
                          timeout=60, cwd=REPO)
     os.close(held)
     assert (run.returncode, run.stdout.strip()) == (0, "None"), run.stderr
+
+
+def uninstall(tmp_path: Path) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "PYTHON": sys.executable,
+                   "TUNER_PREFIX": str(tmp_path / "opt/tuner"), "TUNER_BIN_DIR": str(tmp_path / "bin")}
+    return subprocess.run(["bash", str(SCRIPT), "--uninstall"], capture_output=True, text=True, env=environment,
+                          timeout=120)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--uninstall needs root")
+@pytest.mark.parametrize("other", ["file", "link"])
+def test_uninstall_keeps_a_tuner_command_it_did_not_install(tmp_path, other):
+    """The installer writes BIN_DIR/tuner as a link to PREFIX/bin/tuner; another program of that name (a file, or
+    a link elsewhere) is not its to remove."""
+    (tmp_path / "bin").mkdir()
+    theirs = tmp_path / "bin/tuner"
+    if other == "file":
+        theirs.write_text("#!/bin/sh\necho another tuner\n")
+    else:
+        (tmp_path / "elsewhere").write_text("#!/bin/sh\n")
+        theirs.symlink_to(tmp_path / "elsewhere")
+    proc = uninstall(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert os.path.lexists(theirs)
+    assert f"kept {theirs}" in proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--uninstall needs root")
+def test_uninstall_removes_its_own_link(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/tuner").symlink_to(tmp_path / "opt/tuner/bin/tuner")  # dangling: the venv is half gone
+    proc = uninstall(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not os.path.lexists(tmp_path / "bin/tuner")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the install needs root (it runs groupadd for real)")
+def test_an_install_that_fails_before_its_venv_leaves_no_group_that_uninstall_would_not_remove(tmp_path):
+    """`--uninstall` removes the group only where `PREFIX/.created-group` says the install made it. A first install
+    whose venv cannot be made (Debian without python3-venv) must not leave a group without that mark: the run
+    after the fix would find the group there, not mark it, and the uninstall would leave it behind for good."""
+    import grp
+    import secrets
+
+    group = f"tunertest{secrets.token_hex(3)}"
+    python = tmp_path / "python3"  # the real interpreter, but `-m venv` fails as it does without python3-venv
+    python.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = venv ] && {{ echo "ensurepip is not available" >&2; '
+                      f'exit 1; }}; done\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    environment = {**os.environ, "TUNER_SYSFS_ROOT": str(fake_tree(tmp_path / "root")), "TUNER_TORCH": "cpu",
+                   "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "TUNER_PREFIX": str(tmp_path / "opt/tuner"),
+                   "TUNER_BIN_DIR": str(tmp_path / "bin"), "TUNER_SYSTEM_PROFILES": str(tmp_path / "profiles"),
+                   "TUNER_GROUP": group, "PYTHON": str(python)}
+    try:
+        proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=environment, timeout=120)
+        assert proc.returncode != 0 and "ensurepip" in proc.stderr
+        made = any(g.gr_name == group for g in grp.getgrall())
+        assert not made or (tmp_path / "opt/tuner/.created-group").exists(), "group made, and not marked as made"
+    finally:
+        if any(g.gr_name == group for g in grp.getgrall()):
+            subprocess.run(["groupdel", group], check=True, timeout=60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the install needs root")
+def test_install_refuses_to_replace_a_tuner_command_it_did_not_write(tmp_path):
+    """`ln -sfn` would replace another program's BIN_DIR/tuner without a word: the install refuses first (exit 2,
+    one line naming it), before the group or the venv is made."""
+    import grp
+    import secrets
+
+    (tmp_path / "bin").mkdir()
+    theirs = tmp_path / "bin/tuner"
+    theirs.write_text("#!/bin/sh\necho another tuner\n")
+    group = f"tunertest{secrets.token_hex(3)}"
+    python = tmp_path / "python3"  # an install that got past the check stops at its venv, before pip or the network
+    python.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = venv ] && exit 1; done\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    environment = {**os.environ, "TUNER_SYSFS_ROOT": str(fake_tree(tmp_path / "root")), "TUNER_TORCH": "cpu",
+                   "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "TUNER_PREFIX": str(tmp_path / "opt/tuner"),
+                   "TUNER_BIN_DIR": str(tmp_path / "bin"), "TUNER_SYSTEM_PROFILES": str(tmp_path / "profiles"),
+                   "TUNER_GROUP": group, "PYTHON": str(python)}
+    try:
+        for args in ([], ["--dry-run"]):
+            proc = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=environment,
+                                  timeout=120)
+            assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+            assert len(proc.stderr.strip().splitlines()) == 1 and f"{theirs} is not" in proc.stderr
+            assert theirs.read_text() == "#!/bin/sh\necho another tuner\n"
+            assert not (tmp_path / "opt").exists() and not (tmp_path / "systemd").exists()
+            assert not any(g.gr_name == group for g in grp.getgrall())
+    finally:
+        if any(g.gr_name == group for g in grp.getgrall()):
+            subprocess.run(["groupdel", group], check=True, timeout=60)

@@ -3,6 +3,8 @@ refuses beside one that may change the same card, `--ignore-other-tools` goes on
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.backends.fakes.trees import SLOTS, make_tree
@@ -106,3 +108,37 @@ def test_a_later_bisect_of_the_card_beside_no_tool_does_not_inherit_what_an_earl
     assert other_tools.ignored_for("0000:03:00.0")
     other_tools.refuse_before_bisect(_OneCard("amd"), ["0000:03:00.0"], found=[], ignore=False)  # LACT stopped
     assert other_tools.ignored_for("0000:03:00.0") == ()
+
+
+def test_at_boot_a_tool_whose_unit_is_enabled_but_not_started_yet_keeps_the_card_alone(boot, monkeypatch, tmp_path):
+    """The boot unit runs early (DefaultDependencies=no); LACT's lactd.service is `After=multi-user.target`
+    (ilya-zlobintsev/LACT res/lactd.service), so at boot it is enabled and not active yet, then starts and applies
+    its own settings over the profile's. The boot run must count it, as it counts a running one (exit 6)."""
+    import dataclasses
+
+    from tests.backends.fakes.fake_pynvml import FakeGpu, make_fake_nvml
+    from tuner.actions.boot_apply import run_boot_apply
+    from tuner.backends import nvidia
+    from tuner.profiles import build_profile, save_profile
+
+    boot("11111111-2222-3333-4444-555555555555")
+    (boot.root / "proc/cmdline").write_text("root=/dev/sda1 ro quiet\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    systemctl = bin_dir / "systemctl"  # systemd at boot: lactd.service enabled, not yet active
+    systemctl.write_text('#!/bin/sh\ncase "$1 $2" in\n  "is-enabled lactd.service") echo enabled; exit 0 ;;\n'
+                         'esac\nexit 3\n')
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(other_tools, "_systemd_running", lambda: True)
+    m = make_fake_nvml([FakeGpu()])
+    m.nvmlInit()
+    backend = nvidia.NvidiaBackend(m)
+    dev = backend.devices()[0]
+    knob = dataclasses.replace(backend.knob(dev.id), lock_clock_mhz=2205)
+    save_profile(build_profile("proven", dev, knob, 120, kernel="6.14.0-test"), system=True)
+    lines: list[str] = []
+    report = run_boot_apply(lambda: nvidia.NvidiaBackend(m), wait_s=0, log=lines.append)
+    assert report.exit_code == 6, lines
+    assert m.gpus[0].offsets[0] == 0
+    assert any("lactd (LACT; unit lactd.service enabled" in line for line in lines), lines

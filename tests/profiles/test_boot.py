@@ -99,6 +99,16 @@ def test_boot_skips_a_profile_for_another_card(capsys, fake_root):
     assert sim().knob("sim0").current == 0
 
 
+def test_boot_applies_the_named_system_profile_not_a_user_profile_of_the_same_name(capsys, fake_root):
+    """The unit runs `apply --boot NAME` as root with the installer's XDG_CONFIG_HOME pinned: the user store there
+    is the installer's to edit, and `service install` copied NAME into the system store, which is what boots."""
+    save_profile(sim_profile("mine", value=-45), system=True)
+    save_profile(sim_profile("mine", value=-70))  # same name, same card, in the (user-writable) user store
+    code, _out, err = _boot(capsys, "mine")
+    assert code == 0, err
+    assert sim().knob("sim0").current == -45
+
+
 def test_boot_with_no_profiles(capsys, fake_root):
     code, _out, err = _boot(capsys)
     assert code == 0 and "no profiles in the system store" in err

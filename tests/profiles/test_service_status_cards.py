@@ -122,3 +122,14 @@ def test_a_fifo_or_a_link_at_the_last_run_record_is_no_record_not_a_hang(boot, t
     elsewhere.write_text(json.dumps({"finished_at": 1.0, "exit_code": 0, "lines": [], "results": []}))
     path.symlink_to(elsewhere)
     assert boot_apply.read_last_run() is None
+
+
+def test_a_card_that_cannot_be_read_leaves_the_rest_of_the_status(capsys, amd_tree):
+    """A card whose knob read fails (a garbled pp_od_clk_voltage, a card fallen off the bus) is when the status is
+    asked for: the unit, the profiles and the last boot run still show, and the card's line says why."""
+    od, _slot = amd_tree
+    od.write_text("garbage\n")
+    code, out, err = tuner(capsys, "service", "status")
+    assert code == 0, err
+    assert "unit " in out and "next boot" in out
+    assert "cards       not read: pp_od_clk_voltage does not start with a section header" in out

@@ -119,7 +119,7 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
         say(f"skipped: {reason}")
         return BootReport(reason, (), exit_codes.OK, tuple(lines), mode)
     if profile_name is not None:
-        profiles = [load_profile(profile_name)]
+        profiles = [load_profile(profile_name, system=True)]  # never the installer's user store
     else:
         profiles, bad = scan(system=True)
         for path, why in bad:
@@ -143,7 +143,8 @@ def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: 
     if not ready(backend):
         say(f"waited {waited:g} s (at most {wait_s:g}, --boot-wait) for every profile's card; applying to the "
             "cards that are here")
-    found = other_tools.detect_for(backend.devices())
+    # at boot a tool's unit that is enabled counts too: it starts later in this boot and would write over the card
+    found = other_tools.detect_for(backend.devices(), at_boot=mode == "boot")
     results = [r for p in profiles for r in _apply_profile(p, backend, say, found)]
     worst = next((r.exit_code for r in results if r.exit_code), exit_codes.OK)
     return BootReport(None, tuple(results), worst, tuple(lines), mode, waited)
@@ -211,8 +212,8 @@ def _apply_part(backend: Backend, profile: Profile, part: ProfilePart, device: D
     if tools:
         why = (f"{', '.join(t.describe() for t in tools)} may change this card too ({tools[0].tool.writes}); left "
                f"as it is ({knob.current:+d} {knob.unit}), so the two do not fight over it")
-        say(f"not applied {what} to {device.id}: {why}; stop that tool, or remove this profile from the system "
-            "store")
+        say(f"not applied {what} to {device.id}: {why}; stop and disable that tool, or remove this profile from the "
+            "system store")
         return BootCardResult(profile.name, "busy", exit_codes.BUSY, card, device.id, reason=why,
                               found=knob.current)
     lock = part.setting.lock_clock_mhz if can_lock_clock(knob) else None

@@ -28,7 +28,7 @@ from tuner.actions.profile_apply import proven_card
 from tuner.backends.base import Backend
 from tuner.core import kernel_files, paths, root_owned, system_units
 from tuner.core.atomic import write_atomic
-from tuner.core.errors import PermissionDenied, StateError, UsageError
+from tuner.core.errors import PermissionDenied, StateError, TunerError, UsageError
 from tuner.core.models import Knob
 from tuner.profiles import Profile, load_profile, save_profile
 from tuner.profiles import boot as boot_rules
@@ -320,7 +320,10 @@ def status(backend: Backend | None = None, *, backend_error: str | None = None) 
     cards: tuple[CardState, ...] = ()
     if backend is not None:
         chosen = [p for p in profiles if applies is None or (p.source and p.source.stem == applies)]
-        cards = tuple(card_states(backend, chosen, installed=installed, skips=skips))
+        try:
+            cards = tuple(card_states(backend, chosen, installed=installed, skips=skips))
+        except TunerError as e:  # a card that cannot be read is when the status is asked for: the rest still shows
+            backend_error = e.one_line()
     return BootServiceStatus(
         unit=unit, installed=installed, enabled=_systemctl_state("is-enabled"), active=_systemctl_state("is-active"),
         profile=applies, exec_start=exec_start,

@@ -94,6 +94,17 @@ def _unit_active(unit: str) -> bool:
         return False
 
 
+def _unit_enabled(unit: str) -> bool:
+    """`systemctl is-enabled`: started at boot (enabled, or enabled for this boot only); not static, masked or
+    disabled (exit 0 covers static and others that no boot starts on their own)."""
+    try:
+        proc = subprocess.run(["systemctl", "is-enabled", unit], capture_output=True, text=True, timeout=5,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.stdout.strip() in ("enabled", "enabled-runtime")
+
+
 def _is(tool: Tool, name: str, cmdline: Sequence[str]) -> bool:
     program = os.path.basename(cmdline[0]) if cmdline else ""
     if name in tool.process_names or program in tool.process_names:
@@ -102,24 +113,33 @@ def _is(tool: Tool, name: str, cmdline: Sequence[str]) -> bool:
 
 
 def detect(processes: Iterable[Process] | None = None,
-           unit_active: Callable[[str], bool] | None = None) -> list[Found]:
-    """Every known tool running now: by process (name or executable) and by active unit (when systemd runs)."""
+           unit_active: Callable[[str], bool] | None = None, *, at_boot: bool = False,
+           unit_enabled: Callable[[str], bool] | None = None) -> list[Found]:
+    """Every known tool running now: by process (name or executable) and by active unit (when systemd runs).
+    `at_boot` (the boot unit, which runs early): also a unit that is enabled but not started yet (LACT's
+    lactd.service is ordered after multi-user.target), which would start a moment later and write over the card."""
     procs = list(_processes() if processes is None else processes)
-    if unit_active is None and _systemd_running():
+    live = _systemd_running() if unit_active is None or (at_boot and unit_enabled is None) else False
+    if unit_active is None and live:
         unit_active = _unit_active
+    if at_boot and unit_enabled is None and live:
+        unit_enabled = _unit_enabled
     found = []
     for tool in TOOLS:
         how = [f"process {pid}" for pid, name, cmdline in procs if _is(tool, name, cmdline)]
-        if unit_active is not None:
-            how += [f"unit {unit} active" for unit in tool.units if unit_active(unit)]
+        for unit in tool.units:
+            if unit_active is not None and unit_active(unit):
+                how.append(f"unit {unit} active")
+            elif at_boot and unit_enabled is not None and unit_enabled(unit):
+                how.append(f"unit {unit} enabled, starts later in this boot")
         if how:
             found.append(Found(tool, tuple(how)))
     return found
 
 
-def detect_for(devices: Iterable[DeviceInfo]) -> list[Found]:
+def detect_for(devices: Iterable[DeviceInfo], *, at_boot: bool = False) -> list[Found]:
     """detect(), unless every one of these cards is simulated (nobody's: then no process scan)."""
-    return [] if all(d.simulated for d in devices) else detect()
+    return [] if all(d.simulated for d in devices) else detect(at_boot=at_boot)
 
 
 def affecting(backend: Backend, device_ids: Sequence[str], found: Sequence[Found]) -> dict[str, list[Found]]:

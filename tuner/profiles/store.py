@@ -65,22 +65,27 @@ def _read_capped(path: Path) -> bytes:
         os.close(fd)
 
 
-def load_profile(name_or_path: str) -> Profile:
-    """A profile by store name (user store first, then the system store) or by file path.
+def load_profile(name_or_path: str, *, system: bool | None = None) -> Profile:
+    """A profile by store name (user store first, then the system store; `system=True`: the system store only)
+    or by file path.
 
     One rule for `apply`, `apply --boot` and `service install`, matching `profile show`: a store name is looked
     up first (a profile imported as `abc.toml` is applied by that name, as it is shown by it), then anything that
-    looks like a path (a separator or the .toml suffix) is a file; a name with a separator is only ever a path."""
+    looks like a path (a separator or the .toml suffix) is a file; a name with a separator is only ever a path.
+    `apply --boot` passes `system=True`: it runs as root with the installer's XDG_CONFIG_HOME, whose user store is
+    that user's to edit, and `service install` copied the profile into the system store."""
     has_separator = "/" in name_or_path or os.sep in name_or_path
     if not has_separator and re.search(NAME_PATTERN, name_or_path):
-        for system in (False, True):
-            path = profile_path(name_or_path, system=system)
+        for sys_store in ((False, True) if system is None else (system,)):
+            path = profile_path(name_or_path, system=sys_store)
             if os.path.lexists(path):
                 return read_profile_file(path)
     if has_separator or name_or_path.endswith(SUFFIX):
         return read_profile_file(Path(name_or_path))
     validate_name(name_or_path, path="profile name")
-    raise UsageError(f"no profile named {name_or_path!r}", "see `tuner profile list`, or give a path to a .toml file")
+    where = " in the system store" if system else " in the user store" if system is False else ""
+    raise UsageError(f"no profile named {name_or_path!r}{where}",
+                     "see `tuner profile list`, or give a path to a .toml file")
 
 
 def find_in_store(name: str, *, system: bool | None = None) -> Path:
