@@ -260,7 +260,7 @@ def test_boot_logs_the_identity_warnings_that_apply_shows(capsys, fake_root):
     assert code == 0 and sim().knob("sim0").current == -45, err
     warning = "VBIOS changed since tuning (SIM.OLD.000 -> SIM.000.000)"
     assert warning in err
-    assert any(warning in line for line in read_last_run()["lines"])
+    assert any(warning in line for line in read_last_run(simulated=True)["lines"])
 
 
 def test_boot_never_applies_a_profile_to_another_card_whose_serial_is_a_placeholder(fake_root, tmp_path):

@@ -16,7 +16,7 @@ def test_a_card_that_comes_back_at_another_setting_is_put_back_to_the_installed_
     assert ("tuner: boot: sim0 reads -30 mV, not stock and not the installed -45 mV (set by something else since); "
             "applying 'mine' again") in err
     assert "applied 'mine' to sim0" in err and sim().knob("sim0").current == -45
-    assert read_last_run()["mode"] == "resume"
+    assert read_last_run(simulated=True)["mode"] == "resume"
     sim().reset("sim0")  # back at stock after resume (the common case)
     code, _out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "apply", "--boot", "--resume")
     assert code == 0 and sim().knob("sim0").current == -45 and "not stock" not in err

@@ -107,7 +107,7 @@ def test_install_status_remove_through_the_action_api(capsys, fake_root, root, s
 
     code, _out, _err = _boot(capsys, gpus=2)  # the boot run records how it ended
     assert code == exit_codes.HARDWARE
-    last = boot_service.status().last_run
+    last = boot_service.status(simulated=True).last_run  # a simulated run's own record
     assert last is not None and not last.ok and last.exit_code == exit_codes.HARDWARE
     assert any("missing card: 'rig' card[2]" in line for line in last.lines)
 
@@ -145,18 +145,18 @@ def test_service_status_cli_shows_the_rig_and_the_last_run(capsys, fake_root, ro
     save_rig()
     assert tuner(capsys, "service", "install", "--profile", "rig")[0] == 0
     _boot(capsys)
-    code, out, _err = tuner(capsys, "service", "status")
+    code, out, _err = tuner(capsys, "--simulate", "--sim-gpus", "3", "service", "status")  # the simulated run's
     assert code == 0
     assert "rig (rig of 3 cards: -40, -55, -30 mV)" in out
     assert "last boot" in out and ": ok" in out and "applied 'rig' card[1] to sim1" in out
-    doc = json.loads(tuner(capsys, "service", "status", "--json")[1])
+    doc = json.loads(tuner(capsys, "--simulate", "--sim-gpus", "3", "service", "status", "--json")[1])
     assert doc["profile"] == "rig" and doc["last_run"]["exit_code"] == 0
 
 
 def test_a_boot_run_that_errors_is_recorded_too(capsys, fake_root):
     code, _out, err = _boot(capsys, "no-such-profile")
     assert code == exit_codes.USAGE and "no profile named 'no-such-profile'" in err
-    last = boot_service.status().last_run
+    last = boot_service.status(simulated=True).last_run
     assert last is not None and last.exit_code == exit_codes.USAGE
     assert last.lines[-1].startswith("error: no profile named 'no-such-profile'")
 
@@ -182,3 +182,25 @@ def test_a_card_whose_setting_cannot_be_read_fails_alone_the_others_still_apply(
     assert [r["status"] for r in json.loads(out)["boot"]] == ["applied", "error", "applied"]
     monkeypatch.setattr(SimulatedBackend, "knob", original)
     assert settings() == [-40, 0, -30]
+
+
+def test_a_simulated_boot_run_keeps_the_real_record_and_its_own_says_simulated(capsys, fake_root, root,
+                                                                                 simulated_install):
+    """`tuner --simulate apply --boot` wrote the record the real boot run writes: a plain `service status` then
+    showed the simulated run as the machine's last boot, unlabelled, and the real record was gone."""
+    from tuner.actions import boot_apply
+
+    real = {"finished_at": 1.0e9, "exit_code": 0, "skipped": None, "lines": ["applied the real card"], "mode": "boot"}
+    boot_apply.last_run_path().parent.mkdir(parents=True, exist_ok=True)
+    boot_apply.last_run_path().write_text(json.dumps(real))
+    save_rig()
+    assert tuner(capsys, "service", "install", "--profile", "rig")[0] == 0
+    assert _boot(capsys)[0] == 0
+    assert json.loads(boot_apply.last_run_path().read_text()) == real  # the machine's record is untouched
+    code, out, _err = tuner(capsys, "service", "status")
+    assert code == 0 and "applied the real card" in out and "applied 'rig' card[1] to sim1" not in out
+    code, out, _err = tuner(capsys, "--simulate", "--sim-gpus", "3", "service", "status")
+    [last] = [line for line in out.splitlines() if line.startswith("last boot")]
+    assert code == 0 and "SIMULATED" in last and "applied 'rig' card[1] to sim1" in out
+    doc = json.loads(tuner(capsys, "--simulate", "--sim-gpus", "3", "service", "status", "--json")[1])
+    assert doc["last_run"]["simulated"] is True and doc["last_run"]["exit_code"] == 0

@@ -62,7 +62,7 @@ def test_not_applied_says_why_from_the_last_boot_run(capsys, amd_tree, monkeypat
     code, _out, err = tuner(capsys, "service", "install")
     assert code == 0, err
     boot_apply._record(boot_apply.BootReport(None, (boot_apply.BootCardResult(
-        "r9070", "error", 5, device=amd_tree[1], reason="the driver refused the write"),), 5, ()))
+        "r9070", "error", 5, device=amd_tree[1], reason="the driver refused the write"),), 5, ()), False)
     code, out, _err = tuner(capsys, "service", "status")
     assert "not applied (this boot did not: the driver refused the write)" in _card_lines(out)[0]
 

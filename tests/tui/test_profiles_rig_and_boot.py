@@ -209,11 +209,12 @@ async def test_the_last_boot_run_and_its_result_are_in_the_detail(app, backend, 
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
     record = {"finished_at": time.time(), "exit_code": 3, "skipped": None,
               "lines": ["tuner: boot: missing card: 'mine' not applied"]}
-    monkeypatch.setattr("tuner.actions.boot_service.read_last_run", lambda: record)
+    monkeypatch.setattr("tuner.actions.boot_service.read_last_run", lambda simulated=False: record)
     async with app.run_test(size=(100, 30)) as pilot:
         await open_profiles(pilot, app)
         await app.workers.wait_for_complete()
-        await until(pilot, lambda: _detail_says(app, "Last boot run"), what="the last boot run")
+        # the simulated cards' own record (a `--simulate apply --boot` run), said so
+        await until(pilot, lambda: _detail_says(app, "Last SIMULATED boot run"), what="the last boot run")
         detail = " ".join(_detail(app).split())
         assert ": failed (exit 3). tuner: boot: missing card: 'mine' not applied" in detail
 

@@ -87,15 +87,18 @@ class BootReport:
 LAST_RUN_MAX_BYTES = 1 << 20  # a run's lines for every card of every profile; far more is not a record we wrote
 
 
-def last_run_path() -> Path:
-    return paths.state_dir() / "boot" / "last-run.json"
+def last_run_path(simulated: bool = False) -> Path:
+    """The last boot run's record; a simulated run (`--simulate apply --boot`) keeps its own, so trying the boot run
+    on simulated cards never replaces the machine's record, and its status says SIMULATED."""
+    return paths.state_dir() / "boot" / ("last-run-simulated.json" if simulated else "last-run.json")
 
 
 def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None = None,
                    wait_s: float = boot_rules.DEFAULT_DISCOVERY_WAIT_S,
-                   log: Callable[[str], None] = boot_rules.log, resume: bool = False) -> BootReport:
+                   log: Callable[[str], None] = boot_rules.log, resume: bool = False,
+                   simulated: bool = False) -> BootReport:
     """Apply `profile` (a name or path), else every system profile, at boot (or after a resume). Records the run
-    (last_run_path)."""
+    (last_run_path; `simulated`: the simulated cards' own record)."""
     lines: list[str] = []
 
     def say(line: str) -> None:
@@ -103,12 +106,20 @@ def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None =
         log(line)
 
     mode = "resume" if resume else "boot"
+    opened: list[Backend] = []
+
+    def opening() -> Backend:  # a simulated backend's run is recorded as one, whoever asked for it
+        backend = open_backend()
+        opened.append(backend)
+        return backend
+
     try:
-        report = _run(open_backend, profile, wait_s, say, lines, mode)
+        report = _run(opening, profile, wait_s, say, lines, mode)
     except TunerError as e:  # no backend, a bad profile named on the command line: the record says so too
-        _record(BootReport(None, (), e.exit_code, (*lines, f"error: {e.one_line()}"), mode))
+        _record(BootReport(None, (), e.exit_code, (*lines, f"error: {e.one_line()}"), mode),
+                simulated or any(b.simulated for b in opened))
         raise
-    _record(report)
+    _record(report, simulated or any(b.simulated for b in opened))
     return report
 
 
@@ -247,19 +258,21 @@ def _persistence(backend: Backend, device: DeviceInfo, say: Callable[[str], None
         say(f"{device.id}: turned persistence mode on (read back), so the setting outlives this run")
 
 
-def _record(report: BootReport) -> None:
+def _record(report: BootReport, simulated: bool) -> None:
     """The last boot run, for `tuner service status` and the UI; a failure to write it never fails the boot."""
     doc = {"finished_at": time.time(), **report.to_dict()}
+    path = last_run_path(simulated)
     try:
-        write_atomic(last_run_path(), json.dumps(doc, indent=1).encode())
+        write_atomic(path, json.dumps(doc, indent=1).encode())
     except OSError as e:
-        boot_rules.log(f"could not record this run in {last_run_path()}: {e.strerror}")
+        boot_rules.log(f"could not record this run in {path}: {e.strerror}")
 
 
-def read_last_run() -> dict | None:
-    """The last boot run recorded on this machine (None: never, or unreadable: a link, a FIFO, too large)."""
+def read_last_run(simulated: bool = False) -> dict | None:
+    """The last boot run recorded on this machine, or on the simulated cards (None: never, or unreadable: a link,
+    a FIFO, too large)."""
     try:
-        doc = json.loads(state_files.read_file(last_run_path(), LAST_RUN_MAX_BYTES).decode("utf-8"))
+        doc = json.loads(state_files.read_file(last_run_path(simulated), LAST_RUN_MAX_BYTES).decode("utf-8"))
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None

@@ -78,6 +78,7 @@ class LastBootRun:
     exit_code: int
     skipped: str | None  # why the whole boot was skipped, if it was
     lines: tuple[str, ...]
+    simulated: bool = False  # a `--simulate apply --boot` run on simulated cards (its own record)
 
     @property
     def ok(self) -> bool:
@@ -290,21 +291,22 @@ def _profile_of(exec_start: str | None) -> str | None:
     return None
 
 
-def _last_run() -> LastBootRun | None:
-    doc = read_last_run()
+def _last_run(simulated: bool) -> LastBootRun | None:
+    doc = read_last_run(simulated)
     if doc is None:
         return None
     try:
         return LastBootRun(float(doc["finished_at"]), int(doc["exit_code"]), doc.get("skipped"),
-                           tuple(str(line) for line in doc.get("lines", [])))
+                           tuple(str(line) for line in doc.get("lines", [])), simulated)
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def status(backend: Backend | None = None, *, backend_error: str | None = None) -> BootServiceStatus:
+def status(backend: Backend | None = None, *, simulated: bool = False,
+           backend_error: str | None = None) -> BootServiceStatus:
     """Is the unit installed and enabled, which profile it applies, what the next boot would do, how the last
-    boot run ended, and (with a backend: real cards, or simulated ones for --simulate) what each card reads against
-    its system profile. Reads only; needs no root."""
+    boot run ended (`simulated`: the last `--simulate` boot run, labelled so), and (with a backend: real cards, or
+    simulated ones for --simulate) what each card reads against its system profile. Reads only; needs no root."""
     unit = boot_rules.unit_path()
     exec_start = None
     installed = unit.exists()
@@ -321,21 +323,22 @@ def status(backend: Backend | None = None, *, backend_error: str | None = None) 
     if backend is not None:
         chosen = [p for p in profiles if applies is None or (p.source and p.source.stem == applies)]
         try:
-            cards = tuple(card_states(backend, chosen, installed=installed, skips=skips))
+            cards = tuple(card_states(backend, chosen, installed=installed, skips=skips, simulated=simulated))
         except TunerError as e:  # a card that cannot be read is when the status is asked for: the rest still shows
             backend_error = e.one_line()
     return BootServiceStatus(
         unit=unit, installed=installed, enabled=_systemctl_state("is-enabled"), active=_systemctl_state("is-active"),
         profile=applies, exec_start=exec_start,
         system_profiles=tuple(SystemProfileInfo.of(p) for p in profiles), invalid_profiles=tuple(bad),
-        next_boot_skips=skips, last_run=_last_run(), cards=cards, cards_error=backend_error,
+        next_boot_skips=skips, last_run=_last_run(simulated), cards=cards, cards_error=backend_error,
     )
 
 
 def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
-                skips: str | None) -> list[CardState]:
-    """Each part against the card it was proven on, as that card reads now."""
-    run = read_last_run() or {}
+                skips: str | None, simulated: bool = False) -> list[CardState]:
+    """Each part against the card it was proven on, as that card reads now (against the last boot run of the
+    same kind: the machine's, or the simulated cards')."""
+    run = read_last_run(simulated) or {}
     this_boot = kernel_files.same_boot(run.get("boot_id"), kernel_files.boot_id())
     results = _recorded_results(run)
     devices = backend.devices()

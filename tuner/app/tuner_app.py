@@ -677,7 +677,9 @@ class TunerApp(App[int]):
     def read_boot_status(self) -> None:
         from tuner.actions import boot_service
 
-        self._post_result("boot service status", lambda: msg.BootServiceRead(boot_service.status()))
+        simulated = self.backend.simulated  # the simulated cards' last boot run, labelled so
+        self._post_result("boot service status",
+                          lambda: msg.BootServiceRead(boot_service.status(simulated=simulated)))
 
     def on_boot_service_read(self, message: msg.BootServiceRead) -> None:
         self.boot_status = message.status

@@ -216,7 +216,8 @@ def _run_boot(args: Namespace, ctx: Context) -> int:
     wait_s = args.boot_wait
     if wait_s is None:
         wait_s = system_units.RESUME_WAIT_S if args.resume else boot_rules.DEFAULT_DISCOVERY_WAIT_S
-    report = run_boot_apply(reopen, profile=args.profile, wait_s=wait_s, resume=args.resume)
+    report = run_boot_apply(reopen, profile=args.profile, wait_s=wait_s, resume=args.resume,
+                            simulated=ctx.simulate)
     if args.json:
         print_json({"boot": [r.to_dict() for r in report.results], "skipped": report.skipped})
     return report.exit_code

@@ -71,7 +71,7 @@ def run_status(args: Namespace, ctx: Context) -> int:
         backend = ctx.backend
     except TunerError as e:
         error = e.one_line()
-    st = boot_service.status(backend, backend_error=error)
+    st = boot_service.status(backend, simulated=ctx.simulate, backend_error=error)
     if args.json:
         print_json(st.to_dict())
         return exit_codes.OK
@@ -93,7 +93,7 @@ def run_status(args: Namespace, ctx: Context) -> int:
     if st.last_run is not None:
         when = datetime.fromtimestamp(st.last_run.finished_at).strftime("%Y-%m-%d %H:%M:%S")
         how = "ok" if st.last_run.ok else f"exit {st.last_run.exit_code}"
-        print(f"last boot   {when}: {how}")
+        print(f"last boot   {'SIMULATED ' if st.last_run.simulated else ''}{when}: {how}")
         for line in st.last_run.lines:
             print(f"  {line}")
     return exit_codes.OK

@@ -177,7 +177,8 @@ def boot_status_text(status: BootServiceStatus | None, profile_name: str | None,
     if last is not None:
         when = datetime.fromtimestamp(last.finished_at).strftime("%Y-%m-%d %H:%M")
         how = "ok" if last.ok else f"failed (exit {last.exit_code})"
-        line += f" Last boot run {when}: {how}" + (f", skipped: {last.skipped}" if last.skipped else "") + "."
+        line += (f" Last {'SIMULATED ' if last.simulated else ''}boot run {when}: {how}"
+                 + (f", skipped: {last.skipped}" if last.skipped else "") + ".")
         if last.lines and not last.ok:
             line += f" {last.lines[-1]}"
     return line
