@@ -183,3 +183,17 @@ def test_every_card_at_once_the_worst_decides(tmp_path, reference):
     assert [c["verdict"] for c in doc["verdicts"]] == ["pass", "fail"]
     assert r.returncode == doc["exit_code"] == exit_codes.TEST_FAILED
     assert doc["summary"] == "2 cards: 1 fail, 1 pass"
+
+
+def test_a_tolerance_pass_never_claims_a_bitwise_comparison(tmp_path, reference):
+    """The tolerance mode is much weaker than the bitwise one (docs/screen.md): its pass says what was compared
+    (the held-out losses, the interval), never "compared bit for bit", in the document and in the text."""
+    r, doc = screen(tmp_path, reference, "--tolerance", global_args=("--sim-driver", "999.1"))
+    assert r.returncode == 0, r.stderr
+    [card] = doc["verdicts"]
+    assert "bit for bit" not in card["reason"] and "held-out loss" in card["reason"]
+    text = run_tuner("--simulate", "--sim-seed", "1", "--sim-driver", "999.1", "screen", "--reference",
+                     str(reference), "--device", "sim0", *LOAD, "--tolerance", env=state(tmp_path, "screener"),
+                     timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "bit for bit" not in text.stdout and "tolerance" in text.stdout

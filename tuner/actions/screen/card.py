@@ -138,7 +138,7 @@ class CardScreen:
             if at.needs_stock(first, repeat, at_stock) and not self._stop.is_set():
                 stock = self._stock_run(knob)
         counters_after = self._counters()
-        decision = at.decide(first, repeat, stock, at_stock=at_stock, unit=knob.unit)
+        decision = at.decide(first, repeat, stock, at_stock=at_stock, unit=knob.unit, tolerance=self.plan.tolerance)
         counters = _counter_doc(counters_before, counters_after)
         risen = [c.name for c in counters.counters if c.change and any(m in c.name for m in UE_MARKERS)]
         if risen and decision.verdict in ("pass", "retest"):
