@@ -197,3 +197,11 @@ def test_a_tolerance_pass_never_claims_a_bitwise_comparison(tmp_path, reference)
                      timeout=300)
     assert text.returncode == 0, text.stderr
     assert "bit for bit" not in text.stdout and "tolerance" in text.stdout
+
+
+@pytest.mark.parametrize("margin", ["inf", "-inf", "nan", "0", "1e400"])
+def test_a_margin_that_is_no_finite_positive_number_is_refused(tmp_path, reference, margin):
+    """An infinite margin would pass any held-out losses (even non-finite ones): one line, exit 2, nothing run."""
+    r, doc = screen(tmp_path, reference, "--tolerance", "--margin", margin)
+    assert r.returncode == exit_codes.USAGE and doc is None, (r.returncode, r.stderr)
+    assert "--margin" in r.stderr and "Traceback" not in r.stderr

@@ -5,6 +5,7 @@ check drains on anything else."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import threading
 import time
@@ -137,8 +138,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.margin is not None and not args.tolerance:
         raise UsageError("--margin is the tolerance mode's", "add --tolerance, or drop --margin")
     margin = DEFAULT_MARGIN_NATS if args.margin is None else args.margin
-    if not margin > 0:
-        raise UsageError(f"--margin {args.margin}: a margin is a positive number of nats", "e.g. --margin 0.02")
+    if not (margin > 0 and math.isfinite(margin)):  # an infinite margin would pass any losses, even non-finite ones
+        raise UsageError(f"--margin {args.margin}: a margin is a finite positive number of nats", "e.g. --margin 0.02")
     profile = None if args.profile is None else load_profile(args.profile)  # checked before any card is touched
     bundle, path, bundled_with = _reference(args.reference, profile)  # a file that is not a usable bundle: exit 2
     if args.out is not None:
