@@ -142,6 +142,22 @@ def test_rising_uncorrectable_counters_fail_a_card_whose_steps_matched(tmp_path,
     assert v.evidence.counters.counters[0].change == 2 and "error counters" in v.evidence.detectors_fired
 
 
+@pytest.mark.parametrize("after", [
+    ErrorCounters(why="could not be read: NVML: GPU is lost"),  # none readable after the screen
+    ErrorCounters((("ecc_corrected_volatile", 0),), "nvml", unreadable=("ecc_uncorrected_volatile",)),  # one not
+])
+def test_counters_unreadable_after_the_screen_are_said_never_silent(tmp_path, backend, monkeypatch, after):
+    """The uncorrectable counter could not be read after the screen, so whether it rose is unknown: the evidence
+    says why (never a silent null) and the check is listed as not at full strength."""
+    reads = iter([ErrorCounters((("ecc_corrected_volatile", 0), ("ecc_uncorrected_volatile", 0)), "nvml"), after])
+    monkeypatch.setattr(backend, "error_counters", lambda device_id: next(reads))
+    v = card(tmp_path, backend, Engines({})).run()
+    ue = next(c for c in v.evidence.counters.counters if c.name == "ecc_uncorrected_volatile")
+    assert ue.after is None and ue.change is None
+    assert v.evidence.counters.why and "ecc_uncorrected_volatile" in v.evidence.counters.why
+    assert any("ecc_uncorrected_volatile" in off for off in v.evidence.checks_off), v.evidence.checks_off
+
+
 def test_a_stop_is_never_a_pass(tmp_path, backend):
     engines = Engines({"block": True})
     screen = card(tmp_path, backend, engines)

@@ -419,8 +419,11 @@ def _counter_doc(before: ErrorCounters, after: ErrorCounters) -> v.CountersDoc:
     names = list(dict.fromkeys([*b, *a]))
     docs = [v.CounterDoc(name=n, before=b.get(n), after=a.get(n),
                          change=a[n] - b[n] if n in a and n in b else None) for n in names]
-    unreadable = sorted(set(before.unreadable) | set(after.unreadable))
-    why = f"not readable: {', '.join(unreadable)}" if unreadable else None
+    # a counter missing from either read (named unreadable, or the whole read failed): its change is unknown
+    missing = {n for n in names if n not in a or n not in b}
+    unreadable = sorted(set(before.unreadable) | set(after.unreadable) | missing)
+    failed = [w for w in (before.why, after.why) if w]
+    why = (f"not readable: {', '.join(unreadable)}" + "".join(f" ({w})" for w in failed)) if unreadable else None
     return v.CountersDoc(available=True, source=before.source or after.source, why=why, counters=docs)
 
 
@@ -475,7 +478,7 @@ def _detectors(outcome: StressOutcome | None, first: at.RunSummary, counters: v.
 
 def _checks_off(outcome: StressOutcome | None, counters: v.CountersDoc) -> list[str]:
     off = [] if outcome is None else list(outcome.checks_off())
-    if not counters.available:
+    if not counters.available or counters.why:  # none, or some not read before and after: a rise unknown
         off.append(f"hardware error counters: {counters.why}")
     return off
 
