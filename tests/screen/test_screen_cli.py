@@ -205,3 +205,14 @@ def test_a_margin_that_is_no_finite_positive_number_is_refused(tmp_path, referen
     r, doc = screen(tmp_path, reference, "--tolerance", "--margin", margin)
     assert r.returncode == exit_codes.USAGE and doc is None, (r.returncode, r.stderr)
     assert "--margin" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_out_is_never_the_reference_itself(tmp_path, reference):
+    """`--out` naming the reference being screened against (a slip of tab completion) would replace the bundle
+    with the verdict: refused before anything runs, one line, exit 2, the reference unchanged."""
+    mine = tmp_path / "mine.ref"
+    mine.write_bytes(reference.read_bytes())
+    r, doc = screen(tmp_path, mine, "--out", str(tmp_path / "." / "mine.ref"), global_args=("--sim-driver", "999.1"))
+    assert r.returncode == exit_codes.USAGE and doc is None, (r.returncode, r.stderr)
+    assert "--out" in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert mine.read_bytes() == reference.read_bytes()

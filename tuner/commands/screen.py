@@ -143,7 +143,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     profile = None if args.profile is None else load_profile(args.profile)  # checked before any card is touched
     bundle, path, bundled_with = _reference(args.reference, profile)  # a file that is not a usable bundle: exit 2
     if args.out is not None:
-        _check_out(Path(args.out))
+        _check_out(Path(args.out), [path] if profile is None or profile.source is None else [path, profile.source])
     backend = ctx.backend
     device_ids = select_devices(backend, args.device)
     progress = Progress(sys.stderr, tier.load_s)
@@ -193,11 +193,17 @@ def _reference(given: str | None, profile: Profile | None) -> tuple[Bundle, Path
     return bundle, path, profile.name
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, inputs: list[Path]) -> None:
+    """A file the verdict may replace: not a directory, in a directory, and never one of the screen's inputs (the
+    reference, the profile): the verdict would replace them."""
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out verdict.json")
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: no directory {out.parent}", "create it first, or choose another path")
+    for given in inputs:
+        if out.exists() and given.exists() and out.samefile(given):
+            raise UsageError(f"--out {out} is {given}, an input of this screen: the verdict would replace it",
+                             "give another file name, e.g. --out verdict.json")
 
 
 def human_lines(report: ScreenReport) -> list[str]:
