@@ -144,8 +144,9 @@ class CardScreen:
         if risen and decision.verdict in ("pass", "retest"):
             decision = at.Decision("fail", "drain", "not attributed",
                                    f"uncorrectable error counters rose during the screen ({', '.join(risen)})")
-        if first.outcome == at.HARD:
-            self._mark_unsafe(device, knob, first)
+        for run in (first, repeat):  # whichever run hung, lost the card or reset it
+            if run is not None and run.outcome == at.HARD:
+                self._mark_unsafe(device, knob, run)
         return self._verdict(device, knob, decision, differences, counters, first)
 
     # --- engine runs ----------------------------------------------------------------------------------------------
