@@ -485,7 +485,9 @@ def _checks_off(outcome: StressOutcome | None, counters: v.CountersDoc) -> list[
 
 
 def _tolerance_doc(c: PairedComparison | None) -> v.ToleranceDoc | None:
-    if c is None:
+    """The comparison's figures; null when there are none (no comparison, or losses that are not finite: JSON has
+    no NaN or infinity, and the run's reason says which windows)."""
+    if c is None or c.nonfinite:
         return None
     return v.ToleranceDoc(windows=c.windows, mean_difference_nats=c.mean_nats, ci95_nats=[c.low_nats, c.high_nats],
                           margin_nats=c.margin_nats)
