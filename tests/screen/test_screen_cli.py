@@ -216,3 +216,18 @@ def test_out_is_never_the_reference_itself(tmp_path, reference):
     assert r.returncode == exit_codes.USAGE and doc is None, (r.returncode, r.stderr)
     assert "--out" in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert mine.read_bytes() == reference.read_bytes()
+
+
+def test_tolerance_with_a_reference_without_held_out_losses_is_bad_input(tmp_path, reference):
+    """A reference bundled from a bisect has no held-out losses (docs/screen.md): `screen --tolerance` with it is
+    a configuration error known before anything runs (one line, exit 2, no engine run), never a `retest` that a
+    health check would run again and then drain the node for."""
+    from tuner.profiles import reference_bundle as rb
+
+    doc = raw(reference)
+    doc["recording"].update(eval_losses=[], tier="bisect baseline")
+    baseline = tmp_path / "baseline.ref"
+    rb.write_bundle(rb.seal(doc), baseline)
+    r, out = screen(tmp_path, baseline, "--tolerance")
+    assert r.returncode == exit_codes.USAGE and out is None, (r.returncode, r.stderr)
+    assert "held-out losses" in r.stderr and "reference record" in r.stderr and "Traceback" not in r.stderr

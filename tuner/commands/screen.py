@@ -142,6 +142,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError(f"--margin {args.margin}: a margin is a finite positive number of nats", "e.g. --margin 0.02")
     profile = None if args.profile is None else load_profile(args.profile)  # checked before any card is touched
     bundle, path, bundled_with = _reference(args.reference, profile)  # a file that is not a usable bundle: exit 2
+    if args.tolerance and len(bundle.recording.eval_losses) < 2:  # known now: never a retest after a whole run
+        raise UsageError(f"reference {path} holds no held-out losses (tier {bundle.recording.tier!r}): the tolerance "
+                         "mode compares them", "record one with `tuner reference record --device ID --out FILE`, or "
+                         "screen bit for bit (drop --tolerance)")
     if args.out is not None:
         _check_out(Path(args.out), [path] if profile is None or profile.source is None else [path, profile.source])
     backend = ctx.backend
