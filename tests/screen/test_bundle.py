@@ -183,3 +183,28 @@ def test_a_path_through_a_file_or_a_link_loop_is_one_bundle_problem(tmp_path):
         with pytest.raises(rb.BundleProblem) as refused:
             rb.read_bundle(path)
         assert f"reference {path}: " in refused.value.message and said in refused.value.message.lower()
+
+
+def test_record_checks_stock_under_the_card_lock(tmp_path, monkeypatch):
+    """`reference record` refuses a card off stock: checked while it holds the card's writer lock, so a writer that
+    changed the card just before the lock was taken (here, inside the lock's acquisition) is seen, and no reference
+    of an undervolted card is recorded as a stock one."""
+    from tuner.actions.screen import record
+    from tuner.actions.screen.attribution import TIERS
+    from tuner.core.errors import UsageError
+
+    backend = SimulatedBackend(state_path=tmp_path / "sim")
+    real_lock = record.CardLock
+
+    class LateWriter(real_lock):  # another tuner's `set` landed between the check and this lock
+        def __enter__(self):
+            backend.apply("sim0", -20)
+            return super().__enter__()
+
+    monkeypatch.setattr(record, "CardLock", LateWriter)
+    runs = []
+    monkeypatch.setattr(record, "StressSession", lambda *a, **k: runs.append(a) or pytest.fail("an engine ran"))
+    out = tmp_path / "A.ref"
+    with pytest.raises(UsageError, match="not stock"):
+        record.record_reference(backend, record.RecordRequest("sim0", TIERS["quick"], out))
+    assert runs == [] and not out.exists()

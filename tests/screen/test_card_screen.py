@@ -142,6 +142,22 @@ def test_rising_uncorrectable_counters_fail_a_card_whose_steps_matched(tmp_path,
     assert v.evidence.counters.counters[0].change == 2 and "error counters" in v.evidence.detectors_fired
 
 
+@pytest.mark.parametrize("after", [
+    ErrorCounters(why="could not be read: NVML: GPU is lost"),  # none readable after the screen
+    ErrorCounters((("ecc_corrected_volatile", 0),), "nvml", unreadable=("ecc_uncorrected_volatile",)),  # one not
+])
+def test_counters_unreadable_after_the_screen_are_said_never_silent(tmp_path, backend, monkeypatch, after):
+    """The uncorrectable counter could not be read after the screen, so whether it rose is unknown: the evidence
+    says why (never a silent null) and the check is listed as not at full strength."""
+    reads = iter([ErrorCounters((("ecc_corrected_volatile", 0), ("ecc_uncorrected_volatile", 0)), "nvml"), after])
+    monkeypatch.setattr(backend, "error_counters", lambda device_id: next(reads))
+    v = card(tmp_path, backend, Engines({})).run()
+    ue = next(c for c in v.evidence.counters.counters if c.name == "ecc_uncorrected_volatile")
+    assert ue.after is None and ue.change is None
+    assert v.evidence.counters.why and "ecc_uncorrected_volatile" in v.evidence.counters.why
+    assert any("ecc_uncorrected_volatile" in off for off in v.evidence.checks_off), v.evidence.checks_off
+
+
 def test_a_stop_is_never_a_pass(tmp_path, backend):
     engines = Engines({"block": True})
     screen = card(tmp_path, backend, engines)
@@ -189,3 +205,16 @@ def test_every_card_at_once_one_engine_each_the_worst_decides(tmp_path):
     assert [(c.card.id, c.verdict) for c in report.verdicts] == [("sim0", "pass"), ("sim1", "fail")]
     assert report.exit_code == exit_codes.TEST_FAILED and report.summary == "2 cards: 1 fail, 1 pass"
     assert (len(runs["sim0"]), len(runs["sim1"])) == (1, 2)  # the bad card's fault was repeated, the good one not
+
+
+def test_a_hang_in_the_repeat_goes_on_the_unsafe_list_and_nothing_more_runs(tmp_path, backend):
+    """docs/screen.md: a value that hung the machine or reset the card is never re-run and goes on the card's
+    unsafe list, whichever run it hung in; after it nothing more is written to the card or run on it (the stock run
+    could not be made: `reset to stock`, the safe side)."""
+    backend.apply("sim0", -60)
+    engines = Engines({"fail_at": 4}, {"fail_at": 2, "kind": "hang"}, {})
+    v = card(tmp_path, backend, engines).run()
+    assert [e["setting"] for e in journal.unsafe_entries("sim0")] == [-60]
+    assert len(engines.runs) == 2 and [r.purpose for r in v.evidence.runs] == ["screen", "repeat"]
+    assert (v.verdict, v.action) == ("fail", "reset to stock")
+    assert backend.knob("sim0").current == -60  # left as it reads: never written

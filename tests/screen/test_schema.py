@@ -66,3 +66,22 @@ def test_broken_documents_do_not(break_it):
     break_it(doc)
     with pytest.raises(jsonschema.ValidationError):
         validate(doc)
+
+
+def test_non_finite_held_out_losses_still_give_a_valid_document():
+    """A card whose held-out losses are NaN or infinite (a typical miscomputation) fails the tolerance mode; its
+    document must still validate (JSON has no NaN or infinity: msgspec writes them as null, which a number field
+    refuses), and the comparison's text says what happened rather than '+inf ± nan'."""
+    import msgspec
+
+    from tuner.actions.screen.card import _tolerance_doc
+    from tuner.actions.screen.tolerance import paired
+
+    comparison = paired([1.0, 2.0, 3.0], [float("nan"), 2.0, float("inf")])
+    assert comparison.verdict == "fail"
+    assert "nan" not in comparison.text() and "inf" not in comparison.text() and "not finite" in comparison.text()
+    report = sample("fail")
+    card = report.verdicts[0]
+    evidence = msgspec.structs.replace(card.evidence, tolerance=_tolerance_doc(comparison))
+    card = msgspec.structs.replace(card, mode="tolerance", evidence=evidence)
+    validate(json.loads(v.encode(msgspec.structs.replace(report, verdicts=[card]))))

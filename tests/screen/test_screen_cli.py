@@ -183,3 +183,51 @@ def test_every_card_at_once_the_worst_decides(tmp_path, reference):
     assert [c["verdict"] for c in doc["verdicts"]] == ["pass", "fail"]
     assert r.returncode == doc["exit_code"] == exit_codes.TEST_FAILED
     assert doc["summary"] == "2 cards: 1 fail, 1 pass"
+
+
+def test_a_tolerance_pass_never_claims_a_bitwise_comparison(tmp_path, reference):
+    """The tolerance mode is much weaker than the bitwise one (docs/screen.md): its pass says what was compared
+    (the held-out losses, the interval), never "compared bit for bit", in the document and in the text."""
+    r, doc = screen(tmp_path, reference, "--tolerance", global_args=("--sim-driver", "999.1"))
+    assert r.returncode == 0, r.stderr
+    [card] = doc["verdicts"]
+    assert "bit for bit" not in card["reason"] and "held-out loss" in card["reason"]
+    text = run_tuner("--simulate", "--sim-seed", "1", "--sim-driver", "999.1", "screen", "--reference",
+                     str(reference), "--device", "sim0", *LOAD, "--tolerance", env=state(tmp_path, "screener"),
+                     timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "bit for bit" not in text.stdout and "tolerance" in text.stdout
+
+
+@pytest.mark.parametrize("margin", ["inf", "-inf", "nan", "0", "1e400"])
+def test_a_margin_that_is_no_finite_positive_number_is_refused(tmp_path, reference, margin):
+    """An infinite margin would pass any held-out losses (even non-finite ones): one line, exit 2, nothing run."""
+    r, doc = screen(tmp_path, reference, "--tolerance", "--margin", margin)
+    assert r.returncode == exit_codes.USAGE and doc is None, (r.returncode, r.stderr)
+    assert "--margin" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_out_is_never_the_reference_itself(tmp_path, reference):
+    """`--out` naming the reference being screened against (a slip of tab completion) would replace the bundle
+    with the verdict: refused before anything runs, one line, exit 2, the reference unchanged."""
+    mine = tmp_path / "mine.ref"
+    mine.write_bytes(reference.read_bytes())
+    r, doc = screen(tmp_path, mine, "--out", str(tmp_path / "." / "mine.ref"), global_args=("--sim-driver", "999.1"))
+    assert r.returncode == exit_codes.USAGE and doc is None, (r.returncode, r.stderr)
+    assert "--out" in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert mine.read_bytes() == reference.read_bytes()
+
+
+def test_tolerance_with_a_reference_without_held_out_losses_is_bad_input(tmp_path, reference):
+    """A reference bundled from a bisect has no held-out losses (docs/screen.md): `screen --tolerance` with it is
+    a configuration error known before anything runs (one line, exit 2, no engine run), never a `retest` that a
+    health check would run again and then drain the node for."""
+    from tuner.profiles import reference_bundle as rb
+
+    doc = raw(reference)
+    doc["recording"].update(eval_losses=[], tier="bisect baseline")
+    baseline = tmp_path / "baseline.ref"
+    rb.write_bundle(rb.seal(doc), baseline)
+    r, out = screen(tmp_path, baseline, "--tolerance")
+    assert r.returncode == exit_codes.USAGE and out is None, (r.returncode, r.stderr)
+    assert "held-out losses" in r.stderr and "reference record" in r.stderr and "Traceback" not in r.stderr

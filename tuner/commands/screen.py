@@ -5,6 +5,7 @@ check drains on anything else."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import threading
 import time
@@ -137,12 +138,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.margin is not None and not args.tolerance:
         raise UsageError("--margin is the tolerance mode's", "add --tolerance, or drop --margin")
     margin = DEFAULT_MARGIN_NATS if args.margin is None else args.margin
-    if not margin > 0:
-        raise UsageError(f"--margin {args.margin}: a margin is a positive number of nats", "e.g. --margin 0.02")
+    if not (margin > 0 and math.isfinite(margin)):  # an infinite margin would pass any losses, even non-finite ones
+        raise UsageError(f"--margin {args.margin}: a margin is a finite positive number of nats", "e.g. --margin 0.02")
     profile = None if args.profile is None else load_profile(args.profile)  # checked before any card is touched
     bundle, path, bundled_with = _reference(args.reference, profile)  # a file that is not a usable bundle: exit 2
+    if args.tolerance and len(bundle.recording.eval_losses) < 2:  # known now: never a retest after a whole run
+        raise UsageError(f"reference {path} holds no held-out losses (tier {bundle.recording.tier!r}): the tolerance "
+                         "mode compares them", "record one with `tuner reference record --device ID --out FILE`, or "
+                         "screen bit for bit (drop --tolerance)")
     if args.out is not None:
-        _check_out(Path(args.out))
+        _check_out(Path(args.out), [path] if profile is None or profile.source is None else [path, profile.source])
     backend = ctx.backend
     device_ids = select_devices(backend, args.device)
     progress = Progress(sys.stderr, tier.load_s)
@@ -192,11 +197,17 @@ def _reference(given: str | None, profile: Profile | None) -> tuple[Bundle, Path
     return bundle, path, profile.name
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, inputs: list[Path]) -> None:
+    """A file the verdict may replace: not a directory, in a directory, and never one of the screen's inputs (the
+    reference, the profile): the verdict would replace them."""
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out verdict.json")
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: no directory {out.parent}", "create it first, or choose another path")
+    for given in inputs:
+        if out.exists() and given.exists() and out.samefile(given):
+            raise UsageError(f"--out {out} is {given}, an input of this screen: the verdict would replace it",
+                             "give another file name, e.g. --out verdict.json")
 
 
 def human_lines(report: ScreenReport) -> list[str]:

@@ -138,14 +138,15 @@ class CardScreen:
             if at.needs_stock(first, repeat, at_stock) and not self._stop.is_set():
                 stock = self._stock_run(knob)
         counters_after = self._counters()
-        decision = at.decide(first, repeat, stock, at_stock=at_stock, unit=knob.unit)
+        decision = at.decide(first, repeat, stock, at_stock=at_stock, unit=knob.unit, tolerance=self.plan.tolerance)
         counters = _counter_doc(counters_before, counters_after)
         risen = [c.name for c in counters.counters if c.change and any(m in c.name for m in UE_MARKERS)]
         if risen and decision.verdict in ("pass", "retest"):
             decision = at.Decision("fail", "drain", "not attributed",
                                    f"uncorrectable error counters rose during the screen ({', '.join(risen)})")
-        if first.outcome == at.HARD:
-            self._mark_unsafe(device, knob, first)
+        for run in (first, repeat):  # whichever run hung, lost the card or reset it
+            if run is not None and run.outcome == at.HARD:
+                self._mark_unsafe(device, knob, run)
         return self._verdict(device, knob, decision, differences, counters, first)
 
     # --- engine runs ----------------------------------------------------------------------------------------------
@@ -419,8 +420,11 @@ def _counter_doc(before: ErrorCounters, after: ErrorCounters) -> v.CountersDoc:
     names = list(dict.fromkeys([*b, *a]))
     docs = [v.CounterDoc(name=n, before=b.get(n), after=a.get(n),
                          change=a[n] - b[n] if n in a and n in b else None) for n in names]
-    unreadable = sorted(set(before.unreadable) | set(after.unreadable))
-    why = f"not readable: {', '.join(unreadable)}" if unreadable else None
+    # a counter missing from either read (named unreadable, or the whole read failed): its change is unknown
+    missing = {n for n in names if n not in a or n not in b}
+    unreadable = sorted(set(before.unreadable) | set(after.unreadable) | missing)
+    failed = [w for w in (before.why, after.why) if w]
+    why = (f"not readable: {', '.join(unreadable)}" + "".join(f" ({w})" for w in failed)) if unreadable else None
     return v.CountersDoc(available=True, source=before.source or after.source, why=why, counters=docs)
 
 
@@ -475,13 +479,15 @@ def _detectors(outcome: StressOutcome | None, first: at.RunSummary, counters: v.
 
 def _checks_off(outcome: StressOutcome | None, counters: v.CountersDoc) -> list[str]:
     off = [] if outcome is None else list(outcome.checks_off())
-    if not counters.available:
+    if not counters.available or counters.why:  # none, or some not read before and after: a rise unknown
         off.append(f"hardware error counters: {counters.why}")
     return off
 
 
 def _tolerance_doc(c: PairedComparison | None) -> v.ToleranceDoc | None:
-    if c is None:
+    """The comparison's figures; null when there are none (no comparison, or losses that are not finite: JSON has
+    no NaN or infinity, and the run's reason says which windows)."""
+    if c is None or c.nonfinite:
         return None
     return v.ToleranceDoc(windows=c.windows, mean_difference_nats=c.mean_nats, ci95_nats=[c.low_nats, c.high_nats],
                           margin_nats=c.margin_nats)

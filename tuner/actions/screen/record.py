@@ -73,13 +73,13 @@ def record_reference(backend: Backend, request: RecordRequest) -> RecordOutcome:
     out = Path(request.out)
     check_destination(out, request.overwrite)
     device = backend.device(request.device_id)
-    knob = backend.knob(request.device_id)
-    if knob.current != knob.stock:
-        raise UsageError(f"{device.id} is at {knob.current:+d} {knob.unit}, not stock: a reference is recorded "
-                         "at stock", f"`tuner reset --device {device.id}` first (then set your value again), or "
-                         "record on a card at stock")
     with (tempfile.TemporaryDirectory(prefix="tuner-reference-", ignore_cleanup_errors=True) as work,
           CardLock(device.id, "tuner reference record")):
+        knob = backend.knob(request.device_id)  # under the lock: no writer changes the card after this check
+        if knob.current != knob.stock:
+            raise UsageError(f"{device.id} is at {knob.current:+d} {knob.unit}, not stock: a reference is recorded "
+                             "at stock", f"`tuner reset --device {device.id}` first (then set your value again), "
+                             "or record on a card at stock")
         trajectory_path = Path(work) / "trajectory.json"
         recorded = StressSession(backend, StressRequest(device.id, duration_s=request.tier.load_s,
                                                         record=trajectory_path, preset=request.preset,

@@ -52,6 +52,7 @@ class PairedComparison:
     low_nats: float
     high_nats: float
     margin_nats: float
+    nonfinite: int = 0  # windows whose loss difference is not a number (NaN or infinite): a fail, no interval
 
     @property
     def verdict(self) -> str:
@@ -62,6 +63,9 @@ class PairedComparison:
         return "retest"
 
     def text(self) -> str:
+        if self.nonfinite:
+            return (f"held-out losses not finite here in {self.nonfinite} of {self.windows} windows (margin "
+                    f"± {self.margin_nats:g})")
         half = (self.high_nats - self.low_nats) / 2
         return (f"held-out loss difference {self.mean_nats:+.4f} ± {half:.4f} nats (95 %, {self.windows} windows; "
                 f"margin ± {self.margin_nats:g})")
@@ -80,7 +84,8 @@ def paired(reference: list[float] | tuple[float, ...], here: list[float] | tuple
         raise ValueError(f"{len(here)} windows against {len(reference)}: the same windows, at least two")
     diffs = [b - a for a, b in zip(reference, here, strict=True)]
     if not all(math.isfinite(d) for d in diffs):
-        return PairedComparison(len(diffs), math.inf, math.inf, math.inf, margin_nats)
+        return PairedComparison(len(diffs), math.inf, math.inf, math.inf, margin_nats,
+                                nonfinite=sum(not math.isfinite(d) for d in diffs))
     mean = statistics.fmean(diffs)
     half = t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
     return PairedComparison(len(diffs), mean, mean - half, mean + half, margin_nats)
