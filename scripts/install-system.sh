@@ -42,7 +42,8 @@ done
 say() { echo "install-system.sh: $*"; }
 die() { echo "install-system.sh: error: $1" >&2; exit "$2"; }
 run() { if [ "$dry" = 1 ]; then say "would run: $*"; else "$@"; fi; }
-systemd_live() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
+systemd_run_dir="${TUNER_SYSTEMD_RUN_DIR:-/run/systemd/system}"  # where a running systemd says so (sd_booted)
+systemd_live() { [ -d "$systemd_run_dir" ] && command -v systemctl >/dev/null; }
 
 "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
   || die "needs Python 3.11 or newer as '$python' (set PYTHON=/path/to/python3.11)" 4
@@ -58,8 +59,10 @@ if [ "$mode" = uninstall ]; then
   else
     say "no venv in $prefix (a half-installed system): no bisect can be running from it; cards are not reset here (a reboot puts them at stock)"
   fi
+  # stopped (the helper gives the cards back) but still enabled: a reset that fails below removes nothing, so the
+  # boot and resume units must still be there and enabled, and the helper listening again
   if systemd_live; then
-    run systemctl disable --now "${units[@]}" || true
+    run systemctl stop "${units[@]}" || true
   fi
   if [ -x "$prefix/bin/tuner" ]; then
     if [ "$dry" = 1 ]; then
@@ -70,9 +73,13 @@ if [ "$mode" = uninstall ]; then
       case "$rc" in
         0) say "every card is back at stock" ;;
         4) say "no supported GPU here: no card to reset" ;;
-        *) die "could not reset the cards (exit $rc, above); nothing was removed: fix that and run --uninstall again" 5 ;;
+        *) ! systemd_live || systemctl start tuner-helper.socket || true
+           die "could not reset the cards (exit $rc, above); nothing was removed: fix that and run --uninstall again" 5 ;;
       esac
     fi
+  fi
+  if systemd_live; then
+    run systemctl disable "${units[@]}" || true
   fi
   for unit in "${units[@]}"; do
     [ ! -e "$systemd_dir/$unit" ] || run rm -f "$systemd_dir/$unit"

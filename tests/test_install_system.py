@@ -220,3 +220,49 @@ def test_install_refuses_to_replace_a_tuner_command_it_did_not_write(tmp_path):
     finally:
         if any(g.gr_name == group for g in grp.getgrall()):
             subprocess.run(["groupdel", group], check=True, timeout=60)
+
+
+def _systemd_stand_in(tmp_path: Path, reset_exit: int) -> tuple[dict, Path]:
+    """A machine where systemd runs (its run directory, a `systemctl` on PATH that logs its arguments) and an
+    installed venv whose `tuner reset --all` exits `reset_exit` (its `python` answers the idle check)."""
+    run_dir = tmp_path / "run-systemd"
+    run_dir.mkdir()
+    log = tmp_path / "calls"
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "systemctl").write_text(f'#!/bin/sh\necho "systemctl $*" >> {log}\n')
+    venv_bin = tmp_path / "opt/tuner/bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "tuner").write_text(f'#!/bin/sh\necho "tuner $*" >> {log}\nexit {reset_exit}\n')
+    (venv_bin / "python").write_text("#!/bin/sh\nexit 0\n")  # --check-idle: no bisect runs
+    for f in (fake_bin / "systemctl", venv_bin / "tuner", venv_bin / "python"):
+        f.chmod(0o755)
+    environment = {**os.environ, "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "PYTHON": sys.executable,
+                   "TUNER_PREFIX": str(tmp_path / "opt/tuner"), "TUNER_BIN_DIR": str(tmp_path / "bin"),
+                   "TUNER_SYSTEMD_RUN_DIR": str(run_dir), "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    return environment, log
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--uninstall needs root")
+def test_an_uninstall_whose_reset_fails_leaves_the_units_enabled_and_the_helper_listening(tmp_path):
+    """`--uninstall` says "nothing was removed" when the cards cannot be reset (exit 5): the boot and resume units
+    must then still be enabled (they were disabled before the reset), and the helper's socket listening again."""
+    environment, log = _systemd_stand_in(tmp_path, reset_exit=1)
+    proc = subprocess.run(["bash", str(SCRIPT), "--uninstall"], capture_output=True, text=True, env=environment,
+                          timeout=120)
+    assert proc.returncode == 5 and "nothing was removed" in proc.stderr, proc.stderr
+    calls = log.read_text().splitlines()
+    assert not [c for c in calls if c.startswith("systemctl disable")], calls
+    assert calls.index("tuner reset --all") < calls.index("systemctl start tuner-helper.socket"), calls
+    assert (tmp_path / "opt/tuner/bin/tuner").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--uninstall needs root")
+def test_an_uninstall_stops_the_units_resets_then_disables_them(tmp_path):
+    environment, log = _systemd_stand_in(tmp_path, reset_exit=0)
+    proc = subprocess.run(["bash", str(SCRIPT), "--uninstall"], capture_output=True, text=True, env=environment,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines()
+    units = "tuner-helper.socket tuner-helper.service tuner-apply.service tuner-resume.service"
+    assert calls[:3] == [f"systemctl stop {units}", "tuner reset --all", f"systemctl disable {units}"], calls
