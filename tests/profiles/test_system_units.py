@@ -232,3 +232,52 @@ def test_a_root_owned_install_writes_units_that_pass_verify(capsys, monkeypatch)
         assert proc.returncode == 0 and not proc.stderr.strip(), proc
     code, _out, _err = tuner(capsys, "service", "uninstall")
     assert code == 0 and not boot.unit_path().exists() and not boot.resume_unit_path().exists()
+
+
+def _a_profiles_folder_a_user_can_write(monkeypatch, tmp_path) -> Path:
+    """TUNER_SYSTEM_PROFILES at a folder owned by uid 65534 (nobody), as an installer's environment may hold."""
+    folder = tmp_path / "home/alice/profiles"
+    folder.mkdir(parents=True)
+    os.chown(folder, 65534, 65534)
+    monkeypatch.setenv("TUNER_SYSTEM_PROFILES", str(folder))
+    return folder
+
+
+@needs_root
+def test_service_install_refuses_a_system_profiles_folder_a_user_can_write(capsys, monkeypatch, tmp_path):
+    """The units pinned the installer's TUNER_SYSTEM_PROFILES: the boot unit then read, as root, the profiles
+    anyone owning that folder wrote. Refused in one line (exit 2), nothing copied, no unit written."""
+    monkeypatch.setattr(boot_service, "_is_root", lambda: True)
+    _real_profile("mine")
+    folder = _a_profiles_folder_a_user_can_write(monkeypatch, tmp_path)
+    code, _out, err = tuner(capsys, "service", "install", "--profile", "mine")
+    assert code == 2, (err, boot.unit_path().exists() and boot.unit_path().read_text())
+    assert len(err.strip().splitlines()) == 1 and f"{folder} is owned by uid 65534" in err, err
+    assert not boot.unit_path().exists() and not boot.resume_unit_path().exists()
+    assert list(folder.iterdir()) == []
+
+
+@needs_root
+def test_service_install_refuses_a_group_writable_folder_above_the_sysfs_root(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(boot_service, "_is_root", lambda: True)
+    _real_profile("mine")
+    above = tmp_path / "shared"
+    (above / "sysroot").mkdir(parents=True)
+    os.chown(above, 0, 100)
+    above.chmod(0o775)
+    monkeypatch.setenv("TUNER_SYSFS_ROOT", str(above / "sysroot"))
+    code, _out, err = tuner(capsys, "service", "install", "--profile", "mine")
+    assert code == 2 and f"{above} is writable by group 100" in err, err
+    assert not boot.unit_path().exists()
+
+
+@needs_root
+def test_the_boot_run_refuses_to_read_profiles_from_a_folder_a_user_can_write(capsys, monkeypatch, tmp_path):
+    """An edited unit (or an older install) naming such a folder: the boot run itself refuses, applies nothing."""
+    from tests.profiles.helpers import sim, sim_profile
+
+    folder = _a_profiles_folder_a_user_can_write(monkeypatch, tmp_path)
+    save_profile(sim_profile("planted", value=-45), system=True)
+    code, _out, err = tuner(capsys, "--simulate", "--sim-gpus", "2", "apply", "--boot", "--boot-wait", "0")
+    assert code == 2 and f"{folder} is owned by uid 65534" in err, err
+    assert sim().knob("sim0").current == 0

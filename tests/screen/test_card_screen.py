@@ -218,3 +218,12 @@ def test_a_hang_in_the_repeat_goes_on_the_unsafe_list_and_nothing_more_runs(tmp_
     assert len(engines.runs) == 2 and [r.purpose for r in v.evidence.runs] == ["screen", "repeat"]
     assert (v.verdict, v.action) == ("fail", "reset to stock")
     assert backend.knob("sim0").current == -60  # left as it reads: never written
+
+
+def test_a_hang_goes_on_the_unsafe_list_under_the_serial_of_the_card_it_ran_on(tmp_path, backend):
+    """The screen's entry named no serial: it stayed with the slot when the card moved (set, apply and boot apply
+    on its new slot never saw it) and the helper's import filed it under whatever card was in the slot."""
+    backend.apply("sim0", -60)
+    card(tmp_path, backend, Engines({"fail_at": 3, "kind": "hang"})).run()
+    [entry] = journal.own_unsafe_entries("sim0")
+    assert entry["serial"] == backend.device("sim0").serial

@@ -52,3 +52,43 @@ def test_a_later_entry_in_another_unit_at_the_same_number_does_not_hide_an_unsaf
     assert knob.unit == "mV"
     with pytest.raises(UsageError, match="failed hard"):
         journal.refuse_unsafe("sim0", knob, -40)
+
+
+def test_an_entry_follows_its_card_to_another_slot():
+    """The card now in sim1 reset the machine at -60 mV while it sat in sim0 (the entry, filed under the slot,
+    names its serial). The per-user list was read by slot alone, so set, apply, boot apply and the bisect plan
+    asked only sim1's file and -60 mV was applied again to the card that crashed at it; sim0's entry still
+    refuses whatever card is in sim0 now (the safe direction)."""
+    import pytest
+
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.core.errors import UsageError
+
+    backend = SimulatedBackend(gpus=2)
+    moved = backend.device("sim1").serial
+    journal.add_unsafe("sim0", -60, unit="mV", kind="system-reset", reason="machine reset during a trial",
+                       edge=True, serial=moved)
+    knob = backend.knob("sim1")
+    with pytest.raises(UsageError, match="failed hard"):
+        journal.refuse_unsafe("sim1", knob, -60, backend)
+    assert -60 in journal.unsafe_settings("sim1", backend, unit="mV")
+    with pytest.raises(UsageError, match="failed hard"):
+        journal.refuse_unsafe("sim0", backend.knob("sim0"), -60, backend)  # the slot still refuses
+    proc = run_tuner("--simulate", "--sim-gpus", "2", "set", "--device", "sim1", "--offset", "-65", "--yes")
+    assert proc.returncode == 2 and "failed hard" in proc.stderr, proc.stderr
+    assert SimulatedBackend(gpus=2).knob("sim1").current == 0
+
+
+def test_unsafe_clear_removes_an_entry_that_followed_its_card():
+    """What the card's list shows (an entry recorded at its old slot) is what clear removes; the old slot's other
+    entries stay."""
+    from tuner.backends.simulated import SimulatedBackend
+
+    backend = SimulatedBackend(gpus=2)
+    journal.add_unsafe("sim0", -60, unit="mV", kind="hang", reason="hang", edge=True,
+                       serial=backend.device("sim1").serial)
+    journal.add_unsafe("sim0", -70, unit="mV", kind="hang", reason="hang", edge=True,
+                       serial=backend.device("sim0").serial)
+    assert [e["setting"] for e in journal.clear_unsafe("sim1", backend=backend)] == [-60]
+    assert journal.unsafe_settings("sim1", backend) == {}
+    assert list(journal.unsafe_settings("sim0", backend)) == [-70]

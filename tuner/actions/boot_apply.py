@@ -125,6 +125,8 @@ def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None =
 
 def _run(open_backend: Callable[[], Backend], profile_name: str | None, wait_s: float,
          say: Callable[[str], None], lines: list[str], mode: str) -> BootReport:
+    # an edited unit (or one an older tuner wrote) may name such a folder: refused here too, before it is read
+    boot_rules.refuse_user_writable_system_paths(f"apply at {mode}", "nothing applied")
     reason = boot_rules.skip_reason()
     if reason:
         say(f"skipped: {reason}")

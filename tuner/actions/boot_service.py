@@ -219,6 +219,7 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
     check_installable(profile)
     _require_root("installing the boot service")
     refuse_user_writable_code()
+    boot_rules.refuse_user_writable_system_paths("install the boot service", "nothing installed")
     messages: list[str] = []
     warnings: list[str] = []
     name = None

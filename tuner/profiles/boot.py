@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tuner.core import kernel_files, paths, system_units
+from tuner.core import kernel_files, paths, root_owned, system_units
+from tuner.core.errors import UsageError
 
 UNIT_NAME = system_units.APPLY_UNIT
 RESUME_UNIT_NAME = system_units.RESUME_UNIT
@@ -40,6 +41,29 @@ def unit_path() -> Path:
 
 def resume_unit_path() -> Path:
     return systemd_dir() / RESUME_UNIT_NAME
+
+
+def user_writable_system_path() -> tuple[Path, str] | None:
+    """As root: the first path a user other than root can change (tuner.core.root_owned) among the system profiles
+    folder (every file below it too) and the sysfs root, with every directory above each; None when all are
+    root's, or when not running as root (nothing is read as root then). TUNER_SYSTEM_PROFILES and TUNER_SYSFS_ROOT
+    are pinned from the installer's environment into the root units (system_units.pinned_environment)."""
+    if os.geteuid() != 0:
+        return None
+    return root_owned.first_writable([paths.sysfs_root()], recursive=[paths.system_profiles_dir()])
+
+
+def refuse_user_writable_system_paths(doing: str, nothing: str) -> None:
+    """UsageError (exit 2, one line naming the path) when `user_writable_system_path` finds one: root would read
+    profiles (or write a card's files) that someone else can change."""
+    found = user_writable_system_path()
+    if found is not None:
+        path, why = found
+        raise UsageError(f"refusing to {doing}: {path} is {why}, and the boot service reads the system profiles "
+                         f"({paths.system_profiles_dir()}) and the cards' files (under {paths.sysfs_root()}) as "
+                         f"root; whoever can change it would choose what root applies; {nothing}",
+                         "use a folder owned by root and writable by root alone, above it too (the defaults: "
+                         "unset TUNER_SYSTEM_PROFILES and TUNER_SYSFS_ROOT)")
 
 
 def reset_requested() -> bool:

@@ -43,7 +43,7 @@ import msgspec
 from tuner.core import kernel_files, paths, processes, state_files
 from tuner.core.atomic import append_durable, write_atomic
 from tuner.core.errors import DamagedState, StateError, UsageError, write_errors
-from tuner.core.models import Knob, Verdict
+from tuner.core.models import Knob, Verdict, same_serial
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper.schema import MAX_KERNEL_LOG_LINES, MAX_TEXT_CHARS, UnsafeMark
 from tuner.helper.state import MachineState
@@ -338,20 +338,59 @@ def unsafe_entries(device_id: str, backend: Backend | None = None) -> list[dict]
     A value on either is unsafe: a list imported into the helper is never forgotten here, and one a user recorded
     in-process as root (a rescue without the helper) counts before the helper has imported it.
 
-    The user's own list is read below (`own_unsafe_entries`); the helper checks its own when it serves it.
+    The user's own list is filed by slot; an entry follows its card (`card_serials`: the card's serial or a former
+    one, `same_serial`) to another slot, and every entry of the slot still counts for whatever card is in it
+    (refusing more is the safe direction). The helper checks its own list (keyed by serial) when it serves it.
     """
-    own = own_unsafe_entries(device_id)
+    own = own_unsafe_entries(device_id, card_serials(device_id, backend))
     return own if backend is None else own + backend.unsafe_entries(device_id)
 
 
-def own_unsafe_entries(device_id: str) -> list[dict]:
-    """Every recorded unsafe setting in this user's own list, oldest first.
+def card_serials(device_id: str, backend: Backend | None) -> tuple[str, ...]:
+    """The serials the card in `device_id` is known by (now, and the former ones an older version read); none
+    without a backend or when the driver gives none."""
+    if backend is None:
+        return ()
+    serial = backend.device(device_id).serial
+    return () if serial is None else (serial, *backend.former_serials(device_id))
+
+
+def own_unsafe_entries(device_id: str, serials: Sequence[str] = ()) -> list[dict]:
+    """Every recorded unsafe setting in this user's own list, oldest first: the slot's file, then the entries of
+    other slots' files recorded on a card with one of `serials` (a card moved since; `same_serial`).
 
     Fails closed: a torn line (a crash mid-append), a wrong type (`"setting": "-40"`, `-40.0`) or bytes that are
     not UTF-8 raise DamagedState naming the file and line; skipping the line would forget a value that crashed
-    the machine. Blank lines are allowed.
+    the machine. Blank lines are allowed. With `serials`, a damaged file of another slot fails closed too (it
+    may hold this card's entries), as does a list directory that cannot be listed.
     """
     path = unsafe_path(device_id)
+    entries = _unsafe_file_entries(path)
+    if not serials:
+        return entries
+    for other in _unsafe_files():
+        if other != path:
+            entries += [e for e in _unsafe_file_entries(other)
+                        if any(same_serial(e.get("serial"), s) for s in serials)]
+    return entries
+
+
+def _unsafe_files() -> list[Path]:
+    """Every slot's unsafe list, sorted (os.scandir: Path.glob answers an unlistable directory as empty)."""
+    directory = paths.state_dir() / "unsafe"
+    try:
+        with os.scandir(directory) as found:
+            names = [entry.name for entry in found]
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise DamagedState(f"cannot list the unsafe lists in {directory} ({e.strerror})",
+                           "nothing was written to the card; fix the directory's permissions (a list in it may "
+                           "hold a value that crashed this card in another slot)") from None
+    return sorted(directory / name for name in names if name.endswith(".jsonl"))
+
+
+def _unsafe_file_entries(path: Path) -> list[dict]:
     try:
         raw = state_files.read_file(path, MAX_STATE_FILE_BYTES)  # no link followed, never a FIFO's hang
     except FileNotFoundError:
@@ -385,22 +424,30 @@ def own_unsafe_entries(device_id: str) -> list[dict]:
 
 def clear_unsafe(device_id: str, setting: int | None = None, backend: Backend | None = None) -> list[dict]:
     """Remove the device's unsafe entries (all, or those for `setting`) from this user's own list and from the
-    list `backend` keeps (the root helper's machine-wide one); returns what was removed from both.
+    list `backend` keeps (the root helper's machine-wide one); returns what was removed from both. The entries
+    that followed the card from another slot (`unsafe_entries`) are removed from that slot's file: what `tuner
+    unsafe list` shows for the card is what clear removes.
 
-    Only `tuner unsafe clear` calls this, after asking. The list is rewritten atomically; a damaged list is
+    Only `tuner unsafe clear` calls this, after asking. Each list is rewritten atomically; a damaged list is
     refused (DamagedState) rather than half-cleared.
     """
-    entries = own_unsafe_entries(device_id)
-    removed = [e for e in entries if setting is None or e["setting"] == setting]
+    serials = card_serials(device_id, backend)
+    own_unsafe_entries(device_id, serials)  # every file validates before any is rewritten
+    own = unsafe_path(device_id)
+    files = [own, *([p for p in _unsafe_files() if p != own] if serials else [])]
+    rewrites = []
+    for path in files:
+        entries = _unsafe_file_entries(path)
+        removed = [e for e in entries if (setting is None or e["setting"] == setting)
+                   and (path == own or any(same_serial(e.get("serial"), s) for s in serials))]
+        if removed:
+            rewrites.append((path, removed, [e for e in entries if e not in removed]))
     machine = [] if backend is None else backend.unsafe_clear(device_id, setting)
-    if not removed:
-        return machine
-    kept = [e for e in entries if e not in removed]
-    path = unsafe_path(device_id)
-    data = "".join(json.dumps(e, sort_keys=True) + "\n" for e in kept).encode()
-    with _writing(path, refused=f"cannot write the unsafe list {path}", remedy="fix its permissions"):
-        write_atomic(path, data)
-    return removed + machine
+    for path, _, kept in rewrites:
+        data = "".join(json.dumps(e, sort_keys=True) + "\n" for e in kept).encode()
+        with _writing(path, refused=f"cannot write the unsafe list {path}", remedy="fix its permissions"):
+            write_atomic(path, data)
+    return [e for _, removed, _ in rewrites for e in removed] + machine
 
 
 def unsafe_settings(device_id: str, backend: Backend | None = None, unit: str | None = None) -> dict[int, dict]:

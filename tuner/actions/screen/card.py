@@ -287,7 +287,7 @@ class CardScreen:
             return
         try:
             journal.add_unsafe(device.id, run.setting, unit=knob.unit, kind=run.kind or "hang", reason=run.reason,
-                               edge=True, kernel_log=list(run.kernel_lines))
+                               edge=True, serial=device.serial, kernel_log=list(run.kernel_lines))
             self.notes.append(f"{run.setting:+d} {knob.unit} is on this card's unsafe list now")
         except TunerError as e:
             self.notes.append(f"could not put {run.setting:+d} {knob.unit} on the unsafe list: {e.one_line()}")
