@@ -213,3 +213,25 @@ async def test_export_delete_import_carry_the_bundled_reference(app, backend, tm
         await pilot.press("enter")
         await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 1, what="the imported row")
     assert rb.reference_beside(stored) is not None, "the import left the stock reference behind"
+
+
+async def test_delete_removes_the_selected_row_not_a_namesake_in_the_other_store(app, backend):
+    """A user profile and a system (boot) profile may share a name; `tuner profile list` and this screen show both.
+    `del` on the system row deleted the user one (the user store is looked up first): the wrong file, gone."""
+    from tuner.profiles import store
+
+    device, knob = backend.device("sim0"), backend.knob("sim0")
+    save_profile(build_profile("twin", device, knob, -20))
+    save_profile(build_profile("twin", device, knob, -40), system=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_profiles(pilot, app)
+        await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 2, what="both rows")
+        await pilot.press("down")
+        selected = app.screen.selected()
+        assert selected is not None and store.is_system(selected) and selected.setting.value == -40
+        await pilot.press("delete")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the delete question")
+        await pilot.press("y")
+        await until(pilot, lambda: len(list_profiles()) == 1, what="the delete (a worker removes it)")
+    [left] = list_profiles()
+    assert (left.setting.value, store.is_system(left)) == (-20, False), "the user's namesake was deleted instead"

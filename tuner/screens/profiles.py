@@ -445,9 +445,13 @@ class ProfilesScreen(TunerScreen):
             return
 
         def delete() -> FileWorkDone:
-            profile_store.delete_profile(profile.name)  # and the stock reference beside it
-            return FileWorkDone(f"deleted {profile.name}", None, reload=True)
+            # the selected row's own file (its store and file name): a namesake in the other store is another
+            # profile; and the stock reference beside it
+            profile_store.delete_profile(profile.store_name, system=profile_store.is_system(profile))
+            return FileWorkDone(f"deleted {profile.store_name}", None, reload=True)
 
+        store = "system" if profile_store.is_system(profile) else "user"
         self.app.push_screen(
-            ConfirmDialog(f"Delete profile {profile.name!r}? This cannot be undone.", yes="Delete", no="Keep"),
+            ConfirmDialog(f"Delete profile {profile.store_name!r} from the {store} store? This cannot be undone.",
+                          yes="Delete", no="Keep"),
             if_answered(lambda _yes: self._file_work(delete)))
