@@ -61,3 +61,21 @@ def test_boot_logs_a_profile_the_card_refuses(capsys):
     code, _out, err = tuner(capsys, "--simulate", "apply", "--boot", "--boot-wait", "0")
     assert code == 2
     assert "tuner: boot: could not apply 'offstep' to sim0: -47 mV is not on this card's 5 mV step" in err
+
+
+def test_export_over_a_linked_reference_place_writes_nothing(capsys, tmp_path):
+    """`profile export NAME PATH --overwrite` where PATH's reference place (PATH.ref) is a symbolic link: the
+    refusal came after the profile was written, so a refused export left half of itself behind."""
+    from tests.screen.helpers import bundle
+    from tuner.profiles import reference_bundle as rb
+
+    stored = save_profile(sim_profile("carried"))
+    rb.write_beside(bundle(tmp_path), stored)
+    out = tmp_path / "out" / "carried.toml"
+    out.parent.mkdir()
+    (tmp_path / "elsewhere.ref").write_bytes(b"not yours")
+    rb.sidecar_path(out).symlink_to(tmp_path / "elsewhere.ref")
+    code, _out, err = tuner(capsys, "profile", "export", "carried", str(out), "--overwrite")
+    assert code == 2 and "symbolic link" in err and "Traceback" not in err
+    assert not out.exists(), "the profile was written before the refusal"
+    assert (tmp_path / "elsewhere.ref").read_bytes() == b"not yours"

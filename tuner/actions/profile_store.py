@@ -45,10 +45,8 @@ def import_profile(path: Path, *, name: str | None = None, overwrite: bool = Fal
     bundled = reference_bundle.reference_beside(path)  # checked before anything is stored
     if name is not None:
         profile = profile.renamed(name)
-    target = profile_path(profile.name, system=system)
-    if bundled is not None and reference_bundle.sidecar_path(target).is_symlink():
-        raise UsageError(f"{reference_bundle.sidecar_path(target)} is a symbolic link; nothing was written",
-                         "remove it first")
+    if bundled is not None:
+        _check_reference_place(profile_path(profile.name, system=system))
     stored = save_profile(profile, overwrite=overwrite, system=system)
     if bundled is None:
         reference_bundle.remove_beside(stored)  # a replaced profile's old reference is not this one's
@@ -57,15 +55,25 @@ def import_profile(path: Path, *, name: str | None = None, overwrite: bool = Fal
     return profile, stored, (bundled[0], ref_path, size)
 
 
+def _check_reference_place(profile_file: Path) -> None:
+    """Refused before the profile is written, as `write_beside` would refuse it after: a link where the reference
+    goes (its target could be any file)."""
+    place = reference_bundle.sidecar_path(profile_file)
+    if place.is_symlink():
+        raise UsageError(f"{place} is a symbolic link; nothing was written", "remove it first")
+
+
 def export_profile(profile: Profile, path: Path, *, overwrite: bool = False) -> tuple[Path, Bundled | None]:
     """Write `profile` to a path the user chose (never replacing a file there unless `overwrite`), with its stock
     reference beside it when the store has one (checked, and the place beside `path` too, before anything is
     written). Returns where the profile went and the reference as written."""
     path = Path(path).expanduser()
     bundled = None if profile.source is None else reference_bundle.reference_beside(profile.source)
-    if bundled is not None and not overwrite and os.path.lexists(reference_bundle.sidecar_path(path)):
-        raise UsageError(f"{reference_bundle.sidecar_path(path)} already exists; nothing was written",
-                         "pass --overwrite to replace it (and the profile)")
+    if bundled is not None:
+        _check_reference_place(path)
+        if not overwrite and os.path.lexists(reference_bundle.sidecar_path(path)):
+            raise UsageError(f"{reference_bundle.sidecar_path(path)} already exists; nothing was written",
+                             "pass --overwrite to replace it (and the profile)")
     written = write_profile_file(profile, path, overwrite=overwrite)
     if bundled is None:
         return written, None
