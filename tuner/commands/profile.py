@@ -101,7 +101,11 @@ def run_list(args: Namespace, ctx: Context) -> int:
 
 
 def _device_cell(profile: Profile) -> str:
-    return f"rig of {len(profile.parts)} cards" if profile.is_rig else profile.device.label
+    if not profile.is_rig:
+        return profile.device.label
+    # measured on simulated cards: said here as a single card's label says it
+    simulated = " [SIMULATED]" if any(p.device.simulated for p in profile.parts) else ""
+    return f"rig of {len(profile.parts)} cards{simulated}"
 
 
 def _setting_cell(profile: Profile) -> str:
