@@ -6,7 +6,7 @@ import json
 
 from tests.profiles.helpers import EXAMPLE, sim_profile, tuner
 from tuner.core import paths
-from tuner.profiles import load_profile, save_profile
+from tuner.profiles import build_profile, load_profile, save_profile
 
 
 def test_list_show_export_import_delete(capsys, tmp_path):
@@ -79,3 +79,22 @@ def test_export_over_a_linked_reference_place_writes_nothing(capsys, tmp_path):
     assert code == 2 and "symbolic link" in err and "Traceback" not in err
     assert not out.exists(), "the profile was written before the refusal"
     assert (tmp_path / "elsewhere.ref").read_bytes() == b"not yours"
+
+
+def test_show_escapes_format_characters_in_every_field_of_a_hostile_file(capsys):
+    """A profile file's text may hold a bidi override (U+202E) or a C1 control (U+009B, CSI): the card's name is
+    escaped (ProfileDevice.label), but `profile show` printed its VBIOS, driver, kernel and trial reasons as they
+    were, to the terminal."""
+    from dataclasses import replace
+
+    from tests.profiles.helpers import sim
+
+    backend = sim()
+    odd = "X\u202eY\x9b2J"
+    device = replace(backend.device("sim0"), vbios=odd, driver_version=odd, serial=odd)
+    save_profile(build_profile("odd", device, backend.knob("sim0"), -30, kernel=odd, tuning={
+        "preset": odd, "trials": [{"setting": -30, "phase": "confirm", "verdict": "fail", "reason": odd}]}))
+    code, out, err = tuner(capsys, "profile", "show", "odd")
+    assert code == 0, err
+    assert "\u202e" not in out and "\x9b" not in out
+    assert "X\\u202eY\\x9b2J" in out

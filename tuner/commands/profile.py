@@ -25,6 +25,7 @@ from tuner.actions.profile_store import (
 from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import display_width, fit, format_table, format_value, print_json, warn, wrap
 from tuner.core import exit_codes
+from tuner.core.models import printable
 from tuner.profiles import evidence, reference_bundle
 from tuner.profiles.reference_bundle import kib
 from tuner.profiles.schema import Profile, ProfilePart, Setting, Trial, format_created, validate_name
@@ -130,7 +131,7 @@ def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
     room = max(12, width - len(indent) - fixed_width - 2)
     notes, out = [], []
     for i, line in enumerate(fixed):
-        reason = "REASON" if i == 0 else (trials[i - 1].reason or "-")
+        reason = "REASON" if i == 0 else printable(trials[i - 1].reason or "-")  # a stranger's file's text
         if display_width(reason) > room:  # terminal columns: a CJK character takes two
             notes.append((rows[i - 1][0], reason))
             reason = fit(reason, room)
@@ -142,8 +143,10 @@ def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
 
 
 def _field(label: str, text: str, width: int, indent: str = "  ") -> list[str]:
-    """`  label        text`, the text wrapped to `width` under its own column (never cut)."""
+    """`  label        text`, the text wrapped to `width` under its own column (never cut). The text may come from
+    a stranger's file: control and format characters are escaped (`printable`), as a card's name is."""
     head = f"{indent}{label:<12} "
+    text = printable(text)
     return wrap(text, max(len(head) + 20, width), initial_indent=head, subsequent_indent=" " * len(head)) or [
         head.rstrip()]
 
