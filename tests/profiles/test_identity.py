@@ -188,3 +188,22 @@ def test_cli_apply_says_why_a_revert_went_to_stock_as_set_does():
     assert proc.returncode == 8, proc.stderr
     assert "not confirmed: reverted to +0 mV (the previous value -7 mV could not be written back" in proc.stderr
     assert "reset to stock instead)" in proc.stderr and sim().knob("sim0").current == 0
+
+
+def test_reasons_and_warnings_escape_a_hostile_files_text():
+    """`tuner apply` prints these to the terminal: a VBIOS, driver, kernel or serial from a stranger's file may hold
+    a bidi override (U+202E) or a C1 control (U+009B), escaped as a card's name is (printable)."""
+    from dataclasses import replace as _replace
+
+    from tests.profiles.helpers import sim
+    from tuner.profiles import build_profile
+    from tuner.profiles.identity import match_device as _match
+
+    backend = sim()
+    odd = "X\u202eY\x9b2J"
+    card = backend.device("sim0")
+    same = build_profile("p", _replace(card, vbios=odd, driver_version=odd), backend.knob("sim0"), -30, kernel=odd)
+    other = build_profile("q", _replace(card, serial=odd), backend.knob("sim0"), -30)
+    texts = [*_match(same, card, backend.knob("sim0"), kernel="6.1").warnings,
+             _match(other, card, backend.knob("sim0")).reason]
+    assert len(texts) == 4 and all(odd not in t and "X\\u202eY\\x9b2J" in t for t in texts), texts

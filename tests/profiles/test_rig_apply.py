@@ -298,3 +298,24 @@ def test_a_part_that_fails_leaves_every_nvidia_card_at_its_own_lock_clock(tmp_pa
         prepare_rig_apply(backend, plan_rig_apply(backend, profile), timeout_s=5).apply()
     assert {d: (backend.knob(d).current, backend.knob(d).lock_clock_mhz) for d in ("sim0", "sim1")} == {
         "sim0": (0, 2505), "sim1": (0, 2505)}
+
+
+def test_a_serial_written_without_its_leading_zeros_still_finds_its_card(capsys, monkeypatch):
+    """tuner.core.models.same_serial: amdsmi prints a card's unique_id without the kernel's leading zeros, so the
+    identity rules compare hex serials as numbers. Finding each part's card compared the text: a rig proven while
+    the serials read `0a...` and applied where they read `a...` (the cards in other slots too) went by slot to
+    the wrong cards and was refused as 'another card' (or, with --force, put each part on a stranger)."""
+    backend = sim(gpus=2)
+    serials = ("0a0b3c4d6e7f8091", "0b0b3c4d6e7f8092")
+    devs = [replace(d, serial=s, pci_slot=f"0000:0{i + 3}:00.0")
+            for i, (d, s) in enumerate(zip(backend.devices(), serials, strict=True))]
+    save_rig(gpus=2, devices=devs)
+    original = SimulatedBackend.devices
+    monkeypatch.setattr(SimulatedBackend, "devices", lambda self: [  # the zeros dropped, the slots swapped
+        replace(d, serial=s.lstrip("0"), pci_slot=f"0000:0{4 - i}:00.0")
+        for i, (d, s) in enumerate(zip(original(self), serials, strict=True))])
+    code, out, err = apply(capsys, "rig", "--yes", "--json", gpus=2)
+    assert code == 0, err
+    assert [(c["device"]["id"], c["found_by"], c["match"]["match"]) for c in json.loads(out)["cards"]] == [
+        ("sim0", "serial", "same_card"), ("sim1", "serial", "same_card")]
+    assert settings(gpus=2) == [-40, -55]

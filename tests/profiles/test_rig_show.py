@@ -50,7 +50,7 @@ def test_list_and_import_name_a_rig_as_a_rig(capsys, tmp_path):
     assert tuner(capsys, "profile", "export", "rig", str(tmp_path / "r.toml"))[0] == 0
     code, out, err = tuner(capsys, "profile", "import", str(tmp_path / "r.toml"), "--name", "rig2")
     assert code == 0, err
-    assert "imported 'rig2' (rig of 3 cards, -40, -55, -30 mV)" in out
+    assert "imported 'rig2' (rig of 3 cards [SIMULATED], -40, -55, -30 mV)" in out
 
 
 def test_single_card_show_is_unchanged(capsys, monkeypatch):
@@ -62,3 +62,15 @@ def test_single_card_show_is_unchanged(capsys, monkeypatch):
     assert "  setting      voltage_offset -45 mV" in out
     assert "  search       first failure -70, lowest pass -65, confirmed -65, margin 20 mV" in out
     assert "card[" not in out
+
+
+def test_list_labels_a_simulated_rig_simulated(capsys, tmp_path):
+    """A single simulated card's row says [SIMULATED] in `profile list`; a rig measured on simulated cards said
+    only `rig of 3 cards`, as if it were real hardware (and so did `profile import`)."""
+    save_rig()
+    code, out, _err = tuner(capsys, "profile", "list")
+    [row] = [line for line in out.splitlines() if line.startswith("rig ")]
+    assert code == 0 and "rig of 3 cards [SIMULATED]" in row
+    assert tuner(capsys, "profile", "export", "rig", str(tmp_path / "r.toml"))[0] == 0
+    code, out, err = tuner(capsys, "profile", "import", str(tmp_path / "r.toml"), "--name", "rig2")
+    assert code == 0 and "(rig of 3 cards [SIMULATED], " in out, err

@@ -124,3 +124,20 @@ def test_a_saved_bisect_profile_carries_its_baseline_beside_it(tmp_path):
     none = bundle_beside_profile(backend, "sim0", CardOutcome("stopped", 130, None), other)
     assert none.to_dict() == {"path": None, "why": "no bisect session to take it from"}
     assert not rb.sidecar_path(other).exists()
+
+
+def test_a_saved_profile_without_a_baseline_keeps_no_reference_left_beside_its_name(tmp_path):
+    """A reference left at NAME.ref (by a profile of that name deleted by hand, or by the Profiles screen before it
+    removed references with their profiles) is not the new profile's: a save that bundles none said "no stock
+    reference bundled" while `apply --verify` and `screen --profile` went on using the stale one."""
+    from tests.screen.helpers import bundle
+    from tuner.actions.screen.record import bundle_beside_profile
+    from tuner.backends.simulated import SimulatedBackend
+    from tuner.tuning.job import CardOutcome
+
+    backend = SimulatedBackend(state_path=tmp_path / "sim")
+    path = save_profile(sim_profile("again"))
+    rb.write_beside(bundle(tmp_path), path)  # the old one's, left behind
+    said = bundle_beside_profile(backend, "sim0", CardOutcome("stopped", 130, None), path)
+    assert said.path is None
+    assert rb.reference_beside(path) is None, "a stale reference stays beside a profile that bundled none"

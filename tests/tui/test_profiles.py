@@ -177,3 +177,61 @@ async def test_a_card_name_with_format_characters_cannot_reorder_the_screen(app,
         await until(pilot, lambda: screen_text(app).count("Radeon\\u202eXT\\x9b2J") == 2,
                     what="the name escaped, in the table and the detail")
         assert "\u202e" not in screen_text(app) and "\x9b" not in screen_text(app)
+
+
+async def test_export_delete_import_carry_the_bundled_reference(app, backend, tmp_path):
+    """docs/tui.md: the Profiles screen's `e` is "the same as `tuner profile export NAME`", which writes the stock
+    reference beside the exported file; `i` carries one back into the store and `del` removes it with its profile.
+    The screen wrote the TOML alone, so a round trip through it lost the reference (and a delete left it behind,
+    to sit beside the next profile of that name)."""
+    from tests.screen.helpers import bundle
+    from tuner.profiles import reference_bundle as rb
+
+    stored = _save(backend, "carried", -30)
+    rb.write_beside(bundle(tmp_path), stored)
+    out = tmp_path / "out" / "exported.toml"
+    out.parent.mkdir()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_profiles(pilot, app)
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the export dialog")
+        app.screen.query_one("Input").value = str(out)
+        await pilot.press("enter")
+        await until(pilot, out.exists, what="the export (a worker writes it)")
+        await until(pilot, lambda: not isinstance(app.screen, TextInputDialog), what="the export's end")
+        assert rb.sidecar_path(out).exists(), "the export left its stock reference behind"
+
+        await pilot.press("delete")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the delete question")
+        await pilot.press("y")
+        await until(pilot, lambda: list_profiles() == [], what="the delete (a worker removes it)")
+        await until(pilot, lambda: not rb.sidecar_path(stored).exists(), what="the reference removed with it")
+
+        await pilot.press("i")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog), what="the import dialog")
+        app.screen.query_one("Input").value = str(out)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 1, what="the imported row")
+    assert rb.reference_beside(stored) is not None, "the import left the stock reference behind"
+
+
+async def test_delete_removes_the_selected_row_not_a_namesake_in_the_other_store(app, backend):
+    """A user profile and a system (boot) profile may share a name; `tuner profile list` and this screen show both.
+    `del` on the system row deleted the user one (the user store is looked up first): the wrong file, gone."""
+    from tuner.profiles import store
+
+    device, knob = backend.device("sim0"), backend.knob("sim0")
+    save_profile(build_profile("twin", device, knob, -20))
+    save_profile(build_profile("twin", device, knob, -40), system=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_profiles(pilot, app)
+        await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 2, what="both rows")
+        await pilot.press("down")
+        selected = app.screen.selected()
+        assert selected is not None and store.is_system(selected) and selected.setting.value == -40
+        await pilot.press("delete")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the delete question")
+        await pilot.press("y")
+        await until(pilot, lambda: len(list_profiles()) == 1, what="the delete (a worker removes it)")
+    [left] = list_profiles()
+    assert (left.setting.value, store.is_system(left)) == (-20, False), "the user's namesake was deleted instead"

@@ -29,7 +29,7 @@ from tuner.actions.verify import VerifyOutcome, Workload, verify_setting
 from tuner.backends.base import Backend
 from tuner.core.card_lock import CardLock
 from tuner.core.errors import TunerError, UsageError
-from tuner.core.models import DeviceInfo, Knob
+from tuner.core.models import DeviceInfo, Knob, same_serial
 from tuner.profiles import Profile, ProfilePart, evidence
 from tuner.profiles import reference_bundle as rb
 from tuner.profiles.identity import Match, MatchResult, fingerprint, match_device
@@ -202,12 +202,15 @@ class RigApply:
 
 def find_part_card(part: Profile | ProfilePart, devices: list[DeviceInfo]) -> tuple[DeviceInfo | None, str]:
     """The card a part was proven on: the one with its serial (wherever it sits now), else the one in its PCI
-    slot (whatever it is: the identity rules then say whether it is the same card), else none."""
-    for field in ("serial", "pci_slot"):  # also what found it
-        wanted = getattr(part.device, field)
-        for dev in devices:
-            if wanted and (getattr(dev, field) or "").lower() == wanted.lower():
-                return dev, field
+    slot (whatever it is: the identity rules then say whether it is the same card), else none. Serials compare as
+    the identity rules compare them (`same_serial`: a hex serial as a number, a placeholder never matches)."""
+    for dev in devices:
+        if same_serial(part.device.serial, dev.serial):
+            return dev, "serial"
+    slot = part.device.pci_slot
+    for dev in devices:
+        if slot and (dev.pci_slot or "").lower() == slot.lower():
+            return dev, "pci_slot"
     return None, "missing"
 
 

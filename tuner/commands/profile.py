@@ -15,17 +15,17 @@ from tuner.actions.context import Context
 from tuner.actions.exports import profile_export_path
 from tuner.actions.profile_store import (
     delete_profile,
+    export_profile,
     find_in_store,
+    import_profile,
     is_system,
     read_profile_file,
-    save_profile,
     scan,
-    write_profile_file,
 )
 from tuner.commands._argtypes import Subparsers
 from tuner.commands._output import display_width, fit, format_table, format_value, print_json, warn, wrap
 from tuner.core import exit_codes
-from tuner.core.errors import UsageError
+from tuner.core.models import printable
 from tuner.profiles import evidence, reference_bundle
 from tuner.profiles.reference_bundle import kib
 from tuner.profiles.schema import Profile, ProfilePart, Setting, Trial, format_created, validate_name
@@ -102,7 +102,11 @@ def run_list(args: Namespace, ctx: Context) -> int:
 
 
 def _device_cell(profile: Profile) -> str:
-    return f"rig of {len(profile.parts)} cards" if profile.is_rig else profile.device.label
+    if not profile.is_rig:
+        return profile.device.label
+    # measured on simulated cards: said here as a single card's label says it
+    simulated = " [SIMULATED]" if any(p.device.simulated for p in profile.parts) else ""
+    return f"rig of {len(profile.parts)} cards{simulated}"
 
 
 def _setting_cell(profile: Profile) -> str:
@@ -127,7 +131,7 @@ def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
     room = max(12, width - len(indent) - fixed_width - 2)
     notes, out = [], []
     for i, line in enumerate(fixed):
-        reason = "REASON" if i == 0 else (trials[i - 1].reason or "-")
+        reason = "REASON" if i == 0 else printable(trials[i - 1].reason or "-")  # a stranger's file's text
         if display_width(reason) > room:  # terminal columns: a CJK character takes two
             notes.append((rows[i - 1][0], reason))
             reason = fit(reason, room)
@@ -139,8 +143,10 @@ def trials_table(trials: Sequence[Trial], unit: str, width: int) -> list[str]:
 
 
 def _field(label: str, text: str, width: int, indent: str = "  ") -> list[str]:
-    """`  label        text`, the text wrapped to `width` under its own column (never cut)."""
+    """`  label        text`, the text wrapped to `width` under its own column (never cut). The text may come from
+    a stranger's file: control and format characters are escaped (`printable`), as a card's name is."""
     head = f"{indent}{label:<12} "
+    text = printable(text)
     return wrap(text, max(len(head) + 20, width), initial_indent=head, subsequent_indent=" " * len(head)) or [
         head.rstrip()]
 
@@ -236,25 +242,20 @@ def _setting_extras(s: Setting) -> str:
 
 
 def run_export(args: Namespace, ctx: Context) -> int:
-    source = find_in_store(args.name)
-    profile = read_profile_file(source)
-    bundled = reference_bundle.reference_beside(source)  # checked before anything is written
+    profile = read_profile_file(find_in_store(args.name))
     if args.path == "-":
+        bundled = reference_bundle.reference_beside(profile.source) if profile.source else None  # checked
         sys.stdout.write(profile.to_toml())
         if bundled is not None:
             print(f"tuner: note: its stock reference ({bundled[1].name}, {kib(bundled[2])}) is not carried on "
                   "stdout: export to a file to carry it beside the profile", file=sys.stderr)
         return exit_codes.OK
     target = Path(args.path) if args.path is not None else profile_export_path(profile.name)
-    if bundled is not None and not args.overwrite and reference_bundle.sidecar_path(target).exists():
-        raise UsageError(f"{reference_bundle.sidecar_path(target)} already exists; nothing was written",
-                         "pass --overwrite to replace it (and the profile)")
-    path = write_profile_file(profile, target, overwrite=args.overwrite)
-    if bundled is None:
+    path, carried = export_profile(profile, target, overwrite=args.overwrite)  # the reference checked first
+    if carried is None:
         print(f"exported {args.name!r} to {path} (no stock reference bundled: `tuner bisect --save` records one)")
         return exit_codes.OK
-    ref_path, size = reference_bundle.write_beside(bundled[0], path, overwrite=args.overwrite)
-    b = bundled[0]
+    b, ref_path, size = carried
     print(f"exported {args.name!r} to {path} and its stock reference to {ref_path} ({kib(size)}, {b.steps:,} "
           f"steps of {b.preset}, sha256 {b.sha256[:16]})")
     return exit_codes.OK
@@ -263,29 +264,21 @@ def run_export(args: Namespace, ctx: Context) -> int:
 def run_import(args: Namespace, ctx: Context) -> int:
     if args.name is not None:  # `--name ""` is an error, not "no name"
         validate_name(args.name, path="--name")
-    profile = read_profile_file(Path(args.path))  # validated (and never through a symlink) before storing
-    bundled = reference_bundle.reference_beside(Path(args.path))  # checked before anything is stored
-    if args.name is not None:
-        profile = profile.renamed(args.name)
-    path = save_profile(profile, overwrite=args.overwrite, system=args.system)
-    reference, size = None, 0
-    if bundled is not None:
-        ref_path, size = reference_bundle.write_beside(bundled[0], path, overwrite=True)
-        reference = {"path": str(ref_path), "size_bytes": size, "sha256": bundled[0].sha256}
-    else:
-        reference_bundle.remove_beside(path)  # a replaced profile's old reference is not this one's
+    profile, path, carried = import_profile(Path(args.path), name=args.name, overwrite=args.overwrite,
+                                            system=args.system)
+    reference = None if carried is None else {"path": str(carried[1]), "size_bytes": carried[2],
+                                              "sha256": carried[0].sha256}
     if args.json:
         print_json({"imported": profile.name, "path": str(path), "reference": reference,
                     "profile": profile.to_json_dict()})
     else:
-        carried = f", with its stock reference ({kib(size)})" if reference else ""
-        print(f"imported {profile.name!r} ({_device_cell(profile)}, {_setting_cell(profile)}) to {path}{carried}")
+        with_ref = f", with its stock reference ({kib(carried[2])})" if carried else ""
+        print(f"imported {profile.name!r} ({_device_cell(profile)}, {_setting_cell(profile)}) to {path}{with_ref}")
     return exit_codes.OK
 
 
 def run_delete(args: Namespace, ctx: Context) -> int:
-    path = delete_profile(args.name, system=args.system)
-    ref = reference_bundle.remove_beside(path)
+    path, ref = delete_profile(args.name, system=args.system)
     print(f"deleted {path}" + (f" and its stock reference {ref}" if ref else ""))
     return exit_codes.OK
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tuner.core.models import DeviceInfo, Knob, same_serial
+from tuner.core.models import DeviceInfo, Knob, printable, same_serial
 from tuner.profiles.schema import Profile, ProfileDevice, ProfilePart
 
 
@@ -38,13 +38,19 @@ class MatchResult:
 
 def fingerprint(device: DeviceInfo | ProfileDevice) -> str:
     """One line that identifies a card: `vendor pci_id/subsystem_id od_format @slot #serial` (unknowns as '?')."""
-    return (f"{device.vendor} {device.pci_id or '?'}/{device.subsystem_id or '?'} {device.od_format or '?'} "
-            f"@{device.pci_slot or '?'} #{device.serial or '?'}")
+    return printable(f"{device.vendor} {device.pci_id or '?'}/{device.subsystem_id or '?'} {device.od_format or '?'} "
+                     f"@{device.pci_slot or '?'} #{device.serial or '?'}")  # a profile's text: escaped
 
 
 def _differs(a: str | None, b: str | None) -> bool:
     """Known on both sides and different (an unknown never counts as a difference or as a match)."""
     return a is not None and b is not None and a.lower() != b.lower()
+
+
+def _shown(value: str | None) -> str:
+    """A field of a profile (a stranger's file) or of a card, as a message shows it: control and format characters
+    escaped (`printable`), as a card's name is."""
+    return printable(str(value))
 
 
 def match_device(profile: Profile | ProfilePart, target: DeviceInfo, knob: Knob, *,
@@ -59,8 +65,9 @@ def match_device(profile: Profile | ProfilePart, target: DeviceInfo, knob: Knob,
                                                f"{target.id} has a {knob.kind.value} in {knob.unit}")
     for attr, what in (("pci_id", "PCI id"), ("subsystem_id", "subsystem id"), ("od_format", "overdrive format")):
         if _differs(getattr(theirs, attr), getattr(target, attr)):
-            return MatchResult(Match.OTHER_MODEL, f"another model: the profile's {what} is {getattr(theirs, attr)}, "
-                                                  f"{target.id} has {getattr(target, attr)}")
+            mine, yours = _shown(getattr(theirs, attr)), _shown(getattr(target, attr))
+            return MatchResult(Match.OTHER_MODEL, f"another model: the profile's {what} is {mine}, "
+                                                  f"{target.id} has {yours}")
     if (theirs.pci_id is None or target.pci_id is None) and theirs.name != target.name:
         return MatchResult(Match.OTHER_MODEL, f"another model: the profile is for {theirs.name!r}, {target.id} "
                                               f"is {target.name!r}")
@@ -68,11 +75,12 @@ def match_device(profile: Profile | ProfilePart, target: DeviceInfo, knob: Knob,
     same = same_serial(theirs.serial, target.serial)
     if same is not None:
         if not same:
-            return MatchResult(Match.SAME_MODEL, f"the same model but another card (serial {theirs.serial}, "
-                                                 f"{target.id} is {target.serial}); silicon differs card to card")
+            return MatchResult(Match.SAME_MODEL, f"the same model but another card (serial "
+                                                 f"{_shown(theirs.serial)}, {target.id} is {_shown(target.serial)}); "
+                                                 "silicon differs card to card")
         moved = _differs(theirs.pci_slot, target.pci_slot)
         return MatchResult(Match.SAME_CARD, "the same card (serial matches)" + (
-            f"; it moved from slot {theirs.pci_slot} to {target.pci_slot}" if moved else ""), warnings)
+            f"; it moved from slot {_shown(theirs.pci_slot)} to {target.pci_slot}" if moved else ""), warnings)
     if theirs.pci_slot and target.pci_slot and theirs.pci_slot.lower() == target.pci_slot.lower():
         return MatchResult(Match.SAME_CARD, "the same model in the same slot (no serial to compare)", warnings)
     return MatchResult(Match.SAME_MODEL, "the same model, but nothing proves it is the same card (no serial, "
@@ -83,8 +91,9 @@ def _drift_warnings(theirs: ProfileDevice, target: DeviceInfo, kernel: str | Non
     out = []
     for attr, what in (("vbios", "VBIOS"), ("driver_version", "driver")):
         if _differs(getattr(theirs, attr), getattr(target, attr)):
-            out.append(f"{what} changed since tuning ({getattr(theirs, attr)} -> {getattr(target, attr)}); "
+            was, now = _shown(getattr(theirs, attr)), _shown(getattr(target, attr))
+            out.append(f"{what} changed since tuning ({was} -> {now}); "
                        "the stable limit can move, consider --verify")
     if _differs(theirs.kernel, kernel):
-        out.append(f"kernel changed since tuning ({theirs.kernel} -> {kernel}); consider --verify")
+        out.append(f"kernel changed since tuning ({_shown(theirs.kernel)} -> {_shown(kernel)}); consider --verify")
     return tuple(out)

@@ -423,7 +423,9 @@ class ProfilesScreen(TunerScreen):
         from tuner.actions.exports import profile_export_path
 
         def export(path: Path) -> FileWorkDone:
-            return FileWorkDone(f"exported {profile.name} to {profile_store.export_profile(profile, path)}", None)
+            written, carried = profile_store.export_profile(profile, path)  # with its stock reference, as the CLI
+            ref = f" and its stock reference to {carried[1]}" if carried else ""
+            return FileWorkDone(f"exported {profile.name} to {written}{ref}", None)
 
         self.app.push_screen(  # the default in full: where it goes is never a guess
             TextInputDialog(f"Export {profile.name!r} to path:", value=str(profile_export_path(profile.name))),
@@ -431,7 +433,7 @@ class ProfilesScreen(TunerScreen):
 
     def action_import_profile(self) -> None:
         def import_file(path: Path) -> FileWorkDone:
-            profile = profile_store.import_profile(path)  # validated before it is stored
+            profile, _path, _ref = profile_store.import_profile(path)  # validated before it is stored
             return FileWorkDone(f"imported {profile.name}", None, reload=True, select=profile.name)
 
         self.app.push_screen(TextInputDialog("Import a profile from path:", placeholder="~/r9700.toml"),
@@ -443,9 +445,13 @@ class ProfilesScreen(TunerScreen):
             return
 
         def delete() -> FileWorkDone:
-            profile_store.delete_profile(profile.name)
-            return FileWorkDone(f"deleted {profile.name}", None, reload=True)
+            # the selected row's own file (its store and file name): a namesake in the other store is another
+            # profile; and the stock reference beside it
+            profile_store.delete_profile(profile.store_name, system=profile_store.is_system(profile))
+            return FileWorkDone(f"deleted {profile.store_name}", None, reload=True)
 
+        store = "system" if profile_store.is_system(profile) else "user"
         self.app.push_screen(
-            ConfirmDialog(f"Delete profile {profile.name!r}? This cannot be undone.", yes="Delete", no="Keep"),
+            ConfirmDialog(f"Delete profile {profile.store_name!r} from the {store} store? This cannot be undone.",
+                          yes="Delete", no="Keep"),
             if_answered(lambda _yes: self._file_work(delete)))

@@ -169,12 +169,15 @@ def bundle_beside_profile(backend: Backend, device_id: str, outcome: CardOutcome
                           profile_path: Path) -> BundledReference:
     """A saved bisect profile travels with its proof: the session's stock baseline (`bundle_from_bisect`), written
     beside the profile (`NAME.ref`) for `tuner screen` and `apply --verify` on other cards. One place for the CLI's
-    `bisect --save` and the TUI's save."""
+    `bisect --save` and the TUI's save. With none to bundle, a reference left at that place (a profile of that
+    name deleted by hand) is removed: it is not this profile's."""
     if outcome.session is None:
+        rb.remove_beside(profile_path)
         return BundledReference(None, why="no bisect session to take it from")
     bundle, why = bundle_from_bisect(backend, device_id, reference_path(device_id, outcome.session),
                                      trial_s=outcome.params.get("trial_s"))
     if bundle is None:
+        rb.remove_beside(profile_path)
         return BundledReference(None, why=why)
     path, size = rb.write_beside(bundle, profile_path, overwrite=True)
     return BundledReference(path, size, bundle.sha256, bundle.steps)
