@@ -142,6 +142,16 @@ def test_rising_uncorrectable_counters_fail_a_card_whose_steps_matched(tmp_path,
     assert v.evidence.counters.counters[0].change == 2 and "error counters" in v.evidence.detectors_fired
 
 
+def test_a_falling_uncorrectable_counter_is_no_rise(tmp_path, backend, monkeypatch):
+    """A pending remap done during the screen (remap_pending 1 -> 0) is a counter that fell: nothing rose."""
+    reads = iter([ErrorCounters((("ecc_uncorrected_volatile", 0), ("remap_pending", 1)), "nvml"),
+                  ErrorCounters((("ecc_uncorrected_volatile", 0), ("remap_pending", 0)), "nvml")])
+    monkeypatch.setattr(backend, "error_counters", lambda device_id: next(reads))
+    v = card(tmp_path, backend, Engines({})).run()
+    assert v.verdict == "pass", v.reason
+    assert "error counters" not in v.evidence.detectors_fired
+
+
 @pytest.mark.parametrize("after", [
     ErrorCounters(why="could not be read: NVML: GPU is lost"),  # none readable after the screen
     ErrorCounters((("ecc_corrected_volatile", 0),), "nvml", unreadable=("ecc_uncorrected_volatile",)),  # one not

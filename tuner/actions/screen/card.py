@@ -140,7 +140,7 @@ class CardScreen:
         counters_after = self._counters()
         decision = at.decide(first, repeat, stock, at_stock=at_stock, unit=knob.unit, tolerance=self.plan.tolerance)
         counters = _counter_doc(counters_before, counters_after)
-        risen = [c.name for c in counters.counters if c.change and any(m in c.name for m in UE_MARKERS)]
+        risen = _risen(counters)
         if risen and decision.verdict in ("pass", "retest"):
             decision = at.Decision("fail", "drain", "not attributed",
                                    f"uncorrectable error counters rose during the screen ({', '.join(risen)})")
@@ -428,6 +428,12 @@ def _counter_doc(before: ErrorCounters, after: ErrorCounters) -> v.CountersDoc:
     return v.CountersDoc(available=True, source=before.source or after.source, why=why, counters=docs)
 
 
+def _risen(counters: v.CountersDoc) -> list[str]:
+    """The uncorrectable counters that rose during the screen (one that fell, a pending remap done, is no rise)."""
+    return [c.name for c in counters.counters
+            if c.change is not None and c.change > 0 and any(m in c.name for m in UE_MARKERS)]
+
+
 def _first_difference(run: at.RunSummary) -> v.FirstDifference | None:
     if run.outcome not in (at.FAULT, at.HARD):
         return None
@@ -448,7 +454,7 @@ def _fired(runs: list[at.RunSummary], counters: v.CountersDoc) -> list[str]:
             name = "kernel log" if run.kernel_lines else at.DETECTOR_OF.get(run.kind or "", run.kind or "fault")
             if name not in fired:
                 fired.append(name)
-    if any(c.change and any(m in c.name for m in UE_MARKERS) for c in counters.counters):
+    if _risen(counters):
         fired.append("error counters")
     return fired
 
