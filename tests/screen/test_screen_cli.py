@@ -231,3 +231,34 @@ def test_tolerance_with_a_reference_without_held_out_losses_is_bad_input(tmp_pat
     r, out = screen(tmp_path, baseline, "--tolerance")
     assert r.returncode == exit_codes.USAGE and out is None, (r.returncode, r.stderr)
     assert "held-out losses" in r.stderr and "reference record" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_out_in_a_folder_that_cannot_be_written_is_refused_before_the_screen(tmp_path, reference):
+    """`--out` in a folder this user cannot write: found before any card is screened (one line, exit 2), never
+    after the whole screen. /proc/1 is a folder that even root may not write (procfs), so no user switch is needed."""
+    folder = Path("/proc/1")
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        pytest.skip("no folder here that root may not write")
+    r, doc = screen(tmp_path, reference, "--out", str(folder / "verdict.json"), global_args=("--sim-driver", "999.1"))
+    assert r.returncode == exit_codes.USAGE and doc is None, (r.returncode, r.stdout, r.stderr)
+    assert "--out" in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_a_failed_out_write_never_loses_the_printed_verdict(tmp_path, reference, monkeypatch, capsys):
+    """The verdict is printed before --out is written: a write that fails (disk full, exit 7) still leaves the
+    verdict on stdout."""
+    import errno
+
+    from tests.profiles.helpers import tuner
+    from tuner.commands import screen as screen_command
+
+    def full(path, data, mode=0o644):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(screen_command, "write_atomic", full)
+    for key, value in state(tmp_path, "full").items():
+        monkeypatch.setenv(key, value)
+    code, out, _err = tuner(capsys, "--simulate", "--sim-driver", "999.1", "screen", "--reference", str(reference),
+                            "--device", "sim0", *LOAD, "--json", "--out", str(tmp_path / "verdict.json"))
+    assert code == exit_codes.DISK_FULL
+    assert json.loads(out)["verdicts"][0]["verdict"] == "incomparable"

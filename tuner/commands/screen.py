@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import threading
 import time
@@ -168,12 +169,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     finally:
         progress.clear()
     data = v.encode(report)
-    if args.out is not None:
-        write_atomic(Path(args.out), data + b"\n")  # disk full: one line, exit 7 (the cards are as they were)
-    if args.json:
+    if args.json:  # printed first: a failed --out write never loses the verdict
         sys.stdout.write(data.decode() + "\n")
     else:
         print("\n".join(human_lines(report)))
+    sys.stdout.flush()
+    if args.out is not None:
+        write_atomic(Path(args.out), data + b"\n")  # disk full: one line, exit 7 (the cards are as they were)
     return report.exit_code
 
 
@@ -198,12 +200,15 @@ def _reference(given: str | None, profile: Profile | None) -> tuple[Bundle, Path
 
 
 def _check_out(out: Path, inputs: list[Path]) -> None:
-    """A file the verdict may replace: not a directory, in a directory, and never one of the screen's inputs (the
-    reference, the profile): the verdict would replace them."""
+    """A file the verdict may replace: not a directory, in a directory this user may write (os.access: the real
+    uid), and never one of the screen's inputs (the reference, the profile): the verdict would replace them."""
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out verdict.json")
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: no directory {out.parent}", "create it first, or choose another path")
+    if not os.access(out.parent, os.W_OK | os.X_OK):  # found now, never after the whole screen
+        raise UsageError(f"--out {out}: the directory {out.parent} cannot be written by this user",
+                         "choose a directory you can write, or fix its permissions")
     for given in inputs:
         if out.exists() and given.exists() and out.samefile(given):
             raise UsageError(f"--out {out} is {given}, an input of this screen: the verdict would replace it",
