@@ -262,3 +262,24 @@ def test_a_failed_out_write_never_loses_the_printed_verdict(tmp_path, reference,
                             "--device", "sim0", *LOAD, "--json", "--out", str(tmp_path / "verdict.json"))
     assert code == exit_codes.DISK_FULL
     assert json.loads(out)["verdicts"][0]["verdict"] == "incomparable"
+
+
+def test_a_tolerance_screen_says_the_reference_steps_it_runs_never_the_tier_load(tmp_path, reference):
+    """In the tolerance mode every run is the reference's steps, whatever --tier says: the document's tier and the
+    header give what runs (the reference's recording: its tier and load), never the standard tier's 120 s."""
+    from tuner.profiles import reference_bundle as rb
+
+    recording = rb.read_bundle(reference).recording
+    out = tmp_path / "verdict.json"
+    r = run_tuner("--simulate", "--sim-seed", "1", "--sim-driver", "999.1", "screen", "--reference", str(reference),
+                  "--device", "sim0", "--tier", "standard", "--tolerance", "--out", str(out),
+                  env=state(tmp_path, "tol"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    expected = {"name": recording.tier if recording.tier in ("quick", "standard", "long") else "custom",
+                "load_s": recording.load_s}
+    for tier in (doc["tier"], doc["verdicts"][0]["tier"]):
+        assert {k: tier[k] for k in expected} == expected, tier
+    header = next(line for line in r.stderr.splitlines() if line.startswith("screening "))
+    assert "120 s" not in header and f"{recording.steps:,} reference steps per run" in header, header

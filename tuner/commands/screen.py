@@ -105,8 +105,9 @@ class Progress:
     """One self-overwriting line on stderr (a terminal only, tuner.commands._output.StatusLine): each card's step and
     the time left."""
 
-    def __init__(self, stream: IO[str], load_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.load_s, self.clock = load_s, clock
+    def __init__(self, stream: IO[str], load_s: float, clock: Callable[[], float] = time.monotonic, *,
+                 steps: int | None = None) -> None:
+        self.load_s, self.clock, self.total_steps = load_s, clock, steps  # steps: each run is that many (tolerance)
         self.line = StatusLine(stream)
         self.steps: dict[str, str] = {}
         self._t0 = clock()
@@ -116,11 +117,13 @@ class Progress:
         step = getattr(event, "step", None)
         if type(event).__name__ == "StepEvent" and isinstance(step, int):
             with self._lock:
-                self.steps[device_id] = f"{device_id} step {step}"
+                of = "" if self.total_steps is None else f"/{self.total_steps:,}"
+                self.steps[device_id] = f"{device_id} step {step}{of}"
                 now = self.clock()
                 if self.line.due(now):
                     left = max(0.0, self.load_s - (now - self._t0))
-                    self.line.show("  ".join(self.steps.values()) + f"  ~{format_duration(left)} left")
+                    tail = "" if self.total_steps is not None else f"  ~{format_duration(left)} left"
+                    self.line.show("  ".join(self.steps.values()) + tail)
         elif isinstance(event, str) and not event.startswith("reference: compared with"):  # said once, above
             with self._lock:
                 self.line.clear()
@@ -151,9 +154,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         _check_out(Path(args.out), [path] if profile is None or profile.source is None else [path, profile.source])
     backend = ctx.backend
     device_ids = select_devices(backend, args.device)
-    progress = Progress(sys.stderr, tier.load_s)
+    progress = Progress(sys.stderr, tier.load_s, steps=bundle.steps if args.tolerance else None)
     screen = Screen(backend, device_ids, bundle, path, tier, tolerance=args.tolerance, margin_nats=margin,
                     on_event=progress, profile=profile, bundled_with=bundled_with)
+    tier = screen.tier  # in the tolerance mode, the reference's: each run is its steps
     if bundled_with is not None:  # said even with --json (on stderr; the document says it too)
         print(f"screen: using the reference bundled with profile {bundled_with!r}: {path} "
               f"({path.stat().st_size:,} bytes)", file=sys.stderr, flush=True)
@@ -161,9 +165,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         mode = "held-out losses (tolerance mode, reduced sensitivity)" if args.tolerance else "bit for bit"
         at = ("" if profile is None else f" at profile {profile.name!r}'s setting (applied for the screen only; "
               "each card is put back to its own)")
+        runs = (f"{bundle.steps:,} reference steps per run, as recorded at tier {tier.name}: {tier.load_s:g} s of "
+                "load; --tier and --duration do not apply" if args.tolerance else
+                f"{bundle.steps:,} reference steps), tier {tier.name} ({tier.load_s:g} s of load per run")
         print(f"screening {len(device_ids)} card{'s' * (len(device_ids) != 1)}{at} against {path} "
-              f"({bundle.preset}, {bundle.steps:,} reference steps), tier {tier.name} ({tier.load_s:g} s of load "
-              f"per run), compared {mode}", file=sys.stderr, flush=True)
+              f"({bundle.preset}, {runs}), compared {mode}", file=sys.stderr, flush=True)
     try:
         report = screen.run()
     finally:
