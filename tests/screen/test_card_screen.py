@@ -228,3 +228,48 @@ def test_a_hang_in_the_repeat_goes_on_the_unsafe_list_and_nothing_more_runs(tmp_
     assert len(engines.runs) == 2 and [r.purpose for r in v.evidence.runs] == ["screen", "repeat"]
     assert (v.verdict, v.action) == ("fail", "reset to stock")
     assert backend.knob("sim0").current == -60  # left as it reads: never written
+
+
+def test_an_amd_card_with_overdrive_off_is_screened_at_stock(tmp_path):
+    """Overdrive off (amdgpu's default ppfeaturemask, no pp_od_clk_voltage: control.md §2): the driver allows no
+    offset, so the card runs at stock. A screen at its own setting writes nothing and needs none: it is screened at
+    stock, and says overdrive is off; never a whole screen refused for a knob it does not need."""
+    from tests.backends.fakes.trees import make_tree
+    from tuner.backends import amd
+    from tuner.backends.amd_sysfs import amd_card_dirs
+
+    make_tree(tmp_path / "root", ["rdna4"], mask="0xfff7bfff")
+    backend = amd.AmdBackend(amd_card_dirs(tmp_path / "root"), root=tmp_path / "root")
+    device_id = backend.devices()[0].id
+    b = bundle(tmp_path)
+    plan = ScreenPlan(b, rb.materialize(b, tmp_path), TIERS["quick"], tolerance=True, host="h")
+    v = CardScreen(backend, device_id, plan, engine_factory=Engines({}), kernel_watcher_factory=NullWatcher).run()
+    s = v.setting
+    assert (s.at_stock, s.value, s.stock, s.left_at) == (True, 0, 0, 0)
+    assert s.source.startswith("current") and "overdrive off" in s.source, s.source
+    from tuner.commands.screen import card_lines
+    assert "Overdrive is off" in card_lines(v)[0], card_lines(v)[0]
+
+
+def test_a_reference_is_recorded_on_an_amd_card_with_overdrive_off(tmp_path, monkeypatch):
+    """`tuner reference record` needs the card at stock and writes nothing to it: a card with Overdrive off runs at
+    stock (the driver allows no offset), so the recording goes on to its engine run; never refused for the knob."""
+    from tests.backends.fakes.trees import make_tree
+    from tuner.actions.screen import record
+    from tuner.backends import amd
+    from tuner.backends.amd_sysfs import amd_card_dirs
+
+    make_tree(tmp_path / "root", ["rdna4"], mask="0xfff7bfff")
+    backend = amd.AmdBackend(amd_card_dirs(tmp_path / "root"), root=tmp_path / "root")
+    device_id = backend.devices()[0].id
+
+    class Started(Exception):
+        pass
+
+    def session(backend, request, **kw):
+        raise Started(request.record)
+
+    monkeypatch.setattr(record, "StressSession", session)
+    with pytest.raises(Started):
+        record.record_reference(backend, record.RecordRequest(device_id=device_id, out=tmp_path / "A.ref",
+                                                              tier=TIERS["quick"]))

@@ -230,8 +230,11 @@ def human_lines(report: ScreenReport) -> list[str]:
 
 
 def card_lines(c: CardVerdict) -> list[str]:
+    from tuner.actions.screen.card import OVERDRIVE_OFF_SOURCE
     label = c.card.model + (" [SIMULATED]" if c.card.simulated else "")
     source = "" if c.setting.source == "current" else f" ({c.setting.source})"
+    if c.setting.source == OVERDRIVE_OFF_SOURCE:
+        source = " (its own setting: stock, Overdrive is off, so the driver allows no offset)"
     head = (f"{c.card.id}  {label} at {c.setting.value:+d} {c.setting.unit}{source}: {c.verdict.upper()} "
             f"(action: {c.action})" + (f", {c.attribution}" if c.attribution else ""))
     lines = [head, f"  {c.reason}"]

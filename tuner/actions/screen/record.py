@@ -23,7 +23,7 @@ from tuner.actions.stress import StressOutcome, StressRequest, StressSession
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardLock
-from tuner.core.errors import TunerError, UsageError
+from tuner.core.errors import NoOffsetAllowed, TunerError, UsageError
 from tuner.engine.reference import ReferenceProblem, load_reference
 from tuner.profiles import reference_bundle as rb
 from tuner.tuning.job import CardOutcome
@@ -75,7 +75,10 @@ def record_reference(backend: Backend, request: RecordRequest) -> RecordOutcome:
     device = backend.device(request.device_id)
     with (tempfile.TemporaryDirectory(prefix="tuner-reference-", ignore_cleanup_errors=True) as work,
           CardLock(device.id, "tuner reference record")):
-        knob = backend.knob(request.device_id)  # under the lock: no writer changes the card after this check
+        try:
+            knob = backend.knob(request.device_id)  # under the lock: no writer changes the card after this check
+        except NoOffsetAllowed as e:  # AMD Overdrive off: the driver allows no offset, the card runs at stock
+            knob = e.at_stock
         if knob.current != knob.stock:
             raise UsageError(f"{device.id} is at {knob.current:+d} {knob.unit}, not stock: a reference is recorded "
                              "at stock", f"`tuner reset --device {device.id}` first (then set your value again), "
