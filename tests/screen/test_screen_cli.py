@@ -283,3 +283,15 @@ def test_a_tolerance_screen_says_the_reference_steps_it_runs_never_the_tier_load
         assert {k: tier[k] for k in expected} == expected, tier
     header = next(line for line in r.stderr.splitlines() if line.startswith("screening "))
     assert "120 s" not in header and f"{recording.steps:,} reference steps per run" in header, header
+
+
+def test_record_out_in_a_folder_that_cannot_be_written_is_refused_before_the_recording(tmp_path):
+    """As the screen's: `reference record --out` in a folder this user cannot write is found before the two engine
+    runs (one line, exit 2, nothing run), never after them. /proc/1 is a folder even root may not write."""
+    folder = Path("/proc/1")
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        pytest.skip("no folder here that root may not write")
+    r = run_tuner("--simulate", "reference", "record", "--device", "sim0", *LOAD, "--out", str(folder / "x.ref"),
+                  env=state(tmp_path, "rec"), timeout=300)
+    assert r.returncode == exit_codes.USAGE, (r.returncode, r.stderr)
+    assert "--out" in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
