@@ -142,6 +142,13 @@ def test_overdrive_off_names_the_kernel_parameter(tmp_path):
     assert "amdgpu.ppfeaturemask=0xfff7ffff" in e.value.remedy and e.value.exit_code == 4
 
 
+def test_the_fake_tree_has_no_overdrive_file_when_the_mask_turns_overdrive_off(tmp_path):
+    """As amdgpu: pp_od_clk_voltage exists only when Overdrive is enabled (ppfeaturemask bit 14; control.md §2,
+    amdgpu_pm.c default_attr_update), so a fake card under the default mask has none."""
+    [dev] = make_tree(tmp_path, ["rdna4"], mask="0xfff7bfff")
+    assert not (dev / "pp_od_clk_voltage").exists()
+
+
 def test_a_missing_overdrive_file_with_the_bit_already_set_is_not_told_to_set_it(tmp_path):
     """The mask has the overdrive bit and pp_od_clk_voltage is still missing (RDNA3 before kernel 6.7, LACT #205,
     control.md): adding the same ppfeaturemask and rebooting changes nothing. `tuner doctor` says so; `list`, `set`

@@ -142,6 +142,16 @@ def test_rising_uncorrectable_counters_fail_a_card_whose_steps_matched(tmp_path,
     assert v.evidence.counters.counters[0].change == 2 and "error counters" in v.evidence.detectors_fired
 
 
+def test_a_falling_uncorrectable_counter_is_no_rise(tmp_path, backend, monkeypatch):
+    """A pending remap done during the screen (remap_pending 1 -> 0) is a counter that fell: nothing rose."""
+    reads = iter([ErrorCounters((("ecc_uncorrected_volatile", 0), ("remap_pending", 1)), "nvml"),
+                  ErrorCounters((("ecc_uncorrected_volatile", 0), ("remap_pending", 0)), "nvml")])
+    monkeypatch.setattr(backend, "error_counters", lambda device_id: next(reads))
+    v = card(tmp_path, backend, Engines({})).run()
+    assert v.verdict == "pass", v.reason
+    assert "error counters" not in v.evidence.detectors_fired
+
+
 @pytest.mark.parametrize("after", [
     ErrorCounters(why="could not be read: NVML: GPU is lost"),  # none readable after the screen
     ErrorCounters((("ecc_corrected_volatile", 0),), "nvml", unreadable=("ecc_uncorrected_volatile",)),  # one not
@@ -227,3 +237,48 @@ def test_a_hang_goes_on_the_unsafe_list_under_the_serial_of_the_card_it_ran_on(t
     card(tmp_path, backend, Engines({"fail_at": 3, "kind": "hang"})).run()
     [entry] = journal.own_unsafe_entries("sim0")
     assert entry["serial"] == backend.device("sim0").serial
+
+
+def test_an_amd_card_with_overdrive_off_is_screened_at_stock(tmp_path):
+    """Overdrive off (amdgpu's default ppfeaturemask, no pp_od_clk_voltage: control.md §2): the driver allows no
+    offset, so the card runs at stock. A screen at its own setting writes nothing and needs none: it is screened at
+    stock, and says overdrive is off; never a whole screen refused for a knob it does not need."""
+    from tests.backends.fakes.trees import make_tree
+    from tuner.backends import amd
+    from tuner.backends.amd_sysfs import amd_card_dirs
+
+    make_tree(tmp_path / "root", ["rdna4"], mask="0xfff7bfff")
+    backend = amd.AmdBackend(amd_card_dirs(tmp_path / "root"), root=tmp_path / "root")
+    device_id = backend.devices()[0].id
+    b = bundle(tmp_path)
+    plan = ScreenPlan(b, rb.materialize(b, tmp_path), TIERS["quick"], tolerance=True, host="h")
+    v = CardScreen(backend, device_id, plan, engine_factory=Engines({}), kernel_watcher_factory=NullWatcher).run()
+    s = v.setting
+    assert (s.at_stock, s.value, s.stock, s.left_at) == (True, 0, 0, 0)
+    assert s.source.startswith("current") and "overdrive off" in s.source, s.source
+    from tuner.commands.screen import card_lines
+    assert "Overdrive is off" in card_lines(v)[0], card_lines(v)[0]
+
+
+def test_a_reference_is_recorded_on_an_amd_card_with_overdrive_off(tmp_path, monkeypatch):
+    """`tuner reference record` needs the card at stock and writes nothing to it: a card with Overdrive off runs at
+    stock (the driver allows no offset), so the recording goes on to its engine run; never refused for the knob."""
+    from tests.backends.fakes.trees import make_tree
+    from tuner.actions.screen import record
+    from tuner.backends import amd
+    from tuner.backends.amd_sysfs import amd_card_dirs
+
+    make_tree(tmp_path / "root", ["rdna4"], mask="0xfff7bfff")
+    backend = amd.AmdBackend(amd_card_dirs(tmp_path / "root"), root=tmp_path / "root")
+    device_id = backend.devices()[0].id
+
+    class Started(Exception):
+        pass
+
+    def session(backend, request, **kw):
+        raise Started(request.record)
+
+    monkeypatch.setattr(record, "StressSession", session)
+    with pytest.raises(Started):
+        record.record_reference(backend, record.RecordRequest(device_id=device_id, out=tmp_path / "A.ref",
+                                                              tier=TIERS["quick"]))

@@ -231,3 +231,67 @@ def test_tolerance_with_a_reference_without_held_out_losses_is_bad_input(tmp_pat
     r, out = screen(tmp_path, baseline, "--tolerance")
     assert r.returncode == exit_codes.USAGE and out is None, (r.returncode, r.stderr)
     assert "held-out losses" in r.stderr and "reference record" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_out_in_a_folder_that_cannot_be_written_is_refused_before_the_screen(tmp_path, reference):
+    """`--out` in a folder this user cannot write: found before any card is screened (one line, exit 2), never
+    after the whole screen. /proc/1 is a folder that even root may not write (procfs), so no user switch is needed."""
+    folder = Path("/proc/1")
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        pytest.skip("no folder here that root may not write")
+    r, doc = screen(tmp_path, reference, "--out", str(folder / "verdict.json"), global_args=("--sim-driver", "999.1"))
+    assert r.returncode == exit_codes.USAGE and doc is None, (r.returncode, r.stdout, r.stderr)
+    assert "--out" in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_a_failed_out_write_never_loses_the_printed_verdict(tmp_path, reference, monkeypatch, capsys):
+    """The verdict is printed before --out is written: a write that fails (disk full, exit 7) still leaves the
+    verdict on stdout."""
+    import errno
+
+    from tests.profiles.helpers import tuner
+    from tuner.commands import screen as screen_command
+
+    def full(path, data, mode=0o644):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(screen_command, "write_atomic", full)
+    for key, value in state(tmp_path, "full").items():
+        monkeypatch.setenv(key, value)
+    code, out, _err = tuner(capsys, "--simulate", "--sim-driver", "999.1", "screen", "--reference", str(reference),
+                            "--device", "sim0", *LOAD, "--json", "--out", str(tmp_path / "verdict.json"))
+    assert code == exit_codes.DISK_FULL
+    assert json.loads(out)["verdicts"][0]["verdict"] == "incomparable"
+
+
+def test_a_tolerance_screen_says_the_reference_steps_it_runs_never_the_tier_load(tmp_path, reference):
+    """In the tolerance mode every run is the reference's steps, whatever --tier says: the document's tier and the
+    header give what runs (the reference's recording: its tier and load), never the standard tier's 120 s."""
+    from tuner.profiles import reference_bundle as rb
+
+    recording = rb.read_bundle(reference).recording
+    out = tmp_path / "verdict.json"
+    r = run_tuner("--simulate", "--sim-seed", "1", "--sim-driver", "999.1", "screen", "--reference", str(reference),
+                  "--device", "sim0", "--tier", "standard", "--tolerance", "--out", str(out),
+                  env=state(tmp_path, "tol"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    expected = {"name": recording.tier if recording.tier in ("quick", "standard", "long") else "custom",
+                "load_s": recording.load_s}
+    for tier in (doc["tier"], doc["verdicts"][0]["tier"]):
+        assert {k: tier[k] for k in expected} == expected, tier
+    header = next(line for line in r.stderr.splitlines() if line.startswith("screening "))
+    assert "120 s" not in header and f"{recording.steps:,} reference steps per run" in header, header
+
+
+def test_record_out_in_a_folder_that_cannot_be_written_is_refused_before_the_recording(tmp_path):
+    """As the screen's: `reference record --out` in a folder this user cannot write is found before the two engine
+    runs (one line, exit 2, nothing run), never after them. /proc/1 is a folder even root may not write."""
+    folder = Path("/proc/1")
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        pytest.skip("no folder here that root may not write")
+    r = run_tuner("--simulate", "reference", "record", "--device", "sim0", *LOAD, "--out", str(folder / "x.ref"),
+                  env=state(tmp_path, "rec"), timeout=300)
+    assert r.returncode == exit_codes.USAGE, (r.returncode, r.stderr)
+    assert "--out" in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from tuner.backends import amd_od_table as od
 from tuner.backends import card_records
 from tuner.backends.amd_sysfs import (
+    OVERDRIVE_OFF,
     DeviceBusy,
     NotAnAttribute,
     SysfsIO,
@@ -41,7 +42,7 @@ from tuner.backends.amd_sysfs import (
 from tuner.backends.amd_throttle import throttle_reasons
 from tuner.backends.base import Backend, warn_on_stderr
 from tuner.core import paths
-from tuner.core.errors import DeviceLost, NotApplied, PermissionDenied, TunerError, Unsupported
+from tuner.core.errors import DeviceLost, NoOffsetAllowed, NotApplied, PermissionDenied, TunerError, Unsupported
 from tuner.core.models import (
     Capabilities,
     DeviceInfo,
@@ -267,6 +268,9 @@ class AmdBackend(Backend):
             raise
         except Unsupported as e:
             why, remedy = overdrive_missing(self.root)
+            if why == OVERDRIVE_OFF:  # the driver allows no offset: the card runs at stock
+                stock = Knob.offset(KnobKind.VOLTAGE_OFFSET, 0, 0, 0, 1, range_source="overdrive off")
+                raise NoOffsetAllowed(f"{card.info.id}: {OD_FILE} is missing: {why}", remedy, stock) from e
             raise Unsupported(f"{card.info.id}: {OD_FILE} is missing: {why}", remedy) from e
         return od.parse_od_table(text)
 

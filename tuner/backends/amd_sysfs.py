@@ -60,6 +60,7 @@ def read_ppfeaturemask(root: Path | str) -> int | None:
 # The mask has the overdrive bit and `pp_od_clk_voltage` is still missing: the same parameter again changes nothing,
 # this kernel's amdgpu offers no overdrive for the card (RDNA3 before kernel 6.7, LACT #205; control.md).
 NO_OVERDRIVE_FOR_CARD = "this kernel's amdgpu offers no overdrive for this card, although ppfeaturemask has the bit"
+OVERDRIVE_OFF = "Overdrive is off"
 NO_OVERDRIVE_FOR_CARD_REMEDY = "update the kernel (RDNA3 needs 6.7 or newer), then reboot"
 
 
@@ -74,7 +75,7 @@ def overdrive_missing(root: Path | str) -> tuple[str, str]:
     mask = read_ppfeaturemask(root)
     if mask is not None and mask & PP_OVERDRIVE_MASK:
         return NO_OVERDRIVE_FOR_CARD, NO_OVERDRIVE_FOR_CARD_REMEDY
-    return "Overdrive is off", (
+    return OVERDRIVE_OFF, (
         f"add {ppfeaturemask_with_overdrive(mask)} to the kernel command line and reboot "
         "(it enables Overdrive and taints the kernel; see docs/backends.md)"
     )

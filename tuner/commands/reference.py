@@ -77,11 +77,12 @@ def tier_of(args: argparse.Namespace) -> Tier:
 
 
 def run_record(args: argparse.Namespace, ctx: Context) -> int:
-    from tuner.actions.screen.record import RecordRequest, record_reference
+    from tuner.actions.screen.record import RecordRequest, check_destination, record_reference
     tier = tier_of(args)
     backend = ctx.backend
     device = pick_device(backend, args.device)
     out = Path(args.out)
+    check_destination(out, args.overwrite)  # bad input: one line, before the announcement (the action checks again)
     if not args.json:
         print(f"{device.id}  {device.label}: recording the stock reference ({tier.name}, {tier.load_s:g} s of "
               "load), then replaying it in a second engine process", file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import threading
 import time
@@ -104,8 +105,9 @@ class Progress:
     """One self-overwriting line on stderr (a terminal only, tuner.commands._output.StatusLine): each card's step and
     the time left."""
 
-    def __init__(self, stream: IO[str], load_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.load_s, self.clock = load_s, clock
+    def __init__(self, stream: IO[str], load_s: float, clock: Callable[[], float] = time.monotonic, *,
+                 steps: int | None = None) -> None:
+        self.load_s, self.clock, self.total_steps = load_s, clock, steps  # steps: each run is that many (tolerance)
         self.line = StatusLine(stream)
         self.steps: dict[str, str] = {}
         self._t0 = clock()
@@ -115,11 +117,13 @@ class Progress:
         step = getattr(event, "step", None)
         if type(event).__name__ == "StepEvent" and isinstance(step, int):
             with self._lock:
-                self.steps[device_id] = f"{device_id} step {step}"
+                of = "" if self.total_steps is None else f"/{self.total_steps:,}"
+                self.steps[device_id] = f"{device_id} step {step}{of}"
                 now = self.clock()
                 if self.line.due(now):
                     left = max(0.0, self.load_s - (now - self._t0))
-                    self.line.show("  ".join(self.steps.values()) + f"  ~{format_duration(left)} left")
+                    tail = "" if self.total_steps is not None else f"  ~{format_duration(left)} left"
+                    self.line.show("  ".join(self.steps.values()) + tail)
         elif isinstance(event, str) and not event.startswith("reference: compared with"):  # said once, above
             with self._lock:
                 self.line.clear()
@@ -150,9 +154,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         _check_out(Path(args.out), [path] if profile is None or profile.source is None else [path, profile.source])
     backend = ctx.backend
     device_ids = select_devices(backend, args.device)
-    progress = Progress(sys.stderr, tier.load_s)
+    progress = Progress(sys.stderr, tier.load_s, steps=bundle.steps if args.tolerance else None)
     screen = Screen(backend, device_ids, bundle, path, tier, tolerance=args.tolerance, margin_nats=margin,
                     on_event=progress, profile=profile, bundled_with=bundled_with)
+    tier = screen.tier  # in the tolerance mode, the reference's: each run is its steps
     if bundled_with is not None:  # said even with --json (on stderr; the document says it too)
         print(f"screen: using the reference bundled with profile {bundled_with!r}: {path} "
               f"({path.stat().st_size:,} bytes)", file=sys.stderr, flush=True)
@@ -160,20 +165,23 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         mode = "held-out losses (tolerance mode, reduced sensitivity)" if args.tolerance else "bit for bit"
         at = ("" if profile is None else f" at profile {profile.name!r}'s setting (applied for the screen only; "
               "each card is put back to its own)")
+        runs = (f"{bundle.steps:,} reference steps per run, as recorded at tier {tier.name}: {tier.load_s:g} s of "
+                "load; --tier and --duration do not apply" if args.tolerance else
+                f"{bundle.steps:,} reference steps), tier {tier.name} ({tier.load_s:g} s of load per run")
         print(f"screening {len(device_ids)} card{'s' * (len(device_ids) != 1)}{at} against {path} "
-              f"({bundle.preset}, {bundle.steps:,} reference steps), tier {tier.name} ({tier.load_s:g} s of load "
-              f"per run), compared {mode}", file=sys.stderr, flush=True)
+              f"({bundle.preset}, {runs}), compared {mode}", file=sys.stderr, flush=True)
     try:
         report = screen.run()
     finally:
         progress.clear()
     data = v.encode(report)
-    if args.out is not None:
-        write_atomic(Path(args.out), data + b"\n")  # disk full: one line, exit 7 (the cards are as they were)
-    if args.json:
+    if args.json:  # printed first: a failed --out write never loses the verdict
         sys.stdout.write(data.decode() + "\n")
     else:
         print("\n".join(human_lines(report)))
+    sys.stdout.flush()
+    if args.out is not None:
+        write_atomic(Path(args.out), data + b"\n")  # disk full: one line, exit 7 (the cards are as they were)
     return report.exit_code
 
 
@@ -198,12 +206,15 @@ def _reference(given: str | None, profile: Profile | None) -> tuple[Bundle, Path
 
 
 def _check_out(out: Path, inputs: list[Path]) -> None:
-    """A file the verdict may replace: not a directory, in a directory, and never one of the screen's inputs (the
-    reference, the profile): the verdict would replace them."""
+    """A file the verdict may replace: not a directory, in a directory this user may write (os.access: the real
+    uid), and never one of the screen's inputs (the reference, the profile): the verdict would replace them."""
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out verdict.json")
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: no directory {out.parent}", "create it first, or choose another path")
+    if not os.access(out.parent, os.W_OK | os.X_OK):  # found now, never after the whole screen
+        raise UsageError(f"--out {out}: the directory {out.parent} cannot be written by this user",
+                         "choose a directory you can write, or fix its permissions")
     for given in inputs:
         if out.exists() and given.exists() and out.samefile(given):
             raise UsageError(f"--out {out} is {given}, an input of this screen: the verdict would replace it",
@@ -219,8 +230,11 @@ def human_lines(report: ScreenReport) -> list[str]:
 
 
 def card_lines(c: CardVerdict) -> list[str]:
+    from tuner.actions.screen.card import OVERDRIVE_OFF_SOURCE
     label = c.card.model + (" [SIMULATED]" if c.card.simulated else "")
     source = "" if c.setting.source == "current" else f" ({c.setting.source})"
+    if c.setting.source == OVERDRIVE_OFF_SOURCE:
+        source = " (its own setting: stock, Overdrive is off, so the driver allows no offset)"
     head = (f"{c.card.id}  {label} at {c.setting.value:+d} {c.setting.unit}{source}: {c.verdict.upper()} "
             f"(action: {c.action})" + (f", {c.attribution}" if c.attribution else ""))
     lines = [head, f"  {c.reason}"]

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from tuner.core import exit_codes
 
@@ -51,6 +52,16 @@ class PermissionDenied(TunerError):
 
 class Unsupported(TunerError):
     exit_code = exit_codes.UNSUPPORTED
+
+
+class NoOffsetAllowed(Unsupported):
+    """The driver allows no offset on this card (AMD: Overdrive off, no pp_od_clk_voltage), so the card runs at
+    stock and nothing can be written: `at_stock` is its knob as it runs (current = stock). What only reads the
+    setting (a screen at the card's own setting, a reference recording) goes on at stock."""
+
+    def __init__(self, message: str, remedy: str | None, at_stock: Any):
+        super().__init__(message, remedy)
+        self.at_stock = at_stock  # a tuner.core.models.Knob
 
 
 class NotApplied(TunerError):

@@ -173,6 +173,8 @@ def make_card(
 
 def make_tree(root: Path, formats: list[str | None], *, mask: str = "0xfff7ffff", **kw) -> list[Path]:
     write(root / "sys/module/amdgpu/parameters/ppfeaturemask", mask + "\n")
+    if not int(mask, 16) & 0x4000:  # as amdgpu: no pp_od_clk_voltage with Overdrive off (bit 14; control.md §2,
+        kw["od"] = False             # amdgpu_pm.c default_attr_update)
     write(root / "proc/sys/kernel/osrelease", "6.14.0-fake\n")
     return [make_card(root, i, fmt, **kw) for i, fmt in enumerate(formats)]
 

@@ -66,6 +66,15 @@ def tier_named(text: str) -> Tier:
     return TIERS[name]
 
 
+def reference_tier(recording_tier: str, load_s: float) -> Tier:
+    """The tolerance mode's tier: each run is the reference's steps, whatever tier was asked for, so the tier said
+    is the reference's recording (its tier, or `custom`, and the load it was recorded for)."""
+    tier = TIERS.get(recording_tier)
+    if tier is not None and tier.load_s == load_s:
+        return tier
+    return Tier("custom", load_s, None)
+
+
 def attribution_load_s(tier_load_s: float, first_fault_after_s: float | None) -> float:
     """The load of the repeat and the stock run: 3 x the time the first fault took (at least the tier's load).
 

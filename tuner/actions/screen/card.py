@@ -39,7 +39,7 @@ from tuner.actions.screen.profile_setting import ProfileRefused, ProfileSetting
 from tuner.actions.screen.tolerance import DEFAULT_MARGIN_NATS, PairedComparison, paired
 from tuner.actions.stress import EngineFactory, StressOutcome, StressRequest, StressSession
 from tuner.backends.base import Backend
-from tuner.core.errors import TunerError
+from tuner.core.errors import NoOffsetAllowed, TunerError
 from tuner.core.models import DeviceInfo, ErrorCounters, Knob
 from tuner.engine.reference import differing_keys
 from tuner.profiles import reference_bundle as rb
@@ -61,6 +61,8 @@ class ScreenPlan:
     host: str = ""
 
 
+# `setting.source` of a card whose driver allows no offset (AMD Overdrive off): its own setting, which is stock
+OVERDRIVE_OFF_SOURCE = "current (overdrive off)"
 UE_MARKERS = ("uncorrected", "uncorrectable", "_ue", "remap_failure", "remap_pending")
 
 
@@ -84,6 +86,7 @@ class CardScreen:
         self.runs: list[tuple[at.RunSummary, StressOutcome | None]] = []
         self.notes: list[str] = []
         self.tolerance: PairedComparison | None = None  # the screen run's paired comparison (tolerance mode)
+        self._no_offset: NoOffsetAllowed | None = None  # the driver allows no offset: the card runs at stock
         self._attribution_load_s = plan.tier.load_s  # the repeat's and the stock run's load (attribution_load_s)
 
     def stop(self) -> None:
@@ -97,7 +100,7 @@ class CardScreen:
 
     def run(self) -> v.CardVerdict:
         device = self.backend.device(self.device_id)
-        knob = self.backend.knob(self.device_id)
+        knob = self._own_knob()
         differences = [] if self.plan.tolerance else rb.card_differences(self.plan.bundle, device)
         profile = self.profile
         if profile is None or differences or _at(knob, profile):  # nothing to write (an incomparable card: nothing
@@ -122,6 +125,17 @@ class CardScreen:
         setting = msgspec.structs.replace(verdict.setting, left_at=left.current)
         return msgspec.structs.replace(verdict, setting=setting, reason=f"{verdict.reason}; {note}")
 
+    def _own_knob(self) -> Knob:
+        """The card's own setting; with no offset allowed (AMD Overdrive off) the card runs at stock, screened as
+        such (`setting.source` says so). A profile's setting cannot be applied there: refused (its one-line fix)."""
+        try:
+            return self.backend.knob(self.device_id)
+        except NoOffsetAllowed as e:
+            if self.profile is not None:
+                raise
+            self._no_offset = e
+            return e.at_stock
+
     def _screen(self, device: DeviceInfo, knob: Knob, differences: list[rb.Difference]) -> v.CardVerdict:
         """The screen at the setting now on the card (`knob`): the runs, the attribution, the verdict."""
         at_stock = knob.current == knob.stock
@@ -140,7 +154,7 @@ class CardScreen:
         counters_after = self._counters()
         decision = at.decide(first, repeat, stock, at_stock=at_stock, unit=knob.unit, tolerance=self.plan.tolerance)
         counters = _counter_doc(counters_before, counters_after)
-        risen = [c.name for c in counters.counters if c.change and any(m in c.name for m in UE_MARKERS)]
+        risen = _risen(counters)
         if risen and decision.verdict in ("pass", "retest"):
             decision = at.Decision("fail", "drain", "not attributed",
                                    f"uncorrectable error counters rose during the screen ({', '.join(risen)})")
@@ -300,6 +314,9 @@ class CardScreen:
             after = self.backend.knob(self.device_id)
         except TunerError:
             after = knob
+        source = self.profile.source if self.profile else "current"
+        if self._no_offset is not None:
+            source = OVERDRIVE_OFF_SOURCE
         reason = decision.reason
         if after.current != knob.current:
             reason += (f"; the card now reads {after.current:+d} {after.unit} (it was {knob.current:+d}: a driver "
@@ -328,7 +345,7 @@ class CardScreen:
         return v.CardVerdict(
             host=self.plan.host, card=_identity(device), setting=v.SettingDoc(
                 kind=knob.kind.value, unit=knob.unit, value=knob.current, stock=knob.stock,
-                at_stock=knob.current == knob.stock, source=self.profile.source if self.profile else "current",
+                at_stock=knob.current == knob.stock, source=source,
                 left_at=after.current),
             tier=v.TierDoc(**asdict(self.plan.tier)), mode="tolerance" if self.plan.tolerance else "bitwise",
             verdict=decision.verdict, severity=decision.severity, action=decision.action, reason=reason,
@@ -428,6 +445,12 @@ def _counter_doc(before: ErrorCounters, after: ErrorCounters) -> v.CountersDoc:
     return v.CountersDoc(available=True, source=before.source or after.source, why=why, counters=docs)
 
 
+def _risen(counters: v.CountersDoc) -> list[str]:
+    """The uncorrectable counters that rose during the screen (one that fell, a pending remap done, is no rise)."""
+    return [c.name for c in counters.counters
+            if c.change is not None and c.change > 0 and any(m in c.name for m in UE_MARKERS)]
+
+
 def _first_difference(run: at.RunSummary) -> v.FirstDifference | None:
     if run.outcome not in (at.FAULT, at.HARD):
         return None
@@ -448,7 +471,7 @@ def _fired(runs: list[at.RunSummary], counters: v.CountersDoc) -> list[str]:
             name = "kernel log" if run.kernel_lines else at.DETECTOR_OF.get(run.kind or "", run.kind or "fault")
             if name not in fired:
                 fired.append(name)
-    if any(c.change and any(m in c.name for m in UE_MARKERS) for c in counters.counters):
+    if _risen(counters):
         fired.append("error counters")
     return fired
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tuner import __version__
 from tuner.actions.screen import verdict as v
-from tuner.actions.screen.attribution import Tier
+from tuner.actions.screen.attribution import Tier, reference_tier
 from tuner.actions.screen.card import CardScreen, Emit, ScreenPlan
 from tuner.actions.screen.profile_setting import plan_profile_screen
 from tuner.actions.screen.tolerance import DEFAULT_MARGIN_NATS
@@ -53,6 +53,8 @@ class Screen:
                  profile: Profile | None = None, bundled_with: str | None = None):
         self.backend, self.device_ids, self.bundle, self.bundle_path = backend, device_ids, bundle, bundle_path
         self.profile, self.bundled_with = profile, bundled_with
+        if tolerance:  # each run is the reference's steps: the tier said is the reference's, never the one asked
+            tier = reference_tier(bundle.recording.tier, bundle.recording.load_s)
         self.tier, self.tolerance, self.margin_nats = tier, tolerance, margin_nats
         self._emit = on_event or (lambda device_id, event: None)
         self._engine_factory, self._watcher_factory = engine_factory, kernel_watcher_factory

@@ -14,6 +14,7 @@ with its hash, written atomically. Nothing on the card changes: a card off stock
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from tuner.actions.stress import StressOutcome, StressRequest, StressSession
 from tuner.backends.base import Backend
 from tuner.core import exit_codes
 from tuner.core.card_lock import CardLock
-from tuner.core.errors import TunerError, UsageError
+from tuner.core.errors import NoOffsetAllowed, TunerError, UsageError
 from tuner.engine.reference import ReferenceProblem, load_reference
 from tuner.profiles import reference_bundle as rb
 from tuner.tuning.job import CardOutcome
@@ -59,13 +60,17 @@ class RecordOutcome:
 
 
 def check_destination(out: Path, overwrite: bool) -> None:
-    """Before any run: a file we may write (not a directory, not an existing file without --overwrite)."""
+    """Before any run: a file we may write (not a directory, not an existing file without --overwrite, in a
+    directory this user may write: os.access, the real uid)."""
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out stock.ref")
     if out.exists() and not overwrite:
         raise UsageError(f"--out {out} already exists", "pass --overwrite to replace it, or choose another name")
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: no directory {out.parent}", "create it first, or choose another path")
+    if not os.access(out.parent, os.W_OK | os.X_OK):  # found now, never after the two engine runs
+        raise UsageError(f"--out {out}: the directory {out.parent} cannot be written by this user",
+                         "choose a directory you can write, or fix its permissions")
 
 
 def record_reference(backend: Backend, request: RecordRequest) -> RecordOutcome:
@@ -75,7 +80,10 @@ def record_reference(backend: Backend, request: RecordRequest) -> RecordOutcome:
     device = backend.device(request.device_id)
     with (tempfile.TemporaryDirectory(prefix="tuner-reference-", ignore_cleanup_errors=True) as work,
           CardLock(device.id, "tuner reference record")):
-        knob = backend.knob(request.device_id)  # under the lock: no writer changes the card after this check
+        try:
+            knob = backend.knob(request.device_id)  # under the lock: no writer changes the card after this check
+        except NoOffsetAllowed as e:  # AMD Overdrive off: the driver allows no offset, the card runs at stock
+            knob = e.at_stock
         if knob.current != knob.stock:
             raise UsageError(f"{device.id} is at {knob.current:+d} {knob.unit}, not stock: a reference is recorded "
                              "at stock", f"`tuner reset --device {device.id}` first (then set your value again), "

@@ -67,8 +67,9 @@ class SettingDoc(_Doc, frozen=True, kw_only=True):
     value: Annotated[int, _d("the setting screened")]
     stock: int
     at_stock: bool
-    source: Annotated[str, _d("`current` (the card's own setting) or `profile NAME` (--profile: the profile's "
-                              "setting, applied for the screen only)")]
+    source: Annotated[str, _d("`current` (the card's own setting), `current (overdrive off)` (the card's own "
+                              "setting where the driver allows no offset, AMD Overdrive off: stock), or `profile "
+                              "NAME` (--profile: the profile's setting, applied for the screen only)")]
     left_at: Annotated[int, _d("the card's setting after the screen, read back: its own setting (a profile's is "
                                "never left on the card; a driver reset leaves it at stock)")]
 
