@@ -7,7 +7,15 @@ from tuner.actions import doctor
 from tuner.actions.doctor import FAIL, INFO, OK, WARN, run_checks
 
 
-def amd_tree(root, *, mask="0xfff7bfff", od=True, cards=1):
+def amd_tree(root, *, mask="0xfff7bfff", od=None, cards=1):
+    """amdgpu's sysfs as the driver makes it: `pp_od_clk_voltage` only where the mask has the overdrive bit 0x4000
+    (../shared/reference/control.md section 2: amdgpu_pm.c default_attr_update removes the file otherwise).
+    `od=False`: missing even with the bit (RDNA3 before kernel 6.7, section 1.8); a file with the bit off cannot
+    happen, so it is refused here."""
+    bit = bool(int(mask, 16) & 0x4000)
+    if od and not bit:
+        raise ValueError(f"no driver makes pp_od_clk_voltage with ppfeaturemask {mask} (overdrive bit 0x4000 off)")
+    od = bit if od is None else od
     (root / "sys/module/amdgpu/parameters").mkdir(parents=True)
     (root / "sys/module/amdgpu/parameters/ppfeaturemask").write_text(mask + "\n")
     for n in range(cards):
@@ -366,7 +374,7 @@ def test_a_whole_install_under_a_prefix_the_units_quote_is_whole(tmp_path):
 def test_a_user_the_root_helper_lets_in_is_not_told_to_use_sudo(tmp_path, monkeypatch):
     """With a helper that serves this user, settings are applied without root: the privileges and card checks say
     so instead of "run `sudo tuner ...`" (the helper's own check is what decides)."""
-    amd_tree(tmp_path)
+    amd_tree(tmp_path, mask="0xffffffff")  # overdrive on: the card's file is there, its permissions are the question
     monkeypatch.setattr(doctor.os, "access", lambda _path, _mode: False)  # as a user sees a root-owned 0644 file
     monkeypatch.setattr(doctor, "check_helper", lambda _sim: doctor.Check("helper", WARN, "the helper refused this "
                                                                           "user", "ask to be added to its group"))
@@ -420,7 +428,7 @@ def test_a_simulated_helper_is_not_said_to_write_this_machines_cards(tmp_path, m
     from tuner.helper.service import HelperService
     from tuner.helper.state import MachineState
 
-    amd_tree(tmp_path / "sysroot")
+    amd_tree(tmp_path / "sysroot", mask="0xffffffff")  # overdrive on: the card's file is there
     state = MachineState(tmp_path / "state")
     state.create()
     service = HelperService(SimulatedBackend(state_path=tmp_path / "sim.json"), state, group="tuner",
