@@ -296,3 +296,15 @@ def test_boot_never_applies_a_value_on_the_machines_unsafe_list(capsys, fake_roo
     code, _out, err = _boot(capsys)
     assert sim().knob("sim0").current == 0, err
     assert code != 0 and "-45 mV is at or beyond -45 mV, which failed hard on sim0" in err
+
+
+def test_a_damaged_machine_unsafe_list_applies_nothing_to_its_card_at_boot(capsys, fake_root):
+    from tuner.helper.state import MachineState, card_key
+
+    save_profile(sim_profile("mine", value=-45), system=True)
+    machine = MachineState(paths.system_state_dir())
+    machine.create()
+    machine.unsafe_path(card_key(sim().devices()[0])).write_text('{"setting": -4')  # torn by a crash
+    code, _out, err = _boot(capsys)
+    assert code == 2 and sim().knob("sim0").current == 0, err
+    assert "is damaged" in err and "Traceback" not in err
