@@ -93,3 +93,21 @@ def test_a_folder_of_roots_below_one_the_user_can_change_is_refused_too(
     assert code == 2 and f"is reached through {users_state_home}, which is owned by uid" in err, err
     assert "Traceback" not in err and sim().knob("sim0").current == 0
     assert list(paths.state_dir().iterdir()) == []  # no lock, no record
+
+
+def test_service_install_refuses_to_pin_a_state_folder_the_user_can_change(capsys, monkeypatch, users_state_home):
+    """`sudo -E tuner service install` would pin the user's `~/.local/state`: every boot run would then refuse
+    it (above) and apply nothing, so the install says so at once, before anything is written."""
+    from tests.profiles.helpers import AMD_KNOB, RX9070
+    from tuner.profiles import boot as boot_rules
+    from tuner.profiles import build_profile
+
+    monkeypatch.setattr("tuner.actions.boot_service._is_root", lambda: True)
+    save_profile(build_profile("mine", RX9070, AMD_KNOB, -45, kernel="6.14.0-test"))
+
+    code, _out, err = tuner(capsys, "service", "install", "--profile", "mine")
+
+    assert code == 2 and "refusing to install the boot service" in err and str(users_state_home) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not boot_rules.unit_path().exists() and not paths.system_profiles_dir().exists()
+    assert not paths.state_dir().exists()
