@@ -279,3 +279,32 @@ def test_boot_never_applies_a_profile_to_another_card_whose_serial_is_a_placehol
     assert [(r.status, r.device) for r in report.results] == [("applied", slots[1])], report.lines
     assert backend.knob(slots[0]).current == 0
     assert backend.knob(slots[1]).current == -30
+
+
+def test_boot_never_applies_a_value_on_the_machines_unsafe_list(capsys, fake_root):
+    """A value that reset the machine in a trial through the root helper is on the helper's list
+    (/var/lib/tuner, keyed by the card): the boot run, in-process as root, holds it too (never re-applied)."""
+    from tuner.helper.schema import UnsafeEntry
+    from tuner.helper.state import MachineState, card_key
+
+    save_profile(sim_profile("mine", value=-45), system=True)
+    machine = MachineState(paths.system_state_dir())
+    machine.create()
+    card = sim().devices()[0]
+    machine.add_unsafe(card_key(card), UnsafeEntry(setting=-45, unit="mV", kind="system-reset", reason="reset in a "
+                                                   "verify", device="sim0", serial=card.serial))
+    code, _out, err = _boot(capsys)
+    assert sim().knob("sim0").current == 0, err
+    assert code != 0 and "-45 mV is at or beyond -45 mV, which failed hard on sim0" in err
+
+
+def test_a_damaged_machine_unsafe_list_applies_nothing_to_its_card_at_boot(capsys, fake_root):
+    from tuner.helper.state import MachineState, card_key
+
+    save_profile(sim_profile("mine", value=-45), system=True)
+    machine = MachineState(paths.system_state_dir())
+    machine.create()
+    machine.unsafe_path(card_key(sim().devices()[0])).write_text('{"setting": -4')  # torn by a crash
+    code, _out, err = _boot(capsys)
+    assert code == 2 and sim().knob("sim0").current == 0, err
+    assert "is damaged" in err and "Traceback" not in err

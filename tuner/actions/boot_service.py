@@ -26,7 +26,7 @@ from pathlib import Path
 from tuner.actions.boot_apply import read_last_run
 from tuner.actions.profile_apply import proven_card
 from tuner.backends.base import Backend
-from tuner.core import kernel_files, paths, root_owned, system_units
+from tuner.core import kernel_files, paths, root_owned, state_files, system_units
 from tuner.core.atomic import write_atomic
 from tuner.core.errors import PermissionDenied, StateError, TunerError, UsageError
 from tuner.core.models import Knob
@@ -206,6 +206,26 @@ def check_installable(profile: Profile | None, *, simulated_session: bool = Fals
         refuse_simulated(profile)
 
 
+def refuse_a_state_folder_root_refuses() -> None:
+    """As root: UsageError (one line) when the state folder the units would pin (`pinned_environment`) is one root
+    will not write in (`state_files`: another user's, a link they planted, below a folder they can change): every
+    boot and resume run would refuse its card locks and apply nothing."""
+    if os.geteuid() != 0:
+        return
+    state = paths.state_dir()
+    try:
+        state_files.check_dir(state)  # what exists of it, as the boot run checks it
+        found = root_owned.first_writable([state])  # and above it, made or not
+        problem = None if found is None else f"{state} is reached through {found[0]}, which is {found[1]}"
+    except state_files.UnsafeStatePath as e:
+        problem = f"{e.path} {e.problem}"
+    if problem is not None:
+        raise UsageError(f"refusing to install the boot service: {problem}, and the boot and resume units would keep "
+                         "their card locks and records there as root, so they would apply nothing; nothing installed",
+                         "install from a root shell (`sudo -i`) or with XDG_STATE_HOME unset, so that root's own "
+                         "state folder is pinned")
+
+
 def install(profile_name: str | None = None, *, overwrite: bool = False,
             simulated_session: bool = False) -> BootServiceResult:
     """Write and enable the unit (root). `profile_name` (a store name or a path): copy that profile, single-card
@@ -220,6 +240,7 @@ def install(profile_name: str | None = None, *, overwrite: bool = False,
     _require_root("installing the boot service")
     refuse_user_writable_code()
     boot_rules.refuse_user_writable_system_paths("install the boot service", "nothing installed")
+    refuse_a_state_folder_root_refuses()
     messages: list[str] = []
     warnings: list[str] = []
     name = None

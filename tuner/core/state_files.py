@@ -10,6 +10,9 @@ machine. So, for every path under a *trusted root* (`paths.state_dir()`, `paths.
   entry there between our check and our open. Missing directories are created with mode 0700;
 - below the root no directory may be a symbolic link (the root itself may be: it is where the user chose to keep
   the state), and a file is opened with O_NOFOLLOW and must be a regular file.
+- as root, the root (a link there and what it points to) and every directory above it must be root's alone
+  (`tuner.core.root_owned`): the boot and resume units pin the installer's state folder, and a user who can change
+  it, or a directory above it, could plant a link there or swap it between our check and our write.
 
 A refusal is an `UnsafeStatePath` (an OSError, so every caller that already turns a failed state write into one
 line keeps doing so) whose message names the path and the fix. Paths outside the trusted roots (a report the user
@@ -26,7 +29,7 @@ import pwd
 import stat
 from pathlib import Path
 
-from tuner.core import paths
+from tuner.core import paths, root_owned
 from tuner.core.kernel_files import read_at_most
 
 
@@ -83,6 +86,20 @@ def _check_dir_stat(path: Path, st: os.stat_result) -> None:
         raise UnsafeStatePath(path, f"is writable by other users (mode {mode:04o})", f"run `chmod go-w {path}`")
 
 
+def _refuse_what_others_can_change_above(root: Path) -> None:
+    """As root: the trusted root, a link there and what it points to, and every directory above them, must be
+    root's alone (`root_owned.first_writable`). Whoever can change one of them (the installer's state folder the
+    boot and resume units pin, `~/.local/state` above it) could plant a link there, or swap the folder between our
+    check and our write, and turn root's writes into writes to any file on the machine."""
+    found = root_owned.first_writable([root])
+    if found is not None:
+        where, why = found
+        raise UnsafeStatePath(
+            root, f"is reached through {where}, which is {why}, and the tuner runs as root: whoever can change it "
+            "could point root's writes anywhere", "as root, keep the state in a folder only root can change, above "
+            "it too (run `sudo -i`, or unset XDG_STATE_HOME; the units: `sudo tuner service install` again)")
+
+
 def check_dir(directory: Path) -> None:
     """Refuse (UnsafeStatePath) when an existing directory from `directory`'s trusted root down to it is a link
     (below the root), not a directory, not the running user's, or writable by others. Paths outside the trusted
@@ -96,6 +113,8 @@ def check_dir(directory: Path) -> None:
     except FileNotFoundError:
         return
     _check_dir_stat(root, st)
+    if os.geteuid() == 0:
+        _refuse_what_others_can_change_above(root)
     current = root
     for part in directory.relative_to(root).parts:
         current = current / part

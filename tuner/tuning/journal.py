@@ -46,7 +46,7 @@ from tuner.core.errors import DamagedState, StateError, UsageError, write_errors
 from tuner.core.models import Knob, Verdict, same_serial
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper.schema import MAX_KERNEL_LOG_LINES, MAX_TEXT_CHARS, UnsafeMark
-from tuner.helper.state import MachineState
+from tuner.helper.state import MachineState, card_key, former_keys, placeholder_keys
 from tuner.tuning import journal_schema
 from tuner.tuning.events import TrialResult
 from tuner.tuning.journal_schema import ACTIVE, INTERRUPTED
@@ -334,7 +334,8 @@ def _own_trial_open_at_previous_boot() -> dict | None:
 # --- the unsafe list ----------------------------------------------------------------------------------------------
 def unsafe_entries(device_id: str, backend: Backend | None = None) -> list[dict]:
     """Every recorded unsafe setting of the device: this user's own list, then the list `backend` keeps beyond
-    it (the root helper's, machine-wide, shared by every user; in-process there is none: Backend.unsafe_entries).
+    it (the root helper's, machine-wide, shared by every user), which an in-process backend (root's boot and resume
+    runs) does not keep: then it is read from the helper's state directory (`machine_unsafe_entries`).
     A value on either is unsafe: a list imported into the helper is never forgotten here, and one a user recorded
     in-process as root (a rescue without the helper) counts before the helper has imported it.
 
@@ -343,7 +344,31 @@ def unsafe_entries(device_id: str, backend: Backend | None = None) -> list[dict]
     (refusing more is the safe direction). The helper checks its own list (keyed by serial) when it serves it.
     """
     own = own_unsafe_entries(device_id, card_serials(device_id, backend))
-    return own if backend is None else own + backend.unsafe_entries(device_id)
+    if backend is None:
+        return own
+    beyond = backend.unsafe_entries(device_id)
+    # in-process (root at boot and after resume, a rescue as root) the helper's list counts all the same: read from
+    # its state directory; through the helper it is the same list, so each entry counts once
+    return own + beyond + [e for e in machine_unsafe_entries(device_id, backend) if e not in beyond]
+
+
+def machine_unsafe_entries(device_id: str, backend: Backend) -> list[dict]:
+    """The root helper's list for the card in `device_id` (`paths.system_state_dir()`, readable by any user; keyed
+    as the helper keys it, with the keys an older helper used), read directly; none when there is no helper state.
+    Damaged or unreadable: DamagedState (fail closed)."""
+    state = MachineState(paths.system_state_dir())
+    if not state.root.is_dir():
+        return []
+    device = backend.device(device_id)
+    keys = [card_key(device), *placeholder_keys(state.root, device),
+            *former_keys(device, backend.former_serials(device_id))]
+    try:
+        return [msgspec.structs.asdict(e) for key in dict.fromkeys(keys) for e in state.unsafe_entries(key)]
+    except DamagedState:
+        raise
+    except StateError as e:  # unreadable: it may hold the value that crashed the machine
+        raise DamagedState(e.message, "nothing was written to the card; check the root helper's state directory "
+                           f"({state.root})") from None
 
 
 def card_serials(device_id: str, backend: Backend | None) -> tuple[str, ...]:
@@ -463,8 +488,9 @@ def refuse_unsafe(device_id: str, knob: Knob, value: int, backend: Backend | Non
     (the rule: tuner.core.unsafe_rule.blocking_setting, the one the root helper applies before every write).
 
     `set` and `apply` call this so a value that crashed the machine is never applied again without the user
-    saying so explicitly (--ignore-unsafe); the bisect plan and the boot path never override it. With the root
-    helper (`backend`), its machine-wide list counts too, and the helper refuses on its own regardless.
+    saying so explicitly (--ignore-unsafe); the bisect plan and the boot path never override it. The root helper's
+    machine-wide list counts too (through the helper, and in-process: `machine_unsafe_entries`), and the helper
+    refuses on its own regardless.
     """
     check_safety_state(device_id, backend)
     entries = unsafe_settings(device_id, backend, unit=knob.unit)
