@@ -204,3 +204,52 @@ def test_a_simulated_boot_run_keeps_the_real_record_and_its_own_says_simulated(c
     assert code == 0 and "SIMULATED" in last and "applied 'rig' card[1] to sim1" in out
     doc = json.loads(tuner(capsys, "--simulate", "--sim-gpus", "3", "service", "status", "--json")[1])
     assert doc["last_run"]["simulated"] is True and doc["last_run"]["exit_code"] == 0
+
+
+def _pinned_record(tmp_path, monkeypatch, capsys):
+    """The unit installed from one state folder (the installer's, as root's /root/.local/state is), its boot run's
+    record there, and the status then asked from another user's state folder."""
+    from tuner.actions import boot_apply
+
+    save_rig()
+    assert tuner(capsys, "service", "install", "--profile", "rig")[0] == 0
+    record = {"finished_at": 1.0e9, "exit_code": 0, "skipped": None, "lines": ["applied the real card"],
+              "mode": "boot"}
+    pinned = boot_apply.last_run_path()
+    pinned.parent.mkdir(parents=True, exist_ok=True)
+    pinned.write_text(json.dumps(record))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "another-user-state"))
+    assert boot_apply.last_run_path() != pinned
+    return pinned
+
+
+def test_service_status_reads_the_last_boot_run_where_the_unit_records_it(capsys, fake_root, root, simulated_install,
+                                                                          tmp_path, monkeypatch):
+    """The boot unit pins XDG_STATE_HOME to the installer's (root's, with `sudo tuner service install`): its record
+    is there, not in the state folder of whoever asks for the status. A user's status said nothing of it."""
+    _pinned_record(tmp_path, monkeypatch, capsys)
+    code, out, _err = tuner(capsys, "service", "status")
+    assert code == 0 and "applied the real card" in out, out
+    assert boot_service.status().last_run is not None
+
+
+def test_a_last_boot_run_only_root_can_read_is_said_so(capsys, fake_root, root, simulated_install, tmp_path,
+                                                       monkeypatch):
+    """As a user sees root's record (under /root, mode 0700): not "no boot run", but where it is and how to read it.
+    The read refusal stands in for the kernel's (the tests run as root, whom permissions do not stop)."""
+    from tuner.core import state_files
+
+    pinned = _pinned_record(tmp_path, monkeypatch, capsys)
+    real_read = state_files.read_file
+
+    def as_a_user(path, limit):
+        if path == pinned:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, limit)
+
+    monkeypatch.setattr(state_files, "read_file", as_a_user)
+    code, out, _err = tuner(capsys, "service", "status")
+    [last] = [line for line in out.splitlines() if line.startswith("last boot")]
+    assert code == 0 and str(pinned) in last and "sudo tuner service status" in last, out
+    doc = json.loads(tuner(capsys, "service", "status", "--json")[1])
+    assert doc["last_run"] is None and str(pinned) in doc["last_run_unreadable"]

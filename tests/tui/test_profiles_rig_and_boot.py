@@ -209,7 +209,7 @@ async def test_the_last_boot_run_and_its_result_are_in_the_detail(app, backend, 
     save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
     record = {"finished_at": time.time(), "exit_code": 3, "skipped": None,
               "lines": ["tuner: boot: missing card: 'mine' not applied"]}
-    monkeypatch.setattr("tuner.actions.boot_service.read_last_run", lambda simulated=False: record)
+    monkeypatch.setattr("tuner.actions.boot_service.last_run_doc", lambda path: record)
     async with app.run_test(size=(100, 30)) as pilot:
         await open_profiles(pilot, app)
         await app.workers.wait_for_complete()

@@ -87,10 +87,11 @@ class BootReport:
 LAST_RUN_MAX_BYTES = 1 << 20  # a run's lines for every card of every profile; far more is not a record we wrote
 
 
-def last_run_path(simulated: bool = False) -> Path:
-    """The last boot run's record; a simulated run (`--simulate apply --boot`) keeps its own, so trying the boot run
-    on simulated cards never replaces the machine's record, and its status says SIMULATED."""
-    return paths.state_dir() / "boot" / ("last-run-simulated.json" if simulated else "last-run.json")
+def last_run_path(simulated: bool = False, state_dir: Path | None = None) -> Path:
+    """The last boot run's record, in `state_dir` (default this process's; the boot unit's is the one it pins); a
+    simulated run (`--simulate apply --boot`) keeps its own, so trying the boot run on simulated cards never
+    replaces the machine's record, and its status says SIMULATED."""
+    return (state_dir or paths.state_dir()) / "boot" / ("last-run-simulated.json" if simulated else "last-run.json")
 
 
 def run_boot_apply(open_backend: Callable[[], Backend], *, profile: str | None = None,
@@ -270,11 +271,22 @@ def _record(report: BootReport, simulated: bool) -> None:
         boot_rules.log(f"could not record this run in {path}: {e.strerror}")
 
 
-def read_last_run(simulated: bool = False) -> dict | None:
+def read_last_run(simulated: bool = False, state_dir: Path | None = None) -> dict | None:
     """The last boot run recorded on this machine, or on the simulated cards (None: never, or unreadable: a link,
-    a FIFO, too large)."""
+    a FIFO, too large, or not this user's to read)."""
     try:
-        doc = json.loads(state_files.read_file(last_run_path(simulated), LAST_RUN_MAX_BYTES).decode("utf-8"))
+        return last_run_doc(last_run_path(simulated, state_dir))
+    except PermissionError:
+        return None
+
+
+def last_run_doc(path: Path) -> dict | None:
+    """The record at `path`; None where there is none or it is damaged. PermissionError where this user may not
+    read it (root's, under /root), for the status to say so."""
+    try:
+        doc = json.loads(state_files.read_file(path, LAST_RUN_MAX_BYTES).decode("utf-8"))
+    except PermissionError:
+        raise
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None

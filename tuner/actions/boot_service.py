@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tuner.actions.boot_apply import read_last_run
+from tuner.actions.boot_apply import last_run_doc, last_run_path, read_last_run
 from tuner.actions.profile_apply import proven_card
 from tuner.backends.base import Backend
 from tuner.core import kernel_files, paths, root_owned, state_files, system_units
@@ -127,6 +127,7 @@ class BootServiceStatus:
     invalid_profiles: tuple[tuple[Path, str], ...]  # (file, one-line reason)
     next_boot_skips: str | None  # why the next boot would apply nothing (tuner.reset, an open trial), else None
     last_run: LastBootRun | None = field(default=None)  # None: no boot run recorded on this machine
+    last_run_unreadable: str | None = None  # where the unit records its runs, when this user may not read it
     cards: tuple[CardState, ...] = ()  # each system profile's part against its card (when a backend was given)
     cards_error: str | None = None  # why the cards could not be read
 
@@ -139,6 +140,7 @@ class BootServiceStatus:
             "invalid_profiles": [{"path": str(p), "error": why} for p, why in self.invalid_profiles],
             "next_boot_skips": self.next_boot_skips,
             "last_run": None if last is None else {**asdict(last), "lines": list(last.lines)},
+            "last_run_unreadable": self.last_run_unreadable,
             "cards": [c.to_dict() for c in self.cards], "cards_error": self.cards_error,
         }
 
@@ -313,15 +315,36 @@ def _profile_of(exec_start: str | None) -> str | None:
     return None
 
 
-def _last_run(simulated: bool) -> LastBootRun | None:
-    doc = read_last_run(simulated)
+def pinned_state_dir(unit_text: str) -> Path | None:
+    """The tuner's state folder the unit pins (`Environment=XDG_STATE_HOME=...`, system_units.pinned_environment):
+    where its runs record themselves (root's, with `sudo tuner service install`), not whoever asks."""
+    for line in unit_text.splitlines():
+        if line.startswith("Environment="):
+            try:
+                words = shlex.split(line.removeprefix("Environment="))
+            except ValueError:  # an unbalanced quote: someone edited the unit by hand
+                continue
+            for word in words:
+                if word.startswith("XDG_STATE_HOME="):
+                    return Path(word.removeprefix("XDG_STATE_HOME=").replace("%%", "%")) / "tuner"
+    return None
+
+
+def _last_run(simulated: bool, state_dir: Path | None) -> tuple[LastBootRun | None, str | None]:
+    """The last boot run (the unit's own record, in the state folder it pins; a simulated run's in this user's),
+    or where it is when this user may not read it."""
+    path = last_run_path(simulated, None if simulated else state_dir)
+    try:
+        doc = last_run_doc(path)
+    except PermissionError:
+        return None, (f"recorded in {path}, which only root can read: `sudo tuner service status`")
     if doc is None:
-        return None
+        return None, None
     try:
         return LastBootRun(float(doc["finished_at"]), int(doc["exit_code"]), doc.get("skipped"),
-                           tuple(str(line) for line in doc.get("lines", [])), simulated)
+                           tuple(str(line) for line in doc.get("lines", [])), simulated), None
     except (KeyError, TypeError, ValueError):
-        return None
+        return None, None
 
 
 def status(backend: Backend | None = None, *, simulated: bool = False,
@@ -331,13 +354,16 @@ def status(backend: Backend | None = None, *, simulated: bool = False,
     simulated ones for --simulate) what each card reads against its system profile. Reads only; needs no root."""
     unit = boot_rules.unit_path()
     exec_start = None
+    state_dir = None
     installed = unit.exists()
     if installed:
         try:
-            exec_start = next((line.removeprefix("ExecStart=") for line in unit.read_text().splitlines()
-                               if line.startswith("ExecStart=")), None)
+            text = unit.read_text()
         except OSError:
-            exec_start = None
+            text = ""
+        exec_start = next((line.removeprefix("ExecStart=") for line in text.splitlines()
+                           if line.startswith("ExecStart=")), None)
+        state_dir = pinned_state_dir(text)
     profiles, bad = scan(system=True)
     skips = boot_rules.skip_reason()
     applies = _profile_of(exec_start)
@@ -345,22 +371,25 @@ def status(backend: Backend | None = None, *, simulated: bool = False,
     if backend is not None:
         chosen = [p for p in profiles if applies is None or (p.source and p.source.stem == applies)]
         try:
-            cards = tuple(card_states(backend, chosen, installed=installed, skips=skips, simulated=simulated))
+            cards = tuple(card_states(backend, chosen, installed=installed, skips=skips, simulated=simulated,
+                                      state_dir=state_dir))
         except TunerError as e:  # a card that cannot be read is when the status is asked for: the rest still shows
             backend_error = e.one_line()
+    last_run, unreadable = _last_run(simulated, state_dir)
     return BootServiceStatus(
         unit=unit, installed=installed, enabled=_systemctl_state("is-enabled"), active=_systemctl_state("is-active"),
         profile=applies, exec_start=exec_start,
         system_profiles=tuple(SystemProfileInfo.of(p) for p in profiles), invalid_profiles=tuple(bad),
-        next_boot_skips=skips, last_run=_last_run(simulated), cards=cards, cards_error=backend_error,
+        next_boot_skips=skips, last_run=last_run, last_run_unreadable=unreadable, cards=cards,
+        cards_error=backend_error,
     )
 
 
 def card_states(backend: Backend, profiles: list[Profile], *, installed: bool,
-                skips: str | None, simulated: bool = False) -> list[CardState]:
+                skips: str | None, simulated: bool = False, state_dir: Path | None = None) -> list[CardState]:
     """Each part against the card it was proven on, as that card reads now (against the last boot run of the
     same kind: the machine's, or the simulated cards')."""
-    run = read_last_run(simulated) or {}
+    run = read_last_run(simulated, None if simulated else state_dir) or {}
     this_boot = kernel_files.same_boot(run.get("boot_id"), kernel_files.boot_id())
     results = _recorded_results(run)
     devices = backend.devices()

@@ -96,4 +96,6 @@ def run_status(args: Namespace, ctx: Context) -> int:
         print(f"last boot   {'SIMULATED ' if st.last_run.simulated else ''}{when}: {how}")
         for line in st.last_run.lines:
             print(f"  {line}")
+    elif st.last_run_unreadable:
+        print(f"last boot   {st.last_run_unreadable}")
     return exit_codes.OK

@@ -181,6 +181,8 @@ def boot_status_text(status: BootServiceStatus | None, profile_name: str | None,
                  + (f", skipped: {last.skipped}" if last.skipped else "") + ".")
         if last.lines and not last.ok:
             line += f" {last.lines[-1]}"
+    elif status.last_run_unreadable:
+        line += f" Last boot run: {status.last_run_unreadable}."
     return line
 
 
