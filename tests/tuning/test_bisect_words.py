@@ -25,3 +25,19 @@ def test_a_trial_open_at_a_reset_is_a_failure_on_the_unsafe_list(capsys):
     line = _said(capsys, TrialResult(setting=-40, unit="mV", phase="coarse", verdict="fail", kind="system-reset",
                                      reason="the machine froze or reset during this trial", edge=True))
     assert "-40 mV coarse counted as FAIL (system-reset)" in line and "added to the unsafe list" in line
+
+
+def test_a_resumed_tolerance_session_says_its_sensitivity_is_reduced(capsys):
+    # `--resume` runs with the session's stored parameters, --tolerance included, but the detection-rate note was
+    # printed only when --tolerance was on this command line: a resumed tolerance search said nothing of it
+    from tuner.tuning.events import SessionStarted
+
+    params = {"step": 10, "resolution": 5, "margin": 10, "trial_s": 60.0, "confirm_s": 60.0, "tolerance": True}
+    _Printer(SimulatedBackend(gpus=1), ("sim0",), False)(
+        SessionStarted(session="s1", device="sim0", label="sim", unit="mV", stock=0, resumed=True, params=params))
+    err = capsys.readouterr().err
+    assert "resuming session s1" in err and "reduced sensitivity (--tolerance)" in err and "%" in err
+    full = params | {"tolerance": False}
+    _Printer(SimulatedBackend(gpus=1), ("sim0",), False)(
+        SessionStarted(session="s2", device="sim0", label="sim", unit="mV", stock=0, resumed=True, params=full))
+    assert "reduced sensitivity" not in capsys.readouterr().err

@@ -171,6 +171,10 @@ class _Printer:
             self.line(d, f"bisect {ev.device} {ev.label}: {what} {ev.session}; step {p.get('step')} res "
                       f"{p.get('resolution')} margin {p.get('margin')} {ev.unit}, trial "
                       f"{format_duration(p.get('trial_s', 0))}, confirm {_confirm_words(p)}{unsafe}")
+            if ev.resumed and p.get("tolerance"):  # the session's own (a new one's was said before it started)
+                from tuner.tuning.sensitivity import tolerance_note
+
+                self.line(d, f"tuner: warning: {tolerance_note()}")
         elif isinstance(ev, TrialRecovered):
             r = ev.result
             counted = ("counted as FAIL" if r.verdict == Verdict.FAIL else f"counted as {r.verdict.upper()}")
@@ -303,7 +307,7 @@ def run(args: Namespace, ctx: Context) -> int:
               if (text := getattr(args, p.id)) is not None}  # a duration left out: the core's default
     given["bound_s"] = None if args.bound is None else BOUND.parse(args.bound)
     params = BisectParams(**given, resume=args.resume, restart=args.restart, tolerance=args.tolerance)
-    if args.tolerance:
+    if args.tolerance and not args.resume:  # a resumed session runs with its own, said as it starts (_Printer)
         from tuner.tuning.sensitivity import tolerance_note
 
         warn([tolerance_note()])
