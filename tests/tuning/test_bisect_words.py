@@ -4,6 +4,8 @@ inconclusive and runs again, and only a hard failure goes on the unsafe list. Th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tuner.backends.simulated import SimulatedBackend
 from tuner.commands.bisect import _Printer
 from tuner.tuning.events import TrialRecovered, TrialResult
@@ -41,3 +43,16 @@ def test_a_resumed_tolerance_session_says_its_sensitivity_is_reduced(capsys):
     _Printer(SimulatedBackend(gpus=1), ("sim0",), False)(
         SessionStarted(session="s2", device="sim0", label="sim", unit="mV", stock=0, resumed=True, params=full))
     assert "reduced sensitivity" not in capsys.readouterr().err
+
+
+def test_a_tolerance_recommendation_says_its_sensitivity_is_reduced():
+    # the JSON event and the saved profile said "reduced"; the report's recommendation (and its bound, "at most one
+    # fault per ... of this load") read as if every step had been compared bit for bit
+    from tuner.commands.bisect import _recommendation_text
+    from tuner.tuning.events import Recommendation
+
+    rec = Recommendation(device="sim0", unit="mV", setting=-10, confirmed=-20, lowest_pass=-20, first_failure=-30,
+                         margin=10, edge=False)
+    assert "reduced sensitivity" not in _recommendation_text(rec, "sim")
+    text = _recommendation_text(replace(rec, sensitivity="reduced"), "sim")
+    assert "reduced sensitivity (--tolerance)" in text and "%" in text  # with the measured detection rate

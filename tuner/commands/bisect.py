@@ -280,6 +280,10 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
         head = (f"recommendation for {label}: {rec.setting:+d} {rec.unit} (confirmed {rec.confirmed:+d} + "
                 f"{rec.margin} {rec.unit} margin{', edge margin: a trial hung or crashed' if rec.edge else ''}; "
                 f"first failure {'-' if rec.first_failure is None else f'{rec.first_failure:+d}'})")
+    if rec.sensitivity == "reduced":  # before the bound: its steps were compared with tolerances, not bit for bit
+        from tuner.tuning.sensitivity import tolerance_note
+
+        head += f"\nsensitivity: {tolerance_note()}"
     bound = describe_bound(rec.bound, rec.confirmed_bound, rec.setting, rec.confirmed, rec.unit, rec.bound_s)
     if bound:
         head += f"\nbound: {bound}"
