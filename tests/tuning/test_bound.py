@@ -170,3 +170,11 @@ def test_a_bound_that_cannot_be_reached_in_the_time_allowed_says_how_long_it_wou
     with pytest.raises(UsageError):  # ...but not in a mixed confirmation, idle gaps included
         bounds.check_reachable(600.0, 1800.0, "--confirm 30m", load_fraction=144 / 174)
     assert math.isclose(bounds.load_needed_s(600.0), 1797.4, abs_tol=0.1)
+
+
+def test_an_unreachable_bound_never_suggests_a_bound_no_command_line_takes():
+    # `--bound 1s --confirm 1s`: the remedy read "or ask for a bound under 0s", and --bound refuses anything under 1s
+    with pytest.raises(UsageError) as e:
+        bounds.check_reachable(1.0, 1.0, "--confirm 1s")
+    msg = e.value.one_line()
+    assert "allow at least 3s" in msg and "under 0s" not in msg

@@ -27,3 +27,32 @@ def test_the_total_holds_while_the_descent_passes_and_drops_at_the_first_failure
     assert len(descent) == 8 and set(descent) == {24}
     assert totals == sorted(totals, reverse=True)  # it never grows
     assert totals[-1] == len(est) == 10  # and it is exact once the failure closed the bracket
+
+
+def _run(vmin_mv: int, step: int, resolution: int = 5) -> list[tuple[str, int]]:
+    knob = Knob(kind=KnobKind.VOLTAGE_OFFSET, unit="mV", stock=0, current=0, min=-200, max=0, step=5,
+                aggressive_direction=-1)
+    plan = BisectPlan(knob, PlanParams.defaults_for(knob, step=step, resolution=resolution))
+    results, out = [], []
+    while isinstance(decision := plan.decide(results), NextTrial):
+        short, confirms = plan.remaining_estimate(results)
+        out.append((decision.phase, len(results) + short + confirms))
+        ok = decision.setting >= vmin_mv
+        results.append(PlanResult(setting=decision.setting, phase=decision.phase, verdict="pass" if ok else "fail",
+                                  kind=None if ok else "mismatch"))
+    return out
+
+
+def test_the_count_is_an_upper_bound_during_a_long_refine():
+    # --step 40: the first failure (-40 mV) leaves 7 resolution steps to bisect, three refine trials; the count
+    # said two ("trial 6 of <=6" with a seventh still to come)
+    for vmin in (-39, -36, -31, -5, -200):
+        est = _run(vmin, 40)
+        assert all(total >= len(est) for _phase, total in est), (vmin, est)
+
+
+def test_the_count_stays_within_the_range_for_a_step_wider_than_the_range():
+    # --step 999999999999999995 on a 200 mV range: 40 resolution steps bisect in at most 6 trials, not 60
+    est = _run(-52, 999999999999999995)
+    assert max(total for _phase, total in est) <= 2 + 1 + 6 + 1, est
+    assert all(total >= len(est) for _phase, total in est), est

@@ -171,6 +171,10 @@ class _Printer:
             self.line(d, f"bisect {ev.device} {ev.label}: {what} {ev.session}; step {p.get('step')} res "
                       f"{p.get('resolution')} margin {p.get('margin')} {ev.unit}, trial "
                       f"{format_duration(p.get('trial_s', 0))}, confirm {_confirm_words(p)}{unsafe}")
+            if ev.resumed and p.get("tolerance"):  # the session's own (a new one's was said before it started)
+                from tuner.tuning.sensitivity import tolerance_note
+
+                self.line(d, f"tuner: warning: {tolerance_note()}")
         elif isinstance(ev, TrialRecovered):
             r = ev.result
             counted = ("counted as FAIL" if r.verdict == Verdict.FAIL else f"counted as {r.verdict.upper()}")
@@ -276,6 +280,10 @@ def _recommendation_text(rec: Recommendation, label: str, simulated: bool = Fals
         head = (f"recommendation for {label}: {rec.setting:+d} {rec.unit} (confirmed {rec.confirmed:+d} + "
                 f"{rec.margin} {rec.unit} margin{', edge margin: a trial hung or crashed' if rec.edge else ''}; "
                 f"first failure {'-' if rec.first_failure is None else f'{rec.first_failure:+d}'})")
+    if rec.sensitivity == "reduced":  # before the bound: its steps were compared with tolerances, not bit for bit
+        from tuner.tuning.sensitivity import tolerance_note
+
+        head += f"\nsensitivity: {tolerance_note()}"
     bound = describe_bound(rec.bound, rec.confirmed_bound, rec.setting, rec.confirmed, rec.unit, rec.bound_s)
     if bound:
         head += f"\nbound: {bound}"
@@ -303,7 +311,7 @@ def run(args: Namespace, ctx: Context) -> int:
               if (text := getattr(args, p.id)) is not None}  # a duration left out: the core's default
     given["bound_s"] = None if args.bound is None else BOUND.parse(args.bound)
     params = BisectParams(**given, resume=args.resume, restart=args.restart, tolerance=args.tolerance)
-    if args.tolerance:
+    if args.tolerance and not args.resume:  # a resumed session runs with its own, said as it starts (_Printer)
         from tuner.tuning.sensitivity import tolerance_note
 
         warn([tolerance_note()])

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from tuner.core.durations import format_duration, parse_duration_s
+from tuner.core.durations import MIN_DURATION_S, format_duration, parse_duration_s
 from tuner.core.errors import UsageError
 
 CONFIDENCE = 0.95
@@ -252,7 +252,8 @@ def check_reachable(bound_s: float, allowed_s: float, allowed_by: str, *, load_f
     partial load make it about 0.83). Quotes the time it would take."""
     need_s = load_needed_s(bound_s) / load_fraction
     if need_s > allowed_s:
+        under_s = bound_s * allowed_s / need_s  # a bound under 1 s is no --bound anyone can give: not suggested
+        smaller = f" or ask for a bound under {format_duration(under_s)}" if under_s >= MIN_DURATION_S + 0.5 else ""
         raise UsageError(f"--bound {format_duration(bound_s)} needs about {format_duration(need_s)} of running with "
                          f"no fault ({CONFIDENCE:.0%}: about 3x the bound), more than {allowed_by} allows",
-                         f"allow at least {format_duration(need_s)} or ask for a bound under "
-                         f"{format_duration(bound_s * allowed_s / need_s)}")
+                         f"allow at least {format_duration(need_s)}{smaller}")

@@ -506,12 +506,14 @@ class BisectPlan:
         decision = self.decide(results)
         if not isinstance(decision, NextTrial):
             return 0, 0
-        refine = max(0, (self.coarse_k // self.res_k - 1).bit_length())
-        if decision.phase == REFINE:
-            return 1 + refine // 2, 1
+        lo, fail_k = self._bracket([r for r in results if r.verdict != INCONCLUSIVE and r.phase not in STOCK_PHASES])
+        if decision.phase == REFINE:  # bisecting n grid points takes at most n.bit_length() trials, this one included
+            assert fail_k is not None  # a refine trial lies between a pass (or stock) and a failure
+            return ((fail_k - lo - 1) // self.res_k).bit_length(), 1
         if decision.phase == CONFIRM:
             return 0, 1
-        lo, fail_k = self._bracket([r for r in results if r.verdict != INCONCLUSIVE and r.phase not in STOCK_PHASES])
+        # the bracket a descent leaves is at most one coarse step wide, and no wider than the range (or floor)
+        refine = max(0, (min(self.coarse_k, self.k_max) - 1) // self.res_k).bit_length()
         end_k = self.k_max if fail_k is None else min(self.k_max, fail_k - 1)
         coarse = max(1, -(-(end_k - lo) // self.coarse_k))  # ceil: coarse trials left down to the bound
         if decision.phase == COARSE:
