@@ -51,6 +51,21 @@ class ProfilesListed(Message):
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
 WIDE_COLUMNS = 100  # from this width the table has a card column
 SIMULATED_CAVEAT = "measured on a SIMULATED card: not a real measurement"
+WIDE_SHARE, NARROW_SHARE = 0.65, 0.5  # the table's max-width (DEFAULT_CSS), as a share of the screen
+_COLUMNS = {True: ("name", "setting", "card"), False: ("name", "setting", "")}
+
+
+def _row(profile: Profile, wide: bool) -> tuple[str, str, str | Text]:
+    """A profile's row: name, setting and, from 100 columns, the card (a rig: how many); below, SIMULATED or
+    nothing. The card's name is any text the profile file holds: a cell of plain text, never markup."""
+    simulated = any(part.device.simulated for part in profile.parts)
+    if profile.is_rig:
+        setting, card = "rig", f"{len(profile.parts)} cards" + (" [SIMULATED]" if simulated else "")
+    else:
+        setting, card = f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.label
+    return profile.name, setting, (Text(card) if wide else ("SIMULATED" if simulated else ""))
+
+
 
 
 def _identity(device: ProfileDevice) -> str:
@@ -273,20 +288,24 @@ class ProfilesScreen(TunerScreen):
     @staticmethod
     def _new_table(wide: bool) -> DataTable:
         table: DataTable[str | Text] = DataTable(id="profiles-table", cursor_type="row")
-        table.add_columns(*(("name", "setting", "card") if wide else ("name", "setting")))
+        table.add_columns(*_COLUMNS[wide])
         return table
 
     def _fill(self, table: DataTable, select: str | None = None) -> None:
-        """One row per profile (the card's label from 100 columns: a simulated one says SIMULATED)."""
-        table.clear()
-        for profile in self.profiles:
-            cells: tuple[str | Text, ...]
-            if profile.is_rig:
-                cells = (profile.name, "rig", f"{len(profile.parts)} cards")
-            else:
-                # the card's name is any text the profile file holds: a cell of plain text, never markup
-                cells = (profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", Text(profile.device.label))
-            table.add_row(*cells[: len(table.columns)])
+        """One row per profile; a profile measured on a simulated card says SIMULATED in its row at any width (from
+        100 columns in the card column, the card's label or the rig's `N cards`; below, in a column of its own).
+        A name too long for the room left is cut, so the rest of the row (SIMULATED) stays in view."""
+        table.clear(columns=True)
+        rows = [_row(profile, self._wide) for profile in self.profiles]
+        rest = [max([len(_COLUMNS[self._wide][i]), *(len(str(row[i])) for row in rows)]) + 2  # the cell padding
+                for i in (1, 2)]
+        room = int(self.app.size.width * (WIDE_SHARE if self._wide else NARROW_SHARE)) - 2 - sum(rest)  # a scrollbar
+        longest = max([4, *(len(row[0]) for row in rows)])
+        name_width = None if longest + 2 <= room else max(8, room - 2)
+        table.add_column(_COLUMNS[self._wide][0], width=name_width)
+        table.add_columns(*_COLUMNS[self._wide][1:])
+        for row in rows:
+            table.add_row(*row)
         names = [p.name for p in self.profiles]
         if select in names:
             table.move_cursor(row=names.index(select))
