@@ -31,7 +31,7 @@ from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import evidence
 from tuner.profiles.schema import Profile, ProfileDevice, RigEvidence, Tuning
 from tuner.screens.base import TunerScreen, too_small
-from tuner.screens.dialogs import ConfirmDialog, TextInputDialog, if_answered
+from tuner.screens.dialogs import ConfirmDialog, TextInputDialog, default_path, if_answered
 from tuner.screens.messages import FileWorkDone
 
 if TYPE_CHECKING:
@@ -446,8 +446,9 @@ class ProfilesScreen(TunerScreen):
             ref = f" and its stock reference to {carried[1]}" if carried else ""
             return FileWorkDone(f"exported {profile.name} to {written}{ref}", None)
 
+        default, why = default_path(partial(profile_export_path, profile.name))
         self.app.push_screen(  # the default in full: where it goes is never a guess
-            TextInputDialog(f"Export {profile.name!r} to path:", value=str(profile_export_path(profile.name))),
+            TextInputDialog(f"Export {profile.name!r} to path{why}:", value=default),
             if_answered(lambda path: self._file_work(partial(export, Path(path)))))
 
     def action_import_profile(self) -> None:
