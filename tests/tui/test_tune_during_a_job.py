@@ -51,3 +51,29 @@ async def test_tune_offers_no_key_a_running_bisect_would_refuse_and_says_why(tmp
         app.stop_bisect()
         await until(pilot, lambda: not app.bisect.running, what="the bisect's end")
         await until(pilot, lambda: "a Apply" in _keys(app), what="the keys back once the bisect ended")
+
+
+async def test_bisect_offers_no_key_its_running_search_would_refuse(tmp_path):
+    """While a bisect runs, b/u/n (one job at a time), a and v (no result yet), d (stop it before choosing another
+    card) are each only refused: the key bar leaves them out and keeps x Stop; idle, every key is back."""
+    backend = sim_backend(tmp_path, gpus=2, vmin_mv=-52)
+    engine = GatedEngine(hold_at=4)
+    app = make_app(tmp_path, backend=backend, samples=1,
+                   bisect_options={"engine_factory": engine, "kernel_watcher_factory": lambda _card: None})
+    refused = ("b Start", "u Resume", "n Restart", "a Apply result", "v Save", "d Next card")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        assert all(key in _keys(app) for key in refused), _keys(app)
+        _fast_form(app)
+        await pilot.press("b")
+        await until(pilot, engine.entered.is_set, what="the held trial")
+        await until(pilot, lambda: "x Stop" in _keys(app) and "b Start" not in _keys(app),
+                    what="the running bisect's keys")
+        keys = _keys(app)
+        assert not any(key in keys for key in refused), keys
+        assert "RUNNING" in screen_text(app)
+        engine.release.set()
+        await pilot.press("x")
+        await until(pilot, lambda: not app.bisect.running, what="the bisect's end")
+        await until(pilot, lambda: all(key in _keys(app) for key in refused), what="every key back once it ended")

@@ -463,8 +463,17 @@ class BisectScreen(TunerScreen):
             message.into.key, message.into.value = message.key, message.value
             self.repaint()
 
+    RUNNING_REFUSES = frozenset({"start", "resume", "restart", "apply_result", "save_profile", "next_device"})
+
+    def offers(self, action: str) -> bool:
+        """While a bisect runs, starting another (b, u, n), applying or saving a result it has not given yet (a, v)
+        and choosing another card (d) are only refused: the key bar leaves them out (x stops it); the state line
+        says RUNNING."""
+        return not (self.app.bisect.running and action in self.RUNNING_REFUSES)
+
     def repaint(self) -> None:
         app = self.app
+        self.refresh_keys()
         every = app.bisect_all
         self.set_class(every, "-rig")
         job, selected = self._shown(), app.selected_device_id
