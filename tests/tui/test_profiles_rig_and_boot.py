@@ -296,3 +296,22 @@ async def test_a_simulated_profile_says_so_in_its_row_at_80_and_120_columns(tmp_
             await pilot.pause()
             rows = _visible_rows(app)
             assert len(rows) == 2 and all("SIMULATED" in row for row in rows), (size, rows)
+
+
+async def test_a_simulated_profile_still_says_so_in_its_row_after_the_terminal_is_resized(tmp_path):
+    """The rows are laid out for the width they were filled at: a resize within the same layout (120 to 100, 99 to
+    80 columns) lays them out again, so the cut name never pushes SIMULATED out of view."""
+    backend = sim_backend(tmp_path, gpus=2)
+    _rig(backend)
+    save_profile(build_profile("a-rather-long-profile-name-for-the-lab-card", backend.device("sim0"),
+                               backend.knob("sim0"), -40))
+    app = make_app(tmp_path, backend=backend, samples=2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_profiles(pilot, app)
+        await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 2, what="two rows")
+        for size in ((100, 30), (99, 30), (80, 24)):
+            await pilot.resize_terminal(*size)
+            await until(pilot, lambda size=size: app.size == size, what="the new size")
+            await pilot.pause()
+            rows = _visible_rows(app)
+            assert len(rows) == 2 and all("SIMULATED" in row for row in rows), (size, rows)

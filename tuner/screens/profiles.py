@@ -51,7 +51,7 @@ class ProfilesListed(Message):
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
 WIDE_COLUMNS = 100  # from this width the table has a card column
 SIMULATED_CAVEAT = "measured on a SIMULATED card: not a real measurement"
-WIDE_SHARE, NARROW_SHARE = 0.65, 0.5  # the table's max-width (DEFAULT_CSS), as a share of the screen
+WIDE_SHARE, NARROW_SHARE = 0.65, 0.6  # the table's max-width (DEFAULT_CSS), as a share of the screen
 _COLUMNS = {True: ("name", "setting", "card"), False: ("name", "setting", "")}
 
 
@@ -234,7 +234,7 @@ class ProfilesScreen(TunerScreen):
     TITLE = "Profiles"
     DEFAULT_CSS = """
     ProfilesScreen #profiles-main { height: 1fr; }
-    ProfilesScreen #profiles-table { width: auto; max-width: 50%; min-width: 30; }
+    ProfilesScreen #profiles-table { width: auto; max-width: 60%; min-width: 30; }
     ProfilesScreen.-wide #profiles-table { max-width: 65%; }
     ProfilesScreen #profiles-detail { width: 1fr; padding: 0 1; border-left: solid $primary; }
     """
@@ -269,6 +269,10 @@ class ProfilesScreen(TunerScreen):
         columns, kept its old width and rows drawn at the old widths)."""
         wide = event.size.width >= WIDE_COLUMNS
         if wide == getattr(self, "_wide", wide):
+            # the same columns; the name's width was cut for the old width (_fill): lay the rows out again
+            if self.is_mounted and getattr(self, "profiles", None):
+                table = self.query_one("#profiles-table", DataTable)
+                self._fill(table, select=selected.name if (selected := self.selected()) is not None else None)
             return
         selected = self.selected()
         self._wide = wide
@@ -299,7 +303,9 @@ class ProfilesScreen(TunerScreen):
         rows = [_row(profile, self._wide) for profile in self.profiles]
         rest = [max([len(_COLUMNS[self._wide][i]), *(len(str(row[i])) for row in rows)]) + 2  # the cell padding
                 for i in (1, 2)]
-        room = int(self.app.size.width * (WIDE_SHARE if self._wide else NARROW_SHARE)) - 2 - sum(rest)  # a scrollbar
+        size = self.app.size
+        scrollbar = 2 if len(rows) + 1 > size.height - 5 else 0  # rows past the screen: a scrollbar takes 2 columns
+        room = int(size.width * (WIDE_SHARE if self._wide else NARROW_SHARE)) - scrollbar - sum(rest)
         longest = max([4, *(len(row[0]) for row in rows)])
         name_width = None if longest + 2 <= room else max(8, room - 2)
         table.add_column(_COLUMNS[self._wide][0], width=name_width)
