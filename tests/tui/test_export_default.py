@@ -46,3 +46,27 @@ def test_tuner_report_without_a_file_writes_the_default_in_the_current_directory
     assert code == 0, err
     expected = report_export_path("sim0", session.doc["session"])
     assert expected.parent == tmp_path and expected.exists() and str(expected) in out
+
+
+async def test_profiles_export_with_the_current_directory_gone_asks_for_a_path_and_keeps_running(
+        tmp_path, monkeypatch, backend):
+    """The shell's directory was removed under the UI (another shell's `rm -rf`): there is no default in it, so `e`
+    asks for a path with none filled in and says why, instead of an exception that ends the UI with a traceback."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    save_profile(build_profile("mine", backend.device("sim0"), backend.knob("sim0"), -40))
+    app = make_app(tmp_path, backend=backend, samples=1)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await open_profiles(pilot, app)
+        await until(pilot, lambda: "mine" in screen_text(app))
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, TextInputDialog) or app.return_code is not None,
+                    what="the export dialog (or the UI's end)")
+        assert app.return_code is None and app.is_running
+        assert app.screen.query_one("Input").value == ""
+        assert "current directory" in screen_text(app)
+        app.screen.query_one("Input").value = str(tmp_path / "mine.toml")
+        await pilot.press("enter")
+        await until(pilot, lambda: (tmp_path / "mine.toml").exists(), what="the export (a worker writes it)")

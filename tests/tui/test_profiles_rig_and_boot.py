@@ -78,7 +78,9 @@ async def test_a_rig_profile_shows_every_card_and_the_rig_evidence_and_applies_a
     async with app.run_test(size=(120, 40)) as pilot:
         await open_profiles(pilot, app)
         await until(pilot, lambda: _detail_says(app, "Press a to apply every card"), what="the rig's detail")
-        assert app.screen.query_one("#profiles-table").get_row_at(0)[1:] == ["rig", "2 cards"]
+        # the card cell is plain text (never markup): "[SIMULATED]" in a str cell would be read as a tag
+        assert [str(cell) for cell in app.screen.query_one("#profiles-table").get_row_at(0)[1:]] == [
+            "rig", "2 cards [SIMULATED]"]
         detail = " ".join(_detail(app).split())
         assert "A rig profile: 2 cards, applied together with one keep-or-revert for the whole rig" in detail
         assert ("Confirmed together: every card at its setting at once for 5m (mixed load, preset tiny, gloo "
@@ -269,3 +271,47 @@ async def test_b_is_offered_for_a_real_cards_profile_on_real_cards(app, backend,
         await open_profiles(pilot, app)
         await until(pilot, lambda: "b At boot" in app.screen.query_one(KeyBar).plain)
         assert "not offered" not in _detail(app)
+
+
+def _visible_rows(app) -> list[str]:
+    """The Profiles table's rows as the terminal shows them (what is scrolled or cut off is not there)."""
+    table = app.screen.query_one("#profiles-table")
+    lines = [strip.text for strip in table.render_lines(table.region.reset_offset)]
+    return lines[1:1 + table.row_count]  # below the header
+
+
+async def test_a_simulated_profile_says_so_in_its_row_at_80_and_120_columns(tmp_path):
+    """SIMULATED is labelled wherever a profile measured on a simulated card is shown: the list's row too, at the
+    SSH default 80x24 (no card column there) and at 120x40 (a rig's "N cards" said no more), even with a long
+    name."""
+    backend = sim_backend(tmp_path, gpus=2)
+    _rig(backend)
+    save_profile(build_profile("a-rather-long-profile-name-for-the-lab-card", backend.device("sim0"),
+                               backend.knob("sim0"), -40))
+    for size in ((80, 24), (120, 40)):
+        app = make_app(tmp_path, backend=backend, samples=2)
+        async with app.run_test(size=size) as pilot:
+            await open_profiles(pilot, app)
+            await until(pilot, lambda app=app: app.screen.query_one("#profiles-table").row_count == 2, what="two rows")
+            await pilot.pause()
+            rows = _visible_rows(app)
+            assert len(rows) == 2 and all("SIMULATED" in row for row in rows), (size, rows)
+
+
+async def test_a_simulated_profile_still_says_so_in_its_row_after_the_terminal_is_resized(tmp_path):
+    """The rows are laid out for the width they were filled at: a resize within the same layout (120 to 100, 99 to
+    80 columns) lays them out again, so the cut name never pushes SIMULATED out of view."""
+    backend = sim_backend(tmp_path, gpus=2)
+    _rig(backend)
+    save_profile(build_profile("a-rather-long-profile-name-for-the-lab-card", backend.device("sim0"),
+                               backend.knob("sim0"), -40))
+    app = make_app(tmp_path, backend=backend, samples=2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_profiles(pilot, app)
+        await until(pilot, lambda: app.screen.query_one("#profiles-table").row_count == 2, what="two rows")
+        for size in ((100, 30), (99, 30), (80, 24)):
+            await pilot.resize_terminal(*size)
+            await until(pilot, lambda size=size: app.size == size, what="the new size")
+            await pilot.pause()
+            rows = _visible_rows(app)
+            assert len(rows) == 2 and all("SIMULATED" in row for row in rows), (size, rows)

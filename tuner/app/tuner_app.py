@@ -302,7 +302,7 @@ class TunerApp(App[int]):
         """A bisect of this card, alone or with every card, is running."""
         return self.bisect.running and device_id in self.bisect.device_ids
 
-    def _job_on(self, device_id: str) -> bool:
+    def job_on(self, device_id: str) -> bool:
         """A stress run (its stock reference recorded at stock, its result for the setting it runs at) or a bisect
         is running on this card: no manual change goes on it until it stops."""
         return (self.stress.running and self.stress.device_id == device_id) or self._bisect_on(device_id)
@@ -337,7 +337,7 @@ class TunerApp(App[int]):
         if self.pending is not None:
             self.notify("a change is already waiting for keep-or-revert", severity="warning")
             return
-        if self._job_on(device_id):
+        if self.job_on(device_id):
             self.notify("a job is running on this card; stop it first", severity="warning")
             return
 
@@ -434,7 +434,7 @@ class TunerApp(App[int]):
         self._post_result(f"{'keep' if keep else 'revert'} on {', '.join(pending.device_ids)}", settle)
 
     def reset_to_stock(self, device_id: str) -> None:
-        if self._job_on(device_id):
+        if self.job_on(device_id):
             self.notify("a job is running on this card; stop it first (stopping resets to stock)", severity="warning")
             return
         self._reset(device_id)

@@ -27,7 +27,7 @@ from tuner.core.durations import duration_text, format_duration
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Knob
 from tuner.screens.base import TunerScreen
-from tuner.screens.dialogs import TextInputDialog
+from tuner.screens.dialogs import TextInputDialog, default_path
 from tuner.screens.messages import FileWorkDone
 from tuner.tuning.events import FINISHING, Recommendation
 from tuner.tuning.job import BisectEstimate, BisectOutcome, BisectParams
@@ -366,8 +366,10 @@ class BisectScreen(TunerScreen):
             return
         from tuner.actions.exports import report_export_path
 
-        default = str(report_export_path(state.device_id, state.session))  # as Profiles' e and `tuner report`
-        self.app.push_screen(TextInputDialog("Export the trials to (.csv or .json):", value=default), self._export)
+        # as Profiles' e and `tuner report`
+        default, why = default_path(partial(report_export_path, state.device_id, state.session))
+        self.app.push_screen(TextInputDialog(f"Export the trials to (.csv or .json){why}:", value=default),
+                             self._export)
 
     def _export(self, path: str | None) -> None:
         if not path:
@@ -461,8 +463,17 @@ class BisectScreen(TunerScreen):
             message.into.key, message.into.value = message.key, message.value
             self.repaint()
 
+    RUNNING_REFUSES = frozenset({"start", "resume", "restart", "apply_result", "save_profile", "next_device"})
+
+    def offers(self, action: str) -> bool:
+        """While a bisect runs, starting another (b, u, n), applying or saving a result it has not given yet (a, v)
+        and choosing another card (d) are only refused: the key bar leaves them out (x stops it); the state line
+        says RUNNING."""
+        return not (self.app.bisect.running and action in self.RUNNING_REFUSES)
+
     def repaint(self) -> None:
         app = self.app
+        self.refresh_keys()
         every = app.bisect_all
         self.set_class(every, "-rig")
         job, selected = self._shown(), app.selected_device_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import ComposeResult
@@ -24,6 +25,15 @@ DIALOG_CSS = """
 {name} Button {{ margin: 0 1; }}
 {name} Input {{ margin: 0 0 1 0; }}
 """
+
+
+def default_path(where: Callable[[], Path]) -> tuple[str, str]:
+    """An export's default in full (tuner.actions.exports), and what the prompt adds: with the current directory
+    gone (removed under the UI by another shell) there is no default in it, so none is filled in and it says why."""
+    try:
+        return str(where()), ""
+    except FileNotFoundError:
+        return "", " (the current directory is gone: give a full path)"
 
 
 def if_answered(then: Callable[[Any], object]) -> Callable[[Any], None]:

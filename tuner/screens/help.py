@@ -21,7 +21,9 @@ Bisect    f edit the form (tab between fields, enter starts, esc leaves),
           d next card, then ALL CARDS (every card at once; c switches
           the card table; a applies every card, v saves a rig profile)
 Profiles  up/down select, a apply (a rig profile: every card at once),
-          e export, i import, del delete, b apply at boot (install/remove)
+          e export, i import, del delete, l reload, d next card,
+          b apply at boot (install/remove)
+Doctor    r run the checks again
 Dialogs   enter = the highlighted button; escape = the safe choice
 
 [b]Safety model[/b]

@@ -31,7 +31,7 @@ from tuner.core.models import DeviceInfo, Knob
 from tuner.profiles import evidence
 from tuner.profiles.schema import Profile, ProfileDevice, RigEvidence, Tuning
 from tuner.screens.base import TunerScreen, too_small
-from tuner.screens.dialogs import ConfirmDialog, TextInputDialog, if_answered
+from tuner.screens.dialogs import ConfirmDialog, TextInputDialog, default_path, if_answered
 from tuner.screens.messages import FileWorkDone
 
 if TYPE_CHECKING:
@@ -51,6 +51,21 @@ class ProfilesListed(Message):
 KIND_WORDS = {"voltage_offset": "voltage offset", "clock_offset": "clock offset"}
 WIDE_COLUMNS = 100  # from this width the table has a card column
 SIMULATED_CAVEAT = "measured on a SIMULATED card: not a real measurement"
+WIDE_SHARE, NARROW_SHARE = 0.65, 0.6  # the table's max-width (DEFAULT_CSS), as a share of the screen
+_COLUMNS = {True: ("name", "setting", "card"), False: ("name", "setting", "")}
+
+
+def _row(profile: Profile, wide: bool) -> tuple[str, str, str | Text]:
+    """A profile's row: name, setting and, from 100 columns, the card (a rig: how many); below, SIMULATED or
+    nothing. The card's name is any text the profile file holds: a cell of plain text, never markup."""
+    simulated = any(part.device.simulated for part in profile.parts)
+    if profile.is_rig:
+        setting, card = "rig", f"{len(profile.parts)} cards" + (" [SIMULATED]" if simulated else "")
+    else:
+        setting, card = f"{profile.setting.value:+d} {profile.setting.unit}", profile.device.label
+    return profile.name, setting, (Text(card) if wide else ("SIMULATED" if simulated else ""))
+
+
 
 
 def _identity(device: ProfileDevice) -> str:
@@ -221,7 +236,7 @@ class ProfilesScreen(TunerScreen):
     TITLE = "Profiles"
     DEFAULT_CSS = """
     ProfilesScreen #profiles-main { height: 1fr; }
-    ProfilesScreen #profiles-table { width: auto; max-width: 50%; min-width: 30; }
+    ProfilesScreen #profiles-table { width: auto; max-width: 60%; min-width: 30; }
     ProfilesScreen.-wide #profiles-table { max-width: 65%; }
     ProfilesScreen #profiles-detail { width: 1fr; padding: 0 1; border-left: solid $primary; }
     """
@@ -256,6 +271,10 @@ class ProfilesScreen(TunerScreen):
         columns, kept its old width and rows drawn at the old widths)."""
         wide = event.size.width >= WIDE_COLUMNS
         if wide == getattr(self, "_wide", wide):
+            # the same columns; the name's width was cut for the old width (_fill): lay the rows out again
+            if self.is_mounted and getattr(self, "profiles", None):
+                table = self.query_one("#profiles-table", DataTable)
+                self._fill(table, select=selected.name if (selected := self.selected()) is not None else None)
             return
         selected = self.selected()
         self._wide = wide
@@ -275,20 +294,26 @@ class ProfilesScreen(TunerScreen):
     @staticmethod
     def _new_table(wide: bool) -> DataTable:
         table: DataTable[str | Text] = DataTable(id="profiles-table", cursor_type="row")
-        table.add_columns(*(("name", "setting", "card") if wide else ("name", "setting")))
+        table.add_columns(*_COLUMNS[wide])
         return table
 
     def _fill(self, table: DataTable, select: str | None = None) -> None:
-        """One row per profile (the card's label from 100 columns: a simulated one says SIMULATED)."""
-        table.clear()
-        for profile in self.profiles:
-            cells: tuple[str | Text, ...]
-            if profile.is_rig:
-                cells = (profile.name, "rig", f"{len(profile.parts)} cards")
-            else:
-                # the card's name is any text the profile file holds: a cell of plain text, never markup
-                cells = (profile.name, f"{profile.setting.value:+d} {profile.setting.unit}", Text(profile.device.label))
-            table.add_row(*cells[: len(table.columns)])
+        """One row per profile; a profile measured on a simulated card says SIMULATED in its row at any width (from
+        100 columns in the card column, the card's label or the rig's `N cards`; below, in a column of its own).
+        A name too long for the room left is cut, so the rest of the row (SIMULATED) stays in view."""
+        table.clear(columns=True)
+        rows = [_row(profile, self._wide) for profile in self.profiles]
+        rest = [max([len(_COLUMNS[self._wide][i]), *(len(str(row[i])) for row in rows)]) + 2  # the cell padding
+                for i in (1, 2)]
+        size = self.app.size
+        scrollbar = 2 if len(rows) + 1 > size.height - 5 else 0  # rows past the screen: a scrollbar takes 2 columns
+        room = int(size.width * (WIDE_SHARE if self._wide else NARROW_SHARE)) - scrollbar - sum(rest)
+        longest = max([4, *(len(row[0]) for row in rows)])
+        name_width = None if longest + 2 <= room else max(8, room - 2)
+        table.add_column(_COLUMNS[self._wide][0], width=name_width)
+        table.add_columns(*_COLUMNS[self._wide][1:])
+        for row in rows:
+            table.add_row(*row)
         names = [p.name for p in self.profiles]
         if select in names:
             table.move_cursor(row=names.index(select))
@@ -429,8 +454,9 @@ class ProfilesScreen(TunerScreen):
             ref = f" and its stock reference to {carried[1]}" if carried else ""
             return FileWorkDone(f"exported {profile.name} to {written}{ref}", None)
 
+        default, why = default_path(partial(profile_export_path, profile.name))
         self.app.push_screen(  # the default in full: where it goes is never a guess
-            TextInputDialog(f"Export {profile.name!r} to path:", value=str(profile_export_path(profile.name))),
+            TextInputDialog(f"Export {profile.name!r} to path{why}:", value=default),
             if_answered(lambda path: self._file_work(partial(export, Path(path)))))
 
     def action_import_profile(self) -> None:

@@ -21,6 +21,7 @@ from textual.widgets import Log, Static
 from tuner.actions import parameters
 from tuner.actions.stress import NoStockReference
 from tuner.app.jobs import MANUAL_DETECTORS, stress_question
+from tuner.app.state import running_label
 from tuner.core.models import Knob, Mode
 from tuner.screens.base import TunerScreen
 from tuner.screens.dialogs import ConfirmDialog
@@ -170,6 +171,16 @@ class TuneScreen(TunerScreen):
         self.preset = PRESETS[(PRESETS.index(self.preset) + 1) % len(PRESETS)]
         self.repaint()
 
+    def offers(self, action: str) -> bool:
+        """While a job runs on the card, apply and reset are refused (stopping it resets the card), and so is a
+        stress run while any job runs (one at a time); the screen says why (`_paint_stress`). `s` stops a stress run."""
+        app = self.app
+        if action in ("apply", "reset"):
+            return self.device_id is None or not app.job_on(self.device_id)
+        if action == "toggle_stress":
+            return app.stress.running or not app.busy
+        return True
+
     # --- drawing -------------------------------------------------------------------------------------------------
     def repaint(self) -> None:
         app = self.app
@@ -191,6 +202,7 @@ class TuneScreen(TunerScreen):
                 head.append(f"range {knob.min:+d}..{knob.max:+d} step {knob.step} {knob.unit}")
         self.query_one("#tune-head", Static).update(head)
         self._paint_stress()
+        self.refresh_keys()
 
     def _paint_stress(self) -> None:
         stress = self.app.stress
@@ -201,6 +213,12 @@ class TuneScreen(TunerScreen):
             status.append(f"stress idle · preset {self.preset} (p) · mode {self.mode} (m)")
             if stress.verdict:
                 status.append(f" · last: {stress.verdict}")
+        bisect = self.app.bisect
+        if bisect.running and self.device_id is not None:
+            label = running_label(stress, bisect, self.device_id)
+            why = (f"{label} runs on this card: a, r and s wait" if self.device_id in bisect.device_ids
+                   else f"a bisect runs ({', '.join(bisect.device_ids)}): s waits")
+            status.append(f"\n{why}; stop it on the Bisect screen (3, x)", style="bold")
         status.append("\ndetectors: ")
         for name in DETECTORS:
             state = stress.detector(name)
