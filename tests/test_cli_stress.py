@@ -279,3 +279,12 @@ def test_ctrl_c_stops_the_engine_and_ends_the_load(fake_engine, monkeypatch):
         stress.run(args, ctx)
     assert loads == [True, False]
     assert runs[0].proc.poll() is not None and runs[0].result().kind == "stopped"
+
+
+def test_json_result_labels_a_simulated_card(fake_engine, capsys):
+    """SIMULATED is always labelled: the text summary says `[SIMULATED]`, the `result` line of --json said nothing
+    (a fleet script read a simulated card's pass like a real one's)."""
+    args = parse("--simulate", "stress", "--steps", "5", "--no-reference", "--json")
+    assert stress.run(args, Context.from_args(args)) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["event"] == "result" and result["simulated"] is True

@@ -176,7 +176,7 @@ def result_document(device: DeviceInfo, config: EngineConfig, outcome: StressOut
     reference comparison, the kernel log, every check that did not run at full strength)."""
     r = outcome.result
     return {
-        "event": "result", "device": device.id, "engine_device": config.options.device,
+        "event": "result", "device": device.id, "simulated": device.simulated, "engine_device": config.options.device,
         "verdict": str(outcome.verdict), "kind": outcome.kind, "reason": outcome.reason,
         "failure_step": None if r is None else r.failure_step, "steps": 0 if r is None else r.steps,
         "duration_s": None if r is None else r.duration_s, "median_tok_s": None if r is None else r.median_tok_s,
