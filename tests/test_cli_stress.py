@@ -131,6 +131,17 @@ def test_exit_codes_and_summary():
     assert "reference: NOT compared (you chose to run without a stock reference)" in weaker
 
 
+def test_the_text_summary_says_every_check_json_lists_as_off():
+    """No silent downgrade in either form: an engine stopped from outside for a while (SIGSTOP, a debugger) is in
+    --json's checks_off, and the text summary of the same pass said nothing of it."""
+    dev = SimulatedBackend().device("sim0")
+    cfg = sc.EngineConfig(EngineOptions(steps=10))
+    outcome = _outcome(engine_stopped_s=42.0)
+    assert any("stopped from outside for 42 s" in line for line in outcome.checks_off())
+    text = "\n".join(stress.summary_lines(dev, cfg, outcome))
+    assert "stopped from outside for 42 s" in text, text
+
+
 def test_unknown_device_is_a_usage_error():
     args = parse("--simulate", "stress", "--device", "sim9", "--steps", "5")
     with pytest.raises(TunerError, match="sim9"):

@@ -166,6 +166,9 @@ def summary_lines(device: DeviceInfo, config: EngineConfig, outcome: StressOutco
         lines.append(f"  reference: {end.reference.note}")
     if outcome.kernel_log.startswith("OFF"):
         lines.append(f"  kernel log: {outcome.kernel_log}")
+    if result is not None and result.engine_stopped_s:  # as checks_off says it in --json
+        lines.append(f"  not under load for the whole run: the stress engine was stopped from outside for "
+                     f"{result.engine_stopped_s:.0f} s (SIGSTOP or a debugger)")
     if end is not None and end.setup_problems:
         lines.append("  setup problems: " + "; ".join(end.setup_problems))
     return lines
