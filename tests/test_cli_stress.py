@@ -299,3 +299,21 @@ def test_json_result_labels_a_simulated_card(fake_engine, capsys):
     assert stress.run(args, Context.from_args(args)) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert result["event"] == "result" and result["simulated"] is True
+
+
+def test_record_in_a_folder_that_cannot_be_written_is_refused_before_the_run(fake_engine, monkeypatch):
+    """As `reference record --out`: `stress --record` in a folder this user cannot write is a usage error before the
+    engine starts, never an internal error after the whole run (the engine's rename failed at its end). /proc/1 is
+    a folder even root may not write."""
+    import os
+
+    folder = Path("/proc/1")
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        pytest.skip("no folder here that root may not write")
+    started = []
+    monkeypatch.setattr(sc.StressRun, "start", lambda self: started.append(self) or pytest.fail("the engine ran"))
+    args = parse("--simulate", "stress", "--steps", "5", "--record", str(folder / "x.ref"))
+    with pytest.raises(UsageError, match="--record"):
+        stress.run(args, Context.from_args(args))
+    assert started == []
+

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -77,6 +78,11 @@ def build_request(args: argparse.Namespace, device_id: str) -> StressRequest:
     if record is not None and (record.exists() or record.is_symlink()):  # as `reference record --out`, `report`
         raise UsageError(f"--record {record}: already exists; nothing was run",
                          "choose another file name, or move that one aside first")
+    if record is not None:  # found now, never after the whole run (as `reference record --out`)
+        folder = next(p for p in record.absolute().parents if p.exists())  # the one the missing ones go in
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"--record {record}: the directory {folder} cannot be written by this user; nothing "
+                             "was run", "choose a directory you can write, or fix its permissions")
     return StressRequest(
         device_id, duration_s=duration_s, steps=steps, **{p.name: getattr(args, p.id) for p in STRESS},
         reference=Path(args.reference) if args.reference else None, record=record,
