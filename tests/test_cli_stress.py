@@ -317,3 +317,14 @@ def test_record_in_a_folder_that_cannot_be_written_is_refused_before_the_run(fak
         stress.run(args, Context.from_args(args))
     assert started == []
 
+
+
+def test_a_given_reference_with_a_gemm_burn_is_refused_like_record(fake_engine, monkeypatch, tmp_path):
+    """`--mode gemm --record` is refused (the engine would refuse it); `--mode gemm --reference FILE` ran a PASS,
+    exit 0, that compared nothing with the file the user named."""
+    ref = tmp_path / "stock.ref"
+    ref.write_text("x")
+    monkeypatch.setattr(sc.StressRun, "start", lambda self: pytest.fail("the engine ran"))
+    args = parse("--simulate", "stress", "--steps", "5", "--mode", "gemm", "--reference", str(ref))
+    with pytest.raises(UsageError, match="--reference"):
+        stress.run(args, Context.from_args(args))
