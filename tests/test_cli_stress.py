@@ -131,6 +131,17 @@ def test_exit_codes_and_summary():
     assert "reference: NOT compared (you chose to run without a stock reference)" in weaker
 
 
+def test_the_text_summary_says_every_check_json_lists_as_off():
+    """No silent downgrade in either form: an engine stopped from outside for a while (SIGSTOP, a debugger) is in
+    --json's checks_off, and the text summary of the same pass said nothing of it."""
+    dev = SimulatedBackend().device("sim0")
+    cfg = sc.EngineConfig(EngineOptions(steps=10))
+    outcome = _outcome(engine_stopped_s=42.0)
+    assert any("stopped from outside for 42 s" in line for line in outcome.checks_off())
+    text = "\n".join(stress.summary_lines(dev, cfg, outcome))
+    assert "stopped from outside for 42 s" in text, text
+
+
 def test_unknown_device_is_a_usage_error():
     args = parse("--simulate", "stress", "--device", "sim9", "--steps", "5")
     with pytest.raises(TunerError, match="sim9"):
@@ -279,3 +290,41 @@ def test_ctrl_c_stops_the_engine_and_ends_the_load(fake_engine, monkeypatch):
         stress.run(args, ctx)
     assert loads == [True, False]
     assert runs[0].proc.poll() is not None and runs[0].result().kind == "stopped"
+
+
+def test_json_result_labels_a_simulated_card(fake_engine, capsys):
+    """SIMULATED is always labelled: the text summary says `[SIMULATED]`, the `result` line of --json said nothing
+    (a fleet script read a simulated card's pass like a real one's)."""
+    args = parse("--simulate", "stress", "--steps", "5", "--no-reference", "--json")
+    assert stress.run(args, Context.from_args(args)) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["event"] == "result" and result["simulated"] is True
+
+
+def test_record_in_a_folder_that_cannot_be_written_is_refused_before_the_run(fake_engine, monkeypatch):
+    """As `reference record --out`: `stress --record` in a folder this user cannot write is a usage error before the
+    engine starts, never an internal error after the whole run (the engine's rename failed at its end). /proc/1 is
+    a folder even root may not write."""
+    import os
+
+    folder = Path("/proc/1")
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        pytest.skip("no folder here that root may not write")
+    started = []
+    monkeypatch.setattr(sc.StressRun, "start", lambda self: started.append(self) or pytest.fail("the engine ran"))
+    args = parse("--simulate", "stress", "--steps", "5", "--record", str(folder / "x.ref"))
+    with pytest.raises(UsageError, match="--record"):
+        stress.run(args, Context.from_args(args))
+    assert started == []
+
+
+
+def test_a_given_reference_with_a_gemm_burn_is_refused_like_record(fake_engine, monkeypatch, tmp_path):
+    """`--mode gemm --record` is refused (the engine would refuse it); `--mode gemm --reference FILE` ran a PASS,
+    exit 0, that compared nothing with the file the user named."""
+    ref = tmp_path / "stock.ref"
+    ref.write_text("x")
+    monkeypatch.setattr(sc.StressRun, "start", lambda self: pytest.fail("the engine ran"))
+    args = parse("--simulate", "stress", "--steps", "5", "--mode", "gemm", "--reference", str(ref))
+    with pytest.raises(UsageError, match="--reference"):
+        stress.run(args, Context.from_args(args))

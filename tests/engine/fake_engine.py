@@ -49,6 +49,12 @@ def end(verdict="pass", kind=None, step_=None, steps=0, code=0, reason="complete
          recorded=None, sensitivity="full", setup_problems=[], warnings=0, canaries=0, exit_code=code)
     if MODE == "linger":  # the end goes out, then the process never exits (stuck tearing down a wedged GPU)
         forever()
+    if MODE == "segv-after-end":  # the end goes out, then the process dies tearing down (a faulting GPU context)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if MODE == "hip-abort-after-end":  # HIP reports the fault at teardown's synchronize, after the end, and aborts
+        print("Memory access fault by GPU node-1 (Agent handle: 0x55d) on address 0x7f. Reason: Page not present",
+              file=sys.stderr, flush=True)
+        os.abort()
     sys.exit(code)
 
 
@@ -73,7 +79,7 @@ def main() -> None:
     if MODE == "no-first-step":
         forever({"step": 0, "state": "setup", "progress": 0})
     start()
-    if MODE in ("pass", "linger"):
+    if MODE in ("pass", "linger", "segv-after-end", "hip-abort-after-end"):
         for n in range(1, 6):
             step(n)
         end(steps=5)

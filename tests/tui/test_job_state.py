@@ -79,3 +79,34 @@ def test_rig_events_go_to_their_card_and_the_rig_rows_without_mutating_the_old_s
     assert failed.current is None
     warned = apply_bisect_event(failed, TrialWarning("the rig run was slow", device="rig"))
     assert warned.warnings == ("the rig run was slow",)
+
+
+@pytest.mark.parametrize(("mode", "detector"), [("hip-abort", "device errors"), ("silent-hang", "watchdog")])
+def test_a_fault_the_client_found_shows_on_its_detector(tmp_path, monkeypatch, mode, detector):
+    """A hang (the watchdog's) or a device error read from the engine's stderr has no `fault` event from the
+    engine: the run ended FAIL while the Tune screen's detectors still said `watchdog ok` / `device errors ok`."""
+    import sys
+    from pathlib import Path
+
+    from tests.tui.helpers import sim_backend
+    from tuner.actions import stress as stress_action
+    from tuner.app.jobs import StressJob
+    from tuner.tuning import engine_client as sc
+
+    fake = Path(__file__).parents[1] / "engine" / "fake_engine.py"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
+    wrapper.chmod(0o755)
+    fast = sc.WatchdogPolicy(min_silence_s=0.6, silence_factor=20, first_step_timeout_s=5, kill_grace_s=0.5,
+                             poll_s=0.05)
+    monkeypatch.setattr(stress_action, "default_engine_factory", lambda config, _policy: sc.StressRun(
+        dataclasses.replace(config, python=str(wrapper), env={"FAKE_ENGINE_MODE": mode}), watchdog=fast))
+    events: list[object] = []
+    job = StressJob(sim_backend(tmp_path), "sim0", preset="tiny", mode="train", emit=events.append,
+                    without_reference=True)
+    summary = job.run()
+    state = StressState(device_id="sim0", running=True)
+    for event in events:
+        state = apply_stress_event(state, event)
+    assert summary.startswith("FAIL"), summary
+    assert state.detector(detector).startswith("FAULT"), (summary, state.detectors)

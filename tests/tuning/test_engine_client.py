@@ -290,6 +290,17 @@ def test_an_end_that_breaks_the_protocol_is_an_error_never_a_verdict(fake_python
     assert "broke its protocol" in result.stderr_tail
 
 
+@pytest.mark.parametrize(("mode", "kind", "words"), [("segv-after-end", "crash", "SIGSEGV"),
+                                                     ("hip-abort-after-end", "device-error", "memory access fault")])
+def test_an_engine_that_dies_after_a_passing_end_is_no_pass(fake_python, mode, kind, words):
+    # the `end` said pass, then the process died of a signal in its teardown (HIP reports an asynchronous memory
+    # access fault at the context's last synchronize and aborts): the result was a pass, exit 0, a faulting
+    # setting reported as stable
+    result = finish(fake_run(fake_python, mode))
+    assert (result.verdict, result.kind) == ("fail", kind) and words in result.reason, result
+    assert result.exit_code < 0
+
+
 def test_an_engine_that_never_exits_after_its_end_is_stopped_as_a_hang(fake_python):
     # the watchdog stopped watching once `end` arrived, and the events end only when the process exits: an engine
     # stuck after its end (a wedged GPU's teardown) kept the trial, and the card at its setting, waiting forever

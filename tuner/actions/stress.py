@@ -272,6 +272,9 @@ class StressSession:
         if req.record is not None:
             return ReferencePlan("recording", None, f"this run records a reference ({req.record}), so it compares "
                                                     "with none")
+        if req.mode == Mode.GEMM and req.reference is not None:  # as the engine refuses --record with gemm
+            raise UsageError(f"--reference {req.reference}: a GEMM burn has no training trajectory to compare; "
+                             "nothing was run", "use --mode train or mixed to compare with it, or leave it out")
         if req.mode == Mode.GEMM:
             return ReferencePlan("n/a", None, "n/a: a GEMM burn has no training trajectory to compare")
         if req.reference is not None:

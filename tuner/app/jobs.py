@@ -112,6 +112,12 @@ class StressJob(_Job[str]):
         except NoStockReference as e:  # asked before starting; the card's setting or the cache changed since
             self.emit(f"not started: {e.message}")
             return "not started: no stock reference to compare with (press s again to be asked)"
+        result = outcome.result
+        if result is not None and not outcome.kernel_events and result.kind in CLIENT_FAULTS:
+            # the engine wrote no `fault` for it (the watchdog's hang, a device error on its stderr): its detector
+            # says so, as for the engine's own
+            at = f" at step {result.failure_step}" if result.failure_step is not None else ""
+            self.emit(DetectorState(DETECTOR_OF_FAULT[result.kind], f"FAULT{at}"))
         for line in outcome.checks_off():
             self.emit(f"this run was weaker: {line}")
         return outcome.summary()
@@ -138,6 +144,7 @@ class VerifyJob(_Job[str]):
 
 DETECTOR_OF_FAULT = {"mismatch": "reference", "canary": "canary", "gemm": "gemm", "nonfinite": "nonfinite",
                      "device-error": "device errors", "hang": "watchdog"}
+CLIENT_FAULTS = ("hang", "device-error")  # faults the client finds (tuner.tuning.engine_client), not the engine
 # The engine's own detectors at the start of a run; the reference and the kernel log are the job's (DetectorState).
 MANUAL_DETECTORS = (("reference", "off"), ("canary", "ok"), ("gemm", "ok"), ("nonfinite", "ok"),
                     ("device errors", "ok"), ("watchdog", "ok"), ("kernel log", "off"))

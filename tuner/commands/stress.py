@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -77,6 +78,11 @@ def build_request(args: argparse.Namespace, device_id: str) -> StressRequest:
     if record is not None and (record.exists() or record.is_symlink()):  # as `reference record --out`, `report`
         raise UsageError(f"--record {record}: already exists; nothing was run",
                          "choose another file name, or move that one aside first")
+    if record is not None:  # found now, never after the whole run (as `reference record --out`)
+        folder = next(p for p in record.absolute().parents if p.exists())  # the one the missing ones go in
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"--record {record}: the directory {folder} cannot be written by this user; nothing "
+                             "was run", "choose a directory you can write, or fix its permissions")
     return StressRequest(
         device_id, duration_s=duration_s, steps=steps, **{p.name: getattr(args, p.id) for p in STRESS},
         reference=Path(args.reference) if args.reference else None, record=record,
@@ -166,6 +172,9 @@ def summary_lines(device: DeviceInfo, config: EngineConfig, outcome: StressOutco
         lines.append(f"  reference: {end.reference.note}")
     if outcome.kernel_log.startswith("OFF"):
         lines.append(f"  kernel log: {outcome.kernel_log}")
+    if result is not None and result.engine_stopped_s:  # as checks_off says it in --json
+        lines.append(f"  not under load for the whole run: the stress engine was stopped from outside for "
+                     f"{result.engine_stopped_s:.0f} s (SIGSTOP or a debugger)")
     if end is not None and end.setup_problems:
         lines.append("  setup problems: " + "; ".join(end.setup_problems))
     return lines
@@ -176,7 +185,7 @@ def result_document(device: DeviceInfo, config: EngineConfig, outcome: StressOut
     reference comparison, the kernel log, every check that did not run at full strength)."""
     r = outcome.result
     return {
-        "event": "result", "device": device.id, "engine_device": config.options.device,
+        "event": "result", "device": device.id, "simulated": device.simulated, "engine_device": config.options.device,
         "verdict": str(outcome.verdict), "kind": outcome.kind, "reason": outcome.reason,
         "failure_step": None if r is None else r.failure_step, "steps": 0 if r is None else r.steps,
         "duration_s": None if r is None else r.duration_s, "median_tok_s": None if r is None else r.median_tok_s,

@@ -509,6 +509,15 @@ class StressRun:
         if end is None and self._protocol_problem is not None:  # it said something, not in words we can trust
             return StressResult("error", "internal", f"the engine's output broke its protocol: "
                                                      f"{self._protocol_problem}", None, **common)
+        if end is not None and end.verdict == "pass" and not self._stop_requested:
+            # a pass the process did not live up to: it died after its `end` (a device fault HIP reports at the
+            # teardown's synchronize, a crash freeing a faulted context); that death is the run's result
+            if self._device_error is not None:
+                return StressResult("fail", "device-error", f"{self._device_error} (from the engine's stderr, "
+                                    "after its end)", self._last_step + 1, **common)
+            if code is not None and code < 0:
+                return StressResult("fail", "crash", f"the engine died of {_signal_name(-code)} after its passing "
+                                    f"end (step {self._last_step})", self._last_step + 1, **common)
         if end is not None:
             kind, reason = end.kind, end.reason or end.verdict
             if end.verdict == "error" and kind == "interrupted" and self._stop_requested:
@@ -522,14 +531,18 @@ class StressRun:
             return StressResult("fail", "device-error", f"{self._device_error} (from the engine's stderr)",
                                 self._last_step + 1, **common)
         if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return StressResult("fail", "crash", f"the engine died of {name} after step {self._last_step}",
+            return StressResult("fail", "crash", f"the engine died of {_signal_name(-code)} after step "
+                                f"{self._last_step}",
                                 self._last_step + 1, **common)
         if start is None:
             return StressResult("error", "setup", f"the engine exited with code {code} before starting", None,
                                 **common)
         return StressResult("fail", "crash", f"the engine exited with code {code} without an end event after "
                                              f"step {self._last_step}", self._last_step + 1, **common)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
