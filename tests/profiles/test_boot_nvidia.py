@@ -186,16 +186,3 @@ def test_on_a_machine_with_amd_and_nvidia_cards_the_boot_still_locks_and_turns_p
     assert report.exit_code == 0, lines
     assert m.gpus[0].locked[1] == LOCK and m.gpus[0].offsets[0] == 120 and m.gpus[0].persistence == 1
     assert report.results[0].lock_clock_mhz == LOCK
-
-
-def test_a_profiles_lock_clock_outside_the_card_is_refused_in_the_profiles_words(capsys, boot_root):
-    """A profile's lock_clock_mhz above this card's clocks (a profile from a faster card) was refused as
-    "--lock-mhz 2600 is outside ...", a flag the user never passed; nothing reaches the card either way."""
-    backend = SimulatedBackend(gpus=1, kind="nvidia")
-    knob = dataclasses.replace(backend.knob("sim0"), lock_clock_mhz=2600)  # the table top is 2505
-    save_profile(build_profile("faster", backend.device("sim0"), knob, 90, kernel="6.14.0-test"))
-    code, _out, err = tuner(capsys, "--simulate", "--sim-kind", "nvidia", "apply", "faster", "--yes")
-    [error] = [line for line in err.splitlines() if line.startswith("tuner: error:")]
-    assert code == 2 and error.startswith("tuner: error: a locked max graphics clock of 2600 MHz is outside this "
-                                          "card's clocks"), err
-    assert SimulatedBackend(gpus=1, kind="nvidia").knob("sim0").current == 0

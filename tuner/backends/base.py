@@ -26,11 +26,10 @@ def warn_on_stderr(message: str) -> None:
 
 
 def check_lock_mhz(mhz: int, lo: int, hi: int) -> None:
-    """A locked max clock (`--lock-mhz`, or a profile's `lock_clock_mhz`): a whole number of MHz within the card's
-    clocks `lo`..`hi`, else UsageError, in words that fit both (a profile's refusal named a flag nobody passed)."""
+    """`--lock-mhz`: a whole number of MHz within the card's clocks `lo`..`hi`, else UsageError."""
     if isinstance(mhz, bool) or not isinstance(mhz, int) or not lo <= mhz <= hi:
-        raise UsageError(f"a locked max graphics clock of {mhz} MHz is outside this card's clocks {lo}..{hi} MHz",
-                         f"pick a clock between {lo} and {hi} MHz (--lock-mhz, or the profile's lock_clock_mhz)")
+        raise UsageError(f"--lock-mhz {mhz} is outside this card's clocks {lo}..{hi} MHz",
+                         f"pick a clock between {lo} and {hi} MHz")
 
 
 def no_lock_clock() -> UsageError:
