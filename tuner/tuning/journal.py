@@ -347,8 +347,10 @@ def unsafe_entries(device_id: str, backend: Backend | None = None) -> list[dict]
     if backend is None:
         return own
     beyond = backend.unsafe_entries(device_id)
-    # in-process (root at boot and after resume, a rescue as root) the helper's list counts all the same: read from
-    # its state directory; through the helper it is the same list, so each entry counts once
+    if os.geteuid() != 0:  # a user writes real cards only through the helper, which checks its own list
+        return own + beyond
+    # in-process as root (at boot and after resume, a rescue as root) the helper's list counts all the same: read
+    # from its state directory; through the helper it is the same list, so each entry counts once
     return own + beyond + [e for e in machine_unsafe_entries(device_id, backend) if e not in beyond]
 
 
