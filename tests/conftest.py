@@ -54,6 +54,14 @@ class FakeBoot:
     def __call__(self, boot_id: str) -> None:
         (self.root / "proc/sys/kernel/random/boot_id").write_text(boot_id + "\n")
 
+    def process(self, pid: int) -> int:
+        """Show a real live process in the fake /proc (its `stat` line, copied as the kernel wrote it) and return
+        its start time: field 22 (proc(5)), counted after the command name's last ')', where field 3 begins."""
+        line = Path(f"/proc/{pid}/stat").read_text()
+        (self.root / f"proc/{pid}").mkdir(parents=True, exist_ok=True)
+        (self.root / f"proc/{pid}/stat").write_text(line)
+        return int(line.rpartition(")")[2].split()[19])
+
 
 @pytest.fixture
 def boot(tmp_path, monkeypatch) -> FakeBoot:

@@ -73,3 +73,23 @@ def test_the_boot_id_is_none_when_it_is_not_a_small_regular_file(boot):
     path.unlink()
     os.mkfifo(path)
     assert kernel_files.boot_id() is None
+
+
+def test_a_process_start_time_is_field_22_of_its_stat_line(boot):
+    # the command name (field 2) may hold spaces and parentheses: the fields are counted after its last ')'
+    real = Path(f"/proc/{os.getpid()}/stat").read_text()
+    fields = real.rpartition(")")[2]
+    stat = boot.root / "proc/4242/stat"
+    stat.parent.mkdir(parents=True)
+    stat.write_text("4242 (a) b (c d)" + fields)
+    assert kernel_files.process_start_ticks(4242) == int(fields.split()[19])
+    assert kernel_files.process_start_ticks(4243) is None  # no such process
+    for damaged in ("", "4242 (tuner) S 1 2 3", "4242 (tuner)" + fields.replace(fields.split()[19], "x", 1)):
+        stat.write_text(damaged)
+        assert kernel_files.process_start_ticks(4242) is None, damaged
+
+
+def test_the_real_proc_gives_this_process_a_start_time_that_does_not_change(monkeypatch):
+    monkeypatch.delenv("TUNER_SYSFS_ROOT", raising=False)
+    first = kernel_files.process_start_ticks(os.getpid())
+    assert first is not None and first >= 0 and kernel_files.process_start_ticks(os.getpid()) == first

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -268,6 +270,31 @@ def test_a_live_session_elsewhere_is_refused(boot):
     j._save()
     with pytest.raises(UsageError, match="already running"):
         make(resume=True)[3].run()
+
+
+def test_a_dead_sessions_pid_reused_by_another_process_does_not_refuse_resume(boot):
+    # a bisect killed with kill -9, its pid taken later in this boot by an unrelated process: --resume said "a
+    # bisect is already running" until that process ended. A process is its pid and its start time.
+    backend, _engine, _events, _job = make()
+    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
+                               knob=backend.knob("sim0").to_dict(), backend=backend)
+    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "tok_s": 1000.0,
+                    "power_w": 300.0, "tok_per_j": 3.3})
+    j.reference.write_text('{"steps": 1000}')
+    j.begin_trial("coarse", setting=-30)
+    stranger = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        j.doc["open_trial"].update(pid=stranger.pid, pid_start_ticks=boot.process(stranger.pid) - 1)
+        j._save()
+        _backend, engine, events, job = make(resume=True)
+        outcome = job.run().card
+    finally:
+        stranger.stdin.close()
+        stranger.wait()
+    recovered = [e for e in events if isinstance(e, TrialRecovered)]
+    assert recovered and recovered[0].result.kind == "tool-died" and recovered[0].result.verdict == "inconclusive"
+    assert -30 in [r.options.fault_seed for r in engine.requests]  # run again
+    assert outcome.recommendation.setting == -40
 
 
 def test_the_same_reference_step_in_different_passes_is_a_software_fault(boot):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -106,6 +108,57 @@ def test_one_rule_says_who_left_an_open_trial(boot, theirs, pid, readable, owner
     got = journal.classify_open_trial({"boot_id": theirs, "pid": pid, "setting": -40, "phase": "coarse"})
     assert got == owner
     assert got.machine_may_have_reset == (owner in (journal.Owner.EARLIER_BOOT, journal.Owner.UNKNOWN_BOOT))
+
+
+@pytest.mark.parametrize("where", ["journal", "guard"])
+def test_a_dead_bisects_pid_reused_by_another_process_is_not_a_running_bisect(boot, in_process_backend, where):
+    # a bisect killed with kill -9 whose pid a stranger takes later in the same boot: the trial named its writer by
+    # pid alone, so it read as running: --resume and --restart were refused until the stranger ended, and
+    # `tuner status` hid the value the dead tool may have left on the card
+    stranger = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        started = boot.process(stranger.pid)
+        dead_bisect = {"pid": stranger.pid, "pid_start_ticks": started - 1}  # the same number, an earlier process
+        if where == "journal":
+            j = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend)
+            j.begin_trial("coarse", setting=-50)
+            j.doc["open_trial"].update(dead_bisect)
+            j._save()
+        else:
+            trial = {"setting": -50, "phase": "verify", "boot_id": "boot-a", "started_at": 1.7e9, **dead_bisect}
+            journal.guard_path("sim0").parent.mkdir(parents=True)
+            journal.guard_path("sim0").write_text(json.dumps({"open_trial": trial}))
+        leftover = journal.leftover_trial("sim0")
+        assert leftover is not None and leftover["owner"] == journal.Owner.TOOL_DIED, leftover
+        assert leftover["setting"] == -50
+        # the stranger really is the writer when its start time is the recorded one: it is running that trial
+        assert journal.classify_open_trial({**dead_bisect, "pid_start_ticks": started, "boot_id": "boot-a"}) \
+            == journal.Owner.RUNNING
+    finally:
+        stranger.stdin.close()
+        stranger.wait()
+
+
+def test_every_open_trial_names_its_writer_by_pid_and_start_time(boot, in_process_backend):
+    me = boot.process(os.getpid())
+    with journal.guarded_trial("sim0", -50, unit="mV", backend=in_process_backend):
+        assert journal.load_guard("sim0")["open_trial"]["pid_start_ticks"] == me
+    trial = journal.Journal.create("sim0", params={}, knob={}, backend=in_process_backend).begin_trial(
+        "coarse", setting=-50)
+    assert (trial["pid"], trial["pid_start_ticks"]) == (os.getpid(), me) == \
+        (journal.load("sim0")["open_trial"]["pid"], journal.load("sim0")["open_trial"]["pid_start_ticks"])
+
+
+def test_this_pid_with_another_start_time_is_an_earlier_process_not_this_one(boot):
+    # our pid in a trial we did not write (an earlier process had the number): a reset since that trial cannot be
+    # ruled out when a boot id is unreadable, so it is not "this process's own earlier job"
+    mine = {"pid": os.getpid(), "pid_start_ticks": boot.process(os.getpid()), "setting": -40, "phase": "coarse"}
+    earlier = {**mine, "pid_start_ticks": mine["pid_start_ticks"] - 1}
+    assert journal.classify_open_trial({**mine, "boot_id": "boot-a"}) == journal.Owner.TOOL_DIED
+    assert journal.classify_open_trial({**earlier, "boot_id": "boot-a"}) == journal.Owner.TOOL_DIED
+    (boot.root / "proc/sys/kernel/random/boot_id").unlink()
+    assert journal.classify_open_trial({**mine, "boot_id": None}) == journal.Owner.TOOL_DIED
+    assert journal.classify_open_trial({**earlier, "boot_id": None}) == journal.Owner.UNKNOWN_BOOT
 
 
 @pytest.mark.parametrize("where", ["journal", "guard"])

@@ -87,6 +87,9 @@ def test_good_documents_pass():
     ("open_trial.session", ..., "open trial: 'session' is missing"),
     ("open_trial.setting", "-45", "open trial: 'setting' is not a whole number (got '-45')"),
     ("open_trial.started_at", float("inf"), "open trial: 'started_at' is not a time in seconds since 1970"),
+    # the writer's start time (clock ticks since boot) names it with its pid: a negative or text one names no process
+    ("open_trial.pid_start_ticks", -1, "open trial: 'pid_start_ticks' is not a whole number, 0 or more"),
+    ("open_trial.pid_start_ticks", "12", "open trial: 'pid_start_ticks' is not a whole number, 0 or more"),
     ("recommendation.margin", 1.5, "recommendation: 'margin' is not a whole number (got 1.5)"),
     ("recommendation.unit", ..., "recommendation: 'unit' is missing"),
     ("updated_at", "yesterday", "'updated_at' is not a time in seconds since 1970 (got 'yesterday')"),

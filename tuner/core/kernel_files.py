@@ -186,6 +186,23 @@ def boot_id() -> str | None:
     return text or None
 
 
+def process_start_ticks(pid: int) -> int | None:
+    """When process `pid` started, as the kernel counts it: field 22 of `/proc/<pid>/stat` (under
+    `paths.sysfs_root()`), clock ticks since boot, which no wall-clock step moves. With the boot id and the pid it
+    names one process: a pid alone may be a later process's that reused the number. None when there is no such
+    process or its line cannot be read or parsed. The command name (field 2, in parentheses) may itself hold spaces
+    and parentheses, so the fields are counted after its last ')' (proc(5)): there they start at field 3."""
+    try:
+        line = read_text(paths.sysfs_root() / f"proc/{pid}/stat")
+    except OSError:
+        return None
+    fields = line.rpartition(")")[2].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
 def same_boot(recorded: str | None, now: str | None) -> bool:
     """True when a record's boot id is this boot's (`now`, from `boot_id`); an unreadable one on either side is
     never the same boot (a reset since cannot be ruled out)."""

@@ -3,14 +3,15 @@
 Layout under `$XDG_STATE_HOME/tuner/`:
 
 - `journal/<device>.json`   a card's session document, rewritten atomically (temp file, fsync, rename). Its
-  `open_trial` entry {session, device, setting, phase, boot_id, pid, started_at} is written *before* a
-  trial touches the card and cleared after the card is back at stock, so a freeze or a reset leaves it set.
+  `open_trial` entry {session, device, setting, phase, boot_id, pid, pid_start_ticks, started_at} is written
+  *before* a trial touches the card and cleared after the card is back at stock, so a freeze or a reset leaves it
+  set.
 - `journal/<device>.log`    an append-only, fsynced event log (one JSON object a line).
 - `journal/rig+<dev>+<dev>....rig.json`   a rig's session (`tuner bisect --device all`): which per-card sessions
   belong to it, the data-parallel references recorded at stock, the confirmation attempts, each card's candidate
-  and the open rig trial {phase, attempt, settings, boot_id, pid, started_at}, written before any card is touched.
-  A card id never holds "+", so no card's journal can have this name. A rig of one card has no rig journal: its
-  card's journal is its whole story.
+  and the open rig trial {phase, attempt, settings, boot_id, pid, pid_start_ticks, started_at}, written before any
+  card is touched. A card id never holds "+", so no card's journal can have this name. A rig of one card has no
+  rig journal: its card's journal is its whole story.
 - `unsafe/<device>.jsonl`   settings that froze, hung or reset the machine or lost the GPU mid-trial (never a
   tool death, a full disk or an engine killed from outside: those trials are inconclusive and run again).
   Append-only; a new session (`--restart`) never clears it, only `tuner unsafe clear` (which asks first), and
@@ -119,22 +120,43 @@ class Owner(StrEnum):
         return self in (Owner.EARLIER_BOOT, Owner.UNKNOWN_BOOT)
 
 
+def writer() -> dict[str, object]:
+    """Who writes an open trial, as `classify_open_trial` tells it apart from any other process: this boot's id,
+    this process's pid and its start time (`pid_start_ticks`, None when /proc cannot say)."""
+    pid = os.getpid()
+    return {"boot_id": kernel_files.boot_id(), "pid": pid, "pid_start_ticks": kernel_files.process_start_ticks(pid)}
+
+
+def _same_start(trial: Mapping[str, object], pid: object) -> bool | None:
+    """Whether the process now holding `pid` started when the trial's writer did; None when either start time is
+    unknown (an older tuner's trial has none; a process whose /proc line cannot be read)."""
+    recorded = trial.get("pid_start_ticks")
+    if not isinstance(recorded, int) or isinstance(recorded, bool) or not isinstance(pid, int) or pid <= 0:
+        return None
+    now = kernel_files.process_start_ticks(pid)
+    return None if now is None else now == recorded
+
+
 def classify_open_trial(trial: Mapping[str, object]) -> Owner:
     """The one rule for an open trial (a card's, a rig's or a verify guard's), asked by every caller.
 
-    Both boot ids known and different: an earlier boot (a live pid there is another process reusing the number).
-    Written by this very process (an earlier job of it that ended without closing it): the machine has not reset
-    since, so the tool died. Otherwise a boot id unreadable (now or then): a reset cannot be ruled out, and a live
-    pid proves nothing (after a reset its number may be anyone's; at boot the low numbers are all taken), so fail
-    closed. Both known and equal: a live process is running it, a dead one died."""
+    A process is its boot id, its pid and its start time (`writer`): a pid alone may be a later process's that
+    reused the number. Both boot ids known and different: an earlier boot (a live pid there is another process
+    reusing the number). Written by this very process (an earlier job of it that ended without closing it): the
+    machine has not reset since, so the tool died. Otherwise a boot id unreadable (now or then): a reset cannot be
+    ruled out, and a live pid proves nothing (after a reset its number may be anyone's; at boot the low numbers are
+    all taken), so fail closed. Both known and equal: a live process that started when the writer did is running
+    it; a dead one, or a live one that started at another time (the writer died and its number was reused), died.
+    A trial without a start time (an older tuner's), or a process whose start time cannot be read: its pid alone
+    decides, as before (a live one is running it: refusing a second bisect is the safe mistake)."""
     ours, theirs, pid = kernel_files.boot_id(), trial.get("boot_id"), trial.get("pid")
     if ours is not None and theirs is not None and theirs != ours:
         return Owner.EARLIER_BOOT
-    if pid == os.getpid():
+    if pid == os.getpid() and _same_start(trial, pid) is not False:
         return Owner.TOOL_DIED
     if ours is None or theirs is None:
         return Owner.UNKNOWN_BOOT
-    return Owner.RUNNING if processes.pid_alive(pid) else Owner.TOOL_DIED
+    return Owner.RUNNING if processes.pid_alive(pid) and _same_start(trial, pid) is not False else Owner.TOOL_DIED
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
@@ -582,7 +604,7 @@ def guarded_trial(device_id: str, setting: int, *, unit: str, backend: Backend) 
     recover_stale_guard(device_id, unit, backend.knob(device_id).stock)
     backend.trial_begin(device_id, setting, "verify")
     trial = {"device": device_id, "setting": setting, "unit": unit, "serial": backend.device(device_id).serial,
-             "phase": "verify", "boot_id": kernel_files.boot_id(), "pid": os.getpid(), "started_at": time.time()}
+             "phase": "verify", **writer(), "started_at": time.time()}
     try:
         with _writing(guard_path(device_id)):
             write_atomic(guard_path(device_id), json.dumps({"open_trial": trial}, sort_keys=True).encode())
@@ -735,8 +757,7 @@ class Journal:
         `settings`. Call before applying anything. The machine's state (`backend.trial_begin`, the root helper's
         journal) hears of it first: a card another user holds is refused before anything is written here."""
         mine = {} if self.device_id is None else {"session": self.session, "device": self.device_id}
-        trial = {**mine, "phase": phase, **what, "boot_id": kernel_files.boot_id(), "pid": os.getpid(),
-                 "started_at": time.time()}
+        trial = {**mine, "phase": phase, **what, **writer(), "started_at": time.time()}
         begun: list[str] = []
         try:
             for device_id, setting in self._trial_settings(trial).items():

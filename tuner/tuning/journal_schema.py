@@ -39,6 +39,9 @@ SessionId = Annotated[str, Meta(pattern=r"\A[A-Za-z0-9_.-]{1,80}\Z",
 Time = Annotated[float, Meta(ge=0.0, le=LAST_TIME_S, extra={"what": "a time in seconds since 1970"})]
 # pid_t is 32 bits (the kernel's PID_MAX_LIMIT is far below): a larger number names no process, and os.kill refuses it
 Pid = Annotated[int, Meta(ge=1, le=2**31 - 1, extra={"what": "a whole number from 1 to 2147483647, a process id"})]
+# when the writer of an open trial started (tuner.core.kernel_files.process_start_ticks: clock ticks since boot);
+# absent from an older tuner's trial, which its pid alone names
+StartTicks = Annotated[int, Meta(ge=0, extra={"what": "a whole number, 0 or more (clock ticks since boot)"})]
 # a count the engine reported: a negative warm-up would count more steps compared than ran (evidence.compared_steps)
 Steps = Annotated[int, Meta(ge=0, extra={"what": "a number of steps, 0 or more"})]
 # a trial's measured length (trial.py: the engine's, else the wall clock's); the stock baseline's is the replay's
@@ -66,6 +69,7 @@ class OpenTrial(_Doc):
     phase: str
     boot_id: str | None = None
     pid: Pid | None = None
+    pid_start_ticks: StartTicks | None = None
     started_at: Time | None = None
     device: str | None = None
     session: str | None = None
@@ -186,6 +190,7 @@ class RigOpenTrial(_Doc):
     attempt: int | None = None
     boot_id: str | None = None
     pid: Pid | None = None
+    pid_start_ticks: StartTicks | None = None
     started_at: Time | None = None
 
 
