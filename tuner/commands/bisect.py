@@ -15,7 +15,8 @@ from tuner.actions.parameters import BISECT, BOUND, CONFIRM, TRIAL
 from tuner.backends.base import Backend
 from tuner.commands._argtypes import Subparsers, add_arguments
 from tuner.commands._output import StatusLine, fit, format_table, said_yes, warn
-from tuner.core import exit_codes, signals
+from tuner.commands._worker import run_in_worker
+from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import TunerError, UsageError
 from tuner.core.models import Verdict
@@ -38,7 +39,7 @@ from tuner.tuning.events import (
     TrialWarning,
     of_about,
 )
-from tuner.tuning.job import RIG_BASELINE, BisectJob, BisectOutcome, BisectParams, CardOutcome
+from tuner.tuning.job import RIG_BASELINE, BisectOutcome, BisectParams, CardOutcome
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -319,7 +320,7 @@ def run(args: Namespace, ctx: Context) -> int:
     job = prepare_bisect(backend, devices, params, printer, save=args.save)
     _confirm_real_cards(backend, devices, args)
     try:
-        outcome, interrupted = run_in_worker(job)
+        outcome, interrupted = run_in_worker(job, "bisect")
     finally:
         printer.end()
     several = len(devices) > 1
@@ -383,53 +384,6 @@ def _report(backend: Backend, outcome: BisectOutcome) -> None:
     print(format_table(("card", "own recommendation", "final (rig)", "why not"), rows))
     if outcome.reasons:
         print(f"no recommendation for {', '.join(outcome.reasons)} (see 'why not'); exit code {outcome.exit_code}")
-
-
-def run_in_worker(job: BisectJob) -> tuple[BisectOutcome, bool]:
-    """Run `job` (a BisectJob) and return (its outcome, whether a signal interrupted it).
-
-    The job runs in a worker so that a signal in the main thread only asks it to stop (an exception inside
-    Thread.join can leave the thread looking finished; an Event does not). Fatal signals are only recorded
-    (signals.Inbox): this loop decides, asks the job to stop once, and a second or third signal (a terminal
-    drop sends SIGHUP, then SIGCONT/SIGTERM) changes nothing while the worker makes the cards safe."""
-    box: dict = {}
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            box["outcome"] = job.run()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    worker = threading.Thread(target=work, name="bisect", daemon=True)
-    with signals.Inbox(stop_signals=True) as inbox:
-        worker.start()
-        stopping = False
-        while not done.wait(0.2):
-            if inbox.first is not None and not stopping:
-                stopping = True
-                job.stop()  # the worker stops the engines, resets the cards, closes the journals (resumable)
-            elif not stopping and inbox.take_stop():
-                _pause_and_stop(job, inbox, done)
-    if "error" in box:
-        raise box["error"]
-    return box["outcome"], inbox.first is not None
-
-
-def _pause_and_stop(job: BisectJob, inbox: signals.Inbox, done: threading.Event) -> None:
-    """Ctrl-Z (issue 28.1): a stopped tuner must not leave its engines loading the cards unwatched (they run in
-    sessions of their own, so the terminal's SIGTSTP never reaches them). The job pauses: every running trial
-    ends without a result, its cards back at stock; then this process stops; on SIGCONT the job goes on and the
-    trial runs again. A fatal signal meanwhile ends the wait (the caller stops the job)."""
-    job.pause()
-    while not job.paused_safely() and not done.is_set() and inbox.first is None:
-        done.wait(0.05)
-    if inbox.first is None and not done.is_set():
-        signals.stop_now()  # returns on SIGCONT
-        inbox.take_stop()  # a second Ctrl-Z while stopping changes nothing
-    job.resume()
 
 
 def _save(args: Namespace, backend: Backend, outcome: BisectOutcome) -> None:

@@ -24,6 +24,7 @@ from tuner.actions.parameters import DURATION, STRESS, STRESS_DURATION, STRESS_L
 from tuner.commands._argtypes import Subparsers, add_arguments
 from tuner.commands._device import pick_device
 from tuner.commands._output import StatusLine
+from tuner.commands._worker import run_in_worker
 from tuner.core import exit_codes
 from tuner.core.durations import format_duration
 from tuner.core.errors import UsageError
@@ -31,7 +32,7 @@ from tuner.core.models import Verdict
 
 if TYPE_CHECKING:
     from tuner.actions.context import Context
-    from tuner.actions.stress import StressOutcome, StressRequest
+    from tuner.actions.stress import StressOutcome, StressRequest, StressSession
     from tuner.core.models import DeviceInfo
     from tuner.engine.events import GemmEvent, StepEvent
     from tuner.tuning.engine_client import EngineConfig
@@ -268,7 +269,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     report = _Reporter(args.json)
     session = StressSession(backend, request, on_event=report)
     try:
-        outcome = session.run()  # NoStockReference: a usage error, nothing started
+        # a signal stops the session (the engine's `end`, then the result, `stopped`); Ctrl-Z ends it before tuner
+        # stops (tuner.commands._worker); NoStockReference: a usage error, nothing started
+        outcome, _interrupted = run_in_worker(_StressJob(session, report), "stress")
     finally:
         report.clear()
     config = report.config or engine_config(request, backend.stress_target(device.id),
@@ -277,4 +280,44 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         _write_json(result_document(device, config, outcome))
     else:
         print("\n".join(summary_lines(device, config, outcome)))
-    return exit_code_for(outcome)
+    return exit_code_for(outcome)  # as the result says: a signal stopped it (130), or it failed before (1)
+
+
+class _StressJob:
+    """A stress session as a worker's job (tuner.commands._worker): a fatal signal stops it; Ctrl-Z ends its engine
+    before tuner stops (a stopped tuner would leave it loading the card with no watchdog and no kernel-log watcher),
+    and the session, stopped, ends when tuner goes on (SIGCONT): a run cut short is not run again from its start."""
+
+    def __init__(self, session: StressSession, report: Callable[[object], None]) -> None:
+        self.session, self.report = session, report
+        self._lock = threading.Lock()
+        self._pausing = False
+        self._engine_gone = threading.Event()  # the session is over: its engine ended, its load and watcher too
+        self._resumed = threading.Event()
+
+    def run(self) -> StressOutcome:
+        try:
+            return self.session.run()
+        finally:
+            self._engine_gone.set()
+            with self._lock:
+                pausing = self._pausing
+            if pausing:  # the outcome waits for SIGCONT, so this process can stop first
+                self._resumed.wait()
+
+    def stop(self) -> None:
+        self.session.stop()
+        self._resumed.set()
+
+    def pause(self) -> None:
+        with self._lock:
+            self._pausing = True
+        self.report("Ctrl-Z: the stress run is stopped before tuner stops (its engine would go on loading the card "
+                    "unwatched); it ends as stopped when tuner goes on")
+        self.session.stop()
+
+    def paused_safely(self) -> bool:
+        return self._engine_gone.is_set()
+
+    def resume(self) -> None:
+        self._resumed.set()
