@@ -236,23 +236,27 @@ def load_guard(device_id: str) -> dict | None:
 
 
 def _journal_files(pattern: str) -> list[Path]:
-    """The journal directory's entries whose name matches `pattern` (fnmatch, as a glob), sorted; none when the
-    directory does not exist. DamagedState when it cannot be listed: a journal in it may hold the trial that crashed
-    the machine, so a safety check that cannot list it fails closed.
+    """The journal directory's entries whose name matches `pattern` (fnmatch, as a glob), sorted (`_listed`)."""
+    return _listed(journal_dir(), pattern, "the tuning journals", "a journal in it may hold a trial that crashed the "
+                   "machine")
+
+
+def _listed(directory: Path, pattern: str, what: str, why: str) -> list[Path]:
+    """`directory`'s entries whose name matches `pattern` (fnmatch), sorted; none when the directory does not
+    exist. DamagedState when it cannot be listed (`why`: what it may hold), so a safety check that cannot list it
+    fails closed.
 
     Listed with os.scandir, not Path.glob: glob answers a directory it cannot list as empty (CPython 3.11/3.12
     pathlib, `_WildcardSelector._select_from`: `except PermissionError: return`), so an `except OSError` around it
     never runs."""
-    directory = journal_dir()
     try:
         with os.scandir(directory) as entries:
             names = [entry.name for entry in entries]
     except FileNotFoundError:
         return []
     except OSError as e:
-        raise DamagedState(f"cannot list the tuning journals in {directory} ({e.strerror})",
-                           "nothing was written to the card; fix the directory's permissions (a journal in it may "
-                           "hold a trial that crashed the machine)") from None
+        raise DamagedState(f"cannot list {what} in {directory} ({e.strerror})",
+                           f"nothing was written to the card; fix the directory's permissions ({why})") from None
     return sorted(directory / name for name in names if fnmatch.fnmatchcase(name, pattern))
 
 
@@ -425,18 +429,9 @@ def own_unsafe_entries(device_id: str, serials: Sequence[str] = ()) -> list[dict
 
 
 def _unsafe_files() -> list[Path]:
-    """Every slot's unsafe list, sorted (os.scandir: Path.glob answers an unlistable directory as empty)."""
-    directory = paths.state_dir() / "unsafe"
-    try:
-        with os.scandir(directory) as found:
-            names = [entry.name for entry in found]
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise DamagedState(f"cannot list the unsafe lists in {directory} ({e.strerror})",
-                           "nothing was written to the card; fix the directory's permissions (a list in it may "
-                           "hold a value that crashed this card in another slot)") from None
-    return sorted(directory / name for name in names if name.endswith(".jsonl"))
+    """Every slot's unsafe list, sorted (`_listed`)."""
+    return _listed(paths.state_dir() / "unsafe", "*.jsonl", "the unsafe lists", "a list in it may hold a value "
+                   "that crashed this card in another slot")
 
 
 def _unsafe_file_entries(path: Path) -> list[dict]:
