@@ -129,6 +129,15 @@ def test_a_fifo_or_a_link_planted_as_a_lock_file_neither_hangs_nor_is_followed(t
     assert (run.returncode, run.stdout.strip()) == (0, "None"), run.stderr
 
 
+def _install_environment(tmp_path: Path, group: str, python: Path) -> dict:
+    """An install into `tmp_path` (a fake sysfs, its own prefix, bin, units and system profiles), with `group`
+    and the `python` stand-in."""
+    return {**os.environ, "TUNER_SYSFS_ROOT": str(fake_tree(tmp_path / "root")), "TUNER_TORCH": "cpu",
+            "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "TUNER_PREFIX": str(tmp_path / "opt/tuner"),
+            "TUNER_BIN_DIR": str(tmp_path / "bin"), "TUNER_SYSTEM_PROFILES": str(tmp_path / "profiles"),
+            "TUNER_GROUP": group, "PYTHON": str(python)}
+
+
 def uninstall(tmp_path: Path) -> subprocess.CompletedProcess:
     environment = {**os.environ, "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "PYTHON": sys.executable,
                    "TUNER_PREFIX": str(tmp_path / "opt/tuner"), "TUNER_BIN_DIR": str(tmp_path / "bin")}
@@ -176,10 +185,7 @@ def test_an_install_that_fails_before_its_venv_leaves_no_group_that_uninstall_wo
     python.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = venv ] && {{ echo "ensurepip is not available" >&2; '
                       f'exit 1; }}; done\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
-    environment = {**os.environ, "TUNER_SYSFS_ROOT": str(fake_tree(tmp_path / "root")), "TUNER_TORCH": "cpu",
-                   "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "TUNER_PREFIX": str(tmp_path / "opt/tuner"),
-                   "TUNER_BIN_DIR": str(tmp_path / "bin"), "TUNER_SYSTEM_PROFILES": str(tmp_path / "profiles"),
-                   "TUNER_GROUP": group, "PYTHON": str(python)}
+    environment = _install_environment(tmp_path, group, python)
     try:
         proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=environment, timeout=120)
         assert proc.returncode != 0 and "ensurepip" in proc.stderr
@@ -204,10 +210,7 @@ def test_install_refuses_to_replace_a_tuner_command_it_did_not_write(tmp_path):
     python = tmp_path / "python3"  # an install that got past the check stops at its venv, before pip or the network
     python.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = venv ] && exit 1; done\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
-    environment = {**os.environ, "TUNER_SYSFS_ROOT": str(fake_tree(tmp_path / "root")), "TUNER_TORCH": "cpu",
-                   "TUNER_SYSTEMD_DIR": str(tmp_path / "systemd"), "TUNER_PREFIX": str(tmp_path / "opt/tuner"),
-                   "TUNER_BIN_DIR": str(tmp_path / "bin"), "TUNER_SYSTEM_PROFILES": str(tmp_path / "profiles"),
-                   "TUNER_GROUP": group, "PYTHON": str(python)}
+    environment = _install_environment(tmp_path, group, python)
     try:
         for args in ([], ["--dry-run"]):
             proc = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=environment,

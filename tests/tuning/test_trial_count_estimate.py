@@ -5,10 +5,12 @@ from tuner.core.models import Knob, KnobKind
 from tuner.tuning.plan import BisectPlan, NextTrial, PlanParams, PlanResult
 
 
-def _estimates(vmin_mv: int, *, replay: bool = True) -> list[tuple[str, int]]:
+def _estimates(vmin_mv: int, **params) -> list[tuple[str, int]]:
+    """(phase, the count shown) at each trial of a search on a card that fails below `vmin_mv`; `params` go to
+    PlanParams.defaults_for (replay_baseline=True unless given)."""
     knob = Knob(kind=KnobKind.VOLTAGE_OFFSET, unit="mV", stock=0, current=0, min=-200, max=0, step=5,
                 aggressive_direction=-1)
-    plan = BisectPlan(knob, PlanParams.defaults_for(knob, replay_baseline=replay))
+    plan = BisectPlan(knob, PlanParams.defaults_for(knob, **{"replay_baseline": True, **params}))
     results, out = [], []
     while isinstance(decision := plan.decide(results), NextTrial):
         short, confirms = plan.remaining_estimate(results)
@@ -30,17 +32,7 @@ def test_the_total_holds_while_the_descent_passes_and_drops_at_the_first_failure
 
 
 def _run(vmin_mv: int, step: int, resolution: int = 5) -> list[tuple[str, int]]:
-    knob = Knob(kind=KnobKind.VOLTAGE_OFFSET, unit="mV", stock=0, current=0, min=-200, max=0, step=5,
-                aggressive_direction=-1)
-    plan = BisectPlan(knob, PlanParams.defaults_for(knob, step=step, resolution=resolution))
-    results, out = [], []
-    while isinstance(decision := plan.decide(results), NextTrial):
-        short, confirms = plan.remaining_estimate(results)
-        out.append((decision.phase, len(results) + short + confirms))
-        ok = decision.setting >= vmin_mv
-        results.append(PlanResult(setting=decision.setting, phase=decision.phase, verdict="pass" if ok else "fail",
-                                  kind=None if ok else "mismatch"))
-    return out
+    return _estimates(vmin_mv, replay_baseline=False, step=step, resolution=resolution)
 
 
 def test_the_count_is_an_upper_bound_during_a_long_refine():
