@@ -167,3 +167,15 @@ async def test_the_kept_callback_belongs_to_the_change_that_was_applied_not_to_a
         await app.workers.wait_for_complete()
         await until(pilot, lambda: bool(kept) or app.histories["sim0"].knob.current == -20, what="the keep settled")
         assert backend.knob("sim0").current == -20 and kept == ["first"]
+
+
+async def test_the_key_bar_under_keep_or_revert_says_the_dialogs_keys_not_the_screens(app, backend):
+    """With the dialog open, the bottom line still showed the Tune screen's keys, `r Reset to stock` among them,
+    where `r` means Revert in the dialog: the bar a user reads must be the dialog's."""
+    from tests.tui.helpers import screen_text
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _apply_minus_20(app, pilot)
+        await until(pilot, lambda: "Reverting in" in screen_text(app), what="the dialog drawn")
+        bottom = "\n".join(screen_text(app).splitlines()[-3:])  # the screen's own bar takes two lines at 80
+        assert "Reset to stock" not in bottom and "r Revert" in bottom and "k Keep" in bottom, bottom

@@ -157,7 +157,7 @@ async def test_the_verify_question_quotes_the_profiles_serial_as_written(app, ba
         await open_profiles(pilot, app)
         await pilot.press("a")
         await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the verify question")
-        question = app.screen.query_one(Static)
+        question = app.screen.query_one("#question", Static)
         await until(pilot, lambda: "(serial SN[b]7[/]," in str(question.render()), what="the serial as written")
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmDialog), what="the question to close")

@@ -186,7 +186,7 @@ async def test_b_installs_the_boot_service_for_the_profile_shows_its_status_and_
         assert unit_path().exists() and "apply --boot mine" in unit_path().read_text()
         await pilot.press("b")
         await pilot.pause()
-        assert "Remove the boot service?" in str(app.screen.query_one("Static").render())
+        assert "Remove the boot service?" in str(app.screen.query_one("#question").render())
         await pilot.press("y")
         await app.workers.wait_for_complete()
         await until(pilot, lambda: _detail_says(app, "the boot service is not installed"), what="the removal")

@@ -173,7 +173,7 @@ async def test_the_rig_phase_is_shown_switching_screens_keeps_it_and_quit_resets
         await pilot.press("q")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)
-        question = str(app.screen.query_one("Static").render())
+        question = str(app.screen.query_one("#question").render())
         assert "an auto-bisect of every card (sim0, sim1, sim2)" in question
         assert "resets every card involved to stock" in question and "the card" not in question  # not one card
         await pilot.press("y")
@@ -242,7 +242,7 @@ async def test_quit_with_the_rig_result_unconfirmed_reverts_every_card(tmp_path,
         await pilot.press("ctrl+q")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)
-        assert "an unconfirmed setting on sim0, sim1" in str(app.screen.query_one("Static").render())
+        assert "an unconfirmed setting on sim0, sim1" in str(app.screen.query_one("#question").render())
         await pilot.press("y")
         await pilot.pause()
     assert [backend.knob(f"sim{i}").current for i in range(2)] == [-40, -55]

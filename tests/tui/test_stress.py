@@ -58,7 +58,7 @@ async def test_stress_below_the_limit_without_a_reference_asks_then_reports_the_
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("2", "s")
         await _wait(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-        question = str(app.screen.query_one("Static").render())
+        question = str(app.screen.query_one("#question").render())
         assert "no stock reference" in question and "-70 mV" in question and "OFF" in question
         assert not app.stress.running  # nothing starts before the answer
         await pilot.press("y")

@@ -12,6 +12,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from tuner.widgets.key_bar import KeyBar
+
 if TYPE_CHECKING:
     from tuner.actions.keep_or_revert import PendingChange
     from tuner.actions.profile_apply import RigChange
@@ -24,7 +26,9 @@ DIALOG_CSS = """
 {name} Horizontal {{ height: auto; align: center middle; }}
 {name} Button {{ margin: 0 1; }}
 {name} Input {{ margin: 0 0 1 0; }}
+{name} > KeyBar {{ min-height: 3; content-align-vertical: bottom; }}
 """
+# a dialog's key bar covers the screen's (at most three lines) whole: its keys mean other things under a dialog
 
 
 def default_path(where: Callable[[], Path]) -> tuple[str, str]:
@@ -61,10 +65,12 @@ class ConfirmDialog(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question, markup=False)  # it quotes names, serials and reasons from files and drivers
+            # it quotes names, serials and reasons from files and drivers
+            yield Static(self.question, markup=False, id="question")
             with Horizontal():
                 yield Button(f"{self.yes} (y)", id="yes", variant="error", action="screen.choose(True)")
                 yield Button(f"{self.no} (n)", id="no", variant="primary", action="screen.choose(False)")
+        yield KeyBar([b for b in self.BINDINGS if isinstance(b, Binding)])  # over the screen's own key bar
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
@@ -97,6 +103,8 @@ class KeepOrRevertDialog(ModalScreen[bool]):
             with Horizontal():
                 yield Button("Revert (r)", id="revert", variant="primary", action="screen.choose(False)")
                 yield Button("Keep (k)", id="keep", variant="warning", action="screen.choose(True)")
+        # over the screen's own key bar, whose `r` (Reset to stock) means Revert here
+        yield KeyBar([b for b in self.BINDINGS if isinstance(b, Binding)])
 
     def on_mount(self) -> None:
         self.query_one("#revert", Button).focus()
