@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import threading
 import time
@@ -208,13 +207,9 @@ def _reference(given: str | None, profile: Profile | None) -> tuple[Bundle, Path
 def _check_out(out: Path, inputs: list[Path]) -> None:
     """A file the verdict may replace: not a directory, in a directory this user may write (os.access: the real
     uid), and never one of the screen's inputs (the reference, the profile): the verdict would replace them."""
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out verdict.json")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: no directory {out.parent}", "create it first, or choose another path")
-    if not os.access(out.parent, os.W_OK | os.X_OK):  # found now, never after the whole screen
-        raise UsageError(f"--out {out}: the directory {out.parent} cannot be written by this user",
-                         "choose a directory you can write, or fix its permissions")
+    from tuner.actions.screen.record import check_destination
+
+    check_destination(out, overwrite=True, example="verdict.json")  # found now, never after the whole screen
     for given in inputs:
         if out.exists() and given.exists() and out.samefile(given):
             raise UsageError(f"--out {out} is {given}, an input of this screen: the verdict would replace it",

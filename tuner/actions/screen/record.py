@@ -59,11 +59,12 @@ class RecordOutcome:
     size_bytes: int
 
 
-def check_destination(out: Path, overwrite: bool) -> None:
+def check_destination(out: Path, overwrite: bool, *, example: str = "stock.ref") -> None:
     """Before any run: a file we may write (not a directory, not an existing file without --overwrite, in a
-    directory this user may write: os.access, the real uid)."""
+    directory this user may write: os.access, the real uid). `tuner screen --out` asks it too (`example` names
+    the kind of file in the hint)."""
     if out.is_dir():
-        raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out stock.ref")
+        raise UsageError(f"--out {out} is a directory", f"give a file name, e.g. --out {example}")
     if out.exists() and not overwrite:
         raise UsageError(f"--out {out} already exists", "pass --overwrite to replace it, or choose another name")
     if not out.parent.is_dir():
