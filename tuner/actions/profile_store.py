@@ -46,21 +46,13 @@ def import_profile(path: Path, *, name: str | None = None, overwrite: bool = Fal
     if name is not None:
         profile = profile.renamed(name)
     if bundled is not None:
-        _check_reference_place(profile_path(profile.name, system=system))
+        reference_bundle.check_beside(profile_path(profile.name, system=system))  # before the profile
     stored = save_profile(profile, overwrite=overwrite, system=system)
     if bundled is None:
         reference_bundle.remove_beside(stored)  # a replaced profile's old reference is not this one's
         return profile, stored, None
     ref_path, size = reference_bundle.write_beside(bundled[0], stored, overwrite=True)
     return profile, stored, (bundled[0], ref_path, size)
-
-
-def _check_reference_place(profile_file: Path) -> None:
-    """Refused before the profile is written, as `write_beside` would refuse it after: a link where the reference
-    goes (its target could be any file)."""
-    place = reference_bundle.sidecar_path(profile_file)
-    if place.is_symlink():
-        raise UsageError(f"{place} is a symbolic link; nothing was written", "remove it first")
 
 
 def export_profile(profile: Profile, path: Path, *, overwrite: bool = False) -> tuple[Path, Bundled | None]:
@@ -70,9 +62,9 @@ def export_profile(profile: Profile, path: Path, *, overwrite: bool = False) -> 
     path = Path(path).expanduser()
     bundled = None if profile.source is None else reference_bundle.reference_beside(profile.source)
     if bundled is not None:
-        _check_reference_place(path)
-        if not overwrite and os.path.lexists(reference_bundle.sidecar_path(path)):
-            raise UsageError(f"{reference_bundle.sidecar_path(path)} already exists; nothing was written",
+        place = reference_bundle.check_beside(path)  # before the profile is written
+        if not overwrite and os.path.lexists(place):
+            raise UsageError(f"{place} already exists; nothing was written",
                              "pass --overwrite to replace it (and the profile)")
     written = write_profile_file(profile, path, overwrite=overwrite)
     if bundled is None:

@@ -399,11 +399,18 @@ def reference_beside(profile_path: Path) -> tuple[Bundle, Path, int] | None:
     return read_bundle(path), path, path.stat().st_size
 
 
-def write_beside(bundle: Bundle, profile_path: Path, *, overwrite: bool = False) -> tuple[Path, int]:
-    """Store `bundle` beside the profile at `profile_path`; returns its path and size."""
+def check_beside(profile_path: Path) -> Path:
+    """Where the reference beside the profile at `profile_path` goes, refused (UsageError) when a link is there
+    (its target could be any file). Callers that write the profile first ask it before they do."""
     path = sidecar_path(profile_path)
     if path.is_symlink():
         raise UsageError(f"{path} is a symbolic link; nothing was written", "remove it first")
+    return path
+
+
+def write_beside(bundle: Bundle, profile_path: Path, *, overwrite: bool = False) -> tuple[Path, int]:
+    """Store `bundle` beside the profile at `profile_path`; returns its path and size."""
+    path = check_beside(profile_path)
     return path, write_bundle(bundle, path, overwrite=overwrite)
 
 
