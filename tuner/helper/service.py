@@ -39,7 +39,7 @@ from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper import schema as s
 from tuner.helper.leases import Book, Pending
 from tuner.helper.peer import Peer
-from tuner.helper.state import MAX_IMPORTED_LIST_BYTES, MachineState, Write, card_key, former_keys, placeholder_keys
+from tuner.helper.state import MAX_IMPORTED_LIST_BYTES, MachineState, Write, card_key, older_keys
 from tuner.helper.user_import import read_user_state
 
 DEFAULT_LEASE_S = 10.0  # a lock-clock choice's lease (a set names its own)
@@ -549,8 +549,7 @@ class HelperService:
                 # a list an older helper kept under a placeholder serial was every such card's: which one hung is
                 # unknown, so each keeps refusing what it holds (never fewer refusals after an upgrade)
                 # and one kept under the serial an older helper read (the FRU's, or none: the slot) is this card's
-                for old in [*placeholder_keys(self.state.root, device),
-                            *former_keys(device, self.backend.former_serials(name))]:
+                for old in older_keys(self.state.root, device, self.backend.former_serials(name)):
                     self.state.merge_unsafe(self.keys[name], self.state.unsafe_entries(old))
             boot = current_boot_id()
             by_key = {key: card for card, key in self.keys.items()}

@@ -104,6 +104,12 @@ def former_keys(device: DeviceInfo, former_serials: Sequence[str]) -> list[str]:
     return [card_key(replace(device, serial=serial)) for serial in (*former_serials, None)]
 
 
+def older_keys(root: Path, device: DeviceInfo, former_serials: Sequence[str]) -> list[str]:
+    """Every key under which an older helper may have kept `device`'s lists (`placeholder_keys`, `former_keys`):
+    what the helper merges into the card's own list at start, and what a direct reader of its state counts too."""
+    return [*placeholder_keys(root, device), *former_keys(device, former_serials)]
+
+
 def _damaged(path: Path, problem: str) -> DamagedState:
     return DamagedState(f"{path} is damaged ({problem})",
                         "nothing was written to the card; check the file, note any setting it names (it may have "

@@ -47,7 +47,7 @@ from tuner.core.errors import DamagedState, StateError, UsageError, write_errors
 from tuner.core.models import Knob, Verdict, same_serial
 from tuner.core.unsafe_rule import blocking_setting
 from tuner.helper.schema import MAX_KERNEL_LOG_LINES, MAX_TEXT_CHARS, UnsafeMark
-from tuner.helper.state import MachineState, card_key, former_keys, placeholder_keys
+from tuner.helper.state import MachineState, card_key, older_keys
 from tuner.tuning import journal_schema
 from tuner.tuning.events import TrialResult
 from tuner.tuning.journal_schema import ACTIVE, INTERRUPTED
@@ -388,8 +388,7 @@ def machine_unsafe_entries(device_id: str, backend: Backend) -> list[dict]:
     if not state.root.is_dir():
         return []
     device = backend.device(device_id)
-    keys = [card_key(device), *placeholder_keys(state.root, device),
-            *former_keys(device, backend.former_serials(device_id))]
+    keys = [card_key(device), *older_keys(state.root, device, backend.former_serials(device_id))]
     try:
         return [msgspec.structs.asdict(e) for key in dict.fromkeys(keys) for e in state.unsafe_entries(key)]
     except DamagedState:
@@ -476,12 +475,11 @@ def clear_unsafe(device_id: str, setting: int | None = None, backend: Backend | 
     refused (DamagedState) rather than half-cleared.
     """
     serials = card_serials(device_id, backend)
-    own_unsafe_entries(device_id, serials)  # every file validates before any is rewritten
     own = unsafe_path(device_id)
     files = [own, *([p for p in _unsafe_files() if p != own] if serials else [])]
+    read = {path: _unsafe_file_entries(path) for path in files}  # every file validates before any is rewritten
     rewrites = []
-    for path in files:
-        entries = _unsafe_file_entries(path)
+    for path, entries in read.items():
         removed = [e for e in entries if (setting is None or e["setting"] == setting)
                    and (path == own or any(same_serial(e.get("serial"), s) for s in serials))]
         if removed:
