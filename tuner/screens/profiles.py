@@ -66,8 +66,6 @@ def _row(profile: Profile, wide: bool) -> tuple[str, str, str | Text]:
     return profile.name, setting, (Text(card) if wide else ("SIMULATED" if simulated else ""))
 
 
-
-
 def _identity(device: ProfileDevice) -> str:
     """The card's identity in words, only the parts that are known."""
     parts = [f"{label} {value}" for label, value in (("PCI id", device.pci_id), ("slot", device.pci_slot),
