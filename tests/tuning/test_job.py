@@ -109,15 +109,21 @@ def test_unfinished_session_needs_resume_or_restart(boot):
     assert [t.setting for t in outcome.trials].count(-10) == 1
 
 
-def test_open_trial_of_a_dead_tool_is_inconclusive_and_runs_again_on_resume(boot):
-    # issue 11 defect 7: a kill -9 of the tuner (or a full disk) in this boot says nothing about the voltage
-    backend, engine, events, job = make()
+def _session_in_its_coarse_trial(backend) -> journal.Journal:
+    """A session of sim0 whose baseline passed, left inside its -30 mV coarse trial (its open trial written)."""
     j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
                                knob=backend.knob("sim0").to_dict(), backend=backend)
     j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "tok_s": 1000.0,
                     "power_w": 300.0, "tok_per_j": 3.3})
     j.reference.write_text('{"steps": 1000}')
     j.begin_trial("coarse", setting=-30)
+    return j
+
+
+def test_open_trial_of_a_dead_tool_is_inconclusive_and_runs_again_on_resume(boot):
+    # issue 11 defect 7: a kill -9 of the tuner (or a full disk) in this boot says nothing about the voltage
+    backend, engine, events, job = make()
+    j = _session_in_its_coarse_trial(backend)
     j.doc["open_trial"]["pid"] = 2**22 + 4321  # dead
     j._save()
     backend, engine, events, job = make(resume=True)
@@ -276,12 +282,7 @@ def test_a_dead_sessions_pid_reused_by_another_process_does_not_refuse_resume(bo
     # a bisect killed with kill -9, its pid taken later in this boot by an unrelated process: --resume said "a
     # bisect is already running" until that process ended. A process is its pid and its start time.
     backend, _engine, _events, _job = make()
-    j = journal.Journal.create("sim0", params=BisectParams(trial_s=1, confirm_s=2, preset="tiny").search(),
-                               knob=backend.knob("sim0").to_dict(), backend=backend)
-    j.finish_trial({"setting": 0, "unit": "mV", "phase": "baseline", "verdict": "pass", "tok_s": 1000.0,
-                    "power_w": 300.0, "tok_per_j": 3.3})
-    j.reference.write_text('{"steps": 1000}')
-    j.begin_trial("coarse", setting=-30)
+    j = _session_in_its_coarse_trial(backend)
     stranger = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         j.doc["open_trial"].update(pid=stranger.pid, pid_start_ticks=boot.process(stranger.pid) - 1)
